@@ -1,0 +1,12 @@
+// accel: the umbrella header.
+#pragma once
+
+#include "autograd/function.h"
+#include "autograd/ops.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/generator.h"
+#include "core/shape.h"
+#include "core/storage.h"
+#include "core/tensor.h"

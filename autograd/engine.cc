@@ -1,0 +1,422 @@
+#include "autograd/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+
+#include "autograd/ops.h"
+
+namespace accel::autograd {
+
+namespace {
+thread_local uint64_t t_next_sequence_nr = 0;
+}
+
+uint64_t current_sequence_nr() { return t_next_sequence_nr; }
+
+Node::Node(uint32_t num_outputs) : num_outputs_(num_outputs), sequence_nr_(t_next_sequence_nr++) {}
+Node::~Node() = default;
+
+void Node::add_pre_hook(uint32_t output_nr, GradHook hook) {
+  pre_hooks_.emplace_back(output_nr, std::move(hook));
+}
+
+void throw_released(const char* name) {
+  ACCEL_THROW(ValueError, "backward",
+              "trying to backward through the graph a second time (node ", name,
+              "); its saved tensors were freed. Pass retain_graph=true to the first backward");
+}
+
+// ---------------- AccumulateGrad ----------------
+
+AccumulateGrad::AccumulateGrad(Tensor leaf) : Node(1), leaf_(std::move(leaf)) {}
+
+Grads AccumulateGrad::apply(Grads&& grads) {
+  Tensor g = std::move(grads[0]);
+  if (!g.defined()) return {};
+  AutogradMeta& meta = leaf_.autograd_meta();
+  for (auto& hook : meta.hooks) {
+    Tensor r = hook(g);
+    if (r.defined()) g = r;
+  }
+  ACCEL_CHECK(g.sizes() == leaf_.sizes(), ShapeError, "backward", "gradient of shape ", g.sizes(),
+              " for a leaf of shape ", leaf_.sizes());
+  if (!meta.grad.defined()) {
+    // Take ownership when nobody else holds the buffer, else copy: .grad must never alias a
+    // tensor the user can see, since accumulation later writes into it.
+    if (g.impl()->use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous() &&
+        g.dtype() == leaf_.dtype()) {
+      meta.grad = g.detach();
+    } else {
+      meta.grad = empty(leaf_.sizes(), TensorOptions(leaf_.dtype(), leaf_.device()));
+      meta.grad.copy_(g);
+    }
+  } else {
+    meta.grad.add_(g);
+  }
+  for (auto& hook : meta.post_accumulate_hooks) hook(leaf_);
+  return {};
+}
+
+// ---------------- graph construction ----------------
+
+Edge gradient_edge(const Tensor& t) {
+  AutogradMeta* m = t.autograd_meta_if();
+  if (!m || !m->requires_grad) return {};
+  if (m->grad_fn) return Edge{m->grad_fn, m->output_nr};
+  std::shared_ptr<Node> acc = m->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t);
+    m->grad_accumulator = acc;
+  }
+  return Edge{std::move(acc), 0};
+}
+
+namespace {
+void attach_output(const std::shared_ptr<Node>& node, Tensor* out, uint32_t nr) {
+  if (!out || !out->defined()) return;
+  AutogradMeta& m = out->autograd_meta();
+  m.requires_grad = true;
+  m.grad_fn = node;
+  m.output_nr = nr;
+}
+}  // namespace
+
+void set_history(const std::shared_ptr<Node>& node, std::initializer_list<const Tensor*> inputs,
+                 std::initializer_list<Tensor*> outputs) {
+  auto& edges = node->mutable_next_edges();
+  edges.reserve(inputs.size());
+  for (const Tensor* t : inputs) edges.push_back(t && t->defined() ? gradient_edge(*t) : Edge{});
+  uint32_t nr = 0;
+  for (Tensor* o : outputs) attach_output(node, o, nr++);
+}
+
+void set_history(const std::shared_ptr<Node>& node, const std::vector<Tensor>& inputs,
+                 const std::vector<Tensor*>& outputs) {
+  auto& edges = node->mutable_next_edges();
+  edges.reserve(inputs.size());
+  for (const Tensor& t : inputs) edges.push_back(t.defined() ? gradient_edge(t) : Edge{});
+  uint32_t nr = 0;
+  for (Tensor* o : outputs) attach_output(node, o, nr++);
+}
+
+bool needs_grad(const std::vector<Tensor>& xs) {
+  if (!grad_enabled()) return false;
+  for (const Tensor& x : xs)
+    if (x.defined() && x.requires_grad()) return true;
+  return false;
+}
+
+// ---------------- op registry ----------------
+
+namespace {
+std::vector<const char*>& op_list() {
+  static std::vector<const char*> ops;
+  return ops;
+}
+}  // namespace
+OpRegistrar::OpRegistrar(const char* name) { op_list().push_back(name); }
+const std::vector<const char*>& differentiable_ops() { return op_list(); }
+
+Tensor grad_or_zeros(const Tensor& g, const Tensor& like) {
+  return g.defined() ? g : zeros(like.sizes(), TensorOptions(like.dtype(), like.device()));
+}
+
+// ---------------- engine ----------------
+
+namespace {
+
+struct NodeTask {
+  Node* node;
+  bool operator<(const NodeTask& o) const { return node->sequence_nr() < o.node->sequence_nr(); }
+};
+
+void accumulate_into(Tensor& slot, Tensor g) {
+  if (!g.defined()) return;
+  if (!slot.defined()) {
+    slot = std::move(g);
+  } else if (slot.sizes() == g.sizes()) {
+    slot = add(slot, g);
+  } else {
+    // Broadcast-shaped gradients from different consumers: sum into the larger.
+    slot = add(slot, g);
+  }
+}
+
+// Runs the graph. When `capture` is set, gradients arriving at the AccumulateGrad nodes in it are
+// stored there instead of running the node (autograd::grad).
+void execute(const std::vector<Edge>& roots, std::vector<Tensor> root_grads, bool retain_graph,
+             std::unordered_map<Node*, Tensor>* capture) {
+  NoGradGuard no_grad;
+  // 1. dependencies
+  std::unordered_map<Node*, int> deps;
+  std::vector<Node*> stack;
+  std::unordered_map<Node*, bool> seen;
+  for (const Edge& e : roots) {
+    if (e.fn && !seen[e.fn.get()]) {
+      seen[e.fn.get()] = true;
+      stack.push_back(e.fn.get());
+    }
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges()) {
+      if (!e.fn) continue;
+      ++deps[e.fn.get()];
+      if (!seen[e.fn.get()]) {
+        seen[e.fn.get()] = true;
+        stack.push_back(e.fn.get());
+      }
+    }
+  }
+  // 2. input buffers: gradients for each output slot of each node
+  std::unordered_map<Node*, Grads> buffers;
+  auto buffer_for = [&](Node* n) -> Grads& {
+    Grads& b = buffers[n];
+    if (b.empty()) b.resize(n->num_outputs());
+    return b;
+  };
+  std::priority_queue<NodeTask> ready;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    if (!roots[i].fn) continue;
+    accumulate_into(buffer_for(roots[i].fn.get())[roots[i].input_nr], std::move(root_grads[i]));
+  }
+  for (const Edge& e : roots) {
+    Node* n = e.fn.get();
+    if (n && deps[n] == 0 && seen[n]) {
+      ready.push({n});
+      seen[n] = false;  // queued once
+    }
+  }
+  // Keep nodes alive while running even if the user dropped the graph's tensors.
+  std::vector<std::shared_ptr<Node>> keep;
+  for (const Edge& e : roots)
+    if (e.fn) keep.push_back(e.fn);
+
+  while (!ready.empty()) {
+    Node* n = ready.top().node;
+    ready.pop();
+    Grads in = std::move(buffer_for(n));
+    buffers.erase(n);
+    for (auto& [nr, hook] : n->pre_hooks()) {
+      if (nr < in.size() && in[nr].defined()) {
+        Tensor r = hook(in[nr]);
+        if (r.defined()) in[nr] = r;
+      }
+    }
+    Grads out;
+    if (capture) {
+      auto it = capture->find(n);
+      if (it != capture->end()) {
+        accumulate_into(it->second, in[0]);
+        continue;
+      }
+      // autograd::grad must not touch .grad of leaves outside the requested inputs.
+      if (dynamic_cast<AccumulateGrad*>(n)) continue;
+    }
+    bool all_undefined = true;
+    for (const Tensor& g : in) all_undefined = all_undefined && !g.defined();
+    if (!all_undefined) out = n->apply(std::move(in));
+    if (!retain_graph) n->release();
+    const auto& edges = n->next_edges();
+    ACCEL_CHECK(out.empty() || out.size() == edges.size(), Error, "backward", "node ", n->name(),
+                " returned ", out.size(), " gradients for ", edges.size(), " inputs");
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const Edge& e = edges[i];
+      if (!e.fn) continue;
+      Node* next = e.fn.get();
+      if (!out.empty() && out[i].defined()) {
+        accumulate_into(buffer_for(next)[e.input_nr], std::move(out[i]));
+      }
+      if (--deps[next] == 0) {
+        keep.push_back(e.fn);
+        ready.push({next});
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+                  bool retain_graph) {
+  std::vector<Edge> edges;
+  std::vector<Tensor> gs;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    ACCEL_CHECK(r.defined(), ValueError, "backward", "root tensor is undefined");
+    ACCEL_CHECK(r.requires_grad(), ValueError, "backward",
+                "tensor of shape ", r.sizes(), " does not require grad and has no grad_fn");
+    Tensor g = i < grads.size() ? grads[i] : Tensor();
+    if (!g.defined()) {
+      ACCEL_CHECK(r.numel() == 1, ShapeError, "backward",
+                  "grad can be implicitly created only for one-element outputs; got shape ",
+                  r.sizes());
+      g = ones(r.sizes(), TensorOptions(r.dtype(), r.device()));
+    } else {
+      ACCEL_CHECK(g.sizes() == r.sizes(), ShapeError, "backward", "gradient shape ", g.sizes(),
+                  " does not match output shape ", r.sizes());
+    }
+    edges.push_back(gradient_edge(r));
+    gs.push_back(std::move(g));
+  }
+  execute(edges, std::move(gs), retain_graph, nullptr);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, bool retain_graph,
+                         bool allow_unused) {
+  std::vector<Edge> edges;
+  std::vector<Tensor> gs;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& r = outputs[i];
+    ACCEL_CHECK(r.requires_grad(), ValueError, "grad", "output ", i, " of shape ", r.sizes(),
+                " does not require grad");
+    Tensor g = i < grad_outputs.size() ? grad_outputs[i] : Tensor();
+    if (!g.defined()) {
+      ACCEL_CHECK(r.numel() == 1, ShapeError, "grad",
+                  "grad can be implicitly created only for one-element outputs; got shape ",
+                  r.sizes());
+      g = ones(r.sizes(), TensorOptions(r.dtype(), r.device()));
+    }
+    edges.push_back(gradient_edge(r));
+    gs.push_back(std::move(g));
+  }
+  std::unordered_map<Node*, Tensor> capture;
+  std::vector<Node*> input_nodes;
+  std::vector<std::shared_ptr<Node>> keep;
+  for (const Tensor& x : inputs) {
+    ACCEL_CHECK(x.requires_grad(), ValueError, "grad", "input of shape ", x.sizes(),
+                " does not require grad");
+    ACCEL_CHECK(x.is_leaf(), ValueError, "grad", "only leaf inputs are supported (shape ",
+                x.sizes(), ")");
+    Edge e = gradient_edge(x);
+    keep.push_back(e.fn);
+    capture[e.fn.get()] = Tensor();
+    input_nodes.push_back(e.fn.get());
+  }
+  execute(edges, std::move(gs), retain_graph, &capture);
+  std::vector<Tensor> result;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Tensor g = capture[input_nodes[i]];
+    ACCEL_CHECK(g.defined() || allow_unused, ValueError, "grad", "input ", i, " of shape ",
+                inputs[i].sizes(), " was not used in the graph (pass allow_unused=true)");
+    result.push_back(g);
+  }
+  return result;
+}
+
+}  // namespace accel::autograd
+
+// ---------------- Tensor autograd members ----------------
+
+namespace accel {
+
+AutogradMeta& Tensor::autograd_meta() {
+  if (!impl_->autograd_) impl_->autograd_ = std::make_unique<AutogradMeta>();
+  return *impl_->autograd_;
+}
+
+Tensor& Tensor::requires_grad_(bool r) {
+  if (!r && !impl_->autograd_) return *this;
+  AutogradMeta& m = autograd_meta();
+  ACCEL_CHECK(r || !m.grad_fn, ValueError, "requires_grad_",
+              "cannot turn off requires_grad on a non-leaf tensor (shape ", sizes(),
+              "); use detach()");
+  ACCEL_CHECK(!r || is_floating_point(), DTypeError, "requires_grad_",
+              "only floating point tensors can require gradients, got ", dtype());
+  m.requires_grad = r;
+  return *this;
+}
+
+const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const {
+  static const std::shared_ptr<autograd::Node> kNone;
+  return impl_->autograd_ ? impl_->autograd_->grad_fn : kNone;
+}
+
+Tensor Tensor::grad() const {
+  const AutogradMeta* m = impl_->autograd_.get();
+  if (!m) return Tensor();
+  if (m->retained_grad) return *m->retained_grad;
+  return m->grad;
+}
+
+void Tensor::set_grad(const Tensor& g) {
+  if (g.defined()) {
+    ACCEL_CHECK(g.sizes() == sizes(), ShapeError, "set_grad", "gradient shape ", g.sizes(),
+                " does not match tensor shape ", sizes());
+    ACCEL_CHECK(g.device() == device(), DeviceError, "set_grad", "gradient on ", g.device(),
+                " for a tensor on ", device());
+  }
+  autograd_meta().grad = g;
+}
+
+void Tensor::zero_grad(bool set_to_none) {
+  if (!impl_->autograd_ || !impl_->autograd_->grad.defined()) return;
+  if (set_to_none) {
+    impl_->autograd_->grad = Tensor();
+  } else {
+    NoGradGuard g;
+    impl_->autograd_->grad.zero_();
+  }
+}
+
+void Tensor::retain_grad() {
+  ACCEL_CHECK(requires_grad(), ValueError, "retain_grad",
+              "tensor of shape ", sizes(), " does not require grad");
+  if (is_leaf()) return;  // leaves keep .grad anyway
+  AutogradMeta& m = autograd_meta();
+  if (m.retains_grad) return;
+  m.retains_grad = true;
+  // The slot is shared between the tensor's metadata and the hook, so neither outlives the other
+  // unsafely and there is no reference cycle through the node.
+  m.retained_grad = std::make_shared<Tensor>();
+  std::shared_ptr<Tensor> slot = m.retained_grad;
+  m.grad_fn->add_pre_hook(m.output_nr, [slot](const Tensor& g) -> Tensor {
+    if (slot->defined()) {
+      slot->add_(g);
+    } else {
+      *slot = empty(g.sizes(), TensorOptions(g.dtype(), g.device()));
+      slot->copy_(g);
+    }
+    return Tensor();
+  });
+}
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+  autograd::run_backward({*this}, {gradient}, retain_graph);
+}
+
+Tensor Tensor::detach() const {
+  return Tensor(make_intrusive<TensorImpl>(impl_->storage_, impl_->sizes_, impl_->strides_,
+                                           impl_->offset_, impl_->dtype_));
+}
+
+Tensor& Tensor::detach_() {
+  if (impl_->autograd_) {
+    impl_->autograd_->grad_fn.reset();
+    impl_->autograd_->requires_grad = false;
+  }
+  return *this;
+}
+
+void Tensor::register_hook(GradHook hook) {
+  ACCEL_CHECK(requires_grad(), ValueError, "register_hook",
+              "cannot register a hook on a tensor that does not require grad (shape ", sizes(), ")");
+  AutogradMeta& m = autograd_meta();
+  if (m.grad_fn) {
+    m.grad_fn->add_pre_hook(m.output_nr, std::move(hook));
+  } else {
+    m.hooks.push_back(std::move(hook));
+  }
+}
+
+void Tensor::register_post_accumulate_grad_hook(PostAccumulateHook hook) {
+  ACCEL_CHECK(requires_grad() && is_leaf(), ValueError, "register_post_accumulate_grad_hook",
+              "only leaf tensors that require grad accumulate gradients (shape ", sizes(), ")");
+  autograd_meta().post_accumulate_hooks.push_back(std::move(hook));
+}
+
+}  // namespace accel

@@ -1,0 +1,177 @@
+// The differentiable op API. Every function here checks its inputs (throwing an accel::Error
+// subclass that names the op and prints shapes), dispatches to the device kernel, and records
+// its backward when grad mode is on and an input requires grad.
+#pragma once
+
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "core/generator.h"
+#include "core/tensor.h"
+
+namespace accel {
+
+// ---- elementwise binary (broadcasting, dtype promotion) ----
+Tensor add(const Tensor& a, const Tensor& b, Scalar alpha = 1);
+Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha = 1);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, Scalar b);
+Tensor sub(const Tensor& a, Scalar b);
+Tensor rsub(const Tensor& a, Scalar b);  // b - a
+Tensor mul(const Tensor& a, Scalar b);
+Tensor div(const Tensor& a, Scalar b);
+Tensor rdiv(const Tensor& a, Scalar b);  // b / a
+Tensor pow(const Tensor& a, Scalar exponent);
+
+// ---- comparisons and logic (bool result, not differentiable) ----
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, Scalar b);
+Tensor ne(const Tensor& a, Scalar b);
+Tensor lt(const Tensor& a, Scalar b);
+Tensor le(const Tensor& a, Scalar b);
+Tensor gt(const Tensor& a, Scalar b);
+Tensor ge(const Tensor& a, Scalar b);
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor logical_not(const Tensor& a);
+// True when every element is equal (same shape required) / close within tolerances.
+bool equal(const Tensor& a, const Tensor& b);
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);
+
+// ---- elementwise unary ----
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+// approximate: "none" (erf) or "tanh".
+Tensor gelu(const Tensor& x, const char* approximate = "none");
+Tensor silu(const Tensor& x);
+Tensor sin(const Tensor& x);
+Tensor cos(const Tensor& x);
+Tensor sign(const Tensor& x);
+Tensor reciprocal(const Tensor& x);
+Tensor square(const Tensor& x);
+Tensor log1p(const Tensor& x);
+Tensor expm1(const Tensor& x);
+Tensor erf(const Tensor& x);
+Tensor clamp(const Tensor& x, std::optional<Scalar> lo, std::optional<Scalar> hi);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, Scalar b);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value);
+
+// ---- reductions (dims empty = all dims) ----
+Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+// Values only; use max_with_indices for both.
+Tensor amax(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor max(const Tensor& x);  // over everything, 0-dim
+Tensor min(const Tensor& x);
+std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);
+std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x);  // flattened index
+// correction 1 = unbiased (PyTorch default).
+Tensor var(const Tensor& x, const Shape& dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor std_dev(const Tensor& x, const Shape& dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor prod(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor norm(const Tensor& x, double p = 2.0);  // over all elements
+// Sum a broadcast gradient back down to `shape` (backward of broadcasting).
+Tensor sum_to(const Tensor& x, const Shape& shape);
+
+// ---- linear algebra ----
+// 1-D/2-D/batched with broadcasting of batch dims, like torch.matmul.
+Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor mm(const Tensor& a, const Tensor& b);
+Tensor bmm(const Tensor& a, const Tensor& b);
+// x: (..., in) w: (out, in) b: (out) -> (..., out)
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
+
+// ---- convolution and pooling (NCHW) ----
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b = Tensor(), Shape stride = {1, 1},
+              Shape padding = {0, 0}, Shape dilation = {1, 1}, int64_t groups = 1);
+Tensor max_pool2d(const Tensor& x, Shape kernel, Shape stride = {}, Shape padding = {0, 0});
+Tensor avg_pool2d(const Tensor& x, Shape kernel, Shape stride = {}, Shape padding = {0, 0},
+                  bool count_include_pad = true);
+
+// ---- normalisation, softmax, losses ----
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+// Normalises over the trailing dims of normalized_shape. weight/bias optional.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                double eps = 1e-6);
+enum class Reduction : uint8_t { None, Mean, Sum };
+// logits: (N, C) or (N, C, d...) ; target: int64 class indices (N) or (N, d...).
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
+                     Reduction reduction = Reduction::Mean, double label_smoothing = 0.0);
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index = -100,
+                Reduction reduction = Reduction::Mean);
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
+                                        Reduction reduction = Reduction::Mean);
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
+
+// ---- indexing ----
+// weight: (V, D), indices: int (any shape) -> (..., D). Out-of-range index: IndexError.
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+// out = x with src added at index along dim (out-of-place, like torch.scatter_add).
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+
+// ---- joining and splitting ----
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& xs, int64_t dim = 0);
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim = 0);
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
+Tensor tril(const Tensor& x, int64_t diagonal = 0);
+Tensor triu(const Tensor& x, int64_t diagonal = 0);
+
+// ---- operators ----
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+inline Tensor operator+(const Tensor& a, Scalar b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, Scalar b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, Scalar b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, Scalar b) { return div(a, b); }
+inline Tensor operator+(Scalar a, const Tensor& b) { return add(b, a); }
+inline Tensor operator-(Scalar a, const Tensor& b) { return rsub(b, a); }
+inline Tensor operator*(Scalar a, const Tensor& b) { return mul(b, a); }
+inline Tensor operator/(Scalar a, const Tensor& b) { return rdiv(b, a); }
+inline Tensor operator==(const Tensor& a, const Tensor& b) { return eq(a, b); }
+inline Tensor operator!=(const Tensor& a, const Tensor& b) { return ne(a, b); }
+inline Tensor operator<(const Tensor& a, const Tensor& b) { return lt(a, b); }
+inline Tensor operator<=(const Tensor& a, const Tensor& b) { return le(a, b); }
+inline Tensor operator>(const Tensor& a, const Tensor& b) { return gt(a, b); }
+inline Tensor operator>=(const Tensor& a, const Tensor& b) { return ge(a, b); }
+inline Tensor operator<(const Tensor& a, Scalar b) { return lt(a, b); }
+inline Tensor operator<=(const Tensor& a, Scalar b) { return le(a, b); }
+inline Tensor operator>(const Tensor& a, Scalar b) { return gt(a, b); }
+inline Tensor operator>=(const Tensor& a, Scalar b) { return ge(a, b); }
+inline Tensor operator==(const Tensor& a, Scalar b) { return eq(a, b); }
+inline Tensor operator!=(const Tensor& a, Scalar b) { return ne(a, b); }
+
+}  // namespace accel

@@ -1,0 +1,37 @@
+// Helpers shared by the op files: argument checks and output allocation.
+#pragma once
+
+#include "autograd/function.h"
+#include "autograd/ops.h"
+#include "core/dispatch.h"
+
+namespace accel::ops {
+
+inline void check_defined(const Tensor& t, const char* op, const char* what = "input") {
+  ACCEL_CHECK(t.defined(), ValueError, op, what, " tensor is undefined");
+}
+
+inline void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
+  ACCEL_CHECK(a.device() == b.device(), DeviceError, op, "expected tensors on the same device, got ",
+              a.device(), " ", a.sizes(), " and ", b.device(), " ", b.sizes());
+}
+
+inline void check_floating(const Tensor& t, const char* op, const char* what = "input") {
+  ACCEL_CHECK(t.is_floating_point(), DTypeError, op, "expected a floating point ", what,
+              ", got ", t.dtype(), " of shape ", t.sizes());
+}
+
+// A view of `base` with new geometry (shares storage).
+inline Tensor make_view(const Tensor& base, Shape sizes, Shape strides, int64_t offset) {
+  return Tensor(make_intrusive<TensorImpl>(base.storage(), std::move(sizes), std::move(strides),
+                                           offset, base.dtype()));
+}
+
+inline Tensor empty_on(const Shape& shape, DType dt, Device dev) {
+  return empty(shape, TensorOptions(dt, dev));
+}
+
+// `t` converted to dtype `dt` (differentiable when both are floating).
+inline Tensor as_dtype(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to(dt); }
+
+}  // namespace accel::ops

@@ -1,0 +1,227 @@
+#include "core/storage.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include "core/error.h"
+
+namespace accel {
+
+// Note [CPU caching allocator]
+// Training allocates the same sizes every step. Blocks are rounded up to a size class (powers of
+// two split in 4 steps above 4 KiB, 64-byte granules below) and a freed block goes to a free list
+// for its class instead of back to malloc. Each thread keeps a small lock-free cache in front of
+// the global, mutex-protected lists, so the per-op cost is a few loads and stores. Memory cached
+// per class is capped so a one-off huge allocation is not kept forever.
+namespace {
+
+constexpr size_t kAlign = 64;
+constexpr size_t kSmallMax = 4096;
+constexpr int kNumClasses = 64 + 4 * 40;  // 64 small granules + 4 steps per power of two
+constexpr size_t kMaxCachedPerClassBytes = size_t(256) << 20;
+constexpr int kThreadCacheSlots = 4;
+
+int size_class(size_t n, size_t* rounded) {
+  if (n <= kSmallMax) {
+    const size_t g = (n + kAlign - 1) / kAlign;  // 0..64
+    *rounded = std::max<size_t>(g, 1) * kAlign;
+    return int(std::max<size_t>(g, 1) - 1);
+  }
+  // n > 4096: p = floor(log2(n-1)), four steps between 2^p and 2^(p+1).
+  const int p = 63 - __builtin_clzll(n - 1);
+  const size_t base = size_t(1) << p;
+  const size_t step = base / 4;
+  const size_t k = (n - base + step - 1) / step;  // 1..4
+  *rounded = base + k * step;
+  return 64 + (p - 12) * 4 + int(k) - 1;
+}
+
+struct FreeList {
+  std::vector<void*> blocks;
+  size_t bytes = 0;
+};
+
+class CpuCachingAllocator final : public Allocator {
+ public:
+  void* allocate(size_t nbytes) override {
+    if (nbytes == 0) nbytes = 1;
+    size_t rounded;
+    const int c = size_class(nbytes, &rounded);
+    if (c >= kNumClasses) return system_alloc(rounded, nbytes);
+    ThreadCache& tc = thread_cache();
+    if (tc.count[c] > 0) {
+      void* p = tc.slots[c][--tc.count[c]];
+      account_hit(rounded);
+      return p;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      FreeList& fl = lists_[c];
+      if (!fl.blocks.empty()) {
+        void* p = fl.blocks.back();
+        fl.blocks.pop_back();
+        fl.bytes -= rounded;
+        in_use_ += rounded;
+        ++hits_;
+        return p;
+      }
+    }
+    return system_alloc(rounded, nbytes);
+  }
+
+  void deallocate(void* p, size_t nbytes) override {
+    if (!p) return;
+    if (nbytes == 0) nbytes = 1;
+    size_t rounded;
+    const int c = size_class(nbytes, &rounded);
+    if (c >= kNumClasses) {
+      std::free(p);
+      std::lock_guard<std::mutex> lk(mu_);
+      in_use_ -= rounded;
+      reserved_ -= rounded;
+      return;
+    }
+    ThreadCache& tc = thread_cache();
+    if (tc.alive && tc.count[c] < kThreadCacheSlots) {
+      tc.slots[c][tc.count[c]++] = p;
+      in_use_.fetch_sub(rounded, std::memory_order_relaxed);
+      return;
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    in_use_ -= rounded;
+    FreeList& fl = lists_[c];
+    if (fl.bytes + rounded > kMaxCachedPerClassBytes) {
+      std::free(p);
+      reserved_ -= rounded;
+      return;
+    }
+    fl.blocks.push_back(p);
+    fl.bytes += rounded;
+  }
+
+  AllocatorStats stats() const override {
+    AllocatorStats s;
+    s.bytes_in_use = in_use_.load();
+    s.bytes_reserved = reserved_.load();
+    s.alloc_count = allocs_.load();
+    s.cache_hits = hits_.load();
+    return s;
+  }
+
+  void empty_cache() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (int c = 0; c < kNumClasses; ++c) {
+      for (void* p : lists_[c].blocks) std::free(p);
+      reserved_ -= lists_[c].bytes;
+      lists_[c].blocks.clear();
+      lists_[c].bytes = 0;
+    }
+  }
+
+ private:
+  struct ThreadCache {
+    void* slots[kNumClasses][kThreadCacheSlots];
+    uint8_t count[kNumClasses] = {};
+    bool alive = true;
+    CpuCachingAllocator* owner = nullptr;
+    ~ThreadCache() {
+      alive = false;
+      if (!owner) return;
+      // Hand cached blocks back to the global lists so other threads can reuse them.
+      for (int c = 0; c < kNumClasses; ++c) {
+        for (int i = 0; i < count[c]; ++i) owner->return_block(c, slots[c][i]);
+        count[c] = 0;
+      }
+    }
+  };
+
+  ThreadCache& thread_cache() {
+    thread_local ThreadCache tc;
+    tc.owner = this;
+    return tc;
+  }
+
+  void return_block(int c, void* p) {
+    size_t rounded = class_bytes(c);
+    std::lock_guard<std::mutex> lk(mu_);
+    lists_[c].blocks.push_back(p);
+    lists_[c].bytes += rounded;
+  }
+
+  static size_t class_bytes(int c) {
+    if (c < 64) return size_t(c + 1) * kAlign;
+    const int p = (c - 64) / 4 + 12;
+    const size_t k = size_t((c - 64) % 4 + 1);
+    const size_t base = size_t(1) << p;
+    return base + k * (base / 4);
+  }
+
+  void account_hit(size_t rounded) {
+    in_use_.fetch_add(rounded, std::memory_order_relaxed);
+    hits_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  void* system_alloc(size_t rounded, size_t requested) {
+    void* p = std::aligned_alloc(kAlign, rounded);
+    if (!p) {
+      ACCEL_THROW(Error, "allocate", "out of memory allocating ", requested, " bytes on cpu");
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    in_use_ += rounded;
+    reserved_ += rounded;
+    ++allocs_;
+    return p;
+  }
+
+  mutable std::mutex mu_;
+  FreeList lists_[kNumClasses];
+  // Stats are relaxed atomics so the thread-cache fast path takes no lock.
+  std::atomic<size_t> in_use_{0}, reserved_{0}, allocs_{0}, hits_{0};
+};
+
+CpuCachingAllocator& cpu_allocator() {
+  static CpuCachingAllocator* a = new CpuCachingAllocator();  // never destroyed: outlives statics
+  return *a;
+}
+
+std::atomic<Allocator*> g_allocators[kNumDeviceTypes] = {};
+std::atomic<Allocator*> g_pinned{nullptr};
+
+}  // namespace
+
+Allocator* get_allocator(Device d) {
+  if (d.is_cpu()) return &cpu_allocator();
+  Allocator* a = g_allocators[int(d.type)].load(std::memory_order_acquire);
+  ACCEL_CHECK(a != nullptr, DeviceError, "allocate", "no allocator for device ", d,
+              " (accel was built without CUDA, or no CUDA device is present)");
+  return a;
+}
+
+void set_allocator(DeviceType t, Allocator* a) { g_allocators[int(t)].store(a); }
+
+Allocator* get_pinned_allocator() {
+  Allocator* a = g_pinned.load(std::memory_order_acquire);
+  return a ? a : &cpu_allocator();
+}
+void set_pinned_allocator(Allocator* a) { g_pinned.store(a); }
+
+Storage::Storage(size_t nbytes, Device device, Allocator* alloc)
+    : nbytes_(nbytes), device_(device), alloc_(alloc ? alloc : get_allocator(device)) {
+  data_ = alloc_->allocate(nbytes);
+}
+
+Storage::Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)
+    : data_(data), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)) {}
+
+Storage::~Storage() {
+  if (alloc_) {
+    alloc_->deallocate(data_, nbytes_);
+  } else if (deleter_) {
+    deleter_(data_);
+  }
+}
+
+}  // namespace accel

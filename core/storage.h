@@ -1,0 +1,65 @@
+// Storage: a ref-counted device buffer. Tensors and their views share one Storage.
+// Memory comes from a per-device Allocator; the CPU one caches freed blocks by size class so
+// that steady-state training does no malloc per op (see Note [CPU caching allocator]).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "core/device.h"
+#include "core/intrusive_ptr.h"
+
+namespace accel {
+
+struct AllocatorStats {
+  size_t bytes_in_use = 0;    // handed out to live storages
+  size_t bytes_reserved = 0;  // in use + cached for reuse
+  size_t alloc_count = 0;     // calls that reached the system allocator
+  size_t cache_hits = 0;
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* allocate(size_t nbytes) = 0;
+  virtual void deallocate(void* p, size_t nbytes) = 0;
+  virtual AllocatorStats stats() const = 0;
+  // Return cached blocks to the system.
+  virtual void empty_cache() {}
+};
+
+// Per device type; CUDA registers its allocator when the backend is built and a device exists.
+Allocator* get_allocator(Device d);
+void set_allocator(DeviceType t, Allocator* a);
+// Pinned (page-locked) host memory for fast async copies; falls back to the CPU allocator.
+Allocator* get_pinned_allocator();
+void set_pinned_allocator(Allocator* a);
+
+class Storage : public RefCounted {
+ public:
+  // Owned buffer from the device allocator.
+  Storage(size_t nbytes, Device device, Allocator* alloc = nullptr);
+  // Borrowed buffer (from_blob): `deleter` runs when the last reference goes (may be empty).
+  Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter);
+  ~Storage() override;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+  // Bumped by in-place ops; autograd checks saved tensors against it.
+  uint32_t version() const { return version_; }
+  void bump_version() { ++version_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+  Allocator* alloc_ = nullptr;  // null for borrowed buffers
+  std::function<void(void*)> deleter_;
+  uint32_t version_ = 0;
+};
+
+using StoragePtr = IntrusivePtr<Storage>;
+
+}  // namespace accel

@@ -1,0 +1,442 @@
+#include "core/tensor.h"
+
+#include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <ostream>
+#include <sstream>
+
+#include "core/dispatch.h"
+#include "core/generator.h"
+
+namespace accel {
+
+// ---------------- TensorImpl ----------------
+
+TensorImpl::TensorImpl(StoragePtr storage, Shape sizes, Shape strides, int64_t offset, DType dtype)
+    : storage_(std::move(storage)),
+      sizes_(std::move(sizes)),
+      strides_(std::move(strides)),
+      offset_(offset),
+      dtype_(dtype) {
+  refresh();
+}
+
+TensorImpl::~TensorImpl() = default;
+
+void TensorImpl::refresh() {
+  numel_ = 1;
+  for (int64_t s : sizes_) numel_ *= s;
+  // Contiguous: strides match row-major, ignoring dims of size 1.
+  bool c = true;
+  int64_t expected = 1;
+  for (size_t i = sizes_.size(); i-- > 0;) {
+    if (sizes_[i] == 1) continue;
+    if (strides_[i] != expected) {
+      c = false;
+      break;
+    }
+    expected *= sizes_[i];
+  }
+  is_contiguous_ = c || numel_ == 0;
+}
+
+// ---------------- metadata ----------------
+
+int64_t Tensor::size(int64_t d) const { return sizes()[size_t(wrap_dim(d, dim(), "size"))]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[size_t(wrap_dim(d, dim(), "stride"))]; }
+
+// ---------------- grad mode ----------------
+
+namespace {
+thread_local bool t_grad_enabled = true;
+}
+bool grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool e) { t_grad_enabled = e; }
+
+// ---------------- creation ----------------
+
+Tensor empty(const Shape& shape, TensorOptions opt) {
+  int64_t n = 1;
+  for (int64_t s : shape) {
+    ACCEL_CHECK(s >= 0, ShapeError, "empty", "negative dimension in shape ", shape);
+    n *= s;
+  }
+  auto storage = make_intrusive<Storage>(size_t(n) * dtype_size(opt.dtype), opt.device);
+  Tensor t(make_intrusive<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0,
+                                      opt.dtype));
+  if (opt.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions opt) {
+  ACCEL_CHECK(shape.size() == strides.size(), ShapeError, "empty_strided", "shape ", shape,
+              " and strides ", strides, " differ in rank");
+  int64_t span = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    ACCEL_CHECK(shape[i] >= 0 && strides[i] >= 0, ShapeError, "empty_strided",
+                "negative size or stride: shape ", shape, " strides ", strides);
+    if (shape[i] == 0) span = 0;
+  }
+  if (span != 0) {
+    for (size_t i = 0; i < shape.size(); ++i) span += (shape[i] - 1) * strides[i];
+  }
+  auto storage = make_intrusive<Storage>(size_t(span) * dtype_size(opt.dtype), opt.device);
+  Tensor t(make_intrusive<TensorImpl>(std::move(storage), shape, strides, 0, opt.dtype));
+  if (opt.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+Tensor full(const Shape& shape, Scalar value, TensorOptions opt) {
+  const bool rg = opt.requires_grad;
+  opt.requires_grad = false;
+  Tensor t = empty(shape, opt);
+  t.fill_(value);
+  if (rg) t.requires_grad_(true);
+  return t;
+}
+Tensor zeros(const Shape& shape, TensorOptions opt) { return full(shape, 0, opt); }
+Tensor ones(const Shape& shape, TensorOptions opt) { return full(shape, 1, opt); }
+Tensor empty_like(const Tensor& t) { return empty(t.sizes(), TensorOptions(t.dtype(), t.device())); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), TensorOptions(t.dtype(), t.device())); }
+Tensor ones_like(const Tensor& t) { return ones(t.sizes(), TensorOptions(t.dtype(), t.device())); }
+Tensor full_like(const Tensor& t, Scalar v) {
+  return full(t.sizes(), v, TensorOptions(t.dtype(), t.device()));
+}
+
+namespace {
+
+// Builds on the CPU then moves to the requested device.
+template <typename Fill>
+Tensor make_on_cpu(const Shape& shape, TensorOptions opt, const char* op, Fill&& fill) {
+  TensorOptions cpu_opt(opt.dtype, kCPU);
+  Tensor t = empty(shape, cpu_opt);
+  ACCEL_DISPATCH_ALL(opt.dtype, op, [&]<typename T>() {
+    T* p = t.data<T>();
+    fill(p, t.numel());
+  });
+  if (opt.device != kCPU) t = t.to(opt.device);
+  if (opt.requires_grad) t.requires_grad_(true);
+  return t;
+}
+
+template <typename T>
+T from_double(double v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return v != 0;
+  } else {
+    return T(v);
+  }
+}
+
+}  // namespace
+
+Tensor arange(Scalar end, TensorOptions opt) { return arange(0, end, 1, opt); }
+
+Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opt) {
+  const double s = start.to_double(), e = end.to_double(), st = step.to_double();
+  ACCEL_CHECK(st != 0, ValueError, "arange", "step must be nonzero");
+  ACCEL_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), ValueError, "arange",
+              "step ", st, " does not move from ", s, " towards ", e);
+  const int64_t n = int64_t(std::ceil((e - s) / st));
+  const bool exact_int = start.is_int && end.is_int && step.is_int;
+  return make_on_cpu({n}, opt, "arange", [&]<typename T>(T* p, int64_t cnt) {
+    for (int64_t i = 0; i < cnt; ++i) {
+      if (exact_int && is_integral(opt.dtype)) {
+        p[i] = from_double<T>(double(start.i + i * step.i));
+      } else {
+        p[i] = from_double<T>(s + double(i) * st);
+      }
+    }
+  });
+}
+
+Tensor linspace(double start, double end, int64_t steps, TensorOptions opt) {
+  ACCEL_CHECK(steps >= 0, ValueError, "linspace", "steps must be >= 0, got ", steps);
+  return make_on_cpu({steps}, opt, "linspace", [&]<typename T>(T* p, int64_t n) {
+    const double d = n > 1 ? (end - start) / double(n - 1) : 0.0;
+    for (int64_t i = 0; i < n; ++i) p[i] = from_double<T>(start + double(i) * d);
+  });
+}
+
+Tensor eye(int64_t n, TensorOptions opt) {
+  ACCEL_CHECK(n >= 0, ValueError, "eye", "n must be >= 0, got ", n);
+  return make_on_cpu({n, n}, opt, "eye", [&]<typename T>(T* p, int64_t cnt) {
+    for (int64_t i = 0; i < cnt; ++i) p[i] = from_double<T>((i / n) == (i % n) ? 1.0 : 0.0);
+  });
+}
+
+Tensor uniform(const Shape& shape, double lo, double hi, TensorOptions opt, Generator* gen) {
+  ACCEL_CHECK(is_floating(opt.dtype), DTypeError, "uniform", "expected a floating dtype, got ",
+              opt.dtype);
+  Generator& g = gen ? *gen : default_generator();
+  std::lock_guard<std::mutex> lk(g.mutex());
+  return make_on_cpu(shape, opt, "uniform", [&]<typename T>(T* p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) p[i] = from_double<T>(lo + (hi - lo) * g.next_double());
+  });
+}
+
+Tensor rand(const Shape& shape, TensorOptions opt, Generator* gen) {
+  return uniform(shape, 0.0, 1.0, opt, gen);
+}
+
+Tensor randn(const Shape& shape, TensorOptions opt, Generator* gen) {
+  ACCEL_CHECK(is_floating(opt.dtype), DTypeError, "randn", "expected a floating dtype, got ",
+              opt.dtype);
+  Generator& g = gen ? *gen : default_generator();
+  std::lock_guard<std::mutex> lk(g.mutex());
+  return make_on_cpu(shape, opt, "randn", [&]<typename T>(T* p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) p[i] = from_double<T>(g.next_normal());
+  });
+}
+
+Tensor randint(int64_t lo, int64_t hi, const Shape& shape, TensorOptions opt, Generator* gen) {
+  ACCEL_CHECK(hi > lo, ValueError, "randint", "empty range [", lo, ", ", hi, ")");
+  Generator& g = gen ? *gen : default_generator();
+  std::lock_guard<std::mutex> lk(g.mutex());
+  const uint64_t range = uint64_t(hi - lo);
+  return make_on_cpu(shape, opt, "randint", [&]<typename T>(T* p, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) p[i] = from_double<T>(double(lo + int64_t(g.next_u64() % range)));
+  });
+}
+
+Tensor randperm(int64_t n, Generator* gen) {
+  ACCEL_CHECK(n >= 0, ValueError, "randperm", "n must be >= 0, got ", n);
+  Generator& g = gen ? *gen : default_generator();
+  std::lock_guard<std::mutex> lk(g.mutex());
+  Tensor t = empty({n}, kInt64);
+  int64_t* p = t.data<int64_t>();
+  for (int64_t i = 0; i < n; ++i) p[i] = i;
+  // Fisher-Yates, high to low.
+  for (int64_t i = n - 1; i > 0; --i) {
+    const int64_t j = int64_t(g.next_u64() % uint64_t(i + 1));
+    std::swap(p[i], p[j]);
+  }
+  return t;
+}
+
+Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device,
+                 std::function<void(void*)> deleter) {
+  return from_blob(data, shape, contiguous_strides(shape), dtype, device, std::move(deleter));
+}
+
+Tensor from_blob(void* data, const Shape& shape, const Shape& strides, DType dtype, Device device,
+                 std::function<void(void*)> deleter) {
+  ACCEL_CHECK(shape.size() == strides.size(), ShapeError, "from_blob", "shape ", shape,
+              " and strides ", strides, " differ in rank");
+  int64_t span = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    ACCEL_CHECK(shape[i] >= 0, ShapeError, "from_blob", "negative dimension in shape ", shape);
+    span += (std::max<int64_t>(shape[i], 1) - 1) * strides[i];
+  }
+  auto storage = make_intrusive<Storage>(data, size_t(span) * dtype_size(dtype), device,
+                                         std::move(deleter));
+  return Tensor(make_intrusive<TensorImpl>(std::move(storage), shape, strides, 0, dtype));
+}
+
+template <typename T>
+Tensor tensor(const std::vector<T>& values, const Shape& shape, TensorOptions opt) {
+  const int64_t n = shape_numel(shape);
+  ACCEL_CHECK(n == int64_t(values.size()), ShapeError, "tensor", "shape ", shape, " holds ", n,
+              " elements but ", values.size(), " values were given");
+  Tensor host = from_blob(const_cast<T*>(values.data()), shape, dtype_of<T>::value);
+  Tensor t = empty(shape, opt.dtype);
+  t.copy_(host);
+  if (opt.device != kCPU) t = t.to(opt.device);
+  if (opt.requires_grad) t.requires_grad_(true);
+  return t;
+}
+template Tensor tensor<float>(const std::vector<float>&, const Shape&, TensorOptions);
+template Tensor tensor<double>(const std::vector<double>&, const Shape&, TensorOptions);
+template Tensor tensor<int64_t>(const std::vector<int64_t>&, const Shape&, TensorOptions);
+template Tensor tensor<int32_t>(const std::vector<int32_t>&, const Shape&, TensorOptions);
+template Tensor tensor<uint8_t>(const std::vector<uint8_t>&, const Shape&, TensorOptions);
+
+Tensor tensor(std::initializer_list<float> values, TensorOptions opt) {
+  std::vector<float> v(values);
+  return tensor<float>(v, Shape{int64_t(v.size())}, opt);
+}
+Tensor tensor(const std::vector<float>& values, const Shape& shape, TensorOptions opt) {
+  return tensor<float>(values, shape, opt);
+}
+Tensor tensor(const std::vector<double>& values, const Shape& shape, TensorOptions opt) {
+  return tensor<double>(values, shape, opt);
+}
+Tensor tensor(const std::vector<int64_t>& values, const Shape& shape, TensorOptions opt) {
+  return tensor<int64_t>(values, shape, opt);
+}
+Tensor tensor(const std::vector<int32_t>& values, const Shape& shape, TensorOptions opt) {
+  return tensor<int32_t>(values, shape, opt);
+}
+
+Tensor scalar_tensor(Scalar v, TensorOptions opt) { return full({}, v, opt); }
+
+// ---------------- element access ----------------
+
+template <typename T>
+T Tensor::item() const {
+  ACCEL_CHECK(defined(), ValueError, "item", "tensor is undefined");
+  ACCEL_CHECK(numel() == 1, ShapeError, "item", "a tensor with ", numel(),
+              " elements cannot be converted to a scalar; shape ", sizes());
+  Tensor c = device().is_cpu() ? *this : to(kCPU);
+  return ACCEL_DISPATCH_ALL(c.dtype(), "item", [&]<typename S>() -> T {
+    const S v = *static_cast<const S*>(c.data_ptr());
+    if constexpr (std::is_same_v<T, bool>) {
+      return double(v) != 0;
+    } else {
+      return T(double(v));
+    }
+  });
+}
+template float Tensor::item<float>() const;
+template double Tensor::item<double>() const;
+template int64_t Tensor::item<int64_t>() const;
+template int32_t Tensor::item<int32_t>() const;
+template bool Tensor::item<bool>() const;
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  Tensor c = device().is_cpu() ? *this : to(kCPU);
+  Tensor d = empty(c.sizes(), TensorOptions(dtype_of<T>::value));
+  d.copy_(c);
+  const T* p = d.data<T>();
+  return std::vector<T>(p, p + d.numel());
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
+
+std::vector<double> Tensor::tolist() const { return to_vector<double>(); }
+
+// ---------------- in-place ----------------
+
+namespace {
+void check_inplace(const Tensor& t, const char* op) {
+  ACCEL_CHECK(t.defined(), ValueError, op, "tensor is undefined");
+  ACCEL_CHECK(!(grad_enabled() && t.requires_grad()), ValueError, op,
+              "in-place operation on a tensor that requires grad (shape ", t.sizes(),
+              "); wrap it in NoGradGuard or use detach()");
+}
+}  // namespace
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  check_inplace(*this, "copy_");
+  ACCEL_CHECK(src.defined(), ValueError, "copy_", "source tensor is undefined");
+  ACCEL_CHECK(is_broadcastable_to(src.sizes(), sizes()), ShapeError, "copy_", "source shape ",
+              src.sizes(), " cannot be broadcast to destination shape ", sizes());
+  if (src.device() == device()) {
+    copy_stub(device(), *this, src);
+  } else {
+    // Cross-device: make both sides contiguous with the destination's dtype, then move bytes.
+    Tensor s = src.expand(sizes()).contiguous();
+    if (s.dtype() != dtype()) s = s.to(dtype());
+    Tensor d = is_contiguous() ? *this : empty(sizes(), TensorOptions(dtype(), device()));
+    const Device backend = device().is_cpu() ? src.device() : device();
+    cross_device_copy_stub(backend, d, s, false);
+    if (!d.is_same(*this)) copy_stub(device(), *this, d);
+  }
+  storage()->bump_version();
+  return *this;
+}
+
+Tensor& Tensor::fill_(Scalar v) {
+  check_inplace(*this, "fill_");
+  fill_stub(device(), *this, v);
+  storage()->bump_version();
+  return *this;
+}
+
+Tensor& Tensor::add_(const Tensor& o, Scalar alpha) {
+  check_inplace(*this, "add_");
+  ACCEL_CHECK(o.device() == device(), DeviceError, "add_", "tensors on different devices: ",
+              device(), " and ", o.device());
+  ACCEL_CHECK(is_broadcastable_to(o.sizes(), sizes()), ShapeError, "add_", "shape ", o.sizes(),
+              " cannot be broadcast to ", sizes());
+  Tensor b = o.dtype() == dtype() ? o : o.to(dtype());
+  binary_stub(device(), BinaryOp::Add, *this, b, *this, alpha.to_double());
+  storage()->bump_version();
+  return *this;
+}
+
+Tensor& Tensor::mul_(const Tensor& o) {
+  check_inplace(*this, "mul_");
+  ACCEL_CHECK(o.device() == device(), DeviceError, "mul_", "tensors on different devices: ",
+              device(), " and ", o.device());
+  ACCEL_CHECK(is_broadcastable_to(o.sizes(), sizes()), ShapeError, "mul_", "shape ", o.sizes(),
+              " cannot be broadcast to ", sizes());
+  Tensor b = o.dtype() == dtype() ? o : o.to(dtype());
+  binary_stub(device(), BinaryOp::Mul, *this, b, *this, 1.0);
+  storage()->bump_version();
+  return *this;
+}
+
+Tensor& Tensor::mul_(Scalar s) {
+  check_inplace(*this, "mul_");
+  UnaryParams p{s.to_double(), 0};
+  unary_stub(device(), UnaryOp::MulScalar, *this, *this, p);
+  storage()->bump_version();
+  return *this;
+}
+
+Tensor& Tensor::div_(Scalar s) { return mul_(1.0 / s.to_double()); }
+
+Tensor& Tensor::clamp_(Scalar lo, Scalar hi) {
+  check_inplace(*this, "clamp_");
+  UnaryParams p{lo.to_double(), hi.to_double()};
+  unary_stub(device(), UnaryOp::Clamp, *this, *this, p);
+  storage()->bump_version();
+  return *this;
+}
+
+// ---------------- printing ----------------
+
+namespace {
+
+void print_rec(std::ostream& os, const std::vector<double>& v, const Shape& shape, size_t d,
+               int64_t base, const Shape& cstr, bool floating, int indent) {
+  constexpr int64_t kEdge = 3, kSummarise = 1000;
+  const bool summarise = shape_numel(shape) > kSummarise;
+  if (d == shape.size()) {
+    const double x = v[size_t(base)];
+    if (floating) {
+      os << std::fixed << std::setprecision(4) << x;
+    } else {
+      os << int64_t(x);
+    }
+    return;
+  }
+  os << '[';
+  const int64_t n = shape[d];
+  for (int64_t i = 0; i < n; ++i) {
+    if (summarise && n > 2 * kEdge && i == kEdge) {
+      os << "...";
+      i = n - kEdge - 1;
+      os << (d + 1 == shape.size() ? ", " : ",\n" + std::string(size_t(indent + 1), ' '));
+      continue;
+    }
+    print_rec(os, v, shape, d + 1, base + i * cstr[d], cstr, floating, indent + 1);
+    if (i + 1 < n) os << (d + 1 == shape.size() ? ", " : ",\n" + std::string(size_t(indent + 1), ' '));
+  }
+  os << ']';
+}
+
+}  // namespace
+
+std::string Tensor::str() const {
+  if (!defined()) return "tensor(undefined)";
+  std::ostringstream os;
+  os << "tensor(";
+  const std::vector<double> v = tolist();
+  print_rec(os, v, sizes(), 0, 0, contiguous_strides(sizes()), is_floating_point(), 7);
+  if (dtype() != kFloat32 && dtype() != kInt64) os << ", dtype=" << dtype();
+  if (!device().is_cpu()) os << ", device='" << device() << "'";
+  if (requires_grad()) os << ", requires_grad=True";
+  os << ')';
+  return os.str();
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+
+}  // namespace accel

@@ -1,0 +1,284 @@
+// Tensor: a strided view (shape, strides, offset, dtype) over a shared Storage, plus optional
+// autograd metadata. Copying a Tensor copies a reference; views share storage.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/intrusive_ptr.h"
+#include "core/shape.h"
+#include "core/storage.h"
+
+namespace accel {
+
+class Tensor;
+class Generator;
+namespace autograd {
+class Node;
+}
+
+// A scalar argument (python-number-like): a double, or an int64 that stays exact.
+struct Scalar {
+  double d = 0;
+  int64_t i = 0;
+  bool is_int = false;
+  Scalar() = default;
+  Scalar(double v) : d(v), i(int64_t(v)), is_int(false) {}  // NOLINT
+  Scalar(float v) : Scalar(double(v)) {}                    // NOLINT
+  Scalar(int v) : d(v), i(v), is_int(true) {}               // NOLINT
+  Scalar(int64_t v) : d(double(v)), i(v), is_int(true) {}   // NOLINT
+  Scalar(bool v) : d(v), i(v), is_int(true) {}              // NOLINT
+  double to_double() const { return is_int ? double(i) : d; }
+  int64_t to_int() const { return is_int ? i : int64_t(d); }
+};
+
+// Gradient hook: receives the incoming gradient; returning a defined tensor replaces it.
+using GradHook = std::function<Tensor(const Tensor&)>;
+// Runs after a leaf's .grad has been accumulated (DDP's "grad ready" signal).
+using PostAccumulateHook = std::function<void(Tensor&)>;
+struct AutogradMeta;  // below Tensor
+
+class TensorImpl : public RefCounted {
+ public:
+  TensorImpl(StoragePtr storage, Shape sizes, Shape strides, int64_t offset, DType dtype);
+  ~TensorImpl() override;
+
+  StoragePtr storage_;
+  Shape sizes_;
+  Shape strides_;
+  int64_t offset_ = 0;  // in elements
+  int64_t numel_ = 0;
+  DType dtype_;
+  bool is_contiguous_ = true;
+  std::unique_ptr<AutogradMeta> autograd_;
+
+  void refresh();  // recompute numel_ and is_contiguous_ after sizes/strides change
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(IntrusivePtr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return bool(impl_); }
+  TensorImpl* impl() const { return impl_.get(); }
+  bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
+
+  // ---- metadata ----
+  DType dtype() const { return impl_->dtype_; }
+  Device device() const { return impl_->storage_->device(); }
+  int64_t dim() const { return int64_t(impl_->sizes_.size()); }
+  const Shape& sizes() const { return impl_->sizes_; }
+  const Shape& shape() const { return impl_->sizes_; }
+  const Shape& strides() const { return impl_->strides_; }
+  int64_t size(int64_t d) const;
+  int64_t stride(int64_t d) const;
+  int64_t numel() const { return impl_->numel_; }
+  int64_t offset() const { return impl_->offset_; }
+  size_t element_size() const { return dtype_size(dtype()); }
+  size_t nbytes() const { return size_t(numel()) * element_size(); }
+  bool is_contiguous() const { return impl_->is_contiguous_; }
+  bool is_floating_point() const { return is_floating(dtype()); }
+  const StoragePtr& storage() const { return impl_->storage_; }
+  // Pointer to the first element (storage base + offset).
+  void* data_ptr() const {
+    return static_cast<char*>(impl_->storage_->data()) + impl_->offset_ * int64_t(element_size());
+  }
+  template <typename T>
+  T* data() const;  // checks dtype_of<T> == dtype()
+  std::string str() const;  // printing, like torch's repr
+  std::string shape_str() const { return accel::shape_str(sizes()); }
+
+  // ---- views (share storage; differentiable) ----
+  Tensor view(const Shape& shape) const;     // requires compatible strides; -1 infers
+  Tensor reshape(const Shape& shape) const;  // view when possible, else copy
+  Tensor flatten(int64_t start = 0, int64_t end = -1) const;
+  Tensor transpose(int64_t d0, int64_t d1) const;
+  Tensor t() const;  // 2-D transpose
+  Tensor permute(const Shape& dims) const;
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
+  Tensor select(int64_t dim, int64_t index) const;
+  Tensor expand(const Shape& shape) const;  // -1 keeps a dim
+  Tensor expand_as(const Tensor& other) const { return expand(other.sizes()); }
+  Tensor squeeze() const;
+  Tensor squeeze(int64_t dim) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor contiguous() const;  // self when already contiguous, else a copy
+  Tensor operator[](int64_t i) const { return select(0, i); }
+
+  // ---- conversion ----
+  Tensor to(DType t) const;  // differentiable between floating types
+  Tensor to(Device d, bool non_blocking = false) const;
+  Tensor to(Device d, DType t) const { return to(d).to(t); }
+  Tensor cpu() const { return to(kCPU); }
+  Tensor clone() const;
+  // Value of a one-element tensor.
+  template <typename T>
+  T item() const;
+  double item() const { return item<double>(); }
+  std::vector<double> tolist() const;  // flattened, as doubles (tests, printing)
+  template <typename T>
+  std::vector<T> to_vector() const;  // flattened, converted to T
+
+  // ---- in-place (not recorded by autograd; error on tensors that need grad in grad mode) ----
+  Tensor& copy_(const Tensor& src);  // broadcasts src; converts dtype/device
+  Tensor& fill_(Scalar v);
+  Tensor& zero_() { return fill_(0); }
+  Tensor& add_(const Tensor& o, Scalar alpha = 1);
+  Tensor& sub_(const Tensor& o) { return add_(o, -1); }
+  Tensor& mul_(const Tensor& o);
+  Tensor& mul_(Scalar s);
+  Tensor& div_(Scalar s);
+  Tensor& clamp_(Scalar lo, Scalar hi);
+
+  // ---- autograd ----
+  bool requires_grad() const;
+  Tensor& requires_grad_(bool r = true);
+  Tensor& set_requires_grad(bool r) { return requires_grad_(r); }
+  bool is_leaf() const;
+  const std::shared_ptr<autograd::Node>& grad_fn() const;
+  // Accumulated gradient; undefined Tensor when none yet.
+  Tensor grad() const;
+  void set_grad(const Tensor& g);
+  void zero_grad(bool set_to_none = true);
+  void retain_grad();
+  // Reverse-mode from this tensor. `gradient` defaults to ones for a one-element tensor.
+  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+  Tensor detach() const;  // shares storage, no history
+  Tensor& detach_();
+  void register_hook(GradHook hook);
+  void register_post_accumulate_grad_hook(PostAccumulateHook hook);
+  AutogradMeta& autograd_meta();  // creates when absent
+  AutogradMeta* autograd_meta_if() const { return impl_->autograd_.get(); }
+
+  // ---- arithmetic sugar (defined with the ops) ----
+  Tensor sum() const;
+  Tensor sum(const Shape& dims, bool keepdim = false) const;
+  Tensor mean() const;
+  Tensor mean(const Shape& dims, bool keepdim = false) const;
+  Tensor matmul(const Tensor& o) const;
+  Tensor pow(Scalar e) const;
+  Tensor exp() const;
+  Tensor log() const;
+  Tensor abs() const;
+  Tensor sqrt() const;
+  Tensor relu() const;
+  Tensor argmax(int64_t dim, bool keepdim = false) const;
+
+ private:
+  IntrusivePtr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+struct AutogradMeta {
+  bool requires_grad = false;
+  bool retains_grad = false;
+  uint32_t output_nr = 0;                          // which output of grad_fn this tensor is
+  std::shared_ptr<autograd::Node> grad_fn;         // null for leaves
+  std::weak_ptr<autograd::Node> grad_accumulator;  // leaves only, created lazily
+  std::vector<GradHook> hooks;                     // leaves: run by AccumulateGrad
+  std::vector<PostAccumulateHook> post_accumulate_hooks;
+  Tensor grad;       // accumulated gradient (leaves)
+  std::shared_ptr<Tensor> retained_grad;  // non-leaves after retain_grad()
+  std::string name;  // optional, shows up in error messages
+};
+
+inline bool Tensor::requires_grad() const {
+  return impl_->autograd_ && impl_->autograd_->requires_grad;
+}
+inline bool Tensor::is_leaf() const { return !impl_->autograd_ || !impl_->autograd_->grad_fn; }
+
+// ---- creation (options: dtype, device, requires_grad) ----
+struct TensorOptions {
+  DType dtype = kFloat32;
+  Device device = kCPU;
+  bool requires_grad = false;
+  TensorOptions() = default;
+  TensorOptions(DType t) : dtype(t) {}                    // NOLINT
+  TensorOptions(Device d) : device(d) {}                  // NOLINT
+  TensorOptions(DType t, Device d) : dtype(t), device(d) {}
+  TensorOptions& with_dtype(DType t) { dtype = t; return *this; }
+  TensorOptions& with_device(Device d) { device = d; return *this; }
+  TensorOptions& with_requires_grad(bool r = true) { requires_grad = r; return *this; }
+};
+
+Tensor empty(const Shape& shape, TensorOptions opt = {});
+Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions opt = {});
+Tensor zeros(const Shape& shape, TensorOptions opt = {});
+Tensor ones(const Shape& shape, TensorOptions opt = {});
+Tensor full(const Shape& shape, Scalar value, TensorOptions opt = {});
+Tensor empty_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor full_like(const Tensor& t, Scalar value);
+// [start, end) with step; dtype int64 unless given.
+Tensor arange(Scalar end, TensorOptions opt = TensorOptions(kInt64));
+Tensor arange(Scalar start, Scalar end, Scalar step = 1, TensorOptions opt = TensorOptions(kInt64));
+Tensor linspace(double start, double end, int64_t steps, TensorOptions opt = {});
+Tensor eye(int64_t n, TensorOptions opt = {});
+// Uniform [0, 1) / [lo, hi), standard normal, integers in [lo, hi).
+Tensor rand(const Shape& shape, TensorOptions opt = {}, Generator* gen = nullptr);
+Tensor uniform(const Shape& shape, double lo, double hi, TensorOptions opt = {},
+               Generator* gen = nullptr);
+Tensor randn(const Shape& shape, TensorOptions opt = {}, Generator* gen = nullptr);
+Tensor randint(int64_t lo, int64_t hi, const Shape& shape, TensorOptions opt = TensorOptions(kInt64),
+               Generator* gen = nullptr);
+Tensor randperm(int64_t n, Generator* gen = nullptr);
+// Wraps external memory without copying. `deleter` (may be empty) runs when storage dies.
+Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device = kCPU,
+                 std::function<void(void*)> deleter = {});
+Tensor from_blob(void* data, const Shape& shape, const Shape& strides, DType dtype,
+                 Device device = kCPU, std::function<void(void*)> deleter = {});
+// Copies host values into a new tensor. Shape defaults to {values.size()}.
+template <typename T>
+Tensor tensor(const std::vector<T>& values, const Shape& shape, TensorOptions opt);
+Tensor tensor(std::initializer_list<float> values, TensorOptions opt = {});
+Tensor tensor(const std::vector<float>& values, const Shape& shape, TensorOptions opt = {});
+Tensor tensor(const std::vector<double>& values, const Shape& shape, TensorOptions opt = TensorOptions(kFloat64));
+Tensor tensor(const std::vector<int64_t>& values, const Shape& shape, TensorOptions opt = TensorOptions(kInt64));
+Tensor tensor(const std::vector<int32_t>& values, const Shape& shape, TensorOptions opt = TensorOptions(kInt32));
+Tensor scalar_tensor(Scalar v, TensorOptions opt = {});
+
+// ---- grad mode ----
+bool grad_enabled();
+void set_grad_enabled(bool e);
+class NoGradGuard {
+ public:
+  NoGradGuard() : prev_(grad_enabled()) { set_grad_enabled(false); }
+  ~NoGradGuard() { set_grad_enabled(prev_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+class EnableGradGuard {
+ public:
+  EnableGradGuard() : prev_(grad_enabled()) { set_grad_enabled(true); }
+  ~EnableGradGuard() { set_grad_enabled(prev_); }
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// ---- implementation helpers for templates ----
+template <typename T>
+T* Tensor::data() const {
+  ACCEL_CHECK(dtype_of<T>::value == dtype(), DTypeError, "data", "tensor has dtype ", dtype(),
+              ", requested ", dtype_of<T>::value);
+  return static_cast<T*>(data_ptr());
+}
+
+}  // namespace accel

@@ -1,0 +1,124 @@
+// CPU binary elementwise kernels (broadcasting) and where().
+#include <cmath>
+
+#include "core/dispatch.h"
+#include "kernels/cpu/elementwise.h"
+
+namespace accel::cpu {
+namespace {
+
+constexpr double kSqrt1_2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/sqrt(2*pi)
+constexpr double kSqrt2OverPi = 0.79788456080286535588;
+
+template <typename T>
+void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, double alpha) {
+  using A = acc_t<T>;
+  constexpr bool kFloat = std::is_floating_point_v<A>;
+  switch (op) {
+    case BinaryOp::Add:
+      if (alpha == 1.0) return binary_loop<T, T>(a, b, out, [](A x, A y) { return A(x + y); });
+      return binary_loop<T, T>(a, b, out, [al = A(alpha)](A x, A y) { return A(x + al * y); });
+    case BinaryOp::Sub:
+      if (alpha == 1.0) return binary_loop<T, T>(a, b, out, [](A x, A y) { return A(x - y); });
+      return binary_loop<T, T>(a, b, out, [al = A(alpha)](A x, A y) { return A(x - al * y); });
+    case BinaryOp::Mul: return binary_loop<T, T>(a, b, out, [](A x, A y) { return A(x * y); });
+    case BinaryOp::Div:
+      if constexpr (kFloat) {
+        return binary_loop<T, T>(a, b, out, [](A x, A y) { return x / y; });
+      } else {
+        break;  // integer division is routed to a float dtype by the op layer
+      }
+    case BinaryOp::Pow:
+      if constexpr (kFloat) {
+        return binary_loop<T, T>(a, b, out, [](A x, A y) { return std::pow(x, y); });
+      } else {
+        break;
+      }
+    case BinaryOp::Maximum:
+      return binary_loop<T, T>(a, b, out, [](A x, A y) {
+        if constexpr (kFloat) {
+          if (std::isnan(x) || std::isnan(y)) return x + y;  // NaN propagates
+        }
+        return x > y ? x : y;
+      });
+    case BinaryOp::Minimum:
+      return binary_loop<T, T>(a, b, out, [](A x, A y) {
+        if constexpr (kFloat) {
+          if (std::isnan(x) || std::isnan(y)) return x + y;
+        }
+        return x < y ? x : y;
+      });
+    case BinaryOp::Eq: return binary_loop<bool, T>(a, b, out, [](A x, A y) { return x == y; });
+    case BinaryOp::Ne: return binary_loop<bool, T>(a, b, out, [](A x, A y) { return x != y; });
+    case BinaryOp::Lt: return binary_loop<bool, T>(a, b, out, [](A x, A y) { return x < y; });
+    case BinaryOp::Le: return binary_loop<bool, T>(a, b, out, [](A x, A y) { return x <= y; });
+    case BinaryOp::Gt: return binary_loop<bool, T>(a, b, out, [](A x, A y) { return x > y; });
+    case BinaryOp::Ge: return binary_loop<bool, T>(a, b, out, [](A x, A y) { return x >= y; });
+    case BinaryOp::LogicalAnd:
+      return binary_loop<bool, T>(a, b, out, [](A x, A y) { return x != A(0) && y != A(0); });
+    case BinaryOp::LogicalOr:
+      return binary_loop<bool, T>(a, b, out, [](A x, A y) { return x != A(0) || y != A(0); });
+    default: break;
+  }
+  if constexpr (kFloat) {
+    switch (op) {
+      case BinaryOp::ReluGrad:
+        return binary_loop<T, T>(a, b, out, [](A g, A x) { return x > A(0) ? g : A(0); });
+      case BinaryOp::GeluErfGrad:
+        return binary_loop<T, T>(a, b, out, [](A g, A x) {
+          const A cdf = A(0.5) * (A(1) + std::erf(x * A(kSqrt1_2)));
+          const A pdf = A(kInvSqrt2Pi) * std::exp(A(-0.5) * x * x);
+          return g * (cdf + x * pdf);
+        });
+      case BinaryOp::GeluTanhGrad:
+        return binary_loop<T, T>(a, b, out, [](A g, A x) {
+          const A k = A(kSqrt2OverPi);
+          const A inner = k * (x + A(0.044715) * x * x * x);
+          const A t = std::tanh(inner);
+          const A dinner = k * (A(1) + A(3 * 0.044715) * x * x);
+          return g * (A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * dinner);
+        });
+      case BinaryOp::SiluGrad:
+        return binary_loop<T, T>(a, b, out, [](A g, A x) {
+          const A s = A(1) / (A(1) + std::exp(-x));
+          return g * s * (A(1) + x * (A(1) - s));
+        });
+      case BinaryOp::SigmoidGrad:
+        return binary_loop<T, T>(a, b, out, [](A g, A y) { return g * y * (A(1) - y); });
+      case BinaryOp::TanhGrad:
+        return binary_loop<T, T>(a, b, out, [](A g, A y) { return g * (A(1) - y * y); });
+      default: break;
+    }
+  }
+  ACCEL_THROW(DTypeError, "binary", "op ", int(op), " is not defined for dtype ", a.dtype());
+}
+
+void binary_kernel(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, double alpha) {
+  if (out.numel() == 0) return;
+  ACCEL_DISPATCH_ALL(a.dtype(), "binary", [&]<typename T>() { binary_typed<T>(op, a, b, out, alpha); });
+}
+
+void where_kernel(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
+  if (out.numel() == 0) return;
+  const Tensor* ops[4] = {&out, &cond, &a, &b};
+  StridedLoop<4> loop(ops);
+  ACCEL_DISPATCH_ALL(out.dtype(), "where", [&]<typename T>() {
+    loop.run([](char* const* p, const int64_t* st, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        const bool c = *reinterpret_cast<const bool*>(p[1] + i * st[1]);
+        *reinterpret_cast<T*>(p[0] + i * st[0]) =
+            c ? *reinterpret_cast<const T*>(p[2] + i * st[2])
+              : *reinterpret_cast<const T*>(p[3] + i * st[3]);
+      }
+    });
+  });
+}
+
+}  // namespace
+}  // namespace accel::cpu
+
+namespace accel {
+ACCEL_REGISTER_KERNEL(binary_stub, CPU, &cpu::binary_kernel);
+ACCEL_REGISTER_KERNEL(where_stub, CPU, &cpu::where_kernel);
+}  // namespace accel

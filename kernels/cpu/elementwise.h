@@ -1,0 +1,77 @@
+// Elementwise loop drivers shared by the unary, binary and where kernels.
+#pragma once
+
+#include "kernels/cpu/loops.h"
+
+namespace accel::cpu {
+
+// out[i] = f(in[i]) with f: acc_t<In> -> acc_t<Out>.
+template <typename Out, typename In, typename F>
+void unary_loop(const Tensor& in, Tensor& out, F f) {
+  if (in.is_contiguous() && out.is_contiguous() && in.sizes() == out.sizes()) {
+    const In* x = static_cast<const In*>(in.data_ptr());
+    Out* o = static_cast<Out*>(out.data_ptr());
+    parallel_for(out.numel(), kParallelGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) o[i] = cast<Out>(f(cast<acc_t<In>>(x[i])));
+    });
+    return;
+  }
+  const Tensor* ops[2] = {&out, &in};
+  StridedLoop<2> loop(ops);
+  loop.run([&](char* const* p, const int64_t* st, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const In x = *reinterpret_cast<const In*>(p[1] + i * st[1]);
+      *reinterpret_cast<Out*>(p[0] + i * st[0]) = cast<Out>(f(cast<acc_t<In>>(x)));
+    }
+  });
+}
+
+// out[i] = f(a[i], b[i]) with broadcasting.
+template <typename Out, typename In, typename F>
+void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
+  using A = acc_t<In>;
+  const bool out_c = out.is_contiguous();
+  if (out_c && a.is_contiguous() && a.sizes() == out.sizes()) {
+    const In* x = static_cast<const In*>(a.data_ptr());
+    Out* o = static_cast<Out*>(out.data_ptr());
+    if (b.is_contiguous() && b.sizes() == out.sizes()) {
+      const In* y = static_cast<const In*>(b.data_ptr());
+      parallel_for(out.numel(), kParallelGrain, [&](int64_t s, int64_t e) {
+        for (int64_t i = s; i < e; ++i) o[i] = cast<Out>(f(cast<A>(x[i]), cast<A>(y[i])));
+      });
+      return;
+    }
+    if (b.numel() == 1) {
+      const A y = cast<A>(*static_cast<const In*>(b.data_ptr()));
+      parallel_for(out.numel(), kParallelGrain, [&](int64_t s, int64_t e) {
+        for (int64_t i = s; i < e; ++i) o[i] = cast<Out>(f(cast<A>(x[i]), y));
+      });
+      return;
+    }
+  }
+  const Tensor* ops[3] = {&out, &a, &b};
+  StridedLoop<3> loop(ops);
+  loop.run([&](char* const* p, const int64_t* st, int64_t n) {
+    if (st[0] == sizeof(Out) && st[1] == sizeof(In) && st[2] == 0) {
+      Out* o = reinterpret_cast<Out*>(p[0]);
+      const In* x = reinterpret_cast<const In*>(p[1]);
+      const A y = cast<A>(*reinterpret_cast<const In*>(p[2]));
+      for (int64_t i = 0; i < n; ++i) o[i] = cast<Out>(f(cast<A>(x[i]), y));
+      return;
+    }
+    if (st[0] == sizeof(Out) && st[1] == sizeof(In) && st[2] == sizeof(In)) {
+      Out* o = reinterpret_cast<Out*>(p[0]);
+      const In* x = reinterpret_cast<const In*>(p[1]);
+      const In* y = reinterpret_cast<const In*>(p[2]);
+      for (int64_t i = 0; i < n; ++i) o[i] = cast<Out>(f(cast<A>(x[i]), cast<A>(y[i])));
+      return;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const In x = *reinterpret_cast<const In*>(p[1] + i * st[1]);
+      const In y = *reinterpret_cast<const In*>(p[2] + i * st[2]);
+      *reinterpret_cast<Out*>(p[0] + i * st[0]) = cast<Out>(f(cast<A>(x), cast<A>(y)));
+    }
+  });
+}
+
+}  // namespace accel::cpu

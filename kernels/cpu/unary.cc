@@ -1,0 +1,131 @@
+// CPU unary elementwise kernels. Math runs in acc_t (float for f16/bf16).
+#include <cmath>
+
+#include "core/dispatch.h"
+#include "kernels/cpu/elementwise.h"
+
+namespace accel::cpu {
+namespace {
+
+constexpr double kSqrt1_2 = 0.70710678118654752440;
+constexpr double kSqrt2OverPi = 0.79788456080286535588;
+
+template <typename T>
+void unary_float(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& prm) {
+  using A = acc_t<T>;
+  const A p0 = A(prm.p0), p1 = A(prm.p1);
+  switch (op) {
+    case UnaryOp::Neg: return unary_loop<T, T>(in, out, [](A x) { return -x; });
+    case UnaryOp::Exp: return unary_loop<T, T>(in, out, [](A x) { return std::exp(x); });
+    case UnaryOp::Log: return unary_loop<T, T>(in, out, [](A x) { return std::log(x); });
+    case UnaryOp::Sqrt: return unary_loop<T, T>(in, out, [](A x) { return std::sqrt(x); });
+    case UnaryOp::Rsqrt: return unary_loop<T, T>(in, out, [](A x) { return A(1) / std::sqrt(x); });
+    case UnaryOp::Abs: return unary_loop<T, T>(in, out, [](A x) { return std::abs(x); });
+    case UnaryOp::Tanh: return unary_loop<T, T>(in, out, [](A x) { return std::tanh(x); });
+    case UnaryOp::Sigmoid:
+      return unary_loop<T, T>(in, out, [](A x) { return A(1) / (A(1) + std::exp(-x)); });
+    case UnaryOp::Relu: return unary_loop<T, T>(in, out, [](A x) { return x > A(0) ? x : A(0); });
+    case UnaryOp::GeluErf:
+      return unary_loop<T, T>(in, out, [](A x) {
+        return A(0.5) * x * (A(1) + std::erf(x * A(kSqrt1_2)));
+      });
+    case UnaryOp::GeluTanh:
+      return unary_loop<T, T>(in, out, [](A x) {
+        return A(0.5) * x * (A(1) + std::tanh(A(kSqrt2OverPi) * (x + A(0.044715) * x * x * x)));
+      });
+    case UnaryOp::Silu:
+      return unary_loop<T, T>(in, out, [](A x) { return x / (A(1) + std::exp(-x)); });
+    case UnaryOp::Sin: return unary_loop<T, T>(in, out, [](A x) { return std::sin(x); });
+    case UnaryOp::Cos: return unary_loop<T, T>(in, out, [](A x) { return std::cos(x); });
+    case UnaryOp::Sign:
+      return unary_loop<T, T>(in, out, [](A x) { return A((x > A(0)) - (x < A(0))); });
+    case UnaryOp::Reciprocal: return unary_loop<T, T>(in, out, [](A x) { return A(1) / x; });
+    case UnaryOp::Square: return unary_loop<T, T>(in, out, [](A x) { return x * x; });
+    case UnaryOp::Log1p: return unary_loop<T, T>(in, out, [](A x) { return std::log1p(x); });
+    case UnaryOp::Expm1: return unary_loop<T, T>(in, out, [](A x) { return std::expm1(x); });
+    case UnaryOp::Erf: return unary_loop<T, T>(in, out, [](A x) { return std::erf(x); });
+    case UnaryOp::PowScalar:
+      if (p0 == A(2)) return unary_loop<T, T>(in, out, [](A x) { return x * x; });
+      return unary_loop<T, T>(in, out, [p0](A x) { return std::pow(x, p0); });
+    case UnaryOp::Clamp:
+      return unary_loop<T, T>(in, out, [p0, p1](A x) { return x < p0 ? p0 : (x > p1 ? p1 : x); });
+    case UnaryOp::AddScalar: return unary_loop<T, T>(in, out, [p0](A x) { return x + p0; });
+    case UnaryOp::MulScalar: return unary_loop<T, T>(in, out, [p0](A x) { return x * p0; });
+    case UnaryOp::RSubScalar: return unary_loop<T, T>(in, out, [p0](A x) { return p0 - x; });
+    case UnaryOp::RDivScalar: return unary_loop<T, T>(in, out, [p0](A x) { return p0 / x; });
+    case UnaryOp::LogicalNot: return unary_loop<bool, T>(in, out, [](A x) { return x == A(0); });
+    case UnaryOp::Count: break;
+  }
+  ACCEL_THROW(ValueError, "unary", "unknown unary op ", int(op));
+}
+
+template <typename T>
+void unary_int(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& prm) {
+  // Integer (and bool) inputs: the ops that keep an integer result. The op layer converts to a
+  // float dtype before calling for exp, log, ...
+  using A = acc_t<T>;
+  const bool pint = prm.p0 == std::floor(prm.p0);
+  switch (op) {
+    case UnaryOp::Neg: return unary_loop<T, T>(in, out, [](A x) { return A(-x); });
+    case UnaryOp::Abs:
+      if constexpr (std::is_same_v<T, bool>) {
+        return unary_loop<T, T>(in, out, [](A x) { return x; });
+      } else {
+        return unary_loop<T, T>(in, out, [](A x) { return x < 0 ? A(-x) : x; });
+      }
+    case UnaryOp::Sign:
+      return unary_loop<T, T>(in, out, [](A x) { return A((x > A(0)) - (x < A(0))); });
+    case UnaryOp::Square: return unary_loop<T, T>(in, out, [](A x) { return A(x * x); });
+    case UnaryOp::Relu: return unary_loop<T, T>(in, out, [](A x) { return x > A(0) ? x : A(0); });
+    case UnaryOp::LogicalNot: return unary_loop<bool, T>(in, out, [](A x) { return x == A(0); });
+    case UnaryOp::Clamp: {
+      const double lo = prm.p0, hi = prm.p1;
+      return unary_loop<T, T>(in, out, [lo, hi](A x) {
+        const double v = double(x);
+        return A(v < lo ? lo : (v > hi ? hi : v));
+      });
+    }
+    case UnaryOp::AddScalar: {
+      const double s = prm.p0;
+      return unary_loop<T, T>(in, out, [s](A x) { return A(double(x) + s); });
+    }
+    case UnaryOp::MulScalar: {
+      const double s = prm.p0;
+      return unary_loop<T, T>(in, out, [s](A x) { return A(double(x) * s); });
+    }
+    case UnaryOp::RSubScalar: {
+      const double s = prm.p0;
+      return unary_loop<T, T>(in, out, [s](A x) { return A(s - double(x)); });
+    }
+    case UnaryOp::PowScalar:
+      if (pint && prm.p0 >= 0) {
+        const int64_t e = int64_t(prm.p0);
+        return unary_loop<T, T>(in, out, [e](A x) {
+          A r = A(1);
+          for (int64_t i = 0; i < e; ++i) r = A(r * x);
+          return r;
+        });
+      }
+      break;
+    default: break;
+  }
+  ACCEL_THROW(DTypeError, "unary", "op ", int(op), " is not defined for dtype ", in.dtype());
+}
+
+void unary_kernel(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& p) {
+  if (out.numel() == 0) return;
+  ACCEL_DISPATCH_ALL(in.dtype(), "unary", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<acc_t<T>>) {
+      unary_float<T>(op, in, out, p);
+    } else {
+      unary_int<T>(op, in, out, p);
+    }
+  });
+}
+
+}  // namespace
+}  // namespace accel::cpu
+
+namespace accel {
+ACCEL_REGISTER_KERNEL(unary_stub, CPU, &cpu::unary_kernel);
+}

@@ -1,6 +1,7 @@
 #include "core/storage.h"
 
 #include <atomic>
+#include <memory>
 #include <cstdlib>
 #include <mutex>
 #include <new>
@@ -130,6 +131,7 @@ class CpuCachingAllocator final : public Allocator {
     ~ThreadCache() {
       alive = false;
       if (!owner) return;
+      tls_slot() = &dead_cache();
       // Hand cached blocks back to the global lists so other threads can reuse them.
       for (int c = 0; c < kNumClasses; ++c) {
         for (int i = 0; i < count[c]; ++i) owner->return_block(c, slots[c][i]);
@@ -138,10 +140,32 @@ class CpuCachingAllocator final : public Allocator {
     }
   };
 
-  ThreadCache& thread_cache() {
-    thread_local ThreadCache tc;
-    tc.owner = this;
+  // Note [TLS in a shared library]: a plain thread_local in libaccel.so goes through
+  // __tls_get_addr on every access. The fast path reads one initial-exec pointer instead; the
+  // cache itself lives on the heap, owned by a second thread_local whose destructor hands the
+  // blocks back when the thread exits.
+  static ThreadCache*& tls_slot() {
+    static thread_local ThreadCache* tc __attribute__((tls_model("initial-exec"))) = nullptr;
     return tc;
+  }
+  // Used by a thread after its cache was destroyed (frees from other thread_local destructors):
+  // never alive, never holds blocks, so every call takes the global path.
+  static ThreadCache& dead_cache() {
+    static ThreadCache* dead = [] {
+      auto* d = new ThreadCache();
+      d->alive = false;
+      return d;
+    }();
+    return *dead;
+  }
+  ThreadCache& thread_cache() {
+    ThreadCache* tc = tls_slot();
+    if (ACCEL_LIKELY(tc != nullptr)) return *tc;
+    static thread_local std::unique_ptr<ThreadCache> owner;
+    owner = std::make_unique<ThreadCache>();
+    owner->owner = this;
+    tls_slot() = owner.get();
+    return *owner;
   }
 
   void return_block(int c, void* p) {

@@ -49,7 +49,7 @@ int64_t Tensor::stride(int64_t d) const { return strides()[size_t(wrap_dim(d, di
 // ---------------- grad mode ----------------
 
 namespace {
-thread_local bool t_grad_enabled = true;
+thread_local bool t_grad_enabled __attribute__((tls_model("initial-exec"))) = true;
 }
 bool grad_enabled() { return t_grad_enabled; }
 void set_grad_enabled(bool e) { t_grad_enabled = e; }

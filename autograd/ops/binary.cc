@@ -19,18 +19,23 @@ ACCEL_DIFFERENTIABLE_OP(pow_scalar, "pow_scalar");
 
 namespace {
 
+// Operands after promotion. `a`/`b` point at the caller's tensors unless a conversion was needed
+// (then at the converted copies held here), so the common case costs no reference-count traffic.
 struct Prepared {
-  Tensor a, b;
+  const Tensor* a;
+  const Tensor* b;
+  Tensor a_conv, b_conv;
   Shape shape;
   DType dtype;
 };
 
 // Checks devices, promotes dtypes and broadcasts shapes. `float_result` forces a floating dtype
 // (true division, pow).
-inline Prepared prepare(const char* op, const Tensor& a, const Tensor& b, bool float_result) {
+inline void prepare(Prepared& p, const char* op, const Tensor& a, const Tensor& b, bool float_result) {
   ops::check_defined(a, op);
   ops::check_defined(b, op);
-  if (ACCEL_UNLIKELY(a.device() != b.device())) {
+  const bool same_device = a.device() == b.device();
+  if (ACCEL_UNLIKELY(!same_device)) {
     // A 0-dim CPU tensor acts as a scalar on any device, as in PyTorch.
     ACCEL_CHECK(b.dim() == 0 && b.device().is_cpu(), DeviceError, op,
                 "expected tensors on the same device, got ", a.device(), " ", a.sizes(), " and ",
@@ -38,30 +43,36 @@ inline Prepared prepare(const char* op, const Tensor& a, const Tensor& b, bool f
   }
   DType dt = a.dtype() == b.dtype() ? a.dtype() : promote_types(a.dtype(), b.dtype());
   if (float_result) dt = to_floating(dt);
-  Prepared p;
   p.dtype = dt;
-  p.a = a.dtype() == dt ? a : a.to(dt);
-  p.b = b.dtype() == dt ? b : b.to(dt);
-  if (p.b.device() != p.a.device()) p.b = p.b.to(p.a.device());
+  p.a = &a;
+  p.b = &b;
+  if (ACCEL_UNLIKELY(a.dtype() != dt)) {
+    p.a_conv = a.to(dt);
+    p.a = &p.a_conv;
+  }
+  if (ACCEL_UNLIKELY(b.dtype() != dt || !same_device)) {
+    p.b_conv = b.to(dt).to(a.device());
+    p.b = &p.b_conv;
+  }
   p.shape = a.sizes() == b.sizes() ? a.sizes() : broadcast_shapes(a.sizes(), b.sizes(), op);
-  return p;
 }
 
 inline Tensor run(BinaryOp bop, const Prepared& p, double alpha = 1.0) {
-  Tensor out = ops::empty_on(p.shape, is_comparison(bop) ? kBool : p.dtype, p.a.device());
-  binary_stub(p.a.device(), bop, p.a, p.b, out, alpha);
+  Tensor out = ops::empty_on(p.shape, is_comparison(bop) ? kBool : p.dtype, p.a->device());
+  binary_stub(p.a->device(), bop, *p.a, *p.b, out, alpha);
   return out;
 }
 
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
-  Prepared p = prepare("add", a, b, false);
+  Prepared p;
+  prepare(p, "add", a, b, false);
   Tensor out = run(BinaryOp::Add, p, alpha.to_double());
-  if (autograd::needs_grad(p.a, p.b)) {
+  if (autograd::needs_grad(*p.a, *p.b)) {
     const double al = alpha.to_double();
-    autograd::record("add", {&p.a, &p.b}, {&out},
-                     [sa = p.a.sizes(), sb = p.b.sizes(), al](const autograd::Grads& g) {
+    autograd::record("add", {p.a, p.b}, {&out},
+                     [sa = p.a->sizes(), sb = p.b->sizes(), al](const autograd::Grads& g) {
                        const Tensor& go = g[0];
                        return autograd::Grads{sum_to(go, sa),
                                               sum_to(al == 1.0 ? go : mul(go, al), sb)};
@@ -71,13 +82,14 @@ Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
-  Prepared p = prepare("sub", a, b, false);
+  Prepared p;
+  prepare(p, "sub", a, b, false);
   ACCEL_CHECK(p.dtype != kBool, DTypeError, "sub", "subtraction of bool tensors is not supported");
   Tensor out = run(BinaryOp::Sub, p, alpha.to_double());
-  if (autograd::needs_grad(p.a, p.b)) {
+  if (autograd::needs_grad(*p.a, *p.b)) {
     const double al = alpha.to_double();
-    autograd::record("sub", {&p.a, &p.b}, {&out},
-                     [sa = p.a.sizes(), sb = p.b.sizes(), al](const autograd::Grads& g) {
+    autograd::record("sub", {p.a, p.b}, {&out},
+                     [sa = p.a->sizes(), sb = p.b->sizes(), al](const autograd::Grads& g) {
                        return autograd::Grads{sum_to(g[0], sa), sum_to(mul(g[0], -al), sb)};
                      });
   }
@@ -85,13 +97,14 @@ Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  Prepared p = prepare("mul", a, b, false);
+  Prepared p;
+  prepare(p, "mul", a, b, false);
   Tensor out = run(BinaryOp::Mul, p);
-  if (autograd::needs_grad(p.a, p.b)) {
-    const bool ga = p.a.requires_grad(), gb = p.b.requires_grad();
-    autograd::record("mul", {&p.a, &p.b}, {&out},
-                     [x = gb ? p.a.detach() : Tensor(), y = ga ? p.b.detach() : Tensor(),
-                      sa = p.a.sizes(), sb = p.b.sizes()](const autograd::Grads& g) {
+  if (autograd::needs_grad(*p.a, *p.b)) {
+    const bool ga = p.a->requires_grad(), gb = p.b->requires_grad();
+    autograd::record("mul", {p.a, p.b}, {&out},
+                     [x = gb ? p.a->detach() : Tensor(), y = ga ? p.b->detach() : Tensor(),
+                      sa = p.a->sizes(), sb = p.b->sizes()](const autograd::Grads& g) {
                        return autograd::Grads{y.defined() ? sum_to(mul(g[0], y), sa) : Tensor(),
                                               x.defined() ? sum_to(mul(g[0], x), sb) : Tensor()};
                      });
@@ -100,11 +113,12 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
-  Prepared p = prepare("div", a, b, true);
+  Prepared p;
+  prepare(p, "div", a, b, true);
   Tensor out = run(BinaryOp::Div, p);
-  if (autograd::needs_grad(p.a, p.b)) {
-    autograd::record("div", {&p.a, &p.b}, {&out},
-                     [x = p.a.detach(), y = p.b.detach()](const autograd::Grads& g) {
+  if (autograd::needs_grad(*p.a, *p.b)) {
+    autograd::record("div", {p.a, p.b}, {&out},
+                     [x = p.a->detach(), y = p.b->detach()](const autograd::Grads& g) {
                        const Tensor ga = div(g[0], y);
                        // d/db (a/b) = -a/b^2 = -(g/b) * (a/b)
                        return autograd::Grads{sum_to(ga, x.sizes()),
@@ -115,11 +129,12 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor pow(const Tensor& a, const Tensor& b) {
-  Prepared p = prepare("pow", a, b, true);
+  Prepared p;
+  prepare(p, "pow", a, b, true);
   Tensor out = run(BinaryOp::Pow, p);
-  if (autograd::needs_grad(p.a, p.b)) {
-    autograd::record("pow", {&p.a, &p.b}, {&out},
-                     [x = p.a.detach(), y = p.b.detach(), o = out.detach()](const autograd::Grads& g) {
+  if (autograd::needs_grad(*p.a, *p.b)) {
+    autograd::record("pow", {p.a, p.b}, {&out},
+                     [x = p.a->detach(), y = p.b->detach(), o = out.detach()](const autograd::Grads& g) {
                        // d/da a^b = b a^(b-1);  d/db a^b = a^b log a
                        Tensor ga = mul(g[0], mul(y, pow(x, sub(y, 1))));
                        Tensor gb = mul(g[0], mul(o, log(x)));
@@ -132,11 +147,12 @@ Tensor pow(const Tensor& a, const Tensor& b) {
 namespace {
 // Ties split the gradient evenly between both sides, as PyTorch does.
 Tensor max_min(const char* op, BinaryOp bop, const Tensor& a, const Tensor& b) {
-  Prepared p = prepare(op, a, b, false);
+  Prepared p;
+  prepare(p, op, a, b, false);
   Tensor out = run(bop, p);
-  if (autograd::needs_grad(p.a, p.b)) {
-    autograd::record(op, {&p.a, &p.b}, {&out},
-                     [x = p.a.detach(), y = p.b.detach(), bop](const autograd::Grads& g) {
+  if (autograd::needs_grad(*p.a, *p.b)) {
+    autograd::record(op, {p.a, p.b}, {&out},
+                     [x = p.a->detach(), y = p.b->detach(), bop](const autograd::Grads& g) {
                        Tensor win = bop == BinaryOp::Maximum ? gt(x, y) : lt(x, y);
                        Tensor tie = eq(x, y);
                        Tensor wa = add(win.to(g[0].dtype()), mul(tie.to(g[0].dtype()), 0.5));
@@ -244,7 +260,8 @@ Tensor pow(const Tensor& a, Scalar exponent) {
 
 namespace {
 Tensor compare(const char* op, BinaryOp bop, const Tensor& a, const Tensor& b) {
-  Prepared p = prepare(op, a, b, false);
+  Prepared p;
+  prepare(p, op, a, b, false);
   return run(bop, p);
 }
 Tensor compare_scalar(const char* op, BinaryOp bop, const Tensor& a, Scalar s) {

@@ -1,0 +1,72 @@
+// The accel-run config file: what `accel-run config` writes and `launch` reads.
+// Keys follow Accelerate's default_config.yaml where they mean the same thing; see docs/launcher.md.
+#pragma once
+
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launcher/util.h"
+
+namespace accel::launcher {
+
+struct LaunchConfig {
+  std::string compute_environment = "LOCAL_MACHINE";
+  std::string distributed_type = "NO";  // NO | MULTI_CPU | MULTI_GPU
+  int num_machines = 1;
+  int num_processes = 1;  // total across all machines (Accelerate semantics)
+  int machine_rank = 0;
+  std::optional<std::string> main_process_ip;
+  std::optional<int> main_process_port;
+  std::string mixed_precision = "no";  // no | fp16 | bf16
+  bool use_cpu = false;
+  std::string gpu_ids = "all";  // "all" or "0,1,3"
+  std::string rdzv_backend = "static";
+  bool same_network = true;
+  std::string main_training_function = "main";  // kept for Accelerate compatibility; unused
+  int gradient_accumulation_steps = 1;
+  int zero_stage = 0;  // zero_config.zero_stage
+  // accel-run extensions (flags of the same name override them).
+  int max_restarts = 0;
+  double monitor_interval = 0.1;
+  int num_cpu_threads_per_process = 0;  // 0: OMP_NUM_THREADS = cpus / local processes
+
+  bool operator==(const LaunchConfig&) const = default;
+};
+
+// Value checks shared by the file loader, the flags and the questionnaire. Each returns an
+// explanation of what is accepted, or nullopt when the value is fine.
+std::optional<std::string> check_distributed_type(const std::string& v);
+std::optional<std::string> check_mixed_precision(const std::string& v);
+std::optional<std::string> check_gpu_ids(const std::string& v);
+std::optional<std::string> check_zero_stage(long long v);
+// Canonical spelling ("NO", "bf16", "0,1"); input must have passed the check.
+std::string normalize_mixed_precision(const std::string& v);
+std::string normalize_gpu_ids(const std::string& v);
+
+// Cross-key consistency (num_processes divisible by num_machines, machine_rank < num_machines...).
+// `where` prefixes the message, e.g. the file name.
+void validate(const LaunchConfig& c, const std::string& where);
+
+// Default location: $ACCEL_CONFIG_FILE, else $XDG_CACHE_HOME/accel/default_config.yaml,
+// else $HOME/.cache/accel/default_config.yaml.
+std::string default_config_path(const EnvMap& env);
+
+// Parses YAML text; `where` (usually the path) names the source in error messages.
+// Throws ConfigError naming the key for bad values, unknown keys and YAML syntax errors.
+LaunchConfig parse_config(const std::string& yaml_text, const std::string& where);
+LaunchConfig load_config(const std::string& path);
+std::string config_to_yaml(const LaunchConfig& c);
+// Writes atomically (temp file + rename), creating the parent directories.
+void save_config(const LaunchConfig& c, const std::string& path);
+
+// The config `accel-run config default` writes: one process per GPU when GPUs are visible,
+// otherwise a single CPU process.
+LaunchConfig basic_config(int gpu_count, const std::string& mixed_precision);
+
+// The interactive questionnaire. Reads answers line by line from `in`; an invalid answer is
+// explained and asked again; end of input before the last question throws ConfigError.
+LaunchConfig run_questionnaire(std::istream& in, std::ostream& out, int gpu_count);
+
+}  // namespace accel::launcher

@@ -1,0 +1,262 @@
+// accel-run: config questionnaire, supervised launch, environment report and self test.
+// Usage and semantics: docs/launcher.md.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <iostream>
+
+#include "accel_run_version.h"
+#include "launcher/config.h"
+#include "launcher/env_report.h"
+#include "launcher/plan.h"
+#include "launcher/supervisor.h"
+
+namespace al = accel::launcher;
+
+namespace {
+
+constexpr double kDefaultGracePeriod = 5.0;
+constexpr int kSelftestDefaultProcesses = 2;
+
+struct LaunchArgs {
+  al::LaunchFlags flags;
+  std::string config_file;
+  double grace_period = kDefaultGracePeriod;
+  bool no_rank_prefix = false;
+  bool quiet = false;
+};
+
+template <typename T>
+void add_optional(CLI::App* app, const std::string& names, std::optional<T>& target, const std::string& help) {
+  app->add_option_function<T>(names, [&target](const T& v) { target = v; }, help);
+}
+
+void add_launch_flags(CLI::App* app, LaunchArgs& a) {
+  auto& f = a.flags;
+  app->add_option("--config_file,--config-file", a.config_file,
+                  "config file (default: $ACCEL_CONFIG_FILE, else ~/.cache/accel/default_config.yaml)");
+  add_optional(app, "--num_processes,--num-processes", f.num_processes,
+               "total number of worker processes over all machines");
+  add_optional(app, "--num_machines,--num-machines", f.num_machines, "number of machines");
+  add_optional(app, "--machine_rank,--machine-rank", f.machine_rank, "rank of this machine (0: hosts the main process)");
+  add_optional(app, "--main_process_ip,--main-process-ip", f.main_process_ip, "address of machine 0");
+  add_optional(app, "--main_process_port,--main-process-port", f.main_process_port,
+               "port of the rendezvous store on machine 0 (single machine: a free port when unset)");
+  add_optional(app, "--mixed_precision,--mixed-precision", f.mixed_precision, "no, fp16 or bf16");
+  app->add_flag("--cpu", f.cpu, "force CPU workers (ACCEL_USE_CPU=true)");
+  add_optional(app, "--gpu_ids,--gpu-ids", f.gpu_ids, "GPUs of this machine to use: all or e.g. 0,1 (CUDA_VISIBLE_DEVICES)");
+  add_optional(app, "--max_restarts,--max-restarts", f.max_restarts,
+               "restart the whole group up to N times after a failure (ACCEL_RESTART_COUNT)");
+  add_optional(app, "--monitor_interval,--monitor-interval", f.monitor_interval,
+               "seconds between liveness checks (output and exits are handled as they happen)");
+  add_optional(app, "--zero_stage,--zero-stage", f.zero_stage, "ZeRO stage 0-3 (ACCEL_ZERO_STAGE)");
+  add_optional(app, "--gradient_accumulation_steps,--gradient-accumulation-steps", f.gradient_accumulation_steps,
+               "ACCEL_GRADIENT_ACCUMULATION_STEPS");
+  add_optional(app, "--num_cpu_threads_per_process,--num-cpu-threads-per-process", f.num_cpu_threads_per_process,
+               "OMP_NUM_THREADS for every worker (default: CPUs / workers per machine)");
+  app->add_option("--grace_period,--grace-period", a.grace_period,
+                  "seconds between SIGTERM and SIGKILL when the group is stopped")
+      ->check(CLI::Range(0.0, 300.0));
+  app->add_flag("--ignore_cluster_env,--ignore-cluster-env", f.ignore_cluster_env,
+                "do not read SLURM_* / OMPI_COMM_WORLD_* variables");
+  app->add_flag("--no_rank_prefix,--no-rank-prefix", a.no_rank_prefix, "do not prefix output lines with [rankN]: ");
+  app->add_flag("-q,--quiet", a.quiet, "only print failure reports, not progress lines");
+}
+
+bool path_given(const std::string& p) { return !p.empty(); }
+
+std::string config_path_for(const std::string& flag, const al::EnvMap& env) {
+  return path_given(flag) ? flag : al::default_config_path(env);
+}
+
+al::LaunchConfig load_effective_config(const std::string& flag, const al::EnvMap& env) {
+  if (path_given(flag)) {
+    ACCEL_CHECK(std::filesystem::exists(flag), IoError, "config", "config file '", flag, "' does not exist");
+    return al::load_config(flag);
+  }
+  std::string path;
+  try {
+    path = al::default_config_path(env);
+  } catch (const al::ConfigError&) {
+    return {};  // no HOME: defaults
+  }
+  return std::filesystem::exists(path) ? al::load_config(path) : al::LaunchConfig{};
+}
+
+int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest) {
+  const al::EnvMap env = al::current_environment();
+  al::LaunchConfig cfg = load_effective_config(a.config_file, env);
+  al::LaunchFlags flags = a.flags;
+  if (selftest && !flags.num_processes && cfg.num_processes == 1 && cfg.num_machines == 1) {
+    // One process exercises no collective; the self test always runs a real group.
+    flags.num_processes = kSelftestDefaultProcesses;
+  }
+  al::LaunchPlan plan = al::resolve_plan(cfg, flags, env, al::count_gpu_device_nodes());
+  al::maybe_generate_token(plan, env);
+  al::SuperviseOptions opts;
+  opts.argv = std::move(argv);
+  opts.grace_period_s = a.grace_period;
+  opts.rank_prefix = !a.no_rank_prefix;
+  opts.quiet = a.quiet;
+  for (const auto& n : plan.notes) {
+    if (!a.quiet || n.rfind("warning", 0) == 0) std::cerr << "accel-run: " << n << "\n";
+  }
+  return al::supervise(plan, env, opts);
+}
+
+// Note [selftest lookup]: accel-selftest is built by dist/ into build/dist and installed next to
+// accel-run; look beside ourselves, then in the build tree, then in the configured bindir.
+std::vector<std::string> selftest_candidates() {
+  std::vector<std::string> out;
+  if (const char* o = std::getenv("ACCEL_SELFTEST"); o && *o) {
+    out.emplace_back(o);
+    return out;
+  }
+  const std::string dir = al::self_exe_dir();
+  if (!dir.empty()) {
+    out.push_back(dir + "/accel-selftest");
+    out.push_back(dir + "/../dist/accel-selftest");
+  }
+  out.push_back(std::string(ACCEL_BINDIR) + "/accel-selftest");
+  return out;
+}
+
+int run_selftest(const LaunchArgs& a) {
+  auto cands = selftest_candidates();
+  for (const auto& c : cands) {
+    if (access(c.c_str(), X_OK) == 0) {
+      std::error_code ec;
+      std::string path = std::filesystem::weakly_canonical(c, ec).string();
+      if (ec) path = c;
+      if (!a.quiet) std::cerr << "accel-run test: running " << path << "\n";
+      int rc = run_launch(a, {path}, /*selftest=*/true);
+      if (rc == 0) std::cout << "accel-run test: PASS\n";
+      else std::cout << "accel-run test: FAIL (exit code " << rc << ")\n";
+      return rc;
+    }
+  }
+  std::cerr << "accel-run test: the self-test program accel-selftest was not found; looked in:\n";
+  for (const auto& c : cands) std::cerr << "  " << c << "\n";
+  std::cerr << "build it (ninja -C build dist/accel-selftest) or set ACCEL_SELFTEST to its path\n";
+  return 2;
+}
+
+int run_config(const std::string& config_file) {
+  const al::EnvMap env = al::current_environment();
+  const std::string path = config_path_for(config_file, env);
+  int gpus = al::detect_gpu_count();
+  al::LaunchConfig c = al::run_questionnaire(std::cin, std::cout, gpus);
+  al::save_config(c, path);
+  std::cout << "accel-run config written to " << path << "\n";
+  return 0;
+}
+
+int run_config_default(const std::string& config_file, const std::string& mixed_precision, bool force) {
+  const al::EnvMap env = al::current_environment();
+  const std::string path = config_path_for(config_file, env);
+  if (std::filesystem::exists(path) && !force) {
+    std::cerr << "accel-run config default: " << path
+              << " already exists; not overwriting it (run `accel-run config`, pass --force or another --config_file)\n";
+    return 1;
+  }
+  al::LaunchConfig c = al::basic_config(al::detect_gpu_count(), mixed_precision);
+  al::save_config(c, path);
+  std::cout << "accel-run config written to " << path << "\n";
+  return 0;
+}
+
+// Walks accel-run's own launch flags (argv[2..]) up to PROGRAM. Returns the index of a "--" that
+// ends them, or -1 when PROGRAM comes first (a "--" after PROGRAM belongs to PROGRAM). An unknown
+// flag before PROGRAM is reported here: CLI11's prefix mode would take it for the program name.
+int launch_separator(CLI::App* launch, int argc, char** argv) {
+  for (int i = 2; i < argc; ++i) {
+    const std::string t = argv[i];
+    if (t == "--") return i;
+    if (t.size() < 2 || t[0] != '-') return -1;  // PROGRAM
+    const std::string name = t.substr(0, t.find('='));
+    const CLI::Option* opt = launch->get_option_no_throw(name);
+    if (opt == nullptr) {
+      throw CLI::ExtrasError("unknown flag '" + t + "' before PROGRAM (put -- before a PROGRAM that starts with -)",
+                             CLI::ExitCodes::ExtrasError);
+    }
+    if (t.find('=') == std::string::npos && opt->get_expected_min() > 0) ++i;  // skip the value
+  }
+  return -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"accel-run: configure, launch and check accel distributed training"};
+  app.set_version_flag("--version", std::string("accel-run ") + ACCEL_VERSION);
+  app.require_subcommand(1);
+
+  std::string config_file;
+  auto* config = app.add_subcommand("config", "interactive questionnaire that writes the config file");
+  config->add_option("--config_file,--config-file", config_file, "where to write (default: ~/.cache/accel/default_config.yaml)");
+  std::string default_file, default_precision = "no";
+  bool force = false;
+  auto* config_default = config->add_subcommand("default", "write a default config without questions");
+  config_default->add_option("--config_file,--config-file", default_file, "where to write");
+  config_default->add_option("--mixed_precision,--mixed-precision", default_precision, "no, fp16 or bf16");
+  config_default->add_flag("--force", force, "overwrite an existing file");
+
+  LaunchArgs launch_args;
+  auto* launch = app.add_subcommand("launch", "start the workers of PROGRAM on this machine and supervise them");
+  add_launch_flags(launch, launch_args);
+  // Everything from the first unknown word on (PROGRAM and its own flags) is left for the worker.
+  launch->prefix_command();
+  launch->footer("Usage: accel-run launch [flags] PROGRAM [ARGS...]   (use -- before PROGRAM if it starts with -)");
+
+  LaunchArgs test_args;
+  auto* test = app.add_subcommand("test", "run the distributed self test (accel-selftest) through the launch path");
+  add_launch_flags(test, test_args);
+
+  std::string env_file;
+  auto* env = app.add_subcommand("env", "print versions, devices, libraries and the config in effect");
+  env->add_option("--config_file,--config-file", env_file, "config file to show");
+
+  std::vector<std::string> after_separator;
+  try {
+    if (argc > 1 && std::string(argv[1]) == "launch") {
+      if (int sep = launch_separator(launch, argc, argv); sep > 0) {
+        after_separator.assign(argv + sep + 1, argv + argc);
+        argc = sep;
+      }
+    }
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (*config_default) return run_config_default(default_file.empty() ? config_file : default_file, default_precision, force);
+    if (*config) return run_config(config_file);
+    if (*launch) {
+      std::vector<std::string> prog = launch->remaining();
+      prog.insert(prog.end(), after_separator.begin(), after_separator.end());
+      if (prog.empty()) {
+        std::cerr << "accel-run launch: missing PROGRAM\n" << launch->help();
+        return 2;
+      }
+      return run_launch(launch_args, prog, /*selftest=*/false);
+    }
+    if (*test) return run_selftest(test_args);
+    if (*env) {
+      const al::EnvMap e = al::current_environment();
+      std::string path;
+      try {
+        path = config_path_for(env_file, e);
+      } catch (const accel::Error& err) {
+        path = std::string("(none: ") + err.what() + ")";
+      }
+      al::print_env_report(std::cout, path, !env_file.empty(), e);
+      return 0;
+    }
+  } catch (const accel::Error& e) {
+    std::cerr << "accel-run: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 2;
+}

@@ -1,0 +1,187 @@
+#include "launcher/plan.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+namespace accel::launcher {
+namespace {
+
+constexpr int kDefaultMultiMachinePort = 29500;
+constexpr const char* kLoopback = "127.0.0.1";
+constexpr size_t kTokenBytes = 16;
+
+}  // namespace
+
+int count_gpu_device_nodes() {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 6 && name.rfind("nvidia", 0) == 0 &&
+        name.find_first_not_of("0123456789", 6) == std::string::npos) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flags, const EnvMap& env, int gpu_count) {
+  LaunchPlan p;
+  LaunchConfig& c = p.config;
+  c = file_config;
+  p.cluster = flags.ignore_cluster_env ? ClusterEnv{} : detect_cluster(env);
+  const ClusterEnv& cl = p.cluster;
+  const bool per_task = cl.kind != ClusterEnv::Kind::kNone && cl.mode == ClusterEnv::Mode::kPerTask;
+
+  // Precedence: flags > outer launcher > config file (docs/launcher.md "Precedence").
+  if (cl.kind != ClusterEnv::Kind::kNone) {
+    p.notes.push_back(std::string(cluster_kind_name(cl.kind)) + ": " + cl.description);
+    if (!per_task) {
+      c.num_machines = cl.num_machines;
+      c.machine_rank = cl.machine_rank;
+    }
+    if (cl.main_process_ip) c.main_process_ip = cl.main_process_ip;
+    if (!c.main_process_port && cl.main_process_port) c.main_process_port = cl.main_process_port;
+  }
+
+  if (flags.num_processes) c.num_processes = *flags.num_processes;
+  if (flags.num_machines) c.num_machines = *flags.num_machines;
+  if (flags.machine_rank) c.machine_rank = *flags.machine_rank;
+  if (flags.main_process_ip) c.main_process_ip = *flags.main_process_ip;
+  if (flags.main_process_port) c.main_process_port = *flags.main_process_port;
+  if (flags.mixed_precision) {
+    if (auto e = check_mixed_precision(*flags.mixed_precision)) {
+      ACCEL_THROW(launcher::ConfigError, "launch", "--mixed_precision: ", *e);
+    }
+    c.mixed_precision = normalize_mixed_precision(*flags.mixed_precision);
+  }
+  if (flags.cpu) c.use_cpu = true;
+  if (flags.gpu_ids) {
+    if (auto e = check_gpu_ids(*flags.gpu_ids)) ACCEL_THROW(launcher::ConfigError, "launch", "--gpu_ids: ", *e);
+    c.gpu_ids = normalize_gpu_ids(*flags.gpu_ids);
+  }
+  if (flags.max_restarts) c.max_restarts = *flags.max_restarts;
+  if (flags.monitor_interval) c.monitor_interval = *flags.monitor_interval;
+  if (flags.zero_stage) c.zero_stage = *flags.zero_stage;
+  if (flags.gradient_accumulation_steps) c.gradient_accumulation_steps = *flags.gradient_accumulation_steps;
+  if (flags.num_cpu_threads_per_process) c.num_cpu_threads_per_process = *flags.num_cpu_threads_per_process;
+
+  if (per_task) {
+    // The outer launcher fixed the world; the config's process counts do not apply.
+    ACCEL_CHECK(!flags.num_processes || *flags.num_processes == cl.world_size, launcher::ConfigError, "launch",
+                "--num_processes ", flags.num_processes.value_or(0), " conflicts with the ", cluster_kind_name(cl.kind),
+                " world of ", cl.world_size, " tasks (each task is one worker); drop the flag");
+    LaunchConfig check = c;
+    check.num_machines = 1;
+    check.machine_rank = 0;
+    check.num_processes = 1;
+    validate(check, "launch settings");
+    p.world_size = cl.world_size;
+    p.num_machines = cl.num_machines;
+    p.machine_rank = cl.machine_rank;
+    p.local_world_size = cl.local_world_size;
+    p.num_local_workers = 1;
+    p.first_rank = cl.rank;
+    p.first_local_rank = cl.local_rank;
+  } else {
+    validate(c, "launch settings (config file + flags)");
+    p.world_size = c.num_processes;
+    p.num_machines = c.num_machines;
+    p.machine_rank = c.machine_rank;
+    p.local_world_size = c.num_processes / c.num_machines;
+    p.num_local_workers = p.local_world_size;
+    p.first_rank = c.machine_rank * p.local_world_size;
+    p.first_local_rank = 0;
+  }
+
+  if (c.main_process_ip) {
+    p.master_addr = *c.main_process_ip;
+  } else {
+    ACCEL_CHECK(p.num_machines == 1, launcher::ConfigError, "launch",
+                "main_process_ip is required with ", p.num_machines,
+                " machines: pass --main_process_ip (the address of machine 0) or set it in the config file");
+    p.master_addr = kLoopback;
+  }
+  if (c.main_process_port) {
+    p.master_port = *c.main_process_port;
+  } else if (p.num_machines == 1 && !per_task) {
+    p.port_auto = true;
+  } else {
+    p.master_port = kDefaultMultiMachinePort;
+    p.notes.push_back("main_process_port not given; using " + std::to_string(kDefaultMultiMachinePort) +
+                      " (every machine must agree on it)");
+  }
+
+  // A config that declares MULTI_CPU means CPU workers even when launched with one process.
+  p.use_cpu = c.use_cpu || c.distributed_type == "MULTI_CPU";
+  if (p.world_size == 1) {
+    p.distributed_type = "NO";
+  } else if (c.distributed_type == "NO") {
+    // More than one process makes it distributed whatever the config says (as in Accelerate).
+    p.distributed_type = (!p.use_cpu && gpu_count > 0) ? "MULTI_GPU" : "MULTI_CPU";
+  } else if (c.distributed_type == "MULTI_GPU" && p.use_cpu) {
+    p.distributed_type = "MULTI_CPU";
+    p.notes.push_back("use_cpu is set; using MULTI_CPU instead of MULTI_GPU");
+  } else {
+    p.distributed_type = c.distributed_type;
+  }
+  if (p.distributed_type == "MULTI_CPU") p.use_cpu = true;
+  if (p.distributed_type == "MULTI_GPU" && c.gpu_ids != "all") {
+    const int listed = static_cast<int>(split(c.gpu_ids, ',').size());
+    if (listed < p.local_world_size) {
+      p.notes.push_back("warning: gpu_ids lists " + std::to_string(listed) + " GPU(s) for " +
+                        std::to_string(p.local_world_size) + " processes per machine; some will share a GPU");
+    }
+  }
+
+  if (c.num_cpu_threads_per_process > 0) {
+    p.omp_threads = c.num_cpu_threads_per_process;
+  } else if (!env.count("OMP_NUM_THREADS") && p.local_world_size > 1) {
+    // Note [threads per worker]: oneDNN/OpenMP default to one thread per core in every worker; with
+    // several workers per machine that oversubscribes the cores and slows every collective.
+    p.omp_threads = std::max(1, usable_cpu_count() / p.local_world_size);
+  }
+  return p;
+}
+
+void maybe_generate_token(LaunchPlan& p, const EnvMap& env) {
+  if (env.count("ACCEL_RENDEZVOUS_TOKEN") || p.num_local_workers != p.world_size) return;
+  unsigned char bytes[kTokenBytes];
+  std::ifstream rnd("/dev/urandom", std::ios::binary);
+  rnd.read(reinterpret_cast<char*>(bytes), sizeof(bytes));
+  if (!rnd) return;  // no token: the store works without one
+  static const char* kHex = "0123456789abcdef";
+  p.rendezvous_token.clear();
+  for (unsigned char b : bytes) {
+    p.rendezvous_token += kHex[b >> 4];
+    p.rendezvous_token += kHex[b & 15];
+  }
+}
+
+EnvMap worker_env(const LaunchPlan& p, int local_index, int restart_count) {
+  ACCEL_INTERNAL_ASSERT(p.master_port > 0 && local_index >= 0 && local_index < p.num_local_workers);
+  EnvMap v;
+  v["RANK"] = std::to_string(p.first_rank + local_index);
+  v["WORLD_SIZE"] = std::to_string(p.world_size);
+  v["LOCAL_RANK"] = std::to_string(p.first_local_rank + local_index);
+  v["LOCAL_WORLD_SIZE"] = std::to_string(p.local_world_size);
+  v["GROUP_RANK"] = std::to_string(p.machine_rank);
+  v["NODE_RANK"] = std::to_string(p.machine_rank);
+  v["GROUP_WORLD_SIZE"] = std::to_string(p.num_machines);
+  v["MASTER_ADDR"] = p.master_addr;
+  v["MASTER_PORT"] = std::to_string(p.master_port);
+  v["ACCEL_DISTRIBUTED_TYPE"] = p.distributed_type;
+  v["ACCEL_MIXED_PRECISION"] = p.config.mixed_precision;
+  v["ACCEL_USE_CPU"] = p.use_cpu ? "true" : "false";
+  v["ACCEL_ZERO_STAGE"] = std::to_string(p.config.zero_stage);
+  v["ACCEL_GRADIENT_ACCUMULATION_STEPS"] = std::to_string(p.config.gradient_accumulation_steps);
+  v["ACCEL_RESTART_COUNT"] = std::to_string(restart_count);
+  v["ACCEL_MAX_RESTARTS"] = std::to_string(p.config.max_restarts);
+  if (!p.rendezvous_token.empty()) v["ACCEL_RENDEZVOUS_TOKEN"] = p.rendezvous_token;
+  if (p.omp_threads > 0) v["OMP_NUM_THREADS"] = std::to_string(p.omp_threads);
+  if (!p.use_cpu && p.config.gpu_ids != "all") v["CUDA_VISIBLE_DEVICES"] = p.config.gpu_ids;
+  return v;
+}
+
+}  // namespace accel::launcher

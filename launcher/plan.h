@@ -1,0 +1,58 @@
+// From config file + flags + outer launcher (SLURM/OpenMPI) to the set of workers this accel-run
+// starts and the environment each of them sees (the env contract in docs/launcher.md).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "launcher/cluster.h"
+#include "launcher/config.h"
+
+namespace accel::launcher {
+
+// Command-line overrides; unset means "take it from the config / cluster".
+struct LaunchFlags {
+  std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts, zero_stage,
+      gradient_accumulation_steps, num_cpu_threads_per_process;
+  std::optional<std::string> main_process_ip, mixed_precision, gpu_ids;
+  std::optional<double> monitor_interval;
+  bool cpu = false;
+  bool ignore_cluster_env = false;
+};
+
+struct LaunchPlan {
+  LaunchConfig config;           // config file with cluster values and flags applied
+  std::string distributed_type;  // effective: NO | MULTI_CPU | MULTI_GPU
+  bool use_cpu = false;
+  int world_size = 1;
+  int num_machines = 1;
+  int machine_rank = 0;
+  int local_world_size = 1;  // workers per machine (LOCAL_WORLD_SIZE)
+  int num_local_workers = 1;  // workers this accel-run starts (1 in the per-task cluster mode)
+  int first_rank = 0;
+  int first_local_rank = 0;
+  std::string master_addr;
+  int master_port = 0;     // 0 while port_auto and not yet picked
+  bool port_auto = false;  // single machine, no port given: a free one is picked per attempt
+  int omp_threads = 0;     // OMP_NUM_THREADS to set; 0 leaves it alone
+  std::string rendezvous_token;  // ACCEL_RENDEZVOUS_TOKEN to set; empty leaves it alone
+  ClusterEnv cluster;
+  std::vector<std::string> notes;  // decisions worth a line in the launch log
+};
+
+// `gpu_count`: GPUs visible on this machine (used only to pick MULTI_GPU vs MULTI_CPU when the
+// config says NO but more than one process is asked for).
+LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flags, const EnvMap& env, int gpu_count);
+
+// A fresh random token for the store (dist/env.h ACCEL_RENDEZVOUS_TOKEN) when this accel-run
+// starts the whole world and the user did not export one: other local users cannot join the group.
+void maybe_generate_token(LaunchPlan& plan, const EnvMap& env);
+
+// Variables set for local worker `local_index` (0-based) on attempt `restart_count`.
+EnvMap worker_env(const LaunchPlan& plan, int local_index, int restart_count);
+
+// Count of /dev/nvidiaN device nodes: cheap, needs no driver library.
+int count_gpu_device_nodes();
+
+}  // namespace accel::launcher

@@ -1,0 +1,865 @@
+// accel-run: config parsing and questionnaire, SLURM/OpenMPI placement, and end-to-end launches
+// of tests/launcher/launcher_worker through the real binary (teardown timing, no orphans,
+// restarts, signal forwarding, two machines on loopback).
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launcher/cluster.h"
+#include "launcher/config.h"
+#include "launcher/plan.h"
+
+namespace fs = std::filesystem;
+namespace al = accel::launcher;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const std::string kAccelRun = ACCEL_RUN_PATH;
+const std::string kWorker = LAUNCHER_WORKER_PATH;
+const std::string kSelftestBuilt = ACCEL_SELFTEST_BUILD_PATH;
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "accel-launcher-XXXXXX").string();
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string str() const { return path.string(); }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+std::string read_file(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void write_file(const std::string& p, const std::string& text) {
+  std::ofstream f(p);
+  f << text;
+}
+
+std::map<std::string, std::string> read_env_file(const std::string& p) {
+  std::map<std::string, std::string> out;
+  std::istringstream is(read_file(p));
+  std::string line;
+  while (std::getline(is, line)) {
+    auto eq = line.find('=');
+    if (eq != std::string::npos) out[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return out;
+}
+
+bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+
+// Running and not a zombie.
+bool alive(pid_t pid) {
+  if (kill(pid, 0) != 0) return false;
+  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  auto close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] != 'Z';
+}
+
+std::vector<pid_t> read_pids(const TempDir& dir) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator(dir.path)) {
+    if (e.path().filename().string().rfind("pid.", 0) == 0) out.push_back(std::stoi(read_file(e.path().string())));
+  }
+  return out;
+}
+
+size_t count_files(const TempDir& dir, const std::string& prefix) {
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && name.find(".tmp") == std::string::npos) ++n;
+  }
+  return n;
+}
+
+bool wait_for(const std::function<bool()>& cond, double seconds) {
+  auto start = Clock::now();
+  while (since(start) < seconds) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return cond();
+}
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+struct Result {
+  int status = -1;
+  int code = -1;  // exit code, or 128 + signal
+  std::string out, err;
+  double seconds = 0;
+};
+
+// One accel-run process with captured stdout/stderr and optional stdin text.
+class Proc {
+ public:
+  Proc(std::vector<std::string> args, std::map<std::string, std::string> env = {}, std::string input = "",
+       std::string exe = kAccelRun) {
+    int out[2], err[2], in[2];
+    REQUIRE(pipe2(out, O_CLOEXEC) == 0);
+    REQUIRE(pipe2(err, O_CLOEXEC) == 0);
+    REQUIRE(pipe2(in, O_CLOEXEC) == 0);
+    std::vector<std::string> envs;
+    for (char** e = environ; *e; ++e) {
+      std::string kv = *e;
+      std::string k = kv.substr(0, kv.find('='));
+      // Tests never see the developer's config or an outer cluster launcher.
+      if (env.count(k) || k == "ACCEL_CONFIG_FILE" || k == "XDG_CACHE_HOME" || k.rfind("SLURM_", 0) == 0 ||
+          k.rfind("OMPI_", 0) == 0 || k == "ACCEL_SELFTEST" || k == "ACCEL_RENDEZVOUS_TOKEN" || k == "MASTER_PORT" ||
+          k == "MASTER_ADDR") {
+        continue;
+      }
+      envs.push_back(kv);
+    }
+    for (const auto& [k, v] : env) {
+      if (v != "<unset>") envs.push_back(k + "=" + v);
+    }
+    args.insert(args.begin(), exe);
+    std::vector<char*> argv, envp;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : envs) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    start_ = Clock::now();
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      for (int s : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) std::signal(s, SIG_DFL);
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      dup2(err[1], 2);
+      execve(argv[0], argv.data(), envp.data());
+      _exit(126);
+    }
+    close(in[0]);
+    close(out[1]);
+    close(err[1]);
+    out_ = out[0];
+    err_ = err[0];
+    if (!input.empty()) {
+      ssize_t n = write(in[1], input.data(), input.size());
+      CHECK(n == static_cast<ssize_t>(input.size()));
+    }
+    close(in[1]);
+  }
+
+  pid_t pid() const { return pid_; }
+
+  Result finish(double timeout_s = 30) {
+    Result r;
+    int fds[2] = {out_, err_};
+    std::string* bufs[2] = {&r.out, &r.err};
+    bool timed_out = false;
+    while (fds[0] >= 0 || fds[1] >= 0) {
+      pollfd p[2];
+      int n = 0;
+      int idx[2];
+      for (int i = 0; i < 2; ++i) {
+        if (fds[i] >= 0) {
+          p[n] = {fds[i], POLLIN, 0};
+          idx[n++] = i;
+        }
+      }
+      double left = timeout_s - since(start_);
+      if (left <= 0) {
+        timed_out = true;
+        kill(pid_, SIGKILL);
+        break;
+      }
+      poll(p, n, static_cast<int>(left * 1000) + 1);
+      for (int j = 0; j < n; ++j) {
+        if (!(p[j].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        char buf[4096];
+        ssize_t got = read(fds[idx[j]], buf, sizeof(buf));
+        if (got > 0) {
+          bufs[idx[j]]->append(buf, static_cast<size_t>(got));
+        } else {
+          close(fds[idx[j]]);
+          fds[idx[j]] = -1;
+        }
+      }
+    }
+    for (int fd : fds) {
+      if (fd >= 0) close(fd);
+    }
+    waitpid(pid_, &r.status, 0);
+    r.seconds = since(start_);
+    r.code = WIFEXITED(r.status) ? WEXITSTATUS(r.status) : 128 + WTERMSIG(r.status);
+    CHECK_MESSAGE(!timed_out, "accel-run did not finish within ", timeout_s, " s; stderr:\n", r.err);
+    return r;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1, err_ = -1;
+  Clock::time_point start_;
+};
+
+Result accel_run(std::vector<std::string> args, std::map<std::string, std::string> env = {}, std::string input = "",
+                 double timeout_s = 30) {
+  Proc p(std::move(args), std::move(env), std::move(input));
+  return p.finish(timeout_s);
+}
+
+std::vector<std::string> launch_args(std::vector<std::string> flags, std::vector<std::string> worker) {
+  std::vector<std::string> a = {"launch"};
+  a.insert(a.end(), flags.begin(), flags.end());
+  a.push_back(kWorker);
+  a.insert(a.end(), worker.begin(), worker.end());
+  return a;
+}
+
+void check_no_orphans(const TempDir& dir, size_t expected) {
+  auto pids = read_pids(dir);
+  CHECK(pids.size() == expected);
+  // The launcher has exited, so everything it started must already be gone (allow the kernel a
+  // moment to finish delivering SIGKILL to reparented grandchildren).
+  for (pid_t p : pids) CHECK_MESSAGE(wait_for([&] { return !alive(p); }, 1.0), "process ", p, " survived accel-run");
+}
+
+al::EnvMap env_of(std::initializer_list<std::pair<const std::string, std::string>> kv) { return al::EnvMap(kv); }
+
+}  // namespace
+
+// ---------------------------------------------------------------- config
+
+TEST_CASE("config: save and load round trip every key") {
+  TempDir dir;
+  al::LaunchConfig c;
+  c.distributed_type = "MULTI_GPU";
+  c.num_machines = 2;
+  c.num_processes = 8;
+  c.machine_rank = 1;
+  c.main_process_ip = "10.1.2.3";
+  c.main_process_port = 29555;
+  c.mixed_precision = "bf16";
+  c.use_cpu = false;
+  c.gpu_ids = "0,2,3,5";
+  c.same_network = false;
+  c.main_training_function = "train";
+  c.gradient_accumulation_steps = 4;
+  c.zero_stage = 2;
+  c.max_restarts = 3;
+  c.monitor_interval = 0.5;
+  c.num_cpu_threads_per_process = 6;
+  const std::string path = dir / "sub/dir/cfg.yaml";  // parents are created
+  al::save_config(c, path);
+  al::LaunchConfig back = al::load_config(path);
+  CHECK(back == c);
+  CHECK(contains(read_file(path), "mixed_precision: 'bf16'"));
+  CHECK(contains(read_file(path), "zero_config:\n  zero_stage: 2"));
+
+  al::LaunchConfig defaults;
+  al::save_config(defaults, path);
+  CHECK(al::load_config(path) == defaults);
+  CHECK(contains(read_file(path), "main_process_ip: null"));
+}
+
+TEST_CASE("config: an Accelerate default_config.yaml loads") {
+  const std::string text =
+      "compute_environment: LOCAL_MACHINE\n"
+      "debug: false\n"
+      "distributed_type: MULTI_GPU\n"
+      "downcast_bf16: 'no'\n"
+      "enable_cpu_affinity: false\n"
+      "gpu_ids: all\n"
+      "machine_rank: 0\n"
+      "main_training_function: main\n"
+      "mixed_precision: no\n"  // unquoted on purpose: YAML 1.1 would read a boolean
+      "num_machines: 1\n"
+      "num_processes: 2\n"
+      "rdzv_backend: static\n"
+      "same_network: true\n"
+      "tpu_env: []\n"
+      "tpu_use_cluster: false\n"
+      "tpu_use_sudo: false\n"
+      "use_cpu: false\n";
+  al::LaunchConfig c = al::parse_config(text, "accelerate.yaml");
+  CHECK(c.distributed_type == "MULTI_GPU");
+  CHECK(c.num_processes == 2);
+  CHECK(c.mixed_precision == "no");
+  CHECK(c.gpu_ids == "all");
+  CHECK(!c.main_process_ip);
+  CHECK(al::parse_config("", "empty.yaml") == al::LaunchConfig{});
+  CHECK(al::parse_config("gpu_ids: [1, 0]\n", "x").gpu_ids == "1,0");
+  CHECK(al::parse_config("gpu_ids: 3\n", "x").gpu_ids == "3");
+}
+
+TEST_CASE("config: malformed files name the key, the line and what is accepted") {
+  struct Case {
+    std::string yaml;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Case> cases = {
+      {"num_processes: two\n", {"[config]", "bad.yaml:1", "'num_processes'", "'two'"}},
+      {"num_machines: 1\nnum_processes: 0\n", {"bad.yaml:2", "'num_processes'", "[1, "}},
+      {"mixed_precision: fp8\n", {"'mixed_precision'", "no, fp16, bf16", "'fp8'"}},
+      {"distributed_type: DEEPSPEED\n", {"'distributed_type'", "NO, MULTI_CPU, MULTI_GPU"}},
+      {"zero_config:\n  zero_stage: 5\n", {"bad.yaml:2", "'zero_config.zero_stage'", "[0, 3]"}},
+      {"zero_config:\n  stage: 1\n", {"'zero_config.stage'", "unknown key"}},
+      {"zero_config: 2\n", {"'zero_config'", "mapping"}},
+      {"num_proceses: 2\n", {"'num_proceses'", "did you mean 'num_processes'"}},
+      {"totally_unknown_thing: 1\n", {"'totally_unknown_thing'", "unknown key"}},
+      {"use_cpu: maybe\n", {"'use_cpu'", "true or false", "'maybe'"}},
+      {"gpu_ids: 0,x\n", {"'gpu_ids'", "comma-separated"}},
+      {"gpu_ids: 1,1\n", {"'gpu_ids'", "listed twice"}},
+      {"main_process_port: 70000\n", {"'main_process_port'", "65535"}},
+      {"num_processes: [1, 2]\n", {"'num_processes'", "got a list"}},
+      {"num_machines: 2\nnum_processes: 3\n", {"'num_processes'", "multiple of num_machines (2)"}},
+      {"num_machines: 2\nnum_processes: 2\nmachine_rank: 2\n", {"'machine_rank'", "[0, 1]"}},
+      {"rdzv_backend: c10d\n", {"'rdzv_backend'", "static"}},
+      {"compute_environment: AMAZON_SAGEMAKER\n", {"'compute_environment'", "LOCAL_MACHINE"}},
+      {"num_processes: 2\nnum_processes: 3\n", {"'num_processes'", "given twice"}},
+      {"num_processes: [2\n", {"bad.yaml:", "YAML syntax error"}},
+      {"- a\n- b\n", {"mapping of keys"}},
+      {"monitor_interval: -1\n", {"'monitor_interval'"}},
+  };
+  for (const auto& tc : cases) {
+    CAPTURE(tc.yaml);
+    std::string msg;
+    try {
+      al::parse_config(tc.yaml, "bad.yaml");
+    } catch (const al::ConfigError& e) {
+      msg = e.what();
+    }
+    REQUIRE_MESSAGE(!msg.empty(), "no ConfigError for:\n", tc.yaml);
+    for (const auto& want : tc.expect) CHECK_MESSAGE(contains(msg, want), "'", want, "' not in: ", msg);
+  }
+  CHECK_THROWS_AS(al::load_config("/nonexistent/accel.yaml"), accel::IoError);
+}
+
+TEST_CASE("config: default path respects ACCEL_CONFIG_FILE, XDG_CACHE_HOME and HOME") {
+  CHECK(al::default_config_path(env_of({{"HOME", "/h"}})) == "/h/.cache/accel/default_config.yaml");
+  CHECK(al::default_config_path(env_of({{"HOME", "/h"}, {"XDG_CACHE_HOME", "/x"}})) == "/x/accel/default_config.yaml");
+  CHECK(al::default_config_path(env_of({{"HOME", "/h"}, {"ACCEL_CONFIG_FILE", "/c.yaml"}})) == "/c.yaml");
+  CHECK_THROWS_AS(al::default_config_path(env_of({})), al::ConfigError);
+}
+
+TEST_CASE("config: questionnaire re-asks invalid answers and writes what was answered") {
+  // compute env, type (7 invalid, then multi-CPU), machines 2, rank (5 invalid, then 1), address,
+  // port (default), same network (maybe invalid, then no), processes (3 invalid: not a multiple
+  // of 2, then 4), ZeRO (9 invalid, then 2), accumulation 4, precision (fp8 invalid, then bf16).
+  std::istringstream in("\n7\n1\n2\n5\n1\n10.0.0.7\n\nmaybe\nno\n3\n4\n9\n2\n4\nfp8\nbf16\n");
+  std::ostringstream out;
+  al::LaunchConfig c = al::run_questionnaire(in, out, 0);
+  const std::string log = out.str();
+  CHECK(contains(log, "Invalid answer '7'"));
+  CHECK(contains(log, "Invalid answer '5'"));
+  CHECK(contains(log, "Invalid answer 'maybe'"));
+  CHECK(contains(log, "Invalid answer '3': the total must be a multiple of the number of machines (2)"));
+  CHECK(contains(log, "Invalid answer '9'"));
+  CHECK(contains(log, "Invalid answer 'fp8'"));
+  CHECK(c.distributed_type == "MULTI_CPU");
+  CHECK(c.use_cpu);
+  CHECK(c.num_machines == 2);
+  CHECK(c.machine_rank == 1);
+  CHECK(c.main_process_ip == std::optional<std::string>("10.0.0.7"));
+  CHECK(c.main_process_port == std::optional<int>(29500));
+  CHECK(!c.same_network);
+  CHECK(c.num_processes == 4);
+  CHECK(c.zero_stage == 2);
+  CHECK(c.gradient_accumulation_steps == 4);
+  CHECK(c.mixed_precision == "bf16");
+
+  std::istringstream short_in("0\n2\n");
+  std::ostringstream short_out;
+  CHECK_THROWS_WITH_AS(al::run_questionnaire(short_in, short_out, 2),
+                       doctest::Contains("input ended before the questionnaire was finished"), al::ConfigError);
+}
+
+TEST_CASE("accel-run config: questionnaire over stdin, config default, malformed file errors") {
+  TempDir dir;
+  const std::string cfg = dir / "q.yaml";
+  // Single machine multi-GPU by name; GPU ids "0,z" invalid then "1,0".
+  Result r = accel_run({"config", "--config_file", cfg}, {}, "LOCAL_MACHINE\nmulti_gpu\n\n2\n0,z\n1,0\n\n\nfp16\n");
+  CHECK_MESSAGE(r.code == 0, r.err);
+  CHECK(contains(r.out, "Invalid answer '0,z'"));
+  al::LaunchConfig c = al::load_config(cfg);
+  CHECK(c.distributed_type == "MULTI_GPU");
+  CHECK(c.num_processes == 2);
+  CHECK(c.gpu_ids == "1,0");
+  CHECK(c.mixed_precision == "fp16");
+
+  Result eof = accel_run({"config", "--config_file", dir / "eof.yaml"}, {}, "0\n");
+  CHECK(eof.code == 1);
+  CHECK(contains(eof.err, "input ended"));
+  CHECK(!fs::exists(dir / "eof.yaml"));
+
+  // config default: to --config_file, refusing to overwrite, and to $HOME/.cache/accel.
+  Result d = accel_run({"config", "default", "--config_file", dir / "d.yaml", "--mixed_precision", "bf16"});
+  CHECK_MESSAGE(d.code == 0, d.err);
+  al::LaunchConfig dc = al::load_config(dir / "d.yaml");
+  CHECK(dc.mixed_precision == "bf16");
+  CHECK(dc.num_machines == 1);
+  Result again = accel_run({"config", "default", "--config_file", dir / "d.yaml"});
+  CHECK(again.code == 1);
+  CHECK(contains(again.err, "already exists"));
+  CHECK(accel_run({"config", "default", "--config_file", dir / "d.yaml", "--force"}).code == 0);
+  CHECK(al::load_config(dir / "d.yaml").mixed_precision == "no");
+  Result home = accel_run({"config", "default"}, {{"HOME", dir.str()}});
+  CHECK_MESSAGE(home.code == 0, home.err);
+  CHECK(fs::exists(dir / ".cache/accel/default_config.yaml"));
+  CHECK(accel_run({"config", "default", "--mixed_precision", "fp8", "--config_file", dir / "x.yaml"}).code == 1);
+
+  // A launch reading a malformed file fails before starting anything and names the key.
+  write_file(dir / "bad.yaml", "num_processes: 2\nmixed_precision: fp32\n");
+  Result bad = accel_run(launch_args({"--config_file", dir / "bad.yaml"}, {"env"}));
+  CHECK(bad.code == 1);
+  CHECK(contains(bad.err, "'mixed_precision'"));
+  CHECK(contains(bad.err, "bad.yaml:2"));
+  CHECK(!contains(bad.out, "hello"));
+  Result missing = accel_run(launch_args({"--config_file", dir / "nope.yaml"}, {"env"}));
+  CHECK(missing.code == 1);
+  CHECK(contains(missing.err, "does not exist"));
+}
+
+// ---------------------------------------------------------------- placement
+
+TEST_CASE("slurm: node list expansion") {
+  using V = std::vector<std::string>;
+  CHECK(al::expand_slurm_nodelist("node[01-03,07]") == V{"node01", "node02", "node03", "node07"});
+  CHECK(al::expand_slurm_nodelist("a1,b[2-3],c") == V{"a1", "b2", "b3", "c"});
+  CHECK(al::expand_slurm_nodelist("gpu[8-10]-ib") == V{"gpu8-ib", "gpu9-ib", "gpu10-ib"});
+  CHECK(al::expand_slurm_nodelist("r[1-2]n[01-02]") == V{"r1n01", "r1n02", "r2n01", "r2n02"});
+  CHECK(al::expand_slurm_nodelist("single") == V{"single"});
+  CHECK(al::expand_slurm_nodelist("n[007]") == V{"n007"});
+  for (const char* bad : {"node[01-03", "node]1[", "node[3-1]", "node[a-b]", "", "a,,b", "n[]", "n[1-2[3]]"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(al::expand_slurm_nodelist(bad), al::ConfigError);
+  }
+  CHECK(al::expand_slurm_tasks_per_node("2(x3),1") == std::vector<int>{2, 2, 2, 1});
+  CHECK(al::expand_slurm_tasks_per_node("4") == std::vector<int>{4});
+  CHECK_THROWS_AS(al::expand_slurm_tasks_per_node("2(3)"), al::ConfigError);
+}
+
+TEST_CASE("placement: flags, SLURM and OpenMPI") {
+  al::LaunchConfig cfg;
+  cfg.num_processes = 4;
+  SUBCASE("single machine: loopback, free port, OMP threads split") {
+    al::LaunchPlan p = al::resolve_plan(cfg, {}, {}, 0);
+    CHECK(p.world_size == 4);
+    CHECK(p.num_local_workers == 4);
+    CHECK(p.master_addr == "127.0.0.1");
+    CHECK(p.port_auto);
+    CHECK(p.distributed_type == "MULTI_CPU");
+    CHECK(p.use_cpu);
+    CHECK(p.omp_threads == std::max(1, al::usable_cpu_count() / 4));
+    p.master_port = 1234;
+    al::EnvMap e = al::worker_env(p, 3, 2);
+    CHECK(e["RANK"] == "3");
+    CHECK(e["LOCAL_RANK"] == "3");
+    CHECK(e["ACCEL_RESTART_COUNT"] == "2");
+    CHECK(e["MASTER_PORT"] == "1234");
+    CHECK(e.count("CUDA_VISIBLE_DEVICES") == 0);
+    // OMP_NUM_THREADS already set by the user: left alone.
+    CHECK(al::resolve_plan(cfg, {}, env_of({{"OMP_NUM_THREADS", "3"}}), 0).omp_threads == 0);
+  }
+  SUBCASE("flags override the config; GPUs") {
+    al::LaunchFlags f;
+    f.num_processes = 6;
+    f.num_machines = 3;
+    f.machine_rank = 2;
+    f.main_process_ip = "10.0.0.1";
+    f.gpu_ids = "1, 3";
+    f.mixed_precision = "BF16";
+    f.zero_stage = 3;
+    al::LaunchPlan p = al::resolve_plan(cfg, f, {}, 4);
+    CHECK(p.world_size == 6);
+    CHECK(p.local_world_size == 2);
+    CHECK(p.first_rank == 4);
+    CHECK(p.master_port == 29500);
+    CHECK(p.distributed_type == "MULTI_GPU");
+    al::EnvMap e = al::worker_env(p, 1, 0);
+    CHECK(e["RANK"] == "5");
+    CHECK(e["LOCAL_RANK"] == "1");
+    CHECK(e["GROUP_RANK"] == "2");
+    CHECK(e["GROUP_WORLD_SIZE"] == "3");
+    CHECK(e["CUDA_VISIBLE_DEVICES"] == "1,3");
+    CHECK(e["ACCEL_MIXED_PRECISION"] == "bf16");
+    CHECK(e["ACCEL_ZERO_STAGE"] == "3");
+    CHECK(e["ACCEL_USE_CPU"] == "false");
+    f.cpu = true;
+    al::LaunchPlan cpu = al::resolve_plan(cfg, f, {}, 4);
+    CHECK(cpu.distributed_type == "MULTI_CPU");
+    CHECK(al::worker_env(cpu, 0, 0).count("CUDA_VISIBLE_DEVICES") == 0);
+  }
+  SUBCASE("errors name the problem") {
+    al::LaunchFlags f;
+    f.num_machines = 2;
+    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, f, {}, 0), doctest::Contains("main_process_ip is required"),
+                         al::ConfigError);
+    f.main_process_ip = "h";
+    f.num_processes = 3;
+    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, f, {}, 0), doctest::Contains("multiple of num_machines"),
+                         al::ConfigError);
+    al::LaunchFlags m;
+    m.mixed_precision = "fp64";
+    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, m, {}, 0), doctest::Contains("--mixed_precision"), al::ConfigError);
+  }
+  SUBCASE("SLURM, one task per node") {
+    al::EnvMap env = env_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_NNODES", "2"},
+                             {"SLURM_NODEID", "1"}, {"SLURM_JOB_NODELIST", "gpu[07-08]"}, {"SLURM_JOB_ID", "4242"}});
+    al::LaunchPlan p = al::resolve_plan(cfg, {}, env, 0);
+    CHECK(p.num_machines == 2);
+    CHECK(p.machine_rank == 1);
+    CHECK(p.local_world_size == 2);
+    CHECK(p.first_rank == 2);
+    CHECK(p.master_addr == "gpu07");
+    CHECK(p.master_port == 29500 + 4242 % 1000);
+    al::LaunchFlags f;
+    f.main_process_port = 1111;  // flags beat the cluster
+    CHECK(al::resolve_plan(cfg, f, env, 0).master_port == 1111);
+    f.ignore_cluster_env = true;
+    CHECK(al::resolve_plan(cfg, f, env, 0).num_machines == 1);
+  }
+  SUBCASE("SLURM, one task per worker") {
+    al::EnvMap env = env_of({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_NNODES", "2"},
+                             {"SLURM_NODEID", "1"}, {"SLURM_LOCALID", "2"}, {"SLURM_TASKS_PER_NODE", "3(x2)"},
+                             {"SLURM_JOB_NODELIST", "n[1-2]"}, {"MASTER_PORT", "23456"}});
+    al::LaunchPlan p = al::resolve_plan(cfg, {}, env, 0);
+    CHECK(p.num_local_workers == 1);
+    CHECK(p.world_size == 6);
+    CHECK(p.first_rank == 5);
+    CHECK(p.first_local_rank == 2);
+    CHECK(p.local_world_size == 3);
+    CHECK(p.machine_rank == 1);
+    CHECK(p.master_addr == "n1");
+    CHECK(p.master_port == 23456);
+    al::LaunchFlags f;
+    f.num_processes = 4;
+    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, f, env, 0), doctest::Contains("conflicts"), al::ConfigError);
+    al::EnvMap bad = env;
+    bad["SLURM_PROCID"] = "9";
+    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, {}, bad, 0), doctest::Contains("SLURM_PROCID"), al::ConfigError);
+  }
+  SUBCASE("OpenMPI") {
+    al::EnvMap per_task = env_of({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "3"},
+                                  {"OMPI_COMM_WORLD_LOCAL_RANK", "3"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
+    al::LaunchPlan p = al::resolve_plan(cfg, {}, per_task, 0);
+    CHECK(p.num_local_workers == 1);
+    CHECK(p.first_rank == 3);
+    CHECK(p.world_size == 4);
+    CHECK(p.master_addr == "127.0.0.1");
+    CHECK(p.master_port == 29500);
+    al::EnvMap per_machine = env_of({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"},
+                                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}, {"MASTER_ADDR", "head"}});
+    al::LaunchPlan q = al::resolve_plan(cfg, {}, per_machine, 0);
+    CHECK(q.num_machines == 2);
+    CHECK(q.machine_rank == 1);
+    CHECK(q.first_rank == 2);
+    CHECK(q.master_addr == "head");
+  }
+}
+
+// ---------------------------------------------------------------- launch
+
+TEST_CASE("launch: 1, 2 and 3 workers get the env contract; output is prefixed by rank") {
+  for (int n : {1, 2, 3}) {
+    CAPTURE(n);
+    TempDir dir;
+    Result r = accel_run(launch_args({"--num_processes", std::to_string(n), "--mixed_precision", "bf16",
+                                      "--zero_stage", "1", "--gradient_accumulation_steps", "2", "--cpu"},
+                                     {"env", "--dir", dir.str()}));
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    std::string port, token;
+    for (int rank = 0; rank < n; ++rank) {
+      auto e = read_env_file(dir / ("env." + std::to_string(rank)));
+      CHECK(e["RANK"] == std::to_string(rank));
+      CHECK(e["LOCAL_RANK"] == std::to_string(rank));
+      CHECK(e["WORLD_SIZE"] == std::to_string(n));
+      CHECK(e["LOCAL_WORLD_SIZE"] == std::to_string(n));
+      CHECK(e["GROUP_RANK"] == "0");
+      CHECK(e["MASTER_ADDR"] == "127.0.0.1");
+      CHECK(e["ACCEL_MIXED_PRECISION"] == "bf16");
+      CHECK(e["ACCEL_USE_CPU"] == "true");
+      CHECK(e["ACCEL_ZERO_STAGE"] == "1");
+      CHECK(e["ACCEL_GRADIENT_ACCUMULATION_STEPS"] == "2");
+      CHECK(e["ACCEL_RESTART_COUNT"] == "0");
+      CHECK(e["ACCEL_DISTRIBUTED_TYPE"] == (n == 1 ? "NO" : "MULTI_CPU"));
+      if (rank == 0) port = e["MASTER_PORT"], token = e["ACCEL_RENDEZVOUS_TOKEN"];
+      CHECK(e["MASTER_PORT"] == port);
+      CHECK(e["ACCEL_RENDEZVOUS_TOKEN"] == token);
+      const std::string p = "[rank" + std::to_string(rank) + "]: ";
+      CHECK(contains(r.out, p + "hello from rank " + std::to_string(rank) + " of " + std::to_string(n) + "\n"));
+      CHECK(contains(r.out, p + "partial line from rank " + std::to_string(rank) + "\n"));
+      CHECK(contains(r.err, p + "note from rank " + std::to_string(rank) + "\n"));
+    }
+    CHECK(std::stoi(port) > 0);
+    CHECK(token.size() == 32);  // a fresh store token per launch
+  }
+  // Worker flags after PROGRAM are not taken by accel-run; --no_rank_prefix; missing program.
+  TempDir dir;
+  Result r = accel_run({"launch", "--no_rank_prefix", "-q", "--", kWorker, "env", "--dir", dir.str(), "--exit", "0"});
+  CHECK_MESSAGE(r.code == 0, r.err);
+  CHECK(contains(r.out, "hello from rank 0 of 1\n"));
+  CHECK(!contains(r.out, "[rank0]"));
+  CHECK(r.err == "note from rank 0\n");
+  // "--" after PROGRAM and "=" forms; PROGRAM's own flags that look like accel-run's.
+  Result pass = accel_run({"launch", "-q", "--num_processes=2", "--", "printf", "%s|", "--num_processes", "3", "--", "x"});
+  CHECK_MESSAGE(pass.code == 0, pass.err);
+  CHECK(contains(pass.out, "[rank1]: --num_processes|3|--|x|\n"));
+  CHECK(!contains(pass.out, "[rank2]"));
+  Result unknown = accel_run({"launch", "--num_procs", "2", kWorker, "env"});
+  CHECK(unknown.code != 0);
+  CHECK(contains(unknown.err, "unknown flag '--num_procs'"));
+  Result none = accel_run({"launch", "--num_processes", "2"});
+  CHECK(none.code == 2);
+  CHECK(contains(none.err, "missing PROGRAM"));
+  Result noexec = accel_run({"launch", "--num_processes", "2", dir / "no-such-program"});
+  CHECK(noexec.code == 127);
+  CHECK(contains(noexec.err, "cannot execute"));
+}
+
+TEST_CASE("launch: a failing rank tears the group down quickly and leaves no process behind") {
+  SUBCASE("exit code; others ignore SIGTERM and have children; default grace period") {
+    TempDir dir;
+    const double delay = 0.5;
+    Result r = accel_run(launch_args({"--num_processes", "3"}, {"fail", "--fail_rank", "1", "--code", "7", "--delay",
+                                                                 std::to_string(delay), "--dir", dir.str(),
+                                                                 "--ignore_term", "--spawn_child"}));
+    CHECK(r.code == 7);
+    CHECK(contains(r.err, "first failing worker: rank 1"));
+    CHECK(contains(r.err, "exit code 7"));
+    CHECK(contains(r.err, "| detail 11 of rank 1"));  // the last stderr lines...
+    CHECK(!contains(r.err, "| detail 1 of rank 1"));  // ...and only the last 10
+    CHECK(contains(r.err, "2 needed SIGKILL"));
+    // The requirement: exit within 10 s of the failure, with the default 5 s grace period.
+    MESSAGE("teardown with SIGTERM ignored took ", r.seconds - delay, " s after the failure");
+    CHECK(r.seconds - delay < 10.0);
+    CHECK(r.seconds - delay > 4.0);  // the grace period was honoured before SIGKILL
+    check_no_orphans(dir, 6);
+  }
+  SUBCASE("killed by a signal; short grace period") {
+    TempDir dir;
+    Result r = accel_run(launch_args({"--num_processes", "2", "--grace_period", "1"},
+                                     {"fail", "--fail_rank", "0", "--signal", std::to_string(SIGSEGV), "--delay",
+                                      "0.2", "--dir", dir.str(), "--spawn_child"}));
+    CHECK(r.code == 128 + SIGSEGV);
+    CHECK(contains(r.err, "rank 0"));
+    CHECK(contains(r.err, "killed by signal 11 (SIGSEGV)"));
+    CHECK(contains(r.err, "0 needed SIGKILL"));  // the others stopped at SIGTERM
+    MESSAGE("teardown after SIGSEGV took ", r.seconds - 0.2, " s");
+    CHECK(r.seconds < 5.0);
+    check_no_orphans(dir, 4);
+  }
+}
+
+TEST_CASE("launch: --max_restarts restarts the group and the program resumes from its checkpoint") {
+  TempDir dir;
+  Result r = accel_run(launch_args({"--num_processes", "2", "--max_restarts", "2", "--grace_period", "1"},
+                                   {"restart", "--dir", dir.str(), "--steps", "6", "--crash_times", "2"}));
+  CHECK_MESSAGE(r.code == 0, r.err);
+  CHECK(read_file(dir / "ckpt") == "6");
+  CHECK(read_file(dir / "attempts.0") == "0\n1\n2\n");
+  CHECK(read_file(dir / "attempts.1") == "0\n1\n2\n");
+  CHECK(contains(r.out, "[rank0]: rank 0 attempt 1 resumes at step 2"));
+  CHECK(contains(r.out, "[rank0]: rank 0 attempt 2 resumes at step 4"));
+  CHECK(contains(r.err, "restart 2 of 2"));
+
+  TempDir dir2;
+  Result give_up = accel_run(launch_args({"--num_processes", "2", "--max_restarts", "1", "--grace_period", "1"},
+                                         {"restart", "--dir", dir2.str(), "--steps", "6", "--crash_times", "3"}));
+  CHECK(give_up.code == 1);
+  CHECK(read_file(dir2 / "attempts.0") == "0\n1\n");
+  CHECK(contains(give_up.err, "giving up after 1 restart"));
+}
+
+TEST_CASE("launch: SIGINT and SIGTERM are forwarded to every worker") {
+  for (int sig : {SIGINT, SIGTERM}) {
+    CAPTURE(sig);
+    TempDir dir;
+    Proc p(launch_args({"--num_processes", "3"}, {"trap", "--dir", dir.str()}));
+    REQUIRE(wait_for([&] { return count_files(dir, "pid.") == 3; }, 10));
+    kill(p.pid(), sig);
+    Result r = p.finish(15);
+    CHECK(r.code == 128 + sig);
+    for (int rank = 0; rank < 3; ++rank) CHECK(read_file(dir / ("sig." + std::to_string(rank))) == std::to_string(sig));
+    CHECK(contains(r.out, "[rank2]: rank 2 stopping after signal " + std::to_string(sig)));
+    check_no_orphans(dir, 3);
+  }
+}
+
+TEST_CASE("launch: workers die with accel-run even when it is SIGKILLed") {
+  TempDir dir;
+  Proc p(launch_args({"--num_processes", "2"}, {"sleep", "--dir", dir.str()}));
+  REQUIRE(wait_for([&] { return count_files(dir, "pid.") == 2; }, 10));
+  kill(p.pid(), SIGKILL);
+  p.finish(5);
+  for (pid_t w : read_pids(dir)) CHECK(wait_for([&] { return !alive(w); }, 3));
+}
+
+TEST_CASE("launch: two machines on loopback (flags, then SLURM per node, then SLURM per task)") {
+  SUBCASE("--machine_rank") {
+    TempDir dir;
+    const std::string port = std::to_string(free_port());
+    std::vector<std::unique_ptr<Proc>> machines;
+    for (int m = 0; m < 2; ++m) {
+      machines.push_back(std::make_unique<Proc>(launch_args(
+          {"--num_machines", "2", "--num_processes", "4", "--machine_rank", std::to_string(m), "--main_process_ip",
+           "127.0.0.1", "--main_process_port", port},
+          {"handshake", "--dir", dir.str()})));
+    }
+    for (auto& m : machines) {
+      Result r = m->finish(30);
+      CHECK_MESSAGE(r.code == 0, r.err);
+    }
+    for (int rank = 0; rank < 4; ++rank) {
+      auto e = read_env_file(dir / ("env." + std::to_string(rank)));
+      CHECK(e["WORLD_SIZE"] == "4");
+      CHECK(e["LOCAL_WORLD_SIZE"] == "2");
+      CHECK(e["LOCAL_RANK"] == std::to_string(rank % 2));
+      CHECK(e["GROUP_RANK"] == std::to_string(rank / 2));
+      CHECK(e["NODE_RANK"] == std::to_string(rank / 2));
+      CHECK(e["GROUP_WORLD_SIZE"] == "2");
+      CHECK(e["MASTER_PORT"] == port);
+      CHECK(e.count("ACCEL_RENDEZVOUS_TOKEN") == 0);  // machines could not agree on a random one
+    }
+  }
+  SUBCASE("SLURM one task per node") {
+    TempDir dir;
+    const std::string port = std::to_string(free_port());
+    std::vector<std::unique_ptr<Proc>> machines;
+    for (int m = 0; m < 2; ++m) {
+      machines.push_back(std::make_unique<Proc>(
+          launch_args({"--num_processes", "4"}, {"handshake", "--dir", dir.str()}),
+          std::map<std::string, std::string>{{"SLURM_PROCID", std::to_string(m)}, {"SLURM_NTASKS", "2"},
+                                             {"SLURM_NNODES", "2"}, {"SLURM_NODEID", std::to_string(m)},
+                                             {"SLURM_JOB_NODELIST", "127.0.0.[1-2]"}, {"MASTER_PORT", port}}));
+    }
+    for (auto& m : machines) {
+      Result r = m->finish(30);
+      CHECK_MESSAGE(r.code == 0, r.err);
+      CHECK(contains(r.err, "SLURM step with one task per node"));
+    }
+    CHECK(read_env_file(dir / "env.3")["GROUP_RANK"] == "1");
+    CHECK(read_env_file(dir / "env.3")["MASTER_ADDR"] == "127.0.0.1");
+  }
+  SUBCASE("SLURM one task per worker") {
+    TempDir dir;
+    const std::string port = std::to_string(free_port());
+    std::vector<std::unique_ptr<Proc>> tasks;
+    for (int t = 0; t < 3; ++t) {
+      tasks.push_back(std::make_unique<Proc>(
+          launch_args({}, {"handshake", "--dir", dir.str()}),
+          std::map<std::string, std::string>{{"SLURM_PROCID", std::to_string(t)}, {"SLURM_NTASKS", "3"},
+                                             {"SLURM_NNODES", "1"}, {"SLURM_LOCALID", std::to_string(t)},
+                                             {"SLURM_JOB_NODELIST", "127.0.0.1"}, {"MASTER_PORT", port}}));
+    }
+    for (auto& t : tasks) {
+      Result r = t->finish(30);
+      CHECK_MESSAGE(r.code == 0, r.err);
+    }
+    for (int rank = 0; rank < 3; ++rank) {
+      auto e = read_env_file(dir / ("env." + std::to_string(rank)));
+      CHECK(e["LOCAL_RANK"] == std::to_string(rank));
+      CHECK(e["LOCAL_WORLD_SIZE"] == "3");
+      CHECK(e["WORLD_SIZE"] == "3");
+    }
+  }
+}
+
+// ---------------------------------------------------------------- env and test
+
+TEST_CASE("accel-run env reports versions, devices, libraries and the config") {
+  TempDir dir;
+  al::LaunchConfig c;
+  c.num_processes = 2;
+  c.mixed_precision = "fp16";
+  al::save_config(c, dir / "c.yaml");
+  Result r = accel_run({"env", "--config_file", dir / "c.yaml"});
+  CHECK_MESSAGE(r.code == 0, r.err);
+  CHECK(contains(r.out, "accel-run " ACCEL_PROJECT_VERSION));
+  CHECK(contains(r.out, "CPU: "));
+  CHECK(contains(r.out, "GPUs ("));
+  for (const char* lib : {"oneDNN: ", "CUDA runtime: ", "cuBLAS: ", "cuDNN: ", "NCCL: "}) CHECK(contains(r.out, lib));
+  CHECK(contains(r.out, "mixed_precision: 'fp16'"));
+  CHECK(contains(r.out, "launch without flags: 2 process(es)"));
+  if (fs::exists("/usr/lib/x86_64-linux-gnu/libdnnl.so.2")) CHECK(contains(r.out, "oneDNN: 2."));
+
+  write_file(dir / "bad.yaml", "num_processes: -3\n");
+  Result bad = accel_run({"env", "--config_file", dir / "bad.yaml"});
+  CHECK(bad.code == 0);  // env still reports everything else
+  CHECK(contains(bad.out, "error: [config]"));
+  CHECK(contains(bad.out, "'num_processes'"));
+}
+
+TEST_CASE("accel-run test: runs the self test through the launch path") {
+  TempDir dir;
+  // A stand-in self test (the real one is dist's accel-selftest) shows pass and fail reporting.
+  write_file(dir / "pass.sh", "#!/bin/sh\nexec " + kWorker + " handshake\n");
+  write_file(dir / "fail.sh", "#!/bin/sh\necho 'check allreduce: FAILED' >&2\nexit 4\n");
+  fs::permissions(dir / "pass.sh", fs::perms::owner_all);
+  fs::permissions(dir / "fail.sh", fs::perms::owner_all);
+  Result pass = accel_run({"test", "--config_file", dir / "none.yaml"}, {{"ACCEL_SELFTEST", dir / "pass.sh"}});
+  CHECK(pass.code == 1);  // an explicit --config_file must exist
+  write_file(dir / "c.yaml", "num_processes: 1\n");
+  pass = accel_run({"test", "--config_file", dir / "c.yaml"}, {{"ACCEL_SELFTEST", dir / "pass.sh"}});
+  CHECK_MESSAGE(pass.code == 0, pass.err);
+  CHECK(contains(pass.out, "[rank1]: check handshake rank 1 of 2: ok"));  // 2 processes by default
+  CHECK(contains(pass.out, "accel-run test: PASS"));
+  Result fail = accel_run({"test", "--num_processes", "3", "--config_file", dir / "c.yaml"},
+                          {{"ACCEL_SELFTEST", dir / "fail.sh"}});
+  CHECK(fail.code == 4);
+  CHECK(contains(fail.out, "accel-run test: FAIL (exit code 4)"));
+  CHECK(contains(fail.err, "check allreduce: FAILED"));
+
+  // Not found: a copy of accel-run in a directory without accel-selftest says where it looked.
+  fs::create_directories(dir / "bin");
+  fs::copy_file(kAccelRun, dir / "bin/accel-run");
+  Proc lonely({"test"}, {{"HOME", dir.str()}}, "", dir / "bin/accel-run");
+  Result nf = lonely.finish(10);
+  CHECK(nf.code == 2);
+  CHECK(contains(nf.err, "accel-selftest was not found"));
+  CHECK(contains(nf.err, dir / "bin/accel-selftest"));
+
+  if (!fs::exists(kSelftestBuilt)) {
+    MESSAGE("skipping the real self test: " << kSelftestBuilt << " is not built (dist/accel-selftest)");
+    return;
+  }
+  Result real = accel_run({"test", "--num_processes", "2", "--cpu", "--config_file", dir / "c.yaml"}, {}, "", 120);
+  CHECK_MESSAGE(real.code == 0, real.out, real.err);
+  CHECK(contains(real.out, "accel-run test: PASS"));
+}

@@ -2,7 +2,9 @@
 #pragma once
 
 #include "autograd/function.h"
+#include "autograd/nn/nn.h"
 #include "autograd/ops.h"
+#include "autograd/optim/optim.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"

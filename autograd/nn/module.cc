@@ -1,0 +1,344 @@
+#include "autograd/nn/module.h"
+
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <ostream>
+#include <set>
+#include <sstream>
+#include <typeinfo>
+#include <unordered_set>
+
+#include "autograd/nn/safetensors.h"
+
+namespace accel::nn {
+
+Module::~Module() = default;
+
+Tensor Module::forward(const Tensor&) {
+  ACCEL_THROW(ValueError, "Module.forward", type_name(),
+              " does not define a single-input forward(const Tensor&)");
+}
+
+// ---------------- registration ----------------
+
+void Module::check_new_name(const std::string& name, const char* what) const {
+  ACCEL_CHECK(!name.empty(), ValueError, what, type_name(), ": empty name");
+  ACCEL_CHECK(name.find('.') == std::string::npos, ValueError, what, type_name(), ": name '", name,
+              "' must not contain '.'");
+  for (const auto& [n, _] : params_) {
+    ACCEL_CHECK(n != name, ValueError, what, type_name(), ": '", name,
+                "' is already registered as a parameter");
+  }
+  for (const auto& b : buffers_) {
+    ACCEL_CHECK(b.name != name, ValueError, what, type_name(), ": '", name,
+                "' is already registered as a buffer");
+  }
+  for (const auto& [n, _] : children_) {
+    ACCEL_CHECK(n != name, ValueError, what, type_name(), ": '", name,
+                "' is already registered as a submodule");
+  }
+}
+
+Tensor Module::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
+  check_new_name(name, "Module.register_parameter");
+  ACCEL_CHECK(value.defined(), ValueError, "Module.register_parameter", type_name(),
+              ": parameter '", name, "' is undefined");
+  ACCEL_CHECK(value.is_floating_point(), DTypeError, "Module.register_parameter", type_name(),
+              ": parameter '", name, "' must be floating point, got ", value.dtype());
+  // A parameter is a leaf: drop any history the initialiser left behind.
+  if (!value.is_leaf()) value = value.detach();
+  value.requires_grad_(requires_grad);
+  params_.emplace_back(name, value);
+  return value;
+}
+
+Tensor Module::register_buffer(const std::string& name, Tensor value, bool persistent) {
+  check_new_name(name, "Module.register_buffer");
+  ACCEL_CHECK(value.defined(), ValueError, "Module.register_buffer", type_name(), ": buffer '",
+              name, "' is undefined");
+  if (!value.is_leaf() || value.requires_grad()) value = value.detach();
+  buffers_.push_back(BufferEntry{name, value, persistent});
+  return value;
+}
+
+void Module::register_child(const std::string& name, std::shared_ptr<Module> module) {
+  check_new_name(name, "Module.register_module");
+  ACCEL_CHECK(module != nullptr, ValueError, "Module.register_module", type_name(),
+              ": submodule '", name, "' is null");
+  ACCEL_CHECK(module.get() != this, ValueError, "Module.register_module", type_name(),
+              ": a module cannot be its own child ('", name, "')");
+  children_.emplace_back(name, std::move(module));
+}
+
+// ---------------- access ----------------
+
+namespace {
+std::string join_name(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+}  // namespace
+
+void Module::collect_parameters(const std::string& prefix, Named<Tensor>& out, bool recurse) const {
+  for (const auto& [n, t] : params_) out.emplace_back(join_name(prefix, n), t);
+  if (!recurse) return;
+  for (const auto& [n, c] : children_) c->collect_parameters(join_name(prefix, n), out, true);
+}
+
+void Module::collect_buffers(const std::string& prefix, Named<Tensor>& out, bool recurse,
+                             bool persistent_only) const {
+  for (const auto& b : buffers_) {
+    if (!persistent_only || b.persistent) out.emplace_back(join_name(prefix, b.name), b.value);
+  }
+  if (!recurse) return;
+  for (const auto& [n, c] : children_) {
+    c->collect_buffers(join_name(prefix, n), out, true, persistent_only);
+  }
+}
+
+void Module::collect_modules(const std::string& prefix, Named<Module*>& out) {
+  out.emplace_back(prefix, this);
+  for (const auto& [n, c] : children_) c->collect_modules(join_name(prefix, n), out);
+}
+
+namespace {
+// Keeps the first occurrence of each TensorImpl (tied weights are stepped once).
+Named<Tensor> dedupe(Named<Tensor>&& all) {
+  std::unordered_set<const TensorImpl*> seen;
+  Named<Tensor> out;
+  out.reserve(all.size());
+  for (auto& [n, t] : all) {
+    if (seen.insert(t.impl()).second) out.emplace_back(std::move(n), std::move(t));
+  }
+  return out;
+}
+}  // namespace
+
+Named<Tensor> Module::named_parameters(bool recurse) const {
+  Named<Tensor> all;
+  collect_parameters("", all, recurse);
+  return dedupe(std::move(all));
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters(recurse)) out.push_back(t);
+  return out;
+}
+
+Named<Tensor> Module::named_buffers(bool recurse) const {
+  Named<Tensor> all;
+  collect_buffers("", all, recurse, false);
+  return dedupe(std::move(all));
+}
+
+std::vector<Tensor> Module::buffers(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_buffers(recurse)) out.push_back(t);
+  return out;
+}
+
+std::vector<std::shared_ptr<Module>> Module::children() const {
+  std::vector<std::shared_ptr<Module>> out;
+  for (const auto& [n, c] : children_) out.push_back(c);
+  return out;
+}
+
+Named<std::shared_ptr<Module>> Module::named_children() const { return children_; }
+
+Named<Module*> Module::named_modules() {
+  Named<Module*> out;
+  collect_modules("", out);
+  return out;
+}
+
+Tensor Module::parameter(const std::string& dotted_name) const {
+  for (const auto& [n, t] : named_parameters()) {
+    if (n == dotted_name) return t;
+  }
+  ACCEL_THROW(IndexError, "Module.parameter", type_name(), " has no parameter '", dotted_name, "'");
+}
+
+Tensor Module::buffer(const std::string& dotted_name) const {
+  for (const auto& [n, t] : named_buffers()) {
+    if (n == dotted_name) return t;
+  }
+  ACCEL_THROW(IndexError, "Module.buffer", type_name(), " has no buffer '", dotted_name, "'");
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (const Tensor& t : parameters()) n += t.numel();
+  return n;
+}
+
+// ---------------- mode and placement ----------------
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, c] : children_) c->train(on);
+}
+
+void Module::zero_grad(bool set_to_none) {
+  for (Tensor& p : parameters()) p.zero_grad(set_to_none);
+}
+
+// Note [module tensors are updated in place]
+// A subclass keeps its parameters as members (`Tensor weight = register_parameter(...)`) and the
+// module table holds another handle to the same TensorImpl. Moving a module therefore cannot
+// hand out new tensors: it swaps the storage/geometry/dtype inside the existing impl (what
+// PyTorch's `param.data = ...` does). Autograd metadata (requires_grad, hooks, the grad
+// accumulator) stays; the gradient is converted alongside. Optimizers built before the move see
+// the moved tensors too, but their state (momentum, Adam moments) is not converted: build the
+// optimizer after moving the model, as in PyTorch.
+void assign_tensor_data(Tensor& dst, const Tensor& src) {
+  TensorImpl* d = dst.impl();
+  const TensorImpl* s = src.impl();
+  d->storage_ = s->storage_;
+  d->sizes_ = s->sizes_;
+  d->strides_ = s->strides_;
+  d->offset_ = s->offset_;
+  d->dtype_ = s->dtype_;
+  d->refresh();
+}
+
+void Module::apply_to_tensors(const std::function<Tensor(const Tensor&)>& convert) {
+  NoGradGuard no_grad;
+  std::unordered_set<const TensorImpl*> done;
+  for (auto& [name, mod] : named_modules()) {
+    for (auto& [n, p] : mod->params_) {
+      if (!done.insert(p.impl()).second) continue;
+      Tensor moved = convert(p);
+      if (moved.is_same(p)) continue;
+      Tensor g = p.grad();
+      assign_tensor_data(p, moved.detach());
+      if (g.defined()) p.set_grad(convert(g).detach());
+    }
+    for (auto& b : mod->buffers_) {
+      if (!done.insert(b.value.impl()).second) continue;
+      Tensor moved = convert(b.value);
+      if (!moved.is_same(b.value)) assign_tensor_data(b.value, moved.detach());
+    }
+  }
+}
+
+void Module::to(Device device) {
+  apply_to_tensors([device](const Tensor& t) { return t.to(device); });
+}
+
+void Module::to(DType dtype) {
+  ACCEL_CHECK(is_floating(dtype), DTypeError, "Module.to", type_name(),
+              ": can only convert to a floating dtype, got ", dtype);
+  apply_to_tensors(
+      [dtype](const Tensor& t) { return t.is_floating_point() ? t.to(dtype) : t; });
+}
+
+void Module::to(Device device, DType dtype) {
+  to(device);
+  to(dtype);
+}
+
+// ---------------- state ----------------
+
+TensorDict Module::state_dict() const {
+  // Tied tensors appear under every name (as in PyTorch), so a checkpoint loads into a module
+  // whether or not the tie is rebuilt.
+  Named<Tensor> all;
+  collect_parameters("", all, true);
+  collect_buffers("", all, true, true);
+  TensorDict out;
+  for (auto& [n, t] : all) out.emplace(n, t.detach());
+  return out;
+}
+
+LoadResult Module::load_state_dict(const TensorDict& state, bool strict) {
+  const TensorDict own = state_dict();
+  LoadResult result;
+  std::vector<std::string> mismatched;
+  for (const auto& [n, t] : own) {
+    auto it = state.find(n);
+    if (it == state.end()) {
+      result.missing_keys.push_back(n);
+    } else if (!it->second.defined()) {
+      mismatched.push_back(n + ": checkpoint tensor is undefined");
+    } else if (it->second.sizes() != t.sizes()) {
+      mismatched.push_back(n + ": checkpoint " + shape_str(it->second.sizes()) + ", model " +
+                           shape_str(t.sizes()));
+    }
+  }
+  for (const auto& [n, t] : state) {
+    if (!own.count(n)) result.unexpected_keys.push_back(n);
+  }
+  const bool fail = !mismatched.empty() ||
+                    (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty()));
+  if (fail) {
+    std::ostringstream os;
+    auto list = [&](const char* what, const std::vector<std::string>& keys) {
+      if (keys.empty()) return;
+      os << "; " << what << " (" << keys.size() << "): ";
+      for (size_t i = 0; i < keys.size(); ++i) os << (i ? ", " : "") << keys[i];
+    };
+    if (strict) {
+      list("missing keys", result.missing_keys);
+      list("unexpected keys", result.unexpected_keys);
+    }
+    list("shape mismatch", mismatched);
+    ACCEL_THROW(ValueError, "load_state_dict", "error(s) loading state into ", type_name(),
+                os.str());
+  }
+  NoGradGuard no_grad;
+  for (const auto& [n, dst] : own) {
+    auto it = state.find(n);
+    if (it == state.end()) continue;
+    Tensor d = dst;  // shares the module's impl
+    if (!it->second.is_same(d)) d.copy_(it->second);
+  }
+  return result;
+}
+
+void Module::save(const std::string& path, const Metadata& metadata) const {
+  save_safetensors(path, state_dict(), metadata);
+}
+
+LoadResult Module::load(const std::string& path, bool strict) {
+  return load_state_dict(load_safetensors(path), strict);
+}
+
+// ---------------- printing ----------------
+
+std::string Module::type_name() const {
+  const char* mangled = typeid(*this).name();
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string name = (status == 0 && demangled) ? demangled : mangled;
+  std::free(demangled);
+  // Drop namespaces but keep template arguments intact: cut at the last "::" before any '<'.
+  const size_t angle = name.find('<');
+  const size_t colon = name.rfind("::", angle == std::string::npos ? std::string::npos : angle);
+  if (colon != std::string::npos) name = name.substr(colon + 2);
+  return name;
+}
+
+void Module::repr_into(std::ostream& os, int indent) const {
+  os << type_name() << '(' << extra_repr();
+  if (!children_.empty()) {
+    os << '\n';
+    for (const auto& [n, c] : children_) {
+      os << std::string(size_t(indent + 2), ' ') << '(' << n << "): ";
+      c->repr_into(os, indent + 2);
+      os << '\n';
+    }
+    os << std::string(size_t(indent), ' ');
+  }
+  os << ')';
+}
+
+std::string Module::repr() const {
+  std::ostringstream os;
+  repr_into(os, 0);
+  return os.str();
+}
+
+std::ostream& operator<<(std::ostream& os, const Module& m) { return os << m.repr(); }
+
+}  // namespace accel::nn

@@ -1,0 +1,139 @@
+// nn::Module: a tree of named parameters, buffers and submodules.
+//
+//   struct MLP : nn::Module {
+//     std::shared_ptr<nn::Linear> fc1 = register_module("fc1", std::make_shared<nn::Linear>(784, 1024));
+//     std::shared_ptr<nn::Linear> fc2 = register_module("fc2", std::make_shared<nn::Linear>(1024, 10));
+//     Tensor forward(const Tensor& x) override { return fc2->forward(relu(fc1->forward(x))); }
+//   };
+//   auto model = std::make_shared<MLP>();
+//   model->named_parameters();  // fc1.weight, fc1.bias, fc2.weight, fc2.bias
+//
+// Parameters and buffers are Tensor handles: the member a subclass keeps (`weight` above) and the
+// entry in the module's table share one TensorImpl, so `to()` and `load_state_dict()` change
+// what the member sees (see Note [module tensors are updated in place]).
+#pragma once
+
+#include <functional>
+#include <iosfwd>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace accel::nn {
+
+// Name -> tensor, sorted by name (what state_dict() returns and safetensors files hold).
+using TensorDict = std::map<std::string, Tensor>;
+using Metadata = std::map<std::string, std::string>;
+
+template <typename T>
+using Named = std::vector<std::pair<std::string, T>>;
+
+// What a non-strict load_state_dict() skipped.
+struct LoadResult {
+  std::vector<std::string> missing_keys;
+  std::vector<std::string> unexpected_keys;
+};
+
+class Module : public std::enable_shared_from_this<Module> {
+ public:
+  Module() = default;
+  virtual ~Module();
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // ---- forward ----
+  // The single-input forward used by Sequential and operator(). Modules with other signatures
+  // add their own overloads; calling this one on them throws.
+  virtual Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+  // ---- registration (names: non-empty, no '.', unique among params/buffers/children) ----
+  // Returns a handle sharing the registered tensor. `value` must be a floating leaf.
+  Tensor register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
+  // persistent = false keeps the buffer out of state_dict() (e.g. a cached causal mask).
+  Tensor register_buffer(const std::string& name, Tensor value, bool persistent = true);
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    register_child(name, module);
+    return module;
+  }
+
+  // ---- access (registration order; hierarchical dotted names) ----
+  // Shared tensors (weight tying) appear once, under the first name.
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  Named<Tensor> named_parameters(bool recurse = true) const;
+  std::vector<Tensor> buffers(bool recurse = true) const;
+  Named<Tensor> named_buffers(bool recurse = true) const;
+  std::vector<std::shared_ptr<Module>> children() const;
+  Named<std::shared_ptr<Module>> named_children() const;
+  // This module (name "") and every descendant, depth first.
+  Named<Module*> named_modules();
+  // Looks up "blocks.0.attn.qkv.weight"; throws IndexError listing nothing found.
+  Tensor parameter(const std::string& dotted_name) const;
+  Tensor buffer(const std::string& dotted_name) const;
+  int64_t num_parameters() const;
+
+  // ---- mode and placement ----
+  virtual void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  // Moves parameters, their gradients and buffers. to(dtype) converts floating tensors only
+  // (integer buffers such as BatchNorm's num_batches_tracked keep their type), like PyTorch.
+  void to(Device device);
+  void to(DType dtype);
+  void to(Device device, DType dtype);
+  void zero_grad(bool set_to_none = true);
+
+  // ---- state ----
+  // Parameters and persistent buffers; tensors share storage with the module.
+  TensorDict state_dict() const;
+  // Copies values in (converting dtype/device). Shape mismatches always throw; with strict,
+  // missing and unexpected keys throw too. The error lists every problem; nothing is copied
+  // unless the whole dict is accepted.
+  LoadResult load_state_dict(const TensorDict& state, bool strict = true);
+  // safetensors checkpoint of state_dict() (autograd/nn/safetensors.h).
+  void save(const std::string& path, const Metadata& metadata = {}) const;
+  LoadResult load(const std::string& path, bool strict = true);
+
+  // ---- printing ----
+  // Class name without namespaces ("Linear", "MLP").
+  std::string type_name() const;
+  // Arguments printed inside the parentheses, e.g. "in_features=4, out_features=8, bias=true".
+  virtual std::string extra_repr() const { return ""; }
+  std::string repr() const;
+
+ protected:
+  void register_child(const std::string& name, std::shared_ptr<Module> module);
+
+ private:
+  struct BufferEntry {
+    std::string name;
+    Tensor value;
+    bool persistent = true;
+  };
+  void check_new_name(const std::string& name, const char* what) const;
+  void collect_parameters(const std::string& prefix, Named<Tensor>& out, bool recurse) const;
+  void collect_buffers(const std::string& prefix, Named<Tensor>& out, bool recurse,
+                       bool persistent_only) const;
+  void collect_modules(const std::string& prefix, Named<Module*>& out);
+  void apply_to_tensors(const std::function<Tensor(const Tensor&)>& convert);
+  void repr_into(std::ostream& os, int indent) const;
+
+  bool training_ = true;
+  Named<Tensor> params_;
+  std::vector<BufferEntry> buffers_;
+  Named<std::shared_ptr<Module>> children_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Module& m);
+
+// Replaces the data of `dst` (storage, shape, strides, dtype) with that of `src`, keeping the
+// TensorImpl, its autograd metadata and every handle to it. Used by Module::to(); see
+// Note [module tensors are updated in place].
+void assign_tensor_data(Tensor& dst, const Tensor& src);
+
+}  // namespace accel::nn

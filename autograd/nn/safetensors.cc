@@ -1,0 +1,385 @@
+#include "autograd/nn/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <tuple>
+#include <vector>
+
+namespace accel::nn {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors byte order is little-endian; a big-endian host needs byte swaps");
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kLoad = "load_safetensors";
+constexpr const char* kSave = "save_safetensors";
+constexpr const char* kMetadataKey = "__metadata__";
+constexpr size_t kLengthBytes = 8;
+constexpr size_t kHeaderAlign = 8;
+
+std::optional<DType> dtype_from_name(const std::string& s) {
+  for (DType t : {kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64, kUInt8, kBool}) {
+    if (dtype_safetensors_name(t) == s) return t;
+  }
+  return std::nullopt;
+}
+
+// Names of safetensors dtypes accel cannot hold, so the error says "unsupported" rather than
+// "unknown" for a valid file from another framework.
+bool is_known_foreign_dtype(const std::string& s) {
+  static const std::set<std::string> kForeign = {"I8",  "I16", "U16",     "U32",     "U64",
+                                                 "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3",
+                                                 "F6_E3M2", "C64"};
+  return kForeign.count(s) > 0;
+}
+
+// Closes a file descriptor on scope exit.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int release() {
+    int f = fd;
+    fd = -1;
+    return f;
+  }
+};
+
+std::string errno_str() { return std::strerror(errno); }
+
+// Reads exactly n bytes at `offset`; false on EOF or error (errno set on error).
+bool pread_full(int fd, void* dst, size_t n, uint64_t offset) {
+  char* p = static_cast<char*>(dst);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, n, off_t(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    if (r == 0) {
+      errno = 0;
+      return false;
+    }
+    p += r;
+    n -= size_t(r);
+    offset += uint64_t(r);
+  }
+  return true;
+}
+
+bool write_full(int fd, const void* src, size_t n) {
+  const char* p = static_cast<const char*>(src);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+std::string shape_of(const std::vector<int64_t>& s) {
+  Shape sh;
+  for (int64_t v : s) sh.push_back(v);
+  return shape_str(sh);
+}
+
+struct Entry {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+
+}  // namespace
+
+// Note [safetensors validation]
+// The header comes from an untrusted file, so nothing from it sizes an allocation or a read
+// until it has been checked against the file itself:
+//   1. the file holds at least the 8-byte length; the length is <= 100 MB and <= file size - 8;
+//   2. the header is a UTF-8 JSON object (nlohmann's lexer rejects ill-formed UTF-8) with no
+//      duplicate key at any depth (nlohmann keeps the last duplicate silently, so a parse
+//      callback tracks the keys of every open object);
+//   3. every entry has a known dtype name, a shape of non-negative integers whose element count
+//      and byte size do not overflow, and data_offsets [begin, end] with begin <= end;
+//   4. end - begin == numel x dtype size;
+//   5. sorted by offset, the entries tile the byte buffer exactly: the first starts at 0, each
+//      starts where the previous ended (no gap, no overlap), the last ends at the end of the file
+//      (no trailing bytes);
+//   6. __metadata__, when present, is an object of strings;
+//   7. BOOL bytes are 0 or 1 (any other byte is not a valid bool).
+// Only then are tensors allocated (their total size is bounded by the file size) and read.
+TensorDict load_safetensors(const std::string& path, Metadata* metadata) {
+  Fd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ACCEL_CHECK(file.fd >= 0, IoError, kLoad, "cannot open '", path, "': ", errno_str());
+  struct stat st {};
+  ACCEL_CHECK(::fstat(file.fd, &st) == 0, IoError, kLoad, "cannot stat '", path, "': ",
+              errno_str());
+  ACCEL_CHECK(S_ISREG(st.st_mode), IoError, kLoad, "'", path, "' is not a regular file");
+  const uint64_t file_size = uint64_t(st.st_size);
+  ACCEL_CHECK(file_size >= kLengthBytes, IoError, kLoad, "'", path, "': file is ", file_size,
+              " bytes, too short for the 8-byte header length");
+
+  unsigned char len_bytes[kLengthBytes];
+  ACCEL_CHECK(pread_full(file.fd, len_bytes, kLengthBytes, 0), IoError, kLoad, "'", path,
+              "': cannot read the header length: ", errno ? errno_str() : "unexpected end of file");
+  uint64_t header_len = 0;
+  for (size_t i = 0; i < kLengthBytes; ++i) header_len |= uint64_t(len_bytes[i]) << (8 * i);
+  ACCEL_CHECK(header_len <= kSafetensorsMaxHeaderBytes, IoError, kLoad, "'", path,
+              "': header length ", header_len, " exceeds the limit of ",
+              kSafetensorsMaxHeaderBytes, " bytes");
+  ACCEL_CHECK(header_len <= file_size - kLengthBytes, IoError, kLoad, "'", path,
+              "': header length ", header_len, " exceeds the ", file_size - kLengthBytes,
+              " bytes that follow the length field (truncated file?)");
+  ACCEL_CHECK(header_len >= 2, IoError, kLoad, "'", path, "': header length ", header_len,
+              " is too short for a JSON object");
+
+  std::string header(size_t(header_len), '\0');
+  ACCEL_CHECK(pread_full(file.fd, header.data(), header.size(), kLengthBytes), IoError, kLoad, "'",
+              path, "': cannot read the header: ", errno ? errno_str() : "unexpected end of file");
+  ACCEL_CHECK(header[0] == '{', IoError, kLoad, "'", path,
+              "': header does not start with '{' (not a JSON object)");
+
+  // Parse, recording the first duplicate key of any object.
+  std::vector<std::set<std::string>> open_objects;
+  std::optional<std::string> duplicate;
+  json root;
+  try {
+    root = json::parse(
+        header.begin(), header.end(),
+        [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+          switch (event) {
+            case json::parse_event_t::object_start: open_objects.emplace_back(); break;
+            case json::parse_event_t::object_end:
+              if (!open_objects.empty()) open_objects.pop_back();
+              break;
+            case json::parse_event_t::key:
+              if (!open_objects.empty() && parsed.is_string() &&
+                  !open_objects.back().insert(parsed.get<std::string>()).second && !duplicate) {
+                duplicate = parsed.get<std::string>();
+              }
+              break;
+            default: break;
+          }
+          return true;
+        });
+  } catch (const json::exception& e) {
+    ACCEL_THROW(IoError, kLoad, "'", path, "': header is not valid JSON: ", e.what());
+  }
+  ACCEL_CHECK(!duplicate, IoError, kLoad, "'", path, "': duplicate key '",
+              duplicate.value_or(""), "' in header");
+  ACCEL_CHECK(root.is_object(), IoError, kLoad, "'", path, "': header is not a JSON object");
+
+  const uint64_t buffer_size = file_size - kLengthBytes - header_len;
+  const uint64_t buffer_start = kLengthBytes + header_len;
+  std::vector<Entry> entries;
+  entries.reserve(root.size());
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == kMetadataKey) {
+      ACCEL_CHECK(v.is_object(), IoError, kLoad, "'", path,
+                  "': __metadata__ must be an object of strings, got ", v.type_name());
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        ACCEL_CHECK(m.value().is_string(), IoError, kLoad, "'", path, "': __metadata__ value of '",
+                    m.key(), "' is a ", m.value().type_name(), ", expected a string");
+        if (metadata) (*metadata)[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    ACCEL_CHECK(v.is_object(), IoError, kLoad, "'", path, "': entry '", name,
+                "' is not an object");
+    Entry e;
+    e.name = name;
+    auto dt = v.find("dtype");
+    ACCEL_CHECK(dt != v.end() && dt->is_string(), IoError, kLoad, "'", path, "': tensor '", name,
+                "' has no string 'dtype'");
+    const std::string dname = dt->get<std::string>();
+    const std::optional<DType> dtype = dtype_from_name(dname);
+    ACCEL_CHECK(dtype || !is_known_foreign_dtype(dname), IoError, kLoad, "'", path, "': tensor '",
+                name, "' has dtype ", dname, ", which accel does not support");
+    ACCEL_CHECK(dtype.has_value(), IoError, kLoad, "'", path, "': tensor '", name,
+                "' has unknown dtype '", dname, "'");
+    e.dtype = *dtype;
+
+    auto sh = v.find("shape");
+    ACCEL_CHECK(sh != v.end() && sh->is_array(), IoError, kLoad, "'", path, "': tensor '", name,
+                "' has no 'shape' array");
+    uint64_t numel = 1;
+    for (const json& d : *sh) {
+      ACCEL_CHECK(d.is_number_integer(), IoError, kLoad, "'", path, "': tensor '", name,
+                  "' has a non-integer shape entry ", d.dump());
+      ACCEL_CHECK(d.is_number_unsigned(), IoError, kLoad, "'", path, "': tensor '", name,
+                  "' has a negative shape entry ", d.dump());
+      const uint64_t s = d.get<uint64_t>();
+      ACCEL_CHECK(s <= uint64_t(std::numeric_limits<int64_t>::max()) &&
+                      !__builtin_mul_overflow(numel, s, &numel),
+                  IoError, kLoad, "'", path, "': tensor '", name,
+                  "' has a shape whose element count overflows: ", sh->dump());
+      e.shape.push_back(int64_t(s));
+    }
+    uint64_t nbytes = 0;
+    ACCEL_CHECK(!__builtin_mul_overflow(numel, uint64_t(dtype_size(e.dtype)), &nbytes) &&
+                    numel <= uint64_t(std::numeric_limits<int64_t>::max()),
+                IoError, kLoad, "'", path, "': tensor '", name, "' byte size overflows: shape ",
+                sh->dump(), " of ", dname);
+
+    auto off = v.find("data_offsets");
+    ACCEL_CHECK(off != v.end() && off->is_array() && off->size() == 2, IoError, kLoad, "'", path,
+                "': tensor '", name, "' needs 'data_offsets' [begin, end]");
+    ACCEL_CHECK((*off)[0].is_number_unsigned() && (*off)[1].is_number_unsigned(), IoError, kLoad,
+                "'", path, "': tensor '", name,
+                "' data_offsets must be non-negative integers, got ", off->dump());
+    e.begin = (*off)[0].get<uint64_t>();
+    e.end = (*off)[1].get<uint64_t>();
+    ACCEL_CHECK(e.begin <= e.end, IoError, kLoad, "'", path, "': tensor '", name,
+                "' data_offsets ", off->dump(), " end before they begin");
+    ACCEL_CHECK(e.end <= buffer_size, IoError, kLoad, "'", path, "': tensor '", name,
+                "' data_offsets ", off->dump(), " point past the end of the file (buffer holds ",
+                buffer_size, " bytes)");
+    ACCEL_CHECK(e.end - e.begin == nbytes, IoError, kLoad, "'", path, "': tensor '", name,
+                "' of shape ", shape_of(e.shape), " and dtype ", dname, " needs ", nbytes,
+                " bytes but data_offsets ", off->dump(), " span ", e.end - e.begin);
+    entries.push_back(std::move(e));
+  }
+
+  // The entries must tile the buffer exactly.
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
+  uint64_t pos = 0;
+  const Entry* prev = nullptr;
+  for (const Entry& e : entries) {
+    ACCEL_CHECK(e.begin >= pos, IoError, kLoad, "'", path, "': tensors '", prev ? prev->name : "",
+                "' [", prev ? prev->begin : 0, ", ", pos, ") and '", e.name, "' [", e.begin, ", ",
+                e.end, ") overlap");
+    ACCEL_CHECK(e.begin == pos, IoError, kLoad, "'", path, "': gap of ", e.begin - pos,
+                " bytes in the buffer before tensor '", e.name, "' (offset ", pos, ")");
+    pos = e.end;
+    prev = &e;
+  }
+  ACCEL_CHECK(pos == buffer_size, IoError, kLoad, "'", path, "': ", buffer_size - pos,
+              " bytes after the last tensor are not described by the header (trailing data)");
+
+  TensorDict out;
+  for (const Entry& e : entries) {
+    Shape shape;
+    for (int64_t s : e.shape) shape.push_back(s);
+    Tensor t = empty(shape, TensorOptions(e.dtype, kCPU));
+    const size_t n = size_t(e.end - e.begin);
+    if (n > 0) {
+      ACCEL_CHECK(pread_full(file.fd, t.data_ptr(), n, buffer_start + e.begin), IoError, kLoad,
+                  "'", path, "': cannot read tensor '", e.name, "': ",
+                  errno ? errno_str() : "unexpected end of file (file changed while reading?)");
+    }
+    if (e.dtype == kBool) {
+      const uint8_t* b = static_cast<const uint8_t*>(t.data_ptr());
+      for (size_t i = 0; i < n; ++i) {
+        ACCEL_CHECK(b[i] <= 1, IoError, kLoad, "'", path, "': BOOL tensor '", e.name,
+                    "' holds byte ", int(b[i]), " at element ", i, " (expected 0 or 1)");
+      }
+    }
+    out.emplace(e.name, std::move(t));
+  }
+  return out;
+}
+
+void save_safetensors(const std::string& path, const TensorDict& tensors,
+                      const Metadata& metadata) {
+  // Bring every tensor to contiguous CPU bytes first, so a failure leaves no file behind.
+  std::vector<std::pair<const std::string*, Tensor>> host;
+  host.reserve(tensors.size());
+  json header = json::object();
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    ACCEL_CHECK(name != kMetadataKey, ValueError, kSave, "'", path, "': the tensor name '",
+                kMetadataKey, "' is reserved");
+    ACCEL_CHECK(t.defined(), ValueError, kSave, "'", path, "': tensor '", name, "' is undefined");
+    Tensor h = t.detach();
+    if (!h.device().is_cpu()) h = h.to(kCPU);
+    h = h.contiguous();
+    json shape = json::array();
+    for (int64_t s : h.sizes()) shape.push_back(s);
+    const uint64_t n = h.nbytes();
+    header[name] = {{"dtype", std::string(dtype_safetensors_name(h.dtype()))},
+                    {"shape", shape},
+                    {"data_offsets", {offset, offset + n}}};
+    offset += n;
+    host.emplace_back(&name, std::move(h));
+  }
+  if (!metadata.empty()) {
+    json m = json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    header[kMetadataKey] = m;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const json::exception& e) {
+    ACCEL_THROW(ValueError, kSave, "'", path, "': a tensor name or metadata string is not valid "
+                "UTF-8: ", e.what());
+  }
+  // Pad with spaces so the byte buffer starts 8-byte aligned (the HF writer does the same).
+  text.append((kHeaderAlign - (kLengthBytes + text.size()) % kHeaderAlign) % kHeaderAlign, ' ');
+  unsigned char len_bytes[kLengthBytes];
+  for (size_t i = 0; i < kLengthBytes; ++i) len_bytes[i] = (uint64_t(text.size()) >> (8 * i)) & 0xff;
+
+  // Temporary file in the target directory, so rename() is atomic (same file system).
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  fs::path dir = target.parent_path();
+  if (dir.empty()) dir = ".";
+  static std::atomic<uint64_t> counter{0};
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
+    tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  ACCEL_CHECK(fd >= 0, IoError, kSave, "cannot create a temporary file next to '", path, "': ",
+              errno_str());
+  Fd file(fd);
+  auto fail = [&](const char* what) {
+    const std::string err = errno_str();
+    if (file.fd >= 0) ::close(file.release());
+    ::unlink(tmp.c_str());
+    ACCEL_THROW(IoError, kSave, "'", path, "': ", what, ": ", err);
+  };
+  if (!write_full(file.fd, len_bytes, kLengthBytes)) fail("write failed");
+  if (!write_full(file.fd, text.data(), text.size())) fail("write failed");
+  for (const auto& [name, t] : host) {
+    if (t.nbytes() > 0 && !write_full(file.fd, t.data_ptr(), t.nbytes())) fail("write failed");
+  }
+  if (::fsync(file.fd) != 0) fail("fsync failed");
+  if (::close(file.release()) != 0) fail("close failed");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename failed");
+  // Make the rename itself durable.
+  Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  ACCEL_CHECK(d.fd >= 0 && ::fsync(d.fd) == 0, IoError, kSave, "'", path,
+              "': cannot fsync directory '", dir.string(), "': ", errno_str());
+}
+
+}  // namespace accel::nn

@@ -1,0 +1,32 @@
+// Checkpoints in the Hugging Face safetensors format, so HF tools read what we write and we read
+// what they write (for the dtypes accel has).
+//
+// Layout: 8-byte little-endian header length N, N bytes of UTF-8 JSON
+//   {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
+//    "__metadata__": {"key": "value"}}
+// then the byte buffer; offsets are relative to the buffer start. We write tensors in name order,
+// contiguous, and pad the header with spaces to a multiple of 8 bytes (as the HF writer does).
+//
+// The loader trusts nothing in the file until it has been checked (Note [safetensors
+// validation] in safetensors.cc); every violation is an IoError naming the file and the problem.
+#pragma once
+
+#include <string>
+
+#include "autograd/nn/module.h"
+
+namespace accel::nn {
+
+// Largest header we accept (the HF reference implementation uses the same bound).
+constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
+
+// Writes atomically: a temporary file in the same directory, fsync, rename over `path`, fsync
+// of the directory. Tensors may live on any device and have any strides; they are written as
+// contiguous CPU bytes. The name "__metadata__" is reserved.
+void save_safetensors(const std::string& path, const TensorDict& tensors,
+                      const Metadata& metadata = {});
+
+// Reads every tensor onto the CPU. `metadata`, when given, receives the __metadata__ strings.
+TensorDict load_safetensors(const std::string& path, Metadata* metadata = nullptr);
+
+}  // namespace accel::nn

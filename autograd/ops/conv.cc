@@ -1,0 +1,162 @@
+// conv2d, max_pool2d, avg_pool2d (NCHW): forward, checks and backward together.
+//   conv2d:     x (N, C, H, W), w (O, C / groups, kh, kw), b (O) -> (N, O, Ho, Wo),
+//               Ho = (H + 2 pad - dil (kh - 1) - 1) / stride + 1
+//   max/avg:    x (N, C, H, W) -> (N, C, Ho, Wo), Ho = (H + 2 pad - k) / stride + 1,
+//               stride defaults to the kernel.
+// A 3-D input (C, H, W) is treated as a batch of one. The backward of each op is its own kernel
+// (oneDNN backward_data / backward_weights / pooling backward on CPU): expressing it with other
+// framework ops would need a transposed convolution, and max pooling needs the forward's argmax,
+// which the kernel keeps in an opaque workspace tensor captured by the backward closure.
+#include "autograd/ops/common.h"
+#include "core/dispatch_conv.h"
+
+namespace accel {
+
+ACCEL_DEFINE_STUB(conv2d_stub);
+ACCEL_DEFINE_STUB(conv2d_backward_stub);
+ACCEL_DEFINE_STUB(pool2d_stub);
+ACCEL_DEFINE_STUB(pool2d_backward_stub);
+
+ACCEL_DIFFERENTIABLE_OP(conv2d, "conv2d");
+ACCEL_DIFFERENTIABLE_OP(max_pool2d, "max_pool2d");
+ACCEL_DIFFERENTIABLE_OP(avg_pool2d, "avg_pool2d");
+
+namespace {
+
+// A 1- or 2-element size argument as (h, w); every entry must be >= min_value.
+void pair_param(const char* op, const char* what, const Shape& s, int64_t min_value, int64_t out[2]) {
+  ACCEL_CHECK(s.size() == 1 || s.size() == 2, ValueError, op, what,
+              " must have 1 or 2 elements, got ", s);
+  out[0] = s[0];
+  out[1] = s.size() == 2 ? s[1] : s[0];
+  ACCEL_CHECK(out[0] >= min_value && out[1] >= min_value, ValueError, op, what, " must be >= ",
+              min_value, ", got ", s);
+}
+
+// Contiguous data of t without autograd history (kernels take dense NCHW).
+Tensor dense(const Tensor& t) {
+  if (t.is_contiguous()) return ops::make_view(t, t.sizes(), t.strides(), t.offset());
+  Tensor c = ops::empty_on(t.sizes(), t.dtype(), t.device());
+  copy_stub(t.device(), c, t);
+  return c;
+}
+
+void check_input(const char* op, const Tensor& x) {
+  ops::check_defined(x, op);
+  ops::check_floating(x, op);
+  ACCEL_CHECK(x.dim() == 3 || x.dim() == 4, ShapeError, op,
+              "expected a 3-D (C, H, W) or 4-D (N, C, H, W) input, got ", x.sizes());
+}
+
+// Shape{a, b} for messages.
+Shape pair_shape(const int64_t v[2]) { return Shape{v[0], v[1]}; }
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Shape stride, Shape padding,
+              Shape dilation, int64_t groups) {
+  const char* op = "conv2d";
+  check_input(op, x_in);
+  ops::check_defined(w, op, "weight");
+  ops::check_same_device(x_in, w, op);
+  ACCEL_CHECK(x_in.dtype() == w.dtype(), DTypeError, op, "input ", x_in.dtype(), " ", x_in.sizes(),
+              " and weight ", w.dtype(), " ", w.sizes(), " differ in dtype");
+  ACCEL_CHECK(w.dim() == 4, ShapeError, op, "weight must be 4-D (out, in / groups, kh, kw), got ",
+              w.sizes());
+  ACCEL_CHECK(groups >= 1, ValueError, op, "groups must be positive, got ", groups);
+  Conv2dParams p;
+  pair_param(op, "stride", stride, 1, p.stride);
+  pair_param(op, "padding", padding, 0, p.padding);
+  pair_param(op, "dilation", dilation, 1, p.dilation);
+  p.groups = groups;
+  const Tensor x = x_in.dim() == 3 ? x_in.unsqueeze(0) : x_in;
+  const int64_t c = x.size(1), o = w.size(0);
+  ACCEL_CHECK(w.size(1) * groups == c, ShapeError, op, "weight ", w.sizes(), " with groups=",
+              groups, " expects ", w.size(1) * groups, " input channels, but the input ",
+              x_in.sizes(), " has ", c);
+  ACCEL_CHECK(o % groups == 0, ShapeError, op, "weight ", w.sizes(), " has ", o,
+              " output channels, not divisible by groups=", groups);
+  if (b.defined()) {
+    ops::check_same_device(x_in, b, op);
+    ACCEL_CHECK(b.dtype() == w.dtype(), DTypeError, op, "bias ", b.dtype(), " ", b.sizes(),
+                " and weight ", w.dtype(), " ", w.sizes(), " differ in dtype");
+    ACCEL_CHECK(b.dim() == 1 && b.size(0) == o, ShapeError, op, "bias must have shape ", Shape{o},
+                ", got ", b.sizes(), " for weight ", w.sizes());
+  }
+  int64_t out_hw[2];
+  for (int i = 0; i < 2; ++i) {
+    const int64_t eff = p.dilation[i] * (w.size(2 + i) - 1) + 1;  // dilated kernel extent
+    const int64_t padded = x.size(2 + i) + 2 * p.padding[i];
+    ACCEL_CHECK(padded >= eff, ShapeError, op, "input ", x_in.sizes(), " padded by ",
+                pair_shape(p.padding), " is smaller than the (dilated) kernel of weight ",
+                w.sizes());
+    out_hw[i] = (padded - eff) / p.stride[i] + 1;
+  }
+  const Tensor xd = dense(x), wd = dense(w), bd = b.defined() ? dense(b) : Tensor();
+  Tensor out = ops::empty_on({x.size(0), o, out_hw[0], out_hw[1]}, x.dtype(), x.device());
+  conv2d_stub(x.device(), xd, wd, bd, out, p);
+  if (autograd::needs_grad(x, w, b)) {
+    const bool gx = x.requires_grad(), gw = w.requires_grad(), gb = b.defined() && b.requires_grad();
+    autograd::record(op, {&x, &w, &b}, {&out}, [xd, wd, p, gx, gw, gb](const autograd::Grads& g) {
+      const Tensor go = dense(g[0]);
+      Tensor dx = gx ? ops::empty_on(xd.sizes(), go.dtype(), go.device()) : Tensor();
+      Tensor dw = gw ? ops::empty_on(wd.sizes(), go.dtype(), go.device()) : Tensor();
+      Tensor db = gb ? ops::empty_on({wd.size(0)}, go.dtype(), go.device()) : Tensor();
+      conv2d_backward_stub(go.device(), xd, wd, go, gx ? &dx : nullptr, gw ? &dw : nullptr,
+                           gb ? &db : nullptr, p);
+      return autograd::Grads{dx, dw, db};
+    });
+  }
+  return x_in.dim() == 3 ? out.squeeze(0) : out;
+}
+
+namespace {
+
+Tensor pool2d(const char* op, PoolKind kind, const Tensor& x_in, const Shape& kernel,
+              const Shape& stride, const Shape& padding, bool count_include_pad) {
+  check_input(op, x_in);
+  Pool2dParams p;
+  pair_param(op, "kernel", kernel, 1, p.kernel);
+  pair_param(op, "stride", stride.empty() ? kernel : stride, 1, p.stride);
+  pair_param(op, "padding", padding, 0, p.padding);
+  p.count_include_pad = count_include_pad;
+  ACCEL_CHECK(2 * p.padding[0] <= p.kernel[0] && 2 * p.padding[1] <= p.kernel[1], ValueError, op,
+              "padding ", pair_shape(p.padding), " must be at most half the kernel ",
+              pair_shape(p.kernel));
+  const Tensor x = x_in.dim() == 3 ? x_in.unsqueeze(0) : x_in;
+  int64_t out_hw[2];
+  for (int i = 0; i < 2; ++i) {
+    const int64_t padded = x.size(2 + i) + 2 * p.padding[i];
+    ACCEL_CHECK(padded >= p.kernel[i], ShapeError, op, "kernel ", pair_shape(p.kernel),
+                " is larger than the input ", x_in.sizes(), " padded by ", pair_shape(p.padding));
+    out_hw[i] = (padded - p.kernel[i]) / p.stride[i] + 1;
+  }
+  const Tensor xd = dense(x);
+  Tensor out = ops::empty_on({x.size(0), x.size(1), out_hw[0], out_hw[1]}, x.dtype(), x.device());
+  const bool grad = autograd::needs_grad(x);
+  Tensor workspace;  // max pool argmax, opaque (backend-specific)
+  pool2d_stub(x.device(), kind, xd, out, grad && kind == PoolKind::Max ? &workspace : nullptr, p);
+  if (grad) {
+    autograd::record(op, {&x}, {&out},
+                     [workspace, p, kind, in = x.sizes()](const autograd::Grads& g) {
+                       const Tensor go = dense(g[0]);
+                       Tensor dx = ops::empty_on(in, go.dtype(), go.device());
+                       pool2d_backward_stub(go.device(), kind, go, workspace, dx, p);
+                       return autograd::Grads{dx};
+                     });
+  }
+  return x_in.dim() == 3 ? out.squeeze(0) : out;
+}
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, Shape kernel, Shape stride, Shape padding) {
+  return pool2d("max_pool2d", PoolKind::Max, x, kernel, stride, padding, true);
+}
+
+Tensor avg_pool2d(const Tensor& x, Shape kernel, Shape stride, Shape padding,
+                  bool count_include_pad) {
+  return pool2d("avg_pool2d", PoolKind::Avg, x, kernel, stride, padding, count_include_pad);
+}
+
+}  // namespace accel

@@ -1,0 +1,220 @@
+// Linear algebra: matmul (torch.matmul semantics), mm, bmm, linear; forward, checks and backward.
+//   matmul: (..., M, K) @ (..., K, N) -> (broadcast(...), M, N); 1-D operands are promoted to a
+//           row (left) or a column (right) and the added dim is removed from the result.
+//   linear: x (..., in), w (out, in), b (out) -> (..., out), one oneDNN call with the bias fused.
+// Backward (derivatives.yaml): dA = g @ B^T, dB = A^T @ g, each summed over broadcast batch dims;
+// linear: dx = g @ w, dw = g^T @ x, db = sum of g over rows.
+#include "autograd/ops/common.h"
+#include "core/dispatch_linalg.h"
+
+namespace accel {
+
+ACCEL_DEFINE_STUB(matmul_stub);
+
+ACCEL_DIFFERENTIABLE_OP(matmul, "matmul");
+ACCEL_DIFFERENTIABLE_OP(mm, "mm");
+ACCEL_DIFFERENTIABLE_OP(bmm, "bmm");
+ACCEL_DIFFERENTIABLE_OP(linear, "linear");
+
+namespace {
+
+void check_pair(const char* op, const Tensor& a, const Tensor& b) {
+  ops::check_defined(a, op);
+  ops::check_defined(b, op);
+  ACCEL_CHECK(a.device() == b.device(), DeviceError, op,
+              "expected both inputs on the same device, got ", a.device(), " ", a.sizes(), " and ",
+              b.device(), " ", b.sizes());
+  ACCEL_CHECK(a.dtype() == b.dtype(), DTypeError, op,
+              "expected both inputs to have the same dtype, got ", a.dtype(), " ", a.sizes(),
+              " and ", b.dtype(), " ", b.sizes());
+  ACCEL_CHECK(a.is_floating_point(), DTypeError, op, "expected floating point inputs, got ",
+              a.dtype(), " ", a.sizes(), " and ", b.dtype(), " ", b.sizes());
+}
+
+// Can the leading dims of x (..., K) be viewed as one row dim without a copy?
+bool rows_foldable(const Tensor& x) {
+  int64_t inner_stride = 0, inner_size = 0;  // the next non-1 dim inside
+  for (int64_t d = x.dim() - 2; d >= 0; --d) {
+    const int64_t s = x.sizes()[size_t(d)];
+    if (s == 1) continue;
+    const int64_t st = x.strides()[size_t(d)];
+    if (inner_size != 0 && st != inner_stride * inner_size) return false;
+    inner_stride = st;
+    inner_size = s;
+  }
+  return true;
+}
+
+// x (..., K) as a (rows, K) tensor for the kernel: a view when possible, else a copy. Carries no
+// autograd history (the op records its own node).
+Tensor fold_rows(const Tensor& x) {
+  const int64_t k = x.size(-1);
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.sizes()[size_t(d)];
+  if (x.dim() == 2) return ops::make_view(x, x.sizes(), x.strides(), x.offset());
+  if (!rows_foldable(x)) {
+    Tensor c = ops::empty_on(x.sizes(), x.dtype(), x.device());
+    copy_stub(x.device(), c, x);
+    return ops::make_view(c, {rows, k}, {k, 1}, 0);
+  }
+  int64_t row_stride = k;
+  for (int64_t d = x.dim() - 2; d >= 0; --d) {
+    if (x.sizes()[size_t(d)] != 1) {
+      row_stride = x.strides()[size_t(d)];
+      break;
+    }
+  }
+  return ops::make_view(x, {rows, k}, {row_stride, x.stride(-1)}, x.offset());
+}
+
+// Rank-r view of x (rank >= 2) with leading size-1 dims.
+Tensor pad_rank(const Tensor& x, int64_t r) {
+  if (x.dim() == r) return ops::make_view(x, x.sizes(), x.strides(), x.offset());
+  Shape s(size_t(r - x.dim()), 1), st(size_t(r - x.dim()), 0);
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    s.push_back(x.sizes()[size_t(d)]);
+    st.push_back(x.strides()[size_t(d)]);
+  }
+  return ops::make_view(x, std::move(s), std::move(st), x.offset());
+}
+
+// Broadcast batch shape of a (..., M, K) and b (..., K, N), both rank >= 2.
+Shape batch_shape(const char* op, const Tensor& a, const Tensor& b, const Shape& a_shown,
+                  const Shape& b_shown) {
+  const int64_t na = a.dim() - 2, nb = b.dim() - 2, n = std::max(na, nb);
+  Shape out(size_t(n), 1);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t da = i - (n - na), db = i - (n - nb);
+    const int64_t sa = da >= 0 ? a.sizes()[size_t(da)] : 1;
+    const int64_t sb = db >= 0 ? b.sizes()[size_t(db)] : 1;
+    ACCEL_CHECK(sa == sb || sa == 1 || sb == 1, ShapeError, op,
+                "batch dimensions do not broadcast: ", a_shown, " @ ", b_shown);
+    out[size_t(i)] = sa == 1 ? sb : sa;
+  }
+  return out;
+}
+
+// a (..., M, K) @ b (..., K, N), rank >= 2 each, already checked; no autograd.
+Tensor matmul_raw(const Tensor& a, const Tensor& b, const Shape& batch) {
+  const int64_t m = a.size(-2), n = b.size(-1);
+  Shape out_shape = batch;
+  out_shape.push_back(m);
+  out_shape.push_back(n);
+  if (b.dim() == 2 && a.dim() > 2 && rows_foldable(a)) {
+    // (B..., M, K) @ (K, N): one (B*M, K) @ (K, N) GEMM.
+    Tensor out = ops::empty_on({shape_numel(batch) * m, n}, a.dtype(), a.device());
+    matmul_stub(a.device(), fold_rows(a), ops::make_view(b, b.sizes(), b.strides(), b.offset()),
+                Tensor(), out);
+    return ops::make_view(out, out_shape, contiguous_strides(out_shape), 0);
+  }
+  const int64_t r = int64_t(batch.size()) + 2;
+  Tensor out = ops::empty_on(out_shape, a.dtype(), a.device());
+  matmul_stub(a.device(), pad_rank(a, r), pad_rank(b, r), Tensor(), out);
+  return out;
+}
+
+// Records the matmul backward for a (..., M, K) @ b (..., K, N), rank >= 2 each.
+Tensor matmul_nd(const char* op, const Tensor& a, const Tensor& b, const Shape& batch) {
+  Tensor out = matmul_raw(a, b, batch);
+  if (autograd::needs_grad(a, b)) {
+    const bool ga = a.requires_grad(), gb = b.requires_grad();
+    autograd::record(op, {&a, &b}, {&out},
+                     [x = gb ? a.detach() : Tensor(), y = ga ? b.detach() : Tensor(),
+                      sa = a.sizes(), sb = b.sizes()](const autograd::Grads& g) {
+                       const Tensor& go = g[0];
+                       Tensor da, db;
+                       if (y.defined()) da = sum_to(matmul(go, y.transpose(-1, -2)), sa);
+                       if (x.defined()) {
+                         if (sb.size() == 2 && sa.size() > 2) {
+                           // Weight shared over the batch: one (K, B*M) @ (B*M, N) GEMM.
+                           db = mm(x.reshape({-1, x.size(-1)}).t(), go.reshape({-1, go.size(-1)}));
+                         } else {
+                           db = sum_to(matmul(x.transpose(-1, -2), go), sb);
+                         }
+                       }
+                       return autograd::Grads{da, db};
+                     });
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_pair("matmul", a, b);
+  ACCEL_CHECK(a.dim() >= 1 && b.dim() >= 1, ShapeError, "matmul",
+              "both arguments need at least 1 dimension, got ", a.sizes(), " @ ", b.sizes());
+  const int64_t kb = b.dim() == 1 ? b.size(0) : b.size(-2);
+  ACCEL_CHECK(a.size(-1) == kb, ShapeError, "matmul", "inner dimensions differ: ", a.sizes(), " @ ",
+              b.sizes());
+  const Tensor a2 = a.dim() == 1 ? a.unsqueeze(0) : a;
+  const Tensor b2 = b.dim() == 1 ? b.unsqueeze(1) : b;
+  const Shape batch = batch_shape("matmul", a2, b2, a.sizes(), b.sizes());
+  Tensor out = matmul_nd("matmul", a2, b2, batch);
+  if (a.dim() == 1) out = out.squeeze(-2);
+  if (b.dim() == 1) out = out.squeeze(-1);
+  return out;
+}
+
+Tensor mm(const Tensor& a, const Tensor& b) {
+  check_pair("mm", a, b);
+  ACCEL_CHECK(a.dim() == 2 && b.dim() == 2, ShapeError, "mm", "expected 2-D tensors, got ",
+              a.sizes(), " @ ", b.sizes());
+  ACCEL_CHECK(a.size(1) == b.size(0), ShapeError, "mm", "inner dimensions differ: ", a.sizes(),
+              " @ ", b.sizes());
+  return matmul_nd("mm", a, b, Shape());
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  check_pair("bmm", a, b);
+  ACCEL_CHECK(a.dim() == 3 && b.dim() == 3, ShapeError, "bmm", "expected 3-D tensors, got ",
+              a.sizes(), " @ ", b.sizes());
+  ACCEL_CHECK(a.size(0) == b.size(0), ShapeError, "bmm", "batch sizes differ: ", a.sizes(), " @ ",
+              b.sizes());
+  ACCEL_CHECK(a.size(2) == b.size(1), ShapeError, "bmm", "inner dimensions differ: ", a.sizes(),
+              " @ ", b.sizes());
+  return matmul_nd("bmm", a, b, Shape{a.size(0)});
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  check_pair("linear", x, w);
+  ACCEL_CHECK(w.dim() == 2, ShapeError, "linear", "weight must be 2-D (out, in), got ", w.sizes());
+  ACCEL_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), ShapeError, "linear",
+              "input features differ from weight: input ", x.sizes(), ", weight ", w.sizes());
+  if (b.defined()) {
+    check_pair("linear", x, b);
+    ACCEL_CHECK(b.dim() == 1 && b.size(0) == w.size(0), ShapeError, "linear", "bias must have shape ",
+                Shape{w.size(0)}, ", got ", b.sizes(), " for weight ", w.sizes());
+  }
+  const int64_t in = w.size(1), out_f = w.size(0);
+  // x (..., in) -> x2 (rows, in); out2 = x2 @ w^T + b, with w^T a strided view (no copy).
+  const Tensor x2 = x.dim() == 1 ? ops::make_view(x, {1, in}, {in, x.stride(0)}, x.offset())
+                                 : fold_rows(x);
+  const int64_t rows = x2.size(0);
+  Tensor out2 = ops::empty_on({rows, out_f}, x.dtype(), x.device());
+  const Tensor wt = ops::make_view(w, {in, out_f}, {w.stride(1), w.stride(0)}, w.offset());
+  const Tensor bias = b.defined() ? ops::make_view(b, b.sizes(), b.strides(), b.offset()) : Tensor();
+  matmul_stub(x.device(), x2, wt, bias, out2);
+  Shape out_shape = x.sizes();
+  out_shape.back() = out_f;
+  Tensor out = x.dim() == 2 ? out2 : ops::make_view(out2, out_shape, contiguous_strides(out_shape), 0);
+  if (autograd::needs_grad(x, w, b)) {
+    const bool gx = x.requires_grad(), gw = w.requires_grad();
+    const bool gb = b.defined() && b.requires_grad();
+    autograd::record("linear", {&x, &w, &b}, {&out},
+                     [xs = gw ? x2 : Tensor(), ws = gx ? w.detach() : Tensor(), sx = x.sizes(), gx,
+                      gw, gb](const autograd::Grads& g) {
+                       const Tensor g2 = g[0].reshape({-1, g[0].size(-1)});  // (rows, out)
+                       Tensor dx, dw, db;
+                       if (gx) dx = mm(g2, ws).reshape(sx);
+                       if (gw) dw = mm(g2.t(), xs);
+                       if (gb) db = sum(g2, {0});
+                       return autograd::Grads{dx, dw, db};
+                     });
+  }
+  return out;
+}
+
+Tensor Tensor::matmul(const Tensor& o) const { return accel::matmul(*this, o); }
+
+}  // namespace accel

@@ -1,0 +1,362 @@
+// Softmax, normalisation, losses and dropout: forward, checks and backward together.
+//   softmax / log_softmax:   x: (...) -> (...) over dim
+//   layer_norm / rms_norm:   x: (..., *normalized_shape), weight/bias: normalized_shape
+//   cross_entropy, nll_loss: logits: (C) | (N, C) | (N, C, d...), target: () | (N) | (N, d...)
+// The fused ops call their own backward kernels (core/dispatch_nn.h); the composite losses
+// (mse_loss) are written with differentiable ops.
+#include <mutex>
+
+#include "autograd/ops/common.h"
+#include "core/dispatch_nn.h"
+
+namespace accel {
+
+ACCEL_DEFINE_STUB(softmax_stub);
+ACCEL_DEFINE_STUB(softmax_backward_stub);
+ACCEL_DEFINE_STUB(layer_norm_stub);
+ACCEL_DEFINE_STUB(layer_norm_backward_stub);
+ACCEL_DEFINE_STUB(rms_norm_stub);
+ACCEL_DEFINE_STUB(rms_norm_backward_stub);
+ACCEL_DEFINE_STUB(cross_entropy_stub);
+ACCEL_DEFINE_STUB(cross_entropy_backward_stub);
+ACCEL_DEFINE_STUB(nll_loss_stub);
+ACCEL_DEFINE_STUB(nll_loss_backward_stub);
+
+ACCEL_DIFFERENTIABLE_OP(softmax, "softmax");
+ACCEL_DIFFERENTIABLE_OP(log_softmax, "log_softmax");
+ACCEL_DIFFERENTIABLE_OP(layer_norm, "layer_norm");
+ACCEL_DIFFERENTIABLE_OP(rms_norm, "rms_norm");
+ACCEL_DIFFERENTIABLE_OP(cross_entropy, "cross_entropy");
+ACCEL_DIFFERENTIABLE_OP(nll_loss, "nll_loss");
+ACCEL_DIFFERENTIABLE_OP(bce_with_logits, "binary_cross_entropy_with_logits");
+ACCEL_DIFFERENTIABLE_OP(dropout, "dropout");
+
+namespace {
+
+// Saved statistics (mean, rstd, lse) are kept in the kernels' accumulation type.
+DType stat_dtype(DType t) { return t == kFloat64 ? kFloat64 : kFloat32; }
+
+Tensor contiguous_data(const Tensor& t) { return t.is_contiguous() ? t : t.detach().contiguous(); }
+
+// The incoming gradient as a contiguous tensor of dtype dt.
+Tensor grad_input(const Tensor& g, DType dt) { return ops::as_dtype(g, dt).contiguous(); }
+
+// ---------------- softmax ----------------
+
+Tensor softmax_impl(const char* op, const Tensor& x, int64_t dim, bool log) {
+  ops::check_defined(x, op);
+  ops::check_floating(x, op);
+  // A 0-dim tensor has one "row" of length 1, addressed as dim 0 or -1 (as in PyTorch).
+  const int64_t d = wrap_dim(dim, std::max<int64_t>(x.dim(), 1), op);
+  Tensor y = ops::empty_on(x.sizes(), x.dtype(), x.device());
+  softmax_stub(x.device(), contiguous_data(x), d, log, y);
+  if (autograd::needs_grad(x)) {
+    autograd::record(op, {&x}, {&y}, [yd = y.detach(), d, log](const autograd::Grads& g) {
+      Tensor dx = ops::empty_on(yd.sizes(), yd.dtype(), yd.device());
+      softmax_backward_stub(yd.device(), grad_input(g[0], yd.dtype()), yd, d, log, dx);
+      return autograd::Grads{dx};
+    });
+  }
+  return y;
+}
+
+// ---------------- normalisation ----------------
+
+// normalized_shape must be the trailing dims of x; returns the row length.
+int64_t check_norm_input(const char* op, const Tensor& x, const Shape& normalized_shape) {
+  ops::check_defined(x, op);
+  ops::check_floating(x, op);
+  ACCEL_CHECK(!normalized_shape.empty(), ShapeError, op,
+              "normalized_shape must name at least one dim (input shape ", x.sizes(), ")");
+  const size_t k = normalized_shape.size(), nd = size_t(x.dim());
+  bool ok = nd >= k;
+  for (size_t i = 0; ok && i < k; ++i) ok = x.sizes()[nd - k + i] == normalized_shape[i];
+  ACCEL_CHECK(ok, ShapeError, op, "input of shape ", x.sizes(),
+              " does not end with normalized_shape ", normalized_shape);
+  return shape_numel(normalized_shape);
+}
+
+void check_norm_param(const char* op, const char* what, const Tensor& p, const Tensor& x,
+                      const Shape& normalized_shape) {
+  if (!p.defined()) return;
+  ACCEL_CHECK(p.sizes() == normalized_shape, ShapeError, op, what, " of shape ", p.sizes(),
+              " does not match normalized_shape ", normalized_shape, " (input shape ", x.sizes(),
+              ")");
+  ACCEL_CHECK(p.dtype() == x.dtype(), DTypeError, op, what, " has dtype ", p.dtype(),
+              " but the input has ", x.dtype(), " (shapes ", p.sizes(), " and ", x.sizes(), ")");
+  ops::check_same_device(x, p, op);
+}
+
+Tensor maybe_contiguous(const Tensor& t) { return t.defined() ? contiguous_data(t) : t; }
+
+// ---------------- losses ----------------
+
+Tensor reduce_loss(const Tensor& l, Reduction r) {
+  switch (r) {
+    case Reduction::None: return l;
+    case Reduction::Sum: return sum(l);
+    case Reduction::Mean: return mean(l);
+  }
+  return l;
+}
+
+void check_class_target(const char* op, const Tensor& x, const Tensor& t) {
+  ops::check_defined(x, op, "input");
+  ops::check_defined(t, op, "target");
+  ops::check_floating(x, op, "input");
+  ACCEL_CHECK(t.dtype() == kInt64 || t.dtype() == kInt32, DTypeError, op,
+              "target must hold class indices (int64 or int32), got ", t.dtype(), " of shape ",
+              t.sizes());
+  ops::check_same_device(x, t, op);
+}
+
+// The class dim moved last and flattened: x2: (R, C) contiguous (through differentiable views,
+// so gradients flow back to the caller's layout), t1: (R). none_shape: the per-element loss.
+struct ClassRows {
+  Tensor x2, t1;
+  Shape none_shape;
+};
+
+ClassRows class_rows(const char* op, const Tensor& x, const Tensor& t) {
+  ACCEL_CHECK(x.dim() >= 1, ShapeError, op,
+              "expected input of shape (C), (N, C) or (N, C, d...), got ", x.sizes());
+  ClassRows r;
+  if (x.dim() == 1) {
+    ACCEL_CHECK(t.dim() == 0, ShapeError, op, "unbatched input of shape ", x.sizes(),
+                " needs a 0-dim target, got shape ", t.sizes());
+    ACCEL_CHECK(x.sizes()[0] > 0, ShapeError, op, "input of shape ", x.sizes(), " has no classes");
+    r.x2 = x.unsqueeze(0).contiguous();
+    r.t1 = t.reshape({1});
+    return r;
+  }
+  Shape expect;
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (d != 1) expect.push_back(x.sizes()[size_t(d)]);
+  ACCEL_CHECK(t.sizes() == expect, ShapeError, op, "expected target of shape ", expect,
+              " for input of shape ", x.sizes(), ", got ", t.sizes());
+  const int64_t c = x.sizes()[1];
+  ACCEL_CHECK(c > 0, ShapeError, op, "input of shape ", x.sizes(), " has no classes");
+  if (x.dim() == 2) {
+    r.x2 = x.contiguous();
+  } else {
+    Shape perm{0};
+    for (int64_t d = 2; d < x.dim(); ++d) perm.push_back(d);
+    perm.push_back(1);
+    r.x2 = x.permute(perm).reshape({-1, c}).contiguous();
+  }
+  r.t1 = t.reshape({-1}).contiguous();
+  r.none_shape = expect;
+  return r;
+}
+
+// Per-row losses -> the requested reduction. `valid` is the count of rows not ignored: the mean
+// is over those only, as in PyTorch.
+Tensor reduce_rows(const Tensor& loss, const Tensor& valid, Reduction r, const Shape& none_shape) {
+  switch (r) {
+    case Reduction::None: return ops::make_view(loss, none_shape, contiguous_strides(none_shape), loss.offset());
+    case Reduction::Sum: return sum(loss);
+    case Reduction::Mean: return div(sum(loss), valid);
+  }
+  return loss;
+}
+
+// Gradient per row for the backward kernels: one element (broadcast) or (R).
+Tensor row_grad(const Tensor& g, const Tensor& valid, Reduction r, DType dt) {
+  Tensor gg = ops::as_dtype(g, dt);
+  if (r == Reduction::Mean) return div(gg, valid);
+  if (r == Reduction::None) return gg.reshape({-1}).contiguous();
+  return gg;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl("softmax", x, dim, false); }
+Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl("log_softmax", x, dim, true); }
+
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                  const Tensor& bias, double eps) {
+  const char* op = "layer_norm";
+  const int64_t n = check_norm_input(op, x, normalized_shape);
+  check_norm_param(op, "weight", weight, x, normalized_shape);
+  check_norm_param(op, "bias", bias, x, normalized_shape);
+  const int64_t rows = n == 0 ? 0 : x.numel() / n;
+  Tensor xc = contiguous_data(x), wc = maybe_contiguous(weight), bc = maybe_contiguous(bias);
+  Tensor y = ops::empty_on(x.sizes(), x.dtype(), x.device());
+  Tensor mu = ops::empty_on({rows}, stat_dtype(x.dtype()), x.device());
+  Tensor rs = ops::empty_on({rows}, stat_dtype(x.dtype()), x.device());
+  layer_norm_stub(x.device(), xc, wc, bc, n, eps, y, mu, rs);
+  if (autograd::needs_grad(x, weight, bias)) {
+    const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad(),
+               gb = bias.defined() && bias.requires_grad();
+    autograd::record(op, {&x, &weight, &bias}, {&y},
+                     [xd = xc.detach(), wd = wc.defined() ? wc.detach() : Tensor(), mu, rs, n,
+                      ns = normalized_shape, gx, gw, gb](const autograd::Grads& g) {
+                       const DType dt = xd.dtype();
+                       const Device dev = xd.device();
+                       Tensor dx = gx ? ops::empty_on(xd.sizes(), dt, dev) : Tensor();
+                       Tensor dw = gw ? ops::empty_on(ns, dt, dev) : Tensor();
+                       Tensor db = gb ? ops::empty_on(ns, dt, dev) : Tensor();
+                       layer_norm_backward_stub(dev, grad_input(g[0], dt), xd, mu, rs, wd, n, dx,
+                                                dw, db);
+                       return autograd::Grads{dx, dw, db};
+                     });
+  }
+  return y;
+}
+
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, double eps) {
+  const char* op = "rms_norm";
+  const int64_t n = check_norm_input(op, x, normalized_shape);
+  check_norm_param(op, "weight", weight, x, normalized_shape);
+  const int64_t rows = n == 0 ? 0 : x.numel() / n;
+  Tensor xc = contiguous_data(x), wc = maybe_contiguous(weight);
+  Tensor y = ops::empty_on(x.sizes(), x.dtype(), x.device());
+  Tensor rs = ops::empty_on({rows}, stat_dtype(x.dtype()), x.device());
+  rms_norm_stub(x.device(), xc, wc, n, eps, y, rs);
+  if (autograd::needs_grad(x, weight)) {
+    const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad();
+    autograd::record(op, {&x, &weight}, {&y},
+                     [xd = xc.detach(), wd = wc.defined() ? wc.detach() : Tensor(), rs, n,
+                      ns = normalized_shape, gx, gw](const autograd::Grads& g) {
+                       const DType dt = xd.dtype();
+                       const Device dev = xd.device();
+                       Tensor dx = gx ? ops::empty_on(xd.sizes(), dt, dev) : Tensor();
+                       Tensor dw = gw ? ops::empty_on(ns, dt, dev) : Tensor();
+                       rms_norm_backward_stub(dev, grad_input(g[0], dt), xd, rs, wd, n, dx, dw);
+                       return autograd::Grads{dx, dw};
+                     });
+  }
+  return y;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                     Reduction reduction, double label_smoothing) {
+  const char* op = "cross_entropy";
+  check_class_target(op, logits, target);
+  ACCEL_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError, op,
+              "label_smoothing must be in [0, 1], got ", label_smoothing);
+  ClassRows cr = class_rows(op, logits, target);
+  const int64_t rows = cr.x2.sizes()[0];
+  const DType dt = logits.dtype();
+  const Device dev = logits.device();
+  Tensor loss = ops::empty_on({rows}, dt, dev);
+  Tensor lse = ops::empty_on({rows}, stat_dtype(dt), dev);
+  Tensor valid = ops::empty_on({}, dt, dev);
+  cross_entropy_stub(dev, cr.x2, cr.t1, ignore_index, label_smoothing, op, loss, lse, valid);
+  Tensor out = reduce_rows(loss, valid, reduction, cr.none_shape);
+  if (autograd::needs_grad(cr.x2)) {
+    autograd::record(op, {&cr.x2}, {&out},
+                     [xd = cr.x2.detach(), t1 = cr.t1, lse, valid, reduction, ignore_index,
+                      label_smoothing](const autograd::Grads& g) {
+                       Tensor dx = ops::empty_on(xd.sizes(), xd.dtype(), xd.device());
+                       cross_entropy_backward_stub(xd.device(),
+                                                   row_grad(g[0], valid, reduction, xd.dtype()),
+                                                   xd, t1, lse, ignore_index, label_smoothing, dx);
+                       return autograd::Grads{dx};
+                     });
+  }
+  return out;
+}
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
+                Reduction reduction) {
+  const char* op = "nll_loss";
+  check_class_target(op, log_probs, target);
+  ClassRows cr = class_rows(op, log_probs, target);
+  const int64_t rows = cr.x2.sizes()[0];
+  const DType dt = log_probs.dtype();
+  const Device dev = log_probs.device();
+  Tensor loss = ops::empty_on({rows}, dt, dev);
+  Tensor valid = ops::empty_on({}, dt, dev);
+  nll_loss_stub(dev, cr.x2, cr.t1, ignore_index, op, loss, valid);
+  Tensor out = reduce_rows(loss, valid, reduction, cr.none_shape);
+  if (autograd::needs_grad(cr.x2)) {
+    autograd::record(op, {&cr.x2}, {&out},
+                     [shape = cr.x2.sizes(), dt, dev, t1 = cr.t1, valid, reduction,
+                      ignore_index](const autograd::Grads& g) {
+                       Tensor dx = ops::empty_on(shape, dt, dev);
+                       nll_loss_backward_stub(dev, row_grad(g[0], valid, reduction, dt), t1,
+                                              ignore_index, dx);
+                       return autograd::Grads{dx};
+                     });
+  }
+  return out;
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  const char* op = "mse_loss";
+  ops::check_defined(input, op, "input");
+  ops::check_defined(target, op, "target");
+  ops::check_floating(input, op, "input");
+  ops::check_floating(target, op, "target");
+  ops::check_same_device(input, target, op);
+  // No broadcasting: (N, 1) against (N) is almost always a bug.
+  ACCEL_CHECK(input.sizes() == target.sizes(), ShapeError, op, "input of shape ", input.sizes(),
+              " and target of shape ", target.sizes(), " differ");
+  Tensor d = sub(input, target);
+  return reduce_loss(mul(d, d), reduction);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
+                                        Reduction reduction) {
+  const char* op = "binary_cross_entropy_with_logits";
+  ops::check_defined(logits, op, "input");
+  ops::check_defined(target, op, "target");
+  ops::check_floating(logits, op, "input");
+  ops::check_floating(target, op, "target");
+  ops::check_same_device(logits, target, op);
+  ACCEL_CHECK(logits.sizes() == target.sizes(), ShapeError, op, "target of shape ", target.sizes(),
+              " does not match input of shape ", logits.sizes());
+  Tensor t = ops::as_dtype(target, logits.dtype());
+  Tensor l;
+  {
+    // Stable form: max(x, 0) - x t + log(1 + exp(-|x|)); never exponentiates a positive number.
+    NoGradGuard ng;
+    l = add(sub(relu(logits), mul(logits, t)), log1p(exp(neg(abs(logits)))));
+  }
+  if (autograd::needs_grad(logits, t)) {
+    // d/dx = sigmoid(x) - t (also right at x = 0, where the composite above has kinks);
+    // d/dt = -x.
+    autograd::record(op, {&logits, &t}, {&l},
+                     [xd = logits.detach(), td = t.detach(), gt = t.requires_grad()](
+                         const autograd::Grads& g) {
+                       return autograd::Grads{mul(g[0], sub(sigmoid(xd), td)),
+                                              gt ? neg(mul(g[0], xd)) : Tensor()};
+                     });
+  }
+  return reduce_loss(l, reduction);
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
+  const char* op = "dropout";
+  ops::check_defined(x, op);
+  ACCEL_CHECK(p >= 0.0 && p <= 1.0, ValueError, op, "probability must be in [0, 1], got ", p,
+              " (input shape ", x.sizes(), ")");
+  if (!training || p == 0.0 || x.numel() == 0) return x;
+  ops::check_floating(x, op);
+  // Note [dropout mask]: the keep mask is drawn on the CPU from the generator, one double per
+  // element (so the result depends only on the seed and call order), then moved to x's device.
+  Tensor keep = empty(x.sizes(), TensorOptions(kBool, kCPU));
+  {
+    Generator& g = gen ? *gen : default_generator();
+    std::lock_guard<std::mutex> lk(g.mutex());
+    bool* k = keep.data<bool>();
+    for (int64_t i = 0, n = keep.numel(); i < n; ++i) k[i] = g.next_double() >= p;
+  }
+  if (!x.device().is_cpu()) keep = keep.to(x.device());
+  // Inverted dropout: kept elements are scaled by 1 / (1 - p); p = 1 drops everything.
+  const double scale = p == 1.0 ? 0.0 : 1.0 / (1.0 - p);
+  Tensor out;
+  {
+    NoGradGuard ng;
+    out = where(keep, mul(x, scale), 0.0);
+  }
+  if (autograd::needs_grad(x)) {
+    autograd::record(op, {&x}, {&out}, [keep, scale](const autograd::Grads& g) {
+      return autograd::Grads{where(keep, mul(g[0], scale), 0.0)};
+    });
+  }
+  return out;
+}
+
+}  // namespace accel

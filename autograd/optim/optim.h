@@ -1,0 +1,7 @@
+// Everything in accel::optim: optimizers and learning-rate schedulers.
+#pragma once
+
+#include "autograd/optim/adam.h"
+#include "autograd/optim/lr_scheduler.h"
+#include "autograd/optim/optimizer.h"
+#include "autograd/optim/sgd.h"

@@ -1,0 +1,84 @@
+// Optimizer base: parameter groups (per-group lr and weight decay), per-parameter state, and a
+// state_dict that is a flat name -> tensor map (so it can be saved with save_safetensors next
+// to the model):
+//   "param_groups.<g>.lr", "param_groups.<g>.weight_decay"  0-dim float64
+//   "param_groups.<g>.params"                               int64 (n): parameter indices
+//   "state.<i>.step"                                        0-dim int64
+//   "state.<i>.<slot>"                                      e.g. exp_avg, momentum_buffer
+// Parameters are numbered across groups in order, as in PyTorch. Only parameters that have taken
+// a step have state.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autograd/nn/module.h"
+#include "core/tensor.h"
+
+namespace accel::optim {
+
+using nn::TensorDict;
+
+struct ParamGroup {
+  std::vector<Tensor> params;
+  std::optional<double> lr;            // unset: the optimizer's lr
+  std::optional<double> weight_decay;  // unset: the optimizer's weight decay
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Updates every parameter that has a gradient. Runs without recording history.
+  virtual void step() = 0;
+  void zero_grad(bool set_to_none = true);
+  void add_param_group(const ParamGroup& group);
+
+  size_t num_param_groups() const { return groups_.size(); }
+  const std::vector<Tensor>& params(size_t group) const;
+  double lr(size_t group = 0) const;
+  void set_lr(size_t group, double lr);
+  void set_lr(double lr);  // every group
+  double weight_decay(size_t group = 0) const;
+  void set_weight_decay(size_t group, double weight_decay);
+  // Steps taken by parameter i (numbered across groups); 0 before its first step.
+  int64_t step_count(size_t param_index) const;
+  // State tensor `slot` of parameter i; undefined when it has none yet.
+  Tensor state(size_t param_index, const std::string& slot) const;
+
+  TensorDict state_dict() const;
+  // Checks the dict against this optimizer's groups and parameters (group count and sizes,
+  // state shapes, no unknown keys) and throws ValueError listing the problems; state tensors
+  // are copied to each parameter's device and dtype.
+  void load_state_dict(const TensorDict& state);
+
+ protected:
+  Optimizer(const char* name, std::vector<ParamGroup> groups, double default_lr,
+            double default_weight_decay);
+
+  struct Group {
+    std::vector<Tensor> params;
+    double lr;
+    double weight_decay;
+    size_t first_index;  // index of params[0] across groups
+  };
+  struct State {
+    int64_t step = 0;
+    std::vector<Tensor> slots;  // one per slot_names() entry; undefined until first used
+  };
+  // Names of the per-parameter state tensors, e.g. {"exp_avg", "exp_avg_sq"}.
+  virtual std::vector<std::string> slot_names() const = 0;
+
+  const char* name_;
+  double default_lr_, default_weight_decay_;
+  std::vector<Group> groups_;
+  std::vector<State> state_;  // one per parameter, across groups
+
+ private:
+  void check_param(const Tensor& p, size_t group) const;
+};
+
+}  // namespace accel::optim

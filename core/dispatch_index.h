@@ -1,0 +1,33 @@
+// Indexing and joining kernels (kernels/<backend>/index.*, join.*).
+//
+// Index tensors are int32 or int64 and contiguous. Each kernel checks every index against the
+// indexed dimension before touching memory and throws IndexError naming `op`, the bad index and
+// the dimension size. The op in autograd/ops/index.cc checks shapes, dtypes and devices.
+#pragma once
+
+#include "core/dispatch.h"
+
+namespace accel {
+
+// x: contiguous, viewed as (outer, n, inner) around `dim`; index: (k); out: contiguous
+// (outer, k, inner): out[o, j, :] = x[o, index[j], :].
+ACCEL_DECLARE_STUB(index_select_stub, void (*)(const Tensor& x, int64_t dim, const Tensor& index,
+                                               Tensor& out, const char* op));
+// out: contiguous (outer, n, inner), accumulated in place; index: (k); src: contiguous
+// (outer, k, inner): out[o, index[j], :] += src[o, j, :]. Duplicate indices accumulate.
+ACCEL_DECLARE_STUB(index_add_stub, void (*)(Tensor& out, int64_t dim, const Tensor& index,
+                                            const Tensor& src, const char* op));
+// x: any strides; index: same rank as x; out: contiguous, index's shape:
+//   out[i] = x[i with coordinate `dim` replaced by index[i]].
+ACCEL_DECLARE_STUB(gather_stub, void (*)(const Tensor& x, int64_t dim, const Tensor& index,
+                                         Tensor& out, const char* op));
+// out: contiguous, accumulated in place; index: same rank; src: any strides, each dim at least
+// index's: out[i with coordinate `dim` replaced by index[i]] += src[i] for every i in index.
+ACCEL_DECLARE_STUB(scatter_add_stub, void (*)(Tensor& out, int64_t dim, const Tensor& index,
+                                              const Tensor& src, const char* op));
+
+// x, out: contiguous (..., R, C). Keeps x[.., i, j] where j - i <= diagonal (tril) or
+// j - i >= diagonal (upper = true, triu); zero elsewhere.
+ACCEL_DECLARE_STUB(trilu_stub, void (*)(const Tensor& x, int64_t diagonal, bool upper, Tensor& out));
+
+}  // namespace accel

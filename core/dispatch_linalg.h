@@ -1,0 +1,19 @@
+// Matrix-multiply kernels (kernels/<backend>/matmul.*).
+#pragma once
+
+#include "core/dispatch.h"
+
+namespace accel {
+
+// out = a @ b (+ bias), batched:
+//   a:    (B_0..B_{r-3}, M, K)  any strides: a transposed view (a.t()) is used without a copy
+//   b:    (B_0..B_{r-3}, K, N)  any strides
+//   bias: undefined, or (N), added to every output row
+//   out:  (B_0..B_{r-3}, M, N)  contiguous, freshly allocated
+// a, b and out have the same rank r >= 2 and, with bias, the same floating dtype. Each batch dim
+// of a and b equals out's or is 1 (broadcast); a batch dim with stride 0 counts as broadcast.
+// The op layer (autograd/ops/linalg.cc) checks shapes, dtypes and devices before calling.
+ACCEL_DECLARE_STUB(matmul_stub,
+                   void (*)(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out));
+
+}  // namespace accel

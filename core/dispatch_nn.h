@@ -1,0 +1,64 @@
+// Kernels of the fused neural-network ops (kernels/<backend>/softmax.*, norm.*, loss.*).
+//
+// Every tensor argument is contiguous unless stated otherwise; the op in autograd/ops/nn.cc
+// makes it so. Statistics saved for the backward (mean, rstd, lse) are stored in the
+// accumulation dtype: float32 for f32/f16/bf16 inputs, float64 for f64.
+#pragma once
+
+#include "core/dispatch.h"
+
+namespace accel {
+
+// ---- softmax family ----
+// x, y: same shape, contiguous; normalised over `dim` (already wrapped; 0 for a 0-dim x).
+// log = true computes log_softmax.
+ACCEL_DECLARE_STUB(softmax_stub, void (*)(const Tensor& x, int64_t dim, bool log, Tensor& y));
+// grad, y (the forward output), dx: same shape, contiguous.
+//   softmax:     dx = y * (grad - sum(grad * y))
+//   log_softmax: dx = grad - exp(y) * sum(grad)
+ACCEL_DECLARE_STUB(softmax_backward_stub, void (*)(const Tensor& grad, const Tensor& y, int64_t dim,
+                                                   bool log, Tensor& dx));
+
+// ---- normalisation over the trailing n elements of each row ----
+// x: (M * n) elements viewed as (M, n); weight, bias: (n) or undefined; y like x;
+// mean, rstd: (M) in the accumulation dtype.
+ACCEL_DECLARE_STUB(layer_norm_stub, void (*)(const Tensor& x, const Tensor& weight,
+                                             const Tensor& bias, int64_t n, double eps, Tensor& y,
+                                             Tensor& mean, Tensor& rstd));
+// Any of dx, dweight, dbias may be undefined (not needed). dweight/dbias are overwritten.
+ACCEL_DECLARE_STUB(layer_norm_backward_stub,
+                   void (*)(const Tensor& grad, const Tensor& x, const Tensor& mean,
+                            const Tensor& rstd, const Tensor& weight, int64_t n, Tensor& dx,
+                            Tensor& dweight, Tensor& dbias));
+// RMSNorm: y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps).
+ACCEL_DECLARE_STUB(rms_norm_stub, void (*)(const Tensor& x, const Tensor& weight, int64_t n,
+                                           double eps, Tensor& y, Tensor& rstd));
+ACCEL_DECLARE_STUB(rms_norm_backward_stub,
+                   void (*)(const Tensor& grad, const Tensor& x, const Tensor& rstd,
+                            const Tensor& weight, int64_t n, Tensor& dx, Tensor& dweight));
+
+// ---- classification losses over rows ----
+// logits: (R, C); target: (R) int32/int64. Per row r with t = target[r] != ignore_index:
+//   loss[r] = (1 - ls) * (lse[r] - logits[r, t]) + ls * (lse[r] - mean_c logits[r, c])
+// and loss[r] = 0 for ignored rows. lse: (R) log-sum-exp in the accumulation dtype; valid: one
+// element (logits' dtype) = number of rows not ignored. A target outside [0, C) that is not
+// ignore_index throws IndexError naming `op`.
+ACCEL_DECLARE_STUB(cross_entropy_stub,
+                   void (*)(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                            double label_smoothing, const char* op, Tensor& loss, Tensor& lse,
+                            Tensor& valid));
+// grad: one element (broadcast to every row) or (R). dlogits: (R, C), overwritten with
+//   grad[r] * (softmax(logits[r]) - (1 - ls) * onehot(t) - ls / C), zero for ignored rows.
+ACCEL_DECLARE_STUB(cross_entropy_backward_stub,
+                   void (*)(const Tensor& grad, const Tensor& logits, const Tensor& target,
+                            const Tensor& lse, int64_t ignore_index, double label_smoothing,
+                            Tensor& dlogits));
+// log_probs: (R, C); loss[r] = -log_probs[r, target[r]] (0 when ignored); valid as above.
+ACCEL_DECLARE_STUB(nll_loss_stub, void (*)(const Tensor& log_probs, const Tensor& target,
+                                           int64_t ignore_index, const char* op, Tensor& loss,
+                                           Tensor& valid));
+// dlog_probs: (R, C), overwritten: -grad[r] at (r, target[r]), zero elsewhere.
+ACCEL_DECLARE_STUB(nll_loss_backward_stub, void (*)(const Tensor& grad, const Tensor& target,
+                                                    int64_t ignore_index, Tensor& dlog_probs));
+
+}  // namespace accel

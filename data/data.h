@@ -1,0 +1,10 @@
+// accel data: datasets, samplers, the DataLoader and readers for real formats.
+#pragma once
+
+#include "data/csv.h"
+#include "data/dataloader.h"
+#include "data/dataset.h"
+#include "data/idx.h"
+#include "data/io.h"
+#include "data/sampler.h"
+#include "data/tokens.h"

@@ -1,0 +1,308 @@
+#include "data/dataloader.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+
+namespace accel::data {
+
+namespace {
+
+ShardOptions resolve_shard(const DataLoaderOptions& o) {
+  ShardOptions s;
+  if (o.rank < 0 && o.world_size < 0) {
+    s = ShardOptions::from_env();
+  } else {
+    ACCEL_CHECK(o.rank >= 0 && o.world_size >= 1, ValueError, "DataLoader",
+                "give both rank and world_size (got rank ", o.rank, ", world_size ",
+                o.world_size, "), or neither to read RANK/WORLD_SIZE");
+    s.rank = o.rank;
+    s.world_size = o.world_size;
+  }
+  s.even_batches = o.even_batches;
+  s.split_batches = o.split_batches;
+  return s;
+}
+
+SamplerPtr resolve_sampler(const DatasetPtr& ds, const DataLoaderOptions& o) {
+  ACCEL_CHECK(ds != nullptr, ValueError, "DataLoader", "dataset is null");
+  if (o.sampler) return o.sampler;
+  if (o.shuffle) return std::make_shared<RandomSampler>(ds->size(), o.seed);
+  return std::make_shared<SequentialSampler>(ds->size());
+}
+
+// Restores the fetching thread's sample context however the fetch exits.
+struct SampleScope {
+  ~SampleScope() { set_current_sample(SampleContext{}); }
+};
+
+int64_t parse_i64(const StateDict& s, const std::string& key) {
+  auto it = s.find(key);
+  ACCEL_CHECK(it != s.end(), ValueError, "DataLoader.load_state_dict", "state has no key '", key,
+              "'");
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(it->second, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  ACCEL_CHECK(used == it->second.size() && used > 0, ValueError, "DataLoader.load_state_dict",
+              "key '", key, "' = '", it->second, "' is not an integer");
+  return int64_t(v);
+}
+
+}  // namespace
+
+// One pass over (the rest of) an epoch. With workers: batch k goes to slot k % window, and a
+// worker only starts batch k while k < next_yield + window, so slots never collide, at most
+// `window` batches are in memory, and batches come out in order however the threads race.
+struct DataLoader::Run {
+  struct Slot {
+    int64_t index = -1;
+    Batch batch;
+    std::exception_ptr error;
+  };
+
+  const DataLoader* loader;
+  int64_t epoch;
+  std::vector<int64_t> order;
+  int64_t end;        // batches in the epoch
+  int64_t next_yield; // next batch handed to the consumer
+
+  int64_t window = 0;
+  std::mutex mu;
+  std::condition_variable cv_work, cv_ready;
+  int64_t next_task = 0;
+  bool stop = false;
+  std::vector<Slot> slots;
+  std::vector<std::thread> threads;
+
+  Run(const DataLoader* l, int64_t e, int64_t start)
+      : loader(l), epoch(e), order(l->batch_sampler_.order(e)), end(l->size()), next_yield(start),
+        next_task(start) {
+    const int nw = l->options_.num_workers;
+    if (nw <= 0 || start >= end) return;
+    window = int64_t(nw) * std::max(1, l->options_.prefetch_factor);
+    slots.resize(size_t(window));
+    threads.reserve(size_t(nw));
+    try {
+      for (int w = 0; w < nw; ++w) threads.emplace_back([this] { work(); });
+    } catch (...) {
+      shutdown();  // a constructor that throws runs no destructor: join what was started
+      throw;
+    }
+  }
+
+  ~Run() { shutdown(); }
+
+  void shutdown() {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      stop = true;
+    }
+    cv_work.notify_all();
+    for (auto& t : threads) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+  void work() {
+    for (;;) {
+      int64_t k;
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        cv_work.wait(lk, [&] { return stop || next_task >= end || next_task < next_yield + window; });
+        if (stop || next_task >= end) return;
+        k = next_task++;
+      }
+      Slot s;
+      s.index = k;
+      try {
+        s.batch = loader->fetch(loader->batch_sampler_.plan(order, k), epoch, k);
+      } catch (...) {
+        s.error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        slots[size_t(k % window)] = std::move(s);
+      }
+      cv_ready.notify_all();
+    }
+  }
+
+  // Batch next_yield; rethrows a worker's exception for that batch.
+  void take(Batch& out) {
+    const int64_t k = next_yield;
+    if (threads.empty()) {
+      out = loader->fetch(loader->batch_sampler_.plan(order, k), epoch, k);
+      ++next_yield;
+      return;
+    }
+    Slot s;
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      Slot& slot = slots[size_t(k % window)];
+      cv_ready.wait(lk, [&] { return slot.index == k; });
+      s = std::move(slot);
+      slot.index = -1;
+      ++next_yield;
+    }
+    cv_work.notify_all();
+    if (s.error) std::rethrow_exception(s.error);
+    out = std::move(s.batch);
+  }
+};
+
+DataLoader::DataLoader(DatasetPtr dataset, DataLoaderOptions options)
+    : dataset_(std::move(dataset)),
+      options_(std::move(options)),
+      batch_sampler_(resolve_sampler(dataset_, options_), options_.batch_size, options_.drop_last,
+                     resolve_shard(options_)) {
+  ACCEL_CHECK(options_.num_workers >= 0, ValueError, "DataLoader", "num_workers must be >= 0, got ",
+              options_.num_workers);
+  ACCEL_CHECK(options_.prefetch_factor >= 1, ValueError, "DataLoader",
+              "prefetch_factor must be >= 1, got ", options_.prefetch_factor);
+  ACCEL_CHECK(!(options_.sampler && options_.shuffle), ValueError, "DataLoader",
+              "give either shuffle or a sampler, not both");
+  if (options_.pin_memory) {
+    alloc_ = get_pinned_allocator();
+    // Without a pinned allocator (no CUDA) get_pinned_allocator() is the CPU one: no re-copy.
+    repin_custom_ = bool(options_.collate) && alloc_ != get_allocator(kCPU);
+  }
+}
+
+DataLoader::~DataLoader() { stop_run(); }
+
+void DataLoader::stop_run() { run_.reset(); }
+
+Batch DataLoader::fetch(const BatchPlan& plan, int64_t epoch, int64_t index) const {
+  NoGradGuard no_grad;
+  SampleScope scope;
+  Batch b;
+  b.indices = plan.indices;
+  b.num_padding = plan.num_padding;
+  b.epoch = epoch;
+  b.index = index;
+  set_current_sample(SampleContext{options_.seed, epoch, -1});
+  if (!options_.collate && dataset_->get_batch(b.indices, alloc_, b.data)) return b;
+  std::vector<Example> examples;
+  examples.reserve(b.indices.size());
+  for (int64_t i : b.indices) {
+    set_current_sample(SampleContext{options_.seed, epoch, i});
+    examples.push_back(dataset_->get(i));
+  }
+  set_current_sample(SampleContext{options_.seed, epoch, -1});
+  if (!options_.collate) {
+    b.data = collate_stack(examples, alloc_);
+    return b;
+  }
+  b.data = options_.collate(std::move(examples));
+  if (repin_custom_) {
+    for (Tensor& t : b.data.fields) {
+      if (!t.defined() || !t.device().is_cpu()) continue;
+      Tensor p = empty_with_allocator(t.sizes(), t.dtype(), alloc_);
+      if (t.is_contiguous()) {
+        std::memcpy(p.data_ptr(), t.data_ptr(), t.nbytes());
+      } else {
+        p.copy_(t);
+      }
+      t = std::move(p);
+    }
+  }
+  return b;
+}
+
+DataLoader::Iterator DataLoader::begin() {
+  stop_run();
+  return Iterator(this);
+}
+
+bool DataLoader::next(Batch& out) {
+  if (!run_) run_ = std::make_unique<Run>(this, epoch_, consumed_);
+  if (run_->next_yield >= run_->end) {
+    // End of the epoch: the position moves on (Note [Loader position]).
+    stop_run();
+    ++epoch_;
+    consumed_ = 0;
+    return false;
+  }
+  try {
+    run_->take(out);
+  } catch (...) {
+    // The failed batch is not consumed; the next begin() retries it.
+    stop_run();
+    throw;
+  }
+  consumed_ = run_->next_yield;
+  return true;
+}
+
+void DataLoader::set_epoch(int64_t e) {
+  if (e == epoch_) return;
+  seek(e, 0);
+}
+
+void DataLoader::seek(int64_t epoch, int64_t batch) {
+  ACCEL_CHECK(epoch >= 0, ValueError, "DataLoader.seek", "negative epoch ", epoch);
+  ACCEL_CHECK(batch >= 0 && batch <= size(), ValueError, "DataLoader.seek", "batch ", batch,
+              " out of range: this rank has ", size(), " batches per epoch");
+  stop_run();
+  epoch_ = epoch;
+  consumed_ = batch;
+}
+
+// Keys: position ("epoch", "batches_consumed"), the loader seed, "sampler.*" (the sampler's
+// own state, e.g. its seed) and the configuration the position depends on, checked on load
+// so that a state is never silently applied to a loader that would batch differently.
+StateDict DataLoader::state_dict() const {
+  StateDict s;
+  s["version"] = std::to_string(1);
+  s["epoch"] = std::to_string(epoch_);
+  s["batches_consumed"] = std::to_string(consumed_);
+  s["seed"] = std::to_string(options_.seed);
+  s["batch_size"] = std::to_string(batch_sampler_.batch_size());
+  s["world_size"] = std::to_string(batch_sampler_.shard().world_size);
+  s["rank"] = std::to_string(batch_sampler_.shard().rank);
+  s["sampler_size"] = std::to_string(batch_sampler_.sampler().size());
+  // Booleans as 0/1 through to_string: assigning a short literal trips a GCC 12 -Wrestrict bug.
+  s["drop_last"] = std::to_string(int(batch_sampler_.drop_last()));
+  s["even_batches"] = std::to_string(int(batch_sampler_.shard().even_batches));
+  s["split_batches"] = std::to_string(int(batch_sampler_.shard().split_batches));
+  for (const auto& [k, v] : batch_sampler_.sampler().state_dict()) s["sampler." + k] = v;
+  return s;
+}
+
+void DataLoader::load_state_dict(const StateDict& s) {
+  const char* op = "DataLoader.load_state_dict";
+  ACCEL_CHECK(parse_i64(s, "version") == 1, ValueError, op, "unsupported state version ",
+              s.at("version"));
+  auto expect = [&](const char* key, int64_t mine) {
+    const int64_t theirs = parse_i64(s, key);
+    ACCEL_CHECK(theirs == mine, ValueError, op, "state was saved with ", key, " = ", theirs,
+                ", this loader has ", mine, "; its batches would differ");
+  };
+  expect("batch_size", batch_sampler_.batch_size());
+  expect("world_size", batch_sampler_.shard().world_size);
+  expect("sampler_size", batch_sampler_.sampler().size());
+  expect("drop_last", batch_sampler_.drop_last());
+  expect("even_batches", batch_sampler_.shard().even_batches);
+  expect("split_batches", batch_sampler_.shard().split_batches);
+  const int64_t epoch = parse_i64(s, "epoch");
+  const int64_t consumed = parse_i64(s, "batches_consumed");
+  const int64_t seed = parse_i64(s, "seed");
+  StateDict sampler_state;
+  for (const auto& [k, v] : s) {
+    if (k.rfind("sampler.", 0) == 0) sampler_state[k.substr(8)] = v;
+  }
+  seek(epoch, consumed);  // validates the position before anything changes
+  options_.seed = uint64_t(seed);
+  // The sampler is shared with whoever built it; load into it so its orders match the saved run.
+  const_cast<Sampler&>(batch_sampler_.sampler()).load_state_dict(sampler_state);
+}
+
+}  // namespace accel::data

@@ -1,0 +1,358 @@
+// accel::Accelerator: the training facade, Hugging Face Accelerate's API in C++.
+//
+//   Accelerator acc;                                     // config + ACCEL_* env + RANK/WORLD_SIZE
+//   auto [model, opt, loader, sched] = acc.prepare(model, opt, loader, sched);
+//   for (auto& batch : *loader) {
+//     auto scope = acc.accumulate();                     // sync only every k-th micro-batch
+//     Tensor loss;
+//     { auto ac = acc.autocast(); loss = cross_entropy(model->forward(batch[0]), batch[1]); }
+//     acc.backward(loss);
+//     acc.clip_grad_norm_(1.0);
+//     opt->step(); sched->step(); opt->zero_grad();
+//   }
+//   acc.save_state();                                    // project_dir/checkpoints/checkpoint_<n>
+//
+// What prepare() does per object:
+//  - Module: moved to device(); under world size > 1 its parameters are broadcast from rank 0
+//    and its gradients averaged across ranks on every sync step (Note [gradient sync]).
+//  - Optimizer -> AcceleratedOptimizer: step() is a no-op while accumulating, unscales and
+//    skips on inf/NaN under fp16, zero_grad() only on sync steps.
+//  - DataLoader -> a new DataLoader over the same dataset and options, sharded to this rank
+//    (rank, world size, even_batches, split_batches of the config). Use the returned one.
+//  - LRScheduler -> AcceleratedScheduler: steps only when the optimizer really stepped.
+//
+// Note [gradient sync]
+// The fallback data-parallel path (until dist/ddp.h exists): after backward() on a sync step
+// every prepared model's gradients are packed, per dtype, into one flat buffer in parameter
+// order (a parameter without a gradient contributes zeros), all-reduced with Avg, and copied
+// back. Micro-batches of an accumulation window only accumulate locally, so k micro-batches
+// per rank over W ranks produce the gradient of the whole k*W batch, as one process would.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "autograd/autocast.h"
+#include "autograd/nn/module.h"
+#include "autograd/optim/lr_scheduler.h"
+#include "autograd/optim/optimizer.h"
+#include "core/tensor.h"
+#include "data/dataloader.h"
+#include "dist/amp.h"
+#include "dist/process_group.h"
+#include "dist/tracking.h"
+
+namespace accel {
+
+using dist::MixedPrecision;
+
+enum class DistributedType : uint8_t { No, MultiCPU, MultiGPU };
+std::string_view distributed_type_name(DistributedType t);  // "NO", "MULTI_CPU", "MULTI_GPU"
+
+struct AcceleratorConfig {
+  bool cpu = false;  // force CPU even when CUDA devices exist
+  MixedPrecision mixed_precision = MixedPrecision::No;
+  int gradient_accumulation_steps = 1;
+  int zero_stage = 0;             // 0..3
+  std::optional<uint64_t> seed;   // set_seed(seed) at construction when given
+  std::string project_dir = ".";  // trackers and automatic checkpoints live here
+  std::vector<std::string> log_with = {"jsonl"};  // "jsonl", "tensorboard"
+  int total_limit = 0;            // keep at most this many automatic checkpoints (0 = all)
+  bool split_batches = false;     // loader batch size is the global batch
+  bool even_batches = true;       // pad the last global batch so every rank has as many
+  // Force a sync step at the last batch of a loader epoch even mid-window (Accelerate does).
+  bool sync_with_dataloader = true;
+  dist::GradScalerOptions scaler;
+  std::chrono::milliseconds timeout = dist::kDefaultCollectiveTimeout;
+  // Override the fields above from ACCEL_MIXED_PRECISION, ACCEL_USE_CPU, ACCEL_ZERO_STAGE and
+  // ACCEL_GRADIENT_ACCUMULATION_STEPS when they are set (what accel-run exports).
+  bool read_env = true;
+
+  // This config with the ACCEL_* overrides applied; ValueError naming the variable when one is
+  // malformed.
+  AcceleratorConfig with_env() const;
+};
+
+class Accelerator;
+
+class AcceleratedOptimizer {
+ public:
+  AcceleratedOptimizer(Accelerator& acc, std::shared_ptr<optim::Optimizer> opt);
+  // See the header comment; returns whether the wrapped optimizer stepped.
+  bool step();
+  void zero_grad(bool set_to_none = true);
+  bool step_was_skipped() const { return skipped_; }
+  optim::Optimizer& optimizer() { return *opt_; }
+  const std::shared_ptr<optim::Optimizer>& shared() const { return opt_; }
+  std::vector<Tensor> params() const;
+  double lr(size_t group = 0) const { return opt_->lr(group); }
+  nn::TensorDict state_dict() const { return opt_->state_dict(); }
+  void load_state_dict(const nn::TensorDict& s) { opt_->load_state_dict(s); }
+
+ private:
+  Accelerator& acc_;
+  std::shared_ptr<optim::Optimizer> opt_;
+  bool skipped_ = false;
+};
+
+class AcceleratedScheduler {
+ public:
+  AcceleratedScheduler(Accelerator& acc, std::shared_ptr<optim::LRScheduler> sched);
+  // Steps the wrapped scheduler only on sync steps whose optimizer step was not skipped.
+  void step();
+  const std::vector<double>& get_last_lr() const { return sched_->get_last_lr(); }
+  optim::LRScheduler& scheduler() { return *sched_; }
+  nn::TensorDict state_dict() const { return sched_->state_dict(); }
+  void load_state_dict(const nn::TensorDict& s) { sched_->load_state_dict(s); }
+
+ private:
+  Accelerator& acc_;
+  std::shared_ptr<optim::LRScheduler> sched_;
+};
+
+class Accelerator {
+ public:
+  explicit Accelerator(AcceleratorConfig config = {});
+  ~Accelerator();
+  Accelerator(const Accelerator&) = delete;
+  Accelerator& operator=(const Accelerator&) = delete;
+
+  // ---- where we run ----
+  const AcceleratorConfig& config() const { return config_; }
+  Device device() const { return device_; }
+  DistributedType distributed_type() const { return distributed_type_; }
+  MixedPrecision mixed_precision() const { return config_.mixed_precision; }
+  int num_processes() const { return world_size_; }
+  int process_index() const { return rank_; }
+  int local_process_index() const { return local_rank_; }
+  bool is_main_process() const { return rank_ == 0; }
+  bool is_local_main_process() const { return local_rank_ == 0; }
+  bool is_last_process() const { return rank_ == world_size_ - 1; }
+  int gradient_accumulation_steps() const { return config_.gradient_accumulation_steps; }
+  // The process group (null with one process).
+  dist::ProcessGroup* process_group() const { return group_.get(); }
+
+  // ---- prepare ----
+  template <typename M>
+  std::shared_ptr<M> prepare_model(std::shared_ptr<M> model) {
+    static_assert(std::is_base_of_v<nn::Module, M>, "prepare_model expects an nn::Module");
+    prepare_module(model);
+    return model;
+  }
+  std::shared_ptr<AcceleratedOptimizer> prepare_optimizer(std::shared_ptr<optim::Optimizer> opt);
+  std::shared_ptr<data::DataLoader> prepare_data_loader(std::shared_ptr<data::DataLoader> loader);
+  std::shared_ptr<AcceleratedScheduler> prepare_scheduler(std::shared_ptr<optim::LRScheduler> s);
+  // prepare(model, optimizer, loader, scheduler, ...) in any order and number: a tuple of the
+  // prepared objects, each by the rule of the header comment.
+  template <typename... Ts>
+  auto prepare(Ts&&... objects) {
+    return std::make_tuple(prepare_one(std::forward<Ts>(objects))...);
+  }
+  // The model itself (this facade does not wrap the module object); for API parity.
+  template <typename M>
+  M& unwrap_model(const std::shared_ptr<M>& model) const {
+    return *model;
+  }
+
+  // ---- training step ----
+  // loss / gradient_accumulation_steps (times the loss scale under fp16), backward, and the
+  // gradient sync of Note [gradient sync] on sync steps.
+  void backward(const Tensor& loss);
+  bool sync_gradients() const { return sync_gradients_; }
+  // Micro-batches seen by accumulate() scopes (Accelerate's `step`).
+  int64_t step() const { return step_; }
+  // Optimizer steps actually taken (not skipped, not accumulating).
+  int64_t optimizer_steps() const { return optimizer_steps_; }
+  bool optimizer_step_was_skipped() const;
+
+  // with accelerator.accumulate(model): advances the micro-batch counter and decides whether
+  // this is a sync step (every k-th, or the last batch of a loader epoch); a non-sync step runs
+  // as under no_sync() until the scope ends.
+  class AccumulateScope {
+   public:
+    explicit AccumulateScope(Accelerator& acc);
+    ~AccumulateScope();
+    AccumulateScope(const AccumulateScope&) = delete;
+    AccumulateScope& operator=(const AccumulateScope&) = delete;
+
+   private:
+    Accelerator& acc_;
+    bool prev_no_sync_;
+  };
+  AccumulateScope accumulate() { return AccumulateScope(*this); }
+  // with model.no_sync(): backward() inside only accumulates locally.
+  class NoSyncScope {
+   public:
+    explicit NoSyncScope(Accelerator& acc);
+    ~NoSyncScope();
+    NoSyncScope(const NoSyncScope&) = delete;
+    NoSyncScope& operator=(const NoSyncScope&) = delete;
+
+   private:
+    Accelerator& acc_;
+    bool prev_;
+  };
+  NoSyncScope no_sync() { return NoSyncScope(*this); }
+
+  // Mixed-precision forward scope (autograd/autocast.h): bf16/fp16 per the config, a no-op
+  // with mixed_precision = no.
+  AutocastGuard autocast() const;
+
+  // Clips the gradients of every prepared model (or `params`) to total p-norm max_norm and
+  // returns the norm before clipping. Under fp16 the gradients are unscaled first (once per
+  // step). The norm is that of the full gradient: with replicated gradients (this fallback and
+  // DDP) the local norm, with sharded gradients the all-reduced one.
+  double clip_grad_norm_(double max_norm, double p = 2.0);
+  double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double p = 2.0);
+  void clip_grad_value_(double clip_value);
+
+  // ---- collectives for evaluation (identity-like with one process) ----
+  // Concatenation along dim 0 of every rank's tensor (rank order); ranks may differ in dim 0,
+  // the other dims must agree. 0-dim tensors are gathered as (W,).
+  Tensor gather(const Tensor& t);
+  // gather() without the samples even_batches duplicated: each rank drops the last
+  // `num_padding` rows of its tensor (from its Batch) before it is gathered.
+  Tensor gather_for_metrics(const Tensor& t, const data::Batch& batch);
+  Tensor gather_for_metrics(const Tensor& t, int64_t num_padding);
+  // A reduced copy: "sum", "mean", "max", "min".
+  Tensor reduce(const Tensor& t, const std::string& op = "sum");
+  // Pads t along `dim` (with `pad_value`) to the largest size any rank has.
+  Tensor pad_across_processes(const Tensor& t, int64_t dim = 0, double pad_value = 0,
+                              bool pad_first = false);
+  // A copy of rank `root`'s tensor on every rank (shapes must agree).
+  Tensor broadcast(const Tensor& t, int root = 0);
+
+  // ---- process control ----
+  void wait_for_everyone();
+  // Runs fn on the main process first, then on the others.
+  void main_process_first(const std::function<void()>& fn);
+  void local_main_process_first(const std::function<void()>& fn);
+  // This rank's contiguous share of `items` (the first len % W ranks get one more); with
+  // apply_padding every rank gets ceil(len / W), the short ones repeating their last item.
+  template <typename T>
+  std::vector<T> split_between_processes(const std::vector<T>& items, bool apply_padding = false) const;
+  // Seeds the default generator (plus the process index when device_specific).
+  void set_seed(uint64_t seed, bool device_specific = false);
+  // std::cout on the main process only, one line, flushed.
+  template <typename... Args>
+  void print(Args&&... args) const {
+    if (!is_main_process()) return;
+    std::ostringstream os;
+    (os << ... << std::forward<Args>(args));
+    std::cout << os.str() << std::endl;
+  }
+
+  // ---- trackers (main process only) ----
+  void init_trackers(const std::string& run_name = "",
+                     const std::map<std::string, std::string>& config = {});
+  void log(const dist::Metrics& metrics, int64_t step = -1);
+  void end_training();
+  // Directory the trackers write to (project_dir/<run_name>).
+  const std::string& logging_dir() const { return logging_dir_; }
+
+  // ---- checkpoints (Note [atomic checkpoints] in dist/checkpoint.h) ----
+  // Saves every prepared object, each rank's RNG, loader positions, scaler and counters into
+  // `dir` (empty: project_dir/checkpoints/checkpoint_<n>, with total_limit rotation). Collective:
+  // every rank must call it. Returns the checkpoint directory.
+  std::string save_state(const std::string& dir = "");
+  // Loads a checkpoint directory, or the one named by `dir`/latest (empty:
+  // project_dir/checkpoints). Collective. Loading into another world size is an error.
+  std::string load_state(const std::string& dir = "");
+  // Extra state saved with every checkpoint under `name` (string maps, per rank).
+  using SaveFn = std::function<std::map<std::string, std::string>()>;
+  using LoadFn = std::function<void(const std::map<std::string, std::string>&)>;
+  void register_for_checkpointing(const std::string& name, SaveFn save, LoadFn load);
+  // Where automatic checkpoints go: project_dir/checkpoints.
+  std::string checkpoints_dir() const;
+
+  dist::GradScaler& scaler() { return scaler_; }
+
+ private:
+  friend class AcceleratedOptimizer;
+  friend class AcceleratedScheduler;
+  friend class AccumulateScope;
+
+  void prepare_module(const std::shared_ptr<nn::Module>& model);
+  template <typename M>
+  std::shared_ptr<M> prepare_one(std::shared_ptr<M> model)
+    requires std::is_base_of_v<nn::Module, M>
+  {
+    return prepare_model(std::move(model));
+  }
+  template <typename O>
+  std::shared_ptr<AcceleratedOptimizer> prepare_one(std::shared_ptr<O> opt)
+    requires std::is_base_of_v<optim::Optimizer, O>
+  {
+    return prepare_optimizer(std::move(opt));
+  }
+  template <typename S>
+  std::shared_ptr<AcceleratedScheduler> prepare_one(std::shared_ptr<S> s)
+    requires std::is_base_of_v<optim::LRScheduler, S>
+  {
+    return prepare_scheduler(std::move(s));
+  }
+  std::shared_ptr<data::DataLoader> prepare_one(std::shared_ptr<data::DataLoader> l) {
+    return prepare_data_loader(std::move(l));
+  }
+  std::vector<Tensor> model_params() const;
+  bool grads_sharded() const { return false; }  // true under ZeRO-2/3 once dist/zero.h exists
+  void sync_model_gradients();
+  bool at_end_of_loader() const;
+  Tensor gather_rows(const Tensor& t, int64_t keep_rows);
+
+  AcceleratorConfig config_;
+  Device device_ = kCPU;
+  DistributedType distributed_type_ = DistributedType::No;
+  int rank_ = 0, world_size_ = 1, local_rank_ = 0, local_world_size_ = 1;
+  dist::ProcessGroupPtr group_;
+  bool owns_group_ = false;
+
+  std::vector<std::shared_ptr<nn::Module>> models_;
+  std::vector<std::shared_ptr<AcceleratedOptimizer>> optimizers_;
+  std::vector<std::shared_ptr<data::DataLoader>> loaders_;
+  std::vector<std::shared_ptr<AcceleratedScheduler>> schedulers_;
+  struct Custom {
+    std::string name;
+    SaveFn save;
+    LoadFn load;
+  };
+  std::vector<Custom> customs_;
+
+  dist::GradScaler scaler_;
+  bool sync_gradients_ = true;
+  bool no_sync_ = false;
+  int64_t step_ = 0;
+  int64_t optimizer_steps_ = 0;
+  int64_t save_iteration_ = 0;
+
+  std::string logging_dir_;
+  std::vector<dist::TrackerPtr> trackers_;
+  bool trackers_ready_ = false;
+};
+
+template <typename T>
+std::vector<T> Accelerator::split_between_processes(const std::vector<T>& items,
+                                                    bool apply_padding) const {
+  const int64_t n = int64_t(items.size()), w = world_size_, r = rank_;
+  const int64_t base = n / w, extra = n % w;
+  const int64_t begin = r * base + std::min(r, extra);
+  const int64_t len = base + (r < extra ? 1 : 0);
+  std::vector<T> out(items.begin() + begin, items.begin() + begin + len);
+  if (apply_padding) {
+    const int64_t want = base + (extra ? 1 : 0);
+    while (int64_t(out.size()) < want && !items.empty()) out.push_back(out.empty() ? items.back() : out.back());
+  }
+  return out;
+}
+
+}  // namespace accel

@@ -1,0 +1,278 @@
+#include "dist/control_plane.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <sstream>
+
+namespace accel::dist {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kHelloMagic = 0x4c544341;  // "ACTL"
+constexpr uint32_t kData = 1;
+constexpr uint32_t kAbort = 2;
+constexpr size_t kMaxAbortText = 4096;
+
+struct FrameHeader {
+  uint32_t type;
+  uint32_t len;
+};
+
+int remaining_ms(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()).count();
+  return int(std::max<int64_t>(0, std::min<int64_t>(left, 1 << 30)));
+}
+
+void set_nodelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// Writes all of `n` bytes or throws; `peer` only for the message.
+void write_all(int fd, const void* p, size_t n, Clock::time_point deadline, int peer) {
+  const char* c = static_cast<const char*>(p);
+  size_t off = 0;
+  while (off < n) {
+    ssize_t w = send(fd, c + off, n - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w > 0) {
+      off += size_t(w);
+      continue;
+    }
+    if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+      pollfd pf{fd, POLLOUT, 0};
+      if (poll(&pf, 1, remaining_ms(deadline)) == 0)
+        throw PeerError("rank " + std::to_string(peer) + " stopped reading control messages");
+      continue;
+    }
+    throw PeerError("lost the connection to rank " + std::to_string(peer) + " (" +
+                    std::strerror(errno) + "): it exited or crashed");
+  }
+}
+
+// Reads exactly n bytes (blocking with deadline) during setup.
+bool read_exact(int fd, void* p, size_t n, Clock::time_point deadline) {
+  char* c = static_cast<char*>(p);
+  size_t off = 0;
+  while (off < n) {
+    pollfd pf{fd, POLLIN, 0};
+    int pr = poll(&pf, 1, remaining_ms(deadline));
+    if (pr == 0) return false;
+    if (pr < 0 && errno == EINTR) continue;
+    ssize_t r = recv(fd, c + off, n - off, MSG_DONTWAIT);
+    if (r > 0) {
+      off += size_t(r);
+    } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string ranks_str(const std::vector<int>& v) {
+  std::ostringstream os;
+  os << (v.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  return os.str();
+}
+
+}  // namespace
+
+ControlPlane::ControlPlane(const std::shared_ptr<Store>& store, int rank, int size,
+                           const std::string& hostname, Milliseconds timeout)
+    : rank_(rank), size_(size), fds_(static_cast<size_t>(size), -1) {
+  if (size == 1) return;
+  auto deadline = Clock::now() + timeout;
+  // Listen on hostname:0 and publish where.
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  int rc = getaddrinfo(hostname.c_str(), "0", &hints, &res);
+  ACCEL_CHECK(rc == 0, DistError, "init", "cannot resolve '", hostname, "': ", gai_strerror(rc));
+  int lfd = -1;
+  for (addrinfo* a = res; a && lfd < 0; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, size) == 0) {
+      lfd = fd;
+    } else {
+      close(fd);
+    }
+  }
+  freeaddrinfo(res);
+  ACCEL_CHECK(lfd >= 0, DistError, "init", "cannot listen on '", hostname, "': ",
+              std::strerror(errno));
+  sockaddr_storage ss{};
+  socklen_t sl = sizeof(ss);
+  getsockname(lfd, reinterpret_cast<sockaddr*>(&ss), &sl);
+  int port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                                      : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  store->set("ctl/" + std::to_string(rank), hostname + "\n" + std::to_string(port));
+  try {
+    // Connect to every lower rank (their listen backlog holds us until they accept).
+    for (int peer = 0; peer < rank; ++peer) {
+      std::string key = "ctl/" + std::to_string(peer);
+      store->wait({key}, std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()));
+      std::string v = store->get(key);
+      auto nl = v.find('\n');
+      ACCEL_CHECK(nl != std::string::npos, DistError, "init", "bad control address '", v, "'");
+      std::string host = v.substr(0, nl), pstr = v.substr(nl + 1);
+      addrinfo* pres = nullptr;
+      rc = getaddrinfo(host.c_str(), pstr.c_str(), &hints, &pres);
+      ACCEL_CHECK(rc == 0, DistError, "init", "cannot resolve rank ", peer, "'s address '", host,
+                  "': ", gai_strerror(rc));
+      int fd = -1;
+      for (addrinfo* a = pres; a && fd < 0; a = a->ai_next) {
+        int s = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (s < 0) continue;
+        if (connect(s, a->ai_addr, a->ai_addrlen) == 0) {
+          fd = s;
+        } else {
+          close(s);
+        }
+      }
+      freeaddrinfo(pres);
+      ACCEL_CHECK(fd >= 0, DistError, "init", "cannot connect to rank ", peer, " at ", host, ":",
+                  pstr, ": ", std::strerror(errno));
+      set_nodelay(fd);
+      uint32_t hello[2] = {kHelloMagic, uint32_t(rank)};
+      write_all(fd, hello, sizeof(hello), deadline, peer);
+      fds_[size_t(peer)] = fd;
+    }
+    // Accept every higher rank; each says who it is.
+    for (int n = rank + 1; n < size; ++n) {
+      pollfd pf{lfd, POLLIN, 0};
+      int pr = poll(&pf, 1, remaining_ms(deadline));
+      ACCEL_CHECK(pr > 0, DistError, "init", "rank ", rank, ": ", size - n,
+                  " higher rank(s) did not connect their control channel in time");
+      int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) {
+        --n;
+        continue;
+      }
+      uint32_t hello[2] = {0, 0};
+      if (!read_exact(fd, hello, sizeof(hello), deadline) || hello[0] != kHelloMagic ||
+          hello[1] <= uint32_t(rank) || hello[1] >= uint32_t(size) ||
+          fds_[hello[1]] >= 0) {
+        close(fd);  // not one of ours (or a duplicate): keep waiting for the real peers
+        --n;
+        continue;
+      }
+      set_nodelay(fd);
+      fds_[hello[1]] = fd;
+    }
+  } catch (...) {
+    close(lfd);
+    for (int& fd : fds_)
+      if (fd >= 0) close(fd), fd = -1;
+    throw;
+  }
+  close(lfd);
+}
+
+ControlPlane::~ControlPlane() {
+  for (int fd : fds_)
+    if (fd >= 0) close(fd);
+}
+
+void ControlPlane::all_gather(const void* mine, void* out, size_t bytes, Milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  char* o = static_cast<char*>(out);
+  std::memcpy(o + size_t(rank_) * bytes, mine, bytes);
+  if (size_ == 1) return;
+  FrameHeader h{kData, uint32_t(bytes)};
+  std::string frame(sizeof(h) + bytes, '\0');
+  std::memcpy(frame.data(), &h, sizeof(h));
+  std::memcpy(frame.data() + sizeof(h), mine, bytes);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    if (fds_[size_t(peer)] < 0) throw PeerError("the control channel is closed");
+    write_all(fds_[size_t(peer)], frame.data(), frame.size(), deadline, peer);
+  }
+  // Read one frame from every peer, whichever answers first.
+  struct Pending {
+    int peer;
+    std::string buf;  // header + payload so far
+  };
+  std::vector<Pending> pending;
+  for (int peer = 0; peer < size_; ++peer)
+    if (peer != rank_) pending.push_back({peer, {}});
+  std::vector<pollfd> pfds;
+  while (!pending.empty()) {
+    pfds.clear();
+    for (auto& p : pending) pfds.push_back({fds_[size_t(p.peer)], POLLIN, 0});
+    int pr = poll(pfds.data(), pfds.size(), remaining_ms(deadline));
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr == 0) {
+      std::vector<int> late;
+      for (auto& p : pending) late.push_back(p.peer);
+      throw PeerError(ranks_str(late) + " did not answer within " +
+                      std::to_string(timeout.count()) + " ms (stopped, hung, or far behind)");
+    }
+    for (size_t i = pfds.size(); i-- > 0;) {
+      if (!pfds[i].revents) continue;
+      Pending& p = pending[i];
+      size_t want;
+      FrameHeader ph{};
+      if (p.buf.size() < sizeof(FrameHeader)) {
+        want = sizeof(FrameHeader) - p.buf.size();
+      } else {
+        std::memcpy(&ph, p.buf.data(), sizeof(ph));
+        want = sizeof(FrameHeader) + ph.len - p.buf.size();
+      }
+      char tmp[4096];
+      ssize_t r = recv(pfds[i].fd, tmp, std::min(want, sizeof(tmp)), MSG_DONTWAIT);
+      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+        throw PeerError("rank " + std::to_string(p.peer) +
+                        " closed its control connection: it exited or crashed");
+      }
+      if (r < 0) continue;
+      p.buf.append(tmp, size_t(r));
+      if (p.buf.size() < sizeof(FrameHeader)) continue;
+      std::memcpy(&ph, p.buf.data(), sizeof(ph));
+      if (ph.type == kAbort && ph.len > kMaxAbortText)
+        throw PeerError("rank " + std::to_string(p.peer) + " aborted");
+      if (ph.type == kData && ph.len != bytes)
+        throw PeerError("rank " + std::to_string(p.peer) + " sent a " + std::to_string(ph.len) +
+                        "-byte control message, expected " + std::to_string(bytes));
+      if (ph.type != kData && ph.type != kAbort)
+        throw PeerError("corrupt control message from rank " + std::to_string(p.peer));
+      if (p.buf.size() < sizeof(FrameHeader) + ph.len) continue;
+      if (ph.type == kAbort) {
+        throw PeerError("rank " + std::to_string(p.peer) + " aborted: " +
+                        p.buf.substr(sizeof(FrameHeader)));
+      }
+      std::memcpy(o + size_t(p.peer) * bytes, p.buf.data() + sizeof(FrameHeader), bytes);
+      pending.erase(pending.begin() + long(i));
+    }
+  }
+}
+
+void ControlPlane::abort(const std::string& reason) {
+  std::string text = reason.substr(0, kMaxAbortText);
+  FrameHeader h{kAbort, uint32_t(text.size())};
+  std::string frame(sizeof(h), '\0');
+  std::memcpy(frame.data(), &h, sizeof(h));
+  frame += text;
+  for (int& fd : fds_) {
+    if (fd < 0) continue;
+    // Non-blocking, once: a stopped peer must not hold us here.
+    ssize_t w = send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w;
+    // shutdown, not close: another thread may be polling this fd; it wakes with EOF, and the
+    // descriptor number cannot be reused under it. The destructor closes.
+    shutdown(fd, SHUT_RDWR);
+  }
+}
+
+}  // namespace accel::dist

@@ -1,0 +1,133 @@
+// Gloo backend: CPU tensors over Gloo's TCP transport.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "dist/control_plane.h"
+#include "dist/process_group.h"
+
+namespace gloo {
+class Context;
+namespace rendezvous {
+class Store;
+}
+namespace transport {
+class Device;
+}
+}  // namespace gloo
+
+namespace accel::dist {
+
+// Lets Gloo's rendezvous (connectFullMesh) run over our store.
+std::unique_ptr<gloo::rendezvous::Store> make_gloo_store(std::shared_ptr<Store> store);
+
+// A fully connected Gloo context for `size` ranks (size > 1), keys under `store`.
+// Throws DistError when the peers do not show up within `timeout`.
+std::shared_ptr<gloo::Context> connect_gloo_context(const std::shared_ptr<Store>& store, int rank,
+                                                    int size, const std::string& hostname,
+                                                    Milliseconds timeout);
+
+// What every rank compares before a collective (Note [collective fingerprint] in the .cc).
+struct Fingerprint {
+  uint8_t kind = 0;    // OpKind
+  uint8_t dtype = 0;   // DType
+  uint8_t reduce = 0;  // ReduceOp, 0 when not a reduction
+  uint8_t pad = 0;
+  int32_t root = -1;  // broadcast root, else -1
+  int64_t numel = 0;  // elements of the per-rank input
+  uint64_t seq = 0;
+  uint64_t running = 0;  // hash of every fingerprint up to and including this one
+  std::string describe() const;
+  bool same_call(const Fingerprint& o) const {
+    return kind == o.kind && dtype == o.dtype && reduce == o.reduce && root == o.root &&
+           numel == o.numel && seq == o.seq;
+  }
+};
+static_assert(sizeof(Fingerprint) == 32);
+
+class ProcessGroupGloo final : public ProcessGroup {
+ public:
+  ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options);
+  ~ProcessGroupGloo() override;
+
+  std::string_view backend() const override { return "gloo"; }
+  WorkPtr all_reduce_async(const Tensor& t, ReduceOp op) override;
+  WorkPtr broadcast_async(const Tensor& t, int root) override;
+  WorkPtr all_gather_async(const Tensor& out, const Tensor& in) override;
+  WorkPtr reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op) override;
+  WorkPtr barrier_async() override;
+  void all_reduce(const Tensor& t, ReduceOp op) override;
+  void broadcast(const Tensor& t, int root) override;
+  void all_gather(const Tensor& out, const Tensor& in) override;
+  void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) override;
+  void barrier() override;
+  WorkPtr send_async(const Tensor& t, int dst, int tag) override;
+  WorkPtr recv_async(const Tensor& t, int src, int tag) override;
+  uint64_t next_seq() const override { return seq_.load(); }
+
+  // The underlying context (null for size 1), e.g. for a raw-Gloo baseline in benchmarks.
+  const std::shared_ptr<gloo::Context>& context() const { return ctx_; }
+  // Time the worker spent in fingerprint exchanges, for measuring the check's cost.
+  double fingerprint_seconds() const { return fingerprint_ns_.load() * 1e-9; }
+  int64_t fingerprint_checks() const { return fingerprint_checks_.load(); }
+
+ private:
+  struct Task {
+    WorkPtr work;
+    Fingerprint fp;
+    Milliseconds timeout;
+    std::function<void(uint64_t seq, Milliseconds timeout)> body;
+  };
+  // Queues a task and wakes the worker, except inside a blocking call, whose caller waits at
+  // once and runs it inline when it is next (Note [inline execution]).
+  WorkPtr enqueue(Fingerprint fp, std::function<void(uint64_t, Milliseconds)> body);
+  void worker_loop();
+  void run_task(Task& task);
+  void check_fingerprint(const Fingerprint& fp, Milliseconds timeout);
+  // Records the first transport failure; afterwards every operation fails with it.
+  void mark_broken(const std::string& msg);
+  std::string broken_message() const;
+
+  // Collective bodies (worker thread).
+  void ring_reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, uint64_t seq,
+                           Milliseconds timeout);
+
+  // Runs w's task in the calling thread when it is next and nothing runs; false otherwise.
+  bool try_run_inline(const Work* w);
+
+  friend class GlooP2PWork;
+  friend class GlooWork;
+
+  ProcessGroupOptions options_;
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> ctx_;
+  std::unique_ptr<ControlPlane> control_;  // fingerprints, barrier, abort notices
+
+  std::atomic<uint64_t> seq_{0};
+  uint64_t running_hash_ = 0;  // worker thread only
+  std::vector<uint8_t> scratch_;  // worker thread only
+
+  mutable std::mutex broken_mu_;
+  std::string broken_;
+
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Task> queue_;
+  bool stop_ = false;
+  bool busy_ = false;  // a task is running (on the worker or inline in a waiter)
+  std::thread worker_;
+
+  std::mutex p2p_mu_;
+  std::map<std::pair<int, int>, uint64_t> send_count_, recv_count_;  // (peer, tag) -> n
+
+  std::atomic<int64_t> fingerprint_ns_{0};
+  std::atomic<int64_t> fingerprint_checks_{0};
+};
+
+}  // namespace accel::dist

@@ -1,0 +1,104 @@
+// ZeRO data parallelism: optimizer state (stage 1), + gradients (stage 2), + parameters
+// (stage 3) sharded across the ranks of a group.
+//
+//   dist::ZeroOptions zo;
+//   zo.stage = 2;
+//   dist::ZeroOptimizer zero(model, [](std::vector<Tensor> shards) {
+//     return std::make_unique<optim::AdamW>(std::move(shards), optim::AdamWOptions{});
+//   }, nullptr, zo);
+//   for (...) {
+//     Tensor loss = cross_entropy(zero.forward(x_local), y_local);
+//     zero.backward(loss);   // buckets reduced while backward runs
+//     zero.step();           // optimizer on this rank's shard, then parameters re-assembled
+//     zero.zero_grad();
+//   }
+//
+// Layout (Note [zero layout] in zero.cc): parameters are grouped into the same reverse-order
+// buckets as DDP; each bucket is one flat buffer padded to a multiple of the world size, and
+// rank r owns slice r of every bucket. The optimizer is built by the factory over one 1-D
+// "shard parameter" per bucket (this rank's slice), so any elementwise optimizer (SGD, Adam,
+// AdamW) works unchanged and gives the same update as on the full parameters.
+// - stage 1: gradients all-reduced (full copy per rank); each rank steps its slices, then the
+//   buckets are all-gathered in place.
+// - stage 2: gradients reduce-scattered: a rank keeps only its averaged slice; full-size
+//   gradients live only while their bucket is in flight.
+// - stage 3: a rank stores only its parameter slices; forward() all-gathers the full
+//   parameters, finish_gradient_sync() frees them again after backward.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "autograd/nn/module.h"
+#include "autograd/optim/optimizer.h"
+#include "dist/buckets.h"
+#include "dist/process_group.h"
+
+namespace accel::dist {
+
+struct ZeroOptions {
+  int stage = 1;  // 1, 2 or 3
+  size_t bucket_cap_bytes = kDefaultBucketCapBytes;
+  bool find_unused_parameters = false;
+  int root = 0;  // whose initial parameters every rank starts from
+};
+
+using OptimizerFactory =
+    std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> shard_params)>;
+
+// Bytes this rank holds, between steps. `full_*` is what one unsharded replica would hold.
+struct ZeroMemory {
+  int64_t param_bytes = 0;
+  int64_t grad_bytes = 0;
+  int64_t optimizer_bytes = 0;
+  int64_t gathered_param_bytes = 0;  // stage 3: full parameters currently materialised
+  int64_t full_param_bytes = 0;
+};
+
+class ZeroOptimizer {
+ public:
+  ZeroOptimizer(NamedParams params, const OptimizerFactory& make_optimizer,
+                ProcessGroupPtr pg = nullptr, ZeroOptions options = {});
+  ZeroOptimizer(std::shared_ptr<nn::Module> module, const OptimizerFactory& make_optimizer,
+                ProcessGroupPtr pg = nullptr, ZeroOptions options = {});
+  ~ZeroOptimizer();
+  ZeroOptimizer(const ZeroOptimizer&) = delete;
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+
+  // Module form: gather_parameters() (stage 3), then module->forward(x).
+  Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) { return forward(x); }
+  // Stage 3: materialise / free the full parameters (no-ops for stages 1 and 2).
+  void gather_parameters();
+  void release_parameters();
+  bool parameters_gathered() const { return !full_.empty(); }
+
+  void backward(const Tensor& loss);
+  // Waits for the gradient collectives; stage 3 then frees the full parameters.
+  void finish_gradient_sync();
+  // Steps this rank's shards, then (stages 1 and 2) all-gathers the updated parameters.
+  void step();
+  void zero_grad();
+
+  ZeroMemory memory() const;
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  int stage() const { return options_.stage; }
+  const std::vector<Bucket>& buckets() const { return bucketer_->buckets(); }
+  const SyncStats& last_stats() const { return bucketer_->last_stats(); }
+
+ private:
+  void init(const OptimizerFactory& make_optimizer);
+  void point_params_at(const std::vector<Tensor>& flats);
+
+  std::shared_ptr<nn::Module> module_;
+  ProcessGroupPtr pg_;
+  ZeroOptions options_;
+  std::unique_ptr<GradBucketer> bucketer_;
+  std::vector<Tensor> flat_;    // stages 1-2: full flat parameters per bucket
+  std::vector<Tensor> owned_;   // stage 3: this rank's parameter slice per bucket
+  std::vector<Tensor> full_;    // stage 3: gathered full parameters (empty when released)
+  std::vector<Tensor> shards_;  // what the optimizer steps: one 1-D leaf per bucket
+  std::unique_ptr<optim::Optimizer> optimizer_;
+};
+
+}  // namespace accel::dist

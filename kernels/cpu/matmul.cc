@@ -1,0 +1,341 @@
+// CPU matmul: oneDNN matmul primitive for f32/bf16 (f16 and any dtype oneDNN cannot run on this
+// CPU go through f32), Eigen for f64 (oneDNN has no f64 matmul; gradcheck runs in f64).
+//
+// Note [matmul geometry]: the kernel first canonicalises the problem so that equivalent calls
+// hit the same cached primitive and oneDNN sees layouts it has fast paths for:
+//   - batch dims where out has size 1 are dropped; a batch dim of an operand with stride 0 (an
+//     expanded view) becomes a broadcast dim of size 1;
+//   - adjacent batch dims that are laid out contiguously in a, b and out are merged;
+//   - each matrix must be row-major (unit column stride, leading dim >= cols) or column-major
+//     (a transposed view); anything else is copied once. Strides of size-1 dims are normalised.
+// oneDNN takes at most DNNL_MAX_NDIMS dims; leading batch dims beyond that become an outer loop
+// over the same primitive with shifted pointers.
+// Eigen's headers are not warning-clean under -Wextra (unused variables in its AVX packet code).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-variable"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <Eigen/Core>
+#pragma GCC diagnostic pop
+
+#include "core/dispatch_linalg.h"
+#include "kernels/cpu/onednn.h"
+
+namespace accel::cpu {
+namespace {
+
+constexpr int kMaxBatchDims = DNNL_MAX_NDIMS - 2;
+constexpr int kMaxDims = 64;  // batch dims the geometry can describe before any peeling
+
+struct MatrixLayout {
+  int64_t rows, cols, row_stride, col_stride;
+};
+
+// True when (rows, cols) with these strides is row- or column-major; normalises size-1 strides.
+bool canonical_matrix(MatrixLayout& m) {
+  const bool row_major = (m.cols == 1 || m.col_stride == 1) && (m.rows == 1 || m.row_stride >= m.cols);
+  if (row_major) {
+    m.col_stride = 1;
+    if (m.rows == 1) m.row_stride = m.cols;
+    return true;
+  }
+  const bool col_major = (m.rows == 1 || m.row_stride == 1) && (m.cols == 1 || m.col_stride >= m.rows);
+  if (col_major) {
+    m.row_stride = 1;
+    if (m.cols == 1) m.col_stride = m.rows;
+    return true;
+  }
+  return false;
+}
+
+int64_t matrix_extent(const MatrixLayout& m) {
+  return m.col_stride == 1 ? m.row_stride * m.rows : m.col_stride * m.cols;
+}
+
+// Batch dims after dropping, broadcasting and merging (Note [matmul geometry]).
+struct Geometry {
+  int nb = 0;                 // batch dims
+  int64_t out_size[kMaxDims];  // out's batch sizes
+  int64_t a_size[kMaxDims], a_stride[kMaxDims];
+  int64_t b_size[kMaxDims], b_stride[kMaxDims];
+  int64_t out_stride[kMaxDims];  // elements
+  MatrixLayout a, b;
+  int64_t m, n, k;
+};
+
+Geometry make_geometry(const Tensor& a, const Tensor& b, const Tensor& out) {
+  Geometry g;
+  const int r = int(out.dim());
+  ACCEL_CHECK(r - 2 <= kMaxDims, ShapeError, "matmul", "too many batch dims: ", out.sizes());
+  g.m = out.size(-2);
+  g.n = out.size(-1);
+  g.k = a.size(-1);
+  g.a = {g.m, g.k, a.stride(-2), a.stride(-1)};
+  g.b = {g.k, g.n, b.stride(-2), b.stride(-1)};
+  const bool ok_a = canonical_matrix(g.a), ok_b = canonical_matrix(g.b);
+  ACCEL_INTERNAL_ASSERT(ok_a && ok_b);
+  for (int d = 0; d < r - 2; ++d) {
+    const int64_t os = out.sizes()[size_t(d)];
+    if (os == 1) continue;
+    const bool a_bc = a.sizes()[size_t(d)] == 1 || a.strides()[size_t(d)] == 0;
+    const bool b_bc = b.sizes()[size_t(d)] == 1 || b.strides()[size_t(d)] == 0;
+    const int64_t as = a_bc ? 1 : os, ast = a_bc ? 0 : a.strides()[size_t(d)];
+    const int64_t bs = b_bc ? 1 : os, bst = b_bc ? 0 : b.strides()[size_t(d)];
+    const int64_t ost = out.strides()[size_t(d)];
+    if (g.nb > 0) {
+      const int p = g.nb - 1;
+      // Merge into the previous dim when every operand is contiguous across the pair.
+      auto mergeable = [&](int64_t ps, int64_t pst, int64_t s, int64_t st) {
+        if (ps == 1 && s == 1) return true;
+        return ps != 1 && s != 1 && pst == st * os;
+      };
+      if (mergeable(g.a_size[p], g.a_stride[p], as, ast) &&
+          mergeable(g.b_size[p], g.b_stride[p], bs, bst) && g.out_stride[p] == ost * os) {
+        g.out_size[p] *= os;
+        if (g.a_size[p] != 1) g.a_size[p] *= os;
+        if (g.b_size[p] != 1) g.b_size[p] *= os;
+        g.a_stride[p] = ast;
+        g.b_stride[p] = bst;
+        g.out_stride[p] = ost;
+        continue;
+      }
+    }
+    g.out_size[g.nb] = os;
+    g.a_size[g.nb] = as;
+    g.a_stride[g.nb] = ast;
+    g.b_size[g.nb] = bs;
+    g.b_stride[g.nb] = bst;
+    g.out_stride[g.nb] = ost;
+    ++g.nb;
+  }
+  // Strides of broadcast dims: what a dense layout would have (oneDNN matches plain formats).
+  int64_t ae = matrix_extent(g.a), be = matrix_extent(g.b);
+  for (int d = g.nb - 1; d >= 0; --d) {
+    if (g.a_size[d] == 1) g.a_stride[d] = ae;
+    if (g.b_size[d] == 1) g.b_stride[d] = be;
+    ae = g.a_stride[d] * g.a_size[d];
+    be = g.b_stride[d] * g.b_size[d];
+  }
+  return g;
+}
+
+// ---------------- oneDNN path ----------------
+
+struct MatmulEntry {
+  dnnl::matmul prim;
+  dnnl::memory src, wei, bias, dst;
+  onednn::ExecArgs<4> args;
+  bool supported = false;  // false: oneDNN has no implementation for this dtype here
+};
+
+onednn::PrimCache<MatmulEntry>& matmul_cache() {
+  thread_local onednn::PrimCache<MatmulEntry> cache;
+  return cache;
+}
+
+// Builds the primitive for batch dims [first, nb) of g.
+MatmulEntry make_entry(const Geometry& g, int first, DType dt, bool has_bias) {
+  using dims = dnnl::memory::dims;
+  const int nd = g.nb - first + 2;
+  const size_t nds = size_t(nd);
+  dims as(nds), ast(nds), bs(nds), bst(nds), os(nds), ost(nds);
+  for (int d = first; d < g.nb; ++d) {
+    const size_t i = size_t(d - first);
+    as[i] = g.a_size[d];
+    ast[i] = g.a_stride[d];
+    bs[i] = g.b_size[d];
+    bst[i] = g.b_stride[d];
+    os[i] = g.out_size[d];
+    ost[i] = g.out_stride[d];
+  }
+  const size_t r = size_t(nd - 2);
+  as[r] = g.m, as[r + 1] = g.k, ast[r] = g.a.row_stride, ast[r + 1] = g.a.col_stride;
+  bs[r] = g.k, bs[r + 1] = g.n, bst[r] = g.b.row_stride, bst[r + 1] = g.b.col_stride;
+  os[r] = g.m, os[r + 1] = g.n, ost[r] = g.n, ost[r + 1] = 1;
+  const auto t = onednn::to_dnnl(dt);
+  MatmulEntry e;
+  if (t == dnnl::memory::data_type::undef) return e;
+  dnnl::memory::desc src_md(as, t, ast), wei_md(bs, t, bst), dst_md(os, t, ost);
+  dnnl::memory::desc bias_md;
+  if (has_bias) {
+    dims bd(size_t(nd), 1), bstr(size_t(nd), g.n);
+    bd[size_t(nd - 1)] = g.n;
+    bstr[size_t(nd - 1)] = 1;
+    bias_md = dnnl::memory::desc(bd, t, bstr);
+  }
+  try {
+    dnnl::matmul::primitive_desc pd =
+        has_bias ? dnnl::matmul::primitive_desc(dnnl::matmul::desc(src_md, wei_md, bias_md, dst_md),
+                                                onednn::engine())
+                 : dnnl::matmul::primitive_desc(dnnl::matmul::desc(src_md, wei_md, dst_md),
+                                                onednn::engine());
+    e.prim = dnnl::matmul(pd);
+  } catch (const dnnl::error& err) {
+    if (err.status == dnnl_unimplemented) return e;  // caller converts to f32
+    ACCEL_THROW(Error, "matmul", "oneDNN primitive creation failed: ", err.what());
+  }
+  e.src = onednn::unbound_memory(src_md);
+  e.wei = onednn::unbound_memory(wei_md);
+  e.dst = onednn::unbound_memory(dst_md);
+  e.args.add(DNNL_ARG_SRC, e.src);
+  e.args.add(DNNL_ARG_WEIGHTS, e.wei);
+  e.args.add(DNNL_ARG_DST, e.dst);
+  if (has_bias) {
+    e.bias = onednn::unbound_memory(bias_md);
+    e.args.add(DNNL_ARG_BIAS, e.bias);
+  }
+  e.supported = true;
+  return e;
+}
+
+onednn::PrimKey make_key(const Geometry& g, int first, DType dt, bool has_bias) {
+  onednn::PrimKey key;
+  key.push(int64_t(dt));
+  key.push(has_bias);
+  key.push(g.m), key.push(g.n), key.push(g.k);
+  key.push(g.a.row_stride), key.push(g.a.col_stride);
+  key.push(g.b.row_stride), key.push(g.b.col_stride);
+  for (int d = first; d < g.nb; ++d) {
+    key.push(g.out_size[d]);
+    key.push(g.a_size[d]), key.push(g.a_stride[d]);
+    key.push(g.b_size[d]), key.push(g.b_stride[d]);
+  }
+  return key;
+}
+
+// Runs fn(a_offset, b_offset, out_offset) (elements) for each index of batch dims [0, count).
+template <typename F>
+void for_each_outer(const Geometry& g, int count, F&& fn) {
+  int64_t total = 1;
+  for (int d = 0; d < count; ++d) total *= g.out_size[d];
+  int64_t idx[kMaxDims] = {};
+  for (int64_t i = 0; i < total; ++i) {
+    int64_t ao = 0, bo = 0, oo = 0;
+    for (int d = 0; d < count; ++d) {
+      ao += idx[d] * g.a_stride[d] * (g.a_size[d] != 1);
+      bo += idx[d] * g.b_stride[d] * (g.b_size[d] != 1);
+      oo += idx[d] * g.out_stride[d];
+    }
+    fn(ao, bo, oo);
+    for (int d = count - 1; d >= 0; --d) {
+      if (++idx[d] < g.out_size[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+// False when oneDNN cannot run this dtype here (the caller converts to f32).
+bool matmul_onednn(const Geometry& g, const Tensor& a, const Tensor& b, const Tensor& bias,
+                   Tensor& out) {
+  const int first = std::max(0, g.nb - kMaxBatchDims);  // leading dims peeled into a loop
+  const DType dt = out.dtype();
+  const bool has_bias = bias.defined();
+  const onednn::PrimKey key = make_key(g, first, dt, has_bias);
+  MatmulEntry& e = matmul_cache().get(key, [&] { return make_entry(g, first, dt, has_bias); });
+  if (!e.supported) return false;
+  const size_t es = out.element_size();
+  const char* pa = static_cast<const char*>(a.data_ptr());
+  const char* pb = static_cast<const char*>(b.data_ptr());
+  char* po = static_cast<char*>(out.data_ptr());
+  if (has_bias) onednn::bind(e.bias, bias.data_ptr(), "matmul");
+  for_each_outer(g, first, [&](int64_t ao, int64_t bo, int64_t oo) {
+    onednn::bind(e.src, pa + ao * int64_t(es), "matmul");
+    onednn::bind(e.wei, pb + bo * int64_t(es), "matmul");
+    onednn::bind(e.dst, po + oo * int64_t(es), "matmul");
+    onednn::execute(e.prim, e.args, "matmul");
+  });
+  return true;
+}
+
+// ---------------- Eigen path (f64) ----------------
+
+template <typename T, int Order>
+using MatMap = Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, 0,
+                          Eigen::OuterStride<>>;
+template <typename T>
+using OutMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>;
+
+template <typename T, int Order>
+MatMap<T, Order> map_matrix(const T* p, const MatrixLayout& m) {
+  return MatMap<T, Order>(p, m.rows, m.cols,
+                          Eigen::OuterStride<>(Order == Eigen::RowMajor ? m.row_stride : m.col_stride));
+}
+
+template <typename T>
+void gemm_eigen(const T* a, const T* b, const T* bias, T* out, const Geometry& g) {
+  OutMap<T> o(out, g.m, g.n);
+  auto run = [&](const auto& am) {
+    if (g.b.col_stride == 1) {
+      o.noalias() = am * map_matrix<T, Eigen::RowMajor>(b, g.b);
+    } else {
+      o.noalias() = am * map_matrix<T, Eigen::ColMajor>(b, g.b);
+    }
+  };
+  if (g.a.col_stride == 1) {
+    run(map_matrix<T, Eigen::RowMajor>(a, g.a));
+  } else {
+    run(map_matrix<T, Eigen::ColMajor>(a, g.a));
+  }
+  if (bias) {
+    Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>> bv(bias, g.n);
+    o.rowwise() += bv;
+  }
+}
+
+void matmul_eigen(const Geometry& g, const Tensor& a, const Tensor& b, const Tensor& bias,
+                  Tensor& out) {
+  const double* pa = a.data<double>();
+  const double* pb = b.data<double>();
+  const double* pbias = bias.defined() ? bias.data<double>() : nullptr;
+  double* po = out.data<double>();
+  for_each_outer(g, g.nb, [&](int64_t ao, int64_t bo, int64_t oo) {
+    gemm_eigen(pa + ao, pb + bo, pbias, po + oo, g);
+  });
+}
+
+// ---------------- entry ----------------
+
+// A contiguous copy of `t` in dtype `dt` (no autograd: kernels see detached data).
+Tensor copy_as(const Tensor& t, DType dt) {
+  Tensor c = empty(t.sizes(), TensorOptions(dt, t.device()));
+  copy_stub(t.device(), c, t);
+  return c;
+}
+
+bool is_canonical(const Tensor& t) {
+  MatrixLayout m{t.size(-2), t.size(-1), t.stride(-2), t.stride(-1)};
+  return canonical_matrix(m);
+}
+
+void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in, Tensor& out) {
+  if (out.numel() == 0) return;
+  if (a_in.size(-1) == 0) {  // empty inner dim: out = bias or 0
+    if (bias_in.defined()) {
+      copy_stub(out.device(), out, bias_in);
+    } else {
+      fill_stub(out.device(), out, Scalar(0));
+    }
+    return;
+  }
+  const Tensor a = is_canonical(a_in) ? a_in : copy_as(a_in, a_in.dtype());
+  const Tensor b = is_canonical(b_in) ? b_in : copy_as(b_in, b_in.dtype());
+  const Tensor bias = !bias_in.defined() || bias_in.is_contiguous() ? bias_in
+                                                                    : copy_as(bias_in, bias_in.dtype());
+  const Geometry g = make_geometry(a, b, out);
+  const DType dt = out.dtype();
+  if (dt == kFloat64) return matmul_eigen(g, a, b, bias, out);
+  if (matmul_onednn(g, a, b, bias, out)) return;
+  // No oneDNN implementation for this dtype on this CPU (f16; bf16 without AVX-512): compute in
+  // f32 and round once at the end.
+  ACCEL_CHECK(dt != kFloat32, Error, "matmul", "oneDNN has no f32 matmul for ", a.sizes(), " @ ",
+              b.sizes());
+  Tensor out32 = empty(out.sizes(), TensorOptions(kFloat32, out.device()));
+  matmul_kernel(copy_as(a, kFloat32), copy_as(b, kFloat32),
+                bias.defined() ? copy_as(bias, kFloat32) : Tensor(), out32);
+  copy_stub(out.device(), out, out32);
+}
+
+}  // namespace
+
+ACCEL_REGISTER_KERNEL(matmul_stub, CPU, &matmul_kernel);
+
+}  // namespace accel::cpu

@@ -1,0 +1,346 @@
+// Single-process tests of the Accelerator facade, GradScaler, autocast, trackers and
+// checkpoints.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include <doctest/doctest.h>
+
+#include "autograd/autocast.h"
+#include "dist/checkpoint.h"
+#include "dist/tracking.h"
+#include "tests/accelerator/common.h"
+
+using namespace accel;
+using accel::test::Run;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fresh_dir(const std::string& tag) {
+  std::string d = "/tmp/accel-acc-test-" + std::to_string(getpid()) + "-" + tag;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+AcceleratorConfig base_config(const std::string& dir) {
+  AcceleratorConfig c;
+  c.project_dir = dir;
+  c.read_env = false;
+  return c;
+}
+
+std::vector<double> flat_params(nn::Module& m) {
+  std::vector<double> out;
+  for (auto& p : m.parameters())
+    for (double v : p.tolist()) out.push_back(v);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("config: ACCEL_* variables override the struct; bad values are ValueErrors") {
+  setenv("ACCEL_MIXED_PRECISION", "bf16", 1);
+  setenv("ACCEL_GRADIENT_ACCUMULATION_STEPS", "4", 1);
+  setenv("ACCEL_USE_CPU", "true", 1);
+  setenv("ACCEL_ZERO_STAGE", "0", 1);
+  AcceleratorConfig c = AcceleratorConfig().with_env();
+  CHECK(c.mixed_precision == MixedPrecision::BF16);
+  CHECK(c.gradient_accumulation_steps == 4);
+  CHECK(c.cpu);
+  setenv("ACCEL_MIXED_PRECISION", "fp8", 1);
+  CHECK_THROWS_AS(AcceleratorConfig().with_env(), ValueError);
+  setenv("ACCEL_MIXED_PRECISION", "no", 1);
+  setenv("ACCEL_GRADIENT_ACCUMULATION_STEPS", "0", 1);
+  CHECK_THROWS_AS(AcceleratorConfig().with_env(), ValueError);
+  for (const char* v : {"ACCEL_MIXED_PRECISION", "ACCEL_GRADIENT_ACCUMULATION_STEPS",
+                        "ACCEL_USE_CPU", "ACCEL_ZERO_STAGE"})
+    unsetenv(v);
+  AcceleratorConfig bad;
+  bad.zero_stage = 4;
+  CHECK_THROWS_AS(Accelerator{bad}, ValueError);
+}
+
+TEST_CASE("single process: facade state and identity collectives") {
+  Accelerator acc(base_config(fresh_dir("facade")));
+  CHECK(acc.num_processes() == 1);
+  CHECK(acc.process_index() == 0);
+  CHECK(acc.is_main_process());
+  CHECK(acc.is_local_main_process());
+  CHECK(acc.device() == kCPU);
+  CHECK(acc.distributed_type() == DistributedType::No);
+  CHECK(acc.process_group() == nullptr);
+  Tensor t = tensor({1.f, 2.f, 3.f});
+  CHECK(equal(acc.gather(t), t));
+  CHECK(equal(acc.reduce(t, "sum"), t));
+  CHECK(equal(acc.broadcast(t), t));
+  CHECK(equal(acc.gather_for_metrics(t, 1), tensor({1.f, 2.f})));
+  CHECK_THROWS_AS(acc.gather_for_metrics(t, 4), ValueError);
+  CHECK_THROWS_AS(acc.reduce(t, "median"), ValueError);
+  std::vector<int> items = {1, 2, 3, 4, 5};
+  CHECK(acc.split_between_processes(items) == items);
+  int calls = 0;
+  acc.main_process_first([&] { ++calls; });
+  CHECK(calls == 1);
+  acc.wait_for_everyone();
+}
+
+TEST_CASE("GradScaler: skips on inf/NaN, backs off, grows after growth_interval") {
+  dist::GradScalerOptions o;
+  o.init_scale = 1024;
+  o.growth_interval = 2;
+  dist::GradScaler s(o);
+  Tensor p = ones({3}).requires_grad_();
+  s.scale_loss(p.sum()).backward();
+  CHECK(p.grad().tolist() == std::vector<double>{1024, 1024, 1024});
+  s.unscale_({p});
+  CHECK(p.grad().tolist() == std::vector<double>{1, 1, 1});
+  s.unscale_({p});  // idempotent within a step
+  CHECK(p.grad().tolist() == std::vector<double>{1, 1, 1});
+  CHECK_FALSE(s.found_inf());
+  s.update();
+  CHECK(s.scale() == 1024);
+  p.zero_grad();
+  s.scale_loss(p.sum()).backward();
+  s.unscale_({p});
+  s.update();
+  CHECK(s.scale() == 2048);  // two good steps
+  p.grad().fill_(std::numeric_limits<float>::infinity());
+  s.unscale_({p});
+  CHECK(s.found_inf());
+  s.update();
+  CHECK(s.scale() == 1024);
+  CHECK(s.growth_tracker() == 0);
+  p.grad().fill_(std::numeric_limits<float>::quiet_NaN());
+  s.unscale_({p});
+  CHECK(s.found_inf());
+  dist::GradScaler r;
+  r.load_state_dict(s.state_dict());
+  CHECK(r.scale() == s.scale());
+}
+
+TEST_CASE("fp16: an injected inf skips the optimizer and scheduler step, halves the scale") {
+  AcceleratorConfig c = base_config(fresh_dir("fp16"));
+  c.mixed_precision = MixedPrecision::FP16;
+  Accelerator acc(c);
+  Run run(acc, 8, false, 0.0);
+  const double scale0 = acc.scaler().scale();
+  auto it = run.loader->begin();
+  // A normal step first: it steps.
+  run.step(acc, *it);
+  CHECK_FALSE(acc.optimizer_step_was_skipped());
+  CHECK(acc.optimizer_steps() == 1);
+  ++it;
+  std::vector<double> before = flat_params(*run.model);
+  const int64_t sched_epoch = run.sched->scheduler().last_epoch();
+  {
+    auto scope = acc.accumulate();
+    Tensor loss = mse_loss(run.model->forward((*it)[0]), (*it)[1]);
+    acc.backward(loss);
+    run.model->w1.grad().narrow(0, 0, 1).fill_(std::numeric_limits<float>::infinity());
+    CHECK_FALSE(run.opt->step());
+    run.sched->step();
+    run.opt->zero_grad();
+  }
+  CHECK(acc.optimizer_step_was_skipped());
+  CHECK(acc.optimizer_steps() == 1);
+  CHECK(flat_params(*run.model) == before);
+  CHECK(run.sched->scheduler().last_epoch() == sched_epoch);
+  CHECK(acc.scaler().scale() == scale0 / 2);
+  ++it;
+  run.step(acc, *it);
+  CHECK_FALSE(acc.optimizer_step_was_skipped());
+  CHECK(acc.optimizer_steps() == 2);
+}
+
+TEST_CASE("accumulation: k micro-batches equal one big batch") {
+  const int k = 4;
+  AcceleratorConfig c = base_config(fresh_dir("accum"));
+  c.gradient_accumulation_steps = k;
+  Accelerator acc(c);
+  Run small(acc, 5, false, 0.0);
+  int syncs = 0;
+  int64_t n = 0;
+  for (auto& b : *small.loader) {
+    if (n++ == k) break;
+    small.step(acc, b);
+    syncs += acc.sync_gradients();
+  }
+  CHECK(syncs == 1);
+  CHECK(acc.optimizer_steps() == 1);
+
+  Accelerator ref(base_config(fresh_dir("accum-ref")));
+  Run big(ref, 5 * k, false, 0.0);
+  big.step(ref, *big.loader->begin());
+  auto a = flat_params(*small.model), b = flat_params(*big.model);
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-6));
+  // Not trivially equal to the initial weights.
+  CHECK(a != flat_params(*std::make_shared<test::TinyNet>(7, 0.0)));
+}
+
+TEST_CASE("accumulation: the last batch of the epoch forces a sync step") {
+  AcceleratorConfig c = base_config(fresh_dir("accum-end"));
+  c.gradient_accumulation_steps = 3;
+  Accelerator acc(c);
+  Run run(acc, 10, false, 0.0);  // 40 samples: 4 batches, windows of 3 -> syncs at 3 and 4
+  std::vector<int> syncs;
+  for (auto& b : *run.loader) {
+    run.step(acc, b);
+    syncs.push_back(acc.sync_gradients());
+  }
+  CHECK(syncs == std::vector<int>{0, 0, 1, 1});
+}
+
+TEST_CASE("autocast: thread-local scope, bf16 rounding on CPU, float32 passes elsewhere") {
+  CHECK_FALSE(autocast_enabled());
+  Tensor x = tensor({1.0f + 1.0f / 1024, 3.14159f});
+  CHECK(equal(autocast_cast(x), x));
+  {
+    AutocastGuard g(true, kBFloat16);
+    CHECK(autocast_enabled());
+    Tensor r = autocast_cast(x);
+    CHECK(r.dtype() == kFloat32);
+    CHECK(r.tolist()[0] == double(float(BFloat16(1.0f + 1.0f / 1024))));
+    CHECK(r.tolist()[1] == double(float(BFloat16(3.14159f))));
+    CHECK(r.tolist()[1] != x.tolist()[1]);
+    {
+      AutocastGuard h(false);
+      CHECK_FALSE(autocast_enabled());
+    }
+    CHECK(autocast_enabled());
+    Tensor d = tensor(std::vector<double>{1.1}, {1});
+    CHECK(equal(autocast_cast(d), d));  // float64 untouched
+  }
+  CHECK_FALSE(autocast_enabled());
+  CHECK_THROWS_AS(AutocastGuard(true, kFloat32), DTypeError);
+  // Differentiable: the gradient flows through the round trip.
+  Tensor w = tensor({0.3f, 0.7f}).requires_grad_();
+  {
+    AutocastGuard g(true, kFloat16);
+    sum(autocast_cast(w)).backward();
+  }
+  CHECK(w.grad().tolist() == std::vector<double>{1, 1});
+}
+
+TEST_CASE("trackers: JSONL lines on the main process, TensorBoard records with valid CRCs") {
+  const std::string dir = fresh_dir("track");
+  AcceleratorConfig c = base_config(dir);
+  c.log_with = {"jsonl", "tensorboard"};
+  {
+    Accelerator acc(c);
+    acc.init_trackers("run1", {{"lr", "0.05"}});
+    acc.log({{"loss", 0.5}, {"acc", 0.25}}, 3);
+    acc.log({{"loss", 0.125}}, 4);
+    acc.end_training();
+  }
+  std::ifstream f(dir + "/run1/metrics.jsonl");
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(f, l);) lines.push_back(l);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0] == R"({"config":{"lr":"0.05"}})");
+  CHECK(lines[1] == R"({"acc":0.25,"loss":0.5,"step":3})");
+  CHECK(lines[2] == R"({"loss":0.125,"step":4})");
+  // crc32c check value of the Castagnoli polynomial.
+  CHECK(dist::crc32c("123456789", 9) == 0xE3069283u);
+  std::string tb;
+  for (auto& e : fs::directory_iterator(dir + "/run1"))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) tb = e.path().string();
+  REQUIRE(!tb.empty());
+  std::string bytes = dist::read_file(tb);
+  size_t pos = 0;
+  int records = 0;
+  while (pos + 12 <= bytes.size()) {
+    uint64_t len;
+    uint32_t len_crc, data_crc;
+    std::memcpy(&len, bytes.data() + pos, 8);
+    std::memcpy(&len_crc, bytes.data() + pos + 8, 4);
+    CHECK(len_crc == dist::masked_crc32c(bytes.data() + pos, 8));
+    REQUIRE(pos + 12 + len + 4 <= bytes.size());
+    std::memcpy(&data_crc, bytes.data() + pos + 12 + len, 4);
+    CHECK(data_crc == dist::masked_crc32c(bytes.data() + pos + 12, len));
+    pos += 12 + len + 4;
+    ++records;
+  }
+  CHECK(pos == bytes.size());
+  CHECK(records == 3);  // file_version + two scalar events
+  CHECK(bytes.find("brain.Event:2") != std::string::npos);
+  CHECK_THROWS_AS(dist::make_tracker("wandb", dir), ValueError);
+}
+
+namespace {
+// Trains `steps` micro-batches (k = 2 accumulation, shuffled loader over epochs, dropout);
+// returns the losses. With save_at >= 0 saves after that many steps.
+std::vector<double> train(Accelerator& acc, Run& run, int steps, int save_at = -1) {
+  std::vector<double> losses;
+  while (int(losses.size()) < steps) {
+    for (auto& b : *run.loader) {
+      losses.push_back(run.step(acc, b));
+      if (int(losses.size()) == save_at) acc.save_state();
+      if (int(losses.size()) == steps) break;
+    }
+  }
+  return losses;
+}
+}  // namespace
+
+TEST_CASE("checkpoint: save, fresh process objects, load, continue: bit-identical losses") {
+  const std::string dir = fresh_dir("resume");
+  AcceleratorConfig c = base_config(dir);
+  c.gradient_accumulation_steps = 2;
+  c.mixed_precision = MixedPrecision::FP16;  // the scaler state is part of the checkpoint
+  c.seed = 11;
+  std::vector<double> full;
+  {
+    Accelerator acc(c);
+    Run run(acc, 6);
+    full = train(acc, run, 17, 9);
+  }
+  manual_seed(999);  // a resumed run must not depend on the generator it starts with
+  std::vector<double> resumed;
+  {
+    Accelerator acc(c);
+    Run run(acc, 6);
+    acc.load_state();
+    CHECK(acc.step() == 9);
+    resumed = train(acc, run, 17 - 9);
+  }
+  REQUIRE(resumed.size() == 8);
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    CAPTURE(i);
+    CHECK(test::hex(resumed[i]) == test::hex(full[9 + i]));
+  }
+  CHECK(dist::read_latest(dir + "/checkpoints").value() == "checkpoint_0");
+}
+
+TEST_CASE("checkpoint: total_limit rotation, latest pointer, incomplete dirs are refused") {
+  const std::string dir = fresh_dir("rotate");
+  AcceleratorConfig c = base_config(dir);
+  c.total_limit = 2;
+  Accelerator acc(c);
+  Run run(acc, 8, false, 0.0);
+  for (int i = 0; i < 4; ++i) {
+    run.step(acc, *run.loader->begin());
+    acc.save_state();
+  }
+  auto list = dist::list_checkpoints(dir + "/checkpoints");
+  REQUIRE(list.size() == 2);
+  CHECK(fs::path(list[0]).filename() == "checkpoint_2");
+  CHECK(fs::path(list[1]).filename() == "checkpoint_3");
+  CHECK(dist::read_latest(dir + "/checkpoints").value() == "checkpoint_3");
+  CHECK(acc.load_state() == dir + "/checkpoints/checkpoint_3");
+  // A directory without state.json (an interrupted copy) is not a checkpoint.
+  fs::create_directories(dir + "/partial");
+  CHECK_THROWS_AS(acc.load_state(dir + "/partial"), IoError);
+  // Explicit directories work too, and a mismatched set of objects is an error.
+  acc.save_state(dir + "/manual");
+  CHECK(fs::exists(dir + "/manual/state.json"));
+  CHECK(dist::read_latest(dir).value() == "manual");
+  Accelerator other(base_config(fresh_dir("rotate-other")));
+  CHECK_THROWS_AS(other.load_state(dir + "/manual"), ValueError);
+}

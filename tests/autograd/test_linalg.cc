@@ -1,0 +1,479 @@
+// matmul / mm / bmm / linear, conv2d, max_pool2d / avg_pool2d: results against independent
+// float64 references, lower-precision dtypes against float32, gradients, and every misuse.
+#include <doctest/doctest.h>
+
+#include <limits>
+#include <string>
+
+#include "accel.h"
+
+using namespace accel;
+
+namespace {
+
+Generator& gen() {
+  static Generator g(77);
+  return g;
+}
+Tensor rand_t(const Shape& s, DType dt = kFloat32) {
+  return uniform(s, -1.0, 1.0, TensorOptions(dt), &gen());
+}
+
+// Independent reference: broadcast multiply and sum over K (elementwise + reduce kernels only).
+//   a (..., M, K), b (..., K, N) -> (..., M, N), computed in float64.
+Tensor ref_matmul(const Tensor& a, const Tensor& b) {
+  NoGradGuard ng;
+  Tensor x = a.to(kFloat64), y = b.to(kFloat64);
+  return sum(mul(x.unsqueeze(-1), y.unsqueeze(-3)), {-2});
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  NoGradGuard ng;
+  return amax(abs(sub(a.to(kFloat64), b.to(kFloat64)))).item<double>();
+}
+
+// Runs f, expecting an exception of type E whose message names `op` and contains `shape`.
+template <typename E, typename F>
+void check_error(F&& f, const std::string& op, const std::string& shape) {
+  bool thrown = false;
+  try {
+    f();
+  } catch (const E& e) {
+    thrown = true;
+    const std::string msg = e.what();
+    INFO("message: ", msg);
+    CHECK(msg.rfind("[" + op + "]", 0) == 0);
+    CHECK(msg.find(shape) != std::string::npos);
+  }
+  CHECK_MESSAGE(thrown, "expected an exception for ", op);
+}
+
+// A CUDA-tagged tensor over host memory: only its metadata is touched before the device check.
+Tensor fake_cuda(const Shape& s, std::vector<float>& buf) {
+  buf.assign(size_t(shape_numel(s)), 0.f);
+  return from_blob(buf.data(), s, kFloat32, Device::cuda(0));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// matmul
+
+TEST_CASE("matmul: f32 against the f64 reference, all rank combinations") {
+  struct Case {
+    Shape a, b;
+  };
+  const Case cases[] = {
+      {{5, 7}, {7, 3}},          {{1, 1}, {1, 1}},           {{64, 33}, {33, 17}},
+      {{2, 3, 4}, {2, 4, 5}},    {{2, 1, 3, 4}, {3, 4, 2}},  {{3, 4}, {2, 4, 6}},
+      {{2, 3, 4}, {4, 6}},       {{4, 1, 3, 5}, {1, 2, 5, 2}}, {{130, 70}, {70, 90}},
+  };
+  for (const Case& c : cases) {
+    INFO("a ", c.a, " b ", c.b);
+    Tensor a = rand_t(c.a), b = rand_t(c.b);
+    Tensor out = matmul(a, b);
+    Tensor ref = ref_matmul(a, b);
+    REQUIRE(out.sizes() == ref.sizes());
+    CHECK(out.dtype() == kFloat32);
+    CHECK(max_abs_diff(out, ref) < 1e-4 * double(c.a.back()));
+    // f64 through the Eigen path agrees to rounding.
+    Tensor out64 = matmul(a.to(kFloat64), b.to(kFloat64));
+    CHECK(max_abs_diff(out64, ref) < 1e-12);
+  }
+}
+
+TEST_CASE("matmul: 1-D operands follow torch.matmul") {
+  Tensor v = rand_t({4}), w = rand_t({4}), m = rand_t({4, 3}), bm = rand_t({2, 4, 3});
+  Tensor dot = matmul(v, w);
+  CHECK(dot.dim() == 0);
+  CHECK(dot.item<double>() ==
+        doctest::Approx(sum(mul(v.to(kFloat64), w.to(kFloat64))).item<double>()).epsilon(1e-5));
+  Tensor vm = matmul(v, m);
+  CHECK(vm.sizes() == Shape{3});
+  CHECK(max_abs_diff(vm, ref_matmul(v.unsqueeze(0), m).squeeze(0)) < 1e-5);
+  Tensor mv = matmul(m.t(), v);
+  CHECK(mv.sizes() == Shape{3});
+  CHECK(max_abs_diff(mv, ref_matmul(m.t(), v.unsqueeze(1)).squeeze(1)) < 1e-5);
+  Tensor vbm = matmul(v, bm);
+  CHECK(vbm.sizes() == Shape{2, 3});
+  Tensor bmv = matmul(bm.transpose(1, 2), v);
+  CHECK(bmv.sizes() == Shape{2, 3});
+  CHECK(max_abs_diff(bmv, ref_matmul(bm.transpose(1, 2), v.unsqueeze(1)).squeeze(-1)) < 1e-5);
+}
+
+TEST_CASE("matmul: strided operands (transposed, sliced, expanded) need no caller copy") {
+  Tensor a = rand_t({6, 5}), b = rand_t({4, 6});
+  // a.t(): (5, 6) column-major; b.t(): (6, 4) column-major.
+  CHECK(max_abs_diff(matmul(a.t(), b.t()), ref_matmul(a.t(), b.t())) < 1e-5);
+  // A row slice with a leading dimension larger than its width.
+  Tensor big = rand_t({8, 10});
+  Tensor s = big.narrow(1, 2, 6);  // (8, 6), row stride 10
+  CHECK(max_abs_diff(matmul(s, a), ref_matmul(s, a)) < 1e-5);
+  // Neither row- nor column-major (step-2 columns): copied inside the kernel.
+  Tensor st = big.slice(1, 0, 10, 2);  // (8, 5), col stride 2
+  CHECK(max_abs_diff(matmul(st, a.t()), ref_matmul(st, a.t())) < 1e-5);
+  // An expanded batch operand (stride 0) is a broadcast, not a copy.
+  Tensor e = rand_t({1, 3, 4}).expand({5, 3, 4});
+  Tensor r = rand_t({5, 4, 2});
+  CHECK(max_abs_diff(matmul(e, r), ref_matmul(e, r)) < 1e-5);
+  // Permuted batch layout: (B, T, H, D) viewed as (B, H, T, D), as attention does.
+  Tensor q = rand_t({2, 5, 3, 4}).permute({0, 2, 1, 3});
+  Tensor k = rand_t({2, 5, 3, 4}).permute({0, 2, 3, 1});
+  CHECK(max_abs_diff(matmul(q, k), ref_matmul(q, k)) < 1e-5);
+}
+
+TEST_CASE("matmul: repeated calls reuse cached primitives and stay correct") {
+  Tensor a = rand_t({16, 8}), b = rand_t({8, 4});
+  Tensor first = matmul(a, b);
+  for (int i = 0; i < 5; ++i) {
+    Tensor a2 = rand_t({16, 8});
+    CHECK(max_abs_diff(matmul(a2, b), ref_matmul(a2, b)) < 1e-5);
+  }
+  CHECK(max_abs_diff(matmul(a, b), first) == 0.0);
+}
+
+TEST_CASE("matmul: many batch dims (beyond oneDNN's rank limit) and empty shapes") {
+  Shape sa{2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 3, 4};  // 11 batch dims
+  Shape sb{1, 2, 1, 2, 1, 2, 1, 2, 1, 2, 1, 4, 2};
+  Tensor a = rand_t(sa), b = rand_t(sb);
+  CHECK(max_abs_diff(matmul(a, b), ref_matmul(a, b)) < 1e-5);
+  Tensor z = matmul(rand_t({3, 0}), rand_t({0, 2}));
+  CHECK(z.sizes() == Shape{3, 2});
+  CHECK(max_abs_diff(z, zeros({3, 2})) == 0.0);
+  CHECK(matmul(rand_t({0, 3}), rand_t({3, 2})).sizes() == Shape{0, 2});
+  CHECK(linear(rand_t({2, 0}), rand_t({3, 0}), ones({3})).sum().item<double>() == 6.0);
+}
+
+TEST_CASE("matmul: bf16 and f16 against f32") {
+  Tensor a = rand_t({33, 48}), b = rand_t({48, 20});
+  Tensor ref = matmul(a, b);
+  for (DType dt : {kBFloat16, kFloat16}) {
+    INFO("dtype ", dt);
+    Tensor out = matmul(a.to(dt), b.to(dt));
+    CHECK(out.dtype() == dt);
+    // Inputs rounded to 8 (bf16) / 11 (f16) bits, f32 accumulation.
+    CHECK(max_abs_diff(out, ref) < (dt == kBFloat16 ? 0.25 : 0.03));
+    Tensor lin = linear(a.to(dt), b.t().to(dt), ones({20}, dt));
+    CHECK(max_abs_diff(lin, add(ref, 1.0)) < (dt == kBFloat16 ? 0.25 : 0.03));
+  }
+}
+
+TEST_CASE("mm and bmm") {
+  Tensor a = rand_t({3, 4}), b = rand_t({4, 2});
+  CHECK(max_abs_diff(mm(a, b), ref_matmul(a, b)) < 1e-5);
+  Tensor x = rand_t({5, 3, 4}), y = rand_t({5, 4, 6});
+  CHECK(max_abs_diff(bmm(x, y), ref_matmul(x, y)) < 1e-5);
+}
+
+TEST_CASE("linear: fused bias, any leading dims, matches x @ w^T + b") {
+  Tensor w = rand_t({6, 4}), bias = rand_t({6});
+  for (Shape s : {Shape{4}, Shape{3, 4}, Shape{2, 3, 4}}) {
+    INFO("x ", s);
+    Tensor x = rand_t(s);
+    Tensor ref = add(ref_matmul(x.dim() == 1 ? x.unsqueeze(0) : x, w.t()), bias.to(kFloat64));
+    if (x.dim() == 1) ref = ref.squeeze(0);
+    Tensor out = linear(x, w, bias);
+    REQUIRE(out.sizes() == ref.sizes());
+    CHECK(max_abs_diff(out, ref) < 1e-5);
+    CHECK(max_abs_diff(linear(x, w), sub(ref, bias.to(kFloat64))) < 1e-5);
+  }
+  // Non-contiguous input (transposed): folded through a copy.
+  Tensor xt = rand_t({4, 3, 2}).transpose(0, 2);  // (2, 3, 4)
+  CHECK(max_abs_diff(linear(xt, w, bias), add(ref_matmul(xt, w.t()), bias.to(kFloat64))) < 1e-5);
+}
+
+TEST_CASE("linear and matmul backward: f32 gradients match f64") {
+  Tensor x = rand_t({8, 5}), w = rand_t({3, 5}), b = rand_t({3}), g = rand_t({8, 3});
+  std::vector<Tensor> grads32, grads64;
+  for (DType dt : {kFloat32, kFloat64}) {
+    Tensor xx = x.to(dt).detach().requires_grad_(), ww = w.to(dt).detach().requires_grad_(),
+           bb = b.to(dt).detach().requires_grad_();
+    Tensor out = linear(xx, ww, bb);
+    out.backward(g.to(dt));
+    auto& dst = dt == kFloat32 ? grads32 : grads64;
+    dst = {xx.grad(), ww.grad(), bb.grad()};
+  }
+  for (size_t i = 0; i < 3; ++i) CHECK(max_abs_diff(grads32[i], grads64[i]) < 1e-5);
+  // Explicit formulas: dx = g w, dw = g^T x, db = sum(g).
+  CHECK(max_abs_diff(grads64[0], ref_matmul(g, w)) < 1e-12);
+  CHECK(max_abs_diff(grads64[1], ref_matmul(g.t(), x)) < 1e-12);
+  CHECK(max_abs_diff(grads64[2], sum(g.to(kFloat64), {0})) < 1e-12);
+
+  // Batched broadcast: the rhs gradient is summed over the broadcast batch dim.
+  Tensor a = rand_t({4, 2, 3}).requires_grad_(), m = rand_t({1, 3, 2}).requires_grad_();
+  matmul(a, m).sum().backward();
+  CHECK(m.grad().sizes() == Shape{1, 3, 2});
+  Tensor expect = ref_matmul(a.detach().transpose(1, 2), ones({4, 2, 2})).sum({0}, true);
+  CHECK(max_abs_diff(m.grad(), expect) < 1e-5);
+}
+
+TEST_CASE("matmul family: errors name the op and the shapes") {
+  Tensor a = rand_t({4, 3}), b = rand_t({5, 2});
+  check_error<ShapeError>([&] { matmul(a, b); }, "matmul", "(4, 3) @ (5, 2)");
+  check_error<ShapeError>([&] { matmul(rand_t({3}), rand_t({4})); }, "matmul", "(3,) @ (4,)");
+  check_error<ShapeError>([&] { matmul(scalar_tensor(1.0), a); }, "matmul", "(4, 3)");
+  check_error<ShapeError>([&] { matmul(rand_t({2, 4, 3}), rand_t({3, 3, 2})); }, "matmul",
+                          "(2, 4, 3) @ (3, 3, 2)");
+  check_error<ShapeError>([&] { mm(rand_t({2, 3, 4}), rand_t({4, 2})); }, "mm", "(2, 3, 4) @ (4, 2)");
+  check_error<ShapeError>([&] { mm(a, b); }, "mm", "(4, 3) @ (5, 2)");
+  check_error<ShapeError>([&] { bmm(a, rand_t({3, 2})); }, "bmm", "(4, 3) @ (3, 2)");
+  check_error<ShapeError>([&] { bmm(rand_t({2, 3, 4}), rand_t({3, 4, 2})); }, "bmm",
+                          "(2, 3, 4) @ (3, 4, 2)");
+  check_error<ShapeError>([&] { bmm(rand_t({2, 3, 4}), rand_t({2, 3, 2})); }, "bmm",
+                          "(2, 3, 4) @ (2, 3, 2)");
+  check_error<DTypeError>([&] { matmul(a, rand_t({3, 2}, kFloat64)); }, "matmul", "(4, 3)");
+  check_error<DTypeError>([&] { matmul(ones({2, 2}, kInt64), ones({2, 2}, kInt64)); }, "matmul",
+                          "(2, 2)");
+  std::vector<float> buf;
+  Tensor c = fake_cuda({3, 2}, buf);
+  check_error<DeviceError>([&] { matmul(a, c); }, "matmul", "(3, 2)");
+  check_error<DeviceError>([&] { linear(rand_t({2, 2}), fake_cuda({3, 2}, buf)); }, "linear", "(3, 2)");
+  // linear
+  check_error<ShapeError>([&] { linear(rand_t({2, 4}), rand_t({3, 5})); }, "linear", "(3, 5)");
+  check_error<ShapeError>([&] { linear(rand_t({2, 4}), rand_t({3, 4, 1})); }, "linear", "(3, 4, 1)");
+  check_error<ShapeError>([&] { linear(rand_t({2, 4}), rand_t({3, 4}), rand_t({4})); }, "linear",
+                          "(4,)");
+  check_error<DTypeError>([&] { linear(rand_t({2, 4}), rand_t({3, 4}), rand_t({3}, kFloat64)); },
+                          "linear", "(3,)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// conv2d and pooling
+
+namespace {
+
+struct ConvCfg {
+  Shape x, w;
+  bool bias;
+  Shape stride, padding, dilation;
+  int64_t groups;
+};
+
+// x zero-padded by (ph, pw) with `fill` around it (float64, no autograd).
+Tensor pad_hw(const Tensor& x, int64_t ph, int64_t pw, double fill) {
+  Tensor out = full({x.size(0), x.size(1), x.size(2) + 2 * ph, x.size(3) + 2 * pw}, fill,
+                    TensorOptions(kFloat64));
+  out.narrow(2, ph, x.size(2)).narrow(3, pw, x.size(3)).copy_(x);
+  return out;
+}
+
+// The input window of kernel tap (p, q) for every output cell: (N, C, Ho, Wo), a strided view.
+Tensor tap(const Tensor& xp, int64_t p, int64_t q, int64_t ho, int64_t wo, const Shape& s,
+           const Shape& d) {
+  return xp.slice(2, p * d[0], p * d[0] + (ho - 1) * s[0] + 1, s[0])
+      .slice(3, q * d[1], q * d[1] + (wo - 1) * s[1] + 1, s[1]);
+}
+
+// Independent conv2d reference: a sum over kernel taps of (O_g, C_g) @ (N, C_g, Ho*Wo) matmuls
+// on padded, strided slices, in float64.
+Tensor ref_conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const ConvCfg& c) {
+  NoGradGuard ng;
+  Tensor x = x_in.to(kFloat64), w = w_in.to(kFloat64);
+  const int64_t n = x.size(0), o = w.size(0), kh = w.size(2), kw = w.size(3);
+  const int64_t cg = w.size(1), og = o / c.groups;
+  const int64_t ho = (x.size(2) + 2 * c.padding[0] - c.dilation[0] * (kh - 1) - 1) / c.stride[0] + 1;
+  const int64_t wo = (x.size(3) + 2 * c.padding[1] - c.dilation[1] * (kw - 1) - 1) / c.stride[1] + 1;
+  Tensor xp = pad_hw(x, c.padding[0], c.padding[1], 0.0);
+  Tensor out = zeros({n, o, ho * wo}, TensorOptions(kFloat64));
+  for (int64_t g = 0; g < c.groups; ++g) {
+    Tensor og_out = out.narrow(1, g * og, og);
+    for (int64_t p = 0; p < kh; ++p) {
+      for (int64_t q = 0; q < kw; ++q) {
+        Tensor xs = tap(xp.narrow(1, g * cg, cg), p, q, ho, wo, c.stride, c.dilation)
+                        .reshape({n, cg, ho * wo});
+        Tensor wpq = w.narrow(0, g * og, og).select(3, q).select(2, p);  // (og, cg)
+        og_out.add_(matmul(wpq, xs));
+      }
+    }
+  }
+  if (b_in.defined()) out.add_(b_in.to(kFloat64).reshape({1, o, 1}));
+  return out.reshape({n, o, ho, wo});
+}
+
+// Independent pooling reference from strided slices of the padded input.
+Tensor ref_pool(bool is_max, const Tensor& x_in, const Shape& k, const Shape& s, const Shape& pad,
+                bool include_pad) {
+  NoGradGuard ng;
+  Tensor x = x_in.to(kFloat64);
+  const int64_t ho = (x.size(2) + 2 * pad[0] - k[0]) / s[0] + 1;
+  const int64_t wo = (x.size(3) + 2 * pad[1] - k[1]) / s[1] + 1;
+  const double inf = std::numeric_limits<double>::infinity();
+  Tensor xp = pad_hw(x, pad[0], pad[1], is_max ? -inf : 0.0);
+  Tensor valid = pad_hw(ones_like(x), pad[0], pad[1], 0.0);
+  Tensor acc, cnt;
+  for (int64_t p = 0; p < k[0]; ++p) {
+    for (int64_t q = 0; q < k[1]; ++q) {
+      Tensor v = tap(xp, p, q, ho, wo, s, {1, 1});
+      Tensor m = tap(valid, p, q, ho, wo, s, {1, 1});
+      acc = !acc.defined() ? v.contiguous() : (is_max ? maximum(acc, v) : add(acc, v));
+      cnt = !cnt.defined() ? m.contiguous() : add(cnt, m);
+    }
+  }
+  if (is_max) return acc;
+  return include_pad ? div(acc, double(k[0] * k[1])) : div(acc, cnt);
+}
+
+}  // namespace
+
+TEST_CASE("conv2d: f32 (oneDNN) and f64 (reference) against an independent reference") {
+  const ConvCfg cfgs[] = {
+      {{2, 3, 7, 6}, {4, 3, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
+      {{1, 2, 9, 8}, {3, 2, 3, 2}, false, {2, 3}, {1, 0}, {1, 1}, 1},
+      {{2, 4, 9, 9}, {6, 2, 3, 3}, true, {1, 1}, {2, 2}, {2, 2}, 2},
+      {{1, 6, 5, 5}, {6, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 6},  // depthwise
+      {{2, 3, 4, 4}, {5, 3, 1, 1}, true, {1, 1}, {0, 0}, {1, 1}, 1},  // 1x1
+      {{4, 32, 14, 14}, {64, 32, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},  // the cnn's conv 2
+      {{3, 1, 28, 28}, {32, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},  // the cnn's conv 1
+  };
+  for (const ConvCfg& c : cfgs) {
+    INFO("x ", c.x, " w ", c.w, " stride ", c.stride, " pad ", c.padding, " dil ", c.dilation,
+         " groups ", c.groups);
+    Tensor x = rand_t(c.x), w = rand_t(c.w), b = c.bias ? rand_t({c.w[0]}) : Tensor();
+    Tensor ref = ref_conv2d(x, w, b, c);
+    Tensor y32 = conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+    REQUIRE(y32.sizes() == ref.sizes());
+    const double fan_in = double(c.w[1] * c.w[2] * c.w[3]);
+    CHECK(max_abs_diff(y32, ref) < 2e-6 * fan_in);
+    Tensor y64 = conv2d(x.to(kFloat64), w.to(kFloat64), b.defined() ? b.to(kFloat64) : Tensor(),
+                        c.stride, c.padding, c.dilation, c.groups);
+    CHECK(max_abs_diff(y64, ref) < 1e-12);
+  }
+}
+
+TEST_CASE("conv2d backward: f32 (oneDNN) gradients match f64 (gradchecked reference)") {
+  const ConvCfg cfgs[] = {
+      {{2, 3, 7, 6}, {4, 3, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
+      {{1, 4, 9, 9}, {6, 2, 3, 3}, true, {2, 1}, {2, 1}, {2, 1}, 2},
+      {{4, 32, 14, 14}, {64, 32, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
+      {{3, 1, 28, 28}, {32, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
+  };
+  for (const ConvCfg& c : cfgs) {
+    INFO("x ", c.x, " w ", c.w);
+    Tensor x = rand_t(c.x), w = rand_t(c.w), b = rand_t({c.w[0]});
+    Tensor gy;
+    std::vector<Tensor> res[2];
+    for (int k = 0; k < 2; ++k) {
+      const DType dt = k == 0 ? kFloat32 : kFloat64;
+      Tensor xx = x.to(dt).detach().requires_grad_(), ww = w.to(dt).detach().requires_grad_(),
+             bb = b.to(dt).detach().requires_grad_();
+      Tensor y = conv2d(xx, ww, bb, c.stride, c.padding, c.dilation, c.groups);
+      if (!gy.defined()) gy = rand_t(y.sizes());
+      y.backward(gy.to(dt));
+      res[k] = {xx.grad(), ww.grad(), bb.grad()};
+    }
+    const double n_out = double(shape_numel(gy.sizes()));
+    CHECK(max_abs_diff(res[0][0], res[1][0]) < 1e-5 * double(c.w[0] * c.w[2] * c.w[3]));
+    CHECK(max_abs_diff(res[0][1], res[1][1]) < 1e-6 * n_out);
+    CHECK(max_abs_diff(res[0][2], res[1][2]) < 1e-6 * n_out);
+  }
+  // Only the weight gradient wanted (the first layer of a network: data needs no gradient).
+  Tensor x = rand_t({2, 1, 8, 8}), w = rand_t({4, 1, 3, 3}).requires_grad_();
+  conv2d(x, w, Tensor(), {1, 1}, {1, 1}).sum().backward();
+  Tensor w64 = w.detach().to(kFloat64).requires_grad_();
+  conv2d(x.to(kFloat64), w64, Tensor(), {1, 1}, {1, 1}).sum().backward();
+  CHECK(max_abs_diff(w.grad(), w64.grad()) < 1e-4);
+}
+
+TEST_CASE("conv2d: bf16 and f16 against f32") {
+  Tensor x = rand_t({2, 8, 10, 10}), w = rand_t({16, 8, 3, 3}), b = rand_t({16});
+  Tensor ref = conv2d(x, w, b, {1, 1}, {1, 1});
+  for (DType dt : {kBFloat16, kFloat16}) {
+    INFO("dtype ", dt);
+    Tensor y = conv2d(x.to(dt), w.to(dt), b.to(dt), {1, 1}, {1, 1});
+    CHECK(y.dtype() == dt);
+    CHECK(max_abs_diff(y, ref) < (dt == kBFloat16 ? 0.3 : 0.05));
+    Tensor xx = x.to(dt).detach().requires_grad_();
+    conv2d(xx, w.to(dt), b.to(dt), {1, 1}, {1, 1}).sum().backward();
+    CHECK(xx.grad().dtype() == dt);
+  }
+}
+
+TEST_CASE("pooling: f32 (oneDNN) and f64 (reference) against an independent reference") {
+  struct PoolCfg {
+    Shape x, k, s, pad;
+  };
+  const PoolCfg cfgs[] = {
+      {{2, 3, 8, 8}, {2, 2}, {2, 2}, {0, 0}},
+      {{1, 2, 7, 9}, {3, 3}, {2, 2}, {1, 1}},
+      {{2, 2, 6, 5}, {3, 2}, {1, 2}, {1, 1}},
+      {{8, 32, 28, 28}, {2, 2}, {2, 2}, {0, 0}},  // the cnn's first pool
+  };
+  for (const PoolCfg& c : cfgs) {
+    INFO("x ", c.x, " k ", c.k, " s ", c.s, " pad ", c.pad);
+    Tensor x = rand_t(c.x);
+    for (DType dt : {kFloat32, kFloat64}) {
+      Tensor xd = x.to(dt);
+      CHECK(max_abs_diff(max_pool2d(xd, c.k, c.s, c.pad), ref_pool(true, x, c.k, c.s, c.pad, true)) <
+            1e-6);
+      for (bool inc : {true, false}) {
+        CHECK(max_abs_diff(avg_pool2d(xd, c.k, c.s, c.pad, inc),
+                           ref_pool(false, x, c.k, c.s, c.pad, inc)) < 1e-6);
+      }
+    }
+  }
+  // Stride defaults to the kernel; a 3-D input is one image.
+  Tensor x = rand_t({3, 6, 6});
+  CHECK(max_pool2d(x, {3, 3}).sizes() == Shape{3, 2, 2});
+  CHECK(max_abs_diff(max_pool2d(x, {3}), max_pool2d(x.unsqueeze(0), {3, 3}, {3, 3}).squeeze(0)) == 0.0);
+}
+
+TEST_CASE("pooling backward: f32 (oneDNN, workspace) matches f64 (gradchecked reference)") {
+  Tensor x = rand_t({4, 16, 12, 12});
+  for (int kind = 0; kind < 3; ++kind) {
+    INFO("kind ", kind);
+    std::vector<Tensor> gx;
+    Tensor gy;
+    for (DType dt : {kFloat32, kFloat64}) {
+      Tensor xx = x.to(dt).detach().requires_grad_();
+      Tensor y = kind == 0   ? max_pool2d(xx, {3, 3}, {2, 2}, {1, 1})
+                 : kind == 1 ? avg_pool2d(xx, {3, 3}, {2, 2}, {1, 1}, true)
+                             : avg_pool2d(xx, {2, 2});
+      if (!gy.defined()) gy = rand_t(y.sizes());
+      y.backward(gy.to(dt));
+      gx.push_back(xx.grad());
+    }
+    CHECK(max_abs_diff(gx[0], gx[1]) < 1e-5);
+  }
+  // bf16 / f16 pooling with a gradient.
+  for (DType dt : {kBFloat16, kFloat16}) {
+    Tensor xx = x.to(dt).detach().requires_grad_();
+    Tensor y = max_pool2d(xx, {2, 2});
+    CHECK(max_abs_diff(y, max_pool2d(x.to(dt).to(kFloat32), {2, 2})) == 0.0);
+    y.sum().backward();
+    CHECK(xx.grad().to(kFloat32).sum().item<double>() == doctest::Approx(double(y.numel())));
+  }
+}
+
+TEST_CASE("conv2d and pooling: errors name the op and the shapes") {
+  Tensor x = rand_t({2, 4, 8, 8}), w = rand_t({6, 4, 3, 3});
+  check_error<ShapeError>([&] { conv2d(x, rand_t({6, 4, 3})); }, "conv2d", "(6, 4, 3)");
+  check_error<ShapeError>([&] { conv2d(rand_t({4, 8}), w); }, "conv2d", "(4, 8)");
+  check_error<ShapeError>([&] { conv2d(x, rand_t({6, 3, 3, 3})); }, "conv2d", "(6, 3, 3, 3)");
+  check_error<ShapeError>([&] { conv2d(x, rand_t({6, 2, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 3); },
+                          "conv2d", "(2, 4, 8, 8)");
+  check_error<ShapeError>([&] { conv2d(x, rand_t({5, 2, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 2); },
+                          "conv2d", "(5, 2, 3, 3)");
+  check_error<ValueError>([&] { conv2d(x, w, Tensor(), {1, 1}, {0, 0}, {1, 1}, 0); }, "conv2d", "0");
+  check_error<ShapeError>([&] { conv2d(x, w, rand_t({5})); }, "conv2d", "(5,)");
+  check_error<ShapeError>([&] { conv2d(rand_t({1, 4, 2, 2}), w); }, "conv2d", "(1, 4, 2, 2)");
+  check_error<ShapeError>([&] { conv2d(rand_t({1, 4, 5, 5}), w, Tensor(), {1, 1}, {0, 0}, {3, 3}); },
+                          "conv2d", "(1, 4, 5, 5)");
+  check_error<ValueError>([&] { conv2d(x, w, Tensor(), {0, 1}); }, "conv2d", "(0, 1)");
+  check_error<ValueError>([&] { conv2d(x, w, Tensor(), {1, 1, 1}); }, "conv2d", "(1, 1, 1)");
+  check_error<DTypeError>([&] { conv2d(x, w.to(kFloat64)); }, "conv2d", "(6, 4, 3, 3)");
+  check_error<DTypeError>([&] { conv2d(ones({1, 1, 3, 3}, kInt64), ones({1, 1, 1, 1}, kInt64)); },
+                          "conv2d", "(1, 1, 3, 3)");
+  std::vector<float> buf;
+  check_error<DeviceError>([&] { conv2d(x, fake_cuda({6, 4, 3, 3}, buf)); }, "conv2d", "(6, 4, 3, 3)");
+  // pooling
+  check_error<ShapeError>([&] { max_pool2d(rand_t({1, 1, 2, 2}), {3, 3}); }, "max_pool2d",
+                          "(1, 1, 2, 2)");
+  check_error<ShapeError>([&] { avg_pool2d(rand_t({1, 1, 2, 5}), {3, 3}); }, "avg_pool2d",
+                          "(1, 1, 2, 5)");
+  check_error<ValueError>([&] { max_pool2d(x, {2, 2}, {2, 2}, {2, 2}); }, "max_pool2d", "(2, 2)");
+  check_error<ValueError>([&] { avg_pool2d(x, {0, 2}); }, "avg_pool2d", "(0, 2)");
+  check_error<ValueError>([&] { max_pool2d(x, {2, 2}, {0}); }, "max_pool2d", "(0,)");
+  check_error<ShapeError>([&] { max_pool2d(rand_t({8, 8}), {2, 2}); }, "max_pool2d", "(8, 8)");
+  check_error<DTypeError>([&] { max_pool2d(ones({1, 1, 4, 4}, kInt32), {2, 2}); }, "max_pool2d",
+                          "(1, 1, 4, 4)");
+}

@@ -1,0 +1,480 @@
+// Worker process for the multi-process dist tests: `dist_worker <scenario> [args]`, run under the
+// env contract (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). The test (test_process_group.cc)
+// spawns one per rank and reads exit codes and output:
+//   0 = scenario passed on this rank, 1 = a check failed, 2 = unexpected exception.
+// Scenario knobs come from environment variables (DIST_TIMEOUT_MS, DIST_VICTIM, ...).
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/tensor.h"
+#include "dist/env.h"
+#include "dist/gloo/process_group_gloo.h"
+#include "dist/process_group.h"
+
+using namespace accel;
+using namespace accel::dist;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int g_failures = 0;
+int g_rank = 0;
+
+#define WCHECK(cond, ...)                                                          \
+  do {                                                                             \
+    if (!(cond)) {                                                                 \
+      std::ostringstream os_;                                                      \
+      os_ << "rank " << g_rank << " CHECK FAILED " << #cond << " at line " << __LINE__ \
+          << ": " << __VA_ARGS__;                                                  \
+      std::cout << os_.str() << std::endl;                                         \
+      ++g_failures;                                                                \
+    }                                                                              \
+  } while (0)
+
+int env_int(const char* name, int def) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : def;
+}
+
+const std::vector<DType> kAllDTypes = {kFloat32, kFloat64, kFloat16, kBFloat16,
+                                       kInt32,   kInt64,   kUInt8,   kBool};
+
+double get(const Tensor& t, int64_t i) {
+  const char* p = static_cast<const char*>(t.data_ptr());
+  switch (t.dtype()) {
+    case DType::Float32: return reinterpret_cast<const float*>(p)[i];
+    case DType::Float64: return reinterpret_cast<const double*>(p)[i];
+    case DType::Float16: return float(Half::from_bits(reinterpret_cast<const uint16_t*>(p)[i]));
+    case DType::BFloat16:
+      return float(BFloat16::from_bits(reinterpret_cast<const uint16_t*>(p)[i]));
+    case DType::Int32: return reinterpret_cast<const int32_t*>(p)[i];
+    case DType::Int64: return double(reinterpret_cast<const int64_t*>(p)[i]);
+    case DType::UInt8: return reinterpret_cast<const uint8_t*>(p)[i];
+    case DType::Bool: return reinterpret_cast<const uint8_t*>(p)[i] ? 1 : 0;
+  }
+  return 0;
+}
+void set(const Tensor& t, int64_t i, double v) {
+  char* p = static_cast<char*>(t.data_ptr());
+  switch (t.dtype()) {
+    case DType::Float32: reinterpret_cast<float*>(p)[i] = float(v); break;
+    case DType::Float64: reinterpret_cast<double*>(p)[i] = v; break;
+    case DType::Float16: reinterpret_cast<uint16_t*>(p)[i] = Half(float(v)).bits; break;
+    case DType::BFloat16: reinterpret_cast<uint16_t*>(p)[i] = BFloat16(float(v)).bits; break;
+    case DType::Int32: reinterpret_cast<int32_t*>(p)[i] = int32_t(v); break;
+    case DType::Int64: reinterpret_cast<int64_t*>(p)[i] = int64_t(v); break;
+    case DType::UInt8: reinterpret_cast<uint8_t*>(p)[i] = uint8_t(v); break;
+    case DType::Bool: reinterpret_cast<uint8_t*>(p)[i] = v != 0; break;
+  }
+}
+
+// Rank r's value at index i: small integers, exact in every dtype and in every sum of <= 3.
+double value(DType dt, int r, int64_t i) {
+  if (dt == kBool) return ((i + r) % 3) == 0 ? 1 : 0;
+  int64_t v = (i * 7 + r * 3) % 11;
+  if (dt == kUInt8) return double(v);
+  return double(v - 5);
+}
+
+Tensor make(DType dt, int64_t n, int r, int64_t offset = 0) {
+  Tensor t = empty({n}, TensorOptions(dt));
+  for (int64_t i = 0; i < n; ++i) set(t, i, value(dt, r, offset + i));
+  return t;
+}
+
+double reduce_expected(DType dt, ReduceOp op, int world, int64_t i) {
+  double acc = value(dt, 0, i);
+  for (int r = 1; r < world; ++r) {
+    double v = value(dt, r, i);
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Avg: acc = dt == kBool ? double(acc != 0 || v != 0) : acc + v; break;
+      case ReduceOp::Max: acc = std::max(acc, v); break;
+      case ReduceOp::Min: acc = std::min(acc, v); break;
+    }
+  }
+  if (op == ReduceOp::Avg) acc /= world;
+  if (dt == kUInt8) acc = double(uint8_t(int64_t(acc)));
+  return acc;
+}
+
+double tolerance(DType dt) {
+  switch (dt) {
+    case DType::Float16: return 1e-2;
+    case DType::BFloat16: return 2e-2;
+    case DType::Float32: return 1e-6;
+    default: return 0;
+  }
+}
+
+std::vector<ReduceOp> ops_for(DType dt) {
+  if (is_floating(dt)) return {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
+  return {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min};
+}
+
+// ---------------- scenarios ----------------
+
+void scenario_collectives(ProcessGroup& pg) {
+  const int w = pg.size(), r = pg.rank();
+  const std::vector<int64_t> sizes = {1, 7, 1001};
+  for (DType dt : kAllDTypes) {
+    for (int64_t n : sizes) {
+      for (ReduceOp op : ops_for(dt)) {
+        Tensor t = make(dt, n, r);
+        pg.all_reduce(t, op);
+        for (int64_t i = 0; i < n; ++i) {
+          double want = reduce_expected(dt, op, w, i), got = get(t, i);
+          if (std::abs(got - want) > tolerance(dt) * (1 + std::abs(want))) {
+            WCHECK(false, "all_reduce " << reduce_op_name(op) << " " << dt << " n=" << n << " i="
+                                        << i << " got " << got << " want " << want);
+            break;
+          }
+        }
+        // reduce_scatter: chunk k = n per rank.
+        Tensor in = make(dt, n * w, r);
+        Tensor out = empty({n}, TensorOptions(dt));
+        pg.reduce_scatter(out, in, op);
+        for (int64_t j = 0; j < n; ++j) {
+          double want = reduce_expected(dt, op, w, int64_t(r) * n + j), got = get(out, j);
+          if (std::abs(got - want) > tolerance(dt) * (1 + std::abs(want))) {
+            WCHECK(false, "reduce_scatter " << reduce_op_name(op) << " " << dt << " n=" << n
+                                            << " j=" << j << " got " << got << " want " << want);
+            break;
+          }
+        }
+      }
+      for (int root : {0, w - 1}) {
+        Tensor t = make(dt, n, r);
+        pg.broadcast(t, root);
+        for (int64_t i = 0; i < n; ++i) {
+          if (get(t, i) != value(dt, root, i)) {
+            WCHECK(false, "broadcast root " << root << " " << dt << " n=" << n << " i=" << i);
+            break;
+          }
+        }
+      }
+      Tensor in = make(dt, n, r);
+      Tensor out = empty({n * w}, TensorOptions(dt));
+      pg.all_gather(out, in);
+      for (int q = 0; q < w; ++q)
+        for (int64_t j = 0; j < n; ++j)
+          if (get(out, q * n + j) != value(dt, q, j)) {
+            WCHECK(false, "all_gather " << dt << " n=" << n << " from rank " << q << " j=" << j);
+            q = w;
+            break;
+          }
+      // In place: the input is this rank's chunk of the output.
+      Tensor buf = empty({n * w}, TensorOptions(dt));
+      for (int64_t j = 0; j < n; ++j) set(buf, r * n + j, value(dt, r, j));
+      pg.all_gather(buf, buf.narrow(0, r * n, n));
+      for (int64_t j = 0; j < n * w; ++j)
+        if (get(buf, j) != value(dt, int(j / n), j % n)) {
+          WCHECK(false, "in-place all_gather " << dt << " n=" << n << " j=" << j);
+          break;
+        }
+    }
+  }
+  // A large f32 all_reduce: many Gloo segments; odd length.
+  {
+    const int64_t n = 600001;
+    Tensor t = make(kFloat32, n, r);
+    pg.all_reduce(t, ReduceOp::Sum);
+    int bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad += get(t, i) != reduce_expected(kFloat32, ReduceOp::Sum, w, i);
+    WCHECK(bad == 0, bad << " wrong elements in the large all_reduce");
+  }
+  // Zero elements are legal everywhere.
+  {
+    Tensor z = empty({0}, TensorOptions(kFloat32));
+    pg.all_reduce(z);
+    pg.broadcast(z, 0);
+    Tensor zo = empty({0}, TensorOptions(kFloat32));
+    pg.all_gather(zo, z);
+    pg.reduce_scatter(zo, z);
+  }
+  // Barrier: rank 0 arrives late; everyone leaves after it.
+  {
+    if (r == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto t0 = Clock::now();
+    pg.barrier();
+    auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+    if (r != 0) WCHECK(waited.count() >= 200, "barrier returned after " << waited.count() << " ms");
+  }
+  // Bad arguments are errors on the caller, before anything is queued.
+  {
+    Tensor t = make(kInt32, 4, r);
+    bool threw = false;
+    try {
+      pg.all_reduce(t, ReduceOp::Avg);
+    } catch (const DTypeError&) {
+      threw = true;
+    }
+    WCHECK(threw, "avg of int32 accepted");
+    threw = false;
+    try {
+      Tensor out = empty({3}, TensorOptions(kInt32));
+      pg.all_gather(out, t);
+    } catch (const ShapeError&) {
+      threw = true;
+    }
+    WCHECK(threw, "all_gather with a wrong output size accepted");
+    threw = false;
+    try {
+      pg.broadcast(t, w);
+    } catch (const DistError&) {
+      threw = true;
+    }
+    WCHECK(threw, "broadcast from a rank outside the group accepted");
+    Tensor m = make(kFloat32, 6, r).view({2, 3}).transpose(0, 1);
+    threw = false;
+    try {
+      pg.all_reduce(m);
+    } catch (const ValueError& e) {
+      threw = std::string(e.what()).find("contiguous") != std::string::npos;
+    }
+    WCHECK(threw, "non-contiguous tensor accepted");
+  }
+  // The group still works after those caller-side errors (nothing was issued).
+  Tensor t = make(kFloat64, 3, r);
+  pg.all_reduce(t);
+  WCHECK(get(t, 2) == reduce_expected(kFloat64, ReduceOp::Sum, w, 2), "after errors");
+}
+
+void scenario_async(ProcessGroup& pg) {
+  // Many handles in flight, waited in reverse: completion order is issue order, values right.
+  const int w = pg.size(), r = pg.rank();
+  std::vector<Tensor> ts;
+  std::vector<WorkPtr> works;
+  for (int k = 0; k < 40; ++k) {
+    Tensor t = make(kFloat32, 257 + k, r);
+    works.push_back(pg.all_reduce_async(t, ReduceOp::Max));
+    ts.push_back(t);
+    if (k % 10 == 0) {
+      Tensor b = make(kInt64, 9, r);
+      works.push_back(pg.broadcast_async(b, k % w));
+      ts.push_back(b);
+    }
+  }
+  uint64_t first = works.front()->seq();
+  for (size_t i = 0; i < works.size(); ++i) WCHECK(works[i]->seq() == first + i, "seq order");
+  for (size_t i = works.size(); i-- > 0;) works[i]->wait();
+  for (auto& wk : works) WCHECK(wk->is_completed(), "completed");
+  size_t ti = 0;
+  for (int k = 0; k < 40; ++k) {
+    Tensor& t = ts[ti++];
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (get(t, i) != reduce_expected(kFloat32, ReduceOp::Max, w, i)) {
+        WCHECK(false, "async all_reduce " << k << " i=" << i);
+        break;
+      }
+    if (k % 10 == 0) {
+      Tensor& b = ts[ti++];
+      WCHECK(get(b, 3) == value(kInt64, k % w, 3), "async broadcast " << k);
+    }
+  }
+}
+
+void scenario_p2p(ProcessGroup& pg) {
+  const int w = pg.size(), r = pg.rank();
+  const int next = (r + 1) % w, prev = (r + w - 1) % w;
+  // Everyone sends first, then receives: works because sends are posted, not queued.
+  for (int round = 0; round < 3; ++round) {
+    Tensor s = make(kFloat64, 11 + round, r);
+    Tensor d = empty({11 + round}, TensorOptions(kFloat64));
+    auto ws = pg.send_async(s, next, round);
+    auto wr = pg.recv_async(d, prev, round);
+    wr->wait();
+    ws->wait();
+    for (int64_t i = 0; i < d.numel(); ++i)
+      if (get(d, i) != value(kFloat64, prev, i)) {
+        WCHECK(false, "p2p round " << round << " i=" << i);
+        break;
+      }
+  }
+  // Collectives and p2p interleave.
+  Tensor t = make(kInt32, 5, r);
+  pg.all_reduce(t);
+  WCHECK(get(t, 1) == reduce_expected(kInt32, ReduceOp::Sum, w, 1), "all_reduce after p2p");
+  // Mismatch: the sender sends 6 floats, the receiver expects 7; both raise, naming both sides.
+  if (w == 2) {
+    bool raised = false;
+    std::string msg;
+    try {
+      if (r == 0) {
+        pg.send(make(kFloat32, 6, r), 1, 9);
+      } else {
+        Tensor d = empty({7}, TensorOptions(kFloat32));
+        pg.recv(d, 0, 9);
+      }
+    } catch (const DistError& e) {
+      raised = true;
+      msg = e.what();
+    }
+    WCHECK(raised, "p2p mismatch not detected");
+    WCHECK(msg.find("6 elements") != std::string::npos && msg.find("7 elements") != std::string::npos,
+           "message does not name both sides: " << msg);
+    std::cout << "rank " << r << " p2p mismatch: " << msg << std::endl;
+    // The group is still usable.
+    Tensor u = make(kFloat32, 4, r);
+    pg.all_reduce(u);
+    WCHECK(get(u, 0) == reduce_expected(kFloat32, ReduceOp::Sum, w, 0), "after p2p mismatch");
+  }
+}
+
+// The victim dies in the chosen way before collective #3; survivors must raise within timeout.
+void scenario_failure(ProcessGroup& pg, const std::string& how) {
+  const int victim = env_int("DIST_VICTIM", 1);
+  const int r = pg.rank();
+  for (int k = 0; k < 3; ++k) {
+    Tensor t = make(kFloat32, 1000, r);
+    pg.all_reduce(t);
+  }
+  if (r == victim) {
+    std::cout << "rank " << r << " dying by " << how << std::endl;
+    if (how == "exit") std::_Exit(3);
+    if (how == "throw") throw std::runtime_error("victim threw");  // uncaught: terminate
+    if (how == "stop") {
+      raise(SIGSTOP);
+      std::_Exit(4);  // only reached if someone continues us
+    }
+  }
+  auto t0 = Clock::now();
+  std::string msg;
+  try {
+    for (int k = 0; k < 3; ++k) {
+      Tensor t = make(kFloat32, 100000, r);
+      pg.all_reduce(t);
+    }
+  } catch (const DistError& e) {
+    msg = e.what();
+  }
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+  std::cout << "rank " << r << " raised after " << ms << " ms: " << msg << std::endl;
+  WCHECK(!msg.empty(), "no DistError on a surviving rank");
+  WCHECK(msg.find("all_reduce") != std::string::npos, "message lacks the op: " << msg);
+  WCHECK(msg.find("seq 3") != std::string::npos, "message lacks the sequence number: " << msg);
+  WCHECK(ms < pg.timeout().count() + 3000, "took " << ms << " ms, timeout " << pg.timeout().count());
+  // Afterwards the group refuses work at once, with the first error.
+  auto t1 = Clock::now();
+  bool raised = false;
+  try {
+    Tensor t = make(kFloat32, 3, r);
+    pg.all_reduce(t);
+  } catch (const DistError& e) {
+    raised = std::string(e.what()).find("failed earlier") != std::string::npos;
+  }
+  WCHECK(raised, "a broken group accepted work");
+  WCHECK(Clock::now() - t1 < std::chrono::seconds(1), "a broken group was slow to refuse");
+}
+
+void scenario_mismatch(ProcessGroup& pg) {
+  const int r = pg.rank();
+  auto expect = [&](const char* what, std::function<void()> fn,
+                    std::vector<std::string> needles) {
+    std::string msg;
+    try {
+      fn();
+    } catch (const DistError& e) {
+      msg = e.what();
+    }
+    WCHECK(!msg.empty(), what << ": mismatch not detected");
+    for (auto& n : needles)
+      WCHECK(msg.find(n) != std::string::npos, what << ": '" << n << "' missing in: " << msg);
+    std::cout << "rank " << r << " " << what << ": " << msg << std::endl;
+  };
+  // Element counts differ on the last rank.
+  expect("numel", [&] {
+    Tensor t = make(kFloat32, r == pg.size() - 1 ? 12 : 10, r);
+    pg.all_reduce(t);
+  }, {"collective mismatch at seq 0", "10 elements", "12 elements"});
+  // Different ops.
+  expect("op", [&] {
+    Tensor t = make(kFloat32, 10, r);
+    if (r == 0) pg.broadcast(t, 0); else pg.all_reduce(t);
+  }, {"seq 1", "broadcast(root 0", "all_reduce(sum"});
+  // Different dtypes.
+  expect("dtype", [&] {
+    Tensor t = make(r == 0 ? kFloat64 : kFloat32, 10, r);
+    pg.all_reduce(t);
+  }, {"float64", "float32"});
+  // Different reduce ops.
+  expect("reduce op", [&] {
+    Tensor t = make(kFloat32, 10, r);
+    pg.all_reduce(t, r == 0 ? ReduceOp::Max : ReduceOp::Sum);
+  }, {"max", "sum"});
+  // After detected mismatches the group is still in step and usable.
+  Tensor t = make(kFloat32, 10, r);
+  pg.all_reduce(t);
+  WCHECK(get(t, 4) == reduce_expected(kFloat32, ReduceOp::Sum, pg.size(), 4), "after mismatch");
+}
+
+// Timing of small all_reduces with the fingerprint check on and off (prints, does not assert).
+void scenario_fingerprint_cost(ProcessGroup& pg) {
+  const int iters = env_int("DIST_ITERS", 300);
+  Tensor t = make(kFloat32, 64, pg.rank());
+  for (int i = 0; i < 20; ++i) pg.all_reduce(t);
+  auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) pg.all_reduce(t);
+  double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
+  auto* gloo = dynamic_cast<ProcessGroupGloo*>(&pg);
+  double fp_us = gloo && gloo->fingerprint_checks()
+                     ? gloo->fingerprint_seconds() * 1e6 / double(gloo->fingerprint_checks())
+                     : 0;
+  std::cout << "rank " << pg.rank() << " small all_reduce " << us << " us/op, fingerprint "
+            << fp_us << " us/check" << std::endl;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << "usage: dist_worker <scenario>\n";
+    return 2;
+  }
+  std::string scenario = argv[1];
+  try {
+    InitOptions io;
+    io.timeout = std::chrono::milliseconds(env_int("DIST_TIMEOUT_MS", 30000));
+    io.store_timeout = std::chrono::milliseconds(env_int("DIST_STORE_TIMEOUT_MS", 30000));
+    io.fingerprint_every = env_int("DIST_FINGERPRINT_EVERY", 1);
+    auto pg = init_process_group(io);
+    g_rank = pg->rank();
+    if (scenario == "collectives") {
+      scenario_collectives(*pg);
+    } else if (scenario == "async") {
+      scenario_async(*pg);
+    } else if (scenario == "p2p") {
+      scenario_p2p(*pg);
+    } else if (scenario == "exit" || scenario == "throw" || scenario == "stop") {
+      scenario_failure(*pg, scenario);
+    } else if (scenario == "mismatch") {
+      scenario_mismatch(*pg);
+    } else if (scenario == "fingerprint_cost") {
+      scenario_fingerprint_cost(*pg);
+    } else {
+      std::cerr << "unknown scenario " << scenario << "\n";
+      return 2;
+    }
+    if (g_failures == 0) std::cout << "rank " << g_rank << " ok " << scenario << std::endl;
+    // Collectives are done on this rank; do not tear down while a peer still talks to us.
+    if (scenario != "exit" && scenario != "throw" && scenario != "stop") pg->barrier();
+    destroy_process_group();
+  } catch (const std::exception& e) {
+    std::cout << "rank " << g_rank << " unexpected exception: " << e.what() << std::endl;
+    return 2;
+  }
+  return g_failures == 0 ? 0 : 1;
+}

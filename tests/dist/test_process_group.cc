@@ -1,0 +1,104 @@
+// Multi-process tests of the Gloo process group: the test spawns `dist_worker` once per rank on
+// loopback (env contract), then checks exit codes and what each rank printed.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "tests/dist/spawn.h"
+
+using namespace std::chrono_literals;
+using accel::test::RankResult;
+using accel::test::run_world;
+
+namespace {
+
+std::string worker() { return accel::test::helper_path("dist_worker"); }
+
+void check_all_ok(const std::vector<RankResult>& res, const std::string& scenario) {
+  for (size_t r = 0; r < res.size(); ++r) {
+    INFO("rank " << r << " output:\n" << res[r].output);
+    CHECK(res[r].exited);
+    CHECK(res[r].code == 0);
+    CHECK(res[r].output.find("ok " + scenario) != std::string::npos);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gloo: every collective and dtype, world sizes 1, 2 and 3") {
+  for (int world : {1, 2, 3}) {
+    CAPTURE(world);
+    auto res = run_world(worker(), {"collectives"}, world, {}, 60s);
+    check_all_ok(res, "collectives");
+  }
+}
+
+TEST_CASE("gloo: async handles complete in issue order") {
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    check_all_ok(run_world(worker(), {"async"}, world, {}, 60s), "async");
+  }
+}
+
+TEST_CASE("gloo: send/recv, symmetric exchange, size mismatch raises on both sides") {
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    check_all_ok(run_world(worker(), {"p2p"}, world, {}, 60s), "p2p");
+  }
+}
+
+TEST_CASE("gloo: mismatched collectives are detected on every rank, naming both sides") {
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    auto res = run_world(worker(), {"mismatch"}, world, {}, 60s);
+    check_all_ok(res, "mismatch");
+    // Every rank printed the same message for the numel mismatch.
+    auto line = [](const std::string& out) {
+      auto p = out.find(" numel: ");
+      return p == std::string::npos ? std::string() : out.substr(p, out.find('\n', p) - p);
+    };
+    for (auto& r : res) CHECK(line(r.output) == line(res[0].output));
+  }
+}
+
+TEST_CASE("gloo: a rank that exits, throws or is stopped makes the others raise in time") {
+  struct Case {
+    const char* how;
+    int world;
+    int victim;
+  };
+  const int timeout_ms = 2000;
+  for (Case c : {Case{"exit", 3, 1}, Case{"throw", 3, 2}, Case{"stop", 2, 1}, Case{"stop", 3, 0}}) {
+    CAPTURE(c.how);
+    CAPTURE(c.world);
+    CAPTURE(c.victim);
+    auto t0 = std::chrono::steady_clock::now();
+    auto res = run_world(worker(), {c.how}, c.world,
+                         {{"DIST_TIMEOUT_MS", std::to_string(timeout_ms)},
+                          {"DIST_VICTIM", std::to_string(c.victim)}},
+                         30s, /*kill_after_survivors=*/true);
+    auto elapsed = std::chrono::steady_clock::now() - t0;
+    for (int r = 0; r < c.world; ++r) {
+      if (r == c.victim) continue;
+      INFO("rank " << r << " output:\n" << res[size_t(r)].output);
+      CHECK(res[size_t(r)].exited);
+      CHECK(res[size_t(r)].code == 0);
+    }
+    // Startup, three good collectives, then at most one timeout (plus slack on 2 cores).
+    CHECK(elapsed < std::chrono::milliseconds(timeout_ms) + 10s);
+  }
+}

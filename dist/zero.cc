@@ -71,8 +71,10 @@ void ZeroOptimizer::point_params_at(const std::vector<Tensor>& flats) {
   for (size_t b = 0; b < bucketer_->buckets().size(); ++b) {
     const Bucket& bk = bucketer_->buckets()[b];
     for (size_t j = 0; j < bk.params.size(); ++j) {
-      Tensor p = params[bk.params[j]].second;
-      nn::assign_tensor_data(p, flats[b].narrow(0, bk.offset[j], p.numel()).view(p.sizes()));
+      const size_t i = bk.params[j];
+      Tensor p = params[i].second;
+      const Shape& shape = shapes_[i];
+      nn::assign_tensor_data(p, flats[b].narrow(0, bk.offset[j], shape_numel(shape)).view(shape));
     }
   }
 }
@@ -82,6 +84,7 @@ void ZeroOptimizer::init(const OptimizerFactory& make_optimizer) {
   const auto& params = bucketer_->params();
   const auto& buckets = bucketer_->buckets();
   const int r = pg_->rank();
+  for (auto& [name, p] : params) shapes_.push_back(p.sizes());
   // Flatten, and start every rank from root's values.
   std::vector<Tensor> flats;
   for (const Bucket& bk : buckets) {

@@ -98,6 +98,7 @@ class ZeroOptimizer {
   std::vector<Tensor> owned_;   // stage 3: this rank's parameter slice per bucket
   std::vector<Tensor> full_;    // stage 3: gathered full parameters (empty when released)
   std::vector<Tensor> shards_;  // what the optimizer steps: one 1-D leaf per bucket
+  std::vector<Shape> shapes_;   // parameter shapes (stage 3 parameters are empty between steps)
   std::unique_ptr<optim::Optimizer> optimizer_;
 };
 

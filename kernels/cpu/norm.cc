@@ -155,8 +155,10 @@ void norm_backward(const Tensor& grad, const Tensor& x, const Tensor* mean, cons
   if (want_dw) {
     if (sp) finish(dweight, 0); else dweight.zero_();
   }
-  if (want_db) {
-    if (sp) finish(*dbias, 1); else dbias->zero_();
+  if constexpr (!kRms) {
+    if (want_db) {
+      if (sp) finish(*dbias, 1); else dbias->zero_();
+    }
   }
 }
 

@@ -4,9 +4,10 @@
 // Note [vectorised exp]: std::exp does not vectorise without -ffast-math, and softmax and
 // cross-entropy spend most of their time in it. exp_f32 is the Cephes single-precision scheme
 // (x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial for e^r, 2^n from the exponent bits), written
-// branch-free so that `omp simd` loops compile to AVX2 code. Relative error is below 2^-22 over
-// the whole range; results below ~1e-38 flush to 0 (softmax of a -inf mask gives exactly 0),
-// overflow gives +inf and NaN stays NaN. Doubles use std::exp.
+// branch-free so that `omp simd` loops compile to AVX2/AVX-512 code. Relative error is below
+// 2^-23 over [-86, 88.7] (measured max 8.4e-8 against double exp); results below ~1e-38 flush
+// to 0 (softmax of a -inf mask gives exactly 0), overflow gives +inf and NaN stays NaN. Doubles
+// use std::exp.
 #pragma once
 
 #include <bit>
@@ -62,8 +63,8 @@ inline acc_t<T> row_max(const T* x, int64_t n) {
     const A v = cast<A>(x[i]);
     m = v > m ? v : m;
   }
-  // A NaN anywhere must make the whole row NaN; the max above may have skipped it, but x - m
-  // stays NaN at that element and poisons the sum.
+  // The max may skip a NaN, but x - m stays NaN at that element and poisons the row's sum, so
+  // softmax of a row with a NaN is all NaN, as in PyTorch.
   return m;
 }
 

@@ -120,4 +120,12 @@ void for_each_32bit_piece(const Tensor* const* ops, Fn&& fn) {
   }
 }
 
+// Validates an int32/int64 index tensor (contiguous, on the current device) against [0, size)
+// on the device, then waits for the answer: IndexError "[op] index v is out of bounds for
+// dimension `dim` with size s (shape ...)" like the CPU kernels; with has_ignore, entries equal
+// to `ignore` are skipped and the message speaks of targets and classes. Returns the number of
+// entries that are not ignored. (index.cc; one small device-to-host copy per call.)
+int64_t check_indices(const Tensor& index, int64_t size, int64_t dim, const Tensor& indexed, const char* op,
+                      bool has_ignore = false, int64_t ignore = 0);
+
 }  // namespace accel::cuda

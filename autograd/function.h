@@ -31,6 +31,38 @@ struct Edge {
   bool valid() const { return bool(fn); }
 };
 
+// Edges of a node: most ops have one or two inputs, so two live inline and more spill to the heap
+// (one allocation fewer per recorded op).
+class EdgeList {
+ public:
+  static constexpr size_t kInline = 2;
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  void reserve(size_t n) {
+    if (n > kInline) heap_.reserve(n);
+  }
+  void push_back(Edge e) {
+    if (size_ < kInline && heap_.empty()) {
+      inline_[size_] = std::move(e);
+    } else {
+      if (heap_.empty()) {
+        for (size_t i = 0; i < size_; ++i) heap_.push_back(std::move(inline_[i]));
+      }
+      heap_.push_back(std::move(e));
+    }
+    ++size_;
+  }
+  const Edge& operator[](size_t i) const { return heap_.empty() ? inline_[i] : heap_[i]; }
+  Edge& operator[](size_t i) { return heap_.empty() ? inline_[i] : heap_[i]; }
+  const Edge* begin() const { return heap_.empty() ? inline_ : heap_.data(); }
+  const Edge* end() const { return begin() + size_; }
+
+ private:
+  Edge inline_[kInline];
+  std::vector<Edge> heap_;
+  size_t size_ = 0;
+};
+
 class Node : public std::enable_shared_from_this<Node> {
  public:
   explicit Node(uint32_t num_outputs = 1);
@@ -45,8 +77,8 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual void release() {}
   virtual bool released() const { return false; }
 
-  const std::vector<Edge>& next_edges() const { return next_edges_; }
-  std::vector<Edge>& mutable_next_edges() { return next_edges_; }
+  const EdgeList& next_edges() const { return next_edges_; }
+  EdgeList& mutable_next_edges() { return next_edges_; }
   uint32_t num_outputs() const { return num_outputs_; }
   uint64_t sequence_nr() const { return sequence_nr_; }
 
@@ -56,7 +88,7 @@ class Node : public std::enable_shared_from_this<Node> {
 
 
  protected:
-  std::vector<Edge> next_edges_;
+  EdgeList next_edges_;
   std::vector<std::pair<uint32_t, GradHook>> pre_hooks_;
   uint32_t num_outputs_;
   uint64_t sequence_nr_;

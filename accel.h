@@ -12,3 +12,5 @@
 #include "core/shape.h"
 #include "core/storage.h"
 #include "core/tensor.h"
+#include "data/data.h"
+#include "dist/accelerator.h"

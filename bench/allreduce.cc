@@ -1,7 +1,8 @@
 // Workload `allreduce`: sum-allreduce of 64 MiB f32 across 2 processes on loopback.
-// Prints our GB/s (ProcessGroupGloo::all_reduce, fingerprint check on) next to raw Gloo's ring
-// all-reduce (gloo::allreduce, RING, gloo::sum<float>) measured in the same processes, on the
-// same connections' kind, interleaved round by round so machine drift hits both alike.
+// Prints our GB/s (ProcessGroupGloo::all_reduce with its defaults: fingerprint check on, shared
+// memory when the ranks share a host) and the same group with shared memory off (Gloo's TCP
+// ring underneath), next to raw Gloo's ring all-reduce (gloo::allreduce, RING, gloo::sum<float>)
+// measured in the same processes, interleaved round by round so machine drift hits all alike.
 // GB/s = bytes / seconds (algbw), median over rounds.
 //
 //   allreduce [--mib 64] [--rounds 10] [--procs 2] [--small-iters 2000] [--json]
@@ -147,20 +148,32 @@ int run(const Args& a) {
     fn();
     return std::chrono::duration<double>(Clock::now() - t0).count();
   };
+  // The same group without the shared-memory path: Gloo's TCP ring behind our process group.
+  ProcessGroupOptions tcp_opts;
+  tcp_opts.shm = false;
+  auto pg_tcp = new_gloo_group(default_store(), pg->rank(), pg->size(), tcp_opts);
+  Tensor t2 = zeros({int64_t(n)}, TensorOptions(kFloat32));
+  std::memcpy(t2.data_ptr(), tp, n * sizeof(float));
+
   uint32_t tag = 1;
-  std::vector<double> ours, base;
+  std::vector<double> ours, ours_tcp, base;
   for (int r = 0; r < a.rounds + 2; ++r) {  // two warm-up rounds
     pg->barrier();
     double tb = time_it([&] { raw_gloo_allreduce(raw, rawbuf.data(), n, tag++); });
     pg->barrier();
     double to = time_it([&] { pg->all_reduce(t); });
+    pg->barrier();
+    double tt = time_it([&] { pg_tcp->all_reduce(t2); });
     if (r >= 2) {
       base.push_back(bytes / tb * 1e-9);
       ours.push_back(bytes / to * 1e-9);
+      ours_tcp.push_back(bytes / tt * 1e-9);
     }
   }
-  // Both computed the same sum: a cheap correctness guard for the benchmark itself.
-  bool same = std::memcmp(tp, rawbuf.data(), n * sizeof(float)) == 0;
+  // All computed the same sums (small integers times 0.5: exact in any order): a correctness
+  // guard for the benchmark itself.
+  bool same = std::memcmp(tp, rawbuf.data(), n * sizeof(float)) == 0 &&
+              std::memcmp(t2.data_ptr(), rawbuf.data(), n * sizeof(float)) == 0;
 
   // Latency of a small all-reduce: fingerprint on, off, and raw Gloo, interleaved in blocks so
   // that drift on a shared machine hits all three alike; median block time per op.
@@ -195,28 +208,32 @@ int run(const Args& a) {
   double small_fp = median(us_fp), small_nofp = median(us_nofp), small_raw = median(us_raw);
 
   if (pg->rank() == 0) {
-    double mo = median(ours), mb = median(base);
+    double mo = median(ours), mb = median(base), mt = median(ours_tcp);
     if (a.json) {
       std::printf(
           "{\"workload\":\"allreduce\",\"mib\":%d,\"procs\":%d,\"accel_gbps\":%.4f,"
-          "\"raw_gloo_ring_gbps\":%.4f,\"ratio\":%.4f,\"results_equal\":%s,"
+          "\"accel_shm\":%s,\"accel_tcp_gbps\":%.4f,"
+          "\"raw_gloo_ring_gbps\":%.4f,\"ratio\":%.4f,\"tcp_ratio\":%.4f,\"results_equal\":%s,"
           "\"small_us_fingerprint\":%.2f,\"small_us_no_fingerprint\":%.2f,"
           "\"small_us_raw_gloo\":%.2f}\n",
-          a.mib, pg->size(), mo, mb, mo / mb, same ? "true" : "false", small_fp, small_nofp,
-          small_raw);
+          a.mib, pg->size(), mo, gpg->uses_shm() ? "true" : "false", mt, mb, mo / mb, mt / mb,
+          same ? "true" : "false", small_fp, small_nofp, small_raw);
     } else {
       std::printf("allreduce %d MiB f32, %d processes on loopback, median of %d rounds\n", a.mib,
                   pg->size(), a.rounds);
-      std::printf("  accel ProcessGroupGloo : %.3f GB/s\n", mo);
-      std::printf("  raw gloo ring allreduce: %.3f GB/s\n", mb);
-      std::printf("  ratio                  : %.1f %%  (results identical: %s)\n",
-                  100.0 * mo / mb, same ? "yes" : "NO");
+      std::printf("  accel all_reduce (default%s)  : %.3f GB/s  %.1f %% of raw gloo\n",
+                  gpg->uses_shm() ? ", shared memory" : "", mo, 100.0 * mo / mb);
+      std::printf("  accel all_reduce (gloo tcp ring): %.3f GB/s  %.1f %% of raw gloo\n", mt,
+                  100.0 * mt / mb);
+      std::printf("  raw gloo ring allreduce         : %.3f GB/s\n", mb);
+      std::printf("  results identical: %s\n", same ? "yes" : "NO");
       std::printf("small all_reduce (256 f32): fingerprint on %.1f us, off %.1f us, raw gloo %.1f us\n",
                   small_fp, small_nofp, small_raw);
     }
   }
   pg->barrier();
   pg_nofp.reset();
+  pg_tcp.reset();
   destroy_process_group();
   return same ? 0 : 1;
 }

@@ -10,9 +10,8 @@
 // (a plain OpenMP loop). Each row has a rate counter, `GFLOP/s` or `GB/s`, and `peak_frac`, that
 // rate over the machine peak measured at start-up in the same run (Note [peaks]). The peaks are
 // in the JSON context (`peak_sgemm_gflops`, `peak_memcpy_gbs`) and as rows `peak/...`.
-// Every `ours` row first checks its result against a peer: a wrong answer, an accel::Error or
-// an op missing from libaccel turns the row into an error (`error_message` in the JSON), never a
-// timing.
+// Every `ours` row first checks its result against a peer: a wrong answer or an accel::Error
+// turns the row into an error (`error_message` in the JSON), never a timing.
 //
 // Note [peaks]
 // Compute: the best dnnl_sgemm 1024^3 call in 0.3 s (the figure WORKLOADS.md quotes). Bandwidth:
@@ -41,27 +40,7 @@
 #include <vector>
 
 #include "accel.h"
-
-#if __has_include("autograd/optim/adam.h")
 #include "autograd/optim/adam.h"
-#define ACCEL_BENCH_HAVE_ADAMW 1
-#endif
-
-// Note [ops still landing]
-// Ops of autograd/ops.h are written by several people at once. Declaring the newer ones weak keeps
-// this suite linking against a libaccel that lacks one: its `ours` rows then report "accel::X is
-// not in libaccel" instead of the binary failing to build. Defined symbols resolve as usual.
-namespace accel {
-Tensor matmul(const Tensor& a, const Tensor& b) __attribute__((weak));
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) __attribute__((weak));
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Shape stride, Shape padding,
-              Shape dilation, int64_t groups) __attribute__((weak));
-Tensor softmax(const Tensor& x, int64_t dim) __attribute__((weak));
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
-                  const Tensor& bias, double eps) __attribute__((weak));
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
-                     Reduction reduction, double label_smoothing) __attribute__((weak));
-}  // namespace accel
 
 namespace {
 
@@ -125,9 +104,8 @@ void measure_peaks() {
   {
     const int64_t n = kPeakGemmN;
     std::vector<float> a(size_t(n * n), 0.5f), b(size_t(n * n), 0.25f), c(size_t(n * n));
-    const double secs = best_call_seconds([&] {
-      dnnl_sgemm('N', 'N', n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
-    });
+    const double secs = best_call_seconds(
+        [&] { dnnl_sgemm('N', 'N', n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); });
     g_peak_gflops = 2.0 * double(n) * double(n) * double(n) / secs / 1e9;
   }
   {
@@ -165,14 +143,6 @@ void timed_loop(State& s, Unit unit, double work_per_iter, Body&& body) {
 }
 
 // ---- result checks for `ours` rows ----
-// False (and the row skipped with a message) when a weakly declared op is absent.
-template <typename Fn>
-bool have_op(State& s, Fn* fn, const char* name) {
-  if (fn != nullptr) return true;
-  s.SkipWithError((std::string("accel::") + name + " is not in libaccel").c_str());
-  return false;
-}
-
 // Runs `ours` once and compares it with `ref` (n floats): |ours - ref| <= atol + rtol |ref|.
 template <typename F>
 bool check_close(State& s, F&& ours, const float* ref, int64_t n, double rtol, double atol) {
@@ -192,15 +162,20 @@ bool check_close(State& s, F&& ours, const float* ref, int64_t n, double rtol, d
   const Tensor c = out.contiguous();
   const float* o = c.data<float>();
   double worst = 0;
+  int64_t worst_at = -1;
   for (int64_t i = 0; i < n; ++i) {
     const double tol = atol + rtol * std::fabs(double(ref[i]));
-    const double err = std::fabs(double(o[i]) - double(ref[i]));
-    if (!(err <= tol * 1e6)) worst = 1e30;  // NaN or wildly off
-    worst = std::max(worst, err / tol);
+    const double err = std::isnan(o[i]) != std::isnan(ref[i])
+                           ? INFINITY
+                           : (std::isnan(o[i]) ? 0.0 : std::fabs(double(o[i]) - double(ref[i])));
+    if (err / tol > worst) worst = err / tol, worst_at = i;
   }
   if (worst > 1.0) {
-    char msg[160];
-    std::snprintf(msg, sizeof msg, "result differs from the reference (worst error %.3g x tolerance)",
+    char msg[200];
+    std::snprintf(msg, sizeof msg,
+                  "result differs from the reference: element %lld is %g, expected %g (%.3g x "
+                  "tolerance)",
+                  static_cast<long long>(worst_at), double(o[worst_at]), double(ref[worst_at]),
                   worst);
     s.SkipWithError(msg);
     return false;
@@ -274,9 +249,6 @@ struct GemmShape {
   int64_t m, k, n;
 };
 
-using BinaryFn = Tensor(const Tensor&, const Tensor&);
-using LinearFn = Tensor(const Tensor&, const Tensor&, const Tensor&);
-
 void register_gemm() {
   const GemmShape shapes[] = {
       {1024, 1024, 1024},  // the reference square
@@ -289,12 +261,12 @@ void register_gemm() {
     const std::string sh = dims_str({g.m, g.k, g.n});
     const double flops = 2.0 * double(g.m) * double(g.k) * double(g.n);
     register_bench("gemm/ours/" + sh, [g, flops](State& s) {
-      if (!have_op<BinaryFn>(s, &accel::matmul, "matmul")) return;
       const Tensor a = rand_tensor({g.m, g.k}), b = rand_tensor({g.k, g.n});
       std::vector<float> ref(size_t(g.m * g.n));
       dnnl_sgemm('N', 'N', g.m, g.n, g.k, 1.f, a.data<float>(), g.k, b.data<float>(), g.n, 0.f,
                  ref.data(), g.n);
-      if (!check_close(s, [&] { return accel::matmul(a, b); }, ref.data(), g.m * g.n, 1e-4, 1e-4))
+      if (!check_close(
+              s, [&] { return accel::matmul(a, b); }, ref.data(), g.m * g.n, 1e-4, 1e-4))
         return;
       timed_loop(s, Unit::kFlop, flops, [&] {
         Tensor c = accel::matmul(a, b);
@@ -327,12 +299,12 @@ void register_gemm() {
     const std::string sh = dims_str({g.m, g.k, g.n});
     const double flops = 2.0 * double(g.m) * double(g.k) * double(g.n);
     register_bench("gemm_nt/ours/" + sh, [g, flops](State& s) {
-      if (!have_op<LinearFn>(s, &accel::linear, "linear")) return;
       const Tensor x = rand_tensor({g.m, g.k}), w = rand_tensor({g.n, g.k});
       std::vector<float> ref(size_t(g.m * g.n));
       dnnl_sgemm('N', 'T', g.m, g.n, g.k, 1.f, x.data<float>(), g.k, w.data<float>(), g.k, 0.f,
                  ref.data(), g.n);
-      if (!check_close(s, [&] { return accel::linear(x, w); }, ref.data(), g.m * g.n, 1e-4, 1e-4))
+      if (!check_close(
+              s, [&] { return accel::linear(x, w); }, ref.data(), g.m * g.n, 1e-4, 1e-4))
         return;
       timed_loop(s, Unit::kFlop, flops, [&] {
         Tensor y = accel::linear(x, w);
@@ -417,24 +389,22 @@ void im2col(const float* x, int64_t cin, int64_t h, int64_t w, float* col) {
 
 void register_conv() {
   const ConvShape shapes[] = {{"conv1", 128, 1, 28, 28, 32}, {"conv2", 128, 32, 14, 14, 64}};
-  using ConvFn = Tensor(const Tensor&, const Tensor&, const Tensor&, accel::Shape, accel::Shape,
-                        accel::Shape, int64_t);
   for (const ConvShape c : shapes) {
-    const std::string sh = std::string(c.name) + "_" + dims_str({c.n, c.cin, c.h, c.w}) + "_" +
-                           std::to_string(c.cout);
+    const std::string sh =
+        std::string(c.name) + "_" + dims_str({c.n, c.cin, c.h, c.w}) + "_" + std::to_string(c.cout);
     const double flops = conv_flops(c);
     const int64_t out_n = c.n * c.cout * c.h * c.w;
     register_bench("conv2d/ours/" + sh, [c, flops, out_n](State& s) {
-      if (!have_op<ConvFn>(s, &accel::conv2d, "conv2d")) return;
       const Tensor x = rand_tensor({c.n, c.cin, c.h, c.w}), w = rand_tensor({c.cout, c.cin, 3, 3}),
                    b = rand_tensor({c.cout});
       std::vector<float> ref(static_cast<size_t>(out_n));
       DnnlConv conv(c, false);
-      conv.prim.execute(dnnl_stream(),
-                        {{DNNL_ARG_SRC, dnnl::memory(conv.pd.src_desc(), dnnl_engine(), x.data_ptr())},
-                         {DNNL_ARG_WEIGHTS, dnnl::memory(conv.pd.weights_desc(), dnnl_engine(), w.data_ptr())},
-                         {DNNL_ARG_BIAS, dnnl::memory(conv.pd.bias_desc(), dnnl_engine(), b.data_ptr())},
-                         {DNNL_ARG_DST, dnnl::memory(conv.pd.dst_desc(), dnnl_engine(), ref.data())}});
+      conv.prim.execute(
+          dnnl_stream(),
+          {{DNNL_ARG_SRC, dnnl::memory(conv.pd.src_desc(), dnnl_engine(), x.data_ptr())},
+           {DNNL_ARG_WEIGHTS, dnnl::memory(conv.pd.weights_desc(), dnnl_engine(), w.data_ptr())},
+           {DNNL_ARG_BIAS, dnnl::memory(conv.pd.bias_desc(), dnnl_engine(), b.data_ptr())},
+           {DNNL_ARG_DST, dnnl::memory(conv.pd.dst_desc(), dnnl_engine(), ref.data())}});
       dnnl_stream().wait();
       auto run = [&] { return accel::conv2d(x, w, b, {1, 1}, {kConvPad, kConvPad}, {1, 1}, 1); };
       if (!check_close(s, run, ref.data(), out_n, 1e-4, 1e-4)) return;
@@ -444,35 +414,38 @@ void register_conv() {
       });
     });
     for (bool any : {false, true}) {
-      register_bench(std::string("conv2d/") + (any ? "dnnl_blocked/" : "dnnl_nchw/") + sh,
-                     [c, flops, out_n, any](State& s) {
-        const Tensor x = rand_tensor({c.n, c.cin, c.h, c.w}),
-                     w = rand_tensor({c.cout, c.cin, 3, 3}), b = rand_tensor({c.cout});
-        DnnlConv conv(c, any);
-        // Reorder the plain inputs into the primitive's layouts once, outside the timing.
-        auto prepare = [&](const dnnl::memory::desc& want, const dnnl::memory::desc& plain,
-                           void* data) {
-          dnnl::memory user(plain, dnnl_engine(), data);
-          if (want == plain) return user;
-          dnnl::memory m(want, dnnl_engine());
-          dnnl::reorder(user, m).execute(dnnl_stream(), user, m);
-          dnnl_stream().wait();
-          return m;
-        };
-        auto msrc = prepare(conv.pd.src_desc(), {{c.n, c.cin, c.h, c.w}, dt::f32, tag::nchw},
-                            x.data_ptr());
-        auto mwei = prepare(conv.pd.weights_desc(), {{c.cout, c.cin, 3, 3}, dt::f32, tag::oihw},
-                            w.data_ptr());
-        dnnl::memory mbias(conv.pd.bias_desc(), dnnl_engine(), b.data_ptr());
-        dnnl::memory mdst(conv.pd.dst_desc(), dnnl_engine());
-        timed_loop(s, Unit::kFlop, flops, [&] {
-          conv.prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, msrc}, {DNNL_ARG_WEIGHTS, mwei},
-                                            {DNNL_ARG_BIAS, mbias}, {DNNL_ARG_DST, mdst}});
-          dnnl_stream().wait();
-        });
-        s.SetLabel(conv.pd.impl_info_str());
-        (void)out_n;
-      });
+      register_bench(
+          std::string("conv2d/") + (any ? "dnnl_blocked/" : "dnnl_nchw/") + sh,
+          [c, flops, out_n, any](State& s) {
+            const Tensor x = rand_tensor({c.n, c.cin, c.h, c.w}),
+                         w = rand_tensor({c.cout, c.cin, 3, 3}), b = rand_tensor({c.cout});
+            DnnlConv conv(c, any);
+            // Reorder the plain inputs into the primitive's layouts once, outside the timing.
+            auto prepare = [&](const dnnl::memory::desc& want, const dnnl::memory::desc& plain,
+                               void* data) {
+              dnnl::memory user(plain, dnnl_engine(), data);
+              if (want == plain) return user;
+              dnnl::memory m(want, dnnl_engine());
+              dnnl::reorder(user, m).execute(dnnl_stream(), user, m);
+              dnnl_stream().wait();
+              return m;
+            };
+            auto msrc = prepare(conv.pd.src_desc(), {{c.n, c.cin, c.h, c.w}, dt::f32, tag::nchw},
+                                x.data_ptr());
+            auto mwei = prepare(conv.pd.weights_desc(), {{c.cout, c.cin, 3, 3}, dt::f32, tag::oihw},
+                                w.data_ptr());
+            dnnl::memory mbias(conv.pd.bias_desc(), dnnl_engine(), b.data_ptr());
+            dnnl::memory mdst(conv.pd.dst_desc(), dnnl_engine());
+            timed_loop(s, Unit::kFlop, flops, [&] {
+              conv.prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, msrc},
+                                                {DNNL_ARG_WEIGHTS, mwei},
+                                                {DNNL_ARG_BIAS, mbias},
+                                                {DNNL_ARG_DST, mdst}});
+              dnnl_stream().wait();
+            });
+            s.SetLabel(conv.pd.impl_info_str());
+            (void)out_n;
+          });
     }
     register_bench("conv2d/eigen/" + sh, [c, flops, out_n](State& s) {
       const Tensor x = rand_tensor({c.n, c.cin, c.h, c.w}), w = rand_tensor({c.cout, c.cin, 3, 3}),
@@ -516,7 +489,9 @@ void register_elementwise() {
     const Tensor a = rand_tensor({kEltN}), b = rand_tensor({kEltN});
     std::vector<float> ref(static_cast<size_t>(kEltN));
     for (int64_t i = 0; i < kEltN; ++i) ref[i] = a.data<float>()[i] + b.data<float>()[i];
-    if (!check_close(s, [&] { return accel::add(a, b); }, ref.data(), kEltN, 1e-6, 1e-7)) return;
+    if (!check_close(
+            s, [&] { return accel::add(a, b); }, ref.data(), kEltN, 1e-6, 1e-7))
+      return;
     timed_loop(s, Unit::kByte, bytes3, [&] {
       Tensor c = accel::add(a, b);
       benchmark::DoNotOptimize(c.data_ptr());
@@ -526,7 +501,9 @@ void register_elementwise() {
     const Tensor a = rand_tensor({kEltN}), b = rand_tensor({kEltN});
     std::vector<float> ref(static_cast<size_t>(kEltN));
     for (int64_t i = 0; i < kEltN; ++i) ref[i] = a.data<float>()[i] * b.data<float>()[i];
-    if (!check_close(s, [&] { return accel::mul(a, b); }, ref.data(), kEltN, 1e-6, 1e-7)) return;
+    if (!check_close(
+            s, [&] { return accel::mul(a, b); }, ref.data(), kEltN, 1e-6, 1e-7))
+      return;
     timed_loop(s, Unit::kByte, bytes3, [&] {
       Tensor c = accel::mul(a, b);
       benchmark::DoNotOptimize(c.data_ptr());
@@ -536,7 +513,9 @@ void register_elementwise() {
     const Tensor x = rand_tensor({kEltN}, -4, 4);
     std::vector<float> ref(static_cast<size_t>(kEltN));
     for (int64_t i = 0; i < kEltN; ++i) ref[i] = gelu_ref(x.data<float>()[i]);
-    if (!check_close(s, [&] { return accel::gelu(x); }, ref.data(), kEltN, 1e-5, 1e-6)) return;
+    if (!check_close(
+            s, [&] { return accel::gelu(x); }, ref.data(), kEltN, 1e-5, 1e-6))
+      return;
     timed_loop(s, Unit::kByte, bytes2, [&] {
       Tensor y = accel::gelu(x);
       benchmark::DoNotOptimize(y.data_ptr());
@@ -548,15 +527,16 @@ void register_elementwise() {
     register_bench(std::string(is_add ? "add" : "mul") + "/dnnl/" + sh, [is_add, bytes3](State& s) {
       const Tensor a = rand_tensor({kEltN}), b = rand_tensor({kEltN});
       std::vector<float> c(static_cast<size_t>(kEltN));
-      auto ma = dnnl_mem({kEltN}, tag::a, a.data_ptr()), mb = dnnl_mem({kEltN}, tag::a, b.data_ptr()),
-           mc = dnnl_mem({kEltN}, tag::a, c.data());
+      auto ma = dnnl_mem({kEltN}, tag::a, a.data_ptr()),
+           mb = dnnl_mem({kEltN}, tag::a, b.data_ptr()), mc = dnnl_mem({kEltN}, tag::a, c.data());
       dnnl::binary::primitive_desc pd(
           dnnl::binary::desc(is_add ? dnnl::algorithm::binary_add : dnnl::algorithm::binary_mul,
                              ma.get_desc(), mb.get_desc(), mc.get_desc()),
           dnnl_engine());
       dnnl::binary prim(pd);
       timed_loop(s, Unit::kByte, bytes3, [&] {
-        prim.execute(dnnl_stream(), {{DNNL_ARG_SRC_0, ma}, {DNNL_ARG_SRC_1, mb}, {DNNL_ARG_DST, mc}});
+        prim.execute(dnnl_stream(),
+                     {{DNNL_ARG_SRC_0, ma}, {DNNL_ARG_SRC_1, mb}, {DNNL_ARG_DST, mc}});
         dnnl_stream().wait();
       });
       s.SetLabel(pd.impl_info_str());
@@ -580,22 +560,23 @@ void register_elementwise() {
 
   // ---- Eigen array expressions over the OpenMP team ----
   for (const bool is_add : {true, false}) {
-    register_bench(std::string(is_add ? "add" : "mul") + "/eigen/" + sh, [is_add, bytes3](State& s) {
-      const Tensor a = rand_tensor({kEltN}), b = rand_tensor({kEltN});
-      std::vector<float> c(static_cast<size_t>(kEltN));
-      const float *pa = a.data<float>(), *pb = b.data<float>();
-      timed_loop(s, Unit::kByte, bytes3, [&] {
-        omp_split(kEltN, [&](int64_t lo, int64_t hi) {
-          const CMapArr xa(pa + lo, hi - lo), xb(pb + lo, hi - lo);
-          MapArr out(c.data() + lo, hi - lo);
-          if (is_add)
-            out = xa + xb;
-          else
-            out = xa * xb;
-        });
-        benchmark::DoNotOptimize(c.data());
-      });
-    });
+    register_bench(std::string(is_add ? "add" : "mul") + "/eigen/" + sh,
+                   [is_add, bytes3](State& s) {
+                     const Tensor a = rand_tensor({kEltN}), b = rand_tensor({kEltN});
+                     std::vector<float> c(static_cast<size_t>(kEltN));
+                     const float *pa = a.data<float>(), *pb = b.data<float>();
+                     timed_loop(s, Unit::kByte, bytes3, [&] {
+                       omp_split(kEltN, [&](int64_t lo, int64_t hi) {
+                         const CMapArr xa(pa + lo, hi - lo), xb(pb + lo, hi - lo);
+                         MapArr out(c.data() + lo, hi - lo);
+                         if (is_add)
+                           out = xa + xb;
+                         else
+                           out = xa * xb;
+                       });
+                       benchmark::DoNotOptimize(c.data());
+                     });
+                   });
   }
   register_bench("gelu/eigen/" + sh, [bytes2](State& s) {
     const Tensor x = rand_tensor({kEltN}, -4, 4);
@@ -642,20 +623,18 @@ void layer_norm_rows_eigen(const float* x, const float* w, const float* b, float
 }
 
 void register_norms() {
-  using SoftmaxFn = Tensor(const Tensor&, int64_t);
-  using LayerNormFn =
-      Tensor(const Tensor&, const accel::Shape&, const Tensor&, const Tensor&, double);
   const std::pair<int64_t, int64_t> softmax_shapes[] = {{4096, 256}, {32 * 4 * 128, 128}};
   for (const auto& [rows, cols] : softmax_shapes) {
     const std::string sh = dims_str({rows, cols});
     const int64_t n = rows * cols;
     const double bytes = 2.0 * double(n) * 4;
     register_bench("softmax/ours/" + sh, [rows, cols, n, bytes](State& s) {
-      if (!have_op<SoftmaxFn>(s, &accel::softmax, "softmax")) return;
       const Tensor x = rand_tensor({rows, cols}, -5, 5);
       std::vector<float> ref(static_cast<size_t>(n));
       softmax_rows_eigen(x.data<float>(), ref.data(), rows, cols);
-      if (!check_close(s, [&] { return accel::softmax(x, -1); }, ref.data(), n, 1e-4, 1e-7)) return;
+      if (!check_close(
+              s, [&] { return accel::softmax(x, -1); }, ref.data(), n, 1e-4, 1e-7))
+        return;
       timed_loop(s, Unit::kByte, bytes, [&] {
         Tensor y = accel::softmax(x, -1);
         benchmark::DoNotOptimize(y.data_ptr());
@@ -690,10 +669,11 @@ void register_norms() {
   const std::string sh = dims_str({rows, cols});
   const double bytes = 2.0 * double(n) * 4;
   register_bench("layer_norm/ours/" + sh, [bytes](State& s) {
-    if (!have_op<LayerNormFn>(s, &accel::layer_norm, "layer_norm")) return;
-    const Tensor x = rand_tensor({rows, cols}, -3, 3), w = rand_tensor({cols}), b = rand_tensor({cols});
+    const Tensor x = rand_tensor({rows, cols}, -3, 3), w = rand_tensor({cols}),
+                 b = rand_tensor({cols});
     std::vector<float> ref(static_cast<size_t>(n));
-    layer_norm_rows_eigen(x.data<float>(), w.data<float>(), b.data<float>(), ref.data(), rows, cols);
+    layer_norm_rows_eigen(x.data<float>(), w.data<float>(), b.data<float>(), ref.data(), rows,
+                          cols);
     auto run = [&] { return accel::layer_norm(x, {cols}, w, b, kLnEps); };
     if (!check_close(s, run, ref.data(), n, 1e-4, 1e-5)) return;
     timed_loop(s, Unit::kByte, bytes, [&] {
@@ -702,9 +682,11 @@ void register_norms() {
     });
   });
   register_bench("layer_norm/dnnl/" + sh, [bytes](State& s) {
-    const Tensor x = rand_tensor({rows, cols}, -3, 3), w = rand_tensor({cols}), b = rand_tensor({cols});
+    const Tensor x = rand_tensor({rows, cols}, -3, 3), w = rand_tensor({cols}),
+                 b = rand_tensor({cols});
     std::vector<float> y(static_cast<size_t>(n));
-    auto mx = dnnl_mem({rows, cols}, tag::ab, x.data_ptr()), my = dnnl_mem({rows, cols}, tag::ab, y.data());
+    auto mx = dnnl_mem({rows, cols}, tag::ab, x.data_ptr()),
+         my = dnnl_mem({rows, cols}, tag::ab, y.data());
     auto mw = dnnl_mem({cols}, tag::a, w.data_ptr()), mb = dnnl_mem({cols}, tag::a, b.data_ptr());
     dnnl::layer_normalization_forward::primitive_desc pd(
         dnnl::layer_normalization_forward::desc(
@@ -713,17 +695,20 @@ void register_norms() {
         dnnl_engine());
     dnnl::layer_normalization_forward prim(pd);
     timed_loop(s, Unit::kByte, bytes, [&] {
-      prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, mx}, {DNNL_ARG_DST, my}, {DNNL_ARG_SCALE, mw},
-                                   {DNNL_ARG_SHIFT, mb}});
+      prim.execute(
+          dnnl_stream(),
+          {{DNNL_ARG_SRC, mx}, {DNNL_ARG_DST, my}, {DNNL_ARG_SCALE, mw}, {DNNL_ARG_SHIFT, mb}});
       dnnl_stream().wait();
     });
     s.SetLabel(pd.impl_info_str());
   });
   register_bench("layer_norm/eigen/" + sh, [bytes](State& s) {
-    const Tensor x = rand_tensor({rows, cols}, -3, 3), w = rand_tensor({cols}), b = rand_tensor({cols});
+    const Tensor x = rand_tensor({rows, cols}, -3, 3), w = rand_tensor({cols}),
+                 b = rand_tensor({cols});
     std::vector<float> y(static_cast<size_t>(n));
     timed_loop(s, Unit::kByte, bytes, [&] {
-      layer_norm_rows_eigen(x.data<float>(), w.data<float>(), b.data<float>(), y.data(), rows, cols);
+      layer_norm_rows_eigen(x.data<float>(), w.data<float>(), b.data<float>(), y.data(), rows,
+                            cols);
       benchmark::DoNotOptimize(y.data());
     });
   });
@@ -746,16 +731,15 @@ float cross_entropy_raw(const float* logits, const int64_t* target, int64_t rows
 }
 
 void register_cross_entropy() {
-  using CrossEntropyFn =
-      Tensor(const Tensor&, const Tensor&, int64_t, accel::Reduction, double);
   constexpr int64_t rows = 32 * 128, cols = 256;
   const std::string sh = dims_str({rows, cols});
   const double bytes = double(rows) * double(cols) * 4;
   register_bench("cross_entropy/ours/" + sh, [bytes](State& s) {
-    if (!have_op<CrossEntropyFn>(s, &accel::cross_entropy, "cross_entropy")) return;
     const Tensor x = rand_tensor({rows, cols}, -5, 5), t = accel::randint(0, cols, {rows});
     const float ref = cross_entropy_raw(x.data<float>(), t.data<int64_t>(), rows, cols);
-    if (!check_close(s, [&] { return accel::cross_entropy(x, t); }, &ref, 1, 1e-5, 1e-6)) return;
+    if (!check_close(
+            s, [&] { return accel::cross_entropy(x, t); }, &ref, 1, 1e-5, 1e-6))
+      return;
     timed_loop(s, Unit::kByte, bytes, [&] {
       Tensor l = accel::cross_entropy(x, t);
       benchmark::DoNotOptimize(l.data_ptr());
@@ -786,7 +770,8 @@ void register_reduce() {
       const CMapMat X(x.data<float>(), kRedRows, kRedCols);
       const Eigen::VectorXf ref = dim == 0 ? Eigen::VectorXf(X.colwise().sum().transpose())
                                            : Eigen::VectorXf(X.rowwise().sum());
-      if (!check_close(s, [&] { return accel::sum(x, {dim}); }, ref.data(), out_n, 1e-4, 1e-3))
+      if (!check_close(
+              s, [&] { return accel::sum(x, {dim}); }, ref.data(), out_n, 1e-4, 1e-3))
         return;
       timed_loop(s, Unit::kByte, bytes, [&] {
         Tensor y = accel::sum(x, {dim});
@@ -797,8 +782,9 @@ void register_reduce() {
       const Tensor x = rand_tensor({kRedRows, kRedCols});
       std::vector<float> y(static_cast<size_t>(out_n));
       auto mx = dnnl_mem({kRedRows, kRedCols}, tag::ab, x.data_ptr());
-      auto my = dnnl_mem(dim == 0 ? dnnl::memory::dims{1, kRedCols} : dnnl::memory::dims{kRedRows, 1},
-                         tag::ab, y.data());
+      auto my =
+          dnnl_mem(dim == 0 ? dnnl::memory::dims{1, kRedCols} : dnnl::memory::dims{kRedRows, 1},
+                   tag::ab, y.data());
       dnnl::reduction::primitive_desc pd(
           dnnl::reduction::desc(dnnl::algorithm::reduction_sum, mx.get_desc(), my.get_desc(), 0.f,
                                 0.f),
@@ -870,35 +856,34 @@ void register_adamw() {
       benchmark::ClobberMemory();
     });
   });
-#ifdef ACCEL_BENCH_HAVE_ADAMW
   // accel::optim::AdamW on one 1M-element parameter; `ours_unfused` is the same update written
   // with framework ops (AdamWOptions::fused = false), the path devices without a kernel take.
   for (const bool fused : {true, false}) {
-    register_bench(std::string(fused ? "adamw/ours/" : "adamw/ours_unfused/") + sh,
-                   [fused, bytes](State& s) {
-      const Tensor p0 = rand_tensor({kAdamN}), g = rand_tensor({kAdamN});
-      Tensor p = p0.clone().requires_grad_(true);
-      p.set_grad(g);
-      accel::optim::AdamWOptions o;
-      o.lr = kLr, o.beta1 = kBeta1, o.beta2 = kBeta2, o.eps = kAdamEps, o.weight_decay = kWd;
-      o.fused = fused;
-      accel::optim::AdamW opt({p}, o);
-      // One step from the same state through the raw loop is the reference.
-      std::vector<float> ref(p0.data<float>(), p0.data<float>() + kAdamN);
-      std::vector<float> m(static_cast<size_t>(kAdamN), 0.f), v(static_cast<size_t>(kAdamN), 0.f);
-      adamw_raw(ref.data(), g.data<float>(), m.data(), v.data(), kAdamN, 1);
-      auto first = [&] {
-        opt.step();
-        return p.detach();
-      };
-      if (!check_close(s, first, ref.data(), kAdamN, 1e-5, 1e-6)) return;
-      timed_loop(s, Unit::kByte, bytes, [&] {
-        opt.step();
-        benchmark::ClobberMemory();
-      });
-    });
+    register_bench(
+        std::string(fused ? "adamw/ours/" : "adamw/ours_unfused/") + sh, [fused, bytes](State& s) {
+          const Tensor p0 = rand_tensor({kAdamN}), g = rand_tensor({kAdamN});
+          Tensor p = p0.clone().requires_grad_(true);
+          p.set_grad(g);
+          accel::optim::AdamWOptions o;
+          o.lr = kLr, o.beta1 = kBeta1, o.beta2 = kBeta2, o.eps = kAdamEps, o.weight_decay = kWd;
+          o.fused = fused;
+          accel::optim::AdamW opt({p}, o);
+          // One step from the same state through the raw loop is the reference.
+          std::vector<float> ref(p0.data<float>(), p0.data<float>() + kAdamN);
+          std::vector<float> m(static_cast<size_t>(kAdamN), 0.f),
+              v(static_cast<size_t>(kAdamN), 0.f);
+          adamw_raw(ref.data(), g.data<float>(), m.data(), v.data(), kAdamN, 1);
+          auto first = [&] {
+            opt.step();
+            return p.detach();
+          };
+          if (!check_close(s, first, ref.data(), kAdamN, 1e-5, 1e-6)) return;
+          timed_loop(s, Unit::kByte, bytes, [&] {
+            opt.step();
+            benchmark::ClobberMemory();
+          });
+        });
   }
-#endif
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ enum class PoolKind : uint8_t { Max, Avg };
 struct Pool2dParams {
   int64_t kernel[2] = {1, 1};
   int64_t stride[2] = {1, 1};
-  int64_t padding[2] = {0, 0};  // both sides; padded cells never win a max
+  int64_t padding[2] = {0, 0};    // both sides; padded cells never win a max
   bool count_include_pad = true;  // avg: divide by kh * kw (true) or by the valid cells (false)
 };
 

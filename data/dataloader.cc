@@ -18,8 +18,8 @@ ShardOptions resolve_shard(const DataLoaderOptions& o) {
     s = ShardOptions::from_env();
   } else {
     ACCEL_CHECK(o.rank >= 0 && o.world_size >= 1, ValueError, "DataLoader",
-                "give both rank and world_size (got rank ", o.rank, ", world_size ",
-                o.world_size, "), or neither to read RANK/WORLD_SIZE");
+                "give both rank and world_size (got rank ", o.rank, ", world_size ", o.world_size,
+                "), or neither to read RANK/WORLD_SIZE");
     s.rank = o.rank;
     s.world_size = o.world_size;
   }
@@ -71,8 +71,8 @@ struct DataLoader::Run {
   const DataLoader* loader;
   int64_t epoch;
   std::vector<int64_t> order;
-  int64_t end;        // batches in the epoch
-  int64_t next_yield; // next batch handed to the consumer
+  int64_t end;         // batches in the epoch
+  int64_t next_yield;  // next batch handed to the consumer
 
   int64_t window = 0;
   std::mutex mu;
@@ -83,7 +83,11 @@ struct DataLoader::Run {
   std::vector<std::thread> threads;
 
   Run(const DataLoader* l, int64_t e, int64_t start)
-      : loader(l), epoch(e), order(l->batch_sampler_.order(e)), end(l->size()), next_yield(start),
+      : loader(l),
+        epoch(e),
+        order(l->batch_sampler_.order(e)),
+        end(l->size()),
+        next_yield(start),
         next_task(start) {
     const int nw = l->options_.num_workers;
     if (nw <= 0 || start >= end) return;
@@ -116,7 +120,8 @@ struct DataLoader::Run {
       int64_t k;
       {
         std::unique_lock<std::mutex> lk(mu);
-        cv_work.wait(lk, [&] { return stop || next_task >= end || next_task < next_yield + window; });
+        cv_work.wait(lk,
+                     [&] { return stop || next_task >= end || next_task < next_yield + window; });
         if (stop || next_task >= end) return;
         k = next_task++;
       }

@@ -33,7 +33,7 @@ struct Batch {
   std::vector<int64_t> indices;  // dataset index of each row
   int64_t num_padding = 0;       // trailing rows duplicated by even_batches: drop in metrics
   int64_t epoch = 0;
-  int64_t index = 0;             // position of this batch in this rank's epoch
+  int64_t index = 0;  // position of this batch in this rank's epoch
 
   int64_t size() const { return int64_t(indices.size()); }
   int64_t num_valid() const { return size() - num_padding; }
@@ -54,11 +54,11 @@ struct DataLoaderOptions {
   bool shuffle = false;    // RandomSampler(seed) when no sampler is given
   bool drop_last = false;
   uint64_t seed = kDefaultLoaderSeed;
-  SamplerPtr sampler;      // custom order (replaces shuffle)
-  CollateFn collate;       // empty: stack, with a memcpy fast path for TensorDataset & co.
-  int num_workers = 0;     // 0: fetch on the calling thread
-  int prefetch_factor = 2; // batches in flight per worker
-  bool pin_memory = false; // allocate batches from get_pinned_allocator() (CUDA targets)
+  SamplerPtr sampler;       // custom order (replaces shuffle)
+  CollateFn collate;        // empty: stack, with a memcpy fast path for TensorDataset & co.
+  int num_workers = 0;      // 0: fetch on the calling thread
+  int prefetch_factor = 2;  // batches in flight per worker
+  bool pin_memory = false;  // allocate batches from get_pinned_allocator() (CUDA targets)
   // Sharding: rank/world_size < 0 take RANK/WORLD_SIZE from the environment (single process
   // when unset). See Note [Batch layout across ranks] in sampler.cc.
   int64_t rank = -1;

@@ -21,8 +21,8 @@ namespace {
 [[noreturn]] void throw_no_field(const Example& e, const std::string& name) {
   std::ostringstream os;
   for (size_t i = 0; i < e.names.size(); ++i) os << (i ? ", " : "") << e.names[i];
-  ACCEL_THROW(IndexError, "Example", "no field named '", name, "' (fields: ",
-              e.names.empty() ? std::string("unnamed") : os.str(), ")");
+  ACCEL_THROW(IndexError, "Example", "no field named '", name,
+              "' (fields: ", e.names.empty() ? std::string("unnamed") : os.str(), ")");
 }
 }  // namespace
 
@@ -50,8 +50,8 @@ uint64_t mix_seed(uint64_t a, uint64_t b) {
 Tensor empty_with_allocator(const Shape& shape, DType dtype, Allocator* alloc) {
   const size_t nbytes = size_t(shape_numel(shape)) * dtype_size(dtype);
   auto storage = make_intrusive<Storage>(nbytes, kCPU, alloc);
-  return Tensor(make_intrusive<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0,
-                                           dtype));
+  return Tensor(
+      make_intrusive<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, dtype));
 }
 
 namespace {
@@ -173,7 +173,8 @@ bool TensorDataset::get_batch(std::span<const int64_t> indices, Allocator* alloc
 
 // ---- MapDataset ----
 
-MapDataset::MapDataset(DatasetPtr base, TransformFn fn) : base_(std::move(base)), fn_(std::move(fn)) {
+MapDataset::MapDataset(DatasetPtr base, TransformFn fn)
+    : base_(std::move(base)), fn_(std::move(fn)) {
   ACCEL_CHECK(base_ != nullptr, ValueError, "MapDataset", "base dataset is null");
   ACCEL_CHECK(bool(fn_), ValueError, "MapDataset", "transform is empty");
 }
@@ -297,8 +298,8 @@ const SampleContext& current_sample() { return t_sample; }
 void set_current_sample(const SampleContext& c) { t_sample = c; }
 
 Generator sample_generator() {
-  return Generator(mix_seed(mix_seed(t_sample.seed, uint64_t(t_sample.epoch)),
-                            uint64_t(t_sample.index)));
+  return Generator(
+      mix_seed(mix_seed(t_sample.seed, uint64_t(t_sample.epoch)), uint64_t(t_sample.index)));
 }
 
 }  // namespace accel::data

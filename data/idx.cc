@@ -17,24 +17,36 @@ constexpr uint8_t kUByte = 0x08, kSByte = 0x09, kShort = 0x0B, kInt = 0x0C, kFlo
 size_t idx_elem_size(uint8_t type) {
   switch (type) {
     case kUByte:
-    case kSByte: return 1;
-    case kShort: return 2;
+    case kSByte:
+      return 1;
+    case kShort:
+      return 2;
     case kInt:
-    case kFloat: return 4;
-    case kDouble: return 8;
-    default: return 0;
+    case kFloat:
+      return 4;
+    case kDouble:
+      return 8;
+    default:
+      return 0;
   }
 }
 
 const char* idx_type_name(uint8_t type) {
   switch (type) {
-    case kUByte: return "ubyte";
-    case kSByte: return "byte";
-    case kShort: return "short";
-    case kInt: return "int";
-    case kFloat: return "float";
-    case kDouble: return "double";
-    default: return "unknown";
+    case kUByte:
+      return "ubyte";
+    case kSByte:
+      return "byte";
+    case kShort:
+      return "short";
+    case kInt:
+      return "int";
+    case kFloat:
+      return "float";
+    case kDouble:
+      return "double";
+    default:
+      return "unknown";
   }
 }
 
@@ -85,8 +97,8 @@ IdxFile parse_idx(const std::string& path) {
     const int64_t n = int64_t(load_be32(b + 4 + 4 * d));
     f.dims.push_back(n);
     numel = (n == 0 || numel == 0) ? 0 : numel * n;
-    ACCEL_CHECK(numel <= kMaxElements, IoError, "idx", "'", path, "': header dimensions ",
-                f.dims, "... are implausibly large (corrupt header?)");
+    ACCEL_CHECK(numel <= kMaxElements, IoError, "idx", "'", path, "': header dimensions ", f.dims,
+                "... are implausibly large (corrupt header?)");
   }
   f.numel = numel;
   const size_t expected = size_t(numel) * idx_elem_size(f.type);
@@ -101,7 +113,8 @@ template <typename T, typename Raw>
 void decode_be(const uint8_t* src, int64_t n, T* dst) {
   for (int64_t i = 0; i < n; ++i) {
     uint8_t tmp[sizeof(Raw)];
-    for (size_t k = 0; k < sizeof(Raw); ++k) tmp[k] = src[size_t(i) * sizeof(Raw) + sizeof(Raw) - 1 - k];
+    for (size_t k = 0; k < sizeof(Raw); ++k)
+      tmp[k] = src[size_t(i) * sizeof(Raw) + sizeof(Raw) - 1 - k];
     Raw r;
     std::memcpy(&r, tmp, sizeof(Raw));
     dst[i] = T(r);
@@ -120,11 +133,26 @@ Tensor read_idx(const std::string& path) {
       t = empty(f.dims, kUInt8);
       if (n) std::memcpy(t.data_ptr(), src, size_t(n));
       break;
-    case kSByte: t = empty(f.dims, kInt32); decode_be<int32_t, int8_t>(src, n, t.data<int32_t>()); break;
-    case kShort: t = empty(f.dims, kInt32); decode_be<int32_t, int16_t>(src, n, t.data<int32_t>()); break;
-    case kInt: t = empty(f.dims, kInt32); decode_be<int32_t, int32_t>(src, n, t.data<int32_t>()); break;
-    case kFloat: t = empty(f.dims, kFloat32); decode_be<float, float>(src, n, t.data<float>()); break;
-    case kDouble: t = empty(f.dims, kFloat64); decode_be<double, double>(src, n, t.data<double>()); break;
+    case kSByte:
+      t = empty(f.dims, kInt32);
+      decode_be<int32_t, int8_t>(src, n, t.data<int32_t>());
+      break;
+    case kShort:
+      t = empty(f.dims, kInt32);
+      decode_be<int32_t, int16_t>(src, n, t.data<int32_t>());
+      break;
+    case kInt:
+      t = empty(f.dims, kInt32);
+      decode_be<int32_t, int32_t>(src, n, t.data<int32_t>());
+      break;
+    case kFloat:
+      t = empty(f.dims, kFloat32);
+      decode_be<float, float>(src, n, t.data<float>());
+      break;
+    case kDouble:
+      t = empty(f.dims, kFloat64);
+      decode_be<double, double>(src, n, t.data<double>());
+      break;
   }
   return t;
 }

@@ -54,7 +54,8 @@ std::vector<uint8_t> read_file_bytes(const std::string& path, bool decompress_gz
   }
   ACCEL_CHECK(got == size, IoError, "read_file", "'", path, "' shrank while reading: expected ",
               size, " bytes, got ", got);
-  if (decompress_gzip && is_gzip(buf.data(), buf.size())) return gunzip(buf.data(), buf.size(), path);
+  if (decompress_gzip && is_gzip(buf.data(), buf.size()))
+    return gunzip(buf.data(), buf.size(), path);
   return buf;
 }
 
@@ -69,8 +70,8 @@ std::vector<uint8_t> gunzip(const uint8_t* data, size_t size, const std::string&
   }
   z_stream zs{};
   // 15 + 16: gzip wrapper only (a zlib or raw stream behind a gzip magic is garbage here).
-  ACCEL_CHECK(inflateInit2(&zs, 15 + 16) == Z_OK, IoError, "gunzip", "zlib init failed for '",
-              what, "'");
+  ACCEL_CHECK(inflateInit2(&zs, 15 + 16) == Z_OK, IoError, "gunzip", "zlib init failed for '", what,
+              "'");
   struct End {
     z_stream* z;
     ~End() { inflateEnd(z); }
@@ -136,7 +137,8 @@ void MappedFile::release() {
 }
 
 MappedFile::MappedFile(MappedFile&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)),
+    : data_(std::exchange(o.data_, nullptr)),
+      size_(std::exchange(o.size_, 0)),
       path_(std::move(o.path_)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {

@@ -4,9 +4,8 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <numeric>
-
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "core/error.h"
 #include "core/generator.h"
@@ -54,8 +53,8 @@ uint64_t parse_u64(const StateDict& s, const std::string& key, const char* op) {
   errno = 0;
   char* end = nullptr;
   const unsigned long long v = std::strtoull(it->second.c_str(), &end, 10);
-  ACCEL_CHECK(errno == 0 && end != it->second.c_str() && *end == '\0', ValueError, op, "key '",
-              key, "' = '", it->second, "' is not an unsigned integer");
+  ACCEL_CHECK(errno == 0 && end != it->second.c_str() && *end == '\0', ValueError, op, "key '", key,
+              "' = '", it->second, "' is not an unsigned integer");
   return uint64_t(v);
 }
 
@@ -80,8 +79,8 @@ StateDict state_from_json(const std::string& text) {
               j.type_name());
   StateDict s;
   for (auto it = j.begin(); it != j.end(); ++it) {
-    ACCEL_CHECK(it->is_string(), ValueError, "state_from_json", "value of '", it.key(),
-                "' is a ", it->type_name(), ", expected a string");
+    ACCEL_CHECK(it->is_string(), ValueError, "state_from_json", "value of '", it.key(), "' is a ",
+                it->type_name(), ", expected a string");
     s[it.key()] = it->get<std::string>();
   }
   return s;
@@ -102,13 +101,16 @@ std::vector<int64_t> SequentialSampler::epoch_indices(int64_t) const {
 // ---- RandomSampler ----
 
 RandomSampler::RandomSampler(int64_t n, uint64_t seed, bool replacement, int64_t num_samples)
-    : n_(n), seed_(seed), replacement_(replacement), num_samples_(num_samples < 0 ? n : num_samples) {
+    : n_(n),
+      seed_(seed),
+      replacement_(replacement),
+      num_samples_(num_samples < 0 ? n : num_samples) {
   ACCEL_CHECK(n >= 0, ValueError, "RandomSampler", "negative size ", n);
   ACCEL_CHECK(replacement || num_samples_ == n, ValueError, "RandomSampler", "num_samples ",
               num_samples_, " differs from dataset size ", n,
               " without replacement (a permutation has exactly n indices)");
-  ACCEL_CHECK(n > 0 || num_samples_ == 0, ValueError, "RandomSampler", "cannot draw ",
-              num_samples_, " samples from an empty dataset");
+  ACCEL_CHECK(n > 0 || num_samples_ == 0, ValueError, "RandomSampler", "cannot draw ", num_samples_,
+              " samples from an empty dataset");
 }
 
 std::vector<int64_t> RandomSampler::epoch_indices(int64_t epoch) const {
@@ -133,7 +135,9 @@ void RandomSampler::load_state_dict(const StateDict& s) {
 
 WeightedRandomSampler::WeightedRandomSampler(std::vector<double> weights, int64_t num_samples,
                                              bool replacement, uint64_t seed)
-    : weights_(std::move(weights)), num_samples_(num_samples), replacement_(replacement),
+    : weights_(std::move(weights)),
+      num_samples_(num_samples),
+      replacement_(replacement),
       seed_(seed) {
   ACCEL_CHECK(num_samples >= 0, ValueError, "WeightedRandomSampler", "negative num_samples ",
               num_samples);
@@ -150,11 +154,11 @@ WeightedRandomSampler::WeightedRandomSampler(std::vector<double> weights, int64_
     positive += w > 0;
     cumulative_.push_back(total);
   }
-  ACCEL_CHECK(num_samples == 0 || total > 0, ValueError, "WeightedRandomSampler",
-              "all ", weights_.size(), " weights are zero");
+  ACCEL_CHECK(num_samples == 0 || total > 0, ValueError, "WeightedRandomSampler", "all ",
+              weights_.size(), " weights are zero");
   ACCEL_CHECK(replacement || num_samples <= positive, ValueError, "WeightedRandomSampler",
-              "cannot draw ", num_samples, " samples without replacement: only ", positive,
-              " of ", weights_.size(), " weights are positive");
+              "cannot draw ", num_samples, " samples without replacement: only ", positive, " of ",
+              weights_.size(), " weights are positive");
 }
 
 std::vector<int64_t> WeightedRandomSampler::epoch_indices(int64_t epoch) const {
@@ -263,13 +267,13 @@ BatchSampler::BatchSampler(SamplerPtr sampler, int64_t batch_size, bool drop_las
   ACCEL_CHECK(sampler_ != nullptr, ValueError, "BatchSampler", "sampler is null");
   ACCEL_CHECK(batch_size >= 1, ValueError, "BatchSampler", "batch_size must be >= 1, got ",
               batch_size);
-  ACCEL_CHECK(shard.world_size >= 1 && shard.rank >= 0 && shard.rank < shard.world_size,
-              ValueError, "BatchSampler", "rank ", shard.rank, " is not in [0, world_size=",
-              shard.world_size, ")");
+  ACCEL_CHECK(shard.world_size >= 1 && shard.rank >= 0 && shard.rank < shard.world_size, ValueError,
+              "BatchSampler", "rank ", shard.rank, " is not in [0, world_size=", shard.world_size,
+              ")");
   if (shard.split_batches) {
     ACCEL_CHECK(batch_size % shard.world_size == 0, ValueError, "BatchSampler",
-                "split_batches: global batch size ", batch_size,
-                " is not divisible by world size ", shard.world_size);
+                "split_batches: global batch size ", batch_size, " is not divisible by world size ",
+                shard.world_size);
     local_batch_ = batch_size / shard.world_size;
   } else {
     local_batch_ = batch_size;
@@ -282,8 +286,8 @@ BatchSampler::BatchSampler(SamplerPtr sampler, int64_t batch_size, bool drop_las
   num_batches_ = full_steps_;
   if (tail_ > 0) {
     const int64_t w = shard.world_size;
-    const int64_t share = shard.even_batches ? (tail_ + w - 1) / w
-                                             : tail_ / w + (shard.rank < tail_ % w ? 1 : 0);
+    const int64_t share =
+        shard.even_batches ? (tail_ + w - 1) / w : tail_ / w + (shard.rank < tail_ % w ? 1 : 0);
     if (share > 0) ++num_batches_;
   }
 }

@@ -144,8 +144,8 @@ class BatchSampler {
   Sampler& sampler() { return *sampler_; }
   const SamplerPtr& sampler_ptr() const { return sampler_; }
   const ShardOptions& shard() const { return shard_; }
-  int64_t batch_size() const { return batch_size_; }          // as given
-  int64_t local_batch_size() const { return local_batch_; }   // full batch of this rank
+  int64_t batch_size() const { return batch_size_; }         // as given
+  int64_t local_batch_size() const { return local_batch_; }  // full batch of this rank
   int64_t global_batch_size() const { return local_batch_ * shard_.world_size; }
   bool drop_last() const { return drop_last_; }
 
@@ -164,9 +164,9 @@ class BatchSampler {
   bool drop_last_;
   ShardOptions shard_;
   int64_t local_batch_ = 0;
-  int64_t n_ = 0;            // sampler size
-  int64_t full_steps_ = 0;   // complete global batches
-  int64_t tail_ = 0;         // samples in the partial last global batch (0 when dropped)
+  int64_t n_ = 0;           // sampler size
+  int64_t full_steps_ = 0;  // complete global batches
+  int64_t tail_ = 0;        // samples in the partial last global batch (0 when dropped)
   int64_t num_batches_ = 0;
 };
 

@@ -15,9 +15,12 @@ namespace {
 template <typename F>
 decltype(auto) dispatch_token(TokenType t, F&& fn) {
   switch (t) {
-    case TokenType::UInt8: return fn.template operator()<uint8_t>();
-    case TokenType::UInt16: return fn.template operator()<uint16_t>();
-    case TokenType::UInt32: return fn.template operator()<uint32_t>();
+    case TokenType::UInt8:
+      return fn.template operator()<uint8_t>();
+    case TokenType::UInt16:
+      return fn.template operator()<uint16_t>();
+    case TokenType::UInt32:
+      return fn.template operator()<uint32_t>();
   }
   ACCEL_THROW(ValueError, "tokens", "unknown token type ", int(t));
 }
@@ -28,9 +31,12 @@ size_t width(TokenType t) { return size_t(t); }
 
 const char* token_type_name(TokenType t) {
   switch (t) {
-    case TokenType::UInt8: return "uint8";
-    case TokenType::UInt16: return "uint16";
-    case TokenType::UInt32: return "uint32";
+    case TokenType::UInt8:
+      return "uint8";
+    case TokenType::UInt16:
+      return "uint16";
+    case TokenType::UInt32:
+      return "uint32";
   }
   return "unknown";
 }
@@ -81,16 +87,15 @@ std::shared_ptr<const TokenFile> TokenFile::from_bytes(std::vector<uint8_t> byte
 }
 
 int64_t TokenFile::operator[](int64_t i) const {
-  ACCEL_CHECK(i >= 0 && i < n_, IndexError, "tokens", "position ", i, " out of range for '",
-              name_, "' with ", n_, " tokens");
-  return dispatch_token(type_, [&]<typename T>() {
-    return int64_t(reinterpret_cast<const T*>(data_)[i]);
-  });
+  ACCEL_CHECK(i >= 0 && i < n_, IndexError, "tokens", "position ", i, " out of range for '", name_,
+              "' with ", n_, " tokens");
+  return dispatch_token(
+      type_, [&]<typename T>() { return int64_t(reinterpret_cast<const T*>(data_)[i]); });
 }
 
 void TokenFile::read(int64_t start, int64_t n, int64_t* out) const {
-  ACCEL_CHECK(start >= 0 && n >= 0 && start + n <= n_, IndexError, "tokens", "range [", start,
-              ", ", start + n, ") out of range for '", name_, "' with ", n_, " tokens");
+  ACCEL_CHECK(start >= 0 && n >= 0 && start + n <= n_, IndexError, "tokens", "range [", start, ", ",
+              start + n, ") out of range for '", name_, "' with ", n_, " tokens");
   dispatch_token(type_, [&]<typename T>() {
     const T* p = reinterpret_cast<const T*>(data_) + start;
     for (int64_t i = 0; i < n; ++i) out[i] = int64_t(p[i]);
@@ -129,7 +134,8 @@ TokenWindowDataset::TokenWindowDataset(std::shared_ptr<const TokenFile> tokens, 
                                        int64_t stride)
     : tokens_(std::move(tokens)), context_(context), stride_(stride < 0 ? context : stride) {
   ACCEL_CHECK(tokens_ != nullptr, ValueError, "TokenWindowDataset", "token source is null");
-  ACCEL_CHECK(context >= 1, ValueError, "TokenWindowDataset", "context must be >= 1, got ", context);
+  ACCEL_CHECK(context >= 1, ValueError, "TokenWindowDataset", "context must be >= 1, got ",
+              context);
   ACCEL_CHECK(stride_ >= 1, ValueError, "TokenWindowDataset", "stride must be >= 1, got ", stride_);
   const int64_t n = tokens_->size();
   ACCEL_CHECK(n >= context + 1, IoError, "TokenWindowDataset", "'", tokens_->name(), "' has ", n,
@@ -138,8 +144,8 @@ TokenWindowDataset::TokenWindowDataset(std::shared_ptr<const TokenFile> tokens, 
 }
 
 Example TokenWindowDataset::get(int64_t index) const {
-  ACCEL_CHECK(index >= 0 && index < num_windows_, IndexError, "TokenWindowDataset", "index ",
-              index, " out of range for ", num_windows_, " windows");
+  ACCEL_CHECK(index >= 0 && index < num_windows_, IndexError, "TokenWindowDataset", "index ", index,
+              " out of range for ", num_windows_, " windows");
   // One read of T+1 tokens; x and y are views into it, offset by one.
   Tensor buf = empty({context_ + 1}, kInt64);
   tokens_->read(index * stride_, context_ + 1, buf.data<int64_t>());

@@ -76,7 +76,7 @@ namespace {
 template <typename T>
 struct Ops {
   static void sum(void* c, const void* a, const void* b, size_t n) {
-    auto* __restrict__ pc = static_cast<T*>(c);
+    auto* pc = static_cast<T*>(c);  // may alias a: no __restrict__
     auto* pa = static_cast<const T*>(a);
     auto* pb = static_cast<const T*>(b);
     for (size_t i = 0; i < n; ++i) pc[i] = T(pa[i] + pb[i]);
@@ -310,6 +310,9 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   pgo.timeout = options.timeout;
   pgo.fingerprint_every = options.fingerprint_every;
   pgo.name = "default";
+  if (const char* shm = std::getenv("ACCEL_DIST_SHM"); shm && *shm) {
+    pgo.shm = parse_env_int("ACCEL_DIST_SHM", shm, 0, 1) == 1;
+  }
   if (const char* seg = std::getenv("ACCEL_GLOO_SEGMENT_BYTES"); seg && *seg) {
     pgo.gloo_segment_bytes = size_t(parse_env_int("ACCEL_GLOO_SEGMENT_BYTES", seg, 0, 1 << 30));
   }

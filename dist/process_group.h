@@ -59,6 +59,10 @@ struct ProcessGroupOptions {
   // Gloo ring all-reduce segment size in bytes (0: Gloo's default, 1 MiB). Each segment costs a
   // send/receive rendezvous, so larger segments cut per-message overhead on slow-wakeup hosts.
   size_t gloo_segment_bytes = size_t(4) << 20;
+  // All-reduce through shared memory when every rank maps the same segment (one host); see
+  // dist/shm_allreduce.h. Env ACCEL_DIST_SHM=0 turns it off for init_process_group.
+  bool shm = true;
+  size_t shm_slot_bytes = size_t(4) << 20;  // per rank; tensors are reduced in chunks of this
   // Keys of this group live under "<name>/" in the store; empty picks "pg<N>", N counting
   // groups created in this process (equal on every rank when ranks create groups in the
   // same order, which collectives require anyway).

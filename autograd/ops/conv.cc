@@ -24,18 +24,19 @@ ACCEL_DIFFERENTIABLE_OP(avg_pool2d, "avg_pool2d");
 namespace {
 
 // A 1- or 2-element size argument as (h, w); every entry must be >= min_value.
-void pair_param(const char* op, const char* what, const Shape& s, int64_t min_value, int64_t out[2]) {
+void pair_param(const char* op, const char* what, const Shape& s, int64_t min_value,
+                int64_t out[2]) {
   ACCEL_CHECK(s.size() == 1 || s.size() == 2, ValueError, op, what,
               " must have 1 or 2 elements, got ", s);
   out[0] = s[0];
   out[1] = s.size() == 2 ? s[1] : s[0];
-  ACCEL_CHECK(out[0] >= min_value && out[1] >= min_value, ValueError, op, what, " must be >= ",
-              min_value, ", got ", s);
+  ACCEL_CHECK(out[0] >= min_value && out[1] >= min_value, ValueError, op, what,
+              " must be >= ", min_value, ", got ", s);
 }
 
-// Contiguous data of t without autograd history (kernels take dense NCHW).
+// Contiguous data of t for a kernel (which ignores autograd metadata): t itself or a copy.
 Tensor dense(const Tensor& t) {
-  if (t.is_contiguous()) return ops::make_view(t, t.sizes(), t.strides(), t.offset());
+  if (t.is_contiguous()) return t;
   Tensor c = ops::empty_on(t.sizes(), t.dtype(), t.device());
   copy_stub(t.device(), c, t);
   return c;
@@ -71,9 +72,9 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Shape stride
   p.groups = groups;
   const Tensor x = x_in.dim() == 3 ? x_in.unsqueeze(0) : x_in;
   const int64_t c = x.size(1), o = w.size(0);
-  ACCEL_CHECK(w.size(1) * groups == c, ShapeError, op, "weight ", w.sizes(), " with groups=",
-              groups, " expects ", w.size(1) * groups, " input channels, but the input ",
-              x_in.sizes(), " has ", c);
+  ACCEL_CHECK(w.size(1) * groups == c, ShapeError, op, "weight ", w.sizes(),
+              " with groups=", groups, " expects ", w.size(1) * groups,
+              " input channels, but the input ", x_in.sizes(), " has ", c);
   ACCEL_CHECK(o % groups == 0, ShapeError, op, "weight ", w.sizes(), " has ", o,
               " output channels, not divisible by groups=", groups);
   if (b.defined()) {
@@ -96,16 +97,19 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Shape stride
   Tensor out = ops::empty_on({x.size(0), o, out_hw[0], out_hw[1]}, x.dtype(), x.device());
   conv2d_stub(x.device(), xd, wd, bd, out, p);
   if (autograd::needs_grad(x, w, b)) {
-    const bool gx = x.requires_grad(), gw = w.requires_grad(), gb = b.defined() && b.requires_grad();
-    autograd::record(op, {&x, &w, &b}, {&out}, [xd, wd, p, gx, gw, gb](const autograd::Grads& g) {
-      const Tensor go = dense(g[0]);
-      Tensor dx = gx ? ops::empty_on(xd.sizes(), go.dtype(), go.device()) : Tensor();
-      Tensor dw = gw ? ops::empty_on(wd.sizes(), go.dtype(), go.device()) : Tensor();
-      Tensor db = gb ? ops::empty_on({wd.size(0)}, go.dtype(), go.device()) : Tensor();
-      conv2d_backward_stub(go.device(), xd, wd, go, gx ? &dx : nullptr, gw ? &dw : nullptr,
-                           gb ? &db : nullptr, p);
-      return autograd::Grads{dx, dw, db};
-    });
+    const bool gx = x.requires_grad(), gw = w.requires_grad(),
+               gb = b.defined() && b.requires_grad();
+    autograd::record(
+        op, {&x, &w, &b}, {&out},
+        [xd = xd.detach(), wd = wd.detach(), p, gx, gw, gb](const autograd::Grads& g) {
+          const Tensor go = dense(g[0]);
+          Tensor dx = gx ? ops::empty_on(xd.sizes(), go.dtype(), go.device()) : Tensor();
+          Tensor dw = gw ? ops::empty_on(wd.sizes(), go.dtype(), go.device()) : Tensor();
+          Tensor db = gb ? ops::empty_on({wd.size(0)}, go.dtype(), go.device()) : Tensor();
+          conv2d_backward_stub(go.device(), xd, wd, go, gx ? &dx : nullptr, gw ? &dw : nullptr,
+                               gb ? &db : nullptr, p);
+          return autograd::Grads{dx, dw, db};
+        });
   }
   return x_in.dim() == 3 ? out.squeeze(0) : out;
 }

@@ -51,7 +51,7 @@ Tensor fold_rows(const Tensor& x) {
   const int64_t k = x.size(-1);
   int64_t rows = 1;
   for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.sizes()[size_t(d)];
-  if (x.dim() == 2) return ops::make_view(x, x.sizes(), x.strides(), x.offset());
+  if (x.dim() == 2) return x;
   if (!rows_foldable(x)) {
     Tensor c = ops::empty_on(x.sizes(), x.dtype(), x.device());
     copy_stub(x.device(), c, x);
@@ -67,9 +67,10 @@ Tensor fold_rows(const Tensor& x) {
   return ops::make_view(x, {rows, k}, {row_stride, x.stride(-1)}, x.offset());
 }
 
-// Rank-r view of x (rank >= 2) with leading size-1 dims.
+// Rank-r view of x (rank >= 2) with leading size-1 dims (x itself when it has rank r: kernels
+// ignore autograd metadata).
 Tensor pad_rank(const Tensor& x, int64_t r) {
-  if (x.dim() == r) return ops::make_view(x, x.sizes(), x.strides(), x.offset());
+  if (x.dim() == r) return x;
   Shape s(size_t(r - x.dim()), 1), st(size_t(r - x.dim()), 0);
   for (int64_t d = 0; d < x.dim(); ++d) {
     s.push_back(x.sizes()[size_t(d)]);
@@ -103,8 +104,7 @@ Tensor matmul_raw(const Tensor& a, const Tensor& b, const Shape& batch) {
   if (b.dim() == 2 && a.dim() > 2 && rows_foldable(a)) {
     // (B..., M, K) @ (K, N): one (B*M, K) @ (K, N) GEMM.
     Tensor out = ops::empty_on({shape_numel(batch) * m, n}, a.dtype(), a.device());
-    matmul_stub(a.device(), fold_rows(a), ops::make_view(b, b.sizes(), b.strides(), b.offset()),
-                Tensor(), out);
+    matmul_stub(a.device(), fold_rows(a), b, Tensor(), out);
     return ops::make_view(out, out_shape, contiguous_strides(out_shape), 0);
   }
   const int64_t r = int64_t(batch.size()) + 2;
@@ -183,27 +183,28 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
               "input features differ from weight: input ", x.sizes(), ", weight ", w.sizes());
   if (b.defined()) {
     check_pair("linear", x, b);
-    ACCEL_CHECK(b.dim() == 1 && b.size(0) == w.size(0), ShapeError, "linear", "bias must have shape ",
-                Shape{w.size(0)}, ", got ", b.sizes(), " for weight ", w.sizes());
+    ACCEL_CHECK(b.dim() == 1 && b.size(0) == w.size(0), ShapeError, "linear",
+                "bias must have shape ", Shape{w.size(0)}, ", got ", b.sizes(), " for weight ",
+                w.sizes());
   }
   const int64_t in = w.size(1), out_f = w.size(0);
   // x (..., in) -> x2 (rows, in); out2 = x2 @ w^T + b, with w^T a strided view (no copy).
-  const Tensor x2 = x.dim() == 1 ? ops::make_view(x, {1, in}, {in, x.stride(0)}, x.offset())
-                                 : fold_rows(x);
+  const Tensor x2 =
+      x.dim() == 1 ? ops::make_view(x, {1, in}, {in, x.stride(0)}, x.offset()) : fold_rows(x);
   const int64_t rows = x2.size(0);
   Tensor out2 = ops::empty_on({rows, out_f}, x.dtype(), x.device());
   const Tensor wt = ops::make_view(w, {in, out_f}, {w.stride(1), w.stride(0)}, w.offset());
-  const Tensor bias = b.defined() ? ops::make_view(b, b.sizes(), b.strides(), b.offset()) : Tensor();
-  matmul_stub(x.device(), x2, wt, bias, out2);
+  matmul_stub(x.device(), x2, wt, b, out2);
   Shape out_shape = x.sizes();
   out_shape.back() = out_f;
-  Tensor out = x.dim() == 2 ? out2 : ops::make_view(out2, out_shape, contiguous_strides(out_shape), 0);
+  Tensor out =
+      x.dim() == 2 ? out2 : ops::make_view(out2, out_shape, contiguous_strides(out_shape), 0);
   if (autograd::needs_grad(x, w, b)) {
     const bool gx = x.requires_grad(), gw = w.requires_grad();
     const bool gb = b.defined() && b.requires_grad();
     autograd::record("linear", {&x, &w, &b}, {&out},
-                     [xs = gw ? x2 : Tensor(), ws = gx ? w.detach() : Tensor(), sx = x.sizes(), gx,
-                      gw, gb](const autograd::Grads& g) {
+                     [xs = gw ? x2.detach() : Tensor(), ws = gx ? w.detach() : Tensor(),
+                      sx = x.sizes(), gx, gw, gb](const autograd::Grads& g) {
                        const Tensor g2 = g[0].reshape({-1, g[0].size(-1)});  // (rows, out)
                        Tensor dx, dw, db;
                        if (gx) dx = mm(g2, ws).reshape(sx);

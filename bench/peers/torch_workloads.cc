@@ -87,10 +87,12 @@ Fashion load_fashion() {
   if (int64_t(img.size()) != 16 + n * rows * cols || int64_t(lab.size()) != 8 + n)
     throw std::runtime_error("[torch_workloads] truncated IDX files in " + dir);
   Fashion f;
-  f.images = torch::from_blob(const_cast<uint8_t*>(img.data() + 16), {n, rows * cols}, torch::kUInt8)
-                 .to(torch::kFloat32)
-                 .div_(255.0);
-  f.labels = torch::from_blob(const_cast<uint8_t*>(lab.data() + 8), {n}, torch::kUInt8).to(torch::kInt64);
+  f.images =
+      torch::from_blob(const_cast<uint8_t*>(img.data() + 16), {n, rows * cols}, torch::kUInt8)
+          .to(torch::kFloat32)
+          .div_(255.0);
+  f.labels =
+      torch::from_blob(const_cast<uint8_t*>(lab.data() + 8), {n}, torch::kUInt8).to(torch::kInt64);
   return f;
 }
 
@@ -147,9 +149,7 @@ struct MlpImpl : torch::nn::Module {
     fc2 = register_module("fc2", torch::nn::Linear(1024, 1024));
     fc3 = register_module("fc3", torch::nn::Linear(1024, 10));
   }
-  torch::Tensor forward(torch::Tensor x) {
-    return fc3(torch::relu(fc2(torch::relu(fc1(x)))));
-  }
+  torch::Tensor forward(torch::Tensor x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
 };
 TORCH_MODULE(Mlp);
 
@@ -191,10 +191,12 @@ struct BlockImpl : torch::nn::Module {
     const int64_t B = x.size(0), T = x.size(1), hd = kDModel / kHeads;
     auto parts = qkv(ln1(x)).split(kDModel, -1);  // 3 x (B, T, C)
     auto heads = [&](const torch::Tensor& t) { return t.view({B, T, kHeads, hd}).transpose(1, 2); };
-    const torch::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);  // (B, H, T, hd)
+    const torch::Tensor q = heads(parts[0]), k = heads(parts[1]),
+                        v = heads(parts[2]);  // (B, H, T, hd)
     torch::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));
     att = att.masked_fill(causal_mask.narrow(0, 0, T).narrow(1, 0, T), -INFINITY).softmax(-1);
-    const torch::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, kDModel});
+    const torch::Tensor y =
+        torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, kDModel});
     x = x + proj(y);
     return x + fc_out(torch::gelu(fc(ln2(x))));  // gelu default: erf form
   }
@@ -212,7 +214,8 @@ struct GptImpl : torch::nn::Module {
     blocks = register_module("blocks", torch::nn::ModuleList());
     for (int64_t i = 0; i < kLayers; ++i) blocks->push_back(Block());
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDModel})));
-    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(kDModel, kVocab).bias(false)));
+    head = register_module(
+        "head", torch::nn::Linear(torch::nn::LinearOptions(kDModel, kVocab).bias(false)));
   }
   // idx: (B, T) int64 -> logits (B, T, V)
   torch::Tensor forward(torch::Tensor idx) {
@@ -231,10 +234,9 @@ int64_t count_params(torch::nn::Module& m) {
 }
 
 torch::optim::AdamW make_adamw(torch::nn::Module& m, double lr) {
-  return torch::optim::AdamW(m.parameters(), torch::optim::AdamWOptions(lr)
-                                                 .betas({0.9, 0.999})
-                                                 .eps(1e-8)
-                                                 .weight_decay(0.01));
+  return torch::optim::AdamW(
+      m.parameters(),
+      torch::optim::AdamWOptions(lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(0.01));
 }
 
 // Runs warmup + steps training steps; prints the median ms per timed step and the last loss.
@@ -347,11 +349,12 @@ struct Workload {
   const char* name;
   void (*run)(const Options&);
 };
-const Workload kWorkloads[] = {{"op", run_op}, {"mlp", run_mlp}, {"cnn", run_cnn}, {"gpt", run_gpt}};
+const Workload kWorkloads[] = {
+    {"op", run_op}, {"mlp", run_mlp}, {"cnn", run_cnn}, {"gpt", run_gpt}};
 
 int usage(const char* argv0) {
-  std::fprintf(stderr,
-               "usage: %s op|mlp|cnn|gpt|all [--threads N] [--steps N] [--warmup N]\n", argv0);
+  std::fprintf(stderr, "usage: %s op|mlp|cnn|gpt|all [--threads N] [--steps N] [--warmup N]\n",
+               argv0);
   return 2;
 }
 

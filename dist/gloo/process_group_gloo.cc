@@ -18,18 +18,8 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "dist/fingerprint.h"
 #include "dist/reduce_kernels.h"
-
-// Note [collective fingerprint]
-// Before a collective moves data, each rank contributes a 32-byte Fingerprint (op, dtype,
-// element count, root, reduce op, sequence number, and a running hash of all fingerprints so
-// far) to a tiny all-gather, and every rank compares all of them. The all-gather is the same on
-// every rank whatever the mismatch, so every rank sees the same table and raises the same
-// DistError naming both sides. Mismatched sizes never reach Gloo (whose TCP transport aborts the
-// process on a size mismatch). With fingerprint_every = k > 1 only every k-th collective is
-// exchanged; the running hash still reveals a divergence in between, but only after the fact.
-// Cost: one small all-gather (a latency, no bandwidth) per checked collective; measured in
-// docs/dist.md.
 
 namespace accel::dist {
 
@@ -89,27 +79,6 @@ void check_cpu_contiguous(const char* op, const Tensor& t, const char* what) {
               t.shape_str(), " with non-contiguous strides");
 }
 
-uint64_t mix(uint64_t h, uint64_t v) {
-  // splitmix64-style combine: cheap and order sensitive.
-  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= h >> 31;
-  h *= 0xbf58476d1ce4e5b9ull;
-  return h ^ (h >> 29);
-}
-uint64_t hash_core(const Fingerprint& f) {
-  uint64_t h = mix(0, uint64_t(f.kind) | uint64_t(f.dtype) << 8 | uint64_t(f.reduce) << 16);
-  h = mix(h, uint64_t(uint32_t(f.root)));
-  h = mix(h, uint64_t(f.numel));
-  return mix(h, f.seq);
-}
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::ostringstream os;
-  os << (ranks.size() == 1 ? "rank " : "ranks ");
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
-  return os.str();
-}
-
 // Creates unbound buffers typed by element size (Gloo only uses the size).
 template <typename Opts>
 void set_output_bytes(Opts& o, void* p, size_t elems, size_t esize) {
@@ -130,16 +99,6 @@ void set_input_bytes(Opts& o, void* p, size_t elems, size_t esize) {
     case 8: o.template setInput<uint64_t>(static_cast<uint64_t*>(p), elems); break;
     default: ACCEL_INTERNAL_ASSERT(false);
   }
-}
-
-Fingerprint make_fp(OpKind kind, DType dtype, ReduceOp op, int root, int64_t numel) {
-  Fingerprint f;
-  f.kind = uint8_t(kind);
-  f.dtype = uint8_t(dtype);
-  f.reduce = uint8_t(op);
-  f.root = root;
-  f.numel = numel;
-  return f;
 }
 
 std::string op_name_str(OpKind k) { return std::string(op_kind_name(k)); }
@@ -171,36 +130,6 @@ std::shared_ptr<gloo::Context> connect_gloo_context(const std::shared_ptr<Store>
   }
 }
 
-std::string Fingerprint::describe() const {
-  std::ostringstream os;
-  auto k = OpKind(kind);
-  os << op_kind_name(k) << "(";
-  switch (k) {
-    case OpKind::AllReduce:
-      os << reduce_op_name(ReduceOp(reduce)) << ", " << DType(dtype) << ", " << numel
-         << " elements";
-      break;
-    case OpKind::ReduceScatter:
-      os << reduce_op_name(ReduceOp(reduce)) << ", " << DType(dtype) << ", " << numel
-         << " elements in";
-      break;
-    case OpKind::Broadcast:
-      os << "root " << root << ", " << DType(dtype) << ", " << numel << " elements";
-      break;
-    case OpKind::AllGather:
-      os << DType(dtype) << ", " << numel << " elements per rank";
-      break;
-    case OpKind::Barrier:
-      break;
-    case OpKind::Send:
-    case OpKind::Recv:
-      os << DType(dtype) << ", " << numel << " elements";
-      break;
-  }
-  os << ") seq " << seq;
-  return os.str();
-}
-
 // =========================== construction ===========================
 
 ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size,
@@ -222,6 +151,8 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     ctx_ = connect_gloo_context(store_, rank, size, options_.hostname, options_.timeout);
     control_ = std::make_unique<ControlPlane>(store_, rank, size, options_.hostname,
                                               options_.timeout);
+    if (options_.shm)
+      shm_ = ShmAllReduce::create(store_, rank, size, options_.shm_slot_bytes, options_.timeout);
   }
   worker_ = std::thread([this] { worker_loop(); });
 }
@@ -391,12 +322,17 @@ void ProcessGroupGloo::run_task(Task& task) {
     std::string broken = broken_message();
     ACCEL_CHECK(broken.empty(), DistError, op.c_str(), fp.describe(), " on rank ", rank_,
                 ": the process group failed earlier: ", broken);
-    running_hash_ = mix(running_hash_, hash_core(fp));
     int every = options_.fingerprint_every;
     // A barrier always exchanges fingerprints: that exchange is the barrier.
     bool check = every > 0 && fp.seq % uint64_t(every) == 0;
     if (size_ > 1 && (check || OpKind(fp.kind) == OpKind::Barrier)) {
-      check_fingerprint(fp, task.timeout);
+      auto t0 = Clock::now();
+      history_.check(*control_, fp, task.timeout);
+      fingerprint_ns_ +=
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+      ++fingerprint_checks_;
+    } else {
+      history_.record(fp);
     }
     task.body(fp.seq, task.timeout);
   } catch (const PeerError& e) {
@@ -419,66 +355,20 @@ void ProcessGroupGloo::run_task(Task& task) {
   task.work->finish(err);
 }
 
-void ProcessGroupGloo::check_fingerprint(const Fingerprint& fp_in, Milliseconds timeout) {
-  auto t0 = Clock::now();
-  Fingerprint mine = fp_in;
-  mine.running = running_hash_;
-  std::vector<Fingerprint> all(static_cast<size_t>(size_));
-  control_->all_gather(&mine, all.data(), sizeof(Fingerprint), timeout);  // PeerError on failure
-  fingerprint_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-  ++fingerprint_checks_;
-  bool same = true, same_history = true;
-  for (auto& f : all) {
-    same = same && f.same_call(all[0]);
-    same_history = same_history && f.running == all[0].running;
-  }
-  if (same && same_history) return;
-  // Group ranks by what they called, in rank order: identical text on every rank.
-  std::vector<std::pair<const Fingerprint*, std::vector<int>>> groups;
-  for (int r = 0; r < size_; ++r) {
-    auto& f = all[size_t(r)];
-    auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) {
-      return g.first->same_call(f) && g.first->running == f.running;
-    });
-    if (it == groups.end()) {
-      groups.push_back({&f, {r}});
-    } else {
-      it->second.push_back(r);
-    }
-  }
-  std::ostringstream os;
-  std::string op = op_name_str(OpKind(fp_in.kind));
-  if (same) {
-    os << "collective sequences diverged before seq " << fp_in.seq
-       << " (calls between fingerprint checks differ; run with fingerprint_every = 1 to find "
-          "the first one): ";
-    for (size_t i = 0; i < groups.size(); ++i)
-      os << (i ? "; " : "") << rank_list(groups[i].second) << " history "
-         << std::hex << groups[i].first->running << std::dec;
-  } else {
-    os << "collective mismatch at seq " << fp_in.seq << ": ";
-    for (size_t i = 0; i < groups.size(); ++i)
-      os << (i ? "; " : "") << rank_list(groups[i].second) << " called "
-         << groups[i].first->describe();
-  }
-  // Every rank saw the same table: restart the running hash from it so that the group stays
-  // in step for the next checks (the mismatch is reported, the data path was never touched).
-  uint64_t h = 0;
-  for (auto& f : all) h = mix(h, mix(hash_core(f), f.running));
-  running_hash_ = h;
-  ACCEL_THROW(DistError, op.c_str(), os.str());
-}
-
 // =========================== collectives ===========================
 
 WorkPtr ProcessGroupGloo::all_reduce_async(const Tensor& t, ReduceOp op) {
   check_cpu_contiguous("all_reduce", t, "tensor");
   check_reducible("all_reduce", t.dtype(), op);
-  Fingerprint fp = make_fp(OpKind::AllReduce, t.dtype(), op, -1, t.numel());
+  Fingerprint fp = make_fingerprint(OpKind::AllReduce, t.dtype(), op, -1, t.numel());
   return enqueue(fp, [this, t, op](uint64_t seq, Milliseconds timeout) {
     size_t n = size_t(t.numel());
     if (n == 0) return;
-    if (size_ > 1) {
+    if (size_ > 1 && shm_) {
+      shm_->all_reduce(t.data_ptr(), n, t.element_size(),
+                       reduce_function(t.dtype(), op == ReduceOp::Avg ? ReduceOp::Sum : op),
+                       timeout);
+    } else if (size_ > 1) {
       gloo::AllreduceOptions o(ctx_);
       set_output_bytes(o, t.data_ptr(), n, t.element_size());
       o.setReduceFunction(reduce_function(t.dtype(), op == ReduceOp::Avg ? ReduceOp::Sum : op));
@@ -495,7 +385,7 @@ WorkPtr ProcessGroupGloo::broadcast_async(const Tensor& t, int root) {
   check_cpu_contiguous("broadcast", t, "tensor");
   ACCEL_CHECK(root >= 0 && root < size_, DistError, "broadcast", "root ", root,
               " is outside [0, ", size_, ")");
-  Fingerprint fp = make_fp(OpKind::Broadcast, t.dtype(), ReduceOp::Sum, root, t.numel());
+  Fingerprint fp = make_fingerprint(OpKind::Broadcast, t.dtype(), ReduceOp::Sum, root, t.numel());
   return enqueue(fp, [this, t, root](uint64_t seq, Milliseconds timeout) {
     if (size_ == 1 || t.numel() == 0) return;
     gloo::BroadcastOptions o(ctx_);
@@ -515,7 +405,7 @@ WorkPtr ProcessGroupGloo::all_gather_async(const Tensor& out, const Tensor& in) 
   ACCEL_CHECK(out.numel() == in.numel() * size_, ShapeError, "all_gather", "output ",
               out.shape_str(), " must hold world size ", size_, " x input ", in.shape_str(),
               " = ", in.numel() * size_, " elements");
-  Fingerprint fp = make_fp(OpKind::AllGather, in.dtype(), ReduceOp::Sum, -1, in.numel());
+  Fingerprint fp = make_fingerprint(OpKind::AllGather, in.dtype(), ReduceOp::Sum, -1, in.numel());
   return enqueue(fp, [this, out, in](uint64_t seq, Milliseconds timeout) {
     size_t n = size_t(in.numel()), es = in.element_size();
     if (n == 0) return;
@@ -551,7 +441,7 @@ WorkPtr ProcessGroupGloo::reduce_scatter_async(const Tensor& out, const Tensor& 
     ACCEL_CHECK(!overlap || out.numel() == 0, ValueError, "reduce_scatter",
                 "output must not overlap the input");
   }
-  Fingerprint fp = make_fp(OpKind::ReduceScatter, in.dtype(), op, -1, in.numel());
+  Fingerprint fp = make_fingerprint(OpKind::ReduceScatter, in.dtype(), op, -1, in.numel());
   return enqueue(fp, [this, out, in, op](uint64_t seq, Milliseconds timeout) {
     ring_reduce_scatter(out, in, op, seq, timeout);
   });
@@ -596,7 +486,7 @@ void ProcessGroupGloo::ring_reduce_scatter(const Tensor& out, const Tensor& in, 
 }
 
 WorkPtr ProcessGroupGloo::barrier_async() {
-  Fingerprint fp = make_fp(OpKind::Barrier, DType::UInt8, ReduceOp::Sum, -1, 0);
+  Fingerprint fp = make_fingerprint(OpKind::Barrier, DType::UInt8, ReduceOp::Sum, -1, 0);
   // The body is empty: run_task's fingerprint exchange, done for every barrier, is an
   // all-to-all over the control channel, so no rank leaves before all have arrived.
   return enqueue(fp, [](uint64_t, Milliseconds) {});

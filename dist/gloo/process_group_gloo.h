@@ -9,7 +9,9 @@
 #include <thread>
 
 #include "dist/control_plane.h"
+#include "dist/fingerprint.h"
 #include "dist/process_group.h"
+#include "dist/shm_allreduce.h"
 
 namespace gloo {
 class Context;
@@ -32,23 +34,6 @@ std::shared_ptr<gloo::Context> connect_gloo_context(const std::shared_ptr<Store>
                                                     int size, const std::string& hostname,
                                                     Milliseconds timeout);
 
-// What every rank compares before a collective (Note [collective fingerprint] in the .cc).
-struct Fingerprint {
-  uint8_t kind = 0;    // OpKind
-  uint8_t dtype = 0;   // DType
-  uint8_t reduce = 0;  // ReduceOp, 0 when not a reduction
-  uint8_t pad = 0;
-  int32_t root = -1;  // broadcast root, else -1
-  int64_t numel = 0;  // elements of the per-rank input
-  uint64_t seq = 0;
-  uint64_t running = 0;  // hash of every fingerprint up to and including this one
-  std::string describe() const;
-  bool same_call(const Fingerprint& o) const {
-    return kind == o.kind && dtype == o.dtype && reduce == o.reduce && root == o.root &&
-           numel == o.numel && seq == o.seq;
-  }
-};
-static_assert(sizeof(Fingerprint) == 32);
 
 class ProcessGroupGloo final : public ProcessGroup {
  public:
@@ -70,6 +55,8 @@ class ProcessGroupGloo final : public ProcessGroup {
   WorkPtr recv_async(const Tensor& t, int src, int tag) override;
   uint64_t next_seq() const override { return seq_.load(); }
 
+  // Whether all_reduce goes through shared memory (every rank on one host).
+  bool uses_shm() const { return shm_ != nullptr; }
   // The underlying context (null for size 1), e.g. for a raw-Gloo baseline in benchmarks.
   const std::shared_ptr<gloo::Context>& context() const { return ctx_; }
   // Time the worker spent in fingerprint exchanges, for measuring the check's cost.
@@ -88,7 +75,6 @@ class ProcessGroupGloo final : public ProcessGroup {
   WorkPtr enqueue(Fingerprint fp, std::function<void(uint64_t, Milliseconds)> body);
   void worker_loop();
   void run_task(Task& task);
-  void check_fingerprint(const Fingerprint& fp, Milliseconds timeout);
   // Records the first transport failure; afterwards every operation fails with it.
   void mark_broken(const std::string& msg);
   std::string broken_message() const;
@@ -108,9 +94,10 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::Context> ctx_;
   std::unique_ptr<ControlPlane> control_;  // fingerprints, barrier, abort notices
+  std::unique_ptr<ShmAllReduce> shm_;      // same-host all-reduce; null: Gloo's TCP ring
 
   std::atomic<uint64_t> seq_{0};
-  uint64_t running_hash_ = 0;  // worker thread only
+  FingerprintHistory history_;  // worker thread only
   std::vector<uint8_t> scratch_;  // worker thread only
 
   mutable std::mutex broken_mu_;

@@ -30,7 +30,8 @@ struct ConvGeom {
   int64_t sh, sw, ph, pw, dh, dw, groups, cg, og;
 };
 
-ConvGeom conv_geom(const Tensor& x, const Tensor& w, const Shape& out_sizes, const Conv2dParams& p) {
+ConvGeom conv_geom(const Tensor& x, const Tensor& w, const Shape& out_sizes,
+                   const Conv2dParams& p) {
   ConvGeom g;
   g.n = x.size(0), g.c = x.size(1), g.h = x.size(2), g.w = x.size(3);
   g.o = w.size(0), g.kh = w.size(2), g.kw = w.size(3);
@@ -149,8 +150,8 @@ struct PoolGeom {
 };
 
 PoolGeom pool_geom(const Shape& in, const Shape& out, const Pool2dParams& p) {
-  return {in[0] * in[1], in[2], in[3], out[2], out[3], p.kernel[0], p.kernel[1],
-          p.stride[0], p.stride[1], p.padding[0], p.padding[1]};
+  return {in[0] * in[1], in[2],       in[3],       out[2],       out[3],      p.kernel[0],
+          p.kernel[1],   p.stride[0], p.stride[1], p.padding[0], p.padding[1]};
 }
 
 // Visits the valid input cells of output cell (oh, ow): fn(ih * w + iw).
@@ -158,7 +159,8 @@ template <typename F>
 void for_window(const PoolGeom& g, int64_t oh, int64_t ow, F&& fn) {
   const int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
   for (int64_t ih = std::max<int64_t>(h0, 0); ih < std::min(h0 + g.kh, g.h); ++ih)
-    for (int64_t iw = std::max<int64_t>(w0, 0); iw < std::min(w0 + g.kw, g.w); ++iw) fn(ih * g.w + iw);
+    for (int64_t iw = std::max<int64_t>(w0, 0); iw < std::min(w0 + g.kw, g.w); ++iw)
+      fn(ih * g.w + iw);
 }
 
 int64_t window_count(const PoolGeom& g, int64_t oh, int64_t ow, bool include_pad) {
@@ -258,7 +260,8 @@ struct Operand {
   }
   // Inputs: binds `data` and reorders it into `scratch` when the layouts differ. With `staged`,
   // reuses a reorder of the same data into the same layout, or records this one for reuse.
-  void bind_input(const void* data, Tensor& scratch, const char* op, Staged* staged = nullptr) const {
+  void bind_input(const void* data, Tensor& scratch, const char* op,
+                  Staged* staged = nullptr) const {
     onednn::bind(user, data, op);
     if (!needs_reorder) return;
     if (staged && staged->md && *staged->md == inner_md) {
@@ -305,9 +308,12 @@ struct ConvDescs {
 enum class ConvPrim { Fwd, BwdData, BwdWeights };
 bool plain_activations(ConvPrim prim, const ConvGeom& g) {
   switch (prim) {
-    case ConvPrim::Fwd: return g.cg * g.kh * g.kw < 32;
-    case ConvPrim::BwdData: return g.cg < 16;
-    case ConvPrim::BwdWeights: return false;
+    case ConvPrim::Fwd:
+      return g.cg * g.kh * g.kw < 32;
+    case ConvPrim::BwdData:
+      return g.cg < 16;
+    case ConvPrim::BwdWeights:
+      return false;
   }
   return false;
 }
@@ -336,11 +342,11 @@ ConvDescs conv_descs(const ConvGeom& g, DType dtype, bool has_bias, ConvPrim pri
 dnnl::convolution_forward::primitive_desc conv_fwd_pd(const ConvDescs& d, bool has_bias) {
   using F = dnnl::convolution_forward;
   const F::desc desc =
-      has_bias ? F::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                         d.src_any, d.wei_any, d.bias, d.dst_any, d.strides, d.dilates, d.pad_l,
-                         d.pad_r)
-               : F::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                         d.src_any, d.wei_any, d.dst_any, d.strides, d.dilates, d.pad_l, d.pad_r);
+      has_bias
+          ? F::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                    d.src_any, d.wei_any, d.bias, d.dst_any, d.strides, d.dilates, d.pad_l, d.pad_r)
+          : F::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                    d.src_any, d.wei_any, d.dst_any, d.strides, d.dilates, d.pad_l, d.pad_r);
   return F::primitive_desc(desc, onednn::engine());
 }
 
@@ -470,11 +476,11 @@ bool conv_bwd_weights_onednn(const ConvGeom& g, const Tensor& x, const Tensor& g
     n.supported = try_create("conv2d_backward", [&] {
       using B = dnnl::convolution_backward_weights;
       const auto hint = conv_fwd_pd(d, has_bias);
-      const B::desc desc =
-          has_bias ? B::desc(dnnl::algorithm::convolution_direct, d.src_any, d.wei_any, d.bias,
-                             d.dst_any, d.strides, d.dilates, d.pad_l, d.pad_r)
-                   : B::desc(dnnl::algorithm::convolution_direct, d.src_any, d.wei_any, d.dst_any,
-                             d.strides, d.dilates, d.pad_l, d.pad_r);
+      const B::desc desc = has_bias
+                               ? B::desc(dnnl::algorithm::convolution_direct, d.src_any, d.wei_any,
+                                         d.bias, d.dst_any, d.strides, d.dilates, d.pad_l, d.pad_r)
+                               : B::desc(dnnl::algorithm::convolution_direct, d.src_any, d.wei_any,
+                                         d.dst_any, d.strides, d.dilates, d.pad_l, d.pad_r);
       const B::primitive_desc pd(desc, onednn::engine(), hint);
       n.prim = B(pd);
       n.src.init(d.src, pd.src_desc(), true);
@@ -522,7 +528,8 @@ void conv2d_kernel(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor&
   const ConvGeom g = conv_geom(x, w, out.sizes(), p);
   if (out.dtype() == kFloat64) {
     return conv_fwd_ref<double>(x.data<double>(), w.data<double>(),
-                                bias.defined() ? bias.data<double>() : nullptr, out.data<double>(), g);
+                                bias.defined() ? bias.data<double>() : nullptr, out.data<double>(),
+                                g);
   }
   if (conv_fwd_onednn(g, x, w, bias, out)) return;
   ACCEL_CHECK(out.dtype() != kFloat32, Error, "conv2d", "oneDNN has no f32 convolution for input ",
@@ -558,8 +565,9 @@ void conv2d_backward_kernel(const Tensor& x, const Tensor& w, const Tensor& gout
     ok = conv_bwd_weights_onednn(g, x, gout, gw_local, gb, &staged_gout);
   }
   if (ok) return;
-  ACCEL_CHECK(dt != kFloat32, Error, "conv2d_backward", "oneDNN has no f32 convolution backward for ",
-              "input ", x.sizes(), " and weight ", w.sizes());
+  ACCEL_CHECK(dt != kFloat32, Error, "conv2d_backward",
+              "oneDNN has no f32 convolution backward for ", "input ", x.sizes(), " and weight ",
+              w.sizes());
   Tensor gx32 = gx ? empty_f32(*gx) : Tensor(), gw32 = gw ? empty_f32(*gw) : Tensor(),
          gb32 = gb ? empty_f32(*gb) : Tensor();
   conv2d_backward_kernel(to_f32(x), to_f32(w), to_f32(gout), gx ? &gx32 : nullptr,
@@ -622,8 +630,8 @@ onednn::PrimKey pool_key(int dir, PoolKind kind, const Shape& in, DType dt, cons
                          bool training) {
   onednn::PrimKey k;
   for (int64_t v : {int64_t(dir), int64_t(kind), int64_t(dt), int64_t(training), in[0], in[1],
-                    in[2], in[3], p.kernel[0], p.kernel[1], p.stride[0], p.stride[1],
-                    p.padding[0], p.padding[1], int64_t(p.count_include_pad)})
+                    in[2], in[3], p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.padding[0],
+                    p.padding[1], int64_t(p.count_include_pad)})
     k.push(v);
   return k;
 }
@@ -674,9 +682,9 @@ bool pool_bwd_onednn(PoolKind kind, const Tensor& gout, const Tensor& workspace,
     n.supported = try_create("pool2d_backward", [&] {
       using B = dnnl::pooling_backward;
       const auto hint = pool_fwd_pd(kind, d, p, true);
-      const B::primitive_desc pd(B::desc(pool_algorithm(kind, p), d.src, d.dst, d.strides, d.kernel,
-                                         d.pad_l, d.pad_r),
-                                 onednn::engine(), hint);
+      const B::primitive_desc pd(
+          B::desc(pool_algorithm(kind, p), d.src, d.dst, d.strides, d.kernel, d.pad_l, d.pad_r),
+          onednn::engine(), hint);
       n.prim = B(pd);
       if (is_max) n.ws = onednn::unbound_memory(hint.workspace_desc());
     });

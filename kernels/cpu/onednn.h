@@ -11,10 +11,9 @@
 // is cleared (shape churn is rare in training; a full clear keeps the code small).
 #pragma once
 
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include <array>
 #include <cstdint>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 
 #include "core/dtype.h"
@@ -35,12 +34,18 @@ inline dnnl::stream& stream() {
 // oneDNN data type of an accel dtype, or undef when oneDNN has none (f64, i64, bool).
 inline dnnl::memory::data_type to_dnnl(DType t) {
   switch (t) {
-    case DType::Float32: return dnnl::memory::data_type::f32;
-    case DType::BFloat16: return dnnl::memory::data_type::bf16;
-    case DType::Float16: return dnnl::memory::data_type::f16;
-    case DType::Int32: return dnnl::memory::data_type::s32;
-    case DType::UInt8: return dnnl::memory::data_type::u8;
-    default: return dnnl::memory::data_type::undef;
+    case DType::Float32:
+      return dnnl::memory::data_type::f32;
+    case DType::BFloat16:
+      return dnnl::memory::data_type::bf16;
+    case DType::Float16:
+      return dnnl::memory::data_type::f16;
+    case DType::Int32:
+      return dnnl::memory::data_type::s32;
+    case DType::UInt8:
+      return dnnl::memory::data_type::u8;
+    default:
+      return dnnl::memory::data_type::undef;
   }
 }
 
@@ -53,8 +58,7 @@ inline dnnl::memory unbound_memory(const dnnl::memory::desc& md) {
   return dnnl::memory(md, engine(), DNNL_MEMORY_NONE);
 }
 inline void bind(const dnnl::memory& m, const void* ptr, const char* op) {
-  check_status(dnnl_memory_set_data_handle(m.get(), const_cast<void*>(ptr)), op,
-               "set_data_handle");
+  check_status(dnnl_memory_set_data_handle(m.get(), const_cast<void*>(ptr)), op, "set_data_handle");
 }
 
 // Arguments of one execute, kept in the cache entry (no allocation per call).

@@ -26,7 +26,6 @@ void check_all(std::initializer_list<const Tensor*> ts, Device d, const char* op
 }
 
 const void* ptr(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
-void* mut_ptr(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
 struct Geometry {
   int64_t outer = 1, n = 1, inner = 1;

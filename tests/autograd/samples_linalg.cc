@@ -30,19 +30,27 @@ GRAD_SAMPLE("linear", "1-D input", (rnd({3}), rnd({2, 3}), rnd({2})),
             { return linear(x[0], x[1], x[2]); });
 
 // ---- convolution and pooling (float64: the direct reference kernels) ----
-GRAD_SAMPLE("conv2d", "3x3, bias, padding 1", (rnd({2, 2, 5, 5}), rnd({3, 2, 3, 3}), rnd({3})),
-            { return conv2d(x[0], x[1], x[2], {1, 1}, {1, 1}); });
-GRAD_SAMPLE("conv2d", "stride 2, no bias, rectangular kernel", (rnd({1, 3, 6, 5}), rnd({2, 3, 3, 2})),
-            { return conv2d(x[0], x[1], Tensor(), {2, 2}, {0, 1}); });
-GRAD_SAMPLE("conv2d", "dilation 2, groups 2", (rnd({1, 4, 6, 6}), rnd({4, 2, 2, 2}), rnd({4})),
-            { return conv2d(x[0], x[1], x[2], {1, 1}, {1, 1}, {2, 2}, 2); });
-GRAD_SAMPLE("conv2d", "3-D input", (rnd({2, 4, 4}), rnd({2, 2, 3, 3})),
-            { return conv2d(x[0], x[1], Tensor(), {1, 2}); });
+GRAD_SAMPLE("conv2d", "3x3, bias, padding 1", (rnd({2, 2, 5, 5}), rnd({3, 2, 3, 3}), rnd({3})), {
+  return conv2d(x[0], x[1], x[2], {1, 1}, {1, 1});
+});
+GRAD_SAMPLE("conv2d", "stride 2, no bias, rectangular kernel",
+            (rnd({1, 3, 6, 5}), rnd({2, 3, 3, 2})), {
+              return conv2d(x[0], x[1], Tensor(), {2, 2}, {0, 1});
+            });
+GRAD_SAMPLE("conv2d", "dilation 2, groups 2", (rnd({1, 4, 6, 6}), rnd({4, 2, 2, 2}), rnd({4})), {
+  return conv2d(x[0], x[1], x[2], {1, 1}, {1, 1}, {2, 2}, 2);
+});
+GRAD_SAMPLE("conv2d", "3-D input", (rnd({2, 4, 4}), rnd({2, 2, 3, 3})), {
+  return conv2d(x[0], x[1], Tensor(), {1, 2});
+});
 GRAD_SAMPLE("max_pool2d", "2x2", (rnd({2, 2, 4, 4})), { return max_pool2d(x[0], {2, 2}); });
-GRAD_SAMPLE("max_pool2d", "3x3 stride 2 padding 1 (overlapping)", (rnd({1, 2, 5, 5})),
-            { return max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}); });
+GRAD_SAMPLE("max_pool2d", "3x3 stride 2 padding 1 (overlapping)", (rnd({1, 2, 5, 5})), {
+  return max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1});
+});
 GRAD_SAMPLE("avg_pool2d", "2x2", (rnd({2, 2, 4, 4})), { return avg_pool2d(x[0], {2, 2}); });
-GRAD_SAMPLE("avg_pool2d", "3x3 padding 1, count_include_pad", (rnd({1, 2, 5, 4})),
-            { return avg_pool2d(x[0], {3, 3}, {2, 1}, {1, 1}, true); });
-GRAD_SAMPLE("avg_pool2d", "3x3 padding 1, exclude pad", (rnd({1, 2, 5, 4})),
-            { return avg_pool2d(x[0], {3, 3}, {2, 1}, {1, 1}, false); });
+GRAD_SAMPLE("avg_pool2d", "3x3 padding 1, count_include_pad", (rnd({1, 2, 5, 4})), {
+  return avg_pool2d(x[0], {3, 3}, {2, 1}, {1, 1}, true);
+});
+GRAD_SAMPLE("avg_pool2d", "3x3 padding 1, exclude pad", (rnd({1, 2, 5, 4})), {
+  return avg_pool2d(x[0], {3, 3}, {2, 1}, {1, 1}, false);
+});

@@ -64,9 +64,11 @@ TEST_CASE("matmul: f32 against the f64 reference, all rank combinations") {
     Shape a, b;
   };
   const Case cases[] = {
-      {{5, 7}, {7, 3}},          {{1, 1}, {1, 1}},           {{64, 33}, {33, 17}},
-      {{2, 3, 4}, {2, 4, 5}},    {{2, 1, 3, 4}, {3, 4, 2}},  {{3, 4}, {2, 4, 6}},
-      {{2, 3, 4}, {4, 6}},       {{4, 1, 3, 5}, {1, 2, 5, 2}}, {{130, 70}, {70, 90}},
+      {{5, 7}, {7, 3}},          {{1, 1}, {1, 1}},
+      {{64, 33}, {33, 17}},      {{2, 3, 4}, {2, 4, 5}},
+      {{2, 1, 3, 4}, {3, 4, 2}}, {{3, 4}, {2, 4, 6}},
+      {{2, 3, 4}, {4, 6}},       {{4, 1, 3, 5}, {1, 2, 5, 2}},
+      {{130, 70}, {70, 90}},
   };
   for (const Case& c : cases) {
     INFO("a ", c.a, " b ", c.b);
@@ -212,29 +214,59 @@ TEST_CASE("matmul family: errors name the op and the shapes") {
   check_error<ShapeError>([&] { matmul(a, b); }, "matmul", "(4, 3) @ (5, 2)");
   check_error<ShapeError>([&] { matmul(rand_t({3}), rand_t({4})); }, "matmul", "(3,) @ (4,)");
   check_error<ShapeError>([&] { matmul(scalar_tensor(1.0), a); }, "matmul", "(4, 3)");
-  check_error<ShapeError>([&] { matmul(rand_t({2, 4, 3}), rand_t({3, 3, 2})); }, "matmul",
-                          "(2, 4, 3) @ (3, 3, 2)");
-  check_error<ShapeError>([&] { mm(rand_t({2, 3, 4}), rand_t({4, 2})); }, "mm", "(2, 3, 4) @ (4, 2)");
+  check_error<ShapeError>(
+      [&] {
+        matmul(rand_t({2, 4, 3}), rand_t({3, 3, 2}));
+      },
+      "matmul", "(2, 4, 3) @ (3, 3, 2)");
+  check_error<ShapeError>(
+      [&] {
+        mm(rand_t({2, 3, 4}), rand_t({4, 2}));
+      },
+      "mm", "(2, 3, 4) @ (4, 2)");
   check_error<ShapeError>([&] { mm(a, b); }, "mm", "(4, 3) @ (5, 2)");
   check_error<ShapeError>([&] { bmm(a, rand_t({3, 2})); }, "bmm", "(4, 3) @ (3, 2)");
-  check_error<ShapeError>([&] { bmm(rand_t({2, 3, 4}), rand_t({3, 4, 2})); }, "bmm",
-                          "(2, 3, 4) @ (3, 4, 2)");
-  check_error<ShapeError>([&] { bmm(rand_t({2, 3, 4}), rand_t({2, 3, 2})); }, "bmm",
-                          "(2, 3, 4) @ (2, 3, 2)");
+  check_error<ShapeError>(
+      [&] {
+        bmm(rand_t({2, 3, 4}), rand_t({3, 4, 2}));
+      },
+      "bmm", "(2, 3, 4) @ (3, 4, 2)");
+  check_error<ShapeError>(
+      [&] {
+        bmm(rand_t({2, 3, 4}), rand_t({2, 3, 2}));
+      },
+      "bmm", "(2, 3, 4) @ (2, 3, 2)");
   check_error<DTypeError>([&] { matmul(a, rand_t({3, 2}, kFloat64)); }, "matmul", "(4, 3)");
-  check_error<DTypeError>([&] { matmul(ones({2, 2}, kInt64), ones({2, 2}, kInt64)); }, "matmul",
-                          "(2, 2)");
+  check_error<DTypeError>(
+      [&] {
+        matmul(ones({2, 2}, kInt64), ones({2, 2}, kInt64));
+      },
+      "matmul", "(2, 2)");
   std::vector<float> buf;
   Tensor c = fake_cuda({3, 2}, buf);
   check_error<DeviceError>([&] { matmul(a, c); }, "matmul", "(3, 2)");
-  check_error<DeviceError>([&] { linear(rand_t({2, 2}), fake_cuda({3, 2}, buf)); }, "linear", "(3, 2)");
+  check_error<DeviceError>(
+      [&] {
+        linear(rand_t({2, 2}), fake_cuda({3, 2}, buf));
+      },
+      "linear", "(3, 2)");
   // linear
   check_error<ShapeError>([&] { linear(rand_t({2, 4}), rand_t({3, 5})); }, "linear", "(3, 5)");
-  check_error<ShapeError>([&] { linear(rand_t({2, 4}), rand_t({3, 4, 1})); }, "linear", "(3, 4, 1)");
-  check_error<ShapeError>([&] { linear(rand_t({2, 4}), rand_t({3, 4}), rand_t({4})); }, "linear",
-                          "(4,)");
-  check_error<DTypeError>([&] { linear(rand_t({2, 4}), rand_t({3, 4}), rand_t({3}, kFloat64)); },
-                          "linear", "(3,)");
+  check_error<ShapeError>(
+      [&] {
+        linear(rand_t({2, 4}), rand_t({3, 4, 1}));
+      },
+      "linear", "(3, 4, 1)");
+  check_error<ShapeError>(
+      [&] {
+        linear(rand_t({2, 4}), rand_t({3, 4}), rand_t({4}));
+      },
+      "linear", "(4,)");
+  check_error<DTypeError>(
+      [&] {
+        linear(rand_t({2, 4}), rand_t({3, 4}), rand_t({3}, kFloat64));
+      },
+      "linear", "(3,)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -271,8 +303,10 @@ Tensor ref_conv2d(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, co
   Tensor x = x_in.to(kFloat64), w = w_in.to(kFloat64);
   const int64_t n = x.size(0), o = w.size(0), kh = w.size(2), kw = w.size(3);
   const int64_t cg = w.size(1), og = o / c.groups;
-  const int64_t ho = (x.size(2) + 2 * c.padding[0] - c.dilation[0] * (kh - 1) - 1) / c.stride[0] + 1;
-  const int64_t wo = (x.size(3) + 2 * c.padding[1] - c.dilation[1] * (kw - 1) - 1) / c.stride[1] + 1;
+  const int64_t ho =
+      (x.size(2) + 2 * c.padding[0] - c.dilation[0] * (kh - 1) - 1) / c.stride[0] + 1;
+  const int64_t wo =
+      (x.size(3) + 2 * c.padding[1] - c.dilation[1] * (kw - 1) - 1) / c.stride[1] + 1;
   Tensor xp = pad_hw(x, c.padding[0], c.padding[1], 0.0);
   Tensor out = zeros({n, o, ho * wo}, TensorOptions(kFloat64));
   for (int64_t g = 0; g < c.groups; ++g) {
@@ -320,10 +354,10 @@ TEST_CASE("conv2d: f32 (oneDNN) and f64 (reference) against an independent refer
       {{2, 3, 7, 6}, {4, 3, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},
       {{1, 2, 9, 8}, {3, 2, 3, 2}, false, {2, 3}, {1, 0}, {1, 1}, 1},
       {{2, 4, 9, 9}, {6, 2, 3, 3}, true, {1, 1}, {2, 2}, {2, 2}, 2},
-      {{1, 6, 5, 5}, {6, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 6},  // depthwise
-      {{2, 3, 4, 4}, {5, 3, 1, 1}, true, {1, 1}, {0, 0}, {1, 1}, 1},  // 1x1
+      {{1, 6, 5, 5}, {6, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 6},       // depthwise
+      {{2, 3, 4, 4}, {5, 3, 1, 1}, true, {1, 1}, {0, 0}, {1, 1}, 1},       // 1x1
       {{4, 32, 14, 14}, {64, 32, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},  // the cnn's conv 2
-      {{3, 1, 28, 28}, {32, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},  // the cnn's conv 1
+      {{3, 1, 28, 28}, {32, 1, 3, 3}, true, {1, 1}, {1, 1}, {1, 1}, 1},    // the cnn's conv 1
   };
   for (const ConvCfg& c : cfgs) {
     INFO("x ", c.x, " w ", c.w, " stride ", c.stride, " pad ", c.padding, " dil ", c.dilation,
@@ -382,9 +416,15 @@ TEST_CASE("conv2d: bf16 and f16 against f32") {
     Tensor y = conv2d(x.to(dt), w.to(dt), b.to(dt), {1, 1}, {1, 1});
     CHECK(y.dtype() == dt);
     CHECK(max_abs_diff(y, ref) < (dt == kBFloat16 ? 0.3 : 0.05));
-    Tensor xx = x.to(dt).detach().requires_grad_();
-    conv2d(xx, w.to(dt), b.to(dt), {1, 1}, {1, 1}).sum().backward();
-    CHECK(xx.grad().dtype() == dt);
+    Tensor xx = x.to(dt).detach().requires_grad_(), ww = w.to(dt).detach().requires_grad_(),
+           bb = b.to(dt).detach().requires_grad_();
+    conv2d(xx, ww, bb, {1, 1}, {1, 1}).sum().backward();
+    for (const Tensor& t : {xx, ww, bb}) CHECK(t.grad().dtype() == dt);
+    // d sum / d b = N * Ho * Wo = 200 per channel; dw sums 200 products of O(1) values.
+    CHECK(max_abs_diff(bb.grad(), full({16}, 200.0)) < (dt == kBFloat16 ? 1.0 : 0.2));
+    Tensor w32 = w.detach().requires_grad_();
+    conv2d(x, w32, b, {1, 1}, {1, 1}).sum().backward();
+    CHECK(max_abs_diff(ww.grad(), w32.grad()) < (dt == kBFloat16 ? 2.0 : 0.3));
   }
 }
 
@@ -403,8 +443,8 @@ TEST_CASE("pooling: f32 (oneDNN) and f64 (reference) against an independent refe
     Tensor x = rand_t(c.x);
     for (DType dt : {kFloat32, kFloat64}) {
       Tensor xd = x.to(dt);
-      CHECK(max_abs_diff(max_pool2d(xd, c.k, c.s, c.pad), ref_pool(true, x, c.k, c.s, c.pad, true)) <
-            1e-6);
+      CHECK(max_abs_diff(max_pool2d(xd, c.k, c.s, c.pad),
+                         ref_pool(true, x, c.k, c.s, c.pad, true)) < 1e-6);
       for (bool inc : {true, false}) {
         CHECK(max_abs_diff(avg_pool2d(xd, c.k, c.s, c.pad, inc),
                            ref_pool(false, x, c.k, c.s, c.pad, inc)) < 1e-6);
@@ -414,7 +454,8 @@ TEST_CASE("pooling: f32 (oneDNN) and f64 (reference) against an independent refe
   // Stride defaults to the kernel; a 3-D input is one image.
   Tensor x = rand_t({3, 6, 6});
   CHECK(max_pool2d(x, {3, 3}).sizes() == Shape{3, 2, 2});
-  CHECK(max_abs_diff(max_pool2d(x, {3}), max_pool2d(x.unsqueeze(0), {3, 3}, {3, 3}).squeeze(0)) == 0.0);
+  CHECK(max_abs_diff(max_pool2d(x, {3}), max_pool2d(x.unsqueeze(0), {3, 3}, {3, 3}).squeeze(0)) ==
+        0.0);
 }
 
 TEST_CASE("pooling backward: f32 (oneDNN, workspace) matches f64 (gradchecked reference)") {
@@ -449,31 +490,60 @@ TEST_CASE("conv2d and pooling: errors name the op and the shapes") {
   check_error<ShapeError>([&] { conv2d(x, rand_t({6, 4, 3})); }, "conv2d", "(6, 4, 3)");
   check_error<ShapeError>([&] { conv2d(rand_t({4, 8}), w); }, "conv2d", "(4, 8)");
   check_error<ShapeError>([&] { conv2d(x, rand_t({6, 3, 3, 3})); }, "conv2d", "(6, 3, 3, 3)");
-  check_error<ShapeError>([&] { conv2d(x, rand_t({6, 2, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 3); },
-                          "conv2d", "(2, 4, 8, 8)");
-  check_error<ShapeError>([&] { conv2d(x, rand_t({5, 2, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 2); },
-                          "conv2d", "(5, 2, 3, 3)");
-  check_error<ValueError>([&] { conv2d(x, w, Tensor(), {1, 1}, {0, 0}, {1, 1}, 0); }, "conv2d", "0");
+  check_error<ShapeError>(
+      [&] {
+        conv2d(x, rand_t({6, 2, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 3);
+      },
+      "conv2d", "(2, 4, 8, 8)");
+  check_error<ShapeError>(
+      [&] {
+        conv2d(x, rand_t({5, 2, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 2);
+      },
+      "conv2d", "(5, 2, 3, 3)");
+  check_error<ValueError>(
+      [&] {
+        conv2d(x, w, Tensor(), {1, 1}, {0, 0}, {1, 1}, 0);
+      },
+      "conv2d", "0");
   check_error<ShapeError>([&] { conv2d(x, w, rand_t({5})); }, "conv2d", "(5,)");
   check_error<ShapeError>([&] { conv2d(rand_t({1, 4, 2, 2}), w); }, "conv2d", "(1, 4, 2, 2)");
-  check_error<ShapeError>([&] { conv2d(rand_t({1, 4, 5, 5}), w, Tensor(), {1, 1}, {0, 0}, {3, 3}); },
-                          "conv2d", "(1, 4, 5, 5)");
+  check_error<ShapeError>(
+      [&] {
+        conv2d(rand_t({1, 4, 5, 5}), w, Tensor(), {1, 1}, {0, 0}, {3, 3});
+      },
+      "conv2d", "(1, 4, 5, 5)");
   check_error<ValueError>([&] { conv2d(x, w, Tensor(), {0, 1}); }, "conv2d", "(0, 1)");
   check_error<ValueError>([&] { conv2d(x, w, Tensor(), {1, 1, 1}); }, "conv2d", "(1, 1, 1)");
   check_error<DTypeError>([&] { conv2d(x, w.to(kFloat64)); }, "conv2d", "(6, 4, 3, 3)");
-  check_error<DTypeError>([&] { conv2d(ones({1, 1, 3, 3}, kInt64), ones({1, 1, 1, 1}, kInt64)); },
-                          "conv2d", "(1, 1, 3, 3)");
+  check_error<DTypeError>(
+      [&] {
+        conv2d(ones({1, 1, 3, 3}, kInt64), ones({1, 1, 1, 1}, kInt64));
+      },
+      "conv2d", "(1, 1, 3, 3)");
   std::vector<float> buf;
-  check_error<DeviceError>([&] { conv2d(x, fake_cuda({6, 4, 3, 3}, buf)); }, "conv2d", "(6, 4, 3, 3)");
+  check_error<DeviceError>(
+      [&] {
+        conv2d(x, fake_cuda({6, 4, 3, 3}, buf));
+      },
+      "conv2d", "(6, 4, 3, 3)");
   // pooling
-  check_error<ShapeError>([&] { max_pool2d(rand_t({1, 1, 2, 2}), {3, 3}); }, "max_pool2d",
-                          "(1, 1, 2, 2)");
-  check_error<ShapeError>([&] { avg_pool2d(rand_t({1, 1, 2, 5}), {3, 3}); }, "avg_pool2d",
-                          "(1, 1, 2, 5)");
+  check_error<ShapeError>(
+      [&] {
+        max_pool2d(rand_t({1, 1, 2, 2}), {3, 3});
+      },
+      "max_pool2d", "(1, 1, 2, 2)");
+  check_error<ShapeError>(
+      [&] {
+        avg_pool2d(rand_t({1, 1, 2, 5}), {3, 3});
+      },
+      "avg_pool2d", "(1, 1, 2, 5)");
   check_error<ValueError>([&] { max_pool2d(x, {2, 2}, {2, 2}, {2, 2}); }, "max_pool2d", "(2, 2)");
   check_error<ValueError>([&] { avg_pool2d(x, {0, 2}); }, "avg_pool2d", "(0, 2)");
   check_error<ValueError>([&] { max_pool2d(x, {2, 2}, {0}); }, "max_pool2d", "(0,)");
   check_error<ShapeError>([&] { max_pool2d(rand_t({8, 8}), {2, 2}); }, "max_pool2d", "(8, 8)");
-  check_error<DTypeError>([&] { max_pool2d(ones({1, 1, 4, 4}, kInt32), {2, 2}); }, "max_pool2d",
-                          "(1, 1, 4, 4)");
+  check_error<DTypeError>(
+      [&] {
+        max_pool2d(ones({1, 1, 4, 4}, kInt32), {2, 2});
+      },
+      "max_pool2d", "(1, 1, 4, 4)");
 }

@@ -16,9 +16,8 @@ std::shared_ptr<TensorDataset> toy(int64_t n) {
     f.insert(f.end(), {float(i), float(i) + 0.5f, -float(i)});
     l.push_back(i % 4);
   }
-  return std::make_shared<TensorDataset>(
-      std::vector<Tensor>{tensor(f, {n, 3}), tensor(l, {n})},
-      std::vector<std::string>{"x", "y"});
+  return std::make_shared<TensorDataset>(std::vector<Tensor>{tensor(f, {n, 3}), tensor(l, {n})},
+                                         std::vector<std::string>{"x", "y"});
 }
 }  // namespace
 
@@ -58,7 +57,8 @@ TEST_CASE("TensorDataset rejects mismatched rows, and non-contiguous input is co
 }
 
 TEST_CASE("collate_stack checks shapes and dtypes, and stacks scalars and strided fields") {
-  std::vector<Example> ok{Example{scalar_tensor(1.0), zeros({2})}, Example{scalar_tensor(2.0), ones({2})}};
+  std::vector<Example> ok{Example{scalar_tensor(1.0), zeros({2})},
+                          Example{scalar_tensor(2.0), ones({2})}};
   Example c = collate_stack(ok);
   CHECK(c[0].sizes() == Shape{2});
   CHECK(c[0].tolist() == std::vector<double>{1, 2});

@@ -34,9 +34,7 @@ struct Seen {
            index == o.index;
   }
 };
-Seen seen(const Batch& b) {
-  return {ints(b[1]), b[0].tolist(), b.num_padding, b.epoch, b.index};
-}
+Seen seen(const Batch& b) { return {ints(b[1]), b[0].tolist(), b.num_padding, b.epoch, b.index}; }
 
 std::vector<Seen> run_epochs(DataLoader& l, int epochs) {
   std::vector<Seen> out;
@@ -124,50 +122,50 @@ TEST_CASE("resume mid-epoch equals the uninterrupted run, in later epochs too") 
     return e;
   });
   for (DatasetPtr ds : {DatasetPtr(rows(37)), noisy})
-  for (int workers : {0, 2}) {
-    for (int64_t world : {1, 3}) {
-      CAPTURE(workers);
-      CAPTURE(world);
-      DataLoaderOptions o;
-      o.batch_size = 3;
-      o.shuffle = true;
-      o.seed = 99;
-      o.num_workers = workers;
-      o.rank = world - 1;
-      o.world_size = world;
-      DataLoader full(ds, o);
-      const auto ref = run_epochs(full, 3);
-      const int64_t per_epoch = full.size();
+    for (int workers : {0, 2}) {
+      for (int64_t world : {1, 3}) {
+        CAPTURE(workers);
+        CAPTURE(world);
+        DataLoaderOptions o;
+        o.batch_size = 3;
+        o.shuffle = true;
+        o.seed = 99;
+        o.num_workers = workers;
+        o.rank = world - 1;
+        o.world_size = world;
+        DataLoader full(ds, o);
+        const auto ref = run_epochs(full, 3);
+        const int64_t per_epoch = full.size();
 
-      for (int64_t stop_at : {int64_t(1), per_epoch + 2, 2 * per_epoch - 1, per_epoch}) {
-        CAPTURE(stop_at);
-        DataLoader first(ds, o);
-        std::vector<Seen> got;
-        std::string saved;
-        // Train until `stop_at` batches are done, checkpoint inside the loop body, "crash".
-        for (int e = 0; e < 3 && saved.empty(); ++e) {
-          for (auto& b : first) {
-            got.push_back(seen(b));
-            if (int64_t(got.size()) == stop_at) {
-              saved = state_to_json(first.state_dict());
-              break;
+        for (int64_t stop_at : {int64_t(1), per_epoch + 2, 2 * per_epoch - 1, per_epoch}) {
+          CAPTURE(stop_at);
+          DataLoader first(ds, o);
+          std::vector<Seen> got;
+          std::string saved;
+          // Train until `stop_at` batches are done, checkpoint inside the loop body, "crash".
+          for (int e = 0; e < 3 && saved.empty(); ++e) {
+            for (auto& b : first) {
+              got.push_back(seen(b));
+              if (int64_t(got.size()) == stop_at) {
+                saved = state_to_json(first.state_dict());
+                break;
+              }
             }
           }
+          REQUIRE(!saved.empty());
+          DataLoaderOptions o2 = o;
+          o2.seed = 1;  // restored from the state
+          DataLoader resumed(ds, o2);
+          resumed.load_state_dict(state_from_json(saved));
+          // Continue the outer loop where it stopped, torch style (set_epoch keeps the position).
+          for (int64_t e = resumed.epoch(); e < 3; ++e) {
+            resumed.set_epoch(e);
+            for (auto& b : resumed) got.push_back(seen(b));
+          }
+          CHECK(got == ref);
         }
-        REQUIRE(!saved.empty());
-        DataLoaderOptions o2 = o;
-        o2.seed = 1;  // restored from the state
-        DataLoader resumed(ds, o2);
-        resumed.load_state_dict(state_from_json(saved));
-        // Continue the outer loop where it stopped, torch style (set_epoch keeps the position).
-        for (int64_t e = resumed.epoch(); e < 3; ++e) {
-          resumed.set_epoch(e);
-          for (auto& b : resumed) got.push_back(seen(b));
-        }
-        CHECK(got == ref);
       }
     }
-  }
 }
 
 TEST_CASE("skip_first_batches, seek and leaving a loop early") {

@@ -1,6 +1,5 @@
 // IDX, token-file, CSV and fortunes readers, on fixtures in a temp dir and on the real data.
 #include <doctest/doctest.h>
-
 #include <unistd.h>
 
 #include <filesystem>
@@ -107,7 +106,8 @@ TEST_CASE("IDX: malformed files are rejected with the file and the problem named
   for (int i = 0; i < 60; ++i) garbage.push_back(uint8_t(i * 91 + 7));
   const auto gg = write("garbage.gz", garbage);
   check_io_error([&] { read_idx(gg); }, {"garbage.gz", "gzip"});
-  const auto gt = write("cut.gz", std::vector<uint8_t>(gz.begin(), gz.begin() + long(gz.size() / 2)));
+  const auto gt =
+      write("cut.gz", std::vector<uint8_t>(gz.begin(), gz.begin() + long(gz.size() / 2)));
   check_io_error([&] { read_idx(gt); }, {"cut.gz", "truncated gzip"});
   auto gtr = gz;
   gtr.push_back('x');
@@ -119,7 +119,8 @@ TEST_CASE("IDX: malformed files are rejected with the file and the problem named
 
 TEST_CASE("load_mnist: layout options and count mismatch") {
   TempDir d;
-  write_bytes(d.file("train-images-idx3-ubyte.gz"), gzip_bytes(idx_bytes(0x08, {3, 2, 2}, pixels(12))));
+  write_bytes(d.file("train-images-idx3-ubyte.gz"),
+              gzip_bytes(idx_bytes(0x08, {3, 2, 2}, pixels(12))));
   write_bytes(d.file("train-labels-idx1-ubyte"), idx_bytes(0x08, {3}, {1, 2, 3}));
   MnistOptions o;
   o.flatten = true;
@@ -196,14 +197,20 @@ TEST_CASE("token files: widths, windows, and malformed files") {
   CHECK_THROWS_AS(write_token_file(d.file("x"), {70000}, TokenType::UInt16), ValueError);
 
   write_token_file(d.file("three.bin"), {1, 2, 3}, TokenType::UInt16);  // 6 bytes
-  check_io_error([&] { TokenFile::open(d.file("three.bin"), {TokenType::UInt32, 0, 0}); },
-                 {"three.bin", "2 stray bytes"});
+  check_io_error(
+      [&] {
+        TokenFile::open(d.file("three.bin"), {TokenType::UInt32, 0, 0});
+      },
+      {"three.bin", "2 stray bytes"});
   write_bytes(d.file("odd.bin"), {1, 2, 3});
   check_io_error([&] { TokenFile::open(d.file("odd.bin")); }, {"odd.bin", "not a whole number"});
   write_bytes(d.file("empty.bin"), {});
   check_io_error([&] { TokenFile::open(d.file("empty.bin")); }, {"empty.bin", "no tokens"});
-  check_io_error([&] { TokenFile::open(d.file("t16.bin"), {TokenType::UInt16, 0, 1024}); },
-                 {"t16.bin", "token 1024 at position 24", "vocabulary of 1024"});
+  check_io_error(
+      [&] {
+        TokenFile::open(d.file("t16.bin"), {TokenType::UInt16, 0, 1024});
+      },
+      {"t16.bin", "token 1024 at position 24", "vocabulary of 1024"});
   check_io_error([&] { TokenWindowDataset(f, 50); }, {"t16.bin", "needs at least 51"});
   check_io_error([&] { TokenFile::open(d.file("nope.bin")); }, {"nope.bin", "cannot open"});
   CHECK_THROWS_AS(TokenFile::open(d.file("t16.bin"), {TokenType::UInt16, 3, 0}), ValueError);
@@ -232,11 +239,13 @@ TEST_CASE("CSV: header detection, values, and malformed files") {
   CHECK(read_csv(d.file("gz.csv.gz")).values.tolist() == std::vector<double>{7, 8});
 
   write_text(d.file("ragged.csv"), "1,2,3\n4,5\n");
-  check_io_error([&] { read_csv(d.file("ragged.csv")); }, {"ragged.csv", "line 2 has 2 fields, expected 3"});
+  check_io_error([&] { read_csv(d.file("ragged.csv")); },
+                 {"ragged.csv", "line 2 has 2 fields, expected 3"});
   write_text(d.file("word.csv"), "x,y\n1,2\n3,abc\n");
   check_io_error([&] { read_csv(d.file("word.csv")); }, {"word.csv", "line 3, column 2", "'abc'"});
   write_text(d.file("hole.csv"), "1,2,3\n4,,6\n");
-  check_io_error([&] { read_csv(d.file("hole.csv")); }, {"hole.csv", "line 2, column 2: empty field"});
+  check_io_error([&] { read_csv(d.file("hole.csv")); },
+                 {"hole.csv", "line 2, column 2: empty field"});
   write_text(d.file("onlyhdr.csv"), "a,b\n");
   check_io_error([&] { read_csv(d.file("onlyhdr.csv")); }, {"onlyhdr.csv", "no data rows"});
   write_text(d.file("blank.csv"), "\n\n");
@@ -252,7 +261,8 @@ TEST_CASE("CSV: header detection, values, and malformed files") {
   CHECK(ds->get(0)["features"].tolist() == std::vector<double>{0.5, 1});
   CHECK(ds->get(1)["target"].item<int64_t>() == 0);
   CHECK(ds->get(1)["target"].dtype() == kInt64);
-  check_io_error([&] { csv_dataset(d.file("ds.csv"), 0); }, {"ds.csv", "0.5 is not a whole number"});
+  check_io_error([&] { csv_dataset(d.file("ds.csv"), 0); },
+                 {"ds.csv", "0.5 is not a whole number"});
   CHECK_THROWS_AS(csv_dataset(d.file("ds.csv"), 3), IndexError);
 }
 

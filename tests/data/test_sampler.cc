@@ -22,8 +22,8 @@ bool is_permutation_of_range(std::vector<int64_t> v, int64_t n) {
 }
 
 // Checks the sharded batches of every rank against the epoch order of `sampler`.
-void check_sharding(const SamplerPtr& sampler, int64_t batch, int64_t world, bool even,
-                    bool split, bool drop_last, int64_t epoch) {
+void check_sharding(const SamplerPtr& sampler, int64_t batch, int64_t world, bool even, bool split,
+                    bool drop_last, int64_t epoch) {
   CAPTURE(batch);
   CAPTURE(world);
   CAPTURE(even);
@@ -109,7 +109,8 @@ TEST_CASE("sharding covers every epoch exactly once for world sizes 1..5 and odd
             for (bool drop : {false, true})
               for (bool split : {false, true}) {
                 if (split && batch % world != 0) continue;
-                for (int64_t epoch : {0, 1}) check_sharding(s, batch, world, even, split, drop, epoch);
+                for (int64_t epoch : {0, 1})
+                  check_sharding(s, batch, world, even, split, drop, epoch);
               }
   }
 }

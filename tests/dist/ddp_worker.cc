@@ -5,6 +5,7 @@
 //   no_sync            gradient accumulation over two micro-batches
 //   unused             an unused parameter: error by default, zero gradient when asked
 //   overlap            prints the share of all-reduce time hidden behind backward
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -301,6 +302,47 @@ void scenario_overlap(ProcessGroup& pg) {
   WCHECK(comm > 0 && hidden >= 0 && hidden <= comm * 1.0001, "inconsistent stats");
 }
 
+// The ddp-mlp workload's shape (784-1024-1024-10, 128 rows per rank, AdamW): ms/step and the
+// share of the all-reduce hidden behind backward, for docs/dist.md (prints, checks nothing).
+void scenario_mlp_timing(ProcessGroup& pg, size_t cap, int steps) {
+  const int r = pg.rank();
+  Generator gen(5);
+  auto net = std::make_shared<nn::Sequential>(
+      std::make_shared<nn::Linear>(784, 1024, true, &gen), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(1024, 1024, true, &gen), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(1024, 10, true, &gen));
+  DDPOptions o;
+  o.bucket_cap_bytes = cap;
+  DistributedDataParallel ddp(net, nullptr, o);
+  optim::AdamWOptions ao;
+  optim::AdamW opt(net->parameters(), ao);
+  Tensor x = rand({128, 784}, TensorOptions(kFloat32), &gen);
+  Tensor y = randint(0, 10, {128}, TensorOptions(kInt64), &gen);
+  std::vector<double> ms, hidden, comm, wait;
+  for (int s = 0; s < steps + 5; ++s) {
+    pg.barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    ddp.backward(cross_entropy(ddp.forward(x), y));
+    opt.step();
+    opt.zero_grad();
+    double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (s >= 5) {
+      ms.push_back(dt);
+      hidden.push_back(ddp.last_stats().hidden_fraction());
+      comm.push_back(ddp.last_stats().comm_seconds * 1e3);
+      wait.push_back(ddp.last_stats().wait_seconds * 1e3);
+    }
+  }
+  auto med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::cout << "rank " << r << " mlp ddp cap " << cap << ": " << ddp.buckets().size()
+            << " buckets, median " << med(ms) << " ms/step, all-reduce " << med(comm)
+            << " ms, hidden " << med(hidden) * 100 << " %, wait after backward " << med(wait)
+            << " ms" << std::endl;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -320,6 +362,8 @@ int main(int argc, char** argv) {
       scenario_no_sync(*pg);
     } else if (scenario == "unused") {
       scenario_unused(*pg);
+    } else if (scenario == "mlp_timing" && argc >= 4) {
+      scenario_mlp_timing(*pg, size_t(std::atoll(argv[2])), std::atoi(argv[3]));
     } else if (scenario == "overlap") {
       scenario_overlap(*pg);
     } else {

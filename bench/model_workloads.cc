@@ -1,0 +1,302 @@
+// The training workloads of shared/WORKLOADS.md: mlp, cnn, gpt and ddp-mlp (see the header).
+// The models are the ones the examples train (examples/models.h); the data are the real
+// Fashion-MNIST train split and the fortunes text, batched by the DataLoader as the examples do.
+#include "bench/model_workloads.h"
+
+#include <netinet/in.h>
+#include <omp.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accel.h"
+#include "data/data.h"
+#include "dist/ddp.h"
+#include "dist/env.h"
+#include "dist/process_group.h"
+#include "examples/models.h"
+
+namespace accel::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kWarmupSteps = 5;
+constexpr int kTimedSteps = 50;
+
+int env_count(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  ACCEL_CHECK(*end == '\0' && n >= 0 && n <= 1000000, ValueError, "workloads", name,
+              " must be a count, got '", v, "'");
+  return int(n);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Endless batches from a loader: a new epoch (reshuffled) starts when one ends.
+class BatchStream {
+ public:
+  explicit BatchStream(std::shared_ptr<data::DataLoader> loader) : loader_(std::move(loader)) {}
+  data::Batch next() {
+    if (!started_ || it_ == loader_->end()) {
+      it_ = loader_->begin();
+      started_ = true;
+      ACCEL_CHECK(it_ != loader_->end(), ValueError, "workloads", "the data loader is empty");
+    }
+    data::Batch b = std::move(*it_);
+    ++it_;
+    return b;
+  }
+
+ private:
+  std::shared_ptr<data::DataLoader> loader_;
+  data::DataLoader::Iterator it_;
+  bool started_ = false;
+};
+
+std::shared_ptr<data::DataLoader> shuffled_loader(data::DatasetPtr ds, int64_t batch) {
+  data::DataLoaderOptions o;
+  o.batch_size = batch;
+  o.shuffle = true;
+  o.drop_last = true;  // every timed step has the full batch
+  return std::make_shared<data::DataLoader>(std::move(ds), o);
+}
+
+optim::AdamWOptions adamw(double lr) {
+  optim::AdamWOptions o;
+  o.lr = lr;
+  o.beta1 = 0.9;
+  o.beta2 = 0.999;
+  o.eps = 1e-8;
+  o.weight_decay = 0.01;
+  return o;
+}
+
+struct Timing {
+  double ms_per_step = 0;
+  double loss = 0;
+  int steps = 0;
+};
+
+// warm-up + timed steps; step() does one full training step and returns its loss.
+Timing time_steps(const std::function<Tensor()>& step) {
+  const int warmup = env_count("ACCEL_BENCH_WARMUP", kWarmupSteps);
+  const int steps = std::max(1, env_count("ACCEL_BENCH_STEPS", kTimedSteps));
+  std::vector<double> ms;
+  Timing t;
+  for (int i = 0; i < warmup + steps; ++i) {
+    const auto t0 = Clock::now();
+    const Tensor loss = step();
+    const double dt = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    t.loss = loss.item();  // outside the timing; CPU work is synchronous
+    if (i >= warmup) ms.push_back(dt);
+  }
+  t.ms_per_step = median(ms);
+  t.steps = steps;
+  return t;
+}
+
+void print_line(const char* name, const Timing& t, double gflop, const char* extra = "") {
+  std::printf("workload=%s threads=%d steps=%d ms_per_step=%.3f gflop_per_step=%.3f gflops=%.1f "
+              "loss=%.4f%s\n",
+              name, omp_get_max_threads(), t.steps, t.ms_per_step, gflop,
+              gflop / (t.ms_per_step * 1e-3), t.loss, extra);
+  std::fflush(stdout);
+}
+
+// ---- FLOP counts (multiply-add = 2 FLOP; backward = 2x forward, minus the input gradient of
+// the first layer, which nothing needs) ----
+
+double gemm(double m, double k, double n) { return 2.0 * m * k * n; }
+
+double mlp_gflop(int64_t batch) {
+  const double f1 = gemm(batch, 784, 1024), f2 = gemm(batch, 1024, 1024), f3 = gemm(batch, 1024, 10);
+  return (3 * (f1 + f2 + f3) - f1) / 1e9;
+}
+
+double cnn_gflop(int64_t batch) {
+  const double c1 = 2.0 * batch * 32 * 28 * 28 * (1 * 9);   // conv1: (B, 1, 28, 28) -> 32
+  const double c2 = 2.0 * batch * 64 * 14 * 14 * (32 * 9);  // conv2: (B, 32, 14, 14) -> 64
+  const double l1 = gemm(batch, 3136, 128), l2 = gemm(batch, 128, 10);
+  return (2 * c1 + 3 * (c2 + l1 + l2)) / 1e9;
+}
+
+double gpt_gflop(int64_t batch, const models::GptConfig& c) {
+  const double tokens = double(batch) * c.context, C = double(c.d_model), T = double(c.context);
+  const double per_layer = gemm(tokens, C, 3 * C) + gemm(tokens, C, C) + 2 * gemm(tokens, C, 4 * C);
+  // q k^T and att v over full (B, H, T, T) scores: 2 * 2 * B * T * T * C.
+  const double attention = 4.0 * batch * T * T * C;
+  const double head = gemm(tokens, C, double(c.vocab));
+  return 3 * (c.layers * (per_layer + attention) + head) / 1e9;
+}
+
+}  // namespace
+
+void run_mlp() {
+  manual_seed(0);
+  data::MnistOptions mo;
+  mo.train = true;
+  mo.flatten = true;
+  auto model = std::make_shared<models::Mlp>();
+  optim::AdamW opt(model->parameters(), adamw(1e-3));
+  BatchStream batches(shuffled_loader(data::load_mnist(data::kFashionMnistDir, mo), 256));
+  const Timing t = time_steps([&] {
+    data::Batch b = batches.next();
+    Tensor loss = cross_entropy(model->forward(b[0]), b[1]);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    return loss;
+  });
+  print_line("mlp", t, mlp_gflop(256));
+}
+
+void run_cnn() {
+  manual_seed(0);
+  data::MnistOptions mo;
+  mo.train = true;
+  mo.channel = true;
+  auto model = std::make_shared<models::Cnn>();
+  optim::AdamW opt(model->parameters(), adamw(1e-3));
+  BatchStream batches(shuffled_loader(data::load_mnist(data::kFashionMnistDir, mo), 128));
+  const Timing t = time_steps([&] {
+    data::Batch b = batches.next();
+    Tensor loss = cross_entropy(model->forward(b[0]), b[1]);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    return loss;
+  });
+  print_line("cnn", t, cnn_gflop(128));
+}
+
+void run_gpt() {
+  constexpr int64_t kBatch = 32;
+  manual_seed(0);
+  const models::GptConfig cfg;
+  auto model = std::make_shared<models::Gpt>(cfg);  // checks the 875,264 parameters
+  optim::AdamW opt(model->parameters(), adamw(3e-4));
+  // Windows at every byte offset (stride 1), shuffled: 32 random windows per step, as the
+  // libtorch peer draws them.
+  auto text = data::TokenFile::from_bytes(data::read_fortunes_corpus(), data::TokenType::UInt8,
+                                          "fortunes");
+  auto windows = std::make_shared<data::TokenWindowDataset>(text, cfg.context, 1);
+  BatchStream batches(shuffled_loader(windows, kBatch));
+  const Timing t = time_steps([&] {
+    data::Batch b = batches.next();
+    Tensor loss = models::lm_loss(model->forward(b[0]), b[1]);
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+    return loss;
+  });
+  char extra[64];
+  std::snprintf(extra, sizeof extra, " params=%lld", static_cast<long long>(model->num_parameters()));
+  print_line("gpt", t, gpt_gflop(kBatch, cfg), extra);
+}
+
+namespace {
+
+// A loopback port that was free a moment ago (bind to port 0 and read it back). Another process
+// could take it before rank 0 binds; that surfaces as a store error, never a hang.
+int free_loopback_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ACCEL_CHECK(fd >= 0, DistError, "workloads", "socket() failed");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  close(fd);
+  ACCEL_CHECK(ok, DistError, "workloads", "cannot bind a loopback port");
+  return ntohs(a.sin_port);
+}
+
+// Parent side of ddp-mlp: two copies of this program as ranks 0 and 1 on loopback, 1 thread
+// each; rank 0's stdout is ours, rank 1's goes to /dev/null.
+void spawn_ddp_ranks(int world) {
+  const int port = free_loopback_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    ACCEL_CHECK(pid >= 0, DistError, "workloads", "fork failed for rank ", r);
+    if (pid == 0) {
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      setenv("OMP_NUM_THREADS", "1", 1);
+      if (r != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) _exit(126);
+      char self[] = "workloads";
+      char name[] = "ddp-mlp";
+      char* argv[] = {self, name, nullptr};
+      execv("/proc/self/exe", argv);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  bool ok = true;
+  for (const pid_t p : pids) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  }
+  ACCEL_CHECK(ok, DistError, "workloads", "a ddp-mlp rank failed (see its stderr)");
+}
+
+}  // namespace
+
+void run_ddp_mlp() {
+  constexpr int kWorld = 2;
+  constexpr int64_t kGlobalBatch = 256;
+  const dist::DistEnv env = dist::read_dist_env();
+  if (!env.distributed) {
+    spawn_ddp_ranks(kWorld);
+    return;
+  }
+  auto pg = dist::init_process_group();
+  manual_seed(0);
+  data::MnistOptions mo;
+  mo.train = true;
+  mo.flatten = true;
+  auto model = std::make_shared<models::Mlp>();
+  dist::DistributedDataParallel ddp(model, pg);  // rank 0's initial weights everywhere
+  optim::AdamW opt(model->parameters(), adamw(1e-3));
+  // The loader shards each global batch of 256 into 128 rows per rank (RANK/WORLD_SIZE).
+  BatchStream batches(shuffled_loader(data::load_mnist(data::kFashionMnistDir, mo),
+                                      kGlobalBatch / pg->size()));
+  const Timing t = time_steps([&] {
+    data::Batch b = batches.next();
+    Tensor loss = cross_entropy(ddp.forward(b[0]), b[1]);
+    ddp.backward(loss);
+    opt.step();
+    opt.zero_grad();
+    return loss;
+  });
+  char extra[96];
+  std::snprintf(extra, sizeof extra, " world_size=%d batch_per_rank=%lld", pg->size(),
+                static_cast<long long>(kGlobalBatch / pg->size()));
+  if (pg->rank() == 0) print_line("ddp-mlp", t, mlp_gflop(kGlobalBatch), extra);
+  dist::destroy_process_group();
+}
+
+}  // namespace accel::bench

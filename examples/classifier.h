@@ -1,0 +1,150 @@
+// Training and evaluation of a Fashion-MNIST classifier through the Accelerator: shared by
+// fashion_mlp (flattened images) and fashion_cnn (1x28x28 images).
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "accel.h"
+#include "data/data.h"
+#include "dist/accelerator.h"
+#include "examples/common.h"
+
+namespace accel::examples {
+
+struct ClassifierSpec {
+  const char* name;        // "fashion_mlp"
+  int64_t default_batch;   // WORKLOADS.md: mlp 256, cnn 128
+  double default_lr;       // 1e-3 for both
+  bool flatten;            // (N, 784) images, else (N, 1, 28, 28)
+};
+
+// Test-set accuracy and mean loss over every test sample exactly once, whatever the number of
+// processes: each rank evaluates its shard and gather_for_metrics drops the rows even_batches
+// duplicated, so the counts are those of a single process.
+struct EvalResult {
+  double accuracy = 0;
+  double loss = 0;
+  int64_t samples = 0;
+};
+
+inline EvalResult evaluate(Accelerator& acc, nn::Module& model, data::DataLoader& test) {
+  NoGradGuard ng;
+  model.eval();
+  double correct = 0, loss_sum = 0;
+  int64_t samples = 0;
+  for (auto& batch : test) {
+    const Tensor logits = model.forward(batch[0].to(acc.device()));
+    const Tensor labels = batch[1].to(acc.device());
+    // Per-sample values, so that padding rows can be dropped before summing.
+    const Tensor hit = eq(argmax(logits, 1), labels).to(kFloat64);                     // (b)
+    const Tensor loss = cross_entropy(logits, labels, -100, Reduction::None).to(kFloat64);  // (b)
+    const Tensor hits = acc.gather_for_metrics(hit, batch);
+    const Tensor losses = acc.gather_for_metrics(loss, batch);
+    correct += sum(hits).item();
+    loss_sum += sum(losses).item();
+    samples += hits.numel();
+  }
+  model.train();
+  EvalResult r;
+  r.samples = samples;
+  r.accuracy = samples ? correct / double(samples) : 0;
+  r.loss = samples ? loss_sum / double(samples) : 0;
+  return r;
+}
+
+template <typename Model>
+int train_classifier(const ClassifierSpec& spec, const Args& args) {
+  finish_args(args);
+  Accelerator acc(accelerator_config(args));
+  const std::string dir = args.data_dir.empty() ? data::kFashionMnistDir : args.data_dir;
+  const int64_t batch = args.batch_size > 0 ? args.batch_size : spec.default_batch;
+  const double lr = args.lr > 0 ? args.lr : spec.default_lr;
+
+  data::MnistOptions mo;
+  mo.flatten = spec.flatten;
+  mo.channel = !spec.flatten;
+  mo.train = false;
+  auto test_set = data::load_mnist(dir, mo);
+
+  auto model = std::make_shared<Model>();  // seeded by the Accelerator (--seed)
+  data::DataLoaderOptions to;
+  to.batch_size = 1000;
+  auto test_loader = acc.prepare_data_loader(std::make_shared<data::DataLoader>(test_set, to));
+
+  acc.print(spec.name, ": ", model->num_parameters(), " parameters, ", acc.num_processes(),
+            " process(es) x ", omp_get_max_threads(), " thread(s), device ", acc.device().str());
+
+  if (args.eval_only) {
+    model->load(args.checkpoint);
+    model = acc.prepare_model(model);
+    const EvalResult r = evaluate(acc, *model, *test_loader);
+    char line[160];
+    std::snprintf(line, sizeof line, "eval %s: test accuracy %.2f%% (%lld samples), test loss %.4f",
+                  args.checkpoint.c_str(), 100 * r.accuracy, static_cast<long long>(r.samples),
+                  r.loss);
+    acc.print(line);
+    return 0;
+  }
+
+  mo.train = true;
+  auto train_set = data::load_mnist(dir, mo);
+  data::DataLoaderOptions lo;
+  lo.batch_size = batch;
+  lo.shuffle = true;
+  lo.seed = args.seed;
+  optim::AdamWOptions ao;  // betas 0.9/0.999, eps 1e-8, weight decay 0.01
+  ao.lr = lr;
+  auto opt = std::make_shared<optim::AdamW>(model->parameters(), ao);
+  auto [m, o, loader] =
+      acc.prepare(model, opt, std::make_shared<data::DataLoader>(train_set, lo));
+
+  acc.print("training ", args.epochs, " epoch(s) of ", loader->size(), " steps, global batch ",
+            batch, ", AdamW lr ", lr);
+  const auto t_start = std::chrono::steady_clock::now();
+  for (int epoch = 0; epoch < args.epochs; ++epoch) {
+    loader->set_epoch(epoch);
+    Progress progress(acc, "epoch " + std::to_string(epoch + 1), loader->size());
+    RunningLoss running(10), epoch_loss(loader->size());
+    int64_t step = 0;
+    for (auto& b : *loader) {
+      auto scope = acc.accumulate();
+      Tensor loss;
+      {
+        auto ac = acc.autocast();
+        loss = cross_entropy(m->forward(b[0].to(acc.device())), b[1].to(acc.device()));
+      }
+      acc.backward(loss);
+      o->step();
+      o->zero_grad();
+      ++step;
+      const double l = loss.item();
+      const bool last = step == loader->size();
+      running.add(acc, l, last);
+      epoch_loss.add(acc, l, last);
+      progress.update(step, running.value(l), o->lr());
+    }
+    const EvalResult r = evaluate(acc, *m, *test_loader);
+    char line[200];
+    std::snprintf(line, sizeof line,
+                  "epoch %d: train loss %.4f, test loss %.4f, test accuracy %.2f%% (%lld samples), "
+                  "%.1fs",
+                  epoch + 1, epoch_loss.value(), r.loss, 100 * r.accuracy,
+                  static_cast<long long>(r.samples), progress.elapsed());
+    acc.print(line);
+  }
+  const double total =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  char line[96];
+  std::snprintf(line, sizeof line, "trained in %.1fs", total);
+  acc.print(line);
+  if (!args.checkpoint.empty()) {
+    if (acc.is_main_process()) m->save(args.checkpoint, {{"model", spec.name}});
+    acc.wait_for_everyone();
+    acc.print("saved ", args.checkpoint);
+  }
+  return 0;
+}
+
+}  // namespace accel::examples

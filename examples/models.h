@@ -1,0 +1,142 @@
+// The three reference models of shared/WORKLOADS.md, shared by examples/ and bench/:
+//   Mlp  784-1024-1024-10, ReLU                              x: (B, 784)       -> (B, 10)
+//   Cnn  conv(1->32, 3x3, pad 1), ReLU, maxpool 2,
+//        conv(32->64, 3x3, pad 1), ReLU, maxpool 2,
+//        flatten, linear 3136->128, ReLU, linear 128->10      x: (B, 1, 28, 28) -> (B, 10)
+//   Gpt  byte-level GPT: context 128, 4 layers, 4 heads, d_model 128, pre-LayerNorm, causal
+//        self-attention, MLP 4x with GELU (erf), learned position embedding, untied head
+//        without bias: exactly 875,264 parameters          idx: (B, T) int64 -> (B, T, 256)
+// PyTorch-default initialisation throughout (the layers' own reset_parameters). Header-only so
+// that bench/ and examples/ compile the same definitions without a library of their own.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "accel.h"
+
+namespace accel::models {
+
+class Mlp : public nn::Module {
+ public:
+  static constexpr int64_t kIn = 784, kHidden = 1024, kClasses = 10;
+
+  explicit Mlp(Generator* gen = nullptr)
+      : fc1(register_module("fc1", std::make_shared<nn::Linear>(kIn, kHidden, true, gen))),
+        fc2(register_module("fc2", std::make_shared<nn::Linear>(kHidden, kHidden, true, gen))),
+        fc3(register_module("fc3", std::make_shared<nn::Linear>(kHidden, kClasses, true, gen))) {}
+
+  // x: (B, 784) -> logits (B, 10)
+  Tensor forward(const Tensor& x) override {
+    return fc3->forward(relu(fc2->forward(relu(fc1->forward(x)))));
+  }
+
+  std::shared_ptr<nn::Linear> fc1, fc2, fc3;
+};
+
+class Cnn : public nn::Module {
+ public:
+  static constexpr int64_t kClasses = 10;
+  static constexpr int64_t kFlat = 64 * 7 * 7;  // 3136 after two 2x2 pools of 28x28
+
+  explicit Cnn(Generator* gen = nullptr)
+      : conv1(register_module("conv1", std::make_shared<nn::Conv2d>(1, 32, 3, 1, 1, 1, 1, true, gen))),
+        conv2(register_module("conv2", std::make_shared<nn::Conv2d>(32, 64, 3, 1, 1, 1, 1, true, gen))),
+        fc1(register_module("fc1", std::make_shared<nn::Linear>(kFlat, 128, true, gen))),
+        fc2(register_module("fc2", std::make_shared<nn::Linear>(128, kClasses, true, gen))) {}
+
+  // x: (B, 1, 28, 28) -> logits (B, 10)
+  Tensor forward(const Tensor& x) override {
+    Tensor h = max_pool2d(relu(conv1->forward(x)), {2, 2});  // (B, 32, 14, 14)
+    h = max_pool2d(relu(conv2->forward(h)), {2, 2});         // (B, 64, 7, 7)
+    return fc2->forward(relu(fc1->forward(h.flatten(1))));   // (B, 3136) -> (B, 10)
+  }
+
+  std::shared_ptr<nn::Conv2d> conv1, conv2;
+  std::shared_ptr<nn::Linear> fc1, fc2;
+};
+
+struct GptConfig {
+  int64_t vocab = 256;  // bytes
+  int64_t context = 128;
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t d_model = 128;
+};
+
+// One pre-LayerNorm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)).
+class GptBlock : public nn::Module {
+ public:
+  GptBlock(const GptConfig& c, Generator* gen)
+      : ln1(register_module("ln1", std::make_shared<nn::LayerNorm>(c.d_model))),
+        attn(register_module("attn", std::make_shared<nn::CausalSelfAttention>(c.d_model, c.heads,
+                                                                               true, 0.0, gen))),
+        ln2(register_module("ln2", std::make_shared<nn::LayerNorm>(c.d_model))),
+        fc(register_module("fc", std::make_shared<nn::Linear>(c.d_model, 4 * c.d_model, true, gen))),
+        fc_out(register_module("fc_out",
+                               std::make_shared<nn::Linear>(4 * c.d_model, c.d_model, true, gen))) {}
+
+  // x: (B, T, C) -> (B, T, C)
+  Tensor forward(const Tensor& x) override {
+    const Tensor h = x + attn->forward(ln1->forward(x));
+    return h + fc_out->forward(gelu(fc->forward(ln2->forward(h))));  // GELU, erf form
+  }
+
+  std::shared_ptr<nn::LayerNorm> ln1;
+  std::shared_ptr<nn::CausalSelfAttention> attn;
+  std::shared_ptr<nn::LayerNorm> ln2;
+  std::shared_ptr<nn::Linear> fc, fc_out;
+};
+
+class Gpt : public nn::Module {
+ public:
+  // The parameter count WORKLOADS.md fixes for the default config (checked at construction so
+  // that a layer whose parameters change can never silently change the workload).
+  static constexpr int64_t kExpectedParameters = 875264;
+
+  explicit Gpt(GptConfig c = {}, Generator* gen = nullptr)
+      : config(c),
+        tok(register_module("tok", std::make_shared<nn::Embedding>(c.vocab, c.d_model, gen))),
+        pos(register_module("pos", std::make_shared<nn::Embedding>(c.context, c.d_model, gen))),
+        blocks(register_module("blocks", std::make_shared<nn::ModuleList>())),
+        ln_f(register_module("ln_f", std::make_shared<nn::LayerNorm>(c.d_model))),
+        head(register_module("head", std::make_shared<nn::Linear>(c.d_model, c.vocab, false, gen))) {
+    for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(std::make_shared<GptBlock>(c, gen));
+    positions_ = arange(c.context);
+    const bool is_reference = c.vocab == 256 && c.context == 128 && c.layers == 4 && c.heads == 4 &&
+                              c.d_model == 128;
+    ACCEL_CHECK(!is_reference || num_parameters() == kExpectedParameters, ValueError, "Gpt",
+                "the reference GPT must have ", kExpectedParameters, " parameters, got ",
+                num_parameters());
+  }
+
+  // idx: (B, T) int64 bytes, T <= context -> logits (B, T, vocab)
+  Tensor forward(const Tensor& idx) override {
+    ACCEL_CHECK(idx.dim() == 2 && idx.size(1) >= 1 && idx.size(1) <= config.context, ShapeError,
+                "Gpt", "expected indices (B, T) with 1 <= T <= ", config.context, ", got ",
+                idx.sizes());
+    const int64_t T = idx.size(1);
+    if (positions_.device() != idx.device()) positions_ = positions_.to(idx.device());
+    // (B, T, C) + (T, C): the position embedding broadcasts over the batch.
+    Tensor x = tok->forward(idx) + pos->forward(positions_.narrow(0, 0, T));
+    for (const auto& b : *blocks) x = b->forward(x);
+    return head->forward(ln_f->forward(x));
+  }
+
+  GptConfig config;
+  std::shared_ptr<nn::Embedding> tok, pos;
+  std::shared_ptr<nn::ModuleList> blocks;
+  std::shared_ptr<nn::LayerNorm> ln_f;
+  std::shared_ptr<nn::Linear> head;
+
+ private:
+  Tensor positions_;  // arange(context), int64
+};
+
+// Mean cross-entropy of next-byte logits (B, T, V) against targets (B, T), in nats per byte.
+inline Tensor lm_loss(const Tensor& logits, const Tensor& targets) {
+  const int64_t V = logits.size(-1);
+  return cross_entropy(logits.reshape({-1, V}), targets.reshape({-1}));
+}
+
+}  // namespace accel::models

@@ -12,9 +12,11 @@ int main(int argc, char** argv) {
   using namespace accel;
   examples::Args args;
   CLI::App app("Fashion-MNIST CNN trained through accel::Accelerator", "fashion_cnn");
+  examples::ClassifierArgs cargs;
   examples::add_common_options(app, args, /*epochs=*/true);
+  examples::add_classifier_options(app, cargs);
   const examples::ClassifierSpec spec{"fashion_cnn", 128, 1e-3, /*flatten=*/false};
   return examples::run_example(app, argc, argv, [&] {
-    return examples::train_classifier<models::Cnn>(spec, args);
+    return examples::train_classifier<models::Cnn>(spec, args, cargs);
   });
 }

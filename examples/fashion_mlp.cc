@@ -12,9 +12,11 @@ int main(int argc, char** argv) {
   examples::Args args;
   CLI::App app("Fashion-MNIST MLP (784-1024-1024-10) trained through accel::Accelerator",
                "fashion_mlp");
+  examples::ClassifierArgs cargs;
   examples::add_common_options(app, args, /*epochs=*/true);
+  examples::add_classifier_options(app, cargs);
   const examples::ClassifierSpec spec{"fashion_mlp", 256, 1e-3, /*flatten=*/true};
   return examples::run_example(app, argc, argv, [&] {
-    return examples::train_classifier<models::Mlp>(spec, args);
+    return examples::train_classifier<models::Mlp>(spec, args, cargs);
   });
 }

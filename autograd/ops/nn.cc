@@ -30,6 +30,7 @@ ACCEL_DIFFERENTIABLE_OP(cross_entropy, "cross_entropy");
 ACCEL_DIFFERENTIABLE_OP(nll_loss, "nll_loss");
 ACCEL_DIFFERENTIABLE_OP(bce_with_logits, "binary_cross_entropy_with_logits");
 ACCEL_DIFFERENTIABLE_OP(dropout, "dropout");
+ACCEL_DIFFERENTIABLE_OP(mse_loss, "mse_loss");  // composite: checked through its parts
 
 namespace {
 

@@ -3,6 +3,7 @@
 
 #include "core/dispatch.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace accel::cpu {
 namespace {
@@ -67,8 +68,8 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, do
         return binary_loop<T, T>(a, b, out, [](A g, A x) { return x > A(0) ? g : A(0); });
       case BinaryOp::GeluErfGrad:
         return binary_loop<T, T>(a, b, out, [](A g, A x) {
-          const A cdf = A(0.5) * (A(1) + std::erf(x * A(kSqrt1_2)));
-          const A pdf = A(kInvSqrt2Pi) * std::exp(A(-0.5) * x * x);
+          const A cdf = A(0.5) * (A(1) + fast_erf(x * A(kSqrt1_2)));
+          const A pdf = A(kInvSqrt2Pi) * fast_exp(A(-0.5) * x * x);
           return g * (cdf + x * pdf);
         });
       case BinaryOp::GeluTanhGrad:
@@ -81,7 +82,7 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, do
         });
       case BinaryOp::SiluGrad:
         return binary_loop<T, T>(a, b, out, [](A g, A x) {
-          const A s = A(1) / (A(1) + std::exp(-x));
+          const A s = A(1) / (A(1) + fast_exp(-x));
           return g * s * (A(1) + x * (A(1) - s));
         });
       case BinaryOp::SigmoidGrad:

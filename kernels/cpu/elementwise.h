@@ -12,6 +12,7 @@ void unary_loop(const Tensor& in, Tensor& out, F f) {
     const In* x = static_cast<const In*>(in.data_ptr());
     Out* o = static_cast<Out*>(out.data_ptr());
     parallel_for(out.numel(), kParallelGrain, [&](int64_t b, int64_t e) {
+#pragma omp simd
       for (int64_t i = b; i < e; ++i) o[i] = cast<Out>(f(cast<acc_t<In>>(x[i])));
     });
     return;
@@ -37,6 +38,7 @@ void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
     if (b.is_contiguous() && b.sizes() == out.sizes()) {
       const In* y = static_cast<const In*>(b.data_ptr());
       parallel_for(out.numel(), kParallelGrain, [&](int64_t s, int64_t e) {
+#pragma omp simd
         for (int64_t i = s; i < e; ++i) o[i] = cast<Out>(f(cast<A>(x[i]), cast<A>(y[i])));
       });
       return;
@@ -44,6 +46,7 @@ void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
     if (b.numel() == 1) {
       const A y = cast<A>(*static_cast<const In*>(b.data_ptr()));
       parallel_for(out.numel(), kParallelGrain, [&](int64_t s, int64_t e) {
+#pragma omp simd
         for (int64_t i = s; i < e; ++i) o[i] = cast<Out>(f(cast<A>(x[i]), y));
       });
       return;

@@ -16,34 +16,9 @@
 #include <limits>
 
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace accel::cpu {
-
-inline __attribute__((always_inline)) float exp_f32(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;
-  constexpr float kLn2Lo = -2.12194440e-4f;
-  constexpr float kMin = -86.0f;        // 2^(n-1) below stays a normal number
-  constexpr float kMax = 88.7228394f;   // log(FLT_MAX)
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  float xc = x < kMin ? kMin : x;
-  xc = xc > kMax ? kMax : xc;
-  const float n = (xc * kLog2e + kRound) - kRound;
-  const float r = (xc - n * kLn2Hi) - n * kLn2Lo;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  // 2^(n-1) (n in [-124, 128], so the biased exponent n + 126 is in [2, 254]), times 2.
-  const float half_scale = std::bit_cast<float>((int32_t(n) + 126) << 23);
-  float res = p * half_scale * 2.0f;
-  res = x < kMin ? 0.0f : res;
-  res = x > kMax ? std::numeric_limits<float>::infinity() : res;
-  return x != x ? x : res;
-}
 
 template <typename A>
 inline __attribute__((always_inline)) A exp_acc(A x) {

@@ -3,6 +3,7 @@
 
 #include "core/dispatch.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/vec_math.h"
 
 namespace accel::cpu {
 namespace {
@@ -16,25 +17,25 @@ void unary_float(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& p
   const A p0 = A(prm.p0), p1 = A(prm.p1);
   switch (op) {
     case UnaryOp::Neg: return unary_loop<T, T>(in, out, [](A x) { return -x; });
-    case UnaryOp::Exp: return unary_loop<T, T>(in, out, [](A x) { return std::exp(x); });
+    case UnaryOp::Exp: return unary_loop<T, T>(in, out, [](A x) { return fast_exp(x); });
     case UnaryOp::Log: return unary_loop<T, T>(in, out, [](A x) { return std::log(x); });
     case UnaryOp::Sqrt: return unary_loop<T, T>(in, out, [](A x) { return std::sqrt(x); });
     case UnaryOp::Rsqrt: return unary_loop<T, T>(in, out, [](A x) { return A(1) / std::sqrt(x); });
     case UnaryOp::Abs: return unary_loop<T, T>(in, out, [](A x) { return std::abs(x); });
     case UnaryOp::Tanh: return unary_loop<T, T>(in, out, [](A x) { return std::tanh(x); });
     case UnaryOp::Sigmoid:
-      return unary_loop<T, T>(in, out, [](A x) { return A(1) / (A(1) + std::exp(-x)); });
+      return unary_loop<T, T>(in, out, [](A x) { return A(1) / (A(1) + fast_exp(-x)); });
     case UnaryOp::Relu: return unary_loop<T, T>(in, out, [](A x) { return x > A(0) ? x : A(0); });
     case UnaryOp::GeluErf:
       return unary_loop<T, T>(in, out, [](A x) {
-        return A(0.5) * x * (A(1) + std::erf(x * A(kSqrt1_2)));
+        return A(0.5) * x * (A(1) + fast_erf(x * A(kSqrt1_2)));
       });
     case UnaryOp::GeluTanh:
       return unary_loop<T, T>(in, out, [](A x) {
         return A(0.5) * x * (A(1) + std::tanh(A(kSqrt2OverPi) * (x + A(0.044715) * x * x * x)));
       });
     case UnaryOp::Silu:
-      return unary_loop<T, T>(in, out, [](A x) { return x / (A(1) + std::exp(-x)); });
+      return unary_loop<T, T>(in, out, [](A x) { return x / (A(1) + fast_exp(-x)); });
     case UnaryOp::Sin: return unary_loop<T, T>(in, out, [](A x) { return std::sin(x); });
     case UnaryOp::Cos: return unary_loop<T, T>(in, out, [](A x) { return std::cos(x); });
     case UnaryOp::Sign:
@@ -43,7 +44,7 @@ void unary_float(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& p
     case UnaryOp::Square: return unary_loop<T, T>(in, out, [](A x) { return x * x; });
     case UnaryOp::Log1p: return unary_loop<T, T>(in, out, [](A x) { return std::log1p(x); });
     case UnaryOp::Expm1: return unary_loop<T, T>(in, out, [](A x) { return std::expm1(x); });
-    case UnaryOp::Erf: return unary_loop<T, T>(in, out, [](A x) { return std::erf(x); });
+    case UnaryOp::Erf: return unary_loop<T, T>(in, out, [](A x) { return fast_erf(x); });
     case UnaryOp::PowScalar:
       if (p0 == A(2)) return unary_loop<T, T>(in, out, [](A x) { return x * x; });
       return unary_loop<T, T>(in, out, [p0](A x) { return std::pow(x, p0); });

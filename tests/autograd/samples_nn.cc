@@ -35,6 +35,9 @@ GRAD_SAMPLE("nll_loss", "mean, ignore_index 1", (rnd({4, 3}), targets({0, 1, 2, 
             { return nll_loss(x[0], x[1], 1); });
 GRAD_SAMPLE("nll_loss", "none, (N, C, d)", (rnd({2, 3, 2}), targets({0, 2, 1, 1}, {2, 2})),
             { return nll_loss(x[0], x[1], -100, Reduction::None); });
+GRAD_SAMPLE("mse_loss", "mean, both require grad", (rnd({3, 4}), rnd({3, 4})),
+            { return mse_loss(x[0], x[1]); });
+GRAD_SAMPLE("mse_loss", "sum", (rnd({5}), rnd({5})), { return mse_loss(x[0], x[1], Reduction::Sum); });
 GRAD_SAMPLE("binary_cross_entropy_with_logits", "mean, target with grad", (rnd({2, 3}), rnd_pos({2, 3})),
             { return binary_cross_entropy_with_logits(x[0], mul(x[1], 0.5)); });
 GRAD_SAMPLE("binary_cross_entropy_with_logits", "none", (rnd({5})), {

@@ -235,3 +235,39 @@ TEST_CASE("a CUDA tensor without a CUDA device is a DeviceError") {
   CHECK_THROWS_AS(zeros({2}, Device::cuda(0)), DeviceError);
   CHECK_THROWS_AS(ones({2}).to(Device::cuda(0)), DeviceError);
 }
+
+TEST_CASE("float32 elementwise math matches the float64 reference") {
+  // The float paths use vectorised exp/erf (kernels/cpu/vec_math.h); float64 uses libm.
+  Generator g(11);
+  Tensor x = mul(randn({4096}, {}, &g), 4.0);
+  Tensor xd = x.to(kFloat64);
+  auto max_err = [](const Tensor& a, const Tensor& ref, bool relative) {
+    Tensor d = abs(sub(a.to(kFloat64), ref));
+    if (relative) d = div(d, add(abs(ref), 1e-30));
+    return amax(d).item();
+  };
+  CHECK(max_err(exp(x), exp(xd), true) < 2e-7);
+  CHECK(max_err(erf(x), erf(xd), false) < 1e-6);
+  CHECK(max_err(gelu(x), gelu(xd), false) < 2e-6);
+  CHECK(max_err(sigmoid(x), sigmoid(xd), false) < 1e-6);
+  CHECK(max_err(silu(x), silu(xd), false) < 4e-6);
+  // Special values.
+  Tensor sp = tensor({-INFINITY, INFINITY, NAN, 0.f, -100.f, 100.f});
+  std::vector<double> e = exp(sp).tolist();
+  CHECK(e[0] == 0.0);
+  CHECK(std::isinf(e[1]));
+  CHECK(std::isnan(e[2]));
+  CHECK(e[3] == 1.0);
+  CHECK(e[4] == 0.0);
+  CHECK(std::isinf(e[5]));
+  std::vector<double> er = erf(sp).tolist();
+  CHECK(er[0] == -1.0);
+  CHECK(er[1] == 1.0);
+  CHECK(std::isnan(er[2]));
+  CHECK(er[3] == 0.0);
+  // The GELU backward kernel too.
+  Tensor xf = x.detach().requires_grad_(), xg = xd.detach().requires_grad_();
+  gelu(xf).sum().backward();
+  gelu(xg).sum().backward();
+  CHECK(max_err(xf.grad(), xg.grad(), false) < 4e-6);
+}

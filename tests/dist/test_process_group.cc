@@ -47,6 +47,15 @@ TEST_CASE("gloo: every collective and dtype, world sizes 1, 2 and 3") {
   }
 }
 
+TEST_CASE("gloo: the same over Gloo's TCP ring (shared memory off), fingerprints every 3rd") {
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    auto res = run_world(worker(), {"collectives"}, world,
+                         {{"ACCEL_DIST_SHM", "0"}, {"DIST_FINGERPRINT_EVERY", "3"}}, 60s);
+    check_all_ok(res, "collectives");
+  }
+}
+
 TEST_CASE("gloo: async handles complete in issue order") {
   for (int world : {2, 3}) {
     CAPTURE(world);
@@ -80,17 +89,26 @@ TEST_CASE("gloo: a rank that exits, throws or is stopped makes the others raise 
     const char* how;
     int world;
     int victim;
+    // Where the failure is detected: the fingerprint exchange on the control channel (default),
+    // the shared-memory all-reduce (fingerprints off), or Gloo's TCP ring (both off).
+    const char* path;
   };
   const int timeout_ms = 2000;
-  for (Case c : {Case{"exit", 3, 1}, Case{"throw", 3, 2}, Case{"stop", 2, 1}, Case{"stop", 3, 0}}) {
+  for (Case c : {Case{"exit", 3, 1, "control"}, Case{"throw", 3, 2, "control"},
+                 Case{"stop", 2, 1, "control"}, Case{"stop", 3, 0, "control"},
+                 Case{"exit", 3, 1, "shm"}, Case{"stop", 2, 1, "shm"},
+                 Case{"exit", 3, 2, "tcp"}, Case{"stop", 3, 1, "tcp"}}) {
     CAPTURE(c.how);
     CAPTURE(c.world);
     CAPTURE(c.victim);
+    CAPTURE(c.path);
+    std::map<std::string, std::string> env = {{"DIST_TIMEOUT_MS", std::to_string(timeout_ms)},
+                                              {"DIST_VICTIM", std::to_string(c.victim)}};
+    const std::string path = c.path;
+    if (path != "control") env.emplace("DIST_FINGERPRINT_EVERY", "0");
+    if (path == "tcp") env.emplace("ACCEL_DIST_SHM", "0");
     auto t0 = std::chrono::steady_clock::now();
-    auto res = run_world(worker(), {c.how}, c.world,
-                         {{"DIST_TIMEOUT_MS", std::to_string(timeout_ms)},
-                          {"DIST_VICTIM", std::to_string(c.victim)}},
-                         30s, /*kill_after_survivors=*/true);
+    auto res = run_world(worker(), {c.how}, c.world, env, 30s, /*kill_after_survivors=*/true);
     auto elapsed = std::chrono::steady_clock::now() - t0;
     for (int r = 0; r < c.world; ++r) {
       if (r == c.victim) continue;

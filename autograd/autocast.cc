@@ -3,13 +3,13 @@
 
 namespace accel {
 
+namespace detail {
+// initial-exec TLS like grad mode: the ops read it on every call.
+constinit thread_local AutocastState tls_autocast __attribute__((tls_model("initial-exec")));
+}  // namespace detail
+
 namespace {
-// initial-exec TLS like grad mode: the ops read these on every call.
-struct AutocastState {
-  bool enabled = false;
-  DType dtype = kBFloat16;
-};
-thread_local AutocastState tls_autocast __attribute__((tls_model("initial-exec")));
+using detail::tls_autocast;
 
 void check_low_precision(DType dtype) {
   ACCEL_CHECK(dtype == kBFloat16 || dtype == kFloat16, DTypeError, "autocast",
@@ -17,8 +17,6 @@ void check_low_precision(DType dtype) {
 }
 }  // namespace
 
-bool autocast_enabled() { return tls_autocast.enabled; }
-DType autocast_dtype() { return tls_autocast.dtype; }
 void set_autocast_enabled(bool enabled) { tls_autocast.enabled = enabled; }
 void set_autocast_dtype(DType dtype) {
   check_low_precision(dtype);
@@ -45,9 +43,16 @@ Tensor round_to_precision(const Tensor& x, DType dtype) {
 }
 
 Tensor autocast_cast(const Tensor& x) {
-  if (!tls_autocast.enabled || !x.defined() || x.dtype() != kFloat32) return x;
-  if (x.device().is_cuda()) return x.to(tls_autocast.dtype);
-  return x.to(tls_autocast.dtype).to(kFloat32);
+  if (!tls_autocast.enabled || !x.defined()) return x;
+  const DType dt = x.dtype();
+  if (dt != kFloat32 && dt != kBFloat16 && dt != kFloat16) return x;  // f64, integers, bool
+  const DType low = tls_autocast.dtype;
+  if (!x.device().is_cpu()) return dt == low ? x : x.to(low);
+  // CPU (Note [autocast on CPU]): the values of `low`, held in float32. A low-precision input
+  // (a bf16 activation the caller made) is brought to float32 the same way, so that it meets
+  // the float32 weights.
+  if (dt == low) return x.to(kFloat32);
+  return x.to(low).to(kFloat32);
 }
 
 Tensor autocast_upcast(const Tensor& x) {

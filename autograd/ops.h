@@ -129,6 +129,18 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
                                         Reduction reduction = Reduction::Mean);
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 
+// ---- fused attention (added by the gpt performance work; kernels/cpu/attention.cc) ----
+// softmax(q k^T / sqrt(D), future masked when causal) v, like
+// torch.nn.functional.scaled_dot_product_attention without dropout.
+// q: (B, H, T, D), k: (B, H, S, D), v: (B, H, S, Dv) -> (B, H, T, Dv); causal needs T == S.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    bool causal = false);
+// The same on a packed projection: qkv: (B, T, 3C) = [q | k | v], each split into n_heads heads
+// of C / n_heads -> (B, T, C) with the heads merged. Reads and writes (gradient included) the
+// packed layout directly, so head split and merge cost no copies.
+Tensor scaled_dot_product_attention_packed(const Tensor& qkv, int64_t n_heads, bool causal);
+// ---- end fused attention ----
+
 // ---- indexing ----
 // weight: (V, D), indices: int (any shape) -> (..., D). Out-of-range index: IndexError.
 Tensor embedding(const Tensor& weight, const Tensor& indices);

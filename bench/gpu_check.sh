@@ -81,9 +81,10 @@ log "built"
 
 # ---- 4. GPU tests ----
 present=()
+# --no-rebuild: a plain --list would build the whole project first.
+ALL_TESTS=$(meson test -C "$BUILD" --no-rebuild --list 2>/dev/null)
 for t in "${GPU_TESTS[@]}"; do
-  # --no-rebuild: a plain --list would build the whole project first.
-  meson test -C "$BUILD" --no-rebuild --list 2>/dev/null | grep -qx "$t" && present+=("$t")
+  grep -qx "$t" <<<"$ALL_TESTS" && present+=("$t")
 done
 TEST_STATUS="n/a"
 if [ ${#present[@]} -gt 0 ]; then
@@ -109,7 +110,8 @@ section() {  # name, timeout seconds
   timeout "$2" "$BENCH" "$1" 2>"$BUILD.bench.$1.err"
   local rc=$?
   if [ $rc -ne 0 ]; then
-    row "$1" "n/a" "exit $rc: $(tail -c 60 "$BUILD.bench.$1.err" | tr '\n' ' ')" "-"
+    row "$1" "n/a" "exit $rc" "-"
+    tail -3 "$BUILD.bench.$1.err" | sed 's/^/    /'
   fi
 }
 section matmul 90

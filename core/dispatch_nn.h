@@ -61,4 +61,16 @@ ACCEL_DECLARE_STUB(nll_loss_stub, void (*)(const Tensor& log_probs, const Tensor
 ACCEL_DECLARE_STUB(nll_loss_backward_stub, void (*)(const Tensor& grad, const Tensor& target,
                                                     int64_t ignore_index, Tensor& dlog_probs));
 
+// ---- fused scaled dot-product attention (Note [fused attention], kernels/cpu/attention.cc) ----
+// q: (B, H, T, D), k: (B, H, S, D), v: (B, H, S, Dv), out: (B, H, T, Dv): any strides with a unit
+// stride in the last dim (views into a packed qkv buffer are fine). p: (B, H, T, S) contiguous,
+// receives softmax(scale * q k^T) with the future masked (causal: j > i is 0; needs T == S).
+ACCEL_DECLARE_STUB(sdpa_stub, void (*)(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       double scale, bool causal, Tensor& out, Tensor& p));
+// dout like out; dq, dk, dv like q, k, v (same rule on strides), fully overwritten.
+ACCEL_DECLARE_STUB(sdpa_backward_stub,
+                   void (*)(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                            const Tensor& p, double scale, bool causal, Tensor& dq, Tensor& dk,
+                            Tensor& dv));
+
 }  // namespace accel

@@ -2,14 +2,19 @@
 #include "dist/accelerator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <typeinfo>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
 #include "autograd/nn/safetensors.h"
 #include "autograd/nn/utils.h"
 #include "autograd/ops.h"
+#include "autograd/optim/adam.h"
+#include "autograd/optim/sgd.h"
 #include "core/generator.h"
 #include "core/storage.h"
 #include "dist/checkpoint.h"
@@ -132,31 +137,86 @@ Accelerator::~Accelerator() {
 // ---------------------------------------------------------------------------------------------
 // prepare
 
+namespace {
+// Rank 0's value of t on every rank (t may be a non-contiguous view).
+void broadcast_in_place(dist::ProcessGroup& group, const Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return;
+  Tensor tmp = t.contiguous();
+  group.broadcast(tmp, 0);
+  if (!tmp.is_same(t)) {
+    Tensor dst = t;
+    dst.copy_(tmp);
+  }
+}
+}  // namespace
+
 void Accelerator::prepare_module(const std::shared_ptr<nn::Module>& model) {
   ACCEL_CHECK(model != nullptr, ValueError, "prepare", "model is null");
   model->to(device_);
+  auto replica = std::make_unique<Replica>();
   if (world_size_ > 1) {
-    // Every rank starts from rank 0's weights, as DDP's constructor does.
     NoGradGuard ng;
-    for (auto& [name, p] : model->named_parameters()) {
-      ACCEL_CHECK(p.is_contiguous(), ValueError, "prepare", "parameter ", name,
-                  " is not contiguous ", p.shape_str());
-      group_->broadcast(p, 0);
+    // Every rank starts from rank 0's weights. DDP broadcasts the trainable parameters (and the
+    // buffers), ZeRO the trainable parameters when its optimizer is prepared; frozen ones here.
+    for (auto& [name, p] : model->named_parameters())
+      if (!p.requires_grad()) broadcast_in_place(*group_, p);
+    dist::NamedParams trainable = dist::trainable_parameters(*model);
+    if (config_.zero_stage == 0 && !trainable.empty()) {
+      // The touch hook goes first so that it has run even when a DDP hook throws.
+      std::weak_ptr<bool> flag = replica->touched;
+      for (auto& [name, p] : trainable) {
+        Tensor h = p;
+        h.register_post_accumulate_grad_hook([flag](Tensor&) {
+          if (auto f = flag.lock()) *f = true;
+        });
+      }
+      dist::DDPOptions o = config_.ddp;
+      o.root = 0;
+      replica->ddp = std::make_unique<dist::DistributedDataParallel>(model, group_, o);
+      replica->paused = std::make_unique<dist::DistributedDataParallel::NoSync>(*replica->ddp);
+    } else {
+      for (auto& [name, p] : trainable)
+        ACCEL_CHECK(p.is_contiguous(), ValueError, "prepare", "parameter ", name,
+                    " is not contiguous ", p.shape_str());
+      if (config_.zero_stage == 0 || config_.ddp.broadcast_buffers)
+        for (auto& [name, b] : model->named_buffers()) broadcast_in_place(*group_, b);
     }
-    for (auto& [name, b] : model->named_buffers())
-      if (b.is_contiguous()) group_->broadcast(b, 0);
   }
   models_.push_back(model);
+  replicas_.push_back(std::move(replica));
+}
+
+dist::DistributedDataParallel* Accelerator::ddp(const nn::Module& model) const {
+  for (size_t i = 0; i < models_.size(); ++i)
+    if (models_[i].get() == &model) return replicas_[i]->ddp.get();
+  return nullptr;
 }
 
 std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
     std::shared_ptr<optim::Optimizer> opt) {
   ACCEL_CHECK(opt != nullptr, ValueError, "prepare", "optimizer is null");
-  ACCEL_CHECK(config_.zero_stage == 0 || world_size_ == 1, ValueError, "prepare", "zero_stage ",
-              config_.zero_stage, " with ", world_size_,
-              " processes needs the ZeRO optimizer (dist/zero.h), which this build does not have; "
-              "use zero_stage 0");
   auto wrapped = std::make_shared<AcceleratedOptimizer>(*this, std::move(opt));
+  if (config_.zero_stage > 0 && world_size_ > 1) {
+    // Note [zero in the facade]: ZeRO over this optimizer's parameters, named after the
+    // prepared models for its messages.
+    const optim::Optimizer& o = wrapped->optimizer();
+    ACCEL_CHECK(o.num_param_groups() == 1, ValueError, "prepare", "zero_stage ",
+                config_.zero_stage, " shards all parameters as one flat space, so the optimizer "
+                "must have one param group; it has ", o.num_param_groups());
+    std::unordered_map<const TensorImpl*, std::string> names;
+    for (size_t i = 0; i < models_.size(); ++i)
+      for (auto& [name, p] : models_[i]->named_parameters())
+        names.emplace(p.impl(), models_.size() == 1 ? name : std::to_string(i) + "." + name);
+    dist::NamedParams named;
+    for (const Tensor& p : o.params(0)) {
+      auto it = names.find(p.impl());
+      std::string name = it != names.end() ? it->second : "param" + std::to_string(named.size());
+      ACCEL_CHECK(p.requires_grad(), ValueError, "prepare", "parameter '", name,
+                  "' of the optimizer does not require grad; ZeRO shards trainable parameters");
+      named.emplace_back(std::move(name), p);
+    }
+    wrapped->init_zero(group_, std::move(named), config_.zero_stage);
+  }
   optimizers_.push_back(wrapped);
   return wrapped;
 }
@@ -200,6 +260,156 @@ std::vector<Tensor> Accelerator::model_params() const {
 AcceleratedOptimizer::AcceleratedOptimizer(Accelerator& acc, std::shared_ptr<optim::Optimizer> opt)
     : acc_(acc), opt_(std::move(opt)) {}
 
+AcceleratedOptimizer::~AcceleratedOptimizer() = default;
+
+namespace {
+
+// The shard optimizer of Note [zero in the facade]: the user's optimizer type, whose step()
+// first asks the facade (lr, fp16 unscale and skip).
+using StepGate = std::function<bool(optim::Optimizer&)>;
+
+template <typename Base>
+class GatedOptimizer final : public Base {
+ public:
+  template <typename Options>
+  GatedOptimizer(std::vector<Tensor> params, const Options& options, StepGate gate)
+      : Base(std::move(params), options), gate_(std::move(gate)) {}
+  void step() override {
+    if (gate_(*this)) Base::step();
+  }
+
+ private:
+  StepGate gate_;
+};
+
+std::unique_ptr<optim::Optimizer> clone_for_shards(const optim::Optimizer& o,
+                                                   std::vector<Tensor> shards, StepGate gate) {
+  if (typeid(o) == typeid(optim::SGD)) {
+    optim::SGDOptions so = static_cast<const optim::SGD&>(o).options();
+    so.lr = o.lr(0);
+    so.weight_decay = o.weight_decay(0);
+    return std::make_unique<GatedOptimizer<optim::SGD>>(std::move(shards), so, std::move(gate));
+  }
+  if (typeid(o) == typeid(optim::Adam)) {
+    optim::AdamOptions ao = static_cast<const optim::Adam&>(o).options();
+    ao.lr = o.lr(0);
+    ao.weight_decay = o.weight_decay(0);
+    return std::make_unique<GatedOptimizer<optim::Adam>>(std::move(shards), ao, std::move(gate));
+  }
+  if (typeid(o) == typeid(optim::AdamW)) {
+    const optim::AdamOptions& a = static_cast<const optim::AdamW&>(o).options();
+    optim::AdamWOptions wo;
+    wo.lr = o.lr(0);
+    wo.beta1 = a.beta1;
+    wo.beta2 = a.beta2;
+    wo.eps = a.eps;
+    wo.weight_decay = o.weight_decay(0);
+    wo.fused = a.fused;
+    return std::make_unique<GatedOptimizer<optim::AdamW>>(std::move(shards), wo, std::move(gate));
+  }
+  ACCEL_THROW(ValueError, "prepare", "ZeRO through the Accelerator rebuilds the optimizer over "
+              "the parameter shards and knows SGD, Adam and AdamW; got ", typeid(o).name());
+}
+
+}  // namespace
+
+void AcceleratedOptimizer::init_zero(const dist::ProcessGroupPtr& group, dist::NamedParams params,
+                                     int stage) {
+  dist::ZeroOptions zo;
+  zo.stage = stage;
+  zo.bucket_cap_bytes = acc_.config_.ddp.bucket_cap_bytes;
+  zo.find_unused_parameters = acc_.config_.ddp.find_unused_parameters;
+  zo.root = 0;
+  // The touch hooks go before ZeRO's own (Note [gradient sync]).
+  std::weak_ptr<bool> flag = touched_;
+  for (auto& [name, p] : params) {
+    Tensor h = p;
+    h.register_post_accumulate_grad_hook([flag](Tensor&) {
+      if (auto f = flag.lock()) *f = true;
+    });
+  }
+  zero_params_ = params;
+  const optim::Optimizer& user = *opt_;
+  zero_ = std::make_unique<dist::ZeroOptimizer>(
+      std::move(params),
+      [&](std::vector<Tensor> shards) {
+        auto o = clone_for_shards(user, std::move(shards),
+                                  [this](optim::Optimizer& s) { return gate_step(s); });
+        shard_opt_ = o.get();
+        return o;
+      },
+      group, zo);
+  if (stage >= 2) {
+    // Stages 2/3 keep the reduced gradient shards inside the ZeroOptimizer and hand them to the
+    // shard optimizer only during step(): one probing step (its update skipped by the gate)
+    // records them. They are persistent (dist/buckets.h: GradBucketer::shard), so clipping,
+    // unscaling and accumulation can reach them between backward and step; gate_step checks on
+    // every step that they still are the same tensors.
+    probing_ = true;
+    try {
+      zero_->step();
+    } catch (...) {
+      probing_ = false;
+      throw;
+    }
+    probing_ = false;
+    ACCEL_CHECK(shard_grads_.size() == zero_->buckets().size(), Error, "prepare",
+                "internal: the ZeRO probe saw ", shard_grads_.size(), " gradient shards for ",
+                zero_->buckets().size(), " buckets");
+  }
+  if (stage == 3) zero_->gather_parameters();  // the model is usable right after prepare
+}
+
+bool AcceleratedOptimizer::gate_step(optim::Optimizer& s) {
+  const std::vector<Tensor>& shards = s.params(0);
+  if (probing_) {
+    shard_grads_.clear();
+    for (const Tensor& t : shards) {
+      ACCEL_CHECK(t.grad().defined(), Error, "prepare",
+                  "internal: a ZeRO shard has no gradient during step()");
+      shard_grads_.push_back(t.grad());
+    }
+    return false;
+  }
+  for (size_t b = 0; b < shard_grads_.size(); ++b)
+    ACCEL_CHECK(shards[b].grad().is_same(shard_grads_[b]), Error, "zero",
+                "internal: the gradient shard of bucket ", b, " is not the tensor recorded at "
+                "prepare(); the ZeroOptimizer changed how it hands gradients to its optimizer");
+  s.set_lr(0, opt_->lr(0));
+  s.set_weight_decay(0, opt_->weight_decay(0));
+  if (acc_.scaler_.enabled()) {
+    // Each rank sees only its slices: the inf/NaN flag is all-reduced inside unscale_().
+    acc_.scaler_.unscale_(shards, acc_.group_.get());
+    if (acc_.scaler_.found_inf()) return false;
+  }
+  return true;
+}
+
+std::vector<Tensor> AcceleratedOptimizer::shard_params_with_grads() {
+  std::vector<Tensor> ps = shard_opt_->params(0);
+  for (size_t b = 0; b < ps.size() && b < shard_grads_.size(); ++b) ps[b].set_grad(shard_grads_[b]);
+  return ps;
+}
+
+void AcceleratedOptimizer::after_zero_backward(bool sync) {
+  NoGradGuard ng;
+  if (zero_->stage() >= 2) {
+    // Each reduce-scatter overwrites the shards: the window's micro-batches add up here.
+    if (!sync) {
+      if (grad_accum_.empty()) {
+        for (auto& g : shard_grads_) grad_accum_.push_back(g.clone());
+      } else {
+        for (size_t b = 0; b < grad_accum_.size(); ++b) grad_accum_[b].add_(shard_grads_[b]);
+      }
+    } else if (!grad_accum_.empty()) {
+      for (size_t b = 0; b < grad_accum_.size(); ++b) shard_grads_[b].add_(grad_accum_[b]);
+      grad_accum_.clear();
+    }
+  }
+  // Stage 3 freed the parameters after the reduction; the window's next forward needs them.
+  if (zero_->stage() == 3 && !sync) zero_->gather_parameters();
+}
+
 std::vector<Tensor> AcceleratedOptimizer::params() const {
   std::vector<Tensor> out;
   for (size_t g = 0; g < opt_->num_param_groups(); ++g)
@@ -210,6 +420,17 @@ std::vector<Tensor> AcceleratedOptimizer::params() const {
 bool AcceleratedOptimizer::step() {
   skipped_ = false;
   if (!acc_.sync_gradients_) return false;  // accumulating: gradients are not complete yet
+  if (zero_) {
+    zero_->step();  // gate_step: lr, unscale, skip on inf/NaN; then the all-gather (stages 1/2)
+    if (acc_.scaler_.enabled()) {
+      skipped_ = acc_.scaler_.found_inf();
+      acc_.scaler_.update();
+    }
+    if (zero_->stage() == 3) zero_->gather_parameters();  // Note [zero in the facade]
+    if (skipped_) return false;
+    ++acc_.optimizer_steps_;
+    return true;
+  }
   if (acc_.scaler_.enabled()) {
     acc_.scaler_.unscale_(params(), acc_.group_.get());
     if (acc_.scaler_.found_inf()) {
@@ -227,7 +448,12 @@ bool AcceleratedOptimizer::step() {
 }
 
 void AcceleratedOptimizer::zero_grad(bool set_to_none) {
-  if (acc_.sync_gradients_) opt_->zero_grad(set_to_none);
+  if (!acc_.sync_gradients_) return;
+  if (zero_) {
+    zero_->zero_grad();
+    return;
+  }
+  opt_->zero_grad(set_to_none);
 }
 
 AcceleratedScheduler::AcceleratedScheduler(Accelerator& acc,
@@ -281,40 +507,80 @@ void Accelerator::backward(const Tensor& loss) {
   if (config_.gradient_accumulation_steps > 1)
     l = div(l, double(config_.gradient_accumulation_steps));
   l = scaler_.scale_loss(l);
-  l.backward();
-  if (sync_gradients_ && !no_sync_ && world_size_ > 1) sync_model_gradients();
+  // Autocast is a forward-pass scope: the backward of every op already runs in the dtypes its
+  // forward chose, so a backward() called inside the scope must not cast again.
+  AutocastSuspend no_autocast;
+  const bool sync = sync_gradients_ && !no_sync_;
+  if (world_size_ == 1 || (!sync && !zero_active())) {
+    l.backward();
+    return;
+  }
+  run_backward(l, sync);
 }
 
-void Accelerator::sync_model_gradients() {
-  NoGradGuard ng;
-  std::vector<Tensor> params = model_params();
-  // One flat buffer per dtype, in parameter order (Note [gradient sync]).
-  std::vector<DType> dtypes;
-  for (auto& p : params)
-    if (std::find(dtypes.begin(), dtypes.end(), p.dtype()) == dtypes.end()) dtypes.push_back(p.dtype());
-  for (DType dt : dtypes) {
-    std::vector<Tensor> pieces;
-    std::vector<Tensor> members;
-    for (auto& p : params) {
-      if (p.dtype() != dt) continue;
-      Tensor g = p.grad();
-      pieces.push_back(g.defined() ? g.reshape({-1}) : zeros({p.numel()}, TensorOptions(dt, p.device())));
-      members.push_back(p);
-    }
-    Tensor flat = cat(pieces, 0).contiguous();
-    group_->all_reduce(flat, dist::ReduceOp::Avg);
-    int64_t off = 0;
-    for (auto& p : members) {
-      Tensor part = flat.narrow(0, off, p.numel()).view(p.sizes());
-      off += p.numel();
-      Tensor g = p.grad();
-      if (g.defined()) {
-        g.copy_(part);
-      } else {
-        p.set_grad(part.clone());
-      }
+bool Accelerator::zero_active() const {
+  for (auto& o : optimizers_)
+    if (o->zero_) return true;
+  return false;
+}
+
+std::vector<AcceleratedOptimizer*> Accelerator::zero_optimizers() const {
+  std::vector<AcceleratedOptimizer*> out;
+  for (auto& o : optimizers_)
+    if (o->zero_) out.push_back(o.get());
+  return out;
+}
+
+bool Accelerator::grads_sharded() const {
+  for (auto& o : optimizers_)
+    if (o->zero_ && o->zero_->stage() >= 2) return true;
+  return false;
+}
+
+// Note [gradient sync]: on a sync step unpause every DDP, run backward (buckets are reduced as
+// it goes), wait for the models that got gradients, pause again. ZeRO reduces on every
+// micro-batch (Note [zero in the facade]). On an exception the started syncs are still
+// finished (they issue the same collectives as the peers') before it propagates.
+void Accelerator::run_backward(const Tensor& l, bool sync) {
+  const std::vector<AcceleratedOptimizer*> zeros = zero_optimizers();
+  for (auto& r : replicas_) {
+    *r->touched = false;
+    if (sync && r->ddp) r->paused.reset();
+  }
+  for (auto* z : zeros) *z->touched_ = false;
+  auto pause_all = [&] {
+    for (auto& r : replicas_)
+      if (r->ddp && !r->paused) r->paused = std::make_unique<dist::DistributedDataParallel::NoSync>(*r->ddp);
+  };
+  std::exception_ptr err;
+  try {
+    l.backward();
+  } catch (...) {
+    err = std::current_exception();
+  }
+  for (auto& r : replicas_) {
+    if (!sync || !r->ddp || !*r->touched) continue;
+    try {
+      r->ddp->finish_gradient_sync();
+    } catch (...) {
+      if (!err) err = std::current_exception();
     }
   }
+  for (auto* z : zeros) {
+    if (!*z->touched_) continue;
+    try {
+      z->zero_->finish_gradient_sync();
+      if (!err) z->after_zero_backward(sync);
+    } catch (...) {
+      if (!err) err = std::current_exception();
+    }
+  }
+  try {
+    pause_all();
+  } catch (...) {
+    if (!err) err = std::current_exception();
+  }
+  if (err) std::rethrow_exception(err);
 }
 
 double Accelerator::clip_grad_norm_(double max_norm, double p) {
@@ -322,6 +588,7 @@ double Accelerator::clip_grad_norm_(double max_norm, double p) {
 }
 
 double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double p) {
+  if (grads_sharded()) return sharded_clip_grad_norm_(max_norm, p);
   if (scaler_.enabled()) {
     // Unscale every prepared optimizer's gradients (once per step) before measuring them.
     std::vector<Tensor> all;
@@ -329,11 +596,48 @@ double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double ma
       for (auto& t : o->params()) all.push_back(t);
     scaler_.unscale_(all.empty() ? params : all, group_.get());
   }
-  ACCEL_INTERNAL_ASSERT(!grads_sharded());
   return nn::clip_grad_norm_(params, max_norm, p);
 }
 
+// ZeRO-2/3: every rank holds 1/N of the gradient; the p-norm's p-th power (or the max) is
+// reduced across ranks, so the norm and the clipping equal the unsharded ones. The padding of
+// the buckets holds zeros and adds nothing. Covers every ZeRO optimizer's gradients.
+double Accelerator::sharded_clip_grad_norm_(double max_norm, double p) {
+  ACCEL_CHECK(max_norm >= 0, ValueError, "clip_grad_norm_", "max_norm must be >= 0, got ", max_norm);
+  ACCEL_CHECK(p > 0, ValueError, "clip_grad_norm_", "norm type must be > 0, got ", p);
+  std::vector<Tensor> shard_params;
+  for (auto* z : zero_optimizers())
+    for (auto& t : z->shard_params_with_grads()) shard_params.push_back(t);
+  if (scaler_.enabled()) scaler_.unscale_(shard_params, group_.get());
+  NoGradGuard ng;
+  const bool inf = std::isinf(p);
+  Tensor total = zeros({}, TensorOptions(kFloat64, device_));
+  for (const Tensor& sp : shard_params) {
+    const Tensor g = sp.grad();
+    Tensor n = inf        ? amax(abs(g)).to(kFloat64)
+               : p == 2.0 ? sum(mul(g, g)).to(kFloat64)
+                          : pow(norm(g, p).to(kFloat64), p);
+    total = inf ? maximum(total, n) : add(total, n);
+  }
+  group_->all_reduce(total, inf ? dist::ReduceOp::Max : dist::ReduceOp::Sum);
+  const double total_norm = inf ? total.item<double>() : std::pow(total.item<double>(), 1.0 / p);
+  const double coef = max_norm / (total_norm + 1e-6);
+  if (!(coef >= 1.0))
+    for (const Tensor& sp : shard_params) sp.grad().mul_(coef);
+  return total_norm;
+}
+
 void Accelerator::clip_grad_value_(double clip_value) {
+  if (grads_sharded()) {
+    ACCEL_CHECK(clip_value >= 0, ValueError, "clip_grad_value_", "clip_value must be >= 0, got ",
+                clip_value);
+    std::vector<Tensor> shard_params;
+    for (auto* z : zero_optimizers())
+      for (auto& t : z->shard_params_with_grads()) shard_params.push_back(t);
+    if (scaler_.enabled()) scaler_.unscale_(shard_params, group_.get());
+    nn::clip_grad_value_(shard_params, clip_value);
+    return;
+  }
   if (scaler_.enabled()) {
     std::vector<Tensor> all;
     for (auto& o : optimizers_)
@@ -533,6 +837,310 @@ void Accelerator::register_for_checkpointing(const std::string& name, SaveFn sav
   customs_.push_back({name, std::move(save), std::move(load)});
 }
 
+// Note [zero checkpoints]
+// Under ZeRO each rank writes its shard optimizer's state_dict (zero_optimizer_rank<r>: per
+// bucket b "state.<b>.step" and "state.<b>.<slot>", the slot being rank r's slice of the
+// bucket's flat buffer, Note [zero layout] in dist/zero.cc) and, inside an accumulation window,
+// its accumulated gradient shards (zero_grads_rank<r>: "bucket.<b>"); state.json records each
+// bucket's (used, numel) and the world size. Which parameter sits where in a bucket depends
+// only on the parameters and bucket_cap_bytes, not on the world size (dist::assign_buckets),
+// so another world size only changes the padding and the slice boundaries: a rank of the new
+// run reads, from the old ranks' files, just the slices that overlap its new slice. A single
+// process (or DDP) cuts the flat buffers into the per-parameter state of the plain optimizer,
+// and a plain checkpoint is sharded the same way into a ZeRO run.
+namespace {
+
+// One optimizer state as flat per-bucket arrays, whatever way it is stored.
+class FlatStateSource {
+ public:
+  virtual ~FlatStateSource() = default;
+  // Slot names with state in bucket b (empty: the bucket never stepped) and its step count.
+  // `near` is an element of the bucket the caller will read (to open the right file first).
+  virtual std::vector<std::string> slots(size_t b, int64_t near) = 0;
+  virtual int64_t step(size_t b, int64_t near) = 0;
+  // dst (hi - lo elements) := elements [lo, hi) of slot `slot` of bucket b, hi <= used(b).
+  virtual void read(size_t b, const std::string& slot, int64_t lo, int64_t hi, Tensor dst) = 0;
+};
+
+std::string state_key(size_t i, const std::string& slot) {
+  return "state." + std::to_string(i) + "." + slot;
+}
+
+// Slot names of "state.<i>.<slot>" keys (without "step").
+std::vector<std::string> slots_of(const nn::TensorDict& d, size_t i) {
+  const std::string prefix = "state." + std::to_string(i) + ".";
+  std::vector<std::string> out;
+  for (auto it = d.lower_bound(prefix); it != d.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+    std::string slot = it->first.substr(prefix.size());
+    if (slot != "step" && slot.find('.') == std::string::npos) out.push_back(slot);
+  }
+  return out;
+}
+
+int64_t step_of(const nn::TensorDict& d, size_t i) {
+  auto it = d.find(state_key(i, "step"));
+  return it == d.end() ? 0 : int64_t(it->second.item<double>());
+}
+
+// The per-rank files of a ZeRO checkpoint (opened lazily, each once).
+class ZeroFileSource final : public FlatStateSource {
+ public:
+  ZeroFileSource(std::function<std::string(int)> file_of, int world, std::vector<int64_t> numel)
+      : file_of_(std::move(file_of)), world_(world), numel_(std::move(numel)) {}
+  std::vector<std::string> slots(size_t b, int64_t near) override {
+    return slots_of(file(owner(b, near)), b);
+  }
+  int64_t step(size_t b, int64_t near) override { return step_of(file(owner(b, near)), b); }
+  void read(size_t b, const std::string& slot, int64_t lo, int64_t hi, Tensor dst) override {
+    const int64_t sn = numel_[b] / world_;
+    for (int64_t q = lo / sn; q < world_ && q * sn < hi; ++q) {
+      const int64_t a = std::max(lo, q * sn), e = std::min(hi, (q + 1) * sn);
+      if (a >= e) continue;
+      const nn::TensorDict& d = file(int(q));
+      auto it = d.find(state_key(b, slot));
+      ACCEL_CHECK(it != d.end() && it->second.numel() == sn, IoError, "load_state", "'",
+                  file_of_(int(q)), "' has no slice of ", state_key(b, slot), " with ", sn,
+                  " elements");
+      dst.narrow(0, a - lo, e - a).copy_(it->second.reshape({-1}).narrow(0, a - q * sn, e - a));
+    }
+  }
+  int64_t numel(size_t b) const { return numel_[b]; }
+
+ private:
+  int owner(size_t b, int64_t near) const {
+    return int(std::min<int64_t>(near / (numel_[b] / world_), world_ - 1));
+  }
+  const nn::TensorDict& file(int q) {
+    auto it = files_.find(q);
+    if (it == files_.end()) it = files_.emplace(q, nn::load_safetensors(file_of_(q))).first;
+    return it->second;
+  }
+  std::function<std::string(int)> file_of_;
+  int world_;
+  std::vector<int64_t> numel_;
+  std::map<int, nn::TensorDict> files_;
+};
+
+// A plain optimizer's per-parameter state (state.<k>.<slot>) laid out in buckets.
+class PlainSource final : public FlatStateSource {
+ public:
+  PlainSource(const nn::TensorDict& d, std::vector<dist::Bucket> buckets)
+      : d_(d), buckets_(std::move(buckets)) {}
+  std::vector<std::string> slots(size_t b, int64_t) override {
+    std::vector<std::string> out;
+    for (size_t k : buckets_[b].params)
+      for (auto& s : slots_of(d_, k))
+        if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+    return out;
+  }
+  int64_t step(size_t b, int64_t) override {
+    int64_t st = 0;
+    for (size_t k : buckets_[b].params) st = std::max(st, step_of(d_, k));
+    return st;
+  }
+  void read(size_t b, const std::string& slot, int64_t lo, int64_t hi, Tensor dst) override {
+    const dist::Bucket& bk = buckets_[b];
+    dst.zero_();  // a parameter without this slot (never stepped) contributes zeros
+    for (size_t j = 0; j < bk.params.size(); ++j) {
+      auto it = d_.find(state_key(bk.params[j], slot));
+      if (it == d_.end()) continue;
+      const int64_t off = bk.offset[j], n = it->second.numel();
+      const int64_t a = std::max(lo, off), e = std::min(hi, off + n);
+      if (a < e) dst.narrow(0, a - lo, e - a).copy_(it->second.reshape({-1}).narrow(0, a - off, e - a));
+    }
+  }
+
+ private:
+  const nn::TensorDict& d_;
+  std::vector<dist::Bucket> buckets_;
+};
+
+// Shard-optimizer state for rank r of `buckets` (the new layout) from `src`.
+nn::TensorDict shard_state(FlatStateSource& src, const std::vector<dist::Bucket>& buckets, int r,
+                           const nn::TensorDict& param_groups) {
+  nn::TensorDict out = param_groups;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const dist::Bucket& bk = buckets[b];
+    const int64_t lo = r * bk.shard_numel, hi = std::min(lo + bk.shard_numel, bk.used);
+    std::vector<std::string> slots = src.slots(b, std::min(lo, bk.used - 1));
+    if (slots.empty()) continue;
+    out[state_key(b, "step")] = scalar_tensor(src.step(b, std::min(lo, bk.used - 1)), TensorOptions(kInt64));
+    for (const std::string& slot : slots) {
+      Tensor t = zeros({bk.shard_numel});
+      if (lo < hi) src.read(b, slot, lo, hi, t.narrow(0, 0, hi - lo));
+      out[state_key(b, slot)] = t;
+    }
+  }
+  return out;
+}
+
+// Plain per-parameter state for `params` laid out in `buckets` from `src`.
+nn::TensorDict unsharded_state(FlatStateSource& src, const std::vector<dist::Bucket>& buckets,
+                               const std::vector<Tensor>& params, const nn::TensorDict& param_groups) {
+  nn::TensorDict out = param_groups;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const dist::Bucket& bk = buckets[b];
+    std::vector<std::string> slots = src.slots(b, 0);
+    if (slots.empty()) continue;
+    const int64_t st = src.step(b, 0);
+    for (size_t j = 0; j < bk.params.size(); ++j) {
+      const size_t k = bk.params[j];
+      const Tensor& p = params[k];
+      out[state_key(k, "step")] = scalar_tensor(st, TensorOptions(kInt64));
+      for (const std::string& slot : slots) {
+        Tensor t = zeros({p.numel()});
+        src.read(b, slot, bk.offset[j], bk.offset[j] + p.numel(), t);
+        out[state_key(k, slot)] = t.view(p.sizes());
+      }
+    }
+  }
+  return out;
+}
+
+// The "param_groups.*" entries of an optimizer state dict.
+nn::TensorDict param_groups_of(const nn::TensorDict& d) {
+  nn::TensorDict out;
+  for (auto& [k, v] : d)
+    if (k.rfind("param_groups.", 0) == 0) out[k] = v;
+  return out;
+}
+
+}  // namespace
+
+struct ZeroCheckpoint {
+  static std::string shard_file(size_t i, int rank) {
+    return rank_file(indexed("zero_optimizer", i, ""), rank, ".safetensors");
+  }
+  static std::string accum_file(size_t i, int rank) {
+    return rank_file(indexed("zero_grads", i, ""), rank, ".safetensors");
+  }
+
+  // Every rank, inside save_state: its shard files; returns the layout for state.json.
+  static nlohmann::json save(Accelerator& acc, const std::function<std::string(const std::string&)>& at) {
+    nlohmann::json opts = nlohmann::json::array();
+    for (size_t i = 0; i < acc.optimizers_.size(); ++i) {
+      AcceleratedOptimizer& o = *acc.optimizers_[i];
+      if (!o.zero_) {
+        opts.push_back(nullptr);
+        continue;
+      }
+      const std::string f = at(shard_file(i, acc.rank_));
+      nn::save_safetensors(f, o.shard_opt_->state_dict());
+      dist::fsync_path(f);
+      if (!o.grad_accum_.empty()) {
+        nn::TensorDict g;
+        for (size_t b = 0; b < o.grad_accum_.size(); ++b) g["bucket." + std::to_string(b)] = o.grad_accum_[b];
+        const std::string gf = at(accum_file(i, acc.rank_));
+        nn::save_safetensors(gf, g);
+        dist::fsync_path(gf);
+      }
+      nlohmann::json buckets = nlohmann::json::array();
+      for (const dist::Bucket& bk : o.zero_->buckets()) buckets.push_back({bk.used, bk.numel});
+      opts.push_back({{"stage", o.zero_->stage()}, {"buckets", buckets}});
+    }
+    return opts;
+  }
+
+  // The bucket layout of optimizer i in the checkpoint, checked against `buckets` (this run's
+  // layout of the same parameters).
+  static std::vector<int64_t> saved_numel(const nlohmann::json& layout, const std::vector<dist::Bucket>& buckets,
+                                          const std::string& path) {
+    const auto& saved = layout.at("buckets");
+    bool same = saved.size() == buckets.size();
+    std::vector<int64_t> numel;
+    for (size_t b = 0; same && b < buckets.size(); ++b) {
+      same = saved[b].at(0).get<int64_t>() == buckets[b].used;
+      numel.push_back(saved[b].at(1).get<int64_t>());
+    }
+    ACCEL_CHECK(same, ValueError, "load_state", "checkpoint '", path, "' holds ZeRO state in ",
+                saved.size(), " buckets that do not match this run's ", buckets.size(),
+                " (the parameters or ddp.bucket_cap_bytes differ)");
+    return numel;
+  }
+
+  // Optimizer i (wrapper and shard state) from checkpoint `path`; see Note [zero checkpoints].
+  static void load_optimizer(Accelerator& acc, size_t i, const std::string& path, const nlohmann::json& s) {
+    auto at = [&](const std::string& f) { return (fs::path(path) / f).string(); };
+    AcceleratedOptimizer& o = *acc.optimizers_[i];
+    const nn::TensorDict saved = nn::load_safetensors(at(indexed("optimizer", i, ".safetensors")));
+    const nlohmann::json* layout = nullptr;
+    if (s.contains("zero") && !s["zero"].at(i).is_null()) layout = &s["zero"].at(i);
+    const int saved_world = s.value("world_size", 0);
+    if (o.zero_) {
+      o.opt_->load_state_dict(param_groups_of(saved));  // lr / weight decay the schedulers set
+      const nn::TensorDict own_groups = param_groups_of(o.shard_opt_->state_dict());
+      const std::vector<dist::Bucket>& buckets = o.zero_->buckets();
+      nn::TensorDict shard;
+      if (layout) {
+        std::vector<int64_t> numel = saved_numel(*layout, buckets, path);
+        if (saved_world == acc.world_size_) {
+          shard = nn::load_safetensors(at(shard_file(i, acc.rank_)));  // the same slices
+        } else {
+          ZeroFileSource src([&](int q) { return at(shard_file(i, q)); }, saved_world, numel);
+          shard = shard_state(src, buckets, acc.rank_, own_groups);
+        }
+      } else {
+        PlainSource src(saved, buckets);
+        shard = shard_state(src, buckets, acc.rank_, own_groups);
+      }
+      o.shard_opt_->load_state_dict(shard);
+      o.grad_accum_.clear();
+      return;
+    }
+    if (!layout) {
+      o.load_state_dict(saved);
+      return;
+    }
+    // A ZeRO checkpoint into a plain optimizer: cut the flat buffers into per-parameter state.
+    const optim::Optimizer& u = *o.opt_;
+    ACCEL_CHECK(u.num_param_groups() == 1, ValueError, "load_state", "checkpoint '", path,
+                "' holds ZeRO state, which loads into an optimizer with one param group; this one has ",
+                u.num_param_groups());
+    dist::NamedParams named;
+    for (const Tensor& p : u.params(0)) named.emplace_back("p", p);
+    const std::vector<dist::Bucket> buckets = dist::assign_buckets(named, acc.config_.ddp.bucket_cap_bytes, 1);
+    std::vector<int64_t> numel = saved_numel(*layout, buckets, path);
+    ZeroFileSource src([&](int q) { return at(shard_file(i, q)); }, saved_world, numel);
+    o.load_state_dict(unsharded_state(src, buckets, u.params(0), param_groups_of(saved)));
+  }
+
+  // Stage 3 keeps the truth in its parameter slices: after the model was loaded into the
+  // gathered parameters, copy this rank's slices out of them.
+  static void refresh_stage3_slices(AcceleratedOptimizer& o, int rank) {
+    if (!o.zero_ || o.zero_->stage() != 3) return;
+    NoGradGuard ng;
+    const std::vector<dist::Bucket>& buckets = o.zero_->buckets();
+    std::vector<Tensor> slices = o.shard_opt_->params(0);
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      const dist::Bucket& bk = buckets[b];
+      const int64_t lo = rank * bk.shard_numel, hi = lo + bk.shard_numel;
+      Tensor dst = slices[b];
+      dst.zero_();
+      for (size_t j = 0; j < bk.params.size(); ++j) {
+        const Tensor& p = o.zero_params_[bk.params[j]].second;
+        const int64_t off = bk.offset[j], n = p.numel();
+        const int64_t a = std::max(lo, off), e = std::min(hi, off + n);
+        if (a < e) dst.narrow(0, a - lo, e - a).copy_(p.reshape({-1}).narrow(0, a - off, e - a));
+      }
+    }
+  }
+
+  // Accumulated gradient shards of a checkpoint saved inside a window (same world size).
+  static void load_accum(AcceleratedOptimizer& o, size_t i, const std::string& path, int rank) {
+    if (!o.zero_ || o.zero_->stage() < 2) return;
+    const std::string f = (fs::path(path) / accum_file(i, rank)).string();
+    o.grad_accum_.clear();
+    if (!fs::exists(f)) return;
+    nn::TensorDict g = nn::load_safetensors(f);
+    for (size_t b = 0; b < o.shard_grads_.size(); ++b) {
+      auto it = g.find("bucket." + std::to_string(b));
+      ACCEL_CHECK(it != g.end() && it->second.numel() == o.shard_grads_[b].numel(), IoError,
+                  "load_state", "'", f, "' has no gradient shard for bucket ", b);
+      o.grad_accum_.push_back(it->second.to(o.shard_grads_[b].device(), o.shard_grads_[b].dtype()));
+    }
+  }
+};
+
 std::string Accelerator::save_state(const std::string& dir) {
   const bool automatic = dir.empty();
   const std::string final_dir =
@@ -557,7 +1165,10 @@ std::string Accelerator::save_state(const std::string& dir) {
   wait_for_everyone();
   dist::run_checkpoint_hook("begin");
 
+  // ZeRO-3 frees the full parameters after a synced backward; the model file needs them.
+  for (auto* z : zero_optimizers()) z->zero_->gather_parameters();
   // Replicated state (models, optimizers without ZeRO, schedulers): the main process writes it.
+  // Under ZeRO the optimizer file holds the wrapper's param groups; the shards follow.
   if (is_main_process()) {
     for (size_t i = 0; i < models_.size(); ++i)
       nn::save_safetensors(at(indexed("model", i, ".safetensors")), models_[i]->state_dict());
@@ -571,6 +1182,7 @@ std::string Accelerator::save_state(const std::string& dir) {
     dist::write_file_durable(at(rank_file(indexed("loader", i, ""), rank_, ".json")),
                              data::state_to_json(loaders_[i]->state_dict()));
   dist::write_file_durable(at(rank_file("rng", rank_, ".txt")), default_generator().state());
+  const nlohmann::json zero_layout = ZeroCheckpoint::save(*this, at);  // Note [zero checkpoints]
   // Saved inside an accumulation window the local gradients are state too (they are not
   // synced yet, so every rank keeps its own).
   const bool mid_window = !sync_gradients_;
@@ -604,6 +1216,7 @@ std::string Accelerator::save_state(const std::string& dir) {
     s["num_loaders"] = loaders_.size();
     s["scaler"] = scaler_.state_dict();
     s["sync_gradients"] = sync_gradients_;
+    if (zero_active()) s["zero"] = zero_layout;
     std::vector<std::string> customs;
     for (auto& c : customs_) customs.push_back(c.name);
     s["custom"] = customs;
@@ -641,25 +1254,69 @@ std::string Accelerator::load_state(const std::string& dir) {
   };
   ACCEL_CHECK(s.value("format", 0) == 1, IoError, "load_state", "'", path,
               "': unsupported checkpoint format");
-  ACCEL_CHECK(s.value("world_size", 0) == world_size_, ValueError, "load_state", "checkpoint '",
-              path, "' was saved by ", s.value("world_size", 0), " processes, this run has ",
-              world_size_);
+  const int saved_world = s.value("world_size", 0);
+  const bool saved_zero = s.contains("zero");
+  // Re-sharding (Note [zero checkpoints]) is what lets a ZeRO checkpoint, or a plain one into a
+  // ZeRO run, change world size; otherwise resume is exact and needs the same processes.
+  const bool reshard = saved_world != world_size_;
+  ACCEL_CHECK(!reshard || saved_zero || zero_active(), ValueError, "load_state", "checkpoint '",
+              path, "' was saved by ", saved_world, " processes, this run has ", world_size_,
+              " (only ZeRO checkpoints, or loads into a ZeRO run, change the world size)");
+  ACCEL_CHECK(!reshard || s.value("sync_gradients", true), ValueError, "load_state",
+              "checkpoint '", path, "' was saved inside a gradient accumulation window by ",
+              saved_world, " processes; its per-rank gradients only resume with ", saved_world);
   count("num_models", models_.size(), "models");
   count("num_optimizers", optimizers_.size(), "optimizers");
   count("num_schedulers", schedulers_.size(), "schedulers");
   count("num_loaders", loaders_.size(), "data loaders");
+  if (saved_zero)
+    ACCEL_CHECK(s["zero"].is_array() && s["zero"].size() == optimizers_.size(), IoError,
+                "load_state", "'", path, "': malformed ZeRO layout in state.json");
+  // A rank's own file, or rank 0's when the checkpoint had fewer ranks.
+  auto rank_or_first = [&](const std::string& stem, const char* ext) {
+    std::string f = at(rank_file(stem, rank_, ext));
+    return (!reshard || fs::exists(f)) ? f : at(rank_file(stem, 0, ext));
+  };
 
+  for (auto* z : zero_optimizers()) z->zero_->gather_parameters();  // stage 3: full shapes
   for (size_t i = 0; i < models_.size(); ++i)
     models_[i]->load_state_dict(nn::load_safetensors(at(indexed("model", i, ".safetensors"))));
-  for (size_t i = 0; i < optimizers_.size(); ++i)
-    optimizers_[i]->load_state_dict(nn::load_safetensors(at(indexed("optimizer", i, ".safetensors"))));
+  for (auto* z : zero_optimizers()) ZeroCheckpoint::refresh_stage3_slices(*z, rank_);
+  for (size_t i = 0; i < optimizers_.size(); ++i) {
+    if (saved_zero || optimizers_[i]->zero_) {
+      ZeroCheckpoint::load_optimizer(*this, i, path, s);
+    } else {
+      optimizers_[i]->load_state_dict(nn::load_safetensors(at(indexed("optimizer", i, ".safetensors"))));
+    }
+  }
   for (size_t i = 0; i < schedulers_.size(); ++i)
     schedulers_[i]->load_state_dict(nn::load_safetensors(at(indexed("scheduler", i, ".safetensors"))));
-  for (size_t i = 0; i < loaders_.size(); ++i)
-    loaders_[i]->load_state_dict(
-        data::state_from_json(dist::read_file(at(rank_file(indexed("loader", i, ""), rank_, ".json")))));
-  default_generator().set_state(dist::read_file(at(rank_file("rng", rank_, ".txt"))));
+  for (size_t i = 0; i < loaders_.size(); ++i) {
+    data::StateDict ls = data::state_from_json(
+        dist::read_file(reshard ? at(rank_file(indexed("loader", i, ""), 0, ".json"))
+                                : at(rank_file(indexed("loader", i, ""), rank_, ".json"))));
+    if (!reshard) {
+      loaders_[i]->load_state_dict(ls);
+      continue;
+    }
+    // Another world size shards the data differently: resume at the same global position of
+    // the saved epoch (batches per rank scale with 1 / world size unless split_batches).
+    const int64_t epoch = std::stoll(ls.at("epoch")), consumed = std::stoll(ls.at("batches_consumed"));
+    const int64_t mine = config_.split_batches ? consumed : consumed * saved_world / world_size_;
+    loaders_[i]->seek(epoch, std::min(mine, loaders_[i]->size()));
+  }
+  {
+    const std::string rng = rank_or_first("rng", ".txt");
+    default_generator().set_state(dist::read_file(rng));
+  }
   sync_gradients_ = s.value("sync_gradients", true);
+  for (size_t i = 0; i < optimizers_.size(); ++i) {
+    if (sync_gradients_) {
+      optimizers_[i]->grad_accum_.clear();
+    } else {
+      ZeroCheckpoint::load_accum(*optimizers_[i], i, path, rank_);
+    }
+  }
   for (size_t i = 0; i < models_.size(); ++i) {
     NoGradGuard ng;
     models_[i]->zero_grad(true);
@@ -675,7 +1332,7 @@ std::string Accelerator::load_state(const std::string& dir) {
     }
   }
   for (auto& c : customs_) {
-    const std::string f = at(rank_file("custom_" + c.name, rank_, ".json"));
+    const std::string f = rank_or_first("custom_" + c.name, ".json");
     ACCEL_CHECK(fs::exists(f), IoError, "load_state", "checkpoint '", path, "' has no state for '",
                 c.name, "' (", f, ")");
     c.load(nlohmann::json::parse(dist::read_file(f)).get<std::map<std::string, std::string>>());

@@ -90,14 +90,16 @@ void GradScaler::unscale_(const std::vector<Tensor>& params, ProcessGroup* group
   NoGradGuard ng;
   const double inv = 1.0 / scale_;  // exact: the scale stays a power of two with default factors
   bool inf = false;
+  Device dev = kCPU;  // the flag travels on the gradients' device (NCCL needs CUDA tensors)
   for (const Tensor& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
+    dev = g.device();
     g.mul_(inv);
     if (!inf && tensor_has_inf_or_nan(g)) inf = true;
   }
   if (group && group->size() > 1) {
-    Tensor flag = scalar_tensor(inf ? 1.0 : 0.0, TensorOptions(kFloat32));
+    Tensor flag = scalar_tensor(inf ? 1.0 : 0.0, TensorOptions(kFloat32)).to(dev);
     group->all_reduce(flag, ReduceOp::Max);
     inf = flag.item<double>() > 0;
   }

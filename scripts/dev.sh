@@ -4,7 +4,9 @@
 #   scripts/dev.sh test    install what is missing, build, run the whole test suite (meson test)
 #   scripts/dev.sh build   install + configure + build only
 #   scripts/dev.sh bench   build, then run build/bench/workloads all
-# Environment: BUILD_DIR (default build), ACCEL_CUDA (auto|enabled|disabled, default auto).
+# Environment: BUILD_DIR (default build), ACCEL_CUDA (auto|enabled|disabled, default auto),
+#   ACCEL_PEERS=1 also installs libtorch (and OpenBLAS, without which Debian's libtorch falls back
+#   to a reference BLAS 20x slower) so the bench can compare with it.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -21,7 +23,11 @@ PACKAGES=(
 
 install_missing() {
   local missing=()
-  for p in "${PACKAGES[@]}"; do
+  local wanted=("${PACKAGES[@]}")
+  if [ "${ACCEL_PEERS:-0}" = 1 ]; then
+    wanted+=(libtorch-dev libopenblas0)
+  fi
+  for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if [ ${#missing[@]} -eq 0 ]; then

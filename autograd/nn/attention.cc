@@ -36,6 +36,13 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
               "expected input (B, T, ", d_model, "), got ", x.sizes());
   const int64_t B = x.size(0), T = x.size(1), C = d_model, H = n_heads, D = head_dim;
   const Tensor qkv_out = qkv->forward(x);  // (B, T, 3C)
+  if (attn_dropout->p == 0.0 || !attn_dropout->is_training()) {
+    // One fused op reads q, k, v in place from the packed projection and writes the merged heads
+    // (Note [fused attention] in kernels/cpu/attention.cc); same math as the composed path below.
+    const Tensor y = scaled_dot_product_attention_packed(qkv_out, H, /*causal=*/true);
+    return resid_dropout->forward(proj->forward(y));
+  }
+  // Dropout on the attention weights needs them materialised: the composed path.
   // (B, T, C) slice -> (B, T, H, D) -> (B, H, T, D)
   auto heads = [&](int64_t which) {
     return qkv_out.narrow(2, which * C, C).reshape({B, T, H, D}).transpose(1, 2);

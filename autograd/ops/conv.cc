@@ -7,6 +7,7 @@
 // (oneDNN backward_data / backward_weights / pooling backward on CPU): expressing it with other
 // framework ops would need a transposed convolution, and max pooling needs the forward's argmax,
 // which the kernel keeps in an opaque workspace tensor captured by the backward closure.
+#include "autograd/autocast.h"
 #include "autograd/ops/common.h"
 #include "core/dispatch_conv.h"
 
@@ -56,6 +57,11 @@ Shape pair_shape(const int64_t v[2]) { return Shape{v[0], v[1]}; }
 
 Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Shape stride, Shape padding,
               Shape dilation, int64_t groups) {
+  if (ACCEL_UNLIKELY(autocast_enabled())) {  // Note [autocast in ops]
+    const Tensor xc = autocast_cast(x_in), wc = autocast_cast(w), bc = autocast_cast(b);
+    AutocastSuspend off;
+    return conv2d(xc, wc, bc, std::move(stride), std::move(padding), std::move(dilation), groups);
+  }
   const char* op = "conv2d";
   check_input(op, x_in);
   ops::check_defined(w, op, "weight");

@@ -4,6 +4,7 @@
 //   linear: x (..., in), w (out, in), b (out) -> (..., out), one oneDNN call with the bias fused.
 // Backward (derivatives.yaml): dA = g @ B^T, dB = A^T @ g, each summed over broadcast batch dims;
 // linear: dx = g @ w, dw = g^T @ x, db = sum of g over rows.
+#include "autograd/autocast.h"
 #include "autograd/ops/common.h"
 #include "core/dispatch_linalg.h"
 
@@ -141,6 +142,11 @@ Tensor matmul_nd(const char* op, const Tensor& a, const Tensor& b, const Shape& 
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (ACCEL_UNLIKELY(autocast_enabled())) {  // Note [autocast in ops]
+    const Tensor ac = autocast_cast(a), bc = autocast_cast(b);
+    AutocastSuspend off;
+    return matmul(ac, bc);
+  }
   check_pair("matmul", a, b);
   ACCEL_CHECK(a.dim() >= 1 && b.dim() >= 1, ShapeError, "matmul",
               "both arguments need at least 1 dimension, got ", a.sizes(), " @ ", b.sizes());
@@ -157,6 +163,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mm(const Tensor& a, const Tensor& b) {
+  if (ACCEL_UNLIKELY(autocast_enabled())) {  // Note [autocast in ops]
+    const Tensor ac = autocast_cast(a), bc = autocast_cast(b);
+    AutocastSuspend off;
+    return mm(ac, bc);
+  }
   check_pair("mm", a, b);
   ACCEL_CHECK(a.dim() == 2 && b.dim() == 2, ShapeError, "mm", "expected 2-D tensors, got ",
               a.sizes(), " @ ", b.sizes());
@@ -166,6 +177,11 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  if (ACCEL_UNLIKELY(autocast_enabled())) {  // Note [autocast in ops]
+    const Tensor ac = autocast_cast(a), bc = autocast_cast(b);
+    AutocastSuspend off;
+    return bmm(ac, bc);
+  }
   check_pair("bmm", a, b);
   ACCEL_CHECK(a.dim() == 3 && b.dim() == 3, ShapeError, "bmm", "expected 3-D tensors, got ",
               a.sizes(), " @ ", b.sizes());
@@ -177,6 +193,11 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  if (ACCEL_UNLIKELY(autocast_enabled())) {  // Note [autocast in ops]
+    const Tensor xc = autocast_cast(x), wc = autocast_cast(w), bc = autocast_cast(b);
+    AutocastSuspend off;
+    return linear(xc, wc, bc);
+  }
   check_pair("linear", x, w);
   ACCEL_CHECK(w.dim() == 2, ShapeError, "linear", "weight must be 2-D (out, in), got ", w.sizes());
   ACCEL_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), ShapeError, "linear",

@@ -4,8 +4,11 @@
 //   cross_entropy, nll_loss: logits: (C) | (N, C) | (N, C, d...), target: () | (N) | (N, d...)
 // The fused ops call their own backward kernels (core/dispatch_nn.h); the composite losses
 // (mse_loss) are written with differentiable ops.
+#include <array>
+#include <cmath>
 #include <mutex>
 
+#include "autograd/autocast.h"
 #include "autograd/ops/common.h"
 #include "core/dispatch_nn.h"
 
@@ -171,11 +174,21 @@ Tensor row_grad(const Tensor& g, const Tensor& valid, Reduction r, DType dt) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl("softmax", x, dim, false); }
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl("log_softmax", x, dim, true); }
+// Under autocast these run in float32 (Note [autocast in ops]).
+Tensor softmax(const Tensor& x, int64_t dim) {
+  if (ACCEL_UNLIKELY(autocast_wants_upcast(x))) return softmax(autocast_upcast(x), dim);
+  return softmax_impl("softmax", x, dim, false);
+}
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  if (ACCEL_UNLIKELY(autocast_wants_upcast(x))) return log_softmax(autocast_upcast(x), dim);
+  return softmax_impl("log_softmax", x, dim, true);
+}
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
+  if (ACCEL_UNLIKELY(autocast_wants_upcast(x, weight, bias)))
+    return layer_norm(autocast_upcast(x), normalized_shape, autocast_upcast(weight),
+                      autocast_upcast(bias), eps);
   const char* op = "layer_norm";
   const int64_t n = check_norm_input(op, x, normalized_shape);
   check_norm_param(op, "weight", weight, x, normalized_shape);
@@ -206,6 +219,8 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 }
 
 Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, double eps) {
+  if (ACCEL_UNLIKELY(autocast_wants_upcast(x, weight)))
+    return rms_norm(autocast_upcast(x), normalized_shape, autocast_upcast(weight), eps);
   const char* op = "rms_norm";
   const int64_t n = check_norm_input(op, x, normalized_shape);
   check_norm_param(op, "weight", weight, x, normalized_shape);
@@ -232,6 +247,8 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& we
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                      Reduction reduction, double label_smoothing) {
+  if (ACCEL_UNLIKELY(autocast_wants_upcast(logits)))
+    return cross_entropy(autocast_upcast(logits), target, ignore_index, reduction, label_smoothing);
   const char* op = "cross_entropy";
   check_class_target(op, logits, target);
   ACCEL_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError, op,
@@ -261,6 +278,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
                 Reduction reduction) {
+  if (ACCEL_UNLIKELY(autocast_wants_upcast(log_probs)))
+    return nll_loss(autocast_upcast(log_probs), target, ignore_index, reduction);
   const char* op = "nll_loss";
   check_class_target(op, log_probs, target);
   ClassRows cr = class_rows(op, log_probs, target);
@@ -285,6 +304,8 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_in
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  if (ACCEL_UNLIKELY(autocast_wants_upcast(input, target)))
+    return mse_loss(autocast_upcast(input), autocast_upcast(target), reduction);
   const char* op = "mse_loss";
   ops::check_defined(input, op, "input");
   ops::check_defined(target, op, "target");
@@ -300,6 +321,9 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
                                         Reduction reduction) {
+  if (ACCEL_UNLIKELY(autocast_wants_upcast(logits, target)))
+    return binary_cross_entropy_with_logits(autocast_upcast(logits), autocast_upcast(target),
+                                            reduction);
   const char* op = "binary_cross_entropy_with_logits";
   ops::check_defined(logits, op, "input");
   ops::check_defined(target, op, "target");
@@ -358,6 +382,167 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
     });
   }
   return out;
+}
+
+// ---------------- fused scaled dot-product attention ----------------
+// Note [fused attention] (kernels/cpu/attention.cc) has the math. The fused kernel runs for
+// f32/f64 on devices that register sdpa_stub; anything else (CUDA, f16/bf16 under autocast) runs
+// the composed ops, which are also the reference the tests compare against.
+
+ACCEL_DEFINE_STUB(sdpa_stub);
+ACCEL_DEFINE_STUB(sdpa_backward_stub);
+ACCEL_DIFFERENTIABLE_OP(scaled_dot_product_attention, "scaled_dot_product_attention");
+ACCEL_DIFFERENTIABLE_OP(scaled_dot_product_attention_packed, "scaled_dot_product_attention_packed");
+
+namespace {
+
+bool sdpa_fused(const Tensor& t) {
+  return sdpa_stub.has(t.device().type) && (t.dtype() == kFloat32 || t.dtype() == kFloat64);
+}
+
+// Detached (B, H, n, d) data the kernel reads in place: unit last stride and a row stride
+// dnnl_sgemm accepts (>= d); anything else is copied once.
+Tensor sdpa_operand(const Tensor& t) {
+  const bool ok = t.stride(3) == 1 && t.stride(2) >= std::max<int64_t>(t.size(3), 1);
+  return ok ? t.detach() : t.detach().contiguous();
+}
+
+// A (B, H, n, d) tensor whose memory is laid out (B, n, H, d): the head merge
+// transpose(1, 2).reshape(B, n, H * d) of it is a free view.
+Tensor empty_heads_last(const Shape& bhnd, DType dt, Device dev) {
+  const int64_t B = bhnd[0], H = bhnd[1], n = bhnd[2], d = bhnd[3];
+  Tensor m = ops::empty_on({B, n, H, d}, dt, dev);
+  return ops::make_view(m, {B, H, n, d}, {n * H * d, d, H * d, 1}, 0);
+}
+
+// (T, S) bool, true where a query may not look (j > i).
+Tensor future_mask(int64_t T, int64_t S, Device dev) {
+  Tensor m = empty({T, S}, kBool);
+  bool* p = m.data<bool>();
+  for (int64_t i = 0; i < T; ++i) {
+    for (int64_t j = 0; j < S; ++j) p[i * S + j] = j > i;
+  }
+  return dev.is_cpu() ? m : m.to(dev);
+}
+
+Tensor sdpa_composed(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                     double scale) {
+  // Scaling q (B, H, T, D) is cheaper than scaling the scores (B, H, T, S) when D < S.
+  Tensor att = matmul(mul(q, scale), k.transpose(-2, -1));  // (B, H, T, S)
+  if (causal) att = masked_fill(att, future_mask(q.size(2), k.size(2), q.device()), -INFINITY);
+  return matmul(softmax(att, -1), v);
+}
+
+struct SdpaSaved {
+  Tensor q, k, v, p;
+};
+
+// Runs the forward kernel into `out` (a (B, H, T, Dv) view) and returns what the backward needs.
+SdpaSaved sdpa_run(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
+                   Tensor& out) {
+  SdpaSaved s{sdpa_operand(q), sdpa_operand(k), sdpa_operand(v), Tensor()};
+  s.p = ops::empty_on({q.size(0), q.size(1), q.size(2), k.size(2)}, q.dtype(), q.device());
+  sdpa_stub(q.device(), s.q, s.k, s.v, scale, causal, out, s.p);
+  return s;
+}
+
+void check_sdpa(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  ops::check_defined(q, op, "query");
+  ops::check_defined(k, op, "key");
+  ops::check_defined(v, op, "value");
+  ops::check_floating(q, op, "query");
+  ACCEL_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, ShapeError, op,
+              "expected q (B, H, T, D), k (B, H, S, D), v (B, H, S, Dv), got ", q.sizes(), ", ",
+              k.sizes(), ", ", v.sizes());
+  ACCEL_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(), DTypeError, op,
+              "q, k and v must share a dtype, got ", q.dtype(), ", ", k.dtype(), ", ", v.dtype(),
+              " (shapes ", q.sizes(), ", ", k.sizes(), ", ", v.sizes(), ")");
+  ops::check_same_device(q, k, op);
+  ops::check_same_device(q, v, op);
+  const bool ok = k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) &&
+                  v.size(1) == q.size(1) && k.size(3) == q.size(3) && v.size(2) == k.size(2);
+  ACCEL_CHECK(ok, ShapeError, op, "expected q (B, H, T, D), k (B, H, S, D), v (B, H, S, Dv), got ",
+              q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  ACCEL_CHECK(q.size(3) > 0, ShapeError, op, "head dim must be positive, got q ", q.sizes());
+  ACCEL_CHECK(!causal || q.size(2) == k.size(2), ShapeError, op,
+              "causal attention needs as many queries as keys, got q ", q.sizes(), " and k ",
+              k.sizes());
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    bool causal) {
+  const char* op = "scaled_dot_product_attention";
+  check_sdpa(op, q, k, v, causal);
+  const double scale = 1.0 / std::sqrt(double(q.size(3)));
+  if (!sdpa_fused(q) || k.size(2) == 0) return sdpa_composed(q, k, v, causal, scale);
+  Tensor out = empty_heads_last({q.size(0), q.size(1), q.size(2), v.size(3)}, q.dtype(), q.device());
+  SdpaSaved s = sdpa_run(q, k, v, scale, causal, out);
+  if (autograd::needs_grad(q, k, v)) {
+    autograd::record(op, {&q, &k, &v}, {&out}, [s, scale, causal](const autograd::Grads& g) {
+      const DType dt = s.q.dtype();
+      const Device dev = s.q.device();
+      Tensor dq = empty_heads_last(s.q.sizes(), dt, dev);
+      Tensor dk = empty_heads_last(s.k.sizes(), dt, dev);
+      Tensor dv = empty_heads_last(s.v.sizes(), dt, dev);
+      sdpa_backward_stub(dev, sdpa_operand(ops::as_dtype(g[0], dt)), s.q, s.k, s.v, s.p, scale,
+                         causal, dq, dk, dv);
+      return autograd::Grads{dq, dk, dv};
+    });
+  }
+  return out;
+}
+
+Tensor scaled_dot_product_attention_packed(const Tensor& qkv, int64_t n_heads, bool causal) {
+  const char* op = "scaled_dot_product_attention_packed";
+  ops::check_defined(qkv, op);
+  ops::check_floating(qkv, op);
+  ACCEL_CHECK(qkv.dim() == 3 && n_heads > 0 && qkv.size(2) % (3 * n_heads) == 0 && qkv.size(2) > 0,
+              ShapeError, op, "expected qkv (B, T, 3 * C) with C a positive multiple of n_heads (",
+              n_heads, "), got ", qkv.sizes());
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_heads, D = C / H;
+  if (!sdpa_fused(qkv)) {
+    auto heads = [&](int64_t which) {
+      return qkv.narrow(2, which * C, C).reshape({B, T, H, D}).transpose(1, 2);
+    };
+    return scaled_dot_product_attention(heads(0), heads(1), heads(2), causal)
+        .transpose(1, 2)
+        .reshape({B, T, C});
+  }
+  // (B, T, 3C) -> three (B, H, T, D) views into the same buffer, no copies.
+  auto split = [B, H, T, D, C](const Tensor& t) {
+    std::array<Tensor, 3> r;
+    for (int64_t w = 0; w < 3; ++w) {
+      r[size_t(w)] = ops::make_view(t, {B, H, T, D},
+                                    {t.stride(0), D * t.stride(2), t.stride(1), t.stride(2)},
+                                    t.offset() + w * C * t.stride(2));
+    }
+    return r;
+  };
+  const Tensor data = qkv.stride(2) == 1 ? qkv.detach() : qkv.detach().contiguous();
+  const auto [q, k, v] = split(data);
+  Tensor y = ops::empty_on({B, T, C}, qkv.dtype(), qkv.device());
+  auto as_heads = [B, H, T, D, C](const Tensor& t) {  // (B, T, C) contiguous -> (B, H, T, D)
+    return ops::make_view(t, {B, H, T, D}, {T * C, D, C, 1}, t.offset());
+  };
+  Tensor out = as_heads(y);
+  const double scale = 1.0 / std::sqrt(double(D));
+  SdpaSaved s = sdpa_run(q, k, v, scale, causal, out);
+  if (autograd::needs_grad(qkv)) {
+    autograd::record(op, {&qkv}, {&y},
+                     [s, scale, causal, B, T, C, split, as_heads](const autograd::Grads& g) {
+                       const DType dt = s.q.dtype();
+                       const Device dev = s.q.device();
+                       Tensor dqkv = ops::empty_on({B, T, 3 * C}, dt, dev);
+                       auto [dq, dk, dv] = split(dqkv);
+                       const Tensor dy = ops::as_dtype(g[0], dt).contiguous();
+                       sdpa_backward_stub(dev, as_heads(dy), s.q, s.k, s.v, s.p, scale, causal,
+                                          dq, dk, dv);
+                       return autograd::Grads{dqkv};
+                     });
+  }
+  return y;
 }
 
 }  // namespace accel

@@ -87,6 +87,26 @@ void launch_nll_loss_backward(Code t, Code idx_t, const void* grad, bool grad_pe
                               int64_t rows, int64_t classes, int64_t ignore_index, void* dlog_probs,
                               cudaStream_t stream);
 
+// ---- attention softmax (nn.cu): rows of a contiguous (B, H, T, S) buffer ----
+// In place: p = softmax(scale * p) over each row, entries j > i (i = row % T) set to 0 when causal.
+void launch_sdpa_softmax(Code t, void* p, int64_t rows, int64_t T, int64_t S, double scale, bool causal,
+                         cudaStream_t stream);
+// In place: dp = scale * p * (dp - rowsum(dp * p)).
+void launch_sdpa_softmax_backward(Code t, void* dp, const void* p, int64_t rows, int64_t S, double scale,
+                                  cudaStream_t stream);
+
+// ---- 2-D pooling (nn.cu), NCHW contiguous; planes = N * C ----
+struct PoolArgs {
+  int64_t planes, h, w, ho, wo, kh, kw, sh, sw, ph, pw;
+  bool count_include_pad;
+};
+// Max: idx (may be null) gets the argmax as a flat index in the plane (-1: empty window).
+void launch_pool_forward(Code t, bool max, const PoolArgs& a, const void* x, void* y, int32_t* idx, int max_blocks,
+                         cudaStream_t stream);
+// gx must be zeroed by the caller; contributions are added atomically.
+void launch_pool_backward(Code t, bool max, const PoolArgs& a, const void* gy, const int32_t* idx, void* gx,
+                          int max_blocks, cudaStream_t stream);
+
 // ---- indexing (index.cu) ----
 // result[0] = smallest position p with index[p] outside [0, size) (ignoring `ignore` when
 // has_ignore), UINT64_MAX if none; result[1] += count of entries != ignore. The caller sets

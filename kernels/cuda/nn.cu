@@ -318,7 +318,148 @@ __global__ void nll_loss_backward_kernel(const T* __restrict__ grad, bool per_ro
   if (t != ignore && t >= 0 && t < classes) dlp[r * classes + t] = cvt<T>(-cvt<A>(grad[per_row ? r : 0]));
 }
 
+// ---------------- attention softmax ----------------
+
+template <typename T>
+__global__ void sdpa_softmax_kernel(T* __restrict__ p, int64_t T_, int64_t S, A_t<T> scale, bool causal) {
+  using A = A_t<T>;
+  __shared__ A smem[32];
+  const int64_t row = blockIdx.x;
+  const int64_t i = row % T_;
+  const int64_t len = causal ? min(S, i + 1) : S;
+  T* pr = p + row * S;
+  A m = -std::numeric_limits<A>::infinity();
+  for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
+    const A v = scale * cvt<A>(pr[j]);
+    m = v > m ? v : m;
+  }
+  m = block_max(m, smem);
+  A s = A(0);
+  for (int64_t j = threadIdx.x; j < len; j += blockDim.x) s += m_exp(scale * cvt<A>(pr[j]) - m);
+  s = block_sum(s, smem);
+  const A inv = A(1) / s;
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
+    pr[j] = j < len ? cvt<T>(m_exp(scale * cvt<A>(pr[j]) - m) * inv) : cvt<T>(A(0));
+  }
+}
+
+template <typename T>
+__global__ void sdpa_softmax_backward_kernel(T* __restrict__ dp, const T* __restrict__ p, int64_t S, A_t<T> scale) {
+  using A = A_t<T>;
+  __shared__ A smem[32];
+  const int64_t off = int64_t(blockIdx.x) * S;
+  A dot = A(0);
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) dot += cvt<A>(dp[off + j]) * cvt<A>(p[off + j]);
+  dot = block_sum(dot, smem);
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
+    const A pv = cvt<A>(p[off + j]);
+    dp[off + j] = cvt<T>(scale * pv * (cvt<A>(dp[off + j]) - dot));
+  }
+}
+
+// ---------------- 2-D pooling ----------------
+
+template <typename T>
+__device__ __forceinline__ void atomic_add_float(T* p, T v) {
+  atomicAdd(p, v);  // float, double, __half (sm_70+), __nv_bfloat16 (sm_80+)
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kElemThreads)
+    pool_forward_kernel(bool is_max, PoolArgs a, const T* __restrict__ x, T* __restrict__ y, int32_t* __restrict__ idx) {
+  using A = A_t<T>;
+  const int64_t total = a.planes * a.ho * a.wo, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; o < total; o += stride) {
+    const int64_t ow = o % a.wo, oh = (o / a.wo) % a.ho, pl = o / (a.wo * a.ho);
+    const T* xp = x + pl * a.h * a.w;
+    const int64_t h0 = oh * a.sh - a.ph, w0 = ow * a.sw - a.pw;
+    const int64_t hb = max(h0, int64_t(0)), he = min(h0 + a.kh, a.h);
+    const int64_t wb = max(w0, int64_t(0)), we = min(w0 + a.kw, a.w);
+    if (is_max) {
+      A best = -std::numeric_limits<A>::infinity();
+      int64_t bi = -1;
+      for (int64_t ih = hb; ih < he; ++ih) {
+        for (int64_t iw = wb; iw < we; ++iw) {
+          const A v = cvt<A>(xp[ih * a.w + iw]);  // NaN wins and then stays, as on the CPU
+          if (bi < 0 || (!m_isnan(best) && (v > best || m_isnan(v)))) {
+            best = v;
+            bi = ih * a.w + iw;
+          }
+        }
+      }
+      y[o] = cvt<T>(best);
+      if (idx) idx[o] = int32_t(bi);
+    } else {
+      A s = A(0);
+      for (int64_t ih = hb; ih < he; ++ih)
+        for (int64_t iw = wb; iw < we; ++iw) s += cvt<A>(xp[ih * a.w + iw]);
+      const int64_t count = a.count_include_pad ? a.kh * a.kw : (he - hb) * (we - wb);
+      y[o] = cvt<T>(s / A(count));
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kElemThreads)
+    pool_backward_kernel(bool is_max, PoolArgs a, const T* __restrict__ gy, const int32_t* __restrict__ idx,
+                         T* __restrict__ gx) {
+  using A = A_t<T>;
+  const int64_t total = a.planes * a.ho * a.wo, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; o < total; o += stride) {
+    const int64_t pl = o / (a.wo * a.ho);
+    T* gxp = gx + pl * a.h * a.w;
+    if (is_max) {
+      if (idx[o] >= 0) atomic_add_float(gxp + idx[o], gy[o]);
+      continue;
+    }
+    const int64_t ow = o % a.wo, oh = (o / a.wo) % a.ho;
+    const int64_t h0 = oh * a.sh - a.ph, w0 = ow * a.sw - a.pw;
+    const int64_t hb = max(h0, int64_t(0)), he = min(h0 + a.kh, a.h);
+    const int64_t wb = max(w0, int64_t(0)), we = min(w0 + a.kw, a.w);
+    const int64_t count = a.count_include_pad ? a.kh * a.kw : (he - hb) * (we - wb);
+    const T v = cvt<T>(cvt<A>(gy[o]) / A(count));
+    for (int64_t ih = hb; ih < he; ++ih)
+      for (int64_t iw = wb; iw < we; ++iw) atomic_add_float(gxp + ih * a.w + iw, v);
+  }
+}
+
 }  // namespace
+
+void launch_sdpa_softmax(Code t, void* p, int64_t rows, int64_t T, int64_t S, double scale, bool causal,
+                         cudaStream_t stream) {
+  dispatch_float(t, [&]<typename U>() {
+    sdpa_softmax_kernel<U><<<unsigned(rows), row_threads(S), 0, stream>>>(static_cast<U*>(p), T, S, A_t<U>(scale),
+                                                                           causal);
+  });
+  ACCEL_CUDA_LAUNCH_CHECK();
+}
+
+void launch_sdpa_softmax_backward(Code t, void* dp, const void* p, int64_t rows, int64_t S, double scale,
+                                  cudaStream_t stream) {
+  dispatch_float(t, [&]<typename U>() {
+    sdpa_softmax_backward_kernel<U><<<unsigned(rows), row_threads(S), 0, stream>>>(
+        static_cast<U*>(dp), static_cast<const U*>(p), S, A_t<U>(scale));
+  });
+  ACCEL_CUDA_LAUNCH_CHECK();
+}
+
+void launch_pool_forward(Code t, bool max, const PoolArgs& a, const void* x, void* y, int32_t* idx, int max_blocks,
+                         cudaStream_t stream) {
+  dispatch_float(t, [&]<typename T>() {
+    pool_forward_kernel<T><<<grid_for(a.planes * a.ho * a.wo, kElemThreads, max_blocks), kElemThreads, 0, stream>>>(
+        max, a, static_cast<const T*>(x), static_cast<T*>(y), idx);
+  });
+  ACCEL_CUDA_LAUNCH_CHECK();
+}
+
+void launch_pool_backward(Code t, bool max, const PoolArgs& a, const void* gy, const int32_t* idx, void* gx,
+                          int max_blocks, cudaStream_t stream) {
+  dispatch_float(t, [&]<typename T>() {
+    pool_backward_kernel<T><<<grid_for(a.planes * a.ho * a.wo, kElemThreads, max_blocks), kElemThreads, 0, stream>>>(
+        max, a, static_cast<const T*>(gy), idx, static_cast<T*>(gx));
+  });
+  ACCEL_CUDA_LAUNCH_CHECK();
+}
 
 void launch_softmax(Code t, const void* x, void* y, int64_t outer, int64_t n, int64_t inner, bool log,
                     int max_blocks, cudaStream_t stream) {

@@ -2,6 +2,13 @@
 // env contract). Prints "ok <scenario>" on success; exit code != 0 on failure.
 //   accel_worker facade
 //   accel_worker ddp <per-rank batch>                       final parameters, one per line
+//   accel_worker ddp_mlp <per-rank batch> [zero_stage] [no|fp16|bf16]
+//                                                           DDP (or ZeRO) with small buckets,
+//                                                           AdamW, clipping: norms and final
+//                                                           parameters
+//   accel_worker zero_train <dir> <stage> <batch> <steps> <save_at> <resume>
+//                                                           ZeRO training with a checkpoint
+//                                                           (resume: load it, then continue)
 //   accel_worker train <dir> <steps> <save_every> <resume> [<crash_stage> <crash_rank>]
 #include <signal.h>
 
@@ -10,6 +17,10 @@
 #include <iostream>
 #include <string>
 
+#include "autograd/nn/activation.h"
+#include "autograd/nn/container.h"
+#include "autograd/nn/linear.h"
+#include "autograd/optim/adam.h"
 #include "dist/checkpoint.h"
 #include "tests/accelerator/common.h"
 
@@ -104,6 +115,114 @@ int ddp(int64_t batch) {
   return 0;
 }
 
+// Two epochs of a 3-layer MLP through the facade: accumulation 2, 512-byte DDP buckets (several
+// per model, parameters cut across none: buckets hold whole parameters), AdamW, gradient
+// clipping. Prints the clip norm of every optimizer step and the final parameters.
+std::shared_ptr<nn::Sequential> make_mlp() {
+  Generator g(17);
+  return std::make_shared<nn::Sequential>(
+      std::make_shared<nn::Linear>(4, 32, true, &g), std::make_shared<nn::Tanh>(),
+      std::make_shared<nn::Linear>(32, 16, true, &g), std::make_shared<nn::Tanh>(),
+      std::make_shared<nn::Linear>(16, 1, true, &g));
+}
+
+int ddp_mlp(int64_t batch, int zero_stage, const std::string& mp) {
+  AcceleratorConfig c = config_from_env("/tmp");
+  c.gradient_accumulation_steps = 2;
+  c.ddp.bucket_cap_bytes = 512;
+  c.zero_stage = zero_stage;
+  c.mixed_precision = dist::parse_mixed_precision(mp);
+  c.scaler.init_scale = 256;
+  Accelerator acc(c);
+  auto mlp = make_mlp();
+  optim::AdamWOptions ao;
+  ao.lr = 1e-2;
+  auto opt = std::make_shared<optim::AdamW>(mlp->parameters(), ao);
+  data::DataLoaderOptions lo;
+  lo.batch_size = batch;
+  auto loader = std::make_shared<data::DataLoader>(test::make_dataset(64), lo);
+  auto [model, aopt, aloader] = acc.prepare(mlp, opt, loader);
+  const bool multi = acc.num_processes() > 1;
+  dist::DistributedDataParallel* ddp = acc.ddp(*model);
+  EXPECT((ddp != nullptr) == (multi && zero_stage == 0));
+  EXPECT((aopt->zero() != nullptr) == (multi && zero_stage > 0));
+  if (ddp) EXPECT(ddp->buckets().size() >= 3);
+  if (aopt->zero()) EXPECT(aopt->zero()->buckets().size() >= 3 && aopt->zero()->stage() == zero_stage);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (auto& b : *aloader) {
+      auto scope = acc.accumulate();
+      Tensor loss;
+      {
+        auto ac = acc.autocast();
+        loss = mse_loss(model->forward(b[0]), b[1]);
+      }
+      acc.backward(loss);
+      if (acc.sync_gradients()) {
+        if (ddp) EXPECT(ddp->last_stats().buckets == int(ddp->buckets().size()));
+        std::printf("norm %.9g\n", acc.clip_grad_norm_(0.5));
+      }
+      aopt->step();
+      aopt->zero_grad();
+    }
+  }
+  EXPECT(acc.optimizer_steps() == 4);  // 64 / (2 * batch * W) windows per epoch, 2 epochs
+  if (ddp)
+    std::printf("buckets %zu hidden %.2f\n", ddp->buckets().size(), ddp->last_stats().hidden_fraction());
+  if (aopt->zero()) {
+    dist::ZeroMemory m = aopt->zero()->memory();
+    std::printf("zero params %lld grads %lld optimizer %lld full %lld\n", (long long)m.param_bytes,
+                (long long)m.grad_bytes, (long long)m.optimizer_bytes, (long long)m.full_param_bytes);
+  }
+  for (auto& p : model->parameters())
+    for (double v : p.tolist()) std::printf("param %.9g\n", v);
+  std::cout << "ok ddp_mlp" << std::endl;
+  return 0;
+}
+
+// ZeRO training with AdamW + StepLR over an unshuffled loader (48 samples): the global batch
+// is `batch` * W, the same samples whatever W is. Prints the global mean loss of every step
+// and the final parameters.
+int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int save_at, bool resume) {
+  AcceleratorConfig c = config_from_env(dir);
+  c.zero_stage = stage;
+  c.ddp.bucket_cap_bytes = 512;
+  c.seed = 4;
+  Accelerator acc(c);
+  auto mlp = make_mlp();
+  optim::AdamWOptions ao;
+  ao.lr = 1e-2;
+  auto opt = std::make_shared<optim::AdamW>(mlp->parameters(), ao);
+  auto sched = std::make_shared<optim::StepLR>(*opt, 3, 0.5);
+  data::DataLoaderOptions lo;
+  lo.batch_size = batch;
+  auto loader = std::make_shared<data::DataLoader>(test::make_dataset(48), lo);
+  auto [model, aopt, aloader, asched] = acc.prepare(mlp, opt, loader, sched);
+  int done = 0;
+  if (resume) {
+    acc.load_state(dir + "/ckpt");
+    done = int(acc.step());
+    std::printf("resumed at %d lr %.9g\n", done, aopt->lr());
+  }
+  while (done < steps) {
+    for (auto& b : *aloader) {
+      auto scope = acc.accumulate();
+      Tensor loss = mse_loss(model->forward(b[0]), b[1]);
+      acc.backward(loss);
+      aopt->step();
+      asched->step();
+      aopt->zero_grad();
+      std::printf("loss %d %s\n", done, test::hex(acc.reduce(loss.detach(), "mean").item<double>()).c_str());
+      ++done;
+      if (!resume && done == save_at) acc.save_state(dir + "/ckpt");
+      if (done == steps) break;
+    }
+  }
+  for (auto& p : model->parameters())
+    for (double v : p.tolist()) std::printf("param %.9g\n", v);
+  std::cout << "ok zero_train" << std::endl;
+  return 0;
+}
+
 int train(const std::string& dir, int steps, int save_every, bool resume, const std::string& crash_stage,
           int crash_rank) {
   AcceleratorConfig c = config_from_env(dir);
@@ -147,6 +266,11 @@ int main(int argc, char** argv) {
     std::string mode = argc > 1 ? argv[1] : "";
     if (mode == "facade") return facade();
     if (mode == "ddp" && argc > 2) return ddp(std::atoll(argv[2]));
+    if (mode == "ddp_mlp" && argc > 2)
+      return ddp_mlp(std::atoll(argv[2]), argc > 3 ? std::atoi(argv[3]) : 0, argc > 4 ? argv[4] : "no");
+    if (mode == "zero_train" && argc > 7)
+      return zero_train(argv[2], std::atoi(argv[3]), std::atoll(argv[4]), std::atoi(argv[5]),
+                        std::atoi(argv[6]), std::atoi(argv[7]) != 0);
     if (mode == "train" && argc > 5)
       return train(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]) != 0,
                    argc > 7 ? argv[6] : "", argc > 7 ? std::atoi(argv[7]) : -1);

@@ -75,6 +75,29 @@ TEST_CASE("data parallel with accumulation: 2 ranks x batch 4 equal 1 process x 
   }
 }
 
+TEST_CASE("DDP through the facade: 2 ranks x batch 8 match 1 process x batch 16 (AdamW, clipping)") {
+  auto one = run_world(worker(), {"ddp_mlp", "16"}, 1, {}, 60s);
+  check_ok(one, "ddp_mlp");
+  auto two = run_world(worker(), {"ddp_mlp", "8"}, 2, {}, 60s);
+  check_ok(two, "ddp_mlp");
+  for (const char* what : {"norm ", "param "}) {
+    CAPTURE(what);
+    auto ref = lines_with(one[0].output, what);
+    REQUIRE(ref.size() >= 4);
+    for (int r = 0; r < 2; ++r) {
+      auto got = lines_with(two[size_t(r)].output, what);
+      REQUIRE(got.size() == ref.size());
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const size_t n = std::string(what).size();
+        double a = std::stod(ref[i].substr(n)), b = std::stod(got[i].substr(n));
+        CHECK(b == doctest::Approx(a).epsilon(1e-5));
+      }
+    }
+  }
+  // Several buckets per model (the 512-byte cap), reported by rank 0.
+  CHECK(lines_with(two[0].output, "buckets ").size() == 1);
+}
+
 TEST_CASE("save, kill during save, resume: previous checkpoint loads, losses bit-identical") {
   const std::map<std::string, std::string> env = {{"DIST_TIMEOUT_MS", "3000"}};
   const std::string base = fresh_dir("base");

@@ -49,3 +49,17 @@ GRAD_SAMPLE("dropout", "p 0.4", (rnd({4, 5})), {
   Generator g(7);
   return dropout(x[0], 0.4, true, &g);
 });
+
+// Fused attention (f64 runs the kernel's loop GEMMs). T = 70 crosses the causal row blocks of 64.
+GRAD_SAMPLE("scaled_dot_product_attention", "causal, 2 heads", (rnd({1, 2, 5, 3}), rnd({1, 2, 5, 3}), rnd({1, 2, 5, 3})),
+            { return scaled_dot_product_attention(x[0], x[1], x[2], true); });
+GRAD_SAMPLE("scaled_dot_product_attention", "not causal, S != T, Dv != D, transposed q",
+            (rnd({2, 1, 3, 4}), rnd({2, 1, 6, 3}), rnd({2, 1, 6, 2})),
+            { return scaled_dot_product_attention(x[0].transpose(2, 3), x[1], x[2], false); });
+GRAD_SAMPLE("scaled_dot_product_attention", "causal, T 70 (two row blocks)",
+            (rnd({1, 1, 70, 2}), rnd({1, 1, 70, 2}), rnd({1, 1, 70, 2})),
+            { return scaled_dot_product_attention(x[0], x[1], x[2], true); });
+GRAD_SAMPLE("scaled_dot_product_attention_packed", "causal, 2 heads", (rnd({2, 4, 12})),
+            { return scaled_dot_product_attention_packed(x[0], 2, true); });
+GRAD_SAMPLE("scaled_dot_product_attention_packed", "not causal, strided qkv", (rnd({6, 3, 2})),
+            { return scaled_dot_product_attention_packed(x[0].permute({2, 1, 0}), 1, false); });

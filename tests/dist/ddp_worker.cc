@@ -354,6 +354,7 @@ int main(int argc, char** argv) {
   try {
     InitOptions io;
     io.timeout = std::chrono::milliseconds(30000);
+    if (const char* fe = std::getenv("DIST_FINGERPRINT_EVERY")) io.fingerprint_every = std::atoi(fe);
     auto pg = init_process_group(io);
     g_rank = pg->rank();
     if (scenario == "match" && argc >= 5) {

@@ -1,0 +1,204 @@
+// Fused scaled dot-product attention (Note [fused attention]) against the composition of simple
+// framework ops (matmul, masked_fill, softmax, matmul): values and gradients in f32 and f64, at
+// sizes that cross the kernel's causal row blocks, through strided and packed inputs; the
+// composed fallback for dtypes the kernel does not take; and one error test per misuse.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+
+#include "accel.h"
+
+using namespace accel;
+
+namespace {
+
+Generator& gen() {
+  static Generator g(9182);
+  return g;
+}
+
+Tensor rn(const Shape& s, DType dt) { return randn(s, TensorOptions(dt), &gen()); }
+
+double max_diff(const Tensor& a, const Tensor& b) {
+  std::vector<double> x = a.tolist(), y = b.tolist();
+  REQUIRE(x.size() == y.size());
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+void check_close(const Tensor& a, const Tensor& b, double rtol, double atol) {
+  REQUIRE(a.sizes() == b.sizes());
+  CHECK_MESSAGE(allclose(a.to(kFloat64), b.to(kFloat64), rtol, atol), "max |diff| = ", max_diff(a, b));
+}
+
+std::vector<Tensor> leaves(const std::vector<Tensor>& xs) {
+  std::vector<Tensor> r;
+  for (const Tensor& x : xs) r.push_back(x.detach().clone().requires_grad_());
+  return r;
+}
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+void compare(const Fn& fused, const Fn& reference, const std::vector<Tensor>& inputs, double rtol,
+             double atol) {
+  std::vector<Tensor> a = leaves(inputs), b = leaves(inputs);
+  Tensor ya = fused(a), yb = reference(b);
+  check_close(ya, yb, rtol, atol);
+  Tensor up = randn(ya.sizes(), TensorOptions(ya.dtype()), &gen());
+  std::vector<Tensor> ga = autograd::grad({ya}, a, {up});
+  std::vector<Tensor> gb = autograd::grad({yb}, b, {up});
+  for (size_t i = 0; i < ga.size(); ++i) {
+    INFO("gradient of input ", i);
+    check_close(ga[i], gb[i], rtol * 10, atol * 10);
+  }
+}
+
+// The textbook composition, written independently of the op's own fallback.
+Tensor ref_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  const int64_t T = q.size(-2), S = k.size(-2);
+  Tensor att = div(matmul(q, k.transpose(-2, -1)), std::sqrt(double(q.size(-1))));
+  if (causal) {
+    Tensor future = gt(arange(S).reshape({1, S}), arange(T).reshape({T, 1}));  // j > i
+    att = masked_fill(att, future.to(q.device()), -INFINITY);
+  }
+  return matmul(softmax(att, -1), v);
+}
+
+Tensor ref_packed(const Tensor& qkv, int64_t H, bool causal) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / H;
+  auto heads = [&](int64_t w) {
+    return qkv.narrow(2, w * C, C).reshape({B, T, H, D}).transpose(1, 2);
+  };
+  return ref_attention(heads(0), heads(1), heads(2), causal).transpose(1, 2).reshape({B, T, C});
+}
+
+double rtol_for(DType dt) { return dt == kFloat64 ? 1e-10 : 1e-4; }
+double atol_for(DType dt) { return dt == kFloat64 ? 1e-12 : 1e-5; }
+
+template <typename E, typename F>
+void check_error(F&& f, std::initializer_list<const char*> needles) {
+  bool thrown = false;
+  try {
+    f();
+  } catch (const E& e) {
+    thrown = true;
+    const std::string msg = e.what();
+    for (const char* n : needles) {
+      CHECK_MESSAGE(msg.find(n) != std::string::npos, "'", n, "' not in: ", msg);
+    }
+  } catch (const std::exception& e) {
+    FAIL_CHECK("wrong exception type: ", e.what());
+    return;
+  }
+  CHECK_MESSAGE(thrown, "nothing thrown; expected ", std::string(*needles.begin()));
+}
+
+}  // namespace
+
+TEST_CASE("scaled_dot_product_attention matches the composed ops (f32 and f64)") {
+  for (DType dt : {kFloat32, kFloat64}) {
+    INFO("dtype ", dt);
+    // T = 150: three causal row blocks of 64, the last one partial.
+    for (int64_t T : {1, 7, 64, 150}) {
+      INFO("causal, T = ", T);
+      compare([](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], true); },
+              [](const auto& x) { return ref_attention(x[0], x[1], x[2], true); },
+              {rn({2, 3, T, 16}, dt), rn({2, 3, T, 16}, dt), rn({2, 3, T, 16}, dt)},
+              rtol_for(dt), atol_for(dt));
+    }
+    INFO("not causal, S != T, Dv != D");
+    compare([](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], false); },
+            [](const auto& x) { return ref_attention(x[0], x[1], x[2], false); },
+            {rn({2, 2, 9, 8}, dt), rn({2, 2, 70, 8}, dt), rn({2, 2, 70, 5}, dt)}, rtol_for(dt),
+            atol_for(dt));
+    INFO("strided views: q transposed in memory, k with a padded row stride, broadcast v");
+    compare(
+        [](const auto& x) {
+          return scaled_dot_product_attention(x[0].transpose(2, 3), x[1].narrow(3, 0, 4),
+                                              x[2].expand({2, 2, 20, 4}), true);
+        },
+        [](const auto& x) {
+          return ref_attention(x[0].transpose(2, 3), x[1].narrow(3, 0, 4),
+                               x[2].expand({2, 2, 20, 4}), true);
+        },
+        {rn({2, 2, 4, 20}, dt), rn({2, 2, 20, 6}, dt), rn({1, 2, 20, 4}, dt)}, rtol_for(dt),
+        atol_for(dt));
+  }
+}
+
+TEST_CASE("scaled_dot_product_attention: causality and a large score range") {
+  // Changing key/value t0 leaves the outputs before t0 bit-identical.
+  Tensor q = rn({1, 2, 100, 8}, kFloat32), k = rn({1, 2, 100, 8}, kFloat32);
+  Tensor v = rn({1, 2, 100, 8}, kFloat32);
+  Tensor y = scaled_dot_product_attention(q, k, v, true);
+  Tensor k2 = k.clone(), v2 = v.clone();
+  k2.narrow(2, 70, 1).fill_(5.0);
+  v2.narrow(2, 70, 1).fill_(-3.0);
+  Tensor y2 = scaled_dot_product_attention(q, k2, v2, true);
+  CHECK(equal(y.narrow(2, 0, 70), y2.narrow(2, 0, 70)));
+  CHECK_FALSE(allclose(y.narrow(2, 70, 30), y2.narrow(2, 70, 30)));
+  // Scores of +-1e3 stay finite (the row max is subtracted before exp).
+  Tensor big = mul(q, 300.0);
+  Tensor yb = scaled_dot_product_attention(big, k, v, true);
+  CHECK(allclose(yb, ref_attention(big, k, v, true), 1e-4, 1e-4));
+  for (double e : yb.tolist()) REQUIRE(std::isfinite(e));
+}
+
+TEST_CASE("scaled_dot_product_attention_packed matches narrow/reshape/transpose + composed ops") {
+  for (DType dt : {kFloat32, kFloat64}) {
+    INFO("dtype ", dt);
+    // The gpt workload's per-layer shape at a smaller batch: (B, T, 3C) with C = 128, 4 heads.
+    compare([](const auto& x) { return scaled_dot_product_attention_packed(x[0], 4, true); },
+            [](const auto& x) { return ref_packed(x[0], 4, true); }, {rn({2, 128, 384}, dt)},
+            rtol_for(dt), atol_for(dt));
+    compare([](const auto& x) { return scaled_dot_product_attention_packed(x[0], 3, false); },
+            [](const auto& x) { return ref_packed(x[0], 3, false); }, {rn({3, 10, 18}, dt)},
+            rtol_for(dt), atol_for(dt));
+    // A non-unit channel stride is copied once; the gradient still reaches the caller's layout.
+    compare(
+        [](const auto& x) { return scaled_dot_product_attention_packed(x[0].transpose(1, 2), 2, true); },
+        [](const auto& x) { return ref_packed(x[0].transpose(1, 2), 2, true); },
+        {rn({2, 12, 9}, dt)}, rtol_for(dt), atol_for(dt));
+  }
+}
+
+TEST_CASE("CausalSelfAttention: fused path equals the composed path") {
+  // Dropout p > 0 in eval mode keeps the fused path; in training with p > 0 the module composes
+  // ops. With p = 0 both must agree with the textbook composition on the same projection.
+  manual_seed(5);
+  nn::CausalSelfAttention attn(32, 4);
+  Tensor x = rn({2, 80, 32}, kFloat32);
+  Tensor y = attn.forward(x);
+  const Tensor qkv = attn.qkv->forward(x);
+  Tensor ref = attn.proj->forward(ref_packed(qkv, 4, true));
+  check_close(y, ref, 1e-4, 1e-5);
+}
+
+TEST_CASE("scaled_dot_product_attention: dtypes the kernel does not take use the composed ops") {
+  Tensor q = rn({1, 2, 9, 8}, kFloat32), k = rn({1, 2, 9, 8}, kFloat32), v = rn({1, 2, 9, 8}, kFloat32);
+  Tensor ref = ref_attention(q, k, v, true);
+  Tensor yb = scaled_dot_product_attention(q.to(kBFloat16), k.to(kBFloat16), v.to(kBFloat16), true);
+  CHECK(yb.dtype() == kBFloat16);
+  check_close(yb.to(kFloat32), ref, 5e-2, 5e-2);
+}
+
+TEST_CASE("scaled_dot_product_attention: errors name the op and the shapes") {
+  Tensor q = rn({1, 2, 5, 4}, kFloat32);
+  check_error<ShapeError>(
+      [&] { scaled_dot_product_attention(q, rn({1, 2, 5, 3}, kFloat32), q, false); },
+      {"[scaled_dot_product_attention]", "(1, 2, 5, 4)", "(1, 2, 5, 3)"});
+  check_error<ShapeError>([&] { scaled_dot_product_attention(q.flatten(0, 1), q, q, false); },
+                          {"[scaled_dot_product_attention]", "(2, 5, 4)"});
+  check_error<ShapeError>(
+      [&] { scaled_dot_product_attention(q, rn({1, 2, 6, 4}, kFloat32), rn({1, 2, 6, 4}, kFloat32), true); },
+      {"[scaled_dot_product_attention] causal", "(1, 2, 6, 4)"});
+  check_error<DTypeError>([&] { scaled_dot_product_attention(q, q.to(kFloat64), q, false); },
+                          {"[scaled_dot_product_attention]", "float64"});
+  check_error<ShapeError>([&] { scaled_dot_product_attention_packed(rn({2, 5, 10}, kFloat32), 4, true); },
+                          {"[scaled_dot_product_attention_packed]", "(2, 5, 10)"});
+  check_error<DTypeError>(
+      [&] { scaled_dot_product_attention_packed(ones({2, 5, 12}, TensorOptions(kInt64)), 2, true); },
+      {"[scaled_dot_product_attention_packed]"});
+}

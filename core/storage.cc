@@ -47,7 +47,7 @@ struct FreeList {
 
 class CpuCachingAllocator final : public Allocator {
  public:
-  void* allocate(size_t nbytes) override {
+  void* allocate(size_t nbytes, Device) override {
     if (nbytes == 0) nbytes = 1;
     size_t rounded;
     const int c = size_class(nbytes, &rounded);
@@ -234,7 +234,7 @@ void set_pinned_allocator(Allocator* a) { g_pinned.store(a); }
 
 Storage::Storage(size_t nbytes, Device device, Allocator* alloc)
     : nbytes_(nbytes), device_(device), alloc_(alloc ? alloc : get_allocator(device)) {
-  data_ = alloc_->allocate(nbytes);
+  data_ = alloc_->allocate(nbytes, device);
 }
 
 Storage::Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)

@@ -22,7 +22,9 @@ struct AllocatorStats {
 class Allocator {
  public:
   virtual ~Allocator() = default;
-  virtual void* allocate(size_t nbytes) = 0;
+  // `device` is where the memory must live (a CUDA allocator allocates on device.index whatever
+  // the current device is; host allocators ignore it).
+  virtual void* allocate(size_t nbytes, Device device) = 0;
   virtual void deallocate(void* p, size_t nbytes) = 0;
   virtual AllocatorStats stats() const = 0;
   // Return cached blocks to the system.

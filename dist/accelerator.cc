@@ -1,6 +1,8 @@
 // Accelerator facade; see dist/accelerator.h.
 #include "dist/accelerator.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -61,6 +63,17 @@ void check_config(const AcceleratorConfig& c) {
               "zero_stage must be in 0..3, got ", c.zero_stage);
   ACCEL_CHECK(c.total_limit >= 0, ValueError, "accelerator", "total_limit must be >= 0, got ",
               c.total_limit);
+}
+
+// The demangled dynamic type of an object, for messages.
+template <typename T>
+std::string type_name_of(const T& obj) {
+  const char* mangled = typeid(obj).name();
+  int status = 0;
+  char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string out = (status == 0 && d) ? d : mangled;
+  std::free(d);
+  return out;
 }
 
 std::string rank_file(const std::string& stem, int rank, const char* ext) {
@@ -200,6 +213,11 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
     // Note [zero in the facade]: ZeRO over this optimizer's parameters, named after the
     // prepared models for its messages.
     const optim::Optimizer& o = wrapped->optimizer();
+    ACCEL_CHECK(typeid(o) == typeid(optim::SGD) || typeid(o) == typeid(optim::Adam) ||
+                    typeid(o) == typeid(optim::AdamW),
+                ValueError, "prepare", "zero_stage ", config_.zero_stage,
+                " rebuilds the optimizer over the parameter shards and knows SGD, Adam and "
+                "AdamW; got ", type_name_of(o));
     ACCEL_CHECK(o.num_param_groups() == 1, ValueError, "prepare", "zero_stage ",
                 config_.zero_stage, " shards all parameters as one flat space, so the optimizer "
                 "must have one param group; it has ", o.num_param_groups());
@@ -213,6 +231,10 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
       std::string name = it != names.end() ? it->second : "param" + std::to_string(named.size());
       ACCEL_CHECK(p.requires_grad(), ValueError, "prepare", "parameter '", name,
                   "' of the optimizer does not require grad; ZeRO shards trainable parameters");
+      // ZeRO re-points the parameters into its flat buffers: moving them afterwards would
+      // detach them from it.
+      ACCEL_CHECK(p.device() == device_, ValueError, "prepare", "parameter '", name, "' is on ",
+                  p.device(), ", not ", device_, ": prepare the model before its optimizer");
       named.emplace_back(std::move(name), p);
     }
     wrapped->init_zero(group_, std::move(named), config_.zero_stage);
@@ -308,7 +330,7 @@ std::unique_ptr<optim::Optimizer> clone_for_shards(const optim::Optimizer& o,
     return std::make_unique<GatedOptimizer<optim::AdamW>>(std::move(shards), wo, std::move(gate));
   }
   ACCEL_THROW(ValueError, "prepare", "ZeRO through the Accelerator rebuilds the optimizer over "
-              "the parameter shards and knows SGD, Adam and AdamW; got ", typeid(o).name());
+              "the parameter shards and knows SGD, Adam and AdamW; got ", type_name_of(o));
 }
 
 }  // namespace
@@ -1299,10 +1321,13 @@ std::string Accelerator::load_state(const std::string& dir) {
       loaders_[i]->load_state_dict(ls);
       continue;
     }
-    // Another world size shards the data differently: resume at the same global position of
-    // the saved epoch (batches per rank scale with 1 / world size unless split_batches).
+    // Another world size shards the data differently: resume at the same global sample of the
+    // saved epoch (rounded down to a whole global batch of this run).
     const int64_t epoch = std::stoll(ls.at("epoch")), consumed = std::stoll(ls.at("batches_consumed"));
-    const int64_t mine = config_.split_batches ? consumed : consumed * saved_world / world_size_;
+    const int64_t old_batch = std::stoll(ls.at("batch_size"));
+    const int64_t old_global = ls.at("split_batches") == "1" ? old_batch : old_batch * saved_world;
+    const int64_t global = loaders_[i]->batch_sampler().global_batch_size();
+    const int64_t mine = global > 0 ? consumed * old_global / global : 0;
     loaders_[i]->seek(epoch, std::min(mine, loaders_[i]->size()));
   }
   {

@@ -118,7 +118,10 @@ int train_classifier(const ClassifierSpec& spec, const Args& args, const Classif
   // too) and 3 epochs land at 85-88 % (mlp) / 88.7-89.5 % (cnn); PyTorch 1.13 with the same
   // recipe reaches 86.9-87.5 % (mlp, 7 seeds). Annealing from a larger lr lands at 88.1-88.4 %
   // and 90.4-91.0 % (docs/examples.md).
-  const int64_t total_steps = int64_t(args.epochs) * train_loader->size();
+  // Global steps per epoch (the last one partial): the unprepared loader's size() would be
+  // that of a RANK/WORLD_SIZE shard without split_batches.
+  const int64_t steps_per_epoch = (train_set->size() + batch - 1) / batch;
+  const int64_t total_steps = int64_t(args.epochs) * steps_per_epoch;
   std::shared_ptr<optim::LRScheduler> sched;
   if (cargs.schedule == "cosine")
     sched = std::make_shared<optim::WarmupDecayLR>(*opt, 0, total_steps, optim::Decay::Cosine, 0.0);

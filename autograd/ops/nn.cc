@@ -476,7 +476,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const char* op = "scaled_dot_product_attention";
   check_sdpa(op, q, k, v, causal);
   const double scale = 1.0 / std::sqrt(double(q.size(3)));
-  if (!sdpa_fused(q) || k.size(2) == 0) return sdpa_composed(q, k, v, causal, scale);
+  // Under autocast the composed ops round each matmul's inputs (Note [autocast in ops]); the
+  // fused f32 kernel would not.
+  if (!sdpa_fused(q) || k.size(2) == 0 || ACCEL_UNLIKELY(autocast_enabled()))
+    return sdpa_composed(q, k, v, causal, scale);
   Tensor out = empty_heads_last({q.size(0), q.size(1), q.size(2), v.size(3)}, q.dtype(), q.device());
   SdpaSaved s = sdpa_run(q, k, v, scale, causal, out);
   if (autograd::needs_grad(q, k, v)) {
@@ -502,7 +505,7 @@ Tensor scaled_dot_product_attention_packed(const Tensor& qkv, int64_t n_heads, b
               ShapeError, op, "expected qkv (B, T, 3 * C) with C a positive multiple of n_heads (",
               n_heads, "), got ", qkv.sizes());
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_heads, D = C / H;
-  if (!sdpa_fused(qkv)) {
+  if (!sdpa_fused(qkv) || ACCEL_UNLIKELY(autocast_enabled())) {
     auto heads = [&](int64_t which) {
       return qkv.narrow(2, which * C, C).reshape({B, T, H, D}).transpose(1, 2);
     };

@@ -57,8 +57,9 @@ struct DeviceStats {
 
 class CudaCachingAllocator final : public Allocator {
  public:
-  void* allocate(size_t nbytes) override {
-    const int dev = current_device();
+  void* allocate(size_t nbytes, Device device) override {
+    const int dev = device.index;
+    DeviceGuard guard(dev);  // cudaMalloc and the current stream are per device
     const cudaStream_t stream = current_stream(dev).handle();
     int cls = 0;
     const size_t size = round_size(nbytes, &cls);
@@ -208,7 +209,7 @@ class CudaCachingAllocator final : public Allocator {
 // copy; it is reused only after an event recorded at free time on the current stream completes.
 class PinnedAllocator final : public Allocator {
  public:
-  void* allocate(size_t nbytes) override {
+  void* allocate(size_t nbytes, Device) override {
     int cls = 0;
     const size_t size = round_size(nbytes, &cls);
     std::lock_guard<std::mutex> lk(mu_);

@@ -6,6 +6,7 @@
 //                                                           DDP (or ZeRO) with small buckets,
 //                                                           AdamW, clipping: norms and final
 //                                                           parameters
+//   accel_worker zero_errors                                ZeRO prepare() refusals
 //   accel_worker zero_train <dir> <stage> <batch> <steps> <save_at> <resume>
 //                                                           ZeRO training with a checkpoint
 //                                                           (resume: load it, then continue)
@@ -223,6 +224,39 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
   return 0;
 }
 
+// ZeRO's prepare() refuses what it cannot shard, with a ValueError on every rank.
+struct OwnSGD : optim::SGD {
+  using optim::SGD::SGD;
+};
+
+int zero_errors() {
+  AcceleratorConfig c = config_from_env("/tmp");
+  c.zero_stage = 2;
+  Accelerator acc(c);
+  auto mlp = acc.prepare_model(make_mlp());
+  auto params = mlp->parameters();
+  auto expect_value_error = [&](std::shared_ptr<optim::Optimizer> o, const char* words) {
+    try {
+      acc.prepare_optimizer(std::move(o));
+    } catch (const ValueError& e) {
+      EXPECT(std::string(e.what()).find(words) != std::string::npos);
+      return;
+    }
+    EXPECT(!"prepare_optimizer did not throw");
+  };
+  std::vector<optim::ParamGroup> groups(2);
+  groups[0].params.assign(params.begin(), params.begin() + 2);
+  groups[1].params.assign(params.begin() + 2, params.end());
+  groups[1].weight_decay = 0.0;
+  expect_value_error(std::make_shared<optim::AdamW>(groups), "one param group");
+  expect_value_error(std::make_shared<OwnSGD>(params), "OwnSGD");
+  // A valid one still works afterwards (nothing collective ran for the refused ones).
+  auto ok = acc.prepare_optimizer(std::make_shared<optim::SGD>(params));
+  EXPECT(ok->zero() != nullptr);
+  std::cout << "ok zero_errors" << std::endl;
+  return 0;
+}
+
 int train(const std::string& dir, int steps, int save_every, bool resume, const std::string& crash_stage,
           int crash_rank) {
   AcceleratorConfig c = config_from_env(dir);
@@ -268,6 +302,7 @@ int main(int argc, char** argv) {
     if (mode == "ddp" && argc > 2) return ddp(std::atoll(argv[2]));
     if (mode == "ddp_mlp" && argc > 2)
       return ddp_mlp(std::atoll(argv[2]), argc > 3 ? std::atoi(argv[3]) : 0, argc > 4 ? argv[4] : "no");
+    if (mode == "zero_errors") return zero_errors();
     if (mode == "zero_train" && argc > 7)
       return zero_train(argv[2], std::atoi(argv[3]), std::atoll(argv[4]), std::atoi(argv[5]),
                         std::atoi(argv[6]), std::atoi(argv[7]) != 0);

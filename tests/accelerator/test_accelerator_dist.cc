@@ -2,6 +2,7 @@
 // rank under the env contract and compares what the ranks print.
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <sstream>
@@ -75,27 +76,112 @@ TEST_CASE("data parallel with accumulation: 2 ranks x batch 4 equal 1 process x 
   }
 }
 
+namespace {
+// The numbers after `prefix` on the lines of `want` and `got` agree within `eps` (relative).
+void check_close(const std::string& want, const std::string& got, const std::string& prefix,
+                 double eps) {
+  auto ref = lines_with(want, prefix), mine = lines_with(got, prefix);
+  CAPTURE(prefix);
+  REQUIRE(ref.size() >= 4);
+  REQUIRE(mine.size() == ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    double a = std::stod(ref[i].substr(prefix.size())), b = std::stod(mine[i].substr(prefix.size()));
+    CHECK(b == doctest::Approx(a).epsilon(eps));
+  }
+}
+}  // namespace
+
 TEST_CASE("DDP through the facade: 2 ranks x batch 8 match 1 process x batch 16 (AdamW, clipping)") {
   auto one = run_world(worker(), {"ddp_mlp", "16"}, 1, {}, 60s);
   check_ok(one, "ddp_mlp");
   auto two = run_world(worker(), {"ddp_mlp", "8"}, 2, {}, 60s);
   check_ok(two, "ddp_mlp");
-  for (const char* what : {"norm ", "param "}) {
-    CAPTURE(what);
-    auto ref = lines_with(one[0].output, what);
-    REQUIRE(ref.size() >= 4);
-    for (int r = 0; r < 2; ++r) {
-      auto got = lines_with(two[size_t(r)].output, what);
-      REQUIRE(got.size() == ref.size());
-      for (size_t i = 0; i < ref.size(); ++i) {
-        const size_t n = std::string(what).size();
-        double a = std::stod(ref[i].substr(n)), b = std::stod(got[i].substr(n));
-        CHECK(b == doctest::Approx(a).epsilon(1e-5));
-      }
-    }
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    check_close(one[0].output, two[size_t(r)].output, "norm ", 1e-5);
+    check_close(one[0].output, two[size_t(r)].output, "param ", 1e-5);
   }
   // Several buckets per model (the 512-byte cap), reported by rank 0.
   CHECK(lines_with(two[0].output, "buckets ").size() == 1);
+}
+
+TEST_CASE("ZeRO 1/2/3 through prepare(): accumulation, clipping, fp16 match DDP and 1 process") {
+  auto one = run_world(worker(), {"ddp_mlp", "16"}, 1, {}, 60s);
+  check_ok(one, "ddp_mlp");
+  for (std::string stage : {"1", "2", "3"}) {
+    CAPTURE(stage);
+    auto two = run_world(worker(), {"ddp_mlp", "8", stage}, 2, {}, 60s);
+    check_ok(two, "ddp_mlp");
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      check_close(one[0].output, two[size_t(r)].output, "norm ", 1e-5);
+      check_close(one[0].output, two[size_t(r)].output, "param ", 1e-5);
+      // Sharded optimizer state: about half of AdamW's two slots per rank.
+      auto mem = lines_with(two[size_t(r)].output, "zero params ");
+      REQUIRE(mem.size() == 1);
+      long long params, grads, opt, full;
+      REQUIRE(std::sscanf(mem[0].c_str(), "zero params %lld grads %lld optimizer %lld full %lld",
+                          &params, &grads, &opt, &full) == 4);
+      CHECK(opt < full + 64);  // 2 slots over 2 ranks, + one step counter per bucket
+      CHECK(opt > full - 64);
+      if (stage != "1") CHECK(grads < full / 2 + 64);
+    }
+  }
+  // fp16 (scaled loss, unscale and inf check on the shards): ZeRO-2 equals DDP with 2 ranks; both
+  // are near the single process (fp16 rounding of per-rank activation gradients differs).
+  auto one16 = run_world(worker(), {"ddp_mlp", "16", "0", "fp16"}, 1, {}, 60s);
+  auto ddp16 = run_world(worker(), {"ddp_mlp", "8", "0", "fp16"}, 2, {}, 60s);
+  auto zero16 = run_world(worker(), {"ddp_mlp", "8", "2", "fp16"}, 2, {}, 60s);
+  check_ok(one16, "ddp_mlp");
+  check_ok(ddp16, "ddp_mlp");
+  check_ok(zero16, "ddp_mlp");
+  check_close(ddp16[0].output, zero16[0].output, "param ", 1e-5);
+  check_close(ddp16[0].output, zero16[1].output, "norm ", 1e-5);
+  check_close(one16[0].output, zero16[0].output, "param ", 1e-3);
+}
+
+TEST_CASE("ZeRO prepare() refuses several param groups and unknown optimizer types") {
+  check_ok(run_world(worker(), {"zero_errors"}, 2, {}, 60s), "zero_errors");
+}
+
+TEST_CASE("ZeRO checkpoints: same world size resumes bit-exact; 3, 4 and 1 processes re-shard") {
+  const std::string dir = fresh_dir("zero");
+  // 2 ranks, stage 2, 8 steps of global batch 12, a checkpoint after 4.
+  auto full = run_world(worker(), {"zero_train", dir, "2", "6", "8", "4", "0"}, 2, {}, 60s);
+  check_ok(full, "zero_train");
+  CHECK(fs::exists(dir + "/ckpt/zero_optimizer_rank0.safetensors"));
+  CHECK(fs::exists(dir + "/ckpt/zero_optimizer_rank1.safetensors"));
+  const auto want_losses = lines_with(full[0].output, "loss ");
+  REQUIRE(want_losses.size() == 8);
+  {
+    auto same = run_world(worker(), {"zero_train", dir, "2", "6", "8", "4", "1"}, 2, {}, 60s);
+    check_ok(same, "zero_train");
+    auto got = lines_with(same[0].output, "loss ");
+    REQUIRE(got.size() == 4);
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want_losses[4 + i]);
+    CHECK(lines_with(same[1].output, "param ") == lines_with(full[1].output, "param "));
+  }
+  struct Case {
+    int world;
+    const char* stage;
+    const char* batch;
+  };
+  for (Case c : {Case{3, "3", "4"}, Case{4, "1", "3"}, Case{1, "2", "12"}}) {
+    CAPTURE(c.world);
+    auto res = run_world(worker(), {"zero_train", dir, c.stage, c.batch, "8", "4", "1"}, c.world, {}, 60s);
+    check_ok(res, "zero_train");
+    for (int r = 0; r < c.world; ++r) {
+      CHECK(res[size_t(r)].output.find("resumed at 4 lr 0.005") != std::string::npos);
+      check_close(full[0].output, res[size_t(r)].output, "param ", 1e-5);
+    }
+  }
+  // A single-process checkpoint sharded into a 2-rank ZeRO-3 run.
+  const std::string plain = fresh_dir("zero-plain");
+  auto ref = run_world(worker(), {"zero_train", plain, "2", "12", "8", "4", "0"}, 1, {}, 60s);
+  check_ok(ref, "zero_train");
+  auto into = run_world(worker(), {"zero_train", plain, "3", "6", "8", "4", "1"}, 2, {}, 60s);
+  check_ok(into, "zero_train");
+  for (int r = 0; r < 2; ++r) check_close(ref[0].output, into[size_t(r)].output, "param ", 1e-5);
 }
 
 TEST_CASE("save, kill during save, resume: previous checkpoint loads, losses bit-identical") {

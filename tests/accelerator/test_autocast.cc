@@ -134,6 +134,22 @@ TEST_CASE("autocast: softmax, norms and losses run in float32 on bf16/fp16 input
   CHECK(softmax(h, 1).dtype() == kFloat32);
 }
 
+TEST_CASE("autocast: fused attention takes the composed path, whose matmuls round") {
+  Generator g(6);
+  Tensor q = randn({1, 2, 5, 8}, {}, &g), k = randn({1, 2, 5, 8}, {}, &g), v = randn({1, 2, 5, 8}, {}, &g);
+  Tensor f32 = scaled_dot_product_attention(q, k, v, true);
+  auto merged = [](const Tensor& t) { return t.transpose(1, 2).reshape({1, 5, 16}); };
+  Tensor qkv = cat({merged(q), merged(k), merged(v)}, 2);  // (B, T, 3C) = [q | k | v]
+  AutocastGuard ac(true, kBFloat16);
+  Tensor got = scaled_dot_product_attention(q, k, v, true);
+  Tensor packed = scaled_dot_product_attention_packed(qkv, 2, true);
+  CHECK(got.dtype() == kFloat32);
+  CHECK_FALSE(equal(got, f32));
+  CHECK(rel_max_diff(got, f32) < 3e-2);
+  // The packed form splits [q | k | v] per head: the same values.
+  CHECK(allclose(packed, merged(got), 1e-6, 1e-6));
+}
+
 namespace {
 // x: (B, 8) -> (B, 3)
 std::shared_ptr<nn::Sequential> make_mlp(uint64_t seed) {

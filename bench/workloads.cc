@@ -455,8 +455,10 @@ bool run_vs_libtorch(const std::string& name, const PeerOptions& opt) {
     told = true;
   }
   std::vector<int> threads = opt.threads;
-  if (threads.empty()) threads = {1, omp_get_max_threads()};
-  if (name == "op") threads = {1};  // one 16-element add: threads only add overhead
+  if (threads.empty()) {
+    threads = {1, omp_get_max_threads()};
+    if (name == "op") threads = {1};  // one 16-element add: more threads only add overhead
+  }
   std::sort(threads.begin(), threads.end());
   threads.erase(std::unique(threads.begin(), threads.end()), threads.end());
 

@@ -153,17 +153,18 @@ int run(const examples::Args& args, const GptArgs& g) {
   optim::AdamWOptions ao;  // betas 0.9/0.999, eps 1e-8, weight decay 0.01
   ao.lr = lr;
   auto opt = std::make_shared<optim::AdamW>(model->parameters(), ao);
+  const int64_t warmup = std::min(g.warmup, args.steps);  // a short run warms up throughout
   std::shared_ptr<optim::LRScheduler> sched;
   if (g.schedule == "constant")
     sched = std::make_shared<optim::ConstantLR>(*opt, 1.0, 0);
   else
-    sched = std::make_shared<optim::WarmupDecayLR>(*opt, g.warmup, args.steps, optim::Decay::Cosine,
+    sched = std::make_shared<optim::WarmupDecayLR>(*opt, warmup, args.steps, optim::Decay::Cosine,
                                                    kMinLrRatio);
   auto [m, o, loader, s] = acc.prepare(model, opt, train_loader, sched);
 
   const std::string schedule_text =
       g.schedule == "constant" ? "constant"
-                               : "warm-up " + std::to_string(g.warmup) + " steps + cosine to " +
+                               : "warm-up " + std::to_string(warmup) + " steps + cosine to " +
                                      std::to_string(int(kMinLrRatio * 100)) + " %";
   acc.print("training ", args.steps, " steps, global batch ", batch, " x ", T, " bytes, AdamW lr ",
             lr, ", schedule ", schedule_text, ", grad clip ", g.grad_clip);

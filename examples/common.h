@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "accel.h"
@@ -28,7 +29,7 @@ struct Args {
   std::string data_dir;
 };
 
-// The options every example has; `epochs_or_steps` picks --epochs (classifiers) or --steps.
+// The options every example has; `epochs` picks --epochs (classifiers) rather than --steps (gpt).
 inline void add_common_options(CLI::App& app, Args& a, bool epochs) {
   if (epochs)
     app.add_option("--epochs", a.epochs, "passes over the training set")->capture_default_str()
@@ -37,10 +38,10 @@ inline void add_common_options(CLI::App& app, Args& a, bool epochs) {
     app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str()
         ->check(CLI::PositiveNumber);
   app.add_option("--batch-size", a.batch_size,
-                 "global batch size (split across processes)")->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--lr", a.lr, "peak learning rate")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+                 "global batch size, split across processes (0: the example's default)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--lr", a.lr, "peak learning rate (0: the default of the chosen --schedule)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--seed", a.seed, "seed of initialisation, shuffling and sampling")
       ->capture_default_str();
   app.add_option("--checkpoint", a.checkpoint,
@@ -55,6 +56,12 @@ inline void add_common_options(CLI::App& app, Args& a, bool epochs) {
 inline void finish_args(const Args& a) {
   if (a.eval_only && a.checkpoint.empty())
     throw CLI::ValidationError("--eval-only", "needs --checkpoint PATH");
+  if (!a.eval_only && !a.checkpoint.empty()) {
+    // Fail before training rather than after it, when the file cannot be written.
+    const std::filesystem::path dir = std::filesystem::path(a.checkpoint).parent_path();
+    if (!dir.empty() && !std::filesystem::is_directory(dir))
+      throw CLI::ValidationError("--checkpoint", "directory '" + dir.string() + "' does not exist");
+  }
   if (a.threads > 0) omp_set_num_threads(a.threads);
 }
 

@@ -136,14 +136,7 @@ struct NodeTask {
 
 void accumulate_into(Tensor& slot, Tensor g) {
   if (!g.defined()) return;
-  if (!slot.defined()) {
-    slot = std::move(g);
-  } else if (slot.sizes() == g.sizes()) {
-    slot = add(slot, g);
-  } else {
-    // Broadcast-shaped gradients from different consumers: sum into the larger.
-    slot = add(slot, g);
-  }
+  slot = slot.defined() ? add(slot, g) : std::move(g);
 }
 
 // Runs the graph. When `capture` is set, gradients arriving at the AccumulateGrad nodes in it are

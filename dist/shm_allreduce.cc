@@ -162,6 +162,13 @@ ShmAllReduce::~ShmAllReduce() {
   if (map_) munmap(map_, map_bytes_);
 }
 
+void ShmAllReduce::abort(const std::string& reason) {
+  std::lock_guard<std::mutex> g(abort_mu_);
+  if (aborted_.load(std::memory_order_relaxed)) return;
+  abort_reason_ = reason;
+  aborted_.store(true, std::memory_order_release);
+}
+
 void ShmAllReduce::barrier(Milliseconds timeout, const char* phase) {
   ++generation_;
   counter(map_, rank_)->store(generation_, std::memory_order_release);
@@ -186,6 +193,10 @@ void ShmAllReduce::barrier(Milliseconds timeout, const char* phase) {
       auto now = Clock::now();
       if (now < next_check) continue;
       next_check = now + std::chrono::milliseconds(1);
+      if (aborted_.load(std::memory_order_acquire)) {
+        std::lock_guard<std::mutex> g(abort_mu_);
+        throw PeerError(abort_reason_ + " (shared-memory all-reduce, " + phase + ")");
+      }
       if (!pids_.empty() && kill(pids_[size_t(q)], 0) != 0 && errno == ESRCH)
         throw PeerError("rank " + std::to_string(q) + " died (shared-memory all-reduce, " + phase +
                         ")");

@@ -7,9 +7,11 @@
 // the segment; otherwise Gloo's TCP ring runs as before.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,11 @@ class ShmAllReduce {
 
   size_t slot_bytes() const { return slot_bytes_; }
 
+  // Thread-safe: makes the all-reduce running now (and every later one) on this rank throw
+  // PeerError(reason) within about a millisecond. Called when the group learns from elsewhere
+  // (heartbeat, control plane) that a peer is gone, so a waiter does not sit out its timeout.
+  void abort(const std::string& reason);
+
  private:
   ShmAllReduce() = default;
   struct Header;
@@ -47,6 +54,9 @@ class ShmAllReduce {
   char* slots_ = nullptr;
   uint64_t generation_ = 0;
   std::vector<int> pids_;
+  std::atomic<bool> aborted_{false};
+  std::mutex abort_mu_;
+  std::string abort_reason_;
 };
 
 }  // namespace accel::dist

@@ -184,6 +184,7 @@ void ProcessGroupGloo::mark_broken(const std::string& msg) {
   // us, instead of each of them running into its own timeout; the abort notice tells those that
   // read the control channel next why.
   if (control_) control_->abort("rank " + std::to_string(rank_) + ": " + msg);
+  if (shm_) shm_->abort(msg);
   if (ctx_) {
     try {
       ctx_->closeConnections();

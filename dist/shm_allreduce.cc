@@ -1,15 +1,22 @@
 #include "dist/shm_allreduce.h"
 
 #include <fcntl.h>
-#include <signal.h>
+#include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -24,8 +31,9 @@
 #endif
 
 // Note [shm all-reduce]
-// The segment holds a header (magic, nonce, one arrival counter per rank on its own cache line)
-// and one slot of slot_bytes per rank. A tensor is reduced in chunks of slot_bytes:
+// The segment holds a header (magic, nonce, one arrival counter per rank on its own cache line,
+// an abort block) and one slot of slot_bytes per rank. A tensor is reduced in chunks of
+// slot_bytes:
 //   1. every rank copies its chunk into its own slot;               barrier A
 //   2. rank r reduces elements [m r / N, m (r + 1) / N) of the chunk over all slots, writes the
 //      result into slot 0 at the same place and into its own tensor; barrier B
@@ -34,19 +42,85 @@
 // keeps a fast rank from overwriting slot 0 with the next chunk while others still copy. Per
 // rank that is about 4 bytes of memory traffic per byte reduced, against 4 kernel copies per byte
 // plus a wakeup per segment for loopback TCP. A barrier is a generation counter per rank
-// (release store, acquire loads): spin briefly, then yield, then sleep in short steps, checking
-// the deadline and whether the peers are still alive, so a dead or stopped rank becomes a
-// PeerError naming it instead of a hang. The segment is unlinked as soon as every rank has
-// mapped it: nothing is left in /dev/shm, even after a crash.
+// (release store, acquire loads): spin briefly, then yield, then sleep in short steps; about
+// every millisecond of sleeping, check_peers() looks at the deadline, at aborts and at whether
+// the ranks not yet arrived are still alive (Note [shm faults]), so a dead or stopped rank
+// becomes a PeerError naming it instead of a hang. The fast path (peers arrive while we spin)
+// makes no syscall and reads no shared state beyond the counters.
+
+// Note [shm faults]
+// * Dead peers. kill(pid, 0) succeeds on a zombie, and a rank killed under a parent that does
+//   not reap it (a launcher busy elsewhere, a shell, a test) stays a zombie, so create() opens a
+//   pidfd per peer (pidfd_open, Linux 5.3): it polls readable once the process has exited,
+//   zombie or not, and it cannot be fooled by pid reuse. Where pidfds are unavailable (old
+//   kernel, seccomp; env ACCEL_SHM_NO_PIDFD=1 forces this for tests) the state letter in
+//   /proc/<pid>/stat (Z or X) or ESRCH says the same. Pids are used only when every rank reported
+//   the same pid namespace; in another one a pid names an unrelated process. Only ranks that
+//   have not reached the barrier are suspects: a peer that arrived and then exited normally (its
+//   last collective is done) is no error, and a death is re-checked against its counter, which
+//   the process cannot change after it is gone.
+// * Aborts. abort(reason), and every PeerError this rank raises itself, is published in the
+//   segment's abort block (claim with a CAS, write the reason, release-store the rank), so peers
+//   stop within a millisecond with a message naming the aborting rank instead of each waiting
+//   for its own evidence. The block is sticky: the group is unusable afterwards anyway.
+// * Leaks. Rank 0 unlinks the segment when create() returns or throws (every rank has mapped
+//   it or given up by then), so a running group leaves nothing in /dev/shm. A rank 0 killed
+//   inside create() can leave one; its name /accel-<pidns>-<pid>-<nonce> lets the next create()
+//   on this host sweep it: same pid namespace and the pid is gone (ESRCH or a zombie). Names of
+//   other pid namespaces (containers sharing /dev/shm) are never swept: their pids mean
+//   nothing here and a live group's segment would vanish under it.
+// * Host identity. Mapping the same name only proves a shared /dev/shm: two containers, or the
+//   two network namespaces the multi-host tests use as hosts, can share it. Rank 0 compares the
+//   ranks' host keys (boot id, network namespace, hostname) first and creates no segment unless
+//   all are equal, so such ranks use TCP like real separate hosts (and all ranks agree).
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434  // the same number on every architecture (Linux 5.3)
+#endif
 
 namespace accel::dist {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-constexpr uint64_t kMagic = 0x41434353484d3031ull;  // "ACCSHM01"
+constexpr uint64_t kMagic = 0x41434353484d3032ull;  // "ACCSHM02"
 constexpr size_t kLine = 64;
+constexpr size_t kAbortReasonBytes = 4 * kLine - sizeof(int64_t);
+constexpr const char* kSegmentPrefix = "accel-";
+constexpr auto kCheckEvery = std::chrono::milliseconds(1);
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+std::string read_first_line(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+std::string ns_inode(const char* path) {
+  struct stat st {};
+  if (stat(path, &st) != 0) return "0";
+  std::ostringstream os;
+  os << std::hex << uint64_t(st.st_ino);
+  return os.str();
+}
+
+// Whether `pid` (of our pid namespace) has exited: reaped (ESRCH) or a zombie.
+bool process_gone(int pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::string stat = read_first_line(("/proc/" + std::to_string(pid) + "/stat").c_str());
+  const auto paren = stat.rfind(')');  // the command name may contain spaces and parentheses
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
+  const char state = stat[paren + 2];
+  return state == 'Z' || state == 'X' || state == 'x';
+}
+
+int pidfd_open(int pid) { return int(syscall(SYS_pidfd_open, pid, 0)); }
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::string(v) != "0";
+}
 }  // namespace
 
 struct ShmAllReduce::Header {
@@ -56,34 +130,90 @@ struct ShmAllReduce::Header {
   int64_t slot_bytes;
 };
 
+// 0: no abort; -1: being written; r + 1: rank r aborted with `reason` (NUL-terminated).
+struct ShmAllReduce::AbortBlock {
+  std::atomic<int64_t> state;
+  char reason[kAbortReasonBytes];
+};
+static_assert(sizeof(std::atomic<int64_t>) == sizeof(int64_t));
+
 namespace {
 std::atomic<uint64_t>* counter(void* map, int r) {
   return reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(map) + kLine * size_t(1 + r));
 }
+size_t abort_offset(int size) { return kLine * size_t(1 + size); }
 }  // namespace
+
+std::string ShmAllReduce::host_key() {
+  if (const char* k = std::getenv("ACCEL_SHM_HOST_KEY"); k && *k) return k;
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
+  return read_first_line("/proc/sys/kernel/random/boot_id") + "/" +
+         ns_inode("/proc/self/ns/net") + "/" + host;
+}
+
+std::string ShmAllReduce::pid_namespace_id() { return ns_inode("/proc/self/ns/pid"); }
+
+int ShmAllReduce::sweep_stale_segments(const std::string& dir) {
+  const std::string mine = std::string(kSegmentPrefix) + pid_namespace_id() + "-";
+  int removed = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator(dir, ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(mine, 0) != 0) continue;  // not ours, or another pid namespace's
+    const std::string rest = name.substr(mine.size());  // <pid>-<nonce>
+    const auto dash = rest.find('-');
+    if (dash == 0 || dash == std::string::npos ||
+        !std::all_of(rest.begin(), rest.begin() + long(dash), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    const long pid = std::strtol(rest.substr(0, dash).c_str(), nullptr, 10);
+    if (pid <= 0 || pid == long(getpid()) || !process_gone(int(pid))) continue;
+    std::error_code rm;
+    if (std::filesystem::remove(it->path(), rm)) ++removed;
+  }
+  return removed;
+}
 
 std::unique_ptr<ShmAllReduce> ShmAllReduce::create(const std::shared_ptr<Store>& store, int rank,
                                                    int size, size_t slot_bytes,
                                                    Milliseconds timeout) {
   if (size < 2 || slot_bytes == 0) return nullptr;
   slot_bytes = align_up(slot_bytes, kLine);
-  const size_t header_bytes = kLine * size_t(1 + size);
+  const size_t header_bytes = abort_offset(size) + sizeof(AbortBlock);
   const size_t map_bytes = align_up(header_bytes, 4096) + slot_bytes * size_t(size);
   std::unique_ptr<ShmAllReduce> self(new ShmAllReduce());
   self->rank_ = rank;
   self->size_ = size;
   self->slot_bytes_ = slot_bytes;
   self->map_bytes_ = map_bytes;
+  const std::string my_ns = pid_namespace_id();
+  store->set("shm/host/" + std::to_string(rank), host_key());
+  // Rank 0's segment name is unlinked on every way out of this function (Note [shm faults]).
+  struct Unlinker {
+    std::string name;
+    ~Unlinker() {
+      if (!name.empty()) shm_unlink(name.c_str());
+    }
+  } unlinker;
   bool ok = false;
   std::string name;
   uint64_t nonce = 0;
   if (rank == 0) {
+    sweep_stale_segments();
+    std::vector<std::string> host_keys;
+    for (int q = 0; q < size; ++q) host_keys.push_back("shm/host/" + std::to_string(q));
+    store->wait(host_keys, timeout);
+    bool one_host = true;
+    const std::string mine = store->get(host_keys[0]);
+    for (int q = 1; q < size; ++q) one_host = one_host && store->get(host_keys[size_t(q)]) == mine;
     std::random_device rd;
     nonce = (uint64_t(rd()) << 32) ^ rd() ^ uint64_t(getpid());
     std::ostringstream os;
-    os << "/accel-" << getpid() << "-" << std::hex << nonce;
+    os << "/" << kSegmentPrefix << my_ns << "-" << getpid() << "-" << std::hex << nonce;
     name = os.str();
-    int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    int fd = one_host ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600) : -1;
+    if (fd >= 0) unlinker.name = name;
     // posix_fallocate reserves the pages now: a full /dev/shm is an error here, not a SIGBUS
     // in the middle of a collective.
     if (fd >= 0 && ftruncate(fd, off_t(map_bytes)) == 0 &&
@@ -97,11 +227,13 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::create(const std::shared_ptr<Store>&
         h->size = size;
         h->slot_bytes = int64_t(slot_bytes);
         for (int q = 0; q < size; ++q) counter(m, q)->store(0, std::memory_order_relaxed);
+        auto* ab = reinterpret_cast<AbortBlock*>(static_cast<char*>(m) + abort_offset(size));
+        ab->state.store(0, std::memory_order_relaxed);
+        ab->reason[0] = 0;
         ok = true;
       }
     }
     if (fd >= 0) close(fd);
-    if (!ok && fd >= 0) shm_unlink(name.c_str());
     std::ostringstream v;
     v << (ok ? name : std::string()) << "\n" << nonce;
     store->set("shm/name", v.str());
@@ -118,7 +250,7 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::create(const std::shared_ptr<Store>&
           void* m = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
           if (m != MAP_FAILED) {
             auto* h = static_cast<Header*>(m);
-            // Same host and same segment: another container's /dev/shm would not have it.
+            // The same segment: another container's /dev/shm would not have it.
             if (h->magic == kMagic && h->nonce == nonce && h->size == size &&
                 h->slot_bytes == int64_t(slot_bytes)) {
               self->map_ = m;
@@ -132,48 +264,120 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::create(const std::shared_ptr<Store>&
       }
     }
   }
-  // Everyone reports; shm is used only if all ranks mapped it.
-  store->set("shm/ok/" + std::to_string(rank), std::string(ok ? "1" : "0") + " " +
-                                                   std::to_string(getpid()));
+  // Everyone reports "<mapped> <pid> <pid namespace>"; shm is used only if all ranks mapped it.
+  store->set("shm/ok/" + std::to_string(rank),
+             std::string(ok ? "1" : "0") + " " + std::to_string(getpid()) + " " + my_ns);
   std::vector<std::string> keys;
   for (int q = 0; q < size; ++q) keys.push_back("shm/ok/" + std::to_string(q));
   store->wait(keys, timeout);
-  bool all_ok = true;
+  bool all_ok = true, one_pid_ns = true;
   std::vector<int> pids;
   for (auto& k : keys) {
-    std::string v = store->get(k);
-    all_ok = all_ok && v.rfind("1 ", 0) == 0;
-    pids.push_back(std::atoi(v.c_str() + std::min<size_t>(2, v.size())));
+    std::istringstream in(store->get(k));
+    int mapped = 0, pid = 0;
+    std::string ns;
+    in >> mapped >> pid >> ns;
+    all_ok = all_ok && mapped == 1;
+    one_pid_ns = one_pid_ns && pid > 0 && ns == my_ns;
+    pids.push_back(pid);
   }
-  if (rank == 0 && !name.empty()) shm_unlink(name.c_str());  // every rank has mapped or failed
-  if (!all_ok) return nullptr;  // the destructor unmaps
-  // Peer pids let a waiting rank notice a dead peer at once; only trusted if they are visible
-  // from here (same pid namespace).
-  bool pids_visible = true;
-  for (int q = 0; q < size; ++q)
-    if (q != rank && (pids[size_t(q)] <= 0 || kill(pids[size_t(q)], 0) != 0)) pids_visible = false;
-  if (pids_visible) self->pids_ = pids;
+  if (!all_ok) return nullptr;  // the destructor unmaps, the Unlinker unlinks
   self->header_ = static_cast<Header*>(self->map_);
+  self->abort_block_ =
+      reinterpret_cast<AbortBlock*>(static_cast<char*>(self->map_) + abort_offset(size));
   self->slots_ = static_cast<char*>(self->map_) + align_up(header_bytes, 4096);
+  self->pidfds_.assign(size_t(size), -1);
+  if (one_pid_ns) {
+    self->pids_ = pids;
+    const bool use_pidfd = !env_flag("ACCEL_SHM_NO_PIDFD");
+    for (int q = 0; q < size && use_pidfd; ++q)
+      if (q != rank) self->pidfds_[size_t(q)] = pidfd_open(pids[size_t(q)]);  // -1: /proc fallback
+  }
   return self;
 }
 
 ShmAllReduce::~ShmAllReduce() {
+  for (int fd : pidfds_)
+    if (fd >= 0) close(fd);
   if (map_) munmap(map_, map_bytes_);
 }
 
+void ShmAllReduce::publish_abort(const std::string& reason) {
+  if (!abort_block_) return;
+  int64_t expected = 0;
+  if (!abort_block_->state.compare_exchange_strong(expected, -1, std::memory_order_acq_rel))
+    return;  // someone aborted first; theirs is the message peers see
+  const size_t n = std::min(reason.size(), kAbortReasonBytes - 1);
+  std::memcpy(abort_block_->reason, reason.data(), n);
+  abort_block_->reason[n] = 0;
+  abort_block_->state.store(rank_ + 1, std::memory_order_release);
+}
+
 void ShmAllReduce::abort(const std::string& reason) {
-  std::lock_guard<std::mutex> g(abort_mu_);
-  if (aborted_.load(std::memory_order_relaxed)) return;
-  abort_reason_ = reason;
-  aborted_.store(true, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> g(abort_mu_);
+    if (aborted_.load(std::memory_order_relaxed)) return;
+    abort_reason_ = reason;
+    aborted_.store(true, std::memory_order_release);
+  }
+  publish_abort(reason);
+}
+
+void ShmAllReduce::fail(const std::string& msg) {
+  publish_abort(msg);
+  throw PeerError(msg);
+}
+
+int ShmAllReduce::dead_peer() const {
+  // Suspects are the peers that have not arrived; see Note [shm faults].
+  auto pending = [&](int q) {
+    return counter(map_, q)->load(std::memory_order_acquire) < generation_;
+  };
+  pollfd fds[64];
+  int ranks[64];
+  nfds_t n = 0;
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_ || !pending(q)) continue;
+    if (pidfds_[size_t(q)] >= 0 && n < 64) {
+      fds[n] = {pidfds_[size_t(q)], POLLIN, 0};
+      ranks[n++] = q;
+    } else if (!pids_.empty() && process_gone(pids_[size_t(q)]) && pending(q)) {
+      return q;
+    }
+  }
+  if (n > 0 && poll(fds, n, 0) > 0)
+    for (nfds_t i = 0; i < n; ++i)
+      if (fds[i].revents != 0 && pending(ranks[i])) return ranks[i];
+  return -1;
+}
+
+void ShmAllReduce::check_peers(const char* phase) {
+  if (aborted_.load(std::memory_order_acquire)) {
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> g(abort_mu_);
+      reason = abort_reason_;
+    }
+    throw PeerError(reason + " (shared-memory all-reduce, " + phase + ")");
+  }
+  const int64_t by = abort_block_->state.load(std::memory_order_acquire);
+  if (by > 0) {
+    const std::string reason(abort_block_->reason, strnlen(abort_block_->reason, kAbortReasonBytes));
+    throw PeerError("rank " + std::to_string(by - 1) + " aborted the shared-memory all-reduce (" +
+                    reason + "); seen in " + phase);
+  }
+  if (phase == std::string("entry")) return;
+  const int dead = dead_peer();
+  if (dead >= 0)
+    fail("rank " + std::to_string(dead) + " died (its process exited; shared-memory all-reduce, " +
+         phase + ")");
 }
 
 void ShmAllReduce::barrier(Milliseconds timeout, const char* phase) {
   ++generation_;
   counter(map_, rank_)->store(generation_, std::memory_order_release);
   const auto deadline = Clock::now() + timeout;
-  auto next_check = Clock::now() + std::chrono::milliseconds(1);
+  auto next_check = Clock::now() + kCheckEvery;
   for (int q = 0; q < size_; ++q) {
     if (q == rank_) continue;
     auto* c = counter(map_, q);
@@ -192,14 +396,8 @@ void ShmAllReduce::barrier(Milliseconds timeout, const char* phase) {
       std::this_thread::sleep_for(std::chrono::microseconds(20));
       auto now = Clock::now();
       if (now < next_check) continue;
-      next_check = now + std::chrono::milliseconds(1);
-      if (aborted_.load(std::memory_order_acquire)) {
-        std::lock_guard<std::mutex> g(abort_mu_);
-        throw PeerError(abort_reason_ + " (shared-memory all-reduce, " + phase + ")");
-      }
-      if (!pids_.empty() && kill(pids_[size_t(q)], 0) != 0 && errno == ESRCH)
-        throw PeerError("rank " + std::to_string(q) + " died (shared-memory all-reduce, " + phase +
-                        ")");
+      next_check = now + kCheckEvery;
+      check_peers(phase);
       if (now > deadline) {
         std::vector<int> late;
         for (int p = 0; p < size_; ++p)
@@ -210,13 +408,17 @@ void ShmAllReduce::barrier(Milliseconds timeout, const char* phase) {
         for (size_t i = 0; i < late.size(); ++i) os << (i ? ", " : "") << late[i];
         os << " did not reach the shared-memory all-reduce (" << phase << ") within "
            << timeout.count() << " ms (stopped, hung, or far behind)";
-        throw PeerError(os.str());
+        fail(os.str());
       }
     }
   }
 }
 
 void ShmAllReduce::all_reduce(void* data, size_t n, size_t es, ReduceFn fn, Milliseconds timeout) {
+  // One relaxed load each: an aborted group fails at once instead of at its next wait.
+  if (aborted_.load(std::memory_order_relaxed) ||
+      abort_block_->state.load(std::memory_order_relaxed) > 0)
+    check_peers("entry");
   char* d = static_cast<char*>(data);
   const size_t per_chunk = slot_bytes_ / es;
   const size_t N = size_t(size_), r = size_t(rank_);

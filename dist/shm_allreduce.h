@@ -22,8 +22,10 @@ namespace accel::dist {
 
 class ShmAllReduce {
  public:
-  // Collective over the group's store. Returns null on every rank unless every rank mapped the
-  // same segment (ranks on different hosts, /dev/shm missing or full, ...): callers fall back.
+  // Collective over the group's store. Returns null on every rank unless every rank has the
+  // same host key (host_key()) and mapped the same segment (ranks on different hosts or network
+  // namespaces, /dev/shm missing or full, ...): callers fall back. Rank 0 sweeps stale segments
+  // first (sweep_stale_segments) and unlinks its segment before returning or throwing.
   static std::unique_ptr<ShmAllReduce> create(const std::shared_ptr<Store>& store, int rank,
                                               int size, size_t slot_bytes, Milliseconds timeout);
   ~ShmAllReduce();
@@ -39,12 +41,31 @@ class ShmAllReduce {
   // Thread-safe: makes the all-reduce running now (and every later one) on this rank throw
   // PeerError(reason) within about a millisecond. Called when the group learns from elsewhere
   // (heartbeat, control plane) that a peer is gone, so a waiter does not sit out its timeout.
+  // Also published through the segment: peers waiting in (or later entering) an all-reduce
+  // throw PeerError("rank <this> aborted ...: reason") as soon as they next check (~1 ms).
   void abort(const std::string& reason);
+
+  // Whether all ranks of a group are on one host: "<boot_id>/<netns inode>/<hostname>". Env
+  // ACCEL_SHM_HOST_KEY replaces it (tests and exotic setups; see docs/dist.md).
+  static std::string host_key();
+  // Unlinks /dev/shm/accel-<pidns>-<pid>-<nonce> segments of this pid namespace whose creating
+  // process is gone (a rank 0 killed inside create()). Segments of other pid namespaces (other
+  // containers sharing /dev/shm) are never touched: their pids mean nothing here. Returns how
+  // many were removed. `dir` is for tests.
+  static int sweep_stale_segments(const std::string& dir = "/dev/shm");
+  // The pid namespace identity used in segment names (the inode of /proc/self/ns/pid, hex).
+  static std::string pid_namespace_id();
 
  private:
   ShmAllReduce() = default;
   struct Header;
+  struct AbortBlock;
   void barrier(Milliseconds timeout, const char* phase);
+  // Throws PeerError when this rank or a peer aborted, or a peer process has exited.
+  void check_peers(const char* phase);
+  [[noreturn]] void fail(const std::string& msg);  // publishes, then throws PeerError(msg)
+  void publish_abort(const std::string& reason);
+  int dead_peer() const;  // a peer rank whose process has exited (zombie or reaped), or -1
 
   int rank_ = 0, size_ = 1;
   size_t slot_bytes_ = 0;
@@ -53,7 +74,9 @@ class ShmAllReduce {
   Header* header_ = nullptr;
   char* slots_ = nullptr;
   uint64_t generation_ = 0;
-  std::vector<int> pids_;
+  AbortBlock* abort_block_ = nullptr;
+  std::vector<int> pids_;     // per rank, empty unless all ranks share our pid namespace
+  std::vector<int> pidfds_;   // per rank, -1 for this rank or where pidfd_open is unavailable
   std::atomic<bool> aborted_{false};
   std::mutex abort_mu_;
   std::string abort_reason_;

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
+#include <optional>
 #include <typeinfo>
 #include <unordered_map>
 
@@ -1080,38 +1082,43 @@ struct ZeroCheckpoint {
     return numel;
   }
 
-  // Optimizer i (wrapper and shard state) from checkpoint `path`; see Note [zero checkpoints].
-  static void load_optimizer(Accelerator& acc, size_t i, const std::string& path, const nlohmann::json& s) {
+  // What load_state hands optimizer i (Note [checkpoint loading]): read and, where the layout
+  // differs, re-sharded (Note [zero checkpoints]); nothing is applied yet.
+  struct LoadedOptimizer {
+    bool zero = false;
+    nn::TensorDict state;  // the wrapped optimizer's state (under ZeRO: its param groups)
+    nn::TensorDict shard;  // under ZeRO: this rank's shard optimizer state
+  };
+  static LoadedOptimizer read_optimizer(Accelerator& acc, size_t i, const std::string& path,
+                                        const nlohmann::json& zero_layouts, int saved_world) {
     auto at = [&](const std::string& f) { return (fs::path(path) / f).string(); };
     AcceleratedOptimizer& o = *acc.optimizers_[i];
-    const nn::TensorDict saved = nn::load_safetensors(at(indexed("optimizer", i, ".safetensors")));
+    nn::TensorDict saved = nn::load_safetensors(at(indexed("optimizer", i, ".safetensors")));
     const nlohmann::json* layout = nullptr;
-    if (s.contains("zero") && !s["zero"].at(i).is_null()) layout = &s["zero"].at(i);
-    const int saved_world = s.value("world_size", 0);
+    if (zero_layouts.is_array() && !zero_layouts.at(i).is_null()) layout = &zero_layouts.at(i);
+    LoadedOptimizer out;
     if (o.zero_) {
-      o.opt_->load_state_dict(param_groups_of(saved));  // lr / weight decay the schedulers set
+      out.zero = true;
+      out.state = param_groups_of(saved);  // lr / weight decay the schedulers set
       const nn::TensorDict own_groups = param_groups_of(o.shard_opt_->state_dict());
       const std::vector<dist::Bucket>& buckets = o.zero_->buckets();
-      nn::TensorDict shard;
       if (layout) {
         std::vector<int64_t> numel = saved_numel(*layout, buckets, path);
         if (saved_world == acc.world_size_) {
-          shard = nn::load_safetensors(at(shard_file(i, acc.rank_)));  // the same slices
+          out.shard = nn::load_safetensors(at(shard_file(i, acc.rank_)));  // the same slices
         } else {
           ZeroFileSource src([&](int q) { return at(shard_file(i, q)); }, saved_world, numel);
-          shard = shard_state(src, buckets, acc.rank_, own_groups);
+          out.shard = shard_state(src, buckets, acc.rank_, own_groups);
         }
       } else {
         PlainSource src(saved, buckets);
-        shard = shard_state(src, buckets, acc.rank_, own_groups);
+        out.shard = shard_state(src, buckets, acc.rank_, own_groups);
       }
-      o.shard_opt_->load_state_dict(shard);
-      o.grad_accum_.clear();
-      return;
+      return out;
     }
     if (!layout) {
-      o.load_state_dict(saved);
-      return;
+      out.state = std::move(saved);
+      return out;
     }
     // A ZeRO checkpoint into a plain optimizer: cut the flat buffers into per-parameter state.
     const optim::Optimizer& u = *o.opt_;
@@ -1123,7 +1130,18 @@ struct ZeroCheckpoint {
     const std::vector<dist::Bucket> buckets = dist::assign_buckets(named, acc.config_.ddp.bucket_cap_bytes, 1);
     std::vector<int64_t> numel = saved_numel(*layout, buckets, path);
     ZeroFileSource src([&](int q) { return at(shard_file(i, q)); }, saved_world, numel);
-    o.load_state_dict(unsharded_state(src, buckets, u.params(0), param_groups_of(saved)));
+    out.state = unsharded_state(src, buckets, u.params(0), param_groups_of(saved));
+    return out;
+  }
+
+  static void apply_optimizer(AcceleratedOptimizer& o, const LoadedOptimizer& l) {
+    if (!l.zero) {
+      o.load_state_dict(l.state);
+      return;
+    }
+    o.opt_->load_state_dict(l.state);
+    o.shard_opt_->load_state_dict(l.shard);
+    o.grad_accum_.clear();
   }
 
   // Stage 3 keeps the truth in its parameter slices: after the model was loaded into the
@@ -1147,19 +1165,22 @@ struct ZeroCheckpoint {
     }
   }
 
-  // Accumulated gradient shards of a checkpoint saved inside a window (same world size).
-  static void load_accum(AcceleratedOptimizer& o, size_t i, const std::string& path, int rank) {
-    if (!o.zero_ || o.zero_->stage() < 2) return;
+  // Accumulated gradient shards of a checkpoint saved inside a window (same world size);
+  // nullopt where the optimizer keeps none (not ZeRO-2/3).
+  static std::optional<std::vector<Tensor>> read_accum(const AcceleratedOptimizer& o, size_t i,
+                                                       const std::string& path, int rank) {
+    if (!o.zero_ || o.zero_->stage() < 2) return std::nullopt;
     const std::string f = (fs::path(path) / accum_file(i, rank)).string();
-    o.grad_accum_.clear();
-    if (!fs::exists(f)) return;
+    std::vector<Tensor> out;
+    if (!fs::exists(f)) return out;
     nn::TensorDict g = nn::load_safetensors(f);
     for (size_t b = 0; b < o.shard_grads_.size(); ++b) {
       auto it = g.find("bucket." + std::to_string(b));
       ACCEL_CHECK(it != g.end() && it->second.numel() == o.shard_grads_[b].numel(), IoError,
                   "load_state", "'", f, "' has no gradient shard for bucket ", b);
-      o.grad_accum_.push_back(it->second.to(o.shard_grads_[b].device(), o.shard_grads_[b].dtype()));
+      out.push_back(it->second.to(o.shard_grads_[b].device(), o.shard_grads_[b].dtype()));
     }
+    return out;
   }
 };
 
@@ -1259,115 +1280,360 @@ std::string Accelerator::save_state(const std::string& dir) {
   return final_dir;
 }
 
-std::string Accelerator::load_state(const std::string& dir) {
-  const std::string path = dist::resolve_checkpoint_dir(dir.empty() ? checkpoints_dir() : dir);
-  auto at = [&](const std::string& f) { return (fs::path(path) / f).string(); };
-  nlohmann::json s;
-  try {
-    s = nlohmann::json::parse(dist::read_file(at(dist::kCheckpointStateFile)));
-  } catch (const nlohmann::json::exception& e) {
-    ACCEL_THROW(IoError, "load_state", "'", at(dist::kCheckpointStateFile), "' is not valid JSON: ",
-                e.what());
-  }
-  auto count = [&](const char* key, size_t mine, const char* what) {
-    const size_t theirs = s.value(key, size_t(0));
-    ACCEL_CHECK(theirs == mine, ValueError, "load_state", "checkpoint '", path, "' holds ", theirs,
-                " ", what, ", this accelerator prepared ", mine);
-  };
-  ACCEL_CHECK(s.value("format", 0) == 1, IoError, "load_state", "'", path,
-              "': unsupported checkpoint format");
-  const int saved_world = s.value("world_size", 0);
-  const bool saved_zero = s.contains("zero");
-  // Re-sharding (Note [zero checkpoints]) is what lets a ZeRO checkpoint, or a plain one into a
-  // ZeRO run, change world size; otherwise resume is exact and needs the same processes.
-  const bool reshard = saved_world != world_size_;
-  ACCEL_CHECK(!reshard || saved_zero || zero_active(), ValueError, "load_state", "checkpoint '",
-              path, "' was saved by ", saved_world, " processes, this run has ", world_size_,
-              " (only ZeRO checkpoints, or loads into a ZeRO run, change the world size)");
-  ACCEL_CHECK(!reshard || s.value("sync_gradients", true), ValueError, "load_state",
-              "checkpoint '", path, "' was saved inside a gradient accumulation window by ",
-              saved_world, " processes; its per-rank gradients only resume with ", saved_world);
-  count("num_models", models_.size(), "models");
-  count("num_optimizers", optimizers_.size(), "optimizers");
-  count("num_schedulers", schedulers_.size(), "schedulers");
-  count("num_loaders", loaders_.size(), "data loaders");
-  if (saved_zero)
-    ACCEL_CHECK(s["zero"].is_array() && s["zero"].size() == optimizers_.size(), IoError,
-                "load_state", "'", path, "': malformed ZeRO layout in state.json");
-  // A rank's own file, or rank 0's when the checkpoint had fewer ranks.
-  auto rank_or_first = [&](const std::string& stem, const char* ext) {
-    std::string f = at(rank_file(stem, rank_, ext));
-    return (!reshard || fs::exists(f)) ? f : at(rank_file(stem, 0, ext));
+// Note [checkpoint loading]
+// load_state changes nothing unless the whole checkpoint loads:
+//   1. read: every file this rank needs (state.json, checked field by field; model, optimizer
+//      and scheduler tensors, ZeRO shards re-sharded as needed, loader positions, RNG state,
+//      gradients of an open accumulation window, registered objects) into temporaries. A
+//      missing, truncated or malformed file is an IoError naming it. Nothing is touched.
+//   2. agree: one all-reduce of "did it work" per rank, so that all ranks load or none does
+//      (a rank alone in step 3 would wait in the next collective forever).
+//   3. apply, after a snapshot of everything it changes. What can still fail here is a
+//      component's own check (a model whose shapes differ, an optimizer with other groups, a
+//      registered load function that throws): then the snapshot is restored, again on every
+//      rank (agreed as in 2), and the error propagates.
+// The snapshot copies the model parameters (Module::load_state_dict copies into them in place)
+// and keeps handles to the rest: optimizer and scheduler state, gradients and accumulation
+// buffers are replaced by the load, not written into, so the old tensors stay intact.
+struct CheckpointIo {
+  struct Meta {
+    int64_t step = 0, optimizer_steps = 0, save_iteration = 0;
+    int world_size = 1;
+    bool sync_gradients = true;
+    size_t num_models = 0, num_optimizers = 0, num_schedulers = 0, num_loaders = 0;
+    std::map<std::string, std::string> scaler;
+    nlohmann::json zero;  // null, or per optimizer: null or {"stage", "buckets": [[used, numel]]}
   };
 
-  for (auto* z : zero_optimizers()) z->zero_->gather_parameters();  // stage 3: full shapes
-  for (size_t i = 0; i < models_.size(); ++i)
-    models_[i]->load_state_dict(nn::load_safetensors(at(indexed("model", i, ".safetensors"))));
-  for (auto* z : zero_optimizers()) ZeroCheckpoint::refresh_stage3_slices(*z, rank_);
-  for (size_t i = 0; i < optimizers_.size(); ++i) {
-    if (saved_zero || optimizers_[i]->zero_) {
-      ZeroCheckpoint::load_optimizer(*this, i, path, s);
-    } else {
-      optimizers_[i]->load_state_dict(nn::load_safetensors(at(indexed("optimizer", i, ".safetensors"))));
+  struct LoaderPos {
+    bool seek = false;      // another world size: seek to (epoch, batch) instead
+    data::StateDict state;  // same world size: the saved loader state
+    int64_t epoch = 0, batch = 0;
+  };
+
+  struct Loaded {
+    std::string path;
+    Meta meta;
+    std::vector<nn::TensorDict> models;
+    std::vector<ZeroCheckpoint::LoadedOptimizer> optimizers;
+    std::vector<nn::TensorDict> schedulers;
+    std::vector<LoaderPos> loaders;
+    std::string rng;
+    std::vector<std::optional<std::vector<Tensor>>> accum;              // per optimizer
+    std::vector<std::vector<std::pair<Tensor, Tensor>>> grads;         // per model: (param, grad)
+    std::vector<std::map<std::string, std::string>> customs;           // parallel to customs_
+  };
+
+  struct Snapshot {
+    std::vector<nn::TensorDict> models;
+    std::vector<std::vector<std::pair<Tensor, Tensor>>> grads;
+    std::vector<nn::TensorDict> optimizers, shard_optimizers;
+    std::vector<std::vector<Tensor>> accum;
+    std::vector<nn::TensorDict> schedulers;
+    std::vector<data::StateDict> loaders;
+    std::string rng;
+    std::vector<std::map<std::string, std::string>> customs;
+    std::map<std::string, std::string> scaler;
+    int64_t step = 0, optimizer_steps = 0, save_iteration = 0;
+    bool sync_gradients = true;
+  };
+
+  static Meta read_meta(const std::string& file) {
+    const std::string text = dist::read_file(file);
+    Meta m;
+    try {
+      const nlohmann::json s = nlohmann::json::parse(text);
+      ACCEL_CHECK(s.is_object(), IoError, "load_state", "'", file, "' is not a JSON object");
+      auto field = [&](const char* key, bool (nlohmann::json::*is)() const noexcept,
+                       const char* want) -> const nlohmann::json& {
+        ACCEL_CHECK(s.contains(key), IoError, "load_state", "'", file, "' has no \"", key, "\"");
+        const nlohmann::json& v = s[key];
+        ACCEL_CHECK((v.*is)(), IoError, "load_state", "'", file, "': \"", key, "\" must be ", want,
+                    ", got ", v.type_name());
+        return v;
+      };
+      auto count = [&](const char* key) {
+        return field(key, &nlohmann::json::is_number_unsigned, "a count").get<size_t>();
+      };
+      ACCEL_CHECK(field("format", &nlohmann::json::is_number_integer, "an integer").get<int64_t>() == 1,
+                  IoError, "load_state", "'", file, "': unsupported checkpoint format ", s["format"].dump());
+      m.step = field("step", &nlohmann::json::is_number_integer, "an integer").get<int64_t>();
+      m.optimizer_steps =
+          field("optimizer_steps", &nlohmann::json::is_number_integer, "an integer").get<int64_t>();
+      m.save_iteration =
+          field("save_iteration", &nlohmann::json::is_number_integer, "an integer").get<int64_t>();
+      m.world_size = field("world_size", &nlohmann::json::is_number_unsigned, "a count").get<int>();
+      ACCEL_CHECK(m.world_size >= 1, IoError, "load_state", "'", file, "': world_size ", m.world_size);
+      m.sync_gradients = field("sync_gradients", &nlohmann::json::is_boolean, "a boolean").get<bool>();
+      m.num_models = count("num_models");
+      m.num_optimizers = count("num_optimizers");
+      m.num_schedulers = count("num_schedulers");
+      m.num_loaders = count("num_loaders");
+      const nlohmann::json& sc = field("scaler", &nlohmann::json::is_object, "an object");
+      for (auto it = sc.begin(); it != sc.end(); ++it) {
+        ACCEL_CHECK(it->is_string(), IoError, "load_state", "'", file, "': scaler.", it.key(),
+                    " must be a string");
+        m.scaler[it.key()] = it->get<std::string>();
+      }
+      if (s.contains("zero")) {
+        const nlohmann::json& z = field("zero", &nlohmann::json::is_array, "an array");
+        bool well_formed = z.size() == m.num_optimizers;
+        for (const auto& e : z) {
+          if (e.is_null()) continue;
+          well_formed = well_formed && e.is_object() && e.contains("buckets") && e["buckets"].is_array();
+          if (!well_formed) break;
+          for (const auto& b : e["buckets"])
+            well_formed = well_formed && b.is_array() && b.size() == 2 &&
+                          b[0].is_number_integer() && b[1].is_number_integer() &&
+                          b[1].get<int64_t>() > 0;
+        }
+        ACCEL_CHECK(well_formed, IoError, "load_state", "'", file, "': malformed ZeRO layout");
+        m.zero = z;
+      }
+    } catch (const nlohmann::json::exception& e) {
+      ACCEL_THROW(IoError, "load_state", "'", file, "' is not a valid checkpoint state: ", e.what());
     }
+    return m;
   }
-  for (size_t i = 0; i < schedulers_.size(); ++i)
-    schedulers_[i]->load_state_dict(nn::load_safetensors(at(indexed("scheduler", i, ".safetensors"))));
-  for (size_t i = 0; i < loaders_.size(); ++i) {
-    data::StateDict ls = data::state_from_json(
-        dist::read_file(reshard ? at(rank_file(indexed("loader", i, ""), 0, ".json"))
-                                : at(rank_file(indexed("loader", i, ""), rank_, ".json"))));
-    if (!reshard) {
-      loaders_[i]->load_state_dict(ls);
-      continue;
+
+  // Step 1 of Note [checkpoint loading]: reads, checks, changes nothing.
+  static Loaded read(Accelerator& acc, const std::string& path) {
+    auto at = [&](const std::string& f) { return (fs::path(path) / f).string(); };
+    Loaded l;
+    l.path = path;
+    l.meta = read_meta(at(dist::kCheckpointStateFile));
+    const Meta& m = l.meta;
+    auto count = [&](size_t theirs, size_t mine, const char* what) {
+      ACCEL_CHECK(theirs == mine, ValueError, "load_state", "checkpoint '", path, "' holds ", theirs,
+                  " ", what, ", this accelerator prepared ", mine);
+    };
+    const bool saved_zero = !m.zero.is_null();
+    // Re-sharding (Note [zero checkpoints]) is what lets a ZeRO checkpoint, or a plain one into
+    // a ZeRO run, change world size; otherwise resume is exact and needs the same processes.
+    const bool reshard = m.world_size != acc.world_size_;
+    ACCEL_CHECK(!reshard || saved_zero || acc.zero_active(), ValueError, "load_state", "checkpoint '",
+                path, "' was saved by ", m.world_size, " processes, this run has ", acc.world_size_,
+                " (only ZeRO checkpoints, or loads into a ZeRO run, change the world size)");
+    ACCEL_CHECK(!reshard || m.sync_gradients, ValueError, "load_state", "checkpoint '", path,
+                "' was saved inside a gradient accumulation window by ", m.world_size,
+                " processes; its per-rank gradients only resume with ", m.world_size);
+    count(m.num_models, acc.models_.size(), "models");
+    count(m.num_optimizers, acc.optimizers_.size(), "optimizers");
+    count(m.num_schedulers, acc.schedulers_.size(), "schedulers");
+    count(m.num_loaders, acc.loaders_.size(), "data loaders");
+    // A rank's own file, or rank 0's when the checkpoint had fewer ranks.
+    auto rank_or_first = [&](const std::string& stem, const char* ext) {
+      std::string f = at(rank_file(stem, acc.rank_, ext));
+      return (!reshard || fs::exists(f)) ? f : at(rank_file(stem, 0, ext));
+    };
+
+    for (size_t i = 0; i < acc.models_.size(); ++i)
+      l.models.push_back(nn::load_safetensors(at(indexed("model", i, ".safetensors"))));
+    for (size_t i = 0; i < acc.optimizers_.size(); ++i)
+      l.optimizers.push_back(ZeroCheckpoint::read_optimizer(acc, i, path, m.zero, m.world_size));
+    for (size_t i = 0; i < acc.schedulers_.size(); ++i)
+      l.schedulers.push_back(nn::load_safetensors(at(indexed("scheduler", i, ".safetensors"))));
+    for (size_t i = 0; i < acc.loaders_.size(); ++i) {
+      const std::string f = at(rank_file(indexed("loader", i, ""), reshard ? 0 : acc.rank_, ".json"));
+      LoaderPos pos;
+      try {
+        pos.state = data::state_from_json(dist::read_file(f));
+        if (reshard) {
+          // Another world size shards the data differently: resume at the same global sample
+          // of the saved epoch (rounded down to a whole global batch of this run).
+          pos.seek = true;
+          const data::StateDict& ls = pos.state;
+          pos.epoch = std::stoll(ls.at("epoch"));
+          const int64_t consumed = std::stoll(ls.at("batches_consumed"));
+          const int64_t old_batch = std::stoll(ls.at("batch_size"));
+          const int64_t old_global = ls.at("split_batches") == "1" ? old_batch : old_batch * m.world_size;
+          const int64_t global = acc.loaders_[i]->batch_sampler().global_batch_size();
+          pos.batch = std::min(global > 0 ? consumed * old_global / global : 0, acc.loaders_[i]->size());
+        }
+      } catch (const IoError&) {
+        throw;
+      } catch (const std::exception& e) {  // ValueError of state_from_json, std::stoll, at()
+        ACCEL_THROW(IoError, "load_state", "'", f, "' is not a valid loader state: ", e.what());
+      }
+      l.loaders.push_back(std::move(pos));
     }
-    // Another world size shards the data differently: resume at the same global sample of the
-    // saved epoch (rounded down to a whole global batch of this run).
-    const int64_t epoch = std::stoll(ls.at("epoch")), consumed = std::stoll(ls.at("batches_consumed"));
-    const int64_t old_batch = std::stoll(ls.at("batch_size"));
-    const int64_t old_global = ls.at("split_batches") == "1" ? old_batch : old_batch * saved_world;
-    const int64_t global = loaders_[i]->batch_sampler().global_batch_size();
-    const int64_t mine = global > 0 ? consumed * old_global / global : 0;
-    loaders_[i]->seek(epoch, std::min(mine, loaders_[i]->size()));
-  }
-  {
-    const std::string rng = rank_or_first("rng", ".txt");
-    default_generator().set_state(dist::read_file(rng));
-  }
-  sync_gradients_ = s.value("sync_gradients", true);
-  for (size_t i = 0; i < optimizers_.size(); ++i) {
-    if (sync_gradients_) {
-      optimizers_[i]->grad_accum_.clear();
-    } else {
-      ZeroCheckpoint::load_accum(*optimizers_[i], i, path, rank_);
+    {
+      const std::string f = rank_or_first("rng", ".txt");
+      l.rng = dist::read_file(f);
+      Generator probe(0);
+      try {
+        probe.set_state(l.rng);
+      } catch (const std::exception& e) {
+        ACCEL_THROW(IoError, "load_state", "'", f, "' is not a valid generator state: ", e.what());
+      }
     }
+    for (size_t i = 0; i < acc.optimizers_.size(); ++i)
+      l.accum.push_back(m.sync_gradients ? std::nullopt
+                                         : ZeroCheckpoint::read_accum(*acc.optimizers_[i], i, path, acc.rank_));
+    l.grads.resize(acc.models_.size());
+    for (size_t i = 0; i < acc.models_.size() && !m.sync_gradients; ++i) {
+      const std::string f = at(rank_file(indexed("grads", i, ""), acc.rank_, ".safetensors"));
+      nn::TensorDict grads = nn::load_safetensors(f);
+      for (auto& [pname, p] : acc.models_[i]->named_parameters()) {
+        auto it = grads.find(pname);
+        if (it == grads.end()) continue;
+        ACCEL_CHECK(it->second.sizes() == p.sizes(), ShapeError, "load_state", "'", f,
+                    "': gradient of ", pname, " has shape ", it->second.shape_str(), ", parameter ",
+                    p.shape_str());
+        l.grads[i].emplace_back(p, it->second.to(p.device(), p.dtype()));
+      }
+    }
+    for (auto& c : acc.customs_) {
+      const std::string f = rank_or_first("custom_" + c.name, ".json");
+      ACCEL_CHECK(fs::exists(f), IoError, "load_state", "checkpoint '", path, "' has no state for '",
+                  c.name, "' (", f, ")");
+      try {
+        l.customs.push_back(nlohmann::json::parse(dist::read_file(f)).get<std::map<std::string, std::string>>());
+      } catch (const nlohmann::json::exception& e) {
+        ACCEL_THROW(IoError, "load_state", "'", f, "' is not a valid state of '", c.name, "': ", e.what());
+      }
+    }
+    return l;
   }
-  for (size_t i = 0; i < models_.size(); ++i) {
+
+  // Step 3 of Note [checkpoint loading].
+  static void apply(Accelerator& acc, const Loaded& l) {
+    for (size_t i = 0; i < acc.models_.size(); ++i) acc.models_[i]->load_state_dict(l.models[i]);
+    for (auto* z : acc.zero_optimizers()) ZeroCheckpoint::refresh_stage3_slices(*z, acc.rank_);
+    for (size_t i = 0; i < acc.optimizers_.size(); ++i)
+      ZeroCheckpoint::apply_optimizer(*acc.optimizers_[i], l.optimizers[i]);
+    for (size_t i = 0; i < acc.schedulers_.size(); ++i) acc.schedulers_[i]->load_state_dict(l.schedulers[i]);
+    for (size_t i = 0; i < acc.loaders_.size(); ++i) {
+      if (l.loaders[i].seek) {
+        acc.loaders_[i]->seek(l.loaders[i].epoch, l.loaders[i].batch);
+      } else {
+        acc.loaders_[i]->load_state_dict(l.loaders[i].state);
+      }
+    }
+    default_generator().set_state(l.rng);
+    acc.sync_gradients_ = l.meta.sync_gradients;
+    for (size_t i = 0; i < acc.optimizers_.size(); ++i) {
+      if (acc.sync_gradients_) {
+        acc.optimizers_[i]->grad_accum_.clear();
+      } else if (l.accum[i]) {
+        acc.optimizers_[i]->grad_accum_ = *l.accum[i];
+      }
+    }
     NoGradGuard ng;
-    models_[i]->zero_grad(true);
-    if (sync_gradients_) continue;
-    nn::TensorDict grads =
-        nn::load_safetensors(at(rank_file(indexed("grads", i, ""), rank_, ".safetensors")));
-    for (auto& [pname, p] : models_[i]->named_parameters()) {
-      auto it = grads.find(pname);
-      if (it == grads.end()) continue;
-      ACCEL_CHECK(it->second.sizes() == p.sizes(), ShapeError, "load_state", "gradient of ", pname,
-                  " has shape ", it->second.shape_str(), ", parameter ", p.shape_str());
-      p.set_grad(it->second.to(p.device(), p.dtype()));
+    for (size_t i = 0; i < acc.models_.size(); ++i) {
+      acc.models_[i]->zero_grad(true);
+      for (const auto& [p, g] : l.grads[i]) Tensor(p).set_grad(g);
     }
+    for (size_t i = 0; i < acc.customs_.size(); ++i) acc.customs_[i].load(l.customs[i]);
+    acc.scaler_.load_state_dict(l.meta.scaler);
+    acc.step_ = l.meta.step;
+    acc.optimizer_steps_ = l.meta.optimizer_steps;
+    acc.save_iteration_ = l.meta.save_iteration + 1;
   }
-  for (auto& c : customs_) {
-    const std::string f = rank_or_first("custom_" + c.name, ".json");
-    ACCEL_CHECK(fs::exists(f), IoError, "load_state", "checkpoint '", path, "' has no state for '",
-                c.name, "' (", f, ")");
-    c.load(nlohmann::json::parse(dist::read_file(f)).get<std::map<std::string, std::string>>());
+
+  static Snapshot snapshot(Accelerator& acc) {
+    Snapshot s;
+    NoGradGuard ng;
+    for (auto& m : acc.models_) {
+      nn::TensorDict d = m->state_dict();
+      for (auto& [k, v] : d) v = v.clone();  // loads copy into parameters in place
+      s.models.push_back(std::move(d));
+      std::vector<std::pair<Tensor, Tensor>> g;
+      for (auto& [pname, p] : m->named_parameters()) g.emplace_back(p, p.grad());
+      s.grads.push_back(std::move(g));
+    }
+    for (auto& o : acc.optimizers_) {
+      s.optimizers.push_back(o->opt_->state_dict());
+      s.shard_optimizers.push_back(o->shard_opt_ ? o->shard_opt_->state_dict() : nn::TensorDict{});
+      s.accum.push_back(o->grad_accum_);
+    }
+    for (auto& sc : acc.schedulers_) s.schedulers.push_back(sc->state_dict());
+    for (auto& ld : acc.loaders_) s.loaders.push_back(ld->state_dict());
+    s.rng = default_generator().state();
+    for (auto& c : acc.customs_) s.customs.push_back(c.save());
+    s.scaler = acc.scaler_.state_dict();
+    s.step = acc.step_;
+    s.optimizer_steps = acc.optimizer_steps_;
+    s.save_iteration = acc.save_iteration_;
+    s.sync_gradients = acc.sync_gradients_;
+    return s;
   }
-  scaler_.load_state_dict(s.at("scaler").get<std::map<std::string, std::string>>());
-  step_ = s.value("step", int64_t(0));
-  optimizer_steps_ = s.value("optimizer_steps", int64_t(0));
-  save_iteration_ = s.value("save_iteration", int64_t(-1)) + 1;
-  wait_for_everyone();
-  return path;
+
+  static void restore(Accelerator& acc, const Snapshot& s) {
+    NoGradGuard ng;
+    for (size_t i = 0; i < acc.models_.size(); ++i) {
+      acc.models_[i]->load_state_dict(s.models[i]);
+      for (const auto& [p, g] : s.grads[i]) Tensor(p).set_grad(g);
+    }
+    for (auto* z : acc.zero_optimizers()) ZeroCheckpoint::refresh_stage3_slices(*z, acc.rank_);
+    for (size_t i = 0; i < acc.optimizers_.size(); ++i) {
+      AcceleratedOptimizer& o = *acc.optimizers_[i];
+      o.opt_->load_state_dict(s.optimizers[i]);
+      if (o.shard_opt_) o.shard_opt_->load_state_dict(s.shard_optimizers[i]);
+      o.grad_accum_ = s.accum[i];
+    }
+    for (size_t i = 0; i < acc.schedulers_.size(); ++i) acc.schedulers_[i]->load_state_dict(s.schedulers[i]);
+    for (size_t i = 0; i < acc.loaders_.size(); ++i) acc.loaders_[i]->load_state_dict(s.loaders[i]);
+    default_generator().set_state(s.rng);
+    for (size_t i = 0; i < acc.customs_.size(); ++i) acc.customs_[i].load(s.customs[i]);
+    acc.scaler_.load_state_dict(s.scaler);
+    acc.step_ = s.step;
+    acc.optimizer_steps_ = s.optimizer_steps;
+    acc.save_iteration_ = s.save_iteration;
+    acc.sync_gradients_ = s.sync_gradients;
+  }
+
+  // Step 2: the ranks whose `failed` was true (collective; every rank gets the same list).
+  static std::vector<int> failed_ranks(Accelerator& acc, bool failed) {
+    if (acc.world_size_ == 1) return failed ? std::vector<int>{0} : std::vector<int>{};
+    Tensor flags = zeros({acc.world_size_}, TensorOptions(kFloat32, acc.device_));
+    if (failed) flags.narrow(0, acc.rank_, 1).fill_(1.0);
+    acc.group_->all_reduce(flags, dist::ReduceOp::Sum);
+    std::vector<int> out;
+    for (int r = 0; r < acc.world_size_; ++r)
+      if (flags.narrow(0, r, 1).item<double>() > 0) out.push_back(r);
+    return out;
+  }
+
+  // Rethrows this rank's own error, or names the ranks that failed.
+  [[noreturn]] static void rethrow(const std::exception_ptr& err, const std::vector<int>& failed,
+                                   const std::string& dir, const char* what) {
+    if (err) std::rethrow_exception(err);
+    std::string ranks;
+    for (int r : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    ACCEL_THROW(IoError, "load_state", "rank(s) ", ranks, " could not ", what, " checkpoint '", dir,
+                "'; no rank changed anything");
+  }
+};
+
+std::string Accelerator::load_state(const std::string& dir) {
+  const std::string where = dir.empty() ? checkpoints_dir() : dir;
+  for (auto* z : zero_optimizers()) z->zero_->gather_parameters();  // stage 3: full shapes
+  std::exception_ptr err;
+  std::optional<CheckpointIo::Loaded> loaded;
+  try {
+    loaded = CheckpointIo::read(*this, dist::resolve_checkpoint_dir(where));
+  } catch (...) {
+    err = std::current_exception();
+  }
+  std::vector<int> failed = CheckpointIo::failed_ranks(*this, bool(err));
+  if (!failed.empty()) CheckpointIo::rethrow(err, failed, where, "read");
+
+  const CheckpointIo::Snapshot before = CheckpointIo::snapshot(*this);
+  try {
+    CheckpointIo::apply(*this, *loaded);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  failed = CheckpointIo::failed_ranks(*this, bool(err));
+  if (!failed.empty()) {
+    try {
+      CheckpointIo::restore(*this, before);
+    } catch (...) {  // the state came from these very objects; keep the error that matters
+    }
+    CheckpointIo::rethrow(err, failed, where, "load");
+  }
+  return loaded->path;
 }
 
 }  // namespace accel

@@ -99,6 +99,7 @@ struct AcceleratorConfig {
 
 class Accelerator;
 struct ZeroCheckpoint;
+struct CheckpointIo;
 
 // Note [zero in the facade]
 // With zero_stage 1-3 and world size > 1, prepare(optimizer) builds a dist::ZeroOptimizer over
@@ -143,6 +144,7 @@ class AcceleratedOptimizer {
  private:
   friend class Accelerator;
   friend struct ZeroCheckpoint;
+  friend struct CheckpointIo;
   void init_zero(const dist::ProcessGroupPtr& group, dist::NamedParams params, int stage);
   // Called by the shard optimizer at the start of its step(): copies lr / weight decay, unscales
   // under fp16; false skips the update.
@@ -330,7 +332,10 @@ class Accelerator {
   // every rank must call it. Returns the checkpoint directory.
   std::string save_state(const std::string& dir = "");
   // Loads a checkpoint directory, or the one named by `dir`/latest (empty:
-  // project_dir/checkpoints). Collective. Loading into another world size is an error.
+  // project_dir/checkpoints). Collective. Loading into another world size is an error (except
+  // ZeRO re-sharding). All or nothing: on any error (IoError for a missing or malformed file)
+  // no prepared object, RNG, loader or counter has changed, on any rank (Note [checkpoint
+  // loading] in dist/accelerator.cc).
   std::string load_state(const std::string& dir = "");
   // Extra state saved with every checkpoint under `name` (string maps, per rank).
   using SaveFn = std::function<std::map<std::string, std::string>()>;
@@ -361,6 +366,7 @@ class Accelerator {
   std::vector<AcceleratedOptimizer*> zero_optimizers() const;
   double sharded_clip_grad_norm_(double max_norm, double p);
   friend struct ZeroCheckpoint;  // dist/accelerator.cc: save/load/re-shard of ZeRO state
+  friend struct CheckpointIo;    // dist/accelerator.cc: Note [checkpoint loading]
   template <typename M>
   std::shared_ptr<M> prepare_one(std::shared_ptr<M> model)
     requires std::is_base_of_v<nn::Module, M>

@@ -2,10 +2,12 @@
 #include "dist/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -86,22 +88,68 @@ void begin_checkpoint_dir(const std::string& tmp_dir) {
   ACCEL_CHECK(!ec, IoError, "save_state", "cannot create '", tmp_dir, "': ", ec.message());
 }
 
+namespace {
+// renameat2(RENAME_EXCHANGE): swaps two paths atomically (Linux 3.15; ext4, xfs, btrfs, tmpfs,
+// ...). False with errno set where the kernel or filesystem cannot (EINVAL, ENOSYS, ENOTSUP).
+bool exchange_paths(const std::string& a, const std::string& b) {
+#if defined(SYS_renameat2)
+  constexpr unsigned kRenameExchange = 1u << 1;  // RENAME_EXCHANGE in <linux/fs.h>
+  return ::syscall(SYS_renameat2, AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), kRenameExchange) == 0;
+#else
+  errno = ENOSYS;
+  return false;
+#endif
+}
+
+// Env ACCEL_CHECKPOINT_NO_EXCHANGE=1 (test-only) takes the fallback path below.
+bool no_exchange_for_tests() {
+  const char* v = std::getenv("ACCEL_CHECKPOINT_NO_EXCHANGE");
+  return v && *v && std::string(v) != "0";
+}
+
+bool has_state(const std::string& dir) {
+  std::error_code ec;
+  return fs::exists(fs::path(dir) / kCheckpointStateFile, ec);
+}
+}  // namespace
+
+std::string checkpoint_aside_dir(const std::string& final_dir) {
+  return checkpoint_tmp_dir(final_dir) + ".old";
+}
+
 void commit_checkpoint_dir(const std::string& tmp_dir, const std::string& final_dir) {
   fsync_path(tmp_dir);
+  const std::string parent = parent_of(fs::path(final_dir).lexically_normal().string());
   std::error_code ec;
-  std::string old;
-  if (fs::exists(final_dir)) {
-    // rename() cannot replace a non-empty directory: move the old one aside first.
-    old = checkpoint_tmp_dir(final_dir) + ".old";
+  if (!fs::exists(final_dir, ec)) {
+    fs::rename(tmp_dir, final_dir, ec);
+    ACCEL_CHECK(!ec, IoError, "save_state", "rename '", tmp_dir, "' -> '", final_dir,
+                "' failed: ", ec.message());
+    fsync_path(parent);
+    run_checkpoint_hook("commit_swap");
+  } else if (!no_exchange_for_tests() && exchange_paths(tmp_dir, final_dir)) {
+    // final_dir is the new checkpoint and tmp_dir the old one, in one step: there is no instant
+    // at which final_dir is missing or partial.
+    fsync_path(parent);
+    run_checkpoint_hook("commit_swap");
+    fs::remove_all(tmp_dir, ec);
+  } else {
+    // No atomic exchange here: move the old checkpoint aside, then the new one in. Between the
+    // two renames final_dir is missing; resolve_checkpoint_dir() then loads the aside copy,
+    // which is complete (Note [atomic checkpoints]).
+    const std::string old = checkpoint_aside_dir(final_dir);
     fs::remove_all(old, ec);
     fs::rename(final_dir, old, ec);
     ACCEL_CHECK(!ec, IoError, "save_state", "cannot move old '", final_dir, "' aside: ", ec.message());
+    fsync_path(parent);
+    run_checkpoint_hook("commit_swap");
+    fs::rename(tmp_dir, final_dir, ec);
+    ACCEL_CHECK(!ec, IoError, "save_state", "rename '", tmp_dir, "' -> '", final_dir,
+                "' failed: ", ec.message());
+    fsync_path(parent);
   }
-  fs::rename(tmp_dir, final_dir, ec);
-  ACCEL_CHECK(!ec, IoError, "save_state", "rename '", tmp_dir, "' -> '", final_dir, "' failed: ",
-              ec.message());
-  fsync_path(parent_of(fs::path(final_dir).lexically_normal().string()));
-  if (!old.empty()) fs::remove_all(old, ec);
+  // A previous save killed between the fallback's renames leaves an aside copy behind.
+  fs::remove_all(checkpoint_aside_dir(final_dir), ec);
 }
 
 void write_latest(const std::string& parent, const std::string& name) {
@@ -113,20 +161,26 @@ std::optional<std::string> read_latest(const std::string& parent) {
   if (!fs::exists(p)) return std::nullopt;
   std::string s = read_file(p.string());
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  ACCEL_CHECK(!s.empty() && s.find('/') == std::string::npos, IoError, "load_state", "'",
-              p.string(), "' does not name a checkpoint directory: '", s, "'");
+  // It must name a directory inside `parent`: not absolute, no separators, not . or ..
+  const bool plain = !s.empty() && s != "." && s != ".." && s.find('/') == std::string::npos &&
+                     s.find('\\') == std::string::npos && s.find('\0') == std::string::npos &&
+                     s.find('\n') == std::string::npos;
+  ACCEL_CHECK(plain, IoError, "load_state", "'", p.string(),
+              "' must name a checkpoint directory inside '", parent, "', not '", s, "'");
   return s;
 }
 
 std::string resolve_checkpoint_dir(const std::string& dir) {
-  if (fs::exists(fs::path(dir) / kCheckpointStateFile)) return dir;
+  if (has_state(dir)) return dir;
   if (auto name = read_latest(dir)) {
     std::string target = (fs::path(dir) / *name).string();
-    ACCEL_CHECK(fs::exists(fs::path(target) / kCheckpointStateFile), IoError, "load_state", "'",
-                dir, "/latest' names '", *name, "', which is not a complete checkpoint (no ",
-                kCheckpointStateFile, ")");
-    return target;
+    if (has_state(target)) return target;
+    // A save killed between the fallback renames of commit_checkpoint_dir().
+    if (has_state(checkpoint_aside_dir(target))) return checkpoint_aside_dir(target);
+    ACCEL_THROW(IoError, "load_state", "'", dir, "/latest' names '", *name,
+                "', which is not a complete checkpoint (no ", kCheckpointStateFile, ")");
   }
+  if (has_state(checkpoint_aside_dir(dir))) return checkpoint_aside_dir(dir);
   ACCEL_THROW(IoError, "load_state", "'", dir, "' is not a checkpoint: it has neither ",
               kCheckpointStateFile, " nor a '", kLatestFile, "' pointer");
 }

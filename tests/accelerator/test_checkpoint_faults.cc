@@ -1,0 +1,320 @@
+// Checkpoints under faults (Note [atomic checkpoints] in dist/checkpoint.h, Note [checkpoint
+// loading] in dist/accelerator.cc): a re-save killed at every step, `latest` pointing outside
+// its root, malformed state.json, and loads that fail halfway.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <sstream>
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include "dist/checkpoint.h"
+#include "tests/accelerator/common.h"
+
+using namespace accel;
+using accel::test::Run;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fresh_dir(const std::string& tag) {
+  std::string d = "/tmp/accel-ckpt-faults-" + std::to_string(getpid()) + "-" + tag;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+AcceleratorConfig base_config(const std::string& dir) {
+  AcceleratorConfig c;
+  c.project_dir = dir;
+  c.read_env = false;
+  return c;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void spit(const std::string& path, const std::string& data) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
+}
+
+// Runs body in a forked child (exit code = its result; 99 = exception). The parent of the
+// save/kill tests runs no kernels itself, so the children never inherit a live thread team.
+int in_child(const std::function<int()>& body) {
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int rc = 99;
+    try {
+      rc = body();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child: %s\n", e.what());
+    }
+    std::fflush(stderr);
+    _exit(rc);
+  }
+  int st = 0;
+  REQUIRE(waitpid(pid, &st, 0) == pid);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+}
+
+int64_t saved_step(const std::string& ckpt_dir) {
+  return nlohmann::json::parse(slurp(ckpt_dir + "/" + dist::kCheckpointStateFile)).at("step").get<int64_t>();
+}
+
+// One step, save to root/ck (step 1); one more step, save to root/ck again (step 2), the
+// process killed at `stage` of that second save.
+int save_twice_and_die_at(const std::string& root, const std::string& stage) {
+  Accelerator acc(base_config(root));
+  Run run(acc, 8, false, 0.0);
+  run.step(acc, *run.loader->begin());
+  acc.save_state(root + "/ck");
+  run.step(acc, *run.loader->begin());
+  dist::set_checkpoint_hook([&](const std::string& s) {
+    if (s == stage) kill(getpid(), SIGKILL);
+  });
+  acc.save_state(root + "/ck");
+  return 0;  // the stage never came
+}
+
+void resave_killed_at_every_step(bool exchange) {
+  const std::vector<std::string> stages = {"begin", "rank_files", "state", "commit_swap",
+                                           "commit", "latest", "rotate"};
+  // The fallback's "commit_swap" comes between its two renames: the old copy is still current.
+  std::vector<std::string> old_until = {"begin", "rank_files", "state"};
+  if (!exchange) old_until.push_back("commit_swap");
+  if (!exchange) setenv("ACCEL_CHECKPOINT_NO_EXCHANGE", "1", 1);
+  for (const std::string& stage : stages) {
+    CAPTURE(stage);
+    const std::string root = fresh_dir(std::string("resave-") + (exchange ? "x-" : "f-") + stage);
+    CHECK(in_child([&] { return save_twice_and_die_at(root, stage); }) == -SIGKILL);
+    // `latest` resolves to a complete checkpoint: the old one (step 1) until the new directory
+    // took the name, the new one (step 2) from then on.
+    std::string resolved;
+    REQUIRE_NOTHROW(resolved = dist::resolve_checkpoint_dir(root));
+    const bool old = std::find(old_until.begin(), old_until.end(), stage) != old_until.end();
+    CHECK(saved_step(resolved) == (old ? 1 : 2));
+    // With an atomic exchange the named directory itself is complete at every instant.
+    if (exchange) CHECK(saved_step(root + "/ck") == (old ? 1 : 2));
+    // And it loads: every file of it is there.
+    CHECK(in_child([&] {
+            Accelerator acc(base_config(root));
+            Run run(acc, 8, false, 0.0);
+            acc.load_state(root);
+            return acc.step() == (old ? 1 : 2) ? 0 : 1;
+          }) == 0);
+    // The next save cleans up whatever the killed one left behind.
+    CHECK(in_child([&] {
+            Accelerator acc(base_config(root));
+            Run run(acc, 8, false, 0.0);
+            acc.save_state(root + "/ck");
+            return 0;
+          }) == 0);
+    std::vector<std::string> names;
+    for (auto& e : fs::directory_iterator(root)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    CHECK(names == std::vector<std::string>{"ck", "latest"});
+    fs::remove_all(root);
+  }
+  unsetenv("ACCEL_CHECKPOINT_NO_EXCHANGE");
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint faults: a re-save killed at any step leaves latest complete (exchange)") {
+  resave_killed_at_every_step(true);
+}
+
+TEST_CASE("checkpoint faults: a re-save killed at any step leaves latest complete (fallback)") {
+  resave_killed_at_every_step(false);
+}
+
+namespace {
+
+// Everything load_state may change, bit for bit.
+std::string fingerprint(Accelerator& acc, Run& run, std::map<std::string, std::string>& custom) {
+  std::ostringstream os;
+  auto dump = [&](const char* what, const nn::TensorDict& d) {
+    for (auto& [k, v] : d) {
+      Tensor c = v.contiguous().to(kFloat64);
+      os << what << "." << k << ":";
+      const double* p = static_cast<const double*>(c.data_ptr());
+      for (int64_t i = 0; i < c.numel(); ++i) os << test::hex(p[i]) << ",";
+      os << "\n";
+    }
+  };
+  dump("model", run.model->state_dict());
+  nn::TensorDict grads;
+  for (auto& [n, p] : run.model->named_parameters())
+    if (p.grad().defined()) grads[n] = p.grad();
+  dump("grad", grads);
+  dump("optimizer", run.opt->state_dict());
+  dump("scheduler", run.sched->state_dict());
+  for (auto& [k, v] : run.loader->state_dict()) os << "loader." << k << "=" << v << "\n";
+  os << "rng=" << default_generator().state() << "\n";
+  for (auto& [k, v] : acc.scaler().state_dict()) os << "scaler." << k << "=" << v << "\n";
+  for (auto& [k, v] : custom) os << "custom." << k << "=" << v << "\n";
+  os << "step=" << acc.step() << " optimizer_steps=" << acc.optimizer_steps()
+     << " sync=" << acc.sync_gradients() << "\n";
+  return os.str();
+}
+
+// A run with a registered custom object, checkpointed after 3 micro-steps (inside an
+// accumulation window), then trained on so that every piece of state differs from it.
+struct Trained {
+  std::string dir, ckpt;
+  AcceleratorConfig config;
+  std::unique_ptr<Accelerator> acc;
+  std::unique_ptr<Run> run;
+  std::map<std::string, std::string> custom{{"counter", "0"}};
+  bool custom_load_throws = false;
+
+  explicit Trained(const std::string& tag) : dir(fresh_dir(tag)), config(base_config(dir)) {
+    config.gradient_accumulation_steps = 2;
+    acc = std::make_unique<Accelerator>(config);
+    run = std::make_unique<Run>(*acc, 4);
+    acc->register_for_checkpointing(
+        "counter", [this] { return custom; },
+        [this](const std::map<std::string, std::string>& m) {
+          if (custom_load_throws) throw ValueError("test: the custom object refuses its state");
+          custom = m;
+        });
+    train(3);  // inside an accumulation window: the checkpoint holds gradients too
+    ckpt = acc->save_state();
+    train(2);
+  }
+  ~Trained() { fs::remove_all(dir); }
+  void train(int steps) {
+    auto it = run->loader->begin();
+    for (int i = 0; i < steps; ++i, ++it) {
+      if (it == run->loader->end()) it = run->loader->begin();
+      run->step(*acc, *it);
+      custom["counter"] = std::to_string(std::stoi(custom["counter"]) + 1);
+    }
+  }
+  std::string state() { return fingerprint(*acc, *run, custom); }
+};
+
+}  // namespace
+
+TEST_CASE("checkpoint faults: latest must name a directory inside its root") {
+  Trained t("latest");
+  // A complete checkpoint one level up: a `latest` of ".." would reach it.
+  const std::string root = t.ckpt + "/inner";
+  fs::create_directories(root);
+  for (const std::string bad : {"..", "../checkpoint_0", "/tmp", ".", "", "a/../..", "\n"}) {
+    CAPTURE(bad);
+    spit(root + "/latest", std::string(bad) + "\n");
+    const std::string before = t.state();
+    CHECK_THROWS_AS(t.acc->load_state(root), IoError);
+    CHECK(t.state() == before);
+  }
+  try {
+    spit(root + "/latest", "..\n");
+    t.acc->load_state(root);
+  } catch (const IoError& e) {
+    CHECK(std::string(e.what()).find(root + "/latest") != std::string::npos);
+  }
+  // A plain name inside the root is fine.
+  spit(t.dir + "/checkpoints/latest", "checkpoint_0\n");
+  CHECK(t.acc->load_state() == t.ckpt);
+}
+
+TEST_CASE("checkpoint faults: a malformed state.json is an IoError naming the file") {
+  Trained t("malformed");
+  const std::string file = t.ckpt + "/" + dist::kCheckpointStateFile;
+  const std::string good = slurp(file);
+  const nlohmann::json j = nlohmann::json::parse(good);
+  std::vector<std::pair<std::string, std::string>> cases = {
+      {"not JSON", "{\"format\": 1, "},
+      {"not an object", "[1, 2, 3]"},
+      {"empty", ""},
+  };
+  auto edited = [&](const std::string& name, const std::function<void(nlohmann::json&)>& f) {
+    nlohmann::json k = j;
+    f(k);
+    cases.emplace_back(name, k.dump());
+  };
+  edited("format is a string", [](nlohmann::json& k) { k["format"] = "1"; });
+  edited("step is a float", [](nlohmann::json& k) { k["step"] = 1.5; });
+  edited("world_size is negative", [](nlohmann::json& k) { k["world_size"] = -2; });
+  edited("scaler is a number", [](nlohmann::json& k) { k["scaler"] = 3; });
+  edited("scaler value is a number", [](nlohmann::json& k) { k["scaler"]["scale"] = 3; });
+  edited("sync_gradients is a string", [](nlohmann::json& k) { k["sync_gradients"] = "yes"; });
+  edited("num_models missing", [](nlohmann::json& k) { k.erase("num_models"); });
+  edited("step missing", [](nlohmann::json& k) { k.erase("step"); });
+  edited("save_iteration missing", [](nlohmann::json& k) { k.erase("save_iteration"); });
+  edited("scaler missing", [](nlohmann::json& k) { k.erase("scaler"); });
+  edited("zero is an object", [](nlohmann::json& k) { k["zero"] = {{"a", 1}}; });
+  edited("zero buckets malformed", [](nlohmann::json& k) {
+    k["zero"] = nlohmann::json::array({{{"stage", 1}, {"buckets", {{1}}}}});
+  });
+  for (auto& [name, text] : cases) {
+    CAPTURE(name);
+    spit(file, text);
+    const std::string before = t.state();
+    bool named = false;
+    try {
+      t.acc->load_state();
+    } catch (const IoError& e) {
+      named = std::string(e.what()).find(file) != std::string::npos;
+      INFO(std::string(e.what()));
+      CHECK(named);
+    } catch (const std::exception& e) {
+      FAIL("not an IoError: " << std::string(e.what()));
+    }
+    CHECK(named);
+    CHECK(t.state() == before);
+  }
+  spit(file, good);
+  CHECK_NOTHROW(t.acc->load_state());
+}
+
+TEST_CASE("checkpoint faults: load_state changes nothing unless everything loads") {
+  Trained t("atomic");
+  const std::string before = t.state();
+  // Every file load_state reads, each truncated in turn (the last-read first).
+  std::vector<std::string> files = {"custom_counter_rank0.json", "grads_rank0.safetensors",
+                                    "rng_rank0.txt", "loader_rank0.json", "scheduler.safetensors",
+                                    "optimizer.safetensors", "model.safetensors"};
+  for (const std::string& f : files) {
+    CAPTURE(f);
+    const std::string path = t.ckpt + "/" + f;
+    REQUIRE(fs::exists(path));
+    const std::string good = slurp(path);
+    spit(path, good.substr(0, good.size() / 2));
+    try {
+      t.acc->load_state();
+      FAIL("loaded a truncated " << f);
+    } catch (const IoError& e) {
+      CHECK(std::string(e.what()).find(f) != std::string::npos);
+    }
+    CHECK(t.state() == before);
+    spit(path, good);
+  }
+  // A failure while applying (the last object refuses its state): everything is rolled back.
+  t.custom_load_throws = true;
+  CHECK_THROWS_AS(t.acc->load_state(), ValueError);
+  CHECK(t.state() == before);
+  // And with nothing wrong it loads, and then the state is the checkpoint's.
+  t.custom_load_throws = false;
+  CHECK_NOTHROW(t.acc->load_state());
+  CHECK(t.state() != before);
+  CHECK(t.acc->step() == 3);
+  CHECK(t.custom.at("counter") == "3");
+}

@@ -21,7 +21,9 @@
 
 #include <doctest/doctest.h>
 
+#include "core/tensor.h"
 #include "dist/control_plane.h"
+#include "dist/gloo/process_group_gloo.h"
 #include "dist/reduce_kernels.h"
 #include "dist/shm_allreduce.h"
 #include "dist/store.h"
@@ -283,6 +285,34 @@ TEST_CASE("shm: ranks with different host keys all fall back, equal keys use shm
     for (int r = 0; r < kWorld; ++r) {
       INFO("same host key: " << same << ", rank " << r);
       CHECK(read_line(kids[size_t(r)].out, kReadLimit) == (same ? "SHM" : "NOSHM"));
+    }
+    reap(kids);
+  }
+}
+
+TEST_CASE("shm: a Gloo group whose ranks are on different hosts all-reduces over TCP") {
+  constexpr int kWorld = 3;
+  for (bool same : {true, false}) {
+    const int port = accel::test::free_port();
+    std::vector<Child> kids;
+    for (int r = 0; r < kWorld; ++r) {
+      kids.push_back(fork_child([&, r](int in, int out) {
+        setenv("ACCEL_SHM_HOST_KEY", (!same && r == 1) ? "host-b" : "host-a", 1);
+        accel::dist::ProcessGroupOptions o;
+        o.timeout = kStoreTimeout;
+        auto pg = accel::dist::new_gloo_group(connect_store(r, port), r, kWorld, o);
+        auto* gloo = dynamic_cast<accel::dist::ProcessGroupGloo*>(pg.get());
+        accel::Tensor t = accel::full({1000}, double(r + 1));
+        pg->all_reduce(t);
+        const bool right = t.narrow(0, 999, 1).item<double>() == 6.0;
+        say(out, std::string(gloo && gloo->uses_shm() ? "SHM" : "TCP") + (right ? " OK" : " WRONG"));
+        pg->barrier();  // nobody tears the group down while a peer still uses it
+        return linger_if_server(r, in);
+      }));
+    }
+    for (int r = 0; r < kWorld; ++r) {
+      INFO("same host key: " << same << ", rank " << r);
+      CHECK(read_line(kids[size_t(r)].out, kReadLimit) == (same ? "SHM OK" : "TCP OK"));
     }
     reap(kids);
   }

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dist/checkpoint.h"
+#include "tests/dist/spawn.h"
 #include "tests/accelerator/common.h"
 
 using namespace accel;
@@ -176,16 +177,25 @@ std::string fingerprint(Accelerator& acc, Run& run, std::map<std::string, std::s
 
 // A run with a registered custom object, checkpointed after 3 micro-steps (inside an
 // accumulation window), then trained on so that every piece of state differs from it.
+// `from_env`: one rank of a group under the env contract, in a directory the caller owns.
 struct Trained {
   std::string dir, ckpt;
+  bool owns_dir;
   AcceleratorConfig config;
   std::unique_ptr<Accelerator> acc;
   std::unique_ptr<Run> run;
   std::map<std::string, std::string> custom{{"counter", "0"}};
   bool custom_load_throws = false;
 
-  explicit Trained(const std::string& tag) : dir(fresh_dir(tag)), config(base_config(dir)) {
+  explicit Trained(const std::string& tag, const std::string& shared_dir = "")
+      : dir(shared_dir.empty() ? fresh_dir(tag) : shared_dir),
+        owns_dir(shared_dir.empty()),
+        config(base_config(dir)) {
     config.gradient_accumulation_steps = 2;
+    if (!owns_dir) {
+      config.read_env = true;
+      config.timeout = std::chrono::seconds(60);
+    }
     acc = std::make_unique<Accelerator>(config);
     run = std::make_unique<Run>(*acc, 4);
     acc->register_for_checkpointing(
@@ -198,7 +208,9 @@ struct Trained {
     ckpt = acc->save_state();
     train(2);
   }
-  ~Trained() { fs::remove_all(dir); }
+  ~Trained() {
+    if (owns_dir) fs::remove_all(dir);
+  }
   void train(int steps) {
     auto it = run->loader->begin();
     for (int i = 0; i < steps; ++i, ++it) {
@@ -211,6 +223,69 @@ struct Trained {
 };
 
 }  // namespace
+
+// Before the single-process cases below: the parent must not have run kernels when it forks.
+TEST_CASE("checkpoint faults: one rank's unreadable file makes every rank refuse, unchanged") {
+  constexpr int kWorld = 2, kBad = 1;
+  const std::string dir = fresh_dir("ranks");
+  const int port = accel::test::free_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kWorld; ++r) {
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid > 0) {
+      pids.push_back(pid);
+      continue;
+    }
+    int rc = 99;
+    try {
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(kWorld).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      Trained t("", dir);
+      const std::string rng = t.ckpt + "/rng_rank" + std::to_string(kBad) + ".txt";
+      const std::string good = slurp(rng);
+      if (r == kBad) spit(rng, good.substr(0, good.size() / 2));
+      t.acc->wait_for_everyone();
+      const std::string before = t.state();
+      std::string msg = "(no error)";
+      try {
+        t.acc->load_state();
+      } catch (const IoError& e) {
+        msg = e.what();
+      }
+      const std::string want = r == kBad ? rng : "rank(s) 1 could not read";
+      rc = 0;
+      if (msg.find(want) == std::string::npos) {
+        std::fprintf(stderr, "rank %d: error '%s' lacks '%s'\n", r, msg.c_str(), want.c_str());
+        rc = 1;
+      }
+      if (t.state() != before) {
+        std::fprintf(stderr, "rank %d: the failed load changed the state\n", r);
+        rc = 1;
+      }
+      // The group is still in step: with the file repaired, both load.
+      if (r == kBad) spit(rng, good);
+      t.acc->wait_for_everyone();
+      t.acc->load_state();
+      if (t.acc->step() != 3) rc = 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+    }
+    std::fflush(stderr);
+    _exit(rc);
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    int st = 0;
+    // Bounded: a rank stuck in a collective gives up at the 60 s timeout.
+    REQUIRE(waitpid(pids[size_t(r)], &st, 0) == pids[size_t(r)]);
+    CAPTURE(r);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+  }
+  fs::remove_all(dir);
+}
 
 TEST_CASE("checkpoint faults: latest must name a directory inside its root") {
   Trained t("latest");

@@ -117,7 +117,11 @@ int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest
                 "--tee chooses which streams are also printed besides the --log_dir files; pass --log_dir too");
     opts.tee = al::parse_tee(*a.tee);
   }
-  opts.log_dir = a.log_dir;
+  // Absolute: the error file paths in the workers' environment must not depend on their cwd.
+  if (!a.log_dir.empty()) {
+    opts.log_dir = std::filesystem::absolute(a.log_dir).lexically_normal().string();
+    while (opts.log_dir.size() > 1 && opts.log_dir.back() == '/') opts.log_dir.pop_back();
+  }
   opts.stopped_timeout_s = a.stopped_timeout;
   al::LaunchPlan plan = al::resolve_plan(cfg, flags, env, al::count_gpu_device_nodes());
   al::resolve_rendezvous_token(plan, flags, env);

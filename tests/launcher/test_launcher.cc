@@ -1061,6 +1061,14 @@ TEST_CASE("launch: --log_dir writes per-rank stdout/stderr files; --tee picks wh
       CHECK(contains(r.err, "[rank" + R + "]: note from rank") == c.err);
     }
   }
+  {
+    // A relative --log_dir: the workers get absolute error file paths.
+    TempDir dir;
+    const std::string rel = fs::relative(dir.path, fs::current_path()).string() + "/logs/";
+    Result r = accel_run(launch_args({"--log_dir", rel}, {"env", "--dir", dir.str()}));
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    CHECK(read_env_file(dir / "env.0")["ACCEL_ERROR_FILE"] == dir / "logs/attempt_0/rank_0/error.json");
+  }
   Result no_dir = accel_run(launch_args({"--tee", "3"}, {"env"}));
   CHECK(no_dir.code == 1);
   CHECK(contains(no_dir.err, "pass --log_dir too"));

@@ -46,6 +46,9 @@ constexpr double kConsoleDrainSeconds = 1.0;
 // The watchdog's final sweep after a normal end normally takes milliseconds.
 constexpr double kWatchdogFinishSeconds = 2.0;
 constexpr size_t kLaunchIdBytes = 16;
+constexpr size_t kCgroupIdChars = 12;
+// Bound of each cleanup step after the workers of an attempt are gone.
+constexpr double kLeftoverSeconds = 0.5;
 constexpr const char* kLaunchIdVar = "ACCEL_LAUNCH_ID";
 constexpr const char* kErrorFileName = "error.json";
 // Words that make a stderr line the "first error line" of the failure summary.
@@ -196,14 +199,28 @@ class Supervisor {
             std::strerror(errno) + "); TORCHELASTIC_ERROR_FILE is not set");
       }
     }
-    launch_marker_ = std::string(kLaunchIdVar) + "=" + random_hex(kLaunchIdBytes);
-    watchdog_ = std::make_unique<Watchdog>(launch_marker_, temp_root_);
+    const std::string id = random_hex(kLaunchIdBytes);
+    launch_marker_ = std::string(kLaunchIdVar) + "=" + id;
+    if (env_get(base_env_, "ACCEL_RUN_CGROUP").value_or("1") != "0") {
+      std::string why_not;
+      cgroup_ = create_job_cgroup("accel-run-" + id.substr(0, kCgroupIdChars), &why_not);
+      if (!cgroup_.empty()) {
+        cgroup_procs_fd_ = open((cgroup_ + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+        if (cgroup_procs_fd_ < 0) {
+          rmdir(cgroup_.c_str());
+          cgroup_.clear();
+        }
+      }
+    }
+    watchdog_ = std::make_unique<Watchdog>(launch_marker_, temp_root_, cgroup_);
     if (!watchdog_->running()) log("warning: cannot start the watchdog; a SIGKILL of accel-run may leave processes behind");
   }
 
   ~Supervisor() {
     for (Worker& w : workers_) close_logs(w);
+    if (cgroup_procs_fd_ >= 0) close(cgroup_procs_fd_);
     if (watchdog_) watchdog_->finish(kWatchdogFinishSeconds);
+    if (!cgroup_.empty() && access(cgroup_.c_str(), F_OK) == 0) remove_cgroup(cgroup_, kWatchdogFinishSeconds);
     if (!temp_root_.empty() && !keep_temp_) {
       std::error_code ec;
       std::filesystem::remove_all(temp_root_, ec);
@@ -425,6 +442,12 @@ class Supervisor {
       // Own process group: teardown signals reach the worker and everything it starts, and a
       // Ctrl-C at the terminal reaches only accel-run, which forwards it once.
       setpgid(0, 0);
+      if (cgroup_procs_fd_ >= 0) {
+        // Note [job cgroup]: join it before exec, so that nothing the program starts is outside.
+        const std::string self = std::to_string(getpid());
+        ssize_t moved = write(cgroup_procs_fd_, self.data(), self.size());
+        (void)moved;  // not fatal: the process group, the marker and the subreaper still apply
+      }
       // Note [no orphans]: if accel-run dies without cleaning up (SIGKILL), the kernel kills the
       // workers and the watchdog (Note [watchdog]) kills what they started.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -642,9 +665,10 @@ class Supervisor {
     for (const Worker& w : workers_) {
       if (w.pid > 0) groups.insert(w.pid);
     }
-    sweep_launch(groups, launch_marker_, 0.5);
+    if (!cgroup_.empty()) kill_cgroup(cgroup_, kLeftoverSeconds);
+    sweep_launch(groups, launch_marker_, kLeftoverSeconds);
     const pid_t wd = watchdog_ ? watchdog_->pid() : -1;
-    const auto deadline = Clock::now() + std::chrono::milliseconds(500);
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kLeftoverSeconds));
     while (Clock::now() < deadline) {
       auto kids = list_children();
       kids.erase(std::remove(kids.begin(), kids.end(), wd), kids.end());
@@ -809,7 +833,8 @@ class Supervisor {
       const std::string tmp = w.error_file + ".tmp";
       {
         std::ofstream f(tmp, std::ios::trunc);
-        f << j.dump(2) << "\n";
+        // Worker output need not be UTF-8; dump() would throw on it (type_error 316).
+        f << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
         if (!f) {
           log("warning: cannot write " + tmp);
           continue;
@@ -856,6 +881,8 @@ class Supervisor {
   bool keep_temp_ = false;
   std::string launch_marker_;  // "ACCEL_LAUNCH_ID=<hex>"
   std::unique_ptr<Watchdog> watchdog_;
+  std::string cgroup_;  // the job cgroup (empty: none), Note [job cgroup]
+  int cgroup_procs_fd_ = -1;
   sigset_t old_mask_{};
   struct sigaction old_chld_{}, old_pipe_{};
   int sfd_ = -1;

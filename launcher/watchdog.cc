@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 #include <string_view>
 #include <thread>
 
@@ -56,7 +58,40 @@ bool environ_has(const std::string& pid, const std::string& needle) {
   return env.find(needle) != std::string::npos;
 }
 
-[[noreturn]] void watchdog_main(int rfd, const std::string& marker, const std::string& temp_dir) {
+std::string read_small_file(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string out;
+  char buf[4096];
+  while (out.size() < kMaxEnvironBytes) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
+bool write_small_file(const std::string& path, const std::string& text) {
+  int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n;
+  do {
+    n = write(fd, text.data(), text.size());
+  } while (n < 0 && errno == EINTR);
+  close(fd);
+  return n == static_cast<ssize_t>(text.size());
+}
+
+bool cgroup_populated(const std::string& dir) {
+  const std::string events = read_small_file(dir + "/cgroup.events");
+  if (events.empty()) return !trim(read_small_file(dir + "/cgroup.procs")).empty();
+  return events.find("populated 1") != std::string::npos;
+}
+
+[[noreturn]] void watchdog_main(int rfd, const std::string& marker, const std::string& temp_dir,
+                                const std::string& cgroup) {
   std::set<pid_t> groups;
   bool keep = false;
   std::string pending;
@@ -79,6 +114,7 @@ bool environ_has(const std::string& pid, const std::string& needle) {
       }
     }
   }
+  if (!cgroup.empty()) remove_cgroup(cgroup, kWatchdogSweepSeconds);
   sweep_launch(groups, marker, kWatchdogSweepSeconds);
   if (!keep && !temp_dir.empty()) {
     std::error_code ec;
@@ -88,6 +124,77 @@ bool environ_has(const std::string& pid, const std::string& needle) {
 }
 
 }  // namespace
+
+std::string create_job_cgroup(const std::string& name, std::string* why_not) {
+  // The cgroup v2 mount point (mountinfo: "... <mount point> ... - cgroup2 ...").
+  std::string mount;
+  {
+    std::istringstream is(read_small_file("/proc/self/mountinfo"));
+    std::string line;
+    while (std::getline(is, line)) {
+      const size_t dash = line.find(" - ");
+      if (dash == std::string::npos || line.compare(dash + 3, 8, "cgroup2 ") != 0) continue;
+      std::istringstream f(line.substr(0, dash));
+      std::string id, parent, dev, root, point;
+      f >> id >> parent >> dev >> root >> point;
+      if (root == "/") {
+        mount = point;
+        break;
+      }
+    }
+  }
+  if (mount.empty()) {
+    *why_not = "no cgroup v2 mounted";
+    return {};
+  }
+  // Our cgroup v2 path ("0::/path").
+  std::string own;
+  {
+    std::istringstream is(read_small_file("/proc/self/cgroup"));
+    std::string line;
+    while (std::getline(is, line)) {
+      if (line.rfind("0::", 0) == 0) own = line.substr(3);
+    }
+  }
+  if (own.empty() || own.find("..") != std::string::npos) {
+    *why_not = "this process is in no cgroup v2 cgroup";
+    return {};
+  }
+  const std::string dir = mount + (own == "/" ? "" : own) + "/" + name;
+  if (mkdir(dir.c_str(), 0755) != 0) {
+    *why_not = "cannot create " + dir + ": " + std::strerror(errno);
+    return {};
+  }
+  return dir;
+}
+
+bool kill_cgroup(const std::string& dir, double max_seconds) {
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(max_seconds));
+  const bool has_kill = write_small_file(dir + "/cgroup.kill", "1");  // Linux >= 5.14: the whole subtree at once
+  while (cgroup_populated(dir)) {
+    if (!has_kill) {
+      std::istringstream is(read_small_file(dir + "/cgroup.procs"));
+      std::string pid;
+      while (is >> pid) {
+        if (auto n = parse_int(pid); n && *n > 1) kill(static_cast<pid_t>(*n), SIGKILL);
+      }
+    }
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(kSweepPause);
+  }
+  return true;
+}
+
+void remove_cgroup(const std::string& dir, double max_seconds) {
+  kill_cgroup(dir, max_seconds);
+  // Children first (a nested accel-run made its own); a cgroup directory holds only control files,
+  // which rmdir removes with it. A failure (a member still exiting) leaves an empty cgroup behind.
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.is_directory(ec) && !e.is_symlink(ec)) remove_cgroup(e.path().string(), 0.0);
+  }
+  rmdir(dir.c_str());
+}
 
 int sweep_launch(const std::set<pid_t>& groups, const std::string& marker, double max_seconds) {
   for (pid_t g : groups) kill(-g, SIGKILL);
@@ -115,7 +222,7 @@ int sweep_launch(const std::set<pid_t>& groups, const std::string& marker, doubl
   return killed;
 }
 
-Watchdog::Watchdog(std::string marker, std::string temp_dir) {
+Watchdog::Watchdog(std::string marker, std::string temp_dir, std::string cgroup) {
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) return;  // no watchdog: the subreaper and PDEATHSIG still apply
   pid_t pid = fork();
@@ -143,7 +250,7 @@ Watchdog::Watchdog(std::string marker, std::string temp_dir) {
     if (rfd < 0) _exit(1);
     close_range(static_cast<unsigned>(rfd) + 1, ~0U, 0);
     for (int fd = 3; fd < rfd; ++fd) close(fd);
-    watchdog_main(rfd, marker, temp_dir);
+    watchdog_main(rfd, marker, temp_dir, cgroup);
   }
   close(p[0]);
   fcntl(p[1], F_SETFL, O_NONBLOCK);  // never block accel-run on a stuck watchdog

@@ -26,11 +26,29 @@ namespace accel::launcher {
 // by the scan (groups not counted).
 int sweep_launch(const std::set<pid_t>& groups, const std::string& marker, double max_seconds);
 
+// Note [job cgroup]: where cgroup v2 is mounted and our own cgroup is writable (root, a systemd
+// user session with delegation; not a SLURM step), accel-run creates a child cgroup
+// `accel-run-<id>` of its own cgroup, and every worker moves itself into it before exec. No
+// process can leave a cgroup by itself, so killing the cgroup (cgroup.kill, or SIGKILL to each
+// member of cgroup.procs on kernels before 5.14) reaches everything the launch started, even a
+// daemon that called setsid() and cleared its environment. The launch marker remains the fallback
+// where no cgroup can be created. ACCEL_RUN_CGROUP=0 turns the cgroup off.
+
+// Creates the job cgroup `name` below this process's cgroup v2 cgroup. Returns its directory, or
+// "" (with the reason in *why_not) when there is no cgroup v2 or it is not writable.
+std::string create_job_cgroup(const std::string& name, std::string* why_not);
+// SIGKILLs every process in the cgroup `dir` and waits (at most `max_seconds`) until it is empty.
+// Returns true when it is empty.
+bool kill_cgroup(const std::string& dir, double max_seconds);
+// kill_cgroup, then removes the directory.
+void remove_cgroup(const std::string& dir, double max_seconds);
+
 class Watchdog {
  public:
   // Forks the watchdog. `marker`: the environment entry of the launch; `temp_dir`: removed by the
-  // watchdog after a sweep unless keep_temp_dir() was called (empty: none).
-  Watchdog(std::string marker, std::string temp_dir);
+  // watchdog after a sweep unless keep_temp_dir() was called (empty: none); `cgroup`: the job
+  // cgroup, killed and removed by the watchdog (empty: none).
+  Watchdog(std::string marker, std::string temp_dir, std::string cgroup = "");
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;

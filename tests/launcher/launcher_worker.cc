@@ -13,7 +13,9 @@
 //   usr1       wait for SIGUSR1, write DIR/usr1.RANK from the handler's flag, exit 0
 // Every mode writes DIR/pid.RANK (and DIR/pid.RANK.child for --spawn_child, DIR/pid.RANK.setsid
 // for --spawn_setsid: a grandchild in a session of its own) once it is ready.
-// fail --error_file TEXT: the failing rank writes TEXT to $ACCEL_ERROR_FILE first.
+// --clear_env: that grandchild also execs itself with an empty environment.
+// fail --error_file TEXT: the failing rank writes TEXT to $ACCEL_ERROR_FILE first; --bad_utf8: it
+// also writes a stderr line that is not UTF-8.
 // Every wait is bounded (kMaxWaitSeconds) so that a broken launcher cannot leave processes behind.
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -100,6 +102,15 @@ void write_pid_files() {
       pid_t g = fork();
       if (g == 0) {
         for (int fd = 0; fd < 3; ++fd) close(fd);  // a daemon: holds none of the worker's pipes
+        if (flag("clear_env")) {
+          // ...that also drops its environment (and with it the launch marker): only the job
+          // cgroup can find it.
+          char self[] = "launcher_worker", mode[] = "sleep";
+          char* args[] = {self, mode, nullptr};
+          char* no_env[] = {nullptr};
+          execve("/proc/self/exe", args, no_env);
+          _exit(73);
+        }
         wait_forever();
       }
       if (write(p[1], &g, sizeof(g)) != sizeof(g)) _exit(71);
@@ -148,6 +159,7 @@ int mode_fail() {
   write_pid_files();
   if (g_rank != fail_rank) wait_forever();
   for (int i = 0; i < 12; ++i) std::fprintf(stderr, "detail %d of rank %d\n", i, g_rank);
+  if (flag("bad_utf8")) std::fprintf(stderr, "bytes that are not UTF-8: \xff\xfe\xc3\n");
   if (flag("error_file")) {
     std::ofstream f(env("ACCEL_ERROR_FILE"));
     f << opt("error_file");

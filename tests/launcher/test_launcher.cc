@@ -763,22 +763,37 @@ std::vector<pid_t> children_named(pid_t parent, const std::string& comm) {
 }
 
 TEST_CASE("launch: SIGKILL of accel-run takes the workers and everything they started with it") {
-  // Each worker starts a grandchild in its process group and one that called setsid() (a daemon
-  // outside its group and session). Before the watchdog only the workers died (PR_SET_PDEATHSIG);
-  // both grandchildren ran on as orphans for the worker's 60 s.
-  TempDir dir;
-  Proc p(launch_args({"--num_processes", "2"}, {"sleep", "--dir", dir.str(), "--spawn_child", "--spawn_setsid"}));
-  REQUIRE(wait_for([&] { return count_files(dir, "pid.") == 6; }, 20));
-  const auto watchdogs = children_named(p.pid(), "accel-run-wd");
-  CHECK(watchdogs.size() == 1);
-  kill(p.pid(), SIGKILL);
-  const auto killed = Clock::now();
-  const auto pids = read_pids(dir);
-  CHECK(pids.size() == 6);
-  for (pid_t w : pids) CHECK_MESSAGE(wait_for([&] { return !alive(w); }, 10), "process ", w, " survived SIGKILL of accel-run");
-  MESSAGE("all 6 workers and grandchildren were gone ", since(killed), " s after SIGKILL of accel-run");
-  for (pid_t w : watchdogs) CHECK_MESSAGE(wait_for([&] { return !alive(w); }, 10), "the watchdog ", w, " stayed");
-  p.finish(10);
+  // Each worker starts a grandchild in its process group and a daemon that called setsid() (outside
+  // its group and session). Before the watchdog only the workers died (PR_SET_PDEATHSIG); both
+  // grandchildren ran on as orphans for the worker's 60 s. Without the job cgroup
+  // (ACCEL_RUN_CGROUP=0) the watchdog finds the daemon by the launch marker in its environment;
+  // with it, also a daemon that cleared its environment.
+  for (const std::string cgroup : {"0", "1"}) {
+    CAPTURE(cgroup);
+    TempDir dir;
+    std::vector<std::string> worker = {"sleep", "--dir", dir.str(), "--spawn_child", "--spawn_setsid"};
+    if (cgroup == "1") worker.push_back("--clear_env");
+    Proc p(launch_args({"--num_processes", "2"}, worker), {{"ACCEL_RUN_CGROUP", cgroup}});
+    REQUIRE(wait_for([&] { return count_files(dir, "pid.") == 6; }, 20));
+    const auto watchdogs = children_named(p.pid(), "accel-run-wd");
+    CHECK(watchdogs.size() == 1);
+    const pid_t worker0 = std::stoi(read_file(dir / "pid.0"));
+    const bool in_cgroup = contains(read_file("/proc/" + std::to_string(worker0) + "/cgroup"), "/accel-run-");
+    if (cgroup == "0") CHECK(!in_cgroup);
+    const auto pids = read_pids(dir);
+    CHECK(pids.size() == 6);
+    kill(p.pid(), SIGKILL);
+    const auto killed = Clock::now();
+    if (cgroup == "1" && !in_cgroup) {
+      MESSAGE("no writable cgroup v2 here: the daemons without environment are not checked");
+      for (int r = 0; r < 2; ++r) kill(std::stoi(read_file(dir / ("pid." + std::to_string(r) + ".setsid"))), SIGKILL);
+    }
+    for (pid_t w : pids) CHECK_MESSAGE(wait_for([&] { return !alive(w); }, 10), "process ", w, " survived SIGKILL of accel-run");
+    MESSAGE("all 6 workers and grandchildren were gone ", since(killed), " s after SIGKILL of accel-run (cgroup: ",
+            std::string(in_cgroup ? "yes" : "no"), ")");
+    for (pid_t w : watchdogs) CHECK_MESSAGE(wait_for([&] { return !alive(w); }, 10), "the watchdog ", w, " stayed");
+    p.finish(10);
+  }
 }
 
 TEST_CASE("launch: two machines on loopback (flags, then SLURM per node, then SLURM per task)") {
@@ -1122,7 +1137,7 @@ TEST_CASE("launch: a failed worker's error file and the failure summary") {
     const std::string own = R"({"message": {"message": "RuntimeError: custom boom\nsecond line", "extraInfo": {"py_callstack": "frame 1"}}, "rank": 42})";
     Result r = accel_run(launch_args({"--num_processes", "2", "--grace_period", "1", "--log_dir", dir / "logs"},
                                      {"fail", "--fail_rank", "0", "--signal", std::to_string(SIGSEGV), "--dir",
-                                      dir.str(), "--error_file", own}));
+                                      dir.str(), "--error_file", own, "--bad_utf8"}));
     CHECK(r.code == 128 + SIGSEGV);
     auto j = read_json(dir / "logs/attempt_0/rank_0/error.json");
     CHECK(j["message"]["message"] == "RuntimeError: custom boom\nsecond line");
@@ -1131,6 +1146,8 @@ TEST_CASE("launch: a failed worker's error file and the failure summary") {
     CHECK(j["exitcode"].is_null());
     CHECK(j["signal"] == "SIGSEGV");
     CHECK(j["written_by"] == "worker, completed by accel-run");
+    // A stderr line that is not UTF-8 is kept with replacement characters (it made dump() throw).
+    CHECK(contains(j["traceback"].get<std::string>(), "bytes that are not UTF-8: \xEF\xBF\xBD"));
     CHECK(contains(r.err, "killed by signal 11 (SIGSEGV)"));
     CHECK(contains(r.err, "first error: RuntimeError: custom boom\n"));
   }

@@ -952,7 +952,7 @@ TEST_CASE("accel-run test: runs the self test through the launch path") {
   CHECK(contains(nf.err, dir / "bin/accel-selftest"));
 
   if (!fs::exists(kSelftestBuilt)) {
-    MESSAGE("skipping the real self test: " << kSelftestBuilt << " is not built (dist/accel-selftest)");
+    MESSAGE("skipping the real self test: " << kSelftestBuilt << " is not built (dist/tools/accel-selftest)");
     return;
   }
   Result real = accel_run({"test", "--num_processes", "2", "--cpu", "--config_file", dir / "c.yaml"}, {}, "", 120);

@@ -568,13 +568,15 @@ class Supervisor {
         }
         continue;
       }
-      if (WIFCONTINUED(st)) {
+      // A worker that exits right after being continued may be reaped before the continue is: an
+      // exit (not a kill) also means it ran again.
+      if (WIFCONTINUED(st) || WIFEXITED(st)) {
         if (w.stopped_since && !w.killed_for_stop) {
           log("rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") continued after " +
               format_seconds(seconds_since(*w.stopped_since)) + " stopped");
         }
         w.stopped_since.reset();
-        continue;
+        if (WIFCONTINUED(st)) continue;
       }
       w.running = false;
       w.status = st;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "launcher/output.h"
 #include "launcher/plan.h"
 
 namespace accel::launcher {
@@ -27,7 +28,7 @@ struct SuperviseOptions {
   std::string log_dir;
   // With log_dir: which worker streams are also printed on the console (kTee* bits).
   int tee = 0;
-  size_t console_capacity = 4 << 20;  // bytes queued per console stream before output is dropped
+  size_t console_capacity = ConsoleSink::kDefaultCapacity;  // bytes queued per console stream before output is dropped
 };
 
 constexpr int kTeeStdout = 1;

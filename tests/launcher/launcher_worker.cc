@@ -8,7 +8,8 @@
 //              --crash_times attempts; the other ranks wait for DIR/done
 //   handshake  all ranks meet over TCP at MASTER_ADDR:MASTER_PORT; rank 0 checks every rank 1..W-1
 //              arrives exactly once and that the contract is consistent
-//   sleep      wait (for the parent-death test); rank --stop_rank stops itself with SIGSTOP
+//   sleep      wait (for the parent-death test); rank --stop_rank stops itself with SIGSTOP (and
+//              exits 0 once continued with --exit_when_continued)
 //   flood      print long lines to stdout as fast as they are taken, until killed
 //   usr1       wait for SIGUSR1, write DIR/usr1.RANK from the handler's flag, exit 0
 // Every mode writes DIR/pid.RANK (and DIR/pid.RANK.child for --spawn_child, DIR/pid.RANK.setsid
@@ -407,7 +408,10 @@ int main(int argc, char** argv) {
   if (mode == "flood") mode_flood();
   if (mode == "sleep") {
     write_pid_files();
-    if (flag("stop_rank") && std::atoi(opt("stop_rank").c_str()) == g_rank) raise(SIGSTOP);
+    if (flag("stop_rank") && std::atoi(opt("stop_rank").c_str()) == g_rank) {
+      raise(SIGSTOP);
+      if (flag("exit_when_continued")) return 0;
+    }
     wait_forever();
   }
   std::fprintf(stderr, "launcher_worker: unknown mode '%s'\n", mode.c_str());

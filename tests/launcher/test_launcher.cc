@@ -1051,6 +1051,27 @@ TEST_CASE("launch: a stopped worker is reported at once and fails the job after 
   check_no_orphans(dir, 6);
 }
 
+TEST_CASE("launch: a stopped worker that is continued in time is reported, not failed") {
+  TempDir dir;
+  Proc p(launch_args({"--stopped_timeout", "60"}, {"sleep", "--dir", dir.str(), "--stop_rank", "0", "--exit_when_continued"}));
+  REQUIRE(wait_for([&] { return count_files(dir, "pid.") == 1; }, 20));
+  const pid_t w = std::stoi(read_file(dir / "pid.0"));
+  auto state = [&] {
+    std::string stat = read_file("/proc/" + std::to_string(w) + "/stat");
+    auto close = stat.rfind(')');
+    return close == std::string::npos || close + 2 >= stat.size() ? '?' : stat[close + 2];
+  };
+  REQUIRE(wait_for([&] { return state() == 'T'; }, 20));
+  // accel-run hears of the stop through SIGCHLD at once; 2 s leave it ample time on a busy machine.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  kill(w, SIGCONT);
+  Result r = p.finish(30);
+  CHECK_MESSAGE(r.code == 0, r.err);
+  CHECK(contains(r.err, "rank 0 (pid " + std::to_string(w) + ") was stopped by SIGSTOP"));
+  CHECK(contains(r.err, "rank 0 (pid " + std::to_string(w) + ") continued after "));
+  CHECK(!contains(r.err, "failure summary"));
+}
+
 TEST_CASE("launch: --log_dir writes per-rank stdout/stderr files; --tee picks what the console also gets") {
   struct Case {
     std::string tee;  // "" = flag absent

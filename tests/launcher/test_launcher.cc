@@ -915,6 +915,21 @@ TEST_CASE("accel-run env reports versions, devices, libraries and the config") {
   CHECK(contains(r.out, "launch without flags: 2 process(es)"));
   if (fs::exists("/usr/lib/x86_64-linux-gnu/libdnnl.so.2")) CHECK(contains(r.out, "oneDNN: 2."));
 
+  CHECK(contains(r.out, "rendezvous token: a fresh one per launch"));
+  CHECK(contains(r.out, "Process cleanup\n  job cgroup: "));
+  // The token is a secret: the report says it is set, not what it is (it was printed before).
+  Result tok = accel_run({"env", "--config_file", dir / "c.yaml"}, {{"ACCEL_RENDEZVOUS_TOKEN", kToken}});
+  CHECK(tok.code == 0);
+  CHECK(!contains(tok.out, kToken));
+  CHECK(contains(tok.out, "ACCEL_RENDEZVOUS_TOKEN=<set, 32 characters>"));
+  CHECK(contains(tok.out, "rendezvous token: ACCEL_RENDEZVOUS_TOKEN (exported)"));
+  al::LaunchConfig two = c;
+  two.num_machines = 2;
+  two.main_process_ip = "10.0.0.1";
+  al::save_config(two, dir / "two.yaml");
+  Result no_tok = accel_run({"env", "--config_file", dir / "two.yaml"});
+  CHECK(contains(no_tok.out, "launch without flags would fail: [launch] this job spans 2 machines"));
+
   write_file(dir / "bad.yaml", "num_processes: -3\n");
   Result bad = accel_run({"env", "--config_file", dir / "bad.yaml"});
   CHECK(bad.code == 0);  // env still reports everything else

@@ -1128,6 +1128,11 @@ TEST_CASE("launch: --log_dir writes per-rank stdout/stderr files; --tee picks wh
   CHECK(bad.code == 1);
   CHECK(contains(bad.err, "--tee: expected 0-3"));
   CHECK(al::parse_tee("both") == (al::kTeeStdout | al::kTeeStderr));
+  write_file(dir / "a-file", "x");
+  Result not_dir = accel_run(launch_args({"--log_dir", dir / "a-file"}, {"env", "--dir", dir.str()}));
+  CHECK(not_dir.code == 1);
+  CHECK(contains(not_dir.err, "cannot create the directory '" + dir / "a-file/attempt_0/rank_0'"));
+  CHECK(count_files(dir, "env.") == 0);  // nothing was started
   // Restarts get an attempt directory each.
   Result re = accel_run(launch_args({"--num_processes", "2", "--max_restarts", "1", "--grace_period", "1", "--log_dir",
                                      dir / "logs"},

@@ -1024,9 +1024,24 @@ TEST_CASE("console sink: never blocks on a full pipe, drops whole writes and rep
       whole += line.size() + 1;
     }
     CHECK(whole + dropped == written);
+    // The sink wrote through a description of its own: the caller's (the shell's) stays blocking.
+    CHECK((fcntl(p[1], F_GETFL) & O_NONBLOCK) == 0);
   }
   close(p[0]);
   close(p[1]);
+
+  // A socket (stdout of a service manager) is written with MSG_DONTWAIT: no block either.
+  int sv[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  {
+    al::ConsoleSink sink(sv[0], /*capacity=*/1000);
+    const std::string line(100, 's');
+    for (int i = 0; i < 20000; ++i) sink.write(line + "\n");  // ~2 MB: far more than the socket buffer
+    CHECK(sink.dropped_bytes() > 0);
+    CHECK((fcntl(sv[0], F_GETFL) & O_NONBLOCK) == 0);
+  }
+  close(sv[0]);
+  close(sv[1]);
 }
 
 TEST_CASE("launch: SIGTERM is handled while accel-run's stdout is not being read") {

@@ -15,6 +15,7 @@
 #include "accel_run_version.h"
 #include "launcher/config.h"
 #include "launcher/plan.h"
+#include "launcher/watchdog.h"
 
 namespace accel::launcher {
 namespace {
@@ -395,10 +396,28 @@ void print_env_report(std::ostream& os, const std::string& config_path, bool con
          << "), MASTER_ADDR=" << p.master_addr << " MASTER_PORT="
          << (p.port_auto ? std::string("<free port picked at launch>") : std::to_string(p.master_port)) << "\n";
       for (const auto& n : p.notes) os << "  note: " << n << "\n";
+      const bool exported = env.count("ACCEL_RENDEZVOUS_TOKEN") != 0;
+      resolve_rendezvous_token(p, LaunchFlags{}, env);
+      os << "  rendezvous token: " << (exported ? "ACCEL_RENDEZVOUS_TOKEN (exported)" : "a fresh one per launch") << "\n";
     } catch (const Error& e) {
       os << "  launch without flags would fail: " << e.what() << "\n";
     }
   }
+
+  os << "\nProcess cleanup\n";
+  if (env_get(env, "ACCEL_RUN_CGROUP").value_or("1") == "0") {
+    os << "  job cgroup: off (ACCEL_RUN_CGROUP=0)";
+  } else {
+    std::string why_not;
+    const std::string probe = create_job_cgroup("accel-run-probe-" + std::to_string(getpid()), &why_not);
+    if (!probe.empty()) {
+      rmdir(probe.c_str());
+      os << "  job cgroup: available (created under " << std::filesystem::path(probe).parent_path().string() << ")";
+    } else {
+      os << "  job cgroup: not available (" << why_not << ")";
+    }
+  }
+  os << "; the watchdog also finds leftovers by their process group and ACCEL_LAUNCH_ID\n";
 
   os << "\nEnvironment\n";
   bool any = false;
@@ -414,6 +433,12 @@ void print_env_report(std::ostream& os, const std::string& config_path, bool con
       if (prefix ? k.rfind(ps, 0) == 0 : k == ps) match = true;
     }
     if (!match) continue;
+    // A secret: reports get pasted into bug trackers.
+    if (k == "ACCEL_RENDEZVOUS_TOKEN") {
+      os << "  " << k << "=<set, " << v.size() << " characters>\n";
+      any = true;
+      continue;
+    }
     os << "  " << k << "=" << v << "\n";
     any = true;
   }

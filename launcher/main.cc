@@ -9,6 +9,7 @@
 #include "accel_run_version.h"
 #include "launcher/config.h"
 #include "launcher/env_report.h"
+#include "launcher/output.h"
 #include "launcher/plan.h"
 #include "launcher/supervisor.h"
 
@@ -17,12 +18,19 @@ namespace al = accel::launcher;
 namespace {
 
 constexpr double kDefaultGracePeriod = 5.0;
+constexpr double kDefaultStoppedTimeout = 30.0;
+constexpr double kMaxStoppedTimeout = 86400.0;
+constexpr const char* kDefaultForwardSignals = "SIGUSR1,SIGUSR2";
 constexpr int kSelftestDefaultProcesses = 2;
 
 struct LaunchArgs {
   al::LaunchFlags flags;
   std::string config_file;
   double grace_period = kDefaultGracePeriod;
+  double stopped_timeout = kDefaultStoppedTimeout;
+  std::string forward_signals = kDefaultForwardSignals;
+  std::string log_dir;
+  std::optional<std::string> tee;
   bool no_rank_prefix = false;
   bool quiet = false;
 };
@@ -58,6 +66,16 @@ void add_launch_flags(CLI::App* app, LaunchArgs& a) {
   app->add_option("--grace_period,--grace-period", a.grace_period,
                   "seconds between SIGTERM and SIGKILL when the group is stopped")
       ->check(CLI::Range(0.0, 300.0));
+  add_optional(app, "--rendezvous_token,--rendezvous-token", f.rendezvous_token,
+               "secret shared by every machine of the job (default: $ACCEL_RENDEZVOUS_TOKEN; see `accel-run token`)");
+  app->add_option("--stopped_timeout,--stopped-timeout", a.stopped_timeout,
+                  "seconds a worker may stay stopped (SIGSTOP) before it counts as failed; 0: never")
+      ->check(CLI::Range(0.0, kMaxStoppedTimeout));
+  app->add_option("--forward_signals,--forward-signals", a.forward_signals,
+                  "signals passed on to every worker without stopping the job, e.g. SIGUSR1,SIGUSR2 (default), or none");
+  app->add_option("--log_dir,--log-dir", a.log_dir,
+                  "write each worker's stdout/stderr to DIR/attempt_<n>/rank_<r>/{stdout,stderr}.log (and its error.json)");
+  add_optional(app, "--tee", a.tee, "with --log_dir: worker streams also printed: 0/none (default), 1/stdout, 2/stderr, 3/all");
   app->add_flag("--ignore_cluster_env,--ignore-cluster-env", f.ignore_cluster_env,
                 "do not read SLURM_* / OMPI_COMM_WORLD_* variables");
   app->add_flag("--no_rank_prefix,--no-rank-prefix", a.no_rank_prefix, "do not prefix output lines with [rankN]: ");
@@ -92,9 +110,21 @@ int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest
     // One process exercises no collective; the self test always runs a real group.
     flags.num_processes = kSelftestDefaultProcesses;
   }
-  al::LaunchPlan plan = al::resolve_plan(cfg, flags, env, al::count_gpu_device_nodes());
-  al::maybe_generate_token(plan, env);
   al::SuperviseOptions opts;
+  opts.forward_signals = al::parse_forward_signals(a.forward_signals);
+  if (a.tee) {
+    ACCEL_CHECK(!a.log_dir.empty(), launcher::ConfigError, "launch",
+                "--tee chooses which streams are also printed besides the --log_dir files; pass --log_dir too");
+    opts.tee = al::parse_tee(*a.tee);
+  }
+  // Absolute: the error file paths in the workers' environment must not depend on their cwd.
+  if (!a.log_dir.empty()) {
+    opts.log_dir = std::filesystem::absolute(a.log_dir).lexically_normal().string();
+    while (opts.log_dir.size() > 1 && opts.log_dir.back() == '/') opts.log_dir.pop_back();
+  }
+  opts.stopped_timeout_s = a.stopped_timeout;
+  al::LaunchPlan plan = al::resolve_plan(cfg, flags, env, al::count_gpu_device_nodes());
+  al::resolve_rendezvous_token(plan, flags, env);
   opts.argv = std::move(argv);
   opts.grace_period_s = a.grace_period;
   opts.rank_prefix = !a.no_rank_prefix;
@@ -105,7 +135,7 @@ int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest
   return al::supervise(plan, env, opts);
 }
 
-// Note [selftest lookup]: accel-selftest is built by dist/ into build/dist and installed next to
+// Note [selftest lookup]: accel-selftest is built by dist/tools into build/dist/tools and installed next to
 // accel-run; look beside ourselves, then in the build tree, then in the configured bindir.
 std::vector<std::string> selftest_candidates() {
   std::vector<std::string> out;
@@ -116,7 +146,7 @@ std::vector<std::string> selftest_candidates() {
   const std::string dir = al::self_exe_dir();
   if (!dir.empty()) {
     out.push_back(dir + "/accel-selftest");
-    out.push_back(dir + "/../dist/accel-selftest");
+    out.push_back(dir + "/../dist/tools/accel-selftest");  // the build tree (dist/tools/meson.build)
   }
   out.push_back(std::string(ACCEL_BINDIR) + "/accel-selftest");
   return out;
@@ -131,14 +161,15 @@ int run_selftest(const LaunchArgs& a) {
       if (ec) path = c;
       if (!a.quiet) std::cerr << "accel-run test: running " << path << "\n";
       int rc = run_launch(a, {path}, /*selftest=*/true);
-      if (rc == 0) std::cout << "accel-run test: PASS\n";
-      else std::cout << "accel-run test: FAIL (exit code " << rc << ")\n";
+      // Through a non-blocking sink: stdout may be a pipe nobody reads (Note [non-blocking console]).
+      al::write_console(1, rc == 0 ? std::string("accel-run test: PASS\n")
+                                   : "accel-run test: FAIL (exit code " + std::to_string(rc) + ")\n");
       return rc;
     }
   }
   std::cerr << "accel-run test: the self-test program accel-selftest was not found; looked in:\n";
   for (const auto& c : cands) std::cerr << "  " << c << "\n";
-  std::cerr << "build it (ninja -C build dist/accel-selftest) or set ACCEL_SELFTEST to its path\n";
+  std::cerr << "build it (ninja -C build dist/tools/accel-selftest) or set ACCEL_SELFTEST to its path\n";
   return 2;
 }
 
@@ -185,9 +216,7 @@ int launch_separator(CLI::App* launch, int argc, char** argv) {
   return -1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run_main(int argc, char** argv) {
   CLI::App app{"accel-run: configure, launch and check accel distributed training"};
   app.set_version_flag("--version", std::string("accel-run ") + ACCEL_VERSION);
   app.require_subcommand(1);
@@ -212,6 +241,9 @@ int main(int argc, char** argv) {
   LaunchArgs test_args;
   auto* test = app.add_subcommand("test", "run the distributed self test (accel-selftest) through the launch path");
   add_launch_flags(test, test_args);
+
+  auto* token = app.add_subcommand(
+      "token", "print a fresh random rendezvous token; export it as ACCEL_RENDEZVOUS_TOKEN on every machine of a job");
 
   std::string env_file;
   auto* env = app.add_subcommand("env", "print versions, devices, libraries and the config in effect");
@@ -243,6 +275,10 @@ int main(int argc, char** argv) {
       return run_launch(launch_args, prog, /*selftest=*/false);
     }
     if (*test) return run_selftest(test_args);
+    if (*token) {
+      std::cout << al::new_rendezvous_token() << "\n";
+      return 0;
+    }
     if (*env) {
       const al::EnvMap e = al::current_environment();
       std::string path;
@@ -259,4 +295,21 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 2;
+}
+
+}  // namespace
+
+// Note [no abort]: every failure leaves accel-run with a message and exit code 1, never an
+// uncaught exception (std::terminate, exit 134 and a core file). accel::Error is handled in
+// run_main; this catches the rest (std::filesystem_error from a path the kernel rejects,
+// std::bad_alloc, YAML or JSON exceptions that slipped through).
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "accel-run: error: " << e.what() << "\n";
+  } catch (...) {
+    std::cerr << "accel-run: error: unknown exception\n";
+  }
+  return 1;
 }

@@ -9,7 +9,6 @@ namespace {
 
 constexpr int kDefaultMultiMachinePort = 29500;
 constexpr const char* kLoopback = "127.0.0.1";
-constexpr size_t kTokenBytes = 16;
 
 }  // namespace
 
@@ -145,18 +144,36 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
   return p;
 }
 
-void maybe_generate_token(LaunchPlan& p, const EnvMap& env) {
-  if (env.count("ACCEL_RENDEZVOUS_TOKEN") || p.num_local_workers != p.world_size) return;
-  unsigned char bytes[kTokenBytes];
-  std::ifstream rnd("/dev/urandom", std::ios::binary);
-  rnd.read(reinterpret_cast<char*>(bytes), sizeof(bytes));
-  if (!rnd) return;  // no token: the store works without one
-  static const char* kHex = "0123456789abcdef";
-  p.rendezvous_token.clear();
-  for (unsigned char b : bytes) {
-    p.rendezvous_token += kHex[b >> 4];
-    p.rendezvous_token += kHex[b & 15];
+std::string new_rendezvous_token() { return random_hex(kTokenBytes); }
+
+void resolve_rendezvous_token(LaunchPlan& p, const LaunchFlags& flags, const EnvMap& env) {
+  std::optional<std::string> given = flags.rendezvous_token;
+  std::string source = "--rendezvous_token";
+  if (!given) {
+    given = env_get(env, "ACCEL_RENDEZVOUS_TOKEN");
+    source = "ACCEL_RENDEZVOUS_TOKEN";
   }
+  if (given) {
+    ACCEL_CHECK(given->size() >= kMinTokenLength, launcher::ConfigError, "launch", source, " is ", given->size(),
+                " characters long; use at least ", kMinTokenLength, " (`accel-run token` prints a 128-bit one)");
+    for (char c : *given) {
+      ACCEL_CHECK(c > ' ' && c < 127, launcher::ConfigError, "launch", source,
+                  " may only hold printable ASCII without spaces (`accel-run token` prints a suitable one)");
+    }
+    p.rendezvous_token = *given;
+    return;
+  }
+  if (p.num_local_workers == p.world_size) {
+    p.rendezvous_token = new_rendezvous_token();
+    return;
+  }
+  const std::string span = p.num_machines > 1 ? std::to_string(p.num_machines) + " machines"
+                                              : std::to_string(p.world_size) + " separately launched tasks";
+  ACCEL_THROW(launcher::ConfigError, "launch", "this job spans ", span,
+              " and needs a rendezvous token shared by all of them, or anyone who can reach ", p.master_addr, ":",
+              p.master_port, " could join it. Run `accel-run token` once and export the value as "
+              "ACCEL_RENDEZVOUS_TOKEN on every machine (under SLURM or OpenMPI, export it in the batch script "
+              "before srun/mpirun), or pass the same --rendezvous_token to every accel-run");
 }
 
 EnvMap worker_env(const LaunchPlan& p, int local_index, int restart_count) {

@@ -16,6 +16,7 @@ struct LaunchFlags {
   std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts, zero_stage,
       gradient_accumulation_steps, num_cpu_threads_per_process;
   std::optional<std::string> main_process_ip, mixed_precision, gpu_ids;
+  std::optional<std::string> rendezvous_token;  // --rendezvous_token
   std::optional<double> monitor_interval;
   bool cpu = false;
   bool ignore_cluster_env = false;
@@ -45,9 +46,20 @@ struct LaunchPlan {
 // config says NO but more than one process is asked for).
 LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flags, const EnvMap& env, int gpu_count);
 
-// A fresh random token for the store (dist/env.h ACCEL_RENDEZVOUS_TOKEN) when this accel-run
-// starts the whole world and the user did not export one: other local users cannot join the group.
-void maybe_generate_token(LaunchPlan& plan, const EnvMap& env);
+// Note [rendezvous token]: the store (dist/env.h ACCEL_RENDEZVOUS_TOKEN) admits only clients that
+// present the job's token. The token is --rendezvous_token, else an exported
+// ACCEL_RENDEZVOUS_TOKEN; without either, an accel-run that starts the whole world generates a
+// fresh random one, and a job spanning several accel-runs (several machines, or one task per
+// worker under SLURM/OpenMPI) is refused with a ConfigError saying how to get one (`accel-run
+// token`): the accel-runs cannot agree on a random value, and a store without a token lets anyone
+// who reaches MASTER_ADDR:MASTER_PORT join the job.
+void resolve_rendezvous_token(LaunchPlan& plan, const LaunchFlags& flags, const EnvMap& env);
+
+// Shortest token accepted (the generated ones have 32 hex digits = 128 bits).
+constexpr size_t kMinTokenLength = 16;
+constexpr size_t kTokenBytes = 16;
+// A new token as `accel-run token` prints it.
+std::string new_rendezvous_token();
 
 // Variables set for local worker `local_index` (0-based) on attempt `restart_count`.
 EnvMap worker_env(const LaunchPlan& plan, int local_index, int restart_count);

@@ -52,4 +52,14 @@ std::string self_exe_dir();
 // "SIGSEGV" for 11; "signal 77" for unknown numbers.
 std::string signal_name(int sig);
 
+// Signal number for "SIGUSR1", "usr1" or "10"; nullopt for anything else.
+std::optional<int> parse_signal(std::string_view s);
+
+// `bytes` random bytes from the kernel (getrandom) as lowercase hex. Throws IoError when the
+// kernel has none to give: a predictable token or id would be worse than none.
+std::string random_hex(size_t bytes);
+
+// This machine's host name ("unknown" if gethostname fails).
+std::string host_name();
+
 }  // namespace accel::launcher

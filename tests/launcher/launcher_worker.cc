@@ -8,12 +8,20 @@
 //              --crash_times attempts; the other ranks wait for DIR/done
 //   handshake  all ranks meet over TCP at MASTER_ADDR:MASTER_PORT; rank 0 checks every rank 1..W-1
 //              arrives exactly once and that the contract is consistent
-//   sleep      wait (for the parent-death test)
-// Every mode writes DIR/pid.RANK (and DIR/pid.RANK.child for --spawn_child) once it is ready.
+//   sleep      wait (for the parent-death test); rank --stop_rank stops itself with SIGSTOP (and
+//              exits 0 once continued with --exit_when_continued)
+//   flood      print long lines to stdout as fast as they are taken, until killed
+//   usr1       wait for SIGUSR1, write DIR/usr1.RANK from the handler's flag, exit 0
+// Every mode writes DIR/pid.RANK (and DIR/pid.RANK.child for --spawn_child, DIR/pid.RANK.setsid
+// for --spawn_setsid: a grandchild in a session of its own) once it is ready.
+// --clear_env: that grandchild also execs itself with an empty environment.
+// fail --error_file TEXT: the failing rank writes TEXT to $ACCEL_ERROR_FILE first; --bad_utf8: it
+// also writes a stderr line that is not UTF-8.
 // Every wait is bounded (kMaxWaitSeconds) so that a broken launcher cannot leave processes behind.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -83,6 +91,39 @@ void write_pid_files() {
     }
     write_file(g_dir + "/pid." + std::to_string(g_rank) + ".child", std::to_string(c));
   }
+  if (flag("spawn_setsid")) {
+    // Leaves the worker's process group and session: only the launch marker or a cgroup finds it.
+    // The intermediate child exits so that the grandchild is reparented away from the worker.
+    int p[2];
+    if (pipe(p) != 0) std::exit(70);
+    pid_t mid = fork();
+    if (mid == 0) {
+      close(p[0]);
+      setsid();
+      pid_t g = fork();
+      if (g == 0) {
+        for (int fd = 0; fd < 3; ++fd) close(fd);  // a daemon: holds none of the worker's pipes
+        if (flag("clear_env")) {
+          // ...that also drops its environment (and with it the launch marker): only the job
+          // cgroup can find it.
+          char self[] = "launcher_worker", mode[] = "sleep";
+          char* args[] = {self, mode, nullptr};
+          char* no_env[] = {nullptr};
+          execve("/proc/self/exe", args, no_env);
+          _exit(73);
+        }
+        wait_forever();
+      }
+      if (write(p[1], &g, sizeof(g)) != sizeof(g)) _exit(71);
+      _exit(0);
+    }
+    close(p[1]);
+    pid_t g = -1;
+    if (read(p[0], &g, sizeof(g)) != sizeof(g)) std::exit(72);
+    close(p[0]);
+    waitpid(mid, nullptr, 0);
+    write_file(g_dir + "/pid." + std::to_string(g_rank) + ".setsid", std::to_string(g));
+  }
   write_file(g_dir + "/pid." + std::to_string(g_rank), std::to_string(getpid()));
 }
 
@@ -90,7 +131,8 @@ const char* kContract[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE
                            "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ACCEL_DISTRIBUTED_TYPE",
                            "ACCEL_MIXED_PRECISION", "ACCEL_USE_CPU", "ACCEL_ZERO_STAGE",
                            "ACCEL_GRADIENT_ACCUMULATION_STEPS", "ACCEL_RESTART_COUNT", "ACCEL_MAX_RESTARTS",
-                           "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "ACCEL_RENDEZVOUS_TOKEN"};
+                           "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "ACCEL_RENDEZVOUS_TOKEN",
+                           "ACCEL_ERROR_FILE", "TORCHELASTIC_ERROR_FILE", "ACCEL_LAUNCH_ID"};
 
 void write_env_file() {
   if (g_dir.empty()) return;
@@ -118,6 +160,11 @@ int mode_fail() {
   write_pid_files();
   if (g_rank != fail_rank) wait_forever();
   for (int i = 0; i < 12; ++i) std::fprintf(stderr, "detail %d of rank %d\n", i, g_rank);
+  if (flag("bad_utf8")) std::fprintf(stderr, "bytes that are not UTF-8: \xff\xfe\xc3\n");
+  if (flag("error_file")) {
+    std::ofstream f(env("ACCEL_ERROR_FILE"));
+    f << opt("error_file");
+  }
   sleep_s(std::atof(opt("delay", "0.2").c_str()));
   if (flag("signal")) {
     rlimit no_core{0, 0};
@@ -130,6 +177,36 @@ int mode_fail() {
 
 volatile sig_atomic_t g_signal = 0;
 void on_signal(int s) { g_signal = s; }
+
+int mode_usr1() {
+  struct sigaction sa{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR1, &sa, nullptr);
+  write_pid_files();
+  auto start = std::chrono::steady_clock::now();
+  while (g_signal != SIGUSR1) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kMaxWaitSeconds) {
+      return kTimeoutExit;
+    }
+    sleep_s(0.01);
+  }
+  // A real program would save a checkpoint here before its allocation ends.
+  write_file(g_dir + "/usr1." + std::to_string(g_rank), "checkpoint");
+  std::printf("rank %d saved a checkpoint after SIGUSR1\n", g_rank);
+  return 0;
+}
+
+[[noreturn]] void mode_flood() {
+  write_pid_files();
+  const std::string line(200, 'x');
+  auto start = std::chrono::steady_clock::now();
+  long long n = 0;
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < kMaxWaitSeconds) {
+    std::printf("%lld %s\n", n++, line.c_str());
+  }
+  _exit(kTimeoutExit);
+}
 
 int mode_trap() {
   struct sigaction sa{};
@@ -327,8 +404,14 @@ int main(int argc, char** argv) {
   if (mode == "trap") return mode_trap();
   if (mode == "restart") return mode_restart();
   if (mode == "handshake") return mode_handshake();
+  if (mode == "usr1") return mode_usr1();
+  if (mode == "flood") mode_flood();
   if (mode == "sleep") {
     write_pid_files();
+    if (flag("stop_rank") && std::atoi(opt("stop_rank").c_str()) == g_rank) {
+      raise(SIGSTOP);
+      if (flag("exit_when_continued")) return 0;
+    }
     wait_forever();
   }
   std::fprintf(stderr, "launcher_worker: unknown mode '%s'\n", mode.c_str());

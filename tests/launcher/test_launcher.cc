@@ -21,9 +21,14 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "launcher/cluster.h"
 #include "launcher/config.h"
+#include "launcher/output.h"
 #include "launcher/plan.h"
+#include "launcher/supervisor.h"
+#include "launcher/util.h"
 
 namespace fs = std::filesystem;
 namespace al = accel::launcher;
@@ -31,7 +36,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-const std::string kAccelRun = ACCEL_RUN_PATH;
+// ACCEL_RUN_UNDER_TEST runs the suite against another build (e.g. the previous version, to see
+// that a new test fails there).
+const std::string kAccelRun = std::getenv("ACCEL_RUN_UNDER_TEST") ? std::getenv("ACCEL_RUN_UNDER_TEST") : ACCEL_RUN_PATH;
 const std::string kWorker = LAUNCHER_WORKER_PATH;
 const std::string kSelftestBuilt = ACCEL_SELFTEST_BUILD_PATH;
 
@@ -130,11 +137,22 @@ struct Result {
   double seconds = 0;
 };
 
+// TMPDIR of every accel-run the tests start: the error files of failed launches are kept in a
+// temporary directory, which is removed with this one when the test program ends.
+const std::string& tmp_root() {
+  static TempDir dir;
+  return dir.path.native();
+}
+
+// A token as `accel-run token` prints it, for the launches spanning several accel-runs.
+const std::string kToken = "0123456789abcdef0123456789abcdef";
+
 // One accel-run process with captured stdout/stderr and optional stdin text.
 class Proc {
  public:
   Proc(std::vector<std::string> args, std::map<std::string, std::string> env = {}, std::string input = "",
        std::string exe = kAccelRun) {
+    if (!env.count("TMPDIR")) env["TMPDIR"] = tmp_root();
     int out[2], err[2], in[2];
     REQUIRE(pipe2(out, O_CLOEXEC) == 0);
     REQUIRE(pipe2(err, O_CLOEXEC) == 0);
@@ -146,7 +164,7 @@ class Proc {
       // Tests never see the developer's config or an outer cluster launcher.
       if (env.count(k) || k == "ACCEL_CONFIG_FILE" || k == "XDG_CACHE_HOME" || k.rfind("SLURM_", 0) == 0 ||
           k.rfind("OMPI_", 0) == 0 || k == "ACCEL_SELFTEST" || k == "ACCEL_RENDEZVOUS_TOKEN" || k == "MASTER_PORT" ||
-          k == "MASTER_ADDR") {
+          k == "MASTER_ADDR" || k.rfind("ACCEL_LAUNCH_ID", 0) == 0 || k.find("ERROR_FILE") != std::string::npos) {
         continue;
       }
       envs.push_back(kv);
@@ -187,10 +205,12 @@ class Proc {
   }
 
   pid_t pid() const { return pid_; }
+  // finish() leaves stdout unread (a pipe nobody reads, as behind a stalled pager).
+  void ignore_stdout() { read_out_ = false; }
 
   Result finish(double timeout_s = 30) {
     Result r;
-    int fds[2] = {out_, err_};
+    int fds[2] = {read_out_ ? out_ : -1, err_};
     std::string* bufs[2] = {&r.out, &r.err};
     bool timed_out = false;
     while (fds[0] >= 0 || fds[1] >= 0) {
@@ -225,6 +245,7 @@ class Proc {
     for (int fd : fds) {
       if (fd >= 0) close(fd);
     }
+    if (!read_out_) close(out_);
     waitpid(pid_, &r.status, 0);
     r.seconds = since(start_);
     r.code = WIFEXITED(r.status) ? WEXITSTATUS(r.status) : 128 + WTERMSIG(r.status);
@@ -235,6 +256,7 @@ class Proc {
  private:
   pid_t pid_ = -1;
   int out_ = -1, err_ = -1;
+  bool read_out_ = true;
   Clock::time_point start_;
 };
 
@@ -722,13 +744,56 @@ TEST_CASE("launch: SIGINT and SIGTERM are forwarded to every worker") {
   }
 }
 
-TEST_CASE("launch: workers die with accel-run even when it is SIGKILLed") {
-  TempDir dir;
-  Proc p(launch_args({"--num_processes", "2"}, {"sleep", "--dir", dir.str()}));
-  REQUIRE(wait_for([&] { return count_files(dir, "pid.") == 2; }, 10));
-  kill(p.pid(), SIGKILL);
-  p.finish(5);
-  for (pid_t w : read_pids(dir)) CHECK(wait_for([&] { return !alive(w); }, 3));
+// Children of `parent` named `comm` (/proc/PID/stat: "pid (comm) state ppid ...").
+std::vector<pid_t> children_named(pid_t parent, const std::string& comm) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string stat = read_file("/proc/" + name + "/stat");
+    auto open = stat.find('('), close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state;
+    long long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent && stat.substr(open + 1, close - open - 1) == comm) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+TEST_CASE("launch: SIGKILL of accel-run takes the workers and everything they started with it") {
+  // Each worker starts a grandchild in its process group and a daemon that called setsid() (outside
+  // its group and session). Before the watchdog only the workers died (PR_SET_PDEATHSIG); both
+  // grandchildren ran on as orphans for the worker's 60 s. Without the job cgroup
+  // (ACCEL_RUN_CGROUP=0) the watchdog finds the daemon by the launch marker in its environment;
+  // with it, also a daemon that cleared its environment.
+  for (const std::string cgroup : {"0", "1"}) {
+    CAPTURE(cgroup);
+    TempDir dir;
+    std::vector<std::string> worker = {"sleep", "--dir", dir.str(), "--spawn_child", "--spawn_setsid"};
+    if (cgroup == "1") worker.push_back("--clear_env");
+    Proc p(launch_args({"--num_processes", "2"}, worker), {{"ACCEL_RUN_CGROUP", cgroup}});
+    REQUIRE(wait_for([&] { return count_files(dir, "pid.") == 6; }, 20));
+    const auto watchdogs = children_named(p.pid(), "accel-run-wd");
+    CHECK(watchdogs.size() == 1);
+    const pid_t worker0 = std::stoi(read_file(dir / "pid.0"));
+    const bool in_cgroup = contains(read_file("/proc/" + std::to_string(worker0) + "/cgroup"), "/accel-run-");
+    if (cgroup == "0") CHECK(!in_cgroup);
+    const auto pids = read_pids(dir);
+    CHECK(pids.size() == 6);
+    kill(p.pid(), SIGKILL);
+    const auto killed = Clock::now();
+    if (cgroup == "1" && !in_cgroup) {
+      MESSAGE("no writable cgroup v2 here: the daemons without environment are not checked");
+      for (int r = 0; r < 2; ++r) kill(std::stoi(read_file(dir / ("pid." + std::to_string(r) + ".setsid"))), SIGKILL);
+    }
+    for (pid_t w : pids) CHECK_MESSAGE(wait_for([&] { return !alive(w); }, 10), "process ", w, " survived SIGKILL of accel-run");
+    MESSAGE("all 6 workers and grandchildren were gone ", since(killed), " s after SIGKILL of accel-run (cgroup: ",
+            std::string(in_cgroup ? "yes" : "no"), ")");
+    for (pid_t w : watchdogs) CHECK_MESSAGE(wait_for([&] { return !alive(w); }, 10), "the watchdog ", w, " stayed");
+    p.finish(10);
+  }
 }
 
 TEST_CASE("launch: two machines on loopback (flags, then SLURM per node, then SLURM per task)") {
@@ -740,7 +805,7 @@ TEST_CASE("launch: two machines on loopback (flags, then SLURM per node, then SL
       machines.push_back(std::make_unique<Proc>(launch_args(
           {"--num_machines", "2", "--num_processes", "4", "--machine_rank", std::to_string(m), "--main_process_ip",
            "127.0.0.1", "--main_process_port", port},
-          {"handshake", "--dir", dir.str()})));
+          {"handshake", "--dir", dir.str()}), std::map<std::string, std::string>{{"ACCEL_RENDEZVOUS_TOKEN", kToken}}));
     }
     for (auto& m : machines) {
       Result r = m->finish(30);
@@ -755,7 +820,7 @@ TEST_CASE("launch: two machines on loopback (flags, then SLURM per node, then SL
       CHECK(e["NODE_RANK"] == std::to_string(rank / 2));
       CHECK(e["GROUP_WORLD_SIZE"] == "2");
       CHECK(e["MASTER_PORT"] == port);
-      CHECK(e.count("ACCEL_RENDEZVOUS_TOKEN") == 0);  // machines could not agree on a random one
+      CHECK(e["ACCEL_RENDEZVOUS_TOKEN"] == kToken);  // the exported one: machines cannot agree on a random one
     }
   }
   SUBCASE("SLURM one task per node") {
@@ -767,7 +832,8 @@ TEST_CASE("launch: two machines on loopback (flags, then SLURM per node, then SL
           launch_args({"--num_processes", "4"}, {"handshake", "--dir", dir.str()}),
           std::map<std::string, std::string>{{"SLURM_PROCID", std::to_string(m)}, {"SLURM_NTASKS", "2"},
                                              {"SLURM_NNODES", "2"}, {"SLURM_NODEID", std::to_string(m)},
-                                             {"SLURM_JOB_NODELIST", "127.0.0.[1-2]"}, {"MASTER_PORT", port}}));
+                                             {"SLURM_JOB_NODELIST", "127.0.0.[1-2]"}, {"MASTER_PORT", port},
+                                             {"ACCEL_RENDEZVOUS_TOKEN", kToken}}));
     }
     for (auto& m : machines) {
       Result r = m->finish(30);
@@ -786,7 +852,8 @@ TEST_CASE("launch: two machines on loopback (flags, then SLURM per node, then SL
           launch_args({}, {"handshake", "--dir", dir.str()}),
           std::map<std::string, std::string>{{"SLURM_PROCID", std::to_string(t)}, {"SLURM_NTASKS", "3"},
                                              {"SLURM_NNODES", "1"}, {"SLURM_LOCALID", std::to_string(t)},
-                                             {"SLURM_JOB_NODELIST", "127.0.0.1"}, {"MASTER_PORT", port}}));
+                                             {"SLURM_JOB_NODELIST", "127.0.0.1"}, {"MASTER_PORT", port},
+                                             {"ACCEL_RENDEZVOUS_TOKEN", kToken}}));
     }
     for (auto& t : tasks) {
       Result r = t->finish(30);
@@ -797,7 +864,36 @@ TEST_CASE("launch: two machines on loopback (flags, then SLURM per node, then SL
       CHECK(e["LOCAL_RANK"] == std::to_string(rank));
       CHECK(e["LOCAL_WORLD_SIZE"] == "3");
       CHECK(e["WORLD_SIZE"] == "3");
+      CHECK(e["ACCEL_RENDEZVOUS_TOKEN"] == kToken);
     }
+  }
+  SUBCASE("without a shared token every accel-run refuses to start and says how to get one") {
+    TempDir dir;
+    const std::string port = std::to_string(free_port());
+    for (int m = 0; m < 2; ++m) {
+      Result r = accel_run(launch_args({"--num_machines", "2", "--num_processes", "4", "--machine_rank",
+                                        std::to_string(m), "--main_process_ip", "127.0.0.1", "--main_process_port", port},
+                                       {"handshake", "--dir", dir.str()}));
+      CHECK(r.code == 1);
+      CHECK(contains(r.err, "[launch] this job spans 2 machines"));
+      CHECK(contains(r.err, "accel-run token"));
+      CHECK(contains(r.err, "ACCEL_RENDEZVOUS_TOKEN"));
+      CHECK(count_files(dir, "pid.") == 0);  // nothing was started
+    }
+    // --rendezvous_token works as well as the variable (the flag wins).
+    std::vector<std::unique_ptr<Proc>> machines;
+    for (int m = 0; m < 2; ++m) {
+      machines.push_back(std::make_unique<Proc>(
+          launch_args({"--num_machines", "2", "--num_processes", "2", "--machine_rank", std::to_string(m),
+                       "--main_process_ip", "127.0.0.1", "--main_process_port", port, "--rendezvous_token", kToken},
+                      {"handshake", "--dir", dir.str()}),
+          std::map<std::string, std::string>{{"ACCEL_RENDEZVOUS_TOKEN", "another-token-that-loses"}}));
+    }
+    for (auto& m : machines) {
+      Result r = m->finish(30);
+      CHECK_MESSAGE(r.code == 0, r.err);
+    }
+    CHECK(read_env_file(dir / "env.1")["ACCEL_RENDEZVOUS_TOKEN"] == kToken);
   }
 }
 
@@ -818,6 +914,21 @@ TEST_CASE("accel-run env reports versions, devices, libraries and the config") {
   CHECK(contains(r.out, "mixed_precision: 'fp16'"));
   CHECK(contains(r.out, "launch without flags: 2 process(es)"));
   if (fs::exists("/usr/lib/x86_64-linux-gnu/libdnnl.so.2")) CHECK(contains(r.out, "oneDNN: 2."));
+
+  CHECK(contains(r.out, "rendezvous token: a fresh one per launch"));
+  CHECK(contains(r.out, "Process cleanup\n  job cgroup: "));
+  // The token is a secret: the report says it is set, not what it is (it was printed before).
+  Result tok = accel_run({"env", "--config_file", dir / "c.yaml"}, {{"ACCEL_RENDEZVOUS_TOKEN", kToken}});
+  CHECK(tok.code == 0);
+  CHECK(!contains(tok.out, kToken));
+  CHECK(contains(tok.out, "ACCEL_RENDEZVOUS_TOKEN=<set, 32 characters>"));
+  CHECK(contains(tok.out, "rendezvous token: ACCEL_RENDEZVOUS_TOKEN (exported)"));
+  al::LaunchConfig two = c;
+  two.num_machines = 2;
+  two.main_process_ip = "10.0.0.1";
+  al::save_config(two, dir / "two.yaml");
+  Result no_tok = accel_run({"env", "--config_file", dir / "two.yaml"});
+  CHECK(contains(no_tok.out, "launch without flags would fail: [launch] this job spans 2 machines"));
 
   write_file(dir / "bad.yaml", "num_processes: -3\n");
   Result bad = accel_run({"env", "--config_file", dir / "bad.yaml"});
@@ -856,10 +967,330 @@ TEST_CASE("accel-run test: runs the self test through the launch path") {
   CHECK(contains(nf.err, dir / "bin/accel-selftest"));
 
   if (!fs::exists(kSelftestBuilt)) {
-    MESSAGE("skipping the real self test: " << kSelftestBuilt << " is not built (dist/accel-selftest)");
+    MESSAGE("skipping the real self test: " << kSelftestBuilt << " is not built (dist/tools/accel-selftest)");
     return;
   }
   Result real = accel_run({"test", "--num_processes", "2", "--cpu", "--config_file", dir / "c.yaml"}, {}, "", 120);
   CHECK_MESSAGE(real.code == 0, real.out, real.err);
   CHECK(contains(real.out, "accel-run test: PASS"));
+}
+
+// ---------------------------------------------------------------- issue 13: failure paths
+
+TEST_CASE("console sink: never blocks on a full pipe, drops whole writes and reports how much") {
+  int p[2];
+  REQUIRE(pipe2(p, O_CLOEXEC) == 0);
+  const int pipe_size = fcntl(p[1], F_SETPIPE_SZ, 4096);
+  REQUIRE(pipe_size > 0);
+  std::vector<std::string> lines;
+  size_t written = 0;
+  {
+    al::ConsoleSink sink(p[1], /*capacity=*/1000);
+    // Nobody reads: the pipe fills, then the sink's buffer; the rest is dropped. A blocking
+    // write would hang this test here.
+    for (int i = 0; i < 400; ++i) {
+      lines.push_back("line " + std::to_string(i) + " " + std::string(40, 'a' + i % 26) + "\n");
+      sink.write(lines.back());
+      written += lines.back().size();
+    }
+    const size_t dropped = sink.dropped_bytes();
+    CHECK(dropped > 0);
+    CHECK(dropped < written);
+    CHECK(sink.pending());
+    CHECK(sink.poll_fd() >= 0);
+    // The reader catches up; the next text comes after a notice with the exact count.
+    std::string got;
+    auto drain_pipe = [&] {
+      fcntl(p[0], F_SETFL, O_NONBLOCK);
+      char buf[8192];
+      ssize_t n;
+      while ((n = read(p[0], buf, sizeof(buf))) > 0) got.append(buf, static_cast<size_t>(n));
+    };
+    for (int i = 0; i < 100 && !sink.flush(); ++i) drain_pipe();
+    drain_pipe();
+    CHECK(!sink.pending());
+    sink.write("after the gap\n");
+    drain_pipe();
+    const std::string notice = "[accel-run: " + std::to_string(dropped) + " bytes of output dropped]\nafter the gap\n";
+    CHECK_MESSAGE(contains(got, notice), got.substr(got.size() > 300 ? got.size() - 300 : 0));
+    // Every line that arrived arrived whole and in order.
+    std::istringstream is(got);
+    std::string line;
+    size_t next = 0, whole = 0;
+    while (std::getline(is, line)) {
+      if (line.rfind("line ", 0) != 0) continue;
+      while (next < lines.size() && lines[next] != line + "\n") ++next;
+      CHECK_MESSAGE(next < lines.size(), "garbled or reordered line: ", line);
+      whole += line.size() + 1;
+    }
+    CHECK(whole + dropped == written);
+    // The sink wrote through a description of its own: the caller's (the shell's) stays blocking.
+    CHECK((fcntl(p[1], F_GETFL) & O_NONBLOCK) == 0);
+  }
+  close(p[0]);
+  close(p[1]);
+
+  // A socket (stdout of a service manager) is written with MSG_DONTWAIT: no block either.
+  int sv[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  {
+    al::ConsoleSink sink(sv[0], /*capacity=*/1000);
+    const std::string line(100, 's');
+    for (int i = 0; i < 20000; ++i) sink.write(line + "\n");  // ~2 MB: far more than the socket buffer
+    CHECK(sink.dropped_bytes() > 0);
+    CHECK((fcntl(sv[0], F_GETFL) & O_NONBLOCK) == 0);
+  }
+  close(sv[0]);
+  close(sv[1]);
+}
+
+TEST_CASE("launch: SIGTERM is handled while accel-run's stdout is not being read") {
+  // Before: accel-run blocked in write(1) on the full pipe and never read its signalfd again.
+  TempDir dir;
+  Proc p(launch_args({"--num_processes", "2", "--grace_period", "2"}, {"flood", "--dir", dir.str(), "--spawn_child"}));
+  p.ignore_stdout();
+  REQUIRE(wait_for([&] { return count_files(dir, "pid.") == 4; }, 20));
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // the workers print ~MB/s; the 64 KiB pipe is long full
+  kill(p.pid(), SIGTERM);
+  const auto sent = Clock::now();
+  Result r = p.finish(40);
+  const double took = since(sent);
+  MESSAGE("accel-run exited ", took, " s after SIGTERM with its stdout blocked");
+  CHECK(r.code == 128 + SIGTERM);
+  CHECK(took < 15.0);  // grace period 2 s + 1 s to give up on the console, with a wide margin
+  CHECK(contains(r.err, "received SIGTERM"));
+  CHECK(contains(r.err, "bytes of stdout output were dropped (stdout was not being read)"));
+  check_no_orphans(dir, 4);
+}
+
+TEST_CASE("launch: a stopped worker is reported at once and fails the job after --stopped_timeout") {
+  // Before: accel-run did not notice the stop; the job hung until the other rank gave up (60 s).
+  TempDir dir;
+  Result r = accel_run(launch_args({"--num_processes", "3", "--stopped_timeout", "1", "--grace_period", "1"},
+                                   {"sleep", "--dir", dir.str(), "--stop_rank", "1", "--spawn_child"}),
+                       {}, "", 40);
+  const pid_t stopped = std::stoi(read_file(dir / "pid.1"));
+  MESSAGE("a worker stopped by SIGSTOP (--stopped_timeout 1) ended the job after ", r.seconds, " s");
+  CHECK(r.code == 128 + SIGSTOP);
+  CHECK(contains(r.err, "rank 1 (pid " + std::to_string(stopped) + ") was stopped by SIGSTOP"));
+  CHECK(contains(r.err, "is still stopped by SIGSTOP after"));
+  CHECK(contains(r.err, "first failing worker: rank 1"));
+  CHECK(contains(r.err, "2 were running at the failure"));
+  CHECK(contains(r.err, "  rank 1 (local_rank 1) | host "));
+  CHECK(r.seconds < 20.0);
+  check_no_orphans(dir, 6);
+}
+
+TEST_CASE("launch: a stopped worker that is continued in time is reported, not failed") {
+  TempDir dir;
+  Proc p(launch_args({"--stopped_timeout", "60"}, {"sleep", "--dir", dir.str(), "--stop_rank", "0", "--exit_when_continued"}));
+  REQUIRE(wait_for([&] { return count_files(dir, "pid.") == 1; }, 20));
+  const pid_t w = std::stoi(read_file(dir / "pid.0"));
+  auto state = [&] {
+    std::string stat = read_file("/proc/" + std::to_string(w) + "/stat");
+    auto close = stat.rfind(')');
+    return close == std::string::npos || close + 2 >= stat.size() ? '?' : stat[close + 2];
+  };
+  REQUIRE(wait_for([&] { return state() == 'T'; }, 20));
+  // accel-run hears of the stop through SIGCHLD at once; 2 s leave it ample time on a busy machine.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  kill(w, SIGCONT);
+  Result r = p.finish(30);
+  CHECK_MESSAGE(r.code == 0, r.err);
+  CHECK(contains(r.err, "rank 0 (pid " + std::to_string(w) + ") was stopped by SIGSTOP"));
+  CHECK(contains(r.err, "rank 0 (pid " + std::to_string(w) + ") continued after "));
+  CHECK(!contains(r.err, "failure summary"));
+}
+
+TEST_CASE("launch: --log_dir writes per-rank stdout/stderr files; --tee picks what the console also gets") {
+  struct Case {
+    std::string tee;  // "" = flag absent
+    bool out, err;
+  };
+  for (const Case& c : {Case{"", false, false}, Case{"stdout", true, false}, Case{"2", false, true}, Case{"all", true, true}}) {
+    CAPTURE(c.tee);
+    TempDir dir;
+    std::vector<std::string> flags = {"--num_processes", "2", "--log_dir", dir / "logs"};
+    if (!c.tee.empty()) flags.insert(flags.end(), {"--tee", c.tee});
+    Result r = accel_run(launch_args(flags, {"env", "--dir", dir.str()}));
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string rd = dir / ("logs/attempt_0/rank_" + std::to_string(rank));
+      const std::string R = std::to_string(rank);
+      CHECK(read_file(rd + "/stdout.log") == "hello from rank " + R + " of 2\npartial line from rank " + R);
+      CHECK(read_file(rd + "/stderr.log") == "note from rank " + R + "\n");
+      CHECK(!fs::exists(rd + "/error.json"));  // it succeeded
+      auto e = read_env_file(dir / ("env." + R));
+      CHECK(e["ACCEL_ERROR_FILE"] == rd + "/error.json");
+      CHECK(e["TORCHELASTIC_ERROR_FILE"] == rd + "/error.json");
+      CHECK(contains(r.out, "[rank" + R + "]: hello from rank") == c.out);
+      CHECK(contains(r.err, "[rank" + R + "]: note from rank") == c.err);
+    }
+  }
+  {
+    // A relative --log_dir: the workers get absolute error file paths.
+    TempDir dir;
+    const std::string rel = fs::relative(dir.path, fs::current_path()).string() + "/logs/";
+    Result r = accel_run(launch_args({"--log_dir", rel}, {"env", "--dir", dir.str()}));
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    CHECK(read_env_file(dir / "env.0")["ACCEL_ERROR_FILE"] == dir / "logs/attempt_0/rank_0/error.json");
+  }
+  Result no_dir = accel_run(launch_args({"--tee", "3"}, {"env"}));
+  CHECK(no_dir.code == 1);
+  CHECK(contains(no_dir.err, "pass --log_dir too"));
+  TempDir dir;
+  Result bad = accel_run(launch_args({"--log_dir", dir.str(), "--tee", "5"}, {"env"}));
+  CHECK(bad.code == 1);
+  CHECK(contains(bad.err, "--tee: expected 0-3"));
+  CHECK(al::parse_tee("both") == (al::kTeeStdout | al::kTeeStderr));
+  write_file(dir / "a-file", "x");
+  Result not_dir = accel_run(launch_args({"--log_dir", dir / "a-file"}, {"env", "--dir", dir.str()}));
+  CHECK(not_dir.code == 1);
+  CHECK(contains(not_dir.err, "cannot create the directory '" + dir / "a-file/attempt_0/rank_0'"));
+  CHECK(count_files(dir, "env.") == 0);  // nothing was started
+  // Restarts get an attempt directory each.
+  Result re = accel_run(launch_args({"--num_processes", "2", "--max_restarts", "1", "--grace_period", "1", "--log_dir",
+                                     dir / "logs"},
+                                    {"restart", "--dir", dir.str(), "--steps", "4", "--crash_times", "1"}));
+  CHECK_MESSAGE(re.code == 0, re.err);
+  CHECK(contains(read_file(dir / "logs/attempt_0/rank_0/stderr.log"), "rank 0 crashing at step 2 on attempt 0"));
+  CHECK(contains(read_file(dir / "logs/attempt_1/rank_0/stdout.log"), "rank 0 attempt 1 resumes at step 2"));
+  CHECK(fs::exists(dir / "logs/attempt_0/rank_0/error.json"));
+  CHECK(!fs::exists(dir / "logs/attempt_1/rank_0/error.json"));
+}
+
+nlohmann::json read_json(const std::string& path) {
+  auto j = nlohmann::json::parse(read_file(path), nullptr, false);
+  CHECK_MESSAGE(j.is_object(), path, ": ", read_file(path));
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
+TEST_CASE("launch: a failed worker's error file and the failure summary") {
+  SUBCASE("written by accel-run: exit code, last stderr lines") {
+    TempDir dir;
+    Result r = accel_run(launch_args({"--num_processes", "3", "--grace_period", "1", "--log_dir", dir / "logs"},
+                                     {"fail", "--fail_rank", "1", "--code", "7", "--dir", dir.str()}));
+    CHECK(r.code == 7);
+    const std::string ef = dir / "logs/attempt_0/rank_1/error.json";
+    auto j = read_json(ef);
+    CHECK(j["rank"] == 1);
+    CHECK(j["local_rank"] == 1);
+    CHECK(j["exitcode"] == 7);
+    CHECK(j["signal"].is_null());
+    CHECK(j["pid"] == std::stoi(read_file(dir / "pid.1")));
+    CHECK(j["host"] == al::host_name());
+    CHECK(j["timestamp"].is_number_integer());
+    CHECK(j["written_by"] == "accel-run");
+    CHECK(contains(j["traceback"].get<std::string>(), "detail 11 of rank 1\n"));
+    CHECK(j["message"]["message"] == "detail 11 of rank 1");
+    CHECK(!fs::exists(dir / "logs/attempt_0/rank_0/error.json"));  // torn down, not failed
+    CHECK(contains(r.err, "failure summary: 1 failed rank(s)"));
+    CHECK(contains(r.err, "  rank 1 (local_rank 1) | host " + al::host_name() + " | exit code 7 | "));
+    CHECK(contains(r.err, "| error file: " + ef + " | first error: detail 11 of rank 1"));
+  }
+  SUBCASE("written by the worker: its content is kept and completed; killed by a signal") {
+    TempDir dir;
+    const std::string own = R"({"message": {"message": "RuntimeError: custom boom\nsecond line", "extraInfo": {"py_callstack": "frame 1"}}, "rank": 42})";
+    Result r = accel_run(launch_args({"--num_processes", "2", "--grace_period", "1", "--log_dir", dir / "logs"},
+                                     {"fail", "--fail_rank", "0", "--signal", std::to_string(SIGSEGV), "--dir",
+                                      dir.str(), "--error_file", own, "--bad_utf8"}));
+    CHECK(r.code == 128 + SIGSEGV);
+    auto j = read_json(dir / "logs/attempt_0/rank_0/error.json");
+    CHECK(j["message"]["message"] == "RuntimeError: custom boom\nsecond line");
+    CHECK(j["message"]["extraInfo"]["py_callstack"] == "frame 1");
+    CHECK(j["rank"] == 42);  // the worker's own value wins
+    CHECK(j["exitcode"].is_null());
+    CHECK(j["signal"] == "SIGSEGV");
+    CHECK(j["written_by"] == "worker, completed by accel-run");
+    // A stderr line that is not UTF-8 is kept with replacement characters (it made dump() throw).
+    CHECK(contains(j["traceback"].get<std::string>(), "bytes that are not UTF-8: \xEF\xBF\xBD"));
+    CHECK(contains(r.err, "killed by signal 11 (SIGSEGV)"));
+    CHECK(contains(r.err, "first error: RuntimeError: custom boom\n"));
+  }
+  SUBCASE("without --log_dir: a temporary directory, kept only when a summary names it") {
+    TempDir dir;
+    Result ok = accel_run(launch_args({"--num_processes", "2"}, {"env", "--dir", dir.str()}));
+    REQUIRE(ok.code == 0);
+    const std::string ef = read_env_file(dir / "env.1")["ACCEL_ERROR_FILE"];
+    CHECK(contains(ef, "/attempt_0/rank_1/error.json"));
+    CHECK(ef.rfind(tmp_root(), 0) == 0);  // under $TMPDIR
+    CHECK(!fs::exists(fs::path(ef).parent_path().parent_path().parent_path()));  // removed after success
+
+    Result r = accel_run(launch_args({"--num_processes", "2", "--grace_period", "1"},
+                                     {"fail", "--fail_rank", "0", "--code", "3", "--dir", dir.str(), "--error_file", "not json"}));
+    CHECK(r.code == 3);
+    const auto at = r.err.find("| error file: ");
+    REQUIRE(at != std::string::npos);
+    const std::string path = r.err.substr(at + 14, r.err.find(' ', at + 14) - at - 14);
+    auto j = read_json(path);
+    CHECK(j["worker_content"] == "not json");
+    CHECK(j["exitcode"] == 3);
+    fs::remove_all(fs::path(path).parent_path().parent_path().parent_path());
+  }
+}
+
+TEST_CASE("launch: SIGUSR1 is forwarded to the workers and does not stop the job") {
+  // Before: SIGUSR1's default action killed accel-run (exit 138) and the workers with it.
+  TempDir dir;
+  Proc p(launch_args({"--num_processes", "2"}, {"usr1", "--dir", dir.str()}));
+  REQUIRE(wait_for([&] { return count_files(dir, "pid.") == 2; }, 20));
+  kill(p.pid(), SIGUSR1);
+  Result r = p.finish(30);
+  CHECK_MESSAGE(r.code == 0, r.err);
+  CHECK(contains(r.err, "received SIGUSR1: forwarded it to 2 worker(s)"));
+  for (int rank = 0; rank < 2; ++rank) CHECK(read_file(dir / ("usr1." + std::to_string(rank))) == "checkpoint");
+
+  CHECK(al::parse_forward_signals(" usr1, SIGUSR2,10") == std::vector<int>{SIGUSR1, SIGUSR2});
+  CHECK(al::parse_forward_signals("none").empty());
+  CHECK_THROWS_WITH_AS(al::parse_forward_signals("SIGKILL"), doctest::Contains("cannot be forwarded"), al::ConfigError);
+  CHECK_THROWS_WITH_AS(al::parse_forward_signals("SIGFOO"), doctest::Contains("unknown signal 'SIGFOO'"), al::ConfigError);
+  Result bad = accel_run(launch_args({"--forward_signals", "SIGSEGV"}, {"env"}));
+  CHECK(bad.code == 1);
+  CHECK(contains(bad.err, "SIGSEGV cannot be forwarded"));
+}
+
+TEST_CASE("accel-run never aborts: exceptions outside accel::Error end with a message and exit 1") {
+  // A path component longer than NAME_MAX makes std::filesystem::exists throw filesystem_error,
+  // which escaped main before (terminate, exit 134).
+  const std::string long_name(300, 'a');
+  Result r = accel_run(launch_args({"--config_file", long_name}, {"env"}));
+  CHECK(r.code == 1);
+  CHECK(contains(r.err, "accel-run: error: "));
+  CHECK(contains(r.err, "File name too long"));
+  Result d = accel_run({"launch", kWorker, "env"}, {{"ACCEL_CONFIG_FILE", long_name}});
+  CHECK(d.code == 1);
+  CHECK(!contains(d.err, "terminate called"));
+}
+
+TEST_CASE("rendezvous token: generated on one machine, required across several, `accel-run token`") {
+  al::LaunchConfig cfg;
+  cfg.num_processes = 4;
+  al::LaunchPlan one = al::resolve_plan(cfg, {}, {}, 0);
+  al::resolve_rendezvous_token(one, {}, {});
+  CHECK(one.rendezvous_token.size() == 32);
+  CHECK(one.rendezvous_token.find_first_not_of("0123456789abcdef") == std::string::npos);
+
+  al::LaunchFlags f;
+  f.num_machines = 2;
+  f.main_process_ip = "10.0.0.1";
+  al::LaunchPlan two = al::resolve_plan(cfg, f, {}, 0);
+  CHECK_THROWS_WITH_AS(al::resolve_rendezvous_token(two, f, {}), doctest::Contains("accel-run token"), al::ConfigError);
+  al::resolve_rendezvous_token(two, f, env_of({{"ACCEL_RENDEZVOUS_TOKEN", kToken}}));
+  CHECK(two.rendezvous_token == kToken);
+  CHECK_THROWS_WITH_AS(al::resolve_rendezvous_token(two, f, env_of({{"ACCEL_RENDEZVOUS_TOKEN", "short"}})),
+                       doctest::Contains("at least 16"), al::ConfigError);
+  f.rendezvous_token = "flag-token-flag-token";
+  al::resolve_rendezvous_token(two, f, env_of({{"ACCEL_RENDEZVOUS_TOKEN", kToken}}));
+  CHECK(two.rendezvous_token == "flag-token-flag-token");
+  // One task per worker on one node: the tasks cannot agree on a random token either.
+  al::EnvMap per_task = env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NNODES", "1"},
+                                {"SLURM_LOCALID", "0"}, {"SLURM_JOB_NODELIST", "n1"}});
+  al::LaunchPlan task = al::resolve_plan(cfg, {}, per_task, 0);
+  CHECK_THROWS_WITH_AS(al::resolve_rendezvous_token(task, {}, per_task), doctest::Contains("2 separately launched tasks"),
+                       al::ConfigError);
+
+  Result a = accel_run({"token"}), b = accel_run({"token"});
+  CHECK(a.code == 0);
+  CHECK(a.out.size() == 33);
+  CHECK(a.out != b.out);
 }

@@ -240,9 +240,11 @@ int resolve(const std::string& host, int port, bool passive, AddrList* out) {
 //    all are authenticated the newcomer is refused with an error that names the limit.
 //  * accept() failing with EMFILE/ENFILE (out of file descriptors) leaves the connection in the
 //    backlog, so the listener stays readable and a loop that polls it again would spin at
-//    100 % CPU. Instead the oldest unauthenticated connection is dropped to free a descriptor,
-//    or, if there is none, the listener is left out of poll() for a backoff (50 ms doubling
-//    to 1 s). Queued clients are accepted once descriptors free up; they wait in the backlog
+//    100 % CPU. Instead the oldest unauthenticated connection is dropped to free a descriptor
+//    (if it is older than kMinAgeToEvictForFd: accept() says EMFILE even when nobody is queued,
+//    right after taking the last descriptor for a client whose HELLO is still in flight), or,
+//    if there is none, the listener is left out of poll() for a backoff (50 ms doubling to
+//    1 s). Queued clients are accepted once descriptors free up; they wait in the backlog
 //    meanwhile, within their own connect timeout.
 //  * Stored keys and bytes (keys plus values) are capped; a write past a cap gets an error
 //    reply naming the limit and changes nothing. Frame sizes were capped already (Note [store
@@ -253,6 +255,7 @@ namespace {
 constexpr Milliseconds kAcceptBackoffMin{50};
 constexpr Milliseconds kAcceptBackoffMax{1000};
 constexpr Milliseconds kPollRetry{10};
+constexpr Milliseconds kMinAgeToEvictForFd{1000};
 constexpr int kMaxLoggedRefusals = 10;
 }  // namespace
 
@@ -585,8 +588,11 @@ void TcpStoreServer::Impl::accept_some() {
       int e = errno;
       if (e == EINTR || e == ECONNABORTED || e == EPROTO) continue;  // that peer gave up
       if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
-        if (!unauthed.empty()) {  // free a descriptor the cheap way, then try again
-          evict_oldest_unauthed();
+        // accept() reports EMFILE whether or not anyone is queued, so only a connection that
+        // had its chance to say HELLO is dropped for it, never one accepted a moment ago.
+        if (!unauthed.empty() &&
+            Clock::now() - conns.at(*unauthed.begin()).accepted_at >= kMinAgeToEvictForFd) {
+          evict_oldest_unauthed();  // free a descriptor the cheap way, then try again
           continue;
         }
         // See Note [store hardening]: back off instead of polling a listener we cannot drain.

@@ -434,8 +434,10 @@ size_t count_closed(std::vector<std::unique_ptr<RawConn>>& conns, size_t want,
   return n;
 }
 
-// Reads the server's HELLO reply; true when it is OK within `timeout`.
-bool hello_ok(RawConn& c, std::chrono::milliseconds timeout) {
+// Reads the server's HELLO reply within `timeout`: kHelloOk, kHelloNone (nothing came), or
+// kHelloBad (closed, or something else came).
+enum HelloReply { kHelloOk, kHelloNone, kHelloBad };
+HelloReply hello_reply(RawConn& c, std::chrono::milliseconds timeout) {
   std::string got;
   auto deadline = Clock::now() + timeout;
   while (got.size() < 5 && Clock::now() < deadline) {
@@ -443,10 +445,14 @@ bool hello_ok(RawConn& c, std::chrono::milliseconds timeout) {
     if (poll(&p, 1, 50) <= 0) continue;
     char buf[64];
     ssize_t r = recv(c.fd, buf, sizeof(buf), 0);
-    if (r <= 0) return false;
+    if (r <= 0) return kHelloBad;
     got.append(buf, size_t(r));
   }
-  return got.size() >= 5 && got.substr(0, 4) == le32(1) && got[4] == 0;
+  if (got.empty()) return kHelloNone;
+  return got.size() >= 5 && got.substr(0, 4) == le32(1) && got[4] == 0 ? kHelloOk : kHelloBad;
+}
+bool hello_ok(RawConn& c, std::chrono::milliseconds timeout) {
+  return hello_reply(c, timeout) == kHelloOk;
 }
 
 // CPU time (user + system) a process has used so far, from /proc/<pid>/stat.
@@ -617,8 +623,16 @@ TEST_CASE("store hardening: out of file descriptors the server neither spins nor
   struct Reaper {
     pid_t pid;
     ~Reaper() {
+      if (pid <= 0) return;  // already reaped (never kill(0, ...): that is our process group)
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
+    }
+    bool alive() {
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == 0) return true;
+      MESSAGE("the server child ended: status ", status);
+      pid = 0;
+      return false;
     }
   } reaper{pid};
   int port = 0;
@@ -632,7 +646,9 @@ TEST_CASE("store hardening: out of file descriptors the server neither spins nor
   for (rlim_t i = 0; i < 2 * kChildFdLimit && !first_stuck; ++i) {
     auto c = std::make_unique<RawConn>(port);
     c->send_bytes(hello_frame(""));
-    if (hello_ok(*c, 3000ms)) {
+    HelloReply h = hello_reply(*c, 3000ms);
+    REQUIRE(h != kHelloBad);  // a connection that said HELLO at once is never dropped
+    if (h == kHelloOk) {
       in.push_back(std::move(c));
     } else {
       first_stuck = std::move(c);  // queued in the backlog: the child is out of descriptors
@@ -654,6 +670,7 @@ TEST_CASE("store hardening: out of file descriptors the server neither spins nor
   MESSAGE("server CPU while out of descriptors: ", cpu, " s in ", wall, " s");
   CHECK(cpu < 0.3);  // a spinning accept loop burns about 1 s per second
 
+  REQUIRE(reaper.alive());
   // Descriptors free up: the queued clients are served, and new ones too.
   for (int i = 0; i < 8; ++i) in.pop_back();
   CHECK(hello_ok(*first_stuck, 15000ms));
@@ -662,6 +679,7 @@ TEST_CASE("store hardening: out of file descriptors the server neither spins nor
   first_stuck.reset();
   TcpStore late("127.0.0.1", port, false, opts(15000ms));
   CHECK(late.get("ready") == "1");
+  CHECK(reaper.alive());
 }
 
 TEST_CASE("store hardening: key and byte caps give an error naming the limit") {
@@ -731,8 +749,20 @@ TEST_CASE("store hardening: a wrong, missing or unexpected token is refused and 
 }
 
 TEST_CASE("store hardening: connecting where nothing listens names rank 0's address") {
-  int port;
-  { TcpStore probe("127.0.0.1", 0, true, opts()); port = probe.port(); }
+  // A bound socket that does not listen holds the port, so nobody else can start listening
+  // there meanwhile, and connecting to it is refused.
+  int holder = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(holder, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  socklen_t len = sizeof(a);
+  getsockname(holder, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{holder};
   auto t0 = Clock::now();
   try {
     TcpStore client("127.0.0.1", port, false, opts(1500ms));

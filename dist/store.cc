@@ -52,7 +52,6 @@ namespace {
 constexpr uint32_t kMagic = 0x54534341;  // "ACST"
 constexpr uint16_t kVersion = 1;
 constexpr size_t kMaxHelloBytes = 4096;
-constexpr size_t kMaxConnections = 4096;
 constexpr size_t kMaxKeysPerRequest = 1 << 16;
 // Added to a request's own wait budget before a client gives up on a silent server.
 constexpr Milliseconds kReplyGrace{std::chrono::seconds(10)};
@@ -514,7 +513,7 @@ void TcpStoreServer::Impl::run() {
     auto now = Clock::now();
     bool listening = now >= accept_resume;
     fds.push_back({wake_pipe[0], POLLIN, 0});
-    fds.push_back({listen_fd, short(listening ? POLLIN : 0), 0});
+    fds.push_back({listening ? listen_fd : -1, POLLIN, 0});  // poll() skips a negative fd
     for (auto& [id, c] : conns) {
       short ev = 0;
       // Stop reading from a connection whose buffered input already exceeds one frame (it is

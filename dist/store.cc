@@ -595,11 +595,14 @@ void TcpStoreServer::Impl::accept_some() {
           continue;
         }
         // See Note [store hardening]: back off instead of polling a listener we cannot drain.
+        bool episode_starts = accept_backoff.count() == 0;  // reset by a successful accept
         accept_backoff = std::clamp(accept_backoff * 2, kAcceptBackoffMin, kAcceptBackoffMax);
         accept_resume = Clock::now() + accept_backoff;
-        if (accept_pauses++ == 0 || accept_backoff == kAcceptBackoffMax)
+        ++accept_pauses;
+        if (episode_starts)
           log("accept failed: ", errno_str(e), " with ", conns.size(),
-              " connections open; pausing new connections for ", accept_backoff.count(), " ms");
+              " connections open; new connections wait (retried every ", kAcceptBackoffMin.count(),
+              " ms, backing off to ", kAcceptBackoffMax.count(), " ms) until descriptors free up");
       }
       return;  // EAGAIN: nothing queued
     }

@@ -1145,10 +1145,11 @@ std::string TcpStore::where() const {
 
 namespace {
 // Blocking I/O with a deadline on a non-blocking socket: poll, then one syscall.
+// Polls at least once, even past the deadline, so a last attempt still sees what is there.
 bool wait_fd(int fd, short events, Clock::time_point deadline) {
   while (true) {
-    auto left = std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()).count();
-    if (left < 0) return false;
+    auto left = std::max<int64_t>(
+        0, std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()).count());
     pollfd p{fd, events, 0};
     int n = poll(&p, 1, int(std::min<int64_t>(left, 1 << 30)));
     if (n > 0) return true;  // readable, writable, or error (the syscall reports it)
@@ -1201,8 +1202,10 @@ std::string lower_first(std::string s) {
   return s;
 }
 
-// Connects to one resolved address within `deadline`; returns the fd or -1 with `err` set.
-int try_connect(const addrinfo* a, Clock::time_point deadline, std::string* err) {
+// Connects to one resolved address within `deadline`; returns the fd or -1 with `err` set
+// (left alone when the attempt merely ran out of time and `keep_err_on_timeout`).
+int try_connect(const addrinfo* a, Clock::time_point deadline, bool keep_err_on_timeout,
+                std::string* err) {
   int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
   if (fd < 0) {
     *err = lower_first(errno_str(errno));
@@ -1220,7 +1223,7 @@ int try_connect(const addrinfo* a, Clock::time_point deadline, std::string* err)
     }
   }
   if (e != 0) {
-    *err = lower_first(errno_str(e));
+    if (e != ETIMEDOUT || !keep_err_on_timeout) *err = lower_first(errno_str(e));
     close(fd);
     return -1;
   }
@@ -1280,6 +1283,7 @@ void TcpStore::connect_locked(Milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
   std::string last_error = "no address";
   Milliseconds backoff = kConnectBackoffMin;
+  int attempts = 0;
   // Jitter spreads the retries of many ranks that started together.
   std::minstd_rand jitter(uint32_t(Clock::now().time_since_epoch().count()) ^
                           uint32_t(reinterpret_cast<uintptr_t>(this)));
@@ -1291,7 +1295,12 @@ void TcpStore::connect_locked(Milliseconds timeout) {
                 "', the address of rank 0's rendezvous store: ", gai_strerror(rc));
     if (rc != 0) last_error = std::string("cannot resolve '") + host_ + "': " + gai_strerror(rc);
     for (addrinfo* a = addrs.head; a && fd_ < 0; a = a->ai_next) {
-      int fd = try_connect(a, std::min(deadline, Clock::now() + kConnectAttempt), &last_error);
+      // An attempt cut short by the overall deadline says nothing new: the previous attempt's
+      // reason ("connection refused") is the one to report.
+      auto attempt_deadline = Clock::now() + kConnectAttempt;
+      bool cut_short = deadline < attempt_deadline && attempts > 0;
+      int fd = try_connect(a, std::min(deadline, attempt_deadline), cut_short, &last_error);
+      ++attempts;
       if (fd < 0) continue;
       fd_ = fd;
       std::string why;

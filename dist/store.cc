@@ -13,10 +13,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <limits>
 #include <map>
+#include <optional>
+#include <random>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -48,11 +52,9 @@ namespace {
 constexpr uint32_t kMagic = 0x54534341;  // "ACST"
 constexpr uint16_t kVersion = 1;
 constexpr size_t kMaxHelloBytes = 4096;
-constexpr size_t kMaxConnections = 4096;
 constexpr size_t kMaxKeysPerRequest = 1 << 16;
 // Added to a request's own wait budget before a client gives up on a silent server.
 constexpr Milliseconds kReplyGrace{std::chrono::seconds(10)};
-constexpr Milliseconds kConnectRetry{50};
 
 enum Op : uint8_t {
   kHello = 0,
@@ -205,7 +207,8 @@ struct AddrList {
     if (head) freeaddrinfo(head);
   }
 };
-void resolve(const std::string& host, int port, bool passive, AddrList* out) {
+// Returns getaddrinfo's code (0 on success).
+int resolve(const std::string& host, int port, bool passive, AddrList* out) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -213,20 +216,56 @@ void resolve(const std::string& host, int port, bool passive, AddrList* out) {
   std::string h = host;
   if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
   std::string p = std::to_string(port);
-  int rc = getaddrinfo(h.empty() ? nullptr : h.c_str(), p.c_str(), &hints, &out->head);
-  ACCEL_CHECK(rc == 0, DistError, "store", "cannot resolve '", host, "': ", gai_strerror(rc));
+  return getaddrinfo(h.empty() ? nullptr : h.c_str(), p.c_str(), &hints, &out->head);
 }
 
 }  // namespace
 
 // =============================== server ===============================
 
+// Note [store hardening]
+// The store listens on a port that anyone on the network can reach, before any rank has proven
+// anything, so the server must stay available to the job's own ranks whatever else connects:
+//  * A connection has handshake_timeout to complete its HELLO, and at most max_unauthenticated
+//    connections may be waiting to; a newcomer beyond that cap evicts the OLDEST of them. A real
+//    client sends HELLO right after connecting and is served within one loop iteration, so
+//    idle or slow sockets are what gets evicted; a client evicted anyway retries (the client
+//    treats a dropped handshake as "not up yet", only an explicit refusal is final).
+//  * Connections are read before new ones are accepted in each loop iteration, at most
+//    max_unauthenticated / 2 are accepted per iteration, and a new connection is read at once
+//    (its HELLO is usually there already): a connection accepted in one iteration is read
+//    before the next batch of accepts can evict it.
+//  * max_connections caps all connections. At the cap an unauthenticated one is evicted; when
+//    all are authenticated the newcomer is refused with an error that names the limit.
+//  * accept() failing with EMFILE/ENFILE (out of file descriptors) leaves the connection in the
+//    backlog, so the listener stays readable and a loop that polls it again would spin at
+//    100 % CPU. Instead the oldest unauthenticated connection is dropped to free a descriptor
+//    (if it is older than kMinAgeToEvictForFd: accept() says EMFILE even when nobody is queued,
+//    right after taking the last descriptor for a client whose HELLO is still in flight), or,
+//    if there is none, the listener is left out of poll() for a backoff (50 ms doubling to
+//    1 s). Queued clients are accepted once descriptors free up; they wait in the backlog
+//    meanwhile, within their own connect timeout.
+//  * Stored keys and bytes (keys plus values) are capped; a write past a cap gets an error
+//    reply naming the limit and changes nothing. Frame sizes were capped already (Note [store
+//    protocol]).
+// Authenticated connections are never timed out: ranks keep theirs for the whole job.
+
+namespace {
+constexpr Milliseconds kAcceptBackoffMin{50};
+constexpr Milliseconds kAcceptBackoffMax{1000};
+constexpr Milliseconds kPollRetry{10};
+constexpr Milliseconds kMinAgeToEvictForFd{1000};
+constexpr int kMaxLoggedRefusals = 10;
+}  // namespace
+
 struct TcpStoreServer::Impl {
   struct Conn {
-    int fd = -1;
+    int fd = -1;  // -1: an in-memory connection (store_fuzz_one)
     uint64_t id = 0;
     bool authed = false;
     bool blocked = false;  // a GET/WAIT of this connection is pending; later frames wait
+    Clock::time_point accepted_at;
+    std::string peer;  // "address:port", for log lines
     std::string in;
     std::string out;
   };
@@ -241,45 +280,156 @@ struct TcpStoreServer::Impl {
   int wake_pipe[2] = {-1, -1};
   size_t max_message = kDefaultMaxStoreMessage;
   std::string token;
+  Milliseconds handshake_timeout = kDefaultStoreHandshakeTimeout;
+  size_t max_connections = kDefaultStoreMaxConnections;
+  size_t max_unauthenticated = kDefaultStoreMaxUnauthenticated;
+  size_t max_keys = kDefaultStoreMaxKeys;
+  size_t max_total_bytes = kDefaultStoreMaxTotalBytes;
+  bool log_enabled = true;
   std::thread thread;
   std::atomic<bool> stop{false};
+
+  // Counters, read by other threads through stats().
   std::atomic<int64_t> rejected{0};
   std::atomic<int64_t> open{0};
+  std::atomic<int64_t> unauthed_open{0};
+  std::atomic<int64_t> auth_failures{0};
+  std::atomic<int64_t> handshake_timeouts{0};
+  std::atomic<int64_t> evicted{0};
+  std::atomic<int64_t> refused_full{0};
+  std::atomic<int64_t> accept_pauses{0};
+  std::atomic<int64_t> keys_stat{0};
+  std::atomic<int64_t> bytes_stat{0};
 
+  // Owned by the server thread.
   std::map<uint64_t, Conn> conns;  // ordered: deterministic service order
+  std::set<uint64_t> unauthed;     // ids grow with accept time: begin() is the oldest
   uint64_t next_id = 1;
   std::unordered_map<std::string, std::string> data;
+  size_t total_bytes = 0;  // sum of key and value sizes in `data`
   std::deque<Waiter> waiters;
+  Clock::time_point accept_resume{};  // listener left out of poll() until then (EMFILE)
+  Milliseconds accept_backoff{0};
 
+  void configure(const StoreOptions& o);
   void run();
-  void accept_all();
+  int poll_timeout_ms(Clock::time_point now) const;
+  void accept_some();
+  bool make_room_for_one();
+  uint64_t add_conn(int fd, std::string peer);
   void on_readable(Conn& c);
+  size_t input_room(const Conn& c) const;
+  // Appends received bytes and handles the complete frames; false: the connection must close.
+  bool on_bytes(Conn& c, const char* p, size_t n);
   bool process_frames(Conn& c);  // false: connection must close
   // Handles one request; returns false when the connection must close.
   bool handle(Conn& c, const char* body, size_t n);
+  bool handle_hello(Conn& c, Reader& r);
   void reply(Conn& c, uint8_t status, const std::string& payload);
+  void reply_error(Conn& c, const std::string& msg);  // connection stays open
   void reply_error_and_close(Conn& c, const std::string& msg);
   void flush(Conn& c);
   void close_conn(uint64_t id);
+  void evict_oldest_unauthed();
+  void expire_handshakes(Clock::time_point now);
   bool all_present(const std::vector<std::string>& keys) const {
     for (auto& k : keys)
       if (!data.count(k)) return false;
     return true;
   }
+  // Empty when `key` may hold `value_size` bytes within max_keys/max_total_bytes, else why not.
+  std::string check_room(const std::string& key, size_t value_size) const;
+  void put_value(const std::string& key, std::string value);
+  bool erase_key(const std::string& key);
+  void update_data_stats() {
+    keys_stat = int64_t(data.size());
+    bytes_stat = int64_t(total_bytes);
+  }
   void on_key_created();
   void expire_waiters(Clock::time_point now);
   void complete_waiter(const Waiter& w, uint8_t status);
+  template <typename... Args>
+  void log(Args&&... args) {
+    if (!log_enabled) return;
+    std::string line = accel::detail::format_message("store", std::forward<Args>(args)...);
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
 };
+
+namespace {
+std::string peer_name(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "unknown peer";
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (ss.ss_family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    port = ntohs(a->sin6_port);
+    return "[" + std::string(host) + "]:" + std::to_string(port);
+  }
+  auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+  inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+  port = ntohs(a->sin_port);
+  return std::string(host) + ":" + std::to_string(port);
+}
+
+// A key as an error message shows it: bounded, non-printable bytes escaped.
+std::string printable_key(const std::string& k) {
+  constexpr size_t kShown = 80;
+  std::string s;
+  for (size_t i = 0; i < k.size() && i < kShown; ++i) {
+    unsigned char ch = static_cast<unsigned char>(k[i]);
+    if (ch >= 0x20 && ch < 0x7f && ch != '\\') {
+      s.push_back(char(ch));
+    } else {
+      static const char* hex = "0123456789abcdef";
+      s += "\\x";
+      s.push_back(hex[ch >> 4]);
+      s.push_back(hex[ch & 15]);
+    }
+  }
+  if (k.size() > kShown) s += "... (" + std::to_string(k.size()) + " bytes)";
+  return s;
+}
+}  // namespace
+
+void TcpStoreServer::Impl::configure(const StoreOptions& o) {
+  ACCEL_CHECK(o.max_message_bytes >= kMaxHelloBytes && o.max_message_bytes <= UINT32_MAX - 64,
+              DistError, "store", "max_message_bytes ", o.max_message_bytes, " is outside [",
+              kMaxHelloBytes, ", ", UINT32_MAX - 64, "]");
+  ACCEL_CHECK(o.handshake_timeout.count() > 0, DistError, "store",
+              "handshake_timeout must be positive, got ", o.handshake_timeout.count(), " ms");
+  ACCEL_CHECK(o.max_connections >= 1 && o.max_unauthenticated >= 1, DistError, "store",
+              "max_connections (", o.max_connections, ") and max_unauthenticated (",
+              o.max_unauthenticated, ") must be at least 1");
+  max_message = o.max_message_bytes;
+  token = o.token;
+  handshake_timeout = o.handshake_timeout;
+  max_connections = o.max_connections;
+  max_unauthenticated = std::min(o.max_unauthenticated, o.max_connections);
+  max_keys = o.max_keys;
+  max_total_bytes = o.max_total_bytes;
+}
 
 TcpStoreServer::TcpStoreServer(const std::string& host, int port, size_t max_message_bytes,
                                std::string token)
+    : TcpStoreServer(host, port, [&] {
+        StoreOptions o;
+        o.max_message_bytes = max_message_bytes;
+        o.token = std::move(token);
+        return o;
+      }()) {}
+
+TcpStoreServer::TcpStoreServer(const std::string& host, int port, const StoreOptions& options)
     : impl_(std::make_unique<Impl>()) {
   ACCEL_CHECK(port >= 0 && port <= 65535, DistError, "store", "port ", port,
               " is outside [0, 65535]");
-  impl_->max_message = max_message_bytes;
-  impl_->token = std::move(token);
+  impl_->configure(options);
   AddrList addrs;
-  resolve(host, port, false, &addrs);
+  int rc = resolve(host, port, false, &addrs);
+  ACCEL_CHECK(rc == 0, DistError, "store", "cannot resolve '", host, "': ", gai_strerror(rc));
   int last_errno = 0;
   for (addrinfo* a = addrs.head; a; a = a->ai_next) {
     int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
@@ -305,8 +455,9 @@ TcpStoreServer::TcpStoreServer(const std::string& host, int port, size_t max_mes
                                    : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
   set_nonblocking(impl_->listen_fd);
   if (pipe2(impl_->wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    int e = errno;
     close(impl_->listen_fd);
-    ACCEL_THROW(DistError, "store", "pipe failed: ", errno_str(errno));
+    ACCEL_THROW(DistError, "store", "pipe failed: ", errno_str(e));
   }
   impl_->thread = std::thread([impl = impl_.get()] { impl->run(); });
 }
@@ -325,6 +476,33 @@ TcpStoreServer::~TcpStoreServer() {
 
 int64_t TcpStoreServer::rejected_connections() const { return impl_->rejected.load(); }
 int64_t TcpStoreServer::open_connections() const { return impl_->open.load(); }
+StoreServerStats TcpStoreServer::stats() const {
+  StoreServerStats s;
+  s.open_connections = impl_->open.load();
+  s.unauthenticated_connections = impl_->unauthed_open.load();
+  s.rejected_connections = impl_->rejected.load();
+  s.auth_failures = impl_->auth_failures.load();
+  s.handshake_timeouts = impl_->handshake_timeouts.load();
+  s.evicted_unauthenticated = impl_->evicted.load();
+  s.refused_full = impl_->refused_full.load();
+  s.accept_pauses = impl_->accept_pauses.load();
+  s.keys = impl_->keys_stat.load();
+  s.bytes = impl_->bytes_stat.load();
+  return s;
+}
+
+int TcpStoreServer::Impl::poll_timeout_ms(Clock::time_point now) const {
+  std::optional<Clock::time_point> next;
+  auto consider = [&](Clock::time_point t) {
+    if (!next || t < *next) next = t;
+  };
+  for (auto& w : waiters) consider(w.deadline);
+  if (!unauthed.empty()) consider(conns.at(*unauthed.begin()).accepted_at + handshake_timeout);
+  if (now < accept_resume) consider(accept_resume);
+  if (!next) return -1;
+  auto d = std::chrono::duration_cast<Milliseconds>(*next - now).count() + 1;
+  return int(std::clamp<int64_t>(d, 0, 60000));
+}
 
 void TcpStoreServer::Impl::run() {
   std::vector<pollfd> fds;
@@ -332,31 +510,28 @@ void TcpStoreServer::Impl::run() {
   while (!stop.load()) {
     fds.clear();
     ids.clear();
+    auto now = Clock::now();
+    bool listening = now >= accept_resume;
     fds.push_back({wake_pipe[0], POLLIN, 0});
-    fds.push_back({listen_fd, POLLIN, 0});
+    fds.push_back({listening ? listen_fd : -1, POLLIN, 0});  // poll() skips a negative fd
     for (auto& [id, c] : conns) {
       short ev = 0;
       // Stop reading from a connection whose buffered input already exceeds one frame (it is
       // blocked on a wait) or whose replies pile up unread: bounded memory per client.
-      size_t in_limit = authed_limit_impl(c.authed, max_message) + 4;
-      if (c.in.size() < in_limit && c.out.size() < 2 * max_message + 64) ev |= POLLIN;
+      if (input_room(c) > 0 && c.out.size() < 2 * max_message + 64) ev |= POLLIN;
       if (!c.out.empty()) ev |= POLLOUT;
       fds.push_back({c.fd, ev, 0});
       ids.push_back(id);
     }
-    int timeout_ms = -1;
-    if (!waiters.empty()) {
-      auto next = std::min_element(waiters.begin(), waiters.end(), [](auto& a, auto& b) {
-                    return a.deadline < b.deadline;
-                  })->deadline;
-      auto d = std::chrono::duration_cast<Milliseconds>(next - Clock::now()).count() + 1;
-      timeout_ms = int(std::clamp<int64_t>(d, 0, 60000));
+    int n = poll(fds.data(), fds.size(), poll_timeout_ms(now));
+    if (n < 0 && errno != EINTR) {
+      // Cannot happen with valid arguments; back off rather than spin or leave clients hanging.
+      std::this_thread::sleep_for(kPollRetry);
+      continue;
     }
-    int n = poll(fds.data(), fds.size(), timeout_ms);
-    if (n < 0 && errno != EINTR) break;  // nothing sane left to do; clients will time out
     if (stop.load()) break;
     if (n > 0) {
-      if (fds[1].revents & POLLIN) accept_all();
+      // Existing connections first, then new ones: see Note [store hardening].
       for (size_t i = 0; i < ids.size(); ++i) {
         short re = fds[i + 2].revents;
         if (!re) continue;
@@ -370,39 +545,116 @@ void TcpStoreServer::Impl::run() {
         if (re & POLLOUT) flush(c);
         if (re & (POLLIN | POLLHUP)) on_readable(c);  // read() reports EOF for POLLHUP
       }
+      if (fds[1].revents & POLLIN) accept_some();
     }
-    expire_waiters(Clock::now());
+    now = Clock::now();
+    expire_waiters(now);
+    expire_handshakes(now);
   }
 }
 
-void TcpStoreServer::Impl::accept_all() {
-  while (true) {
+void TcpStoreServer::Impl::evict_oldest_unauthed() {
+  if (unauthed.empty()) return;
+  ++evicted;
+  close_conn(*unauthed.begin());
+}
+
+bool TcpStoreServer::Impl::make_room_for_one() {
+  if (unauthed.size() >= max_unauthenticated) evict_oldest_unauthed();
+  if (conns.size() >= max_connections) evict_oldest_unauthed();
+  return conns.size() < max_connections;
+}
+
+uint64_t TcpStoreServer::Impl::add_conn(int fd, std::string peer) {
+  Conn c;
+  c.fd = fd;
+  c.id = next_id++;
+  c.accepted_at = Clock::now();
+  c.peer = std::move(peer);
+  uint64_t id = c.id;
+  conns.emplace(id, std::move(c));
+  unauthed.insert(id);
+  open = int64_t(conns.size());
+  unauthed_open = int64_t(unauthed.size());
+  return id;
+}
+
+void TcpStoreServer::Impl::accept_some() {
+  size_t budget = std::max<size_t>(1, max_unauthenticated / 2);
+  for (size_t k = 0; k < budget; ++k) {
     int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;  // EAGAIN, or a transient error: try on the next readiness
-    if (conns.size() >= kMaxConnections) {
-      close(fd);
+    if (fd < 0) {
+      int e = errno;
+      if (e == EINTR || e == ECONNABORTED || e == EPROTO) continue;  // that peer gave up
+      if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+        // accept() reports EMFILE whether or not anyone is queued, so only a connection that
+        // had its chance to say HELLO is dropped for it, never one accepted a moment ago.
+        if (!unauthed.empty() &&
+            Clock::now() - conns.at(*unauthed.begin()).accepted_at >= kMinAgeToEvictForFd) {
+          evict_oldest_unauthed();  // free a descriptor the cheap way, then try again
+          continue;
+        }
+        // See Note [store hardening]: back off instead of polling a listener we cannot drain.
+        bool episode_starts = accept_backoff.count() == 0;  // reset by a successful accept
+        accept_backoff = std::clamp(accept_backoff * 2, kAcceptBackoffMin, kAcceptBackoffMax);
+        accept_resume = Clock::now() + accept_backoff;
+        ++accept_pauses;
+        if (episode_starts)
+          log("accept failed: ", errno_str(e), " with ", conns.size(),
+              " connections open; new connections wait (retried every ", kAcceptBackoffMin.count(),
+              " ms, backing off to ", kAcceptBackoffMax.count(), " ms) until descriptors free up");
+      }
+      return;  // EAGAIN: nothing queued
+    }
+    accept_backoff = Milliseconds(0);
+    // Only now that someone is really waiting: make room for them.
+    if (!make_room_for_one()) {
+      // Every connection is authenticated: refuse the newcomer with a reason it can report.
+      ++refused_full;
       ++rejected;
+      char drain[kMaxHelloBytes + 4];
+      ssize_t ignored = recv(fd, drain, sizeof(drain), MSG_DONTWAIT);  // avoid an RST
+      (void)ignored;
+      std::string p;
+      put_str(p, "the store is full: it serves at most " + std::to_string(max_connections) +
+                     " connections (StoreOptions::max_connections)");
+      std::string body;
+      put_u8(body, kErr);
+      body += p;
+      std::string f = frame(body);
+      ignored = send(fd, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      close(fd);
       continue;
     }
     set_nodelay(fd);
-    Conn c;
-    c.fd = fd;
-    c.id = next_id++;
-    conns.emplace(c.id, std::move(c));
-    ++open;
+    uint64_t id = add_conn(fd, peer_name(fd));
+    on_readable(conns.at(id));  // its HELLO is usually here already
   }
+}
+
+void TcpStoreServer::Impl::expire_handshakes(Clock::time_point now) {
+  while (!unauthed.empty()) {
+    Conn& c = conns.at(*unauthed.begin());
+    if (now < c.accepted_at + handshake_timeout) break;
+    ++handshake_timeouts;
+    close_conn(c.id);
+  }
+}
+
+size_t TcpStoreServer::Impl::input_room(const Conn& c) const {
+  size_t limit = authed_limit_impl(c.authed, max_message) + 4;
+  return c.in.size() < limit ? limit - c.in.size() : 0;
 }
 
 void TcpStoreServer::Impl::on_readable(Conn& c) {
   uint64_t id = c.id;
   char buf[65536];
   while (true) {
-    size_t limit = authed_limit_impl(c.authed, max_message) + 4;
-    if (c.in.size() >= limit) break;
-    ssize_t r = recv(c.fd, buf, std::min(sizeof(buf), limit - c.in.size()), 0);
+    size_t room = input_room(c);
+    if (room == 0) break;
+    ssize_t r = recv(c.fd, buf, std::min(sizeof(buf), room), 0);
     if (r > 0) {
-      c.in.append(buf, size_t(r));
-      if (!process_frames(c)) {
+      if (!on_bytes(c, buf, size_t(r))) {
         close_conn(id);
         return;
       }
@@ -415,6 +667,11 @@ void TcpStoreServer::Impl::on_readable(Conn& c) {
     if (errno == EINTR) continue;
     break;
   }
+}
+
+bool TcpStoreServer::Impl::on_bytes(Conn& c, const char* p, size_t n) {
+  c.in.append(p, n);
+  return process_frames(c);
 }
 
 bool TcpStoreServer::Impl::process_frames(Conn& c) {
@@ -450,6 +707,12 @@ void TcpStoreServer::Impl::reply(Conn& c, uint8_t status, const std::string& pay
   flush(c);
 }
 
+void TcpStoreServer::Impl::reply_error(Conn& c, const std::string& msg) {
+  std::string p;
+  put_str(p, msg);
+  reply(c, kErr, p);
+}
+
 void TcpStoreServer::Impl::reply_error_and_close(Conn& c, const std::string& msg) {
   std::string p;
   put_str(p, msg);
@@ -458,12 +721,15 @@ void TcpStoreServer::Impl::reply_error_and_close(Conn& c, const std::string& msg
   body += p;
   c.out += frame(body);
   // One best-effort write: the connection is closed right after, whatever the peer does.
-  ssize_t ignored = send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  (void)ignored;
-  c.out.clear();
+  if (c.fd >= 0) {
+    ssize_t ignored = send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)ignored;
+    c.out.clear();
+  }
 }
 
 void TcpStoreServer::Impl::flush(Conn& c) {
+  if (c.fd < 0) return;  // in-memory: the caller reads c.out
   while (!c.out.empty()) {
     ssize_t w = send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w > 0) {
@@ -478,9 +744,11 @@ void TcpStoreServer::Impl::flush(Conn& c) {
 void TcpStoreServer::Impl::close_conn(uint64_t id) {
   auto it = conns.find(id);
   if (it == conns.end()) return;
-  close(it->second.fd);
+  if (it->second.fd >= 0) close(it->second.fd);
   conns.erase(it);
-  --open;
+  unauthed.erase(id);
+  open = int64_t(conns.size());
+  unauthed_open = int64_t(unauthed.size());
   waiters.erase(std::remove_if(waiters.begin(), waiters.end(),
                                [id](const Waiter& w) { return w.conn_id == id; }),
                 waiters.end());
@@ -525,36 +793,101 @@ void TcpStoreServer::Impl::expire_waiters(Clock::time_point now) {
   }
 }
 
+std::string TcpStoreServer::Impl::check_room(const std::string& key, size_t value_size) const {
+  auto it = data.find(key);
+  size_t keys_after = data.size() + (it == data.end() ? 1 : 0);
+  size_t freed = it == data.end() ? 0 : key.size() + it->second.size();
+  size_t bytes_after = total_bytes - freed + key.size() + value_size;
+  if (keys_after > max_keys)
+    return "cannot create key '" + printable_key(key) + "': the store holds " +
+           std::to_string(data.size()) + " keys, its limit (StoreOptions::max_keys) is " +
+           std::to_string(max_keys);
+  if (bytes_after > max_total_bytes)
+    return "cannot store " + std::to_string(value_size) + " bytes under key '" +
+           printable_key(key) + "': the store would hold " + std::to_string(bytes_after) +
+           " bytes, its limit (StoreOptions::max_total_bytes) is " +
+           std::to_string(max_total_bytes);
+  return {};
+}
+
+void TcpStoreServer::Impl::put_value(const std::string& key, std::string value) {
+  auto it = data.find(key);
+  if (it == data.end()) {
+    total_bytes += key.size() + value.size();
+    data.emplace(key, std::move(value));
+  } else {
+    total_bytes = total_bytes - it->second.size() + value.size();
+    it->second = std::move(value);
+  }
+  update_data_stats();
+}
+
+bool TcpStoreServer::Impl::erase_key(const std::string& key) {
+  auto it = data.find(key);
+  if (it == data.end()) return false;
+  total_bytes -= key.size() + it->second.size();
+  data.erase(it);
+  update_data_stats();
+  return true;
+}
+
+bool TcpStoreServer::Impl::handle_hello(Conn& c, Reader& r) {
+  uint32_t magic = r.integer<uint32_t>();
+  uint16_t version = r.integer<uint16_t>();
+  std::string tok = r.str(kMaxHelloBytes);
+  r.finish();
+  if (magic != kMagic) throw ParseError{"bad magic (not an accel store client)"};
+  if (version != kVersion)
+    throw ParseError{"protocol version " + std::to_string(version) + ", server speaks " +
+                     std::to_string(kVersion)};
+  // Both sides must hold the same token, both empty included: a client with a token that
+  // reaches a tokenless store has found some other job's store (or rank 0 lacks the token).
+  if (!tokens_equal(tok, token)) {
+    ++rejected;
+    int64_t n = ++auth_failures;
+    std::string why =
+        token.empty()
+            ? "rendezvous token rejected: the client presented one, but rank 0's store has none "
+              "(ACCEL_RENDEZVOUS_TOKEN is set on this rank but not on rank 0, or this is "
+              "another job's store)"
+        : tok.empty()
+            ? "rendezvous token rejected: the store requires one and the client presented "
+              "none (ACCEL_RENDEZVOUS_TOKEN is unset on this rank)"
+            : "rendezvous token rejected: the client's ACCEL_RENDEZVOUS_TOKEN differs from "
+              "rank 0's";
+    if (n <= kMaxLoggedRefusals)
+      log("refused a client from ", c.peer, ": ", why, n == kMaxLoggedRefusals
+                                                           ? " (further refusals are counted, not logged)"
+                                                           : "");
+    reply_error_and_close(c, why);
+    return false;
+  }
+  c.authed = true;
+  unauthed.erase(c.id);
+  unauthed_open = int64_t(unauthed.size());
+  reply(c, kOk, "");
+  return true;
+}
+
 bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t n) {
   try {
     Reader r(body, n);
     uint8_t op = r.u8();
     if (!c.authed) {
       if (op != kHello) throw ParseError{"the first message must be HELLO"};
-      uint32_t magic = r.integer<uint32_t>();
-      uint16_t version = r.integer<uint16_t>();
-      std::string tok = r.str(kMaxHelloBytes);
-      r.finish();
-      if (magic != kMagic) throw ParseError{"bad magic (not an accel store client)"};
-      if (version != kVersion)
-        throw ParseError{"protocol version " + std::to_string(version) + ", server speaks " +
-                         std::to_string(kVersion)};
-      if (!token.empty() && !tokens_equal(tok, token)) {
-        ++rejected;
-        reply_error_and_close(c, "rendezvous token rejected (ACCEL_RENDEZVOUS_TOKEN differs)");
-        return false;
-      }
-      c.authed = true;
-      reply(c, kOk, "");
-      return true;
+      return handle_hello(c, r);
     }
     switch (op) {
       case kSet: {
         std::string key = r.str(kMaxStoreKeyBytes);
         std::string value = r.str(max_message);
         r.finish();
+        if (std::string why = check_room(key, value.size()); !why.empty()) {
+          reply_error(c, why);
+          return true;
+        }
         bool created = !data.count(key);
-        data[key] = std::move(value);
+        put_value(key, std::move(value));
         reply(c, kOk, "");
         if (created) on_key_created();
         return true;
@@ -594,14 +927,17 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t n) {
         auto it = data.find(key);
         int64_t cur = 0;
         if (it != data.end() && !parse_i64(it->second, &cur)) {
-          std::string p;
-          put_str(p, "value of key '" + key + "' is not an integer");
-          reply(c, kErr, p);
+          reply_error(c, "value of key '" + printable_key(key) + "' is not an integer");
           return true;
         }
         int64_t next = int64_t(uint64_t(cur) + uint64_t(delta));  // wraps, never UB
+        std::string text = std::to_string(next);
+        if (std::string why = check_room(key, text.size()); !why.empty()) {
+          reply_error(c, why);
+          return true;
+        }
         bool created = it == data.end();
-        data[key] = std::to_string(next);
+        put_value(key, std::move(text));
         std::string p;
         put_int<int64_t>(p, next);
         reply(c, kOk, p);
@@ -624,7 +960,7 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t n) {
         std::string key = r.str(kMaxStoreKeyBytes);
         r.finish();
         std::string p;
-        put_u8(p, data.erase(key) ? 1 : 0);
+        put_u8(p, erase_key(key) ? 1 : 0);
         reply(c, kOk, p);
         return true;
       }
@@ -634,14 +970,14 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t n) {
         std::string desired = r.str(max_message);
         r.finish();
         auto it = data.find(key);
-        bool created = false;
-        if (it == data.end()) {
-          if (expected.empty()) {
-            data[key] = desired;
-            created = true;
+        bool swap = it == data.end() ? expected.empty() : it->second == expected;
+        bool created = swap && it == data.end();
+        if (swap) {
+          if (std::string why = check_room(key, desired.size()); !why.empty()) {
+            reply_error(c, why);
+            return true;
           }
-        } else if (it->second == expected) {
-          it->second = desired;
+          put_value(key, std::move(desired));
         }
         auto now = data.find(key);
         std::string p;
@@ -670,20 +1006,126 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t n) {
   }
 }
 
+// =============================== fuzzing ===============================
+
+namespace detail {
+
+namespace {
+// Limits small enough that a fuzzer reaches them.
+constexpr size_t kFuzzMaxMessage = size_t(1) << 16;
+constexpr size_t kFuzzMaxKeys = 32;
+constexpr size_t kFuzzMaxBytes = size_t(1) << 14;
+constexpr int kFuzzMaxUnblocks = 4096;
+
+std::string fuzz_frame_set(const std::string& key) {
+  std::string body;
+  put_u8(body, kSet);
+  put_str(body, key);
+  put_str(body, "1");
+  return frame(body);
+}
+
+void fuzz_check(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "store_fuzz_one: invariant broken: %s\n", what);
+    std::abort();
+  }
+}
+}  // namespace
+
+void store_fuzz_one(const uint8_t* data, size_t size) {
+  using Impl = TcpStoreServer::Impl;
+  Impl s;
+  s.max_message = kFuzzMaxMessage;
+  s.max_keys = kFuzzMaxKeys;
+  s.max_total_bytes = kFuzzMaxBytes;
+  s.log_enabled = false;
+  // Byte 0 picks the token (none or "tok") and the size of the pieces the stream arrives in,
+  // so partial frames and frames split across reads are exercised.
+  if (size == 0) return;
+  s.token = (data[0] & 0x80) ? "tok" : "";
+  size_t piece = (data[0] & 0x7f) == 0 ? size : size_t(data[0] & 0x7f);
+  const char* p = reinterpret_cast<const char*>(data) + 1;
+  size_t left = size - 1;
+
+  uint64_t fuzz_id = s.add_conn(-1, "fuzz");
+  // A second client that is already in and sets the keys the first one waits for.
+  uint64_t peer_id = s.add_conn(-1, "peer");
+  {
+    Impl::Conn& peer = s.conns.at(peer_id);
+    peer.authed = true;
+    s.unauthed.erase(peer_id);
+  }
+  auto check_invariants = [&] {
+    size_t bytes = 0;
+    for (auto& [k, v] : s.data) bytes += k.size() + v.size();
+    fuzz_check(bytes == s.total_bytes, "total_bytes matches the stored keys and values");
+    fuzz_check(s.data.size() <= s.max_keys, "keys within max_keys");
+    fuzz_check(s.total_bytes <= s.max_total_bytes, "bytes within max_total_bytes");
+    for (auto& [id, c] : s.conns) {
+      fuzz_check(c.in.size() <= s.max_message + 4, "input buffer within one frame");
+      fuzz_check(c.authed != bool(s.unauthed.count(id)), "unauthenticated set in step");
+    }
+    for (auto& w : s.waiters) fuzz_check(s.conns.count(w.conn_id) == 1, "waiter has a conn");
+  };
+  // Resolves the first connection's pending request: alternately let the peer create the
+  // missing keys (the reply path through on_key_created) or let the deadline pass.
+  int unblocks = 0;
+  auto unblock = [&] {
+    ++unblocks;
+    if (s.waiters.empty()) {
+      fuzz_check(false, "a blocked connection has a waiter");
+    }
+    if (unblocks % 2 == 1) {
+      std::vector<std::string> keys = s.waiters.front().keys;
+      for (auto& k : keys) {
+        if (s.data.count(k)) continue;
+        auto pit = s.conns.find(peer_id);
+        if (pit == s.conns.end()) break;
+        std::string f = fuzz_frame_set(k);
+        if (!s.on_bytes(pit->second, f.data(), f.size())) s.close_conn(peer_id);
+        if (auto q = s.conns.find(peer_id); q != s.conns.end()) q->second.out.clear();
+      }
+    }
+    if (!s.waiters.empty()) s.expire_waiters(Clock::time_point::max());
+  };
+  while (unblocks < kFuzzMaxUnblocks) {
+    auto it = s.conns.find(fuzz_id);
+    if (it == s.conns.end()) break;
+    Impl::Conn& c = it->second;
+    c.out.clear();  // the replies are not checked, only that producing them is sound
+    size_t room = s.input_room(c);
+    if (c.blocked && (room == 0 || left == 0)) {
+      unblock();
+    } else if (left == 0) {
+      break;
+    } else if (room == 0) {
+      fuzz_check(false, "an unblocked connection always has room for a frame");
+    } else {
+      size_t n = std::min({piece, left, room});
+      if (!s.on_bytes(c, p, n)) s.close_conn(fuzz_id);
+      p += n;
+      left -= n;
+    }
+    check_invariants();
+  }
+}
+
+}  // namespace detail
+
 // =============================== client ===============================
 
 TcpStore::TcpStore(const std::string& host, int port, bool is_server, StoreOptions options)
     : host_(host), port_(port), options_(std::move(options)) {
   timeout_ = options_.timeout;
   if (is_server) {
-    server_ = std::make_unique<TcpStoreServer>(host, port, options_.max_message_bytes,
-                                               options_.token);
+    server_ = std::make_unique<TcpStoreServer>(host, port, options_);
     port_ = server_->port();
   }
   ACCEL_CHECK(port_ > 0 && port_ <= 65535, DistError, "store", "port ", port_,
               " is outside [1, 65535]");
   std::lock_guard<std::mutex> g(mu_);
-  connect_locked();
+  connect_locked(timeout_);
 }
 
 TcpStore::~TcpStore() {
@@ -696,12 +1138,18 @@ void TcpStore::disconnect_locked() {
   fd_ = -1;
 }
 
+std::string TcpStore::where() const {
+  bool v6 = host_.find(':') != std::string::npos && host_.front() != '[';
+  return (v6 ? "[" + host_ + "]" : host_) + ":" + std::to_string(port_);
+}
+
 namespace {
-// Blocking I/O with a deadline on a blocking socket: poll, then one syscall.
+// Blocking I/O with a deadline on a non-blocking socket: poll, then one syscall.
+// Polls at least once, even past the deadline, so a last attempt still sees what is there.
 bool wait_fd(int fd, short events, Clock::time_point deadline) {
   while (true) {
-    auto left = std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()).count();
-    if (left < 0) return false;
+    auto left = std::max<int64_t>(
+        0, std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()).count());
     pollfd p{fd, events, 0};
     int n = poll(&p, 1, int(std::min<int64_t>(left, 1 << 30)));
     if (n > 0) return true;  // readable, writable, or error (the syscall reports it)
@@ -709,107 +1157,166 @@ bool wait_fd(int fd, short events, Clock::time_point deadline) {
     if (errno != EINTR) return true;
   }
 }
-void send_all(int fd, const std::string& data, Clock::time_point deadline, const char* op) {
+// These return an empty string on success, else why not (lower case, for messages).
+std::string try_send_all(int fd, const std::string& data, Clock::time_point deadline) {
   size_t off = 0;
   while (off < data.size()) {
-    ACCEL_CHECK(wait_fd(fd, POLLOUT, deadline), DistError, op,
-                "timed out sending to the store server");
+    if (!wait_fd(fd, POLLOUT, deadline)) return "timed out sending to the store server";
     ssize_t w = send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w > 0) {
       off += size_t(w);
-    } else if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+    } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
       continue;
     } else {
-      ACCEL_THROW(DistError, op, "lost the connection to the store server: ",
-                  errno_str(errno));
+      return "lost the connection to the store server: " + errno_str(errno);
     }
   }
+  return {};
 }
-void recv_exact(int fd, char* dst, size_t n, Clock::time_point deadline, const char* op) {
+std::string try_recv_exact(int fd, char* dst, size_t n, Clock::time_point deadline) {
   size_t off = 0;
   while (off < n) {
-    ACCEL_CHECK(wait_fd(fd, POLLIN, deadline), DistError, op,
-                "timed out waiting for the store server's reply");
+    if (!wait_fd(fd, POLLIN, deadline)) return "timed out waiting for the store server's reply";
     ssize_t r = recv(fd, dst + off, n - off, MSG_DONTWAIT);
     if (r > 0) {
       off += size_t(r);
     } else if (r == 0) {
-      ACCEL_THROW(DistError, op, "the store server closed the connection");
-    } else if (errno != EAGAIN && errno != EINTR) {
-      ACCEL_THROW(DistError, op, "lost the connection to the store server: ",
-                  errno_str(errno));
+      return "the store server closed the connection";
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      return "lost the connection to the store server: " + errno_str(errno);
     }
   }
+  return {};
 }
-}  // namespace
+void send_all(int fd, const std::string& data, Clock::time_point deadline, const char* op) {
+  std::string err = try_send_all(fd, data, deadline);
+  ACCEL_CHECK(err.empty(), DistError, op, err);
+}
+void recv_exact(int fd, char* dst, size_t n, Clock::time_point deadline, const char* op) {
+  std::string err = try_recv_exact(fd, dst, n, deadline);
+  ACCEL_CHECK(err.empty(), DistError, op, err);
+}
+std::string lower_first(std::string s) {
+  if (!s.empty() && s[0] >= 'A' && s[0] <= 'Z' && (s.size() < 2 || !(s[1] >= 'A' && s[1] <= 'Z')))
+    s[0] = char(s[0] - 'A' + 'a');
+  return s;
+}
 
-void TcpStore::connect_locked() {
-  auto deadline = Clock::now() + options_.timeout;
-  std::string last_error = "no address";
-  while (true) {
-    AddrList addrs;
-    resolve(host_, port_, false, &addrs);
-    for (addrinfo* a = addrs.head; a && fd_ < 0; a = a->ai_next) {
-      int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-      if (fd < 0) {
-        last_error = errno_str(errno);
-        continue;
-      }
-      // Non-blocking connect so an unreachable host cannot hold us past the deadline.
-      set_nonblocking(fd);
-      int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
-      int err = rc == 0 ? 0 : errno;
-      if (err == EINPROGRESS) {
-        auto attempt_deadline = std::min(deadline, Clock::now() + kReplyGrace);
-        err = ETIMEDOUT;
-        if (wait_fd(fd, POLLOUT, attempt_deadline)) {
-          socklen_t len = sizeof(err);
-          if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-        }
-      }
-      if (err == 0) {
-        set_nodelay(fd);
-        fd_ = fd;
-      } else {
-        last_error = errno_str(err);
-        close(fd);
-      }
-    }
-    if (fd_ >= 0) break;
-    ACCEL_CHECK(Clock::now() < deadline, DistError, "store",
-                "cannot connect to the store at ", host_, ":", port_, " within ",
-                options_.timeout.count(), " ms: ", last_error);
-    std::this_thread::sleep_for(kConnectRetry);
+// Connects to one resolved address within `deadline`; returns the fd or -1 with `err` set
+// (left alone when the attempt merely ran out of time and `keep_err_on_timeout`).
+int try_connect(const addrinfo* a, Clock::time_point deadline, bool keep_err_on_timeout,
+                std::string* err) {
+  int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+  if (fd < 0) {
+    *err = lower_first(errno_str(errno));
+    return -1;
   }
+  // Non-blocking connect so an unreachable host cannot hold us past the deadline.
+  set_nonblocking(fd);
+  int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
+  int e = rc == 0 ? 0 : errno;
+  if (e == EINPROGRESS) {
+    e = ETIMEDOUT;
+    if (wait_fd(fd, POLLOUT, deadline)) {
+      socklen_t len = sizeof(e);
+      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
+    }
+  }
+  if (e != 0) {
+    if (e != ETIMEDOUT || !keep_err_on_timeout) *err = lower_first(errno_str(e));
+    close(fd);
+    return -1;
+  }
+  set_nodelay(fd);
+  return fd;
+}
+
+enum class Handshake { kOk, kRetry, kRefused };
+
+// HELLO on a fresh connection. kRetry: the connection broke or went unanswered (the server may
+// be starting, or dropped us to make room); kRefused: the server said no, `why` says why.
+Handshake hello(int fd, const std::string& token, Clock::time_point deadline, std::string* why) {
   std::string body;
   put_u8(body, kHello);
   put_int<uint32_t>(body, kMagic);
   put_int<uint16_t>(body, kVersion);
-  put_str(body, options_.token);
+  put_str(body, token);
+  std::string err = try_send_all(fd, frame(body), deadline);
+  char hdr[4];
+  if (err.empty()) err = try_recv_exact(fd, hdr, 4, deadline);
+  if (!err.empty()) {
+    *why = err == "timed out waiting for the store server's reply"
+               ? "connected, but the server did not answer the handshake"
+               : err;
+    return Handshake::kRetry;
+  }
+  uint32_t len = read_u32_le(hdr);
+  if (len < 1 || len > kMaxHelloBytes) {
+    *why = "invalid handshake reply of " + std::to_string(len) + " bytes (is it an accel store?)";
+    return Handshake::kRefused;
+  }
+  std::string reply(len, '\0');
+  err = try_recv_exact(fd, reply.data(), len, deadline);
+  if (!err.empty()) {
+    *why = err;
+    return Handshake::kRetry;
+  }
+  if (uint8_t(reply[0]) == kOk) return Handshake::kOk;
+  Reader r(reply.data() + 1, reply.size() - 1);
   try {
-    auto hello_deadline = Clock::now() + std::min(options_.timeout, kReplyGrace * 3);
-    send_all(fd_, frame(body), hello_deadline, "store");
-    char hdr[4];
-    recv_exact(fd_, hdr, 4, hello_deadline, "store");
-    uint32_t len = read_u32_le(hdr);
-    ACCEL_CHECK(len >= 1 && len <= kMaxHelloBytes, DistError, "store",
-                "invalid handshake reply of ", len, " bytes (is ", host_, ":", port_,
-                " an accel store?)");
-    std::string reply(len, '\0');
-    recv_exact(fd_, reply.data(), len, hello_deadline, "store");
-    if (uint8_t(reply[0]) != kOk) {
-      Reader r(reply.data() + 1, reply.size() - 1);
-      std::string msg;
-      try {
-        msg = r.str(kMaxHelloBytes);
-      } catch (const ParseError&) {
-        msg = "handshake refused";
-      }
-      ACCEL_THROW(DistError, "store", "server at ", host_, ":", port_, " refused: ", msg);
+    *why = r.str(kMaxHelloBytes);
+  } catch (const ParseError&) {
+    *why = "handshake refused";
+  }
+  return Handshake::kRefused;
+}
+
+constexpr Milliseconds kConnectBackoffMin{50};
+constexpr Milliseconds kConnectBackoffMax{1000};
+// One connect attempt may not take longer, so an address that swallows SYNs is retried.
+constexpr Milliseconds kConnectAttempt{std::chrono::seconds(10)};
+// Floor for the reply deadline of a request that does not wait, whatever the store timeout.
+constexpr Milliseconds kMinReplyGrace{100};
+}  // namespace
+
+void TcpStore::connect_locked(Milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  std::string last_error = "no address";
+  Milliseconds backoff = kConnectBackoffMin;
+  int attempts = 0;
+  // Jitter spreads the retries of many ranks that started together.
+  std::minstd_rand jitter(uint32_t(Clock::now().time_since_epoch().count()) ^
+                          uint32_t(reinterpret_cast<uintptr_t>(this)));
+  while (true) {
+    AddrList addrs;
+    int rc = resolve(host_, port_, false, &addrs);
+    // A name that does not resolve *yet* (DNS not up) is retried; a wrong name fails now.
+    ACCEL_CHECK(rc == 0 || rc == EAI_AGAIN, DistError, "store", "cannot resolve '", host_,
+                "', the address of rank 0's rendezvous store: ", gai_strerror(rc));
+    if (rc != 0) last_error = std::string("cannot resolve '") + host_ + "': " + gai_strerror(rc);
+    for (addrinfo* a = addrs.head; a && fd_ < 0; a = a->ai_next) {
+      // An attempt cut short by the overall deadline says nothing new: the previous attempt's
+      // reason ("connection refused") is the one to report.
+      auto attempt_deadline = Clock::now() + kConnectAttempt;
+      bool cut_short = deadline < attempt_deadline && attempts > 0;
+      int fd = try_connect(a, std::min(deadline, attempt_deadline), cut_short, &last_error);
+      ++attempts;
+      if (fd < 0) continue;
+      fd_ = fd;
+      std::string why;
+      Handshake h = hello(fd_, options_.token, deadline, &why);
+      if (h == Handshake::kOk) return;
+      disconnect_locked();
+      ACCEL_CHECK(h != Handshake::kRefused, DistError, "store", "the rendezvous store of rank 0 at ",
+                  where(), " refused this client: ", why);
+      last_error = why;
     }
-  } catch (...) {
-    disconnect_locked();
-    throw;
+    auto now = Clock::now();
+    ACCEL_CHECK(now < deadline, DistError, "store", "could not reach the rendezvous store of rank 0 at ",
+                where(), " within ", timeout.count(), " ms: ", last_error);
+    auto pause = backoff + Milliseconds(jitter() % (uint64_t(backoff.count()) / 4 + 1));
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
+    backoff = std::min(backoff * 2, kConnectBackoffMax);
   }
 }
 
@@ -818,39 +1325,44 @@ TcpStore::Reply TcpStore::request(const char* op, const std::string& body,
   ACCEL_CHECK(body.size() <= options_.max_message_bytes, DistError, op, "request of ",
               body.size(), " bytes exceeds the store limit of ", options_.max_message_bytes);
   std::lock_guard<std::mutex> g(mu_);
-  if (fd_ < 0) connect_locked();  // a previous failure dropped the connection
-  auto deadline = Clock::now() + wait_budget + kReplyGrace;
+  if (fd_ < 0) connect_locked(timeout_);  // a previous failure dropped the connection
+  // Beyond what the server may legitimately hold the request, the round trip gets the store
+  // timeout (at most kReplyGrace): a silent server costs a request no more than that.
+  Milliseconds grace = std::clamp(timeout_, kMinReplyGrace, kReplyGrace);
+  auto deadline = Clock::now() + wait_budget + grace;
+  Reply rep;
+  uint32_t len = 0;
   try {
     send_all(fd_, frame(body), deadline, op);
     char hdr[4];
     recv_exact(fd_, hdr, 4, deadline, op);
-    uint32_t len = read_u32_le(hdr);
+    len = read_u32_le(hdr);
     ACCEL_CHECK(len >= 1 && len <= options_.max_message_bytes + 64, DistError, op,
                 "invalid reply length ", len, " from the store server");
-    Reply rep;
     std::string buf(len, '\0');
     recv_exact(fd_, buf.data(), len, deadline, op);
     rep.status = uint8_t(buf[0]);
     rep.body = buf.substr(1);
-    if (rep.status == kErr) {
-      Reader r(rep.body.data(), rep.body.size());
-      std::string msg;
-      try {
-        msg = r.str(len);
-      } catch (const ParseError&) {
-        msg = "unreadable error";
-      }
-      ACCEL_THROW(DistError, op, "store server: ", msg);
-    }
-    ACCEL_CHECK(rep.status == kOk || rep.status == kTimeout, DistError, op,
-                "invalid reply status ", int(rep.status));
-    return rep;
+    ACCEL_CHECK(rep.status == kOk || rep.status == kTimeout || rep.status == kErr, DistError,
+                op, "invalid reply status ", int(rep.status));
   } catch (const DistError&) {
-    // An error reply leaves the stream in sync, but a timeout or a broken socket may not:
-    // reconnect on the next call. Dropping the connection is always safe.
+    // A timeout or a broken socket may leave the stream out of step: reconnect on the next
+    // call. Dropping the connection is always safe.
     disconnect_locked();
     throw;
   }
+  if (rep.status == kErr) {
+    // A whole error reply leaves the stream in step: the connection stays.
+    Reader r(rep.body.data(), rep.body.size());
+    std::string msg;
+    try {
+      msg = r.str(len);
+    } catch (const ParseError&) {
+      msg = "unreadable error";
+    }
+    ACCEL_THROW(DistError, op, "store server: ", msg);
+  }
+  return rep;
 }
 
 void TcpStore::set(const std::string& key, const std::string& value) {

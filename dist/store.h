@@ -55,10 +55,48 @@ class Store {
   Milliseconds timeout_ = kDefaultStoreTimeout;
 };
 
+// Server limits (see "Store hardening" in docs/dist.md). The defaults are far above what a
+// rendezvous needs (a few keys per rank) and far below what exhausts a host.
+constexpr Milliseconds kDefaultStoreHandshakeTimeout{std::chrono::seconds(10)};
+constexpr size_t kDefaultStoreMaxConnections = 4096;
+constexpr size_t kDefaultStoreMaxUnauthenticated = 128;
+constexpr size_t kDefaultStoreMaxKeys = size_t(1) << 20;
+constexpr size_t kDefaultStoreMaxTotalBytes = size_t(1) << 30;
+
 struct StoreOptions {
-  Milliseconds timeout = kDefaultStoreTimeout;  // get/wait, and how long to retry connecting
-  size_t max_message_bytes = kDefaultMaxStoreMessage;
-  std::string token;  // shared secret; the server rejects clients that present another one
+  // Client: get/wait, how long to retry connecting, and the bound on every other request.
+  Milliseconds timeout = kDefaultStoreTimeout;
+  size_t max_message_bytes = kDefaultMaxStoreMessage;  // one request or reply, both sides
+  // Shared secret. Client and server must present the same one (both empty counts as the same);
+  // the server refuses any other and counts the refusal (TcpStoreServer::stats()).
+  std::string token;
+
+  // Server only.
+  // A connection that has not completed its HELLO within this time is closed.
+  Milliseconds handshake_timeout = kDefaultStoreHandshakeTimeout;
+  // All open connections; beyond it the oldest unauthenticated one is dropped, or, when every
+  // connection is authenticated, the newcomer is refused with an error naming this limit.
+  size_t max_connections = kDefaultStoreMaxConnections;
+  // Connections that have not said HELLO yet; beyond it the oldest of them is dropped.
+  size_t max_unauthenticated = kDefaultStoreMaxUnauthenticated;
+  // Stored keys, and stored bytes (keys plus values). A write past either gets an error reply
+  // (DistError at the client naming the limit); the store is unchanged and stays usable.
+  size_t max_keys = kDefaultStoreMaxKeys;
+  size_t max_total_bytes = kDefaultStoreMaxTotalBytes;
+};
+
+// What the server has seen, for tests and diagnostics (a snapshot; counters only grow).
+struct StoreServerStats {
+  int64_t open_connections = 0;
+  int64_t unauthenticated_connections = 0;  // open, HELLO not yet completed
+  int64_t rejected_connections = 0;  // closed for a malformed or oversized frame or a bad HELLO
+  int64_t auth_failures = 0;         // HELLOs with a wrong or missing token
+  int64_t handshake_timeouts = 0;    // closed for not completing HELLO in handshake_timeout
+  int64_t evicted_unauthenticated = 0;  // dropped to make room for newer connections
+  int64_t refused_full = 0;  // refused: max_connections authenticated clients already
+  int64_t accept_pauses = 0;  // accept() ran out of file descriptors; listening paused
+  int64_t keys = 0;
+  int64_t bytes = 0;  // keys plus values
 };
 
 class TcpStoreServer;
@@ -94,8 +132,11 @@ class TcpStore : public Store {
     uint8_t status;
     std::string body;
   };
-  void connect_locked();
+  // Connects and says HELLO, retrying with backoff until `timeout` while the server is not up
+  // (or drops us to make room); a refusal (wrong token, store full) throws at once.
+  void connect_locked(Milliseconds timeout);
   void disconnect_locked();
+  std::string where() const;  // host:port as a message names it
   // Sends one request frame and reads its reply; `wait_budget` is how long the server may
   // legitimately hold the request (get/wait), on top of a fixed grace for the round trip.
   Reply request(const char* op, const std::string& body, Milliseconds wait_budget);
@@ -138,6 +179,8 @@ class PrefixStore : public Store {
 // The server alone: owns the listening socket and one thread that multiplexes all clients.
 class TcpStoreServer {
  public:
+  // Only the server fields of `options` (and max_message_bytes, token) are used.
+  TcpStoreServer(const std::string& host, int port, const StoreOptions& options);
   TcpStoreServer(const std::string& host, int port, size_t max_message_bytes, std::string token);
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
@@ -147,6 +190,7 @@ class TcpStoreServer {
   // Counters for tests and diagnostics.
   int64_t rejected_connections() const;
   int64_t open_connections() const;
+  StoreServerStats stats() const;
 
   struct Impl;
 
@@ -154,5 +198,13 @@ class TcpStoreServer {
   std::unique_ptr<Impl> impl_;
   int port_ = 0;
 };
+
+namespace detail {
+// Fuzzing entry point: feeds `data` to the server's real frame decoder and request handler as
+// the byte stream of one connection, against a fresh in-memory store with small limits; no
+// sockets, no threads. Pending get/wait requests are resolved by a second in-memory client
+// setting the keys, or by expiring them. Aborts when the store's own accounting goes wrong.
+void store_fuzz_one(const uint8_t* data, size_t size);
+}  // namespace detail
 
 }  // namespace accel::dist

@@ -2,13 +2,20 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -393,4 +400,401 @@ TEST_CASE("env: none set is a single process; values are validated") {
   CHECK(is_loopback_address("127.0.0.1"));
   CHECK(is_loopback_address("localhost"));
   CHECK_FALSE(is_loopback_address("10.1.2.3"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Store hardening (Note [store hardening] in dist/store.cc): hostile or idle connections, fd
+// exhaustion, size caps, tokens, and a client facing a missing or silent server.
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Waits until at least `want` of `conns` are closed by the server (EOF or reset), or until
+// `timeout`; returns how many were seen closed.
+size_t count_closed(std::vector<std::unique_ptr<RawConn>>& conns, size_t want,
+                    std::chrono::milliseconds timeout) {
+  std::vector<bool> closed(conns.size(), false);
+  size_t n = 0;
+  auto deadline = Clock::now() + timeout;
+  while (n < want && Clock::now() < deadline) {
+    std::vector<pollfd> fds;
+    for (auto& c : conns) fds.push_back({c->fd, POLLIN, 0});
+    if (poll(fds.data(), fds.size(), 100) <= 0) continue;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (closed[i] || !fds[i].revents) continue;
+      char buf[256];
+      ssize_t r = recv(conns[i]->fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+        closed[i] = true;
+        ++n;
+      }
+    }
+  }
+  return n;
+}
+
+// Reads the server's HELLO reply within `timeout`: kHelloOk, kHelloNone (nothing came), or
+// kHelloBad (closed, or something else came).
+enum HelloReply { kHelloOk, kHelloNone, kHelloBad };
+HelloReply hello_reply(RawConn& c, std::chrono::milliseconds timeout) {
+  std::string got;
+  auto deadline = Clock::now() + timeout;
+  while (got.size() < 5 && Clock::now() < deadline) {
+    pollfd p{c.fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    char buf[64];
+    ssize_t r = recv(c.fd, buf, sizeof(buf), 0);
+    if (r <= 0) return kHelloBad;
+    got.append(buf, size_t(r));
+  }
+  if (got.empty()) return kHelloNone;
+  return got.size() >= 5 && got.substr(0, 4) == le32(1) && got[4] == 0 ? kHelloOk : kHelloBad;
+}
+bool hello_ok(RawConn& c, std::chrono::milliseconds timeout) {
+  return hello_reply(c, timeout) == kHelloOk;
+}
+
+// CPU time (user + system) a process has used so far, from /proc/<pid>/stat.
+double cpu_seconds(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  // Fields after the parenthesised command name (which may hold spaces); utime, stime are
+  // fields 14 and 15 of the whole line, 12 and 13 after ')'.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 1; i <= 13 && rest >> field; ++i)
+    if (i >= 12) ticks += std::stod(field);
+  return ticks / double(sysconf(_SC_CLK_TCK));
+}
+
+// A TCP listener that accepts, answers HELLO (when `answer_hello`), then never replies again:
+// a hung rank 0.
+struct SilentServer {
+  int listen_fd = -1;
+  int port = 0;
+  bool answer_hello;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  std::vector<int> accepted;
+  explicit SilentServer(bool answer) : answer_hello(answer) {
+    listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(listen_fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    REQUIRE(listen(listen_fd, 16) == 0);
+    socklen_t len = sizeof(a);
+    getsockname(listen_fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+    thread = std::thread([this] {
+      while (!stop.load()) {
+        pollfd p{listen_fd, POLLIN, 0};
+        if (poll(&p, 1, 50) <= 0) continue;
+        int fd = accept(listen_fd, nullptr, nullptr);
+        if (fd < 0) continue;
+        accepted.push_back(fd);
+        if (!answer_hello) continue;
+        char buf[4096];
+        ssize_t r = recv(fd, buf, sizeof(buf), 0);  // the HELLO frame
+        (void)r;
+        std::string ok = le32(1) + std::string(1, '\0');
+        ssize_t w = send(fd, ok.data(), ok.size(), MSG_NOSIGNAL);
+        (void)w;
+      }
+    });
+  }
+  ~SilentServer() {
+    stop = true;
+    thread.join();
+    for (int fd : accepted) close(fd);
+    close(listen_fd);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("store hardening: 300 idle connections do not lock out a real client") {
+  // Default limits: at most 128 connections may wait for their HELLO; older idle ones go.
+  TcpStore server("127.0.0.1", 0, true, opts(20000ms));
+  std::vector<std::unique_ptr<RawConn>> idle;
+  constexpr size_t kIdle = 300;
+  for (size_t i = 0; i < kIdle; ++i) idle.push_back(std::make_unique<RawConn>(server.port()));
+  const size_t cap = kDefaultStoreMaxUnauthenticated;
+  CHECK(count_closed(idle, kIdle - cap, 20000ms) >= kIdle - cap);
+  TcpStore client("127.0.0.1", server.port(), false, opts(20000ms));
+  client.set("k", "v");
+  CHECK(server.get("k") == "v");
+  StoreServerStats st = server.server()->stats();
+  CHECK(st.unauthenticated_connections <= int64_t(cap));
+  CHECK(st.evicted_unauthenticated >= int64_t(kIdle - cap));
+}
+
+TEST_CASE("store hardening: connection caps, oldest unauthenticated dropped first") {
+  StoreOptions o = opts(20000ms);
+  o.max_connections = 24;
+  o.max_unauthenticated = 8;
+  TcpStore server("127.0.0.1", 0, true, o);  // its own client is connection 1
+  std::vector<std::unique_ptr<TcpStore>> clients;
+  for (int i = 0; i < 5; ++i)
+    clients.push_back(std::make_unique<TcpStore>("127.0.0.1", server.port(), false, o));
+  std::vector<std::unique_ptr<RawConn>> idle;
+  for (int i = 0; i < 300; ++i) idle.push_back(std::make_unique<RawConn>(server.port()));
+  CHECK(count_closed(idle, 300 - 8, 20000ms) >= 300 - 8);
+  // Real clients keep getting in while idle sockets hold every unauthenticated slot ...
+  for (int i = 0; i < 10; ++i) {
+    clients.push_back(std::make_unique<TcpStore>("127.0.0.1", server.port(), false, o));
+    clients.back()->add("n", 1);
+  }
+  CHECK(server.get("n") == "10");
+  // ... the earlier ones were not disturbed ...
+  for (auto& c : clients) CHECK(c->get("n") == "10");
+  StoreServerStats st = server.server()->stats();
+  CHECK(st.open_connections <= 24);
+  CHECK(st.unauthenticated_connections <= 8);
+  // ... and once every slot holds an authenticated client, a newcomer gets a clear refusal.
+  idle.clear();
+  while (clients.size() < 23)
+    clients.push_back(std::make_unique<TcpStore>("127.0.0.1", server.port(), false, o));
+  auto t0 = Clock::now();
+  try {
+    TcpStore extra("127.0.0.1", server.port(), false, o);
+    FAIL("a 25th connection was accepted");
+  } catch (const DistError& e) {
+    std::string msg = e.what();
+    CHECK(msg.find("max_connections") != std::string::npos);
+    CHECK(msg.find("24") != std::string::npos);
+  }
+  CHECK(Clock::now() - t0 < 15s);  // refused, not left to time out
+  CHECK(server.server()->stats().refused_full >= 1);
+  clients.pop_back();  // a slot frees up: the next client gets in
+  for (int i = 0; i < 200 && server.server()->open_connections() > 23; ++i)
+    std::this_thread::sleep_for(50ms);  // the server sees the close in its own time
+  TcpStore late("127.0.0.1", server.port(), false, o);
+  CHECK(late.get("n") == "10");
+}
+
+TEST_CASE("store hardening: a connection that does not say HELLO in time is closed") {
+  StoreOptions o = opts(20000ms);
+  o.handshake_timeout = 300ms;
+  TcpStore server("127.0.0.1", 0, true, o);
+  TcpStore client("127.0.0.1", server.port(), false, o);
+  auto t0 = Clock::now();
+  RawConn silent(server.port());
+  RawConn partial(server.port());
+  partial.send_bytes(hello_frame("").substr(0, 7));  // a HELLO that never completes
+  CHECK(silent.closed_by_server(20s));
+  CHECK(partial.closed_by_server(20s));
+  CHECK(Clock::now() - t0 >= 250ms);
+  CHECK(server.server()->stats().handshake_timeouts >= 2);
+  // An authenticated connection may stay idle for longer than that.
+  std::this_thread::sleep_for(600ms);
+  client.set("still", "here");
+  CHECK(client.get("still") == "here");
+}
+
+TEST_CASE("store hardening: out of file descriptors the server neither spins nor stays stuck") {
+  // The server runs in a child whose RLIMIT_NOFILE is low; this process opens authenticated
+  // connections until the child cannot accept more, queues a few more, and measures the
+  // child's CPU time while it is out of descriptors.
+  constexpr rlim_t kChildFdLimit = 48;
+  int ports[2];
+  REQUIRE(pipe(ports) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(ports[0]);
+    rlimit rl{kChildFdLimit, kChildFdLimit};
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) _exit(2);
+    try {
+      TcpStore s("127.0.0.1", 0, true, opts(30000ms));
+      s.set("ready", "1");
+      int port = s.port();
+      if (write(ports[1], &port, sizeof(port)) != sizeof(port)) _exit(3);
+      while (true) pause();  // until the parent kills us
+    } catch (...) {
+      _exit(4);
+    }
+  }
+  close(ports[1]);
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      if (pid <= 0) return;  // already reaped (never kill(0, ...): that is our process group)
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    bool alive() {
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == 0) return true;
+      MESSAGE("the server child ended: status ", status);
+      pid = 0;
+      return false;
+    }
+  } reaper{pid};
+  int port = 0;
+  pollfd p{ports[0], POLLIN, 0};
+  REQUIRE(poll(&p, 1, 30000) == 1);
+  REQUIRE(read(ports[0], &port, sizeof(port)) == sizeof(port));
+  close(ports[0]);
+
+  std::vector<std::unique_ptr<RawConn>> in;
+  std::unique_ptr<RawConn> first_stuck;
+  for (rlim_t i = 0; i < 2 * kChildFdLimit && !first_stuck; ++i) {
+    auto c = std::make_unique<RawConn>(port);
+    c->send_bytes(hello_frame(""));
+    HelloReply h = hello_reply(*c, 3000ms);
+    REQUIRE(h != kHelloBad);  // a connection that said HELLO at once is never dropped
+    if (h == kHelloOk) {
+      in.push_back(std::move(c));
+    } else {
+      first_stuck = std::move(c);  // queued in the backlog: the child is out of descriptors
+    }
+  }
+  REQUIRE(first_stuck);
+  CHECK(in.size() > 10);
+  std::vector<std::unique_ptr<RawConn>> stuck;
+  for (int i = 0; i < 3; ++i) {
+    stuck.push_back(std::make_unique<RawConn>(port));
+    stuck.back()->send_bytes(hello_frame(""));
+  }
+  std::this_thread::sleep_for(200ms);
+  double cpu0 = cpu_seconds(pid);
+  auto t0 = Clock::now();
+  std::this_thread::sleep_for(3s);
+  double cpu = cpu_seconds(pid) - cpu0;
+  double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  MESSAGE("server CPU while out of descriptors: ", cpu, " s in ", wall, " s");
+  CHECK(cpu < 0.3);  // a spinning accept loop burns about 1 s per second
+
+  REQUIRE(reaper.alive());
+  // Descriptors free up: the queued clients are served, and new ones too.
+  for (int i = 0; i < 8; ++i) in.pop_back();
+  CHECK(hello_ok(*first_stuck, 15000ms));
+  for (auto& c : stuck) CHECK(hello_ok(*c, 15000ms));
+  stuck.clear();
+  first_stuck.reset();
+  TcpStore late("127.0.0.1", port, false, opts(15000ms));
+  CHECK(late.get("ready") == "1");
+  CHECK(reaper.alive());
+}
+
+TEST_CASE("store hardening: key and byte caps give an error naming the limit") {
+  StoreOptions o = opts();
+  o.max_keys = 4;
+  o.max_total_bytes = 1000;
+  TcpStore server("127.0.0.1", 0, true, o);
+  TcpStore client("127.0.0.1", server.port(), false, o);
+  for (char i = '0'; i < '4'; ++i) client.set(std::string("k") + i, "v");
+  auto expect_limit = [](auto&& fn, const char* limit) {
+    try {
+      fn();
+      FAIL("the store took a write past ", limit);
+    } catch (const DistError& e) {
+      CHECK(std::string(e.what()).find(limit) != std::string::npos);
+    }
+  };
+  expect_limit([&] { client.set("k4", "v"); }, "max_keys");
+  expect_limit([&] { client.add("counter", 1); }, "max_keys");
+  expect_limit([&] { client.compare_set("fresh", "", "x"); }, "max_keys");
+  CHECK(client.num_keys() == 4);
+  client.set("k0", "overwrite");  // no new key: fine
+  CHECK(client.delete_key("k3"));
+  client.set("k3", std::string(900, 'x'));  // 4 keys, 2 + 900 + 2 + 9 + 2 + 1 + 2 + 1 bytes
+  expect_limit([&] { client.set("k1", std::string(100, 'y')); }, "max_total_bytes");
+  expect_limit([&] { client.compare_set("k1", "v", std::string(100, 'y')); }, "max_total_bytes");
+  CHECK(client.get("k1") == "v");  // unchanged by the refused writes
+  StoreServerStats st = server.server()->stats();
+  CHECK(st.keys == 4);
+  CHECK(st.bytes == 2 + 9 + 2 + 1 + 2 + 1 + 2 + 900);
+  // Freeing space makes room again; the same connection was usable all along.
+  CHECK(client.delete_key("k3"));
+  client.set("k1", std::string(100, 'y'));
+  CHECK(server.get("k1").size() == 100);
+}
+
+TEST_CASE("store hardening: a wrong, missing or unexpected token is refused and counted") {
+  TcpStore server("127.0.0.1", 0, true, opts(5000ms, "s3cret"));
+  auto refused = [&](const std::string& token, const char* why) {
+    auto t0 = Clock::now();
+    try {
+      TcpStore bad("127.0.0.1", server.port(), false, opts(20000ms, token));
+      FAIL("token '", token, "' accepted");
+    } catch (const DistError& e) {
+      std::string msg = e.what();
+      CHECK(msg.find("rendezvous token rejected") != std::string::npos);
+      CHECK(msg.find(why) != std::string::npos);
+      CHECK(msg.find("127.0.0.1:" + std::to_string(server.port())) != std::string::npos);
+    }
+    CHECK(Clock::now() - t0 < 10s);  // refused at once, not retried until the timeout
+  };
+  refused("guess", "differs");
+  refused("", "presented none");
+  CHECK(server.server()->stats().auth_failures == 2);
+  // A client holding a token that reaches a store without one has found the wrong store.
+  TcpStore open_store("127.0.0.1", 0, true, opts());
+  try {
+    TcpStore stray("127.0.0.1", open_store.port(), false, opts(20000ms, "s3cret"));
+    FAIL("a tokenless store accepted a client with a token");
+  } catch (const DistError& e) {
+    CHECK(std::string(e.what()).find("has none") != std::string::npos);
+  }
+  CHECK(open_store.server()->stats().auth_failures == 1);
+  TcpStore good("127.0.0.1", server.port(), false, opts(5000ms, "s3cret"));
+  good.set("k", "v");
+  CHECK(server.get("k") == "v");
+}
+
+TEST_CASE("store hardening: connecting where nothing listens names rank 0's address") {
+  // A bound socket that does not listen holds the port, so nobody else can start listening
+  // there meanwhile, and connecting to it is refused.
+  int holder = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(holder, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  socklen_t len = sizeof(a);
+  getsockname(holder, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{holder};
+  auto t0 = Clock::now();
+  try {
+    TcpStore client("127.0.0.1", port, false, opts(1500ms));
+    FAIL("connected to a closed port");
+  } catch (const DistError& e) {
+    std::string msg = e.what();
+    std::string want = "could not reach the rendezvous store of rank 0 at 127.0.0.1:" +
+                       std::to_string(port) + " within 1500 ms: connection refused";
+    CHECK_MESSAGE(msg.find(want) != std::string::npos, msg);
+  }
+  auto dt = Clock::now() - t0;
+  CHECK(dt >= 1400ms);  // it kept retrying until the timeout ...
+  CHECK(dt < 10s);      // ... and no longer
+}
+
+TEST_CASE("store hardening: a silent server costs each call at most the store timeout") {
+  {
+    SilentServer hung(/*answer_hello=*/true);
+    TcpStore client("127.0.0.1", hung.port, false, opts(1000ms));
+    auto t0 = Clock::now();
+    CHECK_THROWS_AS(client.set("k", "v"), DistError);
+    CHECK(Clock::now() - t0 < 6s);  // the timeout, not a fixed 10 s grace
+  }
+  {
+    SilentServer mute(/*answer_hello=*/false);
+    auto t0 = Clock::now();
+    try {
+      TcpStore client("127.0.0.1", mute.port, false, opts(1000ms));
+      FAIL("connected to a server that never answered");
+    } catch (const DistError& e) {
+      CHECK(std::string(e.what()).find("did not answer the handshake") != std::string::npos);
+    }
+    CHECK(Clock::now() - t0 < 6s);
+  }
 }

@@ -1,0 +1,14 @@
+// libFuzzer target for the rendezvous store server: the bytes are one connection's stream into
+// the server's real frame decoder and request handler (dist/store.cc), without sockets.
+//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I. \
+//     tests/fuzz/fuzz_store.cc dist/store.cc -o fuzz_store
+// Byte 0 picks the token and how the rest is split into reads; see store_fuzz_one.
+#include <cstddef>
+#include <cstdint>
+
+#include "dist/store.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  accel::dist::detail::store_fuzz_one(data, size);
+  return 0;
+}

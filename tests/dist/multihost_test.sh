@@ -84,7 +84,6 @@ for ns in "$NS0" "$NS1"; do ip -n "$ns" link set lo up; done  # a new namespace'
 ip -n "$NS0" link set "$VETH0" up
 ip -n "$NS1" link set "$VETH1" up
 set +e
-ip netns exec "$NS0" ping -c 1 -W 5 "$A1" >/dev/null 2>&1 || echo "note: ping $A0 -> $A1 failed (continuing)"
 echo "namespaces $NS0 ($A0) and $NS1 ($A1), veth $VETH0/$VETH1"
 
 TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
@@ -104,18 +103,20 @@ start_machine() {
   PIDS+=($!)
 }
 
-# wait_exit <pid> <deadline (epoch s)>: prints the exit code, or "timeout".
+# wait_exit <pid> <deadline (epoch s)>: sets RC to the exit code, or "timeout". (Not run in a
+# command substitution: a subshell cannot wait for this shell's children.)
 wait_exit() {
   local pid=$1 deadline=$2
   while kill -0 "$pid" 2>/dev/null; do
-    if awk -v d="$deadline" -v n="$(now)" 'BEGIN { exit !(n > d) }'; then echo timeout; return; fi
+    if awk -v d="$deadline" -v n="$(now)" 'BEGIN { exit !(n > d) }'; then RC=timeout; return; fi
     sleep 0.2
   done
   wait "$pid"
-  echo $?
+  RC=$?
 }
 
-losses() { grep -E '^step [0-9]+ loss ' "$1" | awk '{ print $2, $4 }'; }
+# "step K loss X" lines (accel-run prefixes worker output with "[rank0]: ") as "K X".
+losses() { sed -n 's/^\(\[rank0\]: \)\{0,1\}step \([0-9]*\) loss \([-+0-9.eE]*\)$/\2 \3/p' "$1"; }
 
 # ---------------------------------------------------------------- 1. losses: 1 host vs 2 hosts
 T1=$(now)
@@ -123,16 +124,20 @@ T1=$(now)
   --steps "$SHORT_STEPS" >"$TMP/one.log" 2>&1 &
 ONE=$!
 PIDS+=($ONE)
-rc=$(wait_exit "$ONE" "$(awk -v n="$(now)" -v l="$START_LIMIT_S" 'BEGIN { print n + l }')")
-[ "$rc" = 0 ] || { cat "$TMP/one.log"; fail "the 1-host run ended with $rc"; }
+wait_exit "$ONE" "$(awk -v n="$(now)" -v l="$START_LIMIT_S" 'BEGIN { printf "%.3f", n + l }')"
+[ "$RC" = 0 ] || { cat "$TMP/one.log"; fail "the 1-host run ended with $RC"; }
+echo "FIGURE one_host_short_run_s $(elapsed "$T1")"
 
+T1=$(now)
 start_machine 0 "$TMP/short0.log" --steps "$SHORT_STEPS"
 P0=${PIDS[-1]}
 start_machine 1 "$TMP/short1.log" --steps "$SHORT_STEPS"
 P1=${PIDS[-1]}
-DEADLINE=$(awk -v n="$(now)" -v l="$START_LIMIT_S" 'BEGIN { print n + l }')
-rc0=$(wait_exit "$P0" "$DEADLINE")
-rc1=$(wait_exit "$P1" "$DEADLINE")
+DEADLINE=$(awk -v n="$(now)" -v l="$START_LIMIT_S" 'BEGIN { printf "%.3f", n + l }')
+wait_exit "$P0" "$DEADLINE"
+rc0=$RC
+wait_exit "$P1" "$DEADLINE"
+rc1=$RC
 echo "FIGURE two_host_short_run_s $(elapsed "$T1")"
 if [ "$rc0" != 0 ] || [ "$rc1" != 0 ]; then
   echo "--- machine 0"; cat "$TMP/short0.log"; echo "--- machine 1"; cat "$TMP/short1.log"
@@ -159,12 +164,12 @@ else
 fi
 
 # ---------------------------------------------------------------- 2. cut the link mid-run
-start_machine 0 "$TMP/long0.log" --steps 1000000 --step_sleep_ms 50
+start_machine 0 "$TMP/long0.log" --steps 1000000 --step_sleep_ms 100
 P0=${PIDS[-1]}
-start_machine 1 "$TMP/long1.log" --steps 1000000 --step_sleep_ms 50
+start_machine 1 "$TMP/long1.log" --steps 1000000 --step_sleep_ms 100
 P1=${PIDS[-1]}
-DEADLINE=$(awk -v n="$(now)" -v l="$START_LIMIT_S" 'BEGIN { print n + l }')
-until grep -q '^step 5 loss' "$TMP/long0.log" 2>/dev/null; do
+DEADLINE=$(awk -v n="$(now)" -v l="$START_LIMIT_S" 'BEGIN { printf "%.3f", n + l }')
+until [ "$(losses "$TMP/long0.log" | wc -l)" -ge 5 ]; do
   if ! kill -0 "$P0" 2>/dev/null || ! kill -0 "$P1" 2>/dev/null ||
      awk -v d="$DEADLINE" -v n="$(now)" 'BEGIN { exit !(n > d) }'; then
     echo "--- machine 0"; cat "$TMP/long0.log"; echo "--- machine 1"; cat "$TMP/long1.log"
@@ -175,8 +180,8 @@ until grep -q '^step 5 loss' "$TMP/long0.log" 2>/dev/null; do
 done
 T_CUT=$(now)
 ip -n "$NS0" link set "$VETH0" down
-echo "cut the link ($VETH0 down) after $(grep -c '^step' "$TMP/long0.log") steps"
-CUT_DEADLINE=$(awk -v n="$T_CUT" -v l="$CUT_LIMIT_S" 'BEGIN { print n + l }')
+echo "cut the link ($VETH0 down) after $(losses "$TMP/long0.log" | wc -l) steps"
+CUT_DEADLINE=$(awk -v n="$T_CUT" -v l="$CUT_LIMIT_S" 'BEGIN { printf "%.3f", n + l }')
 rc0=""; rc1=""; t0=""; t1=""
 while [ -z "$rc0" ] || [ -z "$rc1" ]; do
   if [ -z "$rc0" ] && ! kill -0 "$P0" 2>/dev/null; then wait "$P0"; rc0=$?; t0=$(elapsed "$T_CUT"); fi

@@ -160,12 +160,15 @@ class BoundedGlooContext : public gloo::Context {
       std::string where = format_sockaddr(
           reinterpret_cast<const sockaddr*>(&gloo::transport::tcp::Address(addr).getSockaddr()),
           true);
+      const auto step_start = Clock::now();
       try {
         tctx->getPair(i)->connect(addr);
       } catch (const std::exception& e) {
+        // "within" only when it waited; a refused connection fails at once.
+        const bool waited = Clock::now() - step_start >= timeout / 2;
         ACCEL_THROW(DistError, "init", who, ": could not connect to rank ", i, " at ", where,
-                    " within ", timeout.count(), " ms (gloo, this rank at ", hostname,
-                    "): ", e.what(),
+                    waited ? " within " + std::to_string(timeout.count()) + " ms" : "",
+                    " (gloo, this rank at ", hostname, "): ", e.what(),
                     " (an address the peer cannot reach? choose the interface with "
                     "ACCEL_SOCKET_IFNAME)");
       }

@@ -2,7 +2,7 @@
 // (tests/dist/multihost_test.sh): an MLP on synthetic data through DDP, one shard of each batch
 // per rank. Rank 0 prints the loss of every step ("step K loss X", X the mean over ranks), so a
 // 1-host and a 2-host run of the same world size can be compared line by line.
-//   mh_train [--steps N] [--step_sleep_ms M]
+//   mh_train [--steps N] [--step_sleep_ms M] [--timeout_ms T (group and store timeout)]
 // Exit 0 on success; a DistError (a lost peer, ...) is printed and exits 3.
 #include <chrono>
 #include <cstdio>
@@ -51,8 +51,11 @@ int arg_int(int argc, char** argv, const char* name, int def) {
 int main(int argc, char** argv) {
   const int steps = arg_int(argc, argv, "--steps", 10);
   const int sleep_ms = arg_int(argc, argv, "--step_sleep_ms", 0);
+  const int timeout_ms = arg_int(argc, argv, "--timeout_ms", 0);
   try {
-    auto pg = init_process_group();
+    InitOptions io;
+    if (timeout_ms > 0) io.timeout = io.store_timeout = std::chrono::milliseconds(timeout_ms);
+    auto pg = init_process_group(io);
     const int rank = pg->rank(), world = pg->size();
     auto net = std::make_shared<Mlp>();
     DistributedDataParallel ddp(net);

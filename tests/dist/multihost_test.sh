@@ -4,7 +4,10 @@
 #   1. a short 2-host training run must print the same losses as a 1-host run of the same world
 #      size (2 processes on loopback);
 #   2. a long 2-host run whose link is cut mid-run must end on both sides, non-zero, within 60 s,
-#      each side naming the peer it lost.
+#      each side naming the peer it lost;
+#   3. the reported failure: both ranks advertise 127.0.0.1 (a host name that resolves to
+#      loopback); both sides must fail within the init timeout (10 s here) + 30 s, naming the
+#      peer and the address they could not use (it used to hang one side for 5x the timeout).
 # Needs root and `ip netns`; otherwise exits 77 (skipped). Everything it creates (namespaces,
 # veth, processes, files) is removed on every exit path.
 #
@@ -91,13 +94,14 @@ TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 PORT=$(( 20000 + ID % 20000 ))
 
 # start_machine <rank> <log> <program args...>: one accel-run per namespace, in its own process
-# group so that cleanup can end it with its workers.
+# group so that cleanup can end it with its workers; EXTRA_ENV (NAME=value ...) is added.
+EXTRA_ENV=()
 start_machine() {
   local m=$1 log=$2
   shift 2
   local ns=$NS0
   [ "$m" = 1 ] && ns=$NS1
-  setsid ip netns exec "$ns" env ACCEL_RENDEZVOUS_TOKEN="$TOKEN" OMP_NUM_THREADS=1 \
+  setsid ip netns exec "$ns" env ACCEL_RENDEZVOUS_TOKEN="$TOKEN" OMP_NUM_THREADS=1 "${EXTRA_ENV[@]}" \
     "$ACCEL_RUN" launch --num_machines 2 --machine_rank "$m" --main_process_ip "$A0" \
     --main_process_port "$PORT" --num_processes 2 --cpu "$PROG" "$@" >"$log" 2>&1 &
   PIDS+=($!)
@@ -199,6 +203,38 @@ echo "--- machine 1 (tail)"; tail -n 6 "$TMP/long1.log"
 [ -z "$rc1" ] || [ "$rc1" != 0 ] || fail "machine 1 exited 0 after losing its peer"
 grep -qF "rank 1 at $A1" "$TMP/long0.log" || fail "machine 0's output does not name rank 1 at $A1"
 grep -qF "rank 0 at $A0" "$TMP/long1.log" || fail "machine 1's output does not name rank 0 at $A0"
+
+# ---------------------------------------------------------------- 3. advertised loopback
+ip -n "$NS0" link set "$VETH0" up  # the link is back: only the advertised address is wrong
+INIT_TIMEOUT_MS=10000
+EXTRA_ENV=(ACCEL_GLOO_HOSTNAME=127.0.0.1)
+T3=$(now)
+start_machine 0 "$TMP/lo0.log" --steps 3 --timeout_ms "$INIT_TIMEOUT_MS"
+P0=${PIDS[-1]}
+start_machine 1 "$TMP/lo1.log" --steps 3 --timeout_ms "$INIT_TIMEOUT_MS"
+P1=${PIDS[-1]}
+EXTRA_ENV=()
+DEADLINE=$(awk -v n="$(now)" -v l="$(( INIT_TIMEOUT_MS / 1000 + 30 ))" 'BEGIN { printf "%.3f", n + l }')
+wait_exit "$P0" "$DEADLINE"
+rc0=$RC
+t0=$(elapsed "$T3")
+wait_exit "$P1" "$DEADLINE"
+rc1=$RC
+t1=$(elapsed "$T3")
+echo "FIGURE loopback_advertised_exit_s_machine0 $t0 (rc $rc0)"
+echo "FIGURE loopback_advertised_exit_s_machine1 $t1 (rc $rc1)"
+grep -h "\[init\]" "$TMP/lo0.log" "$TMP/lo1.log"
+for m in 0 1; do
+  rc=$rc0; peer=1; [ "$m" = 1 ] && { rc=$rc1; peer=0; }
+  if [ "$rc" = timeout ] || [ "$rc" = 0 ]; then
+    cat "$TMP/lo$m.log"
+    fail "machine $m did not fail within the init timeout + 30 s (rc $rc)"
+  fi
+  if ! grep -qF "rank $peer at 127.0.0.1:" "$TMP/lo$m.log"; then
+    cat "$TMP/lo$m.log"
+    fail "machine $m's output does not name rank $peer and the address it advertised"
+  fi
+done
 
 echo "FIGURE multihost_test_s $(elapsed "$T_START")"
 [ "$FAILED" = 0 ] && echo "PASS" || exit 1

@@ -160,6 +160,7 @@ void Heartbeat::send_all(uint32_t type) {
 
 void Heartbeat::loop() {
   auto next_send = Clock::now() + interval_;
+  auto last_wake = Clock::now();
   for (;;) {
     auto now = Clock::now();
     if (now >= next_send) {
@@ -190,6 +191,13 @@ void Heartbeat::loop() {
       if (d.type == kBye) p.departed = true;
     }
     now = Clock::now();
+    // This thread itself did not run for longer than the timeout (the process was stopped and
+    // continued, or the machine suspended; it normally wakes every interval): the silence it
+    // sees is its own, not the peers'. Judge them afresh from now on.
+    if (now - last_wake > timeout_) {
+      for (auto& p : peers_) p.last_seen = now;
+    }
+    last_wake = now;
     for (int peer = 0; peer < size_; ++peer) {
       Peer& p = peers_[size_t(peer)];
       if (peer == rank_ || p.departed || p.reported) continue;

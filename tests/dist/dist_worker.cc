@@ -488,12 +488,35 @@ void scenario_hb_staggered(ProcessGroup& pg) {
     pg.all_reduce(t);
   }
   pg.barrier();
-  std::this_thread::sleep_for(std::chrono::milliseconds(env_int("DIST_STAGGER_MS", 2000) * r));
+  // Busy computing (not in a collective) until it is this rank's turn to leave: its heartbeat
+  // thread must keep the others from taking it for stopped.
+  const auto leave_at = Clock::now() + std::chrono::milliseconds(env_int("DIST_STAGGER_MS", 2000) * r);
+  volatile double sink = 0;
+  while (Clock::now() < leave_at)
+    for (int i = 0; i < 100000; ++i) sink = sink + 1e-9 * i;
   auto* gloo = dynamic_cast<ProcessGroupGloo*>(&pg);
   std::string failure = gloo ? gloo->failure_message() : "";
   WCHECK(failure.empty(), "the group failed after a peer exited normally: " << failure);
   WCHECK(!gloo || !gloo->heartbeat() || gloo->heartbeat()->beats_received() > 0,
          "no heartbeat was received");
+}
+
+// Configuration read by init_process_group: prints "shm <0|1> heartbeat <ms|off>", and checks
+// them against DIST_EXPECT_SHM / DIST_EXPECT_HB_MS (-1 = off) when set.
+void scenario_config(ProcessGroup& pg) {
+  auto* gloo = dynamic_cast<ProcessGroupGloo*>(&pg);
+  if (!gloo) return;
+  const bool shm = gloo->uses_shm();
+  const long hb = gloo->heartbeat() ? long(gloo->heartbeat()->timeout().count()) : -1;
+  std::cout << "rank " << pg.rank() << " shm " << shm << " heartbeat " << hb << std::endl;
+  if (std::getenv("DIST_EXPECT_SHM"))
+    WCHECK(int(shm) == env_int("DIST_EXPECT_SHM", 1), "shared memory " << shm);
+  if (std::getenv("DIST_EXPECT_HB_MS"))
+    WCHECK(hb == env_int("DIST_EXPECT_HB_MS", 0), "heartbeat timeout " << hb);
+  // The group works either way.
+  Tensor t = make(kFloat32, 100, pg.rank());
+  pg.all_reduce(t);
+  WCHECK(get(t, 7) == reduce_expected(kFloat32, ReduceOp::Sum, pg.size(), 7), "all_reduce");
 }
 
 // A forged point-to-point header (absurd element count, unknown dtype): the receiver must
@@ -592,6 +615,8 @@ int main(int argc, char** argv) {
       scenario_hb_stop(*pg);
     } else if (scenario == "hb_staggered") {
       scenario_hb_staggered(*pg);
+    } else if (scenario == "config") {
+      scenario_config(*pg);
     } else if (scenario == "p2p_forged") {
       scenario_p2p_forged(*pg);
     } else if (scenario == "fingerprint_cost") {

@@ -172,9 +172,9 @@ TEST_CASE("heartbeat: a stopped rank is detected by every other rank, naming it"
 TEST_CASE("heartbeat: ranks leaving one after another raise nothing") {
   for (int world : {2, 3}) {
     CAPTURE(world);
-    // Each rank leaves 2 heartbeat timeouts after the previous one.
+    // Each rank leaves 2 heartbeat timeouts after the previous one, computing until then.
     auto res = run_world(worker(), {"hb_staggered"}, world,
-                         {{"ACCEL_HEARTBEAT_TIMEOUT", "1"}, {"DIST_STAGGER_MS", "2000"}}, 60s);
+                         {{"ACCEL_HEARTBEAT_TIMEOUT", "1.5"}, {"DIST_STAGGER_MS", "3000"}}, 60s);
     check_all_ok(res, "hb_staggered");
   }
 }
@@ -184,5 +184,29 @@ TEST_CASE("gloo: a forged point-to-point header is rejected without sizing anyth
     CAPTURE(kind);
     auto res = run_world(worker(), {"p2p_forged"}, 2, {{"DIST_FORGE", kind}}, 60s);
     check_all_ok(res, "p2p_forged");
+  }
+}
+
+TEST_CASE("init_process_group: shared memory only when all ranks share the host; heartbeat env") {
+  // LOCAL_WORLD_SIZE=1 with WORLD_SIZE=2: two machines (here both on loopback, sharing /dev/shm,
+  // as network namespaces or containers on one kernel do): the all-reduce must use the network.
+  check_all_ok(run_world(worker(), {"config"}, 2,
+                         {{"LOCAL_WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"DIST_EXPECT_SHM", "0"}},
+                         60s),
+               "config");
+  check_all_ok(run_world(worker(), {"config"}, 2,
+                         {{"DIST_EXPECT_SHM", "1"}, {"DIST_EXPECT_HB_MS", "15000"}}, 60s),
+               "config");
+  check_all_ok(run_world(worker(), {"config"}, 2,
+                         {{"ACCEL_HEARTBEAT_TIMEOUT", "2.5"}, {"DIST_EXPECT_HB_MS", "2500"}}, 60s),
+               "config");
+  check_all_ok(run_world(worker(), {"config"}, 2,
+                         {{"ACCEL_HEARTBEAT_TIMEOUT", "0"}, {"DIST_EXPECT_HB_MS", "-1"}}, 60s),
+               "config");
+  auto bad = run_world(worker(), {"config"}, 2, {{"ACCEL_HEARTBEAT_TIMEOUT", "soon"}}, 60s);
+  for (auto& r : bad) {
+    INFO(r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find("ACCEL_HEARTBEAT_TIMEOUT='soon'") != std::string::npos);
   }
 }

@@ -174,7 +174,7 @@ TEST_CASE("heartbeat: ranks leaving one after another raise nothing") {
     CAPTURE(world);
     // Each rank leaves 2 heartbeat timeouts after the previous one, computing until then.
     auto res = run_world(worker(), {"hb_staggered"}, world,
-                         {{"ACCEL_HEARTBEAT_TIMEOUT", "1.5"}, {"DIST_STAGGER_MS", "3000"}}, 60s);
+                         {{"ACCEL_HEARTBEAT_TIMEOUT", "2.5"}, {"DIST_STAGGER_MS", "5000"}}, 60s);
     check_all_ok(res, "hb_staggered");
   }
 }

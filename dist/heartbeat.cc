@@ -113,7 +113,7 @@ Heartbeat::Heartbeat(const std::shared_ptr<Store>& store, int rank, int size,
       ACCEL_CHECK(rc == 0 && pr, DistError, "init", who, ": cannot resolve rank ", peer,
                   "'s heartbeat address '", v, "': ", gai_strerror(rc));
       const char* sa = reinterpret_cast<const char*>(pr->ai_addr);
-      p.sockaddr.assign(sa, sa + pr->ai_addrlen);
+      p.dest.assign(sa, sa + pr->ai_addrlen);
       p.key = format_sockaddr(pr->ai_addr, true);
       freeaddrinfo(pr);
     }
@@ -149,11 +149,11 @@ void Heartbeat::send_all(uint32_t type) {
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     const Peer& p = peers_[size_t(peer)];
-    if (p.sockaddr.empty()) continue;
+    if (p.dest.empty()) continue;
     // Errors (a link that is down, a full buffer) are what the peer's timeout is for.
     ssize_t w = sendto(fd_, &d, sizeof(d), MSG_DONTWAIT | MSG_NOSIGNAL,
-                       reinterpret_cast<const sockaddr*>(p.sockaddr.data()),
-                       socklen_t(p.sockaddr.size()));
+                       reinterpret_cast<const sockaddr*>(p.dest.data()),
+                       socklen_t(p.dest.size()));
     (void)w;
   }
 }

@@ -53,7 +53,7 @@ class Heartbeat {
   struct Peer {
     std::string address;  // as published: host
     std::string key;      // "host:port" as recvfrom reports it, to check datagram sources
-    std::vector<char> sockaddr;  // where to send
+    std::vector<char> dest;      // where to send (a sockaddr)
     std::chrono::steady_clock::time_point last_seen;
     bool departed = false;
     bool reported = false;

@@ -100,7 +100,7 @@ std::vector<std::string> interface_names() {
   return names;
 }
 
-std::string interface_address(const std::string& ifname) {
+std::string interface_address(const std::string& ifname, const char* source) {
   ifaddrs* ifa = nullptr;
   ACCEL_CHECK(getifaddrs(&ifa) == 0, DistError, "init", "getifaddrs failed: ",
               std::strerror(errno));
@@ -120,7 +120,8 @@ std::string interface_address(const std::string& ifname) {
   if (!v6.empty()) return v6;
   std::string have;
   for (auto& n : interface_names()) have += (have.empty() ? "" : ", ") + n;
-  ACCEL_THROW(DistError, "init", "network interface '", ifname,
+  ACCEL_THROW(DistError, "init", source ? source : "", source ? "=" : "", source ? ifname : "",
+              source ? ": " : "", "network interface '", ifname,
               "' does not exist or has no usable address (have: ", have.empty() ? "none" : have,
               ")");
 }
@@ -128,13 +129,7 @@ std::string interface_address(const std::string& ifname) {
 std::string select_bind_address(const std::string& master_addr, int master_port) {
   if (const char* h = getenv_nonempty("ACCEL_GLOO_HOSTNAME")) return h;
   for (const char* var : {"ACCEL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
-    if (const char* ifname = getenv_nonempty(var)) {
-      try {
-        return interface_address(ifname);
-      } catch (const DistError& e) {
-        ACCEL_THROW(DistError, "init", var, "=", ifname, ": ", e.what());
-      }
-    }
+    if (const char* ifname = getenv_nonempty(var)) return interface_address(ifname, var);
   }
   if (is_loopback_address(master_addr)) return "127.0.0.1";
   return route_source_address(master_addr, master_port);

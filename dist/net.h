@@ -27,9 +27,10 @@ using NetClock = std::chrono::steady_clock;
 // naming host and port when there is no route or the host does not resolve.
 std::string route_source_address(const std::string& host, int port);
 
-// The address of interface `ifname` (IPv4 preferred). Throws DistError naming the interface and
-// listing the existing ones when it does not exist or has no address.
-std::string interface_address(const std::string& ifname);
+// The address of interface `ifname` (IPv4 preferred). Throws DistError naming the interface (and
+// `source`, the variable it came from, when given) and listing the existing ones when it does
+// not exist or has no address.
+std::string interface_address(const std::string& ifname, const char* source = nullptr);
 
 // Names of the local interfaces that have an IPv4 or IPv6 address, in getifaddrs order.
 std::vector<std::string> interface_names();

@@ -23,9 +23,6 @@
 
 namespace accel::dist {
 
-constexpr Milliseconds kDefaultHeartbeatInterval{1000};
-constexpr Milliseconds kDefaultHeartbeatTimeout{15000};
-
 class Heartbeat {
  public:
   // peer rank, its address, seconds since its last datagram (or since the start).

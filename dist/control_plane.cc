@@ -11,13 +11,16 @@
 
 #include <chrono>
 #include <cstring>
+#include <cstdlib>
 #include <sstream>
+
+#include "dist/net.h"
 
 namespace accel::dist {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = NetClock;
 
 constexpr uint32_t kHelloMagic = 0x4c544341;  // "ACTL"
 constexpr uint32_t kData = 1;
@@ -28,11 +31,6 @@ struct FrameHeader {
   uint32_t type;
   uint32_t len;
 };
-
-int remaining_ms(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()).count();
-  return int(std::max<int64_t>(0, std::min<int64_t>(left, 1 << 30)));
-}
 
 void set_nodelay(int fd) {
   int one = 1;
@@ -92,58 +90,49 @@ ControlPlane::ControlPlane(const std::shared_ptr<Store>& store, int rank, int si
                            const std::string& hostname, Milliseconds timeout)
     : rank_(rank), size_(size), fds_(static_cast<size_t>(size), -1) {
   if (size == 1) return;
+  // Note [bounded setup]: every wait below (the store, connect, accept, the hello) is bounded by
+  // one deadline, and a failure names the peer and its address, so a peer that never shows up or
+  // advertises an address we cannot reach fails the group within `timeout`.
   auto deadline = Clock::now() + timeout;
-  // Listen on hostname:0 and publish where.
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  int rc = getaddrinfo(hostname.c_str(), "0", &hints, &res);
-  ACCEL_CHECK(rc == 0, DistError, "init", "cannot resolve '", hostname, "': ", gai_strerror(rc));
-  int lfd = -1;
-  for (addrinfo* a = res; a && lfd < 0; a = a->ai_next) {
-    int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, size) == 0) {
-      lfd = fd;
-    } else {
-      close(fd);
+  const std::string who = "rank " + std::to_string(rank) + " of " + std::to_string(size);
+  auto peer_address = [&](int peer) -> std::string {
+    // The address a peer published, or a note that it did not (non-blocking).
+    std::string key = "ctl/" + std::to_string(peer);
+    try {
+      if (!store->check({key})) return "(it did not publish its address: did it start?)";
+      std::string v = store->get(key);
+      auto nl = v.find('\n');
+      return nl == std::string::npos ? v : "at " + v.substr(0, nl) + ":" + v.substr(nl + 1);
+    } catch (const std::exception&) {
+      return "(address unknown: the store is unreachable)";
     }
-  }
-  freeaddrinfo(res);
-  ACCEL_CHECK(lfd >= 0, DistError, "init", "cannot listen on '", hostname, "': ",
-              std::strerror(errno));
-  sockaddr_storage ss{};
-  socklen_t sl = sizeof(ss);
-  getsockname(lfd, reinterpret_cast<sockaddr*>(&ss), &sl);
-  int port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-                                      : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  };
+  // Listen on hostname:0 and publish where.
+  int port = 0;
+  int lfd = listen_tcp(hostname, size, &port, "init");
   store->set("ctl/" + std::to_string(rank), hostname + "\n" + std::to_string(port));
   try {
     // Connect to every lower rank (their listen backlog holds us until they accept).
     for (int peer = 0; peer < rank; ++peer) {
       std::string key = "ctl/" + std::to_string(peer);
-      store->wait({key}, std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()));
+      try {
+        store->wait({key}, std::max(Milliseconds(1), std::chrono::duration_cast<Milliseconds>(
+                                                         deadline - Clock::now())));
+      } catch (const DistError& e) {
+        ACCEL_THROW(DistError, "init", who, ": rank ", peer,
+                    " did not publish its control address within ", timeout.count(),
+                    " ms (did it start?): ", e.what());
+      }
       std::string v = store->get(key);
       auto nl = v.find('\n');
       ACCEL_CHECK(nl != std::string::npos, DistError, "init", "bad control address '", v, "'");
       std::string host = v.substr(0, nl), pstr = v.substr(nl + 1);
-      addrinfo* pres = nullptr;
-      rc = getaddrinfo(host.c_str(), pstr.c_str(), &hints, &pres);
-      ACCEL_CHECK(rc == 0, DistError, "init", "cannot resolve rank ", peer, "'s address '", host,
-                  "': ", gai_strerror(rc));
-      int fd = -1;
-      for (addrinfo* a = pres; a && fd < 0; a = a->ai_next) {
-        int s = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-        if (s < 0) continue;
-        if (connect(s, a->ai_addr, a->ai_addrlen) == 0) {
-          fd = s;
-        } else {
-          close(s);
-        }
-      }
-      freeaddrinfo(pres);
-      ACCEL_CHECK(fd >= 0, DistError, "init", "cannot connect to rank ", peer, " at ", host, ":",
-                  pstr, ": ", std::strerror(errno));
+      std::string error;
+      int fd = connect_tcp(host, std::atoi(pstr.c_str()), deadline, &error);
+      ACCEL_CHECK(fd >= 0, DistError, "init", who, ": could not connect to rank ", peer, " at ",
+                  host, ":", pstr, " within ", timeout.count(), " ms (control channel): ", error,
+                  " (an address rank ", rank,
+                  " cannot reach? choose the interface with ACCEL_SOCKET_IFNAME)");
       set_nodelay(fd);
       uint32_t hello[2] = {kHelloMagic, uint32_t(rank)};
       write_all(fd, hello, sizeof(hello), deadline, peer);
@@ -153,8 +142,20 @@ ControlPlane::ControlPlane(const std::shared_ptr<Store>& store, int rank, int si
     for (int n = rank + 1; n < size; ++n) {
       pollfd pf{lfd, POLLIN, 0};
       int pr = poll(&pf, 1, remaining_ms(deadline));
-      ACCEL_CHECK(pr > 0, DistError, "init", "rank ", rank, ": ", size - n,
-                  " higher rank(s) did not connect their control channel in time");
+      if (pr < 0 && errno == EINTR) {
+        --n;
+        continue;
+      }
+      if (pr <= 0) {
+        std::ostringstream os;
+        for (int peer = rank + 1; peer < size; ++peer) {
+          if (fds_[size_t(peer)] >= 0) continue;
+          os << (os.tellp() > 0 ? "; " : "") << "rank " << peer << " " << peer_address(peer);
+        }
+        ACCEL_THROW(DistError, "init", who, ": no control connection from ", os.str(),
+                    " within ", timeout.count(), " ms (listening at ", hostname, ":", port,
+                    "; is that address reachable from the peer?)");
+      }
       int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) {
         --n;

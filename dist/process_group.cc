@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "dist/env.h"
+#include "dist/net.h"
 #include "dist/reduce_kernels.h"
 
 namespace accel::dist {
@@ -294,10 +295,15 @@ std::mutex g_default_mu;
 ProcessGroupPtr g_default_group;
 std::shared_ptr<Store> g_default_store;
 
-std::string local_hostname() {
-  char buf[256] = {0};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "127.0.0.1";
-  return buf;
+// Seconds as a decimal ("15", "2.5"), 0 = off; `name` is used in the error message.
+Milliseconds parse_env_seconds(const char* name, const std::string& value) {
+  constexpr double kMaxSeconds = 86400.0 * 365;
+  char* end = nullptr;
+  double v = std::strtod(value.c_str(), &end);
+  ACCEL_CHECK(!value.empty() && end && *end == '\0' && v >= 0 && v <= kMaxSeconds, DistError,
+              "dist.env", name, "='", value, "' is not a number of seconds in [0, ", kMaxSeconds,
+              "] (0 disables)");
+  return Milliseconds(int64_t(v * 1000.0 + 0.5));
 }
 }  // namespace
 
@@ -313,14 +319,18 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   if (const char* shm = std::getenv("ACCEL_DIST_SHM"); shm && *shm) {
     pgo.shm = parse_env_int("ACCEL_DIST_SHM", shm, 0, 1) == 1;
   }
+  // Shared memory only reaches the ranks of this host: with several machines the all-reduce
+  // runs over the network (ranks on two hosts may still see one /dev/shm, e.g. containers or
+  // network namespaces on one kernel, and would silently reduce only with their neighbours).
+  if (env.local_world_size != env.world_size) pgo.shm = false;
+  pgo.heartbeat_timeout = options.heartbeat_timeout;
+  if (const char* hb = std::getenv("ACCEL_HEARTBEAT_TIMEOUT"); hb && *hb) {
+    pgo.heartbeat_timeout = parse_env_seconds("ACCEL_HEARTBEAT_TIMEOUT", hb);
+  }
   if (const char* seg = std::getenv("ACCEL_GLOO_SEGMENT_BYTES"); seg && *seg) {
     pgo.gloo_segment_bytes = size_t(parse_env_int("ACCEL_GLOO_SEGMENT_BYTES", seg, 0, 1 << 30));
   }
-  if (const char* h = std::getenv("ACCEL_GLOO_HOSTNAME"); h && *h) {
-    pgo.hostname = h;
-  } else {
-    pgo.hostname = is_loopback_address(env.master_addr) ? "127.0.0.1" : local_hostname();
-  }
+  if (env.world_size > 1) pgo.hostname = select_bind_address(env.master_addr, env.master_port);
   std::shared_ptr<Store> store;
   if (env.world_size > 1) {
     StoreOptions so;

@@ -47,6 +47,10 @@ enum class OpKind : uint8_t {
 std::string_view op_kind_name(OpKind k);
 
 constexpr Milliseconds kDefaultCollectiveTimeout{std::chrono::minutes(5)};
+// Heartbeat defaults: every rank raises within ~15 s of a peer stopping, far below the
+// collective timeout, with 15 missed beats of slack for a loaded machine.
+constexpr Milliseconds kDefaultHeartbeatTimeout{std::chrono::seconds(15)};
+constexpr Milliseconds kDefaultHeartbeatInterval{std::chrono::seconds(1)};
 
 struct ProcessGroupOptions {
   Milliseconds timeout = kDefaultCollectiveTimeout;
@@ -54,8 +58,14 @@ struct ProcessGroupOptions {
   // them, 0 = never). With k > 1 the check also covers the skipped ones through a running
   // hash, but a mismatch in between can no longer be stopped before it moves data.
   int fingerprint_every = 1;
-  // Gloo: the address this rank's transport binds and advertises.
+  // Gloo: the address this rank's transport, control channel and heartbeat bind and advertise.
+  // init_process_group picks it from the environment (dist/net.h: select_bind_address).
   std::string hostname = "127.0.0.1";
+  // Heartbeat (dist/heartbeat.h): a peer silent for heartbeat_timeout marks the group failed,
+  // so in-flight and later collectives raise naming it, long before `timeout`. 0 disables.
+  // Env ACCEL_HEARTBEAT_TIMEOUT (seconds) sets it for init_process_group.
+  Milliseconds heartbeat_timeout = kDefaultHeartbeatTimeout;
+  Milliseconds heartbeat_interval = kDefaultHeartbeatInterval;  // at most heartbeat_timeout / 4
   // Gloo ring all-reduce segment size in bytes (0: Gloo's default, 1 MiB). Each segment costs a
   // send/receive rendezvous, so larger segments cut per-message overhead on slow-wakeup hosts.
   size_t gloo_segment_bytes = size_t(4) << 20;
@@ -189,9 +199,13 @@ struct InitOptions {
   Milliseconds timeout = kDefaultCollectiveTimeout;
   Milliseconds store_timeout = kDefaultStoreTimeout;
   int fingerprint_every = 1;
+  // See ProcessGroupOptions; env ACCEL_HEARTBEAT_TIMEOUT (seconds, 0 disables) overrides it.
+  Milliseconds heartbeat_timeout = kDefaultHeartbeatTimeout;
 };
 // Reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT; rank 0 serves the store. With no variables set
 // this is a single process (world size 1) and needs no network. Calling it twice is an error.
+// The bind address comes from select_bind_address (dist/net.h); shared memory is used only when
+// all ranks are on this host (LOCAL_WORLD_SIZE == WORLD_SIZE).
 ProcessGroupPtr init_process_group(const InitOptions& options = {});
 bool is_initialized();
 // Throws DistError when init_process_group has not run.

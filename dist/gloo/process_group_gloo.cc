@@ -7,6 +7,7 @@
 #include <gloo/context.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
@@ -19,6 +20,7 @@
 
 #include "core/error.h"
 #include "dist/fingerprint.h"
+#include "dist/net.h"
 #include "dist/reduce_kernels.h"
 
 namespace accel::dist {
@@ -109,24 +111,108 @@ std::unique_ptr<gloo::rendezvous::Store> make_gloo_store(std::shared_ptr<Store> 
   return std::make_unique<GlooStoreAdapter>(std::move(store));
 }
 
+namespace {
+
+// Note [gloo connect timeout]
+// Gloo (this version) waits up to 5x the pair timeout for a pair's initial connection, and a
+// rank on the listening side of a pair waits for a peer that may never come: with the 5-minute
+// collective timeout a rank whose peer failed to connect hung for 25 minutes. The pairs here get
+// a fifth of the timeout, so the connect wait is bounded by the timeout itself, and each step
+// names the peer and its address when it fails. (The pair timeout only bounds the connect and
+// Gloo's sync mode; collectives pass their own timeout.)
+class BoundedGlooContext : public gloo::Context {
+ public:
+  BoundedGlooContext(int rank, int size) : gloo::Context(rank, size) {}
+
+  void connect_full_mesh(Store& store, const std::shared_ptr<gloo::transport::Device>& dev,
+                         const std::string& hostname, Milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    const std::string who = "rank " + std::to_string(rank) + " of " + std::to_string(size);
+    auto tctx = dev->createContext(rank, size);
+    tctx->setTimeout(std::max(Milliseconds(1), (timeout + Milliseconds(4)) / 5));
+    std::string mine;
+    size_t addr_size = 0;
+    for (int i = 0; i < size; ++i) {
+      if (i == rank) continue;
+      auto bytes = tctx->createPair(i)->address().bytes();
+      addr_size = bytes.size();
+      mine.append(bytes.begin(), bytes.end());
+    }
+    store.set("gloo/" + std::to_string(rank), mine);
+    for (int i = 0; i < size; ++i) {
+      if (i == rank) continue;
+      const std::string key = "gloo/" + std::to_string(i);
+      try {
+        store.wait({key}, std::max(Milliseconds(1), std::chrono::duration_cast<Milliseconds>(
+                                                        deadline - Clock::now())));
+      } catch (const DistError& e) {
+        ACCEL_THROW(DistError, "init", who, ": rank ", i, " did not publish its address within ",
+                    timeout.count(), " ms (did it start?): ", e.what());
+      }
+      std::string all = store.get(key);
+      // Rank i listed one address per peer in rank order, skipping itself.
+      const size_t index = size_t(rank < i ? rank : rank - 1);
+      ACCEL_CHECK(all.size() == addr_size * size_t(size - 1), DistError, "init", who,
+                  ": rank ", i, " published a malformed address list (", all.size(),
+                  " bytes, expected ", addr_size * size_t(size - 1), ")");
+      std::vector<char> addr(all.begin() + long(index * addr_size),
+                             all.begin() + long((index + 1) * addr_size));
+      std::string where = format_sockaddr(
+          reinterpret_cast<const sockaddr*>(&gloo::transport::tcp::Address(addr).getSockaddr()),
+          true);
+      const auto step_start = Clock::now();
+      try {
+        tctx->getPair(i)->connect(addr);
+      } catch (const std::exception& e) {
+        // "within" only when it waited; a refused connection fails at once.
+        const bool waited = Clock::now() - step_start >= timeout / 2;
+        ACCEL_THROW(DistError, "init", who, ": could not connect to rank ", i, " at ", where,
+                    waited ? " within " + std::to_string(timeout.count()) + " ms" : "",
+                    " (gloo, this rank at ", hostname, "): ", e.what(),
+                    " (an address the peer cannot reach? choose the interface with "
+                    "ACCEL_SOCKET_IFNAME)");
+      }
+    }
+    device_ = dev;
+    transportContext_ = std::move(tctx);
+  }
+};
+
+}  // namespace
+
 std::shared_ptr<gloo::Context> connect_gloo_context(const std::shared_ptr<Store>& store, int rank,
                                                     int size, const std::string& hostname,
                                                     Milliseconds timeout) {
   gloo::transport::tcp::attr attr;
   attr.hostname = hostname;
+  std::shared_ptr<gloo::transport::Device> device;
   try {
-    auto device = gloo::transport::tcp::CreateDevice(attr);
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    ctx->setTimeout(timeout);
-    GlooStoreAdapter adapter(store);
-    ctx->connectFullMesh(adapter, device);
-    return ctx;
-  } catch (const DistError& e) {
-    ACCEL_THROW(DistError, "init", "rank ", rank, " of ", size,
-                ": rendezvous failed (did every rank start?): ", e.what());
+    device = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
-    ACCEL_THROW(DistError, "init", "rank ", rank, " of ", size, ": connecting gloo on '",
-                hostname, "' failed: ", e.what());
+    ACCEL_THROW(DistError, "init", "rank ", rank, " of ", size,
+                ": cannot create the Gloo device on '", hostname, "' (is it an address of this "
+                "host? see ACCEL_SOCKET_IFNAME): ", e.what());
+  }
+  auto ctx = std::make_shared<BoundedGlooContext>(rank, size);
+  ctx->setTimeout(timeout);
+  ctx->connect_full_mesh(*store, device, hostname, timeout);
+  return ctx;
+}
+
+void abort_gloo_context(gloo::Context& ctx) {
+  // Note [waking gloo waiters]: closeConnections() closes the sockets but does not wake this
+  // process's own pending sends and receives (they would sit out their timeout). A receive wait
+  // that times out makes Gloo signal every pair, which fails all pending operations at once; a
+  // 1 ms wait on a buffer nobody sends to is the public way to trigger that.
+  try {
+    char dummy = 0;
+    auto ub = ctx.createUnboundBuffer(&dummy, 1);
+    ub->waitRecv(std::chrono::milliseconds(1));
+  } catch (...) {
+  }
+  try {
+    ctx.closeConnections();
+  } catch (...) {
   }
 }
 
@@ -151,8 +237,23 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     ctx_ = connect_gloo_context(store_, rank, size, options_.hostname, options_.timeout);
     control_ = std::make_unique<ControlPlane>(store_, rank, size, options_.hostname,
                                               options_.timeout);
-    if (options_.shm)
-      shm_ = ShmAllReduce::create(store_, rank, size, options_.shm_slot_bytes, options_.timeout);
+    if (options_.shm) {
+      try {
+        shm_ = ShmAllReduce::create(store_, rank, size, options_.shm_slot_bytes, options_.timeout);
+      } catch (const DistError& e) {
+        ACCEL_THROW(DistError, "init", "rank ", rank, " of ", size,
+                    ": shared-memory setup failed within ", options_.timeout.count(), " ms: ",
+                    e.what());
+      }
+    }
+    if (options_.heartbeat_timeout.count() > 0) {
+      heartbeat_ = std::make_unique<Heartbeat>(
+          store_, rank, size, options_.hostname, options_.heartbeat_interval,
+          options_.heartbeat_timeout, options_.timeout,
+          [this](int peer, const std::string& address, double silent_s) {
+            mark_broken(Heartbeat::lost_message(peer, address, silent_s));
+          });
+    }
   }
   worker_ = std::thread([this] { worker_loop(); });
 }
@@ -164,6 +265,9 @@ ProcessGroupGloo::~ProcessGroupGloo() {
   }
   queue_cv_.notify_all();
   if (worker_.joinable()) worker_.join();  // runs what was queued: handles always complete
+  // After the queue drained (peers still need our beats until then): says bye, so that peers
+  // finishing after us do not take our exit for a failure.
+  heartbeat_.reset();
   ctx_.reset();
 }
 
@@ -185,17 +289,21 @@ void ProcessGroupGloo::mark_broken(const std::string& msg) {
   // read the control channel next why.
   if (control_) control_->abort("rank " + std::to_string(rank_) + ": " + msg);
   if (shm_) shm_->abort(msg);
-  if (ctx_) {
-    try {
-      ctx_->closeConnections();
-    } catch (...) {
-    }
-  }
+  if (ctx_) abort_gloo_context(*ctx_);
 }
 
 std::string ProcessGroupGloo::broken_message() const {
   std::lock_guard<std::mutex> g(broken_mu_);
   return broken_;
+}
+
+std::string ProcessGroupGloo::cause_of(const std::string& symptom) const {
+  // When another thread (the heartbeat, a failed p2p wait) marked the group failed, the error an
+  // in-flight operation sees is only the consequence (a closed connection, an abort notice from
+  // ourselves): the recorded failure is the cause and comes first.
+  // (The symptom itself then misleads: our own abort reads as "rank N closed its connection".)
+  std::string prior = broken_message();
+  return prior.empty() ? symptom : prior;
 }
 
 // Note [inline execution]
@@ -339,7 +447,7 @@ void ProcessGroupGloo::run_task(Task& task) {
   } catch (const PeerError& e) {
     std::ostringstream os;
     os << '[' << op << "] " << fp.describe() << " failed on rank " << rank_ << " of " << size_
-       << " (timeout " << task.timeout.count() << " ms): " << e.what();
+       << " (timeout " << task.timeout.count() << " ms): " << cause_of(e.what());
     mark_broken(os.str());
     err = std::make_exception_ptr(DistError(os.str()));
   } catch (const DistError&) {
@@ -349,7 +457,7 @@ void ProcessGroupGloo::run_task(Task& task) {
     std::ostringstream os;
     os << '[' << op << "] " << fp.describe() << " failed on rank " << rank_ << " of " << size_
        << " (timeout " << task.timeout.count()
-       << " ms): a peer died or stopped answering: " << e.what();
+       << " ms): " << cause_of(std::string("a peer died or stopped answering: ") + e.what());
     mark_broken(os.str());
     err = std::make_exception_ptr(DistError(os.str()));
   }
@@ -501,10 +609,22 @@ WorkPtr ProcessGroupGloo::barrier_async() {
 // receive at once; its wait() checks the header against its own tensor, sends the verdict, then
 // receives the payload (into a scratch buffer on a mismatch, so the sender is not left hanging)
 // and raises. Both sides therefore raise on a mismatch, naming both tensors.
+//
+// Note [p2p drain limit]
+// The header comes from the peer: its element count and dtype are checked (a known dtype, a
+// count >= 0) before anything is sized from them, and on a mismatch the payload is drained only
+// when it is at most kMaxP2PDrainBytes. A larger one is refused: the verdict says so, and both
+// sides mark the group failed, because the sender's payload can then never be delivered (a later
+// receive on the same slot would otherwise take it).
+constexpr uint8_t kVerdictMismatch = 0;  // drained and dropped; the group stays usable
+constexpr uint8_t kVerdictAccepted = 1;
+constexpr uint8_t kVerdictRefused = 2;   // not drained; the group is failed
+constexpr size_t kMaxP2PDrainBytes = size_t(64) << 20;
+
 struct P2PHeader {
   uint32_t magic = kP2PMagic;
   uint8_t dtype = 0;
-  uint8_t ok = 1;  // verdict: 1 accepted
+  uint8_t ok = kVerdictAccepted;  // the receiver's verdict
   uint16_t pad = 0;
   int64_t numel = 0;
   uint64_t count = 0;
@@ -549,8 +669,8 @@ class GlooP2PWork : public Work {
         std::ostringstream os;
         os << '[' << op_kind_name(kind_) << "] " << describe(mine_) << (kind_ == OpKind::Send ? " to" : " from")
            << " rank " << peer_ << " tag " << tag_ << " failed on rank " << pg_->rank_
-           << " (timeout " << timeout_.count() << " ms): the peer died or stopped answering: "
-           << e.what();
+           << " (timeout " << timeout_.count() << " ms): "
+           << pg_->cause_of(std::string("the peer died or stopped answering: ") + e.what());
         pg_->mark_broken(os.str());
         err = std::make_exception_ptr(DistError(os.str()));
       }
@@ -565,28 +685,68 @@ class GlooP2PWork : public Work {
     os << "(" << DType(h.dtype) << ", " << h.numel << " elements, message " << h.count << ")";
     return os.str();
   }
+  // Fails the group (both sides' pending payloads are then dropped) and raises `msg`.
+  [[noreturn]] void fail_group(const std::string& msg) {
+    pg_->mark_broken(msg);
+    throw DistError(msg);
+  }
+  std::string side() const {
+    std::ostringstream os;
+    os << '[' << op_kind_name(kind_) << "] rank " << pg_->rank_ << " of " << pg_->size_;
+    return os.str();
+  }
   void wait_send() {
     hdr_->waitSend(timeout_);
-    if (data_) data_->waitSend(timeout_);
+    // The verdict first: a refused payload is never received, so waiting for it would hang.
     ack_->waitRecv(timeout_);
-    ACCEL_CHECK(ack_buf_.magic == kP2PMagic, DistError, "send", "corrupt verdict from rank ",
-                peer_);
-    ACCEL_CHECK(ack_buf_.ok == 1, DistError, "send", "rank ", pg_->rank_, " sent ",
-                describe(mine_), " to rank ", peer_, " tag ", tag_, " but rank ", peer_,
+    if (ack_buf_.magic != kP2PMagic || ack_buf_.ok > kVerdictRefused)
+      fail_group(side() + ": corrupt verdict from rank " + std::to_string(peer_));
+    if (ack_buf_.ok == kVerdictRefused) {
+      std::ostringstream os;
+      os << side() << " sent " << describe(mine_) << " to rank " << peer_ << " tag " << tag_
+         << " but rank " << peer_ << " posted recv " << describe(ack_buf_)
+         << "; the payload is too large to drain, so the group is unusable now";
+      fail_group(os.str());
+    }
+    if (data_) data_->waitSend(timeout_);
+    ACCEL_CHECK(ack_buf_.ok == kVerdictAccepted, DistError, "send", "rank ", pg_->rank_,
+                " sent ", describe(mine_), " to rank ", peer_, " tag ", tag_, " but rank ", peer_,
                 " posted recv ", describe(ack_buf_));
   }
   void wait_recv() {
     hdr_->waitRecv(timeout_);
     P2PHeader theirs = hdr_buf_;
-    ACCEL_CHECK(theirs.magic == kP2PMagic, DistError, "recv", "corrupt header from rank ",
-                peer_);
-    bool ok = theirs.dtype == mine_.dtype && theirs.numel == mine_.numel &&
-              theirs.count == mine_.count;
+    // Nothing is sized from the peer's header before it is validated (Note [p2p drain limit]).
+    const bool known_dtype = theirs.dtype < kNumDTypes;
+    if (theirs.magic != kP2PMagic || !known_dtype || theirs.numel < 0) {
+      std::ostringstream os;
+      os << side() << ": corrupt header from rank " << peer_ << " tag " << tag_ << " (magic 0x"
+         << std::hex << theirs.magic << std::dec << ", dtype code " << int(theirs.dtype)
+         << ", " << theirs.numel << " elements)";
+      fail_group(os.str());
+    }
+    const size_t esize = dtype_size(DType(theirs.dtype));
+    const bool fits = uint64_t(theirs.numel) <= kMaxP2PDrainBytes / esize;
+    const bool ok = theirs.dtype == mine_.dtype && theirs.numel == mine_.numel &&
+                    theirs.count == mine_.count;
     ack_buf_ = mine_;
-    ack_buf_.ok = ok ? 1 : 0;
+    ack_buf_.ok = ok ? kVerdictAccepted : fits ? kVerdictMismatch : kVerdictRefused;
     ack_ = pg_->ctx_->createUnboundBuffer(&ack_buf_, sizeof(P2PHeader));
     ack_->send(peer_, p2p_slot(kSlotP2PAck, tag_));
-    size_t their_bytes = size_t(theirs.numel) * dtype_size(DType(theirs.dtype));
+    if (!ok && !fits) {
+      // Best effort: let the verdict reach the sender before the group is failed.
+      try {
+        ack_->waitSend(std::min(timeout_, Milliseconds(1000)));
+      } catch (const std::exception&) {
+      }
+      std::ostringstream os;
+      os << side() << " posted recv " << describe(mine_) << " from rank " << peer_ << " tag "
+         << tag_ << " but rank " << peer_ << " sent " << describe(theirs)
+         << ", more than the " << kMaxP2PDrainBytes
+         << " bytes a mismatched message may take to drain; the group is unusable now";
+      fail_group(os.str());
+    }
+    const size_t their_bytes = size_t(theirs.numel) * esize;
     if (their_bytes > 0) {
       std::vector<uint8_t> drain;
       void* dst = t_.data_ptr();

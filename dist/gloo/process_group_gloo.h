@@ -10,6 +10,7 @@
 
 #include "dist/control_plane.h"
 #include "dist/fingerprint.h"
+#include "dist/heartbeat.h"
 #include "dist/process_group.h"
 #include "dist/shm_allreduce.h"
 
@@ -33,6 +34,8 @@ std::unique_ptr<gloo::rendezvous::Store> make_gloo_store(std::shared_ptr<Store> 
 std::shared_ptr<gloo::Context> connect_gloo_context(const std::shared_ptr<Store>& store, int rank,
                                                     int size, const std::string& hostname,
                                                     Milliseconds timeout);
+// Fails every pending send/receive of `ctx` at once and closes its connections.
+void abort_gloo_context(gloo::Context& ctx);
 
 
 class ProcessGroupGloo final : public ProcessGroup {
@@ -62,6 +65,10 @@ class ProcessGroupGloo final : public ProcessGroup {
   // Time the worker spent in fingerprint exchanges, for measuring the check's cost.
   double fingerprint_seconds() const { return fingerprint_ns_.load() * 1e-9; }
   int64_t fingerprint_checks() const { return fingerprint_checks_.load(); }
+  // Why the group failed (a lost peer, a timeout, ...), empty while it is healthy.
+  std::string failure_message() const { return broken_message(); }
+  // The heartbeat, or null (size 1, or disabled).
+  const Heartbeat* heartbeat() const { return heartbeat_.get(); }
 
  private:
   struct Task {
@@ -78,6 +85,8 @@ class ProcessGroupGloo final : public ProcessGroup {
   // Records the first transport failure; afterwards every operation fails with it.
   void mark_broken(const std::string& msg);
   std::string broken_message() const;
+  // `symptom`, preceded by the group's recorded failure when there is one.
+  std::string cause_of(const std::string& symptom) const;
 
   // Collective bodies (worker thread).
   void ring_reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op, uint64_t seq,
@@ -95,6 +104,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::shared_ptr<gloo::Context> ctx_;
   std::unique_ptr<ControlPlane> control_;  // fingerprints, barrier, abort notices
   std::unique_ptr<ShmAllReduce> shm_;      // same-host all-reduce; null: Gloo's TCP ring
+  std::unique_ptr<Heartbeat> heartbeat_;   // null: size 1 or disabled
 
   std::atomic<uint64_t> seq_{0};
   FingerprintHistory history_;  // worker thread only

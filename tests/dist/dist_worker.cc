@@ -19,6 +19,9 @@
 #include <thread>
 #include <vector>
 
+#include <gloo/context.h>
+#include <gloo/transport/unbound_buffer.h>
+
 #include "core/tensor.h"
 #include "dist/env.h"
 #include "dist/gloo/process_group_gloo.h"
@@ -437,6 +440,152 @@ void scenario_fingerprint_cost(ProcessGroup& pg) {
             << fp_us << " us/check" << std::endl;
 }
 
+// Heartbeat: the victim stops itself (SIGSTOP) after three collectives; the others are already
+// waiting in the next all_reduce, whose timeout (DIST_TIMEOUT_MS) is far longer than the
+// heartbeat's (ACCEL_HEARTBEAT_TIMEOUT): they must raise within the heartbeat timeout, naming the
+// stopped rank.
+void scenario_hb_stop(ProcessGroup& pg) {
+  const int victim = env_int("DIST_VICTIM", 1);
+  const int r = pg.rank();
+  auto* gloo = dynamic_cast<ProcessGroupGloo*>(&pg);
+  WCHECK(gloo && gloo->heartbeat(), "no heartbeat running");
+  if (!gloo || !gloo->heartbeat()) return;
+  const auto hb_ms = gloo->heartbeat()->timeout().count();
+  for (int k = 0; k < 3; ++k) {
+    Tensor t = make(kFloat32, 1000, r);
+    pg.all_reduce(t);
+  }
+  if (r == victim) {
+    std::cout << "rank " << r << " stopping itself" << std::endl;
+    raise(SIGSTOP);
+    std::_Exit(4);  // only reached if someone continues us
+  }
+  auto t0 = Clock::now();
+  std::string msg;
+  try {
+    Tensor t = make(kFloat32, 1000, r);
+    pg.all_reduce(t);
+  } catch (const DistError& e) {
+    msg = e.what();
+  }
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+  std::cout << "rank " << r << " detected after " << ms << " ms (heartbeat timeout " << hb_ms
+            << " ms): " << msg << std::endl;
+  WCHECK(!msg.empty(), "no DistError on a surviving rank");
+  WCHECK(msg.find("rank " + std::to_string(victim) + " at ") != std::string::npos &&
+             msg.find("sent no heartbeat") != std::string::npos,
+         "message does not name the stopped rank: " << msg);
+  WCHECK(ms < hb_ms + 8000, "took " << ms << " ms, heartbeat timeout " << hb_ms << " ms");
+  WCHECK(ms < pg.timeout().count() / 2, "not faster than the collective timeout");
+}
+
+// Staggered normal exit: rank k leaves k * DIST_STAGGER_MS after the last collective; nobody
+// may take an earlier rank's departure for a failure while it is still finishing.
+void scenario_hb_staggered(ProcessGroup& pg) {
+  const int r = pg.rank();
+  for (int k = 0; k < 3; ++k) {
+    Tensor t = make(kFloat32, 1000, r);
+    pg.all_reduce(t);
+  }
+  pg.barrier();
+  // Busy computing (not in a collective) until it is this rank's turn to leave: its heartbeat
+  // thread must keep the others from taking it for stopped.
+  const auto leave_at = Clock::now() + std::chrono::milliseconds(env_int("DIST_STAGGER_MS", 2000) * r);
+  volatile double sink = 0;
+  while (Clock::now() < leave_at)
+    for (int i = 0; i < 100000; ++i) sink = sink + 1e-9 * i;
+  auto* gloo = dynamic_cast<ProcessGroupGloo*>(&pg);
+  std::string failure = gloo ? gloo->failure_message() : "";
+  WCHECK(failure.empty(), "the group failed after a peer exited normally: " << failure);
+  WCHECK(!gloo || !gloo->heartbeat() || gloo->heartbeat()->beats_received() > 0,
+         "no heartbeat was received");
+}
+
+// Configuration read by init_process_group: prints "shm <0|1> heartbeat <ms|off>", and checks
+// them against DIST_EXPECT_SHM / DIST_EXPECT_HB_MS (-1 = off) when set.
+void scenario_config(ProcessGroup& pg) {
+  auto* gloo = dynamic_cast<ProcessGroupGloo*>(&pg);
+  if (!gloo) return;
+  const bool shm = gloo->uses_shm();
+  const long hb = gloo->heartbeat() ? long(gloo->heartbeat()->timeout().count()) : -1;
+  std::cout << "rank " << pg.rank() << " shm " << shm << " heartbeat " << hb << std::endl;
+  if (std::getenv("DIST_EXPECT_SHM"))
+    WCHECK(int(shm) == env_int("DIST_EXPECT_SHM", 1), "shared memory " << shm);
+  if (std::getenv("DIST_EXPECT_HB_MS"))
+    WCHECK(hb == env_int("DIST_EXPECT_HB_MS", 0), "heartbeat timeout " << hb);
+  // The group works either way.
+  Tensor t = make(kFloat32, 100, pg.rank());
+  pg.all_reduce(t);
+  WCHECK(get(t, 7) == reduce_expected(kFloat32, ReduceOp::Sum, pg.size(), 7), "all_reduce");
+}
+
+// A forged point-to-point header (absurd element count, unknown dtype): the receiver must
+// reject it without sizing anything from it, naming both sides. Rank 0 forges through the raw
+// Gloo context (the slot layout of dist/gloo/process_group_gloo.cc); rank 1 receives.
+void scenario_p2p_forged(ProcessGroup& pg) {
+  const int r = pg.rank();
+  const std::string kind = std::getenv("DIST_FORGE") ? std::getenv("DIST_FORGE") : "huge";
+  struct Header {
+    uint32_t magic = 0x50325041;
+    uint8_t dtype = 0;
+    uint8_t ok = 1;
+    uint16_t pad = 0;
+    int64_t numel = 0;
+    uint64_t count = 0;
+    uint64_t pad2 = 0;
+  };
+  const int tag = 3;
+  if (r == 0) {
+    auto* gloo = dynamic_cast<ProcessGroupGloo*>(&pg);
+    Header h;
+    if (kind == "huge") h.numel = int64_t(1) << 40;  // 4 TiB of float32
+    if (kind == "negative") h.numel = -5;
+    if (kind == "dtype") {
+      h.dtype = 200;
+      h.numel = 10;
+    }
+    Header verdict;
+    auto hdr = gloo->context()->createUnboundBuffer(&h, sizeof(h));
+    auto ack = gloo->context()->createUnboundBuffer(&verdict, sizeof(verdict));
+    hdr->send(1, (uint64_t(0xA2) << 56) | (uint64_t(tag) << 8));
+    ack->recv(1, (uint64_t(0xA4) << 56) | (uint64_t(tag) << 8));
+    try {
+      hdr->waitSend(std::chrono::milliseconds(10000));
+      ack->waitRecv(std::chrono::milliseconds(10000));
+      std::cout << "rank 0 verdict " << int(verdict.ok) << std::endl;
+    } catch (const std::exception& e) {
+      // The receiver fails the group after refusing: a closed connection is fine here.
+      std::cout << "rank 0 forger: " << e.what() << std::endl;
+    }
+    return;
+  }
+  if (r != 1) return;
+  auto t0 = Clock::now();
+  std::string msg;
+  try {
+    Tensor d = empty({10}, TensorOptions(kFloat32));
+    pg.recv(d, 0, tag);
+  } catch (const DistError& e) {
+    msg = e.what();
+  } catch (const std::exception& e) {
+    msg = std::string("NOT A DistError: ") + e.what();
+  }
+  std::cout << "rank 1 forged " << kind << ": " << msg << std::endl;
+  WCHECK(msg.find("[recv] rank 1 of") == 0, "not a DistError from recv: " << msg);
+  if (kind == "huge") {
+    WCHECK(msg.find("1099511627776 elements") != std::string::npos &&
+               msg.find("10 elements") != std::string::npos &&
+               msg.find("bytes a mismatched message may take") != std::string::npos,
+           "message does not name both sides and the limit: " << msg);
+  } else {
+    WCHECK(msg.find("corrupt header from rank 0") != std::string::npos,
+           "not reported as a corrupt header: " << msg);
+  }
+  WCHECK(Clock::now() - t0 < std::chrono::seconds(20), "took too long");
+  auto* gloo = dynamic_cast<ProcessGroupGloo*>(&pg);
+  WCHECK(gloo && !gloo->failure_message().empty(), "the group was not marked failed");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -462,6 +611,14 @@ int main(int argc, char** argv) {
       scenario_failure(*pg, scenario);
     } else if (scenario == "mismatch") {
       scenario_mismatch(*pg);
+    } else if (scenario == "hb_stop") {
+      scenario_hb_stop(*pg);
+    } else if (scenario == "hb_staggered") {
+      scenario_hb_staggered(*pg);
+    } else if (scenario == "config") {
+      scenario_config(*pg);
+    } else if (scenario == "p2p_forged") {
+      scenario_p2p_forged(*pg);
     } else if (scenario == "fingerprint_cost") {
       scenario_fingerprint_cost(*pg);
     } else {
@@ -470,7 +627,10 @@ int main(int argc, char** argv) {
     }
     if (g_failures == 0) std::cout << "rank " << g_rank << " ok " << scenario << std::endl;
     // Collectives are done on this rank; do not tear down while a peer still talks to us.
-    if (scenario != "exit" && scenario != "throw" && scenario != "stop") pg->barrier();
+    const bool no_final_barrier = scenario == "exit" || scenario == "throw" || scenario == "stop" ||
+                             scenario == "hb_stop" || scenario == "p2p_forged" ||
+                             scenario == "hb_staggered";
+    if (!no_final_barrier) pg->barrier();
     destroy_process_group();
   } catch (const std::exception& e) {
     std::cout << "rank " << g_rank << " unexpected exception: " << e.what() << std::endl;

@@ -120,3 +120,93 @@ TEST_CASE("gloo: a rank that exits, throws or is stopped makes the others raise 
     CHECK(elapsed < std::chrono::milliseconds(timeout_ms) + 10s);
   }
 }
+
+namespace {
+// "detected after N ms" from a rank's output, or -1.
+long detected_ms(const std::string& out) {
+  auto p = out.find("detected after ");
+  return p == std::string::npos ? -1 : std::atol(out.c_str() + p + 15);
+}
+}  // namespace
+
+TEST_CASE("heartbeat: a stopped rank is detected by every other rank, naming it") {
+  // The collective timeout (60 s) is far longer than the heartbeat's: only the heartbeat can
+  // make the survivors raise in time. Paths: shared memory (default on one host) and Gloo's TCP
+  // ring with fingerprints off (the survivors then wait inside Gloo, not on the control channel).
+  struct Case {
+    int world;
+    int victim;
+    const char* hb_s;  // ACCEL_HEARTBEAT_TIMEOUT; empty = the default (15 s)
+    bool tcp;
+  };
+  for (Case c : {Case{2, 1, "3", false}, Case{3, 0, "3", false}, Case{3, 2, "3", true},
+                 Case{2, 0, "", true}}) {
+    CAPTURE(c.world);
+    CAPTURE(c.victim);
+    CAPTURE(c.hb_s);
+    CAPTURE(c.tcp);
+    std::map<std::string, std::string> env = {{"DIST_TIMEOUT_MS", "60000"},
+                                              {"DIST_VICTIM", std::to_string(c.victim)}};
+    if (*c.hb_s) env.emplace("ACCEL_HEARTBEAT_TIMEOUT", c.hb_s);
+    if (c.tcp) {
+      env.emplace("ACCEL_DIST_SHM", "0");
+      env.emplace("DIST_FINGERPRINT_EVERY", "0");
+    }
+    const long hb_ms = *c.hb_s ? std::atol(c.hb_s) * 1000 : 15000;
+    auto res = run_world(worker(), {"hb_stop"}, c.world, env, 90s, /*kill_after_survivors=*/true);
+    for (int r = 0; r < c.world; ++r) {
+      if (r == c.victim) continue;
+      INFO("rank " << r << " output:\n" << res[size_t(r)].output);
+      CHECK(res[size_t(r)].exited);
+      CHECK(res[size_t(r)].code == 0);
+      long ms = detected_ms(res[size_t(r)].output);
+      CHECK(ms >= 0);
+      CHECK(ms < hb_ms + 8000);
+      MESSAGE("world " << c.world << " victim " << c.victim << (c.tcp ? " tcp" : " shm")
+                       << ": rank " << r << " detected the stop after " << ms << " ms (heartbeat "
+                       << hb_ms << " ms)");
+    }
+  }
+}
+
+TEST_CASE("heartbeat: ranks leaving one after another raise nothing") {
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    // Each rank leaves 2 heartbeat timeouts after the previous one, computing until then.
+    auto res = run_world(worker(), {"hb_staggered"}, world,
+                         {{"ACCEL_HEARTBEAT_TIMEOUT", "2.5"}, {"DIST_STAGGER_MS", "5000"}}, 60s);
+    check_all_ok(res, "hb_staggered");
+  }
+}
+
+TEST_CASE("gloo: a forged point-to-point header is rejected without sizing anything from it") {
+  for (const char* kind : {"huge", "negative", "dtype"}) {
+    CAPTURE(kind);
+    auto res = run_world(worker(), {"p2p_forged"}, 2, {{"DIST_FORGE", kind}}, 60s);
+    check_all_ok(res, "p2p_forged");
+  }
+}
+
+TEST_CASE("init_process_group: shared memory only when all ranks share the host; heartbeat env") {
+  // LOCAL_WORLD_SIZE=1 with WORLD_SIZE=2: two machines (here both on loopback, sharing /dev/shm,
+  // as network namespaces or containers on one kernel do): the all-reduce must use the network.
+  check_all_ok(run_world(worker(), {"config"}, 2,
+                         {{"LOCAL_WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"DIST_EXPECT_SHM", "0"}},
+                         60s),
+               "config");
+  check_all_ok(run_world(worker(), {"config"}, 2,
+                         {{"DIST_EXPECT_SHM", "1"}, {"DIST_EXPECT_HB_MS", "15000"}}, 60s),
+               "config");
+  check_all_ok(run_world(worker(), {"config"}, 2,
+                         {{"ACCEL_HEARTBEAT_TIMEOUT", "2.5"}, {"DIST_EXPECT_HB_MS", "2500"}}, 60s),
+               "config");
+  check_all_ok(run_world(worker(), {"config"}, 2,
+                         {{"ACCEL_HEARTBEAT_TIMEOUT", "0"}, {"DIST_EXPECT_HB_MS", "-1"}}, 60s),
+               "config");
+  auto bad = run_world(worker(), {"config"}, 2, {{"ACCEL_HEARTBEAT_TIMEOUT", "soon"}}, 60s);
+  for (auto& r : bad) {
+    INFO(r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find("ACCEL_HEARTBEAT_TIMEOUT='soon'") != std::string::npos);
+  }
+}

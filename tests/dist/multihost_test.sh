@@ -1,0 +1,240 @@
+#!/usr/bin/env bash
+# Two "hosts" for real: two network namespaces joined by a veth pair (10.251.X.1 and .2), one
+# accel-run per namespace, as a user would run two machines:
+#   1. a short 2-host training run must print the same losses as a 1-host run of the same world
+#      size (2 processes on loopback);
+#   2. a long 2-host run whose link is cut mid-run must end on both sides, non-zero, within 60 s,
+#      each side naming the peer it lost;
+#   3. the reported failure: both ranks advertise 127.0.0.1 (a host name that resolves to
+#      loopback); both sides must fail within the init timeout (10 s here) + 30 s, naming the
+#      peer and the address they could not use (it used to hang one side for 5x the timeout).
+# Needs root and `ip netns`; otherwise exits 77 (skipped). Everything it creates (namespaces,
+# veth, processes, files) is removed on every exit path.
+#
+#   multihost_test.sh <accel-run> <mh_train>
+# Figures are printed as "FIGURE name value" lines.
+set -u
+
+ACCEL_RUN=${1:?usage: multihost_test.sh <accel-run> <mh_train>}
+PROG=${2:?usage: multihost_test.sh <accel-run> <mh_train>}
+SHORT_STEPS=12
+CUT_LIMIT_S=60          # both sides must have exited this long after the cut
+START_LIMIT_S=120       # generous: the machine running the suite may be loaded
+LOSS_TOLERANCE=1e-5     # relative
+
+skip() { echo "SKIP: $*"; exit 77; }
+fail() { echo "FAIL: $*"; FAILED=1; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
+command -v ip >/dev/null 2>&1 || skip "the ip command (iproute2) is missing"
+[ -x "$ACCEL_RUN" ] || { echo "FAIL: no accel-run at $ACCEL_RUN"; exit 1; }
+[ -x "$PROG" ] || { echo "FAIL: no training program at $PROG"; exit 1; }
+
+ID=$$
+NS0=accel-mh0-$ID
+NS1=accel-mh1-$ID
+VETH0=amh0-$ID   # interface names are at most 15 characters
+VETH1=amh1-$ID
+TMP=$(mktemp -d /tmp/accel-multihost-XXXXXX)
+PIDS=()
+FAILED=0
+T_START=$(now)
+
+cleanup() {
+  # Everything still running inside the namespaces (workers, whatever accel-run started), then
+  # the accel-run process groups this script started.
+  for ns in "$NS0" "$NS1"; do
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+  done
+  for p in "${PIDS[@]}"; do
+    # accel-run and, through `ip netns exec`, its workers: the whole process group of each.
+    kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null
+  done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  ip netns del "$NS0" 2>/dev/null
+  ip netns del "$NS1" 2>/dev/null
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'echo "interrupted"; exit 1' INT TERM HUP
+
+if ! ip netns add "$NS0" 2>"$TMP/err"; then
+  skip "ip netns is not permitted here: $(cat "$TMP/err")"
+fi
+ip netns add "$NS1" || { echo "FAIL: ip netns add $NS1"; exit 1; }
+
+# 10.251.X.0/24 with X not in use on this host (the namespaces are isolated, but a collision
+# would make logs and routes confusing when someone debugs this).
+X=""
+for i in $(seq 0 253); do
+  c=$(( (ID + i) % 254 + 1 ))
+  if ! ip -4 addr show | grep -q "10\.251\.$c\." && ! ip -4 route show | grep -q "10\.251\.$c\."; then
+    X=$c
+    break
+  fi
+done
+[ -n "$X" ] || { echo "FAIL: no free 10.251.X.0/24"; exit 1; }
+A0=10.251.$X.1
+A1=10.251.$X.2
+
+set -e
+ip link add "$VETH0" netns "$NS0" type veth peer name "$VETH1" netns "$NS1"
+ip -n "$NS0" addr add "$A0/24" dev "$VETH0"
+ip -n "$NS1" addr add "$A1/24" dev "$VETH1"
+for ns in "$NS0" "$NS1"; do ip -n "$ns" link set lo up; done  # a new namespace's lo is down
+ip -n "$NS0" link set "$VETH0" up
+ip -n "$NS1" link set "$VETH1" up
+set +e
+echo "namespaces $NS0 ($A0) and $NS1 ($A1), veth $VETH0/$VETH1"
+
+TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+# Each namespace has its own port space: one port serves both runs' rendezvous.
+PORT=$(( 20000 + ID % 20000 ))
+
+# start_machine <rank> <log> <program args...>: one accel-run per namespace, in its own process
+# group so that cleanup can end it with its workers; EXTRA_ENV (NAME=value ...) is added.
+EXTRA_ENV=()
+start_machine() {
+  local m=$1 log=$2
+  shift 2
+  local ns=$NS0
+  [ "$m" = 1 ] && ns=$NS1
+  setsid ip netns exec "$ns" env ACCEL_RENDEZVOUS_TOKEN="$TOKEN" OMP_NUM_THREADS=1 "${EXTRA_ENV[@]}" \
+    "$ACCEL_RUN" launch --num_machines 2 --machine_rank "$m" --main_process_ip "$A0" \
+    --main_process_port "$PORT" --num_processes 2 --cpu "$PROG" "$@" >"$log" 2>&1 &
+  PIDS+=($!)
+}
+
+# wait_exit <pid> <deadline (epoch s)>: sets RC to the exit code, or "timeout". (Not run in a
+# command substitution: a subshell cannot wait for this shell's children.)
+wait_exit() {
+  local pid=$1 deadline=$2
+  while kill -0 "$pid" 2>/dev/null; do
+    if awk -v d="$deadline" -v n="$(now)" 'BEGIN { exit !(n > d) }'; then RC=timeout; return; fi
+    sleep 0.2
+  done
+  wait "$pid"
+  RC=$?
+}
+
+# "step K loss X" lines (accel-run prefixes worker output with "[rank0]: ") as "K X".
+losses() { sed -n 's/^\(\[rank0\]: \)\{0,1\}step \([0-9]*\) loss \([-+0-9.eE]*\)$/\2 \3/p' "$1"; }
+
+# ---------------------------------------------------------------- 1. losses: 1 host vs 2 hosts
+T1=$(now)
+"$ACCEL_RUN" launch --num_processes 2 --cpu --main_process_port "$(( PORT + 1 ))" "$PROG" \
+  --steps "$SHORT_STEPS" >"$TMP/one.log" 2>&1 &
+ONE=$!
+PIDS+=($ONE)
+wait_exit "$ONE" "$(awk -v n="$(now)" -v l="$START_LIMIT_S" 'BEGIN { printf "%.3f", n + l }')"
+[ "$RC" = 0 ] || { cat "$TMP/one.log"; fail "the 1-host run ended with $RC"; }
+echo "FIGURE one_host_short_run_s $(elapsed "$T1")"
+
+T1=$(now)
+start_machine 0 "$TMP/short0.log" --steps "$SHORT_STEPS"
+P0=${PIDS[-1]}
+start_machine 1 "$TMP/short1.log" --steps "$SHORT_STEPS"
+P1=${PIDS[-1]}
+DEADLINE=$(awk -v n="$(now)" -v l="$START_LIMIT_S" 'BEGIN { printf "%.3f", n + l }')
+wait_exit "$P0" "$DEADLINE"
+rc0=$RC
+wait_exit "$P1" "$DEADLINE"
+rc1=$RC
+echo "FIGURE two_host_short_run_s $(elapsed "$T1")"
+if [ "$rc0" != 0 ] || [ "$rc1" != 0 ]; then
+  echo "--- machine 0"; cat "$TMP/short0.log"; echo "--- machine 1"; cat "$TMP/short1.log"
+  fail "the 2-host run ended with $rc0 / $rc1"
+fi
+losses "$TMP/one.log" >"$TMP/one.loss"
+losses "$TMP/short0.log" >"$TMP/two.loss"
+n1=$(wc -l <"$TMP/one.loss")
+n2=$(wc -l <"$TMP/two.loss")
+if [ "$n1" != "$SHORT_STEPS" ] || [ "$n2" != "$SHORT_STEPS" ]; then
+  fail "expected $SHORT_STEPS loss lines, got $n1 (1 host) and $n2 (2 hosts)"
+else
+  maxrel=$(paste "$TMP/one.loss" "$TMP/two.loss" | awk '
+    { d = $2 - $4; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2; r = d / (m > 1e-12 ? m : 1e-12);
+      if (r > worst) worst = r; if ($1 != $3) bad = 1 }
+    END { if (bad) print "misaligned"; else printf "%.3g", worst }')
+  echo "FIGURE loss_max_relative_difference_1host_vs_2host $maxrel"
+  echo "first/last loss 1 host: $(head -1 "$TMP/one.loss") / $(tail -1 "$TMP/one.loss")"
+  echo "first/last loss 2 hosts: $(head -1 "$TMP/two.loss") / $(tail -1 "$TMP/two.loss")"
+  if [ "$maxrel" = misaligned ] || awk -v m="$maxrel" -v t="$LOSS_TOLERANCE" 'BEGIN { exit !(m > t) }'; then
+    paste "$TMP/one.loss" "$TMP/two.loss"
+    fail "losses differ between 1 and 2 hosts (max relative difference $maxrel)"
+  fi
+fi
+
+# ---------------------------------------------------------------- 2. cut the link mid-run
+start_machine 0 "$TMP/long0.log" --steps 1000000 --step_sleep_ms 100
+P0=${PIDS[-1]}
+start_machine 1 "$TMP/long1.log" --steps 1000000 --step_sleep_ms 100
+P1=${PIDS[-1]}
+DEADLINE=$(awk -v n="$(now)" -v l="$START_LIMIT_S" 'BEGIN { printf "%.3f", n + l }')
+until [ "$(losses "$TMP/long0.log" | wc -l)" -ge 5 ]; do
+  if ! kill -0 "$P0" 2>/dev/null || ! kill -0 "$P1" 2>/dev/null ||
+     awk -v d="$DEADLINE" -v n="$(now)" 'BEGIN { exit !(n > d) }'; then
+    echo "--- machine 0"; cat "$TMP/long0.log"; echo "--- machine 1"; cat "$TMP/long1.log"
+    fail "the long 2-host run did not get going"
+    exit 1
+  fi
+  sleep 0.2
+done
+T_CUT=$(now)
+ip -n "$NS0" link set "$VETH0" down
+echo "cut the link ($VETH0 down) after $(losses "$TMP/long0.log" | wc -l) steps"
+CUT_DEADLINE=$(awk -v n="$T_CUT" -v l="$CUT_LIMIT_S" 'BEGIN { printf "%.3f", n + l }')
+rc0=""; rc1=""; t0=""; t1=""
+while [ -z "$rc0" ] || [ -z "$rc1" ]; do
+  if [ -z "$rc0" ] && ! kill -0 "$P0" 2>/dev/null; then wait "$P0"; rc0=$?; t0=$(elapsed "$T_CUT"); fi
+  if [ -z "$rc1" ] && ! kill -0 "$P1" 2>/dev/null; then wait "$P1"; rc1=$?; t1=$(elapsed "$T_CUT"); fi
+  if awk -v d="$CUT_DEADLINE" -v n="$(now)" 'BEGIN { exit !(n > d) }'; then break; fi
+  sleep 0.2
+done
+echo "FIGURE link_cut_exit_s_machine0 ${t0:-none}"
+echo "FIGURE link_cut_exit_s_machine1 ${t1:-none}"
+echo "--- machine 0 (tail)"; tail -n 6 "$TMP/long0.log"
+echo "--- machine 1 (tail)"; tail -n 6 "$TMP/long1.log"
+[ -n "$rc0" ] || fail "machine 0 still running ${CUT_LIMIT_S} s after the cut"
+[ -n "$rc1" ] || fail "machine 1 still running ${CUT_LIMIT_S} s after the cut"
+[ -z "$rc0" ] || [ "$rc0" != 0 ] || fail "machine 0 exited 0 after losing its peer"
+[ -z "$rc1" ] || [ "$rc1" != 0 ] || fail "machine 1 exited 0 after losing its peer"
+grep -qF "rank 1 at $A1" "$TMP/long0.log" || fail "machine 0's output does not name rank 1 at $A1"
+grep -qF "rank 0 at $A0" "$TMP/long1.log" || fail "machine 1's output does not name rank 0 at $A0"
+
+# ---------------------------------------------------------------- 3. advertised loopback
+ip -n "$NS0" link set "$VETH0" up  # the link is back: only the advertised address is wrong
+INIT_TIMEOUT_MS=10000
+EXTRA_ENV=(ACCEL_GLOO_HOSTNAME=127.0.0.1)
+T3=$(now)
+start_machine 0 "$TMP/lo0.log" --steps 3 --timeout_ms "$INIT_TIMEOUT_MS"
+P0=${PIDS[-1]}
+start_machine 1 "$TMP/lo1.log" --steps 3 --timeout_ms "$INIT_TIMEOUT_MS"
+P1=${PIDS[-1]}
+EXTRA_ENV=()
+DEADLINE=$(awk -v n="$(now)" -v l="$(( INIT_TIMEOUT_MS / 1000 + 30 ))" 'BEGIN { printf "%.3f", n + l }')
+wait_exit "$P0" "$DEADLINE"
+rc0=$RC
+t0=$(elapsed "$T3")
+wait_exit "$P1" "$DEADLINE"
+rc1=$RC
+t1=$(elapsed "$T3")
+echo "FIGURE loopback_advertised_exit_s_machine0 $t0 (rc $rc0)"
+echo "FIGURE loopback_advertised_exit_s_machine1 $t1 (rc $rc1)"
+grep -h "\[init\]" "$TMP/lo0.log" "$TMP/lo1.log"
+for m in 0 1; do
+  rc=$rc0; peer=1; [ "$m" = 1 ] && { rc=$rc1; peer=0; }
+  if [ "$rc" = timeout ] || [ "$rc" = 0 ]; then
+    cat "$TMP/lo$m.log"
+    fail "machine $m did not fail within the init timeout + 30 s (rc $rc)"
+  fi
+  if ! grep -qF "rank $peer at 127.0.0.1:" "$TMP/lo$m.log"; then
+    cat "$TMP/lo$m.log"
+    fail "machine $m's output does not name rank $peer and the address it advertised"
+  fi
+done
+
+echo "FIGURE multihost_test_s $(elapsed "$T_START")"
+[ "$FAILED" = 0 ] && echo "PASS" || exit 1

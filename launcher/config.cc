@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -70,13 +71,38 @@ bool read_bool(const YAML::Node& node, const std::string& where, const std::stri
   bad_key(where, node, key, "expected true or false, got '" + node.Scalar() + "'");
 }
 
+// A YAML scalar that reads back as exactly `s`. Single quotes when every byte is printable
+// (only ' needs doubling there); otherwise double quotes with escapes, because line breaks in a
+// single-quoted scalar are folded into spaces on reading (found by fuzz_config's round trip).
 std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') out += "''";
-    else out += c;
+  const bool printable = std::all_of(s.begin(), s.end(), [](char ch) {
+    const auto u = static_cast<unsigned char>(ch);
+    return u >= 0x20 && u != 0x7f;
+  });
+  if (printable) {
+    std::string out = "'";
+    for (char c : s) {
+      if (c == '\'') out += "''";
+      else out += c;
+    }
+    return out + "'";
   }
-  return out + "'";
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "\"";
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
 }
 
 bool is_null(const YAML::Node& node) {
@@ -237,7 +263,9 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
   std::set<std::string> seen;
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string key = key_text(it->first, where, "");
-    const YAML::Node& v = it->second;
+    // A copy (Node is a handle): yaml-cpp's iterator returns a temporary proxy from operator->,
+    // so a reference to it->second dangles after this statement (found by fuzz_config, ASan).
+    const YAML::Node v = it->second;
     if (!seen.insert(key).second) bad_key(where, it->first, key, "is given twice");
     if (key == "compute_environment") {
       c.compute_environment = scalar_text(v, where, key);

@@ -96,10 +96,12 @@ for name in "${targets[@]}"; do
   rm -rf "$work"
   mkdir -p "$work"
   log="$OUT/$name.log"
+  seeds="$SRC/tests/fuzz/corpus/$name"  # a target without seeds yet starts from scratch
+  [ -d "$seeds" ] || seeds=""
   t0=$(date +%s)
   "$OUT/$name" -runs="$RUNS" -max_total_time="$SECONDS_PER_TARGET" -max_len=8192 \
     -rss_limit_mb=2048 -malloc_limit_mb=512 -timeout=30 -print_final_stats=1 \
-    -artifact_prefix="$OUT/artifacts/$name-" "$work" "$SRC/tests/fuzz/corpus/$name" >"$log" 2>&1
+    -artifact_prefix="$OUT/artifacts/$name-" "$work" ${seeds:+"$seeds"} >"$log" 2>&1
   rc=$?
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
   echo "fuzz: $name: rc $rc, ${execs:-?} executions in $(($(date +%s) - t0)) s"

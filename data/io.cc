@@ -71,6 +71,9 @@ std::vector<uint8_t> read_file_bytes(const std::string& path, bool decompress_gz
 // checked by zlib when its trailer is reached.
 namespace {
 constexpr size_t kInflateChunk = size_t(1) << 20;
+// The first chunks are small and grow with the output, so a short stream behind a header that
+// declares gigabytes costs kilobytes, not a zero-filled megabyte.
+constexpr size_t kInflateMinChunk = size_t(4) << 10;
 constexpr size_t kZlibMaxIn = size_t(1) << 30;  // zlib counts in uInt
 }  // namespace
 
@@ -108,7 +111,7 @@ size_t GzipStream::read(size_t n, std::vector<uint8_t>& out) {
                   "'");
       member_end_ = false;
     }
-    const size_t want = std::min(n - got, kInflateChunk);
+    const size_t want = std::min({n - got, kInflateChunk, std::max(kInflateMinChunk, out.size())});
     const size_t old = out.size();
     out.resize(old + want);
     zs->next_out = out.data() + old;

@@ -9,7 +9,7 @@
 #include "data/io.h"
 
 namespace {
-constexpr size_t kGunzipLimit = size_t(1) << 20;
+constexpr size_t kGunzipLimit = size_t(64) << 10;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

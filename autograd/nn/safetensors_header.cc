@@ -260,7 +260,12 @@ class HeaderSax final : public json::json_sax_t {
                 "' needs 'data_offsets' [begin, end]");
     e.begin = offsets_[0];
     e.end = offsets_[1];
-    const std::string offs = "[" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "]";
+    // Appended piecewise: "[" + std::string&& trips a GCC 12 -Wrestrict false positive.
+    std::string offs = "[";
+    offs += std::to_string(e.begin);
+    offs += ", ";
+    offs += std::to_string(e.end);
+    offs += "]";
     ACCEL_CHECK(e.begin <= e.end, IoError, kLoad, "'", path_, "': tensor '", name,
                 "' data_offsets ", offs, " end before they begin");
     ACCEL_CHECK(e.end <= buffer_size_, IoError, kLoad, "'", path_, "': tensor '", name,

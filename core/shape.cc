@@ -3,6 +3,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "core/checked_size.h"
 #include "core/error.h"
 
 namespace accel {
@@ -11,6 +12,28 @@ int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
   for (int64_t d : s) n *= d;
   return n;
+}
+
+int64_t checked_numel(const Shape& s, const char* op) {
+  int64_t n = 1;
+  bool overflow = false, empty = false;
+  for (int64_t d : s) {
+    ACCEL_CHECK(d >= 0, ShapeError, op, "negative dimension in shape ", s);
+    overflow |= __builtin_mul_overflow(n, d, &n);
+    empty |= d == 0;
+  }
+  if (empty) return 0;  // a zero dimension anywhere: no elements, however large the others
+  ACCEL_CHECK(!overflow, ShapeError, op, "shape ", s,
+              " has more elements than an int64 can count");
+  return n;
+}
+
+size_t checked_nbytes(const Shape& s, size_t elem_size, const char* op) {
+  const int64_t n = checked_numel(s, op);
+  int64_t bytes = 0;
+  ACCEL_CHECK(!__builtin_mul_overflow(n, int64_t(elem_size), &bytes), ShapeError, op, "shape ", s,
+              " of ", elem_size, "-byte elements needs more than ", kMaxTensorBytes, " bytes");
+  return size_t(bytes);
 }
 
 Shape contiguous_strides(const Shape& s) {

@@ -6,6 +6,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "core/checked_size.h"
 #include "core/dispatch.h"
 #include "core/generator.h"
 
@@ -56,47 +57,69 @@ void set_grad_enabled(bool e) { t_grad_enabled = e; }
 
 // ---------------- creation ----------------
 
-Tensor empty(const Shape& shape, TensorOptions opt) {
-  int64_t n = 1;
-  for (int64_t s : shape) {
-    ACCEL_CHECK(s >= 0, ShapeError, "empty", "negative dimension in shape ", shape);
-    n *= s;
-  }
-  auto storage = make_intrusive<Storage>(size_t(n) * dtype_size(opt.dtype), opt.device);
+namespace {
+
+// empty() under the name of the op that asked, so a bad shape is reported as "[zeros] ...".
+Tensor empty_for(const Shape& shape, TensorOptions opt, const char* op) {
+  const size_t nbytes = checked_nbytes(shape, dtype_size(opt.dtype), op);
+  auto storage = make_intrusive<Storage>(nbytes, opt.device);
   Tensor t(make_intrusive<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0,
                                       opt.dtype));
   if (opt.requires_grad) t.requires_grad_(true);
   return t;
 }
 
-Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions opt) {
-  ACCEL_CHECK(shape.size() == strides.size(), ShapeError, "empty_strided", "shape ", shape,
-              " and strides ", strides, " differ in rank");
+Tensor full_for(const Shape& shape, Scalar value, TensorOptions opt, const char* op) {
+  const bool rg = opt.requires_grad;
+  opt.requires_grad = false;
+  Tensor t = empty_for(shape, opt, op);
+  t.fill_(value);
+  if (rg) t.requires_grad_(true);
+  return t;
+}
+
+// Bytes spanned by (shape, strides): 1 + sum (size - 1) * stride elements, 0 when empty.
+// ShapeError naming op when a size or stride is negative or the span overflows.
+size_t checked_span_bytes(const Shape& shape, const Shape& strides, size_t elem_size,
+                          const char* op) {
+  ACCEL_CHECK(shape.size() == strides.size(), ShapeError, op, "shape ", shape, " and strides ",
+              strides, " differ in rank");
   int64_t span = 1;
+  bool overflow = false, empty = false;
   for (size_t i = 0; i < shape.size(); ++i) {
-    ACCEL_CHECK(shape[i] >= 0 && strides[i] >= 0, ShapeError, "empty_strided",
+    ACCEL_CHECK(shape[i] >= 0 && strides[i] >= 0, ShapeError, op,
                 "negative size or stride: shape ", shape, " strides ", strides);
-    if (shape[i] == 0) span = 0;
+    empty |= shape[i] == 0;
+    int64_t step = 0;
+    overflow |= __builtin_mul_overflow(std::max<int64_t>(shape[i], 1) - 1, strides[i], &step) ||
+                __builtin_add_overflow(span, step, &span);
   }
-  if (span != 0) {
-    for (size_t i = 0; i < shape.size(); ++i) span += (shape[i] - 1) * strides[i];
-  }
-  auto storage = make_intrusive<Storage>(size_t(span) * dtype_size(opt.dtype), opt.device);
+  if (empty) return 0;
+  int64_t bytes = 0;
+  overflow |= __builtin_mul_overflow(span, int64_t(elem_size), &bytes);
+  ACCEL_CHECK(!overflow, ShapeError, op, "shape ", shape, " with strides ", strides, " spans more ",
+              "than ", kMaxTensorBytes, " bytes");
+  return size_t(bytes);
+}
+
+}  // namespace
+
+Tensor empty(const Shape& shape, TensorOptions opt) { return empty_for(shape, opt, "empty"); }
+
+Tensor empty_strided(const Shape& shape, const Shape& strides, TensorOptions opt) {
+  checked_numel(shape, "empty_strided");
+  const size_t nbytes = checked_span_bytes(shape, strides, dtype_size(opt.dtype), "empty_strided");
+  auto storage = make_intrusive<Storage>(nbytes, opt.device);
   Tensor t(make_intrusive<TensorImpl>(std::move(storage), shape, strides, 0, opt.dtype));
   if (opt.requires_grad) t.requires_grad_(true);
   return t;
 }
 
 Tensor full(const Shape& shape, Scalar value, TensorOptions opt) {
-  const bool rg = opt.requires_grad;
-  opt.requires_grad = false;
-  Tensor t = empty(shape, opt);
-  t.fill_(value);
-  if (rg) t.requires_grad_(true);
-  return t;
+  return full_for(shape, value, opt, "full");
 }
-Tensor zeros(const Shape& shape, TensorOptions opt) { return full(shape, 0, opt); }
-Tensor ones(const Shape& shape, TensorOptions opt) { return full(shape, 1, opt); }
+Tensor zeros(const Shape& shape, TensorOptions opt) { return full_for(shape, 0, opt, "zeros"); }
+Tensor ones(const Shape& shape, TensorOptions opt) { return full_for(shape, 1, opt, "ones"); }
 Tensor empty_like(const Tensor& t) { return empty(t.sizes(), TensorOptions(t.dtype(), t.device())); }
 Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), TensorOptions(t.dtype(), t.device())); }
 Tensor ones_like(const Tensor& t) { return ones(t.sizes(), TensorOptions(t.dtype(), t.device())); }
@@ -110,7 +133,7 @@ namespace {
 template <typename Fill>
 Tensor make_on_cpu(const Shape& shape, TensorOptions opt, const char* op, Fill&& fill) {
   TensorOptions cpu_opt(opt.dtype, kCPU);
-  Tensor t = empty(shape, cpu_opt);
+  Tensor t = empty_for(shape, cpu_opt, op);
   ACCEL_DISPATCH_ALL(opt.dtype, op, [&]<typename T>() {
     T* p = t.data<T>();
     fill(p, t.numel());
@@ -138,7 +161,11 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opt) {
   ACCEL_CHECK(st != 0, ValueError, "arange", "step must be nonzero");
   ACCEL_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), ValueError, "arange",
               "step ", st, " does not move from ", s, " towards ", e);
-  const int64_t n = int64_t(std::ceil((e - s) / st));
+  const double count = std::ceil((e - s) / st);
+  // Converting a double beyond int64 is undefined; the size check proper happens in empty_for.
+  ACCEL_CHECK(std::isfinite(count) && count < 0x1p62, ValueError, "arange", "[", s, ", ", e,
+              ") in steps of ", st, " has ", count, " elements, too many for a tensor");
+  const int64_t n = int64_t(count);
   const bool exact_int = start.is_int && end.is_int && step.is_int;
   return make_on_cpu({n}, opt, "arange", [&]<typename T>(T* p, int64_t cnt) {
     for (int64_t i = 0; i < cnt; ++i) {
@@ -222,21 +249,15 @@ Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device,
 
 Tensor from_blob(void* data, const Shape& shape, const Shape& strides, DType dtype, Device device,
                  std::function<void(void*)> deleter) {
-  ACCEL_CHECK(shape.size() == strides.size(), ShapeError, "from_blob", "shape ", shape,
-              " and strides ", strides, " differ in rank");
-  int64_t span = 1;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    ACCEL_CHECK(shape[i] >= 0, ShapeError, "from_blob", "negative dimension in shape ", shape);
-    span += (std::max<int64_t>(shape[i], 1) - 1) * strides[i];
-  }
-  auto storage = make_intrusive<Storage>(data, size_t(span) * dtype_size(dtype), device,
-                                         std::move(deleter));
+  checked_numel(shape, "from_blob");
+  const size_t nbytes = checked_span_bytes(shape, strides, dtype_size(dtype), "from_blob");
+  auto storage = make_intrusive<Storage>(data, nbytes, device, std::move(deleter));
   return Tensor(make_intrusive<TensorImpl>(std::move(storage), shape, strides, 0, dtype));
 }
 
 template <typename T>
 Tensor tensor(const std::vector<T>& values, const Shape& shape, TensorOptions opt) {
-  const int64_t n = shape_numel(shape);
+  const int64_t n = checked_numel(shape, "tensor");
   ACCEL_CHECK(n == int64_t(values.size()), ShapeError, "tensor", "shape ", shape, " holds ", n,
               " elements but ", values.size(), " values were given");
   Tensor host = from_blob(const_cast<T*>(values.data()), shape, dtype_of<T>::value);

@@ -18,6 +18,9 @@ struct CsvOptions {
   // any of its fields is not a number.
   std::optional<bool> header;
   DType dtype = kFloat32;  // float32 or float64
+  // Largest text accepted, after gzip inflation: a hostile .csv.gz of a few MB could inflate to
+  // gigabytes (deflate reaches ~1000:1), so inflation stops here with an IoError.
+  size_t max_bytes = size_t(1) << 30;
 };
 
 struct CsvTable {
@@ -32,7 +35,7 @@ CsvTable read_csv(const std::string& path, CsvOptions options = {});
 
 // Features (all other columns, dtype of options) and target (column `target_column`, negative
 // counts from the end) as a TensorDataset ("features", "target"). With an integral
-// target_dtype every target must be a whole number.
+// target_dtype every target must be a whole number within that dtype's range.
 std::shared_ptr<TensorDataset> csv_dataset(const std::string& path, int64_t target_column = -1,
                                            CsvOptions options = {}, DType target_dtype = kInt64);
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/checked_size.h"
 #include "core/error.h"
 
 namespace accel::data {
@@ -48,7 +49,7 @@ uint64_t mix_seed(uint64_t a, uint64_t b) {
 }
 
 Tensor empty_with_allocator(const Shape& shape, DType dtype, Allocator* alloc) {
-  const size_t nbytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  const size_t nbytes = checked_nbytes(shape, dtype_size(dtype), "empty");
   auto storage = make_intrusive<Storage>(nbytes, kCPU, alloc);
   return Tensor(
       make_intrusive<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, dtype));

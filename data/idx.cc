@@ -5,108 +5,21 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "data/idx_parse.h"
 #include "data/io.h"
 
 namespace accel::data {
 
 namespace {
 
-constexpr uint8_t kUByte = 0x08, kSByte = 0x09, kShort = 0x0B, kInt = 0x0C, kFloat = 0x0D,
-                  kDouble = 0x0E;
+constexpr uint8_t kUByte = kIdxUByte, kSByte = kIdxSByte, kShort = kIdxShort, kInt = kIdxInt,
+                  kFloat = kIdxFloat, kDouble = kIdxDouble;
 
-size_t idx_elem_size(uint8_t type) {
-  switch (type) {
-    case kUByte:
-    case kSByte:
-      return 1;
-    case kShort:
-      return 2;
-    case kInt:
-    case kFloat:
-      return 4;
-    case kDouble:
-      return 8;
-    default:
-      return 0;
-  }
-}
+std::string hex(uint32_t v, int digits) { return idx_hex(v, digits); }
 
-const char* idx_type_name(uint8_t type) {
-  switch (type) {
-    case kUByte:
-      return "ubyte";
-    case kSByte:
-      return "byte";
-    case kShort:
-      return "short";
-    case kInt:
-      return "int";
-    case kFloat:
-      return "float";
-    case kDouble:
-      return "double";
-    default:
-      return "unknown";
-  }
-}
-
-std::string hex(uint32_t v, int digits) {
-  std::ostringstream os;
-  os << "0x" << std::hex;
-  os.width(digits);
-  os.fill('0');
-  os << v;
-  return os.str();
-}
-
-uint32_t load_be32(const uint8_t* p) {
-  return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | uint32_t(p[3]);
-}
-
-struct IdxFile {
-  std::vector<uint8_t> bytes;
-  uint8_t type = 0;
-  Shape dims;
-  size_t data_offset = 0;
-  int64_t numel = 0;
-  const uint8_t* data() const { return bytes.data() + data_offset; }
-};
-
-IdxFile parse_idx(const std::string& path) {
-  IdxFile f;
-  f.bytes = read_file_bytes(path);
-  const size_t size = f.bytes.size();
-  const uint8_t* b = f.bytes.data();
-  ACCEL_CHECK(size >= 4, IoError, "idx", "'", path, "' is ", size,
-              " bytes, too short for the 4-byte IDX magic");
-  ACCEL_CHECK(b[0] == 0 && b[1] == 0, IoError, "idx", "'", path, "': bad magic ",
-              hex(load_be32(b), 8), " (IDX files start with two zero bytes)");
-  f.type = b[2];
-  ACCEL_CHECK(idx_elem_size(f.type) != 0, IoError, "idx", "'", path, "': unknown element type ",
-              hex(f.type, 2), " in magic ", hex(load_be32(b), 8));
-  const int ndim = b[3];
-  ACCEL_CHECK(ndim >= 1, IoError, "idx", "'", path, "': magic ", hex(load_be32(b), 8),
-              " declares 0 dimensions");
-  f.data_offset = 4 + 4 * size_t(ndim);
-  ACCEL_CHECK(size >= f.data_offset, IoError, "idx", "'", path, "': truncated header: ", ndim,
-              " dimensions need ", f.data_offset, " header bytes, file has ", size);
-  // Limit the element count so a corrupt header cannot overflow the size arithmetic.
-  constexpr int64_t kMaxElements = int64_t(1) << 48;
-  int64_t numel = 1;
-  for (int d = 0; d < ndim; ++d) {
-    const int64_t n = int64_t(load_be32(b + 4 + 4 * d));
-    f.dims.push_back(n);
-    numel = (n == 0 || numel == 0) ? 0 : numel * n;
-    ACCEL_CHECK(numel <= kMaxElements, IoError, "idx", "'", path, "': header dimensions ", f.dims,
-                "... are implausibly large (corrupt header?)");
-  }
-  f.numel = numel;
-  const size_t expected = size_t(numel) * idx_elem_size(f.type);
-  const size_t payload = size - f.data_offset;
-  ACCEL_CHECK(payload == expected, IoError, "idx", "'", path, "': header says ", f.dims, " ",
-              idx_type_name(f.type), " = ", expected, " data bytes, file has ", payload,
-              payload < expected ? " (truncated)" : " (trailing bytes)");
-  return f;
+// Compressed bytes in; parse_idx_bytes inflates only what the header declares.
+IdxData parse_idx(const std::string& path) {
+  return parse_idx_bytes(read_file_bytes(path, /*decompress_gzip=*/false), path);
 }
 
 template <typename T, typename Raw>
@@ -124,7 +37,7 @@ void decode_be(const uint8_t* src, int64_t n, T* dst) {
 }  // namespace
 
 Tensor read_idx(const std::string& path) {
-  IdxFile f = parse_idx(path);
+  IdxData f = parse_idx(path);
   const uint8_t* src = f.data();
   const int64_t n = f.numel;
   Tensor t;
@@ -160,7 +73,7 @@ Tensor read_idx(const std::string& path) {
 Tensor read_idx_images(const std::string& path, DType dtype) {
   ACCEL_CHECK(dtype == kUInt8 || dtype == kFloat32, DTypeError, "idx",
               "images load as uint8 or float32, not ", dtype);
-  IdxFile f = parse_idx(path);
+  IdxData f = parse_idx(path);
   ACCEL_CHECK(f.type == kUByte, IoError, "idx", "'", path, "': images must be ubyte (type 0x08), ",
               "file has ", idx_type_name(f.type), " (", hex(f.type, 2), ")");
   ACCEL_CHECK(f.dims.size() == 3, IoError, "idx", "'", path,
@@ -178,7 +91,7 @@ Tensor read_idx_images(const std::string& path, DType dtype) {
 }
 
 Tensor read_idx_labels(const std::string& path) {
-  IdxFile f = parse_idx(path);
+  IdxData f = parse_idx(path);
   ACCEL_CHECK(f.type == kUByte, IoError, "idx", "'", path, "': labels must be ubyte (type 0x08), ",
               "file has ", idx_type_name(f.type), " (", hex(f.type, 2), ")");
   ACCEL_CHECK(f.dims.size() == 1, IoError, "idx", "'", path,

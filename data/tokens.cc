@@ -77,11 +77,16 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenF
 
 std::shared_ptr<const TokenFile> TokenFile::from_bytes(std::vector<uint8_t> bytes, TokenType type,
                                                        std::string name) {
+  TokenFileOptions o;
+  o.type = type;
+  return from_bytes(std::move(bytes), o, std::move(name));
+}
+
+std::shared_ptr<const TokenFile> TokenFile::from_bytes(std::vector<uint8_t> bytes,
+                                                       TokenFileOptions o, std::string name) {
   std::shared_ptr<TokenFile> f(new TokenFile());
   f->name_ = std::move(name);
   f->owned_ = std::move(bytes);
-  TokenFileOptions o;
-  o.type = type;
   f->init(f->owned_.data(), f->owned_.size(), o);
   return f;
 }
@@ -94,8 +99,10 @@ int64_t TokenFile::operator[](int64_t i) const {
 }
 
 void TokenFile::read(int64_t start, int64_t n, int64_t* out) const {
-  ACCEL_CHECK(start >= 0 && n >= 0 && start + n <= n_, IndexError, "tokens", "range [", start, ", ",
-              start + n, ") out of range for '", name_, "' with ", n_, " tokens");
+  // n <= n_ - start rather than start + n <= n_, which can overflow.
+  ACCEL_CHECK(start >= 0 && n >= 0 && start <= n_ && n <= n_ - start, IndexError, "tokens",
+              "range of ", n, " tokens at ", start, " out of range for '", name_, "' with ", n_,
+              " tokens");
   dispatch_token(type_, [&]<typename T>() {
     const T* p = reinterpret_cast<const T*>(data_) + start;
     for (int64_t i = 0; i < n; ++i) out[i] = int64_t(p[i]);
@@ -128,49 +135,16 @@ void write_token_file(const std::string& path, const std::vector<int64_t>& token
   ACCEL_CHECK(ok, IoError, "write_token_file", "short write to '", path, "'");
 }
 
-// ---- TokenWindowDataset ----
+// ---- window arithmetic ----
 
-TokenWindowDataset::TokenWindowDataset(std::shared_ptr<const TokenFile> tokens, int64_t context,
-                                       int64_t stride)
-    : tokens_(std::move(tokens)), context_(context), stride_(stride < 0 ? context : stride) {
-  ACCEL_CHECK(tokens_ != nullptr, ValueError, "TokenWindowDataset", "token source is null");
+int64_t token_window_count(int64_t n, int64_t context, int64_t stride, const std::string& name) {
   ACCEL_CHECK(context >= 1, ValueError, "TokenWindowDataset", "context must be >= 1, got ",
               context);
-  ACCEL_CHECK(stride_ >= 1, ValueError, "TokenWindowDataset", "stride must be >= 1, got ", stride_);
-  const int64_t n = tokens_->size();
-  ACCEL_CHECK(n >= context + 1, IoError, "TokenWindowDataset", "'", tokens_->name(), "' has ", n,
-              " tokens; a window of context ", context, " needs at least ", context + 1);
-  num_windows_ = (n - context - 1) / stride_ + 1;
-}
-
-Example TokenWindowDataset::get(int64_t index) const {
-  ACCEL_CHECK(index >= 0 && index < num_windows_, IndexError, "TokenWindowDataset", "index ", index,
-              " out of range for ", num_windows_, " windows");
-  // One read of T+1 tokens; x and y are views into it, offset by one.
-  Tensor buf = empty({context_ + 1}, kInt64);
-  tokens_->read(index * stride_, context_ + 1, buf.data<int64_t>());
-  return Example({buf.narrow(0, 0, context_), buf.narrow(0, 1, context_)}, {"x", "y"});
-}
-
-bool TokenWindowDataset::get_batch(std::span<const int64_t> indices, Allocator* alloc,
-                                   Example& out) const {
-  const int64_t b = int64_t(indices.size()), t = context_;
-  Tensor x = empty_with_allocator({b, t}, kInt64, alloc);
-  Tensor y = empty_with_allocator({b, t}, kInt64, alloc);
-  int64_t* px = x.data<int64_t>();
-  int64_t* py = y.data<int64_t>();
-  std::vector<int64_t> tmp(size_t(t + 1));
-  for (int64_t j = 0; j < b; ++j) {
-    const int64_t i = indices[size_t(j)];
-    ACCEL_CHECK(i >= 0 && i < num_windows_, IndexError, "TokenWindowDataset", "index ", i,
-                " out of range for ", num_windows_, " windows");
-    tokens_->read(i * stride_, t + 1, tmp.data());
-    std::memcpy(px + j * t, tmp.data(), size_t(t) * sizeof(int64_t));
-    std::memcpy(py + j * t, tmp.data() + 1, size_t(t) * sizeof(int64_t));
-  }
-  out.fields = {std::move(x), std::move(y)};
-  out.names = {"x", "y"};
-  return true;
+  ACCEL_CHECK(stride >= 1, ValueError, "TokenWindowDataset", "stride must be >= 1, got ", stride);
+  // context < n rather than n >= context + 1, which overflows for context = INT64_MAX.
+  ACCEL_CHECK(n >= 1 && context < n, IoError, "TokenWindowDataset", "'", name, "' has ", n,
+              " tokens; a window of context ", context, " needs at least ", uint64_t(context) + 1);
+  return (n - context - 1) / stride + 1;
 }
 
 // ---- fortunes ----

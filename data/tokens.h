@@ -31,6 +31,9 @@ class TokenFile {
   static std::shared_ptr<const TokenFile> from_bytes(std::vector<uint8_t> bytes,
                                                      TokenType type = TokenType::UInt8,
                                                      std::string name = "<memory>");
+  // Tokens held in memory, checked with every option of open() (header, vocabulary).
+  static std::shared_ptr<const TokenFile> from_bytes(std::vector<uint8_t> bytes,
+                                                     TokenFileOptions o, std::string name);
 
   int64_t size() const { return n_; }
   TokenType type() const { return type_; }
@@ -55,6 +58,11 @@ class TokenFile {
 // Writes tokens as a raw little-endian token file; ValueError when a token does not fit.
 void write_token_file(const std::string& path, const std::vector<int64_t>& tokens,
                       TokenType type = TokenType::UInt16);
+
+// Windows of `context` tokens (plus the one after, for y) at `stride` in n tokens: the count
+// TokenWindowDataset has. ValueError for context or stride < 1; IoError naming `name` when n
+// tokens cannot hold one window.
+int64_t token_window_count(int64_t n, int64_t context, int64_t stride, const std::string& name);
 
 // Windows of `context` tokens: example i is x = tokens[s, s+T), y = tokens[s+1, s+T+1) with
 // s = i * stride, both int64 (T). stride defaults to T (non-overlapping windows).

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -70,13 +71,38 @@ bool read_bool(const YAML::Node& node, const std::string& where, const std::stri
   bad_key(where, node, key, "expected true or false, got '" + node.Scalar() + "'");
 }
 
+// A YAML scalar that reads back as exactly `s`. Single quotes when every byte is printable
+// (only ' needs doubling there); otherwise double quotes with escapes, because line breaks in a
+// single-quoted scalar are folded into spaces on reading (found by fuzz_config's round trip).
 std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') out += "''";
-    else out += c;
+  const bool printable = std::all_of(s.begin(), s.end(), [](char ch) {
+    const auto u = static_cast<unsigned char>(ch);
+    return u >= 0x20 && u != 0x7f;
+  });
+  if (printable) {
+    std::string out = "'";
+    for (char c : s) {
+      if (c == '\'') out += "''";
+      else out += c;
+    }
+    return out + "'";
   }
-  return out + "'";
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "\"";
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
 }
 
 bool is_null(const YAML::Node& node) {
@@ -185,14 +211,50 @@ std::string default_config_path(const EnvMap& env) {
   return *home + "/.cache/accel/default_config.yaml";
 }
 
-LaunchConfig parse_config(const std::string& yaml_text, const std::string& where) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::ParserException& e) {
-    ACCEL_THROW(launcher::ConfigError, "config", where, ":", e.mark.line + 1, ":", e.mark.column + 1,
-                ": YAML syntax error: ", e.msg);
+namespace {
+
+// "where:line:column" for a yaml-cpp mark, or just `where` when yaml-cpp has no position.
+std::string where_mark(const std::string& where, const YAML::Mark& m) {
+  if (m.is_null() || m.line < 0) return where;
+  return where + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
+}
+
+// A mapping key must be a plain scalar (`name: value`); YAML also allows lists, mappings and
+// null as keys (`? [a, b] : 1`, `{a: 1}: 2`), which yaml-cpp cannot convert to a string.
+std::string key_text(const YAML::Node& key, const std::string& where, const std::string& in) {
+  if (!key.IsScalar()) {
+    ACCEL_THROW(launcher::ConfigError, "config", where_at(where, key), ": a key", in,
+                " must be a plain name, got a ",
+                key.IsMap() ? "mapping" : key.IsSequence() ? "list" : "null", " as a key");
   }
+  return key.Scalar();
+}
+
+LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& where);
+
+}  // namespace
+
+// Note [config parse errors]
+// Whatever the text, parse_config() throws ConfigError (or returns): every yaml-cpp exception
+// (syntax, recursion depth, a conversion or an invalid node we did not foresee) becomes a
+// ConfigError with the file and the position yaml-cpp reports. An uncaught YAML::Exception used
+// to abort accel-run (exit 134) on a key such as `{a: 1}: 2`.
+LaunchConfig parse_config(const std::string& yaml_text, const std::string& where) {
+  try {
+    return parse_config_node(yaml_text, where);
+  } catch (const YAML::ParserException& e) {
+    ACCEL_THROW(launcher::ConfigError, "config", where_mark(where, e.mark),
+                ": YAML syntax error: ", e.msg);
+  } catch (const YAML::Exception& e) {
+    ACCEL_THROW(launcher::ConfigError, "config", where_mark(where, e.mark),
+                ": unsupported YAML: ", e.msg);
+  }
+}
+
+namespace {
+
+LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& where) {
+  const YAML::Node root = YAML::Load(yaml_text);
   LaunchConfig c;
   if (root.IsNull()) return c;  // an empty file means all defaults
   ACCEL_CHECK(root.IsMap(), launcher::ConfigError, "config", where_at(where, root),
@@ -200,8 +262,10 @@ LaunchConfig parse_config(const std::string& yaml_text, const std::string& where
 
   std::set<std::string> seen;
   for (auto it = root.begin(); it != root.end(); ++it) {
-    const std::string key = it->first.as<std::string>();
-    const YAML::Node& v = it->second;
+    const std::string key = key_text(it->first, where, "");
+    // A copy (Node is a handle): yaml-cpp's iterator returns a temporary proxy from operator->,
+    // so a reference to it->second dangles after this statement (found by fuzz_config, ASan).
+    const YAML::Node v = it->second;
     if (!seen.insert(key).second) bad_key(where, it->first, key, "is given twice");
     if (key == "compute_environment") {
       c.compute_environment = scalar_text(v, where, key);
@@ -256,7 +320,7 @@ LaunchConfig parse_config(const std::string& yaml_text, const std::string& where
       if (is_null(v)) continue;
       if (!v.IsMap()) bad_key(where, v, key, "expected a mapping such as {zero_stage: 2}");
       for (auto z = v.begin(); z != v.end(); ++z) {
-        const std::string sub = z->first.as<std::string>();
+        const std::string sub = key_text(z->first, where, " in zero_config");
         const std::string full = key + "." + sub;
         if (sub == "zero_stage") {
           c.zero_stage = static_cast<int>(read_int(z->second, where, full, 0, 3));
@@ -289,6 +353,8 @@ LaunchConfig parse_config(const std::string& yaml_text, const std::string& where
   validate(c, where);
   return c;
 }
+
+}  // namespace
 
 LaunchConfig load_config(const std::string& path) {
   std::ifstream f(path);

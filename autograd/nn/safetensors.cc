@@ -17,8 +17,11 @@
 #include <tuple>
 #include <vector>
 
+#include "autograd/nn/safetensors_header.h"
+
 namespace accel::nn {
 
+static_assert(kSafetensorsMaxHeaderBytes == detail::kMaxHeaderBytes);
 static_assert(std::endian::native == std::endian::little,
               "safetensors byte order is little-endian; a big-endian host needs byte swaps");
 
@@ -31,22 +34,6 @@ constexpr const char* kSave = "save_safetensors";
 constexpr const char* kMetadataKey = "__metadata__";
 constexpr size_t kLengthBytes = 8;
 constexpr size_t kHeaderAlign = 8;
-
-std::optional<DType> dtype_from_name(const std::string& s) {
-  for (DType t : {kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64, kUInt8, kBool}) {
-    if (dtype_safetensors_name(t) == s) return t;
-  }
-  return std::nullopt;
-}
-
-// Names of safetensors dtypes accel cannot hold, so the error says "unsupported" rather than
-// "unknown" for a valid file from another framework.
-bool is_known_foreign_dtype(const std::string& s) {
-  static const std::set<std::string> kForeign = {"I8",  "I16", "U16",     "U32",     "U64",
-                                                 "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3",
-                                                 "F6_E3M2", "C64"};
-  return kForeign.count(s) > 0;
-}
 
 // Closes a file descriptor on scope exit.
 struct Fd {
@@ -100,18 +87,7 @@ bool write_full(int fd, const void* src, size_t n) {
   return true;
 }
 
-std::string shape_of(const std::vector<int64_t>& s) {
-  Shape sh;
-  for (int64_t v : s) sh.push_back(v);
-  return shape_str(sh);
-}
-
-struct Entry {
-  std::string name;
-  DType dtype;
-  std::vector<int64_t> shape;
-  uint64_t begin = 0, end = 0;
-};
+using Entry = detail::SafetensorsEntry;
 
 }  // namespace
 
@@ -120,9 +96,12 @@ struct Entry {
 // until it has been checked against the file itself:
 //   1. the file holds at least the 8-byte length; the length is <= 100 MB and <= file size - 8;
 //   2. the header is a UTF-8 JSON object (nlohmann's lexer rejects ill-formed UTF-8) with no
-//      duplicate key at any depth (nlohmann keeps the last duplicate silently, so a parse
-//      callback tracks the keys of every open object);
-//   3. every entry has a known dtype name, a shape of non-negative integers whose element count
+//      duplicate key at any depth (nlohmann keeps the last duplicate silently, so the reader
+//      tracks the keys of every open object), nested at most kSafetensorsMaxDepth deep, read as
+//      a stream of events rather than a document tree (Note [safetensors header as events] in
+//      safetensors_header.cc: memory stays a small multiple of the header size);
+//   3. every entry has a known dtype name, a shape of at most kSafetensorsMaxRank non-negative
+//      integers whose element count
 //      and byte size do not overflow, and data_offsets [begin, end] with begin <= end;
 //   4. end - begin == numel x dtype size;
 //   5. sorted by offset, the entries tile the byte buffer exactly: the first starts at 0, each
@@ -130,6 +109,7 @@ struct Entry {
 //      (no trailing bytes);
 //   6. __metadata__, when present, is an object of strings;
 //   7. BOOL bytes are 0 or 1 (any other byte is not a valid bool).
+// Steps 1-6 live in safetensors_header.cc (shared with tests/fuzz/fuzz_safetensors.cc).
 // Only then are tensors allocated (their total size is bounded by the file size) and read.
 TensorDict load_safetensors(const std::string& path, Metadata* metadata) {
   Fd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
@@ -145,143 +125,15 @@ TensorDict load_safetensors(const std::string& path, Metadata* metadata) {
   unsigned char len_bytes[kLengthBytes];
   ACCEL_CHECK(pread_full(file.fd, len_bytes, kLengthBytes, 0), IoError, kLoad, "'", path,
               "': cannot read the header length: ", errno ? errno_str() : "unexpected end of file");
-  uint64_t header_len = 0;
-  for (size_t i = 0; i < kLengthBytes; ++i) header_len |= uint64_t(len_bytes[i]) << (8 * i);
-  ACCEL_CHECK(header_len <= kSafetensorsMaxHeaderBytes, IoError, kLoad, "'", path,
-              "': header length ", header_len, " exceeds the limit of ",
-              kSafetensorsMaxHeaderBytes, " bytes");
-  ACCEL_CHECK(header_len <= file_size - kLengthBytes, IoError, kLoad, "'", path,
-              "': header length ", header_len, " exceeds the ", file_size - kLengthBytes,
-              " bytes that follow the length field (truncated file?)");
-  ACCEL_CHECK(header_len >= 2, IoError, kLoad, "'", path, "': header length ", header_len,
-              " is too short for a JSON object");
+  const uint64_t header_len = detail::safetensors_header_length(len_bytes, file_size, path);
 
   std::string header(size_t(header_len), '\0');
   ACCEL_CHECK(pread_full(file.fd, header.data(), header.size(), kLengthBytes), IoError, kLoad, "'",
               path, "': cannot read the header: ", errno ? errno_str() : "unexpected end of file");
-  ACCEL_CHECK(header[0] == '{', IoError, kLoad, "'", path,
-              "': header does not start with '{' (not a JSON object)");
-
-  // Parse, recording the first duplicate key of any object.
-  std::vector<std::set<std::string>> open_objects;
-  std::optional<std::string> duplicate;
-  json root;
-  try {
-    root = json::parse(
-        header.begin(), header.end(),
-        [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-          switch (event) {
-            case json::parse_event_t::object_start: open_objects.emplace_back(); break;
-            case json::parse_event_t::object_end:
-              if (!open_objects.empty()) open_objects.pop_back();
-              break;
-            case json::parse_event_t::key:
-              if (!open_objects.empty() && parsed.is_string() &&
-                  !open_objects.back().insert(parsed.get<std::string>()).second && !duplicate) {
-                duplicate = parsed.get<std::string>();
-              }
-              break;
-            default: break;
-          }
-          return true;
-        });
-  } catch (const json::exception& e) {
-    ACCEL_THROW(IoError, kLoad, "'", path, "': header is not valid JSON: ", e.what());
-  }
-  ACCEL_CHECK(!duplicate, IoError, kLoad, "'", path, "': duplicate key '",
-              duplicate.value_or(""), "' in header");
-  ACCEL_CHECK(root.is_object(), IoError, kLoad, "'", path, "': header is not a JSON object");
-
   const uint64_t buffer_size = file_size - kLengthBytes - header_len;
   const uint64_t buffer_start = kLengthBytes + header_len;
-  std::vector<Entry> entries;
-  entries.reserve(root.size());
-  for (auto it = root.begin(); it != root.end(); ++it) {
-    const std::string& name = it.key();
-    const json& v = it.value();
-    if (name == kMetadataKey) {
-      ACCEL_CHECK(v.is_object(), IoError, kLoad, "'", path,
-                  "': __metadata__ must be an object of strings, got ", v.type_name());
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        ACCEL_CHECK(m.value().is_string(), IoError, kLoad, "'", path, "': __metadata__ value of '",
-                    m.key(), "' is a ", m.value().type_name(), ", expected a string");
-        if (metadata) (*metadata)[m.key()] = m.value().get<std::string>();
-      }
-      continue;
-    }
-    ACCEL_CHECK(v.is_object(), IoError, kLoad, "'", path, "': entry '", name,
-                "' is not an object");
-    Entry e;
-    e.name = name;
-    auto dt = v.find("dtype");
-    ACCEL_CHECK(dt != v.end() && dt->is_string(), IoError, kLoad, "'", path, "': tensor '", name,
-                "' has no string 'dtype'");
-    const std::string dname = dt->get<std::string>();
-    const std::optional<DType> dtype = dtype_from_name(dname);
-    ACCEL_CHECK(dtype || !is_known_foreign_dtype(dname), IoError, kLoad, "'", path, "': tensor '",
-                name, "' has dtype ", dname, ", which accel does not support");
-    ACCEL_CHECK(dtype.has_value(), IoError, kLoad, "'", path, "': tensor '", name,
-                "' has unknown dtype '", dname, "'");
-    e.dtype = *dtype;
-
-    auto sh = v.find("shape");
-    ACCEL_CHECK(sh != v.end() && sh->is_array(), IoError, kLoad, "'", path, "': tensor '", name,
-                "' has no 'shape' array");
-    uint64_t numel = 1;
-    for (const json& d : *sh) {
-      ACCEL_CHECK(d.is_number_integer(), IoError, kLoad, "'", path, "': tensor '", name,
-                  "' has a non-integer shape entry ", d.dump());
-      ACCEL_CHECK(d.is_number_unsigned(), IoError, kLoad, "'", path, "': tensor '", name,
-                  "' has a negative shape entry ", d.dump());
-      const uint64_t s = d.get<uint64_t>();
-      ACCEL_CHECK(s <= uint64_t(std::numeric_limits<int64_t>::max()) &&
-                      !__builtin_mul_overflow(numel, s, &numel),
-                  IoError, kLoad, "'", path, "': tensor '", name,
-                  "' has a shape whose element count overflows: ", sh->dump());
-      e.shape.push_back(int64_t(s));
-    }
-    uint64_t nbytes = 0;
-    ACCEL_CHECK(!__builtin_mul_overflow(numel, uint64_t(dtype_size(e.dtype)), &nbytes) &&
-                    numel <= uint64_t(std::numeric_limits<int64_t>::max()),
-                IoError, kLoad, "'", path, "': tensor '", name, "' byte size overflows: shape ",
-                sh->dump(), " of ", dname);
-
-    auto off = v.find("data_offsets");
-    ACCEL_CHECK(off != v.end() && off->is_array() && off->size() == 2, IoError, kLoad, "'", path,
-                "': tensor '", name, "' needs 'data_offsets' [begin, end]");
-    ACCEL_CHECK((*off)[0].is_number_unsigned() && (*off)[1].is_number_unsigned(), IoError, kLoad,
-                "'", path, "': tensor '", name,
-                "' data_offsets must be non-negative integers, got ", off->dump());
-    e.begin = (*off)[0].get<uint64_t>();
-    e.end = (*off)[1].get<uint64_t>();
-    ACCEL_CHECK(e.begin <= e.end, IoError, kLoad, "'", path, "': tensor '", name,
-                "' data_offsets ", off->dump(), " end before they begin");
-    ACCEL_CHECK(e.end <= buffer_size, IoError, kLoad, "'", path, "': tensor '", name,
-                "' data_offsets ", off->dump(), " point past the end of the file (buffer holds ",
-                buffer_size, " bytes)");
-    ACCEL_CHECK(e.end - e.begin == nbytes, IoError, kLoad, "'", path, "': tensor '", name,
-                "' of shape ", shape_of(e.shape), " and dtype ", dname, " needs ", nbytes,
-                " bytes but data_offsets ", off->dump(), " span ", e.end - e.begin);
-    entries.push_back(std::move(e));
-  }
-
-  // The entries must tile the buffer exactly.
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
-  });
-  uint64_t pos = 0;
-  const Entry* prev = nullptr;
-  for (const Entry& e : entries) {
-    ACCEL_CHECK(e.begin >= pos, IoError, kLoad, "'", path, "': tensors '", prev ? prev->name : "",
-                "' [", prev ? prev->begin : 0, ", ", pos, ") and '", e.name, "' [", e.begin, ", ",
-                e.end, ") overlap");
-    ACCEL_CHECK(e.begin == pos, IoError, kLoad, "'", path, "': gap of ", e.begin - pos,
-                " bytes in the buffer before tensor '", e.name, "' (offset ", pos, ")");
-    pos = e.end;
-    prev = &e;
-  }
-  ACCEL_CHECK(pos == buffer_size, IoError, kLoad, "'", path, "': ", buffer_size - pos,
-              " bytes after the last tensor are not described by the header (trailing data)");
+  const std::vector<Entry> entries =
+      detail::parse_safetensors_header(header, buffer_size, path, metadata);
 
   TensorDict out;
   for (const Entry& e : entries) {

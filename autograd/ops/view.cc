@@ -35,15 +35,19 @@ Shape infer_shape(const Shape& shape, int64_t numel, const char* op, const Shape
   Shape s = shape;
   int64_t known = 1;
   int infer = -1;
+  bool overflow = false, has_zero = false;  // Note [checked tensor sizes] in core/shape.h
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == -1) {
       ACCEL_CHECK(infer < 0, ShapeError, op, "only one dimension can be inferred in shape ", shape);
       infer = int(i);
     } else {
       ACCEL_CHECK(s[i] >= 0, ShapeError, op, "invalid shape ", shape);
-      known *= s[i];
+      overflow |= __builtin_mul_overflow(known, s[i], &known);
+      has_zero |= s[i] == 0;
     }
   }
+  ACCEL_CHECK(!overflow || has_zero, ShapeError, op, "shape ", shape,
+              " has more elements than an int64 can count");
   if (infer >= 0) {
     ACCEL_CHECK(known != 0 && numel % known == 0, ShapeError, op, "shape ", shape,
                 " is invalid for input of shape ", from, " (", numel, " elements)");

@@ -269,3 +269,56 @@ TEST_CASE("writes are atomic and leave no temporary files") {
   CHECK_THROWS_AS(nn::save_safetensors(p, {{"u", Tensor()}}), ValueError);
   CHECK(nn::load_safetensors(p).at("x").numel() == 5);  // untouched
 }
+
+TEST_CASE("hostile headers: nesting depth and rank are bounded, memory stays small") {
+  TempDir dir;
+  // 200000 nested arrays under an unknown key: valid JSON that the document-tree parser built
+  // in full (a 20 MB header of them cost ~1 GB) and the loader then ignored.
+  const size_t depth = 200000;
+  const std::string nested = std::string(depth, '[') + std::string(depth, ']');
+  std::string msg = load_error(
+      dir, make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":)" + nested + "}}",
+                     8));
+  CHECK_MESSAGE(msg.find("nests deeper than 4 levels") != std::string::npos, msg);
+  // Nesting right at the root and inside metadata is caught the same way.
+  msg = load_error(dir, make_file("{\"a\":" + nested + "}", 0));
+  CHECK_MESSAGE(msg.find("not an object") != std::string::npos, msg);
+  msg = load_error(dir, make_file(R"({"__metadata__":{"k":)" + nested + "}}", 0));
+  CHECK_MESSAGE(msg.find("expected a string") != std::string::npos, msg);
+  // One level of slack for an unknown field loads; two do not.
+  const std::string entry = R"("dtype":"F32","shape":[2],"data_offsets":[0,8])";
+  CHECK(nn::load_safetensors([&] {
+          const std::string p = dir.file("slack.safetensors");
+          write_all(p, make_file("{\"a\":{" + entry + R"(,"x":[1,{"y":2}]}})", 8));
+          return p;
+        }()).size() == 1);
+  msg = load_error(dir, make_file("{\"a\":{" + entry + R"(,"x":[[[1]]]}})", 8));
+  CHECK_MESSAGE(msg.find("nests deeper") != std::string::npos, msg);
+
+  // A shape of 1000 zero dimensions is 0 elements in 0 bytes, and loaded as a 1000-d tensor.
+  std::string zeros = "0";
+  for (int i = 1; i < 1000; ++i) zeros += ",0";
+  msg = load_error(dir,
+                   make_file(R"({"z":{"dtype":"U8","shape":[)" + zeros + R"(],"data_offsets":[0,0]}})",
+                             0));
+  CHECK_MESSAGE(msg.find("more than 64 dimensions") != std::string::npos, msg);
+  // 64 dimensions are fine.
+  std::string ones = "1";
+  for (int i = 1; i < 64; ++i) ones += ",1";
+  const std::string p = dir.file("rank64.safetensors");
+  write_all(p, make_file(R"({"o":{"dtype":"U8","shape":[)" + ones + R"(],"data_offsets":[0,1]}})", 1));
+  CHECK(nn::load_safetensors(p).at("o").dim() == 64);
+  // Wrong types inside the schema name the field.
+  msg = load_error(dir, make_file(R"({"a":{"dtype":["F32"],"shape":[2],"data_offsets":[0,8]}})", 8));
+  CHECK_MESSAGE(msg.find("no string 'dtype'") != std::string::npos, msg);
+  msg = load_error(dir, make_file(R"({"a":{"dtype":"F32","shape":[[2]],"data_offsets":[0,8]}})", 8));
+  CHECK_MESSAGE(msg.find("non-integer shape entry") != std::string::npos, msg);
+  msg = load_error(dir, make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8,8]}})", 8));
+  CHECK_MESSAGE(msg.find("data_offsets") != std::string::npos, msg);
+  // Metadata is only reported for a file that loads.
+  nn::Metadata md;
+  const std::string bad = dir.file("md.safetensors");
+  write_all(bad, make_file(R"({"__metadata__":{"k":"v"},"a":{"dtype":"F33","shape":[],"data_offsets":[0,4]}})", 4));
+  CHECK_THROWS_AS(nn::load_safetensors(bad, &md), IoError);
+  CHECK(md.empty());
+}

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus tests/fuzz/corpus/<target>/: small valid and near-valid inputs.
+
+Run from anywhere; rewrites the files it owns (seed-*) and leaves others alone (crash
+reproducers added by hand are kept as they are).
+"""
+import gzip
+import json
+import os
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write(target, name, data):
+    d = os.path.join(HERE, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "seed-" + name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def idx(type_code, dims, payload):
+    return bytes([0, 0, type_code, len(dims)]) + b"".join(struct.pack(">I", d) for d in dims) + payload
+
+
+def gz(b):
+    return gzip.compress(b, mtime=0)
+
+
+# ---- IDX ----
+images = idx(0x08, [3, 2, 2], bytes(range(12)))
+write("fuzz_idx", "images", images)
+write("fuzz_idx", "images.gz", gz(images))
+write("fuzz_idx", "labels", idx(0x08, [4], bytes([1, 2, 3, 4])))
+write("fuzz_idx", "float", idx(0x0D, [1], struct.pack(">f", 1.5)))
+write("fuzz_idx", "double", idx(0x0E, [2], struct.pack(">dd", 1.5, -2)))
+write("fuzz_idx", "short", idx(0x0B, [2, 1], struct.pack(">hh", -3, 7)))
+write("fuzz_idx", "int.gz", gz(idx(0x0C, [2], struct.pack(">ii", -3, 7))))
+write("fuzz_idx", "truncated", images[:-1])
+write("fuzz_idx", "trailing", images + b"\0")
+write("fuzz_idx", "empty-dim", idx(0x08, [0, 5], b""))
+write("fuzz_idx", "overflow", idx(0x08, [65536, 65536, 65536, 65536], b""))
+write("fuzz_idx", "huge-declared.gz", gz(idx(0x08, [1 << 20, 1 << 10], b"\0" * 4096)))
+write("fuzz_idx", "multi-member.gz", gz(images[:7]) + gz(images[7:]))
+
+# ---- CSV (first byte: delimiter index | header mode << 3) ----
+write("fuzz_csv", "header", b"\x00" + b"a,b,label\n1,2,0\n3.5,-4e3,1\n")
+write("fuzz_csv", "no-header", b"\x08" + b"1,2\n3,4\n\n5,6\n")
+write("fuzz_csv", "semicolon", b"\x11" + b"x;y\n\"1\";\" 2 \"\r\n")
+write("fuzz_csv", "tab", b"\x02" + b"1\t2\tnan\n+3\tinf\t-0\n")
+write("fuzz_csv", "ragged", b"\x00" + b"1,2,3\n4,5\n")
+write("fuzz_csv", "not-number", b"\x00" + b"1,2\n3,abc\n")
+
+# ---- token files (byte 0: type | header_bytes << 2; bytes 1-2: vocab; byte 3: window) ----
+write("fuzz_tokens", "u8", bytes([0, 0, 0, 4]) + b"hello world, tokens!")
+write("fuzz_tokens", "u16-vocab", bytes([1, 0x01, 0x00, 0x23]) + struct.pack("<8H", *range(8)))
+write("fuzz_tokens", "u32-header", bytes([2 | (8 << 2), 0, 0, 0x42]) + bytes(8) +
+      struct.pack("<6I", 1, 2, 3, 4, 5, 6))
+write("fuzz_tokens", "odd-bytes", bytes([1, 0, 0, 2]) + b"abc")
+
+# ---- safetensors ----
+
+
+def st(header, buffer):
+    h = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(h)) + h + buffer
+
+
+write("fuzz_safetensors", "two", st({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                      "b": {"dtype": "I64", "shape": [1, 1], "data_offsets": [8, 16]},
+                                      "__metadata__": {"format": "pt"}}, bytes(16)))
+write("fuzz_safetensors", "bool", st({"m": {"dtype": "BOOL", "shape": [3], "data_offsets": [0, 3]}},
+                                     bytes([0, 1, 1])))
+write("fuzz_safetensors", "empty", st({}, b""))
+write("fuzz_safetensors", "zero-size", st({"z": {"dtype": "BF16", "shape": [0, 4], "data_offsets": [0, 0]}}, b""))
+write("fuzz_safetensors", "foreign-dtype", st({"q": {"dtype": "I8", "shape": [2], "data_offsets": [0, 2]}}, bytes(2)))
+write("fuzz_safetensors", "overlap", st({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
+                                          "b": {"dtype": "U8", "shape": [4], "data_offsets": [2, 6]}}, bytes(6)))
+write("fuzz_safetensors", "nested", struct.pack("<Q", 40) + b"{" + b"[" * 38 + b"}")
+
+# ---- config ----
+write("fuzz_config", "full", """compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_CPU
+num_machines: 2
+num_processes: 4
+machine_rank: 1
+main_process_ip: '10.0.0.1'
+main_process_port: 29500
+mixed_precision: 'bf16'
+use_cpu: true
+gpu_ids: all
+rdzv_backend: static
+same_network: true
+main_training_function: 'main'
+gradient_accumulation_steps: 2
+zero_config:
+  zero_stage: 2
+max_restarts: 1
+monitor_interval: 0.5
+num_cpu_threads_per_process: 0
+""")
+write("fuzz_config", "accelerate", """compute_environment: LOCAL_MACHINE
+debug: false
+distributed_type: MULTI_GPU
+downcast_bf16: 'no'
+gpu_ids: [0, 1]
+machine_rank: 0
+main_training_function: main
+mixed_precision: fp16
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+tpu_env: []
+use_cpu: false
+""")
+write("fuzz_config", "empty", "")
+write("fuzz_config", "flow", "{num_processes: 2, distributed_type: MULTI_CPU, zero_config: {zero_stage: 1}}")
+write("fuzz_config", "complex-key", "? [a, b]\n: 1\n")
+write("fuzz_config", "map-key", "{a: 1}: 2\n")
+write("fuzz_config", "anchors", "x: &a 1\nnum_processes: *a\n")
+write("fuzz_config", "typo", "num_procesess: 2\n")

@@ -54,8 +54,8 @@ struct DataLoaderOptions {
   bool shuffle = false;    // RandomSampler(seed) when no sampler is given
   bool drop_last = false;
   uint64_t seed = kDefaultLoaderSeed;
-  SamplerPtr sampler;       // custom order (replaces shuffle)
-  CollateFn collate;        // empty: stack, with a memcpy fast path for TensorDataset & co.
+  SamplerPtr sampler{};     // custom order (replaces shuffle)
+  CollateFn collate{};      // empty: stack, with a memcpy fast path for TensorDataset & co.
   int num_workers = 0;      // 0: fetch on the calling thread
   int prefetch_factor = 2;  // batches in flight per worker
   bool pin_memory = false;  // allocate batches from get_pinned_allocator() (CUDA targets)

@@ -87,16 +87,25 @@ std::string Fingerprint::describe() const {
 
 void FingerprintHistory::record(const Fingerprint& fp) { running_ = mix(running_, hash_core(fp)); }
 
-void FingerprintHistory::check(ControlPlane& control, const Fingerprint& fp_in,
-                               Milliseconds timeout) {
-  Fingerprint mine = fp_in;
+Fingerprint FingerprintHistory::stamp(const Fingerprint& fp) {
+  Fingerprint mine = fp;
   mine.running = running_;
-  record(fp_in);
-  const int size = control.size();
-  std::vector<Fingerprint> all(static_cast<size_t>(size));
+  record(fp);
+  return mine;
+}
+
+void FingerprintHistory::check(ControlPlane& control, const Fingerprint& fp,
+                               Milliseconds timeout) {
+  const Fingerprint mine = stamp(fp);
+  std::vector<Fingerprint> all(static_cast<size_t>(control.size()));
   control.all_gather(&mine, all.data(), sizeof(Fingerprint), timeout);  // PeerError on failure
+  verify(all.data(), control.size(), mine);
+}
+
+void FingerprintHistory::verify(const Fingerprint* all, int size, const Fingerprint& fp_in) {
   bool same = true, same_history = true;
-  for (auto& f : all) {
+  for (int r = 0; r < size; ++r) {
+    const Fingerprint& f = all[r];
     same = same && f.same_call(all[0]);
     same_history = same_history && f.running == all[0].running;
   }
@@ -104,7 +113,7 @@ void FingerprintHistory::check(ControlPlane& control, const Fingerprint& fp_in,
   // Group ranks by what they called, in rank order: identical text on every rank.
   std::vector<std::pair<const Fingerprint*, std::vector<int>>> groups;
   for (int r = 0; r < size; ++r) {
-    auto& f = all[size_t(r)];
+    auto& f = all[r];
     auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) {
       return g.first->same_call(f) && g.first->running == f.running;
     });
@@ -132,7 +141,7 @@ void FingerprintHistory::check(ControlPlane& control, const Fingerprint& fp_in,
   // Every rank saw the same table: restart the running hash from it so that the group stays
   // in step for the next checks (the mismatch is reported, the data path was never touched).
   uint64_t h = 0;
-  for (auto& f : all) h = mix(h, mix(hash_core(f), f.running));
+  for (int r = 0; r < size; ++r) h = mix(h, mix(hash_core(all[r]), all[r].running));
   running_ = h;
   ACCEL_THROW(DistError, op.c_str(), os.str());
 }

@@ -433,15 +433,31 @@ void ProcessGroupGloo::run_task(Task& task) {
                 ": the process group failed earlier: ", broken);
     int every = options_.fingerprint_every;
     // A barrier always exchanges fingerprints: that exchange is the barrier.
-    bool check = every > 0 && fp.seq % uint64_t(every) == 0;
-    if (size_ > 1 && (check || OpKind(fp.kind) == OpKind::Barrier)) {
+    const bool check = every > 0 && fp.seq % uint64_t(every) == 0;
+    const bool exchange = size_ > 1 && (check || OpKind(fp.kind) == OpKind::Barrier);
+    // Note [fingerprint paths]: a non-empty all-reduce through shared memory carries the
+    // stamped fingerprint on its own first arrival and compares it there, before it reduces;
+    // any other exchange goes through the shared-memory segment when there is one (one arrival:
+    // no syscall) and over the control plane otherwise.
+    stamp_ = history_.stamp(fp);
+    stamp_check_ = false;
+    const bool rides_all_reduce =
+        shm_ && size_ > 1 && OpKind(fp.kind) == OpKind::AllReduce && fp.numel > 0;
+    if (rides_all_reduce) {
+      stamp_check_ = exchange;
+      if (exchange) ++fingerprint_checks_;
+    } else if (exchange) {
       auto t0 = Clock::now();
-      history_.check(*control_, fp, task.timeout);
+      std::vector<Fingerprint> all(static_cast<size_t>(size_));
+      if (shm_) {
+        shm_->exchange(&stamp_, all.data(), task.timeout);  // PeerError on failure
+      } else {
+        control_->all_gather(&stamp_, all.data(), sizeof(Fingerprint), task.timeout);
+      }
+      history_.verify(all.data(), size_, stamp_);
       fingerprint_ns_ +=
           std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
       ++fingerprint_checks_;
-    } else {
-      history_.record(fp);
     }
     task.body(fp.seq, task.timeout);
   } catch (const PeerError& e) {
@@ -474,9 +490,14 @@ WorkPtr ProcessGroupGloo::all_reduce_async(const Tensor& t, ReduceOp op) {
     size_t n = size_t(t.numel());
     if (n == 0) return;
     if (size_ > 1 && shm_) {
+      // run_task stamped this collective (Note [fingerprint paths]); the check runs after every
+      // rank arrived and before anything is reduced.
+      const ShmAllReduce::StampCheck verify = [this](const void* stamps) {
+        history_.verify(static_cast<const Fingerprint*>(stamps), size_, stamp_);
+      };
       shm_->all_reduce(t.data_ptr(), n, t.element_size(),
                        reduce_function(t.dtype(), op == ReduceOp::Avg ? ReduceOp::Sum : op),
-                       timeout);
+                       timeout, &stamp_, stamp_check_ ? &verify : nullptr);
     } else if (size_ > 1) {
       gloo::AllreduceOptions o(ctx_);
       set_output_bytes(o, t.data_ptr(), n, t.element_size());

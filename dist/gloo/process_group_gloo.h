@@ -108,6 +108,10 @@ class ProcessGroupGloo final : public ProcessGroup {
 
   std::atomic<uint64_t> seq_{0};
   FingerprintHistory history_;  // worker thread only
+  // The running task's stamped fingerprint, and whether its shared-memory all-reduce compares
+  // it (Note [fingerprint paths]); worker thread (or inline waiter) only.
+  Fingerprint stamp_;
+  bool stamp_check_ = false;
   std::vector<uint8_t> scratch_;  // worker thread only
 
   mutable std::mutex broken_mu_;

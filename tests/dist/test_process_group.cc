@@ -71,16 +71,31 @@ TEST_CASE("gloo: send/recv, symmetric exchange, size mismatch raises on both sid
 }
 
 TEST_CASE("gloo: mismatched collectives are detected on every rank, naming both sides") {
-  for (int world : {2, 3}) {
-    CAPTURE(world);
-    auto res = run_world(worker(), {"mismatch"}, world, {}, 60s);
-    check_all_ok(res, "mismatch");
-    // Every rank printed the same message for the numel mismatch.
-    auto line = [](const std::string& out) {
-      auto p = out.find(" numel: ");
-      return p == std::string::npos ? std::string() : out.substr(p, out.find('\n', p) - p);
-    };
-    for (auto& r : res) CHECK(line(r.output) == line(res[0].output));
+  // Op, dtype, count, root, reduce op and order, each on the shared-memory path (the
+  // fingerprint rides the all-reduce's arrival) and over TCP (the control plane); the worker
+  // checks each raised within half the timeout and left every tensor untouched.
+  for (bool tcp : {false, true}) {
+    for (int world : {2, 3}) {
+      CAPTURE(tcp);
+      CAPTURE(world);
+      std::map<std::string, std::string> env = {{"DIST_TIMEOUT_MS", "10000"}};
+      if (tcp) env.emplace("ACCEL_DIST_SHM", "0");
+      auto res = run_world(worker(), {"mismatch"}, world, env, 60s);
+      check_all_ok(res, "mismatch");
+      // Every rank printed the same message for each mismatch.
+      for (const char* what : {" numel: ", " large numel: ", " empty: ", " op: ", " op gather: ",
+                               " op barrier: ", " dtype: ", " root: ", " order 2: "}) {
+        CAPTURE(what);
+        // From "collective mismatch" on (the "[op]" before it is each rank's own call).
+        auto line = [&](const std::string& out) {
+          auto p = out.find(what);
+          if (p != std::string::npos) p = out.find("collective mismatch", p);
+          return p == std::string::npos ? std::string() : out.substr(p, out.find('\n', p) - p);
+        };
+        CHECK(!line(res[0].output).empty());
+        for (auto& r : res) CHECK(line(r.output) == line(res[0].output));
+      }
+    }
   }
 }
 

@@ -104,13 +104,15 @@ TEST_CASE("gloo: a rank that exits, throws or is stopped makes the others raise 
     const char* how;
     int world;
     int victim;
-    // Where the failure is detected: the fingerprint exchange on the control channel (default),
-    // the shared-memory all-reduce (fingerprints off), or Gloo's TCP ring (both off).
+    // Where the failure is detected: the fingerprint exchange on the control channel (shared
+    // memory off), the shared-memory all-reduce carrying the fingerprint (default), the
+    // shared-memory all-reduce (fingerprints off), or Gloo's TCP ring (both off).
     const char* path;
   };
   const int timeout_ms = 2000;
-  for (Case c : {Case{"exit", 3, 1, "control"}, Case{"throw", 3, 2, "control"},
-                 Case{"stop", 2, 1, "control"}, Case{"stop", 3, 0, "control"},
+  for (Case c : {Case{"exit", 3, 1, "control"}, Case{"throw", 3, 2, "stamp"},
+                 Case{"stop", 2, 1, "control"}, Case{"stop", 3, 0, "stamp"},
+                 Case{"exit", 2, 0, "stamp"},
                  Case{"exit", 3, 1, "shm"}, Case{"stop", 2, 1, "shm"},
                  Case{"exit", 3, 2, "tcp"}, Case{"stop", 3, 1, "tcp"}}) {
     CAPTURE(c.how);
@@ -120,8 +122,8 @@ TEST_CASE("gloo: a rank that exits, throws or is stopped makes the others raise 
     std::map<std::string, std::string> env = {{"DIST_TIMEOUT_MS", std::to_string(timeout_ms)},
                                               {"DIST_VICTIM", std::to_string(c.victim)}};
     const std::string path = c.path;
-    if (path != "control") env.emplace("DIST_FINGERPRINT_EVERY", "0");
-    if (path == "tcp") env.emplace("ACCEL_DIST_SHM", "0");
+    if (path == "shm" || path == "tcp") env.emplace("DIST_FINGERPRINT_EVERY", "0");
+    if (path == "tcp" || path == "control") env.emplace("ACCEL_DIST_SHM", "0");
     auto t0 = std::chrono::steady_clock::now();
     auto res = run_world(worker(), {c.how}, c.world, env, 30s, /*kill_after_survivors=*/true);
     auto elapsed = std::chrono::steady_clock::now() - t0;

@@ -71,15 +71,30 @@ class ProcessGroupGloo final : public ProcessGroup {
   const Heartbeat* heartbeat() const { return heartbeat_.get(); }
 
  private:
+  // A collective small enough to travel with its fingerprint over the control plane (TCP
+  // groups only, Note [fingerprint paths]): what this rank sends, and how the received
+  // messages (rank order, fingerprint stripped) become the result.
+  struct Small {
+    const void* payload = nullptr;
+    size_t bytes = 0;
+    std::function<void(const std::vector<std::string>& messages)> combine;
+  };
   struct Task {
     WorkPtr work;
     Fingerprint fp;
     Milliseconds timeout;
     std::function<void(uint64_t seq, Milliseconds timeout)> body;
+    Small small;  // combine set: runs instead of body
   };
   // Queues a task and wakes the worker, except inside a blocking call, whose caller waits at
   // once and runs it inline when it is next (Note [inline execution]).
+  WorkPtr enqueue(Fingerprint fp, std::function<void(uint64_t, Milliseconds)> body,
+                  Small small);
   WorkPtr enqueue(Fingerprint fp, std::function<void(uint64_t, Milliseconds)> body);
+  // Whether a collective of `bytes` per rank goes over the control plane (Small).
+  bool small_path(size_t bytes) const;
+  // The control-plane exchange of run_task on a TCP group: fingerprints (and Small payloads).
+  void exchange_control(Task& task, bool checked);
   void worker_loop();
   void run_task(Task& task);
   // Records the first transport failure; afterwards every operation fails with it.

@@ -132,7 +132,9 @@ std::vector<ReduceOp> ops_for(DType dt) {
 
 void scenario_collectives(ProcessGroup& pg) {
   const int w = pg.size(), r = pg.rank();
-  const std::vector<int64_t> sizes = {1, 7, 1001};
+  // 4097: over the 16 KiB of a collective that travels over the control plane on TCP groups
+  // for 4-byte and wider dtypes (Note [fingerprint paths]), under it for narrower ones.
+  const std::vector<int64_t> sizes = {1, 7, 1001, 4097};
   for (DType dt : kAllDTypes) {
     for (int64_t n : sizes) {
       for (ReduceOp op : ops_for(dt)) {

@@ -47,11 +47,15 @@ TEST_CASE("gloo: every collective and dtype, world sizes 1, 2 and 3") {
   }
 }
 
-TEST_CASE("gloo: the same over Gloo's TCP ring (shared memory off), fingerprints every 3rd") {
-  for (int world : {2, 3}) {
+TEST_CASE("gloo: the same over TCP (shared memory off), fingerprints every 3rd, each, never") {
+  // Small collectives travel over the control plane with their fingerprint, larger ones over
+  // Gloo (Note [fingerprint paths]); fingerprint_every must not change any result.
+  for (auto [world, every] : {std::pair{2, "3"}, std::pair{3, "3"}, std::pair{2, "1"},
+                              std::pair{3, "0"}}) {
     CAPTURE(world);
+    CAPTURE(every);
     auto res = run_world(worker(), {"collectives"}, world,
-                         {{"ACCEL_DIST_SHM", "0"}, {"DIST_FINGERPRINT_EVERY", "3"}}, 60s);
+                         {{"ACCEL_DIST_SHM", "0"}, {"DIST_FINGERPRINT_EVERY", every}}, 60s);
     check_all_ok(res, "collectives");
   }
 }

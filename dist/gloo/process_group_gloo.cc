@@ -462,9 +462,11 @@ void ProcessGroupGloo::run_task(Task& task) {
       std::vector<Fingerprint> all(static_cast<size_t>(size_));
       shm_->exchange(&stamp_, all.data(), task.timeout);  // PeerError on failure
       history_.verify(all.data(), size_, stamp_);
-      fingerprint_ns_ +=
-          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-      ++fingerprint_checks_;
+      if (OpKind(fp.kind) != OpKind::Barrier) {  // a barrier's exchange is the barrier itself
+        fingerprint_ns_ +=
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+        ++fingerprint_checks_;
+      }
     }
     task.body(fp.seq, task.timeout);
   } catch (const PeerError& e) {
@@ -531,12 +533,18 @@ void ProcessGroupGloo::exchange_control(Task& task, bool checked) {
     m.erase(0, fp_bytes);
     same_calls = same_calls && fps[size_t(r)].same_call(stamp_);
   }
-  if (checked || !same_calls) history_.verify(fps.data(), size_, stamp_);
-  if (checked) {
-    fingerprint_ns_ +=
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-    ++fingerprint_checks_;
+  // Timed: with a Small payload the exchange is the collective itself, not the check's cost,
+  // and a barrier's exchange is the barrier.
+  const bool own_exchange = !task.small.combine && OpKind(task.fp.kind) != OpKind::Barrier;
+  if (checked || !same_calls) {
+    const auto t1 = Clock::now();
+    history_.verify(fps.data(), size_, stamp_);
+    if (OpKind(task.fp.kind) != OpKind::Barrier)
+      fingerprint_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             Clock::now() - (own_exchange ? t0 : t1))
+                             .count();
   }
+  if (checked && OpKind(task.fp.kind) != OpKind::Barrier) ++fingerprint_checks_;
   if (task.small.combine) task.small.combine(all);
 }
 
@@ -578,7 +586,10 @@ WorkPtr ProcessGroupGloo::all_reduce_async(const Tensor& t, ReduceOp op) {
       // run_task stamped this collective (Note [fingerprint paths]); the check runs after every
       // rank arrived and before anything is reduced.
       const ShmAllReduce::StampCheck verify = [this](const void* stamps) {
+        const auto t0 = Clock::now();
         history_.verify(static_cast<const Fingerprint*>(stamps), size_, stamp_);
+        fingerprint_ns_ +=
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
       };
       shm_->all_reduce(t.data_ptr(), n, t.element_size(),
                        reduce_function(t.dtype(), op == ReduceOp::Avg ? ReduceOp::Sum : op),

@@ -62,7 +62,8 @@ class ProcessGroupGloo final : public ProcessGroup {
   bool uses_shm() const { return shm_ != nullptr; }
   // The underlying context (null for size 1), e.g. for a raw-Gloo baseline in benchmarks.
   const std::shared_ptr<gloo::Context>& context() const { return ctx_; }
-  // Time the worker spent in fingerprint exchanges, for measuring the check's cost.
+  // Time the worker spent checking fingerprints: the comparison where the fingerprint rides a
+  // collective's own arrival or message, the whole exchange where it needs one of its own.
   double fingerprint_seconds() const { return fingerprint_ns_.load() * 1e-9; }
   int64_t fingerprint_checks() const { return fingerprint_checks_.load(); }
   // Why the group failed (a lost peer, a timeout, ...), empty while it is healthy.

@@ -10,14 +10,16 @@
 // Note [collective fingerprint]
 // Before a collective moves data, each rank contributes a 32-byte Fingerprint (op, dtype,
 // element count, root, reduce op, sequence number, and a running hash of all fingerprints so
-// far) to an all-gather over the control channel (dist/control_plane.h), and every rank compares
-// all of them. The all-gather is the same on
-// every rank whatever the mismatch, so every rank sees the same table and raises the same
-// DistError naming both sides. Mismatched sizes never reach Gloo (whose TCP transport aborts the
-// process on a size mismatch). With fingerprint_every = k > 1 only every k-th collective is
-// exchanged; the running hash still reveals a divergence in between, but only after the fact.
-// Cost: one small message to every peer per checked collective (a latency, no bandwidth);
-// measured in docs/dist.md.
+// far) and every rank compares all of them (verify). How the fingerprints travel is the
+// transport's business (Note [fingerprint paths] in dist/gloo/process_group_gloo.cc): on the
+// shared-memory segment with the all-reduce's own arrival, or in the first bytes of a control
+// channel message. Every rank receives the same table whatever the mismatch, so every rank
+// raises the same DistError naming both sides. Mismatched sizes never reach Gloo (whose TCP
+// transport aborts the process on a size mismatch). With fingerprint_every = k > 1 only every
+// k-th collective is compared; the running hash still reveals a divergence in between, but only
+// after the fact. Cost: a few loads and compares per checked collective where the fingerprint
+// rides the collective; one small message to every peer where it needs its own exchange (large
+// collectives on TCP); measured in docs/dist.md.
 
 namespace accel::dist {
 

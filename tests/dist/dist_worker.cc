@@ -256,6 +256,16 @@ void scenario_collectives(ProcessGroup& pg) {
   Tensor t = make(kFloat64, 3, r);
   pg.all_reduce(t);
   WCHECK(get(t, 2) == reduce_expected(kFloat64, ReduceOp::Sum, w, 2), "after errors");
+  // fingerprint_every: 0 checks nothing, k checks every k-th collective (barriers not counted).
+  if (auto* gloo = dynamic_cast<ProcessGroupGloo*>(&pg); gloo && w > 1) {
+    const int every = env_int("DIST_FINGERPRINT_EVERY", 1);
+    const int64_t checks = gloo->fingerprint_checks();
+    const int64_t issued = int64_t(pg.next_seq());
+    if (every == 0) WCHECK(checks == 0, checks << " fingerprint checks with fingerprint_every 0");
+    if (every > 0)
+      WCHECK(checks >= issued / every - 2 && checks <= issued / every + 1,
+             checks << " fingerprint checks for " << issued << " collectives, every " << every);
+  }
 }
 
 void scenario_async(ProcessGroup& pg) {

@@ -177,35 +177,67 @@ int run(const Args& a) {
 
   // Latency of a small all-reduce: fingerprint on, off, and raw Gloo, interleaved in blocks so
   // that drift on a shared machine hits all three alike; median block time per op.
+  // The same pair over TCP (pg_tcp: shared memory off, fingerprints on, and one with both off).
+  // The no-fingerprint group uses the default group's transport (shared memory when it does).
   ProcessGroupOptions nofp;
   nofp.fingerprint_every = 0;
+  nofp.shm = gpg->uses_shm();
   auto pg_nofp = new_gloo_group(default_store(), pg->rank(), pg->size(), nofp);
+  ProcessGroupOptions tcp_nofp = nofp;
+  tcp_nofp.shm = false;
+  auto pg_tcp_nofp = new_gloo_group(default_store(), pg->rank(), pg->size(), tcp_nofp);
   Tensor s_fp = zeros({256}, TensorOptions(kFloat32));
   Tensor s_nofp = zeros({256}, TensorOptions(kFloat32));
+  Tensor s_tcp = zeros({256}, TensorOptions(kFloat32));
+  Tensor s_tcp_nofp = zeros({256}, TensorOptions(kFloat32));
   std::vector<float> sraw(256, 0.0f);
   const int block = 50;
   const int blocks = std::max(3, a.small_iters / block);
-  std::vector<double> us_fp, us_nofp, us_raw;
+  std::vector<double> us_fp, us_nofp, us_raw, us_tcp, us_tcp_nofp;
+  auto time_block = [&](ProcessGroup& g, Tensor& x) {
+    pg->barrier();
+    return time_it([&] {
+      for (int i = 0; i < block; ++i) g.all_reduce(x);
+    }) / block * 1e6;
+  };
+  auto* gtcp = dynamic_cast<ProcessGroupGloo*>(pg_tcp.get());
+  const double fp_s0 = gpg->fingerprint_seconds(), tcp_s0 = gtcp->fingerprint_seconds();
+  const int64_t fp_n0 = gpg->fingerprint_checks(), tcp_n0 = gtcp->fingerprint_checks();
   for (int b = 0; b < blocks + 1; ++b) {  // block 0 warms up
-    pg->barrier();
-    double t1 = time_it([&] {
-      for (int i = 0; i < block; ++i) pg->all_reduce(s_fp);
-    });
-    pg->barrier();
-    double t2 = time_it([&] {
-      for (int i = 0; i < block; ++i) pg_nofp->all_reduce(s_nofp);
-    });
+    // Each pair in alternating order: whatever a block leaves behind (a peer still yielding,
+    // cold caches) falls on "on" and "off" alike.
+    double t1, t2, t4, t5;
+    if (b % 2) {
+      t1 = time_block(*pg, s_fp);
+      t2 = time_block(*pg_nofp, s_nofp);
+      t4 = time_block(*pg_tcp, s_tcp);
+      t5 = time_block(*pg_tcp_nofp, s_tcp_nofp);
+    } else {
+      t2 = time_block(*pg_nofp, s_nofp);
+      t1 = time_block(*pg, s_fp);
+      t5 = time_block(*pg_tcp_nofp, s_tcp_nofp);
+      t4 = time_block(*pg_tcp, s_tcp);
+    }
     pg->barrier();
     double t3 = time_it([&] {
       for (int i = 0; i < block; ++i) raw_gloo_allreduce(raw, sraw.data(), sraw.size(), tag++);
-    });
+    }) / block * 1e6;
     if (b > 0) {
-      us_fp.push_back(t1 / block * 1e6);
-      us_nofp.push_back(t2 / block * 1e6);
-      us_raw.push_back(t3 / block * 1e6);
+      us_fp.push_back(t1);
+      us_nofp.push_back(t2);
+      us_raw.push_back(t3);
+      us_tcp.push_back(t4);
+      us_tcp_nofp.push_back(t5);
     }
   }
   double small_fp = median(us_fp), small_nofp = median(us_nofp), small_raw = median(us_raw);
+  double small_tcp = median(us_tcp), small_tcp_nofp = median(us_tcp_nofp);
+  // The check's own time per checked collective (the compare; the whole exchange where one is
+  // needed), from the groups' counters: includes the barriers' checks of the default group.
+  auto per_check = [](double s, int64_t n) { return n > 0 ? s / double(n) * 1e6 : 0.0; };
+  double check_us = per_check(gpg->fingerprint_seconds() - fp_s0, gpg->fingerprint_checks() - fp_n0);
+  double check_tcp_us =
+      per_check(gtcp->fingerprint_seconds() - tcp_s0, gtcp->fingerprint_checks() - tcp_n0);
 
   if (pg->rank() == 0) {
     double mo = median(ours), mb = median(base), mt = median(ours_tcp);
@@ -215,9 +247,11 @@ int run(const Args& a) {
           "\"accel_shm\":%s,\"accel_tcp_gbps\":%.4f,"
           "\"raw_gloo_ring_gbps\":%.4f,\"ratio\":%.4f,\"tcp_ratio\":%.4f,\"results_equal\":%s,"
           "\"small_us_fingerprint\":%.2f,\"small_us_no_fingerprint\":%.2f,"
-          "\"small_us_raw_gloo\":%.2f}\n",
+          "\"small_us_raw_gloo\":%.2f,\"small_us_tcp_fingerprint\":%.2f,"
+          "\"small_us_tcp_no_fingerprint\":%.2f,\"check_us\":%.3f,\"check_tcp_us\":%.3f}\n",
           a.mib, pg->size(), mo, gpg->uses_shm() ? "true" : "false", mt, mb, mo / mb, mt / mb,
-          same ? "true" : "false", small_fp, small_nofp, small_raw);
+          same ? "true" : "false", small_fp, small_nofp, small_raw, small_tcp, small_tcp_nofp,
+          check_us, check_tcp_us);
     } else {
       std::printf("allreduce %d MiB f32, %d processes on loopback, median of %d rounds\n", a.mib,
                   pg->size(), a.rounds);
@@ -227,12 +261,21 @@ int run(const Args& a) {
                   100.0 * mt / mb);
       std::printf("  raw gloo ring allreduce         : %.3f GB/s\n", mb);
       std::printf("  results identical: %s\n", same ? "yes" : "NO");
-      std::printf("small all_reduce (256 f32): fingerprint on %.1f us, off %.1f us, raw gloo %.1f us\n",
-                  small_fp, small_nofp, small_raw);
+      std::printf("small all_reduce (256 f32%s): fingerprint on %.2f us, off %.2f us "
+                  "(check %+.2f us, %+.1f %%), raw gloo %.1f us\n",
+                  gpg->uses_shm() ? ", shared memory" : ", tcp", small_fp, small_nofp,
+                  small_fp - small_nofp, 100.0 * (small_fp / small_nofp - 1), small_raw);
+      std::printf("small all_reduce (256 f32, gloo tcp ring): fingerprint on %.2f us, off %.2f us "
+                  "(check %+.2f us, %+.1f %%)\n",
+                  small_tcp, small_tcp_nofp, small_tcp - small_tcp_nofp,
+                  100.0 * (small_tcp / small_tcp_nofp - 1));
+      std::printf("fingerprint check itself, per checked collective: %.3f us (default group), "
+                  "%.3f us (tcp)\n", check_us, check_tcp_us);
     }
   }
   pg->barrier();
   pg_nofp.reset();
+  pg_tcp_nofp.reset();
   pg_tcp.reset();
   destroy_process_group();
   return same ? 0 : 1;

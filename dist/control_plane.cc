@@ -187,14 +187,28 @@ ControlPlane::~ControlPlane() {
 }
 
 void ControlPlane::all_gather(const void* mine, void* out, size_t bytes, Milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
+  std::vector<std::string> all;
+  all_gather_v(mine, bytes, all, bytes, timeout);
   char* o = static_cast<char*>(out);
-  std::memcpy(o + size_t(rank_) * bytes, mine, bytes);
+  for (int r = 0; r < size_; ++r) {
+    if (all[size_t(r)].size() != bytes)
+      throw PeerError("rank " + std::to_string(r) + " sent a " +
+                      std::to_string(all[size_t(r)].size()) + "-byte control message, expected " +
+                      std::to_string(bytes));
+    std::memcpy(o + size_t(r) * bytes, all[size_t(r)].data(), bytes);
+  }
+}
+
+void ControlPlane::all_gather_v(const void* mine, size_t n, std::vector<std::string>& out,
+                                size_t max_bytes, Milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  out.assign(size_t(size_), std::string());
+  out[size_t(rank_)].assign(static_cast<const char*>(mine), n);
   if (size_ == 1) return;
-  FrameHeader h{kData, uint32_t(bytes)};
-  std::string frame(sizeof(h) + bytes, '\0');
+  FrameHeader h{kData, uint32_t(n)};
+  std::string frame(sizeof(h) + n, '\0');
   std::memcpy(frame.data(), &h, sizeof(h));
-  std::memcpy(frame.data() + sizeof(h), mine, bytes);
+  std::memcpy(frame.data() + sizeof(h), mine, n);
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     if (fds_[size_t(peer)] < 0) throw PeerError("the control channel is closed");
@@ -209,10 +223,19 @@ void ControlPlane::all_gather(const void* mine, void* out, size_t bytes, Millise
   for (int peer = 0; peer < size_; ++peer)
     if (peer != rank_) pending.push_back({peer, {}});
   std::vector<pollfd> pfds;
+  bool first = true;
   while (!pending.empty()) {
     pfds.clear();
     for (auto& p : pending) pfds.push_back({fds_[size_t(p.peer)], POLLIN, 0});
-    int pr = poll(pfds.data(), pfds.size(), remaining_ms(deadline));
+    // The first pass reads what is already there without a poll (the peers that arrived first
+    // sent their frames long ago); afterwards poll sleeps until something comes.
+    int pr = 1;
+    if (first) {
+      for (auto& pf : pfds) pf.revents = POLLIN;
+      first = false;
+    } else {
+      pr = poll(pfds.data(), pfds.size(), remaining_ms(deadline));
+    }
     if (pr < 0 && errno == EINTR) continue;
     if (pr == 0) {
       std::vector<int> late;
@@ -223,38 +246,43 @@ void ControlPlane::all_gather(const void* mine, void* out, size_t bytes, Millise
     for (size_t i = pfds.size(); i-- > 0;) {
       if (!pfds[i].revents) continue;
       Pending& p = pending[i];
-      size_t want;
-      FrameHeader ph{};
-      if (p.buf.size() < sizeof(FrameHeader)) {
-        want = sizeof(FrameHeader) - p.buf.size();
-      } else {
+      // Read until the frame is complete or the socket is drained.
+      while (true) {
+        size_t want;
+        FrameHeader ph{};
+        if (p.buf.size() < sizeof(FrameHeader)) {
+          want = sizeof(FrameHeader) - p.buf.size();
+        } else {
+          std::memcpy(&ph, p.buf.data(), sizeof(ph));
+          want = sizeof(FrameHeader) + ph.len - p.buf.size();
+        }
+        char tmp[4096];
+        ssize_t r = recv(pfds[i].fd, tmp, std::min(want, sizeof(tmp)), MSG_DONTWAIT);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+          throw PeerError("rank " + std::to_string(p.peer) +
+                          " closed its control connection: it exited or crashed");
+        }
+        if (r < 0) break;  // drained for now
+        p.buf.append(tmp, size_t(r));
+        if (p.buf.size() < sizeof(FrameHeader)) continue;
         std::memcpy(&ph, p.buf.data(), sizeof(ph));
-        want = sizeof(FrameHeader) + ph.len - p.buf.size();
+        if (ph.type == kAbort && ph.len > kMaxAbortText)
+          throw PeerError("rank " + std::to_string(p.peer) + " aborted");
+        if (ph.type == kData && ph.len > max_bytes)
+          throw PeerError("rank " + std::to_string(p.peer) + " sent a " + std::to_string(ph.len) +
+                          "-byte control message, at most " + std::to_string(max_bytes) +
+                          " expected");
+        if (ph.type != kData && ph.type != kAbort)
+          throw PeerError("corrupt control message from rank " + std::to_string(p.peer));
+        if (p.buf.size() < sizeof(FrameHeader) + ph.len) continue;
+        if (ph.type == kAbort) {
+          throw PeerError("rank " + std::to_string(p.peer) + " aborted: " +
+                          p.buf.substr(sizeof(FrameHeader)));
+        }
+        out[size_t(p.peer)] = p.buf.substr(sizeof(FrameHeader));
+        pending.erase(pending.begin() + long(i));
+        break;
       }
-      char tmp[4096];
-      ssize_t r = recv(pfds[i].fd, tmp, std::min(want, sizeof(tmp)), MSG_DONTWAIT);
-      if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
-        throw PeerError("rank " + std::to_string(p.peer) +
-                        " closed its control connection: it exited or crashed");
-      }
-      if (r < 0) continue;
-      p.buf.append(tmp, size_t(r));
-      if (p.buf.size() < sizeof(FrameHeader)) continue;
-      std::memcpy(&ph, p.buf.data(), sizeof(ph));
-      if (ph.type == kAbort && ph.len > kMaxAbortText)
-        throw PeerError("rank " + std::to_string(p.peer) + " aborted");
-      if (ph.type == kData && ph.len != bytes)
-        throw PeerError("rank " + std::to_string(p.peer) + " sent a " + std::to_string(ph.len) +
-                        "-byte control message, expected " + std::to_string(bytes));
-      if (ph.type != kData && ph.type != kAbort)
-        throw PeerError("corrupt control message from rank " + std::to_string(p.peer));
-      if (p.buf.size() < sizeof(FrameHeader) + ph.len) continue;
-      if (ph.type == kAbort) {
-        throw PeerError("rank " + std::to_string(p.peer) + " aborted: " +
-                        p.buf.substr(sizeof(FrameHeader)));
-      }
-      std::memcpy(o + size_t(p.peer) * bytes, p.buf.data() + sizeof(FrameHeader), bytes);
-      pending.erase(pending.begin() + long(i));
     }
   }
 }

@@ -34,6 +34,10 @@ class ControlPlane {
   // Throws PeerError naming the rank(s) that did not answer in time, closed their connection,
   // or sent an abort notice.
   void all_gather(const void* mine, void* out, size_t bytes, Milliseconds timeout);
+  // All-gather of messages of any size up to max_bytes: out[r] = rank r's message (this rank's
+  // is `mine`, n bytes). A larger message from a peer is a PeerError (nothing is sized from it).
+  void all_gather_v(const void* mine, size_t n, std::vector<std::string>& out, size_t max_bytes,
+                    Milliseconds timeout);
   // Best effort: tells every peer why this rank gives up, then closes all connections.
   void abort(const std::string& reason);
 

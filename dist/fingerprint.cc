@@ -10,14 +10,16 @@
 // Note [collective fingerprint]
 // Before a collective moves data, each rank contributes a 32-byte Fingerprint (op, dtype,
 // element count, root, reduce op, sequence number, and a running hash of all fingerprints so
-// far) to an all-gather over the control channel (dist/control_plane.h), and every rank compares
-// all of them. The all-gather is the same on
-// every rank whatever the mismatch, so every rank sees the same table and raises the same
-// DistError naming both sides. Mismatched sizes never reach Gloo (whose TCP transport aborts the
-// process on a size mismatch). With fingerprint_every = k > 1 only every k-th collective is
-// exchanged; the running hash still reveals a divergence in between, but only after the fact.
-// Cost: one small message to every peer per checked collective (a latency, no bandwidth);
-// measured in docs/dist.md.
+// far) and every rank compares all of them (verify). How the fingerprints travel is the
+// transport's business (Note [fingerprint paths] in dist/gloo/process_group_gloo.cc): on the
+// shared-memory segment with the all-reduce's own arrival, or in the first bytes of a control
+// channel message. Every rank receives the same table whatever the mismatch, so every rank
+// raises the same DistError naming both sides. Mismatched sizes never reach Gloo (whose TCP
+// transport aborts the process on a size mismatch). With fingerprint_every = k > 1 only every
+// k-th collective is compared; the running hash still reveals a divergence in between, but only
+// after the fact. Cost: a few loads and compares per checked collective where the fingerprint
+// rides the collective; one small message to every peer where it needs its own exchange (large
+// collectives on TCP); measured in docs/dist.md.
 
 namespace accel::dist {
 
@@ -87,16 +89,25 @@ std::string Fingerprint::describe() const {
 
 void FingerprintHistory::record(const Fingerprint& fp) { running_ = mix(running_, hash_core(fp)); }
 
-void FingerprintHistory::check(ControlPlane& control, const Fingerprint& fp_in,
-                               Milliseconds timeout) {
-  Fingerprint mine = fp_in;
+Fingerprint FingerprintHistory::stamp(const Fingerprint& fp) {
+  Fingerprint mine = fp;
   mine.running = running_;
-  record(fp_in);
-  const int size = control.size();
-  std::vector<Fingerprint> all(static_cast<size_t>(size));
+  record(fp);
+  return mine;
+}
+
+void FingerprintHistory::check(ControlPlane& control, const Fingerprint& fp,
+                               Milliseconds timeout) {
+  const Fingerprint mine = stamp(fp);
+  std::vector<Fingerprint> all(static_cast<size_t>(control.size()));
   control.all_gather(&mine, all.data(), sizeof(Fingerprint), timeout);  // PeerError on failure
+  verify(all.data(), control.size(), mine);
+}
+
+void FingerprintHistory::verify(const Fingerprint* all, int size, const Fingerprint& fp_in) {
   bool same = true, same_history = true;
-  for (auto& f : all) {
+  for (int r = 0; r < size; ++r) {
+    const Fingerprint& f = all[r];
     same = same && f.same_call(all[0]);
     same_history = same_history && f.running == all[0].running;
   }
@@ -104,7 +115,7 @@ void FingerprintHistory::check(ControlPlane& control, const Fingerprint& fp_in,
   // Group ranks by what they called, in rank order: identical text on every rank.
   std::vector<std::pair<const Fingerprint*, std::vector<int>>> groups;
   for (int r = 0; r < size; ++r) {
-    auto& f = all[size_t(r)];
+    auto& f = all[r];
     auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) {
       return g.first->same_call(f) && g.first->running == f.running;
     });
@@ -132,7 +143,7 @@ void FingerprintHistory::check(ControlPlane& control, const Fingerprint& fp_in,
   // Every rank saw the same table: restart the running hash from it so that the group stays
   // in step for the next checks (the mismatch is reported, the data path was never touched).
   uint64_t h = 0;
-  for (auto& f : all) h = mix(h, mix(hash_core(f), f.running));
+  for (int r = 0; r < size; ++r) h = mix(h, mix(hash_core(all[r]), all[r].running));
   running_ = h;
   ACCEL_THROW(DistError, op.c_str(), os.str());
 }

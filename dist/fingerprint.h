@@ -36,9 +36,15 @@ class FingerprintHistory {
  public:
   // A collective that is not exchanged (fingerprint_every > 1) still enters the hash.
   void record(const Fingerprint& fp);
-  // Records fp, exchanges it with every rank over `control` and compares. Throws DistError
-  // naming both sides on a mismatch (the history is re-synchronised: the group stays usable),
-  // PeerError when a peer does not answer.
+  // fp with `running` set to the hash of everything before it; records fp. What a rank
+  // publishes for a collective (over the control plane or with its shared-memory arrival).
+  Fingerprint stamp(const Fingerprint& fp);
+  // Compares every rank's stamped fingerprint (`all`, rank order, `size` of them; `mine` is
+  // this rank's, from stamp()). Throws DistError naming both sides on a mismatch; every rank
+  // sees the same table, so every rank raises the same text, and the history is
+  // re-synchronised from the table (the group stays usable).
+  void verify(const Fingerprint* all, int size, const Fingerprint& mine);
+  // stamp(), an all-gather over `control`, verify(). PeerError when a peer does not answer.
   void check(ControlPlane& control, const Fingerprint& fp, Milliseconds timeout);
 
  private:

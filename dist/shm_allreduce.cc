@@ -82,7 +82,7 @@ namespace accel::dist {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-constexpr uint64_t kMagic = 0x41434353484d3032ull;  // "ACCSHM02"
+constexpr uint64_t kMagic = 0x41434353484d3033ull;  // "ACCSHM03"
 constexpr size_t kLine = 64;
 constexpr size_t kAbortReasonBytes = 4 * kLine - sizeof(int64_t);
 constexpr const char* kSegmentPrefix = "accel-";
@@ -137,11 +137,32 @@ struct ShmAllReduce::AbortBlock {
 };
 static_assert(sizeof(std::atomic<int64_t>) == sizeof(int64_t));
 
+// Note [shm stamps]
+// Each rank owns a block of two cache lines after the header: word 0 is its arrival counter, and
+// two stamp areas (one per parity of the arrival's generation: words 1-5 share the counter's
+// line, words 8-12 the next) hold (generation, 32-byte stamp). A rank writes the stamp with
+// relaxed stores, then release-stores its counter; a peer that acquire-loads the counter at that
+// generation therefore sees the stamp: the collective fingerprint rides on the arrival that the
+// all-reduce makes anyway, with no extra round trip. Two areas because a rank that has passed
+// barrier g may already publish g + 1 while a slower peer still reads g; it cannot publish g + 2
+// before that peer arrives at g + 1, by which time the peer has read. The generation word tells
+// a reader that the stamp is the one of its own arrival: anything else means the ranks'
+// collective sequences diverged (possible only when fingerprints are not checked every time).
+constexpr size_t kRankBlock = 2 * kLine;
+constexpr size_t kStampWords = ShmAllReduce::kStampBytes / sizeof(uint64_t);
+static_assert(ShmAllReduce::kStampBytes % sizeof(uint64_t) == 0 && kStampWords + 1 <= 7);
+
 namespace {
-std::atomic<uint64_t>* counter(void* map, int r) {
-  return reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(map) + kLine * size_t(1 + r));
+std::atomic<uint64_t>* rank_words(void* map, int r) {
+  return reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(map) + kLine +
+                                                   kRankBlock * size_t(r));
 }
-size_t abort_offset(int size) { return kLine * size_t(1 + size); }
+std::atomic<uint64_t>* counter(void* map, int r) { return rank_words(map, r); }
+// Word 0: the generation; words 1..kStampWords: the stamp.
+std::atomic<uint64_t>* stamp_area(void* map, int r, uint64_t generation) {
+  return rank_words(map, r) + (generation % 2 ? 8 : 1);
+}
+size_t abort_offset(int size) { return kLine + kRankBlock * size_t(size); }
 }  // namespace
 
 std::string ShmAllReduce::host_key() {
@@ -226,7 +247,9 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::create(const std::shared_ptr<Store>&
         h->nonce = nonce;
         h->size = size;
         h->slot_bytes = int64_t(slot_bytes);
-        for (int q = 0; q < size; ++q) counter(m, q)->store(0, std::memory_order_relaxed);
+        for (int q = 0; q < size; ++q)
+          for (size_t w = 0; w < kRankBlock / sizeof(uint64_t); ++w)
+            rank_words(m, q)[w].store(0, std::memory_order_relaxed);
         auto* ab = reinterpret_cast<AbortBlock*>(static_cast<char*>(m) + abort_offset(size));
         ab->state.store(0, std::memory_order_relaxed);
         ab->reason[0] = 0;
@@ -373,8 +396,15 @@ void ShmAllReduce::check_peers(const char* phase) {
          phase + ")");
 }
 
-void ShmAllReduce::barrier(Milliseconds timeout, const char* phase) {
+void ShmAllReduce::barrier(Milliseconds timeout, const char* phase, const void* stamp) {
   ++generation_;
+  if (stamp) {
+    std::atomic<uint64_t>* area = stamp_area(map_, rank_, generation_);
+    uint64_t words[kStampWords];
+    std::memcpy(words, stamp, kStampBytes);
+    area[0].store(generation_, std::memory_order_relaxed);
+    for (size_t w = 0; w < kStampWords; ++w) area[1 + w].store(words[w], std::memory_order_relaxed);
+  }
   counter(map_, rank_)->store(generation_, std::memory_order_release);
   const auto deadline = Clock::now() + timeout;
   auto next_check = Clock::now() + kCheckEvery;
@@ -414,7 +444,41 @@ void ShmAllReduce::barrier(Milliseconds timeout, const char* phase) {
   }
 }
 
-void ShmAllReduce::all_reduce(void* data, size_t n, size_t es, ReduceFn fn, Milliseconds timeout) {
+void ShmAllReduce::read_stamps(void* out, const void* mine) {
+  // After barrier(): every counter was acquire-loaded at >= generation_ (Note [shm stamps]).
+  char* o = static_cast<char*>(out);
+  for (int q = 0; q < size_; ++q) {
+    char* dst = o + size_t(q) * kStampBytes;
+    if (q == rank_) {
+      std::memcpy(dst, mine, kStampBytes);
+      continue;
+    }
+    std::atomic<uint64_t>* area = stamp_area(map_, q, generation_);
+    const uint64_t gen = area[0].load(std::memory_order_relaxed);
+    if (gen != generation_) {
+      std::ostringstream os;
+      os << "rank " << q << " is not in this rank's collective (its last shared-memory arrival "
+         << "is " << gen << ", this rank's " << generation_ << "; rank " << rank_
+         << " of " << size_ << "): the ranks' collective sequences diverged where fingerprints "
+         << "were not checked";
+      fail(os.str());
+    }
+    uint64_t words[kStampWords];
+    for (size_t w = 0; w < kStampWords; ++w) words[w] = area[1 + w].load(std::memory_order_relaxed);
+    std::memcpy(dst, words, kStampBytes);
+  }
+}
+
+void ShmAllReduce::exchange(const void* stamp, void* out, Milliseconds timeout) {
+  if (aborted_.load(std::memory_order_relaxed) ||
+      abort_block_->state.load(std::memory_order_relaxed) > 0)
+    check_peers("entry");
+  barrier(timeout, "fingerprint", stamp);
+  read_stamps(out, stamp);
+}
+
+void ShmAllReduce::all_reduce(void* data, size_t n, size_t es, ReduceFn fn, Milliseconds timeout,
+                              const void* stamp, const StampCheck* check) {
   // One relaxed load each: an aborted group fails at once instead of at its next wait.
   if (aborted_.load(std::memory_order_relaxed) ||
       abort_block_->state.load(std::memory_order_relaxed) > 0)
@@ -427,7 +491,23 @@ void ShmAllReduce::all_reduce(void* data, size_t n, size_t es, ReduceFn fn, Mill
     const size_t m = std::min(per_chunk, n - off);
     char* mine = d + off * es;
     std::memcpy(slot(r), mine, m * es);
-    barrier(timeout, "gather");
+    if (off == 0 && stamp) {
+      barrier(timeout, "gather", stamp);
+      if (check) {
+        // Nothing has been reduced yet: on a mismatch only our own slot was written.
+        uint64_t stamps[kStampWords * 64];
+        std::vector<uint64_t> big;
+        uint64_t* all = stamps;
+        if (size_ > 64) {
+          big.resize(kStampWords * size_t(size_));
+          all = big.data();
+        }
+        read_stamps(all, stamp);
+        (*check)(all);
+      }
+    } else {
+      barrier(timeout, "gather");
+    }
     const size_t lo = m * r / N, hi = m * (r + 1) / N;
     if (hi > lo) {
       char* dst = slot(0) + lo * es;

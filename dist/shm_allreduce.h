@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -32,9 +33,21 @@ class ShmAllReduce {
   ShmAllReduce(const ShmAllReduce&) = delete;
   ShmAllReduce& operator=(const ShmAllReduce&) = delete;
 
+  // What a rank publishes with its arrival: the group's collective fingerprint (opaque here).
+  static constexpr size_t kStampBytes = 32;
+  // Called with every rank's stamp (rank order, kStampBytes each) once all have arrived and
+  // before any data moves; it throws to stop the collective (Note [shm stamps]).
+  using StampCheck = std::function<void(const void* stamps)>;
+
   // In place: data[0, n) = fn-reduction over ranks. Throws PeerError when a rank does not
-  // arrive within `timeout` or has died.
-  void all_reduce(void* data, size_t n, size_t elem_size, ReduceFn fn, Milliseconds timeout);
+  // arrive within `timeout` or has died. With `stamp`, the first arrival carries it, and
+  // `check` (when given) sees all ranks' stamps before anything is reduced.
+  void all_reduce(void* data, size_t n, size_t elem_size, ReduceFn fn, Milliseconds timeout,
+                  const void* stamp = nullptr, const StampCheck* check = nullptr);
+  // One arrival that carries `stamp`: an all-gather of kStampBytes per rank into `out` (rank
+  // order), and a barrier. Throws PeerError like all_reduce, and when a peer's arrival is not
+  // this one (the ranks' collective sequences diverged).
+  void exchange(const void* stamp, void* out, Milliseconds timeout);
 
   size_t slot_bytes() const { return slot_bytes_; }
 
@@ -60,7 +73,10 @@ class ShmAllReduce {
   ShmAllReduce() = default;
   struct Header;
   struct AbortBlock;
-  void barrier(Milliseconds timeout, const char* phase);
+  // Arrives (publishing `stamp` when given) and waits for every rank's arrival.
+  void barrier(Milliseconds timeout, const char* phase, const void* stamp = nullptr);
+  // Every rank's stamp of the arrival just completed, into out (rank order).
+  void read_stamps(void* out, const void* mine);
   // Throws PeerError when this rank or a peer aborted, or a peer process has exited.
   void check_peers(const char* phase);
   [[noreturn]] void fail(const std::string& msg);  // publishes, then throws PeerError(msg)

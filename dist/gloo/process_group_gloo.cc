@@ -394,13 +394,18 @@ void ProcessGroupGloo::barrier() {
 
 WorkPtr ProcessGroupGloo::enqueue(Fingerprint fp,
                                   std::function<void(uint64_t, Milliseconds)> body) {
+  return enqueue(fp, std::move(body), Small());
+}
+
+WorkPtr ProcessGroupGloo::enqueue(Fingerprint fp,
+                                  std::function<void(uint64_t, Milliseconds)> body, Small small) {
   fp.seq = seq_.fetch_add(1);
   auto work = std::make_shared<GlooWork>(this, OpKind(fp.kind), fp.seq);
   {
     std::lock_guard<std::mutex> g(queue_mu_);
     ACCEL_CHECK(!stop_, DistError, op_name_str(OpKind(fp.kind)).c_str(),
                 "process group is shutting down");
-    queue_.push_back(Task{work, fp, timeout_, std::move(body)});
+    queue_.push_back(Task{work, fp, timeout_, std::move(body), std::move(small)});
   }
   if (!t_sync_call) queue_cv_.notify_one();
   return work;
@@ -433,15 +438,35 @@ void ProcessGroupGloo::run_task(Task& task) {
                 ": the process group failed earlier: ", broken);
     int every = options_.fingerprint_every;
     // A barrier always exchanges fingerprints: that exchange is the barrier.
-    bool check = every > 0 && fp.seq % uint64_t(every) == 0;
-    if (size_ > 1 && (check || OpKind(fp.kind) == OpKind::Barrier)) {
+    const bool check = every > 0 && fp.seq % uint64_t(every) == 0;
+    const bool exchange = size_ > 1 && (check || OpKind(fp.kind) == OpKind::Barrier);
+    // Note [fingerprint paths]: a non-empty all-reduce through shared memory carries the
+    // stamped fingerprint on its own first arrival and compares it there, before it reduces;
+    // any other exchange goes through the shared-memory segment when there is one (one arrival:
+    // no syscall) and over the control plane otherwise.
+    stamp_ = history_.stamp(fp);
+    stamp_check_ = false;
+    const bool rides_all_reduce =
+        shm_ && size_ > 1 && OpKind(fp.kind) == OpKind::AllReduce && fp.numel > 0;
+    if (rides_all_reduce) {
+      stamp_check_ = exchange;
+      if (exchange) ++fingerprint_checks_;
+    } else if (size_ > 1 && !shm_ && (exchange || task.small.combine)) {
+      exchange_control(task, exchange);
+      if (task.small.combine) {
+        task.work->finish(nullptr);
+        return;
+      }
+    } else if (exchange) {
       auto t0 = Clock::now();
-      history_.check(*control_, fp, task.timeout);
-      fingerprint_ns_ +=
-          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-      ++fingerprint_checks_;
-    } else {
-      history_.record(fp);
+      std::vector<Fingerprint> all(static_cast<size_t>(size_));
+      shm_->exchange(&stamp_, all.data(), task.timeout);  // PeerError on failure
+      history_.verify(all.data(), size_, stamp_);
+      if (OpKind(fp.kind) != OpKind::Barrier) {  // a barrier's exchange is the barrier itself
+        fingerprint_ns_ +=
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+        ++fingerprint_checks_;
+      }
     }
     task.body(fp.seq, task.timeout);
   } catch (const PeerError& e) {
@@ -464,19 +489,111 @@ void ProcessGroupGloo::run_task(Task& task) {
   task.work->finish(err);
 }
 
+// Note [fingerprint paths]
+// Where a rank's fingerprint travels, so that the check adds no round trip of its own:
+// * shared memory, all-reduce: on the all-reduce's first arrival (Note [shm stamps]); every rank
+//   compares all stamps after that barrier, before anything is reduced.
+// * shared memory, anything else (broadcast, all-gather, reduce-scatter, barrier, an empty
+//   all-reduce): one arrival through the segment carrying the stamp (no syscall), then Gloo.
+//   All collectives of a group arrive through the same counters, so an all-reduce on one rank
+//   against a broadcast on another meet there and both raise.
+// * TCP, a collective of at most kSmallControlBytes per rank (all-reduce, broadcast,
+//   all-gather): the data itself travels over the control plane in one message per peer,
+//   fingerprint first, and each rank combines the messages locally (in rank order, so every rank
+//   gets identical bits): the check rides the only round trip the collective makes. The
+//   fingerprints are compared before anything is combined, always (a message of another size
+//   must not be read as ours), and against the history too when this one is checked.
+// * TCP, anything larger: the fingerprint all-gather over the control plane, then Gloo (a
+//   round trip that a large collective amortises).
+// A mismatch between two paths (a small all-reduce against a large one) still meets on the
+// control plane: every TCP exchange is an all_gather_v whose messages start with the stamp.
+constexpr size_t kSmallControlBytes = size_t(16) << 10;
+
+bool ProcessGroupGloo::small_path(size_t bytes) const {
+  return size_ > 1 && !shm_ && bytes <= kSmallControlBytes;
+}
+
+void ProcessGroupGloo::exchange_control(Task& task, bool checked) {
+  auto t0 = Clock::now();
+  const size_t fp_bytes = sizeof(Fingerprint);
+  std::string mine(fp_bytes + task.small.bytes, '\0');
+  std::memcpy(mine.data(), &stamp_, fp_bytes);
+  if (task.small.bytes) std::memcpy(mine.data() + fp_bytes, task.small.payload, task.small.bytes);
+  std::vector<std::string> all;
+  control_->all_gather_v(mine.data(), mine.size(), all, fp_bytes + kSmallControlBytes,
+                         task.timeout);  // PeerError on failure
+  std::vector<Fingerprint> fps(static_cast<size_t>(size_));
+  bool same_calls = true;
+  for (int r = 0; r < size_; ++r) {
+    std::string& m = all[size_t(r)];
+    if (m.size() < fp_bytes)
+      throw PeerError("rank " + std::to_string(r) + " sent a " + std::to_string(m.size()) +
+                      "-byte fingerprint message");
+    std::memcpy(&fps[size_t(r)], m.data(), fp_bytes);
+    m.erase(0, fp_bytes);
+    same_calls = same_calls && fps[size_t(r)].same_call(stamp_);
+  }
+  // Timed: with a Small payload the exchange is the collective itself, not the check's cost,
+  // and a barrier's exchange is the barrier.
+  const bool own_exchange = !task.small.combine && OpKind(task.fp.kind) != OpKind::Barrier;
+  if (checked || !same_calls) {
+    const auto t1 = Clock::now();
+    history_.verify(fps.data(), size_, stamp_);
+    if (OpKind(task.fp.kind) != OpKind::Barrier)
+      fingerprint_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             Clock::now() - (own_exchange ? t0 : t1))
+                             .count();
+  }
+  if (checked && OpKind(task.fp.kind) != OpKind::Barrier) ++fingerprint_checks_;
+  if (task.small.combine) task.small.combine(all);
+}
+
+namespace {
+// A Small message whose size disagrees with its (equal) fingerprint: a corrupt peer.
+void check_message(const std::string& m, size_t bytes, int rank) {
+  if (m.size() != bytes)
+    throw PeerError("rank " + std::to_string(rank) + " sent " + std::to_string(m.size()) +
+                    " bytes of data for a collective of " + std::to_string(bytes));
+}
+}  // namespace
+
 // =========================== collectives ===========================
 
 WorkPtr ProcessGroupGloo::all_reduce_async(const Tensor& t, ReduceOp op) {
   check_cpu_contiguous("all_reduce", t, "tensor");
   check_reducible("all_reduce", t.dtype(), op);
   Fingerprint fp = make_fingerprint(OpKind::AllReduce, t.dtype(), op, -1, t.numel());
+  Small small;
+  if (small_path(t.nbytes())) {
+    small.payload = t.data_ptr();
+    small.bytes = t.nbytes();
+    small.combine = [this, t, op](const std::vector<std::string>& all) {
+      const size_t n = size_t(t.numel()), bytes = t.nbytes();
+      for (int r = 0; r < size_; ++r) check_message(all[size_t(r)], bytes, r);
+      if (n == 0) return;
+      // Rank order on every rank: identical results everywhere.
+      ReduceFn fn = reduce_function(t.dtype(), op == ReduceOp::Avg ? ReduceOp::Sum : op);
+      void* dst = t.data_ptr();
+      std::memcpy(dst, all[0].data(), bytes);
+      for (int r = 1; r < size_; ++r) fn(dst, dst, all[size_t(r)].data(), n);
+      if (op == ReduceOp::Avg) divide_inplace(dst, t.dtype(), n, size_);
+    };
+  }
   return enqueue(fp, [this, t, op](uint64_t seq, Milliseconds timeout) {
     size_t n = size_t(t.numel());
     if (n == 0) return;
     if (size_ > 1 && shm_) {
+      // run_task stamped this collective (Note [fingerprint paths]); the check runs after every
+      // rank arrived and before anything is reduced.
+      const ShmAllReduce::StampCheck verify = [this](const void* stamps) {
+        const auto t0 = Clock::now();
+        history_.verify(static_cast<const Fingerprint*>(stamps), size_, stamp_);
+        fingerprint_ns_ +=
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+      };
       shm_->all_reduce(t.data_ptr(), n, t.element_size(),
                        reduce_function(t.dtype(), op == ReduceOp::Avg ? ReduceOp::Sum : op),
-                       timeout);
+                       timeout, &stamp_, stamp_check_ ? &verify : nullptr);
     } else if (size_ > 1) {
       gloo::AllreduceOptions o(ctx_);
       set_output_bytes(o, t.data_ptr(), n, t.element_size());
@@ -487,7 +604,7 @@ WorkPtr ProcessGroupGloo::all_reduce_async(const Tensor& t, ReduceOp op) {
       gloo::allreduce(o);
     }
     if (op == ReduceOp::Avg) divide_inplace(t.data_ptr(), t.dtype(), n, size_);
-  });
+  }, std::move(small));
 }
 
 WorkPtr ProcessGroupGloo::broadcast_async(const Tensor& t, int root) {
@@ -495,6 +612,15 @@ WorkPtr ProcessGroupGloo::broadcast_async(const Tensor& t, int root) {
   ACCEL_CHECK(root >= 0 && root < size_, DistError, "broadcast", "root ", root,
               " is outside [0, ", size_, ")");
   Fingerprint fp = make_fingerprint(OpKind::Broadcast, t.dtype(), ReduceOp::Sum, root, t.numel());
+  Small small;
+  if (small_path(t.nbytes())) {
+    small.payload = t.data_ptr();
+    small.bytes = rank_ == root ? t.nbytes() : 0;  // only the root's data travels
+    small.combine = [this, t, root](const std::vector<std::string>& all) {
+      for (int r = 0; r < size_; ++r) check_message(all[size_t(r)], r == root ? t.nbytes() : 0, r);
+      if (rank_ != root && t.nbytes()) std::memcpy(t.data_ptr(), all[size_t(root)].data(), t.nbytes());
+    };
+  }
   return enqueue(fp, [this, t, root](uint64_t seq, Milliseconds timeout) {
     if (size_ == 1 || t.numel() == 0) return;
     gloo::BroadcastOptions o(ctx_);
@@ -503,7 +629,7 @@ WorkPtr ProcessGroupGloo::broadcast_async(const Tensor& t, int root) {
     o.setTag(uint32_t(seq));
     o.setTimeout(timeout);
     gloo::broadcast(o);
-  });
+  }, std::move(small));
 }
 
 WorkPtr ProcessGroupGloo::all_gather_async(const Tensor& out, const Tensor& in) {
@@ -515,6 +641,19 @@ WorkPtr ProcessGroupGloo::all_gather_async(const Tensor& out, const Tensor& in) 
               out.shape_str(), " must hold world size ", size_, " x input ", in.shape_str(),
               " = ", in.numel() * size_, " elements");
   Fingerprint fp = make_fingerprint(OpKind::AllGather, in.dtype(), ReduceOp::Sum, -1, in.numel());
+  Small small;
+  if (small_path(in.nbytes())) {
+    small.payload = in.data_ptr();
+    small.bytes = in.nbytes();
+    small.combine = [this, out, in](const std::vector<std::string>& all) {
+      const size_t bytes = in.nbytes();
+      for (int r = 0; r < size_; ++r) check_message(all[size_t(r)], bytes, r);
+      // memmove: the input may be this rank's own chunk of the output (in place).
+      char* o = static_cast<char*>(out.data_ptr());
+      for (int r = 0; r < size_; ++r)
+        if (bytes) std::memmove(o + size_t(r) * bytes, all[size_t(r)].data(), bytes);
+    };
+  }
   return enqueue(fp, [this, out, in](uint64_t seq, Milliseconds timeout) {
     size_t n = size_t(in.numel()), es = in.element_size();
     if (n == 0) return;
@@ -530,7 +669,7 @@ WorkPtr ProcessGroupGloo::all_gather_async(const Tensor& out, const Tensor& in) 
     o.setTag(uint32_t(seq));
     o.setTimeout(timeout);
     gloo::allgather(o);
-  });
+  }, std::move(small));
 }
 
 WorkPtr ProcessGroupGloo::reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op) {

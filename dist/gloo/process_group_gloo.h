@@ -62,7 +62,8 @@ class ProcessGroupGloo final : public ProcessGroup {
   bool uses_shm() const { return shm_ != nullptr; }
   // The underlying context (null for size 1), e.g. for a raw-Gloo baseline in benchmarks.
   const std::shared_ptr<gloo::Context>& context() const { return ctx_; }
-  // Time the worker spent in fingerprint exchanges, for measuring the check's cost.
+  // Time the worker spent checking fingerprints: the comparison where the fingerprint rides a
+  // collective's own arrival or message, the whole exchange where it needs one of its own.
   double fingerprint_seconds() const { return fingerprint_ns_.load() * 1e-9; }
   int64_t fingerprint_checks() const { return fingerprint_checks_.load(); }
   // Why the group failed (a lost peer, a timeout, ...), empty while it is healthy.
@@ -71,15 +72,30 @@ class ProcessGroupGloo final : public ProcessGroup {
   const Heartbeat* heartbeat() const { return heartbeat_.get(); }
 
  private:
+  // A collective small enough to travel with its fingerprint over the control plane (TCP
+  // groups only, Note [fingerprint paths]): what this rank sends, and how the received
+  // messages (rank order, fingerprint stripped) become the result.
+  struct Small {
+    const void* payload = nullptr;
+    size_t bytes = 0;
+    std::function<void(const std::vector<std::string>& messages)> combine;
+  };
   struct Task {
     WorkPtr work;
     Fingerprint fp;
     Milliseconds timeout;
     std::function<void(uint64_t seq, Milliseconds timeout)> body;
+    Small small;  // combine set: runs instead of body
   };
   // Queues a task and wakes the worker, except inside a blocking call, whose caller waits at
   // once and runs it inline when it is next (Note [inline execution]).
+  WorkPtr enqueue(Fingerprint fp, std::function<void(uint64_t, Milliseconds)> body,
+                  Small small);
   WorkPtr enqueue(Fingerprint fp, std::function<void(uint64_t, Milliseconds)> body);
+  // Whether a collective of `bytes` per rank goes over the control plane (Small).
+  bool small_path(size_t bytes) const;
+  // The control-plane exchange of run_task on a TCP group: fingerprints (and Small payloads).
+  void exchange_control(Task& task, bool checked);
   void worker_loop();
   void run_task(Task& task);
   // Records the first transport failure; afterwards every operation fails with it.
@@ -108,6 +124,10 @@ class ProcessGroupGloo final : public ProcessGroup {
 
   std::atomic<uint64_t> seq_{0};
   FingerprintHistory history_;  // worker thread only
+  // The running task's stamped fingerprint, and whether its shared-memory all-reduce compares
+  // it (Note [fingerprint paths]); worker thread (or inline waiter) only.
+  Fingerprint stamp_;
+  bool stamp_check_ = false;
   std::vector<uint8_t> scratch_;  // worker thread only
 
   mutable std::mutex broken_mu_;

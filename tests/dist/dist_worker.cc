@@ -132,7 +132,9 @@ std::vector<ReduceOp> ops_for(DType dt) {
 
 void scenario_collectives(ProcessGroup& pg) {
   const int w = pg.size(), r = pg.rank();
-  const std::vector<int64_t> sizes = {1, 7, 1001};
+  // 4097: over the 16 KiB of a collective that travels over the control plane on TCP groups
+  // for 4-byte and wider dtypes (Note [fingerprint paths]), under it for narrower ones.
+  const std::vector<int64_t> sizes = {1, 7, 1001, 4097};
   for (DType dt : kAllDTypes) {
     for (int64_t n : sizes) {
       for (ReduceOp op : ops_for(dt)) {
@@ -254,6 +256,16 @@ void scenario_collectives(ProcessGroup& pg) {
   Tensor t = make(kFloat64, 3, r);
   pg.all_reduce(t);
   WCHECK(get(t, 2) == reduce_expected(kFloat64, ReduceOp::Sum, w, 2), "after errors");
+  // fingerprint_every: 0 checks nothing, k checks every k-th collective (barriers not counted).
+  if (auto* gloo = dynamic_cast<ProcessGroupGloo*>(&pg); gloo && w > 1) {
+    const int every = env_int("DIST_FINGERPRINT_EVERY", 1);
+    const int64_t checks = gloo->fingerprint_checks();
+    const int64_t issued = int64_t(pg.next_seq());
+    if (every == 0) WCHECK(checks == 0, checks << " fingerprint checks with fingerprint_every 0");
+    if (every > 0)
+      WCHECK(checks >= issued / every - 2 && checks <= issued / every + 1,
+             checks << " fingerprint checks for " << issued << " collectives, every " << every);
+  }
 }
 
 void scenario_async(ProcessGroup& pg) {
@@ -383,45 +395,123 @@ void scenario_failure(ProcessGroup& pg, const std::string& how) {
   WCHECK(Clock::now() - t1 < std::chrono::seconds(1), "a broken group was slow to refuse");
 }
 
+// Every kind of mismatch (op, dtype, count, root, reduce op, order) raises on every rank within
+// a fraction of the timeout, naming what each side called, and moves no data: every tensor
+// still holds this rank's own values afterwards, and the group stays usable. Run on the
+// shared-memory path (default) and on TCP (ACCEL_DIST_SHM=0) by test_process_group.
 void scenario_mismatch(ProcessGroup& pg) {
-  const int r = pg.rank();
+  const int r = pg.rank(), w = pg.size();
+  const bool last = r == w - 1;
+  const auto limit = std::chrono::milliseconds(env_int("DIST_TIMEOUT_MS", 30000) / 2);
   auto expect = [&](const char* what, std::function<void()> fn,
                     std::vector<std::string> needles) {
     std::string msg;
+    auto t0 = Clock::now();
     try {
       fn();
     } catch (const DistError& e) {
       msg = e.what();
     }
+    auto took = Clock::now() - t0;
     WCHECK(!msg.empty(), what << ": mismatch not detected");
+    WCHECK(took < limit, what << ": detected only after "
+                              << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                              << " ms");
     for (auto& n : needles)
       WCHECK(msg.find(n) != std::string::npos, what << ": '" << n << "' missing in: " << msg);
     std::cout << "rank " << r << " " << what << ": " << msg << std::endl;
   };
+  // Whether t still holds make(dt, n, r): nothing was reduced, gathered or broadcast into it.
+  auto untouched = [&](const char* what, const Tensor& t) {
+    Tensor ref = make(t.dtype(), t.numel(), r);
+    WCHECK(std::memcmp(t.data_ptr(), ref.data_ptr(), t.nbytes()) == 0,
+           what << ": the tensor changed although the collective was refused");
+  };
+  const uint64_t s0 = pg.next_seq();
+  const std::string seq0 = "collective mismatch at seq " + std::to_string(s0);
   // Element counts differ on the last rank.
-  expect("numel", [&] {
-    Tensor t = make(kFloat32, r == pg.size() - 1 ? 12 : 10, r);
-    pg.all_reduce(t);
-  }, {"collective mismatch at seq 0", "10 elements", "12 elements"});
+  {
+    Tensor t = make(kFloat32, last ? 12 : 10, r);
+    expect("numel", [&] { pg.all_reduce(t); }, {seq0, "10 elements", "12 elements"});
+    untouched("numel", t);
+  }
+  // Counts of several shared-memory chunks (4 MiB slots) on one side, few elements on the other.
+  {
+    Tensor t = make(kFloat32, last ? (int64_t(3) << 20) + 5 : 7, r);
+    expect("large numel", [&] { pg.all_reduce(t); }, {"3145733 elements", "7 elements"});
+    untouched("large numel", t);
+  }
+  // An empty all-reduce against a non-empty one.
+  {
+    Tensor t = make(kFloat32, last ? 0 : 5, r);
+    expect("empty", [&] { pg.all_reduce(t); }, {"0 elements", "5 elements"});
+    untouched("empty", t);
+  }
   // Different ops.
-  expect("op", [&] {
+  {
     Tensor t = make(kFloat32, 10, r);
-    if (r == 0) pg.broadcast(t, 0); else pg.all_reduce(t);
-  }, {"seq 1", "broadcast(root 0", "all_reduce(sum"});
+    expect("op", [&] {
+      if (r == 0) pg.broadcast(t, 0); else pg.all_reduce(t);
+    }, {"broadcast(root 0", "all_reduce(sum"});
+    untouched("op", t);
+  }
+  {
+    Tensor in = make(kFloat32, 4, r);
+    Tensor out = make(kFloat32, 4 * w, r);
+    expect("op gather", [&] {
+      if (last) pg.all_gather(out, in); else pg.all_reduce(in);
+    }, {"all_gather(float32, 4 elements per rank", "all_reduce(sum, float32, 4 elements"});
+    untouched("op gather in", in);
+    untouched("op gather out", out);
+  }
+  {
+    Tensor t = make(kFloat32, 10, r);
+    expect("op barrier", [&] {
+      if (r == 0) pg.barrier(); else pg.all_reduce(t);
+    }, {"barrier()", "all_reduce(sum"});
+    untouched("op barrier", t);
+  }
   // Different dtypes.
-  expect("dtype", [&] {
+  {
     Tensor t = make(r == 0 ? kFloat64 : kFloat32, 10, r);
-    pg.all_reduce(t);
-  }, {"float64", "float32"});
-  // Different reduce ops.
-  expect("reduce op", [&] {
+    expect("dtype", [&] { pg.all_reduce(t); }, {"float64", "float32"});
+    untouched("dtype", t);
+  }
+  // Different roots.
+  {
     Tensor t = make(kFloat32, 10, r);
-    pg.all_reduce(t, r == 0 ? ReduceOp::Max : ReduceOp::Sum);
-  }, {"max", "sum"});
+    expect("root", [&] { pg.broadcast(t, last ? 1 : 0); }, {"root 0", "root 1"});
+    untouched("root", t);
+  }
+  // Different reduce ops.
+  {
+    Tensor t = make(kFloat32, 10, r);
+    expect("reduce op", [&] { pg.all_reduce(t, r == 0 ? ReduceOp::Max : ReduceOp::Sum); },
+           {"max", "sum"});
+    untouched("reduce op", t);
+  }
+  // The same two calls in a different order: both raise, each at its own seq.
+  {
+    Tensor a = make(kFloat32, 6, r), b = make(kFloat32, 6, r);
+    auto first = [&] { r == 0 ? pg.all_reduce(a) : pg.broadcast(b, 0); };
+    auto second = [&] { r == 0 ? pg.broadcast(b, 0) : pg.all_reduce(a); };
+    expect("order 1", first, {"broadcast(root 0", "all_reduce(sum"});
+    expect("order 2", second, {"broadcast(root 0", "all_reduce(sum"});
+    untouched("order a", a);
+    untouched("order b", b);
+  }
   // After detected mismatches the group is still in step and usable.
   Tensor t = make(kFloat32, 10, r);
   pg.all_reduce(t);
-  WCHECK(get(t, 4) == reduce_expected(kFloat32, ReduceOp::Sum, pg.size(), 4), "after mismatch");
+  WCHECK(get(t, 4) == reduce_expected(kFloat32, ReduceOp::Sum, w, 4), "after mismatch");
+  Tensor big = make(kFloat32, (int64_t(3) << 20) + 5, r);
+  pg.all_reduce(big);
+  WCHECK(get(big, (int64_t(3) << 20) + 1) ==
+             reduce_expected(kFloat32, ReduceOp::Sum, w, (int64_t(3) << 20) + 1),
+         "large after mismatch");
+  Tensor bc = make(kFloat32, 10, r);
+  pg.broadcast(bc, w - 1);
+  WCHECK(get(bc, 3) == value(kFloat32, w - 1, 3), "broadcast after mismatch");
 }
 
 // Timing of small all_reduces with the fingerprint check on and off (prints, does not assert).

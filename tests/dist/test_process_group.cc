@@ -47,11 +47,15 @@ TEST_CASE("gloo: every collective and dtype, world sizes 1, 2 and 3") {
   }
 }
 
-TEST_CASE("gloo: the same over Gloo's TCP ring (shared memory off), fingerprints every 3rd") {
-  for (int world : {2, 3}) {
+TEST_CASE("gloo: the same over TCP (shared memory off), fingerprints every 3rd, each, never") {
+  // Small collectives travel over the control plane with their fingerprint, larger ones over
+  // Gloo (Note [fingerprint paths]); fingerprint_every must not change any result.
+  for (auto [world, every] : {std::pair{2, "3"}, std::pair{3, "3"}, std::pair{2, "1"},
+                              std::pair{3, "0"}}) {
     CAPTURE(world);
+    CAPTURE(every);
     auto res = run_world(worker(), {"collectives"}, world,
-                         {{"ACCEL_DIST_SHM", "0"}, {"DIST_FINGERPRINT_EVERY", "3"}}, 60s);
+                         {{"ACCEL_DIST_SHM", "0"}, {"DIST_FINGERPRINT_EVERY", every}}, 60s);
     check_all_ok(res, "collectives");
   }
 }
@@ -71,16 +75,31 @@ TEST_CASE("gloo: send/recv, symmetric exchange, size mismatch raises on both sid
 }
 
 TEST_CASE("gloo: mismatched collectives are detected on every rank, naming both sides") {
-  for (int world : {2, 3}) {
-    CAPTURE(world);
-    auto res = run_world(worker(), {"mismatch"}, world, {}, 60s);
-    check_all_ok(res, "mismatch");
-    // Every rank printed the same message for the numel mismatch.
-    auto line = [](const std::string& out) {
-      auto p = out.find(" numel: ");
-      return p == std::string::npos ? std::string() : out.substr(p, out.find('\n', p) - p);
-    };
-    for (auto& r : res) CHECK(line(r.output) == line(res[0].output));
+  // Op, dtype, count, root, reduce op and order, each on the shared-memory path (the
+  // fingerprint rides the all-reduce's arrival) and over TCP (the control plane); the worker
+  // checks each raised within half the timeout and left every tensor untouched.
+  for (bool tcp : {false, true}) {
+    for (int world : {2, 3}) {
+      CAPTURE(tcp);
+      CAPTURE(world);
+      std::map<std::string, std::string> env = {{"DIST_TIMEOUT_MS", "10000"}};
+      if (tcp) env.emplace("ACCEL_DIST_SHM", "0");
+      auto res = run_world(worker(), {"mismatch"}, world, env, 60s);
+      check_all_ok(res, "mismatch");
+      // Every rank printed the same message for each mismatch.
+      for (const char* what : {" numel: ", " large numel: ", " empty: ", " op: ", " op gather: ",
+                               " op barrier: ", " dtype: ", " root: ", " order 2: "}) {
+        CAPTURE(what);
+        // From "collective mismatch" on (the "[op]" before it is each rank's own call).
+        auto line = [&](const std::string& out) {
+          auto p = out.find(what);
+          if (p != std::string::npos) p = out.find("collective mismatch", p);
+          return p == std::string::npos ? std::string() : out.substr(p, out.find('\n', p) - p);
+        };
+        CHECK(!line(res[0].output).empty());
+        for (auto& r : res) CHECK(line(r.output) == line(res[0].output));
+      }
+    }
   }
 }
 
@@ -89,13 +108,15 @@ TEST_CASE("gloo: a rank that exits, throws or is stopped makes the others raise 
     const char* how;
     int world;
     int victim;
-    // Where the failure is detected: the fingerprint exchange on the control channel (default),
-    // the shared-memory all-reduce (fingerprints off), or Gloo's TCP ring (both off).
+    // Where the failure is detected: the fingerprint exchange on the control channel (shared
+    // memory off), the shared-memory all-reduce carrying the fingerprint (default), the
+    // shared-memory all-reduce (fingerprints off), or Gloo's TCP ring (both off).
     const char* path;
   };
   const int timeout_ms = 2000;
-  for (Case c : {Case{"exit", 3, 1, "control"}, Case{"throw", 3, 2, "control"},
-                 Case{"stop", 2, 1, "control"}, Case{"stop", 3, 0, "control"},
+  for (Case c : {Case{"exit", 3, 1, "control"}, Case{"throw", 3, 2, "stamp"},
+                 Case{"stop", 2, 1, "control"}, Case{"stop", 3, 0, "stamp"},
+                 Case{"exit", 2, 0, "stamp"},
                  Case{"exit", 3, 1, "shm"}, Case{"stop", 2, 1, "shm"},
                  Case{"exit", 3, 2, "tcp"}, Case{"stop", 3, 1, "tcp"}}) {
     CAPTURE(c.how);
@@ -105,8 +126,8 @@ TEST_CASE("gloo: a rank that exits, throws or is stopped makes the others raise 
     std::map<std::string, std::string> env = {{"DIST_TIMEOUT_MS", std::to_string(timeout_ms)},
                                               {"DIST_VICTIM", std::to_string(c.victim)}};
     const std::string path = c.path;
-    if (path != "control") env.emplace("DIST_FINGERPRINT_EVERY", "0");
-    if (path == "tcp") env.emplace("ACCEL_DIST_SHM", "0");
+    if (path == "shm" || path == "tcp") env.emplace("DIST_FINGERPRINT_EVERY", "0");
+    if (path == "tcp" || path == "control") env.emplace("ACCEL_DIST_SHM", "0");
     auto t0 = std::chrono::steady_clock::now();
     auto res = run_world(worker(), {c.how}, c.world, env, 30s, /*kill_after_survivors=*/true);
     auto elapsed = std::chrono::steady_clock::now() - t0;

@@ -10,7 +10,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -264,6 +266,78 @@ TEST_CASE("shm: abort() is published through the segment and names the aborting 
   INFO("rank 2 (the aborting rank): '" << r2 << "'");
   CHECK(r2.rfind("PEERERR ", 0) == 0);
   CHECK(r2.find("heartbeat lost rank 1") != std::string::npos);
+  reap(kids);
+}
+
+// Note [shm stamps]: stamps ride the arrivals of exchanges and all-reduces; every rank must see
+// each peer's stamp of the same round, never one of the round before or after, although a fast
+// rank publishes its next stamp while slow ones still read (the two parity areas).
+TEST_CASE("shm: stamps on arrivals: every rank reads every peer's stamp of the same round") {
+  constexpr int kWorld = 3, kRounds = 3000;
+  const int port = accel::test::free_port();
+  std::vector<Child> kids;
+  for (int r = 0; r < kWorld; ++r) {
+    kids.push_back(fork_child([&, r](int in, int out) {
+      auto store = connect_store(r, port);
+      auto shm = ShmAllReduce::create(store, r, kWorld, kSlotBytes, kStoreTimeout);
+      if (!shm) return say(out, "NOSHM"), 2;
+      auto stamp_of = [](int rank, int round) {
+        std::array<uint64_t, ShmAllReduce::kStampBytes / 8> s{};
+        for (size_t w = 0; w < s.size(); ++w) s[w] = uint64_t(round) * 1000 + uint64_t(rank) * 10 + w;
+        return s;
+      };
+      int bad = 0, checked = 0;
+      auto verify = [&](const void* all, int round) {
+        for (int q = 0; q < kWorld; ++q) {
+          auto want = stamp_of(q, round);
+          if (std::memcmp(static_cast<const char*>(all) + size_t(q) * ShmAllReduce::kStampBytes,
+                          want.data(), ShmAllReduce::kStampBytes) != 0)
+            ++bad;
+        }
+        ++checked;
+      };
+      for (int round = 0; round < kRounds; ++round) {
+        auto mine = stamp_of(r, round);
+        if (round % 3 == 2) {
+          // Rounds whose stamp rides an all-reduce (checked every other time).
+          std::vector<float> v(round % 2 ? 16 : kElems, float(r + 1));
+          const ShmAllReduce::StampCheck check = [&](const void* all) { verify(all, round); };
+          shm->all_reduce(v.data(), v.size(), sizeof(float), kSum, kCollectiveTimeout,
+                          mine.data(), round % 2 ? &check : nullptr);
+          if (v[v.size() - 1] != float(kWorld * (kWorld + 1) / 2)) ++bad;
+        } else {
+          uint8_t all[ShmAllReduce::kStampBytes * kWorld];
+          shm->exchange(mine.data(), all, kCollectiveTimeout);
+          verify(all, round);
+        }
+      }
+      // A check that throws stops the all-reduce before anything is reduced, and the segment
+      // stays in step (the next all-reduce is right).
+      std::vector<float> v(kElems, float(r + 1));
+      const ShmAllReduce::StampCheck refuse = [](const void*) {
+        throw accel::DistError("[test] refused");
+      };
+      bool refused = false;
+      try {
+        shm->all_reduce(v.data(), v.size(), sizeof(float), kSum, kCollectiveTimeout,
+                        stamp_of(r, 0).data(), &refuse);
+      } catch (const accel::DistError&) {
+        refused = true;
+      }
+      for (float x : v)
+        if (x != float(r + 1)) ++bad;
+      if (!refused || !reduce_once(*shm, r, kWorld)) ++bad;
+      say(out, "BAD " + std::to_string(bad) + " CHECKED " + std::to_string(checked));
+      return linger_if_server(r, in);
+    }));
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r);
+    const std::string line = read_line(kids[size_t(r)].out, kReadLimit + 60s);
+    INFO(line);
+    CHECK(line.rfind("BAD 0 CHECKED ", 0) == 0);
+    CHECK(std::atoi(line.c_str() + 14) > kRounds / 2);
+  }
   reap(kids);
 }
 

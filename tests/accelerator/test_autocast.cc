@@ -145,20 +145,28 @@ TEST_CASE("autocast: softmax, norms and losses run in float32 on bf16/fp16 input
   CHECK(softmax(h, 1).dtype() == kFloat32);
 }
 
-TEST_CASE("autocast: fused attention takes the composed path, whose matmuls run in bf16") {
+TEST_CASE("autocast: attention runs the fused float32 kernel on CPU, on upcast bf16 inputs") {
+  // Note [autocast attention]: a float32 op under autocast where the fused kernel exists.
   Generator g(6);
   Tensor q = randn({1, 2, 5, 8}, {}, &g), k = randn({1, 2, 5, 8}, {}, &g), v = randn({1, 2, 5, 8}, {}, &g);
   Tensor f32 = scaled_dot_product_attention(q, k, v, true);
   auto merged = [](const Tensor& t) { return t.transpose(1, 2).reshape({1, 5, 16}); };
   Tensor qkv = cat({merged(q), merged(k), merged(v)}, 2);  // (B, T, 3C) = [q | k | v]
+  Tensor q16 = q.to(kBFloat16), k16 = k.to(kBFloat16), v16 = v.to(kBFloat16);
+  Tensor want16 = scaled_dot_product_attention(q16.to(kFloat32), k16.to(kFloat32), v16.to(kFloat32), true);
   AutocastGuard ac(true, kBFloat16);
   Tensor got = scaled_dot_product_attention(q, k, v, true);
   Tensor packed = scaled_dot_product_attention_packed(qkv, 2, true);
-  CHECK(got.dtype() == kBFloat16);
-  CHECK_FALSE(equal(got.to(kFloat32), f32));
-  CHECK(rel_max_diff(got.to(kFloat32), f32) < 3e-2);
-  // The packed form splits [q | k | v] per head: the same values.
+  CHECK(got.dtype() == kFloat32);
+  CHECK(equal(got, f32));
   CHECK(allclose(packed, merged(got), 1e-6, 1e-6));
+  // bf16 activations (the output of a bf16 linear) are upcast, not rejected.
+  Tensor got16 = scaled_dot_product_attention(q16, k16, v16, true);
+  CHECK(got16.dtype() == kFloat32);
+  CHECK(equal(got16, want16));
+  Tensor packed16 = scaled_dot_product_attention_packed(qkv.to(kBFloat16), 2, true);
+  CHECK(packed16.dtype() == kFloat32);
+  CHECK(rel_max_diff(packed16, merged(f32)) < 3e-2);
 }
 
 TEST_CASE("autocast weight cache: one conversion per parameter per region, invalidated by updates") {

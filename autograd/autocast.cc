@@ -16,7 +16,9 @@ using detail::tls_autocast;
 
 struct CacheEntry {
   Tensor source;       // keeps the key alive (and its address unique) while cached
-  const Storage* storage;
+  // The storage the copy was made from, held so that a storage swapped in later (ZeRO-3
+  // gathers, load_state_dict) can never reuse its address with the same version.
+  StoragePtr storage;
   uint32_t version;
   bool with_grad;
   Tensor low;
@@ -47,7 +49,7 @@ Tensor cached_cast(const Tensor& x, DType low) {
   auto it = c.entries.find(x.impl());
   if (it != c.entries.end()) {
     CacheEntry& e = it->second;
-    if (e.storage == st && e.version == st->version() && e.with_grad == with_grad &&
+    if (e.storage.get() == st && e.version == st->version() && e.with_grad == with_grad &&
         e.low.dtype() == low) {
       ++c.hits;
       return e.low;
@@ -55,7 +57,7 @@ Tensor cached_cast(const Tensor& x, DType low) {
   }
   ++c.conversions;
   Tensor out = x.to(low);
-  c.entries[x.impl()] = CacheEntry{x, st, st->version(), with_grad, out};
+  c.entries[x.impl()] = CacheEntry{x, x.storage(), st->version(), with_grad, out};
   return out;
 }
 

@@ -722,7 +722,6 @@ int main(int argc, char** argv) {
     usage(argv[0]);
     return 2;
   }
-  print_cpu_features();
   // `all` compares with libtorch whenever the peer is built; a single NAME only when asked. The
   // 16-bit runs compare with our own float32 run instead.
   const bool low = bench::bench_precision() != kFloat32;
@@ -737,6 +736,7 @@ int main(int argc, char** argv) {
     usage(argv[0]);
     return 2;
   }
+  print_cpu_features();
   if (peer.required && name != "all" && !has_libtorch_peer(name))
     std::fprintf(stderr, "workloads: %s has no libtorch peer; running ours alone\n", name.c_str());
   int rc = 0;

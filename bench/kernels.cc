@@ -410,12 +410,12 @@ double conv_flops(const ConvShape& c) {
 struct DnnlConv {
   dnnl::convolution_forward::primitive_desc pd;
   dnnl::convolution_forward prim;
-  DnnlConv(const ConvShape& c, bool any) {
+  DnnlConv(const ConvShape& c, bool any, dt type = dt::f32) {
     const tag t_src = any ? tag::any : tag::nchw, t_w = any ? tag::any : tag::oihw;
-    const dnnl::memory::desc src({c.n, c.cin, c.h, c.w}, dt::f32, t_src);
-    const dnnl::memory::desc wei({c.cout, c.cin, kConvK, kConvK}, dt::f32, t_w);
-    const dnnl::memory::desc bias({c.cout}, dt::f32, tag::a);
-    const dnnl::memory::desc dst({c.n, c.cout, c.h, c.w}, dt::f32, t_src);
+    const dnnl::memory::desc src({c.n, c.cin, c.h, c.w}, type, t_src);
+    const dnnl::memory::desc wei({c.cout, c.cin, kConvK, kConvK}, type, t_w);
+    const dnnl::memory::desc bias({c.cout}, type, tag::a);
+    const dnnl::memory::desc dst({c.n, c.cout, c.h, c.w}, type, t_src);
     pd = dnnl::convolution_forward::primitive_desc(
         dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
                                         dnnl::algorithm::convolution_direct, src, wei, bias, dst,
@@ -502,6 +502,50 @@ void register_conv() {
             (void)out_n;
           });
     }
+    // bf16 (issue 14): ours on bf16 tensors against the primitive on bf16 NCHW memory, checked
+    // against the float32 primitive within bf16 tolerance (K = cin * 9 products per output).
+    register_bench("conv2d_bf16/ours/" + sh, [c, flops, out_n](State& s) {
+      const Tensor x = rand_tensor({c.n, c.cin, c.h, c.w}), w = rand_tensor({c.cout, c.cin, 3, 3}),
+                   b = rand_tensor({c.cout});
+      std::vector<float> ref(static_cast<size_t>(out_n));
+      DnnlConv conv(c, false);
+      conv.prim.execute(
+          dnnl_stream(),
+          {{DNNL_ARG_SRC, dnnl::memory(conv.pd.src_desc(), dnnl_engine(), x.data_ptr())},
+           {DNNL_ARG_WEIGHTS, dnnl::memory(conv.pd.weights_desc(), dnnl_engine(), w.data_ptr())},
+           {DNNL_ARG_BIAS, dnnl::memory(conv.pd.bias_desc(), dnnl_engine(), b.data_ptr())},
+           {DNNL_ARG_DST, dnnl::memory(conv.pd.dst_desc(), dnnl_engine(), ref.data())}});
+      dnnl_stream().wait();
+      const Tensor x16 = x.to(accel::kBFloat16), w16 = w.to(accel::kBFloat16),
+                   b16 = b.to(accel::kBFloat16);
+      auto run = [&] { return accel::conv2d(x16, w16, b16, {1, 1}, {kConvPad, kConvPad}, {1, 1}, 1); };
+      const double atol = 1e-2 * std::sqrt(double(c.cin * kConvK * kConvK));
+      if (!check_close(s, [&] { return run().to(accel::kFloat32); }, ref.data(), out_n, 1e-2, atol))
+        return;
+      timed_loop(s, Unit::kFlop, flops, [&] {
+        Tensor y = run();
+        benchmark::DoNotOptimize(y.data_ptr());
+      });
+    });
+    register_bench("conv2d_bf16/dnnl_nchw/" + sh, [c, flops](State& s) {
+      const Tensor x = rand_tensor({c.n, c.cin, c.h, c.w}).to(accel::kBFloat16),
+                   w = rand_tensor({c.cout, c.cin, 3, 3}).to(accel::kBFloat16),
+                   b = rand_tensor({c.cout}).to(accel::kBFloat16);
+      const Tensor y = accel::empty({c.n, c.cout, c.h, c.w}, accel::kBFloat16);
+      DnnlConv conv(c, false, dt::bf16);
+      dnnl::memory msrc(conv.pd.src_desc(), dnnl_engine(), x.data_ptr()),
+          mwei(conv.pd.weights_desc(), dnnl_engine(), w.data_ptr()),
+          mbias(conv.pd.bias_desc(), dnnl_engine(), b.data_ptr()),
+          mdst(conv.pd.dst_desc(), dnnl_engine(), y.data_ptr());
+      timed_loop(s, Unit::kFlop, flops, [&] {
+        conv.prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, msrc},
+                                          {DNNL_ARG_WEIGHTS, mwei},
+                                          {DNNL_ARG_BIAS, mbias},
+                                          {DNNL_ARG_DST, mdst}});
+        dnnl_stream().wait();
+      });
+      s.SetLabel(conv.pd.impl_info_str());
+    });
     register_bench("conv2d/eigen/" + sh, [c, flops, out_n](State& s) {
       const Tensor x = rand_tensor({c.n, c.cin, c.h, c.w}), w = rand_tensor({c.cout, c.cin, 3, 3}),
                    b = rand_tensor({c.cout});

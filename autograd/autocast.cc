@@ -1,5 +1,8 @@
-// Thread-local autocast state; see autograd/autocast.h and Note [autocast on CPU].
+// Thread-local autocast state and weight cache; see autograd/autocast.h, Note [autocast on CPU]
+// and Note [autocast weight cache].
 #include "autograd/autocast.h"
+
+#include <unordered_map>
 
 namespace accel {
 
@@ -10,6 +13,53 @@ constinit thread_local AutocastState tls_autocast __attribute__((tls_model("init
 
 namespace {
 using detail::tls_autocast;
+
+struct CacheEntry {
+  Tensor source;       // keeps the key alive (and its address unique) while cached
+  // The storage the copy was made from, held so that a storage swapped in later (ZeRO-3
+  // gathers, load_state_dict) can never reuse its address with the same version.
+  StoragePtr storage;
+  uint32_t version;
+  bool with_grad;
+  Tensor low;
+};
+
+struct WeightCache {
+  std::unordered_map<const TensorImpl*, CacheEntry> entries;
+  int guard_depth = 0;  // AutocastGuards alive on this thread
+  int64_t conversions = 0, hits = 0;
+};
+
+WeightCache& weight_cache() {
+  thread_local WeightCache cache;
+  return cache;
+}
+
+// x (float32 or the other 16-bit dtype) converted to `low`, from the cache when x is a parameter
+// (Note [autocast weight cache]).
+Tensor cached_cast(const Tensor& x, DType low) {
+  WeightCache& c = weight_cache();
+  const bool cacheable = c.guard_depth > 0 && x.is_leaf() && x.requires_grad();
+  if (!cacheable) {
+    ++c.conversions;
+    return x.to(low);
+  }
+  const bool with_grad = grad_enabled();
+  const Storage* st = x.storage().get();
+  auto it = c.entries.find(x.impl());
+  if (it != c.entries.end()) {
+    CacheEntry& e = it->second;
+    if (e.storage.get() == st && e.version == st->version() && e.with_grad == with_grad &&
+        e.low.dtype() == low) {
+      ++c.hits;
+      return e.low;
+    }
+  }
+  ++c.conversions;
+  Tensor out = x.to(low);
+  c.entries[x.impl()] = CacheEntry{x, x.storage(), st->version(), with_grad, out};
+  return out;
+}
 
 void check_low_precision(DType dtype) {
   ACCEL_CHECK(dtype == kBFloat16 || dtype == kFloat16, DTypeError, "autocast",
@@ -28,12 +78,22 @@ AutocastGuard::AutocastGuard(bool enabled, DType dtype)
   check_low_precision(dtype);
   tls_autocast.enabled = enabled;
   tls_autocast.dtype = dtype;
+  ++weight_cache().guard_depth;
 }
 
 AutocastGuard::~AutocastGuard() {
   tls_autocast.enabled = prev_enabled_;
   tls_autocast.dtype = prev_dtype_;
+  WeightCache& c = weight_cache();
+  if (--c.guard_depth == 0) c.entries.clear();
 }
+
+AutocastCacheStats autocast_cache_stats() {
+  const WeightCache& c = weight_cache();
+  return {c.conversions, c.hits, int64_t(c.entries.size())};
+}
+
+void clear_autocast_cache() { weight_cache().entries.clear(); }
 
 Tensor round_to_precision(const Tensor& x, DType dtype) {
   check_low_precision(dtype);
@@ -47,12 +107,8 @@ Tensor autocast_cast(const Tensor& x) {
   const DType dt = x.dtype();
   if (dt != kFloat32 && dt != kBFloat16 && dt != kFloat16) return x;  // f64, integers, bool
   const DType low = tls_autocast.dtype;
-  if (!x.device().is_cpu()) return dt == low ? x : x.to(low);
-  // CPU (Note [autocast on CPU]): the values of `low`, held in float32. A low-precision input
-  // (a bf16 activation the caller made) is brought to float32 the same way, so that it meets
-  // the float32 weights.
-  if (dt == low) return x.to(kFloat32);
-  return x.to(low).to(kFloat32);
+  // CPU and CUDA alike (Note [autocast on CPU]).
+  return dt == low ? x : cached_cast(x, low);
 }
 
 Tensor autocast_upcast(const Tensor& x) {

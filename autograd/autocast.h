@@ -10,16 +10,30 @@
 //   }
 //
 // Note [autocast on CPU]
-// On CUDA, autocast_cast() converts float32 inputs to the low-precision dtype, so the kernel
-// runs in bf16/fp16 and the output has that dtype (as torch.autocast does). On CPU it rounds the
-// inputs to the low-precision dtype and back to float32 (x.to(bf16).to(f32)): the product of
-// bf16-rounded values is computed exactly as a bf16 kernel with an fp32 accumulator would (the
-// oneDNN bf16 path), the output stays float32, and the rest of the graph needs no mixed-dtype
-// support. Both casts are differentiable, so the gradients flowing back into the weights are
-// rounded the same way. float64 (gradcheck) and non-floating inputs pass through untouched, as
-// torch.autocast leaves float64 alone. The matmul-class ops' own backward runs on the rounded
-// inputs they saved; the gradients they hand back are rounded to the low-precision dtype by the
-// backward of the casts (as bf16 gradients would be) before they reach the float32 weights.
+// On CPU as on CUDA (and as torch.autocast does on both), autocast_cast() converts float32 inputs
+// of the matmul-class ops to the low-precision dtype, so oneDNN runs its bf16 (fp16) kernel with
+// an fp32 accumulator and writes the 16-bit output directly; linear fuses its bias into that
+// call. The output therefore has the low-precision dtype, elementwise ops after it run on 16-bit
+// data (half the bytes), binary ops that meet a float32 tensor promote, and the
+// precision-sensitive ops (softmax, norms, losses) upcast to float32 (Note [autocast in ops]).
+// Until 2026-12 the CPU path instead rounded the inputs and kept float32 (x.to(bf16).to(f32)):
+// the same products, but two conversions per input and an fp32 GEMM, so autocast could only be
+// slower than float32 (docs/performance.md, "bf16 autocast on the CPU").
+// Both casts are differentiable: the gradients come back in the low-precision dtype through the
+// matmul-class backward (which runs on the 16-bit tensors it saved) and the cast's backward turns
+// them into float32 for the master weights. float64 (gradcheck) and non-floating inputs pass
+// through untouched, as torch.autocast leaves float64 alone.
+//
+// Note [autocast weight cache]
+// A parameter used by several ops of one forward (or by every micro-step of a region) would be
+// converted on every call. As PyTorch's autocast does, the low-precision copy of a leaf tensor
+// that requires grad is cached per thread, keyed on the tensor, and reused while
+//   - the tensor's storage is the same and its version (bumped by every in-place update and by
+//     the optimizers) is unchanged, and
+//   - grad mode is the same as when it was made (a copy made under no_grad has no history).
+// The cache holds references to the parameters and copies; it is cleared when the outermost
+// AutocastGuard (enabled or not) is destroyed, so it lives for one autocast region / step.
+// Non-leaf tensors (activations) are converted on each use, as they are used once.
 #pragma once
 
 #include "core/dtype.h"
@@ -46,6 +60,7 @@ void set_autocast_enabled(bool enabled);
 void set_autocast_dtype(DType dtype);
 
 // Sets (enabled, dtype) for its lifetime and restores the previous state; nests.
+// Outermost guard's destructor clears the weight cache (Note [autocast weight cache]).
 class AutocastGuard {
  public:
   explicit AutocastGuard(bool enabled = true, DType dtype = kBFloat16);
@@ -73,9 +88,21 @@ class AutocastGuard {
 // Outside autocast this costs one thread-local bool load per op and no call.
 
 // Input cast for a matmul-class op (Note [autocast on CPU]): identity outside autocast and for
-// float64 and non-floating tensors. float32 (and, on CPU, an already low-precision input) becomes
-// the autocast dtype: converted on CUDA, rounded and kept as float32 on CPU.
+// float64 and non-floating tensors. float32 and the other 16-bit dtype become the autocast dtype,
+// through the weight cache for leaf tensors that require grad (Note [autocast weight cache]).
 Tensor autocast_cast(const Tensor& x);
+
+// Weight cache counters of the current thread (Note [autocast weight cache]); for tests and the
+// bench. `conversions` counts the casts autocast_cast() made (cached or not), `hits` the casts it
+// saved.
+struct AutocastCacheStats {
+  int64_t conversions = 0;
+  int64_t hits = 0;
+  int64_t entries = 0;  // copies held now
+};
+AutocastCacheStats autocast_cache_stats();
+// Drops the current thread's cached copies (the outermost AutocastGuard does it on exit).
+void clear_autocast_cache();
 // Input cast for a float32-only op: bf16/fp16 tensors become float32 inside autocast; identity
 // otherwise.
 Tensor autocast_upcast(const Tensor& x);

@@ -333,6 +333,61 @@ void register_gemm() {
 }
 
 // =====================================================================================
+// bf16 GEMM (issue 14): ours on bf16 tensors, ours on float32 tensors under autocast (the right
+// operand a parameter, so its bf16 copy comes from the weight cache as in a Linear layer; the
+// left one converted on every call), and oneDNN's matmul primitive called directly on bf16
+// memory. Checked against the float32 dnnl_sgemm result within bf16 tolerance.
+// =====================================================================================
+void register_gemm_bf16() {
+  const GemmShape shapes[] = {{1024, 1024, 1024}, {256, 784, 1024}, {256, 1024, 1024}};
+  for (const GemmShape g : shapes) {
+    const std::string sh = dims_str({g.m, g.k, g.n});
+    const double flops = 2.0 * double(g.m) * double(g.k) * double(g.n);
+    // bf16 inputs, fp32 accumulation, bf16 output: errors grow like sqrt(K) of the input
+    // rounding (2^-9) on top of the output rounding.
+    const double atol = 1e-2 * std::sqrt(double(g.k)), rtol = 1e-2;
+    for (const bool autocast : {false, true}) {
+      register_bench(std::string("gemm_bf16/") + (autocast ? "autocast/" : "ours/") + sh,
+                     [g, flops, atol, rtol, autocast](State& s) {
+                       accel::NoGradGuard ng;
+                       const Tensor a = rand_tensor({g.m, g.k}), b = rand_tensor({g.k, g.n});
+                       std::vector<float> ref(size_t(g.m * g.n));
+                       dnnl_sgemm('N', 'N', g.m, g.n, g.k, 1.f, a.data<float>(), g.k,
+                                  b.data<float>(), g.n, 0.f, ref.data(), g.n);
+                       const Tensor a16 = a.to(accel::kBFloat16), b16 = b.to(accel::kBFloat16);
+                       const Tensor w = b.clone().requires_grad_();
+                       accel::AutocastGuard region(autocast, accel::kBFloat16);
+                       auto run = [&] { return autocast ? accel::matmul(a, w) : accel::matmul(a16, b16); };
+                       if (!check_close(
+                               s, [&] { return run().to(accel::kFloat32); }, ref.data(),
+                               g.m * g.n, rtol, atol))
+                         return;
+                       timed_loop(s, Unit::kFlop, flops, [&] {
+                         Tensor c = run();
+                         benchmark::DoNotOptimize(c.data_ptr());
+                       });
+                     });
+    }
+    register_bench("gemm_bf16/dnnl/" + sh, [g, flops](State& s) {
+      const Tensor a = rand_tensor({g.m, g.k}).to(accel::kBFloat16);
+      const Tensor b = rand_tensor({g.k, g.n}).to(accel::kBFloat16);
+      const Tensor c = accel::empty({g.m, g.n}, accel::kBFloat16);
+      const dnnl::memory::desc a_md({g.m, g.k}, dt::bf16, tag::ab), b_md({g.k, g.n}, dt::bf16, tag::ab),
+          c_md({g.m, g.n}, dt::bf16, tag::ab);
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), dnnl_engine());
+      const dnnl::matmul prim(pd);
+      dnnl::memory am(a_md, dnnl_engine(), a.data_ptr()), bm(b_md, dnnl_engine(), b.data_ptr()),
+          cm(c_md, dnnl_engine(), c.data_ptr());
+      timed_loop(s, Unit::kFlop, flops, [&] {
+        prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+        dnnl_stream().wait();
+        benchmark::DoNotOptimize(c.data_ptr());
+      });
+    });
+  }
+}
+
+// =====================================================================================
 // conv2d, the cnn workload's two convolutions (batch 128, 3x3, pad 1, stride 1, with bias):
 //   conv1 x (128, 1, 28, 28)  w (32, 1, 3, 3)  -> (128, 32, 28, 28)
 //   conv2 x (128, 32, 14, 14) w (64, 32, 3, 3) -> (128, 64, 14, 14)
@@ -355,12 +410,12 @@ double conv_flops(const ConvShape& c) {
 struct DnnlConv {
   dnnl::convolution_forward::primitive_desc pd;
   dnnl::convolution_forward prim;
-  DnnlConv(const ConvShape& c, bool any) {
+  DnnlConv(const ConvShape& c, bool any, dt type = dt::f32) {
     const tag t_src = any ? tag::any : tag::nchw, t_w = any ? tag::any : tag::oihw;
-    const dnnl::memory::desc src({c.n, c.cin, c.h, c.w}, dt::f32, t_src);
-    const dnnl::memory::desc wei({c.cout, c.cin, kConvK, kConvK}, dt::f32, t_w);
-    const dnnl::memory::desc bias({c.cout}, dt::f32, tag::a);
-    const dnnl::memory::desc dst({c.n, c.cout, c.h, c.w}, dt::f32, t_src);
+    const dnnl::memory::desc src({c.n, c.cin, c.h, c.w}, type, t_src);
+    const dnnl::memory::desc wei({c.cout, c.cin, kConvK, kConvK}, type, t_w);
+    const dnnl::memory::desc bias({c.cout}, type, tag::a);
+    const dnnl::memory::desc dst({c.n, c.cout, c.h, c.w}, type, t_src);
     pd = dnnl::convolution_forward::primitive_desc(
         dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
                                         dnnl::algorithm::convolution_direct, src, wei, bias, dst,
@@ -447,6 +502,50 @@ void register_conv() {
             (void)out_n;
           });
     }
+    // bf16 (issue 14): ours on bf16 tensors against the primitive on bf16 NCHW memory, checked
+    // against the float32 primitive within bf16 tolerance (K = cin * 9 products per output).
+    register_bench("conv2d_bf16/ours/" + sh, [c, flops, out_n](State& s) {
+      const Tensor x = rand_tensor({c.n, c.cin, c.h, c.w}), w = rand_tensor({c.cout, c.cin, 3, 3}),
+                   b = rand_tensor({c.cout});
+      std::vector<float> ref(static_cast<size_t>(out_n));
+      DnnlConv conv(c, false);
+      conv.prim.execute(
+          dnnl_stream(),
+          {{DNNL_ARG_SRC, dnnl::memory(conv.pd.src_desc(), dnnl_engine(), x.data_ptr())},
+           {DNNL_ARG_WEIGHTS, dnnl::memory(conv.pd.weights_desc(), dnnl_engine(), w.data_ptr())},
+           {DNNL_ARG_BIAS, dnnl::memory(conv.pd.bias_desc(), dnnl_engine(), b.data_ptr())},
+           {DNNL_ARG_DST, dnnl::memory(conv.pd.dst_desc(), dnnl_engine(), ref.data())}});
+      dnnl_stream().wait();
+      const Tensor x16 = x.to(accel::kBFloat16), w16 = w.to(accel::kBFloat16),
+                   b16 = b.to(accel::kBFloat16);
+      auto run = [&] { return accel::conv2d(x16, w16, b16, {1, 1}, {kConvPad, kConvPad}, {1, 1}, 1); };
+      const double atol = 1e-2 * std::sqrt(double(c.cin * kConvK * kConvK));
+      if (!check_close(s, [&] { return run().to(accel::kFloat32); }, ref.data(), out_n, 1e-2, atol))
+        return;
+      timed_loop(s, Unit::kFlop, flops, [&] {
+        Tensor y = run();
+        benchmark::DoNotOptimize(y.data_ptr());
+      });
+    });
+    register_bench("conv2d_bf16/dnnl_nchw/" + sh, [c, flops](State& s) {
+      const Tensor x = rand_tensor({c.n, c.cin, c.h, c.w}).to(accel::kBFloat16),
+                   w = rand_tensor({c.cout, c.cin, 3, 3}).to(accel::kBFloat16),
+                   b = rand_tensor({c.cout}).to(accel::kBFloat16);
+      const Tensor y = accel::empty({c.n, c.cout, c.h, c.w}, accel::kBFloat16);
+      DnnlConv conv(c, false, dt::bf16);
+      dnnl::memory msrc(conv.pd.src_desc(), dnnl_engine(), x.data_ptr()),
+          mwei(conv.pd.weights_desc(), dnnl_engine(), w.data_ptr()),
+          mbias(conv.pd.bias_desc(), dnnl_engine(), b.data_ptr()),
+          mdst(conv.pd.dst_desc(), dnnl_engine(), y.data_ptr());
+      timed_loop(s, Unit::kFlop, flops, [&] {
+        conv.prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, msrc},
+                                          {DNNL_ARG_WEIGHTS, mwei},
+                                          {DNNL_ARG_BIAS, mbias},
+                                          {DNNL_ARG_DST, mdst}});
+        dnnl_stream().wait();
+      });
+      s.SetLabel(conv.pd.impl_info_str());
+    });
     register_bench("conv2d/eigen/" + sh, [c, flops, out_n](State& s) {
       const Tensor x = rand_tensor({c.n, c.cin, c.h, c.w}), w = rand_tensor({c.cout, c.cin, 3, 3}),
                    b = rand_tensor({c.cout});
@@ -902,6 +1001,7 @@ int main(int argc, char** argv) {
 
   register_peaks();
   register_gemm();
+  register_gemm_bf16();
   register_conv();
   register_elementwise();
   register_norms();

@@ -112,6 +112,44 @@ Timing time_steps(const std::function<Tensor()>& step) {
   return t;
 }
 
+// Two training runs alternating step by step (float32 first, then the autocast one), so that load
+// from other processes hits both alike; each gets its own median.
+std::pair<Timing, Timing> time_steps_pair(const std::function<Tensor()>& step32,
+                                          const std::function<Tensor()>& step16) {
+  const int warmup = env_count("ACCEL_BENCH_WARMUP", kWarmupSteps);
+  const int steps = std::max(1, env_count("ACCEL_BENCH_STEPS", kTimedSteps));
+  std::vector<double> ms[2];
+  Timing t[2];
+  const std::function<Tensor()>* fns[2] = {&step32, &step16};
+  for (int i = 0; i < warmup + steps; ++i) {
+    for (int k = 0; k < 2; ++k) {
+      const auto t0 = Clock::now();
+      const Tensor loss = (*fns[k])();
+      const double dt = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      t[k].loss = loss.item();
+      if (i >= warmup) ms[k].push_back(dt);
+    }
+  }
+  for (int k = 0; k < 2; ++k) {
+    t[k].ms_per_step = median(ms[k]);
+    t[k].steps = steps;
+  }
+  return {t[0], t[1]};
+}
+
+void print_pair(const char* name, DType low, const Timing& t32, const Timing& t16, double gflop,
+                const char* extra = "") {
+  const std::string p = precision_name(low);
+  std::printf("workload=%s precision=%s threads=%d steps=%d ms_per_step=%.3f %s_ms=%.3f "
+              "fp32_ms=%.3f speedup=%.3f gflop_per_step=%.3f %s_gflops=%.1f fp32_gflops=%.1f "
+              "%s_loss=%.4f fp32_loss=%.4f%s\n",
+              name, p.c_str(), omp_get_max_threads(), t16.steps, t16.ms_per_step, p.c_str(),
+              t16.ms_per_step, t32.ms_per_step, t32.ms_per_step / t16.ms_per_step, gflop,
+              p.c_str(), gflop / (t16.ms_per_step * 1e-3), gflop / (t32.ms_per_step * 1e-3),
+              p.c_str(), t16.loss, t32.loss, extra);
+  std::fflush(stdout);
+}
+
 void print_line(const char* name, const Timing& t, double gflop, const char* extra = "") {
   std::printf("workload=%s threads=%d steps=%d ms_per_step=%.3f gflop_per_step=%.3f gflops=%.1f "
               "loss=%.4f%s\n",
@@ -149,62 +187,117 @@ double gpt_gflop(int64_t batch, const models::GptConfig& c) {
 }  // namespace
 
 namespace {
-// The mlp and cnn workloads: one Fashion-MNIST classifier step = fetch, forward, cross-entropy,
-// backward, AdamW step, zero grads.
-void run_classifier(const char* name, std::shared_ptr<nn::Module> model, data::MnistOptions mo,
-                    int64_t batch, double gflop_per_step) {
-  mo.train = true;
-  optim::AdamW opt(model->parameters(), adamw(1e-3));
-  BatchStream batches(shuffled_loader(data::load_mnist(data::kFashionMnistDir, mo), batch));
-  const Timing t = time_steps([&] {
+// One training step of `model` on the next batch: forward (under autocast to `low` unless it is
+// kFloat32), loss, backward, AdamW step, zero grads.
+struct Trainer {
+  Trainer(std::shared_ptr<nn::Module> m, double lr, std::shared_ptr<data::DataLoader> loader,
+          DType dt, std::function<Tensor(const Tensor&, const Tensor&)> loss)
+      : model(std::move(m)),
+        opt(model->parameters(), adamw(lr)),
+        batches(std::move(loader)),
+        low(dt),
+        loss_of(std::move(loss)) {}
+  std::shared_ptr<nn::Module> model;
+  optim::AdamW opt;
+  BatchStream batches;
+  DType low;
+  std::function<Tensor(const Tensor&, const Tensor&)> loss_of;  // (model output, target)
+
+  Tensor step() {
     data::Batch b = batches.next();
-    Tensor loss = cross_entropy(model->forward(b[0]), b[1]);
+    Tensor loss;
+    {
+      AutocastGuard ac(low != kFloat32, low == kFloat32 ? kBFloat16 : low);
+      loss = loss_of(model->forward(b[0]), b[1]);
+    }
     loss.backward();
     opt.step();
     opt.zero_grad();
     return loss;
-  });
-  print_line(name, t, gflop_per_step);
+  }
+};
+
+// The training workloads: float32 alone, or float32 and autocast alternating (the header).
+// make_model is called after manual_seed(0), so both copies start from the same weights.
+void run_training(const char* name, const std::function<std::shared_ptr<nn::Module>()>& make_model,
+                  const std::function<std::shared_ptr<data::DataLoader>()>& make_loader,
+                  const std::function<Tensor(const Tensor&, const Tensor&)>& loss_of, double lr,
+                  double gflop, const char* extra = "") {
+  const DType low = bench_precision();
+  auto make = [&](DType dt) {
+    manual_seed(0);
+    auto model = make_model();
+    return std::make_unique<Trainer>(model, lr, make_loader(), dt, loss_of);
+  };
+  auto t32 = make(kFloat32);
+  if (low == kFloat32) {
+    print_line(name, time_steps([&] { return t32->step(); }), gflop, extra);
+    return;
+  }
+  auto t16 = make(low);
+  const auto [r32, r16] =
+      time_steps_pair([&] { return t32->step(); }, [&] { return t16->step(); });
+  print_pair(name, low, r32, r16, gflop, extra);
+}
+
+Tensor classifier_loss(const Tensor& out, const Tensor& target) { return cross_entropy(out, target); }
+
+void run_classifier(const char* name, const std::function<std::shared_ptr<nn::Module>()>& make_model,
+                    data::MnistOptions mo, int64_t batch, double gflop_per_step) {
+  mo.train = true;
+  const data::DatasetPtr ds = data::load_mnist(data::kFashionMnistDir, mo);
+  run_training(name, make_model, [&] { return shuffled_loader(ds, batch); }, classifier_loss, 1e-3,
+               gflop_per_step);
 }
 }  // namespace
 
+DType bench_precision() {
+  const char* v = std::getenv("ACCEL_BENCH_PRECISION");
+  const std::string s = v == nullptr ? "" : v;
+  if (s.empty() || s == "fp32") return kFloat32;
+  if (s == "bf16") return kBFloat16;
+  if (s == "fp16") return kFloat16;
+  ACCEL_THROW(ValueError, "workloads", "ACCEL_BENCH_PRECISION must be fp32, bf16 or fp16, got '", s,
+              "'");
+}
+
+std::string precision_name(DType dt) {
+  return dt == kBFloat16 ? "bf16" : dt == kFloat16 ? "fp16" : "fp32";
+}
+
 void run_mlp() {
-  manual_seed(0);
   data::MnistOptions mo;
   mo.flatten = true;
-  run_classifier("mlp", std::make_shared<models::Mlp>(), mo, 256, mlp_gflop(256));
+  run_classifier("mlp", [] { return std::make_shared<models::Mlp>(); }, mo, 256, mlp_gflop(256));
 }
 
 void run_cnn() {
-  manual_seed(0);
   data::MnistOptions mo;
   mo.channel = true;
-  run_classifier("cnn", std::make_shared<models::Cnn>(), mo, 128, cnn_gflop(128));
+  run_classifier("cnn", [] { return std::make_shared<models::Cnn>(); }, mo, 128, cnn_gflop(128));
 }
 
 void run_gpt() {
   constexpr int64_t kBatch = 32;
-  manual_seed(0);
   const models::GptConfig cfg;
-  auto model = std::make_shared<models::Gpt>(cfg);  // checks the 875,264 parameters
-  optim::AdamW opt(model->parameters(), adamw(3e-4));
   // Windows at every byte offset (stride 1), shuffled: 32 random windows per step, as the
   // libtorch peer draws them.
   auto text = data::TokenFile::from_bytes(data::read_fortunes_corpus(), data::TokenType::UInt8,
                                           "fortunes");
   auto windows = std::make_shared<data::TokenWindowDataset>(text, cfg.context, 1);
-  BatchStream batches(shuffled_loader(windows, kBatch));
-  const Timing t = time_steps([&] {
-    data::Batch b = batches.next();
-    Tensor loss = models::lm_loss(model->forward(b[0]), b[1]);
-    loss.backward();
-    opt.step();
-    opt.zero_grad();
-    return loss;
-  });
+  int64_t params = 0;
+  auto make_model = [&]() -> std::shared_ptr<nn::Module> {
+    auto m = std::make_shared<models::Gpt>(cfg);  // checks the 875,264 parameters
+    params = m->num_parameters();
+    return m;
+  };
+  manual_seed(0);
+  params = make_model()->num_parameters();
   char extra[64];
-  std::snprintf(extra, sizeof extra, " params=%lld", static_cast<long long>(model->num_parameters()));
-  print_line("gpt", t, gpt_gflop(kBatch, cfg), extra);
+  std::snprintf(extra, sizeof extra, " params=%lld", static_cast<long long>(params));
+  run_training("gpt", make_model, [&] { return shuffled_loader(windows, kBatch); },
+               [](const Tensor& out, const Tensor& target) { return models::lm_loss(out, target); },
+               3e-4, gpt_gflop(kBatch, cfg), extra);
 }
 
 namespace {

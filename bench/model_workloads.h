@@ -4,9 +4,24 @@
 // A step is: fetch batch, forward, cross-entropy, backward, AdamW step, zero grads; the figure is
 // the median over kTimedSteps steps after kWarmupSteps (both overridable with the environment
 // variables ACCEL_BENCH_STEPS / ACCEL_BENCH_WARMUP, e.g. for profiling runs).
+//
+// With ACCEL_BENCH_PRECISION=bf16 or fp16 (workloads --precision), mlp, cnn and gpt train two
+// copies of the model from the same seed, one in float32 and one under autocast, alternating step
+// by step in the same run, and print both figures:
+//   workload=mlp precision=bf16 ... ms_per_step=9.8 bf16_ms=9.8 fp32_ms=15.1 speedup=1.541 ...
 #pragma once
 
+#include <string>
+
+#include "core/dtype.h"
+
 namespace accel::bench {
+
+// The autocast dtype asked for by ACCEL_BENCH_PRECISION: kFloat32 (unset or "fp32"), kBFloat16
+// ("bf16") or kFloat16 ("fp16"); ValueError otherwise.
+DType bench_precision();
+// "fp32", "bf16", "fp16".
+std::string precision_name(DType dt);
 
 void run_mlp();
 void run_cnn();

@@ -10,6 +10,11 @@
 //   workload=mlp accel_ms_per_step=20.1 libtorch_ms_per_step=41.0 ratio=2.040 threads=2 ...
 // where ratio > 1 means ours is faster. The contract is in docs/bench.md.
 //
+// The first line names the CPU features found (cpu_features avx2=1 avx512f=1 avx512_bf16=1 ...),
+// so that every figure says what machine made it; on CPUs without bf16 instructions it adds
+// bf16_targets=unmeasurable. --precision bf16|fp16 trains mlp/cnn/gpt in float32 and under
+// autocast alternating in one run (bench/model_workloads.h) and adds the autocast matmul line.
+//
 // Adding a workload: write `void run_<name>()` below and add it to registry(). `all` runs every
 // registered workload in registry order.
 #include <omp.h>
@@ -23,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <utility>
@@ -117,7 +123,10 @@ void run_op() {
 
 // Fine-grained alternation (framework block, direct block, ...) with about 2 ms per block, so
 // that load from other processes hits every side alike; medians over many rounds.
+void run_matmul_autocast(DType low);  // below
+
 void run_matmul() {
+  if (const DType low = bench::bench_precision(); low != kFloat32) run_matmul_autocast(low);
   NoGradGuard ng;
   for (int64_t n : {int64_t(256), int64_t(1024)}) {
     Generator gen(2);
@@ -166,6 +175,53 @@ void run_matmul() {
         .kv("accel_nt_gflops", nt, 1)
         .kv("nt_ratio", nt / d, 3);
   }
+}
+
+// ---------------- matmul under autocast vs native 16-bit matmul ----------------
+
+std::string precision_name_of(DType dt) { return bench::precision_name(dt); }
+
+// 1024^3 with float32 inputs under AutocastGuard (what a linear layer sees: `a` an activation
+// converted on every call, `w` a parameter whose copy the weight cache keeps for the region),
+// the same with both inputs converted on every call, and the native 16-bit matmul on 16-bit
+// tensors, alternating as run_matmul does.
+void run_matmul_autocast(DType low) {
+  NoGradGuard ng;
+  const int64_t n = 1024;
+  Generator gen(3);
+  Tensor a = randn({n, n}, {}, &gen), b = randn({n, n}, {}, &gen);
+  Tensor w = b.clone().requires_grad_();
+  const Tensor a16 = a.to(low), b16 = b.to(low);
+  const double flop = 2.0 * double(n) * double(n) * double(n);
+  const int reps = std::max(1, int(4e8 / flop));
+  const int pairs = 31;
+  AutocastGuard region(true, low);  // one region for the whole run: w converts once
+  auto keep = [](const Tensor& t) { asm volatile("" : : "r"(t.impl()) : "memory"); };
+  auto cached = [&] { keep(matmul(a, w)); };
+  auto uncached = [&] { keep(matmul(a, b)); };
+  auto native = [&] { keep(matmul(a16, b16)); };
+  const std::function<void()> fns[3] = {cached, uncached, native};
+  for (int r = 0; r < 3; ++r)
+    for (const auto& f : fns) time_reps(reps, f);
+  std::vector<double> gflops[3];
+  for (int r = 0; r < pairs; ++r) {
+    for (int k = 0; k < 3; ++k) {
+      const int i = (r + k) % 3;
+      gflops[i].push_back(flop * reps / time_reps(reps, fns[i]) / 1e9);
+    }
+  }
+  const double c = median(gflops[0]), u = median(gflops[1]), nat = median(gflops[2]);
+  const std::string p = precision_name_of(low);
+  Line()
+      .kv("workload", "matmul")
+      .kv("precision", p)
+      .kv("n", n)
+      .kv("threads", int64_t(omp_get_max_threads()))
+      .kv("autocast_gflops", c, 1)
+      .kv("autocast_uncached_gflops", u, 1)
+      .kv(("native_" + p + "_gflops").c_str(), nat, 1)
+      .kv("ratio", c / nat, 3)
+      .kv("uncached_ratio", u / nat, 3);
 }
 
 // ---------------- subprocesses: bench/allreduce, the libtorch peer, our runs in --vs mode ----------------
@@ -535,6 +591,39 @@ bool run_vs_libtorch(const std::string& name, const PeerOptions& opt) {
   return complete;
 }
 
+// One flag of /proc/cpuinfo's first "flags" line (what the kernel says the CPU has).
+bool cpu_flag(const std::string& flags, const char* name) {
+  const std::string f = std::string(" ") + name + " ";
+  return (" " + flags + " ").find(f) != std::string::npos;
+}
+
+// The first output line: the CPU features that decide which kernels run (once per bench, not
+// in the child processes it starts, which inherit ACCEL_BENCH_FEATURES_SHOWN).
+void print_cpu_features() {
+  if (std::getenv("ACCEL_BENCH_FEATURES_SHOWN") != nullptr) return;
+  setenv("ACCEL_BENCH_FEATURES_SHOWN", "1", 1);
+  std::string flags;
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("flags", 0) == 0) {
+      flags = line.substr(line.find(':') == std::string::npos ? 0 : line.find(':') + 1);
+      break;
+    }
+  }
+  const bool bf16 = cpu_flag(flags, "avx512_bf16") || cpu_flag(flags, "amx_bf16");
+  Line l;
+  l.kv("cpu_features", std::string(flags.empty() ? "unknown" : "x86"))
+      .kv("avx2", int64_t(cpu_flag(flags, "avx2")))
+      .kv("avx512f", int64_t(cpu_flag(flags, "avx512f")))
+      .kv("avx512_bf16", int64_t(cpu_flag(flags, "avx512_bf16")))
+      .kv("avx512_fp16", int64_t(cpu_flag(flags, "avx512_fp16")))
+      .kv("amx_bf16", int64_t(cpu_flag(flags, "amx_bf16")))
+      .kv("amx_fp16", int64_t(cpu_flag(flags, "amx_fp16")));
+  // The bf16 speed targets (docs/bench.md) need bf16 instructions; elsewhere autocast only has
+  // to stay within 10 % of float32.
+  if (!bf16) l.kv("bf16_targets", std::string("unmeasurable_without_bf16_instructions"));
+}
+
 void usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [options] NAME\n"
@@ -553,7 +642,10 @@ void usage(const char* argv0) {
                "  --peer-threads L    peer thread counts, comma-separated (default: 1 and "
                "OMP_NUM_THREADS)\n"
                "  --steps N           timed training steps (default 50, WORKLOADS.md's minimum)\n"
-               "  --warmup N          warm-up steps before them (default 5)\n");
+               "  --warmup N          warm-up steps before them (default 5)\n"
+               "  --precision P       fp32 (default), bf16 or fp16: mlp, cnn, gpt also train under\n"
+               "                      autocast, alternating with fp32; matmul adds the autocast "
+               "line\n");
 }
 
 // A positive integer option value, or -1.
@@ -611,6 +703,13 @@ int main(int argc, char** argv) {
       // Read by the training workloads (bench/model_workloads.h), here and in the children.
       setenv(arg == "--steps" ? "ACCEL_BENCH_STEPS" : "ACCEL_BENCH_WARMUP",
              std::to_string(n).c_str(), 1);
+    } else if (arg == "--precision" && has_value) {
+      const std::string p = argv[++i];
+      if (p != "fp32" && p != "bf16" && p != "fp16") {
+        std::fprintf(stderr, "--precision takes fp32, bf16 or fp16, got '%s'\n", p.c_str());
+        return 2;
+      }
+      setenv("ACCEL_BENCH_PRECISION", p.c_str(), 1);  // read by the workloads, here and in children
     } else if (!arg.empty() && arg[0] != '-' && name.empty()) {
       name = arg;
     } else {
@@ -623,9 +722,11 @@ int main(int argc, char** argv) {
     usage(argv[0]);
     return 2;
   }
-  // `all` compares with libtorch whenever the peer is built; a single NAME only when asked.
-  peer.required = vs == "libtorch";
-  peer.compare = peer.required || (vs == "auto" && name == "all");
+  // `all` compares with libtorch whenever the peer is built; a single NAME only when asked. The
+  // 16-bit runs compare with our own float32 run instead.
+  const bool low = bench::bench_precision() != kFloat32;
+  peer.required = vs == "libtorch" && !low;
+  peer.compare = peer.required || (vs == "auto" && name == "all" && !low);
 
   std::vector<const Workload*> todo;
   for (const Workload& w : registry())
@@ -635,6 +736,7 @@ int main(int argc, char** argv) {
     usage(argv[0]);
     return 2;
   }
+  print_cpu_features();
   if (peer.required && name != "all" && !has_libtorch_peer(name))
     std::fprintf(stderr, "workloads: %s has no libtorch peer; running ours alone\n", name.c_str());
   int rc = 0;

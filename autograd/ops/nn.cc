@@ -386,8 +386,9 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
 
 // ---------------- fused scaled dot-product attention ----------------
 // Note [fused attention] (kernels/cpu/attention.cc) has the math. The fused kernel runs for
-// f32/f64 on devices that register sdpa_stub; anything else (CUDA, f16/bf16 under autocast) runs
-// the composed ops, which are also the reference the tests compare against.
+// f32/f64 on devices that register sdpa_stub (under autocast too: Note [autocast attention]);
+// anything else (CUDA, bf16/f16 tensors) runs the composed ops, which are also the reference
+// the tests compare against.
 
 ACCEL_DEFINE_STUB(sdpa_stub);
 ACCEL_DEFINE_STUB(sdpa_backward_stub);
@@ -474,12 +475,19 @@ void check_sdpa(const char* op, const Tensor& q, const Tensor& k, const Tensor& 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool causal) {
   const char* op = "scaled_dot_product_attention";
+  if (ACCEL_UNLIKELY(autocast_enabled()) && sdpa_stub.has(q.device().type)) {
+    // Note [autocast attention]: where the fused kernel exists, attention is a float32 op under
+    // autocast, like softmax: the fused kernel never materialises the (T, T) scores, and its
+    // work is dominated by the exp/softmax that bf16 would not speed up (Note [autocast on
+    // CPU]). The composed ops, in 16 bits, cost 2x the whole GPT step (docs/performance.md).
+    // Elsewhere (CUDA) the composed ops run their matmuls in the autocast dtype.
+    const Tensor q32 = autocast_upcast(q), k32 = autocast_upcast(k), v32 = autocast_upcast(v);
+    AutocastSuspend off;
+    return scaled_dot_product_attention(q32, k32, v32, causal);
+  }
   check_sdpa(op, q, k, v, causal);
   const double scale = 1.0 / std::sqrt(double(q.size(3)));
-  // Under autocast the composed ops round each matmul's inputs (Note [autocast in ops]); the
-  // fused f32 kernel would not.
-  if (!sdpa_fused(q) || k.size(2) == 0 || ACCEL_UNLIKELY(autocast_enabled()))
-    return sdpa_composed(q, k, v, causal, scale);
+  if (!sdpa_fused(q) || k.size(2) == 0) return sdpa_composed(q, k, v, causal, scale);
   Tensor out = empty_heads_last({q.size(0), q.size(1), q.size(2), v.size(3)}, q.dtype(), q.device());
   SdpaSaved s = sdpa_run(q, k, v, scale, causal, out);
   if (autograd::needs_grad(q, k, v)) {
@@ -505,6 +513,11 @@ Tensor scaled_dot_product_attention_packed(const Tensor& qkv, int64_t n_heads, b
               ShapeError, op, "expected qkv (B, T, 3 * C) with C a positive multiple of n_heads (",
               n_heads, "), got ", qkv.sizes());
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_heads, D = C / H;
+  if (ACCEL_UNLIKELY(autocast_enabled()) && sdpa_stub.has(qkv.device().type)) {
+    const Tensor qkv32 = autocast_upcast(qkv);  // Note [autocast attention]
+    AutocastSuspend off;
+    return scaled_dot_product_attention_packed(qkv32, n_heads, causal);
+  }
   if (!sdpa_fused(qkv) || ACCEL_UNLIKELY(autocast_enabled())) {
     auto heads = [&](int64_t which) {
       return qkv.narrow(2, which * C, C).reshape({B, T, H, D}).transpose(1, 2);

@@ -1,4 +1,15 @@
 // CPU copy (strided, broadcasting, converting) and fill.
+//
+// Note [vectorised bf16 casts]
+// Autocast converts every matmul/conv input and output between float32 and bfloat16, so the two
+// contiguous conversions get their own kernels, chosen at run time (the library may be built
+// without -march flags): float32 -> bfloat16 uses AVX512-BF16's vcvtneps2bf16 where the CPU has
+// it, else an AVX2 integer version of BFloat16::from_float (round to nearest even, NaN kept
+// quiet); bfloat16 -> float32 is a 16-bit shift (AVX2). vcvtneps2bf16 treats denormal inputs as
+// zero, so on such CPUs a float32 denormal (|x| < 1.2e-38) converts to a signed zero instead of a
+// bf16 denormal: the same as oneDNN's and PyTorch's converters.
+#include <immintrin.h>
+
 #include <cstring>
 
 #include "core/dispatch.h"
@@ -7,8 +18,98 @@
 namespace accel::cpu {
 namespace {
 
+// ---- contiguous float32 <-> bfloat16 (Note [vectorised bf16 casts]) ----
+
+void f32_to_bf16_scalar(const float* s, uint16_t* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = BFloat16::from_float(s[i]);
+}
+
+__attribute__((target("avx512f,avx512vl,avx512bf16"))) void f32_to_bf16_avx512bf16(
+    const float* s, uint16_t* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(s + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), reinterpret_cast<const __m256i&>(v));
+  }
+  f32_to_bf16_scalar(s + i, d + i, n - i);
+}
+
+// BFloat16::from_float, eight at a time.
+__attribute__((target("avx2"))) void f32_to_bf16_avx2(const float* s, uint16_t* d, int64_t n) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+  const __m256i quiet = _mm256_set1_epi32(0x40);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
+    const __m256i rounding = _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, rounding), 16);
+    const __m256i nan_bits = _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet);
+    const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+    const __m256i r = _mm256_blendv_epi8(rounded, nan_bits, is_nan);
+    // Pack the low 16 bits of the eight lanes (values < 2^16, so unsigned saturation is exact).
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm256_castsi256_si128(packed));
+  }
+  f32_to_bf16_scalar(s + i, d + i, n - i);
+}
+
+__attribute__((target("avx2"))) void bf16_to_f32_avx2(const uint16_t* s, float* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), _mm256_slli_epi32(w, 16));
+  }
+  for (; i < n; ++i) d[i] = float(BFloat16::from_bits(s[i]));
+}
+
+void bf16_to_f32_scalar(const uint16_t* s, float* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = float(BFloat16::from_bits(s[i]));
+}
+
+using F32ToBF16 = void (*)(const float*, uint16_t*, int64_t);
+using BF16ToF32 = void (*)(const uint16_t*, float*, int64_t);
+
+F32ToBF16 pick_f32_to_bf16() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl"))
+    return &f32_to_bf16_avx512bf16;
+  if (__builtin_cpu_supports("avx2")) return &f32_to_bf16_avx2;
+  return &f32_to_bf16_scalar;
+}
+
+BF16ToF32 pick_bf16_to_f32() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") ? &bf16_to_f32_avx2 : &bf16_to_f32_scalar;
+}
+
+// Grain of the parallel conversion: below it one thread is faster than waking the pool.
+constexpr int64_t kConvertGrain = int64_t(1) << 16;
+
+// True when it handled a contiguous float32 <-> bfloat16 copy.
+bool convert_bf16(Tensor& dst, const Tensor& src) {
+  if (!dst.is_contiguous() || !src.is_contiguous() || dst.sizes() != src.sizes()) return false;
+  const int64_t n = dst.numel();
+  if (dst.dtype() == kBFloat16 && src.dtype() == kFloat32) {
+    static const F32ToBF16 fn = pick_f32_to_bf16();
+    const float* s = static_cast<const float*>(src.data_ptr());
+    uint16_t* d = static_cast<uint16_t*>(dst.data_ptr());
+    parallel_for(n, kConvertGrain, [&](int64_t b, int64_t e) { fn(s + b, d + b, e - b); });
+    return true;
+  }
+  if (dst.dtype() == kFloat32 && src.dtype() == kBFloat16) {
+    static const BF16ToF32 fn = pick_bf16_to_f32();
+    const uint16_t* s = static_cast<const uint16_t*>(src.data_ptr());
+    float* d = static_cast<float*>(dst.data_ptr());
+    parallel_for(n, kConvertGrain, [&](int64_t b, int64_t e) { fn(s + b, d + b, e - b); });
+    return true;
+  }
+  return false;
+}
+
 void copy_kernel(Tensor& dst, const Tensor& src) {
   if (dst.numel() == 0) return;
+  if (convert_bf16(dst, src)) return;
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous() &&
       dst.sizes() == src.sizes()) {
     const size_t bytes = dst.nbytes();

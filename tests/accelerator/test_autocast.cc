@@ -1,8 +1,14 @@
-// Autocast wiring (Note [autocast in ops]): matmul-class ops compute on bf16/fp16-rounded inputs
-// (on CPU: the exact values a low-precision kernel with an fp32 accumulator sees), fp32-only ops
+// Autocast wiring (Note [autocast in ops], Note [autocast on CPU]): matmul-class ops convert
+// their inputs to bf16/fp16 and run the 16-bit kernel (output in that dtype, on CPU as on CUDA),
+// parameters' copies come from the weight cache (Note [autocast weight cache]), fp32-only ops
 // upcast low-precision inputs, gradients reach the float32 master weights, and bf16 training
 // through the facade converges like the fp32 run.
+//
+// Until 2026-12 CPU autocast rounded the inputs and kept float32 outputs; the expectations below
+// changed from "float32 output equal to the op on rounded float32 inputs" to "16-bit output
+// equal to the op on 16-bit inputs", which is what the bf16 kernel computes now.
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -32,11 +38,9 @@ double rel_max_diff(const Tensor& a, const Tensor& b) {
   return max(abs(sub(a, b))).item<double>() / (scale > 0 ? scale : 1.0);
 }
 
-Tensor rounded(const Tensor& x, DType dt) { return x.to(dt).to(kFloat32); }
-
 }  // namespace
 
-TEST_CASE("autocast bf16: Linear forward computes on bf16-rounded inputs, output float32 on CPU") {
+TEST_CASE("autocast bf16: Linear forward runs the bf16 kernel, output bfloat16 on CPU") {
   Accelerator acc(mp_config(MixedPrecision::BF16));
   Generator g(1);
   nn::Linear lin(16, 8, true, &g);
@@ -50,17 +54,18 @@ TEST_CASE("autocast bf16: Linear forward computes on bf16-rounded inputs, output
     y = lin.forward(x);
   }
   CHECK_FALSE(autocast_enabled());
-  CHECK(y.dtype() == kFloat32);
-  // Exactly the product of the bf16 values (fp32 accumulation), not the fp32 one.
-  Tensor want = linear(rounded(x, kBFloat16), rounded(lin.weight, kBFloat16), rounded(lin.bias, kBFloat16));
+  CHECK(y.dtype() == kBFloat16);
+  // Exactly the bf16 kernel on the bf16 values (fp32 accumulation, bias fused), not the fp32 one.
+  Tensor want = linear(x.to(kBFloat16), lin.weight.to(kBFloat16), lin.bias.to(kBFloat16));
+  CHECK(want.dtype() == kBFloat16);
   CHECK(equal(y, want));
-  CHECK_FALSE(equal(y, y32));
-  CHECK(rel_max_diff(y, y32) < 2e-2);  // bf16 has 8 significant bits
+  CHECK_FALSE(equal(y.to(kFloat32), y32));
+  CHECK(rel_max_diff(y.to(kFloat32), y32) < 2e-2);  // bf16 has 8 significant bits
   // The parameters themselves stay float32 and untouched.
   CHECK(lin.weight.dtype() == kFloat32);
 }
 
-TEST_CASE("autocast: matmul, mm, bmm, conv2d round their inputs; fp16 too; float64 untouched") {
+TEST_CASE("autocast: matmul, mm, bmm, conv2d run in the 16-bit dtype; fp16 too; float64 untouched") {
   Generator g(2);
   Tensor a = randn({3, 5}, {}, &g), b = randn({5, 4}, {}, &g);
   Tensor a3 = randn({2, 3, 5}, {}, &g), b3 = randn({2, 5, 4}, {}, &g);
@@ -68,17 +73,23 @@ TEST_CASE("autocast: matmul, mm, bmm, conv2d round their inputs; fp16 too; float
   for (DType dt : {kBFloat16, kFloat16}) {
     CAPTURE(dt);
     AutocastGuard ac(true, dt);
-    CHECK(equal(matmul(a, b), [&] {
+    Tensor got = matmul(a, b);
+    CHECK(got.dtype() == dt);
+    CHECK(equal(got, [&] {
       AutocastSuspend off;
-      return matmul(rounded(a, dt), rounded(b, dt));
+      return matmul(a.to(dt), b.to(dt));
     }()));
     Tensor got_mm = mm(a, b), got_bmm = bmm(a3, b3), got_conv = conv2d(xc, wc, bc, {1, 1}, {1, 1});
+    CHECK(got_mm.dtype() == dt);
+    CHECK(got_bmm.dtype() == dt);
+    CHECK(got_conv.dtype() == dt);
     AutocastSuspend off;
-    CHECK(equal(got_mm, mm(rounded(a, dt), rounded(b, dt))));
-    CHECK_FALSE(equal(got_mm, mm(a, b)));
-    CHECK(equal(got_bmm, bmm(rounded(a3, dt), rounded(b3, dt))));
-    CHECK(equal(got_conv, conv2d(rounded(xc, dt), rounded(wc, dt), rounded(bc, dt), {1, 1}, {1, 1})));
-    CHECK_FALSE(equal(got_conv, conv2d(xc, wc, bc, {1, 1}, {1, 1})));
+    CHECK(equal(got_mm, mm(a.to(dt), b.to(dt))));
+    CHECK(rel_max_diff(got_mm.to(kFloat32), mm(a, b)) < 2e-2);
+    CHECK(equal(got_bmm, bmm(a3.to(dt), b3.to(dt))));
+    CHECK(rel_max_diff(got_bmm.to(kFloat32), bmm(a3, b3)) < 2e-2);
+    CHECK(equal(got_conv, conv2d(xc.to(dt), wc.to(dt), bc.to(dt), {1, 1}, {1, 1})));
+    CHECK(rel_max_diff(got_conv.to(kFloat32), conv2d(xc, wc, bc, {1, 1}, {1, 1})) < 2e-2);
   }
   // float64 (what gradcheck uses) is left alone, as torch.autocast does.
   Tensor a64 = a.to(kFloat64), b64 = b.to(kFloat64);
@@ -87,11 +98,11 @@ TEST_CASE("autocast: matmul, mm, bmm, conv2d round their inputs; fp16 too; float
   Tensor under = matmul(a64, b64);
   CHECK(under.dtype() == kFloat64);
   CHECK(equal(under, plain));
-  // A bf16 activation meets float32 weights: both become bf16 values, no dtype error.
+  // A bf16 activation meets float32 weights: both become bf16, no dtype error.
   Tensor mixed = matmul(a.to(kBFloat16), b);
-  CHECK(mixed.dtype() == kFloat32);
+  CHECK(mixed.dtype() == kBFloat16);
   AutocastSuspend off;
-  CHECK(equal(mixed, matmul(rounded(a, kBFloat16), rounded(b, kBFloat16))));
+  CHECK(equal(mixed, matmul(a.to(kBFloat16), b.to(kBFloat16))));
 }
 
 TEST_CASE("autocast: softmax, norms and losses run in float32 on bf16/fp16 inputs") {
@@ -134,20 +145,133 @@ TEST_CASE("autocast: softmax, norms and losses run in float32 on bf16/fp16 input
   CHECK(softmax(h, 1).dtype() == kFloat32);
 }
 
-TEST_CASE("autocast: fused attention takes the composed path, whose matmuls round") {
+TEST_CASE("autocast: attention runs the fused float32 kernel on CPU, on upcast bf16 inputs") {
+  // Note [autocast attention]: a float32 op under autocast where the fused kernel exists.
   Generator g(6);
   Tensor q = randn({1, 2, 5, 8}, {}, &g), k = randn({1, 2, 5, 8}, {}, &g), v = randn({1, 2, 5, 8}, {}, &g);
   Tensor f32 = scaled_dot_product_attention(q, k, v, true);
   auto merged = [](const Tensor& t) { return t.transpose(1, 2).reshape({1, 5, 16}); };
   Tensor qkv = cat({merged(q), merged(k), merged(v)}, 2);  // (B, T, 3C) = [q | k | v]
+  Tensor q16 = q.to(kBFloat16), k16 = k.to(kBFloat16), v16 = v.to(kBFloat16);
+  Tensor want16 = scaled_dot_product_attention(q16.to(kFloat32), k16.to(kFloat32), v16.to(kFloat32), true);
   AutocastGuard ac(true, kBFloat16);
   Tensor got = scaled_dot_product_attention(q, k, v, true);
   Tensor packed = scaled_dot_product_attention_packed(qkv, 2, true);
   CHECK(got.dtype() == kFloat32);
-  CHECK_FALSE(equal(got, f32));
-  CHECK(rel_max_diff(got, f32) < 3e-2);
-  // The packed form splits [q | k | v] per head: the same values.
+  CHECK(equal(got, f32));
   CHECK(allclose(packed, merged(got), 1e-6, 1e-6));
+  // bf16 activations (the output of a bf16 linear) are upcast, not rejected.
+  Tensor got16 = scaled_dot_product_attention(q16, k16, v16, true);
+  CHECK(got16.dtype() == kFloat32);
+  CHECK(equal(got16, want16));
+  Tensor packed16 = scaled_dot_product_attention_packed(qkv.to(kBFloat16), 2, true);
+  CHECK(packed16.dtype() == kFloat32);
+  CHECK(rel_max_diff(packed16, merged(f32)) < 3e-2);
+}
+
+TEST_CASE("autocast weight cache: one conversion per parameter per region, invalidated by updates") {
+  Generator g(7);
+  nn::Linear lin(16, 8, true, &g);
+  Tensor x = randn({4, 16}, {}, &g);
+  const AutocastCacheStats s0 = autocast_cache_stats();
+  CHECK(s0.entries == 0);
+  Tensor y1, y2, y3, y4;
+  {
+    AutocastGuard ac(true, kBFloat16);
+    y1 = lin.forward(x);  // x (not a parameter) + weight + bias
+    const AutocastCacheStats s1 = autocast_cache_stats();
+    CHECK(s1.conversions - s0.conversions == 3);
+    CHECK(s1.hits - s0.hits == 0);
+    CHECK(s1.entries == 2);
+    y2 = lin.forward(x);  // only x converts; weight and bias come from the cache
+    const AutocastCacheStats s2 = autocast_cache_stats();
+    CHECK(s2.conversions - s1.conversions == 1);
+    CHECK(s2.hits - s1.hits == 2);
+    CHECK(equal(y1, y2));
+    {
+      AutocastGuard inner(true, kBFloat16);  // nested: shares the cache and does not clear it
+      lin.forward(x);
+      CHECK(autocast_cache_stats().hits - s2.hits == 2);
+    }
+    CHECK(autocast_cache_stats().entries == 2);
+    // An in-place update bumps the weight's version: the next use converts it again.
+    {
+      NoGradGuard ng;
+      lin.weight.mul_(2.0);
+    }
+    const AutocastCacheStats s3 = autocast_cache_stats();
+    y3 = lin.forward(x);
+    const AutocastCacheStats s4 = autocast_cache_stats();
+    CHECK(s4.conversions - s3.conversions == 2);  // x and the weight
+    CHECK(s4.hits - s3.hits == 1);                // the bias
+    CHECK(rel_max_diff(y3.to(kFloat32), [&] {
+            AutocastSuspend off;
+            return lin.forward(x);
+          }()) < 2e-2);
+    // An optimizer step updates every parameter: both are converted again.
+    {
+      Tensor loss = cross_entropy(y3, tensor(std::vector<int64_t>{0, 1, 2, 3}, {4}));
+      AutocastSuspend off;
+      loss.backward();
+    }
+    optim::AdamW opt(lin.parameters(), optim::AdamWOptions{});
+    opt.step();
+    const AutocastCacheStats s5 = autocast_cache_stats();
+    y4 = lin.forward(x);
+    CHECK(autocast_cache_stats().conversions - s5.conversions == 3);
+    CHECK(autocast_cache_stats().hits - s5.hits == 0);
+    CHECK_FALSE(equal(y4, y3));
+  }
+  // The outermost guard's exit drops the copies.
+  CHECK(autocast_cache_stats().entries == 0);
+  // A copy made under no_grad carries no history: with grad on it is not reused.
+  AutocastGuard ac(true, kBFloat16);
+  {
+    NoGradGuard ng;
+    lin.forward(x);
+  }
+  const AutocastCacheStats s6 = autocast_cache_stats();
+  Tensor y5 = lin.forward(x);
+  CHECK(autocast_cache_stats().conversions - s6.conversions == 3);
+  CHECK(y5.requires_grad());
+}
+
+TEST_CASE("vectorised float32 <-> bfloat16 conversion equals the scalar rounding") {
+  // Values around every rounding case: ties to even, just above/below, inf, NaN, large, negative.
+  std::vector<float> v;
+  Generator g(8);
+  for (double d : randn({1000}, {}, &g).tolist()) v.push_back(float(d) * 1e3f);
+  for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0x7f7fffffu, 0xff7fffffu,
+                        0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0x00000000u, 0x80000000u,
+                        0x3f800000u, 0x47efffffu}) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    v.push_back(f);
+  }
+  const int64_t n = int64_t(v.size());
+  Tensor src = tensor(v, {n});
+  Tensor fast = src.to(kBFloat16);  // contiguous: the vectorised kernel
+  // A strided destination takes the element-wise loop with BFloat16::from_float.
+  Tensor wide = zeros({n, 2}, kBFloat16);
+  Tensor slow = wide.select(1, 0);
+  slow.copy_(src);
+  const BFloat16* pf = fast.data<BFloat16>();
+  for (int64_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    CAPTURE(v[size_t(i)]);
+    const uint16_t want = BFloat16::from_float(v[size_t(i)]);
+    const uint16_t got = pf[i].bits;
+    if (std::isnan(v[size_t(i)])) {
+      CHECK((got & 0x7fffu) > 0x7f80u);  // a NaN stays a NaN
+    } else {
+      CHECK(got == want);
+    }
+  }
+  Tensor finite = src.narrow(0, 0, 1000);
+  CHECK(equal(finite.to(kBFloat16).to(kFloat32), slow.narrow(0, 0, 1000).contiguous().to(kFloat32)));
+  // bfloat16 -> float32 is exact: back and forth again gives the same bits.
+  Tensor back = fast.to(kFloat32);
+  CHECK(equal(back.to(kBFloat16).to(kFloat32).narrow(0, 0, 1000), back.narrow(0, 0, 1000)));
 }
 
 namespace {

@@ -98,12 +98,30 @@ bool positive_number(const std::string& v) {
   return end != v.c_str() && *end == '\0' && std::isfinite(d) && d > 0;
 }
 
-// The two op lines (grad, nograd) of a run, each checked for format and a positive `figure`.
+// The first line of every run: the CPU features (docs/bench.md), each flag 0 or 1.
+void check_features_line(const std::string& line) {
+  INFO("line: '", line, "'");
+  CHECK(line.rfind("cpu_features=", 0) == 0);
+  auto kv = parse_line(line);
+  for (const char* flag : {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16"}) {
+    CAPTURE(flag);
+    REQUIRE(kv.count(flag) == 1);
+    CHECK((kv[flag] == "0" || kv[flag] == "1"));
+  }
+  // Without bf16 instructions the bench says the bf16 targets cannot be measured.
+  const bool bf16 = kv["avx512_bf16"] == "1" || kv["amx_bf16"] == "1";
+  CHECK(kv.count("bf16_targets") == (bf16 ? 0u : 1u));
+}
+
+// The two op lines (grad, nograd) of a run, after the features line, each checked for format
+// and a positive `figure`.
 std::map<std::string, std::map<std::string, std::string>> op_lines(const Run& r,
                                                                    const std::string& figure) {
   std::map<std::string, std::map<std::string, std::string>> by_mode;
-  const std::vector<std::string> lines = lines_of(r.out);
-  CHECK(lines.size() == 2);  // stdout carries result lines only
+  std::vector<std::string> lines = lines_of(r.out);
+  REQUIRE(lines.size() == 3);  // stdout carries the features line and result lines only
+  check_features_line(lines.front());
+  lines.erase(lines.begin());
   for (const std::string& line : lines) {
     auto kv = parse_line(line);
     CHECK(line.rfind("workload=op ", 0) == 0);  // workload comes first
@@ -135,7 +153,7 @@ TEST_CASE("workloads op prints one key=value line per mode with a positive us_pe
 TEST_CASE("workloads rejects bad usage with status 2 and prints nothing on stdout") {
   REQUIRE(exists(kWorkloads));
   for (const char* args : {"", "no-such-workload", "--vs bogus op", "--rounds 0 op",
-                           "--steps x op", "op mlp"}) {
+                           "--steps x op", "op mlp", "--precision fp8 op", "--precision"}) {
     INFO("args: ", args);
     const Run r = run(kWorkloads, args);
     CHECK(r.status == 2);

@@ -638,7 +638,7 @@ int main(int argc, char** argv) {
   }
   if (peer.required && name != "all" && !has_libtorch_peer(name))
     std::fprintf(stderr, "workloads: %s has no libtorch peer; running ours alone\n", name.c_str());
-  std::printf("# cpu: accel_isa=%s (ACCEL_CPU_ISA forces a lower one)\n", accel::cpu::cpu_isa_name());
+  std::fprintf(stderr, "# cpu: accel_isa=%s (ACCEL_CPU_ISA forces a lower one)\n", accel::cpu::cpu_isa_name());
   int rc = 0;
   for (const Workload* w : todo) {
     try {

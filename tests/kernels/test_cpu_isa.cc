@@ -98,6 +98,9 @@ Outputs run_kernels(const Inputs& in) {
   o.add("bf16_gelu", gelu(in.xb));
   o.add("bf16_mul", mul(in.xb, in.yb));
   o.add("bf16_softmax", softmax(in.xb, 1));
+  // Fused attention (its softmax rows are inlined per pass): (batch 2, heads 3, 37 tokens, 16).
+  const Tensor q = in.x.narrow(1, 0, 96).reshape({2, 37, 3, 16}).transpose(1, 2).contiguous();
+  o.add("sdpa_causal", scaled_dot_product_attention(q, mul(q, 0.5), add(q, 1.0), true));
   // Backward kernels: softmax, norms, cross-entropy and the elementwise gradients.
   Tensor x = in.x.clone().requires_grad_();
   Tensor logits = in.logits.clone().requires_grad_();

@@ -36,6 +36,7 @@
 
 #include "accel.h"
 #include "bench/model_workloads.h"
+#include "kernels/cpu/cpu_isa.h"
 
 using namespace accel;
 
@@ -739,6 +740,7 @@ int main(int argc, char** argv) {
   print_cpu_features();
   if (peer.required && name != "all" && !has_libtorch_peer(name))
     std::fprintf(stderr, "workloads: %s has no libtorch peer; running ours alone\n", name.c_str());
+  std::fprintf(stderr, "# cpu: accel_isa=%s (ACCEL_CPU_ISA forces a lower one)\n", accel::cpu::cpu_isa_name());
   int rc = 0;
   for (const Workload* w : todo) {
     try {

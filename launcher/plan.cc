@@ -1,6 +1,7 @@
 #include "launcher/plan.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -141,6 +142,21 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
     // several workers per machine that oversubscribes the cores and slows every collective.
     p.omp_threads = std::max(1, usable_cpu_count() / p.local_world_size);
   }
+  // Note [OpenMP wait policy]: libgomp's default lets a thread that finished its share of a
+  // parallel region spin (~300k iterations) before it sleeps. When the workers' OpenMP teams fill
+  // or exceed the cores, that spinning holds the cores the peer rank's main thread and the
+  // collectives' threads need, and every step waits on the slowest rank (docs/performance.md,
+  // "OpenMP wait policy"). libgomp reads the policy once at start-up, so the launcher sets it in
+  // the worker's environment; a value the user exported is kept.
+  if (!env.count("OMP_WAIT_POLICY") && !env.count("GOMP_SPINCOUNT") && p.local_world_size > 1) {
+    int threads = p.omp_threads;
+    if (threads <= 0) {
+      const auto given = env_get(env, "OMP_NUM_THREADS");
+      threads = given ? std::atoi(given->c_str()) : 0;  // "4,2" (nested) counts its first level
+    }
+    if (threads <= 0) threads = usable_cpu_count();
+    if (int64_t(threads) * p.local_world_size >= usable_cpu_count()) p.omp_wait_policy = "passive";
+  }
   return p;
 }
 
@@ -197,6 +213,7 @@ EnvMap worker_env(const LaunchPlan& p, int local_index, int restart_count) {
   v["ACCEL_MAX_RESTARTS"] = std::to_string(p.config.max_restarts);
   if (!p.rendezvous_token.empty()) v["ACCEL_RENDEZVOUS_TOKEN"] = p.rendezvous_token;
   if (p.omp_threads > 0) v["OMP_NUM_THREADS"] = std::to_string(p.omp_threads);
+  if (!p.omp_wait_policy.empty()) v["OMP_WAIT_POLICY"] = p.omp_wait_policy;
   if (!p.use_cpu && p.config.gpu_ids != "all") v["CUDA_VISIBLE_DEVICES"] = p.config.gpu_ids;
   return v;
 }

@@ -37,6 +37,7 @@ struct LaunchPlan {
   int master_port = 0;     // 0 while port_auto and not yet picked
   bool port_auto = false;  // single machine, no port given: a free one is picked per attempt
   int omp_threads = 0;     // OMP_NUM_THREADS to set; 0 leaves it alone
+  std::string omp_wait_policy;  // OMP_WAIT_POLICY to set; empty leaves it alone
   std::string rendezvous_token;  // ACCEL_RENDEZVOUS_TOKEN to set; empty leaves it alone
   ClusterEnv cluster;
   std::vector<std::string> notes;  // decisions worth a line in the launch log

@@ -25,8 +25,14 @@
 
 #include "core/dispatch_nn.h"
 #include "kernels/cpu/softmax_rows.h"
+#include "kernels/cpu/cpu_isa.h"
 
-namespace accel::cpu {
+// One pass per instruction-set level (Note [portable builds and ISA dispatch] in cpu_isa.h).
+#if !defined(ACCEL_ISA_NS)
+#define ACCEL_ISA_SELF "kernels/cpu/attention.cc"
+#include "kernels/cpu/isa_foreach.h"
+#else
+namespace accel::cpu::ACCEL_ISA_NS {
 namespace {
 
 // 64 measured faster than 32 at T = 128 (bench gpt): smaller blocks save FLOPs but double the
@@ -213,9 +219,13 @@ void sdpa_backward_kernel(const Tensor& dout, const Tensor& q, const Tensor& k, 
 }
 
 }  // namespace
-}  // namespace accel::cpu
+}  // namespace accel::cpu::ACCEL_ISA_NS
+#endif  // ACCEL_ISA_NS
+
+#if !defined(ACCEL_ISA_NS)
 
 namespace accel {
-ACCEL_REGISTER_KERNEL(sdpa_stub, CPU, &cpu::sdpa_kernel);
-ACCEL_REGISTER_KERNEL(sdpa_backward_stub, CPU, &cpu::sdpa_backward_kernel);
+ACCEL_REGISTER_KERNEL(sdpa_stub, CPU, ACCEL_ISA_DISPATCH(sdpa_kernel));
+ACCEL_REGISTER_KERNEL(sdpa_backward_stub, CPU, ACCEL_ISA_DISPATCH(sdpa_backward_kernel));
 }  // namespace accel
+#endif  // !ACCEL_ISA_NS

@@ -2,10 +2,19 @@
 #include <cmath>
 
 #include "core/dispatch.h"
-#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/loops.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/cpu_isa.h"
 
-namespace accel::cpu {
+// One pass per instruction-set level (Note [portable builds and ISA dispatch] in cpu_isa.h).
+#if !defined(ACCEL_ISA_NS)
+#define ACCEL_ISA_SELF "kernels/cpu/binary.cc"
+#include "kernels/cpu/isa_foreach.h"
+#else
+// elementwise.h holds the loop drivers, so it is compiled in every pass.
+#include "kernels/cpu/elementwise.h"
+
+namespace accel::cpu::ACCEL_ISA_NS {
 namespace {
 
 constexpr double kSqrt1_2 = 0.70710678118654752440;
@@ -123,9 +132,13 @@ void where_kernel(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& 
 }
 
 }  // namespace
-}  // namespace accel::cpu
+}  // namespace accel::cpu::ACCEL_ISA_NS
+#endif  // ACCEL_ISA_NS
+
+#if !defined(ACCEL_ISA_NS)
 
 namespace accel {
-ACCEL_REGISTER_KERNEL(binary_stub, CPU, &cpu::binary_kernel);
-ACCEL_REGISTER_KERNEL(where_stub, CPU, &cpu::where_kernel);
+ACCEL_REGISTER_KERNEL(binary_stub, CPU, ACCEL_ISA_DISPATCH(binary_kernel));
+ACCEL_REGISTER_KERNEL(where_stub, CPU, ACCEL_ISA_DISPATCH(where_kernel));
 }  // namespace accel
+#endif  // !ACCEL_ISA_NS

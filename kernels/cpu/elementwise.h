@@ -1,9 +1,16 @@
 // Elementwise loop drivers shared by the unary, binary and where kernels.
-#pragma once
+//
+// No include guard: unary.cc and binary.cc include this inside each instruction-set pass, so the
+// loops (and the lambdas they hand to parallel_for) are compiled for that pass's target (Note
+// [portable builds and ISA dispatch] in cpu_isa.h). A template defined outside the pass would
+// keep the baseline target whatever calls it.
+#if !defined(ACCEL_ISA_NS)
+#error "elementwise.h is included only inside an ISA pass (kernels/cpu/isa_foreach.h)"
+#endif
 
 #include "kernels/cpu/loops.h"
 
-namespace accel::cpu {
+namespace accel::cpu::ACCEL_ISA_NS {
 
 // out[i] = f(in[i]) with f: acc_t<In> -> acc_t<Out>.
 template <typename Out, typename In, typename F>
@@ -77,4 +84,4 @@ void binary_loop(const Tensor& a, const Tensor& b, Tensor& out, F f) {
   });
 }
 
-}  // namespace accel::cpu
+}  // namespace accel::cpu::ACCEL_ISA_NS

@@ -7,8 +7,14 @@
 
 #include "core/dispatch_nn.h"
 #include "kernels/cpu/softmax_rows.h"
+#include "kernels/cpu/cpu_isa.h"
 
-namespace accel::cpu {
+// One pass per instruction-set level (Note [portable builds and ISA dispatch] in cpu_isa.h).
+#if !defined(ACCEL_ISA_NS)
+#define ACCEL_ISA_SELF "kernels/cpu/loss.cc"
+#include "kernels/cpu/isa_foreach.h"
+#else
+namespace accel::cpu::ACCEL_ISA_NS {
 namespace {
 
 constexpr int64_t kLossGrain = kParallelGrain / 4;
@@ -152,11 +158,15 @@ void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, int64_t 
 }
 
 }  // namespace
-}  // namespace accel::cpu
+}  // namespace accel::cpu::ACCEL_ISA_NS
+#endif  // ACCEL_ISA_NS
+
+#if !defined(ACCEL_ISA_NS)
 
 namespace accel {
-ACCEL_REGISTER_KERNEL(cross_entropy_stub, CPU, &cpu::cross_entropy_kernel);
-ACCEL_REGISTER_KERNEL(cross_entropy_backward_stub, CPU, &cpu::cross_entropy_backward_kernel);
-ACCEL_REGISTER_KERNEL(nll_loss_stub, CPU, &cpu::nll_loss_kernel);
-ACCEL_REGISTER_KERNEL(nll_loss_backward_stub, CPU, &cpu::nll_loss_backward_kernel);
+ACCEL_REGISTER_KERNEL(cross_entropy_stub, CPU, ACCEL_ISA_DISPATCH(cross_entropy_kernel));
+ACCEL_REGISTER_KERNEL(cross_entropy_backward_stub, CPU, ACCEL_ISA_DISPATCH(cross_entropy_backward_kernel));
+ACCEL_REGISTER_KERNEL(nll_loss_stub, CPU, ACCEL_ISA_DISPATCH(nll_loss_kernel));
+ACCEL_REGISTER_KERNEL(nll_loss_backward_stub, CPU, ACCEL_ISA_DISPATCH(nll_loss_backward_kernel));
 }  // namespace accel
+#endif  // !ACCEL_ISA_NS

@@ -9,8 +9,14 @@
 
 #include "core/dispatch_nn.h"
 #include "kernels/cpu/softmax_rows.h"
+#include "kernels/cpu/cpu_isa.h"
 
-namespace accel::cpu {
+// One pass per instruction-set level (Note [portable builds and ISA dispatch] in cpu_isa.h).
+#if !defined(ACCEL_ISA_NS)
+#define ACCEL_ISA_SELF "kernels/cpu/norm.cc"
+#include "kernels/cpu/isa_foreach.h"
+#else
+namespace accel::cpu::ACCEL_ISA_NS {
 namespace {
 
 constexpr int64_t kRowsPerBlock = 32;
@@ -192,11 +198,15 @@ void rms_norm_backward_kernel(const Tensor& grad, const Tensor& x, const Tensor&
 }
 
 }  // namespace
-}  // namespace accel::cpu
+}  // namespace accel::cpu::ACCEL_ISA_NS
+#endif  // ACCEL_ISA_NS
+
+#if !defined(ACCEL_ISA_NS)
 
 namespace accel {
-ACCEL_REGISTER_KERNEL(layer_norm_stub, CPU, &cpu::layer_norm_kernel);
-ACCEL_REGISTER_KERNEL(layer_norm_backward_stub, CPU, &cpu::layer_norm_backward_kernel);
-ACCEL_REGISTER_KERNEL(rms_norm_stub, CPU, &cpu::rms_norm_kernel);
-ACCEL_REGISTER_KERNEL(rms_norm_backward_stub, CPU, &cpu::rms_norm_backward_kernel);
+ACCEL_REGISTER_KERNEL(layer_norm_stub, CPU, ACCEL_ISA_DISPATCH(layer_norm_kernel));
+ACCEL_REGISTER_KERNEL(layer_norm_backward_stub, CPU, ACCEL_ISA_DISPATCH(layer_norm_backward_kernel));
+ACCEL_REGISTER_KERNEL(rms_norm_stub, CPU, ACCEL_ISA_DISPATCH(rms_norm_kernel));
+ACCEL_REGISTER_KERNEL(rms_norm_backward_stub, CPU, ACCEL_ISA_DISPATCH(rms_norm_backward_kernel));
 }  // namespace accel
+#endif  // !ACCEL_ISA_NS

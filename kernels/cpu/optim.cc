@@ -7,8 +7,14 @@
 #include "core/dispatch_optim.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/cpu_isa.h"
 
-namespace accel::cpu {
+// One pass per instruction-set level (Note [portable builds and ISA dispatch] in cpu_isa.h).
+#if !defined(ACCEL_ISA_NS)
+#define ACCEL_ISA_SELF "kernels/cpu/optim.cc"
+#include "kernels/cpu/isa_foreach.h"
+#else
+namespace accel::cpu::ACCEL_ISA_NS {
 namespace {
 
 // Below this many elements one thread does the whole tensor (a step reads/writes 7 values per
@@ -36,7 +42,7 @@ AdamScalars scalars(const AdamStepParams& hp) {
 // One pass over (param, grad, m, v) in the storage type T (float or double). GCC will not
 // vectorise a loop that calls sqrt while errno semantics are on (the library sets EDOM for a
 // negative argument), and per-function no-math-errno does not take, so the float loop is
-// written with AVX intrinsics; the tail and the double path use the scalar form.
+// written with AVX intrinsics (in the AVX2 and AVX-512 passes, as -march=native builds do); the tail and the double path use the scalar form.
 template <typename T>
 void adam_scalar(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v,
                  int64_t b, int64_t e, const AdamScalars& s) {
@@ -58,7 +64,7 @@ void adam_scalar(T* __restrict p, const T* __restrict g, T* __restrict m, T* __r
 void adam_float(float* __restrict p, const float* __restrict g, float* __restrict m,
                 float* __restrict v, int64_t b, int64_t e, const AdamScalars& s) {
   int64_t i = b;
-#if defined(__AVX__)
+#if ACCEL_ISA_LEVEL >= 1  // not __AVX__: see isa_foreach.h
   constexpr int64_t kWidth = 8;
   const __m256 beta1 = _mm256_set1_ps(float(s.beta1)), beta2 = _mm256_set1_ps(float(s.beta2));
   const __m256 omb1 = _mm256_set1_ps(float(s.one_minus_beta1));
@@ -124,7 +130,11 @@ void adamw_kernel(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
 }
 
 }  // namespace
+}  // namespace accel::cpu::ACCEL_ISA_NS
+#endif  // ACCEL_ISA_NS
 
-ACCEL_REGISTER_KERNEL(adamw_stub, CPU, &adamw_kernel);
-
+#if !defined(ACCEL_ISA_NS)
+namespace accel::cpu {
+ACCEL_REGISTER_KERNEL(adamw_stub, CPU, ACCEL_ISA_DISPATCH(adamw_kernel));
 }  // namespace accel::cpu
+#endif  // !ACCEL_ISA_NS

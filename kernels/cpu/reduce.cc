@@ -6,8 +6,14 @@
 
 #include "core/dispatch_reduce.h"
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/cpu_isa.h"
 
-namespace accel::cpu {
+// One pass per instruction-set level (Note [portable builds and ISA dispatch] in cpu_isa.h).
+#if !defined(ACCEL_ISA_NS)
+#define ACCEL_ISA_SELF "kernels/cpu/reduce.cc"
+#include "kernels/cpu/isa_foreach.h"
+#else
+namespace accel::cpu::ACCEL_ISA_NS {
 namespace {
 
 template <typename T>
@@ -183,8 +189,12 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
 }
 
 }  // namespace
-}  // namespace accel::cpu
+}  // namespace accel::cpu::ACCEL_ISA_NS
+#endif  // ACCEL_ISA_NS
+
+#if !defined(ACCEL_ISA_NS)
 
 namespace accel {
-ACCEL_REGISTER_KERNEL(reduce_stub, CPU, &cpu::reduce_kernel);
+ACCEL_REGISTER_KERNEL(reduce_stub, CPU, ACCEL_ISA_DISPATCH(reduce_kernel));
 }
+#endif  // !ACCEL_ISA_NS

@@ -6,8 +6,14 @@
 
 #include "core/dispatch_nn.h"
 #include "kernels/cpu/softmax_rows.h"
+#include "kernels/cpu/cpu_isa.h"
 
-namespace accel::cpu {
+// One pass per instruction-set level (Note [portable builds and ISA dispatch] in cpu_isa.h).
+#if !defined(ACCEL_ISA_NS)
+#define ACCEL_ISA_SELF "kernels/cpu/softmax.cc"
+#include "kernels/cpu/isa_foreach.h"
+#else
+namespace accel::cpu::ACCEL_ISA_NS {
 namespace {
 
 // exp is several times the cost of an add: parallelise smaller problems than plain elementwise.
@@ -175,9 +181,13 @@ void softmax_backward_kernel(const Tensor& grad, const Tensor& y, int64_t dim, b
 }
 
 }  // namespace
-}  // namespace accel::cpu
+}  // namespace accel::cpu::ACCEL_ISA_NS
+#endif  // ACCEL_ISA_NS
+
+#if !defined(ACCEL_ISA_NS)
 
 namespace accel {
-ACCEL_REGISTER_KERNEL(softmax_stub, CPU, &cpu::softmax_kernel);
-ACCEL_REGISTER_KERNEL(softmax_backward_stub, CPU, &cpu::softmax_backward_kernel);
+ACCEL_REGISTER_KERNEL(softmax_stub, CPU, ACCEL_ISA_DISPATCH(softmax_kernel));
+ACCEL_REGISTER_KERNEL(softmax_backward_stub, CPU, ACCEL_ISA_DISPATCH(softmax_backward_kernel));
 }  // namespace accel
+#endif  // !ACCEL_ISA_NS

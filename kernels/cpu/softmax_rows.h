@@ -29,8 +29,10 @@ inline __attribute__((always_inline)) A exp_acc(A x) {
   }
 }
 
+// always_inline: these are defined once, at the baseline target; inlined into a kernel of an ISA
+// pass (Note [portable builds and ISA dispatch] in cpu_isa.h) their loops vectorise for that pass.
 template <typename T>
-inline acc_t<T> row_max(const T* x, int64_t n) {
+inline __attribute__((always_inline)) acc_t<T> row_max(const T* x, int64_t n) {
   using A = acc_t<T>;
   A m = -std::numeric_limits<A>::infinity();
 #pragma omp simd reduction(max : m)
@@ -44,7 +46,7 @@ inline acc_t<T> row_max(const T* x, int64_t n) {
 }
 
 template <typename T>
-inline acc_t<T> row_sum(const T* x, int64_t n) {
+inline __attribute__((always_inline)) acc_t<T> row_sum(const T* x, int64_t n) {
   using A = acc_t<T>;
   A s = A(0);
 #pragma omp simd reduction(+ : s)
@@ -54,7 +56,7 @@ inline acc_t<T> row_sum(const T* x, int64_t n) {
 
 // sum_i exp(x[i] - m), without storing.
 template <typename T>
-inline acc_t<T> row_sum_exp(const T* x, int64_t n, acc_t<T> m) {
+inline __attribute__((always_inline)) acc_t<T> row_sum_exp(const T* x, int64_t n, acc_t<T> m) {
   using A = acc_t<T>;
   A s = A(0);
 #pragma omp simd reduction(+ : s)
@@ -64,7 +66,8 @@ inline acc_t<T> row_sum_exp(const T* x, int64_t n, acc_t<T> m) {
 
 // y[i] = exp(x[i] - m) (in A, into a scratch row), returns the sum.
 template <typename T>
-inline acc_t<T> row_exp_store(const T* x, int64_t n, acc_t<T> m, acc_t<T>* y) {
+inline __attribute__((always_inline)) acc_t<T> row_exp_store(const T* x, int64_t n, acc_t<T> m,
+                                                            acc_t<T>* y) {
   using A = acc_t<T>;
   A s = A(0);
 #pragma omp simd reduction(+ : s)

@@ -2,10 +2,19 @@
 #include <cmath>
 
 #include "core/dispatch.h"
-#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/loops.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/cpu_isa.h"
 
-namespace accel::cpu {
+// One pass per instruction-set level (Note [portable builds and ISA dispatch] in cpu_isa.h).
+#if !defined(ACCEL_ISA_NS)
+#define ACCEL_ISA_SELF "kernels/cpu/unary.cc"
+#include "kernels/cpu/isa_foreach.h"
+#else
+// elementwise.h holds the loop drivers, so it is compiled in every pass.
+#include "kernels/cpu/elementwise.h"
+
+namespace accel::cpu::ACCEL_ISA_NS {
 namespace {
 
 constexpr double kSqrt1_2 = 0.70710678118654752440;
@@ -124,9 +133,29 @@ void unary_kernel(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& 
   });
 }
 
-}  // namespace
-}  // namespace accel::cpu
-
-namespace accel {
-ACCEL_REGISTER_KERNEL(unary_stub, CPU, &cpu::unary_kernel);
+// The level this pass was compiled for: cpu_isa_kernel_probe() tells tests which variant ran.
+const char* compiled_isa() {
+#if defined(ACCEL_CPU_NATIVE)
+  return "native";
+#elif ACCEL_ISA_LEVEL == 2
+  return "avx512";
+#elif ACCEL_ISA_LEVEL == 1
+  return "avx2";
+#else
+  return "baseline";
+#endif
 }
+
+}  // namespace
+}  // namespace accel::cpu::ACCEL_ISA_NS
+#endif  // ACCEL_ISA_NS
+
+#if !defined(ACCEL_ISA_NS)
+namespace accel {
+ACCEL_REGISTER_KERNEL(unary_stub, CPU, ACCEL_ISA_DISPATCH(unary_kernel));
+}
+
+namespace accel::cpu {
+const char* cpu_isa_kernel_probe() { return ACCEL_ISA_DISPATCH(compiled_isa)(); }
+}  // namespace accel::cpu
+#endif  // !ACCEL_ISA_NS

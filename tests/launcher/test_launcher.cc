@@ -497,6 +497,30 @@ TEST_CASE("slurm: node list expansion") {
   CHECK_THROWS_AS(al::expand_slurm_tasks_per_node("2(3)"), al::ConfigError);
 }
 
+TEST_CASE("worker env: OMP_WAIT_POLICY=passive when the local workers fill the cores") {
+  const int cores = al::usable_cpu_count();
+  al::LaunchConfig cfg;
+  cfg.num_processes = 2;
+  auto worker_policy = [&](const al::EnvMap& env) {
+    al::LaunchPlan p = al::resolve_plan(cfg, {}, env, 0);
+    p.master_port = 1234;
+    const al::EnvMap e = al::worker_env(p, p.num_local_workers - 1, 0);
+    return e.count("OMP_WAIT_POLICY") ? e.at("OMP_WAIT_POLICY") : std::string("(unset)");
+  };
+  // Two workers, threads split over the cores: together they fill them.
+  CHECK(worker_policy({}) == "passive");
+  // More threads than cores, set by the user's OMP_NUM_THREADS.
+  CHECK(worker_policy(env_of({{"OMP_NUM_THREADS", std::to_string(cores)}})) == "passive");
+  // The user's choice is kept: the worker inherits it, the launcher adds nothing.
+  CHECK(worker_policy(env_of({{"OMP_WAIT_POLICY", "active"}})) == "(unset)");
+  CHECK(worker_policy(env_of({{"GOMP_SPINCOUNT", "1000"}})) == "(unset)");
+  // Leaving cores free (one thread each on a machine with more than two cores): spinning is harmless.
+  if (cores > 2) CHECK(worker_policy(env_of({{"OMP_NUM_THREADS", "1"}})) == "(unset)");
+  // One worker: nothing to compete with.
+  cfg.num_processes = 1;
+  CHECK(worker_policy({}) == "(unset)");
+}
+
 TEST_CASE("placement: flags, SLURM and OpenMPI") {
   al::LaunchConfig cfg;
   cfg.num_processes = 4;

@@ -1,0 +1,182 @@
+// Run-time ISA dispatch of the CPU kernels (Note [portable builds and ISA dispatch] in
+// kernels/cpu/cpu_isa.h): the level is reported, each lower level can be forced, the variant that
+// runs is the one asked for, and every variant computes what the best one does.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "accel.h"
+#include "autograd/ops.h"
+#include "core/dispatch_optim.h"
+#include "core/generator.h"
+#include "kernels/cpu/cpu_isa.h"
+
+using namespace accel;
+using accel::cpu::CpuIsa;
+
+namespace {
+
+// Restores the level a test case found.
+struct IsaGuard {
+  CpuIsa saved = cpu::cpu_isa();
+  ~IsaGuard() { cpu::set_cpu_isa(saved); }
+};
+
+std::vector<CpuIsa> runnable_levels() {
+  const CpuIsa best = cpu::cpu_isa_best();
+  if (best == CpuIsa::Native) return {CpuIsa::Native};
+  std::vector<CpuIsa> v;
+  for (int i = 0; i <= int(best); ++i) v.push_back(CpuIsa(i));
+  return v;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  return max(abs(sub(a.to(kFloat64), b.to(kFloat64)))).item<double>();
+}
+
+struct Inputs {
+  Tensor x, row, y, cond, w, bias, logits, target, p, g, m, v, xb, yb;
+};
+
+Inputs make_inputs() {
+  Generator gen(1234);
+  Inputs in;
+  // Odd sizes: every vector loop also runs its scalar tail.
+  in.x = randn({37, 131}, {}, &gen);
+  in.row = randn({131}, {}, &gen);
+  in.y = add(rand({37, 131}, {}, &gen), 0.5);
+  in.cond = gt(randn({37, 131}, {}, &gen), 0.0);
+  in.w = randn({131}, {}, &gen);
+  in.bias = randn({131}, {}, &gen);
+  in.logits = mul(randn({29, 10}, {}, &gen), 3.0);
+  in.target = randint(0, 10, {29}, TensorOptions(kInt64), &gen);
+  in.p = randn({1000, 7}, {}, &gen);
+  in.g = randn({1000, 7}, {}, &gen);
+  in.m = mul(randn({1000, 7}, {}, &gen), 0.1);
+  in.v = mul(rand({1000, 7}, {}, &gen), 0.01);
+  in.xb = in.x.to(kBFloat16);
+  in.yb = in.y.to(kBFloat16);
+  return in;
+}
+
+struct Outputs {
+  std::vector<std::string> names;
+  std::vector<Tensor> values;
+  void add(const std::string& name, const Tensor& t) {
+    names.push_back(name);
+    values.push_back(t.detach().contiguous().clone());
+  }
+};
+
+Outputs run_kernels(const Inputs& in) {
+  Outputs o;
+  o.add("exp", exp(in.x));
+  o.add("gelu_erf", gelu(in.x));
+  o.add("gelu_tanh", gelu(in.x, "tanh"));
+  o.add("sigmoid", sigmoid(in.x));
+  o.add("silu", silu(in.x));
+  o.add("tanh", tanh(in.x));
+  o.add("erf", erf(in.x));
+  o.add("relu", relu(in.x));
+  o.add("add_broadcast_row", add(in.x, in.row));
+  o.add("mul", mul(in.x, in.y));
+  o.add("div", div(in.x, in.y));
+  o.add("mul_scalar", mul(in.x, 0.37));
+  o.add("where", where(in.cond, in.x, in.y));
+  o.add("sum_rows", sum(in.x, {1}));
+  o.add("mean_cols", mean(in.x, {0}));
+  o.add("amax_rows", amax(in.x, {1}));
+  o.add("sum_all", sum(in.x));
+  o.add("softmax_rows", softmax(in.x, 1));
+  o.add("log_softmax_cols", log_softmax(in.x, 0));
+  o.add("layer_norm", layer_norm(in.x, {131}, in.w, in.bias));
+  o.add("rms_norm", rms_norm(in.x, {131}, in.w));
+  o.add("cross_entropy", cross_entropy(in.logits, in.target));
+  o.add("bf16_gelu", gelu(in.xb));
+  o.add("bf16_mul", mul(in.xb, in.yb));
+  o.add("bf16_softmax", softmax(in.xb, 1));
+  // Fused attention (its softmax rows are inlined per pass): (batch 2, heads 3, 37 tokens, 16).
+  const Tensor q = in.x.narrow(1, 0, 96).reshape({2, 37, 3, 16}).transpose(1, 2).contiguous();
+  o.add("sdpa_causal", scaled_dot_product_attention(q, mul(q, 0.5), add(q, 1.0), true));
+  // Backward kernels: softmax, norms, cross-entropy and the elementwise gradients.
+  Tensor x = in.x.clone().requires_grad_();
+  Tensor logits = in.logits.clone().requires_grad_();
+  Tensor h = layer_norm(x, {131}, in.w, in.bias);
+  Tensor loss = add(mean(mul(softmax(gelu(h), 1), rms_norm(x, {131}, in.w))),
+                    cross_entropy(logits, in.target));
+  loss.backward();
+  o.add("grad_x", x.grad());
+  o.add("grad_logits", logits.grad());
+  // The fused AdamW step, three steps.
+  Tensor p = in.p.clone(), m = in.m.clone(), v = in.v.clone();
+  for (int step = 1; step <= 3; ++step) {
+    AdamStepParams hp;
+    hp.lr = 1e-2;
+    hp.weight_decay = 0.1;
+    hp.bias_correction1 = 1 - std::pow(hp.beta1, step);
+    hp.bias_correction2 = 1 - std::pow(hp.beta2, step);
+    adamw_stub(kCPU, p, in.g, m, v, hp);
+  }
+  o.add("adamw_param", p);
+  o.add("adamw_exp_avg_sq", v);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("cpu_isa reports the best level, or the one ACCEL_CPU_ISA forces") {
+  const std::string name = cpu::cpu_isa_name();
+  MESSAGE("cpu_isa=", name, " best=", std::string(cpu::cpu_isa_name(cpu::cpu_isa_best())));
+  const char* forced = std::getenv("ACCEL_CPU_ISA");
+  if (forced != nullptr && *forced != '\0') {
+    CHECK(name == forced);
+  } else {
+    CHECK(cpu::cpu_isa() == cpu::cpu_isa_best());
+  }
+  // The variant that runs says it was compiled for the level the dispatcher reports.
+  CHECK(std::string(cpu::cpu_isa_kernel_probe()) == name);
+#if defined(__x86_64__) && !defined(ACCEL_CPU_NATIVE)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    CHECK(cpu::cpu_isa_best() == CpuIsa::Avx512);
+  }
+#endif
+}
+
+TEST_CASE("every runnable ISA variant is selected and computes what the best one does") {
+  IsaGuard guard;
+  const Inputs in = make_inputs();
+  cpu::set_cpu_isa(cpu::cpu_isa_best());
+  const Outputs ref = run_kernels(in);
+  for (CpuIsa isa : runnable_levels()) {
+    const std::string isa_name = cpu::cpu_isa_name(isa);
+    CAPTURE(isa_name);
+    cpu::set_cpu_isa(isa);
+    REQUIRE(cpu::cpu_isa() == isa);
+    CHECK(std::string(cpu::cpu_isa_kernel_probe()) == isa_name);
+    const Outputs got = run_kernels(in);
+    REQUIRE(got.values.size() == ref.values.size());
+    for (size_t i = 0; i < ref.values.size(); ++i) {
+      const bool half = ref.values[i].dtype() == kBFloat16;
+      // Variants differ only in FMA contraction and summation order.
+      const double rtol = half ? 1e-2 : 1e-4, atol = half ? 1e-2 : 1e-5;
+      CHECK_MESSAGE(allclose(got.values[i].to(kFloat64), ref.values[i].to(kFloat64), rtol, atol),
+                    ref.names[i], ": max |diff| = ", max_abs_diff(got.values[i], ref.values[i]));
+    }
+  }
+}
+
+TEST_CASE("set_cpu_isa refuses a level the CPU or the build cannot run") {
+  IsaGuard guard;
+  if (cpu::cpu_isa_best() == CpuIsa::Native) {
+    CHECK_THROWS_AS(cpu::set_cpu_isa(CpuIsa::Baseline), ValueError);
+  } else {
+    CHECK_THROWS_AS(cpu::set_cpu_isa(CpuIsa::Native), ValueError);
+    if (cpu::cpu_isa_best() != CpuIsa::Avx512) CHECK_THROWS_AS(cpu::set_cpu_isa(CpuIsa::Avx512), ValueError);
+  }
+  CHECK(cpu::cpu_isa() == guard.saved);
+}

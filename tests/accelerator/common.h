@@ -2,7 +2,10 @@
 // default generator (dropout), a fixed dataset, and one training run through the facade.
 #pragma once
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +19,22 @@
 #include "dist/accelerator.h"
 
 namespace accel::test {
+
+// An empty directory /tmp/<prefix>-<pid>-<tag>, removed first if a crashed run left it behind.
+inline std::string fresh_dir(const std::string& prefix, const std::string& tag) {
+  std::string d = "/tmp/" + prefix + "-" + std::to_string(getpid()) + "-" + tag;
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+// A facade configuration that ignores the environment and checkpoints under `dir`.
+inline AcceleratorConfig base_config(const std::string& dir) {
+  AcceleratorConfig c;
+  c.project_dir = dir;
+  c.read_env = false;
+  return c;
+}
 
 // x: (B, 4) -> (B, 1); two layers with dropout so a resumed run also needs the RNG state.
 struct TinyNet : nn::Module {

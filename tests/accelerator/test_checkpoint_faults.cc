@@ -25,23 +25,12 @@
 
 using namespace accel;
 using accel::test::Run;
+using accel::test::base_config;
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh_dir(const std::string& tag) {
-  std::string d = "/tmp/accel-ckpt-faults-" + std::to_string(getpid()) + "-" + tag;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-AcceleratorConfig base_config(const std::string& dir) {
-  AcceleratorConfig c;
-  c.project_dir = dir;
-  c.read_env = false;
-  return c;
-}
+std::string fresh_dir(const std::string& tag) { return accel::test::fresh_dir("accel-ckpt-faults", tag); }
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

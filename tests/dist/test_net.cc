@@ -19,6 +19,7 @@
 #include "dist/heartbeat.h"
 #include "dist/net.h"
 #include "dist/process_group.h"
+#include "tests/dist/spawn.h"
 
 using namespace accel;
 using namespace accel::dist;
@@ -57,17 +58,7 @@ double seconds_since(Clock::time_point t0) {
 }
 
 // A loopback port nothing listens on (bound, then closed; SO_REUSEADDR is not set anywhere).
-int closed_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+int closed_port() { return accel::test::free_port(); }
 
 }  // namespace
 

@@ -442,6 +442,21 @@ void im2col(const float* x, int64_t cin, int64_t h, int64_t w, float* col) {
       }
 }
 
+// The float32 oneDNN primitive on plain NCHW memory: the reference our conv rows are checked against.
+std::vector<float> conv_reference(const ConvShape& c, const Tensor& x, const Tensor& w, const Tensor& b,
+                                  int64_t out_n) {
+  std::vector<float> ref(static_cast<size_t>(out_n));
+  DnnlConv conv(c, false);
+  conv.prim.execute(
+      dnnl_stream(),
+      {{DNNL_ARG_SRC, dnnl::memory(conv.pd.src_desc(), dnnl_engine(), x.data_ptr())},
+       {DNNL_ARG_WEIGHTS, dnnl::memory(conv.pd.weights_desc(), dnnl_engine(), w.data_ptr())},
+       {DNNL_ARG_BIAS, dnnl::memory(conv.pd.bias_desc(), dnnl_engine(), b.data_ptr())},
+       {DNNL_ARG_DST, dnnl::memory(conv.pd.dst_desc(), dnnl_engine(), ref.data())}});
+  dnnl_stream().wait();
+  return ref;
+}
+
 void register_conv() {
   const ConvShape shapes[] = {{"conv1", 128, 1, 28, 28, 32}, {"conv2", 128, 32, 14, 14, 64}};
   for (const ConvShape c : shapes) {
@@ -452,15 +467,7 @@ void register_conv() {
     register_bench("conv2d/ours/" + sh, [c, flops, out_n](State& s) {
       const Tensor x = rand_tensor({c.n, c.cin, c.h, c.w}), w = rand_tensor({c.cout, c.cin, 3, 3}),
                    b = rand_tensor({c.cout});
-      std::vector<float> ref(static_cast<size_t>(out_n));
-      DnnlConv conv(c, false);
-      conv.prim.execute(
-          dnnl_stream(),
-          {{DNNL_ARG_SRC, dnnl::memory(conv.pd.src_desc(), dnnl_engine(), x.data_ptr())},
-           {DNNL_ARG_WEIGHTS, dnnl::memory(conv.pd.weights_desc(), dnnl_engine(), w.data_ptr())},
-           {DNNL_ARG_BIAS, dnnl::memory(conv.pd.bias_desc(), dnnl_engine(), b.data_ptr())},
-           {DNNL_ARG_DST, dnnl::memory(conv.pd.dst_desc(), dnnl_engine(), ref.data())}});
-      dnnl_stream().wait();
+      const std::vector<float> ref = conv_reference(c, x, w, b, out_n);
       auto run = [&] { return accel::conv2d(x, w, b, {1, 1}, {kConvPad, kConvPad}, {1, 1}, 1); };
       if (!check_close(s, run, ref.data(), out_n, 1e-4, 1e-4)) return;
       timed_loop(s, Unit::kFlop, flops, [&] {
@@ -507,15 +514,7 @@ void register_conv() {
     register_bench("conv2d_bf16/ours/" + sh, [c, flops, out_n](State& s) {
       const Tensor x = rand_tensor({c.n, c.cin, c.h, c.w}), w = rand_tensor({c.cout, c.cin, 3, 3}),
                    b = rand_tensor({c.cout});
-      std::vector<float> ref(static_cast<size_t>(out_n));
-      DnnlConv conv(c, false);
-      conv.prim.execute(
-          dnnl_stream(),
-          {{DNNL_ARG_SRC, dnnl::memory(conv.pd.src_desc(), dnnl_engine(), x.data_ptr())},
-           {DNNL_ARG_WEIGHTS, dnnl::memory(conv.pd.weights_desc(), dnnl_engine(), w.data_ptr())},
-           {DNNL_ARG_BIAS, dnnl::memory(conv.pd.bias_desc(), dnnl_engine(), b.data_ptr())},
-           {DNNL_ARG_DST, dnnl::memory(conv.pd.dst_desc(), dnnl_engine(), ref.data())}});
-      dnnl_stream().wait();
+      const std::vector<float> ref = conv_reference(c, x, w, b, out_n);
       const Tensor x16 = x.to(accel::kBFloat16), w16 = w.to(accel::kBFloat16),
                    b16 = b.to(accel::kBFloat16);
       auto run = [&] { return accel::conv2d(x16, w16, b16, {1, 1}, {kConvPad, kConvPad}, {1, 1}, 1); };

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -62,6 +63,22 @@ double time_reps(int reps, F&& f) {
   const auto t0 = Clock::now();
   for (int i = 0; i < reps; ++i) f();
   return seconds_since(t0);
+}
+
+// Median GFLOP/s of three contenders timed in turns: three warm-up rounds (primitive creation,
+// page faults, the thread team), then `rounds` rounds of `reps` calls each, rotating which goes
+// first so that drift does not favour any.
+std::array<double, 3> interleaved_gflops(const std::array<std::function<void()>, 3>& fns, int reps,
+                                         int rounds, double flop) {
+  for (int w = 0; w < 3; ++w)
+    for (const auto& f : fns) time_reps(reps, f);
+  std::vector<double> gflops[3];
+  for (int r = 0; r < rounds; ++r)
+    for (int k = 0; k < 3; ++k) {
+      const int i = (r + k) % 3;
+      gflops[i].push_back(flop * reps / time_reps(reps, fns[size_t(i)]) / 1e9);
+    }
+  return {median(gflops[0]), median(gflops[1]), median(gflops[2])};
 }
 
 // One output line: key=value pairs separated by spaces.
@@ -154,18 +171,8 @@ void run_matmul() {
       const dnnl_status_t st = dnnl_sgemm('N', 'N', n, n, n, 1.0f, pa, n, pb, n, 0.0f, pc, n);
       if (st != dnnl_success) std::abort();
     };
-    const std::function<void()> fns[3] = {framework, direct, framework_nt};
-    for (int w = 0; w < 3; ++w)  // warm-up: primitive creation, page faults, thread team
-      for (const auto& f : fns) time_reps(reps, f);
-    std::vector<double> gflops[3];
-    for (int r = 0; r < pairs; ++r) {
-      // Rotate which goes first so that drift does not favour any.
-      for (int k = 0; k < 3; ++k) {
-        const int i = (r + k) % 3;
-        gflops[i].push_back(flop * reps / time_reps(reps, fns[i]) / 1e9);
-      }
-    }
-    const double f = median(gflops[0]), d = median(gflops[1]), nt = median(gflops[2]);
+    const auto g = interleaved_gflops({framework, direct, framework_nt}, reps, pairs, flop);
+    const double f = g[0], d = g[1], nt = g[2];
     Line()
         .kv("workload", "matmul")
         .kv("n", n)
@@ -179,8 +186,6 @@ void run_matmul() {
 }
 
 // ---------------- matmul under autocast vs native 16-bit matmul ----------------
-
-std::string precision_name_of(DType dt) { return bench::precision_name(dt); }
 
 // 1024^3 with float32 inputs under AutocastGuard (what a linear layer sees: `a` an activation
 // converted on every call, `w` a parameter whose copy the weight cache keeps for the region),
@@ -201,18 +206,9 @@ void run_matmul_autocast(DType low) {
   auto cached = [&] { keep(matmul(a, w)); };
   auto uncached = [&] { keep(matmul(a, b)); };
   auto native = [&] { keep(matmul(a16, b16)); };
-  const std::function<void()> fns[3] = {cached, uncached, native};
-  for (int r = 0; r < 3; ++r)
-    for (const auto& f : fns) time_reps(reps, f);
-  std::vector<double> gflops[3];
-  for (int r = 0; r < pairs; ++r) {
-    for (int k = 0; k < 3; ++k) {
-      const int i = (r + k) % 3;
-      gflops[i].push_back(flop * reps / time_reps(reps, fns[i]) / 1e9);
-    }
-  }
-  const double c = median(gflops[0]), u = median(gflops[1]), nat = median(gflops[2]);
-  const std::string p = precision_name_of(low);
+  const auto g = interleaved_gflops({cached, uncached, native}, reps, pairs, flop);
+  const double c = g[0], u = g[1], nat = g[2];
+  const std::string p = bench::precision_name(low);
   Line()
       .kv("workload", "matmul")
       .kv("precision", p)

@@ -21,6 +21,7 @@
 #include "accel.h"
 #include "autograd/autocast.h"
 #include "core/dispatch.h"
+#include "kernels/stubs/elementwise.h"
 #include "examples/models.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/device.h"

@@ -1,8 +1,9 @@
 // The op x device kernel table.
 //
-// Each kernel family declares a stub here (or in core/dispatch_<family>.h) with its function
-// type. The op's file in autograd/ops/ defines the stub; each backend registers its kernel from
-// kernels/<backend>/ with ACCEL_REGISTER_KERNEL. Calling a stub for a device with no kernel
+// Each kernel family declares its stubs in kernels/stubs/<family>.h with their function types
+// (core itself declares only the copy/fill stubs it needs to create tensors, below) and defines
+// them in kernels/stubs/stubs.cc; each backend registers its kernel from kernels/<backend>/ with
+// ACCEL_REGISTER_KERNEL. Calling a stub for a device with no kernel
 // throws DeviceError naming the op and the device.
 //
 // Note [stub initialisation]: DispatchStub has a constexpr constructor, so every stub is
@@ -10,7 +11,11 @@
 // order of translation units.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -20,7 +25,31 @@ namespace accel {
 
 namespace detail {
 [[noreturn]] void throw_no_kernel(const char* op, Device d);
-}
+// Registration log and call tracing (Note [kernel coverage]).
+void note_kernel_registration(const char* stub, DeviceType t);
+extern std::atomic<bool> g_trace_stub_calls;
+void trace_stub_call(const char* stub, DeviceType t);
+}  // namespace detail
+
+// Note [kernel coverage]: every ACCEL_REGISTER_KERNEL is logged, and while a StubCallRecorder is
+// alive every stub call is recorded (one relaxed atomic load per call otherwise). The op table's
+// runners compare the two: a kernel registered for a device that no case reaches fails the suite.
+struct KernelRegistration {
+  std::string stub;
+  DeviceType device;
+};
+std::vector<KernelRegistration> registered_kernels();
+
+// Records (stub, device type) of every stub call on any thread while alive. One at a time.
+class StubCallRecorder {
+ public:
+  StubCallRecorder();
+  ~StubCallRecorder();
+  StubCallRecorder(const StubCallRecorder&) = delete;
+  StubCallRecorder& operator=(const StubCallRecorder&) = delete;
+  // Sorted, without duplicates.
+  std::vector<std::pair<std::string, DeviceType>> calls() const;
+};
 
 template <typename Fn>
 struct DispatchStub;
@@ -35,6 +64,8 @@ struct DispatchStub<R (*)(Args...)> {
   R operator()(Device dev, Args... args) const {
     FnPtr f = table[int(dev.type)];
     if (ACCEL_UNLIKELY(f == nullptr)) detail::throw_no_kernel(name, dev);
+    if (ACCEL_UNLIKELY(detail::g_trace_stub_calls.load(std::memory_order_relaxed)))
+      detail::trace_stub_call(name, dev.type);
     return f(args...);
   }
   bool has(DeviceType t) const { return table[int(t)] != nullptr; }
@@ -48,57 +79,11 @@ struct DispatchStub<R (*)(Args...)> {
 #define ACCEL_DEFINE_STUB(stub) constinit ::accel::DispatchStub<stub##_fn> stub(#stub)
 #define ACCEL_REGISTER_KERNEL(stub, devtype, fn)                                \
   static const bool stub##_registered_##devtype [[maybe_unused]] =             \
-      (::accel::stub.table[int(::accel::DeviceType::devtype)] = (fn), true)
+      (::accel::stub.table[int(::accel::DeviceType::devtype)] = (fn),              \
+       ::accel::detail::note_kernel_registration(#stub, ::accel::DeviceType::devtype), true)
 
 namespace accel {
 
-// ---------------- elementwise family (kernels/<backend>/unary.*, binary.*, copy.*) -------------
-
-enum class UnaryOp : uint8_t {
-  Neg, Exp, Log, Sqrt, Rsqrt, Abs, Tanh, Sigmoid, Relu, GeluErf, GeluTanh, Silu,
-  Sin, Cos, Sign, Reciprocal, Square, Log1p, Expm1, Erf, LogicalNot,
-  PowScalar,   // x ^ p0
-  Clamp,       // min(max(x, p0), p1)
-  AddScalar,   // x + p0
-  MulScalar,   // x * p0
-  RSubScalar,  // p0 - x
-  RDivScalar,  // p0 / x
-  Count
-};
-struct UnaryParams {
-  double p0 = 0, p1 = 0;
-};
-
-enum class BinaryOp : uint8_t {
-  Add,  // a + alpha * b
-  Sub,  // a - alpha * b
-  Mul, Div, Pow, Maximum, Minimum,
-  Eq, Ne, Lt, Le, Gt, Ge,  // out is bool
-  LogicalAnd, LogicalOr,   // out is bool
-  // Backward helpers, out = f(grad=a, x=b): not differentiable themselves.
-  ReluGrad,      // a * (b > 0)
-  GeluErfGrad,   // a * gelu_erf'(b)
-  GeluTanhGrad,  // a * gelu_tanh'(b)
-  SiluGrad,      // a * silu'(b)
-  SigmoidGrad,   // a * b * (1 - b), b = sigmoid output
-  TanhGrad,      // a * (1 - b^2), b = tanh output
-  Count
-};
-constexpr bool is_comparison(BinaryOp op) {
-  return op >= BinaryOp::Eq && op <= BinaryOp::LogicalOr;
-}
-
-// out = op(in). `in` and `out` have the same shape; dtypes may differ only for ops with a bool
-// result (LogicalNot). `in` may be strided; `out` is freshly allocated (contiguous) or a view.
-ACCEL_DECLARE_STUB(unary_stub, void (*)(UnaryOp op, const Tensor& in, Tensor& out,
-                                        const UnaryParams& p));
-// out = op(a, b). a and b share a dtype and broadcast to out's shape (the kernel computes the
-// broadcast strides itself, so no expanded views are built on the hot path).
-ACCEL_DECLARE_STUB(binary_stub, void (*)(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out,
-                                         double alpha));
-// out = cond ? a : b; cond bool, a/b same dtype as out, all broadcast to out.
-ACCEL_DECLARE_STUB(where_stub, void (*)(const Tensor& cond, const Tensor& a, const Tensor& b,
-                                        Tensor& out));
 // dst = src (same device, any strides, src broadcast to dst's shape, dtype converted).
 ACCEL_DECLARE_STUB(copy_stub, void (*)(Tensor& dst, const Tensor& src));
 ACCEL_DECLARE_STUB(fill_stub, void (*)(Tensor& dst, Scalar v));

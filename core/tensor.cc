@@ -8,6 +8,7 @@
 
 #include "core/checked_size.h"
 #include "core/dispatch.h"
+#include "kernels/stubs/elementwise.h"
 #include "core/generator.h"
 
 namespace accel {

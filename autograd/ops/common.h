@@ -4,6 +4,7 @@
 #include "autograd/function.h"
 #include "autograd/ops.h"
 #include "core/dispatch.h"
+#include "kernels/stubs/elementwise.h"
 
 namespace accel::ops {
 

@@ -9,14 +9,10 @@
 // which the kernel keeps in an opaque workspace tensor captured by the backward closure.
 #include "autograd/autocast.h"
 #include "autograd/ops/common.h"
-#include "core/dispatch_conv.h"
+#include "kernels/stubs/conv.h"
 
 namespace accel {
 
-ACCEL_DEFINE_STUB(conv2d_stub);
-ACCEL_DEFINE_STUB(conv2d_backward_stub);
-ACCEL_DEFINE_STUB(pool2d_stub);
-ACCEL_DEFINE_STUB(pool2d_backward_stub);
 
 ACCEL_DIFFERENTIABLE_OP(conv2d, "conv2d");
 ACCEL_DIFFERENTIABLE_OP(max_pool2d, "max_pool2d");

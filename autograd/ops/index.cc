@@ -6,14 +6,10 @@
 //   index_add:    x, index (k), src (x with dim size k)   -> x's shape
 // Index values are checked by the kernels (IndexError naming the op, the index and the size).
 #include "autograd/ops/common.h"
-#include "core/dispatch_index.h"
+#include "kernels/stubs/index.h"
 
 namespace accel {
 
-ACCEL_DEFINE_STUB(index_select_stub);
-ACCEL_DEFINE_STUB(index_add_stub);
-ACCEL_DEFINE_STUB(gather_stub);
-ACCEL_DEFINE_STUB(scatter_add_stub);
 
 ACCEL_DIFFERENTIABLE_OP(embedding, "embedding");
 ACCEL_DIFFERENTIABLE_OP(index_select, "index_select");

@@ -4,11 +4,10 @@
 //   split/chunk: narrow views of x (differentiable through the view ops, no node of their own)
 //   tril/triu: x (..., R, C) -> same shape, entries outside the band zeroed
 #include "autograd/ops/common.h"
-#include "core/dispatch_index.h"
+#include "kernels/stubs/index.h"
 
 namespace accel {
 
-ACCEL_DEFINE_STUB(trilu_stub);
 
 ACCEL_DIFFERENTIABLE_OP(cat, "cat");
 ACCEL_DIFFERENTIABLE_OP(stack, "stack");

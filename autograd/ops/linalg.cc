@@ -6,11 +6,10 @@
 // linear: dx = g @ w, dw = g^T @ x, db = sum of g over rows.
 #include "autograd/autocast.h"
 #include "autograd/ops/common.h"
-#include "core/dispatch_linalg.h"
+#include "kernels/stubs/linalg.h"
 
 namespace accel {
 
-ACCEL_DEFINE_STUB(matmul_stub);
 
 ACCEL_DIFFERENTIABLE_OP(matmul, "matmul");
 ACCEL_DIFFERENTIABLE_OP(mm, "mm");

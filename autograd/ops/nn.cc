@@ -2,7 +2,7 @@
 //   softmax / log_softmax:   x: (...) -> (...) over dim
 //   layer_norm / rms_norm:   x: (..., *normalized_shape), weight/bias: normalized_shape
 //   cross_entropy, nll_loss: logits: (C) | (N, C) | (N, C, d...), target: () | (N) | (N, d...)
-// The fused ops call their own backward kernels (core/dispatch_nn.h); the composite losses
+// The fused ops call their own backward kernels (kernels/stubs/nn.h); the composite losses
 // (mse_loss) are written with differentiable ops.
 #include <array>
 #include <cmath>
@@ -10,20 +10,10 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops/common.h"
-#include "core/dispatch_nn.h"
+#include "kernels/stubs/nn.h"
 
 namespace accel {
 
-ACCEL_DEFINE_STUB(softmax_stub);
-ACCEL_DEFINE_STUB(softmax_backward_stub);
-ACCEL_DEFINE_STUB(layer_norm_stub);
-ACCEL_DEFINE_STUB(layer_norm_backward_stub);
-ACCEL_DEFINE_STUB(rms_norm_stub);
-ACCEL_DEFINE_STUB(rms_norm_backward_stub);
-ACCEL_DEFINE_STUB(cross_entropy_stub);
-ACCEL_DEFINE_STUB(cross_entropy_backward_stub);
-ACCEL_DEFINE_STUB(nll_loss_stub);
-ACCEL_DEFINE_STUB(nll_loss_backward_stub);
 
 ACCEL_DIFFERENTIABLE_OP(softmax, "softmax");
 ACCEL_DIFFERENTIABLE_OP(log_softmax, "log_softmax");
@@ -390,8 +380,6 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
 // anything else (CUDA, bf16/f16 tensors) runs the composed ops, which are also the reference
 // the tests compare against.
 
-ACCEL_DEFINE_STUB(sdpa_stub);
-ACCEL_DEFINE_STUB(sdpa_backward_stub);
 ACCEL_DIFFERENTIABLE_OP(scaled_dot_product_attention, "scaled_dot_product_attention");
 ACCEL_DIFFERENTIABLE_OP(scaled_dot_product_attention_packed, "scaled_dot_product_attention_packed");
 

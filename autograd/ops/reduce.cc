@@ -3,11 +3,10 @@
 #include <algorithm>
 
 #include "autograd/ops/common.h"
-#include "core/dispatch_reduce.h"
+#include "kernels/stubs/reduce.h"
 
 namespace accel {
 
-ACCEL_DEFINE_STUB(reduce_stub);
 
 ACCEL_DIFFERENTIABLE_OP(sum, "sum");
 ACCEL_DIFFERENTIABLE_OP(mean, "mean");

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "autograd/ops.h"
-#include "core/dispatch_optim.h"
+#include "kernels/stubs/optim.h"
 
 namespace accel::optim {
 

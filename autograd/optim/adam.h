@@ -1,4 +1,4 @@
-// Adam and AdamW, PyTorch's updates (see core/dispatch_optim.h for the formula). AdamW decays
+// Adam and AdamW, PyTorch's updates (see kernels/stubs/optim.h for the formula). AdamW decays
 // the weights directly (p *= 1 - lr * weight_decay), Adam adds weight_decay * p to the gradient.
 // On the CPU the step is one fused pass per tensor (kernels/cpu/optim.cc); elsewhere, or with
 // fused = false, it is written with framework ops.

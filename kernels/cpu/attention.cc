@@ -23,7 +23,7 @@
 #include <limits>
 #include <vector>
 
-#include "core/dispatch_nn.h"
+#include "kernels/stubs/nn.h"
 #include "kernels/cpu/softmax_rows.h"
 #include "kernels/cpu/cpu_isa.h"
 

@@ -13,7 +13,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/dispatch_conv.h"
+#include "kernels/stubs/conv.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/onednn.h"
 

@@ -3,7 +3,7 @@
 // must not leave an OpenMP region). Pure data movement is dispatched on the element size only.
 #include <cstring>
 
-#include "core/dispatch_index.h"
+#include "kernels/stubs/index.h"
 #include "kernels/cpu/loops.h"
 
 namespace accel::cpu {

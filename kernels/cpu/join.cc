@@ -1,6 +1,6 @@
 // CPU kernels for the join family. cat/stack/split need none of their own: they copy through
 // copy_stub into narrowed views. tril/triu keep or zero a prefix/suffix of every matrix row.
-#include "core/dispatch_index.h"
+#include "kernels/stubs/index.h"
 #include "kernels/cpu/loops.h"
 
 namespace accel::cpu {

@@ -5,7 +5,7 @@
 // leave an OpenMP region), which also counts the rows that are not ignored.
 #include <cmath>
 
-#include "core/dispatch_nn.h"
+#include "kernels/stubs/nn.h"
 #include "kernels/cpu/softmax_rows.h"
 #include "kernels/cpu/cpu_isa.h"
 

@@ -17,7 +17,7 @@
 #include <Eigen/Core>
 #pragma GCC diagnostic pop
 
-#include "core/dispatch_linalg.h"
+#include "kernels/stubs/linalg.h"
 #include "kernels/cpu/onednn.h"
 
 namespace accel::cpu {

@@ -7,7 +7,7 @@
 // are added in order at the end -- no atomics, and the result does not depend on the thread count.
 #include <cmath>
 
-#include "core/dispatch_nn.h"
+#include "kernels/stubs/nn.h"
 #include "kernels/cpu/softmax_rows.h"
 #include "kernels/cpu/cpu_isa.h"
 

@@ -1,10 +1,10 @@
-// Fused CPU optimizer steps. See core/dispatch_optim.h for the update.
+// Fused CPU optimizer steps. See kernels/stubs/optim.h for the update.
 #include <immintrin.h>
 
 #include <cmath>
 #include <type_traits>
 
-#include "core/dispatch_optim.h"
+#include "kernels/stubs/optim.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/cpu_isa.h"

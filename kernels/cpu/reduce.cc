@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/dispatch_reduce.h"
+#include "kernels/stubs/reduce.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/cpu_isa.h"
 

@@ -4,7 +4,7 @@
 // vectorises across a block of kBlock neighbouring columns instead, so no transpose is needed.
 #include <cmath>
 
-#include "core/dispatch_nn.h"
+#include "kernels/stubs/nn.h"
 #include "kernels/cpu/softmax_rows.h"
 #include "kernels/cpu/cpu_isa.h"
 

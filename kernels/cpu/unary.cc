@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "core/dispatch.h"
+#include "kernels/stubs/elementwise.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/cpu/cpu_isa.h"

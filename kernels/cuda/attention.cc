@@ -1,4 +1,4 @@
-// CUDA scaled dot-product attention (contract: core/dispatch_nn.h, Note [fused attention] in
+// CUDA scaled dot-product attention (contract: kernels/stubs/nn.h, Note [fused attention] in
 // kernels/cpu/attention.cc). Materialised, like the CPU kernel: the probabilities p are an
 // output that the backward reuses.
 //   forward:  p = q k^T (cuBLASLt, batched over heads), then one kernel scales, masks and
@@ -7,8 +7,8 @@
 //             scale * p * (ds - rowsum(ds * p)) in place;  dq = ds k;  dk = ds^T q
 // The GEMMs take q/k/v/out as strided views (transposes are op T in cuBLAS, no copies); only an
 // output that is not contiguous is computed into a temporary and copied.
-#include "core/dispatch_linalg.h"
-#include "core/dispatch_nn.h"
+#include "kernels/stubs/linalg.h"
+#include "kernels/stubs/nn.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/launch.h"
 

@@ -4,7 +4,8 @@
 #include <cstdint>
 
 #include "core/dispatch.h"
-#include "core/dispatch_reduce.h"
+#include "kernels/stubs/elementwise.h"
+#include "kernels/stubs/reduce.h"
 #include "core/tensor.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/kernel_args.h"

@@ -1,5 +1,5 @@
 // CUDA conv2d forward/backward through cuDNN (legacy convolution API, heuristic algorithm choice
-// cached per shape), and 2-D pooling through own kernels (nn.cu). Contract: core/dispatch_conv.h.
+// cached per shape), and 2-D pooling through own kernels (nn.cu). Contract: kernels/stubs/conv.h.
 //
 // Note [CUDA pooling workspace]: cuDNN's max-pool backward needs x and y, but the contract hands
 // the backward only `workspace`. The own max-pool kernel records the argmax (int32, flat index
@@ -11,7 +11,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "core/dispatch_conv.h"
+#include "kernels/stubs/conv.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/launch.h"

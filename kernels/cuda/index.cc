@@ -1,12 +1,12 @@
 // CUDA indexing: index_select, index_add, gather, scatter_add, tril/triu. Checks and layouts on
-// the host, kernels in index.cu. Contract: core/dispatch_index.h.
+// the host, kernels in index.cu. Contract: kernels/stubs/index.h.
 //
 // Note [CUDA index checks]: a kernel cannot throw, and an out-of-range index must be an
 // IndexError, never a wild read or write. Each op first runs a check kernel over the indices
 // and copies back {first bad position, count}; the host throws before the op's kernel is queued.
 // That costs one small synchronous copy per call (a few microseconds plus waiting for the queued
 // work) -- once or twice per training step for embeddings and the loss.
-#include "core/dispatch_index.h"
+#include "kernels/stubs/index.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/launch.h"
 

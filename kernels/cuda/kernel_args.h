@@ -70,7 +70,7 @@ ACCEL_UNROLL
   }
 };
 
-// Op lists mirroring core/dispatch.h and core/dispatch_reduce.h, in the same order; common.h
+// Op lists mirroring core/dispatch.h and kernels/stubs/reduce.h, in the same order; common.h
 // static_asserts every value, so an op added to the core fails the CUDA build until added here.
 #define ACCEL_CUDA_UNARY_OPS(X)                                                                \
   X(Neg) X(Exp) X(Log) X(Sqrt) X(Rsqrt) X(Abs) X(Tanh) X(Sigmoid) X(Relu) X(GeluErf) X(GeluTanh) \

@@ -1,5 +1,5 @@
 // CUDA matmul: cuBLASLt for f32/f16/bf16 (tensor cores, f32 accumulate, bias fused as an
-// epilogue), cuBLAS for f64 and as the fallback. Contract: core/dispatch_linalg.h.
+// epilogue), cuBLAS for f64 and as the fallback. Contract: kernels/stubs/linalg.h.
 //
 // Note [row-major GEMM on cuBLAS]: cuBLAS is column-major. Our out (M, N) row-major is the
 // column-major (N, M) matrix out^T = b^T a^T, so every call passes b as cuBLAS's "A" and a as its
@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/dispatch_linalg.h"
+#include "kernels/stubs/linalg.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/common.h"
 

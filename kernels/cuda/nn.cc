@@ -1,6 +1,6 @@
 // CUDA softmax, layer_norm / rms_norm, cross_entropy and nll_loss: checks on the host, kernels in
-// nn.cu. Contract: core/dispatch_nn.h (all tensors contiguous, statistics in the accumulate type).
-#include "core/dispatch_nn.h"
+// nn.cu. Contract: kernels/stubs/nn.h (all tensors contiguous, statistics in the accumulate type).
+#include "kernels/stubs/nn.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/launch.h"
 

@@ -1,7 +1,7 @@
 // CUDA fused Adam/AdamW step: checks on the host, kernel in optim.cu.
 #include <cmath>
 
-#include "core/dispatch_optim.h"
+#include "kernels/stubs/optim.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/launch.h"
 

@@ -1,4 +1,4 @@
-// Fused Adam/AdamW step (update in core/dispatch_optim.h): one pass reads param, grad, m, v and
+// Fused Adam/AdamW step (update in kernels/stubs/optim.h): one pass reads param, grad, m, v and
 // writes param, m, v; 16-bit types compute in float.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "accel.h"
+#include "core/dispatch.h"
 
 using namespace accel;
 
@@ -329,4 +330,37 @@ TEST_CASE("creation checks its size arithmetic: overflow is a ShapeError naming 
   CHECK(has(shape_error_of([&] { zeros({2, -1}); }), "negative"));
   CHECK(empty({0, int64_t(1) << 40, int64_t(1) << 20}).numel() == 0);
   CHECK(e.view({int64_t(1) << 40, 0, int64_t(1) << 20}).numel() == 0);
+}
+
+TEST_CASE("dispatch: kernel registrations are logged and a recorder sees the stubs called") {
+  auto regs = registered_kernels();
+  auto has_reg = [&](const char* stub) {
+    for (auto& r : regs)
+      if (r.stub == stub && r.device == DeviceType::CPU) return true;
+    return false;
+  };
+  CHECK(has_reg("copy_stub"));
+  CHECK(has_reg("binary_stub"));
+  CHECK(has_reg("matmul_stub"));
+  CHECK_FALSE(has_reg("no_such_stub"));
+
+  Tensor a = ones({2, 3});
+  std::vector<std::pair<std::string, DeviceType>> calls;
+  {
+    StubCallRecorder rec;
+    CHECK_THROWS_AS(StubCallRecorder(), Error);  // one at a time
+    Tensor b = matmul(a, a.t());
+    calls = rec.calls();
+  }
+  auto called = [&](const char* stub) {
+    for (auto& c : calls)
+      if (c.first == stub && c.second == DeviceType::CPU) return true;
+    return false;
+  };
+  CHECK(called("matmul_stub"));
+  CHECK_FALSE(called("softmax_stub"));
+  // Nothing is recorded once the recorder is gone, and a new one starts empty.
+  softmax(a, -1);
+  StubCallRecorder again;
+  CHECK(again.calls().empty());
 }

@@ -10,7 +10,7 @@
 
 #include "accel.h"
 #include "autograd/ops.h"
-#include "core/dispatch_optim.h"
+#include "kernels/stubs/optim.h"
 #include "core/generator.h"
 #include "kernels/cpu/cpu_isa.h"
 

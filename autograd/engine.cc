@@ -309,23 +309,6 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
 
 namespace accel {
 
-AutogradMeta& Tensor::autograd_meta() {
-  if (!impl_->autograd_) impl_->autograd_ = std::make_unique<AutogradMeta>();
-  return *impl_->autograd_;
-}
-
-Tensor& Tensor::requires_grad_(bool r) {
-  if (!r && !impl_->autograd_) return *this;
-  AutogradMeta& m = autograd_meta();
-  ACCEL_CHECK(r || !m.grad_fn, ValueError, "requires_grad_",
-              "cannot turn off requires_grad on a non-leaf tensor (shape ", sizes(),
-              "); use detach()");
-  ACCEL_CHECK(!r || is_floating_point(), DTypeError, "requires_grad_",
-              "only floating point tensors can require gradients, got ", dtype());
-  m.requires_grad = r;
-  return *this;
-}
-
 const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const {
   static const std::shared_ptr<autograd::Node> kNone;
   return impl_->autograd_ ? impl_->autograd_->grad_fn : kNone;
@@ -382,19 +365,6 @@ void Tensor::retain_grad() {
 
 void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
   autograd::run_backward({*this}, {gradient}, retain_graph);
-}
-
-Tensor Tensor::detach() const {
-  return Tensor(make_intrusive<TensorImpl>(impl_->storage_, impl_->sizes_, impl_->strides_,
-                                           impl_->offset_, impl_->dtype_));
-}
-
-Tensor& Tensor::detach_() {
-  if (impl_->autograd_) {
-    impl_->autograd_->grad_fn.reset();
-    impl_->autograd_->requires_grad = false;
-  }
-  return *this;
 }
 
 void Tensor::register_hook(GradHook hook) {

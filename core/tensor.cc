@@ -8,8 +8,8 @@
 
 #include "core/checked_size.h"
 #include "core/dispatch.h"
-#include "kernels/stubs/elementwise.h"
 #include "core/generator.h"
+#include "core/raw.h"
 
 namespace accel {
 
@@ -55,6 +55,40 @@ thread_local bool t_grad_enabled __attribute__((tls_model("initial-exec"))) = tr
 }
 bool grad_enabled() { return t_grad_enabled; }
 void set_grad_enabled(bool e) { t_grad_enabled = e; }
+
+// ---------------- autograd metadata ----------------
+// Only fields of AutogradMeta: creating a tensor that requires grad and detaching are core's, the
+// graph and the engine are autograd/'s (Note [core is self-contained] in core/raw.h).
+
+AutogradMeta& Tensor::autograd_meta() {
+  if (!impl_->autograd_) impl_->autograd_ = std::make_unique<AutogradMeta>();
+  return *impl_->autograd_;
+}
+
+Tensor& Tensor::requires_grad_(bool r) {
+  if (!r && !impl_->autograd_) return *this;
+  AutogradMeta& m = autograd_meta();
+  ACCEL_CHECK(r || !m.grad_fn, ValueError, "requires_grad_",
+              "cannot turn off requires_grad on a non-leaf tensor (shape ", sizes(),
+              "); use detach()");
+  ACCEL_CHECK(!r || is_floating_point(), DTypeError, "requires_grad_",
+              "only floating point tensors can require gradients, got ", dtype());
+  m.requires_grad = r;
+  return *this;
+}
+
+Tensor Tensor::detach() const {
+  return Tensor(make_intrusive<TensorImpl>(impl_->storage_, impl_->sizes_, impl_->strides_,
+                                           impl_->offset_, impl_->dtype_));
+}
+
+Tensor& Tensor::detach_() {
+  if (impl_->autograd_) {
+    impl_->autograd_->grad_fn.reset();
+    impl_->autograd_->requires_grad = false;
+  }
+  return *this;
+}
 
 // ---------------- creation ----------------
 
@@ -139,7 +173,7 @@ Tensor make_on_cpu(const Shape& shape, TensorOptions opt, const char* op, Fill&&
     T* p = t.data<T>();
     fill(p, t.numel());
   });
-  if (opt.device != kCPU) t = t.to(opt.device);
+  if (opt.device != kCPU) t = raw::to_device(t, opt.device);
   if (opt.requires_grad) t.requires_grad_(true);
   return t;
 }
@@ -264,7 +298,7 @@ Tensor tensor(const std::vector<T>& values, const Shape& shape, TensorOptions op
   Tensor host = from_blob(const_cast<T*>(values.data()), shape, dtype_of<T>::value);
   Tensor t = empty(shape, opt.dtype);
   t.copy_(host);
-  if (opt.device != kCPU) t = t.to(opt.device);
+  if (opt.device != kCPU) t = raw::to_device(t, opt.device);
   if (opt.requires_grad) t.requires_grad_(true);
   return t;
 }
@@ -300,7 +334,7 @@ T Tensor::item() const {
   ACCEL_CHECK(defined(), ValueError, "item", "tensor is undefined");
   ACCEL_CHECK(numel() == 1, ShapeError, "item", "a tensor with ", numel(),
               " elements cannot be converted to a scalar; shape ", sizes());
-  Tensor c = device().is_cpu() ? *this : to(kCPU);
+  Tensor c = raw::to_device(*this, kCPU);
   return ACCEL_DISPATCH_ALL(c.dtype(), "item", [&]<typename S>() -> T {
     const S v = *static_cast<const S*>(c.data_ptr());
     if constexpr (std::is_same_v<T, bool>) {
@@ -318,7 +352,7 @@ template bool Tensor::item<bool>() const;
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  Tensor c = device().is_cpu() ? *this : to(kCPU);
+  Tensor c = raw::to_device(*this, kCPU);
   Tensor d = empty(c.sizes(), TensorOptions(dtype_of<T>::value));
   d.copy_(c);
   const T* p = d.data<T>();
@@ -334,14 +368,15 @@ std::vector<double> Tensor::tolist() const { return to_vector<double>(); }
 
 // ---------------- in-place ----------------
 
-namespace {
+namespace raw {
 void check_inplace(const Tensor& t, const char* op) {
   ACCEL_CHECK(t.defined(), ValueError, op, "tensor is undefined");
   ACCEL_CHECK(!(grad_enabled() && t.requires_grad()), ValueError, op,
               "in-place operation on a tensor that requires grad (shape ", t.sizes(),
               "); wrap it in NoGradGuard or use detach()");
 }
-}  // namespace
+}  // namespace raw
+using raw::check_inplace;
 
 Tensor& Tensor::copy_(const Tensor& src) {
   check_inplace(*this, "copy_");
@@ -352,8 +387,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
     copy_stub(device(), *this, src);
   } else {
     // Cross-device: make both sides contiguous with the destination's dtype, then move bytes.
-    Tensor s = src.expand(sizes()).contiguous();
-    if (s.dtype() != dtype()) s = s.to(dtype());
+    Tensor s = raw::to_dtype(raw::contiguous(raw::expand(src, sizes())), dtype());
     Tensor d = is_contiguous() ? *this : empty(sizes(), TensorOptions(dtype(), device()));
     const Device backend = device().is_cpu() ? src.device() : device();
     cross_device_copy_stub(backend, d, s, false);
@@ -366,48 +400,6 @@ Tensor& Tensor::copy_(const Tensor& src) {
 Tensor& Tensor::fill_(Scalar v) {
   check_inplace(*this, "fill_");
   fill_stub(device(), *this, v);
-  storage()->bump_version();
-  return *this;
-}
-
-Tensor& Tensor::add_(const Tensor& o, Scalar alpha) {
-  check_inplace(*this, "add_");
-  ACCEL_CHECK(o.device() == device(), DeviceError, "add_", "tensors on different devices: ",
-              device(), " and ", o.device());
-  ACCEL_CHECK(is_broadcastable_to(o.sizes(), sizes()), ShapeError, "add_", "shape ", o.sizes(),
-              " cannot be broadcast to ", sizes());
-  Tensor b = o.dtype() == dtype() ? o : o.to(dtype());
-  binary_stub(device(), BinaryOp::Add, *this, b, *this, alpha.to_double());
-  storage()->bump_version();
-  return *this;
-}
-
-Tensor& Tensor::mul_(const Tensor& o) {
-  check_inplace(*this, "mul_");
-  ACCEL_CHECK(o.device() == device(), DeviceError, "mul_", "tensors on different devices: ",
-              device(), " and ", o.device());
-  ACCEL_CHECK(is_broadcastable_to(o.sizes(), sizes()), ShapeError, "mul_", "shape ", o.sizes(),
-              " cannot be broadcast to ", sizes());
-  Tensor b = o.dtype() == dtype() ? o : o.to(dtype());
-  binary_stub(device(), BinaryOp::Mul, *this, b, *this, 1.0);
-  storage()->bump_version();
-  return *this;
-}
-
-Tensor& Tensor::mul_(Scalar s) {
-  check_inplace(*this, "mul_");
-  UnaryParams p{s.to_double(), 0};
-  unary_stub(device(), UnaryOp::MulScalar, *this, *this, p);
-  storage()->bump_version();
-  return *this;
-}
-
-Tensor& Tensor::div_(Scalar s) { return mul_(1.0 / s.to_double()); }
-
-Tensor& Tensor::clamp_(Scalar lo, Scalar hi) {
-  check_inplace(*this, "clamp_");
-  UnaryParams p{lo.to_double(), hi.to_double()};
-  unary_stub(device(), UnaryOp::Clamp, *this, *this, p);
   storage()->bump_version();
   return *this;
 }

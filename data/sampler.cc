@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "core/env_contract.h"
 #include "core/error.h"
 #include "core/generator.h"
 #include "data/dataset.h"
@@ -231,8 +232,8 @@ std::optional<int64_t> env_int(const char* name) {
 }  // namespace
 
 ShardOptions ShardOptions::from_env() {
-  const auto rank = env_int("RANK");
-  const auto world = env_int("WORLD_SIZE");
+  const auto rank = env_int(env::kRank);
+  const auto world = env_int(env::kWorldSize);
   ShardOptions s;
   if (!rank && !world) return s;
   ACCEL_CHECK(rank && world, ValueError, "ShardOptions.from_env",

@@ -1,4 +1,5 @@
 // Accelerator facade; see dist/accelerator.h.
+#include "core/env_contract.h"
 #include "dist/accelerator.h"
 
 #include <cxxabi.h>
@@ -89,15 +90,15 @@ std::string indexed(const char* stem, size_t i, const char* ext) {
 
 AcceleratorConfig AcceleratorConfig::with_env() const {
   AcceleratorConfig c = *this;
-  if (const char* v = env_or_null("ACCEL_MIXED_PRECISION"))
-    c.mixed_precision = dist::parse_mixed_precision(v, "ACCEL_MIXED_PRECISION");
-  if (const char* v = env_or_null("ACCEL_USE_CPU")) c.cpu = parse_env_bool("ACCEL_USE_CPU", v);
+  if (const char* v = env_or_null(env::kMixedPrecision))
+    c.mixed_precision = dist::parse_mixed_precision(v, env::kMixedPrecision);
+  if (const char* v = env_or_null(env::kUseCpu)) c.cpu = parse_env_bool(env::kUseCpu, v);
   try {
-    if (const char* v = env_or_null("ACCEL_ZERO_STAGE"))
-      c.zero_stage = dist::parse_env_int("ACCEL_ZERO_STAGE", v, 0, 3);
-    if (const char* v = env_or_null("ACCEL_GRADIENT_ACCUMULATION_STEPS"))
+    if (const char* v = env_or_null(env::kZeroStage))
+      c.zero_stage = dist::parse_env_int(env::kZeroStage, v, 0, 3);
+    if (const char* v = env_or_null(env::kGradientAccumulationSteps))
       c.gradient_accumulation_steps =
-          dist::parse_env_int("ACCEL_GRADIENT_ACCUMULATION_STEPS", v, 1, 1 << 30);
+          dist::parse_env_int(env::kGradientAccumulationSteps, v, 1, 1 << 30);
   } catch (const DistError& e) {
     throw ValueError(e.what());
   }

@@ -1,4 +1,5 @@
 // See Note [atomic checkpoints] in dist/checkpoint.h.
+#include "core/env_contract.h"
 #include "dist/checkpoint.h"
 
 #include <fcntl.h>
@@ -103,7 +104,7 @@ bool exchange_paths(const std::string& a, const std::string& b) {
 
 // Env ACCEL_CHECKPOINT_NO_EXCHANGE=1 (test-only) takes the fallback path below.
 bool no_exchange_for_tests() {
-  const char* v = std::getenv("ACCEL_CHECKPOINT_NO_EXCHANGE");
+  const char* v = std::getenv(env::kCheckpointNoExchange);
   return v && *v && std::string(v) != "0";
 }
 

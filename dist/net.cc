@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env_contract.h"
 #include "core/error.h"
 #include "dist/env.h"
 
@@ -127,8 +128,8 @@ std::string interface_address(const std::string& ifname, const char* source) {
 }
 
 std::string select_bind_address(const std::string& master_addr, int master_port) {
-  if (const char* h = getenv_nonempty("ACCEL_GLOO_HOSTNAME")) return h;
-  for (const char* var : {"ACCEL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+  if (const char* h = getenv_nonempty(env::kGlooHostname)) return h;
+  for (const char* var : {env::kSocketIfname, env::kGlooSocketIfname}) {
     if (const char* ifname = getenv_nonempty(var)) return interface_address(ifname, var);
   }
   if (is_loopback_address(master_addr)) return "127.0.0.1";

@@ -6,6 +6,7 @@
 #include <map>
 #include <unistd.h>
 
+#include "core/env_contract.h"
 #include "core/error.h"
 #include "dist/env.h"
 #include "dist/net.h"
@@ -316,19 +317,19 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   pgo.timeout = options.timeout;
   pgo.fingerprint_every = options.fingerprint_every;
   pgo.name = "default";
-  if (const char* shm = std::getenv("ACCEL_DIST_SHM"); shm && *shm) {
-    pgo.shm = parse_env_int("ACCEL_DIST_SHM", shm, 0, 1) == 1;
+  if (const char* shm = std::getenv(env::kDistShm); shm && *shm) {
+    pgo.shm = parse_env_int(env::kDistShm, shm, 0, 1) == 1;
   }
   // Shared memory only reaches the ranks of this host: with several machines the all-reduce
   // runs over the network (ranks on two hosts may still see one /dev/shm, e.g. containers or
   // network namespaces on one kernel, and would silently reduce only with their neighbours).
   if (env.local_world_size != env.world_size) pgo.shm = false;
   pgo.heartbeat_timeout = options.heartbeat_timeout;
-  if (const char* hb = std::getenv("ACCEL_HEARTBEAT_TIMEOUT"); hb && *hb) {
-    pgo.heartbeat_timeout = parse_env_seconds("ACCEL_HEARTBEAT_TIMEOUT", hb);
+  if (const char* hb = std::getenv(env::kHeartbeatTimeout); hb && *hb) {
+    pgo.heartbeat_timeout = parse_env_seconds(env::kHeartbeatTimeout, hb);
   }
-  if (const char* seg = std::getenv("ACCEL_GLOO_SEGMENT_BYTES"); seg && *seg) {
-    pgo.gloo_segment_bytes = size_t(parse_env_int("ACCEL_GLOO_SEGMENT_BYTES", seg, 0, 1 << 30));
+  if (const char* seg = std::getenv(env::kGlooSegmentBytes); seg && *seg) {
+    pgo.gloo_segment_bytes = size_t(parse_env_int(env::kGlooSegmentBytes, seg, 0, 1 << 30));
   }
   if (env.world_size > 1) pgo.hostname = select_bind_address(env.master_addr, env.master_port);
   std::shared_ptr<Store> store;

@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/env_contract.h"
 #include "dist/control_plane.h"
 
 #if defined(__x86_64__)
@@ -166,7 +167,7 @@ size_t abort_offset(int size) { return kLine + kRankBlock * size_t(size); }
 }  // namespace
 
 std::string ShmAllReduce::host_key() {
-  if (const char* k = std::getenv("ACCEL_SHM_HOST_KEY"); k && *k) return k;
+  if (const char* k = std::getenv(env::kShmHostKey); k && *k) return k;
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
   return read_first_line("/proc/sys/kernel/random/boot_id") + "/" +
@@ -312,7 +313,7 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::create(const std::shared_ptr<Store>&
   self->pidfds_.assign(size_t(size), -1);
   if (one_pid_ns) {
     self->pids_ = pids;
-    const bool use_pidfd = !env_flag("ACCEL_SHM_NO_PIDFD");
+    const bool use_pidfd = !env_flag(env::kShmNoPidfd);
     for (int q = 0; q < size && use_pidfd; ++q)
       if (q != rank) self->pidfds_[size_t(q)] = pidfd_open(pids[size_t(q)]);  // -1: /proc fallback
   }

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "core/env_contract.h"
+
 namespace accel::launcher {
 namespace {
 
@@ -109,8 +111,8 @@ ClusterEnv detect_slurm(const EnvMap& env) {
   }
   if (!c.nodes.empty()) c.main_process_ip = c.nodes.front();
 
-  if (auto p = env_get(env, "MASTER_PORT")) {
-    c.main_process_port = env_int(env, "MASTER_PORT", 1, 65535);
+  if (auto p = env_get(env, env::kMasterPort)) {
+    c.main_process_port = env_int(env, env::kMasterPort, 1, 65535);
   } else if (auto id = env_get(env, "SLURM_JOB_ID"); id && parse_int(*id)) {
     c.main_process_port = kDefaultPort + static_cast<int>(*parse_int(*id) % kSlurmPortSpan);
   } else {
@@ -155,8 +157,8 @@ ClusterEnv detect_openmpi(const EnvMap& env) {
                              ? env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, size) : 1;
   const int local_rank = env.count("OMPI_COMM_WORLD_LOCAL_RANK")
                              ? env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, local_size - 1) : 0;
-  if (auto a = env_get(env, "MASTER_ADDR"); a && !a->empty()) c.main_process_ip = *a;
-  c.main_process_port = env.count("MASTER_PORT") ? env_int(env, "MASTER_PORT", 1, 65535) : kDefaultPort;
+  if (auto a = env_get(env, env::kMasterAddr); a && !a->empty()) c.main_process_ip = *a;
+  c.main_process_port = env.count(env::kMasterPort) ? env_int(env, env::kMasterPort, 1, 65535) : kDefaultPort;
   if (local_size == 1) {
     c.mode = ClusterEnv::Mode::kPerMachine;
     c.num_machines = size;

@@ -10,6 +10,8 @@
 #include <set>
 #include <sstream>
 
+#include "core/env_contract.h"
+
 namespace accel::launcher {
 namespace {
 
@@ -203,7 +205,7 @@ void validate(const LaunchConfig& c, const std::string& where) {
 }
 
 std::string default_config_path(const EnvMap& env) {
-  if (auto p = env_get(env, "ACCEL_CONFIG_FILE"); p && !p->empty()) return *p;
+  if (auto p = env_get(env, env::kConfigFile); p && !p->empty()) return *p;
   if (auto x = env_get(env, "XDG_CACHE_HOME"); x && !x->empty()) return *x + "/accel/default_config.yaml";
   auto home = env_get(env, "HOME");
   ACCEL_CHECK(home && !home->empty(), launcher::ConfigError, "config",

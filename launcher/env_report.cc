@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "accel_run_version.h"
+#include "core/env_contract.h"
 #include "launcher/config.h"
 #include "launcher/plan.h"
 #include "launcher/watchdog.h"
@@ -396,7 +397,7 @@ void print_env_report(std::ostream& os, const std::string& config_path, bool con
          << "), MASTER_ADDR=" << p.master_addr << " MASTER_PORT="
          << (p.port_auto ? std::string("<free port picked at launch>") : std::to_string(p.master_port)) << "\n";
       for (const auto& n : p.notes) os << "  note: " << n << "\n";
-      const bool exported = env.count("ACCEL_RENDEZVOUS_TOKEN") != 0;
+      const bool exported = env.count(env::kRendezvousToken) != 0;
       resolve_rendezvous_token(p, LaunchFlags{}, env);
       os << "  rendezvous token: " << (exported ? "ACCEL_RENDEZVOUS_TOKEN (exported)" : "a fresh one per launch") << "\n";
     } catch (const Error& e) {
@@ -405,7 +406,7 @@ void print_env_report(std::ostream& os, const std::string& config_path, bool con
   }
 
   os << "\nProcess cleanup\n";
-  if (env_get(env, "ACCEL_RUN_CGROUP").value_or("1") == "0") {
+  if (env_get(env, env::kRunCgroup).value_or("1") == "0") {
     os << "  job cgroup: off (ACCEL_RUN_CGROUP=0)";
   } else {
     std::string why_not;
@@ -434,7 +435,7 @@ void print_env_report(std::ostream& os, const std::string& config_path, bool con
     }
     if (!match) continue;
     // A secret: reports get pasted into bug trackers.
-    if (k == "ACCEL_RENDEZVOUS_TOKEN") {
+    if (k == env::kRendezvousToken) {
       os << "  " << k << "=<set, " << v.size() << " characters>\n";
       any = true;
       continue;

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "accel_run_version.h"
+#include "core/env_contract.h"
 #include "launcher/config.h"
 #include "launcher/env_report.h"
 #include "launcher/output.h"
@@ -139,7 +140,7 @@ int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest
 // accel-run; look beside ourselves, then in the build tree, then in the configured bindir.
 std::vector<std::string> selftest_candidates() {
   std::vector<std::string> out;
-  if (const char* o = std::getenv("ACCEL_SELFTEST"); o && *o) {
+  if (const char* o = std::getenv(accel::env::kSelftest); o && *o) {
     out.emplace_back(o);
     return out;
   }

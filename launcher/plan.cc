@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/env_contract.h"
+
 namespace accel::launcher {
 namespace {
 
@@ -137,7 +139,7 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
 
   if (c.num_cpu_threads_per_process > 0) {
     p.omp_threads = c.num_cpu_threads_per_process;
-  } else if (!env.count("OMP_NUM_THREADS") && p.local_world_size > 1) {
+  } else if (!env.count(env::kOmpNumThreads) && p.local_world_size > 1) {
     // Note [threads per worker]: oneDNN/OpenMP default to one thread per core in every worker; with
     // several workers per machine that oversubscribes the cores and slows every collective.
     p.omp_threads = std::max(1, usable_cpu_count() / p.local_world_size);
@@ -148,10 +150,10 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
   // collectives' threads need, and every step waits on the slowest rank (docs/performance.md,
   // "OpenMP wait policy"). libgomp reads the policy once at start-up, so the launcher sets it in
   // the worker's environment; a value the user exported is kept.
-  if (!env.count("OMP_WAIT_POLICY") && !env.count("GOMP_SPINCOUNT") && p.local_world_size > 1) {
+  if (!env.count(env::kOmpWaitPolicy) && !env.count("GOMP_SPINCOUNT") && p.local_world_size > 1) {
     int threads = p.omp_threads;
     if (threads <= 0) {
-      const auto given = env_get(env, "OMP_NUM_THREADS");
+      const auto given = env_get(env, env::kOmpNumThreads);
       threads = given ? std::atoi(given->c_str()) : 0;  // "4,2" (nested) counts its first level
     }
     if (threads <= 0) threads = usable_cpu_count();
@@ -166,8 +168,8 @@ void resolve_rendezvous_token(LaunchPlan& p, const LaunchFlags& flags, const Env
   std::optional<std::string> given = flags.rendezvous_token;
   std::string source = "--rendezvous_token";
   if (!given) {
-    given = env_get(env, "ACCEL_RENDEZVOUS_TOKEN");
-    source = "ACCEL_RENDEZVOUS_TOKEN";
+    given = env_get(env, env::kRendezvousToken);
+    source = env::kRendezvousToken;
   }
   if (given) {
     ACCEL_CHECK(given->size() >= kMinTokenLength, launcher::ConfigError, "launch", source, " is ", given->size(),
@@ -195,26 +197,26 @@ void resolve_rendezvous_token(LaunchPlan& p, const LaunchFlags& flags, const Env
 EnvMap worker_env(const LaunchPlan& p, int local_index, int restart_count) {
   ACCEL_INTERNAL_ASSERT(p.master_port > 0 && local_index >= 0 && local_index < p.num_local_workers);
   EnvMap v;
-  v["RANK"] = std::to_string(p.first_rank + local_index);
-  v["WORLD_SIZE"] = std::to_string(p.world_size);
-  v["LOCAL_RANK"] = std::to_string(p.first_local_rank + local_index);
-  v["LOCAL_WORLD_SIZE"] = std::to_string(p.local_world_size);
-  v["GROUP_RANK"] = std::to_string(p.machine_rank);
-  v["NODE_RANK"] = std::to_string(p.machine_rank);
-  v["GROUP_WORLD_SIZE"] = std::to_string(p.num_machines);
-  v["MASTER_ADDR"] = p.master_addr;
-  v["MASTER_PORT"] = std::to_string(p.master_port);
-  v["ACCEL_DISTRIBUTED_TYPE"] = p.distributed_type;
-  v["ACCEL_MIXED_PRECISION"] = p.config.mixed_precision;
-  v["ACCEL_USE_CPU"] = p.use_cpu ? "true" : "false";
-  v["ACCEL_ZERO_STAGE"] = std::to_string(p.config.zero_stage);
-  v["ACCEL_GRADIENT_ACCUMULATION_STEPS"] = std::to_string(p.config.gradient_accumulation_steps);
-  v["ACCEL_RESTART_COUNT"] = std::to_string(restart_count);
-  v["ACCEL_MAX_RESTARTS"] = std::to_string(p.config.max_restarts);
-  if (!p.rendezvous_token.empty()) v["ACCEL_RENDEZVOUS_TOKEN"] = p.rendezvous_token;
-  if (p.omp_threads > 0) v["OMP_NUM_THREADS"] = std::to_string(p.omp_threads);
-  if (!p.omp_wait_policy.empty()) v["OMP_WAIT_POLICY"] = p.omp_wait_policy;
-  if (!p.use_cpu && p.config.gpu_ids != "all") v["CUDA_VISIBLE_DEVICES"] = p.config.gpu_ids;
+  v[env::kRank] = std::to_string(p.first_rank + local_index);
+  v[env::kWorldSize] = std::to_string(p.world_size);
+  v[env::kLocalRank] = std::to_string(p.first_local_rank + local_index);
+  v[env::kLocalWorldSize] = std::to_string(p.local_world_size);
+  v[env::kGroupRank] = std::to_string(p.machine_rank);
+  v[env::kNodeRank] = std::to_string(p.machine_rank);
+  v[env::kGroupWorldSize] = std::to_string(p.num_machines);
+  v[env::kMasterAddr] = p.master_addr;
+  v[env::kMasterPort] = std::to_string(p.master_port);
+  v[env::kDistributedType] = p.distributed_type;
+  v[env::kMixedPrecision] = p.config.mixed_precision;
+  v[env::kUseCpu] = p.use_cpu ? "true" : "false";
+  v[env::kZeroStage] = std::to_string(p.config.zero_stage);
+  v[env::kGradientAccumulationSteps] = std::to_string(p.config.gradient_accumulation_steps);
+  v[env::kRestartCount] = std::to_string(restart_count);
+  v[env::kMaxRestarts] = std::to_string(p.config.max_restarts);
+  if (!p.rendezvous_token.empty()) v[env::kRendezvousToken] = p.rendezvous_token;
+  if (p.omp_threads > 0) v[env::kOmpNumThreads] = std::to_string(p.omp_threads);
+  if (!p.omp_wait_policy.empty()) v[env::kOmpWaitPolicy] = p.omp_wait_policy;
+  if (!p.use_cpu && p.config.gpu_ids != "all") v[env::kCudaVisibleDevices] = p.config.gpu_ids;
   return v;
 }
 

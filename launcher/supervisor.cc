@@ -25,6 +25,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/env_contract.h"
 #include "launcher/output.h"
 #include "launcher/watchdog.h"
 
@@ -49,7 +50,7 @@ constexpr size_t kLaunchIdBytes = 16;
 constexpr size_t kCgroupIdChars = 12;
 // Bound of each cleanup step after the workers of an attempt are gone.
 constexpr double kLeftoverSeconds = 0.5;
-constexpr const char* kLaunchIdVar = "ACCEL_LAUNCH_ID";
+constexpr const char* kLaunchIdVar = env::kLaunchId;
 constexpr const char* kErrorFileName = "error.json";
 // Words that make a stderr line the "first error line" of the failure summary.
 constexpr const char* kErrorWords[] = {"error", "exception", "what()", "fatal", "abort", "failed", "terminate"};
@@ -201,7 +202,7 @@ class Supervisor {
     }
     const std::string id = random_hex(kLaunchIdBytes);
     launch_marker_ = std::string(kLaunchIdVar) + "=" + id;
-    if (env_get(base_env_, "ACCEL_RUN_CGROUP").value_or("1") != "0") {
+    if (env_get(base_env_, env::kRunCgroup).value_or("1") != "0") {
       std::string why_not;
       cgroup_ = create_job_cgroup("accel-run-" + id.substr(0, kCgroupIdChars), &why_not);
       if (!cgroup_.empty()) {
@@ -342,7 +343,7 @@ class Supervisor {
       Worker& w = workers_[i];
       EnvMap vars = worker_env(plan_, i, restart);
       vars[kLaunchIdVar] = launch_marker_.substr(launch_marker_.find('=') + 1);
-      if (!w.error_file.empty()) vars["TORCHELASTIC_ERROR_FILE"] = vars["ACCEL_ERROR_FILE"] = w.error_file;
+      if (!w.error_file.empty()) vars[env::kTorchElasticErrorFile] = vars[env::kErrorFile] = w.error_file;
       spawn(w, make_environ(base_env_, vars), &spawn_error);
     }
     if (!spawn_error.empty()) {

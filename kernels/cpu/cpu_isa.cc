@@ -1,5 +1,6 @@
 // CPU instruction-set level for the dispatched kernels (Note [portable builds and ISA dispatch]
 // in cpu_isa.h).
+#include "core/env_contract.h"
 #include "kernels/cpu/cpu_isa.h"
 
 #include <cstdlib>
@@ -14,7 +15,7 @@ std::atomic<int> g_cpu_isa{-1};
 
 namespace {
 
-constexpr const char* kIsaEnv = "ACCEL_CPU_ISA";
+constexpr const char* kIsaEnv = env::kCpuIsa;
 
 CpuIsa detect_best() {
 #if defined(ACCEL_CPU_NATIVE)

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/raw.h"
 #include "kernels/stubs/reduce.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/cpu_isa.h"
@@ -159,7 +160,7 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
         if (!red[size_t(d)]) perm.push_back(d);
       for (int64_t d = 0; d < nd; ++d)
         if (red[size_t(d)]) perm.push_back(d);
-      Tensor p = in.detach().permute(perm);
+      Tensor p = raw::permute(in, perm);
       if (!p.is_contiguous()) {
         Tensor c = empty(p.sizes(), TensorOptions(p.dtype(), kCPU));
         copy_stub(kCPU, c, p);

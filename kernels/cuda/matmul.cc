@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/env_contract.h"
 #include "kernels/stubs/linalg.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/common.h"
@@ -32,7 +33,7 @@ constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 
 std::atomic<bool>& tf32_flag() {
   static std::atomic<bool> f{[] {
-    const char* e = std::getenv("ACCEL_ALLOW_TF32");
+    const char* e = std::getenv(env::kAllowTf32);
     return e && std::strcmp(e, "1") == 0;
   }()};
   return f;

@@ -1,0 +1,35 @@
+// Non-differentiable tensor helpers for core's own use and for kernels/ (Note [core is
+// self-contained]). They record no autograd history and do not look at requires_grad: the
+// differentiable Tensor methods of the same names (Tensor::permute, expand, contiguous, to) are
+// ops, defined in autograd/, which core and kernels must not call.
+//
+// Note [core is self-contained]: core/ and kernels/ sit below autograd/ (docs/layers.md) and the
+// build links each layer against only the layers below it, so a call from core or kernels into a
+// method defined in autograd/ is a link error. Core needs a few copies and views itself (creating
+// a tensor on a device, copy_ across devices, item/tolist of a CUDA tensor) and a CPU kernel needs
+// a permuted view; these are those, with the same checks and messages as the ops.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace accel::raw {
+
+// A view of `base`'s storage with the given geometry; no bounds check (callers derive the
+// geometry from base's own).
+Tensor as_strided(const Tensor& base, Shape sizes, Shape strides, int64_t offset);
+// `t` with dims reordered (ShapeError/ValueError as Tensor::permute).
+Tensor permute(const Tensor& t, const Shape& dims);
+// `t` broadcast to `shape` with stride-0 dims; -1 keeps a dim (ShapeError as Tensor::expand).
+Tensor expand(const Tensor& t, const Shape& shape);
+// `t` itself when contiguous, else a contiguous copy on the same device.
+Tensor contiguous(const Tensor& t);
+// `t` itself when it has dtype `dt`, else a converted copy on the same device.
+Tensor to_dtype(const Tensor& t, DType dt);
+// `t` itself when on `d`, else a contiguous copy on `d` (through cross_device_copy_stub).
+Tensor to_device(const Tensor& t, Device d, bool non_blocking = false);
+
+// The check every in-place method makes: `t` defined, and not a tensor that requires grad while
+// grad mode is on (ValueError naming op).
+void check_inplace(const Tensor& t, const char* op);
+
+}  // namespace accel::raw

@@ -30,19 +30,24 @@ void add_nn_cases(Table& t) {
 
   t.add("layer_norm", "weight and bias", OP_INPUTS(m.rnd({2, 3, 4}), m.rnd({4}), m.rnd({4})),
         OP_FN(return layer_norm(x[0], {x[0].sizes().back()}, x[1], x[2]);))
+      .tol_scale(2)
       .bench("layer_norm", "4096x128", OP_INPUTS(m.rnd({4096, 128}, -3, 3), m.rnd({128}), m.rnd({128})),
              2.0 * 4096 * 128 * 4, false, Tol{1e-5, 1e-4});
   t.add("layer_norm", "two normalized dims, no affine", OP_INPUTS(m.rnd({2, 3, 4})),
-        OP_FN(return layer_norm(x[0], {3, 4});));
+        OP_FN(return layer_norm(x[0], {3, 4});))
+      .tol_scale(2);
   t.add("layer_norm", "weight only, eps 0.1", OP_INPUTS(m.rnd({5, 3}), m.rnd({3})),
-        OP_FN(return layer_norm(x[0], {3}, x[1], Tensor(), 0.1);));
+        OP_FN(return layer_norm(x[0], {3}, x[1], Tensor(), 0.1);))
+      .tol_scale(2);
   t.add("layer_norm", "(300, 96) affine", OP_INPUTS(m.rnd({300, 96}, -3, 5), m.rnd({96}, 0.5, 1.5), m.rnd({96})),
         OP_FN(return layer_norm(x[0], {96}, x[1], x[2]);))
       .no_gradcheck()
       .tol_scale(2)
       .grad_scale(4 * std::sqrt(300.0));
-  t.add("rms_norm", "weight", OP_INPUTS(m.rnd({3, 5}), m.rnd({5})), OP_FN(return rms_norm(x[0], {5}, x[1]);));
-  t.add("rms_norm", "no weight", OP_INPUTS(m.rnd({2, 2, 3})), OP_FN(return rms_norm(x[0], {2, 3});));
+  t.add("rms_norm", "weight", OP_INPUTS(m.rnd({3, 5}), m.rnd({5})), OP_FN(return rms_norm(x[0], {5}, x[1]);))
+      .tol_scale(2);
+  t.add("rms_norm", "no weight", OP_INPUTS(m.rnd({2, 2, 3})), OP_FN(return rms_norm(x[0], {2, 3});))
+      .tol_scale(2);
   t.add("rms_norm", "(300, 96) weight", OP_INPUTS(m.rnd({300, 96}, -3, 5), m.rnd({96}, 0.5, 1.5)),
         OP_FN(return rms_norm(x[0], {96}, x[1]);))
       .no_gradcheck()
@@ -85,17 +90,27 @@ void add_nn_cases(Table& t) {
   // Fused attention (f64 runs the kernel's loop GEMMs). T = 70 crosses the causal row blocks of 64.
   t.add("scaled_dot_product_attention", "causal, 2 heads",
         OP_INPUTS(m.rnd({1, 2, 5, 3}), m.rnd({1, 2, 5, 3}), m.rnd({1, 2, 5, 3})),
-        OP_FN(return scaled_dot_product_attention(x[0], x[1], x[2], true);));
+        OP_FN(return scaled_dot_product_attention(x[0], x[1], x[2], true);))
+      .tol_scale(4)
+      .grad_scale(8);
   t.add("scaled_dot_product_attention", "not causal, S != T, Dv != D, transposed q",
         OP_INPUTS(m.rnd({2, 1, 3, 4}), m.rnd({2, 1, 6, 3}), m.rnd({2, 1, 6, 2})),
-        OP_FN(return scaled_dot_product_attention(x[0].transpose(2, 3), x[1], x[2], false);));
+        OP_FN(return scaled_dot_product_attention(x[0].transpose(2, 3), x[1], x[2], false);))
+      .tol_scale(4)
+      .grad_scale(8);
   t.add("scaled_dot_product_attention", "causal, T 70 (two row blocks)",
         OP_INPUTS(m.rnd({1, 1, 70, 2}), m.rnd({1, 1, 70, 2}), m.rnd({1, 1, 70, 2})),
-        OP_FN(return scaled_dot_product_attention(x[0], x[1], x[2], true);));
+        OP_FN(return scaled_dot_product_attention(x[0], x[1], x[2], true);))
+      .tol_scale(4)
+      .grad_scale(8);
   t.add("scaled_dot_product_attention_packed", "causal, 2 heads", OP_INPUTS(m.rnd({2, 4, 12})),
-        OP_FN(return scaled_dot_product_attention_packed(x[0], 2, true);));
+        OP_FN(return scaled_dot_product_attention_packed(x[0], 2, true);))
+      .tol_scale(4)
+      .grad_scale(8);
   t.add("scaled_dot_product_attention_packed", "not causal, strided qkv", OP_INPUTS(m.rnd({6, 3, 2})),
-        OP_FN(return scaled_dot_product_attention_packed(x[0].permute({2, 1, 0}), 1, false);));
+        OP_FN(return scaled_dot_product_attention_packed(x[0].permute({2, 1, 0}), 1, false);))
+      .tol_scale(4)
+      .grad_scale(8);
   t.add("scaled_dot_product_attention", "head views of a packed (2, 37, 3, 3, 16) buffer",
         OP_INPUTS(m.rnd({2, 37, 3, 3, 16})), OP_FN({
           auto heads = [&](int64_t i) { return x[0].select(2, i).permute({0, 2, 1, 3}); };

@@ -43,7 +43,7 @@ void add_nn_cases(Table& t) {
         OP_FN(return layer_norm(x[0], {96}, x[1], x[2]);))
       .no_gradcheck()
       .tol_scale(2)
-      .grad_scale(4 * std::sqrt(300.0));
+      .grad_scales({4, 2 * std::sqrt(300.0), 2 * std::sqrt(300.0)});  // dx; dw, db sum 300 rows
   t.add("rms_norm", "weight", OP_INPUTS(m.rnd({3, 5}), m.rnd({5})), OP_FN(return rms_norm(x[0], {5}, x[1]);))
       .tol_scale(2);
   t.add("rms_norm", "no weight", OP_INPUTS(m.rnd({2, 2, 3})), OP_FN(return rms_norm(x[0], {2, 3});))
@@ -52,7 +52,7 @@ void add_nn_cases(Table& t) {
         OP_FN(return rms_norm(x[0], {96}, x[1]);))
       .no_gradcheck()
       .tol_scale(2)
-      .grad_scale(4 * std::sqrt(300.0));
+      .grad_scales({4, 2 * std::sqrt(300.0), 2 * std::sqrt(300.0)});  // dx; dw, db sum 300 rows
 
   t.add("cross_entropy", "mean with an ignored row", OP_INPUTS(m.rnd({4, 5}), m.idx({1, -100, 4, 0}, {4})),
         OP_FN(return cross_entropy(x[0], x[1]);))

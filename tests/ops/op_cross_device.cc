@@ -87,9 +87,8 @@ bool check(const OpCase& c, const std::string& dev, DType dt, const RunResult& g
                          std::to_string(ref.r.grads.size()) + " on the CPU");
     return false;
   }
-  const Tol gtol = c.tol.scaled(c.grad_tol_scale).for_dtype(dt);
   for (size_t i = 0; i < got.grads.size(); ++i) {
-    const Compare g = compare(got.grads[i], ref.r.grads[i], gtol);
+    const Compare g = compare(got.grads[i], ref.r.grads[i], c.tol.scaled(c.grad_scale_of(i)).for_dtype(dt));
     if (!g.ok) {
       fail(c, dev, dt, errors(("grad of input " + std::to_string(i)).c_str(), g));
       ok = false;

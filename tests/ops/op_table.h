@@ -82,6 +82,7 @@ struct OpCase {
   OpFn fn;
   Tolerances tol;
   double grad_tol_scale = 4;  // backward results: tol scaled by this (longer chains)
+  std::vector<double> grad_tol_scales;  // per floating input with grad, overriding the above
   std::vector<DType> dtypes = floating_dtypes();
   bool differentiable = true;   // false: no gradcheck, no backward comparison
   std::string cpu_only;         // non-empty: why the case is not compared across devices
@@ -105,6 +106,10 @@ struct OpCase {
   OpCase& tolerances(Tolerances t) { tol = t; return *this; }
   OpCase& tol_scale(double f) { tol = tol.scaled(f); return *this; }
   OpCase& grad_scale(double f) { grad_tol_scale = f; return *this; }
+  OpCase& grad_scales(std::vector<double> f) { grad_tol_scales = std::move(f); return *this; }
+  double grad_scale_of(size_t input) const {
+    return input < grad_tol_scales.size() ? grad_tol_scales[input] : grad_tol_scale;
+  }
   OpCase& only(std::vector<DType> d) { dtypes = std::move(d); return *this; }
   OpCase& not_differentiable() { differentiable = false; return *this; }
   OpCase& cpu(std::string why) { cpu_only = std::move(why); return *this; }

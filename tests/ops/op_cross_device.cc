@@ -24,7 +24,7 @@
 
 #include "core/dispatch.h"
 #include "op_table.h"
-#ifdef ACCEL_OP_TABLE_CUDA
+#ifdef ACCEL_WITH_CUDA  // cuda_deps define it
 #include "kernels/cuda/device.h"
 #endif
 
@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
   std::vector<Device> devices;  // non-CPU devices present
   std::string no_device_reason = "built without CUDA";
   if (self) devices.push_back(kCPU);
-#ifdef ACCEL_OP_TABLE_CUDA
+#ifdef ACCEL_WITH_CUDA  // cuda_deps define it
   if (!self && cuda::is_available()) devices.push_back(Device::cuda(0));
   else if (!self) no_device_reason = cuda::unavailable_reason();
 #endif

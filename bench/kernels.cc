@@ -10,8 +10,10 @@
 // (a plain OpenMP loop). Each row has a rate counter, `GFLOP/s` or `GB/s`, and `peak_frac`, that
 // rate over the machine peak measured at start-up in the same run (Note [peaks]). The peaks are
 // in the JSON context (`peak_sgemm_gflops`, `peak_memcpy_gbs`) and as rows `peak/...`.
-// Every `ours` row first checks its result against a peer: a wrong answer or an accel::Error
-// turns the row into an error (`error_message` in the JSON), never a timing.
+// The float32 `ours` rows come from the op table (tests/ops/, register_ours below). Every `ours`
+// row first checks its result (a table row: against the case's function on float64 copies of its
+// inputs): a wrong answer or an accel::Error turns the row into an error (`error_message` in the
+// JSON), never a timing.
 //
 // Note [peaks]
 // Compute: the best dnnl_sgemm 1024^3 call in 0.3 s (the figure WORKLOADS.md quotes). Bandwidth:
@@ -41,6 +43,7 @@
 
 #include "accel.h"
 #include "autograd/optim/adam.h"
+#include "op_table.h"
 
 namespace {
 
@@ -217,6 +220,45 @@ std::string dims_str(std::initializer_list<int64_t> d) {
 }
 
 // =====================================================================================
+// `ours` rows come from the op table (tests/ops/, docs/testing.md): every bench entry of a case
+// registers `family/ours/shape`, timing the case's function on float32 CPU inputs from its bench
+// maker. The check runs the same function on float64 copies of the inputs (the op's own float64
+// kernels) and compares within the entry's tolerance. Rows whose peer is hand-written keep that
+// peer below; the bf16/autocast rows and the optimizer rows (state across calls) stay
+// hand-written here.
+// =====================================================================================
+void register_ours(const std::string& family) {
+  for (const accel::optable::OpCase& c : accel::optable::op_cases()) {
+    for (const accel::optable::OpCase::Bench& b : c.benches) {
+      if (b.family != family) continue;
+      register_bench(b.family + "/ours/" + b.shape, [&c, &b](State& s) {
+        accel::NoGradGuard ng;
+        accel::optable::Maker m(accel::kFloat32, accel::kCPU, accel::optable::case_seed(c));
+        const accel::optable::In in = b.make(m);
+        accel::optable::In in64;
+        for (const Tensor& t : in)
+          in64.push_back(accel::is_floating(t.dtype()) ? t.detach().to(accel::kFloat64) : t);
+        std::vector<float> ref;
+        try {
+          ref = c.fn(in64).to(accel::kFloat32).contiguous().to_vector<float>();
+        } catch (const accel::Error& e) {
+          s.SkipWithError((std::string("float64 reference: accel::Error: ") + e.what()).c_str());
+          return;
+        }
+        if (!check_close(
+                s, [&] { return c.fn(in); }, ref.data(), int64_t(ref.size()), b.check.rtol,
+                b.check.atol))
+          return;
+        timed_loop(s, b.flops ? Unit::kFlop : Unit::kByte, b.work, [&] {
+          Tensor y = c.fn(in);
+          benchmark::DoNotOptimize(y.data_ptr());
+        });
+      });
+    }
+  }
+}
+
+// =====================================================================================
 // Peaks as rows of their own, so the report can show them next to everything else.
 // =====================================================================================
 void register_peaks() {
@@ -257,22 +299,10 @@ void register_gemm() {
       {256, 784, 1024},    // mlp layer 1 (batch 256)
       {1, 1024, 1024},     // one row: a GEMV, bandwidth-bound
   };
+  register_ours("gemm");  // the same shapes, from the matmul case's bench entries
   for (const GemmShape g : shapes) {
     const std::string sh = dims_str({g.m, g.k, g.n});
     const double flops = 2.0 * double(g.m) * double(g.k) * double(g.n);
-    register_bench("gemm/ours/" + sh, [g, flops](State& s) {
-      const Tensor a = rand_tensor({g.m, g.k}), b = rand_tensor({g.k, g.n});
-      std::vector<float> ref(size_t(g.m * g.n));
-      dnnl_sgemm('N', 'N', g.m, g.n, g.k, 1.f, a.data<float>(), g.k, b.data<float>(), g.n, 0.f,
-                 ref.data(), g.n);
-      if (!check_close(
-              s, [&] { return accel::matmul(a, b); }, ref.data(), g.m * g.n, 1e-4, 1e-4))
-        return;
-      timed_loop(s, Unit::kFlop, flops, [&] {
-        Tensor c = accel::matmul(a, b);
-        benchmark::DoNotOptimize(c.data_ptr());
-      });
-    });
     register_bench("gemm/dnnl/" + sh, [g, flops](State& s) {
       const Tensor a = rand_tensor({g.m, g.k}), b = rand_tensor({g.k, g.n});
       std::vector<float> c(size_t(g.m * g.n));
@@ -295,22 +325,10 @@ void register_gemm() {
 
   // The mlp's three layers.
   const GemmShape nt_shapes[] = {{256, 784, 1024}, {256, 1024, 1024}, {256, 1024, 10}};
+  register_ours("gemm_nt");
   for (const GemmShape g : nt_shapes) {
     const std::string sh = dims_str({g.m, g.k, g.n});
     const double flops = 2.0 * double(g.m) * double(g.k) * double(g.n);
-    register_bench("gemm_nt/ours/" + sh, [g, flops](State& s) {
-      const Tensor x = rand_tensor({g.m, g.k}), w = rand_tensor({g.n, g.k});
-      std::vector<float> ref(size_t(g.m * g.n));
-      dnnl_sgemm('N', 'T', g.m, g.n, g.k, 1.f, x.data<float>(), g.k, w.data<float>(), g.k, 0.f,
-                 ref.data(), g.n);
-      if (!check_close(
-              s, [&] { return accel::linear(x, w); }, ref.data(), g.m * g.n, 1e-4, 1e-4))
-        return;
-      timed_loop(s, Unit::kFlop, flops, [&] {
-        Tensor y = accel::linear(x, w);
-        benchmark::DoNotOptimize(y.data_ptr());
-      });
-    });
     register_bench("gemm_nt/dnnl/" + sh, [g, flops](State& s) {
       const Tensor x = rand_tensor({g.m, g.k}), w = rand_tensor({g.n, g.k});
       std::vector<float> y(size_t(g.m * g.n));
@@ -459,22 +477,12 @@ std::vector<float> conv_reference(const ConvShape& c, const Tensor& x, const Ten
 
 void register_conv() {
   const ConvShape shapes[] = {{"conv1", 128, 1, 28, 28, 32}, {"conv2", 128, 32, 14, 14, 64}};
+  register_ours("conv2d");  // the same shapes, from the conv2d case's bench entries
   for (const ConvShape c : shapes) {
     const std::string sh =
         std::string(c.name) + "_" + dims_str({c.n, c.cin, c.h, c.w}) + "_" + std::to_string(c.cout);
     const double flops = conv_flops(c);
     const int64_t out_n = c.n * c.cout * c.h * c.w;
-    register_bench("conv2d/ours/" + sh, [c, flops, out_n](State& s) {
-      const Tensor x = rand_tensor({c.n, c.cin, c.h, c.w}), w = rand_tensor({c.cout, c.cin, 3, 3}),
-                   b = rand_tensor({c.cout});
-      const std::vector<float> ref = conv_reference(c, x, w, b, out_n);
-      auto run = [&] { return accel::conv2d(x, w, b, {1, 1}, {kConvPad, kConvPad}, {1, 1}, 1); };
-      if (!check_close(s, run, ref.data(), out_n, 1e-4, 1e-4)) return;
-      timed_loop(s, Unit::kFlop, flops, [&] {
-        Tensor y = run();
-        benchmark::DoNotOptimize(y.data_ptr());
-      });
-    });
     for (bool any : {false, true}) {
       register_bench(
           std::string("conv2d/") + (any ? "dnnl_blocked/" : "dnnl_nchw/") + sh,
@@ -576,49 +584,10 @@ void register_conv() {
 // =====================================================================================
 constexpr int64_t kEltN = int64_t(1) << 20;
 
-float gelu_ref(float x) { return 0.5f * x * (1.f + std::erf(x * float(M_SQRT1_2))); }
-
 void register_elementwise() {
   const std::string sh = "1M";
   const double bytes3 = 3.0 * double(kEltN) * 4, bytes2 = 2.0 * double(kEltN) * 4;
-
-  // ---- ours ----
-  register_bench("add/ours/" + sh, [bytes3](State& s) {
-    const Tensor a = rand_tensor({kEltN}), b = rand_tensor({kEltN});
-    std::vector<float> ref(static_cast<size_t>(kEltN));
-    for (int64_t i = 0; i < kEltN; ++i) ref[i] = a.data<float>()[i] + b.data<float>()[i];
-    if (!check_close(
-            s, [&] { return accel::add(a, b); }, ref.data(), kEltN, 1e-6, 1e-7))
-      return;
-    timed_loop(s, Unit::kByte, bytes3, [&] {
-      Tensor c = accel::add(a, b);
-      benchmark::DoNotOptimize(c.data_ptr());
-    });
-  });
-  register_bench("mul/ours/" + sh, [bytes3](State& s) {
-    const Tensor a = rand_tensor({kEltN}), b = rand_tensor({kEltN});
-    std::vector<float> ref(static_cast<size_t>(kEltN));
-    for (int64_t i = 0; i < kEltN; ++i) ref[i] = a.data<float>()[i] * b.data<float>()[i];
-    if (!check_close(
-            s, [&] { return accel::mul(a, b); }, ref.data(), kEltN, 1e-6, 1e-7))
-      return;
-    timed_loop(s, Unit::kByte, bytes3, [&] {
-      Tensor c = accel::mul(a, b);
-      benchmark::DoNotOptimize(c.data_ptr());
-    });
-  });
-  register_bench("gelu/ours/" + sh, [bytes2](State& s) {
-    const Tensor x = rand_tensor({kEltN}, -4, 4);
-    std::vector<float> ref(static_cast<size_t>(kEltN));
-    for (int64_t i = 0; i < kEltN; ++i) ref[i] = gelu_ref(x.data<float>()[i]);
-    if (!check_close(
-            s, [&] { return accel::gelu(x); }, ref.data(), kEltN, 1e-5, 1e-6))
-      return;
-    timed_loop(s, Unit::kByte, bytes2, [&] {
-      Tensor y = accel::gelu(x);
-      benchmark::DoNotOptimize(y.data_ptr());
-    });
-  });
+  for (const char* family : {"add", "mul", "gelu"}) register_ours(family);
 
   // ---- oneDNN binary / eltwise primitives ----
   for (const bool is_add : {true, false}) {
@@ -721,23 +690,12 @@ void layer_norm_rows_eigen(const float* x, const float* w, const float* b, float
 }
 
 void register_norms() {
+  register_ours("softmax");
   const std::pair<int64_t, int64_t> softmax_shapes[] = {{4096, 256}, {32 * 4 * 128, 128}};
   for (const auto& [rows, cols] : softmax_shapes) {
     const std::string sh = dims_str({rows, cols});
     const int64_t n = rows * cols;
     const double bytes = 2.0 * double(n) * 4;
-    register_bench("softmax/ours/" + sh, [rows, cols, n, bytes](State& s) {
-      const Tensor x = rand_tensor({rows, cols}, -5, 5);
-      std::vector<float> ref(static_cast<size_t>(n));
-      softmax_rows_eigen(x.data<float>(), ref.data(), rows, cols);
-      if (!check_close(
-              s, [&] { return accel::softmax(x, -1); }, ref.data(), n, 1e-4, 1e-7))
-        return;
-      timed_loop(s, Unit::kByte, bytes, [&] {
-        Tensor y = accel::softmax(x, -1);
-        benchmark::DoNotOptimize(y.data_ptr());
-      });
-    });
     register_bench("softmax/dnnl/" + sh, [rows, cols, n, bytes](State& s) {
       const Tensor x = rand_tensor({rows, cols}, -5, 5);
       std::vector<float> y(static_cast<size_t>(n));
@@ -766,19 +724,7 @@ void register_norms() {
   constexpr int64_t rows = 4096, cols = 128, n = rows * cols;
   const std::string sh = dims_str({rows, cols});
   const double bytes = 2.0 * double(n) * 4;
-  register_bench("layer_norm/ours/" + sh, [bytes](State& s) {
-    const Tensor x = rand_tensor({rows, cols}, -3, 3), w = rand_tensor({cols}),
-                 b = rand_tensor({cols});
-    std::vector<float> ref(static_cast<size_t>(n));
-    layer_norm_rows_eigen(x.data<float>(), w.data<float>(), b.data<float>(), ref.data(), rows,
-                          cols);
-    auto run = [&] { return accel::layer_norm(x, {cols}, w, b, kLnEps); };
-    if (!check_close(s, run, ref.data(), n, 1e-4, 1e-5)) return;
-    timed_loop(s, Unit::kByte, bytes, [&] {
-      Tensor y = run();
-      benchmark::DoNotOptimize(y.data_ptr());
-    });
-  });
+  register_ours("layer_norm");
   register_bench("layer_norm/dnnl/" + sh, [bytes](State& s) {
     const Tensor x = rand_tensor({rows, cols}, -3, 3), w = rand_tensor({cols}),
                  b = rand_tensor({cols});
@@ -832,17 +778,7 @@ void register_cross_entropy() {
   constexpr int64_t rows = 32 * 128, cols = 256;
   const std::string sh = dims_str({rows, cols});
   const double bytes = double(rows) * double(cols) * 4;
-  register_bench("cross_entropy/ours/" + sh, [bytes](State& s) {
-    const Tensor x = rand_tensor({rows, cols}, -5, 5), t = accel::randint(0, cols, {rows});
-    const float ref = cross_entropy_raw(x.data<float>(), t.data<int64_t>(), rows, cols);
-    if (!check_close(
-            s, [&] { return accel::cross_entropy(x, t); }, &ref, 1, 1e-5, 1e-6))
-      return;
-    timed_loop(s, Unit::kByte, bytes, [&] {
-      Tensor l = accel::cross_entropy(x, t);
-      benchmark::DoNotOptimize(l.data_ptr());
-    });
-  });
+  register_ours("cross_entropy");
   register_bench("cross_entropy/raw/" + sh, [bytes](State& s) {
     const Tensor x = rand_tensor({rows, cols}, -5, 5), t = accel::randint(0, cols, {rows});
     timed_loop(s, Unit::kByte, bytes, [&] {
@@ -863,19 +799,7 @@ void register_reduce() {
   for (const int64_t dim : {int64_t(0), int64_t(1)}) {
     const std::string fam = "sum_dim" + std::to_string(dim);
     const int64_t out_n = dim == 0 ? kRedCols : kRedRows;
-    register_bench(fam + "/ours/" + sh, [dim, out_n, bytes](State& s) {
-      const Tensor x = rand_tensor({kRedRows, kRedCols});
-      const CMapMat X(x.data<float>(), kRedRows, kRedCols);
-      const Eigen::VectorXf ref = dim == 0 ? Eigen::VectorXf(X.colwise().sum().transpose())
-                                           : Eigen::VectorXf(X.rowwise().sum());
-      if (!check_close(
-              s, [&] { return accel::sum(x, {dim}); }, ref.data(), out_n, 1e-4, 1e-3))
-        return;
-      timed_loop(s, Unit::kByte, bytes, [&] {
-        Tensor y = accel::sum(x, {dim});
-        benchmark::DoNotOptimize(y.data_ptr());
-      });
-    });
+    register_ours(fam);
     register_bench(fam + "/dnnl/" + sh, [dim, out_n, bytes](State& s) {
       const Tensor x = rand_tensor({kRedRows, kRedCols});
       std::vector<float> y(static_cast<size_t>(out_n));

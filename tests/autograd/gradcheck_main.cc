@@ -1,74 +1,62 @@
-// Runs every registered gradcheck sample and fails for any differentiable op without one.
+// Gradcheck in float64 over every differentiable case of the op table (tests/ops/), and the
+// failure for a differentiable op without one.
 #include <doctest/doctest.h>
 
 #include <set>
 
 #include "autograd/gradcheck.h"
-#include "samples.h"
-
-namespace accel::testing {
-
-std::vector<GradSample>& grad_samples() {
-  static std::vector<GradSample> s;
-  return s;
-}
-
-namespace {
-Generator& sample_gen() {
-  static Generator g(20261202);
-  return g;
-}
-}  // namespace
-
-Tensor rnd(const Shape& shape) {
-  return uniform(shape, -1.0, 1.0, TensorOptions(kFloat64), &sample_gen()).requires_grad_(true);
-}
-Tensor rnd_pos(const Shape& shape) {
-  return uniform(shape, 0.5, 1.5, TensorOptions(kFloat64), &sample_gen()).requires_grad_(true);
-}
-
-}  // namespace accel::testing
+#include "op_table.h"
 
 using namespace accel;
 
-TEST_CASE("gradcheck: every registered sample matches finite differences") {
-  auto& samples = testing::grad_samples();
-  REQUIRE(!samples.empty());
-  for (const auto& s : samples) {
-    INFO("op ", s.op, " [", s.label, "]");
+TEST_CASE("gradcheck: every differentiable op case matches finite differences") {
+  const auto& cases = optable::op_cases();
+  REQUIRE(!cases.empty());
+  int checked = 0;
+  for (const auto& c : cases) {
+    if (!c.differentiable || !c.gradcheck) continue;
+    INFO("op ", c.name());
     autograd::GradcheckResult r;
     try {
-      std::vector<Tensor> inputs = s.make_inputs();
+      optable::Maker m(kFloat64, kCPU, optable::case_seed(c));
+      std::vector<Tensor> inputs = c.make(m);
       autograd::GradcheckOptions opt;
-      opt.eps = s.eps;
-      r = autograd::gradcheck(s.fn, inputs, opt);
+      opt.eps = c.gradcheck_eps;
+      r = autograd::gradcheck(c.fn, inputs, opt);
     } catch (const std::exception& e) {
       FAIL_CHECK("threw: ", e.what());
       continue;
     }
     CHECK_MESSAGE(r.ok, r.message);
     CHECK(r.elements_checked > 0);
+    ++checked;
   }
+  MESSAGE(checked, " cases gradchecked");
 }
 
-TEST_CASE("gradcheck: every differentiable op has a sample input") {
-  std::set<std::string> covered;
-  for (const auto& s : testing::grad_samples()) covered.insert(s.op);
+TEST_CASE("gradcheck: every differentiable op has a case") {
+  std::set<std::string> covered, named;
+  for (const auto& c : optable::op_cases()) {
+    if (!c.differentiable) continue;
+    named.insert(c.op);
+    if (c.gradcheck) covered.insert(c.op);
+  }
   const auto& ops = autograd::differentiable_ops();
   REQUIRE(ops.size() > 10);
   for (const char* op_c : ops) {
     const std::string op = op_c;
     INFO("op ", op);
-    CHECK_MESSAGE(covered.count(op) == 1, "differentiable op '", op, "' has no gradcheck sample");
+    CHECK_MESSAGE(covered.count(op) == 1, "differentiable op '", op, "' has no gradcheck case in tests/ops/");
   }
-  // And no sample names an op that does not exist (typos would hide a missing sample).
+  // And no differentiable case names an op that does not exist (a typo would hide a missing case).
   std::set<std::string> known(ops.begin(), ops.end());
-  for (const auto& name : covered) CHECK_MESSAGE(known.count(name) == 1, "sample for unknown op ", name);
+  for (const auto& name : named) CHECK_MESSAGE(known.count(name) == 1, "case for unknown op ", name);
 }
 
 TEST_CASE("gradcheck: detects a wrong gradient") {
   // A deliberately wrong backward must fail the check (so the check can fail at all).
-  Tensor x = testing::rnd({3});
+  optable::Maker m(kFloat64, kCPU, 1);
+  Tensor x = m.rnd({3});
   auto wrong = [](const std::vector<Tensor>& in) {
     Tensor y = mul(in[0].detach(), 2.0);
     autograd::record("wrong", {&in[0]}, {&y},

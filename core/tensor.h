@@ -7,7 +7,9 @@
 #include <initializer_list>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/device.h"
@@ -173,6 +175,105 @@ class Tensor {
   Tensor sqrt() const;
   Tensor relu() const;
   Tensor argmax(int64_t dim, bool keepdim = false) const;
+
+  // ---- ops as methods (defined in autograd/ops/methods.cc) ----
+  // The torch.Tensor methods of the free ops in autograd/ops.h, each a one-line call of its free
+  // function (same defaults, same errors, same autograd). tests/autograd/test_tensor_methods.cc
+  // fails when an op of ops.h has neither a method here nor a reason in its exclusion list.
+  // C++ keywords cannot be method names: t.float()/double()/int()/long()/bool() are
+  // t.float32()/float64()/int32()/int64()/to(kBool). In-place variants (trailing _) compute
+  // the op, then copy into this tensor; a result of another dtype or shape is an error.
+  Tensor add(const Tensor& other, Scalar alpha = 1) const;
+  Tensor add(Scalar other) const;
+  Tensor sub(const Tensor& other, Scalar alpha = 1) const;
+  Tensor sub(Scalar other) const;
+  Tensor mul(const Tensor& other) const;
+  Tensor mul(Scalar other) const;
+  Tensor div(const Tensor& other) const;
+  Tensor div(Scalar other) const;
+  Tensor pow(const Tensor& exponent) const;
+  Tensor maximum(const Tensor& other) const;
+  Tensor minimum(const Tensor& other) const;
+  Tensor eq(const Tensor& other) const;
+  Tensor eq(Scalar other) const;
+  Tensor ne(const Tensor& other) const;
+  Tensor ne(Scalar other) const;
+  Tensor lt(const Tensor& other) const;
+  Tensor lt(Scalar other) const;
+  Tensor le(const Tensor& other) const;
+  Tensor le(Scalar other) const;
+  Tensor gt(const Tensor& other) const;
+  Tensor gt(Scalar other) const;
+  Tensor ge(const Tensor& other) const;
+  Tensor ge(Scalar other) const;
+  Tensor logical_and(const Tensor& other) const;
+  Tensor logical_or(const Tensor& other) const;
+  Tensor logical_not() const;
+  bool equal(const Tensor& other) const;
+  bool allclose(const Tensor& other, double rtol = 1e-5, double atol = 1e-8) const;
+  Tensor neg() const;
+  Tensor rsqrt() const;
+  Tensor tanh() const;
+  Tensor sigmoid() const;
+  Tensor sin() const;
+  Tensor cos() const;
+  Tensor sign() const;
+  Tensor reciprocal() const;
+  Tensor square() const;
+  Tensor log1p() const;
+  Tensor expm1() const;
+  Tensor erf() const;
+  Tensor clamp(std::optional<Scalar> lo, std::optional<Scalar> hi = std::nullopt) const;
+  Tensor masked_fill(const Tensor& mask, Scalar value) const;
+  Tensor amax(const Shape& dims = {}, bool keepdim = false) const;
+  Tensor amin(const Shape& dims = {}, bool keepdim = false) const;
+  Tensor max() const;  // over everything, 0-dim
+  Tensor min() const;
+  std::tuple<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;  // values, indices
+  std::tuple<Tensor, Tensor> min(int64_t dim, bool keepdim = false) const;
+  Tensor argmax() const;  // flattened index
+  Tensor argmin(int64_t dim, bool keepdim = false) const;
+  Tensor var(const Shape& dims = {}, int64_t correction = 1, bool keepdim = false) const;
+  Tensor std_dev(const Shape& dims = {}, int64_t correction = 1, bool keepdim = false) const;
+  Tensor std(const Shape& dims = {}, int64_t correction = 1, bool keepdim = false) const;
+  Tensor prod(const Shape& dims = {}, bool keepdim = false) const;
+  Tensor norm(double p = 2.0) const;
+  Tensor mm(const Tensor& other) const;
+  Tensor bmm(const Tensor& other) const;
+  Tensor softmax(int64_t dim) const;
+  Tensor log_softmax(int64_t dim) const;
+  Tensor index_select(int64_t dim, const Tensor& index) const;
+  Tensor gather(int64_t dim, const Tensor& index) const;
+  Tensor scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const;
+  Tensor index_add(int64_t dim, const Tensor& index, const Tensor& src) const;
+  std::vector<Tensor> split(int64_t split_size, int64_t dim = 0) const;
+  std::vector<Tensor> split(const std::vector<int64_t>& sizes, int64_t dim = 0) const;
+  std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;
+  Tensor tril(int64_t diagonal = 0) const;
+  Tensor triu(int64_t diagonal = 0) const;
+  // in-place
+  Tensor& add_(Scalar other);
+  Tensor& sub_(Scalar other);
+  Tensor& sub_(const Tensor& other, Scalar alpha);
+  Tensor& div_(const Tensor& other);
+  Tensor& masked_fill_(const Tensor& mask, Scalar value);
+  Tensor& index_add_(int64_t dim, const Tensor& index, const Tensor& src);
+  Tensor& scatter_add_(int64_t dim, const Tensor& index, const Tensor& src);
+  Tensor& tril_(int64_t diagonal = 0);
+  Tensor& triu_(int64_t diagonal = 0);
+  // conversion
+  Tensor to(Device d, DType t, bool non_blocking) const;
+  Tensor to(const Tensor& other, bool non_blocking = false) const;  // other's device and dtype
+  Tensor type_as(const Tensor& other) const;                        // other's dtype
+  Tensor float32() const;
+  Tensor float64() const;
+  Tensor half() const;
+  Tensor bfloat16() const;
+  Tensor int32() const;
+  Tensor int64() const;
+  Tensor cuda(int index = 0, bool non_blocking = false) const;
+  bool is_cuda() const;
+  bool is_cpu() const;
 
  private:
   IntrusivePtr<TensorImpl> impl_;

@@ -238,13 +238,35 @@ bool DataLoader::next(Batch& out) {
   }
   try {
     run_->take(out);
+    place(out);
   } catch (...) {
-    // The failed batch is not consumed; the next begin() retries it.
+    // The failed batch (fetch or device copy) is not consumed; the next begin() retries it.
     stop_run();
     throw;
   }
   consumed_ = run_->next_yield;
   return true;
+}
+
+// Note [Batch device placement]
+// With options.device set, next() moves each batch to it on the consuming thread, after the
+// worker built it (pinned when pin_memory; Accelerator::prepare pins on CUDA). The copies are
+// non-blocking: from pinned memory they only enqueue on the consumer's current stream, the stream
+// the training step then runs on, so they overlap the GPU's work on earlier batches and are
+// ordered before the step that reads them without any synchronisation. The host buffer is freed
+// right after the enqueue; the pinned allocator records an event at free time and reuses the block
+// only once the copy is done (kernels/cuda/allocator.cc), so a worker cannot overwrite it early.
+// From pageable memory the copy returns once the bytes are staged. Workers do not copy: a copy on
+// a worker thread's stream would need an event per batch for the consumer's stream to wait on.
+// Tensors already on the device (and every batch on a CPU target) are left as they are: free.
+// A copy that fails (device out of memory) propagates like a failed fetch: the batch is not
+// consumed and the next begin() retries it.
+void DataLoader::place(Batch& b) const {
+  if (!options_.device) return;
+  const Device d = *options_.device;
+  for (Tensor& t : b.data.fields) {
+    if (t.defined() && t.device() != d) t = t.to(d, /*non_blocking=*/true);
+  }
 }
 
 void DataLoader::set_epoch(int64_t e) {

@@ -65,6 +65,10 @@ struct DataLoaderOptions {
   int64_t world_size = -1;
   bool even_batches = true;
   bool split_batches = false;
+  // Put every tensor of every batch on this device before handing the batch out (what
+  // Accelerator::prepare sets: Accelerate's device_placement); empty keeps batches where the
+  // dataset and collate made them. See Note [Batch device placement] in dataloader.cc.
+  std::optional<Device> device{};
 };
 
 class DataLoader {
@@ -105,6 +109,7 @@ class DataLoader {
   struct Run;
   friend class Iterator;
   bool next(Batch& out);  // false at the end of the epoch
+  void place(Batch& b) const;  // options_.device
   void stop_run();
 
   DatasetPtr dataset_;

@@ -255,6 +255,7 @@ std::shared_ptr<data::DataLoader> Accelerator::prepare_data_loader(
   o.even_batches = config_.even_batches;
   o.split_batches = config_.split_batches;
   if (device_.is_cuda()) o.pin_memory = true;
+  if (config_.device_placement) o.device = device_;
   auto sharded = std::make_shared<data::DataLoader>(loader->dataset(), o);
   // Keep the position the caller's loader had (a loader prepared after load_state_dict).
   if (loader->epoch() != 0 || loader->batches_consumed() != 0)

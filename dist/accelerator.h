@@ -20,7 +20,9 @@
 //    skips on inf/NaN under fp16, zero_grad() only on sync steps. With zero_stage 1-3 and world
 //    size > 1 it is rebuilt as a dist::ZeroOptimizer over its model (Note [zero in the facade]).
 //  - DataLoader -> a new DataLoader over the same dataset and options, sharded to this rank
-//    (rank, world size, even_batches, split_batches of the config). Use the returned one.
+//    (rank, world size, even_batches, split_batches of the config), whose batches are on
+//    device() (config.device_placement; pinned + non-blocking copies on CUDA). Use the returned
+//    one.
 //  - LRScheduler -> AcceleratedScheduler: steps only when the optimizer really stepped.
 //
 // Note [gradient sync]
@@ -80,6 +82,10 @@ struct AcceleratorConfig {
   int total_limit = 0;            // keep at most this many automatic checkpoints (0 = all)
   bool split_batches = false;     // loader batch size is the global batch
   bool even_batches = true;       // pad the last global batch so every rank has as many
+  // Prepared loaders hand out batches on device() (Accelerate's device_placement): every tensor
+  // of a batch is copied there (from pinned memory, non-blocking, on CUDA). false: batches stay
+  // on the CPU and the loop moves them itself.
+  bool device_placement = true;
   // Force a sync step at the last batch of a loader epoch even mid-window (Accelerate does).
   bool sync_with_dataloader = true;
   dist::GradScalerOptions scaler;

@@ -82,7 +82,7 @@ mtest() {
   cases=$(grep -E '^\[doctest\] test cases:' "$out" | tail -1 | sed 's/\[doctest\] test cases: *//; s/ *|.*//')
   asserts=$(grep -E '^\[doctest\] assertions:' "$out" | tail -1 | sed 's/\[doctest\] assertions: *//; s/ *|.*//')
   local fig="${cases:-?} test cases, ${asserts:-?} checks"
-  [ "$status" = SKIP ] && fig="skipped: $(grep -m1 -i 'skipped:' "$out" | grep -v '^Skipped' | cut -c1-80)"
+  [ "$status" = SKIP ] && fig="$(grep -i 'skipped:' "$out" | grep -v '^Skipped:' | head -1 | cut -c1-90)"
   [ "$status" = FAIL ] && fig="$fig; $(grep -m1 -E 'ERROR|FAILED|error:' "$out" | cut -c1-90)"
   put "$name" "$status" "$fig"
 }
@@ -157,7 +157,9 @@ step_configure() {
     put configure FAIL "meson setup failed (log: $LOG/configure.log)"
     return 1
   fi
-  [ "$DRY" = 1 ] || meson test -C "$BUILD" --no-rebuild --list 2>/dev/null >"$LOG/tests.list"
+  # `meson test --list` prints "project / name"; the rest of the script uses the bare names.
+  [ "$DRY" = 1 ] ||
+    meson test -C "$BUILD" --no-rebuild --list 2>/dev/null | sed 's|^.* / ||' >"$LOG/tests.list"
 }
 
 GPU_TESTS="op_cross_device cuda_vs_cpu dist_nccl"

@@ -63,7 +63,7 @@ case "$1" in
     else echo '[{"id":"g","name":"gpu_bench","filename":["'$2'/bench/gpu_bench"]}]'; fi ;;
   test)
     for a; do last=$a; done
-    if [[ " $* " == *" --list "* ]]; then printf 'cuda_vs_cpu\ndist_nccl\n'; exit 0; fi
+    if [[ " $* " == *" --list "* ]]; then printf 'accel / cuda_vs_cpu\naccel / dist_nccl\n'; exit 0; fi
     case $last in
       cuda_vs_cpu) echo "[doctest] test cases: 3 | 2 passed | 1 failed | 0 skipped"
                    echo "ERROR: CHECK( a == b ) is NOT correct!"; exit 1 ;;

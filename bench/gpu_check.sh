@@ -82,7 +82,10 @@ mtest() {
   cases=$(grep -E '^\[doctest\] test cases:' "$out" | tail -1 | sed 's/\[doctest\] test cases: *//; s/ *|.*//')
   asserts=$(grep -E '^\[doctest\] assertions:' "$out" | tail -1 | sed 's/\[doctest\] assertions: *//; s/ *|.*//')
   local fig="${cases:-?} test cases, ${asserts:-?} checks"
-  [ "$status" = SKIP ] && fig="$(grep -i 'skipped:' "$out" | grep -v '^Skipped:' | head -1 | cut -c1-90)"
+  if [ "$status" = SKIP ]; then
+    fig=$(grep -i 'skipped:' "$out" | grep -v '^Skipped:' | head -1 | cut -c1-90)
+    [ -n "$fig" ] || fig="skipped (exit 77)"
+  fi
   [ "$status" = FAIL ] && fig="$fig; $(grep -m1 -E 'ERROR|FAILED|error:' "$out" | cut -c1-90)"
   put "$name" "$status" "$fig"
 }

@@ -79,8 +79,10 @@ mtest() {
   fi
   # doctest's summary lines, e.g. "[doctest] test cases: 3 | 3 passed | 0 failed | 0 skipped".
   local cases asserts
-  cases=$(grep -E '^\[doctest\] test cases:' "$out" | tail -1 | sed 's/\[doctest\] test cases: *//; s/ *|.*//')
-  asserts=$(grep -E '^\[doctest\] assertions:' "$out" | tail -1 | sed 's/\[doctest\] assertions: *//; s/ *|.*//')
+  cases=$(grep -E '^\[doctest\] test cases:' "$out" | tail -1 |
+    sed 's/\[doctest\] test cases: *//; s/ *|.*//')
+  asserts=$(grep -E '^\[doctest\] assertions:' "$out" | tail -1 |
+    sed 's/\[doctest\] assertions: *//; s/ *|.*//')
   local fig="${cases:-?} test cases, ${asserts:-?} checks"
   if [ "$status" = SKIP ]; then
     fig=$(grep -i 'skipped:' "$out" | grep -v '^Skipped:' | head -1 | cut -c1-90)
@@ -121,12 +123,13 @@ export -f x put trim have_test mtest bench
 
 step_packages() {
   # Debian mirrors only; skipped when everything is there (a device machine may have no network).
-  local pkgs=(g++ meson ninja-build pkg-config python3 ccache libdnnl-dev libeigen3-dev libgloo-dev
-              zlib1g-dev doctest-dev libbenchmark-dev nlohmann-json3-dev libyaml-cpp-dev libcli11-dev
-              libfmt-dev)
+  local pkgs=(g++ meson ninja-build pkg-config python3 ccache libdnnl-dev libeigen3-dev
+              libgloo-dev zlib1g-dev doctest-dev libbenchmark-dev nlohmann-json3-dev
+              libyaml-cpp-dev libcli11-dev libfmt-dev)
   local missing=() p
   for p in "${pkgs[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+      missing+=("$p")
   done
   if [ ${#missing[@]} -eq 0 ]; then
     put packages pass "all installed"
@@ -172,8 +175,9 @@ step_build() {
   # accel-run, accel-selftest and gpu_bench.
   local targets=()
   if [ "$DRY" = 1 ]; then
-    echo "      (targets: the files of the tests $GPU_TESTS and what they depend on, from meson introspect)" >&3
-    targets=(tests/accelerator/accel_worker launcher/accel-run dist/tools/accel-selftest bench/gpu_bench)
+    echo "      (targets: the tests $GPU_TESTS and their depends, from meson introspect)" >&3
+    targets=(tests/accelerator/accel_worker launcher/accel-run dist/tools/accel-selftest
+             bench/gpu_bench)
   else
     mapfile -t targets < <(python3 - "$BUILD" $GPU_TESTS <<'PY'
 import json, os, subprocess, sys
@@ -329,7 +333,7 @@ export NGPU
 NVCC=$(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo "no nvcc")
 
 if [ "$DRY" = 1 ]; then
-  echo "gpu_check --dry-run: $NGPU GPU(s) visible here; budget $BUDGET s; build dir $BUILD; logs $LOG"
+  echo "gpu_check --dry-run: $NGPU GPU(s) visible here; budget $BUDGET s; build dir $BUILD"
   NGPU=$((NGPU > 0 ? NGPU : 1))  # show the commands as a one-GPU machine would run them
 fi
 ROWS+=("device|$([ "$NGPU" -gt 0 ] && echo pass || echo FAIL)|$NGPU x ${GPU_DESC:-?}; nvcc $NVCC")

@@ -63,7 +63,10 @@ case "$1" in
     else echo '[{"id":"g","name":"gpu_bench","filename":["'$2'/bench/gpu_bench"]}]'; fi ;;
   test)
     for a; do last=$a; done
-    if [[ " $* " == *" --list "* ]]; then printf 'accel / cuda_vs_cpu\naccel / dist_nccl\n'; exit 0; fi
+    if [[ " $* " == *" --list "* ]]; then
+      printf 'accel / cuda_vs_cpu\naccel / dist_nccl\n'
+      exit 0
+    fi
     case $last in
       cuda_vs_cpu) echo "[doctest] test cases: 3 | 2 passed | 1 failed | 0 skipped"
                    echo "ERROR: CHECK( a == b ) is NOT correct!"; exit 1 ;;
@@ -88,8 +91,11 @@ EOF
 # ZeRO stage 3 on the "GPU" is off by 1 %: the check must catch it.
 cat >"$B/tests/accelerator/accel_worker" <<'EOF'
 #!/bin/bash
-e=0; [ "${ACCEL_USE_CPU:-}" = true ] || e=1e-6; [ "$3" = 3 ] && [ "${ACCEL_USE_CPU:-}" != true ] && e=0.01
-for v in 0.5 1.25 -2.0 0.75; do awk -v v=$v -v e=$e 'BEGIN { printf "param %.9g\n", v * (1 + e) }'; done
+e=0
+if [ "${ACCEL_USE_CPU:-}" != true ]; then e=1e-6; [ "$3" = 3 ] && e=0.01; fi
+for v in 0.5 1.25 -2.0 0.75; do
+  awk -v v=$v -v e=$e 'BEGIN { printf "param %.9g\n", v * (1 + e) }'
+done
 echo "norm 0.3"; echo "ok ddp_mlp"
 EOF
 cat >"$B/dist/tools/accel-selftest" <<'EOF'
@@ -97,7 +103,8 @@ cat >"$B/dist/tools/accel-selftest" <<'EOF'
 [ "$RANK" = 0 ] && echo "info  all_reduce 256 MiB float32: 12.5 GB/s (algbw, 2 ranks)" &&
   echo "PASS: 9 of 9 checks passed on 2 rank(s)"; exit 0
 EOF
-chmod +x "$F"/bin/* "$B/bench/gpu_bench" "$B/launcher/accel-run" "$B/tests/accelerator/accel_worker" \
+chmod +x "$F"/bin/* "$B/bench/gpu_bench" "$B/launcher/accel-run" \
+  "$B/tests/accelerator/accel_worker" \
   "$B/dist/tools/accel-selftest"
 
 G=$TMP/gpu_check.txt

@@ -19,7 +19,7 @@
 #   bench/gpu_check.sh             run it (BUILD_DIR=build-gpu, JOBS=$(nproc), GPU_CHECK_BUDGET=450)
 #   bench/gpu_check.sh --dry-run   print the steps, their caps and commands; run nothing
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 
 DRY=0
 for a in "$@"; do
@@ -279,7 +279,8 @@ step_gpt2() { bench gpt2; }
 step_copy() { bench copy; }
 step_mlp() { bench mlp; }
 step_gpt() { bench gpt; }
-export -f $(declare -F | awk '$3 ~ /^step_/ { print $3 }')
+mapfile -t step_functions < <(declare -F | awk '$3 ~ /^step_/ { print $3 }')
+export -f "${step_functions[@]}"
 
 # ---- the runner ----
 

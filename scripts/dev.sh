@@ -20,6 +20,7 @@ PACKAGES=(
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   dataset-fashion-mnist fortunes
   clang libclang-rt-dev
+  clang-format
 )
 
 install_missing() {

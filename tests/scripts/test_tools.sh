@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Tests of the repository's shell tools that need no GPU and no build:
+#   scripts/check-format  on a scratch repository: finds the unformatted file, --fix formats it;
+#   bench/gpu_check.sh    against fake nvidia-smi / meson / ninja / test and bench programs: the
+#                         table, statuses and figures, the time budget (a hung step is stopped
+#                         and the rest skipped), the exit code, and --dry-run running nothing.
+# Exit 0 when all pass, 1 with the failed checks listed; 77 (skip) without clang-format.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+check() {  # check DESCRIPTION COMMAND...
+  if "${@:2}"; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi
+}
+has() { grep -qE -- "$2" "$1"; }
+
+# ---- scripts/check-format ----
+if ! command -v clang-format >/dev/null; then
+  echo "skipped: clang-format is not installed"
+  exit 77
+fi
+R=$TMP/repo
+mkdir -p "$R/scripts"
+cp "$ROOT/.clang-format" "$R/"
+cp "$ROOT/scripts/check-format" "$R/scripts/"
+printf 'int x = 1;\n' >"$R/good.cc"
+printf 'int  y=2;\n' >"$R/bad.cu"
+printf 'not C++\n' >"$R/notes.txt"
+git -C "$R" init -q && git -C "$R" add -A
+"$R/scripts/check-format" >"$TMP/cf1.txt" 2>&1
+check "check-format fails on an unformatted file" [ $? -eq 1 ]
+check "check-format names it and only it" has "$TMP/cf1.txt" '^  bad.cu \(1 lines differ\)'
+check "check-format counts files" has "$TMP/cf1.txt" '1 of 2 files are not formatted'
+check "check-format leaves good.cc out" bash -c "! grep -q good.cc '$TMP/cf1.txt'"
+"$R/scripts/check-format" --fix >/dev/null 2>&1
+check "check-format --fix formats in place" [ "$(cat "$R/bad.cu")" = "int y = 2;" ]
+"$R/scripts/check-format" >"$TMP/cf2.txt" 2>&1
+check "check-format passes once formatted" [ $? -eq 0 ]
+rm "$R/good.cc"  # tracked but deleted in the work tree: not an error
+"$R/scripts/check-format" >/dev/null 2>&1
+check "check-format skips a deleted tracked file" [ $? -eq 0 ]
+
+# ---- bench/gpu_check.sh ----
+F=$TMP/fake
+B=$F/build
+mkdir -p "$F/bin" "$B/bench" "$B/launcher" "$B/tests/accelerator" "$B/dist/tools"
+touch "$B/build.ninja"
+cat >"$F/bin/nvidia-smi" <<'EOF'
+#!/bin/bash
+case "$1" in
+  -L) echo "GPU 0: Fake GPU (UUID: a)"; echo "GPU 1: Fake GPU (UUID: b)" ;;
+  *) echo "Fake GPU, 1000 MiB, 1.0" ;;
+esac
+EOF
+printf '#!/bin/bash\nexit 0\n' >"$F/bin/ninja"
+cat >"$F/bin/meson" <<'EOF'
+#!/bin/bash
+case "$1" in
+  setup|configure) exit 0 ;;
+  introspect)
+    if [ "$3" = --tests ]; then echo '[{"name":"dist_nccl","cmd":["'$2'/t"],"depends":[]}]';
+    else echo '[{"id":"g","name":"gpu_bench","filename":["'$2'/bench/gpu_bench"]}]'; fi ;;
+  test)
+    for a; do last=$a; done
+    if [[ " $* " == *" --list "* ]]; then
+      printf 'accel / cuda_vs_cpu\naccel / dist_nccl\n'
+      exit 0
+    fi
+    case $last in
+      cuda_vs_cpu) echo "[doctest] test cases: 3 | 2 passed | 1 failed | 0 skipped"
+                   echo "ERROR: CHECK( a == b ) is NOT correct!"; exit 1 ;;
+      dist_nccl) echo "[doctest] test cases: 3 | 3 passed | 0 failed | 0 skipped"
+                 echo "[doctest] assertions: 120 | 120 passed | 0 failed |"; exit 0 ;;
+    esac ;;
+esac
+EOF
+cat >"$B/bench/gpu_bench" <<'EOF'
+#!/bin/bash
+case $1 in
+  matmul) echo "| matmul bf16 8192^3 (TFLOP/s) | 700.1 | 720.3 (cublasGemmEx) | 102.9% |" ;;
+  gpt2) sleep 60 ;;
+esac
+EOF
+cat >"$B/launcher/accel-run" <<'EOF'
+#!/bin/bash
+shift; n=1
+while [[ $1 == --* ]]; do case $1 in --num_processes) n=$2; shift 2 ;; *) shift 2 ;; esac; done
+for ((r = 0; r < n; r++)); do RANK=$r "$@" | sed "s/^/[rank$r]: /" & done; wait
+EOF
+# ZeRO stage 3 on the "GPU" is off by 1 %: the check must catch it.
+cat >"$B/tests/accelerator/accel_worker" <<'EOF'
+#!/bin/bash
+e=0
+if [ "${ACCEL_USE_CPU:-}" != true ]; then e=1e-6; [ "$3" = 3 ] && e=0.01; fi
+for v in 0.5 1.25 -2.0 0.75; do
+  awk -v v=$v -v e=$e 'BEGIN { printf "param %.9g\n", v * (1 + e) }'
+done
+echo "norm 0.3"; echo "ok ddp_mlp"
+EOF
+cat >"$B/dist/tools/accel-selftest" <<'EOF'
+#!/bin/bash
+[ "$RANK" = 0 ] && echo "info  all_reduce 256 MiB float32: 12.5 GB/s (algbw, 2 ranks)" &&
+  echo "PASS: 9 of 9 checks passed on 2 rank(s)"; exit 0
+EOF
+chmod +x "$F"/bin/* "$B/bench/gpu_bench" "$B/launcher/accel-run" \
+  "$B/tests/accelerator/accel_worker" \
+  "$B/dist/tools/accel-selftest"
+
+G=$TMP/gpu_check.txt
+start=$SECONDS
+PATH=$F/bin:$PATH BUILD_DIR=$B GPU_CHECK_BUDGET=12 "$ROOT/bench/gpu_check.sh" >"$G" 2>&1
+rc=$?
+took=$((SECONDS - start))
+row() { grep -E "^\| $1 +\| $2 +\| .*$3" "$G" >/dev/null; }
+check "gpu_check exits non-zero when a step fails" [ $rc -ne 0 ]
+check "gpu_check stays within its budget (took ${took} s of 12 + 10 s kill grace)" [ $took -le 25 ]
+check "device row" row device pass '2 x Fake GPU, 1000 MiB'
+check "absent test reported" row op_cross_device absent 'not a test of this build'
+check "failing test reported with its error" row cuda_vs_cpu FAIL 'CHECK\( a == b \)'
+check "passing test with doctest counts" row dist_nccl pass '3 test cases, 120 checks'
+check "NCCL world over both GPUs" row 'nccl_world \(2 GPU\)' pass '9 of 9 checks.*12.5 GB/s'
+check "ZeRO-3 mismatch caught" row ddp_zero FAIL 'zero3\(rel 0.01\)'
+check "gpu_bench row becomes a figure" row 'matmul bf16 8192\^3 \(TFLOP/s\)' pass '700.1; 720.3'
+check "hung step stopped" row gpt2 TIMEOUT 'stopped after'
+check "later steps skipped, not dropped" row gpt skip 'out of the 12 s budget'
+check "step outputs kept" [ -s "$B.check/ddp_gpu_zero3.txt" ]
+
+D=$TMP/dry.txt
+(cd "$TMP" && PATH=$F/bin:$PATH BUILD_DIR=$TMP/none "$ROOT/bench/gpu_check.sh" --dry-run >"$D" 2>&1)
+check "dry run exits 0" [ $? -eq 0 ]
+check "dry run lists all 13 steps" [ "$(grep -cE '^  [a-z_0-9]+ +cap +[0-9]+ s$' "$D")" -eq 13 ]
+check "dry run shows commands" has "$D" 'accel-selftest --backend nccl'
+check "dry run creates nothing" bash -c "[ ! -e '$TMP/none' ] && [ ! -e '$TMP/none.check' ]"
+
+echo "$fails failed"
+[ $fails -eq 0 ]

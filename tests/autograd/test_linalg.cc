@@ -6,6 +6,7 @@
 #include <string>
 
 #include "accel.h"
+#include "kernels/common/geometry.h"  // MatmulGeometry::kMaxBatch, the batch-rank limit
 
 using namespace accel;
 
@@ -226,6 +227,19 @@ TEST_CASE("matmul family: errors name the op and the shapes") {
       "mm", "(2, 3, 4) @ (4, 2)");
   check_error<ShapeError>([&] { mm(a, b); }, "mm", "(4, 3) @ (5, 2)");
   check_error<ShapeError>([&] { bmm(a, rand_t({3, 2})); }, "bmm", "(4, 3) @ (3, 2)");
+  {  // the batch-rank limit of the kernels' geometry is checked by the op, not the kernel
+    Shape many(size_t(common::MatmulGeometry::kMaxBatch + 1), 1);
+    Shape sa = many, sb = many;
+    sa.insert(sa.end(), {2, 3});
+    sb.insert(sb.end(), {3, 2});
+    check_error<ShapeError>([&] { matmul(rand_t(sa), rand_t(sb)); }, "matmul",
+                            "batch dimensions are supported");
+    many.pop_back();  // exactly at the limit: runs
+    sa = many, sb = many;
+    sa.insert(sa.end(), {2, 3});
+    sb.insert(sb.end(), {3, 2});
+    CHECK(matmul(rand_t(sa), rand_t(sb)).dim() == int64_t(sa.size()));
+  }
   check_error<ShapeError>(
       [&] {
         bmm(rand_t({2, 3, 4}), rand_t({3, 4, 2}));

@@ -17,7 +17,6 @@
 #include <Eigen/Core>
 #pragma GCC diagnostic pop
 
-#include "kernels/common/geometry.h"
 #include "kernels/stubs/linalg.h"
 #include "kernels/cpu/onednn.h"
 
@@ -35,10 +34,7 @@ constexpr int kMaxDims = Geometry::kMaxBatch;
 // view of it: the strides of broadcast dims become what a dense layout would have (oneDNN
 // matches plain formats).
 Geometry make_geometry(const Tensor& a, const Tensor& b, const Tensor& out) {
-  Geometry g;
-  const bool ok = common::matmul_geometry(a.sizes(), a.strides(), b.sizes(), b.strides(),
-                                          out.sizes(), out.strides(), g);
-  ACCEL_INTERNAL_ASSERT(ok);  // rank checked by the op, matrices made canonical by the caller
+  Geometry g = matmul_batch_geometry(a, b, out);
   int64_t ae = matrix_extent(g.a), be = matrix_extent(g.b);
   for (int d = g.nb - 1; d >= 0; --d) {
     if (g.a_size[d] == 1) g.a_stride[d] = ae;

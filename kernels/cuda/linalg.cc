@@ -12,7 +12,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kernels/common/geometry.h"
 #include "kernels/stubs/linalg.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/common.h"
@@ -83,14 +82,6 @@ using common::canonical_matrix;
 using common::MatrixLayout;
 using Geometry = common::MatmulGeometry;  // a_stride/b_stride 0 on broadcast dims
 constexpr int kMaxBatch = Geometry::kMaxBatch;
-
-Geometry make_geometry(const Tensor& a, const Tensor& b, const Tensor& out) {
-  Geometry g;
-  const bool ok = common::matmul_geometry(a.sizes(), a.strides(), b.sizes(), b.strides(),
-                                          out.sizes(), out.strides(), g);
-  ACCEL_INTERNAL_ASSERT(ok);  // rank checked by the op, matrices made canonical by the caller
-  return g;
-}
 
 // cuBLAS operands for the geometry (Note [row-major GEMM on cuBLAS]).
 struct BlasOperands {
@@ -291,7 +282,7 @@ void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in
   const Tensor a = is_canonical(a_in) ? a_in : copy_contiguous(a_in);
   const Tensor b = is_canonical(b_in) ? b_in : copy_contiguous(b_in);
   const Tensor bias = !bias_in.defined() || bias_in.is_contiguous() ? bias_in : copy_contiguous(bias_in);
-  const Geometry g = make_geometry(a, b, out);
+  const Geometry g = matmul_batch_geometry(a, b, out);
   const BlasOperands o = blas_operands(g);
   const DType dt = out.dtype();
   const int64_t es = int64_t(out.element_size());

@@ -19,4 +19,15 @@ namespace accel {
 ACCEL_DECLARE_STUB(matmul_stub,
                    void (*)(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out));
 
+// The batch geometry of a valid matmul_stub call whose matrices are row- or column-major (the
+// backends copy others first), for both backends.
+inline common::MatmulGeometry matmul_batch_geometry(const Tensor& a, const Tensor& b,
+                                                    const Tensor& out) {
+  common::MatmulGeometry g;
+  const bool ok = common::matmul_geometry(a.sizes(), a.strides(), b.sizes(), b.strides(),
+                                          out.sizes(), out.strides(), g);
+  ACCEL_INTERNAL_ASSERT(ok);
+  return g;
+}
+
 }  // namespace accel

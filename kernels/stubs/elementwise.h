@@ -1,5 +1,9 @@
 // Elementwise kernels (kernels/<backend>/elementwise*): stubs. The op enums live in
-// kernels/common/ops.h.
+// kernels/common/ops.h, the activation formulas in kernels/common/scalar_math.h.
+//
+// The ops (autograd/ops/unary.cc, binary.cc) check devices, promote dtypes and broadcast shapes
+// before calling; every operand is on one device. Kernels throw DTypeError only for an op that
+// is not defined on an integer dtype.
 #pragma once
 
 #include "core/dispatch.h"

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 namespace accel {
 
@@ -41,5 +42,12 @@ constexpr bool is_comparison(BinaryOp op) {
 }
 
 enum class ReduceOp : uint8_t { Sum, Mean, Max, Min, Prod, ArgMax, ArgMin, Count };
+constexpr bool has_identity(ReduceOp op) {
+  return op == ReduceOp::Sum || op == ReduceOp::Mean || op == ReduceOp::Prod;
+}
+// The result of a reduction over no element: Sum 0, Mean NaN (0 / 0), Prod 1.
+constexpr double reduce_identity(ReduceOp op) {
+  return op == ReduceOp::Prod ? 1.0 : (op == ReduceOp::Mean ? std::numeric_limits<double>::quiet_NaN() : 0.0);
+}
 
 }  // namespace accel

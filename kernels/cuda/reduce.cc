@@ -73,20 +73,13 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
   // The op layer (autograd/ops/reduce.cc) validated the call (kernels/stubs/reduce.h).
   ACCEL_INTERNAL_ASSERT(in.device() == out.device());
   const int64_t nd = in.dim();
-  std::vector<bool> red(size_t(nd), false);
-  int64_t n_red = 1;
-  for (int64_t d : dims) {
-    red[size_t(d)] = true;
-    n_red *= in.sizes()[size_t(d)];
-  }
+  const ReducedDims rd = reduced_dims(in, dims);
   const int64_t rows = out.numel();
   if (rows == 0) return;
-  // The op checked that max/min/argmax/argmin reduce no empty dim (kernels/stubs/reduce.h).
-  ACCEL_INTERNAL_ASSERT(n_red > 0 || op == ReduceOp::Sum || op == ReduceOp::Mean ||
-                        op == ReduceOp::Prod);
-  if (n_red == 0) {
-    const double v = op == ReduceOp::Prod ? 1.0 : (op == ReduceOp::Mean ? NAN : 0.0);
-    out.fill_(v);
+  if (rd.numel == 0) {
+    // The op checked that max/min/argmax/argmin reduce no empty dim (kernels/stubs/reduce.h).
+    ACCEL_INTERNAL_ASSERT(has_identity(op));
+    out.fill_(reduce_identity(op));
     return;
   }
   ACCEL_INTERNAL_ASSERT(out.is_contiguous());
@@ -107,7 +100,7 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
   {
     bool seen_kept = false;
     for (int64_t d = 0; d < nd && leading; ++d) {
-      if (!red[size_t(d)]) {
+      if (!rd.mask[size_t(d)]) {
         seen_kept = true;
       } else if (seen_kept) {
         leading = false;
@@ -115,15 +108,15 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
     }
   }
   if (leading && sumlike && rows > 1) {
-    reduce_cols(op == ReduceOp::Mean, in, n_red, rows, out, dev, s);
+    reduce_cols(op == ReduceOp::Mean, in, rd.numel, rows, out, dev, s);
     return;
   }
   // Kept dims first, reduced dims last; copy when the input is not already laid out that way.
   Shape perm;
   for (int64_t d = 0; d < nd; ++d)
-    if (!red[size_t(d)]) perm.push_back(d);
+    if (!rd.mask[size_t(d)]) perm.push_back(d);
   for (int64_t d = 0; d < nd; ++d)
-    if (red[size_t(d)]) perm.push_back(d);
+    if (rd.mask[size_t(d)]) perm.push_back(d);
   Shape psizes, pstrides;
   for (int64_t d : perm) {
     psizes.push_back(in.sizes()[size_t(d)]);
@@ -135,7 +128,7 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
     copy_stub(p.device(), c, p);
     p = c;
   }
-  reduce_rows(ROp(op), p, rows, n_red, out, dev, s);
+  reduce_rows(ROp(op), p, rows, rd.numel, out, dev, s);
 }
 
 }  // namespace

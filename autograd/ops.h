@@ -129,7 +129,7 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
                                         Reduction reduction = Reduction::Mean);
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 
-// ---- fused attention (added by the gpt performance work; kernels/cpu/attention.cc) ----
+// ---- fused attention (added by the gpt performance work; kernels/cpu/nn_attention.cc) ----
 // softmax(q k^T / sqrt(D), future masked when causal) v, like
 // torch.nn.functional.scaled_dot_product_attention without dropout.
 // q: (B, H, T, D), k: (B, H, S, D), v: (B, H, S, Dv) -> (B, H, T, Dv); causal needs T == S.

@@ -161,7 +161,7 @@ void run_matmul() {
       asm volatile("" : : "r"(out.impl()) : "memory");
     };
     // a @ b^T with b^T a strided view: the cached oneDNN matmul primitive (the plain case above
-    // goes through oneDNN's sgemm, see Note [sgemm for plain f32] in kernels/cpu/matmul.cc).
+    // goes through oneDNN's sgemm, see Note [sgemm for plain f32] in kernels/cpu/linalg.cc).
     const Tensor bt = b.t();
     auto framework_nt = [&] {
       Tensor out = matmul(a, bt);

@@ -38,7 +38,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   const Tensor qkv_out = qkv->forward(x);  // (B, T, 3C)
   if (attn_dropout->p == 0.0 || !attn_dropout->is_training()) {
     // One fused op reads q, k, v in place from the packed projection and writes the merged heads
-    // (Note [fused attention] in kernels/cpu/attention.cc); same math as the composed path below.
+    // (Note [fused attention] in kernels/cpu/nn_attention.cc); same math as the composed path below.
     const Tensor y = scaled_dot_product_attention_packed(qkv_out, H, /*causal=*/true);
     return resid_dropout->forward(proj->forward(y));
   }

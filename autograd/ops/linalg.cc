@@ -83,6 +83,9 @@ Tensor pad_rank(const Tensor& x, int64_t r) {
 Shape batch_shape(const char* op, const Tensor& a, const Tensor& b, const Shape& a_shown,
                   const Shape& b_shown) {
   const int64_t na = a.dim() - 2, nb = b.dim() - 2, n = std::max(na, nb);
+  ACCEL_CHECK(n <= common::MatmulGeometry::kMaxBatch, ShapeError, op, "at most ",
+              common::MatmulGeometry::kMaxBatch, " batch dimensions are supported, got ", n, ": ",
+              a_shown, " @ ", b_shown);
   Shape out(size_t(n), 1);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t da = i - (n - na), db = i - (n - nb);

@@ -27,9 +27,6 @@ ACCEL_DIFFERENTIABLE_OP(mse_loss, "mse_loss");  // composite: checked through it
 
 namespace {
 
-// Saved statistics (mean, rstd, lse) are kept in the kernels' accumulation type.
-DType stat_dtype(DType t) { return t == kFloat64 ? kFloat64 : kFloat32; }
-
 Tensor contiguous_data(const Tensor& t) { return t.is_contiguous() ? t : t.detach().contiguous(); }
 
 // The incoming gradient as a contiguous tensor of dtype dt.
@@ -186,8 +183,8 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
   Tensor xc = contiguous_data(x), wc = maybe_contiguous(weight), bc = maybe_contiguous(bias);
   Tensor y = ops::empty_on(x.sizes(), x.dtype(), x.device());
-  Tensor mu = ops::empty_on({rows}, stat_dtype(x.dtype()), x.device());
-  Tensor rs = ops::empty_on({rows}, stat_dtype(x.dtype()), x.device());
+  Tensor mu = ops::empty_on({rows}, acc_dtype(x.dtype()), x.device());
+  Tensor rs = ops::empty_on({rows}, acc_dtype(x.dtype()), x.device());
   layer_norm_stub(x.device(), xc, wc, bc, n, eps, y, mu, rs);
   if (autograd::needs_grad(x, weight, bias)) {
     const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad(),
@@ -217,7 +214,7 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& we
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
   Tensor xc = contiguous_data(x), wc = maybe_contiguous(weight);
   Tensor y = ops::empty_on(x.sizes(), x.dtype(), x.device());
-  Tensor rs = ops::empty_on({rows}, stat_dtype(x.dtype()), x.device());
+  Tensor rs = ops::empty_on({rows}, acc_dtype(x.dtype()), x.device());
   rms_norm_stub(x.device(), xc, wc, n, eps, y, rs);
   if (autograd::needs_grad(x, weight)) {
     const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad();
@@ -248,7 +245,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   const DType dt = logits.dtype();
   const Device dev = logits.device();
   Tensor loss = ops::empty_on({rows}, dt, dev);
-  Tensor lse = ops::empty_on({rows}, stat_dtype(dt), dev);
+  Tensor lse = ops::empty_on({rows}, acc_dtype(dt), dev);
   Tensor valid = ops::empty_on({}, dt, dev);
   cross_entropy_stub(dev, cr.x2, cr.t1, ignore_index, label_smoothing, op, loss, lse, valid);
   Tensor out = reduce_rows(loss, valid, reduction, cr.none_shape);
@@ -375,7 +372,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
 }
 
 // ---------------- fused scaled dot-product attention ----------------
-// Note [fused attention] (kernels/cpu/attention.cc) has the math. The fused kernel runs for
+// Note [fused attention] (kernels/cpu/nn_attention.cc) has the math. The fused kernel runs for
 // f32/f64 on devices that register sdpa_stub (under autocast too: Note [autocast attention]);
 // anything else (CUDA, bf16/f16 tensors) runs the composed ops, which are also the reference
 // the tests compare against.

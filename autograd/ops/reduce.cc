@@ -66,6 +66,11 @@ Tensor reduce_raw(ReduceOp op, const Tensor& x, const Shape& rdims, bool keepdim
       copy_stub(x.device(), out, x);
     }
   } else {
+    // Every caller checks this with its own message first; this is the stub's precondition
+    // (kernels/stubs/reduce.h) for any future caller.
+    ACCEL_CHECK(has_identity(op) || out.numel() == 0 || x.numel() > 0, ShapeError,
+                "reduce", "cannot take max/min/argmax of an empty dimension; input shape ",
+                x.sizes());
     reduce_stub(x.device(), op, x.detach(), rdims, out);
   }
   if (keepdim) return out;

@@ -1,9 +1,9 @@
 // Elementwise loop drivers shared by the unary, binary and where kernels.
 //
-// No include guard: unary.cc and binary.cc include this inside each instruction-set pass, so the
-// loops (and the lambdas they hand to parallel_for) are compiled for that pass's target (Note
-// [portable builds and ISA dispatch] in cpu_isa.h). A template defined outside the pass would
-// keep the baseline target whatever calls it.
+// No include guard: elementwise_unary.cc and elementwise_binary.cc include this inside each
+// instruction-set pass, so the loops (and the lambdas they hand to parallel_for) are compiled for
+// that pass's target (Note [portable builds and ISA dispatch] in cpu_isa.h). A template defined
+// outside the pass would keep the baseline target whatever calls it.
 #if !defined(ACCEL_ISA_NS)
 #error "elementwise.h is included only inside an ISA pass (kernels/cpu/isa_foreach.h)"
 #endif

@@ -3,24 +3,12 @@
 // must not leave an OpenMP region). Pure data movement is dispatched on the element size only.
 #include <cstring>
 
+#include "kernels/common/geometry.h"
 #include "kernels/stubs/index.h"
 #include "kernels/cpu/loops.h"
 
 namespace accel::cpu {
 namespace {
-
-struct Geometry {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-
-Geometry geometry(const Tensor& t, int64_t dim) {
-  Geometry g;
-  if (t.dim() == 0) return g;
-  for (int64_t d = 0; d < dim; ++d) g.outer *= t.sizes()[size_t(d)];
-  g.n = t.sizes()[size_t(dim)];
-  for (int64_t d = dim + 1; d < t.dim(); ++d) g.inner *= t.sizes()[size_t(d)];
-  return g;
-}
 
 template <typename I>
 void check_indices(const I* idx, int64_t k, int64_t size, int64_t dim, const Tensor& t,
@@ -55,7 +43,7 @@ T add_values(T a, T b) {
 
 void index_select_kernel(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out,
                          const char* op) {
-  const Geometry g = geometry(x, dim);
+  const common::RowGeometry g = common::row_geometry(x.sizes(), dim);
   const int64_t k = index.numel();
   ACCEL_DISPATCH_INDEX(index.dtype(), op, [&]<typename I>() {
     const I* ip = static_cast<const I*>(index.data_ptr());
@@ -79,7 +67,7 @@ void index_select_kernel(const Tensor& x, int64_t dim, const Tensor& index, Tens
 
 void index_add_kernel(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src,
                       const char* op) {
-  const Geometry g = geometry(out, dim);
+  const common::RowGeometry g = common::row_geometry(out.sizes(), dim);
   const int64_t k = index.numel();
   ACCEL_DISPATCH_INDEX(index.dtype(), op, [&]<typename I>() {
     const I* ip = static_cast<const I*>(index.data_ptr());

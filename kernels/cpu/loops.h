@@ -11,27 +11,23 @@
 
 #include "core/half.h"
 #include "core/tensor.h"
+#include "kernels/common/acc_type.h"
 #include "kernels/cpu/parallel.h"
+
+namespace accel::common {
+template <>
+struct is_reduced_float<Half> : std::true_type {};
+template <>
+struct is_reduced_float<BFloat16> : std::true_type {};
+}  // namespace accel::common
 
 namespace accel::cpu {
 
 constexpr int kMaxLoopDims = 16;
 
-// Arithmetic type for a storage type: float for the 16-bit floats.
-template <typename T>
-struct acc_type {
-  using type = T;
-};
-template <>
-struct acc_type<Half> {
-  using type = float;
-};
-template <>
-struct acc_type<BFloat16> {
-  using type = float;
-};
-template <typename T>
-using acc_t = typename acc_type<T>::type;
+// Arithmetic type for a storage type: float for the 16-bit floats (kernels/common/acc_type.h).
+using common::acc_t;
+using common::sum_acc_t;
 
 template <typename To, typename From>
 inline To cast(From v) {

@@ -1,4 +1,4 @@
-// Shared oneDNN plumbing for the CPU kernels (matmul.cc, conv.cc). Private to kernels/cpu/:
+// Shared oneDNN plumbing for the CPU kernels (linalg.cc, conv.cc). Private to kernels/cpu/:
 // oneDNN types never leave this folder.
 //
 // Note [oneDNN primitive cache]: creating a primitive descriptor + primitive costs 10-100 us

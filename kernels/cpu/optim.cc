@@ -4,9 +4,11 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/common/optim.h"
 #include "kernels/stubs/optim.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vec_math.h"
 #include "kernels/cpu/cpu_isa.h"
 
 // One pass per instruction-set level (Note [portable builds and ISA dispatch] in cpu_isa.h).
@@ -21,44 +23,18 @@ namespace {
 // element, so ~16k elements is where forking the team starts to pay).
 constexpr int64_t kAdamGrain = 16384;
 
-struct AdamScalars {
-  double beta1, beta2, one_minus_beta1, one_minus_beta2, step_size, inv_sqrt_bc2, eps;
-  double decay_scale;  // AdamW: 1 - lr * wd, Adam: 1
-  double l2;           // Adam: wd (added to the gradient), AdamW: 0
-};
+using common::AdamScalars;
 
-AdamScalars scalars(const AdamStepParams& hp) {
-  return AdamScalars{hp.beta1,
-                     hp.beta2,
-                     1.0 - hp.beta1,
-                     1.0 - hp.beta2,
-                     hp.lr / hp.bias_correction1,
-                     1.0 / std::sqrt(hp.bias_correction2),
-                     hp.eps,
-                     hp.decoupled ? 1.0 - hp.lr * hp.weight_decay : 1.0,
-                     hp.decoupled ? 0.0 : hp.weight_decay};
-}
-
-// One pass over (param, grad, m, v) in the storage type T (float or double). GCC will not
-// vectorise a loop that calls sqrt while errno semantics are on (the library sets EDOM for a
-// negative argument), and per-function no-math-errno does not take, so the float loop is
-// written with AVX intrinsics (in the AVX2 and AVX-512 passes, as -march=native builds do); the tail and the double path use the scalar form.
+// One pass over (param, grad, m, v) in the storage type T (float or double): the update of
+// kernels/common/optim.h. GCC will not vectorise a loop that calls sqrt while errno semantics
+// are on (the library sets EDOM for a negative argument), and per-function no-math-errno does not
+// take, so the float loop is written with AVX intrinsics (in the AVX2 and AVX-512 passes, as
+// -march=native builds do) that mirror common::adam_update; the tail and the double path call it.
 template <typename T>
 void adam_scalar(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v,
                  int64_t b, int64_t e, const AdamScalars& s) {
-  const T beta1 = T(s.beta1), beta2 = T(s.beta2);
-  const T omb1 = T(s.one_minus_beta1), omb2 = T(s.one_minus_beta2);
-  const T step_size = T(s.step_size), inv_sqrt_bc2 = T(s.inv_sqrt_bc2), eps = T(s.eps);
-  const T decay_scale = T(s.decay_scale), l2 = T(s.l2);
-  for (int64_t i = b; i < e; ++i) {
-    const T pi = p[i];
-    const T gi = g[i] + l2 * pi;
-    const T mi = beta1 * m[i] + omb1 * gi;
-    const T vi = beta2 * v[i] + omb2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi * decay_scale - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
-  }
+  const common::AdamCoeffs<T> c(s);
+  for (int64_t i = b; i < e; ++i) common::adam_update<CpuMath>(p[i], g[i], m[i], v[i], c);
 }
 
 void adam_float(float* __restrict p, const float* __restrict g, float* __restrict m,
@@ -94,18 +70,13 @@ void adam_float(float* __restrict p, const float* __restrict g, float* __restric
 // 16-bit storage: compute in float, one element at a time.
 template <typename T>
 void adam_range_half(T* p, const T* g, T* m, T* v, int64_t b, int64_t e, const AdamScalars& s) {
-  const float beta1 = float(s.beta1), beta2 = float(s.beta2);
-  const float omb1 = float(s.one_minus_beta1), omb2 = float(s.one_minus_beta2);
-  const float step_size = float(s.step_size), inv_sqrt_bc2 = float(s.inv_sqrt_bc2);
-  const float eps = float(s.eps), decay_scale = float(s.decay_scale), l2 = float(s.l2);
+  const common::AdamCoeffs<float> c(s);
   for (int64_t i = b; i < e; ++i) {
-    const float pi = cast<float>(p[i]);
-    const float gi = cast<float>(g[i]) + l2 * pi;
-    const float mi = beta1 * cast<float>(m[i]) + omb1 * gi;
-    const float vi = beta2 * cast<float>(v[i]) + omb2 * gi * gi;
+    float pi = cast<float>(p[i]), mi = cast<float>(m[i]), vi = cast<float>(v[i]);
+    common::adam_update<CpuMath>(pi, cast<float>(g[i]), mi, vi, c);
     m[i] = cast<T>(mi);
     v[i] = cast<T>(vi);
-    p[i] = cast<T>(pi * decay_scale - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps));
+    p[i] = cast<T>(pi);
   }
 }
 
@@ -116,7 +87,7 @@ void adamw_kernel(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
     const T* g = static_cast<const T*>(grad.data_ptr());
     T* m = static_cast<T*>(exp_avg.data_ptr());
     T* v = static_cast<T*>(exp_avg_sq.data_ptr());
-    const AdamScalars sc = scalars(hp);
+    const AdamScalars sc = common::adam_scalars(hp);
     parallel_for(param.numel(), kAdamGrain, [&](int64_t b, int64_t e) {
       if constexpr (std::is_same_v<T, float>) {
         adam_float(p, g, m, v, b, e, sc);

@@ -17,11 +17,6 @@
 namespace accel::cpu::ACCEL_ISA_NS {
 namespace {
 
-template <typename T>
-using sum_acc_t = std::conditional_t<std::is_same_v<T, double>, double,
-                                     std::conditional_t<std::is_floating_point_v<acc_t<T>>, float,
-                                                        int64_t>>;
-
 template <typename T, typename A>
 A row_sum(const T* x, int64_t n) {
   constexpr int kLanes = 8;
@@ -120,20 +115,13 @@ void reduce_cols_sum(const T* x, int64_t n, int64_t cols, O* out, bool mean) {
 
 void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out) {
   const int64_t nd = in.dim();
-  std::vector<bool> red(size_t(nd), false);
-  int64_t n_red = 1;
-  for (int64_t d : dims) {
-    red[size_t(d)] = true;
-    n_red *= in.sizes()[size_t(d)];
-  }
+  const ReducedDims rd = reduced_dims(in, dims);
   const int64_t rows = out.numel();
   if (rows == 0) return;
-  ACCEL_CHECK(n_red > 0 || op == ReduceOp::Sum || op == ReduceOp::Mean || op == ReduceOp::Prod,
-              ShapeError, "reduce", "cannot take max/min/argmax of an empty dimension; input shape ",
-              in.sizes());
-  if (n_red == 0) {
-    const double v = op == ReduceOp::Prod ? 1.0 : (op == ReduceOp::Mean ? NAN : 0.0);
-    out.fill_(v);
+  if (rd.numel == 0) {
+    // The op checked that max/min/argmax/argmin reduce no empty dim (kernels/stubs/reduce.h).
+    ACCEL_INTERNAL_ASSERT(has_identity(op));
+    out.fill_(reduce_identity(op));
     return;
   }
   // Leading reduced dims + contiguous input: column reduction.
@@ -141,7 +129,7 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
   {
     bool seen_kept = false;
     for (int64_t d = 0; d < nd && leading; ++d) {
-      if (!red[size_t(d)]) seen_kept = true;
+      if (!rd.mask[size_t(d)]) seen_kept = true;
       else if (seen_kept) leading = false;
     }
   }
@@ -150,23 +138,23 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
     auto run_out = [&]<typename O>() {
       O* o = out.data<O>();
       if (leading && sumlike && rows > 1) {
-        reduce_cols_sum<T, O>(static_cast<const T*>(in.data_ptr()), n_red, rows, o,
+        reduce_cols_sum<T, O>(static_cast<const T*>(in.data_ptr()), rd.numel, rows, o,
                               op == ReduceOp::Mean);
         return;
       }
       // Permute kept dims first, reduced dims last; copy when not already laid out that way.
       Shape perm;
       for (int64_t d = 0; d < nd; ++d)
-        if (!red[size_t(d)]) perm.push_back(d);
+        if (!rd.mask[size_t(d)]) perm.push_back(d);
       for (int64_t d = 0; d < nd; ++d)
-        if (red[size_t(d)]) perm.push_back(d);
+        if (rd.mask[size_t(d)]) perm.push_back(d);
       Tensor p = raw::permute(in, perm);
       if (!p.is_contiguous()) {
         Tensor c = empty(p.sizes(), TensorOptions(p.dtype(), kCPU));
         copy_stub(kCPU, c, p);
         p = c;
       }
-      reduce_rows<T, O>(op, static_cast<const T*>(p.data_ptr()), rows, n_red, o);
+      reduce_rows<T, O>(op, static_cast<const T*>(p.data_ptr()), rows, rd.numel, o);
     };
     if (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) {
       ACCEL_CHECK(out.dtype() == kInt64, DTypeError, "reduce", "argmax/argmin output must be int64");

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 namespace accel::cpu {
 
@@ -67,5 +68,28 @@ inline __attribute__((always_inline)) A fast_erf(A x) {
     return std::erf(x);
   }
 }
+
+// The math policy of kernels/common/scalar_math.h on the CPU: the formulas there (GELU, SiLU,
+// sigmoid and their gradients) run on these, so every ISA pass, the scalar tails and the f64
+// path evaluate the same expression; only exp/erf of float are the polynomials above.
+// (kernels/common/optim.h's Adam update uses sqrt.)
+struct CpuMath {
+  template <typename A>
+  static inline __attribute__((always_inline)) A exp(A x) {
+    return fast_exp(x);
+  }
+  template <typename A>
+  static inline __attribute__((always_inline)) A erf(A x) {
+    return fast_erf(x);
+  }
+  template <typename A>
+  static inline __attribute__((always_inline)) A tanh(A x) {
+    return std::tanh(x);
+  }
+  template <typename A>
+  static inline __attribute__((always_inline)) A sqrt(A x) {
+    return std::sqrt(x);
+  }
+};
 
 }  // namespace accel::cpu

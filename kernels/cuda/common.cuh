@@ -12,7 +12,15 @@
 #include <limits>
 #include <type_traits>
 
+#include "kernels/common/acc_type.h"
+#include "kernels/common/scalar_math.h"
 #include "kernels/cuda/kernel_args.h"
+
+// The CUDA 16-bit floats compute in float (kernels/common/acc_type.h).
+template <>
+struct accel::common::is_reduced_float<__half> : std::true_type {};
+template <>
+struct accel::common::is_reduced_float<__nv_bfloat16> : std::true_type {};
 
 namespace accel::cuda {
 
@@ -35,26 +43,10 @@ using bf16_t = __nv_bfloat16;
 template <typename T>
 constexpr bool is_half_v = std::is_same_v<T, half_t> || std::is_same_v<T, bf16_t>;
 
-// Arithmetic type: float for the 16-bit floats (as on the CPU, so results round the same way).
-template <typename T>
-struct AccType {
-  using type = T;
-};
-template <>
-struct AccType<half_t> {
-  using type = float;
-};
-template <>
-struct AccType<bf16_t> {
-  using type = float;
-};
-template <typename T>
-using acc_t = typename AccType<T>::type;
-
-// Sums and products: double for f64, float for other floats, int64 for integers and bool.
-template <typename T>
-using sum_acc_t = std::conditional_t<std::is_same_v<T, double>, double,
-                                     std::conditional_t<std::is_floating_point_v<acc_t<T>>, float, int64_t>>;
+// Arithmetic and sum types (kernels/common/acc_type.h): float for the 16-bit floats, as on the
+// CPU, so results round the same way.
+using common::acc_t;
+using common::sum_acc_t;
 
 // Conversions with the CPU kernels' semantics (kernels/cpu/loops.h cast): 16-bit floats go
 // through float, bool is "!= 0" of the value as float.
@@ -144,6 +136,26 @@ ACCEL_CUDA_MATH1(fabs, fabsf)
 #undef ACCEL_CUDA_MATH1
 __device__ __forceinline__ float m_pow(float x, float y) { return powf(x, y); }
 __device__ __forceinline__ double m_pow(double x, double y) { return ::pow(x, y); }
+
+// The math policy of kernels/common/scalar_math.h on the GPU (the CPU's is cpu::CpuMath).
+struct CudaMath {
+  template <typename A>
+  static __device__ __forceinline__ A exp(A x) {
+    return m_exp(x);
+  }
+  template <typename A>
+  static __device__ __forceinline__ A erf(A x) {
+    return m_erf(x);
+  }
+  template <typename A>
+  static __device__ __forceinline__ A tanh(A x) {
+    return m_tanh(x);
+  }
+  template <typename A>
+  static __device__ __forceinline__ A sqrt(A x) {
+    return m_sqrt(x);
+  }
+};
 
 template <typename A>
 __device__ __forceinline__ bool m_isnan(A x) {

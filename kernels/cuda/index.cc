@@ -6,6 +6,7 @@
 // and copies back {first bad position, count}; the host throws before the op's kernel is queued.
 // That costs one small synchronous copy per call (a few microseconds plus waiting for the queued
 // work) -- once or twice per training step for embeddings and the loss.
+#include "kernels/common/geometry.h"
 #include "kernels/stubs/index.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/launch.h"
@@ -53,19 +54,6 @@ int64_t check_indices(const Tensor& index, int64_t size, int64_t dim, const Tens
 
 namespace {
 
-struct Geometry {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-
-Geometry geometry(const Tensor& t, int64_t dim) {
-  Geometry g;
-  if (t.dim() == 0) return g;
-  for (int64_t d = 0; d < dim; ++d) g.outer *= t.sizes()[size_t(d)];
-  g.n = t.sizes()[size_t(dim)];
-  for (int64_t d = dim + 1; d < t.dim(); ++d) g.inner *= t.sizes()[size_t(d)];
-  return g;
-}
-
 void same_device(const Tensor& a, const Tensor& b, const char* op) {
   ACCEL_CHECK(a.device() == b.device(), DeviceError, op, "tensors on different devices: ", a.device(), " ",
               a.sizes(), " and ", b.device(), " ", b.sizes());
@@ -74,7 +62,7 @@ void same_device(const Tensor& a, const Tensor& b, const char* op) {
 void index_select_kernel(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out, const char* op) {
   same_device(x, index, op);
   same_device(x, out, op);
-  const Geometry g = geometry(x, dim);
+  const common::RowGeometry g = common::row_geometry(x.sizes(), dim);
   const int64_t k = index.numel();
   DeviceGuard guard(x.device());
   check_indices(index, g.n, dim, x, op);
@@ -86,7 +74,7 @@ void index_select_kernel(const Tensor& x, int64_t dim, const Tensor& index, Tens
 void index_add_kernel(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, const char* op) {
   same_device(out, index, op);
   same_device(out, src, op);
-  const Geometry g = geometry(out, dim);
+  const common::RowGeometry g = common::row_geometry(out.sizes(), dim);
   const int64_t k = index.numel();
   DeviceGuard guard(out.device());
   check_indices(index, g.n, dim, out, op);
@@ -105,8 +93,7 @@ Tensor view_with_dim_zeroed(const Tensor& t, const Shape& sizes, int64_t dim) {
 void gather_kernel(const Tensor& x, int64_t dim, const Tensor& index, Tensor& out, const char* op) {
   same_device(x, index, op);
   same_device(x, out, op);
-  ACCEL_CHECK(index.dim() == x.dim(), ShapeError, op, "index rank must equal the input's: index ", index.sizes(),
-              ", input ", x.sizes());
+  ACCEL_INTERNAL_ASSERT(index.dim() == x.dim());
   DeviceGuard guard(x.device());
   check_indices(index, x.sizes()[size_t(dim)], dim, x, op);
   if (index.numel() == 0) return;
@@ -125,9 +112,7 @@ void gather_kernel(const Tensor& x, int64_t dim, const Tensor& index, Tensor& ou
 void scatter_add_kernel(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, const char* op) {
   same_device(out, index, op);
   same_device(out, src, op);
-  ACCEL_CHECK(index.dim() == out.dim() && src.dim() == out.dim(), ShapeError, op,
-              "index and src must have the output's rank: out ", out.sizes(), ", index ", index.sizes(), ", src ",
-              src.sizes());
+  ACCEL_INTERNAL_ASSERT(index.dim() == out.dim() && src.dim() == out.dim());
   DeviceGuard guard(out.device());
   check_indices(index, out.sizes()[size_t(dim)], dim, out, op);
   if (index.numel() == 0) return;
@@ -148,9 +133,7 @@ void trilu_kernel(const Tensor& x, int64_t diagonal, bool upper, Tensor& out) {
   const char* op = upper ? "triu" : "tril";
   same_device(x, out, op);
   if (x.numel() == 0) return;
-  ACCEL_CHECK(x.dim() >= 2 && x.is_contiguous() && out.is_contiguous() && out.sizes() == x.sizes(), ShapeError,
-              op, "expected contiguous (..., R, C) input and output of one shape, got ", x.sizes(), " and ",
-              out.sizes());
+  ACCEL_INTERNAL_ASSERT(x.dim() >= 2 && x.is_contiguous() && out.is_contiguous() && out.sizes() == x.sizes());
   const int64_t nr = x.sizes()[size_t(x.dim() - 2)], nc = x.sizes()[size_t(x.dim() - 1)];
   DeviceGuard guard(x.device());
   launch_trilu(int(x.element_size()), x.data_ptr(), out.data_ptr(), x.numel() / (nr * nc), nr, nc, diagonal, upper,

@@ -1,5 +1,5 @@
 // CUDA indexing kernels: index check, index_select / index_add (embedding forward/backward),
-// gather / scatter_add, tril / triu (semantics: kernels/cpu/index.cc, join.cc). Accumulating
+// gather / scatter_add, tril / triu (semantics: kernels/cpu/index.cc, index_trilu.cc). Accumulating
 // kernels use atomics, so duplicate indices accumulate in an unspecified order.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"

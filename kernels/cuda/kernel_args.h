@@ -8,13 +8,8 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define ACCEL_HD __host__ __device__ __forceinline__
-#define ACCEL_UNROLL _Pragma("unroll")
-#else
-#define ACCEL_HD inline
-#define ACCEL_UNROLL
-#endif
+#include "kernels/common/macros.h"
+#include "kernels/common/ops.h"
 
 namespace accel::cuda {
 
@@ -70,23 +65,10 @@ ACCEL_UNROLL
   }
 };
 
-// Op lists mirroring core/dispatch.h and kernels/stubs/reduce.h, in the same order; common.h
-// static_asserts every value, so an op added to the core fails the CUDA build until added here.
-#define ACCEL_CUDA_UNARY_OPS(X)                                                                \
-  X(Neg) X(Exp) X(Log) X(Sqrt) X(Rsqrt) X(Abs) X(Tanh) X(Sigmoid) X(Relu) X(GeluErf) X(GeluTanh) \
-  X(Silu) X(Sin) X(Cos) X(Sign) X(Reciprocal) X(Square) X(Log1p) X(Expm1) X(Erf) X(LogicalNot)   \
-  X(PowScalar) X(Clamp) X(AddScalar) X(MulScalar) X(RSubScalar) X(RDivScalar)
-#define ACCEL_CUDA_BINARY_OPS(X)                                                                 \
-  X(Add) X(Sub) X(Mul) X(Div) X(Pow) X(Maximum) X(Minimum) X(Eq) X(Ne) X(Lt) X(Le) X(Gt) X(Ge)    \
-  X(LogicalAnd) X(LogicalOr) X(ReluGrad) X(GeluErfGrad) X(GeluTanhGrad) X(SiluGrad) X(SigmoidGrad) \
-  X(TanhGrad)
-#define ACCEL_CUDA_REDUCE_OPS(X) X(Sum) X(Mean) X(Max) X(Min) X(Prod) X(ArgMax) X(ArgMin)
-
-#define ACCEL_CUDA_ENUM_ITEM(name) name,
-enum class UOp : uint8_t { ACCEL_CUDA_UNARY_OPS(ACCEL_CUDA_ENUM_ITEM) Count };
-enum class BOp : uint8_t { ACCEL_CUDA_BINARY_OPS(ACCEL_CUDA_ENUM_ITEM) Count };
-enum class ROp : uint8_t { ACCEL_CUDA_REDUCE_OPS(ACCEL_CUDA_ENUM_ITEM) Count };
-#undef ACCEL_CUDA_ENUM_ITEM
+// The op enums of kernels/common/ops.h, under the short names the kernels use.
+using UOp = UnaryOp;
+using BOp = BinaryOp;
+using ROp = ReduceOp;
 
 // How an elementwise kernel walks its operands.
 enum class Layout : uint8_t {

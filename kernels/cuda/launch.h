@@ -8,11 +8,12 @@
 
 #include <cstdint>
 
+#include "kernels/common/optim.h"
 #include "kernels/cuda/kernel_args.h"
 
 namespace accel::cuda {
 
-// ---- elementwise (unary.cu, binary.cu, copy.cu) ----
+// ---- elementwise (elementwise_unary.cu, elementwise_binary.cu, elementwise_copy.cu) ----
 // `vec`: elements per vector access for Layout::Contiguous / ScalarB (1 when pointers are not
 // 16-byte aligned), ignored for Strided.
 void launch_unary(UOp op, double p0, double p1, Code in_t, Code out_t, Layout layout, int vec,
@@ -46,11 +47,7 @@ void launch_reduce_cols(Code in_t, const void* x, int64_t n, int64_t cols, int64
                         int64_t chunk, Code out_t, void* out, int64_t mean_div, cudaStream_t stream);
 
 // ---- fused optimizer step (optim.cu) ----
-struct AdamScalars {
-  double beta1, beta2, one_minus_beta1, one_minus_beta2, step_size, inv_sqrt_bc2, eps;
-  double decay_scale;  // AdamW: 1 - lr * wd, Adam: 1
-  double l2;           // Adam: wd (added to the gradient), AdamW: 0
-};
+using AdamScalars = common::AdamScalars;  // kernels/common/optim.h
 // p, g: param_t; m, v: state_t (param_t, or f32 for 16-bit params); all contiguous, n elements.
 void launch_adam(Code param_t, Code state_t, void* p, const void* g, void* m, void* v, int64_t n,
                  const AdamScalars& s, int max_blocks, cudaStream_t stream);

@@ -1,5 +1,7 @@
 // CUDA softmax, layer_norm / rms_norm, cross_entropy and nll_loss: checks on the host, kernels in
 // nn.cu. Contract: kernels/stubs/nn.h (all tensors contiguous, statistics in the accumulate type).
+#include "kernels/common/acc_dtype.h"
+#include "kernels/common/geometry.h"
 #include "kernels/stubs/nn.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/launch.h"
@@ -7,44 +9,24 @@
 namespace accel::cuda {
 namespace {
 
-DType acc_dtype(DType t) { return t == kFloat64 ? kFloat64 : kFloat32; }
-
-void check_float(const Tensor& t, const char* op) {
-  ACCEL_CHECK(is_floating(t.dtype()), DTypeError, op, "expected a floating dtype, got ", t.dtype(), " of shape ",
-              t.sizes());
-}
+// The op layer (autograd/ops/nn.cc) validated shapes and dtypes and made every tensor contiguous
+// on x's device (kernels/stubs/nn.h). The asserts stay because they are cheap and a kernel called
+// directly with a mix of devices would read foreign memory.
+void assert_float(const Tensor& t, const char*) { ACCEL_INTERNAL_ASSERT(is_floating(t.dtype())); }
 
 // Every defined tensor contiguous and on `d`.
-void check_all(std::initializer_list<const Tensor*> ts, Device d, const char* op) {
-  for (const Tensor* t : ts) {
-    if (!t->defined()) continue;
-    ACCEL_CHECK(t->device() == d, DeviceError, op, "tensors on different devices: ", d, " and ", t->device(), " ",
-                t->sizes());
-    ACCEL_CHECK(t->is_contiguous(), ValueError, op, "expected contiguous tensors, got shape ", t->sizes(),
-                " strides ", t->strides());
-  }
+void assert_contract(std::initializer_list<const Tensor*> ts, Device d, const char*) {
+  for (const Tensor* t : ts) ACCEL_INTERNAL_ASSERT(!t->defined() || (t->device() == d && t->is_contiguous()));
 }
 
 const void* ptr(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
-struct Geometry {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-Geometry geometry(const Tensor& t, int64_t dim) {
-  Geometry g;
-  if (t.dim() == 0) return g;
-  for (int64_t d = 0; d < dim; ++d) g.outer *= t.sizes()[size_t(d)];
-  g.n = t.sizes()[size_t(dim)];
-  for (int64_t d = dim + 1; d < t.dim(); ++d) g.inner *= t.sizes()[size_t(d)];
-  return g;
-}
-
 void softmax_kernel(const Tensor& x, int64_t dim, bool log, Tensor& y) {
   const char* op = log ? "log_softmax" : "softmax";
-  check_float(x, op);
-  check_all({&x, &y}, x.device(), op);
+  assert_float(x, op);
+  assert_contract({&x, &y}, x.device(), op);
   if (x.numel() == 0) return;
-  const Geometry g = geometry(x, dim);
+  const common::RowGeometry g = common::row_geometry(x.sizes(), dim);
   DeviceGuard guard(x.device());
   launch_softmax(code_of(x.dtype()), x.data_ptr(), y.data_ptr(), g.outer, g.n, g.inner, log,
                  max_blocks(x.device().index), current_stream().handle());
@@ -52,10 +34,10 @@ void softmax_kernel(const Tensor& x, int64_t dim, bool log, Tensor& y) {
 
 void softmax_backward_kernel(const Tensor& grad, const Tensor& y, int64_t dim, bool log, Tensor& dx) {
   const char* op = log ? "log_softmax_backward" : "softmax_backward";
-  check_float(y, op);
-  check_all({&grad, &y, &dx}, y.device(), op);
+  assert_float(y, op);
+  assert_contract({&grad, &y, &dx}, y.device(), op);
   if (y.numel() == 0) return;
-  const Geometry g = geometry(y, dim);
+  const common::RowGeometry g = common::row_geometry(y.sizes(), dim);
   DeviceGuard guard(y.device());
   launch_softmax_backward(code_of(y.dtype()), grad.data_ptr(), y.data_ptr(), dx.data_ptr(), g.outer, g.n, g.inner,
                           log, max_blocks(y.device().index), current_stream().handle());
@@ -63,11 +45,10 @@ void softmax_backward_kernel(const Tensor& grad, const Tensor& y, int64_t dim, b
 
 void norm_forward(const char* op, bool rms, const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t n,
                   double eps, Tensor& y, Tensor* mean, Tensor& rstd) {
-  check_float(x, op);
-  check_all({&x, &weight, &bias, &y, &rstd}, x.device(), op);
+  assert_float(x, op);
+  assert_contract({&x, &weight, &bias, &y, &rstd}, x.device(), op);
   const DType acc = acc_dtype(x.dtype());
-  ACCEL_CHECK(rstd.dtype() == acc && (!mean || mean->dtype() == acc), DTypeError, op,
-              "statistics must be ", acc, " for input ", x.dtype());
+  ACCEL_INTERNAL_ASSERT(rstd.dtype() == acc && (!mean || mean->dtype() == acc));
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
   if (rows == 0) return;
   DeviceGuard guard(x.device());
@@ -82,9 +63,9 @@ constexpr int64_t kMaxSplits = 512;
 
 void norm_backward(const char* op, bool rms, const Tensor& grad, const Tensor& x, const Tensor* mean,
                    const Tensor& rstd, const Tensor& weight, int64_t n, Tensor& dx, Tensor& dweight, Tensor* dbias) {
-  check_float(x, op);
-  check_all({&grad, &x, &rstd, &weight, &dx, &dweight}, x.device(), op);
-  if (dbias) check_all({dbias}, x.device(), op);
+  assert_float(x, op);
+  assert_contract({&grad, &x, &rstd, &weight, &dx, &dweight}, x.device(), op);
+  if (dbias) assert_contract({dbias}, x.device(), op);
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
   DeviceGuard guard(x.device());
   cudaStream_t s = current_stream().handle();
@@ -129,8 +110,8 @@ void rms_norm_backward_kernel(const Tensor& grad, const Tensor& x, const Tensor&
 
 void cross_entropy_kernel(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                           const char* op, Tensor& loss, Tensor& lse, Tensor& valid) {
-  check_float(logits, op);
-  check_all({&logits, &target, &loss, &lse, &valid}, logits.device(), op);
+  assert_float(logits, op);
+  assert_contract({&logits, &target, &loss, &lse, &valid}, logits.device(), op);
   const int64_t rows = logits.sizes()[0], classes = logits.sizes()[1];
   DeviceGuard guard(logits.device());
   const int64_t n_valid = check_indices(target, classes, 1, logits, op, true, ignore_index);
@@ -145,8 +126,8 @@ void cross_entropy_kernel(const Tensor& logits, const Tensor& target, int64_t ig
 void cross_entropy_backward_kernel(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
                                    int64_t ignore_index, double label_smoothing, Tensor& dlogits) {
   const char* op = "cross_entropy_backward";
-  check_float(logits, op);
-  check_all({&grad, &logits, &target, &lse, &dlogits}, logits.device(), op);
+  assert_float(logits, op);
+  assert_contract({&grad, &logits, &target, &lse, &dlogits}, logits.device(), op);
   const int64_t rows = logits.sizes()[0], classes = logits.sizes()[1];
   if (rows == 0) return;
   DeviceGuard guard(logits.device());
@@ -158,8 +139,8 @@ void cross_entropy_backward_kernel(const Tensor& grad, const Tensor& logits, con
 
 void nll_loss_kernel(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, const char* op,
                      Tensor& loss, Tensor& valid) {
-  check_float(log_probs, op);
-  check_all({&log_probs, &target, &loss, &valid}, log_probs.device(), op);
+  assert_float(log_probs, op);
+  assert_contract({&log_probs, &target, &loss, &valid}, log_probs.device(), op);
   const int64_t rows = log_probs.sizes()[0], classes = log_probs.sizes()[1];
   DeviceGuard guard(log_probs.device());
   const int64_t n_valid = check_indices(target, classes, 1, log_probs, op, true, ignore_index);
@@ -172,8 +153,8 @@ void nll_loss_kernel(const Tensor& log_probs, const Tensor& target, int64_t igno
 
 void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, int64_t ignore_index, Tensor& dlog_probs) {
   const char* op = "nll_loss_backward";
-  check_float(dlog_probs, op);
-  check_all({&grad, &target, &dlog_probs}, dlog_probs.device(), op);
+  assert_float(dlog_probs, op);
+  assert_contract({&grad, &target, &dlog_probs}, dlog_probs.device(), op);
   const int64_t rows = dlog_probs.sizes()[0], classes = dlog_probs.sizes()[1];
   DeviceGuard guard(dlog_probs.device());
   dlog_probs.zero_();

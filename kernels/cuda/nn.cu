@@ -1,5 +1,5 @@
 // CUDA softmax / log_softmax, layer_norm / rms_norm and classification losses, forward and
-// backward (semantics: kernels/cpu/softmax.cc, norm.cc, loss.cc). Rows of the last dim run one
+// backward (semantics: kernels/cpu/nn_softmax.cc, nn_norm.cc, nn_loss.cc). Rows of the last dim run one
 // block per row; the row is re-read from L1/L2 for each pass instead of staged in shared memory.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"

@@ -1,6 +1,4 @@
 // CUDA fused Adam/AdamW step: checks on the host, kernel in optim.cu.
-#include <cmath>
-
 #include "kernels/stubs/optim.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/launch.h"
@@ -27,15 +25,7 @@ void adamw_kernel(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& ex
               op, "optimizer states must have the param dtype (or float32 for 16-bit params); param ",
               param.dtype(), ", states ", st, " and ", exp_avg_sq.dtype());
   if (param.numel() == 0) return;
-  const AdamScalars sc{hp.beta1,
-                       hp.beta2,
-                       1.0 - hp.beta1,
-                       1.0 - hp.beta2,
-                       hp.lr / hp.bias_correction1,
-                       1.0 / std::sqrt(hp.bias_correction2),
-                       hp.eps,
-                       hp.decoupled ? 1.0 - hp.lr * hp.weight_decay : 1.0,
-                       hp.decoupled ? 0.0 : hp.weight_decay};
+  const AdamScalars sc = common::adam_scalars(hp);
   const int dev = param.device().index;
   DeviceGuard g(dev);
   launch_adam(code_of(param.dtype()), code_of(st), param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(),

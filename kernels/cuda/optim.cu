@@ -1,4 +1,4 @@
-// Fused Adam/AdamW step (update in kernels/stubs/optim.h): one pass reads param, grad, m, v and
+// Fused Adam/AdamW step (update: kernels/common/optim.h, contract: kernels/stubs/optim.h): one pass reads param, grad, m, v and
 // writes param, m, v; 16-bit types compute in float.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
@@ -11,18 +11,14 @@ __global__ void __launch_bounds__(kElemThreads)
     adam_kernel(P* __restrict__ p, const P* __restrict__ g, S* __restrict__ m, S* __restrict__ v, int64_t n,
                 AdamScalars sc) {
   using A = std::conditional_t<std::is_same_v<P, double>, double, float>;
-  const A beta1 = A(sc.beta1), beta2 = A(sc.beta2), omb1 = A(sc.one_minus_beta1), omb2 = A(sc.one_minus_beta2);
-  const A step_size = A(sc.step_size), inv_sqrt_bc2 = A(sc.inv_sqrt_bc2), eps = A(sc.eps);
-  const A decay_scale = A(sc.decay_scale), l2 = A(sc.l2);
+  const common::AdamCoeffs<A> c(sc);
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const A pi = cvt<A>(p[i]);
-    const A gi = cvt<A>(g[i]) + l2 * pi;
-    const A mi = beta1 * cvt<A>(m[i]) + omb1 * gi;
-    const A vi = beta2 * cvt<A>(v[i]) + omb2 * gi * gi;
+    A pi = cvt<A>(p[i]), mi = cvt<A>(m[i]), vi = cvt<A>(v[i]);
+    common::adam_update<CudaMath>(pi, cvt<A>(g[i]), mi, vi, c);
     m[i] = cvt<S>(mi);
     v[i] = cvt<S>(vi);
-    p[i] = cvt<P>(pi * decay_scale - step_size * mi / (m_sqrt(vi) * inv_sqrt_bc2 + eps));
+    p[i] = cvt<P>(pi);
   }
 }
 

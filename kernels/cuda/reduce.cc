@@ -2,6 +2,7 @@
 // dtypes as kernels/cpu/reduce.cc.
 #include <cmath>
 
+#include "kernels/common/acc_dtype.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/launch.h"
 
@@ -18,11 +19,6 @@ constexpr int64_t kSplitMinCol = 512;
 constexpr int64_t kMinColChunk = 128;
 constexpr int64_t kMaxSplits = 1024;
 
-DType sum_acc_dtype(DType t) {
-  if (t == kFloat64) return kFloat64;
-  return is_floating(t) ? kFloat32 : kInt64;
-}
-DType value_acc_dtype(DType t) { return (t == kFloat16 || t == kBFloat16) ? kFloat32 : t; }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -46,7 +42,7 @@ void reduce_rows(ROp op, const Tensor& x, int64_t rows, int64_t n, Tensor& out, 
   const int64_t chunk = ceil_div(n, splits);
   const int64_t used = ceil_div(n, chunk);
   const DType acc = (op == ROp::Sum || op == ROp::Mean || op == ROp::Prod) ? sum_acc_dtype(x.dtype())
-                                                                           : value_acc_dtype(x.dtype());
+                                                                           : acc_dtype(x.dtype());
   Tensor partial = empty({rows, used}, TensorOptions(acc, out.device()));
   launch_reduce_rows(op, code_of(x.dtype()), x.data_ptr(), rows, n, used, chunk, code_of(acc),
                      partial.data_ptr(), 0, s);
@@ -74,34 +70,25 @@ void reduce_cols(bool mean, const Tensor& x, int64_t n, int64_t cols, Tensor& ou
 }
 
 void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out) {
-  ACCEL_CHECK(in.device() == out.device(), DeviceError, "reduce", "input on ", in.device(), " ",
-              in.sizes(), ", output on ", out.device());
+  // The op layer (autograd/ops/reduce.cc) validated the call (kernels/stubs/reduce.h).
+  ACCEL_INTERNAL_ASSERT(in.device() == out.device());
   const int64_t nd = in.dim();
-  std::vector<bool> red(size_t(nd), false);
-  int64_t n_red = 1;
-  for (int64_t d : dims) {
-    red[size_t(d)] = true;
-    n_red *= in.sizes()[size_t(d)];
-  }
+  const ReducedDims rd = reduced_dims(in, dims);
   const int64_t rows = out.numel();
   if (rows == 0) return;
-  ACCEL_CHECK(n_red > 0 || op == ReduceOp::Sum || op == ReduceOp::Mean || op == ReduceOp::Prod,
-              ShapeError, "reduce", "cannot take max/min/argmax of an empty dimension; input shape ",
-              in.sizes());
-  if (n_red == 0) {
-    const double v = op == ReduceOp::Prod ? 1.0 : (op == ReduceOp::Mean ? NAN : 0.0);
-    out.fill_(v);
+  if (rd.numel == 0) {
+    // The op checked that max/min/argmax/argmin reduce no empty dim (kernels/stubs/reduce.h).
+    ACCEL_INTERNAL_ASSERT(has_identity(op));
+    out.fill_(reduce_identity(op));
     return;
   }
-  ACCEL_CHECK(out.is_contiguous(), ValueError, "reduce", "output must be contiguous, got strides ",
-              out.strides());
+  ACCEL_INTERNAL_ASSERT(out.is_contiguous());
   const bool arg = op == ReduceOp::ArgMax || op == ReduceOp::ArgMin;
   if (arg) {
-    ACCEL_CHECK(out.dtype() == kInt64, DTypeError, "reduce", "argmax/argmin output must be int64");
+    ACCEL_INTERNAL_ASSERT(out.dtype() == kInt64);
   } else {
-    ACCEL_CHECK(out.dtype() == in.dtype() || out.dtype() == kInt64 || out.dtype() == kFloat32 ||
-                    out.dtype() == kFloat64,
-                DTypeError, "reduce", "unsupported output dtype ", out.dtype(), " for input ", in.dtype());
+    ACCEL_INTERNAL_ASSERT(out.dtype() == in.dtype() || out.dtype() == kInt64 || out.dtype() == kFloat32 ||
+                          out.dtype() == kFloat64);
   }
   const int dev = out.device().index;
   DeviceGuard g(dev);
@@ -113,7 +100,7 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
   {
     bool seen_kept = false;
     for (int64_t d = 0; d < nd && leading; ++d) {
-      if (!red[size_t(d)]) {
+      if (!rd.mask[size_t(d)]) {
         seen_kept = true;
       } else if (seen_kept) {
         leading = false;
@@ -121,15 +108,15 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
     }
   }
   if (leading && sumlike && rows > 1) {
-    reduce_cols(op == ReduceOp::Mean, in, n_red, rows, out, dev, s);
+    reduce_cols(op == ReduceOp::Mean, in, rd.numel, rows, out, dev, s);
     return;
   }
   // Kept dims first, reduced dims last; copy when the input is not already laid out that way.
   Shape perm;
   for (int64_t d = 0; d < nd; ++d)
-    if (!red[size_t(d)]) perm.push_back(d);
+    if (!rd.mask[size_t(d)]) perm.push_back(d);
   for (int64_t d = 0; d < nd; ++d)
-    if (red[size_t(d)]) perm.push_back(d);
+    if (rd.mask[size_t(d)]) perm.push_back(d);
   Shape psizes, pstrides;
   for (int64_t d : perm) {
     psizes.push_back(in.sizes()[size_t(d)]);
@@ -141,7 +128,7 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
     copy_stub(p.device(), c, p);
     p = c;
   }
-  reduce_rows(ROp(op), p, rows, n_red, out, dev, s);
+  reduce_rows(ROp(op), p, rows, rd.numel, out, dev, s);
 }
 
 }  // namespace

@@ -1,4 +1,8 @@
 // Convolution and pooling kernels (kernels/<backend>/conv.*), NCHW.
+//
+// The op in autograd/ops/conv.cc checks shapes, dtypes, devices and parameters and makes the
+// operands contiguous; kernels assume that (CUDA asserts the cheap parts) and throw only for
+// their backend's limits (no oneDNN/cuDNN implementation, sizes beyond cuDNN's int32).
 #pragma once
 
 #include "core/dispatch.h"

@@ -1,8 +1,10 @@
-// Indexing and joining kernels (kernels/<backend>/index.*, join.*).
+// Indexing kernels (kernels/<backend>/index*: index.cc, index_trilu.cc on the CPU; index.cc,
+// index.cu on CUDA).
 //
 // Index tensors are int32 or int64 and contiguous. Each kernel checks every index against the
 // indexed dimension before touching memory and throws IndexError naming `op`, the bad index and
-// the dimension size. The op in autograd/ops/index.cc checks shapes, dtypes and devices.
+// the dimension size (data the op cannot see). The op in autograd/ops/index.cc checks shapes,
+// dtypes and devices: kernels assume those preconditions and only assert the cheap ones.
 #pragma once
 
 #include "core/dispatch.h"
@@ -17,7 +19,8 @@ ACCEL_DECLARE_STUB(index_select_stub, void (*)(const Tensor& x, int64_t dim, con
 // (outer, k, inner): out[o, index[j], :] += src[o, j, :]. Duplicate indices accumulate.
 ACCEL_DECLARE_STUB(index_add_stub, void (*)(Tensor& out, int64_t dim, const Tensor& index,
                                             const Tensor& src, const char* op));
-// x: any strides; index: same rank as x; out: contiguous, index's shape:
+// x: any strides; index: same rank as x (at most 16 dims, the CPU loop's limit); out: contiguous,
+// index's shape:
 //   out[i] = x[i with coordinate `dim` replaced by index[i]].
 ACCEL_DECLARE_STUB(gather_stub, void (*)(const Tensor& x, int64_t dim, const Tensor& index,
                                          Tensor& out, const char* op));

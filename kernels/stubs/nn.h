@@ -2,10 +2,12 @@
 //
 // Every tensor argument is contiguous unless stated otherwise; the op in autograd/ops/nn.cc
 // makes it so. Statistics saved for the backward (mean, rstd, lse) are stored in the
-// accumulation dtype: float32 for f32/f16/bf16 inputs, float64 for f64.
+// accumulation dtype acc_dtype(x.dtype()) (kernels/common/acc_dtype.h): float32 for
+// f32/f16/bf16 inputs, float64 for f64.
 #pragma once
 
 #include "core/dispatch.h"
+#include "kernels/common/acc_dtype.h"
 
 namespace accel {
 
@@ -61,7 +63,7 @@ ACCEL_DECLARE_STUB(nll_loss_stub, void (*)(const Tensor& log_probs, const Tensor
 ACCEL_DECLARE_STUB(nll_loss_backward_stub, void (*)(const Tensor& grad, const Tensor& target,
                                                     int64_t ignore_index, Tensor& dlog_probs));
 
-// ---- fused scaled dot-product attention (Note [fused attention], kernels/cpu/attention.cc) ----
+// ---- fused scaled dot-product attention (Note [fused attention], kernels/cpu/nn_attention.cc) ----
 // q: (B, H, T, D), k: (B, H, S, D), v: (B, H, S, Dv), out: (B, H, T, Dv): any strides with a unit
 // stride in the last dim (views into a packed qkv buffer are fine). p: (B, H, T, S) contiguous,
 // receives softmax(scale * q k^T) with the future masked (causal: j > i is 0; needs T == S).

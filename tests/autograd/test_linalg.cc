@@ -6,6 +6,7 @@
 #include <string>
 
 #include "accel.h"
+#include "kernels/common/geometry.h"  // MatmulGeometry::kMaxBatch, the batch-rank limit
 
 using namespace accel;
 
@@ -226,6 +227,19 @@ TEST_CASE("matmul family: errors name the op and the shapes") {
       "mm", "(2, 3, 4) @ (4, 2)");
   check_error<ShapeError>([&] { mm(a, b); }, "mm", "(4, 3) @ (5, 2)");
   check_error<ShapeError>([&] { bmm(a, rand_t({3, 2})); }, "bmm", "(4, 3) @ (3, 2)");
+  {  // the batch-rank limit of the kernels' geometry is checked by the op, not the kernel
+    auto operands = [](int64_t batch_dims) {
+      Shape sa(size_t(batch_dims), 1), sb(size_t(batch_dims), 1);
+      sa.push_back(2), sa.push_back(3), sb.push_back(3), sb.push_back(2);
+      return std::pair{rand_t(sa), rand_t(sb)};
+    };
+    const int64_t limit = common::MatmulGeometry::kMaxBatch;
+    auto [a1, b1] = operands(limit + 1);
+    check_error<ShapeError>([&] { matmul(a1, b1); }, "matmul", "batch dimensions are supported");
+    auto [a2, b2] = operands(limit);  // exactly at the limit: runs
+    const Tensor want = matmul(a2.reshape({2, 3}), b2.reshape({3, 2}));
+    CHECK(max_abs_diff(matmul(a2, b2).reshape({2, 2}), want) == 0.0);
+  }
   check_error<ShapeError>(
       [&] {
         bmm(rand_t({2, 3, 4}), rand_t({3, 4, 2}));

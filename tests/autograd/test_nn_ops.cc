@@ -8,6 +8,7 @@
 #include <string>
 
 #include "accel.h"
+#include "core/dispatch.h"  // StubCallRecorder
 
 using namespace accel;
 
@@ -673,4 +674,25 @@ TEST_CASE("errors: devices") {
                            {"[scatter_add]", "cuda"});
   check_error<DeviceError>([&] { index_add(ones({2, 4}), 0, zeros({1}, kInt64), from_blob(buf, {1, 4}, kFloat32, cuda)); },
                            {"[index_add]", "cuda"});
+}
+
+// Shape checks live in the ops (autograd/ops/*.cc), not in the kernels (kernels/stubs/*.h): an
+// extreme over an empty dim is refused by the op with its own name, before any kernel runs.
+TEST_CASE("reductions over an empty dim: the op refuses max/min/argmax, sums give the identity") {
+  const Tensor x = rn({3, 0});
+  check_error<ShapeError>([&] { amax(x, {1}); }, {"[amax]", "(3, 0)"});
+  check_error<ShapeError>([&] { amin(x, {1}); }, {"[amin]", "(3, 0)"});
+  check_error<ShapeError>([&] { max(x, int64_t(1)); }, {"[max_dim]", "(3, 0)"});
+  check_error<ShapeError>([&] { min(x, int64_t(1)); }, {"[min_dim]", "(3, 0)"});
+  check_error<ShapeError>([&] { argmax(x, 1); }, {"[argmax]", "(3, 0)"});
+  check_error<ShapeError>([&] { argmin(x, 1); }, {"[argmin]", "(3, 0)"});
+  StubCallRecorder rec;  // none of the refused calls reached reduce_stub
+  check_error<ShapeError>([&] { argmax(x, 1); }, {"[argmax]"});
+  CHECK(rec.calls().empty());
+  // Sum, mean and prod over the empty dim: 0, NaN and 1 per row, like PyTorch.
+  CHECK(sum(x, {1}).tolist() == std::vector<double>{0, 0, 0});
+  CHECK(prod(x, {1}).tolist() == std::vector<double>{1, 1, 1});
+  for (double m : mean(x, {1}).tolist()) CHECK(std::isnan(m));
+  // An empty output needs no check: max over dim 1 of (0, 4) is (0,).
+  CHECK(std::get<0>(max(rn({0, 4}), int64_t(1))).sizes() == Shape{0});
 }

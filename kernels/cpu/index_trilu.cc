@@ -1,5 +1,5 @@
-// CPU kernels for the join family. cat/stack/split need none of their own: they copy through
-// copy_stub into narrowed views. tril/triu keep or zero a prefix/suffix of every matrix row.
+// CPU tril/triu (kernels/stubs/index.h): keep or zero a prefix/suffix of every matrix row.
+// cat/stack/split need no kernel of their own: they copy through copy_stub into narrowed views.
 #include "kernels/stubs/index.h"
 #include "kernels/cpu/loops.h"
 

@@ -1,5 +1,5 @@
 // CUDA copy kernels: strided same-dtype copy (by element size), dtype conversion, fill
-// (semantics: kernels/cpu/copy.cc). Contiguous same-dtype copies are cudaMemcpyAsync on the host.
+// (semantics: kernels/cpu/elementwise_copy.cc). Contiguous same-dtype copies are cudaMemcpyAsync on the host.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
 

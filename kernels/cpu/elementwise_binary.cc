@@ -3,13 +3,14 @@
 
 #include "core/dispatch.h"
 #include "kernels/stubs/elementwise.h"
+#include "kernels/common/scalar_math.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/cpu/cpu_isa.h"
 
 // One pass per instruction-set level (Note [portable builds and ISA dispatch] in cpu_isa.h).
 #if !defined(ACCEL_ISA_NS)
-#define ACCEL_ISA_SELF "kernels/cpu/binary.cc"
+#define ACCEL_ISA_SELF "kernels/cpu/elementwise_binary.cc"
 #include "kernels/cpu/isa_foreach.h"
 #else
 // elementwise.h holds the loop drivers, so it is compiled in every pass.
@@ -18,12 +19,9 @@
 namespace accel::cpu::ACCEL_ISA_NS {
 namespace {
 
-constexpr double kSqrt1_2 = 0.70710678118654752440;
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/sqrt(2*pi)
-constexpr double kSqrt2OverPi = 0.79788456080286535588;
-
-// The activation-gradient lambdas below are large enough (erf + exp polynomials) that GCC stops
-// inlining them into binary_loop's six call sites; the `omp simd` loops then call a scalar
+// The activation-gradient lambdas below (kernels/common/scalar_math.h formulas on CpuMath) are
+// large enough (erf + exp polynomials) that GCC stops inlining them into binary_loop's six call
+// sites; the `omp simd` loops then call a scalar
 // function per element and GELU's backward took 28 % of a gpt step. Forcing the inline restores
 // the vector code (bench/kernels gelu_backward rows, tests/kernels gelu grad).
 #define ACCEL_VEC_LAMBDA __attribute__((always_inline))
@@ -81,30 +79,23 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, do
   if constexpr (kFloat) {
     switch (op) {
       case BinaryOp::ReluGrad:
-        return binary_loop<T, T>(a, b, out, [](A g, A x) { return x > A(0) ? g : A(0); });
+        return binary_loop<T, T>(a, b, out, [](A g, A x) { return common::relu_grad(g, x); });
       case BinaryOp::GeluErfGrad:
         return binary_loop<T, T>(a, b, out, [](A g, A x) ACCEL_VEC_LAMBDA {
-          const A cdf = A(0.5) * (A(1) + fast_erf(x * A(kSqrt1_2)));
-          const A pdf = A(kInvSqrt2Pi) * fast_exp(A(-0.5) * x * x);
-          return g * (cdf + x * pdf);
+          return common::gelu_erf_grad<CpuMath>(g, x);
         });
       case BinaryOp::GeluTanhGrad:
         return binary_loop<T, T>(a, b, out, [](A g, A x) ACCEL_VEC_LAMBDA {
-          const A k = A(kSqrt2OverPi);
-          const A inner = k * (x + A(0.044715) * x * x * x);
-          const A t = std::tanh(inner);
-          const A dinner = k * (A(1) + A(3 * 0.044715) * x * x);
-          return g * (A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * dinner);
+          return common::gelu_tanh_grad<CpuMath>(g, x);
         });
       case BinaryOp::SiluGrad:
         return binary_loop<T, T>(a, b, out, [](A g, A x) ACCEL_VEC_LAMBDA {
-          const A s = A(1) / (A(1) + fast_exp(-x));
-          return g * s * (A(1) + x * (A(1) - s));
+          return common::silu_grad<CpuMath>(g, x);
         });
       case BinaryOp::SigmoidGrad:
-        return binary_loop<T, T>(a, b, out, [](A g, A y) { return g * y * (A(1) - y); });
+        return binary_loop<T, T>(a, b, out, [](A g, A y) { return common::sigmoid_grad(g, y); });
       case BinaryOp::TanhGrad:
-        return binary_loop<T, T>(a, b, out, [](A g, A y) { return g * (A(1) - y * y); });
+        return binary_loop<T, T>(a, b, out, [](A g, A y) { return common::tanh_grad(g, y); });
       default: break;
     }
   }

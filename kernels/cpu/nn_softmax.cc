@@ -4,13 +4,14 @@
 // vectorises across a block of kBlock neighbouring columns instead, so no transpose is needed.
 #include <cmath>
 
+#include "kernels/common/geometry.h"
 #include "kernels/stubs/nn.h"
 #include "kernels/cpu/softmax_rows.h"
 #include "kernels/cpu/cpu_isa.h"
 
 // One pass per instruction-set level (Note [portable builds and ISA dispatch] in cpu_isa.h).
 #if !defined(ACCEL_ISA_NS)
-#define ACCEL_ISA_SELF "kernels/cpu/softmax.cc"
+#define ACCEL_ISA_SELF "kernels/cpu/nn_softmax.cc"
 #include "kernels/cpu/isa_foreach.h"
 #else
 namespace accel::cpu::ACCEL_ISA_NS {
@@ -19,19 +20,6 @@ namespace {
 // exp is several times the cost of an add: parallelise smaller problems than plain elementwise.
 constexpr int64_t kSoftmaxGrain = kParallelGrain / 4;
 constexpr int64_t kBlock = 32;  // columns per block on the strided (inner > 1) path
-
-struct Geometry {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-
-Geometry geometry(const Tensor& t, int64_t dim) {
-  Geometry g;
-  if (t.dim() == 0) return g;
-  for (int64_t d = 0; d < dim; ++d) g.outer *= t.sizes()[size_t(d)];
-  g.n = t.sizes()[size_t(dim)];
-  for (int64_t d = dim + 1; d < t.dim(); ++d) g.inner *= t.sizes()[size_t(d)];
-  return g;
-}
 
 template <typename T>
 void softmax_row(const T* x, T* y, int64_t n, bool log) {
@@ -128,7 +116,7 @@ void softmax_backward_cols(const T* g, const T* y, T* dx, int64_t n, int64_t inn
 // Runs row_fn(slab_offset, col0, width) over every (outer, column block); each call owns its
 // slab columns, so there are no races.
 template <typename F>
-void for_each_block(const Geometry& g, F&& fn) {
+void for_each_block(const common::RowGeometry& g, F&& fn) {
   if (g.inner == 1) {
     parallel_for(g.outer, std::max<int64_t>(1, kSoftmaxGrain / std::max<int64_t>(g.n, 1)),
                  [&](int64_t b, int64_t e) {
@@ -148,7 +136,7 @@ void for_each_block(const Geometry& g, F&& fn) {
 
 void softmax_kernel(const Tensor& x, int64_t dim, bool log, Tensor& y) {
   if (x.numel() == 0) return;
-  const Geometry geo = geometry(x, dim);
+  const common::RowGeometry geo = common::row_geometry(x.sizes(), dim);
   ACCEL_DISPATCH_FLOATING(x.dtype(), log ? "log_softmax" : "softmax", [&]<typename T>() {
     const T* xp = static_cast<const T*>(x.data_ptr());
     T* yp = static_cast<T*>(y.data_ptr());
@@ -164,7 +152,7 @@ void softmax_kernel(const Tensor& x, int64_t dim, bool log, Tensor& y) {
 
 void softmax_backward_kernel(const Tensor& grad, const Tensor& y, int64_t dim, bool log, Tensor& dx) {
   if (y.numel() == 0) return;
-  const Geometry geo = geometry(y, dim);
+  const common::RowGeometry geo = common::row_geometry(y.sizes(), dim);
   ACCEL_DISPATCH_FLOATING(y.dtype(), log ? "log_softmax_backward" : "softmax_backward",
                           [&]<typename T>() {
     const T* gp = static_cast<const T*>(grad.data_ptr());

@@ -77,73 +77,12 @@ void* blas_workspace(size_t* nbytes) {
 
 namespace {
 
-// ---------------- geometry (as kernels/cpu/matmul.cc, Note [matmul geometry]) ----------------
+// ---------------- geometry (kernels/common/geometry.h, Note [matmul geometry]) ----------------
 
-struct MatrixLayout {
-  int64_t rows, cols, row_stride, col_stride;
-};
-
-bool canonical_matrix(MatrixLayout& m) {
-  const bool row_major = (m.cols == 1 || m.col_stride == 1) && (m.rows == 1 || m.row_stride >= m.cols);
-  if (row_major) {
-    m.col_stride = 1;
-    if (m.rows == 1) m.row_stride = m.cols;
-    return true;
-  }
-  const bool col_major = (m.rows == 1 || m.row_stride == 1) && (m.cols == 1 || m.col_stride >= m.rows);
-  if (col_major) {
-    m.row_stride = 1;
-    if (m.cols == 1) m.col_stride = m.rows;
-    return true;
-  }
-  return false;
-}
-
-constexpr int kMaxBatch = 64;
-
-struct Geometry {
-  int nb = 0;
-  int64_t out_size[kMaxBatch], out_stride[kMaxBatch];
-  int64_t a_stride[kMaxBatch], b_stride[kMaxBatch];  // 0 where broadcast
-  MatrixLayout a, b;
-  int64_t m, n, k;
-};
-
-Geometry make_geometry(const Tensor& a, const Tensor& b, const Tensor& out) {
-  Geometry g;
-  const int r = int(out.dim());
-  ACCEL_CHECK(r - 2 <= kMaxBatch, ShapeError, "matmul", "too many batch dims: ", out.sizes());
-  g.m = out.size(-2);
-  g.n = out.size(-1);
-  g.k = a.size(-1);
-  g.a = {g.m, g.k, a.stride(-2), a.stride(-1)};
-  g.b = {g.k, g.n, b.stride(-2), b.stride(-1)};
-  const bool ok_a = canonical_matrix(g.a), ok_b = canonical_matrix(g.b);
-  ACCEL_INTERNAL_ASSERT(ok_a && ok_b);
-  for (int d = 0; d < r - 2; ++d) {
-    const int64_t os = out.sizes()[size_t(d)];
-    if (os == 1) continue;
-    const int64_t ast = a.sizes()[size_t(d)] == 1 ? 0 : a.strides()[size_t(d)];
-    const int64_t bst = b.sizes()[size_t(d)] == 1 ? 0 : b.strides()[size_t(d)];
-    const int64_t ost = out.strides()[size_t(d)];
-    if (g.nb > 0) {
-      const int p = g.nb - 1;
-      if (g.a_stride[p] == ast * os && g.b_stride[p] == bst * os && g.out_stride[p] == ost * os) {
-        g.out_size[p] *= os;
-        g.a_stride[p] = ast;
-        g.b_stride[p] = bst;
-        g.out_stride[p] = ost;
-        continue;
-      }
-    }
-    g.out_size[g.nb] = os;
-    g.a_stride[g.nb] = ast;
-    g.b_stride[g.nb] = bst;
-    g.out_stride[g.nb] = ost;
-    ++g.nb;
-  }
-  return g;
-}
+using common::canonical_matrix;
+using common::MatrixLayout;
+using Geometry = common::MatmulGeometry;  // a_stride/b_stride 0 on broadcast dims
+constexpr int kMaxBatch = Geometry::kMaxBatch;
 
 // cuBLAS operands for the geometry (Note [row-major GEMM on cuBLAS]).
 struct BlasOperands {
@@ -327,10 +266,8 @@ bool is_canonical(const Tensor& t) {
 
 void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in, Tensor& out) {
   const Tensor* ops[4] = {&out, &a_in, &b_in, bias_in.defined() ? &bias_in : &out};
-  for (const Tensor* t : ops) {
-    ACCEL_CHECK(t->device() == out.device(), DeviceError, "matmul", "operands on different devices: ",
-                a_in.device(), " ", a_in.sizes(), " @ ", b_in.device(), " ", b_in.sizes(), " -> ", out.device());
-  }
+  // The op layer (autograd/ops/linalg.cc) checked devices; a mix would read foreign memory.
+  for (const Tensor* t : ops) ACCEL_INTERNAL_ASSERT(t->device() == out.device());
   if (out.numel() == 0) return;
   const int dev = out.device().index;
   DeviceGuard guard(dev);
@@ -346,7 +283,7 @@ void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in
   const Tensor a = is_canonical(a_in) ? a_in : copy_contiguous(a_in);
   const Tensor b = is_canonical(b_in) ? b_in : copy_contiguous(b_in);
   const Tensor bias = !bias_in.defined() || bias_in.is_contiguous() ? bias_in : copy_contiguous(bias_in);
-  const Geometry g = make_geometry(a, b, out);
+  const Geometry g = matmul_batch_geometry(a, b, out);
   const BlasOperands o = blas_operands(g);
   const DType dt = out.dtype();
   const int64_t es = int64_t(out.element_size());

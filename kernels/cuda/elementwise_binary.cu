@@ -1,14 +1,10 @@
 // CUDA binary elementwise kernels with broadcasting, and where() (semantics:
-// kernels/cpu/binary.cc). One kernel per (dtype, output kind, layout), op switch outside the loop.
+// kernels/cpu/elementwise_binary.cc; gradient formulas: kernels/common/scalar_math.h). One kernel per (dtype, output kind, layout), op switch outside the loop.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
 
 namespace accel::cuda {
 namespace {
-
-constexpr double kSqrt1_2 = 0.70710678118654752440;
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;
-constexpr double kSqrt2OverPi = 0.79788456080286535588;
 
 template <typename In, typename Out, Layout L, int VEC, typename F>
 __device__ __forceinline__ void binary_loop(F f, const In* __restrict__ a, const In* __restrict__ b,
@@ -95,37 +91,12 @@ __global__ void __launch_bounds__(kElemThreads)
       switch (op) {
         case BOp::Div: RUN(x / z);
         case BOp::Pow: RUN(m_pow(x, z));
-        case BOp::ReluGrad: RUN(z > A(0) ? x : A(0));
-        case BOp::GeluErfGrad: {
-          return binary_loop<In, Out, L, VEC>(
-              [](A g, A v) {
-                const A cdf = A(0.5) * (A(1) + m_erf(v * A(kSqrt1_2)));
-                const A pdf = A(kInvSqrt2Pi) * m_exp(A(-0.5) * v * v);
-                return g * (cdf + v * pdf);
-              },
-              a, b, y, n, calc);
-        }
-        case BOp::GeluTanhGrad: {
-          return binary_loop<In, Out, L, VEC>(
-              [](A g, A v) {
-                const A k = A(kSqrt2OverPi);
-                const A inner = k * (v + A(0.044715) * v * v * v);
-                const A t = m_tanh(inner);
-                const A dinner = k * (A(1) + A(3 * 0.044715) * v * v);
-                return g * (A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * dinner);
-              },
-              a, b, y, n, calc);
-        }
-        case BOp::SiluGrad: {
-          return binary_loop<In, Out, L, VEC>(
-              [](A g, A v) {
-                const A s = A(1) / (A(1) + m_exp(-v));
-                return g * s * (A(1) + v * (A(1) - s));
-              },
-              a, b, y, n, calc);
-        }
-        case BOp::SigmoidGrad: RUN(x * z * (A(1) - z));
-        case BOp::TanhGrad: RUN(x * (A(1) - z * z));
+        case BOp::ReluGrad: RUN(common::relu_grad(x, z));
+        case BOp::GeluErfGrad: RUN(common::gelu_erf_grad<CudaMath>(x, z));
+        case BOp::GeluTanhGrad: RUN(common::gelu_tanh_grad<CudaMath>(x, z));
+        case BOp::SiluGrad: RUN(common::silu_grad<CudaMath>(x, z));
+        case BOp::SigmoidGrad: RUN(common::sigmoid_grad(x, z));
+        case BOp::TanhGrad: RUN(common::tanh_grad(x, z));
         default: return;
       }
     }

@@ -3,13 +3,14 @@
 
 #include "core/dispatch.h"
 #include "kernels/stubs/elementwise.h"
+#include "kernels/common/scalar_math.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/cpu/cpu_isa.h"
 
 // One pass per instruction-set level (Note [portable builds and ISA dispatch] in cpu_isa.h).
 #if !defined(ACCEL_ISA_NS)
-#define ACCEL_ISA_SELF "kernels/cpu/unary.cc"
+#define ACCEL_ISA_SELF "kernels/cpu/elementwise_unary.cc"
 #include "kernels/cpu/isa_foreach.h"
 #else
 // elementwise.h holds the loop drivers, so it is compiled in every pass.
@@ -17,9 +18,6 @@
 
 namespace accel::cpu::ACCEL_ISA_NS {
 namespace {
-
-constexpr double kSqrt1_2 = 0.70710678118654752440;
-constexpr double kSqrt2OverPi = 0.79788456080286535588;
 
 template <typename T>
 void unary_float(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& prm) {
@@ -34,22 +32,17 @@ void unary_float(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& p
     case UnaryOp::Abs: return unary_loop<T, T>(in, out, [](A x) { return std::abs(x); });
     case UnaryOp::Tanh: return unary_loop<T, T>(in, out, [](A x) { return std::tanh(x); });
     case UnaryOp::Sigmoid:
-      return unary_loop<T, T>(in, out, [](A x) { return A(1) / (A(1) + fast_exp(-x)); });
-    case UnaryOp::Relu: return unary_loop<T, T>(in, out, [](A x) { return x > A(0) ? x : A(0); });
+      return unary_loop<T, T>(in, out, [](A x) { return common::sigmoid<CpuMath>(x); });
+    case UnaryOp::Relu: return unary_loop<T, T>(in, out, [](A x) { return common::relu(x); });
     case UnaryOp::GeluErf:
-      return unary_loop<T, T>(in, out, [](A x) {
-        return A(0.5) * x * (A(1) + fast_erf(x * A(kSqrt1_2)));
-      });
+      return unary_loop<T, T>(in, out, [](A x) { return common::gelu_erf<CpuMath>(x); });
     case UnaryOp::GeluTanh:
-      return unary_loop<T, T>(in, out, [](A x) {
-        return A(0.5) * x * (A(1) + std::tanh(A(kSqrt2OverPi) * (x + A(0.044715) * x * x * x)));
-      });
+      return unary_loop<T, T>(in, out, [](A x) { return common::gelu_tanh<CpuMath>(x); });
     case UnaryOp::Silu:
-      return unary_loop<T, T>(in, out, [](A x) { return x / (A(1) + fast_exp(-x)); });
+      return unary_loop<T, T>(in, out, [](A x) { return common::silu<CpuMath>(x); });
     case UnaryOp::Sin: return unary_loop<T, T>(in, out, [](A x) { return std::sin(x); });
     case UnaryOp::Cos: return unary_loop<T, T>(in, out, [](A x) { return std::cos(x); });
-    case UnaryOp::Sign:
-      return unary_loop<T, T>(in, out, [](A x) { return A((x > A(0)) - (x < A(0))); });
+    case UnaryOp::Sign: return unary_loop<T, T>(in, out, [](A x) { return common::sign(x); });
     case UnaryOp::Reciprocal: return unary_loop<T, T>(in, out, [](A x) { return A(1) / x; });
     case UnaryOp::Square: return unary_loop<T, T>(in, out, [](A x) { return x * x; });
     case UnaryOp::Log1p: return unary_loop<T, T>(in, out, [](A x) { return std::log1p(x); });
@@ -59,7 +52,7 @@ void unary_float(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& p
       if (p0 == A(2)) return unary_loop<T, T>(in, out, [](A x) { return x * x; });
       return unary_loop<T, T>(in, out, [p0](A x) { return std::pow(x, p0); });
     case UnaryOp::Clamp:
-      return unary_loop<T, T>(in, out, [p0, p1](A x) { return x < p0 ? p0 : (x > p1 ? p1 : x); });
+      return unary_loop<T, T>(in, out, [p0, p1](A x) { return common::clamp(x, p0, p1); });
     case UnaryOp::AddScalar: return unary_loop<T, T>(in, out, [p0](A x) { return x + p0; });
     case UnaryOp::MulScalar: return unary_loop<T, T>(in, out, [p0](A x) { return x * p0; });
     case UnaryOp::RSubScalar: return unary_loop<T, T>(in, out, [p0](A x) { return p0 - x; });
@@ -84,17 +77,13 @@ void unary_int(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& prm
       } else {
         return unary_loop<T, T>(in, out, [](A x) { return x < 0 ? A(-x) : x; });
       }
-    case UnaryOp::Sign:
-      return unary_loop<T, T>(in, out, [](A x) { return A((x > A(0)) - (x < A(0))); });
+    case UnaryOp::Sign: return unary_loop<T, T>(in, out, [](A x) { return common::sign(x); });
     case UnaryOp::Square: return unary_loop<T, T>(in, out, [](A x) { return A(x * x); });
-    case UnaryOp::Relu: return unary_loop<T, T>(in, out, [](A x) { return x > A(0) ? x : A(0); });
+    case UnaryOp::Relu: return unary_loop<T, T>(in, out, [](A x) { return common::relu(x); });
     case UnaryOp::LogicalNot: return unary_loop<bool, T>(in, out, [](A x) { return x == A(0); });
     case UnaryOp::Clamp: {
       const double lo = prm.p0, hi = prm.p1;
-      return unary_loop<T, T>(in, out, [lo, hi](A x) {
-        const double v = double(x);
-        return A(v < lo ? lo : (v > hi ? hi : v));
-      });
+      return unary_loop<T, T>(in, out, [lo, hi](A x) { return A(common::clamp(double(x), lo, hi)); });
     }
     case UnaryOp::AddScalar: {
       const double s = prm.p0;

@@ -1,4 +1,5 @@
-// CUDA unary elementwise kernels (semantics: kernels/cpu/unary.cc). Math runs in acc_t (float for
+// CUDA unary elementwise kernels (semantics: kernels/cpu/elementwise_unary.cc; activation formulas:
+// kernels/common/scalar_math.h). Math runs in acc_t (float for
 // f16/bf16, double for f64). One kernel per (dtype, layout); the op switch sits outside the
 // element loop, so the loop of each op is compiled straight-line.
 #include "kernels/cuda/common.cuh"
@@ -6,9 +7,6 @@
 
 namespace accel::cuda {
 namespace {
-
-constexpr double kSqrt1_2 = 0.70710678118654752440;
-constexpr double kSqrt2OverPi = 0.79788456080286535588;
 
 template <typename In, typename Out, Layout L, int VEC, typename F>
 __device__ __forceinline__ void unary_loop(F f, const In* __restrict__ x, Out* __restrict__ y, int64_t n,
@@ -52,14 +50,14 @@ __global__ void __launch_bounds__(kElemThreads)
       case UOp::Rsqrt: RUN(A(1) / m_sqrt(v));
       case UOp::Abs: RUN(m_fabs(v));
       case UOp::Tanh: RUN(m_tanh(v));
-      case UOp::Sigmoid: RUN(A(1) / (A(1) + m_exp(-v)));
-      case UOp::Relu: RUN(v > A(0) ? v : A(0));
-      case UOp::GeluErf: RUN(A(0.5) * v * (A(1) + m_erf(v * A(kSqrt1_2))));
-      case UOp::GeluTanh: RUN(A(0.5) * v * (A(1) + m_tanh(A(kSqrt2OverPi) * (v + A(0.044715) * v * v * v))));
-      case UOp::Silu: RUN(v / (A(1) + m_exp(-v)));
+      case UOp::Sigmoid: RUN(common::sigmoid<CudaMath>(v));
+      case UOp::Relu: RUN(common::relu(v));
+      case UOp::GeluErf: RUN(common::gelu_erf<CudaMath>(v));
+      case UOp::GeluTanh: RUN(common::gelu_tanh<CudaMath>(v));
+      case UOp::Silu: RUN(common::silu<CudaMath>(v));
       case UOp::Sin: RUN(m_sin(v));
       case UOp::Cos: RUN(m_cos(v));
-      case UOp::Sign: RUN(A((v > A(0)) - (v < A(0))));
+      case UOp::Sign: RUN(common::sign(v));
       case UOp::Reciprocal: RUN(A(1) / v);
       case UOp::Square: RUN(v * v);
       case UOp::Log1p: RUN(m_log1p(v));
@@ -68,7 +66,7 @@ __global__ void __launch_bounds__(kElemThreads)
       case UOp::PowScalar:
         if (p0 == A(2)) RUN(v * v);
         RUN(m_pow(v, p0));
-      case UOp::Clamp: RUN(v < p0 ? p0 : (v > p1 ? p1 : v));
+      case UOp::Clamp: RUN(common::clamp(v, p0, p1));
       case UOp::AddScalar: RUN(v + p0);
       case UOp::MulScalar: RUN(v * p0);
       case UOp::RSubScalar: RUN(p0 - v);
@@ -89,12 +87,12 @@ __global__ void __launch_bounds__(kElemThreads)
         if constexpr (std::is_unsigned_v<A> || std::is_same_v<A, bool>) {
           RUN(A(v > A(0)));
         } else {
-          RUN(A((v > A(0)) - (v < A(0))));
+          RUN(common::sign(v));
         }
       case UOp::Square: RUN(A(v * v));
-      case UOp::Relu: RUN(v > A(0) ? v : A(0));
+      case UOp::Relu: RUN(common::relu(v));
       case UOp::LogicalNot: RUN(A(v == A(0)));
-      case UOp::Clamp: RUN(A(double(v) < p0d ? p0d : (double(v) > p1d ? p1d : double(v))));
+      case UOp::Clamp: RUN(A(common::clamp(double(v), p0d, p1d)));
       case UOp::AddScalar: RUN(A(double(v) + p0d));
       case UOp::MulScalar: RUN(A(double(v) * p0d));
       case UOp::RSubScalar: RUN(A(p0d - double(v)));

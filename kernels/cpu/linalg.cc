@@ -24,92 +24,17 @@ namespace accel::cpu {
 namespace {
 
 constexpr int kMaxBatchDims = DNNL_MAX_NDIMS - 2;
-constexpr int kMaxDims = 64;  // batch dims the geometry can describe before any peeling
+using common::canonical_matrix;
+using common::matrix_extent;
+using common::MatrixLayout;
+using Geometry = common::MatmulGeometry;
+constexpr int kMaxDims = Geometry::kMaxBatch;
 
-struct MatrixLayout {
-  int64_t rows, cols, row_stride, col_stride;
-};
-
-// True when (rows, cols) with these strides is row- or column-major; normalises size-1 strides.
-bool canonical_matrix(MatrixLayout& m) {
-  const bool row_major =
-      (m.cols == 1 || m.col_stride == 1) && (m.rows == 1 || m.row_stride >= m.cols);
-  if (row_major) {
-    m.col_stride = 1;
-    if (m.rows == 1) m.row_stride = m.cols;
-    return true;
-  }
-  const bool col_major =
-      (m.rows == 1 || m.row_stride == 1) && (m.cols == 1 || m.col_stride >= m.rows);
-  if (col_major) {
-    m.row_stride = 1;
-    if (m.cols == 1) m.col_stride = m.rows;
-    return true;
-  }
-  return false;
-}
-
-int64_t matrix_extent(const MatrixLayout& m) {
-  return m.col_stride == 1 ? m.row_stride * m.rows : m.col_stride * m.cols;
-}
-
-// Batch dims after dropping, broadcasting and merging (Note [matmul geometry]).
-struct Geometry {
-  int nb = 0;                  // batch dims
-  int64_t out_size[kMaxDims];  // out's batch sizes
-  int64_t a_size[kMaxDims], a_stride[kMaxDims];
-  int64_t b_size[kMaxDims], b_stride[kMaxDims];
-  int64_t out_stride[kMaxDims];  // elements
-  MatrixLayout a, b;
-  int64_t m, n, k;
-};
-
+// The shared batch geometry (kernels/common/geometry.h, Note [matmul geometry]), then oneDNN's
+// view of it: the strides of broadcast dims become what a dense layout would have (oneDNN
+// matches plain formats).
 Geometry make_geometry(const Tensor& a, const Tensor& b, const Tensor& out) {
-  Geometry g;
-  const int r = int(out.dim());
-  ACCEL_CHECK(r - 2 <= kMaxDims, ShapeError, "matmul", "too many batch dims: ", out.sizes());
-  g.m = out.size(-2);
-  g.n = out.size(-1);
-  g.k = a.size(-1);
-  g.a = {g.m, g.k, a.stride(-2), a.stride(-1)};
-  g.b = {g.k, g.n, b.stride(-2), b.stride(-1)};
-  const bool ok_a = canonical_matrix(g.a), ok_b = canonical_matrix(g.b);
-  ACCEL_INTERNAL_ASSERT(ok_a && ok_b);
-  for (int d = 0; d < r - 2; ++d) {
-    const int64_t os = out.sizes()[size_t(d)];
-    if (os == 1) continue;
-    const bool a_bc = a.sizes()[size_t(d)] == 1 || a.strides()[size_t(d)] == 0;
-    const bool b_bc = b.sizes()[size_t(d)] == 1 || b.strides()[size_t(d)] == 0;
-    const int64_t as = a_bc ? 1 : os, ast = a_bc ? 0 : a.strides()[size_t(d)];
-    const int64_t bs = b_bc ? 1 : os, bst = b_bc ? 0 : b.strides()[size_t(d)];
-    const int64_t ost = out.strides()[size_t(d)];
-    if (g.nb > 0) {
-      const int p = g.nb - 1;
-      // Merge into the previous dim when every operand is contiguous across the pair.
-      auto mergeable = [&](int64_t ps, int64_t pst, int64_t s, int64_t st) {
-        if (ps == 1 && s == 1) return true;
-        return ps != 1 && s != 1 && pst == st * os;
-      };
-      if (mergeable(g.a_size[p], g.a_stride[p], as, ast) &&
-          mergeable(g.b_size[p], g.b_stride[p], bs, bst) && g.out_stride[p] == ost * os) {
-        g.out_size[p] *= os;
-        if (g.a_size[p] != 1) g.a_size[p] *= os;
-        if (g.b_size[p] != 1) g.b_size[p] *= os;
-        g.a_stride[p] = ast;
-        g.b_stride[p] = bst;
-        g.out_stride[p] = ost;
-        continue;
-      }
-    }
-    g.out_size[g.nb] = os;
-    g.a_size[g.nb] = as;
-    g.a_stride[g.nb] = ast;
-    g.b_size[g.nb] = bs;
-    g.b_stride[g.nb] = bst;
-    g.out_stride[g.nb] = ost;
-    ++g.nb;
-  }
-  // Strides of broadcast dims: what a dense layout would have (oneDNN matches plain formats).
+  Geometry g = matmul_batch_geometry(a, b, out);
   int64_t ae = matrix_extent(g.a), be = matrix_extent(g.b);
   for (int d = g.nb - 1; d >= 0; --d) {
     if (g.a_size[d] == 1) g.a_stride[d] = ae;

@@ -29,7 +29,7 @@
 
 // One pass per instruction-set level (Note [portable builds and ISA dispatch] in cpu_isa.h).
 #if !defined(ACCEL_ISA_NS)
-#define ACCEL_ISA_SELF "kernels/cpu/attention.cc"
+#define ACCEL_ISA_SELF "kernels/cpu/nn_attention.cc"
 #include "kernels/cpu/isa_foreach.h"
 #else
 namespace accel::cpu::ACCEL_ISA_NS {

@@ -13,7 +13,7 @@
 
 // One pass per instruction-set level (Note [portable builds and ISA dispatch] in cpu_isa.h).
 #if !defined(ACCEL_ISA_NS)
-#define ACCEL_ISA_SELF "kernels/cpu/norm.cc"
+#define ACCEL_ISA_SELF "kernels/cpu/nn_norm.cc"
 #include "kernels/cpu/isa_foreach.h"
 #else
 namespace accel::cpu::ACCEL_ISA_NS {

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <iostream>
 #include <map>
+#include <omp.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include "core/env_contract.h"
@@ -308,11 +311,39 @@ Milliseconds parse_env_seconds(const char* name, const std::string& value) {
 }
 }  // namespace
 
+// Note [oversubscribed OpenMP]: several processes of one job on a host, each with OpenMP's
+// default team (one thread per CPU it may run on), put local_world_size x CPUs threads on CPUs
+// threads' worth of cores. libgomp's threads spin before they sleep, so every parallel region then
+// waits for descheduled team members: 5-20x slower steps (docs/performance.md). accel-run avoids
+// it by exporting OMP_NUM_THREADS (and OMP_WAIT_POLICY); a job started any other way (torchrun-
+// style env, srun, mpirun) gets the same split here, unless the user chose OMP_NUM_THREADS.
+// OMP_WAIT_POLICY itself cannot be changed from the library (libgomp reads it before any of our
+// code runs); with the teams fitting the CPUs the spinning no longer steals a core a peer needs.
+int fit_omp_threads_to_host(int local_world_size) {
+  if (local_world_size <= 1) return 0;
+  if (const char* n = std::getenv(env::kOmpNumThreads); n && *n) return 0;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = sched_getaffinity(0, sizeof set, &set) == 0
+                       ? CPU_COUNT(&set)
+                       : int(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  const int per_process = std::max(1, cpus / local_world_size);
+  if (omp_get_max_threads() <= per_process) return 0;
+  omp_set_num_threads(per_process);
+  return per_process;
+}
+
 ProcessGroupPtr init_process_group(const InitOptions& options) {
   std::lock_guard<std::mutex> g(g_default_mu);
   ACCEL_CHECK(!g_default_group, DistError, "init_process_group",
               "already initialized; call destroy_process_group() first");
   DistEnv env = read_dist_env();
+  if (const int threads = fit_omp_threads_to_host(env.local_world_size);
+      threads > 0 && env.local_rank == 0) {
+    std::cerr << "[accel] " << env.local_world_size
+              << " processes share this host's CPUs: OpenMP threads per process set to "
+              << threads << " (export " << env::kOmpNumThreads << " to choose)" << std::endl;
+  }
   ProcessGroupOptions pgo;
   pgo.timeout = options.timeout;
   pgo.fingerprint_every = options.fingerprint_every;

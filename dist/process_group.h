@@ -193,6 +193,11 @@ class MemoryStore : public Store {
   std::unordered_map<std::string, std::string> data_;
 };
 
+// When several processes of the job share this host and OMP_NUM_THREADS is not set, caps this
+// process's OpenMP team at (CPUs it may run on) / local_world_size, at least 1 (Note [oversubscribed
+// OpenMP]). Returns the thread count set, 0 when nothing changed. init_process_group calls it.
+int fit_omp_threads_to_host(int local_world_size);
+
 // ---- the default group, from the environment (dist/env.h) ----
 struct InitOptions {
   std::string backend = "gloo";  // "gloo", or "nccl" when built with CUDA

@@ -3,6 +3,7 @@
 // spawns one per rank and reads exit codes and output:
 //   0 = scenario passed on this rank, 1 = a check failed, 2 = unexpected exception.
 // Scenario knobs come from environment variables (DIST_TIMEOUT_MS, DIST_VICTIM, ...).
+#include <omp.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -611,6 +612,14 @@ void scenario_config(ProcessGroup& pg) {
   WCHECK(get(t, 7) == reduce_expected(kFloat32, ReduceOp::Sum, pg.size(), 7), "all_reduce");
 }
 
+// OpenMP team size after init_process_group: checks it against DIST_EXPECT_OMP (Note
+// [oversubscribed OpenMP]).
+void scenario_omp_fit(ProcessGroup& pg) {
+  const int threads = omp_get_max_threads();
+  std::cout << "rank " << pg.rank() << " omp threads " << threads << std::endl;
+  WCHECK(threads == env_int("DIST_EXPECT_OMP", -1), "OpenMP threads " << threads);
+}
+
 // A forged point-to-point header (absurd element count, unknown dtype): the receiver must
 // reject it without sizing anything from it, naming both sides. Rank 0 forges through the raw
 // Gloo context (the slot layout of dist/gloo/process_group_gloo.cc); rank 1 receives.
@@ -707,6 +716,8 @@ int main(int argc, char** argv) {
       scenario_hb_stop(*pg);
     } else if (scenario == "hb_staggered") {
       scenario_hb_staggered(*pg);
+    } else if (scenario == "omp_fit") {
+      scenario_omp_fit(*pg);
     } else if (scenario == "config") {
       scenario_config(*pg);
     } else if (scenario == "p2p_forged") {

@@ -84,8 +84,10 @@ inline std::vector<RankResult> run_world(const std::string& exe,
       env.push_back("MASTER_ADDR=127.0.0.1");
       env.push_back("MASTER_PORT=" + std::to_string(port));
     }
-    for (auto& [k, v] : extra_env) env.push_back(k + "=" + v);
-    env.push_back("OMP_NUM_THREADS=1");
+    for (auto& [k, v] : extra_env)
+      if (!(k == "OMP_NUM_THREADS" && v.empty())) env.push_back(k + "=" + v);
+    // One thread per rank unless the test sets OMP_NUM_THREADS itself ("" leaves it unset).
+    if (!extra_env.count("OMP_NUM_THREADS")) env.push_back("OMP_NUM_THREADS=1");
     std::vector<char*> envp;
     for (auto& s : env) envp.push_back(s.data());
     envp.push_back(nullptr);

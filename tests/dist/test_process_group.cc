@@ -1,11 +1,13 @@
 // Multi-process tests of the Gloo process group: the test spawns `dist_worker` once per rank on
 // loopback (env contract), then checks exit codes and what each rank printed.
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -230,4 +232,27 @@ TEST_CASE("init_process_group: shared memory only when all ranks share the host;
     CHECK(r.code == 2);
     CHECK(r.output.find("ACCEL_HEARTBEAT_TIMEOUT='soon'") != std::string::npos);
   }
+}
+
+TEST_CASE("init_process_group: local ranks split the host's CPUs unless OMP_NUM_THREADS is set") {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
+  const int cpus = CPU_COUNT(&set);
+  // Unset: each of the 2 local ranks gets cpus / 2 threads (at least 1), not OpenMP's cpus.
+  check_all_ok(run_world(worker(), {"omp_fit"}, 2,
+                         {{"OMP_NUM_THREADS", ""}, {"LOCAL_WORLD_SIZE", "2"},
+                          {"DIST_EXPECT_OMP", std::to_string(std::max(1, cpus / 2))}},
+                         60s),
+               "omp_fit");
+  // The user's choice is kept, even when it oversubscribes.
+  check_all_ok(run_world(worker(), {"omp_fit"}, 2,
+                         {{"OMP_NUM_THREADS", "3"}, {"DIST_EXPECT_OMP", "3"}}, 60s),
+               "omp_fit");
+  // Ranks on different hosts (LOCAL_WORLD_SIZE 1) keep OpenMP's default.
+  check_all_ok(run_world(worker(), {"omp_fit"}, 2,
+                         {{"OMP_NUM_THREADS", ""}, {"LOCAL_WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"},
+                          {"DIST_EXPECT_OMP", std::to_string(cpus)}},
+                         60s),
+               "omp_fit");
 }

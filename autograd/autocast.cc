@@ -15,7 +15,7 @@ namespace {
 using detail::tls_autocast;
 
 struct CacheEntry {
-  Tensor source;       // keeps the key alive (and its address unique) while cached
+  Tensor source;  // keeps the key alive (and its address unique) while cached
   // The storage the copy was made from, held so that a storage swapped in later (ZeRO-3
   // gathers, load_state_dict) can never reuse its address with the same version.
   StoragePtr storage;
@@ -97,8 +97,8 @@ void clear_autocast_cache() { weight_cache().entries.clear(); }
 
 Tensor round_to_precision(const Tensor& x, DType dtype) {
   check_low_precision(dtype);
-  ACCEL_CHECK(x.dtype() == kFloat32, DTypeError, "autocast", "round_to_precision expects float32, got ",
-              x.dtype(), " of shape ", x.shape_str());
+  ACCEL_CHECK(x.dtype() == kFloat32, DTypeError, "autocast",
+              "round_to_precision expects float32, got ", x.dtype(), " of shape ", x.shape_str());
   return x.to(dtype).to(kFloat32);
 }
 

@@ -13,7 +13,7 @@ namespace {
 // Per thread, like PyTorch: a graph is built by one thread, and only the relative order within
 // one backward matters (Note [backward order]). An atomic counter cost ~8 % of a small op.
 thread_local uint64_t t_next_sequence_nr __attribute__((tls_model("initial-exec"))) = 0;
-}
+}  // namespace
 
 uint64_t current_sequence_nr() { return t_next_sequence_nr; }
 
@@ -25,8 +25,8 @@ void Node::add_pre_hook(uint32_t output_nr, GradHook hook) {
 }
 
 void throw_released(const char* name) {
-  ACCEL_THROW(ValueError, "backward",
-              "trying to backward through the graph a second time (node ", name,
+  ACCEL_THROW(ValueError, "backward", "trying to backward through the graph a second time (node ",
+              name,
               "); its saved tensors were freed. Pass retain_graph=true to the first backward");
 }
 
@@ -242,8 +242,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   for (size_t i = 0; i < roots.size(); ++i) {
     const Tensor& r = roots[i];
     ACCEL_CHECK(r.defined(), ValueError, "backward", "root tensor is undefined");
-    ACCEL_CHECK(r.requires_grad(), ValueError, "backward",
-                "tensor of shape ", r.sizes(), " does not require grad and has no grad_fn");
+    ACCEL_CHECK(r.requires_grad(), ValueError, "backward", "tensor of shape ", r.sizes(),
+                " does not require grad and has no grad_fn");
     Tensor g = i < grads.size() ? grads[i] : Tensor();
     if (!g.defined()) {
       ACCEL_CHECK(r.numel() == 1, ShapeError, "backward",
@@ -342,8 +342,8 @@ void Tensor::zero_grad(bool set_to_none) {
 }
 
 void Tensor::retain_grad() {
-  ACCEL_CHECK(requires_grad(), ValueError, "retain_grad",
-              "tensor of shape ", sizes(), " does not require grad");
+  ACCEL_CHECK(requires_grad(), ValueError, "retain_grad", "tensor of shape ", sizes(),
+              " does not require grad");
   if (is_leaf()) return;  // leaves keep .grad anyway
   AutogradMeta& m = autograd_meta();
   if (m.retains_grad) return;
@@ -369,7 +369,8 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
 
 void Tensor::register_hook(GradHook hook) {
   ACCEL_CHECK(requires_grad(), ValueError, "register_hook",
-              "cannot register a hook on a tensor that does not require grad (shape ", sizes(), ")");
+              "cannot register a hook on a tensor that does not require grad (shape ", sizes(),
+              ")");
   AutogradMeta& m = autograd_meta();
   if (m.grad_fn) {
     m.grad_fn->add_pre_hook(m.output_nr, std::move(hook));

@@ -86,7 +86,6 @@ class Node : public std::enable_shared_from_this<Node> {
   void add_pre_hook(uint32_t output_nr, GradHook hook);
   const std::vector<std::pair<uint32_t, GradHook>>& pre_hooks() const { return pre_hooks_; }
 
-
  protected:
   EdgeList next_edges_;
   std::vector<std::pair<uint32_t, GradHook>> pre_hooks_;
@@ -131,7 +130,9 @@ Grads FunctionNode<F>::apply(Grads&& grads) {
 }
 
 // True when grad mode is on and any defined input requires grad.
-inline bool needs_grad(const Tensor& a) { return grad_enabled() && a.defined() && a.requires_grad(); }
+inline bool needs_grad(const Tensor& a) {
+  return grad_enabled() && a.defined() && a.requires_grad();
+}
 template <typename... Ts>
 bool needs_grad(const Tensor& a, const Ts&... rest) {
   if (!grad_enabled()) return false;

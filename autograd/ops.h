@@ -89,7 +89,8 @@ Tensor argmin(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor argmax(const Tensor& x);  // flattened index
 // correction 1 = unbiased (PyTorch default).
 Tensor var(const Tensor& x, const Shape& dims = {}, int64_t correction = 1, bool keepdim = false);
-Tensor std_dev(const Tensor& x, const Shape& dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor std_dev(const Tensor& x, const Shape& dims = {}, int64_t correction = 1,
+               bool keepdim = false);
 Tensor prod(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
 Tensor norm(const Tensor& x, double p = 2.0);  // over all elements
 // Sum a broadcast gradient back down to `shape` (backward of broadcasting).

@@ -55,11 +55,16 @@ Args parse(int argc, char** argv) {
       }
       return std::atoi(argv[++i]);
     };
-    if (s == "--mib") a.mib = next();
-    else if (s == "--rounds") a.rounds = next();
-    else if (s == "--procs") a.procs = next();
-    else if (s == "--small-iters") a.small_iters = next();
-    else if (s == "--json") a.json = true;
+    if (s == "--mib")
+      a.mib = next();
+    else if (s == "--rounds")
+      a.rounds = next();
+    else if (s == "--procs")
+      a.procs = next();
+    else if (s == "--small-iters")
+      a.small_iters = next();
+    else if (s == "--json")
+      a.json = true;
     else {
       std::cerr << "unknown argument " << s << "\n";
       std::exit(2);
@@ -70,7 +75,9 @@ Args parse(int argc, char** argv) {
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+  return v.empty()
+             ? 0
+             : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
 }
 
 int free_port() {
@@ -118,8 +125,8 @@ void raw_gloo_allreduce(const std::shared_ptr<gloo::Context>& ctx, float* p, siz
   gloo::AllreduceOptions o(ctx);
   o.setOutput<float>(p, n);
   o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-  o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-      &gloo::sum<float>));
+  o.setReduceFunction(
+      static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
   o.setTag(tag);
   gloo::allreduce(o);
 }
@@ -197,8 +204,9 @@ int run(const Args& a) {
   auto time_block = [&](ProcessGroup& g, Tensor& x) {
     pg->barrier();
     return time_it([&] {
-      for (int i = 0; i < block; ++i) g.all_reduce(x);
-    }) / block * 1e6;
+             for (int i = 0; i < block; ++i) g.all_reduce(x);
+           }) /
+           block * 1e6;
   };
   auto* gtcp = dynamic_cast<ProcessGroupGloo*>(pg_tcp.get());
   const double fp_s0 = gpg->fingerprint_seconds(), tcp_s0 = gtcp->fingerprint_seconds();
@@ -220,8 +228,10 @@ int run(const Args& a) {
     }
     pg->barrier();
     double t3 = time_it([&] {
-      for (int i = 0; i < block; ++i) raw_gloo_allreduce(raw, sraw.data(), sraw.size(), tag++);
-    }) / block * 1e6;
+                  for (int i = 0; i < block; ++i)
+                    raw_gloo_allreduce(raw, sraw.data(), sraw.size(), tag++);
+                }) /
+                block * 1e6;
     if (b > 0) {
       us_fp.push_back(t1);
       us_nofp.push_back(t2);
@@ -235,7 +245,8 @@ int run(const Args& a) {
   // The check's own time per checked collective (the compare; the whole exchange where one is
   // needed), from the groups' counters: includes the barriers' checks of the default group.
   auto per_check = [](double s, int64_t n) { return n > 0 ? s / double(n) * 1e6 : 0.0; };
-  double check_us = per_check(gpg->fingerprint_seconds() - fp_s0, gpg->fingerprint_checks() - fp_n0);
+  double check_us =
+      per_check(gpg->fingerprint_seconds() - fp_s0, gpg->fingerprint_checks() - fp_n0);
   double check_tcp_us =
       per_check(gtcp->fingerprint_seconds() - tcp_s0, gtcp->fingerprint_checks() - tcp_n0);
 
@@ -261,16 +272,20 @@ int run(const Args& a) {
                   100.0 * mt / mb);
       std::printf("  raw gloo ring allreduce         : %.3f GB/s\n", mb);
       std::printf("  results identical: %s\n", same ? "yes" : "NO");
-      std::printf("small all_reduce (256 f32%s): fingerprint on %.2f us, off %.2f us "
-                  "(check %+.2f us, %+.1f %%), raw gloo %.1f us\n",
-                  gpg->uses_shm() ? ", shared memory" : ", tcp", small_fp, small_nofp,
-                  small_fp - small_nofp, 100.0 * (small_fp / small_nofp - 1), small_raw);
-      std::printf("small all_reduce (256 f32, gloo tcp ring): fingerprint on %.2f us, off %.2f us "
-                  "(check %+.2f us, %+.1f %%)\n",
-                  small_tcp, small_tcp_nofp, small_tcp - small_tcp_nofp,
-                  100.0 * (small_tcp / small_tcp_nofp - 1));
-      std::printf("fingerprint check itself, per checked collective: %.3f us (default group), "
-                  "%.3f us (tcp)\n", check_us, check_tcp_us);
+      std::printf(
+          "small all_reduce (256 f32%s): fingerprint on %.2f us, off %.2f us "
+          "(check %+.2f us, %+.1f %%), raw gloo %.1f us\n",
+          gpg->uses_shm() ? ", shared memory" : ", tcp", small_fp, small_nofp,
+          small_fp - small_nofp, 100.0 * (small_fp / small_nofp - 1), small_raw);
+      std::printf(
+          "small all_reduce (256 f32, gloo tcp ring): fingerprint on %.2f us, off %.2f us "
+          "(check %+.2f us, %+.1f %%)\n",
+          small_tcp, small_tcp_nofp, small_tcp - small_tcp_nofp,
+          100.0 * (small_tcp / small_tcp_nofp - 1));
+      std::printf(
+          "fingerprint check itself, per checked collective: %.3f us (default group), "
+          "%.3f us (tcp)\n",
+          check_us, check_tcp_us);
     }
   }
   pg->barrier();

@@ -56,13 +56,16 @@ double step_ms(const std::function<void()>& step, int warmup, int iters) {
   for (int i = 0; i < iters; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     step();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   return median(ms);
 }
 
-void row(const std::string& name, const std::string& ours, const std::string& ref, const std::string& ratio) {
-  std::printf("| %-34s | %-18s | %-22s | %-8s |\n", name.c_str(), ours.c_str(), ref.c_str(), ratio.c_str());
+void row(const std::string& name, const std::string& ours, const std::string& ref,
+         const std::string& ratio) {
+  std::printf("| %-34s | %-18s | %-22s | %-8s |\n", name.c_str(), ours.c_str(), ref.c_str(),
+              ratio.c_str());
   std::fflush(stdout);
 }
 
@@ -81,7 +84,8 @@ void run_matmul() {
   ACCEL_CUBLAS_CHECK(cublasSetWorkspace(h, ws.data_ptr(), size_t(32) << 20));
   NoGradGuard ng;
   for (int64_t n : {8192, 1024}) {
-    const Tensor a = randn({n, n}, TensorOptions(kBFloat16)).to(kGPU), b = randn({n, n}, TensorOptions(kBFloat16)).to(kGPU);
+    const Tensor a = randn({n, n}, TensorOptions(kBFloat16)).to(kGPU),
+                 b = randn({n, n}, TensorOptions(kBFloat16)).to(kGPU);
     Tensor c = empty({n, n}, TensorOptions(kBFloat16, kGPU));
     const int iters = n >= 8192 ? 20 : 200;
     const double ours = time_ms([&] { c = mm(a, b); }, 3, iters);
@@ -89,9 +93,10 @@ void run_matmul() {
     // Row-major c = a b is column-major c^T = b^T a^T.
     const double ref = time_ms(
         [&] {
-          ACCEL_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, int(n), int(n), int(n), &alpha, b.data_ptr(),
-                                          CUDA_R_16BF, int(n), a.data_ptr(), CUDA_R_16BF, int(n), &beta, c.data_ptr(),
-                                          CUDA_R_16BF, int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+          ACCEL_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, int(n), int(n), int(n),
+                                          &alpha, b.data_ptr(), CUDA_R_16BF, int(n), a.data_ptr(),
+                                          CUDA_R_16BF, int(n), &beta, c.data_ptr(), CUDA_R_16BF,
+                                          int(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         },
         3, iters);
     const double flop = 2.0 * double(n) * double(n) * double(n);
@@ -109,13 +114,14 @@ void run_copy() {
   const double ours = time_ms([&] { dst.copy_(src); }, 3, 20);
   const double ref = time_ms(
       [&] {
-        ACCEL_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), size_t(bytes), cudaMemcpyDeviceToDevice,
+        ACCEL_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), size_t(bytes),
+                                         cudaMemcpyDeviceToDevice,
                                          cuda::current_stream().handle()));
       },
       3, 20);
   // Read + write.
-  row("device copy 1 GiB (GB/s, r+w)", fmt("%.0f", 2.0 * bytes / ours / 1e6), fmt("%.0f (cudaMemcpyAsync)", 2.0 * bytes / ref / 1e6),
-      fmt("%.1f%%", 100.0 * ref / ours));
+  row("device copy 1 GiB (GB/s, r+w)", fmt("%.0f", 2.0 * bytes / ours / 1e6),
+      fmt("%.0f (cudaMemcpyAsync)", 2.0 * bytes / ref / 1e6), fmt("%.1f%%", 100.0 * ref / ours));
   Tensor out = empty({bytes / 2}, TensorOptions(kBFloat16, kGPU));
   const double add = time_ms([&] { binary_stub(kGPU, BinaryOp::Add, src, dst, out, 1.0); }, 3, 20);
   row("bf16 add 3 x 1 GiB (GB/s, r+w)", fmt("%.0f", 3.0 * bytes / add / 1e6), "-", "-");
@@ -165,7 +171,8 @@ void run_gpt2() {
   c.layers = 12;
   c.heads = 12;
   c.d_model = 768;
-  const int64_t batch = std::getenv("ACCEL_GPT2_BATCH") ? std::atoll(std::getenv("ACCEL_GPT2_BATCH")) : 8;
+  const int64_t batch =
+      std::getenv("ACCEL_GPT2_BATCH") ? std::atoll(std::getenv("ACCEL_GPT2_BATCH")) : 8;
   auto model = std::make_shared<models::Gpt>(c);
   model->to(kGPU);
   const double n_params = double(model->num_parameters());
@@ -192,8 +199,9 @@ void run_gpt2() {
   const double mfu = tok_s * flops_per_token / kPeakBf16Flops;
   row("gpt2-124M shape bf16 B=" + std::to_string(batch) + " T=1024", fmt("%.0f tok/s", tok_s),
       fmt("%.1f ms/step", ms), fmt("%.1f%% MFU", 100.0 * mfu));
-  std::printf("  (%.1fM parameters: untied head as in models::Gpt; MFU against %.0f TFLOP/s bf16 peak)\n",
-              n_params / 1e6, kPeakBf16Flops / 1e12);
+  std::printf(
+      "  (%.1fM parameters: untied head as in models::Gpt; MFU against %.0f TFLOP/s bf16 peak)\n",
+      n_params / 1e6, kPeakBf16Flops / 1e12);
 }
 
 }  // namespace
@@ -207,7 +215,11 @@ int main(int argc, char** argv) {
   const struct {
     const char* name;
     void (*fn)();
-  } sections[] = {{"matmul", run_matmul}, {"copy", run_copy}, {"mlp", run_mlp}, {"gpt", run_gpt}, {"gpt2", run_gpt2}};
+  } sections[] = {{"matmul", run_matmul},
+                  {"copy", run_copy},
+                  {"mlp", run_mlp},
+                  {"gpt", run_gpt},
+                  {"gpt2", run_gpt2}};
   int rc = 0;
   bool found = false;
   for (const auto& s : sections) {

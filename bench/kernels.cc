@@ -375,10 +375,12 @@ void register_gemm_bf16() {
                        const Tensor a16 = a.to(accel::kBFloat16), b16 = b.to(accel::kBFloat16);
                        const Tensor w = b.clone().requires_grad_();
                        accel::AutocastGuard region(autocast, accel::kBFloat16);
-                       auto run = [&] { return autocast ? accel::matmul(a, w) : accel::matmul(a16, b16); };
+                       auto run = [&] {
+                         return autocast ? accel::matmul(a, w) : accel::matmul(a16, b16);
+                       };
                        if (!check_close(
-                               s, [&] { return run().to(accel::kFloat32); }, ref.data(),
-                               g.m * g.n, rtol, atol))
+                               s, [&] { return run().to(accel::kFloat32); }, ref.data(), g.m * g.n,
+                               rtol, atol))
                          return;
                        timed_loop(s, Unit::kFlop, flops, [&] {
                          Tensor c = run();
@@ -390,14 +392,15 @@ void register_gemm_bf16() {
       const Tensor a = rand_tensor({g.m, g.k}).to(accel::kBFloat16);
       const Tensor b = rand_tensor({g.k, g.n}).to(accel::kBFloat16);
       const Tensor c = accel::empty({g.m, g.n}, accel::kBFloat16);
-      const dnnl::memory::desc a_md({g.m, g.k}, dt::bf16, tag::ab), b_md({g.k, g.n}, dt::bf16, tag::ab),
-          c_md({g.m, g.n}, dt::bf16, tag::ab);
+      const dnnl::memory::desc a_md({g.m, g.k}, dt::bf16, tag::ab),
+          b_md({g.k, g.n}, dt::bf16, tag::ab), c_md({g.m, g.n}, dt::bf16, tag::ab);
       const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), dnnl_engine());
       const dnnl::matmul prim(pd);
       dnnl::memory am(a_md, dnnl_engine(), a.data_ptr()), bm(b_md, dnnl_engine(), b.data_ptr()),
           cm(c_md, dnnl_engine(), c.data_ptr());
       timed_loop(s, Unit::kFlop, flops, [&] {
-        prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+        prim.execute(dnnl_stream(),
+                     {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
         dnnl_stream().wait();
         benchmark::DoNotOptimize(c.data_ptr());
       });
@@ -460,9 +463,10 @@ void im2col(const float* x, int64_t cin, int64_t h, int64_t w, float* col) {
       }
 }
 
-// The float32 oneDNN primitive on plain NCHW memory: the reference our conv rows are checked against.
-std::vector<float> conv_reference(const ConvShape& c, const Tensor& x, const Tensor& w, const Tensor& b,
-                                  int64_t out_n) {
+// The float32 oneDNN primitive on plain NCHW memory: the reference our conv rows are checked
+// against.
+std::vector<float> conv_reference(const ConvShape& c, const Tensor& x, const Tensor& w,
+                                  const Tensor& b, int64_t out_n) {
   std::vector<float> ref(static_cast<size_t>(out_n));
   DnnlConv conv(c, false);
   conv.prim.execute(
@@ -525,9 +529,12 @@ void register_conv() {
       const std::vector<float> ref = conv_reference(c, x, w, b, out_n);
       const Tensor x16 = x.to(accel::kBFloat16), w16 = w.to(accel::kBFloat16),
                    b16 = b.to(accel::kBFloat16);
-      auto run = [&] { return accel::conv2d(x16, w16, b16, {1, 1}, {kConvPad, kConvPad}, {1, 1}, 1); };
+      auto run = [&] {
+        return accel::conv2d(x16, w16, b16, {1, 1}, {kConvPad, kConvPad}, {1, 1}, 1);
+      };
       const double atol = 1e-2 * std::sqrt(double(c.cin * kConvK * kConvK));
-      if (!check_close(s, [&] { return run().to(accel::kFloat32); }, ref.data(), out_n, 1e-2, atol))
+      if (!check_close(
+              s, [&] { return run().to(accel::kFloat32); }, ref.data(), out_n, 1e-2, atol))
         return;
       timed_loop(s, Unit::kFlop, flops, [&] {
         Tensor y = run();

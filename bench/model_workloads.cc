@@ -140,21 +140,23 @@ std::pair<Timing, Timing> time_steps_pair(const std::function<Tensor()>& step32,
 void print_pair(const char* name, DType low, const Timing& t32, const Timing& t16, double gflop,
                 const char* extra = "") {
   const std::string p = precision_name(low);
-  std::printf("workload=%s precision=%s threads=%d steps=%d ms_per_step=%.3f %s_ms=%.3f "
-              "fp32_ms=%.3f speedup=%.3f gflop_per_step=%.3f %s_gflops=%.1f fp32_gflops=%.1f "
-              "%s_loss=%.4f fp32_loss=%.4f%s\n",
-              name, p.c_str(), omp_get_max_threads(), t16.steps, t16.ms_per_step, p.c_str(),
-              t16.ms_per_step, t32.ms_per_step, t32.ms_per_step / t16.ms_per_step, gflop,
-              p.c_str(), gflop / (t16.ms_per_step * 1e-3), gflop / (t32.ms_per_step * 1e-3),
-              p.c_str(), t16.loss, t32.loss, extra);
+  std::printf(
+      "workload=%s precision=%s threads=%d steps=%d ms_per_step=%.3f %s_ms=%.3f "
+      "fp32_ms=%.3f speedup=%.3f gflop_per_step=%.3f %s_gflops=%.1f fp32_gflops=%.1f "
+      "%s_loss=%.4f fp32_loss=%.4f%s\n",
+      name, p.c_str(), omp_get_max_threads(), t16.steps, t16.ms_per_step, p.c_str(),
+      t16.ms_per_step, t32.ms_per_step, t32.ms_per_step / t16.ms_per_step, gflop, p.c_str(),
+      gflop / (t16.ms_per_step * 1e-3), gflop / (t32.ms_per_step * 1e-3), p.c_str(), t16.loss,
+      t32.loss, extra);
   std::fflush(stdout);
 }
 
 void print_line(const char* name, const Timing& t, double gflop, const char* extra = "") {
-  std::printf("workload=%s threads=%d steps=%d ms_per_step=%.3f gflop_per_step=%.3f gflops=%.1f "
-              "loss=%.4f%s\n",
-              name, omp_get_max_threads(), t.steps, t.ms_per_step, gflop,
-              gflop / (t.ms_per_step * 1e-3), t.loss, extra);
+  std::printf(
+      "workload=%s threads=%d steps=%d ms_per_step=%.3f gflop_per_step=%.3f gflops=%.1f "
+      "loss=%.4f%s\n",
+      name, omp_get_max_threads(), t.steps, t.ms_per_step, gflop, gflop / (t.ms_per_step * 1e-3),
+      t.loss, extra);
   std::fflush(stdout);
 }
 
@@ -164,7 +166,8 @@ void print_line(const char* name, const Timing& t, double gflop, const char* ext
 double gemm(double m, double k, double n) { return 2.0 * m * k * n; }
 
 double mlp_gflop(int64_t batch) {
-  const double f1 = gemm(batch, 784, 1024), f2 = gemm(batch, 1024, 1024), f3 = gemm(batch, 1024, 10);
+  const double f1 = gemm(batch, 784, 1024), f2 = gemm(batch, 1024, 1024),
+               f3 = gemm(batch, 1024, 10);
   return (3 * (f1 + f2 + f3) - f1) / 1e9;
 }
 
@@ -235,19 +238,22 @@ void run_training(const char* name, const std::function<std::shared_ptr<nn::Modu
     return;
   }
   auto t16 = make(low);
-  const auto [r32, r16] =
-      time_steps_pair([&] { return t32->step(); }, [&] { return t16->step(); });
+  const auto [r32, r16] = time_steps_pair([&] { return t32->step(); }, [&] { return t16->step(); });
   print_pair(name, low, r32, r16, gflop, extra);
 }
 
-Tensor classifier_loss(const Tensor& out, const Tensor& target) { return cross_entropy(out, target); }
+Tensor classifier_loss(const Tensor& out, const Tensor& target) {
+  return cross_entropy(out, target);
+}
 
-void run_classifier(const char* name, const std::function<std::shared_ptr<nn::Module>()>& make_model,
+void run_classifier(const char* name,
+                    const std::function<std::shared_ptr<nn::Module>()>& make_model,
                     data::MnistOptions mo, int64_t batch, double gflop_per_step) {
   mo.train = true;
   const data::DatasetPtr ds = data::load_mnist(data::kFashionMnistDir, mo);
-  run_training(name, make_model, [&] { return shuffled_loader(ds, batch); }, classifier_loss, 1e-3,
-               gflop_per_step);
+  run_training(
+      name, make_model, [&] { return shuffled_loader(ds, batch); }, classifier_loss, 1e-3,
+      gflop_per_step);
 }
 }  // namespace
 
@@ -268,13 +274,15 @@ std::string precision_name(DType dt) {
 void run_mlp() {
   data::MnistOptions mo;
   mo.flatten = true;
-  run_classifier("mlp", [] { return std::make_shared<models::Mlp>(); }, mo, 256, mlp_gflop(256));
+  run_classifier(
+      "mlp", [] { return std::make_shared<models::Mlp>(); }, mo, 256, mlp_gflop(256));
 }
 
 void run_cnn() {
   data::MnistOptions mo;
   mo.channel = true;
-  run_classifier("cnn", [] { return std::make_shared<models::Cnn>(); }, mo, 128, cnn_gflop(128));
+  run_classifier(
+      "cnn", [] { return std::make_shared<models::Cnn>(); }, mo, 128, cnn_gflop(128));
 }
 
 void run_gpt() {
@@ -282,8 +290,8 @@ void run_gpt() {
   const models::GptConfig cfg;
   // Windows at every byte offset (stride 1), shuffled: 32 random windows per step, as the
   // libtorch peer draws them.
-  auto text = data::TokenFile::from_bytes(data::read_fortunes_corpus(), data::TokenType::UInt8,
-                                          "fortunes");
+  auto text =
+      data::TokenFile::from_bytes(data::read_fortunes_corpus(), data::TokenType::UInt8, "fortunes");
   auto windows = std::make_shared<data::TokenWindowDataset>(text, cfg.context, 1);
   int64_t params = 0;
   auto make_model = [&]() -> std::shared_ptr<nn::Module> {
@@ -295,9 +303,10 @@ void run_gpt() {
   params = make_model()->num_parameters();
   char extra[64];
   std::snprintf(extra, sizeof extra, " params=%lld", static_cast<long long>(params));
-  run_training("gpt", make_model, [&] { return shuffled_loader(windows, kBatch); },
-               [](const Tensor& out, const Tensor& target) { return models::lm_loss(out, target); },
-               3e-4, gpt_gflop(kBatch, cfg), extra);
+  run_training(
+      "gpt", make_model, [&] { return shuffled_loader(windows, kBatch); },
+      [](const Tensor& out, const Tensor& target) { return models::lm_loss(out, target); }, 3e-4,
+      gpt_gflop(kBatch, cfg), extra);
 }
 
 namespace {
@@ -371,8 +380,8 @@ void run_ddp_mlp() {
   dist::DistributedDataParallel ddp(model, pg);  // rank 0's initial weights everywhere
   optim::AdamW opt(model->parameters(), adamw(1e-3));
   // The loader shards each global batch of 256 into 128 rows per rank (RANK/WORLD_SIZE).
-  BatchStream batches(shuffled_loader(data::load_mnist(data::kFashionMnistDir, mo),
-                                      kGlobalBatch / pg->size()));
+  BatchStream batches(
+      shuffled_loader(data::load_mnist(data::kFashionMnistDir, mo), kGlobalBatch / pg->size()));
   const Timing t = time_steps([&] {
     data::Batch b = batches.next();
     Tensor loss = cross_entropy(ddp.forward(b[0]), b[1]);

@@ -221,7 +221,8 @@ void run_matmul_autocast(DType low) {
       .kv("uncached_ratio", u / nat, 3);
 }
 
-// ---------------- subprocesses: bench/allreduce, the libtorch peer, our runs in --vs mode ----------------
+// ---------------- subprocesses: bench/allreduce, the libtorch peer, our runs in --vs mode
+// ----------------
 
 // The directory of this program, where its siblings live (bench/allreduce,
 // bench/peers/torch_workloads): dirname(argv[0]), or that of /proc/self/exe when argv[0] has
@@ -323,13 +324,15 @@ std::vector<Fields> result_lines(const std::string& out, const std::string& name
     size_t j = out.find('\n', i);
     if (j == std::string::npos) j = out.size();
     Fields f = parse_fields(out.substr(i, j - i));
-    if (!f.empty() && f[0].first == "workload" && f[0].second == name) lines.push_back(std::move(f));
+    if (!f.empty() && f[0].first == "workload" && f[0].second == name)
+      lines.push_back(std::move(f));
     i = j + 1;
   }
   return lines;
 }
 
-// ---------------- allreduce: bench/allreduce, a separate program (it links Gloo directly) ----------------
+// ---------------- allreduce: bench/allreduce, a separate program (it links Gloo directly)
+// ----------------
 
 // Runs build/bench/allreduce --json (2 processes on loopback; our all-reduce next to raw Gloo's
 // ring in the same processes) and prints its figures as one key=value line.
@@ -353,7 +356,8 @@ void run_allreduce() {
     std::string item = body.substr(i, j - i);
     item.erase(std::remove(item.begin(), item.end(), '"'), item.end());
     const size_t colon = item.find(':');
-    if (colon != std::string::npos) json.emplace_back(item.substr(0, colon), item.substr(colon + 1));
+    if (colon != std::string::npos)
+      json.emplace_back(item.substr(0, colon), item.substr(colon + 1));
     i = j + 1;
   }
   // The figure, its peer and the ratio first, as in the other lines; then the rest.
@@ -366,9 +370,8 @@ void run_allreduce() {
     line.kv(k, v);
   }
   for (const auto& [k, v] : json) {
-    if (k == "workload" || std::find_if(std::begin(first), std::end(first), [&](const char* f) {
-                             return k == f;
-                           }) != std::end(first))
+    if (k == "workload" || std::find_if(std::begin(first), std::end(first),
+                                        [&](const char* f) { return k == f; }) != std::end(first))
       continue;
     line.kv(k.c_str(), v);
   }
@@ -390,7 +393,8 @@ const std::vector<Workload>& registry() {
       {"cnn", "2-conv CNN on Fashion-MNIST, batch 128, AdamW: ms per step", bench::run_cnn},
       {"gpt", "byte GPT (875,264 params) on fortunes, 32 x 128, AdamW: ms per step",
        bench::run_gpt},
-      {"allreduce", "64 MiB f32 sum-allreduce, 2 processes, vs raw Gloo ring: GB/s (bench/allreduce)",
+      {"allreduce",
+       "64 MiB f32 sum-allreduce, 2 processes, vs raw Gloo ring: GB/s (bench/allreduce)",
        run_allreduce},
       {"ddp-mlp", "mlp, 2 processes x 1 thread (Gloo), 128 per rank: ms per step",
        bench::run_ddp_mlp},
@@ -406,11 +410,11 @@ bool has_libtorch_peer(const std::string& name) {
 }
 
 struct PeerOptions {
-  bool compare = false;   // run the libtorch peer next to ours
-  bool required = false;  // --vs libtorch given: a missing or failing peer is an error
-  int rounds = 2;         // (ours, peer) rounds per workload
-  int round_budget_s = 60;     // seconds; no new round starts after this long on one workload
-  std::vector<int> threads;    // peer thread counts; empty: 1 and our OpenMP team size
+  bool compare = false;      // run the libtorch peer next to ours
+  bool required = false;     // --vs libtorch given: a missing or failing peer is an error
+  int rounds = 2;            // (ours, peer) rounds per workload
+  int round_budget_s = 60;   // seconds; no new round starts after this long on one workload
+  std::vector<int> threads;  // peer thread counts; empty: 1 and our OpenMP team size
 };
 
 // The figure of a result line: ms_per_step (training) or us_per_op (op); lower is better.
@@ -433,7 +437,7 @@ struct Side {
   std::vector<std::string> modes;  // in first-seen order
   std::vector<Fields> best;        // parallel to modes
   std::vector<double> value;
-  std::string key;                 // ms_per_step or us_per_op
+  std::string key;  // ms_per_step or us_per_op
 
   // Returns the line's index when it is the best so far of its mode, else -1.
   int add(const Fields& f, const std::string& who) {
@@ -475,8 +479,9 @@ void echo_lines(const char* who, const std::string& out) {
 // (set by --steps / --warmup, or by the caller) apply to both sides alike.
 std::vector<std::string> peer_step_flags() {
   std::vector<std::string> flags;
-  for (const auto& [env, flag] : {std::pair<const char*, const char*>{"ACCEL_BENCH_STEPS", "--steps"},
-                                  {"ACCEL_BENCH_WARMUP", "--warmup"}}) {
+  for (const auto& [env, flag] :
+       {std::pair<const char*, const char*>{"ACCEL_BENCH_STEPS", "--steps"},
+        {"ACCEL_BENCH_WARMUP", "--warmup"}}) {
     const char* v = std::getenv(env);
     if (v != nullptr && *v != '\0') {
       flags.push_back(flag);
@@ -628,21 +633,22 @@ void usage(const char* argv0) {
                "is built\n",
                argv0);
   for (const Workload& w : registry()) std::fprintf(stderr, "  %-9s %s\n", w.name, w.what);
-  std::fprintf(stderr,
-               "options:\n"
-               "  --vs libtorch       op, mlp, cnn, gpt next to bench/peers/torch_workloads, "
-               "alternating\n"
-               "                      in the same run; exit 1 when the peer is not built\n"
-               "  --vs none           no libtorch peer (the default for a single NAME)\n"
-               "  --rounds N          (ours, peer) rounds per workload (default 2)\n"
-               "  --round-budget S    no new round after S seconds on one workload (default 60)\n"
-               "  --peer-threads L    peer thread counts, comma-separated (default: 1 and "
-               "OMP_NUM_THREADS)\n"
-               "  --steps N           timed training steps (default 50, WORKLOADS.md's minimum)\n"
-               "  --warmup N          warm-up steps before them (default 5)\n"
-               "  --precision P       fp32 (default), bf16 or fp16: mlp, cnn, gpt also train under\n"
-               "                      autocast, alternating with fp32; matmul adds the autocast "
-               "line\n");
+  std::fprintf(
+      stderr,
+      "options:\n"
+      "  --vs libtorch       op, mlp, cnn, gpt next to bench/peers/torch_workloads, "
+      "alternating\n"
+      "                      in the same run; exit 1 when the peer is not built\n"
+      "  --vs none           no libtorch peer (the default for a single NAME)\n"
+      "  --rounds N          (ours, peer) rounds per workload (default 2)\n"
+      "  --round-budget S    no new round after S seconds on one workload (default 60)\n"
+      "  --peer-threads L    peer thread counts, comma-separated (default: 1 and "
+      "OMP_NUM_THREADS)\n"
+      "  --steps N           timed training steps (default 50, WORKLOADS.md's minimum)\n"
+      "  --warmup N          warm-up steps before them (default 5)\n"
+      "  --precision P       fp32 (default), bf16 or fp16: mlp, cnn, gpt also train under\n"
+      "                      autocast, alternating with fp32; matmul adds the autocast "
+      "line\n");
 }
 
 // A positive integer option value, or -1.
@@ -736,7 +742,8 @@ int main(int argc, char** argv) {
   print_cpu_features();
   if (peer.required && name != "all" && !has_libtorch_peer(name))
     std::fprintf(stderr, "workloads: %s has no libtorch peer; running ours alone\n", name.c_str());
-  std::fprintf(stderr, "# cpu: accel_isa=%s (ACCEL_CPU_ISA forces a lower one)\n", accel::cpu::cpu_isa_name());
+  std::fprintf(stderr, "# cpu: accel_isa=%s (ACCEL_CPU_ISA forces a lower one)\n",
+               accel::cpu::cpu_isa_name());
   int rc = 0;
   for (const Workload* w : todo) {
     try {

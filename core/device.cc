@@ -12,12 +12,13 @@ Device Device::parse(const std::string& s) {
   if (s == "cuda") return Device::cuda(0);
   if (s.rfind("cuda:", 0) == 0) {
     const std::string idx = s.substr(5);
-    ACCEL_CHECK(!idx.empty() && idx.find_first_not_of("0123456789") == std::string::npos &&
-                    idx.size() < 5,
-                ValueError, "device", "invalid device string '", s, "'");
+    ACCEL_CHECK(
+        !idx.empty() && idx.find_first_not_of("0123456789") == std::string::npos && idx.size() < 5,
+        ValueError, "device", "invalid device string '", s, "'");
     return Device::cuda(std::stoi(idx));
   }
-  ACCEL_THROW(ValueError, "device", "invalid device string '", s, "' (expected cpu, cuda or cuda:N)");
+  ACCEL_THROW(ValueError, "device", "invalid device string '", s,
+              "' (expected cpu, cuda or cuda:N)");
 }
 
 std::string Device::str() const {

@@ -7,8 +7,9 @@
 namespace accel::detail {
 
 void throw_no_kernel(const char* op, Device d) {
-  ACCEL_THROW(DeviceError, op, "no kernel registered for device ", d,
-              d.is_cuda() ? " (accel was built without CUDA, or the op has no CUDA kernel yet)" : "");
+  ACCEL_THROW(
+      DeviceError, op, "no kernel registered for device ", d,
+      d.is_cuda() ? " (accel was built without CUDA, or the op has no CUDA kernel yet)" : "");
 }
 
 namespace {

@@ -77,9 +77,9 @@ struct DispatchStub<R (*)(Args...)> {
   using stub##_fn = fn_type;              \
   extern ::accel::DispatchStub<stub##_fn> stub
 #define ACCEL_DEFINE_STUB(stub) constinit ::accel::DispatchStub<stub##_fn> stub(#stub)
-#define ACCEL_REGISTER_KERNEL(stub, devtype, fn)                                \
-  static const bool stub##_registered_##devtype [[maybe_unused]] =             \
-      (::accel::stub.table[int(::accel::DeviceType::devtype)] = (fn),              \
+#define ACCEL_REGISTER_KERNEL(stub, devtype, fn)                      \
+  static const bool stub##_registered_##devtype [[maybe_unused]] =    \
+      (::accel::stub.table[int(::accel::DeviceType::devtype)] = (fn), \
        ::accel::detail::note_kernel_registration(#stub, ::accel::DeviceType::devtype), true)
 
 namespace accel {
@@ -89,6 +89,7 @@ ACCEL_DECLARE_STUB(copy_stub, void (*)(Tensor& dst, const Tensor& src));
 ACCEL_DECLARE_STUB(fill_stub, void (*)(Tensor& dst, Scalar v));
 // Copy between devices (registered by a non-CPU backend under its own device type): dst and src
 // both contiguous, same dtype and numel.
-ACCEL_DECLARE_STUB(cross_device_copy_stub, void (*)(Tensor& dst, const Tensor& src, bool non_blocking));
+ACCEL_DECLARE_STUB(cross_device_copy_stub,
+                   void (*)(Tensor& dst, const Tensor& src, bool non_blocking));
 
 }  // namespace accel

@@ -61,23 +61,46 @@ inline DType to_floating(DType t) { return is_floating(t) ? t : kDefaultFloat; }
 
 template <typename T>
 struct dtype_of;
-template <> struct dtype_of<float> { static constexpr DType value = DType::Float32; };
-template <> struct dtype_of<double> { static constexpr DType value = DType::Float64; };
-template <> struct dtype_of<Half> { static constexpr DType value = DType::Float16; };
-template <> struct dtype_of<BFloat16> { static constexpr DType value = DType::BFloat16; };
-template <> struct dtype_of<int32_t> { static constexpr DType value = DType::Int32; };
-template <> struct dtype_of<int64_t> { static constexpr DType value = DType::Int64; };
-template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::UInt8; };
-template <> struct dtype_of<bool> { static constexpr DType value = DType::Bool; };
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::Float32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::Float64;
+};
+template <>
+struct dtype_of<Half> {
+  static constexpr DType value = DType::Float16;
+};
+template <>
+struct dtype_of<BFloat16> {
+  static constexpr DType value = DType::BFloat16;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::Int32;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::Int64;
+};
+template <>
+struct dtype_of<uint8_t> {
+  static constexpr DType value = DType::UInt8;
+};
+template <>
+struct dtype_of<bool> {
+  static constexpr DType value = DType::Bool;
+};
 
 }  // namespace accel
 
 // The dtype switch lives inside kernels:
 //   ACCEL_DISPATCH_ALL(t.dtype(), "add", [&]<typename scalar_t>() { ... });
 // The lambda is instantiated once per listed type.
-#define ACCEL_DTYPE_CASE(enum_v, type)  \
-  case ::accel::DType::enum_v:          \
-    return fn.template operator()<type>();
+#define ACCEL_DTYPE_CASE(enum_v, type) \
+  case ::accel::DType::enum_v: return fn.template operator()<type>();
 
 namespace accel::detail {
 template <typename F>

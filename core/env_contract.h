@@ -12,15 +12,15 @@
 namespace accel::env {
 
 // ---- set by accel-run for every worker (torchrun-compatible), read by dist::read_dist_env ----
-inline constexpr const char* kRank = "RANK";                       // global rank
-inline constexpr const char* kWorldSize = "WORLD_SIZE";            // number of processes
-inline constexpr const char* kLocalRank = "LOCAL_RANK";            // rank on this machine
+inline constexpr const char* kRank = "RANK";                        // global rank
+inline constexpr const char* kWorldSize = "WORLD_SIZE";             // number of processes
+inline constexpr const char* kLocalRank = "LOCAL_RANK";             // rank on this machine
 inline constexpr const char* kLocalWorldSize = "LOCAL_WORLD_SIZE";  // processes on this machine
-inline constexpr const char* kGroupRank = "GROUP_RANK";            // machine rank (torchrun)
-inline constexpr const char* kNodeRank = "NODE_RANK";              // machine rank (Lightning)
+inline constexpr const char* kGroupRank = "GROUP_RANK";             // machine rank (torchrun)
+inline constexpr const char* kNodeRank = "NODE_RANK";               // machine rank (Lightning)
 inline constexpr const char* kGroupWorldSize = "GROUP_WORLD_SIZE";  // number of machines
-inline constexpr const char* kMasterAddr = "MASTER_ADDR";          // host of rank 0's store
-inline constexpr const char* kMasterPort = "MASTER_PORT";          // port of rank 0's store
+inline constexpr const char* kMasterAddr = "MASTER_ADDR";           // host of rank 0's store
+inline constexpr const char* kMasterPort = "MASTER_PORT";           // port of rank 0's store
 // Shared secret a store client must present (the user may export it; accel-run passes it on).
 inline constexpr const char* kRendezvousToken = "ACCEL_RENDEZVOUS_TOKEN";
 
@@ -49,16 +49,16 @@ inline constexpr const char* kSelftest = "ACCEL_SELFTEST";       // accel-selfte
 
 // ---- read by the library only (user knobs) ----
 inline constexpr const char* kDistShm = "ACCEL_DIST_SHM";  // 0/1: shared-memory all-reduce
-inline constexpr const char* kHeartbeatTimeout = "ACCEL_HEARTBEAT_TIMEOUT";    // seconds
+inline constexpr const char* kHeartbeatTimeout = "ACCEL_HEARTBEAT_TIMEOUT";   // seconds
 inline constexpr const char* kGlooSegmentBytes = "ACCEL_GLOO_SEGMENT_BYTES";  // Gloo chunk size
-inline constexpr const char* kShmHostKey = "ACCEL_SHM_HOST_KEY";    // override of the host key
-inline constexpr const char* kShmNoPidfd = "ACCEL_SHM_NO_PIDFD";    // peer liveness without pidfd
+inline constexpr const char* kShmHostKey = "ACCEL_SHM_HOST_KEY";  // override of the host key
+inline constexpr const char* kShmNoPidfd = "ACCEL_SHM_NO_PIDFD";  // peer liveness without pidfd
 inline constexpr const char* kCheckpointNoExchange = "ACCEL_CHECKPOINT_NO_EXCHANGE";
-inline constexpr const char* kGlooHostname = "ACCEL_GLOO_HOSTNAME";  // address Gloo binds
-inline constexpr const char* kSocketIfname = "ACCEL_SOCKET_IFNAME";  // interface Gloo binds
+inline constexpr const char* kGlooHostname = "ACCEL_GLOO_HOSTNAME";     // address Gloo binds
+inline constexpr const char* kSocketIfname = "ACCEL_SOCKET_IFNAME";     // interface Gloo binds
 inline constexpr const char* kGlooSocketIfname = "GLOO_SOCKET_IFNAME";  // same, PyTorch's name
-inline constexpr const char* kAllowTf32 = "ACCEL_ALLOW_TF32";  // CUDA matmul in TF32
-inline constexpr const char* kCpuIsa = "ACCEL_CPU_ISA";        // force the CPU kernels' ISA level
+inline constexpr const char* kAllowTf32 = "ACCEL_ALLOW_TF32";           // CUDA matmul in TF32
+inline constexpr const char* kCpuIsa = "ACCEL_CPU_ISA";  // force the CPU kernels' ISA level
 
 // Who sets a variable in a worker's environment.
 enum class SetBy : unsigned char {

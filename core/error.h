@@ -64,21 +64,22 @@ template <typename E, typename... Args>
 #define ACCEL_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
 // ACCEL_CHECK(cond, ShapeError, "matmul", "inner dimensions differ: ", a.sizes(), " @ ", b.sizes())
-#define ACCEL_CHECK(cond, ErrType, op, ...)                                  \
-  do {                                                                       \
-    if (ACCEL_UNLIKELY(!(cond))) {                                           \
-      ::accel::detail::throw_error<::accel::ErrType>(op, __VA_ARGS__);       \
-    }                                                                        \
+#define ACCEL_CHECK(cond, ErrType, op, ...)                            \
+  do {                                                                 \
+    if (ACCEL_UNLIKELY(!(cond))) {                                     \
+      ::accel::detail::throw_error<::accel::ErrType>(op, __VA_ARGS__); \
+    }                                                                  \
   } while (0)
 
 // Unconditional throw with the same message format.
-#define ACCEL_THROW(ErrType, op, ...) ::accel::detail::throw_error<::accel::ErrType>(op, __VA_ARGS__)
+#define ACCEL_THROW(ErrType, op, ...) \
+  ::accel::detail::throw_error<::accel::ErrType>(op, __VA_ARGS__)
 
 // Internal invariant: a bug in accel, not in user code.
-#define ACCEL_INTERNAL_ASSERT(cond)                                                       \
-  do {                                                                                   \
-    if (ACCEL_UNLIKELY(!(cond))) {                                                       \
-      ::accel::detail::throw_error<::accel::Error>("internal", "assertion failed: " #cond \
-                                                   " at " __FILE__ ":", __LINE__);       \
-    }                                                                                    \
+#define ACCEL_INTERNAL_ASSERT(cond)                                              \
+  do {                                                                           \
+    if (ACCEL_UNLIKELY(!(cond))) {                                               \
+      ::accel::detail::throw_error<::accel::Error>(                              \
+          "internal", "assertion failed: " #cond " at " __FILE__ ":", __LINE__); \
+    }                                                                            \
   } while (0)

@@ -78,10 +78,10 @@ struct Half {
     uint32_t u = float_bits(f);
     uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t absu = u & 0x7fffffffu;
-    if (absu > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
+    if (absu > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
     if (absu >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // overflow -> inf (rounds up)
-    if (absu < 0x38800000u) {  // subnormal or zero in half
-      if (absu < 0x33000000u) return uint16_t(sign);  // < 2^-25 rounds to 0
+    if (absu < 0x38800000u) {                                  // subnormal or zero in half
+      if (absu < 0x33000000u) return uint16_t(sign);           // < 2^-25 rounds to 0
       uint32_t exp = absu >> 23;
       uint32_t man = (absu & 0x7fffffu) | 0x800000u;
       uint32_t shift = 126 - exp;  // 14 + (113 - exp) ... amount to shift mantissa into place

@@ -13,8 +13,8 @@ Tensor as_strided(const Tensor& base, Shape sizes, Shape strides, int64_t offset
 
 Tensor permute(const Tensor& t, const Shape& dims) {
   ACCEL_CHECK(t.defined(), ValueError, "permute", "input tensor is undefined");
-  ACCEL_CHECK(int64_t(dims.size()) == t.dim(), ShapeError, "permute", "got ", dims.size(),
-              " dims ", dims, " for a tensor of shape ", t.sizes());
+  ACCEL_CHECK(int64_t(dims.size()) == t.dim(), ShapeError, "permute", "got ", dims.size(), " dims ",
+              dims, " for a tensor of shape ", t.sizes());
   Shape sz(dims.size()), st(dims.size());
   std::vector<bool> used(dims.size(), false);
   for (size_t i = 0; i < dims.size(); ++i) {

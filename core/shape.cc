@@ -23,8 +23,7 @@ int64_t checked_numel(const Shape& s, const char* op) {
     empty |= d == 0;
   }
   if (empty) return 0;  // a zero dimension anywhere: no elements, however large the others
-  ACCEL_CHECK(!overflow, ShapeError, op, "shape ", s,
-              " has more elements than an int64 can count");
+  ACCEL_CHECK(!overflow, ShapeError, op, "shape ", s, " has more elements than an int64 can count");
   return n;
 }
 

@@ -26,7 +26,7 @@ class SmallVec {
   explicit SmallVec(size_t n, T v = T()) { assign(n, v); }
   SmallVec(std::initializer_list<T> il) { assign(il.begin(), il.end()); }
   SmallVec(const T* b, const T* e) { assign(b, e); }
-  SmallVec(std::span<const T> s) { assign(s.data(), s.data() + s.size()); }  // NOLINT
+  SmallVec(std::span<const T> s) { assign(s.data(), s.data() + s.size()); }     // NOLINT
   SmallVec(const std::vector<T>& v) { assign(v.data(), v.data() + v.size()); }  // NOLINT
   SmallVec(const SmallVec& o) { assign(o.begin(), o.end()); }
   SmallVec(SmallVec&& o) noexcept { move_from(o); }

@@ -122,8 +122,8 @@ size_t checked_span_bytes(const Shape& shape, const Shape& strides, size_t elem_
   int64_t span = 1;
   bool overflow = false, empty = false;
   for (size_t i = 0; i < shape.size(); ++i) {
-    ACCEL_CHECK(shape[i] >= 0 && strides[i] >= 0, ShapeError, op,
-                "negative size or stride: shape ", shape, " strides ", strides);
+    ACCEL_CHECK(shape[i] >= 0 && strides[i] >= 0, ShapeError, op, "negative size or stride: shape ",
+                shape, " strides ", strides);
     empty |= shape[i] == 0;
     int64_t step = 0;
     overflow |= __builtin_mul_overflow(std::max<int64_t>(shape[i], 1) - 1, strides[i], &step) ||
@@ -155,8 +155,12 @@ Tensor full(const Shape& shape, Scalar value, TensorOptions opt) {
 }
 Tensor zeros(const Shape& shape, TensorOptions opt) { return full_for(shape, 0, opt, "zeros"); }
 Tensor ones(const Shape& shape, TensorOptions opt) { return full_for(shape, 1, opt, "ones"); }
-Tensor empty_like(const Tensor& t) { return empty(t.sizes(), TensorOptions(t.dtype(), t.device())); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), TensorOptions(t.dtype(), t.device())); }
+Tensor empty_like(const Tensor& t) {
+  return empty(t.sizes(), TensorOptions(t.dtype(), t.device()));
+}
+Tensor zeros_like(const Tensor& t) {
+  return zeros(t.sizes(), TensorOptions(t.dtype(), t.device()));
+}
 Tensor ones_like(const Tensor& t) { return ones(t.sizes(), TensorOptions(t.dtype(), t.device())); }
 Tensor full_like(const Tensor& t, Scalar v) {
   return full(t.sizes(), v, TensorOptions(t.dtype(), t.device()));
@@ -194,8 +198,8 @@ Tensor arange(Scalar end, TensorOptions opt) { return arange(0, end, 1, opt); }
 Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opt) {
   const double s = start.to_double(), e = end.to_double(), st = step.to_double();
   ACCEL_CHECK(st != 0, ValueError, "arange", "step must be nonzero");
-  ACCEL_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), ValueError, "arange",
-              "step ", st, " does not move from ", s, " towards ", e);
+  ACCEL_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), ValueError, "arange", "step ", st,
+              " does not move from ", s, " towards ", e);
   const double count = std::ceil((e - s) / st);
   // Converting a double beyond int64 is undefined; the size check proper happens in empty_for.
   ACCEL_CHECK(std::isfinite(count) && count < 0x1p62, ValueError, "arange", "[", s, ", ", e,
@@ -258,7 +262,8 @@ Tensor randint(int64_t lo, int64_t hi, const Shape& shape, TensorOptions opt, Ge
   std::lock_guard<std::mutex> lk(g.mutex());
   const uint64_t range = uint64_t(hi - lo);
   return make_on_cpu(shape, opt, "randint", [&]<typename T>(T* p, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) p[i] = from_double<T>(double(lo + int64_t(g.next_u64() % range)));
+    for (int64_t i = 0; i < n; ++i)
+      p[i] = from_double<T>(double(lo + int64_t(g.next_u64() % range)));
   });
 }
 
@@ -431,7 +436,8 @@ void print_rec(std::ostream& os, const std::vector<double>& v, const Shape& shap
       continue;
     }
     print_rec(os, v, shape, d + 1, base + i * cstr[d], cstr, floating, indent + 1);
-    if (i + 1 < n) os << (d + 1 == shape.size() ? ", " : ",\n" + std::string(size_t(indent + 1), ' '));
+    if (i + 1 < n)
+      os << (d + 1 == shape.size() ? ", " : ",\n" + std::string(size_t(indent + 1), ' '));
   }
   os << ']';
 }

@@ -95,7 +95,7 @@ class Tensor {
     return static_cast<char*>(impl_->storage_->data()) + impl_->offset_ * int64_t(element_size());
   }
   template <typename T>
-  T* data() const;  // checks dtype_of<T> == dtype()
+  T* data() const;          // checks dtype_of<T> == dtype()
   std::string str() const;  // printing, like torch's repr
   std::string shape_str() const { return accel::shape_str(sizes()); }
 
@@ -289,9 +289,9 @@ struct AutogradMeta {
   std::weak_ptr<autograd::Node> grad_accumulator;  // leaves only, created lazily
   std::vector<GradHook> hooks;                     // leaves: run by AccumulateGrad
   std::vector<PostAccumulateHook> post_accumulate_hooks;
-  Tensor grad;       // accumulated gradient (leaves)
+  Tensor grad;                            // accumulated gradient (leaves)
   std::shared_ptr<Tensor> retained_grad;  // non-leaves after retain_grad()
-  std::string name;  // optional, shows up in error messages
+  std::string name;                       // optional, shows up in error messages
 };
 
 inline bool Tensor::requires_grad() const {
@@ -305,12 +305,21 @@ struct TensorOptions {
   Device device = kCPU;
   bool requires_grad = false;
   TensorOptions() = default;
-  TensorOptions(DType t) : dtype(t) {}                    // NOLINT
-  TensorOptions(Device d) : device(d) {}                  // NOLINT
+  TensorOptions(DType t) : dtype(t) {}    // NOLINT
+  TensorOptions(Device d) : device(d) {}  // NOLINT
   TensorOptions(DType t, Device d) : dtype(t), device(d) {}
-  TensorOptions& with_dtype(DType t) { dtype = t; return *this; }
-  TensorOptions& with_device(Device d) { device = d; return *this; }
-  TensorOptions& with_requires_grad(bool r = true) { requires_grad = r; return *this; }
+  TensorOptions& with_dtype(DType t) {
+    dtype = t;
+    return *this;
+  }
+  TensorOptions& with_device(Device d) {
+    device = d;
+    return *this;
+  }
+  TensorOptions& with_requires_grad(bool r = true) {
+    requires_grad = r;
+    return *this;
+  }
 };
 
 Tensor empty(const Shape& shape, TensorOptions opt = {});
@@ -332,8 +341,8 @@ Tensor rand(const Shape& shape, TensorOptions opt = {}, Generator* gen = nullptr
 Tensor uniform(const Shape& shape, double lo, double hi, TensorOptions opt = {},
                Generator* gen = nullptr);
 Tensor randn(const Shape& shape, TensorOptions opt = {}, Generator* gen = nullptr);
-Tensor randint(int64_t lo, int64_t hi, const Shape& shape, TensorOptions opt = TensorOptions(kInt64),
-               Generator* gen = nullptr);
+Tensor randint(int64_t lo, int64_t hi, const Shape& shape,
+               TensorOptions opt = TensorOptions(kInt64), Generator* gen = nullptr);
 Tensor randperm(int64_t n, Generator* gen = nullptr);
 // Wraps external memory without copying. `deleter` (may be empty) runs when storage dies.
 Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device = kCPU,
@@ -345,9 +354,12 @@ template <typename T>
 Tensor tensor(const std::vector<T>& values, const Shape& shape, TensorOptions opt);
 Tensor tensor(std::initializer_list<float> values, TensorOptions opt = {});
 Tensor tensor(const std::vector<float>& values, const Shape& shape, TensorOptions opt = {});
-Tensor tensor(const std::vector<double>& values, const Shape& shape, TensorOptions opt = TensorOptions(kFloat64));
-Tensor tensor(const std::vector<int64_t>& values, const Shape& shape, TensorOptions opt = TensorOptions(kInt64));
-Tensor tensor(const std::vector<int32_t>& values, const Shape& shape, TensorOptions opt = TensorOptions(kInt32));
+Tensor tensor(const std::vector<double>& values, const Shape& shape,
+              TensorOptions opt = TensorOptions(kFloat64));
+Tensor tensor(const std::vector<int64_t>& values, const Shape& shape,
+              TensorOptions opt = TensorOptions(kInt64));
+Tensor tensor(const std::vector<int32_t>& values, const Shape& shape,
+              TensorOptions opt = TensorOptions(kInt32));
 Tensor scalar_tensor(Scalar v, TensorOptions opt = {});
 
 // ---- grad mode ----

@@ -11,7 +11,7 @@
 namespace accel::data {
 
 struct CsvParsed {
-  std::vector<double> values;        // row-major, rows x cols
+  std::vector<double> values;  // row-major, rows x cols
   int64_t rows = 0;
   size_t cols = 0;
   std::vector<std::string> columns;  // from the header; empty without one

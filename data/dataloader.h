@@ -108,7 +108,7 @@ class DataLoader {
  private:
   struct Run;
   friend class Iterator;
-  bool next(Batch& out);  // false at the end of the epoch
+  bool next(Batch& out);       // false at the end of the epoch
   void place(Batch& b) const;  // options_.device
   void stop_run();
 

@@ -85,8 +85,8 @@ IdxData parse_gzip(const std::vector<uint8_t>& file, const std::string& what) {
   check_magic(out.data(), what);
   const size_t header = kMagicBytes + kDimBytes * size_t(out[3]);
   s.read(header - kMagicBytes, out);
-  ACCEL_CHECK(out.size() == header, IoError, "idx", "'", what, "': truncated header: ",
-              int(out[3]), " dimensions need ", header, " header bytes, file has ", out.size());
+  ACCEL_CHECK(out.size() == header, IoError, "idx", "'", what, "': truncated header: ", int(out[3]),
+              " dimensions need ", header, " header bytes, file has ", out.size());
   const size_t expected = read_header(out.data(), what, f);
   // Exactly the declared payload, then one byte more: present means trailing data, and the
   // stream is never inflated beyond that (Note [bounded inflation] in io.cc).
@@ -102,36 +102,24 @@ IdxData parse_gzip(const std::vector<uint8_t>& file, const std::string& what) {
 size_t idx_elem_size(uint8_t type) {
   switch (type) {
     case kIdxUByte:
-    case kIdxSByte:
-      return 1;
-    case kIdxShort:
-      return 2;
+    case kIdxSByte: return 1;
+    case kIdxShort: return 2;
     case kIdxInt:
-    case kIdxFloat:
-      return 4;
-    case kIdxDouble:
-      return 8;
-    default:
-      return 0;
+    case kIdxFloat: return 4;
+    case kIdxDouble: return 8;
+    default: return 0;
   }
 }
 
 const char* idx_type_name(uint8_t type) {
   switch (type) {
-    case kIdxUByte:
-      return "ubyte";
-    case kIdxSByte:
-      return "byte";
-    case kIdxShort:
-      return "short";
-    case kIdxInt:
-      return "int";
-    case kIdxFloat:
-      return "float";
-    case kIdxDouble:
-      return "double";
-    default:
-      return "unknown";
+    case kIdxUByte: return "ubyte";
+    case kIdxSByte: return "byte";
+    case kIdxShort: return "short";
+    case kIdxInt: return "int";
+    case kIdxFloat: return "float";
+    case kIdxDouble: return "double";
+    default: return "unknown";
   }
 }
 

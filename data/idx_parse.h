@@ -24,9 +24,9 @@ std::string idx_hex(uint32_t v, int digits);
 struct IdxData {
   uint8_t type = 0;
   Shape dims;
-  int64_t numel = 0;            // product of dims; checked not to overflow
-  std::vector<uint8_t> bytes;   // header + payload (inflated when the file was gzip)
-  size_t data_offset = 0;       // payload start; bytes.size() - data_offset == numel * elem size
+  int64_t numel = 0;           // product of dims; checked not to overflow
+  std::vector<uint8_t> bytes;  // header + payload (inflated when the file was gzip)
+  size_t data_offset = 0;      // payload start; bytes.size() - data_offset == numel * elem size
   const uint8_t* data() const { return bytes.data() + data_offset; }
 };
 

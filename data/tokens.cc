@@ -15,12 +15,9 @@ namespace {
 template <typename F>
 decltype(auto) dispatch_token(TokenType t, F&& fn) {
   switch (t) {
-    case TokenType::UInt8:
-      return fn.template operator()<uint8_t>();
-    case TokenType::UInt16:
-      return fn.template operator()<uint16_t>();
-    case TokenType::UInt32:
-      return fn.template operator()<uint32_t>();
+    case TokenType::UInt8: return fn.template operator()<uint8_t>();
+    case TokenType::UInt16: return fn.template operator()<uint16_t>();
+    case TokenType::UInt32: return fn.template operator()<uint32_t>();
   }
   ACCEL_THROW(ValueError, "tokens", "unknown token type ", int(t));
 }
@@ -31,12 +28,9 @@ size_t width(TokenType t) { return size_t(t); }
 
 const char* token_type_name(TokenType t) {
   switch (t) {
-    case TokenType::UInt8:
-      return "uint8";
-    case TokenType::UInt16:
-      return "uint16";
-    case TokenType::UInt32:
-      return "uint32";
+    case TokenType::UInt8: return "uint8";
+    case TokenType::UInt16: return "uint16";
+    case TokenType::UInt32: return "uint32";
   }
   return "unknown";
 }

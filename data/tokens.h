@@ -32,8 +32,8 @@ class TokenFile {
                                                      TokenType type = TokenType::UInt8,
                                                      std::string name = "<memory>");
   // Tokens held in memory, checked with every option of open() (header, vocabulary).
-  static std::shared_ptr<const TokenFile> from_bytes(std::vector<uint8_t> bytes,
-                                                     TokenFileOptions o, std::string name);
+  static std::shared_ptr<const TokenFile> from_bytes(std::vector<uint8_t> bytes, TokenFileOptions o,
+                                                     std::string name);
 
   int64_t size() const { return n_; }
   TokenType type() const { return type_; }

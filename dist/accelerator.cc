@@ -109,8 +109,7 @@ AcceleratorConfig AcceleratorConfig::with_env() const {
 // construction
 
 Accelerator::Accelerator(AcceleratorConfig config)
-    : config_(config.read_env ? config.with_env() : config),
-      scaler_([&] {
+    : config_(config.read_env ? config.with_env() : config), scaler_([&] {
         dist::GradScalerOptions o = config_.scaler;
         o.enabled = config_.mixed_precision == MixedPrecision::FP16;
         return o;
@@ -220,10 +219,12 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
                     typeid(o) == typeid(optim::AdamW),
                 ValueError, "prepare", "zero_stage ", config_.zero_stage,
                 " rebuilds the optimizer over the parameter shards and knows SGD, Adam and "
-                "AdamW; got ", type_name_of(o));
-    ACCEL_CHECK(o.num_param_groups() == 1, ValueError, "prepare", "zero_stage ",
-                config_.zero_stage, " shards all parameters as one flat space, so the optimizer "
-                "must have one param group; it has ", o.num_param_groups());
+                "AdamW; got ",
+                type_name_of(o));
+    ACCEL_CHECK(o.num_param_groups() == 1, ValueError, "prepare", "zero_stage ", config_.zero_stage,
+                " shards all parameters as one flat space, so the optimizer "
+                "must have one param group; it has ",
+                o.num_param_groups());
     std::unordered_map<const TensorImpl*, std::string> names;
     for (size_t i = 0; i < models_.size(); ++i)
       for (auto& [name, p] : models_[i]->named_parameters())
@@ -333,8 +334,10 @@ std::unique_ptr<optim::Optimizer> clone_for_shards(const optim::Optimizer& o,
     wo.fused = a.fused;
     return std::make_unique<GatedOptimizer<optim::AdamW>>(std::move(shards), wo, std::move(gate));
   }
-  ACCEL_THROW(ValueError, "prepare", "ZeRO through the Accelerator rebuilds the optimizer over "
-              "the parameter shards and knows SGD, Adam and AdamW; got ", type_name_of(o));
+  ACCEL_THROW(ValueError, "prepare",
+              "ZeRO through the Accelerator rebuilds the optimizer over "
+              "the parameter shards and knows SGD, Adam and AdamW; got ",
+              type_name_of(o));
 }
 
 }  // namespace
@@ -399,7 +402,8 @@ bool AcceleratedOptimizer::gate_step(optim::Optimizer& s) {
   }
   for (size_t b = 0; b < shard_grads_.size(); ++b)
     ACCEL_CHECK(shards[b].grad().is_same(shard_grads_[b]), Error, "zero",
-                "internal: the gradient shard of bucket ", b, " is not the tensor recorded at "
+                "internal: the gradient shard of bucket ", b,
+                " is not the tensor recorded at "
                 "prepare(); the ZeroOptimizer changed how it hands gradients to its optimizer");
   s.set_lr(0, opt_->lr(0));
   s.set_weight_decay(0, opt_->weight_decay(0));
@@ -576,7 +580,8 @@ void Accelerator::run_backward(const Tensor& l, bool sync) {
   for (auto* z : zeros) *z->touched_ = false;
   auto pause_all = [&] {
     for (auto& r : replicas_)
-      if (r->ddp && !r->paused) r->paused = std::make_unique<dist::DistributedDataParallel::NoSync>(*r->ddp);
+      if (r->ddp && !r->paused)
+        r->paused = std::make_unique<dist::DistributedDataParallel::NoSync>(*r->ddp);
   };
   std::exception_ptr err;
   try {
@@ -629,7 +634,8 @@ double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double ma
 // reduced across ranks, so the norm and the clipping equal the unsharded ones. The padding of
 // the buckets holds zeros and adds nothing. Covers every ZeRO optimizer's gradients.
 double Accelerator::sharded_clip_grad_norm_(double max_norm, double p) {
-  ACCEL_CHECK(max_norm >= 0, ValueError, "clip_grad_norm_", "max_norm must be >= 0, got ", max_norm);
+  ACCEL_CHECK(max_norm >= 0, ValueError, "clip_grad_norm_", "max_norm must be >= 0, got ",
+              max_norm);
   ACCEL_CHECK(p > 0, ValueError, "clip_grad_norm_", "norm type must be > 0, got ", p);
   std::vector<Tensor> shard_params;
   for (auto* z : zero_optimizers())
@@ -683,8 +689,8 @@ constexpr int64_t kMaxGatherDims = 8;
 Tensor Accelerator::gather_rows(const Tensor& t, int64_t keep_rows) {
   ACCEL_CHECK(t.defined(), ValueError, "gather", "tensor is undefined");
   Tensor x = t.dim() == 0 ? t.reshape({1}) : t;
-  ACCEL_CHECK(keep_rows >= 0 && keep_rows <= x.size(0), ValueError, "gather",
-              "cannot keep ", keep_rows, " rows of a tensor of shape ", x.shape_str());
+  ACCEL_CHECK(keep_rows >= 0 && keep_rows <= x.size(0), ValueError, "gather", "cannot keep ",
+              keep_rows, " rows of a tensor of shape ", x.shape_str());
   x = x.narrow(0, 0, keep_rows);
   if (world_size_ == 1) return x.contiguous().clone();
   ACCEL_CHECK(x.dim() <= kMaxGatherDims, ShapeError, "gather", "at most ", kMaxGatherDims,
@@ -705,9 +711,9 @@ Tensor Accelerator::gather_rows(const Tensor& t, int64_t keep_rows) {
     const int64_t* dr = &a[size_t(r * (kMaxGatherDims + 2))];
     bool same = dr[0] == desc[0] && dr[1] == desc[1];
     for (int64_t d = 1; same && d < x.dim(); ++d) same = dr[2 + d] == desc[size_t(2 + d)];
-    ACCEL_CHECK(same, ShapeError, "gather", "rank ", r, " has a tensor of ", dr[0],
-                " dims, dtype ", DType(dr[1]), " and trailing sizes that differ from rank ", rank_,
-                "'s ", x.shape_str(), " (", x.dtype(), ")");
+    ACCEL_CHECK(same, ShapeError, "gather", "rank ", r, " has a tensor of ", dr[0], " dims, dtype ",
+                DType(dr[1]), " and trailing sizes that differ from rank ", rank_, "'s ",
+                x.shape_str(), " (", x.dtype(), ")");
     rows[size_t(r)] = dr[2];
     max_rows = std::max(max_rows, dr[2]);
   }
@@ -726,15 +732,15 @@ Tensor Accelerator::gather_rows(const Tensor& t, int64_t keep_rows) {
   return cat(parts, 0);
 }
 
-Tensor Accelerator::gather(const Tensor& t) {
-  return gather_rows(t, t.dim() == 0 ? 1 : t.size(0));
-}
+Tensor Accelerator::gather(const Tensor& t) { return gather_rows(t, t.dim() == 0 ? 1 : t.size(0)); }
 
 Tensor Accelerator::gather_for_metrics(const Tensor& t, int64_t num_padding) {
   ACCEL_CHECK(t.defined() && t.dim() >= 1, ShapeError, "gather_for_metrics",
-              "expected a tensor with a batch dim, got ", t.defined() ? t.shape_str() : "undefined");
+              "expected a tensor with a batch dim, got ",
+              t.defined() ? t.shape_str() : "undefined");
   ACCEL_CHECK(num_padding >= 0 && num_padding <= t.size(0), ValueError, "gather_for_metrics",
-              "num_padding ", num_padding, " is not in [0, ", t.size(0), "] for shape ", t.shape_str());
+              "num_padding ", num_padding, " is not in [0, ", t.size(0), "] for shape ",
+              t.shape_str());
   return gather_rows(t, t.size(0) - num_padding);
 }
 
@@ -747,11 +753,16 @@ Tensor Accelerator::gather_for_metrics(const Tensor& t, const data::Batch& batch
 
 Tensor Accelerator::reduce(const Tensor& t, const std::string& op) {
   dist::ReduceOp rop;
-  if (op == "sum") rop = dist::ReduceOp::Sum;
-  else if (op == "mean") rop = dist::ReduceOp::Avg;
-  else if (op == "max") rop = dist::ReduceOp::Max;
-  else if (op == "min") rop = dist::ReduceOp::Min;
-  else ACCEL_THROW(ValueError, "reduce", "unknown reduction '", op, "' (sum, mean, max, min)");
+  if (op == "sum")
+    rop = dist::ReduceOp::Sum;
+  else if (op == "mean")
+    rop = dist::ReduceOp::Avg;
+  else if (op == "max")
+    rop = dist::ReduceOp::Max;
+  else if (op == "min")
+    rop = dist::ReduceOp::Min;
+  else
+    ACCEL_THROW(ValueError, "reduce", "unknown reduction '", op, "' (sum, mean, max, min)");
   ACCEL_CHECK(op != "mean" || t.is_floating_point(), DTypeError, "reduce",
               "mean needs a floating tensor, got ", t.dtype());
   Tensor x = t.contiguous().clone();
@@ -764,8 +775,8 @@ Tensor Accelerator::pad_across_processes(const Tensor& t, int64_t dim, double pa
   ACCEL_CHECK(t.defined() && t.dim() >= 1, ShapeError, "pad_across_processes",
               "expected a tensor with at least one dim");
   if (dim < 0) dim += t.dim();
-  ACCEL_CHECK(dim >= 0 && dim < t.dim(), IndexError, "pad_across_processes", "dim out of range for ",
-              t.shape_str());
+  ACCEL_CHECK(dim >= 0 && dim < t.dim(), IndexError, "pad_across_processes",
+              "dim out of range for ", t.shape_str());
   if (world_size_ == 1) return t;
   Tensor mine = tensor(std::vector<int64_t>{t.size(dim)}, {1}).to(device_);
   Tensor all = empty({world_size_}, TensorOptions(kInt64, device_));
@@ -820,8 +831,8 @@ void Accelerator::init_trackers(const std::string& run_name,
   if (!is_main_process()) return;
   for (auto& t : trackers_) t->finish();
   trackers_.clear();
-  logging_dir_ = run_name.empty() ? config_.project_dir
-                                  : (fs::path(config_.project_dir) / run_name).string();
+  logging_dir_ =
+      run_name.empty() ? config_.project_dir : (fs::path(config_.project_dir) / run_name).string();
   for (const std::string& name : config_.log_with) {
     if (name == "all") {
       trackers_.push_back(dist::make_tracker("jsonl", logging_dir_));
@@ -972,7 +983,8 @@ class PlainSource final : public FlatStateSource {
       if (it == d_.end()) continue;
       const int64_t off = bk.offset[j], n = it->second.numel();
       const int64_t a = std::max(lo, off), e = std::min(hi, off + n);
-      if (a < e) dst.narrow(0, a - lo, e - a).copy_(it->second.reshape({-1}).narrow(0, a - off, e - a));
+      if (a < e)
+        dst.narrow(0, a - lo, e - a).copy_(it->second.reshape({-1}).narrow(0, a - off, e - a));
     }
   }
 
@@ -990,7 +1002,8 @@ nn::TensorDict shard_state(FlatStateSource& src, const std::vector<dist::Bucket>
     const int64_t lo = r * bk.shard_numel, hi = std::min(lo + bk.shard_numel, bk.used);
     std::vector<std::string> slots = src.slots(b, std::min(lo, bk.used - 1));
     if (slots.empty()) continue;
-    out[state_key(b, "step")] = scalar_tensor(src.step(b, std::min(lo, bk.used - 1)), TensorOptions(kInt64));
+    out[state_key(b, "step")] =
+        scalar_tensor(src.step(b, std::min(lo, bk.used - 1)), TensorOptions(kInt64));
     for (const std::string& slot : slots) {
       Tensor t = zeros({bk.shard_numel});
       if (lo < hi) src.read(b, slot, lo, hi, t.narrow(0, 0, hi - lo));
@@ -1002,7 +1015,8 @@ nn::TensorDict shard_state(FlatStateSource& src, const std::vector<dist::Bucket>
 
 // Plain per-parameter state for `params` laid out in `buckets` from `src`.
 nn::TensorDict unsharded_state(FlatStateSource& src, const std::vector<dist::Bucket>& buckets,
-                               const std::vector<Tensor>& params, const nn::TensorDict& param_groups) {
+                               const std::vector<Tensor>& params,
+                               const nn::TensorDict& param_groups) {
   nn::TensorDict out = param_groups;
   for (size_t b = 0; b < buckets.size(); ++b) {
     const dist::Bucket& bk = buckets[b];
@@ -1042,7 +1056,8 @@ struct ZeroCheckpoint {
   }
 
   // Every rank, inside save_state: its shard files; returns the layout for state.json.
-  static nlohmann::json save(Accelerator& acc, const std::function<std::string(const std::string&)>& at) {
+  static nlohmann::json save(Accelerator& acc,
+                             const std::function<std::string(const std::string&)>& at) {
     nlohmann::json opts = nlohmann::json::array();
     for (size_t i = 0; i < acc.optimizers_.size(); ++i) {
       AcceleratedOptimizer& o = *acc.optimizers_[i];
@@ -1055,7 +1070,8 @@ struct ZeroCheckpoint {
       dist::fsync_path(f);
       if (!o.grad_accum_.empty()) {
         nn::TensorDict g;
-        for (size_t b = 0; b < o.grad_accum_.size(); ++b) g["bucket." + std::to_string(b)] = o.grad_accum_[b];
+        for (size_t b = 0; b < o.grad_accum_.size(); ++b)
+          g["bucket." + std::to_string(b)] = o.grad_accum_[b];
         const std::string gf = at(accum_file(i, acc.rank_));
         nn::save_safetensors(gf, g);
         dist::fsync_path(gf);
@@ -1069,7 +1085,8 @@ struct ZeroCheckpoint {
 
   // The bucket layout of optimizer i in the checkpoint, checked against `buckets` (this run's
   // layout of the same parameters).
-  static std::vector<int64_t> saved_numel(const nlohmann::json& layout, const std::vector<dist::Bucket>& buckets,
+  static std::vector<int64_t> saved_numel(const nlohmann::json& layout,
+                                          const std::vector<dist::Bucket>& buckets,
                                           const std::string& path) {
     const auto& saved = layout.at("buckets");
     bool same = saved.size() == buckets.size();
@@ -1124,12 +1141,14 @@ struct ZeroCheckpoint {
     }
     // A ZeRO checkpoint into a plain optimizer: cut the flat buffers into per-parameter state.
     const optim::Optimizer& u = *o.opt_;
-    ACCEL_CHECK(u.num_param_groups() == 1, ValueError, "load_state", "checkpoint '", path,
-                "' holds ZeRO state, which loads into an optimizer with one param group; this one has ",
-                u.num_param_groups());
+    ACCEL_CHECK(
+        u.num_param_groups() == 1, ValueError, "load_state", "checkpoint '", path,
+        "' holds ZeRO state, which loads into an optimizer with one param group; this one has ",
+        u.num_param_groups());
     dist::NamedParams named;
     for (const Tensor& p : u.params(0)) named.emplace_back("p", p);
-    const std::vector<dist::Bucket> buckets = dist::assign_buckets(named, acc.config_.ddp.bucket_cap_bytes, 1);
+    const std::vector<dist::Bucket> buckets =
+        dist::assign_buckets(named, acc.config_.ddp.bucket_cap_bytes, 1);
     std::vector<int64_t> numel = saved_numel(*layout, buckets, path);
     ZeroFileSource src([&](int q) { return at(shard_file(i, q)); }, saved_world, numel);
     out.state = unsharded_state(src, buckets, u.params(0), param_groups_of(saved));
@@ -1218,9 +1237,11 @@ std::string Accelerator::save_state(const std::string& dir) {
     for (size_t i = 0; i < models_.size(); ++i)
       nn::save_safetensors(at(indexed("model", i, ".safetensors")), models_[i]->state_dict());
     for (size_t i = 0; i < optimizers_.size(); ++i)
-      nn::save_safetensors(at(indexed("optimizer", i, ".safetensors")), optimizers_[i]->state_dict());
+      nn::save_safetensors(at(indexed("optimizer", i, ".safetensors")),
+                           optimizers_[i]->state_dict());
     for (size_t i = 0; i < schedulers_.size(); ++i)
-      nn::save_safetensors(at(indexed("scheduler", i, ".safetensors")), schedulers_[i]->state_dict());
+      nn::save_safetensors(at(indexed("scheduler", i, ".safetensors")),
+                           schedulers_[i]->state_dict());
   }
   // Per-rank state: loader positions, RNG, registered objects.
   for (size_t i = 0; i < loaders_.size(); ++i)
@@ -1321,9 +1342,9 @@ struct CheckpointIo {
     std::vector<nn::TensorDict> schedulers;
     std::vector<LoaderPos> loaders;
     std::string rng;
-    std::vector<std::optional<std::vector<Tensor>>> accum;              // per optimizer
-    std::vector<std::vector<std::pair<Tensor, Tensor>>> grads;         // per model: (param, grad)
-    std::vector<std::map<std::string, std::string>> customs;           // parallel to customs_
+    std::vector<std::optional<std::vector<Tensor>>> accum;      // per optimizer
+    std::vector<std::vector<std::pair<Tensor, Tensor>>> grads;  // per model: (param, grad)
+    std::vector<std::map<std::string, std::string>> customs;    // parallel to customs_
   };
 
   struct Snapshot {
@@ -1357,16 +1378,20 @@ struct CheckpointIo {
       auto count = [&](const char* key) {
         return field(key, &nlohmann::json::is_number_unsigned, "a count").get<size_t>();
       };
-      ACCEL_CHECK(field("format", &nlohmann::json::is_number_integer, "an integer").get<int64_t>() == 1,
-                  IoError, "load_state", "'", file, "': unsupported checkpoint format ", s["format"].dump());
+      ACCEL_CHECK(
+          field("format", &nlohmann::json::is_number_integer, "an integer").get<int64_t>() == 1,
+          IoError, "load_state", "'", file, "': unsupported checkpoint format ",
+          s["format"].dump());
       m.step = field("step", &nlohmann::json::is_number_integer, "an integer").get<int64_t>();
       m.optimizer_steps =
           field("optimizer_steps", &nlohmann::json::is_number_integer, "an integer").get<int64_t>();
       m.save_iteration =
           field("save_iteration", &nlohmann::json::is_number_integer, "an integer").get<int64_t>();
       m.world_size = field("world_size", &nlohmann::json::is_number_unsigned, "a count").get<int>();
-      ACCEL_CHECK(m.world_size >= 1, IoError, "load_state", "'", file, "': world_size ", m.world_size);
-      m.sync_gradients = field("sync_gradients", &nlohmann::json::is_boolean, "a boolean").get<bool>();
+      ACCEL_CHECK(m.world_size >= 1, IoError, "load_state", "'", file, "': world_size ",
+                  m.world_size);
+      m.sync_gradients =
+          field("sync_gradients", &nlohmann::json::is_boolean, "a boolean").get<bool>();
       m.num_models = count("num_models");
       m.num_optimizers = count("num_optimizers");
       m.num_schedulers = count("num_schedulers");
@@ -1382,7 +1407,8 @@ struct CheckpointIo {
         bool well_formed = z.size() == m.num_optimizers;
         for (const auto& e : z) {
           if (e.is_null()) continue;
-          well_formed = well_formed && e.is_object() && e.contains("buckets") && e["buckets"].is_array();
+          well_formed =
+              well_formed && e.is_object() && e.contains("buckets") && e["buckets"].is_array();
           if (!well_formed) break;
           for (const auto& b : e["buckets"])
             well_formed = well_formed && b.is_array() && b.size() == 2 &&
@@ -1393,7 +1419,8 @@ struct CheckpointIo {
         m.zero = z;
       }
     } catch (const nlohmann::json::exception& e) {
-      ACCEL_THROW(IoError, "load_state", "'", file, "' is not a valid checkpoint state: ", e.what());
+      ACCEL_THROW(IoError, "load_state", "'", file,
+                  "' is not a valid checkpoint state: ", e.what());
     }
     return m;
   }
@@ -1406,15 +1433,16 @@ struct CheckpointIo {
     l.meta = read_meta(at(dist::kCheckpointStateFile));
     const Meta& m = l.meta;
     auto count = [&](size_t theirs, size_t mine, const char* what) {
-      ACCEL_CHECK(theirs == mine, ValueError, "load_state", "checkpoint '", path, "' holds ", theirs,
-                  " ", what, ", this accelerator prepared ", mine);
+      ACCEL_CHECK(theirs == mine, ValueError, "load_state", "checkpoint '", path, "' holds ",
+                  theirs, " ", what, ", this accelerator prepared ", mine);
     };
     const bool saved_zero = !m.zero.is_null();
     // Re-sharding (Note [zero checkpoints]) is what lets a ZeRO checkpoint, or a plain one into
     // a ZeRO run, change world size; otherwise resume is exact and needs the same processes.
     const bool reshard = m.world_size != acc.world_size_;
-    ACCEL_CHECK(!reshard || saved_zero || acc.zero_active(), ValueError, "load_state", "checkpoint '",
-                path, "' was saved by ", m.world_size, " processes, this run has ", acc.world_size_,
+    ACCEL_CHECK(!reshard || saved_zero || acc.zero_active(), ValueError, "load_state",
+                "checkpoint '", path, "' was saved by ", m.world_size, " processes, this run has ",
+                acc.world_size_,
                 " (only ZeRO checkpoints, or loads into a ZeRO run, change the world size)");
     ACCEL_CHECK(!reshard || m.sync_gradients, ValueError, "load_state", "checkpoint '", path,
                 "' was saved inside a gradient accumulation window by ", m.world_size,
@@ -1436,7 +1464,8 @@ struct CheckpointIo {
     for (size_t i = 0; i < acc.schedulers_.size(); ++i)
       l.schedulers.push_back(nn::load_safetensors(at(indexed("scheduler", i, ".safetensors"))));
     for (size_t i = 0; i < acc.loaders_.size(); ++i) {
-      const std::string f = at(rank_file(indexed("loader", i, ""), reshard ? 0 : acc.rank_, ".json"));
+      const std::string f =
+          at(rank_file(indexed("loader", i, ""), reshard ? 0 : acc.rank_, ".json"));
       LoaderPos pos;
       try {
         pos.state = data::state_from_json(dist::read_file(f));
@@ -1448,9 +1477,11 @@ struct CheckpointIo {
           pos.epoch = std::stoll(ls.at("epoch"));
           const int64_t consumed = std::stoll(ls.at("batches_consumed"));
           const int64_t old_batch = std::stoll(ls.at("batch_size"));
-          const int64_t old_global = ls.at("split_batches") == "1" ? old_batch : old_batch * m.world_size;
+          const int64_t old_global =
+              ls.at("split_batches") == "1" ? old_batch : old_batch * m.world_size;
           const int64_t global = acc.loaders_[i]->batch_sampler().global_batch_size();
-          pos.batch = std::min(global > 0 ? consumed * old_global / global : 0, acc.loaders_[i]->size());
+          pos.batch =
+              std::min(global > 0 ? consumed * old_global / global : 0, acc.loaders_[i]->size());
         }
       } catch (const IoError&) {
         throw;
@@ -1470,8 +1501,9 @@ struct CheckpointIo {
       }
     }
     for (size_t i = 0; i < acc.optimizers_.size(); ++i)
-      l.accum.push_back(m.sync_gradients ? std::nullopt
-                                         : ZeroCheckpoint::read_accum(*acc.optimizers_[i], i, path, acc.rank_));
+      l.accum.push_back(m.sync_gradients
+                            ? std::nullopt
+                            : ZeroCheckpoint::read_accum(*acc.optimizers_[i], i, path, acc.rank_));
     l.grads.resize(acc.models_.size());
     for (size_t i = 0; i < acc.models_.size() && !m.sync_gradients; ++i) {
       const std::string f = at(rank_file(indexed("grads", i, ""), acc.rank_, ".safetensors"));
@@ -1487,12 +1519,14 @@ struct CheckpointIo {
     }
     for (auto& c : acc.customs_) {
       const std::string f = rank_or_first("custom_" + c.name, ".json");
-      ACCEL_CHECK(fs::exists(f), IoError, "load_state", "checkpoint '", path, "' has no state for '",
-                  c.name, "' (", f, ")");
+      ACCEL_CHECK(fs::exists(f), IoError, "load_state", "checkpoint '", path,
+                  "' has no state for '", c.name, "' (", f, ")");
       try {
-        l.customs.push_back(nlohmann::json::parse(dist::read_file(f)).get<std::map<std::string, std::string>>());
+        l.customs.push_back(
+            nlohmann::json::parse(dist::read_file(f)).get<std::map<std::string, std::string>>());
       } catch (const nlohmann::json::exception& e) {
-        ACCEL_THROW(IoError, "load_state", "'", f, "' is not a valid state of '", c.name, "': ", e.what());
+        ACCEL_THROW(IoError, "load_state", "'", f, "' is not a valid state of '", c.name,
+                    "': ", e.what());
       }
     }
     return l;
@@ -1504,7 +1538,8 @@ struct CheckpointIo {
     for (auto* z : acc.zero_optimizers()) ZeroCheckpoint::refresh_stage3_slices(*z, acc.rank_);
     for (size_t i = 0; i < acc.optimizers_.size(); ++i)
       ZeroCheckpoint::apply_optimizer(*acc.optimizers_[i], l.optimizers[i]);
-    for (size_t i = 0; i < acc.schedulers_.size(); ++i) acc.schedulers_[i]->load_state_dict(l.schedulers[i]);
+    for (size_t i = 0; i < acc.schedulers_.size(); ++i)
+      acc.schedulers_[i]->load_state_dict(l.schedulers[i]);
     for (size_t i = 0; i < acc.loaders_.size(); ++i) {
       if (l.loaders[i].seek) {
         acc.loaders_[i]->seek(l.loaders[i].epoch, l.loaders[i].batch);
@@ -1574,7 +1609,8 @@ struct CheckpointIo {
       if (o.shard_opt_) o.shard_opt_->load_state_dict(s.shard_optimizers[i]);
       o.grad_accum_ = s.accum[i];
     }
-    for (size_t i = 0; i < acc.schedulers_.size(); ++i) acc.schedulers_[i]->load_state_dict(s.schedulers[i]);
+    for (size_t i = 0; i < acc.schedulers_.size(); ++i)
+      acc.schedulers_[i]->load_state_dict(s.schedulers[i]);
     for (size_t i = 0; i < acc.loaders_.size(); ++i) acc.loaders_[i]->load_state_dict(s.loaders[i]);
     default_generator().set_state(s.rng);
     for (size_t i = 0; i < acc.customs_.size(); ++i) acc.customs_[i].load(s.customs[i]);

@@ -75,13 +75,13 @@ struct AcceleratorConfig {
   bool cpu = false;  // force CPU even when CUDA devices exist
   MixedPrecision mixed_precision = MixedPrecision::No;
   int gradient_accumulation_steps = 1;
-  int zero_stage = 0;             // 0..3
-  std::optional<uint64_t> seed;   // set_seed(seed) at construction when given
-  std::string project_dir = ".";  // trackers and automatic checkpoints live here
+  int zero_stage = 0;                             // 0..3
+  std::optional<uint64_t> seed;                   // set_seed(seed) at construction when given
+  std::string project_dir = ".";                  // trackers and automatic checkpoints live here
   std::vector<std::string> log_with = {"jsonl"};  // "jsonl", "tensorboard"
-  int total_limit = 0;            // keep at most this many automatic checkpoints (0 = all)
-  bool split_batches = false;     // loader batch size is the global batch
-  bool even_batches = true;       // pad the last global batch so every rank has as many
+  int total_limit = 0;         // keep at most this many automatic checkpoints (0 = all)
+  bool split_batches = false;  // loader batch size is the global batch
+  bool even_batches = true;    // pad the last global batch so every rank has as many
   // Prepared loaders hand out batches on device() (Accelerate's device_placement): every tensor
   // of a batch is copied there (from pinned memory, non-blocking, on CUDA). false: batches stay
   // on the CPU and the loop moves them itself.
@@ -312,7 +312,8 @@ class Accelerator {
   // This rank's contiguous share of `items` (the first len % W ranks get one more); with
   // apply_padding every rank gets ceil(len / W), the short ones repeating their last item.
   template <typename T>
-  std::vector<T> split_between_processes(const std::vector<T>& items, bool apply_padding = false) const;
+  std::vector<T> split_between_processes(const std::vector<T>& items,
+                                         bool apply_padding = false) const;
   // Seeds the default generator (plus the process index when device_specific).
   void set_seed(uint64_t seed, bool device_specific = false);
   // std::cout on the main process only, one line, flushed.
@@ -374,21 +375,18 @@ class Accelerator {
   friend struct ZeroCheckpoint;  // dist/accelerator.cc: save/load/re-shard of ZeRO state
   friend struct CheckpointIo;    // dist/accelerator.cc: Note [checkpoint loading]
   template <typename M>
-  std::shared_ptr<M> prepare_one(std::shared_ptr<M> model)
-    requires std::is_base_of_v<nn::Module, M>
-  {
+  std::shared_ptr<M> prepare_one(
+      std::shared_ptr<M> model) requires std::is_base_of_v<nn::Module, M> {
     return prepare_model(std::move(model));
   }
   template <typename O>
-  std::shared_ptr<AcceleratedOptimizer> prepare_one(std::shared_ptr<O> opt)
-    requires std::is_base_of_v<optim::Optimizer, O>
-  {
+  std::shared_ptr<AcceleratedOptimizer> prepare_one(
+      std::shared_ptr<O> opt) requires std::is_base_of_v<optim::Optimizer, O> {
     return prepare_optimizer(std::move(opt));
   }
   template <typename S>
-  std::shared_ptr<AcceleratedScheduler> prepare_one(std::shared_ptr<S> s)
-    requires std::is_base_of_v<optim::LRScheduler, S>
-  {
+  std::shared_ptr<AcceleratedScheduler> prepare_one(
+      std::shared_ptr<S> s) requires std::is_base_of_v<optim::LRScheduler, S> {
     return prepare_scheduler(std::move(s));
   }
   std::shared_ptr<data::DataLoader> prepare_one(std::shared_ptr<data::DataLoader> l) {
@@ -440,7 +438,8 @@ std::vector<T> Accelerator::split_between_processes(const std::vector<T>& items,
   std::vector<T> out(items.begin() + begin, items.begin() + begin + len);
   if (apply_padding) {
     const int64_t want = base + (extra ? 1 : 0);
-    while (int64_t(out.size()) < want && !items.empty()) out.push_back(out.empty() ? items.back() : out.back());
+    while (int64_t(out.size()) < want && !items.empty())
+      out.push_back(out.empty() ? items.back() : out.back());
   }
   return out;
 }

@@ -49,8 +49,8 @@ bool tensor_has_inf_or_nan(const Tensor& g) {
       const T* p = g.data<T>();
       const int64_t n = g.numel();
       for (int64_t i = 0; i < n; ++i)
-        if (!std::isfinite(static_cast<double>(static_cast<std::conditional_t<
-                               std::is_same_v<T, double>, double, float>>(p[i]))))
+        if (!std::isfinite(static_cast<double>(
+                static_cast<std::conditional_t<std::is_same_v<T, double>, double, float>>(p[i]))))
           return true;
       return false;
     });

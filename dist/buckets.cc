@@ -91,11 +91,11 @@ struct GradBucketer::State {
   std::vector<Tensor> staging;  // full flat buffers
   std::vector<Tensor> shards;   // ReduceScatter outputs
   std::vector<WorkPtr> works;
-  std::vector<int> pending;     // params of each bucket still missing this backward
-  std::vector<char> ready;      // per param
-  size_t next_launch = 0;       // Note [bucket order]
+  std::vector<int> pending;  // params of each bucket still missing this backward
+  std::vector<char> ready;   // per param
+  size_t next_launch = 0;    // Note [bucket order]
   bool sync = true;
-  bool active = false;          // a synced backward has started
+  bool active = false;  // a synced backward has started
   SyncStats stats;
 
   Tensor& staging_for(size_t b) {
@@ -195,7 +195,8 @@ GradBucketer::GradBucketer(NamedParams params, ProcessGroupPtr pg, size_t cap_by
   s.buckets = assign_buckets(s.params, cap_bytes, s.world);
   s.where.resize(s.params.size());
   for (size_t b = 0; b < s.buckets.size(); ++b)
-    for (size_t j = 0; j < s.buckets[b].params.size(); ++j) s.where[s.buckets[b].params[j]] = {b, j};
+    for (size_t j = 0; j < s.buckets[b].params.size(); ++j)
+      s.where[s.buckets[b].params[j]] = {b, j};
   s.staging.resize(s.buckets.size());
   s.shards.resize(s.buckets.size());
   if (mode == GradReduction::ReduceScatter) {
@@ -268,7 +269,8 @@ void GradBucketer::finish() {
     // pass: that one counts.
     Tensor g = s.params[i].second.grad();
     s.stage(i, g);
-    if (s.mode == GradReduction::ReduceScatter && g.defined()) s.params[i].second.set_grad(Tensor());
+    if (s.mode == GradReduction::ReduceScatter && g.defined())
+      s.params[i].second.set_grad(Tensor());
     --s.pending[s.where[i].first];
   }
   s.launch_in_order();
@@ -291,7 +293,8 @@ void GradBucketer::finish() {
     if (t0 == Work::TimePoint{}) t0 = t1;
     st.comm_seconds += std::chrono::duration<double>(t1 - t0).count();
     auto hidden_end = std::min(t1, backward_end);
-    if (hidden_end > t0) st.hidden_seconds += std::chrono::duration<double>(hidden_end - t0).count();
+    if (hidden_end > t0)
+      st.hidden_seconds += std::chrono::duration<double>(hidden_end - t0).count();
   }
   st.wait_seconds = std::chrono::duration<double>(done - backward_end).count();
   s.reset_iteration();

@@ -38,10 +38,10 @@ struct Bucket {
 // Per-backward statistics, for the overlap figure of docs/dist.md.
 struct SyncStats {
   int buckets = 0;
-  int64_t bytes = 0;               // bytes reduced
-  double comm_seconds = 0;         // sum over buckets of collective start..end
-  double hidden_seconds = 0;       // part of it before backward ended
-  double wait_seconds = 0;         // time finish() blocked after backward ended
+  int64_t bytes = 0;          // bytes reduced
+  double comm_seconds = 0;    // sum over buckets of collective start..end
+  double hidden_seconds = 0;  // part of it before backward ended
+  double wait_seconds = 0;    // time finish() blocked after backward ended
   double hidden_fraction() const { return comm_seconds > 0 ? hidden_seconds / comm_seconds : 0; }
 };
 

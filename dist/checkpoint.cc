@@ -36,7 +36,8 @@ void run_checkpoint_hook(const std::string& stage) {
 
 void fsync_path(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  ACCEL_CHECK(fd >= 0, IoError, "checkpoint", "cannot open '", path, "' to fsync: ", std::strerror(errno));
+  ACCEL_CHECK(fd >= 0, IoError, "checkpoint", "cannot open '", path,
+              "' to fsync: ", std::strerror(errno));
   int rc = ::fsync(fd);
   int err = errno;
   ::close(fd);
@@ -141,7 +142,8 @@ void commit_checkpoint_dir(const std::string& tmp_dir, const std::string& final_
     const std::string old = checkpoint_aside_dir(final_dir);
     fs::remove_all(old, ec);
     fs::rename(final_dir, old, ec);
-    ACCEL_CHECK(!ec, IoError, "save_state", "cannot move old '", final_dir, "' aside: ", ec.message());
+    ACCEL_CHECK(!ec, IoError, "save_state", "cannot move old '", final_dir,
+                "' aside: ", ec.message());
     fsync_path(parent);
     run_checkpoint_hook("commit_swap");
     fs::rename(tmp_dir, final_dir, ec);
@@ -216,7 +218,8 @@ void rotate_checkpoints(const std::string& parent, int total_limit, const std::s
     if (fs::path(dir).lexically_normal().string() == keep_norm) continue;
     std::error_code ec;
     fs::remove_all(dir, ec);
-    ACCEL_CHECK(!ec, IoError, "save_state", "cannot delete old checkpoint '", dir, "': ", ec.message());
+    ACCEL_CHECK(!ec, IoError, "save_state", "cannot delete old checkpoint '", dir,
+                "': ", ec.message());
     --excess;
   }
 }

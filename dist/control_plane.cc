@@ -152,8 +152,8 @@ ControlPlane::ControlPlane(const std::shared_ptr<Store>& store, int rank, int si
           if (fds_[size_t(peer)] >= 0) continue;
           os << (os.tellp() > 0 ? "; " : "") << "rank " << peer << " " << peer_address(peer);
         }
-        ACCEL_THROW(DistError, "init", who, ": no control connection from ", os.str(),
-                    " within ", timeout.count(), " ms (listening at ", hostname, ":", port,
+        ACCEL_THROW(DistError, "init", who, ": no control connection from ", os.str(), " within ",
+                    timeout.count(), " ms (listening at ", hostname, ":", port,
                     "; is that address reachable from the peer?)");
       }
       int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
@@ -163,8 +163,7 @@ ControlPlane::ControlPlane(const std::shared_ptr<Store>& store, int rank, int si
       }
       uint32_t hello[2] = {0, 0};
       if (!read_exact(fd, hello, sizeof(hello), deadline) || hello[0] != kHelloMagic ||
-          hello[1] <= uint32_t(rank) || hello[1] >= uint32_t(size) ||
-          fds_[hello[1]] >= 0) {
+          hello[1] <= uint32_t(rank) || hello[1] >= uint32_t(size) || fds_[hello[1]] >= 0) {
         close(fd);  // not one of ours (or a duplicate): keep waiting for the real peers
         --n;
         continue;
@@ -276,8 +275,8 @@ void ControlPlane::all_gather_v(const void* mine, size_t n, std::vector<std::str
           throw PeerError("corrupt control message from rank " + std::to_string(p.peer));
         if (p.buf.size() < sizeof(FrameHeader) + ph.len) continue;
         if (ph.type == kAbort) {
-          throw PeerError("rank " + std::to_string(p.peer) + " aborted: " +
-                          p.buf.substr(sizeof(FrameHeader)));
+          throw PeerError("rank " + std::to_string(p.peer) +
+                          " aborted: " + p.buf.substr(sizeof(FrameHeader)));
         }
         out[size_t(p.peer)] = p.buf.substr(sizeof(FrameHeader));
         pending.erase(pending.begin() + long(i));

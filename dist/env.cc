@@ -56,8 +56,8 @@ DistEnv read_dist_env() {
   } else {
     env.local_rank = env.rank % env.local_world_size;
   }
-  ACCEL_CHECK(env.local_rank < env.local_world_size, DistError, "dist.env", "LOCAL_RANK=",
-              env.local_rank, " must be < LOCAL_WORLD_SIZE=", env.local_world_size,
+  ACCEL_CHECK(env.local_rank < env.local_world_size, DistError, "dist.env",
+              "LOCAL_RANK=", env.local_rank, " must be < LOCAL_WORLD_SIZE=", env.local_world_size,
               " (set LOCAL_WORLD_SIZE when LOCAL_RANK differs from RANK)");
   if (const char* addr = getenv_nonempty(env::kMasterAddr)) env.master_addr = addr;
   if (const char* port = getenv_nonempty(env::kMasterPort)) {

@@ -73,15 +73,10 @@ std::string Fingerprint::describe() const {
     case OpKind::Broadcast:
       os << "root " << root << ", " << DType(dtype) << ", " << numel << " elements";
       break;
-    case OpKind::AllGather:
-      os << DType(dtype) << ", " << numel << " elements per rank";
-      break;
-    case OpKind::Barrier:
-      break;
+    case OpKind::AllGather: os << DType(dtype) << ", " << numel << " elements per rank"; break;
+    case OpKind::Barrier: break;
     case OpKind::Send:
-    case OpKind::Recv:
-      os << DType(dtype) << ", " << numel << " elements";
-      break;
+    case OpKind::Recv: os << DType(dtype) << ", " << numel << " elements"; break;
   }
   os << ") seq " << seq;
   return os.str();
@@ -96,8 +91,7 @@ Fingerprint FingerprintHistory::stamp(const Fingerprint& fp) {
   return mine;
 }
 
-void FingerprintHistory::check(ControlPlane& control, const Fingerprint& fp,
-                               Milliseconds timeout) {
+void FingerprintHistory::check(ControlPlane& control, const Fingerprint& fp, Milliseconds timeout) {
   const Fingerprint mine = stamp(fp);
   std::vector<Fingerprint> all(static_cast<size_t>(control.size()));
   control.all_gather(&mine, all.data(), sizeof(Fingerprint), timeout);  // PeerError on failure
@@ -132,8 +126,8 @@ void FingerprintHistory::verify(const Fingerprint* all, int size, const Fingerpr
        << " (calls between fingerprint checks differ; run with fingerprint_every = 1 to find "
           "the first one): ";
     for (size_t i = 0; i < groups.size(); ++i)
-      os << (i ? "; " : "") << rank_list(groups[i].second) << " history "
-         << std::hex << groups[i].first->running << std::dec;
+      os << (i ? "; " : "") << rank_list(groups[i].second) << " history " << std::hex
+         << groups[i].first->running << std::dec;
   } else {
     os << "collective mismatch at seq " << fp_in.seq << ": ";
     for (size_t i = 0; i < groups.size(); ++i)

@@ -64,8 +64,8 @@ Heartbeat::Heartbeat(const std::shared_ptr<Store>& store, int rank, int size,
   hints.ai_flags = AI_PASSIVE;
   addrinfo* res = nullptr;
   int rc = getaddrinfo(hostname.c_str(), "0", &hints, &res);
-  ACCEL_CHECK(rc == 0, DistError, "init", who, ": heartbeat: cannot resolve '", hostname, "': ",
-              gai_strerror(rc));
+  ACCEL_CHECK(rc == 0, DistError, "init", who, ": heartbeat: cannot resolve '", hostname,
+              "': ", gai_strerror(rc));
   std::string err = "no address";
   for (addrinfo* a = res; a && fd_ < 0; a = a->ai_next) {
     int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -100,8 +100,8 @@ Heartbeat::Heartbeat(const std::shared_ptr<Store>& store, int rank, int size,
       }
       std::string v = store->get(key);
       auto nl = v.find('\n');
-      ACCEL_CHECK(nl != std::string::npos, DistError, "init", who, ": bad heartbeat address '",
-                  v, "' from rank ", peer);
+      ACCEL_CHECK(nl != std::string::npos, DistError, "init", who, ": bad heartbeat address '", v,
+                  "' from rank ", peer);
       Peer& p = peers_[size_t(peer)];
       p.address = v.substr(0, nl);
       addrinfo h2{};
@@ -152,8 +152,7 @@ void Heartbeat::send_all(uint32_t type) {
     if (p.dest.empty()) continue;
     // Errors (a link that is down, a full buffer) are what the peer's timeout is for.
     ssize_t w = sendto(fd_, &d, sizeof(d), MSG_DONTWAIT | MSG_NOSIGNAL,
-                       reinterpret_cast<const sockaddr*>(p.dest.data()),
-                       socklen_t(p.dest.size()));
+                       reinterpret_cast<const sockaddr*>(p.dest.data()), socklen_t(p.dest.size()));
     (void)w;
   }
 }
@@ -177,8 +176,8 @@ void Heartbeat::loop() {
       Datagram d{};
       sockaddr_storage from{};
       socklen_t fl = sizeof(from);
-      ssize_t r = recvfrom(fd_, &d, sizeof(d), MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from),
-                           &fl);
+      ssize_t r =
+          recvfrom(fd_, &d, sizeof(d), MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&from), &fl);
       if (r < 0) break;
       if (r != ssize_t(sizeof(d)) || d.magic != kBeatMagic || d.size != uint32_t(size_) ||
           d.rank >= uint32_t(size_) || int(d.rank) == rank_)

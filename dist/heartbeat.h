@@ -48,9 +48,9 @@ class Heartbeat {
 
  private:
   struct Peer {
-    std::string address;  // as published: host
-    std::string key;      // "host:port" as recvfrom reports it, to check datagram sources
-    std::vector<char> dest;      // where to send (a sockaddr)
+    std::string address;     // as published: host
+    std::string key;         // "host:port" as recvfrom reports it, to check datagram sources
+    std::vector<char> dest;  // where to send (a sockaddr)
     std::chrono::steady_clock::time_point last_seen;
     bool departed = false;
     bool reported = false;
@@ -62,7 +62,7 @@ class Heartbeat {
   Milliseconds interval_, timeout_;
   LostFn on_lost_;
   int fd_ = -1;
-  int wake_[2] = {-1, -1};  // self-pipe: the destructor wakes the thread
+  int wake_[2] = {-1, -1};   // self-pipe: the destructor wakes the thread
   std::vector<Peer> peers_;  // indexed by rank; this rank's entry unused
   std::atomic<int64_t> received_{0};
   std::thread thread_;

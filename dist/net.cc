@@ -103,8 +103,8 @@ std::vector<std::string> interface_names() {
 
 std::string interface_address(const std::string& ifname, const char* source) {
   ifaddrs* ifa = nullptr;
-  ACCEL_CHECK(getifaddrs(&ifa) == 0, DistError, "init", "getifaddrs failed: ",
-              std::strerror(errno));
+  ACCEL_CHECK(getifaddrs(&ifa) == 0, DistError, "init",
+              "getifaddrs failed: ", std::strerror(errno));
   std::string v4, v6;
   for (ifaddrs* i = ifa; i; i = i->ifa_next) {
     if (!i->ifa_addr || ifname != i->ifa_name) continue;

@@ -69,8 +69,8 @@ void Work::finish(std::exception_ptr error) {
 }
 
 void ProcessGroup::set_timeout(Milliseconds t) {
-  ACCEL_CHECK(t.count() > 0, DistError, "set_timeout", "timeout must be positive, got ",
-              t.count(), " ms");
+  ACCEL_CHECK(t.count() > 0, DistError, "set_timeout", "timeout must be positive, got ", t.count(),
+              " ms");
   timeout_ = t;
 }
 
@@ -186,7 +186,8 @@ void divide_inplace(void* p, DType dtype, size_t n, int divisor) {
     }
     case DType::Float16: {
       auto* x = static_cast<uint16_t*>(p);
-      for (size_t i = 0; i < n; ++i) x[i] = Half(float(Half::from_bits(x[i])) / float(divisor)).bits;
+      for (size_t i = 0; i < n; ++i)
+        x[i] = Half(float(Half::from_bits(x[i])) / float(divisor)).bits;
       return;
     }
     case DType::BFloat16: {
@@ -195,8 +196,7 @@ void divide_inplace(void* p, DType dtype, size_t n, int divisor) {
         x[i] = BFloat16(float(BFloat16::from_bits(x[i])) / float(divisor)).bits;
       return;
     }
-    default:
-      ACCEL_THROW(DTypeError, "all_reduce", "avg needs a floating dtype, got ", dtype);
+    default: ACCEL_THROW(DTypeError, "all_reduce", "avg needs a floating dtype, got ", dtype);
   }
 }
 
@@ -341,8 +341,8 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   if (const int threads = fit_omp_threads_to_host(env.local_world_size);
       threads > 0 && env.local_rank == 0) {
     std::cerr << "[accel] " << env.local_world_size
-              << " processes share this host's CPUs: OpenMP threads per process set to "
-              << threads << " (export " << env::kOmpNumThreads << " to choose)" << std::endl;
+              << " processes share this host's CPUs: OpenMP threads per process set to " << threads
+              << " (export " << env::kOmpNumThreads << " to choose)" << std::endl;
   }
   ProcessGroupOptions pgo;
   pgo.timeout = options.timeout;
@@ -379,8 +379,8 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
     auto& reg = detail::backend_registry();
     auto it = reg.find(options.backend);
     ACCEL_CHECK(it != reg.end(), DistError, "init_process_group", "backend '", options.backend,
-                "' is not available in this build (have: gloo",
-                reg.count("nccl") ? ", nccl" : "", ")");
+                "' is not available in this build (have: gloo", reg.count("nccl") ? ", nccl" : "",
+                ")");
     pg = it->second(store, env.rank, env.world_size, pgo);
   }
   g_default_store = store;

@@ -194,8 +194,9 @@ class MemoryStore : public Store {
 };
 
 // When several processes of the job share this host and OMP_NUM_THREADS is not set, caps this
-// process's OpenMP team at (CPUs it may run on) / local_world_size, at least 1 (Note [oversubscribed
-// OpenMP]). Returns the thread count set, 0 when nothing changed. init_process_group calls it.
+// process's OpenMP team at (CPUs it may run on) / local_world_size, at least 1 (Note
+// [oversubscribed OpenMP]). Returns the thread count set, 0 when nothing changed.
+// init_process_group calls it.
 int fit_omp_threads_to_host(int local_world_size);
 
 // ---- the default group, from the environment (dist/env.h) ----
@@ -221,8 +222,8 @@ void destroy_process_group();
 
 namespace detail {
 // Backends compiled only in some builds (NCCL) register a factory from their own file.
-using BackendFactory = std::function<ProcessGroupPtr(std::shared_ptr<Store>, int rank, int size,
-                                                     ProcessGroupOptions)>;
+using BackendFactory =
+    std::function<ProcessGroupPtr(std::shared_ptr<Store>, int rank, int size, ProcessGroupOptions)>;
 bool register_backend(const std::string& name, BackendFactory factory);
 }  // namespace detail
 

@@ -156,7 +156,7 @@ static_assert(ShmAllReduce::kStampBytes % sizeof(uint64_t) == 0 && kStampWords +
 namespace {
 std::atomic<uint64_t>* rank_words(void* map, int r) {
   return reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(map) + kLine +
-                                                   kRankBlock * size_t(r));
+                                                  kRankBlock * size_t(r));
 }
 std::atomic<uint64_t>* counter(void* map, int r) { return rank_words(map, r); }
 // Word 0: the generation; words 1..kStampWords: the stamp.
@@ -170,8 +170,8 @@ std::string ShmAllReduce::host_key() {
   if (const char* k = std::getenv(env::kShmHostKey); k && *k) return k;
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
-  return read_first_line("/proc/sys/kernel/random/boot_id") + "/" +
-         ns_inode("/proc/self/ns/net") + "/" + host;
+  return read_first_line("/proc/sys/kernel/random/boot_id") + "/" + ns_inode("/proc/self/ns/net") +
+         "/" + host;
 }
 
 std::string ShmAllReduce::pid_namespace_id() { return ns_inode("/proc/self/ns/pid"); }
@@ -183,11 +183,12 @@ int ShmAllReduce::sweep_stale_segments(const std::string& dir) {
   for (auto it = std::filesystem::directory_iterator(dir, ec);
        !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.rfind(mine, 0) != 0) continue;  // not ours, or another pid namespace's
+    if (name.rfind(mine, 0) != 0) continue;             // not ours, or another pid namespace's
     const std::string rest = name.substr(mine.size());  // <pid>-<nonce>
     const auto dash = rest.find('-');
     if (dash == 0 || dash == std::string::npos ||
-        !std::all_of(rest.begin(), rest.begin() + long(dash), [](char c) { return c >= '0' && c <= '9'; }))
+        !std::all_of(rest.begin(), rest.begin() + long(dash),
+                     [](char c) { return c >= '0' && c <= '9'; }))
       continue;
     const long pid = std::strtol(rest.substr(0, dash).c_str(), nullptr, 10);
     if (pid <= 0 || pid == long(getpid()) || !process_gone(int(pid))) continue;
@@ -386,7 +387,8 @@ void ShmAllReduce::check_peers(const char* phase) {
   }
   const int64_t by = abort_block_->state.load(std::memory_order_acquire);
   if (by > 0) {
-    const std::string reason(abort_block_->reason, strnlen(abort_block_->reason, kAbortReasonBytes));
+    const std::string reason(abort_block_->reason,
+                             strnlen(abort_block_->reason, kAbortReasonBytes));
     throw PeerError("rank " + std::to_string(by - 1) + " aborted the shared-memory all-reduce (" +
                     reason + "); seen in " + phase);
   }
@@ -459,8 +461,8 @@ void ShmAllReduce::read_stamps(void* out, const void* mine) {
     if (gen != generation_) {
       std::ostringstream os;
       os << "rank " << q << " is not in this rank's collective (its last shared-memory arrival "
-         << "is " << gen << ", this rank's " << generation_ << "; rank " << rank_
-         << " of " << size_ << "): the ranks' collective sequences diverged where fingerprints "
+         << "is " << gen << ", this rank's " << generation_ << "; rank " << rank_ << " of " << size_
+         << "): the ranks' collective sequences diverged where fingerprints "
          << "were not checked";
       fail(os.str());
     }

@@ -91,8 +91,8 @@ class ShmAllReduce {
   char* slots_ = nullptr;
   uint64_t generation_ = 0;
   AbortBlock* abort_block_ = nullptr;
-  std::vector<int> pids_;     // per rank, empty unless all ranks share our pid namespace
-  std::vector<int> pidfds_;   // per rank, -1 for this rank or where pidfd_open is unavailable
+  std::vector<int> pids_;    // per rank, empty unless all ranks share our pid namespace
+  std::vector<int> pidfds_;  // per rank, -1 for this rank or where pidfd_open is unavailable
   std::atomic<bool> aborted_{false};
   std::mutex abort_mu_;
   std::string abort_reason_;

@@ -113,8 +113,9 @@ class Reader {
   }
   std::string str(size_t max_len) {
     uint32_t len = integer<uint32_t>();
-    if (len > max_len) throw ParseError{"string of " + std::to_string(len) + " bytes exceeds " +
-                                        std::to_string(max_len)};
+    if (len > max_len)
+      throw ParseError{"string of " + std::to_string(len) + " bytes exceeds " +
+                       std::to_string(max_len)};
     need(len);
     std::string s(p_ + pos_, len);
     pos_ += len;
@@ -446,8 +447,8 @@ TcpStoreServer::TcpStoreServer(const std::string& host, int port, const StoreOpt
     last_errno = errno;
     close(fd);
   }
-  ACCEL_CHECK(impl_->listen_fd >= 0, DistError, "store", "cannot listen on ", host, ":", port,
-              ": ", errno_str(last_errno));
+  ACCEL_CHECK(impl_->listen_fd >= 0, DistError, "store", "cannot listen on ", host, ":", port, ": ",
+              errno_str(last_errno));
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
   getsockname(impl_->listen_fd, reinterpret_cast<sockaddr*>(&ss), &len);
@@ -682,8 +683,9 @@ bool TcpStoreServer::Impl::process_frames(Conn& c) {
     size_t limit = authed_limit_impl(c.authed, max_message);
     if (len > limit) {
       ++rejected;
-      reply_error_and_close(c, "message of " + std::to_string(len) + " bytes exceeds the limit of " +
-                                   std::to_string(limit) + " bytes");
+      reply_error_and_close(c, "message of " + std::to_string(len) +
+                                   " bytes exceeds the limit of " + std::to_string(limit) +
+                                   " bytes");
       ok = false;
       break;
     }
@@ -856,9 +858,8 @@ bool TcpStoreServer::Impl::handle_hello(Conn& c, Reader& r) {
             : "rendezvous token rejected: the client's ACCEL_RENDEZVOUS_TOKEN differs from "
               "rank 0's";
     if (n <= kMaxLoggedRefusals)
-      log("refused a client from ", c.peer, ": ", why, n == kMaxLoggedRefusals
-                                                           ? " (further refusals are counted, not logged)"
-                                                           : "");
+      log("refused a client from ", c.peer, ": ", why,
+          n == kMaxLoggedRefusals ? " (further refusals are counted, not logged)" : "");
     reply_error_and_close(c, why);
     return false;
   }
@@ -993,8 +994,7 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t n) {
         reply(c, kOk, p);
         return true;
       }
-      default:
-        throw ParseError{"unknown opcode " + std::to_string(op)};
+      default: throw ParseError{"unknown opcode " + std::to_string(op)};
     }
   } catch (const ParseError& e) {
     ++rejected;
@@ -1307,13 +1307,14 @@ void TcpStore::connect_locked(Milliseconds timeout) {
       Handshake h = hello(fd_, options_.token, deadline, &why);
       if (h == Handshake::kOk) return;
       disconnect_locked();
-      ACCEL_CHECK(h != Handshake::kRefused, DistError, "store", "the rendezvous store of rank 0 at ",
-                  where(), " refused this client: ", why);
+      ACCEL_CHECK(h != Handshake::kRefused, DistError, "store",
+                  "the rendezvous store of rank 0 at ", where(), " refused this client: ", why);
       last_error = why;
     }
     auto now = Clock::now();
-    ACCEL_CHECK(now < deadline, DistError, "store", "could not reach the rendezvous store of rank 0 at ",
-                where(), " within ", timeout.count(), " ms: ", last_error);
+    ACCEL_CHECK(now < deadline, DistError, "store",
+                "could not reach the rendezvous store of rank 0 at ", where(), " within ",
+                timeout.count(), " ms: ", last_error);
     auto pause = backoff + Milliseconds(jitter() % (uint64_t(backoff.count()) / 4 + 1));
     std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
     backoff = std::min(backoff * 2, kConnectBackoffMax);
@@ -1322,8 +1323,8 @@ void TcpStore::connect_locked(Milliseconds timeout) {
 
 TcpStore::Reply TcpStore::request(const char* op, const std::string& body,
                                   Milliseconds wait_budget) {
-  ACCEL_CHECK(body.size() <= options_.max_message_bytes, DistError, op, "request of ",
-              body.size(), " bytes exceeds the store limit of ", options_.max_message_bytes);
+  ACCEL_CHECK(body.size() <= options_.max_message_bytes, DistError, op, "request of ", body.size(),
+              " bytes exceeds the store limit of ", options_.max_message_bytes);
   std::lock_guard<std::mutex> g(mu_);
   if (fd_ < 0) connect_locked(timeout_);  // a previous failure dropped the connection
   // Beyond what the server may legitimately hold the request, the round trip gets the store
@@ -1343,8 +1344,8 @@ TcpStore::Reply TcpStore::request(const char* op, const std::string& body,
     recv_exact(fd_, buf.data(), len, deadline, op);
     rep.status = uint8_t(buf[0]);
     rep.body = buf.substr(1);
-    ACCEL_CHECK(rep.status == kOk || rep.status == kTimeout || rep.status == kErr, DistError,
-                op, "invalid reply status ", int(rep.status));
+    ACCEL_CHECK(rep.status == kOk || rep.status == kTimeout || rep.status == kErr, DistError, op,
+                "invalid reply status ", int(rep.status));
   } catch (const DistError&) {
     // A timeout or a broken socket may leave the stream out of step: reconnect on the next
     // call. Dropping the connection is always safe.

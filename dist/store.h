@@ -89,12 +89,12 @@ struct StoreOptions {
 struct StoreServerStats {
   int64_t open_connections = 0;
   int64_t unauthenticated_connections = 0;  // open, HELLO not yet completed
-  int64_t rejected_connections = 0;  // closed for a malformed or oversized frame or a bad HELLO
-  int64_t auth_failures = 0;         // HELLOs with a wrong or missing token
-  int64_t handshake_timeouts = 0;    // closed for not completing HELLO in handshake_timeout
+  int64_t rejected_connections = 0;     // closed for a malformed or oversized frame or a bad HELLO
+  int64_t auth_failures = 0;            // HELLOs with a wrong or missing token
+  int64_t handshake_timeouts = 0;       // closed for not completing HELLO in handshake_timeout
   int64_t evicted_unauthenticated = 0;  // dropped to make room for newer connections
-  int64_t refused_full = 0;  // refused: max_connections authenticated clients already
-  int64_t accept_pauses = 0;  // accept() ran out of file descriptors; listening paused
+  int64_t refused_full = 0;             // refused: max_connections authenticated clients already
+  int64_t accept_pauses = 0;            // accept() ran out of file descriptors; listening paused
   int64_t keys = 0;
   int64_t bytes = 0;  // keys plus values
 };

@@ -98,7 +98,9 @@ void put_varint(std::string& s, uint64_t v) {
   s.push_back(char(uint8_t(v)));
 }
 void put_tag(std::string& s, uint32_t field, uint32_t wire) { put_varint(s, (field << 3) | wire); }
-void put_fixed(std::string& s, const void* p, size_t n) { s.append(static_cast<const char*>(p), n); }
+void put_fixed(std::string& s, const void* p, size_t n) {
+  s.append(static_cast<const char*>(p), n);
+}
 void put_bytes(std::string& s, uint32_t field, const std::string& b) {
   put_tag(s, field, 2);
   put_varint(s, b.size());
@@ -177,7 +179,8 @@ void TensorBoardTracker::finish() {
 TrackerPtr make_tracker(const std::string& name, const std::string& dir) {
   if (name == "jsonl") return std::make_unique<JsonlTracker>(dir);
   if (name == "tensorboard") return std::make_unique<TensorBoardTracker>(dir);
-  ACCEL_THROW(ValueError, "tracker", "unknown tracker '", name, "' (expected jsonl or tensorboard)");
+  ACCEL_THROW(ValueError, "tracker", "unknown tracker '", name,
+              "' (expected jsonl or tensorboard)");
 }
 
 }  // namespace accel::dist

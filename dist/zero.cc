@@ -171,10 +171,9 @@ void ZeroOptimizer::step() {
   const auto& buckets = bucketer_->buckets();
   const int r = pg_->rank();
   for (size_t b = 0; b < buckets.size(); ++b) {
-    Tensor g = options_.stage == 1
-                   ? bucketer_->buffer(b).narrow(0, r * buckets[b].shard_numel,
-                                                 buckets[b].shard_numel)
-                   : bucketer_->shard(b);
+    Tensor g = options_.stage == 1 ? bucketer_->buffer(b).narrow(0, r * buckets[b].shard_numel,
+                                                                 buckets[b].shard_numel)
+                                   : bucketer_->shard(b);
     shards_[b].set_grad(g);
   }
   optimizer_->step();

@@ -114,12 +114,14 @@ int run(const examples::Args& args, const GptArgs& g) {
   const models::GptConfig cfg;
   const int64_t T = cfg.context;
   const int64_t held = std::max<int64_t>(T + 1, int64_t(double(corpus.size()) * kHeldOutFraction));
-  ACCEL_CHECK(int64_t(corpus.size()) > held + T + 1, ValueError, "char_gpt", "the corpus in ",
-              dir, " has only ", corpus.size(), " bytes");
+  ACCEL_CHECK(int64_t(corpus.size()) > held + T + 1, ValueError, "char_gpt", "the corpus in ", dir,
+              " has only ", corpus.size(), " bytes");
   std::vector<uint8_t> val_bytes(corpus.end() - held, corpus.end());
   corpus.resize(corpus.size() - size_t(held));
-  auto train_tokens = data::TokenFile::from_bytes(std::move(corpus), data::TokenType::UInt8, "train");
-  auto val_tokens = data::TokenFile::from_bytes(std::move(val_bytes), data::TokenType::UInt8, "held-out");
+  auto train_tokens =
+      data::TokenFile::from_bytes(std::move(corpus), data::TokenType::UInt8, "train");
+  auto val_tokens =
+      data::TokenFile::from_bytes(std::move(val_bytes), data::TokenType::UInt8, "held-out");
 
   auto model = std::make_shared<models::Gpt>(cfg);  // asserts the 875,264 parameters
   data::DataLoaderOptions vo;
@@ -136,10 +138,12 @@ int run(const examples::Args& args, const GptArgs& g) {
     model = acc.prepare_model(model);
     const double vl = held_out_loss(acc, *model, *val_loader, g.eval_batches);
     char line[160];
-    std::snprintf(line, sizeof line, "eval %s: held-out loss %.4f nats/byte", args.checkpoint.c_str(), vl);
+    std::snprintf(line, sizeof line, "eval %s: held-out loss %.4f nats/byte",
+                  args.checkpoint.c_str(), vl);
     acc.print(line);
     if (acc.is_main_process())
-      acc.print("sample:\n", g.prompt, sample_text(*model, g.prompt, g.sample_bytes, g.temperature, args.seed));
+      acc.print("sample:\n", g.prompt,
+                sample_text(*model, g.prompt, g.sample_bytes, g.temperature, args.seed));
     return 0;
   }
 
@@ -191,22 +195,25 @@ int run(const examples::Args& args, const GptArgs& g) {
       running.add(acc, l, step == args.steps);
       // The quality figure: mean training loss over the last 50 steps (a single step's loss
       // moves by about +-0.1 from batch to batch).
-      if (args.steps - step < 50 && tail.add(acc, l, step == args.steps)) last_window = tail.value();
+      if (args.steps - step < 50 && tail.add(acc, l, step == args.steps))
+        last_window = tail.value();
       progress.update(step, running.value(l), used_lr);
       if (step == args.steps) break;
     }
   }
   char line[200];
-  std::snprintf(line, sizeof line,
-                "final training loss %.4f nats/byte (mean of the last %lld steps), %.1fs, %.1f ms/step",
-                last_window, static_cast<long long>(std::min<int64_t>(50, args.steps)),
-                progress.elapsed(), 1e3 * progress.elapsed() / double(args.steps));
+  std::snprintf(
+      line, sizeof line,
+      "final training loss %.4f nats/byte (mean of the last %lld steps), %.1fs, %.1f ms/step",
+      last_window, static_cast<long long>(std::min<int64_t>(50, args.steps)), progress.elapsed(),
+      1e3 * progress.elapsed() / double(args.steps));
   acc.print(line);
   const double vl = held_out_loss(acc, *m, *val_loader, g.eval_batches);
   std::snprintf(line, sizeof line, "held-out loss %.4f nats/byte", vl);
   acc.print(line);
   if (acc.is_main_process())
-    acc.print("sample:\n", g.prompt, sample_text(*m, g.prompt, g.sample_bytes, g.temperature, args.seed));
+    acc.print("sample:\n", g.prompt,
+              sample_text(*m, g.prompt, g.sample_bytes, g.temperature, args.seed));
   if (!args.checkpoint.empty()) {
     if (acc.is_main_process()) m->save(args.checkpoint, {{"model", "char_gpt"}});
     acc.wait_for_everyone();
@@ -220,23 +227,31 @@ int run(const examples::Args& args, const GptArgs& g) {
 int main(int argc, char** argv) {
   examples::Args args;
   GptArgs g;
-  CLI::App app("Byte-level GPT (875,264 parameters) on the fortunes text, trained through "
-               "accel::Accelerator", "char_gpt");
+  CLI::App app(
+      "Byte-level GPT (875,264 parameters) on the fortunes text, trained through "
+      "accel::Accelerator",
+      "char_gpt");
   examples::add_common_options(app, args, /*epochs=*/false);
   app.add_option("--schedule", g.schedule,
                  "constant (the bench workload: lr 3e-4) or warmup-cosine (default lr 1e-3)")
-      ->capture_default_str()->check(CLI::IsMember({"constant", "warmup-cosine"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"constant", "warmup-cosine"}));
   app.add_option("--warmup", g.warmup, "linear warm-up steps of warmup-cosine")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--grad-clip", g.grad_clip, "clip the gradient norm to this (0: off)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--sample-bytes", g.sample_bytes, "bytes to sample after training")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--temperature", g.temperature, "sampling temperature")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--prompt", g.prompt, "text the sample continues")->capture_default_str();
   app.add_option("--eval-batches", g.eval_batches,
                  "held-out batches of 64 windows to evaluate (0: all)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   return examples::run_example(app, argc, argv, [&] { return run(args, g); });
 }

@@ -14,10 +14,10 @@
 namespace accel::examples {
 
 struct ClassifierSpec {
-  const char* name;        // "fashion_mlp"
-  int64_t default_batch;   // WORKLOADS.md: mlp 256, cnn 128
-  double workload_lr;      // WORKLOADS.md: 1e-3 for both (--schedule constant)
-  bool flatten;            // (N, 784) images, else (N, 1, 28, 28)
+  const char* name;       // "fashion_mlp"
+  int64_t default_batch;  // WORKLOADS.md: mlp 256, cnn 128
+  double workload_lr;     // WORKLOADS.md: 1e-3 for both (--schedule constant)
+  bool flatten;           // (N, 784) images, else (N, 1, 28, 28)
 };
 
 // Test-set accuracy and mean loss over every test sample exactly once, whatever the number of
@@ -38,7 +38,7 @@ inline EvalResult evaluate(Accelerator& acc, nn::Module& model, data::DataLoader
     const Tensor logits = model.forward(batch[0].to(acc.device()));
     const Tensor labels = batch[1].to(acc.device());
     // Per-sample values, so that padding rows can be dropped before summing.
-    const Tensor hit = eq(argmax(logits, 1), labels).to(kFloat64);                     // (b)
+    const Tensor hit = eq(argmax(logits, 1), labels).to(kFloat64);                          // (b)
     const Tensor loss = cross_entropy(logits, labels, -100, Reduction::None).to(kFloat64);  // (b)
     const Tensor hits = acc.gather_for_metrics(hit, batch);
     const Tensor losses = acc.gather_for_metrics(loss, batch);
@@ -64,7 +64,8 @@ struct ClassifierArgs {
 inline void add_classifier_options(CLI::App& app, ClassifierArgs& c) {
   app.add_option("--schedule", c.schedule,
                  "cosine (anneal --lr to 0 over all steps) or constant (the bench workload)")
-      ->capture_default_str()->check(CLI::IsMember({"cosine", "constant"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cosine", "constant"}));
 }
 
 template <typename Model>
@@ -74,7 +75,9 @@ int train_classifier(const ClassifierSpec& spec, const Args& args, const Classif
   const std::string dir = args.data_dir.empty() ? data::kFashionMnistDir : args.data_dir;
   const int64_t batch = args.batch_size > 0 ? args.batch_size : spec.default_batch;
   // Note [classifier schedule]: the cosine default peaks at kCosineLr.
-  const double lr = args.lr > 0 ? args.lr : cargs.schedule == "cosine" ? kCosineLr : spec.workload_lr;
+  const double lr = args.lr > 0                  ? args.lr
+                    : cargs.schedule == "cosine" ? kCosineLr
+                                                 : spec.workload_lr;
 
   data::MnistOptions mo;
   mo.flatten = spec.flatten;

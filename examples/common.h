@@ -25,30 +25,35 @@ struct Args {
   uint64_t seed = 0;
   std::string checkpoint;  // safetensors of the model, written at the end / read by --eval-only
   bool eval_only = false;
-  int threads = 0;         // 0: OpenMP's default (accel-run sets OMP_NUM_THREADS per worker)
+  int threads = 0;  // 0: OpenMP's default (accel-run sets OMP_NUM_THREADS per worker)
   std::string data_dir;
 };
 
 // The options every example has; `epochs` picks --epochs (classifiers) rather than --steps (gpt).
 inline void add_common_options(CLI::App& app, Args& a, bool epochs) {
   if (epochs)
-    app.add_option("--epochs", a.epochs, "passes over the training set")->capture_default_str()
+    app.add_option("--epochs", a.epochs, "passes over the training set")
+        ->capture_default_str()
         ->check(CLI::PositiveNumber);
   else
-    app.add_option("--steps", a.steps, "optimizer steps")->capture_default_str()
+    app.add_option("--steps", a.steps, "optimizer steps")
+        ->capture_default_str()
         ->check(CLI::PositiveNumber);
   app.add_option("--batch-size", a.batch_size,
                  "global batch size, split across processes (0: the example's default)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--lr", a.lr, "peak learning rate (0: the default of the chosen --schedule)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--seed", a.seed, "seed of initialisation, shuffling and sampling")
       ->capture_default_str();
   app.add_option("--checkpoint", a.checkpoint,
                  "safetensors file of the model: written at the end, read by --eval-only");
   app.add_flag("--eval-only", a.eval_only, "load --checkpoint and evaluate; no training");
   app.add_option("--threads", a.threads, "OpenMP threads per process (0: default)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--data-dir", a.data_dir, "where the data files are")->capture_default_str();
 }
 
@@ -109,8 +114,12 @@ class RunningLoss {
 class Progress {
  public:
   Progress(const Accelerator& acc, std::string label, int64_t total, int64_t every = 50)
-      : label_(std::move(label)), total_(total), every_(every), show_(acc.is_main_process()),
-        tty_(isatty(STDOUT_FILENO) == 1), t0_(std::chrono::steady_clock::now()) {}
+      : label_(std::move(label)),
+        total_(total),
+        every_(every),
+        show_(acc.is_main_process()),
+        tty_(isatty(STDOUT_FILENO) == 1),
+        t0_(std::chrono::steady_clock::now()) {}
 
   void update(int64_t done, double loss, double lr) {
     if (!show_) return;

@@ -16,7 +16,6 @@ int main(int argc, char** argv) {
   examples::add_common_options(app, args, /*epochs=*/true);
   examples::add_classifier_options(app, cargs);
   const examples::ClassifierSpec spec{"fashion_cnn", 128, 1e-3, /*flatten=*/false};
-  return examples::run_example(app, argc, argv, [&] {
-    return examples::train_classifier<models::Cnn>(spec, args, cargs);
-  });
+  return examples::run_example(
+      app, argc, argv, [&] { return examples::train_classifier<models::Cnn>(spec, args, cargs); });
 }

@@ -40,8 +40,10 @@ class Cnn : public nn::Module {
   static constexpr int64_t kFlat = 64 * 7 * 7;  // 3136 after two 2x2 pools of 28x28
 
   explicit Cnn(Generator* gen = nullptr)
-      : conv1(register_module("conv1", std::make_shared<nn::Conv2d>(1, 32, 3, 1, 1, 1, 1, true, gen))),
-        conv2(register_module("conv2", std::make_shared<nn::Conv2d>(32, 64, 3, 1, 1, 1, 1, true, gen))),
+      : conv1(register_module("conv1",
+                              std::make_shared<nn::Conv2d>(1, 32, 3, 1, 1, 1, 1, true, gen))),
+        conv2(register_module("conv2",
+                              std::make_shared<nn::Conv2d>(32, 64, 3, 1, 1, 1, 1, true, gen))),
         fc1(register_module("fc1", std::make_shared<nn::Linear>(kFlat, 128, true, gen))),
         fc2(register_module("fc2", std::make_shared<nn::Linear>(128, kClasses, true, gen))) {}
 
@@ -69,12 +71,13 @@ class GptBlock : public nn::Module {
  public:
   GptBlock(const GptConfig& c, Generator* gen)
       : ln1(register_module("ln1", std::make_shared<nn::LayerNorm>(c.d_model))),
-        attn(register_module("attn", std::make_shared<nn::CausalSelfAttention>(c.d_model, c.heads,
-                                                                               true, 0.0, gen))),
+        attn(register_module(
+            "attn", std::make_shared<nn::CausalSelfAttention>(c.d_model, c.heads, true, 0.0, gen))),
         ln2(register_module("ln2", std::make_shared<nn::LayerNorm>(c.d_model))),
-        fc(register_module("fc", std::make_shared<nn::Linear>(c.d_model, 4 * c.d_model, true, gen))),
-        fc_out(register_module("fc_out",
-                               std::make_shared<nn::Linear>(4 * c.d_model, c.d_model, true, gen))) {}
+        fc(register_module("fc",
+                           std::make_shared<nn::Linear>(c.d_model, 4 * c.d_model, true, gen))),
+        fc_out(register_module(
+            "fc_out", std::make_shared<nn::Linear>(4 * c.d_model, c.d_model, true, gen))) {}
 
   // x: (B, T, C) -> (B, T, C)
   Tensor forward(const Tensor& x) override {
@@ -100,11 +103,12 @@ class Gpt : public nn::Module {
         pos(register_module("pos", std::make_shared<nn::Embedding>(c.context, c.d_model, gen))),
         blocks(register_module("blocks", std::make_shared<nn::ModuleList>())),
         ln_f(register_module("ln_f", std::make_shared<nn::LayerNorm>(c.d_model))),
-        head(register_module("head", std::make_shared<nn::Linear>(c.d_model, c.vocab, false, gen))) {
+        head(
+            register_module("head", std::make_shared<nn::Linear>(c.d_model, c.vocab, false, gen))) {
     for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(std::make_shared<GptBlock>(c, gen));
     positions_ = arange(c.context);
-    const bool is_reference = c.vocab == 256 && c.context == 128 && c.layers == 4 && c.heads == 4 &&
-                              c.d_model == 128;
+    const bool is_reference =
+        c.vocab == 256 && c.context == 128 && c.layers == 4 && c.heads == 4 && c.d_model == 128;
     ACCEL_CHECK(!is_reference || num_parameters() == kExpectedParameters, ValueError, "Gpt",
                 "the reference GPT must have ", kExpectedParameters, " parameters, got ",
                 num_parameters());

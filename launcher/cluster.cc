@@ -13,7 +13,8 @@ constexpr int kSlurmPortSpan = 1000;
 constexpr size_t kMaxExpandedHosts = 1 << 20;
 
 [[noreturn]] void bad_nodelist(std::string_view list, const std::string& why) {
-  ACCEL_THROW(launcher::ConfigError, "slurm", "cannot parse node list '", std::string(list), "': ", why);
+  ACCEL_THROW(launcher::ConfigError, "slurm", "cannot parse node list '", std::string(list),
+              "': ", why);
 }
 
 // "01-03,07" -> 01 02 03 07 with padding kept.
@@ -30,7 +31,8 @@ std::vector<std::string> expand_bracket(std::string_view list, std::string_view 
         hi_s.find_first_not_of("0123456789") != std::string::npos) {
       bad_nodelist(list, "bad range '" + part + "' (expected N or N-M with N <= M)");
     }
-    if (static_cast<size_t>(*hi - *lo) + out.size() > kMaxExpandedHosts) bad_nodelist(list, "range too large");
+    if (static_cast<size_t>(*hi - *lo) + out.size() > kMaxExpandedHosts)
+      bad_nodelist(list, "range too large");
     const int width = static_cast<int>(lo_s.size());
     for (long long v = *lo; v <= *hi; ++v) {
       char buf[32];
@@ -61,7 +63,8 @@ std::vector<std::string> expand_host(std::string_view list, std::string_view hos
       bad_nodelist(list, "']' without '['");
     } else {
       size_t next = host.find_first_of("[]", i);
-      std::string_view lit = host.substr(i, next == std::string_view::npos ? std::string_view::npos : next - i);
+      std::string_view lit =
+          host.substr(i, next == std::string_view::npos ? std::string_view::npos : next - i);
       for (auto& a : acc) a += lit;
       i += lit.size();
     }
@@ -72,8 +75,8 @@ std::vector<std::string> expand_host(std::string_view list, std::string_view hos
 int env_int(const EnvMap& env, const std::string& key, int lo, int hi) {
   auto v = env_get(env, key);
   auto n = v ? parse_int(*v) : std::nullopt;
-  ACCEL_CHECK(n && *n >= lo && *n <= hi, launcher::ConfigError, "cluster", "environment variable ", key, "='",
-              v.value_or(""), "' is not an integer in [", lo, ", ", hi, "]");
+  ACCEL_CHECK(n && *n >= lo && *n <= hi, launcher::ConfigError, "cluster", "environment variable ",
+              key, "='", v.value_or(""), "' is not an integer in [", lo, ", ", hi, "]");
   return static_cast<int>(*n);
 }
 
@@ -93,16 +96,19 @@ constexpr int kMaxTasks = 1 << 24;
 ClusterEnv detect_slurm(const EnvMap& env) {
   ClusterEnv c;
   c.kind = ClusterEnv::Kind::kSlurm;
-  std::string ntasks_key = env.count("SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
+  std::string ntasks_key =
+      env.count("SLURM_STEP_NUM_TASKS") ? "SLURM_STEP_NUM_TASKS" : "SLURM_NTASKS";
   const int ntasks = env_int(env, ntasks_key, 1, kMaxTasks);
   const int procid = env_int(env, "SLURM_PROCID", 0, ntasks - 1);
 
   std::string list_key;
-  auto list = first_of(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, &list_key);
+  auto list =
+      first_of(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, &list_key);
   if (list) c.nodes = expand_slurm_nodelist(*list);
   std::string nnodes_key;
   int nnodes = 0;
-  if (auto n = first_of(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"}, &nnodes_key)) {
+  if (auto n = first_of(env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"},
+                        &nnodes_key)) {
     nnodes = env_int(env, nnodes_key, 1, kMaxTasks);
   } else if (!c.nodes.empty()) {
     nnodes = static_cast<int>(c.nodes.size());
@@ -126,8 +132,9 @@ ClusterEnv detect_slurm(const EnvMap& env) {
     c.mode = ClusterEnv::Mode::kPerMachine;
     c.num_machines = nnodes;
     c.machine_rank = procid;
-    c.description = "SLURM step with one task per node: machine_rank " + std::to_string(procid) + " of " +
-                    std::to_string(nnodes) + " (SLURM_PROCID, " + ntasks_key + "), main_process_ip " + ip_note;
+    c.description = "SLURM step with one task per node: machine_rank " + std::to_string(procid) +
+                    " of " + std::to_string(nnodes) + " (SLURM_PROCID, " + ntasks_key +
+                    "), main_process_ip " + ip_note;
   } else {
     // One task per worker: the rank is SLURM's.
     c.mode = ClusterEnv::Mode::kPerTask;
@@ -139,7 +146,8 @@ ClusterEnv detect_slurm(const EnvMap& env) {
     c.local_world_size = (ntasks + nnodes - 1) / nnodes;
     if (auto tpn = first_of(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})) {
       auto per_node = expand_slurm_tasks_per_node(*tpn);
-      if (static_cast<size_t>(c.machine_rank) < per_node.size()) c.local_world_size = per_node[c.machine_rank];
+      if (static_cast<size_t>(c.machine_rank) < per_node.size())
+        c.local_world_size = per_node[c.machine_rank];
     }
     c.description = "SLURM step with one task per worker: rank " + std::to_string(procid) + " of " +
                     std::to_string(ntasks) + " (SLURM_PROCID, " + ntasks_key + "), local_rank " +
@@ -154,17 +162,20 @@ ClusterEnv detect_openmpi(const EnvMap& env) {
   const int size = env_int(env, "OMPI_COMM_WORLD_SIZE", 1, kMaxTasks);
   const int rank = env_int(env, "OMPI_COMM_WORLD_RANK", 0, size - 1);
   const int local_size = env.count("OMPI_COMM_WORLD_LOCAL_SIZE")
-                             ? env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, size) : 1;
+                             ? env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", 1, size)
+                             : 1;
   const int local_rank = env.count("OMPI_COMM_WORLD_LOCAL_RANK")
-                             ? env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, local_size - 1) : 0;
+                             ? env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0, local_size - 1)
+                             : 0;
   if (auto a = env_get(env, env::kMasterAddr); a && !a->empty()) c.main_process_ip = *a;
-  c.main_process_port = env.count(env::kMasterPort) ? env_int(env, env::kMasterPort, 1, 65535) : kDefaultPort;
+  c.main_process_port =
+      env.count(env::kMasterPort) ? env_int(env, env::kMasterPort, 1, 65535) : kDefaultPort;
   if (local_size == 1) {
     c.mode = ClusterEnv::Mode::kPerMachine;
     c.num_machines = size;
     c.machine_rank = rank;
-    c.description = "OpenMPI with one process per machine: machine_rank " + std::to_string(rank) + " of " +
-                    std::to_string(size) + " (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE)";
+    c.description = "OpenMPI with one process per machine: machine_rank " + std::to_string(rank) +
+                    " of " + std::to_string(size) + " (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE)";
   } else {
     c.mode = ClusterEnv::Mode::kPerTask;
     c.rank = rank;
@@ -223,7 +234,8 @@ std::vector<int> expand_slurm_tasks_per_node(std::string_view spec) {
       repeat = r.value_or(-1);
     }
     ACCEL_CHECK(count >= 0 && repeat >= 1 && repeat <= kMaxTasks, launcher::ConfigError, "slurm",
-                "cannot parse tasks per node '", std::string(spec), "' (expected a list like 2(x3),1)");
+                "cannot parse tasks per node '", std::string(spec),
+                "' (expected a list like 2(x3),1)");
     for (long long r = 0; r < repeat; ++r) out.push_back(static_cast<int>(count));
   }
   return out;
@@ -238,10 +250,12 @@ const char* cluster_kind_name(ClusterEnv::Kind k) {
 }
 
 ClusterEnv detect_cluster(const EnvMap& env) {
-  if (env.count("SLURM_PROCID") && (env.count("SLURM_NTASKS") || env.count("SLURM_STEP_NUM_TASKS"))) {
+  if (env.count("SLURM_PROCID") &&
+      (env.count("SLURM_NTASKS") || env.count("SLURM_STEP_NUM_TASKS"))) {
     return detect_slurm(env);
   }
-  if (env.count("OMPI_COMM_WORLD_SIZE") && env.count("OMPI_COMM_WORLD_RANK")) return detect_openmpi(env);
+  if (env.count("OMPI_COMM_WORLD_SIZE") && env.count("OMPI_COMM_WORLD_RANK"))
+    return detect_openmpi(env);
   return ClusterEnv{};
 }
 

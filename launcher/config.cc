@@ -22,17 +22,32 @@ constexpr long long kMaxMachines = 1 << 16;
 // Keys of Accelerate's config that have no meaning here; accepted so that an Accelerate config
 // file loads, and ignored. Anything else unknown is an error (most likely a typo).
 const std::set<std::string> kIgnoredAccelerateKeys = {
-    "debug",          "downcast_bf16",    "tpu_env",          "tpu_use_cluster", "tpu_use_sudo",
-    "tpu_name",       "tpu_zone",         "commands",         "command_file",    "fsdp_config",
-    "deepspeed_config", "megatron_lm_config", "dynamo_config", "ipex_config",    "mpirun_config",
-    "enable_cpu_affinity", "use_mps_device", "dynamo_backend", "fp8_config",     "parallelism_config",
+    "debug",          "downcast_bf16",  "tpu_env",          "tpu_use_cluster",
+    "tpu_use_sudo",   "tpu_name",       "tpu_zone",         "commands",
+    "command_file",   "fsdp_config",    "deepspeed_config", "megatron_lm_config",
+    "dynamo_config",  "ipex_config",    "mpirun_config",    "enable_cpu_affinity",
+    "use_mps_device", "dynamo_backend", "fp8_config",       "parallelism_config",
 };
 
 const std::vector<std::string> kKnownKeys = {
-    "compute_environment", "distributed_type", "num_machines", "num_processes", "machine_rank",
-    "main_process_ip", "main_process_port", "mixed_precision", "use_cpu", "gpu_ids",
-    "rdzv_backend", "same_network", "main_training_function", "gradient_accumulation_steps",
-    "zero_config", "max_restarts", "monitor_interval", "num_cpu_threads_per_process",
+    "compute_environment",
+    "distributed_type",
+    "num_machines",
+    "num_processes",
+    "machine_rank",
+    "main_process_ip",
+    "main_process_port",
+    "mixed_precision",
+    "use_cpu",
+    "gpu_ids",
+    "rdzv_backend",
+    "same_network",
+    "main_training_function",
+    "gradient_accumulation_steps",
+    "zero_config",
+    "max_restarts",
+    "monitor_interval",
+    "num_cpu_threads_per_process",
 };
 
 std::string where_at(const std::string& where, const YAML::Node& node) {
@@ -48,8 +63,10 @@ std::string where_at(const std::string& where, const YAML::Node& node) {
 
 std::string scalar_text(const YAML::Node& node, const std::string& where, const std::string& key) {
   if (!node.IsScalar()) {
-    bad_key(where, node, key, std::string("expected a single value, got a ") +
-                                  (node.IsMap() ? "mapping" : node.IsSequence() ? "list" : "null"));
+    bad_key(where, node, key,
+            std::string("expected a single value, got a ") + (node.IsMap()        ? "mapping"
+                                                              : node.IsSequence() ? "list"
+                                                                                  : "null"));
   }
   return node.Scalar();
 }
@@ -60,8 +77,8 @@ long long read_int(const YAML::Node& node, const std::string& where, const std::
   auto v = parse_int(text);
   if (!v || *v < lo || *v > hi) {
     bad_key(where, node, key,
-            "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
-                text + "'");
+            "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                "], got '" + text + "'");
   }
   return *v;
 }
@@ -84,8 +101,10 @@ std::string quote(const std::string& s) {
   if (printable) {
     std::string out = "'";
     for (char c : s) {
-      if (c == '\'') out += "''";
-      else out += c;
+      if (c == '\'')
+        out += "''";
+      else
+        out += c;
     }
     return out + "'";
   }
@@ -134,13 +153,15 @@ std::string normalize_mixed_precision(const std::string& v) { return to_lower(v)
 std::optional<std::string> check_gpu_ids(const std::string& v) {
   std::string t = trim(v);
   if (to_lower(t) == "all") return std::nullopt;
-  const std::string expl = "expected 'all' or a comma-separated list of GPU ids such as 0,1, got '" + v + "'";
+  const std::string expl =
+      "expected 'all' or a comma-separated list of GPU ids such as 0,1, got '" + v + "'";
   if (t.empty()) return expl;
   std::set<long long> seen;
   for (const auto& part : split(t, ',')) {
     auto id = parse_int(part);
     if (!id || *id < 0 || *id > 1023) return expl;
-    if (!seen.insert(*id).second) return "GPU id " + std::to_string(*id) + " is listed twice in '" + v + "'";
+    if (!seen.insert(*id).second)
+      return "GPU id " + std::to_string(*id) + " is listed twice in '" + v + "'";
   }
   return std::nullopt;
 }
@@ -167,46 +188,57 @@ void validate(const LaunchConfig& c, const std::string& where) {
     ACCEL_THROW(launcher::ConfigError, "config", where, ": key '", key, "': ", what);
   };
   if (c.compute_environment != "LOCAL_MACHINE") {
-    fail("compute_environment", "only LOCAL_MACHINE is supported, got '" + c.compute_environment + "'");
+    fail("compute_environment",
+         "only LOCAL_MACHINE is supported, got '" + c.compute_environment + "'");
   }
   if (auto e = check_distributed_type(c.distributed_type)) fail("distributed_type", *e);
-  if (c.num_machines < 1) fail("num_machines", "must be at least 1, got " + std::to_string(c.num_machines));
-  if (c.num_processes < 1) fail("num_processes", "must be at least 1, got " + std::to_string(c.num_processes));
+  if (c.num_machines < 1)
+    fail("num_machines", "must be at least 1, got " + std::to_string(c.num_machines));
+  if (c.num_processes < 1)
+    fail("num_processes", "must be at least 1, got " + std::to_string(c.num_processes));
   if (c.num_processes % c.num_machines != 0) {
-    fail("num_processes", "is the total over all machines and must be a multiple of num_machines (" +
-                              std::to_string(c.num_machines) + "), got " + std::to_string(c.num_processes));
+    fail("num_processes",
+         "is the total over all machines and must be a multiple of num_machines (" +
+             std::to_string(c.num_machines) + "), got " + std::to_string(c.num_processes));
   }
   if (c.machine_rank < 0 || c.machine_rank >= c.num_machines) {
-    fail("machine_rank", "must be in [0, num_machines - 1] = [0, " + std::to_string(c.num_machines - 1) +
-                             "], got " + std::to_string(c.machine_rank));
+    fail("machine_rank", "must be in [0, num_machines - 1] = [0, " +
+                             std::to_string(c.num_machines - 1) + "], got " +
+                             std::to_string(c.machine_rank));
   }
   if (c.main_process_port && (*c.main_process_port < 1 || *c.main_process_port > 65535)) {
     fail("main_process_port", "must be in [1, 65535], got " + std::to_string(*c.main_process_port));
   }
-  if (c.main_process_ip && c.main_process_ip->empty()) fail("main_process_ip", "is empty (use null for none)");
+  if (c.main_process_ip && c.main_process_ip->empty())
+    fail("main_process_ip", "is empty (use null for none)");
   if (auto e = check_mixed_precision(c.mixed_precision)) fail("mixed_precision", *e);
   if (auto e = check_gpu_ids(c.gpu_ids)) fail("gpu_ids", *e);
   if (c.rdzv_backend != "static") {
-    fail("rdzv_backend", "only 'static' rendezvous (fixed world size, main process as store) is supported, got '" +
-                             c.rdzv_backend + "'");
+    fail("rdzv_backend",
+         "only 'static' rendezvous (fixed world size, main process as store) is supported, got '" +
+             c.rdzv_backend + "'");
   }
   if (auto e = check_zero_stage(c.zero_stage)) fail("zero_config.zero_stage", *e);
   if (c.gradient_accumulation_steps < 1) {
-    fail("gradient_accumulation_steps", "must be at least 1, got " + std::to_string(c.gradient_accumulation_steps));
+    fail("gradient_accumulation_steps",
+         "must be at least 1, got " + std::to_string(c.gradient_accumulation_steps));
   }
-  if (c.max_restarts < 0) fail("max_restarts", "must be >= 0, got " + std::to_string(c.max_restarts));
+  if (c.max_restarts < 0)
+    fail("max_restarts", "must be >= 0, got " + std::to_string(c.max_restarts));
   if (!(c.monitor_interval > 0 && c.monitor_interval <= 60)) {
-    fail("monitor_interval", "must be in (0, 60] seconds, got " + std::to_string(c.monitor_interval));
+    fail("monitor_interval",
+         "must be in (0, 60] seconds, got " + std::to_string(c.monitor_interval));
   }
   if (c.num_cpu_threads_per_process < 0) {
-    fail("num_cpu_threads_per_process", "must be >= 0 (0: automatic), got " +
-                                            std::to_string(c.num_cpu_threads_per_process));
+    fail("num_cpu_threads_per_process",
+         "must be >= 0 (0: automatic), got " + std::to_string(c.num_cpu_threads_per_process));
   }
 }
 
 std::string default_config_path(const EnvMap& env) {
   if (auto p = env_get(env, env::kConfigFile); p && !p->empty()) return *p;
-  if (auto x = env_get(env, "XDG_CACHE_HOME"); x && !x->empty()) return *x + "/accel/default_config.yaml";
+  if (auto x = env_get(env, "XDG_CACHE_HOME"); x && !x->empty())
+    return *x + "/accel/default_config.yaml";
   auto home = env_get(env, "HOME");
   ACCEL_CHECK(home && !home->empty(), launcher::ConfigError, "config",
               "HOME is not set, so there is no default config path; pass --config_file");
@@ -227,7 +259,10 @@ std::string key_text(const YAML::Node& key, const std::string& where, const std:
   if (!key.IsScalar()) {
     ACCEL_THROW(launcher::ConfigError, "config", where_at(where, key), ": a key", in,
                 " must be a plain name, got a ",
-                key.IsMap() ? "mapping" : key.IsSequence() ? "list" : "null", " as a key");
+                key.IsMap()        ? "mapping"
+                : key.IsSequence() ? "list"
+                                   : "null",
+                " as a key");
   }
   return key.Scalar();
 }
@@ -272,7 +307,8 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
     if (key == "compute_environment") {
       c.compute_environment = scalar_text(v, where, key);
       if (c.compute_environment != "LOCAL_MACHINE") {
-        bad_key(where, v, key, "only LOCAL_MACHINE is supported, got '" + c.compute_environment + "'");
+        bad_key(where, v, key,
+                "only LOCAL_MACHINE is supported, got '" + c.compute_environment + "'");
       }
     } else if (key == "distributed_type") {
       std::string t = scalar_text(v, where, key);
@@ -286,11 +322,15 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
     } else if (key == "machine_rank") {
       c.machine_rank = static_cast<int>(read_int(v, where, key, 0, kMaxMachines - 1));
     } else if (key == "main_process_ip") {
-      if (is_null(v)) c.main_process_ip.reset();
-      else c.main_process_ip = trim(scalar_text(v, where, key));
+      if (is_null(v))
+        c.main_process_ip.reset();
+      else
+        c.main_process_ip = trim(scalar_text(v, where, key));
     } else if (key == "main_process_port") {
-      if (is_null(v)) c.main_process_port.reset();
-      else c.main_process_port = static_cast<int>(read_int(v, where, key, 1, 65535));
+      if (is_null(v))
+        c.main_process_port.reset();
+      else
+        c.main_process_port = static_cast<int>(read_int(v, where, key, 1, 65535));
     } else if (key == "mixed_precision") {
       std::string t = scalar_text(v, where, key);
       if (to_lower(t) == "false") t = "no";  // unquoted `no` in YAML 1.1 readers
@@ -335,7 +375,8 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
     } else if (key == "monitor_interval") {
       std::string t = scalar_text(v, where, key);
       auto d = parse_double(t);
-      if (!d || !(*d > 0 && *d <= 60)) bad_key(where, v, key, "expected seconds in (0, 60], got '" + t + "'");
+      if (!d || !(*d > 0 && *d <= 60))
+        bad_key(where, v, key, "expected seconds in (0, 60], got '" + t + "'");
       c.monitor_interval = *d;
     } else if (key == "num_cpu_threads_per_process") {
       c.num_cpu_threads_per_process = static_cast<int>(read_int(v, where, key, 0, 1 << 16));
@@ -348,8 +389,9 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
         size_t d = edit_distance(key, k);
         if (d < best_d) best_d = d, best = k;
       }
-      bad_key(where, it->first, key,
-              best.empty() ? std::string("unknown key") : "unknown key (did you mean '" + best + "'?)");
+      bad_key(
+          where, it->first, key,
+          best.empty() ? std::string("unknown key") : "unknown key (did you mean '" + best + "'?)");
     }
   }
   validate(c, where);
@@ -376,7 +418,8 @@ std::string config_to_yaml(const LaunchConfig& c) {
   os << "num_processes: " << c.num_processes << "  # total over all machines\n";
   os << "machine_rank: " << c.machine_rank << "\n";
   os << "main_process_ip: " << (c.main_process_ip ? quote(*c.main_process_ip) : "null") << "\n";
-  os << "main_process_port: " << (c.main_process_port ? std::to_string(*c.main_process_port) : "null") << "\n";
+  os << "main_process_port: "
+     << (c.main_process_port ? std::to_string(*c.main_process_port) : "null") << "\n";
   os << "mixed_precision: " << quote(c.mixed_precision) << "\n";
   os << "use_cpu: " << (c.use_cpu ? "true" : "false") << "\n";
   os << "gpu_ids: " << (c.gpu_ids == "all" ? std::string("all") : quote(c.gpu_ids)) << "\n";
@@ -398,7 +441,8 @@ void save_config(const LaunchConfig& c, const std::string& path) {
   std::error_code ec;
   if (p.has_parent_path()) {
     fs::create_directories(p.parent_path(), ec);
-    ACCEL_CHECK(!ec, IoError, "config", "cannot create directory '", p.parent_path().string(), "': ", ec.message());
+    ACCEL_CHECK(!ec, IoError, "config", "cannot create directory '", p.parent_path().string(),
+                "': ", ec.message());
   }
   const std::string tmp = path + ".tmp";
   {
@@ -464,16 +508,19 @@ class Asker {
     }
   }
 
-  long long ask_int(const std::string& question, long long default_value, long long lo, long long hi,
+  long long ask_int(const std::string& question, long long default_value, long long lo,
+                    long long hi,
                     const std::function<std::optional<std::string>(long long)>& extra = {}) {
-    std::string a = ask(question, std::to_string(default_value), [&](const std::string& s) -> std::optional<std::string> {
-      auto v = parse_int(s);
-      if (!v || *v < lo || *v > hi) {
-        return "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
-      }
-      if (extra) return extra(*v);
-      return std::nullopt;
-    });
+    std::string a = ask(question, std::to_string(default_value),
+                        [&](const std::string& s) -> std::optional<std::string> {
+                          auto v = parse_int(s);
+                          if (!v || *v < lo || *v > hi) {
+                            return "expected an integer from " + std::to_string(lo) + " to " +
+                                   std::to_string(hi);
+                          }
+                          if (extra) return extra(*v);
+                          return std::nullopt;
+                        });
     return *parse_int(a);
   }
 
@@ -488,7 +535,8 @@ class Asker {
   }
 
   // Choice by index or by name; returns the index.
-  size_t ask_choice(const std::string& question, const std::vector<std::pair<std::string, std::string>>& options,
+  size_t ask_choice(const std::string& question,
+                    const std::vector<std::pair<std::string, std::string>>& options,
                     size_t default_index) {
     std::string q = question + " (";
     for (size_t i = 0; i < options.size(); ++i) {
@@ -504,12 +552,15 @@ class Asker {
       }
       return std::nullopt;
     };
-    std::string a = ask(q, std::to_string(default_index), [&](const std::string& s) -> std::optional<std::string> {
-      if (index_of(s)) return std::nullopt;
-      std::string names;
-      for (size_t i = 0; i < options.size(); ++i) names += (i ? ", " : "") + options[i].first;
-      return "expected a number from 0 to " + std::to_string(options.size() - 1) + " or one of " + names;
-    });
+    std::string a = ask(q, std::to_string(default_index),
+                        [&](const std::string& s) -> std::optional<std::string> {
+                          if (index_of(s)) return std::nullopt;
+                          std::string names;
+                          for (size_t i = 0; i < options.size(); ++i)
+                            names += (i ? ", " : "") + options[i].first;
+                          return "expected a number from 0 to " +
+                                 std::to_string(options.size() - 1) + " or one of " + names;
+                        });
     return *index_of(a);
   }
 
@@ -523,7 +574,8 @@ class Asker {
 LaunchConfig run_questionnaire(std::istream& in, std::ostream& out, int gpu_count) {
   Asker a(in, out);
   LaunchConfig c;
-  a.ask_choice("In which compute environment are you running?", {{"LOCAL_MACHINE", "This machine"}}, 0);
+  a.ask_choice("In which compute environment are you running?", {{"LOCAL_MACHINE", "This machine"}},
+               0);
   c.compute_environment = "LOCAL_MACHINE";
 
   const std::vector<std::pair<std::string, std::string>> types = {
@@ -532,22 +584,23 @@ LaunchConfig run_questionnaire(std::istream& in, std::ostream& out, int gpu_coun
   c.distributed_type = types[t].first;
 
   if (c.distributed_type != "NO") {
-    c.num_machines = static_cast<int>(
-        a.ask_int("How many different machines will you use (use more than 1 for multi-node training)?", 1, 1,
-                  kMaxMachines));
+    c.num_machines = static_cast<int>(a.ask_int(
+        "How many different machines will you use (use more than 1 for multi-node training)?", 1, 1,
+        kMaxMachines));
     if (c.num_machines > 1) {
-      c.machine_rank = static_cast<int>(
-          a.ask_int("What is the rank of this machine (0 for the main machine)?", 0, 0, c.num_machines - 1));
-      c.main_process_ip = a.ask("What is the IP address (or host name) of the machine that will host the main process?",
-                                "", [](const std::string& s) -> std::optional<std::string> {
-                                  if (s.find_first_of(" \t/") != std::string::npos) {
-                                    return std::string("expected an address such as 10.0.0.1 or node01");
-                                  }
-                                  return std::nullopt;
-                                });
+      c.machine_rank = static_cast<int>(a.ask_int(
+          "What is the rank of this machine (0 for the main machine)?", 0, 0, c.num_machines - 1));
+      c.main_process_ip = a.ask(
+          "What is the IP address (or host name) of the machine that will host the main process?",
+          "", [](const std::string& s) -> std::optional<std::string> {
+            if (s.find_first_of(" \t/") != std::string::npos) {
+              return std::string("expected an address such as 10.0.0.1 or node01");
+            }
+            return std::nullopt;
+          });
       c.main_process_port = static_cast<int>(
-          a.ask_int("What is the port you will use to communicate with the main process?", kDefaultMainProcessPort,
-                    1, 65535));
+          a.ask_int("What is the port you will use to communicate with the main process?",
+                    kDefaultMainProcessPort, 1, 65535));
       c.same_network = a.ask_yes_no("Are all the machines on the same local network?", true);
     }
   }
@@ -555,35 +608,44 @@ LaunchConfig run_questionnaire(std::istream& in, std::ostream& out, int gpu_coun
   const int machines = c.num_machines;
   auto multiple_of_machines = [machines](long long v) -> std::optional<std::string> {
     if (v % machines == 0) return std::nullopt;
-    return "the total must be a multiple of the number of machines (" + std::to_string(machines) + ")";
+    return "the total must be a multiple of the number of machines (" + std::to_string(machines) +
+           ")";
   };
   if (c.distributed_type == "NO") {
-    c.use_cpu = a.ask_yes_no("Do you want to run your training on CPU only (even if a GPU is available)?",
-                             gpu_count == 0);
+    c.use_cpu =
+        a.ask_yes_no("Do you want to run your training on CPU only (even if a GPU is available)?",
+                     gpu_count == 0);
     c.num_processes = 1;
   } else if (c.distributed_type == "MULTI_CPU") {
     c.use_cpu = true;
-    c.num_processes = static_cast<int>(a.ask_int(
-        "How many CPU processes should be used in total, over all machines?", 2LL * machines, 1, kMaxProcesses,
-        multiple_of_machines));
+    c.num_processes = static_cast<int>(
+        a.ask_int("How many CPU processes should be used in total, over all machines?",
+                  2LL * machines, 1, kMaxProcesses, multiple_of_machines));
   } else {
     c.use_cpu = false;
-    c.num_processes = static_cast<int>(a.ask_int(
-        "How many GPU processes should be used in total, over all machines?",
-        static_cast<long long>(std::max(gpu_count, 1)) * machines, 1, kMaxProcesses, multiple_of_machines));
-    std::string ids = a.ask("What GPU(s) (by id) should be used for training on this machine as a comma-separated list?",
-                            "all", check_gpu_ids);
+    c.num_processes = static_cast<int>(
+        a.ask_int("How many GPU processes should be used in total, over all machines?",
+                  static_cast<long long>(std::max(gpu_count, 1)) * machines, 1, kMaxProcesses,
+                  multiple_of_machines));
+    std::string ids = a.ask(
+        "What GPU(s) (by id) should be used for training on this machine as a comma-separated "
+        "list?",
+        "all", check_gpu_ids);
     c.gpu_ids = normalize_gpu_ids(ids);
   }
 
   if (c.distributed_type != "NO") {
-    c.zero_stage = static_cast<int>(a.ask_int(
-        "Which ZeRO stage do you want (0: off, 1: shard optimizer state, 2: + gradients, 3: + parameters)?", 0, 0, 3));
+    c.zero_stage =
+        static_cast<int>(a.ask_int("Which ZeRO stage do you want (0: off, 1: shard optimizer "
+                                   "state, 2: + gradients, 3: + parameters)?",
+                                   0, 0, 3));
   }
   c.gradient_accumulation_steps = static_cast<int>(
       a.ask_int("How many gradient accumulation steps do you want?", 1, 1, 1 << 30));
-  const std::vector<std::pair<std::string, std::string>> precisions = {{"no", "no"}, {"fp16", "fp16"}, {"bf16", "bf16"}};
-  c.mixed_precision = precisions[a.ask_choice("Do you wish to use mixed precision?", precisions, 0)].first;
+  const std::vector<std::pair<std::string, std::string>> precisions = {
+      {"no", "no"}, {"fp16", "fp16"}, {"bf16", "bf16"}};
+  c.mixed_precision =
+      precisions[a.ask_choice("Do you wish to use mixed precision?", precisions, 0)].first;
   validate(c, "questionnaire");
   return c;
 }

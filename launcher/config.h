@@ -1,5 +1,6 @@
 // The accel-run config file: what `accel-run config` writes and `launch` reads.
-// Keys follow Accelerate's default_config.yaml where they mean the same thing; see docs/launcher.md.
+// Keys follow Accelerate's default_config.yaml where they mean the same thing; see
+// docs/launcher.md.
 #pragma once
 
 #include <iosfwd>

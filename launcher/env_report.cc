@@ -33,7 +33,8 @@ class Library {
     }
     if (handle_ != nullptr) {
       link_map* lm = nullptr;
-      if (dlinfo(handle_, RTLD_DI_LINKMAP, &lm) == 0 && lm != nullptr && lm->l_name != nullptr) path_ = lm->l_name;
+      if (dlinfo(handle_, RTLD_DI_LINKMAP, &lm) == 0 && lm != nullptr && lm->l_name != nullptr)
+        path_ = lm->l_name;
     }
   }
   ~Library() {
@@ -93,7 +94,8 @@ LibraryProbe probe_onednn() {
   if (auto fn = lib.sym<const DnnlVersion* (*)()>("dnnl_version")) {
     const DnnlVersion* v = fn();
     p.version = dotted(v->major, v->minor, v->patch);
-    if (v->hash != nullptr && *v->hash && std::string(v->hash) != "N/A") p.note = std::string("git ") + v->hash;
+    if (v->hash != nullptr && *v->hash && std::string(v->hash) != "N/A")
+      p.note = std::string("git ") + v->hash;
   } else {
     p.note = "dnnl_version not exported";
   }
@@ -102,7 +104,8 @@ LibraryProbe probe_onednn() {
 
 std::vector<LibraryProbe> probe_cuda_runtime() {
   std::vector<LibraryProbe> out;
-  Library lib(candidates({"libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"}));
+  Library lib(
+      candidates({"libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"}));
   if (!lib.ok()) {
     out.push_back(not_found("CUDA runtime", "libcudart.so"));
     return out;
@@ -112,18 +115,21 @@ std::vector<LibraryProbe> probe_cuda_runtime() {
   auto err_str = lib.sym<const char* (*)(int)>("cudaGetErrorString");
   int v = 0;
   if (auto fn = lib.sym<IntFn>("cudaRuntimeGetVersion"); fn && fn(&v) == 0) {
-    p.version = std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);  // 1000 * major + 10 * minor
+    p.version = std::to_string(v / 1000) + "." +
+                std::to_string((v % 1000) / 10);  // 1000 * major + 10 * minor
   }
   int drv = 0;
   if (auto fn = lib.sym<IntFn>("cudaDriverGetVersion"); fn && fn(&drv) == 0) {
-    p.note = drv > 0 ? "driver supports CUDA " + std::to_string(drv / 1000) + "." + std::to_string((drv % 1000) / 10)
+    p.note = drv > 0 ? "driver supports CUDA " + std::to_string(drv / 1000) + "." +
+                           std::to_string((drv % 1000) / 10)
                      : "no CUDA driver";
   }
   int count = 0;
   if (auto fn = lib.sym<IntFn>("cudaGetDeviceCount")) {
     int rc = fn(&count);
     std::string devs = rc == 0 ? std::to_string(count) + " device(s)"
-                               : std::string("no devices: ") + (err_str ? err_str(rc) : "error " + std::to_string(rc));
+                               : std::string("no devices: ") +
+                                     (err_str ? err_str(rc) : "error " + std::to_string(rc));
     p.note += (p.note.empty() ? "" : "; ") + devs;
   }
   out.push_back(p);
@@ -131,7 +137,8 @@ std::vector<LibraryProbe> probe_cuda_runtime() {
 }
 
 LibraryProbe probe_cublas() {
-  Library lib(candidates({"libcublas.so", "libcublas.so.13", "libcublas.so.12", "libcublas.so.11"}));
+  Library lib(
+      candidates({"libcublas.so", "libcublas.so.13", "libcublas.so.12", "libcublas.so.11"}));
   if (!lib.ok()) return not_found("cuBLAS", "libcublas.so");
   LibraryProbe p{"cuBLAS", true, "", lib.path(), ""};
   // libraryPropertyType: MAJOR_VERSION = 0, MINOR_VERSION = 1, PATCH_LEVEL = 2.
@@ -148,9 +155,14 @@ LibraryProbe probe_cudnn() {
   LibraryProbe p{"cuDNN", true, "", lib.path(), ""};
   if (auto fn = lib.sym<size_t (*)()>("cudnnGetVersion")) {
     const size_t v = fn();
-    // cuDNN 9 encodes major*10000 + minor*100 + patch; cuDNN 8 and older major*1000 + minor*100 + patch.
-    if (v >= 90000) p.version = dotted(static_cast<int>(v / 10000), static_cast<int>((v % 10000) / 100), static_cast<int>(v % 100));
-    else p.version = dotted(static_cast<int>(v / 1000), static_cast<int>((v % 1000) / 100), static_cast<int>(v % 100));
+    // cuDNN 9 encodes major*10000 + minor*100 + patch; cuDNN 8 and older major*1000 + minor*100 +
+    // patch.
+    if (v >= 90000)
+      p.version = dotted(static_cast<int>(v / 10000), static_cast<int>((v % 10000) / 100),
+                         static_cast<int>(v % 100));
+    else
+      p.version = dotted(static_cast<int>(v / 1000), static_cast<int>((v % 1000) / 100),
+                         static_cast<int>(v % 100));
   }
   return p;
 }
@@ -163,8 +175,10 @@ LibraryProbe probe_nccl() {
     int v = 0;
     if (fn(&v) == 0) {
       // NCCL >= 2.9 encodes major*10000 + minor*100 + patch; older major*1000 + minor*100 + patch.
-      if (v >= 20900) p.version = dotted(v / 10000, (v % 10000) / 100, v % 100);
-      else p.version = dotted(v / 1000, (v % 1000) / 100, v % 100);
+      if (v >= 20900)
+        p.version = dotted(v / 10000, (v % 10000) / 100, v % 100);
+      else
+        p.version = dotted(v / 1000, (v % 1000) / 100, v % 100);
     }
   }
   return p;
@@ -213,7 +227,8 @@ NvmlResult query_nvml() {
   char buf[256];
   if (drv_fn && drv_fn(buf, sizeof(buf)) == 0) r.driver = buf;
   int cv = 0;
-  if (cuda_fn && cuda_fn(&cv) == 0) r.cuda = std::to_string(cv / 1000) + "." + std::to_string((cv % 1000) / 10);
+  if (cuda_fn && cuda_fn(&cv) == 0)
+    r.cuda = std::to_string(cv / 1000) + "." + std::to_string((cv % 1000) / 10);
   unsigned n = 0;
   if (count_fn(&n) == 0) {
     for (unsigned i = 0; i < n; ++i) {
@@ -243,7 +258,10 @@ bool in_path(const std::string& prog) {
 
 std::vector<GpuInfo> query_nvidia_smi(std::string* driver) {
   std::vector<GpuInfo> out;
-  FILE* f = popen("nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader,nounits 2>/dev/null", "r");
+  FILE* f = popen(
+      "nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader,nounits "
+      "2>/dev/null",
+      "r");
   if (!f) return out;
   char line[512];
   while (fgets(line, sizeof(line), f)) {
@@ -295,7 +313,8 @@ DeviceReport probe_devices() {
       while (is >> f) flags.insert(f);
     }
   }
-  for (const char* f : {"sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile"}) {
+  for (const char* f : {"sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni",
+                        "amx_bf16", "amx_tile"}) {
     if (flags.count(f)) r.cpu_features.emplace_back(f);
   }
   if (r.cpu_model.empty()) r.cpu_model = "unknown";
@@ -321,7 +340,8 @@ DeviceReport probe_devices() {
     if (nv.loaded) r.gpu_note = nv.error;
   } else {
     r.gpu_source = "none";
-    r.gpu_note = nv.loaded ? nv.error : "no NVIDIA driver library (libnvidia-ml.so.1) and no nvidia-smi";
+    r.gpu_note =
+        nv.loaded ? nv.error : "no NVIDIA driver library (libnvidia-ml.so.1) and no nvidia-smi";
   }
   return r;
 }
@@ -332,21 +352,24 @@ int detect_gpu_count() {
   return count_gpu_device_nodes();
 }
 
-void print_env_report(std::ostream& os, const std::string& config_path, bool config_path_explicit, const EnvMap& env) {
+void print_env_report(std::ostream& os, const std::string& config_path, bool config_path_explicit,
+                      const EnvMap& env) {
   utsname u{};
   uname(&u);
   os << "accel-run " << ACCEL_VERSION << " (accel " << ACCEL_VERSION << ")\n";
   os << "  compiler: " << __VERSION__ << ", C++ " << __cplusplus << "\n";
-  os << "  system: " << u.sysname << " " << u.release << " " << u.machine << ", host " << u.nodename << "\n";
+  os << "  system: " << u.sysname << " " << u.release << " " << u.machine << ", host " << u.nodename
+     << "\n";
 
   DeviceReport d = probe_devices();
   os << "\nDevices\n";
-  os << "  CPU: " << d.cpu_model << ", " << d.cpus_online << " logical CPUs online, " << d.cpus_usable
-     << " usable by this process\n";
+  os << "  CPU: " << d.cpu_model << ", " << d.cpus_online << " logical CPUs online, "
+     << d.cpus_usable << " usable by this process\n";
   os << "  CPU features:";
   for (const auto& f : d.cpu_features) os << " " << f;
   os << (d.cpu_features.empty() ? " none of interest\n" : "\n");
-  os << "  memory: " << human_bytes(static_cast<unsigned long long>(d.memory_kib) * 1024ULL) << "\n";
+  os << "  memory: " << human_bytes(static_cast<unsigned long long>(d.memory_kib) * 1024ULL)
+     << "\n";
   os << "  GPUs (" << d.gpu_source << "): " << d.gpus.size() << "\n";
   for (const auto& g : d.gpus) {
     os << "    [" << g.index << "] " << g.name << ", " << human_bytes(g.memory_bytes) << "\n";
@@ -373,7 +396,9 @@ void print_env_report(std::ostream& os, const std::string& config_path, bool con
   bool have = std::filesystem::exists(config_path);
   bool ok = true;
   if (!have) {
-    os << (config_path_explicit ? " (does not exist)" : " (not written yet: `accel-run config` or `accel-run config default`)")
+    os << (config_path_explicit
+               ? " (does not exist)"
+               : " (not written yet: `accel-run config` or `accel-run config default`)")
        << "; defaults in effect\n";
   } else {
     os << "\n";
@@ -392,14 +417,17 @@ void print_env_report(std::ostream& os, const std::string& config_path, bool con
     }
     try {
       LaunchPlan p = resolve_plan(cfg, LaunchFlags{}, env, count_gpu_device_nodes());
-      os << "  launch without flags: " << p.world_size << " process(es) (" << p.distributed_type << "), "
-         << p.num_local_workers << " on this machine (machine_rank " << p.machine_rank << " of " << p.num_machines
-         << "), MASTER_ADDR=" << p.master_addr << " MASTER_PORT="
-         << (p.port_auto ? std::string("<free port picked at launch>") : std::to_string(p.master_port)) << "\n";
+      os << "  launch without flags: " << p.world_size << " process(es) (" << p.distributed_type
+         << "), " << p.num_local_workers << " on this machine (machine_rank " << p.machine_rank
+         << " of " << p.num_machines << "), MASTER_ADDR=" << p.master_addr << " MASTER_PORT="
+         << (p.port_auto ? std::string("<free port picked at launch>")
+                         : std::to_string(p.master_port))
+         << "\n";
       for (const auto& n : p.notes) os << "  note: " << n << "\n";
       const bool exported = env.count(env::kRendezvousToken) != 0;
       resolve_rendezvous_token(p, LaunchFlags{}, env);
-      os << "  rendezvous token: " << (exported ? "ACCEL_RENDEZVOUS_TOKEN (exported)" : "a fresh one per launch") << "\n";
+      os << "  rendezvous token: "
+         << (exported ? "ACCEL_RENDEZVOUS_TOKEN (exported)" : "a fresh one per launch") << "\n";
     } catch (const Error& e) {
       os << "  launch without flags would fail: " << e.what() << "\n";
     }
@@ -410,10 +438,12 @@ void print_env_report(std::ostream& os, const std::string& config_path, bool con
     os << "  job cgroup: off (ACCEL_RUN_CGROUP=0)";
   } else {
     std::string why_not;
-    const std::string probe = create_job_cgroup("accel-run-probe-" + std::to_string(getpid()), &why_not);
+    const std::string probe =
+        create_job_cgroup("accel-run-probe-" + std::to_string(getpid()), &why_not);
     if (!probe.empty()) {
       rmdir(probe.c_str());
-      os << "  job cgroup: available (created under " << std::filesystem::path(probe).parent_path().string() << ")";
+      os << "  job cgroup: available (created under "
+         << std::filesystem::path(probe).parent_path().string() << ")";
     } else {
       os << "  job cgroup: not available (" << why_not << ")";
     }
@@ -423,10 +453,24 @@ void print_env_report(std::ostream& os, const std::string& config_path, bool con
   os << "\nEnvironment\n";
   bool any = false;
   for (const auto& [k, v] : env) {
-    static const char* kPrefixes[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                                      "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "ACCEL_",
-                                      "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NODEID", "SLURM_JOB_NODELIST",
-                                      "SLURM_NNODES", "SLURM_LOCALID", "OMPI_COMM_WORLD_", "NCCL_", "GLOO_"};
+    static const char* kPrefixes[] = {"RANK",
+                                      "WORLD_SIZE",
+                                      "LOCAL_RANK",
+                                      "LOCAL_WORLD_SIZE",
+                                      "MASTER_ADDR",
+                                      "MASTER_PORT",
+                                      "CUDA_VISIBLE_DEVICES",
+                                      "OMP_NUM_THREADS",
+                                      "ACCEL_",
+                                      "SLURM_PROCID",
+                                      "SLURM_NTASKS",
+                                      "SLURM_NODEID",
+                                      "SLURM_JOB_NODELIST",
+                                      "SLURM_NNODES",
+                                      "SLURM_LOCALID",
+                                      "OMPI_COMM_WORLD_",
+                                      "NCCL_",
+                                      "GLOO_"};
     bool match = false;
     for (const char* p : kPrefixes) {
       const std::string ps(p);
@@ -443,7 +487,9 @@ void print_env_report(std::ostream& os, const std::string& config_path, bool con
     os << "  " << k << "=" << v << "\n";
     any = true;
   }
-  if (!any) os << "  (none of RANK, WORLD_SIZE, MASTER_*, CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS, ACCEL_*, SLURM_*, OMPI_* set)\n";
+  if (!any)
+    os << "  (none of RANK, WORLD_SIZE, MASTER_*, CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS, ACCEL_*, "
+          "SLURM_*, OMPI_* set)\n";
 }
 
 }  // namespace accel::launcher

@@ -11,7 +11,7 @@
 namespace accel::launcher {
 
 struct LibraryProbe {
-  std::string name;     // "oneDNN", "CUDA runtime", ...
+  std::string name;  // "oneDNN", "CUDA runtime", ...
   bool found = false;
   std::string version;  // "2.6.0"; empty when found but the query failed
   std::string path;     // the file dlopen resolved
@@ -45,6 +45,7 @@ DeviceReport probe_devices();
 int detect_gpu_count();
 
 // The whole report: versions, devices, libraries, config file, launch plan, relevant variables.
-void print_env_report(std::ostream& os, const std::string& config_path, bool config_path_explicit, const EnvMap& env);
+void print_env_report(std::ostream& os, const std::string& config_path, bool config_path_explicit,
+                      const EnvMap& env);
 
 }  // namespace accel::launcher

@@ -37,49 +37,64 @@ struct LaunchArgs {
 };
 
 template <typename T>
-void add_optional(CLI::App* app, const std::string& names, std::optional<T>& target, const std::string& help) {
-  app->add_option_function<T>(names, [&target](const T& v) { target = v; }, help);
+void add_optional(CLI::App* app, const std::string& names, std::optional<T>& target,
+                  const std::string& help) {
+  app->add_option_function<T>(
+      names, [&target](const T& v) { target = v; }, help);
 }
 
 void add_launch_flags(CLI::App* app, LaunchArgs& a) {
   auto& f = a.flags;
-  app->add_option("--config_file,--config-file", a.config_file,
-                  "config file (default: $ACCEL_CONFIG_FILE, else ~/.cache/accel/default_config.yaml)");
+  app->add_option(
+      "--config_file,--config-file", a.config_file,
+      "config file (default: $ACCEL_CONFIG_FILE, else ~/.cache/accel/default_config.yaml)");
   add_optional(app, "--num_processes,--num-processes", f.num_processes,
                "total number of worker processes over all machines");
   add_optional(app, "--num_machines,--num-machines", f.num_machines, "number of machines");
-  add_optional(app, "--machine_rank,--machine-rank", f.machine_rank, "rank of this machine (0: hosts the main process)");
-  add_optional(app, "--main_process_ip,--main-process-ip", f.main_process_ip, "address of machine 0");
-  add_optional(app, "--main_process_port,--main-process-port", f.main_process_port,
-               "port of the rendezvous store on machine 0 (single machine: a free port when unset)");
+  add_optional(app, "--machine_rank,--machine-rank", f.machine_rank,
+               "rank of this machine (0: hosts the main process)");
+  add_optional(app, "--main_process_ip,--main-process-ip", f.main_process_ip,
+               "address of machine 0");
+  add_optional(
+      app, "--main_process_port,--main-process-port", f.main_process_port,
+      "port of the rendezvous store on machine 0 (single machine: a free port when unset)");
   add_optional(app, "--mixed_precision,--mixed-precision", f.mixed_precision, "no, fp16 or bf16");
   app->add_flag("--cpu", f.cpu, "force CPU workers (ACCEL_USE_CPU=true)");
-  add_optional(app, "--gpu_ids,--gpu-ids", f.gpu_ids, "GPUs of this machine to use: all or e.g. 0,1 (CUDA_VISIBLE_DEVICES)");
+  add_optional(app, "--gpu_ids,--gpu-ids", f.gpu_ids,
+               "GPUs of this machine to use: all or e.g. 0,1 (CUDA_VISIBLE_DEVICES)");
   add_optional(app, "--max_restarts,--max-restarts", f.max_restarts,
                "restart the whole group up to N times after a failure (ACCEL_RESTART_COUNT)");
   add_optional(app, "--monitor_interval,--monitor-interval", f.monitor_interval,
                "seconds between liveness checks (output and exits are handled as they happen)");
   add_optional(app, "--zero_stage,--zero-stage", f.zero_stage, "ZeRO stage 0-3 (ACCEL_ZERO_STAGE)");
-  add_optional(app, "--gradient_accumulation_steps,--gradient-accumulation-steps", f.gradient_accumulation_steps,
-               "ACCEL_GRADIENT_ACCUMULATION_STEPS");
-  add_optional(app, "--num_cpu_threads_per_process,--num-cpu-threads-per-process", f.num_cpu_threads_per_process,
+  add_optional(app, "--gradient_accumulation_steps,--gradient-accumulation-steps",
+               f.gradient_accumulation_steps, "ACCEL_GRADIENT_ACCUMULATION_STEPS");
+  add_optional(app, "--num_cpu_threads_per_process,--num-cpu-threads-per-process",
+               f.num_cpu_threads_per_process,
                "OMP_NUM_THREADS for every worker (default: CPUs / workers per machine)");
   app->add_option("--grace_period,--grace-period", a.grace_period,
                   "seconds between SIGTERM and SIGKILL when the group is stopped")
       ->check(CLI::Range(0.0, 300.0));
   add_optional(app, "--rendezvous_token,--rendezvous-token", f.rendezvous_token,
-               "secret shared by every machine of the job (default: $ACCEL_RENDEZVOUS_TOKEN; see `accel-run token`)");
-  app->add_option("--stopped_timeout,--stopped-timeout", a.stopped_timeout,
-                  "seconds a worker may stay stopped (SIGSTOP) before it counts as failed; 0: never")
+               "secret shared by every machine of the job (default: $ACCEL_RENDEZVOUS_TOKEN; see "
+               "`accel-run token`)");
+  app->add_option(
+         "--stopped_timeout,--stopped-timeout", a.stopped_timeout,
+         "seconds a worker may stay stopped (SIGSTOP) before it counts as failed; 0: never")
       ->check(CLI::Range(0.0, kMaxStoppedTimeout));
   app->add_option("--forward_signals,--forward-signals", a.forward_signals,
-                  "signals passed on to every worker without stopping the job, e.g. SIGUSR1,SIGUSR2 (default), or none");
+                  "signals passed on to every worker without stopping the job, e.g. "
+                  "SIGUSR1,SIGUSR2 (default), or none");
   app->add_option("--log_dir,--log-dir", a.log_dir,
-                  "write each worker's stdout/stderr to DIR/attempt_<n>/rank_<r>/{stdout,stderr}.log (and its error.json)");
-  add_optional(app, "--tee", a.tee, "with --log_dir: worker streams also printed: 0/none (default), 1/stdout, 2/stderr, 3/all");
+                  "write each worker's stdout/stderr to "
+                  "DIR/attempt_<n>/rank_<r>/{stdout,stderr}.log (and its error.json)");
+  add_optional(
+      app, "--tee", a.tee,
+      "with --log_dir: worker streams also printed: 0/none (default), 1/stdout, 2/stderr, 3/all");
   app->add_flag("--ignore_cluster_env,--ignore-cluster-env", f.ignore_cluster_env,
                 "do not read SLURM_* / OMPI_COMM_WORLD_* variables");
-  app->add_flag("--no_rank_prefix,--no-rank-prefix", a.no_rank_prefix, "do not prefix output lines with [rankN]: ");
+  app->add_flag("--no_rank_prefix,--no-rank-prefix", a.no_rank_prefix,
+                "do not prefix output lines with [rankN]: ");
   app->add_flag("-q,--quiet", a.quiet, "only print failure reports, not progress lines");
 }
 
@@ -91,7 +106,8 @@ std::string config_path_for(const std::string& flag, const al::EnvMap& env) {
 
 al::LaunchConfig load_effective_config(const std::string& flag, const al::EnvMap& env) {
   if (path_given(flag)) {
-    ACCEL_CHECK(std::filesystem::exists(flag), IoError, "config", "config file '", flag, "' does not exist");
+    ACCEL_CHECK(std::filesystem::exists(flag), IoError, "config", "config file '", flag,
+                "' does not exist");
     return al::load_config(flag);
   }
   std::string path;
@@ -115,7 +131,8 @@ int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest
   opts.forward_signals = al::parse_forward_signals(a.forward_signals);
   if (a.tee) {
     ACCEL_CHECK(!a.log_dir.empty(), launcher::ConfigError, "launch",
-                "--tee chooses which streams are also printed besides the --log_dir files; pass --log_dir too");
+                "--tee chooses which streams are also printed besides the --log_dir files; pass "
+                "--log_dir too");
     opts.tee = al::parse_tee(*a.tee);
   }
   // Absolute: the error file paths in the workers' environment must not depend on their cwd.
@@ -136,8 +153,8 @@ int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest
   return al::supervise(plan, env, opts);
 }
 
-// Note [selftest lookup]: accel-selftest is built by dist/tools into build/dist/tools and installed next to
-// accel-run; look beside ourselves, then in the build tree, then in the configured bindir.
+// Note [selftest lookup]: accel-selftest is built by dist/tools into build/dist/tools and installed
+// next to accel-run; look beside ourselves, then in the build tree, then in the configured bindir.
 std::vector<std::string> selftest_candidates() {
   std::vector<std::string> out;
   if (const char* o = std::getenv(accel::env::kSelftest); o && *o) {
@@ -147,7 +164,8 @@ std::vector<std::string> selftest_candidates() {
   const std::string dir = al::self_exe_dir();
   if (!dir.empty()) {
     out.push_back(dir + "/accel-selftest");
-    out.push_back(dir + "/../dist/tools/accel-selftest");  // the build tree (dist/tools/meson.build)
+    out.push_back(dir +
+                  "/../dist/tools/accel-selftest");  // the build tree (dist/tools/meson.build)
   }
   out.push_back(std::string(ACCEL_BINDIR) + "/accel-selftest");
   return out;
@@ -162,15 +180,18 @@ int run_selftest(const LaunchArgs& a) {
       if (ec) path = c;
       if (!a.quiet) std::cerr << "accel-run test: running " << path << "\n";
       int rc = run_launch(a, {path}, /*selftest=*/true);
-      // Through a non-blocking sink: stdout may be a pipe nobody reads (Note [non-blocking console]).
-      al::write_console(1, rc == 0 ? std::string("accel-run test: PASS\n")
-                                   : "accel-run test: FAIL (exit code " + std::to_string(rc) + ")\n");
+      // Through a non-blocking sink: stdout may be a pipe nobody reads (Note [non-blocking
+      // console]).
+      al::write_console(1, rc == 0
+                               ? std::string("accel-run test: PASS\n")
+                               : "accel-run test: FAIL (exit code " + std::to_string(rc) + ")\n");
       return rc;
     }
   }
   std::cerr << "accel-run test: the self-test program accel-selftest was not found; looked in:\n";
   for (const auto& c : cands) std::cerr << "  " << c << "\n";
-  std::cerr << "build it (ninja -C build dist/tools/accel-selftest) or set ACCEL_SELFTEST to its path\n";
+  std::cerr
+      << "build it (ninja -C build dist/tools/accel-selftest) or set ACCEL_SELFTEST to its path\n";
   return 2;
 }
 
@@ -184,12 +205,14 @@ int run_config(const std::string& config_file) {
   return 0;
 }
 
-int run_config_default(const std::string& config_file, const std::string& mixed_precision, bool force) {
+int run_config_default(const std::string& config_file, const std::string& mixed_precision,
+                       bool force) {
   const al::EnvMap env = al::current_environment();
   const std::string path = config_path_for(config_file, env);
   if (std::filesystem::exists(path) && !force) {
     std::cerr << "accel-run config default: " << path
-              << " already exists; not overwriting it (run `accel-run config`, pass --force or another --config_file)\n";
+              << " already exists; not overwriting it (run `accel-run config`, pass --force or "
+                 "another --config_file)\n";
     return 1;
   }
   al::LaunchConfig c = al::basic_config(al::detect_gpu_count(), mixed_precision);
@@ -209,8 +232,9 @@ int launch_separator(CLI::App* launch, int argc, char** argv) {
     const std::string name = t.substr(0, t.find('='));
     const CLI::Option* opt = launch->get_option_no_throw(name);
     if (opt == nullptr) {
-      throw CLI::ExtrasError("unknown flag '" + t + "' before PROGRAM (put -- before a PROGRAM that starts with -)",
-                             CLI::ExitCodes::ExtrasError);
+      throw CLI::ExtrasError(
+          "unknown flag '" + t + "' before PROGRAM (put -- before a PROGRAM that starts with -)",
+          CLI::ExitCodes::ExtrasError);
     }
     if (t.find('=') == std::string::npos && opt->get_expected_min() > 0) ++i;  // skip the value
   }
@@ -223,31 +247,41 @@ int run_main(int argc, char** argv) {
   app.require_subcommand(1);
 
   std::string config_file;
-  auto* config = app.add_subcommand("config", "interactive questionnaire that writes the config file");
-  config->add_option("--config_file,--config-file", config_file, "where to write (default: ~/.cache/accel/default_config.yaml)");
+  auto* config =
+      app.add_subcommand("config", "interactive questionnaire that writes the config file");
+  config->add_option("--config_file,--config-file", config_file,
+                     "where to write (default: ~/.cache/accel/default_config.yaml)");
   std::string default_file, default_precision = "no";
   bool force = false;
-  auto* config_default = config->add_subcommand("default", "write a default config without questions");
+  auto* config_default =
+      config->add_subcommand("default", "write a default config without questions");
   config_default->add_option("--config_file,--config-file", default_file, "where to write");
-  config_default->add_option("--mixed_precision,--mixed-precision", default_precision, "no, fp16 or bf16");
+  config_default->add_option("--mixed_precision,--mixed-precision", default_precision,
+                             "no, fp16 or bf16");
   config_default->add_flag("--force", force, "overwrite an existing file");
 
   LaunchArgs launch_args;
-  auto* launch = app.add_subcommand("launch", "start the workers of PROGRAM on this machine and supervise them");
+  auto* launch = app.add_subcommand(
+      "launch", "start the workers of PROGRAM on this machine and supervise them");
   add_launch_flags(launch, launch_args);
   // Everything from the first unknown word on (PROGRAM and its own flags) is left for the worker.
   launch->prefix_command();
-  launch->footer("Usage: accel-run launch [flags] PROGRAM [ARGS...]   (use -- before PROGRAM if it starts with -)");
+  launch->footer(
+      "Usage: accel-run launch [flags] PROGRAM [ARGS...]   (use -- before PROGRAM if it starts "
+      "with -)");
 
   LaunchArgs test_args;
-  auto* test = app.add_subcommand("test", "run the distributed self test (accel-selftest) through the launch path");
+  auto* test = app.add_subcommand(
+      "test", "run the distributed self test (accel-selftest) through the launch path");
   add_launch_flags(test, test_args);
 
-  auto* token = app.add_subcommand(
-      "token", "print a fresh random rendezvous token; export it as ACCEL_RENDEZVOUS_TOKEN on every machine of a job");
+  auto* token = app.add_subcommand("token",
+                                   "print a fresh random rendezvous token; export it as "
+                                   "ACCEL_RENDEZVOUS_TOKEN on every machine of a job");
 
   std::string env_file;
-  auto* env = app.add_subcommand("env", "print versions, devices, libraries and the config in effect");
+  auto* env =
+      app.add_subcommand("env", "print versions, devices, libraries and the config in effect");
   env->add_option("--config_file,--config-file", env_file, "config file to show");
 
   std::vector<std::string> after_separator;
@@ -264,7 +298,9 @@ int run_main(int argc, char** argv) {
   }
 
   try {
-    if (*config_default) return run_config_default(default_file.empty() ? config_file : default_file, default_precision, force);
+    if (*config_default)
+      return run_config_default(default_file.empty() ? config_file : default_file,
+                                default_precision, force);
     if (*config) return run_config(config_file);
     if (*launch) {
       std::vector<std::string> prog = launch->remaining();

@@ -15,7 +15,7 @@
 namespace accel::launcher {
 
 ConsoleSink::ConsoleSink(int fd, size_t capacity) : fd_(fd), capacity_(capacity) {
-  struct stat st{};
+  struct stat st {};
   if (fstat(fd, &st) != 0) {
     broken_ = true;  // closed: nothing can be written
     return;
@@ -68,7 +68,8 @@ void ConsoleSink::write(std::string_view text) {
 
 long ConsoleSink::write_some(const char* p, size_t n) {
   while (true) {
-    ssize_t w = mode_ == Mode::kSocket ? ::send(fd_, p, n, MSG_DONTWAIT | MSG_NOSIGNAL) : ::write(fd_, p, n);
+    ssize_t w = mode_ == Mode::kSocket ? ::send(fd_, p, n, MSG_DONTWAIT | MSG_NOSIGNAL)
+                                       : ::write(fd_, p, n);
     if (w >= 0) return static_cast<long>(w);
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
@@ -108,9 +109,11 @@ bool ConsoleSink::flush() {
 
 bool ConsoleSink::drain(double seconds) {
   using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(seconds));
   while (!flush() && !broken_) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) break;
     pollfd p{fd_, POLLOUT, 0};
     ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 100)));

@@ -10,12 +10,12 @@ namespace accel::launcher {
 // Note [non-blocking console]: a blocking write to a stdout nobody reads (a full pipe, a terminal
 // paused with Ctrl-S) would wedge accel-run: SIGTERM/SIGINT are read from a signalfd in the same
 // loop, so it could no longer stop the workers. The console is therefore written without blocking
-// through a bounded buffer. Setting O_NONBLOCK on fd 1 itself would change the open file description
-// we share with the shell (which then sees EAGAIN on its own terminal), so pipes, FIFOs and terminals
-// are reopened through /proc/self/fd/N with O_NONBLOCK (a description of our own), sockets are
-// written with MSG_DONTWAIT, and regular files (which never block for long) are written directly.
-// When the buffer is full, whole writes are dropped and counted; once there is room again the sink
-// writes "[accel-run: N bytes of output dropped]" before the next text.
+// through a bounded buffer. Setting O_NONBLOCK on fd 1 itself would change the open file
+// description we share with the shell (which then sees EAGAIN on its own terminal), so pipes, FIFOs
+// and terminals are reopened through /proc/self/fd/N with O_NONBLOCK (a description of our own),
+// sockets are written with MSG_DONTWAIT, and regular files (which never block for long) are written
+// directly. When the buffer is full, whole writes are dropped and counted; once there is room again
+// the sink writes "[accel-run: N bytes of output dropped]" before the next text.
 class ConsoleSink {
  public:
   static constexpr size_t kDefaultCapacity = 4 << 20;

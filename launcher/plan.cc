@@ -28,7 +28,8 @@ int count_gpu_device_nodes() {
   return n;
 }
 
-LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flags, const EnvMap& env, int gpu_count) {
+LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flags,
+                        const EnvMap& env, int gpu_count) {
   LaunchPlan p;
   LaunchConfig& c = p.config;
   c = file_config;
@@ -60,19 +61,23 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
   }
   if (flags.cpu) c.use_cpu = true;
   if (flags.gpu_ids) {
-    if (auto e = check_gpu_ids(*flags.gpu_ids)) ACCEL_THROW(launcher::ConfigError, "launch", "--gpu_ids: ", *e);
+    if (auto e = check_gpu_ids(*flags.gpu_ids))
+      ACCEL_THROW(launcher::ConfigError, "launch", "--gpu_ids: ", *e);
     c.gpu_ids = normalize_gpu_ids(*flags.gpu_ids);
   }
   if (flags.max_restarts) c.max_restarts = *flags.max_restarts;
   if (flags.monitor_interval) c.monitor_interval = *flags.monitor_interval;
   if (flags.zero_stage) c.zero_stage = *flags.zero_stage;
-  if (flags.gradient_accumulation_steps) c.gradient_accumulation_steps = *flags.gradient_accumulation_steps;
-  if (flags.num_cpu_threads_per_process) c.num_cpu_threads_per_process = *flags.num_cpu_threads_per_process;
+  if (flags.gradient_accumulation_steps)
+    c.gradient_accumulation_steps = *flags.gradient_accumulation_steps;
+  if (flags.num_cpu_threads_per_process)
+    c.num_cpu_threads_per_process = *flags.num_cpu_threads_per_process;
 
   if (per_task) {
     // The outer launcher fixed the world; the config's process counts do not apply.
-    ACCEL_CHECK(!flags.num_processes || *flags.num_processes == cl.world_size, launcher::ConfigError, "launch",
-                "--num_processes ", flags.num_processes.value_or(0), " conflicts with the ", cluster_kind_name(cl.kind),
+    ACCEL_CHECK(!flags.num_processes || *flags.num_processes == cl.world_size,
+                launcher::ConfigError, "launch", "--num_processes ",
+                flags.num_processes.value_or(0), " conflicts with the ", cluster_kind_name(cl.kind),
                 " world of ", cl.world_size, " tasks (each task is one worker); drop the flag");
     LaunchConfig check = c;
     check.num_machines = 1;
@@ -102,7 +107,8 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
   } else {
     ACCEL_CHECK(p.num_machines == 1, launcher::ConfigError, "launch",
                 "main_process_ip is required with ", p.num_machines,
-                " machines: pass --main_process_ip (the address of machine 0) or set it in the config file");
+                " machines: pass --main_process_ip (the address of machine 0) or set it in the "
+                "config file");
     p.master_addr = kLoopback;
   }
   if (c.main_process_port) {
@@ -111,7 +117,8 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
     p.port_auto = true;
   } else {
     p.master_port = kDefaultMultiMachinePort;
-    p.notes.push_back("main_process_port not given; using " + std::to_string(kDefaultMultiMachinePort) +
+    p.notes.push_back("main_process_port not given; using " +
+                      std::to_string(kDefaultMultiMachinePort) +
                       " (every machine must agree on it)");
   }
 
@@ -133,7 +140,8 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
     const int listed = static_cast<int>(split(c.gpu_ids, ',').size());
     if (listed < p.local_world_size) {
       p.notes.push_back("warning: gpu_ids lists " + std::to_string(listed) + " GPU(s) for " +
-                        std::to_string(p.local_world_size) + " processes per machine; some will share a GPU");
+                        std::to_string(p.local_world_size) +
+                        " processes per machine; some will share a GPU");
     }
   }
 
@@ -172,11 +180,13 @@ void resolve_rendezvous_token(LaunchPlan& p, const LaunchFlags& flags, const Env
     source = env::kRendezvousToken;
   }
   if (given) {
-    ACCEL_CHECK(given->size() >= kMinTokenLength, launcher::ConfigError, "launch", source, " is ", given->size(),
-                " characters long; use at least ", kMinTokenLength, " (`accel-run token` prints a 128-bit one)");
+    ACCEL_CHECK(given->size() >= kMinTokenLength, launcher::ConfigError, "launch", source, " is ",
+                given->size(), " characters long; use at least ", kMinTokenLength,
+                " (`accel-run token` prints a 128-bit one)");
     for (char c : *given) {
       ACCEL_CHECK(c > ' ' && c < 127, launcher::ConfigError, "launch", source,
-                  " may only hold printable ASCII without spaces (`accel-run token` prints a suitable one)");
+                  " may only hold printable ASCII without spaces (`accel-run token` prints a "
+                  "suitable one)");
     }
     p.rendezvous_token = *given;
     return;
@@ -185,12 +195,15 @@ void resolve_rendezvous_token(LaunchPlan& p, const LaunchFlags& flags, const Env
     p.rendezvous_token = new_rendezvous_token();
     return;
   }
-  const std::string span = p.num_machines > 1 ? std::to_string(p.num_machines) + " machines"
-                                              : std::to_string(p.world_size) + " separately launched tasks";
+  const std::string span = p.num_machines > 1
+                               ? std::to_string(p.num_machines) + " machines"
+                               : std::to_string(p.world_size) + " separately launched tasks";
   ACCEL_THROW(launcher::ConfigError, "launch", "this job spans ", span,
-              " and needs a rendezvous token shared by all of them, or anyone who can reach ", p.master_addr, ":",
-              p.master_port, " could join it. Run `accel-run token` once and export the value as "
-              "ACCEL_RENDEZVOUS_TOKEN on every machine (under SLURM or OpenMPI, export it in the batch script "
+              " and needs a rendezvous token shared by all of them, or anyone who can reach ",
+              p.master_addr, ":", p.master_port,
+              " could join it. Run `accel-run token` once and export the value as "
+              "ACCEL_RENDEZVOUS_TOKEN on every machine (under SLURM or OpenMPI, export it in the "
+              "batch script "
               "before srun/mpirun), or pass the same --rendezvous_token to every accel-run");
 }
 

@@ -13,8 +13,8 @@ namespace accel::launcher {
 
 // Command-line overrides; unset means "take it from the config / cluster".
 struct LaunchFlags {
-  std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts, zero_stage,
-      gradient_accumulation_steps, num_cpu_threads_per_process;
+  std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts,
+      zero_stage, gradient_accumulation_steps, num_cpu_threads_per_process;
   std::optional<std::string> main_process_ip, mixed_precision, gpu_ids;
   std::optional<std::string> rendezvous_token;  // --rendezvous_token
   std::optional<double> monitor_interval;
@@ -29,15 +29,15 @@ struct LaunchPlan {
   int world_size = 1;
   int num_machines = 1;
   int machine_rank = 0;
-  int local_world_size = 1;  // workers per machine (LOCAL_WORLD_SIZE)
+  int local_world_size = 1;   // workers per machine (LOCAL_WORLD_SIZE)
   int num_local_workers = 1;  // workers this accel-run starts (1 in the per-task cluster mode)
   int first_rank = 0;
   int first_local_rank = 0;
   std::string master_addr;
-  int master_port = 0;     // 0 while port_auto and not yet picked
-  bool port_auto = false;  // single machine, no port given: a free one is picked per attempt
-  int omp_threads = 0;     // OMP_NUM_THREADS to set; 0 leaves it alone
-  std::string omp_wait_policy;  // OMP_WAIT_POLICY to set; empty leaves it alone
+  int master_port = 0;           // 0 while port_auto and not yet picked
+  bool port_auto = false;        // single machine, no port given: a free one is picked per attempt
+  int omp_threads = 0;           // OMP_NUM_THREADS to set; 0 leaves it alone
+  std::string omp_wait_policy;   // OMP_WAIT_POLICY to set; empty leaves it alone
   std::string rendezvous_token;  // ACCEL_RENDEZVOUS_TOKEN to set; empty leaves it alone
   ClusterEnv cluster;
   std::vector<std::string> notes;  // decisions worth a line in the launch log
@@ -45,7 +45,8 @@ struct LaunchPlan {
 
 // `gpu_count`: GPUs visible on this machine (used only to pick MULTI_GPU vs MULTI_CPU when the
 // config says NO but more than one process is asked for).
-LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flags, const EnvMap& env, int gpu_count);
+LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flags,
+                        const EnvMap& env, int gpu_count);
 
 // Note [rendezvous token]: the store (dist/env.h ACCEL_RENDEZVOUS_TOKEN) admits only clients that
 // present the job's token. The token is --rendezvous_token, else an exported

@@ -53,7 +53,8 @@ constexpr double kLeftoverSeconds = 0.5;
 constexpr const char* kLaunchIdVar = env::kLaunchId;
 constexpr const char* kErrorFileName = "error.json";
 // Words that make a stderr line the "first error line" of the failure summary.
-constexpr const char* kErrorWords[] = {"error", "exception", "what()", "fatal", "abort", "failed", "terminate"};
+constexpr const char* kErrorWords[] = {"error", "exception", "what()",   "fatal",
+                                       "abort", "failed",    "terminate"};
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -84,7 +85,8 @@ std::string first_line(const std::string& s) { return s.substr(0, s.find('\n'));
 std::string describe_status(int st) {
   if (WIFEXITED(st)) return "exit code " + std::to_string(WEXITSTATUS(st));
   if (WIFSIGNALED(st)) {
-    std::string s = "killed by signal " + std::to_string(WTERMSIG(st)) + " (" + signal_name(WTERMSIG(st)) + ")";
+    std::string s =
+        "killed by signal " + std::to_string(WTERMSIG(st)) + " (" + signal_name(WTERMSIG(st)) + ")";
     if (WCOREDUMP(st)) s += ", core dumped";
     return s;
   }
@@ -139,8 +141,8 @@ struct Worker {
   Stream out, err;
   std::deque<std::string> tail;  // last stderr lines, unprefixed
   std::string prefix;
-  std::string dir;         // DIR/attempt_<n>/rank_<r> (empty: no per-rank files)
-  std::string error_file;  // TORCHELASTIC_ERROR_FILE / ACCEL_ERROR_FILE (empty: none)
+  std::string dir;           // DIR/attempt_<n>/rank_<r> (empty: no per-rank files)
+  std::string error_file;    // TORCHELASTIC_ERROR_FILE / ACCEL_ERROR_FILE (empty: none)
   int log_fd[2] = {-1, -1};  // stdout.log, stderr.log
   // Stopped by a signal (waitpid WUNTRACED) and not continued since.
   std::optional<Clock::time_point> stopped_since;
@@ -169,15 +171,16 @@ class Supervisor {
     std::vector<int> handled(std::begin(kTerminatingSignals), std::end(kTerminatingSignals));
     handled.insert(handled.end(), opts.forward_signals.begin(), opts.forward_signals.end());
     for (int s : handled) {
-      // A signal ignored by our parent (nohup: SIGHUP) stays ignored; everything else is ours to forward.
-      struct sigaction old{};
+      // A signal ignored by our parent (nohup: SIGHUP) stays ignored; everything else is ours to
+      // forward.
+      struct sigaction old {};
       sigaction(s, nullptr, &old);
       if (old.sa_handler == SIG_IGN) continue;
       sigaddset(&mask, s);
     }
     sigprocmask(SIG_BLOCK, &mask, &old_mask_);
     // SIGCHLD must not be SIG_IGN (children would be reaped by the kernel and their status lost).
-    struct sigaction dfl{};
+    struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
     sigaction(SIGCHLD, &dfl, &old_chld_);
@@ -196,8 +199,8 @@ class Supervisor {
       if (mkdtemp(tmpl.data()) != nullptr) {
         root_ = temp_root_ = tmpl;
       } else {
-        log("warning: cannot create a temporary directory for the workers' error files (" + tmpl + ": " +
-            std::strerror(errno) + "); TORCHELASTIC_ERROR_FILE is not set");
+        log("warning: cannot create a temporary directory for the workers' error files (" + tmpl +
+            ": " + std::strerror(errno) + "); TORCHELASTIC_ERROR_FILE is not set");
       }
     }
     const std::string id = random_hex(kLaunchIdBytes);
@@ -214,14 +217,16 @@ class Supervisor {
       }
     }
     watchdog_ = std::make_unique<Watchdog>(launch_marker_, temp_root_, cgroup_);
-    if (!watchdog_->running()) log("warning: cannot start the watchdog; a SIGKILL of accel-run may leave processes behind");
+    if (!watchdog_->running())
+      log("warning: cannot start the watchdog; a SIGKILL of accel-run may leave processes behind");
   }
 
   ~Supervisor() {
     for (Worker& w : workers_) close_logs(w);
     if (cgroup_procs_fd_ >= 0) close(cgroup_procs_fd_);
     if (watchdog_) watchdog_->finish(kWatchdogFinishSeconds);
-    if (!cgroup_.empty() && access(cgroup_.c_str(), F_OK) == 0) remove_cgroup(cgroup_, kWatchdogFinishSeconds);
+    if (!cgroup_.empty() && access(cgroup_.c_str(), F_OK) == 0)
+      remove_cgroup(cgroup_, kWatchdogFinishSeconds);
     if (!temp_root_.empty() && !keep_temp_) {
       std::error_code ec;
       std::filesystem::remove_all(temp_root_, ec);
@@ -242,8 +247,7 @@ class Supervisor {
           info("all " + std::to_string(workers_.size()) + " worker(s) exited successfully" +
                (restart > 0 ? " after " + std::to_string(restart) + " restart(s)" : ""));
           return 0;
-        case Outcome::kSpawnError:
-          return 127;
+        case Outcome::kSpawnError: return 127;
         case Outcome::kInterrupted:
           log("stopped all workers after " + signal_name(interrupt_signal_));
           return 128 + interrupt_signal_;
@@ -254,7 +258,8 @@ class Supervisor {
                 std::to_string(restart + 1) + " of " + std::to_string(max_restarts) + ")");
             continue;
           }
-          if (max_restarts > 0) log("giving up after " + std::to_string(max_restarts) + " restart(s)");
+          if (max_restarts > 0)
+            log("giving up after " + std::to_string(max_restarts) + " restart(s)");
           return code == 0 ? 1 : code;
         }
       }
@@ -273,7 +278,8 @@ class Supervisor {
   void drain_console() {
     out_.drain(kConsoleDrainSeconds);
     if (out_.dropped_bytes() > 0) {
-      log(std::to_string(out_.dropped_bytes()) + " bytes of stdout output were dropped (stdout was not being read)");
+      log(std::to_string(out_.dropped_bytes()) +
+          " bytes of stdout output were dropped (stdout was not being read)");
     }
     err_.drain(kConsoleDrainSeconds);
   }
@@ -289,16 +295,18 @@ class Supervisor {
     w.dir = root_ + "/attempt_" + std::to_string(restart) + "/rank_" + std::to_string(w.rank);
     std::error_code ec;
     fs::create_directories(w.dir, ec);
-    ACCEL_CHECK(!ec, IoError, "launch", "cannot create the directory '", w.dir, "' for rank ", w.rank,
-                "'s log and error files: ", ec.message());
+    ACCEL_CHECK(!ec, IoError, "launch", "cannot create the directory '", w.dir, "' for rank ",
+                w.rank, "'s log and error files: ", ec.message());
     w.error_file = w.dir + "/" + kErrorFileName;
-    fs::remove(w.error_file, ec);  // a file left by an earlier run would pass for this worker's report
+    fs::remove(w.error_file,
+               ec);  // a file left by an earlier run would pass for this worker's report
     if (opts_.log_dir.empty()) return;
     const char* names[2] = {"stdout.log", "stderr.log"};
     for (int i = 0; i < 2; ++i) {
       const std::string path = w.dir + "/" + names[i];
       w.log_fd[i] = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      ACCEL_CHECK(w.log_fd[i] >= 0, IoError, "launch", "cannot open '", path, "': ", std::strerror(errno));
+      ACCEL_CHECK(w.log_fd[i] >= 0, IoError, "launch", "cannot open '", path,
+                  "': ", std::strerror(errno));
     }
   }
 
@@ -332,18 +340,21 @@ class Supervisor {
     const std::string ranks = n == 1 ? "rank " + std::to_string(plan_.first_rank)
                                      : "ranks " + std::to_string(plan_.first_rank) + "-" +
                                            std::to_string(plan_.first_rank + n - 1);
-    info("starting " + std::to_string(n) + " worker(s): " + ranks + " of " + std::to_string(plan_.world_size) + " on machine " +
-         std::to_string(plan_.machine_rank) + " of " + std::to_string(plan_.num_machines) + ", MASTER_ADDR=" +
-         plan_.master_addr + " MASTER_PORT=" + std::to_string(plan_.master_port) +
+    info("starting " + std::to_string(n) + " worker(s): " + ranks + " of " +
+         std::to_string(plan_.world_size) + " on machine " + std::to_string(plan_.machine_rank) +
+         " of " + std::to_string(plan_.num_machines) + ", MASTER_ADDR=" + plan_.master_addr +
+         " MASTER_PORT=" + std::to_string(plan_.master_port) +
          (restart > 0 ? ", ACCEL_RESTART_COUNT=" + std::to_string(restart) : ""));
-    if (!opts_.log_dir.empty()) info("worker output goes to " + root_ + "/attempt_" + std::to_string(restart) + "/rank_<r>/");
+    if (!opts_.log_dir.empty())
+      info("worker output goes to " + root_ + "/attempt_" + std::to_string(restart) + "/rank_<r>/");
     start_ = Clock::now();
     std::string spawn_error;
     for (int i = 0; i < n && spawn_error.empty(); ++i) {
       Worker& w = workers_[i];
       EnvMap vars = worker_env(plan_, i, restart);
       vars[kLaunchIdVar] = launch_marker_.substr(launch_marker_.find('=') + 1);
-      if (!w.error_file.empty()) vars[env::kTorchElasticErrorFile] = vars[env::kErrorFile] = w.error_file;
+      if (!w.error_file.empty())
+        vars[env::kTorchElasticErrorFile] = vars[env::kErrorFile] = w.error_file;
       spawn(w, make_environ(base_env_, vars), &spawn_error);
     }
     if (!spawn_error.empty()) {
@@ -357,7 +368,8 @@ class Supervisor {
       reap();
       check_stopped();
       if (kill_deadline_ && !sigkill_sent_ && Clock::now() >= *kill_deadline_) escalate();
-      if (std::none_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; })) {
+      if (std::none_of(workers_.begin(), workers_.end(),
+                       [](const Worker& w) { return w.running; })) {
         if (!cleaned_up) {
           cleaned_up = true;
           kill_leftovers();
@@ -380,7 +392,8 @@ class Supervisor {
         }
       }
       const size_t console_at = fds.size();
-      for (ConsoleSink* c : {&out_, &err_}) fds.push_back({c->poll_fd(), POLLOUT, 0});  // -1: ignored by poll
+      for (ConsoleSink* c : {&out_, &err_})
+        fds.push_back({c->poll_fd(), POLLOUT, 0});  // -1: ignored by poll
       double wait_s = plan_.config.monitor_interval;
       auto until = [&](Clock::time_point t) {
         wait_s = std::min(wait_s, std::chrono::duration<double>(t - Clock::now()).count());
@@ -423,7 +436,8 @@ class Supervisor {
   void spawn(Worker& w, const std::vector<std::string>& env, std::string* error) {
     int out[2], err[2], ex[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(ex, O_CLOEXEC) != 0) {
-      *error = std::string("cannot create pipes for rank ") + std::to_string(w.rank) + ": " + std::strerror(errno);
+      *error = std::string("cannot create pipes for rank ") + std::to_string(w.rank) + ": " +
+               std::strerror(errno);
       return;
     }
     std::vector<char*> argv, envp;
@@ -435,7 +449,8 @@ class Supervisor {
 
     pid_t pid = fork();
     if (pid < 0) {
-      *error = std::string("fork failed for rank ") + std::to_string(w.rank) + ": " + std::strerror(errno);
+      *error = std::string("fork failed for rank ") + std::to_string(w.rank) + ": " +
+               std::strerror(errno);
       for (int fd : {out[0], out[1], err[0], err[1], ex[0], ex[1]}) close(fd);
       return;
     }
@@ -457,7 +472,7 @@ class Supervisor {
       if (devnull >= 0) dup2(devnull, 0);
       dup2(out[1], 1);
       dup2(err[1], 2);
-      struct sigaction dfl{};
+      struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
       sigemptyset(&dfl.sa_mask);
       sigaction(SIGPIPE, &dfl, nullptr);
@@ -494,8 +509,10 @@ class Supervisor {
   }
 
   bool forward_only(int sig) const {
-    return std::find(opts_.forward_signals.begin(), opts_.forward_signals.end(), sig) != opts_.forward_signals.end() &&
-           std::find(std::begin(kTerminatingSignals), std::end(kTerminatingSignals), sig) == std::end(kTerminatingSignals);
+    return std::find(opts_.forward_signals.begin(), opts_.forward_signals.end(), sig) !=
+               opts_.forward_signals.end() &&
+           std::find(std::begin(kTerminatingSignals), std::end(kTerminatingSignals), sig) ==
+               std::end(kTerminatingSignals);
   }
 
   void handle_signals() {
@@ -511,7 +528,8 @@ class Supervisor {
         for (const Worker& w : workers_) {
           if (w.running && kill(w.pid, sig) == 0) ++sent;
         }
-        info("received " + signal_name(sig) + ": forwarded it to " + std::to_string(sent) + " worker(s)");
+        info("received " + signal_name(sig) + ": forwarded it to " + std::to_string(sent) +
+             " worker(s)");
         continue;
       }
       if (interrupt_signal_ != 0) {
@@ -537,7 +555,8 @@ class Supervisor {
   }
 
   int running_count() const {
-    return static_cast<int>(std::count_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }));
+    return static_cast<int>(
+        std::count_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; }));
   }
 
   void reap() {
@@ -548,8 +567,8 @@ class Supervisor {
       if (watchdog_ && pid == watchdog_->pid()) {
         if (WIFEXITED(st) || WIFSIGNALED(st)) {
           watchdog_->exited();
-          log("warning: the watchdog (pid " + std::to_string(pid) + ") ended (" + describe_status(st) +
-              "); a SIGKILL of accel-run may now leave processes behind");
+          log("warning: the watchdog (pid " + std::to_string(pid) + ") ended (" +
+              describe_status(st) + "); a SIGKILL of accel-run may now leave processes behind");
         }
         continue;
       }
@@ -562,10 +581,11 @@ class Supervisor {
           w.stopped_since = Clock::now();
           w.stop_signal = WSTOPSIG(st);
           std::string then = opts_.stopped_timeout_s > 0
-                                 ? "; it counts as failed unless continued within " + format_seconds(opts_.stopped_timeout_s)
+                                 ? "; it counts as failed unless continued within " +
+                                       format_seconds(opts_.stopped_timeout_s)
                                  : "";
-          log("rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") was stopped by " +
-              signal_name(w.stop_signal) + then);
+          log("rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) +
+              ") was stopped by " + signal_name(w.stop_signal) + then);
         }
         continue;
       }
@@ -573,8 +593,8 @@ class Supervisor {
       // exit (not a kill) also means it ran again.
       if (WIFCONTINUED(st) || WIFEXITED(st)) {
         if (w.stopped_since && !w.killed_for_stop) {
-          log("rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") continued after " +
-              format_seconds(seconds_since(*w.stopped_since)) + " stopped");
+          log("rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) +
+              ") continued after " + format_seconds(seconds_since(*w.stopped_since)) + " stopped");
         }
         w.stopped_since.reset();
         if (WIFCONTINUED(st)) continue;
@@ -586,8 +606,9 @@ class Supervisor {
       if (!succeeded(st) && !first_failure_ && !tearing_down_) {
         record_failure(w, describe_status(st), exit_code_of(st));
         log("rank " + std::to_string(w.rank) + " failed (" + w.failure + ") after " +
-            format_seconds(seconds_since(start_)) + "; stopping the other " + std::to_string(running_count()) +
-            " worker(s) (SIGTERM, SIGKILL after " + format_seconds(opts_.grace_period_s) + ")");
+            format_seconds(seconds_since(start_)) + "; stopping the other " +
+            std::to_string(running_count()) + " worker(s) (SIGTERM, SIGKILL after " +
+            format_seconds(opts_.grace_period_s) + ")");
         begin_teardown(SIGTERM);
       }
     }
@@ -596,7 +617,8 @@ class Supervisor {
   std::optional<Clock::time_point> next_stop_deadline() const {
     std::optional<Clock::time_point> t;
     if (opts_.stopped_timeout_s <= 0) return t;
-    const auto limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.stopped_timeout_s));
+    const auto limit = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(opts_.stopped_timeout_s));
     for (const Worker& w : workers_) {
       if (w.running && w.stopped_since && !w.killed_for_stop) {
         const auto d = *w.stopped_since + limit;
@@ -618,11 +640,14 @@ class Supervisor {
       kill(-w.pid, SIGKILL);  // a stopped process acts on nothing but SIGKILL
       kill(w.pid, SIGKILL);
       if (first_failure_ || tearing_down_) continue;
-      record_failure(w, "stopped by " + signal_name(w.stop_signal) + " for " + format_seconds(stopped) +
-                            " (--stopped_timeout " + format_seconds(opts_.stopped_timeout_s) + "), then killed",
+      record_failure(w,
+                     "stopped by " + signal_name(w.stop_signal) + " for " +
+                         format_seconds(stopped) + " (--stopped_timeout " +
+                         format_seconds(opts_.stopped_timeout_s) + "), then killed",
                      128 + w.stop_signal);
-      log("rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") is still stopped by " +
-          signal_name(w.stop_signal) + " after " + format_seconds(stopped) + ": treating it as failed; killed it, stopping the other " +
+      log("rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) +
+          ") is still stopped by " + signal_name(w.stop_signal) + " after " +
+          format_seconds(stopped) + ": treating it as failed; killed it, stopping the other " +
           std::to_string(running_count() - 1) + " worker(s) (SIGTERM, SIGKILL after " +
           format_seconds(opts_.grace_period_s) + ")");
       begin_teardown(SIGTERM);
@@ -662,7 +687,8 @@ class Supervisor {
   }
 
   // All workers have been reaped: kill what is left in their groups, what was reparented to us,
-  // and anything else carrying this launch's marker, so that nothing the launch started outlives it.
+  // and anything else carrying this launch's marker, so that nothing the launch started outlives
+  // it.
   void kill_leftovers() {
     std::set<pid_t> groups;
     for (const Worker& w : workers_) {
@@ -671,7 +697,8 @@ class Supervisor {
     if (!cgroup_.empty()) kill_cgroup(cgroup_, kLeftoverSeconds);
     sweep_launch(groups, launch_marker_, kLeftoverSeconds);
     const pid_t wd = watchdog_ ? watchdog_->pid() : -1;
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(kLeftoverSeconds));
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(kLeftoverSeconds));
     while (Clock::now() < deadline) {
       auto kids = list_children();
       kids.erase(std::remove(kids.begin(), kids.end(), wd), kids.end());
@@ -688,7 +715,8 @@ class Supervisor {
     while (s.fd >= 0) {
       ssize_t n = read(s.fd, buf, sizeof(buf));
       if (n > 0) {
-        if (int fd = w.log_fd[s.is_err ? 1 : 0]; fd >= 0) write_file_all(fd, buf, static_cast<size_t>(n));
+        if (int fd = w.log_fd[s.is_err ? 1 : 0]; fd >= 0)
+          write_file_all(fd, buf, static_cast<size_t>(n));
         s.partial.append(buf, static_cast<size_t>(n));
         size_t start = 0;
         while (true) {
@@ -743,12 +771,14 @@ class Supervisor {
 
   void report_failure() {
     const Worker& w = workers_[*first_failure_];
-    log("first failing worker: rank " + std::to_string(w.rank) + " (local_rank " + std::to_string(w.local_rank) +
-        ", machine " + std::to_string(plan_.machine_rank) + ", pid " + std::to_string(w.pid) + "): " + w.failure);
+    log("first failing worker: rank " + std::to_string(w.rank) + " (local_rank " +
+        std::to_string(w.local_rank) + ", machine " + std::to_string(plan_.machine_rank) +
+        ", pid " + std::to_string(w.pid) + "): " + w.failure);
     if (w.tail.empty()) {
       log("rank " + std::to_string(w.rank) + " wrote nothing to stderr");
     } else {
-      log("last " + std::to_string(w.tail.size()) + " stderr line(s) of rank " + std::to_string(w.rank) + ":");
+      log("last " + std::to_string(w.tail.size()) + " stderr line(s) of rank " +
+          std::to_string(w.rank) + ":");
       for (const auto& l : w.tail) log("  | " + l);
     }
     const int others = static_cast<int>(workers_.size()) - 1;
@@ -763,19 +793,23 @@ class Supervisor {
   // error of its own (for example a peer timeout raised by the library): it is listed too.
   void collect_self_reported_failures() {
     for (Worker& w : workers_) {
-      if (w.failed || w.running || w.pid <= 0 || succeeded(w.status) || w.error_file.empty()) continue;
+      if (w.failed || w.running || w.pid <= 0 || succeeded(w.status) || w.error_file.empty())
+        continue;
       std::error_code ec;
-      if (std::filesystem::file_size(w.error_file, ec) > 0 && !ec) record_failure(w, describe_status(w.status), exit_code_of(w.status));
+      if (std::filesystem::file_size(w.error_file, ec) > 0 && !ec)
+        record_failure(w, describe_status(w.status), exit_code_of(w.status));
     }
   }
 
   // The first line of a worker's own error report, else the first stderr line that looks like an
   // error, else its last stderr line.
-  static std::string first_error_line(const Worker& w, const nlohmann::json& report, bool by_worker) {
+  static std::string first_error_line(const Worker& w, const nlohmann::json& report,
+                                      bool by_worker) {
     if (by_worker) {
       const nlohmann::json* m = report.contains("message") ? &report["message"] : nullptr;
       if (m && m->is_object() && m->contains("message")) m = &(*m)["message"];
-      if (m && m->is_string() && !m->get<std::string>().empty()) return first_line(m->get<std::string>());
+      if (m && m->is_string() && !m->get<std::string>().empty())
+        return first_line(m->get<std::string>());
     }
     for (const auto& l : w.tail) {
       const std::string low = to_lower(l);
@@ -805,29 +839,36 @@ class Supervisor {
         if (!trim(text).empty()) {
           by_worker = true;
           nlohmann::json parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-          if (parsed.is_object()) j = std::move(parsed);
-          else j["worker_content"] = text;  // not a JSON object: kept verbatim
+          if (parsed.is_object())
+            j = std::move(parsed);
+          else
+            j["worker_content"] = text;  // not a JSON object: kept verbatim
         }
       }
       std::string traceback;
       for (const auto& l : w.tail) traceback += l + "\n";
-      const long long unix_s = std::chrono::duration_cast<std::chrono::seconds>(w.failed_at.time_since_epoch()).count();
+      const long long unix_s =
+          std::chrono::duration_cast<std::chrono::seconds>(w.failed_at.time_since_epoch()).count();
       w.first_error = first_error_line(w, j, by_worker);
       auto put = [&j](const char* key, nlohmann::json v) {
         if (!j.contains(key)) j[key] = std::move(v);
       };
       if (!j.contains("message")) {
-        j["message"] = {{"message", w.first_error},
-                        {"extraInfo", {{"py_callstack", traceback}, {"timestamp", std::to_string(unix_s)}}}};
+        j["message"] = {
+            {"message", w.first_error},
+            {"extraInfo", {{"py_callstack", traceback}, {"timestamp", std::to_string(unix_s)}}}};
       }
       put("rank", w.rank);
       put("local_rank", w.local_rank);
       put("host", host_);
       put("pid", w.pid);
       const bool signalled = !w.killed_for_stop && WIFSIGNALED(w.status);
-      put("exitcode", !w.killed_for_stop && WIFEXITED(w.status) ? nlohmann::json(WEXITSTATUS(w.status)) : nlohmann::json());
-      put("signal", signalled ? nlohmann::json(signal_name(WTERMSIG(w.status)))
-                              : w.killed_for_stop ? nlohmann::json(signal_name(w.stop_signal)) : nlohmann::json());
+      put("exitcode", !w.killed_for_stop && WIFEXITED(w.status)
+                          ? nlohmann::json(WEXITSTATUS(w.status))
+                          : nlohmann::json());
+      put("signal", signalled           ? nlohmann::json(signal_name(WTERMSIG(w.status)))
+                    : w.killed_for_stop ? nlohmann::json(signal_name(w.stop_signal))
+                                        : nlohmann::json());
       put("failure", w.failure);
       put("traceback", traceback);
       put("timestamp", unix_s);
@@ -857,13 +898,15 @@ class Supervisor {
   void print_summary() {
     const std::string rule(72, '=');
     log(rule);
-    log("failure summary: " + std::to_string(failures_.size()) + " failed rank(s) on " + host_ + ", root cause first");
+    log("failure summary: " + std::to_string(failures_.size()) + " failed rank(s) on " + host_ +
+        ", root cause first");
     for (size_t idx : failures_) {
       const Worker& w = workers_[idx];
-      log("  rank " + std::to_string(w.rank) + " (local_rank " + std::to_string(w.local_rank) + ") | host " + host_ +
-          " | " + w.failure + " | " + iso_time(w.failed_at) +
+      log("  rank " + std::to_string(w.rank) + " (local_rank " + std::to_string(w.local_rank) +
+          ") | host " + host_ + " | " + w.failure + " | " + iso_time(w.failed_at) +
           " | error file: " + (w.error_file.empty() ? std::string("(none)") : w.error_file) +
-          " | first error: " + (w.first_error.empty() ? first_error_line(w, nlohmann::json(), false) : w.first_error));
+          " | first error: " +
+          (w.first_error.empty() ? first_error_line(w, nlohmann::json(), false) : w.first_error));
     }
     log(rule);
   }
@@ -887,7 +930,8 @@ class Supervisor {
   std::string cgroup_;  // the job cgroup (empty: none), Note [job cgroup]
   int cgroup_procs_fd_ = -1;
   sigset_t old_mask_{};
-  struct sigaction old_chld_{}, old_pipe_{};
+  struct sigaction old_chld_ {
+  }, old_pipe_{};
   int sfd_ = -1;
   std::vector<Worker> workers_;
   Clock::time_point start_;
@@ -909,7 +953,8 @@ int parse_tee(const std::string& v) {
   if (t == "1" || t == "stdout" || t == "out") return kTeeStdout;
   if (t == "2" || t == "stderr" || t == "err") return kTeeStderr;
   if (t == "3" || t == "all" || t == "both") return kTeeStdout | kTeeStderr;
-  ACCEL_THROW(launcher::ConfigError, "launch", "--tee: expected 0-3 or none, stdout, stderr, all, got '", v, "'");
+  ACCEL_THROW(launcher::ConfigError, "launch",
+              "--tee: expected 0-3 or none, stdout, stderr, all, got '", v, "'");
 }
 
 std::vector<int> parse_forward_signals(const std::string& v) {
@@ -918,13 +963,16 @@ std::vector<int> parse_forward_signals(const std::string& v) {
   if (t.empty() || to_lower(t) == "none") return out;
   // Fault signals are sent by the kernel to the thread that faults; blocking them in accel-run
   // would turn its own crash into a hang. Stop/continue and SIGCHLD are supervision's business.
-  static const std::set<int> kRefused = {SIGKILL, SIGSTOP, SIGCHLD, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT,
-                                         SIGTRAP, SIGSYS,  SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT};
+  static const std::set<int> kRefused = {SIGKILL, SIGSTOP, SIGCHLD, SIGSEGV, SIGBUS,
+                                         SIGFPE,  SIGILL,  SIGABRT, SIGTRAP, SIGSYS,
+                                         SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT};
   for (const auto& part : split(t, ',')) {
     auto sig = parse_signal(part);
-    ACCEL_CHECK(sig.has_value(), launcher::ConfigError, "launch", "--forward_signals: unknown signal '", trim(part),
+    ACCEL_CHECK(sig.has_value(), launcher::ConfigError, "launch",
+                "--forward_signals: unknown signal '", trim(part),
                 "' (expected names such as SIGUSR1,SIGUSR2 or numbers, or none)");
-    ACCEL_CHECK(!kRefused.count(*sig), launcher::ConfigError, "launch", "--forward_signals: ", signal_name(*sig),
+    ACCEL_CHECK(!kRefused.count(*sig), launcher::ConfigError, "launch",
+                "--forward_signals: ", signal_name(*sig),
                 " cannot be forwarded (accel-run needs its default meaning)");
     if (std::find(out.begin(), out.end(), *sig) == out.end()) out.push_back(*sig);
   }

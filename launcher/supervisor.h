@@ -28,7 +28,8 @@ struct SuperviseOptions {
   std::string log_dir;
   // With log_dir: which worker streams are also printed on the console (kTee* bits).
   int tee = 0;
-  size_t console_capacity = ConsoleSink::kDefaultCapacity;  // bytes queued per console stream before output is dropped
+  size_t console_capacity =
+      ConsoleSink::kDefaultCapacity;  // bytes queued per console stream before output is dropped
 };
 
 constexpr int kTeeStdout = 1;

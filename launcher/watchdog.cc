@@ -169,8 +169,10 @@ std::string create_job_cgroup(const std::string& name, std::string* why_not) {
 }
 
 bool kill_cgroup(const std::string& dir, double max_seconds) {
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(max_seconds));
-  const bool has_kill = write_small_file(dir + "/cgroup.kill", "1");  // Linux >= 5.14: the whole subtree at once
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(max_seconds));
+  const bool has_kill =
+      write_small_file(dir + "/cgroup.kill", "1");  // Linux >= 5.14: the whole subtree at once
   while (cgroup_populated(dir)) {
     if (!has_kill) {
       std::istringstream is(read_small_file(dir + "/cgroup.procs"));
@@ -201,7 +203,8 @@ int sweep_launch(const std::set<pid_t>& groups, const std::string& marker, doubl
   if (marker.empty()) return 0;
   const std::string needle = std::string(1, '\0') + marker + '\0';
   const std::string self = std::to_string(getpid());
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(max_seconds));
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(max_seconds));
   int killed = 0;
   while (true) {
     int found = 0;
@@ -217,7 +220,8 @@ int sweep_launch(const std::set<pid_t>& groups, const std::string& marker, doubl
     closedir(d);
     killed += found;
     if (found == 0 || Clock::now() >= deadline) break;
-    std::this_thread::sleep_for(kSweepPause);  // let them die; anything they forked meanwhile shows up next pass
+    std::this_thread::sleep_for(
+        kSweepPause);  // let them die; anything they forked meanwhile shows up next pass
   }
   return killed;
 }
@@ -284,7 +288,8 @@ void Watchdog::finish(double seconds) {
     fd_ = -1;
   }
   if (pid_ <= 0) return;
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(seconds));
   while (true) {
     pid_t r = waitpid(pid_, nullptr, WNOHANG);
     if (r == pid_ || (r < 0 && errno != EINTR)) {

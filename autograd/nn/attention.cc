@@ -7,11 +7,10 @@
 
 namespace accel::nn {
 
-CausalSelfAttention::CausalSelfAttention(int64_t c, int64_t h, bool bias, double p,
-                                         Generator* gen)
+CausalSelfAttention::CausalSelfAttention(int64_t c, int64_t h, bool bias, double p, Generator* gen)
     : d_model(c), n_heads(h), head_dim(h > 0 ? c / h : 0) {
-  ACCEL_CHECK(c > 0 && h > 0 && c % h == 0, ValueError, "CausalSelfAttention",
-              "d_model (", c, ") must be a positive multiple of n_heads (", h, ")");
+  ACCEL_CHECK(c > 0 && h > 0 && c % h == 0, ValueError, "CausalSelfAttention", "d_model (", c,
+              ") must be a positive multiple of n_heads (", h, ")");
   qkv = register_module("qkv", std::make_shared<Linear>(c, 3 * c, bias, gen));
   proj = register_module("proj", std::make_shared<Linear>(c, c, bias, gen));
   attn_dropout = register_module("attn_dropout", std::make_shared<Dropout>(p, gen));
@@ -38,7 +37,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   const Tensor qkv_out = qkv->forward(x);  // (B, T, 3C)
   if (attn_dropout->p == 0.0 || !attn_dropout->is_training()) {
     // One fused op reads q, k, v in place from the packed projection and writes the merged heads
-    // (Note [fused attention] in kernels/cpu/nn_attention.cc); same math as the composed path below.
+    // (Note [fused attention] in kernels/cpu/nn_attention.cc); same math as the composed path
+    // below.
     const Tensor y = scaled_dot_product_attention_packed(qkv_out, H, /*causal=*/true);
     return resid_dropout->forward(proj->forward(y));
   }
@@ -51,8 +51,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   const Tensor q = heads(0) * (1.0 / std::sqrt(double(D)));
   const Tensor k = heads(1);
   const Tensor v = heads(2);
-  Tensor att = matmul(q, k.transpose(-2, -1));                         // (B, H, T, T)
-  att = masked_fill(att, causal_mask(T, x.device()), -INFINITY);       // hide the future
+  Tensor att = matmul(q, k.transpose(-2, -1));                    // (B, H, T, T)
+  att = masked_fill(att, causal_mask(T, x.device()), -INFINITY);  // hide the future
   att = attn_dropout->forward(softmax(att, -1));
   const Tensor y = matmul(att, v).transpose(1, 2).reshape({B, T, C});  // (B, T, C)
   return resid_dropout->forward(proj->forward(y));

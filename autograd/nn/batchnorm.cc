@@ -39,10 +39,9 @@ void BatchNormBase::reset_running_stats() {
 
 Tensor BatchNormBase::forward(const Tensor& x) {
   ACCEL_CHECK(x.defined(), ValueError, op_, "input is undefined");
-  ACCEL_CHECK(x.dim() >= min_rank_ && x.dim() <= max_rank_ && x.size(1) == num_features,
-              ShapeError, op_, "expected input ",
-              min_rank_ == 4 ? "(N, C, H, W)" : "(N, C) or (N, C, L)", " with C = ", num_features,
-              ", got ", x.sizes());
+  ACCEL_CHECK(x.dim() >= min_rank_ && x.dim() <= max_rank_ && x.size(1) == num_features, ShapeError,
+              op_, "expected input ", min_rank_ == 4 ? "(N, C, H, W)" : "(N, C) or (N, C, L)",
+              " with C = ", num_features, ", got ", x.sizes());
   // Statistics over every dim but the channel dim 1; shaped (1, C, 1...) to broadcast.
   Shape dims{0};
   Shape stat_shape(size_t(x.dim()), 1);
@@ -63,8 +62,7 @@ Tensor BatchNormBase::forward(const Tensor& x) {
       const double f = momentum ? *momentum : 1.0 / double(num_batches_tracked.item<int64_t>());
       const Tensor batch_mean = mu.detach().reshape({num_features});
       // Running variance is the unbiased estimate, as in PyTorch.
-      const Tensor batch_var =
-          var_.detach().reshape({num_features}) * (double(n) / double(n - 1));
+      const Tensor batch_var = var_.detach().reshape({num_features}) * (double(n) / double(n - 1));
       running_mean.mul_(1.0 - f).add_(batch_mean.to(running_mean.dtype()), f);
       running_var.mul_(1.0 - f).add_(batch_var.to(running_var.dtype()), f);
     }

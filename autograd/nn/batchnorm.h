@@ -26,7 +26,7 @@ class BatchNormBase : public Module {
   double eps;
   std::optional<double> momentum;
   bool affine, track_running_stats;
-  Tensor weight, bias;                                   // (C) when affine
+  Tensor weight, bias;                                    // (C) when affine
   Tensor running_mean, running_var, num_batches_tracked;  // when track_running_stats
 
  protected:

@@ -7,9 +7,7 @@
 
 namespace accel::nn {
 
-std::string Size2::str() const {
-  return "(" + std::to_string(h) + ", " + std::to_string(w) + ")";
-}
+std::string Size2::str() const { return "(" + std::to_string(h) + ", " + std::to_string(w) + ")"; }
 
 namespace {
 void check_positive(const Size2& s, const char* op, const char* what, int64_t min) {
@@ -53,8 +51,8 @@ void Conv2d::reset_parameters(Generator* gen) {
 
 Tensor Conv2d::forward(const Tensor& x) {
   ACCEL_CHECK(x.defined(), ValueError, "Conv2d", "input is undefined");
-  ACCEL_CHECK(x.dim() == 4 && x.size(1) == in_channels, ShapeError, "Conv2d",
-              "expected input (N, ", in_channels, ", H, W), got ", x.sizes());
+  ACCEL_CHECK(x.dim() == 4 && x.size(1) == in_channels, ShapeError, "Conv2d", "expected input (N, ",
+              in_channels, ", H, W), got ", x.sizes());
   return conv2d(x, weight, bias, stride.shape(), padding.shape(), dilation.shape(), groups);
 }
 
@@ -99,8 +97,7 @@ Tensor AvgPool2d::forward(const Tensor& x) {
 
 std::string AvgPool2d::extra_repr() const {
   return "kernel_size=" + kernel_size.str() + ", stride=" + stride.str() +
-         ", padding=" + padding.str() +
-         (count_include_pad ? "" : ", count_include_pad=false");
+         ", padding=" + padding.str() + (count_include_pad ? "" : ", count_include_pad=false");
 }
 
 }  // namespace accel::nn

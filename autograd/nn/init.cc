@@ -40,7 +40,8 @@ std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t) {
 
 double calculate_gain(const char* nonlinearity, double param) {
   const std::string n = nonlinearity;
-  if (n == "linear" || n == "conv1d" || n == "conv2d" || n == "conv3d" || n == "sigmoid") return 1.0;
+  if (n == "linear" || n == "conv1d" || n == "conv2d" || n == "conv3d" || n == "sigmoid")
+    return 1.0;
   if (n == "tanh") return 5.0 / 3.0;
   if (n == "relu") return std::sqrt(2.0);
   if (n == "leaky_relu") {
@@ -81,15 +82,16 @@ Tensor ones_(Tensor t) { return constant_(std::move(t), 1); }
 Tensor kaiming_uniform_(Tensor t, double a, FanMode mode, const char* nonlinearity,
                         Generator* gen) {
   check_float(t, "init.kaiming_uniform_");
-  const double std = calculate_gain(nonlinearity, a) / std::sqrt(fan(t, mode, "init.kaiming_uniform_"));
+  const double std =
+      calculate_gain(nonlinearity, a) / std::sqrt(fan(t, mode, "init.kaiming_uniform_"));
   const double bound = std::sqrt(3.0) * std;  // uniform(-b, b) has std b / sqrt(3)
   return uniform_(std::move(t), -bound, bound, gen);
 }
 
-Tensor kaiming_normal_(Tensor t, double a, FanMode mode, const char* nonlinearity,
-                       Generator* gen) {
+Tensor kaiming_normal_(Tensor t, double a, FanMode mode, const char* nonlinearity, Generator* gen) {
   check_float(t, "init.kaiming_normal_");
-  const double std = calculate_gain(nonlinearity, a) / std::sqrt(fan(t, mode, "init.kaiming_normal_"));
+  const double std =
+      calculate_gain(nonlinearity, a) / std::sqrt(fan(t, mode, "init.kaiming_normal_"));
   return normal_(std::move(t), 0.0, std, gen);
 }
 

@@ -11,8 +11,10 @@ namespace accel::nn {
 
 Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator* gen)
     : in_features(in), out_features(out) {
-  ACCEL_CHECK(in > 0 && out > 0, ValueError, "Linear", "in_features and out_features must be "
-              "positive, got ", in, " and ", out);
+  ACCEL_CHECK(in > 0 && out > 0, ValueError, "Linear",
+              "in_features and out_features must be "
+              "positive, got ",
+              in, " and ", out);
   weight = register_parameter("weight", empty({out, in}));
   if (with_bias) bias = register_parameter("bias", empty({out}));
   reset_parameters(gen);

@@ -64,8 +64,8 @@ Tensor Module::register_buffer(const std::string& name, Tensor value, bool persi
 
 void Module::register_child(const std::string& name, std::shared_ptr<Module> module) {
   check_new_name(name, "Module.register_module");
-  ACCEL_CHECK(module != nullptr, ValueError, "Module.register_module", type_name(),
-              ": submodule '", name, "' is null");
+  ACCEL_CHECK(module != nullptr, ValueError, "Module.register_module", type_name(), ": submodule '",
+              name, "' is null");
   ACCEL_CHECK(module.get() != this, ValueError, "Module.register_module", type_name(),
               ": a module cannot be its own child ('", name, "')");
   children_.emplace_back(name, std::move(module));
@@ -229,8 +229,7 @@ void Module::to(Device device) {
 void Module::to(DType dtype) {
   ACCEL_CHECK(is_floating(dtype), DTypeError, "Module.to", type_name(),
               ": can only convert to a floating dtype, got ", dtype);
-  apply_to_tensors(
-      [dtype](const Tensor& t) { return t.is_floating_point() ? t.to(dtype) : t; });
+  apply_to_tensors([dtype](const Tensor& t) { return t.is_floating_point() ? t.to(dtype) : t; });
 }
 
 void Module::to(Device device, DType dtype) {

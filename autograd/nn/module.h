@@ -1,9 +1,10 @@
 // nn::Module: a tree of named parameters, buffers and submodules.
 //
 //   struct MLP : nn::Module {
-//     std::shared_ptr<nn::Linear> fc1 = register_module("fc1", std::make_shared<nn::Linear>(784, 1024));
-//     std::shared_ptr<nn::Linear> fc2 = register_module("fc2", std::make_shared<nn::Linear>(1024, 10));
-//     Tensor forward(const Tensor& x) override { return fc2->forward(relu(fc1->forward(x))); }
+//     std::shared_ptr<nn::Linear> fc1 = register_module("fc1", std::make_shared<nn::Linear>(784,
+//     1024)); std::shared_ptr<nn::Linear> fc2 = register_module("fc2",
+//     std::make_shared<nn::Linear>(1024, 10)); Tensor forward(const Tensor& x) override { return
+//     fc2->forward(relu(fc1->forward(x))); }
 //   };
 //   auto model = std::make_shared<MLP>();
 //   model->named_parameters();  // fc1.weight, fc1.bias, fc2.weight, fc2.bias

@@ -115,8 +115,8 @@ TensorDict load_safetensors(const std::string& path, Metadata* metadata) {
   Fd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   ACCEL_CHECK(file.fd >= 0, IoError, kLoad, "cannot open '", path, "': ", errno_str());
   struct stat st {};
-  ACCEL_CHECK(::fstat(file.fd, &st) == 0, IoError, kLoad, "cannot stat '", path, "': ",
-              errno_str());
+  ACCEL_CHECK(::fstat(file.fd, &st) == 0, IoError, kLoad, "cannot stat '", path,
+              "': ", errno_str());
   ACCEL_CHECK(S_ISREG(st.st_mode), IoError, kLoad, "'", path, "' is not a regular file");
   const uint64_t file_size = uint64_t(st.st_size);
   ACCEL_CHECK(file_size >= kLengthBytes, IoError, kLoad, "'", path, "': file is ", file_size,
@@ -142,8 +142,8 @@ TensorDict load_safetensors(const std::string& path, Metadata* metadata) {
     Tensor t = empty(shape, TensorOptions(e.dtype, kCPU));
     const size_t n = size_t(e.end - e.begin);
     if (n > 0) {
-      ACCEL_CHECK(pread_full(file.fd, t.data_ptr(), n, buffer_start + e.begin), IoError, kLoad,
-                  "'", path, "': cannot read tensor '", e.name, "': ",
+      ACCEL_CHECK(pread_full(file.fd, t.data_ptr(), n, buffer_start + e.begin), IoError, kLoad, "'",
+                  path, "': cannot read tensor '", e.name, "': ",
                   errno ? errno_str() : "unexpected end of file (file changed while reading?)");
     }
     if (e.dtype == kBool) {
@@ -190,13 +190,16 @@ void save_safetensors(const std::string& path, const TensorDict& tensors,
   try {
     text = header.dump();
   } catch (const json::exception& e) {
-    ACCEL_THROW(ValueError, kSave, "'", path, "': a tensor name or metadata string is not valid "
-                "UTF-8: ", e.what());
+    ACCEL_THROW(ValueError, kSave, "'", path,
+                "': a tensor name or metadata string is not valid "
+                "UTF-8: ",
+                e.what());
   }
   // Pad with spaces so the byte buffer starts 8-byte aligned (the HF writer does the same).
   text.append((kHeaderAlign - (kLengthBytes + text.size()) % kHeaderAlign) % kHeaderAlign, ' ');
   unsigned char len_bytes[kLengthBytes];
-  for (size_t i = 0; i < kLengthBytes; ++i) len_bytes[i] = (uint64_t(text.size()) >> (8 * i)) & 0xff;
+  for (size_t i = 0; i < kLengthBytes; ++i)
+    len_bytes[i] = (uint64_t(text.size()) >> (8 * i)) & 0xff;
 
   // Temporary file in the target directory, so rename() is atomic (same file system).
   namespace fs = std::filesystem;
@@ -211,8 +214,8 @@ void save_safetensors(const std::string& path, const TensorDict& tensors,
     fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0 && errno != EEXIST) break;
   }
-  ACCEL_CHECK(fd >= 0, IoError, kSave, "cannot create a temporary file next to '", path, "': ",
-              errno_str());
+  ACCEL_CHECK(fd >= 0, IoError, kSave, "cannot create a temporary file next to '", path,
+              "': ", errno_str());
   Fd file(fd);
   auto fail = [&](const char* what) {
     const std::string err = errno_str();

@@ -29,9 +29,9 @@ std::optional<DType> dtype_from_name(const std::string& s) {
 // Names of safetensors dtypes accel cannot hold, so the error says "unsupported" rather than
 // "unknown" for a valid file from another framework.
 bool is_known_foreign_dtype(const std::string& s) {
-  static const std::set<std::string> kForeign = {"I8",  "I16", "U16",     "U32",     "U64",
-                                                 "F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "F6_E2M3",
-                                                 "F6_E3M2", "C64"};
+  static const std::set<std::string> kForeign = {"I8",  "I16",     "U16",     "U32",
+                                                 "U64", "F8_E4M3", "F8_E5M2", "F8_E8M0",
+                                                 "F4",  "F6_E2M3", "F6_E3M2", "C64"};
   return kForeign.count(s) > 0;
 }
 
@@ -50,7 +50,8 @@ std::string shape_of(const std::vector<int64_t>& s) {
 // header size whatever its content.
 class HeaderSax final : public json::json_sax_t {
  public:
-  HeaderSax(const std::string& path, uint64_t buffer_size) : path_(path), buffer_size_(buffer_size) {}
+  HeaderSax(const std::string& path, uint64_t buffer_size)
+      : path_(path), buffer_size_(buffer_size) {}
 
   std::vector<SafetensorsEntry> entries;
   std::map<std::string, std::string> metadata;
@@ -69,8 +70,8 @@ class HeaderSax final : public json::json_sax_t {
                   "': tensor '", entry_.name, "' has more than ", kSafetensorsMaxRank,
                   " dimensions");
       ACCEL_CHECK(v <= uint64_t(std::numeric_limits<int64_t>::max()), IoError, kLoad, "'", path_,
-                  "': tensor '", entry_.name, "' has a shape whose element count overflows: ",
-                  "dimension ", v);
+                  "': tensor '", entry_.name,
+                  "' has a shape whose element count overflows: ", "dimension ", v);
       entry_.shape.push_back(int64_t(v));
       return true;
     }
@@ -87,9 +88,7 @@ class HeaderSax final : public json::json_sax_t {
   }
   bool string(string_t& v) override {
     switch (top()) {
-      case Kind::Metadata:
-        metadata[key_] = v;
-        return true;
+      case Kind::Metadata: metadata[key_] = v; return true;
       case Kind::Entry:
         if (key_ == "dtype") {
           dtype_ = v;
@@ -97,8 +96,7 @@ class HeaderSax final : public json::json_sax_t {
           return true;
         }
         break;
-      default:
-        break;
+      default: break;
     }
     return scalar("string", json(v).dump());
   }
@@ -106,21 +104,15 @@ class HeaderSax final : public json::json_sax_t {
 
   bool start_object(std::size_t) override {
     switch (top()) {
-      case Kind::None:
-        saw_root = true;
-        return push(Kind::Root);
+      case Kind::None: saw_root = true; return push(Kind::Root);
       case Kind::Root:
         if (key_ == kMetadataKey) return push(Kind::Metadata);
         entry_ = SafetensorsEntry{};
         entry_.name = key_;
         has_dtype_ = has_shape_ = has_offsets_ = false;
         return push(Kind::Entry);
-      case Kind::Entry:
-        entry_field_type_error("object");
-        return push(Kind::Skip);
-      default:
-        scalar("object", "{...}");
-        return push(Kind::Skip);
+      case Kind::Entry: entry_field_type_error("object"); return push(Kind::Skip);
+      default: scalar("object", "{...}"); return push(Kind::Skip);
     }
   }
   bool start_array(std::size_t) override {
@@ -137,11 +129,8 @@ class HeaderSax final : public json::json_sax_t {
         }
         entry_field_type_error("array");  // dtype as an array
         return push(Kind::Skip);
-      case Kind::None:
-        ACCEL_THROW(IoError, kLoad, "'", path_, "': header is not a JSON object");
-      default:
-        scalar("array", "[...]");
-        return push(Kind::Skip);
+      case Kind::None: ACCEL_THROW(IoError, kLoad, "'", path_, "': header is not a JSON object");
+      default: scalar("array", "[...]"); return push(Kind::Skip);
     }
   }
   bool key(string_t& k) override {
@@ -192,7 +181,8 @@ class HeaderSax final : public json::json_sax_t {
 
   template <typename... Args>
   [[noreturn]] void fail(Args&&... args) {
-    ACCEL_THROW(IoError, kLoad, "'", path_, "': tensor '", entry_.name, std::forward<Args>(args)...);
+    ACCEL_THROW(IoError, kLoad, "'", path_, "': tensor '", entry_.name,
+                std::forward<Args>(args)...);
   }
   [[noreturn]] void offsets_error(const std::string& got) {
     fail("' data_offsets must be two non-negative integers [begin, end], got ", got);
@@ -206,8 +196,7 @@ class HeaderSax final : public json::json_sax_t {
   // A scalar (or the start of a container, `text` "{...}"/"[...]") in the current context.
   bool scalar(const char* type, const std::string& text) {
     switch (top()) {
-      case Kind::None:
-        ACCEL_THROW(IoError, kLoad, "'", path_, "': header is not a JSON object");
+      case Kind::None: ACCEL_THROW(IoError, kLoad, "'", path_, "': header is not a JSON object");
       case Kind::Root:
         if (key_ == kMetadataKey) {
           ACCEL_THROW(IoError, kLoad, "'", path_,
@@ -215,17 +204,12 @@ class HeaderSax final : public json::json_sax_t {
         }
         ACCEL_THROW(IoError, kLoad, "'", path_, "': entry '", key_, "' is not an object");
       case Kind::Metadata:
-        ACCEL_THROW(IoError, kLoad, "'", path_, "': __metadata__ value of '", key_, "' is a ",
-                    type, ", expected a string");
-      case Kind::Entry:
-        entry_field_type_error(type);
-        return true;  // an unknown field: ignored
-      case Kind::Shape:
-        fail("' has a non-integer shape entry ", text);
-      case Kind::Offsets:
-        offsets_error(text);
-      case Kind::Skip:
-        return true;
+        ACCEL_THROW(IoError, kLoad, "'", path_, "': __metadata__ value of '", key_, "' is a ", type,
+                    ", expected a string");
+      case Kind::Entry: entry_field_type_error(type); return true;  // an unknown field: ignored
+      case Kind::Shape: fail("' has a non-integer shape entry ", text);
+      case Kind::Offsets: offsets_error(text);
+      case Kind::Skip: return true;
     }
     return true;
   }
@@ -236,8 +220,8 @@ class HeaderSax final : public json::json_sax_t {
     ACCEL_CHECK(has_dtype_, IoError, kLoad, "'", path_, "': tensor '", name,
                 "' has no string 'dtype'");
     const std::optional<DType> dtype = dtype_from_name(dtype_);
-    ACCEL_CHECK(dtype || !is_known_foreign_dtype(dtype_), IoError, kLoad, "'", path_,
-                "': tensor '", name, "' has dtype ", dtype_, ", which accel does not support");
+    ACCEL_CHECK(dtype || !is_known_foreign_dtype(dtype_), IoError, kLoad, "'", path_, "': tensor '",
+                name, "' has dtype ", dtype_, ", which accel does not support");
     ACCEL_CHECK(dtype.has_value(), IoError, kLoad, "'", path_, "': tensor '", name,
                 "' has unknown dtype '", dtype_, "'");
     e.dtype = *dtype;
@@ -248,8 +232,8 @@ class HeaderSax final : public json::json_sax_t {
     for (int64_t s : e.shape) overflow |= __builtin_mul_overflow(numel, uint64_t(s), &numel);
     // A zero dimension makes the tensor empty, however large the others.
     if (std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end()) overflow = false, numel = 0;
-    ACCEL_CHECK(!overflow && numel <= uint64_t(std::numeric_limits<int64_t>::max()), IoError,
-                kLoad, "'", path_, "': tensor '", name,
+    ACCEL_CHECK(!overflow && numel <= uint64_t(std::numeric_limits<int64_t>::max()), IoError, kLoad,
+                "'", path_, "': tensor '", name,
                 "' has a shape whose element count overflows: ", shape_of(e.shape));
     uint64_t nbytes = 0;
     ACCEL_CHECK(!__builtin_mul_overflow(numel, uint64_t(dtype_size(e.dtype)), &nbytes) &&
@@ -297,12 +281,10 @@ uint64_t safetensors_header_length(const unsigned char* len_bytes, uint64_t file
   for (size_t i = 0; i < kSafetensorsLengthBytes; ++i) {
     header_len |= uint64_t(len_bytes[i]) << (8 * i);
   }
-  ACCEL_CHECK(header_len <= kMaxHeaderBytes, IoError, kLoad, "'", path,
-              "': header length ", header_len, " exceeds the limit of ",
-              kMaxHeaderBytes, " bytes");
+  ACCEL_CHECK(header_len <= kMaxHeaderBytes, IoError, kLoad, "'", path, "': header length ",
+              header_len, " exceeds the limit of ", kMaxHeaderBytes, " bytes");
   ACCEL_CHECK(header_len <= file_size - kSafetensorsLengthBytes, IoError, kLoad, "'", path,
-              "': header length ", header_len, " exceeds the ",
-              file_size - kSafetensorsLengthBytes,
+              "': header length ", header_len, " exceeds the ", file_size - kSafetensorsLengthBytes,
               " bytes that follow the length field (truncated file?)");
   ACCEL_CHECK(header_len >= 2, IoError, kLoad, "'", path, "': header length ", header_len,
               " is too short for a JSON object");
@@ -321,9 +303,10 @@ std::vector<SafetensorsEntry> parse_safetensors_header(
   std::vector<SafetensorsEntry>& entries = sax.entries;
 
   // The entries must tile the buffer exactly.
-  std::sort(entries.begin(), entries.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
-    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
-  });
+  std::sort(entries.begin(), entries.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+              return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+            });
   uint64_t pos = 0;
   const SafetensorsEntry* prev = nullptr;
   for (const SafetensorsEntry& e : entries) {

@@ -40,9 +40,8 @@ uint64_t safetensors_header_length(const unsigned char* len_bytes, uint64_t file
 // `path` for every violation. Memory use is linear in the header size with a small factor: the
 // JSON is read as a stream of events (no document tree), nesting is limited to
 // kSafetensorsMaxDepth and shapes to kSafetensorsMaxRank dimensions.
-std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view header,
-                                                       uint64_t buffer_size,
-                                                       const std::string& path,
-                                                       std::map<std::string, std::string>* metadata);
+std::vector<SafetensorsEntry> parse_safetensors_header(
+    std::string_view header, uint64_t buffer_size, const std::string& path,
+    std::map<std::string, std::string>* metadata);
 
 }  // namespace accel::nn::detail

@@ -29,8 +29,8 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   }
   const double total_norm = inf ? total.item<double>() : std::pow(total.item<double>(), 1.0 / p);
   ACCEL_CHECK(!error_if_nonfinite || std::isfinite(total_norm), ValueError, "clip_grad_norm_",
-              "the total norm of order ", p, " of ", grads.size(),
-              " gradients is non-finite (", total_norm, "), so it cannot be clipped");
+              "the total norm of order ", p, " of ", grads.size(), " gradients is non-finite (",
+              total_norm, "), so it cannot be clipped");
   const double coef = max_norm / (total_norm + 1e-6);
   if (!(coef >= 1.0)) {  // NaN coef (NaN norm) propagates into the gradients
     for (Tensor& g : grads) g.mul_(coef);

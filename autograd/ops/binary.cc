@@ -31,7 +31,8 @@ struct Prepared {
 
 // Checks devices, promotes dtypes and broadcasts shapes. `float_result` forces a floating dtype
 // (true division, pow).
-inline void prepare(Prepared& p, const char* op, const Tensor& a, const Tensor& b, bool float_result) {
+inline void prepare(Prepared& p, const char* op, const Tensor& a, const Tensor& b,
+                    bool float_result) {
   ops::check_defined(a, op);
   ops::check_defined(b, op);
   const bool same_device = a.device() == b.device();
@@ -71,12 +72,12 @@ Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
   Tensor out = run(BinaryOp::Add, p, alpha.to_double());
   if (autograd::needs_grad(*p.a, *p.b)) {
     const double al = alpha.to_double();
-    autograd::record("add", {p.a, p.b}, {&out},
-                     [sa = p.a->sizes(), sb = p.b->sizes(), al](const autograd::Grads& g) {
-                       const Tensor& go = g[0];
-                       return autograd::Grads{sum_to(go, sa),
-                                              sum_to(al == 1.0 ? go : mul(go, al), sb)};
-                     });
+    autograd::record(
+        "add", {p.a, p.b}, {&out},
+        [sa = p.a->sizes(), sb = p.b->sizes(), al](const autograd::Grads& g) {
+          const Tensor& go = g[0];
+          return autograd::Grads{sum_to(go, sa), sum_to(al == 1.0 ? go : mul(go, al), sb)};
+        });
   }
   return out;
 }
@@ -117,13 +118,13 @@ Tensor div(const Tensor& a, const Tensor& b) {
   prepare(p, "div", a, b, true);
   Tensor out = run(BinaryOp::Div, p);
   if (autograd::needs_grad(*p.a, *p.b)) {
-    autograd::record("div", {p.a, p.b}, {&out},
-                     [x = p.a->detach(), y = p.b->detach()](const autograd::Grads& g) {
-                       const Tensor ga = div(g[0], y);
-                       // d/db (a/b) = -a/b^2 = -(g/b) * (a/b)
-                       return autograd::Grads{sum_to(ga, x.sizes()),
-                                              sum_to(neg(mul(ga, div(x, y))), y.sizes())};
-                     });
+    autograd::record(
+        "div", {p.a, p.b}, {&out},
+        [x = p.a->detach(), y = p.b->detach()](const autograd::Grads& g) {
+          const Tensor ga = div(g[0], y);
+          // d/db (a/b) = -a/b^2 = -(g/b) * (a/b)
+          return autograd::Grads{sum_to(ga, x.sizes()), sum_to(neg(mul(ga, div(x, y))), y.sizes())};
+        });
   }
   return out;
 }
@@ -133,13 +134,14 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   prepare(p, "pow", a, b, true);
   Tensor out = run(BinaryOp::Pow, p);
   if (autograd::needs_grad(*p.a, *p.b)) {
-    autograd::record("pow", {p.a, p.b}, {&out},
-                     [x = p.a->detach(), y = p.b->detach(), o = out.detach()](const autograd::Grads& g) {
-                       // d/da a^b = b a^(b-1);  d/db a^b = a^b log a
-                       Tensor ga = mul(g[0], mul(y, pow(x, sub(y, 1))));
-                       Tensor gb = mul(g[0], mul(o, log(x)));
-                       return autograd::Grads{sum_to(ga, x.sizes()), sum_to(gb, y.sizes())};
-                     });
+    autograd::record(
+        "pow", {p.a, p.b}, {&out},
+        [x = p.a->detach(), y = p.b->detach(), o = out.detach()](const autograd::Grads& g) {
+          // d/da a^b = b a^(b-1);  d/db a^b = a^b log a
+          Tensor ga = mul(g[0], mul(y, pow(x, sub(y, 1))));
+          Tensor gb = mul(g[0], mul(o, log(x)));
+          return autograd::Grads{sum_to(ga, x.sizes()), sum_to(gb, y.sizes())};
+        });
   }
   return out;
 }
@@ -165,8 +167,12 @@ Tensor max_min(const char* op, BinaryOp bop, const Tensor& a, const Tensor& b) {
 }
 }  // namespace
 
-Tensor maximum(const Tensor& a, const Tensor& b) { return max_min("maximum", BinaryOp::Maximum, a, b); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return max_min("minimum", BinaryOp::Minimum, a, b); }
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  return max_min("maximum", BinaryOp::Maximum, a, b);
+}
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  return max_min("minimum", BinaryOp::Minimum, a, b);
+}
 
 // ---------------- tensor-scalar ----------------
 

@@ -13,13 +13,14 @@ inline void check_defined(const Tensor& t, const char* op, const char* what = "i
 }
 
 inline void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
-  ACCEL_CHECK(a.device() == b.device(), DeviceError, op, "expected tensors on the same device, got ",
-              a.device(), " ", a.sizes(), " and ", b.device(), " ", b.sizes());
+  ACCEL_CHECK(a.device() == b.device(), DeviceError, op,
+              "expected tensors on the same device, got ", a.device(), " ", a.sizes(), " and ",
+              b.device(), " ", b.sizes());
 }
 
 inline void check_floating(const Tensor& t, const char* op, const char* what = "input") {
-  ACCEL_CHECK(t.is_floating_point(), DTypeError, op, "expected a floating point ", what,
-              ", got ", t.dtype(), " of shape ", t.sizes());
+  ACCEL_CHECK(t.is_floating_point(), DTypeError, op, "expected a floating point ", what, ", got ",
+              t.dtype(), " of shape ", t.sizes());
 }
 
 // A view of `base` with new geometry (shares storage).

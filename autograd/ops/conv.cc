@@ -13,7 +13,6 @@
 
 namespace accel {
 
-
 ACCEL_DIFFERENTIABLE_OP(conv2d, "conv2d");
 ACCEL_DIFFERENTIABLE_OP(max_pool2d, "max_pool2d");
 ACCEL_DIFFERENTIABLE_OP(avg_pool2d, "avg_pool2d");

@@ -2,14 +2,13 @@
 //   embedding:    weight (V, D), indices (...)            -> (..., D)
 //   index_select: x (..., n, ...), index (k)              -> x with dim size k
 //   gather:       x, index (same rank, index.size(d) <= x.size(d) for d != dim) -> index's shape
-//   scatter_add:  x, index, src (index.size(d) <= src.size(d); <= x.size(d) for d != dim) -> x's shape
-//   index_add:    x, index (k), src (x with dim size k)   -> x's shape
+//   scatter_add:  x, index, src (index.size(d) <= src.size(d); <= x.size(d) for d != dim) -> x's
+//   shape index_add:    x, index (k), src (x with dim size k)   -> x's shape
 // Index values are checked by the kernels (IndexError naming the op, the index and the size).
 #include "autograd/ops/common.h"
 #include "kernels/stubs/index.h"
 
 namespace accel {
-
 
 ACCEL_DIFFERENTIABLE_OP(embedding, "embedding");
 ACCEL_DIFFERENTIABLE_OP(index_select, "index_select");
@@ -146,7 +145,9 @@ void check_gather_shapes(const char* op, const Tensor& x, const Tensor& index, i
 }
 
 // 0-dim operands become (1) for the kernels, whose index walk needs a rank >= 1.
-Tensor at_least_1d(const Tensor& t) { return t.dim() == 0 ? ops::make_view(t, {1}, {1}, t.offset()) : t; }
+Tensor at_least_1d(const Tensor& t) {
+  return t.dim() == 0 ? ops::make_view(t, {1}, {1}, t.offset()) : t;
+}
 }  // namespace
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {

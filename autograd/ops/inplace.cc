@@ -10,8 +10,8 @@ using raw::check_inplace;
 
 Tensor& Tensor::add_(const Tensor& o, Scalar alpha) {
   check_inplace(*this, "add_");
-  ACCEL_CHECK(o.device() == device(), DeviceError, "add_", "tensors on different devices: ",
-              device(), " and ", o.device());
+  ACCEL_CHECK(o.device() == device(), DeviceError, "add_",
+              "tensors on different devices: ", device(), " and ", o.device());
   ACCEL_CHECK(is_broadcastable_to(o.sizes(), sizes()), ShapeError, "add_", "shape ", o.sizes(),
               " cannot be broadcast to ", sizes());
   Tensor b = raw::to_dtype(o, dtype());
@@ -22,8 +22,8 @@ Tensor& Tensor::add_(const Tensor& o, Scalar alpha) {
 
 Tensor& Tensor::mul_(const Tensor& o) {
   check_inplace(*this, "mul_");
-  ACCEL_CHECK(o.device() == device(), DeviceError, "mul_", "tensors on different devices: ",
-              device(), " and ", o.device());
+  ACCEL_CHECK(o.device() == device(), DeviceError, "mul_",
+              "tensors on different devices: ", device(), " and ", o.device());
   ACCEL_CHECK(is_broadcastable_to(o.sizes(), sizes()), ShapeError, "mul_", "shape ", o.sizes(),
               " cannot be broadcast to ", sizes());
   Tensor b = raw::to_dtype(o, dtype());

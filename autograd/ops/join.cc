@@ -8,7 +8,6 @@
 
 namespace accel {
 
-
 ACCEL_DIFFERENTIABLE_OP(cat, "cat");
 ACCEL_DIFFERENTIABLE_OP(stack, "stack");
 ACCEL_DIFFERENTIABLE_OP(tril, "tril");
@@ -25,8 +24,8 @@ void check_join_list(const char* op, const std::vector<Tensor>& xs) {
                 xs[i].dtype(), " and shape ", xs[i].sizes(), " but tensor 0 has dtype ",
                 xs[0].dtype(), " and shape ", xs[0].sizes());
     ACCEL_CHECK(xs[i].device() == xs[0].device(), DeviceError, op, "tensor ", i, " is on ",
-                xs[i].device(), " (shape ", xs[i].sizes(), ") but tensor 0 is on ",
-                xs[0].device(), " (shape ", xs[0].sizes(), ")");
+                xs[i].device(), " (shape ", xs[i].sizes(), ") but tensor 0 is on ", xs[0].device(),
+                " (shape ", xs[0].sizes(), ")");
   }
 }
 
@@ -34,14 +33,16 @@ void check_join_list(const char* op, const std::vector<Tensor>& xs) {
 Tensor narrow_view(const Tensor& out, int64_t d, int64_t start, int64_t len) {
   Shape sz = out.sizes();
   sz[size_t(d)] = len;
-  return ops::make_view(out, std::move(sz), out.strides(), out.offset() + start * out.strides()[size_t(d)]);
+  return ops::make_view(out, std::move(sz), out.strides(),
+                        out.offset() + start * out.strides()[size_t(d)]);
 }
 
 Tensor select_view(const Tensor& out, int64_t d, int64_t i) {
   Shape sz = out.sizes(), st = out.strides();
   sz.erase(size_t(d));
   st.erase(size_t(d));
-  return ops::make_view(out, std::move(sz), std::move(st), out.offset() + i * out.strides()[size_t(d)]);
+  return ops::make_view(out, std::move(sz), std::move(st),
+                        out.offset() + i * out.strides()[size_t(d)]);
 }
 
 Tensor trilu(const char* op, const Tensor& x, int64_t diagonal, bool upper) {
@@ -149,7 +150,8 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
     return parts;
   }
   parts.reserve(size_t((n + split_size - 1) / split_size));
-  for (int64_t s = 0; s < n; s += split_size) parts.push_back(x.narrow(d, s, std::min(split_size, n - s)));
+  for (int64_t s = 0; s < n; s += split_size)
+    parts.push_back(x.narrow(d, s, std::min(split_size, n - s)));
   return parts;
 }
 

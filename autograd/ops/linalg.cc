@@ -10,7 +10,6 @@
 
 namespace accel {
 
-
 ACCEL_DIFFERENTIABLE_OP(matmul, "matmul");
 ACCEL_DIFFERENTIABLE_OP(mm, "mm");
 ACCEL_DIFFERENTIABLE_OP(bmm, "bmm");

@@ -14,7 +14,6 @@
 
 namespace accel {
 
-
 ACCEL_DIFFERENTIABLE_OP(softmax, "softmax");
 ACCEL_DIFFERENTIABLE_OP(log_softmax, "log_softmax");
 ACCEL_DIFFERENTIABLE_OP(layer_norm, "layer_norm");
@@ -144,7 +143,8 @@ ClassRows class_rows(const char* op, const Tensor& x, const Tensor& t) {
 // is over those only, as in PyTorch.
 Tensor reduce_rows(const Tensor& loss, const Tensor& valid, Reduction r, const Shape& none_shape) {
   switch (r) {
-    case Reduction::None: return ops::make_view(loss, none_shape, contiguous_strides(none_shape), loss.offset());
+    case Reduction::None:
+      return ops::make_view(loss, none_shape, contiguous_strides(none_shape), loss.offset());
     case Reduction::Sum: return sum(loss);
     case Reduction::Mean: return div(sum(loss), valid);
   }
@@ -255,8 +255,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                       label_smoothing](const autograd::Grads& g) {
                        Tensor dx = ops::empty_on(xd.sizes(), xd.dtype(), xd.device());
                        cross_entropy_backward_stub(xd.device(),
-                                                   row_grad(g[0], valid, reduction, xd.dtype()),
-                                                   xd, t1, lse, ignore_index, label_smoothing, dx);
+                                                   row_grad(g[0], valid, reduction, xd.dtype()), xd,
+                                                   t1, lse, ignore_index, label_smoothing, dx);
                        return autograd::Grads{dx};
                      });
   }
@@ -329,12 +329,12 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
   if (autograd::needs_grad(logits, t)) {
     // d/dx = sigmoid(x) - t (also right at x = 0, where the composite above has kinks);
     // d/dt = -x.
-    autograd::record(op, {&logits, &t}, {&l},
-                     [xd = logits.detach(), td = t.detach(), gt = t.requires_grad()](
-                         const autograd::Grads& g) {
-                       return autograd::Grads{mul(g[0], sub(sigmoid(xd), td)),
-                                              gt ? neg(mul(g[0], xd)) : Tensor()};
-                     });
+    autograd::record(
+        op, {&logits, &t}, {&l},
+        [xd = logits.detach(), td = t.detach(), gt = t.requires_grad()](const autograd::Grads& g) {
+          return autograd::Grads{mul(g[0], sub(sigmoid(xd), td)),
+                                 gt ? neg(mul(g[0], xd)) : Tensor()};
+        });
   }
   return reduce_loss(l, reduction);
 }
@@ -411,8 +411,7 @@ Tensor future_mask(int64_t T, int64_t S, Device dev) {
   return dev.is_cpu() ? m : m.to(dev);
 }
 
-Tensor sdpa_composed(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                     double scale) {
+Tensor sdpa_composed(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
   // Scaling q (B, H, T, D) is cheaper than scaling the scores (B, H, T, S) when D < S.
   Tensor att = matmul(mul(q, scale), k.transpose(-2, -1));  // (B, H, T, S)
   if (causal) att = masked_fill(att, future_mask(q.size(2), k.size(2), q.device()), -INFINITY);
@@ -473,7 +472,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   check_sdpa(op, q, k, v, causal);
   const double scale = 1.0 / std::sqrt(double(q.size(3)));
   if (!sdpa_fused(q) || k.size(2) == 0) return sdpa_composed(q, k, v, causal, scale);
-  Tensor out = empty_heads_last({q.size(0), q.size(1), q.size(2), v.size(3)}, q.dtype(), q.device());
+  Tensor out =
+      empty_heads_last({q.size(0), q.size(1), q.size(2), v.size(3)}, q.dtype(), q.device());
   SdpaSaved s = sdpa_run(q, k, v, scale, causal, out);
   if (autograd::needs_grad(q, k, v)) {
     autograd::record(op, {&q, &k, &v}, {&out}, [s, scale, causal](const autograd::Grads& g) {
@@ -515,9 +515,9 @@ Tensor scaled_dot_product_attention_packed(const Tensor& qkv, int64_t n_heads, b
   auto split = [B, H, T, D, C](const Tensor& t) {
     std::array<Tensor, 3> r;
     for (int64_t w = 0; w < 3; ++w) {
-      r[size_t(w)] = ops::make_view(t, {B, H, T, D},
-                                    {t.stride(0), D * t.stride(2), t.stride(1), t.stride(2)},
-                                    t.offset() + w * C * t.stride(2));
+      r[size_t(w)] =
+          ops::make_view(t, {B, H, T, D}, {t.stride(0), D * t.stride(2), t.stride(1), t.stride(2)},
+                         t.offset() + w * C * t.stride(2));
     }
     return r;
   };
@@ -531,17 +531,16 @@ Tensor scaled_dot_product_attention_packed(const Tensor& qkv, int64_t n_heads, b
   const double scale = 1.0 / std::sqrt(double(D));
   SdpaSaved s = sdpa_run(q, k, v, scale, causal, out);
   if (autograd::needs_grad(qkv)) {
-    autograd::record(op, {&qkv}, {&y},
-                     [s, scale, causal, B, T, C, split, as_heads](const autograd::Grads& g) {
-                       const DType dt = s.q.dtype();
-                       const Device dev = s.q.device();
-                       Tensor dqkv = ops::empty_on({B, T, 3 * C}, dt, dev);
-                       auto [dq, dk, dv] = split(dqkv);
-                       const Tensor dy = ops::as_dtype(g[0], dt).contiguous();
-                       sdpa_backward_stub(dev, as_heads(dy), s.q, s.k, s.v, s.p, scale, causal,
-                                          dq, dk, dv);
-                       return autograd::Grads{dqkv};
-                     });
+    autograd::record(
+        op, {&qkv}, {&y}, [s, scale, causal, B, T, C, split, as_heads](const autograd::Grads& g) {
+          const DType dt = s.q.dtype();
+          const Device dev = s.q.device();
+          Tensor dqkv = ops::empty_on({B, T, 3 * C}, dt, dev);
+          auto [dq, dk, dv] = split(dqkv);
+          const Tensor dy = ops::as_dtype(g[0], dt).contiguous();
+          sdpa_backward_stub(dev, as_heads(dy), s.q, s.k, s.v, s.p, scale, causal, dq, dk, dv);
+          return autograd::Grads{dqkv};
+        });
   }
   return y;
 }

@@ -7,7 +7,6 @@
 
 namespace accel {
 
-
 ACCEL_DIFFERENTIABLE_OP(sum, "sum");
 ACCEL_DIFFERENTIABLE_OP(mean, "mean");
 ACCEL_DIFFERENTIABLE_OP(amax, "amax");
@@ -68,9 +67,8 @@ Tensor reduce_raw(ReduceOp op, const Tensor& x, const Shape& rdims, bool keepdim
   } else {
     // Every caller checks this with its own message first; this is the stub's precondition
     // (kernels/stubs/reduce.h) for any future caller.
-    ACCEL_CHECK(has_identity(op) || out.numel() == 0 || x.numel() > 0, ShapeError,
-                "reduce", "cannot take max/min/argmax of an empty dimension; input shape ",
-                x.sizes());
+    ACCEL_CHECK(has_identity(op) || out.numel() == 0 || x.numel() > 0, ShapeError, "reduce",
+                "cannot take max/min/argmax of an empty dimension; input shape ", x.sizes());
     reduce_stub(x.device(), op, x.detach(), rdims, out);
   }
   if (keepdim) return out;
@@ -143,7 +141,8 @@ namespace {
 // amax/amin: gradient shared evenly among the elements equal to the extreme value.
 Tensor extreme(const char* name, ReduceOp op, const Tensor& x, const Shape& dims, bool keepdim) {
   ops::check_defined(x, name);
-  ACCEL_CHECK(x.numel() > 0, ShapeError, name, "cannot reduce an empty tensor of shape ", x.sizes());
+  ACCEL_CHECK(x.numel() > 0, ShapeError, name, "cannot reduce an empty tensor of shape ",
+              x.sizes());
   const Shape rdims = ops::reduce_dims(x, dims, name);
   Tensor out = ops::reduce_raw(op, x, rdims, keepdim, x.dtype());
   if (autograd::needs_grad(x)) {
@@ -160,8 +159,8 @@ Tensor extreme(const char* name, ReduceOp op, const Tensor& x, const Shape& dims
   return out;
 }
 
-std::tuple<Tensor, Tensor> extreme_dim(const char* name, ReduceOp vop, ReduceOp iop, const Tensor& x,
-                                       int64_t dim, bool keepdim) {
+std::tuple<Tensor, Tensor> extreme_dim(const char* name, ReduceOp vop, ReduceOp iop,
+                                       const Tensor& x, int64_t dim, bool keepdim) {
   ops::check_defined(x, name);
   const Shape rdims = ops::reduce_dims(x, {dim}, name);
   ACCEL_CHECK(x.dim() == 0 || x.sizes()[size_t(rdims[0])] > 0, ShapeError, name,
@@ -175,18 +174,19 @@ std::tuple<Tensor, Tensor> extreme_dim(const char* name, ReduceOp vop, ReduceOp 
   if (autograd::needs_grad(x)) {
     // The gradient flows to the selected index only.
     const int64_t d = x.dim() == 0 ? 0 : rdims[0];
-    autograd::record(name, {&x}, {&vals},
-                     [in = x.sizes(), ix = idx, d, keepdim, zero_dim = x.dim() == 0](
-                         const autograd::Grads& g) {
-                       if (zero_dim) return autograd::Grads{g[0]};
-                       // One-hot of the selected index along d, broadcast against g.
-                       Shape pos_shape(in.size(), 1);
-                       pos_shape[size_t(d)] = in[size_t(d)];
-                       Tensor pos = arange(in[size_t(d)], TensorOptions(kInt64, g[0].device())).reshape(pos_shape);
-                       Tensor gk = keepdim ? g[0] : g[0].unsqueeze(d);
-                       Tensor ik = keepdim ? ix : ix.unsqueeze(d);
-                       return autograd::Grads{mul(eq(pos, ik).to(g[0].dtype()), gk)};
-                     });
+    autograd::record(
+        name, {&x}, {&vals},
+        [in = x.sizes(), ix = idx, d, keepdim, zero_dim = x.dim() == 0](const autograd::Grads& g) {
+          if (zero_dim) return autograd::Grads{g[0]};
+          // One-hot of the selected index along d, broadcast against g.
+          Shape pos_shape(in.size(), 1);
+          pos_shape[size_t(d)] = in[size_t(d)];
+          Tensor pos =
+              arange(in[size_t(d)], TensorOptions(kInt64, g[0].device())).reshape(pos_shape);
+          Tensor gk = keepdim ? g[0] : g[0].unsqueeze(d);
+          Tensor ik = keepdim ? ix : ix.unsqueeze(d);
+          return autograd::Grads{mul(eq(pos, ik).to(g[0].dtype()), gk)};
+        });
   }
   return {vals, idx};
 }
@@ -250,20 +250,20 @@ Tensor prod(const Tensor& x, const Shape& dims, bool keepdim) {
   Tensor out = ops::reduce_raw(ReduceOp::Prod, x, rdims, keepdim, sum_dtype(x.dtype()));
   if (autograd::needs_grad(x)) {
     // d prod / d x_i = prod / x_i (inputs with zeros get the product of the others).
-    autograd::record("prod", {&x}, {&out},
-                     [xs = x.detach(), rdims, keepdim](const autograd::Grads& g) {
-                       const Shape& in = xs.sizes();
-                       Tensor gg = unsqueeze_reduced(g[0], in, rdims, keepdim);
-                       // Product of all other elements, computed without division.
-                       Tensor is_zero = eq(xs, 0.0);
-                       Tensor safe = where(is_zero, ones_like(xs), xs);
-                       Tensor p_safe = ops::reduce_raw(ReduceOp::Prod, safe, rdims, true, xs.dtype());
-                       Tensor nz = sum(is_zero.to(xs.dtype()), rdims, true);
-                       // no zeros: p/x ; one zero: at the zero, product of the rest; else 0
-                       Tensor others = where(is_zero, mul(p_safe, eq(nz, 1.0).to(xs.dtype())),
-                                             mul(div(p_safe, safe), eq(nz, 0.0).to(xs.dtype())));
-                       return autograd::Grads{mul(gg, others)};
-                     });
+    autograd::record(
+        "prod", {&x}, {&out}, [xs = x.detach(), rdims, keepdim](const autograd::Grads& g) {
+          const Shape& in = xs.sizes();
+          Tensor gg = unsqueeze_reduced(g[0], in, rdims, keepdim);
+          // Product of all other elements, computed without division.
+          Tensor is_zero = eq(xs, 0.0);
+          Tensor safe = where(is_zero, ones_like(xs), xs);
+          Tensor p_safe = ops::reduce_raw(ReduceOp::Prod, safe, rdims, true, xs.dtype());
+          Tensor nz = sum(is_zero.to(xs.dtype()), rdims, true);
+          // no zeros: p/x ; one zero: at the zero, product of the rest; else 0
+          Tensor others = where(is_zero, mul(p_safe, eq(nz, 1.0).to(xs.dtype())),
+                                mul(div(p_safe, safe), eq(nz, 0.0).to(xs.dtype())));
+          return autograd::Grads{mul(gg, others)};
+        });
   }
   return out;
 }
@@ -277,11 +277,17 @@ Tensor norm(const Tensor& x, double p) {
   return pow(sum(pow(abs(x), p)), 1.0 / p);
 }
 
-Tensor Tensor::argmax(int64_t dim, bool keepdim) const { return accel::argmax(*this, dim, keepdim); }
+Tensor Tensor::argmax(int64_t dim, bool keepdim) const {
+  return accel::argmax(*this, dim, keepdim);
+}
 
 Tensor Tensor::sum() const { return accel::sum(*this); }
-Tensor Tensor::sum(const Shape& dims, bool keepdim) const { return accel::sum(*this, dims, keepdim); }
+Tensor Tensor::sum(const Shape& dims, bool keepdim) const {
+  return accel::sum(*this, dims, keepdim);
+}
 Tensor Tensor::mean() const { return accel::mean(*this); }
-Tensor Tensor::mean(const Shape& dims, bool keepdim) const { return accel::mean(*this, dims, keepdim); }
+Tensor Tensor::mean(const Shape& dims, bool keepdim) const {
+  return accel::mean(*this, dims, keepdim);
+}
 
 }  // namespace accel

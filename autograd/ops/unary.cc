@@ -92,10 +92,12 @@ Tensor neg(const Tensor& x) {
 }
 
 Tensor exp(const Tensor& x) {
-  return unary_y("exp", UnaryOp::Exp, x, [](const Tensor& g, const Tensor& y) { return mul(g, y); });
+  return unary_y("exp", UnaryOp::Exp, x,
+                 [](const Tensor& g, const Tensor& y) { return mul(g, y); });
 }
 Tensor log(const Tensor& x) {
-  return unary_x("log", UnaryOp::Log, x, [](const Tensor& g, const Tensor& x) { return div(g, x); });
+  return unary_x("log", UnaryOp::Log, x,
+                 [](const Tensor& g, const Tensor& x) { return div(g, x); });
 }
 Tensor sqrt(const Tensor& x) {
   return unary_y("sqrt", UnaryOp::Sqrt, x,
@@ -110,11 +112,13 @@ Tensor rsqrt(const Tensor& x) {
 Tensor abs(const Tensor& x) {
   ops::check_defined(x, "abs");
   if (!x.is_floating_point()) return run_unary(UnaryOp::Abs, x, x.dtype());
-  return unary_x("abs", UnaryOp::Abs, x, [](const Tensor& g, const Tensor& x) { return mul(g, sign(x)); });
+  return unary_x("abs", UnaryOp::Abs, x,
+                 [](const Tensor& g, const Tensor& x) { return mul(g, sign(x)); });
 }
 Tensor tanh(const Tensor& x) {
-  return unary_y("tanh", UnaryOp::Tanh, x,
-                 [](const Tensor& g, const Tensor& y) { return binary_helper(BinaryOp::TanhGrad, g, y); });
+  return unary_y("tanh", UnaryOp::Tanh, x, [](const Tensor& g, const Tensor& y) {
+    return binary_helper(BinaryOp::TanhGrad, g, y);
+  });
 }
 Tensor sigmoid(const Tensor& x) {
   return unary_y("sigmoid", UnaryOp::Sigmoid, x, [](const Tensor& g, const Tensor& y) {
@@ -124,8 +128,9 @@ Tensor sigmoid(const Tensor& x) {
 Tensor relu(const Tensor& x) {
   ops::check_defined(x, "relu");
   if (!x.is_floating_point()) return run_unary(UnaryOp::Relu, x, x.dtype());
-  return unary_x("relu", UnaryOp::Relu, x,
-                 [](const Tensor& g, const Tensor& x) { return binary_helper(BinaryOp::ReluGrad, g, x); });
+  return unary_x("relu", UnaryOp::Relu, x, [](const Tensor& g, const Tensor& x) {
+    return binary_helper(BinaryOp::ReluGrad, g, x);
+  });
 }
 Tensor gelu(const Tensor& x, const char* approximate) {
   const bool tanh_approx = approximate && std::strcmp(approximate, "tanh") == 0;
@@ -141,11 +146,13 @@ Tensor gelu(const Tensor& x, const char* approximate) {
   });
 }
 Tensor silu(const Tensor& x) {
-  return unary_x("silu", UnaryOp::Silu, x,
-                 [](const Tensor& g, const Tensor& x) { return binary_helper(BinaryOp::SiluGrad, g, x); });
+  return unary_x("silu", UnaryOp::Silu, x, [](const Tensor& g, const Tensor& x) {
+    return binary_helper(BinaryOp::SiluGrad, g, x);
+  });
 }
 Tensor sin(const Tensor& x) {
-  return unary_x("sin", UnaryOp::Sin, x, [](const Tensor& g, const Tensor& x) { return mul(g, cos(x)); });
+  return unary_x("sin", UnaryOp::Sin, x,
+                 [](const Tensor& g, const Tensor& x) { return mul(g, cos(x)); });
 }
 Tensor cos(const Tensor& x) {
   return unary_x("cos", UnaryOp::Cos, x,
@@ -215,12 +222,12 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor out = ops::empty_on(shape, dt, a.device());
   where_stub(a.device(), cond, x, y, out);
   if (autograd::needs_grad(x, y)) {
-    autograd::record("where", {&x, &y}, {&out},
-                     [c = cond, sa = x.sizes(), sb = y.sizes()](const autograd::Grads& g) {
-                       Tensor z = zeros({}, TensorOptions(g[0].dtype(), g[0].device()));
-                       return autograd::Grads{sum_to(where(c, g[0], z), sa),
-                                              sum_to(where(c, z, g[0]), sb)};
-                     });
+    autograd::record(
+        "where", {&x, &y}, {&out},
+        [c = cond, sa = x.sizes(), sb = y.sizes()](const autograd::Grads& g) {
+          Tensor z = zeros({}, TensorOptions(g[0].dtype(), g[0].device()));
+          return autograd::Grads{sum_to(where(c, g[0], z), sa), sum_to(where(c, z, g[0]), sb)};
+        });
   }
   return out;
 }

@@ -74,8 +74,8 @@ bool compute_view_strides(const Shape& sizes, const Shape& strides, const Shape&
   int64_t tensor_numel = 1, view_numel = 1;
   for (int64_t d = int64_t(sizes.size()) - 1; d >= 0; --d) {
     tensor_numel *= sizes[size_t(d)];
-    if (d == 0 || (sizes[size_t(d - 1)] != 1 &&
-                   strides[size_t(d - 1)] != tensor_numel * chunk_base_stride)) {
+    if (d == 0 ||
+        (sizes[size_t(d - 1)] != 1 && strides[size_t(d - 1)] != tensor_numel * chunk_base_stride)) {
       while (view_d >= 0 && (view_numel < tensor_numel || new_shape[size_t(view_d)] == 1)) {
         (*out)[size_t(view_d)] = view_numel * chunk_base_stride;
         view_numel *= new_shape[size_t(view_d)];
@@ -98,9 +98,9 @@ Tensor Tensor::view(const Shape& shape) const {
   ops::check_defined(*this, "view");
   Shape s = infer_shape(shape, numel(), "view", sizes());
   Shape st;
-  ACCEL_CHECK(compute_view_strides(sizes(), strides(), s, &st), ShapeError, "view",
-              "view size ", s, " is not compatible with input of shape ", sizes(), " and strides ",
-              strides(), "; use reshape()");
+  ACCEL_CHECK(compute_view_strides(sizes(), strides(), s, &st), ShapeError, "view", "view size ", s,
+              " is not compatible with input of shape ", sizes(), " and strides ", strides(),
+              "; use reshape()");
   Tensor out = ops::make_view(*this, s, std::move(st), offset());
   record_view("view", *this, out, [in = sizes()](const Tensor& g) { return g.reshape(in); });
   return out;
@@ -148,8 +148,8 @@ Tensor Tensor::t() const {
 
 Tensor Tensor::permute(const Shape& dims) const {
   ops::check_defined(*this, "permute");
-  ACCEL_CHECK(int64_t(dims.size()) == dim(), ShapeError, "permute", "got ", dims.size(),
-              " dims ", dims, " for a tensor of shape ", sizes());
+  ACCEL_CHECK(int64_t(dims.size()) == dim(), ShapeError, "permute", "got ", dims.size(), " dims ",
+              dims, " for a tensor of shape ", sizes());
   Shape sz(dims.size()), st(dims.size()), inv(dims.size());
   std::vector<bool> used(dims.size(), false);
   for (size_t i = 0; i < dims.size(); ++i) {
@@ -178,7 +178,8 @@ Tensor Tensor::slice(int64_t dim_, int64_t start, int64_t end, int64_t step) con
   Shape sz = sizes(), st = strides();
   sz[size_t(d)] = (end - start + step - 1) / step;
   st[size_t(d)] *= step;
-  Tensor out = ops::make_view(*this, std::move(sz), std::move(st), offset() + start * strides()[size_t(d)]);
+  Tensor out =
+      ops::make_view(*this, std::move(sz), std::move(st), offset() + start * strides()[size_t(d)]);
   if (autograd::needs_grad(*this)) {
     record_view("slice", *this, out, [in = sizes(), d, start, end, step](const Tensor& g) {
       Tensor gi = zeros(in, TensorOptions(g.dtype(), g.device()));
@@ -212,7 +213,8 @@ Tensor Tensor::select(int64_t dim_, int64_t index) const {
   Shape sz = sizes(), st = strides();
   sz.erase(size_t(d));
   st.erase(size_t(d));
-  Tensor out = ops::make_view(*this, std::move(sz), std::move(st), offset() + index * strides()[size_t(d)]);
+  Tensor out =
+      ops::make_view(*this, std::move(sz), std::move(st), offset() + index * strides()[size_t(d)]);
   if (autograd::needs_grad(*this)) {
     record_view("select", *this, out, [in = sizes(), d, index](const Tensor& g) {
       Tensor gi = zeros(in, TensorOptions(g.dtype(), g.device()));
@@ -225,8 +227,8 @@ Tensor Tensor::select(int64_t dim_, int64_t index) const {
 
 Tensor Tensor::expand(const Shape& shape) const {
   ops::check_defined(*this, "expand");
-  ACCEL_CHECK(shape.size() >= sizes().size(), ShapeError, "expand", "cannot expand shape ",
-              sizes(), " to ", shape, " (fewer dims)");
+  ACCEL_CHECK(shape.size() >= sizes().size(), ShapeError, "expand", "cannot expand shape ", sizes(),
+              " to ", shape, " (fewer dims)");
   const size_t off = shape.size() - sizes().size();
   Shape sz(shape.size()), st(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) {

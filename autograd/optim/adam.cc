@@ -84,9 +84,9 @@ void Adam::step() {
       hp.bias_correction2 = 1.0 - std::pow(options_.beta2, double(st.step));
       Tensor& m = st.slots[0];
       Tensor& v = st.slots[1];
-      const bool fusable = options_.fused && adamw_stub.has(p.device().type) &&
-                           p.is_contiguous() && m.is_contiguous() && v.is_contiguous() &&
-                           m.dtype() == p.dtype() && v.dtype() == p.dtype();
+      const bool fusable = options_.fused && adamw_stub.has(p.device().type) && p.is_contiguous() &&
+                           m.is_contiguous() && v.is_contiguous() && m.dtype() == p.dtype() &&
+                           v.dtype() == p.dtype();
       if (fusable) {
         if (!grad.is_contiguous()) grad = grad.contiguous();
         adamw_stub(p.device(), p, grad, m, v, hp);

@@ -123,8 +123,8 @@ MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, 
 }
 double MultiStepLR::lr_at(size_t g, int64_t epoch) const {
   // Repeated milestones count once per repetition, as in PyTorch's Counter.
-  const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), epoch) -
-                      milestones_.begin();
+  const auto passed =
+      std::upper_bound(milestones_.begin(), milestones_.end(), epoch) - milestones_.begin();
   return base_lrs_[g] * std::pow(gamma_, double(passed));
 }
 

@@ -175,7 +175,8 @@ struct OneCycleOptions {
 };
 class OneCycleLR : public LRScheduler {
  public:
-  OneCycleLR(Optimizer& optimizer, double max_lr, int64_t total_steps, OneCycleOptions options = {});
+  OneCycleLR(Optimizer& optimizer, double max_lr, int64_t total_steps,
+             OneCycleOptions options = {});
   OneCycleLR(Optimizer& optimizer, std::vector<double> max_lrs, int64_t total_steps,
              OneCycleOptions options = {});
 

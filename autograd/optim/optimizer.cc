@@ -20,8 +20,8 @@ Optimizer::~Optimizer() = default;
 void Optimizer::check_param(const Tensor& p, size_t group) const {
   ACCEL_CHECK(p.defined(), ValueError, name_, "parameter group ", group,
               " holds an undefined tensor");
-  ACCEL_CHECK(p.is_floating_point(), DTypeError, name_, "parameter group ", group,
-              " holds a ", p.dtype(), " tensor of shape ", p.sizes(), "; parameters are floating");
+  ACCEL_CHECK(p.is_floating_point(), DTypeError, name_, "parameter group ", group, " holds a ",
+              p.dtype(), " tensor of shape ", p.sizes(), "; parameters are floating");
   ACCEL_CHECK(p.is_leaf(), ValueError, name_, "cannot optimize a non-leaf tensor of shape ",
               p.sizes(), " (group ", group, ")");
 }
@@ -35,8 +35,8 @@ void Optimizer::add_param_group(const ParamGroup& group) {
   }
   for (const Tensor& p : group.params) {
     check_param(p, g);
-    ACCEL_CHECK(seen.insert(p.impl()).second, ValueError, name_, "a parameter of shape ",
-                p.sizes(), " appears more than once (group ", g, ")");
+    ACCEL_CHECK(seen.insert(p.impl()).second, ValueError, name_, "a parameter of shape ", p.sizes(),
+                " appears more than once (group ", g, ")");
   }
   const double lr = group.lr.value_or(default_lr_);
   const double wd = group.weight_decay.value_or(default_weight_decay_);

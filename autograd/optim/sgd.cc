@@ -8,8 +8,8 @@ namespace {
 SGDOptions checked(const SGDOptions& o) {
   ACCEL_CHECK(o.momentum >= 0, ValueError, "SGD", "invalid momentum ", o.momentum);
   ACCEL_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), ValueError, "SGD",
-              "Nesterov momentum requires a momentum > 0 and zero dampening (momentum ",
-              o.momentum, ", dampening ", o.dampening, ")");
+              "Nesterov momentum requires a momentum > 0 and zero dampening (momentum ", o.momentum,
+              ", dampening ", o.dampening, ")");
   return o;
 }
 }  // namespace

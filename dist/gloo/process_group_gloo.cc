@@ -152,9 +152,9 @@ class BoundedGlooContext : public gloo::Context {
       std::string all = store.get(key);
       // Rank i listed one address per peer in rank order, skipping itself.
       const size_t index = size_t(rank < i ? rank : rank - 1);
-      ACCEL_CHECK(all.size() == addr_size * size_t(size - 1), DistError, "init", who,
-                  ": rank ", i, " published a malformed address list (", all.size(),
-                  " bytes, expected ", addr_size * size_t(size - 1), ")");
+      ACCEL_CHECK(all.size() == addr_size * size_t(size - 1), DistError, "init", who, ": rank ", i,
+                  " published a malformed address list (", all.size(), " bytes, expected ",
+                  addr_size * size_t(size - 1), ")");
       std::vector<char> addr(all.begin() + long(index * addr_size),
                              all.begin() + long((index + 1) * addr_size));
       std::string where = format_sockaddr(
@@ -190,8 +190,10 @@ std::shared_ptr<gloo::Context> connect_gloo_context(const std::shared_ptr<Store>
     device = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& e) {
     ACCEL_THROW(DistError, "init", "rank ", rank, " of ", size,
-                ": cannot create the Gloo device on '", hostname, "' (is it an address of this "
-                "host? see ACCEL_SOCKET_IFNAME): ", e.what());
+                ": cannot create the Gloo device on '", hostname,
+                "' (is it an address of this "
+                "host? see ACCEL_SOCKET_IFNAME): ",
+                e.what());
   }
   auto ctx = std::make_shared<BoundedGlooContext>(rank, size);
   ctx->setTimeout(timeout);
@@ -235,15 +237,15 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     store_ = std::make_shared<PrefixStore>(name, std::move(store));
     store_->set_timeout(options_.timeout);
     ctx_ = connect_gloo_context(store_, rank, size, options_.hostname, options_.timeout);
-    control_ = std::make_unique<ControlPlane>(store_, rank, size, options_.hostname,
-                                              options_.timeout);
+    control_ =
+        std::make_unique<ControlPlane>(store_, rank, size, options_.hostname, options_.timeout);
     if (options_.shm) {
       try {
         shm_ = ShmAllReduce::create(store_, rank, size, options_.shm_slot_bytes, options_.timeout);
       } catch (const DistError& e) {
         ACCEL_THROW(DistError, "init", "rank ", rank, " of ", size,
-                    ": shared-memory setup failed within ", options_.timeout.count(), " ms: ",
-                    e.what());
+                    ": shared-memory setup failed within ", options_.timeout.count(),
+                    " ms: ", e.what());
       }
     }
     if (options_.heartbeat_timeout.count() > 0) {
@@ -397,8 +399,8 @@ WorkPtr ProcessGroupGloo::enqueue(Fingerprint fp,
   return enqueue(fp, std::move(body), Small());
 }
 
-WorkPtr ProcessGroupGloo::enqueue(Fingerprint fp,
-                                  std::function<void(uint64_t, Milliseconds)> body, Small small) {
+WorkPtr ProcessGroupGloo::enqueue(Fingerprint fp, std::function<void(uint64_t, Milliseconds)> body,
+                                  Small small) {
   fp.seq = seq_.fetch_add(1);
   auto work = std::make_shared<GlooWork>(this, OpKind(fp.kind), fp.seq);
   {
@@ -579,38 +581,41 @@ WorkPtr ProcessGroupGloo::all_reduce_async(const Tensor& t, ReduceOp op) {
       if (op == ReduceOp::Avg) divide_inplace(dst, t.dtype(), n, size_);
     };
   }
-  return enqueue(fp, [this, t, op](uint64_t seq, Milliseconds timeout) {
-    size_t n = size_t(t.numel());
-    if (n == 0) return;
-    if (size_ > 1 && shm_) {
-      // run_task stamped this collective (Note [fingerprint paths]); the check runs after every
-      // rank arrived and before anything is reduced.
-      const ShmAllReduce::StampCheck verify = [this](const void* stamps) {
-        const auto t0 = Clock::now();
-        history_.verify(static_cast<const Fingerprint*>(stamps), size_, stamp_);
-        fingerprint_ns_ +=
-            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-      };
-      shm_->all_reduce(t.data_ptr(), n, t.element_size(),
-                       reduce_function(t.dtype(), op == ReduceOp::Avg ? ReduceOp::Sum : op),
-                       timeout, &stamp_, stamp_check_ ? &verify : nullptr);
-    } else if (size_ > 1) {
-      gloo::AllreduceOptions o(ctx_);
-      set_output_bytes(o, t.data_ptr(), n, t.element_size());
-      o.setReduceFunction(reduce_function(t.dtype(), op == ReduceOp::Avg ? ReduceOp::Sum : op));
-      if (options_.gloo_segment_bytes > 0) o.setMaxSegmentSize(options_.gloo_segment_bytes);
-      o.setTag(uint32_t(seq));
-      o.setTimeout(timeout);
-      gloo::allreduce(o);
-    }
-    if (op == ReduceOp::Avg) divide_inplace(t.data_ptr(), t.dtype(), n, size_);
-  }, std::move(small));
+  return enqueue(
+      fp,
+      [this, t, op](uint64_t seq, Milliseconds timeout) {
+        size_t n = size_t(t.numel());
+        if (n == 0) return;
+        if (size_ > 1 && shm_) {
+          // run_task stamped this collective (Note [fingerprint paths]); the check runs after every
+          // rank arrived and before anything is reduced.
+          const ShmAllReduce::StampCheck verify = [this](const void* stamps) {
+            const auto t0 = Clock::now();
+            history_.verify(static_cast<const Fingerprint*>(stamps), size_, stamp_);
+            fingerprint_ns_ +=
+                std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+          };
+          shm_->all_reduce(t.data_ptr(), n, t.element_size(),
+                           reduce_function(t.dtype(), op == ReduceOp::Avg ? ReduceOp::Sum : op),
+                           timeout, &stamp_, stamp_check_ ? &verify : nullptr);
+        } else if (size_ > 1) {
+          gloo::AllreduceOptions o(ctx_);
+          set_output_bytes(o, t.data_ptr(), n, t.element_size());
+          o.setReduceFunction(reduce_function(t.dtype(), op == ReduceOp::Avg ? ReduceOp::Sum : op));
+          if (options_.gloo_segment_bytes > 0) o.setMaxSegmentSize(options_.gloo_segment_bytes);
+          o.setTag(uint32_t(seq));
+          o.setTimeout(timeout);
+          gloo::allreduce(o);
+        }
+        if (op == ReduceOp::Avg) divide_inplace(t.data_ptr(), t.dtype(), n, size_);
+      },
+      std::move(small));
 }
 
 WorkPtr ProcessGroupGloo::broadcast_async(const Tensor& t, int root) {
   check_cpu_contiguous("broadcast", t, "tensor");
-  ACCEL_CHECK(root >= 0 && root < size_, DistError, "broadcast", "root ", root,
-              " is outside [0, ", size_, ")");
+  ACCEL_CHECK(root >= 0 && root < size_, DistError, "broadcast", "root ", root, " is outside [0, ",
+              size_, ")");
   Fingerprint fp = make_fingerprint(OpKind::Broadcast, t.dtype(), ReduceOp::Sum, root, t.numel());
   Small small;
   if (small_path(t.nbytes())) {
@@ -618,18 +623,22 @@ WorkPtr ProcessGroupGloo::broadcast_async(const Tensor& t, int root) {
     small.bytes = rank_ == root ? t.nbytes() : 0;  // only the root's data travels
     small.combine = [this, t, root](const std::vector<std::string>& all) {
       for (int r = 0; r < size_; ++r) check_message(all[size_t(r)], r == root ? t.nbytes() : 0, r);
-      if (rank_ != root && t.nbytes()) std::memcpy(t.data_ptr(), all[size_t(root)].data(), t.nbytes());
+      if (rank_ != root && t.nbytes())
+        std::memcpy(t.data_ptr(), all[size_t(root)].data(), t.nbytes());
     };
   }
-  return enqueue(fp, [this, t, root](uint64_t seq, Milliseconds timeout) {
-    if (size_ == 1 || t.numel() == 0) return;
-    gloo::BroadcastOptions o(ctx_);
-    set_output_bytes(o, t.data_ptr(), size_t(t.numel()), t.element_size());
-    o.setRoot(root);
-    o.setTag(uint32_t(seq));
-    o.setTimeout(timeout);
-    gloo::broadcast(o);
-  }, std::move(small));
+  return enqueue(
+      fp,
+      [this, t, root](uint64_t seq, Milliseconds timeout) {
+        if (size_ == 1 || t.numel() == 0) return;
+        gloo::BroadcastOptions o(ctx_);
+        set_output_bytes(o, t.data_ptr(), size_t(t.numel()), t.element_size());
+        o.setRoot(root);
+        o.setTag(uint32_t(seq));
+        o.setTimeout(timeout);
+        gloo::broadcast(o);
+      },
+      std::move(small));
 }
 
 WorkPtr ProcessGroupGloo::all_gather_async(const Tensor& out, const Tensor& in) {
@@ -638,8 +647,8 @@ WorkPtr ProcessGroupGloo::all_gather_async(const Tensor& out, const Tensor& in) 
   ACCEL_CHECK(out.dtype() == in.dtype(), DTypeError, "all_gather", "output dtype ", out.dtype(),
               " differs from input dtype ", in.dtype());
   ACCEL_CHECK(out.numel() == in.numel() * size_, ShapeError, "all_gather", "output ",
-              out.shape_str(), " must hold world size ", size_, " x input ", in.shape_str(),
-              " = ", in.numel() * size_, " elements");
+              out.shape_str(), " must hold world size ", size_, " x input ", in.shape_str(), " = ",
+              in.numel() * size_, " elements");
   Fingerprint fp = make_fingerprint(OpKind::AllGather, in.dtype(), ReduceOp::Sum, -1, in.numel());
   Small small;
   if (small_path(in.nbytes())) {
@@ -654,32 +663,35 @@ WorkPtr ProcessGroupGloo::all_gather_async(const Tensor& out, const Tensor& in) 
         if (bytes) std::memmove(o + size_t(r) * bytes, all[size_t(r)].data(), bytes);
     };
   }
-  return enqueue(fp, [this, out, in](uint64_t seq, Milliseconds timeout) {
-    size_t n = size_t(in.numel()), es = in.element_size();
-    if (n == 0) return;
-    char* slot = static_cast<char*>(out.data_ptr()) + size_t(rank_) * n * es;
-    if (size_ == 1) {
-      if (slot != in.data_ptr()) std::memmove(slot, in.data_ptr(), n * es);
-      return;
-    }
-    gloo::AllgatherOptions o(ctx_);
-    // In place (ZeRO gathers into a buffer whose own chunk is the input): no input buffer.
-    if (slot != in.data_ptr()) set_input_bytes(o, in.data_ptr(), n, es);
-    set_output_bytes(o, out.data_ptr(), n * size_t(size_), es);
-    o.setTag(uint32_t(seq));
-    o.setTimeout(timeout);
-    gloo::allgather(o);
-  }, std::move(small));
+  return enqueue(
+      fp,
+      [this, out, in](uint64_t seq, Milliseconds timeout) {
+        size_t n = size_t(in.numel()), es = in.element_size();
+        if (n == 0) return;
+        char* slot = static_cast<char*>(out.data_ptr()) + size_t(rank_) * n * es;
+        if (size_ == 1) {
+          if (slot != in.data_ptr()) std::memmove(slot, in.data_ptr(), n * es);
+          return;
+        }
+        gloo::AllgatherOptions o(ctx_);
+        // In place (ZeRO gathers into a buffer whose own chunk is the input): no input buffer.
+        if (slot != in.data_ptr()) set_input_bytes(o, in.data_ptr(), n, es);
+        set_output_bytes(o, out.data_ptr(), n * size_t(size_), es);
+        o.setTag(uint32_t(seq));
+        o.setTimeout(timeout);
+        gloo::allgather(o);
+      },
+      std::move(small));
 }
 
 WorkPtr ProcessGroupGloo::reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op) {
   check_cpu_contiguous("reduce_scatter", out, "output");
   check_cpu_contiguous("reduce_scatter", in, "input");
-  ACCEL_CHECK(out.dtype() == in.dtype(), DTypeError, "reduce_scatter", "output dtype ",
-              out.dtype(), " differs from input dtype ", in.dtype());
+  ACCEL_CHECK(out.dtype() == in.dtype(), DTypeError, "reduce_scatter", "output dtype ", out.dtype(),
+              " differs from input dtype ", in.dtype());
   ACCEL_CHECK(in.numel() == out.numel() * size_, ShapeError, "reduce_scatter", "input ",
-              in.shape_str(), " must hold world size ", size_, " x output ", out.shape_str(),
-              " = ", out.numel() * size_, " elements");
+              in.shape_str(), " must hold world size ", size_, " x output ", out.shape_str(), " = ",
+              out.numel() * size_, " elements");
   check_reducible("reduce_scatter", in.dtype(), op);
   {
     // The ring reads the input while writing the output: they must not overlap.
@@ -757,7 +769,7 @@ WorkPtr ProcessGroupGloo::barrier_async() {
 // receive on the same slot would otherwise take it).
 constexpr uint8_t kVerdictMismatch = 0;  // drained and dropped; the group stays usable
 constexpr uint8_t kVerdictAccepted = 1;
-constexpr uint8_t kVerdictRefused = 2;   // not drained; the group is failed
+constexpr uint8_t kVerdictRefused = 2;  // not drained; the group is failed
 constexpr size_t kMaxP2PDrainBytes = size_t(64) << 20;
 
 struct P2PHeader {
@@ -806,9 +818,9 @@ class GlooP2PWork : public Work {
         err = std::current_exception();
       } catch (const std::exception& e) {
         std::ostringstream os;
-        os << '[' << op_kind_name(kind_) << "] " << describe(mine_) << (kind_ == OpKind::Send ? " to" : " from")
-           << " rank " << peer_ << " tag " << tag_ << " failed on rank " << pg_->rank_
-           << " (timeout " << timeout_.count() << " ms): "
+        os << '[' << op_kind_name(kind_) << "] " << describe(mine_)
+           << (kind_ == OpKind::Send ? " to" : " from") << " rank " << peer_ << " tag " << tag_
+           << " failed on rank " << pg_->rank_ << " (timeout " << timeout_.count() << " ms): "
            << pg_->cause_of(std::string("the peer died or stopped answering: ") + e.what());
         pg_->mark_broken(os.str());
         err = std::make_exception_ptr(DistError(os.str()));
@@ -848,8 +860,8 @@ class GlooP2PWork : public Work {
       fail_group(os.str());
     }
     if (data_) data_->waitSend(timeout_);
-    ACCEL_CHECK(ack_buf_.ok == kVerdictAccepted, DistError, "send", "rank ", pg_->rank_,
-                " sent ", describe(mine_), " to rank ", peer_, " tag ", tag_, " but rank ", peer_,
+    ACCEL_CHECK(ack_buf_.ok == kVerdictAccepted, DistError, "send", "rank ", pg_->rank_, " sent ",
+                describe(mine_), " to rank ", peer_, " tag ", tag_, " but rank ", peer_,
                 " posted recv ", describe(ack_buf_));
   }
   void wait_recv() {
@@ -860,14 +872,14 @@ class GlooP2PWork : public Work {
     if (theirs.magic != kP2PMagic || !known_dtype || theirs.numel < 0) {
       std::ostringstream os;
       os << side() << ": corrupt header from rank " << peer_ << " tag " << tag_ << " (magic 0x"
-         << std::hex << theirs.magic << std::dec << ", dtype code " << int(theirs.dtype)
-         << ", " << theirs.numel << " elements)";
+         << std::hex << theirs.magic << std::dec << ", dtype code " << int(theirs.dtype) << ", "
+         << theirs.numel << " elements)";
       fail_group(os.str());
     }
     const size_t esize = dtype_size(DType(theirs.dtype));
     const bool fits = uint64_t(theirs.numel) <= kMaxP2PDrainBytes / esize;
-    const bool ok = theirs.dtype == mine_.dtype && theirs.numel == mine_.numel &&
-                    theirs.count == mine_.count;
+    const bool ok =
+        theirs.dtype == mine_.dtype && theirs.numel == mine_.numel && theirs.count == mine_.count;
     ack_buf_ = mine_;
     ack_buf_.ok = ok ? kVerdictAccepted : fits ? kVerdictMismatch : kVerdictRefused;
     ack_ = pg_->ctx_->createUnboundBuffer(&ack_buf_, sizeof(P2PHeader));
@@ -880,8 +892,8 @@ class GlooP2PWork : public Work {
       }
       std::ostringstream os;
       os << side() << " posted recv " << describe(mine_) << " from rank " << peer_ << " tag "
-         << tag_ << " but rank " << peer_ << " sent " << describe(theirs)
-         << ", more than the " << kMaxP2PDrainBytes
+         << tag_ << " but rank " << peer_ << " sent " << describe(theirs) << ", more than the "
+         << kMaxP2PDrainBytes
          << " bytes a mismatched message may take to drain; the group is unusable now";
       fail_group(os.str());
     }

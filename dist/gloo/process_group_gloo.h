@@ -37,7 +37,6 @@ std::shared_ptr<gloo::Context> connect_gloo_context(const std::shared_ptr<Store>
 // Fails every pending send/receive of `ctx` at once and closes its connections.
 void abort_gloo_context(gloo::Context& ctx);
 
-
 class ProcessGroupGloo final : public ProcessGroup {
  public:
   ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options);
@@ -89,8 +88,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   };
   // Queues a task and wakes the worker, except inside a blocking call, whose caller waits at
   // once and runs it inline when it is next (Note [inline execution]).
-  WorkPtr enqueue(Fingerprint fp, std::function<void(uint64_t, Milliseconds)> body,
-                  Small small);
+  WorkPtr enqueue(Fingerprint fp, std::function<void(uint64_t, Milliseconds)> body, Small small);
   WorkPtr enqueue(Fingerprint fp, std::function<void(uint64_t, Milliseconds)> body);
   // Whether a collective of `bytes` per rank goes over the control plane (Small).
   bool small_path(size_t bytes) const;

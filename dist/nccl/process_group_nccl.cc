@@ -24,11 +24,11 @@ using Clock = std::chrono::steady_clock;
               ")");
 }
 // ncclInProgress is the normal answer of a non-blocking communicator.
-#define ACCEL_NCCL_CHECK(expr)                                              \
-  do {                                                                      \
-    ncclResult_t accel_nccl_r_ = (expr);                                    \
-    if (accel_nccl_r_ != ncclSuccess && accel_nccl_r_ != ncclInProgress)    \
-      throw_nccl(accel_nccl_r_, #expr, __FILE__, __LINE__);                 \
+#define ACCEL_NCCL_CHECK(expr)                                           \
+  do {                                                                   \
+    ncclResult_t accel_nccl_r_ = (expr);                                 \
+    if (accel_nccl_r_ != ncclSuccess && accel_nccl_r_ != ncclInProgress) \
+      throw_nccl(accel_nccl_r_, #expr, __FILE__, __LINE__);              \
   } while (0)
 
 ncclDataType_t nccl_type(DType t) {
@@ -87,8 +87,8 @@ class ProcessGroupNccl final : public ProcessGroup {
   ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options)
       : ProcessGroup(rank, size), options_(std::move(options)) {
     timeout_ = options_.timeout;
-    ACCEL_CHECK(cuda::is_available(), DeviceError, "init", "the nccl backend needs a GPU: ",
-                cuda::unavailable_reason());
+    ACCEL_CHECK(cuda::is_available(), DeviceError, "init",
+                "the nccl backend needs a GPU: ", cuda::unavailable_reason());
     device_ = cuda::current_device();
     cuda::DeviceGuard guard(device_);
     std::string name = options_.name.empty() ? "nccl" : options_.name + "/nccl";
@@ -110,8 +110,8 @@ class ProcessGroupNccl final : public ProcessGroup {
     wait_comm_ready("ncclCommInitRankConfig", Clock::now() + options_.timeout);
     stream_ = cuda::new_stream(device_, /*high_priority=*/true);
     if (size > 1)
-      control_ = std::make_unique<ControlPlane>(store_, rank, size, options_.hostname,
-                                                options_.timeout);
+      control_ =
+          std::make_unique<ControlPlane>(store_, rank, size, options_.hostname, options_.timeout);
   }
 
   ~ProcessGroupNccl() override {
@@ -135,12 +135,12 @@ class ProcessGroupNccl final : public ProcessGroup {
     if (op == ReduceOp::Avg)
       ACCEL_CHECK(is_floating(t.dtype()), DTypeError, "all_reduce",
                   "avg needs a floating dtype, got ", t.dtype());
-    return launch(make_fingerprint(OpKind::AllReduce, t.dtype(), op, -1, t.numel()), {t},
-                  [&](cudaStream_t s) {
-                    ACCEL_NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()),
-                                                   nccl_type(t.dtype()), nccl_op(op, t.dtype()),
-                                                   comm_, s));
-                  });
+    return launch(
+        make_fingerprint(OpKind::AllReduce, t.dtype(), op, -1, t.numel()), {t},
+        [&](cudaStream_t s) {
+          ACCEL_NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()),
+                                         nccl_type(t.dtype()), nccl_op(op, t.dtype()), comm_, s));
+        });
   }
   WorkPtr broadcast_async(const Tensor& t, int root) override {
     check_cuda_contiguous("broadcast", t, device_, "tensor");
@@ -155,16 +155,16 @@ class ProcessGroupNccl final : public ProcessGroup {
   WorkPtr all_gather_async(const Tensor& out, const Tensor& in) override {
     check_cuda_contiguous("all_gather", out, device_, "output");
     check_cuda_contiguous("all_gather", in, device_, "input");
-    ACCEL_CHECK(out.dtype() == in.dtype(), DTypeError, "all_gather", "output dtype ",
-                out.dtype(), " differs from input dtype ", in.dtype());
+    ACCEL_CHECK(out.dtype() == in.dtype(), DTypeError, "all_gather", "output dtype ", out.dtype(),
+                " differs from input dtype ", in.dtype());
     ACCEL_CHECK(out.numel() == in.numel() * size_, ShapeError, "all_gather", "output ",
                 out.shape_str(), " must hold world size ", size_, " x input ", in.shape_str());
-    return launch(make_fingerprint(OpKind::AllGather, in.dtype(), ReduceOp::Sum, -1, in.numel()),
-                  {out, in}, [&](cudaStream_t s) {
-                    ACCEL_NCCL_CHECK(ncclAllGather(in.data_ptr(), out.data_ptr(),
-                                                   size_t(in.numel()), nccl_type(in.dtype()),
-                                                   comm_, s));
-                  });
+    return launch(
+        make_fingerprint(OpKind::AllGather, in.dtype(), ReduceOp::Sum, -1, in.numel()), {out, in},
+        [&](cudaStream_t s) {
+          ACCEL_NCCL_CHECK(ncclAllGather(in.data_ptr(), out.data_ptr(), size_t(in.numel()),
+                                         nccl_type(in.dtype()), comm_, s));
+        });
   }
   WorkPtr reduce_scatter_async(const Tensor& out, const Tensor& in, ReduceOp op) override {
     check_cuda_contiguous("reduce_scatter", out, device_, "output");
@@ -187,12 +187,13 @@ class ProcessGroupNccl final : public ProcessGroup {
     // The fingerprint exchange (always done for a barrier) syncs the hosts; the one-element
     // all-reduce orders the barrier after earlier work on every rank's stream.
     Tensor one = zeros({1}, TensorOptions(kFloat32, Device::cuda(device_)));
-    return launch(make_fingerprint(OpKind::Barrier, DType::UInt8, ReduceOp::Sum, -1, 0), {one},
-                  [&](cudaStream_t s) {
-                    ACCEL_NCCL_CHECK(ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32,
-                                                   ncclSum, comm_, s));
-                  },
-                  /*force_check=*/true);
+    return launch(
+        make_fingerprint(OpKind::Barrier, DType::UInt8, ReduceOp::Sum, -1, 0), {one},
+        [&](cudaStream_t s) {
+          ACCEL_NCCL_CHECK(
+              ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum, comm_, s));
+        },
+        /*force_check=*/true);
   }
   WorkPtr send_async(const Tensor& t, int dst, int tag) override {
     check_cuda_contiguous("send", t, device_, "tensor");
@@ -200,7 +201,8 @@ class ProcessGroupNccl final : public ProcessGroup {
                 " must be another rank in [0, ", size_, ")");
     (void)tag;  // NCCL matches point-to-point messages by order per peer only
     return launch_p2p(OpKind::Send, t, [&](cudaStream_t s) {
-      ACCEL_NCCL_CHECK(ncclSend(t.data_ptr(), size_t(t.numel()), nccl_type(t.dtype()), dst, comm_, s));
+      ACCEL_NCCL_CHECK(
+          ncclSend(t.data_ptr(), size_t(t.numel()), nccl_type(t.dtype()), dst, comm_, s));
     });
   }
   WorkPtr recv_async(const Tensor& t, int src, int tag) override {
@@ -209,7 +211,8 @@ class ProcessGroupNccl final : public ProcessGroup {
                 " must be another rank in [0, ", size_, ")");
     (void)tag;
     return launch_p2p(OpKind::Recv, t, [&](cudaStream_t s) {
-      ACCEL_NCCL_CHECK(ncclRecv(t.data_ptr(), size_t(t.numel()), nccl_type(t.dtype()), src, comm_, s));
+      ACCEL_NCCL_CHECK(
+          ncclRecv(t.data_ptr(), size_t(t.numel()), nccl_type(t.dtype()), src, comm_, s));
     });
   }
 
@@ -259,8 +262,8 @@ class ProcessGroupNccl final : public ProcessGroup {
       if (Clock::now() > deadline) {
         ncclCommAbort(comm_);
         comm_ = nullptr;
-        ACCEL_THROW(DistError, "init", what, " did not complete within ",
-                    options_.timeout.count(), " ms (did every rank start?)");
+        ACCEL_THROW(DistError, "init", what, " did not complete within ", options_.timeout.count(),
+                    " ms (did every rank start?)");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
@@ -361,8 +364,8 @@ const bool g_registered = detail::register_backend(
     "nccl", [](std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options) {
       DistEnv env = read_dist_env();
       int n = cuda::device_count();
-      ACCEL_CHECK(n > 0, DeviceError, "init_process_group", "backend nccl needs a GPU: ",
-                  cuda::unavailable_reason());
+      ACCEL_CHECK(n > 0, DeviceError, "init_process_group",
+                  "backend nccl needs a GPU: ", cuda::unavailable_reason());
       cuda::set_device(env.local_rank % n);
       return ProcessGroupPtr(
           std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, std::move(options)));

@@ -52,7 +52,8 @@ Args parse(int argc, char** argv) {
     } else if (s == "--quiet") {
       a.quiet = true;
     } else if (s == "--help" || s == "-h") {
-      std::printf("usage: accel-selftest [--backend gloo|nccl] [--timeout-ms N] [--mib N] [--quiet]\n");
+      std::printf(
+          "usage: accel-selftest [--backend gloo|nccl] [--timeout-ms N] [--mib N] [--quiet]\n");
       std::exit(0);
     } else {
       std::fprintf(stderr, "accel-selftest: unknown argument %s\n", s.c_str());
@@ -112,7 +113,8 @@ class Checker {
     } else {
       bad.push_back(pg_.rank());
     }
-    if (!err.empty()) std::fprintf(stderr, "[rank %d] %s: %s\n", pg_.rank(), name.c_str(), err.c_str());
+    if (!err.empty())
+      std::fprintf(stderr, "[rank %d] %s: %s\n", pg_.rank(), name.c_str(), err.c_str());
     if (pg_.rank() == 0 && (!quiet_ || !bad.empty())) {
       if (bad.empty()) {
         std::printf("ok    %s\n", name.c_str());
@@ -204,8 +206,8 @@ int main(int argc, char** argv) {
           Tensor in = make(dt, n * w, r, dev);
           Tensor out = make(dt, n, r, dev);
           pg->reduce_scatter(out, in, op);
-          return compare(host(out), [&](int64_t j) { return expected(int64_t(r) * n + j); },
-                         tol(dt));
+          return compare(
+              host(out), [&](int64_t j) { return expected(int64_t(r) * n + j); }, tol(dt));
         });
       }
       std::ostringstream bn;
@@ -214,7 +216,8 @@ int main(int argc, char** argv) {
         for (int root = 0; root < w; ++root) {
           Tensor t = make(dt, n, r, dev);
           pg->broadcast(t, root);
-          std::string e = compare(host(t), [&](int64_t i) { return value(dt, root, i); }, 0);
+          std::string e = compare(
+              host(t), [&](int64_t i) { return value(dt, root, i); }, 0);
           if (!e.empty()) return "root " + std::to_string(root) + ": " + e;
         }
         return "";
@@ -225,7 +228,8 @@ int main(int argc, char** argv) {
         Tensor in = make(dt, n, r, dev);
         Tensor out = make(dt, n * w, r, dev);
         pg->all_gather(out, in);
-        return compare(host(out), [&](int64_t i) { return value(dt, int(i / n), i % n); }, 0);
+        return compare(
+            host(out), [&](int64_t i) { return value(dt, int(i / n), i % n); }, 0);
       });
     }
     c.check("barrier", [&] {
@@ -241,7 +245,8 @@ int main(int argc, char** argv) {
         wr->wait();
         ws->wait();
         int src = (r + w - 1) % w;
-        return compare(host(d), [&](int64_t i) { return value(kFloat32, src, i); }, 0);
+        return compare(
+            host(d), [&](int64_t i) { return value(kFloat32, src, i); }, 0);
       });
     }
     c.check("async all_reduce x8, waited in reverse", [&]() -> std::string {
@@ -253,11 +258,14 @@ int main(int argc, char** argv) {
       }
       for (int k = 7; k >= 0; --k) ws[size_t(k)]->wait();
       for (int k = 0; k < 8; ++k) {
-        auto e = compare(host(ts[size_t(k)]), [&](int64_t i) {
-          double s = 0;
-          for (int q = 0; q < w; ++q) s += value(kFloat32, q, i);
-          return s;
-        }, 0);
+        auto e = compare(
+            host(ts[size_t(k)]),
+            [&](int64_t i) {
+              double s = 0;
+              for (int q = 0; q < w; ++q) s += value(kFloat32, q, i);
+              return s;
+            },
+            0);
         if (!e.empty()) return "handle " + std::to_string(k) + ": " + e;
       }
       return "";

@@ -58,8 +58,8 @@ inline int64_t matrix_extent(const MatrixLayout& m) {
 // Batch dims where out has size 1 dropped, operands' broadcast dims (size 1 or stride 0) given
 // size 1 and stride 0, adjacent dims contiguous in a, b and out merged.
 struct MatmulGeometry {
-  static constexpr int kMaxBatch = 64;  // batch dims before any merging
-  int nb = 0;                           // batch dims left
+  static constexpr int kMaxBatch = 64;                 // batch dims before any merging
+  int nb = 0;                                          // batch dims left
   int64_t out_size[kMaxBatch], out_stride[kMaxBatch];  // elements
   int64_t a_size[kMaxBatch], a_stride[kMaxBatch];      // a_size 1 and a_stride 0: broadcast
   int64_t b_size[kMaxBatch], b_stride[kMaxBatch];

@@ -8,8 +8,27 @@
 namespace accel {
 
 enum class UnaryOp : uint8_t {
-  Neg, Exp, Log, Sqrt, Rsqrt, Abs, Tanh, Sigmoid, Relu, GeluErf, GeluTanh, Silu,
-  Sin, Cos, Sign, Reciprocal, Square, Log1p, Expm1, Erf, LogicalNot,
+  Neg,
+  Exp,
+  Log,
+  Sqrt,
+  Rsqrt,
+  Abs,
+  Tanh,
+  Sigmoid,
+  Relu,
+  GeluErf,
+  GeluTanh,
+  Silu,
+  Sin,
+  Cos,
+  Sign,
+  Reciprocal,
+  Square,
+  Log1p,
+  Expm1,
+  Erf,
+  LogicalNot,
   PowScalar,   // x ^ p0
   Clamp,       // min(max(x, p0), p1)
   AddScalar,   // x + p0
@@ -25,9 +44,19 @@ struct UnaryParams {
 enum class BinaryOp : uint8_t {
   Add,  // a + alpha * b
   Sub,  // a - alpha * b
-  Mul, Div, Pow, Maximum, Minimum,
-  Eq, Ne, Lt, Le, Gt, Ge,  // out is bool
-  LogicalAnd, LogicalOr,   // out is bool
+  Mul,
+  Div,
+  Pow,
+  Maximum,
+  Minimum,
+  Eq,
+  Ne,
+  Lt,
+  Le,
+  Gt,
+  Ge,  // out is bool
+  LogicalAnd,
+  LogicalOr,  // out is bool
   // Backward helpers, out = f(grad=a, x=b): not differentiable themselves.
   ReluGrad,      // a * (b > 0)
   GeluErfGrad,   // a * gelu_erf'(b)
@@ -47,7 +76,9 @@ constexpr bool has_identity(ReduceOp op) {
 }
 // The result of a reduction over no element: Sum 0, Mean NaN (0 / 0), Prod 1.
 constexpr double reduce_identity(ReduceOp op) {
-  return op == ReduceOp::Prod ? 1.0 : (op == ReduceOp::Mean ? std::numeric_limits<double>::quiet_NaN() : 0.0);
+  return op == ReduceOp::Prod
+             ? 1.0
+             : (op == ReduceOp::Mean ? std::numeric_limits<double>::quiet_NaN() : 0.0);
 }
 
 }  // namespace accel

@@ -34,9 +34,15 @@ template <typename A>
 struct AdamCoeffs {
   A beta1, beta2, omb1, omb2, step_size, inv_sqrt_bc2, eps, decay_scale, l2;
   ACCEL_HD explicit AdamCoeffs(const AdamScalars& s)
-      : beta1(A(s.beta1)), beta2(A(s.beta2)), omb1(A(s.one_minus_beta1)),
-        omb2(A(s.one_minus_beta2)), step_size(A(s.step_size)), inv_sqrt_bc2(A(s.inv_sqrt_bc2)),
-        eps(A(s.eps)), decay_scale(A(s.decay_scale)), l2(A(s.l2)) {}
+      : beta1(A(s.beta1)),
+        beta2(A(s.beta2)),
+        omb1(A(s.one_minus_beta1)),
+        omb2(A(s.one_minus_beta2)),
+        step_size(A(s.step_size)),
+        inv_sqrt_bc2(A(s.inv_sqrt_bc2)),
+        eps(A(s.eps)),
+        decay_scale(A(s.decay_scale)),
+        l2(A(s.l2)) {}
 };
 
 // One element: p, m, v updated in place from the gradient g. M::sqrt is the backend's sqrt

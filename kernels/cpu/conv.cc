@@ -308,12 +308,9 @@ struct ConvDescs {
 enum class ConvPrim { Fwd, BwdData, BwdWeights };
 bool plain_activations(ConvPrim prim, const ConvGeom& g) {
   switch (prim) {
-    case ConvPrim::Fwd:
-      return g.cg * g.kh * g.kw < 32;
-    case ConvPrim::BwdData:
-      return g.cg < 16;
-    case ConvPrim::BwdWeights:
-      return false;
+    case ConvPrim::Fwd: return g.cg * g.kh * g.kw < 32;
+    case ConvPrim::BwdData: return g.cg < 16;
+    case ConvPrim::BwdWeights: return false;
   }
   return false;
 }

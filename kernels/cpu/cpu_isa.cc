@@ -45,12 +45,14 @@ CpuIsa parse_isa(const std::string& s) {
 void check_runnable(CpuIsa isa, const char* source) {
   const CpuIsa best = cpu_isa_best();
   if (best == CpuIsa::Native) {
-    ACCEL_CHECK(isa == CpuIsa::Native, ValueError, "cpu_isa", source, " asks for ", cpu_isa_name(isa),
-                " but this library was built with -Dnative=true: its kernels exist only for the host CPU");
+    ACCEL_CHECK(
+        isa == CpuIsa::Native, ValueError, "cpu_isa", source, " asks for ", cpu_isa_name(isa),
+        " but this library was built with -Dnative=true: its kernels exist only for the host CPU");
     return;
   }
   ACCEL_CHECK(isa != CpuIsa::Native, ValueError, "cpu_isa", source,
-              " asks for native kernels but this library is a portable build (use baseline, avx2 or avx512)");
+              " asks for native kernels but this library is a portable build (use baseline, avx2 "
+              "or avx512)");
   ACCEL_CHECK(int(isa) <= int(best), ValueError, "cpu_isa", source, " asks for ", cpu_isa_name(isa),
               " but this CPU supports at most ", cpu_isa_name(best));
 }

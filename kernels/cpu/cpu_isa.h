@@ -62,7 +62,7 @@ constexpr auto isa_pick(R (*)(A...)) {
 #if defined(ACCEL_CPU_NATIVE)
 #define ACCEL_ISA_DISPATCH(fn) (&::accel::cpu::native::fn)
 #else
-#define ACCEL_ISA_DISPATCH(fn)                                                          \
-  (::accel::cpu::isa_pick<&::accel::cpu::baseline::fn, &::accel::cpu::avx2::fn,        \
+#define ACCEL_ISA_DISPATCH(fn)                                                  \
+  (::accel::cpu::isa_pick<&::accel::cpu::baseline::fn, &::accel::cpu::avx2::fn, \
                           &::accel::cpu::avx512::fn>(&::accel::cpu::baseline::fn))
 #endif

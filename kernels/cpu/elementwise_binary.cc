@@ -89,9 +89,8 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, do
           return common::gelu_tanh_grad<CpuMath>(g, x);
         });
       case BinaryOp::SiluGrad:
-        return binary_loop<T, T>(a, b, out, [](A g, A x) ACCEL_VEC_LAMBDA {
-          return common::silu_grad<CpuMath>(g, x);
-        });
+        return binary_loop<T, T>(
+            a, b, out, [](A g, A x) ACCEL_VEC_LAMBDA { return common::silu_grad<CpuMath>(g, x); });
       case BinaryOp::SigmoidGrad:
         return binary_loop<T, T>(a, b, out, [](A g, A y) { return common::sigmoid_grad(g, y); });
       case BinaryOp::TanhGrad:
@@ -104,7 +103,8 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, do
 
 void binary_kernel(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, double alpha) {
   if (out.numel() == 0) return;
-  ACCEL_DISPATCH_ALL(a.dtype(), "binary", [&]<typename T>() { binary_typed<T>(op, a, b, out, alpha); });
+  ACCEL_DISPATCH_ALL(a.dtype(), "binary",
+                     [&]<typename T>() { binary_typed<T>(op, a, b, out, alpha); });
 }
 
 void where_kernel(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
@@ -115,9 +115,8 @@ void where_kernel(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& 
     loop.run([](char* const* p, const int64_t* st, int64_t n) {
       for (int64_t i = 0; i < n; ++i) {
         const bool c = *reinterpret_cast<const bool*>(p[1] + i * st[1]);
-        *reinterpret_cast<T*>(p[0] + i * st[0]) =
-            c ? *reinterpret_cast<const T*>(p[2] + i * st[2])
-              : *reinterpret_cast<const T*>(p[3] + i * st[3]);
+        *reinterpret_cast<T*>(p[0] + i * st[0]) = c ? *reinterpret_cast<const T*>(p[2] + i * st[2])
+                                                    : *reinterpret_cast<const T*>(p[3] + i * st[3]);
       }
     });
   });

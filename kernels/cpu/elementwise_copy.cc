@@ -24,8 +24,9 @@ void f32_to_bf16_scalar(const float* s, uint16_t* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = BFloat16::from_float(s[i]);
 }
 
-__attribute__((target("avx512f,avx512vl,avx512bf16"))) void f32_to_bf16_avx512bf16(
-    const float* s, uint16_t* d, int64_t n) {
+__attribute__((target("avx512f,avx512vl,avx512bf16"))) void f32_to_bf16_avx512bf16(const float* s,
+                                                                                   uint16_t* d,
+                                                                                   int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(s + i));
@@ -42,7 +43,8 @@ __attribute__((target("avx2"))) void f32_to_bf16_avx2(const float* s, uint16_t* 
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
-    const __m256i rounding = _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
+    const __m256i rounding =
+        _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
     const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, rounding), 16);
     const __m256i nan_bits = _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet);
     const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
@@ -57,7 +59,8 @@ __attribute__((target("avx2"))) void f32_to_bf16_avx2(const float* s, uint16_t* 
 __attribute__((target("avx2"))) void bf16_to_f32_avx2(const uint16_t* s, float* d, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+    const __m256i w =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), _mm256_slli_epi32(w, 16));
   }
   for (; i < n; ++i) d[i] = float(BFloat16::from_bits(s[i]));
@@ -116,9 +119,8 @@ void copy_kernel(Tensor& dst, const Tensor& src) {
     char* d = static_cast<char*>(dst.data_ptr());
     const char* s = static_cast<const char*>(src.data_ptr());
     if (d == s) return;
-    parallel_for(int64_t(bytes), int64_t(1) << 20, [&](int64_t b, int64_t e) {
-      std::memmove(d + b, s + b, size_t(e - b));
-    });
+    parallel_for(int64_t(bytes), int64_t(1) << 20,
+                 [&](int64_t b, int64_t e) { std::memmove(d + b, s + b, size_t(e - b)); });
     return;
   }
   const Tensor* ops[2] = {&dst, &src};
@@ -134,7 +136,8 @@ void copy_kernel(Tensor& dst, const Tensor& src) {
           for (int64_t i = 0; i < n; ++i) dd[i] = cast<D>(ss[i]);
         } else {
           for (int64_t i = 0; i < n; ++i)
-            *reinterpret_cast<D*>(d + i * st[0]) = cast<D>(*reinterpret_cast<const S*>(s + i * st[1]));
+            *reinterpret_cast<D*>(d + i * st[0]) =
+                cast<D>(*reinterpret_cast<const S*>(s + i * st[1]));
         }
       });
     });

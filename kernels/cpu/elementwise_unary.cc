@@ -83,7 +83,8 @@ void unary_int(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& prm
     case UnaryOp::LogicalNot: return unary_loop<bool, T>(in, out, [](A x) { return x == A(0); });
     case UnaryOp::Clamp: {
       const double lo = prm.p0, hi = prm.p1;
-      return unary_loop<T, T>(in, out, [lo, hi](A x) { return A(common::clamp(double(x), lo, hi)); });
+      return unary_loop<T, T>(in, out,
+                              [lo, hi](A x) { return A(common::clamp(double(x), lo, hi)); });
     }
     case UnaryOp::AddScalar: {
       const double s = prm.p0;

@@ -53,14 +53,15 @@ void index_select_kernel(const Tensor& x, int64_t dim, const Tensor& index, Tens
       const U* xp = static_cast<const U*>(x.data_ptr());
       U* op_ = static_cast<U*>(out.data_ptr());
       const int64_t inner = g.inner, n = g.n;
-      parallel_for(g.outer * k, std::max<int64_t>(1, kParallelGrain / inner), [&](int64_t b, int64_t e) {
-        for (int64_t t = b; t < e; ++t) {
-          const int64_t o = t / k, j = t % k;
-          const U* src = xp + (o * n + int64_t(ip[j])) * inner;
-          U* dst = op_ + t * inner;
-          for (int64_t i = 0; i < inner; ++i) dst[i] = src[i];
-        }
-      });
+      parallel_for(g.outer * k, std::max<int64_t>(1, kParallelGrain / inner),
+                   [&](int64_t b, int64_t e) {
+                     for (int64_t t = b; t < e; ++t) {
+                       const int64_t o = t / k, j = t % k;
+                       const U* src = xp + (o * n + int64_t(ip[j])) * inner;
+                       U* dst = op_ + t * inner;
+                       for (int64_t i = 0; i < inner; ++i) dst[i] = src[i];
+                     }
+                   });
     });
   });
 }
@@ -156,7 +157,8 @@ struct IndexWalk {
           f(pb + j * pos_stride[last], sb + int64_t(ir[j]) * self_stride[last]);
       } else {
         for (int64_t j = jb; j < je; ++j)
-          f(pb + j * pos_stride[last], sb + j * self_stride[last] + int64_t(ir[j]) * self_stride[dim]);
+          f(pb + j * pos_stride[last],
+            sb + j * self_stride[last] + int64_t(ir[j]) * self_stride[dim]);
       }
       for (int d = last - 1; d >= 0; --d) {
         if (++mi[d] < sizes[d]) break;
@@ -178,9 +180,10 @@ void gather_kernel(const Tensor& x, int64_t dim, const Tensor& index, Tensor& ou
       const U* xp = static_cast<const U*>(x.data_ptr());
       U* o = static_cast<U*>(out.data_ptr());
       const int64_t len = walk.row_len();
-      parallel_for(walk.rows(), std::max<int64_t>(1, kParallelGrain / len), [&](int64_t b, int64_t e) {
-        walk.run(ip, b, e, 0, len, [&](int64_t p, int64_t s) { o[p] = xp[s]; });
-      });
+      parallel_for(walk.rows(), std::max<int64_t>(1, kParallelGrain / len),
+                   [&](int64_t b, int64_t e) {
+                     walk.run(ip, b, e, 0, len, [&](int64_t p, int64_t s) { o[p] = xp[s]; });
+                   });
     });
   });
 }
@@ -203,7 +206,8 @@ void scatter_add_kernel(Tensor& out, int64_t dim, const Tensor& index, const Ten
       if (big && walk.nd >= 2 && dim != 0) {
         // Slices along dim 0 write disjoint parts of out (out's dim-0 coordinate is i_0).
         const int64_t d0 = walk.sizes[0], per = rows / d0;
-        parallel_for(d0, 1, [&](int64_t b, int64_t e) { walk.run(ip, b * per, e * per, 0, len, body); });
+        parallel_for(d0, 1,
+                     [&](int64_t b, int64_t e) { walk.run(ip, b * per, e * per, 0, len, body); });
       } else if (big && walk.nd >= 2) {
         // dim == 0: columns along the last dim are disjoint instead.
         parallel_for(len, 1, [&](int64_t b, int64_t e) { walk.run(ip, 0, rows, b, e, body); });

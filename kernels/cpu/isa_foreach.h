@@ -41,7 +41,8 @@
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx,avx2,fma,f16c,bmi,bmi2,lzcnt,movbe,avx512f,avx512bw,avx512cd,avx512dq,avx512vl")
+#pragma GCC target( \
+    "avx,avx2,fma,f16c,bmi,bmi2,lzcnt,movbe,avx512f,avx512bw,avx512cd,avx512dq,avx512vl")
 #define ACCEL_ISA_NS avx512
 #define ACCEL_ISA_LEVEL 2
 #include ACCEL_ISA_SELF
@@ -49,4 +50,3 @@
 #undef ACCEL_ISA_NS
 #pragma GCC pop_options
 #endif
-

@@ -44,8 +44,8 @@ constexpr int64_t kCausalBlock = 64;
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B,
-                                      ldb, beta, C, ldc);
+  const dnnl_status_t st =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   ACCEL_CHECK(st == dnnl_success, Error, "scaled_dot_product_attention", "dnnl_sgemm failed (",
               int(st), ") for M=", M, " N=", N, " K=", K);
 }
@@ -88,7 +88,8 @@ struct Blocks {
 };
 
 Blocks make_blocks(int64_t T, int64_t S, bool causal) {
-  return Blocks{T, S, causal ? std::max<int64_t>(1, std::min(kCausalBlock, T)) : std::max<int64_t>(T, 1),
+  return Blocks{T, S,
+                causal ? std::max<int64_t>(1, std::min(kCausalBlock, T)) : std::max<int64_t>(T, 1),
                 causal};
 }
 
@@ -119,7 +120,8 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
     for (int64_t r = 0; r < blk.count(); ++r) {
       const int64_t i0 = blk.begin(r), i1 = blk.end(r), nc = blk.cols(r);
       // Scores of the block's rows against the keys they may see: (i1 - i0, nc).
-      gemm(false, true, i1 - i0, nc, D, scale, qs + i0 * Q.ld, Q.ld, ks, K.ld, T(0), ps + i0 * S, S);
+      gemm(false, true, i1 - i0, nc, D, scale, qs + i0 * Q.ld, Q.ld, ks, K.ld, T(0), ps + i0 * S,
+           S);
       for (int64_t i = i0; i < i1; ++i) {
         T* row = ps + i * S;
         const int64_t len = blk.row_len(i);
@@ -129,7 +131,8 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scal
         for (int64_t j = 0; j < len; ++j) row[j] *= inv;
         std::fill(row + len, row + S, T(0));
       }
-      gemm(false, false, i1 - i0, Dv, nc, T(1), ps + i0 * S, S, vs, V.ld, T(0), os + i0 * O.ld, O.ld);
+      gemm(false, false, i1 - i0, Dv, nc, T(1), ps + i0 * S, S, vs, V.ld, T(0), os + i0 * O.ld,
+           O.ld);
     }
   });
 }
@@ -159,8 +162,8 @@ void sdpa_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const T
     T* dvs = dV.at(b, h);
     for (int64_t r = 0; r < blk.count(); ++r) {
       const int64_t i0 = blk.begin(r), i1 = blk.end(r), nc = blk.cols(r);
-      gemm(false, true, i1 - i0, nc, Dv, T(1), dos + i0 * dO.ld, dO.ld, vs, V.ld, T(0),
-           ds + i0 * S, S);  // dP
+      gemm(false, true, i1 - i0, nc, Dv, T(1), dos + i0 * dO.ld, dO.ld, vs, V.ld, T(0), ds + i0 * S,
+           S);  // dP
       for (int64_t i = i0; i < i1; ++i) {
         T* d = ds + i * S;
         const T* pr = ps + i * S;

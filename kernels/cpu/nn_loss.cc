@@ -165,7 +165,8 @@ void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, int64_t 
 
 namespace accel {
 ACCEL_REGISTER_KERNEL(cross_entropy_stub, CPU, ACCEL_ISA_DISPATCH(cross_entropy_kernel));
-ACCEL_REGISTER_KERNEL(cross_entropy_backward_stub, CPU, ACCEL_ISA_DISPATCH(cross_entropy_backward_kernel));
+ACCEL_REGISTER_KERNEL(cross_entropy_backward_stub, CPU,
+                      ACCEL_ISA_DISPATCH(cross_entropy_backward_kernel));
 ACCEL_REGISTER_KERNEL(nll_loss_stub, CPU, ACCEL_ISA_DISPATCH(nll_loss_kernel));
 ACCEL_REGISTER_KERNEL(nll_loss_backward_stub, CPU, ACCEL_ISA_DISPATCH(nll_loss_backward_kernel));
 }  // namespace accel

@@ -40,36 +40,39 @@ void norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, int
   const A inv_n = A(1) / A(n);
   parallel_for(rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1)),
                [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const T* xr = xp + r * n;
-      T* yr = yp + r * n;
-      A mu = A(0);
-      if constexpr (!kRms) mu = row_sum(xr, n) * inv_n;
-      A ss = A(0);
+                 for (int64_t r = b; r < e; ++r) {
+                   const T* xr = xp + r * n;
+                   T* yr = yp + r * n;
+                   A mu = A(0);
+                   if constexpr (!kRms) mu = row_sum(xr, n) * inv_n;
+                   A ss = A(0);
 #pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < n; ++i) {
-        const A d = cast<A>(xr[i]) - mu;
-        ss += d * d;
-      }
-      const A rs = A(1) / std::sqrt(ss * inv_n + A(eps));
-      if (mp) mp[r] = mu;
-      rp[r] = rs;
-      if (wp && bp) {
+                   for (int64_t i = 0; i < n; ++i) {
+                     const A d = cast<A>(xr[i]) - mu;
+                     ss += d * d;
+                   }
+                   const A rs = A(1) / std::sqrt(ss * inv_n + A(eps));
+                   if (mp) mp[r] = mu;
+                   rp[r] = rs;
+                   if (wp && bp) {
 #pragma omp simd
-        for (int64_t i = 0; i < n; ++i)
-          yr[i] = cast<T>((cast<A>(xr[i]) - mu) * rs * cast<A>(wp[i]) + cast<A>(bp[i]));
-      } else if (wp) {
+                     for (int64_t i = 0; i < n; ++i)
+                       yr[i] =
+                           cast<T>((cast<A>(xr[i]) - mu) * rs * cast<A>(wp[i]) + cast<A>(bp[i]));
+                   } else if (wp) {
 #pragma omp simd
-        for (int64_t i = 0; i < n; ++i) yr[i] = cast<T>((cast<A>(xr[i]) - mu) * rs * cast<A>(wp[i]));
-      } else if (bp) {
+                     for (int64_t i = 0; i < n; ++i)
+                       yr[i] = cast<T>((cast<A>(xr[i]) - mu) * rs * cast<A>(wp[i]));
+                   } else if (bp) {
 #pragma omp simd
-        for (int64_t i = 0; i < n; ++i) yr[i] = cast<T>((cast<A>(xr[i]) - mu) * rs + cast<A>(bp[i]));
-      } else {
+                     for (int64_t i = 0; i < n; ++i)
+                       yr[i] = cast<T>((cast<A>(xr[i]) - mu) * rs + cast<A>(bp[i]));
+                   } else {
 #pragma omp simd
-        for (int64_t i = 0; i < n; ++i) yr[i] = cast<T>((cast<A>(xr[i]) - mu) * rs);
-      }
-    }
-  });
+                     for (int64_t i = 0; i < n; ++i) yr[i] = cast<T>((cast<A>(xr[i]) - mu) * rs);
+                   }
+                 }
+               });
 }
 
 // One row of dx; kW: weight present (kept a template flag so both loops vectorise).
@@ -120,34 +123,36 @@ void norm_backward(const Tensor& grad, const Tensor& x, const Tensor* mean, cons
   }
   const A inv_n = A(1) / A(n);
   const int64_t block_work = kRowsPerBlock * std::max<int64_t>(n, 1);
-  parallel_for(nblocks, std::max<int64_t>(1, kParallelGrain / block_work), [&](int64_t b, int64_t e) {
-    for (int64_t blk = b; blk < e; ++blk) {
-      A* pdw = sp ? sp + blk * 2 * n : nullptr;
-      A* pdb = sp ? pdw + n : nullptr;
-      const int64_t r_end = std::min(rows, (blk + 1) * kRowsPerBlock);
-      for (int64_t r = blk * kRowsPerBlock; r < r_end; ++r) {
-        const T* gr = gp + r * n;
-        const T* xr = xp + r * n;
-        const A mu = mp ? mp[r] : A(0);
-        const A rs = rp[r];
-        if (dxp) {
-          if (wp) {
-            norm_dx_row<T, kRms, true>(gr, xr, wp, mu, rs, inv_n, n, dxp + r * n);
-          } else {
-            norm_dx_row<T, kRms, false>(gr, xr, wp, mu, rs, inv_n, n, dxp + r * n);
-          }
-        }
-        if (want_dw) {
+  parallel_for(nblocks, std::max<int64_t>(1, kParallelGrain / block_work),
+               [&](int64_t b, int64_t e) {
+                 for (int64_t blk = b; blk < e; ++blk) {
+                   A* pdw = sp ? sp + blk * 2 * n : nullptr;
+                   A* pdb = sp ? pdw + n : nullptr;
+                   const int64_t r_end = std::min(rows, (blk + 1) * kRowsPerBlock);
+                   for (int64_t r = blk * kRowsPerBlock; r < r_end; ++r) {
+                     const T* gr = gp + r * n;
+                     const T* xr = xp + r * n;
+                     const A mu = mp ? mp[r] : A(0);
+                     const A rs = rp[r];
+                     if (dxp) {
+                       if (wp) {
+                         norm_dx_row<T, kRms, true>(gr, xr, wp, mu, rs, inv_n, n, dxp + r * n);
+                       } else {
+                         norm_dx_row<T, kRms, false>(gr, xr, wp, mu, rs, inv_n, n, dxp + r * n);
+                       }
+                     }
+                     if (want_dw) {
 #pragma omp simd
-          for (int64_t i = 0; i < n; ++i) pdw[i] += cast<A>(gr[i]) * ((cast<A>(xr[i]) - mu) * rs);
-        }
-        if (want_db) {
+                       for (int64_t i = 0; i < n; ++i)
+                         pdw[i] += cast<A>(gr[i]) * ((cast<A>(xr[i]) - mu) * rs);
+                     }
+                     if (want_db) {
 #pragma omp simd
-          for (int64_t i = 0; i < n; ++i) pdb[i] += cast<A>(gr[i]);
-        }
-      }
-    }
-  });
+                       for (int64_t i = 0; i < n; ++i) pdb[i] += cast<A>(gr[i]);
+                     }
+                   }
+                 }
+               });
   auto finish = [&](Tensor& out, int64_t part) {
     T* op = static_cast<T*>(out.data_ptr());
     parallel_for(n, kParallelGrain / std::max<int64_t>(nblocks, 1) + 1, [&](int64_t b, int64_t e) {
@@ -159,11 +164,17 @@ void norm_backward(const Tensor& grad, const Tensor& x, const Tensor* mean, cons
     });
   };
   if (want_dw) {
-    if (sp) finish(dweight, 0); else dweight.zero_();
+    if (sp)
+      finish(dweight, 0);
+    else
+      dweight.zero_();
   }
   if constexpr (!kRms) {
     if (want_db) {
-      if (sp) finish(*dbias, 1); else dbias->zero_();
+      if (sp)
+        finish(*dbias, 1);
+      else
+        dbias->zero_();
     }
   }
 }
@@ -205,7 +216,8 @@ void rms_norm_backward_kernel(const Tensor& grad, const Tensor& x, const Tensor&
 
 namespace accel {
 ACCEL_REGISTER_KERNEL(layer_norm_stub, CPU, ACCEL_ISA_DISPATCH(layer_norm_kernel));
-ACCEL_REGISTER_KERNEL(layer_norm_backward_stub, CPU, ACCEL_ISA_DISPATCH(layer_norm_backward_kernel));
+ACCEL_REGISTER_KERNEL(layer_norm_backward_stub, CPU,
+                      ACCEL_ISA_DISPATCH(layer_norm_backward_kernel));
 ACCEL_REGISTER_KERNEL(rms_norm_stub, CPU, ACCEL_ISA_DISPATCH(rms_norm_kernel));
 ACCEL_REGISTER_KERNEL(rms_norm_backward_stub, CPU, ACCEL_ISA_DISPATCH(rms_norm_backward_kernel));
 }  // namespace accel

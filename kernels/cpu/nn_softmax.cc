@@ -80,8 +80,7 @@ void softmax_backward_row(const T* g, const T* y, T* dx, int64_t n, bool log) {
   if (log) {
     const A gs = row_sum(g, n);
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i)
-      dx[i] = cast<T>(cast<A>(g[i]) - exp_acc<A>(cast<A>(y[i])) * gs);
+    for (int64_t i = 0; i < n; ++i) dx[i] = cast<T>(cast<A>(g[i]) - exp_acc<A>(cast<A>(y[i])) * gs);
     return;
   }
   A dot = A(0);
@@ -100,7 +99,8 @@ void softmax_backward_cols(const T* g, const T* y, T* dx, int64_t n, int64_t inn
   for (int64_t k = 0; k < n; ++k) {
     const T* gr = g + k * inner;
     const T* yr = y + k * inner;
-    for (int64_t j = 0; j < w; ++j) acc[j] += log ? cast<A>(gr[j]) : cast<A>(gr[j]) * cast<A>(yr[j]);
+    for (int64_t j = 0; j < w; ++j)
+      acc[j] += log ? cast<A>(gr[j]) : cast<A>(gr[j]) * cast<A>(yr[j]);
   }
   for (int64_t k = 0; k < n; ++k) {
     const T* gr = g + k * inner;
@@ -126,12 +126,13 @@ void for_each_block(const common::RowGeometry& g, F&& fn) {
   }
   const int64_t nblk = (g.inner + kBlock - 1) / kBlock;
   const int64_t work = std::max<int64_t>(1, g.n * std::min(g.inner, kBlock));
-  parallel_for(g.outer * nblk, std::max<int64_t>(1, kSoftmaxGrain / work), [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t o = t / nblk, j0 = (t % nblk) * kBlock;
-      fn(o * g.n * g.inner + j0, j0, std::min(kBlock, g.inner - j0));
-    }
-  });
+  parallel_for(g.outer * nblk, std::max<int64_t>(1, kSoftmaxGrain / work),
+               [&](int64_t b, int64_t e) {
+                 for (int64_t t = b; t < e; ++t) {
+                   const int64_t o = t / nblk, j0 = (t % nblk) * kBlock;
+                   fn(o * g.n * g.inner + j0, j0, std::min(kBlock, g.inner - j0));
+                 }
+               });
 }
 
 void softmax_kernel(const Tensor& x, int64_t dim, bool log, Tensor& y) {
@@ -150,22 +151,23 @@ void softmax_kernel(const Tensor& x, int64_t dim, bool log, Tensor& y) {
   });
 }
 
-void softmax_backward_kernel(const Tensor& grad, const Tensor& y, int64_t dim, bool log, Tensor& dx) {
+void softmax_backward_kernel(const Tensor& grad, const Tensor& y, int64_t dim, bool log,
+                             Tensor& dx) {
   if (y.numel() == 0) return;
   const common::RowGeometry geo = common::row_geometry(y.sizes(), dim);
-  ACCEL_DISPATCH_FLOATING(y.dtype(), log ? "log_softmax_backward" : "softmax_backward",
-                          [&]<typename T>() {
-    const T* gp = static_cast<const T*>(grad.data_ptr());
-    const T* yp = static_cast<const T*>(y.data_ptr());
-    T* dp = static_cast<T*>(dx.data_ptr());
-    for_each_block(geo, [&](int64_t off, int64_t, int64_t w) {
-      if (geo.inner == 1) {
-        softmax_backward_row<T>(gp + off, yp + off, dp + off, geo.n, log);
-      } else {
-        softmax_backward_cols<T>(gp + off, yp + off, dp + off, geo.n, geo.inner, w, log);
-      }
-    });
-  });
+  ACCEL_DISPATCH_FLOATING(
+      y.dtype(), log ? "log_softmax_backward" : "softmax_backward", [&]<typename T>() {
+        const T* gp = static_cast<const T*>(grad.data_ptr());
+        const T* yp = static_cast<const T*>(y.data_ptr());
+        T* dp = static_cast<T*>(dx.data_ptr());
+        for_each_block(geo, [&](int64_t off, int64_t, int64_t w) {
+          if (geo.inner == 1) {
+            softmax_backward_row<T>(gp + off, yp + off, dp + off, geo.n, log);
+          } else {
+            softmax_backward_cols<T>(gp + off, yp + off, dp + off, geo.n, geo.inner, w, log);
+          }
+        });
+      });
 }
 
 }  // namespace

@@ -34,18 +34,12 @@ inline dnnl::stream& stream() {
 // oneDNN data type of an accel dtype, or undef when oneDNN has none (f64, i64, bool).
 inline dnnl::memory::data_type to_dnnl(DType t) {
   switch (t) {
-    case DType::Float32:
-      return dnnl::memory::data_type::f32;
-    case DType::BFloat16:
-      return dnnl::memory::data_type::bf16;
-    case DType::Float16:
-      return dnnl::memory::data_type::f16;
-    case DType::Int32:
-      return dnnl::memory::data_type::s32;
-    case DType::UInt8:
-      return dnnl::memory::data_type::u8;
-    default:
-      return dnnl::memory::data_type::undef;
+    case DType::Float32: return dnnl::memory::data_type::f32;
+    case DType::BFloat16: return dnnl::memory::data_type::bf16;
+    case DType::Float16: return dnnl::memory::data_type::f16;
+    case DType::Int32: return dnnl::memory::data_type::s32;
+    case DType::UInt8: return dnnl::memory::data_type::u8;
+    default: return dnnl::memory::data_type::undef;
   }
 }
 

@@ -53,8 +53,8 @@ void adam_float(float* __restrict p, const float* __restrict g, float* __restric
   for (; i + kWidth <= e; i += kWidth) {
     const __m256 pi = _mm256_loadu_ps(p + i);
     const __m256 gi = _mm256_add_ps(_mm256_loadu_ps(g + i), _mm256_mul_ps(l2, pi));
-    const __m256 mi = _mm256_add_ps(_mm256_mul_ps(beta1, _mm256_loadu_ps(m + i)),
-                                    _mm256_mul_ps(omb1, gi));
+    const __m256 mi =
+        _mm256_add_ps(_mm256_mul_ps(beta1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(omb1, gi));
     const __m256 vi = _mm256_add_ps(_mm256_mul_ps(beta2, _mm256_loadu_ps(v + i)),
                                     _mm256_mul_ps(omb2, _mm256_mul_ps(gi, gi)));
     _mm256_storeu_ps(m + i, mi);

@@ -44,52 +44,56 @@ template <typename T, typename O>
 void reduce_rows(ReduceOp op, const T* x, int64_t rows, int64_t n, O* out) {
   using A = sum_acc_t<T>;
   using V = acc_t<T>;
-  parallel_for(rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1)),
-               [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const T* p = x + r * n;
-      switch (op) {
-        case ReduceOp::Sum: out[r] = cast<O>(row_sum<T, A>(p, n)); break;
-        case ReduceOp::Mean: out[r] = cast<O>(double(row_sum<T, A>(p, n)) / double(n)); break;
-        case ReduceOp::Prod: {
-          A s = A(1);
-          for (int64_t i = 0; i < n; ++i) s *= A(cast<V>(p[i]));
-          out[r] = cast<O>(s);
-          break;
-        }
-        case ReduceOp::Max:
-        case ReduceOp::Min: {
-          V m = cast<V>(p[0]);
-          const bool is_max = op == ReduceOp::Max;
-          for (int64_t i = 1; i < n; ++i) {
-            const V v = cast<V>(p[i]);
-            if (is_max ? greater<T>(v, m) : (greater<T>(m, v) || (std::isnan(double(v)) && !std::isnan(double(m)))))
-              m = v;
-          }
-          out[r] = cast<O>(m);
-          break;
-        }
-        case ReduceOp::ArgMax:
-        case ReduceOp::ArgMin: {
-          V m = cast<V>(p[0]);
-          int64_t mi = 0;
-          const bool is_max = op == ReduceOp::ArgMax;
-          for (int64_t i = 1; i < n; ++i) {
-            const V v = cast<V>(p[i]);
-            const bool better = is_max ? greater<T>(v, m)
-                                       : (greater<T>(m, v) || (std::isnan(double(v)) && !std::isnan(double(m))));
-            if (better) {
-              m = v;
-              mi = i;
+  parallel_for(
+      rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1)),
+      [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          const T* p = x + r * n;
+          switch (op) {
+            case ReduceOp::Sum: out[r] = cast<O>(row_sum<T, A>(p, n)); break;
+            case ReduceOp::Mean: out[r] = cast<O>(double(row_sum<T, A>(p, n)) / double(n)); break;
+            case ReduceOp::Prod: {
+              A s = A(1);
+              for (int64_t i = 0; i < n; ++i) s *= A(cast<V>(p[i]));
+              out[r] = cast<O>(s);
+              break;
             }
+            case ReduceOp::Max:
+            case ReduceOp::Min: {
+              V m = cast<V>(p[0]);
+              const bool is_max = op == ReduceOp::Max;
+              for (int64_t i = 1; i < n; ++i) {
+                const V v = cast<V>(p[i]);
+                if (is_max
+                        ? greater<T>(v, m)
+                        : (greater<T>(m, v) || (std::isnan(double(v)) && !std::isnan(double(m)))))
+                  m = v;
+              }
+              out[r] = cast<O>(m);
+              break;
+            }
+            case ReduceOp::ArgMax:
+            case ReduceOp::ArgMin: {
+              V m = cast<V>(p[0]);
+              int64_t mi = 0;
+              const bool is_max = op == ReduceOp::ArgMax;
+              for (int64_t i = 1; i < n; ++i) {
+                const V v = cast<V>(p[i]);
+                const bool better = is_max ? greater<T>(v, m)
+                                           : (greater<T>(m, v) ||
+                                              (std::isnan(double(v)) && !std::isnan(double(m))));
+                if (better) {
+                  m = v;
+                  mi = i;
+                }
+              }
+              out[r] = O(mi);
+              break;
+            }
+            case ReduceOp::Count: break;
           }
-          out[r] = O(mi);
-          break;
         }
-        case ReduceOp::Count: break;
-      }
-    }
-  });
+      });
 }
 
 // x: n x cols contiguous, reduce over n -> out[cols]. Sum/Mean only (others go through rows).
@@ -98,19 +102,19 @@ void reduce_cols_sum(const T* x, int64_t n, int64_t cols, O* out, bool mean) {
   using A = sum_acc_t<T>;
   parallel_for(cols, std::max<int64_t>(16, kParallelGrain / std::max<int64_t>(n, 1)),
                [&](int64_t b, int64_t e) {
-    constexpr int64_t kBlock = 256;
-    A acc[kBlock];
-    for (int64_t c0 = b; c0 < e; c0 += kBlock) {
-      const int64_t w = std::min(kBlock, e - c0);
-      for (int64_t j = 0; j < w; ++j) acc[j] = A(0);
-      for (int64_t i = 0; i < n; ++i) {
-        const T* row = x + i * cols + c0;
-        for (int64_t j = 0; j < w; ++j) acc[j] += A(cast<acc_t<T>>(row[j]));
-      }
-      for (int64_t j = 0; j < w; ++j)
-        out[c0 + j] = mean ? cast<O>(double(acc[j]) / double(n)) : cast<O>(acc[j]);
-    }
-  });
+                 constexpr int64_t kBlock = 256;
+                 A acc[kBlock];
+                 for (int64_t c0 = b; c0 < e; c0 += kBlock) {
+                   const int64_t w = std::min(kBlock, e - c0);
+                   for (int64_t j = 0; j < w; ++j) acc[j] = A(0);
+                   for (int64_t i = 0; i < n; ++i) {
+                     const T* row = x + i * cols + c0;
+                     for (int64_t j = 0; j < w; ++j) acc[j] += A(cast<acc_t<T>>(row[j]));
+                   }
+                   for (int64_t j = 0; j < w; ++j)
+                     out[c0 + j] = mean ? cast<O>(double(acc[j]) / double(n)) : cast<O>(acc[j]);
+                 }
+               });
 }
 
 void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out) {
@@ -129,8 +133,10 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
   {
     bool seen_kept = false;
     for (int64_t d = 0; d < nd && leading; ++d) {
-      if (!rd.mask[size_t(d)]) seen_kept = true;
-      else if (seen_kept) leading = false;
+      if (!rd.mask[size_t(d)])
+        seen_kept = true;
+      else if (seen_kept)
+        leading = false;
     }
   }
   const bool sumlike = op == ReduceOp::Sum || op == ReduceOp::Mean;
@@ -157,7 +163,8 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
       reduce_rows<T, O>(op, static_cast<const T*>(p.data_ptr()), rows, rd.numel, o);
     };
     if (op == ReduceOp::ArgMax || op == ReduceOp::ArgMin) {
-      ACCEL_CHECK(out.dtype() == kInt64, DTypeError, "reduce", "argmax/argmin output must be int64");
+      ACCEL_CHECK(out.dtype() == kInt64, DTypeError, "reduce",
+                  "argmax/argmin output must be int64");
       run_out.template operator()<int64_t>();
     } else {
       // Output dtype is the input's, or int64 (integer sums), or a float (means of integers).

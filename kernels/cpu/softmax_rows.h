@@ -67,7 +67,7 @@ inline __attribute__((always_inline)) acc_t<T> row_sum_exp(const T* x, int64_t n
 // y[i] = exp(x[i] - m) (in A, into a scratch row), returns the sum.
 template <typename T>
 inline __attribute__((always_inline)) acc_t<T> row_exp_store(const T* x, int64_t n, acc_t<T> m,
-                                                            acc_t<T>* y) {
+                                                             acc_t<T>* y) {
   using A = acc_t<T>;
   A s = A(0);
 #pragma omp simd reduction(+ : s)

@@ -16,8 +16,8 @@ inline __attribute__((always_inline)) float exp_f32(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;
   constexpr float kLn2Lo = -2.12194440e-4f;
-  constexpr float kMin = -86.0f;        // 2^(n-1) below stays a normal number
-  constexpr float kMax = 88.7228394f;   // log(FLT_MAX)
+  constexpr float kMin = -86.0f;         // 2^(n-1) below stays a normal number
+  constexpr float kMax = 88.7228394f;    // log(FLT_MAX)
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   float xc = x < kMin ? kMin : x;
   xc = xc > kMax ? kMax : xc;

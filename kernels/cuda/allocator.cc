@@ -85,9 +85,9 @@ class CudaCachingAllocator final : public Allocator {
     }
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
-      ACCEL_THROW(Error, "allocate", "CUDA out of memory allocating ", nbytes, " bytes on cuda:", dev,
-                  " (", cudaGetErrorString(e), "; ", st.in_use, " bytes in use, ", st.reserved,
-                  " reserved by accel)");
+      ACCEL_THROW(Error, "allocate", "CUDA out of memory allocating ", nbytes,
+                  " bytes on cuda:", dev, " (", cudaGetErrorString(e), "; ", st.in_use,
+                  " bytes in use, ", st.reserved, " reserved by accel)");
     }
     st.in_use += size;
     st.reserved += size;
@@ -321,9 +321,10 @@ PinnedAllocator& pinned_allocator() {
 void cross_device_copy(Tensor& dst, const Tensor& src, bool non_blocking) {
   ACCEL_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel() && dst.is_contiguous() &&
                   src.is_contiguous(),
-              ValueError, "copy_", "cross-device copy needs contiguous tensors of one dtype and size, got ",
-              src.dtype(), " ", src.sizes(), " on ", src.device(), " -> ", dst.dtype(), " ",
-              dst.sizes(), " on ", dst.device());
+              ValueError, "copy_",
+              "cross-device copy needs contiguous tensors of one dtype and size, got ", src.dtype(),
+              " ", src.sizes(), " on ", src.device(), " -> ", dst.dtype(), " ", dst.sizes(), " on ",
+              dst.device());
   const size_t bytes = dst.nbytes();
   if (bytes == 0) return;
   const Device dd = dst.device(), sd = src.device();
@@ -334,21 +335,26 @@ void cross_device_copy(Tensor& dst, const Tensor& src, bool non_blocking) {
   const Stream stream = current_stream(dev);
   cudaStream_t s = stream.handle();
   if (dd.is_cuda() && sd.is_cpu()) {
-    ACCEL_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), bytes, cudaMemcpyHostToDevice, s));
+    ACCEL_CUDA_CHECK(
+        cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), bytes, cudaMemcpyHostToDevice, s));
     // From pageable memory the call returns once the bytes are staged, so `src` may be reused;
     // from pinned memory the DMA reads `src` later, so a blocking copy has to wait.
-    if (!non_blocking && is_pinned(src.storage()->data())) ACCEL_CUDA_CHECK(cudaStreamSynchronize(s));
+    if (!non_blocking && is_pinned(src.storage()->data()))
+      ACCEL_CUDA_CHECK(cudaStreamSynchronize(s));
   } else if (dd.is_cpu() && sd.is_cuda()) {
-    ACCEL_CUDA_CHECK(cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), bytes, cudaMemcpyDeviceToHost, s));
+    ACCEL_CUDA_CHECK(
+        cudaMemcpyAsync(dst.data_ptr(), src.data_ptr(), bytes, cudaMemcpyDeviceToHost, s));
     // Into pinned memory with non_blocking the caller synchronises before reading `dst`.
-    if (!non_blocking || !is_pinned(dst.storage()->data())) ACCEL_CUDA_CHECK(cudaStreamSynchronize(s));
+    if (!non_blocking || !is_pinned(dst.storage()->data()))
+      ACCEL_CUDA_CHECK(cudaStreamSynchronize(s));
   } else {
     // Between two GPUs: the copy runs on the destination's stream, after the work queued so far on
     // the source device's current stream (which may still be producing `src`).
     Event produced;
     produced.record(current_stream(sd.index));
     produced.block(stream);
-    ACCEL_CUDA_CHECK(cudaMemcpyPeerAsync(dst.data_ptr(), dd.index, src.data_ptr(), sd.index, bytes, s));
+    ACCEL_CUDA_CHECK(
+        cudaMemcpyPeerAsync(dst.data_ptr(), dd.index, src.data_ptr(), sd.index, bytes, s));
     record_stream(src, stream);
     if (!non_blocking) ACCEL_CUDA_CHECK(cudaStreamSynchronize(s));
   }
@@ -383,15 +389,16 @@ void record_stream(const Tensor& t, const Stream& s) {
 bool is_pinned(const void* p) { return is_available() && pinned_allocator().owns(p); }
 
 Tensor empty_pinned(const Shape& shape, DType dtype) {
-  ACCEL_CHECK(is_available(), DeviceError, "empty_pinned",
-              "pinned memory needs a CUDA device (", unavailable_reason(), ")");
+  ACCEL_CHECK(is_available(), DeviceError, "empty_pinned", "pinned memory needs a CUDA device (",
+              unavailable_reason(), ")");
   int64_t n = 1;
   for (int64_t s : shape) {
     ACCEL_CHECK(s >= 0, ShapeError, "empty_pinned", "negative dimension in shape ", shape);
     n *= s;
   }
   auto storage = make_intrusive<Storage>(size_t(n) * dtype_size(dtype), kCPU, &pinned_allocator());
-  return Tensor(make_intrusive<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, dtype));
+  return Tensor(
+      make_intrusive<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, dtype));
 }
 
 }  // namespace accel::cuda

@@ -9,13 +9,14 @@
 namespace accel::cuda {
 
 // "[cublas] <call> failed: <status> (file:line)".
-[[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* call, const char* file, int line);
-#define ACCEL_CUBLAS_CHECK(expr)                                                        \
-  do {                                                                                  \
-    const cublasStatus_t accel_cublas_st_ = (expr);                                     \
-    if (ACCEL_UNLIKELY(accel_cublas_st_ != CUBLAS_STATUS_SUCCESS)) {                    \
-      ::accel::cuda::throw_cublas_error(accel_cublas_st_, #expr, __FILE__, __LINE__);   \
-    }                                                                                   \
+[[noreturn]] void throw_cublas_error(cublasStatus_t st, const char* call, const char* file,
+                                     int line);
+#define ACCEL_CUBLAS_CHECK(expr)                                                      \
+  do {                                                                                \
+    const cublasStatus_t accel_cublas_st_ = (expr);                                   \
+    if (ACCEL_UNLIKELY(accel_cublas_st_ != CUBLAS_STATUS_SUCCESS)) {                  \
+      ::accel::cuda::throw_cublas_error(accel_cublas_st_, #expr, __FILE__, __LINE__); \
+    }                                                                                 \
   } while (0)
 
 // f32 matmuls may use TF32 tensor cores (10-bit mantissa inputs, f32 accumulate). Off by

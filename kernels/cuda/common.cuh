@@ -29,11 +29,11 @@ constexpr int kElemThreads = 256;
 
 // Error from a launcher (host side of a .cu): throws accel::Error through device.cc.
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line);
-#define ACCEL_CUDA_LAUNCH_CHECK()                                                          \
-  do {                                                                                     \
-    const cudaError_t accel_e_ = cudaGetLastError();                                       \
-    if (accel_e_ != cudaSuccess)                                                           \
-      ::accel::cuda::throw_cuda_error(accel_e_, "kernel launch", __FILE__, __LINE__);      \
+#define ACCEL_CUDA_LAUNCH_CHECK()                                                     \
+  do {                                                                                \
+    const cudaError_t accel_e_ = cudaGetLastError();                                  \
+    if (accel_e_ != cudaSuccess)                                                      \
+      ::accel::cuda::throw_cuda_error(accel_e_, "kernel launch", __FILE__, __LINE__); \
   } while (0)
 
 // ---------------- element types ----------------
@@ -120,8 +120,8 @@ __device__ __forceinline__ void store_as(Code c, void* p, int64_t i, T v) {
 }
 
 // ---------------- math in float or double ----------------
-#define ACCEL_CUDA_MATH1(name, f32)                                                 \
-  __device__ __forceinline__ float m_##name(float x) { return f32(x); }            \
+#define ACCEL_CUDA_MATH1(name, f32)                                     \
+  __device__ __forceinline__ float m_##name(float x) { return f32(x); } \
   __device__ __forceinline__ double m_##name(double x) { return ::name(x); }
 ACCEL_CUDA_MATH1(exp, expf)
 ACCEL_CUDA_MATH1(log, logf)

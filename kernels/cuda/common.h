@@ -77,8 +77,8 @@ OffsetCalc<N> make_offset_calc(const Tensor* const* ops, const char* op) {
 inline Tensor raw_narrow(const Tensor& t, int64_t dim, int64_t start, int64_t len) {
   Shape sizes = t.sizes();
   sizes[size_t(dim)] = len;
-  return Tensor(make_intrusive<TensorImpl>(t.storage(), sizes, t.strides(),
-                                           t.offset() + start * t.strides()[size_t(dim)], t.dtype()));
+  return Tensor(make_intrusive<TensorImpl>(
+      t.storage(), sizes, t.strides(), t.offset() + start * t.strides()[size_t(dim)], t.dtype()));
 }
 
 // Note [32-bit strided indexing]: strided kernels use 32-bit linear indices (cheap division by
@@ -115,7 +115,7 @@ void for_each_32bit_piece(const Tensor* const* ops, Fn&& fn) {
 // dimension `dim` with size s (shape ...)" like the CPU kernels; with has_ignore, entries equal
 // to `ignore` are skipped and the message speaks of targets and classes. Returns the number of
 // entries that are not ignored. (index.cc; one small device-to-host copy per call.)
-int64_t check_indices(const Tensor& index, int64_t size, int64_t dim, const Tensor& indexed, const char* op,
-                      bool has_ignore = false, int64_t ignore = 0);
+int64_t check_indices(const Tensor& index, int64_t size, int64_t dim, const Tensor& indexed,
+                      const char* op, bool has_ignore = false, int64_t ignore = 0);
 
 }  // namespace accel::cuda

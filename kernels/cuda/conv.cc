@@ -19,14 +19,16 @@
 namespace accel::cuda {
 namespace {
 
-[[noreturn]] void throw_cudnn_error(cudnnStatus_t st, const char* call, const char* file, int line) {
-  ACCEL_THROW(Error, "cudnn", call, " failed: ", cudnnGetErrorString(st), " (", file, ":", line, ")");
+[[noreturn]] void throw_cudnn_error(cudnnStatus_t st, const char* call, const char* file,
+                                    int line) {
+  ACCEL_THROW(Error, "cudnn", call, " failed: ", cudnnGetErrorString(st), " (", file, ":", line,
+              ")");
 }
-#define ACCEL_CUDNN_CHECK(expr)                                                       \
-  do {                                                                                \
-    const cudnnStatus_t accel_cudnn_st_ = (expr);                                     \
-    if (ACCEL_UNLIKELY(accel_cudnn_st_ != CUDNN_STATUS_SUCCESS))                      \
-      throw_cudnn_error(accel_cudnn_st_, #expr, __FILE__, __LINE__);                  \
+#define ACCEL_CUDNN_CHECK(expr)                                      \
+  do {                                                               \
+    const cudnnStatus_t accel_cudnn_st_ = (expr);                    \
+    if (ACCEL_UNLIKELY(accel_cudnn_st_ != CUDNN_STATUS_SUCCESS))     \
+      throw_cudnn_error(accel_cudnn_st_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 constexpr int kMaxDevices = 64;
@@ -78,7 +80,8 @@ struct ConvKeyHash {
   }
 };
 
-ConvPlan make_plan(const Shape& xs, const Shape& ws, const Shape& ys, DType dt, const Conv2dParams& p) {
+ConvPlan make_plan(const Shape& xs, const Shape& ws, const Shape& ys, DType dt,
+                   const Conv2dParams& p) {
   ConvPlan c;
   const cudnnDataType_t t = cudnn_type(dt);
   const cudnnDataType_t compute = dt == kFloat64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
@@ -87,25 +90,29 @@ ConvPlan make_plan(const Shape& xs, const Shape& ws, const Shape& ys, DType dt, 
   ACCEL_CUDNN_CHECK(cudnnCreateTensorDescriptor(&c.bias));
   ACCEL_CUDNN_CHECK(cudnnCreateFilterDescriptor(&c.w));
   ACCEL_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&c.conv));
-  ACCEL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(c.x, CUDNN_TENSOR_NCHW, t, int(xs[0]), int(xs[1]), int(xs[2]), int(xs[3])));
-  ACCEL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(c.y, CUDNN_TENSOR_NCHW, t, int(ys[0]), int(ys[1]), int(ys[2]), int(ys[3])));
+  ACCEL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(c.x, CUDNN_TENSOR_NCHW, t, int(xs[0]), int(xs[1]),
+                                               int(xs[2]), int(xs[3])));
+  ACCEL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(c.y, CUDNN_TENSOR_NCHW, t, int(ys[0]), int(ys[1]),
+                                               int(ys[2]), int(ys[3])));
   ACCEL_CUDNN_CHECK(cudnnSetTensor4dDescriptor(c.bias, CUDNN_TENSOR_NCHW, t, 1, int(ys[1]), 1, 1));
-  ACCEL_CUDNN_CHECK(cudnnSetFilter4dDescriptor(c.w, t, CUDNN_TENSOR_NCHW, int(ws[0]), int(ws[1]), int(ws[2]), int(ws[3])));
-  ACCEL_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(c.conv, int(p.padding[0]), int(p.padding[1]), int(p.stride[0]),
-                                                    int(p.stride[1]), int(p.dilation[0]), int(p.dilation[1]),
-                                                    CUDNN_CROSS_CORRELATION, compute));
+  ACCEL_CUDNN_CHECK(cudnnSetFilter4dDescriptor(c.w, t, CUDNN_TENSOR_NCHW, int(ws[0]), int(ws[1]),
+                                               int(ws[2]), int(ws[3])));
+  ACCEL_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+      c.conv, int(p.padding[0]), int(p.padding[1]), int(p.stride[0]), int(p.stride[1]),
+      int(p.dilation[0]), int(p.dilation[1]), CUDNN_CROSS_CORRELATION, compute));
   ACCEL_CUDNN_CHECK(cudnnSetConvolutionGroupCount(c.conv, int(p.groups)));
   // f32 stays full precision unless TF32 was allowed (CUDNN_DEFAULT_MATH would use TF32).
-  const cudnnMathType_t math = (dt == kFloat16 || dt == kBFloat16 || (dt == kFloat32 && allow_tf32()))
-                                   ? CUDNN_TENSOR_OP_MATH
-                                   : CUDNN_FMA_MATH;
+  const cudnnMathType_t math =
+      (dt == kFloat16 || dt == kBFloat16 || (dt == kFloat32 && allow_tf32())) ? CUDNN_TENSOR_OP_MATH
+                                                                              : CUDNN_FMA_MATH;
   ACCEL_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv, math));
 
   cudnnHandle_t h = cudnn_handle();
   constexpr int kAlgos = 8;
   int n = 0;
   cudnnConvolutionFwdAlgoPerf_t fwd[kAlgos];
-  if (cudnnGetConvolutionForwardAlgorithm_v7(h, c.x, c.w, c.conv, c.y, kAlgos, &n, fwd) == CUDNN_STATUS_SUCCESS) {
+  if (cudnnGetConvolutionForwardAlgorithm_v7(h, c.x, c.w, c.conv, c.y, kAlgos, &n, fwd) ==
+      CUDNN_STATUS_SUCCESS) {
     for (int i = 0; i < n && !c.have_fwd; ++i) {
       if (fwd[i].status == CUDNN_STATUS_SUCCESS && fwd[i].memory <= kMaxWorkspace) {
         c.fwd = fwd[i].algo, c.fwd_ws = fwd[i].memory, c.have_fwd = true;
@@ -113,7 +120,8 @@ ConvPlan make_plan(const Shape& xs, const Shape& ws, const Shape& ys, DType dt, 
     }
   }
   cudnnConvolutionBwdDataAlgoPerf_t bd[kAlgos];
-  if (cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c.w, c.y, c.conv, c.x, kAlgos, &n, bd) == CUDNN_STATUS_SUCCESS) {
+  if (cudnnGetConvolutionBackwardDataAlgorithm_v7(h, c.w, c.y, c.conv, c.x, kAlgos, &n, bd) ==
+      CUDNN_STATUS_SUCCESS) {
     for (int i = 0; i < n && !c.have_bwd_data; ++i) {
       if (bd[i].status == CUDNN_STATUS_SUCCESS && bd[i].memory <= kMaxWorkspace) {
         c.bwd_data = bd[i].algo, c.bwd_data_ws = bd[i].memory, c.have_bwd_data = true;
@@ -121,7 +129,8 @@ ConvPlan make_plan(const Shape& xs, const Shape& ws, const Shape& ys, DType dt, 
     }
   }
   cudnnConvolutionBwdFilterAlgoPerf_t bf[kAlgos];
-  if (cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, c.x, c.y, c.conv, c.w, kAlgos, &n, bf) == CUDNN_STATUS_SUCCESS) {
+  if (cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, c.x, c.y, c.conv, c.w, kAlgos, &n, bf) ==
+      CUDNN_STATUS_SUCCESS) {
     for (int i = 0; i < n && !c.have_bwd_filter; ++i) {
       if (bf[i].status == CUDNN_STATUS_SUCCESS && bf[i].memory <= kMaxWorkspace) {
         c.bwd_filter = bf[i].algo, c.bwd_filter_ws = bf[i].memory, c.have_bwd_filter = true;
@@ -131,19 +140,38 @@ ConvPlan make_plan(const Shape& xs, const Shape& ws, const Shape& ys, DType dt, 
   return c;
 }
 
-const ConvPlan& conv_plan(const Tensor& x, const Tensor& w, const Shape& ys, const Conv2dParams& p) {
+const ConvPlan& conv_plan(const Tensor& x, const Tensor& w, const Shape& ys,
+                          const Conv2dParams& p) {
   for (const Shape* s : {&x.sizes(), &w.sizes(), &ys}) {
     for (int64_t v : *s) {
-      ACCEL_CHECK(v <= INT32_MAX, ShapeError, "conv2d", "dimension too large for cuDNN: input ", x.sizes(),
-                  ", weight ", w.sizes());
+      ACCEL_CHECK(v <= INT32_MAX, ShapeError, "conv2d", "dimension too large for cuDNN: input ",
+                  x.sizes(), ", weight ", w.sizes());
     }
   }
-  const ConvKey key{{int64_t(x.dtype()), x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(1),
-                     w.size(2), w.size(3), p.stride[0], p.stride[1], p.padding[0], p.padding[1], p.dilation[0],
-                     p.dilation[1], p.groups, int64_t(allow_tf32()), current_device(), 0, 0}};
+  const ConvKey key{{int64_t(x.dtype()),
+                     x.size(0),
+                     x.size(1),
+                     x.size(2),
+                     x.size(3),
+                     w.size(0),
+                     w.size(1),
+                     w.size(2),
+                     w.size(3),
+                     p.stride[0],
+                     p.stride[1],
+                     p.padding[0],
+                     p.padding[1],
+                     p.dilation[0],
+                     p.dilation[1],
+                     p.groups,
+                     int64_t(allow_tf32()),
+                     current_device(),
+                     0,
+                     0}};
   thread_local std::unordered_map<ConvKey, ConvPlan, ConvKeyHash> cache;
   auto it = cache.find(key);
-  if (it == cache.end()) it = cache.emplace(key, make_plan(x.sizes(), w.sizes(), ys, x.dtype(), p)).first;
+  if (it == cache.end())
+    it = cache.emplace(key, make_plan(x.sizes(), w.sizes(), ys, x.dtype(), p)).first;
   return it->second;
 }
 
@@ -171,26 +199,29 @@ void check_conv(const Tensor& x, const Tensor& w, const Tensor* others, int n_ot
   }
 }
 
-void conv2d_kernel(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out, const Conv2dParams& p) {
+void conv2d_kernel(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out,
+                   const Conv2dParams& p) {
   const Tensor others[2] = {bias, out};
   check_conv(x, w, others, 2);
   if (out.numel() == 0) return;
   DeviceGuard g(x.device());
   const ConvPlan& c = conv_plan(x, w, out.sizes(), p);
-  ACCEL_CHECK(c.have_fwd, Error, "conv2d", "cuDNN has no forward algorithm for input ", x.sizes(), ", weight ",
-              w.sizes(), " in ", x.dtype());
+  ACCEL_CHECK(c.have_fwd, Error, "conv2d", "cuDNN has no forward algorithm for input ", x.sizes(),
+              ", weight ", w.sizes(), " in ", x.dtype());
   const Tensor ws = workspace(c.fwd_ws, x.device());
   const DType dt = x.dtype();
   cudnnHandle_t h = cudnn_handle();
-  ACCEL_CUDNN_CHECK(cudnnConvolutionForward(h, kOne.ptr(dt), c.x, x.data_ptr(), c.w, w.data_ptr(), c.conv, c.fwd,
-                                            ws_ptr(ws), c.fwd_ws, kZero.ptr(dt), c.y, out.data_ptr()));
+  ACCEL_CUDNN_CHECK(cudnnConvolutionForward(h, kOne.ptr(dt), c.x, x.data_ptr(), c.w, w.data_ptr(),
+                                            c.conv, c.fwd, ws_ptr(ws), c.fwd_ws, kZero.ptr(dt), c.y,
+                                            out.data_ptr()));
   if (bias.defined()) {
-    ACCEL_CUDNN_CHECK(cudnnAddTensor(h, kOne.ptr(dt), c.bias, bias.data_ptr(), kOne.ptr(dt), c.y, out.data_ptr()));
+    ACCEL_CUDNN_CHECK(cudnnAddTensor(h, kOne.ptr(dt), c.bias, bias.data_ptr(), kOne.ptr(dt), c.y,
+                                     out.data_ptr()));
   }
 }
 
-void conv2d_backward_kernel(const Tensor& x, const Tensor& w, const Tensor& gout, Tensor* gx, Tensor* gw, Tensor* gb,
-                            const Conv2dParams& p) {
+void conv2d_backward_kernel(const Tensor& x, const Tensor& w, const Tensor& gout, Tensor* gx,
+                            Tensor* gw, Tensor* gb, const Conv2dParams& p) {
   const Tensor others[4] = {gout, gx ? *gx : Tensor(), gw ? *gw : Tensor(), gb ? *gb : Tensor()};
   check_conv(x, w, others, 4);
   DeviceGuard g(x.device());
@@ -203,35 +234,39 @@ void conv2d_backward_kernel(const Tensor& x, const Tensor& w, const Tensor& gout
   const ConvPlan& c = conv_plan(x, w, gout.sizes(), p);
   cudnnHandle_t h = cudnn_handle();
   if (gx) {
-    ACCEL_CHECK(c.have_bwd_data, Error, "conv2d_backward", "cuDNN has no backward-data algorithm for input ",
-                x.sizes(), ", weight ", w.sizes(), " in ", dt);
+    ACCEL_CHECK(c.have_bwd_data, Error, "conv2d_backward",
+                "cuDNN has no backward-data algorithm for input ", x.sizes(), ", weight ",
+                w.sizes(), " in ", dt);
     const Tensor ws = workspace(c.bwd_data_ws, x.device());
-    ACCEL_CUDNN_CHECK(cudnnConvolutionBackwardData(h, kOne.ptr(dt), c.w, w.data_ptr(), c.y, gout.data_ptr(), c.conv,
-                                                   c.bwd_data, ws_ptr(ws), c.bwd_data_ws, kZero.ptr(dt), c.x,
-                                                   gx->data_ptr()));
+    ACCEL_CUDNN_CHECK(cudnnConvolutionBackwardData(
+        h, kOne.ptr(dt), c.w, w.data_ptr(), c.y, gout.data_ptr(), c.conv, c.bwd_data, ws_ptr(ws),
+        c.bwd_data_ws, kZero.ptr(dt), c.x, gx->data_ptr()));
   }
   if (gw) {
-    ACCEL_CHECK(c.have_bwd_filter, Error, "conv2d_backward", "cuDNN has no backward-filter algorithm for input ",
-                x.sizes(), ", weight ", w.sizes(), " in ", dt);
+    ACCEL_CHECK(c.have_bwd_filter, Error, "conv2d_backward",
+                "cuDNN has no backward-filter algorithm for input ", x.sizes(), ", weight ",
+                w.sizes(), " in ", dt);
     const Tensor ws = workspace(c.bwd_filter_ws, x.device());
-    ACCEL_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, kOne.ptr(dt), c.x, x.data_ptr(), c.y, gout.data_ptr(), c.conv,
-                                                     c.bwd_filter, ws_ptr(ws), c.bwd_filter_ws, kZero.ptr(dt), c.w,
-                                                     gw->data_ptr()));
+    ACCEL_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+        h, kOne.ptr(dt), c.x, x.data_ptr(), c.y, gout.data_ptr(), c.conv, c.bwd_filter, ws_ptr(ws),
+        c.bwd_filter_ws, kZero.ptr(dt), c.w, gw->data_ptr()));
   }
   if (gb) {
-    ACCEL_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, kOne.ptr(dt), c.y, gout.data_ptr(), kZero.ptr(dt), c.bias,
-                                                   gb->data_ptr()));
+    ACCEL_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, kOne.ptr(dt), c.y, gout.data_ptr(),
+                                                   kZero.ptr(dt), c.bias, gb->data_ptr()));
   }
 }
 
 // ---------------- pooling (kernels in nn.cu) ----------------
 
 PoolArgs pool_args(const Shape& in, const Shape& out, const Pool2dParams& p) {
-  return PoolArgs{in[0] * in[1], in[2],       in[3],       out[2],       out[3],      p.kernel[0],
-                  p.kernel[1],   p.stride[0], p.stride[1], p.padding[0], p.padding[1], p.count_include_pad};
+  return PoolArgs{in[0] * in[1], in[2],        in[3],        out[2],
+                  out[3],        p.kernel[0],  p.kernel[1],  p.stride[0],
+                  p.stride[1],   p.padding[0], p.padding[1], p.count_include_pad};
 }
 
-void pool2d_kernel(PoolKind kind, const Tensor& x, Tensor& out, Tensor* workspace_out, const Pool2dParams& p) {
+void pool2d_kernel(PoolKind kind, const Tensor& x, Tensor& out, Tensor* workspace_out,
+                   const Pool2dParams& p) {
   ACCEL_INTERNAL_ASSERT(x.dim() == 4 && x.is_contiguous() && out.is_contiguous() &&
                         x.device() == out.device() && is_floating(x.dtype()));
   DeviceGuard g(x.device());
@@ -242,25 +277,28 @@ void pool2d_kernel(PoolKind kind, const Tensor& x, Tensor& out, Tensor* workspac
     *workspace_out = idx;
   }
   if (out.numel() == 0) return;
-  launch_pool_forward(code_of(x.dtype()), max, pool_args(x.sizes(), out.sizes(), p), x.data_ptr(), out.data_ptr(),
-                      idx.defined() ? static_cast<int32_t*>(idx.data_ptr()) : nullptr, max_blocks(x.device().index),
-                      current_stream().handle());
+  launch_pool_forward(code_of(x.dtype()), max, pool_args(x.sizes(), out.sizes(), p), x.data_ptr(),
+                      out.data_ptr(),
+                      idx.defined() ? static_cast<int32_t*>(idx.data_ptr()) : nullptr,
+                      max_blocks(x.device().index), current_stream().handle());
 }
 
-void pool2d_backward_kernel(PoolKind kind, const Tensor& gout, const Tensor& workspace_in, Tensor& gx,
-                            const Pool2dParams& p) {
+void pool2d_backward_kernel(PoolKind kind, const Tensor& gout, const Tensor& workspace_in,
+                            Tensor& gx, const Pool2dParams& p) {
   ACCEL_INTERNAL_ASSERT(gout.is_contiguous() && gx.is_contiguous() && gout.device() == gx.device());
   const bool max = kind == PoolKind::Max;
   ACCEL_CHECK(!max || (workspace_in.defined() && workspace_in.dtype() == kInt32 &&
                        workspace_in.numel() == gout.numel()),
-              ValueError, "pool2d_backward", "max pooling needs the workspace of its CUDA forward, got ",
+              ValueError, "pool2d_backward",
+              "max pooling needs the workspace of its CUDA forward, got ",
               workspace_in.defined() ? workspace_in.sizes() : Shape{});
   DeviceGuard g(gx.device());
   gx.zero_();
   if (gout.numel() == 0) return;
-  launch_pool_backward(code_of(gx.dtype()), max, pool_args(gx.sizes(), gout.sizes(), p), gout.data_ptr(),
-                       max ? static_cast<const int32_t*>(workspace_in.data_ptr()) : nullptr, gx.data_ptr(),
-                       max_blocks(gx.device().index), current_stream().handle());
+  launch_pool_backward(code_of(gx.dtype()), max, pool_args(gx.sizes(), gout.sizes(), p),
+                       gout.data_ptr(),
+                       max ? static_cast<const int32_t*>(workspace_in.data_ptr()) : nullptr,
+                       gx.data_ptr(), max_blocks(gx.device().index), current_stream().handle());
 }
 
 }  // namespace

@@ -11,8 +11,8 @@
 namespace accel::cuda {
 
 void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line) {
-  ACCEL_THROW(Error, "cuda", call, " failed: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err),
-              " (", file, ":", line, ")");
+  ACCEL_THROW(Error, "cuda", call, " failed: ", cudaGetErrorName(err), ": ",
+              cudaGetErrorString(err), " (", file, ":", line, ")");
 }
 
 // ---------------- devices ----------------
@@ -57,10 +57,10 @@ std::string unavailable_reason() { return device_info().reason; }
 void check_device(Device d, const char* op) {
   ACCEL_CHECK(d.is_cuda(), DeviceError, op, "expected a CUDA device, got ", d);
   const int n = device_count();
-  ACCEL_CHECK(n > 0, DeviceError, op, "CUDA device ", d, " requested but no CUDA device is present (",
-              unavailable_reason(), ")");
-  ACCEL_CHECK(d.index >= 0 && d.index < n, DeviceError, op, "CUDA device ", d,
-              " does not exist; ", n, " device(s) visible");
+  ACCEL_CHECK(n > 0, DeviceError, op, "CUDA device ", d,
+              " requested but no CUDA device is present (", unavailable_reason(), ")");
+  ACCEL_CHECK(d.index >= 0 && d.index < n, DeviceError, op, "CUDA device ", d, " does not exist; ",
+              n, " device(s) visible");
 }
 
 int current_device() {
@@ -161,7 +161,8 @@ Stream new_stream(int device, bool high_priority) {
   int lo = 0, hi = 0;
   ACCEL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
   cudaStream_t s = nullptr;
-  ACCEL_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? hi : lo));
+  ACCEL_CUDA_CHECK(
+      cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? hi : lo));
   return Stream(s, device);
 }
 
@@ -205,7 +206,8 @@ Event& Event::operator=(Event&& o) noexcept {
 void Event::record(const Stream& s) {
   DeviceGuard g(s.device());
   if (!event_) {
-    ACCEL_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing_ ? cudaEventDefault : cudaEventDisableTiming));
+    ACCEL_CUDA_CHECK(
+        cudaEventCreateWithFlags(&event_, timing_ ? cudaEventDefault : cudaEventDisableTiming));
     device_ = s.device();
   }
   ACCEL_CHECK(device_ == s.device(), DeviceError, "Event::record", "event of cuda:", device_,

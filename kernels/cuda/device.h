@@ -23,12 +23,12 @@ namespace accel::cuda {
 // allocator with sizes instead.
 [[noreturn]] void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line);
 
-#define ACCEL_CUDA_CHECK(expr)                                                   \
-  do {                                                                           \
-    const cudaError_t accel_cuda_err_ = (expr);                                  \
-    if (ACCEL_UNLIKELY(accel_cuda_err_ != cudaSuccess)) {                        \
+#define ACCEL_CUDA_CHECK(expr)                                                     \
+  do {                                                                             \
+    const cudaError_t accel_cuda_err_ = (expr);                                    \
+    if (ACCEL_UNLIKELY(accel_cuda_err_ != cudaSuccess)) {                          \
       ::accel::cuda::throw_cuda_error(accel_cuda_err_, #expr, __FILE__, __LINE__); \
-    }                                                                            \
+    }                                                                              \
   } while (0)
 
 // Checks the last kernel launch (bad configuration, missing kernel image for this GPU).

@@ -32,10 +32,16 @@ int vec_width(std::initializer_list<const Tensor*> ts) {
 
 bool int_unary_supported(UnaryOp op, const UnaryParams& p) {
   switch (op) {
-    case UnaryOp::Neg: case UnaryOp::Abs: case UnaryOp::Sign: case UnaryOp::Square:
-    case UnaryOp::Relu: case UnaryOp::LogicalNot: case UnaryOp::Clamp: case UnaryOp::AddScalar:
-    case UnaryOp::MulScalar: case UnaryOp::RSubScalar:
-      return true;
+    case UnaryOp::Neg:
+    case UnaryOp::Abs:
+    case UnaryOp::Sign:
+    case UnaryOp::Square:
+    case UnaryOp::Relu:
+    case UnaryOp::LogicalNot:
+    case UnaryOp::Clamp:
+    case UnaryOp::AddScalar:
+    case UnaryOp::MulScalar:
+    case UnaryOp::RSubScalar: return true;
     case UnaryOp::PowScalar: return p.p0 >= 0 && p.p0 == double(int64_t(p.p0));
     default: return false;
   }
@@ -57,7 +63,8 @@ void unary_kernel(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& 
   const int mb = max_blocks(dev);
   if (same_shape_contiguous(in, out)) {
     launch_unary(UOp(op), p.p0, p.p1, code_of(in.dtype()), code_of(out.dtype()), Layout::Contiguous,
-                 vec_width({&in, &out}), in.data_ptr(), out.data_ptr(), out.numel(), OffsetCalc<2>(), mb, s);
+                 vec_width({&in, &out}), in.data_ptr(), out.data_ptr(), out.numel(),
+                 OffsetCalc<2>(), mb, s);
     return;
   }
   for_each_32bit_piece<2>(ops, [&](const Tensor* const* pc) {
@@ -86,8 +93,9 @@ void binary_kernel(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, d
   const Code ct = code_of(a.dtype()), co = code_of(out.dtype());
   if (same_shape_contiguous(a, out)) {
     if (same_shape_contiguous(b, out)) {
-      launch_binary(BOp(op), alpha, ct, co, Layout::Contiguous, vec_width({&a, &b, &out}), a.data_ptr(),
-                    b.data_ptr(), out.data_ptr(), out.numel(), OffsetCalc<3>(), mb, s);
+      launch_binary(BOp(op), alpha, ct, co, Layout::Contiguous, vec_width({&a, &b, &out}),
+                    a.data_ptr(), b.data_ptr(), out.data_ptr(), out.numel(), OffsetCalc<3>(), mb,
+                    s);
       return;
     }
     if (b.numel() == 1) {
@@ -107,7 +115,8 @@ void where_kernel(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& 
   if (out.numel() == 0) return;
   const Tensor* ops[4] = {&out, &cond, &a, &b};
   assert_one_device(ops, 4);
-  ACCEL_INTERNAL_ASSERT(cond.dtype() == kBool && a.dtype() == out.dtype() && b.dtype() == out.dtype());
+  ACCEL_INTERNAL_ASSERT(cond.dtype() == kBool && a.dtype() == out.dtype() &&
+                        b.dtype() == out.dtype());
   const int dev = out.device().index;
   DeviceGuard g(dev);
   cudaStream_t s = current_stream(dev).handle();
@@ -138,14 +147,14 @@ void copy_kernel(Tensor& dst, const Tensor& src) {
     }
     for_each_32bit_piece<2>(ops, [&](const Tensor* const* pc) {
       const OffsetCalc<2> calc = make_offset_calc<2>(pc, "copy_");
-      launch_copy_strided(int(dst.element_size()), pc[0]->data_ptr(), pc[1]->data_ptr(), pc[0]->numel(),
-                          calc, mb, s);
+      launch_copy_strided(int(dst.element_size()), pc[0]->data_ptr(), pc[1]->data_ptr(),
+                          pc[0]->numel(), calc, mb, s);
     });
     return;
   }
   if (contiguous) {
-    launch_convert(code_of(dst.dtype()), code_of(src.dtype()), dst.data_ptr(), src.data_ptr(), dst.numel(),
-                   nullptr, mb, s);
+    launch_convert(code_of(dst.dtype()), code_of(src.dtype()), dst.data_ptr(), src.data_ptr(),
+                   dst.numel(), nullptr, mb, s);
     return;
   }
   for_each_32bit_piece<2>(ops, [&](const Tensor* const* pc) {

@@ -1,5 +1,6 @@
 // CUDA binary elementwise kernels with broadcasting, and where() (semantics:
-// kernels/cpu/elementwise_binary.cc; gradient formulas: kernels/common/scalar_math.h). One kernel per (dtype, output kind, layout), op switch outside the loop.
+// kernels/cpu/elementwise_binary.cc; gradient formulas: kernels/common/scalar_math.h). One kernel
+// per (dtype, output kind, layout), op switch outside the loop.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
 
@@ -8,7 +9,8 @@ namespace {
 
 template <typename In, typename Out, Layout L, int VEC, typename F>
 __device__ __forceinline__ void binary_loop(F f, const In* __restrict__ a, const In* __restrict__ b,
-                                            Out* __restrict__ y, int64_t n, const OffsetCalc<3>& calc) {
+                                            Out* __restrict__ y, int64_t n,
+                                            const OffsetCalc<3>& calc) {
   using A = acc_t<In>;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -43,10 +45,12 @@ __device__ __forceinline__ void binary_loop(F f, const In* __restrict__ a, const
 
 template <typename In, typename Out, Layout L, int VEC>
 __global__ void __launch_bounds__(kElemThreads)
-    binary_kernel(BOp op, double alpha, const In* a, const In* b, Out* y, int64_t n, OffsetCalc<3> calc) {
+    binary_kernel(BOp op, double alpha, const In* a, const In* b, Out* y, int64_t n,
+                  OffsetCalc<3> calc) {
   using A = acc_t<In>;
   constexpr bool kFloat = std::is_floating_point_v<A>;
-#define RUN(expr) return binary_loop<In, Out, L, VEC>([=](A x, A z) { return expr; }, a, b, y, n, calc)
+#define RUN(expr) \
+  return binary_loop<In, Out, L, VEC>([=](A x, A z) { return expr; }, a, b, y, n, calc)
   if constexpr (std::is_same_v<Out, bool> && !std::is_same_v<In, bool>) {
     switch (op) {  // comparisons and logic
       case BOp::Eq: RUN(x == z);
@@ -69,10 +73,8 @@ __global__ void __launch_bounds__(kElemThreads)
         if (alpha == 1.0) RUN(A(x - z));
         RUN(A(x - al * z));
       case BOp::Mul: RUN(A(x * z));
-      case BOp::Maximum:
-        RUN((m_isnan(x) || m_isnan(z)) ? A(x + z) : (x > z ? x : z));
-      case BOp::Minimum:
-        RUN((m_isnan(x) || m_isnan(z)) ? A(x + z) : (x < z ? x : z));
+      case BOp::Maximum: RUN((m_isnan(x) || m_isnan(z)) ? A(x + z) : (x > z ? x : z));
+      case BOp::Minimum: RUN((m_isnan(x) || m_isnan(z)) ? A(x + z) : (x < z ? x : z));
       default: break;
     }
     if constexpr (std::is_same_v<In, bool>) {
@@ -105,8 +107,8 @@ __global__ void __launch_bounds__(kElemThreads)
 }
 
 template <typename In, typename Out>
-void launch_typed(BOp op, double alpha, Layout layout, int vec, const void* pa, const void* pb, void* out,
-                  int64_t n, const OffsetCalc<3>& calc, int max_blocks, cudaStream_t s) {
+void launch_typed(BOp op, double alpha, Layout layout, int vec, const void* pa, const void* pb,
+                  void* out, int64_t n, const OffsetCalc<3>& calc, int max_blocks, cudaStream_t s) {
   constexpr int kVec = 16 / (sizeof(In) > sizeof(Out) ? sizeof(In) : sizeof(Out));
   const In* a = static_cast<const In*>(pa);
   const In* b = static_cast<const In*>(pb);
@@ -115,20 +117,25 @@ void launch_typed(BOp op, double alpha, Layout layout, int vec, const void* pa, 
   const int gv = grid_for(n / kVec + 1, kElemThreads, max_blocks);
   switch (layout) {
     case Layout::Strided:
-      binary_kernel<In, Out, Layout::Strided, 1><<<g1, kElemThreads, 0, s>>>(op, alpha, a, b, y, n, calc);
+      binary_kernel<In, Out, Layout::Strided, 1>
+          <<<g1, kElemThreads, 0, s>>>(op, alpha, a, b, y, n, calc);
       break;
     case Layout::Contiguous:
       if (vec == kVec) {
-        binary_kernel<In, Out, Layout::Contiguous, kVec><<<gv, kElemThreads, 0, s>>>(op, alpha, a, b, y, n, calc);
+        binary_kernel<In, Out, Layout::Contiguous, kVec>
+            <<<gv, kElemThreads, 0, s>>>(op, alpha, a, b, y, n, calc);
       } else {
-        binary_kernel<In, Out, Layout::Contiguous, 1><<<g1, kElemThreads, 0, s>>>(op, alpha, a, b, y, n, calc);
+        binary_kernel<In, Out, Layout::Contiguous, 1>
+            <<<g1, kElemThreads, 0, s>>>(op, alpha, a, b, y, n, calc);
       }
       break;
     case Layout::ScalarB:
       if (vec == kVec) {
-        binary_kernel<In, Out, Layout::ScalarB, kVec><<<gv, kElemThreads, 0, s>>>(op, alpha, a, b, y, n, calc);
+        binary_kernel<In, Out, Layout::ScalarB, kVec>
+            <<<gv, kElemThreads, 0, s>>>(op, alpha, a, b, y, n, calc);
       } else {
-        binary_kernel<In, Out, Layout::ScalarB, 1><<<g1, kElemThreads, 0, s>>>(op, alpha, a, b, y, n, calc);
+        binary_kernel<In, Out, Layout::ScalarB, 1>
+            <<<g1, kElemThreads, 0, s>>>(op, alpha, a, b, y, n, calc);
       }
       break;
   }
@@ -148,9 +155,9 @@ __global__ void __launch_bounds__(kElemThreads)
 
 }  // namespace
 
-void launch_binary(BOp op, double alpha, Code in_t, Code out_t, Layout layout, int vec, const void* a,
-                   const void* b, void* out, int64_t n, const OffsetCalc<3>& calc, int max_blocks,
-                   cudaStream_t stream) {
+void launch_binary(BOp op, double alpha, Code in_t, Code out_t, Layout layout, int vec,
+                   const void* a, const void* b, void* out, int64_t n, const OffsetCalc<3>& calc,
+                   int max_blocks, cudaStream_t stream) {
   dispatch_code(in_t, [&]<typename T>() {
     if (out_t == Code::Bool && !std::is_same_v<T, bool>) {
       launch_typed<T, bool>(op, alpha, layout, vec, a, b, out, n, calc, max_blocks, stream);
@@ -160,15 +167,15 @@ void launch_binary(BOp op, double alpha, Code in_t, Code out_t, Layout layout, i
   });
 }
 
-void launch_where(int elem_size, const void* cond, const void* a, const void* b, void* out, int64_t n,
-                  const OffsetCalc<4>& calc, int max_blocks, cudaStream_t stream) {
+void launch_where(int elem_size, const void* cond, const void* a, const void* b, void* out,
+                  int64_t n, const OffsetCalc<4>& calc, int max_blocks, cudaStream_t stream) {
   const int g = grid_for(n, kElemThreads, max_blocks);
   const bool* c = static_cast<const bool*>(cond);
   switch (elem_size) {
 #define CASE(sz, T)                                                                            \
   case sz:                                                                                     \
-    where_kernel<T><<<g, kElemThreads, 0, stream>>>(c, static_cast<const T*>(a),              \
-                                                     static_cast<const T*>(b), static_cast<T*>(out), n, calc); \
+    where_kernel<T><<<g, kElemThreads, 0, stream>>>(                                           \
+        c, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out), n, calc); \
     break;
     CASE(1, uint8_t)
     CASE(2, uint16_t)

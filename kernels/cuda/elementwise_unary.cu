@@ -9,8 +9,8 @@ namespace accel::cuda {
 namespace {
 
 template <typename In, typename Out, Layout L, int VEC, typename F>
-__device__ __forceinline__ void unary_loop(F f, const In* __restrict__ x, Out* __restrict__ y, int64_t n,
-                                           const OffsetCalc<2>& calc) {
+__device__ __forceinline__ void unary_loop(F f, const In* __restrict__ x, Out* __restrict__ y,
+                                           int64_t n, const OffsetCalc<2>& calc) {
   using A = acc_t<In>;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -35,7 +35,8 @@ __device__ __forceinline__ void unary_loop(F f, const In* __restrict__ x, Out* _
 
 template <typename In, typename Out, Layout L, int VEC>
 __global__ void __launch_bounds__(kElemThreads)
-    unary_kernel(UOp op, double p0d, double p1d, const In* x, Out* y, int64_t n, OffsetCalc<2> calc) {
+    unary_kernel(UOp op, double p0d, double p1d, const In* x, Out* y, int64_t n,
+                 OffsetCalc<2> calc) {
   using A = acc_t<In>;
 #define RUN(expr) return unary_loop<In, Out, L, VEC>([=](A v) { return expr; }, x, y, n, calc)
   if constexpr (!std::is_same_v<In, Out>) {
@@ -123,7 +124,8 @@ void launch_typed(UOp op, double p0, double p1, Layout layout, int vec, const vo
         <<<grid_for(n, kElemThreads, max_blocks), kElemThreads, 0, s>>>(op, p0, p1, x, y, n, calc);
   } else if (vec == kVec) {
     unary_kernel<In, Out, Layout::Contiguous, kVec>
-        <<<grid_for(n / kVec + 1, kElemThreads, max_blocks), kElemThreads, 0, s>>>(op, p0, p1, x, y, n, calc);
+        <<<grid_for(n / kVec + 1, kElemThreads, max_blocks), kElemThreads, 0, s>>>(op, p0, p1, x, y,
+                                                                                   n, calc);
   } else {
     unary_kernel<In, Out, Layout::Contiguous, 1>
         <<<grid_for(n, kElemThreads, max_blocks), kElemThreads, 0, s>>>(op, p0, p1, x, y, n, calc);

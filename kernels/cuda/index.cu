@@ -28,8 +28,8 @@ void dispatch_bytes(int elem_size, F&& f) {
 }
 
 template <typename I>
-__global__ void check_indices_kernel(const I* __restrict__ idx, int64_t n, int64_t size, bool has_ignore,
-                                     int64_t ignore, unsigned long long* result) {
+__global__ void check_indices_kernel(const I* __restrict__ idx, int64_t n, int64_t size,
+                                     bool has_ignore, int64_t ignore, unsigned long long* result) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   unsigned long long valid = 0;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -43,8 +43,8 @@ __global__ void check_indices_kernel(const I* __restrict__ idx, int64_t n, int64
 
 // One block per output row (o, j): threads copy the `inner` elements.
 template <typename U, typename I>
-__global__ void index_select_kernel(const U* __restrict__ x, const I* __restrict__ idx, int64_t n, int64_t inner,
-                                    int64_t k, U* __restrict__ out) {
+__global__ void index_select_kernel(const U* __restrict__ x, const I* __restrict__ idx, int64_t n,
+                                    int64_t inner, int64_t k, U* __restrict__ out) {
   const int64_t t = blockIdx.x;  // o * k + j
   const int64_t o = t / k, j = t % k;
   const int64_t v = int64_t(idx[j]);
@@ -68,7 +68,8 @@ __device__ __forceinline__ void atomic_add(T* p, T v) {
     do {
       assumed = old;
       const unsigned int cur = (assumed >> shift) & 0xffu;
-      const unsigned int nv = std::is_same_v<T, bool> ? (cur | unsigned(v != 0)) : ((cur + unsigned(v)) & 0xffu);
+      const unsigned int nv =
+          std::is_same_v<T, bool> ? (cur | unsigned(v != 0)) : ((cur + unsigned(v)) & 0xffu);
       old = atomicCAS(word, assumed, (assumed & ~(0xffu << shift)) | (nv << shift));
     } while (assumed != old);
   } else {
@@ -77,8 +78,8 @@ __device__ __forceinline__ void atomic_add(T* p, T v) {
 }
 
 template <typename T, typename I>
-__global__ void index_add_kernel(T* __restrict__ out, const I* __restrict__ idx, const T* __restrict__ src,
-                                 int64_t n, int64_t inner, int64_t k) {
+__global__ void index_add_kernel(T* __restrict__ out, const I* __restrict__ idx,
+                                 const T* __restrict__ src, int64_t n, int64_t inner, int64_t k) {
   const int64_t t = blockIdx.x;
   const int64_t o = t / k, j = t % k;
   const int64_t v = int64_t(idx[j]);
@@ -90,8 +91,8 @@ __global__ void index_add_kernel(T* __restrict__ out, const I* __restrict__ idx,
 
 template <typename U, typename I>
 __global__ void __launch_bounds__(kElemThreads)
-    gather_kernel(const U* __restrict__ x, const I* __restrict__ idx, U* __restrict__ out, int64_t numel,
-                  OffsetCalc<3> calc, int64_t x_dim_stride, int64_t dim_size) {
+    gather_kernel(const U* __restrict__ x, const I* __restrict__ idx, U* __restrict__ out,
+                  int64_t numel, OffsetCalc<3> calc, int64_t x_dim_stride, int64_t dim_size) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < numel; i += stride) {
     int64_t off[3];
@@ -104,8 +105,8 @@ __global__ void __launch_bounds__(kElemThreads)
 
 template <typename T, typename I>
 __global__ void __launch_bounds__(kElemThreads)
-    scatter_add_kernel(T* __restrict__ out, const I* __restrict__ idx, const T* __restrict__ src, int64_t numel,
-                       OffsetCalc<3> calc, int64_t out_dim_stride) {
+    scatter_add_kernel(T* __restrict__ out, const I* __restrict__ idx, const T* __restrict__ src,
+                       int64_t numel, OffsetCalc<3> calc, int64_t out_dim_stride) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < numel; i += stride) {
     int64_t off[3];
@@ -118,8 +119,8 @@ __global__ void __launch_bounds__(kElemThreads)
 
 template <typename U>
 __global__ void __launch_bounds__(kElemThreads)
-    trilu_kernel(const U* __restrict__ x, U* __restrict__ out, int64_t total, int64_t rows, int64_t cols,
-                 int64_t diagonal, bool upper) {
+    trilu_kernel(const U* __restrict__ x, U* __restrict__ out, int64_t total, int64_t rows,
+                 int64_t cols, int64_t diagonal, bool upper) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += stride) {
     const int64_t j = t % cols, i = (t / cols) % rows;
@@ -130,8 +131,9 @@ __global__ void __launch_bounds__(kElemThreads)
 
 }  // namespace
 
-void launch_check_indices(Code idx_t, const void* index, int64_t n, int64_t size, bool has_ignore, int64_t ignore,
-                          unsigned long long* result, int max_blocks, cudaStream_t stream) {
+void launch_check_indices(Code idx_t, const void* index, int64_t n, int64_t size, bool has_ignore,
+                          int64_t ignore, unsigned long long* result, int max_blocks,
+                          cudaStream_t stream) {
   dispatch_index(idx_t, [&]<typename I>() {
     check_indices_kernel<I><<<grid_for(n, kElemThreads, max_blocks), kElemThreads, 0, stream>>>(
         static_cast<const I*>(index), n, size, has_ignore, ignore, result);
@@ -139,56 +141,61 @@ void launch_check_indices(Code idx_t, const void* index, int64_t n, int64_t size
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_index_select(int elem_size, const void* x, Code idx_t, const void* index, int64_t outer, int64_t n,
-                         int64_t inner, int64_t k, void* out, cudaStream_t stream) {
+void launch_index_select(int elem_size, const void* x, Code idx_t, const void* index, int64_t outer,
+                         int64_t n, int64_t inner, int64_t k, void* out, cudaStream_t stream) {
   const int threads = inner >= 256 ? 256 : (inner >= 64 ? 64 : 32);
   dispatch_bytes(elem_size, [&]<typename U>() {
     dispatch_index(idx_t, [&]<typename I>() {
       index_select_kernel<U, I><<<unsigned(outer * k), threads, 0, stream>>>(
-          static_cast<const U*>(x), static_cast<const I*>(index), n, inner, k, static_cast<U*>(out));
+          static_cast<const U*>(x), static_cast<const I*>(index), n, inner, k,
+          static_cast<U*>(out));
     });
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_index_add(Code t, void* out, Code idx_t, const void* index, const void* src, int64_t outer,
-                      int64_t n, int64_t inner, int64_t k, cudaStream_t stream) {
+void launch_index_add(Code t, void* out, Code idx_t, const void* index, const void* src,
+                      int64_t outer, int64_t n, int64_t inner, int64_t k, cudaStream_t stream) {
   const int threads = inner >= 256 ? 256 : (inner >= 64 ? 64 : 32);
   dispatch_code(t, [&]<typename T>() {
     dispatch_index(idx_t, [&]<typename I>() {
       index_add_kernel<T, I><<<unsigned(outer * k), threads, 0, stream>>>(
-          static_cast<T*>(out), static_cast<const I*>(index), static_cast<const T*>(src), n, inner, k);
+          static_cast<T*>(out), static_cast<const I*>(index), static_cast<const T*>(src), n, inner,
+          k);
     });
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_gather(int elem_size, const void* x, Code idx_t, const void* index, void* out, int64_t numel,
-                   const OffsetCalc<3>& calc, int64_t x_dim_stride, int max_blocks, cudaStream_t stream) {
+void launch_gather(int elem_size, const void* x, Code idx_t, const void* index, void* out,
+                   int64_t numel, const OffsetCalc<3>& calc, int64_t x_dim_stride, int max_blocks,
+                   cudaStream_t stream) {
   dispatch_bytes(elem_size, [&]<typename U>() {
     dispatch_index(idx_t, [&]<typename I>() {
       gather_kernel<U, I><<<grid_for(numel, kElemThreads, max_blocks), kElemThreads, 0, stream>>>(
-          static_cast<const U*>(x), static_cast<const I*>(index), static_cast<U*>(out), numel, calc, x_dim_stride,
-          INT64_MAX);
+          static_cast<const U*>(x), static_cast<const I*>(index), static_cast<U*>(out), numel, calc,
+          x_dim_stride, INT64_MAX);
     });
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_scatter_add(Code t, void* out, Code idx_t, const void* index, const void* src, int64_t numel,
-                        const OffsetCalc<3>& calc, int64_t out_dim_stride, int max_blocks, cudaStream_t stream) {
+void launch_scatter_add(Code t, void* out, Code idx_t, const void* index, const void* src,
+                        int64_t numel, const OffsetCalc<3>& calc, int64_t out_dim_stride,
+                        int max_blocks, cudaStream_t stream) {
   dispatch_code(t, [&]<typename T>() {
     dispatch_index(idx_t, [&]<typename I>() {
-      scatter_add_kernel<T, I><<<grid_for(numel, kElemThreads, max_blocks), kElemThreads, 0, stream>>>(
-          static_cast<T*>(out), static_cast<const I*>(index), static_cast<const T*>(src), numel, calc,
-          out_dim_stride);
+      scatter_add_kernel<T, I>
+          <<<grid_for(numel, kElemThreads, max_blocks), kElemThreads, 0, stream>>>(
+              static_cast<T*>(out), static_cast<const I*>(index), static_cast<const T*>(src), numel,
+              calc, out_dim_stride);
     });
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_trilu(int elem_size, const void* x, void* out, int64_t batch, int64_t rows, int64_t cols,
-                  int64_t diagonal, bool upper, int max_blocks, cudaStream_t stream) {
+void launch_trilu(int elem_size, const void* x, void* out, int64_t batch, int64_t rows,
+                  int64_t cols, int64_t diagonal, bool upper, int max_blocks, cudaStream_t stream) {
   const int64_t total = batch * rows * cols;
   dispatch_bytes(elem_size, [&]<typename U>() {
     trilu_kernel<U><<<grid_for(total, kElemThreads, max_blocks), kElemThreads, 0, stream>>>(

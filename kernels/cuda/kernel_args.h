@@ -14,7 +14,16 @@
 namespace accel::cuda {
 
 // Element type codes; values equal accel::DType's (checked with static_assert in common.h).
-enum class Code : uint8_t { F32 = 0, F64 = 1, F16 = 2, BF16 = 3, I32 = 4, I64 = 5, U8 = 6, Bool = 7 };
+enum class Code : uint8_t {
+  F32 = 0,
+  F64 = 1,
+  F16 = 2,
+  BF16 = 3,
+  I32 = 4,
+  I64 = 5,
+  U8 = 6,
+  Bool = 7
+};
 
 // Rank limit after coalescing contiguous dims; training tensors use at most 5.
 constexpr int kMaxElemDims = 10;
@@ -51,14 +60,14 @@ struct OffsetCalc {
   int64_t strides[kMaxElemDims][N];
 
   ACCEL_HD void get(uint32_t linear, int64_t* off) const {
-ACCEL_UNROLL
+    ACCEL_UNROLL
     for (int k = 0; k < N; ++k) off[k] = 0;
-ACCEL_UNROLL
+    ACCEL_UNROLL
     for (int d = 0; d < kMaxElemDims; ++d) {
       if (d == ndim) break;
       const uint32_t q = sizes[d].div(linear);
       const uint32_t r = linear - q * sizes[d].divisor;
-ACCEL_UNROLL
+      ACCEL_UNROLL
       for (int k = 0; k < N; ++k) off[k] += int64_t(r) * strides[d][k];
       linear = q;
     }

@@ -19,12 +19,12 @@ namespace accel::cuda {
 void launch_unary(UOp op, double p0, double p1, Code in_t, Code out_t, Layout layout, int vec,
                   const void* in, void* out, int64_t n, const OffsetCalc<2>& calc, int max_blocks,
                   cudaStream_t stream);
-void launch_binary(BOp op, double alpha, Code in_t, Code out_t, Layout layout, int vec, const void* a,
-                   const void* b, void* out, int64_t n, const OffsetCalc<3>& calc, int max_blocks,
-                   cudaStream_t stream);
+void launch_binary(BOp op, double alpha, Code in_t, Code out_t, Layout layout, int vec,
+                   const void* a, const void* b, void* out, int64_t n, const OffsetCalc<3>& calc,
+                   int max_blocks, cudaStream_t stream);
 // out = cond ? a : b, all through calc (operands: out, cond, a, b).
-void launch_where(int elem_size, const void* cond, const void* a, const void* b, void* out, int64_t n,
-                  const OffsetCalc<4>& calc, int max_blocks, cudaStream_t stream);
+void launch_where(int elem_size, const void* cond, const void* a, const void* b, void* out,
+                  int64_t n, const OffsetCalc<4>& calc, int max_blocks, cudaStream_t stream);
 // Same dtype, strided (operands: dst, src).
 void launch_copy_strided(int elem_size, void* dst, const void* src, int64_t n,
                          const OffsetCalc<2>& calc, int max_blocks, cudaStream_t stream);
@@ -41,10 +41,12 @@ void launch_fill(int elem_size, uint64_t bits, void* dst, int64_t n, const Offse
 // accumulator code) and reduces it with a second call. mean_div > 0: divide the result by it.
 // Arg ops write int64 indices and need splits == 1.
 void launch_reduce_rows(ROp op, Code in_t, const void* x, int64_t rows, int64_t n, int64_t splits,
-                        int64_t chunk, Code out_t, void* out, int64_t mean_div, cudaStream_t stream);
+                        int64_t chunk, Code out_t, void* out, int64_t mean_div,
+                        cudaStream_t stream);
 // Sum over the leading dim: x: (n, cols) contiguous -> out (splits, cols); same contract.
 void launch_reduce_cols(Code in_t, const void* x, int64_t n, int64_t cols, int64_t splits,
-                        int64_t chunk, Code out_t, void* out, int64_t mean_div, cudaStream_t stream);
+                        int64_t chunk, Code out_t, void* out, int64_t mean_div,
+                        cudaStream_t stream);
 
 // ---- fused optimizer step (optim.cu) ----
 using AdamScalars = common::AdamScalars;  // kernels/common/optim.h
@@ -54,43 +56,47 @@ void launch_adam(Code param_t, Code state_t, void* p, const void* g, void* m, vo
 
 // ---- softmax, norms, losses (nn.cu); floating types only, rows contiguous ----
 // x: (outer, n, inner) around the softmax dim.
-void launch_softmax(Code t, const void* x, void* y, int64_t outer, int64_t n, int64_t inner, bool log,
-                    int max_blocks, cudaStream_t stream);
-void launch_softmax_backward(Code t, const void* grad, const void* y, void* dx, int64_t outer, int64_t n,
-                             int64_t inner, bool log, int max_blocks, cudaStream_t stream);
-// x: (rows, n); weight/bias (n) or null; mean (null for rms) and rstd: (rows) in the accumulate type.
-void launch_norm_forward(Code t, bool rms, const void* x, const void* weight, const void* bias, int64_t rows,
-                         int64_t n, double eps, void* y, void* mean, void* rstd, cudaStream_t stream);
-void launch_norm_backward_dx(Code t, bool rms, const void* grad, const void* x, const void* mean,
-                             const void* rstd, const void* weight, int64_t rows, int64_t n, void* dx,
+void launch_softmax(Code t, const void* x, void* y, int64_t outer, int64_t n, int64_t inner,
+                    bool log, int max_blocks, cudaStream_t stream);
+void launch_softmax_backward(Code t, const void* grad, const void* y, void* dx, int64_t outer,
+                             int64_t n, int64_t inner, bool log, int max_blocks,
                              cudaStream_t stream);
+// x: (rows, n); weight/bias (n) or null; mean (null for rms) and rstd: (rows) in the accumulate
+// type.
+void launch_norm_forward(Code t, bool rms, const void* x, const void* weight, const void* bias,
+                         int64_t rows, int64_t n, double eps, void* y, void* mean, void* rstd,
+                         cudaStream_t stream);
+void launch_norm_backward_dx(Code t, bool rms, const void* grad, const void* x, const void* mean,
+                             const void* rstd, const void* weight, int64_t rows, int64_t n,
+                             void* dx, cudaStream_t stream);
 // dweight = sum_rows grad * xhat, dbias = sum_rows grad (either may be null); `partial` is an
 // accumulate-type workspace of (splits, 2, n).
-void launch_norm_backward_params(Code t, const void* grad, const void* x, const void* mean, const void* rstd,
-                                 int64_t rows, int64_t n, int64_t splits, void* partial, void* dweight,
-                                 void* dbias, cudaStream_t stream);
-// logits: (rows, classes); target: (rows) of idx_t; loss (rows) in t; lse (rows) in the accumulate type.
+void launch_norm_backward_params(Code t, const void* grad, const void* x, const void* mean,
+                                 const void* rstd, int64_t rows, int64_t n, int64_t splits,
+                                 void* partial, void* dweight, void* dbias, cudaStream_t stream);
+// logits: (rows, classes); target: (rows) of idx_t; loss (rows) in t; lse (rows) in the accumulate
+// type.
 void launch_cross_entropy(Code t, Code idx_t, const void* logits, const void* target, int64_t rows,
-                          int64_t classes, int64_t ignore_index, double label_smoothing, void* loss, void* lse,
-                          cudaStream_t stream);
-void launch_cross_entropy_backward(Code t, Code idx_t, const void* grad, bool grad_per_row, const void* logits,
-                                   const void* target, const void* lse, int64_t rows, int64_t classes,
-                                   int64_t ignore_index, double label_smoothing, void* dlogits,
-                                   cudaStream_t stream);
-void launch_nll_loss(Code t, Code idx_t, const void* log_probs, const void* target, int64_t rows, int64_t classes,
-                     int64_t ignore_index, void* loss, cudaStream_t stream);
+                          int64_t classes, int64_t ignore_index, double label_smoothing, void* loss,
+                          void* lse, cudaStream_t stream);
+void launch_cross_entropy_backward(Code t, Code idx_t, const void* grad, bool grad_per_row,
+                                   const void* logits, const void* target, const void* lse,
+                                   int64_t rows, int64_t classes, int64_t ignore_index,
+                                   double label_smoothing, void* dlogits, cudaStream_t stream);
+void launch_nll_loss(Code t, Code idx_t, const void* log_probs, const void* target, int64_t rows,
+                     int64_t classes, int64_t ignore_index, void* loss, cudaStream_t stream);
 // dlog_probs must be zeroed by the caller.
-void launch_nll_loss_backward(Code t, Code idx_t, const void* grad, bool grad_per_row, const void* target,
-                              int64_t rows, int64_t classes, int64_t ignore_index, void* dlog_probs,
-                              cudaStream_t stream);
+void launch_nll_loss_backward(Code t, Code idx_t, const void* grad, bool grad_per_row,
+                              const void* target, int64_t rows, int64_t classes,
+                              int64_t ignore_index, void* dlog_probs, cudaStream_t stream);
 
 // ---- attention softmax (nn.cu): rows of a contiguous (B, H, T, S) buffer ----
 // In place: p = softmax(scale * p) over each row, entries j > i (i = row % T) set to 0 when causal.
-void launch_sdpa_softmax(Code t, void* p, int64_t rows, int64_t T, int64_t S, double scale, bool causal,
-                         cudaStream_t stream);
+void launch_sdpa_softmax(Code t, void* p, int64_t rows, int64_t T, int64_t S, double scale,
+                         bool causal, cudaStream_t stream);
 // In place: dp = scale * p * (dp - rowsum(dp * p)).
-void launch_sdpa_softmax_backward(Code t, void* dp, const void* p, int64_t rows, int64_t S, double scale,
-                                  cudaStream_t stream);
+void launch_sdpa_softmax_backward(Code t, void* dp, const void* p, int64_t rows, int64_t S,
+                                  double scale, cudaStream_t stream);
 
 // ---- 2-D pooling (nn.cu), NCHW contiguous; planes = N * C ----
 struct PoolArgs {
@@ -98,34 +104,37 @@ struct PoolArgs {
   bool count_include_pad;
 };
 // Max: idx (may be null) gets the argmax as a flat index in the plane (-1: empty window).
-void launch_pool_forward(Code t, bool max, const PoolArgs& a, const void* x, void* y, int32_t* idx, int max_blocks,
-                         cudaStream_t stream);
+void launch_pool_forward(Code t, bool max, const PoolArgs& a, const void* x, void* y, int32_t* idx,
+                         int max_blocks, cudaStream_t stream);
 // gx must be zeroed by the caller; contributions are added atomically.
-void launch_pool_backward(Code t, bool max, const PoolArgs& a, const void* gy, const int32_t* idx, void* gx,
-                          int max_blocks, cudaStream_t stream);
+void launch_pool_backward(Code t, bool max, const PoolArgs& a, const void* gy, const int32_t* idx,
+                          void* gx, int max_blocks, cudaStream_t stream);
 
 // ---- indexing (index.cu) ----
 // result[0] = smallest position p with index[p] outside [0, size) (ignoring `ignore` when
 // has_ignore), UINT64_MAX if none; result[1] += count of entries != ignore. The caller sets
 // result to {UINT64_MAX, 0} first.
-void launch_check_indices(Code idx_t, const void* index, int64_t n, int64_t size, bool has_ignore, int64_t ignore,
-                          unsigned long long* result, int max_blocks, cudaStream_t stream);
+void launch_check_indices(Code idx_t, const void* index, int64_t n, int64_t size, bool has_ignore,
+                          int64_t ignore, unsigned long long* result, int max_blocks,
+                          cudaStream_t stream);
 // out[o, j, :] = x[o, index[j], :] -- x (outer, n, inner), out (outer, k, inner).
-void launch_index_select(int elem_size, const void* x, Code idx_t, const void* index, int64_t outer, int64_t n,
-                         int64_t inner, int64_t k, void* out, cudaStream_t stream);
+void launch_index_select(int elem_size, const void* x, Code idx_t, const void* index, int64_t outer,
+                         int64_t n, int64_t inner, int64_t k, void* out, cudaStream_t stream);
 // out[o, index[j], :] += src[o, j, :] (atomic: duplicates accumulate).
-void launch_index_add(Code t, void* out, Code idx_t, const void* index, const void* src, int64_t outer,
-                      int64_t n, int64_t inner, int64_t k, cudaStream_t stream);
+void launch_index_add(Code t, void* out, Code idx_t, const void* index, const void* src,
+                      int64_t outer, int64_t n, int64_t inner, int64_t k, cudaStream_t stream);
 // Operands of calc: 0 = out (contiguous, index shape), 1 = index, 2 = x with the gather dim's
 // stride set to 0; x_dim_stride is that stride. out[i] = x[off2 + index[i] * x_dim_stride].
-void launch_gather(int elem_size, const void* x, Code idx_t, const void* index, void* out, int64_t numel,
-                   const OffsetCalc<3>& calc, int64_t x_dim_stride, int max_blocks, cudaStream_t stream);
+void launch_gather(int elem_size, const void* x, Code idx_t, const void* index, void* out,
+                   int64_t numel, const OffsetCalc<3>& calc, int64_t x_dim_stride, int max_blocks,
+                   cudaStream_t stream);
 // Operands of calc: 0 = index, 1 = out with the dim's stride set to 0, 2 = src.
 // out[off1 + index[i] * out_dim_stride] += src[off2] (atomic).
-void launch_scatter_add(Code t, void* out, Code idx_t, const void* index, const void* src, int64_t numel,
-                        const OffsetCalc<3>& calc, int64_t out_dim_stride, int max_blocks, cudaStream_t stream);
+void launch_scatter_add(Code t, void* out, Code idx_t, const void* index, const void* src,
+                        int64_t numel, const OffsetCalc<3>& calc, int64_t out_dim_stride,
+                        int max_blocks, cudaStream_t stream);
 // x, out: (batch, rows, cols) contiguous; keeps j - i <= diagonal (tril) or >= diagonal (triu).
-void launch_trilu(int elem_size, const void* x, void* out, int64_t batch, int64_t rows, int64_t cols,
-                  int64_t diagonal, bool upper, int max_blocks, cudaStream_t stream);
+void launch_trilu(int elem_size, const void* x, void* out, int64_t batch, int64_t rows,
+                  int64_t cols, int64_t diagonal, bool upper, int max_blocks, cudaStream_t stream);
 
 }  // namespace accel::cuda

@@ -22,8 +22,8 @@ namespace accel::cuda {
 // ---------------- errors, modes, handles ----------------
 
 void throw_cublas_error(cublasStatus_t st, const char* call, const char* file, int line) {
-  ACCEL_THROW(Error, "cublas", call, " failed: ", cublasGetStatusName(st), ": ", cublasGetStatusString(st), " (",
-              file, ":", line, ")");
+  ACCEL_THROW(Error, "cublas", call, " failed: ", cublasGetStatusName(st), ": ",
+              cublasGetStatusString(st), " (", file, ":", line, ")");
 }
 
 namespace {
@@ -114,7 +114,8 @@ cudaDataType_t blas_type(DType t) {
     case DType::BFloat16: return CUDA_R_16BF;
     default: break;
   }
-  ACCEL_THROW(DTypeError, "matmul", "CUDA matmul supports float32, float64, float16, bfloat16; got ", t);
+  ACCEL_THROW(DTypeError, "matmul",
+              "CUDA matmul supports float32, float64, float16, bfloat16; got ", t);
 }
 
 // Largest power of two (<= 256) dividing the address and every batch step in bytes.
@@ -146,26 +147,34 @@ struct LtPlan {
 
 void set_batch(cublasLtMatrixLayout_t l, int32_t count, int64_t stride) {
   if (count <= 1) return;
-  ACCEL_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
-  ACCEL_CUBLAS_CHECK(
-      cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+  ACCEL_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                      sizeof(count)));
+  ACCEL_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+      l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
 }
 
-LtPlan make_plan(DType dt, const BlasOperands& o, int64_t m, int64_t n, int64_t k, int32_t batch, int64_t sa,
-                 int64_t sb, int64_t sd, bool bias, bool tf32, const int64_t* align) {
+LtPlan make_plan(DType dt, const BlasOperands& o, int64_t m, int64_t n, int64_t k, int32_t batch,
+                 int64_t sa, int64_t sb, int64_t sd, bool bias, bool tf32, const int64_t* align) {
   LtPlan p;
   const cudaDataType_t t = blas_type(dt);
-  const cublasComputeType_t ct = (dt == kFloat32 && tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t ct =
+      (dt == kFloat32 && tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   ACCEL_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, ct, CUDA_R_32F));
-  ACCEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &o.op_a, sizeof(o.op_a)));
-  ACCEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &o.op_b, sizeof(o.op_b)));
+  ACCEL_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &o.op_a, sizeof(o.op_a)));
+  ACCEL_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &o.op_b, sizeof(o.op_b)));
   if (bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    ACCEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    ACCEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof(t)));
+    ACCEL_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    ACCEL_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof(t)));
   }
-  ACCEL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.la, t, uint64_t(o.rows_a), uint64_t(o.cols_a), o.ld_a));
-  ACCEL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.lb, t, uint64_t(o.rows_b), uint64_t(o.cols_b), o.ld_b));
+  ACCEL_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&p.la, t, uint64_t(o.rows_a), uint64_t(o.cols_a), o.ld_a));
+  ACCEL_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&p.lb, t, uint64_t(o.rows_b), uint64_t(o.cols_b), o.ld_b));
   ACCEL_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.ld, t, uint64_t(m), uint64_t(n), m));
   set_batch(p.la, batch, sa);
   set_batch(p.lb, batch, sb);
@@ -175,8 +184,8 @@ LtPlan make_plan(DType dt, const BlasOperands& o, int64_t m, int64_t n, int64_t 
   cublasLtMatmulPreference_t pref = nullptr;
   ACCEL_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t ws = kWorkspaceBytes;
-  ACCEL_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  ACCEL_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -186,8 +195,8 @@ LtPlan make_plan(DType dt, const BlasOperands& o, int64_t m, int64_t n, int64_t 
   }
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), p.desc, p.la, p.lb, p.ld, p.ld, pref, 1, &res, &found);
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(), p.desc, p.la, p.lb,
+                                                           p.ld, p.ld, pref, 1, &res, &found);
   (void)cublasLtMatmulPreferenceDestroy(pref);
   if (st == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
     p.algo = res.algo;
@@ -196,12 +205,29 @@ LtPlan make_plan(DType dt, const BlasOperands& o, int64_t m, int64_t n, int64_t 
   return p;
 }
 
-LtPlan& lt_plan(DType dt, const BlasOperands& o, int64_t m, int64_t n, int64_t k, int32_t batch, int64_t sa,
-                int64_t sb, int64_t sd, bool bias, const int64_t* align) {
+LtPlan& lt_plan(DType dt, const BlasOperands& o, int64_t m, int64_t n, int64_t k, int32_t batch,
+                int64_t sa, int64_t sb, int64_t sd, bool bias, const int64_t* align) {
   const bool tf32 = allow_tf32();
-  LtKey key{{int64_t(dt), int64_t(o.op_a), int64_t(o.op_b), o.rows_a, o.cols_a, o.ld_a, o.rows_b, o.cols_b,
-             o.ld_b, m, n, k, batch, sa, sb, sd, int64_t(bias) | (int64_t(tf32) << 1) | (current_device() << 2),
-             align[0] | (align[1] << 16), align[2] | (align[3] << 16), 0}};
+  LtKey key{{int64_t(dt),
+             int64_t(o.op_a),
+             int64_t(o.op_b),
+             o.rows_a,
+             o.cols_a,
+             o.ld_a,
+             o.rows_b,
+             o.cols_b,
+             o.ld_b,
+             m,
+             n,
+             k,
+             batch,
+             sa,
+             sb,
+             sd,
+             int64_t(bias) | (int64_t(tf32) << 1) | (current_device() << 2),
+             align[0] | (align[1] << 16),
+             align[2] | (align[3] << 16),
+             0}};
   // Plans hold host-side descriptors only; one cache per thread avoids a lock per call.
   thread_local std::unordered_map<LtKey, LtPlan, LtKeyHash> cache;
   auto it = cache.find(key);
@@ -213,24 +239,25 @@ LtPlan& lt_plan(DType dt, const BlasOperands& o, int64_t m, int64_t n, int64_t k
 
 // One (optionally strided-batched) GEMM: out = a @ b (+ bias when `bias`), pointers at batch 0.
 // False when a fused bias was asked for but cuBLASLt has no algorithm (nothing was queued).
-bool gemm(DType dt, const Geometry& g, const BlasOperands& o, const void* pa, const void* pb, const void* bias,
-          void* po, int32_t batch, int64_t sa, int64_t sb, int64_t so, bool accumulate) {
+bool gemm(DType dt, const Geometry& g, const BlasOperands& o, const void* pa, const void* pb,
+          const void* bias, void* po, int32_t batch, int64_t sa, int64_t sb, int64_t so,
+          bool accumulate) {
   const int64_t es = int64_t(dtype_size(dt));
   if (dt != kFloat64) {
-    const int64_t align[4] = {alignment(pb, sb * es), alignment(pa, sa * es), alignment(po, so * es),
-                              alignment(po, so * es)};
+    const int64_t align[4] = {alignment(pb, sb * es), alignment(pa, sa * es),
+                              alignment(po, so * es), alignment(po, so * es)};
     LtPlan& plan = lt_plan(dt, o, g.n, g.m, g.k, batch, sb, sa, so, bias != nullptr, align);
     if (plan.ok) {
       if (bias) {
-        ACCEL_CUBLAS_CHECK(
-            cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        ACCEL_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+            plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
       }
       const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
       size_t ws_bytes = 0;
       void* ws = blas_workspace(&ws_bytes);
-      ACCEL_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan.desc, &alpha, pb, plan.la, pa, plan.lb, &beta, po,
-                                        plan.ld, po, plan.ld, &plan.algo, ws, ws_bytes,
-                                        current_stream().handle()));
+      ACCEL_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(), plan.desc, &alpha, pb, plan.la, pa,
+                                        plan.lb, &beta, po, plan.ld, po, plan.ld, &plan.algo, ws,
+                                        ws_bytes, current_stream().handle()));
       return true;
     }
   }
@@ -238,18 +265,20 @@ bool gemm(DType dt, const Geometry& g, const BlasOperands& o, const void* pa, co
   if (bias) return false;
   ACCEL_CHECK(g.m <= INT32_MAX && g.n <= INT32_MAX && g.k <= INT32_MAX && o.ld_a <= INT32_MAX &&
                   o.ld_b <= INT32_MAX,
-              ShapeError, "matmul", "matrix too large for cuBLAS: (", g.m, ", ", g.k, ") @ (", g.k, ", ", g.n, ")");
+              ShapeError, "matmul", "matrix too large for cuBLAS: (", g.m, ", ", g.k, ") @ (", g.k,
+              ", ", g.n, ")");
   const cudaDataType_t t = blas_type(dt);
   const double alpha64 = 1.0, beta64 = accumulate ? 1.0 : 0.0;
   const float alpha32 = 1.0f, beta32 = accumulate ? 1.0f : 0.0f;
   const bool f64 = dt == kFloat64;
-  const cublasComputeType_t ct = f64 ? CUBLAS_COMPUTE_64F
-                                     : ((dt == kFloat32 && allow_tf32()) ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                                         : CUBLAS_COMPUTE_32F);
+  const cublasComputeType_t ct =
+      f64 ? CUBLAS_COMPUTE_64F
+          : ((dt == kFloat32 && allow_tf32()) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
   ACCEL_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      cublas_handle(), o.op_a, o.op_b, int(g.n), int(g.m), int(g.k), f64 ? static_cast<const void*>(&alpha64) : &alpha32,
-      pb, t, int(o.ld_a), sb, pa, t, int(o.ld_b), sa, f64 ? static_cast<const void*>(&beta64) : &beta32, po, t,
-      int(g.n), so, batch, ct, CUBLAS_GEMM_DEFAULT));
+      cublas_handle(), o.op_a, o.op_b, int(g.n), int(g.m), int(g.k),
+      f64 ? static_cast<const void*>(&alpha64) : &alpha32, pb, t, int(o.ld_a), sb, pa, t,
+      int(o.ld_b), sa, f64 ? static_cast<const void*>(&beta64) : &beta32, po, t, int(g.n), so,
+      batch, ct, CUBLAS_GEMM_DEFAULT));
   return true;
 }
 
@@ -282,7 +311,8 @@ void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in
   (void)blas_type(out.dtype());
   const Tensor a = is_canonical(a_in) ? a_in : copy_contiguous(a_in);
   const Tensor b = is_canonical(b_in) ? b_in : copy_contiguous(b_in);
-  const Tensor bias = !bias_in.defined() || bias_in.is_contiguous() ? bias_in : copy_contiguous(bias_in);
+  const Tensor bias =
+      !bias_in.defined() || bias_in.is_contiguous() ? bias_in : copy_contiguous(bias_in);
   const Geometry g = matmul_batch_geometry(a, b, out);
   const BlasOperands o = blas_operands(g);
   const DType dt = out.dtype();
@@ -320,7 +350,8 @@ void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in
       bo += idx[d] * g.b_stride[d];
       oo += idx[d] * g.out_stride[d];
     }
-    gemm(dt, g, o, pa + ao * es, pb + bo * es, nullptr, po + oo * es, batch, sa, sb, so, accumulate);
+    gemm(dt, g, o, pa + ao * es, pb + bo * es, nullptr, po + oo * es, batch, sa, sb, so,
+         accumulate);
     for (int d = outer - 1; d >= 0; --d) {
       if (++idx[d] < g.out_size[d]) break;
       idx[d] = 0;

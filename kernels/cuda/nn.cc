@@ -16,7 +16,8 @@ void assert_float(const Tensor& t, const char*) { ACCEL_INTERNAL_ASSERT(is_float
 
 // Every defined tensor contiguous and on `d`.
 void assert_contract(std::initializer_list<const Tensor*> ts, Device d, const char*) {
-  for (const Tensor* t : ts) ACCEL_INTERNAL_ASSERT(!t->defined() || (t->device() == d && t->is_contiguous()));
+  for (const Tensor* t : ts)
+    ACCEL_INTERNAL_ASSERT(!t->defined() || (t->device() == d && t->is_contiguous()));
 }
 
 const void* ptr(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
@@ -32,19 +33,22 @@ void softmax_kernel(const Tensor& x, int64_t dim, bool log, Tensor& y) {
                  max_blocks(x.device().index), current_stream().handle());
 }
 
-void softmax_backward_kernel(const Tensor& grad, const Tensor& y, int64_t dim, bool log, Tensor& dx) {
+void softmax_backward_kernel(const Tensor& grad, const Tensor& y, int64_t dim, bool log,
+                             Tensor& dx) {
   const char* op = log ? "log_softmax_backward" : "softmax_backward";
   assert_float(y, op);
   assert_contract({&grad, &y, &dx}, y.device(), op);
   if (y.numel() == 0) return;
   const common::RowGeometry g = common::row_geometry(y.sizes(), dim);
   DeviceGuard guard(y.device());
-  launch_softmax_backward(code_of(y.dtype()), grad.data_ptr(), y.data_ptr(), dx.data_ptr(), g.outer, g.n, g.inner,
-                          log, max_blocks(y.device().index), current_stream().handle());
+  launch_softmax_backward(code_of(y.dtype()), grad.data_ptr(), y.data_ptr(), dx.data_ptr(), g.outer,
+                          g.n, g.inner, log, max_blocks(y.device().index),
+                          current_stream().handle());
 }
 
-void norm_forward(const char* op, bool rms, const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t n,
-                  double eps, Tensor& y, Tensor* mean, Tensor& rstd) {
+void norm_forward(const char* op, bool rms, const Tensor& x, const Tensor& weight,
+                  const Tensor& bias, int64_t n, double eps, Tensor& y, Tensor* mean,
+                  Tensor& rstd) {
   assert_float(x, op);
   assert_contract({&x, &weight, &bias, &y, &rstd}, x.device(), op);
   const DType acc = acc_dtype(x.dtype());
@@ -52,8 +56,9 @@ void norm_forward(const char* op, bool rms, const Tensor& x, const Tensor& weigh
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
   if (rows == 0) return;
   DeviceGuard guard(x.device());
-  launch_norm_forward(code_of(x.dtype()), rms, x.data_ptr(), ptr(weight), rms ? nullptr : ptr(bias), rows, n, eps,
-                      y.data_ptr(), mean ? mean->data_ptr() : nullptr, rstd.data_ptr(), current_stream().handle());
+  launch_norm_forward(code_of(x.dtype()), rms, x.data_ptr(), ptr(weight), rms ? nullptr : ptr(bias),
+                      rows, n, eps, y.data_ptr(), mean ? mean->data_ptr() : nullptr,
+                      rstd.data_ptr(), current_stream().handle());
 }
 
 // Rows per split of the dweight/dbias column sums: enough splits to fill the GPU, each long
@@ -61,8 +66,9 @@ void norm_forward(const char* op, bool rms, const Tensor& x, const Tensor& weigh
 constexpr int64_t kRowsPerSplit = 128;
 constexpr int64_t kMaxSplits = 512;
 
-void norm_backward(const char* op, bool rms, const Tensor& grad, const Tensor& x, const Tensor* mean,
-                   const Tensor& rstd, const Tensor& weight, int64_t n, Tensor& dx, Tensor& dweight, Tensor* dbias) {
+void norm_backward(const char* op, bool rms, const Tensor& grad, const Tensor& x,
+                   const Tensor* mean, const Tensor& rstd, const Tensor& weight, int64_t n,
+                   Tensor& dx, Tensor& dweight, Tensor* dbias) {
   assert_float(x, op);
   assert_contract({&grad, &x, &rstd, &weight, &dx, &dweight}, x.device(), op);
   if (dbias) assert_contract({dbias}, x.device(), op);
@@ -72,8 +78,8 @@ void norm_backward(const char* op, bool rms, const Tensor& grad, const Tensor& x
   const Code t = code_of(x.dtype());
   const void* mp = mean ? mean->data_ptr() : nullptr;
   if (rows > 0 && dx.defined()) {
-    launch_norm_backward_dx(t, rms, grad.data_ptr(), x.data_ptr(), mp, rstd.data_ptr(), ptr(weight), rows, n,
-                            dx.data_ptr(), s);
+    launch_norm_backward_dx(t, rms, grad.data_ptr(), x.data_ptr(), mp, rstd.data_ptr(), ptr(weight),
+                            rows, n, dx.data_ptr(), s);
   }
   const bool want_dw = dweight.defined(), want_db = dbias && dbias->defined();
   if (!want_dw && !want_db) return;
@@ -82,49 +88,54 @@ void norm_backward(const char* op, bool rms, const Tensor& grad, const Tensor& x
     if (want_db) dbias->zero_();
     return;
   }
-  const int64_t splits = std::clamp<int64_t>((rows + kRowsPerSplit - 1) / kRowsPerSplit, 1, kMaxSplits);
+  const int64_t splits =
+      std::clamp<int64_t>((rows + kRowsPerSplit - 1) / kRowsPerSplit, 1, kMaxSplits);
   Tensor partial = empty({splits, 2, n}, TensorOptions(acc_dtype(x.dtype()), x.device()));
-  launch_norm_backward_params(t, grad.data_ptr(), x.data_ptr(), mp, rstd.data_ptr(), rows, n, splits,
-                              partial.data_ptr(), want_dw ? dweight.data_ptr() : nullptr,
+  launch_norm_backward_params(t, grad.data_ptr(), x.data_ptr(), mp, rstd.data_ptr(), rows, n,
+                              splits, partial.data_ptr(), want_dw ? dweight.data_ptr() : nullptr,
                               want_db ? dbias->data_ptr() : nullptr, s);
 }
 
-void layer_norm_kernel(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t n, double eps, Tensor& y,
-                       Tensor& mean, Tensor& rstd) {
+void layer_norm_kernel(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t n,
+                       double eps, Tensor& y, Tensor& mean, Tensor& rstd) {
   norm_forward("layer_norm", false, x, weight, bias, n, eps, y, &mean, rstd);
 }
 
-void layer_norm_backward_kernel(const Tensor& grad, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                                const Tensor& weight, int64_t n, Tensor& dx, Tensor& dweight, Tensor& dbias) {
+void layer_norm_backward_kernel(const Tensor& grad, const Tensor& x, const Tensor& mean,
+                                const Tensor& rstd, const Tensor& weight, int64_t n, Tensor& dx,
+                                Tensor& dweight, Tensor& dbias) {
   norm_backward("layer_norm_backward", false, grad, x, &mean, rstd, weight, n, dx, dweight, &dbias);
 }
 
-void rms_norm_kernel(const Tensor& x, const Tensor& weight, int64_t n, double eps, Tensor& y, Tensor& rstd) {
+void rms_norm_kernel(const Tensor& x, const Tensor& weight, int64_t n, double eps, Tensor& y,
+                     Tensor& rstd) {
   norm_forward("rms_norm", true, x, weight, Tensor(), n, eps, y, nullptr, rstd);
 }
 
-void rms_norm_backward_kernel(const Tensor& grad, const Tensor& x, const Tensor& rstd, const Tensor& weight,
-                              int64_t n, Tensor& dx, Tensor& dweight) {
+void rms_norm_backward_kernel(const Tensor& grad, const Tensor& x, const Tensor& rstd,
+                              const Tensor& weight, int64_t n, Tensor& dx, Tensor& dweight) {
   norm_backward("rms_norm_backward", true, grad, x, nullptr, rstd, weight, n, dx, dweight, nullptr);
 }
 
-void cross_entropy_kernel(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
-                          const char* op, Tensor& loss, Tensor& lse, Tensor& valid) {
+void cross_entropy_kernel(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                          double label_smoothing, const char* op, Tensor& loss, Tensor& lse,
+                          Tensor& valid) {
   assert_float(logits, op);
   assert_contract({&logits, &target, &loss, &lse, &valid}, logits.device(), op);
   const int64_t rows = logits.sizes()[0], classes = logits.sizes()[1];
   DeviceGuard guard(logits.device());
   const int64_t n_valid = check_indices(target, classes, 1, logits, op, true, ignore_index);
   if (rows > 0) {
-    launch_cross_entropy(code_of(logits.dtype()), code_of(target.dtype()), logits.data_ptr(), target.data_ptr(),
-                         rows, classes, ignore_index, label_smoothing, loss.data_ptr(), lse.data_ptr(),
-                         current_stream().handle());
+    launch_cross_entropy(code_of(logits.dtype()), code_of(target.dtype()), logits.data_ptr(),
+                         target.data_ptr(), rows, classes, ignore_index, label_smoothing,
+                         loss.data_ptr(), lse.data_ptr(), current_stream().handle());
   }
   valid.fill_(double(n_valid));
 }
 
-void cross_entropy_backward_kernel(const Tensor& grad, const Tensor& logits, const Tensor& target, const Tensor& lse,
-                                   int64_t ignore_index, double label_smoothing, Tensor& dlogits) {
+void cross_entropy_backward_kernel(const Tensor& grad, const Tensor& logits, const Tensor& target,
+                                   const Tensor& lse, int64_t ignore_index, double label_smoothing,
+                                   Tensor& dlogits) {
   const char* op = "cross_entropy_backward";
   assert_float(logits, op);
   assert_contract({&grad, &logits, &target, &lse, &dlogits}, logits.device(), op);
@@ -132,26 +143,28 @@ void cross_entropy_backward_kernel(const Tensor& grad, const Tensor& logits, con
   if (rows == 0) return;
   DeviceGuard guard(logits.device());
   launch_cross_entropy_backward(code_of(logits.dtype()), code_of(target.dtype()), grad.data_ptr(),
-                                grad.numel() != 1, logits.data_ptr(), target.data_ptr(), lse.data_ptr(), rows,
-                                classes, ignore_index, label_smoothing, dlogits.data_ptr(),
-                                current_stream().handle());
+                                grad.numel() != 1, logits.data_ptr(), target.data_ptr(),
+                                lse.data_ptr(), rows, classes, ignore_index, label_smoothing,
+                                dlogits.data_ptr(), current_stream().handle());
 }
 
-void nll_loss_kernel(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, const char* op,
-                     Tensor& loss, Tensor& valid) {
+void nll_loss_kernel(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
+                     const char* op, Tensor& loss, Tensor& valid) {
   assert_float(log_probs, op);
   assert_contract({&log_probs, &target, &loss, &valid}, log_probs.device(), op);
   const int64_t rows = log_probs.sizes()[0], classes = log_probs.sizes()[1];
   DeviceGuard guard(log_probs.device());
   const int64_t n_valid = check_indices(target, classes, 1, log_probs, op, true, ignore_index);
   if (rows > 0) {
-    launch_nll_loss(code_of(log_probs.dtype()), code_of(target.dtype()), log_probs.data_ptr(), target.data_ptr(),
-                    rows, classes, ignore_index, loss.data_ptr(), current_stream().handle());
+    launch_nll_loss(code_of(log_probs.dtype()), code_of(target.dtype()), log_probs.data_ptr(),
+                    target.data_ptr(), rows, classes, ignore_index, loss.data_ptr(),
+                    current_stream().handle());
   }
   valid.fill_(double(n_valid));
 }
 
-void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, int64_t ignore_index, Tensor& dlog_probs) {
+void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, int64_t ignore_index,
+                              Tensor& dlog_probs) {
   const char* op = "nll_loss_backward";
   assert_float(dlog_probs, op);
   assert_contract({&grad, &target, &dlog_probs}, dlog_probs.device(), op);
@@ -159,9 +172,9 @@ void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, int64_t 
   DeviceGuard guard(dlog_probs.device());
   dlog_probs.zero_();
   if (rows == 0) return;
-  launch_nll_loss_backward(code_of(dlog_probs.dtype()), code_of(target.dtype()), grad.data_ptr(), grad.numel() != 1,
-                           target.data_ptr(), rows, classes, ignore_index, dlog_probs.data_ptr(),
-                           current_stream().handle());
+  launch_nll_loss_backward(code_of(dlog_probs.dtype()), code_of(target.dtype()), grad.data_ptr(),
+                           grad.numel() != 1, target.data_ptr(), rows, classes, ignore_index,
+                           dlog_probs.data_ptr(), current_stream().handle());
 }
 
 }  // namespace

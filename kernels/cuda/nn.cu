@@ -1,6 +1,7 @@
 // CUDA softmax / log_softmax, layer_norm / rms_norm and classification losses, forward and
-// backward (semantics: kernels/cpu/nn_softmax.cc, nn_norm.cc, nn_loss.cc). Rows of the last dim run one
-// block per row; the row is re-read from L1/L2 for each pass instead of staged in shared memory.
+// backward (semantics: kernels/cpu/nn_softmax.cc, nn_norm.cc, nn_loss.cc). Rows of the last dim run
+// one block per row; the row is re-read from L1/L2 for each pass instead of staged in shared
+// memory.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
 
@@ -21,7 +22,8 @@ using A_t = acc_t<T>;
 // ---------------- softmax ----------------
 
 template <typename T>
-__global__ void softmax_rows_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n, bool log) {
+__global__ void softmax_rows_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t n,
+                                    bool log) {
   using A = A_t<T>;
   __shared__ A smem[32];
   const T* xr = x + int64_t(blockIdx.x) * n;
@@ -40,15 +42,16 @@ __global__ void softmax_rows_kernel(const T* __restrict__ x, T* __restrict__ y, 
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = cvt<T>(cvt<A>(xr[i]) - lse);
   } else {
     const A inv = A(1) / s;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = cvt<T>(m_exp(cvt<A>(xr[i]) - m) * inv);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+      yr[i] = cvt<T>(m_exp(cvt<A>(xr[i]) - m) * inv);
   }
 }
 
 // inner > 1: one thread per (outer, column), walking the n entries `inner` apart (coalesced
 // across the threads of a warp).
 template <typename T>
-__global__ void softmax_cols_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t outer, int64_t n,
-                                    int64_t inner, bool log) {
+__global__ void softmax_cols_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t outer,
+                                    int64_t n, int64_t inner, bool log) {
   using A = A_t<T>;
   const int64_t total = outer * inner, stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += stride) {
@@ -67,14 +70,15 @@ __global__ void softmax_cols_kernel(const T* __restrict__ x, T* __restrict__ y, 
       for (int64_t k = 0; k < n; ++k) yc[k * inner] = cvt<T>(cvt<A>(xc[k * inner]) - lse);
     } else {
       const A inv = A(1) / s;
-      for (int64_t k = 0; k < n; ++k) yc[k * inner] = cvt<T>(m_exp(cvt<A>(xc[k * inner]) - m) * inv);
+      for (int64_t k = 0; k < n; ++k)
+        yc[k * inner] = cvt<T>(m_exp(cvt<A>(xc[k * inner]) - m) * inv);
     }
   }
 }
 
 template <typename T>
-__global__ void softmax_backward_rows_kernel(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ dx,
-                                             int64_t n, bool log) {
+__global__ void softmax_backward_rows_kernel(const T* __restrict__ g, const T* __restrict__ y,
+                                             T* __restrict__ dx, int64_t n, bool log) {
   using A = A_t<T>;
   __shared__ A smem[32];
   const int64_t off = int64_t(blockIdx.x) * n;
@@ -90,8 +94,9 @@ __global__ void softmax_backward_rows_kernel(const T* __restrict__ g, const T* _
 }
 
 template <typename T>
-__global__ void softmax_backward_cols_kernel(const T* __restrict__ g, const T* __restrict__ y, T* __restrict__ dx,
-                                             int64_t outer, int64_t n, int64_t inner, bool log) {
+__global__ void softmax_backward_cols_kernel(const T* __restrict__ g, const T* __restrict__ y,
+                                             T* __restrict__ dx, int64_t outer, int64_t n,
+                                             int64_t inner, bool log) {
   using A = A_t<T>;
   const int64_t total = outer * inner, stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += stride) {
@@ -132,8 +137,9 @@ void dispatch_index(Code t, F&& f) {
 // ---------------- layer_norm / rms_norm ----------------
 
 template <typename T, bool kRms>
-__global__ void norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
-                                    int64_t n, A_t<T> eps, T* __restrict__ y, A_t<T>* __restrict__ mean,
+__global__ void norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                    const T* __restrict__ b, int64_t n, A_t<T> eps,
+                                    T* __restrict__ y, A_t<T>* __restrict__ mean,
                                     A_t<T>* __restrict__ rstd) {
   using A = A_t<T>;
   __shared__ A smem[32];
@@ -169,8 +175,9 @@ __global__ void norm_forward_kernel(const T* __restrict__ x, const T* __restrict
 //   layer_norm: dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)); rms: no mean(dxhat)
 template <typename T, bool kRms>
 __global__ void norm_backward_dx_kernel(const T* __restrict__ g, const T* __restrict__ x,
-                                        const A_t<T>* __restrict__ mean, const A_t<T>* __restrict__ rstd,
-                                        const T* __restrict__ w, int64_t n, T* __restrict__ dx) {
+                                        const A_t<T>* __restrict__ mean,
+                                        const A_t<T>* __restrict__ rstd, const T* __restrict__ w,
+                                        int64_t n, T* __restrict__ dx) {
   using A = A_t<T>;
   __shared__ A smem[32];
   const int64_t r = blockIdx.x, off = r * n;
@@ -197,8 +204,9 @@ constexpr int kColX = 32, kColY = 8;
 // into partial[split, 0 | 1, c] (no atomics: the sum order is fixed, Note [norm partial sums]).
 template <typename T>
 __global__ void norm_params_partial_kernel(const T* __restrict__ g, const T* __restrict__ x,
-                                           const A_t<T>* __restrict__ mean, const A_t<T>* __restrict__ rstd,
-                                           int64_t rows, int64_t n, int64_t chunk, A_t<T>* __restrict__ partial) {
+                                           const A_t<T>* __restrict__ mean,
+                                           const A_t<T>* __restrict__ rstd, int64_t rows, int64_t n,
+                                           int64_t chunk, A_t<T>* __restrict__ partial) {
   using A = A_t<T>;
   __shared__ A sdw[kColY][kColX + 1], sdb[kColY][kColX + 1];
   const int64_t c = int64_t(blockIdx.x) * kColX + threadIdx.x;
@@ -227,8 +235,8 @@ __global__ void norm_params_partial_kernel(const T* __restrict__ g, const T* __r
 }
 
 template <typename T>
-__global__ void norm_params_finish_kernel(const A_t<T>* __restrict__ partial, int64_t splits, int64_t n,
-                                          T* __restrict__ dw, T* __restrict__ db) {
+__global__ void norm_params_finish_kernel(const A_t<T>* __restrict__ partial, int64_t splits,
+                                          int64_t n, T* __restrict__ dw, T* __restrict__ db) {
   using A = A_t<T>;
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= n) return;
@@ -244,8 +252,9 @@ __global__ void norm_params_finish_kernel(const A_t<T>* __restrict__ partial, in
 // ---------------- losses ----------------
 
 template <typename T, typename I>
-__global__ void cross_entropy_kernel(const T* __restrict__ logits, const I* __restrict__ target, int64_t classes,
-                                     int64_t ignore, A_t<T> ls, T* __restrict__ loss, A_t<T>* __restrict__ lse) {
+__global__ void cross_entropy_kernel(const T* __restrict__ logits, const I* __restrict__ target,
+                                     int64_t classes, int64_t ignore, A_t<T> ls,
+                                     T* __restrict__ loss, A_t<T>* __restrict__ lse) {
   using A = A_t<T>;
   __shared__ A smem[32];
   const int64_t r = blockIdx.x;
@@ -278,9 +287,11 @@ __global__ void cross_entropy_kernel(const T* __restrict__ logits, const I* __re
 }
 
 template <typename T, typename I>
-__global__ void cross_entropy_backward_kernel(const T* __restrict__ grad, bool per_row, const T* __restrict__ logits,
-                                              const I* __restrict__ target, const A_t<T>* __restrict__ lse,
-                                              int64_t classes, int64_t ignore, A_t<T> ls, T* __restrict__ dlogits) {
+__global__ void cross_entropy_backward_kernel(const T* __restrict__ grad, bool per_row,
+                                              const T* __restrict__ logits,
+                                              const I* __restrict__ target,
+                                              const A_t<T>* __restrict__ lse, int64_t classes,
+                                              int64_t ignore, A_t<T> ls, T* __restrict__ dlogits) {
   using A = A_t<T>;
   const int64_t r = blockIdx.x;
   T* dr = dlogits + r * classes;
@@ -299,29 +310,34 @@ __global__ void cross_entropy_backward_kernel(const T* __restrict__ grad, bool p
 }
 
 template <typename T, typename I>
-__global__ void nll_loss_kernel(const T* __restrict__ lp, const I* __restrict__ target, int64_t rows, int64_t classes,
-                                int64_t ignore, T* __restrict__ loss) {
+__global__ void nll_loss_kernel(const T* __restrict__ lp, const I* __restrict__ target,
+                                int64_t rows, int64_t classes, int64_t ignore,
+                                T* __restrict__ loss) {
   using A = A_t<T>;
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   const int64_t t = int64_t(target[r]);
-  loss[r] = (t == ignore || t < 0 || t >= classes) ? cvt<T>(A(0)) : cvt<T>(-cvt<A>(lp[r * classes + t]));
+  loss[r] =
+      (t == ignore || t < 0 || t >= classes) ? cvt<T>(A(0)) : cvt<T>(-cvt<A>(lp[r * classes + t]));
 }
 
 template <typename T, typename I>
-__global__ void nll_loss_backward_kernel(const T* __restrict__ grad, bool per_row, const I* __restrict__ target,
-                                         int64_t rows, int64_t classes, int64_t ignore, T* __restrict__ dlp) {
+__global__ void nll_loss_backward_kernel(const T* __restrict__ grad, bool per_row,
+                                         const I* __restrict__ target, int64_t rows,
+                                         int64_t classes, int64_t ignore, T* __restrict__ dlp) {
   using A = A_t<T>;
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   const int64_t t = int64_t(target[r]);
-  if (t != ignore && t >= 0 && t < classes) dlp[r * classes + t] = cvt<T>(-cvt<A>(grad[per_row ? r : 0]));
+  if (t != ignore && t >= 0 && t < classes)
+    dlp[r * classes + t] = cvt<T>(-cvt<A>(grad[per_row ? r : 0]));
 }
 
 // ---------------- attention softmax ----------------
 
 template <typename T>
-__global__ void sdpa_softmax_kernel(T* __restrict__ p, int64_t T_, int64_t S, A_t<T> scale, bool causal) {
+__global__ void sdpa_softmax_kernel(T* __restrict__ p, int64_t T_, int64_t S, A_t<T> scale,
+                                    bool causal) {
   using A = A_t<T>;
   __shared__ A smem[32];
   const int64_t row = blockIdx.x;
@@ -344,12 +360,14 @@ __global__ void sdpa_softmax_kernel(T* __restrict__ p, int64_t T_, int64_t S, A_
 }
 
 template <typename T>
-__global__ void sdpa_softmax_backward_kernel(T* __restrict__ dp, const T* __restrict__ p, int64_t S, A_t<T> scale) {
+__global__ void sdpa_softmax_backward_kernel(T* __restrict__ dp, const T* __restrict__ p, int64_t S,
+                                             A_t<T> scale) {
   using A = A_t<T>;
   __shared__ A smem[32];
   const int64_t off = int64_t(blockIdx.x) * S;
   A dot = A(0);
-  for (int64_t j = threadIdx.x; j < S; j += blockDim.x) dot += cvt<A>(dp[off + j]) * cvt<A>(p[off + j]);
+  for (int64_t j = threadIdx.x; j < S; j += blockDim.x)
+    dot += cvt<A>(dp[off + j]) * cvt<A>(p[off + j]);
   dot = block_sum(dot, smem);
   for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
     const A pv = cvt<A>(p[off + j]);
@@ -366,7 +384,8 @@ __device__ __forceinline__ void atomic_add_float(T* p, T v) {
 
 template <typename T>
 __global__ void __launch_bounds__(kElemThreads)
-    pool_forward_kernel(bool is_max, PoolArgs a, const T* __restrict__ x, T* __restrict__ y, int32_t* __restrict__ idx) {
+    pool_forward_kernel(bool is_max, PoolArgs a, const T* __restrict__ x, T* __restrict__ y,
+                        int32_t* __restrict__ idx) {
   using A = A_t<T>;
   const int64_t total = a.planes * a.ho * a.wo, stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; o < total; o += stride) {
@@ -401,8 +420,8 @@ __global__ void __launch_bounds__(kElemThreads)
 
 template <typename T>
 __global__ void __launch_bounds__(kElemThreads)
-    pool_backward_kernel(bool is_max, PoolArgs a, const T* __restrict__ gy, const int32_t* __restrict__ idx,
-                         T* __restrict__ gx) {
+    pool_backward_kernel(bool is_max, PoolArgs a, const T* __restrict__ gy,
+                         const int32_t* __restrict__ idx, T* __restrict__ gx) {
   using A = A_t<T>;
   const int64_t total = a.planes * a.ho * a.wo, stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; o < total; o += stride) {
@@ -425,17 +444,17 @@ __global__ void __launch_bounds__(kElemThreads)
 
 }  // namespace
 
-void launch_sdpa_softmax(Code t, void* p, int64_t rows, int64_t T, int64_t S, double scale, bool causal,
-                         cudaStream_t stream) {
+void launch_sdpa_softmax(Code t, void* p, int64_t rows, int64_t T, int64_t S, double scale,
+                         bool causal, cudaStream_t stream) {
   dispatch_float(t, [&]<typename U>() {
-    sdpa_softmax_kernel<U><<<unsigned(rows), row_threads(S), 0, stream>>>(static_cast<U*>(p), T, S, A_t<U>(scale),
-                                                                           causal);
+    sdpa_softmax_kernel<U><<<unsigned(rows), row_threads(S), 0, stream>>>(static_cast<U*>(p), T, S,
+                                                                          A_t<U>(scale), causal);
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_sdpa_softmax_backward(Code t, void* dp, const void* p, int64_t rows, int64_t S, double scale,
-                                  cudaStream_t stream) {
+void launch_sdpa_softmax_backward(Code t, void* dp, const void* p, int64_t rows, int64_t S,
+                                  double scale, cudaStream_t stream) {
   dispatch_float(t, [&]<typename U>() {
     sdpa_softmax_backward_kernel<U><<<unsigned(rows), row_threads(S), 0, stream>>>(
         static_cast<U*>(dp), static_cast<const U*>(p), S, A_t<U>(scale));
@@ -443,64 +462,70 @@ void launch_sdpa_softmax_backward(Code t, void* dp, const void* p, int64_t rows,
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_pool_forward(Code t, bool max, const PoolArgs& a, const void* x, void* y, int32_t* idx, int max_blocks,
-                         cudaStream_t stream) {
+void launch_pool_forward(Code t, bool max, const PoolArgs& a, const void* x, void* y, int32_t* idx,
+                         int max_blocks, cudaStream_t stream) {
   dispatch_float(t, [&]<typename T>() {
-    pool_forward_kernel<T><<<grid_for(a.planes * a.ho * a.wo, kElemThreads, max_blocks), kElemThreads, 0, stream>>>(
-        max, a, static_cast<const T*>(x), static_cast<T*>(y), idx);
+    pool_forward_kernel<T>
+        <<<grid_for(a.planes * a.ho * a.wo, kElemThreads, max_blocks), kElemThreads, 0, stream>>>(
+            max, a, static_cast<const T*>(x), static_cast<T*>(y), idx);
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_pool_backward(Code t, bool max, const PoolArgs& a, const void* gy, const int32_t* idx, void* gx,
-                          int max_blocks, cudaStream_t stream) {
+void launch_pool_backward(Code t, bool max, const PoolArgs& a, const void* gy, const int32_t* idx,
+                          void* gx, int max_blocks, cudaStream_t stream) {
   dispatch_float(t, [&]<typename T>() {
-    pool_backward_kernel<T><<<grid_for(a.planes * a.ho * a.wo, kElemThreads, max_blocks), kElemThreads, 0, stream>>>(
-        max, a, static_cast<const T*>(gy), idx, static_cast<T*>(gx));
+    pool_backward_kernel<T>
+        <<<grid_for(a.planes * a.ho * a.wo, kElemThreads, max_blocks), kElemThreads, 0, stream>>>(
+            max, a, static_cast<const T*>(gy), idx, static_cast<T*>(gx));
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_softmax(Code t, const void* x, void* y, int64_t outer, int64_t n, int64_t inner, bool log,
-                    int max_blocks, cudaStream_t stream) {
+void launch_softmax(Code t, const void* x, void* y, int64_t outer, int64_t n, int64_t inner,
+                    bool log, int max_blocks, cudaStream_t stream) {
   dispatch_float(t, [&]<typename T>() {
     const T* xp = static_cast<const T*>(x);
     T* yp = static_cast<T*>(y);
     if (inner == 1) {
       softmax_rows_kernel<T><<<unsigned(outer), row_threads(n), 0, stream>>>(xp, yp, n, log);
     } else {
-      softmax_cols_kernel<T><<<grid_for(outer * inner, kElemThreads, max_blocks), kElemThreads, 0, stream>>>(
-          xp, yp, outer, n, inner, log);
+      softmax_cols_kernel<T>
+          <<<grid_for(outer * inner, kElemThreads, max_blocks), kElemThreads, 0, stream>>>(
+              xp, yp, outer, n, inner, log);
     }
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_softmax_backward(Code t, const void* grad, const void* y, void* dx, int64_t outer, int64_t n,
-                             int64_t inner, bool log, int max_blocks, cudaStream_t stream) {
+void launch_softmax_backward(Code t, const void* grad, const void* y, void* dx, int64_t outer,
+                             int64_t n, int64_t inner, bool log, int max_blocks,
+                             cudaStream_t stream) {
   dispatch_float(t, [&]<typename T>() {
     const T* gp = static_cast<const T*>(grad);
     const T* yp = static_cast<const T*>(y);
     T* dp = static_cast<T*>(dx);
     if (inner == 1) {
-      softmax_backward_rows_kernel<T><<<unsigned(outer), row_threads(n), 0, stream>>>(gp, yp, dp, n, log);
+      softmax_backward_rows_kernel<T>
+          <<<unsigned(outer), row_threads(n), 0, stream>>>(gp, yp, dp, n, log);
     } else {
       softmax_backward_cols_kernel<T>
-          <<<grid_for(outer * inner, kElemThreads, max_blocks), kElemThreads, 0, stream>>>(gp, yp, dp, outer, n,
-                                                                                          inner, log);
+          <<<grid_for(outer * inner, kElemThreads, max_blocks), kElemThreads, 0, stream>>>(
+              gp, yp, dp, outer, n, inner, log);
     }
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_norm_forward(Code t, bool rms, const void* x, const void* weight, const void* bias, int64_t rows,
-                         int64_t n, double eps, void* y, void* mean, void* rstd, cudaStream_t stream) {
+void launch_norm_forward(Code t, bool rms, const void* x, const void* weight, const void* bias,
+                         int64_t rows, int64_t n, double eps, void* y, void* mean, void* rstd,
+                         cudaStream_t stream) {
   dispatch_float(t, [&]<typename T>() {
     using A = A_t<T>;
     auto args = [&](auto kernel) {
       kernel<<<unsigned(rows), row_threads(n), 0, stream>>>(
-          static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias), n, A(eps),
-          static_cast<T*>(y), static_cast<A*>(mean), static_cast<A*>(rstd));
+          static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias), n,
+          A(eps), static_cast<T*>(y), static_cast<A*>(mean), static_cast<A*>(rstd));
     };
     if (rms) {
       args(norm_forward_kernel<T, true>);
@@ -512,8 +537,8 @@ void launch_norm_forward(Code t, bool rms, const void* x, const void* weight, co
 }
 
 void launch_norm_backward_dx(Code t, bool rms, const void* grad, const void* x, const void* mean,
-                             const void* rstd, const void* weight, int64_t rows, int64_t n, void* dx,
-                             cudaStream_t stream) {
+                             const void* rstd, const void* weight, int64_t rows, int64_t n,
+                             void* dx, cudaStream_t stream) {
   dispatch_float(t, [&]<typename T>() {
     using A = A_t<T>;
     auto args = [&](auto kernel) {
@@ -530,9 +555,9 @@ void launch_norm_backward_dx(Code t, bool rms, const void* grad, const void* x, 
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_norm_backward_params(Code t, const void* grad, const void* x, const void* mean, const void* rstd,
-                                 int64_t rows, int64_t n, int64_t splits, void* partial, void* dweight,
-                                 void* dbias, cudaStream_t stream) {
+void launch_norm_backward_params(Code t, const void* grad, const void* x, const void* mean,
+                                 const void* rstd, int64_t rows, int64_t n, int64_t splits,
+                                 void* partial, void* dweight, void* dbias, cudaStream_t stream) {
   dispatch_float(t, [&]<typename T>() {
     using A = A_t<T>;
     const int64_t chunk = (rows + splits - 1) / splits;
@@ -541,60 +566,62 @@ void launch_norm_backward_params(Code t, const void* grad, const void* x, const 
         static_cast<const T*>(grad), static_cast<const T*>(x), static_cast<const A*>(mean),
         static_cast<const A*>(rstd), rows, n, chunk, static_cast<A*>(partial));
     norm_params_finish_kernel<T><<<unsigned((n + 255) / 256), 256, 0, stream>>>(
-        static_cast<const A*>(partial), splits, n, static_cast<T*>(dweight), static_cast<T*>(dbias));
+        static_cast<const A*>(partial), splits, n, static_cast<T*>(dweight),
+        static_cast<T*>(dbias));
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
 void launch_cross_entropy(Code t, Code idx_t, const void* logits, const void* target, int64_t rows,
-                          int64_t classes, int64_t ignore_index, double label_smoothing, void* loss, void* lse,
-                          cudaStream_t stream) {
+                          int64_t classes, int64_t ignore_index, double label_smoothing, void* loss,
+                          void* lse, cudaStream_t stream) {
   dispatch_float(t, [&]<typename T>() {
     using A = A_t<T>;
     dispatch_index(idx_t, [&]<typename I>() {
       cross_entropy_kernel<T, I><<<unsigned(rows), row_threads(classes), 0, stream>>>(
-          static_cast<const T*>(logits), static_cast<const I*>(target), classes, ignore_index, A(label_smoothing),
-          static_cast<T*>(loss), static_cast<A*>(lse));
+          static_cast<const T*>(logits), static_cast<const I*>(target), classes, ignore_index,
+          A(label_smoothing), static_cast<T*>(loss), static_cast<A*>(lse));
     });
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_cross_entropy_backward(Code t, Code idx_t, const void* grad, bool grad_per_row, const void* logits,
-                                   const void* target, const void* lse, int64_t rows, int64_t classes,
-                                   int64_t ignore_index, double label_smoothing, void* dlogits,
-                                   cudaStream_t stream) {
+void launch_cross_entropy_backward(Code t, Code idx_t, const void* grad, bool grad_per_row,
+                                   const void* logits, const void* target, const void* lse,
+                                   int64_t rows, int64_t classes, int64_t ignore_index,
+                                   double label_smoothing, void* dlogits, cudaStream_t stream) {
   dispatch_float(t, [&]<typename T>() {
     using A = A_t<T>;
     dispatch_index(idx_t, [&]<typename I>() {
       cross_entropy_backward_kernel<T, I><<<unsigned(rows), row_threads(classes), 0, stream>>>(
-          static_cast<const T*>(grad), grad_per_row, static_cast<const T*>(logits), static_cast<const I*>(target),
-          static_cast<const A*>(lse), classes, ignore_index, A(label_smoothing), static_cast<T*>(dlogits));
+          static_cast<const T*>(grad), grad_per_row, static_cast<const T*>(logits),
+          static_cast<const I*>(target), static_cast<const A*>(lse), classes, ignore_index,
+          A(label_smoothing), static_cast<T*>(dlogits));
     });
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_nll_loss(Code t, Code idx_t, const void* log_probs, const void* target, int64_t rows, int64_t classes,
-                     int64_t ignore_index, void* loss, cudaStream_t stream) {
+void launch_nll_loss(Code t, Code idx_t, const void* log_probs, const void* target, int64_t rows,
+                     int64_t classes, int64_t ignore_index, void* loss, cudaStream_t stream) {
   dispatch_float(t, [&]<typename T>() {
     dispatch_index(idx_t, [&]<typename I>() {
       nll_loss_kernel<T, I><<<unsigned((rows + 255) / 256), 256, 0, stream>>>(
-          static_cast<const T*>(log_probs), static_cast<const I*>(target), rows, classes, ignore_index,
-          static_cast<T*>(loss));
+          static_cast<const T*>(log_probs), static_cast<const I*>(target), rows, classes,
+          ignore_index, static_cast<T*>(loss));
     });
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_nll_loss_backward(Code t, Code idx_t, const void* grad, bool grad_per_row, const void* target,
-                              int64_t rows, int64_t classes, int64_t ignore_index, void* dlog_probs,
-                              cudaStream_t stream) {
+void launch_nll_loss_backward(Code t, Code idx_t, const void* grad, bool grad_per_row,
+                              const void* target, int64_t rows, int64_t classes,
+                              int64_t ignore_index, void* dlog_probs, cudaStream_t stream) {
   dispatch_float(t, [&]<typename T>() {
     dispatch_index(idx_t, [&]<typename I>() {
       nll_loss_backward_kernel<T, I><<<unsigned((rows + 255) / 256), 256, 0, stream>>>(
-          static_cast<const T*>(grad), grad_per_row, static_cast<const I*>(target), rows, classes, ignore_index,
-          static_cast<T*>(dlog_probs));
+          static_cast<const T*>(grad), grad_per_row, static_cast<const I*>(target), rows, classes,
+          ignore_index, static_cast<T*>(dlog_probs));
     });
   });
   ACCEL_CUDA_LAUNCH_CHECK();

@@ -15,7 +15,6 @@
 namespace accel::cuda {
 namespace {
 
-
 // t with its last two dims swapped (a view, no autograd).
 Tensor transposed(const Tensor& t) {
   Shape s = t.sizes(), st = t.strides();
@@ -44,8 +43,8 @@ void check(std::initializer_list<const Tensor*> ts, const Tensor& q) {
   }
 }
 
-void sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, Tensor& out,
-                 Tensor& p) {
+void sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
+                 Tensor& out, Tensor& p) {
   check({&k, &v, &out, &p}, q);
   ACCEL_INTERNAL_ASSERT(p.is_contiguous());
   if (out.numel() == 0) return;
@@ -62,8 +61,9 @@ void sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor& v, double scale
   gemm_into(p, v, out);
 }
 
-void sdpa_backward_kernel(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& p,
-                          double scale, bool causal, Tensor& dq, Tensor& dk, Tensor& dv) {
+void sdpa_backward_kernel(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& p, double scale, bool causal, Tensor& dq, Tensor& dk,
+                          Tensor& dv) {
   check({&dout, &k, &v, &p, &dq, &dk, &dv}, q);
   DeviceGuard g(q.device());
   if (q.numel() == 0 || k.numel() == 0 || v.numel() == 0) {
@@ -77,8 +77,8 @@ void sdpa_backward_kernel(const Tensor& dout, const Tensor& q, const Tensor& k, 
   gemm_into(transposed(p), dout, dv);  // (B, H, S, T) @ (B, H, T, Dv)
   Tensor ds = empty(p.sizes(), TensorOptions(p.dtype(), p.device()));
   matmul_stub(q.device(), dout, transposed(v), Tensor(), ds);  // dP = dout v^T
-  launch_sdpa_softmax_backward(code_of(q.dtype()), ds.data_ptr(), p.data_ptr(), p.numel() / S, S, scale,
-                               current_stream().handle());
+  launch_sdpa_softmax_backward(code_of(q.dtype()), ds.data_ptr(), p.data_ptr(), p.numel() / S, S,
+                               scale, current_stream().handle());
   gemm_into(ds, k, dq);              // (B, H, T, S) @ (B, H, S, D)
   gemm_into(transposed(ds), q, dk);  // (B, H, S, T) @ (B, H, T, D)
 }

@@ -1,5 +1,5 @@
-// Fused Adam/AdamW step (update: kernels/common/optim.h, contract: kernels/stubs/optim.h): one pass reads param, grad, m, v and
-// writes param, m, v; 16-bit types compute in float.
+// Fused Adam/AdamW step (update: kernels/common/optim.h, contract: kernels/stubs/optim.h): one pass
+// reads param, grad, m, v and writes param, m, v; 16-bit types compute in float.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
 
@@ -8,8 +8,8 @@ namespace {
 
 template <typename P, typename S>
 __global__ void __launch_bounds__(kElemThreads)
-    adam_kernel(P* __restrict__ p, const P* __restrict__ g, S* __restrict__ m, S* __restrict__ v, int64_t n,
-                AdamScalars sc) {
+    adam_kernel(P* __restrict__ p, const P* __restrict__ g, S* __restrict__ m, S* __restrict__ v,
+                int64_t n, AdamScalars sc) {
   using A = std::conditional_t<std::is_same_v<P, double>, double, float>;
   const common::AdamCoeffs<A> c(sc);
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;

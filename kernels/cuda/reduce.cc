@@ -19,7 +19,6 @@ constexpr int64_t kSplitMinCol = 512;
 constexpr int64_t kMinColChunk = 128;
 constexpr int64_t kMaxSplits = 1024;
 
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Splits of a reduction of length n when `parallel` independent outputs exist.
@@ -30,10 +29,12 @@ int64_t plan_splits(int64_t n, int64_t parallel, int sms, int64_t min_n, int64_t
 }
 
 // x: (rows, n) contiguous.
-void reduce_rows(ROp op, const Tensor& x, int64_t rows, int64_t n, Tensor& out, int dev, cudaStream_t s) {
+void reduce_rows(ROp op, const Tensor& x, int64_t rows, int64_t n, Tensor& out, int dev,
+                 cudaStream_t s) {
   const bool arg = op == ROp::ArgMax || op == ROp::ArgMin;
   const int64_t mean_div = op == ROp::Mean ? n : 0;
-  const int64_t splits = arg ? 1 : plan_splits(n, rows, multiprocessor_count(dev), kSplitMinRow, kMinChunk);
+  const int64_t splits =
+      arg ? 1 : plan_splits(n, rows, multiprocessor_count(dev), kSplitMinRow, kMinChunk);
   if (splits == 1) {
     launch_reduce_rows(op, code_of(x.dtype()), x.data_ptr(), rows, n, 1, n, code_of(out.dtype()),
                        out.data_ptr(), mean_div, s);
@@ -41,32 +42,35 @@ void reduce_rows(ROp op, const Tensor& x, int64_t rows, int64_t n, Tensor& out, 
   }
   const int64_t chunk = ceil_div(n, splits);
   const int64_t used = ceil_div(n, chunk);
-  const DType acc = (op == ROp::Sum || op == ROp::Mean || op == ROp::Prod) ? sum_acc_dtype(x.dtype())
-                                                                           : acc_dtype(x.dtype());
+  const DType acc = (op == ROp::Sum || op == ROp::Mean || op == ROp::Prod)
+                        ? sum_acc_dtype(x.dtype())
+                        : acc_dtype(x.dtype());
   Tensor partial = empty({rows, used}, TensorOptions(acc, out.device()));
   launch_reduce_rows(op, code_of(x.dtype()), x.data_ptr(), rows, n, used, chunk, code_of(acc),
                      partial.data_ptr(), 0, s);
-  launch_reduce_rows(op, code_of(acc), partial.data_ptr(), rows, used, 1, used, code_of(out.dtype()),
-                     out.data_ptr(), mean_div, s);
+  launch_reduce_rows(op, code_of(acc), partial.data_ptr(), rows, used, 1, used,
+                     code_of(out.dtype()), out.data_ptr(), mean_div, s);
 }
 
 // x: (n, cols) contiguous, sum over n.
-void reduce_cols(bool mean, const Tensor& x, int64_t n, int64_t cols, Tensor& out, int dev, cudaStream_t s) {
+void reduce_cols(bool mean, const Tensor& x, int64_t n, int64_t cols, Tensor& out, int dev,
+                 cudaStream_t s) {
   const int64_t mean_div = mean ? n : 0;
-  const int64_t splits = plan_splits(n, ceil_div(cols, 32), multiprocessor_count(dev), kSplitMinCol, kMinColChunk);
+  const int64_t splits =
+      plan_splits(n, ceil_div(cols, 32), multiprocessor_count(dev), kSplitMinCol, kMinColChunk);
   if (splits == 1) {
-    launch_reduce_cols(code_of(x.dtype()), x.data_ptr(), n, cols, 1, n, code_of(out.dtype()), out.data_ptr(),
-                       mean_div, s);
+    launch_reduce_cols(code_of(x.dtype()), x.data_ptr(), n, cols, 1, n, code_of(out.dtype()),
+                       out.data_ptr(), mean_div, s);
     return;
   }
   const int64_t chunk = ceil_div(n, splits);
   const int64_t used = ceil_div(n, chunk);
   const DType acc = sum_acc_dtype(x.dtype());
   Tensor partial = empty({used, cols}, TensorOptions(acc, out.device()));
-  launch_reduce_cols(code_of(x.dtype()), x.data_ptr(), n, cols, used, chunk, code_of(acc), partial.data_ptr(), 0,
-                     s);
-  launch_reduce_cols(code_of(acc), partial.data_ptr(), used, cols, 1, used, code_of(out.dtype()), out.data_ptr(),
-                     mean_div, s);
+  launch_reduce_cols(code_of(x.dtype()), x.data_ptr(), n, cols, used, chunk, code_of(acc),
+                     partial.data_ptr(), 0, s);
+  launch_reduce_cols(code_of(acc), partial.data_ptr(), used, cols, 1, used, code_of(out.dtype()),
+                     out.data_ptr(), mean_div, s);
 }
 
 void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out) {
@@ -87,8 +91,8 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
   if (arg) {
     ACCEL_INTERNAL_ASSERT(out.dtype() == kInt64);
   } else {
-    ACCEL_INTERNAL_ASSERT(out.dtype() == in.dtype() || out.dtype() == kInt64 || out.dtype() == kFloat32 ||
-                          out.dtype() == kFloat64);
+    ACCEL_INTERNAL_ASSERT(out.dtype() == in.dtype() || out.dtype() == kInt64 ||
+                          out.dtype() == kFloat32 || out.dtype() == kFloat64);
   }
   const int dev = out.device().index;
   DeviceGuard g(dev);

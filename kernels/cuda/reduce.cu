@@ -33,7 +33,8 @@ struct Reducer {
     using L = std::numeric_limits<V>;
     if constexpr (kSum) return {V(0), 0};
     if constexpr (OP == ROp::Prod) return {V(1), 0};
-    if constexpr (OP == ROp::Max || OP == ROp::ArgMax) return {L::has_infinity ? -L::infinity() : L::lowest(), INT64_MAX};
+    if constexpr (OP == ROp::Max || OP == ROp::ArgMax)
+      return {L::has_infinity ? -L::infinity() : L::lowest(), INT64_MAX};
     return {L::has_infinity ? L::infinity() : L::max(), INT64_MAX};
   }
 
@@ -70,7 +71,8 @@ struct Reducer {
 
 // Writes one result: a raw partial (mean_div == 0) or the final value, divided for Mean.
 template <typename R>
-__device__ __forceinline__ void store_result(Code out_t, void* out, int64_t idx, typename R::S s, int64_t mean_div) {
+__device__ __forceinline__ void store_result(Code out_t, void* out, int64_t idx, typename R::S s,
+                                             int64_t mean_div) {
   if constexpr (R::kArg) {
     static_cast<int64_t*>(out)[idx] = s.i;
   } else if (mean_div > 0) {
@@ -83,8 +85,8 @@ __device__ __forceinline__ void store_result(Code out_t, void* out, int64_t idx,
 // Block (tpr, rpb): threadIdx.y picks a row of the group, x walks the row's chunk.
 template <typename T, ROp OP>
 __global__ void __launch_bounds__(kRowThreads)
-    reduce_rows_kernel(const T* __restrict__ x, int64_t rows, int64_t n, int64_t splits, int64_t chunk,
-                       Code out_t, void* out, int64_t mean_div) {
+    reduce_rows_kernel(const T* __restrict__ x, int64_t rows, int64_t n, int64_t splits,
+                       int64_t chunk, Code out_t, void* out, int64_t mean_div) {
   using R = Reducer<T, OP>;
   using S = typename R::S;
   __shared__ S smem[kRowThreads / 32];
@@ -117,9 +119,9 @@ __global__ void __launch_bounds__(kRowThreads)
 
 // Block (32, 8): x walks 32 adjacent columns (coalesced), y strides over the chunk's rows.
 template <typename T>
-__global__ void __launch_bounds__(kColX * kColY)
-    reduce_cols_kernel(const T* __restrict__ x, int64_t n, int64_t cols, int64_t chunk, Code out_t, void* out,
-                       int64_t mean_div) {
+__global__ void __launch_bounds__(kColX* kColY)
+    reduce_cols_kernel(const T* __restrict__ x, int64_t n, int64_t cols, int64_t chunk, Code out_t,
+                       void* out, int64_t mean_div) {
   using R = Reducer<T, ROp::Sum>;
   using V = typename R::V;
   __shared__ V smem[kColY][kColX + 1];
@@ -128,7 +130,8 @@ __global__ void __launch_bounds__(kColX * kColY)
   V acc = V(0);
   if (c < cols) {
     const int64_t end = min(n, (split + 1) * chunk);
-    for (int64_t r = split * chunk + threadIdx.y; r < end; r += kColY) acc += cvt<V>(x[r * cols + c]);
+    for (int64_t r = split * chunk + threadIdx.y; r < end; r += kColY)
+      acc += cvt<V>(x[r * cols + c]);
   }
   smem[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
@@ -140,17 +143,18 @@ __global__ void __launch_bounds__(kColX * kColY)
 }
 
 template <typename T>
-void rows_typed(ROp op, const T* x, int64_t rows, int64_t n, int64_t splits, int64_t chunk, Code out_t, void* out,
-                int64_t mean_div, cudaStream_t s) {
+void rows_typed(ROp op, const T* x, int64_t rows, int64_t n, int64_t splits, int64_t chunk,
+                Code out_t, void* out, int64_t mean_div, cudaStream_t s) {
   int tpr = 32;
   while (tpr < kRowThreads && tpr < std::min(n, chunk)) tpr *= 2;
   const int rpb = kRowThreads / tpr;
   const dim3 block(tpr, rpb);
   const int64_t blocks = ((rows + rpb - 1) / rpb) * splits;
   const unsigned grid = unsigned(blocks);
-#define CASE(o)                                                                                          \
-  case ROp::o:                                                                                           \
-    reduce_rows_kernel<T, ROp::o><<<grid, block, 0, s>>>(x, rows, n, splits, chunk, out_t, out, mean_div); \
+#define CASE(o)                                                                   \
+  case ROp::o:                                                                    \
+    reduce_rows_kernel<T, ROp::o>                                                 \
+        <<<grid, block, 0, s>>>(x, rows, n, splits, chunk, out_t, out, mean_div); \
     break;
   switch (op) {
     case ROp::Mean:  // the sum, divided by mean_div
@@ -168,19 +172,23 @@ void rows_typed(ROp op, const T* x, int64_t rows, int64_t n, int64_t splits, int
 
 }  // namespace
 
-void launch_reduce_rows(ROp op, Code in_t, const void* x, int64_t rows, int64_t n, int64_t splits, int64_t chunk,
-                        Code out_t, void* out, int64_t mean_div, cudaStream_t stream) {
+void launch_reduce_rows(ROp op, Code in_t, const void* x, int64_t rows, int64_t n, int64_t splits,
+                        int64_t chunk, Code out_t, void* out, int64_t mean_div,
+                        cudaStream_t stream) {
   dispatch_code(in_t, [&]<typename T>() {
-    rows_typed<T>(op, static_cast<const T*>(x), rows, n, splits, chunk, out_t, out, mean_div, stream);
+    rows_typed<T>(op, static_cast<const T*>(x), rows, n, splits, chunk, out_t, out, mean_div,
+                  stream);
   });
 }
 
-void launch_reduce_cols(Code in_t, const void* x, int64_t n, int64_t cols, int64_t splits, int64_t chunk,
-                        Code out_t, void* out, int64_t mean_div, cudaStream_t stream) {
+void launch_reduce_cols(Code in_t, const void* x, int64_t n, int64_t cols, int64_t splits,
+                        int64_t chunk, Code out_t, void* out, int64_t mean_div,
+                        cudaStream_t stream) {
   const dim3 block(kColX, kColY);
   const dim3 grid(unsigned((cols + kColX - 1) / kColX), unsigned(splits));
   dispatch_code(in_t, [&]<typename T>() {
-    reduce_cols_kernel<T><<<grid, block, 0, stream>>>(static_cast<const T*>(x), n, cols, chunk, out_t, out, mean_div);
+    reduce_cols_kernel<T><<<grid, block, 0, stream>>>(static_cast<const T*>(x), n, cols, chunk,
+                                                      out_t, out, mean_div);
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }

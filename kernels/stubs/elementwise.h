@@ -13,13 +13,13 @@ namespace accel {
 
 // out = op(in). `in` and `out` have the same shape; dtypes may differ only for ops with a bool
 // result (LogicalNot). `in` may be strided; `out` is freshly allocated (contiguous) or a view.
-ACCEL_DECLARE_STUB(unary_stub, void (*)(UnaryOp op, const Tensor& in, Tensor& out,
-                                        const UnaryParams& p));
+ACCEL_DECLARE_STUB(unary_stub,
+                   void (*)(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& p));
 // out = op(a, b). a and b share a dtype and broadcast to out's shape (the kernel computes the
 // broadcast strides itself, so no expanded views are built on the hot path).
 ACCEL_DECLARE_STUB(binary_stub, void (*)(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out,
                                          double alpha));
 // out = cond ? a : b; cond bool, a/b same dtype as out, all broadcast to out.
-ACCEL_DECLARE_STUB(where_stub, void (*)(const Tensor& cond, const Tensor& a, const Tensor& b,
-                                        Tensor& out));
+ACCEL_DECLARE_STUB(where_stub,
+                   void (*)(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out));
 }  // namespace accel

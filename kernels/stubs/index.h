@@ -31,6 +31,7 @@ ACCEL_DECLARE_STUB(scatter_add_stub, void (*)(Tensor& out, int64_t dim, const Te
 
 // x, out: contiguous (..., R, C). Keeps x[.., i, j] where j - i <= diagonal (tril) or
 // j - i >= diagonal (upper = true, triu); zero elsewhere.
-ACCEL_DECLARE_STUB(trilu_stub, void (*)(const Tensor& x, int64_t diagonal, bool upper, Tensor& out));
+ACCEL_DECLARE_STUB(trilu_stub,
+                   void (*)(const Tensor& x, int64_t diagonal, bool upper, Tensor& out));
 
 }  // namespace accel

@@ -24,9 +24,9 @@ ACCEL_DECLARE_STUB(softmax_backward_stub, void (*)(const Tensor& grad, const Ten
 // ---- normalisation over the trailing n elements of each row ----
 // x: (M * n) elements viewed as (M, n); weight, bias: (n) or undefined; y like x;
 // mean, rstd: (M) in the accumulation dtype.
-ACCEL_DECLARE_STUB(layer_norm_stub, void (*)(const Tensor& x, const Tensor& weight,
-                                             const Tensor& bias, int64_t n, double eps, Tensor& y,
-                                             Tensor& mean, Tensor& rstd));
+ACCEL_DECLARE_STUB(layer_norm_stub,
+                   void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t n,
+                            double eps, Tensor& y, Tensor& mean, Tensor& rstd));
 // Any of dx, dweight, dbias may be undefined (not needed). dweight/dbias are overwritten.
 ACCEL_DECLARE_STUB(layer_norm_backward_stub,
                    void (*)(const Tensor& grad, const Tensor& x, const Tensor& mean,
@@ -56,17 +56,18 @@ ACCEL_DECLARE_STUB(cross_entropy_backward_stub,
                             const Tensor& lse, int64_t ignore_index, double label_smoothing,
                             Tensor& dlogits));
 // log_probs: (R, C); loss[r] = -log_probs[r, target[r]] (0 when ignored); valid as above.
-ACCEL_DECLARE_STUB(nll_loss_stub, void (*)(const Tensor& log_probs, const Tensor& target,
-                                           int64_t ignore_index, const char* op, Tensor& loss,
-                                           Tensor& valid));
+ACCEL_DECLARE_STUB(nll_loss_stub,
+                   void (*)(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
+                            const char* op, Tensor& loss, Tensor& valid));
 // dlog_probs: (R, C), overwritten: -grad[r] at (r, target[r]), zero elsewhere.
 ACCEL_DECLARE_STUB(nll_loss_backward_stub, void (*)(const Tensor& grad, const Tensor& target,
                                                     int64_t ignore_index, Tensor& dlog_probs));
 
-// ---- fused scaled dot-product attention (Note [fused attention], kernels/cpu/nn_attention.cc) ----
-// q: (B, H, T, D), k: (B, H, S, D), v: (B, H, S, Dv), out: (B, H, T, Dv): any strides with a unit
-// stride in the last dim (views into a packed qkv buffer are fine). p: (B, H, T, S) contiguous,
-// receives softmax(scale * q k^T) with the future masked (causal: j > i is 0; needs T == S).
+// ---- fused scaled dot-product attention (Note [fused attention], kernels/cpu/nn_attention.cc)
+// ---- q: (B, H, T, D), k: (B, H, S, D), v: (B, H, S, Dv), out: (B, H, T, Dv): any strides with a
+// unit stride in the last dim (views into a packed qkv buffer are fine). p: (B, H, T, S)
+// contiguous, receives softmax(scale * q k^T) with the future masked (causal: j > i is 0; needs T
+// == S).
 ACCEL_DECLARE_STUB(sdpa_stub, void (*)(const Tensor& q, const Tensor& k, const Tensor& v,
                                        double scale, bool causal, Tensor& out, Tensor& p));
 // dout like out; dq, dk, dv like q, k, v (same rule on strides), fully overwritten.

@@ -14,7 +14,8 @@ namespace accel {
 // int64 for integers); ArgMax/ArgMin write int64 and take exactly one reduced dim, first index
 // wins on ties, NaN counts as the maximum. Max/Min/ArgMax/ArgMin need a non-empty reduced
 // extent whenever out is non-empty (the op layer, autograd/ops/reduce.cc, checks it).
-ACCEL_DECLARE_STUB(reduce_stub, void (*)(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out));
+ACCEL_DECLARE_STUB(reduce_stub,
+                   void (*)(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out));
 
 // For the backends: which dims of `in` a valid call reduces, and the elements per output.
 struct ReducedDims {

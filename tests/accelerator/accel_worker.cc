@@ -30,18 +30,19 @@ using accel::test::Run;
 
 namespace {
 
-#define EXPECT(cond)                                                                  \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      std::fprintf(stderr, "rank check failed: %s (line %d)\n", #cond, __LINE__);      \
-      std::exit(2);                                                                   \
-    }                                                                                 \
+#define EXPECT(cond)                                                              \
+  do {                                                                            \
+    if (!(cond)) {                                                                \
+      std::fprintf(stderr, "rank check failed: %s (line %d)\n", #cond, __LINE__); \
+      std::exit(2);                                                               \
+    }                                                                             \
   } while (0)
 
 AcceleratorConfig config_from_env(const std::string& dir) {
   AcceleratorConfig c;
   c.project_dir = dir;
-  if (const char* t = std::getenv("DIST_TIMEOUT_MS")) c.timeout = std::chrono::milliseconds(std::atoi(t));
+  if (const char* t = std::getenv("DIST_TIMEOUT_MS"))
+    c.timeout = std::chrono::milliseconds(std::atoi(t));
   return c;
 }
 
@@ -148,7 +149,8 @@ int ddp_mlp(int64_t batch, int zero_stage, const std::string& mp) {
   EXPECT((ddp != nullptr) == (multi && zero_stage == 0));
   EXPECT((aopt->zero() != nullptr) == (multi && zero_stage > 0));
   if (ddp) EXPECT(ddp->buckets().size() >= 3);
-  if (aopt->zero()) EXPECT(aopt->zero()->buckets().size() >= 3 && aopt->zero()->stage() == zero_stage);
+  if (aopt->zero())
+    EXPECT(aopt->zero()->buckets().size() >= 3 && aopt->zero()->stage() == zero_stage);
   for (int epoch = 0; epoch < 2; ++epoch) {
     for (auto& b : *aloader) {
       auto scope = acc.accumulate();
@@ -168,11 +170,13 @@ int ddp_mlp(int64_t batch, int zero_stage, const std::string& mp) {
   }
   EXPECT(acc.optimizer_steps() == 4);  // 64 / (2 * batch * W) windows per epoch, 2 epochs
   if (ddp)
-    std::printf("buckets %zu hidden %.2f\n", ddp->buckets().size(), ddp->last_stats().hidden_fraction());
+    std::printf("buckets %zu hidden %.2f\n", ddp->buckets().size(),
+                ddp->last_stats().hidden_fraction());
   if (aopt->zero()) {
     dist::ZeroMemory m = aopt->zero()->memory();
     std::printf("zero params %lld grads %lld optimizer %lld full %lld\n", (long long)m.param_bytes,
-                (long long)m.grad_bytes, (long long)m.optimizer_bytes, (long long)m.full_param_bytes);
+                (long long)m.grad_bytes, (long long)m.optimizer_bytes,
+                (long long)m.full_param_bytes);
   }
   for (auto& p : model->parameters())
     for (double v : p.tolist()) std::printf("param %.9g\n", v);
@@ -183,7 +187,8 @@ int ddp_mlp(int64_t batch, int zero_stage, const std::string& mp) {
 // ZeRO training with AdamW + StepLR over an unshuffled loader (48 samples): the global batch
 // is `batch` * W, the same samples whatever W is. Prints the global mean loss of every step
 // and the final parameters.
-int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int save_at, bool resume) {
+int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int save_at,
+               bool resume) {
   AcceleratorConfig c = config_from_env(dir);
   c.zero_stage = stage;
   c.ddp.bucket_cap_bytes = 512;
@@ -212,7 +217,8 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
       aopt->step();
       asched->step();
       aopt->zero_grad();
-      std::printf("loss %d %s\n", done, test::hex(acc.reduce(loss.detach(), "mean").item<double>()).c_str());
+      std::printf("loss %d %s\n", done,
+                  test::hex(acc.reduce(loss.detach(), "mean").item<double>()).c_str());
       ++done;
       if (!resume && done == save_at) acc.save_state(dir + "/ckpt");
       if (done == steps) break;
@@ -257,8 +263,8 @@ int zero_errors() {
   return 0;
 }
 
-int train(const std::string& dir, int steps, int save_every, bool resume, const std::string& crash_stage,
-          int crash_rank) {
+int train(const std::string& dir, int steps, int save_every, bool resume,
+          const std::string& crash_stage, int crash_rank) {
   AcceleratorConfig c = config_from_env(dir);
   c.gradient_accumulation_steps = 2;
   c.seed = 3;
@@ -301,7 +307,8 @@ int main(int argc, char** argv) {
     if (mode == "facade") return facade();
     if (mode == "ddp" && argc > 2) return ddp(std::atoll(argv[2]));
     if (mode == "ddp_mlp" && argc > 2)
-      return ddp_mlp(std::atoll(argv[2]), argc > 3 ? std::atoi(argv[3]) : 0, argc > 4 ? argv[4] : "no");
+      return ddp_mlp(std::atoll(argv[2]), argc > 3 ? std::atoi(argv[3]) : 0,
+                     argc > 4 ? argv[4] : "no");
     if (mode == "zero_errors") return zero_errors();
     if (mode == "zero_train" && argc > 7)
       return zero_train(argv[2], std::atoi(argv[3]), std::atoll(argv[4]), std::atoi(argv[5]),
@@ -309,7 +316,8 @@ int main(int argc, char** argv) {
     if (mode == "train" && argc > 5)
       return train(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]) != 0,
                    argc > 7 ? argv[6] : "", argc > 7 ? std::atoi(argv[7]) : -1);
-    std::fprintf(stderr, "usage: accel_worker facade|ddp B|train DIR STEPS EVERY RESUME [STAGE RANK]\n");
+    std::fprintf(stderr,
+                 "usage: accel_worker facade|ddp B|train DIR STEPS EVERY RESUME [STAGE RANK]\n");
     return 64;
   } catch (const std::exception& e) {
     std::fflush(stdout);

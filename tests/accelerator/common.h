@@ -74,8 +74,7 @@ struct Run {
   std::shared_ptr<data::DataLoader> loader;
   std::shared_ptr<AcceleratedScheduler> sched;
 
-  Run(Accelerator& acc, int64_t batch, bool shuffle = true, double p_drop = 0.1,
-      int64_t n = 40) {
+  Run(Accelerator& acc, int64_t batch, bool shuffle = true, double p_drop = 0.1, int64_t n = 40) {
     auto m = std::make_shared<TinyNet>(7, p_drop);
     optim::SGDOptions so;
     so.lr = 0.05;

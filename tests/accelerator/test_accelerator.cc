@@ -16,13 +16,15 @@
 #include "tests/accelerator/common.h"
 
 using namespace accel;
-using accel::test::Run;
 using accel::test::base_config;
+using accel::test::Run;
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh_dir(const std::string& tag) { return accel::test::fresh_dir("accel-acc-test", tag); }
+std::string fresh_dir(const std::string& tag) {
+  return accel::test::fresh_dir("accel-acc-test", tag);
+}
 
 std::vector<double> flat_params(nn::Module& m) {
   std::vector<double> out;

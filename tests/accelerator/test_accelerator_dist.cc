@@ -55,7 +55,8 @@ TEST_CASE("multi-process facade: gather, gather_for_metrics, reduce, broadcast, 
     check_ok(res, "facade");
     // print() only on the main process.
     CHECK(res[0].output.find("printed once") != std::string::npos);
-    for (int r = 1; r < world; ++r) CHECK(res[size_t(r)].output.find("printed once") == std::string::npos);
+    for (int r = 1; r < world; ++r)
+      CHECK(res[size_t(r)].output.find("printed once") == std::string::npos);
   }
 }
 
@@ -85,13 +86,15 @@ void check_close(const std::string& want, const std::string& got, const std::str
   REQUIRE(ref.size() >= 4);
   REQUIRE(mine.size() == ref.size());
   for (size_t i = 0; i < ref.size(); ++i) {
-    double a = std::stod(ref[i].substr(prefix.size())), b = std::stod(mine[i].substr(prefix.size()));
+    double a = std::stod(ref[i].substr(prefix.size())),
+           b = std::stod(mine[i].substr(prefix.size()));
     CHECK(b == doctest::Approx(a).epsilon(eps));
   }
 }
 }  // namespace
 
-TEST_CASE("DDP through the facade: 2 ranks x batch 8 match 1 process x batch 16 (AdamW, clipping)") {
+TEST_CASE(
+    "DDP through the facade: 2 ranks x batch 8 match 1 process x batch 16 (AdamW, clipping)") {
   auto one = run_world(worker(), {"ddp_mlp", "16"}, 1, {}, 60s);
   check_ok(one, "ddp_mlp");
   auto two = run_world(worker(), {"ddp_mlp", "8"}, 2, {}, 60s);
@@ -168,7 +171,8 @@ TEST_CASE("ZeRO checkpoints: same world size resumes bit-exact; 3, 4 and 1 proce
   };
   for (Case c : {Case{3, "3", "4"}, Case{4, "1", "3"}, Case{1, "2", "12"}}) {
     CAPTURE(c.world);
-    auto res = run_world(worker(), {"zero_train", dir, c.stage, c.batch, "8", "4", "1"}, c.world, {}, 60s);
+    auto res =
+        run_world(worker(), {"zero_train", dir, c.stage, c.batch, "8", "4", "1"}, c.world, {}, 60s);
     check_ok(res, "zero_train");
     for (int r = 0; r < c.world; ++r) {
       CHECK(res[size_t(r)].output.find("resumed at 4 lr 0.005") != std::string::npos);
@@ -197,8 +201,9 @@ TEST_CASE("save, kill during save, resume: previous checkpoint loads, losses bit
     CAPTURE(c.stage);
     const std::string dir = fresh_dir(std::string("crash-") + c.stage);
     // Dies in the second save (after 8 steps): rank `c.rank` is killed at stage `c.stage`.
-    auto crashed = run_world(worker(), {"train", dir, "12", "4", "0", c.stage, std::to_string(c.rank)},
-                             2, env, 60s, /*kill_after_survivors=*/true);
+    auto crashed =
+        run_world(worker(), {"train", dir, "12", "4", "0", c.stage, std::to_string(c.rank)}, 2, env,
+                  60s, /*kill_after_survivors=*/true);
     {
       INFO("victim output:\n" << crashed[size_t(c.rank)].output);
       CHECK(crashed[size_t(c.rank)].code == -SIGKILL);

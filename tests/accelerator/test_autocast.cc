@@ -65,11 +65,13 @@ TEST_CASE("autocast bf16: Linear forward runs the bf16 kernel, output bfloat16 o
   CHECK(lin.weight.dtype() == kFloat32);
 }
 
-TEST_CASE("autocast: matmul, mm, bmm, conv2d run in the 16-bit dtype; fp16 too; float64 untouched") {
+TEST_CASE(
+    "autocast: matmul, mm, bmm, conv2d run in the 16-bit dtype; fp16 too; float64 untouched") {
   Generator g(2);
   Tensor a = randn({3, 5}, {}, &g), b = randn({5, 4}, {}, &g);
   Tensor a3 = randn({2, 3, 5}, {}, &g), b3 = randn({2, 5, 4}, {}, &g);
-  Tensor xc = randn({1, 2, 6, 6}, {}, &g), wc = randn({3, 2, 3, 3}, {}, &g), bc = randn({3}, {}, &g);
+  Tensor xc = randn({1, 2, 6, 6}, {}, &g), wc = randn({3, 2, 3, 3}, {}, &g),
+         bc = randn({3}, {}, &g);
   for (DType dt : {kBFloat16, kFloat16}) {
     CAPTURE(dt);
     AutocastGuard ac(true, dt);
@@ -148,12 +150,14 @@ TEST_CASE("autocast: softmax, norms and losses run in float32 on bf16/fp16 input
 TEST_CASE("autocast: attention runs the fused float32 kernel on CPU, on upcast bf16 inputs") {
   // Note [autocast attention]: a float32 op under autocast where the fused kernel exists.
   Generator g(6);
-  Tensor q = randn({1, 2, 5, 8}, {}, &g), k = randn({1, 2, 5, 8}, {}, &g), v = randn({1, 2, 5, 8}, {}, &g);
+  Tensor q = randn({1, 2, 5, 8}, {}, &g), k = randn({1, 2, 5, 8}, {}, &g),
+         v = randn({1, 2, 5, 8}, {}, &g);
   Tensor f32 = scaled_dot_product_attention(q, k, v, true);
   auto merged = [](const Tensor& t) { return t.transpose(1, 2).reshape({1, 5, 16}); };
   Tensor qkv = cat({merged(q), merged(k), merged(v)}, 2);  // (B, T, 3C) = [q | k | v]
   Tensor q16 = q.to(kBFloat16), k16 = k.to(kBFloat16), v16 = v.to(kBFloat16);
-  Tensor want16 = scaled_dot_product_attention(q16.to(kFloat32), k16.to(kFloat32), v16.to(kFloat32), true);
+  Tensor want16 =
+      scaled_dot_product_attention(q16.to(kFloat32), k16.to(kFloat32), v16.to(kFloat32), true);
   AutocastGuard ac(true, kBFloat16);
   Tensor got = scaled_dot_product_attention(q, k, v, true);
   Tensor packed = scaled_dot_product_attention_packed(qkv, 2, true);
@@ -169,7 +173,8 @@ TEST_CASE("autocast: attention runs the fused float32 kernel on CPU, on upcast b
   CHECK(rel_max_diff(packed16, merged(f32)) < 3e-2);
 }
 
-TEST_CASE("autocast weight cache: one conversion per parameter per region, invalidated by updates") {
+TEST_CASE(
+    "autocast weight cache: one conversion per parameter per region, invalidated by updates") {
   Generator g(7);
   nn::Linear lin(16, 8, true, &g);
   Tensor x = randn({4, 16}, {}, &g);
@@ -241,9 +246,9 @@ TEST_CASE("vectorised float32 <-> bfloat16 conversion equals the scalar rounding
   std::vector<float> v;
   Generator g(8);
   for (double d : randn({1000}, {}, &g).tolist()) v.push_back(float(d) * 1e3f);
-  for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0x7f7fffffu, 0xff7fffffu,
-                        0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0x00000000u, 0x80000000u,
-                        0x3f800000u, 0x47efffffu}) {
+  for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0x7f7fffffu,
+                        0xff7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+                        0x00000000u, 0x80000000u, 0x3f800000u, 0x47efffffu}) {
     float f;
     std::memcpy(&f, &bits, 4);
     v.push_back(f);
@@ -268,7 +273,8 @@ TEST_CASE("vectorised float32 <-> bfloat16 conversion equals the scalar rounding
     }
   }
   Tensor finite = src.narrow(0, 0, 1000);
-  CHECK(equal(finite.to(kBFloat16).to(kFloat32), slow.narrow(0, 0, 1000).contiguous().to(kFloat32)));
+  CHECK(
+      equal(finite.to(kBFloat16).to(kFloat32), slow.narrow(0, 0, 1000).contiguous().to(kFloat32)));
   // bfloat16 -> float32 is exact: back and forth again gives the same bits.
   Tensor back = fast.to(kFloat32);
   CHECK(equal(back.to(kBFloat16).to(kFloat32).narrow(0, 0, 1000), back.narrow(0, 0, 1000)));

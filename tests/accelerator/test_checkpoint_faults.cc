@@ -24,13 +24,15 @@
 #include "tests/accelerator/common.h"
 
 using namespace accel;
-using accel::test::Run;
 using accel::test::base_config;
+using accel::test::Run;
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh_dir(const std::string& tag) { return accel::test::fresh_dir("accel-ckpt-faults", tag); }
+std::string fresh_dir(const std::string& tag) {
+  return accel::test::fresh_dir("accel-ckpt-faults", tag);
+}
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -64,7 +66,9 @@ int in_child(const std::function<int()>& body) {
 }
 
 int64_t saved_step(const std::string& ckpt_dir) {
-  return nlohmann::json::parse(slurp(ckpt_dir + "/" + dist::kCheckpointStateFile)).at("step").get<int64_t>();
+  return nlohmann::json::parse(slurp(ckpt_dir + "/" + dist::kCheckpointStateFile))
+      .at("step")
+      .get<int64_t>();
 }
 
 // One step, save to root/ck (step 1); one more step, save to root/ck again (step 2), the
@@ -83,8 +87,8 @@ int save_twice_and_die_at(const std::string& root, const std::string& stage) {
 }
 
 void resave_killed_at_every_step(bool exchange) {
-  const std::vector<std::string> stages = {"begin", "rank_files", "state", "commit_swap",
-                                           "commit", "latest", "rotate"};
+  const std::vector<std::string> stages = {"begin",  "rank_files", "state", "commit_swap",
+                                           "commit", "latest",     "rotate"};
   // The fallback's "commit_swap" comes between its two renames: the old copy is still current.
   std::vector<std::string> old_until = {"begin", "rank_files", "state"};
   if (!exchange) old_until.push_back("commit_swap");
@@ -353,9 +357,10 @@ TEST_CASE("checkpoint faults: load_state changes nothing unless everything loads
   Trained t("atomic");
   const std::string before = t.state();
   // Every file load_state reads, each truncated in turn (the last-read first).
-  std::vector<std::string> files = {"custom_counter_rank0.json", "grads_rank0.safetensors",
-                                    "rng_rank0.txt", "loader_rank0.json", "scheduler.safetensors",
-                                    "optimizer.safetensors", "model.safetensors"};
+  std::vector<std::string> files = {
+      "custom_counter_rank0.json", "grads_rank0.safetensors", "rng_rank0.txt",
+      "loader_rank0.json",         "scheduler.safetensors",   "optimizer.safetensors",
+      "model.safetensors"};
   for (const std::string& f : files) {
     CAPTURE(f);
     const std::string path = t.ckpt + "/" + f;

@@ -46,11 +46,13 @@ TEST_CASE("gradcheck: every differentiable op has a case") {
   for (const char* op_c : ops) {
     const std::string op = op_c;
     INFO("op ", op);
-    CHECK_MESSAGE(covered.count(op) == 1, "differentiable op '", op, "' has no gradcheck case in tests/ops/");
+    CHECK_MESSAGE(covered.count(op) == 1, "differentiable op '", op,
+                  "' has no gradcheck case in tests/ops/");
   }
   // And no differentiable case names an op that does not exist (a typo would hide a missing case).
   std::set<std::string> known(ops.begin(), ops.end());
-  for (const auto& name : named) CHECK_MESSAGE(known.count(name) == 1, "case for unknown op ", name);
+  for (const auto& name : named)
+    CHECK_MESSAGE(known.count(name) == 1, "case for unknown op ", name);
 }
 
 TEST_CASE("gradcheck: detects a wrong gradient") {

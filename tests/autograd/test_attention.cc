@@ -30,7 +30,8 @@ double max_diff(const Tensor& a, const Tensor& b) {
 }
 void check_close(const Tensor& a, const Tensor& b, double rtol, double atol) {
   REQUIRE(a.sizes() == b.sizes());
-  CHECK_MESSAGE(allclose(a.to(kFloat64), b.to(kFloat64), rtol, atol), "max |diff| = ", max_diff(a, b));
+  CHECK_MESSAGE(allclose(a.to(kFloat64), b.to(kFloat64), rtol, atol),
+                "max |diff| = ", max_diff(a, b));
 }
 
 std::vector<Tensor> leaves(const std::vector<Tensor>& xs) {
@@ -105,8 +106,8 @@ TEST_CASE("scaled_dot_product_attention matches the composed ops (f32 and f64)")
       INFO("causal, T = ", T);
       compare([](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], true); },
               [](const auto& x) { return ref_attention(x[0], x[1], x[2], true); },
-              {rn({2, 3, T, 16}, dt), rn({2, 3, T, 16}, dt), rn({2, 3, T, 16}, dt)},
-              rtol_for(dt), atol_for(dt));
+              {rn({2, 3, T, 16}, dt), rn({2, 3, T, 16}, dt), rn({2, 3, T, 16}, dt)}, rtol_for(dt),
+              atol_for(dt));
     }
     INFO("not causal, S != T, Dv != D");
     compare([](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], false); },
@@ -158,7 +159,9 @@ TEST_CASE("scaled_dot_product_attention_packed matches narrow/reshape/transpose 
             rtol_for(dt), atol_for(dt));
     // A non-unit channel stride is copied once; the gradient still reaches the caller's layout.
     compare(
-        [](const auto& x) { return scaled_dot_product_attention_packed(x[0].transpose(1, 2), 2, true); },
+        [](const auto& x) {
+          return scaled_dot_product_attention_packed(x[0].transpose(1, 2), 2, true);
+        },
         [](const auto& x) { return ref_packed(x[0].transpose(1, 2), 2, true); },
         {rn({2, 12, 9}, dt)}, rtol_for(dt), atol_for(dt));
   }
@@ -177,7 +180,8 @@ TEST_CASE("CausalSelfAttention: fused path equals the composed path") {
 }
 
 TEST_CASE("scaled_dot_product_attention: dtypes the kernel does not take use the composed ops") {
-  Tensor q = rn({1, 2, 9, 8}, kFloat32), k = rn({1, 2, 9, 8}, kFloat32), v = rn({1, 2, 9, 8}, kFloat32);
+  Tensor q = rn({1, 2, 9, 8}, kFloat32), k = rn({1, 2, 9, 8}, kFloat32),
+         v = rn({1, 2, 9, 8}, kFloat32);
   Tensor ref = ref_attention(q, k, v, true);
   Tensor yb = scaled_dot_product_attention(q.to(kBFloat16), k.to(kBFloat16), v.to(kBFloat16), true);
   CHECK(yb.dtype() == kBFloat16);
@@ -187,18 +191,28 @@ TEST_CASE("scaled_dot_product_attention: dtypes the kernel does not take use the
 TEST_CASE("scaled_dot_product_attention: errors name the op and the shapes") {
   Tensor q = rn({1, 2, 5, 4}, kFloat32);
   check_error<ShapeError>(
-      [&] { scaled_dot_product_attention(q, rn({1, 2, 5, 3}, kFloat32), q, false); },
+      [&] {
+        scaled_dot_product_attention(q, rn({1, 2, 5, 3}, kFloat32), q, false);
+      },
       {"[scaled_dot_product_attention]", "(1, 2, 5, 4)", "(1, 2, 5, 3)"});
   check_error<ShapeError>([&] { scaled_dot_product_attention(q.flatten(0, 1), q, q, false); },
                           {"[scaled_dot_product_attention]", "(2, 5, 4)"});
   check_error<ShapeError>(
-      [&] { scaled_dot_product_attention(q, rn({1, 2, 6, 4}, kFloat32), rn({1, 2, 6, 4}, kFloat32), true); },
+      [&] {
+        scaled_dot_product_attention(q, rn({1, 2, 6, 4}, kFloat32), rn({1, 2, 6, 4}, kFloat32),
+                                     true);
+      },
       {"[scaled_dot_product_attention] causal", "(1, 2, 6, 4)"});
   check_error<DTypeError>([&] { scaled_dot_product_attention(q, q.to(kFloat64), q, false); },
                           {"[scaled_dot_product_attention]", "float64"});
-  check_error<ShapeError>([&] { scaled_dot_product_attention_packed(rn({2, 5, 10}, kFloat32), 4, true); },
-                          {"[scaled_dot_product_attention_packed]", "(2, 5, 10)"});
+  check_error<ShapeError>(
+      [&] {
+        scaled_dot_product_attention_packed(rn({2, 5, 10}, kFloat32), 4, true);
+      },
+      {"[scaled_dot_product_attention_packed]", "(2, 5, 10)"});
   check_error<DTypeError>(
-      [&] { scaled_dot_product_attention_packed(ones({2, 5, 12}, TensorOptions(kInt64)), 2, true); },
+      [&] {
+        scaled_dot_product_attention_packed(ones({2, 5, 12}, TensorOptions(kInt64)), 2, true);
+      },
       {"[scaled_dot_product_attention_packed]"});
 }

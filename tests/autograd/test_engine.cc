@@ -100,8 +100,8 @@ TEST_CASE("backward order: later nodes first (DDP bucket order)") {
   std::vector<char> order;
   a.register_post_accumulate_grad_hook([&](Tensor&) { order.push_back('a'); });
   b.register_post_accumulate_grad_hook([&](Tensor&) { order.push_back('b'); });
-  Tensor h = mul(a, 2.0);         // first layer
-  Tensor out = mul(exp(h), b);    // second layer
+  Tensor h = mul(a, 2.0);       // first layer
+  Tensor out = mul(exp(h), b);  // second layer
   out.sum().backward();
   REQUIRE(order.size() == 2);
   CHECK(order[0] == 'b');

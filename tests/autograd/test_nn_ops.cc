@@ -35,7 +35,8 @@ double max_diff(const Tensor& a, const Tensor& b) {
 }
 void check_close(const Tensor& a, const Tensor& b, double rtol, double atol) {
   REQUIRE(a.sizes() == b.sizes());
-  CHECK_MESSAGE(allclose(a.to(kFloat64), b.to(kFloat64), rtol, atol), "max |diff| = ", max_diff(a, b));
+  CHECK_MESSAGE(allclose(a.to(kFloat64), b.to(kFloat64), rtol, atol),
+                "max |diff| = ", max_diff(a, b));
 }
 double rtol_for(DType dt) { return dt == kFloat64 ? 1e-10 : 2e-5; }
 double atol_for(DType dt) { return dt == kFloat64 ? 1e-12 : 2e-6; }
@@ -153,9 +154,12 @@ TEST_CASE("softmax: attention-sized rows with a causal -inf mask, parallel path"
   CHECK(top.select(0, 0).select(0, 1).item() == 0.0);
   CHECK(top.select(0, 0).select(0, 0).item() == doctest::Approx(1.0));
   check_close(sum(y, {-1}), ones({4, 2, t}), 1e-5, 1e-5);
-  compare([&](const std::vector<Tensor>& v) { return softmax(masked_fill(v[0], mask, -INFINITY), -1); },
-          [&](const std::vector<Tensor>& v) { return ref_softmax(masked_fill(v[0], mask, -INFINITY), 3); },
-          {x}, 2e-5, 2e-7);
+  compare(
+      [&](const std::vector<Tensor>& v) { return softmax(masked_fill(v[0], mask, -INFINITY), -1); },
+      [&](const std::vector<Tensor>& v) {
+        return ref_softmax(masked_fill(v[0], mask, -INFINITY), 3);
+      },
+      {x}, 2e-5, 2e-7);
   Tensor ls = log_softmax(xm, -1);
   CHECK(std::isinf(ls.select(0, 0).select(0, 0).select(0, 0).select(0, 5).item()));
 }
@@ -199,13 +203,19 @@ TEST_CASE("layer_norm matches the composition (values, dx, dweight, dbias), f32 
             [](const std::vector<Tensor>& v) { return ref_layer_norm(v[0], 1, v[1], v[2], 1e-5); },
             {x, w, b}, rtol_for(dt) * 10, atol_for(dt) * 10);
     Tensor x2 = rn({4, 3, 5}, dt);
-    compare([](const std::vector<Tensor>& v) { return layer_norm(v[0], {3, 5}, Tensor(), Tensor(), 1e-3); },
-            [](const std::vector<Tensor>& v) { return ref_layer_norm(v[0], 2, Tensor(), Tensor(), 1e-3); },
-            {x2}, rtol_for(dt) * 10, atol_for(dt) * 10);
+    compare(
+        [](const std::vector<Tensor>& v) {
+          return layer_norm(v[0], {3, 5}, Tensor(), Tensor(), 1e-3);
+        },
+        [](const std::vector<Tensor>& v) {
+          return ref_layer_norm(v[0], 2, Tensor(), Tensor(), 1e-3);
+        },
+        {x2}, rtol_for(dt) * 10, atol_for(dt) * 10);
     Tensor w2 = rn({5}, dt);
-    compare([](const std::vector<Tensor>& v) { return layer_norm(v[0], {5}, v[1]); },
-            [](const std::vector<Tensor>& v) { return ref_layer_norm(v[0], 1, v[1], Tensor(), 1e-5); },
-            {x2, w2}, rtol_for(dt) * 10, atol_for(dt) * 10);
+    compare(
+        [](const std::vector<Tensor>& v) { return layer_norm(v[0], {5}, v[1]); },
+        [](const std::vector<Tensor>& v) { return ref_layer_norm(v[0], 1, v[1], Tensor(), 1e-5); },
+        {x2, w2}, rtol_for(dt) * 10, atol_for(dt) * 10);
   }
 }
 
@@ -220,7 +230,8 @@ TEST_CASE("layer_norm: non-contiguous input, only weight requiring grad, stable 
   Tensor big = add(rn({2, 64}), 1e4);
   // (The input itself only resolves ~1e-3 at 1e4 in float32; a one-pass E[x^2] - E[x]^2 would be
   // off by whole units.)
-  check_close(layer_norm(big, {64}), ref_layer_norm(big.to(kFloat64), 1, Tensor(), Tensor(), 1e-5), 0, 1e-2);
+  check_close(layer_norm(big, {64}), ref_layer_norm(big.to(kFloat64), 1, Tensor(), Tensor(), 1e-5),
+              0, 1e-2);
 }
 
 TEST_CASE("rms_norm matches the composition, f32 and f64") {
@@ -247,9 +258,10 @@ TEST_CASE("cross_entropy matches log_softmax + gather: reductions, ignore_index,
     for (Reduction r : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
       for (double ls : {0.0, 0.1}) {
         INFO("dtype ", dt, " reduction ", int(r), " smoothing ", ls);
-        compare([&](const std::vector<Tensor>& v) { return cross_entropy(v[0], t, -100, r, ls); },
-                [&](const std::vector<Tensor>& v) { return ref_cross_entropy(v[0], t, -100, r, ls); },
-                {x}, rtol_for(dt) * 10, atol_for(dt) * 10);
+        compare(
+            [&](const std::vector<Tensor>& v) { return cross_entropy(v[0], t, -100, r, ls); },
+            [&](const std::vector<Tensor>& v) { return ref_cross_entropy(v[0], t, -100, r, ls); },
+            {x}, rtol_for(dt) * 10, atol_for(dt) * 10);
       }
     }
   }
@@ -259,23 +271,30 @@ TEST_CASE("cross_entropy: gpt-sized (4096, 256), spatial (N, C, d), unbatched, i
   Tensor x = rn({4096, 256});
   Tensor t = ints(256, {4096});
   compare([&](const std::vector<Tensor>& v) { return cross_entropy(v[0], t); },
-          [&](const std::vector<Tensor>& v) { return ref_cross_entropy(v[0], t, -100, Reduction::Mean, 0); },
+          [&](const std::vector<Tensor>& v) {
+            return ref_cross_entropy(v[0], t, -100, Reduction::Mean, 0);
+          },
           {x}, 2e-5, 1e-7);
   // (N, C, d1, d2) equals the permuted 2-D problem.
   Tensor xs = rn({2, 5, 3, 4});
   Tensor ts = ints(5, {2, 3, 4});
   Tensor flat = xs.permute({0, 2, 3, 1}).reshape({-1, 5});
   check_close(cross_entropy(xs, ts, -100, Reduction::None),
-              cross_entropy(flat, ts.reshape({-1}), -100, Reduction::None).reshape({2, 3, 4}), 1e-6, 1e-6);
-  compare([&](const std::vector<Tensor>& v) { return cross_entropy(v[0], ts, 1, Reduction::Mean, 0.05); },
-          [&](const std::vector<Tensor>& v) {
-            return ref_cross_entropy(v[0].permute({0, 2, 3, 1}).reshape({-1, 5}), ts.reshape({-1}), 1,
-                                     Reduction::Mean, 0.05);
-          },
-          {xs}, 2e-5, 1e-6);
+              cross_entropy(flat, ts.reshape({-1}), -100, Reduction::None).reshape({2, 3, 4}), 1e-6,
+              1e-6);
+  compare(
+      [&](const std::vector<Tensor>& v) {
+        return cross_entropy(v[0], ts, 1, Reduction::Mean, 0.05);
+      },
+      [&](const std::vector<Tensor>& v) {
+        return ref_cross_entropy(v[0].permute({0, 2, 3, 1}).reshape({-1, 5}), ts.reshape({-1}), 1,
+                                 Reduction::Mean, 0.05);
+      },
+      {xs}, 2e-5, 1e-6);
   Tensor one = rn({6});
   check_close(cross_entropy(one, tensor(std::vector<int64_t>{2}, {})),
-              ref_cross_entropy(one.unsqueeze(0), tensor(std::vector<int64_t>{2}, {1}), -100, Reduction::Mean, 0),
+              ref_cross_entropy(one.unsqueeze(0), tensor(std::vector<int64_t>{2}, {1}), -100,
+                                Reduction::Mean, 0),
               1e-6, 1e-6);
   Tensor t32 = tensor(std::vector<int32_t>{1, 0, 2}, {3});
   Tensor x3 = rn({3, 3});
@@ -319,12 +338,13 @@ TEST_CASE("mse_loss and binary_cross_entropy_with_logits") {
     check_close(mse_loss(a, b, Reduction::None), mul(d, d), 1e-6, 1e-7);
     // Moderate logits: the naive formula is accurate there.
     Tensor x = rn({40}, dt), t = rand({40}, TensorOptions(dt), &gen());
-    compare([](const std::vector<Tensor>& v) { return binary_cross_entropy_with_logits(v[0], v[1]); },
-            [](const std::vector<Tensor>& v) {
-              Tensor s = sigmoid(v[0]);
-              return mean(neg(add(mul(v[1], log(s)), mul(rsub(v[1], 1.0), log(rsub(s, 1.0))))));
-            },
-            {x, t}, rtol_for(dt) * 100, atol_for(dt) * 100);
+    compare(
+        [](const std::vector<Tensor>& v) { return binary_cross_entropy_with_logits(v[0], v[1]); },
+        [](const std::vector<Tensor>& v) {
+          Tensor s = sigmoid(v[0]);
+          return mean(neg(add(mul(v[1], log(s)), mul(rsub(v[1], 1.0), log(rsub(s, 1.0))))));
+        },
+        {x, t}, rtol_for(dt) * 100, atol_for(dt) * 100);
   }
   // Extreme logits stay finite; the gradient at exactly 0 is sigmoid(0) - t.
   Tensor x = tensor({-200.f, 200.f, 0.f}).requires_grad_();
@@ -386,7 +406,8 @@ TEST_CASE("embedding: gpt-sized lookups and backward accumulation against loops"
   std::vector<int64_t> iv = idx.to_vector<int64_t>();
   bool same = true;
   for (size_t i = 0; i < iv.size(); ++i)
-    for (int64_t j = 0; j < dm; ++j) same = same && ov[i * dm + size_t(j)] == wv[size_t(iv[i] * dm + j)];
+    for (int64_t j = 0; j < dm; ++j)
+      same = same && ov[i * dm + size_t(j)] == wv[size_t(iv[i] * dm + j)];
   CHECK(same);
   Tensor up = rn(out.sizes());
   out.backward(up);
@@ -396,7 +417,8 @@ TEST_CASE("embedding: gpt-sized lookups and backward accumulation against loops"
     for (int64_t j = 0; j < dm; ++j) ref[size_t(iv[i] * dm + j)] += uv[i * dm + size_t(j)];
   check_close(w.grad(), tensor(ref, {vocab, dm}), 1e-5, 1e-5);
   // Same as index_select on the flattened indices.
-  check_close(embedding(w.detach(), idx), index_select(w.detach(), 0, idx.reshape({-1})).reshape({32, 128, dm}), 0, 0);
+  check_close(embedding(w.detach(), idx),
+              index_select(w.detach(), 0, idx.reshape({-1})).reshape({32, 128, dm}), 0, 0);
 }
 
 TEST_CASE("index_select / index_add / gather / scatter_add against loops, f32 and f64") {
@@ -411,7 +433,8 @@ TEST_CASE("index_select / index_add / gather / scatter_add against loops, f32 an
     // index_add with duplicates: x + src summed into rows 4 and 0 and 2.
     Tensor src = rn({5, 4, 7}, dt);
     Tensor ia = index_add(x, 1, i1, src);
-    check_close(ia.select(1, 4), add(x.select(1, 4), add(src.select(1, 0), src.select(1, 2))), 1e-6, 1e-6);
+    check_close(ia.select(1, 4), add(x.select(1, 4), add(src.select(1, 0), src.select(1, 2))), 1e-6,
+                1e-6);
     check_close(ia.select(1, 3), x.select(1, 3), 0, 0);
     check_close(ia.select(1, 2), add(x.select(1, 2), src.select(1, 3)), 1e-6, 1e-6);
     // gather along each dim against a loop over a 2-D case.
@@ -420,12 +443,14 @@ TEST_CASE("index_select / index_add / gather / scatter_add against loops, f32 an
     std::vector<double> xv = x2.tolist(), gv = gather(x2, 1, gi).tolist();
     std::vector<int64_t> iv = gi.to_vector<int64_t>();
     for (int64_t r = 0; r < 3; ++r)
-      for (int64_t c = 0; c < 2; ++c) CHECK(gv[size_t(r * 2 + c)] == xv[size_t(r * 5 + iv[size_t(r * 2 + c)])]);
+      for (int64_t c = 0; c < 2; ++c)
+        CHECK(gv[size_t(r * 2 + c)] == xv[size_t(r * 5 + iv[size_t(r * 2 + c)])]);
     Tensor gi0 = tensor(std::vector<int64_t>{1, 3, 0, 0, 3, 2}, {3, 2});
     std::vector<int64_t> iv0 = gi0.to_vector<int64_t>();
     std::vector<double> g0 = gather(x2, 0, gi0).tolist();
     for (int64_t r = 0; r < 3; ++r)
-      for (int64_t c = 0; c < 2; ++c) CHECK(g0[size_t(r * 2 + c)] == xv[size_t(iv0[size_t(r * 2 + c)] * 5 + c)]);
+      for (int64_t c = 0; c < 2; ++c)
+        CHECK(g0[size_t(r * 2 + c)] == xv[size_t(iv0[size_t(r * 2 + c)] * 5 + c)]);
     // Non-contiguous input.
     CHECK(equal(gather(x2.t(), 0, gi), gather(x2.t().contiguous(), 0, gi)));
   }
@@ -531,8 +556,10 @@ TEST_CASE("half and bfloat16: norms, losses, indexing and joining run in float")
     Tensor xh = x.to(dt), wh = w.to(dt), bh = b.to(dt);
     Tensor y = layer_norm(xh, {40}, wh, bh);
     CHECK(y.dtype() == dt);
-    check_close(y.to(kFloat32), layer_norm(xh.to(kFloat32), {40}, wh.to(kFloat32), bh.to(kFloat32)), tol, tol);
-    check_close(rms_norm(xh, {40}, wh).to(kFloat32), rms_norm(xh.to(kFloat32), {40}, wh.to(kFloat32)), tol, tol);
+    check_close(y.to(kFloat32), layer_norm(xh.to(kFloat32), {40}, wh.to(kFloat32), bh.to(kFloat32)),
+                tol, tol);
+    check_close(rms_norm(xh, {40}, wh).to(kFloat32),
+                rms_norm(xh.to(kFloat32), {40}, wh.to(kFloat32)), tol, tol);
     Tensor xr = xh.detach().requires_grad_();
     Tensor l = cross_entropy(xr, t);
     check_close(l.to(kFloat32), cross_entropy(xh.to(kFloat32), t), tol, tol);
@@ -553,42 +580,100 @@ TEST_CASE("errors: softmax and normalisation") {
   check_error<DTypeError>([] { softmax(arange(4), 0); }, {"[softmax]", "(4,)"});
   check_error<IndexError>([] { softmax(ones({2, 3}), 2); }, {"[softmax]"});
   check_error<IndexError>([] { log_softmax(ones({2, 3}), -3); }, {"[log_softmax]"});
-  check_error<ShapeError>([] { layer_norm(ones({2, 3}), {4}); }, {"[layer_norm]", "(2, 3)", "(4,)"});
-  check_error<ShapeError>([] { layer_norm(ones({3}), {2, 3}); }, {"[layer_norm]", "(3,)", "(2, 3)"});
+  check_error<ShapeError>(
+      [] {
+        layer_norm(ones({2, 3}), {4});
+      },
+      {"[layer_norm]", "(2, 3)", "(4,)"});
+  check_error<ShapeError>(
+      [] {
+        layer_norm(ones({3}), {2, 3});
+      },
+      {"[layer_norm]", "(3,)", "(2, 3)"});
   check_error<ShapeError>([] { layer_norm(ones({2, 3}), {}); }, {"[layer_norm]", "(2, 3)"});
-  check_error<ShapeError>([] { layer_norm(ones({2, 3}), {3}, ones({2})); }, {"[layer_norm]", "weight", "(2,)", "(3,)"});
-  check_error<ShapeError>([] { layer_norm(ones({2, 3}), {3}, ones({3}), ones({3, 1})); },
-                          {"[layer_norm]", "bias", "(3, 1)"});
-  check_error<DTypeError>([] { layer_norm(ones({2, 3}), {3}, ones({3}, kFloat64)); },
-                          {"[layer_norm]", "weight", "float64", "(3,)"});
-  check_error<DTypeError>([] { layer_norm(arange(6).reshape({2, 3}), {3}); }, {"[layer_norm]", "(2, 3)"});
+  check_error<ShapeError>(
+      [] {
+        layer_norm(ones({2, 3}), {3}, ones({2}));
+      },
+      {"[layer_norm]", "weight", "(2,)", "(3,)"});
+  check_error<ShapeError>(
+      [] {
+        layer_norm(ones({2, 3}), {3}, ones({3}), ones({3, 1}));
+      },
+      {"[layer_norm]", "bias", "(3, 1)"});
+  check_error<DTypeError>(
+      [] {
+        layer_norm(ones({2, 3}), {3}, ones({3}, kFloat64));
+      },
+      {"[layer_norm]", "weight", "float64", "(3,)"});
+  check_error<DTypeError>(
+      [] {
+        layer_norm(arange(6).reshape({2, 3}), {3});
+      },
+      {"[layer_norm]", "(2, 3)"});
   check_error<ShapeError>([] { rms_norm(ones({2, 3}), {2}); }, {"[rms_norm]", "(2, 3)", "(2,)"});
-  check_error<ShapeError>([] { rms_norm(ones({2, 3}), {3}, ones({4})); }, {"[rms_norm]", "weight", "(4,)"});
+  check_error<ShapeError>(
+      [] {
+        rms_norm(ones({2, 3}), {3}, ones({4}));
+      },
+      {"[rms_norm]", "weight", "(4,)"});
 }
 
 TEST_CASE("errors: losses") {
   Tensor x = ones({4, 5});
   Tensor t = tensor(std::vector<int64_t>{0, 1, 2, 3}, {4});
-  check_error<IndexError>([&] { cross_entropy(x, tensor(std::vector<int64_t>{0, 5, 1, 1}, {4})); },
-                          {"[cross_entropy]", "target 5", "5 classes"});
-  check_error<IndexError>([&] { cross_entropy(x, tensor(std::vector<int64_t>{0, -1, 1, 1}, {4})); },
-                          {"[cross_entropy]", "target -1"});
-  check_error<ShapeError>([&] { cross_entropy(x, ones({3}, kInt64)); }, {"[cross_entropy]", "(4, 5)", "(3,)", "(4,)"});
-  check_error<ShapeError>([&] { cross_entropy(ones({2, 3, 4}), ones({2, 3}, kInt64)); },
-                          {"[cross_entropy]", "(2, 3, 4)", "(2, 4)"});
-  check_error<ShapeError>([&] { cross_entropy(ones({3}), t); }, {"[cross_entropy]", "(3,)", "0-dim"});
+  check_error<IndexError>(
+      [&] {
+        cross_entropy(x, tensor(std::vector<int64_t>{0, 5, 1, 1}, {4}));
+      },
+      {"[cross_entropy]", "target 5", "5 classes"});
+  check_error<IndexError>(
+      [&] {
+        cross_entropy(x, tensor(std::vector<int64_t>{0, -1, 1, 1}, {4}));
+      },
+      {"[cross_entropy]", "target -1"});
+  check_error<ShapeError>([&] { cross_entropy(x, ones({3}, kInt64)); },
+                          {"[cross_entropy]", "(4, 5)", "(3,)", "(4,)"});
+  check_error<ShapeError>(
+      [&] {
+        cross_entropy(ones({2, 3, 4}), ones({2, 3}, kInt64));
+      },
+      {"[cross_entropy]", "(2, 3, 4)", "(2, 4)"});
+  check_error<ShapeError>([&] { cross_entropy(ones({3}), t); },
+                          {"[cross_entropy]", "(3,)", "0-dim"});
   check_error<ShapeError>([&] { cross_entropy(ones({}), t); }, {"[cross_entropy]", "()"});
-  check_error<ShapeError>([&] { cross_entropy(ones({4, 0}), t); }, {"[cross_entropy]", "(4, 0)", "no classes"});
-  check_error<DTypeError>([&] { cross_entropy(x, ones({4})); }, {"[cross_entropy]", "target", "float32", "(4,)"});
-  check_error<DTypeError>([&] { cross_entropy(ones({4, 5}, kInt64), t); }, {"[cross_entropy]", "(4, 5)"});
-  check_error<ValueError>([&] { cross_entropy(x, t, -100, Reduction::Mean, 1.5); }, {"[cross_entropy]", "1.5"});
-  check_error<IndexError>([&] { nll_loss(x, tensor(std::vector<int64_t>{0, 1, 9, 1}, {4})); },
-                          {"[nll_loss]", "target 9", "5 classes"});
-  check_error<ShapeError>([&] { nll_loss(x, ones({5}, kInt64)); }, {"[nll_loss]", "(4, 5)", "(5,)"});
-  check_error<ShapeError>([&] { mse_loss(ones({4, 1}), ones({4})); }, {"[mse_loss]", "(4, 1)", "(4,)"});
+  check_error<ShapeError>(
+      [&] {
+        cross_entropy(ones({4, 0}), t);
+      },
+      {"[cross_entropy]", "(4, 0)", "no classes"});
+  check_error<DTypeError>([&] { cross_entropy(x, ones({4})); },
+                          {"[cross_entropy]", "target", "float32", "(4,)"});
+  check_error<DTypeError>(
+      [&] {
+        cross_entropy(ones({4, 5}, kInt64), t);
+      },
+      {"[cross_entropy]", "(4, 5)"});
+  check_error<ValueError>([&] { cross_entropy(x, t, -100, Reduction::Mean, 1.5); },
+                          {"[cross_entropy]", "1.5"});
+  check_error<IndexError>(
+      [&] {
+        nll_loss(x, tensor(std::vector<int64_t>{0, 1, 9, 1}, {4}));
+      },
+      {"[nll_loss]", "target 9", "5 classes"});
+  check_error<ShapeError>([&] { nll_loss(x, ones({5}, kInt64)); },
+                          {"[nll_loss]", "(4, 5)", "(5,)"});
+  check_error<ShapeError>(
+      [&] {
+        mse_loss(ones({4, 1}), ones({4}));
+      },
+      {"[mse_loss]", "(4, 1)", "(4,)"});
   check_error<DTypeError>([&] { mse_loss(arange(4), ones({4})); }, {"[mse_loss]"});
-  check_error<ShapeError>([&] { binary_cross_entropy_with_logits(ones({3}), ones({3, 1})); },
-                          {"[binary_cross_entropy_with_logits]", "(3, 1)", "(3,)"});
+  check_error<ShapeError>(
+      [&] {
+        binary_cross_entropy_with_logits(ones({3}), ones({3, 1}));
+      },
+      {"[binary_cross_entropy_with_logits]", "(3, 1)", "(3,)"});
   check_error<DTypeError>([&] { binary_cross_entropy_with_logits(ones({3}), arange(3)); },
                           {"[binary_cross_entropy_with_logits]", "int64"});
   check_error<ValueError>([&] { dropout(x, 1.5, true); }, {"[dropout]", "1.5", "(4, 5)"});
@@ -598,9 +683,13 @@ TEST_CASE("errors: losses") {
 
 TEST_CASE("errors: indexing") {
   Tensor w = ones({10, 4});
-  check_error<IndexError>([&] { embedding(w, tensor(std::vector<int64_t>{1, 10}, {2})); },
-                          {"[embedding]", "index 10", "size 10", "(10, 4)"});
-  check_error<IndexError>([&] { embedding(w, tensor(std::vector<int64_t>{-1}, {1})); }, {"[embedding]", "index -1"});
+  check_error<IndexError>(
+      [&] {
+        embedding(w, tensor(std::vector<int64_t>{1, 10}, {2}));
+      },
+      {"[embedding]", "index 10", "size 10", "(10, 4)"});
+  check_error<IndexError>([&] { embedding(w, tensor(std::vector<int64_t>{-1}, {1})); },
+                          {"[embedding]", "index -1"});
   check_error<DTypeError>([&] { embedding(w, ones({2})); }, {"[embedding]", "float32", "(2,)"});
   check_error<ShapeError>([&] { embedding(ones({10}), tensor(std::vector<int64_t>{1}, {1})); },
                           {"[embedding]", "(10,)"});
@@ -609,40 +698,95 @@ TEST_CASE("errors: indexing") {
   check_error<IndexError>([&] { index_select(x, 0, tensor(std::vector<int64_t>{3}, {1})); },
                           {"[index_select]", "index 3", "size 3", "(3, 4)"});
   check_error<IndexError>([&] { index_select(x, 2, i2); }, {"[index_select]"});
-  check_error<ShapeError>([&] { index_select(x, 0, ones({2, 1}, kInt64)); }, {"[index_select]", "(2, 1)"});
+  check_error<ShapeError>(
+      [&] {
+        index_select(x, 0, ones({2, 1}, kInt64));
+      },
+      {"[index_select]", "(2, 1)"});
   check_error<DTypeError>([&] { index_select(x, 0, ones({2})); }, {"[index_select]", "float32"});
-  check_error<ShapeError>([&] { index_add(x, 0, i2, ones({3, 4})); }, {"[index_add]", "(3, 4)", "(2, 4)"});
-  check_error<DTypeError>([&] { index_add(x, 0, i2, ones({2, 4}, kFloat64)); }, {"[index_add]", "float64"});
-  check_error<IndexError>([&] { index_add(x, 1, tensor(std::vector<int64_t>{4, 0}, {2}), ones({3, 2})); },
-                          {"[index_add]", "index 4", "size 4"});
+  check_error<ShapeError>(
+      [&] {
+        index_add(x, 0, i2, ones({3, 4}));
+      },
+      {"[index_add]", "(3, 4)", "(2, 4)"});
+  check_error<DTypeError>(
+      [&] {
+        index_add(x, 0, i2, ones({2, 4}, kFloat64));
+      },
+      {"[index_add]", "float64"});
+  check_error<IndexError>(
+      [&] {
+        index_add(x, 1, tensor(std::vector<int64_t>{4, 0}, {2}), ones({3, 2}));
+      },
+      {"[index_add]", "index 4", "size 4"});
   check_error<ShapeError>([&] { gather(x, 1, ones({3}, kInt64)); }, {"[gather]", "(3,)", "(3, 4)"});
-  check_error<ShapeError>([&] { gather(x, 1, zeros({4, 2}, kInt64)); }, {"[gather]", "(4, 2)", "(3, 4)"});
-  check_error<IndexError>([&] { gather(x, 1, full({3, 2}, 4, kInt64)); }, {"[gather]", "index 4", "size 4"});
-  check_error<IndexError>([&] { gather(x, 0, full({1, 1}, -1, kInt64)); }, {"[gather]", "index -1"});
+  check_error<ShapeError>(
+      [&] {
+        gather(x, 1, zeros({4, 2}, kInt64));
+      },
+      {"[gather]", "(4, 2)", "(3, 4)"});
+  check_error<IndexError>(
+      [&] {
+        gather(x, 1, full({3, 2}, 4, kInt64));
+      },
+      {"[gather]", "index 4", "size 4"});
+  check_error<IndexError>(
+      [&] {
+        gather(x, 0, full({1, 1}, -1, kInt64));
+      },
+      {"[gather]", "index -1"});
   check_error<IndexError>([&] { gather(x, -3, zeros({1, 1}, kInt64)); }, {"[gather]"});
-  check_error<ShapeError>([&] { scatter_add(x, 0, zeros({2, 3}, kInt64), ones({1, 3})); },
-                          {"[scatter_add]", "(2, 3)", "(1, 3)"});
-  check_error<ShapeError>([&] { scatter_add(x, 0, zeros({2, 5}, kInt64), ones({2, 5})); },
-                          {"[scatter_add]", "(2, 5)", "(3, 4)"});
-  check_error<IndexError>([&] { scatter_add(x, 0, full({1, 2}, 3, kInt64), ones({1, 2})); },
-                          {"[scatter_add]", "index 3", "size 3"});
-  check_error<DTypeError>([&] { scatter_add(x, 0, zeros({1, 2}, kInt64), ones({1, 2}, kFloat64)); },
-                          {"[scatter_add]", "float64"});
+  check_error<ShapeError>(
+      [&] {
+        scatter_add(x, 0, zeros({2, 3}, kInt64), ones({1, 3}));
+      },
+      {"[scatter_add]", "(2, 3)", "(1, 3)"});
+  check_error<ShapeError>(
+      [&] {
+        scatter_add(x, 0, zeros({2, 5}, kInt64), ones({2, 5}));
+      },
+      {"[scatter_add]", "(2, 5)", "(3, 4)"});
+  check_error<IndexError>(
+      [&] {
+        scatter_add(x, 0, full({1, 2}, 3, kInt64), ones({1, 2}));
+      },
+      {"[scatter_add]", "index 3", "size 3"});
+  check_error<DTypeError>(
+      [&] {
+        scatter_add(x, 0, zeros({1, 2}, kInt64), ones({1, 2}, kFloat64));
+      },
+      {"[scatter_add]", "float64"});
 }
 
 TEST_CASE("errors: joining") {
   check_error<ValueError>([] { cat({}, 0); }, {"[cat]", "non-empty"});
-  check_error<ShapeError>([] { cat({ones({2, 3}), ones({2, 4})}, 0); }, {"[cat]", "(2, 4)", "(2, 3)"});
+  check_error<ShapeError>(
+      [] {
+        cat({ones({2, 3}), ones({2, 4})}, 0);
+      },
+      {"[cat]", "(2, 4)", "(2, 3)"});
   check_error<ShapeError>([] { cat({ones({2, 3}), ones({2, 3, 1})}, 0); }, {"[cat]", "(2, 3, 1)"});
   check_error<ShapeError>([] { cat({ones({}), ones({})}, 0); }, {"[cat]", "zero-dimensional"});
-  check_error<DTypeError>([] { cat({ones({2}), ones({2}, kFloat64)}, 0); }, {"[cat]", "float64", "(2,)"});
+  check_error<DTypeError>(
+      [] {
+        cat({ones({2}), ones({2}, kFloat64)}, 0);
+      },
+      {"[cat]", "float64", "(2,)"});
   check_error<IndexError>([] { cat({ones({2}), ones({2})}, 1); }, {"[cat]"});
   check_error<ValueError>([] { stack({}, 0); }, {"[stack]"});
-  check_error<ShapeError>([] { stack({ones({2, 3}), ones({3, 2})}, 0); }, {"[stack]", "(3, 2)", "(2, 3)"});
+  check_error<ShapeError>(
+      [] {
+        stack({ones({2, 3}), ones({3, 2})}, 0);
+      },
+      {"[stack]", "(3, 2)", "(2, 3)"});
   check_error<DTypeError>([] { stack({ones({2}), arange(2)}, 0); }, {"[stack]", "int64"});
   check_error<IndexError>([] { stack({ones({2}), ones({2})}, 2); }, {"[stack]"});
   check_error<ValueError>([] { split(ones({4}), 0, 0); }, {"[split]", "(4,)"});
-  check_error<ShapeError>([] { split(ones({4, 2}), std::vector<int64_t>{1, 2}, 0); }, {"[split]", "(4, 2)", "sum to 3"});
+  check_error<ShapeError>(
+      [] {
+        split(ones({4, 2}), std::vector<int64_t>{1, 2}, 0);
+      },
+      {"[split]", "(4, 2)", "sum to 3"});
   check_error<ShapeError>([] { split(ones({}), 1, 0); }, {"[split]", "0-dim"});
   check_error<ValueError>([] { chunk(ones({4}), 0, 0); }, {"[chunk]"});
   check_error<ShapeError>([] { tril(ones({3})); }, {"[tril]", "(3,)"});
@@ -657,23 +801,45 @@ TEST_CASE("errors: devices") {
   Tensor gi = from_blob(buf, {2}, kInt64, cuda);
   check_error<DeviceError>([&] { cat({ones({2, 4}), g}, 0); }, {"[cat]", "cuda", "(2, 4)"});
   check_error<DeviceError>([&] { stack({ones({2, 4}), g}, 0); }, {"[stack]", "cuda"});
-  check_error<DeviceError>([&] { layer_norm(ones({2, 4}), {4}, from_blob(buf, {4}, kFloat32, cuda)); },
-                           {"[layer_norm]", "cuda", "(4,)"});
-  check_error<DeviceError>([&] { rms_norm(ones({2, 4}), {4}, from_blob(buf, {4}, kFloat32, cuda)); },
-                           {"[rms_norm]", "cuda"});
-  check_error<DeviceError>([&] { cross_entropy(ones({2, 4}), gi); }, {"[cross_entropy]", "cuda", "(2,)"});
+  check_error<DeviceError>(
+      [&] {
+        layer_norm(ones({2, 4}), {4}, from_blob(buf, {4}, kFloat32, cuda));
+      },
+      {"[layer_norm]", "cuda", "(4,)"});
+  check_error<DeviceError>(
+      [&] {
+        rms_norm(ones({2, 4}), {4}, from_blob(buf, {4}, kFloat32, cuda));
+      },
+      {"[rms_norm]", "cuda"});
+  check_error<DeviceError>(
+      [&] {
+        cross_entropy(ones({2, 4}), gi);
+      },
+      {"[cross_entropy]", "cuda", "(2,)"});
   check_error<DeviceError>([&] { nll_loss(ones({2, 4}), gi); }, {"[nll_loss]", "cuda"});
   check_error<DeviceError>([&] { mse_loss(ones({2, 4}), g); }, {"[mse_loss]", "cuda"});
-  check_error<DeviceError>([&] { binary_cross_entropy_with_logits(ones({2, 4}), g); },
-                           {"[binary_cross_entropy_with_logits]", "cuda"});
+  check_error<DeviceError>(
+      [&] {
+        binary_cross_entropy_with_logits(ones({2, 4}), g);
+      },
+      {"[binary_cross_entropy_with_logits]", "cuda"});
   check_error<DeviceError>([&] { embedding(ones({4, 2}), gi); }, {"[embedding]", "cuda", "(2,)"});
   check_error<DeviceError>([&] { index_select(ones({4, 2}), 0, gi); }, {"[index_select]", "cuda"});
-  check_error<DeviceError>([&] { gather(ones({2, 4}), 0, from_blob(buf, {1, 2}, kInt64, cuda)); },
-                           {"[gather]", "cuda"});
-  check_error<DeviceError>([&] { scatter_add(ones({2, 4}), 0, zeros({1, 2}, kInt64), from_blob(buf, {1, 2}, kFloat32, cuda)); },
-                           {"[scatter_add]", "cuda"});
-  check_error<DeviceError>([&] { index_add(ones({2, 4}), 0, zeros({1}, kInt64), from_blob(buf, {1, 4}, kFloat32, cuda)); },
-                           {"[index_add]", "cuda"});
+  check_error<DeviceError>(
+      [&] {
+        gather(ones({2, 4}), 0, from_blob(buf, {1, 2}, kInt64, cuda));
+      },
+      {"[gather]", "cuda"});
+  check_error<DeviceError>(
+      [&] {
+        scatter_add(ones({2, 4}), 0, zeros({1, 2}, kInt64), from_blob(buf, {1, 2}, kFloat32, cuda));
+      },
+      {"[scatter_add]", "cuda"});
+  check_error<DeviceError>(
+      [&] {
+        index_add(ones({2, 4}), 0, zeros({1}, kInt64), from_blob(buf, {1, 4}, kFloat32, cuda));
+      },
+      {"[index_add]", "cuda"});
 }
 
 // Shape checks live in the ops (autograd/ops/*.cc), not in the kernels (kernels/stubs/*.h): an

@@ -62,8 +62,8 @@ std::vector<std::string> lines_of(const std::string& text) {
 bool valid_key(const std::string& k) {
   if (k.empty() || !(std::islower(static_cast<unsigned char>(k[0])) || k[0] == '_')) return false;
   for (const char c : k)
-    if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) ||
-          c == '_' || c == '-'))
+    if (!(std::islower(static_cast<unsigned char>(c)) ||
+          std::isdigit(static_cast<unsigned char>(c)) || c == '_' || c == '-'))
       return false;
   return true;
 }
@@ -103,7 +103,8 @@ void check_features_line(const std::string& line) {
   INFO("line: '", line, "'");
   CHECK(line.rfind("cpu_features=", 0) == 0);
   auto kv = parse_line(line);
-  for (const char* flag : {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16"}) {
+  for (const char* flag :
+       {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16"}) {
     CAPTURE(flag);
     REQUIRE(kv.count(flag) == 1);
     CHECK((kv[flag] == "0" || kv[flag] == "1"));
@@ -152,8 +153,8 @@ TEST_CASE("workloads op prints one key=value line per mode with a positive us_pe
 
 TEST_CASE("workloads rejects bad usage with status 2 and prints nothing on stdout") {
   REQUIRE(exists(kWorkloads));
-  for (const char* args : {"", "no-such-workload", "--vs bogus op", "--rounds 0 op",
-                           "--steps x op", "op mlp", "--precision fp8 op", "--precision"}) {
+  for (const char* args : {"", "no-such-workload", "--vs bogus op", "--rounds 0 op", "--steps x op",
+                           "op mlp", "--precision fp8 op", "--precision"}) {
     INFO("args: ", args);
     const Run r = run(kWorkloads, args);
     CHECK(r.status == 2);
@@ -203,7 +204,8 @@ TEST_CASE("--vs libtorch with the peer prints both figures and their ratio") {
     CHECK(positive_number(kv.at("libtorch_us_per_op")));
     // ratio is the peer's time over ours, as printed (3 decimals).
     const double ratio = std::stod(kv.at("ratio"));
-    const double expect = std::stod(kv.at("libtorch_us_per_op")) / std::stod(kv.at("accel_us_per_op"));
+    const double expect =
+        std::stod(kv.at("libtorch_us_per_op")) / std::stod(kv.at("accel_us_per_op"));
     CHECK(ratio == doctest::Approx(expect).epsilon(0.02));
     CHECK(kv.at("rounds") == "1");
   }

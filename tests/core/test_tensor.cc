@@ -313,9 +313,13 @@ TEST_CASE("creation checks its size arithmetic: overflow is a ShapeError naming 
   CHECK(has(m, "bytes"));
   // Borrowed memory and explicit strides.
   float buf[4] = {};
-  CHECK(has(shape_error_of([&] { from_blob(buf, {int64_t(1) << 40, int64_t(1) << 40}, kFloat32); }),
+  CHECK(has(shape_error_of([&] {
+              from_blob(buf, {int64_t(1) << 40, int64_t(1) << 40}, kFloat32);
+            }),
             "[from_blob]"));
-  CHECK(has(shape_error_of([&] { from_blob(buf, {2, 2}, {INT64_MAX, 1}, kFloat32); }),
+  CHECK(has(shape_error_of([&] {
+              from_blob(buf, {2, 2}, {INT64_MAX, 1}, kFloat32);
+            }),
             "[from_blob]"));
   CHECK(has(shape_error_of([&] { empty_strided({3, 2}, {INT64_MAX / 2, 1}); }), "[empty_strided]"));
   CHECK(has(shape_error_of([&] { tensor(std::vector<float>{}, wraps); }), "[tensor]"));

@@ -114,8 +114,7 @@ TEST_CASE("IDX: a gzip bomb is rejected after inflating only the declared size")
   // inflated into memory before the size check.
   constexpr size_t kBomb = size_t(256) << 20;
   write_bytes(d.file("bomb.gz"), gzip_zeros(idx_bytes(0x08, {1000}, {}), kBomb));
-  const long grew =
-      child_rss_growth([&] { read_idx_labels(d.file("bomb.gz")); }, "trailing bytes");
+  const long grew = child_rss_growth([&] { read_idx_labels(d.file("bomb.gz")); }, "trailing bytes");
   CHECK(grew >= 0);
   CHECK(grew < 64);  // MiB; the compressed file is ~1 MiB and the payload 1000 bytes
   // Truncated (declared more than the stream holds) and exact sizes still behave.

@@ -35,15 +35,15 @@ namespace {
 int g_failures = 0;
 int g_rank = 0;
 
-#define WCHECK(cond, ...)                                                                  \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      std::ostringstream os_;                                                              \
+#define WCHECK(cond, ...)                                                                      \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      std::ostringstream os_;                                                                  \
       os_ << "rank " << g_rank << " CHECK FAILED " << #cond << " at line " << __LINE__ << ": " \
-          << __VA_ARGS__;                                                                  \
-      std::cout << os_.str() << std::endl;                                                 \
-      ++g_failures;                                                                        \
-    }                                                                                      \
+          << __VA_ARGS__;                                                                      \
+      std::cout << os_.str() << std::endl;                                                     \
+      ++g_failures;                                                                            \
+    }                                                                                          \
   } while (0)
 
 constexpr int64_t kIn = 8, kHidden = 16, kClasses = 4, kBatch = 12, kSteps = 4;
@@ -151,8 +151,9 @@ void scenario_match(ProcessGroup& pg, const std::string& mode, const std::string
     ZeroOptions zo;
     zo.stage = mode[4] - '0';
     zo.bucket_cap_bytes = cap;
-    ZeroOptimizer zero(net, [&](std::vector<Tensor> ps) { return make_opt(opt_kind, std::move(ps)); },
-                       default_group(), zo);
+    ZeroOptimizer zero(
+        net, [&](std::vector<Tensor> ps) { return make_opt(opt_kind, std::move(ps)); },
+        default_group(), zo);
     for (int s = 0; s < kSteps; ++s) {
       Batch b = local(batch(s), r, w);
       zero.backward(cross_entropy(zero.forward(b.x), b.y));
@@ -168,14 +169,16 @@ void scenario_match(ProcessGroup& pg, const std::string& mode, const std::string
     const int64_t slack = int64_t(zero.buckets().size()) * w * 4;
     const int64_t share = m.full_param_bytes / w;
     const int64_t slots = opt_kind == "sgd" ? 1 : 2;  // momentum / exp_avg + exp_avg_sq
-    WCHECK(std::abs(m.optimizer_bytes - slots * share) <= slots * slack + 8 * 4 * int64_t(zero.buckets().size()),
+    WCHECK(std::abs(m.optimizer_bytes - slots * share) <=
+               slots * slack + 8 * 4 * int64_t(zero.buckets().size()),
            "optimizer state " << m.optimizer_bytes << " vs 1/" << w << " share " << slots * share);
     if (zo.stage >= 2)
       WCHECK(std::abs(m.grad_bytes - share) <= slack, "grads " << m.grad_bytes << " vs " << share);
     else
       WCHECK(m.grad_bytes >= m.full_param_bytes, "stage 1 keeps full gradients");
     if (zo.stage == 3) {
-      WCHECK(std::abs(m.param_bytes - share) <= slack, "params " << m.param_bytes << " vs " << share);
+      WCHECK(std::abs(m.param_bytes - share) <= slack,
+             "params " << m.param_bytes << " vs " << share);
       WCHECK(m.gathered_param_bytes == 0, "stage 3 left parameters gathered");
       zero.gather_parameters();  // to compare values
     } else {
@@ -199,7 +202,8 @@ void scenario_no_sync(ProcessGroup& pg) {
     Batch b = local(batch(s), r, w);
     // Two micro-batches of `half` rows: mean over the rank's rows = average of the two halves.
     Batch b1{b.x.narrow(0, 0, half).contiguous(), b.y.narrow(0, 0, half).contiguous()};
-    Batch b2{b.x.narrow(0, half, per - half).contiguous(), b.y.narrow(0, half, per - half).contiguous()};
+    Batch b2{b.x.narrow(0, half, per - half).contiguous(),
+             b.y.narrow(0, half, per - half).contiguous()};
     {
       auto guard = ddp.no_sync();
       ddp.backward(mul(cross_entropy(ddp.forward(b1.x), b1.y), double(half) / double(per)));
@@ -226,7 +230,8 @@ void scenario_unused(ProcessGroup& pg) {
       msg = e.what();
     }
     std::cout << "rank " << r << " unused: " << msg << std::endl;
-    WCHECK(msg.find("unused.weight") != std::string::npos && msg.find("unused.bias") != std::string::npos,
+    WCHECK(msg.find("unused.weight") != std::string::npos &&
+               msg.find("unused.bias") != std::string::npos,
            "unused parameters not named: " << msg);
     WCHECK(msg.find("find_unused_parameters") != std::string::npos, "no hint: " << msg);
     // The group is still in step: the next synced backward works on every rank.
@@ -325,7 +330,8 @@ void scenario_mlp_timing(ProcessGroup& pg, size_t cap, int steps) {
     ddp.backward(cross_entropy(ddp.forward(x), y));
     opt.step();
     opt.zero_grad();
-    double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    double dt =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (s >= 5) {
       ms.push_back(dt);
       hidden.push_back(ddp.last_stats().hidden_fraction());
@@ -354,7 +360,8 @@ int main(int argc, char** argv) {
   try {
     InitOptions io;
     io.timeout = std::chrono::milliseconds(30000);
-    if (const char* fe = std::getenv("DIST_FINGERPRINT_EVERY")) io.fingerprint_every = std::atoi(fe);
+    if (const char* fe = std::getenv("DIST_FINGERPRINT_EVERY"))
+      io.fingerprint_every = std::atoi(fe);
     auto pg = init_process_group(io);
     g_rank = pg->rank();
     if (scenario == "match" && argc >= 5) {

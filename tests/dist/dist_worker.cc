@@ -37,15 +37,15 @@ namespace {
 int g_failures = 0;
 int g_rank = 0;
 
-#define WCHECK(cond, ...)                                                          \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
-      std::ostringstream os_;                                                      \
-      os_ << "rank " << g_rank << " CHECK FAILED " << #cond << " at line " << __LINE__ \
-          << ": " << __VA_ARGS__;                                                  \
-      std::cout << os_.str() << std::endl;                                         \
-      ++g_failures;                                                                \
-    }                                                                              \
+#define WCHECK(cond, ...)                                                                      \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      std::ostringstream os_;                                                                  \
+      os_ << "rank " << g_rank << " CHECK FAILED " << #cond << " at line " << __LINE__ << ": " \
+          << __VA_ARGS__;                                                                      \
+      std::cout << os_.str() << std::endl;                                                     \
+      ++g_failures;                                                                            \
+    }                                                                                          \
   } while (0)
 
 int env_int(const char* name, int def) {
@@ -144,8 +144,8 @@ void scenario_collectives(ProcessGroup& pg) {
         for (int64_t i = 0; i < n; ++i) {
           double want = reduce_expected(dt, op, w, i), got = get(t, i);
           if (std::abs(got - want) > tolerance(dt) * (1 + std::abs(want))) {
-            WCHECK(false, "all_reduce " << reduce_op_name(op) << " " << dt << " n=" << n << " i="
-                                        << i << " got " << got << " want " << want);
+            WCHECK(false, "all_reduce " << reduce_op_name(op) << " " << dt << " n=" << n
+                                        << " i=" << i << " got " << got << " want " << want);
             break;
           }
         }
@@ -199,7 +199,8 @@ void scenario_collectives(ProcessGroup& pg) {
     Tensor t = make(kFloat32, n, r);
     pg.all_reduce(t, ReduceOp::Sum);
     int bad = 0;
-    for (int64_t i = 0; i < n; ++i) bad += get(t, i) != reduce_expected(kFloat32, ReduceOp::Sum, w, i);
+    for (int64_t i = 0; i < n; ++i)
+      bad += get(t, i) != reduce_expected(kFloat32, ReduceOp::Sum, w, i);
     WCHECK(bad == 0, bad << " wrong elements in the large all_reduce");
   }
   // Zero elements are legal everywhere.
@@ -340,8 +341,9 @@ void scenario_p2p(ProcessGroup& pg) {
       msg = e.what();
     }
     WCHECK(raised, "p2p mismatch not detected");
-    WCHECK(msg.find("6 elements") != std::string::npos && msg.find("7 elements") != std::string::npos,
-           "message does not name both sides: " << msg);
+    WCHECK(
+        msg.find("6 elements") != std::string::npos && msg.find("7 elements") != std::string::npos,
+        "message does not name both sides: " << msg);
     std::cout << "rank " << r << " p2p mismatch: " << msg << std::endl;
     // The group is still usable.
     Tensor u = make(kFloat32, 4, r);
@@ -382,7 +384,8 @@ void scenario_failure(ProcessGroup& pg, const std::string& how) {
   WCHECK(!msg.empty(), "no DistError on a surviving rank");
   WCHECK(msg.find("all_reduce") != std::string::npos, "message lacks the op: " << msg);
   WCHECK(msg.find("seq 3") != std::string::npos, "message lacks the sequence number: " << msg);
-  WCHECK(ms < pg.timeout().count() + 3000, "took " << ms << " ms, timeout " << pg.timeout().count());
+  WCHECK(ms < pg.timeout().count() + 3000,
+         "took " << ms << " ms, timeout " << pg.timeout().count());
   // Afterwards the group refuses work at once, with the first error.
   auto t1 = Clock::now();
   bool raised = false;
@@ -404,8 +407,7 @@ void scenario_mismatch(ProcessGroup& pg) {
   const int r = pg.rank(), w = pg.size();
   const bool last = r == w - 1;
   const auto limit = std::chrono::milliseconds(env_int("DIST_TIMEOUT_MS", 30000) / 2);
-  auto expect = [&](const char* what, std::function<void()> fn,
-                    std::vector<std::string> needles) {
+  auto expect = [&](const char* what, std::function<void()> fn, std::vector<std::string> needles) {
     std::string msg;
     auto t0 = Clock::now();
     try {
@@ -451,25 +453,40 @@ void scenario_mismatch(ProcessGroup& pg) {
   // Different ops.
   {
     Tensor t = make(kFloat32, 10, r);
-    expect("op", [&] {
-      if (r == 0) pg.broadcast(t, 0); else pg.all_reduce(t);
-    }, {"broadcast(root 0", "all_reduce(sum"});
+    expect("op",
+           [&] {
+             if (r == 0)
+               pg.broadcast(t, 0);
+             else
+               pg.all_reduce(t);
+           },
+           {"broadcast(root 0", "all_reduce(sum"});
     untouched("op", t);
   }
   {
     Tensor in = make(kFloat32, 4, r);
     Tensor out = make(kFloat32, 4 * w, r);
-    expect("op gather", [&] {
-      if (last) pg.all_gather(out, in); else pg.all_reduce(in);
-    }, {"all_gather(float32, 4 elements per rank", "all_reduce(sum, float32, 4 elements"});
+    expect("op gather",
+           [&] {
+             if (last)
+               pg.all_gather(out, in);
+             else
+               pg.all_reduce(in);
+           },
+           {"all_gather(float32, 4 elements per rank", "all_reduce(sum, float32, 4 elements"});
     untouched("op gather in", in);
     untouched("op gather out", out);
   }
   {
     Tensor t = make(kFloat32, 10, r);
-    expect("op barrier", [&] {
-      if (r == 0) pg.barrier(); else pg.all_reduce(t);
-    }, {"barrier()", "all_reduce(sum"});
+    expect("op barrier",
+           [&] {
+             if (r == 0)
+               pg.barrier();
+             else
+               pg.all_reduce(t);
+           },
+           {"barrier()", "all_reduce(sum"});
     untouched("op barrier", t);
   }
   // Different dtypes.
@@ -527,8 +544,8 @@ void scenario_fingerprint_cost(ProcessGroup& pg) {
   double fp_us = gloo && gloo->fingerprint_checks()
                      ? gloo->fingerprint_seconds() * 1e6 / double(gloo->fingerprint_checks())
                      : 0;
-  std::cout << "rank " << pg.rank() << " small all_reduce " << us << " us/op, fingerprint "
-            << fp_us << " us/check" << std::endl;
+  std::cout << "rank " << pg.rank() << " small all_reduce " << us << " us/op, fingerprint " << fp_us
+            << " us/check" << std::endl;
 }
 
 // Heartbeat: the victim stops itself (SIGSTOP) after three collectives; the others are already
@@ -581,7 +598,8 @@ void scenario_hb_staggered(ProcessGroup& pg) {
   pg.barrier();
   // Busy computing (not in a collective) until it is this rank's turn to leave: its heartbeat
   // thread must keep the others from taking it for stopped.
-  const auto leave_at = Clock::now() + std::chrono::milliseconds(env_int("DIST_STAGGER_MS", 2000) * r);
+  const auto leave_at =
+      Clock::now() + std::chrono::milliseconds(env_int("DIST_STAGGER_MS", 2000) * r);
   volatile double sink = 0;
   while (Clock::now() < leave_at)
     for (int i = 0; i < 100000; ++i) sink = sink + 1e-9 * i;
@@ -731,8 +749,8 @@ int main(int argc, char** argv) {
     if (g_failures == 0) std::cout << "rank " << g_rank << " ok " << scenario << std::endl;
     // Collectives are done on this rank; do not tear down while a peer still talks to us.
     const bool no_final_barrier = scenario == "exit" || scenario == "throw" || scenario == "stop" ||
-                             scenario == "hb_stop" || scenario == "p2p_forged" ||
-                             scenario == "hb_staggered";
+                                  scenario == "hb_stop" || scenario == "p2p_forged" ||
+                                  scenario == "hb_staggered";
     if (!no_final_barrier) pg->barrier();
     destroy_process_group();
   } catch (const std::exception& e) {

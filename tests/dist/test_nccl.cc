@@ -20,7 +20,8 @@ using namespace std::chrono_literals;
 namespace {
 Tensor make(DType dt, int64_t n, double base) {
   std::vector<double> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = dt == kBool ? (i % 3 == 0) : double((i * 7) % 11) - 5 + base;
+  for (int64_t i = 0; i < n; ++i)
+    v[size_t(i)] = dt == kBool ? (i % 3 == 0) : double((i * 7) % 11) - 5 + base;
   return tensor(v, {n}).to(dt).to(Device::cuda(0));
 }
 }  // namespace
@@ -78,8 +79,8 @@ TEST_CASE("nccl: two processes through accel-selftest (needs two GPUs)") {
     return;
   }
   std::string exe = accel::test::helper_path("../../dist/tools/accel-selftest");
-  auto res = accel::test::run_world(exe, {"--backend", "nccl", "--quiet", "--timeout-ms", "60000"}, 2,
-                                    {}, 120s);
+  auto res = accel::test::run_world(exe, {"--backend", "nccl", "--quiet", "--timeout-ms", "60000"},
+                                    2, {}, 120s);
   for (size_t r = 0; r < res.size(); ++r) {
     INFO("rank " << r << ":\n" << res[r].output);
     CHECK(res[r].code == 0);

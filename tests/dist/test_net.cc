@@ -37,10 +37,16 @@ struct ScopedEnv {
     const char* o = std::getenv(n);
     had = o != nullptr;
     if (had) old = o;
-    if (v) setenv(n, v, 1); else unsetenv(n);
+    if (v)
+      setenv(n, v, 1);
+    else
+      unsetenv(n);
   }
   ~ScopedEnv() {
-    if (had) setenv(name.c_str(), old.c_str(), 1); else unsetenv(name.c_str());
+    if (had)
+      setenv(name.c_str(), old.c_str(), 1);
+    else
+      unsetenv(name.c_str());
   }
 };
 
@@ -197,15 +203,14 @@ TEST_CASE("heartbeat: a silent peer is reported once, a departing one is not") {
     auto store = std::make_shared<MemoryStore>();
     std::atomic<int> lost{0};
     auto other = std::async(std::launch::async, [&] {
-      return std::make_unique<Heartbeat>(store, 1, 2, "127.0.0.1", 100ms, 1500ms, 10000ms,
-                                         nullptr);
+      return std::make_unique<Heartbeat>(store, 1, 2, "127.0.0.1", 100ms, 1500ms, 10000ms, nullptr);
     });
     Heartbeat hb0(store, 0, 2, "127.0.0.1", 100ms, 1500ms, 10000ms,
                   [&](int, const std::string&, double) { ++lost; });
     auto hb1 = other.get();
     std::this_thread::sleep_for(1000ms);
     CHECK(hb0.beats_received() > 0);
-    hb1.reset();  // a clean exit: says bye
+    hb1.reset();                          // a clean exit: says bye
     std::this_thread::sleep_for(4000ms);  // > 2.5x the timeout
     CHECK(lost.load() == 0);
   }

@@ -52,8 +52,8 @@ TEST_CASE("gloo: every collective and dtype, world sizes 1, 2 and 3") {
 TEST_CASE("gloo: the same over TCP (shared memory off), fingerprints every 3rd, each, never") {
   // Small collectives travel over the control plane with their fingerprint, larger ones over
   // Gloo (Note [fingerprint paths]); fingerprint_every must not change any result.
-  for (auto [world, every] : {std::pair{2, "3"}, std::pair{3, "3"}, std::pair{2, "1"},
-                              std::pair{3, "0"}}) {
+  for (auto [world, every] :
+       {std::pair{2, "3"}, std::pair{3, "3"}, std::pair{2, "1"}, std::pair{3, "0"}}) {
     CAPTURE(world);
     CAPTURE(every);
     auto res = run_world(worker(), {"collectives"}, world,
@@ -116,11 +116,10 @@ TEST_CASE("gloo: a rank that exits, throws or is stopped makes the others raise 
     const char* path;
   };
   const int timeout_ms = 2000;
-  for (Case c : {Case{"exit", 3, 1, "control"}, Case{"throw", 3, 2, "stamp"},
-                 Case{"stop", 2, 1, "control"}, Case{"stop", 3, 0, "stamp"},
-                 Case{"exit", 2, 0, "stamp"},
-                 Case{"exit", 3, 1, "shm"}, Case{"stop", 2, 1, "shm"},
-                 Case{"exit", 3, 2, "tcp"}, Case{"stop", 3, 1, "tcp"}}) {
+  for (Case c :
+       {Case{"exit", 3, 1, "control"}, Case{"throw", 3, 2, "stamp"}, Case{"stop", 2, 1, "control"},
+        Case{"stop", 3, 0, "stamp"}, Case{"exit", 2, 0, "stamp"}, Case{"exit", 3, 1, "shm"},
+        Case{"stop", 2, 1, "shm"}, Case{"exit", 3, 2, "tcp"}, Case{"stop", 3, 1, "tcp"}}) {
     CAPTURE(c.how);
     CAPTURE(c.world);
     CAPTURE(c.victim);
@@ -213,10 +212,10 @@ TEST_CASE("gloo: a forged point-to-point header is rejected without sizing anyth
 TEST_CASE("init_process_group: shared memory only when all ranks share the host; heartbeat env") {
   // LOCAL_WORLD_SIZE=1 with WORLD_SIZE=2: two machines (here both on loopback, sharing /dev/shm,
   // as network namespaces or containers on one kernel do): the all-reduce must use the network.
-  check_all_ok(run_world(worker(), {"config"}, 2,
-                         {{"LOCAL_WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"DIST_EXPECT_SHM", "0"}},
-                         60s),
-               "config");
+  check_all_ok(
+      run_world(worker(), {"config"}, 2,
+                {{"LOCAL_WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"DIST_EXPECT_SHM", "0"}}, 60s),
+      "config");
   check_all_ok(run_world(worker(), {"config"}, 2,
                          {{"DIST_EXPECT_SHM", "1"}, {"DIST_EXPECT_HB_MS", "15000"}}, 60s),
                "config");
@@ -241,7 +240,8 @@ TEST_CASE("init_process_group: local ranks split the host's CPUs unless OMP_NUM_
   const int cpus = CPU_COUNT(&set);
   // Unset: each of the 2 local ranks gets cpus / 2 threads (at least 1), not OpenMP's cpus.
   check_all_ok(run_world(worker(), {"omp_fit"}, 2,
-                         {{"OMP_NUM_THREADS", ""}, {"LOCAL_WORLD_SIZE", "2"},
+                         {{"OMP_NUM_THREADS", ""},
+                          {"LOCAL_WORLD_SIZE", "2"},
                           {"DIST_EXPECT_OMP", std::to_string(std::max(1, cpus / 2))}},
                          60s),
                "omp_fit");
@@ -251,7 +251,9 @@ TEST_CASE("init_process_group: local ranks split the host's CPUs unless OMP_NUM_
                "omp_fit");
   // Ranks on different hosts (LOCAL_WORLD_SIZE 1) keep OpenMP's default.
   check_all_ok(run_world(worker(), {"omp_fit"}, 2,
-                         {{"OMP_NUM_THREADS", ""}, {"LOCAL_WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"},
+                         {{"OMP_NUM_THREADS", ""},
+                          {"LOCAL_WORLD_SIZE", "1"},
+                          {"LOCAL_RANK", "0"},
                           {"DIST_EXPECT_OMP", std::to_string(cpus)}},
                          60s),
                "omp_fit");

@@ -33,7 +33,9 @@ TEST_CASE("accel-selftest passes for world sizes 1 and 3") {
 TEST_CASE("accel-selftest exits non-zero when the group cannot form") {
   // Two ranks announced, only rank 0 started: the rendezvous times out with a clear message.
   auto res = accel::test::run_world(selftest(), {"--timeout-ms", "1500"}, 1,
-                                    {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                                    {{"RANK", "0"},
+                                     {"WORLD_SIZE", "2"},
+                                     {"MASTER_ADDR", "127.0.0.1"},
                                      {"MASTER_PORT", std::to_string(accel::test::free_port())}},
                                     30s);
   INFO(res[0].output);

@@ -283,7 +283,8 @@ TEST_CASE("shm: stamps on arrivals: every rank reads every peer's stamp of the s
       if (!shm) return say(out, "NOSHM"), 2;
       auto stamp_of = [](int rank, int round) {
         std::array<uint64_t, ShmAllReduce::kStampBytes / 8> s{};
-        for (size_t w = 0; w < s.size(); ++w) s[w] = uint64_t(round) * 1000 + uint64_t(rank) * 10 + w;
+        for (size_t w = 0; w < s.size(); ++w)
+          s[w] = uint64_t(round) * 1000 + uint64_t(rank) * 10 + w;
         return s;
       };
       int bad = 0, checked = 0;
@@ -302,8 +303,8 @@ TEST_CASE("shm: stamps on arrivals: every rank reads every peer's stamp of the s
           // Rounds whose stamp rides an all-reduce (checked every other time).
           std::vector<float> v(round % 2 ? 16 : kElems, float(r + 1));
           const ShmAllReduce::StampCheck check = [&](const void* all) { verify(all, round); };
-          shm->all_reduce(v.data(), v.size(), sizeof(float), kSum, kCollectiveTimeout,
-                          mine.data(), round % 2 ? &check : nullptr);
+          shm->all_reduce(v.data(), v.size(), sizeof(float), kSum, kCollectiveTimeout, mine.data(),
+                          round % 2 ? &check : nullptr);
           if (v[v.size() - 1] != float(kWorld * (kWorld + 1) / 2)) ++bad;
         } else {
           uint8_t all[ShmAllReduce::kStampBytes * kWorld];
@@ -379,7 +380,8 @@ TEST_CASE("shm: a Gloo group whose ranks are on different hosts all-reduces over
         accel::Tensor t = accel::full({1000}, double(r + 1));
         pg->all_reduce(t);
         const bool right = t.narrow(0, 999, 1).item<double>() == 6.0;
-        say(out, std::string(gloo && gloo->uses_shm() ? "SHM" : "TCP") + (right ? " OK" : " WRONG"));
+        say(out,
+            std::string(gloo && gloo->uses_shm() ? "SHM" : "TCP") + (right ? " OK" : " WRONG"));
         pg->barrier();  // nobody tears the group down while a peer still uses it
         return linger_if_server(r, in);
       }));

@@ -77,16 +77,20 @@ std::string le32(uint32_t v) {
 }
 std::string hello_frame(const std::string& token) {
   std::string body;
-  body.push_back(0);               // HELLO
-  body += le32(0x54534341);        // magic
+  body.push_back(0);                   // HELLO
+  body += le32(0x54534341);            // magic
   body += std::string("\x01\x00", 2);  // version 1
   body += le32(uint32_t(token.size())) + token;
   return le32(uint32_t(body.size())) + body;
 }
 
 struct EnvGuard {
-  std::vector<std::string> names{"RANK",        "WORLD_SIZE",  "LOCAL_RANK",
-                                 "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+  std::vector<std::string> names{"RANK",
+                                 "WORLD_SIZE",
+                                 "LOCAL_RANK",
+                                 "LOCAL_WORLD_SIZE",
+                                 "MASTER_ADDR",
+                                 "MASTER_PORT",
                                  "ACCEL_RENDEZVOUS_TOKEN"};
   std::vector<std::pair<std::string, std::string>> saved;
   EnvGuard() {
@@ -329,7 +333,10 @@ TEST_CASE("store: binding a busy port fails clearly; clients may start before th
   }
   // Pick a free port, then start the client first and the server 300 ms later.
   int port;
-  { TcpStore probe("127.0.0.1", 0, true, opts()); port = probe.port(); }
+  {
+    TcpStore probe("127.0.0.1", 0, true, opts());
+    port = probe.port();
+  }
   std::unique_ptr<TcpStore> late;
   std::thread starter([&] {
     std::this_thread::sleep_for(300ms);
@@ -769,8 +776,9 @@ TEST_CASE("store hardening: connecting where nothing listens names rank 0's addr
     FAIL("connected to a closed port");
   } catch (const DistError& e) {
     std::string msg = e.what();
-    std::string want = "could not reach the rendezvous store of rank 0 at 127.0.0.1:" +
-                       std::to_string(port) + " within 1500 ms: connection refused";
+    std::string want =
+        "could not reach the rendezvous store of rank 0 at 127.0.0.1:" + std::to_string(port) +
+        " within 1500 ms: connection refused";
     CHECK_MESSAGE(msg.find(want) != std::string::npos, msg);
   }
   auto dt = Clock::now() - t0;

@@ -124,7 +124,7 @@ TEST_CASE("each model fits one small batch") {
     Tensor seq = randint(0, 256, {2, 17});
     Tensor x = seq.narrow(1, 0, 16).contiguous(), y = seq.narrow(1, 1, 16).contiguous();
     auto [first, last] = fit(g, 40, 3e-3, [&] { return models::lm_loss(g.forward(x), y); });
-    CHECK(first > 4.0);   // near log(256) = 5.55 at initialisation (N(0, 1) embeddings)
+    CHECK(first > 4.0);  // near log(256) = 5.55 at initialisation (N(0, 1) embeddings)
     CHECK(last < 0.5 * first);
   }
 }

@@ -14,8 +14,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static constexpr char kDelims[] = {',', ';', '\t', ' ', '|', '"', '\n', 'x'};
   const char delim = kDelims[data[0] & 7];
   const int mode = (data[0] >> 3) % 3;
-  const std::optional<bool> header =
-      mode == 0 ? std::nullopt : std::optional<bool>(mode == 1);
+  const std::optional<bool> header = mode == 0 ? std::nullopt : std::optional<bool>(mode == 1);
   const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
   try {
     const CsvParsed p = parse_csv_text(text, delim, header, "<fuzz>");

@@ -1,7 +1,8 @@
 // libFuzzer target for the rendezvous store server: the bytes are one connection's stream into
 // the server's real frame decoder and request handler (dist/store.cc), without sockets.
 // Built by tests/fuzz/run.sh (libFuzzer) and as fuzz_store_replay (gcc); by hand:
-//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I. tests/fuzz/fuzz_store.cc dist/store.cc
+//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I. tests/fuzz/fuzz_store.cc
+//   dist/store.cc
 // Byte 0 picks the token and how the rest is split into reads; see store_fuzz_one.
 #include <cstddef>
 #include <cstdint>

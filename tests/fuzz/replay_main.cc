@@ -48,8 +48,19 @@ std::vector<uint8_t> read_file(const fs::path& p) {
 }
 
 // Values that tend to sit on boundaries of size fields.
-constexpr uint64_t kInteresting[] = {0, 1, 0x7f, 0x80, 0xff, 0x100, 0x7fff, 0xffff, 0x10000,
-                                     0x7fffffff, 0x80000000, 0xffffffff, 0x7fffffffffffffffULL,
+constexpr uint64_t kInteresting[] = {0,
+                                     1,
+                                     0x7f,
+                                     0x80,
+                                     0xff,
+                                     0x100,
+                                     0x7fff,
+                                     0xffff,
+                                     0x10000,
+                                     0x7fffffff,
+                                     0x80000000,
+                                     0xffffffff,
+                                     0x7fffffffffffffffULL,
                                      0xffffffffffffffffULL};
 
 void mutate(std::vector<uint8_t>& b, const std::vector<std::vector<uint8_t>>& corpus, Rng& r,

@@ -65,8 +65,10 @@ Tol tol_for(DType dt) {
 // NaN where the reference has NaN, infinities equal.
 void check_close(const Tensor& got, const Tensor& want, Tol tol, const std::string& what) {
   REQUIRE_MESSAGE(got.device().is_cuda(), what);
-  REQUIRE_MESSAGE(got.sizes() == want.sizes(), what << ": shape " << got.sizes() << " vs " << want.sizes());
-  REQUIRE_MESSAGE(got.dtype() == want.dtype(), what << ": dtype " << got.dtype() << " vs " << want.dtype());
+  REQUIRE_MESSAGE(got.sizes() == want.sizes(),
+                  what << ": shape " << got.sizes() << " vs " << want.sizes());
+  REQUIRE_MESSAGE(got.dtype() == want.dtype(),
+                  what << ": dtype " << got.dtype() << " vs " << want.dtype());
   const std::vector<double> g = got.to(kCPU).to_vector<double>();
   const std::vector<double> w = want.to_vector<double>();
   size_t bad = 0, first = 0;
@@ -84,9 +86,10 @@ void check_close(const Tensor& got, const Tensor& want, Tol tol, const std::stri
     }
     if (!ok && bad++ == 0) first = i;
   }
-  CHECK_MESSAGE(bad == 0, what << ": " << bad << " of " << g.size() << " elements differ; first at " << first
-                               << ": cuda " << (g.empty() ? 0 : g[first]) << " cpu " << (w.empty() ? 0 : w[first])
-                               << " (worst abs error " << worst << ", seed " << g_seed << ")");
+  CHECK_MESSAGE(bad == 0, what << ": " << bad << " of " << g.size() << " elements differ; first at "
+                               << first << ": cuda " << (g.empty() ? 0 : g[first]) << " cpu "
+                               << (w.empty() ? 0 : w[first]) << " (worst abs error " << worst
+                               << ", seed " << g_seed << ")");
 }
 
 std::string name(const char* what, DType dt) {
@@ -97,7 +100,8 @@ std::string name(const char* what, DType dt) {
 
 // ---------------- device-side errors and CUDA-only paths ----------------
 
-TEST_CASE("device errors: undefined integer ops are DTypeErrors, bad indices and targets IndexErrors") {
+TEST_CASE(
+    "device errors: undefined integer ops are DTypeErrors, bad indices and targets IndexErrors") {
   const Tensor xi = gpu(rnd({4}, kInt64, 1, 5));
   Tensor out = empty_on({4}, kInt64, kGPU);
   CHECK_THROWS_AS(unary_stub(kGPU, UnaryOp::Exp, xi, out, UnaryParams{}), DTypeError);
@@ -110,7 +114,8 @@ TEST_CASE("device errors: undefined integer ops are DTypeErrors, bad indices and
   Tensor bad = rnd({rows}, kInt64, 0, classes - 1);
   bad.narrow(0, 17, 1).fill_(classes + 3);
   const Tensor logits = gpu(rnd({rows, classes}, kFloat32));
-  Tensor l = empty_on({rows}, kFloat32, kGPU), s = empty_on({rows}, kFloat32, kGPU), v = empty_on({}, kFloat32, kGPU);
+  Tensor l = empty_on({rows}, kFloat32, kGPU), s = empty_on({rows}, kFloat32, kGPU),
+         v = empty_on({}, kFloat32, kGPU);
   try {
     cross_entropy_stub(kGPU, logits, gpu(bad), ignore, 0.0, "cross_entropy", l, s, v);
     FAIL("no IndexError for target 1003");
@@ -269,7 +274,8 @@ TEST_CASE("a small MLP: forward, loss and gradients on CUDA match the CPU") {
   };
   const std::vector<Tensor> c = run(kCPU), g = run(kGPU);
   const char* names[] = {"loss", "dw1", "db1", "dw2", "db2"};
-  for (size_t i = 0; i < c.size(); ++i) check_close(g[i], c[i], Tol{1e-5, 1e-3}, std::string("mlp ") + names[i]);
+  for (size_t i = 0; i < c.size(); ++i)
+    check_close(g[i], c[i], Tol{1e-5, 1e-3}, std::string("mlp ") + names[i]);
 }
 
 TEST_CASE("a training step does no cudaMalloc once warm") {
@@ -293,15 +299,18 @@ TEST_CASE("a training step does no cudaMalloc once warm") {
 
 int main(int argc, char** argv) {
   if (!cuda::is_available()) {
-    std::printf("SKIP cuda_vs_cpu: no CUDA device present (%s); the CUDA kernels are compiled and linked but not "
-                "run\n",
-                cuda::unavailable_reason().c_str());
+    std::printf(
+        "SKIP cuda_vs_cpu: no CUDA device present (%s); the CUDA kernels are compiled and linked "
+        "but not "
+        "run\n",
+        cuda::unavailable_reason().c_str());
     return 77;  // meson: skipped
   }
   const char* s = std::getenv("ACCEL_TEST_SEED");
   g_seed = s ? std::strtoull(s, nullptr, 10) : std::random_device{}();
-  std::printf("cuda_vs_cpu: %d device(s), %s; seed %llu (ACCEL_TEST_SEED=%llu reproduces)\n", cuda::device_count(),
-              cuda::device_properties(0).name, (unsigned long long)g_seed, (unsigned long long)g_seed);
+  std::printf("cuda_vs_cpu: %d device(s), %s; seed %llu (ACCEL_TEST_SEED=%llu reproduces)\n",
+              cuda::device_count(), cuda::device_properties(0).name, (unsigned long long)g_seed,
+              (unsigned long long)g_seed);
   doctest::Context ctx(argc, argv);
   return ctx.run();
 }

@@ -141,7 +141,8 @@ TEST_CASE("cpu_isa reports the best level, or the one ACCEL_CPU_ISA forces") {
 #if defined(__x86_64__) && !defined(ACCEL_CPU_NATIVE)
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx2") &&
+      __builtin_cpu_supports("fma")) {
     CHECK(cpu::cpu_isa_best() == CpuIsa::Avx512);
   }
 #endif
@@ -176,7 +177,8 @@ TEST_CASE("set_cpu_isa refuses a level the CPU or the build cannot run") {
     CHECK_THROWS_AS(cpu::set_cpu_isa(CpuIsa::Baseline), ValueError);
   } else {
     CHECK_THROWS_AS(cpu::set_cpu_isa(CpuIsa::Native), ValueError);
-    if (cpu::cpu_isa_best() != CpuIsa::Avx512) CHECK_THROWS_AS(cpu::set_cpu_isa(CpuIsa::Avx512), ValueError);
+    if (cpu::cpu_isa_best() != CpuIsa::Avx512)
+      CHECK_THROWS_AS(cpu::set_cpu_isa(CpuIsa::Avx512), ValueError);
   }
   CHECK(cpu::cpu_isa() == guard.saved);
 }

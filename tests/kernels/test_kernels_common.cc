@@ -24,13 +24,21 @@ namespace {
 // libm in double: the reference policy.
 struct StdMath {
   template <typename A>
-  static A exp(A x) { return std::exp(x); }
+  static A exp(A x) {
+    return std::exp(x);
+  }
   template <typename A>
-  static A erf(A x) { return std::erf(x); }
+  static A erf(A x) {
+    return std::erf(x);
+  }
   template <typename A>
-  static A tanh(A x) { return std::tanh(x); }
+  static A tanh(A x) {
+    return std::tanh(x);
+  }
   template <typename A>
-  static A sqrt(A x) { return std::sqrt(x); }
+  static A sqrt(A x) {
+    return std::sqrt(x);
+  }
 };
 
 // Central difference of f at x.

@@ -74,10 +74,12 @@ void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<doubl
 
 [[noreturn]] void wait_forever() {
   auto start = std::chrono::steady_clock::now();
-  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < kMaxWaitSeconds) {
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
+         kMaxWaitSeconds) {
     sleep_s(0.05);
   }
-  std::fprintf(stderr, "worker rank %d: waited %g s without being stopped\n", g_rank, kMaxWaitSeconds);
+  std::fprintf(stderr, "worker rank %d: waited %g s without being stopped\n", g_rank,
+               kMaxWaitSeconds);
   _exit(kTimeoutExit);
 }
 
@@ -127,12 +129,28 @@ void write_pid_files() {
   write_file(g_dir + "/pid." + std::to_string(g_rank), std::to_string(getpid()));
 }
 
-const char* kContract[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-                           "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ACCEL_DISTRIBUTED_TYPE",
-                           "ACCEL_MIXED_PRECISION", "ACCEL_USE_CPU", "ACCEL_ZERO_STAGE",
-                           "ACCEL_GRADIENT_ACCUMULATION_STEPS", "ACCEL_RESTART_COUNT", "ACCEL_MAX_RESTARTS",
-                           "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "ACCEL_RENDEZVOUS_TOKEN",
-                           "ACCEL_ERROR_FILE", "TORCHELASTIC_ERROR_FILE", "ACCEL_LAUNCH_ID"};
+const char* kContract[] = {"RANK",
+                           "WORLD_SIZE",
+                           "LOCAL_RANK",
+                           "LOCAL_WORLD_SIZE",
+                           "GROUP_RANK",
+                           "NODE_RANK",
+                           "GROUP_WORLD_SIZE",
+                           "MASTER_ADDR",
+                           "MASTER_PORT",
+                           "ACCEL_DISTRIBUTED_TYPE",
+                           "ACCEL_MIXED_PRECISION",
+                           "ACCEL_USE_CPU",
+                           "ACCEL_ZERO_STAGE",
+                           "ACCEL_GRADIENT_ACCUMULATION_STEPS",
+                           "ACCEL_RESTART_COUNT",
+                           "ACCEL_MAX_RESTARTS",
+                           "OMP_NUM_THREADS",
+                           "CUDA_VISIBLE_DEVICES",
+                           "ACCEL_RENDEZVOUS_TOKEN",
+                           "ACCEL_ERROR_FILE",
+                           "TORCHELASTIC_ERROR_FILE",
+                           "ACCEL_LAUNCH_ID"};
 
 void write_env_file() {
   if (g_dir.empty()) return;
@@ -179,14 +197,15 @@ volatile sig_atomic_t g_signal = 0;
 void on_signal(int s) { g_signal = s; }
 
 int mode_usr1() {
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGUSR1, &sa, nullptr);
   write_pid_files();
   auto start = std::chrono::steady_clock::now();
   while (g_signal != SIGUSR1) {
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kMaxWaitSeconds) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+        kMaxWaitSeconds) {
       return kTimeoutExit;
     }
     sleep_s(0.01);
@@ -202,14 +221,15 @@ int mode_usr1() {
   const std::string line(200, 'x');
   auto start = std::chrono::steady_clock::now();
   long long n = 0;
-  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < kMaxWaitSeconds) {
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
+         kMaxWaitSeconds) {
     std::printf("%lld %s\n", n++, line.c_str());
   }
   _exit(kTimeoutExit);
 }
 
 int mode_trap() {
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
@@ -217,7 +237,8 @@ int mode_trap() {
   write_pid_files();
   auto start = std::chrono::steady_clock::now();
   while (g_signal == 0) {
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kMaxWaitSeconds) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+        kMaxWaitSeconds) {
       return kTimeoutExit;
     }
     sleep_s(0.01);
@@ -237,7 +258,8 @@ int mode_restart() {
   if (g_rank != 0) {
     auto start = std::chrono::steady_clock::now();
     while (access((g_dir + "/done").c_str(), F_OK) != 0) {
-      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kMaxWaitSeconds) {
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+          kMaxWaitSeconds) {
         return kTimeoutExit;
       }
       sleep_s(0.01);
@@ -250,10 +272,13 @@ int mode_restart() {
   while (true) {
     int ready = 0;
     for (int r = 0; r < world; ++r) {
-      ready += access((g_dir + "/ready." + std::to_string(attempt) + "." + std::to_string(r)).c_str(), F_OK) == 0;
+      ready +=
+          access((g_dir + "/ready." + std::to_string(attempt) + "." + std::to_string(r)).c_str(),
+                 F_OK) == 0;
     }
     if (ready == world) break;
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count() > kMaxWaitSeconds) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count() >
+        kMaxWaitSeconds) {
       return kTimeoutExit;
     }
     sleep_s(0.005);
@@ -314,8 +339,9 @@ int mode_handshake() {
   const int world = std::atoi(env("WORLD_SIZE").c_str());
   const std::string addr = env("MASTER_ADDR"), port = env("MASTER_PORT");
   // What every rank reports; rank 0 checks that all agree on the world and the master.
-  std::string me = std::to_string(g_rank) + " " + env("WORLD_SIZE") + " " + env("LOCAL_RANK") + " " +
-                   env("LOCAL_WORLD_SIZE") + " " + env("GROUP_RANK") + " " + addr + ":" + port;
+  std::string me = std::to_string(g_rank) + " " + env("WORLD_SIZE") + " " + env("LOCAL_RANK") +
+                   " " + env("LOCAL_WORLD_SIZE") + " " + env("GROUP_RANK") + " " + addr + ":" +
+                   port;
   if (g_rank == 0) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
@@ -330,7 +356,8 @@ int mode_handshake() {
     int one = 1;
     setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (bind(ls, res->ai_addr, res->ai_addrlen) != 0 || listen(ls, 64) != 0) {
-      std::fprintf(stderr, "rank 0 cannot listen on %s:%s: %s\n", addr.c_str(), port.c_str(), std::strerror(errno));
+      std::fprintf(stderr, "rank 0 cannot listen on %s:%s: %s\n", addr.c_str(), port.c_str(),
+                   std::strerror(errno));
       return 11;
     }
     freeaddrinfo(res);
@@ -348,7 +375,8 @@ int mode_handshake() {
       int r = -1, w = -1;
       std::string lr, lws, gr, master;
       is >> r >> w >> lr >> lws >> gr >> master;
-      if (r <= 0 || r >= world || w != world || master != addr + ":" + port || !seen.insert(r).second) {
+      if (r <= 0 || r >= world || w != world || master != addr + ":" + port ||
+          !seen.insert(r).second) {
         std::fprintf(stderr, "rank 0: bad or duplicate hello '%s'\n", is.str().c_str());
         return 13;
       }

@@ -38,11 +38,14 @@ namespace {
 
 // ACCEL_RUN_UNDER_TEST runs the suite against another build (e.g. the previous version, to see
 // that a new test fails there).
-const std::string kAccelRun = std::getenv("ACCEL_RUN_UNDER_TEST") ? std::getenv("ACCEL_RUN_UNDER_TEST") : ACCEL_RUN_PATH;
+const std::string kAccelRun =
+    std::getenv("ACCEL_RUN_UNDER_TEST") ? std::getenv("ACCEL_RUN_UNDER_TEST") : ACCEL_RUN_PATH;
 const std::string kWorker = LAUNCHER_WORKER_PATH;
 const std::string kSelftestBuilt = ACCEL_SELFTEST_BUILD_PATH;
 
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 struct TempDir {
   fs::path path;
@@ -82,7 +85,9 @@ std::map<std::string, std::string> read_env_file(const std::string& p) {
   return out;
 }
 
-bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+bool contains(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
 
 // Running and not a zombie.
 bool alive(pid_t pid) {
@@ -95,7 +100,8 @@ bool alive(pid_t pid) {
 std::vector<pid_t> read_pids(const TempDir& dir) {
   std::vector<pid_t> out;
   for (const auto& e : fs::directory_iterator(dir.path)) {
-    if (e.path().filename().string().rfind("pid.", 0) == 0) out.push_back(std::stoi(read_file(e.path().string())));
+    if (e.path().filename().string().rfind("pid.", 0) == 0)
+      out.push_back(std::stoi(read_file(e.path().string())));
   }
   return out;
 }
@@ -150,8 +156,8 @@ const std::string kToken = "0123456789abcdef0123456789abcdef";
 // One accel-run process with captured stdout/stderr and optional stdin text.
 class Proc {
  public:
-  Proc(std::vector<std::string> args, std::map<std::string, std::string> env = {}, std::string input = "",
-       std::string exe = kAccelRun) {
+  Proc(std::vector<std::string> args, std::map<std::string, std::string> env = {},
+       std::string input = "", std::string exe = kAccelRun) {
     if (!env.count("TMPDIR")) env["TMPDIR"] = tmp_root();
     int out[2], err[2], in[2];
     REQUIRE(pipe2(out, O_CLOEXEC) == 0);
@@ -162,9 +168,10 @@ class Proc {
       std::string kv = *e;
       std::string k = kv.substr(0, kv.find('='));
       // Tests never see the developer's config or an outer cluster launcher.
-      if (env.count(k) || k == "ACCEL_CONFIG_FILE" || k == "XDG_CACHE_HOME" || k.rfind("SLURM_", 0) == 0 ||
-          k.rfind("OMPI_", 0) == 0 || k == "ACCEL_SELFTEST" || k == "ACCEL_RENDEZVOUS_TOKEN" || k == "MASTER_PORT" ||
-          k == "MASTER_ADDR" || k.rfind("ACCEL_LAUNCH_ID", 0) == 0 || k.find("ERROR_FILE") != std::string::npos) {
+      if (env.count(k) || k == "ACCEL_CONFIG_FILE" || k == "XDG_CACHE_HOME" ||
+          k.rfind("SLURM_", 0) == 0 || k.rfind("OMPI_", 0) == 0 || k == "ACCEL_SELFTEST" ||
+          k == "ACCEL_RENDEZVOUS_TOKEN" || k == "MASTER_PORT" || k == "MASTER_ADDR" ||
+          k.rfind("ACCEL_LAUNCH_ID", 0) == 0 || k.find("ERROR_FILE") != std::string::npos) {
         continue;
       }
       envs.push_back(kv);
@@ -249,7 +256,8 @@ class Proc {
     waitpid(pid_, &r.status, 0);
     r.seconds = since(start_);
     r.code = WIFEXITED(r.status) ? WEXITSTATUS(r.status) : 128 + WTERMSIG(r.status);
-    CHECK_MESSAGE(!timed_out, "accel-run did not finish within ", timeout_s, " s; stderr:\n", r.err);
+    CHECK_MESSAGE(!timed_out, "accel-run did not finish within ", timeout_s, " s; stderr:\n",
+                  r.err);
     return r;
   }
 
@@ -260,13 +268,14 @@ class Proc {
   Clock::time_point start_;
 };
 
-Result accel_run(std::vector<std::string> args, std::map<std::string, std::string> env = {}, std::string input = "",
-                 double timeout_s = 30) {
+Result accel_run(std::vector<std::string> args, std::map<std::string, std::string> env = {},
+                 std::string input = "", double timeout_s = 30) {
   Proc p(std::move(args), std::move(env), std::move(input));
   return p.finish(timeout_s);
 }
 
-std::vector<std::string> launch_args(std::vector<std::string> flags, std::vector<std::string> worker) {
+std::vector<std::string> launch_args(std::vector<std::string> flags,
+                                     std::vector<std::string> worker) {
   std::vector<std::string> a = {"launch"};
   a.insert(a.end(), flags.begin(), flags.end());
   a.push_back(kWorker);
@@ -279,10 +288,13 @@ void check_no_orphans(const TempDir& dir, size_t expected) {
   CHECK(pids.size() == expected);
   // The launcher has exited, so everything it started must already be gone (allow the kernel a
   // moment to finish delivering SIGKILL to reparented grandchildren).
-  for (pid_t p : pids) CHECK_MESSAGE(wait_for([&] { return !alive(p); }, 1.0), "process ", p, " survived accel-run");
+  for (pid_t p : pids)
+    CHECK_MESSAGE(wait_for([&] { return !alive(p); }, 1.0), "process ", p, " survived accel-run");
 }
 
-al::EnvMap env_of(std::initializer_list<std::pair<const std::string, std::string>> kv) { return al::EnvMap(kv); }
+al::EnvMap env_of(std::initializer_list<std::pair<const std::string, std::string>> kv) {
+  return al::EnvMap(kv);
+}
 
 }  // namespace
 
@@ -388,15 +400,18 @@ TEST_CASE("config: malformed files name the key, the line and what is accepted")
       msg = e.what();
     }
     REQUIRE_MESSAGE(!msg.empty(), "no ConfigError for:\n", tc.yaml);
-    for (const auto& want : tc.expect) CHECK_MESSAGE(contains(msg, want), "'", want, "' not in: ", msg);
+    for (const auto& want : tc.expect)
+      CHECK_MESSAGE(contains(msg, want), "'", want, "' not in: ", msg);
   }
   CHECK_THROWS_AS(al::load_config("/nonexistent/accel.yaml"), accel::IoError);
 }
 
 TEST_CASE("config: default path respects ACCEL_CONFIG_FILE, XDG_CACHE_HOME and HOME") {
   CHECK(al::default_config_path(env_of({{"HOME", "/h"}})) == "/h/.cache/accel/default_config.yaml");
-  CHECK(al::default_config_path(env_of({{"HOME", "/h"}, {"XDG_CACHE_HOME", "/x"}})) == "/x/accel/default_config.yaml");
-  CHECK(al::default_config_path(env_of({{"HOME", "/h"}, {"ACCEL_CONFIG_FILE", "/c.yaml"}})) == "/c.yaml");
+  CHECK(al::default_config_path(env_of({{"HOME", "/h"}, {"XDG_CACHE_HOME", "/x"}})) ==
+        "/x/accel/default_config.yaml");
+  CHECK(al::default_config_path(env_of({{"HOME", "/h"}, {"ACCEL_CONFIG_FILE", "/c.yaml"}})) ==
+        "/c.yaml");
   CHECK_THROWS_AS(al::default_config_path(env_of({})), al::ConfigError);
 }
 
@@ -411,7 +426,8 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   CHECK(contains(log, "Invalid answer '7'"));
   CHECK(contains(log, "Invalid answer '5'"));
   CHECK(contains(log, "Invalid answer 'maybe'"));
-  CHECK(contains(log, "Invalid answer '3': the total must be a multiple of the number of machines (2)"));
+  CHECK(contains(log,
+                 "Invalid answer '3': the total must be a multiple of the number of machines (2)"));
   CHECK(contains(log, "Invalid answer '9'"));
   CHECK(contains(log, "Invalid answer 'fp8'"));
   CHECK(c.distributed_type == "MULTI_CPU");
@@ -429,14 +445,16 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   std::istringstream short_in("0\n2\n");
   std::ostringstream short_out;
   CHECK_THROWS_WITH_AS(al::run_questionnaire(short_in, short_out, 2),
-                       doctest::Contains("input ended before the questionnaire was finished"), al::ConfigError);
+                       doctest::Contains("input ended before the questionnaire was finished"),
+                       al::ConfigError);
 }
 
 TEST_CASE("accel-run config: questionnaire over stdin, config default, malformed file errors") {
   TempDir dir;
   const std::string cfg = dir / "q.yaml";
   // Single machine multi-GPU by name; GPU ids "0,z" invalid then "1,0".
-  Result r = accel_run({"config", "--config_file", cfg}, {}, "LOCAL_MACHINE\nmulti_gpu\n\n2\n0,z\n1,0\n\n\nfp16\n");
+  Result r = accel_run({"config", "--config_file", cfg}, {},
+                       "LOCAL_MACHINE\nmulti_gpu\n\n2\n0,z\n1,0\n\n\nfp16\n");
   CHECK_MESSAGE(r.code == 0, r.err);
   CHECK(contains(r.out, "Invalid answer '0,z'"));
   al::LaunchConfig c = al::load_config(cfg);
@@ -451,7 +469,8 @@ TEST_CASE("accel-run config: questionnaire over stdin, config default, malformed
   CHECK(!fs::exists(dir / "eof.yaml"));
 
   // config default: to --config_file, refusing to overwrite, and to $HOME/.cache/accel.
-  Result d = accel_run({"config", "default", "--config_file", dir / "d.yaml", "--mixed_precision", "bf16"});
+  Result d = accel_run(
+      {"config", "default", "--config_file", dir / "d.yaml", "--mixed_precision", "bf16"});
   CHECK_MESSAGE(d.code == 0, d.err);
   al::LaunchConfig dc = al::load_config(dir / "d.yaml");
   CHECK(dc.mixed_precision == "bf16");
@@ -464,7 +483,9 @@ TEST_CASE("accel-run config: questionnaire over stdin, config default, malformed
   Result home = accel_run({"config", "default"}, {{"HOME", dir.str()}});
   CHECK_MESSAGE(home.code == 0, home.err);
   CHECK(fs::exists(dir / ".cache/accel/default_config.yaml"));
-  CHECK(accel_run({"config", "default", "--mixed_precision", "fp8", "--config_file", dir / "x.yaml"}).code == 1);
+  CHECK(
+      accel_run({"config", "default", "--mixed_precision", "fp8", "--config_file", dir / "x.yaml"})
+          .code == 1);
 
   // A launch reading a malformed file fails before starting anything and names the key.
   write_file(dir / "bad.yaml", "num_processes: 2\nmixed_precision: fp32\n");
@@ -488,7 +509,8 @@ TEST_CASE("slurm: node list expansion") {
   CHECK(al::expand_slurm_nodelist("r[1-2]n[01-02]") == V{"r1n01", "r1n02", "r2n01", "r2n02"});
   CHECK(al::expand_slurm_nodelist("single") == V{"single"});
   CHECK(al::expand_slurm_nodelist("n[007]") == V{"n007"});
-  for (const char* bad : {"node[01-03", "node]1[", "node[3-1]", "node[a-b]", "", "a,,b", "n[]", "n[1-2[3]]"}) {
+  for (const char* bad :
+       {"node[01-03", "node]1[", "node[3-1]", "node[a-b]", "", "a,,b", "n[]", "n[1-2[3]]"}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(al::expand_slurm_nodelist(bad), al::ConfigError);
   }
@@ -514,7 +536,8 @@ TEST_CASE("worker env: OMP_WAIT_POLICY=passive when the local workers fill the c
   // The user's choice is kept: the worker inherits it, the launcher adds nothing.
   CHECK(worker_policy(env_of({{"OMP_WAIT_POLICY", "active"}})) == "(unset)");
   CHECK(worker_policy(env_of({{"GOMP_SPINCOUNT", "1000"}})) == "(unset)");
-  // Leaving cores free (one thread each on a machine with more than two cores): spinning is harmless.
+  // Leaving cores free (one thread each on a machine with more than two cores): spinning is
+  // harmless.
   if (cores > 2) CHECK(worker_policy(env_of({{"OMP_NUM_THREADS", "1"}})) == "(unset)");
   // One worker: nothing to compete with.
   cfg.num_processes = 1;
@@ -575,19 +598,24 @@ TEST_CASE("placement: flags, SLURM and OpenMPI") {
   SUBCASE("errors name the problem") {
     al::LaunchFlags f;
     f.num_machines = 2;
-    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, f, {}, 0), doctest::Contains("main_process_ip is required"),
-                         al::ConfigError);
+    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, f, {}, 0),
+                         doctest::Contains("main_process_ip is required"), al::ConfigError);
     f.main_process_ip = "h";
     f.num_processes = 3;
-    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, f, {}, 0), doctest::Contains("multiple of num_machines"),
-                         al::ConfigError);
+    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, f, {}, 0),
+                         doctest::Contains("multiple of num_machines"), al::ConfigError);
     al::LaunchFlags m;
     m.mixed_precision = "fp64";
-    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, m, {}, 0), doctest::Contains("--mixed_precision"), al::ConfigError);
+    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, m, {}, 0), doctest::Contains("--mixed_precision"),
+                         al::ConfigError);
   }
   SUBCASE("SLURM, one task per node") {
-    al::EnvMap env = env_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_NNODES", "2"},
-                             {"SLURM_NODEID", "1"}, {"SLURM_JOB_NODELIST", "gpu[07-08]"}, {"SLURM_JOB_ID", "4242"}});
+    al::EnvMap env = env_of({{"SLURM_PROCID", "1"},
+                             {"SLURM_NTASKS", "2"},
+                             {"SLURM_NNODES", "2"},
+                             {"SLURM_NODEID", "1"},
+                             {"SLURM_JOB_NODELIST", "gpu[07-08]"},
+                             {"SLURM_JOB_ID", "4242"}});
     al::LaunchPlan p = al::resolve_plan(cfg, {}, env, 0);
     CHECK(p.num_machines == 2);
     CHECK(p.machine_rank == 1);
@@ -602,9 +630,14 @@ TEST_CASE("placement: flags, SLURM and OpenMPI") {
     CHECK(al::resolve_plan(cfg, f, env, 0).num_machines == 1);
   }
   SUBCASE("SLURM, one task per worker") {
-    al::EnvMap env = env_of({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_NNODES", "2"},
-                             {"SLURM_NODEID", "1"}, {"SLURM_LOCALID", "2"}, {"SLURM_TASKS_PER_NODE", "3(x2)"},
-                             {"SLURM_JOB_NODELIST", "n[1-2]"}, {"MASTER_PORT", "23456"}});
+    al::EnvMap env = env_of({{"SLURM_PROCID", "5"},
+                             {"SLURM_NTASKS", "6"},
+                             {"SLURM_NNODES", "2"},
+                             {"SLURM_NODEID", "1"},
+                             {"SLURM_LOCALID", "2"},
+                             {"SLURM_TASKS_PER_NODE", "3(x2)"},
+                             {"SLURM_JOB_NODELIST", "n[1-2]"},
+                             {"MASTER_PORT", "23456"}});
     al::LaunchPlan p = al::resolve_plan(cfg, {}, env, 0);
     CHECK(p.num_local_workers == 1);
     CHECK(p.world_size == 6);
@@ -616,22 +649,28 @@ TEST_CASE("placement: flags, SLURM and OpenMPI") {
     CHECK(p.master_port == 23456);
     al::LaunchFlags f;
     f.num_processes = 4;
-    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, f, env, 0), doctest::Contains("conflicts"), al::ConfigError);
+    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, f, env, 0), doctest::Contains("conflicts"),
+                         al::ConfigError);
     al::EnvMap bad = env;
     bad["SLURM_PROCID"] = "9";
-    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, {}, bad, 0), doctest::Contains("SLURM_PROCID"), al::ConfigError);
+    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, {}, bad, 0), doctest::Contains("SLURM_PROCID"),
+                         al::ConfigError);
   }
   SUBCASE("OpenMPI") {
-    al::EnvMap per_task = env_of({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "3"},
-                                  {"OMPI_COMM_WORLD_LOCAL_RANK", "3"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
+    al::EnvMap per_task = env_of({{"OMPI_COMM_WORLD_SIZE", "4"},
+                                  {"OMPI_COMM_WORLD_RANK", "3"},
+                                  {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+                                  {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});
     al::LaunchPlan p = al::resolve_plan(cfg, {}, per_task, 0);
     CHECK(p.num_local_workers == 1);
     CHECK(p.first_rank == 3);
     CHECK(p.world_size == 4);
     CHECK(p.master_addr == "127.0.0.1");
     CHECK(p.master_port == 29500);
-    al::EnvMap per_machine = env_of({{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"},
-                                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}, {"MASTER_ADDR", "head"}});
+    al::EnvMap per_machine = env_of({{"OMPI_COMM_WORLD_SIZE", "2"},
+                                     {"OMPI_COMM_WORLD_RANK", "1"},
+                                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"},
+                                     {"MASTER_ADDR", "head"}});
     al::LaunchPlan q = al::resolve_plan(cfg, {}, per_machine, 0);
     CHECK(q.num_machines == 2);
     CHECK(q.machine_rank == 1);
@@ -646,9 +685,10 @@ TEST_CASE("launch: 1, 2 and 3 workers get the env contract; output is prefixed b
   for (int n : {1, 2, 3}) {
     CAPTURE(n);
     TempDir dir;
-    Result r = accel_run(launch_args({"--num_processes", std::to_string(n), "--mixed_precision", "bf16",
-                                      "--zero_stage", "1", "--gradient_accumulation_steps", "2", "--cpu"},
-                                     {"env", "--dir", dir.str()}));
+    Result r =
+        accel_run(launch_args({"--num_processes", std::to_string(n), "--mixed_precision", "bf16",
+                               "--zero_stage", "1", "--gradient_accumulation_steps", "2", "--cpu"},
+                              {"env", "--dir", dir.str()}));
     REQUIRE_MESSAGE(r.code == 0, r.err);
     std::string port, token;
     for (int rank = 0; rank < n; ++rank) {
@@ -669,7 +709,8 @@ TEST_CASE("launch: 1, 2 and 3 workers get the env contract; output is prefixed b
       CHECK(e["MASTER_PORT"] == port);
       CHECK(e["ACCEL_RENDEZVOUS_TOKEN"] == token);
       const std::string p = "[rank" + std::to_string(rank) + "]: ";
-      CHECK(contains(r.out, p + "hello from rank " + std::to_string(rank) + " of " + std::to_string(n) + "\n"));
+      CHECK(contains(r.out, p + "hello from rank " + std::to_string(rank) + " of " +
+                                std::to_string(n) + "\n"));
       CHECK(contains(r.out, p + "partial line from rank " + std::to_string(rank) + "\n"));
       CHECK(contains(r.err, p + "note from rank " + std::to_string(rank) + "\n"));
     }
@@ -678,13 +719,15 @@ TEST_CASE("launch: 1, 2 and 3 workers get the env contract; output is prefixed b
   }
   // Worker flags after PROGRAM are not taken by accel-run; --no_rank_prefix; missing program.
   TempDir dir;
-  Result r = accel_run({"launch", "--no_rank_prefix", "-q", "--", kWorker, "env", "--dir", dir.str(), "--exit", "0"});
+  Result r = accel_run({"launch", "--no_rank_prefix", "-q", "--", kWorker, "env", "--dir",
+                        dir.str(), "--exit", "0"});
   CHECK_MESSAGE(r.code == 0, r.err);
   CHECK(contains(r.out, "hello from rank 0 of 1\n"));
   CHECK(!contains(r.out, "[rank0]"));
   CHECK(r.err == "note from rank 0\n");
   // "--" after PROGRAM and "=" forms; PROGRAM's own flags that look like accel-run's.
-  Result pass = accel_run({"launch", "-q", "--num_processes=2", "--", "printf", "%s|", "--num_processes", "3", "--", "x"});
+  Result pass = accel_run({"launch", "-q", "--num_processes=2", "--", "printf", "%s|",
+                           "--num_processes", "3", "--", "x"});
   CHECK_MESSAGE(pass.code == 0, pass.err);
   CHECK(contains(pass.out, "[rank1]: --num_processes|3|--|x|\n"));
   CHECK(!contains(pass.out, "[rank2]"));
@@ -703,9 +746,10 @@ TEST_CASE("launch: a failing rank tears the group down quickly and leaves no pro
   SUBCASE("exit code; others ignore SIGTERM and have children; default grace period") {
     TempDir dir;
     const double delay = 0.5;
-    Result r = accel_run(launch_args({"--num_processes", "3"}, {"fail", "--fail_rank", "1", "--code", "7", "--delay",
-                                                                 std::to_string(delay), "--dir", dir.str(),
-                                                                 "--ignore_term", "--spawn_child"}));
+    Result r = accel_run(
+        launch_args({"--num_processes", "3"},
+                    {"fail", "--fail_rank", "1", "--code", "7", "--delay", std::to_string(delay),
+                     "--dir", dir.str(), "--ignore_term", "--spawn_child"}));
     CHECK(r.code == 7);
     CHECK(contains(r.err, "first failing worker: rank 1"));
     CHECK(contains(r.err, "exit code 7"));
@@ -720,9 +764,10 @@ TEST_CASE("launch: a failing rank tears the group down quickly and leaves no pro
   }
   SUBCASE("killed by a signal; short grace period") {
     TempDir dir;
-    Result r = accel_run(launch_args({"--num_processes", "2", "--grace_period", "1"},
-                                     {"fail", "--fail_rank", "0", "--signal", std::to_string(SIGSEGV), "--delay",
-                                      "0.2", "--dir", dir.str(), "--spawn_child"}));
+    Result r =
+        accel_run(launch_args({"--num_processes", "2", "--grace_period", "1"},
+                              {"fail", "--fail_rank", "0", "--signal", std::to_string(SIGSEGV),
+                               "--delay", "0.2", "--dir", dir.str(), "--spawn_child"}));
     CHECK(r.code == 128 + SIGSEGV);
     CHECK(contains(r.err, "rank 0"));
     CHECK(contains(r.err, "killed by signal 11 (SIGSEGV)"));
@@ -735,8 +780,9 @@ TEST_CASE("launch: a failing rank tears the group down quickly and leaves no pro
 
 TEST_CASE("launch: --max_restarts restarts the group and the program resumes from its checkpoint") {
   TempDir dir;
-  Result r = accel_run(launch_args({"--num_processes", "2", "--max_restarts", "2", "--grace_period", "1"},
-                                   {"restart", "--dir", dir.str(), "--steps", "6", "--crash_times", "2"}));
+  Result r =
+      accel_run(launch_args({"--num_processes", "2", "--max_restarts", "2", "--grace_period", "1"},
+                            {"restart", "--dir", dir.str(), "--steps", "6", "--crash_times", "2"}));
   CHECK_MESSAGE(r.code == 0, r.err);
   CHECK(read_file(dir / "ckpt") == "6");
   CHECK(read_file(dir / "attempts.0") == "0\n1\n2\n");
@@ -746,8 +792,9 @@ TEST_CASE("launch: --max_restarts restarts the group and the program resumes fro
   CHECK(contains(r.err, "restart 2 of 2"));
 
   TempDir dir2;
-  Result give_up = accel_run(launch_args({"--num_processes", "2", "--max_restarts", "1", "--grace_period", "1"},
-                                         {"restart", "--dir", dir2.str(), "--steps", "6", "--crash_times", "3"}));
+  Result give_up = accel_run(
+      launch_args({"--num_processes", "2", "--max_restarts", "1", "--grace_period", "1"},
+                  {"restart", "--dir", dir2.str(), "--steps", "6", "--crash_times", "3"}));
   CHECK(give_up.code == 1);
   CHECK(read_file(dir2 / "attempts.0") == "0\n1\n");
   CHECK(contains(give_up.err, "giving up after 1 restart"));
@@ -762,7 +809,8 @@ TEST_CASE("launch: SIGINT and SIGTERM are forwarded to every worker") {
     kill(p.pid(), sig);
     Result r = p.finish(15);
     CHECK(r.code == 128 + sig);
-    for (int rank = 0; rank < 3; ++rank) CHECK(read_file(dir / ("sig." + std::to_string(rank))) == std::to_string(sig));
+    for (int rank = 0; rank < 3; ++rank)
+      CHECK(read_file(dir / ("sig." + std::to_string(rank))) == std::to_string(sig));
     CHECK(contains(r.out, "[rank2]: rank 2 stopping after signal " + std::to_string(sig)));
     check_no_orphans(dir, 3);
   }
@@ -781,7 +829,8 @@ std::vector<pid_t> children_named(pid_t parent, const std::string& comm) {
     std::string state;
     long long ppid = 0;
     rest >> state >> ppid;
-    if (ppid == parent && stat.substr(open + 1, close - open - 1) == comm) out.push_back(std::stoi(name));
+    if (ppid == parent && stat.substr(open + 1, close - open - 1) == comm)
+      out.push_back(std::stoi(name));
   }
   return out;
 }
@@ -795,14 +844,16 @@ TEST_CASE("launch: SIGKILL of accel-run takes the workers and everything they st
   for (const std::string cgroup : {"0", "1"}) {
     CAPTURE(cgroup);
     TempDir dir;
-    std::vector<std::string> worker = {"sleep", "--dir", dir.str(), "--spawn_child", "--spawn_setsid"};
+    std::vector<std::string> worker = {"sleep", "--dir", dir.str(), "--spawn_child",
+                                       "--spawn_setsid"};
     if (cgroup == "1") worker.push_back("--clear_env");
     Proc p(launch_args({"--num_processes", "2"}, worker), {{"ACCEL_RUN_CGROUP", cgroup}});
     REQUIRE(wait_for([&] { return count_files(dir, "pid.") == 6; }, 20));
     const auto watchdogs = children_named(p.pid(), "accel-run-wd");
     CHECK(watchdogs.size() == 1);
     const pid_t worker0 = std::stoi(read_file(dir / "pid.0"));
-    const bool in_cgroup = contains(read_file("/proc/" + std::to_string(worker0) + "/cgroup"), "/accel-run-");
+    const bool in_cgroup =
+        contains(read_file("/proc/" + std::to_string(worker0) + "/cgroup"), "/accel-run-");
     if (cgroup == "0") CHECK(!in_cgroup);
     const auto pids = read_pids(dir);
     CHECK(pids.size() == 6);
@@ -810,12 +861,16 @@ TEST_CASE("launch: SIGKILL of accel-run takes the workers and everything they st
     const auto killed = Clock::now();
     if (cgroup == "1" && !in_cgroup) {
       MESSAGE("no writable cgroup v2 here: the daemons without environment are not checked");
-      for (int r = 0; r < 2; ++r) kill(std::stoi(read_file(dir / ("pid." + std::to_string(r) + ".setsid"))), SIGKILL);
+      for (int r = 0; r < 2; ++r)
+        kill(std::stoi(read_file(dir / ("pid." + std::to_string(r) + ".setsid"))), SIGKILL);
     }
-    for (pid_t w : pids) CHECK_MESSAGE(wait_for([&] { return !alive(w); }, 10), "process ", w, " survived SIGKILL of accel-run");
-    MESSAGE("all 6 workers and grandchildren were gone ", since(killed), " s after SIGKILL of accel-run (cgroup: ",
-            std::string(in_cgroup ? "yes" : "no"), ")");
-    for (pid_t w : watchdogs) CHECK_MESSAGE(wait_for([&] { return !alive(w); }, 10), "the watchdog ", w, " stayed");
+    for (pid_t w : pids)
+      CHECK_MESSAGE(wait_for([&] { return !alive(w); }, 10), "process ", w,
+                    " survived SIGKILL of accel-run");
+    MESSAGE("all 6 workers and grandchildren were gone ", since(killed),
+            " s after SIGKILL of accel-run (cgroup: ", std::string(in_cgroup ? "yes" : "no"), ")");
+    for (pid_t w : watchdogs)
+      CHECK_MESSAGE(wait_for([&] { return !alive(w); }, 10), "the watchdog ", w, " stayed");
     p.finish(10);
   }
 }
@@ -826,10 +881,12 @@ TEST_CASE("launch: two machines on loopback (flags, then SLURM per node, then SL
     const std::string port = std::to_string(free_port());
     std::vector<std::unique_ptr<Proc>> machines;
     for (int m = 0; m < 2; ++m) {
-      machines.push_back(std::make_unique<Proc>(launch_args(
-          {"--num_machines", "2", "--num_processes", "4", "--machine_rank", std::to_string(m), "--main_process_ip",
-           "127.0.0.1", "--main_process_port", port},
-          {"handshake", "--dir", dir.str()}), std::map<std::string, std::string>{{"ACCEL_RENDEZVOUS_TOKEN", kToken}}));
+      machines.push_back(std::make_unique<Proc>(
+          launch_args(
+              {"--num_machines", "2", "--num_processes", "4", "--machine_rank", std::to_string(m),
+               "--main_process_ip", "127.0.0.1", "--main_process_port", port},
+              {"handshake", "--dir", dir.str()}),
+          std::map<std::string, std::string>{{"ACCEL_RENDEZVOUS_TOKEN", kToken}}));
     }
     for (auto& m : machines) {
       Result r = m->finish(30);
@@ -844,7 +901,8 @@ TEST_CASE("launch: two machines on loopback (flags, then SLURM per node, then SL
       CHECK(e["NODE_RANK"] == std::to_string(rank / 2));
       CHECK(e["GROUP_WORLD_SIZE"] == "2");
       CHECK(e["MASTER_PORT"] == port);
-      CHECK(e["ACCEL_RENDEZVOUS_TOKEN"] == kToken);  // the exported one: machines cannot agree on a random one
+      CHECK(e["ACCEL_RENDEZVOUS_TOKEN"] ==
+            kToken);  // the exported one: machines cannot agree on a random one
     }
   }
   SUBCASE("SLURM one task per node") {
@@ -854,9 +912,12 @@ TEST_CASE("launch: two machines on loopback (flags, then SLURM per node, then SL
     for (int m = 0; m < 2; ++m) {
       machines.push_back(std::make_unique<Proc>(
           launch_args({"--num_processes", "4"}, {"handshake", "--dir", dir.str()}),
-          std::map<std::string, std::string>{{"SLURM_PROCID", std::to_string(m)}, {"SLURM_NTASKS", "2"},
-                                             {"SLURM_NNODES", "2"}, {"SLURM_NODEID", std::to_string(m)},
-                                             {"SLURM_JOB_NODELIST", "127.0.0.[1-2]"}, {"MASTER_PORT", port},
+          std::map<std::string, std::string>{{"SLURM_PROCID", std::to_string(m)},
+                                             {"SLURM_NTASKS", "2"},
+                                             {"SLURM_NNODES", "2"},
+                                             {"SLURM_NODEID", std::to_string(m)},
+                                             {"SLURM_JOB_NODELIST", "127.0.0.[1-2]"},
+                                             {"MASTER_PORT", port},
                                              {"ACCEL_RENDEZVOUS_TOKEN", kToken}}));
     }
     for (auto& m : machines) {
@@ -874,9 +935,12 @@ TEST_CASE("launch: two machines on loopback (flags, then SLURM per node, then SL
     for (int t = 0; t < 3; ++t) {
       tasks.push_back(std::make_unique<Proc>(
           launch_args({}, {"handshake", "--dir", dir.str()}),
-          std::map<std::string, std::string>{{"SLURM_PROCID", std::to_string(t)}, {"SLURM_NTASKS", "3"},
-                                             {"SLURM_NNODES", "1"}, {"SLURM_LOCALID", std::to_string(t)},
-                                             {"SLURM_JOB_NODELIST", "127.0.0.1"}, {"MASTER_PORT", port},
+          std::map<std::string, std::string>{{"SLURM_PROCID", std::to_string(t)},
+                                             {"SLURM_NTASKS", "3"},
+                                             {"SLURM_NNODES", "1"},
+                                             {"SLURM_LOCALID", std::to_string(t)},
+                                             {"SLURM_JOB_NODELIST", "127.0.0.1"},
+                                             {"MASTER_PORT", port},
                                              {"ACCEL_RENDEZVOUS_TOKEN", kToken}}));
     }
     for (auto& t : tasks) {
@@ -895,9 +959,10 @@ TEST_CASE("launch: two machines on loopback (flags, then SLURM per node, then SL
     TempDir dir;
     const std::string port = std::to_string(free_port());
     for (int m = 0; m < 2; ++m) {
-      Result r = accel_run(launch_args({"--num_machines", "2", "--num_processes", "4", "--machine_rank",
-                                        std::to_string(m), "--main_process_ip", "127.0.0.1", "--main_process_port", port},
-                                       {"handshake", "--dir", dir.str()}));
+      Result r = accel_run(launch_args(
+          {"--num_machines", "2", "--num_processes", "4", "--machine_rank", std::to_string(m),
+           "--main_process_ip", "127.0.0.1", "--main_process_port", port},
+          {"handshake", "--dir", dir.str()}));
       CHECK(r.code == 1);
       CHECK(contains(r.err, "[launch] this job spans 2 machines"));
       CHECK(contains(r.err, "accel-run token"));
@@ -908,10 +973,12 @@ TEST_CASE("launch: two machines on loopback (flags, then SLURM per node, then SL
     std::vector<std::unique_ptr<Proc>> machines;
     for (int m = 0; m < 2; ++m) {
       machines.push_back(std::make_unique<Proc>(
-          launch_args({"--num_machines", "2", "--num_processes", "2", "--machine_rank", std::to_string(m),
-                       "--main_process_ip", "127.0.0.1", "--main_process_port", port, "--rendezvous_token", kToken},
+          launch_args({"--num_machines", "2", "--num_processes", "2", "--machine_rank",
+                       std::to_string(m), "--main_process_ip", "127.0.0.1", "--main_process_port",
+                       port, "--rendezvous_token", kToken},
                       {"handshake", "--dir", dir.str()}),
-          std::map<std::string, std::string>{{"ACCEL_RENDEZVOUS_TOKEN", "another-token-that-loses"}}));
+          std::map<std::string, std::string>{
+              {"ACCEL_RENDEZVOUS_TOKEN", "another-token-that-loses"}}));
     }
     for (auto& m : machines) {
       Result r = m->finish(30);
@@ -934,7 +1001,8 @@ TEST_CASE("accel-run env reports versions, devices, libraries and the config") {
   CHECK(contains(r.out, "accel-run " ACCEL_PROJECT_VERSION));
   CHECK(contains(r.out, "CPU: "));
   CHECK(contains(r.out, "GPUs ("));
-  for (const char* lib : {"oneDNN: ", "CUDA runtime: ", "cuBLAS: ", "cuDNN: ", "NCCL: "}) CHECK(contains(r.out, lib));
+  for (const char* lib : {"oneDNN: ", "CUDA runtime: ", "cuBLAS: ", "cuDNN: ", "NCCL: "})
+    CHECK(contains(r.out, lib));
   CHECK(contains(r.out, "mixed_precision: 'fp16'"));
   CHECK(contains(r.out, "launch without flags: 2 process(es)"));
   if (fs::exists("/usr/lib/x86_64-linux-gnu/libdnnl.so.2")) CHECK(contains(r.out, "oneDNN: 2."));
@@ -942,7 +1010,8 @@ TEST_CASE("accel-run env reports versions, devices, libraries and the config") {
   CHECK(contains(r.out, "rendezvous token: a fresh one per launch"));
   CHECK(contains(r.out, "Process cleanup\n  job cgroup: "));
   // The token is a secret: the report says it is set, not what it is (it was printed before).
-  Result tok = accel_run({"env", "--config_file", dir / "c.yaml"}, {{"ACCEL_RENDEZVOUS_TOKEN", kToken}});
+  Result tok =
+      accel_run({"env", "--config_file", dir / "c.yaml"}, {{"ACCEL_RENDEZVOUS_TOKEN", kToken}});
   CHECK(tok.code == 0);
   CHECK(!contains(tok.out, kToken));
   CHECK(contains(tok.out, "ACCEL_RENDEZVOUS_TOKEN=<set, 32 characters>"));
@@ -952,7 +1021,8 @@ TEST_CASE("accel-run env reports versions, devices, libraries and the config") {
   two.main_process_ip = "10.0.0.1";
   al::save_config(two, dir / "two.yaml");
   Result no_tok = accel_run({"env", "--config_file", dir / "two.yaml"});
-  CHECK(contains(no_tok.out, "launch without flags would fail: [launch] this job spans 2 machines"));
+  CHECK(
+      contains(no_tok.out, "launch without flags would fail: [launch] this job spans 2 machines"));
 
   write_file(dir / "bad.yaml", "num_processes: -3\n");
   Result bad = accel_run({"env", "--config_file", dir / "bad.yaml"});
@@ -968,10 +1038,12 @@ TEST_CASE("accel-run test: runs the self test through the launch path") {
   write_file(dir / "fail.sh", "#!/bin/sh\necho 'check allreduce: FAILED' >&2\nexit 4\n");
   fs::permissions(dir / "pass.sh", fs::perms::owner_all);
   fs::permissions(dir / "fail.sh", fs::perms::owner_all);
-  Result pass = accel_run({"test", "--config_file", dir / "none.yaml"}, {{"ACCEL_SELFTEST", dir / "pass.sh"}});
+  Result pass = accel_run({"test", "--config_file", dir / "none.yaml"},
+                          {{"ACCEL_SELFTEST", dir / "pass.sh"}});
   CHECK(pass.code == 1);  // an explicit --config_file must exist
   write_file(dir / "c.yaml", "num_processes: 1\n");
-  pass = accel_run({"test", "--config_file", dir / "c.yaml"}, {{"ACCEL_SELFTEST", dir / "pass.sh"}});
+  pass =
+      accel_run({"test", "--config_file", dir / "c.yaml"}, {{"ACCEL_SELFTEST", dir / "pass.sh"}});
   CHECK_MESSAGE(pass.code == 0, pass.err);
   CHECK(contains(pass.out, "[rank1]: check handshake rank 1 of 2: ok"));  // 2 processes by default
   CHECK(contains(pass.out, "accel-run test: PASS"));
@@ -991,10 +1063,12 @@ TEST_CASE("accel-run test: runs the self test through the launch path") {
   CHECK(contains(nf.err, dir / "bin/accel-selftest"));
 
   if (!fs::exists(kSelftestBuilt)) {
-    MESSAGE("skipping the real self test: " << kSelftestBuilt << " is not built (dist/tools/accel-selftest)");
+    MESSAGE("skipping the real self test: " << kSelftestBuilt
+                                            << " is not built (dist/tools/accel-selftest)");
     return;
   }
-  Result real = accel_run({"test", "--num_processes", "2", "--cpu", "--config_file", dir / "c.yaml"}, {}, "", 120);
+  Result real = accel_run(
+      {"test", "--num_processes", "2", "--cpu", "--config_file", dir / "c.yaml"}, {}, "", 120);
   CHECK_MESSAGE(real.code == 0, real.out, real.err);
   CHECK(contains(real.out, "accel-run test: PASS"));
 }
@@ -1035,7 +1109,8 @@ TEST_CASE("console sink: never blocks on a full pipe, drops whole writes and rep
     CHECK(!sink.pending());
     sink.write("after the gap\n");
     drain_pipe();
-    const std::string notice = "[accel-run: " + std::to_string(dropped) + " bytes of output dropped]\nafter the gap\n";
+    const std::string notice =
+        "[accel-run: " + std::to_string(dropped) + " bytes of output dropped]\nafter the gap\n";
     CHECK_MESSAGE(contains(got, notice), got.substr(got.size() > 300 ? got.size() - 300 : 0));
     // Every line that arrived arrived whole and in order.
     std::istringstream is(got);
@@ -1060,7 +1135,8 @@ TEST_CASE("console sink: never blocks on a full pipe, drops whole writes and rep
   {
     al::ConsoleSink sink(sv[0], /*capacity=*/1000);
     const std::string line(100, 's');
-    for (int i = 0; i < 20000; ++i) sink.write(line + "\n");  // ~2 MB: far more than the socket buffer
+    for (int i = 0; i < 20000; ++i)
+      sink.write(line + "\n");  // ~2 MB: far more than the socket buffer
     CHECK(sink.dropped_bytes() > 0);
     CHECK((fcntl(sv[0], F_GETFL) & O_NONBLOCK) == 0);
   }
@@ -1071,10 +1147,12 @@ TEST_CASE("console sink: never blocks on a full pipe, drops whole writes and rep
 TEST_CASE("launch: SIGTERM is handled while accel-run's stdout is not being read") {
   // Before: accel-run blocked in write(1) on the full pipe and never read its signalfd again.
   TempDir dir;
-  Proc p(launch_args({"--num_processes", "2", "--grace_period", "2"}, {"flood", "--dir", dir.str(), "--spawn_child"}));
+  Proc p(launch_args({"--num_processes", "2", "--grace_period", "2"},
+                     {"flood", "--dir", dir.str(), "--spawn_child"}));
   p.ignore_stdout();
   REQUIRE(wait_for([&] { return count_files(dir, "pid.") == 4; }, 20));
-  std::this_thread::sleep_for(std::chrono::seconds(1));  // the workers print ~MB/s; the 64 KiB pipe is long full
+  std::this_thread::sleep_for(
+      std::chrono::seconds(1));  // the workers print ~MB/s; the 64 KiB pipe is long full
   kill(p.pid(), SIGTERM);
   const auto sent = Clock::now();
   Result r = p.finish(40);
@@ -1087,14 +1165,17 @@ TEST_CASE("launch: SIGTERM is handled while accel-run's stdout is not being read
   check_no_orphans(dir, 4);
 }
 
-TEST_CASE("launch: a stopped worker is reported at once and fails the job after --stopped_timeout") {
+TEST_CASE(
+    "launch: a stopped worker is reported at once and fails the job after --stopped_timeout") {
   // Before: accel-run did not notice the stop; the job hung until the other rank gave up (60 s).
   TempDir dir;
-  Result r = accel_run(launch_args({"--num_processes", "3", "--stopped_timeout", "1", "--grace_period", "1"},
-                                   {"sleep", "--dir", dir.str(), "--stop_rank", "1", "--spawn_child"}),
-                       {}, "", 40);
+  Result r = accel_run(
+      launch_args({"--num_processes", "3", "--stopped_timeout", "1", "--grace_period", "1"},
+                  {"sleep", "--dir", dir.str(), "--stop_rank", "1", "--spawn_child"}),
+      {}, "", 40);
   const pid_t stopped = std::stoi(read_file(dir / "pid.1"));
-  MESSAGE("a worker stopped by SIGSTOP (--stopped_timeout 1) ended the job after ", r.seconds, " s");
+  MESSAGE("a worker stopped by SIGSTOP (--stopped_timeout 1) ended the job after ", r.seconds,
+          " s");
   CHECK(r.code == 128 + SIGSTOP);
   CHECK(contains(r.err, "rank 1 (pid " + std::to_string(stopped) + ") was stopped by SIGSTOP"));
   CHECK(contains(r.err, "is still stopped by SIGSTOP after"));
@@ -1107,7 +1188,8 @@ TEST_CASE("launch: a stopped worker is reported at once and fails the job after 
 
 TEST_CASE("launch: a stopped worker that is continued in time is reported, not failed") {
   TempDir dir;
-  Proc p(launch_args({"--stopped_timeout", "60"}, {"sleep", "--dir", dir.str(), "--stop_rank", "0", "--exit_when_continued"}));
+  Proc p(launch_args({"--stopped_timeout", "60"},
+                     {"sleep", "--dir", dir.str(), "--stop_rank", "0", "--exit_when_continued"}));
   REQUIRE(wait_for([&] { return count_files(dir, "pid.") == 1; }, 20));
   const pid_t w = std::stoi(read_file(dir / "pid.0"));
   auto state = [&] {
@@ -1126,12 +1208,15 @@ TEST_CASE("launch: a stopped worker that is continued in time is reported, not f
   CHECK(!contains(r.err, "failure summary"));
 }
 
-TEST_CASE("launch: --log_dir writes per-rank stdout/stderr files; --tee picks what the console also gets") {
+TEST_CASE(
+    "launch: --log_dir writes per-rank stdout/stderr files; --tee picks what the console also "
+    "gets") {
   struct Case {
     std::string tee;  // "" = flag absent
     bool out, err;
   };
-  for (const Case& c : {Case{"", false, false}, Case{"stdout", true, false}, Case{"2", false, true}, Case{"all", true, true}}) {
+  for (const Case& c : {Case{"", false, false}, Case{"stdout", true, false}, Case{"2", false, true},
+                        Case{"all", true, true}}) {
     CAPTURE(c.tee);
     TempDir dir;
     std::vector<std::string> flags = {"--num_processes", "2", "--log_dir", dir / "logs"};
@@ -1141,7 +1226,8 @@ TEST_CASE("launch: --log_dir writes per-rank stdout/stderr files; --tee picks wh
     for (int rank = 0; rank < 2; ++rank) {
       const std::string rd = dir / ("logs/attempt_0/rank_" + std::to_string(rank));
       const std::string R = std::to_string(rank);
-      CHECK(read_file(rd + "/stdout.log") == "hello from rank " + R + " of 2\npartial line from rank " + R);
+      CHECK(read_file(rd + "/stdout.log") ==
+            "hello from rank " + R + " of 2\npartial line from rank " + R);
       CHECK(read_file(rd + "/stderr.log") == "note from rank " + R + "\n");
       CHECK(!fs::exists(rd + "/error.json"));  // it succeeded
       auto e = read_env_file(dir / ("env." + R));
@@ -1157,7 +1243,8 @@ TEST_CASE("launch: --log_dir writes per-rank stdout/stderr files; --tee picks wh
     const std::string rel = fs::relative(dir.path, fs::current_path()).string() + "/logs/";
     Result r = accel_run(launch_args({"--log_dir", rel}, {"env", "--dir", dir.str()}));
     REQUIRE_MESSAGE(r.code == 0, r.err);
-    CHECK(read_env_file(dir / "env.0")["ACCEL_ERROR_FILE"] == dir / "logs/attempt_0/rank_0/error.json");
+    CHECK(read_env_file(dir / "env.0")["ACCEL_ERROR_FILE"] ==
+          dir / "logs/attempt_0/rank_0/error.json");
   }
   Result no_dir = accel_run(launch_args({"--tee", "3"}, {"env"}));
   CHECK(no_dir.code == 1);
@@ -1168,17 +1255,21 @@ TEST_CASE("launch: --log_dir writes per-rank stdout/stderr files; --tee picks wh
   CHECK(contains(bad.err, "--tee: expected 0-3"));
   CHECK(al::parse_tee("both") == (al::kTeeStdout | al::kTeeStderr));
   write_file(dir / "a-file", "x");
-  Result not_dir = accel_run(launch_args({"--log_dir", dir / "a-file"}, {"env", "--dir", dir.str()}));
+  Result not_dir =
+      accel_run(launch_args({"--log_dir", dir / "a-file"}, {"env", "--dir", dir.str()}));
   CHECK(not_dir.code == 1);
   CHECK(contains(not_dir.err, "cannot create the directory '" + dir / "a-file/attempt_0/rank_0'"));
   CHECK(count_files(dir, "env.") == 0);  // nothing was started
   // Restarts get an attempt directory each.
-  Result re = accel_run(launch_args({"--num_processes", "2", "--max_restarts", "1", "--grace_period", "1", "--log_dir",
-                                     dir / "logs"},
-                                    {"restart", "--dir", dir.str(), "--steps", "4", "--crash_times", "1"}));
+  Result re =
+      accel_run(launch_args({"--num_processes", "2", "--max_restarts", "1", "--grace_period", "1",
+                             "--log_dir", dir / "logs"},
+                            {"restart", "--dir", dir.str(), "--steps", "4", "--crash_times", "1"}));
   CHECK_MESSAGE(re.code == 0, re.err);
-  CHECK(contains(read_file(dir / "logs/attempt_0/rank_0/stderr.log"), "rank 0 crashing at step 2 on attempt 0"));
-  CHECK(contains(read_file(dir / "logs/attempt_1/rank_0/stdout.log"), "rank 0 attempt 1 resumes at step 2"));
+  CHECK(contains(read_file(dir / "logs/attempt_0/rank_0/stderr.log"),
+                 "rank 0 crashing at step 2 on attempt 0"));
+  CHECK(contains(read_file(dir / "logs/attempt_1/rank_0/stdout.log"),
+                 "rank 0 attempt 1 resumes at step 2"));
   CHECK(fs::exists(dir / "logs/attempt_0/rank_0/error.json"));
   CHECK(!fs::exists(dir / "logs/attempt_1/rank_0/error.json"));
 }
@@ -1192,8 +1283,9 @@ nlohmann::json read_json(const std::string& path) {
 TEST_CASE("launch: a failed worker's error file and the failure summary") {
   SUBCASE("written by accel-run: exit code, last stderr lines") {
     TempDir dir;
-    Result r = accel_run(launch_args({"--num_processes", "3", "--grace_period", "1", "--log_dir", dir / "logs"},
-                                     {"fail", "--fail_rank", "1", "--code", "7", "--dir", dir.str()}));
+    Result r = accel_run(
+        launch_args({"--num_processes", "3", "--grace_period", "1", "--log_dir", dir / "logs"},
+                    {"fail", "--fail_rank", "1", "--code", "7", "--dir", dir.str()}));
     CHECK(r.code == 7);
     const std::string ef = dir / "logs/attempt_0/rank_1/error.json";
     auto j = read_json(ef);
@@ -1209,15 +1301,18 @@ TEST_CASE("launch: a failed worker's error file and the failure summary") {
     CHECK(j["message"]["message"] == "detail 11 of rank 1");
     CHECK(!fs::exists(dir / "logs/attempt_0/rank_0/error.json"));  // torn down, not failed
     CHECK(contains(r.err, "failure summary: 1 failed rank(s)"));
-    CHECK(contains(r.err, "  rank 1 (local_rank 1) | host " + al::host_name() + " | exit code 7 | "));
+    CHECK(
+        contains(r.err, "  rank 1 (local_rank 1) | host " + al::host_name() + " | exit code 7 | "));
     CHECK(contains(r.err, "| error file: " + ef + " | first error: detail 11 of rank 1"));
   }
   SUBCASE("written by the worker: its content is kept and completed; killed by a signal") {
     TempDir dir;
-    const std::string own = R"({"message": {"message": "RuntimeError: custom boom\nsecond line", "extraInfo": {"py_callstack": "frame 1"}}, "rank": 42})";
-    Result r = accel_run(launch_args({"--num_processes", "2", "--grace_period", "1", "--log_dir", dir / "logs"},
-                                     {"fail", "--fail_rank", "0", "--signal", std::to_string(SIGSEGV), "--dir",
-                                      dir.str(), "--error_file", own, "--bad_utf8"}));
+    const std::string own =
+        R"({"message": {"message": "RuntimeError: custom boom\nsecond line", "extraInfo": {"py_callstack": "frame 1"}}, "rank": 42})";
+    Result r = accel_run(
+        launch_args({"--num_processes", "2", "--grace_period", "1", "--log_dir", dir / "logs"},
+                    {"fail", "--fail_rank", "0", "--signal", std::to_string(SIGSEGV), "--dir",
+                     dir.str(), "--error_file", own, "--bad_utf8"}));
     CHECK(r.code == 128 + SIGSEGV);
     auto j = read_json(dir / "logs/attempt_0/rank_0/error.json");
     CHECK(j["message"]["message"] == "RuntimeError: custom boom\nsecond line");
@@ -1238,10 +1333,12 @@ TEST_CASE("launch: a failed worker's error file and the failure summary") {
     const std::string ef = read_env_file(dir / "env.1")["ACCEL_ERROR_FILE"];
     CHECK(contains(ef, "/attempt_0/rank_1/error.json"));
     CHECK(ef.rfind(tmp_root(), 0) == 0);  // under $TMPDIR
-    CHECK(!fs::exists(fs::path(ef).parent_path().parent_path().parent_path()));  // removed after success
+    CHECK(!fs::exists(
+        fs::path(ef).parent_path().parent_path().parent_path()));  // removed after success
 
     Result r = accel_run(launch_args({"--num_processes", "2", "--grace_period", "1"},
-                                     {"fail", "--fail_rank", "0", "--code", "3", "--dir", dir.str(), "--error_file", "not json"}));
+                                     {"fail", "--fail_rank", "0", "--code", "3", "--dir", dir.str(),
+                                      "--error_file", "not json"}));
     CHECK(r.code == 3);
     const auto at = r.err.find("| error file: ");
     REQUIRE(at != std::string::npos);
@@ -1262,12 +1359,15 @@ TEST_CASE("launch: SIGUSR1 is forwarded to the workers and does not stop the job
   Result r = p.finish(30);
   CHECK_MESSAGE(r.code == 0, r.err);
   CHECK(contains(r.err, "received SIGUSR1: forwarded it to 2 worker(s)"));
-  for (int rank = 0; rank < 2; ++rank) CHECK(read_file(dir / ("usr1." + std::to_string(rank))) == "checkpoint");
+  for (int rank = 0; rank < 2; ++rank)
+    CHECK(read_file(dir / ("usr1." + std::to_string(rank))) == "checkpoint");
 
   CHECK(al::parse_forward_signals(" usr1, SIGUSR2,10") == std::vector<int>{SIGUSR1, SIGUSR2});
   CHECK(al::parse_forward_signals("none").empty());
-  CHECK_THROWS_WITH_AS(al::parse_forward_signals("SIGKILL"), doctest::Contains("cannot be forwarded"), al::ConfigError);
-  CHECK_THROWS_WITH_AS(al::parse_forward_signals("SIGFOO"), doctest::Contains("unknown signal 'SIGFOO'"), al::ConfigError);
+  CHECK_THROWS_WITH_AS(al::parse_forward_signals("SIGKILL"),
+                       doctest::Contains("cannot be forwarded"), al::ConfigError);
+  CHECK_THROWS_WITH_AS(al::parse_forward_signals("SIGFOO"),
+                       doctest::Contains("unknown signal 'SIGFOO'"), al::ConfigError);
   Result bad = accel_run(launch_args({"--forward_signals", "SIGSEGV"}, {"env"}));
   CHECK(bad.code == 1);
   CHECK(contains(bad.err, "SIGSEGV cannot be forwarded"));
@@ -1286,7 +1386,8 @@ TEST_CASE("accel-run never aborts: exceptions outside accel::Error end with a me
   CHECK(!contains(d.err, "terminate called"));
 }
 
-TEST_CASE("rendezvous token: generated on one machine, required across several, `accel-run token`") {
+TEST_CASE(
+    "rendezvous token: generated on one machine, required across several, `accel-run token`") {
   al::LaunchConfig cfg;
   cfg.num_processes = 4;
   al::LaunchPlan one = al::resolve_plan(cfg, {}, {}, 0);
@@ -1298,20 +1399,25 @@ TEST_CASE("rendezvous token: generated on one machine, required across several, 
   f.num_machines = 2;
   f.main_process_ip = "10.0.0.1";
   al::LaunchPlan two = al::resolve_plan(cfg, f, {}, 0);
-  CHECK_THROWS_WITH_AS(al::resolve_rendezvous_token(two, f, {}), doctest::Contains("accel-run token"), al::ConfigError);
+  CHECK_THROWS_WITH_AS(al::resolve_rendezvous_token(two, f, {}),
+                       doctest::Contains("accel-run token"), al::ConfigError);
   al::resolve_rendezvous_token(two, f, env_of({{"ACCEL_RENDEZVOUS_TOKEN", kToken}}));
   CHECK(two.rendezvous_token == kToken);
-  CHECK_THROWS_WITH_AS(al::resolve_rendezvous_token(two, f, env_of({{"ACCEL_RENDEZVOUS_TOKEN", "short"}})),
-                       doctest::Contains("at least 16"), al::ConfigError);
+  CHECK_THROWS_WITH_AS(
+      al::resolve_rendezvous_token(two, f, env_of({{"ACCEL_RENDEZVOUS_TOKEN", "short"}})),
+      doctest::Contains("at least 16"), al::ConfigError);
   f.rendezvous_token = "flag-token-flag-token";
   al::resolve_rendezvous_token(two, f, env_of({{"ACCEL_RENDEZVOUS_TOKEN", kToken}}));
   CHECK(two.rendezvous_token == "flag-token-flag-token");
   // One task per worker on one node: the tasks cannot agree on a random token either.
-  al::EnvMap per_task = env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NNODES", "1"},
-                                {"SLURM_LOCALID", "0"}, {"SLURM_JOB_NODELIST", "n1"}});
+  al::EnvMap per_task = env_of({{"SLURM_PROCID", "0"},
+                                {"SLURM_NTASKS", "2"},
+                                {"SLURM_NNODES", "1"},
+                                {"SLURM_LOCALID", "0"},
+                                {"SLURM_JOB_NODELIST", "n1"}});
   al::LaunchPlan task = al::resolve_plan(cfg, {}, per_task, 0);
-  CHECK_THROWS_WITH_AS(al::resolve_rendezvous_token(task, {}, per_task), doctest::Contains("2 separately launched tasks"),
-                       al::ConfigError);
+  CHECK_THROWS_WITH_AS(al::resolve_rendezvous_token(task, {}, per_task),
+                       doctest::Contains("2 separately launched tasks"), al::ConfigError);
 
   Result a = accel_run({"token"}), b = accel_run({"token"});
   CHECK(a.code == 0);

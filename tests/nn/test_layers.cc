@@ -59,7 +59,8 @@ TEST_CASE("BatchNorm2d: batch statistics in training, running statistics in eval
   channel_stats(y, ymu, yvar);
   for (int c = 0; c < 3; ++c) {
     CHECK(std::abs(ymu[size_t(c)]) < 1e-5);
-    CHECK(yvar[size_t(c)] == doctest::Approx(var[size_t(c)] / (var[size_t(c)] + 1e-5)).epsilon(1e-4));
+    CHECK(yvar[size_t(c)] ==
+          doctest::Approx(var[size_t(c)] / (var[size_t(c)] + 1e-5)).epsilon(1e-4));
   }
   // Running statistics: momentum 0.1, unbiased variance.
   const std::vector<double> rm = bn.running_mean.tolist(), rv = bn.running_var.tolist();
@@ -94,8 +95,9 @@ TEST_CASE("BatchNorm2d: batch statistics in training, running statistics in eval
   CHECK(bn.num_batches_tracked.item<int64_t>() == 1);
 
   // Errors name the layer and the expected shape.
-  CHECK(error_of([&] { bn.forward(randn({2, 4, 2, 2})); })
-            .find("[BatchNorm2d] expected input (N, C, H, W) with C = 3, got (2, 4, 2, 2)") == 0);
+  CHECK(error_of([&] {
+          bn.forward(randn({2, 4, 2, 2}));
+        }).find("[BatchNorm2d] expected input (N, C, H, W) with C = 3, got (2, 4, 2, 2)") == 0);
   bn.train();
   CHECK_THROWS_AS(bn.forward(randn({1, 3, 1, 1})), ValueError);
   // Buffers are in the state dict.
@@ -202,8 +204,8 @@ TEST_CASE("Embedding, Dropout, activations, Flatten, losses") {
   Tensor t2 = randn({4, 5});
   CHECK(allclose(nn::MSELoss()(logits, t2), mse_loss(logits, t2)));
   Tensor t3 = rand({4, 5});
-  CHECK(allclose(nn::BCEWithLogitsLoss()(logits, t3),
-                 binary_cross_entropy_with_logits(logits, t3)));
+  CHECK(
+      allclose(nn::BCEWithLogitsLoss()(logits, t3), binary_cross_entropy_with_logits(logits, t3)));
 }
 
 namespace {
@@ -238,7 +240,8 @@ std::vector<double> attention_ref(const std::vector<double>& x, int64_t T, int64
       for (auto& a : w) z += (a = std::exp(a - mx));
       for (int64_t d = 0; d < D; ++d) {
         double s = 0;
-        for (int64_t u = 0; u <= t; ++u) s += w[size_t(u)] / z * qkv[size_t(u * 3 * C + 2 * C + h * D + d)];
+        for (int64_t u = 0; u <= t; ++u)
+          s += w[size_t(u)] / z * qkv[size_t(u * 3 * C + 2 * C + h * D + d)];
         y[size_t(t * C + h * D + d)] = s;
       }
     }
@@ -312,8 +315,9 @@ TEST_CASE("CausalSelfAttention: shape, float64 reference, causality, gradients")
       for (int64_t c = 0; c < C; ++c) CHECK(gx[size_t((b * T + t) * C + c)] == 0.0);
     }
   }
-  CHECK(error_of([&] { attn.forward(randn({2, 5, 6}, kFloat64)); })
-            .find("[CausalSelfAttention] expected input (B, T, 8), got (2, 5, 6)") == 0);
+  CHECK(error_of([&] {
+          attn.forward(randn({2, 5, 6}, kFloat64));
+        }).find("[CausalSelfAttention] expected input (B, T, 8), got (2, 5, 6)") == 0);
   CHECK_THROWS_AS(nn::CausalSelfAttention(10, 3), ValueError);
   // Works with a sequence length different from the first call (the mask is rebuilt).
   CHECK(attn.forward(randn({1, 2, C}, kFloat64)).sizes() == Shape{1, 2, C});
@@ -334,8 +338,9 @@ TEST_CASE("Conv2d, MaxPool2d, AvgPool2d and the cnn workload model") {
   CHECK_FALSE(strided.bias.defined());
   nn::Conv2d grouped(4, 8, 1, 1, 0, 1, 2);
   CHECK(grouped.weight.sizes() == Shape{8, 2, 1, 1});
-  CHECK(error_of([&] { conv.forward(randn({2, 4, 6, 6})); })
-            .find("[Conv2d] expected input (N, 3, H, W), got (2, 4, 6, 6)") == 0);
+  CHECK(error_of([&] {
+          conv.forward(randn({2, 4, 6, 6}));
+        }).find("[Conv2d] expected input (N, 3, H, W), got (2, 4, 6, 6)") == 0);
   CHECK_THROWS_AS(nn::Conv2d(3, 8, 3, 1, 0, 1, 2), ValueError);
   CHECK_THROWS_AS(nn::Conv2d(3, 8, 0), ValueError);
 

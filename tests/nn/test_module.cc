@@ -22,9 +22,12 @@ struct Block : nn::Module {
 };
 
 struct Net : nn::Module {
-  std::shared_ptr<nn::Embedding> emb = register_module("emb", std::make_shared<nn::Embedding>(10, 4));
-  std::shared_ptr<nn::ModuleList> blocks = register_module("blocks", std::make_shared<nn::ModuleList>());
-  std::shared_ptr<nn::Linear> head = register_module("head", std::make_shared<nn::Linear>(4, 3, false));
+  std::shared_ptr<nn::Embedding> emb =
+      register_module("emb", std::make_shared<nn::Embedding>(10, 4));
+  std::shared_ptr<nn::ModuleList> blocks =
+      register_module("blocks", std::make_shared<nn::ModuleList>());
+  std::shared_ptr<nn::Linear> head =
+      register_module("head", std::make_shared<nn::Linear>(4, 3, false));
   explicit Net(int n_blocks = 2) {
     for (int i = 0; i < n_blocks; ++i) blocks->push_back(std::make_shared<Block>());
   }
@@ -55,9 +58,9 @@ std::string error_of(const std::function<void()>& f) {
 TEST_CASE("hierarchical parameter and buffer names in registration order") {
   Net net;
   const std::vector<std::string> expect = {
-      "emb.weight",       "blocks.0.scale",     "blocks.0.fc.weight", "blocks.0.fc.bias",
-      "blocks.0.ln.weight", "blocks.0.ln.bias", "blocks.1.scale",     "blocks.1.fc.weight",
-      "blocks.1.fc.bias", "blocks.1.ln.weight", "blocks.1.ln.bias",   "head.weight"};
+      "emb.weight",         "blocks.0.scale",     "blocks.0.fc.weight", "blocks.0.fc.bias",
+      "blocks.0.ln.weight", "blocks.0.ln.bias",   "blocks.1.scale",     "blocks.1.fc.weight",
+      "blocks.1.fc.bias",   "blocks.1.ln.weight", "blocks.1.ln.bias",   "head.weight"};
   CHECK(names(net.named_parameters()) == expect);
   CHECK(names(net.named_buffers()) == std::vector<std::string>{"blocks.0.steps", "blocks.1.steps"});
   CHECK(net.parameters().size() == expect.size());
@@ -108,10 +111,9 @@ TEST_CASE("registration errors name the module and the problem") {
 }
 
 TEST_CASE("train / eval propagate; Sequential chains forwards") {
-  auto seq = std::make_shared<nn::Sequential>(std::make_shared<nn::Linear>(3, 5),
-                                              std::make_shared<nn::ReLU>(),
-                                              std::make_shared<nn::Dropout>(0.5),
-                                              std::make_shared<nn::Linear>(5, 2));
+  auto seq = std::make_shared<nn::Sequential>(
+      std::make_shared<nn::Linear>(3, 5), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Dropout>(0.5), std::make_shared<nn::Linear>(5, 2));
   CHECK(seq->size() == 4);
   CHECK(names(seq->named_parameters()) ==
         std::vector<std::string>{"0.weight", "0.bias", "3.weight", "3.bias"});
@@ -207,7 +209,8 @@ TEST_CASE("strict load lists missing, unexpected and mis-shaped keys; nothing is
 TEST_CASE("a tensor registered twice (tied weights) is one parameter, saved under both names") {
   // GPT-2 style tying: the output head reuses the embedding matrix (same TensorImpl).
   struct Tied : nn::Module {
-    std::shared_ptr<nn::Embedding> emb = register_module("emb", std::make_shared<nn::Embedding>(6, 3));
+    std::shared_ptr<nn::Embedding> emb =
+        register_module("emb", std::make_shared<nn::Embedding>(6, 3));
     std::shared_ptr<nn::Identity> head = register_module("head", std::make_shared<nn::Identity>());
     Tied() { head->register_parameter("weight", emb->weight); }
   };
@@ -295,7 +298,8 @@ TEST_CASE("default initialisation follows PyTorch and is seed-reproducible") {
   auto [fi, fo] = nn::init::calculate_fan_in_and_fan_out(zeros({32, 16, 3, 3}));
   CHECK(fi == 16 * 9);
   CHECK(fo == 32 * 9);
-  CHECK(nn::init::calculate_gain("leaky_relu", std::sqrt(5.0)) == doctest::Approx(std::sqrt(1.0 / 3.0)));
+  CHECK(nn::init::calculate_gain("leaky_relu", std::sqrt(5.0)) ==
+        doctest::Approx(std::sqrt(1.0 / 3.0)));
   CHECK_THROWS_AS(nn::init::calculate_fan_in_and_fan_out(zeros({3})), ShapeError);
   CHECK_THROWS_AS(nn::init::calculate_gain("swish"), ValueError);
   Tensor x = zeros({1000});

@@ -20,7 +20,9 @@ Tensor loss_of(const Tensor& p) { return sum(add(mul(pow(p, 3.0), kC / 3.0), p))
 double grad_of(double p) { return kC * p * p + 1.0; }
 
 Tensor param(DType dt = kFloat32) {
-  return tensor(kInit, Shape{int64_t(kInit.size())}, TensorOptions(kFloat64)).to(dt).requires_grad_();
+  return tensor(kInit, Shape{int64_t(kInit.size())}, TensorOptions(kFloat64))
+      .to(dt)
+      .requires_grad_();
 }
 
 void train(optim::Optimizer& opt, const Tensor& p, int steps) {
@@ -96,25 +98,29 @@ TEST_CASE("AdamW and Adam after 3 steps match a float64 reference (fused and op 
       INFO("fused " << fused << " dtype " << dt);
       const double rtol = dt == kFloat64 ? 1e-12 : 2e-6, atol = dt == kFloat64 ? 1e-14 : 1e-6;
       Tensor p = param(dt);
-      optim::AdamW adamw({p}, {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd,
-                               .fused = fused});
+      optim::AdamW adamw(
+          {p},
+          {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd, .fused = fused});
       train(adamw, p, 3);
       check_close(p, adam_ref(3, lr, b1, b2, eps, wd, true), rtol, atol);
       CHECK(adamw.step_count(0) == 3);
 
       Tensor q = param(dt);
-      optim::Adam adam({q}, {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd,
-                             .fused = fused});
+      optim::Adam adam(
+          {q},
+          {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd, .fused = fused});
       train(adam, q, 3);
       check_close(q, adam_ref(3, lr, b1, b2, eps, wd, false), rtol, atol);
     }
   }
   // The decoupled and L2 variants differ (the reference is not trivially the same).
-  const auto a = adam_ref(3, lr, b1, b2, eps, wd, true), b = adam_ref(3, lr, b1, b2, eps, wd, false);
+  const auto a = adam_ref(3, lr, b1, b2, eps, wd, true),
+             b = adam_ref(3, lr, b1, b2, eps, wd, false);
   CHECK(std::abs(a[0] - b[0]) > 1e-4);
 }
 
-TEST_CASE("fused AdamW kernel equals the op-based step on a large tensor (vector + parallel path)") {
+TEST_CASE(
+    "fused AdamW kernel equals the op-based step on a large tensor (vector + parallel path)") {
   // 100003 elements: several threads' worth of work and a ragged tail for the 8-wide loop.
   const int64_t n = 100003;
   manual_seed(7);
@@ -149,13 +155,16 @@ TEST_CASE("SGD: plain, momentum with dampening, Nesterov, weight decay vs hand-c
     double mom, damp, wd;
     bool nesterov;
   };
-  for (const Case& c : {Case{0, 0, 0, false}, Case{0.9, 0.1, 0.01, false},
-                        Case{0.9, 0, 0.05, true}, Case{0, 0, 0.2, false}}) {
+  for (const Case& c : {Case{0, 0, 0, false}, Case{0.9, 0.1, 0.01, false}, Case{0.9, 0, 0.05, true},
+                        Case{0, 0, 0.2, false}}) {
     INFO("momentum " << c.mom << " dampening " << c.damp << " wd " << c.wd << " nesterov "
                      << c.nesterov);
     Tensor p = param(kFloat64);
-    optim::SGD sgd({p}, {.lr = 0.05, .momentum = c.mom, .dampening = c.damp,
-                         .weight_decay = c.wd, .nesterov = c.nesterov});
+    optim::SGD sgd({p}, {.lr = 0.05,
+                         .momentum = c.mom,
+                         .dampening = c.damp,
+                         .weight_decay = c.wd,
+                         .nesterov = c.nesterov});
     train(sgd, p, 3);
     check_close(p, sgd_ref(3, 0.05, c.mom, c.damp, c.wd, c.nesterov), 1e-12, 1e-14);
   }
@@ -213,8 +222,10 @@ TEST_CASE("optimizer state_dict round trip resumes exactly, also through safeten
   for (int kind = 0; kind < 2; ++kind) {
     INFO("kind " << kind);
     auto make = [&](std::vector<Tensor> ps) -> std::unique_ptr<optim::Optimizer> {
-      if (kind == 0) return std::make_unique<optim::AdamW>(std::move(ps), optim::AdamWOptions{.lr = 0.05});
-      return std::make_unique<optim::SGD>(std::move(ps), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+      if (kind == 0)
+        return std::make_unique<optim::AdamW>(std::move(ps), optim::AdamWOptions{.lr = 0.05});
+      return std::make_unique<optim::SGD>(std::move(ps),
+                                          optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
     };
     Tensor p = param(), q = param();
     auto opt = make({p, q});
@@ -281,7 +292,11 @@ TEST_CASE("LR schedulers produce PyTorch's values") {
   using std::make_unique;
   approx(run([](auto& o) { return make_unique<optim::StepLR>(o, 2, 0.5); }, 5),
          {1, 1, 0.5, 0.5, 0.25});
-  approx(run([](auto& o) { return make_unique<optim::MultiStepLR>(o, std::vector<int64_t>{4, 2}, 0.1); }, 6),
+  approx(run(
+             [](auto& o) {
+               return make_unique<optim::MultiStepLR>(o, std::vector<int64_t>{4, 2}, 0.1);
+             },
+             6),
          {1, 1, 0.1, 0.1, 0.01, 0.01});
   approx(run([](auto& o) { return make_unique<optim::ExponentialLR>(o, 0.5); }, 4),
          {1, 0.5, 0.25, 0.125});
@@ -290,7 +305,12 @@ TEST_CASE("LR schedulers produce PyTorch's values") {
   approx(run([](auto& o) { return make_unique<optim::ConstantLR>(o, 1.0, 2); }, 3), {1, 1, 1});
   approx(run([](auto& o) { return make_unique<optim::LinearLR>(o, 0.25, 1.0, 3); }, 5),
          {0.25, 0.5, 0.75, 1, 1});
-  approx(run([](auto& o) { return make_unique<optim::LambdaLR>(o, [](int64_t e) { return 1.0 / double(e + 1); }); }, 3),
+  approx(run(
+             [](auto& o) {
+               return make_unique<optim::LambdaLR>(o,
+                                                   [](int64_t e) { return 1.0 / double(e + 1); });
+             },
+             3),
          {1, 0.5, 1.0 / 3});
   approx(run([](auto& o) { return make_unique<optim::CosineAnnealingLR>(o, 4, 0.0); }, 7),
          {1, 0.853553390593, 0.5, 0.146446609407, 0, 0.146446609407, 0.5});
@@ -298,18 +318,27 @@ TEST_CASE("LR schedulers produce PyTorch's values") {
          {1, 0.55, 0.1});
   approx(run([](auto& o) { return make_unique<optim::WarmupDecayLR>(o, 2, 6); }, 8),
          {0, 0.5, 1, 0.853553390593, 0.5, 0.146446609407, 0, 0});
-  approx(run([](auto& o) { return make_unique<optim::WarmupDecayLR>(o, 2, 6, optim::Decay::Linear); }, 8),
-         {0, 0.5, 1, 0.75, 0.5, 0.25, 0, 0});
-  approx(run([](auto& o) { return make_unique<optim::WarmupDecayLR>(o, 0, 2, optim::Decay::Cosine, 0.1); }, 4),
+  approx(
+      run([](auto& o) { return make_unique<optim::WarmupDecayLR>(o, 2, 6, optim::Decay::Linear); },
+          8),
+      {0, 0.5, 1, 0.75, 0.5, 0.25, 0, 0});
+  approx(run(
+             [](auto& o) {
+               return make_unique<optim::WarmupDecayLR>(o, 0, 2, optim::Decay::Cosine, 0.1);
+             },
+             4),
          {1, 0.55, 0.1, 0.1});
   // OneCycleLR(max_lr=1, total_steps=10): PyTorch's phases, cosine and three-phase linear.
   approx(run([](auto& o) { return make_unique<optim::OneCycleLR>(o, 1.0, 10); }, 10),
          {0.04, 0.52, 1, 0.950484632013, 0.81174565395, 0.611262021936, 0.388741978064,
           0.18825834605, 0.0495193679865, 4e-06});
-  approx(run([](auto& o) {
-           return make_unique<optim::OneCycleLR>(
-               o, 1.0, 10, optim::OneCycleOptions{.anneal = optim::Anneal::Linear, .three_phase = true});
-         }, 10),
+  approx(run(
+             [](auto& o) {
+               return make_unique<optim::OneCycleLR>(
+                   o, 1.0, 10,
+                   optim::OneCycleOptions{.anneal = optim::Anneal::Linear, .three_phase = true});
+             },
+             10),
          {0.04, 0.52, 1, 0.52, 0.04, 0.0320008, 0.0240016, 0.0160024, 0.0080032, 4e-06});
   // Past total_steps: an error, as in PyTorch.
   Tensor p = param();
@@ -346,7 +375,8 @@ TEST_CASE("schedulers apply per group and resume from state_dict") {
 }
 
 TEST_CASE("clip_grad_norm_ and clip_grad_value_") {
-  Tensor a = zeros({2}).requires_grad_(), b = zeros({1}).requires_grad_(), c = zeros({3}).requires_grad_();
+  Tensor a = zeros({2}).requires_grad_(), b = zeros({1}).requires_grad_(),
+         c = zeros({3}).requires_grad_();
   auto set = [&] {
     a.set_grad(tensor({3.f, -4.f}));
     b.set_grad(tensor({12.f}));

@@ -73,7 +73,8 @@ Tensor make(DType dt, const Shape& shape) {
   Tensor t = empty(shape, dt);
   // Values that survive every dtype exactly: small integers (0/1 for bool).
   std::vector<double> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = dt == kBool ? double(i % 3 == 0) : double(i % 7) - 3;
+  for (int64_t i = 0; i < n; ++i)
+    v[size_t(i)] = dt == kBool ? double(i % 3 == 0) : double(i % 7) - 3;
   if (dt == kUInt8) {
     for (auto& x : v) x = std::abs(x);
   }
@@ -153,9 +154,8 @@ TEST_CASE("byte layout follows the HF format") {
 
 TEST_CASE("a file written by another tool loads (spec example, unaligned header)") {
   TempDir dir;
-  const std::string header =
-      R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
-      R"("m":{"dtype":"BOOL","shape":[3],"data_offsets":[16,19]}})";
+  const std::string header = R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
+                             R"("m":{"dtype":"BOOL","shape":[3],"data_offsets":[16,19]}})";
   std::string buf(19, '\0');
   const float w[4] = {1.5f, -2.f, 0.25f, 8.f};
   std::memcpy(buf.data(), w, 16);
@@ -198,8 +198,8 @@ TEST_CASE("malformed files each give a clear IoError") {
                  12),
        "overlap"},
       {"gap between offsets",
-       make_file("{" + ok_entry + "," + R"("b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})",
-                 20),
+       make_file(
+           "{" + ok_entry + "," + R"("b":{"dtype":"F32","shape":[2],"data_offsets":[12,20]}})", 20),
        "gap of 4 bytes"},
       {"buffer not starting at 0",
        make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12), "gap of 4"},
@@ -211,13 +211,11 @@ TEST_CASE("malformed files each give a clear IoError") {
        make_file(R"({"a":{"dtype":"I16","shape":[4],"data_offsets":[0,8]}})", 8),
        "does not support"},
       {"shape / size mismatch",
-       make_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
-       "needs 12 bytes"},
-      {"negative shape",
-       make_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "negative"},
+       make_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "needs 12 bytes"},
+      {"negative shape", make_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),
+       "negative"},
       {"fractional shape",
-       make_file(R"({"a":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", 8),
-       "non-integer"},
+       make_file(R"({"a":{"dtype":"F32","shape":[2.5],"data_offsets":[0,8]}})", 8), "non-integer"},
       {"shape product overflows",
        make_file(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
                  8),
@@ -230,8 +228,8 @@ TEST_CASE("malformed files each give a clear IoError") {
       {"missing data_offsets", make_file(R"({"a":{"dtype":"F32","shape":[2]}})", 8),
        "data_offsets"},
       {"entry not an object", make_file(R"({"a":[1,2]})", 0), "not an object"},
-      {"metadata non-string",
-       make_file("{" + ok_entry + R"(,"__metadata__":{"epoch":3}})", 8), "expected a string"},
+      {"metadata non-string", make_file("{" + ok_entry + R"(,"__metadata__":{"epoch":3}})", 8),
+       "expected a string"},
       {"metadata not an object", make_file("{" + ok_entry + R"(,"__metadata__":"x"})", 8),
        "__metadata__ must be an object"},
       {"trailing garbage", make_file("{" + ok_entry + "}", 8) + "junk", "trailing data"},
@@ -277,8 +275,8 @@ TEST_CASE("hostile headers: nesting depth and rank are bounded, memory stays sma
   const size_t depth = 200000;
   const std::string nested = std::string(depth, '[') + std::string(depth, ']');
   std::string msg = load_error(
-      dir, make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":)" + nested + "}}",
-                     8));
+      dir,
+      make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":)" + nested + "}}", 8));
   CHECK_MESSAGE(msg.find("nests deeper than 4 levels") != std::string::npos, msg);
   // Nesting right at the root and inside metadata is caught the same way.
   msg = load_error(dir, make_file("{\"a\":" + nested + "}", 0));
@@ -291,34 +289,41 @@ TEST_CASE("hostile headers: nesting depth and rank are bounded, memory stays sma
           const std::string p = dir.file("slack.safetensors");
           write_all(p, make_file("{\"a\":{" + entry + R"(,"x":[1,{"y":2}]}})", 8));
           return p;
-        }()).size() == 1);
+        }())
+            .size() == 1);
   msg = load_error(dir, make_file("{\"a\":{" + entry + R"(,"x":[[[1]]]}})", 8));
   CHECK_MESSAGE(msg.find("nests deeper") != std::string::npos, msg);
 
   // A shape of 1000 zero dimensions is 0 elements in 0 bytes, and loaded as a 1000-d tensor.
   std::string zeros = "0";
   for (int i = 1; i < 1000; ++i) zeros += ",0";
-  msg = load_error(dir,
-                   make_file(R"({"z":{"dtype":"U8","shape":[)" + zeros + R"(],"data_offsets":[0,0]}})",
-                             0));
+  msg = load_error(
+      dir, make_file(R"({"z":{"dtype":"U8","shape":[)" + zeros + R"(],"data_offsets":[0,0]}})", 0));
   CHECK_MESSAGE(msg.find("more than 64 dimensions") != std::string::npos, msg);
   // 64 dimensions are fine.
   std::string ones = "1";
   for (int i = 1; i < 64; ++i) ones += ",1";
   const std::string p = dir.file("rank64.safetensors");
-  write_all(p, make_file(R"({"o":{"dtype":"U8","shape":[)" + ones + R"(],"data_offsets":[0,1]}})", 1));
+  write_all(p,
+            make_file(R"({"o":{"dtype":"U8","shape":[)" + ones + R"(],"data_offsets":[0,1]}})", 1));
   CHECK(nn::load_safetensors(p).at("o").dim() == 64);
   // Wrong types inside the schema name the field.
-  msg = load_error(dir, make_file(R"({"a":{"dtype":["F32"],"shape":[2],"data_offsets":[0,8]}})", 8));
+  msg =
+      load_error(dir, make_file(R"({"a":{"dtype":["F32"],"shape":[2],"data_offsets":[0,8]}})", 8));
   CHECK_MESSAGE(msg.find("no string 'dtype'") != std::string::npos, msg);
-  msg = load_error(dir, make_file(R"({"a":{"dtype":"F32","shape":[[2]],"data_offsets":[0,8]}})", 8));
+  msg =
+      load_error(dir, make_file(R"({"a":{"dtype":"F32","shape":[[2]],"data_offsets":[0,8]}})", 8));
   CHECK_MESSAGE(msg.find("non-integer shape entry") != std::string::npos, msg);
-  msg = load_error(dir, make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8,8]}})", 8));
+  msg =
+      load_error(dir, make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8,8]}})", 8));
   CHECK_MESSAGE(msg.find("data_offsets") != std::string::npos, msg);
   // Metadata is only reported for a file that loads.
   nn::Metadata md;
   const std::string bad = dir.file("md.safetensors");
-  write_all(bad, make_file(R"({"__metadata__":{"k":"v"},"a":{"dtype":"F33","shape":[],"data_offsets":[0,4]}})", 4));
+  write_all(
+      bad,
+      make_file(R"({"__metadata__":{"k":"v"},"a":{"dtype":"F33","shape":[],"data_offsets":[0,4]}})",
+                4));
   CHECK_THROWS_AS(nn::load_safetensors(bad, &md), IoError);
   CHECK(md.empty());
 }

@@ -8,13 +8,15 @@ namespace accel::optable::detail {
 
 namespace {
 const std::vector<DType> kInts{kInt32, kInt64, kUInt8};
-const std::vector<DType> kAll{kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64, kUInt8, kBool};
+const std::vector<DType> kAll{kFloat32, kFloat64, kFloat16, kBFloat16,
+                              kInt32,   kInt64,   kUInt8,   kBool};
 }  // namespace
 
 void add_elementwise_cases(Table& t) {
   // ---- binary, differentiable ----
   constexpr int64_t kEltN = int64_t(1) << 20;  // bench rows: 1M floats (3 x 4n bytes moved)
-  t.add("add", "same shape", OP_INPUTS(m.rnd({2, 3}), m.rnd({2, 3})), OP_FN(return add(x[0], x[1]);))
+  t.add("add", "same shape", OP_INPUTS(m.rnd({2, 3}), m.rnd({2, 3})),
+        OP_FN(return add(x[0], x[1]);))
       .bench("add", "1M", OP_INPUTS(m.rnd({kEltN}), m.rnd({kEltN})), 3.0 * kEltN * 4, false);
   t.add("add", "broadcast + alpha", OP_INPUTS(m.rnd({2, 3}), m.rnd({3})),
         OP_FN(return add(x[0], x[1], 0.5);));
@@ -26,12 +28,15 @@ void add_elementwise_cases(Table& t) {
   t.add("sub", "alpha 2, rank-extending broadcast", OP_INPUTS(m.rnd({3, 45, 7}), m.rnd({45, 1})),
         OP_FN(return sub(x[0], x[1], 2.0);))
       .no_gradcheck();
-  t.add("mul", "broadcast", OP_INPUTS(m.rnd({2, 1, 3}), m.rnd({4, 1})), OP_FN(return mul(x[0], x[1]);))
+  t.add("mul", "broadcast", OP_INPUTS(m.rnd({2, 1, 3}), m.rnd({4, 1})),
+        OP_FN(return mul(x[0], x[1]);))
       .bench("mul", "1M", OP_INPUTS(m.rnd({kEltN}), m.rnd({kEltN})), 3.0 * kEltN * 4, false);
-  t.add("div", "broadcast", OP_INPUTS(m.rnd({2, 3}), m.rnd_pos({3})), OP_FN(return div(x[0], x[1]);));
+  t.add("div", "broadcast", OP_INPUTS(m.rnd({2, 3}), m.rnd_pos({3})),
+        OP_FN(return div(x[0], x[1]);));
   t.add("pow", "tensor exponent", OP_INPUTS(m.rnd_pos({2, 3}), m.rnd({2, 3})),
         OP_FN(return pow(x[0], x[1]);));
-  t.add("maximum", "no ties", OP_INPUTS(m.rnd({5}), m.rnd({5})), OP_FN(return maximum(x[0], x[1]);));
+  t.add("maximum", "no ties", OP_INPUTS(m.rnd({5}), m.rnd({5})),
+        OP_FN(return maximum(x[0], x[1]);));
   t.add("minimum", "broadcast", OP_INPUTS(m.rnd({2, 4}), m.rnd({4})),
         OP_FN(return minimum(x[0], x[1]);));
 
@@ -46,7 +51,8 @@ void add_elementwise_cases(Table& t) {
   // ---- unary ----
   t.add("neg", "", OP_INPUTS(m.rnd({2, 2})), OP_FN(return neg(x[0]);));
   t.add("exp", "", OP_INPUTS(m.rnd({2, 3})), OP_FN(return exp(x[0]);));
-  t.add("exp", "strided (67, 129)", OP_INPUTS(m.rnd({129, 67}, -5, 5)), OP_FN(return exp(x[0].t());))
+  t.add("exp", "strided (67, 129)", OP_INPUTS(m.rnd({129, 67}, -5, 5)),
+        OP_FN(return exp(x[0].t());))
       .no_gradcheck();
   t.add("log", "", OP_INPUTS(m.rnd_pos({2, 3})), OP_FN(return log(x[0]);));
   t.add("sqrt", "", OP_INPUTS(m.rnd_pos({2, 3})), OP_FN(return sqrt(x[0]);));
@@ -76,7 +82,8 @@ void add_elementwise_cases(Table& t) {
         OP_FN(return masked_fill(x[0], x[1], 0.25);));
 
   // ---- not differentiable: sign, comparisons, logical ops (every float dtype) ----
-  t.add("sign", "", OP_INPUTS(m.rnd({33, 17}, -3, 3)), OP_FN(return sign(x[0]);)).not_differentiable();
+  t.add("sign", "", OP_INPUTS(m.rnd({33, 17}, -3, 3)), OP_FN(return sign(x[0]);))
+      .not_differentiable();
   t.add("logical_not", "", OP_INPUTS(m.rnd_int({40}, -1, 1)), OP_FN(return logical_not(x[0]);))
       .not_differentiable();
   // Small non-negative integers: equal elements occur, and every dtype (uint8, bool) holds them.
@@ -110,9 +117,9 @@ void add_elementwise_cases(Table& t) {
       .only(kAll);
 
   // ---- integer arithmetic: exact on every device ----
-  t.add("int arithmetic", "neg abs square relu sign",
-        OP_INPUTS(m.rnd_int({33, 65}, -50, 50)),
-        OP_FN(return add(add(neg(x[0]), abs(x[0])), add(square(x[0]), add(relu(x[0]), sign(x[0]))));))
+  t.add("int arithmetic", "neg abs square relu sign", OP_INPUTS(m.rnd_int({33, 65}, -50, 50)),
+        OP_FN(
+            return add(add(neg(x[0]), abs(x[0])), add(square(x[0]), add(relu(x[0]), sign(x[0]))));))
       .not_differentiable()
       .only({kInt32, kInt64});
   t.add("int arithmetic", "scalars and clamp", OP_INPUTS(m.rnd_int({33, 65}, 0, 9)),
@@ -124,8 +131,9 @@ void add_elementwise_cases(Table& t) {
         OP_FN(return add(mul(x[0], x[1]), add(maximum(x[0], x[1]), minimum(x[0], x[1])));))
       .not_differentiable()
       .only(kInts);
-  t.add("where", "every dtype", OP_INPUTS(m.mask({1, 0, 0, 1, 1, 0, 1, 0, 1}, {9, 1, 1}),
-                                         m.rnd_int({9, 17, 33}, 0, 9), m.rnd_int({17, 1}, 0, 9)),
+  t.add("where", "every dtype",
+        OP_INPUTS(m.mask({1, 0, 0, 1, 1, 0, 1, 0, 1}, {9, 1, 1}), m.rnd_int({9, 17, 33}, 0, 9),
+                  m.rnd_int({17, 1}, 0, 9)),
         OP_FN(return where(x[0], x[1], x[2]);))
       .not_differentiable()
       .only(kAll);

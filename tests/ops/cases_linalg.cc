@@ -6,27 +6,32 @@
 namespace accel::optable::detail {
 
 void add_linalg_cases(Table& t) {
-  OpCase& gemm =
-      t.add("matmul", "2-D", OP_INPUTS(m.rnd({3, 4}), m.rnd({4, 2})), OP_FN(return matmul(x[0], x[1]);));
+  OpCase& gemm = t.add("matmul", "2-D", OP_INPUTS(m.rnd({3, 4}), m.rnd({4, 2})),
+                       OP_FN(return matmul(x[0], x[1]);));
   // Bench rows gemm/ours/MxKxN: C (M, N) = A (M, K) @ B (K, N): the reference square, a small
   // square, a skinny N, the mlp's first layer, one row (a GEMV).
-  const Shape gemm_shapes[] = {{1024, 1024, 1024}, {256, 256, 256}, {4096, 1024, 64}, {256, 784, 1024},
-                               {1, 1024, 1024}};
+  const Shape gemm_shapes[] = {
+      {1024, 1024, 1024}, {256, 256, 256}, {4096, 1024, 64}, {256, 784, 1024}, {1, 1024, 1024}};
   for (const Shape& g : gemm_shapes) {
     const int64_t M = g[0], K = g[1], N = g[2];
-    gemm.bench("gemm", dims_str(g), [M, K, N](Maker& m) { return In{m.rnd({M, K}), m.rnd({K, N})}; },
-               2.0 * double(M) * double(K) * double(N), true, Tol{1e-4, 1e-4});
+    gemm.bench(
+        "gemm", dims_str(g),
+        [M, K, N](Maker& m) {
+          return In{m.rnd({M, K}), m.rnd({K, N})};
+        },
+        2.0 * double(M) * double(K) * double(N), true, Tol{1e-4, 1e-4});
   }
   t.add("matmul", "1-D dot", OP_INPUTS(m.rnd({4}), m.rnd({4})), OP_FN(return matmul(x[0], x[1]);));
-  t.add("matmul", "1-D @ 2-D", OP_INPUTS(m.rnd({3}), m.rnd({3, 2})), OP_FN(return matmul(x[0], x[1]);));
+  t.add("matmul", "1-D @ 2-D", OP_INPUTS(m.rnd({3}), m.rnd({3, 2})),
+        OP_FN(return matmul(x[0], x[1]);));
   t.add("matmul", "3-D @ 1-D", OP_INPUTS(m.rnd({2, 3, 4}), m.rnd({4})),
         OP_FN(return matmul(x[0], x[1]);));
   t.add("matmul", "1-D @ 3-D", OP_INPUTS(m.rnd({3}), m.rnd({2, 3, 2})),
         OP_FN(return matmul(x[0], x[1]);));
-  t.add("matmul", "batched broadcast (2,1,3,4) @ (3,4,2)", OP_INPUTS(m.rnd({2, 1, 3, 4}), m.rnd({3, 4, 2})),
-        OP_FN(return matmul(x[0], x[1]);));
-  t.add("matmul", "3-D @ 2-D (weight shared over batch)", OP_INPUTS(m.rnd({2, 3, 4}), m.rnd({4, 5})),
-        OP_FN(return matmul(x[0], x[1]);));
+  t.add("matmul", "batched broadcast (2,1,3,4) @ (3,4,2)",
+        OP_INPUTS(m.rnd({2, 1, 3, 4}), m.rnd({3, 4, 2})), OP_FN(return matmul(x[0], x[1]);));
+  t.add("matmul", "3-D @ 2-D (weight shared over batch)",
+        OP_INPUTS(m.rnd({2, 3, 4}), m.rnd({4, 5})), OP_FN(return matmul(x[0], x[1]);));
   t.add("matmul", "2-D @ 3-D", OP_INPUTS(m.rnd({3, 4}), m.rnd({2, 4, 2})),
         OP_FN(return matmul(x[0], x[1]);));
   t.add("matmul", "transposed operands", OP_INPUTS(m.rnd({4, 3}), m.rnd({2, 4})),
@@ -43,8 +48,12 @@ void add_linalg_cases(Table& t) {
   const Shape nt_shapes[] = {{256, 784, 1024}, {256, 1024, 1024}, {256, 1024, 10}};
   for (const Shape& g : nt_shapes) {
     const int64_t M = g[0], K = g[1], N = g[2];
-    nt.bench("gemm_nt", dims_str(g), [M, K, N](Maker& m) { return In{m.rnd({M, K}), m.rnd({N, K})}; },
-             2.0 * double(M) * double(K) * double(N), true, Tol{1e-4, 1e-4});
+    nt.bench(
+        "gemm_nt", dims_str(g),
+        [M, K, N](Maker& m) {
+          return In{m.rnd({M, K}), m.rnd({N, K})};
+        },
+        2.0 * double(M) * double(K) * double(N), true, Tol{1e-4, 1e-4});
   }
   t.add("linear", "1-D input", OP_INPUTS(m.rnd({3}), m.rnd({2, 3}), m.rnd({2})),
         OP_FN(return linear(x[0], x[1], x[2]);));
@@ -58,20 +67,22 @@ void add_linalg_cases(Table& t) {
         OP_FN(return matmul(x[0].t(), x[1].t());))
       .no_gradcheck()
       .tol_scale(std::sqrt(17.0));
-  t.add("linear", "bias (70, 40) x (30, 40)", OP_INPUTS(m.rnd({70, 40}), m.rnd({30, 40}), m.rnd({30})),
+  t.add("linear", "bias (70, 40) x (30, 40)",
+        OP_INPUTS(m.rnd({70, 40}), m.rnd({30, 40}), m.rnd({30})),
         OP_FN(return linear(x[0], x[1], x[2]);))
       .no_gradcheck()
       .tol_scale(std::sqrt(40.0));
-  t.add("matmul", "batched b^T (4, 16, 32) @ (4, 32, 24)", OP_INPUTS(m.rnd({4, 16, 32}), m.rnd({4, 24, 32})),
+  t.add("matmul", "batched b^T (4, 16, 32) @ (4, 32, 24)",
+        OP_INPUTS(m.rnd({4, 16, 32}), m.rnd({4, 24, 32})),
         OP_FN(return matmul(x[0], x[1].transpose(1, 2));))
       .no_gradcheck()
       .tol_scale(std::sqrt(32.0));
-  t.add("matmul", "broadcast a (1, 17, 33) @ (3, 33, 9)", OP_INPUTS(m.rnd({1, 17, 33}), m.rnd({3, 33, 9})),
-        OP_FN(return matmul(x[0], x[1]);))
+  t.add("matmul", "broadcast a (1, 17, 33) @ (3, 33, 9)",
+        OP_INPUTS(m.rnd({1, 17, 33}), m.rnd({3, 33, 9})), OP_FN(return matmul(x[0], x[1]);))
       .no_gradcheck()
       .tol_scale(std::sqrt(33.0));
-  t.add("matmul", "4-D (2, 3, 8, 16) @ (2, 3, 16, 8)", OP_INPUTS(m.rnd({2, 3, 8, 16}), m.rnd({2, 3, 16, 8})),
-        OP_FN(return matmul(x[0], x[1]);))
+  t.add("matmul", "4-D (2, 3, 8, 16) @ (2, 3, 16, 8)",
+        OP_INPUTS(m.rnd({2, 3, 8, 16}), m.rnd({2, 3, 16, 8})), OP_FN(return matmul(x[0], x[1]);))
       .no_gradcheck()
       .tol_scale(4);
 }

@@ -6,20 +6,23 @@
 namespace accel::optable::detail {
 
 void add_nn_cases(Table& t) {
-  OpCase& sm = t.add("softmax", "last dim", OP_INPUTS(m.rnd({3, 5})), OP_FN(return softmax(x[0], -1);));
-  // Bench rows softmax/ours: (4096, 256) and the gpt attention scores (32*4*128, 128); 2 x 4n bytes.
+  OpCase& sm =
+      t.add("softmax", "last dim", OP_INPUTS(m.rnd({3, 5})), OP_FN(return softmax(x[0], -1);));
+  // Bench rows softmax/ours: (4096, 256) and the gpt attention scores (32*4*128, 128); 2 x 4n
+  // bytes.
   for (const Shape& s : {Shape{4096, 256}, Shape{32 * 4 * 128, 128}}) {
-    sm.bench("softmax", dims_str(s), [s](Maker& m) { return In{m.rnd(s, -5, 5)}; },
-             2.0 * double(s[0] * s[1]) * 4, false, Tol{1e-7, 1e-4});
+    sm.bench(
+        "softmax", dims_str(s), [s](Maker& m) { return In{m.rnd(s, -5, 5)}; },
+        2.0 * double(s[0] * s[1]) * 4, false, Tol{1e-7, 1e-4});
   }
   t.add("softmax", "middle dim (strided kernel path)", OP_INPUTS(m.rnd({2, 4, 3})),
         OP_FN(return softmax(x[0], 1);));
-  t.add("softmax", "non-contiguous input", OP_INPUTS(m.rnd({4, 3})), OP_FN(return softmax(x[0].t(), 1);));
+  t.add("softmax", "non-contiguous input", OP_INPUTS(m.rnd({4, 3})),
+        OP_FN(return softmax(x[0].t(), 1);));
   t.add("log_softmax", "last dim", OP_INPUTS(m.rnd({3, 5})), OP_FN(return log_softmax(x[0], 1);));
   t.add("log_softmax", "first dim", OP_INPUTS(m.rnd({4, 3})), OP_FN(return log_softmax(x[0], 0);));
   // A causal-style -inf mask must give exact zeros (softmax) and -inf (log_softmax).
-  t.add("softmax", "causal -inf mask, (3, 50, 70)",
-        OP_INPUTS(m.rnd({3, 50, 70}, -6, 6)), OP_FN({
+  t.add("softmax", "causal -inf mask, (3, 50, 70)", OP_INPUTS(m.rnd({3, 50, 70}, -6, 6)), OP_FN({
           const Tensor upper = triu(ones({50, 70}, TensorOptions(kBool, x[0].device())), 1);
           return softmax(masked_fill(x[0], upper, -INFINITY), 2);
         }))
@@ -31,20 +34,23 @@ void add_nn_cases(Table& t) {
   t.add("layer_norm", "weight and bias", OP_INPUTS(m.rnd({2, 3, 4}), m.rnd({4}), m.rnd({4})),
         OP_FN(return layer_norm(x[0], {x[0].sizes().back()}, x[1], x[2]);))
       .tol_scale(2)
-      .bench("layer_norm", "4096x128", OP_INPUTS(m.rnd({4096, 128}, -3, 3), m.rnd({128}), m.rnd({128})),
-             2.0 * 4096 * 128 * 4, false, Tol{1e-5, 1e-4});
+      .bench("layer_norm", "4096x128",
+             OP_INPUTS(m.rnd({4096, 128}, -3, 3), m.rnd({128}), m.rnd({128})), 2.0 * 4096 * 128 * 4,
+             false, Tol{1e-5, 1e-4});
   t.add("layer_norm", "two normalized dims, no affine", OP_INPUTS(m.rnd({2, 3, 4})),
         OP_FN(return layer_norm(x[0], {3, 4});))
       .tol_scale(2);
   t.add("layer_norm", "weight only, eps 0.1", OP_INPUTS(m.rnd({5, 3}), m.rnd({3})),
         OP_FN(return layer_norm(x[0], {3}, x[1], Tensor(), 0.1);))
       .tol_scale(2);
-  t.add("layer_norm", "(300, 96) affine", OP_INPUTS(m.rnd({300, 96}, -3, 5), m.rnd({96}, 0.5, 1.5), m.rnd({96})),
+  t.add("layer_norm", "(300, 96) affine",
+        OP_INPUTS(m.rnd({300, 96}, -3, 5), m.rnd({96}, 0.5, 1.5), m.rnd({96})),
         OP_FN(return layer_norm(x[0], {96}, x[1], x[2]);))
       .no_gradcheck()
       .tol_scale(2)
       .grad_scales({4, 2 * std::sqrt(300.0), 2 * std::sqrt(300.0)});  // dx; dw, db sum 300 rows
-  t.add("rms_norm", "weight", OP_INPUTS(m.rnd({3, 5}), m.rnd({5})), OP_FN(return rms_norm(x[0], {5}, x[1]);))
+  t.add("rms_norm", "weight", OP_INPUTS(m.rnd({3, 5}), m.rnd({5})),
+        OP_FN(return rms_norm(x[0], {5}, x[1]);))
       .tol_scale(2);
   t.add("rms_norm", "no weight", OP_INPUTS(m.rnd({2, 2, 3})), OP_FN(return rms_norm(x[0], {2, 3});))
       .tol_scale(2);
@@ -54,11 +60,14 @@ void add_nn_cases(Table& t) {
       .tol_scale(2)
       .grad_scales({4, 2 * std::sqrt(300.0), 2 * std::sqrt(300.0)});  // dx; dw, db sum 300 rows
 
-  t.add("cross_entropy", "mean with an ignored row", OP_INPUTS(m.rnd({4, 5}), m.idx({1, -100, 4, 0}, {4})),
+  t.add("cross_entropy", "mean with an ignored row",
+        OP_INPUTS(m.rnd({4, 5}), m.idx({1, -100, 4, 0}, {4})),
         OP_FN(return cross_entropy(x[0], x[1]);))
-      .bench("cross_entropy", "4096x256", OP_INPUTS(m.rnd({4096, 256}, -5, 5), m.rnd_idx(0, 256, {4096})),
-             4096.0 * 256 * 4, false, Tol{1e-6, 1e-5});
-  t.add("cross_entropy", "sum, label smoothing 0.2", OP_INPUTS(m.rnd({3, 4}), m.idx({3, 0, 3}, {3})),
+      .bench("cross_entropy", "4096x256",
+             OP_INPUTS(m.rnd({4096, 256}, -5, 5), m.rnd_idx(0, 256, {4096})), 4096.0 * 256 * 4,
+             false, Tol{1e-6, 1e-5});
+  t.add("cross_entropy", "sum, label smoothing 0.2",
+        OP_INPUTS(m.rnd({3, 4}), m.idx({3, 0, 3}, {3})),
         OP_FN(return cross_entropy(x[0], x[1], -100, Reduction::Sum, 0.2);));
   t.add("cross_entropy", "none, (N, C, d) input",
         OP_INPUTS(m.rnd({2, 3, 4}), m.idx({0, 1, 2, 1, 2, 2, 0, 0}, {2, 4})),
@@ -74,8 +83,10 @@ void add_nn_cases(Table& t) {
         OP_FN(return nll_loss(x[0], x[1], -100, Reduction::None);));
   t.add("mse_loss", "mean, both require grad", OP_INPUTS(m.rnd({3, 4}), m.rnd({3, 4})),
         OP_FN(return mse_loss(x[0], x[1]);));
-  t.add("mse_loss", "sum", OP_INPUTS(m.rnd({5}), m.rnd({5})), OP_FN(return mse_loss(x[0], x[1], Reduction::Sum);));
-  t.add("binary_cross_entropy_with_logits", "mean, target with grad", OP_INPUTS(m.rnd({2, 3}), m.rnd_pos({2, 3})),
+  t.add("mse_loss", "sum", OP_INPUTS(m.rnd({5}), m.rnd({5})),
+        OP_FN(return mse_loss(x[0], x[1], Reduction::Sum);));
+  t.add("binary_cross_entropy_with_logits", "mean, target with grad",
+        OP_INPUTS(m.rnd({2, 3}), m.rnd_pos({2, 3})),
         OP_FN(return binary_cross_entropy_with_logits(x[0], mul(x[1], 0.5));));
   t.add("binary_cross_entropy_with_logits", "none",
         OP_INPUTS(m.rnd({5}), m.values({0, 1, 1, 0, 0.5}, {5})),
@@ -107,7 +118,8 @@ void add_nn_cases(Table& t) {
         OP_FN(return scaled_dot_product_attention_packed(x[0], 2, true);))
       .tol_scale(4)
       .grad_scale(8);
-  t.add("scaled_dot_product_attention_packed", "not causal, strided qkv", OP_INPUTS(m.rnd({6, 3, 2})),
+  t.add("scaled_dot_product_attention_packed", "not causal, strided qkv",
+        OP_INPUTS(m.rnd({6, 3, 2})),
         OP_FN(return scaled_dot_product_attention_packed(x[0].permute({2, 1, 0}), 1, false);))
       .tol_scale(4)
       .grad_scale(8);

@@ -43,8 +43,9 @@ void add_reduce_cases(Table& t) {
     int64_t n = 1;
     for (int64_t d : b.dims) n *= b.shape[size_t(d)];
     const Shape shape = b.shape, dims = b.dims;
-    OpCase& s = t.add("sum", b.label, [shape](Maker& m) { return In{m.rnd(shape)}; },
-                      [dims](const In& x) { return sum(x[0], dims, true); })
+    OpCase& s = t.add(
+                     "sum", b.label, [shape](Maker& m) { return In{m.rnd(shape)}; },
+                     [dims](const In& x) { return sum(x[0], dims, true); })
                     .no_gradcheck()
                     .tol_scale(std::sqrt(double(n)) * 4);
     // Bench rows sum_dim0/sum_dim1 of a (4096, 1024) matrix (reads 4n bytes).
@@ -52,15 +53,18 @@ void add_reduce_cases(Table& t) {
       s.bench("sum_dim" + std::to_string(dims[0]), "4096x1024", OP_INPUTS(m.rnd({4096, 1024})),
               4096.0 * 1024 * 4, false, Tol{1e-4, 1e-3});
     }
-    t.add("mean", b.label, [shape](Maker& m) { return In{m.rnd(shape)}; },
-          [dims](const In& x) { return mean(x[0], dims); })
+    t.add(
+         "mean", b.label, [shape](Maker& m) { return In{m.rnd(shape)}; },
+         [dims](const In& x) { return mean(x[0], dims); })
         .no_gradcheck()
         .tol_scale(4);
-    t.add("amax", b.label, [shape](Maker& m) { return In{m.rnd(shape)}; },
-          [dims](const In& x) { return amax(x[0], dims); })
+    t.add(
+         "amax", b.label, [shape](Maker& m) { return In{m.rnd(shape)}; },
+         [dims](const In& x) { return amax(x[0], dims); })
         .no_gradcheck();
-    t.add("amin", b.label, [shape](Maker& m) { return In{m.rnd(shape)}; },
-          [dims](const In& x) { return amin(x[0], dims); })
+    t.add(
+         "amin", b.label, [shape](Maker& m) { return In{m.rnd(shape)}; },
+         [dims](const In& x) { return amin(x[0], dims); })
         .no_gradcheck();
   }
   t.add("prod", "factors near 1, (37, 513) rows", OP_INPUTS(m.rnd({37, 513}, 0.999, 1.001)),
@@ -82,13 +86,14 @@ void add_reduce_cases(Table& t) {
         OP_FN(return add(sum(x[0], {1}).to(kFloat32), mean(x[0], {1}));))
       .not_differentiable()
       .only({kInt32, kInt64});
-  t.add("amax", "NaN propagates",
-        [](Maker& m) {
-          std::vector<int> nan_at(200, 0);
-          nan_at[2 * 50 + 7] = 1;
-          return In{m.rnd({4, 50}), m.mask(nan_at, {4, 50})};
-        },
-        OP_FN(return amax(masked_fill(x[0], x[1], NAN), {1});))
+  t.add(
+       "amax", "NaN propagates",
+       [](Maker& m) {
+         std::vector<int> nan_at(200, 0);
+         nan_at[2 * 50 + 7] = 1;
+         return In{m.rnd({4, 50}), m.mask(nan_at, {4, 50})};
+       },
+       OP_FN(return amax(masked_fill(x[0], x[1], NAN), {1});))
       .not_differentiable();
 }
 

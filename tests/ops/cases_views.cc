@@ -22,14 +22,15 @@ void add_views_cases(Table& t) {
   // Note [gradcheck through float32]: a float32 intermediate cannot resolve a 1e-6 step, so this
   // case uses inputs on a 2^-10 grid and a step of 2^-10: x +- eps is exact in float32 and the
   // central difference of this piecewise-linear function is exact too.
-  t.add("to_dtype", "f64 -> f32 -> f64",
-        [](Maker& m) {
-          std::vector<double> v =
-              uniform({4}, -1.0, 1.0, TensorOptions(kFloat64), &m.gen()).to_vector<double>();
-          for (double& e : v) e = std::round(e * 1024) / 1024;
-          return In{m.values(v, {4}, /*grad=*/true)};
-        },
-        OP_FN(return mul(x[0].to(kFloat32), 2.0).to(kFloat64);))
+  t.add(
+       "to_dtype", "f64 -> f32 -> f64",
+       [](Maker& m) {
+         std::vector<double> v =
+             uniform({4}, -1.0, 1.0, TensorOptions(kFloat64), &m.gen()).to_vector<double>();
+         for (double& e : v) e = std::round(e * 1024) / 1024;
+         return In{m.values(v, {4}, /*grad=*/true)};
+       },
+       OP_FN(return mul(x[0].to(kFloat32), 2.0).to(kFloat64);))
       .eps(1.0 / 1024);
 }
 

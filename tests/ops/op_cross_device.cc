@@ -61,8 +61,8 @@ constexpr double kCpuDtypeSlack = 4;
 
 void fail(const OpCase& c, const std::string& dev, DType dt, const std::string& what) {
   ++g_failures;
-  std::printf("FAIL %s [%s %s]: %s\n", c.name().c_str(), dev.c_str(), std::string(dtype_name(dt)).c_str(),
-              what.c_str());
+  std::printf("FAIL %s [%s %s]: %s\n", c.name().c_str(), dev.c_str(),
+              std::string(dtype_name(dt)).c_str(), what.c_str());
 }
 
 std::string errors(const char* what, const Compare& cmp) {
@@ -73,7 +73,8 @@ std::string errors(const char* what, const Compare& cmp) {
 }
 
 // Compares a device run with the CPU reference; returns whether everything matched.
-bool check(const OpCase& c, const std::string& dev, DType dt, const RunResult& got, const Ref& ref) {
+bool check(const OpCase& c, const std::string& dev, DType dt, const RunResult& got,
+           const Ref& ref) {
   const bool float_out = is_floating(ref.r.out.dtype());
   const Tol tol = float_out ? c.tol.for_dtype(dt) : Tol{0, 0};
   bool ok = true;
@@ -83,12 +84,14 @@ bool check(const OpCase& c, const std::string& dev, DType dt, const RunResult& g
     ok = false;
   }
   if (got.grads.size() != ref.r.grads.size()) {
-    fail(c, dev, dt, "backward: " + std::to_string(got.grads.size()) + " gradients vs " +
-                         std::to_string(ref.r.grads.size()) + " on the CPU");
+    fail(c, dev, dt,
+         "backward: " + std::to_string(got.grads.size()) + " gradients vs " +
+             std::to_string(ref.r.grads.size()) + " on the CPU");
     return false;
   }
   for (size_t i = 0; i < got.grads.size(); ++i) {
-    const Compare g = compare(got.grads[i], ref.r.grads[i], c.tol.scaled(c.grad_scale_of(i)).for_dtype(dt));
+    const Compare g =
+        compare(got.grads[i], ref.r.grads[i], c.tol.scaled(c.grad_scale_of(i)).for_dtype(dt));
     if (!g.ok) {
       fail(c, dev, dt, errors(("grad of input " + std::to_string(i)).c_str(), g));
       ok = false;
@@ -113,8 +116,9 @@ int check_coverage(DeviceType t, const std::set<std::string>& reached, const std
       ++covered;
     } else if (!(t == DeviceType::CPU && kCpuExempt.count(k.stub))) {
       ++g_failures;
-      std::printf("FAIL coverage: %s has a %s kernel that no op case reaches (add a case in tests/ops/)\n",
-                  k.stub.c_str(), dev.c_str());
+      std::printf(
+          "FAIL coverage: %s has a %s kernel that no op case reaches (add a case in tests/ops/)\n",
+          k.stub.c_str(), dev.c_str());
     }
   }
   return covered;
@@ -127,10 +131,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> excludes;
   bool list = false, self = false;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--list") == 0) list = true;
-    else if (std::strcmp(argv[i], "--self") == 0) self = true;
-    else if (std::strcmp(argv[i], "--exclude") == 0 && i + 1 < argc) excludes.push_back(argv[++i]);
-    else filter = argv[i];
+    if (std::strcmp(argv[i], "--list") == 0)
+      list = true;
+    else if (std::strcmp(argv[i], "--self") == 0)
+      self = true;
+    else if (std::strcmp(argv[i], "--exclude") == 0 && i + 1 < argc)
+      excludes.push_back(argv[++i]);
+    else
+      filter = argv[i];
   }
   auto selected = [&](const OpCase& c) {
     if (!filter.empty() && c.name().find(filter) == std::string::npos) return false;
@@ -148,8 +156,10 @@ int main(int argc, char** argv) {
   std::string no_device_reason = "built without CUDA";
   if (self) devices.push_back(kCPU);
 #ifdef ACCEL_WITH_CUDA  // cuda_deps define it
-  if (!self && cuda::is_available()) devices.push_back(Device::cuda(0));
-  else if (!self) no_device_reason = cuda::unavailable_reason();
+  if (!self && cuda::is_available())
+    devices.push_back(Device::cuda(0));
+  else if (!self)
+    no_device_reason = cuda::unavailable_reason();
 #endif
 
   // ---- the CPU pass: references for every (case, dtype), coverage of the CPU kernels ----
@@ -219,8 +229,9 @@ int main(int argc, char** argv) {
         ++static_covered;
       } else {
         ++g_failures;
-        std::printf("FAIL coverage: %s has a CUDA kernel but no op case reaches the stub on the CPU\n",
-                    k.stub.c_str());
+        std::printf(
+            "FAIL coverage: %s has a CUDA kernel but no op case reaches the stub on the CPU\n",
+            k.stub.c_str());
       }
     }
   }
@@ -263,11 +274,12 @@ int main(int argc, char** argv) {
   if (devices.empty())
     std::printf("no CUDA device: cross-device comparison skipped, CPU coverage checked (%s)\n",
                 no_device_reason.c_str());
-  std::printf("op_cross_device: %d cases (%zu ops), %d CPU runs (%d with a dtype the CPU kernel lacks), "
-              "%d CPU dtype checks against float64 (%d failed), %d device comparisons, %d cpu-only "
-              "case runs skipped; coverage: %d CPU kernels, %d/%d CUDA stubs reached on the CPU; %d "
-              "failures\n",
-              n_cases, ops.size(), runs, cpu_unsupported, cpu_dtype_checked, cpu_dtype_failures, compared,
-              skipped_cpu_only, cpu_covered, static_covered, static_total, g_failures);
+  std::printf(
+      "op_cross_device: %d cases (%zu ops), %d CPU runs (%d with a dtype the CPU kernel lacks), "
+      "%d CPU dtype checks against float64 (%d failed), %d device comparisons, %d cpu-only "
+      "case runs skipped; coverage: %d CPU kernels, %d/%d CUDA stubs reached on the CPU; %d "
+      "failures\n",
+      n_cases, ops.size(), runs, cpu_unsupported, cpu_dtype_checked, cpu_dtype_failures, compared,
+      skipped_cpu_only, cpu_covered, static_covered, static_total, g_failures);
   return g_failures == 0 ? 0 : 1;
 }

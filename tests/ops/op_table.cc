@@ -141,7 +141,8 @@ RunResult run_case(const OpCase& c, Maker& m, bool backward) {
   Tensor cot;
   {
     NoGradGuard ng;
-    cot = uniform(out.sizes(), -1.0, 1.0, TensorOptions(kFloat64), &g).to(m.dtype()).to(out.dtype());
+    cot =
+        uniform(out.sizes(), -1.0, 1.0, TensorOptions(kFloat64), &g).to(m.dtype()).to(out.dtype());
     cot = cot.to(out.device());
   }
   out.backward(cot);

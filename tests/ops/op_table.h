@@ -81,7 +81,7 @@ struct OpCase {
   MakeFn make;
   OpFn fn;
   Tolerances tol;
-  double grad_tol_scale = 4;  // backward results: tol scaled by this (longer chains)
+  double grad_tol_scale = 4;            // backward results: tol scaled by this (longer chains)
   std::vector<double> grad_tol_scales;  // per floating input with grad, overriding the above
   std::vector<DType> dtypes = floating_dtypes();
   bool differentiable = true;   // false: no gradcheck, no backward comparison
@@ -103,18 +103,45 @@ struct OpCase {
   std::string name() const { return label.empty() ? op : op + " [" + label + "]"; }
 
   // Fluent setters for the case files.
-  OpCase& tolerances(Tolerances t) { tol = t; return *this; }
-  OpCase& tol_scale(double f) { tol = tol.scaled(f); return *this; }
-  OpCase& grad_scale(double f) { grad_tol_scale = f; return *this; }
-  OpCase& grad_scales(std::vector<double> f) { grad_tol_scales = std::move(f); return *this; }
+  OpCase& tolerances(Tolerances t) {
+    tol = t;
+    return *this;
+  }
+  OpCase& tol_scale(double f) {
+    tol = tol.scaled(f);
+    return *this;
+  }
+  OpCase& grad_scale(double f) {
+    grad_tol_scale = f;
+    return *this;
+  }
+  OpCase& grad_scales(std::vector<double> f) {
+    grad_tol_scales = std::move(f);
+    return *this;
+  }
   double grad_scale_of(size_t input) const {
     return input < grad_tol_scales.size() ? grad_tol_scales[input] : grad_tol_scale;
   }
-  OpCase& only(std::vector<DType> d) { dtypes = std::move(d); return *this; }
-  OpCase& not_differentiable() { differentiable = false; return *this; }
-  OpCase& cpu(std::string why) { cpu_only = std::move(why); return *this; }
-  OpCase& eps(double e) { gradcheck_eps = e; return *this; }
-  OpCase& no_gradcheck() { gradcheck = false; return *this; }
+  OpCase& only(std::vector<DType> d) {
+    dtypes = std::move(d);
+    return *this;
+  }
+  OpCase& not_differentiable() {
+    differentiable = false;
+    return *this;
+  }
+  OpCase& cpu(std::string why) {
+    cpu_only = std::move(why);
+    return *this;
+  }
+  OpCase& eps(double e) {
+    gradcheck_eps = e;
+    return *this;
+  }
+  OpCase& no_gradcheck() {
+    gradcheck = false;
+    return *this;
+  }
   OpCase& bench(std::string family, std::string shape, MakeFn mk, double work, bool flops,
                 Tol check = {1e-5, 1e-4}) {
     benches.push_back({std::move(family), std::move(shape), std::move(mk), work, flops, check});
@@ -161,8 +188,7 @@ Compare compare(const Tensor& got, const Tensor& want, Tol tol);
 }  // namespace accel::optable
 
 // Case-file shorthands: OP_INPUTS(m.rnd({2, 3}), ...) and OP_FN(return f(x[0]);).
-#define OP_INPUTS(...) \
-  [](::accel::optable::Maker& m) { return ::accel::optable::In{__VA_ARGS__}; }
+#define OP_INPUTS(...) [](::accel::optable::Maker& m) { return ::accel::optable::In{__VA_ARGS__}; }
 #define OP_FN(...) [](const ::accel::optable::In& x) -> ::accel::Tensor { __VA_ARGS__ }
 
 namespace accel::optable::detail {

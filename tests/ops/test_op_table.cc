@@ -17,17 +17,19 @@ TEST_CASE("compare: tolerance, non-finite values, shapes") {
   CHECK_FALSE(c.ok);
   CHECK(c.max_abs == doctest::Approx(0.1).epsilon(1e-5));
   CHECK(c.max_rel == doctest::Approx(0.025).epsilon(1e-4));
-  CHECK(compare(tensor({1.0f, -2.0f, 4.1f}), want, Tol{0, 0.03}).ok);  // within rtol |want|
+  CHECK(compare(tensor({1.0f, -2.0f, 4.1f}), want, Tol{0, 0.03}).ok);   // within rtol |want|
   CHECK_FALSE(compare(tensor({1.0f, NAN, 4.0f}), want, Tol{1, 1}).ok);  // NaN is never close
   CHECK(compare(tensor({1.0f, NAN, INFINITY}), tensor({1.0f, NAN, INFINITY}), Tol{0, 0}).ok);
-  CHECK_FALSE(compare(tensor({1.0f, 2.0f, -INFINITY}), tensor({1.0f, 2.0f, INFINITY}), Tol{1, 1}).ok);
+  CHECK_FALSE(
+      compare(tensor({1.0f, 2.0f, -INFINITY}), tensor({1.0f, 2.0f, INFINITY}), Tol{1, 1}).ok);
   const Compare shape = compare(tensor({1.0f, 2.0f}), want, Tol{1, 1});
   CHECK_FALSE(shape.ok);
   CHECK(shape.why.find("shape") != std::string::npos);
 }
 
 TEST_CASE("Maker: same values for a seed, rounded to the dtype, integers stay integers") {
-  Maker a(kFloat64, kCPU, 42), b(kFloat64, kCPU, 42), h(kBFloat16, kCPU, 42), w(kBFloat16, kCPU, 42, kFloat32);
+  Maker a(kFloat64, kCPU, 42), b(kFloat64, kCPU, 42), h(kBFloat16, kCPU, 42),
+      w(kBFloat16, kCPU, 42, kFloat32);
   const Tensor xa = a.rnd({5, 3}), xb = b.rnd({5, 3}), xh = h.rnd({5, 3}), xw = w.rnd({5, 3});
   CHECK(xa.requires_grad());
   CHECK(xa.is_leaf());

@@ -27,12 +27,12 @@ Tensor permute(const Tensor& t, const Shape& dims) {
   return as_strided(t, std::move(sz), std::move(st), t.offset());
 }
 
-Tensor expand(const Tensor& t, const Shape& shape) {
-  ACCEL_CHECK(t.defined(), ValueError, "expand", "input tensor is undefined");
+bool expand_geometry(const Tensor& t, const Shape& shape, Shape& sz, Shape& st) {
   ACCEL_CHECK(shape.size() >= t.sizes().size(), ShapeError, "expand", "cannot expand shape ",
               t.sizes(), " to ", shape, " (fewer dims)");
   const size_t off = shape.size() - t.sizes().size();
-  Shape sz(shape.size()), st(shape.size());
+  sz = Shape(shape.size());
+  st = Shape(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) {
     if (i < off) {
       ACCEL_CHECK(shape[i] >= 0, ShapeError, "expand", "cannot infer new leading dim in ", shape);
@@ -47,7 +47,13 @@ Tensor expand(const Tensor& t, const Shape& shape) {
     sz[i] = want;
     st[i] = cur == want ? t.strides()[i - off] : 0;
   }
-  if (sz == t.sizes()) return t;
+  return sz != t.sizes();
+}
+
+Tensor expand(const Tensor& t, const Shape& shape) {
+  ACCEL_CHECK(t.defined(), ValueError, "expand", "input tensor is undefined");
+  Shape sz, st;
+  if (!expand_geometry(t, shape, sz, st)) return t;
   return as_strided(t, std::move(sz), std::move(st), t.offset());
 }
 

@@ -21,6 +21,9 @@ Tensor as_strided(const Tensor& base, Shape sizes, Shape strides, int64_t offset
 Tensor permute(const Tensor& t, const Shape& dims);
 // `t` broadcast to `shape` with stride-0 dims; -1 keeps a dim (ShapeError as Tensor::expand).
 Tensor expand(const Tensor& t, const Shape& shape);
+// The sizes and strides of `t` expanded to `shape`, checked (shared by expand and
+// Tensor::expand). Returns false when the view would equal `t` (nothing to expand).
+bool expand_geometry(const Tensor& t, const Shape& shape, Shape& sizes, Shape& strides);
 // `t` itself when contiguous, else a contiguous copy on the same device.
 Tensor contiguous(const Tensor& t);
 // `t` itself when it has dtype `dt`, else a converted copy on the same device.

@@ -2,6 +2,7 @@
 #include <numeric>
 
 #include "autograd/ops/common.h"
+#include "core/raw.h"
 
 namespace accel {
 
@@ -227,25 +228,8 @@ Tensor Tensor::select(int64_t dim_, int64_t index) const {
 
 Tensor Tensor::expand(const Shape& shape) const {
   ops::check_defined(*this, "expand");
-  ACCEL_CHECK(shape.size() >= sizes().size(), ShapeError, "expand", "cannot expand shape ", sizes(),
-              " to ", shape, " (fewer dims)");
-  const size_t off = shape.size() - sizes().size();
-  Shape sz(shape.size()), st(shape.size());
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i < off) {
-      ACCEL_CHECK(shape[i] >= 0, ShapeError, "expand", "cannot infer new leading dim in ", shape);
-      sz[i] = shape[i];
-      st[i] = 0;
-      continue;
-    }
-    const int64_t cur = sizes()[i - off];
-    const int64_t want = shape[i] == -1 ? cur : shape[i];
-    ACCEL_CHECK(cur == want || cur == 1, ShapeError, "expand", "cannot expand shape ", sizes(),
-                " to ", shape);
-    sz[i] = want;
-    st[i] = cur == want ? strides()[i - off] : 0;
-  }
-  if (sz == sizes()) return *this;
+  Shape sz, st;
+  if (!raw::expand_geometry(*this, shape, sz, st)) return *this;
   Tensor out = ops::make_view(*this, std::move(sz), std::move(st), offset());
   record_view("expand", *this, out, [in = sizes()](const Tensor& g) { return sum_to(g, in); });
   return out;

@@ -66,6 +66,7 @@ class CpuCachingAllocator final : public Allocator {
         fl.blocks.pop_back();
         fl.bytes -= rounded;
         in_use_ += rounded;
+        note_peak();
         ++hits_;
         return p;
       }
@@ -109,8 +110,11 @@ class CpuCachingAllocator final : public Allocator {
     s.bytes_reserved = reserved_.load();
     s.alloc_count = allocs_.load();
     s.cache_hits = hits_.load();
+    s.peak_bytes_in_use = peak_.load();
     return s;
   }
+
+  void reset_peak_stats() override { peak_.store(in_use_.load()); }
 
   void empty_cache() override {
     std::lock_guard<std::mutex> lk(mu_);
@@ -185,6 +189,7 @@ class CpuCachingAllocator final : public Allocator {
 
   void account_hit(size_t rounded) {
     in_use_.fetch_add(rounded, std::memory_order_relaxed);
+    note_peak();
     hits_.fetch_add(1, std::memory_order_relaxed);
   }
 
@@ -196,6 +201,7 @@ class CpuCachingAllocator final : public Allocator {
     std::lock_guard<std::mutex> lk(mu_);
     in_use_ += rounded;
     reserved_ += rounded;
+    note_peak();
     ++allocs_;
     return p;
   }
@@ -203,7 +209,15 @@ class CpuCachingAllocator final : public Allocator {
   mutable std::mutex mu_;
   FreeList lists_[kNumClasses];
   // Stats are relaxed atomics so the thread-cache fast path takes no lock.
-  std::atomic<size_t> in_use_{0}, reserved_{0}, allocs_{0}, hits_{0};
+  // peak_ is raised after the fact (a racing pair of allocations may record the larger of the
+  // two sums a moment late, never a value that was not reached).
+  void note_peak() {
+    const size_t now = in_use_.load(std::memory_order_relaxed);
+    size_t seen = peak_.load(std::memory_order_relaxed);
+    while (now > seen && !peak_.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+    }
+  }
+  std::atomic<size_t> in_use_{0}, reserved_{0}, allocs_{0}, hits_{0}, peak_{0};
 };
 
 CpuCachingAllocator& cpu_allocator() {
@@ -237,11 +251,39 @@ Storage::Storage(size_t nbytes, Device device, Allocator* alloc)
   data_ = alloc_->allocate(nbytes, device);
 }
 
+Storage::Storage(size_t nbytes, Device device, Unallocated)
+    : nbytes_(nbytes), device_(device), alloc_(get_allocator(device)) {}
+
+void Storage::release() {
+  ACCEL_CHECK(alloc_ != nullptr, ValueError, "Storage.release",
+              "a borrowed buffer (from_blob) cannot be released");
+  if (!data_) return;
+  alloc_->deallocate(data_, nbytes_);
+  data_ = nullptr;
+}
+
+void Storage::materialize() {
+  ACCEL_CHECK(alloc_ != nullptr, ValueError, "Storage.materialize",
+              "a borrowed buffer (from_blob) cannot be re-allocated");
+  if (data_ || nbytes_ == 0) return;
+  data_ = alloc_->allocate(nbytes_, device_);
+  bump_version();
+}
+
+void Storage::throw_released() const {
+  ACCEL_THROW(ValueError, "tensor data", "the storage of this tensor is not allocated (", nbytes_,
+              " bytes on ", device_,
+              "): it was released (a ZeRO-3 parameter outside its unit's forward or backward, "
+              "see Note [unit lifecycle] in dist/fsdp.h) or created deferred (nn::DeferredInit) "
+              "and never materialized");
+}
+
 Storage::Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)
     : data_(data), nbytes_(nbytes), device_(device), deleter_(std::move(deleter)) {}
 
 Storage::~Storage() {
   if (alloc_) {
+    if (!data_) return;
     alloc_->deallocate(data_, nbytes_);
   } else if (deleter_) {
     deleter_(data_);

@@ -17,6 +17,7 @@ struct AllocatorStats {
   size_t bytes_reserved = 0;  // in use + cached for reuse
   size_t alloc_count = 0;     // calls that reached the system allocator
   size_t cache_hits = 0;
+  size_t peak_bytes_in_use = 0;  // largest bytes_in_use since start or reset_peak_stats()
 };
 
 class Allocator {
@@ -29,6 +30,8 @@ class Allocator {
   virtual AllocatorStats stats() const = 0;
   // Return cached blocks to the system.
   virtual void empty_cache() {}
+  // Restart peak_bytes_in_use from the current bytes_in_use.
+  virtual void reset_peak_stats() {}
 };
 
 // Per device type; CUDA registers its allocator when the backend is built and a device exists.
@@ -44,9 +47,25 @@ class Storage : public RefCounted {
   Storage(size_t nbytes, Device device, Allocator* alloc = nullptr);
   // Borrowed buffer (from_blob): `deleter` runs when the last reference goes (may be empty).
   Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter);
+  // An owned buffer of nbytes that is not allocated yet (materialize() allocates it).
+  struct Unallocated {};
+  Storage(size_t nbytes, Device device, Unallocated);
   ~Storage() override;
 
-  void* data() const { return data_; }
+  // Note [released storage]: an owned storage can give its memory back and get it again while
+  // every tensor and view of it (autograd's saved tensors included) keeps pointing at it. ZeRO-3
+  // frees a unit's gathered parameters this way between uses (dist/fsdp.h); deferred init
+  // creates parameters unallocated. Reading the data of a released storage throws ValueError
+  // instead of touching a null pointer. materialize() allocates uninitialised memory (and bumps
+  // the version); the caller fills it.
+  void release();
+  void materialize();
+  bool allocated() const { return data_ != nullptr || nbytes_ == 0; }
+  void* data() const {
+    if (data_ == nullptr && nbytes_ != 0) [[unlikely]]
+      throw_released();
+    return data_;
+  }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   // Bumped by in-place ops; autograd checks saved tensors against it.
@@ -54,6 +73,7 @@ class Storage : public RefCounted {
   void bump_version() { ++version_; }
 
  private:
+  [[noreturn]] void throw_released() const;
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;

@@ -1,4 +1,5 @@
 // CUDA caching device allocator, pinned host allocator, and host<->device copies.
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -52,7 +53,8 @@ struct PendingFree {
 };
 
 struct DeviceStats {
-  size_t in_use = 0, reserved = 0, allocs = 0, hits = 0;
+  size_t in_use = 0, reserved = 0, allocs = 0, hits = 0, peak = 0;
+  void note_peak() { peak = std::max(peak, in_use); }
 };
 
 class CudaCachingAllocator final : public Allocator {
@@ -71,6 +73,7 @@ class CudaCachingAllocator final : public Allocator {
       void* p = it->second.back();
       it->second.pop_back();
       st.in_use += size;
+      st.note_peak();
       ++st.hits;
       Block& b = live_[p];
       b = Block{size, cls, dev, stream, {}};
@@ -91,6 +94,7 @@ class CudaCachingAllocator final : public Allocator {
     }
     st.in_use += size;
     st.reserved += size;
+    st.note_peak();
     ++st.allocs;
     live_[p] = Block{size, cls, dev, stream, {}};
     return p;
@@ -133,6 +137,7 @@ class CudaCachingAllocator final : public Allocator {
       s.bytes_reserved += stats_[d].reserved;
       s.alloc_count += stats_[d].allocs;
       s.cache_hits += stats_[d].hits;
+      s.peak_bytes_in_use += stats_[d].peak;
     }
     return s;
   }
@@ -140,6 +145,11 @@ class CudaCachingAllocator final : public Allocator {
   void empty_cache() override {
     std::lock_guard<std::mutex> lk(mu_);
     for (int d = 0; d < kMaxDevices; ++d) release_cached(d);
+  }
+
+  void reset_peak_stats() override {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& st : stats_) st.peak = st.in_use;
   }
 
   void record_stream(void* base, const Stream& s) {

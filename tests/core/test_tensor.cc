@@ -222,6 +222,43 @@ TEST_CASE("allocator caches freed blocks") {
   CHECK(after.cache_hits >= before.cache_hits + 100);
 }
 
+TEST_CASE("allocator peak bytes: raised by allocations, restarted by reset_peak_stats") {
+  Allocator* a = get_allocator(kCPU);
+  a->reset_peak_stats();
+  const size_t base = a->stats().bytes_in_use;
+  CHECK(a->stats().peak_bytes_in_use == base);
+  { Tensor big = empty({1 << 20}); }  // 4 MiB, freed again
+  const AllocatorStats s = a->stats();
+  CHECK(s.peak_bytes_in_use >= base + (size_t(4) << 20));
+  CHECK(s.bytes_in_use == base);
+  a->reset_peak_stats();
+  CHECK(a->stats().peak_bytes_in_use == a->stats().bytes_in_use);
+}
+
+TEST_CASE("released storage: views keep it, reads throw, materialize brings memory back") {
+  Tensor t = arange(8, TensorOptions(kFloat32));
+  Tensor view = t.narrow(0, 2, 4);
+  Tensor saved = t.detach();
+  const StoragePtr& st = t.storage();
+  CHECK(st->allocated());
+  const size_t in_use = get_allocator(kCPU)->stats().bytes_in_use;
+  st->release();
+  CHECK_FALSE(st->allocated());
+  CHECK(get_allocator(kCPU)->stats().bytes_in_use < in_use);
+  CHECK(t.sizes() == Shape{8});
+  CHECK_THROWS_WITH_AS(view.sum(), doctest::Contains("not allocated"), ValueError);
+  CHECK_THROWS_AS(saved.narrow(0, 0, 1).item<float>(), ValueError);
+  st->release();  // twice is harmless
+  st->materialize();
+  CHECK(st->allocated());
+  t.fill_(3.0);
+  CHECK(view.sum().item<float>() == 12.0f);
+  CHECK(saved.narrow(0, 7, 1).item<float>() == 3.0f);
+  float host[4] = {1, 2, 3, 4};
+  Tensor borrowed = from_blob(host, {4}, kFloat32);
+  CHECK_THROWS_AS(borrowed.storage()->release(), ValueError);
+}
+
 TEST_CASE("a CUDA tensor without a CUDA device is a DeviceError") {
   bool have_cuda = true;
   try {

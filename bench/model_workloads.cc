@@ -309,10 +309,6 @@ void run_gpt() {
       gpt_gflop(kBatch, cfg), extra);
 }
 
-namespace {
-
-// A loopback port that was free a moment ago (bind to port 0 and read it back). Another process
-// could take it before rank 0 binds; that surfaces as a store error, never a hang.
 int free_loopback_port() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   ACCEL_CHECK(fd >= 0, DistError, "workloads", "socket() failed");
@@ -326,6 +322,8 @@ int free_loopback_port() {
   ACCEL_CHECK(ok, DistError, "workloads", "cannot bind a loopback port");
   return ntohs(a.sin_port);
 }
+
+namespace {
 
 // Parent side of ddp-mlp: two copies of this program as ranks 0 and 1 on loopback, 1 thread
 // each; rank 0's stdout is ours, rank 1's goes to /dev/null.

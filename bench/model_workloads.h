@@ -12,6 +12,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -30,5 +31,16 @@ void run_gpt();
 // in the environment it spawns two copies of this program (`<self> ddp-mlp`) with the env
 // contract and prints rank 0's line.
 void run_ddp_mlp();
+// zero-memory (bench/zero_memory.cc): per-rank peak RSS, allocator peak and ms/step of a GPT
+// (49.6M parameters by default) trained through the Accelerator at ZeRO stages x world sizes;
+// it starts the ranks itself. ACCEL_BENCH_WORLDS / _STAGES / _D_MODEL / _LAYERS (workloads
+// --worlds, --stages, --d-model, --layers) and ACCEL_BENCH_STEPS / _WARMUP size the run.
+void run_zero_memory();
+
+// A loopback port that was free a moment ago (bind to port 0 and read it back). Another process
+// could take it before rank 0 binds; that surfaces as a store error, never a hang.
+int free_loopback_port();
+// "1,2,4" -> {1, 2, 4}; empty when an item is not an integer in [lo, hi] or the list is empty.
+std::vector<int> parse_int_list(const std::string& s, int lo, int hi);
 
 }  // namespace accel::bench

@@ -16,7 +16,8 @@
 // autocast alternating in one run (bench/model_workloads.h) and adds the autocast matmul line.
 //
 // Adding a workload: write `void run_<name>()` below and add it to registry(). `all` runs every
-// registered workload in registry order.
+// registered workload in registry order, except those registered with in_all = false
+// (zero-memory: minutes of multi-process runs, reported in a section of its own).
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <sys/wait.h>
@@ -383,6 +384,7 @@ struct Workload {
   const char* name;
   const char* what;
   std::function<void()> run;
+  bool in_all = true;  // false: only by name (a long run with its own report section)
 };
 
 const std::vector<Workload>& registry() {
@@ -398,6 +400,10 @@ const std::vector<Workload>& registry() {
        run_allreduce},
       {"ddp-mlp", "mlp, 2 processes x 1 thread (Gloo), 128 per rank: ms per step",
        bench::run_ddp_mlp},
+      {"zero-memory",
+       "GPT 49.6M params via the Accelerator, ZeRO stages 0-3 x 1,2,4 processes: peak RSS, "
+       "allocator peak, ms per step per rank (not in `all`; about 5 minutes)",
+       bench::run_zero_memory, false},
   };
   return r;
 }
@@ -624,6 +630,8 @@ void print_cpu_features() {
   // The bf16 speed targets (docs/bench.md) need bf16 instructions; elsewhere autocast only has
   // to stay within 10 % of float32.
   if (!bf16) l.kv("bf16_targets", std::string("unmeasurable_without_bf16_instructions"));
+  std::fprintf(stderr, "# cpu: accel_isa=%s (ACCEL_CPU_ISA forces a lower one)\n",
+               accel::cpu::cpu_isa_name());
 }
 
 void usage(const char* argv0) {
@@ -632,7 +640,7 @@ void usage(const char* argv0) {
                "  all       every workload below, in order; with the libtorch peer whenever it "
                "is built\n",
                argv0);
-  for (const Workload& w : registry()) std::fprintf(stderr, "  %-9s %s\n", w.name, w.what);
+  for (const Workload& w : registry()) std::fprintf(stderr, "  %-11s %s\n", w.name, w.what);
   std::fprintf(
       stderr,
       "options:\n"
@@ -648,7 +656,13 @@ void usage(const char* argv0) {
       "  --warmup N          warm-up steps before them (default 5)\n"
       "  --precision P       fp32 (default), bf16 or fp16: mlp, cnn, gpt also train under\n"
       "                      autocast, alternating with fp32; matmul adds the autocast "
-      "line\n");
+      "line\n"
+      "zero-memory options:\n"
+      "  --worlds L          process counts, comma-separated (default 1,2,4)\n"
+      "  --stages L          ZeRO stages 0-3, comma-separated (default 0,1,2,3)\n"
+      "  --d-model N         GPT width (default 640; heads of 64 where it divides)\n"
+      "  --layers N          GPT blocks (default 10)\n"
+      "  (--steps / --warmup default to 3 / 2 there)\n");
 }
 
 // A positive integer option value, or -1.
@@ -713,6 +727,24 @@ int main(int argc, char** argv) {
         return 2;
       }
       setenv("ACCEL_BENCH_PRECISION", p.c_str(), 1);  // read by the workloads, here and in children
+    } else if ((arg == "--worlds" || arg == "--stages") && has_value) {
+      const std::string list = argv[++i];
+      const bool worlds = arg == "--worlds";
+      if (bench::parse_int_list(list, worlds ? 1 : 0, worlds ? 64 : 3).empty()) {
+        std::fprintf(stderr, "%s takes a comma-separated list of %s, got '%s'\n", arg.c_str(),
+                     worlds ? "process counts 1-64" : "stages 0-3", list.c_str());
+        return 2;
+      }
+      // Read by zero-memory (bench/zero_memory.cc), here and in its ranks.
+      setenv(worlds ? "ACCEL_BENCH_WORLDS" : "ACCEL_BENCH_STAGES", list.c_str(), 1);
+    } else if ((arg == "--d-model" || arg == "--layers") && has_value) {
+      const int n = parse_count(argv[++i], 1);
+      if (n < 0 || n > (arg == "--d-model" ? 65536 : 1000)) {
+        std::fprintf(stderr, "%s takes a count, got '%s'\n", arg.c_str(), argv[i]);
+        return 2;
+      }
+      setenv(arg == "--d-model" ? "ACCEL_BENCH_D_MODEL" : "ACCEL_BENCH_LAYERS",
+             std::to_string(n).c_str(), 1);
     } else if (!arg.empty() && arg[0] != '-' && name.empty()) {
       name = arg;
     } else {
@@ -733,7 +765,7 @@ int main(int argc, char** argv) {
 
   std::vector<const Workload*> todo;
   for (const Workload& w : registry())
-    if (name == "all" || name == w.name) todo.push_back(&w);
+    if ((name == "all" && w.in_all) || name == w.name) todo.push_back(&w);
   if (todo.empty()) {
     std::fprintf(stderr, "unknown workload '%s'\n", name.c_str());
     usage(argv[0]);
@@ -742,8 +774,6 @@ int main(int argc, char** argv) {
   print_cpu_features();
   if (peer.required && name != "all" && !has_libtorch_peer(name))
     std::fprintf(stderr, "workloads: %s has no libtorch peer; running ours alone\n", name.c_str());
-  std::fprintf(stderr, "# cpu: accel_isa=%s (ACCEL_CPU_ISA forces a lower one)\n",
-               accel::cpu::cpu_isa_name());
   int rc = 0;
   for (const Workload* w : todo) {
     try {

@@ -1,6 +1,7 @@
 // build/bench/workloads: the output contract of docs/bench.md, checked on the cheapest workload
 // (`op`, under a second). Every result line is `key=value` pairs separated by single spaces,
 // starting with workload=NAME, with a positive finite figure. Timings are never compared.
+// zero-memory (multi-process, through the Accelerator) runs once, tiny.
 #include <doctest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -208,5 +209,96 @@ TEST_CASE("--vs libtorch with the peer prints both figures and their ratio") {
         std::stod(kv.at("libtorch_us_per_op")) / std::stod(kv.at("accel_us_per_op"));
     CHECK(ratio == doctest::Approx(expect).epsilon(0.02));
     CHECK(kv.at("rounds") == "1");
+  }
+}
+
+// zero-memory, tiny: a 2-block GPT of width 64 at world sizes 1 and 2, stages 0 and 3, two
+// measured steps. Checks the line per (stage, world) in order, that every figure is a number,
+// that the flags reach the model (its parameter count), the invariants between the figures,
+// and the three target lines. The figures themselves are not judged.
+TEST_CASE("workloads zero-memory prints one line per stage and world size, then the targets") {
+  REQUIRE(exists(kWorkloads));
+  const Run r = run(kWorkloads,
+                    "zero-memory --d-model 64 --layers 2 --steps 2 --warmup 1 --worlds 1,2 "
+                    "--stages 0,3");
+  INFO("stderr: ", r.err);
+  REQUIRE(r.status == 0);
+  std::vector<std::string> lines = lines_of(r.out);
+  REQUIRE(lines.size() == 1 + 4 + 3);  // features, (stage, world) lines, target lines
+  check_features_line(lines[0]);
+  // Gpt(vocab 256, context 64, d 64, 2 blocks): embeddings, blocks, final LayerNorm, head.
+  const long long d = 64, v = 256, t = 64;
+  const long long block =
+      2 * 2 * d + (d * 3 * d + 3 * d) + (d * d + d) + (d * 4 * d + 4 * d) + (4 * d * d + d);
+  const long long params = v * d + t * d + 2 * block + 2 * d + d * v;
+  const std::pair<int, int> order[] = {{0, 1}, {3, 1}, {0, 2}, {3, 2}};
+  std::map<std::pair<int, int>, std::map<std::string, std::string>> by;
+  for (int i = 0; i < 4; ++i) {
+    const std::string& line = lines[size_t(1 + i)];
+    INFO("line: '", line, "'");
+    CHECK(line.rfind("workload=zero-memory ", 0) == 0);
+    auto kv = parse_line(line);
+    CHECK(kv["stage"] == std::to_string(order[i].first));
+    CHECK(kv["world"] == std::to_string(order[i].second));
+    for (const char* k : {"peak_rss_mb", "steady_rss_mb", "alloc_peak_mb", "ms_step",
+                          "model_rss_mb", "alloc_reserved_mb", "base_rss_mb", "rank0_steady_rss_mb",
+                          "rank0_alloc_peak_mb", "loss"}) {
+      CAPTURE(k);
+      REQUIRE(kv.count(k) == 1);
+      CHECK_MESSAGE(positive_number(kv[k]), k, "=", kv[k]);
+    }
+    CHECK(std::stoll(kv["params"]) == params);
+    CHECK(kv["steps"] == "2");
+    CHECK(kv["warmup"] == "1");
+    // The steady window is part of the run; rank 0 is one of the ranks of the maximum; the
+    // allocator's peak is part of what it reserved.
+    CHECK(std::stod(kv["steady_rss_mb"]) <= std::stod(kv["peak_rss_mb"]));
+    CHECK(std::stod(kv["rank0_steady_rss_mb"]) <= std::stod(kv["steady_rss_mb"]));
+    CHECK(std::stod(kv["alloc_peak_mb"]) <= std::stod(kv["alloc_reserved_mb"]) + 0.1);
+    if (order[i].second > 1) CHECK(kv["threads"] == "1");  // ranks share the cores
+    by[order[i]] = kv;
+  }
+  // Same data, seed and model: DDP and ZeRO-3 train the same thing (to float reduction order).
+  for (const int world : {1, 2}) {
+    CAPTURE(world);
+    CHECK(std::stod(by[{3, world}]["loss"]) ==
+          doctest::Approx(std::stod(by[{0, world}]["loss"])).epsilon(1e-3));
+  }
+  // The targets at the largest world size measured, each PASS or FAIL with its figure.
+  const char* checks[] = {"zero3_over_ddp_peak", "stages_monotone", "zero3_over_ddp_ms"};
+  for (int i = 0; i < 3; ++i) {
+    const std::string& line = lines[size_t(5 + i)];
+    INFO("line: '", line, "'");
+    auto kv = parse_line(line);
+    CHECK(kv["workload"] == "zero-memory");
+    CHECK(kv["check"] == checks[i]);
+    CHECK(kv["world"] == "2");
+    CHECK((kv["result"] == "PASS" || kv["result"] == "FAIL"));
+    REQUIRE(kv.count(checks[i]) == 1);
+    const std::string value = kv[checks[i]];
+    if (i == 1) {
+      CHECK((value == "yes" || value == "no"));
+      CHECK((kv["result"] == "PASS") == (value == "yes"));
+    } else {
+      REQUIRE(positive_number(value));
+      const double ratio = std::stod(value), target = std::stod(kv["target_max"]);
+      CHECK((kv["result"] == "PASS") == (ratio <= target));
+      const char* figure = i == 0 ? "steady_rss_mb" : "ms_step";
+      CHECK(ratio == doctest::Approx(std::stod(by[{3, 2}][figure]) / std::stod(by[{0, 2}][figure]))
+                         .epsilon(0.01));
+    }
+  }
+}
+
+TEST_CASE("workloads zero-memory rejects bad lists and sizes with status 2") {
+  REQUIRE(exists(kWorkloads));
+  for (const char* args : {"--stages 4 zero-memory", "--stages 0,,3 zero-memory",
+                           "--worlds 0 zero-memory", "--worlds 1,x zero-memory",
+                           "--d-model 0 zero-memory", "--layers -1 zero-memory", "--worlds"}) {
+    INFO("args: ", args);
+    const Run r = run(kWorkloads, args);
+    CHECK(r.status == 2);
+    CHECK(r.out.empty());
+    CHECK_FALSE(r.err.empty());
   }
 }

@@ -1,0 +1,493 @@
+// build/bench/workloads zero-memory: what each ZeRO stage costs in memory and time per rank, for
+// a GPT trained through the public Accelerator API (issue #12, "How it is checked").
+//
+// The model is examples/models.h Gpt with d_model 640 (10 heads), 10 layers, vocab 256 (bytes),
+// context 64: 49,605,120 parameters; 2 windows of 64 tokens per rank and step, AdamW. For every
+// world size N of --worlds (default 1,2,4) and stage S of --stages (default 0,1,2,3) this
+// program starts N fresh copies of itself as ranks (Gloo on loopback, the RANK/WORLD_SIZE
+// contract; 1 OpenMP thread per rank when N > 1), each of which does what a new user would:
+//
+//   Accelerator acc(config with cpu = true, zero_stage = S);
+//   auto model = std::make_shared<Gpt>(cfg);   auto opt = std::make_shared<AdamW>(...);
+//   auto [m, o, loader] = acc.prepare(model, opt, loader);
+//   per step: forward, lm_loss, acc.backward(loss), o->step(), o->zero_grad()
+//
+// and measures, per rank (Note [zero-memory figures]):
+//   peak_rss_mb    VmHWM over the whole run (construction, prepare, warm-up, measured steps)
+//   steady_rss_mb  VmHWM over the measured steps only: the high-water mark is reset after the
+//                  warm-up steps (echo 5 > /proc/self/clear_refs)
+//   alloc_peak_mb  the CPU allocator's peak bytes in use over the measured steps
+//                  (reset_peak_stats() after warm-up; the allocator's cache is not counted)
+//   ms_step        median step time of the measured steps
+//   model_rss_mb   what constructing the model added to the RSS (before prepare)
+// One line per (stage, N) with the maximum over ranks (and rank 0's steady figures):
+//   workload=zero-memory stage=3 world=4 params=49605120 peak_rss_mb=... steady_rss_mb=...
+//     alloc_peak_mb=... ms_step=... model_rss_mb=... ...
+// then, at N = 4 (else the largest N > 1 measured), the targets of the issue, each PASS or FAIL:
+//   workload=zero-memory check=zero3_over_ddp_peak world=4 zero3_over_ddp_peak=0.48
+//     target_max=0.5 result=PASS          (steady_rss_mb of stage 3 over stage 0)
+//   workload=zero-memory check=stages_monotone world=4 stages_monotone=yes
+//     steady_rss_mb_by_stage=...,... result=PASS   (each stage at or below the previous one)
+//   workload=zero-memory check=zero3_over_ddp_ms world=4 zero3_over_ddp_ms=1.1 target_max=1.3
+//     result=PASS
+// A FAIL is a finding, not an error: the exit status says only whether every rank ran.
+//
+// Note [zero-memory figures]
+// RSS is what the issue is about (a model that does not fit a process), but it includes the
+// CPU allocator's cache (Note [CPU caching allocator]) and whatever glibc keeps after free(),
+// so a strategy that frees memory the allocator then caches shows no RSS gain; alloc_peak_mb
+// shows the bytes live tensors really needed. Both are per rank and the maximum over ranks is
+// printed, since the largest rank is the one that runs out of memory. Every rank is a fresh
+// process, so no figure carries memory from an earlier configuration.
+#include <omp.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "accel.h"
+#include "bench/model_workloads.h"
+#include "data/data.h"
+#include "dist/accelerator.h"
+#include "examples/models.h"
+
+namespace accel::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Defaults: the issue's model and a run that fits about 5 minutes on 2 cores.
+constexpr int64_t kDModel = 640;
+constexpr int64_t kLayers = 10;
+constexpr int64_t kContext = 64;
+constexpr int64_t kBatch = 2;  // windows per rank and step
+constexpr int kWarmup = 2;
+constexpr int kSteps = 3;
+// A rank that has not finished after this long is killed (collectives time out long before).
+constexpr int kRankTimeoutS = 3600;
+
+// Environment of the rank processes (set by the parent, never by a user).
+constexpr const char* kOutEnv = "ACCEL_ZERO_MEMORY_OUT";      // directory for rank<r>.txt
+constexpr const char* kStageEnv = "ACCEL_ZERO_MEMORY_STAGE";  // 0..3
+
+int env_int(const char* name, int fallback, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  ACCEL_CHECK(end != v && *end == '\0' && n >= lo && n <= hi, ValueError, "zero-memory", name,
+              " must be an integer in [", lo, ", ", hi, "], got '", v, "'");
+  return int(n);
+}
+
+std::vector<int> env_list(const char* name, std::vector<int> fallback, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  const std::vector<int> list = parse_int_list(v, lo, hi);
+  ACCEL_CHECK(!list.empty(), ValueError, "zero-memory", name,
+              " must be a comma-separated list of integers in [", lo, ", ", hi, "], got '", v, "'");
+  return list;
+}
+
+struct Options {
+  int64_t d_model = kDModel;
+  int64_t layers = kLayers;
+  int warmup = kWarmup;
+  int steps = kSteps;
+  std::vector<int> worlds{1, 2, 4};
+  std::vector<int> stages{0, 1, 2, 3};
+};
+
+Options read_options() {
+  Options o;
+  o.d_model = env_int("ACCEL_BENCH_D_MODEL", int(kDModel), 1, 1 << 16);
+  o.layers = env_int("ACCEL_BENCH_LAYERS", int(kLayers), 1, 1000);
+  o.warmup = env_int("ACCEL_BENCH_WARMUP", kWarmup, 0, 1000000);
+  o.steps = std::max(1, env_int("ACCEL_BENCH_STEPS", kSteps, 1, 1000000));
+  o.worlds = env_list("ACCEL_BENCH_WORLDS", o.worlds, 1, 64);
+  o.stages = env_list("ACCEL_BENCH_STAGES", o.stages, 0, 3);
+  return o;
+}
+
+models::GptConfig gpt_config(const Options& o) {
+  models::GptConfig c;
+  c.vocab = 256;
+  c.context = kContext;
+  c.layers = o.layers;
+  c.d_model = o.d_model;
+  c.heads = o.d_model % 64 == 0 ? o.d_model / 64 : 1;  // head size 64 where it divides
+  return c;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// A field of /proc/self/status in kB (VmRSS, VmHWM).
+double proc_status_kb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  const std::string prefix = std::string(key) + ":";
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(prefix, 0) == 0) return std::strtod(line.c_str() + prefix.size(), nullptr);
+  ACCEL_THROW(IoError, "zero-memory", "/proc/self/status has no ", key);
+}
+
+double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
+double kb_to_mib(double kb) { return kb / 1024.0; }
+
+// Resets VmHWM to the current RSS (Linux >= 4.0).
+void reset_rss_peak() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  ACCEL_CHECK(f.good(), IoError, "zero-memory",
+              "cannot reset the RSS high-water mark: writing 5 to /proc/self/clear_refs failed");
+}
+
+// ---------------------------------------------------------------- one rank
+
+void run_rank(const Options& opt, int stage, const std::string& out_dir) {
+  const double base_kb = proc_status_kb("VmRSS");
+  AcceleratorConfig ac;
+  ac.cpu = true;
+  ac.zero_stage = stage;
+  ac.read_env = false;  // the stage is the one asked for, whatever ACCEL_ZERO_STAGE says
+  ac.log_with = {};
+  Accelerator acc(ac);
+  const int rank = acc.process_index(), world = acc.num_processes();
+
+  const models::GptConfig cfg = gpt_config(opt);
+  manual_seed(0);
+  const double before_model_kb = proc_status_kb("VmRSS");
+  auto model = std::make_shared<models::Gpt>(cfg);
+  const double model_kb = proc_status_kb("VmRSS") - before_model_kb;
+
+  // Random bytes: enough windows (stride 1) that no rank reaches the end of an epoch.
+  const int steps_total = opt.warmup + opt.steps;
+  const int64_t nbytes =
+      std::max<int64_t>(65536, int64_t(steps_total + 1) * kBatch * world + cfg.context + 1);
+  std::vector<uint8_t> bytes(static_cast<size_t>(nbytes));
+  Generator gen(1234);
+  for (auto& b : bytes) b = uint8_t(gen.next_u64() >> 56);
+  auto tokens = data::TokenFile::from_bytes(std::move(bytes), data::TokenType::UInt8, "random");
+  data::DataLoaderOptions lo;
+  lo.batch_size = kBatch;
+  lo.shuffle = true;
+  lo.drop_last = true;
+  auto loader = std::make_shared<data::DataLoader>(
+      std::make_shared<data::TokenWindowDataset>(tokens, cfg.context, /*stride=*/1), lo);
+  optim::AdamWOptions ao;  // betas 0.9/0.999, eps 1e-8, weight decay 0.01
+  ao.lr = 3e-4;
+  auto optimizer = std::make_shared<optim::AdamW>(model->parameters(), ao);
+  auto [m, o, batches] = acc.prepare(model, optimizer, loader);
+
+  Allocator* cpu_alloc = get_allocator(kCPU);
+  std::vector<double> ms;
+  double hwm_before_reset_kb = 0, loss = 0;
+  int done = 0;
+  for (auto& b : *batches) {
+    if (done == opt.warmup) {
+      hwm_before_reset_kb = proc_status_kb("VmHWM");
+      reset_rss_peak();
+      cpu_alloc->reset_peak_stats();
+    }
+    const auto t0 = Clock::now();
+    auto scope = acc.accumulate();
+    const Tensor l = models::lm_loss(m->forward(b[0]), b[1]);
+    acc.backward(l);
+    o->step();
+    o->zero_grad();
+    const double dt = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    loss = l.item();
+    if (done >= opt.warmup) ms.push_back(dt);
+    if (++done == steps_total) break;
+  }
+  ACCEL_CHECK(done == steps_total, ValueError, "zero-memory", "the loader ended after ", done,
+              " of ", steps_total, " steps");
+  const double steady_kb = proc_status_kb("VmHWM");
+  const AllocatorStats st = cpu_alloc->stats();
+
+  const std::string path = out_dir + "/rank" + std::to_string(rank) + ".txt";
+  std::ofstream f(path);
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "rank=%d world=%d params=%lld peak_rss_mb=%.1f steady_rss_mb=%.1f "
+                "alloc_peak_mb=%.1f alloc_reserved_mb=%.1f ms_step=%.2f model_rss_mb=%.1f "
+                "base_rss_mb=%.1f threads=%d loss=%.4f\n",
+                rank, world, static_cast<long long>(model->num_parameters()),
+                kb_to_mib(std::max(hwm_before_reset_kb, steady_kb)), kb_to_mib(steady_kb),
+                mib(double(st.peak_bytes_in_use)), mib(double(st.bytes_reserved)), median(ms),
+                kb_to_mib(model_kb), kb_to_mib(base_kb), omp_get_max_threads(), loss);
+  f << line;
+  f.close();
+  ACCEL_CHECK(f.good(), IoError, "zero-memory", "cannot write ", path);
+}
+
+// ---------------------------------------------------------------- the parent
+
+using Fields = std::map<std::string, std::string>;
+
+Fields parse_fields(const std::string& line) {
+  Fields f;
+  std::stringstream ss(line);
+  for (std::string tok; ss >> tok;) {
+    const size_t eq = tok.find('=');
+    if (eq != std::string::npos && eq > 0) f[tok.substr(0, eq)] = tok.substr(eq + 1);
+  }
+  return f;
+}
+
+double number(const Fields& f, const std::string& key, const std::string& who) {
+  const auto it = f.find(key);
+  ACCEL_CHECK(it != f.end(), ValueError, "zero-memory", who, " reported no ", key);
+  char* end = nullptr;
+  const double d = std::strtod(it->second.c_str(), &end);
+  ACCEL_CHECK(end != it->second.c_str() && *end == '\0' && std::isfinite(d), ValueError,
+              "zero-memory", who, " reported ", key, "=", it->second);
+  return d;
+}
+
+// A temporary directory, removed with its files.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/accel_zero_memory_XXXXXX";
+    ACCEL_CHECK(mkdtemp(tmpl) != nullptr, IoError, "zero-memory", "mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    for (int r = 0; r < 64; ++r)
+      std::remove((path_ + "/rank" + std::to_string(r) + ".txt").c_str());
+    rmdir(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Starts `world` ranks of this program for `stage`, waits for them (a failing rank takes the
+// others down, so nothing waits on a dead peer) and returns each rank's fields.
+std::vector<Fields> run_config(int stage, int world) {
+  TempDir dir;
+  const int port = world > 1 ? free_loopback_port() : 0;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      for (const pid_t p : pids) kill(p, SIGKILL);
+      for (const pid_t p : pids) waitpid(p, nullptr, 0);
+      ACCEL_THROW(DistError, "zero-memory", "fork failed for rank ", r);
+    }
+    if (pid == 0) {
+      setenv(kOutEnv, dir.path().c_str(), 1);
+      setenv(kStageEnv, std::to_string(stage).c_str(), 1);
+      if (world > 1) {
+        setenv("RANK", std::to_string(r).c_str(), 1);
+        setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+        setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+        setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+        setenv("OMP_NUM_THREADS", "1", 1);  // the ranks share the cores
+      } else {
+        for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) unsetenv(v);
+      }
+      dup2(STDERR_FILENO, STDOUT_FILENO);  // our stdout carries result lines only
+      char self[] = "workloads";
+      char name[] = "zero-memory";
+      char* argv[] = {self, name, nullptr};
+      execv("/proc/self/exe", argv);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  // Wait for all; on the first failure (or the deadline) kill the rest.
+  const auto deadline = Clock::now() + std::chrono::seconds(kRankTimeoutS);
+  std::vector<bool> alive(pids.size(), true);
+  size_t running = pids.size();
+  std::string failure;
+  while (running > 0) {
+    bool reaped = false;
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (!alive[i]) continue;
+      int st = 0;
+      if (waitpid(pids[i], &st, WNOHANG) != pids[i]) continue;
+      alive[i] = false;
+      --running;
+      reaped = true;
+      if (failure.empty() && !(WIFEXITED(st) && WEXITSTATUS(st) == 0))
+        failure = "rank " + std::to_string(i) +
+                  (WIFEXITED(st) ? " exited with status " + std::to_string(WEXITSTATUS(st))
+                                 : " was killed by signal " + std::to_string(WTERMSIG(st)));
+    }
+    if (failure.empty() && Clock::now() > deadline)
+      failure = "the ranks ran longer than " + std::to_string(kRankTimeoutS) + " s";
+    if (!failure.empty())
+      for (size_t i = 0; i < pids.size(); ++i)
+        if (alive[i]) kill(pids[i], SIGKILL);
+    if (!reaped && running > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ACCEL_CHECK(failure.empty(), DistError, "zero-memory", "stage ", stage, " world ", world, ": ",
+              failure, " (its stderr is above)");
+  std::vector<Fields> ranks;
+  for (int r = 0; r < world; ++r) {
+    const std::string path = dir.path() + "/rank" + std::to_string(r) + ".txt";
+    std::ifstream in(path);
+    std::string line;
+    ACCEL_CHECK(in && std::getline(in, line), IoError, "zero-memory", "rank ", r,
+                " wrote no result to ", path);
+    ranks.push_back(parse_fields(line));
+  }
+  return ranks;
+}
+
+struct Result {
+  int stage = 0, world = 0;
+  double steady = 0, ms = 0;
+};
+
+std::string fmt(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+void print_check(const char* check, int world, const std::string& key, const std::string& value,
+                 const std::string& extra, bool pass) {
+  std::printf("workload=zero-memory check=%s world=%d %s=%s%s result=%s\n", check, world,
+              key.c_str(), value.c_str(), extra.c_str(), pass ? "PASS" : "FAIL");
+  std::fflush(stdout);
+}
+
+void run_parent(const Options& opt) {
+  std::vector<int> stages = opt.stages, worlds = opt.worlds;
+  std::sort(stages.begin(), stages.end());
+  stages.erase(std::unique(stages.begin(), stages.end()), stages.end());
+  std::sort(worlds.begin(), worlds.end());
+  worlds.erase(std::unique(worlds.begin(), worlds.end()), worlds.end());
+  std::vector<Result> results;
+  std::string errors;
+  for (const int world : worlds) {
+    for (const int stage : stages) {
+      std::vector<Fields> ranks;
+      try {
+        ranks = run_config(stage, world);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "zero-memory: %s\n", e.what());
+        errors += std::string(errors.empty() ? "" : "; ") + e.what();
+        continue;
+      }
+      // The maximum over ranks of every figure; rank 0's steady figures next to it.
+      const char* keys[] = {"peak_rss_mb", "steady_rss_mb", "alloc_peak_mb", "alloc_reserved_mb",
+                            "ms_step",     "model_rss_mb",  "base_rss_mb"};
+      std::map<std::string, double> mx;
+      for (size_t r = 0; r < ranks.size(); ++r)
+        for (const char* k : keys) {
+          const double v = number(ranks[r], k, "rank " + std::to_string(r));
+          mx[k] = r == 0 ? v : std::max(mx[k], v);
+        }
+      const Fields& r0 = ranks[0];
+      std::printf(
+          "workload=zero-memory stage=%d world=%d params=%lld peak_rss_mb=%.1f "
+          "steady_rss_mb=%.1f alloc_peak_mb=%.1f ms_step=%.2f model_rss_mb=%.1f "
+          "alloc_reserved_mb=%.1f base_rss_mb=%.1f rank0_steady_rss_mb=%.1f "
+          "rank0_alloc_peak_mb=%.1f threads=%d warmup=%d steps=%d loss=%.4f\n",
+          stage, world, static_cast<long long>(number(r0, "params", "rank 0")), mx["peak_rss_mb"],
+          mx["steady_rss_mb"], mx["alloc_peak_mb"], mx["ms_step"], mx["model_rss_mb"],
+          mx["alloc_reserved_mb"], mx["base_rss_mb"], number(r0, "steady_rss_mb", "rank 0"),
+          number(r0, "alloc_peak_mb", "rank 0"), int(number(r0, "threads", "rank 0")), opt.warmup,
+          opt.steps, number(r0, "loss", "rank 0"));
+      std::fflush(stdout);
+      results.push_back({stage, world, mx["steady_rss_mb"], mx["ms_step"]});
+    }
+  }
+
+  // The targets at N = 4, else at the largest N > 1 measured.
+  int target_world = 0;
+  for (const Result& r : results)
+    if (r.world > 1 && target_world != 4)
+      target_world = r.world == 4 ? 4 : std::max(target_world, r.world);
+  if (target_world > 0) {
+    std::vector<const Result*> at;
+    for (const Result& r : results)
+      if (r.world == target_world) at.push_back(&r);  // ascending stage
+    const Result* ddp = nullptr;
+    const Result* z3 = nullptr;
+    for (const Result* r : at) {
+      if (r->stage == 0) ddp = r;
+      if (r->stage == 3) z3 = r;
+    }
+    if (ddp != nullptr && z3 != nullptr) {
+      const double ratio = z3->steady / ddp->steady;
+      print_check("zero3_over_ddp_peak", target_world, "zero3_over_ddp_peak", fmt(ratio, 3),
+                  " target_max=0.5", ratio <= 0.5);
+    }
+    if (at.size() >= 2) {
+      bool monotone = true;
+      std::string by_stage;
+      for (size_t i = 0; i < at.size(); ++i) {
+        if (i > 0 && at[i]->steady > at[i - 1]->steady) monotone = false;
+        by_stage += (i ? "," : "") + fmt(at[i]->steady, 1);
+      }
+      std::string stage_list;
+      for (size_t i = 0; i < at.size(); ++i)
+        stage_list += (i ? "," : "") + std::to_string(at[i]->stage);
+      print_check("stages_monotone", target_world, "stages_monotone", monotone ? "yes" : "no",
+                  " stages=" + stage_list + " steady_rss_mb_by_stage=" + by_stage, monotone);
+    }
+    if (ddp != nullptr && z3 != nullptr) {
+      const double ratio = z3->ms / ddp->ms;
+      print_check("zero3_over_ddp_ms", target_world, "zero3_over_ddp_ms", fmt(ratio, 3),
+                  " target_max=1.3", ratio <= 1.3);
+    }
+  }
+  ACCEL_CHECK(errors.empty(), DistError, "zero-memory", errors);
+}
+
+}  // namespace
+
+std::vector<int> parse_int_list(const std::string& s, int lo, int hi) {
+  std::vector<int> out;
+  size_t p = 0;
+  while (p <= s.size()) {
+    size_t q = s.find(',', p);
+    if (q == std::string::npos) q = s.size();
+    const std::string item = s.substr(p, q - p);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || end != item.c_str() + item.size() || v < lo || v > hi) return {};
+    out.push_back(int(v));
+    p = q + 1;
+  }
+  return out;
+}
+
+void run_zero_memory() {
+  const Options opt = read_options();
+  const char* out_dir = std::getenv(kOutEnv);
+  if (out_dir != nullptr && *out_dir != '\0') {
+    run_rank(opt, env_int(kStageEnv, 0, 0, 3), out_dir);
+    return;
+  }
+  run_parent(opt);
+}
+
+}  // namespace accel::bench

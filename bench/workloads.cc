@@ -662,7 +662,7 @@ void usage(const char* argv0) {
       "  --stages L          ZeRO stages 0-3, comma-separated (default 0,1,2,3)\n"
       "  --d-model N         GPT width (default 640; heads of 64 where it divides)\n"
       "  --layers N          GPT blocks (default 10)\n"
-      "  (--steps / --warmup default to 3 / 2 there)\n");
+      "  (--steps / --warmup default to 5 / 2 there)\n");
 }
 
 // A positive integer option value, or -1.

@@ -38,7 +38,10 @@
 // so a strategy that frees memory the allocator then caches shows no RSS gain; alloc_peak_mb
 // shows the bytes live tensors really needed. Both are per rank and the maximum over ranks is
 // printed, since the largest rank is the one that runs out of memory. Every rank is a fresh
-// process, so no figure carries memory from an earlier configuration.
+// process, so no figure carries memory from an earlier configuration. Sizes are MiB (the _mb
+// keys: kB of /proc/self/status / 1024, bytes / 2^20). Since freed blocks stay cached, the
+// RSS at the reset already holds the warm-up's peak, so steady_rss_mb is close to peak_rss_mb
+// unless a strategy hands memory back to the system between steps.
 #include <omp.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -75,7 +78,7 @@ constexpr int64_t kLayers = 10;
 constexpr int64_t kContext = 64;
 constexpr int64_t kBatch = 2;  // windows per rank and step
 constexpr int kWarmup = 2;
-constexpr int kSteps = 3;
+constexpr int kSteps = 5;
 // A rank that has not finished after this long is killed (collectives time out long before).
 constexpr int kRankTimeoutS = 3600;
 

@@ -6,8 +6,13 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "autograd/nn/container.h"
 #include "core/error.h"
+#include "core/storage.h"
 
 namespace accel::dist {
 
@@ -51,16 +56,6 @@ int64_t trainable_numel(const nn::Module& m) {
   for (auto& [name, p] : m.named_parameters())
     if (p.requires_grad()) n += p.numel();
   return n;
-}
-
-const char* wrap_name(FsdpOptions::Wrap w) {
-  switch (w) {
-    case FsdpOptions::Wrap::Entries: return "entries";
-    case FsdpOptions::Wrap::Classes: return "classes";
-    case FsdpOptions::Wrap::MinParams: return "min_params";
-    case FsdpOptions::Wrap::None: return "none";
-  }
-  return "?";
 }
 
 }  // namespace
@@ -267,6 +262,12 @@ void FullyShardedModel::init_values() {
     if (u->list) u->list->wrap(u->entry, call);
   }
   grad_views_ = std::move(grad_views);
+  // The unsharded parameters just went back to the allocator: hand that memory to the system,
+  // or the process keeps a whole model's footprint for the rest of the run.
+  if (Allocator* a = get_allocator(kCPU)) a->empty_cache();
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
 }
 
 std::vector<FullyShardedModel::UnitInfo> FullyShardedModel::units() const {
@@ -275,9 +276,10 @@ std::vector<FullyShardedModel::UnitInfo> FullyShardedModel::units() const {
   return out;
 }
 
-std::vector<FullyShardedModel::Span> FullyShardedModel::spans() const {
+std::vector<FullyShardedModel::Span> FullyShardedModel::spans(int rank) const {
   std::vector<Span> out(params_.size());
-  const int r = pg_->rank();
+  const int r = rank < 0 ? pg_->rank() : rank;
+  ACCEL_CHECK(r < pg_->size(), ValueError, "fsdp", "rank ", r, " of ", pg_->size());
   for (auto& u : units_)
     for (size_t j = 0; j < u->params.size(); ++j) {
       const size_t k = u->params[j];
@@ -451,6 +453,18 @@ void FullyShardedModel::issue_reduce(Unit& u) {
 }
 
 void FullyShardedModel::backward(const Tensor& loss, bool sync) {
+  begin_backward(sync);
+  std::exception_ptr err;
+  try {
+    loss.backward();
+  } catch (...) {
+    err = std::current_exception();
+  }
+  end_backward(err);
+  if (err) std::rethrow_exception(err);
+}
+
+void FullyShardedModel::begin_backward(bool sync) {
   ACCEL_CHECK(!in_backward_, DistError, "fsdp", "backward() while another backward runs");
   in_backward_ = true;
   sync_ = sync;
@@ -462,16 +476,13 @@ void FullyShardedModel::backward(const Tensor& loss, bool sync) {
   last_fwd_order_ = fwd_order_;
   fwd_order_.clear();
   reduce_order_.clear();
-  std::exception_ptr err;
-  try {
-    loss.backward();
-  } catch (...) {
-    err = std::current_exception();
-  }
-  finish_backward(sync, err);
+}
+
+void FullyShardedModel::end_backward(std::exception_ptr& err) {
+  ACCEL_CHECK(in_backward_, DistError, "fsdp", "end_backward() without begin_backward()");
+  finish_backward(sync_, err);
   in_backward_ = false;
   bwd_order_.clear();
-  if (err) std::rethrow_exception(err);
 }
 
 // Every rank issues every unit's reduce-scatter (zero-filled where gradients never came, so peers
@@ -479,7 +490,11 @@ void FullyShardedModel::backward(const Tensor& loss, bool sync) {
 // frees every unit. Errors are kept until the collectives are done.
 void FullyShardedModel::finish_backward(bool sync, std::exception_ptr& err) {
   std::vector<std::string> unused;
-  if (sync) {
+  // A model none of whose parameters got a gradient (the other model of a GAN step) is not
+  // synced by this backward, on any rank.
+  bool touched = false;
+  for (auto& u : units_) touched = touched || u->ready > 0;
+  if (sync && touched) {
     for (auto& u : units_) {
       if (!u->reduced && u->ready < u->params.size())
         for (size_t j = 0; j < u->params.size(); ++j)
@@ -575,6 +590,14 @@ void FullyShardedModel::for_each_full_parameter(
       fn(name, flat.narrow(0, u.offset[j], p.numel()).view(p.sizes()));
     }
   }
+}
+
+std::vector<FullyShardedModel::ParamEntry> FullyShardedModel::full_parameter_order() const {
+  std::vector<ParamEntry> out;
+  for (auto& u : units_)
+    for (size_t k : u->params)
+      out.push_back({params_[k].first, params_[k].second.sizes(), u->master});
+  return out;
 }
 
 nn::TensorDict FullyShardedModel::full_state_dict() {

@@ -41,6 +41,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -109,12 +110,17 @@ class FullyShardedModel {
     Shape shape;
     int64_t lo = 0, hi = 0;
   };
-  std::vector<Span> spans() const;
+  // Those of another rank (rank < 0: this one); they depend only on the model and the world size.
+  std::vector<Span> spans(int rank = -1) const;
   const nn::Named<Tensor>& parameters() const { return params_; }
 
   // loss.backward() with the per-unit reduce-scatters (sync) or local accumulation (no sync);
   // returns once the gradient shards are complete. Collective when sync.
   void backward(const Tensor& loss, bool sync = true);
+  // The same in two halves around your own loss.backward() (several models in one backward);
+  // end_backward keeps `err` (the backward's exception) or stores its own.
+  void begin_backward(bool sync);
+  void end_backward(std::exception_ptr& err);
   // Points the shard leaves' .grad at the gradient shards (undefined before any synced backward).
   void prepare_step();
   // After the optimizer updated the shards: re-gathers the root unit.
@@ -127,6 +133,13 @@ class FullyShardedModel {
   // Gathers every unit, one at a time, calling fn(name, full parameter) for each of its
   // parameters (model order), then releases it. Collective.
   void for_each_full_parameter(const std::function<void(const std::string&, const Tensor&)>& fn);
+  // (name, shape, master dtype) in the order for_each_full_parameter visits them.
+  struct ParamEntry {
+    std::string name;
+    Shape shape;
+    DType dtype = kFloat32;
+  };
+  std::vector<ParamEntry> full_parameter_order() const;
   // The whole model's state (parameters cloned, buffers shared). Collective; holds it all.
   nn::TensorDict full_state_dict();
   // Loads full values into this rank's shards (every rank passes the same dict; only its slices

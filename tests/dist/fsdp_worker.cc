@@ -119,6 +119,12 @@ std::vector<optim::ParamGroup> groups_of(const nn::Module& m) {
   return {decay, no_decay};
 }
 
+optim::ParamGroup one_group(std::vector<Tensor> ps) {
+  optim::ParamGroup g;
+  g.params = std::move(ps);
+  return g;
+}
+
 std::unique_ptr<optim::Optimizer> make_opt(const std::string& kind,
                                            std::vector<optim::ParamGroup> groups) {
   if (kind == "sgd") {
@@ -216,7 +222,7 @@ int memory(ProcessGroupPtr pg) {
   int64_t unit_bytes = 0;
   for (size_t i = 1; i < units.size(); ++i) unit_bytes = std::max(unit_bytes, units[i].numel * 4);
   const int64_t slack = 4 * pg->size() * 4;  // padding
-  auto opt = make_opt("adamw", fsdp.shard_param_groups({{net->parameters()}}));
+  auto opt = make_opt("adamw", fsdp.shard_param_groups({one_group(net->parameters())}));
   g_fsdp = &fsdp;
   for (int s = 0; s < 2; ++s) {
     FsdpMemory m = fsdp.memory();
@@ -338,7 +344,7 @@ int errors(ProcessGroupPtr pg) {
     auto net = std::make_shared<Net>();
     FullyShardedModel f(net, pg);
     auto other = std::make_shared<Net>();
-    expect_throw<ValueError>([&] { (void)f.shard_param_groups({{other->parameters()}}); },
+    expect_throw<ValueError>([&] { (void)f.shard_param_groups({one_group(other->parameters())}); },
                              "not a trainable parameter", __LINE__);
   }
   return 0;

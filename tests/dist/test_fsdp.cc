@@ -1,5 +1,6 @@
 // ZeRO-3 per wrapping unit (dist/fsdp.h) against single-process training, its memory between
 // and during steps, and its errors. Spawns fsdp_worker once per rank.
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -56,4 +57,18 @@ TEST_CASE("fsdp unused parameters: DistError after the collectives, or zeros whe
 
 TEST_CASE("fsdp bf16 compute parameters with fp32 master shards track fp32 training") {
   check_ok(run_world(worker(), {"bf16"}, 2, {}, 60s), "bf16");
+}
+
+TEST_CASE("fsdp sharded checkpoint saved by 4 ranks loads at 2, 3 and 1, bit for bit") {
+  namespace fs = std::filesystem;
+  std::string tmpl = (fs::temp_directory_path() / "accel_fsdp_XXXXXX").string();
+  REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+  check_ok(run_world(worker(), {"ckpt", "save", tmpl}, 4, {}, 60s), "ckpt");
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    check_ok(run_world(worker(), {"ckpt", "load", tmpl}, world, {}, 60s), "ckpt");
+  }
+  check_ok(run_world(worker(), {"ckpt", "load_plain", tmpl}, 1, {}, 60s), "ckpt");
+  check_ok(run_world(worker(), {"ckpt", "load", tmpl}, 1, {}, 60s), "ckpt");
+  fs::remove_all(tmpl);
 }

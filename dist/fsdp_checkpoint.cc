@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <unordered_map>
 
 #include "autograd/nn/safetensors.h"
 #include "core/error.h"
@@ -27,6 +28,8 @@ std::string fsdp_model_file(size_t model, int rank) {
 std::string fsdp_optimizer_file(size_t opt, int rank) {
   return indexed("fsdp_optimizer", opt) + "_rank" + std::to_string(rank) + ".safetensors";
 }
+
+std::string fsdp_replicated_file(size_t model) { return indexed("model", model) + ".safetensors"; }
 
 nlohmann::json save_fsdp_state(const std::string& dir,
                                const std::vector<FullyShardedModel*>& models,
@@ -302,6 +305,45 @@ nn::TensorDict fsdp_full_optimizer_state(FsdpCheckpointReader& reader, size_t op
     for (const std::string& slot : slots)
       out[state_key(k, slot)] =
           reader.slot_range(opt, keys[k], slot, 0, shape_numel(shape)).view(shape);
+  }
+  return out;
+}
+
+PlainState read_fsdp_as_plain(const std::string& dir, const nlohmann::json& record,
+                              const std::vector<std::shared_ptr<nn::Module>>& models,
+                              const std::vector<const optim::Optimizer*>& optimizers) {
+  FsdpCheckpointReader reader(dir, record);
+  ACCEL_CHECK(reader.num_models() == models.size(), ValueError, "load_state", "checkpoint '", dir,
+              "' holds ", reader.num_models(), " sharded models, this run prepared ",
+              models.size());
+  ACCEL_CHECK(reader.num_optimizers() == optimizers.size(), ValueError, "load_state",
+              "checkpoint '", dir, "' holds ", reader.num_optimizers(),
+              " sharded optimizers, this run prepared ", optimizers.size());
+  PlainState out;
+  std::unordered_map<const TensorImpl*, std::string> key_of;
+  for (size_t m = 0; m < models.size(); ++m) {
+    nn::TensorDict d =
+        nn::load_safetensors((fs::path(dir) / fsdp_replicated_file(m)).string());
+    for (const std::string& name : reader.param_names(m)) d[name] = reader.full_param(m, name);
+    out.models.push_back(std::move(d));
+    for (auto& [name, p] : models[m]->named_parameters())
+      key_of.emplace(p.impl(), std::to_string(m) + ":" + name);
+  }
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    const optim::Optimizer& o = *optimizers[i];
+    std::vector<std::string> keys;
+    for (size_t g = 0; g < o.num_param_groups(); ++g)
+      for (const Tensor& p : o.params(g)) {
+        auto it = key_of.find(p.impl());
+        ACCEL_CHECK(it != key_of.end(), ValueError, "load_state", "optimizer ", i,
+                    " steps a tensor of shape ", p.shape_str(),
+                    " that is no parameter of a prepared model");
+        keys.push_back(it->second);
+      }
+    nn::TensorDict own;
+    for (auto& [k, v] : o.state_dict())
+      if (k.rfind("param_groups.", 0) == 0) own[k] = v;
+    out.optimizers.push_back(fsdp_full_optimizer_state(reader, i, keys, own));
   }
   return out;
 }

@@ -109,4 +109,17 @@ nn::TensorDict fsdp_full_optimizer_state(FsdpCheckpointReader& reader, size_t op
                                          const std::vector<std::string>& keys,
                                          const nn::TensorDict& param_groups);
 
+// A ZeRO-3 checkpoint read as a plain one (one process, DDP, ZeRO-1/2 loading it): each model's
+// whole state_dict (sharded parameters assembled, the replicated ones from its model file) and
+// each optimizer's per-parameter state, the optimizer's parameters being parameters of `models`.
+struct PlainState {
+  std::vector<nn::TensorDict> models;
+  std::vector<nn::TensorDict> optimizers;
+};
+PlainState read_fsdp_as_plain(const std::string& dir, const nlohmann::json& record,
+                              const std::vector<std::shared_ptr<nn::Module>>& models,
+                              const std::vector<const optim::Optimizer*>& optimizers);
+// "model[_i].safetensors": the replicated part a ZeRO-3 checkpoint keeps whole.
+std::string fsdp_replicated_file(size_t model);
+
 }  // namespace accel::dist

@@ -147,7 +147,7 @@ class FsdpStrategy final : public Strategy {
     auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
     if (ctx_.rank == 0)
       for (size_t i = 0; i < models_.size(); ++i)
-        nn::save_safetensors(at(indexed_file("model", i, ".safetensors")),
+        nn::save_safetensors(at(fsdp_replicated_file(i)),
                              replicated_state(*models_[i]));
     std::vector<FullyShardedModel*> ms;
     for (auto& m : sharded_) ms.push_back(m.get());
@@ -201,7 +201,7 @@ class FsdpStrategy final : public Strategy {
                   "checkpoint '", dir, "': model ", m, " has ", reader.param_names(m).size(),
                   " trainable parameters, this one ", spans.size());
       out->slices.push_back(std::move(slices));
-      out->replicated.push_back(nn::load_safetensors(at(indexed_file("model", m, ".safetensors"))));
+      out->replicated.push_back(nn::load_safetensors(at(fsdp_replicated_file(m))));
     }
     std::vector<FullyShardedModel*> ms;
     for (auto& m : sharded_) ms.push_back(m.get());

@@ -267,7 +267,6 @@ void Storage::materialize() {
               "a borrowed buffer (from_blob) cannot be re-allocated");
   if (data_ || nbytes_ == 0) return;
   data_ = alloc_->allocate(nbytes_, device_);
-  bump_version();
 }
 
 void Storage::throw_released() const {

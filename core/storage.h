@@ -56,8 +56,8 @@ class Storage : public RefCounted {
   // every tensor and view of it (autograd's saved tensors included) keeps pointing at it. ZeRO-3
   // frees a unit's gathered parameters this way between uses (dist/fsdp.h); deferred init
   // creates parameters unallocated. Reading the data of a released storage throws ValueError
-  // instead of touching a null pointer. materialize() allocates uninitialised memory (and bumps
-  // the version); the caller fills it.
+  // instead of touching a null pointer. materialize() allocates uninitialised memory (without
+  // bumping the version: a refill restores values, it does not modify them); the caller fills it.
   void release();
   void materialize();
   bool allocated() const { return data_ != nullptr || nbytes_ == 0; }

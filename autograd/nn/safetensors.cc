@@ -158,28 +158,26 @@ TensorDict load_safetensors(const std::string& path, Metadata* metadata) {
   return out;
 }
 
-void save_safetensors(const std::string& path, const TensorDict& tensors,
-                      const Metadata& metadata) {
-  // Bring every tensor to contiguous CPU bytes first, so a failure leaves no file behind.
-  std::vector<std::pair<const std::string*, Tensor>> host;
-  host.reserve(tensors.size());
+namespace {
+// Header text (padded) for entries written in order.
+std::string header_text(const std::string& path,
+                        const std::vector<SafetensorsWriter::Entry>& entries,
+                        const Metadata& metadata) {
   json header = json::object();
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    ACCEL_CHECK(name != kMetadataKey, ValueError, kSave, "'", path, "': the tensor name '",
+  std::set<std::string> seen;
+  for (const auto& e : entries) {
+    ACCEL_CHECK(e.name != kMetadataKey, ValueError, kSave, "'", path, "': the tensor name '",
                 kMetadataKey, "' is reserved");
-    ACCEL_CHECK(t.defined(), ValueError, kSave, "'", path, "': tensor '", name, "' is undefined");
-    Tensor h = t.detach();
-    if (!h.device().is_cpu()) h = h.to(kCPU);
-    h = h.contiguous();
+    ACCEL_CHECK(seen.insert(e.name).second, ValueError, kSave, "'", path, "': tensor '", e.name,
+                "' twice");
     json shape = json::array();
-    for (int64_t s : h.sizes()) shape.push_back(s);
-    const uint64_t n = h.nbytes();
-    header[name] = {{"dtype", std::string(dtype_safetensors_name(h.dtype()))},
-                    {"shape", shape},
-                    {"data_offsets", {offset, offset + n}}};
+    for (int64_t d : e.shape) shape.push_back(d);
+    const uint64_t n = uint64_t(shape_numel(e.shape)) * dtype_size(e.dtype);
+    header[e.name] = {{"dtype", std::string(dtype_safetensors_name(e.dtype))},
+                      {"shape", shape},
+                      {"data_offsets", {offset, offset + n}}};
     offset += n;
-    host.emplace_back(&name, std::move(h));
   }
   if (!metadata.empty()) {
     json m = json::object();
@@ -191,50 +189,99 @@ void save_safetensors(const std::string& path, const TensorDict& tensors,
     text = header.dump();
   } catch (const json::exception& e) {
     ACCEL_THROW(ValueError, kSave, "'", path,
-                "': a tensor name or metadata string is not valid "
-                "UTF-8: ",
-                e.what());
+                "': a tensor name or metadata string is not valid UTF-8: ", e.what());
   }
   // Pad with spaces so the byte buffer starts 8-byte aligned (the HF writer does the same).
   text.append((kHeaderAlign - (kLengthBytes + text.size()) % kHeaderAlign) % kHeaderAlign, ' ');
+  return text;
+}
+}  // namespace
+
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<Entry> entries,
+                                     const Metadata& metadata)
+    : path_(std::move(path)), entries_(std::move(entries)) {
+  const std::string text = header_text(path_, entries_, metadata);
   unsigned char len_bytes[kLengthBytes];
   for (size_t i = 0; i < kLengthBytes; ++i)
     len_bytes[i] = (uint64_t(text.size()) >> (8 * i)) & 0xff;
-
   // Temporary file in the target directory, so rename() is atomic (same file system).
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  fs::path dir = target.parent_path();
-  if (dir.empty()) dir = ".";
   static std::atomic<uint64_t> counter{0};
-  std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; attempt < 16 && fd < 0; ++attempt) {
-    tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0 && errno != EEXIST) break;
+  for (int attempt = 0; attempt < 16 && fd_ < 0; ++attempt) {
+    tmp_ = path_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd_ < 0 && errno != EEXIST) break;
   }
-  ACCEL_CHECK(fd >= 0, IoError, kSave, "cannot create a temporary file next to '", path,
+  ACCEL_CHECK(fd_ >= 0, IoError, kSave, "cannot create a temporary file next to '", path_,
               "': ", errno_str());
-  Fd file(fd);
-  auto fail = [&](const char* what) {
-    const std::string err = errno_str();
-    if (file.fd >= 0) ::close(file.release());
-    ::unlink(tmp.c_str());
-    ACCEL_THROW(IoError, kSave, "'", path, "': ", what, ": ", err);
-  };
-  if (!write_full(file.fd, len_bytes, kLengthBytes)) fail("write failed");
-  if (!write_full(file.fd, text.data(), text.size())) fail("write failed");
-  for (const auto& [name, t] : host) {
-    if (t.nbytes() > 0 && !write_full(file.fd, t.data_ptr(), t.nbytes())) fail("write failed");
-  }
-  if (::fsync(file.fd) != 0) fail("fsync failed");
-  if (::close(file.release()) != 0) fail("close failed");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename failed");
+  if (!write_full(fd_, len_bytes, kLengthBytes) || !write_full(fd_, text.data(), text.size()))
+    fail("write failed");
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+void SafetensorsWriter::fail(const char* what) {
+  const std::string err = errno_str();
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(tmp_.c_str());
+  tmp_.clear();
+  ACCEL_THROW(IoError, kSave, "'", path_, "': ", what, ": ", err);
+}
+
+void SafetensorsWriter::write(const Tensor& t) {
+  ACCEL_CHECK(fd_ >= 0 && !committed_, IoError, kSave, "'", path_, "': the writer is closed");
+  ACCEL_CHECK(next_ < entries_.size(), ValueError, kSave, "'", path_, "': more tensors than the ",
+              entries_.size(), " announced");
+  const Entry& e = entries_[next_];
+  ACCEL_CHECK(t.defined() && t.dtype() == e.dtype && t.sizes() == e.shape, ValueError, kSave, "'",
+              path_, "': tensor '", e.name, "' was announced as ", e.dtype, " ", shape_str(e.shape),
+              ", got ", t.defined() ? t.shape_str() : "undefined",
+              t.defined() ? std::string(" ") + std::string(dtype_name(t.dtype())) : "");
+  Tensor h = t.detach();
+  if (!h.device().is_cpu()) h = h.to(kCPU);
+  h = h.contiguous();
+  if (h.nbytes() > 0 && !write_full(fd_, h.data_ptr(), h.nbytes())) fail("write failed");
+  ++next_;
+}
+
+void SafetensorsWriter::commit() {
+  ACCEL_CHECK(fd_ >= 0 && !committed_, IoError, kSave, "'", path_, "': the writer is closed");
+  ACCEL_CHECK(next_ == entries_.size(), ValueError, kSave, "'", path_, "': ", next_, " of ",
+              entries_.size(), " announced tensors written");
+  if (::fsync(fd_) != 0) fail("fsync failed");
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail("close failed");
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("rename failed");
+  committed_ = true;
   // Make the rename itself durable.
+  std::filesystem::path dir = std::filesystem::path(path_).parent_path();
+  if (dir.empty()) dir = ".";
   Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  ACCEL_CHECK(d.fd >= 0 && ::fsync(d.fd) == 0, IoError, kSave, "'", path,
+  ACCEL_CHECK(d.fd >= 0 && ::fsync(d.fd) == 0, IoError, kSave, "'", path_,
               "': cannot fsync directory '", dir.string(), "': ", errno_str());
+}
+
+void save_safetensors(const std::string& path, const TensorDict& tensors,
+                      const Metadata& metadata) {
+  // Bring every tensor to contiguous CPU bytes first, so a failure leaves no file behind.
+  std::vector<Tensor> host;
+  std::vector<SafetensorsWriter::Entry> entries;
+  host.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    ACCEL_CHECK(t.defined(), ValueError, kSave, "'", path, "': tensor '", name, "' is undefined");
+    Tensor h = t.detach();
+    if (!h.device().is_cpu()) h = h.to(kCPU);
+    h = h.contiguous();
+    entries.push_back({name, h.dtype(), h.sizes()});
+    host.push_back(std::move(h));
+  }
+  SafetensorsWriter w(path, std::move(entries), metadata);
+  for (const Tensor& h : host) w.write(h);
+  w.commit();
 }
 
 }  // namespace accel::nn

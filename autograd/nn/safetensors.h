@@ -12,6 +12,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "autograd/nn/module.h"
 
@@ -28,5 +29,31 @@ void save_safetensors(const std::string& path, const TensorDict& tensors,
 
 // Reads every tensor onto the CPU. `metadata`, when given, receives the __metadata__ strings.
 TensorDict load_safetensors(const std::string& path, Metadata* metadata = nullptr);
+// A safetensors file written one tensor at a time, in the announced order, so that a sharded
+// model can be exported holding one piece in memory (dist/fsdp.h). Atomic like save_safetensors:
+// the file appears at `path` only on commit(); a writer destroyed before that leaves nothing.
+class SafetensorsWriter {
+ public:
+  struct Entry {
+    std::string name;
+    DType dtype = kFloat32;
+    Shape shape;
+  };
+  SafetensorsWriter(std::string path, std::vector<Entry> entries, const Metadata& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  // The next announced tensor (its dtype and shape must match; any device).
+  void write(const Tensor& t);
+  void commit();
+
+ private:
+  [[noreturn]] void fail(const char* what);
+  std::string path_, tmp_;
+  std::vector<Entry> entries_;
+  size_t next_ = 0;
+  int fd_ = -1;
+  bool committed_ = false;
+};
 
 }  // namespace accel::nn

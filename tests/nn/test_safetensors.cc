@@ -327,3 +327,42 @@ TEST_CASE("hostile headers: nesting depth and rank are bounded, memory stays sma
   CHECK_THROWS_AS(nn::load_safetensors(bad, &md), IoError);
   CHECK(md.empty());
 }
+
+TEST_CASE("SafetensorsWriter streams tensors in the announced order, atomically") {
+  TempDir dir;
+  const std::string p = dir.file("stream.safetensors");
+  Tensor a = arange(6, TensorOptions(kFloat32)).view({2, 3});
+  Tensor b = full({4}, 2.5, TensorOptions(kFloat64));
+  {
+    nn::SafetensorsWriter w(p, {{"b", kFloat64, {4}}, {"a", kFloat32, {2, 3}}}, {{"k", "v"}});
+    w.write(b);
+    CHECK_FALSE(fs::exists(p));  // nothing visible before commit
+    w.write(a.t().t());          // any layout: written contiguously
+    w.commit();
+  }
+  nn::Metadata md;
+  nn::TensorDict d = nn::load_safetensors(p, &md);
+  CHECK(d.at("a").tolist() == a.tolist());
+  CHECK(d.at("b").tolist() == b.tolist());
+  CHECK(md.at("k") == "v");
+  // Same bytes as save_safetensors' tensors (the loader is the judge of layout).
+  const std::string q = dir.file("whole.safetensors");
+  nn::save_safetensors(q, {{"a", a}, {"b", b}});
+  CHECK(nn::load_safetensors(q).at("a").tolist() == d.at("a").tolist());
+  {
+    nn::SafetensorsWriter w(dir.file("bad.safetensors"), {{"x", kFloat32, {2}}});
+    CHECK_THROWS_WITH_AS(w.write(ones({3})), doctest::Contains("announced"), ValueError);
+    CHECK_THROWS_AS(w.commit(), ValueError);  // 0 of 1 written
+  }
+  {
+    nn::SafetensorsWriter w(dir.file("abandoned.safetensors"), {{"x", kFloat32, {2}}});
+    w.write(ones({2}));
+  }  // destroyed without commit: no file, no temporary
+  CHECK_FALSE(fs::exists(dir.file("bad.safetensors")));
+  CHECK_FALSE(fs::exists(dir.file("abandoned.safetensors")));
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) files += e.is_regular_file();
+  CHECK(files == 2);
+  CHECK_THROWS_AS(nn::SafetensorsWriter(p, {{"x", kFloat32, {1}}, {"x", kFloat32, {1}}}),
+                  ValueError);
+}

@@ -1,0 +1,74 @@
+// ZeRO-3 per wrapping unit (dist/fsdp.h) against single-process training, its memory between
+// and during steps, and its errors. Spawns fsdp_worker once per rank.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "tests/dist/spawn.h"
+
+using namespace std::chrono_literals;
+using accel::test::RankResult;
+using accel::test::run_world;
+
+namespace {
+std::string worker() { return accel::test::helper_path("fsdp_worker"); }
+
+void check_ok(const std::vector<RankResult>& res, const std::string& scenario) {
+  for (size_t r = 0; r < res.size(); ++r) {
+    INFO("rank " << r << " output:\n" << res[r].output);
+    CHECK(res[r].exited);
+    CHECK(res[r].code == 0);
+    CHECK(res[r].output.find("ok " + scenario) != std::string::npos);
+  }
+}
+}  // namespace
+
+TEST_CASE("fsdp units match single-process training: optimizers, accumulation, world sizes") {
+  for (int world : {1, 2, 3, 4}) {
+    for (std::string opt : {"sgd", "adam", "adamw"}) {
+      for (std::string accum : {"1", "3"}) {
+        if (world != 2 && opt != "adamw") continue;
+        CAPTURE(world);
+        CAPTURE(opt);
+        CAPTURE(accum);
+        check_ok(run_world(worker(), {"match", opt, accum}, world, {}, 60s), "match");
+      }
+    }
+  }
+  // Without prefetch and without resharding after forward: the same numbers.
+  check_ok(run_world(worker(), {"match", "adamw", "1", "0", "1"}, 2, {}, 60s), "match");
+  check_ok(run_world(worker(), {"match", "adamw", "1", "1", "0"}, 2, {}, 60s), "match");
+}
+
+TEST_CASE("fsdp memory: only shards and the root between steps, two units at most in forward") {
+  check_ok(run_world(worker(), {"memory"}, 2, {}, 60s), "memory");
+  check_ok(run_world(worker(), {"memory"}, 3, {}, 60s), "memory");
+}
+
+TEST_CASE("fsdp errors: wrap policies, shared parameters, foreign optimizer parameters") {
+  check_ok(run_world(worker(), {"errors"}, 2, {}, 60s), "errors");
+}
+
+TEST_CASE("fsdp unused parameters: DistError after the collectives, or zeros when asked") {
+  check_ok(run_world(worker(), {"unused"}, 2, {}, 60s), "unused");
+}
+
+TEST_CASE("fsdp bf16 compute parameters with fp32 master shards track fp32 training") {
+  check_ok(run_world(worker(), {"bf16"}, 2, {}, 60s), "bf16");
+}
+
+TEST_CASE("fsdp sharded checkpoint saved by 4 ranks loads at 2, 3 and 1, bit for bit") {
+  namespace fs = std::filesystem;
+  std::string tmpl = (fs::temp_directory_path() / "accel_fsdp_XXXXXX").string();
+  REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+  check_ok(run_world(worker(), {"ckpt", "save", tmpl}, 4, {}, 60s), "ckpt");
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    check_ok(run_world(worker(), {"ckpt", "load", tmpl}, world, {}, 60s), "ckpt");
+  }
+  check_ok(run_world(worker(), {"ckpt", "load_plain", tmpl}, 1, {}, 60s), "ckpt");
+  check_ok(run_world(worker(), {"ckpt", "load", tmpl}, 1, {}, 60s), "ckpt");
+  fs::remove_all(tmpl);
+}

@@ -15,6 +15,7 @@ class Generator {
   void manual_seed(uint64_t seed) {
     seed_ = seed;
     engine_.seed(seed);
+    has_cached_normal_ = false;  // else a seed's normals would depend on what came before
   }
   uint64_t initial_seed() const { return seed_; }
   uint64_t next_u64() { return engine_(); }

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "autograd/nn/init.h"
 #include "autograd/ops.h"
 
 namespace accel::nn {
@@ -19,14 +20,21 @@ BatchNormBase::BatchNormBase(const char* op, int64_t c, double eps_, std::option
   ACCEL_CHECK(c > 0, ValueError, op, "num_features must be positive, got ", c);
   ACCEL_CHECK(!m || (*m >= 0 && *m <= 1), ValueError, op, "momentum must be in [0, 1], got ", *m);
   if (affine) {
-    weight = register_parameter("weight", ones({c}));
-    bias = register_parameter("bias", zeros({c}));
+    weight = register_parameter("weight", empty({c}));
+    bias = register_parameter("bias", empty({c}));
+    reset_parameters();
   }
   if (track_running_stats) {
     running_mean = register_buffer("running_mean", zeros({c}));
     running_var = register_buffer("running_var", ones({c}));
     num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, kInt64));
   }
+}
+
+void BatchNormBase::reset_parameters(Generator*) {
+  if (!affine) return;
+  init::ones_(weight);
+  init::zeros_(bias);
 }
 
 void BatchNormBase::reset_running_stats() {

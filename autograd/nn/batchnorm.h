@@ -20,6 +20,8 @@ class BatchNormBase : public Module {
  public:
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
+  // weight = 1, bias = 0 (the running statistics are buffers: reset_running_stats()).
+  void reset_parameters(Generator* gen = nullptr) override;
   void reset_running_stats();
 
   int64_t num_features;

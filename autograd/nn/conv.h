@@ -29,7 +29,7 @@ class Conv2d : public Module {
          Generator* gen = nullptr);
   // x: (N, C_in, H, W) -> (N, C_out, H_out, W_out)
   Tensor forward(const Tensor& x) override;
-  void reset_parameters(Generator* gen = nullptr);
+  void reset_parameters(Generator* gen = nullptr) override;
   std::string extra_repr() const override;
 
   int64_t in_channels, out_channels;

@@ -1,5 +1,6 @@
 #include "autograd/nn/init.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -18,6 +19,25 @@ Tensor assign(Tensor t, const Tensor& values) {
   NoGradGuard no_grad;
   t.copy_(values);
   return t;
+}
+
+// A parameter built under nn::DeferredInit (or released by ZeRO-3) has no memory to fill.
+bool unallocated(const Tensor& t) { return !t.storage()->allocated(); }
+
+// Pulls from the generator exactly what filling `t` would (uniform and randn draw one value per
+// element, in element order) and throws it away, in chunks so that no parameter-sized buffer
+// is allocated. Keeps the generator stream of deferred construction equal to eager
+// construction's (Note [deferred init] in autograd/nn/module.cc).
+void discard_draws(const Tensor& t, bool normal, double lo, double hi, Generator* gen) {
+  constexpr int64_t kChunk = 8192;
+  for (int64_t done = 0; done < t.numel(); done += kChunk) {
+    const int64_t n = std::min(kChunk, t.numel() - done);
+    if (normal) {
+      randn({n}, TensorOptions(kFloat64), gen);
+    } else {
+      uniform({n}, lo, hi, TensorOptions(t.dtype()), gen);
+    }
+  }
 }
 
 double fan(const Tensor& t, FanMode mode, const char* op) {
@@ -55,12 +75,20 @@ double calculate_gain(const char* nonlinearity, double param) {
 Tensor uniform_(Tensor t, double lo, double hi, Generator* gen) {
   check_float(t, "init.uniform_");
   ACCEL_CHECK(lo <= hi, ValueError, "init.uniform_", "lo ", lo, " > hi ", hi);
+  if (unallocated(t)) {
+    discard_draws(t, /*normal=*/false, lo, hi, gen);
+    return t;
+  }
   return assign(t, uniform(t.sizes(), lo, hi, TensorOptions(t.dtype()), gen));
 }
 
 Tensor normal_(Tensor t, double mean, double std, Generator* gen) {
   check_float(t, "init.normal_");
   ACCEL_CHECK(std >= 0, ValueError, "init.normal_", "std must be >= 0, got ", std);
+  if (unallocated(t)) {
+    discard_draws(t, /*normal=*/true, 0.0, 1.0, gen);
+    return t;
+  }
   // Draw in float64 so the values do not depend on t's precision before the final rounding.
   Tensor v = randn(t.sizes(), TensorOptions(kFloat64), gen);
   if (std != 1.0 || mean != 0.0) {
@@ -72,6 +100,7 @@ Tensor normal_(Tensor t, double mean, double std, Generator* gen) {
 
 Tensor constant_(Tensor t, Scalar value) {
   ACCEL_CHECK(t.defined(), ValueError, "init.constant_", "tensor is undefined");
+  if (unallocated(t)) return t;
   NoGradGuard no_grad;
   t.fill_(value);
   return t;

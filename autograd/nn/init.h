@@ -2,6 +2,11 @@
 // and returns it; random ones draw from `gen`, or the default generator (manual_seed) when null.
 // Values are drawn on the CPU in element order and copied to t's device, so a seed gives the
 // same parameters on every device.
+//
+// A tensor whose storage is not allocated (built under nn::DeferredInit, Note [deferred init] in
+// autograd/nn/module.cc) is left alone, but a random initialiser still advances the generator
+// by the values it would have drawn, so constructors run unchanged under the guard and the
+// generator stream stays that of eager construction.
 #pragma once
 
 #include <utility>

@@ -17,7 +17,7 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, bool bias = true, Generator* gen = nullptr);
   // x: (..., in_features) -> (..., out_features)
   Tensor forward(const Tensor& x) override;
-  void reset_parameters(Generator* gen = nullptr);
+  void reset_parameters(Generator* gen = nullptr) override;
   std::string extra_repr() const override;
 
   int64_t in_features, out_features;
@@ -31,7 +31,7 @@ class Embedding : public Module {
   // indices: int32/int64 (...) -> (..., embedding_dim); an index outside [0, num_embeddings)
   // throws IndexError.
   Tensor forward(const Tensor& indices) override;
-  void reset_parameters(Generator* gen = nullptr);
+  void reset_parameters(Generator* gen = nullptr) override;
   std::string extra_repr() const override;
 
   int64_t num_embeddings, embedding_dim;

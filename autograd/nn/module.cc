@@ -3,6 +3,7 @@
 #include <cxxabi.h>
 
 #include <cstdlib>
+#include <mutex>
 #include <ostream>
 #include <set>
 #include <sstream>
@@ -12,6 +13,10 @@
 #include "autograd/nn/safetensors.h"
 
 namespace accel::nn {
+
+namespace {
+thread_local int g_deferred_depth = 0;  // live DeferredInit guards on this thread
+}  // namespace
 
 Module::~Module() = default;
 
@@ -48,6 +53,15 @@ Tensor Module::register_parameter(const std::string& name, Tensor value, bool re
               ": parameter '", name, "' must be floating point, got ", value.dtype());
   // A parameter is a leaf: drop any history the initialiser left behind.
   if (!value.is_leaf()) value = value.detach();
+  if (DeferredInit::active()) {
+    if (deferred_rng_state_.empty()) {
+      Generator& g = default_generator();
+      std::lock_guard<std::mutex> lk(g.mutex());
+      deferred_rng_state_ = g.state();
+    }
+    // Throws for a borrowed buffer (from_blob), which cannot be given back.
+    value.storage()->release();
+  }
   value.requires_grad_(requires_grad);
   params_.emplace_back(name, value);
   return value;
@@ -222,14 +236,31 @@ void Module::apply_to_tensors(const std::function<Tensor(const Tensor&)>& conver
   }
 }
 
+namespace {
+// A deferred tensor moved: new unallocated contiguous storage with the target device and dtype
+// (nothing to copy), or `t` itself when both already match.
+Tensor deferred_as(const Tensor& t, Device device, DType dtype) {
+  if (t.device() == device && t.dtype() == dtype) return t;
+  auto storage = make_intrusive<Storage>(size_t(t.numel()) * dtype_size(dtype), device,
+                                         Storage::Unallocated{});
+  return Tensor(make_intrusive<TensorImpl>(std::move(storage), t.sizes(),
+                                           contiguous_strides(t.sizes()), 0, dtype));
+}
+}  // namespace
+
 void Module::to(Device device) {
-  apply_to_tensors([device](const Tensor& t) { return t.to(device); });
+  apply_to_tensors([device](const Tensor& t) {
+    return is_deferred(t) ? deferred_as(t, device, t.dtype()) : t.to(device);
+  });
 }
 
 void Module::to(DType dtype) {
   ACCEL_CHECK(is_floating(dtype), DTypeError, "Module.to", type_name(),
               ": can only convert to a floating dtype, got ", dtype);
-  apply_to_tensors([dtype](const Tensor& t) { return t.is_floating_point() ? t.to(dtype) : t; });
+  apply_to_tensors([dtype](const Tensor& t) {
+    if (!t.is_floating_point()) return t;
+    return is_deferred(t) ? deferred_as(t, t.device(), dtype) : t.to(dtype);
+  });
 }
 
 void Module::to(Device device, DType dtype) {
@@ -239,19 +270,38 @@ void Module::to(Device device, DType dtype) {
 
 // ---------------- state ----------------
 
-TensorDict Module::state_dict() const {
+Named<Tensor> Module::collect_state() const {
   // Tied tensors appear under every name (as in PyTorch), so a checkpoint loads into a module
   // whether or not the tie is rebuilt.
   Named<Tensor> all;
   collect_parameters("", all, true);
   collect_buffers("", all, true, true);
+  return all;
+}
+
+namespace {
+// Reading a deferred tensor would throw from core without saying which one; say it here.
+void check_allocated(const Named<Tensor>& all, const char* op, const std::string& type,
+                     const std::string& where) {
+  for (const auto& [n, t] : all) {
+    ACCEL_CHECK(!is_deferred(t), ValueError, op, type, where, ": '", n, "' ", t.sizes(),
+                " is not allocated (built under nn::DeferredInit, or released by ZeRO-3); "
+                "materialize it first (nn::materialize)");
+  }
+}
+}  // namespace
+
+TensorDict Module::state_dict() const {
+  const Named<Tensor> all = collect_state();
+  check_allocated(all, "Module.state_dict", type_name(), "");
   TensorDict out;
   for (auto& [n, t] : all) out.emplace(n, t.detach());
   return out;
 }
 
 LoadResult Module::load_state_dict(const TensorDict& state, bool strict) {
-  const TensorDict own = state_dict();
+  TensorDict own;
+  for (auto& [n, t] : collect_state()) own.emplace(n, t.detach());
   LoadResult result;
   std::vector<std::string> mismatched;
   for (const auto& [n, t] : own) {
@@ -290,17 +340,129 @@ LoadResult Module::load_state_dict(const TensorDict& state, bool strict) {
     auto it = state.find(n);
     if (it == state.end()) continue;
     Tensor d = dst;  // shares the module's impl
-    if (!it->second.is_same(d)) d.copy_(it->second);
+    if (it->second.is_same(d)) continue;
+    // A deferred parameter gets its memory here and its value from the checkpoint: loading a
+    // DeferredInit model never runs its initialisers.
+    if (is_deferred(d)) d.storage()->materialize();
+    d.copy_(it->second);
   }
   return result;
 }
 
 void Module::save(const std::string& path, const Metadata& metadata) const {
+  check_allocated(collect_state(), "Module.save", type_name(), " (to '" + path + "')");
   save_safetensors(path, state_dict(), metadata);
 }
 
 LoadResult Module::load(const std::string& path, bool strict) {
   return load_state_dict(load_safetensors(path), strict);
+}
+
+// ---------------- deferred init ----------------
+
+// Note [deferred init]
+// A model that does not fit one process must exist (names, shapes, the module tree) before any
+// rank holds its values, so that ZeRO-3 can materialize one unit at a time, keep this rank's
+// shard and free the rest (dist/fsdp.h). Under nn::DeferredInit, register_parameter releases
+// each parameter's storage right after registering it (core/storage.h Note [released storage]):
+// a constructor allocates at most one parameter at a time and ends holding none. Buffers stay
+// real: they are small and constructors compute them.
+//
+// Same values as eager construction, in any order. Built-in constructors register their
+// parameters and then call reset_parameters(), whose nn::init calls leave unallocated tensors
+// alone but still pull from the generator as many values as they would have drawn (in small
+// chunks, so no parameter-sized buffer). Two consequences: the default generator ends deferred
+// construction in the state eager construction leaves it in (dropout and shuffling afterwards
+// match), and each module's first deferred registration can snapshot the default generator's
+// state (deferred_rng_state_, ~6 KB of text), which is exactly the state its eager
+// reset_parameters() started from. materialize_own_parameters() sets that state, runs
+// reset_parameters() and puts the current state back, so a module's values do not depend on
+// which modules were materialized before it: a ZeRO-3 engine can walk its units in any order,
+// or materialize only some of them, and get the parameters eager construction would have. This
+// is why the order is not simply "named_modules() order": a model that registers its blocks
+// after its head (examples/models.h's Gpt fills its ModuleList last) draws in a different order
+// from the one named_modules() lists. An explicit generator (gen != nullptr) is not replayed:
+// values are drawn from it in call order.
+//
+// What a deferred tensor supports: metadata (sizes, dtype, device, requires_grad, names),
+// Module::to() (changes the metadata, allocates nothing), load_state_dict() (allocates the
+// loaded parameters and copies the values in, no initialiser runs). Reading it (forward,
+// state_dict, save) throws ValueError.
+
+DeferredInit::DeferredInit() { ++g_deferred_depth; }
+DeferredInit::~DeferredInit() { --g_deferred_depth; }
+bool DeferredInit::active() { return g_deferred_depth > 0; }
+
+bool is_deferred(const Tensor& t) { return t.defined() && !t.storage()->allocated(); }
+
+bool is_deferred(const Module& m, bool recurse) {
+  for (const auto& [n, p] : m.named_parameters(recurse)) {
+    if (is_deferred(p)) return true;
+  }
+  return false;
+}
+
+void Module::reset_parameters(Generator*) {
+  ACCEL_CHECK(params_.empty(), ValueError, "Module.reset_parameters", type_name(),
+              " registers parameter '", params_.front().first,
+              "' but does not override reset_parameters(Generator*), so it cannot be "
+              "initialised after deferred construction (nn::DeferredInit / nn::materialize): "
+              "override it with the constructor's initialisation");
+}
+
+bool Module::materialize_own_parameters(Generator* gen) {
+  std::vector<Tensor> deferred, kept;
+  for (const auto& [n, p] : params_) (is_deferred(p) ? deferred : kept).push_back(p);
+  if (deferred.empty()) return false;
+  NoGradGuard no_grad;
+  // reset_parameters() re-initialises every own parameter; those that already had values keep
+  // them.
+  std::vector<Tensor> saved;
+  for (const Tensor& p : kept) saved.push_back(p.clone());
+  for (Tensor& p : deferred) {
+    p.storage()->materialize();
+    p.zero_();  // never garbage, even if an override forgets a parameter
+  }
+  try {
+    if (gen == nullptr && !deferred_rng_state_.empty()) {
+      Generator& g = default_generator();
+      std::string now;
+      {
+        std::lock_guard<std::mutex> lk(g.mutex());
+        now = g.state();
+        g.set_state(deferred_rng_state_);
+      }
+      auto put_back = [&] {
+        std::lock_guard<std::mutex> lk(g.mutex());
+        g.set_state(now);
+      };
+      try {
+        reset_parameters(nullptr);
+      } catch (...) {
+        put_back();
+        throw;
+      }
+      put_back();
+    } else {
+      reset_parameters(gen);
+    }
+  } catch (...) {
+    for (Tensor& p : deferred) p.storage()->release();
+    throw;
+  }
+  for (size_t i = 0; i < kept.size(); ++i) kept[i].copy_(saved[i]);
+  return true;
+}
+
+bool reset_module_parameters(Module& m, Generator* gen) {
+  return m.materialize_own_parameters(gen);
+}
+
+void materialize(Module& m, const ModuleFilter& filter, Generator* gen) {
+  for (auto& [name, mod] : m.named_modules()) {
+    if (filter && !filter(name, *mod)) continue;
+    mod->materialize_own_parameters(gen);
+  }
 }
 
 // ---------------- printing ----------------

@@ -3,6 +3,7 @@
 #include <limits>
 #include <sstream>
 
+#include "autograd/nn/init.h"
 #include "autograd/ops.h"
 
 namespace accel::nn {
@@ -29,9 +30,15 @@ LayerNorm::LayerNorm(Shape shape, double eps_, bool affine, bool with_bias)
     : normalized_shape(std::move(shape)), eps(eps_) {
   check_shape(normalized_shape, "LayerNorm");
   if (affine) {
-    weight = register_parameter("weight", ones(normalized_shape));
-    if (with_bias) bias = register_parameter("bias", zeros(normalized_shape));
+    weight = register_parameter("weight", empty(normalized_shape));
+    if (with_bias) bias = register_parameter("bias", empty(normalized_shape));
   }
+  reset_parameters();
+}
+
+void LayerNorm::reset_parameters(Generator*) {
+  if (weight.defined()) init::ones_(weight);
+  if (bias.defined()) init::zeros_(bias);
 }
 
 Tensor LayerNorm::forward(const Tensor& x) {
@@ -48,7 +55,12 @@ std::string LayerNorm::extra_repr() const {
 RMSNorm::RMSNorm(Shape shape, std::optional<double> eps_, bool affine)
     : normalized_shape(std::move(shape)), eps(eps_) {
   check_shape(normalized_shape, "RMSNorm");
-  if (affine) weight = register_parameter("weight", ones(normalized_shape));
+  if (affine) weight = register_parameter("weight", empty(normalized_shape));
+  reset_parameters();
+}
+
+void RMSNorm::reset_parameters(Generator*) {
+  if (weight.defined()) init::ones_(weight);
 }
 
 Tensor RMSNorm::forward(const Tensor& x) {

@@ -18,6 +18,8 @@ class LayerNorm : public Module {
       : LayerNorm(Shape{dim}, eps, elementwise_affine, bias) {}
   // x: (..., *normalized_shape) -> same shape
   Tensor forward(const Tensor& x) override;
+  // weight = 1, bias = 0.
+  void reset_parameters(Generator* gen = nullptr) override;
   std::string extra_repr() const override;
 
   Shape normalized_shape;
@@ -34,6 +36,8 @@ class RMSNorm : public Module {
                    bool elementwise_affine = true)
       : RMSNorm(Shape{dim}, eps, elementwise_affine) {}
   Tensor forward(const Tensor& x) override;
+  // weight = 1.
+  void reset_parameters(Generator* gen = nullptr) override;
   std::string extra_repr() const override;
 
   Shape normalized_shape;

@@ -122,6 +122,7 @@ void FullyShardedModel::build_units() {
   std::function<void(nn::Module&, const std::string&, int)> walk = [&](nn::Module& m,
                                                                        const std::string& path,
                                                                        int unit) {
+    module_units_.emplace_back(&m, unit);
     for (auto& [pname, p] : m.named_parameters(false)) {
       if (!p.requires_grad()) continue;
       const std::string full_name = path.empty() ? pname : path + "." + pname;
@@ -199,13 +200,19 @@ void FullyShardedModel::init_values() {
   std::vector<Tensor> leaves(params_.size()), grad_views(params_.size());
   for (auto& up : units_) {
     Unit& u = *up;
+    // Deferred init (nn::DeferredInit): this unit's modules get their memory and values now, one
+    // unit at a time, so no rank ever holds the whole model; the values equal eager construction
+    // (Note [deferred init] in autograd/nn/module.cc).
+    for (auto& [m, owner] : module_units_)
+      if (units_[size_t(owner)].get() == &u) nn::reset_module_parameters(*m);
     if (u.params.empty()) continue;
     Tensor flat = zeros({u.numel}, TensorOptions(u.master, u.device));
     for (size_t j = 0; j < u.params.size(); ++j) {
       const Tensor& p = params_[u.params[j]].second;
       ACCEL_CHECK(p.storage()->allocated(), ValueError, "fsdp", "parameter '",
                   params_[u.params[j]].first,
-                  "' has no memory (deferred init): materialize the model before sharding it");
+                  "' has no memory: it is released (sharded already?) or deferred in a module that "
+                  "nn::reset_module_parameters could not initialise");
       flat.narrow(0, u.offset[j], p.numel()).copy_(p.reshape({p.numel()}));
     }
     if (pg_->size() > 1) pg_->broadcast(flat, options_.root);
@@ -601,7 +608,7 @@ std::vector<FullyShardedModel::ParamEntry> FullyShardedModel::full_parameter_ord
 }
 
 nn::TensorDict FullyShardedModel::full_state_dict() {
-  nn::TensorDict d = model_->state_dict();
+  nn::TensorDict d = model_->state_handles();
   for_each_full_parameter([&](const std::string& name, const Tensor& v) {
     if (d.count(name)) d[name] = v.clone();
   });

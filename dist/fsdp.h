@@ -170,6 +170,7 @@ class FullyShardedModel {
   FsdpOptions options_;
   nn::Named<Tensor> params_;  // trainable, model order
   std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<std::pair<nn::Module*, int>> module_units_;  // every module and its unit
   std::vector<Tensor> shard_leaves_;
   std::vector<Tensor> grad_views_;  // per parameter: its slice of the unit's gradient shard
   std::vector<Unit*> fwd_order_, last_fwd_order_, bwd_order_, reduce_order_;

@@ -23,7 +23,7 @@ std::string indexed_file(const char* stem, size_t i, const char* ext) {
 
 // Buffers and frozen parameters: replicated, written by rank 0 like a plain model file.
 nn::TensorDict replicated_state(const nn::Module& m) {
-  nn::TensorDict d = m.state_dict();
+  nn::TensorDict d = m.state_handles();  // trainable parameters are released: not read
   for (auto& [name, p] : m.named_parameters())
     if (p.requires_grad()) d.erase(name);
   return d;
@@ -147,8 +147,7 @@ class FsdpStrategy final : public Strategy {
     auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
     if (ctx_.rank == 0)
       for (size_t i = 0; i < models_.size(); ++i)
-        nn::save_safetensors(at(fsdp_replicated_file(i)),
-                             replicated_state(*models_[i]));
+        nn::save_safetensors(at(fsdp_replicated_file(i)), replicated_state(*models_[i]));
     std::vector<FullyShardedModel*> ms;
     for (auto& m : sharded_) ms.push_back(m.get());
     std::vector<FsdpOptimizerRef> os;

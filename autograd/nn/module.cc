@@ -299,6 +299,12 @@ TensorDict Module::state_dict() const {
   return out;
 }
 
+TensorDict Module::state_handles() const {
+  TensorDict out;
+  for (auto& [n, t] : collect_state()) out.emplace(n, t.detach());
+  return out;
+}
+
 LoadResult Module::load_state_dict(const TensorDict& state, bool strict) {
   TensorDict own;
   for (auto& [n, t] : collect_state()) own.emplace(n, t.detach());

@@ -116,6 +116,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // Parameters and persistent buffers; tensors share storage with the module. Throws ValueError
   // naming the first deferred (unallocated) tensor.
   TensorDict state_dict() const;
+  // state_dict() without that check: deferred or ZeRO-3-released tensors come back as handles
+  // without memory (for code that replaces them, e.g. dist/fsdp.h's full_state_dict).
+  TensorDict state_handles() const;
   // Copies values in (converting dtype/device). Shape mismatches always throw; with strict,
   // missing and unexpected keys throw too. The error lists every problem; nothing is copied
   // unless the whole dict is accepted. Deferred parameters that get a value are allocated (a

@@ -31,6 +31,7 @@
 #include "autograd/optim/adam.h"
 #include "autograd/optim/sgd.h"
 #include "core/generator.h"
+#include "core/storage.h"
 #include "core/tensor.h"
 #include "autograd/nn/safetensors.h"
 #include "dist/fsdp.h"
@@ -65,10 +66,10 @@ int64_t g_max_gathered = 0;
 struct Block : nn::Module {
   std::shared_ptr<nn::LayerNorm> ln;
   std::shared_ptr<nn::Linear> fc, out;
-  explicit Block(Generator& gen) {
+  explicit Block(Generator* gen) {
     ln = register_module("ln", std::make_shared<nn::LayerNorm>(kHidden));
-    fc = register_module("fc", std::make_shared<nn::Linear>(kHidden, 2 * kHidden, true, &gen));
-    out = register_module("out", std::make_shared<nn::Linear>(2 * kHidden, kHidden, true, &gen));
+    fc = register_module("fc", std::make_shared<nn::Linear>(kHidden, 2 * kHidden, true, gen));
+    out = register_module("out", std::make_shared<nn::Linear>(2 * kHidden, kHidden, true, gen));
   }
   Tensor forward(const Tensor& x) override {
     if (g_fsdp) g_max_gathered = std::max(g_max_gathered, g_fsdp->memory().gathered_bytes);
@@ -81,14 +82,17 @@ struct Net : nn::Module {
   std::shared_ptr<nn::Linear> stem, head, unused;
   std::shared_ptr<nn::ModuleList> blocks;
   bool skip_last = false;
-  explicit Net(bool with_unused = false) {
-    Generator gen(7);
-    stem = register_module("stem", std::make_shared<nn::Linear>(kIn, kHidden, true, &gen));
+  // default_gen: draw from the default generator (what deferred init replays) instead of a
+  // private one.
+  explicit Net(bool with_unused = false, bool default_gen = false) {
+    Generator own(7);
+    Generator* gen = default_gen ? nullptr : &own;
+    stem = register_module("stem", std::make_shared<nn::Linear>(kIn, kHidden, true, gen));
     blocks = register_module("blocks", std::make_shared<nn::ModuleList>());
     for (int i = 0; i < kBlocks; ++i) blocks->push_back(std::make_shared<Block>(gen));
-    head = register_module("head", std::make_shared<nn::Linear>(kHidden, kClasses, true, &gen));
+    head = register_module("head", std::make_shared<nn::Linear>(kHidden, kClasses, true, gen));
     if (with_unused)
-      unused = register_module("unused", std::make_shared<nn::Linear>(kHidden, 3, true, &gen));
+      unused = register_module("unused", std::make_shared<nn::Linear>(kHidden, 3, true, gen));
   }
   Tensor forward(const Tensor& x) override {
     Tensor h = stem->forward(x);
@@ -390,7 +394,6 @@ int unused(ProcessGroupPtr pg) {
   return 0;
 }
 
-
 bool bit_equal(const Tensor& a, const Tensor& b) {
   if (a.sizes() != b.sizes() || a.dtype() != b.dtype()) return false;
   const std::vector<float> x = a.to_vector<float>(), y = b.to_vector<float>();
@@ -523,6 +526,38 @@ int ckpt(ProcessGroupPtr pg, const std::string& mode, const std::string& dir) {
   }
   return 0;
 }
+
+// A model built under nn::DeferredInit is materialized unit by unit while it is sharded: the
+// same values as eager construction, and never more than the root plus one unit in memory.
+int deferred(ProcessGroupPtr pg) {
+  manual_seed(11);
+  auto eager = std::make_shared<Net>(false, true);
+  const nn::TensorDict want = eager->state_dict();
+  manual_seed(11);
+  std::shared_ptr<Net> net;
+  {
+    nn::DeferredInit d;
+    net = std::make_shared<Net>(false, true);
+  }
+  WCHECK(nn::is_deferred(*net), "not deferred");
+  Allocator* a = get_allocator(kCPU);
+  a->reset_peak_stats();
+  const size_t before = a->stats().bytes_in_use;
+  FullyShardedModel fsdp(net, pg);
+  const size_t peak = a->stats().peak_bytes_in_use - before;
+  const auto units = fsdp.units();
+  int64_t unit_bytes = 0;
+  for (size_t i = 1; i < units.size(); ++i) unit_bytes = std::max(unit_bytes, units[i].numel * 4);
+  int64_t total = 0;
+  for (auto& u : units) total += u.numel * 4;
+  // root + one unit (its parameters and their flat copy) + the shards, never the whole model.
+  WCHECK(int64_t(peak) <= units[0].numel * 4 * 2 + 2 * unit_bytes + total / pg->size() + 65536,
+         "peak " << peak << " bytes while sharding a deferred model of " << total);
+  nn::TensorDict got = fsdp.full_state_dict();
+  for (auto& [k, v] : want)
+    WCHECK(got.count(k) && bit_equal(got.at(k), v), "deferred " << k << " differs from eager");
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -542,6 +577,8 @@ int main(int argc, char** argv) {
       errors(pg);
     } else if (s == "unused") {
       unused(pg);
+    } else if (s == "deferred") {
+      deferred(pg);
     } else if (s == "ckpt") {
       ckpt(pg, args.at(1), args.at(2));
     } else if (s == "bf16") {

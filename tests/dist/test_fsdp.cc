@@ -72,3 +72,8 @@ TEST_CASE("fsdp sharded checkpoint saved by 4 ranks loads at 2, 3 and 1, bit for
   check_ok(run_world(worker(), {"ckpt", "load", tmpl}, 1, {}, 60s), "ckpt");
   fs::remove_all(tmpl);
 }
+
+TEST_CASE("fsdp materializes a deferred model unit by unit: eager values, bounded memory") {
+  check_ok(run_world(worker(), {"deferred"}, 2, {}, 60s), "deferred");
+  check_ok(run_world(worker(), {"deferred"}, 3, {}, 60s), "deferred");
+}

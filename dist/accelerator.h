@@ -12,31 +12,28 @@
 //   }
 //   acc.save_state();                                    // project_dir/checkpoints/checkpoint_<n>
 //
+// Everything that depends on how parameters, gradients and optimizer state are distributed is
+// delegated to one dist::Strategy (dist/strategy.h, Note [strategy seam]), picked from the world
+// size and zero_stage: NoStrategy (1 process), DdpStrategy (zero_stage 0; Note [gradient sync]
+// in dist/strategy_ddp.cc), ZeroStrategy (stages 1-3; Note [zero in the facade] in
+// dist/strategy_zero.cc). The facade counts steps, scales losses, wraps loaders and
+// schedulers, and runs the checkpoint protocol.
+//
 // What prepare() does per object:
-//  - Module: moved to device(); under world size > 1 (zero_stage 0) wrapped by a
-//    dist::DistributedDataParallel: parameters and buffers broadcast from rank 0, gradients
-//    averaged in buckets during backward on every sync step (Note [gradient sync]).
+//  - Module: moved to device(), then handed to the strategy: under DDP wrapped by a
+//    dist::DistributedDataParallel (parameters and buffers broadcast from rank 0, gradients
+//    averaged in buckets during backward on every sync step); under ZeRO sharded when its
+//    optimizer is prepared.
 //  - Optimizer -> AcceleratedOptimizer: step() is a no-op while accumulating, unscales and
-//    skips on inf/NaN under fp16, zero_grad() only on sync steps. With zero_stage 1-3 and world
-//    size > 1 it is rebuilt as a dist::ZeroOptimizer over its model (Note [zero in the facade]).
+//    skips on inf/NaN under fp16, zero_grad() only on sync steps. Under ZeRO the optimizer that
+//    steps is your optimizer rebuilt over this rank's shards (optim::Optimizer::rebuild); yours
+//    keeps driving the learning rates.
 //  - DataLoader -> a new DataLoader over the same dataset and options, sharded to this rank
 //    (rank, world size, even_batches, split_batches of the config), whose batches are on
 //    device() (config.device_placement; pinned + non-blocking copies on CUDA). Use the returned
 //    one.
 //  - LRScheduler -> AcceleratedScheduler: steps only when the optimizer really stepped.
-//
-// Note [gradient sync]
-// Each prepared model with trainable parameters gets a DistributedDataParallel (dist/ddp.h)
-// whose gradient hooks are paused (its no_sync) except inside Accelerator::backward on a sync
-// step: there the buckets are all-reduced (Avg) as soon as their gradients are ready, overlapping
-// the rest of backward, and backward() waits for them before it returns. A plain
-// loss.backward() of your own therefore only accumulates locally, as it did without DDP.
-// Micro-batches of an accumulation window (non-sync steps, no_sync()) only accumulate locally;
-// the sync step's backward averages the accumulated sum, so k micro-batches per rank over W
-// ranks produce the gradient of the whole k*W batch, as one process would. A model whose
-// parameters got no gradient in a backward (a second model of a GAN, say) is not synced by it;
-// one that got only some raises DDP's unused-parameter error unless
-// config.ddp.find_unused_parameters.
+
 #pragma once
 
 #include <cstdint>
@@ -61,7 +58,8 @@
 #include "dist/amp.h"
 #include "dist/ddp.h"
 #include "dist/process_group.h"
-#include "dist/zero.h"
+#include "dist/fsdp.h"
+#include "dist/strategy.h"
 #include "dist/tracking.h"
 
 namespace accel {
@@ -93,6 +91,10 @@ struct AcceleratorConfig {
   // DistributedDataParallel wrapping each model; ZeRO uses its bucket size and
   // find_unused_parameters too. `root` is ignored: rank 0 is always the source.
   dist::DDPOptions ddp;
+  // zero_stage 3 (dist/fsdp.h, Note [unit lifecycle]): which modules are wrapping units,
+  // prefetch, activation checkpointing per unit, bf16/fp16 compute parameters.
+  // find_unused_parameters comes from `ddp`.
+  dist::FsdpOptions fsdp;
   std::chrono::milliseconds timeout = dist::kDefaultCollectiveTimeout;
   // Override the fields above from ACCEL_MIXED_PRECISION, ACCEL_USE_CPU, ACCEL_ZERO_STAGE and
   // ACCEL_GRADIENT_ACCUMULATION_STEPS when they are set (what accel-run exports).
@@ -104,72 +106,35 @@ struct AcceleratorConfig {
 };
 
 class Accelerator;
-struct ZeroCheckpoint;
-struct CheckpointIo;
 
-// Note [zero in the facade]
-// With zero_stage 1-3 and world size > 1, prepare(optimizer) builds a dist::ZeroOptimizer over
-// the optimizer's parameters (one param group; SGD, Adam or AdamW): a copy of the optimizer
-// with the same hyperparameters steps this rank's shards. Your optimizer object keeps the
-// learning rate (schedulers drive it; it is copied into the shard optimizer before every step)
-// but never steps and holds no state. Then:
-//  - backward() reduces gradients on every micro-batch (ZeRO has no no_sync); stages 2/3 add
-//    the reduced shards of an accumulation window up in a 1/N-sized buffer, so accumulation and
-//    no_sync() still give the gradient of the whole window.
-//  - stage 3 frees the full parameters after each synced backward and gathers them again after
-//    the optimizer step (and after a backward inside a window), because the facade does not see
-//    your forward: the model stays usable between steps.
-//  - fp16 unscaling, the inf/NaN check and clip_grad_norm_ act on the gradient shards with the
-//    norm all-reduced, so they equal the unsharded ones.
-//  - save_state writes each rank's shard state (zero_optimizer_rank<r>.safetensors) and the
-//    bucket layout; load_state re-shards it when the world size differs (every rank reads only
-//    the slices it needs; none holds the whole state), also into a single process.
-// Under ZeRO call acc.backward(): ZeRO's gradient hooks are always on, a plain loss.backward()
-// would leave its collectives unfinished.
 class AcceleratedOptimizer {
  public:
-  AcceleratedOptimizer(Accelerator& acc, std::shared_ptr<optim::Optimizer> opt);
+  // `stepping`: what Strategy::prepare_optimizer returned (null: `opt` itself).
+  AcceleratedOptimizer(Accelerator& acc, std::shared_ptr<optim::Optimizer> opt,
+                       std::shared_ptr<optim::Optimizer> stepping = nullptr);
   ~AcceleratedOptimizer();
-  // See the header comment; returns whether the wrapped optimizer stepped.
+  // See the header comment; returns whether the optimizer stepped.
   bool step();
   void zero_grad(bool set_to_none = true);
   bool step_was_skipped() const { return skipped_; }
+  // Your optimizer (it holds the learning rates).
   optim::Optimizer& optimizer() { return *opt_; }
   const std::shared_ptr<optim::Optimizer>& shared() const { return opt_; }
+  // The one that steps: yours, or under ZeRO yours rebuilt over this rank's shards (its
+  // state_dict is what save_state writes per rank).
+  optim::Optimizer& stepping_optimizer() { return *stepping_; }
   std::vector<Tensor> params() const;
   double lr(size_t group = 0) const { return opt_->lr(group); }
-  // The wrapped optimizer's state (under ZeRO: its param groups; the shard state is saved per
-  // rank by Accelerator::save_state).
+  // Your optimizer's state (under ZeRO: its param groups; the shard state is saved per rank by
+  // Accelerator::save_state).
   nn::TensorDict state_dict() const { return opt_->state_dict(); }
   void load_state_dict(const nn::TensorDict& s) { opt_->load_state_dict(s); }
-  // The ZeroOptimizer that steps under ZeRO (Note [zero in the facade]); null otherwise.
-  dist::ZeroOptimizer* zero() const { return zero_.get(); }
-  // Under ZeRO: the optimizer over this rank's shards (its state_dict is what save_state writes).
-  optim::Optimizer* shard_optimizer() const { return shard_opt_; }
 
  private:
-  friend class Accelerator;
-  friend struct ZeroCheckpoint;
-  friend struct CheckpointIo;
-  void init_zero(const dist::ProcessGroupPtr& group, dist::NamedParams params, int stage);
-  // Called by the shard optimizer at the start of its step(): copies lr / weight decay, unscales
-  // under fp16; false skips the update.
-  bool gate_step(optim::Optimizer& shard_opt);
-  // Stage 2/3: the shard parameters with .grad pointed at the reduced gradient shards.
-  std::vector<Tensor> shard_params_with_grads();
-  void after_zero_backward(bool sync);
-
   Accelerator& acc_;
   std::shared_ptr<optim::Optimizer> opt_;
+  std::shared_ptr<optim::Optimizer> stepping_;
   bool skipped_ = false;
-
-  std::unique_ptr<dist::ZeroOptimizer> zero_;
-  optim::Optimizer* shard_opt_ = nullptr;  // owned by zero_
-  dist::NamedParams zero_params_;          // what zero_ was built over, in that order
-  std::vector<Tensor> shard_grads_;        // stage 2/3: the persistent reduced shards
-  std::vector<Tensor> grad_accum_;         // stage 2/3: earlier micro-batches of the window
-  std::shared_ptr<bool> touched_ = std::make_shared<bool>(false);
-  bool probing_ = false;
 };
 
 class AcceleratedScheduler {
@@ -233,6 +198,17 @@ class Accelerator {
   // The DistributedDataParallel synchronising a prepared model's gradients; null with one
   // process, under ZeRO, and for a model without trainable parameters.
   dist::DistributedDataParallel* ddp(const nn::Module& model) const;
+  // The distribution strategy (name(): "none", "ddp", "zero1", ...) and the bytes it holds for
+  // the prepared models and optimizers on this rank.
+  const dist::Strategy& strategy() const { return *strategy_; }
+  dist::StrategyMemory memory() const { return strategy_->memory(); }
+  // The whole state_dict of a prepared model (Accelerate's get_state_dict): under ZeRO-3 every
+  // unit is gathered, so this one call holds the whole model. Collective.
+  nn::TensorDict get_state_dict(const nn::Module& model);
+  // One consolidated safetensors file of a prepared model, written by the main process
+  // (Accelerate's save_model). Under ZeRO-3 it streams unit by unit: no rank holds more than one
+  // unit in full. Collective.
+  void save_model(const nn::Module& model, const std::string& path);
 
   // ---- training step ----
   // loss / gradient_accumulation_steps (times the loss scale under fp16), backward with
@@ -339,8 +315,9 @@ class Accelerator {
   // every rank must call it. Returns the checkpoint directory.
   std::string save_state(const std::string& dir = "");
   // Loads a checkpoint directory, or the one named by `dir`/latest (empty:
-  // project_dir/checkpoints). Collective. Loading into another world size is an error (except
-  // ZeRO re-sharding). All or nothing: on any error (IoError for a missing or malformed file)
+  // project_dir/checkpoints). Collective. Another world size re-shards (ZeRO state) or just
+  // reloads (replicated state), loaders resume at the same global sample; not inside an
+  // accumulation window. All or nothing: on any error (IoError for a missing or malformed file)
   // no prepared object, RNG, loader or counter has changed, on any rank (Note [checkpoint
   // loading] in dist/accelerator.cc).
   std::string load_state(const std::string& dir = "");
@@ -353,27 +330,19 @@ class Accelerator {
 
   dist::GradScaler& scaler() { return scaler_; }
 
- private:
-  friend class AcceleratedOptimizer;
-  friend class AcceleratedScheduler;
-  friend class AccumulateScope;
+  // AcceleratedOptimizer::step on a sync step (Note [strategy seam]): copies the lr / weight
+  // decay of every group of your optimizer into the stepping one, unscales and checks the
+  // strategy's gradients under fp16, steps, tells the strategy. Returns false when skipped.
+  bool step_prepared_optimizer(AcceleratedOptimizer& opt);
+  // AcceleratedOptimizer::zero_grad on a sync step.
+  void zero_grad_prepared_optimizer(AcceleratedOptimizer& opt, bool set_to_none);
 
-  // Per prepared model (index of models_): its DDP, and whether it got gradients in the current
-  // backward (Note [gradient sync]).
-  struct Replica {
-    std::unique_ptr<dist::DistributedDataParallel> ddp;
-    // Held except during a synced backward: DDP's hooks only copy and reduce inside one.
-    std::unique_ptr<dist::DistributedDataParallel::NoSync> paused;
-    std::shared_ptr<bool> touched = std::make_shared<bool>(false);
-  };
+ private:
+  struct CheckpointIo;  // dist/accelerator_state.cc: Note [checkpoint loading]
 
   void prepare_module(const std::shared_ptr<nn::Module>& model);
-  void run_backward(const Tensor& loss, bool sync);
-  bool zero_active() const;
-  std::vector<AcceleratedOptimizer*> zero_optimizers() const;
-  double sharded_clip_grad_norm_(double max_norm, double p);
-  friend struct ZeroCheckpoint;  // dist/accelerator.cc: save/load/re-shard of ZeRO state
-  friend struct CheckpointIo;    // dist/accelerator.cc: Note [checkpoint loading]
+  // Every prepared optimizer's Strategy::grads; `sharded` when any is.
+  std::vector<Tensor> step_grads(bool& sharded);
   template <typename M>
   std::shared_ptr<M> prepare_one(
       std::shared_ptr<M> model) requires std::is_base_of_v<nn::Module, M> {
@@ -393,7 +362,6 @@ class Accelerator {
     return prepare_data_loader(std::move(l));
   }
   std::vector<Tensor> model_params() const;
-  bool grads_sharded() const;  // ZeRO-2/3: each rank holds only its gradient shards
   bool at_end_of_loader() const;
   Tensor gather_rows(const Tensor& t, int64_t keep_rows);
 
@@ -404,8 +372,9 @@ class Accelerator {
   dist::ProcessGroupPtr group_;
   bool owns_group_ = false;
 
+  size_t model_index(const nn::Module& model, const char* op) const;
+  std::unique_ptr<dist::Strategy> strategy_;
   std::vector<std::shared_ptr<nn::Module>> models_;
-  std::vector<std::unique_ptr<Replica>> replicas_;  // parallel to models_
   std::vector<std::shared_ptr<AcceleratedOptimizer>> optimizers_;
   std::vector<std::shared_ptr<data::DataLoader>> loaders_;
   std::vector<std::shared_ptr<AcceleratedScheduler>> schedulers_;

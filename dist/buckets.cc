@@ -48,7 +48,8 @@ void copy_scaled(const Tensor& dst, const Tensor& src, double scale) {
 }
 }  // namespace
 
-std::vector<Bucket> assign_buckets(const NamedParams& params, size_t cap_bytes, int world) {
+std::vector<Bucket> assign_buckets(const NamedParams& params, size_t cap_bytes, int world,
+                                   const std::vector<size_t>& group_of) {
   std::vector<Bucket> out;
   Bucket cur;
   size_t cur_bytes = 0;
@@ -63,7 +64,9 @@ std::vector<Bucket> assign_buckets(const NamedParams& params, size_t cap_bytes, 
   for (size_t k = params.size(); k-- > 0;) {
     const Tensor& p = params[k].second;
     size_t bytes = p.nbytes();
-    bool compatible = cur.params.empty() || (cur.dtype == p.dtype() && cur.device == p.device());
+    bool compatible =
+        cur.params.empty() || (cur.dtype == p.dtype() && cur.device == p.device() &&
+                               (group_of.empty() || group_of[cur.params.back()] == group_of[k]));
     if (!compatible || (!cur.params.empty() && cur_bytes + bytes > cap_bytes)) close();
     if (cur.params.empty()) {
       cur.dtype = p.dtype();
@@ -168,7 +171,8 @@ struct GradBucketer::State {
 };
 
 GradBucketer::GradBucketer(NamedParams params, ProcessGroupPtr pg, size_t cap_bytes,
-                           GradReduction mode, bool find_unused_parameters, const char* owner)
+                           GradReduction mode, bool find_unused_parameters, const char* owner,
+                           std::vector<size_t> group_of)
     : state_(std::make_shared<State>()) {
   State& s = *state_;
   s.owner = owner;
@@ -192,7 +196,9 @@ GradBucketer::GradBucketer(NamedParams params, ProcessGroupPtr pg, size_t cap_by
   s.mode = mode;
   s.find_unused = find_unused_parameters;
   s.world = s.pg->size();
-  s.buckets = assign_buckets(s.params, cap_bytes, s.world);
+  ACCEL_CHECK(group_of.empty() || group_of.size() == s.params.size(), ValueError, owner,
+              "group_of has ", group_of.size(), " entries for ", s.params.size(), " parameters");
+  s.buckets = assign_buckets(s.params, cap_bytes, s.world, group_of);
   s.where.resize(s.params.size());
   for (size_t b = 0; b < s.buckets.size(); ++b)
     for (size_t j = 0; j < s.buckets[b].params.size(); ++j)

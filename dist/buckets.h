@@ -48,8 +48,10 @@ struct SyncStats {
 class GradBucketer {
  public:
   // Parameters must be floating leaves that require grad, all distinct.
+  // `group_of` (empty, or one entry per parameter): a bucket never holds parameters of two
+  // groups (ZeRO's optimizer param groups).
   GradBucketer(NamedParams params, ProcessGroupPtr pg, size_t cap_bytes, GradReduction mode,
-               bool find_unused_parameters, const char* owner);
+               bool find_unused_parameters, const char* owner, std::vector<size_t> group_of = {});
   ~GradBucketer();
   GradBucketer(const GradBucketer&) = delete;
   GradBucketer& operator=(const GradBucketer&) = delete;
@@ -86,7 +88,9 @@ class GradBucketer {
 };
 
 // Assigns parameters to buckets: reverse order, consecutive parameters of one dtype and device,
-// closing a bucket once it holds >= cap_bytes (a larger parameter gets a bucket of its own).
-std::vector<Bucket> assign_buckets(const NamedParams& params, size_t cap_bytes, int world);
+// closing a bucket once it holds >= cap_bytes (a larger parameter gets a bucket of its own), and
+// where group_of (when not empty) changes.
+std::vector<Bucket> assign_buckets(const NamedParams& params, size_t cap_bytes, int world,
+                                   const std::vector<size_t>& group_of = {});
 
 }  // namespace accel::dist

@@ -77,7 +77,7 @@ struct StrategyState {
 class Strategy {
  public:
   virtual ~Strategy() = default;
-  virtual std::string_view name() const = 0;  // "none", "ddp", "zero1", "zero2", "fsdp"
+  virtual std::string_view name() const = 0;  // "none", "ddp", "zero1", "zero2", "zero3", "fsdp"
 
   // ---- prepare ----
   // Once per model, in prepare order, after it was moved to the device.
@@ -97,12 +97,13 @@ class Strategy {
 
   // ---- checkpoints (Note [checkpoint loading] in dist/accelerator.cc) ----
   // Writes this rank's share of the model and optimizer state (and, with mid_window, of the
-  // not-yet-synced gradients) into `dir`; returns what state.json records for the strategy
-  // (rank 0's value is written).
+  // not-yet-synced gradients) into `dir`; returns what state.json records for the strategy: a
+  // JSON object whose keys the facade adds to state.json (rank 0's value is written; ZeRO:
+  // "zero", the bucket layouts). The facade itself writes "strategy": name().
   virtual nlohmann::json save_state(const std::string& dir, bool mid_window) = 0;
-  // Step 1: reads and checks what this rank needs, re-sharding from `saved_world` ranks and the
-  // `saved` record (null for a checkpoint without one); changes nothing. IoError / ValueError
-  // naming the file or the mismatch.
+  // Step 1: reads and checks what this rank needs, re-sharding from `saved_world` ranks; `saved`
+  // is the checkpoint's whole state.json object (the strategy's keys, if any, among the
+  // facade's); changes nothing. IoError / ValueError naming the file or the mismatch.
   virtual std::unique_ptr<StrategyState> read_state(const std::string& dir,
                                                     const nlohmann::json& saved, int saved_world,
                                                     bool mid_window) = 0;
@@ -112,6 +113,9 @@ class Strategy {
   // One consolidated safetensors file of prepared model `index` written by rank 0 (collective;
   // sharded strategies stream it unit by unit).
   virtual void save_model(size_t index, const std::string& path) = 0;
+  // The whole state_dict of prepared model `index` on every rank (collective; under ZeRO-3 it
+  // gathers every unit: the one call that holds the whole model).
+  virtual nn::TensorDict full_state_dict(size_t index) = 0;
 };
 
 std::unique_ptr<Strategy> make_strategy(const StrategyContext& ctx);

@@ -10,6 +10,7 @@
 #include "dist/fsdp.h"
 #include "dist/fsdp_checkpoint.h"
 #include "dist/strategy.h"
+#include "dist/zero_checkpoint.h"
 
 namespace accel::dist {
 
@@ -87,6 +88,7 @@ class FsdpStrategy final : public Strategy {
       groups.push_back(std::move(sg));
     }
     s.opt = std::shared_ptr<optim::Optimizer>(user->rebuild(std::move(groups)));
+    s.user = user;
     stepping_.push_back(s);
     return s.opt;
   }
@@ -152,7 +154,7 @@ class FsdpStrategy final : public Strategy {
     for (auto& m : sharded_) ms.push_back(m.get());
     std::vector<FsdpOptimizerRef> os;
     for (auto& s : stepping_) os.push_back({s.opt.get(), s.keys});
-    nlohmann::json rec = save_fsdp_state(dir, ms, os);
+    nlohmann::json rec = {{"fsdp", save_fsdp_state(dir, ms, os)}};
     if (mid_window)
       for (size_t i = 0; i < sharded_.size(); ++i) {
         // An open accumulation window keeps full gradients per rank (Note [unit lifecycle]).
@@ -169,11 +171,9 @@ class FsdpStrategy final : public Strategy {
   std::unique_ptr<StrategyState> read_state(const std::string& dir, const nlohmann::json& saved,
                                             int saved_world, bool mid_window) override {
     auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
-    ACCEL_CHECK(saved.is_object() && saved.value("kind", "") == "fsdp", ValueError, "load_state",
-                "checkpoint '", dir,
-                "' was not saved under zero_stage 3; a ZeRO-3 run loads "
-                "ZeRO-3 checkpoints (of any world size)");
-    FsdpCheckpointReader reader(dir, saved);
+    if (!(saved.is_object() && saved.contains("fsdp")))
+      return read_plain(dir, saved, saved_world, mid_window);
+    FsdpCheckpointReader reader(dir, saved.at("fsdp"));
     ACCEL_CHECK(reader.world() == saved_world, IoError, "load_state", "checkpoint '", dir,
                 "': the ZeRO-3 record says ", reader.world(), " ranks, state.json ", saved_world);
     ACCEL_CHECK(reader.num_models() == sharded_.size(), ValueError, "load_state", "checkpoint '",
@@ -186,31 +186,32 @@ class FsdpStrategy final : public Strategy {
     for (size_t m = 0; m < sharded_.size(); ++m) {
       std::vector<std::pair<size_t, Tensor>> slices;
       const auto spans = sharded_[m]->spans();
-      for (size_t k = 0; k < spans.size(); ++k) {
-        const auto& sp = spans[k];
-        ACCEL_CHECK(
-            reader.has_param(m, sp.name) && reader.shape(m, sp.name) == sp.shape, ValueError,
-            "load_state", "checkpoint '", dir, "': parameter '", sp.name, "' of model ", m,
-            reader.has_param(m, sp.name) ? " has shape " + shape_str(reader.shape(m, sp.name)) +
-                                               ", the model " + shape_str(sp.shape)
-                                         : std::string(" is missing"));
-        slices.emplace_back(k, reader.param_range(m, sp.name, sp.lo, sp.hi));
-      }
       ACCEL_CHECK(reader.param_names(m).size() == spans.size(), ValueError, "load_state",
                   "checkpoint '", dir, "': model ", m, " has ", reader.param_names(m).size(),
                   " trainable parameters, this one ", spans.size());
+      for (size_t k = 0; k < spans.size(); ++k) {
+        const auto& sp = spans[k];
+        ACCEL_CHECK(reader.has_param(m, sp.name) && reader.shape(m, sp.name) == sp.shape,
+                    ValueError, "load_state", "checkpoint '", dir, "': parameter '", sp.name,
+                    "' of model ", m,
+                    reader.has_param(m, sp.name)
+                        ? " has shape " + shape_str(reader.shape(m, sp.name)) + ", the model " +
+                              shape_str(sp.shape)
+                        : std::string(" is missing"));
+        slices.emplace_back(k, reader.param_range(m, sp.name, sp.lo, sp.hi));
+      }
       out->slices.push_back(std::move(slices));
       out->replicated.push_back(nn::load_safetensors(at(fsdp_replicated_file(m))));
     }
     std::vector<FullyShardedModel*> ms;
     for (auto& m : sharded_) ms.push_back(m.get());
-    for (size_t i = 0; i < stepping_.size(); ++i) {
-      nn::TensorDict own;
-      for (auto& [k, v] : stepping_[i].opt->state_dict())
-        if (k.rfind("param_groups.", 0) == 0) own[k] = v;
-      out->optimizers.push_back(fsdp_shard_optimizer_state(reader, i, stepping_[i].keys, ms, own));
-    }
+    for (size_t i = 0; i < stepping_.size(); ++i)
+      out->optimizers.push_back(
+          fsdp_shard_optimizer_state(reader, i, stepping_[i].keys, ms, own_groups(i)));
     if (mid_window) {
+      ACCEL_CHECK(saved_world == ctx_.world_size, ValueError, "load_state", "checkpoint '", dir,
+                  "' was saved inside an accumulation window by ", saved_world,
+                  " processes; its unsharded window gradients resume only with ", saved_world);
       out->has_grads = true;
       for (size_t m = 0; m < sharded_.size(); ++m) {
         nn::TensorDict g = nn::load_safetensors(at(grads_file(m)));
@@ -310,6 +311,7 @@ class FsdpStrategy final : public Strategy {
  private:
   struct Stepping {
     std::shared_ptr<optim::Optimizer> opt;
+    std::shared_ptr<optim::Optimizer> user;
     std::vector<std::string> keys;  // "<model>:<name>" per parameter, in the optimizer's order
     std::vector<size_t> models;     // prepared models it steps
   };
@@ -318,6 +320,76 @@ class FsdpStrategy final : public Strategy {
       if (s.opt.get() == &o) return s;
     ACCEL_THROW(ValueError, "fsdp", "optimizer was not prepared by this strategy");
   }
+  nn::TensorDict own_groups(size_t i) const {
+    nn::TensorDict own;
+    for (auto& [k, v] : stepping_[i].opt->state_dict())
+      if (k.rfind("param_groups.", 0) == 0) own[k] = v;
+    return own;
+  }
+
+  // A checkpoint of another strategy (one process, DDP, ZeRO-1/2): whole parameters and plain
+  // per-parameter optimizer state (ZeRO-1/2 shards assembled first), cut into this rank's slices.
+  std::unique_ptr<StrategyState> read_plain(const std::string& dir, const nlohmann::json& saved,
+                                            int saved_world, bool mid_window) {
+    auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
+    ACCEL_CHECK(!mid_window, ValueError, "load_state", "checkpoint '", dir,
+                "' was saved inside an accumulation window without zero_stage 3; resume it "
+                "with the strategy that saved it");
+    zero_ckpt::check_record(saved, stepping_.size(), at(kCheckpointStateFile));
+    auto out = std::make_unique<Loaded>();
+    for (size_t m = 0; m < sharded_.size(); ++m) {
+      const std::string f = at(indexed_file("model", m, ".safetensors"));
+      nn::TensorDict full = nn::load_safetensors(f);
+      std::vector<std::pair<size_t, Tensor>> slices;
+      const auto spans = sharded_[m]->spans();
+      for (size_t k = 0; k < spans.size(); ++k) {
+        auto it = full.find(spans[k].name);
+        ACCEL_CHECK(it != full.end() && it->second.sizes() == spans[k].shape, ValueError,
+                    "load_state", "'", f, "': parameter '", spans[k].name, "' ",
+                    it == full.end() ? std::string("is missing")
+                                     : "has shape " + it->second.shape_str() + ", the model " +
+                                           shape_str(spans[k].shape));
+        slices.emplace_back(k, it->second.reshape({-1}).narrow(0, spans[k].lo,
+                                                               spans[k].hi - spans[k].lo));
+        full.erase(it);
+      }
+      out->slices.push_back(std::move(slices));
+      out->replicated.push_back(std::move(full));
+    }
+    for (size_t i = 0; i < stepping_.size(); ++i) {
+      const Stepping& s = stepping_[i];
+      nn::TensorDict opt = nn::load_safetensors(at(indexed_file("optimizer", i, ".safetensors")));
+      if (const nlohmann::json* layout = zero_ckpt::layout_of(saved, i))
+        opt = zero_ckpt::read_unsharded_state(dir, i, *layout, saved_world, *s.user, opt,
+                                              ctx_.ddp.bucket_cap_bytes);
+      // The stepping optimizer's parameter k is the user's parameter k (prepare_optimizer).
+      nn::TensorDict d = own_groups(i);
+      for (auto& [k, v] : zero_ckpt::param_groups_of(opt))
+        if (k.ends_with(".lr") || k.ends_with(".weight_decay")) d[k] = v;
+      std::unordered_map<std::string, FullyShardedModel::Span> span_of;
+      for (size_t m = 0; m < sharded_.size(); ++m)
+        for (auto& sp : sharded_[m]->spans()) span_of.emplace(std::to_string(m) + ":" + sp.name, sp);
+      for (size_t k = 0; k < s.keys.size(); ++k) {
+        const FullyShardedModel::Span& sp = span_of.at(s.keys[k]);
+        const std::string prefix = "state." + std::to_string(k) + ".";
+        for (auto it = opt.lower_bound(prefix); it != opt.end() && it->first.rfind(prefix, 0) == 0;
+             ++it) {
+          const std::string slot = it->first.substr(prefix.size());
+          if (slot == "step") {
+            d[it->first] = it->second;
+            continue;
+          }
+          ACCEL_CHECK(it->second.numel() == shape_numel(sp.shape), ValueError, "load_state",
+                      "optimizer ", i, ": ", it->first, " has ", it->second.numel(),
+                      " elements, parameter '", sp.name, "' ", shape_numel(sp.shape));
+          d[it->first] = it->second.reshape({-1}).narrow(0, sp.lo, sp.hi - sp.lo).clone();
+        }
+      }
+      out->optimizers.push_back(std::move(d));
+    }
+    return out;
+  }
+
   std::string grads_file(size_t i) const {
     return indexed_file("fsdp_grads", i, "") + "_rank" + std::to_string(ctx_.rank) + ".safetensors";
   }

@@ -1,5 +1,7 @@
 #include "dist/zero.h"
 
+#include <string>
+
 #include "core/error.h"
 #include "dist/ddp.h"
 
@@ -29,20 +31,48 @@ int64_t bytes_of(const std::vector<Tensor>& ts) {
 }
 }  // namespace
 
-ZeroOptimizer::ZeroOptimizer(NamedParams params, const OptimizerFactory& make_optimizer,
-                             ProcessGroupPtr pg, ZeroOptions options)
+ZeroOptimizer::ZeroOptimizer(std::vector<NamedParams> groups,
+                             const GroupOptimizerFactory& make_optimizer, ProcessGroupPtr pg,
+                             ZeroOptions options)
     : pg_(group_or_default(std::move(pg))), options_(options) {
   ACCEL_CHECK(options_.stage >= 1 && options_.stage <= 3, ValueError, "zero",
               "stage must be 1, 2 or 3, got ", options_.stage);
   ACCEL_CHECK(options_.root >= 0 && options_.root < pg_->size(), DistError, "zero", "root ",
               options_.root, " is outside [0, ", pg_->size(), ")");
   ACCEL_CHECK(bool(make_optimizer), ValueError, "zero", "no optimizer factory");
+  ACCEL_CHECK(!groups.empty(), ValueError, "zero", "no parameter groups");
+  NamedParams all;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    ACCEL_CHECK(!groups[g].empty(), ValueError, "zero", "parameter group ", g, " is empty");
+    for (auto& np : groups[g]) {
+      all.push_back(std::move(np));
+      group_of_.push_back(g);
+    }
+  }
+  num_groups_ = groups.size();
   bucketer_ = std::make_unique<GradBucketer>(
-      std::move(params), pg_, options_.bucket_cap_bytes,
+      std::move(all), pg_, options_.bucket_cap_bytes,
       options_.stage == 1 ? GradReduction::AllReduce : GradReduction::ReduceScatter,
-      options_.find_unused_parameters, "zero");
+      options_.find_unused_parameters, "zero", num_groups_ > 1 ? group_of_ : std::vector<size_t>{});
   init(make_optimizer);
 }
+
+namespace {
+std::vector<NamedParams> one_group(NamedParams params) {
+  std::vector<NamedParams> out;
+  out.push_back(std::move(params));
+  return out;
+}
+GroupOptimizerFactory from_flat(const OptimizerFactory& f) {
+  ACCEL_CHECK(bool(f), ValueError, "zero", "no optimizer factory");
+  return [f](std::vector<optim::ParamGroup> groups) { return f(std::move(groups.at(0).params)); };
+}
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(NamedParams params, const OptimizerFactory& make_optimizer,
+                             ProcessGroupPtr pg, ZeroOptions options)
+    : ZeroOptimizer(one_group(std::move(params)), from_flat(make_optimizer), std::move(pg),
+                    options) {}
 
 ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
                              const OptimizerFactory& make_optimizer, ProcessGroupPtr pg,
@@ -79,7 +109,7 @@ void ZeroOptimizer::point_params_at(const std::vector<Tensor>& flats) {
   }
 }
 
-void ZeroOptimizer::init(const OptimizerFactory& make_optimizer) {
+void ZeroOptimizer::init(const GroupOptimizerFactory& make_optimizer) {
   NoGradGuard no_grad;
   const auto& params = bucketer_->params();
   const auto& buckets = bucketer_->buckets();
@@ -110,8 +140,23 @@ void ZeroOptimizer::init(const OptimizerFactory& make_optimizer) {
     shards_ = owned_;
   }
   for (auto& s : shards_) s.requires_grad_(true);
-  optimizer_ = make_optimizer(shards_);
-  ACCEL_CHECK(optimizer_ != nullptr, ValueError, "zero", "the optimizer factory returned null");
+  // One optimizer group per parameter group: its buckets' shards in bucket order.
+  std::vector<optim::ParamGroup> groups(num_groups_);
+  bucket_to_opt_.assign(buckets.size(), 0);
+  for (size_t g = 0; g < num_groups_; ++g)
+    for (size_t b = 0; b < buckets.size(); ++b)
+      if (bucket_group(b) == g) {
+        bucket_to_opt_[b] = opt_to_bucket_.size();
+        opt_to_bucket_.push_back(b);
+        groups[g].params.push_back(shards_[b]);
+      }
+  std::unique_ptr<optim::Optimizer> o = make_optimizer(std::move(groups));
+  ACCEL_CHECK(o != nullptr, ValueError, "zero", "the optimizer factory returned null");
+  optimizer_ = std::move(o);
+}
+
+size_t ZeroOptimizer::bucket_group(size_t b) const {
+  return group_of_[bucketer_->buckets()[b].params.at(0)];
 }
 
 void ZeroOptimizer::gather_parameters() {
@@ -165,26 +210,86 @@ void ZeroOptimizer::finish_gradient_sync() {
   if (options_.stage == 3) release_parameters();
 }
 
-void ZeroOptimizer::step() {
-  ACCEL_CHECK(!bucketer_->in_backward(), DistError, "zero",
-              "step() before finish_gradient_sync(): the gradients are still being reduced");
+std::vector<Tensor> ZeroOptimizer::gradient_shards() const {
   const auto& buckets = bucketer_->buckets();
   const int r = pg_->rank();
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    Tensor g = options_.stage == 1 ? bucketer_->buffer(b).narrow(0, r * buckets[b].shard_numel,
-                                                                 buckets[b].shard_numel)
-                                   : bucketer_->shard(b);
-    shards_[b].set_grad(g);
-  }
-  optimizer_->step();
+  std::vector<Tensor> out;
+  for (size_t b = 0; b < buckets.size(); ++b)
+    out.push_back(options_.stage == 1 ? bucketer_->buffer(b).narrow(0, r * buckets[b].shard_numel,
+                                                                    buckets[b].shard_numel)
+                                      : bucketer_->shard(b));
+  return out;
+}
+
+std::vector<Tensor> ZeroOptimizer::attach_gradients() {
+  ACCEL_CHECK(!bucketer_->in_backward(), DistError, "zero",
+              "step() before finish_gradient_sync(): the gradients are still being reduced");
+  std::vector<Tensor> g = gradient_shards();
+  for (size_t b = 0; b < shards_.size(); ++b) shards_[b].set_grad(g[b]);
+  return shards_;
+}
+
+void ZeroOptimizer::finish_step(bool stepped) {
   for (auto& s : shards_) s.set_grad(Tensor());
-  if (options_.stage < 3 && pg_->size() > 1) {
+  if (stepped && options_.stage < 3 && pg_->size() > 1) {
     NoGradGuard no_grad;
     std::vector<WorkPtr> works;
-    for (size_t b = 0; b < buckets.size(); ++b)
+    for (size_t b = 0; b < shards_.size(); ++b)
       works.push_back(pg_->all_gather_async(flat_[b], shards_[b].detach()));
     for (auto& w : works) w->wait();
   }
+}
+
+void ZeroOptimizer::step() {
+  attach_gradients();
+  optimizer_->step();
+  finish_step(true);
+}
+
+void ZeroOptimizer::reload_shards_from_parameters() {
+  if (options_.stage < 3) return;
+  ACCEL_CHECK(!full_.empty(), DistError, "zero",
+              "reload_shards_from_parameters needs the gathered parameters");
+  NoGradGuard ng;
+  const auto& buckets = bucketer_->buckets();
+  const int r = pg_->rank();
+  for (size_t b = 0; b < buckets.size(); ++b)
+    owned_[b].copy_(full_[b].narrow(0, r * buckets[b].shard_numel, buckets[b].shard_numel));
+}
+
+nn::TensorDict ZeroOptimizer::shard_state_dict() const {
+  nn::TensorDict out;
+  for (auto& [key, t] : optimizer_->state_dict()) {
+    if (key.rfind("state.", 0) != 0) {
+      out[key] = t;
+      continue;
+    }
+    const size_t dot = key.find('.', 6);
+    const size_t k = std::stoul(key.substr(6, dot - 6));
+    out["state." + std::to_string(opt_to_bucket_.at(k)) + key.substr(dot)] = t;
+  }
+  return out;
+}
+
+void ZeroOptimizer::load_shard_state_dict(const nn::TensorDict& by_bucket) {
+  nn::TensorDict d;
+  for (auto& [key, t] : optimizer_->state_dict())  // this optimizer's own groups
+    if (key.rfind("param_groups.", 0) == 0) d[key] = t;
+  for (auto& [key, t] : by_bucket) {
+    if (key.rfind("state.", 0) != 0) continue;
+    const size_t dot = key.find('.', 6);
+    size_t b = 0;
+    try {
+      b = std::stoul(key.substr(6, dot - 6));
+    } catch (const std::exception&) {
+      ACCEL_THROW(ValueError, "zero", "load_shard_state_dict: bad key '", key, "'");
+    }
+    ACCEL_CHECK(dot != std::string::npos && b < bucket_to_opt_.size(), ValueError, "zero",
+                "load_shard_state_dict: key '", key, "' names no bucket of ",
+                bucket_to_opt_.size());
+    d["state." + std::to_string(bucket_to_opt_[b]) + key.substr(dot)] = t;
+  }
+  optimizer_->load_state_dict(d);
 }
 
 void ZeroOptimizer::zero_grad() {

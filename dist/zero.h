@@ -18,6 +18,14 @@
 // rank r owns slice r of every bucket. The optimizer is built by the factory over one 1-D
 // "shard parameter" per bucket (this rank's slice), so any elementwise optimizer (SGD, Adam,
 // AdamW) works unchanged and gives the same update as on the full parameters.
+// Parameter groups (the groups constructor): a bucket never mixes groups, and the optimizer gets
+// one param group per given group holding that group's shards (optim::Optimizer::rebuild builds
+// it with the source's per-group lr / weight decay), so decay / no-decay recipes work. Its
+// parameter k is the shard of bucket shard_bucket(k) (groups in order, buckets in bucket order).
+//
+// Split step (what dist::ZeroStrategy uses): attach_gradients() points the shards' .grad at the
+// reduced gradient shards and returns them (unscale / clip act on these), the caller steps
+// optimizer() itself, then finish_step() re-assembles the parameters (stages 1 and 2).
 // - stage 1: gradients all-reduced (full copy per rank); each rank steps its slices, then the
 //   buckets are all-gathered in place.
 // - stage 2: gradients reduce-scattered: a rank keeps only its averaged slice; full-size
@@ -45,6 +53,9 @@ struct ZeroOptions {
 
 using OptimizerFactory =
     std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> shard_params)>;
+// One group per given parameter group, in order (each non-empty).
+using GroupOptimizerFactory =
+    std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup> shard_groups)>;
 
 // Bytes this rank holds, between steps. `full_*` is what one unsharded replica would hold.
 struct ZeroMemory {
@@ -58,6 +69,10 @@ struct ZeroMemory {
 class ZeroOptimizer {
  public:
   ZeroOptimizer(NamedParams params, const OptimizerFactory& make_optimizer,
+                ProcessGroupPtr pg = nullptr, ZeroOptions options = {});
+  // Several parameter groups (each non-empty); the parameters are numbered across groups in
+  // order, as an optimizer numbers them.
+  ZeroOptimizer(std::vector<NamedParams> groups, const GroupOptimizerFactory& make_optimizer,
                 ProcessGroupPtr pg = nullptr, ZeroOptions options = {});
   ZeroOptimizer(std::shared_ptr<nn::Module> module, const OptimizerFactory& make_optimizer,
                 ProcessGroupPtr pg = nullptr, ZeroOptions options = {});
@@ -76,18 +91,46 @@ class ZeroOptimizer {
   void backward(const Tensor& loss);
   // Waits for the gradient collectives; stage 3 then frees the full parameters.
   void finish_gradient_sync();
-  // Steps this rank's shards, then (stages 1 and 2) all-gathers the updated parameters.
+  // Steps this rank's shards, then (stages 1 and 2) all-gathers the updated parameters:
+  // attach_gradients(), optimizer().step(), finish_step().
   void step();
   void zero_grad();
 
+  // The shard parameters (one 1-D leaf per bucket, bucket order) with .grad set to this rank's
+  // averaged gradient slice of each bucket (persistent tensors: stage 1 a view of the
+  // all-reduced buffer, stages 2/3 the reduce-scatter output).
+  std::vector<Tensor> attach_gradients();
+  // The gradient slices attach_gradients() points at, bucket order.
+  std::vector<Tensor> gradient_shards() const;
+  // After optimizer().step(): drops the shards' .grad and (stages 1/2) all-gathers the updated
+  // slices into the parameters. `stepped` false skips the all-gather (nothing changed).
+  void finish_step(bool stepped = true);
+  // Stage 3: copies this rank's slices out of the (gathered) parameters, after something wrote
+  // into them (a loaded checkpoint).
+  void reload_shards_from_parameters();
+  // The optimizer's state_dict with its state keyed by bucket ("state.<b>.*"), and the reverse:
+  // what ZeRO checkpoints store (Note [zero checkpoints] in dist/zero_checkpoint.h).
+  nn::TensorDict shard_state_dict() const;
+  void load_shard_state_dict(const nn::TensorDict& by_bucket);
+
   ZeroMemory memory() const;
   optim::Optimizer& optimizer() { return *optimizer_; }
+  const std::shared_ptr<optim::Optimizer>& shared_optimizer() const { return optimizer_; }
   int stage() const { return options_.stage; }
   const std::vector<Bucket>& buckets() const { return bucketer_->buckets(); }
+  const NamedParams& params() const { return bucketer_->params(); }
+  const std::vector<Tensor>& shard_params() const { return shards_; }
+  size_t num_groups() const { return num_groups_; }
+  // The group of parameter i (numbered across groups), of bucket b.
+  size_t param_group(size_t i) const { return group_of_[i]; }
+  size_t bucket_group(size_t b) const;
+  // Optimizer parameter k is the shard of this bucket; and the reverse.
+  size_t shard_bucket(size_t k) const { return opt_to_bucket_[k]; }
+  size_t shard_index(size_t b) const { return bucket_to_opt_[b]; }
   const SyncStats& last_stats() const { return bucketer_->last_stats(); }
 
  private:
-  void init(const OptimizerFactory& make_optimizer);
+  void init(const GroupOptimizerFactory& make_optimizer);
   void point_params_at(const std::vector<Tensor>& flats);
 
   std::shared_ptr<nn::Module> module_;
@@ -99,7 +142,11 @@ class ZeroOptimizer {
   std::vector<Tensor> full_;    // stage 3: gathered full parameters (empty when released)
   std::vector<Tensor> shards_;  // what the optimizer steps: one 1-D leaf per bucket
   std::vector<Shape> shapes_;   // parameter shapes (stage 3 parameters are empty between steps)
-  std::unique_ptr<optim::Optimizer> optimizer_;
+  size_t num_groups_ = 1;
+  std::vector<size_t> group_of_;       // per parameter
+  std::vector<size_t> opt_to_bucket_;  // optimizer parameter k -> bucket
+  std::vector<size_t> bucket_to_opt_;
+  std::shared_ptr<optim::Optimizer> optimizer_;
 };
 
 }  // namespace accel::dist

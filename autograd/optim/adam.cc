@@ -59,6 +59,19 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options)
     : Adam("AdamW", std::move(groups), from_adamw(options), true) {}
 
+std::unique_ptr<Optimizer> Adam::rebuild(std::vector<ParamGroup> groups) const {
+  AdamOptions o = options_;
+  o.lr = default_lr_;
+  o.weight_decay = default_weight_decay_;
+  return std::make_unique<Adam>(rebuild_groups(typeid(Adam), std::move(groups)), o);
+}
+
+std::unique_ptr<Optimizer> AdamW::rebuild(std::vector<ParamGroup> groups) const {
+  const AdamOptions& a = options();
+  const AdamWOptions o{default_lr_, a.beta1, a.beta2, a.eps, default_weight_decay_, a.fused};
+  return std::make_unique<AdamW>(rebuild_groups(typeid(AdamW), std::move(groups)), o);
+}
+
 void Adam::step() {
   NoGradGuard no_grad;
   AdamStepParams hp;

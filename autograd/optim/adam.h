@@ -29,6 +29,7 @@ class Adam : public Optimizer {
   Adam(std::vector<Tensor> params, AdamOptions options = {});
   Adam(std::vector<ParamGroup> groups, AdamOptions options = {});
   void step() override;
+  std::unique_ptr<Optimizer> rebuild(std::vector<ParamGroup> groups) const override;
   const AdamOptions& options() const { return options_; }
 
  protected:
@@ -44,6 +45,7 @@ class AdamW : public Adam {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions options = {});
   AdamW(std::vector<ParamGroup> groups, AdamWOptions options = {});
+  std::unique_ptr<Optimizer> rebuild(std::vector<ParamGroup> groups) const override;
 };
 
 }  // namespace accel::optim

@@ -1,5 +1,8 @@
 #include "autograd/optim/optimizer.h"
 
+#include <cxxabi.h>
+
+#include <cstdlib>
 #include <set>
 #include <sstream>
 #include <unordered_set>
@@ -16,6 +19,36 @@ Optimizer::Optimizer(const char* name, std::vector<ParamGroup> groups, double de
 }
 
 Optimizer::~Optimizer() = default;
+
+namespace {
+std::string demangled(const std::type_info& t) {
+  int status = 0;
+  char* d = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
+  std::string out = (status == 0 && d) ? d : t.name();
+  std::free(d);
+  return out;
+}
+}  // namespace
+
+std::unique_ptr<Optimizer> Optimizer::rebuild(std::vector<ParamGroup>) const {
+  ACCEL_THROW(ValueError, name_, "rebuild: ", demangled(typeid(*this)),
+              " cannot be rebuilt over other parameters (implement Optimizer::rebuild to use "
+              "it with ZeRO)");
+}
+
+std::vector<ParamGroup> Optimizer::rebuild_groups(const std::type_info& own,
+                                                  std::vector<ParamGroup> groups) const {
+  ACCEL_CHECK(typeid(*this) == own, ValueError, name_, "rebuild: ", demangled(typeid(*this)),
+              " does not implement rebuild; its base ", demangled(own),
+              " would drop what it changes (implement Optimizer::rebuild to use it with ZeRO)");
+  ACCEL_CHECK(groups.size() == groups_.size(), ValueError, name_, "rebuild: got ", groups.size(),
+              " parameter groups for an optimizer with ", groups_.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (!groups[g].lr) groups[g].lr = groups_[g].lr;
+    if (!groups[g].weight_decay) groups[g].weight_decay = groups_[g].weight_decay;
+  }
+  return groups;
+}
 
 void Optimizer::check_param(const Tensor& p, size_t group) const {
   ACCEL_CHECK(p.defined(), ValueError, name_, "parameter group ", group,

@@ -9,8 +9,10 @@
 // a step have state.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "autograd/nn/module.h"
@@ -34,6 +36,13 @@ class Optimizer {
 
   // Updates every parameter that has a gradient. Runs without recording history.
   virtual void step() = 0;
+  // A new optimizer of this type and options over other parameters, one group per entry of
+  // `groups` (which must have as many entries as this optimizer has groups): group g keeps this
+  // optimizer's lr / weight decay of group g unless groups[g] sets them. No state is copied.
+  // ZeRO builds its shard optimizer with it (dist/zero.h). The base refuses with a ValueError
+  // naming the type; SGD, Adam and AdamW implement it (a subclass of theirs that does not
+  // override it is refused too: a plain SGD would silently drop what the subclass changes).
+  virtual std::unique_ptr<Optimizer> rebuild(std::vector<ParamGroup> groups) const;
   void zero_grad(bool set_to_none = true);
   void add_param_group(const ParamGroup& group);
 
@@ -69,6 +78,10 @@ class Optimizer {
     int64_t step = 0;
     std::vector<Tensor> slots;  // one per slot_names() entry; undefined until first used
   };
+  // For rebuild(): throws ValueError unless this object's dynamic type is `own`; fills each
+  // group's unset lr / weight decay from this optimizer's group of the same index.
+  std::vector<ParamGroup> rebuild_groups(const std::type_info& own,
+                                         std::vector<ParamGroup> groups) const;
   // Names of the per-parameter state tensors, e.g. {"exp_avg", "exp_avg_sq"}.
   virtual std::vector<std::string> slot_names() const = 0;
 

@@ -21,6 +21,13 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions options)
     : Optimizer("SGD", std::move(groups), options.lr, options.weight_decay),
       options_(checked(options)) {}
 
+std::unique_ptr<Optimizer> SGD::rebuild(std::vector<ParamGroup> groups) const {
+  SGDOptions o = options_;
+  o.lr = default_lr_;
+  o.weight_decay = default_weight_decay_;
+  return std::make_unique<SGD>(rebuild_groups(typeid(SGD), std::move(groups)), o);
+}
+
 void SGD::step() {
   NoGradGuard no_grad;
   const double mom = options_.momentum;

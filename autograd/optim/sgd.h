@@ -23,6 +23,7 @@ class SGD : public Optimizer {
   SGD(std::vector<Tensor> params, SGDOptions options = {});
   SGD(std::vector<ParamGroup> groups, SGDOptions options = {});
   void step() override;
+  std::unique_ptr<Optimizer> rebuild(std::vector<ParamGroup> groups) const override;
   const SGDOptions& options() const { return options_; }
 
  protected:

@@ -8,8 +8,15 @@
 //                                                           parameters
 //   accel_worker zero_errors                                ZeRO prepare() refusals
 //   accel_worker zero_train <dir> <stage> <batch> <steps> <save_at> <resume>
-//                                                           ZeRO training with a checkpoint
-//                                                           (resume: load it, then continue)
+//                                                           DDP / ZeRO training (AdamW, decay
+//                                                           and no-decay groups) with a
+//                                                           checkpoint (resume: load it, then
+//                                                           continue)
+//   accel_worker matrix <stage> <per-rank batch> <accumulation>
+//                                                           20 optimizer steps of an MLP with
+//                                                           AdamW groups and clipping: the
+//                                                           global loss of every micro-batch
+//                                                           and the final parameters
 //   accel_worker train <dir> <steps> <save_every> <resume> [<crash_stage> <crash_rank>]
 #include <signal.h>
 
@@ -128,6 +135,16 @@ std::shared_ptr<nn::Sequential> make_mlp() {
       std::make_shared<nn::Linear>(16, 1, true, &g));
 }
 
+// AdamW's standard recipe: weights decay, biases (1-D) do not, at their own lr.
+std::vector<optim::ParamGroup> decay_groups(const nn::Module& m) {
+  std::vector<optim::ParamGroup> g(2);
+  for (auto& p : m.parameters()) g[p.dim() == 1 ? 1 : 0].params.push_back(p);
+  g[0].weight_decay = 0.1;
+  g[1].weight_decay = 0.0;
+  g[1].lr = 2e-2;
+  return g;
+}
+
 int ddp_mlp(int64_t batch, int zero_stage, const std::string& mp) {
   AcceleratorConfig c = config_from_env("/tmp");
   c.gradient_accumulation_steps = 2;
@@ -147,10 +164,12 @@ int ddp_mlp(int64_t batch, int zero_stage, const std::string& mp) {
   const bool multi = acc.num_processes() > 1;
   dist::DistributedDataParallel* ddp = acc.ddp(*model);
   EXPECT((ddp != nullptr) == (multi && zero_stage == 0));
-  EXPECT((aopt->zero() != nullptr) == (multi && zero_stage > 0));
+  const std::string want = !multi            ? "none"
+                           : zero_stage == 0 ? "ddp"
+                                             : "zero" + std::to_string(zero_stage);
+  EXPECT(acc.strategy().name() == want);
+  const bool zero = multi && zero_stage > 0;
   if (ddp) EXPECT(ddp->buckets().size() >= 3);
-  if (aopt->zero())
-    EXPECT(aopt->zero()->buckets().size() >= 3 && aopt->zero()->stage() == zero_stage);
   for (int epoch = 0; epoch < 2; ++epoch) {
     for (auto& b : *aloader) {
       auto scope = acc.accumulate();
@@ -172,8 +191,8 @@ int ddp_mlp(int64_t batch, int zero_stage, const std::string& mp) {
   if (ddp)
     std::printf("buckets %zu hidden %.2f\n", ddp->buckets().size(),
                 ddp->last_stats().hidden_fraction());
-  if (aopt->zero()) {
-    dist::ZeroMemory m = aopt->zero()->memory();
+  if (zero) {
+    dist::StrategyMemory m = acc.memory();
     std::printf("zero params %lld grads %lld optimizer %lld full %lld\n", (long long)m.param_bytes,
                 (long long)m.grad_bytes, (long long)m.optimizer_bytes,
                 (long long)m.full_param_bytes);
@@ -197,7 +216,7 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
   auto mlp = make_mlp();
   optim::AdamWOptions ao;
   ao.lr = 1e-2;
-  auto opt = std::make_shared<optim::AdamW>(mlp->parameters(), ao);
+  auto opt = std::make_shared<optim::AdamW>(decay_groups(*mlp), ao);
   auto sched = std::make_shared<optim::StepLR>(*opt, 3, 0.5);
   data::DataLoaderOptions lo;
   lo.batch_size = batch;
@@ -250,16 +269,58 @@ int zero_errors() {
     }
     EXPECT(!"prepare_optimizer did not throw");
   };
+  // An optimizer type that cannot be rebuilt over the shards is refused by name.
+  expect_value_error(std::make_shared<OwnSGD>(params), "OwnSGD");
+  // A valid one still works afterwards (nothing collective ran for the refused one), with any
+  // number of param groups.
   std::vector<optim::ParamGroup> groups(2);
   groups[0].params.assign(params.begin(), params.begin() + 2);
   groups[1].params.assign(params.begin() + 2, params.end());
   groups[1].weight_decay = 0.0;
-  expect_value_error(std::make_shared<optim::AdamW>(groups), "one param group");
-  expect_value_error(std::make_shared<OwnSGD>(params), "OwnSGD");
-  // A valid one still works afterwards (nothing collective ran for the refused ones).
-  auto ok = acc.prepare_optimizer(std::make_shared<optim::SGD>(params));
-  EXPECT(ok->zero() != nullptr);
+  auto ok = acc.prepare_optimizer(std::make_shared<optim::AdamW>(groups));
+  EXPECT(ok->stepping_optimizer().num_param_groups() == 2);
+  EXPECT(&ok->stepping_optimizer() != &ok->optimizer());
+  EXPECT(acc.strategy().name() == "zero2");
   std::cout << "ok zero_errors" << std::endl;
+  return 0;
+}
+
+// The test matrix of Note [strategy seam]: 20 optimizer steps (20 * accumulation micro-batches)
+// over an unshuffled loader whose global micro-batch is batch * W; AdamW with decay / no-decay
+// groups at different lrs, clipping on every sync step. Prints the global mean loss of every
+// micro-batch and the final parameters.
+int matrix(int stage, int64_t batch, int accumulation) {
+  AcceleratorConfig c = config_from_env("/tmp");
+  c.zero_stage = stage;
+  c.gradient_accumulation_steps = accumulation;
+  c.ddp.bucket_cap_bytes = 512;
+  Accelerator acc(c);
+  auto mlp = make_mlp();
+  optim::AdamWOptions ao;
+  ao.lr = 1e-2;
+  auto opt = std::make_shared<optim::AdamW>(decay_groups(*mlp), ao);
+  data::DataLoaderOptions lo;
+  lo.batch_size = batch;
+  auto loader = std::make_shared<data::DataLoader>(test::make_dataset(240), lo);
+  auto [model, aopt, aloader] = acc.prepare(mlp, opt, loader);
+  const int micro = 20 * accumulation;
+  int done = 0;
+  while (done < micro) {
+    for (auto& b : *aloader) {
+      auto scope = acc.accumulate();
+      Tensor loss = mse_loss(model->forward(b[0]), b[1]);
+      acc.backward(loss);
+      if (acc.sync_gradients()) acc.clip_grad_norm_(0.5);
+      aopt->step();
+      aopt->zero_grad();
+      std::printf("loss %.9g\n", acc.reduce(loss.detach(), "mean").item<double>());
+      if (++done == micro) break;
+    }
+  }
+  EXPECT(acc.optimizer_steps() >= 20);
+  for (auto& p : model->parameters())
+    for (double v : p.tolist()) std::printf("param %.9g\n", v);
+  std::cout << "ok matrix" << std::endl;
   return 0;
 }
 
@@ -313,6 +374,8 @@ int main(int argc, char** argv) {
     if (mode == "zero_train" && argc > 7)
       return zero_train(argv[2], std::atoi(argv[3]), std::atoll(argv[4]), std::atoi(argv[5]),
                         std::atoi(argv[6]), std::atoi(argv[7]) != 0);
+    if (mode == "matrix" && argc > 4)
+      return matrix(std::atoi(argv[2]), std::atoll(argv[3]), std::atoi(argv[4]));
     if (mode == "train" && argc > 5)
       return train(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]) != 0,
                    argc > 7 ? argv[6] : "", argc > 7 ? std::atoi(argv[7]) : -1);

@@ -200,6 +200,81 @@ TEST_CASE("parameter groups carry their own lr and weight decay") {
   CHECK_THROWS_AS(optim::SGD({ones({2}, kInt64)}), DTypeError);
 }
 
+// rebuild: the same type and options over other parameters, per-group lr / weight decay kept
+// unless the new group sets them; the rebuilt optimizer steps exactly like the source would.
+TEST_CASE("rebuild: same type and options over other parameters, group hyperparameters kept") {
+  auto check_same_updates = [](const std::function<std::unique_ptr<optim::Optimizer>(
+                                   std::vector<optim::ParamGroup>)>& make) {
+    // Source over (a0, b0), rebuilt over fresh (a1, b1): 3 steps give bit-identical values.
+    Tensor a0 = param(kFloat64), b0 = param(kFloat64), a1 = param(kFloat64), b1 = param(kFloat64);
+    std::unique_ptr<optim::Optimizer> src = make({{{a0}, {}, {}}, {{b0}, 0.02, 0.0}});
+    std::unique_ptr<optim::Optimizer> re = src->rebuild({{{a1}, {}, {}}, {{b1}, {}, {}}});
+    REQUIRE(re != nullptr);
+    CHECK(typeid(*re) == typeid(*src));
+    REQUIRE(re->num_param_groups() == 2);
+    for (size_t g = 0; g < 2; ++g) {
+      CHECK(re->lr(g) == src->lr(g));
+      CHECK(re->weight_decay(g) == src->weight_decay(g));
+    }
+    CHECK(re->params(1)[0].is_same(b1));
+    for (int i = 0; i < 3; ++i) {
+      src->zero_grad();
+      re->zero_grad();
+      loss_of(a0).backward();
+      loss_of(b0).backward();
+      loss_of(a1).backward();
+      loss_of(b1).backward();
+      src->step();
+      re->step();
+    }
+    CHECK(a1.tolist() == a0.tolist());
+    CHECK(b1.tolist() == b0.tolist());
+    CHECK(re->step_count(0) == 3);
+    // A group that sets its own lr / weight decay keeps them.
+    Tensor c = param(kFloat64), d = param(kFloat64);
+    auto own = src->rebuild({{{c}, 0.5, 0.25}, {{d}, {}, {}}});
+    CHECK(own->lr(0) == 0.5);
+    CHECK(own->weight_decay(0) == 0.25);
+    CHECK(own->lr(1) == 0.02);
+    CHECK(own->step_count(0) == 0);  // no state is copied
+    // Another number of groups is refused.
+    CHECK_THROWS_AS(src->rebuild({{{c}, {}, {}}}), ValueError);
+  };
+  check_same_updates([](std::vector<optim::ParamGroup> g) {
+    return std::make_unique<optim::SGD>(
+        std::move(g), optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true});
+  });
+  check_same_updates([](std::vector<optim::ParamGroup> g) {
+    return std::make_unique<optim::Adam>(std::move(g),
+                                         optim::AdamOptions{.lr = 0.05, .weight_decay = 0.1});
+  });
+  check_same_updates([](std::vector<optim::ParamGroup> g) {
+    return std::make_unique<optim::AdamW>(
+        std::move(g), optim::AdamWOptions{.lr = 0.05, .beta2 = 0.99, .weight_decay = 0.3});
+  });
+  // A subclass that does not implement rebuild is refused by name (its base would drop its
+  // changes), and so is an optimizer type without rebuild.
+  struct OwnSGD : optim::SGD {
+    using optim::SGD::SGD;
+  };
+  Tensor p = param(kFloat64), q = param(kFloat64);
+  OwnSGD own(std::vector<Tensor>{p});
+  try {
+    own.rebuild({{{q}, {}, {}}});
+    FAIL("OwnSGD was rebuilt");
+  } catch (const ValueError& e) {
+    CHECK(std::string(e.what()).find("OwnSGD") != std::string::npos);
+  }
+  struct Plain : optim::Optimizer {
+    explicit Plain(std::vector<Tensor> ps)
+        : Optimizer("Plain", {optim::ParamGroup{std::move(ps), {}, {}}}, 0.1, 0.0) {}
+    void step() override {}
+    std::vector<std::string> slot_names() const override { return {}; }
+  };
+  Plain plain({p});
+  CHECK_THROWS_WITH_AS(plain.rebuild({{{q}, {}, {}}}), doctest::Contains("Plain"), ValueError);
+}
+
 TEST_CASE("zero_grad and parameters without gradients") {
   Tensor a = param(), b = param();
   optim::AdamW opt({a, b});

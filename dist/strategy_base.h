@@ -1,0 +1,65 @@
+// The part of dist::Strategy that NoStrategy, DdpStrategy and ZeroStrategy share: the prepared
+// models and optimizers, and checkpoints of full (replicated) models with either plain or ZeRO
+// optimizer state. Internal to dist/strategy*.cc.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dist/strategy.h"
+#include "dist/zero.h"
+
+namespace accel::dist {
+
+// Everything a load or a snapshot replaces (Note [checkpoint loading] in dist/accelerator.cc).
+struct ReplicatedState : StrategyState {
+  std::vector<nn::TensorDict> models;      // full state dicts
+  std::vector<nn::TensorDict> optimizers;  // the user's optimizer (under ZeRO: param groups)
+  std::vector<nn::TensorDict> shards;      // under ZeRO: shard state keyed by bucket
+  std::vector<std::vector<Tensor>> accum;  // ZeRO-2/3: accumulated gradient shards
+  std::vector<std::vector<std::pair<Tensor, Tensor>>> grads;  // per model: (param, grad)
+};
+
+class ReplicatedStrategy : public Strategy {
+ public:
+  explicit ReplicatedStrategy(const StrategyContext& ctx);
+  ~ReplicatedStrategy() override;
+
+  std::shared_ptr<optim::Optimizer> prepare_optimizer(
+      const std::shared_ptr<optim::Optimizer>& user) override;
+  StepGrads grads(const optim::Optimizer& stepping) override;
+  void zero_grad(optim::Optimizer& stepping, bool set_to_none) override;
+  StrategyMemory memory() const override;
+
+  nlohmann::json save_state(const std::string& dir, bool mid_window) override;
+  std::unique_ptr<StrategyState> read_state(const std::string& dir, const nlohmann::json& saved,
+                                            int saved_world, bool mid_window) override;
+  std::unique_ptr<StrategyState> snapshot() override;
+  void apply_state(const StrategyState& state) override;
+  void save_model(size_t index, const std::string& path) override;
+  nn::TensorDict full_state_dict(size_t index) override;
+
+ protected:
+  struct Slot {
+    std::shared_ptr<optim::Optimizer> user;
+    std::shared_ptr<optim::Optimizer> stepping;  // == user without ZeRO
+    std::unique_ptr<ZeroOptimizer> zero;
+    std::vector<Tensor> accum;  // ZeRO-2/3: earlier micro-batches of the window
+    std::shared_ptr<bool> touched = std::make_shared<bool>(false);
+  };
+  Slot& slot_of(const optim::Optimizer& stepping);
+  // Stage 3: the full parameters, for reading or writing the models.
+  void gather_all();
+  // Rank 0's value of t on every rank (t may be a non-contiguous view).
+  void broadcast_in_place(const Tensor& t) const;
+  // Frozen parameters (and, when `buffers`, the buffers) from rank 0.
+  void broadcast_frozen(const nn::Module& model, bool buffers) const;
+
+  StrategyContext ctx_;
+  std::vector<std::shared_ptr<nn::Module>> models_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+};
+
+}  // namespace accel::dist

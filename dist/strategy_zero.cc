@@ -1,0 +1,176 @@
+// ZeroStrategy: ZeRO stages 1-3 through dist::ZeroOptimizer.
+//
+// Note [zero in the facade]
+// With zero_stage 1-3 and world size > 1, prepare(optimizer) builds a dist::ZeroOptimizer over
+// the optimizer's parameters, bucketed per param group, and the optimizer that steps is
+// optim::Optimizer::rebuild of yours over this rank's shards, one group per group of yours (so
+// any optimizer that implements rebuild, with decay / no-decay groups). Your optimizer object
+// keeps the learning rates (schedulers drive them; the facade copies every group's lr and
+// weight decay into the stepping one before each step) but never steps and holds no state.
+// Then:
+//  - backward() reduces gradients on every micro-batch (ZeRO has no no_sync); stages 2/3 add
+//    the reduced shards of an accumulation window up in a 1/N-sized buffer, so accumulation and
+//    no_sync() still give the gradient of the whole window.
+//  - stage 3 frees the full parameters after each synced backward and gathers them again after
+//    the optimizer step (and after a backward inside a window), because the facade does not see
+//    your forward: the model stays usable between steps. (The per-unit FSDP engine replaces
+//    this; until then stage 3 saves optimizer state and gradients only.)
+//  - grads() are the shard parameters with their gradient slices: fp16 unscaling, the inf/NaN
+//    check and clip_grad_norm_ act on them with the norm all-reduced, so they equal the
+//    unsharded ones.
+//  - save_state writes each rank's shard state (zero_optimizer_rank<r>.safetensors) and the
+//    bucket layout; load_state re-shards it when the world size differs (Note [zero
+//    checkpoints] in dist/zero_checkpoint.h), also into a single process.
+// Under ZeRO call acc.backward(): ZeRO's gradient hooks are always on, a plain loss.backward()
+// would leave its collectives unfinished.
+#include <exception>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "dist/strategy_base.h"
+
+namespace accel::dist {
+
+namespace {
+
+class ZeroStrategy final : public ReplicatedStrategy {
+ public:
+  using ReplicatedStrategy::ReplicatedStrategy;
+  std::string_view name() const override {
+    return ctx_.zero_stage == 1 ? "zero1" : ctx_.zero_stage == 2 ? "zero2" : "zero3";
+  }
+
+  void prepare_model(const std::shared_ptr<nn::Module>& model) override {
+    // Trainable parameters come from rank 0 when the optimizer is prepared (ZeroOptimizer
+    // broadcasts its flat buffers); frozen ones and buffers here.
+    for (auto& [name, p] : trainable_parameters(*model))
+      ACCEL_CHECK(p.is_contiguous(), ValueError, "prepare", "parameter ", name,
+                  " is not contiguous ", p.shape_str());
+    broadcast_frozen(*model, ctx_.ddp.broadcast_buffers);
+    models_.push_back(model);
+  }
+
+  std::shared_ptr<optim::Optimizer> prepare_optimizer(
+      const std::shared_ptr<optim::Optimizer>& user) override {
+    // Parameters named after the prepared models, for messages.
+    std::unordered_map<const TensorImpl*, std::string> names;
+    for (size_t i = 0; i < models_.size(); ++i)
+      for (auto& [name, p] : models_[i]->named_parameters())
+        names.emplace(p.impl(), models_.size() == 1 ? name : std::to_string(i) + "." + name);
+    std::vector<NamedParams> groups(user->num_param_groups());
+    std::vector<optim::ParamGroup> probe(user->num_param_groups());
+    size_t n = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (const Tensor& p : user->params(g)) {
+        auto it = names.find(p.impl());
+        std::string name = it != names.end() ? it->second : "param" + std::to_string(n);
+        ++n;
+        ACCEL_CHECK(p.requires_grad(), ValueError, "prepare", "parameter '", name,
+                    "' of the optimizer does not require grad; ZeRO shards trainable parameters");
+        // ZeRO re-points the parameters into its flat buffers: moving them afterwards would
+        // detach them from it.
+        ACCEL_CHECK(p.device() == ctx_.device, ValueError, "prepare", "parameter '", name,
+                    "' is on ", p.device(), ", not ", ctx_.device,
+                    ": prepare the model before its optimizer");
+        groups[g].emplace_back(std::move(name), p);
+        probe[g].params.push_back(p);
+      }
+    }
+    // Refuse an optimizer that cannot be rebuilt before anything collective runs (every rank
+    // refuses alike): the probe holds no state and is dropped.
+    (void)user->rebuild(std::move(probe));
+
+    auto slot = std::make_unique<Slot>();
+    slot->user = user;
+    // The touch hooks go before ZeRO's own (a backward that reached none of these parameters
+    // issued no collective to wait for).
+    std::weak_ptr<bool> flag = slot->touched;
+    for (auto& group : groups)
+      for (auto& [name, p] : group) {
+        Tensor h = p;
+        h.register_post_accumulate_grad_hook([flag](Tensor&) {
+          if (auto f = flag.lock()) *f = true;
+        });
+      }
+    ZeroOptions zo;
+    zo.stage = ctx_.zero_stage;
+    zo.bucket_cap_bytes = ctx_.ddp.bucket_cap_bytes;
+    zo.find_unused_parameters = ctx_.ddp.find_unused_parameters;
+    zo.root = 0;
+    const optim::Optimizer& u = *user;
+    slot->zero = std::make_unique<ZeroOptimizer>(
+        std::move(groups),
+        [&u](std::vector<optim::ParamGroup> shard_groups) {
+          return u.rebuild(std::move(shard_groups));
+        },
+        ctx_.group, zo);
+    slot->stepping = slot->zero->shared_optimizer();
+    if (ctx_.zero_stage == 3) slot->zero->gather_parameters();  // usable right after prepare
+    slots_.push_back(std::move(slot));
+    return slots_.back()->stepping;
+  }
+
+  void backward(const Tensor& loss, bool sync) override {
+    for (auto& s : slots_) *s->touched = false;
+    std::exception_ptr err;
+    try {
+      loss.backward();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    for (auto& s : slots_) {
+      if (!*s->touched) continue;
+      try {
+        s->zero->finish_gradient_sync();
+        if (!err) after_backward(*s, sync);
+      } catch (...) {
+        if (!err) err = std::current_exception();
+      }
+    }
+    if (err) std::rethrow_exception(err);
+  }
+
+  StepGrads grads(const optim::Optimizer& stepping) override {
+    StepGrads out;
+    out.params = slot_of(stepping).zero->attach_gradients();
+    out.sharded = true;
+    return out;
+  }
+
+  void after_step(optim::Optimizer& stepping, bool stepped) override {
+    Slot& s = slot_of(stepping);
+    s.zero->finish_step(stepped);
+    if (ctx_.zero_stage == 3) s.zero->gather_parameters();  // Note [zero in the facade]
+  }
+
+  void zero_grad(optim::Optimizer& stepping, bool) override { slot_of(stepping).zero->zero_grad(); }
+
+ private:
+  void after_backward(Slot& s, bool sync) {
+    NoGradGuard ng;
+    if (ctx_.zero_stage >= 2) {
+      // Each reduce-scatter overwrites the shards: the window's micro-batches add up here.
+      const std::vector<Tensor> shards = s.zero->gradient_shards();
+      if (!sync) {
+        if (s.accum.empty()) {
+          for (auto& g : shards) s.accum.push_back(g.clone());
+        } else {
+          for (size_t b = 0; b < s.accum.size(); ++b) s.accum[b].add_(shards[b]);
+        }
+      } else if (!s.accum.empty()) {
+        for (size_t b = 0; b < s.accum.size(); ++b) Tensor(shards[b]).add_(s.accum[b]);
+        s.accum.clear();
+      }
+    }
+    // Stage 3 freed the parameters after the reduction; the window's next forward needs them.
+    if (ctx_.zero_stage == 3 && !sync) s.zero->gather_parameters();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_zero_strategy(const StrategyContext& ctx) {
+  return std::make_unique<ZeroStrategy>(ctx);
+}
+
+}  // namespace accel::dist

@@ -15,28 +15,28 @@ namespace {
 
 const char* const kOp = "checkpoint";
 
-std::string rng_state() {
+Generator::Snapshot rng_state() {
   Generator& g = default_generator();
   std::lock_guard<std::mutex> lk(g.mutex());
-  return g.state();
+  return g.snapshot();
 }
 
-void set_rng_state(const std::string& s) {
+void set_rng_state(const Generator::Snapshot& s) {
   Generator& g = default_generator();
   std::lock_guard<std::mutex> lk(g.mutex());
-  g.set_state(s);
+  g.restore(s);
 }
 
 // Puts the default generator back to the state it had at construction, also on an exception.
 class RngRestore {
  public:
   RngRestore() : saved_(rng_state()) {}
-  ~RngRestore() { set_rng_state(saved_); }  // cannot throw: saved_ came from state()
+  ~RngRestore() { set_rng_state(saved_); }
   RngRestore(const RngRestore&) = delete;
   RngRestore& operator=(const RngRestore&) = delete;
 
  private:
-  std::string saved_;
+  Generator::Snapshot saved_;
 };
 
 struct SavedInput {
@@ -54,11 +54,11 @@ struct SavedOutput {
 class CheckpointNode final : public Node {
  public:
   CheckpointNode(CheckpointFn fn, const std::vector<Tensor>& inputs,
-                 const std::vector<Tensor>& outputs, std::string rng, bool autocast_on,
-                 DType autocast_dt)
+                 const std::vector<Tensor>& outputs, const Generator::Snapshot& rng,
+                 bool autocast_on, DType autocast_dt)
       : Node(uint32_t(outputs.size())),
         fn_(std::move(fn)),
-        rng_(std::move(rng)),
+        rng_(rng),
         autocast_on_(autocast_on),
         autocast_dtype_(autocast_dt) {
     inputs_.reserve(inputs.size());
@@ -149,7 +149,7 @@ class CheckpointNode final : public Node {
   CheckpointFn fn_;
   std::vector<SavedInput> inputs_;
   std::vector<SavedOutput> outputs_;
-  std::string rng_;
+  Generator::Snapshot rng_;
   bool autocast_on_;
   DType autocast_dtype_;
   bool released_ = false;
@@ -172,7 +172,7 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
   if (!grad_enabled()) return call_checked(fn, inputs);
   const bool inputs_need_grad = needs_grad(inputs);
   // Forward-time state the recompute re-applies (Note [activation checkpointing]).
-  std::string rng = rng_state();
+  const Generator::Snapshot rng = rng_state();
   const bool autocast_on = autocast_enabled();
   const DType autocast_dt = autocast_dtype();
   std::vector<Tensor> outs;
@@ -191,8 +191,7 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
     any = any || attach[j];
   }
   if (!any) return outs;
-  auto node =
-      std::make_shared<CheckpointNode>(fn, inputs, outs, std::move(rng), autocast_on, autocast_dt);
+  auto node = std::make_shared<CheckpointNode>(fn, inputs, outs, rng, autocast_on, autocast_dt);
   std::vector<Tensor*> out_ptrs(outs.size(), nullptr);
   for (size_t j = 0; j < outs.size(); ++j) {
     // A detached alias: fn may return an input or a parameter, whose own history must stay.

@@ -47,8 +47,11 @@
 //   - An input also used outside the segment, and used twice or more inside it, receives its
 //     inner contributions summed first and then added to the outer ones: the same value up to
 //     float addition order (bit-identical when there are only two contributions in all).
-//   - A parameter used in several checkpointed segments gets one accumulation, and one
-//     post-accumulate hook call, per segment (without checkpointing: one per backward).
+//   - A parameter used in several checkpointed segments, or inside one and outside it (tied
+//     weights), gets one accumulation, and one post-accumulate hook call, per use site (without
+//     checkpointing: one per backward); DDP / ZeRO then stop with "arrived twice in one backward".
+//   - autograd::grad() through a segment also accumulates into .grad of the parameters used
+//     inside it (the recompute's backward is a plain backward), and reports them as unused.
 //   - Only the default generator is saved and restored; a dropout given its own Generator* draws
 //     from it unrestored.
 //   - fn and what it captures must stay valid until the backward (the node holds a copy of fn).

@@ -419,3 +419,40 @@ TEST_CASE("checkpoint: autograd::grad through a segment gives the inputs' gradie
   CHECK_THROWS_WITH_AS(autograd::grad({sum(autograd::checkpoint(f, x))}, {block.fc1->weight}),
                        doctest::Contains("not used"), ValueError);
 }
+
+TEST_CASE("checkpoint: GPT training with checkpointed blocks follows the plain run bit for bit") {
+  models::GptConfig c;
+  c.context = 16;
+  c.layers = 2;
+  c.heads = 2;
+  c.d_model = 32;
+  auto train = [&](bool ckpt) {
+    Generator gen(22);
+    models::Gpt model(c, &gen);
+    optim::AdamW opt(model.parameters());
+    std::vector<double> losses;
+    for (int step = 0; step < 3; ++step) {
+      const Tensor idx = randint(0, c.vocab, {2, 12}, TensorOptions(kInt64), &gen);
+      const Tensor targets = randint(0, c.vocab, {2, 12}, TensorOptions(kInt64), &gen);
+      Tensor x = model.tok->forward(idx) + model.pos->forward(arange(12));
+      for (const auto& b : *model.blocks) {
+        BlockFn f = [b](const Tensor& in) { return b->forward(in); };
+        x = ckpt ? autograd::checkpoint(f, x) : f(x);
+      }
+      Tensor loss = models::lm_loss(model.head->forward(model.ln_f->forward(x)), targets);
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+      losses.push_back(loss.item());
+    }
+    return std::make_pair(losses, model.parameters());
+  };
+  const auto [plain_losses, plain_params] = train(false);
+  const auto [ck_losses, ck_params] = train(true);
+  CHECK(plain_losses == ck_losses);
+  REQUIRE(plain_params.size() == ck_params.size());
+  for (size_t i = 0; i < plain_params.size(); ++i) {
+    INFO("parameter ", i);
+    CHECK(bits_equal(plain_params[i], ck_params[i]));
+  }
+}

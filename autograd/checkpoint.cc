@@ -15,6 +15,16 @@ namespace {
 
 const char* const kOp = "checkpoint";
 
+thread_local int t_recompute_depth = 0;  // checkpoint_recomputing()
+
+class RecomputeScope {
+ public:
+  RecomputeScope() { ++t_recompute_depth; }
+  ~RecomputeScope() { --t_recompute_depth; }
+  RecomputeScope(const RecomputeScope&) = delete;
+  RecomputeScope& operator=(const RecomputeScope&) = delete;
+};
+
 Generator::Snapshot rng_state() {
   Generator& g = default_generator();
   std::lock_guard<std::mutex> lk(g.mutex());
@@ -99,6 +109,7 @@ class CheckpointNode final : public Node {
       set_rng_state(rng_);
       EnableGradGuard grad_on;
       AutocastGuard autocast(autocast_on_, autocast_dtype_);
+      RecomputeScope recomputing;
       outs = fn_(xs);
     }
     ACCEL_CHECK(outs.size() == outputs_.size(), ValueError, kOp, "the recomputed forward returned ",
@@ -204,6 +215,8 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
   set_history(node, inputs, out_ptrs);
   return outs;
 }
+
+bool checkpoint_recomputing() { return t_recompute_depth > 0; }
 
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input) {
   ACCEL_CHECK(bool(fn), ValueError, kOp, "fn is empty");

@@ -75,4 +75,10 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
 // One input, one output.
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input);
 
+// True on this thread while a checkpoint's backward runs its fn again (the recompute), false in
+// the first forward. For code with forward hooks that must tell the two apart: a ZeRO-3 unit
+// that frees its gathered parameters after its forward must keep them after the recompute,
+// because the backward of the recomputed graph runs right after it and reads them.
+bool checkpoint_recomputing();
+
 }  // namespace accel::autograd

@@ -456,3 +456,24 @@ TEST_CASE("checkpoint: GPT training with checkpointed blocks follows the plain r
     CHECK(bits_equal(plain_params[i], ck_params[i]));
   }
 }
+
+TEST_CASE("checkpoint: checkpoint_recomputing() tells the recompute from the first forward") {
+  const Tensor x = ones({2}).requires_grad_();
+  std::vector<bool> seen;
+  BlockFn f = [&](const Tensor& in) {
+    seen.push_back(autograd::checkpoint_recomputing());
+    return in * 3.0;
+  };
+  CHECK_FALSE(autograd::checkpoint_recomputing());
+  Tensor y = autograd::checkpoint(f, x);
+  sum(y).backward();
+  CHECK(seen == std::vector<bool>{false, true});
+  CHECK_FALSE(autograd::checkpoint_recomputing());
+  // Nested: the inner fn runs plainly inside the outer recompute (true), then is recomputed
+  // itself (true), and the outer backward is over (false).
+  seen.clear();
+  Tensor z = autograd::checkpoint([&](const Tensor& in) { return autograd::checkpoint(f, in); }, x);
+  sum(z).backward();
+  CHECK(seen == std::vector<bool>{false, true, true});
+  CHECK_FALSE(autograd::checkpoint_recomputing());
+}

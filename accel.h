@@ -1,6 +1,7 @@
 // accel: the umbrella header.
 #pragma once
 
+#include "autograd/checkpoint.h"
 #include "autograd/function.h"
 #include "autograd/nn/nn.h"
 #include "autograd/ops.h"

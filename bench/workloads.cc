@@ -661,6 +661,7 @@ void usage(const char* argv0) {
       "  --worlds L          process counts, comma-separated (default 1,2,4)\n"
       "  --stages L          ZeRO stages 0-3, comma-separated (default 0,1,2,3)\n"
       "  --d-model N         GPT width (default 640; heads of 64 where it divides)\n"
+      "  --eager-init        zero-memory: build the ZeRO-3 model whole, not deferred\n"
       "  --layers N          GPT blocks (default 10)\n"
       "  (--steps / --warmup default to 5 / 2 there)\n");
 }
@@ -745,6 +746,8 @@ int main(int argc, char** argv) {
       }
       setenv(arg == "--d-model" ? "ACCEL_BENCH_D_MODEL" : "ACCEL_BENCH_LAYERS",
              std::to_string(n).c_str(), 1);
+    } else if (arg == "--eager-init") {
+      setenv("ACCEL_BENCH_EAGER_INIT", "1", 1);  // zero-memory: ZeRO-3 builds the model whole
     } else if (!arg.empty() && arg[0] != '-' && name.empty()) {
       name = arg;
     } else {

@@ -55,6 +55,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -112,12 +113,14 @@ struct Options {
   int steps = kSteps;
   std::vector<int> worlds{1, 2, 4};
   std::vector<int> stages{0, 1, 2, 3};
+  bool eager_init = false;  // ZeRO-3: build the model whole instead of deferred
 };
 
 Options read_options() {
   Options o;
   o.d_model = env_int("ACCEL_BENCH_D_MODEL", int(kDModel), 1, 1 << 16);
   o.layers = env_int("ACCEL_BENCH_LAYERS", int(kLayers), 1, 1000);
+  o.eager_init = env_int("ACCEL_BENCH_EAGER_INIT", 0, 0, 1) == 1;
   o.warmup = env_int("ACCEL_BENCH_WARMUP", kWarmup, 0, 1000000);
   o.steps = std::max(1, env_int("ACCEL_BENCH_STEPS", kSteps, 1, 1000000));
   o.worlds = env_list("ACCEL_BENCH_WORLDS", o.worlds, 1, 64);
@@ -177,8 +180,16 @@ void run_rank(const Options& opt, int stage, const std::string& out_dir) {
   const models::GptConfig cfg = gpt_config(opt);
   manual_seed(0);
   const double before_model_kb = proc_status_kb("VmRSS");
-  auto model = std::make_shared<models::Gpt>(cfg);
-  const double model_kb = proc_status_kb("VmRSS") - before_model_kb;
+  // Under ZeRO-3 the model is built without memory (nn::DeferredInit) and materialized unit by
+  // unit as prepare() shards it: no rank ever holds the whole model (--eager-init: built whole).
+  const bool deferred = stage == 3 && world > 1 && !opt.eager_init;
+  std::shared_ptr<models::Gpt> model;
+  {
+    std::optional<nn::DeferredInit> guard;
+    if (deferred) guard.emplace();
+    model = std::make_shared<models::Gpt>(cfg);
+  }
+  const double model_kb = std::max(0.0, proc_status_kb("VmRSS") - before_model_kb);
 
   // Random bytes: enough windows (stride 1) that no rank reaches the end of an epoch.
   const int steps_total = opt.warmup + opt.steps;
@@ -231,11 +242,12 @@ void run_rank(const Options& opt, int stage, const std::string& out_dir) {
   std::snprintf(line, sizeof line,
                 "rank=%d world=%d params=%lld peak_rss_mb=%.1f steady_rss_mb=%.1f "
                 "alloc_peak_mb=%.1f alloc_reserved_mb=%.1f ms_step=%.2f model_rss_mb=%.1f "
-                "base_rss_mb=%.1f threads=%d loss=%.4f\n",
+                "base_rss_mb=%.1f threads=%d loss=%.4f init=%s\n",
                 rank, world, static_cast<long long>(model->num_parameters()),
                 kb_to_mib(std::max(hwm_before_reset_kb, steady_kb)), kb_to_mib(steady_kb),
                 mib(double(st.peak_bytes_in_use)), mib(double(st.bytes_reserved)), median(ms),
-                kb_to_mib(model_kb), kb_to_mib(base_kb), omp_get_max_threads(), loss);
+                kb_to_mib(model_kb), kb_to_mib(base_kb), omp_get_max_threads(), loss,
+                deferred ? "deferred" : "eager");
   f << line;
   f.close();
   ACCEL_CHECK(f.good(), IoError, "zero-memory", "cannot write ", path);
@@ -412,12 +424,13 @@ void run_parent(const Options& opt) {
           "workload=zero-memory stage=%d world=%d params=%lld peak_rss_mb=%.1f "
           "steady_rss_mb=%.1f alloc_peak_mb=%.1f ms_step=%.2f model_rss_mb=%.1f "
           "alloc_reserved_mb=%.1f base_rss_mb=%.1f rank0_steady_rss_mb=%.1f "
-          "rank0_alloc_peak_mb=%.1f threads=%d warmup=%d steps=%d loss=%.4f\n",
+          "rank0_alloc_peak_mb=%.1f threads=%d warmup=%d steps=%d loss=%.4f init=%s\n",
           stage, world, static_cast<long long>(number(r0, "params", "rank 0")), mx["peak_rss_mb"],
           mx["steady_rss_mb"], mx["alloc_peak_mb"], mx["ms_step"], mx["model_rss_mb"],
           mx["alloc_reserved_mb"], mx["base_rss_mb"], number(r0, "steady_rss_mb", "rank 0"),
           number(r0, "alloc_peak_mb", "rank 0"), int(number(r0, "threads", "rank 0")), opt.warmup,
-          opt.steps, number(r0, "loss", "rank 0"));
+          opt.steps, number(r0, "loss", "rank 0"),
+          r0.count("init") ? r0.at("init").c_str() : "eager");
       std::fflush(stdout);
       results.push_back({stage, world, mx["steady_rss_mb"], mx["ms_step"]});
     }

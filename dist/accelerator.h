@@ -185,10 +185,15 @@ class Accelerator {
   std::shared_ptr<data::DataLoader> prepare_data_loader(std::shared_ptr<data::DataLoader> loader);
   std::shared_ptr<AcceleratedScheduler> prepare_scheduler(std::shared_ptr<optim::LRScheduler> s);
   // prepare(model, optimizer, loader, scheduler, ...) in any order and number: a tuple of the
-  // prepared objects, each by the rule of the header comment.
+  // prepared objects, each by the rule of the header comment. Models are prepared first (as
+  // Accelerate does), the rest left to right: an optimizer under ZeRO is rebuilt over the
+  // parameters of prepared models, whatever the argument order.
   template <typename... Ts>
   auto prepare(Ts&&... objects) {
-    return std::make_tuple(prepare_one(std::forward<Ts>(objects))...);
+    (prepare_if_model(objects), ...);  // a fold over `,` runs left to right
+    // Braced initialisation evaluates left to right too (make_tuple's arguments need not).
+    return std::tuple<decltype(prepare_rest(std::forward<Ts>(objects)))...>{
+        prepare_rest(std::forward<Ts>(objects))...};
   }
   // The model itself (this facade does not wrap the module object); for API parity.
   template <typename M>
@@ -343,6 +348,22 @@ class Accelerator {
   void prepare_module(const std::shared_ptr<nn::Module>& model);
   // Every prepared optimizer's Strategy::grads; `sharded` when any is.
   std::vector<Tensor> step_grads(bool& sharded);
+  template <typename T>
+  static constexpr bool is_model_ptr = requires(const T& t) {
+    requires std::is_base_of_v<nn::Module, typename T::element_type>;
+  };
+  template <typename T>
+  void prepare_if_model(const T& obj) {
+    if constexpr (is_model_ptr<std::decay_t<T>>) prepare_model(obj);
+  }
+  template <typename T>
+  auto prepare_rest(T&& obj) {
+    if constexpr (is_model_ptr<std::decay_t<T>>) {
+      return std::decay_t<T>(obj);  // prepared by prepare_if_model
+    } else {
+      return prepare_one(std::forward<T>(obj));
+    }
+  }
   template <typename M>
   std::shared_ptr<M> prepare_one(
       std::shared_ptr<M> model) requires std::is_base_of_v<nn::Module, M> {

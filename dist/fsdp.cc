@@ -10,6 +10,7 @@
 #include <malloc.h>
 #endif
 
+#include "autograd/checkpoint.h"
 #include "autograd/nn/container.h"
 #include "core/error.h"
 #include "core/storage.h"
@@ -413,10 +414,10 @@ Tensor FullyShardedModel::unit_forward(Unit& u, nn::Module& inner, const Tensor&
   return y;
 }
 
+// The recompute calls the module directly (not the entry wrapper), after the output's gradient
+// hook gathered the unit again, so the parameters are there and nothing releases them early.
 Tensor FullyShardedModel::checkpoint_forward(nn::Module& inner, const Tensor& x) {
-  (void)inner;
-  (void)x;
-  ACCEL_THROW(ValueError, "fsdp", "activation_checkpointing: not wired yet");
+  return autograd::checkpoint([&inner](const Tensor& in) { return inner.forward(in); }, x);
 }
 
 void FullyShardedModel::on_output_grad(Unit& u) {

@@ -22,12 +22,14 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <string>
 
 #include "autograd/nn/activation.h"
 #include "autograd/nn/container.h"
 #include "autograd/nn/linear.h"
+#include "autograd/nn/safetensors.h"
 #include "autograd/optim/adam.h"
 #include "dist/checkpoint.h"
 #include "tests/accelerator/common.h"
@@ -127,6 +129,13 @@ int ddp(int64_t batch) {
 // Two epochs of a 3-layer MLP through the facade: accumulation 2, 512-byte DDP buckets (several
 // per model, parameters cut across none: buckets hold whole parameters), AdamW, gradient
 // clipping. Prints the clip norm of every optimizer step and the final parameters.
+// The whole parameters in model order (under ZeRO-3 they exist only through get_state_dict).
+void print_params(Accelerator& acc, const nn::Module& model) {
+  const nn::TensorDict full = acc.get_state_dict(model);
+  for (auto& [name, p] : model.named_parameters())
+    for (double v : full.at(name).tolist()) std::printf("param %.9g\n", v);
+}
+
 std::shared_ptr<nn::Sequential> make_mlp() {
   Generator g(17);
   return std::make_shared<nn::Sequential>(
@@ -166,6 +175,7 @@ int ddp_mlp(int64_t batch, int zero_stage, const std::string& mp) {
   EXPECT((ddp != nullptr) == (multi && zero_stage == 0));
   const std::string want = !multi            ? "none"
                            : zero_stage == 0 ? "ddp"
+                           : zero_stage == 3 ? "fsdp"
                                              : "zero" + std::to_string(zero_stage);
   EXPECT(acc.strategy().name() == want);
   const bool zero = multi && zero_stage > 0;
@@ -197,8 +207,7 @@ int ddp_mlp(int64_t batch, int zero_stage, const std::string& mp) {
                 (long long)m.grad_bytes, (long long)m.optimizer_bytes,
                 (long long)m.full_param_bytes);
   }
-  for (auto& p : model->parameters())
-    for (double v : p.tolist()) std::printf("param %.9g\n", v);
+  print_params(acc, *model);
   std::cout << "ok ddp_mlp" << std::endl;
   return 0;
 }
@@ -243,8 +252,23 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
       if (done == steps) break;
     }
   }
-  for (auto& p : model->parameters())
-    for (double v : p.tolist()) std::printf("param %.9g\n", v);
+  print_params(acc, *model);
+  // The consolidated export (streamed unit by unit under ZeRO-3) equals the unsharded state.
+  const std::string exported = dir + "/export_w" + std::to_string(acc.num_processes()) +
+                               (resume ? "_resumed" : "") + ".safetensors";
+  acc.save_model(*model, exported);
+  const nn::TensorDict full = acc.get_state_dict(*model);
+  if (acc.is_main_process()) {
+    const nn::TensorDict file = nn::load_safetensors(exported);
+    EXPECT(file.size() == full.size());
+    for (auto& [name, t] : full) {
+      EXPECT(file.count(name) == 1);
+      EXPECT(file.at(name).sizes() == t.sizes());
+      EXPECT(std::memcmp(file.at(name).contiguous().data_ptr(), t.contiguous().data_ptr(),
+                         t.nbytes()) == 0);
+    }
+    std::cout << "export matches" << std::endl;
+  }
   std::cout << "ok zero_train" << std::endl;
   return 0;
 }
@@ -318,8 +342,7 @@ int matrix(int stage, int64_t batch, int accumulation) {
     }
   }
   EXPECT(acc.optimizer_steps() >= 20);
-  for (auto& p : model->parameters())
-    for (double v : p.tolist()) std::printf("param %.9g\n", v);
+  print_params(acc, *model);
   std::cout << "ok matrix" << std::endl;
   return 0;
 }

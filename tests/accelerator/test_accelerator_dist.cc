@@ -188,6 +188,37 @@ TEST_CASE("ZeRO checkpoints: same world size resumes bit-exact; 3, 4 and 1 proce
   for (int r = 0; r < 2; ++r) check_close(ref[0].output, into[size_t(r)].output, "param ", 1e-5);
 }
 
+TEST_CASE("ZeRO-3 sharded checkpoints: 4 ranks resume at 4 bit-exact, at 2 and 1 re-sharded") {
+  const std::string dir = fresh_dir("zero3");
+  auto full = run_world(worker(), {"zero_train", dir, "3", "3", "8", "4", "0"}, 4, {}, 60s);
+  check_ok(full, "zero_train");
+  // Every rank wrote its own slices; nobody wrote the whole model.
+  for (int r = 0; r < 4; ++r)
+    CHECK(fs::exists(dir + "/ckpt/fsdp_model_rank" + std::to_string(r) + ".safetensors"));
+  CHECK(fs::file_size(dir + "/ckpt/fsdp_model_rank0.safetensors") < 4096);
+  CHECK(full[0].output.find("export matches") != std::string::npos);
+  const auto want_losses = lines_with(full[0].output, "loss ");
+  REQUIRE(want_losses.size() == 8);
+  {
+    auto same = run_world(worker(), {"zero_train", dir, "3", "3", "8", "4", "1"}, 4, {}, 60s);
+    check_ok(same, "zero_train");
+    auto got = lines_with(same[0].output, "loss ");
+    REQUIRE(got.size() == 4);
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want_losses[4 + i]);
+    CHECK(lines_with(same[0].output, "param ") == lines_with(full[0].output, "param "));
+  }
+  for (int world : {2, 1}) {
+    CAPTURE(world);
+    const std::string batch = std::to_string(12 / world);
+    auto res = run_world(worker(), {"zero_train", dir, "3", batch, "8", "4", "1"}, world, {}, 60s);
+    check_ok(res, "zero_train");
+    CHECK(res[0].output.find("resumed at 4 lr 0.005") != std::string::npos);
+    CHECK(res[0].output.find("export matches") != std::string::npos);
+    for (int r = 0; r < world; ++r)
+      check_close(full[0].output, res[size_t(r)].output, "param ", 1e-5);
+  }
+}
+
 TEST_CASE("plain DDP checkpoints load into another world size (2 ranks -> 1 and 3)") {
   const std::string dir = fresh_dir("ddp-reshard");
   // 2 ranks, DDP, 8 steps of global batch 12, a checkpoint after 4.

@@ -558,6 +558,39 @@ int deferred(ProcessGroupPtr pg) {
     WCHECK(got.count(k) && bit_equal(got.at(k), v), "deferred " << k << " differs from eager");
   return 0;
 }
+
+// Activation checkpointing per unit: the same gradient shards, bit for bit, as without.
+int act_ckpt(ProcessGroupPtr pg) {
+  std::vector<std::vector<Tensor>> grads(2);
+  std::vector<double> losses[2];
+  for (int with = 0; with < 2; ++with) {
+    auto net = std::make_shared<Net>();
+    FsdpOptions o;
+    o.activation_checkpointing = with == 1;
+    FullyShardedModel fsdp(net, pg, o);
+    auto opt = make_opt("adamw", fsdp.shard_param_groups(groups_of(*net)));
+    for (int s = 0; s < 3; ++s) {
+      Batch b = local(batch(s), pg->rank() * (kBatch / pg->size()), kBatch / pg->size());
+      Tensor loss = cross_entropy(net->forward(b.x), b.y);
+      fsdp.backward(loss);
+      losses[with].push_back(loss.item<double>());
+      fsdp.prepare_step();
+      if (s == 2)
+        for (const Tensor& leaf : fsdp.shard_params())
+          grads[size_t(with)].push_back(leaf.grad().defined() ? leaf.grad().clone() : Tensor());
+      opt->step();
+      fsdp.after_step();
+      fsdp.zero_grad();
+    }
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i)
+    if (grads[0][i].defined())
+      WCHECK(bit_equal(grads[0][i], grads[1][i]), "gradient shard " << i << " differs");
+  for (size_t i = 0; i < losses[0].size(); ++i)
+    WCHECK(losses[0][i] == losses[1][i],
+           "loss " << i << ": " << losses[0][i] << " vs " << losses[1][i]);
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -577,6 +610,8 @@ int main(int argc, char** argv) {
       errors(pg);
     } else if (s == "unused") {
       unused(pg);
+    } else if (s == "act_ckpt") {
+      act_ckpt(pg);
     } else if (s == "deferred") {
       deferred(pg);
     } else if (s == "ckpt") {

@@ -77,3 +77,7 @@ TEST_CASE("fsdp materializes a deferred model unit by unit: eager values, bounde
   check_ok(run_world(worker(), {"deferred"}, 2, {}, 60s), "deferred");
   check_ok(run_world(worker(), {"deferred"}, 3, {}, 60s), "deferred");
 }
+
+TEST_CASE("fsdp activation checkpointing per unit: gradients bit-identical to without") {
+  check_ok(run_world(worker(), {"act_ckpt"}, 2, {}, 60s), "act_ckpt");
+}

@@ -15,15 +15,18 @@
 // Everything that depends on how parameters, gradients and optimizer state are distributed is
 // delegated to one dist::Strategy (dist/strategy.h, Note [strategy seam]), picked from the world
 // size and zero_stage: NoStrategy (1 process), DdpStrategy (zero_stage 0; Note [gradient sync]
-// in dist/strategy_ddp.cc), ZeroStrategy (stages 1-3; Note [zero in the facade] in
-// dist/strategy_zero.cc). The facade counts steps, scales losses, wraps loaders and
+// in dist/strategy_ddp.cc), ZeroStrategy (stages 1-2; Note [zero in the facade] in
+// dist/strategy_zero.cc), FsdpStrategy (stage 3: per-unit sharding, Note [unit lifecycle] in
+// dist/fsdp.h; AcceleratorConfig::fsdp). The facade counts steps, scales losses, wraps loaders and
 // schedulers, and runs the checkpoint protocol.
 //
 // What prepare() does per object:
 //  - Module: moved to device(), then handed to the strategy: under DDP wrapped by a
 //    dist::DistributedDataParallel (parameters and buffers broadcast from rank 0, gradients
-//    averaged in buckets during backward on every sync step); under ZeRO sharded when its
-//    optimizer is prepared.
+//    averaged in buckets during backward on every sync step); under ZeRO-1/2 sharded when its
+//    optimizer is prepared; under ZeRO-3 sharded per wrapping unit right away (a model built
+//    under nn::DeferredInit is materialized unit by unit here, never whole). Models are
+//    prepared before the other objects of the same prepare() call.
 //  - Optimizer -> AcceleratedOptimizer: step() is a no-op while accumulating, unscales and
 //    skips on inf/NaN under fp16, zero_grad() only on sync steps. Under ZeRO the optimizer that
 //    steps is your optimizer rebuilt over this rank's shards (optim::Optimizer::rebuild); yours

@@ -75,6 +75,14 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<nn::Module> model, ProcessG
   if (options_.wrap == FsdpOptions::Wrap::MinParams)
     ACCEL_CHECK(options_.min_params > 0, DistError, "fsdp",
                 "wrap policy 'min_params' needs min_params > 0, got ", options_.min_params);
+  // Note [collectives through shared memory]
+  // On one host the Gloo group all-reduces through shared memory (dist/shm_allreduce.h): memory
+  // bandwidth, no sockets, while all_gather and reduce_scatter go through loopback TCP. Moving
+  // N bytes that way costs less than the socket collectives' (N-1)/N, so on such a group a
+  // unit's gather is an all-reduce of the flat buffer holding only this rank's slice (zeros
+  // elsewhere: the sum is the concatenation, exactly, up to the sign of a zero) and its
+  // reduce-scatter an all-reduce of the staging buffer of which this rank keeps its slice.
+  via_all_reduce_ = pg_->size() > 1 && pg_->shared_memory_all_reduce() && options_.shared_memory;
   build_units();
   init_values();
 }
@@ -338,6 +346,15 @@ void FullyShardedModel::gather(Unit& u, bool wait) {
     if (pg_->size() == 1) {
       u.full.copy_(u.gather_src);
       u.gather_src = Tensor();
+    } else if (via_all_reduce_) {
+      // Note [collectives through shared memory]: the others' slices are zero, a sum gathers.
+      const int64_t at = pg_->rank() * u.shard_numel;
+      if (at > 0) u.full.narrow(0, 0, at).zero_();
+      u.full.narrow(0, at, u.shard_numel).copy_(u.gather_src);
+      if (at + u.shard_numel < u.numel)
+        u.full.narrow(0, at + u.shard_numel, u.numel - at - u.shard_numel).zero_();
+      u.gather_src = Tensor();
+      u.gather_work = pg_->all_reduce_async(u.full, ReduceOp::Sum);
     } else {
       u.gather_work = pg_->all_gather_async(u.full, u.gather_src);
     }
@@ -441,23 +458,57 @@ void FullyShardedModel::issue_reduce(Unit& u) {
   if (u.reduced || u.params.empty()) return;
   NoGradGuard ng;
   u.reduced = true;
+  // At most two reduce-scatters in flight: every staging buffer alive costs one unit of memory.
+  drain_reduces(1);
   const DType red = options_.reduce_in_fp32 ? u.master : u.compute;
   const int w = pg_->size();
-  u.staging = zeros({u.numel}, TensorOptions(red, u.device));
+  u.staging = empty({u.numel}, TensorOptions(red, u.device));
+  if (u.numel > u.used) u.staging.narrow(0, u.used, u.numel - u.used).zero_();
   for (size_t j = 0; j < u.params.size(); ++j) {
     Tensor p = params_[u.params[j]].second;
     const Tensor g = p.grad();
-    if (g.defined()) u.staging.narrow(0, u.offset[j], g.numel()).copy_(g.reshape({g.numel()}));
+    Tensor dst = u.staging.narrow(0, u.offset[j], p.numel());
+    if (g.defined()) {
+      dst.copy_(g.reshape({g.numel()}));
+    } else {
+      dst.zero_();
+    }
     p.set_grad(Tensor());  // the full gradient goes; the shard keeps the reduced one
   }
   if (w > 1) u.staging.div_(double(w));  // a sum of pre-divided values is the average
-  u.reduce_out = empty({u.shard_numel}, TensorOptions(red, u.device));
   if (w == 1) {
-    u.reduce_out.copy_(u.staging);
+    u.reduce_out = u.staging;
+  } else if (via_all_reduce_) {
+    // Note [collectives through shared memory]: this rank's slice of the summed buffer.
+    u.reduce_work = pg_->all_reduce_async(u.staging, ReduceOp::Sum);
+    u.reduce_out = u.staging.narrow(0, pg_->rank() * u.shard_numel, u.shard_numel);
   } else {
+    u.reduce_out = empty({u.shard_numel}, TensorOptions(red, u.device));
     u.reduce_work = pg_->reduce_scatter_async(u.reduce_out, u.staging, ReduceOp::Sum);
   }
   reduce_order_.push_back(&u);
+}
+
+// Waits for the oldest reduce-scatters until at most `keep` are in flight, adding each result into
+// its unit's gradient shard and freeing its buffers.
+void FullyShardedModel::drain_reduces(size_t keep) {
+  NoGradGuard ng;
+  while (reduce_order_.size() > keep) {
+    Unit* u = reduce_order_.front();
+    reduce_order_.pop_front();
+    WorkPtr w = std::move(u->reduce_work);
+    u->reduce_work.reset();
+    Tensor out = std::move(u->reduce_out);
+    u->staging = Tensor();
+    u->reduce_out = Tensor();
+    if (w) w->wait();
+    if (u->grad_valid) {
+      u->grad_shard.add_(out);
+    } else {
+      u->grad_shard.copy_(out);
+    }
+    u->grad_valid = true;
+  }
 }
 
 void FullyShardedModel::backward(const Tensor& loss, bool sync) {
@@ -514,24 +565,13 @@ void FullyShardedModel::finish_backward(bool sync, std::exception_ptr& err) {
         if (!err) err = std::current_exception();
       }
     }
-    NoGradGuard ng;
-    for (Unit* u : reduce_order_) {
+    while (!reduce_order_.empty()) {
       try {
-        if (u->reduce_work) u->reduce_work->wait();
-        if (u->grad_valid) {
-          u->grad_shard.add_(u->reduce_out);
-        } else {
-          u->grad_shard.copy_(u->reduce_out);
-        }
-        u->grad_valid = true;
+        drain_reduces(reduce_order_.size() - 1);
       } catch (...) {
         if (!err) err = std::current_exception();
       }
-      u->reduce_work.reset();
-      u->staging = Tensor();
-      u->reduce_out = Tensor();
     }
-    reduce_order_.clear();
     grads_valid_ = true;
   }
   for (auto& u : units_) {

@@ -41,6 +41,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -72,6 +73,9 @@ struct FsdpOptions {
   std::optional<DType> param_dtype;
   bool reduce_in_fp32 = false;  // with param_dtype: reduce-scatter gradients in the master dtype
   bool find_unused_parameters = false;
+  // On a group whose all-reduce goes through shared memory, gather and reduce-scatter with it
+  // (Note [collectives through shared memory] in dist/fsdp.cc).
+  bool shared_memory = true;
   int root = 0;  // whose initial parameters every rank starts from
 };
 
@@ -164,6 +168,7 @@ class FullyShardedModel {
   void on_param_grad(Unit& u);
   void issue_reduce(Unit& u);
   void finish_backward(bool sync, std::exception_ptr& err);
+  void drain_reduces(size_t keep);
 
   std::shared_ptr<nn::Module> model_;
   ProcessGroupPtr pg_;
@@ -173,8 +178,9 @@ class FullyShardedModel {
   std::vector<std::pair<nn::Module*, int>> module_units_;  // every module and its unit
   std::vector<Tensor> shard_leaves_;
   std::vector<Tensor> grad_views_;  // per parameter: its slice of the unit's gradient shard
-  std::vector<Unit*> fwd_order_, last_fwd_order_, bwd_order_, reduce_order_;
-  bool in_backward_ = false, sync_ = true, grads_valid_ = false;
+  std::vector<Unit*> fwd_order_, last_fwd_order_, bwd_order_;
+  std::deque<Unit*> reduce_order_;  // reduce-scatters in flight, oldest first
+  bool in_backward_ = false, sync_ = true, grads_valid_ = false, via_all_reduce_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

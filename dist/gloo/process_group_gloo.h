@@ -59,6 +59,7 @@ class ProcessGroupGloo final : public ProcessGroup {
 
   // Whether all_reduce goes through shared memory (every rank on one host).
   bool uses_shm() const { return shm_ != nullptr; }
+  bool shared_memory_all_reduce() const override { return uses_shm(); }
   // The underlying context (null for size 1), e.g. for a raw-Gloo baseline in benchmarks.
   const std::shared_ptr<gloo::Context>& context() const { return ctx_; }
   // Time the worker spent checking fingerprints: the comparison where the fingerprint rides a

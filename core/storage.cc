@@ -16,7 +16,8 @@ namespace accel {
 // two split in 4 steps above 4 KiB, 64-byte granules below) and a freed block goes to a free list
 // for its class instead of back to malloc. Each thread keeps a small lock-free cache in front of
 // the global, mutex-protected lists, so the per-op cost is a few loads and stores. Memory cached
-// per class is capped so a one-off huge allocation is not kept forever.
+// per class is capped so a one-off huge allocation is not kept forever. Blocks above 1 MiB skip
+// the per-thread caches (kThreadCacheMaxBytes).
 namespace {
 
 constexpr size_t kAlign = 64;
@@ -24,6 +25,11 @@ constexpr size_t kSmallMax = 4096;
 constexpr int kNumClasses = 64 + 4 * 40;  // 64 small granules + 4 steps per power of two
 constexpr size_t kMaxCachedPerClassBytes = size_t(256) << 20;
 constexpr int kThreadCacheSlots = 4;
+// Blocks above this skip the per-thread caches: a large block freed on another thread (a
+// collective's worker releasing its buffer) would otherwise sit in that thread's slots where the
+// allocating thread can never reuse it, up to 4 blocks per size class (RSS far above the bytes
+// in use under ZeRO). Large allocations are rare enough for the global list's lock.
+constexpr size_t kThreadCacheMaxBytes = size_t(1) << 20;
 
 int size_class(size_t n, size_t* rounded) {
   if (n <= kSmallMax) {
@@ -87,7 +93,7 @@ class CpuCachingAllocator final : public Allocator {
       return;
     }
     ThreadCache& tc = thread_cache();
-    if (tc.alive && tc.count[c] < kThreadCacheSlots) {
+    if (tc.alive && rounded <= kThreadCacheMaxBytes && tc.count[c] < kThreadCacheSlots) {
       tc.slots[c][tc.count[c]++] = p;
       in_use_.fetch_sub(rounded, std::memory_order_relaxed);
       return;

@@ -174,7 +174,7 @@ int train_classifier(const ClassifierSpec& spec, const Args& args, const Classif
   std::snprintf(line, sizeof line, "trained in %.1fs", total);
   acc.print(line);
   if (!args.checkpoint.empty()) {
-    if (acc.is_main_process()) m->save(args.checkpoint, {{"model", spec.name}});
+    acc.save_model(*m, args.checkpoint);  // collective: every rank takes part
     acc.wait_for_everyone();
     acc.print("saved ", args.checkpoint);
   }

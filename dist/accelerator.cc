@@ -153,7 +153,8 @@ dist::DistributedDataParallel* Accelerator::ddp(const nn::Module& model) const {
 size_t Accelerator::model_index(const nn::Module& model, const char* op) const {
   for (size_t i = 0; i < models_.size(); ++i)
     if (models_[i].get() == &model) return i;
-  ACCEL_THROW(ValueError, op, "the ", model.type_name(), " is not a model this accelerator prepared");
+  ACCEL_THROW(ValueError, op, "the ", model.type_name(),
+              " is not a model this accelerator prepared");
 }
 
 nn::TensorDict Accelerator::get_state_dict(const nn::Module& model) {

@@ -322,8 +322,7 @@ PlainState read_fsdp_as_plain(const std::string& dir, const nlohmann::json& reco
   PlainState out;
   std::unordered_map<const TensorImpl*, std::string> key_of;
   for (size_t m = 0; m < models.size(); ++m) {
-    nn::TensorDict d =
-        nn::load_safetensors((fs::path(dir) / fsdp_replicated_file(m)).string());
+    nn::TensorDict d = nn::load_safetensors((fs::path(dir) / fsdp_replicated_file(m)).string());
     for (const std::string& name : reader.param_names(m)) d[name] = reader.full_param(m, name);
     out.models.push_back(std::move(d));
     for (auto& [name, p] : models[m]->named_parameters())

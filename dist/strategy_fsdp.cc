@@ -191,13 +191,12 @@ class FsdpStrategy final : public Strategy {
                   " trainable parameters, this one ", spans.size());
       for (size_t k = 0; k < spans.size(); ++k) {
         const auto& sp = spans[k];
-        ACCEL_CHECK(reader.has_param(m, sp.name) && reader.shape(m, sp.name) == sp.shape,
-                    ValueError, "load_state", "checkpoint '", dir, "': parameter '", sp.name,
-                    "' of model ", m,
-                    reader.has_param(m, sp.name)
-                        ? " has shape " + shape_str(reader.shape(m, sp.name)) + ", the model " +
-                              shape_str(sp.shape)
-                        : std::string(" is missing"));
+        ACCEL_CHECK(
+            reader.has_param(m, sp.name) && reader.shape(m, sp.name) == sp.shape, ValueError,
+            "load_state", "checkpoint '", dir, "': parameter '", sp.name, "' of model ", m,
+            reader.has_param(m, sp.name) ? " has shape " + shape_str(reader.shape(m, sp.name)) +
+                                               ", the model " + shape_str(sp.shape)
+                                         : std::string(" is missing"));
         slices.emplace_back(k, reader.param_range(m, sp.name, sp.lo, sp.hi));
       }
       out->slices.push_back(std::move(slices));
@@ -349,8 +348,8 @@ class FsdpStrategy final : public Strategy {
                     it == full.end() ? std::string("is missing")
                                      : "has shape " + it->second.shape_str() + ", the model " +
                                            shape_str(spans[k].shape));
-        slices.emplace_back(k, it->second.reshape({-1}).narrow(0, spans[k].lo,
-                                                               spans[k].hi - spans[k].lo));
+        slices.emplace_back(
+            k, it->second.reshape({-1}).narrow(0, spans[k].lo, spans[k].hi - spans[k].lo));
         full.erase(it);
       }
       out->slices.push_back(std::move(slices));
@@ -368,7 +367,8 @@ class FsdpStrategy final : public Strategy {
         if (k.ends_with(".lr") || k.ends_with(".weight_decay")) d[k] = v;
       std::unordered_map<std::string, FullyShardedModel::Span> span_of;
       for (size_t m = 0; m < sharded_.size(); ++m)
-        for (auto& sp : sharded_[m]->spans()) span_of.emplace(std::to_string(m) + ":" + sp.name, sp);
+        for (auto& sp : sharded_[m]->spans())
+          span_of.emplace(std::to_string(m) + ":" + sp.name, sp);
       for (size_t k = 0; k < s.keys.size(); ++k) {
         const FullyShardedModel::Span& sp = span_of.at(s.keys[k]);
         const std::string prefix = "state." + std::to_string(k) + ".";

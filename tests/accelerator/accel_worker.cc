@@ -273,6 +273,39 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
   return 0;
 }
 
+// A checkpoint of another model (other widths) into a prepared run: a clear error naming a
+// parameter and its shapes on every rank, the run's own state untouched.
+int wrong_model(const std::string& dir, int stage) {
+  AcceleratorConfig c = config_from_env(dir);
+  c.zero_stage = stage;
+  Accelerator acc(c);
+  Generator g(5);
+  auto mlp = std::make_shared<nn::Sequential>(
+      std::make_shared<nn::Linear>(4, 24, true, &g), std::make_shared<nn::Tanh>(),
+      std::make_shared<nn::Linear>(24, 16, true, &g), std::make_shared<nn::Tanh>(),
+      std::make_shared<nn::Linear>(16, 1, true, &g));
+  auto opt = std::make_shared<optim::AdamW>(decay_groups(*mlp), optim::AdamWOptions{});
+  auto sched = std::make_shared<optim::StepLR>(*opt, 3, 0.5);
+  data::DataLoaderOptions lo;
+  lo.batch_size = 4;
+  auto loader = std::make_shared<data::DataLoader>(test::make_dataset(48), lo);
+  auto [model, aopt, aloader, asched] = acc.prepare(mlp, opt, loader, sched);
+  const nn::TensorDict before = acc.get_state_dict(*model);
+  bool named = false;
+  try {
+    acc.load_state(dir + "/ckpt");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    named = m.find("0.weight") != std::string::npos && m.find("(24, 4)") != std::string::npos;
+    if (!named) std::printf("message: %s\n", e.what());
+  }
+  EXPECT(named);
+  const nn::TensorDict after = acc.get_state_dict(*model);
+  for (auto& [k, v] : before) EXPECT(after.at(k).equal(v));
+  std::cout << "ok wrong_model" << std::endl;
+  return 0;
+}
+
 // ZeRO's prepare() refuses what it cannot shard, with a ValueError on every rank.
 struct OwnSGD : optim::SGD {
   using optim::SGD::SGD;
@@ -394,6 +427,7 @@ int main(int argc, char** argv) {
       return ddp_mlp(std::atoll(argv[2]), argc > 3 ? std::atoi(argv[3]) : 0,
                      argc > 4 ? argv[4] : "no");
     if (mode == "zero_errors") return zero_errors();
+    if (mode == "wrong_model" && argc > 3) return wrong_model(argv[2], std::atoi(argv[3]));
     if (mode == "zero_train" && argc > 7)
       return zero_train(argv[2], std::atoi(argv[3]), std::atoll(argv[4]), std::atoi(argv[5]),
                         std::atoi(argv[6]), std::atoi(argv[7]) != 0);

@@ -217,6 +217,9 @@ TEST_CASE("ZeRO-3 sharded checkpoints: 4 ranks resume at 4 bit-exact, at 2 and 1
     for (int r = 0; r < world; ++r)
       check_close(full[0].output, res[size_t(r)].output, "param ", 1e-5);
   }
+  // The checkpoint of another model: a clear error naming the parameter, nothing changed.
+  check_ok(run_world(worker(), {"wrong_model", dir, "3"}, 2, {}, 60s), "wrong_model");
+  check_ok(run_world(worker(), {"wrong_model", dir, "3"}, 1, {}, 60s), "wrong_model");
 }
 
 TEST_CASE("plain DDP checkpoints load into another world size (2 ranks -> 1 and 3)") {

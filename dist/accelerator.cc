@@ -161,9 +161,23 @@ nn::TensorDict Accelerator::get_state_dict(const nn::Module& model) {
   return strategy_->full_state_dict(model_index(model, "get_state_dict"));
 }
 
+// A rank that fails (the main process cannot write the file) must not leave the others waiting:
+// the outcome is agreed on, and every rank raises.
 void Accelerator::save_model(const nn::Module& model, const std::string& path) {
-  strategy_->save_model(model_index(model, "save_model"), path);
-  wait_for_everyone();
+  const size_t index = model_index(model, "save_model");
+  std::exception_ptr err;
+  try {
+    strategy_->save_model(index, path);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  if (world_size_ > 1) {
+    Tensor failed = full({1}, err ? 1.0 : 0.0, TensorOptions(kFloat32, device_));
+    group_->all_reduce(failed, dist::ReduceOp::Max);
+    ACCEL_CHECK(err || failed.item<double>() == 0, IoError, "save_model",
+                "another rank could not write '", path, "'");
+  }
+  if (err) std::rethrow_exception(err);
 }
 
 std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(

@@ -2,6 +2,7 @@
 // model (dist/fsdp.h, Note [unit lifecycle]); checkpoints per Note [fsdp checkpoints].
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <unordered_map>
 
 #include "autograd/nn/safetensors.h"
@@ -288,6 +289,9 @@ class FsdpStrategy final : public Strategy {
       stepping_[i].opt->load_state_dict(l.optimizers[i]);
   }
 
+  // Every rank gathers each unit in turn (collective); rank 0 writes it and drops it. A failure
+  // of rank 0's file (bad path, full disk) does not leave the others waiting in a gather: rank 0
+  // keeps taking part, and the outcome is agreed on at the end (IoError on every rank).
   void save_model(size_t index, const std::string& path) override {
     FullyShardedModel& f = *sharded_.at(index);
     const nn::TensorDict rep = replicated_state(*models_.at(index));
@@ -296,15 +300,31 @@ class FsdpStrategy final : public Strategy {
       entries.push_back({name, dtype, shape});
     for (const auto& [name, t] : rep) entries.push_back({name, t.dtype(), t.sizes()});
     std::unique_ptr<nn::SafetensorsWriter> w;
-    if (ctx_.rank == 0) w = std::make_unique<nn::SafetensorsWriter>(path, entries);
-    // Collective: every rank gathers each unit in turn; rank 0 writes it and drops it.
+    std::exception_ptr err;
+    auto attempt = [&](const std::function<void()>& fn) {
+      if (err) return;
+      try {
+        fn();
+      } catch (...) {
+        err = std::current_exception();
+        w.reset();  // removes the temporary file
+      }
+    };
+    if (ctx_.rank == 0)
+      attempt([&] { w = std::make_unique<nn::SafetensorsWriter>(path, entries); });
     f.for_each_full_parameter([&](const std::string&, const Tensor& t) {
-      if (w) w->write(t);
+      if (w) attempt([&] { w->write(t); });
     });
-    if (w) {
-      for (const auto& [name, t] : rep) w->write(t);
-      w->commit();
-    }
+    if (w)
+      attempt([&] {
+        for (const auto& [name, t] : rep) w->write(t);
+        w->commit();
+      });
+    Tensor failed = full({1}, err ? 1.0 : 0.0, TensorOptions(kFloat32, ctx_.device));
+    ctx_.group->all_reduce(failed, ReduceOp::Max);
+    if (err) std::rethrow_exception(err);
+    ACCEL_CHECK(failed.item<double>() == 0, IoError, "save_model", "rank 0 could not write '", path,
+                "'");
   }
 
  private:

@@ -220,6 +220,8 @@ TEST_CASE("ZeRO-3 sharded checkpoints: 4 ranks resume at 4 bit-exact, at 2 and 1
   // The checkpoint of another model: a clear error naming the parameter, nothing changed.
   check_ok(run_world(worker(), {"wrong_model", dir, "3"}, 2, {}, 60s), "wrong_model");
   check_ok(run_world(worker(), {"wrong_model", dir, "3"}, 1, {}, 60s), "wrong_model");
+  // DDP: the main process's failed export does not leave the other rank waiting either.
+  check_ok(run_world(worker(), {"wrong_model", dir, "0"}, 2, {}, 60s), "wrong_model");
 }
 
 TEST_CASE("plain DDP checkpoints load into another world size (2 ranks -> 1 and 3)") {

@@ -379,6 +379,9 @@ void FullyShardedModel::release(Unit& u) {
 }
 
 void FullyShardedModel::refresh_root() {
+  // The shards changed: a unit still gathered (the last of a forward that had no backward) would
+  // hold old values.
+  for (size_t i = 1; i < units_.size(); ++i) release(*units_[i]);
   Unit& root = *units_[0];
   if (root.params.empty()) return;
   root.gathered = false;  // the shard changed: gather it again into the persistent buffer
@@ -427,7 +430,12 @@ Tensor FullyShardedModel::unit_forward(Unit& u, nn::Module& inner, const Tensor&
       return Tensor();
     });
   }
-  if (options_.reshard_after_forward) release(u);
+  // The unit that ran last in the previous forward is the first whose backward runs: keeping it
+  // saves gathering it again right away (as FSDP does), when a backward is coming.
+  const bool first_in_backward = grad_enabled() && !last_fwd_order_.empty() &&
+                                 u.fwd_pos + 1 == last_fwd_order_.size() &&
+                                 last_fwd_order_.back() == &u;
+  if (options_.reshard_after_forward && !first_in_backward) release(u);
   return y;
 }
 

@@ -129,7 +129,8 @@ class FullyShardedModel {
   void prepare_step();
   // After the optimizer updated the shards: re-gathers the root unit.
   void after_step();
-  // All-gathers the root unit's parameters from the shards (after the shards were written).
+  // After the shards were written: all-gathers the root unit's parameters from them and releases
+  // any other unit still gathered.
   void refresh_root();
   void zero_grad();
   bool has_grads() const { return grads_valid_; }

@@ -11,6 +11,23 @@ NamedParams trainable_parameters(const nn::Module& module) {
   return out;
 }
 
+void broadcast_in_place(ProcessGroup& pg, const Tensor& t, int root) {
+  if (!t.defined() || t.numel() == 0 || pg.size() == 1) return;
+  NoGradGuard no_grad;
+  if (t.is_contiguous()) {
+    pg.broadcast(t, root);
+    return;
+  }
+  Tensor tmp = t.contiguous();
+  pg.broadcast(tmp, root);
+  Tensor dst = t;
+  dst.copy_(tmp);
+}
+
+void broadcast_module_buffers(ProcessGroup& pg, const nn::Module& module, int root) {
+  for (auto& [name, buf] : module.named_buffers()) broadcast_in_place(pg, buf, root);
+}
+
 namespace {
 ProcessGroupPtr group_or_default(ProcessGroupPtr pg) { return pg ? pg : default_group(); }
 }  // namespace
@@ -57,18 +74,7 @@ void DistributedDataParallel::broadcast_parameters() {
 
 void DistributedDataParallel::broadcast_buffers() {
   if (!module_ || !options_.broadcast_buffers || pg_->size() == 1) return;
-  NoGradGuard no_grad;
-  for (auto& [name, buf] : module_->named_buffers()) {
-    if (!buf.defined() || buf.numel() == 0) continue;
-    if (buf.is_contiguous()) {
-      pg_->broadcast(buf, options_.root);
-    } else {
-      Tensor tmp = buf.contiguous();
-      pg_->broadcast(tmp, options_.root);
-      Tensor dst = buf;
-      dst.copy_(tmp);
-    }
-  }
+  broadcast_module_buffers(*pg_, *module_, options_.root);
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {

@@ -91,5 +91,9 @@ class DistributedDataParallel {
 
 // Named parameters of a module that require grad (what DDP and ZeRO synchronise).
 NamedParams trainable_parameters(const nn::Module& module);
+// Rank `root`'s value of t on every rank, in place (t may be a non-contiguous view; empty: no-op).
+void broadcast_in_place(ProcessGroup& pg, const Tensor& t, int root);
+// Every buffer of `module` (replicated state such as batch-norm statistics) from `root`.
+void broadcast_module_buffers(ProcessGroup& pg, const nn::Module& module, int root);
 
 }  // namespace accel::dist

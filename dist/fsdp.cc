@@ -14,6 +14,7 @@
 #include "autograd/nn/container.h"
 #include "core/error.h"
 #include "core/storage.h"
+#include "dist/ddp.h"
 
 namespace accel::dist {
 
@@ -248,16 +249,7 @@ void FullyShardedModel::init_values() {
   }
   shard_leaves_ = std::move(leaves);
   // Buffers are replicated: everyone starts from root's.
-  if (pg_->size() > 1)
-    for (auto& [name, b] : model_->named_buffers()) {
-      if (!b.defined() || b.numel() == 0) continue;
-      Tensor tmp = b.contiguous();
-      pg_->broadcast(tmp, options_.root);
-      if (!tmp.is_same(b)) {
-        Tensor dst = b;
-        dst.copy_(tmp);
-      }
-    }
+  broadcast_module_buffers(*pg_, *model_, options_.root);
   // Hooks: units' entries, and every parameter's accumulation (Note [unit lifecycle]).
   std::weak_ptr<bool> alive = alive_;
   for (auto& up : units_) {

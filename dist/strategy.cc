@@ -127,13 +127,7 @@ void ReplicatedStrategy::gather_all() {
 }
 
 void ReplicatedStrategy::broadcast_in_place(const Tensor& t) const {
-  if (!t.defined() || t.numel() == 0 || !ctx_.group) return;
-  Tensor tmp = t.contiguous();
-  ctx_.group->broadcast(tmp, 0);
-  if (!tmp.is_same(t)) {
-    Tensor dst = t;
-    dst.copy_(tmp);
-  }
+  if (ctx_.group) dist::broadcast_in_place(*ctx_.group, t, 0);
 }
 
 void ReplicatedStrategy::broadcast_frozen(const nn::Module& model, bool buffers) const {

@@ -50,15 +50,8 @@ class FsdpStrategy final : public Strategy {
   std::string_view name() const override { return "fsdp"; }
 
   void prepare_model(const std::shared_ptr<nn::Module>& model) override {
-    {
-      NoGradGuard ng;
-      for (auto& [name, p] : model->named_parameters()) {
-        if (p.requires_grad() || p.numel() == 0) continue;
-        Tensor tmp = p.contiguous();
-        ctx_.group->broadcast(tmp, 0);
-        if (!tmp.is_same(p)) Tensor(p).copy_(tmp);
-      }
-    }
+    for (auto& [name, p] : model->named_parameters())  // frozen ones are replicated
+      if (!p.requires_grad()) broadcast_in_place(*ctx_.group, p, 0);
     models_.push_back(model);
     sharded_.push_back(std::make_unique<FullyShardedModel>(model, ctx_.group, options_));
   }

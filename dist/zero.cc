@@ -80,18 +80,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
     : ZeroOptimizer(trainable_parameters(*module), make_optimizer, std::move(pg), options) {
   module_ = std::move(module);
   // Buffers (e.g. batch-norm statistics) are replicated, not sharded: start from root's.
-  if (pg_->size() > 1) {
-    NoGradGuard no_grad;
-    for (auto& [name, buf] : module_->named_buffers()) {
-      if (!buf.defined() || buf.numel() == 0) continue;
-      Tensor tmp = buf.contiguous();
-      pg_->broadcast(tmp, options_.root);
-      if (!tmp.is_same(buf)) {
-        Tensor dst = buf;
-        dst.copy_(tmp);
-      }
-    }
-  }
+  broadcast_module_buffers(*pg_, *module_, options_.root);
 }
 
 ZeroOptimizer::~ZeroOptimizer() = default;

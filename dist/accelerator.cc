@@ -123,6 +123,7 @@ Accelerator::Accelerator(AcceleratorConfig config)
   ctx.zero_stage = config_.zero_stage;
   ctx.mixed_precision = config_.mixed_precision;
   ctx.fsdp = std::make_shared<const dist::FsdpOptions>(config_.fsdp);
+  ctx.zero = config_.zero;
   strategy_ = dist::make_strategy(ctx);
   logging_dir_ = config_.project_dir;
   if (config_.seed) set_seed(*config_.seed);

@@ -98,6 +98,9 @@ struct AcceleratorConfig {
   // prefetch, activation checkpointing per unit, bf16/fp16 compute parameters.
   // find_unused_parameters comes from `ddp`.
   dist::FsdpOptions fsdp;
+  // zero_stage 1 and 2: bf16/fp16 compute parameters with fp32 master shards (param_dtype,
+  // reduce_in_fp32 of dist::ZeroOptions; its other fields come from zero_stage and `ddp`).
+  dist::ZeroOptions zero;
   std::chrono::milliseconds timeout = dist::kDefaultCollectiveTimeout;
   // Override the fields above from ACCEL_MIXED_PRECISION, ACCEL_USE_CPU, ACCEL_ZERO_STAGE and
   // ACCEL_GRADIENT_ACCUMULATION_STEPS when they are set (what accel-run exports).

@@ -38,6 +38,7 @@
 #include "dist/amp.h"
 #include "dist/ddp.h"
 #include "dist/process_group.h"
+#include "dist/zero.h"
 
 namespace accel::dist {
 
@@ -52,6 +53,9 @@ struct StrategyContext {
   int zero_stage = 0;
   MixedPrecision mixed_precision = MixedPrecision::No;
   std::shared_ptr<const FsdpOptions> fsdp;  // stage 3 wrapping policy etc.; null: defaults
+  // Stages 1-2: param_dtype / reduce_in_fp32 (stage, bucket size, unused parameters and root
+  // come from the fields above).
+  ZeroOptions zero;
 };
 
 // The gradients an optimizer step reads, as the strategy holds them.

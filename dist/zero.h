@@ -36,6 +36,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "autograd/nn/module.h"
 #include "autograd/optim/optimizer.h"
@@ -49,6 +50,11 @@ struct ZeroOptions {
   size_t bucket_cap_bytes = kDefaultBucketCapBytes;
   bool find_unused_parameters = false;
   int root = 0;  // whose initial parameters every rank starts from
+  // Stages 1-2 mixed precision: the model's parameters become this dtype (kBFloat16 / kFloat16)
+  // for forward and backward, while the optimizer steps fp32 master shards (the parameters' own
+  // dtype) and the updated shards are cast back and all-gathered. nullopt: no conversion.
+  std::optional<DType> param_dtype;
+  bool reduce_in_fp32 = false;  // with param_dtype: reduce gradients in the master dtype
 };
 
 using OptimizerFactory =

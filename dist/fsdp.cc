@@ -76,14 +76,6 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<nn::Module> model, ProcessG
   if (options_.wrap == FsdpOptions::Wrap::MinParams)
     ACCEL_CHECK(options_.min_params > 0, DistError, "fsdp",
                 "wrap policy 'min_params' needs min_params > 0, got ", options_.min_params);
-  // Note [collectives through shared memory]
-  // On one host the Gloo group all-reduces through shared memory (dist/shm_allreduce.h): memory
-  // bandwidth, no sockets, while all_gather and reduce_scatter go through loopback TCP. Moving
-  // N bytes that way costs less than the socket collectives' (N-1)/N, so on such a group a
-  // unit's gather is an all-reduce of the flat buffer holding only this rank's slice (zeros
-  // elsewhere: the sum is the concatenation, exactly, up to the sign of a zero) and its
-  // reduce-scatter an all-reduce of the staging buffer of which this rank keeps its slice.
-  via_all_reduce_ = pg_->size() > 1 && pg_->shared_memory_all_reduce() && options_.shared_memory;
   build_units();
   init_values();
 }
@@ -338,15 +330,6 @@ void FullyShardedModel::gather(Unit& u, bool wait) {
     if (pg_->size() == 1) {
       u.full.copy_(u.gather_src);
       u.gather_src = Tensor();
-    } else if (via_all_reduce_) {
-      // Note [collectives through shared memory]: the others' slices are zero, a sum gathers.
-      const int64_t at = pg_->rank() * u.shard_numel;
-      if (at > 0) u.full.narrow(0, 0, at).zero_();
-      u.full.narrow(0, at, u.shard_numel).copy_(u.gather_src);
-      if (at + u.shard_numel < u.numel)
-        u.full.narrow(0, at + u.shard_numel, u.numel - at - u.shard_numel).zero_();
-      u.gather_src = Tensor();
-      u.gather_work = pg_->all_reduce_async(u.full, ReduceOp::Sum);
     } else {
       u.gather_work = pg_->all_gather_async(u.full, u.gather_src);
     }
@@ -478,10 +461,6 @@ void FullyShardedModel::issue_reduce(Unit& u) {
   if (w > 1) u.staging.div_(double(w));  // a sum of pre-divided values is the average
   if (w == 1) {
     u.reduce_out = u.staging;
-  } else if (via_all_reduce_) {
-    // Note [collectives through shared memory]: this rank's slice of the summed buffer.
-    u.reduce_work = pg_->all_reduce_async(u.staging, ReduceOp::Sum);
-    u.reduce_out = u.staging.narrow(0, pg_->rank() * u.shard_numel, u.shard_numel);
   } else {
     u.reduce_out = empty({u.shard_numel}, TensorOptions(red, u.device));
     u.reduce_work = pg_->reduce_scatter_async(u.reduce_out, u.staging, ReduceOp::Sum);

@@ -73,9 +73,6 @@ struct FsdpOptions {
   std::optional<DType> param_dtype;
   bool reduce_in_fp32 = false;  // with param_dtype: reduce-scatter gradients in the master dtype
   bool find_unused_parameters = false;
-  // On a group whose all-reduce goes through shared memory, gather and reduce-scatter with it
-  // (Note [collectives through shared memory] in dist/fsdp.cc).
-  bool shared_memory = true;
   int root = 0;  // whose initial parameters every rank starts from
 };
 
@@ -181,7 +178,7 @@ class FullyShardedModel {
   std::vector<Tensor> grad_views_;  // per parameter: its slice of the unit's gradient shard
   std::vector<Unit*> fwd_order_, last_fwd_order_, bwd_order_;
   std::deque<Unit*> reduce_order_;  // reduce-scatters in flight, oldest first
-  bool in_backward_ = false, sync_ = true, grads_valid_ = false, via_all_reduce_ = false;
+  bool in_backward_ = false, sync_ = true, grads_valid_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

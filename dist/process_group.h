@@ -69,8 +69,9 @@ struct ProcessGroupOptions {
   // Gloo ring all-reduce segment size in bytes (0: Gloo's default, 1 MiB). Each segment costs a
   // send/receive rendezvous, so larger segments cut per-message overhead on slow-wakeup hosts.
   size_t gloo_segment_bytes = size_t(4) << 20;
-  // All-reduce through shared memory when every rank maps the same segment (one host); see
-  // dist/shm_allreduce.h. Env ACCEL_DIST_SHM=0 turns it off for init_process_group.
+  // All-reduce, all-gather and reduce-scatter through shared memory when every rank maps the
+  // same segment (one host); see dist/shm_allreduce.h. Env ACCEL_DIST_SHM=0 turns it off for
+  // init_process_group.
   bool shm = true;
   size_t shm_slot_bytes = size_t(4) << 20;  // per rank; tensors are reduced in chunks of this
   // Keys of this group live under "<name>/" in the store; empty picks "pg<N>", N counting
@@ -161,9 +162,6 @@ class ProcessGroup {
   void set_timeout(Milliseconds t);
   // Number of collectives issued so far (the next one gets this sequence number).
   virtual uint64_t next_seq() const = 0;
-  // Whether all_reduce moves data through memory shared by every rank (one host), which makes it
-  // cheaper than all_gather / reduce_scatter over sockets (dist/fsdp.cc uses it for both).
-  virtual bool shared_memory_all_reduce() const { return false; }
 
  protected:
   const int rank_;

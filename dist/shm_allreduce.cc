@@ -88,6 +88,15 @@ constexpr size_t kLine = 64;
 constexpr size_t kAbortReasonBytes = 4 * kLine - sizeof(int64_t);
 constexpr const char* kSegmentPrefix = "accel-";
 constexpr auto kCheckEvery = std::chrono::milliseconds(1);
+// Note [shm spinning]
+// A barrier spins (pause) before it yields and then sleeps: on a host with a core per rank the
+// peer arrives within microseconds and a spin is the cheapest wait. With more ranks than CPUs
+// (4 ranks on 2 cores, a laptop, an oversubscribed node) the peer that has not arrived is often
+// not running, and every pause spends the time slice it needs; ZeRO-3 meets several barriers per
+// unit and step. There a rank spins briefly and then yields at once. (4000 pauses are about
+// 0.2 ms on CPUs whose pause takes ~140 cycles.)
+constexpr int kSpins = 4000;
+constexpr int kOversubscribedSpins = 64;
 
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -202,7 +211,8 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::create(const std::shared_ptr<Store>&
                                                    int size, size_t slot_bytes,
                                                    Milliseconds timeout) {
   if (size < 2 || slot_bytes == 0) return nullptr;
-  slot_bytes = align_up(slot_bytes, kLine);
+  // A reduce-scatter window holds at least one 8-byte element per rank.
+  slot_bytes = align_up(std::max(slot_bytes, size_t(8) * size_t(size)), kLine);
   const size_t header_bytes = abort_offset(size) + sizeof(AbortBlock);
   const size_t map_bytes = align_up(header_bytes, 4096) + slot_bytes * size_t(size);
   std::unique_ptr<ShmAllReduce> self(new ShmAllReduce());
@@ -311,6 +321,12 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::create(const std::shared_ptr<Store>&
   self->abort_block_ =
       reinterpret_cast<AbortBlock*>(static_cast<char*>(self->map_) + abort_offset(size));
   self->slots_ = static_cast<char*>(self->map_) + align_up(header_bytes, 4096);
+  // Note [shm spinning]: with more ranks than CPUs a waiting rank spins on a core its peer needs.
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const bool oversubscribed =
+      sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < size;
+  self->spin_limit_ = oversubscribed ? kOversubscribedSpins : kSpins;
   self->pidfds_.assign(size_t(size), -1);
   if (one_pid_ns) {
     self->pids_ = pids;
@@ -416,12 +432,12 @@ void ShmAllReduce::barrier(Milliseconds timeout, const char* phase, const void* 
     auto* c = counter(map_, q);
     int spins = 0;
     while (c->load(std::memory_order_acquire) < generation_) {
-      if (spins < 4000) {
+      if (spins < spin_limit_) {
         ++spins;
         ACCEL_CPU_RELAX();
         continue;
       }
-      if (spins < 4200) {
+      if (spins < spin_limit_ + 200) {
         ++spins;
         sched_yield();
         continue;
@@ -472,20 +488,42 @@ void ShmAllReduce::read_stamps(void* out, const void* mine) {
   }
 }
 
-void ShmAllReduce::exchange(const void* stamp, void* out, Milliseconds timeout) {
+void ShmAllReduce::check_entry() {
+  // One relaxed load each on the fast path.
   if (aborted_.load(std::memory_order_relaxed) ||
       abort_block_->state.load(std::memory_order_relaxed) > 0)
     check_peers("entry");
+}
+
+void ShmAllReduce::first_arrival(Milliseconds timeout, const char* phase, const void* stamp,
+                                 const StampCheck* check) {
+  if (!stamp) {
+    barrier(timeout, phase);
+    return;
+  }
+  barrier(timeout, phase, stamp);
+  if (!check) return;
+  // Nothing has been read from a peer yet: on a mismatch only our own slot was written.
+  uint64_t stamps[kStampWords * 64];
+  std::vector<uint64_t> big;
+  uint64_t* all = stamps;
+  if (size_ > 64) {
+    big.resize(kStampWords * size_t(size_));
+    all = big.data();
+  }
+  read_stamps(all, stamp);
+  (*check)(all);
+}
+
+void ShmAllReduce::exchange(const void* stamp, void* out, Milliseconds timeout) {
+  check_entry();
   barrier(timeout, "fingerprint", stamp);
   read_stamps(out, stamp);
 }
 
 void ShmAllReduce::all_reduce(void* data, size_t n, size_t es, ReduceFn fn, Milliseconds timeout,
                               const void* stamp, const StampCheck* check) {
-  // One relaxed load each: an aborted group fails at once instead of at its next wait.
-  if (aborted_.load(std::memory_order_relaxed) ||
-      abort_block_->state.load(std::memory_order_relaxed) > 0)
-    check_peers("entry");
+  check_entry();
   char* d = static_cast<char*>(data);
   const size_t per_chunk = slot_bytes_ / es;
   const size_t N = size_t(size_), r = size_t(rank_);
@@ -494,23 +532,10 @@ void ShmAllReduce::all_reduce(void* data, size_t n, size_t es, ReduceFn fn, Mill
     const size_t m = std::min(per_chunk, n - off);
     char* mine = d + off * es;
     std::memcpy(slot(r), mine, m * es);
-    if (off == 0 && stamp) {
-      barrier(timeout, "gather", stamp);
-      if (check) {
-        // Nothing has been reduced yet: on a mismatch only our own slot was written.
-        uint64_t stamps[kStampWords * 64];
-        std::vector<uint64_t> big;
-        uint64_t* all = stamps;
-        if (size_ > 64) {
-          big.resize(kStampWords * size_t(size_));
-          all = big.data();
-        }
-        read_stamps(all, stamp);
-        (*check)(all);
-      }
-    } else {
+    if (off == 0)
+      first_arrival(timeout, "gather", stamp, check);
+    else
       barrier(timeout, "gather");
-    }
     const size_t lo = m * r / N, hi = m * (r + 1) / N;
     if (hi > lo) {
       char* dst = slot(0) + lo * es;
@@ -522,6 +547,71 @@ void ShmAllReduce::all_reduce(void* data, size_t n, size_t es, ReduceFn fn, Mill
     if (lo > 0) std::memcpy(mine, slot(0), lo * es);
     if (m > hi) std::memcpy(mine + hi * es, slot(0) + hi * es, (m - hi) * es);
     barrier(timeout, "copy");
+  }
+}
+
+// Note [shm all-gather and reduce-scatter]
+// ZeRO-3 moves every unit's parameters twice per step as an all-gather and its gradients once as
+// a reduce-scatter. Emulating them with the all-reduce above (zero-filled output, own part
+// written, summed) moves N times the bytes through every rank's slot and costs three barriers per
+// slot-sized chunk of the *full* buffer. Done directly:
+// * all-gather, per chunk of up to slot_bytes of each rank's input: every rank copies its chunk
+//   into its slot (barrier), copies every peer's slot into its output (barrier: a fast rank must
+//   not overwrite its slot with the next chunk while a peer still reads it). Per rank: n bytes
+//   written, (N - 1) n read and written; two barriers per slot_bytes of *input*.
+// * reduce-scatter, per window of up to slot_bytes / N elements of each rank's N chunks: every
+//   rank copies the window of each chunk q into its slot at position q (barrier), then reduces
+//   position `rank` over all slots in rank order straight into its output (barrier). Per rank:
+//   N k bytes written, N k read, k written.
+// The first arrival carries the fingerprint stamp and its check, as the all-reduce's does.
+void ShmAllReduce::all_gather(const void* in, void* out, size_t n, size_t es, Milliseconds timeout,
+                              const void* stamp, const StampCheck* check) {
+  check_entry();
+  const char* src = static_cast<const char*>(in);
+  char* o = static_cast<char*>(out);
+  const size_t per_chunk = slot_bytes_ / es;
+  const size_t N = size_t(size_), r = size_t(rank_);
+  auto slot = [&](size_t q) { return slots_ + q * slot_bytes_; };
+  for (size_t off = 0; off < n; off += per_chunk) {
+    const size_t m = std::min(per_chunk, n - off);
+    std::memcpy(slot(r), src + off * es, m * es);
+    if (off == 0)
+      first_arrival(timeout, "all-gather", stamp, check);
+    else
+      barrier(timeout, "all-gather");
+    for (size_t q = 0; q < N; ++q) {
+      char* dst = o + (q * n + off) * es;
+      if (q != r)
+        std::memcpy(dst, slot(q), m * es);
+      else if (dst != src + off * es)
+        std::memmove(dst, src + off * es, m * es);  // in place: nothing to do
+    }
+    barrier(timeout, "all-gather copy");
+  }
+}
+
+void ShmAllReduce::reduce_scatter(const void* in, void* out, size_t k, size_t es, ReduceFn fn,
+                                  Milliseconds timeout, const void* stamp,
+                                  const StampCheck* check) {
+  check_entry();
+  const char* src = static_cast<const char*>(in);
+  char* o = static_cast<char*>(out);
+  const size_t N = size_t(size_), r = size_t(rank_);
+  const size_t per_window = std::max<size_t>(1, slot_bytes_ / (es * N));
+  auto slot = [&](size_t q) { return slots_ + q * slot_bytes_; };
+  for (size_t off = 0; off < k; off += per_window) {
+    const size_t m = std::min(per_window, k - off);
+    char* mine = slot(r);
+    for (size_t q = 0; q < N; ++q) std::memcpy(mine + q * m * es, src + (q * k + off) * es, m * es);
+    if (off == 0)
+      first_arrival(timeout, "reduce-scatter", stamp, check);
+    else
+      barrier(timeout, "reduce-scatter");
+    char* dst = o + off * es;
+    const size_t at = r * m * es;
+    fn(dst, slot(0) + at, slot(1) + at, m);
+    for (size_t q = 2; q < N; ++q) fn(dst, dst, slot(q) + at, m);
+    barrier(timeout, "reduce-scatter done");
   }
 }
 

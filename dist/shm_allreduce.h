@@ -3,7 +3,8 @@
 // Loopback TCP costs two kernel copies per byte and direction plus Gloo's per-segment
 // rendezvous; here each rank writes its chunk once into its slot, reduces its 1/N of the chunk
 // across all slots, and copies the reduced chunk back: memory bandwidth only, no syscalls on the
-// way. See Note [shm all-reduce] in the .cc. Used by the Gloo backend when every rank could map
+// way. See Note [shm all-reduce] in the .cc; all-gather and reduce-scatter use the same slots
+// (Note [shm all-gather and reduce-scatter]). Used by the Gloo backend when every rank could map
 // the segment; otherwise Gloo's TCP ring runs as before.
 #pragma once
 
@@ -44,6 +45,16 @@ class ShmAllReduce {
   // `check` (when given) sees all ranks' stamps before anything is reduced.
   void all_reduce(void* data, size_t n, size_t elem_size, ReduceFn fn, Milliseconds timeout,
                   const void* stamp = nullptr, const StampCheck* check = nullptr);
+  // All-gather: out[q n, (q + 1) n) = rank q's in[0, n) (elements of elem_size bytes). `in` may
+  // be this rank's own part of `out` (in place). Stamps and errors as all_reduce. Note [shm
+  // all-gather and reduce-scatter].
+  void all_gather(const void* in, void* out, size_t n, size_t elem_size, Milliseconds timeout,
+                  const void* stamp = nullptr, const StampCheck* check = nullptr);
+  // Reduce-scatter: out[0, k) = fn-reduction over ranks of their in[rank k, (rank + 1) k), in
+  // rank order (the same bits as all_reduce gives for that range). `out` must not overlap `in`.
+  void reduce_scatter(const void* in, void* out, size_t k, size_t elem_size, ReduceFn fn,
+                      Milliseconds timeout, const void* stamp = nullptr,
+                      const StampCheck* check = nullptr);
   // One arrival that carries `stamp`: an all-gather of kStampBytes per rank into `out` (rank
   // order), and a barrier. Throws PeerError like all_reduce, and when a peer's arrival is not
   // this one (the ranks' collective sequences diverged).
@@ -77,6 +88,11 @@ class ShmAllReduce {
   void barrier(Milliseconds timeout, const char* phase, const void* stamp = nullptr);
   // Every rank's stamp of the arrival just completed, into out (rank order).
   void read_stamps(void* out, const void* mine);
+  // The first arrival of a collective: a barrier carrying `stamp` (when given), then `check`
+  // over every rank's stamp (when given), before any rank reads another's slot.
+  void first_arrival(Milliseconds timeout, const char* phase, const void* stamp,
+                     const StampCheck* check);
+  void check_entry();  // an aborted group fails at once instead of at its next wait
   // Throws PeerError when this rank or a peer aborted, or a peer process has exited.
   void check_peers(const char* phase);
   [[noreturn]] void fail(const std::string& msg);  // publishes, then throws PeerError(msg)
@@ -90,6 +106,7 @@ class ShmAllReduce {
   Header* header_ = nullptr;
   char* slots_ = nullptr;
   uint64_t generation_ = 0;
+  int spin_limit_ = 0;  // pauses before a barrier yields (Note [shm spinning])
   AbortBlock* abort_block_ = nullptr;
   std::vector<int> pids_;    // per rank, empty unless all ranks share our pid namespace
   std::vector<int> pidfds_;  // per rank, -1 for this rank or where pidfd_open is unavailable

@@ -394,6 +394,18 @@ void ProcessGroupGloo::barrier() {
   w->wait();
 }
 
+const ShmAllReduce::StampCheck* ProcessGroupGloo::shm_check() {
+  if (!stamp_check_) return nullptr;
+  if (!shm_verify_)
+    shm_verify_ = [this](const void* stamps) {
+      const auto t0 = Clock::now();
+      history_.verify(static_cast<const Fingerprint*>(stamps), size_, stamp_);
+      fingerprint_ns_ +=
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    };
+  return &shm_verify_;
+}
+
 WorkPtr ProcessGroupGloo::enqueue(Fingerprint fp,
                                   std::function<void(uint64_t, Milliseconds)> body) {
   return enqueue(fp, std::move(body), Small());
@@ -448,9 +460,11 @@ void ProcessGroupGloo::run_task(Task& task) {
     // no syscall) and over the control plane otherwise.
     stamp_ = history_.stamp(fp);
     stamp_check_ = false;
-    const bool rides_all_reduce =
-        shm_ && size_ > 1 && OpKind(fp.kind) == OpKind::AllReduce && fp.numel > 0;
-    if (rides_all_reduce) {
+    const OpKind kind = OpKind(fp.kind);
+    const bool rides_shm =
+        shm_ && size_ > 1 && fp.numel > 0 &&
+        (kind == OpKind::AllReduce || kind == OpKind::AllGather || kind == OpKind::ReduceScatter);
+    if (rides_shm) {
       stamp_check_ = exchange;
       if (exchange) ++fingerprint_checks_;
     } else if (size_ > 1 && !shm_ && (exchange || task.small.combine)) {
@@ -493,10 +507,11 @@ void ProcessGroupGloo::run_task(Task& task) {
 
 // Note [fingerprint paths]
 // Where a rank's fingerprint travels, so that the check adds no round trip of its own:
-// * shared memory, all-reduce: on the all-reduce's first arrival (Note [shm stamps]); every rank
-//   compares all stamps after that barrier, before anything is reduced.
-// * shared memory, anything else (broadcast, all-gather, reduce-scatter, barrier, an empty
-//   all-reduce): one arrival through the segment carrying the stamp (no syscall), then Gloo.
+// * shared memory, all-reduce, all-gather, reduce-scatter: on the collective's first arrival
+//   (Note [shm stamps]); every rank compares all stamps after that barrier, before anything is
+//   read from a peer.
+// * shared memory, anything else (broadcast, barrier, an empty collective): one arrival through the
+// segment carrying the stamp (no syscall), then Gloo.
 //   All collectives of a group arrive through the same counters, so an all-reduce on one rank
 //   against a broadcast on another meet there and both raise.
 // * TCP, a collective of at most kSmallControlBytes per rank (all-reduce, broadcast,
@@ -589,15 +604,9 @@ WorkPtr ProcessGroupGloo::all_reduce_async(const Tensor& t, ReduceOp op) {
         if (size_ > 1 && shm_) {
           // run_task stamped this collective (Note [fingerprint paths]); the check runs after every
           // rank arrived and before anything is reduced.
-          const ShmAllReduce::StampCheck verify = [this](const void* stamps) {
-            const auto t0 = Clock::now();
-            history_.verify(static_cast<const Fingerprint*>(stamps), size_, stamp_);
-            fingerprint_ns_ +=
-                std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
-          };
           shm_->all_reduce(t.data_ptr(), n, t.element_size(),
                            reduce_function(t.dtype(), op == ReduceOp::Avg ? ReduceOp::Sum : op),
-                           timeout, &stamp_, stamp_check_ ? &verify : nullptr);
+                           timeout, &stamp_, shm_check());
         } else if (size_ > 1) {
           gloo::AllreduceOptions o(ctx_);
           set_output_bytes(o, t.data_ptr(), n, t.element_size());
@@ -673,6 +682,10 @@ WorkPtr ProcessGroupGloo::all_gather_async(const Tensor& out, const Tensor& in) 
           if (slot != in.data_ptr()) std::memmove(slot, in.data_ptr(), n * es);
           return;
         }
+        if (shm_) {  // stamped by run_task (Note [fingerprint paths])
+          shm_->all_gather(in.data_ptr(), out.data_ptr(), n, es, timeout, &stamp_, shm_check());
+          return;
+        }
         gloo::AllgatherOptions o(ctx_);
         // In place (ZeRO gathers into a buffer whose own chunk is the input): no input buffer.
         if (slot != in.data_ptr()) set_input_bytes(o, in.data_ptr(), n, es);
@@ -720,6 +733,10 @@ void ProcessGroupGloo::ring_reduce_scatter(const Tensor& out, const Tensor& in, 
   if (k == 0) return;
   if (n == 1) {
     std::memcpy(outp, inp, bytes);
+  } else if (shm_) {  // stamped by run_task (Note [fingerprint paths])
+    shm_->reduce_scatter(inp, outp, k, es,
+                         reduce_function(in.dtype(), op == ReduceOp::Avg ? ReduceOp::Sum : op),
+                         timeout, &stamp_, shm_check());
   } else {
     ReduceFn fn = reduce_function(in.dtype(), op == ReduceOp::Avg ? ReduceOp::Sum : op);
     scratch_.resize(2 * bytes);

@@ -59,7 +59,6 @@ class ProcessGroupGloo final : public ProcessGroup {
 
   // Whether all_reduce goes through shared memory (every rank on one host).
   bool uses_shm() const { return shm_ != nullptr; }
-  bool shared_memory_all_reduce() const override { return uses_shm(); }
   // The underlying context (null for size 1), e.g. for a raw-Gloo baseline in benchmarks.
   const std::shared_ptr<gloo::Context>& context() const { return ctx_; }
   // Time the worker spent checking fingerprints: the comparison where the fingerprint rides a
@@ -127,6 +126,9 @@ class ProcessGroupGloo final : public ProcessGroup {
   // it (Note [fingerprint paths]); worker thread (or inline waiter) only.
   Fingerprint stamp_;
   bool stamp_check_ = false;
+  // With stamp_check_: compares the stamps of a shared-memory collective's first arrival.
+  const ShmAllReduce::StampCheck* shm_check();
+  ShmAllReduce::StampCheck shm_verify_;
   std::vector<uint8_t> scratch_;  // worker thread only
 
   mutable std::mutex broken_mu_;

@@ -203,6 +203,25 @@ void scenario_collectives(ProcessGroup& pg) {
       bad += get(t, i) != reduce_expected(kFloat32, ReduceOp::Sum, w, i);
     WCHECK(bad == 0, bad << " wrong elements in the large all_reduce");
   }
+  // Large all_gather and reduce_scatter: several 4 MiB shared-memory chunks / windows (Note [shm
+  // all-gather and reduce-scatter]) or Gloo segments; odd lengths.
+  {
+    const int64_t n = 1100003;
+    Tensor in = make(kFloat32, n, r);
+    Tensor out = empty({n * w}, TensorOptions(kFloat32));
+    pg.all_gather(out, in);
+    int bad = 0;
+    for (int q = 0; q < w; ++q)
+      for (int64_t j = 0; j < n; j += 7) bad += get(out, q * n + j) != value(kFloat32, q, j);
+    WCHECK(bad == 0, bad << " wrong elements in the large all_gather");
+    const int64_t k = 400003;
+    Tensor src = make(kFloat32, k * w, r);
+    Tensor dst = empty({k}, TensorOptions(kFloat32));
+    pg.reduce_scatter(dst, src, ReduceOp::Sum);
+    for (int64_t j = 0; j < k; j += 7)
+      bad += get(dst, j) != reduce_expected(kFloat32, ReduceOp::Sum, w, int64_t(r) * k + j);
+    WCHECK(bad == 0, bad << " wrong elements in the large reduce_scatter");
+  }
   // Zero elements are legal everywhere.
   {
     Tensor z = empty({0}, TensorOptions(kFloat32));

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -491,4 +492,76 @@ TEST_CASE("shm: a working group reduces correctly and leaves nothing in /dev/shm
   for (int r = 0; r < kWorld; ++r) CHECK(read_line(kids[size_t(r)].out, kReadLimit) == "OK");
   CHECK(shm_entries_of(kids[0].pid).empty());
   reap(kids);
+}
+
+// Rank r's value j for the all-gather / reduce-scatter test: not exactly summable in float, so
+// a different reduction order would show in the bits.
+float gather_value(int rank, size_t j) {
+  return float(rank + 1) * 0.1f + float(j % 977) * 1.0e-3f + float(j % 13) * 3.3e-7f;
+}
+
+TEST_CASE(
+    "shm: all-gather and reduce-scatter over many chunks, in place, same bits as all-reduce") {
+  // kSlotBytes (64 KiB) is far below the sizes here, so every chunk and window boundary is
+  // crossed; the world sizes make windows of uneven length.
+  for (int world : {2, 3, 4}) {
+    CAPTURE(world);
+    const int port = accel::test::free_port();
+    std::vector<Child> kids;
+    for (int r = 0; r < world; ++r) {
+      kids.push_back(fork_child([&, r](int in, int out) {
+        auto store = connect_store(r, port);
+        auto shm = ShmAllReduce::create(store, r, world, kSlotBytes, kStoreTimeout);
+        if (!shm) return say(out, "NOSHM"), 2;
+        int bad = 0;
+        for (size_t n : {size_t(1), size_t(16383), size_t(16384), kElems + 3}) {
+          // All-gather into a separate output, then in place.
+          std::vector<float> mine(n), all(n * size_t(world), -1.0f);
+          for (size_t j = 0; j < n; ++j) mine[j] = gather_value(r, j);
+          shm->all_gather(mine.data(), all.data(), n, sizeof(float), kCollectiveTimeout);
+          for (size_t q = 0; q < size_t(world); ++q)
+            for (size_t j = 0; j < n; ++j) bad += all[q * n + j] != gather_value(int(q), j);
+          std::vector<float> buf(n * size_t(world), -1.0f);
+          std::copy(mine.begin(), mine.end(), buf.begin() + long(size_t(r) * n));
+          shm->all_gather(buf.data() + size_t(r) * n, buf.data(), n, sizeof(float),
+                          kCollectiveTimeout);
+          bad += buf != all;
+          // Reduce-scatter of rank-dependent data equals this rank's slice of the all-reduce,
+          // bit for bit (both reduce in rank order).
+          std::vector<float> src(n * size_t(world));
+          for (size_t j = 0; j < src.size(); ++j) src[j] = gather_value(r, j * 7 + 1);
+          std::vector<float> rs(n, -1.0f), ar = src;
+          shm->reduce_scatter(src.data(), rs.data(), n, sizeof(float), kSum, kCollectiveTimeout);
+          shm->all_reduce(ar.data(), ar.size(), sizeof(float), kSum, kCollectiveTimeout);
+          bad += std::memcmp(rs.data(), ar.data() + size_t(r) * n, n * sizeof(float)) != 0;
+          for (size_t j = 0; j < src.size(); ++j) bad += src[j] != gather_value(r, j * 7 + 1);
+        }
+        // A refused stamp check stops the all-gather before anything is read from a peer: the
+        // output is untouched and the next collective is right.
+        const ShmAllReduce::StampCheck refuse = [](const void*) {
+          throw accel::DistError("[test] refused");
+        };
+        std::array<uint64_t, ShmAllReduce::kStampBytes / 8> stamp{};
+        std::vector<float> mine(100, float(r)), all(100 * size_t(world), -1.0f);
+        bool refused = false;
+        try {
+          shm->all_gather(mine.data(), all.data(), mine.size(), sizeof(float), kCollectiveTimeout,
+                          stamp.data(), &refuse);
+        } catch (const accel::DistError&) {
+          refused = true;
+        }
+        bad += !refused;
+        for (float x : all) bad += x != -1.0f;
+        if (!reduce_once(*shm, r, world)) ++bad;
+        say(out, "BAD " + std::to_string(bad));
+        return linger_if_server(r, in);
+      }));
+    }
+    for (int r = 0; r < world; ++r) {
+      INFO("rank " << r);
+      CHECK(read_line(kids[size_t(r)].out, kReadLimit + 60s) == "BAD 0");
+    }
+    CHECK(shm_entries_of(kids[0].pid).empty());
+    reap(kids);
+  }
 }

@@ -40,7 +40,8 @@ struct FullyShardedModel::Unit {
   bool reduced = false;  // its reduce-scatter was issued in this backward
   WorkPtr reduce_work;
   Tensor staging, reduce_out;
-  size_t fwd_pos = 0;  // position in this iteration's forward order
+  bool reduce_into_shard = false;  // reduce_out is grad_shard itself (nothing to add)
+  size_t fwd_pos = 0;              // position in this iteration's forward order
 };
 
 namespace {
@@ -458,12 +459,20 @@ void FullyShardedModel::issue_reduce(Unit& u) {
     }
     p.set_grad(Tensor());  // the full gradient goes; the shard keeps the reduced one
   }
-  if (w > 1) u.staging.div_(double(w));  // a sum of pre-divided values is the average
+  // The average: fp16 divides before summing (a sum of N gradients may overflow its range, as
+  // FSDP's pre-divide factor avoids); other dtypes divide only this rank's reduced slice, 1/N of
+  // the bytes (by a power of two both give the same bits).
+  const bool pre_divide = red == kFloat16;
+  if (w > 1 && pre_divide) u.staging.div_(double(w));
+  // With no gradient to accumulate into, the reduce-scatter writes the shard directly.
+  u.reduce_into_shard = !u.grad_valid && red == u.master && w > 1;
   if (w == 1) {
     u.reduce_out = u.staging;
   } else {
-    u.reduce_out = empty({u.shard_numel}, TensorOptions(red, u.device));
-    u.reduce_work = pg_->reduce_scatter_async(u.reduce_out, u.staging, ReduceOp::Sum);
+    u.reduce_out =
+        u.reduce_into_shard ? u.grad_shard : empty({u.shard_numel}, TensorOptions(red, u.device));
+    u.reduce_work = pg_->reduce_scatter_async(u.reduce_out, u.staging,
+                                              pre_divide ? ReduceOp::Sum : ReduceOp::Avg);
   }
   reduce_order_.push_back(&u);
 }
@@ -481,7 +490,9 @@ void FullyShardedModel::drain_reduces(size_t keep) {
     u->staging = Tensor();
     u->reduce_out = Tensor();
     if (w) w->wait();
-    if (u->grad_valid) {
+    if (u->reduce_into_shard) {
+      u->reduce_into_shard = false;
+    } else if (u->grad_valid) {
       u->grad_shard.add_(out);
     } else {
       u->grad_shard.copy_(out);

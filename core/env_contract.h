@@ -30,6 +30,16 @@ inline constexpr const char* kMixedPrecision = "ACCEL_MIXED_PRECISION";    // no
 inline constexpr const char* kUseCpu = "ACCEL_USE_CPU";                    // true/false
 inline constexpr const char* kZeroStage = "ACCEL_ZERO_STAGE";              // 0..3
 inline constexpr const char* kGradientAccumulationSteps = "ACCEL_GRADIENT_ACCUMULATION_STEPS";
+// ZeRO mixed precision and ZeRO-3 options (AcceleratorConfig::zero / ::fsdp): set only when the
+// config file or a flag chooses them, so that unset ones leave the program's own choice.
+inline constexpr const char* kParamDtype = "ACCEL_PARAM_DTYPE";    // bf16/fp16/fp32
+inline constexpr const char* kReduceDtype = "ACCEL_REDUCE_DTYPE";  // param/fp32
+inline constexpr const char* kFsdpWrap = "ACCEL_FSDP_WRAP";  // entries/classes/min_params/none
+inline constexpr const char* kFsdpWrapClasses = "ACCEL_FSDP_WRAP_CLASSES";  // Block,Layer
+inline constexpr const char* kFsdpMinParams = "ACCEL_FSDP_MIN_PARAMS";      // >= 1
+inline constexpr const char* kFsdpReshardAfterForward = "ACCEL_FSDP_RESHARD_AFTER_FORWARD";
+inline constexpr const char* kFsdpPrefetch = "ACCEL_FSDP_PREFETCH";  // true/false
+inline constexpr const char* kFsdpActivationCheckpointing = "ACCEL_FSDP_ACTIVATION_CHECKPOINTING";
 inline constexpr const char* kRestartCount = "ACCEL_RESTART_COUNT";  // restarts of the group so far
 inline constexpr const char* kMaxRestarts = "ACCEL_MAX_RESTARTS";    // restarts allowed
 // Where a failing worker writes its error record (both names, for torchelastic's tools).
@@ -91,6 +101,14 @@ inline constexpr EnvVar kContract[] = {
     {kUseCpu, SetBy::kLauncherAlways, true},
     {kZeroStage, SetBy::kLauncherAlways, true},
     {kGradientAccumulationSteps, SetBy::kLauncherAlways, true},
+    {kParamDtype, SetBy::kLauncherMaybe, true},
+    {kReduceDtype, SetBy::kLauncherMaybe, true},
+    {kFsdpWrap, SetBy::kLauncherMaybe, true},
+    {kFsdpWrapClasses, SetBy::kLauncherMaybe, true},
+    {kFsdpMinParams, SetBy::kLauncherMaybe, true},
+    {kFsdpReshardAfterForward, SetBy::kLauncherMaybe, true},
+    {kFsdpPrefetch, SetBy::kLauncherMaybe, true},
+    {kFsdpActivationCheckpointing, SetBy::kLauncherMaybe, true},
     {kRestartCount, SetBy::kLauncherAlways, false},
     {kMaxRestarts, SetBy::kLauncherAlways, false},
     {kErrorFile, SetBy::kLauncherMaybe, false},

@@ -3,6 +3,8 @@
 #include "dist/accelerator.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
@@ -45,6 +47,75 @@ bool parse_env_bool(const char* name, const std::string& v) {
   ACCEL_THROW(ValueError, "accelerator", name, "='", v, "': expected true or false");
 }
 
+std::string lower(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+// ZeRO mixed precision and ZeRO-3 options as accel-run exports them (docs/launcher.md); param
+// and reduce dtype apply to stages 1-2 (zero) and 3 (fsdp) alike.
+void apply_zero_env(AcceleratorConfig& c) {
+  auto bad = [](const char* name, const std::string& v, const char* expected) {
+    ACCEL_THROW(ValueError, "accelerator", name, "='", v, "': expected ", expected);
+  };
+  if (const char* v = env_or_null(env::kParamDtype)) {
+    const std::string s = lower(v);
+    if (s != "bf16" && s != "fp16" && s != "fp32") bad(env::kParamDtype, v, "bf16, fp16 or fp32");
+    // fp32: no conversion (compute in the parameters' own dtype).
+    std::optional<DType> d;
+    if (s != "fp32") d = s == "bf16" ? kBFloat16 : kFloat16;
+    c.zero.param_dtype = c.fsdp.param_dtype = d;
+  }
+  if (const char* v = env_or_null(env::kReduceDtype)) {
+    const std::string s = lower(v);
+    if (s != "param" && s != "fp32") bad(env::kReduceDtype, v, "param or fp32");
+    c.zero.reduce_in_fp32 = c.fsdp.reduce_in_fp32 = s == "fp32";
+  }
+  if (const char* v = env_or_null(env::kFsdpWrap)) {
+    using W = dist::FsdpOptions::Wrap;
+    const std::string s = lower(v);
+    if (s == "entries")
+      c.fsdp.wrap = W::Entries;
+    else if (s == "classes")
+      c.fsdp.wrap = W::Classes;
+    else if (s == "min_params")
+      c.fsdp.wrap = W::MinParams;
+    else if (s == "none")
+      c.fsdp.wrap = W::None;
+    else
+      bad(env::kFsdpWrap, v, "entries, classes, min_params or none");
+  }
+  if (const char* v = env_or_null(env::kFsdpWrapClasses)) {
+    std::vector<std::string> names;
+    std::string cur;
+    for (const char* p = v;; ++p) {
+      if (*p == ',' || *p == '\0') {
+        if (cur.empty()) bad(env::kFsdpWrapClasses, v, "module class names such as Block,Layer");
+        names.push_back(cur);
+        cur.clear();
+        if (*p == '\0') break;
+      } else if (*p != ' ') {
+        cur += *p;
+      }
+    }
+    c.fsdp.classes = names;
+  }
+  if (const char* v = env_or_null(env::kFsdpMinParams)) {
+    errno = 0;
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0' || n < 1)
+      bad(env::kFsdpMinParams, v, "a parameter count >= 1");
+    c.fsdp.min_params = n;
+  }
+  if (const char* v = env_or_null(env::kFsdpReshardAfterForward))
+    c.fsdp.reshard_after_forward = parse_env_bool(env::kFsdpReshardAfterForward, v);
+  if (const char* v = env_or_null(env::kFsdpPrefetch))
+    c.fsdp.prefetch = parse_env_bool(env::kFsdpPrefetch, v);
+  if (const char* v = env_or_null(env::kFsdpActivationCheckpointing))
+    c.fsdp.activation_checkpointing = parse_env_bool(env::kFsdpActivationCheckpointing, v);
+}
+
 bool cuda_present() {
   try {
     return get_allocator(Device::cuda(0)) != nullptr;
@@ -78,6 +149,7 @@ AcceleratorConfig AcceleratorConfig::with_env() const {
   } catch (const DistError& e) {
     throw ValueError(e.what());
   }
+  apply_zero_env(c);
   return c;
 }
 

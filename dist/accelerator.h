@@ -102,8 +102,9 @@ struct AcceleratorConfig {
   // reduce_in_fp32 of dist::ZeroOptions; its other fields come from zero_stage and `ddp`).
   dist::ZeroOptions zero;
   std::chrono::milliseconds timeout = dist::kDefaultCollectiveTimeout;
-  // Override the fields above from ACCEL_MIXED_PRECISION, ACCEL_USE_CPU, ACCEL_ZERO_STAGE and
-  // ACCEL_GRADIENT_ACCUMULATION_STEPS when they are set (what accel-run exports).
+  // Override the fields above from ACCEL_MIXED_PRECISION, ACCEL_USE_CPU, ACCEL_ZERO_STAGE,
+  // ACCEL_GRADIENT_ACCUMULATION_STEPS, ACCEL_PARAM_DTYPE / ACCEL_REDUCE_DTYPE (zero and fsdp) and
+  // ACCEL_FSDP_* (fsdp) when they are set (what accel-run exports; docs/launcher.md).
   bool read_env = true;
 
   // This config with the ACCEL_* overrides applied; ValueError naming the variable when one is

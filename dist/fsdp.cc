@@ -79,10 +79,15 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<nn::Module> model, ProcessG
                 "wrap policy 'min_params' needs min_params > 0, got ", options_.min_params);
   build_units();
   init_values();
+  // Note [sharded modules] in autograd/nn/module.cc: a plain load_state_dict would be lost.
+  for (auto& [name, m] : model_->named_modules())
+    m->set_sharded(
+        "load it with Accelerator::load_state or FullyShardedModel::load_full_parameters");
 }
 
 FullyShardedModel::~FullyShardedModel() {
   *alive_ = false;
+  for (auto& [name, m] : model_->named_modules()) m->set_sharded("");
   for (auto& u : units_) {
     try {
       if (u->gather_work) u->gather_work->wait();

@@ -3,10 +3,12 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -22,11 +24,25 @@ constexpr long long kMaxMachines = 1 << 16;
 // Keys of Accelerate's config that have no meaning here; accepted so that an Accelerate config
 // file loads, and ignored. Anything else unknown is an error (most likely a typo).
 const std::set<std::string> kIgnoredAccelerateKeys = {
-    "debug",          "downcast_bf16",  "tpu_env",          "tpu_use_cluster",
-    "tpu_use_sudo",   "tpu_name",       "tpu_zone",         "commands",
-    "command_file",   "fsdp_config",    "deepspeed_config", "megatron_lm_config",
-    "dynamo_config",  "ipex_config",    "mpirun_config",    "enable_cpu_affinity",
-    "use_mps_device", "dynamo_backend", "fp8_config",       "parallelism_config",
+    "debug",
+    "downcast_bf16",
+    "tpu_env",
+    "tpu_use_cluster",
+    "tpu_use_sudo",
+    "tpu_name",
+    "tpu_zone",
+    "commands",
+    "command_file",
+    "deepspeed_config",
+    "megatron_lm_config",
+    "dynamo_config",
+    "ipex_config",
+    "mpirun_config",
+    "enable_cpu_affinity",
+    "use_mps_device",
+    "dynamo_backend",
+    "fp8_config",
+    "parallelism_config",
 };
 
 const std::vector<std::string> kKnownKeys = {
@@ -45,9 +61,27 @@ const std::vector<std::string> kKnownKeys = {
     "main_training_function",
     "gradient_accumulation_steps",
     "zero_config",
+    "fsdp_config",
     "max_restarts",
     "monitor_interval",
     "num_cpu_threads_per_process",
+};
+
+// fsdp_config keys: ours (the launch flags' names) and Accelerate's spellings of the same
+// settings; Accelerate's FSDP settings that have no meaning here are accepted and ignored.
+const std::vector<std::string> kFsdpKeys = {
+    "fsdp_wrap",     "fsdp_wrap_classes",          "fsdp_min_params",
+    "fsdp_prefetch", "fsdp_reshard_after_forward", "fsdp_activation_checkpointing",
+};
+const std::map<std::string, std::string> kFsdpAccelerateAliases = {
+    {"fsdp_auto_wrap_policy", "fsdp_wrap"},
+    {"fsdp_transformer_layer_cls_to_wrap", "fsdp_wrap_classes"},
+    {"fsdp_min_num_params", "fsdp_min_params"},
+};
+const std::set<std::string> kFsdpIgnoredAccelerateKeys = {
+    "fsdp_backward_prefetch",  "fsdp_forward_prefetch",  "fsdp_cpu_ram_efficient_loading",
+    "fsdp_offload_params",     "fsdp_sharding_strategy", "fsdp_state_dict_type",
+    "fsdp_sync_module_states", "fsdp_use_orig_params",   "fsdp_version",
 };
 
 std::string where_at(const std::string& where, const YAML::Node& node) {
@@ -183,6 +217,76 @@ std::optional<std::string> check_zero_stage(long long v) {
          std::to_string(v);
 }
 
+std::optional<std::string> check_param_dtype(const std::string& v) {
+  const std::string l = to_lower(v);
+  if (l == "bf16" || l == "fp16" || l == "fp32") return std::nullopt;
+  return "expected one of bf16, fp16, fp32, got '" + v + "'";
+}
+
+std::optional<std::string> check_reduce_dtype(const std::string& v) {
+  const std::string l = to_lower(v);
+  if (l == "param" || l == "fp32") return std::nullopt;
+  return "expected param (the param dtype) or fp32, got '" + v + "'";
+}
+
+std::string normalize_fsdp_wrap(const std::string& v) {
+  std::string l = to_lower(trim(v));
+  std::replace(l.begin(), l.end(), '-', '_');
+  return l;
+}
+
+std::optional<std::string> check_fsdp_wrap(const std::string& v) {
+  const std::string l = normalize_fsdp_wrap(v);
+  if (l == "entries" || l == "classes" || l == "min_params" || l == "none") return std::nullopt;
+  return "expected one of entries, classes, min_params, none, got '" + v + "'";
+}
+
+std::optional<std::string> check_fsdp_wrap_classes(const std::string& v) {
+  const std::string expl =
+      "expected a comma-separated list of module class names such as Block,Layer, got '" + v + "'";
+  if (trim(v).empty()) return expl;
+  for (const auto& part : split(v, ',')) {
+    const std::string name = trim(part);
+    if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return expl;
+    for (char ch : name)
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_') return expl;
+  }
+  return std::nullopt;
+}
+
+std::string normalize_fsdp_wrap_classes(const std::string& v) {
+  std::string out;
+  for (const auto& part : split(v, ',')) {
+    if (!out.empty()) out += ',';
+    out += trim(part);
+  }
+  return out;
+}
+
+std::optional<std::string> check_fsdp_min_params(long long v) {
+  if (v >= 1) return std::nullopt;
+  return "expected a parameter count >= 1, got " + std::to_string(v);
+}
+
+std::optional<bool> parse_bool(const std::string& v) {
+  const std::string t = to_lower(trim(v));
+  if (t == "true" || t == "yes" || t == "on" || t == "1") return true;
+  if (t == "false" || t == "no" || t == "off" || t == "0") return false;
+  return std::nullopt;
+}
+
+std::optional<std::string> complete_fsdp_wrap(LaunchConfig& c) {
+  if (c.fsdp_wrap) return std::nullopt;
+  if (c.fsdp_wrap_classes && c.fsdp_min_params) {
+    return std::string(
+        "fsdp_wrap_classes and fsdp_min_params choose two different wrap policies (classes, "
+        "min_params); give one of them, or fsdp_wrap");
+  }
+  if (c.fsdp_wrap_classes) c.fsdp_wrap = "classes";
+  if (c.fsdp_min_params) c.fsdp_wrap = "min_params";
+  return std::nullopt;
+}
+
 void validate(const LaunchConfig& c, const std::string& where) {
   auto fail = [&](const std::string& key, const std::string& what) {
     ACCEL_THROW(launcher::ConfigError, "config", where, ": key '", key, "': ", what);
@@ -219,6 +323,33 @@ void validate(const LaunchConfig& c, const std::string& where) {
              c.rdzv_backend + "'");
   }
   if (auto e = check_zero_stage(c.zero_stage)) fail("zero_config.zero_stage", *e);
+  if (c.param_dtype)
+    if (auto e = check_param_dtype(*c.param_dtype)) fail("zero_config.param_dtype", *e);
+  if (c.reduce_dtype)
+    if (auto e = check_reduce_dtype(*c.reduce_dtype)) fail("zero_config.reduce_dtype", *e);
+  if (c.fsdp_wrap)
+    if (auto e = check_fsdp_wrap(*c.fsdp_wrap)) fail("fsdp_config.fsdp_wrap", *e);
+  if (c.fsdp_wrap_classes) {
+    if (auto e = check_fsdp_wrap_classes(*c.fsdp_wrap_classes))
+      fail("fsdp_config.fsdp_wrap_classes", *e);
+  }
+  if (c.fsdp_min_params)
+    if (auto e = check_fsdp_min_params(*c.fsdp_min_params)) fail("fsdp_config.fsdp_min_params", *e);
+  // The parts of a wrap policy agree (complete_fsdp_wrap fills in fsdp_wrap from them).
+  const std::string wrap = c.fsdp_wrap ? normalize_fsdp_wrap(*c.fsdp_wrap) : "";
+  if (c.fsdp_wrap_classes && wrap != "classes") {
+    fail("fsdp_config.fsdp_wrap_classes",
+         "applies only with fsdp_wrap: classes, got fsdp_wrap: " + (wrap.empty() ? "unset" : wrap));
+  }
+  if (c.fsdp_min_params && wrap != "min_params") {
+    fail("fsdp_config.fsdp_min_params", "applies only with fsdp_wrap: min_params, got fsdp_wrap: " +
+                                            (wrap.empty() ? "unset" : wrap));
+  }
+  if (wrap == "classes" && !c.fsdp_wrap_classes) {
+    fail("fsdp_config.fsdp_wrap",
+         "classes needs fsdp_wrap_classes (the module class names of the units, such as "
+         "Block,Layer)");
+  }
   if (c.gradient_accumulation_steps < 1) {
     fail("gradient_accumulation_steps",
          "must be at least 1, got " + std::to_string(c.gradient_accumulation_steps));
@@ -289,6 +420,78 @@ LaunchConfig parse_config(const std::string& yaml_text, const std::string& where
 }
 
 namespace {
+
+// fsdp_config: our keys and Accelerate's (docs/launcher.md, "ZeRO-3 and mixed precision").
+void read_fsdp_config(const YAML::Node& v, const std::string& where, LaunchConfig& c) {
+  const std::string key = "fsdp_config";
+  std::set<std::string> given;
+  for (auto z = v.begin(); z != v.end(); ++z) {
+    const std::string sub = key_text(z->first, where, " in fsdp_config");
+    const std::string full = key + "." + sub;
+    const YAML::Node zv = z->second;
+    if (kFsdpIgnoredAccelerateKeys.count(sub) != 0) continue;
+    const auto alias = kFsdpAccelerateAliases.find(sub);
+    const std::string canon = alias == kFsdpAccelerateAliases.end() ? sub : alias->second;
+    if (std::find(kFsdpKeys.begin(), kFsdpKeys.end(), canon) == kFsdpKeys.end()) {
+      std::string best;
+      size_t best_d = 4;
+      for (const auto& k : kFsdpKeys) {
+        const size_t d = edit_distance(sub, k);
+        if (d < best_d) best_d = d, best = k;
+      }
+      bad_key(where, z->first, full,
+              best.empty() ? "unknown key (fsdp_config holds fsdp_wrap, fsdp_wrap_classes, "
+                             "fsdp_min_params, fsdp_prefetch, fsdp_reshard_after_forward, "
+                             "fsdp_activation_checkpointing)"
+                           : "unknown key (did you mean '" + best + "'?)");
+    }
+    if (!given.insert(canon).second)
+      bad_key(where, z->first, full, "sets " + canon + ", which is given already");
+    if (canon == "fsdp_wrap") {
+      std::string t = scalar_text(zv, where, full);
+      if (sub == "fsdp_auto_wrap_policy") {  // Accelerate's names
+        const std::string u = trim(t);
+        if (u == "TRANSFORMER_BASED_WRAP") {
+          t = "classes";
+        } else if (u == "SIZE_BASED_WRAP") {
+          t = "min_params";
+        } else if (u == "NO_WRAP") {
+          t = "none";
+        } else {
+          bad_key(where, zv, full,
+                  "expected TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP, got '" + t + "'");
+        }
+      }
+      if (auto e = check_fsdp_wrap(t)) bad_key(where, zv, full, *e);
+      c.fsdp_wrap = normalize_fsdp_wrap(t);
+    } else if (canon == "fsdp_wrap_classes") {
+      std::string t;
+      if (zv.IsSequence()) {
+        for (const auto& item : zv) t += (t.empty() ? "" : ",") + scalar_text(item, where, full);
+      } else {
+        t = scalar_text(zv, where, full);
+      }
+      if (auto e = check_fsdp_wrap_classes(t)) bad_key(where, zv, full, *e);
+      c.fsdp_wrap_classes = normalize_fsdp_wrap_classes(t);
+    } else if (canon == "fsdp_min_params") {
+      c.fsdp_min_params = read_int(zv, where, full, 1, 1LL << 62);
+    } else if (canon == "fsdp_prefetch") {
+      c.fsdp_prefetch = read_bool(zv, where, full);
+    } else if (canon == "fsdp_activation_checkpointing") {
+      c.fsdp_activation_checkpointing = read_bool(zv, where, full);
+    } else {  // fsdp_reshard_after_forward: a bool, or Accelerate's FSDP1 sharding strategies
+      const std::string t = trim(scalar_text(zv, where, full));
+      if (t == "FULL_SHARD") {
+        c.fsdp_reshard_after_forward = true;
+      } else if (t == "SHARD_GRAD_OP") {
+        c.fsdp_reshard_after_forward = false;
+      } else {
+        c.fsdp_reshard_after_forward = read_bool(zv, where, full);
+      }
+    }
+  }
+  if (auto e = complete_fsdp_wrap(c)) bad_key(where, v, key, *e);
+}
 
 LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& where) {
   const YAML::Node root = YAML::Load(yaml_text);
@@ -366,10 +569,26 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
         const std::string full = key + "." + sub;
         if (sub == "zero_stage") {
           c.zero_stage = static_cast<int>(read_int(z->second, where, full, 0, 3));
+        } else if (sub == "param_dtype") {
+          const std::string t = scalar_text(z->second, where, full);
+          if (auto e = check_param_dtype(t)) bad_key(where, z->second, full, *e);
+          c.param_dtype = to_lower(t);
+        } else if (sub == "reduce_dtype") {
+          const std::string t = scalar_text(z->second, where, full);
+          if (auto e = check_reduce_dtype(t)) bad_key(where, z->second, full, *e);
+          c.reduce_dtype = to_lower(t);
         } else {
-          bad_key(where, z->first, full, "unknown key (zero_config holds only zero_stage)");
+          bad_key(where, z->first, full,
+                  "unknown key (zero_config holds zero_stage, param_dtype, reduce_dtype)");
         }
       }
+    } else if (key == "fsdp_config") {
+      if (is_null(v)) continue;
+      if (!v.IsMap()) {
+        bad_key(where, v, key,
+                "expected a mapping such as {fsdp_wrap: classes, fsdp_wrap_classes: Block}");
+      }
+      read_fsdp_config(v, where, c);
     } else if (key == "max_restarts") {
       c.max_restarts = static_cast<int>(read_int(v, where, key, 0, 1 << 20));
     } else if (key == "monitor_interval") {
@@ -428,6 +647,21 @@ std::string config_to_yaml(const LaunchConfig& c) {
   os << "main_training_function: " << quote(c.main_training_function) << "\n";
   os << "gradient_accumulation_steps: " << c.gradient_accumulation_steps << "\n";
   os << "zero_config:\n  zero_stage: " << c.zero_stage << "\n";
+  if (c.param_dtype) os << "  param_dtype: " << quote(*c.param_dtype) << "\n";
+  if (c.reduce_dtype) os << "  reduce_dtype: " << quote(*c.reduce_dtype) << "\n";
+  // Only what was chosen: an unset option leaves the program's AcceleratorConfig::fsdp alone.
+  std::ostringstream fsdp;
+  auto b = [](bool v) { return v ? "true" : "false"; };
+  if (c.fsdp_wrap) fsdp << "  fsdp_wrap: " << quote(*c.fsdp_wrap) << "\n";
+  if (c.fsdp_wrap_classes) fsdp << "  fsdp_wrap_classes: " << quote(*c.fsdp_wrap_classes) << "\n";
+  if (c.fsdp_min_params) fsdp << "  fsdp_min_params: " << *c.fsdp_min_params << "\n";
+  if (c.fsdp_reshard_after_forward)
+    fsdp << "  fsdp_reshard_after_forward: " << b(*c.fsdp_reshard_after_forward) << "\n";
+  if (c.fsdp_prefetch) fsdp << "  fsdp_prefetch: " << b(*c.fsdp_prefetch) << "\n";
+  if (c.fsdp_activation_checkpointing) {
+    fsdp << "  fsdp_activation_checkpointing: " << b(*c.fsdp_activation_checkpointing) << "\n";
+  }
+  if (!fsdp.str().empty()) os << "fsdp_config:  # zero_stage 3\n" << fsdp.str();
   os << "max_restarts: " << c.max_restarts << "\n";
   os << "monitor_interval: " << c.monitor_interval << "\n";
   os << "num_cpu_threads_per_process: " << c.num_cpu_threads_per_process << "  # 0: automatic\n";
@@ -639,6 +873,43 @@ LaunchConfig run_questionnaire(std::istream& in, std::ostream& out, int gpu_coun
         static_cast<int>(a.ask_int("Which ZeRO stage do you want (0: off, 1: shard optimizer "
                                    "state, 2: + gradients, 3: + parameters)?",
                                    0, 0, 3));
+  }
+  // Only answers that differ from the defaults are written: accepting a default leaves the
+  // program's own AcceleratorConfig::zero / ::fsdp choice in charge.
+  if (c.zero_stage >= 1) {
+    const std::vector<std::pair<std::string, std::string>> dtypes = {
+        {"fp32", "fp32: no conversion"}, {"bf16", "bf16"}, {"fp16", "fp16"}};
+    const size_t d = a.ask_choice(
+        "In which dtype should ZeRO compute with the parameters (the optimizer keeps fp32 master "
+        "shards)?",
+        dtypes, 0);
+    if (d != 0) {
+      c.param_dtype = dtypes[d].first;
+      if (a.ask_yes_no("Reduce gradients in fp32 instead of " + dtypes[d].first + "?", false))
+        c.reduce_dtype = "fp32";
+    }
+  }
+  if (c.zero_stage == 3) {
+    const std::vector<std::pair<std::string, std::string>> wraps = {
+        {"entries", "every ModuleList/Sequential entry"},
+        {"classes", "entries of the classes you name"},
+        {"min_params", "entries with at least N parameters"},
+        {"none", "none: the whole model is one unit"}};
+    const size_t w = a.ask_choice("Which modules should ZeRO-3 shard as units?", wraps, 0);
+    if (w != 0) c.fsdp_wrap = wraps[w].first;
+    if (wraps[w].first == "classes") {
+      c.fsdp_wrap_classes = normalize_fsdp_wrap_classes(
+          a.ask("Which module classes are units (comma-separated, e.g. Block,Layer)?", "",
+                check_fsdp_wrap_classes));
+    } else if (wraps[w].first == "min_params") {
+      c.fsdp_min_params =
+          a.ask_int("At least how many parameters make an entry a unit?", 1LL << 20, 1, 1LL << 62);
+    }
+    if (a.ask_yes_no(
+            "Recompute each unit's forward in its backward (activation checkpointing: less "
+            "memory, more compute)?",
+            false))
+      c.fsdp_activation_checkpointing = true;
   }
   c.gradient_accumulation_steps = static_cast<int>(
       a.ask_int("How many gradient accumulation steps do you want?", 1, 1, 1 << 30));

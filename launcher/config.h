@@ -28,6 +28,15 @@ struct LaunchConfig {
   std::string main_training_function = "main";  // kept for Accelerate compatibility; unused
   int gradient_accumulation_steps = 1;
   int zero_stage = 0;  // zero_config.zero_stage
+  // ZeRO mixed precision (zero_config.param_dtype / reduce_dtype): bf16 | fp16 | fp32 compute
+  // parameters over fp32 master shards; gradients reduced in the param dtype or fp32.
+  std::optional<std::string> param_dtype, reduce_dtype;
+  // ZeRO-3 (fsdp_config.fsdp_*, dist::FsdpOptions): unset ones are not exported, so the
+  // program's AcceleratorConfig::fsdp stands. fsdp_wrap: entries | classes | min_params | none.
+  std::optional<std::string> fsdp_wrap;
+  std::optional<std::string> fsdp_wrap_classes;  // "Block,Layer"
+  std::optional<long long> fsdp_min_params;
+  std::optional<bool> fsdp_reshard_after_forward, fsdp_prefetch, fsdp_activation_checkpointing;
   // accel-run extensions (flags of the same name override them).
   int max_restarts = 0;
   double monitor_interval = 0.1;
@@ -42,9 +51,21 @@ std::optional<std::string> check_distributed_type(const std::string& v);
 std::optional<std::string> check_mixed_precision(const std::string& v);
 std::optional<std::string> check_gpu_ids(const std::string& v);
 std::optional<std::string> check_zero_stage(long long v);
+std::optional<std::string> check_param_dtype(const std::string& v);        // bf16, fp16, fp32
+std::optional<std::string> check_reduce_dtype(const std::string& v);       // param, fp32
+std::optional<std::string> check_fsdp_wrap(const std::string& v);          // entries ... none
+std::optional<std::string> check_fsdp_wrap_classes(const std::string& v);  // Block,Layer
+std::optional<std::string> check_fsdp_min_params(long long v);
+// true/yes/on/1 or false/no/off/0 (any case); nullopt otherwise.
+std::optional<bool> parse_bool(const std::string& v);
 // Canonical spelling ("NO", "bf16", "0,1"); input must have passed the check.
 std::string normalize_mixed_precision(const std::string& v);
 std::string normalize_gpu_ids(const std::string& v);
+std::string normalize_fsdp_wrap(const std::string& v);          // "min-params" -> "min_params"
+std::string normalize_fsdp_wrap_classes(const std::string& v);  // " A , B" -> "A,B"
+// Completes a wrap policy given in parts: fsdp_wrap_classes alone means fsdp_wrap classes,
+// fsdp_min_params alone min_params. Returns an explanation when the parts contradict each other.
+std::optional<std::string> complete_fsdp_wrap(LaunchConfig& c);
 
 // Cross-key consistency (num_processes divisible by num_machines, machine_rank < num_machines...).
 // `where` prefixes the message, e.g. the file name.

@@ -69,6 +69,33 @@ void add_launch_flags(CLI::App* app, LaunchArgs& a) {
   add_optional(app, "--zero_stage,--zero-stage", f.zero_stage, "ZeRO stage 0-3 (ACCEL_ZERO_STAGE)");
   add_optional(app, "--gradient_accumulation_steps,--gradient-accumulation-steps",
                f.gradient_accumulation_steps, "ACCEL_GRADIENT_ACCUMULATION_STEPS");
+  add_optional(app, "--param_dtype,--param-dtype", f.param_dtype,
+               "ZeRO 1-3: bf16, fp16 or fp32 compute parameters over fp32 master shards "
+               "(ACCEL_PARAM_DTYPE)");
+  add_optional(app, "--reduce_dtype,--reduce-dtype", f.reduce_dtype,
+               "ZeRO with --param_dtype: reduce gradients in the param dtype or fp32 "
+               "(ACCEL_REDUCE_DTYPE)");
+  add_optional(app, "--fsdp_wrap,--fsdp-wrap", f.fsdp_wrap,
+               "ZeRO-3 units: entries, classes, min_params or none (ACCEL_FSDP_WRAP)");
+  add_optional(app, "--fsdp_wrap_classes,--fsdp-wrap-classes", f.fsdp_wrap_classes,
+               "ZeRO-3: module classes that are units, e.g. Block,Layer (implies --fsdp_wrap "
+               "classes; ACCEL_FSDP_WRAP_CLASSES)");
+  add_optional(app, "--fsdp_min_params,--fsdp-min-params", f.fsdp_min_params,
+               "ZeRO-3: entries with at least N parameters are units (implies --fsdp_wrap "
+               "min_params; ACCEL_FSDP_MIN_PARAMS)");
+  add_optional(app, "--fsdp_reshard_after_forward,--fsdp-reshard-after-forward",
+               f.fsdp_reshard_after_forward,
+               "ZeRO-3: true or false (ACCEL_FSDP_RESHARD_AFTER_FORWARD)");
+  add_optional(app, "--fsdp_prefetch,--fsdp-prefetch", f.fsdp_prefetch,
+               "ZeRO-3: gather the next unit while one computes, true or false "
+               "(ACCEL_FSDP_PREFETCH)");
+  // A flag (=false, or the --fsdp_no_ form, turns on off what a config file turned on).
+  app->add_flag_function(
+      "--fsdp_activation_checkpointing,--fsdp-activation-checkpointing,"
+      "!--fsdp_no_activation_checkpointing,!--fsdp-no-activation-checkpointing",
+      [&f](std::int64_t n) { f.fsdp_activation_checkpointing = n > 0 ? "true" : "false"; },
+      "ZeRO-3: recompute each unit's forward in its backward "
+      "(ACCEL_FSDP_ACTIVATION_CHECKPOINTING)");
   add_optional(app, "--num_cpu_threads_per_process,--num-cpu-threads-per-process",
                f.num_cpu_threads_per_process,
                "OMP_NUM_THREADS for every worker (default: CPUs / workers per machine)");

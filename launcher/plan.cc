@@ -10,6 +10,70 @@
 namespace accel::launcher {
 namespace {
 
+std::optional<bool> bool_flag(const std::optional<std::string>& v, const char* flag) {
+  if (!v) return std::nullopt;
+  const auto b = parse_bool(*v);
+  ACCEL_CHECK(b.has_value(), launcher::ConfigError, "launch", flag,
+              ": expected true or false, got '", *v, "'");
+  return b;
+}
+
+// Flags over the config's zero_config / fsdp_config. The wrap flags replace the config's wrap
+// policy as a whole (--fsdp_wrap_classes alone means --fsdp_wrap classes), so a config that
+// chose min_params does not contradict --fsdp_wrap classes.
+void apply_zero_flags(const LaunchFlags& f, LaunchConfig& c, std::vector<std::string>& notes) {
+  auto check = [](const char* flag, const std::optional<std::string>& why) {
+    if (why) ACCEL_THROW(launcher::ConfigError, "launch", flag, ": ", *why);
+  };
+  if (f.param_dtype) {
+    check("--param_dtype", check_param_dtype(*f.param_dtype));
+    c.param_dtype = to_lower(*f.param_dtype);
+  }
+  if (f.reduce_dtype) {
+    check("--reduce_dtype", check_reduce_dtype(*f.reduce_dtype));
+    c.reduce_dtype = to_lower(*f.reduce_dtype);
+  }
+  if (f.fsdp_wrap || f.fsdp_wrap_classes || f.fsdp_min_params) {
+    LaunchConfig w;
+    if (f.fsdp_wrap) {
+      check("--fsdp_wrap", check_fsdp_wrap(*f.fsdp_wrap));
+      w.fsdp_wrap = normalize_fsdp_wrap(*f.fsdp_wrap);
+    }
+    if (f.fsdp_wrap_classes) {
+      check("--fsdp_wrap_classes", check_fsdp_wrap_classes(*f.fsdp_wrap_classes));
+      w.fsdp_wrap_classes = normalize_fsdp_wrap_classes(*f.fsdp_wrap_classes);
+    }
+    if (f.fsdp_min_params) {
+      check("--fsdp_min_params", check_fsdp_min_params(*f.fsdp_min_params));
+      w.fsdp_min_params = *f.fsdp_min_params;
+    }
+    check("--fsdp_wrap_classes / --fsdp_min_params", complete_fsdp_wrap(w));
+    c.fsdp_wrap = w.fsdp_wrap;
+    c.fsdp_wrap_classes = w.fsdp_wrap_classes;
+    c.fsdp_min_params = w.fsdp_min_params;
+  }
+  if (auto b = bool_flag(f.fsdp_reshard_after_forward, "--fsdp_reshard_after_forward"))
+    c.fsdp_reshard_after_forward = b;
+  if (auto b = bool_flag(f.fsdp_prefetch, "--fsdp_prefetch")) c.fsdp_prefetch = b;
+  if (auto b = bool_flag(f.fsdp_activation_checkpointing, "--fsdp_activation_checkpointing"))
+    c.fsdp_activation_checkpointing = b;
+  const bool fsdp = c.fsdp_wrap || c.fsdp_wrap_classes || c.fsdp_min_params ||
+                    c.fsdp_reshard_after_forward || c.fsdp_prefetch ||
+                    c.fsdp_activation_checkpointing;
+  if (fsdp && c.zero_stage != 3) {
+    notes.push_back(
+        "warning: the fsdp_* options (fsdp_config, --fsdp_*) apply to zero_stage 3 "
+        "only; zero_stage is " +
+        std::to_string(c.zero_stage) + ", so the workers ignore them");
+  }
+  if ((c.param_dtype || c.reduce_dtype) && c.zero_stage == 0) {
+    notes.push_back(
+        "warning: param_dtype / reduce_dtype (zero_config, --param_dtype, --reduce_dtype) apply "
+        "to ZeRO (zero_stage 1-3) only; zero_stage is 0, so the workers ignore them (use "
+        "--mixed_precision for autocast)");
+  }
+}
+
 constexpr int kDefaultMultiMachinePort = 29500;
 constexpr const char* kLoopback = "127.0.0.1";
 
@@ -72,6 +136,7 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
     c.gradient_accumulation_steps = *flags.gradient_accumulation_steps;
   if (flags.num_cpu_threads_per_process)
     c.num_cpu_threads_per_process = *flags.num_cpu_threads_per_process;
+  apply_zero_flags(flags, c, p.notes);
 
   if (per_task) {
     // The outer launcher fixed the world; the config's process counts do not apply.
@@ -230,6 +295,19 @@ EnvMap worker_env(const LaunchPlan& p, int local_index, int restart_count) {
   if (p.omp_threads > 0) v[env::kOmpNumThreads] = std::to_string(p.omp_threads);
   if (!p.omp_wait_policy.empty()) v[env::kOmpWaitPolicy] = p.omp_wait_policy;
   if (!p.use_cpu && p.config.gpu_ids != "all") v[env::kCudaVisibleDevices] = p.config.gpu_ids;
+  // Only what the config or the flags chose (each overrides AcceleratorConfig in the worker).
+  const LaunchConfig& c = p.config;
+  auto b = [](bool x) { return std::string(x ? "true" : "false"); };
+  if (c.param_dtype) v[env::kParamDtype] = *c.param_dtype;
+  if (c.reduce_dtype) v[env::kReduceDtype] = *c.reduce_dtype;
+  if (c.fsdp_wrap) v[env::kFsdpWrap] = *c.fsdp_wrap;
+  if (c.fsdp_wrap_classes) v[env::kFsdpWrapClasses] = *c.fsdp_wrap_classes;
+  if (c.fsdp_min_params) v[env::kFsdpMinParams] = std::to_string(*c.fsdp_min_params);
+  if (c.fsdp_reshard_after_forward)
+    v[env::kFsdpReshardAfterForward] = b(*c.fsdp_reshard_after_forward);
+  if (c.fsdp_prefetch) v[env::kFsdpPrefetch] = b(*c.fsdp_prefetch);
+  if (c.fsdp_activation_checkpointing)
+    v[env::kFsdpActivationCheckpointing] = b(*c.fsdp_activation_checkpointing);
   return v;
 }
 

@@ -18,6 +18,12 @@ struct LaunchFlags {
   std::optional<std::string> main_process_ip, mixed_precision, gpu_ids;
   std::optional<std::string> rendezvous_token;  // --rendezvous_token
   std::optional<double> monitor_interval;
+  // ZeRO mixed precision and ZeRO-3 options (checked in resolve_plan, like the config keys).
+  std::optional<std::string> param_dtype, reduce_dtype;
+  std::optional<std::string> fsdp_wrap, fsdp_wrap_classes;
+  std::optional<long long> fsdp_min_params;
+  std::optional<std::string> fsdp_reshard_after_forward, fsdp_prefetch,
+      fsdp_activation_checkpointing;  // true / false
   bool cpu = false;
   bool ignore_cluster_env = false;
 };

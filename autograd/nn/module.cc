@@ -305,7 +305,37 @@ TensorDict Module::state_handles() const {
   return out;
 }
 
+// Note [sharded modules]
+// Under ZeRO-3 (dist/fsdp.h, Note [unit lifecycle]) a parameter is a view of its unit's flat
+// buffer: released between uses, or (the root unit) refreshed from the shards after every step.
+// Copying values into it would either allocate a released view on its own, detaching the
+// parameter from its unit (the deferred-init path below), or be overwritten by the next refresh:
+// both silently lose the load. The engine marks every module of the model (set_sharded), so a
+// load into the model or any part of it is refused up front. Without a mark, a released view of
+// a larger storage can only be such a buffer (a deferred parameter owns its storage exactly) and
+// is refused too; a sharded single-parameter unit whose buffer needs no padding looks like a
+// deferred parameter, which is why the mark exists.
+void Module::check_not_sharded(const char* op) {
+  for (const auto& [name, m] : named_modules()) {
+    if (m->sharded_how_to_load_.empty()) continue;
+    const std::string which = name.empty() ? std::string() : " (its submodule '" + name + "')";
+    ACCEL_THROW(ValueError, op, type_name(), which,
+                " is sharded: its parameters are views of ZeRO-3 unit buffers, so copying values "
+                "into them would be lost or detach them from their unit; ",
+                m->sharded_how_to_load_);
+  }
+  for (const auto& [n, t] : collect_state()) {
+    if (!t.defined() || t.storage()->allocated()) continue;
+    ACCEL_CHECK(t.offset() == 0 && t.storage()->nbytes() == t.nbytes(), ValueError, op, type_name(),
+                ": '", n,
+                "' is a released view of a larger buffer (a ZeRO-3 sharded parameter?); load "
+                "sharded models with Accelerator::load_state or "
+                "dist::FullyShardedModel::load_full_parameters");
+  }
+}
+
 LoadResult Module::load_state_dict(const TensorDict& state, bool strict) {
+  check_not_sharded("load_state_dict");
   TensorDict own;
   for (auto& [n, t] : collect_state()) own.emplace(n, t.detach());
   LoadResult result;

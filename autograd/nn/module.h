@@ -124,6 +124,12 @@ class Module : public std::enable_shared_from_this<Module> {
   // unless the whole dict is accepted. Deferred parameters that get a value are allocated (a
   // deferred model can be loaded without ever running its initialisers).
   LoadResult load_state_dict(const TensorDict& state, bool strict = true);
+  // Note [sharded modules] (module.cc): set by an engine whose parameters are views of buffers it
+  // manages (dist::FullyShardedModel marks every module of its model); `how_to_load` names what
+  // to use instead, and load_state_dict() on this module or an ancestor throws ValueError with
+  // it. Empty: not sharded.
+  void set_sharded(std::string how_to_load) { sharded_how_to_load_ = std::move(how_to_load); }
+  const std::string& sharded() const { return sharded_how_to_load_; }
   // safetensors checkpoint of state_dict() (autograd/nn/safetensors.h).
   void save(const std::string& path, const Metadata& metadata = {}) const;
   LoadResult load(const std::string& path, bool strict = true);
@@ -145,6 +151,8 @@ class Module : public std::enable_shared_from_this<Module> {
     bool persistent = true;
   };
   void check_new_name(const std::string& name, const char* what) const;
+  // ValueError when this module or one below it is sharded (Note [sharded modules]).
+  void check_not_sharded(const char* op);
   void collect_parameters(const std::string& prefix, Named<Tensor>& out, bool recurse) const;
   void collect_buffers(const std::string& prefix, Named<Tensor>& out, bool recurse,
                        bool persistent_only) const;
@@ -159,6 +167,7 @@ class Module : public std::enable_shared_from_this<Module> {
   // Default generator state when the first parameter was registered under DeferredInit; empty
   // when none was (Note [deferred init]).
   std::string deferred_rng_state_;
+  std::string sharded_how_to_load_;  // set_sharded()
   std::vector<BufferEntry> buffers_;
   Named<std::shared_ptr<Module>> children_;
 };

@@ -27,6 +27,7 @@
 #include "dist/env.h"
 #include "dist/gloo/process_group_gloo.h"
 #include "dist/process_group.h"
+#include "tests/dist/worker_check.h"
 
 using namespace accel;
 using namespace accel::dist;
@@ -34,19 +35,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-int g_failures = 0;
-int g_rank = 0;
-
-#define WCHECK(cond, ...)                                                                      \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      std::ostringstream os_;                                                                  \
-      os_ << "rank " << g_rank << " CHECK FAILED " << #cond << " at line " << __LINE__ << ": " \
-          << __VA_ARGS__;                                                                      \
-      std::cout << os_.str() << std::endl;                                                     \
-      ++g_failures;                                                                            \
-    }                                                                                          \
-  } while (0)
+using accel::test::g_failures;
+using accel::test::g_rank;
 
 int env_int(const char* name, int def) {
   const char* v = std::getenv(name);

@@ -4,7 +4,8 @@
 //   match <sgd|adam|adamw> <accum> [prefetch 0|1] [reshard 0|1]
 //                      per-unit sharding vs single-process training (two param groups)
 //   memory             between steps only shards + root; at most two units gathered in forward
-//   errors             bad wrap policies, shared parameters, reading a released parameter
+//   errors             bad wrap policies, shared parameters, reading a released parameter,
+//                      a plain load_state_dict into the sharded model
 //   unused             a unit that gets no gradient: DistError; find_unused_parameters: zeros
 //   bf16               param_dtype bf16 with fp32 master shards: close to fp32
 //   ckpt save <dir>    2 steps, sharded save (Note [fsdp checkpoints]), 2 more steps (recorded)
@@ -37,25 +38,15 @@
 #include "dist/fsdp.h"
 #include "dist/fsdp_checkpoint.h"
 #include "dist/process_group.h"
+#include "tests/dist/worker_check.h"
 
 using namespace accel;
 using namespace accel::dist;
 
 namespace {
 
-int g_failures = 0;
-int g_rank = 0;
-
-#define WCHECK(cond, ...)                                                                      \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      std::ostringstream os_;                                                                  \
-      os_ << "rank " << g_rank << " CHECK FAILED " << #cond << " at line " << __LINE__ << ": " \
-          << __VA_ARGS__;                                                                      \
-      std::cout << os_.str() << std::endl;                                                     \
-      ++g_failures;                                                                            \
-    }                                                                                          \
-  } while (0)
+using accel::test::g_failures;
+using accel::test::g_rank;
 
 constexpr int64_t kIn = 8, kHidden = 16, kClasses = 4, kBatch = 12, kSteps = 4, kBlocks = 3;
 
@@ -358,6 +349,29 @@ int errors(ProcessGroupPtr pg) {
     auto other = std::make_shared<Net>();
     expect_throw<ValueError>([&] { (void)f.shard_param_groups({one_group(other->parameters())}); },
                              "not a trainable parameter", __LINE__);
+  }
+  {
+    // Note [sharded modules]: a plain load_state_dict into the sharded model, a unit (blocks) or
+    // a root-unit module (head) is refused and changes nothing; load_full_parameters loads.
+    auto net = std::make_shared<Net>();
+    auto src = std::make_shared<Net>();
+    {
+      NoGradGuard ng;
+      for (auto& [n, p] : src->named_parameters()) p.mul_(2.0);
+    }
+    const nn::TensorDict want = src->state_dict(), orig = Net().state_dict();
+    FullyShardedModel f(net, pg);
+    const char* how = "load_full_parameters";
+    expect_throw<ValueError>([&] { net->load_state_dict(want); }, how, __LINE__);
+    expect_throw<ValueError>([&] { net->blocks->load_state_dict(src->blocks->state_dict()); }, how,
+                             __LINE__);
+    expect_throw<ValueError>([&] { net->head->load_state_dict(src->head->state_dict()); }, how,
+                             __LINE__);
+    nn::TensorDict got = f.full_state_dict();
+    for (const auto& [n, t] : orig) WCHECK(allclose(got.at(n), t, 0, 0), "changed: " << n);
+    f.load_full_parameters([&](const std::string& n) { return want.at(n); });
+    got = f.full_state_dict();
+    for (const auto& [n, t] : want) WCHECK(allclose(got.at(n), t, 0, 0), "not loaded: " << n);
   }
   return 0;
 }

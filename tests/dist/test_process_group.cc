@@ -21,8 +21,10 @@
 #include <doctest/doctest.h>
 
 #include "tests/dist/spawn.h"
+#include "tests/dist/worker_check.h"
 
 using namespace std::chrono_literals;
+using accel::test::check_ok;
 using accel::test::RankResult;
 using accel::test::run_world;
 
@@ -30,22 +32,13 @@ namespace {
 
 std::string worker() { return accel::test::helper_path("dist_worker"); }
 
-void check_all_ok(const std::vector<RankResult>& res, const std::string& scenario) {
-  for (size_t r = 0; r < res.size(); ++r) {
-    INFO("rank " << r << " output:\n" << res[r].output);
-    CHECK(res[r].exited);
-    CHECK(res[r].code == 0);
-    CHECK(res[r].output.find("ok " + scenario) != std::string::npos);
-  }
-}
-
 }  // namespace
 
 TEST_CASE("gloo: every collective and dtype, world sizes 1, 2 and 3") {
   for (int world : {1, 2, 3}) {
     CAPTURE(world);
     auto res = run_world(worker(), {"collectives"}, world, {}, 60s);
-    check_all_ok(res, "collectives");
+    check_ok(res, "collectives");
   }
 }
 
@@ -58,21 +51,21 @@ TEST_CASE("gloo: the same over TCP (shared memory off), fingerprints every 3rd, 
     CAPTURE(every);
     auto res = run_world(worker(), {"collectives"}, world,
                          {{"ACCEL_DIST_SHM", "0"}, {"DIST_FINGERPRINT_EVERY", every}}, 60s);
-    check_all_ok(res, "collectives");
+    check_ok(res, "collectives");
   }
 }
 
 TEST_CASE("gloo: async handles complete in issue order") {
   for (int world : {2, 3}) {
     CAPTURE(world);
-    check_all_ok(run_world(worker(), {"async"}, world, {}, 60s), "async");
+    check_ok(run_world(worker(), {"async"}, world, {}, 60s), "async");
   }
 }
 
 TEST_CASE("gloo: send/recv, symmetric exchange, size mismatch raises on both sides") {
   for (int world : {2, 3}) {
     CAPTURE(world);
-    check_all_ok(run_world(worker(), {"p2p"}, world, {}, 60s), "p2p");
+    check_ok(run_world(worker(), {"p2p"}, world, {}, 60s), "p2p");
   }
 }
 
@@ -87,7 +80,7 @@ TEST_CASE("gloo: mismatched collectives are detected on every rank, naming both 
       std::map<std::string, std::string> env = {{"DIST_TIMEOUT_MS", "10000"}};
       if (tcp) env.emplace("ACCEL_DIST_SHM", "0");
       auto res = run_world(worker(), {"mismatch"}, world, env, 60s);
-      check_all_ok(res, "mismatch");
+      check_ok(res, "mismatch");
       // Every rank printed the same message for each mismatch.
       for (const char* what : {" numel: ", " large numel: ", " empty: ", " op: ", " op gather: ",
                                " op barrier: ", " dtype: ", " root: ", " order 2: "}) {
@@ -197,7 +190,7 @@ TEST_CASE("heartbeat: ranks leaving one after another raise nothing") {
     // Each rank leaves 2 heartbeat timeouts after the previous one, computing until then.
     auto res = run_world(worker(), {"hb_staggered"}, world,
                          {{"ACCEL_HEARTBEAT_TIMEOUT", "2.5"}, {"DIST_STAGGER_MS", "5000"}}, 60s);
-    check_all_ok(res, "hb_staggered");
+    check_ok(res, "hb_staggered");
   }
 }
 
@@ -205,26 +198,26 @@ TEST_CASE("gloo: a forged point-to-point header is rejected without sizing anyth
   for (const char* kind : {"huge", "negative", "dtype"}) {
     CAPTURE(kind);
     auto res = run_world(worker(), {"p2p_forged"}, 2, {{"DIST_FORGE", kind}}, 60s);
-    check_all_ok(res, "p2p_forged");
+    check_ok(res, "p2p_forged");
   }
 }
 
 TEST_CASE("init_process_group: shared memory only when all ranks share the host; heartbeat env") {
   // LOCAL_WORLD_SIZE=1 with WORLD_SIZE=2: two machines (here both on loopback, sharing /dev/shm,
   // as network namespaces or containers on one kernel do): the all-reduce must use the network.
-  check_all_ok(
+  check_ok(
       run_world(worker(), {"config"}, 2,
                 {{"LOCAL_WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"DIST_EXPECT_SHM", "0"}}, 60s),
       "config");
-  check_all_ok(run_world(worker(), {"config"}, 2,
-                         {{"DIST_EXPECT_SHM", "1"}, {"DIST_EXPECT_HB_MS", "15000"}}, 60s),
-               "config");
-  check_all_ok(run_world(worker(), {"config"}, 2,
-                         {{"ACCEL_HEARTBEAT_TIMEOUT", "2.5"}, {"DIST_EXPECT_HB_MS", "2500"}}, 60s),
-               "config");
-  check_all_ok(run_world(worker(), {"config"}, 2,
-                         {{"ACCEL_HEARTBEAT_TIMEOUT", "0"}, {"DIST_EXPECT_HB_MS", "-1"}}, 60s),
-               "config");
+  check_ok(run_world(worker(), {"config"}, 2,
+                     {{"DIST_EXPECT_SHM", "1"}, {"DIST_EXPECT_HB_MS", "15000"}}, 60s),
+           "config");
+  check_ok(run_world(worker(), {"config"}, 2,
+                     {{"ACCEL_HEARTBEAT_TIMEOUT", "2.5"}, {"DIST_EXPECT_HB_MS", "2500"}}, 60s),
+           "config");
+  check_ok(run_world(worker(), {"config"}, 2,
+                     {{"ACCEL_HEARTBEAT_TIMEOUT", "0"}, {"DIST_EXPECT_HB_MS", "-1"}}, 60s),
+           "config");
   auto bad = run_world(worker(), {"config"}, 2, {{"ACCEL_HEARTBEAT_TIMEOUT", "soon"}}, 60s);
   for (auto& r : bad) {
     INFO(r.output);
@@ -239,22 +232,22 @@ TEST_CASE("init_process_group: local ranks split the host's CPUs unless OMP_NUM_
   REQUIRE(sched_getaffinity(0, sizeof set, &set) == 0);
   const int cpus = CPU_COUNT(&set);
   // Unset: each of the 2 local ranks gets cpus / 2 threads (at least 1), not OpenMP's cpus.
-  check_all_ok(run_world(worker(), {"omp_fit"}, 2,
-                         {{"OMP_NUM_THREADS", ""},
-                          {"LOCAL_WORLD_SIZE", "2"},
-                          {"DIST_EXPECT_OMP", std::to_string(std::max(1, cpus / 2))}},
-                         60s),
-               "omp_fit");
+  check_ok(run_world(worker(), {"omp_fit"}, 2,
+                     {{"OMP_NUM_THREADS", ""},
+                      {"LOCAL_WORLD_SIZE", "2"},
+                      {"DIST_EXPECT_OMP", std::to_string(std::max(1, cpus / 2))}},
+                     60s),
+           "omp_fit");
   // The user's choice is kept, even when it oversubscribes.
-  check_all_ok(run_world(worker(), {"omp_fit"}, 2,
-                         {{"OMP_NUM_THREADS", "3"}, {"DIST_EXPECT_OMP", "3"}}, 60s),
-               "omp_fit");
+  check_ok(run_world(worker(), {"omp_fit"}, 2, {{"OMP_NUM_THREADS", "3"}, {"DIST_EXPECT_OMP", "3"}},
+                     60s),
+           "omp_fit");
   // Ranks on different hosts (LOCAL_WORLD_SIZE 1) keep OpenMP's default.
-  check_all_ok(run_world(worker(), {"omp_fit"}, 2,
-                         {{"OMP_NUM_THREADS", ""},
-                          {"LOCAL_WORLD_SIZE", "1"},
-                          {"LOCAL_RANK", "0"},
-                          {"DIST_EXPECT_OMP", std::to_string(cpus)}},
-                         60s),
-               "omp_fit");
+  check_ok(run_world(worker(), {"omp_fit"}, 2,
+                     {{"OMP_NUM_THREADS", ""},
+                      {"LOCAL_WORLD_SIZE", "1"},
+                      {"LOCAL_RANK", "0"},
+                      {"DIST_EXPECT_OMP", std::to_string(cpus)}},
+                     60s),
+           "omp_fit");
 }

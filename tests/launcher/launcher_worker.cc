@@ -150,7 +150,15 @@ const char* kContract[] = {"RANK",
                            "ACCEL_RENDEZVOUS_TOKEN",
                            "ACCEL_ERROR_FILE",
                            "TORCHELASTIC_ERROR_FILE",
-                           "ACCEL_LAUNCH_ID"};
+                           "ACCEL_LAUNCH_ID",
+                           "ACCEL_PARAM_DTYPE",
+                           "ACCEL_REDUCE_DTYPE",
+                           "ACCEL_FSDP_WRAP",
+                           "ACCEL_FSDP_WRAP_CLASSES",
+                           "ACCEL_FSDP_MIN_PARAMS",
+                           "ACCEL_FSDP_RESHARD_AFTER_FORWARD",
+                           "ACCEL_FSDP_PREFETCH",
+                           "ACCEL_FSDP_ACTIVATION_CHECKPOINTING"};
 
 void write_env_file() {
   if (g_dir.empty()) return;

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -23,6 +24,9 @@ namespace {
 al::LaunchPlan cpu_plan() {
   al::LaunchConfig cfg;
   cfg.num_processes = 4;
+  cfg.zero_stage = 3;
+  cfg.fsdp_wrap = "min_params";
+  cfg.fsdp_min_params = 5000;
   al::LaunchPlan p = al::resolve_plan(cfg, {}, {}, 0);
   p.master_port = 1234;
   return p;
@@ -40,6 +44,12 @@ al::LaunchPlan gpu_plan() {
   f.mixed_precision = "bf16";
   f.zero_stage = 2;
   f.gradient_accumulation_steps = 4;
+  f.param_dtype = "bf16";
+  f.reduce_dtype = "fp32";
+  f.fsdp_wrap_classes = "Block,Layer";
+  f.fsdp_reshard_after_forward = "false";
+  f.fsdp_prefetch = "false";
+  f.fsdp_activation_checkpointing = "true";
   f.rendezvous_token = std::string(32, 'k');
   al::LaunchPlan p = al::resolve_plan(cfg, f, {}, 2);
   al::resolve_rendezvous_token(p, f, {});
@@ -93,7 +103,10 @@ TEST_CASE("env contract: accel-run's worker environment is made of contract name
     }
   }
   // The plans above reach the optional ones worker_env can set.
-  for (const char* name : {env::kRendezvousToken, env::kOmpNumThreads, env::kCudaVisibleDevices}) {
+  for (const char* name :
+       {env::kRendezvousToken, env::kOmpNumThreads, env::kCudaVisibleDevices, env::kParamDtype,
+        env::kReduceDtype, env::kFsdpWrap, env::kFsdpWrapClasses, env::kFsdpMinParams,
+        env::kFsdpReshardAfterForward, env::kFsdpPrefetch, env::kFsdpActivationCheckpointing}) {
     CAPTURE(name);
     CHECK(set_somewhere.count(name) == 1);
   }
@@ -119,4 +132,105 @@ TEST_CASE("env contract: the library reads back what accel-run set") {
   CHECK(c.zero_stage == 2);
   CHECK(c.gradient_accumulation_steps == 4);
   CHECK_FALSE(c.cpu);
+  // param dtype and reduce dtype reach ZeRO 1-2 and ZeRO-3 alike; the fsdp options reach fsdp.
+  CHECK(c.zero.param_dtype == std::optional<accel::DType>(accel::kBFloat16));
+  CHECK(c.fsdp.param_dtype == std::optional<accel::DType>(accel::kBFloat16));
+  CHECK(c.zero.reduce_in_fp32);
+  CHECK(c.fsdp.reduce_in_fp32);
+  CHECK(c.fsdp.wrap == accel::dist::FsdpOptions::Wrap::Classes);
+  CHECK(c.fsdp.classes == std::vector<std::string>{"Block", "Layer"});
+  CHECK_FALSE(c.fsdp.reshard_after_forward);
+  CHECK_FALSE(c.fsdp.prefetch);
+  CHECK(c.fsdp.activation_checkpointing);
+  const al::LaunchPlan q = cpu_plan();
+  ScopedEnv min(al::worker_env(q, 0, 0));
+  const accel::AcceleratorConfig m = accel::AcceleratorConfig().with_env();
+  CHECK(m.fsdp.wrap == accel::dist::FsdpOptions::Wrap::MinParams);
+  CHECK(m.fsdp.min_params == 5000);
+}
+
+TEST_CASE("env contract: with_env reads each ZeRO variable alone, and only when it is set") {
+  using Wrap = accel::dist::FsdpOptions::Wrap;
+  using Config = accel::AcceleratorConfig;
+  // A program's own choices, each different from what the variable below sets.
+  Config base;
+  base.fsdp.wrap = Wrap::Classes;
+  base.fsdp.classes = {"Mine"};
+  base.fsdp.min_params = 7;
+  base.fsdp.param_dtype = accel::kFloat16;
+  base.zero.param_dtype = accel::kFloat16;
+  base.fsdp.activation_checkpointing = true;
+  {
+    // Unset: the program's config stands.
+    const Config c = base.with_env();
+    CHECK(c.fsdp.wrap == Wrap::Classes);
+    CHECK(c.fsdp.classes == std::vector<std::string>{"Mine"});
+    CHECK(c.fsdp.param_dtype == std::optional<accel::DType>(accel::kFloat16));
+  }
+  struct Case {
+    const char* name;
+    const char* value;
+    std::function<bool(const Config&)> took;
+    bool from_fp32_reduce = false;  // start from a config that reduces in fp32
+  };
+  const std::vector<Case> cases = {
+      {env::kParamDtype, "fp32",
+       [](const Config& c) { return !c.fsdp.param_dtype && !c.zero.param_dtype; }},
+      {env::kParamDtype, "BF16",
+       [](const Config& c) {
+         return c.fsdp.param_dtype == accel::kBFloat16 && c.zero.param_dtype == accel::kBFloat16;
+       }},
+      {env::kReduceDtype, "fp32",
+       [](const Config& c) { return c.fsdp.reduce_in_fp32 && c.zero.reduce_in_fp32; }},
+      {env::kReduceDtype, "param",
+       [](const Config& c) { return !c.fsdp.reduce_in_fp32 && !c.zero.reduce_in_fp32; }, true},
+      {env::kFsdpWrap, "entries", [](const Config& c) { return c.fsdp.wrap == Wrap::Entries; }},
+      {env::kFsdpWrap, "none", [](const Config& c) { return c.fsdp.wrap == Wrap::None; }},
+      {env::kFsdpWrap, "min_params",
+       [](const Config& c) { return c.fsdp.wrap == Wrap::MinParams; }},
+      {env::kFsdpWrapClasses, "A, B_2",
+       [](const Config& c) {
+         return c.fsdp.classes == std::vector<std::string>{"A", "B_2"};
+       }},
+      {env::kFsdpMinParams, "123456789012",
+       [](const Config& c) { return c.fsdp.min_params == 123456789012LL; }},
+      {env::kFsdpReshardAfterForward, "false",
+       [](const Config& c) { return !c.fsdp.reshard_after_forward; }},
+      {env::kFsdpPrefetch, "0", [](const Config& c) { return !c.fsdp.prefetch; }},
+      {env::kFsdpActivationCheckpointing, "false",
+       [](const Config& c) { return !c.fsdp.activation_checkpointing; }},
+  };
+  for (const auto& tc : cases) {
+    CAPTURE(tc.name);
+    CAPTURE(tc.value);
+    ScopedEnv scoped(al::EnvMap{{tc.name, tc.value}});
+    Config from = base;
+    if (tc.from_fp32_reduce) from.fsdp.reduce_in_fp32 = from.zero.reduce_in_fp32 = true;
+    const Config c = from.with_env();
+    CHECK(tc.took(c));
+    CHECK(!tc.took(from));  // the case tests a change
+  }
+  // Malformed: a ValueError naming the variable and the value.
+  const std::vector<std::pair<const char*, const char*>> bad = {
+      {env::kParamDtype, "fp8"},
+      {env::kReduceDtype, "bf16"},
+      {env::kFsdpWrap, "layers"},
+      {env::kFsdpWrapClasses, "A,,B"},
+      {env::kFsdpMinParams, "0"},
+      {env::kFsdpMinParams, "12x"},
+      {env::kFsdpReshardAfterForward, "maybe"},
+      {env::kFsdpPrefetch, "2"},
+      {env::kFsdpActivationCheckpointing, "on-ish"},
+  };
+  for (const auto& [name, value] : bad) {
+    CAPTURE(name);
+    ScopedEnv scoped(al::EnvMap{{name, value}});
+    std::string msg;
+    try {
+      (void)base.with_env();
+    } catch (const accel::ValueError& e) {
+      msg = e.what();
+    }
+    CHECK(msg.find(std::string(name) + "='" + value + "'") != std::string::npos);
+  }
 }

@@ -41,6 +41,7 @@ namespace {
 const std::string kAccelRun =
     std::getenv("ACCEL_RUN_UNDER_TEST") ? std::getenv("ACCEL_RUN_UNDER_TEST") : ACCEL_RUN_PATH;
 const std::string kWorker = LAUNCHER_WORKER_PATH;
+const std::string kFsdpEnvWorker = FSDP_ENV_WORKER_PATH;
 const std::string kSelftestBuilt = ACCEL_SELFTEST_BUILD_PATH;
 
 double since(Clock::time_point t) {
@@ -319,17 +320,34 @@ TEST_CASE("config: save and load round trip every key") {
   c.max_restarts = 3;
   c.monitor_interval = 0.5;
   c.num_cpu_threads_per_process = 6;
+  c.param_dtype = "fp16";
+  c.reduce_dtype = "fp32";
+  c.fsdp_wrap = "classes";
+  c.fsdp_wrap_classes = "Block,Layer";
+  c.fsdp_reshard_after_forward = false;
+  c.fsdp_prefetch = false;
+  c.fsdp_activation_checkpointing = true;
   const std::string path = dir / "sub/dir/cfg.yaml";  // parents are created
   al::save_config(c, path);
   al::LaunchConfig back = al::load_config(path);
   CHECK(back == c);
   CHECK(contains(read_file(path), "mixed_precision: 'bf16'"));
-  CHECK(contains(read_file(path), "zero_config:\n  zero_stage: 2"));
+  CHECK(contains(read_file(path), "zero_config:\n  zero_stage: 2\n  param_dtype: 'fp16'"));
+  CHECK(contains(read_file(path), "fsdp_config:"));
+  CHECK(contains(read_file(path), "  fsdp_wrap_classes: 'Block,Layer'\n"));
+  c.fsdp_wrap = "min_params";
+  c.fsdp_wrap_classes.reset();
+  c.fsdp_min_params = 123456789012LL;
+  al::save_config(c, path);
+  CHECK(al::load_config(path) == c);
 
   al::LaunchConfig defaults;
   al::save_config(defaults, path);
   CHECK(al::load_config(path) == defaults);
   CHECK(contains(read_file(path), "main_process_ip: null"));
+  // Unset ZeRO options are not written (and not exported): the program's choice stands.
+  CHECK(!contains(read_file(path), "fsdp"));
+  CHECK(!contains(read_file(path), "dtype"));
 }
 
 TEST_CASE("config: an Accelerate default_config.yaml loads") {
@@ -360,6 +378,30 @@ TEST_CASE("config: an Accelerate default_config.yaml loads") {
   CHECK(al::parse_config("", "empty.yaml") == al::LaunchConfig{});
   CHECK(al::parse_config("gpu_ids: [1, 0]\n", "x").gpu_ids == "1,0");
   CHECK(al::parse_config("gpu_ids: 3\n", "x").gpu_ids == "3");
+
+  // Accelerate's fsdp_config: its names for our settings are read, its other FSDP keys ignored.
+  const std::string fsdp =
+      "fsdp_config:\n"
+      "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+      "  fsdp_transformer_layer_cls_to_wrap: [Block, Layer]\n"
+      "  fsdp_activation_checkpointing: true\n"
+      "  fsdp_reshard_after_forward: SHARD_GRAD_OP\n"
+      "  fsdp_offload_params: false\n"
+      "  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
+      "  fsdp_version: 2\n";
+  const al::LaunchConfig f = al::parse_config(fsdp, "accelerate.yaml");
+  CHECK(f.fsdp_wrap == std::optional<std::string>("classes"));
+  CHECK(f.fsdp_wrap_classes == std::optional<std::string>("Block,Layer"));
+  CHECK(f.fsdp_activation_checkpointing == std::optional<bool>(true));
+  CHECK(f.fsdp_reshard_after_forward == std::optional<bool>(false));
+  CHECK(!f.fsdp_prefetch);
+  const al::LaunchConfig size = al::parse_config(
+      "fsdp_config:\n  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 1000\n", "x");
+  CHECK(size.fsdp_wrap == std::optional<std::string>("min_params"));
+  CHECK(size.fsdp_min_params == std::optional<long long>(1000));
+  // fsdp_wrap_classes alone implies the classes policy.
+  CHECK(al::parse_config("fsdp_config:\n  fsdp_wrap_classes: Block\n", "x").fsdp_wrap ==
+        std::optional<std::string>("classes"));
 }
 
 TEST_CASE("config: malformed files name the key, the line and what is accepted") {
@@ -390,6 +432,27 @@ TEST_CASE("config: malformed files name the key, the line and what is accepted")
       {"num_processes: [2\n", {"bad.yaml:", "YAML syntax error"}},
       {"- a\n- b\n", {"mapping of keys"}},
       {"monitor_interval: -1\n", {"'monitor_interval'"}},
+      {"zero_config:\n  param_dtype: fp8\n",
+       {"bad.yaml:2", "'zero_config.param_dtype'", "bf16, fp16, fp32", "'fp8'"}},
+      {"zero_config:\n  reduce_dtype: bf16\n", {"'zero_config.reduce_dtype'", "param", "fp32"}},
+      {"fsdp_config: [1]\n", {"'fsdp_config'", "mapping"}},
+      {"fsdp_config:\n  fsdp_wrap: layers\n",
+       {"bad.yaml:2", "'fsdp_config.fsdp_wrap'", "entries, classes, min_params, none", "'layers'"}},
+      {"fsdp_config:\n  fsdp_wrap: classes\n", {"'fsdp_config.fsdp_wrap'", "fsdp_wrap_classes"}},
+      {"fsdp_config:\n  fsdp_wrap: entries\n  fsdp_min_params: 10\n",
+       {"'fsdp_config.fsdp_min_params'", "only with fsdp_wrap: min_params", "entries"}},
+      {"fsdp_config:\n  fsdp_wrap_classes: Block\n  fsdp_min_params: 10\n",
+       {"'fsdp_config'", "two different wrap policies"}},
+      {"fsdp_config:\n  fsdp_min_params: 0\n", {"'fsdp_config.fsdp_min_params'", "[1, "}},
+      {"fsdp_config:\n  fsdp_wrap_classes: 'Block,,Layer'\n",
+       {"'fsdp_config.fsdp_wrap_classes'", "class names"}},
+      {"fsdp_config:\n  fsdp_prefetch: sometimes\n",
+       {"'fsdp_config.fsdp_prefetch'", "true or false", "'sometimes'"}},
+      {"fsdp_config:\n  fsdp_wrp: none\n", {"'fsdp_config.fsdp_wrp'", "did you mean 'fsdp_wrap'"}},
+      {"fsdp_config:\n  fsdp_auto_wrap_policy: NO_WRAP\n  fsdp_wrap: none\n",
+       {"'fsdp_config.fsdp_wrap'", "given already"}},
+      {"fsdp_config:\n  fsdp_auto_wrap_policy: BLOCK_WRAP\n",
+       {"'fsdp_config.fsdp_auto_wrap_policy'", "TRANSFORMER_BASED_WRAP"}},
   };
   for (const auto& tc : cases) {
     CAPTURE(tc.yaml);
@@ -418,8 +481,10 @@ TEST_CASE("config: default path respects ACCEL_CONFIG_FILE, XDG_CACHE_HOME and H
 TEST_CASE("config: questionnaire re-asks invalid answers and writes what was answered") {
   // compute env, type (7 invalid, then multi-CPU), machines 2, rank (5 invalid, then 1), address,
   // port (default), same network (maybe invalid, then no), processes (3 invalid: not a multiple
-  // of 2, then 4), ZeRO (9 invalid, then 2), accumulation 4, precision (fp8 invalid, then bf16).
-  std::istringstream in("\n7\n1\n2\n5\n1\n10.0.0.7\n\nmaybe\nno\n3\n4\n9\n2\n4\nfp8\nbf16\n");
+  // of 2, then 4), ZeRO (9 invalid, then 2), param dtype bf16, reduce in fp32 yes,
+  // accumulation 4, precision (fp8 invalid, then bf16).
+  std::istringstream in(
+      "\n7\n1\n2\n5\n1\n10.0.0.7\n\nmaybe\nno\n3\n4\n9\n2\nbf16\nyes\n4\nfp8\nbf16\n");
   std::ostringstream out;
   al::LaunchConfig c = al::run_questionnaire(in, out, 0);
   const std::string log = out.str();
@@ -441,6 +506,33 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   CHECK(c.zero_stage == 2);
   CHECK(c.gradient_accumulation_steps == 4);
   CHECK(c.mixed_precision == "bf16");
+  CHECK(c.param_dtype == std::optional<std::string>("bf16"));
+  CHECK(c.reduce_dtype == std::optional<std::string>("fp32"));
+  CHECK(!c.fsdp_wrap);  // stage 2: no ZeRO-3 questions
+
+  // ZeRO-3: multi-CPU, 1 machine, 2 processes, stage 3, param dtype default (not written), wrap
+  // (x invalid, then classes), classes (1bad invalid, then "Block, Layer"), checkpointing yes,
+  // accumulation and precision default.
+  std::istringstream in3("\n1\n\n\n3\n\nx\nclasses\n1bad\nBlock, Layer\ny\n\n\n");
+  std::ostringstream out3;
+  al::LaunchConfig c3 = al::run_questionnaire(in3, out3, 0);
+  CHECK(contains(out3.str(), "Invalid answer 'x'"));
+  CHECK(contains(out3.str(), "Invalid answer '1bad'"));
+  CHECK(c3.zero_stage == 3);
+  CHECK(!c3.param_dtype);
+  CHECK(!c3.reduce_dtype);
+  CHECK(c3.fsdp_wrap == std::optional<std::string>("classes"));
+  CHECK(c3.fsdp_wrap_classes == std::optional<std::string>("Block,Layer"));
+  CHECK(c3.fsdp_activation_checkpointing == std::optional<bool>(true));
+  CHECK(!c3.fsdp_prefetch);
+  CHECK(al::parse_config(al::config_to_yaml(c3), "q3") == c3);
+  // Defaults everywhere (a yes/no question needs an answer): nothing ZeRO-3 specific is written.
+  std::istringstream in4("\n1\n\n\n3\n\n\nno\n\n\n");
+  std::ostringstream out4;
+  al::LaunchConfig c4 = al::run_questionnaire(in4, out4, 0);
+  CHECK(c4.zero_stage == 3);
+  CHECK(!c4.fsdp_wrap);
+  CHECK(!c4.fsdp_activation_checkpointing);
 
   std::istringstream short_in("0\n2\n");
   std::ostringstream short_out;
@@ -740,6 +832,132 @@ TEST_CASE("launch: 1, 2 and 3 workers get the env contract; output is prefixed b
   Result noexec = accel_run({"launch", "--num_processes", "2", dir / "no-such-program"});
   CHECK(noexec.code == 127);
   CHECK(contains(noexec.err, "cannot execute"));
+}
+
+TEST_CASE("launch: ZeRO-3 and ZeRO mixed-precision flags reach the workers' environment") {
+  const std::vector<std::string> names = {
+      "ACCEL_PARAM_DTYPE",     "ACCEL_REDUCE_DTYPE",
+      "ACCEL_FSDP_WRAP",       "ACCEL_FSDP_WRAP_CLASSES",
+      "ACCEL_FSDP_MIN_PARAMS", "ACCEL_FSDP_RESHARD_AFTER_FORWARD",
+      "ACCEL_FSDP_PREFETCH",   "ACCEL_FSDP_ACTIVATION_CHECKPOINTING"};
+  auto launch_env = [&names](const std::vector<std::string>& flags, const TempDir& dir) {
+    std::vector<std::string> f = {"--num_processes", "2", "--cpu", "-q"};
+    f.insert(f.end(), flags.begin(), flags.end());
+    Result r = accel_run(launch_args(f, {"env", "--dir", dir.str()}));
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    auto e0 = read_env_file(dir / "env.0"), e1 = read_env_file(dir / "env.1");
+    for (const auto& n : names) {
+      const bool same = e0.count(n) == e1.count(n) && (e0.count(n) == 0 || e0.at(n) == e1.at(n));
+      CHECK_MESSAGE(same, n);
+    }
+    return std::make_pair(e0, r);
+  };
+  {
+    // Both spellings; --fsdp_min_params alone implies min_params; values normalised.
+    TempDir dir;
+    auto [e, r] = launch_env({"--zero_stage", "3", "--fsdp-min-params", "500", "--param_dtype",
+                              "BF16", "--reduce-dtype", "fp32", "--fsdp_prefetch", "false",
+                              "--fsdp_reshard_after_forward=no", "--fsdp_activation_checkpointing"},
+                             dir);
+    CHECK(e["ACCEL_FSDP_WRAP"] == "min_params");
+    CHECK(e["ACCEL_FSDP_MIN_PARAMS"] == "500");
+    CHECK(e.count("ACCEL_FSDP_WRAP_CLASSES") == 0);
+    CHECK(e["ACCEL_PARAM_DTYPE"] == "bf16");
+    CHECK(e["ACCEL_REDUCE_DTYPE"] == "fp32");
+    CHECK(e["ACCEL_FSDP_PREFETCH"] == "false");
+    CHECK(e["ACCEL_FSDP_RESHARD_AFTER_FORWARD"] == "false");
+    CHECK(e["ACCEL_FSDP_ACTIVATION_CHECKPOINTING"] == "true");
+  }
+  {
+    // The config file's fsdp_config, partly overridden: the wrap flags replace its policy as a
+    // whole, --fsdp_no_activation_checkpointing turns off what the file turned on.
+    TempDir dir;
+    write_file(dir / "c.yaml",
+               "zero_config:\n  zero_stage: 3\n  param_dtype: fp16\nfsdp_config:\n"
+               "  fsdp_wrap_classes: [Block]\n  fsdp_activation_checkpointing: true\n"
+               "  fsdp_prefetch: false\n");
+    auto [e, r] = launch_env({"--config_file", dir / "c.yaml"}, dir);
+    CHECK(e["ACCEL_FSDP_WRAP"] == "classes");
+    CHECK(e["ACCEL_FSDP_WRAP_CLASSES"] == "Block");
+    CHECK(e["ACCEL_FSDP_ACTIVATION_CHECKPOINTING"] == "true");
+    CHECK(e["ACCEL_PARAM_DTYPE"] == "fp16");
+    auto [o, r2] = launch_env({"--config_file", dir / "c.yaml", "--fsdp_wrap", "none",
+                               "--fsdp_no_activation_checkpointing", "--param_dtype", "fp32"},
+                              dir);
+    CHECK(o["ACCEL_FSDP_WRAP"] == "none");
+    CHECK(o.count("ACCEL_FSDP_WRAP_CLASSES") == 0);
+    CHECK(o["ACCEL_FSDP_ACTIVATION_CHECKPOINTING"] == "false");
+    CHECK(o["ACCEL_FSDP_PREFETCH"] == "false");
+    CHECK(o["ACCEL_PARAM_DTYPE"] == "fp32");
+  }
+  {
+    // Nothing chosen: nothing exported. fsdp options without stage 3: a warning.
+    TempDir dir;
+    auto [e, r] = launch_env({"--zero_stage", "3"}, dir);
+    for (const auto& n : names) CHECK_MESSAGE(e.count(n) == 0, n);
+    Result w = accel_run(launch_args({"--num_processes", "1", "--cpu", "--fsdp_wrap", "none"},
+                                     {"env", "--dir", dir.str()}));
+    CHECK_MESSAGE(w.code == 0, w.err);
+    CHECK(contains(w.err, "apply to zero_stage 3 only"));
+  }
+  struct Bad {
+    std::vector<std::string> flags;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Bad> bad = {
+      {{"--fsdp_wrap", "layers"}, {"--fsdp_wrap", "'layers'", "entries, classes"}},
+      {{"--fsdp_wrap", "classes"}, {"fsdp_wrap_classes"}},
+      {{"--fsdp_wrap", "entries", "--fsdp_min_params", "5"}, {"only with fsdp_wrap: min_params"}},
+      {{"--fsdp_wrap_classes", "A", "--fsdp_min_params", "5"}, {"two different wrap policies"}},
+      {{"--fsdp_wrap_classes", "A-B"}, {"--fsdp_wrap_classes", "class names"}},
+      {{"--fsdp_min_params", "0"}, {"--fsdp_min_params", ">= 1"}},
+      {{"--fsdp_prefetch", "maybe"}, {"--fsdp_prefetch", "true or false", "'maybe'"}},
+      {{"--param_dtype", "fp8"}, {"--param_dtype", "bf16, fp16, fp32"}},
+      {{"--reduce_dtype", "bf16"}, {"--reduce_dtype", "param"}},
+  };
+  for (const auto& b : bad) {
+    CAPTURE(b.flags[0]);
+    std::vector<std::string> f = {"--num_processes", "2", "--cpu", "--zero_stage", "3"};
+    f.insert(f.end(), b.flags.begin(), b.flags.end());
+    Result r = accel_run(launch_args(f, {"env"}));
+    CHECK(r.code == 1);
+    CHECK(!contains(r.out, "hello"));
+    for (const auto& want : b.expect) CHECK_MESSAGE(contains(r.err, want), want, " not in ", r.err);
+  }
+}
+
+// accel-run -> ACCEL_* -> AcceleratorConfig::with_env -> the ZeRO-3 strategy, with a real
+// Accelerator (tests/launcher/fsdp_env_worker.cc). Between steps the strategy holds the root unit
+// (parameters of no unit) in full, so its bytes show the wrap policy and the param dtype: the
+// worker's ModuleList entries have 288, 1056 and 264 parameters, the head outside it 36.
+TEST_CASE("launch: ZeRO-3 options reach the strategy of an Accelerator (end to end)") {
+  struct Case {
+    std::vector<std::string> flags;
+    long long gathered;  // root unit bytes between steps
+  };
+  const long long full = (288 + 1056 + 264 + 36) * 4;
+  const std::vector<Case> cases = {
+      {{}, 36 * 4},                                                // every entry a unit
+      {{"--fsdp_wrap", "min_params", "--fsdp_min_params", "500"},  // only the 1056 entry
+       (288 + 264 + 36) * 4},
+      {{"--fsdp_min_params", "500", "--param_dtype", "bf16", "--mixed_precision", "bf16"},
+       (288 + 264 + 36) * 2},
+      {{"--fsdp_wrap", "none", "--fsdp_activation_checkpointing"}, full},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> a = {"launch", "--cpu", "--num_processes", "2", "--zero_stage", "3"};
+    a.insert(a.end(), c.flags.begin(), c.flags.end());
+    a.push_back(kFsdpEnvWorker);
+    CAPTURE(a.size());
+    Result r = accel_run(a, {}, "", 120);
+    REQUIRE_MESSAGE(r.code == 0, r.err);
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string want = "rank=" + std::to_string(rank) +
+                               " strategy=fsdp full=" + std::to_string(full) +
+                               " gathered=" + std::to_string(c.gathered) + " ";
+      CHECK_MESSAGE(contains(r.out, want), want, " not in ", r.out);
+    }
+  }
 }
 
 TEST_CASE("launch: a failing rank tears the group down quickly and leaves no process behind") {

@@ -334,6 +334,44 @@ TEST_CASE("load_state_dict fills a deferred model without running initialisers")
   CHECK(same_bits(half->fc2->weight, eager->fc2->weight));
 }
 
+// Note [sharded modules]: a load into a ZeRO-3 model would be lost or detach its parameters.
+TEST_CASE("load_state_dict refuses a sharded module and a released view of a larger buffer") {
+  manual_seed(kSeed);
+  auto src = std::make_shared<models::Mlp>();
+  const nn::TensorDict state = src->state_dict();
+
+  auto m = std::make_shared<models::Mlp>();
+  const Tensor before = m->fc2->weight.clone();
+  m->fc2->set_sharded("use the engine's loader");
+  // The mark on a submodule refuses loads into it and into every ancestor, naming it.
+  CHECK_THROWS_AS(m->load_state_dict(state), ValueError);
+  std::string e = error_of([&] { m->load_state_dict(state); });
+  CHECK(e.find("'fc2'") != std::string::npos);
+  CHECK(e.find("use the engine's loader") != std::string::npos);
+  e = error_of([&] { m->fc2->load_state_dict(m->fc2->state_dict()); });
+  CHECK(e.find("use the engine's loader") != std::string::npos);
+  CHECK(same_bits(m->fc2->weight, before));  // nothing was copied
+  // A sibling is not sharded: loading it works.
+  CHECK(error_of([&] { m->fc1->load_state_dict(src->fc1->state_dict()); }).empty());
+  m->fc2->set_sharded("");
+  CHECK(error_of([&] { m->load_state_dict(state); }).empty());
+  check_same_state(*src, *m);
+
+  // Unmarked, a released parameter that is a view of a larger flat buffer (what ZeRO-3 makes)
+  // is refused too, and stays released: materializing it would detach it from the buffer.
+  auto lin = std::make_shared<nn::Linear>(3, 2);
+  const nn::TensorDict lin_state = lin->state_dict();
+  Tensor flat = zeros({lin->weight.numel() + lin->bias.numel()});
+  nn::assign_tensor_data(lin->weight, flat.narrow(0, 0, 6).view({2, 3}));
+  nn::assign_tensor_data(lin->bias, flat.narrow(0, 6, 2));
+  flat.storage()->release();
+  CHECK_THROWS_AS(lin->load_state_dict(lin_state), ValueError);
+  e = error_of([&] { lin->load_state_dict(lin_state); });
+  CHECK(e.find("'weight' is a released view of a larger buffer") != std::string::npos);
+  CHECK(e.find("load_full_parameters") != std::string::npos);
+  CHECK_FALSE(flat.storage()->allocated());
+}
+
 TEST_CASE("manual_seed restarts normal draws whatever was drawn before") {
   // Eager and deferred construction are compared after manual_seed; a Box-Muller value cached
   // from an earlier odd-length randn used to leak into the next seed's first draw.

@@ -15,7 +15,7 @@
 //                                                           bf16 autocast and ZeRO param_dtype
 //                                                           bf16 (gradients reduced in bf16 /
 //                                                           fp32)
-//   accel_worker matrix <stage> <per-rank batch> <accumulation>
+//   accel_worker matrix <stage> <per-rank batch> <accumulation> [mp]
 //                                                           20 optimizer steps of an MLP with
 //                                                           AdamW groups and clipping: the
 //                                                           global loss of every micro-batch
@@ -410,11 +410,16 @@ int zero_errors() {
 // over an unshuffled loader whose global micro-batch is batch * W; AdamW with decay / no-decay
 // groups at different lrs, clipping on every sync step. Prints the global mean loss of every
 // micro-batch and the final parameters.
-int matrix(int stage, int64_t batch, int accumulation) {
+int matrix(int stage, int64_t batch, int accumulation, const std::string& mp) {
   AcceleratorConfig c = config_from_env("/tmp");
   c.zero_stage = stage;
   c.gradient_accumulation_steps = accumulation;
   c.ddp.bucket_cap_bytes = 512;
+  if (!mp.empty()) {  // as in zero_train
+    c.mixed_precision = dist::MixedPrecision::BF16;
+    c.zero.param_dtype = kBFloat16;
+    c.zero.reduce_in_fp32 = mp == "bf16-fp32";
+  }
   Accelerator acc(c);
   auto mlp = make_mlp();
   optim::AdamWOptions ao;
@@ -429,9 +434,13 @@ int matrix(int stage, int64_t batch, int accumulation) {
   while (done < micro) {
     for (auto& b : *aloader) {
       auto scope = acc.accumulate();
-      Tensor loss = mse_loss(model->forward(b[0]), b[1]);
+      Tensor loss;
+      {
+        auto ac = acc.autocast();
+        loss = mse_loss(model->forward(b[0]), b[1]);
+      }
       acc.backward(loss);
-      if (acc.sync_gradients()) acc.clip_grad_norm_(0.5);
+      if (acc.sync_gradients()) std::printf("norm %.9g\n", acc.clip_grad_norm_(0.5));
       aopt->step();
       aopt->zero_grad();
       std::printf("loss %.9g\n", acc.reduce(loss.detach(), "mean").item<double>());
@@ -496,7 +505,8 @@ int main(int argc, char** argv) {
       return zero_train(argv[2], std::atoi(argv[3]), std::atoll(argv[4]), std::atoi(argv[5]),
                         std::atoi(argv[6]), std::atoi(argv[7]) != 0, argc > 8 ? argv[8] : "");
     if (mode == "matrix" && argc > 4)
-      return matrix(std::atoi(argv[2]), std::atoll(argv[3]), std::atoi(argv[4]));
+      return matrix(std::atoi(argv[2]), std::atoll(argv[3]), std::atoi(argv[4]),
+                    argc > 5 ? argv[5] : "");
     if (mode == "train" && argc > 5)
       return train(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]) != 0,
                    argc > 7 ? argv[6] : "", argc > 7 ? std::atoi(argv[7]) : -1);

@@ -340,6 +340,28 @@ TEST_CASE("strategy matrix: stages 0-3 x world 1-4 x accumulation 1/3 equal one 
   }
 }
 
+TEST_CASE("ZeRO 1/2 with bf16 parameters and accumulation: stage 1 equals stage 2, near fp32") {
+  // With two ranks a reduction is one addition whatever the collective, so stage 1 (all-reduce,
+  // the window added up in fp32 shards) and stage 2 (reduce-scatter) give the same bits; bf16
+  // compute stays near the fp32 run. Clipping acts on the fp32 gradient shards.
+  auto fp32 = run_world(worker(), {"matrix", "2", "6", "3"}, 2, {}, 60s);
+  check_ok(fp32, "matrix");
+  for (std::string mp : {"bf16", "bf16-fp32"}) {
+    CAPTURE(mp);
+    auto one = run_world(worker(), {"matrix", "1", "6", "3", mp}, 2, {}, 60s);
+    auto two = run_world(worker(), {"matrix", "2", "6", "3", mp}, 2, {}, 60s);
+    check_ok(one, "matrix");
+    check_ok(two, "matrix");
+    for (std::string what : {"loss ", "norm ", "param "}) {
+      CAPTURE(what);
+      CHECK(lines_with(one[0].output, what).size() >= 20);
+      CHECK(lines_with(one[0].output, what) == lines_with(two[0].output, what));
+      CHECK(lines_with(one[1].output, what) == lines_with(two[1].output, what));
+    }
+    check_close(fp32[0].output, two[0].output, "loss ", 5e-2);
+  }
+}
+
 TEST_CASE("save, kill during save, resume: previous checkpoint loads, losses bit-identical") {
   const std::map<std::string, std::string> env = {{"DIST_TIMEOUT_MS", "3000"}};
   const std::string base = fresh_dir("base");

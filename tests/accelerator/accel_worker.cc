@@ -287,7 +287,7 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
       ++done;
       if (!resume && done == save_at) {
         acc.save_state(dir + "/ckpt");
-        if (!mp.empty()) print_exact(acc, *model, "saved");
+        print_exact(acc, *model, "saved");
       }
       if (done == steps) break;
     }
@@ -415,10 +415,12 @@ int matrix(int stage, int64_t batch, int accumulation, const std::string& mp) {
   c.zero_stage = stage;
   c.gradient_accumulation_steps = accumulation;
   c.ddp.bucket_cap_bytes = 512;
-  if (!mp.empty()) {  // as in zero_train
-    c.mixed_precision = dist::MixedPrecision::BF16;
-    c.zero.param_dtype = kBFloat16;
+  if (!mp.empty()) {  // as in zero_train; "fp16": fp16 parameters, autocast and loss scaling
+    const bool fp16 = mp == "fp16";
+    c.mixed_precision = fp16 ? dist::MixedPrecision::FP16 : dist::MixedPrecision::BF16;
+    c.zero.param_dtype = fp16 ? kFloat16 : kBFloat16;
     c.zero.reduce_in_fp32 = mp == "bf16-fp32";
+    c.scaler.init_scale = 256;
   }
   Accelerator acc(c);
   auto mlp = make_mlp();

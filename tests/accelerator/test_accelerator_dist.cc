@@ -232,6 +232,17 @@ TEST_CASE("ZeRO 1/2 with bf16 parameters: checkpoints hold the fp32 masters, res
     check_ok(one, "zero_train");
     CHECK(one[0].output.find("resumed at 4 lr 0.005") != std::string::npos);
     CHECK(loaded(one[0]) == saved);
+    if (run.stage[0] == '2') {
+      // And the other way: a plain fp32 single-process checkpoint into bf16 ZeRO-2 at 2 ranks.
+      const std::string plain = fresh_dir("zero-mp-plain");
+      auto ref = run_world(worker(), {"zero_train", plain, "2", "12", "8", "4", "0"}, 1, {}, 60s);
+      check_ok(ref, "zero_train");
+      auto into =
+          run_world(worker(), {"zero_train", plain, "2", "6", "8", "4", "1", run.mp}, 2, {}, 60s);
+      check_ok(into, "zero_train");
+      for (int r = 0; r < 2; ++r)
+        CHECK(loaded(into[size_t(r)]) == lines_with(ref[0].output, "saved "));
+    }
     const char* other = run.stage[0] == '1' ? "2" : "1";
     auto three =
         run_world(worker(), {"zero_train", dir, other, "4", "8", "4", "1", run.mp}, 3, {}, 60s);
@@ -346,7 +357,7 @@ TEST_CASE("ZeRO 1/2 with bf16 parameters and accumulation: stage 1 equals stage 
   // compute stays near the fp32 run. Clipping acts on the fp32 gradient shards.
   auto fp32 = run_world(worker(), {"matrix", "2", "6", "3"}, 2, {}, 60s);
   check_ok(fp32, "matrix");
-  for (std::string mp : {"bf16", "bf16-fp32"}) {
+  for (std::string mp : {"bf16", "bf16-fp32", "fp16"}) {
     CAPTURE(mp);
     auto one = run_world(worker(), {"matrix", "1", "6", "3", mp}, 2, {}, 60s);
     auto two = run_world(worker(), {"matrix", "2", "6", "3", mp}, 2, {}, 60s);

@@ -116,7 +116,12 @@ ZeroOptimizer::ZeroOptimizer(std::vector<NamedParams> groups,
     throw;
   }
   if (compute && !reduce_in_compute) to_compute();
-  init(make_optimizer, masters);
+  try {
+    init(make_optimizer, masters);
+  } catch (...) {
+    if (compute) restore_masters();
+    throw;
+  }
 }
 
 namespace {
@@ -339,7 +344,7 @@ void ZeroOptimizer::use_master_parameters() {
   for (size_t b = 0; b < buckets.size(); ++b) {
     full.push_back(empty({buckets[b].numel}, TensorOptions(master_dtype_, buckets[b].device)));
     if (pg_->size() > 1) {
-      works.push_back(pg_->all_gather_async(full.back(), master_[b]));
+      works.push_back(pg_->all_gather_async(full.back(), master_[b].detach()));
     } else {
       full.back().copy_(master_[b]);
     }

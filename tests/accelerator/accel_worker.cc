@@ -7,7 +7,7 @@
 //                                                           AdamW, clipping: norms and final
 //                                                           parameters
 //   accel_worker zero_errors                                ZeRO prepare() refusals
-//   accel_worker zero_train <dir> <stage> <batch> <steps> <save_at> <resume> [mp]
+//   accel_worker zero_train <dir> <stage> <batch> <steps> <save_at> <resume> [mp|-] [accum]
 //                                                           DDP / ZeRO training (AdamW, decay
 //                                                           and no-decay groups) with a
 //                                                           checkpoint (resume: load it, then
@@ -236,9 +236,10 @@ void print_exact(Accelerator& acc, const nn::Module& model, const char* prefix) 
 }
 
 int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int save_at,
-               bool resume, const std::string& mp) {
+               bool resume, const std::string& mp, int accumulation) {
   AcceleratorConfig c = config_from_env(dir);
   c.zero_stage = stage;
+  c.gradient_accumulation_steps = accumulation;
   c.ddp.bucket_cap_bytes = 512;
   c.seed = 4;
   if (!mp.empty()) {
@@ -505,7 +506,9 @@ int main(int argc, char** argv) {
     if (mode == "wrong_model" && argc > 3) return wrong_model(argv[2], std::atoi(argv[3]));
     if (mode == "zero_train" && argc > 7)
       return zero_train(argv[2], std::atoi(argv[3]), std::atoll(argv[4]), std::atoi(argv[5]),
-                        std::atoi(argv[6]), std::atoi(argv[7]) != 0, argc > 8 ? argv[8] : "");
+                        std::atoi(argv[6]), std::atoi(argv[7]) != 0,
+                        argc > 8 && std::strcmp(argv[8], "-") != 0 ? argv[8] : "",
+                        argc > 9 ? std::atoi(argv[9]) : 1);
     if (mode == "matrix" && argc > 4)
       return matrix(std::atoi(argv[2]), std::atoll(argv[3]), std::atoi(argv[4]),
                     argc > 5 ? argv[5] : "");

@@ -351,6 +351,27 @@ TEST_CASE("strategy matrix: stages 0-3 x world 1-4 x accumulation 1/3 equal one 
   }
 }
 
+TEST_CASE("ZeRO-1 with bf16 parameters: a checkpoint inside an accumulation window resumes") {
+  // Stage 1 under param_dtype keeps the window in fp32 gradient shards (zero_grads_rank<r>).
+  const std::string dir = fresh_dir("zero-mp-window");
+  auto full =
+      run_world(worker(), {"zero_train", dir, "1", "6", "8", "5", "0", "bf16", "2"}, 2, {}, 60s);
+  check_ok(full, "zero_train");
+  CHECK(fs::exists(dir + "/ckpt/zero_grads_rank0.safetensors"));
+  CHECK(fs::exists(dir + "/ckpt/zero_grads_rank1.safetensors"));
+  const auto want = lines_with(full[0].output, "loss ");
+  REQUIRE(want.size() == 8);
+  auto res =
+      run_world(worker(), {"zero_train", dir, "1", "6", "8", "5", "1", "bf16", "2"}, 2, {}, 60s);
+  check_ok(res, "zero_train");
+  auto got = lines_with(res[0].output, "loss ");
+  REQUIRE(got.size() == 3);
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want[5 + i]);
+  for (int r = 0; r < 2; ++r)
+    CHECK(lines_with(res[size_t(r)].output, "param ") ==
+          lines_with(full[size_t(r)].output, "param "));
+}
+
 TEST_CASE("ZeRO 1/2 with bf16 parameters and accumulation: stage 1 equals stage 2, near fp32") {
   // With two ranks a reduction is one addition whatever the collective, so stage 1 (all-reduce,
   // the window added up in fp32 shards) and stage 2 (reduce-scatter) give the same bits; bf16

@@ -172,9 +172,11 @@ void ZeroOptimizer::init(const GroupOptimizerFactory& make_optimizer,
   const auto& buckets = bucketer_->buckets();
   const int r = pg_->rank();
   for (auto& [name, p] : params) shapes_.push_back(p.sizes());
-  // Flatten, and start every rank from root's values.
+  // Flatten, and start every rank from root's values (bucket by bucket under param_dtype: one
+  // fp32 bucket at a time on top of the masters' slices and the compute buffers).
   std::vector<Tensor> flats;
-  for (const Bucket& bk : buckets) {
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const Bucket& bk = buckets[b];
     const DType dt = mixed_precision() ? master_dtype_ : bk.dtype;
     Tensor flat = zeros({bk.numel}, TensorOptions(dt, bk.device));
     for (size_t j = 0; j < bk.params.size(); ++j) {
@@ -182,18 +184,18 @@ void ZeroOptimizer::init(const GroupOptimizerFactory& make_optimizer,
       flat.narrow(0, bk.offset[j], p.numel()).copy_(p.reshape({p.numel()}));
     }
     if (pg_->size() > 1) pg_->broadcast(flat, options_.root);
-    flats.push_back(flat);
+    if (!mixed_precision()) {
+      flats.push_back(flat);
+      continue;
+    }
+    // Note [zero mixed precision]: the compute buffer in full, the master as this rank's slice.
+    const int64_t sn = bk.shard_numel;
+    master_.push_back(flat.narrow(0, r * sn, sn).clone());
+    flat_.push_back(flat.to(*options_.param_dtype));
+    if (bk.dtype != master_dtype_)  // reduced in 16 bits
+      master_grad_.push_back(zeros({sn}, TensorOptions(master_dtype_, bk.device)));
   }
   if (mixed_precision()) {
-    // Note [zero mixed precision]: compute buffers in full, masters as this rank's slices.
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      const int64_t sn = buckets[b].shard_numel;
-      master_.push_back(flats[b].narrow(0, r * sn, sn).clone());
-      flat_.push_back(flats[b].to(*options_.param_dtype));
-      flats[b] = Tensor();
-      if (buckets[b].dtype != master_dtype_)  // reduced in 16 bits
-        master_grad_.push_back(zeros({sn}, TensorOptions(master_dtype_, buckets[b].device)));
-    }
     point_params_at(flat_);
     shards_ = master_;
   } else if (options_.stage < 3) {

@@ -23,10 +23,12 @@
 // With param_dtype (stages 1-2) a bucket has three forms: flat_[b], the full buffer in the compute
 // dtype that the parameters are views of (forward and backward run on it); master_[b], this
 // rank's slice in the master dtype (fp32), the leaf the optimizer steps; and the reduced
-// gradient slice. The gradient bucketer is built over the parameters in the dtype the gradients
-// are reduced in: the compute dtype (its bucket_cap_bytes scaled by the dtype sizes, so the
-// buckets hold the same parameters as fp32 ones would: checkpoint layouts do not depend on the
-// option), or fp32 with reduce_in_fp32 (built before the parameters are converted; its hooks
+// gradient slice. The constructor lays flat_ out as the fp32 buckets (assign_buckets) and points
+// the parameters at it (no per-parameter 16-bit copies); init() fills it one fp32 bucket at a
+// time. The gradient bucketer is built over the parameters in the dtype the gradients are
+// reduced in: the compute dtype (its bucket_cap_bytes scaled by the dtype sizes, so the buckets
+// hold the same parameters as the fp32 layout: checked, and checkpoint layouts do not depend on
+// the option), or fp32 with reduce_in_fp32 (built before the parameters are converted; its hooks
 // cast each 16-bit gradient into the fp32 bucket). A 16-bit reduced slice is cast into
 // master_grad_[b] after the sync, so the optimizer, unscaling and clipping see fp32 gradients.
 // After the step each rank casts its master slice into its slice of flat_[b] and the buckets
@@ -87,11 +89,22 @@ ZeroOptimizer::ZeroOptimizer(std::vector<NamedParams> groups,
     }
     master_dtype_ = kFloat32;
   }
+  // The compute buffers, laid out as the fp32 buckets; the parameters become views of them (the
+  // values come in init(), no per-parameter 16-bit copies).
+  std::vector<Bucket> layout;
   auto to_compute = [&] {
     NoGradGuard ng;
-    for (auto& [name, p] : all) {
-      Tensor h = p;
-      nn::assign_tensor_data(h, p.detach().to(*compute));
+    layout = assign_buckets(all, options_.bucket_cap_bytes, pg_->size(),
+                            num_groups_ > 1 ? group_of_ : std::vector<size_t>{});
+    for (const Bucket& bk : layout) {
+      Tensor f = empty({bk.numel}, TensorOptions(*compute, bk.device));
+      if (bk.numel > bk.used) f.narrow(0, bk.used, bk.numel - bk.used).zero_();
+      for (size_t j = 0; j < bk.params.size(); ++j) {
+        const Tensor& m = masters[bk.params[j]];
+        nn::assign_tensor_data(all[bk.params[j]].second,
+                               f.narrow(0, bk.offset[j], m.numel()).view(m.sizes()));
+      }
+      flat_.push_back(f);
     }
   };
   auto restore_masters = [&] {
@@ -117,6 +130,14 @@ ZeroOptimizer::ZeroOptimizer(std::vector<NamedParams> groups,
   }
   if (compute && !reduce_in_compute) to_compute();
   try {
+    // Bucketed alike whatever the dtype (the scaled cap): init() fills flat_ by the bucketer's.
+    bool same = !compute || layout.size() == bucketer_->buckets().size();
+    for (size_t b = 0; same && compute && b < layout.size(); ++b)
+      same = layout[b].params == bucketer_->buckets()[b].params &&
+             layout[b].offset == bucketer_->buckets()[b].offset &&
+             layout[b].numel == bucketer_->buckets()[b].numel;
+    ACCEL_CHECK(same, DistError, "zero",
+                "internal: the compute-dtype buckets differ from the gradient buckets");
     init(make_optimizer, masters);
   } catch (...) {
     if (compute) restore_masters();
@@ -191,7 +212,7 @@ void ZeroOptimizer::init(const GroupOptimizerFactory& make_optimizer,
     // Note [zero mixed precision]: the compute buffer in full, the master as this rank's slice.
     const int64_t sn = bk.shard_numel;
     master_.push_back(flat.narrow(0, r * sn, sn).clone());
-    flat_.push_back(flat.to(*options_.param_dtype));
+    flat_[b].copy_(flat);
     if (bk.dtype != master_dtype_)  // reduced in 16 bits
       master_grad_.push_back(zeros({sn}, TensorOptions(master_dtype_, bk.device)));
   }

@@ -21,9 +21,20 @@
 //  - save_state writes each rank's shard state (zero_optimizer_rank<r>.safetensors) and the
 //    bucket layout; load_state re-shards it when the world size differs (Note [zero
 //    checkpoints] in dist/zero_checkpoint.h), also into a single process.
+//  - mixed precision (AcceleratorConfig::zero.param_dtype, stages 1-2; Note [zero mixed
+//    precision] in dist/zero.cc): the trainable parameters become bf16/fp16 views when the
+//    optimizer is prepared, the stepping optimizer holds fp32 master shards, and grads() are
+//    the fp32 gradient shards. Everything that reads or writes the model as a whole (save_state,
+//    load_state, get_state_dict, save_model) first points the parameters at the gathered fp32
+//    masters (ZeroOptimizer::use_master_parameters) and back afterwards, so checkpoints and
+//    exports hold master weights that a run without mixed precision loads as they are, and a
+//    loaded checkpoint sets the masters, not rounded copies. Stage 1 then accumulates a window's
+//    gradients in the fp32 shards as stage 2 does.
 // Under ZeRO call acc.backward(): ZeRO's gradient hooks are always on, a plain loss.backward()
 // would leave its collectives unfinished.
 #include <exception>
+#include <functional>
+#include <string>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -97,6 +108,8 @@ class ZeroStrategy final : public ReplicatedStrategy {
     zo.bucket_cap_bytes = ctx_.ddp.bucket_cap_bytes;
     zo.find_unused_parameters = ctx_.ddp.find_unused_parameters;
     zo.root = 0;
+    zo.param_dtype = ctx_.zero.param_dtype;
+    zo.reduce_in_fp32 = ctx_.zero.reduce_in_fp32;
     const optim::Optimizer& u = *user;
     slot->zero = std::make_unique<ZeroOptimizer>(
         std::move(groups),
@@ -145,10 +158,53 @@ class ZeroStrategy final : public ReplicatedStrategy {
 
   void zero_grad(optim::Optimizer& stepping, bool) override { slot_of(stepping).zero->zero_grad(); }
 
+  // ---- the whole model reads and loads as fp32 master weights under param_dtype ----
+  nlohmann::json save_state(const std::string& dir, bool mid_window) override {
+    nlohmann::json out;
+    with_masters(false, [&] { out = ReplicatedStrategy::save_state(dir, mid_window); });
+    return out;
+  }
+  std::unique_ptr<StrategyState> snapshot() override {
+    std::unique_ptr<StrategyState> out;
+    with_masters(false, [&] { out = ReplicatedStrategy::snapshot(); });
+    return out;
+  }
+  void apply_state(const StrategyState& state) override {
+    with_masters(true, [&] { ReplicatedStrategy::apply_state(state); });
+  }
+  nn::TensorDict full_state_dict(size_t index) override {
+    nn::TensorDict out;
+    with_masters(false, [&] { out = ReplicatedStrategy::full_state_dict(index); });
+    return out;
+  }
+  void save_model(size_t index, const std::string& path) override {
+    with_masters(false, [&] { ReplicatedStrategy::save_model(index, path); });
+  }
+
  private:
+  // Runs fn with the parameters pointing at the fp32 masters (collective), then back at the
+  // compute buffers; `take_values` (a load): what fn wrote into them becomes the masters. On an
+  // exception nothing is taken (the facade restores its snapshot). No-op wrapper without
+  // param_dtype.
+  void with_masters(bool take_values, const std::function<void()>& fn) {
+    for (auto& s : slots_)
+      if (s->zero) s->zero->use_master_parameters();
+    auto back = [&](bool take) {
+      for (auto& s : slots_)
+        if (s->zero) s->zero->use_compute_parameters(take);
+    };
+    try {
+      fn();
+    } catch (...) {
+      back(false);
+      throw;
+    }
+    back(take_values);
+  }
+
   void after_backward(Slot& s, bool sync) {
     NoGradGuard ng;
-    if (ctx_.zero_stage >= 2) {
+    if (ctx_.zero_stage >= 2 || s.zero->mixed_precision()) {
       // Each reduce-scatter overwrites the shards: the window's micro-batches add up here.
       const std::vector<Tensor> shards = s.zero->gradient_shards();
       if (!sync) {

@@ -32,6 +32,19 @@
 //   gradients live only while their bucket is in flight.
 // - stage 3: a rank stores only its parameter slices; forward() all-gathers the full
 //   parameters, finish_gradient_sync() frees them again after backward.
+//
+// Mixed precision (stages 1-2, ZeroOptions::param_dtype = kBFloat16 / kFloat16; Note [zero mixed
+// precision] in zero.cc), as DeepSpeed's bf16 + ZeRO-1/2: the trainable parameters become views
+// of per-bucket flat buffers in the compute dtype, so forward and backward run in it (feed inputs
+// in that dtype or run under autocast; forward() casts them); the optimizer steps fp32 *master
+// shards* (the parameters' original dtype, this rank's slice of every bucket only). Gradients
+// arrive in the compute dtype and are reduced in it (stage 1 all-reduce, stage 2 reduce-scatter),
+// or in fp32 with reduce_in_fp32; the averaged shard the optimizer, unscaling and clipping see is
+// fp32 (gradient_shards()). finish_step() casts each rank's updated master slice to the compute
+// dtype and all-gathers the buckets. Parameters must be fp32; frozen parameters and buffers are
+// not ZeRO's: they keep their own dtype. use_master_parameters() points the parameters at the
+// gathered fp32 masters for a while (checkpoints, state dicts: they save master weights, not
+// rounded ones) and use_compute_parameters() points them back, optionally taking new values.
 #pragma once
 
 #include <functional>
@@ -69,6 +82,7 @@ struct ZeroMemory {
   int64_t grad_bytes = 0;
   int64_t optimizer_bytes = 0;
   int64_t gathered_param_bytes = 0;  // stage 3: full parameters currently materialised
+  int64_t master_param_bytes = 0;    // param_dtype: the fp32 master shards (part of param_bytes)
   int64_t full_param_bytes = 0;
 };
 
@@ -119,6 +133,19 @@ class ZeroOptimizer {
   nn::TensorDict shard_state_dict() const;
   void load_shard_state_dict(const nn::TensorDict& by_bucket);
 
+  // ---- mixed precision (param_dtype; stages 1-2) ----
+  bool mixed_precision() const { return options_.param_dtype.has_value(); }
+  // This rank's fp32 master slice of every bucket (bucket order); empty without param_dtype.
+  const std::vector<Tensor>& master_shards() const { return master_; }
+  // Collective: all-gathers the master shards into full fp32 buffers and points the parameters
+  // at them (they read and load as fp32 master weights). No-op without param_dtype.
+  void use_master_parameters();
+  // Points the parameters back at the compute-dtype buffers. `take_values`: the values now in the
+  // (master) parameters, e.g. a loaded checkpoint, become the master weights and are cast into
+  // the compute buffers (every rank must hold the same values; no communication).
+  void use_compute_parameters(bool take_values);
+  bool master_parameters_in_use() const { return !master_full_.empty(); }
+
   ZeroMemory memory() const;
   optim::Optimizer& optimizer() { return *optimizer_; }
   const std::shared_ptr<optim::Optimizer>& shared_optimizer() const { return optimizer_; }
@@ -136,7 +163,8 @@ class ZeroOptimizer {
   const SyncStats& last_stats() const { return bucketer_->last_stats(); }
 
  private:
-  void init(const GroupOptimizerFactory& make_optimizer);
+  void init(const GroupOptimizerFactory& make_optimizer, const std::vector<Tensor>& masters);
+  Tensor reduced_slice(size_t b) const;
   void point_params_at(const std::vector<Tensor>& flats);
 
   std::shared_ptr<nn::Module> module_;
@@ -148,6 +176,11 @@ class ZeroOptimizer {
   std::vector<Tensor> full_;    // stage 3: gathered full parameters (empty when released)
   std::vector<Tensor> shards_;  // what the optimizer steps: one 1-D leaf per bucket
   std::vector<Shape> shapes_;   // parameter shapes (stage 3 parameters are empty between steps)
+  // param_dtype (Note [zero mixed precision]): flat_ holds the compute dtype.
+  DType master_dtype_ = kFloat32;
+  std::vector<Tensor> master_;       // fp32 master slice per bucket (what the optimizer steps)
+  std::vector<Tensor> master_grad_;  // fp32 gradient slice per bucket when reduced in 16 bits
+  std::vector<Tensor> master_full_;  // gathered masters while use_master_parameters() holds
   size_t num_groups_ = 1;
   std::vector<size_t> group_of_;       // per parameter
   std::vector<size_t> opt_to_bucket_;  // optimizer parameter k -> bucket

@@ -275,7 +275,8 @@ nn::TensorDict read_unsharded_state(const std::string& dir, size_t i,
 std::vector<Tensor> read_accum(const std::string& dir, size_t i, int rank,
                                const ZeroOptimizer& zero) {
   std::vector<Tensor> out;
-  if (zero.stage() < 2) return out;
+  // Stage 1 keeps a window in the parameters' .grad, unless mixed precision accumulates shards.
+  if (zero.stage() < 2 && !zero.mixed_precision()) return out;
   const std::string f = (fs::path(dir) / accum_file(i, rank)).string();
   if (!fs::exists(f)) return out;
   nn::TensorDict g = nn::load_safetensors(f);

@@ -7,12 +7,15 @@
 //                                                           AdamW, clipping: norms and final
 //                                                           parameters
 //   accel_worker zero_errors                                ZeRO prepare() refusals
-//   accel_worker zero_train <dir> <stage> <batch> <steps> <save_at> <resume>
+//   accel_worker zero_train <dir> <stage> <batch> <steps> <save_at> <resume> [mp|-] [accum]
 //                                                           DDP / ZeRO training (AdamW, decay
 //                                                           and no-decay groups) with a
 //                                                           checkpoint (resume: load it, then
-//                                                           continue)
-//   accel_worker matrix <stage> <per-rank batch> <accumulation>
+//                                                           continue); mp "bf16" / "bf16-fp32":
+//                                                           bf16 autocast and ZeRO param_dtype
+//                                                           bf16 (gradients reduced in bf16 /
+//                                                           fp32)
+//   accel_worker matrix <stage> <per-rank batch> <accumulation> [mp]
 //                                                           20 optimizer steps of an MLP with
 //                                                           AdamW groups and clipping: the
 //                                                           global loss of every micro-batch
@@ -215,13 +218,37 @@ int ddp_mlp(int64_t batch, int zero_stage, const std::string& mp) {
 // ZeRO training with AdamW + StepLR over an unshuffled loader (48 samples): the global batch
 // is `batch` * W, the same samples whatever W is. Prints the global mean loss of every step
 // and the final parameters.
+// Prints "<prefix> <hex>" for every value of the whole state dict (fp32 master weights under
+// ZeRO param_dtype), and how many of them bf16 cannot hold exactly.
+void print_exact(Accelerator& acc, const nn::Module& model, const char* prefix) {
+  const nn::TensorDict full = acc.get_state_dict(model);
+  int64_t unrounded = 0;
+  for (auto& [name, p] : model.named_parameters()) {
+    const Tensor& t = full.at(name);
+    EXPECT(t.dtype() == kFloat32);
+    const auto v = t.tolist(), b = t.to(kBFloat16).to(kFloat32).tolist();
+    for (size_t i = 0; i < v.size(); ++i) {
+      std::printf("%s %s\n", prefix, test::hex(v[i]).c_str());
+      unrounded += v[i] != b[i];
+    }
+  }
+  std::printf("%s-unrounded %lld\n", prefix, (long long)unrounded);
+}
+
 int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int save_at,
-               bool resume) {
+               bool resume, const std::string& mp, int accumulation) {
   AcceleratorConfig c = config_from_env(dir);
   c.zero_stage = stage;
+  c.gradient_accumulation_steps = accumulation;
   c.ddp.bucket_cap_bytes = 512;
   c.seed = 4;
+  if (!mp.empty()) {
+    c.mixed_precision = dist::MixedPrecision::BF16;
+    c.zero.param_dtype = kBFloat16;
+    c.zero.reduce_in_fp32 = mp == "bf16-fp32";
+  }
   Accelerator acc(c);
+  const bool mp_zero = !mp.empty() && acc.num_processes() > 1 && (stage == 1 || stage == 2);
   auto mlp = make_mlp();
   optim::AdamWOptions ao;
   ao.lr = 1e-2;
@@ -231,16 +258,27 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
   lo.batch_size = batch;
   auto loader = std::make_shared<data::DataLoader>(test::make_dataset(48), lo);
   auto [model, aopt, aloader, asched] = acc.prepare(mlp, opt, loader, sched);
+  int64_t numel = 0;
+  for (auto& p : model->parameters()) {
+    numel += p.numel();
+    // ZeRO param_dtype: bf16 compute parameters from prepare() on.
+    EXPECT(p.dtype() == (mp_zero ? kBFloat16 : kFloat32));
+  }
   int done = 0;
   if (resume) {
     acc.load_state(dir + "/ckpt");
     done = int(acc.step());
     std::printf("resumed at %d lr %.9g\n", done, aopt->lr());
+    print_exact(acc, *model, "loaded");
   }
   while (done < steps) {
     for (auto& b : *aloader) {
       auto scope = acc.accumulate();
-      Tensor loss = mse_loss(model->forward(b[0]), b[1]);
+      Tensor loss;
+      {
+        auto ac = acc.autocast();
+        loss = mse_loss(model->forward(b[0]), b[1]);
+      }
       acc.backward(loss);
       aopt->step();
       asched->step();
@@ -248,9 +286,27 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
       std::printf("loss %d %s\n", done,
                   test::hex(acc.reduce(loss.detach(), "mean").item<double>()).c_str());
       ++done;
-      if (!resume && done == save_at) acc.save_state(dir + "/ckpt");
+      if (!resume && done == save_at) {
+        acc.save_state(dir + "/ckpt");
+        print_exact(acc, *model, "saved");
+      }
       if (done == steps) break;
     }
+  }
+  for (auto& p : model->parameters()) EXPECT(p.dtype() == (mp_zero ? kBFloat16 : kFloat32));
+  if (mp_zero) {
+    // bf16 parameters in full, fp32 master shards and AdamW state (two slots) in 1/N slices; a
+    // few elements of padding per bucket.
+    const dist::StrategyMemory m = acc.memory();
+    const int64_t w = acc.num_processes(), slack = 64 * w * 4;
+    std::printf("zero mp params %lld optimizer %lld grads %lld full %lld\n",
+                (long long)m.param_bytes, (long long)m.optimizer_bytes, (long long)m.grad_bytes,
+                (long long)m.full_param_bytes);
+    EXPECT(m.full_param_bytes == numel * 2);
+    EXPECT(m.param_bytes >= numel * 2 + numel * 4 / w &&
+           m.param_bytes <= numel * 2 + numel * 4 / w + slack);
+    EXPECT(m.optimizer_bytes >= 2 * numel * 4 / w &&
+           m.optimizer_bytes <= 2 * numel * 4 / w + slack);
   }
   print_params(acc, *model);
   // The consolidated export (streamed unit by unit under ZeRO-3) equals the unsharded state.
@@ -355,11 +411,18 @@ int zero_errors() {
 // over an unshuffled loader whose global micro-batch is batch * W; AdamW with decay / no-decay
 // groups at different lrs, clipping on every sync step. Prints the global mean loss of every
 // micro-batch and the final parameters.
-int matrix(int stage, int64_t batch, int accumulation) {
+int matrix(int stage, int64_t batch, int accumulation, const std::string& mp) {
   AcceleratorConfig c = config_from_env("/tmp");
   c.zero_stage = stage;
   c.gradient_accumulation_steps = accumulation;
   c.ddp.bucket_cap_bytes = 512;
+  if (!mp.empty()) {  // as in zero_train; "fp16": fp16 parameters, autocast and loss scaling
+    const bool fp16 = mp == "fp16";
+    c.mixed_precision = fp16 ? dist::MixedPrecision::FP16 : dist::MixedPrecision::BF16;
+    c.zero.param_dtype = fp16 ? kFloat16 : kBFloat16;
+    c.zero.reduce_in_fp32 = mp == "bf16-fp32";
+    c.scaler.init_scale = 256;
+  }
   Accelerator acc(c);
   auto mlp = make_mlp();
   optim::AdamWOptions ao;
@@ -374,9 +437,13 @@ int matrix(int stage, int64_t batch, int accumulation) {
   while (done < micro) {
     for (auto& b : *aloader) {
       auto scope = acc.accumulate();
-      Tensor loss = mse_loss(model->forward(b[0]), b[1]);
+      Tensor loss;
+      {
+        auto ac = acc.autocast();
+        loss = mse_loss(model->forward(b[0]), b[1]);
+      }
       acc.backward(loss);
-      if (acc.sync_gradients()) acc.clip_grad_norm_(0.5);
+      if (acc.sync_gradients()) std::printf("norm %.9g\n", acc.clip_grad_norm_(0.5));
       aopt->step();
       aopt->zero_grad();
       std::printf("loss %.9g\n", acc.reduce(loss.detach(), "mean").item<double>());
@@ -439,9 +506,12 @@ int main(int argc, char** argv) {
     if (mode == "wrong_model" && argc > 3) return wrong_model(argv[2], std::atoi(argv[3]));
     if (mode == "zero_train" && argc > 7)
       return zero_train(argv[2], std::atoi(argv[3]), std::atoll(argv[4]), std::atoi(argv[5]),
-                        std::atoi(argv[6]), std::atoi(argv[7]) != 0);
+                        std::atoi(argv[6]), std::atoi(argv[7]) != 0,
+                        argc > 8 && std::strcmp(argv[8], "-") != 0 ? argv[8] : "",
+                        argc > 9 ? std::atoi(argv[9]) : 1);
     if (mode == "matrix" && argc > 4)
-      return matrix(std::atoi(argv[2]), std::atoll(argv[3]), std::atoi(argv[4]));
+      return matrix(std::atoi(argv[2]), std::atoll(argv[3]), std::atoi(argv[4]),
+                    argc > 5 ? argv[5] : "");
     if (mode == "train" && argc > 5)
       return train(argv[2], std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]) != 0,
                    argc > 7 ? argv[6] : "", argc > 7 ? std::atoi(argv[7]) : -1);

@@ -188,6 +188,72 @@ TEST_CASE("ZeRO checkpoints: same world size resumes bit-exact; 3, 4 and 1 proce
   for (int r = 0; r < 2; ++r) check_close(ref[0].output, into[size_t(r)].output, "param ", 1e-5);
 }
 
+TEST_CASE("ZeRO 1/2 with bf16 parameters: checkpoints hold the fp32 masters, resume, re-shard") {
+  // ZeRO param_dtype bf16 (AcceleratorConfig::zero) with fp32 master shards, 2 ranks, 8 steps,
+  // a checkpoint after 4. The checkpoint's model is the masters (not bf16-rounded values): a
+  // resumed run of the same kind continues bit-exactly, and a plain fp32 process (or another
+  // world size and stage) loads exactly those values.
+  struct Run {
+    const char* stage;
+    const char* mp;
+  };
+  for (Run run : {Run{"2", "bf16"}, Run{"1", "bf16-fp32"}}) {
+    CAPTURE(run.stage);
+    CAPTURE(run.mp);
+    const std::string dir = fresh_dir(std::string("zero-mp") + run.stage);
+    auto full =
+        run_world(worker(), {"zero_train", dir, run.stage, "6", "8", "4", "0", run.mp}, 2, {}, 60s);
+    check_ok(full, "zero_train");
+    const auto saved = lines_with(full[0].output, "saved ");
+    const auto unrounded = lines_with(full[0].output, "saved-unrounded ");
+    REQUIRE(saved.size() > 100);
+    REQUIRE(unrounded.size() == 1);
+    CHECK(std::stoll(unrounded[0].substr(16)) > int64_t(saved.size()) / 2);  // fp32 values
+    CHECK(lines_with(full[1].output, "saved ") == saved);
+    const auto want_losses = lines_with(full[0].output, "loss ");
+    REQUIRE(want_losses.size() == 8);
+    auto loaded = [&](const RankResult& r) {
+      auto v = lines_with(r.output, "loaded ");
+      for (auto& l : v) l = "saved " + l.substr(7);
+      return v;
+    };
+    {
+      auto same = run_world(worker(), {"zero_train", dir, run.stage, "6", "8", "4", "1", run.mp}, 2,
+                            {}, 60s);
+      check_ok(same, "zero_train");
+      CHECK(loaded(same[0]) == saved);
+      auto got = lines_with(same[0].output, "loss ");
+      REQUIRE(got.size() == 4);
+      for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want_losses[4 + i]);
+      CHECK(lines_with(same[1].output, "param ") == lines_with(full[1].output, "param "));
+    }
+    // One plain fp32 process; three ranks of the other stage in bf16.
+    auto one = run_world(worker(), {"zero_train", dir, "2", "12", "8", "4", "1"}, 1, {}, 60s);
+    check_ok(one, "zero_train");
+    CHECK(one[0].output.find("resumed at 4 lr 0.005") != std::string::npos);
+    CHECK(loaded(one[0]) == saved);
+    if (run.stage[0] == '2') {
+      // And the other way: a plain fp32 single-process checkpoint into bf16 ZeRO-2 at 2 ranks.
+      const std::string plain = fresh_dir("zero-mp-plain");
+      auto ref = run_world(worker(), {"zero_train", plain, "2", "12", "8", "4", "0"}, 1, {}, 60s);
+      check_ok(ref, "zero_train");
+      auto into =
+          run_world(worker(), {"zero_train", plain, "2", "6", "8", "4", "1", run.mp}, 2, {}, 60s);
+      check_ok(into, "zero_train");
+      for (int r = 0; r < 2; ++r)
+        CHECK(loaded(into[size_t(r)]) == lines_with(ref[0].output, "saved "));
+    }
+    const char* other = run.stage[0] == '1' ? "2" : "1";
+    auto three =
+        run_world(worker(), {"zero_train", dir, other, "4", "8", "4", "1", run.mp}, 3, {}, 60s);
+    check_ok(three, "zero_train");
+    for (int r = 0; r < 3; ++r) {
+      CHECK(three[size_t(r)].output.find("resumed at 4 lr 0.005") != std::string::npos);
+      CHECK(loaded(three[size_t(r)]) == saved);
+    }
+  }
+}
+
 TEST_CASE("ZeRO-3 sharded checkpoints: 4 ranks resume at 4 bit-exact, at 2 and 1 re-sharded") {
   const std::string dir = fresh_dir("zero3");
   auto full = run_world(worker(), {"zero_train", dir, "3", "3", "8", "4", "0"}, 4, {}, 60s);
@@ -282,6 +348,49 @@ TEST_CASE("strategy matrix: stages 0-3 x world 1-4 x accumulation 1/3 equal one 
         }
       }
     }
+  }
+}
+
+TEST_CASE("ZeRO-1 with bf16 parameters: a checkpoint inside an accumulation window resumes") {
+  // Stage 1 under param_dtype keeps the window in fp32 gradient shards (zero_grads_rank<r>).
+  const std::string dir = fresh_dir("zero-mp-window");
+  auto full =
+      run_world(worker(), {"zero_train", dir, "1", "6", "8", "5", "0", "bf16", "2"}, 2, {}, 60s);
+  check_ok(full, "zero_train");
+  CHECK(fs::exists(dir + "/ckpt/zero_grads_rank0.safetensors"));
+  CHECK(fs::exists(dir + "/ckpt/zero_grads_rank1.safetensors"));
+  const auto want = lines_with(full[0].output, "loss ");
+  REQUIRE(want.size() == 8);
+  auto res =
+      run_world(worker(), {"zero_train", dir, "1", "6", "8", "5", "1", "bf16", "2"}, 2, {}, 60s);
+  check_ok(res, "zero_train");
+  auto got = lines_with(res[0].output, "loss ");
+  REQUIRE(got.size() == 3);
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want[5 + i]);
+  for (int r = 0; r < 2; ++r)
+    CHECK(lines_with(res[size_t(r)].output, "param ") ==
+          lines_with(full[size_t(r)].output, "param "));
+}
+
+TEST_CASE("ZeRO 1/2 with bf16 parameters and accumulation: stage 1 equals stage 2, near fp32") {
+  // With two ranks a reduction is one addition whatever the collective, so stage 1 (all-reduce,
+  // the window added up in fp32 shards) and stage 2 (reduce-scatter) give the same bits; bf16
+  // compute stays near the fp32 run. Clipping acts on the fp32 gradient shards.
+  auto fp32 = run_world(worker(), {"matrix", "2", "6", "3"}, 2, {}, 60s);
+  check_ok(fp32, "matrix");
+  for (std::string mp : {"bf16", "bf16-fp32", "fp16"}) {
+    CAPTURE(mp);
+    auto one = run_world(worker(), {"matrix", "1", "6", "3", mp}, 2, {}, 60s);
+    auto two = run_world(worker(), {"matrix", "2", "6", "3", mp}, 2, {}, 60s);
+    check_ok(one, "matrix");
+    check_ok(two, "matrix");
+    for (std::string what : {"loss ", "norm ", "param "}) {
+      CAPTURE(what);
+      CHECK(lines_with(one[0].output, what).size() >= 20);
+      CHECK(lines_with(one[0].output, what) == lines_with(two[0].output, what));
+      CHECK(lines_with(one[1].output, what) == lines_with(two[1].output, what));
+    }
+    check_close(fp32[0].output, two[0].output, "loss ", 5e-2);
   }
 }
 

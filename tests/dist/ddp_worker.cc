@@ -5,6 +5,10 @@
 //   no_sync            gradient accumulation over two micro-batches
 //   unused             an unused parameter: error by default, zero gradient when asked
 //   overlap            prints the share of all-reduce time hidden behind backward
+//   mp <zero1|zero2> <bf16|fp32> <sgd|adam|adamw|tiny> <bucket_cap_bytes>
+//                      param_dtype bf16 with fp32 master shards, gradients reduced in bf16 or
+//                      fp32, against a single process doing the same arithmetic
+//   mp_errors          bad param_dtype options and parameter dtypes are refused
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -90,6 +94,12 @@ std::unique_ptr<optim::Optimizer> make_opt(const std::string& kind, std::vector<
     o.lr = 1e-2;
     o.weight_decay = 0.01;
     return std::make_unique<optim::Adam>(std::move(ps), o);
+  }
+  if (kind == "tiny") {
+    // Updates far below half a bf16 ulp of the weights: bf16 master weights would never move.
+    optim::SGDOptions o;
+    o.lr = 2e-4;
+    return std::make_unique<optim::SGD>(std::move(ps), o);
   }
   optim::AdamWOptions o;
   o.lr = 1e-2;
@@ -189,6 +199,183 @@ void scenario_match(ProcessGroup& pg, const std::string& mode, const std::string
   std::cout << "rank " << r << " " << mode << " " << opt_kind << " max |param - single| = " << d
             << std::endl;
   WCHECK(d < 2e-5, mode << "/" << opt_kind << " differs from single-process training by " << d);
+}
+
+// Mixed-precision ZeRO (param_dtype bf16) against one process doing the same arithmetic: fp32
+// master weights, a bf16 copy of them for forward/backward on each rank's rows, the ranks'
+// bf16 gradients pre-divided by N (in bf16 when reduced in bf16) and summed (in float, rounded
+// once to bf16 when reduced in bf16: what a two-rank reduction does; more ranks may round the
+// partial sums differently), the same optimizer on the fp32 masters.
+// `bf16_master`: the masters are rounded to bf16 after every step (what the test must tell
+// apart from fp32 masters).
+std::shared_ptr<Net> mp_reference(const std::string& opt_kind, int steps, int w, bool reduce_bf16,
+                                  bool bf16_master = false) {
+  auto master = std::make_shared<Net>();
+  auto compute = std::make_shared<Net>();
+  compute->to(kBFloat16);
+  auto opt = make_opt(opt_kind, master->parameters());
+  auto mp = master->parameters(), cp = compute->parameters();
+  for (int s = 0; s < steps; ++s) {
+    {
+      NoGradGuard ng;
+      for (size_t i = 0; i < mp.size(); ++i) cp[i].copy_(mp[i]);
+    }
+    std::vector<Tensor> sum(mp.size());
+    for (size_t i = 0; i < mp.size(); ++i) sum[i] = zeros_like(mp[i]);
+    for (int q = 0; q < w; ++q) {
+      compute->zero_grad(true);
+      Batch b = local(batch(s), q, w);
+      cross_entropy(compute->forward(b.x.to(kBFloat16)), b.y).backward();
+      NoGradGuard ng;
+      for (size_t i = 0; i < mp.size(); ++i) {
+        Tensor g = cp[i].grad();
+        Tensor part = reduce_bf16 ? (w > 1 ? g.mul(Scalar(1.0 / w)) : g).to(kFloat32)
+                                  : g.to(kFloat32).mul(Scalar(1.0 / w));
+        sum[i].add_(part);
+      }
+    }
+    NoGradGuard ng;
+    for (size_t i = 0; i < mp.size(); ++i)
+      mp[i].set_grad(reduce_bf16 ? sum[i].to(kBFloat16).to(kFloat32) : sum[i]);
+    opt->step();
+    opt->zero_grad();
+    if (bf16_master)
+      for (auto& p : mp) p.copy_(p.to(kBFloat16));
+  }
+  return master;
+}
+
+void scenario_mp(ProcessGroup& pg, const std::string& mode, const std::string& reduce,
+                 const std::string& opt_kind, size_t cap) {
+  const int r = pg.rank(), w = pg.size();
+  const bool reduce_bf16 = reduce == "bf16";
+  const bool tiny = opt_kind == "tiny";
+  const int steps = tiny ? 12 : kSteps;
+  auto ref = mp_reference(opt_kind, steps, w, reduce_bf16);
+  auto initial = std::make_shared<Net>();
+  auto net = std::make_shared<Net>();
+  perturb_unless_root(*net, r);
+  ZeroOptions zo;
+  zo.stage = mode[4] - '0';
+  zo.bucket_cap_bytes = cap;
+  zo.param_dtype = kBFloat16;
+  zo.reduce_in_fp32 = !reduce_bf16;
+  ZeroOptimizer zero(
+      net, [&](std::vector<Tensor> ps) { return make_opt(opt_kind, std::move(ps)); },
+      default_group(), zo);
+  WCHECK(zero.mixed_precision(), "mixed_precision() is false");
+  for (int s = 0; s < steps; ++s) {
+    Batch b = local(batch(s), r, w);
+    // fp32 input: forward() casts it to the parameters' dtype.
+    zero.backward(cross_entropy(zero.forward(b.x), b.y));
+    for (auto& g : zero.gradient_shards())
+      WCHECK(g.dtype() == kFloat32, "gradient shard in " << g.dtype());
+    zero.step();
+    zero.zero_grad();
+    // Between steps the model holds bf16 parameters, the optimizer fp32 slices.
+    for (auto& [name, p] : net->named_parameters())
+      WCHECK(p.dtype() == kBFloat16 && !p.grad().defined(),
+             name << " is " << p.dtype() << " between steps");
+  }
+  int64_t numel = 0, padded = 0;
+  for (auto& p : net->parameters()) numel += p.numel();
+  for (const Bucket& bk : zero.buckets()) padded += bk.numel;
+  int64_t slot_numel = 0;
+  for (auto& [key, t] : zero.optimizer().state_dict())
+    if (key.rfind("state.", 0) == 0 && key.find(".step") == std::string::npos) {
+      WCHECK(t.dtype() == kFloat32, key << " is " << t.dtype());
+      slot_numel += t.numel();
+    }
+  const int64_t slots = opt_kind == "tiny" ? 0 : opt_kind == "sgd" ? 1 : 2;
+  WCHECK(slot_numel == slots * padded / w, "optimizer state holds " << slot_numel << " elements, "
+                                                                    << slots << " x " << padded
+                                                                    << " / " << w << " expected");
+  ZeroMemory m = zero.memory();
+  std::cout << "rank " << r << " " << mode << " bf16 (reduce " << reduce << ") buckets "
+            << zero.buckets().size() << " bytes: params " << m.param_bytes << " (master "
+            << m.master_param_bytes << ") grads " << m.grad_bytes << " optimizer "
+            << m.optimizer_bytes << " (unsharded params " << m.full_param_bytes << ")" << std::endl;
+  WCHECK(m.master_param_bytes == padded / w * 4, "master bytes " << m.master_param_bytes);
+  WCHECK(m.param_bytes == padded * 2 + padded / w * 4, "param bytes " << m.param_bytes);
+  WCHECK(m.full_param_bytes == numel * 2, "unsharded (compute) bytes " << m.full_param_bytes);
+  if (slots > 0)
+    WCHECK(m.optimizer_bytes >= slots * padded / w * 4 &&
+               m.optimizer_bytes <= slots * padded / w * 4 + 8 * int64_t(zero.buckets().size()),
+           "optimizer bytes " << m.optimizer_bytes);
+  // Gradients: stage 1 the full reduced buckets, stage 2 slices; + an fp32 copy of the slice
+  // when reduced in bf16.
+  const int64_t reduced = (zo.stage == 1 ? padded : padded / w) * (reduce_bf16 ? 2 : 4);
+  WCHECK(m.grad_bytes == reduced + (reduce_bf16 ? padded / w * 4 : 0),
+         "grad bytes " << m.grad_bytes);
+  // The fp32 masters, gathered: what checkpoints save.
+  zero.use_master_parameters();
+  for (auto& p : net->parameters()) WCHECK(p.dtype() == kFloat32, "masters are " << p.dtype());
+  const double d = max_diff(*net, *ref);
+  const double moved = max_diff(*ref, *initial);
+  zero.use_compute_parameters(false);
+  for (auto& p : net->parameters()) WCHECK(p.dtype() == kBFloat16, "back to " << p.dtype());
+  // Three ranks reduce in another order than the reference: an odd bf16 gradient differs by an ulp.
+  const double tol = reduce_bf16 && w > 2 ? 4e-4 : 2e-5;
+  std::cout << "rank " << r << " " << mode << " bf16 " << opt_kind << " reduce " << reduce
+            << " max |master - reference| = " << d << " (moved " << moved << ")" << std::endl;
+  WCHECK(d < tol, "masters differ from the reference by " << d);
+  // bf16 master weights would have ended this far from the reference: the check above tells
+  // them apart (with "tiny", most of the updates are below half a bf16 ulp and get lost).
+  const double bf16_masters =
+      max_diff(*mp_reference(opt_kind, steps, w, reduce_bf16, /*bf16_master=*/true), *ref);
+  std::cout << "rank " << r << " bf16 masters would differ by " << bf16_masters << std::endl;
+  WCHECK(bf16_masters > 2 * tol, "the test cannot tell bf16 masters apart: " << bf16_masters);
+  // The compute parameters are the masters rounded to bf16.
+  auto rounded = std::make_shared<Net>();
+  {
+    NoGradGuard ng;
+    auto rp = rounded->parameters(), fp = ref->parameters();
+    for (size_t i = 0; i < rp.size(); ++i) rp[i].copy_(fp[i].to(kBFloat16));
+  }
+  auto cur = std::make_shared<Net>();
+  {
+    NoGradGuard ng;
+    auto cp = cur->parameters(), np = net->parameters();
+    for (size_t i = 0; i < cp.size(); ++i) cp[i].copy_(np[i]);
+  }
+  const double dc = max_diff(*cur, *rounded);
+  WCHECK(dc <= 4e-3, "compute parameters differ from rounded masters by " << dc);
+}
+
+void scenario_mp_errors() {
+  auto expect = [&](ZeroOptions zo, bool fp64, const char* type, const char* words) {
+    auto net = std::make_shared<Net>();
+    if (fp64) net->to(kFloat64);
+    std::string got;
+    try {
+      ZeroOptimizer zero(
+          net, [&](std::vector<Tensor> ps) { return make_opt("sgd", std::move(ps)); },
+          default_group(), zo);
+    } catch (const ValueError& e) {
+      got = std::string("ValueError ") + e.what();
+    } catch (const DTypeError& e) {
+      got = std::string("DTypeError ") + e.what();
+    }
+    std::cout << "rank " << g_rank << " refused: " << got << std::endl;
+    WCHECK(got.rfind(type, 0) == 0 && got.find(words) != std::string::npos,
+           "expected " << type << " naming '" << words << "', got: " << got);
+    // A refused model keeps its parameters as they were.
+    for (auto& p : net->parameters())
+      WCHECK(p.dtype() == (fp64 ? kFloat64 : kFloat32), "parameter left as " << p.dtype());
+  };
+  ZeroOptions zo;
+  zo.stage = 2;
+  zo.param_dtype = kFloat64;
+  expect(zo, false, "ValueError", "param_dtype");
+  zo.param_dtype = kInt32;
+  expect(zo, false, "ValueError", "param_dtype");
+  zo.param_dtype = kBFloat16;
+  zo.stage = 3;
+  expect(zo, false, "ValueError", "FsdpOptions::param_dtype");
+  zo.stage = 1;
+  expect(zo, true, "DTypeError", "param_dtype");
+  zo.bucket_cap_bytes = 0;  // refused by the bucketer after the conversion: rolled back
+  expect(zo, false, "ValueError", "bucket_cap_bytes");
 }
 
 void scenario_no_sync(ProcessGroup& pg) {
@@ -366,6 +553,10 @@ int main(int argc, char** argv) {
     g_rank = pg->rank();
     if (scenario == "match" && argc >= 5) {
       scenario_match(*pg, argv[2], argv[3], size_t(std::atoll(argv[4])));
+    } else if (scenario == "mp" && argc >= 6) {
+      scenario_mp(*pg, argv[2], argv[3], argv[4], size_t(std::atoll(argv[5])));
+    } else if (scenario == "mp_errors") {
+      scenario_mp_errors();
     } else if (scenario == "no_sync") {
       scenario_no_sync(*pg);
     } else if (scenario == "unused") {

@@ -1,5 +1,6 @@
 // DDP and ZeRO 1/2/3 give the same parameters after k steps as single-process training on the
-// full batch; no_sync accumulation; unused parameters. Spawns ddp_worker once per rank.
+// full batch; no_sync accumulation; unused parameters; ZeRO 1/2 with bf16 parameters and fp32
+// master shards. Spawns ddp_worker once per rank.
 #include <string>
 #include <vector>
 
@@ -57,4 +58,28 @@ TEST_CASE("ddp no_sync accumulates, unused parameters are reported") {
 
 TEST_CASE("ddp overlaps bucket all-reduces with backward") {
   check_ok(run_world(worker(), {"overlap"}, 2, {}, 120s), "overlap");
+}
+
+TEST_CASE("zero 1/2 with bf16 parameters and fp32 master shards match the same arithmetic") {
+  // Gradients reduced in bf16 and in fp32; small buckets cut parameters across shards. "tiny":
+  // SGD updates below half a bf16 ulp, which only fp32 master weights accumulate.
+  for (int world : {1, 2, 3}) {
+    for (std::string mode : {"zero1", "zero2"}) {
+      for (std::string reduce : {"bf16", "fp32"}) {
+        for (std::string opt : {"adamw", "tiny", "sgd"}) {
+          if (opt == "sgd" && (world != 2 || reduce != "bf16")) continue;
+          const std::string cap = opt == "sgd" ? "26214400" : "256";
+          CAPTURE(world);
+          CAPTURE(mode);
+          CAPTURE(reduce);
+          CAPTURE(opt);
+          check_ok(run_world(worker(), {"mp", mode, reduce, opt, cap}, world, {}, 60s), "mp");
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("zero mixed precision refuses bad param_dtype options and non-fp32 parameters") {
+  check_ok(run_world(worker(), {"mp_errors"}, 1, {}, 60s), "mp_errors");
 }

@@ -12,8 +12,10 @@
 #include <doctest/doctest.h>
 
 #include "tests/dist/spawn.h"
+#include "tests/dist/worker_check.h"
 
 using namespace std::chrono_literals;
+using accel::test::check_ok;
 using accel::test::RankResult;
 using accel::test::run_world;
 namespace fs = std::filesystem;
@@ -21,15 +23,6 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string worker() { return accel::test::helper_path("accel_worker"); }
-
-void check_ok(const std::vector<RankResult>& res, const std::string& scenario) {
-  for (size_t r = 0; r < res.size(); ++r) {
-    INFO("rank " << r << " output:\n" << res[r].output);
-    CHECK(res[r].exited);
-    CHECK(res[r].code == 0);
-    CHECK(res[r].output.find("ok " + scenario) != std::string::npos);
-  }
-}
 
 std::vector<std::string> lines_with(const std::string& out, const std::string& prefix) {
   std::vector<std::string> v;

@@ -30,25 +30,15 @@
 #include "dist/ddp.h"
 #include "dist/process_group.h"
 #include "dist/zero.h"
+#include "tests/dist/worker_check.h"
 
 using namespace accel;
 using namespace accel::dist;
 
 namespace {
 
-int g_failures = 0;
-int g_rank = 0;
-
-#define WCHECK(cond, ...)                                                                      \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      std::ostringstream os_;                                                                  \
-      os_ << "rank " << g_rank << " CHECK FAILED " << #cond << " at line " << __LINE__ << ": " \
-          << __VA_ARGS__;                                                                      \
-      std::cout << os_.str() << std::endl;                                                     \
-      ++g_failures;                                                                            \
-    }                                                                                          \
-  } while (0)
+using accel::test::g_failures;
+using accel::test::g_rank;
 
 constexpr int64_t kIn = 8, kHidden = 16, kClasses = 4, kBatch = 12, kSteps = 4;
 

@@ -7,22 +7,15 @@
 #include <doctest/doctest.h>
 
 #include "tests/dist/spawn.h"
+#include "tests/dist/worker_check.h"
 
 using namespace std::chrono_literals;
-using accel::test::RankResult;
+using accel::test::check_ok;
 using accel::test::run_world;
 
 namespace {
 std::string worker() { return accel::test::helper_path("ddp_worker"); }
 
-void check_ok(const std::vector<RankResult>& res, const std::string& scenario) {
-  for (size_t r = 0; r < res.size(); ++r) {
-    INFO("rank " << r << " output:\n" << res[r].output);
-    CHECK(res[r].exited);
-    CHECK(res[r].code == 0);
-    CHECK(res[r].output.find("ok " + scenario) != std::string::npos);
-  }
-}
 }  // namespace
 
 TEST_CASE("ddp and zero 1/2/3 match single-process training") {

@@ -35,15 +35,17 @@ namespace accel {
 // at the start of a step; the cached 7 MiB blocks (21, the full gradients of backward) and 20 MiB
 // ones (10, the reduce-scatter buckets) were all reused every step, only never at the same time.
 // Nothing in the cache was dead, so no age-based release would help; the RSS (769 MiB) was
-// above ZeRO-1's (766) although ZeRO-2 needs 148 MiB less. So the cache is bounded by what
+// above ZeRO-1's (766) although ZeRO-2 needs 148 MiB less (now: 627 MiB, reserved 623, ZeRO-1
+// unchanged at 757; docs/performance.md has the table). So the cache is bounded by what
 // the program needs, as the reserved bytes relative to the high-water mark H of bytes in use
 // (since start or empty_cache()), see CpuCacheLimits in core/storage.h:
 //   bytes_reserved <= H + max(64 MiB, H / 8)
 // An allocation the cache cannot serve that would break the bound first releases cached blocks,
 // least recently freed first (one stamp order across all classes), the ones least likely to be
 // wanted soon. A steady loop whose classes fit the bound never releases anything (every
-// allocation after the first step is a hit); one that does not trades a page fault per 4 KiB
-// of re-faulted memory for the bound (with ZeRO-2 above, ~150 MiB a step against a 4 s step).
+// allocation after the first step is a hit: mlp, cnn, gpt of bench/workloads release nothing);
+// one that does not trades a page fault per 4 KiB of re-faulted memory for the bound (ZeRO-2
+// above: 254 releases, 523 MiB, over prepare and 7 steps, < 80 MiB a step against 4 s steps).
 // Limits: the high-water mark includes one-off peaks (construction, loading) until
 // empty_cache(); blocks over 256 MiB are never cached; the per-thread caches (<= 4 blocks of
 // <= 1 MiB per class and thread) sit outside the bound. Stats count releases

@@ -18,6 +18,17 @@ struct AllocatorStats {
   size_t alloc_count = 0;     // calls that reached the system allocator
   size_t cache_hits = 0;
   size_t peak_bytes_in_use = 0;  // largest bytes_in_use since start or reset_peak_stats()
+  // Blocks handed back to the system (released from the cache by a bound or empty_cache(), or
+  // too large to cache), and their bytes.
+  size_t release_count = 0;
+  size_t bytes_released = 0;
+  // The bound the CPU allocator keeps bytes_reserved under by releasing cached blocks
+  // (Note [CPU caching allocator]); 0 where an allocator has none.
+  size_t reserved_limit = 0;
+  // Free blocks kept for reuse.
+  size_t bytes_cached() const {
+    return bytes_reserved > bytes_in_use ? bytes_reserved - bytes_in_use : 0;
+  }
 };
 
 class Allocator {
@@ -28,11 +39,31 @@ class Allocator {
   virtual void* allocate(size_t nbytes, Device device) = 0;
   virtual void deallocate(void* p, size_t nbytes) = 0;
   virtual AllocatorStats stats() const = 0;
-  // Return cached blocks to the system.
+  // Return cached blocks to the system. The CPU allocator also restarts the high-water mark its
+  // cache is bounded by (CpuCacheLimits) from the bytes in use now.
   virtual void empty_cache() {}
   // Restart peak_bytes_in_use from the current bytes_in_use.
   virtual void reset_peak_stats() {}
 };
+
+// How much the CPU caching allocator may keep for reuse (Note [CPU caching allocator]).
+// Reserved bytes (in use + cached) stay within a slack of the high-water mark of bytes in use
+// since start or the last empty_cache():
+//   bytes_reserved <= H + max(slack_min_bytes, slack_fraction * H)
+// so the process footprint tracks what tensors really needed; an allocation that would break the
+// bound first releases the least recently freed cached blocks. max_cached_bytes caps the cached
+// bytes outright (0: only the per-thread caches keep blocks). The per-thread caches in front of
+// the global lists (at most 4 blocks of up to 1 MiB per size class and thread) are not counted
+// against either bound.
+struct CpuCacheLimits {
+  size_t slack_min_bytes = size_t(64) << 20;
+  double slack_fraction = 0.125;
+  size_t max_cached_bytes = SIZE_MAX;
+};
+// Applies at once (releases cached blocks down to the new bounds). ValueError for a negative or
+// non-finite slack_fraction.
+void set_cpu_cache_limits(const CpuCacheLimits& limits);
+CpuCacheLimits cpu_cache_limits();
 
 // Per device type; CUDA registers its allocator when the backend is built and a device exists.
 Allocator* get_allocator(Device d);

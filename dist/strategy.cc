@@ -7,6 +7,7 @@
 #include "autograd/nn/safetensors.h"
 #include "core/error.h"
 #include "dist/checkpoint.h"
+#include "dist/fsdp.h"
 #include "dist/fsdp_checkpoint.h"
 #include "dist/strategy_base.h"
 #include "dist/zero_checkpoint.h"
@@ -54,12 +55,22 @@ class NoStrategy final : public ReplicatedStrategy {
 std::unique_ptr<Strategy> make_strategy(const StrategyContext& ctx) {
   ACCEL_CHECK(ctx.world_size == 1 || ctx.group != nullptr, DistError, "strategy", "world size ",
               ctx.world_size, " without a process group");
-  if (ctx.world_size == 1) return std::make_unique<NoStrategy>(ctx);
-  switch (ctx.zero_stage) {
-    case 0: return make_ddp_strategy(ctx);
+  // Note [one process under ZeRO]: one process needs no strategy, unless the ZeRO options change
+  // what the step computes (16-bit compute parameters, per-unit activation checkpointing): then
+  // the strategy runs on a group of one, so the program computes the same at any world size.
+  const bool changes_compute =
+      (ctx.zero_stage == 1 || ctx.zero_stage == 2) ? ctx.zero.param_dtype.has_value()
+      : ctx.zero_stage == 3
+          ? ctx.fsdp && (ctx.fsdp->param_dtype || ctx.fsdp->activation_checkpointing)
+          : false;
+  if (ctx.world_size == 1 && !changes_compute) return std::make_unique<NoStrategy>(ctx);
+  StrategyContext c = ctx;
+  if (!c.group) c.group = new_gloo_group(std::make_shared<MemoryStore>(), 0, 1);
+  switch (c.zero_stage) {
+    case 0: return make_ddp_strategy(c);
     case 1:
-    case 2: return make_zero_strategy(ctx);
-    case 3: return make_fsdp_strategy(ctx);
+    case 2: return make_zero_strategy(c);
+    case 3: return make_fsdp_strategy(c);
   }
   ACCEL_THROW(ValueError, "strategy", "zero_stage must be in 0..3, got ", ctx.zero_stage);
 }

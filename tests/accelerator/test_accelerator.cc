@@ -386,3 +386,45 @@ TEST_CASE("device placement on CUDA: README's loop runs as written") {
   }
   CHECK(steps == run.loader->size());
 }
+
+TEST_CASE(
+    "one process: ZeRO options that change the computation run the strategy on a group of 1") {
+  // Note [one process under ZeRO]: bf16 compute parameters (stages 1-2 and 3) and per-unit
+  // activation checkpointing (stage 3) apply at world size 1 as at N; other ZeRO options need no
+  // strategy there.
+  for (int stage : {0, 1, 2, 3}) {
+    CAPTURE(stage);
+    AcceleratorConfig plain = base_config(fresh_dir("zero1-plain"));
+    plain.zero_stage = stage;
+    Accelerator a(plain);
+    CHECK(a.strategy().name() == "none");
+  }
+  for (int stage : {1, 2}) {
+    CAPTURE(stage);
+    AcceleratorConfig c = base_config(fresh_dir("zero1-bf16"));
+    c.zero_stage = stage;
+    c.mixed_precision = MixedPrecision::BF16;
+    c.zero.param_dtype = kBFloat16;
+    Accelerator acc(c);
+    CHECK(acc.strategy().name() != "none");
+    Run run(acc, 8, false, 0.0);
+    CHECK(run.model->w1.dtype() == kBFloat16);  // the compute parameters
+    int steps = 0;
+    for (auto& b : *run.loader) {
+      CHECK(std::isfinite(run.step(acc, b)));
+      ++steps;
+    }
+    CHECK(steps == 5);
+    // The fp32 masters: values a bf16 parameter cannot hold.
+    const nn::TensorDict sd = acc.get_state_dict(*run.model);
+    const Tensor w1 = sd.at("w1");
+    CHECK(w1.dtype() == kFloat32);
+    CHECK_FALSE(equal(w1, w1.to(kBFloat16).to(kFloat32)));
+    CHECK(equal(w1.to(kBFloat16), run.model->w1));
+  }
+  AcceleratorConfig c = base_config(fresh_dir("zero1-fsdp"));
+  c.zero_stage = 3;
+  c.fsdp.activation_checkpointing = true;
+  Accelerator acc(c);
+  CHECK(acc.strategy().name() == "fsdp");
+}

@@ -120,3 +120,22 @@ write("fuzz_config", "complex-key", "? [a, b]\n: 1\n")
 write("fuzz_config", "map-key", "{a: 1}: 2\n")
 write("fuzz_config", "anchors", "x: &a 1\nnum_processes: *a\n")
 write("fuzz_config", "typo", "num_procesess: 2\n")
+write("fuzz_config", "fsdp", """num_processes: 4
+distributed_type: MULTI_CPU
+use_cpu: true
+zero_config:
+  zero_stage: 3
+  param_dtype: bf16
+  reduce_dtype: fp32
+fsdp_config:
+  fsdp_wrap_classes: [Block, Layer]
+  fsdp_reshard_after_forward: false
+  fsdp_prefetch: true
+  fsdp_activation_checkpointing: true
+""")
+write("fuzz_config", "fsdp-accelerate", """fsdp_config:
+  fsdp_auto_wrap_policy: SIZE_BASED_WRAP
+  fsdp_min_num_params: 100000
+  fsdp_sharding_strategy: FULL_SHARD
+zero_config: {zero_stage: 3}
+""")

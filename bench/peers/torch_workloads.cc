@@ -387,6 +387,26 @@ int main(int argc, char** argv) {
     if (auto f = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads")))
       f(opt.threads);
   }
+  // Debian's libtorch calls whatever provides libblas.so.3; the reference BLAS makes its GEMMs
+  // 10-30x slower (mlp 780 instead of 89 ms/step at 1 thread on a 2-core Xeon), which makes every
+  // ratio against this peer meaningless. Say so where the figures are read.
+  {
+    Dl_info info{};
+    void* gemm = dlsym(RTLD_DEFAULT, "sgemm_");
+    std::string lib;
+    if (gemm && dladdr(gemm, &info) && info.dli_fname) {
+      // Debian's alternatives: /lib/.../libblas.so.3 links to openblas-pthread/ or blas/.
+      char* real = realpath(info.dli_fname, nullptr);
+      lib = real ? real : info.dli_fname;
+      std::free(real);
+    }
+    if (lib.find("openblas") == std::string::npos && lib.find("mkl") == std::string::npos)
+      std::fprintf(stderr,
+                   "torch_workloads: warning: sgemm_ comes from %s, neither OpenBLAS nor MKL (the "
+                   "reference BLAS?): libtorch's GEMMs are far slower than they should be; install "
+                   "libopenblas0 (ACCEL_PEERS=1 scripts/dev.sh)\n",
+                   lib.empty() ? "nowhere" : lib.c_str());
+  }
   bool found = false;
   for (const Workload& w : kWorkloads) {
     if (name != "all" && name != w.name) continue;

@@ -105,6 +105,14 @@ std::string scalar_text(const YAML::Node& node, const std::string& where, const 
   return node.Scalar();
 }
 
+// A list (`[a, b]` or a block sequence) or one scalar (`a,b`), as comma-separated text.
+std::string list_text(const YAML::Node& node, const std::string& where, const std::string& key) {
+  if (!node.IsSequence()) return scalar_text(node, where, key);
+  std::string t;
+  for (const auto& item : node) t += (t.empty() ? "" : ",") + scalar_text(item, where, key);
+  return t;
+}
+
 long long read_int(const YAML::Node& node, const std::string& where, const std::string& key,
                    long long lo, long long hi) {
   std::string text = scalar_text(node, where, key);
@@ -465,12 +473,7 @@ void read_fsdp_config(const YAML::Node& v, const std::string& where, LaunchConfi
       if (auto e = check_fsdp_wrap(t)) bad_key(where, zv, full, *e);
       c.fsdp_wrap = normalize_fsdp_wrap(t);
     } else if (canon == "fsdp_wrap_classes") {
-      std::string t;
-      if (zv.IsSequence()) {
-        for (const auto& item : zv) t += (t.empty() ? "" : ",") + scalar_text(item, where, full);
-      } else {
-        t = scalar_text(zv, where, full);
-      }
+      const std::string t = list_text(zv, where, full);
       if (auto e = check_fsdp_wrap_classes(t)) bad_key(where, zv, full, *e);
       c.fsdp_wrap_classes = normalize_fsdp_wrap_classes(t);
     } else if (canon == "fsdp_min_params") {
@@ -542,12 +545,7 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
     } else if (key == "use_cpu") {
       c.use_cpu = read_bool(v, where, key);
     } else if (key == "gpu_ids") {
-      std::string t;
-      if (v.IsSequence()) {
-        for (const auto& item : v) t += (t.empty() ? "" : ",") + scalar_text(item, where, key);
-      } else {
-        t = scalar_text(v, where, key);
-      }
+      const std::string t = list_text(v, where, key);
       if (auto e = check_gpu_ids(t)) bad_key(where, v, key, *e);
       c.gpu_ids = normalize_gpu_ids(t);
     } else if (key == "rdzv_backend") {

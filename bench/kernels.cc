@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "accel.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "autograd/optim/adam.h"
 #include "op_table.h"
 
@@ -928,6 +929,9 @@ int main(int argc, char** argv) {
   std::snprintf(buf, sizeof buf, "%.2f", g_peak_gbs);
   benchmark::AddCustomContext("peak_memcpy_gbs", buf);
   benchmark::AddCustomContext("omp_threads", std::to_string(omp_get_max_threads()));
+  // Which kernel `gemm_bf16/ours` and `autocast` run (Note [bf16 GEMM where it does not pay]).
+  benchmark::AddCustomContext("bf16_gemm", std::string(accel::cpu::bf16_gemm_name()) + " (" +
+                                               accel::cpu::bf16_gemm_reason() + ")");
 
   register_peaks();
   register_gemm();

@@ -629,7 +629,15 @@ void print_cpu_features() {
       .kv("amx_fp16", int64_t(cpu_flag(flags, "amx_fp16")));
   // The bf16 speed targets (docs/bench.md) need bf16 instructions; elsewhere autocast only has
   // to stay within 10 % of float32.
-  if (!bf16) l.kv("bf16_targets", std::string("unmeasurable_without_bf16_instructions"));
+  // Which kernel a bf16 matmul/conv runs (Note [bf16 GEMM where it does not pay]): where the
+  // bf16 instruction is slower than float32 FMAs, no bf16 speed-up is there to measure.
+  l.kv("bf16_gemm", std::string(accel::cpu::bf16_gemm_name()))
+      .kv("bf16_gemm_why", std::string(accel::cpu::bf16_gemm_reason()));
+  if (!bf16) {
+    l.kv("bf16_targets", std::string("unmeasurable_without_bf16_instructions"));
+  } else if (accel::cpu::bf16_gemm() == accel::cpu::Bf16Gemm::F32) {
+    l.kv("bf16_targets", std::string("unmeasurable_bf16_gemm_slower_than_f32_here"));
+  }
   std::fprintf(stderr, "# cpu: accel_isa=%s (ACCEL_CPU_ISA forces a lower one)\n",
                accel::cpu::cpu_isa_name());
 }

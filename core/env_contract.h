@@ -69,6 +69,7 @@ inline constexpr const char* kSocketIfname = "ACCEL_SOCKET_IFNAME";     // inter
 inline constexpr const char* kGlooSocketIfname = "GLOO_SOCKET_IFNAME";  // same, PyTorch's name
 inline constexpr const char* kAllowTf32 = "ACCEL_ALLOW_TF32";           // CUDA matmul in TF32
 inline constexpr const char* kCpuIsa = "ACCEL_CPU_ISA";  // force the CPU kernels' ISA level
+inline constexpr const char* kCpuBf16Gemm = "ACCEL_CPU_BF16_GEMM";  // native | f32 bf16 GEMM route
 
 // Who sets a variable in a worker's environment.
 enum class SetBy : unsigned char {
@@ -131,6 +132,7 @@ inline constexpr EnvVar kContract[] = {
     {kGlooSocketIfname, SetBy::kUser, true},
     {kAllowTf32, SetBy::kUser, true},
     {kCpuIsa, SetBy::kUser, true},
+    {kCpuBf16Gemm, SetBy::kUser, true},
 };
 
 // The contract's entry for `name`; nullptr when the name is not part of it.

@@ -1,6 +1,6 @@
-// CPU conv2d and 2-D pooling: oneDNN primitives for f32/bf16 (f16, and any dtype oneDNN cannot
-// run on this CPU, go through f32), direct loops for f64 (oneDNN has no f64 convolution; these
-// are the reference kernels gradcheck runs against).
+// CPU conv2d and 2-D pooling: oneDNN primitives for f32/bf16 (f16, any dtype oneDNN cannot run
+// on this CPU, and bf16 convolutions where float32 is faster go through f32), direct loops for f64
+// (oneDNN has no f64 convolution; these are the reference kernels gradcheck runs against).
 //
 // Note [conv layouts]: accel tensors are plain NCHW, but oneDNN's fast convolution kernels work on
 // blocked layouts (nChw16c, OIhw16i16o, ...): on the `cnn` workload the blocked kernels are about
@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "kernels/stubs/conv.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/onednn.h"
 
@@ -517,6 +518,10 @@ Tensor empty_f32(const Tensor& like) {
 }
 void copy_back(Tensor& dst, const Tensor& src32) { copy_stub(dst.device(), dst, src32); }
 
+// bf16 convolutions take the float32 kernel where oneDNN's bf16 one is slower (Note [bf16 GEMM
+// where it does not pay] in kernels/cpu/cpu_isa.h).
+bool via_f32(DType dt) { return dt == kBFloat16 && bf16_gemm() == Bf16Gemm::F32; }
+
 // ---------------- conv entries ----------------
 
 void conv2d_kernel(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out,
@@ -528,7 +533,7 @@ void conv2d_kernel(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor&
                                 bias.defined() ? bias.data<double>() : nullptr, out.data<double>(),
                                 g);
   }
-  if (conv_fwd_onednn(g, x, w, bias, out)) return;
+  if (!via_f32(out.dtype()) && conv_fwd_onednn(g, x, w, bias, out)) return;
   ACCEL_CHECK(out.dtype() != kFloat32, Error, "conv2d", "oneDNN has no f32 convolution for input ",
               x.sizes(), " and weight ", w.sizes());
   Tensor out32 = empty_f32(out);
@@ -553,9 +558,9 @@ void conv2d_backward_kernel(const Tensor& x, const Tensor& w, const Tensor& gout
                                    gb ? gb->data<double>() : nullptr, g);
     return;
   }
-  bool ok = true;
+  bool ok = !via_f32(dt);
   Staged staged_gout;  // gout reordered once when both primitives want the same layout
-  if (gx) ok = conv_bwd_data_onednn(g, w, gout, *gx, &staged_gout);
+  if (ok && gx) ok = conv_bwd_data_onednn(g, w, gout, *gx, &staged_gout);
   if (ok && (gw || gb)) {
     // oneDNN computes the bias gradient together with the weight gradient.
     Tensor gw_local = gw ? *gw : empty(w.sizes(), TensorOptions(dt, w.device()));

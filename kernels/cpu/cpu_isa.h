@@ -33,6 +33,30 @@ void set_cpu_isa(CpuIsa isa);
 // variant itself, from the compiler's ISA macros): tests check it equals cpu_isa().
 const char* cpu_isa_kernel_probe();
 
+// Note [bf16 GEMM where it does not pay]: a bf16 matmul or convolution either runs oneDNN's bf16
+// kernel (AMX tiles, or `vdpbf16ps` on AVX512-BF16) or converts its operands to float32, runs
+// the float32 kernel and rounds the output once. Both accumulate in float32 and the product of
+// two bf16 values is exact in float32, so the two routes differ only in summation order, like
+// two blockings of the same kernel. Which is faster depends on the core, not the ISA flags: on
+// some AVX512-BF16 parts (an Emerald Rapids VM measured 0.76 ns per zmm `vdpbf16ps` against
+// 0.18 ns per zmm FMA) the bf16 instruction peak is half the float32 one, and oneDNN's bf16 GEMM
+// runs at 0.6x of sgemm. The choice, made once per process:
+//   - ACCEL_CPU_BF16_GEMM=native|f32 forces a route (tests, benches);
+//   - AMX-BF16 present and enabled by the OS: native;
+//   - AVX512-BF16: a ~0.2 ms probe times a zmm `vdpbf16ps` against a zmm FMA (best of several
+//     alternating samples); native when the bf16 instruction delivers at least 1.3x the float32
+//     FLOP rate (it does 2x the multiply-adds per instruction), else f32;
+//   - neither: f32 (oneDNN would emulate bf16 on AVX-512 or refuse it on AVX2).
+enum class Bf16Gemm : int { Native = 0, F32 = 1 };
+Bf16Gemm bf16_gemm();
+const char* bf16_gemm_name();  // "native" or "f32"
+// Why the current route was chosen: "ACCEL_CPU_BF16_GEMM", "amx_bf16", "set_bf16_gemm",
+// "no_avx512_bf16" or the probe's figures ("vdpbf16ps_ns:0.763,fma_ns:0.183": no spaces, so a
+// bench can print it as one key=value field).
+const char* bf16_gemm_reason();
+// Forces a route for the rest of the process (tests, benches).
+void set_bf16_gemm(Bf16Gemm route);
+
 namespace detail {
 extern std::atomic<int> g_cpu_isa;  // -1 until the first cpu_isa()
 CpuIsa init_cpu_isa();

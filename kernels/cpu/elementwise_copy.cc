@@ -5,14 +5,17 @@
 // contiguous conversions get their own kernels, chosen at run time (the library may be built
 // without -march flags): float32 -> bfloat16 uses AVX512-BF16's vcvtneps2bf16 where the CPU has
 // it, else an AVX2 integer version of BFloat16::from_float (round to nearest even, NaN kept
-// quiet); bfloat16 -> float32 is a 16-bit shift (AVX2). vcvtneps2bf16 treats denormal inputs as
-// zero, so on such CPUs a float32 denormal (|x| < 1.2e-38) converts to a signed zero instead of a
-// bf16 denormal: the same as oneDNN's and PyTorch's converters.
+// quiet); bfloat16 -> float32 is a 16-bit shift (AVX-512, else AVX2). vcvtneps2bf16 treats denormal
+// inputs as zero, so on such CPUs a float32 denormal (|x| < 1.2e-38) converts to a signed zero
+// instead of a bf16 denormal: the same as oneDNN's and PyTorch's converters.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "core/dispatch.h"
+#include "kernels/cpu/bf16_convert.h"
 #include "kernels/cpu/loops.h"
 
 namespace accel::cpu {
@@ -66,6 +69,20 @@ __attribute__((target("avx2"))) void bf16_to_f32_avx2(const uint16_t* s, float* 
   for (; i < n; ++i) d[i] = float(BFloat16::from_bits(s[i]));
 }
 
+// GCC 12 warns about the undefined pass-through vector inside the unmasked AVX-512 intrinsics.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* s, float* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i w =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i)));
+    _mm512_storeu_si512(d + i, _mm512_slli_epi32(w, 16));
+  }
+  for (; i < n; ++i) d[i] = float(BFloat16::from_bits(s[i]));
+}
+#pragma GCC diagnostic pop
+
 void bf16_to_f32_scalar(const uint16_t* s, float* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = float(BFloat16::from_bits(s[i]));
 }
@@ -83,25 +100,56 @@ F32ToBF16 pick_f32_to_bf16() {
 
 BF16ToF32 pick_bf16_to_f32() {
   __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return &bf16_to_f32_avx512;
   return __builtin_cpu_supports("avx2") ? &bf16_to_f32_avx2 : &bf16_to_f32_scalar;
+}
+
+F32ToBF16 f32_to_bf16_fn() {
+  static const F32ToBF16 fn = pick_f32_to_bf16();
+  return fn;
+}
+BF16ToF32 bf16_to_f32_fn() {
+  static const BF16ToF32 fn = pick_bf16_to_f32();
+  return fn;
 }
 
 // Grain of the parallel conversion: below it one thread is faster than waking the pool.
 constexpr int64_t kConvertGrain = int64_t(1) << 16;
 
-// True when it handled a contiguous float32 <-> bfloat16 copy.
+// True when `t`'s elements fill numel() consecutive slots in some dim order (contiguous, a
+// transposed matrix, any permutation of a packed tensor).
+bool dense_any_order(const Tensor& t) {
+  if (t.is_contiguous()) return true;
+  std::vector<int64_t> order;
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) != 1) order.push_back(d);
+  std::sort(order.begin(), order.end(),
+            [&](int64_t x, int64_t y) { return t.stride(x) < t.stride(y); });
+  int64_t expected = 1;
+  for (const int64_t d : order) {
+    if (t.stride(d) != expected) return false;
+    expected *= t.size(d);
+  }
+  return true;
+}
+
+// True when it handled a float32 <-> bfloat16 copy between tensors of one dense layout
+// (contiguous, or the same permuted strides: a transposed matmul operand).
 bool convert_bf16(Tensor& dst, const Tensor& src) {
-  if (!dst.is_contiguous() || !src.is_contiguous() || dst.sizes() != src.sizes()) return false;
+  if (dst.sizes() != src.sizes()) return false;
+  if (!(dst.is_contiguous() && src.is_contiguous()) &&
+      (dst.strides() != src.strides() || !dense_any_order(dst)))
+    return false;
   const int64_t n = dst.numel();
   if (dst.dtype() == kBFloat16 && src.dtype() == kFloat32) {
-    static const F32ToBF16 fn = pick_f32_to_bf16();
+    const F32ToBF16 fn = f32_to_bf16_fn();
     const float* s = static_cast<const float*>(src.data_ptr());
     uint16_t* d = static_cast<uint16_t*>(dst.data_ptr());
     parallel_for(n, kConvertGrain, [&](int64_t b, int64_t e) { fn(s + b, d + b, e - b); });
     return true;
   }
   if (dst.dtype() == kFloat32 && src.dtype() == kBFloat16) {
-    static const BF16ToF32 fn = pick_bf16_to_f32();
+    const BF16ToF32 fn = bf16_to_f32_fn();
     const uint16_t* s = static_cast<const uint16_t*>(src.data_ptr());
     float* d = static_cast<float*>(dst.data_ptr());
     parallel_for(n, kConvertGrain, [&](int64_t b, int64_t e) { fn(s + b, d + b, e - b); });
@@ -167,6 +215,10 @@ void fill_kernel(Tensor& dst, Scalar v) {
 }
 
 }  // namespace
+
+void f32_to_bf16(const float* s, uint16_t* d, int64_t n) { f32_to_bf16_fn()(s, d, n); }
+void bf16_to_f32(const uint16_t* s, float* d, int64_t n) { bf16_to_f32_fn()(s, d, n); }
+
 }  // namespace accel::cpu
 
 namespace accel {

@@ -1,5 +1,6 @@
-// CPU matmul: oneDNN matmul primitive for f32/bf16 (f16 and any dtype oneDNN cannot run on this
-// CPU go through f32), Eigen for f64 (oneDNN has no f64 matmul; gradcheck runs in f64).
+// CPU matmul: oneDNN matmul primitive for f32/bf16 (f16, any dtype oneDNN cannot run on this
+// CPU, and bf16 where float32 is faster go through f32), Eigen for f64 (oneDNN has no f64 matmul;
+// gradcheck runs in f64).
 //
 // Note [matmul geometry]: the kernel first canonicalises the problem so that equivalent calls
 // hit the same cached primitive and oneDNN sees layouts it has fast paths for:
@@ -18,7 +19,12 @@
 #pragma GCC diagnostic pop
 
 #include "kernels/stubs/linalg.h"
+#include "kernels/cpu/bf16_convert.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/onednn.h"
+#include "kernels/cpu/parallel.h"
+
+#include <exception>
 
 namespace accel::cpu {
 namespace {
@@ -150,20 +156,19 @@ void for_each_outer(const Geometry& g, int count, F&& fn) {
   }
 }
 
-// False when oneDNN cannot run this dtype here (the caller converts to f32).
-bool matmul_onednn(const Geometry& g, const Tensor& a, const Tensor& b, const Tensor& bias,
-                   Tensor& out) {
+// False when oneDNN cannot run this dtype here (the caller converts to f32). `bias` may be null.
+bool matmul_onednn(const Geometry& g, DType dt, const void* a, const void* b, const void* bias,
+                   void* out) {
   const int first = std::max(0, g.nb - kMaxBatchDims);  // leading dims peeled into a loop
-  const DType dt = out.dtype();
-  const bool has_bias = bias.defined();
+  const bool has_bias = bias != nullptr;
   const onednn::PrimKey key = make_key(g, first, dt, has_bias);
   MatmulEntry& e = matmul_cache().get(key, [&] { return make_entry(g, first, dt, has_bias); });
   if (!e.supported) return false;
-  const size_t es = out.element_size();
-  const char* pa = static_cast<const char*>(a.data_ptr());
-  const char* pb = static_cast<const char*>(b.data_ptr());
-  char* po = static_cast<char*>(out.data_ptr());
-  if (has_bias) onednn::bind(e.bias, bias.data_ptr(), "matmul");
+  const size_t es = dtype_size(dt);
+  const char* pa = static_cast<const char*>(a);
+  const char* pb = static_cast<const char*>(b);
+  char* po = static_cast<char*>(out);
+  if (has_bias) onednn::bind(e.bias, bias, "matmul");
   for_each_outer(g, first, [&](int64_t ao, int64_t bo, int64_t oo) {
     onednn::bind(e.src, pa + ao * int64_t(es), "matmul");
     onednn::bind(e.wei, pb + bo * int64_t(es), "matmul");
@@ -229,9 +234,121 @@ Tensor copy_as(const Tensor& t, DType dt) {
   return c;
 }
 
+// `t` as float32 in the same matrix layout (a transposed view stays transposed, so oneDNN sees
+// the same geometry and the conversion is one contiguous pass); other layouts come out packed.
+Tensor to_f32_same_layout(const Tensor& t) {
+  const int64_t d = t.dim();
+  if (d >= 2 && !t.is_contiguous() && t.stride(-2) == 1 && t.stride(-1) == t.size(-2)) {
+    int64_t inner = t.size(-1) * t.size(-2);
+    bool packed = true;
+    for (int64_t i = d - 3; i >= 0 && packed; --i) {
+      packed = t.size(i) == 1 || t.stride(i) == inner;
+      inner *= t.size(i);
+    }
+    if (packed) {
+      Tensor c = empty_strided(t.sizes(), t.strides(), TensorOptions(kFloat32, t.device()));
+      copy_stub(t.device(), c, t);  // one flat pass over the same layout
+      return c;
+    }
+  }
+  return copy_as(t, kFloat32);
+}
+
 bool is_canonical(const Tensor& t) {
   MatrixLayout m{t.size(-2), t.size(-1), t.stride(-2), t.stride(-1)};
   return canonical_matrix(m);
+}
+
+// One float32 GEMM on raw pointers: sgemm for the plain row-major product without bias (Note
+// [sgemm for plain f32]), else the matmul primitive.
+void gemm_f32(const Geometry& g, const float* a, const float* b, const float* bias, float* out) {
+  if (g.nb == 0 && bias == nullptr && g.a.col_stride == 1 && g.b.col_stride == 1) {
+    // Note [sgemm for plain f32]: for a single row-major @ row-major f32 product, oneDNN's GEMM
+    // API is as fast as the brgemm matmul primitive or faster (1024^3: 218 vs 209 GFLOP/s on one
+    // core; equal at 256^3) and needs no primitive. Transposed operands and bias stay on the
+    // primitive, which beats sgemm by 7-10 % on the MLP's backward shapes.
+    const dnnl_status_t st = dnnl_sgemm('N', 'N', g.m, g.n, g.k, 1.0f, a, g.a.row_stride, b,
+                                        g.b.row_stride, 0.0f, out, g.n);
+    onednn::check_status(st, "matmul", "sgemm");
+    return;
+  }
+  ACCEL_CHECK(matmul_onednn(g, kFloat32, a, b, bias, out), Error, "matmul",
+              "oneDNN has no f32 matmul for ", g.m, "x", g.k, " @ ", g.k, "x", g.n);
+}
+
+// Note [bf16 through float32, blocked]: where the float32 kernel beats the bf16 one (Note [bf16
+// GEMM where it does not pay] in cpu_isa.h), a 2-D bf16 product converts b to float32 once, then
+// splits the rows of a and out into blocks of a few hundred KiB: each thread converts its rows
+// of a, runs a one-thread float32 GEMM into a scratch block that is still in its L2 when it is
+// rounded into out. Converting whole operands instead moves every byte through memory twice
+// more: on the mlp the conversions of the unblocked route were 4.8 of 29 ms per step at 0.4 ns
+// per element, against 0.08 ns for data in L2.
+void matmul_bf16_via_f32(const Geometry& g, const Tensor& a, const Tensor& b, const Tensor& bias,
+                         Tensor& out) {
+  const int64_t m = g.m, n = g.n, k = g.k;
+  const uint16_t* pa = static_cast<const uint16_t*>(a.data_ptr());
+  const uint16_t* pb = static_cast<const uint16_t*>(b.data_ptr());
+  uint16_t* po = static_cast<uint16_t*>(out.data_ptr());
+  const TensorOptions f32(kFloat32, out.device());
+  // b, packed in its own layout: K rows of N (row-major) or N columns of K (a transposed view).
+  const bool b_rows = g.b.col_stride == 1;
+  Tensor b32 = empty({k * n}, f32);
+  float* pb32 = b32.data<float>();
+  const int64_t lines = b_rows ? k : n, len = b_rows ? n : k;
+  const int64_t lstride = b_rows ? g.b.row_stride : g.b.col_stride;
+  parallel_for(lines, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(len, 1)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t i = lo; i < hi; ++i)
+                   bf16_to_f32(pb + i * lstride, pb32 + i * len, len);
+               });
+  Tensor bias32;
+  if (bias.defined()) {
+    bias32 = empty({n}, f32);
+    bf16_to_f32(static_cast<const uint16_t*>(bias.data_ptr()), bias32.data<float>(), n);
+  }
+  const float* pbias = bias.defined() ? bias32.data<float>() : nullptr;
+  Geometry gb = g;
+  gb.b = b_rows ? MatrixLayout{k, n, n, 1} : MatrixLayout{k, n, 1, k};
+
+  // Rows per block: a's rows and out's rows in about 512 KiB of float32, a multiple of 16, and
+  // at least one block per thread.
+  const int64_t threads = std::max(1, omp_get_max_threads());
+  const int64_t flop = m * n * k;
+  const int64_t team = flop < (int64_t(1) << 21) ? 1 : threads;  // tiny products: one thread
+  int64_t mb = std::max<int64_t>(16, ((int64_t(1) << 18) / (k + n)) / 16 * 16);
+  mb = std::min(mb, (m + team - 1) / team);
+  mb = std::max<int64_t>(mb, 1);
+  const int64_t blocks = (m + mb - 1) / mb;
+  const int64_t nt = std::min(team, blocks);
+  Tensor scratch = empty({nt * mb * (k + n)}, f32);
+  float* ps = scratch.data<float>();
+  const bool a_rows = g.a.col_stride == 1;
+  std::exception_ptr failure;
+#pragma omp parallel for schedule(static) num_threads(int(nt)) if (nt > 1)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    try {
+      const int64_t i0 = blk * mb, rows = std::min(mb, m - i0);
+      float* a32 = ps + int64_t(omp_get_thread_num()) * mb * (k + n);
+      float* c32 = a32 + mb * k;
+      Geometry gi = gb;
+      gi.m = rows;
+      if (a_rows) {
+        for (int64_t r = 0; r < rows; ++r)
+          bf16_to_f32(pa + (i0 + r) * g.a.row_stride, a32 + r * k, k);
+        gi.a = MatrixLayout{rows, k, k, 1};
+      } else {  // a transposed view: each of its K columns holds `rows` consecutive elements
+        for (int64_t c = 0; c < k; ++c)
+          bf16_to_f32(pa + i0 + c * g.a.col_stride, a32 + c * rows, rows);
+        gi.a = MatrixLayout{rows, k, 1, rows};
+      }
+      gemm_f32(gi, a32, pb32, pbias, c32);
+      f32_to_bf16(c32, po + i0 * n, rows * n);
+    } catch (...) {
+#pragma omp critical(accel_matmul_failure)
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in, Tensor& out) {
@@ -251,25 +368,21 @@ void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in
   const Geometry g = make_geometry(a, b, out);
   const DType dt = out.dtype();
   if (dt == kFloat64) return matmul_eigen(g, a, b, bias, out);
-  if (dt == kFloat32 && g.nb == 0 && !bias.defined() && g.a.col_stride == 1 &&
-      g.b.col_stride == 1) {
-    // Note [sgemm for plain f32]: for a single row-major @ row-major f32 product, oneDNN's GEMM
-    // API is as fast as the brgemm matmul primitive or faster (1024^3: 218 vs 209 GFLOP/s on one
-    // core; equal at 256^3) and needs no primitive. Transposed operands and bias stay on the
-    // primitive, which beats sgemm by 7-10 % on the MLP's backward shapes.
-    const dnnl_status_t st =
-        dnnl_sgemm('N', 'N', g.m, g.n, g.k, 1.0f, a.data<float>(), g.a.row_stride, b.data<float>(),
-                   g.b.row_stride, 0.0f, out.data<float>(), g.n);
-    onednn::check_status(st, "matmul", "sgemm");
-    return;
+  if (dt == kFloat32) {
+    return gemm_f32(g, a.data<float>(), b.data<float>(),
+                    bias.defined() ? bias.data<float>() : nullptr, out.data<float>());
   }
-  if (matmul_onednn(g, a, b, bias, out)) return;
-  // No oneDNN implementation for this dtype on this CPU (f16; bf16 without AVX-512): compute in
-  // f32 and round once at the end.
-  ACCEL_CHECK(dt != kFloat32, Error, "matmul", "oneDNN has no f32 matmul for ", a.sizes(), " @ ",
-              b.sizes());
+  // bf16 takes the float32 kernel where oneDNN's bf16 one is slower (Note [bf16 GEMM where it
+  // does not pay] in kernels/cpu/cpu_isa.h).
+  const bool via_f32 = dt == kBFloat16 && bf16_gemm() == Bf16Gemm::F32;
+  if (via_f32 && g.nb == 0 && out.is_contiguous()) return matmul_bf16_via_f32(g, a, b, bias, out);
+  if (!via_f32 && matmul_onednn(g, dt, a.data_ptr(), b.data_ptr(),
+                                bias.defined() ? bias.data_ptr() : nullptr, out.data_ptr()))
+    return;
+  // No oneDNN implementation for this dtype on this CPU (f16; bf16 without AVX-512), or a
+  // batched bf16 product on a CPU where float32 is faster: compute in f32, round once at the end.
   Tensor out32 = empty(out.sizes(), TensorOptions(kFloat32, out.device()));
-  matmul_kernel(copy_as(a, kFloat32), copy_as(b, kFloat32),
+  matmul_kernel(to_f32_same_layout(a), to_f32_same_layout(b),
                 bias.defined() ? copy_as(bias, kFloat32) : Tensor(), out32);
   copy_stub(out.device(), out, out32);
 }

@@ -7,6 +7,7 @@
 
 #include "accel.h"
 #include "kernels/common/geometry.h"  // MatmulGeometry::kMaxBatch, the batch-rank limit
+#include "kernels/cpu/cpu_isa.h"      // the bf16 GEMM route
 
 using namespace accel;
 
@@ -159,6 +160,78 @@ TEST_CASE("matmul: bf16 and f16 against f32") {
     Tensor lin = linear(a.to(dt), b.t().to(dt), ones({20}, dt));
     CHECK(max_abs_diff(lin, add(ref, 1.0)) < (dt == kBFloat16 ? 0.25 : 0.03));
   }
+}
+
+// Note [bf16 GEMM where it does not pay]: oneDNN's bf16 kernel and the float32 route (blocked
+// rows, Note [bf16 through float32, blocked]) both sum exact products in float32 and round once,
+// so either is within half a bf16 ulp (2^-8 relative) of the float64 product of the bf16 inputs,
+// plus float32 summation error.
+TEST_CASE("matmul, linear and conv2d in bf16 on both GEMM routes") {
+  struct RouteGuard {
+    cpu::Bf16Gemm saved = cpu::bf16_gemm();
+    ~RouteGuard() { cpu::set_bf16_gemm(saved); }
+  } guard;
+  struct Case {
+    int64_t m, k, n;
+    bool ta, tb, bias;
+  };
+  const Case cases[] = {{1, 1, 1, false, false, false},     {5, 7, 3, true, false, true},
+                        {33, 48, 20, false, true, true},    {300, 200, 700, false, true, true},
+                        {1000, 64, 50, true, false, false}, {17, 300, 1, true, true, false},
+                        {260, 1030, 70, false, false, true}};
+  auto close = [](const Tensor& out, const Tensor& ref, int64_t k) {
+    NoGradGuard ng;
+    const Tensor o = out.to(kFloat64);
+    const double excess = amax(sub(abs(sub(o, ref)), mul(abs(ref), 1.0 / 256))).item<double>();
+    return excess <= 1e-6 * double(k) + 1e-7;
+  };
+  for (cpu::Bf16Gemm route : {cpu::Bf16Gemm::Native, cpu::Bf16Gemm::F32}) {
+    cpu::set_bf16_gemm(route);
+    INFO("route ", cpu::bf16_gemm_name());
+    for (const Case& c : cases) {
+      INFO("m ", c.m, " k ", c.k, " n ", c.n, " ta ", c.ta, " tb ", c.tb, " bias ", c.bias);
+      const Tensor a = c.ta ? rand_t({c.k, c.m}, kBFloat16).t() : rand_t({c.m, c.k}, kBFloat16);
+      const Tensor b = c.tb ? rand_t({c.n, c.k}, kBFloat16).t() : rand_t({c.k, c.n}, kBFloat16);
+      const Tensor bias = rand_t({c.n}, kBFloat16);
+      Tensor ref = ref_matmul(a, b);
+      Tensor out;
+      if (c.bias) {
+        ref = add(ref, bias.to(kFloat64));
+        out = linear(a, b.t(), bias);  // weight (n, k): b^T
+      } else {
+        out = matmul(a, b);
+      }
+      CHECK(out.dtype() == kBFloat16);
+      CHECK(out.sizes() == Shape{c.m, c.n});
+      CHECK(close(out, ref, c.k));
+    }
+    // Batched products keep their batch geometry.
+    const Tensor x = rand_t({3, 40, 24}, kBFloat16), y = rand_t({3, 24, 16}, kBFloat16);
+    CHECK(close(bmm(x, y), ref_matmul(x, y), 24));
+    const Tensor yb = rand_t({24, 16}, kBFloat16);
+    CHECK(close(matmul(x, yb), ref_matmul(x, yb), 24));
+  }
+  // Convolutions: same forward and gradients on both routes (to bf16 rounding).
+  const Tensor x = rand_t({2, 8, 9, 9}), w = rand_t({16, 8, 3, 3}), b = rand_t({16});
+  Tensor ys[2], gws[2], gxs[2];
+  int i = 0;
+  for (cpu::Bf16Gemm route : {cpu::Bf16Gemm::Native, cpu::Bf16Gemm::F32}) {
+    cpu::set_bf16_gemm(route);
+    Tensor xx = x.to(kBFloat16).detach().requires_grad_();
+    Tensor ww = w.to(kBFloat16).detach().requires_grad_();
+    ys[i] = conv2d(xx, ww, b.to(kBFloat16), {1, 1}, {1, 1});
+    ys[i].sum().backward();
+    gws[i] = ww.grad();
+    gxs[i] = xx.grad();
+    CHECK(gws[i].dtype() == kBFloat16);
+    ++i;
+  }
+  const Tensor ref = conv2d(x.to(kBFloat16).to(kFloat64), w.to(kBFloat16).to(kFloat64),
+                            b.to(kBFloat16).to(kFloat64), {1, 1}, {1, 1});
+  CHECK(close(ys[0], ref, 72));
+  CHECK(close(ys[1], ref, 72));
+  CHECK(max_abs_diff(gws[0], gws[1]) < 1.0);  // sums of 162 O(1) products, bf16-rounded
+  CHECK(max_abs_diff(gxs[0], gxs[1]) < 0.1);
 }
 
 TEST_CASE("mm and bmm") {

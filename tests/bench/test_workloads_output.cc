@@ -110,9 +110,20 @@ void check_features_line(const std::string& line) {
     REQUIRE(kv.count(flag) == 1);
     CHECK((kv[flag] == "0" || kv[flag] == "1"));
   }
-  // Without bf16 instructions the bench says the bf16 targets cannot be measured.
+  // The bf16 GEMM route and why (Note [bf16 GEMM where it does not pay]); without bf16
+  // instructions, or where they are slower than float32 FMAs, the bench says the bf16 speed
+  // targets cannot be measured.
+  REQUIRE(kv.count("bf16_gemm") == 1);
+  CHECK((kv["bf16_gemm"] == "native" || kv["bf16_gemm"] == "f32"));
+  CHECK(!kv["bf16_gemm_why"].empty());
   const bool bf16 = kv["avx512_bf16"] == "1" || kv["amx_bf16"] == "1";
-  CHECK(kv.count("bf16_targets") == (bf16 ? 0u : 1u));
+  if (!bf16) {
+    CHECK(kv["bf16_targets"] == "unmeasurable_without_bf16_instructions");
+  } else if (kv["bf16_gemm"] == "f32") {
+    CHECK(kv["bf16_targets"] == "unmeasurable_bf16_gemm_slower_than_f32_here");
+  } else {
+    CHECK(kv.count("bf16_targets") == 0u);
+  }
 }
 
 // The two op lines (grad, nograd) of a run, after the features line, each checked for format

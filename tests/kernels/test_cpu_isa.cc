@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -146,6 +147,45 @@ TEST_CASE("cpu_isa reports the best level, or the one ACCEL_CPU_ISA forces") {
     CHECK(cpu::cpu_isa_best() == CpuIsa::Avx512);
   }
 #endif
+}
+
+TEST_CASE("bf16 GEMM route: probed once, forced by ACCEL_CPU_BF16_GEMM or set_bf16_gemm") {
+  // Note [bf16 GEMM where it does not pay] in kernels/cpu/cpu_isa.h.
+  const char* forced = std::getenv("ACCEL_CPU_BF16_GEMM");
+  const std::string f = forced != nullptr ? forced : "";
+  if (f == "bogus") {
+    CHECK_THROWS_AS(cpu::bf16_gemm(), ValueError);
+    try {
+      cpu::bf16_gemm();
+    } catch (const ValueError& e) {
+      CHECK(std::string(e.what()).find("ACCEL_CPU_BF16_GEMM=bogus") != std::string::npos);
+    }
+    return;
+  }
+  const cpu::Bf16Gemm route = cpu::bf16_gemm();
+  const std::string reason = cpu::bf16_gemm_reason();
+  MESSAGE("bf16_gemm=", std::string(cpu::bf16_gemm_name()), " (", reason, ")");
+  CHECK(!reason.empty());
+  if (f == "native" || f == "f32") {
+    CHECK(std::string(cpu::bf16_gemm_name()) == f);
+    CHECK(reason == "ACCEL_CPU_BF16_GEMM");
+  } else if (reason.rfind("vdpbf16ps_ns:", 0) == 0) {
+    // The probe's rule, from its own figures.
+    double dp = 0, fm = 0;
+    REQUIRE(std::sscanf(reason.c_str(), "vdpbf16ps_ns:%lf,fma_ns:%lf", &dp, &fm) == 2);
+    CHECK(dp > 0);
+    CHECK(fm > 0);
+    CHECK((route == cpu::Bf16Gemm::Native) == (2.0 * fm / dp >= 1.3));
+  } else {
+    CHECK((reason == "amx_bf16" || reason == "no_avx512_bf16"));
+    CHECK((route == cpu::Bf16Gemm::Native) == (reason == "amx_bf16"));
+  }
+  cpu::set_bf16_gemm(cpu::Bf16Gemm::Native);
+  CHECK(cpu::bf16_gemm() == cpu::Bf16Gemm::Native);
+  CHECK(std::string(cpu::bf16_gemm_reason()) == "set_bf16_gemm");
+  cpu::set_bf16_gemm(cpu::Bf16Gemm::F32);
+  CHECK(std::string(cpu::bf16_gemm_name()) == "f32");
+  cpu::set_bf16_gemm(route);
 }
 
 TEST_CASE("every runnable ISA variant is selected and computes what the best one does") {

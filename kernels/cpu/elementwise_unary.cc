@@ -19,27 +19,35 @@
 namespace accel::cpu::ACCEL_ISA_NS {
 namespace {
 
+// The polynomial ops (erf, exp, GELU, SiLU, sigmoid) must inline into unary_loop's `omp simd`
+// loop to vectorise: left to itself GCC kept the erf-based GELU lambda out of line (a scalar
+// call per element: GELU 8.5 ms per 1M floats against oneDNN's 0.65, 18 % of a gpt step).
+#define ACCEL_INLINE __attribute__((always_inline))
+
 template <typename T>
 void unary_float(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& prm) {
   using A = acc_t<T>;
   const A p0 = A(prm.p0), p1 = A(prm.p1);
   switch (op) {
     case UnaryOp::Neg: return unary_loop<T, T>(in, out, [](A x) { return -x; });
-    case UnaryOp::Exp: return unary_loop<T, T>(in, out, [](A x) { return fast_exp(x); });
+    case UnaryOp::Exp:
+      return unary_loop<T, T>(in, out, [](A x) ACCEL_INLINE { return fast_exp(x); });
     case UnaryOp::Log: return unary_loop<T, T>(in, out, [](A x) { return std::log(x); });
     case UnaryOp::Sqrt: return unary_loop<T, T>(in, out, [](A x) { return std::sqrt(x); });
     case UnaryOp::Rsqrt: return unary_loop<T, T>(in, out, [](A x) { return A(1) / std::sqrt(x); });
     case UnaryOp::Abs: return unary_loop<T, T>(in, out, [](A x) { return std::abs(x); });
     case UnaryOp::Tanh: return unary_loop<T, T>(in, out, [](A x) { return std::tanh(x); });
     case UnaryOp::Sigmoid:
-      return unary_loop<T, T>(in, out, [](A x) { return common::sigmoid<CpuMath>(x); });
+      return unary_loop<T, T>(in, out,
+                              [](A x) ACCEL_INLINE { return common::sigmoid<CpuMath>(x); });
     case UnaryOp::Relu: return unary_loop<T, T>(in, out, [](A x) { return common::relu(x); });
     case UnaryOp::GeluErf:
-      return unary_loop<T, T>(in, out, [](A x) { return common::gelu_erf<CpuMath>(x); });
+      return unary_loop<T, T>(in, out,
+                              [](A x) ACCEL_INLINE { return common::gelu_erf<CpuMath>(x); });
     case UnaryOp::GeluTanh:
       return unary_loop<T, T>(in, out, [](A x) { return common::gelu_tanh<CpuMath>(x); });
     case UnaryOp::Silu:
-      return unary_loop<T, T>(in, out, [](A x) { return common::silu<CpuMath>(x); });
+      return unary_loop<T, T>(in, out, [](A x) ACCEL_INLINE { return common::silu<CpuMath>(x); });
     case UnaryOp::Sin: return unary_loop<T, T>(in, out, [](A x) { return std::sin(x); });
     case UnaryOp::Cos: return unary_loop<T, T>(in, out, [](A x) { return std::cos(x); });
     case UnaryOp::Sign: return unary_loop<T, T>(in, out, [](A x) { return common::sign(x); });
@@ -47,7 +55,8 @@ void unary_float(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& p
     case UnaryOp::Square: return unary_loop<T, T>(in, out, [](A x) { return x * x; });
     case UnaryOp::Log1p: return unary_loop<T, T>(in, out, [](A x) { return std::log1p(x); });
     case UnaryOp::Expm1: return unary_loop<T, T>(in, out, [](A x) { return std::expm1(x); });
-    case UnaryOp::Erf: return unary_loop<T, T>(in, out, [](A x) { return fast_erf(x); });
+    case UnaryOp::Erf:
+      return unary_loop<T, T>(in, out, [](A x) ACCEL_INLINE { return fast_erf(x); });
     case UnaryOp::PowScalar:
       if (p0 == A(2)) return unary_loop<T, T>(in, out, [](A x) { return x * x; });
       return unary_loop<T, T>(in, out, [p0](A x) { return std::pow(x, p0); });

@@ -7,7 +7,11 @@
 // it, else an AVX2 integer version of BFloat16::from_float (round to nearest even, NaN kept
 // quiet); bfloat16 -> float32 is a 16-bit shift (AVX-512, else AVX2). vcvtneps2bf16 treats denormal
 // inputs as zero, so on such CPUs a float32 denormal (|x| < 1.2e-38) converts to a signed zero
-// instead of a bf16 denormal: the same as oneDNN's and PyTorch's converters.
+// instead of a bf16 denormal: the same as oneDNN's and PyTorch's converters. float16 goes both
+// ways through F16C (vcvtps2ph / vcvtph2ps, eight at a time; a portable build has no -mf16c, so
+// the scalar Half::from_float loop was all it had). The same kernels serve dense permuted layouts
+// with equal strides (a transposed matmul operand), and kernels/cpu/half_convert.h exports the
+// contiguous runs for the float32 matmul route (Note [bf16 through float32, blocked]).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -15,7 +19,7 @@
 #include <vector>
 
 #include "core/dispatch.h"
-#include "kernels/cpu/bf16_convert.h"
+#include "kernels/cpu/half_convert.h"
 #include "kernels/cpu/loops.h"
 
 namespace accel::cpu {
@@ -87,6 +91,31 @@ void bf16_to_f32_scalar(const uint16_t* s, float* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = float(BFloat16::from_bits(s[i]));
 }
 
+// float16 through F16C (every AVX2 CPU has it): vcvtps2ph with round-to-nearest-even gives
+// Half::from_float's bits for every non-NaN input (subnormals and overflow included).
+void f32_to_f16_scalar(const float* s, uint16_t* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = Half::from_float(s[i]);
+}
+void f16_to_f32_scalar(const uint16_t* s, float* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = Half::to_float(s[i]);
+}
+__attribute__((target("avx2,f16c"))) void f32_to_f16_f16c(const float* s, uint16_t* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h =
+        _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), h);
+  }
+  f32_to_f16_scalar(s + i, d + i, n - i);
+}
+__attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const uint16_t* s, float* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(d + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  f16_to_f32_scalar(s + i, d + i, n - i);
+}
+
 using F32ToBF16 = void (*)(const float*, uint16_t*, int64_t);
 using BF16ToF32 = void (*)(const uint16_t*, float*, int64_t);
 
@@ -113,6 +142,23 @@ BF16ToF32 bf16_to_f32_fn() {
   return fn;
 }
 
+F32ToBF16 f32_to_f16_fn() {
+  static const F32ToBF16 fn = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? &f32_to_f16_f16c
+                                                                            : &f32_to_f16_scalar;
+  }();
+  return fn;
+}
+BF16ToF32 f16_to_f32_fn() {
+  static const BF16ToF32 fn = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? &f16_to_f32_f16c
+                                                                            : &f16_to_f32_scalar;
+  }();
+  return fn;
+}
+
 // Grain of the parallel conversion: below it one thread is faster than waking the pool.
 constexpr int64_t kConvertGrain = int64_t(1) << 16;
 
@@ -133,34 +179,37 @@ bool dense_any_order(const Tensor& t) {
   return true;
 }
 
-// True when it handled a float32 <-> bfloat16 copy between tensors of one dense layout
-// (contiguous, or the same permuted strides: a transposed matmul operand).
-bool convert_bf16(Tensor& dst, const Tensor& src) {
+// True when it handled a float32 <-> bfloat16 / float16 copy between tensors of one dense
+// layout (contiguous, or the same permuted strides: a transposed matmul operand).
+bool convert_half(Tensor& dst, const Tensor& src) {
+  const DType dd = dst.dtype(), sd = src.dtype();
+  F32ToBF16 down = nullptr;
+  BF16ToF32 up = nullptr;
+  if (sd == kFloat32 && dd == kBFloat16) down = f32_to_bf16_fn();
+  if (sd == kFloat32 && dd == kFloat16) down = f32_to_f16_fn();
+  if (dd == kFloat32 && sd == kBFloat16) up = bf16_to_f32_fn();
+  if (dd == kFloat32 && sd == kFloat16) up = f16_to_f32_fn();
+  if (down == nullptr && up == nullptr) return false;
   if (dst.sizes() != src.sizes()) return false;
   if (!(dst.is_contiguous() && src.is_contiguous()) &&
       (dst.strides() != src.strides() || !dense_any_order(dst)))
     return false;
   const int64_t n = dst.numel();
-  if (dst.dtype() == kBFloat16 && src.dtype() == kFloat32) {
-    const F32ToBF16 fn = f32_to_bf16_fn();
+  if (down != nullptr) {
     const float* s = static_cast<const float*>(src.data_ptr());
     uint16_t* d = static_cast<uint16_t*>(dst.data_ptr());
-    parallel_for(n, kConvertGrain, [&](int64_t b, int64_t e) { fn(s + b, d + b, e - b); });
-    return true;
-  }
-  if (dst.dtype() == kFloat32 && src.dtype() == kBFloat16) {
-    const BF16ToF32 fn = bf16_to_f32_fn();
+    parallel_for(n, kConvertGrain, [&](int64_t b, int64_t e) { down(s + b, d + b, e - b); });
+  } else {
     const uint16_t* s = static_cast<const uint16_t*>(src.data_ptr());
     float* d = static_cast<float*>(dst.data_ptr());
-    parallel_for(n, kConvertGrain, [&](int64_t b, int64_t e) { fn(s + b, d + b, e - b); });
-    return true;
+    parallel_for(n, kConvertGrain, [&](int64_t b, int64_t e) { up(s + b, d + b, e - b); });
   }
-  return false;
+  return true;
 }
 
 void copy_kernel(Tensor& dst, const Tensor& src) {
   if (dst.numel() == 0) return;
-  if (convert_bf16(dst, src)) return;
+  if (convert_half(dst, src)) return;
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous() &&
       dst.sizes() == src.sizes()) {
     const size_t bytes = dst.nbytes();
@@ -218,6 +267,8 @@ void fill_kernel(Tensor& dst, Scalar v) {
 
 void f32_to_bf16(const float* s, uint16_t* d, int64_t n) { f32_to_bf16_fn()(s, d, n); }
 void bf16_to_f32(const uint16_t* s, float* d, int64_t n) { bf16_to_f32_fn()(s, d, n); }
+void f32_to_f16(const float* s, uint16_t* d, int64_t n) { f32_to_f16_fn()(s, d, n); }
+void f16_to_f32(const uint16_t* s, float* d, int64_t n) { f16_to_f32_fn()(s, d, n); }
 
 }  // namespace accel::cpu
 

@@ -19,7 +19,7 @@
 #pragma GCC diagnostic pop
 
 #include "kernels/stubs/linalg.h"
-#include "kernels/cpu/bf16_convert.h"
+#include "kernels/cpu/half_convert.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/onednn.h"
 #include "kernels/cpu/parallel.h"
@@ -277,15 +277,19 @@ void gemm_f32(const Geometry& g, const float* a, const float* b, const float* bi
 }
 
 // Note [bf16 through float32, blocked]: where the float32 kernel beats the bf16 one (Note [bf16
-// GEMM where it does not pay] in cpu_isa.h), a 2-D bf16 product converts b to float32 once, then
-// splits the rows of a and out into blocks of a few hundred KiB: each thread converts its rows
-// of a, runs a one-thread float32 GEMM into a scratch block that is still in its L2 when it is
-// rounded into out. Converting whole operands instead moves every byte through memory twice
-// more: on the mlp the conversions of the unblocked route were 4.8 of 29 ms per step at 0.4 ns
-// per element, against 0.08 ns for data in L2.
-void matmul_bf16_via_f32(const Geometry& g, const Tensor& a, const Tensor& b, const Tensor& bias,
+// GEMM where it does not pay] in cpu_isa.h), and for float16 wherever oneDNN has no f16 kernel
+// (oneDNN 2.6 has none on CPUs), a 2-D product converts b to float32 once, then splits the rows of
+// a and out into blocks of a few hundred KiB: each thread converts its rows of a, runs a one-thread
+// float32 GEMM into a scratch block that is still in its L2 when it is rounded into out. Converting
+// whole operands instead moves every byte through memory twice more: on the mlp the conversions of
+// the unblocked route were 4.8 of 29 ms per step at 0.4 ns per element, against 0.08 ns for data in
+// L2.
+void matmul_half_via_f32(const Geometry& g, const Tensor& a, const Tensor& b, const Tensor& bias,
                          Tensor& out) {
   const int64_t m = g.m, n = g.n, k = g.k;
+  const bool bf16 = out.dtype() == kBFloat16;
+  void (*const up)(const uint16_t*, float*, int64_t) = bf16 ? &bf16_to_f32 : &f16_to_f32;
+  void (*const down)(const float*, uint16_t*, int64_t) = bf16 ? &f32_to_bf16 : &f32_to_f16;
   const uint16_t* pa = static_cast<const uint16_t*>(a.data_ptr());
   const uint16_t* pb = static_cast<const uint16_t*>(b.data_ptr());
   uint16_t* po = static_cast<uint16_t*>(out.data_ptr());
@@ -298,13 +302,12 @@ void matmul_bf16_via_f32(const Geometry& g, const Tensor& a, const Tensor& b, co
   const int64_t lstride = b_rows ? g.b.row_stride : g.b.col_stride;
   parallel_for(lines, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(len, 1)),
                [&](int64_t lo, int64_t hi) {
-                 for (int64_t i = lo; i < hi; ++i)
-                   bf16_to_f32(pb + i * lstride, pb32 + i * len, len);
+                 for (int64_t i = lo; i < hi; ++i) up(pb + i * lstride, pb32 + i * len, len);
                });
   Tensor bias32;
   if (bias.defined()) {
     bias32 = empty({n}, f32);
-    bf16_to_f32(static_cast<const uint16_t*>(bias.data_ptr()), bias32.data<float>(), n);
+    up(static_cast<const uint16_t*>(bias.data_ptr()), bias32.data<float>(), n);
   }
   const float* pbias = bias.defined() ? bias32.data<float>() : nullptr;
   Geometry gb = g;
@@ -333,16 +336,14 @@ void matmul_bf16_via_f32(const Geometry& g, const Tensor& a, const Tensor& b, co
       Geometry gi = gb;
       gi.m = rows;
       if (a_rows) {
-        for (int64_t r = 0; r < rows; ++r)
-          bf16_to_f32(pa + (i0 + r) * g.a.row_stride, a32 + r * k, k);
+        for (int64_t r = 0; r < rows; ++r) up(pa + (i0 + r) * g.a.row_stride, a32 + r * k, k);
         gi.a = MatrixLayout{rows, k, k, 1};
       } else {  // a transposed view: each of its K columns holds `rows` consecutive elements
-        for (int64_t c = 0; c < k; ++c)
-          bf16_to_f32(pa + i0 + c * g.a.col_stride, a32 + c * rows, rows);
+        for (int64_t c = 0; c < k; ++c) up(pa + i0 + c * g.a.col_stride, a32 + c * rows, rows);
         gi.a = MatrixLayout{rows, k, 1, rows};
       }
       gemm_f32(gi, a32, pb32, pbias, c32);
-      f32_to_bf16(c32, po + i0 * n, rows * n);
+      down(c32, po + i0 * n, rows * n);
     } catch (...) {
 #pragma omp critical(accel_matmul_failure)
       if (!failure) failure = std::current_exception();
@@ -375,10 +376,11 @@ void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in
   // bf16 takes the float32 kernel where oneDNN's bf16 one is slower (Note [bf16 GEMM where it
   // does not pay] in kernels/cpu/cpu_isa.h).
   const bool via_f32 = dt == kBFloat16 && bf16_gemm() == Bf16Gemm::F32;
-  if (via_f32 && g.nb == 0 && out.is_contiguous()) return matmul_bf16_via_f32(g, a, b, bias, out);
   if (!via_f32 && matmul_onednn(g, dt, a.data_ptr(), b.data_ptr(),
                                 bias.defined() ? bias.data_ptr() : nullptr, out.data_ptr()))
     return;
+  if ((dt == kBFloat16 || dt == kFloat16) && g.nb == 0 && out.is_contiguous())
+    return matmul_half_via_f32(g, a, b, bias, out);
   // No oneDNN implementation for this dtype on this CPU (f16; bf16 without AVX-512), or a
   // batched bf16 product on a CPU where float32 is faster: compute in f32, round once at the end.
   Tensor out32 = empty(out.sizes(), TensorOptions(kFloat32, out.device()));

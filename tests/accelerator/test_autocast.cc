@@ -280,6 +280,90 @@ TEST_CASE("vectorised float32 <-> bfloat16 conversion equals the scalar rounding
   CHECK(equal(back.to(kBFloat16).to(kFloat32).narrow(0, 0, 1000), back.narrow(0, 0, 1000)));
 }
 
+TEST_CASE("vectorised float32 <-> float16 conversion equals the scalar rounding") {
+  // Every float16 value converts up exactly (contiguous: the F16C kernel) and back to itself.
+  std::vector<uint16_t> all(65536);
+  for (uint32_t i = 0; i < 65536; ++i) all[i] = uint16_t(i);
+  Tensor h = empty({65536}, kFloat16);
+  std::memcpy(h.data_ptr(), all.data(), all.size() * 2);
+  Tensor up = h.to(kFloat32);
+  Tensor down = up.to(kFloat16);
+  const float* pu = up.data<float>();
+  const uint16_t* pd = static_cast<const uint16_t*>(down.data_ptr());
+  int64_t bad_up = 0, bad_down = 0;
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const float want = Half::to_float(uint16_t(i));
+    if (std::isnan(want) ? !std::isnan(pu[i]) : std::memcmp(&want, &pu[i], 4) != 0) ++bad_up;
+    const bool nan = (i & 0x7fffu) > 0x7c00u;
+    if (nan ? (pd[i] & 0x7fffu) <= 0x7c00u : pd[i] != i) ++bad_down;
+  }
+  CHECK(bad_up == 0);
+  CHECK(bad_down == 0);
+  // float32 values at every rounding case: ties to even in the normal and subnormal ranges, the
+  // overflow threshold (65520 rounds to inf, 65519.99 to 65504), the underflow one, inf, NaN.
+  std::vector<float> v;
+  Generator g(9);
+  for (double d : randn({1000}, {}, &g).tolist()) v.push_back(float(d) * 300.0f);
+  for (double d : randn({500}, {}, &g).tolist()) v.push_back(float(d) * 1e-5f);
+  for (float f : {1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 65504.0f, 65519.99f, 65520.0f, 1e6f,
+                  -65520.0f, 2.9802322e-8f, 2.9802326e-8f, 8.940697e-8f, 6.1035156e-5f,
+                  6.0975552e-5f, 0.0f, -0.0f, INFINITY, -INFINITY, NAN})
+    v.push_back(f);
+  const int64_t n = int64_t(v.size());
+  Tensor src = tensor(v, {n});
+  Tensor fast = src.to(kFloat16);
+  const uint16_t* pf = static_cast<const uint16_t*>(fast.data_ptr());
+  for (int64_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    CAPTURE(v[size_t(i)]);
+    if (std::isnan(v[size_t(i)])) {
+      CHECK((pf[i] & 0x7fffu) > 0x7c00u);
+    } else {
+      CHECK(pf[i] == Half::from_float(v[size_t(i)]));
+    }
+  }
+}
+
+TEST_CASE("float16 elementwise ops: chunked contiguous loops give the per-element loop's bits") {
+  // Note [float16 elementwise in float32 chunks]: contiguous float16 -> float16 unary and binary
+  // ops convert 256-element chunks with F16C; a strided view takes the per-element loop with
+  // Half's own conversions. 70001 elements: several threads' ranges and a partial last chunk.
+  Generator g(10);
+  const int64_t n = 70001;
+  auto strided = [&](const Tensor& t) {  // the same values, one column of a (n, 2) tensor
+    Tensor w = zeros({n, 2}, kFloat16);
+    Tensor col = w.select(1, 0);
+    col.copy_(t);
+    return col;
+  };
+  Tensor x = mul(randn({n}, {}, &g), 4.0).to(kFloat16);
+  Tensor y = add(mul(randn({n}, {}, &g), 3.0), 0.1).to(kFloat16);
+  Tensor xs = strided(x), ys = strided(y);
+  REQUIRE(!xs.is_contiguous());
+  auto same = [](const Tensor& fast, const Tensor& slow) {
+    const Tensor s = slow.contiguous();
+    const uint16_t* pf = static_cast<const uint16_t*>(fast.data_ptr());
+    const uint16_t* ps = static_cast<const uint16_t*>(s.data_ptr());
+    int64_t bad = 0;
+    for (int64_t i = 0; i < fast.numel(); ++i) {
+      const bool nan_f = (pf[i] & 0x7fffu) > 0x7c00u, nan_s = (ps[i] & 0x7fffu) > 0x7c00u;
+      if (nan_f != nan_s || (!nan_f && pf[i] != ps[i])) ++bad;
+    }
+    return bad;
+  };
+  CHECK(same(add(x, y), add(xs, ys)) == 0);
+  CHECK(same(mul(x, y), mul(xs, ys)) == 0);
+  CHECK(same(div(x, y), div(xs, ys)) == 0);
+  CHECK(same(sub(x, y), sub(xs, ys)) == 0);
+  const Tensor one = full({1}, 1.5, kFloat16);
+  CHECK(same(mul(x, one), mul(xs, one)) == 0);
+  CHECK(same(exp(x), exp(xs)) == 0);
+  CHECK(same(gelu(x), gelu(xs)) == 0);
+  CHECK(same(relu(x), relu(xs)) == 0);
+  CHECK(same(neg(x), neg(xs)) == 0);
+  CHECK(same(sqrt(abs(x)), sqrt(abs(xs))) == 0);
+}
+
 namespace {
 // x: (B, 8) -> (B, 3)
 std::shared_ptr<nn::Sequential> make_mlp(uint64_t seed) {

@@ -166,7 +166,7 @@ TEST_CASE("matmul: bf16 and f16 against f32") {
 // rows, Note [bf16 through float32, blocked]) both sum exact products in float32 and round once,
 // so either is within half a bf16 ulp (2^-8 relative) of the float64 product of the bf16 inputs,
 // plus float32 summation error.
-TEST_CASE("matmul, linear and conv2d in bf16 on both GEMM routes") {
+TEST_CASE("matmul, linear and conv2d in bf16 on both GEMM routes, and f16") {
   struct RouteGuard {
     cpu::Bf16Gemm saved = cpu::bf16_gemm();
     ~RouteGuard() { cpu::set_bf16_gemm(saved); }
@@ -210,6 +210,22 @@ TEST_CASE("matmul, linear and conv2d in bf16 on both GEMM routes") {
     CHECK(close(bmm(x, y), ref_matmul(x, y), 24));
     const Tensor yb = rand_t({24, 16}, kBFloat16);
     CHECK(close(matmul(x, yb), ref_matmul(x, yb), 24));
+  }
+  // float16 takes the same blocked float32 route wherever oneDNN has no f16 kernel: within half
+  // a float16 ulp (2^-11 relative) of the float64 product of the f16 inputs.
+  for (const Case& c : cases) {
+    INFO("f16 m ", c.m, " k ", c.k, " n ", c.n, " ta ", c.ta, " tb ", c.tb, " bias ", c.bias);
+    const Tensor a = c.ta ? rand_t({c.k, c.m}, kFloat16).t() : rand_t({c.m, c.k}, kFloat16);
+    const Tensor b = c.tb ? rand_t({c.n, c.k}, kFloat16).t() : rand_t({c.k, c.n}, kFloat16);
+    const Tensor bias = rand_t({c.n}, kFloat16);
+    Tensor ref = ref_matmul(a, b);
+    Tensor out = c.bias ? linear(a, b.t(), bias) : matmul(a, b);
+    if (c.bias) ref = add(ref, bias.to(kFloat64));
+    CHECK(out.dtype() == kFloat16);
+    NoGradGuard ng;
+    const double excess =
+        amax(sub(abs(sub(out.to(kFloat64), ref)), mul(abs(ref), 1.0 / 2048))).item<double>();
+    CHECK(excess <= 1e-6 * double(c.k) + 1e-7);
   }
   // Convolutions: same forward and gradients on both routes (to bf16 rounding).
   const Tensor x = rand_t({2, 8, 9, 9}), w = rand_t({16, 8, 3, 3}), b = rand_t({16});

@@ -7,7 +7,16 @@
 
 namespace accel::nn {
 
-std::string Size2::str() const { return "(" + std::to_string(h) + ", " + std::to_string(w) + ")"; }
+// Appended piece by piece: `"(" + std::to_string(h)` trips GCC 12's false -Wrestrict on
+// operator+(const char*, string&&) (GCC PR 105651).
+std::string Size2::str() const {
+  std::string s = "(";
+  s += std::to_string(h);
+  s += ", ";
+  s += std::to_string(w);
+  s += ")";
+  return s;
+}
 
 namespace {
 void check_positive(const Size2& s, const char* op, const char* what, int64_t min) {

@@ -343,6 +343,9 @@ TEST_CASE("Conv2d, MaxPool2d, AvgPool2d and the cnn workload model") {
         }).find("[Conv2d] expected input (N, 3, H, W), got (2, 4, 6, 6)") == 0);
   CHECK_THROWS_AS(nn::Conv2d(3, 8, 3, 1, 0, 1, 2), ValueError);
   CHECK_THROWS_AS(nn::Conv2d(3, 8, 0), ValueError);
+  CHECK(error_of([&] {
+          nn::Conv2d(3, 8, 3, {1, 0});
+        }).find("[Conv2d] stride must be >= 1, got (1, 0)") == 0);
 
   nn::MaxPool2d mp(2);
   CHECK(equal(mp.forward(x), max_pool2d(x, {2, 2}, {2, 2})));

@@ -130,20 +130,17 @@ bool amx_bf16_usable() {
   "xmm0", "xmm1", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", \
       "xmm13", "xmm14", "xmm15"
 
-// Nanoseconds per instruction over `iters` x 12 instructions (zeroed operands: no denormals).
-__attribute__((target("avx512f,avx512bf16"), noinline)) double time_dpbf16(int iters) {
+// Nanoseconds per instruction over `iters` x 12 zmm `vdpbf16ps` (bf16) or `vfmadd231ps`
+// (zeroed operands: no denormals). Called only where the CPU has AVX512-BF16.
+__attribute__((target("avx512f,avx512bf16"), noinline)) double time_zmm(bool bf16, int iters) {
   const auto t0 = std::chrono::steady_clock::now();
   __asm__ volatile("vpxord %%zmm0, %%zmm0, %%zmm0\n\tvpxord %%zmm1, %%zmm1, %%zmm1" ::
                        : ACCEL_ZCLOBBER);
-  for (int i = 0; i < iters; ++i) __asm__ volatile(ACCEL_X12("vdpbf16ps")::: ACCEL_ZCLOBBER);
-  const auto t1 = std::chrono::steady_clock::now();
-  return std::chrono::duration<double, std::nano>(t1 - t0).count() / (12.0 * iters);
-}
-__attribute__((target("avx512f"), noinline)) double time_fma(int iters) {
-  const auto t0 = std::chrono::steady_clock::now();
-  __asm__ volatile("vpxord %%zmm0, %%zmm0, %%zmm0\n\tvpxord %%zmm1, %%zmm1, %%zmm1" ::
-                       : ACCEL_ZCLOBBER);
-  for (int i = 0; i < iters; ++i) __asm__ volatile(ACCEL_X12("vfmadd231ps")::: ACCEL_ZCLOBBER);
+  if (bf16) {
+    for (int i = 0; i < iters; ++i) __asm__ volatile(ACCEL_X12("vdpbf16ps")::: ACCEL_ZCLOBBER);
+  } else {
+    for (int i = 0; i < iters; ++i) __asm__ volatile(ACCEL_X12("vfmadd231ps")::: ACCEL_ZCLOBBER);
+  }
   const auto t1 = std::chrono::steady_clock::now();
   return std::chrono::duration<double, std::nano>(t1 - t0).count() / (12.0 * iters);
 }
@@ -180,8 +177,8 @@ Bf16Choice decide_bf16() {
   // Alternate short samples and keep each one's best: a preempted sample only ever reads slow.
   double dp = 1e30, fm = 1e30;
   for (int rep = 0; rep < 6; ++rep) {
-    dp = std::min(dp, time_dpbf16(1500));
-    fm = std::min(fm, time_fma(1500));
+    dp = std::min(dp, time_zmm(true, 1500));
+    fm = std::min(fm, time_zmm(false, 1500));
   }
   // vdpbf16ps does two multiply-adds per float32 lane, an FMA one.
   c.route = 2.0 * fm / dp >= 1.3 ? Bf16Gemm::Native : Bf16Gemm::F32;

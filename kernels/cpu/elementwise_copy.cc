@@ -142,20 +142,16 @@ BF16ToF32 bf16_to_f32_fn() {
   return fn;
 }
 
+bool f16c_usable() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+}
 F32ToBF16 f32_to_f16_fn() {
-  static const F32ToBF16 fn = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? &f32_to_f16_f16c
-                                                                            : &f32_to_f16_scalar;
-  }();
+  static const F32ToBF16 fn = f16c_usable() ? &f32_to_f16_f16c : &f32_to_f16_scalar;
   return fn;
 }
 BF16ToF32 f16_to_f32_fn() {
-  static const BF16ToF32 fn = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? &f16_to_f32_f16c
-                                                                            : &f16_to_f32_scalar;
-  }();
+  static const BF16ToF32 fn = f16c_usable() ? &f16_to_f32_f16c : &f16_to_f32_scalar;
   return fn;
 }
 

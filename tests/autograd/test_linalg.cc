@@ -179,32 +179,31 @@ TEST_CASE("matmul, linear and conv2d in bf16 on both GEMM routes, and f16") {
                         {33, 48, 20, false, true, true},    {300, 200, 700, false, true, true},
                         {1000, 64, 50, true, false, false}, {17, 300, 1, true, true, false},
                         {260, 1030, 70, false, false, true}};
-  auto close = [](const Tensor& out, const Tensor& ref, int64_t k) {
+  // |out - ref| <= half an output ulp (rel: 2^-8 bf16, 2^-11 f16) of |ref|, plus float32
+  // summation error.
+  auto close = [](const Tensor& out, const Tensor& ref, int64_t k, double rel = 1.0 / 256) {
     NoGradGuard ng;
     const Tensor o = out.to(kFloat64);
-    const double excess = amax(sub(abs(sub(o, ref)), mul(abs(ref), 1.0 / 256))).item<double>();
+    const double excess = amax(sub(abs(sub(o, ref)), mul(abs(ref), rel))).item<double>();
     return excess <= 1e-6 * double(k) + 1e-7;
+  };
+  // One case in dtype dt: a @ b (or linear with bias) against the float64 product of its inputs.
+  auto check_case = [&](const Case& c, DType dt, double rel) {
+    INFO("m ", c.m, " k ", c.k, " n ", c.n, " ta ", c.ta, " tb ", c.tb, " bias ", c.bias);
+    const Tensor a = c.ta ? rand_t({c.k, c.m}, dt).t() : rand_t({c.m, c.k}, dt);
+    const Tensor b = c.tb ? rand_t({c.n, c.k}, dt).t() : rand_t({c.k, c.n}, dt);
+    const Tensor bias = rand_t({c.n}, dt);
+    Tensor ref = ref_matmul(a, b);
+    if (c.bias) ref = add(ref, bias.to(kFloat64));
+    const Tensor out = c.bias ? linear(a, b.t(), bias) : matmul(a, b);  // weight (n, k): b^T
+    CHECK(out.dtype() == dt);
+    CHECK(out.sizes() == Shape{c.m, c.n});
+    CHECK(close(out, ref, c.k, rel));
   };
   for (cpu::Bf16Gemm route : {cpu::Bf16Gemm::Native, cpu::Bf16Gemm::F32}) {
     cpu::set_bf16_gemm(route);
     INFO("route ", cpu::bf16_gemm_name());
-    for (const Case& c : cases) {
-      INFO("m ", c.m, " k ", c.k, " n ", c.n, " ta ", c.ta, " tb ", c.tb, " bias ", c.bias);
-      const Tensor a = c.ta ? rand_t({c.k, c.m}, kBFloat16).t() : rand_t({c.m, c.k}, kBFloat16);
-      const Tensor b = c.tb ? rand_t({c.n, c.k}, kBFloat16).t() : rand_t({c.k, c.n}, kBFloat16);
-      const Tensor bias = rand_t({c.n}, kBFloat16);
-      Tensor ref = ref_matmul(a, b);
-      Tensor out;
-      if (c.bias) {
-        ref = add(ref, bias.to(kFloat64));
-        out = linear(a, b.t(), bias);  // weight (n, k): b^T
-      } else {
-        out = matmul(a, b);
-      }
-      CHECK(out.dtype() == kBFloat16);
-      CHECK(out.sizes() == Shape{c.m, c.n});
-      CHECK(close(out, ref, c.k));
-    }
+    for (const Case& c : cases) check_case(c, kBFloat16, 1.0 / 256);
     // Batched products keep their batch geometry.
     const Tensor x = rand_t({3, 40, 24}, kBFloat16), y = rand_t({3, 24, 16}, kBFloat16);
     CHECK(close(bmm(x, y), ref_matmul(x, y), 24));
@@ -213,20 +212,7 @@ TEST_CASE("matmul, linear and conv2d in bf16 on both GEMM routes, and f16") {
   }
   // float16 takes the same blocked float32 route wherever oneDNN has no f16 kernel: within half
   // a float16 ulp (2^-11 relative) of the float64 product of the f16 inputs.
-  for (const Case& c : cases) {
-    INFO("f16 m ", c.m, " k ", c.k, " n ", c.n, " ta ", c.ta, " tb ", c.tb, " bias ", c.bias);
-    const Tensor a = c.ta ? rand_t({c.k, c.m}, kFloat16).t() : rand_t({c.m, c.k}, kFloat16);
-    const Tensor b = c.tb ? rand_t({c.n, c.k}, kFloat16).t() : rand_t({c.k, c.n}, kFloat16);
-    const Tensor bias = rand_t({c.n}, kFloat16);
-    Tensor ref = ref_matmul(a, b);
-    Tensor out = c.bias ? linear(a, b.t(), bias) : matmul(a, b);
-    if (c.bias) ref = add(ref, bias.to(kFloat64));
-    CHECK(out.dtype() == kFloat16);
-    NoGradGuard ng;
-    const double excess =
-        amax(sub(abs(sub(out.to(kFloat64), ref)), mul(abs(ref), 1.0 / 2048))).item<double>();
-    CHECK(excess <= 1e-6 * double(c.k) + 1e-7);
-  }
+  for (const Case& c : cases) check_case(c, kFloat16, 1.0 / 2048);
   // Convolutions: same forward and gradients on both routes (to bf16 rounding).
   const Tensor x = rand_t({2, 8, 9, 9}), w = rand_t({16, 8, 3, 3}), b = rand_t({16});
   Tensor ys[2], gws[2], gxs[2];

@@ -3,7 +3,8 @@
 #   scripts/check-format  on a scratch repository: finds the unformatted file, --fix formats it;
 #   bench/gpu_check.sh    against fake nvidia-smi / meson / ninja / test and bench programs: the
 #                         table, statuses and figures, the time budget (a hung step is stopped
-#                         and the rest skipped), the exit code, and --dry-run running nothing.
+#                         and the rest skipped), the exit code, and --dry-run running nothing;
+#   scripts/bench-portable refuses build trees configured the wrong way round (-Dnative).
 # Exit 0 when all pass, 1 with the failed checks listed; 77 (skip) without clang-format.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -132,6 +133,23 @@ check "dry run exits 0" [ $? -eq 0 ]
 check "dry run lists all 13 steps" [ "$(grep -cE '^  [a-z_0-9]+ +cap +[0-9]+ s$' "$D")" -eq 13 ]
 check "dry run shows commands" has "$D" 'accel-selftest --backend nccl'
 check "dry run creates nothing" bash -c "[ ! -e '$TMP/none' ] && [ ! -e '$TMP/none.check' ]"
+
+# ---- scripts/bench-portable ----
+# Trees configured the wrong way round are refused before anything is built or run.
+P=$TMP/bp
+mkdir -p "$P/a/meson-info" "$P/b/meson-info"
+touch "$P/a/build.ninja" "$P/b/build.ninja"
+echo '[{"name": "native", "value": true}]' >"$P/a/meson-info/intro-buildoptions.json"
+echo '[{"name": "native", "value": true}]' >"$P/b/meson-info/intro-buildoptions.json"
+BUILD=$P/a NATIVE_BUILD=$P/b "$ROOT/scripts/bench-portable" op >"$P/out1.txt" 2>&1
+check "bench-portable refuses a native tree as the portable build" [ $? -ne 0 ]
+check "bench-portable names the tree and the variable" \
+  has "$P/out1.txt" "$P/a is configured with -Dnative=true, but it is used as the portable build; point BUILD"
+echo '[{"name": "native", "value": false}]' >"$P/a/meson-info/intro-buildoptions.json"
+echo '[{"name": "native", "value": false}]' >"$P/b/meson-info/intro-buildoptions.json"
+BUILD=$P/a NATIVE_BUILD=$P/b "$ROOT/scripts/bench-portable" op >"$P/out2.txt" 2>&1
+check "bench-portable refuses a portable tree as the native build" [ $? -ne 0 ]
+check "bench-portable names NATIVE_BUILD" has "$P/out2.txt" "used as the native build; point NATIVE_BUILD"
 
 echo "$fails failed"
 [ $fails -eq 0 ]

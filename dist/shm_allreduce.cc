@@ -495,8 +495,8 @@ void ShmAllReduce::check_entry() {
     check_peers("entry");
 }
 
-void ShmAllReduce::first_arrival(Milliseconds timeout, const char* phase, const void* stamp,
-                                 const StampCheck* check) {
+void ShmAllReduce::arrive(Milliseconds timeout, const char* phase, const void* stamp,
+                          const StampCheck* check) {
   if (!stamp) {
     barrier(timeout, phase);
     return;
@@ -532,10 +532,7 @@ void ShmAllReduce::all_reduce(void* data, size_t n, size_t es, ReduceFn fn, Mill
     const size_t m = std::min(per_chunk, n - off);
     char* mine = d + off * es;
     std::memcpy(slot(r), mine, m * es);
-    if (off == 0)
-      first_arrival(timeout, "gather", stamp, check);
-    else
-      barrier(timeout, "gather");
+    arrive(timeout, "gather", off == 0 ? stamp : nullptr, check);
     const size_t lo = m * r / N, hi = m * (r + 1) / N;
     if (hi > lo) {
       char* dst = slot(0) + lo * es;
@@ -575,10 +572,7 @@ void ShmAllReduce::all_gather(const void* in, void* out, size_t n, size_t es, Mi
   for (size_t off = 0; off < n; off += per_chunk) {
     const size_t m = std::min(per_chunk, n - off);
     std::memcpy(slot(r), src + off * es, m * es);
-    if (off == 0)
-      first_arrival(timeout, "all-gather", stamp, check);
-    else
-      barrier(timeout, "all-gather");
+    arrive(timeout, "all-gather", off == 0 ? stamp : nullptr, check);
     for (size_t q = 0; q < N; ++q) {
       char* dst = o + (q * n + off) * es;
       if (q != r)
@@ -603,10 +597,7 @@ void ShmAllReduce::reduce_scatter(const void* in, void* out, size_t k, size_t es
     const size_t m = std::min(per_window, k - off);
     char* mine = slot(r);
     for (size_t q = 0; q < N; ++q) std::memcpy(mine + q * m * es, src + (q * k + off) * es, m * es);
-    if (off == 0)
-      first_arrival(timeout, "reduce-scatter", stamp, check);
-    else
-      barrier(timeout, "reduce-scatter");
+    arrive(timeout, "reduce-scatter", off == 0 ? stamp : nullptr, check);
     char* dst = o + off * es;
     const size_t at = r * m * es;
     fn(dst, slot(0) + at, slot(1) + at, m);

@@ -88,10 +88,10 @@ class ShmAllReduce {
   void barrier(Milliseconds timeout, const char* phase, const void* stamp = nullptr);
   // Every rank's stamp of the arrival just completed, into out (rank order).
   void read_stamps(void* out, const void* mine);
-  // The first arrival of a collective: a barrier carrying `stamp` (when given), then `check`
-  // over every rank's stamp (when given), before any rank reads another's slot.
-  void first_arrival(Milliseconds timeout, const char* phase, const void* stamp,
-                     const StampCheck* check);
+  // A chunk's arrival: a barrier. The first chunk of a collective passes its `stamp`: the
+  // barrier carries it and `check` (when given) runs over every rank's stamp before any rank
+  // reads another's slot; later chunks pass a null stamp (and `check` is not run).
+  void arrive(Milliseconds timeout, const char* phase, const void* stamp, const StampCheck* check);
   void check_entry();  // an aborted group fails at once instead of at its next wait
   // Throws PeerError when this rank or a peer aborted, or a peer process has exited.
   void check_peers(const char* phase);

@@ -2,6 +2,8 @@
 // and Note [autocast weight cache].
 #include "autograd/autocast.h"
 
+#include "kernels/stubs/linalg.h"
+
 #include <unordered_map>
 
 namespace accel {
@@ -22,11 +24,13 @@ struct CacheEntry {
   uint32_t version;
   bool with_grad;
   Tensor low;
+  DType low_dtype = kBFloat16;  // the 16-bit dtype `low` holds (images: the one it is rounded to)
 };
 
 struct WeightCache {
   std::unordered_map<const TensorImpl*, CacheEntry> entries;
-  int guard_depth = 0;  // AutocastGuards alive on this thread
+  std::unordered_map<const TensorImpl*, CacheEntry> images;  // float32 images (with_grad unused)
+  int guard_depth = 0;                                       // AutocastGuards alive on this thread
   int64_t conversions = 0, hits = 0;
 };
 
@@ -57,7 +61,7 @@ Tensor cached_cast(const Tensor& x, DType low) {
   }
   ++c.conversions;
   Tensor out = x.to(low);
-  c.entries[x.impl()] = CacheEntry{x, x.storage(), st->version(), with_grad, out};
+  c.entries[x.impl()] = CacheEntry{x, x.storage(), st->version(), with_grad, out, low};
   return out;
 }
 
@@ -85,15 +89,46 @@ AutocastGuard::~AutocastGuard() {
   tls_autocast.enabled = prev_enabled_;
   tls_autocast.dtype = prev_dtype_;
   WeightCache& c = weight_cache();
-  if (--c.guard_depth == 0) c.entries.clear();
+  if (--c.guard_depth == 0) {
+    c.entries.clear();
+    c.images.clear();
+  }
 }
 
 AutocastCacheStats autocast_cache_stats() {
   const WeightCache& c = weight_cache();
-  return {c.conversions, c.hits, int64_t(c.entries.size())};
+  return {c.conversions, c.hits, int64_t(c.entries.size() + c.images.size())};
 }
 
-void clear_autocast_cache() { weight_cache().entries.clear(); }
+void clear_autocast_cache() {
+  weight_cache().entries.clear();
+  weight_cache().images.clear();
+}
+
+Tensor autocast_weight_image(const Tensor& x, DType low, bool* exact) {
+  check_low_precision(low);
+  ACCEL_CHECK(x.dtype() == kFloat32, DTypeError, "autocast",
+              "autocast_weight_image expects float32, got ", x.dtype(), " of shape ",
+              x.shape_str());
+  WeightCache& c = weight_cache();
+  *exact = c.guard_depth > 0 && x.is_leaf() && x.requires_grad();
+  if (!*exact) return x.detach();
+  const Storage* st = x.storage().get();
+  auto it = c.images.find(x.impl());
+  if (it != c.images.end()) {
+    const CacheEntry& e = it->second;
+    // An image rounded to one 16-bit dtype is never handed out for the other.
+    if (e.storage.get() == st && e.version == st->version() && e.low_dtype == low) {
+      ++c.hits;
+      return e.low;
+    }
+  }
+  ++c.conversions;
+  Tensor image = empty(x.sizes(), TensorOptions(kFloat32, x.device()));
+  round_to_lowp_stub(x.device(), x.detach(), image, low);
+  c.images[x.impl()] = CacheEntry{x, x.storage(), st->version(), false, image, low};
+  return image;
+}
 
 Tensor round_to_precision(const Tensor& x, DType dtype) {
   check_low_precision(dtype);

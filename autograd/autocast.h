@@ -16,6 +16,12 @@
 // call. The output therefore has the low-precision dtype, elementwise ops after it run on 16-bit
 // data (half the bytes), binary ops that meet a float32 tensor promote, and the
 // precision-sensitive ops (softmax, norms, losses) upcast to float32 (Note [autocast in ops]).
+// Where the device's 16-bit GEMM is slower than its float32 one (the CPU without AMX for bf16,
+// every CPU for f16: matmul_lowp_preferred_stub), linear instead runs as one node that computes
+// the same values in float32 on rounded operands, with no cast nodes: the float32 input is rounded
+// inside the kernel, the weight through a cached float32 image (autocast_weight_image), and float32
+// inputs get float32 gradients rounded by the kernel (Note [autocast linear in float32] in
+// kernels/stubs/linalg.h). The output is still 16-bit, and every value is the one the casts give.
 // Until 2026-12 the CPU path instead rounded the inputs and kept float32 (x.to(bf16).to(f32)):
 // the same products, but two conversions per input and an fp32 GEMM, so autocast could only be
 // slower than float32 (docs/performance.md, "bf16 autocast on the CPU").
@@ -31,7 +37,9 @@
 //   - the tensor's storage is the same and its version (bumped by every in-place update and by
 //     the optimizers) is unchanged, and
 //   - grad mode is the same as when it was made (a copy made under no_grad has no history).
-// The cache holds references to the parameters and copies; it is cleared when the outermost
+// The float32 images of the fused linear (Note [autocast on CPU]) are cached the same way, in
+// grad mode or not (they carry no history). The cache holds references to the parameters and
+// copies; it is cleared when the outermost
 // AutocastGuard (enabled or not) is destroyed, so it lives for one autocast region / step.
 // Non-leaf tensors (activations) are converted on each use, as they are used once.
 #pragma once
@@ -91,6 +99,13 @@ class AutocastGuard {
 // float64 and non-floating tensors. float32 and the other 16-bit dtype become the autocast dtype,
 // through the weight cache for leaf tensors that require grad (Note [autocast weight cache]).
 Tensor autocast_cast(const Tensor& x);
+
+// The float32 image of x rounded to `low` for matmul_lowp_stub (Note [autocast linear in float32]
+// in kernels/stubs/linalg.h), detached. For a leaf float32 tensor that requires grad inside an
+// AutocastGuard it is cached like the 16-bit copies (Note [autocast weight cache]) and *exact is
+// set (the kernel uses it as it is); otherwise x itself comes back with *exact false (the kernel
+// rounds it as it reads it). x must be float32.
+Tensor autocast_weight_image(const Tensor& x, DType low, bool* exact);
 
 // Weight cache counters of the current thread (Note [autocast weight cache]); for tests and the
 // bench. `conversions` counts the casts autocast_cast() made (cached or not), `hits` the casts it

@@ -140,6 +140,90 @@ Tensor matmul_nd(const char* op, const Tensor& a, const Tensor& b, const Shape& 
   return out;
 }
 
+void check_linear_shapes(const Tensor& x, const Tensor& w, const Tensor& b) {
+  ACCEL_CHECK(w.dim() == 2, ShapeError, "linear", "weight must be 2-D (out, in), got ", w.sizes());
+  ACCEL_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), ShapeError, "linear",
+              "input features differ from weight: input ", x.sizes(), ", weight ", w.sizes());
+  if (b.defined()) {
+    ACCEL_CHECK(b.dim() == 1 && b.size(0) == w.size(0), ShapeError, "linear",
+                "bias must have shape ", Shape{w.size(0)}, ", got ", b.sizes(), " for weight ",
+                w.sizes());
+  }
+}
+
+// x (..., in) as (rows, in) for the kernel.
+Tensor linear_rows(const Tensor& x) {
+  const int64_t in = x.size(-1);
+  return x.dim() == 1 ? ops::make_view(x, {1, in}, {in, x.stride(0)}, x.offset()) : fold_rows(x);
+}
+
+// out2 (rows, out) viewed as x's leading dims + (out).
+Tensor linear_unfold(const Tensor& out2, const Tensor& x) {
+  if (x.dim() == 2) return out2;
+  Shape out_shape = x.sizes();
+  out_shape.back() = out2.size(1);
+  return ops::make_view(out2, out_shape, contiguous_strides(out_shape), 0);
+}
+
+// Linear under autocast on a device that computes the autocast dtype in float32 (Note [autocast
+// linear in float32] in kernels/stubs/linalg.h): the same values as casting x, w and b to the
+// autocast dtype and running linear on the copies, in one node. The float32 operands are rounded
+// inside the kernel (w through its cached float32 image), and the float32 inputs get their
+// gradients rounded to the autocast dtype by the kernel, where the cast's backward would have
+// converted a 16-bit gradient. Undefined when it does not apply: the caller casts as usual.
+Tensor autocast_linear_f32(const Tensor& x, const Tensor& w, const Tensor& b) {
+  if (!x.defined() || !w.defined()) return Tensor();
+  const DType low = autocast_dtype();
+  const Device dev = x.device();
+  if (w.device() != dev || (b.defined() && b.device() != dev)) return Tensor();
+  if (!matmul_lowp_preferred_stub.has(dev.type) || !matmul_lowp_preferred_stub(dev, low))
+    return Tensor();
+  auto fits = [low](const Tensor& t) {
+    return !t.defined() || t.dtype() == kFloat32 || t.dtype() == low;
+  };
+  auto is_low = [low](const Tensor& t) { return !t.defined() || t.dtype() == low; };
+  if (!fits(x) || !fits(w) || !fits(b) || (is_low(x) && is_low(w) && is_low(b))) return Tensor();
+  check_linear_shapes(x, w, b);
+  const int64_t in = w.size(1), out_f = w.size(0);
+  const Tensor x2 = linear_rows(x);
+  bool w_exact = false;
+  const Tensor wi = w.dtype() == kFloat32 ? autocast_weight_image(w, low, &w_exact) : w.detach();
+  const Tensor wt = ops::make_view(wi, {in, out_f}, {wi.stride(1), wi.stride(0)}, wi.offset());
+  // The bias through the cache too (one conversion per parameter per region); the kernel's
+  // rounding of it is then the identity.
+  bool b_exact = false;
+  const Tensor bi = !b.defined()            ? Tensor()
+                    : b.dtype() == kFloat32 ? autocast_weight_image(b, low, &b_exact)
+                                            : b.detach();
+  Tensor out2 = ops::empty_on({x2.size(0), out_f}, low, dev);
+  matmul_lowp_stub(dev, x2, wt, bi, out2, low, w_exact);
+  Tensor out = linear_unfold(out2, x);
+  if (autograd::needs_grad(x, w, b)) {
+    const bool gx = x.requires_grad(), gw = w.requires_grad();
+    const bool gb = b.defined() && b.requires_grad();
+    autograd::record(
+        "linear", {&x, &w, &b}, {&out},
+        [xs = gw ? x2.detach() : Tensor(), ws = gx ? wi : Tensor(), w_exact, low, dev,
+         sx = x.sizes(), xdt = x.dtype(), wdt = w.dtype(), bdt = b.defined() ? b.dtype() : low, gx,
+         gw, gb](const autograd::Grads& g) {
+          AutocastSuspend off;
+          const Tensor g2 = ops::as_dtype(g[0], low).reshape({-1, g[0].size(-1)});  // (rows, out)
+          Tensor dx, dw, db;
+          if (gx) {  // g @ w
+            Tensor dx2 = ops::empty_on({g2.size(0), ws.size(1)}, xdt, dev);
+            matmul_lowp_stub(dev, g2, ws, Tensor(), dx2, low, w_exact);
+            dx = dx2.reshape(sx);
+          }
+          if (gw) {  // g^T @ x
+            dw = ops::empty_on({g2.size(1), xs.size(1)}, wdt, dev);
+            matmul_lowp_stub(dev, g2.t(), xs, Tensor(), dw, low, false);
+          }
+          if (gb) db = ops::as_dtype(sum(g2, {0}), bdt);
+          return autograd::Grads{dx, dw, db};
+        });
+  }
+  return out;
+}
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -195,32 +279,21 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (ACCEL_UNLIKELY(autocast_enabled())) {  // Note [autocast in ops]
+    if (Tensor y = autocast_linear_f32(x, w, b); y.defined()) return y;
     const Tensor xc = autocast_cast(x), wc = autocast_cast(w), bc = autocast_cast(b);
     AutocastSuspend off;
     return linear(xc, wc, bc);
   }
   check_pair("linear", x, w);
-  ACCEL_CHECK(w.dim() == 2, ShapeError, "linear", "weight must be 2-D (out, in), got ", w.sizes());
-  ACCEL_CHECK(x.dim() >= 1 && x.size(-1) == w.size(1), ShapeError, "linear",
-              "input features differ from weight: input ", x.sizes(), ", weight ", w.sizes());
-  if (b.defined()) {
-    check_pair("linear", x, b);
-    ACCEL_CHECK(b.dim() == 1 && b.size(0) == w.size(0), ShapeError, "linear",
-                "bias must have shape ", Shape{w.size(0)}, ", got ", b.sizes(), " for weight ",
-                w.sizes());
-  }
+  if (b.defined()) check_pair("linear", x, b);
+  check_linear_shapes(x, w, b);
   const int64_t in = w.size(1), out_f = w.size(0);
   // x (..., in) -> x2 (rows, in); out2 = x2 @ w^T + b, with w^T a strided view (no copy).
-  const Tensor x2 =
-      x.dim() == 1 ? ops::make_view(x, {1, in}, {in, x.stride(0)}, x.offset()) : fold_rows(x);
-  const int64_t rows = x2.size(0);
-  Tensor out2 = ops::empty_on({rows, out_f}, x.dtype(), x.device());
+  const Tensor x2 = linear_rows(x);
+  Tensor out2 = ops::empty_on({x2.size(0), out_f}, x.dtype(), x.device());
   const Tensor wt = ops::make_view(w, {in, out_f}, {w.stride(1), w.stride(0)}, w.offset());
   matmul_stub(x.device(), x2, wt, b, out2);
-  Shape out_shape = x.sizes();
-  out_shape.back() = out_f;
-  Tensor out =
-      x.dim() == 2 ? out2 : ops::make_view(out2, out_shape, contiguous_strides(out_shape), 0);
+  Tensor out = linear_unfold(out2, x);
   if (autograd::needs_grad(x, w, b)) {
     const bool gx = x.requires_grad(), gw = w.requires_grad();
     const bool gb = b.defined() && b.requires_grad();

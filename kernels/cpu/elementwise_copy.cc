@@ -31,15 +31,20 @@ void f32_to_bf16_scalar(const float* s, uint16_t* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = BFloat16::from_float(s[i]);
 }
 
-__attribute__((target("avx512f,avx512vl,avx512bf16"))) void f32_to_bf16_avx512bf16(const float* s,
-                                                                                   uint16_t* d,
-                                                                                   int64_t n) {
+// The tail goes through the same instruction under a mask: vcvtneps2bf16 flushes denormal inputs,
+// BFloat16::from_float does not, and an element's bits must not depend on where a run starts.
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512bf16"))) void f32_to_bf16_avx512bf16(
+    const float* s, uint16_t* d, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(s + i));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), reinterpret_cast<const __m256i&>(v));
   }
-  f32_to_bf16_scalar(s + i, d + i, n - i);
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, s + i));
+    _mm256_mask_storeu_epi16(d + i, m, reinterpret_cast<const __m256i&>(v));
+  }
 }
 
 // BFloat16::from_float, eight at a time.
@@ -121,7 +126,8 @@ using BF16ToF32 = void (*)(const uint16_t*, float*, int64_t);
 
 F32ToBF16 pick_f32_to_bf16() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl"))
+  if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512bw"))
     return &f32_to_bf16_avx512bf16;
   if (__builtin_cpu_supports("avx2")) return &f32_to_bf16_avx2;
   return &f32_to_bf16_scalar;
@@ -152,6 +158,82 @@ F32ToBF16 f32_to_f16_fn() {
 }
 BF16ToF32 f16_to_f32_fn() {
   static const BF16ToF32 fn = f16c_usable() ? &f16_to_f32_f16c : &f16_to_f32_scalar;
+  return fn;
+}
+
+// ---- float32 rounded to bfloat16 / float16, kept in float32 (Note [autocast linear in float32])
+// The same bits as the down conversion followed by the up one, in registers: one pass instead
+// of two through a 16-bit buffer.
+
+void round_bf16_scalar(const float* s, float* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = float(BFloat16::from_bits(BFloat16::from_float(s[i])));
+}
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512bf16"))) void round_bf16_avx512bf16(
+    const float* s, float* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(s + i));
+    const __m512i w = _mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(v));
+    _mm512_storeu_si512(d + i, _mm512_slli_epi32(w, 16));
+  }
+  if (i < n) {  // masked, as in f32_to_bf16_avx512bf16
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, s + i));
+    const __m512i w = _mm512_cvtepu16_epi32(reinterpret_cast<const __m256i&>(v));
+    _mm512_mask_storeu_ps(d + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+  }
+}
+#pragma GCC diagnostic pop
+
+// f32_to_bf16_avx2's rounding without the pack: the bf16 bits stay in the high half.
+__attribute__((target("avx2"))) void round_bf16_avx2(const float* s, float* d, int64_t n) {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+  const __m256i quiet = _mm256_set1_epi32(0x400000), high = _mm256_set1_epi32(int(0xffff0000u));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
+    const __m256i rounding =
+        _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
+    const __m256i rounded = _mm256_add_epi32(u, rounding);
+    const __m256i nan_bits = _mm256_or_si256(u, quiet);
+    const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+    const __m256i r = _mm256_and_si256(_mm256_blendv_epi8(rounded, nan_bits, is_nan), high);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), r);
+  }
+  round_bf16_scalar(s + i, d + i, n - i);
+}
+
+void round_f16_scalar(const float* s, float* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = Half::to_float(Half::from_float(s[i]));
+}
+
+__attribute__((target("avx2,f16c"))) void round_f16_f16c(const float* s, float* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h =
+        _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(h));
+  }
+  round_f16_scalar(s + i, d + i, n - i);
+}
+
+using RoundF32 = void (*)(const float*, float*, int64_t);
+
+RoundF32 round_bf16_fn() {
+  static const RoundF32 fn = [] {
+    const F32ToBF16 down = f32_to_bf16_fn();
+    if (down == &f32_to_bf16_avx512bf16) return &round_bf16_avx512bf16;
+    if (down == &f32_to_bf16_avx2) return &round_bf16_avx2;
+    return &round_bf16_scalar;
+  }();
+  return fn;
+}
+RoundF32 round_f16_fn() {
+  static const RoundF32 fn = f16c_usable() ? &round_f16_f16c : &round_f16_scalar;
   return fn;
 }
 
@@ -265,6 +347,8 @@ void f32_to_bf16(const float* s, uint16_t* d, int64_t n) { f32_to_bf16_fn()(s, d
 void bf16_to_f32(const uint16_t* s, float* d, int64_t n) { bf16_to_f32_fn()(s, d, n); }
 void f32_to_f16(const float* s, uint16_t* d, int64_t n) { f32_to_f16_fn()(s, d, n); }
 void f16_to_f32(const uint16_t* s, float* d, int64_t n) { f16_to_f32_fn()(s, d, n); }
+void round_to_bf16(const float* s, float* d, int64_t n) { round_bf16_fn()(s, d, n); }
+void round_to_f16(const float* s, float* d, int64_t n) { round_f16_fn()(s, d, n); }
 
 }  // namespace accel::cpu
 

@@ -15,5 +15,9 @@ void bf16_to_f32(const uint16_t* s, float* d, int64_t n);
 void f32_to_f16(const float* s, uint16_t* d, int64_t n);
 // d[i] = float(s[i]) (exact).
 void f16_to_f32(const uint16_t* s, float* d, int64_t n);
+// d[i] = float(bf16(s[i])) / float(half(s[i])): the down conversion then the up one, same bits,
+// in one pass (s == d allowed).
+void round_to_bf16(const float* s, float* d, int64_t n);
+void round_to_f16(const float* s, float* d, int64_t n);
 
 }  // namespace accel::cpu

@@ -24,6 +24,8 @@
 #include "kernels/cpu/onednn.h"
 #include "kernels/cpu/parallel.h"
 
+#include <algorithm>
+#include <cstring>
 #include <exception>
 
 namespace accel::cpu {
@@ -276,6 +278,44 @@ void gemm_f32(const Geometry& g, const float* a, const float* b, const float* bi
               "oneDNN has no f32 matmul for ", g.m, "x", g.k, " @ ", g.k, "x", g.n);
 }
 
+// One operand of the float32 route (Note [bf16 through float32, blocked]): 16-bit data converted
+// exactly, or float32 data rounded to the 16-bit dtype as it is read (Note [autocast linear in
+// float32] in kernels/stubs/linalg.h) unless `exact` says it holds 16-bit values already.
+struct LowpOperand {
+  const void* p = nullptr;
+  bool f32 = false;
+  bool exact = false;
+};
+
+LowpOperand lowp_operand(const Tensor& t, bool exact = false) {
+  if (!t.defined()) return {};
+  return {t.data_ptr(), t.dtype() == kFloat32, exact};
+}
+
+// The conversions of one 16-bit dtype.
+struct LowpConvert {
+  void (*up)(const uint16_t*, float*, int64_t);
+  void (*down)(const float*, uint16_t*, int64_t);
+  // d[i] = s[i] rounded to the 16-bit dtype, kept in float32 (s == d allowed).
+  void (*round)(const float*, float*, int64_t);
+
+  explicit LowpConvert(DType low)
+      : up(low == kBFloat16 ? &bf16_to_f32 : &f16_to_f32),
+        down(low == kBFloat16 ? &f32_to_bf16 : &f32_to_f16),
+        round(low == kBFloat16 ? &round_to_bf16 : &round_to_f16) {}
+
+  // d[0..n) = the float32 values of o's elements [off, off + n).
+  void load(const LowpOperand& o, int64_t off, float* d, int64_t n) const {
+    if (!o.f32) return up(static_cast<const uint16_t*>(o.p) + off, d, n);
+    const float* s = static_cast<const float*>(o.p) + off;
+    if (o.exact) {
+      std::memcpy(d, s, size_t(n) * sizeof(float));
+    } else {
+      round(s, d, n);
+    }
+  }
+};
+
 // Note [bf16 through float32, blocked]: where the float32 kernel beats the bf16 one (Note [bf16
 // GEMM where it does not pay] in cpu_isa.h), and for float16 wherever oneDNN has no f16 kernel
 // (oneDNN 2.6 has none on CPUs), a 2-D product converts b to float32 once, then splits the rows of
@@ -283,74 +323,96 @@ void gemm_f32(const Geometry& g, const float* a, const float* b, const float* bi
 // float32 GEMM into a scratch block that is still in its L2 when it is rounded into out. Converting
 // whole operands instead moves every byte through memory twice more: on the mlp the conversions of
 // the unblocked route were 4.8 of 29 ms per step at 0.4 ns per element, against 0.08 ns for data in
-// L2.
-void matmul_half_via_f32(const Geometry& g, const Tensor& a, const Tensor& b, const Tensor& bias,
-                         Tensor& out) {
+// L2. The same loop serves matmul_lowp_stub (Note [autocast linear in float32]): a float32 operand
+// is rounded where a 16-bit one is converted, a float32 b that holds 16-bit values already is used
+// in place, and a float32 out receives the rounded value.
+void matmul_lowp_blocked(const Geometry& g, const LowpOperand& a, const LowpOperand& b,
+                         const LowpOperand& bias, void* out, bool out_f32, DType low, Device dev) {
   const int64_t m = g.m, n = g.n, k = g.k;
-  const bool bf16 = out.dtype() == kBFloat16;
-  void (*const up)(const uint16_t*, float*, int64_t) = bf16 ? &bf16_to_f32 : &f16_to_f32;
-  void (*const down)(const float*, uint16_t*, int64_t) = bf16 ? &f32_to_bf16 : &f32_to_f16;
-  const uint16_t* pa = static_cast<const uint16_t*>(a.data_ptr());
-  const uint16_t* pb = static_cast<const uint16_t*>(b.data_ptr());
-  uint16_t* po = static_cast<uint16_t*>(out.data_ptr());
-  const TensorOptions f32(kFloat32, out.device());
-  // b, packed in its own layout: K rows of N (row-major) or N columns of K (a transposed view).
+  const LowpConvert cv(low);
+  const TensorOptions f32(kFloat32, dev);
+  // b in float32: in place when it is exact float32 already, else packed in its own layout (K
+  // rows of N, or N columns of K for a transposed view).
   const bool b_rows = g.b.col_stride == 1;
-  Tensor b32 = empty({k * n}, f32);
-  float* pb32 = b32.data<float>();
-  const int64_t lines = b_rows ? k : n, len = b_rows ? n : k;
-  const int64_t lstride = b_rows ? g.b.row_stride : g.b.col_stride;
-  parallel_for(lines, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(len, 1)),
-               [&](int64_t lo, int64_t hi) {
-                 for (int64_t i = lo; i < hi; ++i) up(pb + i * lstride, pb32 + i * len, len);
-               });
-  Tensor bias32;
-  if (bias.defined()) {
-    bias32 = empty({n}, f32);
-    up(static_cast<const uint16_t*>(bias.data_ptr()), bias32.data<float>(), n);
-  }
-  const float* pbias = bias.defined() ? bias32.data<float>() : nullptr;
   Geometry gb = g;
-  gb.b = b_rows ? MatrixLayout{k, n, n, 1} : MatrixLayout{k, n, 1, k};
+  Tensor b32;
+  const float* pb32 = static_cast<const float*>(b.p);
+  if (!(b.f32 && b.exact)) {
+    b32 = empty({k * n}, f32);
+    float* pb = b32.data<float>();
+    const int64_t lines = b_rows ? k : n, len = b_rows ? n : k;
+    const int64_t lstride = b_rows ? g.b.row_stride : g.b.col_stride;
+    parallel_for(lines, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(len, 1)),
+                 [&](int64_t lo, int64_t hi) {
+                   for (int64_t i = lo; i < hi; ++i) cv.load(b, i * lstride, pb + i * len, len);
+                 });
+    pb32 = pb;
+    gb.b = b_rows ? MatrixLayout{k, n, n, 1} : MatrixLayout{k, n, 1, k};
+  }
+  Tensor bias32;
+  if (bias.p != nullptr) {
+    bias32 = empty({n}, f32);
+    cv.load(bias, 0, bias32.data<float>(), n);
+  }
+  const float* pbias = bias.p != nullptr ? bias32.data<float>() : nullptr;
 
+  const bool a_rows = g.a.col_stride == 1;
   // Rows per block: a's rows and out's rows in about 1 MiB of float32 (half an L2 of the Xeons
-  // measured; 512 KiB blocks made the bias-fused GEMMs 16 % slower), a multiple of 16, and at
-  // least one block per thread.
+  // measured; 512 KiB blocks made the bias-fused GEMMs 16 % slower), but at least k n / (k + n)
+  // rows: every block's GEMM packs all of b again, and that costs as much as the block's own rows
+  // of a and out below this size (the mlp's 1024 x 1024 layers: 512 rows, not 128). Then a whole
+  // number of blocks per thread (5 blocks on 2 threads would leave one idle for a fifth of the
+  // time), each a multiple of 16 rows.
   const int64_t threads = std::max(1, omp_get_max_threads());
   const int64_t flop = m * n * k;
   const int64_t team = flop < (int64_t(1) << 21) ? 1 : threads;  // tiny products: one thread
-  int64_t mb = std::max<int64_t>(16, ((int64_t(1) << 18) / (k + n)) / 16 * 16);
-  mb = std::min(mb, (m + team - 1) / team);
-  mb = std::max<int64_t>(mb, 1);
-  const int64_t blocks = (m + mb - 1) / mb;
+  const int64_t want = std::max({int64_t(16), (int64_t(1) << 18) / (k + n), k * n / (k + n)});
+  int64_t blocks = std::max<int64_t>(1, m / want);
+  blocks = std::max(team, (blocks + team - 1) / team * team);
+  int64_t mb = (m + blocks - 1) / blocks;
+  if (mb > 16) mb = (mb + 15) / 16 * 16;
+  blocks = (m + mb - 1) / mb;
   const int64_t nt = std::min(team, blocks);
-  Tensor scratch = empty({nt * mb * (k + n)}, f32);
+  const int64_t per_thread = mb * (out_f32 ? k : k + n);  // a float32 out needs no scratch
+  Tensor scratch = empty({nt * per_thread}, f32);
   float* ps = scratch.data<float>();
-  const bool a_rows = g.a.col_stride == 1;
   std::exception_ptr failure;
 #pragma omp parallel for schedule(static) num_threads(int(nt)) if (nt > 1)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     try {
       const int64_t i0 = blk * mb, rows = std::min(mb, m - i0);
-      float* a32 = ps + int64_t(omp_get_thread_num()) * mb * (k + n);
+      float* a32 = ps + int64_t(omp_get_thread_num()) * per_thread;
       float* c32 = a32 + mb * k;
       Geometry gi = gb;
       gi.m = rows;
       if (a_rows) {
-        for (int64_t r = 0; r < rows; ++r) up(pa + (i0 + r) * g.a.row_stride, a32 + r * k, k);
+        for (int64_t r = 0; r < rows; ++r) cv.load(a, (i0 + r) * g.a.row_stride, a32 + r * k, k);
         gi.a = MatrixLayout{rows, k, k, 1};
       } else {  // a transposed view: each of its K columns holds `rows` consecutive elements
-        for (int64_t c = 0; c < k; ++c) up(pa + i0 + c * g.a.col_stride, a32 + c * rows, rows);
-        gi.a = MatrixLayout{rows, k, 1, rows};
+        for (int64_t c = 0; c < k; ++c) cv.load(a, i0 + c * g.a.col_stride, a32 + c * rows, rows);
+        // (one row is the same memory as a row-major one, and sgemm wants lda >= k)
+        gi.a = rows == 1 ? MatrixLayout{1, k, k, 1} : MatrixLayout{rows, k, 1, rows};
       }
-      gemm_f32(gi, a32, pb32, pbias, c32);
-      down(c32, po + i0 * n, rows * n);
+      if (out_f32) {
+        float* o = static_cast<float*>(out) + i0 * n;
+        gemm_f32(gi, a32, pb32, pbias, o);
+        cv.round(o, o, rows * n);
+      } else {
+        gemm_f32(gi, a32, pb32, pbias, c32);
+        cv.down(c32, static_cast<uint16_t*>(out) + i0 * n, rows * n);
+      }
     } catch (...) {
 #pragma omp critical(accel_matmul_failure)
       if (!failure) failure = std::current_exception();
     }
   }
   if (failure) std::rethrow_exception(failure);
+}
+
+void matmul_half_via_f32(const Geometry& g, const Tensor& a, const Tensor& b, const Tensor& bias,
+                         Tensor& out) {
+  matmul_lowp_blocked(g, lowp_operand(a), lowp_operand(b), lowp_operand(bias), out.data_ptr(),
+                      false, out.dtype(), out.device());
 }
 
 void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in, Tensor& out) {
@@ -390,8 +452,46 @@ void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in
   copy_stub(out.device(), out, out32);
 }
 
+// matmul_lowp_stub (Note [autocast linear in float32]).
+void matmul_lowp_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias, Tensor& out,
+                        DType low, bool b_exact) {
+  ACCEL_INTERNAL_ASSERT(a_in.dim() == 2 && b_in.dim() == 2 && out.is_contiguous());
+  if (out.numel() == 0) return;
+  if (a_in.size(-1) == 0) {  // empty inner dim: out = R(bias) or 0
+    if (bias.defined()) {
+      copy_stub(out.device(), out, copy_as(bias, low));
+    } else {
+      fill_stub(out.device(), out, Scalar(0));
+    }
+    return;
+  }
+  const Tensor a = is_canonical(a_in) ? a_in : copy_as(a_in, a_in.dtype());
+  const bool b_canonical = is_canonical(b_in);
+  const Tensor b = b_canonical ? b_in : copy_as(b_in, b_in.dtype());
+  const Tensor bc = !bias.defined() || bias.is_contiguous() ? bias : copy_as(bias, bias.dtype());
+  matmul_lowp_blocked(make_geometry(a, b, out), lowp_operand(a), lowp_operand(b, b_exact),
+                      lowp_operand(bc), out.data_ptr(), out.dtype() == kFloat32, low, out.device());
+}
+
+void round_to_lowp_kernel(const Tensor& src, Tensor& dst, DType low) {
+  ACCEL_INTERNAL_ASSERT(dst.is_contiguous() && src.numel() == dst.numel());
+  if (!src.is_contiguous()) copy_stub(dst.device(), dst, src);
+  const float* s = src.is_contiguous() ? src.data<float>() : dst.data<float>();
+  float* d = dst.data<float>();
+  const LowpConvert cv(low);
+  parallel_for(dst.numel(), kParallelGrain,
+               [&](int64_t lo, int64_t hi) { cv.round(s + lo, d + lo, hi - lo); });
+}
+
+bool matmul_lowp_preferred(DType low) {
+  return low == kFloat16 || (low == kBFloat16 && bf16_gemm() == Bf16Gemm::F32);
+}
+
 }  // namespace
 
 ACCEL_REGISTER_KERNEL(matmul_stub, CPU, &matmul_kernel);
+ACCEL_REGISTER_KERNEL(matmul_lowp_stub, CPU, &matmul_lowp_kernel);
+ACCEL_REGISTER_KERNEL(round_to_lowp_stub, CPU, &round_to_lowp_kernel);
+ACCEL_REGISTER_KERNEL(matmul_lowp_preferred_stub, CPU, &matmul_lowp_preferred);
 
 }  // namespace accel::cpu

@@ -19,6 +19,9 @@ ACCEL_DEFINE_STUB(where_stub);
 ACCEL_DEFINE_STUB(reduce_stub);
 // linalg.h
 ACCEL_DEFINE_STUB(matmul_stub);
+ACCEL_DEFINE_STUB(matmul_lowp_preferred_stub);
+ACCEL_DEFINE_STUB(matmul_lowp_stub);
+ACCEL_DEFINE_STUB(round_to_lowp_stub);
 // conv.h
 ACCEL_DEFINE_STUB(conv2d_stub);
 ACCEL_DEFINE_STUB(conv2d_backward_stub);

@@ -19,6 +19,8 @@
 #include "autograd/nn/container.h"
 #include "autograd/nn/linear.h"
 #include "autograd/optim/adam.h"
+#include "kernels/cpu/cpu_isa.h"   // the bf16 GEMM route
+#include "kernels/stubs/linalg.h"  // round_to_lowp_stub
 #include "tests/accelerator/common.h"
 
 using namespace accel;
@@ -175,70 +177,83 @@ TEST_CASE("autocast: attention runs the fused float32 kernel on CPU, on upcast b
 
 TEST_CASE(
     "autocast weight cache: one conversion per parameter per region, invalidated by updates") {
-  Generator g(7);
-  nn::Linear lin(16, 8, true, &g);
-  Tensor x = randn({4, 16}, {}, &g);
-  const AutocastCacheStats s0 = autocast_cache_stats();
-  CHECK(s0.entries == 0);
-  Tensor y1, y2, y3, y4;
-  {
-    AutocastGuard ac(true, kBFloat16);
-    y1 = lin.forward(x);  // x (not a parameter) + weight + bias
-    const AutocastCacheStats s1 = autocast_cache_stats();
-    CHECK(s1.conversions - s0.conversions == 3);
-    CHECK(s1.hits - s0.hits == 0);
-    CHECK(s1.entries == 2);
-    y2 = lin.forward(x);  // only x converts; weight and bias come from the cache
-    const AutocastCacheStats s2 = autocast_cache_stats();
-    CHECK(s2.conversions - s1.conversions == 1);
-    CHECK(s2.hits - s1.hits == 2);
-    CHECK(equal(y1, y2));
+  // On both bf16 GEMM routes: oneDNN's bf16 kernel on cached bf16 copies (the activation x is
+  // converted on every call), and the float32 route's fused linear on cached float32 images (x
+  // is rounded inside the kernel: no conversion counted; Note [autocast linear in float32]).
+  const cpu::Bf16Gemm saved = cpu::bf16_gemm();
+  for (cpu::Bf16Gemm route : {cpu::Bf16Gemm::Native, cpu::Bf16Gemm::F32}) {
+    cpu::set_bf16_gemm(route);
+    const bool fused = route == cpu::Bf16Gemm::F32;
+    const int64_t xc = fused ? 0 : 1;  // conversions of x per forward
+    CAPTURE(fused);
+    Generator g(7);
+    nn::Linear lin(16, 8, true, &g);
+    Tensor x = randn({4, 16}, {}, &g);
+    const AutocastCacheStats s0 = autocast_cache_stats();
+    CHECK(s0.entries == 0);
+    Tensor y1, y2, y3, y4;
     {
-      AutocastGuard inner(true, kBFloat16);  // nested: shares the cache and does not clear it
-      lin.forward(x);
-      CHECK(autocast_cache_stats().hits - s2.hits == 2);
+      AutocastGuard ac(true, kBFloat16);
+      y1 = lin.forward(x);  // x (not a parameter) + weight + bias
+      const AutocastCacheStats s1 = autocast_cache_stats();
+      CHECK(s1.conversions - s0.conversions == 2 + xc);
+      CHECK(s1.hits - s0.hits == 0);
+      CHECK(s1.entries == 2);
+      y2 = lin.forward(x);  // only x converts; weight and bias come from the cache
+      const AutocastCacheStats s2 = autocast_cache_stats();
+      CHECK(s2.conversions - s1.conversions == xc);
+      CHECK(s2.hits - s1.hits == 2);
+      CHECK(equal(y1, y2));
+      {
+        AutocastGuard inner(true, kBFloat16);  // nested: shares the cache and does not clear it
+        lin.forward(x);
+        CHECK(autocast_cache_stats().hits - s2.hits == 2);
+      }
+      CHECK(autocast_cache_stats().entries == 2);
+      // An in-place update bumps the weight's version: the next use converts it again.
+      {
+        NoGradGuard ng;
+        lin.weight.mul_(2.0);
+      }
+      const AutocastCacheStats s3 = autocast_cache_stats();
+      y3 = lin.forward(x);
+      const AutocastCacheStats s4 = autocast_cache_stats();
+      CHECK(s4.conversions - s3.conversions == 1 + xc);  // the weight (and x)
+      CHECK(s4.hits - s3.hits == 1);                     // the bias
+      CHECK(rel_max_diff(y3.to(kFloat32), [&] {
+              AutocastSuspend off;
+              return lin.forward(x);
+            }()) < 2e-2);
+      // An optimizer step updates every parameter: both are converted again.
+      {
+        Tensor loss = cross_entropy(y3, tensor(std::vector<int64_t>{0, 1, 2, 3}, {4}));
+        AutocastSuspend off;
+        loss.backward();
+      }
+      optim::AdamW opt(lin.parameters(), optim::AdamWOptions{});
+      opt.step();
+      const AutocastCacheStats s5 = autocast_cache_stats();
+      y4 = lin.forward(x);
+      CHECK(autocast_cache_stats().conversions - s5.conversions == 2 + xc);
+      CHECK(autocast_cache_stats().hits - s5.hits == 0);
+      CHECK_FALSE(equal(y4, y3));
     }
-    CHECK(autocast_cache_stats().entries == 2);
-    // An in-place update bumps the weight's version: the next use converts it again.
+    // The outermost guard's exit drops the copies.
+    CHECK(autocast_cache_stats().entries == 0);
+    // A copy made under no_grad carries no history: with grad on it is not reused. (A float32
+    // image has none either way and is.)
+    AutocastGuard ac(true, kBFloat16);
     {
       NoGradGuard ng;
-      lin.weight.mul_(2.0);
+      lin.forward(x);
     }
-    const AutocastCacheStats s3 = autocast_cache_stats();
-    y3 = lin.forward(x);
-    const AutocastCacheStats s4 = autocast_cache_stats();
-    CHECK(s4.conversions - s3.conversions == 2);  // x and the weight
-    CHECK(s4.hits - s3.hits == 1);                // the bias
-    CHECK(rel_max_diff(y3.to(kFloat32), [&] {
-            AutocastSuspend off;
-            return lin.forward(x);
-          }()) < 2e-2);
-    // An optimizer step updates every parameter: both are converted again.
-    {
-      Tensor loss = cross_entropy(y3, tensor(std::vector<int64_t>{0, 1, 2, 3}, {4}));
-      AutocastSuspend off;
-      loss.backward();
-    }
-    optim::AdamW opt(lin.parameters(), optim::AdamWOptions{});
-    opt.step();
-    const AutocastCacheStats s5 = autocast_cache_stats();
-    y4 = lin.forward(x);
-    CHECK(autocast_cache_stats().conversions - s5.conversions == 3);
-    CHECK(autocast_cache_stats().hits - s5.hits == 0);
-    CHECK_FALSE(equal(y4, y3));
+    const AutocastCacheStats s6 = autocast_cache_stats();
+    Tensor y5 = lin.forward(x);
+    CHECK(autocast_cache_stats().conversions - s6.conversions == (fused ? 0 : 3));
+    CHECK(y5.requires_grad());
+    clear_autocast_cache();
   }
-  // The outermost guard's exit drops the copies.
-  CHECK(autocast_cache_stats().entries == 0);
-  // A copy made under no_grad carries no history: with grad on it is not reused.
-  AutocastGuard ac(true, kBFloat16);
-  {
-    NoGradGuard ng;
-    lin.forward(x);
-  }
-  const AutocastCacheStats s6 = autocast_cache_stats();
-  Tensor y5 = lin.forward(x);
-  CHECK(autocast_cache_stats().conversions - s6.conversions == 3);
-  CHECK(y5.requires_grad());
+  cpu::set_bf16_gemm(saved);
 }
 
 TEST_CASE("vectorised float32 <-> bfloat16 conversion equals the scalar rounding") {
@@ -320,6 +335,46 @@ TEST_CASE("vectorised float32 <-> float16 conversion equals the scalar rounding"
       CHECK((pf[i] & 0x7fffu) > 0x7c00u);
     } else {
       CHECK(pf[i] == Half::from_float(v[size_t(i)]));
+    }
+  }
+}
+
+TEST_CASE(
+    "round_to_lowp_stub: float32 rounded to bf16 / f16 in one pass, the bits of down then up") {
+  // Note [autocast linear in float32]: the cached weight images and the float32 gradients of the
+  // fused linear are rounded in registers; they must equal the two conversions bit for bit
+  // (vcvtneps2bf16's flushed denormals included), NaN staying NaN.
+  std::vector<float> v;
+  Generator g(10);
+  for (double d : randn({70001}, {}, &g).tolist()) v.push_back(float(d) * 100.0f);
+  for (uint32_t bits :
+       {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu, 0x7f7fffffu, 0xff7fffffu, 0x7f800000u,
+        0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffc00001u, 0x00000001u, 0x807fffffu, 0x00000000u,
+        0x80000000u, 0x477ff000u, 0x477fefffu, 0x33800000u, 0x33800001u, 0x387fc000u}) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    v.push_back(f);
+  }
+  const int64_t n = int64_t(v.size());
+  const Tensor src = tensor(v, {n});
+  const Device cpu(DeviceType::CPU, 0);
+  for (DType low : {kBFloat16, kFloat16}) {
+    CAPTURE(low);
+    // Contiguous, and a strided source (copied first), including a short unaligned tail.
+    for (const Tensor& s : {src, src.narrow(0, 3, n - 3), stack({src, src}, 1).select(1, 1)}) {
+      Tensor got = empty(s.sizes());
+      round_to_lowp_stub(cpu, s, got, low);
+      // (from a contiguous copy: a strided cast takes the scalar loop, which keeps the denormals
+      // vcvtneps2bf16 flushes)
+      const Tensor ref = s.contiguous().to(low).to(kFloat32);
+      const uint32_t* pg = static_cast<const uint32_t*>(got.data_ptr());
+      const uint32_t* pr = static_cast<const uint32_t*>(ref.data_ptr());
+      int64_t bad = 0;
+      for (int64_t i = 0; i < s.numel(); ++i) {
+        const bool nan = (pr[i] & 0x7fffffffu) > 0x7f800000u;
+        if (nan ? (pg[i] & 0x7fffffffu) <= 0x7f800000u : pg[i] != pr[i]) ++bad;
+      }
+      CHECK(bad == 0);
     }
   }
 }

@@ -2,11 +2,13 @@
 // float64 references, lower-precision dtypes against float32, gradients, and every misuse.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
 #include "accel.h"
 #include "kernels/common/geometry.h"  // MatmulGeometry::kMaxBatch, the batch-rank limit
+#include "core/dispatch.h"            // StubCallRecorder
 #include "kernels/cpu/cpu_isa.h"      // the bf16 GEMM route
 
 using namespace accel;
@@ -166,11 +168,14 @@ TEST_CASE("matmul: bf16 and f16 against f32") {
 // rows, Note [bf16 through float32, blocked]) both sum exact products in float32 and round once,
 // so either is within half a bf16 ulp (2^-8 relative) of the float64 product of the bf16 inputs,
 // plus float32 summation error.
+// Restores the process's bf16 GEMM route on scope exit.
+struct RouteGuard {
+  cpu::Bf16Gemm saved = cpu::bf16_gemm();
+  ~RouteGuard() { cpu::set_bf16_gemm(saved); }
+};
+
 TEST_CASE("matmul, linear and conv2d in bf16 on both GEMM routes, and f16") {
-  struct RouteGuard {
-    cpu::Bf16Gemm saved = cpu::bf16_gemm();
-    ~RouteGuard() { cpu::set_bf16_gemm(saved); }
-  } guard;
+  RouteGuard guard;
   struct Case {
     int64_t m, k, n;
     bool ta, tb, bias;
@@ -234,6 +239,71 @@ TEST_CASE("matmul, linear and conv2d in bf16 on both GEMM routes, and f16") {
   CHECK(close(ys[1], ref, 72));
   CHECK(max_abs_diff(gws[0], gws[1]) < 1.0);  // sums of 162 O(1) products, bf16-rounded
   CHECK(max_abs_diff(gxs[0], gxs[1]) < 0.1);
+}
+
+// Note [autocast linear in float32]: under autocast, where the 16-bit GEMM goes through float32,
+// linear rounds its float32 operands inside the kernel and gives float32 inputs gradients the
+// kernel rounded: the same bits, forward and backward, as casting x, w and b to the 16-bit dtype
+// and running linear on the copies (what the other route, and CUDA, do).
+TEST_CASE("autocast linear through float32: the bits of casting first, gradients too") {
+  RouteGuard guard;
+  struct Case {
+    Shape x;
+    int64_t n;
+    bool bias, x_low, w_leaf;
+  };
+  const Case cases[] = {{{4, 3}, 5, true, false, true},       {{2, 5, 16}, 7, false, false, true},
+                        {{16}, 3, true, false, true},         {{300, 200}, 90, true, true, true},
+                        {{70, 1030}, 33, true, false, false}, {{1000, 64}, 50, false, false, true},
+                        {{0, 8}, 4, true, false, true},       {{6, 0}, 4, true, false, true}};
+  for (DType low : {kBFloat16, kFloat16}) {
+    for (cpu::Bf16Gemm route : {cpu::Bf16Gemm::Native, cpu::Bf16Gemm::F32}) {
+      cpu::set_bf16_gemm(route);
+      const bool fused = low == kFloat16 || route == cpu::Bf16Gemm::F32;
+      for (const Case& c : cases) {
+        INFO(low, " route ", cpu::bf16_gemm_name(), " x ", c.x, " n ", c.n, " bias ", c.bias,
+             " x_low ", c.x_low, " w_leaf ", c.w_leaf);
+        const int64_t k = c.x.back();
+        const Tensor x0 = c.x_low ? rand_t(c.x, low) : rand_t(c.x), w0 = rand_t({c.n, k}),
+                     b0 = rand_t({c.n});
+        Shape ys = c.x;
+        ys.back() = c.n;
+        const Tensor gy = rand_t(ys);
+        // Under autocast: one linear node (the fused route) or casts + linear.
+        Tensor x = x0.clone().requires_grad_(), wl = w0.clone().requires_grad_(),
+               bl = b0.clone().requires_grad_();
+        Tensor y;
+        std::vector<std::pair<std::string, DeviceType>> calls;
+        {
+          StubCallRecorder rec;
+          AutocastGuard ac(true, low);
+          const Tensor w = c.w_leaf ? wl : mul(wl, 1.0);  // a non-leaf weight is not cached
+          y = linear(x, w, c.bias ? bl : Tensor());
+          calls = rec.calls();
+        }
+        CHECK(y.dtype() == low);
+        CHECK(y.sizes() == ys);
+        sum(mul(y.to(kFloat32), gy)).backward();
+        const bool lowp = std::find(calls.begin(), calls.end(),
+                                    std::pair<std::string, DeviceType>{
+                                        "matmul_lowp_stub", DeviceType::CPU}) != calls.end();
+        CHECK(lowp == fused);
+        // Reference: cast, then linear on the 16-bit copies, outside autocast.
+        Tensor xr = x0.clone().requires_grad_(), wr = w0.clone().requires_grad_(),
+               br = b0.clone().requires_grad_();
+        const Tensor yr = linear(xr.to(low), (c.w_leaf ? wr : mul(wr, 1.0)).to(low),
+                                 c.bias ? br.to(low) : Tensor());
+        sum(mul(yr.to(kFloat32), gy)).backward();
+        CHECK(equal(y, yr));
+        CHECK(x.grad().dtype() == x0.dtype());
+        CHECK(equal(x.grad(), xr.grad()));
+        CHECK(wl.grad().dtype() == kFloat32);
+        CHECK(equal(wl.grad(), wr.grad()));
+        if (c.bias) CHECK(equal(bl.grad(), br.grad()));
+      }
+      if (low == kFloat16) break;  // no bf16 route for float16
+    }
+  }
 }
 
 TEST_CASE("mm and bmm") {

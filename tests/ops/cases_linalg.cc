@@ -57,6 +57,18 @@ void add_linalg_cases(Table& t) {
   }
   t.add("linear", "1-D input", OP_INPUTS(m.rnd({3}), m.rnd({2, 3}), m.rnd({2})),
         OP_FN(return linear(x[0], x[1], x[2]);));
+  // Under float16 autocast the CPU takes the fused float32 route (Note [autocast linear in
+  // float32]: matmul_lowp_preferred_stub, round_to_lowp_stub for the cached weight image,
+  // matmul_lowp_stub), CUDA its float16 GEMM; the result carries float16 rounding either way.
+  Tolerances f16_rounded;
+  f16_rounded.f32 = f16_rounded.f16;
+  t.add("linear", "float32 under float16 autocast",
+        OP_INPUTS(m.rnd({6, 20}), m.rnd({5, 20}), m.rnd({5})), OP_FN({
+          AutocastGuard ac(true, kFloat16);
+          return linear(x[0], x[1], x[2]).to(x[0].dtype());  // float64 (gradcheck) passes through
+        }))
+      .only({kFloat32})
+      .tolerances(f16_rounded);
 
   // Larger layouts for the cross-device runner (error grows like sqrt(k)).
   t.add("matmul", "(64, 48) @ (48, 80)", OP_INPUTS(m.rnd({64, 48}), m.rnd({48, 80})),

@@ -36,11 +36,11 @@ ACCEL_DECLARE_STUB(matmul_lowp_preferred_stub, bool (*)(DType low));
 //   image), used without rounding. The product accumulates in float32; out is `low`, or float32
 //   receiving the value rounded to `low`. Every operand is `low` or float32, all on one device;
 //   the op layer checks shapes and dtypes.
+ACCEL_DECLARE_STUB(matmul_lowp_stub, void (*)(const Tensor& a, const Tensor& b, const Tensor& bias,
+                                              Tensor& out, DType low, bool b_exact));
 // dst = src rounded to `low` (to nearest even), both float32 and the same shape, dst contiguous
 // and fresh: the float32 images of parameters that autocast caches for matmul_lowp_stub.
 ACCEL_DECLARE_STUB(round_to_lowp_stub, void (*)(const Tensor& src, Tensor& dst, DType low));
-ACCEL_DECLARE_STUB(matmul_lowp_stub, void (*)(const Tensor& a, const Tensor& b, const Tensor& bias,
-                                              Tensor& out, DType low, bool b_exact));
 
 // The batch geometry of a valid matmul_stub call whose matrices are row- or column-major (the
 // backends copy others first), for both backends.

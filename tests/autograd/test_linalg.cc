@@ -180,10 +180,15 @@ TEST_CASE("matmul, linear and conv2d in bf16 on both GEMM routes, and f16") {
     int64_t m, k, n;
     bool ta, tb, bias;
   };
-  const Case cases[] = {{1, 1, 1, false, false, false},     {5, 7, 3, true, false, true},
-                        {33, 48, 20, false, true, true},    {300, 200, 700, false, true, true},
-                        {1000, 64, 50, true, false, false}, {17, 300, 1, true, true, false},
-                        {260, 1030, 70, false, false, true}};
+  const Case cases[] = {{1, 1, 1, false, false, false},
+                        {5, 7, 3, true, false, true},
+                        {33, 48, 20, false, true, true},
+                        {300, 200, 700, false, true, true},
+                        {1000, 64, 50, true, false, false},
+                        {17, 300, 1, true, true, false},
+                        {260, 1030, 70, false, false, true},
+                        // a^T with a last block of one row on 2+ threads (sgemm refused lda 1)
+                        {33, 1030, 70, true, false, true}};
   // |out - ref| <= half an output ulp (rel: 2^-8 bf16, 2^-11 f16) of |ref|, plus float32
   // summation error.
   auto close = [](const Tensor& out, const Tensor& ref, int64_t k, double rel = 1.0 / 256) {

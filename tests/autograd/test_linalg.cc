@@ -309,6 +309,16 @@ TEST_CASE("autocast linear through float32: the bits of casting first, gradients
       if (low == kFloat16) break;  // no bf16 route for float16
     }
   }
+  // Misuse on the fused route is named like plain linear's.
+  AutocastGuard ac(true, kFloat16);
+  check_error<ShapeError>([&] { linear(rand_t({4, 3}), rand_t({5, 4})); }, "linear",
+                          "input (4, 3), weight (5, 4)");
+  check_error<ShapeError>([&] { linear(rand_t({4, 3}), rand_t({5, 3}), rand_t({4})); }, "linear",
+                          "got (4,)");
+  check_error<ShapeError>([&] { linear(rand_t({4, 3}), rand_t({5, 3, 1})); }, "linear",
+                          "(5, 3, 1)");
+  check_error<DTypeError>(
+      [&] { linear(rand_t({4, 3}), rand_t({5, 3}).to(kInt64)); }, "linear", "int64");
 }
 
 TEST_CASE("mm and bmm") {

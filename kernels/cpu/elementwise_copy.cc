@@ -11,14 +11,18 @@
 // ways through F16C (vcvtps2ph / vcvtph2ps, eight at a time; a portable build has no -mf16c, so
 // the scalar Half::from_float loop was all it had). The same kernels serve dense permuted layouts
 // with equal strides (a transposed matmul operand), and kernels/cpu/half_convert.h exports the
-// contiguous runs for the float32 matmul route (Note [bf16 through float32, blocked]).
+// contiguous runs for the float32 matmul route (Note [bf16 through float32, blocked]). The variants
+// are capped at the level accel's own kernels run at (ACCEL_CPU_ISA, set_cpu_isa): a forced
+// `baseline` runs the scalar loops, `avx2` the AVX2 ones (which keep denormals).
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 
 #include "core/dispatch.h"
+#include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/half_convert.h"
 #include "kernels/cpu/loops.h"
 
@@ -124,43 +128,6 @@ __attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const uint16_t* s, flo
 using F32ToBF16 = void (*)(const float*, uint16_t*, int64_t);
 using BF16ToF32 = void (*)(const uint16_t*, float*, int64_t);
 
-F32ToBF16 pick_f32_to_bf16() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512bw"))
-    return &f32_to_bf16_avx512bf16;
-  if (__builtin_cpu_supports("avx2")) return &f32_to_bf16_avx2;
-  return &f32_to_bf16_scalar;
-}
-
-BF16ToF32 pick_bf16_to_f32() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return &bf16_to_f32_avx512;
-  return __builtin_cpu_supports("avx2") ? &bf16_to_f32_avx2 : &bf16_to_f32_scalar;
-}
-
-F32ToBF16 f32_to_bf16_fn() {
-  static const F32ToBF16 fn = pick_f32_to_bf16();
-  return fn;
-}
-BF16ToF32 bf16_to_f32_fn() {
-  static const BF16ToF32 fn = pick_bf16_to_f32();
-  return fn;
-}
-
-bool f16c_usable() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-}
-F32ToBF16 f32_to_f16_fn() {
-  static const F32ToBF16 fn = f16c_usable() ? &f32_to_f16_f16c : &f32_to_f16_scalar;
-  return fn;
-}
-BF16ToF32 f16_to_f32_fn() {
-  static const BF16ToF32 fn = f16c_usable() ? &f16_to_f32_f16c : &f16_to_f32_scalar;
-  return fn;
-}
-
 // ---- float32 rounded to bfloat16 / float16, kept in float32 (Note [autocast linear in float32])
 // The same bits as the down conversion followed by the up one, in registers: one pass instead
 // of two through a 16-bit buffer.
@@ -223,18 +190,53 @@ __attribute__((target("avx2,f16c"))) void round_f16_f16c(const float* s, float* 
 
 using RoundF32 = void (*)(const float*, float*, int64_t);
 
-RoundF32 round_bf16_fn() {
-  static const RoundF32 fn = [] {
-    const F32ToBF16 down = f32_to_bf16_fn();
-    if (down == &f32_to_bf16_avx512bf16) return &round_bf16_avx512bf16;
-    if (down == &f32_to_bf16_avx2) return &round_bf16_avx2;
-    return &round_bf16_scalar;
+// The contiguous converters at one ISA level (Note [vectorised bf16 casts]).
+struct Converters {
+  F32ToBF16 to_bf16;
+  BF16ToF32 from_bf16;
+  F32ToBF16 to_f16;
+  BF16ToF32 from_f16;
+  RoundF32 round_bf16;
+  RoundF32 round_f16;
+};
+
+// The best variants this CPU runs, capped at the level accel's own kernels run at
+// (ACCEL_CPU_ISA / set_cpu_isa, Note [portable builds and ISA dispatch]): a process forced to
+// `baseline` runs no AVX instruction from these either, and `avx2` none from AVX-512.
+const Converters& converters() {
+  static const std::array<Converters, 3> table = [] {
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2");
+    const bool f16c = avx2 && __builtin_cpu_supports("f16c");
+    const bool avx512 = __builtin_cpu_supports("avx512f");
+    const bool bf16 = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512bw");
+    const Converters base{&f32_to_bf16_scalar, &bf16_to_f32_scalar, &f32_to_f16_scalar,
+                          &f16_to_f32_scalar,  &round_bf16_scalar,  &round_f16_scalar};
+    Converters v2 = base;
+    if (avx2) {
+      v2.to_bf16 = &f32_to_bf16_avx2;
+      v2.from_bf16 = &bf16_to_f32_avx2;
+      v2.round_bf16 = &round_bf16_avx2;
+    }
+    if (f16c) {
+      v2.to_f16 = &f32_to_f16_f16c;
+      v2.from_f16 = &f16_to_f32_f16c;
+      v2.round_f16 = &round_f16_f16c;
+    }
+    Converters v4 = v2;
+    if (avx512) v4.from_bf16 = &bf16_to_f32_avx512;
+    if (bf16) {
+      v4.to_bf16 = &f32_to_bf16_avx512bf16;
+      v4.round_bf16 = &round_bf16_avx512bf16;
+    }
+    return std::array<Converters, 3>{base, v2, v4};
   }();
-  return fn;
-}
-RoundF32 round_f16_fn() {
-  static const RoundF32 fn = f16c_usable() ? &round_f16_f16c : &round_f16_scalar;
-  return fn;
+  switch (current_isa()) {
+    case CpuIsa::Baseline: return table[0];
+    case CpuIsa::Avx2: return table[1];
+    default: return table[2];
+  }
 }
 
 // Grain of the parallel conversion: below it one thread is faster than waking the pool.
@@ -263,10 +265,11 @@ bool convert_half(Tensor& dst, const Tensor& src) {
   const DType dd = dst.dtype(), sd = src.dtype();
   F32ToBF16 down = nullptr;
   BF16ToF32 up = nullptr;
-  if (sd == kFloat32 && dd == kBFloat16) down = f32_to_bf16_fn();
-  if (sd == kFloat32 && dd == kFloat16) down = f32_to_f16_fn();
-  if (dd == kFloat32 && sd == kBFloat16) up = bf16_to_f32_fn();
-  if (dd == kFloat32 && sd == kFloat16) up = f16_to_f32_fn();
+  const Converters& cv = converters();
+  if (sd == kFloat32 && dd == kBFloat16) down = cv.to_bf16;
+  if (sd == kFloat32 && dd == kFloat16) down = cv.to_f16;
+  if (dd == kFloat32 && sd == kBFloat16) up = cv.from_bf16;
+  if (dd == kFloat32 && sd == kFloat16) up = cv.from_f16;
   if (down == nullptr && up == nullptr) return false;
   if (dst.sizes() != src.sizes()) return false;
   if (!(dst.is_contiguous() && src.is_contiguous()) &&
@@ -343,12 +346,12 @@ void fill_kernel(Tensor& dst, Scalar v) {
 
 }  // namespace
 
-void f32_to_bf16(const float* s, uint16_t* d, int64_t n) { f32_to_bf16_fn()(s, d, n); }
-void bf16_to_f32(const uint16_t* s, float* d, int64_t n) { bf16_to_f32_fn()(s, d, n); }
-void f32_to_f16(const float* s, uint16_t* d, int64_t n) { f32_to_f16_fn()(s, d, n); }
-void f16_to_f32(const uint16_t* s, float* d, int64_t n) { f16_to_f32_fn()(s, d, n); }
-void round_to_bf16(const float* s, float* d, int64_t n) { round_bf16_fn()(s, d, n); }
-void round_to_f16(const float* s, float* d, int64_t n) { round_f16_fn()(s, d, n); }
+void f32_to_bf16(const float* s, uint16_t* d, int64_t n) { converters().to_bf16(s, d, n); }
+void bf16_to_f32(const uint16_t* s, float* d, int64_t n) { converters().from_bf16(s, d, n); }
+void f32_to_f16(const float* s, uint16_t* d, int64_t n) { converters().to_f16(s, d, n); }
+void f16_to_f32(const uint16_t* s, float* d, int64_t n) { converters().from_f16(s, d, n); }
+void round_to_bf16(const float* s, float* d, int64_t n) { converters().round_bf16(s, d, n); }
+void round_to_f16(const float* s, float* d, int64_t n) { converters().round_f16(s, d, n); }
 
 }  // namespace accel::cpu
 

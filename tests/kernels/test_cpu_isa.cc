@@ -211,6 +211,36 @@ TEST_CASE("every runnable ISA variant is selected and computes what the best one
   }
 }
 
+TEST_CASE("float32 <-> bf16 / f16 conversions run at the level accel's kernels run at") {
+  // Note [vectorised bf16 casts]: AVX512-BF16's vcvtneps2bf16 flushes a denormal input to zero;
+  // the AVX2 and scalar conversions round it like BFloat16::from_float. A forced lower level must
+  // not run the AVX-512 one (nor the result depend on it), whatever the CPU has.
+  IsaGuard guard;
+  __builtin_cpu_init();
+  const bool bf16_insn = __builtin_cpu_supports("avx512bf16") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+  const float den = 1e-39f;  // a float32 denormal; bf16 0x000b
+  const uint16_t kept = BFloat16::from_float(den);
+  REQUIRE(kept != 0);
+  const Tensor src = full({40}, den);  // contiguous and longer than a vector: the vector kernels
+  for (CpuIsa isa : runnable_levels()) {
+    const std::string isa_name = cpu::cpu_isa_name(isa);
+    CAPTURE(isa_name);
+    cpu::set_cpu_isa(isa);
+    const Tensor b = src.to(kBFloat16);
+    const uint16_t* pb = static_cast<const uint16_t*>(b.data_ptr());
+    const bool avx512 = isa == CpuIsa::Avx512 || isa == CpuIsa::Native;
+    const uint16_t want = avx512 && bf16_insn ? uint16_t(0) : kept;
+    int bad = 0;
+    for (int i = 0; i < 40; ++i) bad += pb[i] != want;
+    CHECK(bad == 0);
+    // Every level gives the same bits away from denormals, both ways and for float16.
+    const Tensor v = linspace(-300.0, 300.0, 1001);
+    CHECK(equal(v.to(kBFloat16).to(kFloat32), v.to(kFloat64).to(kBFloat16).to(kFloat32)));
+    CHECK(equal(v.to(kFloat16).to(kFloat32), v.to(kFloat64).to(kFloat16).to(kFloat32)));
+  }
+}
+
 TEST_CASE("set_cpu_isa refuses a level the CPU or the build cannot run") {
   IsaGuard guard;
   if (cpu::cpu_isa_best() == CpuIsa::Native) {

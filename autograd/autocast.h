@@ -17,7 +17,8 @@
 // data (half the bytes), binary ops that meet a float32 tensor promote, and the
 // precision-sensitive ops (softmax, norms, losses) upcast to float32 (Note [autocast in ops]).
 // Where the device's 16-bit GEMM is slower than its float32 one (the CPU without AMX for bf16,
-// every CPU for f16: matmul_lowp_preferred_stub), linear instead runs as one node that computes
+// every CPU for f16: matmul_lowp_preferred_stub), linear (and matmul / mm by a 2-D weight) instead
+// runs as one node that computes
 // the same values in float32 on rounded operands, with no cast nodes: the float32 input is rounded
 // inside the kernel, the weight through a cached float32 image (autocast_weight_image), and float32
 // inputs get float32 gradients rounded by the kernel (Note [autocast linear in float32] in

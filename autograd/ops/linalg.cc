@@ -165,13 +165,16 @@ Tensor linear_unfold(const Tensor& out2, const Tensor& x) {
   return ops::make_view(out2, out_shape, contiguous_strides(out_shape), 0);
 }
 
-// Linear under autocast on a device that computes the autocast dtype in float32 (Note [autocast
-// linear in float32] in kernels/stubs/linalg.h): the same values as casting x, w and b to the
-// autocast dtype and running linear on the copies, in one node. The float32 operands are rounded
-// inside the kernel (w through its cached float32 image), and the float32 inputs get their
-// gradients rounded to the autocast dtype by the kernel, where the cast's backward would have
-// converted a 16-bit gradient. Undefined when it does not apply: the caller casts as usual.
-Tensor autocast_linear_f32(const Tensor& x, const Tensor& w, const Tensor& b) {
+// Linear (and matmul / mm by a 2-D weight) under autocast on a device that computes the autocast
+// dtype in float32 (Note [autocast linear in float32] in kernels/stubs/linalg.h): the same values
+// as casting x, w and b to the autocast dtype and running the op on the copies, in one node. The
+// float32 operands are rounded inside the kernel (w through its cached float32 image), and float32
+// inputs get their gradients rounded to the autocast dtype by the kernel, where the cast's
+// backward would have converted a 16-bit gradient. `w_nk`: w is (N, K) and the product is
+// x @ w^T (linear), else w is (K, N) and it is x @ w (matmul). Undefined when it does not apply:
+// the caller casts as usual.
+Tensor autocast_gemm_f32(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
+                         bool w_nk) {
   if (!x.defined() || !w.defined()) return Tensor();
   const DType low = autocast_dtype();
   const Device dev = x.device();
@@ -183,40 +186,50 @@ Tensor autocast_linear_f32(const Tensor& x, const Tensor& w, const Tensor& b) {
   };
   auto is_low = [low](const Tensor& t) { return !t.defined() || t.dtype() == low; };
   if (!fits(x) || !fits(w) || !fits(b) || (is_low(x) && is_low(w) && is_low(b))) return Tensor();
-  check_linear_shapes(x, w, b);
-  const int64_t in = w.size(1), out_f = w.size(0);
+  if (w_nk) {
+    check_linear_shapes(x, w, b);
+  } else if (w.dim() != 2 || x.dim() < 1 || x.size(-1) != w.size(0)) {
+    return Tensor();  // the op's own checks name the shapes
+  }
+  const int64_t k = x.size(-1), n = w_nk ? w.size(0) : w.size(1);
   const Tensor x2 = linear_rows(x);
   bool w_exact = false;
   const Tensor wi = w.dtype() == kFloat32 ? autocast_weight_image(w, low, &w_exact) : w.detach();
-  const Tensor wt = ops::make_view(wi, {in, out_f}, {wi.stride(1), wi.stride(0)}, wi.offset());
+  auto transposed = [](const Tensor& t) {
+    return ops::make_view(t, {t.size(1), t.size(0)}, {t.stride(1), t.stride(0)}, t.offset());
+  };
+  const Tensor wkn = w_nk ? transposed(wi) : wi;  // (K, N)
   // The bias through the cache too (one conversion per parameter per region); the kernel's
   // rounding of it is then the identity.
   bool b_exact = false;
   const Tensor bi = !b.defined()            ? Tensor()
                     : b.dtype() == kFloat32 ? autocast_weight_image(b, low, &b_exact)
                                             : b.detach();
-  Tensor out2 = ops::empty_on({x2.size(0), out_f}, low, dev);
-  matmul_lowp_stub(dev, x2, wt, bi, out2, low, w_exact);
+  Tensor out2 = ops::empty_on({x2.size(0), n}, low, dev);
+  matmul_lowp_stub(dev, x2, wkn, bi, out2, low, w_exact);
   Tensor out = linear_unfold(out2, x);
   if (autograd::needs_grad(x, w, b)) {
     const bool gx = x.requires_grad(), gw = w.requires_grad();
     const bool gb = b.defined() && b.requires_grad();
     autograd::record(
-        "linear", {&x, &w, &b}, {&out},
-        [xs = gw ? x2.detach() : Tensor(), ws = gx ? wi : Tensor(), w_exact, low, dev,
-         sx = x.sizes(), xdt = x.dtype(), wdt = w.dtype(), bdt = b.defined() ? b.dtype() : low, gx,
-         gw, gb](const autograd::Grads& g) {
+        op, {&x, &w, &b}, {&out},
+        [xs = gw ? x2.detach() : Tensor(), wnk = gx ? transposed(wkn) : Tensor(), w_exact, w_nk,
+         low, dev, k, sx = x.sizes(), xdt = x.dtype(), wdt = w.dtype(),
+         bdt = b.defined() ? b.dtype() : low, gx, gw, gb, transposed](const autograd::Grads& g) {
           AutocastSuspend off;
-          const Tensor g2 = ops::as_dtype(g[0], low).reshape({-1, g[0].size(-1)});  // (rows, out)
+          const Tensor g2 = ops::as_dtype(g[0], low).reshape({-1, g[0].size(-1)});  // (rows, N)
           Tensor dx, dw, db;
-          if (gx) {  // g @ w
-            Tensor dx2 = ops::empty_on({g2.size(0), ws.size(1)}, xdt, dev);
-            matmul_lowp_stub(dev, g2, ws, Tensor(), dx2, low, w_exact);
+          if (gx) {  // g @ (w as (K, N))^T
+            Tensor dx2 = ops::empty_on({g2.size(0), k}, xdt, dev);
+            matmul_lowp_stub(dev, g2, wnk, Tensor(), dx2, low, w_exact);
             dx = dx2.reshape(sx);
           }
-          if (gw) {  // g^T @ x
-            dw = ops::empty_on({g2.size(1), xs.size(1)}, wdt, dev);
+          if (gw && w_nk) {  // g^T @ x: (N, K)
+            dw = ops::empty_on({g2.size(1), k}, wdt, dev);
             matmul_lowp_stub(dev, g2.t(), xs, Tensor(), dw, low, false);
+          } else if (gw) {  // x^T @ g: (K, N)
+            dw = ops::empty_on({k, g2.size(1)}, wdt, dev);
+            matmul_lowp_stub(dev, transposed(xs), g2, Tensor(), dw, low, false);
           }
           if (gb) db = ops::as_dtype(sum(g2, {0}), bdt);
           return autograd::Grads{dx, dw, db};
@@ -228,6 +241,9 @@ Tensor autocast_linear_f32(const Tensor& x, const Tensor& w, const Tensor& b) {
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   if (ACCEL_UNLIKELY(autocast_enabled())) {  // Note [autocast in ops]
+    // A product by a 2-D weight (x @ W) takes the fused route where the device wants it.
+    if (b.dim() == 2 && (a.dim() <= 2 || rows_foldable(a)))
+      if (Tensor y = autocast_gemm_f32("matmul", a, b, Tensor(), false); y.defined()) return y;
     const Tensor ac = autocast_cast(a), bc = autocast_cast(b);
     AutocastSuspend off;
     return matmul(ac, bc);
@@ -249,6 +265,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor mm(const Tensor& a, const Tensor& b) {
   if (ACCEL_UNLIKELY(autocast_enabled())) {  // Note [autocast in ops]
+    if (a.dim() == 2)
+      if (Tensor y = autocast_gemm_f32("mm", a, b, Tensor(), false); y.defined()) return y;
     const Tensor ac = autocast_cast(a), bc = autocast_cast(b);
     AutocastSuspend off;
     return mm(ac, bc);
@@ -279,7 +297,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (ACCEL_UNLIKELY(autocast_enabled())) {  // Note [autocast in ops]
-    if (Tensor y = autocast_linear_f32(x, w, b); y.defined()) return y;
+    if (Tensor y = autocast_gemm_f32("linear", x, w, b, true); y.defined()) return y;
     const Tensor xc = autocast_cast(x), wc = autocast_cast(w), bc = autocast_cast(b);
     AutocastSuspend off;
     return linear(xc, wc, bc);

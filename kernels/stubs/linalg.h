@@ -21,7 +21,8 @@ ACCEL_DECLARE_STUB(matmul_stub,
 
 // Note [autocast linear in float32]: where a device's 16-bit GEMM is slower than its float32 one
 // (the CPU: float16 always, bfloat16 unless Note [bf16 GEMM where it does not pay] in
-// kernels/cpu/cpu_isa.h picks oneDNN's bf16 kernel), autocast's linear computes in float32 on
+// kernels/cpu/cpu_isa.h picks oneDNN's bf16 kernel), autocast's linear (and matmul / mm by a 2-D
+// weight) computes in float32 on
 // rounded operands in one step instead of casting its float32 operands to 16 bits first:
 // matmul_lowp_stub rounds float32 operands as it converts blocks of them, and writes a float32
 // gradient already rounded, so the cast nodes' passes over memory go away (autograd/ops/linalg.cc).

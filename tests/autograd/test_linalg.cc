@@ -311,14 +311,83 @@ TEST_CASE("autocast linear through float32: the bits of casting first, gradients
   }
   // Misuse on the fused route is named like plain linear's.
   AutocastGuard ac(true, kFloat16);
-  check_error<ShapeError>([&] { linear(rand_t({4, 3}), rand_t({5, 4})); }, "linear",
-                          "input (4, 3), weight (5, 4)");
-  check_error<ShapeError>([&] { linear(rand_t({4, 3}), rand_t({5, 3}), rand_t({4})); }, "linear",
-                          "got (4,)");
-  check_error<ShapeError>([&] { linear(rand_t({4, 3}), rand_t({5, 3, 1})); }, "linear",
-                          "(5, 3, 1)");
+  check_error<ShapeError>(
+      [&] {
+        linear(rand_t({4, 3}), rand_t({5, 4}));
+      },
+      "linear", "input (4, 3), weight (5, 4)");
+  check_error<ShapeError>(
+      [&] {
+        linear(rand_t({4, 3}), rand_t({5, 3}), rand_t({4}));
+      },
+      "linear", "got (4,)");
+  check_error<ShapeError>(
+      [&] {
+        linear(rand_t({4, 3}), rand_t({5, 3, 1}));
+      },
+      "linear", "(5, 3, 1)");
   check_error<DTypeError>(
-      [&] { linear(rand_t({4, 3}), rand_t({5, 3}).to(kInt64)); }, "linear", "int64");
+      [&] {
+        linear(rand_t({4, 3}), rand_t({5, 3}).to(kInt64));
+      },
+      "linear", "int64");
+}
+
+// The same route for matmul / mm by a 2-D weight (x @ W, W (K, N)): the bits of casting first.
+TEST_CASE("autocast matmul and mm by a 2-D weight through float32: the bits of casting first") {
+  RouteGuard guard;
+  cpu::set_bf16_gemm(cpu::Bf16Gemm::F32);
+  struct Case {
+    Shape x;
+    int64_t n;
+    bool x_low, use_mm;
+  };
+  const Case cases[] = {{{4, 3}, 5, false, false},     {{2, 5, 16}, 7, false, false},
+                        {{16}, 3, false, false},       {{300, 200}, 90, true, false},
+                        {{70, 1030}, 33, false, true}, {{0, 8}, 4, false, true}};
+  for (DType low : {kBFloat16, kFloat16}) {
+    for (const Case& c : cases) {
+      INFO(low, " x ", c.x, " n ", c.n, " x_low ", c.x_low, " mm ", c.use_mm);
+      const int64_t k = c.x.back();
+      const Tensor x0 = c.x_low ? rand_t(c.x, low) : rand_t(c.x), w0 = rand_t({k, c.n});
+      Shape ys = c.x;
+      ys.back() = c.n;
+      const Tensor gy = rand_t(ys);
+      auto run = [&](const Tensor& x, const Tensor& w) {
+        return c.use_mm ? mm(x, w) : matmul(x, w);
+      };
+      Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+      Tensor y;
+      std::vector<std::pair<std::string, DeviceType>> calls;
+      {
+        StubCallRecorder rec;
+        AutocastGuard ac(true, low);
+        y = run(x, w);
+        calls = rec.calls();
+      }
+      CHECK(std::find(calls.begin(), calls.end(),
+                      std::pair<std::string, DeviceType>{"matmul_lowp_stub", DeviceType::CPU}) !=
+            calls.end());
+      CHECK(y.dtype() == low);
+      CHECK(y.sizes() == ys);
+      sum(mul(y.to(kFloat32), gy)).backward();
+      Tensor xr = x0.clone().requires_grad_(), wr = w0.clone().requires_grad_();
+      const Tensor yr = run(xr.to(low), wr.to(low));
+      sum(mul(yr.to(kFloat32), gy)).backward();
+      CHECK(equal(y, yr));
+      CHECK(equal(x.grad(), xr.grad()));
+      CHECK(w.grad().dtype() == kFloat32);
+      CHECK(equal(w.grad(), wr.grad()));
+    }
+  }
+  // Misuse still names the op.
+  AutocastGuard ac(true, kFloat16);
+  check_error<ShapeError>(
+      [&] {
+        matmul(rand_t({4, 3}), rand_t({5, 2}));
+      },
+      "matmul", "(4, 3) @ (5, 2)");
+  check_error<ShapeError>([&] { mm(rand_t({4, 3}), rand_t({5, 2})); }, "mm", "(4, 3) @ (5, 2)");
 }
 
 TEST_CASE("mm and bmm") {

@@ -51,20 +51,23 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512bf16"))) void f32_to_bf16
   }
 }
 
-// BFloat16::from_float, eight at a time.
-__attribute__((target("avx2"))) void f32_to_bf16_avx2(const float* s, uint16_t* d, int64_t n) {
+// BFloat16::from_float of eight floats, each lane holding the bf16 bits in its high half (round
+// to nearest even; a NaN becomes a quiet NaN); the low halves are not cleared.
+__attribute__((target("avx2"))) inline __m256i bf16_high_avx2(__m256i u) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
   const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
-  const __m256i quiet = _mm256_set1_epi32(0x40);
+  const __m256i quiet = _mm256_set1_epi32(0x400000);
+  const __m256i rounding = _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
+  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+  return _mm256_blendv_epi8(_mm256_add_epi32(u, rounding), _mm256_or_si256(u, quiet), is_nan);
+}
+
+// BFloat16::from_float, eight at a time.
+__attribute__((target("avx2"))) void f32_to_bf16_avx2(const float* s, uint16_t* d, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
-    const __m256i rounding =
-        _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
-    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, rounding), 16);
-    const __m256i nan_bits = _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet);
-    const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
-    const __m256i r = _mm256_blendv_epi8(rounded, nan_bits, is_nan);
+    const __m256i r = _mm256_srli_epi32(bf16_high_avx2(u), 16);
     // Pack the low 16 bits of the eight lanes (values < 2^16, so unsigned saturation is exact).
     const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm256_castsi256_si128(packed));
@@ -155,21 +158,14 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512bf16"))) void round_bf16_
 }
 #pragma GCC diagnostic pop
 
-// f32_to_bf16_avx2's rounding without the pack: the bf16 bits stay in the high half.
+// f32_to_bf16_avx2 then bf16_to_f32_avx2, without leaving the registers.
 __attribute__((target("avx2"))) void round_bf16_avx2(const float* s, float* d, int64_t n) {
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
-  const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
-  const __m256i quiet = _mm256_set1_epi32(0x400000), high = _mm256_set1_epi32(int(0xffff0000u));
+  const __m256i high = _mm256_set1_epi32(int(0xffff0000u));
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
-    const __m256i rounding =
-        _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(u, 16), one));
-    const __m256i rounded = _mm256_add_epi32(u, rounding);
-    const __m256i nan_bits = _mm256_or_si256(u, quiet);
-    const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
-    const __m256i r = _mm256_and_si256(_mm256_blendv_epi8(rounded, nan_bits, is_nan), high);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), r);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
+                        _mm256_and_si256(bf16_high_avx2(u), high));
   }
   round_bf16_scalar(s + i, d + i, n - i);
 }

@@ -466,8 +466,7 @@ void matmul_lowp_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bi
     return;
   }
   const Tensor a = is_canonical(a_in) ? a_in : copy_as(a_in, a_in.dtype());
-  const bool b_canonical = is_canonical(b_in);
-  const Tensor b = b_canonical ? b_in : copy_as(b_in, b_in.dtype());
+  const Tensor b = is_canonical(b_in) ? b_in : copy_as(b_in, b_in.dtype());
   const Tensor bc = !bias.defined() || bias.is_contiguous() ? bias : copy_as(bias, bias.dtype());
   matmul_lowp_blocked(make_geometry(a, b, out), lowp_operand(a), lowp_operand(b, b_exact),
                       lowp_operand(bc), out.data_ptr(), out.dtype() == kFloat32, low, out.device());

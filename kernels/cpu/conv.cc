@@ -518,10 +518,6 @@ Tensor empty_f32(const Tensor& like) {
 }
 void copy_back(Tensor& dst, const Tensor& src32) { copy_stub(dst.device(), dst, src32); }
 
-// bf16 convolutions take the float32 kernel where oneDNN's bf16 one is slower (Note [bf16 GEMM
-// where it does not pay] in kernels/cpu/cpu_isa.h).
-bool via_f32(DType dt) { return dt == kBFloat16 && bf16_gemm() == Bf16Gemm::F32; }
-
 // ---------------- conv entries ----------------
 
 void conv2d_kernel(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& out,
@@ -533,7 +529,9 @@ void conv2d_kernel(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor&
                                 bias.defined() ? bias.data<double>() : nullptr, out.data<double>(),
                                 g);
   }
-  if (!via_f32(out.dtype()) && conv_fwd_onednn(g, x, w, bias, out)) return;
+  // bf16 takes the float32 kernel where oneDNN's bf16 one is slower (Note [bf16 GEMM where it
+  // does not pay] in kernels/cpu/cpu_isa.h).
+  if (!bf16_via_f32(out.dtype()) && conv_fwd_onednn(g, x, w, bias, out)) return;
   ACCEL_CHECK(out.dtype() != kFloat32, Error, "conv2d", "oneDNN has no f32 convolution for input ",
               x.sizes(), " and weight ", w.sizes());
   Tensor out32 = empty_f32(out);
@@ -558,7 +556,7 @@ void conv2d_backward_kernel(const Tensor& x, const Tensor& w, const Tensor& gout
                                    gb ? gb->data<double>() : nullptr, g);
     return;
   }
-  bool ok = !via_f32(dt);
+  bool ok = !bf16_via_f32(dt);
   Staged staged_gout;  // gout reordered once when both primitives want the same layout
   if (ok && gx) ok = conv_bwd_data_onednn(g, w, gout, *gx, &staged_gout);
   if (ok && (gw || gb)) {

@@ -15,6 +15,8 @@
 
 #include <atomic>
 
+#include "core/dtype.h"
+
 namespace accel::cpu {
 
 enum class CpuIsa : int { Baseline = 0, Avx2 = 1, Avx512 = 2, Native = 3 };
@@ -56,6 +58,9 @@ const char* bf16_gemm_name();  // "native" or "f32"
 const char* bf16_gemm_reason();
 // Forces a route for the rest of the process (tests, benches).
 void set_bf16_gemm(Bf16Gemm route);
+// Whether a GEMM or convolution with output dtype `dt` takes the float32 route because of the
+// choice above (bf16 only: float16 goes there wherever oneDNN has no f16 kernel).
+inline bool bf16_via_f32(DType dt) { return dt == kBFloat16 && bf16_gemm() == Bf16Gemm::F32; }
 
 namespace detail {
 extern std::atomic<int> g_cpu_isa;  // -1 until the first cpu_isa()

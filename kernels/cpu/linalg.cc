@@ -438,9 +438,9 @@ void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in
   }
   // bf16 takes the float32 kernel where oneDNN's bf16 one is slower (Note [bf16 GEMM where it
   // does not pay] in kernels/cpu/cpu_isa.h).
-  const bool via_f32 = dt == kBFloat16 && bf16_gemm() == Bf16Gemm::F32;
-  if (!via_f32 && matmul_onednn(g, dt, a.data_ptr(), b.data_ptr(),
-                                bias.defined() ? bias.data_ptr() : nullptr, out.data_ptr()))
+  if (!bf16_via_f32(dt) &&
+      matmul_onednn(g, dt, a.data_ptr(), b.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr,
+                    out.data_ptr()))
     return;
   if ((dt == kBFloat16 || dt == kFloat16) && g.nb == 0 && out.is_contiguous())
     return matmul_half_via_f32(g, a, b, bias, out);
@@ -482,9 +482,7 @@ void round_to_lowp_kernel(const Tensor& src, Tensor& dst, DType low) {
                [&](int64_t lo, int64_t hi) { cv.round(s + lo, d + lo, hi - lo); });
 }
 
-bool matmul_lowp_preferred(DType low) {
-  return low == kFloat16 || (low == kBFloat16 && bf16_gemm() == Bf16Gemm::F32);
-}
+bool matmul_lowp_preferred(DType low) { return low == kFloat16 || bf16_via_f32(low); }
 
 }  // namespace
 

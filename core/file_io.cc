@@ -66,8 +66,7 @@ void check_link(int dirfd, const struct stat& link, const std::string& shown,
               "': ", errstr(errno));
   const uid_t me = ::geteuid();
   const bool shared = (dir.st_mode & S_IWOTH) && (dir.st_mode & S_ISVTX);  // /tmp and the like
-  const bool trusted =
-      link.st_uid == me || (shared ? link.st_uid == dir.st_uid : link.st_uid == 0);
+  const bool trusted = link.st_uid == me || (shared ? link.st_uid == dir.st_uid : link.st_uid == 0);
   ACCEL_CHECK(trusted, IoError, op, "'", shown, "' (on the way to '", path,
               "') is a symbolic link that belongs to uid ", link.st_uid,
               ", neither this process's user (uid ", me, ") nor ",
@@ -91,8 +90,8 @@ std::string describe(const struct stat& st) {
   return file_kind(st.st_mode);
 }
 
-void remove_tree_impl(int dirfd, const std::string& name, const std::string& shown,
-                      const char* op, int depth) {
+void remove_tree_impl(int dirfd, const std::string& name, const std::string& shown, const char* op,
+                      int depth) {
   struct stat st {};
   if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
     ACCEL_CHECK(errno == ENOENT, IoError, op, "cannot stat '", shown, "': ", errstr(errno));
@@ -327,8 +326,8 @@ void AtomicFile::commit(bool durable) {
   if (durable) fsync_fd(dir_.get(), split_path(path_, op_.c_str()).first, op_.c_str());
 }
 
-void write_file_atomic(const std::string& path, std::string_view data, const char* op,
-                       bool durable, bool create_dirs) {
+void write_file_atomic(const std::string& path, std::string_view data, const char* op, bool durable,
+                       bool create_dirs) {
   AtomicFile f(path, op, create_dirs);
   f.write(data);
   f.commit(durable);
@@ -358,8 +357,8 @@ Fd create_file(const std::string& path, const char* op, CreateMode how, bool cre
     // Checked again on what was opened: the entry may have changed since the stat.
     ACCEL_CHECK(::fstat(f.get(), &st) == 0, IoError, op, "cannot stat '", path,
                 "': ", errstr(errno));
-    ACCEL_CHECK(S_ISREG(st.st_mode) && st.st_uid == me && st.st_nlink == 1, IoError, op, "'",
-                path, "' is ", describe(st), st.st_nlink > 1 ? " with several hard links" : "",
+    ACCEL_CHECK(S_ISREG(st.st_mode) && st.st_uid == me && st.st_nlink == 1, IoError, op, "'", path,
+                "' is ", describe(st), st.st_nlink > 1 ? " with several hard links" : "",
                 ": accel appends only to a regular file of its own user (uid ", me,
                 ") with one name; remove it or use another folder");
     const int fl = ::fcntl(f.get(), F_GETFL);
@@ -381,15 +380,15 @@ Fd create_file(const std::string& path, const char* op, CreateMode how, bool cre
 // ---- reading ----
 
 ReadableFile open_read(const std::string& path, const char* op, uint64_t max_bytes, Links links) {
-  const int flags = O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC |
-                    (links == Links::kRefuse ? O_NOFOLLOW : 0);
+  const int flags =
+      O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | (links == Links::kRefuse ? O_NOFOLLOW : 0);
   ReadableFile out;
   out.fd = Fd(::open(path.c_str(), flags));
   if (!out.fd) {
     const int err = errno;
     struct stat st {};
-    const bool link = links == Links::kRefuse && err == ELOOP &&
-                      ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+    const bool link = links == Links::kRefuse && err == ELOOP && ::lstat(path.c_str(), &st) == 0 &&
+                      S_ISLNK(st.st_mode);
     ACCEL_CHECK(!link, IoError, op, "'", path,
                 "' is a symbolic link: accel writes this file itself and never as a link, so it "
                 "does not follow one there");

@@ -20,8 +20,8 @@ namespace accel::test {
 // it was killed).
 struct ChildResult {
   bool timed_out = false;
-  int code = -1;    // exit code, when it exited
-  int signal = 0;   // the signal that killed it, when one did
+  int code = -1;   // exit code, when it exited
+  int signal = 0;  // the signal that killed it, when one did
   bool ok() const { return !timed_out && signal == 0 && code == 0; }
 };
 

@@ -156,10 +156,9 @@ TEST_CASE("file_io: files written in place refuse links, FIFOs, hard links and o
             [&] { file_io::create_file(d / "fifo", "test", file_io::CreateMode::kAppend); },
             "is a FIFO")
             .ok());
-  CHECK(contains(io_error([&] {
-                   file_io::create_file(d / "fifo", "test", file_io::CreateMode::kReplace);
-                 }),
-                 "is a FIFO"));
+  CHECK(contains(
+      io_error([&] { file_io::create_file(d / "fifo", "test", file_io::CreateMode::kReplace); }),
+      "is a FIFO"));
   // A hard link into another file: appending would write into that file.
   fs::create_hard_link(d / "outside", d / "metrics.jsonl");
   CHECK(contains(io_error([&] {
@@ -168,7 +167,8 @@ TEST_CASE("file_io: files written in place refuse links, FIFOs, hard links and o
                  "several hard links"));
   // Replacing removes the name only: the other file keeps its bytes.
   {
-    file_io::Fd f = file_io::create_file(d / "metrics.jsonl", "test", file_io::CreateMode::kReplace);
+    file_io::Fd f =
+        file_io::create_file(d / "metrics.jsonl", "test", file_io::CreateMode::kReplace);
     REQUIRE(file_io::write_all(f.get(), "new\n", 4));
   }
   CHECK(slurp(d / "outside") == "precious");
@@ -184,15 +184,16 @@ TEST_CASE("file_io: reads refuse FIFOs, devices and oversized files without bloc
   TempDir d;
   REQUIRE(mkfifo((d / "fifo").c_str(), 0600) == 0);
   // Opening a FIFO for reading blocks until a writer comes; the child has a deadline.
-  const auto r =
-      expect_error_child<IoError>([&] { file_io::read_file(d / "fifo", "test", 100); }, "is a FIFO");
+  const auto r = expect_error_child<IoError>([&] { file_io::read_file(d / "fifo", "test", 100); },
+                                             "is a FIFO");
   CHECK_MESSAGE(!r.timed_out, "the read blocked on the FIFO");
   CHECK(r.ok());
   fs::create_symlink("/dev/zero", d / "zero");
   CHECK(contains(io_error([&] { file_io::read_file(d / "zero", "test", 100); }),
                  "is a character device, not a regular file"));
-  CHECK(contains(io_error([&] { file_io::read_file(d / "zero", "test", 100, file_io::Links::kRefuse); }),
-                 "is a symbolic link"));
+  CHECK(contains(
+      io_error([&] { file_io::read_file(d / "zero", "test", 100, file_io::Links::kRefuse); }),
+      "is a symbolic link"));
   CHECK(contains(io_error([&] { file_io::read_file(d.path.string(), "test", 100); }),
                  "is a directory"));
   spit(d / "big", std::string(101, 'x'));
@@ -202,8 +203,9 @@ TEST_CASE("file_io: reads refuse FIFOs, devices and oversized files without bloc
   // Links to regular files are followed unless refused.
   fs::create_symlink(d / "big", d / "link");
   CHECK(file_io::read_file(d / "link", "test", 200).size() == 101);
-  CHECK(contains(io_error([&] { file_io::read_file(d / "link", "test", 200, file_io::Links::kRefuse); }),
-                 "is a symbolic link"));
+  CHECK(contains(
+      io_error([&] { file_io::read_file(d / "link", "test", 200, file_io::Links::kRefuse); }),
+      "is a symbolic link"));
 }
 
 TEST_CASE("file_io: remove_tree removes links, never what they point to") {

@@ -4,12 +4,23 @@
 // loop that gathers the same shuffled rows with memcpy into one reused buffer.
 //
 //   bench_loader [--dir DIR] [--epochs N] [--batch B] [--workers 0,1,2]
+//
+// --tokens: the token reader instead (Note [token files are read, not mapped] in data/tokens.h):
+// random (x, y) windows of --context tokens (default 1024) from a 64 MB uint16 token file in
+// $TMPDIR, batches of --batch (default 16) through TokenWindowDataset::get_batch, read with
+// pread (TokenFile::open), from memory (TokenFile::from_bytes) and, for comparison, gathered by
+// a bare loop from a memory map of the same file (what TokenFile did before). Median of 7 rounds.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,6 +44,87 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Tokens per second of random windows: pread, memory and a bare mmap gather (see the top).
+int bench_tokens(int64_t context, int64_t batch) {
+  constexpr int64_t kTokens = int64_t(32) << 20;  // 64 MB of uint16
+  constexpr int kBatches = 400;
+  constexpr int kRounds = 7;
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/bench_tokens_" +
+                           std::to_string(getpid()) + ".bin";
+  {
+    std::vector<int64_t> toks(static_cast<size_t>(kTokens));
+    for (int64_t i = 0; i < kTokens; ++i) toks[size_t(i)] = (i * 7919) % 50257;
+    write_token_file(path, toks, TokenType::UInt16);
+  }
+  auto file = TokenFile::open(path, {TokenType::UInt16, 0, 0});
+  std::vector<uint8_t> bytes(size_t(kTokens) * 2);
+  for (int64_t i = 0; i < kTokens; ++i) {
+    const uint16_t v = uint16_t((*file)[i]);
+    std::memcpy(bytes.data() + 2 * i, &v, 2);
+  }
+  auto memory = TokenFile::from_bytes(bytes, TokenType::UInt16, "memory");
+  TokenWindowDataset on_file(file, context, 1), in_memory(memory, context, 1);
+  // The same random windows for every reader.
+  std::vector<int64_t> idx(size_t(kBatches * batch));
+  uint64_t r = 12345;
+  for (auto& i : idx) {
+    r = r * 6364136223846793005ull + 1442695040888963407ull;
+    i = int64_t((r >> 17) % uint64_t(on_file.size()));
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  void* map = ::mmap(nullptr, size_t(kTokens) * 2, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::madvise(map, size_t(kTokens) * 2, MADV_RANDOM);
+  const auto* mapped = static_cast<const uint16_t*>(map);
+  double sink = 0;
+  auto time = [&](auto&& one_batch) {
+    std::vector<double> rates;
+    for (int round = 0; round <= kRounds; ++round) {
+      auto t = Clock::now();
+      for (int b = 0; b < kBatches; ++b)
+        one_batch(std::span<const int64_t>(idx.data() + size_t(b) * size_t(batch), size_t(batch)));
+      if (round > 0) rates.push_back(double(kBatches * batch * context) / seconds_since(t));
+    }
+    return median(rates);
+  };
+  auto through = [&](const TokenWindowDataset& ds) {
+    return time([&](std::span<const int64_t> ids) {
+      Example e;
+      ds.get_batch(ids, get_allocator(kCPU), e);
+      sink += double(e.fields[0].data<int64_t>()[0]);
+    });
+  };
+  const double pread_rate = through(on_file);
+  const double memory_rate = through(in_memory);
+  std::vector<int64_t> xb(size_t(batch * context)), yb(size_t(batch * context));
+  const double mmap_rate = time([&](std::span<const int64_t> ids) {
+    for (size_t j = 0; j < ids.size(); ++j) {
+      const uint16_t* p = mapped + ids[j];
+      for (int64_t k = 0; k < context; ++k) {
+        xb[j * size_t(context) + size_t(k)] = p[k];
+        yb[j * size_t(context) + size_t(k)] = p[k + 1];
+      }
+    }
+    sink += double(xb[0] + yb[0]);
+  });
+  ::munmap(map, size_t(kTokens) * 2);
+  ::close(fd);
+  std::remove(path.c_str());
+  std::printf(
+      "token windows: context %lld, batch %lld, %d random batches, 64 MB uint16 file "
+      "(page cache); median of %d rounds\n",
+      (long long)context, (long long)batch, kBatches, kRounds);
+  auto row = [&](const char* what, double rate) {
+    std::printf("%-34s: %8.1f M tokens/s   (%.1f us per batch)\n", what, rate / 1e6,
+                1e6 * double(batch * context) / rate);
+  };
+  row("TokenFile::open (pread per window)", pread_rate);
+  row("TokenFile::from_bytes (memory)", memory_rate);
+  row("bare gather from an mmap (before)", mmap_rate);
+  (void)sink;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -40,6 +132,8 @@ int main(int argc, char** argv) {
   int epochs = 5;
   int64_t batch = 256;
   std::vector<int> worker_counts{0, 1, 2};
+  bool tokens = false;
+  int64_t context = 1024, token_batch = 16;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -49,7 +143,11 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--dir") {
+    if (a == "--tokens") {
+      tokens = true;
+    } else if (a == "--context") {
+      context = std::max<int64_t>(1, std::atoll(value().c_str()));
+    } else if (a == "--dir") {
       dir = value();
     } else if (a == "--epochs") {
       epochs = std::max(1, std::atoi(value().c_str()));
@@ -60,10 +158,17 @@ int main(int argc, char** argv) {
       std::stringstream ss(value());
       for (std::string t; std::getline(ss, t, ',');) worker_counts.push_back(std::atoi(t.c_str()));
     } else {
-      std::fprintf(stderr, "usage: %s [--dir DIR] [--epochs N] [--batch B] [--workers 0,1,2]\n",
-                   argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--dir DIR] [--epochs N] [--batch B] [--workers 0,1,2]\n"
+                   "       %s --tokens [--context T] [--batch B]\n",
+                   argv[0], argv[0]);
       return 2;
     }
+  }
+  if (tokens) {
+    for (int i = 1; i < argc; ++i)
+      if (std::string(argv[i]) == "--batch") token_batch = batch;
+    return bench_tokens(context, token_batch);
   }
   if (!std::filesystem::exists(dir + "/train-images-idx3-ubyte.gz") &&
       !std::filesystem::exists(dir + "/train-images-idx3-ubyte")) {

@@ -17,9 +17,14 @@ constexpr uint8_t kUByte = kIdxUByte, kSByte = kIdxSByte, kShort = kIdxShort, kI
 
 std::string hex(uint32_t v, int digits) { return idx_hex(v, digits); }
 
-// Compressed bytes in; parse_idx_bytes inflates only what the header declares.
-IdxData parse_idx(const std::string& path) {
-  return parse_idx_bytes(read_file_bytes(path, /*decompress_gzip=*/false), path);
+// Compressed bytes in (a file larger than any IDX file within the limit is refused before it is
+// read); parse_idx_bytes inflates only what the header declares, within the limit.
+IdxData parse_idx(const std::string& path, const IdxOptions& o) {
+  constexpr size_t kMaxHeader = 4 + 4 * 255;
+  const size_t cap = o.max_bytes > kNoSizeLimit - kMaxHeader
+                         ? kNoSizeLimit
+                         : gzip_file_cap(o.max_bytes + kMaxHeader);
+  return parse_idx_bytes(read_file_bytes(path, /*decompress_gzip=*/false, cap), path, o.max_bytes);
 }
 
 template <typename T, typename Raw>
@@ -36,8 +41,8 @@ void decode_be(const uint8_t* src, int64_t n, T* dst) {
 
 }  // namespace
 
-Tensor read_idx(const std::string& path) {
-  IdxData f = parse_idx(path);
+Tensor read_idx(const std::string& path, IdxOptions options) {
+  IdxData f = parse_idx(path, options);
   const uint8_t* src = f.data();
   const int64_t n = f.numel;
   Tensor t;
@@ -70,10 +75,10 @@ Tensor read_idx(const std::string& path) {
   return t;
 }
 
-Tensor read_idx_images(const std::string& path, DType dtype) {
+Tensor read_idx_images(const std::string& path, DType dtype, IdxOptions options) {
   ACCEL_CHECK(dtype == kUInt8 || dtype == kFloat32, DTypeError, "idx",
               "images load as uint8 or float32, not ", dtype);
-  IdxData f = parse_idx(path);
+  IdxData f = parse_idx(path, options);
   ACCEL_CHECK(f.type == kUByte, IoError, "idx", "'", path, "': images must be ubyte (type 0x08), ",
               "file has ", idx_type_name(f.type), " (", hex(f.type, 2), ")");
   ACCEL_CHECK(f.dims.size() == 3, IoError, "idx", "'", path,
@@ -90,8 +95,8 @@ Tensor read_idx_images(const std::string& path, DType dtype) {
   return t;
 }
 
-Tensor read_idx_labels(const std::string& path) {
-  IdxData f = parse_idx(path);
+Tensor read_idx_labels(const std::string& path, IdxOptions options) {
+  IdxData f = parse_idx(path, options);
   ACCEL_CHECK(f.type == kUByte, IoError, "idx", "'", path, "': labels must be ubyte (type 0x08), ",
               "file has ", idx_type_name(f.type), " (", hex(f.type, 2), ")");
   ACCEL_CHECK(f.dims.size() == 1, IoError, "idx", "'", path,
@@ -121,8 +126,8 @@ std::shared_ptr<TensorDataset> load_mnist(const std::string& dir, MnistOptions o
   const std::string split = o.train ? "train" : "t10k";
   const std::string images_path = find_idx_file(dir, split + "-images-idx3-ubyte");
   const std::string labels_path = find_idx_file(dir, split + "-labels-idx1-ubyte");
-  Tensor images = read_idx_images(images_path, o.dtype);
-  Tensor labels = read_idx_labels(labels_path);
+  Tensor images = read_idx_images(images_path, o.dtype, {o.max_bytes});
+  Tensor labels = read_idx_labels(labels_path, {o.max_bytes});
   ACCEL_CHECK(images.size(0) == labels.size(0), IoError, "mnist", "'", images_path, "' has ",
               images.size(0), " images but '", labels_path, "' has ", labels.size(0), " labels");
   const int64_t n = images.size(0), h = images.size(1), w = images.size(2);

@@ -14,6 +14,10 @@ constexpr size_t kDimBytes = 4;
 // A sanity bound on the element count (2^48 elements is 256 TB of bytes): a header beyond it is
 // corrupt, whatever the file size.
 constexpr int64_t kMaxElements = int64_t(1) << 48;
+// deflate's largest ratio is 1032:1 (a 258-byte match in 2 bits); with gzip framing a stream of
+// c compressed bytes inflates to less than c * 1032 + this.
+constexpr size_t kMaxInflateRatio = 1032;
+constexpr size_t kInflateSlack = 4096;
 
 uint32_t load_be32(const uint8_t* p) {
   return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | uint32_t(p[3]);
@@ -53,13 +57,20 @@ size_t read_header(const uint8_t* b, const std::string& what, IdxData& f) {
   return size_t(numel) * idx_elem_size(f.type);
 }
 
+// What the header declares, against what the caller can hold (Note [bounded inflation] in io.cc).
+void check_limit(const IdxData& f, size_t expected, size_t max_bytes, const std::string& what) {
+  ACCEL_CHECK(expected <= max_bytes, IoError, "idx", "'", what, "': header says ", f.dims, " ",
+              idx_type_name(f.type), " = ", expected, " data bytes, more than the limit of ",
+              max_bytes, " bytes (IdxOptions::max_bytes)");
+}
+
 void check_payload(const IdxData& f, size_t expected, size_t payload, const std::string& what) {
   ACCEL_CHECK(payload == expected, IoError, "idx", "'", what, "': header says ", f.dims, " ",
               idx_type_name(f.type), " = ", expected, " data bytes, file has ", payload,
               payload < expected ? " (truncated)" : " (trailing bytes)");
 }
 
-IdxData parse_raw(std::vector<uint8_t> file, const std::string& what) {
+IdxData parse_raw(std::vector<uint8_t> file, const std::string& what, size_t max_bytes) {
   IdxData f;
   const size_t size = file.size();
   const uint8_t* b = file.data();
@@ -70,12 +81,13 @@ IdxData parse_raw(std::vector<uint8_t> file, const std::string& what) {
   ACCEL_CHECK(size >= header, IoError, "idx", "'", what, "': truncated header: ", int(b[3]),
               " dimensions need ", header, " header bytes, file has ", size);
   const size_t expected = read_header(b, what, f);
+  check_limit(f, expected, max_bytes, what);
   check_payload(f, expected, size - f.data_offset, what);
   f.bytes = std::move(file);
   return f;
 }
 
-IdxData parse_gzip(const std::vector<uint8_t>& file, const std::string& what) {
+IdxData parse_gzip(const std::vector<uint8_t>& file, const std::string& what, size_t max_bytes) {
   IdxData f;
   GzipStream s(file.data(), file.size(), what);
   std::vector<uint8_t>& out = f.bytes;
@@ -88,6 +100,13 @@ IdxData parse_gzip(const std::vector<uint8_t>& file, const std::string& what) {
   ACCEL_CHECK(out.size() == header, IoError, "idx", "'", what, "': truncated header: ", int(out[3]),
               " dimensions need ", header, " header bytes, file has ", out.size());
   const size_t expected = read_header(out.data(), what, f);
+  // Before inflating the payload: within the caller's limit, and within what the compressed
+  // bytes can hold at all (a short stream behind a huge header fails now, not gigabytes later).
+  check_limit(f, expected, max_bytes, what);
+  ACCEL_CHECK(expected / kMaxInflateRatio <= file.size() + kInflateSlack, IoError, "idx", "'", what,
+              "': header says ", f.dims, " ", idx_type_name(f.type), " = ", expected,
+              " data bytes, more than ", file.size(),
+              " compressed bytes can inflate to (truncated)");
   // Exactly the declared payload, then one byte more: present means trailing data, and the
   // stream is never inflated beyond that (Note [bounded inflation] in io.cc).
   s.read(expected, out);
@@ -132,9 +151,9 @@ std::string idx_hex(uint32_t v, int digits) {
   return os.str();
 }
 
-IdxData parse_idx_bytes(std::vector<uint8_t> file, const std::string& what) {
-  if (is_gzip(file.data(), file.size())) return parse_gzip(file, what);
-  return parse_raw(std::move(file), what);
+IdxData parse_idx_bytes(std::vector<uint8_t> file, const std::string& what, size_t max_bytes) {
+  if (is_gzip(file.data(), file.size())) return parse_gzip(file, what, max_bytes);
+  return parse_raw(std::move(file), what, max_bytes);
 }
 
 }  // namespace accel::data

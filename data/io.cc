@@ -1,8 +1,5 @@
 #include "data/io.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -12,44 +9,21 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/file_io.h"
 
 namespace accel::data {
 
-namespace {
-
-std::string errno_str() { return std::strerror(errno); }
-
-// Closes the descriptor on every exit path, including throws.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
-// Opens `path` read-only and returns its size; refuses directories and other non-files with a
-// clear message instead of the EISDIR a later read() would give.
-size_t open_regular(const std::string& path, const char* op, Fd& f) {
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  ACCEL_CHECK(f.fd >= 0, IoError, op, "cannot open '", path, "': ", errno_str());
-  struct stat st;
-  ACCEL_CHECK(::fstat(f.fd, &st) == 0, IoError, op, "cannot stat '", path, "': ", errno_str());
-  ACCEL_CHECK(S_ISREG(st.st_mode), IoError, op, "'", path, "' is not a regular file");
-  return size_t(st.st_size);
-}
-
-}  // namespace
-
 std::vector<uint8_t> read_file_bytes(const std::string& path, bool decompress_gzip,
                                      size_t max_bytes) {
-  Fd f;
-  const size_t size = open_regular(path, "read_file", f);
+  file_io::ReadableFile f =
+      file_io::open_read(path, "read_file", decompress_gzip ? gzip_file_cap(max_bytes) : max_bytes);
+  const size_t size = size_t(f.size);
   std::vector<uint8_t> buf(size);
   size_t got = 0;
   while (got < size) {
-    const ssize_t r = ::read(f.fd, buf.data() + got, size - got);
+    const ssize_t r = ::read(f.fd.get(), buf.data() + got, size - got);
     if (r < 0 && errno == EINTR) continue;
-    ACCEL_CHECK(r >= 0, IoError, "read_file", "error reading '", path, "': ", errno_str());
+    ACCEL_CHECK(r >= 0, IoError, "read_file", "error reading '", path, "': ", std::strerror(errno));
     if (r == 0) break;  // file shrank under us
     got += size_t(r);
   }
@@ -156,41 +130,6 @@ std::vector<uint8_t> gunzip(const uint8_t* data, size_t size, const std::string&
   ACCEL_CHECK(out.size() <= max_bytes, IoError, "gunzip", "'", what, "' inflates to more than ",
               max_bytes, " bytes (the limit); stopped there");
   return out;
-}
-
-MappedFile::MappedFile(const std::string& path) : path_(path) {
-  Fd f;
-  size_ = open_regular(path, "mmap", f);
-  if (size_ == 0) return;  // mmap of length 0 is invalid; an empty mapping is fine
-  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
-  ACCEL_CHECK(p != MAP_FAILED, IoError, "mmap", "cannot map '", path, "' (", size_,
-              " bytes): ", errno_str());
-  // Windows are read in random order; tell the kernel not to read ahead aggressively.
-  ::madvise(p, size_, MADV_RANDOM);
-  data_ = static_cast<const uint8_t*>(p);
-}
-
-MappedFile::~MappedFile() { release(); }
-
-void MappedFile::release() {
-  if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
-  data_ = nullptr;
-  size_ = 0;
-}
-
-MappedFile::MappedFile(MappedFile&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)),
-      size_(std::exchange(o.size_, 0)),
-      path_(std::move(o.path_)) {}
-
-MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
-  if (this != &o) {
-    release();
-    data_ = std::exchange(o.data_, nullptr);
-    size_ = std::exchange(o.size_, 0);
-    path_ = std::move(o.path_);
-  }
-  return *this;
 }
 
 }  // namespace accel::data

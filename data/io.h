@@ -1,5 +1,7 @@
-// File helpers shared by the readers: whole-file reads with transparent gzip, and a read-only
-// memory map. Every failure is an IoError whose message names the file and what is wrong.
+// File helpers shared by the readers: whole-file reads with transparent gzip and bounded
+// inflation. Every failure is an IoError whose message names the file and what is wrong. Files
+// are opened as Note [safe file access] in core/file_io.h says: without blocking, regular files
+// only (a FIFO or /dev/zero is an IoError before a byte is read), links to regular files followed.
 #pragma once
 
 #include <cstddef>
@@ -15,7 +17,8 @@ inline constexpr size_t kNoSizeLimit = ~size_t(0);
 // Reads the whole file. When it starts with the gzip magic (1f 8b) it is inflated (all members
 // of a multi-member stream); a corrupt or truncated stream is an IoError naming the file, and so
 // is one that inflates to more than `max_bytes` (inflation stops there: a small file cannot make
-// us allocate gigabytes before being rejected).
+// us allocate gigabytes before being rejected). A file larger than max_bytes (plus the few bytes
+// of gzip framing a compressed file may add) is refused before it is read.
 std::vector<uint8_t> read_file_bytes(const std::string& path, bool decompress_gzip = true,
                                      size_t max_bytes = kNoSizeLimit);
 
@@ -54,26 +57,10 @@ inline bool is_gzip(const uint8_t* data, size_t size) {
   return size >= 2 && data[0] == 0x1f && data[1] == 0x8b;
 }
 
-// Read-only private mapping of a whole file; unmapped on destruction. Movable, not copyable.
-class MappedFile {
- public:
-  MappedFile() = default;
-  explicit MappedFile(const std::string& path);
-  ~MappedFile();
-  MappedFile(MappedFile&& o) noexcept;
-  MappedFile& operator=(MappedFile&& o) noexcept;
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-
-  const uint8_t* data() const { return data_; }
-  size_t size() const { return size_; }
-  const std::string& path() const { return path_; }
-
- private:
-  void release();
-  const uint8_t* data_ = nullptr;
-  size_t size_ = 0;
-  std::string path_;
-};
+// The most a file of at most `max_bytes` of content may hold on disk when it is gzip: stored
+// (incompressible) deflate blocks add 5 bytes per 64 KiB, gzip members 18 bytes each.
+inline size_t gzip_file_cap(size_t max_bytes) {
+  return max_bytes == kNoSizeLimit ? kNoSizeLimit : max_bytes + max_bytes / 256 + 4096;
+}
 
 }  // namespace accel::data

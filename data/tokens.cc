@@ -1,7 +1,9 @@
 #include "data/tokens.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
-#include <cstdio>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -35,7 +37,7 @@ const char* token_type_name(TokenType t) {
   return "unknown";
 }
 
-void TokenFile::init(const uint8_t* data, size_t nbytes, TokenFileOptions o) {
+void TokenFile::init(size_t nbytes, TokenFileOptions o) {
   const size_t w = width(o.type);
   ACCEL_CHECK(w == 1 || w == 2 || w == 4, ValueError, "tokens", "unknown token type ", int(o.type));
   ACCEL_CHECK(o.header_bytes % w == 0, ValueError, "tokens", "header_bytes ", o.header_bytes,
@@ -47,25 +49,60 @@ void TokenFile::init(const uint8_t* data, size_t nbytes, TokenFileOptions o) {
               " bytes of tokens is not a whole number of ", token_type_name(o.type), " tokens (",
               payload % w, " stray bytes; wrong token type or truncated file?)");
   type_ = o.type;
-  data_ = data + o.header_bytes;
+  header_bytes_ = o.header_bytes;
   n_ = int64_t(payload / w);
   if (o.vocab_size > 0) {
     dispatch_token(type_, [&]<typename T>() {
-      const T* p = reinterpret_cast<const T*>(data_);
-      for (int64_t i = 0; i < n_; ++i) {
-        ACCEL_CHECK(int64_t(p[i]) < o.vocab_size, IoError, "tokens", "'", name_, "': token ",
-                    int64_t(p[i]), " at position ", i, " is outside the vocabulary of ",
-                    o.vocab_size);
-      }
+      scan<T>([&](const T* p, int64_t count, int64_t first) {
+        for (int64_t i = 0; i < count; ++i) {
+          ACCEL_CHECK(int64_t(p[i]) < o.vocab_size, IoError, "tokens", "'", name_, "': token ",
+                      int64_t(p[i]), " at position ", first + i, " is outside the vocabulary of ",
+                      o.vocab_size);
+        }
+      });
     });
+  }
+}
+
+void TokenFile::read_raw(int64_t first, int64_t count, void* dst) const {
+  const size_t w = width(type_);
+  const uint64_t offset = header_bytes_ + uint64_t(first) * w;
+  const size_t bytes = size_t(count) * w;
+  if (!fd_) {
+    std::memcpy(dst, owned_.data() + offset, bytes);
+    return;
+  }
+  if (file_io::pread_all(fd_.get(), dst, bytes, offset)) return;
+  // Note [token files are read, not mapped]: a shrunken file is an error, not a SIGBUS.
+  const int err = errno;
+  struct stat st {};
+  const bool shrank = err == 0 && ::fstat(fd_.get(), &st) == 0;
+  ACCEL_THROW(IoError, "tokens", "'", name_, "': cannot read ", count, " tokens at position ",
+              first, ": ",
+              shrank ? "the file is now " + std::to_string(st.st_size) + " bytes, " +
+                           std::to_string(file_bytes_) +
+                           " when it was opened (truncated or replaced while in use?)"
+                     : std::string(std::strerror(err)));
+}
+
+template <typename T, typename F>
+void TokenFile::scan(F&& fn) const {
+  constexpr int64_t kChunk = (int64_t(1) << 20) / int64_t(sizeof(T));
+  std::vector<T> buf(size_t(std::min(kChunk, n_)));
+  for (int64_t first = 0; first < n_; first += kChunk) {
+    const int64_t count = std::min(kChunk, n_ - first);
+    read_raw(first, count, buf.data());
+    fn(buf.data(), count, first);
   }
 }
 
 std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, TokenFileOptions o) {
   std::shared_ptr<TokenFile> f(new TokenFile());
   f->name_ = path;
-  f->map_ = MappedFile(path);
-  f->init(f->map_.data(), f->map_.size(), o);
+  file_io::ReadableFile file = file_io::open_read(path, "tokens");
+  f->fd_ = std::move(file.fd);
+  f->file_bytes_ = file.size;
+  f->init(size_t(file.size), o);
   return f;
 }
 
@@ -81,15 +118,18 @@ std::shared_ptr<const TokenFile> TokenFile::from_bytes(std::vector<uint8_t> byte
   std::shared_ptr<TokenFile> f(new TokenFile());
   f->name_ = std::move(name);
   f->owned_ = std::move(bytes);
-  f->init(f->owned_.data(), f->owned_.size(), o);
+  f->init(f->owned_.size(), o);
   return f;
 }
 
 int64_t TokenFile::operator[](int64_t i) const {
   ACCEL_CHECK(i >= 0 && i < n_, IndexError, "tokens", "position ", i, " out of range for '", name_,
               "' with ", n_, " tokens");
-  return dispatch_token(
-      type_, [&]<typename T>() { return int64_t(reinterpret_cast<const T*>(data_)[i]); });
+  return dispatch_token(type_, [&]<typename T>() {
+    T v;
+    read_raw(i, 1, &v);
+    return int64_t(v);
+  });
 }
 
 void TokenFile::read(int64_t start, int64_t n, int64_t* out) const {
@@ -97,16 +137,29 @@ void TokenFile::read(int64_t start, int64_t n, int64_t* out) const {
   ACCEL_CHECK(start >= 0 && n >= 0 && start <= n_ && n <= n_ - start, IndexError, "tokens",
               "range of ", n, " tokens at ", start, " out of range for '", name_, "' with ", n_,
               " tokens");
+  if (n == 0) return;
   dispatch_token(type_, [&]<typename T>() {
-    const T* p = reinterpret_cast<const T*>(data_) + start;
-    for (int64_t i = 0; i < n; ++i) out[i] = int64_t(p[i]);
+    // The n stored tokens go to the tail of out, then widen front to back in place: token i is
+    // read (bytes n*(8-w) + i*w on) before out[i] (bytes 8i .. 8i+8) is written, and that write
+    // ends at or before where token i+1 starts, since (i+1)*(8-w) <= n*(8-w).
+    static_assert(sizeof(T) < sizeof(int64_t));
+    uint8_t* raw = reinterpret_cast<uint8_t*>(out) + size_t(n) * (sizeof(int64_t) - sizeof(T));
+    read_raw(start, n, raw);
+    for (int64_t i = 0; i < n; ++i) {
+      T v;
+      std::memcpy(&v, raw + size_t(i) * sizeof(T), sizeof(T));
+      out[i] = int64_t(v);
+    }
   });
 }
 
 int64_t TokenFile::max_token() const {
   return dispatch_token(type_, [&]<typename T>() {
-    const T* p = reinterpret_cast<const T*>(data_);
-    return n_ ? int64_t(*std::max_element(p, p + n_)) : int64_t(-1);
+    int64_t m = -1;
+    scan<T>([&](const T* p, int64_t count, int64_t) {
+      m = std::max(m, int64_t(*std::max_element(p, p + count)));
+    });
+    return m;
   });
 }
 
@@ -122,11 +175,10 @@ void write_token_file(const std::string& path, const std::vector<int64_t>& token
       std::memcpy(buf.data() + i * sizeof(T), &t, sizeof(T));
     }
   });
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  ACCEL_CHECK(f != nullptr, IoError, "write_token_file", "cannot create '", path, "'");
-  const size_t wrote = buf.empty() ? 0 : std::fwrite(buf.data(), 1, buf.size(), f);
-  const bool ok = std::fclose(f) == 0 && wrote == buf.size();
-  ACCEL_CHECK(ok, IoError, "write_token_file", "short write to '", path, "'");
+  // Atomic, never through a link (Note [safe file access]).
+  file_io::write_file_atomic(
+      path, std::string_view(reinterpret_cast<const char*>(buf.data()), buf.size()),
+      "write_token_file");
 }
 
 // ---- window arithmetic ----

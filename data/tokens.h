@@ -1,6 +1,15 @@
-// Token streams for language models: a memory-mapped file of raw little-endian uint8/uint16/
-// uint32 tokens (the nanoGPT .bin layout), or bytes held in memory, and a dataset of (x, y)
+// Token streams for language models: a file of raw little-endian uint8/uint16/uint32 tokens (the
+// nanoGPT .bin layout), read where it lies, or bytes held in memory, and a dataset of (x, y)
 // windows where y is x shifted by one token.
+//
+// Note [token files are read, not mapped]
+// TokenFile::open() keeps the file open and reads each range with pread(2) straight into the
+// caller's int64 buffer (widened in place), instead of mapping it: a file truncated while a mapping
+// of it is in use kills the process with SIGBUS at the next access of a lost page, and no check
+// before the access closes that window (another process may truncate between the check and the
+// read). pread of a shrunken file returns short, which becomes an IoError naming the file and
+// its new size. The page cache serves both the same way; the cost of one system call per window
+// is in docs/data.md (measured with bench/loader).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/file_io.h"
 #include "data/dataset.h"
 #include "data/io.h"
 
@@ -24,8 +34,10 @@ struct TokenFileOptions {
 
 class TokenFile {
  public:
-  // Maps `path`. IoError naming the file when it is empty, shorter than the header, not a whole
-  // number of tokens, or (with vocab_size) holds a token out of range.
+  // Opens `path` (Note [token files are read, not mapped]; a link to a regular file is followed, a
+  // FIFO or device is an IoError). IoError naming the file when it is empty, shorter than the
+  // header, not a whole number of tokens, or (with vocab_size) holds a token out of range; later,
+  // when a read finds it shorter than it was.
   static std::shared_ptr<const TokenFile> open(const std::string& path, TokenFileOptions o = {});
   // Tokens held in memory (e.g. the fortunes corpus as bytes).
   static std::shared_ptr<const TokenFile> from_bytes(std::vector<uint8_t> bytes,
@@ -46,10 +58,16 @@ class TokenFile {
 
  private:
   TokenFile() = default;
-  void init(const uint8_t* data, size_t nbytes, TokenFileOptions o);
-  MappedFile map_;
-  std::vector<uint8_t> owned_;
-  const uint8_t* data_ = nullptr;
+  void init(size_t nbytes, TokenFileOptions o);
+  // count tokens from position `first` as stored (width(type) bytes each) into dst.
+  void read_raw(int64_t first, int64_t count, void* dst) const;
+  // fn(const T* tokens, int64_t count, int64_t first) over the whole stream, in chunks.
+  template <typename T, typename F>
+  void scan(F&& fn) const;
+  file_io::Fd fd_;              // open(): the file
+  uint64_t file_bytes_ = 0;     // its size at open
+  std::vector<uint8_t> owned_;  // from_bytes(): the bytes
+  size_t header_bytes_ = 0;
   int64_t n_ = 0;
   TokenType type_ = TokenType::UInt8;
   std::string name_;

@@ -324,7 +324,10 @@ class Accelerator {
   // ---- checkpoints (Note [atomic checkpoints] in dist/checkpoint.h) ----
   // Saves every prepared object, each rank's RNG, loader positions, scaler and counters into
   // `dir` (empty: project_dir/checkpoints/checkpoint_<n>, with total_limit rotation). Collective:
-  // every rank must call it. Returns the checkpoint directory.
+  // every rank must call it. Returns the checkpoint directory. `dir` is replaced as a whole, so an
+  // IoError on every rank refuses one that is neither empty nor a checkpoint folder of accel's
+  // (Note [what save_state replaces] in dist/checkpoint.h). Several machines need one shared
+  // file system for `dir` (docs/checkpointing.md).
   std::string save_state(const std::string& dir = "");
   // Loads a checkpoint directory, or the one named by `dir`/latest (empty:
   // project_dir/checkpoints). Collective. Another world size re-shards (ZeRO state) or just

@@ -3,6 +3,7 @@
 // optimizers hold is the strategy's to write and read (dist/strategy.h); the facade writes
 // schedulers, loader positions, RNG, registered objects, the scaler and its counters.
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -24,86 +25,6 @@ std::string indexed(const char* stem, size_t i, const char* ext) {
   return i == 0 ? std::string(stem) + ext : std::string(stem) + "_" + std::to_string(i) + ext;
 }
 }  // namespace
-
-std::string Accelerator::save_state(const std::string& dir) {
-  const bool automatic = dir.empty();
-  const std::string final_dir =
-      automatic ? (fs::path(checkpoints_dir()) /
-                   (std::string(dist::kCheckpointPrefix) + std::to_string(save_iteration_)))
-                      .string()
-                : fs::path(dir).lexically_normal().string();
-  const std::string name = fs::path(final_dir).filename().string();
-  ACCEL_CHECK(!name.empty() && name != "." && name != "..", ValueError, "save_state",
-              "bad checkpoint directory '", dir, "'");
-  std::string parent = fs::path(final_dir).parent_path().string();
-  if (parent.empty()) parent = ".";
-  const std::string tmp = dist::checkpoint_tmp_dir(final_dir);
-  auto at = [&](const std::string& f) { return (fs::path(tmp) / f).string(); };
-
-  if (is_main_process()) {
-    std::error_code ec;
-    fs::create_directories(parent, ec);
-    ACCEL_CHECK(!ec, IoError, "save_state", "cannot create '", parent, "': ", ec.message());
-    dist::begin_checkpoint_dir(tmp);
-  }
-  wait_for_everyone();
-  dist::run_checkpoint_hook("begin");
-
-  // Models, optimizers (and gradients of an open window): the strategy's; schedulers: replicated,
-  // written by the main process.
-  const nlohmann::json record = strategy_->save_state(tmp, !sync_gradients_);
-  if (is_main_process())
-    for (size_t i = 0; i < schedulers_.size(); ++i)
-      nn::save_safetensors(at(indexed("scheduler", i, ".safetensors")),
-                           schedulers_[i]->state_dict());
-  // Per-rank state: loader positions, RNG, registered objects.
-  for (size_t i = 0; i < loaders_.size(); ++i)
-    dist::write_file_durable(at(rank_file(indexed("loader", i, ""), rank_, ".json")),
-                             data::state_to_json(loaders_[i]->state_dict()));
-  dist::write_file_durable(at(rank_file("rng", rank_, ".txt")), default_generator().state());
-  for (auto& c : customs_) {
-    nlohmann::json j = c.save();
-    dist::write_file_durable(at(rank_file("custom_" + c.name, rank_, ".json")), j.dump());
-  }
-  dist::run_checkpoint_hook("rank_files");
-  wait_for_everyone();  // every rank's files are durable before state.json marks completion
-
-  if (is_main_process()) {
-    nlohmann::json s;
-    s["format"] = 1;
-    s["step"] = step_;
-    s["optimizer_steps"] = optimizer_steps_;
-    s["save_iteration"] = save_iteration_;
-    s["world_size"] = world_size_;
-    s["mixed_precision"] = std::string(dist::mixed_precision_name(config_.mixed_precision));
-    s["zero_stage"] = config_.zero_stage;
-    s["num_models"] = models_.size();
-    s["num_optimizers"] = optimizers_.size();
-    s["num_schedulers"] = schedulers_.size();
-    s["num_loaders"] = loaders_.size();
-    s["scaler"] = scaler_.state_dict();
-    s["sync_gradients"] = sync_gradients_;
-    s["strategy"] = std::string(strategy_->name());
-    for (auto it = record.begin(); it != record.end(); ++it) s[it.key()] = *it;
-    std::vector<std::string> customs;
-    for (auto& c : customs_) customs.push_back(c.name);
-    s["custom"] = customs;
-    dist::write_file_durable(at(dist::kCheckpointStateFile), s.dump(2));
-    dist::run_checkpoint_hook("state");
-    dist::commit_checkpoint_dir(tmp, final_dir);
-    dist::run_checkpoint_hook("commit");
-  }
-  wait_for_everyone();
-  if (is_main_process()) {
-    dist::write_latest(parent, name);
-    dist::run_checkpoint_hook("latest");
-    if (automatic) dist::rotate_checkpoints(parent, config_.total_limit, final_dir);
-    dist::run_checkpoint_hook("rotate");
-  }
-  ++save_iteration_;
-  wait_for_everyone();
-  return final_dir;
-}
 
 // Note [checkpoint loading]
 // load_state changes nothing unless the whole checkpoint loads:
@@ -266,7 +187,7 @@ struct Accelerator::CheckpointIo {
     }
     {
       const std::string f = rank_or_first("rng", ".txt");
-      l.rng = dist::read_file(f);
+      l.rng = dist::read_file(f, dist::kMaxRngFileBytes);
       Generator probe(0);
       try {
         probe.set_state(l.rng);
@@ -353,14 +274,109 @@ struct Accelerator::CheckpointIo {
 
   // Rethrows this rank's own error, or names the ranks that failed.
   [[noreturn]] static void rethrow(const std::exception_ptr& err, const std::vector<int>& failed,
-                                   const std::string& dir, const char* what) {
+                                   const char* op, const std::string& dir, const char* what) {
     if (err) std::rethrow_exception(err);
     std::string ranks;
     for (int r : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    ACCEL_THROW(IoError, "load_state", "rank(s) ", ranks, " could not ", what, " checkpoint '", dir,
+    ACCEL_THROW(IoError, op, "rank(s) ", ranks, " could not ", what, " checkpoint '", dir,
                 "'; no rank changed anything");
   }
 };
+
+std::string Accelerator::save_state(const std::string& dir) {
+  const bool automatic = dir.empty();
+  const std::string final_dir =
+      automatic ? (fs::path(checkpoints_dir()) /
+                   (std::string(dist::kCheckpointPrefix) + std::to_string(save_iteration_)))
+                      .string()
+                : fs::path(dir).lexically_normal().string();
+  const std::string name = fs::path(final_dir).filename().string();
+  ACCEL_CHECK(!name.empty() && name != "." && name != "..", ValueError, "save_state",
+              "bad checkpoint directory '", dir, "'");
+  std::string parent = fs::path(final_dir).parent_path().string();
+  if (parent.empty()) parent = ".";
+  const std::string tmp = dist::checkpoint_tmp_dir(final_dir);
+  auto at = [&](const std::string& f) { return (fs::path(tmp) / f).string(); };
+
+  // Every rank checks what the save would replace (Note [what save_state replaces]), then the
+  // main process creates the temporary folder (after the checks: it deletes a stale one). After
+  // each step all ranks agree, so that a refusal or a failure on one rank stops every rank there
+  // rather than leaving the others waiting in a barrier.
+  auto agree = [&](const std::function<void()>& step) {
+    std::exception_ptr err;
+    try {
+      step();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    const std::vector<int> failed = CheckpointIo::failed_ranks(*this, bool(err));
+    if (!failed.empty()) CheckpointIo::rethrow(err, failed, "save_state", final_dir, "start");
+  };
+  agree([&] { dist::check_save_target(final_dir); });
+  agree([&] {
+    if (is_main_process()) dist::begin_checkpoint_dir(tmp);
+  });
+  dist::run_checkpoint_hook("begin");
+
+  // Models, optimizers (and gradients of an open window): the strategy's; schedulers: replicated,
+  // written by the main process.
+  const nlohmann::json record = strategy_->save_state(tmp, !sync_gradients_);
+  if (is_main_process())
+    for (size_t i = 0; i < schedulers_.size(); ++i)
+      nn::save_safetensors(at(indexed("scheduler", i, ".safetensors")),
+                           schedulers_[i]->state_dict());
+  // Per-rank state: loader positions, RNG, registered objects.
+  for (size_t i = 0; i < loaders_.size(); ++i)
+    dist::write_file_durable(at(rank_file(indexed("loader", i, ""), rank_, ".json")),
+                             data::state_to_json(loaders_[i]->state_dict()));
+  dist::write_file_durable(at(rank_file("rng", rank_, ".txt")), default_generator().state());
+  for (auto& c : customs_) {
+    nlohmann::json j = c.save();
+    dist::write_file_durable(at(rank_file("custom_" + c.name, rank_, ".json")), j.dump());
+  }
+  dist::run_checkpoint_hook("rank_files");
+  wait_for_everyone();  // every rank's files are durable before state.json marks completion
+
+  if (is_main_process()) {
+    nlohmann::json s;
+    s["format"] = 1;
+    s["step"] = step_;
+    s["optimizer_steps"] = optimizer_steps_;
+    s["save_iteration"] = save_iteration_;
+    s["world_size"] = world_size_;
+    s["mixed_precision"] = std::string(dist::mixed_precision_name(config_.mixed_precision));
+    s["zero_stage"] = config_.zero_stage;
+    s["num_models"] = models_.size();
+    s["num_optimizers"] = optimizers_.size();
+    s["num_schedulers"] = schedulers_.size();
+    s["num_loaders"] = loaders_.size();
+    s["scaler"] = scaler_.state_dict();
+    s["sync_gradients"] = sync_gradients_;
+    s["strategy"] = std::string(strategy_->name());
+    for (auto it = record.begin(); it != record.end(); ++it) s[it.key()] = *it;
+    std::vector<std::string> customs;
+    for (auto& c : customs_) customs.push_back(c.name);
+    s["custom"] = customs;
+    // The manifest: every rank's files are there (the barrier above); state.json is the last.
+    std::vector<std::string> files = dist::checkpoint_files(tmp);
+    files.push_back(dist::kCheckpointStateFile);
+    s["files"] = files;
+    dist::write_file_durable(at(dist::kCheckpointStateFile), s.dump(2));
+    dist::run_checkpoint_hook("state");
+    dist::commit_checkpoint_dir(tmp, final_dir);
+    dist::run_checkpoint_hook("commit");
+  }
+  wait_for_everyone();
+  if (is_main_process()) {
+    dist::write_latest(parent, name);
+    dist::run_checkpoint_hook("latest");
+    if (automatic) dist::rotate_checkpoints(parent, config_.total_limit, final_dir);
+    dist::run_checkpoint_hook("rotate");
+  }
+  ++save_iteration_;
+  wait_for_everyone();
+  return final_dir;
+}
 
 std::string Accelerator::load_state(const std::string& dir) {
   const std::string where = dir.empty() ? checkpoints_dir() : dir;
@@ -372,7 +388,7 @@ std::string Accelerator::load_state(const std::string& dir) {
     err = std::current_exception();
   }
   std::vector<int> failed = CheckpointIo::failed_ranks(*this, bool(err));
-  if (!failed.empty()) CheckpointIo::rethrow(err, failed, where, "read");
+  if (!failed.empty()) CheckpointIo::rethrow(err, failed, "load_state", where, "read");
 
   const CheckpointIo::Snapshot before = CheckpointIo::snapshot(*this);
   try {
@@ -386,7 +402,7 @@ std::string Accelerator::load_state(const std::string& dir) {
       CheckpointIo::restore(*this, before);
     } catch (...) {  // the state came from these very objects; keep the error that matters
     }
-    CheckpointIo::rethrow(err, failed, where, "load");
+    CheckpointIo::rethrow(err, failed, "load_state", where, "load");
   }
   return loaded->path;
 }

@@ -19,9 +19,29 @@
 // complete checkpoint: the interrupted one is either a .tmp- directory (ignored, removed by the
 // next save) or complete but not yet `latest`. A directory without state.json is never loaded,
 // and `latest` must hold a plain directory name (no '/', not '.' or '..'): a checkpoint root
-// only ever points inside itself.
+// only ever points inside itself. Every file and folder of the protocol is created, renamed and
+// removed relative to opened folders, as Note [safe file access] in core/file_io.h says: a link
+// planted at `latest.tmp` or in a checkpoint folder redirects nothing.
+//
+// Note [what save_state replaces]
+// save_state(dir) replaces the folder dir as a whole: whatever it held is deleted. So on every
+// rank, before anything is written, it refuses (IoError naming the folder and what is in it)
+// unless dir, and the .tmp-<name> and .tmp-<name>.old folders the protocol uses beside it, are
+//   * missing or empty, or
+//   * a checkpoint folder of accel's: it holds the marker file .accel_checkpoint (which
+//     begin_checkpoint_dir() writes first into every new checkpoint) or a state.json of accel's
+//     (a JSON object with "format" and "step"), and nothing but regular files accel writes into
+//     a checkpoint: those listed in state.json's "files" (the manifest rank 0 writes), or, for a
+//     checkpoint of an earlier version without a manifest, files named as accel names them
+//     (model*, optimizer*, scheduler* .safetensors, grads*, zero_*, fsdp_* _rank<r>.safetensors,
+//     loader*_rank<r>.json, rng_rank<r>.txt, custom_*_rank<r>.json, and their temporaries). An
+//     unfinished save (the marker and no state.json) may hold any regular files.
+// A user's notes.txt, a logs/ folder or a link inside makes it refuse, and so does a link at dir
+// itself (the swap would replace the link, not the folder it names). Rotation (total_limit)
+// deletes only checkpoint_<N> folders that pass the same test.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -32,16 +52,34 @@ namespace accel::dist {
 constexpr const char* kCheckpointStateFile = "state.json";
 constexpr const char* kLatestFile = "latest";
 constexpr const char* kCheckpointPrefix = "checkpoint_";
+// Written first into every checkpoint folder (Note [what save_state replaces]).
+constexpr const char* kCheckpointMarker = ".accel_checkpoint";
+// The most load_state reads of one metadata file (Note [safe file access] in core/file_io.h):
+// state.json, loader positions and registered objects; the RNG state; `latest`.
+constexpr uint64_t kMaxCheckpointFileBytes = uint64_t(64) << 20;
+constexpr uint64_t kMaxRngFileBytes = uint64_t(1) << 20;
+constexpr uint64_t kMaxLatestBytes = 4096;
 
-// Writes `data` to path via path.tmp + fsync + rename + fsync of the directory.
+// Writes `data` to path atomically and durably: a unique temporary in the same folder, fsync,
+// rename over path, fsync of the folder (file_io::AtomicFile).
 void write_file_durable(const std::string& path, const std::string& data);
-// Whole file; IoError naming the file when it cannot be read.
-std::string read_file(const std::string& path);
-void fsync_path(const std::string& path);  // a file or a directory
+// Whole file of at most max_bytes; IoError naming the file when it cannot be read, is a link, a
+// FIFO, a device or larger than that.
+std::string read_file(const std::string& path, uint64_t max_bytes = kMaxCheckpointFileBytes);
+void fsync_path(const std::string& path);  // a file or a directory (not through a link)
+
+// Why save_state must not replace the folder `dir`, or nothing when it may (Note [what
+// save_state replaces]).
+std::optional<std::string> replace_refusal(const std::string& dir);
+// IoError unless save_state may replace final_dir and use its temporary folders.
+void check_save_target(const std::string& final_dir);
 
 std::string checkpoint_tmp_dir(const std::string& final_dir);
-// Removes a stale temp dir and creates it empty (rank 0).
+// Creates the parent when missing, removes a stale temp dir and creates it holding only the
+// marker (rank 0).
 void begin_checkpoint_dir(const std::string& tmp_dir);
+// Names of the regular files in a checkpoint folder, sorted: the manifest of state.json.
+std::vector<std::string> checkpoint_files(const std::string& dir);
 // Makes tmp the checkpoint `final` (atomically replacing an existing one), as in the Note.
 void commit_checkpoint_dir(const std::string& tmp_dir, const std::string& final_dir);
 // <parent>/.tmp-<name>.old: where the non-atomic fallback keeps the old checkpoint meanwhile.
@@ -54,7 +92,8 @@ std::optional<std::string> read_latest(const std::string& parent);
 std::string resolve_checkpoint_dir(const std::string& dir);
 // checkpoint_<N> directories in `parent`, sorted by N.
 std::vector<std::string> list_checkpoints(const std::string& parent);
-// Deletes the oldest checkpoint_<N> dirs of `parent` until `total_limit` remain, never `keep`.
+// Deletes the oldest checkpoint_<N> dirs of `parent` until `total_limit` remain, never `keep`
+// and never a folder replace_refusal() objects to.
 void rotate_checkpoints(const std::string& parent, int total_limit, const std::string& keep);
 
 // Test hook: called with a stage name ("begin", "rank_files", "state", "commit_swap" (inside

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 
@@ -17,10 +18,11 @@ namespace accel::dist {
 namespace fs = std::filesystem;
 
 namespace {
-void make_dir(const std::string& dir, const char* op) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  ACCEL_CHECK(!ec, IoError, op, "cannot create directory '", dir, "': ", ec.message());
+// Writes all of `data` to the tracker's file; IoError naming it otherwise.
+void write_out(const file_io::Fd& out, const std::string& path, const std::string& data) {
+  ACCEL_CHECK(out, IoError, "tracker", "'", path, "' is closed (after finish())");
+  ACCEL_CHECK(file_io::write_all(out.get(), data.data(), data.size()), IoError, "tracker",
+              "write to '", path, "' failed: ", std::strerror(errno));
 }
 
 double now_seconds() {
@@ -36,31 +38,28 @@ nlohmann::json metric_json(double v) {
 }  // namespace
 
 JsonlTracker::JsonlTracker(const std::string& dir, const std::string& file_name) {
-  make_dir(dir, "tracker");
   path_ = (fs::path(dir) / file_name).string();
-  out_.open(path_, std::ios::app);
-  ACCEL_CHECK(out_.good(), IoError, "tracker", "cannot open '", path_, "' for writing");
+  out_ = file_io::create_file(path_, "tracker", file_io::CreateMode::kAppend,
+                              /*create_dirs=*/true);
 }
+
+// One write(2) per line: O_APPEND keeps lines whole.
+void JsonlTracker::write_line(const std::string& line) { write_out(out_, path_, line + '\n'); }
 
 void JsonlTracker::log(const Metrics& metrics, int64_t step) {
   nlohmann::json j = nlohmann::json::object();
   if (step >= 0) j["step"] = step;
   for (auto& [k, v] : metrics) j[k] = metric_json(v);
-  out_ << j.dump() << '\n';
-  out_.flush();
-  ACCEL_CHECK(out_.good(), IoError, "tracker", "write to '", path_, "' failed");
+  write_line(j.dump());
 }
 
 void JsonlTracker::store_init_configuration(const std::map<std::string, std::string>& config) {
   nlohmann::json j;
   j["config"] = config;
-  out_ << j.dump() << '\n';
-  out_.flush();
+  write_line(j.dump());
 }
 
-void JsonlTracker::finish() {
-  if (out_.is_open()) out_.close();
-}
+void JsonlTracker::finish() { out_.reset(); }
 
 // ---- TensorBoard ----
 //
@@ -132,14 +131,13 @@ uint32_t masked_crc32c(const void* data, size_t n) {
 }
 
 TensorBoardTracker::TensorBoardTracker(const std::string& dir) {
-  make_dir(dir, "tracker");
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
   path_ = (fs::path(dir) / ("events.out.tfevents." + std::to_string(int64_t(now_seconds())) + "." +
                             host + "." + std::to_string(getpid())))
               .string();
-  out_.open(path_, std::ios::binary | std::ios::trunc);
-  ACCEL_CHECK(out_.good(), IoError, "tracker", "cannot open '", path_, "' for writing");
+  out_ = file_io::create_file(path_, "tracker", file_io::CreateMode::kReplace,
+                              /*create_dirs=*/true);
   std::string e = event_header(now_seconds(), 0);
   put_bytes(e, 3, "brain.Event:2");
   write_record(e);
@@ -149,12 +147,12 @@ void TensorBoardTracker::write_record(const std::string& data) {
   uint64_t len = data.size();
   uint32_t len_crc = masked_crc32c(&len, 8);
   uint32_t data_crc = masked_crc32c(data.data(), data.size());
-  out_.write(reinterpret_cast<const char*>(&len), 8);
-  out_.write(reinterpret_cast<const char*>(&len_crc), 4);
-  out_.write(data.data(), std::streamsize(data.size()));
-  out_.write(reinterpret_cast<const char*>(&data_crc), 4);
-  out_.flush();
-  ACCEL_CHECK(out_.good(), IoError, "tracker", "write to '", path_, "' failed");
+  std::string record;
+  put_fixed(record, &len, 8);
+  put_fixed(record, &len_crc, 4);
+  record += data;
+  put_fixed(record, &data_crc, 4);
+  write_out(out_, path_, record);
 }
 
 void TensorBoardTracker::log(const Metrics& metrics, int64_t step) {
@@ -172,9 +170,7 @@ void TensorBoardTracker::log(const Metrics& metrics, int64_t step) {
   write_record(e);
 }
 
-void TensorBoardTracker::finish() {
-  if (out_.is_open()) out_.close();
-}
+void TensorBoardTracker::finish() { out_.reset(); }
 
 TrackerPtr make_tracker(const std::string& name, const std::string& dir) {
   if (name == "jsonl") return std::make_unique<JsonlTracker>(dir);

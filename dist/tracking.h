@@ -7,11 +7,12 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "core/file_io.h"
 
 namespace accel::dist {
 
@@ -31,7 +32,8 @@ using TrackerPtr = std::unique_ptr<Tracker>;
 
 class JsonlTracker final : public Tracker {
  public:
-  // Creates `dir` when needed and appends to dir/metrics.jsonl (a resumed run continues it).
+  // Creates `dir` when needed and appends to dir/metrics.jsonl (a resumed run continues it); a
+  // link, FIFO or another user's file there is an IoError (Note [safe file access]).
   explicit JsonlTracker(const std::string& dir, const std::string& file_name = "metrics.jsonl");
   const char* name() const override { return "jsonl"; }
   void log(const Metrics& metrics, int64_t step) override;
@@ -41,8 +43,9 @@ class JsonlTracker final : public Tracker {
   const std::string& path() const { return path_; }
 
  private:
+  void write_line(const std::string& line);
   std::string path_;
-  std::ofstream out_;
+  file_io::Fd out_;
 };
 
 class TensorBoardTracker final : public Tracker {
@@ -56,7 +59,7 @@ class TensorBoardTracker final : public Tracker {
  private:
   void write_record(const std::string& data);
   std::string path_;
-  std::ofstream out_;
+  file_io::Fd out_;
 };
 
 // "jsonl" / "tensorboard" (also "all" = both); ValueError for anything else.

@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -13,11 +11,15 @@
 #include <sstream>
 
 #include "core/env_contract.h"
+#include "core/file_io.h"
 
 namespace accel::launcher {
 namespace {
 
 constexpr int kDefaultMainProcessPort = 29500;
+constexpr double kMaxMonitorInterval = 60.0;  // seconds
+// A config file is a few hundred bytes; anything near this is not one.
+constexpr uint64_t kMaxConfigBytes = uint64_t(1) << 20;
 constexpr long long kMaxProcesses = 1 << 20;
 constexpr long long kMaxMachines = 1 << 16;
 
@@ -364,10 +366,8 @@ void validate(const LaunchConfig& c, const std::string& where) {
   }
   if (c.max_restarts < 0)
     fail("max_restarts", "must be >= 0, got " + std::to_string(c.max_restarts));
-  if (!(c.monitor_interval > 0 && c.monitor_interval <= 60)) {
-    fail("monitor_interval",
-         "must be in (0, 60] seconds, got " + std::to_string(c.monitor_interval));
-  }
+  if (auto e = check_number(c.monitor_interval, 0, kMaxMonitorInterval, /*lo_open=*/true))
+    fail("monitor_interval", "seconds: " + *e);
   if (c.num_cpu_threads_per_process < 0) {
     fail("num_cpu_threads_per_process",
          "must be >= 0 (0: automatic), got " + std::to_string(c.num_cpu_threads_per_process));
@@ -592,8 +592,9 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
     } else if (key == "monitor_interval") {
       std::string t = scalar_text(v, where, key);
       auto d = parse_double(t);
-      if (!d || !(*d > 0 && *d <= 60))
-        bad_key(where, v, key, "expected seconds in (0, 60], got '" + t + "'");
+      if (!d) bad_key(where, v, key, "expected seconds in (0, 60], got '" + t + "'");
+      if (auto e = check_number(*d, 0, kMaxMonitorInterval, /*lo_open=*/true))
+        bad_key(where, v, key, "seconds: " + *e);
       c.monitor_interval = *d;
     } else if (key == "num_cpu_threads_per_process") {
       c.num_cpu_threads_per_process = static_cast<int>(read_int(v, where, key, 0, 1 << 16));
@@ -618,12 +619,9 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
 }  // namespace
 
 LaunchConfig load_config(const std::string& path) {
-  std::ifstream f(path);
-  ACCEL_CHECK(f.good(), IoError, "config", "cannot open config file '", path, "'");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  ACCEL_CHECK(!f.bad(), IoError, "config", "cannot read config file '", path, "'");
-  return parse_config(ss.str(), path);
+  // Not through a FIFO or device, at most kMaxConfigBytes (Note [safe file access]); a link to a
+  // config file is followed.
+  return parse_config(file_io::read_file(path, "config", kMaxConfigBytes), path);
 }
 
 std::string config_to_yaml(const LaunchConfig& c) {
@@ -667,25 +665,11 @@ std::string config_to_yaml(const LaunchConfig& c) {
 }
 
 void save_config(const LaunchConfig& c, const std::string& path) {
-  namespace fs = std::filesystem;
   validate(c, path);
-  fs::path p(path);
-  std::error_code ec;
-  if (p.has_parent_path()) {
-    fs::create_directories(p.parent_path(), ec);
-    ACCEL_CHECK(!ec, IoError, "config", "cannot create directory '", p.parent_path().string(),
-                "': ", ec.message());
-  }
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    ACCEL_CHECK(f.good(), IoError, "config", "cannot write config file '", tmp, "'");
-    f << config_to_yaml(c);
-    f.flush();
-    ACCEL_CHECK(f.good(), IoError, "config", "cannot write config file '", tmp, "'");
-  }
-  fs::rename(tmp, p, ec);
-  ACCEL_CHECK(!ec, IoError, "config", "cannot move '", tmp, "' to '", path, "': ", ec.message());
+  // A unique temporary renamed over `path`, in a folder created or checked on the way
+  // (Note [safe file access]).
+  file_io::write_file_atomic(path, config_to_yaml(c), "config", /*durable=*/true,
+                             /*create_dirs=*/true);
 }
 
 LaunchConfig basic_config(int gpu_count, const std::string& mixed_precision) {

@@ -13,6 +13,7 @@
 #include "launcher/output.h"
 #include "launcher/plan.h"
 #include "launcher/supervisor.h"
+#include "launcher/util.h"
 
 namespace al = accel::launcher;
 
@@ -21,6 +22,8 @@ namespace {
 constexpr double kDefaultGracePeriod = 5.0;
 constexpr double kDefaultStoppedTimeout = 30.0;
 constexpr double kMaxStoppedTimeout = 86400.0;
+constexpr double kMaxGracePeriod = 300.0;
+constexpr double kMaxMonitorInterval = 60.0;
 constexpr const char* kDefaultForwardSignals = "SIGUSR1,SIGUSR2";
 constexpr int kSelftestDefaultProcesses = 2;
 
@@ -37,10 +40,23 @@ struct LaunchArgs {
 };
 
 template <typename T>
-void add_optional(CLI::App* app, const std::string& names, std::optional<T>& target,
-                  const std::string& help) {
-  app->add_option_function<T>(
+CLI::Option* add_optional(CLI::App* app, const std::string& names, std::optional<T>& target,
+                          const std::string& help) {
+  return app->add_option_function<T>(
       names, [&target](const T& v) { target = v; }, help);
+}
+
+// Seconds in [lo, hi] ((lo, hi] when lo_open), finite: every floating flag goes through
+// al::check_number (Note [floating options] in launcher/util.h); CLI::Range lets nan through.
+CLI::Validator seconds_in(double lo, double hi, bool lo_open = false) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        const auto v = al::parse_double(text);
+        if (!v) return "expected a number of seconds, got '" + text + "'";
+        const auto e = al::check_number(*v, lo, hi, lo_open);
+        return e ? "seconds: " + *e : std::string();
+      },
+      "SECONDS");
 }
 
 void add_launch_flags(CLI::App* app, LaunchArgs& a) {
@@ -65,7 +81,8 @@ void add_launch_flags(CLI::App* app, LaunchArgs& a) {
   add_optional(app, "--max_restarts,--max-restarts", f.max_restarts,
                "restart the whole group up to N times after a failure (ACCEL_RESTART_COUNT)");
   add_optional(app, "--monitor_interval,--monitor-interval", f.monitor_interval,
-               "seconds between liveness checks (output and exits are handled as they happen)");
+               "seconds between liveness checks (output and exits are handled as they happen)")
+      ->check(seconds_in(0.0, kMaxMonitorInterval, /*lo_open=*/true));
   add_optional(app, "--zero_stage,--zero-stage", f.zero_stage, "ZeRO stage 0-3 (ACCEL_ZERO_STAGE)");
   add_optional(app, "--gradient_accumulation_steps,--gradient-accumulation-steps",
                f.gradient_accumulation_steps, "ACCEL_GRADIENT_ACCUMULATION_STEPS");
@@ -101,14 +118,14 @@ void add_launch_flags(CLI::App* app, LaunchArgs& a) {
                "OMP_NUM_THREADS for every worker (default: CPUs / workers per machine)");
   app->add_option("--grace_period,--grace-period", a.grace_period,
                   "seconds between SIGTERM and SIGKILL when the group is stopped")
-      ->check(CLI::Range(0.0, 300.0));
+      ->check(seconds_in(0.0, kMaxGracePeriod));
   add_optional(app, "--rendezvous_token,--rendezvous-token", f.rendezvous_token,
                "secret shared by every machine of the job (default: $ACCEL_RENDEZVOUS_TOKEN; see "
                "`accel-run token`)");
   app->add_option(
          "--stopped_timeout,--stopped-timeout", a.stopped_timeout,
          "seconds a worker may stay stopped (SIGSTOP) before it counts as failed; 0: never")
-      ->check(CLI::Range(0.0, kMaxStoppedTimeout));
+      ->check(seconds_in(0.0, kMaxStoppedTimeout));
   app->add_option("--forward_signals,--forward-signals", a.forward_signals,
                   "signals passed on to every worker without stopping the job, e.g. "
                   "SIGUSR1,SIGUSR2 (default), or none");

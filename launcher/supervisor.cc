@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +27,7 @@
 #include <sstream>
 
 #include "core/env_contract.h"
+#include "core/file_io.h"
 #include "launcher/output.h"
 #include "launcher/watchdog.h"
 
@@ -52,6 +54,11 @@ constexpr size_t kCgroupIdChars = 12;
 constexpr double kLeftoverSeconds = 0.5;
 constexpr const char* kLaunchIdVar = env::kLaunchId;
 constexpr const char* kErrorFileName = "error.json";
+// Note [error files]: what accel-run reads of a worker's error file, how deep it parses it, and
+// how much of an unparsed one it keeps in the report.
+constexpr uint64_t kMaxErrorFileBytes = uint64_t(1) << 20;
+constexpr int kMaxErrorFileDepth = 64;
+constexpr size_t kMaxKeptErrorText = size_t(64) << 10;
 // Words that make a stderr line the "first error line" of the failure summary.
 constexpr const char* kErrorWords[] = {"error", "exception", "what()",   "fatal",
                                        "abort", "failed",    "terminate"};
@@ -291,22 +298,25 @@ class Supervisor {
   // Creates DIR/attempt_<n>/rank_<r>, removes a stale error file, opens the log files.
   void prepare_files(Worker& w, int restart) {
     if (root_.empty()) return;
-    namespace fs = std::filesystem;
     w.dir = root_ + "/attempt_" + std::to_string(restart) + "/rank_" + std::to_string(w.rank);
-    std::error_code ec;
-    fs::create_directories(w.dir, ec);
-    ACCEL_CHECK(!ec, IoError, "launch", "cannot create the directory '", w.dir, "' for rank ",
-                w.rank, "'s log and error files: ", ec.message());
+    // The folder is created or checked one component at a time and every file in it is created
+    // new, never opened through a link (Note [safe file access] in core/file_io.h).
+    try {
+      const file_io::Fd dir = file_io::open_dir(w.dir, /*create=*/true, "launch");
+      // A file left by an earlier run would pass for this worker's report: its name goes,
+      // whatever it is (a link is removed, not followed).
+      file_io::remove_tree(dir.get(), kErrorFileName, w.dir + "/" + kErrorFileName, "launch");
+    } catch (const IoError& e) {
+      ACCEL_THROW(IoError, "launch", "cannot create the directory '", w.dir, "' for rank ", w.rank,
+                  "'s log and error files: ", e.what());
+    }
     w.error_file = w.dir + "/" + kErrorFileName;
-    fs::remove(w.error_file,
-               ec);  // a file left by an earlier run would pass for this worker's report
     if (opts_.log_dir.empty()) return;
     const char* names[2] = {"stdout.log", "stderr.log"};
     for (int i = 0; i < 2; ++i) {
-      const std::string path = w.dir + "/" + names[i];
-      w.log_fd[i] = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      ACCEL_CHECK(w.log_fd[i] >= 0, IoError, "launch", "cannot open '", path,
-                  "': ", std::strerror(errno));
+      w.log_fd[i] =
+          file_io::create_file(w.dir + "/" + names[i], "launch", file_io::CreateMode::kReplace)
+              .release();
     }
   }
 
@@ -795,8 +805,8 @@ class Supervisor {
     for (Worker& w : workers_) {
       if (w.failed || w.running || w.pid <= 0 || succeeded(w.status) || w.error_file.empty())
         continue;
-      std::error_code ec;
-      if (std::filesystem::file_size(w.error_file, ec) > 0 && !ec)
+      struct stat st {};
+      if (lstat(w.error_file.c_str(), &st) == 0 && (!S_ISREG(st.st_mode) || st.st_size > 0))
         record_failure(w, describe_status(w.status), exit_code_of(w.status));
     }
   }
@@ -825,26 +835,67 @@ class Supervisor {
   // "extraInfo": {...}}}); its keys are kept and what is missing is added. For a worker that wrote
   // nothing accel-run writes the whole report: what it knows about the process and the last
   // stderr lines as the "traceback".
+  // What a worker wrote is untrusted input (read_worker_report): at most kMaxErrorFileBytes of a
+  // regular file that is not a link (a FIFO, a device or a link is described, not read: Note
+  // [safe file access]), parsed only when it nests at most kMaxErrorFileDepth deep (100,000 nested
+  // arrays made accel-run's re-indenting dump() use 7.9 GB and overflow the stack). Otherwise its
+  // text, cut to kMaxKeptErrorText, is kept as "worker_content" with "worker_content_note" saying
+  // why; the worker's exit status is reported either way.
+  static nlohmann::json read_worker_report(const std::string& path, bool& by_worker) {
+    nlohmann::json j = nlohmann::json::object();
+    struct stat st {};
+    if (lstat(path.c_str(), &st) != 0) return j;  // nothing written
+    std::string text;
+    bool cut = false;
+    try {
+      file_io::ReadableFile f =
+          file_io::open_read(path, "error file", file_io::kNoSizeCap, file_io::Links::kRefuse);
+      cut = f.size > kMaxErrorFileBytes;
+      text.resize(size_t(std::min<uint64_t>(f.size, kMaxErrorFileBytes)));
+      if (!file_io::pread_all(f.fd.get(), text.data(), text.size(), 0)) text.clear();
+    } catch (const IoError& e) {
+      by_worker = true;
+      j["worker_content_note"] = std::string("not read: ") + e.what();
+      return j;
+    }
+    if (trim(text).empty()) return j;
+    by_worker = true;
+    std::string note;
+    if (cut) {
+      note = "not parsed: the file is larger than " + std::to_string(kMaxErrorFileBytes) + " bytes";
+    } else {
+      struct TooDeep {};
+      try {
+        nlohmann::json parsed = nlohmann::json::parse(
+            text,
+            [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+              if (depth > kMaxErrorFileDepth) throw TooDeep{};
+              return true;
+            },
+            /*allow_exceptions=*/false);
+        if (parsed.is_object()) return parsed;
+      } catch (const TooDeep&) {
+        note = "not parsed: JSON nested more than " + std::to_string(kMaxErrorFileDepth) +
+               " levels deep";
+      }
+    }
+    // Not a JSON object (or not parsed): kept verbatim, up to a bound.
+    if (text.size() > kMaxKeptErrorText) {
+      text.resize(kMaxKeptErrorText);
+      note += std::string(note.empty() ? "" : "; ") + "cut to its first " +
+              std::to_string(kMaxKeptErrorText) + " bytes";
+    }
+    j["worker_content"] = text;
+    if (!note.empty()) j["worker_content_note"] = note;
+    return j;
+  }
+
   void write_error_files() {
     for (size_t idx : failures_) {
       Worker& w = workers_[idx];
       if (w.error_file.empty()) continue;
-      nlohmann::json j = nlohmann::json::object();
       bool by_worker = false;
-      {
-        std::ifstream f(w.error_file);
-        std::stringstream ss;
-        if (f) ss << f.rdbuf();
-        const std::string text = ss.str();
-        if (!trim(text).empty()) {
-          by_worker = true;
-          nlohmann::json parsed = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-          if (parsed.is_object())
-            j = std::move(parsed);
-          else
-            j["worker_content"] = text;  // not a JSON object: kept verbatim
-        }
-      }
+      nlohmann::json j = read_worker_report(w.error_file, by_worker);
       std::string traceback;
       for (const auto& l : w.tail) traceback += l + "\n";
       const long long unix_s =
@@ -874,19 +925,15 @@ class Supervisor {
       put("timestamp", unix_s);
       put("time", iso_time(w.failed_at));
       put("written_by", by_worker ? "worker, completed by accel-run" : "accel-run");
-      const std::string tmp = w.error_file + ".tmp";
-      {
-        std::ofstream f(tmp, std::ios::trunc);
-        // Worker output need not be UTF-8; dump() would throw on it (type_error 316).
-        f << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-        if (!f) {
-          log("warning: cannot write " + tmp);
-          continue;
-        }
+      try {
+        // Worker output need not be UTF-8; dump() would throw on it (type_error 316). The report
+        // replaces the file through a unique temporary (Note [safe file access]).
+        file_io::write_file_atomic(
+            w.error_file, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+            "error file", /*durable=*/false);
+      } catch (const IoError& e) {
+        log(std::string("warning: cannot write the error file: ") + e.what());
       }
-      std::error_code ec;
-      std::filesystem::rename(tmp, w.error_file, ec);
-      if (ec) log("warning: cannot write " + w.error_file + ": " + ec.message());
     }
     if (!temp_root_.empty() && !keep_temp_) {
       keep_temp_ = true;  // the summary names files in it

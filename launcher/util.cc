@@ -12,10 +12,12 @@
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 
 extern char** environ;
 
@@ -92,6 +94,24 @@ std::optional<double> parse_double(std::string_view s) {
   double v = std::strtod(t.c_str(), &end);
   if (errno != 0 || end != t.c_str() + t.size()) return std::nullopt;
   return v;
+}
+
+std::optional<std::string> check_number(double v, double lo, double hi, bool lo_open) {
+  auto num = [](double x) {
+    std::ostringstream os;
+    os << x;
+    return os.str();
+  };
+  std::string range(1, lo_open ? '(' : '[');
+  range += num(lo);
+  range += ", ";
+  range += num(hi);
+  range += ']';
+  if (std::isnan(v)) return "expected a number in " + range + ", got nan";
+  if (std::isinf(v)) return "expected a finite number in " + range + ", got " + num(v);
+  if (lo_open ? !(v > lo) : !(v >= lo)) return "expected a number in " + range + ", got " + num(v);
+  if (!(v <= hi)) return "expected a number in " + range + ", got " + num(v);
+  return std::nullopt;
 }
 
 size_t edit_distance(std::string_view a, std::string_view b) {

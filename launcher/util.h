@@ -33,7 +33,15 @@ std::vector<std::string> split(std::string_view s, char sep);
 
 // Whole-string integer parse; nullopt on junk, overflow or empty input.
 std::optional<long long> parse_int(std::string_view s);
+// Whole-string floating parse; nullopt on junk, overflow or empty input. "nan" and "inf" parse:
+// check_number() is what refuses them.
 std::optional<double> parse_double(std::string_view s);
+
+// Note [floating options]: every floating flag and config key of accel-run goes through this one
+// check. NaN compares false with every bound, so a range check written `v < lo || v > hi` lets
+// it through (--grace_period nan acted as 0); infinities are no number of seconds either.
+// Returns why `v` is not a finite number in [lo, hi] (in (lo, hi] when lo_open), or nothing.
+std::optional<std::string> check_number(double v, double lo, double hi, bool lo_open = false);
 
 // Levenshtein distance, used to suggest the intended key for a misspelled one.
 size_t edit_distance(std::string_view a, std::string_view b);

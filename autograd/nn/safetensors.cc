@@ -1,15 +1,9 @@
 #include "autograd/nn/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -18,6 +12,7 @@
 #include <vector>
 
 #include "autograd/nn/safetensors_header.h"
+#include "core/file_io.h"
 
 namespace accel::nn {
 
@@ -29,63 +24,13 @@ namespace {
 
 using json = nlohmann::json;
 
+std::string errno_str() { return std::strerror(errno); }
+
 constexpr const char* kLoad = "load_safetensors";
 constexpr const char* kSave = "save_safetensors";
 constexpr const char* kMetadataKey = "__metadata__";
 constexpr size_t kLengthBytes = 8;
 constexpr size_t kHeaderAlign = 8;
-
-// Closes a file descriptor on scope exit.
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int release() {
-    int f = fd;
-    fd = -1;
-    return f;
-  }
-};
-
-std::string errno_str() { return std::strerror(errno); }
-
-// Reads exactly n bytes at `offset`; false on EOF or error (errno set on error).
-bool pread_full(int fd, void* dst, size_t n, uint64_t offset) {
-  char* p = static_cast<char*>(dst);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, n, off_t(offset));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    if (r == 0) {
-      errno = 0;
-      return false;
-    }
-    p += r;
-    n -= size_t(r);
-    offset += uint64_t(r);
-  }
-  return true;
-}
-
-bool write_full(int fd, const void* src, size_t n) {
-  const char* p = static_cast<const char*>(src);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    p += w;
-    n -= size_t(w);
-  }
-  return true;
-}
 
 using Entry = detail::SafetensorsEntry;
 
@@ -112,24 +57,23 @@ using Entry = detail::SafetensorsEntry;
 // Steps 1-6 live in safetensors_header.cc (shared with tests/fuzz/fuzz_safetensors.cc).
 // Only then are tensors allocated (their total size is bounded by the file size) and read.
 TensorDict load_safetensors(const std::string& path, Metadata* metadata) {
-  Fd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  ACCEL_CHECK(file.fd >= 0, IoError, kLoad, "cannot open '", path, "': ", errno_str());
-  struct stat st {};
-  ACCEL_CHECK(::fstat(file.fd, &st) == 0, IoError, kLoad, "cannot stat '", path,
-              "': ", errno_str());
-  ACCEL_CHECK(S_ISREG(st.st_mode), IoError, kLoad, "'", path, "' is not a regular file");
-  const uint64_t file_size = uint64_t(st.st_size);
+  // Non-blocking open, regular files only (Note [safe file access] in core/file_io.h); the sizes
+  // the header declares are checked against the file's size before anything is allocated.
+  const file_io::ReadableFile file = file_io::open_read(path, kLoad);
+  const int fd = file.fd.get();
+  const uint64_t file_size = file.size;
   ACCEL_CHECK(file_size >= kLengthBytes, IoError, kLoad, "'", path, "': file is ", file_size,
               " bytes, too short for the 8-byte header length");
 
   unsigned char len_bytes[kLengthBytes];
-  ACCEL_CHECK(pread_full(file.fd, len_bytes, kLengthBytes, 0), IoError, kLoad, "'", path,
+  ACCEL_CHECK(file_io::pread_all(fd, len_bytes, kLengthBytes, 0), IoError, kLoad, "'", path,
               "': cannot read the header length: ", errno ? errno_str() : "unexpected end of file");
   const uint64_t header_len = detail::safetensors_header_length(len_bytes, file_size, path);
 
   std::string header(size_t(header_len), '\0');
-  ACCEL_CHECK(pread_full(file.fd, header.data(), header.size(), kLengthBytes), IoError, kLoad, "'",
-              path, "': cannot read the header: ", errno ? errno_str() : "unexpected end of file");
+  ACCEL_CHECK(file_io::pread_all(fd, header.data(), header.size(), kLengthBytes), IoError, kLoad,
+              "'", path,
+              "': cannot read the header: ", errno ? errno_str() : "unexpected end of file");
   const uint64_t buffer_size = file_size - kLengthBytes - header_len;
   const uint64_t buffer_start = kLengthBytes + header_len;
   const std::vector<Entry> entries =
@@ -142,8 +86,8 @@ TensorDict load_safetensors(const std::string& path, Metadata* metadata) {
     Tensor t = empty(shape, TensorOptions(e.dtype, kCPU));
     const size_t n = size_t(e.end - e.begin);
     if (n > 0) {
-      ACCEL_CHECK(pread_full(file.fd, t.data_ptr(), n, buffer_start + e.begin), IoError, kLoad, "'",
-                  path, "': cannot read tensor '", e.name, "': ",
+      ACCEL_CHECK(file_io::pread_all(fd, t.data_ptr(), n, buffer_start + e.begin), IoError, kLoad,
+                  "'", path, "': cannot read tensor '", e.name, "': ",
                   errno ? errno_str() : "unexpected end of file (file changed while reading?)");
     }
     if (e.dtype == kBool) {
@@ -204,35 +148,19 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<Entry> entrie
   unsigned char len_bytes[kLengthBytes];
   for (size_t i = 0; i < kLengthBytes; ++i)
     len_bytes[i] = (uint64_t(text.size()) >> (8 * i)) & 0xff;
-  // Temporary file in the target directory, so rename() is atomic (same file system).
-  static std::atomic<uint64_t> counter{0};
-  for (int attempt = 0; attempt < 16 && fd_ < 0; ++attempt) {
-    tmp_ = path_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd_ < 0 && errno != EEXIST) break;
-  }
-  ACCEL_CHECK(fd_ >= 0, IoError, kSave, "cannot create a temporary file next to '", path_,
-              "': ", errno_str());
-  if (!write_full(fd_, len_bytes, kLengthBytes) || !write_full(fd_, text.data(), text.size()))
-    fail("write failed");
+  // A unique temporary in the target directory, renamed over `path` on commit (Note [safe file
+  // access] in core/file_io.h).
+  file_ = std::make_unique<file_io::AtomicFile>(path_, kSave);
+  file_->write(len_bytes, kLengthBytes);
+  file_->write(text);
 }
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (fd_ >= 0) ::close(fd_);
-  if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
-}
-
-void SafetensorsWriter::fail(const char* what) {
-  const std::string err = errno_str();
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-  ::unlink(tmp_.c_str());
-  tmp_.clear();
-  ACCEL_THROW(IoError, kSave, "'", path_, "': ", what, ": ", err);
-}
+// Out of line: file_io::AtomicFile is complete only here. Destroying an uncommitted file removes
+// its temporary.
+SafetensorsWriter::~SafetensorsWriter() = default;
 
 void SafetensorsWriter::write(const Tensor& t) {
-  ACCEL_CHECK(fd_ >= 0 && !committed_, IoError, kSave, "'", path_, "': the writer is closed");
+  ACCEL_CHECK(file_ && !committed_, IoError, kSave, "'", path_, "': the writer is closed");
   ACCEL_CHECK(next_ < entries_.size(), ValueError, kSave, "'", path_, "': more tensors than the ",
               entries_.size(), " announced");
   const Entry& e = entries_[next_];
@@ -243,26 +171,24 @@ void SafetensorsWriter::write(const Tensor& t) {
   Tensor h = t.detach();
   if (!h.device().is_cpu()) h = h.to(kCPU);
   h = h.contiguous();
-  if (h.nbytes() > 0 && !write_full(fd_, h.data_ptr(), h.nbytes())) fail("write failed");
+  if (h.nbytes() > 0) {
+    try {
+      file_->write(h.data_ptr(), h.nbytes());
+    } catch (...) {
+      file_.reset();  // the temporary is gone; the writer is closed
+      throw;
+    }
+  }
   ++next_;
 }
 
 void SafetensorsWriter::commit() {
-  ACCEL_CHECK(fd_ >= 0 && !committed_, IoError, kSave, "'", path_, "': the writer is closed");
+  ACCEL_CHECK(file_ && !committed_, IoError, kSave, "'", path_, "': the writer is closed");
   ACCEL_CHECK(next_ == entries_.size(), ValueError, kSave, "'", path_, "': ", next_, " of ",
               entries_.size(), " announced tensors written");
-  if (::fsync(fd_) != 0) fail("fsync failed");
-  const int fd = fd_;
-  fd_ = -1;
-  if (::close(fd) != 0) fail("close failed");
-  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("rename failed");
+  std::unique_ptr<file_io::AtomicFile> f = std::move(file_);
+  f->commit();
   committed_ = true;
-  // Make the rename itself durable.
-  std::filesystem::path dir = std::filesystem::path(path_).parent_path();
-  if (dir.empty()) dir = ".";
-  Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  ACCEL_CHECK(d.fd >= 0 && ::fsync(d.fd) == 0, IoError, kSave, "'", path_,
-              "': cannot fsync directory '", dir.string(), "': ", errno_str());
 }
 
 void save_safetensors(const std::string& path, const TensorDict& tensors,

@@ -11,10 +11,15 @@
 // validation] in safetensors.cc); every violation is an IoError naming the file and the problem.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "autograd/nn/module.h"
+
+namespace accel::file_io {
+class AtomicFile;  // core/file_io.h
+}
 
 namespace accel::nn {
 
@@ -22,12 +27,15 @@ namespace accel::nn {
 constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
 
 // Writes atomically: a temporary file in the same directory, fsync, rename over `path`, fsync
-// of the directory. Tensors may live on any device and have any strides; they are written as
-// contiguous CPU bytes. The name "__metadata__" is reserved.
+// of the directory, never through a link (Note [safe file access] in core/file_io.h). Tensors may
+// live on any device and have any strides; they are written as contiguous CPU bytes. The name
+// "__metadata__" is reserved.
 void save_safetensors(const std::string& path, const TensorDict& tensors,
                       const Metadata& metadata = {});
 
 // Reads every tensor onto the CPU. `metadata`, when given, receives the __metadata__ strings.
+// A link to a regular file is followed (a Hugging Face cache links into blobs/); a FIFO, device
+// or directory is an IoError before anything is read.
 TensorDict load_safetensors(const std::string& path, Metadata* metadata = nullptr);
 // A safetensors file written one tensor at a time, in the announced order, so that a sharded
 // model can be exported holding one piece in memory (dist/fsdp.h). Atomic like save_safetensors:
@@ -48,11 +56,10 @@ class SafetensorsWriter {
   void commit();
 
  private:
-  [[noreturn]] void fail(const char* what);
-  std::string path_, tmp_;
+  std::string path_;
   std::vector<Entry> entries_;
   size_t next_ = 0;
-  int fd_ = -1;
+  std::unique_ptr<file_io::AtomicFile> file_;  // null once committed or failed
   bool committed_ = false;
 };
 

@@ -2,6 +2,8 @@
 // loading] in dist/accelerator.cc): a re-save killed at every step, `latest` pointing outside
 // its root, malformed state.json, and loads that fail halfway.
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dist/checkpoint.h"
+#include "tests/child_process.h"
 #include "tests/dist/spawn.h"
 #include "tests/accelerator/common.h"
 
@@ -386,4 +389,178 @@ TEST_CASE("checkpoint faults: load_state changes nothing unless everything loads
   CHECK(t.state() != before);
   CHECK(t.acc->step() == 3);
   CHECK(t.custom.at("counter") == "3");
+}
+
+// Note [what save_state replaces]: save_state(dir) replaced a folder of the user's without a word.
+TEST_CASE("checkpoint faults: save_state refuses a folder that is not a checkpoint of accel's") {
+  Trained t("refuse");
+  auto refusal = [&](const std::string& dir) -> std::string {
+    try {
+      t.acc->save_state(dir);
+    } catch (const IoError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  auto has = [](const std::string& s, const std::string& part) {
+    return s.find(part) != std::string::npos;
+  };
+  // The folder of the report: notes, logs and a final model, kept as they were.
+  const std::string user = t.dir + "/results";
+  fs::create_directories(user + "/logs");
+  spit(user + "/notes.txt", "notes");
+  spit(user + "/logs/train.log", "log");
+  spit(user + "/final_model.bin", "model");
+  std::string msg = refusal(user);
+  CHECK(has(msg, "[save_state] '" + user + "' holds final_model.bin, logs/, notes.txt"));
+  CHECK(has(msg, "not a checkpoint folder of accel's"));
+  CHECK(slurp(user + "/notes.txt") == "notes");
+  CHECK(slurp(user + "/logs/train.log") == "log");
+  CHECK(slurp(user + "/final_model.bin") == "model");
+  CHECK(!fs::exists(t.dir + "/.tmp-results"));
+  // A checkpoints root (latest and checkpoint_<N>/) is not a checkpoint either.
+  msg = refusal(t.dir + "/checkpoints");
+  CHECK(has(msg, "checkpoint_0/"));
+  CHECK(has(msg, "latest"));
+  CHECK(fs::exists(t.ckpt + "/" + dist::kCheckpointStateFile));
+  // Automatic saves too: the next one (no save succeeded yet) goes to checkpoint_1.
+  fs::create_directories(t.dir + "/checkpoints/checkpoint_1");
+  spit(t.dir + "/checkpoints/checkpoint_1/notes.txt", "notes");
+  CHECK(has(refusal(""), "checkpoint_1' holds notes.txt"));
+  CHECK(slurp(t.dir + "/checkpoints/checkpoint_1/notes.txt") == "notes");
+  // Empty or missing: fine. A checkpoint of ours: replaced, as before.
+  fs::create_directories(t.dir + "/empty");
+  CHECK(refusal(t.dir + "/empty").empty());
+  CHECK(refusal(t.dir + "/empty").empty());
+  CHECK(fs::exists(t.dir + "/empty/" + dist::kCheckpointMarker));
+  // ... unless something of the user's was put inside it.
+  spit(t.dir + "/empty/notes.txt", "mine");
+  msg = refusal(t.dir + "/empty");
+  CHECK(has(msg, "also holds what accel did not write there: notes.txt"));
+  CHECK(slurp(t.dir + "/empty/notes.txt") == "mine");
+  fs::remove(t.dir + "/empty/notes.txt");
+  // A checkpoint of the previous version (no marker, no manifest) is recognised by its files.
+  fs::remove(t.dir + "/empty/" + dist::kCheckpointMarker);
+  nlohmann::json s = nlohmann::json::parse(slurp(t.dir + "/empty/" + dist::kCheckpointStateFile));
+  s.erase("files");
+  spit(t.dir + "/empty/" + dist::kCheckpointStateFile, s.dump());
+  CHECK(refusal(t.dir + "/empty").empty());
+  fs::remove(t.dir + "/empty/" + dist::kCheckpointMarker);
+  spit(t.dir + "/empty/" + dist::kCheckpointStateFile, s.dump());
+  spit(t.dir + "/empty/final_model.bin", "model");
+  CHECK(has(refusal(t.dir + "/empty"),
+            "also holds what accel did not write there: "
+            "final_model.bin"));
+  // A link at the folder's name, and a stale temporary folder holding the user's files.
+  fs::create_directory_symlink(user, t.dir + "/alias");
+  CHECK(has(refusal(t.dir + "/alias"), "is a symbolic link"));
+  fs::create_directories(t.dir + "/.tmp-fresh");
+  spit(t.dir + "/.tmp-fresh/notes.txt", "notes");
+  msg = refusal(t.dir + "/fresh");
+  CHECK(has(msg,
+            "'" + t.dir + "/.tmp-fresh' (the temporary folder of a save to it) holds notes.txt"));
+  CHECK(slurp(t.dir + "/.tmp-fresh/notes.txt") == "notes");
+  // Nothing above moved `latest` or broke the group: it still loads.
+  CHECK_NOTHROW(t.acc->load_state());
+}
+
+TEST_CASE("checkpoint faults: rotation deletes only checkpoint folders of accel's") {
+  const std::string dir = fresh_dir("rotation");
+  {
+    AcceleratorConfig c = base_config(dir);
+    c.total_limit = 1;
+    Accelerator acc(c);
+    Run run(acc, 8, false, 0.0);
+    // A checkpoint_<N> of the user's, beyond the ones the saves make: the rotation counted and
+    // deleted it with the oldest.
+    fs::create_directories(dir + "/checkpoints/checkpoint_7/logs");
+    spit(dir + "/checkpoints/checkpoint_7/notes.txt", "notes");
+    acc.save_state();
+    acc.save_state();
+    acc.save_state();
+    CHECK(slurp(dir + "/checkpoints/checkpoint_7/notes.txt") == "notes");
+    CHECK(!fs::exists(dir + "/checkpoints/checkpoint_0"));
+    CHECK(!fs::exists(dir + "/checkpoints/checkpoint_1"));
+    CHECK(fs::exists(dir + "/checkpoints/checkpoint_2"));
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("checkpoint faults: planted links redirect no write; open folders are refused") {
+  Trained t("links");
+  // A link at the old fixed temporary name of `latest`: a root-run job overwrote its target.
+  spit(t.dir + "/outside", "precious");
+  fs::create_symlink(t.dir + "/outside", t.dir + "/checkpoints/latest.tmp");
+  const std::string second = t.acc->save_state();
+  CHECK(slurp(t.dir + "/outside") == "precious");
+  CHECK(slurp(t.dir + "/checkpoints/latest") == "checkpoint_1\n");
+  CHECK(second == t.dir + "/checkpoints/checkpoint_1");
+  // A link at `latest` itself is replaced, not written through.
+  fs::remove(t.dir + "/checkpoints/latest");
+  fs::create_symlink(t.dir + "/outside", t.dir + "/checkpoints/latest");
+  t.acc->save_state();
+  CHECK(slurp(t.dir + "/outside") == "precious");
+  CHECK(!fs::is_symlink(t.dir + "/checkpoints/latest"));
+  CHECK(slurp(t.dir + "/checkpoints/latest") == "checkpoint_2\n");
+  // A folder on the way that anyone may rewrite.
+  fs::create_directories(t.dir + "/open");
+  fs::permissions(t.dir + "/open", fs::perms::all);
+  try {
+    t.acc->save_state(t.dir + "/open/ck");
+    FAIL("saved under a world-writable folder");
+  } catch (const IoError& e) {
+    CHECK(std::string(e.what()).find("world-writable without the sticky bit") != std::string::npos);
+  }
+  CHECK(!fs::exists(t.dir + "/open/.tmp-ck"));
+}
+
+TEST_CASE(
+    "checkpoint faults: FIFOs and devices in a checkpoint are IoErrors, not hangs or bad_alloc") {
+  Trained t("fifo");
+  const std::string state = t.ckpt + "/" + dist::kCheckpointStateFile;
+  const std::string rng = t.ckpt + "/rng_rank0.txt";
+  const std::string good_state = slurp(state);
+  // state.json as a FIFO: the read blocked in open() until a writer came. In a child with a
+  // deadline, so that a regression fails here instead of hanging the suite.
+  fs::remove(state);
+  REQUIRE(mkfifo(state.c_str(), 0600) == 0);
+  auto r = test::expect_error_child<IoError>([&] { t.acc->load_state(); }, "is a FIFO");
+  CHECK_MESSAGE(!r.timed_out, "load_state blocked on a FIFO state.json");
+  CHECK(r.ok());
+  fs::remove(state);
+  spit(state, good_state);
+  // rng_rank0.txt linked to /dev/zero was read until std::bad_alloc (the child's memory is
+  // capped so a regression fails fast). accel never writes a link there: refused as one.
+  const std::string good_rng = slurp(rng);
+  fs::remove(rng);
+  fs::create_symlink("/dev/zero", rng);
+  {
+    // In this process (a child would run kernels after fork): the data segment is capped at
+    // 4 GiB meanwhile, so that a regression ends in bad_alloc soon.
+    struct rlimit old {};
+    REQUIRE(getrlimit(RLIMIT_DATA, &old) == 0);
+    struct rlimit cap = old;
+    cap.rlim_cur = rlim_t(4) << 30;
+    REQUIRE(setrlimit(RLIMIT_DATA, &cap) == 0);
+    std::string msg = "(no error)";
+    try {
+      t.acc->load_state();
+    } catch (const std::exception& e) {
+      msg = e.what();
+    }
+    setrlimit(RLIMIT_DATA, &old);
+    CHECK_MESSAGE(msg.find(rng + "' is a symbolic link") != std::string::npos, msg);
+  }
+  // A state.json far larger than any real one is refused by its size, before it is read.
+  fs::remove(rng);
+  spit(rng, good_rng);
+  {
+    std::ofstream f(state, std::ios::binary | std::ios::trunc);
+    f.seekp(std::streamoff(dist::kMaxCheckpointFileBytes));
+    f.put('}');
+  }
+  CHECK_THROWS_WITH_AS(t.acc->load_state(), doctest::Contains("bytes this kind of file may hold"),
+                       IoError);
+  spit(state, good_state);
+  CHECK_NOTHROW(t.acc->load_state());
 }

@@ -1,19 +1,26 @@
 // Readers on hostile input: sizes that overflow, gzip bombs, values out of range, positions that
 // overflow. Each case here crashed, allocated without bound, or loaded garbage before the fix.
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <sys/stat.h>
+
 #include <climits>
 #include <cstring>
+#include <filesystem>
 
 #include "helpers.h"
+#include "tests/child_process.h"
 
 using namespace accel;
 using namespace accel::data;
 using namespace accel::data::testing;
+using accel::test::expect_error_child;
+using accel::test::run_in_child;
 
 namespace {
 
@@ -172,4 +179,108 @@ TEST_CASE("token files: positions and windows that overflow are errors, not wild
   o.vocab_size = 5;
   CHECK(TokenFile::from_bytes({9, 9, 4, 0, 1, 0}, o, "mem")->size() == 2);
   CHECK_THROWS_AS(TokenFile::from_bytes({9, 9, 5, 0}, o, "mem"), IoError);
+}
+
+TEST_CASE("IDX: a header declaring more than the reader may hold fails before inflating") {
+  TempDir d;
+  // 4 GB of labels declared, 256 MiB of zeros in the stream: before, the stream was inflated up
+  // to its end (the report saw 1.2 GB) before "truncated". Now the header alone is refused.
+  constexpr size_t kStream = size_t(256) << 20;
+  write_bytes(d.file("4g.gz"), gzip_zeros(idx_bytes(0x08, {4000000000u}, {}), kStream));
+  const long grew =
+      child_rss_growth([&] { read_idx_labels(d.file("4g.gz")); }, "more than the limit of");
+  CHECK(grew >= 0);
+  CHECK(grew < 64);  // MiB
+  // Below the limit but beyond what the compressed bytes can hold (~1032:1; these 128 MiB of
+  // zeros compress ~230:1 to ~0.6 MB): refused as truncated at once, not after inflating them.
+  write_bytes(d.file("900m.gz"), gzip_zeros(idx_bytes(0x08, {900000000u}, {}), kStream / 2));
+  const long grew2 = child_rss_growth([&] { read_idx_labels(d.file("900m.gz")); }, "truncated");
+  CHECK(grew2 >= 0);
+  CHECK(grew2 < 64);
+  // The limit is the caller's: IdxOptions::max_bytes, for raw and gzip files alike.
+  write_bytes(d.file("lab.gz"), gzip_bytes(idx_bytes(0x08, {1000}, std::vector<uint8_t>(1000, 3))));
+  write_bytes(d.file("lab"), idx_bytes(0x08, {1000}, std::vector<uint8_t>(1000, 3)));
+  for (const char* f : {"lab.gz", "lab"}) {
+    CAPTURE(f);
+    const std::string msg = io_error_of([&] { read_idx_labels(d.file(f), IdxOptions{999}); });
+    CHECK(msg.find("1000 data bytes, more than the limit of 999 bytes") != std::string::npos);
+    CHECK(read_idx_labels(d.file(f), IdxOptions{1000}).numel() == 1000);
+  }
+  // load_mnist passes its limit on.
+  write_bytes(d.file("train-images-idx3-ubyte"),
+              idx_bytes(0x08, {2, 3, 3}, std::vector<uint8_t>(18)));
+  write_bytes(d.file("train-labels-idx1-ubyte"), idx_bytes(0x08, {2}, {1, 2}));
+  MnistOptions mo;
+  CHECK(load_mnist(d.path(), mo)->size() == 2);
+  mo.max_bytes = 10;
+  CHECK(io_error_of([&] { load_mnist(d.path(), mo); }).find("more than the limit of 10") !=
+        std::string::npos);
+}
+
+TEST_CASE("hostile files: a FIFO or a device in place of a data file is an IoError, no hang") {
+  TempDir d;
+  for (const char* name : {"fifo.idx", "fifo.bin", "fifo.csv"})
+    REQUIRE(mkfifo(d.file(name).c_str(), 0600) == 0);
+  // Before, open() blocked until a writer came: the suite hung. The reads run in children with
+  // a deadline, so a regression fails these checks instead.
+  auto r = expect_error_child<IoError>([&] { read_idx(d.file("fifo.idx")); }, "is a FIFO");
+  CHECK_MESSAGE(!r.timed_out, "read_idx blocked on a FIFO");
+  CHECK(r.ok());
+  r = expect_error_child<IoError>([&] { TokenFile::open(d.file("fifo.bin")); }, "is a FIFO");
+  CHECK_MESSAGE(!r.timed_out, "TokenFile::open blocked on a FIFO");
+  CHECK(r.ok());
+  r = expect_error_child<IoError>([&] { read_csv(d.file("fifo.csv")); }, "is a FIFO");
+  CHECK_MESSAGE(!r.timed_out, "read_csv blocked on a FIFO");
+  CHECK(r.ok());
+  // A link to a device: followed (data files may be links) and refused for what it is.
+  std::filesystem::create_symlink("/dev/zero", d.file("zero.bin"));
+  CHECK(io_error_of([&] { TokenFile::open(d.file("zero.bin")); }).find("is a character device") !=
+        std::string::npos);
+  CHECK(io_error_of([&] { read_idx(d.file("zero.bin")); }).find("is a character device") !=
+        std::string::npos);
+  // A link to a regular file is a legitimate data file.
+  write_bytes(d.file("real.bin"), {1, 0, 2, 0, 3, 0});
+  std::filesystem::create_symlink(d.file("real.bin"), d.file("link.bin"));
+  CHECK(TokenFile::open(d.file("link.bin"))->size() == 3);
+}
+
+TEST_CASE("token files: a file truncated while in use is an IoError, not SIGBUS") {
+  TempDir d;
+  std::vector<int64_t> tokens(200000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int64_t(i % 50000);
+  write_token_file(d.file("t.bin"), tokens, TokenType::UInt16);
+  // Opened, read, then cut to 4 KiB by another writer (a second descriptor): reading a window
+  // past the cut killed the process with SIGBUS when the file was mapped.
+  const auto r = run_in_child([&] {
+    auto f = TokenFile::open(d.file("t.bin"));
+    TokenWindowDataset ds(f, 64);
+    if (ds.get(3000)["x"].tolist()[0] != double(3000 * 64 % 50000)) return 10;
+    const int fd = ::open(d.file("t.bin").c_str(), O_WRONLY);
+    if (fd < 0 || ::ftruncate(fd, 4096) != 0) return 11;
+    ::close(fd);
+    try {
+      ds.get(3000);
+    } catch (const IoError& e) {
+      const std::string m = e.what();
+      return m.find("is now 4096 bytes, 400000 when it was opened") != std::string::npos ? 0 : 12;
+    }
+    return 13;
+  });
+  CHECK_MESSAGE(r.signal == 0, "killed by signal ", r.signal);
+  CHECK(r.code == 0);
+  // The widening reads agree with the tokens, at every width.
+  write_token_file(d.file("t.bin"), tokens, TokenType::UInt16);
+  auto f = TokenFile::open(d.file("t.bin"));
+  std::vector<int64_t> out(5);
+  f->read(199995, 5, out.data());
+  CHECK(out == std::vector<int64_t>{49995, 49996, 49997, 49998, 49999});
+  CHECK((*f)[123457] == 123457 % 50000);
+  CHECK(f->max_token() == 49999);
+  write_token_file(d.file("t8.bin"), {1, 2, 3, 255, 0}, TokenType::UInt8);
+  write_token_file(d.file("t32.bin"), {70000, 1, 4000000000}, TokenType::UInt32);
+  std::vector<int64_t> three(3);
+  TokenFile::open(d.file("t8.bin"), {TokenType::UInt8, 0, 0})->read(2, 3, three.data());
+  CHECK(three == std::vector<int64_t>{3, 255, 0});
+  TokenFile::open(d.file("t32.bin"), {TokenType::UInt32, 0, 0})->read(0, 3, three.data());
+  CHECK(three == std::vector<int64_t>{70000, 1, 4000000000});
 }

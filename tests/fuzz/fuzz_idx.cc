@@ -10,12 +10,14 @@
 
 namespace {
 constexpr size_t kGunzipLimit = size_t(64) << 10;
-}
+// A small IdxOptions::max_bytes, so that the limit check is reached by short inputs.
+constexpr size_t kIdxLimit = size_t(1) << 16;
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace accel::data;
   try {
-    const IdxData f = parse_idx_bytes(std::vector<uint8_t>(data, data + size), "<fuzz>");
+    const IdxData f = parse_idx_bytes(std::vector<uint8_t>(data, data + size), "<fuzz>", kIdxLimit);
     // What the readers rely on: the payload is exactly numel elements, and numel is the
     // product of the dimensions.
     int64_t numel = 1;
@@ -26,6 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if ((zero ? 0 : numel) != f.numel) std::abort();
     if (f.bytes.size() - f.data_offset != size_t(f.numel) * idx_elem_size(f.type)) std::abort();
+    if (f.bytes.size() - f.data_offset > kIdxLimit) std::abort();  // the declared limit holds
     // Touch the whole payload so a short buffer shows up under ASan.
     volatile uint8_t sink = 0;
     for (size_t i = f.data_offset; i < f.bytes.size(); ++i) sink = sink ^ f.bytes[i];

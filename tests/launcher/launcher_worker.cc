@@ -16,11 +16,15 @@
 // for --spawn_setsid: a grandchild in a session of its own) once it is ready.
 // --clear_env: that grandchild also execs itself with an empty environment.
 // fail --error_file TEXT: the failing rank writes TEXT to $ACCEL_ERROR_FILE first; --bad_utf8: it
-// also writes a stderr line that is not UTF-8.
+// also writes a stderr line that is not UTF-8; --error_nested N: it writes {"message": [[[...]]]}
+// with N nested arrays there; --error_link TARGET: it plants symbolic links to TARGET at
+// $ACCEL_ERROR_FILE.tmp (the name accel-run used for its temporary) and, with --error_fifo, makes
+// $ACCEL_ERROR_FILE a FIFO.
 // Every wait is bounded (kMaxWaitSeconds) so that a broken launcher cannot leave processes behind.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -191,6 +195,14 @@ int mode_fail() {
     std::ofstream f(env("ACCEL_ERROR_FILE"));
     f << opt("error_file");
   }
+  if (flag("error_nested")) {
+    const size_t n = size_t(std::atol(opt("error_nested").c_str()));
+    std::ofstream f(env("ACCEL_ERROR_FILE"));
+    f << "{\"message\": " << std::string(n, '[') << std::string(n, ']') << "}";
+  }
+  if (flag("error_link"))
+    symlink(opt("error_link").c_str(), (env("ACCEL_ERROR_FILE") + ".tmp").c_str());
+  if (flag("error_fifo")) mkfifo(env("ACCEL_ERROR_FILE").c_str(), 0600);
   sleep_s(std::atof(opt("delay", "0.2").c_str()));
   if (flag("signal")) {
     rlimit no_core{0, 0};

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -1566,6 +1567,87 @@ TEST_CASE("launch: a failed worker's error file and the failure summary") {
     CHECK(j["exitcode"] == 3);
     fs::remove_all(fs::path(path).parent_path().parent_path().parent_path());
   }
+}
+
+TEST_CASE("launch: hostile error files and planted links (Note [safe file access])") {
+  SUBCASE("an error file of 100,000 nested arrays: bounded, the exit status still reported") {
+    // Before: accel-run re-indented it recursively, grew to 7.9 GB and died of SIGSEGV.
+    TempDir dir;
+    Result r = accel_run(
+        launch_args({"--num_processes", "1", "--log_dir", dir / "logs"},
+                    {"fail", "--code", "5", "--dir", dir.str(), "--error_nested", "100000"}));
+    CHECK(r.code == 5);
+    CHECK(contains(r.err, "exit code 5"));
+    auto j = read_json(dir / "logs/attempt_0/rank_0/error.json");
+    CHECK(j["exitcode"] == 5);
+    CHECK(j["written_by"] == "worker, completed by accel-run");
+    CHECK(contains(j["worker_content_note"].get<std::string>(),
+                   "not parsed: JSON nested more than 64 levels deep; cut to its first 65536"));
+    CHECK(j["worker_content"].get<std::string>().size() == 65536);
+  }
+  SUBCASE("a link at error.json.tmp, a FIFO at error.json: nothing followed, nothing blocks") {
+    TempDir dir;
+    write_file(dir / "outside", "precious");
+    // The worker plants a link where accel-run wrote its temporary: the report went into the
+    // link's target, and error.json became that link.
+    Result r = accel_run(
+        launch_args({"--num_processes", "1", "--log_dir", dir / "logs"},
+                    {"fail", "--code", "4", "--dir", dir.str(), "--error_link", dir / "outside"}));
+    CHECK(r.code == 4);
+    CHECK(read_file(dir / "outside") == "precious");
+    const std::string ef = dir / "logs/attempt_0/rank_0/error.json";
+    CHECK(!fs::is_symlink(ef));
+    CHECK(read_json(ef)["exitcode"] == 4);
+    // error.json made a FIFO: opening it to read blocked accel-run (Proc::finish gives up after
+    // 30 s). It is described instead, and replaced by the report.
+    Result f = accel_run(launch_args({"--num_processes", "1", "--log_dir", dir / "logs"},
+                                     {"fail", "--code", "6", "--dir", dir.str(), "--error_fifo"}));
+    CHECK(f.code == 6);
+    auto j = read_json(ef);
+    CHECK(j["exitcode"] == 6);
+    CHECK(contains(j["worker_content_note"].get<std::string>(), "is a FIFO"));
+  }
+  SUBCASE("a link planted in --log_dir: refused, its target untouched") {
+    TempDir dir;
+    write_file(dir / "outside", "precious");
+    fs::create_directories(dir / "logs/attempt_0/rank_0");
+    fs::create_symlink(dir / "outside", dir / "logs/attempt_0/rank_0/stdout.log");
+    Result r = accel_run(launch_args({"--num_processes", "1", "--log_dir", dir / "logs"},
+                                     {"env", "--dir", dir.str()}));
+    CHECK(r.code == 1);
+    CHECK(contains(r.err, dir / "logs/attempt_0/rank_0/stdout.log' already exists and is a "
+                                "symbolic link"));
+    CHECK(read_file(dir / "outside") == "precious");
+    CHECK(count_files(dir, "env.") == 0);  // nothing was started
+    // A --log_dir that anyone may rewrite is refused the same way.
+    fs::create_directories(dir / "open");
+    fs::permissions(dir / "open", fs::perms::all);
+    Result o = accel_run(launch_args({"--num_processes", "1", "--log_dir", dir / "open/logs"},
+                                     {"env", "--dir", dir.str()}));
+    CHECK(o.code == 1);
+    CHECK(contains(o.err, "world-writable without the sticky bit"));
+  }
+}
+
+TEST_CASE("launch: floating flags refuse nan, inf and negative values (Note [floating options])") {
+  // Before: --grace_period nan and --stopped_timeout nan were accepted and acted as 0.
+  for (const std::string flag : {"--grace_period", "--stopped_timeout", "--monitor_interval"}) {
+    for (const std::string bad : {"nan", "NaN", "inf", "-inf", "-1", "1e999"}) {
+      CAPTURE(flag);
+      CAPTURE(bad);
+      Result r = accel_run(launch_args({flag, bad}, {"env"}));
+      CHECK(r.code != 0);
+      CHECK((contains(r.err, flag) || contains(r.err, "seconds")));
+    }
+  }
+  Result nan = accel_run(launch_args({"--grace_period", "nan"}, {"env"}));
+  CHECK(contains(nan.err, "expected a number in [0, 300], got nan"));
+  CHECK(!al::check_number(0, 0, 300));
+  CHECK(!al::check_number(300, 0, 300));
+  CHECK(al::check_number(0, 0, 60, /*lo_open=*/true).has_value());
+  CHECK(*al::check_number(std::nan(""), 0, 60) == "expected a number in [0, 60], got nan");
+  CHECK(*al::check_number(HUGE_VAL, 0, 60) == "expected a finite number in [0, 60], got inf");
+  CHECK(*al::check_number(-1, 0, 60) == "expected a number in [0, 60], got -1");
 }
 
 TEST_CASE("launch: SIGUSR1 is forwarded to the workers and does not stop the job") {

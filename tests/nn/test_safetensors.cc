@@ -1,6 +1,7 @@
 // safetensors checkpoints: round trips for every dtype, the exact byte layout, atomic writes,
 // and a corpus of malformed files that must each give a clear IoError.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "accel.h"
+#include "tests/child_process.h"
 
 using namespace accel;
 namespace fs = std::filesystem;
@@ -365,4 +367,29 @@ TEST_CASE("SafetensorsWriter streams tensors in the announced order, atomically"
   CHECK(files == 2);
   CHECK_THROWS_AS(nn::SafetensorsWriter(p, {{"x", kFloat32, {1}}, {"x", kFloat32, {1}}}),
                   ValueError);
+}
+
+TEST_CASE(
+    "hostile files: FIFOs and devices are refused without blocking; links are not followed "
+    "by writes") {
+  TempDir dir;
+  // A FIFO in place of the file: open() blocked until a writer came (the suite hung). The read
+  // runs in a child with a deadline, so a regression fails here instead.
+  REQUIRE(mkfifo(dir.file("fifo.safetensors").c_str(), 0600) == 0);
+  const auto r = test::expect_error_child<IoError>(
+      [&] { nn::load_safetensors(dir.file("fifo.safetensors")); }, "is a FIFO");
+  CHECK_MESSAGE(!r.timed_out, "load_safetensors blocked on a FIFO");
+  CHECK(r.ok());
+  fs::create_symlink("/dev/zero", dir.file("zero.safetensors"));
+  CHECK_THROWS_WITH_AS(nn::load_safetensors(dir.file("zero.safetensors")),
+                       doctest::Contains("is a character device"), IoError);
+  // A link to a regular file loads (a Hugging Face cache links into blobs/).
+  nn::save_safetensors(dir.file("blob"), {{"w", ones({3})}});
+  fs::create_symlink(dir.file("blob"), dir.file("model.safetensors"));
+  CHECK(nn::load_safetensors(dir.file("model.safetensors")).at("w").numel() == 3);
+  // Saving over that link replaces the link with a file: the blob it named is untouched.
+  nn::save_safetensors(dir.file("model.safetensors"), {{"w", zeros({5})}});
+  CHECK(!fs::is_symlink(dir.file("model.safetensors")));
+  CHECK(nn::load_safetensors(dir.file("blob")).at("w").numel() == 3);
+  CHECK(nn::load_safetensors(dir.file("model.safetensors")).at("w").numel() == 5);
 }

@@ -11,6 +11,8 @@
 // validation] in safetensors.cc); every violation is an IoError naming the file and the problem.
 #pragma once
 
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,54 @@ class SafetensorsWriter {
   size_t next_ = 0;
   int fd_ = -1;
   bool committed_ = false;
+};
+
+// Note [reading parts of a safetensors file]
+// A checkpoint reader that needs a few slices of a large file (a ZeRO-3 rank resuming, a sharded
+// model loading pretrained weights) must not hold the file in memory: SafetensorsFile opens it,
+// reads and checks the header alone (the same checks as load_safetensors, Note [safetensors
+// validation]) and keeps the descriptor; tensor bytes are read with pread only when asked for,
+// straight into the destination when it is a contiguous CPU tensor of the stored dtype, else
+// through a bounded bounce buffer (kSafetensorsReadChunkBytes) converted chunk by chunk. Element
+// ranges are checked against the tensor before any read.
+constexpr size_t kSafetensorsReadChunkBytes = size_t(4) << 20;
+
+class SafetensorsFile {
+ public:
+  struct Info {
+    DType dtype = kFloat32;
+    Shape shape;
+    int64_t numel = 0;
+  };
+  // IoError naming `path` when it cannot be opened, is not a regular file or its header is bad.
+  explicit SafetensorsFile(std::string path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const Metadata& metadata() const { return metadata_; }
+  std::vector<std::string> names() const;                           // sorted
+  std::vector<std::string> names(const std::string& prefix) const;  // those starting with it
+  bool contains(const std::string& name) const { return entries_.count(name) != 0; }
+  // IoError naming the file and the tensor when it holds none of that name.
+  const Info& info(const std::string& name) const;
+  // dst := elements [lo, hi) of the flattened tensor `name`; dst is contiguous with hi - lo
+  // elements (any shape, dtype and device: the values are converted as copy_ does). IoError for a
+  // range outside the tensor or a failed read (naming the file and the tensor).
+  void read_range(const std::string& name, int64_t lo, int64_t hi, const Tensor& dst) const;
+  // The whole tensor, in its stored dtype, on the CPU.
+  Tensor read(const std::string& name) const;
+
+ private:
+  struct Stored {
+    Info info;
+    uint64_t begin = 0;  // absolute file offset of the first byte
+  };
+  std::string path_;
+  int fd_ = -1;
+  std::map<std::string, Stored> entries_;
+  Metadata metadata_;
 };
 
 }  // namespace accel::nn

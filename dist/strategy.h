@@ -111,9 +111,14 @@ class Strategy {
   virtual std::unique_ptr<StrategyState> read_state(const std::string& dir,
                                                     const nlohmann::json& saved, int saved_world,
                                                     bool mid_window) = 0;
-  // Step 3: snapshot() before apply_state(); a failed apply is undone with apply_state(snapshot).
-  virtual std::unique_ptr<StrategyState> snapshot() = 0;
-  virtual void apply_state(const StrategyState& state) = 0;
+  // Step 3: replaces this rank's models, optimizers and window gradients by `state` and leaves in
+  // `state` what it replaced, so that a second apply_state(state) undoes the first: a load needs
+  // no copy of the model for its rollback (Note [checkpoint loading]). It checks everything
+  // first: it either throws having changed nothing or changes everything. No collective.
+  virtual void apply_state(StrategyState& state) = 0;
+  // After the facade agreed on the outcome of a load (applied, or undone), on every rank:
+  // collective work the load needs (ZeRO-3: gather the root units from the new shards).
+  virtual void finish_load() {}
   // One consolidated safetensors file of prepared model `index` written by rank 0 (collective;
   // sharded strategies stream it unit by unit).
   virtual void save_model(size_t index, const std::string& path) = 0;

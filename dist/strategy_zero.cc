@@ -164,12 +164,7 @@ class ZeroStrategy final : public ReplicatedStrategy {
     with_masters(false, [&] { out = ReplicatedStrategy::save_state(dir, mid_window); });
     return out;
   }
-  std::unique_ptr<StrategyState> snapshot() override {
-    std::unique_ptr<StrategyState> out;
-    with_masters(false, [&] { out = ReplicatedStrategy::snapshot(); });
-    return out;
-  }
-  void apply_state(const StrategyState& state) override {
+  void apply_state(StrategyState& state) override {
     with_masters(true, [&] { ReplicatedStrategy::apply_state(state); });
   }
   nn::TensorDict full_state_dict(size_t index) override {

@@ -225,7 +225,7 @@ void print_exact(Accelerator& acc, const nn::Module& model, const char* prefix) 
   int64_t unrounded = 0;
   for (auto& [name, p] : model.named_parameters()) {
     const Tensor& t = full.at(name);
-    EXPECT(t.dtype() == kFloat32);
+    EXPECT(t.dtype() == kFloat32 || t.dtype() == kFloat64);
     const auto v = t.tolist(), b = t.to(kBFloat16).to(kFloat32).tolist();
     for (size_t i = 0; i < v.size(); ++i) {
       std::printf("%s %s\n", prefix, test::hex(v[i]).c_str());
@@ -242,14 +242,16 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
   c.gradient_accumulation_steps = accumulation;
   c.ddp.bucket_cap_bytes = 512;
   c.seed = 4;
-  if (!mp.empty()) {
+  const bool f64 = mp == "f64";  // float64 model and data, no mixed precision
+  if (!mp.empty() && !f64) {
     c.mixed_precision = dist::MixedPrecision::BF16;
     c.zero.param_dtype = kBFloat16;
     c.zero.reduce_in_fp32 = mp == "bf16-fp32";
   }
   Accelerator acc(c);
-  const bool mp_zero = !mp.empty() && acc.num_processes() > 1 && (stage == 1 || stage == 2);
+  const bool mp_zero = !mp.empty() && !f64 && acc.num_processes() > 1 && (stage == 1 || stage == 2);
   auto mlp = make_mlp();
+  if (f64) mlp->to(kFloat64);
   optim::AdamWOptions ao;
   ao.lr = 1e-2;
   auto opt = std::make_shared<optim::AdamW>(decay_groups(*mlp), ao);
@@ -262,7 +264,7 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
   for (auto& p : model->parameters()) {
     numel += p.numel();
     // ZeRO param_dtype: bf16 compute parameters from prepare() on.
-    EXPECT(p.dtype() == (mp_zero ? kBFloat16 : kFloat32));
+    EXPECT(p.dtype() == (mp_zero ? kBFloat16 : f64 ? kFloat64 : kFloat32));
   }
   int done = 0;
   if (resume) {
@@ -277,7 +279,8 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
       Tensor loss;
       {
         auto ac = acc.autocast();
-        loss = mse_loss(model->forward(b[0]), b[1]);
+        loss = f64 ? mse_loss(model->forward(b[0].to(kFloat64)), b[1].to(kFloat64))
+                   : mse_loss(model->forward(b[0]), b[1]);
       }
       acc.backward(loss);
       aopt->step();
@@ -293,7 +296,13 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
       if (done == steps) break;
     }
   }
-  for (auto& p : model->parameters()) EXPECT(p.dtype() == (mp_zero ? kBFloat16 : kFloat32));
+  for (auto& p : model->parameters())
+    EXPECT(p.dtype() == (mp_zero ? kBFloat16 : f64 ? kFloat64 : kFloat32));
+  if (f64) {  // every bit of the float64 parameters
+    const nn::TensorDict full = acc.get_state_dict(*model);
+    for (auto& [name, p] : model->named_parameters())
+      for (double v : full.at(name).tolist()) std::printf("p64 %a\n", v);
+  }
   if (mp_zero) {
     // bf16 parameters in full, fp32 master shards and AdamW state (two slots) in 1/N slices; a
     // few elements of padding per bucket.

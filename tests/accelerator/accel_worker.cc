@@ -7,6 +7,8 @@
 //                                                           AdamW, clipping: norms and final
 //                                                           parameters
 //   accel_worker zero_errors                                ZeRO prepare() refusals
+//   accel_worker hostile <dir> <stage> <word>...            load_state of a malformed checkpoint
+//                                                           is an IoError naming every word
 //   accel_worker zero_train <dir> <stage> <batch> <steps> <save_at> <resume> [mp|-] [accum]
 //                                                           DDP / ZeRO training (AdamW, decay
 //                                                           and no-decay groups) with a
@@ -28,6 +30,7 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "autograd/nn/activation.h"
 #include "autograd/nn/container.h"
@@ -380,6 +383,42 @@ int wrong_model(const std::string& dir, int stage) {
   return 0;
 }
 
+// A hostile checkpoint (tests/accelerator/test_hostile_checkpoints.cc): load_state must throw an
+// IoError whose message holds every word of `words` on every rank, and change nothing.
+int hostile(const std::string& dir, int stage, const std::vector<std::string>& words) {
+  AcceleratorConfig c = config_from_env(dir);
+  c.zero_stage = stage;
+  c.ddp.bucket_cap_bytes = 512;
+  Accelerator acc(c);
+  auto mlp = make_mlp();
+  auto opt = std::make_shared<optim::AdamW>(decay_groups(*mlp), optim::AdamWOptions{});
+  auto sched = std::make_shared<optim::StepLR>(*opt, 3, 0.5);
+  data::DataLoaderOptions lo;
+  lo.batch_size = 4;
+  auto loader = std::make_shared<data::DataLoader>(test::make_dataset(48), lo);
+  auto [model, aopt, aloader, asched] = acc.prepare(mlp, opt, loader, sched);
+  const nn::TensorDict before = acc.get_state_dict(*model);
+  bool named = false;
+  try {
+    acc.load_state(dir + "/ckpt");
+    std::printf("load_state did not throw\n");
+  } catch (const IoError& e) {
+    const std::string m = e.what();
+    named = true;
+    for (const std::string& w : words) named = named && m.find(w) != std::string::npos;
+    std::printf("message: %s\n", e.what());
+  } catch (const std::exception& e) {
+    std::printf("not an IoError: %s\n", e.what());
+  }
+  EXPECT(named);
+  const nn::TensorDict after = acc.get_state_dict(*model);
+  for (auto& [k, v] : before) EXPECT(after.at(k).equal(v));
+  EXPECT(acc.step() == 0);
+  acc.wait_for_everyone();  // the group is still in step
+  std::cout << "ok hostile" << std::endl;
+  return 0;
+}
+
 // ZeRO's prepare() refuses what it cannot shard, with a ValueError on every rank.
 struct OwnSGD : optim::SGD {
   using optim::SGD::SGD;
@@ -512,6 +551,8 @@ int main(int argc, char** argv) {
       return ddp_mlp(std::atoll(argv[2]), argc > 3 ? std::atoi(argv[3]) : 0,
                      argc > 4 ? argv[4] : "no");
     if (mode == "zero_errors") return zero_errors();
+    if (mode == "hostile" && argc > 3)
+      return hostile(argv[2], std::atoi(argv[3]), std::vector<std::string>(argv + 4, argv + argc));
     if (mode == "wrong_model" && argc > 3) return wrong_model(argv[2], std::atoi(argv[3]));
     if (mode == "zero_train" && argc > 7)
       return zero_train(argv[2], std::atoi(argv[3]), std::atoll(argv[4]), std::atoi(argv[5]),

@@ -217,6 +217,15 @@ void Accelerator::prepare_module(const std::shared_ptr<nn::Module>& model) {
   model->to(device_);
   strategy_->prepare_model(model);
   models_.push_back(model);
+  // Note [plain backward]: notice gradients that did not come through Accelerator::backward.
+  std::weak_ptr<BackwardFlags> flags = backward_flags_;
+  for (auto& [name, p] : model->named_parameters()) {
+    if (!p.requires_grad()) continue;
+    Tensor h = p;
+    h.register_post_accumulate_grad_hook([flags](Tensor&) {
+      if (auto f = flags.lock(); f && !f->in_accelerator_backward) f->plain_backward = true;
+    });
+  }
 }
 
 dist::DistributedDataParallel* Accelerator::ddp(const nn::Module& model) const {
@@ -325,10 +334,43 @@ void AcceleratedOptimizer::zero_grad(bool set_to_none) {
 }
 
 void Accelerator::zero_grad_prepared_optimizer(AcceleratedOptimizer& o, bool set_to_none) {
+  check_plain_backward("zero_grad");
+  backward_flags_->plain_backward = false;  // the next step's gradients start here
   strategy_->zero_grad(o.stepping_optimizer(), set_to_none);
 }
 
+// Note [plain backward]
+// A prepared model's gradients are synced by the strategy's gradient hooks, armed on sync steps
+// outside no_sync() (Strategy::set_sync, kept up to date by accumulate(), no_sync() and
+// load_state), with the wait at the end of the backward (Note [end-of-backward callbacks] in
+// autograd/engine.h), as PyTorch DDP and FSDP do. So a plain loss.backward() gives the same
+// gradients as acc.backward(loss) whenever the latter would not change the loss: the sync is the
+// same, under DDP, ZeRO 1-3 and one process, with accumulate() and no_sync() windows alike.
+// acc.backward also divides the loss by gradient_accumulation_steps and multiplies it by the
+// fp16 loss scale; a plain backward cannot, and the unscale of a gradient that was never scaled
+// (or k times too large) would be silently wrong. The accelerator's own gradient hooks notice a
+// gradient that arrived outside acc.backward; with gradient_accumulation_steps > 1 or fp16 the
+// next optimizer step, gradient clipping or zero_grad raises ValueError naming acc.backward
+// (and keeps raising until the gradients are zeroed by a zero_grad that found none).
+void Accelerator::check_plain_backward(const char* op) const {
+  if (!backward_flags_->plain_backward) return;
+  const bool accumulating = config_.gradient_accumulation_steps > 1;
+  if (!accumulating && !scaler_.enabled()) return;
+  ACCEL_THROW(ValueError, op,
+              "the gradients come from a plain loss.backward(), but this "
+              "Accelerator scales the loss (",
+              accumulating ? "gradient_accumulation_steps = " +
+                                 std::to_string(config_.gradient_accumulation_steps) + " divides it"
+                           : std::string(""),
+              accumulating && scaler_.enabled() ? "; " : "",
+              scaler_.enabled() ? "fp16 multiplies it by the loss scale" : "",
+              "): call acc.backward(loss) instead of loss.backward()");
+}
+
+void Accelerator::update_sync() { strategy_->set_sync(sync_gradients_ && !no_sync_); }
+
 bool Accelerator::step_prepared_optimizer(AcceleratedOptimizer& o) {
+  check_plain_backward("step");
   optim::Optimizer& user = o.optimizer();
   optim::Optimizer& stepping = o.stepping_optimizer();
   if (&stepping != &user)  // the user's optimizer drives lr / weight decay (schedulers hold it)
@@ -378,13 +420,21 @@ Accelerator::AccumulateScope::AccumulateScope(Accelerator& acc)
   acc_.sync_gradients_ = acc_.step_ % acc_.config_.gradient_accumulation_steps == 0 ||
                          (acc_.config_.sync_with_dataloader && acc_.at_end_of_loader());
   if (!acc_.sync_gradients_) acc_.no_sync_ = true;
+  acc_.update_sync();
 }
-Accelerator::AccumulateScope::~AccumulateScope() { acc_.no_sync_ = prev_no_sync_; }
+Accelerator::AccumulateScope::~AccumulateScope() {
+  acc_.no_sync_ = prev_no_sync_;
+  acc_.update_sync();
+}
 
 Accelerator::NoSyncScope::NoSyncScope(Accelerator& acc) : acc_(acc), prev_(acc.no_sync_) {
   acc_.no_sync_ = true;
+  acc_.update_sync();
 }
-Accelerator::NoSyncScope::~NoSyncScope() { acc_.no_sync_ = prev_; }
+Accelerator::NoSyncScope::~NoSyncScope() {
+  acc_.no_sync_ = prev_;
+  acc_.update_sync();
+}
 
 bool Accelerator::at_end_of_loader() const {
   for (auto& l : loaders_)
@@ -408,7 +458,16 @@ void Accelerator::backward(const Tensor& loss) {
   // Autocast is a forward-pass scope: the backward of every op already runs in the dtypes its
   // forward chose, so a backward() called inside the scope must not cast again.
   AutocastSuspend no_autocast;
-  strategy_->backward(l, sync_gradients_ && !no_sync_);
+  BackwardFlags& flags = *backward_flags_;
+  const bool was_inside = flags.in_accelerator_backward;
+  flags.in_accelerator_backward = true;
+  try {
+    strategy_->backward(l, sync_gradients_ && !no_sync_);
+  } catch (...) {
+    flags.in_accelerator_backward = was_inside;
+    throw;
+  }
+  flags.in_accelerator_backward = was_inside;
 }
 
 double Accelerator::clip_grad_norm_(double max_norm, double p) {
@@ -432,6 +491,7 @@ std::vector<Tensor> Accelerator::step_grads(bool& sharded) {
 // and the clipping equal the unsharded ones (bucket padding holds zeros and adds nothing).
 // Replicated ones: the local norm of `params`.
 double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double p) {
+  check_plain_backward("clip_grad_norm_");
   bool sharded = false;
   std::vector<Tensor> all = step_grads(sharded);
   if (scaler_.enabled()) scaler_.unscale_(all.empty() ? params : all, group_.get());
@@ -460,6 +520,7 @@ double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double ma
 }
 
 void Accelerator::clip_grad_value_(double clip_value) {
+  check_plain_backward("clip_grad_value_");
   bool sharded = false;
   std::vector<Tensor> all = step_grads(sharded);
   if (scaler_.enabled()) scaler_.unscale_(all.empty() ? model_params() : all, group_.get());

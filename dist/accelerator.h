@@ -226,7 +226,10 @@ class Accelerator {
   // loss / gradient_accumulation_steps (times the loss scale under fp16), backward with
   // autocast suspended (it gives the same gradients inside or outside an autocast scope), and
   // the gradient sync of Note [gradient sync] on sync steps; returns once the gradients are
-  // averaged.
+  // averaged. A plain loss.backward() on the prepared models syncs the same way (the strategy's
+  // gradient hooks do it); but it does not divide or scale the loss, so with
+  // gradient_accumulation_steps > 1 or fp16 the next step, clip or zero_grad raises ValueError
+  // naming acc.backward(loss) (Note [plain backward] in dist/accelerator.cc).
   void backward(const Tensor& loss);
   bool sync_gradients() const { return sync_gradients_; }
   // Micro-batches seen by accumulate() scopes (Accelerate's `step`).
@@ -391,6 +394,11 @@ class Accelerator {
   }
   std::vector<Tensor> model_params() const;
   bool at_end_of_loader() const;
+  // Tells the strategy whether a backward now syncs (sync step outside no_sync).
+  void update_sync();
+  // Note [plain backward]: ValueError when gradients came from a plain loss.backward() while
+  // this accelerator scales the loss (`op` names the call that found out).
+  void check_plain_backward(const char* op) const;
   Tensor gather_rows(const Tensor& t, int64_t keep_rows);
 
   AcceleratorConfig config_;
@@ -414,6 +422,12 @@ class Accelerator {
   std::vector<Custom> customs_;
 
   dist::GradScaler scaler_;
+  // Set by the parameters' gradient hooks: gradients arrived outside Accelerator::backward.
+  struct BackwardFlags {
+    bool in_accelerator_backward = false;
+    bool plain_backward = false;
+  };
+  std::shared_ptr<BackwardFlags> backward_flags_ = std::make_shared<BackwardFlags>();
   bool sync_gradients_ = true;
   bool no_sync_ = false;
   int64_t step_ = 0;

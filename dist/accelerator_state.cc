@@ -396,6 +396,7 @@ std::string Accelerator::load_state(const std::string& dir) {
   }
   // Step 4: collective on every rank, applied or undone.
   strategy_->finish_load();
+  update_sync();  // the loaded (or kept) sync_gradients
   const std::string path = loaded->path;
   loaded.reset();  // what was replaced (or what was read) goes
   dist::release_unused_memory();

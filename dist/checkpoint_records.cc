@@ -21,7 +21,8 @@ constexpr const char* kOp = "load_state";
 // An integer in [lo, hi] (JSON integers only: 2.0, "2" and true are refused).
 int64_t integer(const json& v, const std::string& file, const std::string& field, int64_t lo,
                 int64_t hi) {
-  if (!v.is_number_integer()) bad(file, field, std::string("expected an integer, got ") + v.type_name());
+  if (!v.is_number_integer())
+    bad(file, field, std::string("expected an integer, got ") + v.type_name());
   // Unsigned values above INT64_MAX read as negative through get<int64_t>: compare unsigned.
   if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
     bad(file, field, "integer " + v.dump() + " is out of range");
@@ -59,9 +60,9 @@ std::vector<std::optional<ZeroLayoutRecord>> parse_zero_record(const json& state
   std::vector<std::optional<ZeroLayoutRecord>> out;
   if (!state.is_object() || !state.contains("zero")) return out;
   if (saved_world < 1 || saved_world > kMaxRecordWorld)
-    bad(file, "world_size", "ZeRO layouts need a world size in [1, " +
-                                std::to_string(kMaxRecordWorld) + "], got " +
-                                std::to_string(saved_world));
+    bad(file, "world_size",
+        "ZeRO layouts need a world size in [1, " + std::to_string(kMaxRecordWorld) + "], got " +
+            std::to_string(saved_world));
   const json& z = array(state["zero"], file, "zero");
   if (z.size() != num_optimizers)
     bad(file, "zero",
@@ -80,7 +81,8 @@ std::vector<std::optional<ZeroLayoutRecord>> parse_zero_record(const json& state
     for (size_t b = 0; b < bs.size(); ++b) {
       const std::string fb = idx(f + ".buckets", b);
       const json& bk = array(bs[b], file, fb);
-      if (bk.size() != 2) bad(file, fb, "expected [used, numel], got " + std::to_string(bk.size()) + " values");
+      if (bk.size() != 2)
+        bad(file, fb, "expected [used, numel], got " + std::to_string(bk.size()) + " values");
       ZeroBucketRecord r;
       r.used = integer(bk[0], file, fb + "[0] (used)", 1, kMaxRecordElements);
       r.numel = integer(bk[1], file, fb + "[1] (numel)", 1, kMaxRecordElements);
@@ -185,7 +187,8 @@ FsdpRecord parse_fsdp_record(const json& rec, int64_t saved_world, const std::st
       FsdpKeyRecord r;
       r.model = size_t(std::stoull(key.substr(0, colon)));
       r.name = key.substr(colon + 1);
-      if (r.model >= out.models.size() || !model_names[r.model].count(r.name)) bad(file, fk, "'" + key + "' is not a saved parameter");
+      if (r.model >= out.models.size() || !model_names[r.model].count(r.name))
+        bad(file, fk, "'" + key + "' is not a saved parameter");
       if (!seen.insert(key).second) bad(file, fk, "'" + key + "' appears twice");
       ks.push_back(key);
       parsed.push_back(std::move(r));

@@ -93,7 +93,11 @@ class Strategy {
   virtual DistributedDataParallel* ddp(const nn::Module&) const { return nullptr; }
 
   // ---- step ----
+  // Note [plain backward]: a backward syncs the gradients when `sync` (the facade's sync step
+  // outside no_sync), through the gradient hooks; backward(loss, sync) is loss.backward() under
+  // that setting, and set_sync(s) is what a plain loss.backward() of the user's gets from then on.
   virtual void backward(const Tensor& loss, bool sync) = 0;
+  virtual void set_sync(bool sync) { (void)sync; }
   virtual StepGrads grads(const optim::Optimizer& stepping) = 0;
   virtual void after_step(optim::Optimizer& stepping, bool stepped) = 0;
   virtual void zero_grad(optim::Optimizer& stepping, bool set_to_none) = 0;

@@ -58,6 +58,7 @@ class FsdpStrategy final : public Strategy {
       if (!p.requires_grad()) broadcast_in_place(*ctx_.group, p, 0);
     models_.push_back(model);
     sharded_.push_back(std::make_unique<FullyShardedModel>(model, ctx_.group, options_));
+    sharded_.back()->set_auto_sync(sync_);
   }
 
   std::shared_ptr<optim::Optimizer> prepare_optimizer(
@@ -101,6 +102,11 @@ class FsdpStrategy final : public Strategy {
     }
     for (auto& m : sharded_) m->end_backward(err);
     if (err) std::rethrow_exception(err);
+  }
+
+  void set_sync(bool sync) override {
+    sync_ = sync;
+    for (auto& m : sharded_) m->set_auto_sync(sync);
   }
 
   StepGrads grads(const optim::Optimizer& stepping) override {
@@ -481,6 +487,7 @@ class FsdpStrategy final : public Strategy {
   std::vector<std::shared_ptr<nn::Module>> models_;
   std::vector<std::unique_ptr<FullyShardedModel>> sharded_;
   std::vector<Stepping> stepping_;
+  bool sync_ = true;  // Strategy::set_sync: what a plain loss.backward() does
 };
 
 }  // namespace

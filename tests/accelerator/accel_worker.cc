@@ -7,6 +7,7 @@
 //                                                           AdamW, clipping: norms and final
 //                                                           parameters
 //   accel_worker zero_errors                                ZeRO prepare() refusals
+//   accel_worker plain_backward <stage> acc|plain|scaled    loss.backward() vs acc.backward()
 //   accel_worker hostile <dir> <stage> <word>...            load_state of a malformed checkpoint
 //                                                           is an IoError naming every word
 //   accel_worker zero_train <dir> <stage> <batch> <steps> <save_at> <resume> [mp|-] [accum]
@@ -419,6 +420,76 @@ int hostile(const std::string& dir, int stage, const std::vector<std::string>& w
   return 0;
 }
 
+// Issue 22 item 12 (Note [plain backward] in dist/accelerator.cc): `how` "acc" runs
+// acc.backward(loss), "plain" loss.backward(); float64, AdamW with decay groups, clipping, and a
+// no_sync() micro-batch before each synced one. Prints every loss and every parameter bit. With
+// "scaled" (gradient_accumulation_steps 2, plain backward) the first step must raise ValueError
+// naming acc.backward.
+int plain_backward(int stage, const std::string& how) {
+  AcceleratorConfig c = config_from_env("/tmp");
+  c.zero_stage = stage;
+  c.ddp.bucket_cap_bytes = 512;
+  const bool scaled = how == "scaled";
+  if (scaled) c.gradient_accumulation_steps = 2;
+  Accelerator acc(c);
+  auto mlp = make_mlp();
+  mlp->to(kFloat64);
+  optim::AdamWOptions ao;
+  ao.lr = 1e-2;
+  auto opt = std::make_shared<optim::AdamW>(decay_groups(*mlp), ao);
+  data::DataLoaderOptions lo;
+  lo.batch_size = 6 / acc.num_processes();
+  auto loader = std::make_shared<data::DataLoader>(test::make_dataset(48), lo);
+  auto [model, aopt, aloader] = acc.prepare(mlp, opt, loader);
+  auto loss_of = [&](const data::Batch& b) {
+    return mse_loss(model->forward(b[0].to(kFloat64)), b[1].to(kFloat64));
+  };
+  auto backward = [&](const Tensor& loss) {
+    if (how == "acc") {
+      acc.backward(loss);
+    } else {
+      loss.backward();
+    }
+  };
+  int micro = 0;
+  for (auto& b : *aloader) {
+    Tensor loss = loss_of(b);
+    if (scaled) {
+      auto scope = acc.accumulate();
+      backward(loss);
+      if (!acc.sync_gradients()) continue;
+      bool named = false;
+      try {
+        aopt->step();
+      } catch (const ValueError& e) {
+        named = std::string(e.what()).find("acc.backward(loss)") != std::string::npos &&
+                std::string(e.what()).find("gradient_accumulation_steps = 2") != std::string::npos;
+        std::printf("message: %s\n", e.what());
+      }
+      EXPECT(named);
+      break;
+    }
+    if (micro++ % 2 == 0) {
+      auto ns = acc.no_sync();  // accumulates locally, synced with the next micro-batch
+      backward(loss);
+      continue;
+    }
+    backward(loss);
+    std::printf("norm %a\n", acc.clip_grad_norm_(0.5));
+    aopt->step();
+    aopt->zero_grad();
+    std::printf("loss %a\n", acc.reduce(loss.detach(), "mean").item<double>());
+  }
+  if (!scaled) {
+    EXPECT(acc.optimizer_steps() == 4);
+    const nn::TensorDict full = acc.get_state_dict(*model);
+    for (auto& [name, p] : model->named_parameters())
+      for (double v : full.at(name).tolist()) std::printf("p64 %a\n", v);
+  }
+  std::cout << "ok plain_backward" << std::endl;
+  return 0;
+}
+
 // ZeRO's prepare() refuses what it cannot shard, with a ValueError on every rank.
 struct OwnSGD : optim::SGD {
   using optim::SGD::SGD;
@@ -551,6 +622,7 @@ int main(int argc, char** argv) {
       return ddp_mlp(std::atoll(argv[2]), argc > 3 ? std::atoi(argv[3]) : 0,
                      argc > 4 ? argv[4] : "no");
     if (mode == "zero_errors") return zero_errors();
+    if (mode == "plain_backward" && argc > 3) return plain_backward(std::atoi(argv[2]), argv[3]);
     if (mode == "hostile" && argc > 3)
       return hostile(argv[2], std::atoi(argv[3]), std::vector<std::string>(argv + 4, argv + argc));
     if (mode == "wrong_model" && argc > 3) return wrong_model(argv[2], std::atoi(argv[3]));

@@ -466,3 +466,28 @@ TEST_CASE("float64 ZeRO state survives re-sharding: 2 ranks -> 1 and 1 -> 2 resu
     CHECK(up < 1e-14);
   }
 }
+
+// Issue 22, item 12 (Note [plain backward] in dist/accelerator.cc): a plain loss.backward() on
+// a prepared model syncs as acc.backward(loss) does, bit for bit in float64, under DDP and ZeRO
+// 1-3, with no_sync() windows; where acc.backward would scale the loss (accumulation > 1) the
+// first step refuses, naming acc.backward.
+TEST_CASE("plain loss.backward() equals acc.backward() under DDP and ZeRO 1-3 (2 ranks)") {
+  for (std::string stage : {"0", "1", "2", "3"}) {
+    CAPTURE(stage);
+    auto with_acc = run_world(worker(), {"plain_backward", stage, "acc"}, 2, {}, 60s);
+    check_ok(with_acc, "plain_backward");
+    auto plain = run_world(worker(), {"plain_backward", stage, "plain"}, 2, {}, 60s);
+    check_ok(plain, "plain_backward");
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      for (std::string what : {"p64 ", "loss ", "norm "}) {
+        CAPTURE(what);
+        const auto want = lines_with(with_acc[size_t(r)].output, what);
+        CHECK(want.size() >= 4);
+        CHECK(lines_with(plain[size_t(r)].output, what) == want);
+      }
+    }
+    check_ok(run_world(worker(), {"plain_backward", stage, "scaled"}, 2, {}, 60s),
+             "plain_backward");
+  }
+}

@@ -77,17 +77,31 @@ TEST_CASE("hostile ZeRO-1/2 layouts: IoError naming state.json and the bucket, o
   };
   const std::vector<Case> cases = {
       // The issue's case: a bucket smaller than the world size (numel / world was a divisor).
-      {"smaller-than-world", [&](json& s) { s["zero"][0]["buckets"][0] = {used, 1}; },
+      {"smaller-than-world",
+       [&](json& s) {
+         s["zero"][0]["buckets"][0] = {used, 1};
+       },
        {"state.json", "zero[0].buckets[0]", "2 ranks"}},
-      {"not-a-multiple", [&](json& s) { s["zero"][0]["buckets"][1][1] = s["zero"][0]["buckets"][1][0].get<int64_t>() * 2 + 1; },
+      {"not-a-multiple",
+       [&](json& s) {
+         s["zero"][0]["buckets"][1][1] = s["zero"][0]["buckets"][1][0].get<int64_t>() * 2 + 1;
+       },
        {"state.json", "zero[0].buckets[1]"}},
-      {"padding-too-large", [&](json& s) { s["zero"][0]["buckets"][0][1] = used + 64; },
+      {"padding-too-large",
+       [&](json& s) { s["zero"][0]["buckets"][0][1] = used + 64; },
        {"state.json", "zero[0].buckets[0]"}},
-      {"negative", [&](json& s) { s["zero"][0]["buckets"][0] = {-4, 2}; },
+      {"negative",
+       [&](json& s) {
+         s["zero"][0]["buckets"][0] = {-4, 2};
+       },
        {"state.json", "zero[0].buckets[0][0] (used)"}},
-      {"float", [&](json& s) { s["zero"][0]["buckets"][0][1] = 1e30; },
+      {"float",
+       [&](json& s) { s["zero"][0]["buckets"][0][1] = 1e30; },
        {"state.json", "zero[0].buckets[0][1] (numel)", "integer"}},
-      {"three-values", [&](json& s) { s["zero"][0]["buckets"][0] = {used, used, used}; },
+      {"three-values",
+       [&](json& s) {
+         s["zero"][0]["buckets"][0] = {used, used, used};
+       },
        {"state.json", "zero[0].buckets[0]"}},
       {"stage", [&](json& s) { s["zero"][0]["stage"] = 9; }, {"state.json", "zero[0].stage"}},
       {"count", [&](json& s) { s["zero"].push_back(nullptr); }, {"state.json", "zero"}},
@@ -127,8 +141,7 @@ TEST_CASE("hostile ZeRO-3 records: overlapping, missing or stray spans are IoErr
   for (; k < params.size(); ++k) {
     a = params[k]["spans"][0][1].get<int64_t>();
     n = params[k]["spans"][1][1].get<int64_t>();
-    if (params[k]["spans"][0][0] == 0 && a > 1 && params[k]["spans"][1][0] == a && n > a + 1)
-      break;
+    if (params[k]["spans"][0][0] == 0 && a > 1 && params[k]["spans"][1][0] == a && n > a + 1) break;
   }
   REQUIRE(k + 1 < params.size());
   const std::string field = "fsdp.models[0].params[" + std::to_string(k) + "]";
@@ -140,26 +153,48 @@ TEST_CASE("hostile ZeRO-3 records: overlapping, missing or stray spans are IoErr
   };
   const std::vector<Case> cases = {
       // The issue's case: overlapping spans whose lengths still add up to the parameter.
-      {"overlap", [&](json& s) { spans(s) = {{0, a}, {a - 1, n - 1}}; },
+      {"overlap",
+       [&](json& s) {
+         spans(s) = {{0, a}, {a - 1, n - 1}};
+       },
        {"state.json", field + ".spans", "overlap"}},
-      {"gap", [&](json& s) { spans(s) = {{0, a - 1}, {a, n}}; },
+      {"gap",
+       [&](json& s) {
+         spans(s) = {{0, a - 1}, {a, n}};
+       },
        {"state.json", field + ".spans", "no rank holds"}},
-      {"short", [&](json& s) { spans(s) = {{0, a}, {a, n - 1}}; },
+      {"short",
+       [&](json& s) {
+         spans(s) = {{0, a}, {a, n - 1}};
+       },
        {"state.json", field + ".spans", "cover"}},
-      {"outside", [&](json& s) { spans(s) = {{0, a}, {a, n + 7}}; },
+      {"outside",
+       [&](json& s) {
+         spans(s) = {{0, a}, {a, n + 7}};
+       },
        {"state.json", field + ".spans[1][1]"}},
-      {"reversed", [&](json& s) { spans(s) = {{a, 0}, {a, n}}; },
+      {"reversed",
+       [&](json& s) {
+         spans(s) = {{a, 0}, {a, n}};
+       },
        {"state.json", field + ".spans[0][1]"}},
-      {"count", [&](json& s) { spans(s).push_back({n, n}); }, {"state.json", field + ".spans"}},
-      {"shape", [&](json& s) { s["fsdp"]["models"][0]["params"][k]["shape"][0] = -3; },
+      {"count",
+       [&](json& s) {
+         spans(s).push_back({n, n});
+       },
+       {"state.json", field + ".spans"}},
+      {"shape",
+       [&](json& s) { s["fsdp"]["models"][0]["params"][k]["shape"][0] = -3; },
        {"state.json", field + ".shape[0]"}},
       {"duplicate",
        [&](json& s) { s["fsdp"]["models"][0]["params"][k + 1]["name"] = params[k]["name"]; },
        {"state.json", "fsdp.models[0].params[" + std::to_string(k + 1) + "].name", "twice"}},
       {"world", [&](json& s) { s["fsdp"]["world"] = 3; }, {"state.json", "fsdp.world"}},
-      {"key", [&](json& s) { s["fsdp"]["optimizers"][0]["params"][0] = "0:nope"; },
+      {"key",
+       [&](json& s) { s["fsdp"]["optimizers"][0]["params"][0] = "0:nope"; },
        {"state.json", "fsdp.optimizers[0].params[0]", "0:nope"}},
-      {"bad-key", [&](json& s) { s["fsdp"]["optimizers"][0]["params"][0] = "99999999999:x"; },
+      {"bad-key",
+       [&](json& s) { s["fsdp"]["optimizers"][0]["params"][0] = "99999999999:x"; },
        {"state.json", "fsdp.optimizers[0].params[0]"}},
   };
   for (const Case& c : cases) {
@@ -175,14 +210,14 @@ TEST_CASE("hostile ZeRO-3 records: overlapping, missing or stray spans are IoErr
   // A slice whose size disagrees with its span, and one of an integer dtype.
   for (bool wrong_dtype : {false, true}) {
     CAPTURE(wrong_dtype);
-    const std::string dir = mutated(base, wrong_dtype ? "fsdp-int-slice" : "fsdp-short-slice",
-                                    [](json&) {});
+    const std::string dir =
+        mutated(base, wrong_dtype ? "fsdp-int-slice" : "fsdp-short-slice", [](json&) {});
     const std::string f = dir + "/ckpt/fsdp_model_rank1.safetensors";
     accel::nn::TensorDict d = accel::nn::load_safetensors(f);
     const std::string name = params[k]["name"].get<std::string>();
     REQUIRE(d.count(name));
-    d[name] = wrong_dtype ? d[name].to(accel::kInt32)
-                          : d[name].narrow(0, 0, d[name].numel() - 1).clone();
+    d[name] =
+        wrong_dtype ? d[name].to(accel::kInt32) : d[name].narrow(0, 0, d[name].numel() - 1).clone();
     accel::nn::save_safetensors(f, d);
     expect_refused(dir, "3", 1, {"fsdp_model_rank1.safetensors", name});
     fs::remove_all(dir);

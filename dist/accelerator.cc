@@ -116,6 +116,29 @@ void apply_zero_env(AcceleratorConfig& c) {
     c.fsdp.activation_checkpointing = parse_env_bool(env::kFsdpActivationCheckpointing, v);
 }
 
+// Options the environment sets that this run would not use are refused, not ignored (as
+// accel-run refuses them: Note [accelerate keys accel does not implement] in launcher/config.cc).
+void check_env_applies(const AcceleratorConfig& c) {
+  std::string fsdp;
+  for (const char* name :
+       {env::kFsdpWrap, env::kFsdpWrapClasses, env::kFsdpMinParams, env::kFsdpReshardAfterForward,
+        env::kFsdpPrefetch, env::kFsdpActivationCheckpointing})
+    if (const char* v = env_or_null(name))
+      fsdp += (fsdp.empty() ? "" : ", ") + std::string(name) + "=" + v;
+  ACCEL_CHECK(fsdp.empty() || c.zero_stage == 3, ValueError, "accelerator", fsdp,
+              ": the ZeRO-3 options apply to zero_stage 3 only, and this run has zero_stage ",
+              c.zero_stage);
+  const char* param = env_or_null(env::kParamDtype);
+  const char* reduce = env_or_null(env::kReduceDtype);
+  const bool converts = (param && lower(param) != "fp32") || reduce;
+  ACCEL_CHECK(!converts || c.zero_stage != 0, ValueError, "accelerator",
+              param ? std::string(env::kParamDtype) + "=" + param : std::string(""),
+              param && reduce ? ", " : "",
+              reduce ? std::string(env::kReduceDtype) + "=" + reduce : std::string(""),
+              ": ZeRO compute dtypes apply to zero_stage 1-3 only, and this run has zero_stage 0 "
+              "(use ACCEL_MIXED_PRECISION for autocast)");
+}
+
 bool cuda_present() {
   try {
     return get_allocator(Device::cuda(0)) != nullptr;
@@ -131,6 +154,19 @@ void check_config(const AcceleratorConfig& c) {
               "zero_stage must be in 0..3, got ", c.zero_stage);
   ACCEL_CHECK(c.total_limit >= 0, ValueError, "accelerator", "total_limit must be >= 0, got ",
               c.total_limit);
+  // Fields the facade does not read are refused when set, not ignored.
+  ACCEL_CHECK(c.ddp.root == 0, ValueError, "accelerator", "ddp.root is ", c.ddp.root,
+              ": the Accelerator always starts every rank from rank 0's parameters (ddp.root "
+              "is not read; leave it 0)");
+  const dist::ZeroOptions z;
+  ACCEL_CHECK(c.zero.stage == z.stage && c.zero.bucket_cap_bytes == z.bucket_cap_bytes &&
+                  c.zero.find_unused_parameters == z.find_unused_parameters &&
+                  c.zero.root == z.root,
+              ValueError, "accelerator",
+              "zero.stage, zero.bucket_cap_bytes, zero.find_unused_parameters and zero.root are "
+              "not read: set zero_stage, ddp.bucket_cap_bytes and ddp.find_unused_parameters "
+              "(zero.param_dtype and zero.reduce_in_fp32 are the zero fields the Accelerator "
+              "reads)");
 }
 
 }  // namespace
@@ -150,6 +186,7 @@ AcceleratorConfig AcceleratorConfig::with_env() const {
     throw ValueError(e.what());
   }
   apply_zero_env(c);
+  check_env_applies(c);
   return c;
 }
 

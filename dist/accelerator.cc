@@ -10,6 +10,7 @@
 #include <exception>
 #include <filesystem>
 #include <optional>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +21,7 @@
 #include "core/storage.h"
 #include "dist/checkpoint.h"
 #include "dist/env.h"
+#include "dist/strategy_base.h"
 
 namespace accel {
 
@@ -297,6 +299,106 @@ void Accelerator::save_model(const nn::Module& model, const std::string& path) {
                 "another rank could not write '", path, "'");
   }
   if (err) std::rethrow_exception(err);
+}
+
+std::vector<int> Accelerator::agree_failed(bool failed) {
+  if (world_size_ == 1) return failed ? std::vector<int>{0} : std::vector<int>{};
+  Tensor flags = zeros({world_size_}, TensorOptions(kFloat32, device_));
+  if (failed) flags.narrow(0, rank_, 1).fill_(1.0);
+  group_->all_reduce(flags, dist::ReduceOp::Sum);
+  std::vector<int> out;
+  const std::vector<double> v = flags.cpu().tolist();
+  for (int r = 0; r < world_size_; ++r)
+    if (v[size_t(r)] > 0) out.push_back(r);
+  return out;
+}
+
+namespace {
+
+// The names and shapes of `src` against the model's state (Module::load_state_dict's rules).
+nn::LoadResult check_model_source(const nn::Module& model, const nn::SafetensorsCheckpoint& src,
+                                  bool strict) {
+  const nn::TensorDict own = model.state_handles();
+  nn::LoadResult r;
+  std::vector<std::string> mismatched;
+  for (const auto& [name, t] : own) {
+    if (!src.contains(name)) {
+      r.missing_keys.push_back(name);
+    } else if (src.info(name).shape != t.sizes()) {
+      mismatched.push_back(name + ": file " + shape_str(src.info(name).shape) + ", model " +
+                           t.shape_str());
+    }
+  }
+  for (const std::string& name : src.names())
+    if (!own.count(name)) r.unexpected_keys.push_back(name);
+  if (mismatched.empty() && (!strict || (r.missing_keys.empty() && r.unexpected_keys.empty())))
+    return r;
+  std::ostringstream os;
+  auto list = [&](const char* what, const std::vector<std::string>& keys) {
+    if (keys.empty()) return;
+    os << "; " << what << " (" << keys.size() << "): ";
+    for (size_t i = 0; i < keys.size() && i < 20; ++i) os << (i ? ", " : "") << keys[i];
+    if (keys.size() > 20) os << ", ...";
+  };
+  if (strict) {
+    list("missing keys", r.missing_keys);
+    list("unexpected keys", r.unexpected_keys);
+  }
+  list("shape mismatch", mismatched);
+  ACCEL_THROW(ValueError, "load_model", "'", src.path(), "' does not fit the ", model.type_name(),
+              os.str(), strict ? " (strict = false loads the names both have)" : "");
+}
+
+}  // namespace
+
+// Note [streaming model loads]
+// Accelerator::load_model reads pretrained weights the way a ZeRO-3 resume reads its shards: the
+// file (or every file of a sharded set) is opened and its header checked, names and shapes are
+// compared with the model on every rank and agreed on (all ranks load or none does), then each
+// rank reads, with pread, only what it keeps, straight into the model's tensors: under ZeRO-3
+// its span of each trainable parameter (1/N of the model) and the buffers and frozen parameters
+// whole, then the root units are gathered; under DDP, ZeRO-1/2 and one process every tensor
+// whole (every rank holds the whole model; under ZeRO param_dtype into the fp32 masters). No rank
+// ever holds another copy of the model, so the load's peak is the model state itself plus a
+// bounded conversion buffer (nn::kSafetensorsReadChunkBytes) when the file's dtype differs.
+nn::LoadResult Accelerator::load_model(nn::Module& model, const std::string& path, bool strict) {
+  std::optional<size_t> index;
+  for (size_t i = 0; i < models_.size(); ++i)
+    if (models_[i].get() == &model) index = i;
+  std::exception_ptr err;
+  std::unique_ptr<nn::SafetensorsCheckpoint> src;
+  nn::LoadResult result;
+  try {
+    if (!index)
+      ACCEL_CHECK(model.sharded().empty(), ValueError, "load_model", "the ", model.type_name(),
+                  " is sharded by an engine this accelerator did not prepare: ", model.sharded());
+    src = std::make_unique<nn::SafetensorsCheckpoint>(path);
+    result = check_model_source(model, *src, strict);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  if (!index) {  // not prepared: this process alone, the whole model
+    if (err) std::rethrow_exception(err);
+    NoGradGuard ng;
+    for (auto& [name, t] : model.state_handles()) {
+      if (!src->contains(name)) continue;
+      if (nn::is_deferred(t)) t.storage()->materialize();
+      dist::read_into(*src, name, 0, t.numel(), t);
+    }
+    return result;
+  }
+  std::vector<int> failed = agree_failed(bool(err));
+  auto raise = [&](const char* what) {
+    if (err) std::rethrow_exception(err);
+    std::string ranks;
+    for (int r : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    ACCEL_THROW(IoError, "load_model", "rank(s) ", ranks, " could not ", what, " '", path, "'");
+  };
+  if (!failed.empty()) raise("load");
+  strategy_->load_model(*index, *src, err);
+  failed = agree_failed(bool(err));
+  if (!failed.empty()) raise("read (the model is partly loaded)");
+  return result;
 }
 
 std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(

@@ -221,6 +221,18 @@ class Accelerator {
   // (Accelerate's save_model). Under ZeRO-3 it streams unit by unit: no rank holds more than one
   // unit in full. Collective.
   void save_model(const nn::Module& model, const std::string& path);
+  // Loads weights into a model (Accelerate's load_checkpoint_in_model): `path` is a safetensors
+  // file, a sharded set's index (model.safetensors.index.json, as transformers writes it) or a
+  // directory holding either. A prepared model is loaded where it lives, under every strategy,
+  // each rank reading only what it keeps (under ZeRO-3 its own shards: Note [streaming model
+  // loads] in dist/accelerator.cc); an unprepared model is loaded whole, locally (deferred
+  // tensors get their memory). Values are converted to the model's dtypes. Strict by default:
+  // names the model lacks or the file lacks are a ValueError listing them (strict = false
+  // returns them instead); a shape mismatch always is. Names and shapes are checked on every
+  // rank before anything is read (nothing changes when one rank refuses); a read that fails
+  // afterwards (a file changing underfoot) is an IoError on every rank, the model partly
+  // loaded. Collective for a prepared model.
+  nn::LoadResult load_model(nn::Module& model, const std::string& path, bool strict = true);
 
   // ---- training step ----
   // loss / gradient_accumulation_steps (times the loss scale under fp16), backward with
@@ -396,6 +408,8 @@ class Accelerator {
   bool at_end_of_loader() const;
   // Tells the strategy whether a backward now syncs (sync step outside no_sync).
   void update_sync();
+  // The ranks whose `failed` is true (collective; every rank gets the same list).
+  std::vector<int> agree_failed(bool failed);
   // Note [plain backward]: ValueError when gradients came from a plain loss.backward() while
   // this accelerator scales the loss (`op` names the call that found out).
   void check_plain_backward(const char* op) const;

@@ -209,7 +209,7 @@ void swap_values(const Tensor& a, const Tensor& b) {
     y.copy_(tmp);
     return;
   }
-  constexpr int64_t kChunk = int64_t(1) << 20;
+  constexpr int64_t kChunk = int64_t(1) << 16;  // 256 KiB of float32: a transient, not a copy
   Tensor fa = a.view({a.numel()}), fb = b.view({b.numel()});
   Tensor tmp;
   for (int64_t i = 0; i < fa.numel(); i += kChunk) {
@@ -472,6 +472,35 @@ nn::TensorDict ReplicatedStrategy::full_state_dict(size_t index) {
   nn::TensorDict d = models_[index]->state_dict();
   for (auto& [k, v] : d) v = v.clone();
   return d;
+}
+
+void read_into(const nn::SafetensorsCheckpoint& src, const std::string& name, int64_t lo,
+               int64_t hi, const Tensor& dst) {
+  NoGradGuard ng;
+  if (dst.is_contiguous()) {
+    src.read_range(name, lo, hi, dst);
+    return;
+  }
+  Tensor tmp = empty(dst.sizes(), TensorOptions(dst.dtype(), dst.device()));
+  src.read_range(name, lo, hi, tmp);
+  Tensor d = dst;
+  d.copy_(tmp);
+}
+
+// Every rank holds the whole model: it reads every tensor whole, into the model's own.
+void ReplicatedStrategy::load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+                                    std::exception_ptr& err) {
+  ACCEL_CHECK(index < models_.size(), IndexError, "load_model", "model ", index, " of ",
+              models_.size(), " prepared");
+  try {
+    gather_all();
+    for (auto& [name, t] : models_[index]->state_handles())
+      if (src.contains(name)) read_into(src, name, 0, t.numel(), t);
+    for (auto& s : slots_)
+      if (s->zero) s->zero->reload_shards_from_parameters();
+  } catch (...) {
+    if (!err) err = std::current_exception();
+  }
 }
 
 void ReplicatedStrategy::save_model(size_t index, const std::string& path) {

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -33,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/nn/module.h"
+#include "autograd/nn/safetensors.h"
 #include "autograd/optim/optimizer.h"
 #include "core/tensor.h"
 #include "dist/amp.h"
@@ -129,6 +131,13 @@ class Strategy {
   // The whole state_dict of prepared model `index` on every rank (collective; under ZeRO-3 it
   // gathers every unit: the one call that holds the whole model).
   virtual nn::TensorDict full_state_dict(size_t index) = 0;
+  // Accelerator::load_model (which checked names and shapes): reads every entry of prepared model
+  // `index`'s state that `src` holds into what this rank keeps of it, straight into the model's
+  // tensors (ZeRO-3: this rank's span of each trainable parameter, the rest whole; Note
+  // [streaming model loads] in dist/accelerator.cc). Collective: an error of the reads is kept
+  // in `err` until the collective work is done, so no peer is left waiting.
+  virtual void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+                          std::exception_ptr& err) = 0;
 };
 
 std::unique_ptr<Strategy> make_strategy(const StrategyContext& ctx);

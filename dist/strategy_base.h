@@ -13,7 +13,7 @@
 
 namespace accel::dist {
 
-// a <-> b elementwise (same shape and dtype), through a buffer of at most 1M elements when both
+// a <-> b elementwise (same shape and dtype), through a buffer of at most 64k elements when both
 // are contiguous: how a load replaces values and keeps the old ones for its rollback.
 void swap_values(const Tensor& a, const Tensor& b);
 // The dtype a checkpoint tensor stored as `saved` is read in for a live tensor of `live`: the
@@ -21,6 +21,9 @@ void swap_values(const Tensor& a, const Tensor& b);
 DType load_dtype(DType saved, DType live);
 // Hands cached allocator blocks and freed heap back to the system (after a load).
 void release_unused_memory();
+// dst := elements [lo, hi) of `name` in `src` (dst may be non-contiguous: through a temporary).
+void read_into(const nn::SafetensorsCheckpoint& src, const std::string& name, int64_t lo,
+               int64_t hi, const Tensor& dst);
 
 // What a load replaces (Note [replicated loading memory] in dist/strategy.cc); after apply_state
 // it holds the replaced state.
@@ -50,6 +53,8 @@ class ReplicatedStrategy : public Strategy {
   void apply_state(StrategyState& state) override;
   void save_model(size_t index, const std::string& path) override;
   nn::TensorDict full_state_dict(size_t index) override;
+  void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+                  std::exception_ptr& err) override;
 
  protected:
   struct Slot {

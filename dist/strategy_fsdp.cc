@@ -315,6 +315,29 @@ class FsdpStrategy final : public Strategy {
   void finish_load() override {
     for (auto& m : sharded_) m->refresh_root();
   }
+  // Note [streaming model loads] in dist/accelerator.cc: this rank's span of every trainable
+  // parameter, straight into its shard; buffers and frozen parameters whole; then the root
+  // units are gathered from the new shards (collective, also after a failed read).
+  void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+                  std::exception_ptr& err) override {
+    FullyShardedModel& f = *sharded_.at(index);
+    try {
+      const auto spans = f.spans();
+      for (size_t k = 0; k < spans.size(); ++k)
+        if (src.contains(spans[k].name) && spans[k].hi > spans[k].lo)
+          read_into(src, spans[k].name, spans[k].lo, spans[k].hi, f.shard_params()[k]);
+      for (auto& [name, t] : replicated_state(*models_.at(index)))
+        if (src.contains(name)) read_into(src, name, 0, t.numel(), t);
+    } catch (...) {
+      if (!err) err = std::current_exception();
+    }
+    try {
+      f.refresh_root();
+    } catch (...) {
+      if (!err) err = std::current_exception();
+    }
+  }
+
   // Every rank gathers each unit in turn (collective); rank 0 writes it and drops it. A failure
   // of rank 0's file (bad path, full disk) does not leave the others waiting in a gather: rank 0
   // keeps taking part, and the outcome is agreed on at the end (IoError on every rank).

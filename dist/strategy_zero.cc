@@ -181,6 +181,12 @@ class ZeroStrategy final : public ReplicatedStrategy {
   void save_model(size_t index, const std::string& path) override {
     with_masters(false, [&] { ReplicatedStrategy::save_model(index, path); });
   }
+  // Under param_dtype the values go into the fp32 masters (gathered for the while), not into
+  // 16-bit copies.
+  void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+                  std::exception_ptr& err) override {
+    with_masters(true, [&] { ReplicatedStrategy::load_model(index, src, err); });
+  }
 
  private:
   // End of a backward that gave some slot gradients: wait for their collectives, then (unless

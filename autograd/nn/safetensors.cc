@@ -399,4 +399,94 @@ Tensor SafetensorsFile::read(const std::string& name) const {
   return t;
 }
 
+// ---------------------------------------------------------------------------------------------
+// SafetensorsCheckpoint
+
+namespace {
+constexpr uint64_t kMaxIndexBytes = uint64_t(64) << 20;  // transformers' indexes are < 1 MB
+
+// The whole index file: a regular file of at most kMaxIndexBytes (opened without blocking, so a
+// FIFO planted in its place is refused rather than waited on).
+std::string read_index(const std::string& path) {
+  Fd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  ACCEL_CHECK(file.fd >= 0, IoError, kRead, "cannot open '", path, "': ", errno_str());
+  struct stat st {};
+  ACCEL_CHECK(::fstat(file.fd, &st) == 0 && S_ISREG(st.st_mode), IoError, kRead, "'", path,
+              "' is not a regular file");
+  ACCEL_CHECK(uint64_t(st.st_size) <= kMaxIndexBytes, IoError, kRead, "'", path, "' is ",
+              st.st_size, " bytes, more than an index of ", kMaxIndexBytes, " bytes");
+  std::string text(size_t(st.st_size), '\0');
+  ACCEL_CHECK(pread_full(file.fd, text.data(), text.size(), 0), IoError, kRead, "'", path,
+              "': cannot read: ", errno ? errno_str() : "unexpected end of file");
+  return text;
+}
+}  // namespace
+
+SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string index;
+  if (fs::is_directory(path, ec)) {
+    const fs::path idx = fs::path(path) / "model.safetensors.index.json";
+    const fs::path one = fs::path(path) / "model.safetensors";
+    if (fs::exists(idx, ec)) {
+      index = idx.string();
+    } else {
+      ACCEL_CHECK(fs::exists(one, ec), IoError, kRead, "directory '", path,
+                  "' holds neither model.safetensors.index.json nor model.safetensors");
+      path_ = one.string();
+    }
+  } else if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
+    index = path;
+  } else {
+    path_ = path;
+  }
+  if (index.empty()) {
+    files_.push_back(std::make_unique<SafetensorsFile>(path_));
+    for (const std::string& n : files_.back()->names()) where_.emplace(n, files_.back().get());
+    return;
+  }
+  path_ = index;
+  json j;
+  try {
+    j = json::parse(read_index(index));
+  } catch (const json::exception& e) {
+    ACCEL_THROW(IoError, kRead, "'", index, "' is not a JSON index: ", e.what());
+  }
+  ACCEL_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), IoError,
+              kRead, "'", index, "' has no \"weight_map\" object");
+  const fs::path dir = fs::path(index).parent_path();
+  std::map<std::string, SafetensorsFile*> opened;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    ACCEL_CHECK(it->is_string(), IoError, kRead, "'", index, "': weight_map[\"", it.key(),
+                "\"] must be a file name, got ", it->type_name());
+    const std::string file = it->get<std::string>();
+    ACCEL_CHECK(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..",
+                IoError, kRead, "'", index, "': weight_map[\"", it.key(), "\"] names '", file,
+                "'; only files next to the index are read");
+    auto f = opened.find(file);
+    if (f == opened.end()) {
+      files_.push_back(std::make_unique<SafetensorsFile>((dir / file).string()));
+      f = opened.emplace(file, files_.back().get()).first;
+    }
+    ACCEL_CHECK(f->second->contains(it.key()), IoError, kRead, "'", index, "' maps tensor '",
+                it.key(), "' to '", f->second->path(), "', which does not hold it");
+    where_.emplace(it.key(), f->second);
+  }
+}
+
+SafetensorsCheckpoint::~SafetensorsCheckpoint() = default;
+
+std::vector<std::string> SafetensorsCheckpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, f] : where_) out.push_back(n);
+  return out;
+}
+
+const SafetensorsFile& SafetensorsCheckpoint::file_of(const std::string& name) const {
+  auto it = where_.find(name);
+  ACCEL_CHECK(it != where_.end(), IoError, kRead, "'", path_, "' holds no tensor '", name, "'");
+  return *it->second;
+}
+
 }  // namespace accel::nn

@@ -106,4 +106,37 @@ class SafetensorsFile {
   Metadata metadata_;
 };
 
+// A model's weights as one safetensors file or as a sharded set the way transformers writes it:
+// an index JSON (model.safetensors.index.json: {"metadata": {...}, "weight_map": {"<tensor>":
+// "<file>"}}) next to the files it names. `path` is a .safetensors file, an index file (a name
+// ending in .json), or a directory holding model.safetensors.index.json or model.safetensors.
+// Every file is opened as a SafetensorsFile (headers only); the index is checked whole before
+// anything is read (a JSON object with a weight_map of plain file names in the index's
+// directory, each naming a file that holds that tensor): IoError naming the index, the file and
+// the tensor otherwise.
+class SafetensorsCheckpoint {
+ public:
+  explicit SafetensorsCheckpoint(const std::string& path);
+  ~SafetensorsCheckpoint();
+  SafetensorsCheckpoint(const SafetensorsCheckpoint&) = delete;
+  SafetensorsCheckpoint& operator=(const SafetensorsCheckpoint&) = delete;
+
+  // The index file, or the single file.
+  const std::string& path() const { return path_; }
+  std::vector<std::string> names() const;  // sorted
+  bool contains(const std::string& name) const { return where_.count(name) != 0; }
+  const SafetensorsFile& file_of(const std::string& name) const;
+  const SafetensorsFile::Info& info(const std::string& name) const {
+    return file_of(name).info(name);
+  }
+  void read_range(const std::string& name, int64_t lo, int64_t hi, const Tensor& dst) const {
+    file_of(name).read_range(name, lo, hi, dst);
+  }
+
+ private:
+  std::string path_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const SafetensorsFile*> where_;
+};
+
 }  // namespace accel::nn

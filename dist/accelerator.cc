@@ -358,9 +358,10 @@ nn::LoadResult check_model_source(const nn::Module& model, const nn::Safetensors
 // rank reads, with pread, only what it keeps, straight into the model's tensors: under ZeRO-3
 // its span of each trainable parameter (1/N of the model) and the buffers and frozen parameters
 // whole, then the root units are gathered; under DDP, ZeRO-1/2 and one process every tensor
-// whole (every rank holds the whole model; under ZeRO param_dtype into the fp32 masters). No rank
-// ever holds another copy of the model, so the load's peak is the model state itself plus a
-// bounded conversion buffer (nn::kSafetensorsReadChunkBytes) when the file's dtype differs.
+// whole (every rank holds the whole model; under ZeRO-1/2 param_dtype into the fp32 masters,
+// gathered whole for the while as a checkpoint save does). No rank ever holds another copy of
+// the model, so the load's peak is the model state itself plus a bounded conversion buffer
+// (nn::kSafetensorsReadChunkBytes) when the file's dtype differs.
 nn::LoadResult Accelerator::load_model(nn::Module& model, const std::string& path, bool strict) {
   std::optional<size_t> index;
   for (size_t i = 0; i < models_.size(); ++i)

@@ -565,12 +565,18 @@ int resume_peak(const std::string& dir, const std::string& phase, int stage) {
 // of the wide MLP and save_model <dir>/model.safetensors, which rank 0 also writes as a sharded
 // set (model-0000k-of-00002.safetensors + model.safetensors.index.json, as transformers does, in
 // <dir>/sharded) and in float64 (<dir>/model_f64.safetensors). "load": a run of another seed at
-// `stage` loads `what` (file, index, dir, f64) and must hold exactly the saved values; the
+// `stage` loads `what` (file, index, dir, f64; mp: the file into bf16 compute parameters, whose
+// fp32 masters must hold it) and must hold exactly the saved values; the
 // allocator may not grow by more than the conversion buffer during the load.
 int load_model_case(const std::string& dir, const std::string& phase, int stage,
                     const std::string& what) {
   AcceleratorConfig c = config_from_env(dir);
   c.zero_stage = stage;
+  const bool mp = what == "mp";  // bf16 compute parameters over fp32 masters (ZeRO param_dtype)
+  if (mp) {
+    c.mixed_precision = dist::MixedPrecision::BF16;
+    c.zero.param_dtype = c.fsdp.param_dtype = kBFloat16;
+  }
   Accelerator acc(c);
   auto mlp = make_wide_mlp(phase == "save" ? 1 : 3);
   auto opt = std::make_shared<optim::AdamW>(mlp->parameters(), optim::AdamWOptions{});
@@ -611,10 +617,10 @@ int load_model_case(const std::string& dir, const std::string& phase, int stage,
     std::cout << "ok load_model" << std::endl;
     return 0;
   }
-  const std::string path = what == "file"    ? file
-                           : what == "index" ? dir + "/sharded/model.safetensors.index.json"
-                           : what == "dir"   ? dir + "/sharded"
-                                             : dir + "/model_f64.safetensors";
+  const std::string path = what == "file" || mp ? file
+                           : what == "index"    ? dir + "/sharded/model.safetensors.index.json"
+                           : what == "dir"      ? dir + "/sharded"
+                                                : dir + "/model_f64.safetensors";
   Allocator* a = get_allocator(kCPU);
   a->reset_peak_stats();
   const int64_t before = int64_t(a->stats().bytes_in_use);
@@ -629,8 +635,15 @@ int load_model_case(const std::string& dir, const std::string& phase, int stage,
   EXPECT(got.size() == want.size());
   for (auto& [name, t] : want) EXPECT(got.count(name) && got.at(name).equal(t));
   // The loaded weights train on (every rank holds the same model).
-  acc.backward(mse_loss(model->forward(ones({4, 64})), zeros({4, 64})));
-  aopt->step();
+  {
+    Tensor loss;
+    {
+      auto ac = acc.autocast();
+      loss = mse_loss(model->forward(ones({4, 64})), zeros({4, 64}));
+    }
+    acc.backward(loss);
+    aopt->step();
+  }
   // A file of another model: every rank refuses, names the problem, changes nothing.
   const std::string other = dir + "/other_w" + std::to_string(acc.num_processes()) + ".safetensors";
   if (acc.is_main_process()) {

@@ -531,8 +531,9 @@ TEST_CASE("load_model: a ZeRO-3 export loads at 1, 2 and 3 ranks under every str
     const char* stage;
     const char* what;
   };
-  for (Case c : {Case{2, "3", "index"}, Case{3, "3", "dir"}, Case{2, "3", "f64"},
-                 Case{2, "0", "index"}, Case{3, "2", "f64"}, Case{1, "0", "dir"}}) {
+  for (Case c :
+       {Case{2, "3", "index"}, Case{3, "3", "dir"}, Case{2, "3", "f64"}, Case{2, "0", "index"},
+        Case{3, "2", "f64"}, Case{1, "0", "dir"}, Case{2, "2", "mp"}, Case{2, "3", "mp"}}) {
     CAPTURE(c.world);
     CAPTURE(c.stage);
     CAPTURE(c.what);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
+#include <functional>
 #include <queue>
 #include <unordered_map>
 
@@ -233,7 +235,48 @@ void execute(const std::vector<Edge>& roots, std::vector<Tensor> root_grads, boo
   }
 }
 
+// Note [end-of-backward callbacks] in engine.h.
+thread_local int t_backward_depth = 0;
+thread_local std::vector<BackwardCallback> t_callbacks;
+
+// execute() inside the callback bookkeeping: at the end of the outermost backward, the queued
+// callbacks run (those they queue run too), errors are kept in `err`, the backward's own first.
+void execute_and_call_back(const std::vector<Edge>& roots, std::vector<Tensor> root_grads,
+                           bool retain_graph, std::unordered_map<Node*, Tensor>* capture) {
+  std::exception_ptr err;
+  ++t_backward_depth;
+  try {
+    execute(roots, std::move(root_grads), retain_graph, capture);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  --t_backward_depth;
+  if (t_backward_depth == 0) {
+    const bool succeeded = !err;
+    while (!t_callbacks.empty()) {
+      std::vector<BackwardCallback> callbacks = std::move(t_callbacks);
+      t_callbacks.clear();
+      for (auto& fn : callbacks) {
+        try {
+          fn(succeeded);
+        } catch (...) {
+          if (!err) err = std::current_exception();
+        }
+      }
+    }
+  }
+  if (err) std::rethrow_exception(err);
+}
+
 }  // namespace
+
+void queue_callback(BackwardCallback fn) {
+  ACCEL_CHECK(t_backward_depth > 0, ValueError, "queue_callback",
+              "no backward is running on this thread");
+  t_callbacks.push_back(std::move(fn));
+}
+
+bool backward_running() { return t_backward_depth > 0; }
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
                   bool retain_graph) {
@@ -257,7 +300,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     edges.push_back(gradient_edge(r));
     gs.push_back(std::move(g));
   }
-  execute(edges, std::move(gs), retain_graph, nullptr);
+  execute_and_call_back(edges, std::move(gs), retain_graph, nullptr);
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
@@ -292,7 +335,7 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
     capture[e.fn.get()] = Tensor();
     input_nodes.push_back(e.fn.get());
   }
-  execute(edges, std::move(gs), retain_graph, &capture);
+  execute_and_call_back(edges, std::move(gs), retain_graph, &capture);
   std::vector<Tensor> result;
   for (size_t i = 0; i < inputs.size(); ++i) {
     Tensor g = capture[input_nodes[i]];

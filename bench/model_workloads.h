@@ -36,6 +36,8 @@ void run_ddp_mlp();
 // it starts the ranks itself. ACCEL_BENCH_WORLDS / _STAGES / _D_MODEL / _LAYERS (workloads
 // --worlds, --stages, --d-model, --layers) and ACCEL_BENCH_STEPS / _WARMUP size the run.
 void run_zero_memory();
+// build/bench/workloads zero-checkpoint (bench/zero_memory.cc, Note [zero-checkpoint figures]).
+void run_zero_checkpoint();
 
 // A loopback port that was free a moment ago (bind to port 0 and read it back). Another process
 // could take it before rank 0 binds; that surfaces as a store error, never a hang.

@@ -404,6 +404,10 @@ const std::vector<Workload>& registry() {
        "GPT 49.6M params via the Accelerator, ZeRO stages 0-3 x 1,2,4 processes: peak RSS, "
        "allocator peak, ms per step per rank (not in `all`; about 5 minutes)",
        bench::run_zero_memory, false},
+      {"zero-checkpoint",
+       "GPT 49.6M params, ZeRO-3: save_state at 4 processes, load_state at 4 and 2 (re-sharded): "
+       "load peak and time against training's (not in `all`; a few minutes)",
+       bench::run_zero_checkpoint, false},
   };
   return r;
 }
@@ -671,7 +675,9 @@ void usage(const char* argv0) {
       "  --d-model N         GPT width (default 640; heads of 64 where it divides)\n"
       "  --eager-init        zero-memory: build the ZeRO-3 model whole, not deferred\n"
       "  --layers N          GPT blocks (default 10)\n"
-      "  (--steps / --warmup default to 5 / 2 there)\n");
+      "  (--steps / --warmup default to 5 / 2 there)\n"
+      "zero-checkpoint options: as zero-memory; --worlds S,L...: save at S ranks, load at each\n"
+      "  (default 4,2), --stages (default 3)\n");
 }
 
 // A positive integer option value, or -1.

@@ -53,6 +53,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -86,6 +87,10 @@ constexpr int kRankTimeoutS = 3600;
 // Environment of the rank processes (set by the parent, never by a user).
 constexpr const char* kOutEnv = "ACCEL_ZERO_MEMORY_OUT";      // directory for rank<r>.txt
 constexpr const char* kStageEnv = "ACCEL_ZERO_MEMORY_STAGE";  // 0..3
+// zero-checkpoint (Note [zero-checkpoint figures]): "save" trains, then save_state into
+// kCkptEnv; "load" load_state's it first, then trains. Unset: zero-memory's training run.
+constexpr const char* kModeEnv = "ACCEL_ZERO_MEMORY_MODE";
+constexpr const char* kCkptEnv = "ACCEL_ZERO_MEMORY_CKPT";
 
 int env_int(const char* name, int fallback, int lo, int hi) {
   const char* v = std::getenv(name);
@@ -167,7 +172,8 @@ void reset_rss_peak() {
 
 // ---------------------------------------------------------------- one rank
 
-void run_rank(const Options& opt, int stage, const std::string& out_dir) {
+void run_rank(const Options& opt, int stage, const std::string& out_dir, const std::string& mode,
+              const std::string& ckpt) {
   const double base_kb = proc_status_kb("VmRSS");
   AcceleratorConfig ac;
   ac.cpu = true;
@@ -211,6 +217,23 @@ void run_rank(const Options& opt, int stage, const std::string& out_dir) {
   auto [m, o, batches] = acc.prepare(model, optimizer, loader);
 
   Allocator* cpu_alloc = get_allocator(kCPU);
+  // zero-checkpoint: the load comes first, in a fresh process right after prepare, as a resumed
+  // job does it; its peaks are measured from the moment load_state starts.
+  char ckpt_fields[512] = "";
+  if (mode == "load") {
+    const double before_kb = proc_status_kb("VmRSS");
+    reset_rss_peak();
+    cpu_alloc->reset_peak_stats();
+    const auto t0 = Clock::now();
+    acc.load_state(ckpt);
+    const double load_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::snprintf(ckpt_fields, sizeof ckpt_fields,
+                  " load_s=%.3f load_alloc_peak_mb=%.1f load_rss_peak_mb=%.1f "
+                  "rss_before_load_mb=%.1f rss_after_load_mb=%.1f",
+                  load_s, mib(double(cpu_alloc->stats().peak_bytes_in_use)),
+                  kb_to_mib(proc_status_kb("VmHWM")), kb_to_mib(before_kb),
+                  kb_to_mib(proc_status_kb("VmRSS")));
+  }
   std::vector<double> ms;
   double hwm_before_reset_kb = 0, loss = 0;
   int done = 0;
@@ -235,19 +258,27 @@ void run_rank(const Options& opt, int stage, const std::string& out_dir) {
               " of ", steps_total, " steps");
   const double steady_kb = proc_status_kb("VmHWM");
   const AllocatorStats st = cpu_alloc->stats();
+  if (mode == "save") {
+    cpu_alloc->reset_peak_stats();
+    const auto t0 = Clock::now();
+    acc.save_state(ckpt);
+    const double save_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::snprintf(ckpt_fields, sizeof ckpt_fields, " save_s=%.3f save_alloc_peak_mb=%.1f", save_s,
+                  mib(double(cpu_alloc->stats().peak_bytes_in_use)));
+  }
 
   const std::string path = out_dir + "/rank" + std::to_string(rank) + ".txt";
   std::ofstream f(path);
-  char line[512];
+  char line[1024];
   std::snprintf(line, sizeof line,
                 "rank=%d world=%d params=%lld peak_rss_mb=%.1f steady_rss_mb=%.1f "
                 "alloc_peak_mb=%.1f alloc_reserved_mb=%.1f ms_step=%.2f model_rss_mb=%.1f "
-                "base_rss_mb=%.1f threads=%d loss=%.4f init=%s\n",
+                "base_rss_mb=%.1f threads=%d loss=%.4f init=%s%s\n",
                 rank, world, static_cast<long long>(model->num_parameters()),
                 kb_to_mib(std::max(hwm_before_reset_kb, steady_kb)), kb_to_mib(steady_kb),
                 mib(double(st.peak_bytes_in_use)), mib(double(st.bytes_reserved)), median(ms),
                 kb_to_mib(model_kb), kb_to_mib(base_kb), omp_get_max_threads(), loss,
-                deferred ? "deferred" : "eager");
+                deferred ? "deferred" : "eager", ckpt_fields);
   f << line;
   f.close();
   ACCEL_CHECK(f.good(), IoError, "zero-memory", "cannot write ", path);
@@ -298,7 +329,8 @@ class TempDir {
 
 // Starts `world` ranks of this program for `stage`, waits for them (a failing rank takes the
 // others down, so nothing waits on a dead peer) and returns each rank's fields.
-std::vector<Fields> run_config(int stage, int world) {
+std::vector<Fields> run_config(int stage, int world, const std::string& mode = "",
+                               const std::string& ckpt = "") {
   TempDir dir;
   const int port = world > 1 ? free_loopback_port() : 0;
   std::fflush(stdout);
@@ -314,6 +346,8 @@ std::vector<Fields> run_config(int stage, int world) {
     if (pid == 0) {
       setenv(kOutEnv, dir.path().c_str(), 1);
       setenv(kStageEnv, std::to_string(stage).c_str(), 1);
+      setenv(kModeEnv, mode.c_str(), 1);
+      setenv(kCkptEnv, ckpt.c_str(), 1);
       if (world > 1) {
         setenv("RANK", std::to_string(r).c_str(), 1);
         setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
@@ -327,7 +361,7 @@ std::vector<Fields> run_config(int stage, int world) {
       }
       dup2(STDERR_FILENO, STDOUT_FILENO);  // our stdout carries result lines only
       char self[] = "workloads";
-      char name[] = "zero-memory";
+      char name[] = "zero-memory";  // the rank program is the same for zero-checkpoint
       char* argv[] = {self, name, nullptr};
       execv("/proc/self/exe", argv);
       _exit(127);
@@ -478,6 +512,89 @@ void run_parent(const Options& opt) {
   ACCEL_CHECK(errors.empty(), DistError, "zero-memory", errors);
 }
 
+// Note [zero-checkpoint figures]
+// build/bench/workloads zero-checkpoint: what resuming costs against training (issue 22, item
+// 16). For each stage of --stages (default 3), `save_world` = the first of --worlds (default
+// 4,2) ranks train (warm-up + measured steps) and save_state; then, for each world W of
+// --worlds, W fresh ranks prepare the same model (deferred under ZeRO-3), load_state it (W !=
+// save_world re-shards) and train the same steps. Per load run, maximum over ranks:
+//   load_alloc_peak_mb  the CPU allocator's peak bytes in use from the start of load_state to its
+//                       end (reset_peak_stats() just before), the model state already there
+//   train_alloc_peak_mb the same over the measured training steps of that run (same world)
+//   load_rss_peak_mb    VmHWM reset just before load_state, read after it
+//   train_rss_mb        VmHWM over the measured training steps (steady_rss_mb of zero-memory)
+//   rss_after_load_mb   VmRSS right after load_state (what the load left behind)
+//   load_s, save_s      wall seconds of load_state, and of the save_state that wrote it
+// Checks: load_alloc_peak <= 1.10 x train_alloc_peak, load_rss_peak <= 1.10 x train_rss,
+// load_s <= 2 x save_s. Allocator bytes are deterministic; RSS and seconds swing with the load
+// of the machine (4 ranks on 2 cores).
+void run_checkpoint_parent(const Options& opt) {
+  std::vector<int> stages = opt.stages;
+  ACCEL_CHECK(!opt.worlds.empty() && !stages.empty(), ValueError, "zero-checkpoint",
+              "no world or stage");
+  const int save_world = opt.worlds.front();
+  std::string errors;
+  for (const int stage : stages) {
+    char tmpl[] = "/tmp/accel_zero_checkpoint_XXXXXX";
+    ACCEL_CHECK(mkdtemp(tmpl) != nullptr, IoError, "zero-checkpoint", "mkdtemp failed");
+    const std::string ckpt = std::string(tmpl) + "/ckpt";
+    try {
+      const std::vector<Fields> saved = run_config(stage, save_world, "save", ckpt);
+      double save_s = 0;
+      for (size_t r = 0; r < saved.size(); ++r)
+        save_s = std::max(save_s, number(saved[r], "save_s", "rank " + std::to_string(r)));
+      std::vector<int> loads = opt.worlds;
+      std::sort(loads.begin(), loads.end());
+      loads.erase(std::unique(loads.begin(), loads.end()), loads.end());
+      std::reverse(loads.begin(), loads.end());
+      for (const int world : loads) {
+        const std::vector<Fields> ranks = run_config(stage, world, "load", ckpt);
+        std::map<std::string, double> mx;
+        for (size_t r = 0; r < ranks.size(); ++r)
+          for (const char* k :
+               {"load_alloc_peak_mb", "alloc_peak_mb", "load_rss_peak_mb", "steady_rss_mb",
+                "rss_after_load_mb", "rss_before_load_mb", "load_s", "ms_step"}) {
+            const double v = number(ranks[r], k, "rank " + std::to_string(r));
+            mx[k] = r == 0 ? v : std::max(mx[k], v);
+          }
+        std::printf(
+            "workload=zero-checkpoint stage=%d save_world=%d load_world=%d params=%lld "
+            "train_alloc_peak_mb=%.1f load_alloc_peak_mb=%.1f train_rss_mb=%.1f "
+            "load_rss_peak_mb=%.1f rss_before_load_mb=%.1f rss_after_load_mb=%.1f save_s=%.2f "
+            "load_s=%.2f ms_step=%.1f save_alloc_peak_mb=%.1f\n",
+            stage, save_world, world, static_cast<long long>(number(ranks[0], "params", "rank 0")),
+            mx["alloc_peak_mb"], mx["load_alloc_peak_mb"], mx["steady_rss_mb"],
+            mx["load_rss_peak_mb"], mx["rss_before_load_mb"], mx["rss_after_load_mb"], save_s,
+            mx["load_s"], mx["ms_step"], number(saved[0], "save_alloc_peak_mb", "rank 0"));
+        const double alloc = mx["load_alloc_peak_mb"] / mx["alloc_peak_mb"];
+        const double rss = mx["load_rss_peak_mb"] / mx["steady_rss_mb"];
+        const double time = mx["load_s"] / save_s;
+        const std::string at =
+            " stage=" + std::to_string(stage) + " save_world=" + std::to_string(save_world);
+        std::printf(
+            "workload=zero-checkpoint check=load_over_train_alloc world=%d "
+            "load_over_train_alloc=%s%s target_max=1.10 result=%s\n",
+            world, fmt(alloc, 3).c_str(), at.c_str(), alloc <= 1.10 ? "PASS" : "FAIL");
+        std::printf(
+            "workload=zero-checkpoint check=load_over_train_rss world=%d load_over_train_rss=%s%s "
+            "target_max=1.10 result=%s\n",
+            world, fmt(rss, 3).c_str(), at.c_str(), rss <= 1.10 ? "PASS" : "FAIL");
+        std::printf(
+            "workload=zero-checkpoint check=load_over_save_s world=%d load_over_save_s=%s%s "
+            "target_max=2.0 result=%s\n",
+            world, fmt(time, 3).c_str(), at.c_str(), time <= 2.0 ? "PASS" : "FAIL");
+        std::fflush(stdout);
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "zero-checkpoint: %s\n", e.what());
+      errors += std::string(errors.empty() ? "" : "; ") + e.what();
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(tmpl, ec);
+  }
+  ACCEL_CHECK(errors.empty(), DistError, "zero-checkpoint", errors);
+}
+
 }  // namespace
 
 std::vector<int> parse_int_list(const std::string& s, int lo, int hi) {
@@ -500,10 +617,19 @@ void run_zero_memory() {
   const Options opt = read_options();
   const char* out_dir = std::getenv(kOutEnv);
   if (out_dir != nullptr && *out_dir != '\0') {
-    run_rank(opt, env_int(kStageEnv, 0, 0, 3), out_dir);
+    const char* mode = std::getenv(kModeEnv);
+    const char* ckpt = std::getenv(kCkptEnv);
+    run_rank(opt, env_int(kStageEnv, 0, 0, 3), out_dir, mode ? mode : "", ckpt ? ckpt : "");
     return;
   }
   run_parent(opt);
+}
+
+void run_zero_checkpoint() {
+  Options opt = read_options();
+  if (std::getenv("ACCEL_BENCH_WORLDS") == nullptr) opt.worlds = {4, 2};
+  if (std::getenv("ACCEL_BENCH_STAGES") == nullptr) opt.stages = {3};
+  run_checkpoint_parent(opt);
 }
 
 }  // namespace accel::bench

@@ -10,6 +10,7 @@
 #include <exception>
 #include <filesystem>
 #include <optional>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +21,7 @@
 #include "core/storage.h"
 #include "dist/checkpoint.h"
 #include "dist/env.h"
+#include "dist/strategy_base.h"
 
 namespace accel {
 
@@ -116,6 +118,29 @@ void apply_zero_env(AcceleratorConfig& c) {
     c.fsdp.activation_checkpointing = parse_env_bool(env::kFsdpActivationCheckpointing, v);
 }
 
+// Options the environment sets that this run would not use are refused, not ignored (as
+// accel-run refuses them: Note [accelerate keys accel does not implement] in launcher/config.cc).
+void check_env_applies(const AcceleratorConfig& c) {
+  std::string fsdp;
+  for (const char* name :
+       {env::kFsdpWrap, env::kFsdpWrapClasses, env::kFsdpMinParams, env::kFsdpReshardAfterForward,
+        env::kFsdpPrefetch, env::kFsdpActivationCheckpointing})
+    if (const char* v = env_or_null(name))
+      fsdp += (fsdp.empty() ? "" : ", ") + std::string(name) + "=" + v;
+  ACCEL_CHECK(fsdp.empty() || c.zero_stage == 3, ValueError, "accelerator", fsdp,
+              ": the ZeRO-3 options apply to zero_stage 3 only, and this run has zero_stage ",
+              c.zero_stage);
+  const char* param = env_or_null(env::kParamDtype);
+  const char* reduce = env_or_null(env::kReduceDtype);
+  const bool converts = (param && lower(param) != "fp32") || reduce;
+  ACCEL_CHECK(!converts || c.zero_stage != 0, ValueError, "accelerator",
+              param ? std::string(env::kParamDtype) + "=" + param : std::string(""),
+              param && reduce ? ", " : "",
+              reduce ? std::string(env::kReduceDtype) + "=" + reduce : std::string(""),
+              ": ZeRO compute dtypes apply to zero_stage 1-3 only, and this run has zero_stage 0 "
+              "(use ACCEL_MIXED_PRECISION for autocast)");
+}
+
 bool cuda_present() {
   try {
     return get_allocator(Device::cuda(0)) != nullptr;
@@ -131,6 +156,19 @@ void check_config(const AcceleratorConfig& c) {
               "zero_stage must be in 0..3, got ", c.zero_stage);
   ACCEL_CHECK(c.total_limit >= 0, ValueError, "accelerator", "total_limit must be >= 0, got ",
               c.total_limit);
+  // Fields the facade does not read are refused when set, not ignored.
+  ACCEL_CHECK(c.ddp.root == 0, ValueError, "accelerator", "ddp.root is ", c.ddp.root,
+              ": the Accelerator always starts every rank from rank 0's parameters (ddp.root "
+              "is not read; leave it 0)");
+  const dist::ZeroOptions z;
+  ACCEL_CHECK(c.zero.stage == z.stage && c.zero.bucket_cap_bytes == z.bucket_cap_bytes &&
+                  c.zero.find_unused_parameters == z.find_unused_parameters &&
+                  c.zero.root == z.root,
+              ValueError, "accelerator",
+              "zero.stage, zero.bucket_cap_bytes, zero.find_unused_parameters and zero.root are "
+              "not read: set zero_stage, ddp.bucket_cap_bytes and ddp.find_unused_parameters "
+              "(zero.param_dtype and zero.reduce_in_fp32 are the zero fields the Accelerator "
+              "reads)");
 }
 
 }  // namespace
@@ -150,6 +188,7 @@ AcceleratorConfig AcceleratorConfig::with_env() const {
     throw ValueError(e.what());
   }
   apply_zero_env(c);
+  check_env_applies(c);
   return c;
 }
 
@@ -217,6 +256,15 @@ void Accelerator::prepare_module(const std::shared_ptr<nn::Module>& model) {
   model->to(device_);
   strategy_->prepare_model(model);
   models_.push_back(model);
+  // Note [plain backward]: notice gradients that did not come through Accelerator::backward.
+  std::weak_ptr<BackwardFlags> flags = backward_flags_;
+  for (auto& [name, p] : model->named_parameters()) {
+    if (!p.requires_grad()) continue;
+    Tensor h = p;
+    h.register_post_accumulate_grad_hook([flags](Tensor&) {
+      if (auto f = flags.lock(); f && !f->in_accelerator_backward) f->plain_backward = true;
+    });
+  }
 }
 
 dist::DistributedDataParallel* Accelerator::ddp(const nn::Module& model) const {
@@ -251,6 +299,107 @@ void Accelerator::save_model(const nn::Module& model, const std::string& path) {
                 "another rank could not write '", path, "'");
   }
   if (err) std::rethrow_exception(err);
+}
+
+std::vector<int> Accelerator::agree_failed(bool failed) {
+  if (world_size_ == 1) return failed ? std::vector<int>{0} : std::vector<int>{};
+  Tensor flags = zeros({world_size_}, TensorOptions(kFloat32, device_));
+  if (failed) flags.narrow(0, rank_, 1).fill_(1.0);
+  group_->all_reduce(flags, dist::ReduceOp::Sum);
+  std::vector<int> out;
+  const std::vector<double> v = flags.cpu().tolist();
+  for (int r = 0; r < world_size_; ++r)
+    if (v[size_t(r)] > 0) out.push_back(r);
+  return out;
+}
+
+namespace {
+
+// The names and shapes of `src` against the model's state (Module::load_state_dict's rules).
+nn::LoadResult check_model_source(const nn::Module& model, const nn::SafetensorsCheckpoint& src,
+                                  bool strict) {
+  const nn::TensorDict own = model.state_handles();
+  nn::LoadResult r;
+  std::vector<std::string> mismatched;
+  for (const auto& [name, t] : own) {
+    if (!src.contains(name)) {
+      r.missing_keys.push_back(name);
+    } else if (src.info(name).shape != t.sizes()) {
+      mismatched.push_back(name + ": file " + shape_str(src.info(name).shape) + ", model " +
+                           t.shape_str());
+    }
+  }
+  for (const std::string& name : src.names())
+    if (!own.count(name)) r.unexpected_keys.push_back(name);
+  if (mismatched.empty() && (!strict || (r.missing_keys.empty() && r.unexpected_keys.empty())))
+    return r;
+  std::ostringstream os;
+  auto list = [&](const char* what, const std::vector<std::string>& keys) {
+    if (keys.empty()) return;
+    os << "; " << what << " (" << keys.size() << "): ";
+    for (size_t i = 0; i < keys.size() && i < 20; ++i) os << (i ? ", " : "") << keys[i];
+    if (keys.size() > 20) os << ", ...";
+  };
+  if (strict) {
+    list("missing keys", r.missing_keys);
+    list("unexpected keys", r.unexpected_keys);
+  }
+  list("shape mismatch", mismatched);
+  ACCEL_THROW(ValueError, "load_model", "'", src.path(), "' does not fit the ", model.type_name(),
+              os.str(), strict ? " (strict = false loads the names both have)" : "");
+}
+
+}  // namespace
+
+// Note [streaming model loads]
+// Accelerator::load_model reads pretrained weights the way a ZeRO-3 resume reads its shards: the
+// file (or every file of a sharded set) is opened and its header checked, names and shapes are
+// compared with the model on every rank and agreed on (all ranks load or none does), then each
+// rank reads, with pread, only what it keeps, straight into the model's tensors: under ZeRO-3
+// its span of each trainable parameter (1/N of the model) and the buffers and frozen parameters
+// whole, then the root units are gathered; under DDP, ZeRO-1/2 and one process every tensor
+// whole (every rank holds the whole model; under ZeRO-1/2 param_dtype into the fp32 masters,
+// gathered whole for the while as a checkpoint save does). No rank ever holds another copy of
+// the model, so the load's peak is the model state itself plus a bounded conversion buffer
+// (nn::kSafetensorsReadChunkBytes) when the file's dtype differs.
+nn::LoadResult Accelerator::load_model(nn::Module& model, const std::string& path, bool strict) {
+  std::optional<size_t> index;
+  for (size_t i = 0; i < models_.size(); ++i)
+    if (models_[i].get() == &model) index = i;
+  std::exception_ptr err;
+  std::unique_ptr<nn::SafetensorsCheckpoint> src;
+  nn::LoadResult result;
+  try {
+    if (!index)
+      ACCEL_CHECK(model.sharded().empty(), ValueError, "load_model", "the ", model.type_name(),
+                  " is sharded by an engine this accelerator did not prepare: ", model.sharded());
+    src = std::make_unique<nn::SafetensorsCheckpoint>(path);
+    result = check_model_source(model, *src, strict);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  if (!index) {  // not prepared: this process alone, the whole model
+    if (err) std::rethrow_exception(err);
+    NoGradGuard ng;
+    for (auto& [name, t] : model.state_handles()) {
+      if (!src->contains(name)) continue;
+      if (nn::is_deferred(t)) t.storage()->materialize();
+      dist::read_into(*src, name, 0, t.numel(), t);
+    }
+    return result;
+  }
+  std::vector<int> failed = agree_failed(bool(err));
+  auto raise = [&](const char* what) {
+    if (err) std::rethrow_exception(err);
+    std::string ranks;
+    for (int r : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    ACCEL_THROW(IoError, "load_model", "rank(s) ", ranks, " could not ", what, " '", path, "'");
+  };
+  if (!failed.empty()) raise("load");
+  strategy_->load_model(*index, *src, err);
+  failed = agree_failed(bool(err));
+  if (!failed.empty()) raise("read (the model is partly loaded)");
+  return result;
 }
 
 std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
@@ -325,10 +474,43 @@ void AcceleratedOptimizer::zero_grad(bool set_to_none) {
 }
 
 void Accelerator::zero_grad_prepared_optimizer(AcceleratedOptimizer& o, bool set_to_none) {
+  check_plain_backward("zero_grad");
+  backward_flags_->plain_backward = false;  // the next step's gradients start here
   strategy_->zero_grad(o.stepping_optimizer(), set_to_none);
 }
 
+// Note [plain backward]
+// A prepared model's gradients are synced by the strategy's gradient hooks, armed on sync steps
+// outside no_sync() (Strategy::set_sync, kept up to date by accumulate(), no_sync() and
+// load_state), with the wait at the end of the backward (Note [end-of-backward callbacks] in
+// autograd/engine.h), as PyTorch DDP and FSDP do. So a plain loss.backward() gives the same
+// gradients as acc.backward(loss) whenever the latter would not change the loss: the sync is the
+// same, under DDP, ZeRO 1-3 and one process, with accumulate() and no_sync() windows alike.
+// acc.backward also divides the loss by gradient_accumulation_steps and multiplies it by the
+// fp16 loss scale; a plain backward cannot, and the unscale of a gradient that was never scaled
+// (or k times too large) would be silently wrong. The accelerator's own gradient hooks notice a
+// gradient that arrived outside acc.backward; with gradient_accumulation_steps > 1 or fp16 the
+// next optimizer step, gradient clipping or zero_grad raises ValueError naming acc.backward
+// (and keeps raising until the gradients are zeroed by a zero_grad that found none).
+void Accelerator::check_plain_backward(const char* op) const {
+  if (!backward_flags_->plain_backward) return;
+  const bool accumulating = config_.gradient_accumulation_steps > 1;
+  if (!accumulating && !scaler_.enabled()) return;
+  ACCEL_THROW(ValueError, op,
+              "the gradients come from a plain loss.backward(), but this "
+              "Accelerator scales the loss (",
+              accumulating ? "gradient_accumulation_steps = " +
+                                 std::to_string(config_.gradient_accumulation_steps) + " divides it"
+                           : std::string(""),
+              accumulating && scaler_.enabled() ? "; " : "",
+              scaler_.enabled() ? "fp16 multiplies it by the loss scale" : "",
+              "): call acc.backward(loss) instead of loss.backward()");
+}
+
+void Accelerator::update_sync() { strategy_->set_sync(sync_gradients_ && !no_sync_); }
+
 bool Accelerator::step_prepared_optimizer(AcceleratedOptimizer& o) {
+  check_plain_backward("step");
   optim::Optimizer& user = o.optimizer();
   optim::Optimizer& stepping = o.stepping_optimizer();
   if (&stepping != &user)  // the user's optimizer drives lr / weight decay (schedulers hold it)
@@ -378,13 +560,21 @@ Accelerator::AccumulateScope::AccumulateScope(Accelerator& acc)
   acc_.sync_gradients_ = acc_.step_ % acc_.config_.gradient_accumulation_steps == 0 ||
                          (acc_.config_.sync_with_dataloader && acc_.at_end_of_loader());
   if (!acc_.sync_gradients_) acc_.no_sync_ = true;
+  acc_.update_sync();
 }
-Accelerator::AccumulateScope::~AccumulateScope() { acc_.no_sync_ = prev_no_sync_; }
+Accelerator::AccumulateScope::~AccumulateScope() {
+  acc_.no_sync_ = prev_no_sync_;
+  acc_.update_sync();
+}
 
 Accelerator::NoSyncScope::NoSyncScope(Accelerator& acc) : acc_(acc), prev_(acc.no_sync_) {
   acc_.no_sync_ = true;
+  acc_.update_sync();
 }
-Accelerator::NoSyncScope::~NoSyncScope() { acc_.no_sync_ = prev_; }
+Accelerator::NoSyncScope::~NoSyncScope() {
+  acc_.no_sync_ = prev_;
+  acc_.update_sync();
+}
 
 bool Accelerator::at_end_of_loader() const {
   for (auto& l : loaders_)
@@ -408,7 +598,16 @@ void Accelerator::backward(const Tensor& loss) {
   // Autocast is a forward-pass scope: the backward of every op already runs in the dtypes its
   // forward chose, so a backward() called inside the scope must not cast again.
   AutocastSuspend no_autocast;
-  strategy_->backward(l, sync_gradients_ && !no_sync_);
+  BackwardFlags& flags = *backward_flags_;
+  const bool was_inside = flags.in_accelerator_backward;
+  flags.in_accelerator_backward = true;
+  try {
+    strategy_->backward(l, sync_gradients_ && !no_sync_);
+  } catch (...) {
+    flags.in_accelerator_backward = was_inside;
+    throw;
+  }
+  flags.in_accelerator_backward = was_inside;
 }
 
 double Accelerator::clip_grad_norm_(double max_norm, double p) {
@@ -432,6 +631,7 @@ std::vector<Tensor> Accelerator::step_grads(bool& sharded) {
 // and the clipping equal the unsharded ones (bucket padding holds zeros and adds nothing).
 // Replicated ones: the local norm of `params`.
 double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double p) {
+  check_plain_backward("clip_grad_norm_");
   bool sharded = false;
   std::vector<Tensor> all = step_grads(sharded);
   if (scaler_.enabled()) scaler_.unscale_(all.empty() ? params : all, group_.get());
@@ -460,6 +660,7 @@ double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double ma
 }
 
 void Accelerator::clip_grad_value_(double clip_value) {
+  check_plain_backward("clip_grad_value_");
   bool sharded = false;
   std::vector<Tensor> all = step_grads(sharded);
   if (scaler_.enabled()) scaler_.unscale_(all.empty() ? model_params() : all, group_.get());

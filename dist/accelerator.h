@@ -221,12 +221,27 @@ class Accelerator {
   // (Accelerate's save_model). Under ZeRO-3 it streams unit by unit: no rank holds more than one
   // unit in full. Collective.
   void save_model(const nn::Module& model, const std::string& path);
+  // Loads weights into a model (Accelerate's load_checkpoint_in_model): `path` is a safetensors
+  // file, a sharded set's index (model.safetensors.index.json, as transformers writes it) or a
+  // directory holding either. A prepared model is loaded where it lives, under every strategy,
+  // each rank reading only what it keeps (under ZeRO-3 its own shards: Note [streaming model
+  // loads] in dist/accelerator.cc); an unprepared model is loaded whole, locally (deferred
+  // tensors get their memory). Values are converted to the model's dtypes. Strict by default:
+  // names the model lacks or the file lacks are a ValueError listing them (strict = false
+  // returns them instead); a shape mismatch always is. Names and shapes are checked on every
+  // rank before anything is read (nothing changes when one rank refuses); a read that fails
+  // afterwards (a file changing underfoot) is an IoError on every rank, the model partly
+  // loaded. Collective for a prepared model.
+  nn::LoadResult load_model(nn::Module& model, const std::string& path, bool strict = true);
 
   // ---- training step ----
   // loss / gradient_accumulation_steps (times the loss scale under fp16), backward with
   // autocast suspended (it gives the same gradients inside or outside an autocast scope), and
   // the gradient sync of Note [gradient sync] on sync steps; returns once the gradients are
-  // averaged.
+  // averaged. A plain loss.backward() on the prepared models syncs the same way (the strategy's
+  // gradient hooks do it); but it does not divide or scale the loss, so with
+  // gradient_accumulation_steps > 1 or fp16 the next step, clip or zero_grad raises ValueError
+  // naming acc.backward(loss) (Note [plain backward] in dist/accelerator.cc).
   void backward(const Tensor& loss);
   bool sync_gradients() const { return sync_gradients_; }
   // Micro-batches seen by accumulate() scopes (Accelerate's `step`).
@@ -394,6 +409,13 @@ class Accelerator {
   }
   std::vector<Tensor> model_params() const;
   bool at_end_of_loader() const;
+  // Tells the strategy whether a backward now syncs (sync step outside no_sync).
+  void update_sync();
+  // The ranks whose `failed` is true (collective; every rank gets the same list).
+  std::vector<int> agree_failed(bool failed);
+  // Note [plain backward]: ValueError when gradients came from a plain loss.backward() while
+  // this accelerator scales the loss (`op` names the call that found out).
+  void check_plain_backward(const char* op) const;
   Tensor gather_rows(const Tensor& t, int64_t keep_rows);
 
   AcceleratorConfig config_;
@@ -417,6 +439,12 @@ class Accelerator {
   std::vector<Custom> customs_;
 
   dist::GradScaler scaler_;
+  // Set by the parameters' gradient hooks: gradients arrived outside Accelerator::backward.
+  struct BackwardFlags {
+    bool in_accelerator_backward = false;
+    bool plain_backward = false;
+  };
+  std::shared_ptr<BackwardFlags> backward_flags_ = std::make_shared<BackwardFlags>();
   bool sync_gradients_ = true;
   bool no_sync_ = false;
   int64_t step_ = 0;

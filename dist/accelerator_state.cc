@@ -12,6 +12,7 @@
 #include "core/generator.h"
 #include "dist/accelerator.h"
 #include "dist/checkpoint.h"
+#include "dist/strategy_base.h"
 
 namespace accel {
 
@@ -38,9 +39,15 @@ std::string indexed(const char* stem, size_t i, const char* ext) {
 //      component's own check (a model whose shapes differ, an optimizer with other groups, a
 //      registered load function that throws): then the snapshot is restored, again on every
 //      rank (agreed as in 2), and the error propagates.
-// The snapshot copies the model parameters (Module::load_state_dict copies into them in place)
-// and keeps handles to the rest: optimizer and scheduler state, gradients and accumulation
-// buffers are replaced by the load, not written into, so the old tensors stay intact.
+//   4. on every rank, whatever the outcome: Strategy::finish_load (collective work such as
+//      gathering ZeRO-3 root units from the new shards), then the memory the load used is
+//      handed back to the system.
+// The snapshot keeps handles (scheduler, loader, RNG, registered objects, scaler, counters),
+// never a copy of the model: the strategy's apply_state swaps the read state with the live one
+// (Strategy::apply_state), so what was read holds the old values afterwards and a second
+// apply_state undoes the first. A load therefore needs, beyond the training state, only what it
+// read (Note [fsdp loading memory] in dist/strategy_fsdp.cc, Note [replicated loading memory] in
+// dist/strategy.cc).
 struct Accelerator::CheckpointIo {
   struct Meta {
     int64_t step = 0, optimizer_steps = 0, save_iteration = 0;
@@ -68,7 +75,7 @@ struct Accelerator::CheckpointIo {
   };
 
   struct Snapshot {
-    std::unique_ptr<dist::StrategyState> strategy;
+    bool strategy_applied = false;  // the strategy's apply_state ran (and must be undone)
     std::vector<nn::TensorDict> schedulers;
     std::vector<data::StateDict> loaders;
     std::string rng;
@@ -211,8 +218,9 @@ struct Accelerator::CheckpointIo {
   }
 
   // Step 3 of Note [checkpoint loading].
-  static void apply(Accelerator& acc, const Loaded& l) {
+  static void apply(Accelerator& acc, Loaded& l, Snapshot& s) {
     acc.strategy_->apply_state(*l.strategy);
+    s.strategy_applied = true;
     for (size_t i = 0; i < acc.schedulers_.size(); ++i)
       acc.schedulers_[i]->load_state_dict(l.schedulers[i]);
     for (size_t i = 0; i < acc.loaders_.size(); ++i) {
@@ -233,7 +241,6 @@ struct Accelerator::CheckpointIo {
 
   static Snapshot snapshot(Accelerator& acc) {
     Snapshot s;
-    s.strategy = acc.strategy_->snapshot();
     for (auto& sc : acc.schedulers_) s.schedulers.push_back(sc->state_dict());
     for (auto& ld : acc.loaders_) s.loaders.push_back(ld->state_dict());
     s.rng = default_generator().state();
@@ -246,8 +253,8 @@ struct Accelerator::CheckpointIo {
     return s;
   }
 
-  static void restore(Accelerator& acc, const Snapshot& s) {
-    acc.strategy_->apply_state(*s.strategy);
+  static void restore(Accelerator& acc, const Snapshot& s, Loaded& l) {
+    if (s.strategy_applied) acc.strategy_->apply_state(*l.strategy);  // swaps back
     for (size_t i = 0; i < acc.schedulers_.size(); ++i)
       acc.schedulers_[i]->load_state_dict(s.schedulers[i]);
     for (size_t i = 0; i < acc.loaders_.size(); ++i) acc.loaders_[i]->load_state_dict(s.loaders[i]);
@@ -390,21 +397,27 @@ std::string Accelerator::load_state(const std::string& dir) {
   std::vector<int> failed = CheckpointIo::failed_ranks(*this, bool(err));
   if (!failed.empty()) CheckpointIo::rethrow(err, failed, "load_state", where, "read");
 
-  const CheckpointIo::Snapshot before = CheckpointIo::snapshot(*this);
+  CheckpointIo::Snapshot before = CheckpointIo::snapshot(*this);
   try {
-    CheckpointIo::apply(*this, *loaded);
+    CheckpointIo::apply(*this, *loaded, before);
   } catch (...) {
     err = std::current_exception();
   }
   failed = CheckpointIo::failed_ranks(*this, bool(err));
   if (!failed.empty()) {
     try {
-      CheckpointIo::restore(*this, before);
+      CheckpointIo::restore(*this, before, *loaded);
     } catch (...) {  // the state came from these very objects; keep the error that matters
     }
-    CheckpointIo::rethrow(err, failed, "load_state", where, "load");
   }
-  return loaded->path;
+  // Step 4: collective on every rank, applied or undone.
+  strategy_->finish_load();
+  update_sync();  // the loaded (or kept) sync_gradients
+  const std::string path = loaded->path;
+  loaded.reset();  // what was replaced (or what was read) goes
+  dist::release_unused_memory();
+  if (!failed.empty()) CheckpointIo::rethrow(err, failed, "load_state", where, "load");
+  return path;
 }
 
 }  // namespace accel

@@ -11,6 +11,7 @@
 #endif
 
 #include "autograd/checkpoint.h"
+#include "autograd/engine.h"
 #include "autograd/nn/container.h"
 #include "core/error.h"
 #include "core/storage.h"
@@ -427,6 +428,7 @@ Tensor FullyShardedModel::checkpoint_forward(nn::Module& inner, const Tensor& x)
 }
 
 void FullyShardedModel::on_output_grad(Unit& u) {
+  if (!in_backward_) begin_backward_from_hook();
   gather(u, true);
   if (!options_.prefetch || !in_backward_) return;
   // Backward runs the units in reverse forward order: the one before this in the forward.
@@ -437,7 +439,7 @@ void FullyShardedModel::on_output_grad(Unit& u) {
 }
 
 void FullyShardedModel::on_param_grad(Unit& u) {
-  if (!in_backward_) return;  // a backward the model did not start: gradients stay local
+  if (!in_backward_) begin_backward_from_hook();
   if (++u.ready != u.params.size()) return;
   if (sync_ && !options_.find_unused_parameters) issue_reduce(u);
   release(u);
@@ -530,6 +532,22 @@ void FullyShardedModel::begin_backward(bool sync) {
   last_fwd_order_ = fwd_order_;
   fwd_order_.clear();
   reduce_order_.clear();
+}
+
+// A plain loss.backward() (not FullyShardedModel::backward, not begin_backward): its first hook
+// begins the backward, the engine ends it (Note [end-of-backward callbacks]).
+void FullyShardedModel::begin_backward_from_hook() {
+  begin_backward(auto_sync_);
+  std::weak_ptr<bool> alive = alive_;
+  autograd::queue_callback([this, alive](bool succeeded) {
+    if (!alive.lock() || !in_backward_) return;
+    // A failed backward keeps its own error: ours (an unused parameter) is not reported then.
+    std::exception_ptr err =
+        succeeded ? nullptr : std::make_exception_ptr(DistError("[fsdp] backward failed"));
+    const bool failed = bool(err);
+    end_backward(err);
+    if (err && !failed) std::rethrow_exception(err);
+  });
 }
 
 void FullyShardedModel::end_backward(std::exception_ptr& err) {

@@ -118,6 +118,10 @@ class FullyShardedModel {
   // loss.backward() with the per-unit reduce-scatters (sync) or local accumulation (no sync);
   // returns once the gradient shards are complete. Collective when sync.
   void backward(const Tensor& loss, bool sync = true);
+  // A plain loss.backward() through the model works too: the first gradient hook of a backward
+  // that was not begun explicitly begins one with this setting (default true: sync), and an
+  // end-of-backward callback ends it (Note [end-of-backward callbacks] in autograd/engine.h).
+  void set_auto_sync(bool sync) { auto_sync_ = sync; }
   // The same in two halves around your own loss.backward() (several models in one backward);
   // end_backward keeps `err` (the backward's exception) or stores its own.
   void begin_backward(bool sync);
@@ -178,7 +182,8 @@ class FullyShardedModel {
   std::vector<Tensor> grad_views_;  // per parameter: its slice of the unit's gradient shard
   std::vector<Unit*> fwd_order_, last_fwd_order_, bwd_order_;
   std::deque<Unit*> reduce_order_;  // reduce-scatters in flight, oldest first
-  bool in_backward_ = false, sync_ = true, grads_valid_ = false;
+  void begin_backward_from_hook();
+  bool in_backward_ = false, sync_ = true, grads_valid_ = false, auto_sync_ = true;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -18,6 +18,7 @@
 // Buffers and frozen parameters are replicated: the strategy writes them like a plain model.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,7 +27,9 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/nn/module.h"
+#include "autograd/nn/safetensors.h"
 #include "autograd/optim/optimizer.h"
+#include "dist/checkpoint_records.h"
 #include "dist/fsdp.h"
 
 namespace accel::dist {
@@ -45,55 +48,67 @@ nlohmann::json save_fsdp_state(const std::string& dir,
                                const std::vector<FullyShardedModel*>& models,
                                const std::vector<FsdpOptimizerRef>& optimizers);
 
+// Reads a ZeRO-3 checkpoint by ranges: the record is parsed and checked first (Note [checkpoint
+// record validation] in dist/checkpoint_records.h), shard files are opened on first use and only
+// their headers are read; a range of a parameter (or of an optimizer slot) is read with pread
+// from exactly the ranks whose spans overlap it, straight into the destination (Note [reading
+// parts of a safetensors file]). Each slice is checked against its span (numel, floating dtype)
+// before it is read.
 class FsdpCheckpointReader {
  public:
-  // Checks the record's structure (IoError naming state.json otherwise); opens files lazily.
-  FsdpCheckpointReader(std::string dir, const nlohmann::json& record);
-  int world() const { return world_; }
-  size_t num_models() const { return models_.size(); }
-  size_t num_optimizers() const { return optimizers_.size(); }
+  // `saved_world`: state.json's world_size (the record must agree), or -1 when unknown.
+  FsdpCheckpointReader(std::string dir, const nlohmann::json& record, int saved_world = -1);
+  ~FsdpCheckpointReader();
+  int world() const { return int(rec_.world); }
+  size_t num_models() const { return rec_.models.size(); }
+  size_t num_optimizers() const { return rec_.optimizers.size(); }
   // Trainable parameters of model i in the saved order, and their shapes.
   std::vector<std::string> param_names(size_t model) const;
   bool has_param(size_t model, const std::string& name) const;
   Shape shape(size_t model, const std::string& name) const;
-  // Elements [lo, hi) of the flattened parameter (float as saved), from the ranks holding them.
+  // dst (contiguous, hi - lo elements, any dtype / device: converted) := elements [lo, hi) of
+  // the flattened parameter, from the ranks holding them.
+  void read_param(size_t model, const std::string& name, int64_t lo, int64_t hi, const Tensor& dst);
+  // The same into a new 1-D CPU tensor of the saved dtype; and the whole parameter in its shape.
   Tensor param_range(size_t model, const std::string& name, int64_t lo, int64_t hi);
   Tensor full_param(size_t model, const std::string& name);
   // Optimizer i: keys ("<model>:<name>") in its parameter order.
   const std::vector<std::string>& optimizer_keys(size_t opt) const;
-  // Slot names with state for `key` (empty: never stepped) and its step count.
-  std::vector<std::string> slots(size_t opt, const std::string& key);
-  int64_t step(size_t opt, const std::string& key);
+  // Slot names with state for `key` (empty: never stepped) and its step count, from the file of
+  // a rank holding element `near` of the parameter (or the first rank holding any).
+  std::vector<std::string> slots(size_t opt, const std::string& key, int64_t near = -1);
+  int64_t step(size_t opt, const std::string& key, int64_t near = -1);
+  void read_slot(size_t opt, const std::string& key, const std::string& slot, int64_t lo,
+                 int64_t hi, const Tensor& dst);
   Tensor slot_range(size_t opt, const std::string& key, const std::string& slot, int64_t lo,
                     int64_t hi);
   // "param_groups.*" of the saved optimizer (rank 0's file).
   nn::TensorDict param_groups(size_t opt);
 
  private:
-  struct Param {
-    Shape shape;
-    std::vector<std::pair<int64_t, int64_t>> spans;  // per saved rank
-  };
   struct Key {
     size_t model = 0;
     std::string name;
     size_t index = 0;  // position in the optimizer
   };
-  const Param& param(size_t model, const std::string& name) const;
+  const ckpt_records::FsdpParamRecord& param(size_t model, const std::string& name) const;
   const Key& key(size_t opt, const std::string& k) const;
-  const nn::TensorDict& file(const std::string& name);
-  // dst[lo, hi) of a per-rank sliced tensor whose rank-q file entry is `entry(q)`.
-  Tensor assemble(const Param& p, int64_t lo, int64_t hi,
-                  const std::function<std::string(int)>& file_of,
-                  const std::function<std::string(int)>& entry_of);
+  const nn::SafetensorsFile& file(const std::string& name);
+  // The rank whose span of `p` holds element `near` (or the first with a non-empty span); -1 if
+  // no rank holds any element.
+  int holder(const ckpt_records::FsdpParamRecord& p, int64_t near) const;
+  // dst := [lo, hi) of a per-rank sliced tensor whose rank-q file entry is `entry`.
+  void assemble(const ckpt_records::FsdpParamRecord& p, int64_t lo, int64_t hi,
+                const std::function<std::string(int)>& file_of, const std::string& entry,
+                const Tensor& dst);
+  DType saved_dtype(const ckpt_records::FsdpParamRecord& p, int64_t lo,
+                    const std::function<std::string(int)>& file_of, const std::string& entry);
 
   std::string dir_;
-  int world_ = 1;
-  std::vector<std::map<std::string, Param>> models_;
-  std::vector<std::vector<std::string>> model_order_;
-  std::vector<std::vector<std::string>> optimizers_;
+  ckpt_records::FsdpRecord rec_;
+  std::vector<std::map<std::string, size_t>> index_;  // per model: name -> position
   std::vector<std::map<std::string, Key>> keys_;
-  std::map<std::string, nn::TensorDict> files_;
+  std::map<std::string, std::unique_ptr<nn::SafetensorsFile>> files_;
 };
 
 // The state_dict an optimizer over this rank's shard leaves of `models` needs, from saved
@@ -103,10 +118,11 @@ nn::TensorDict fsdp_shard_optimizer_state(FsdpCheckpointReader& reader, size_t o
                                           const std::vector<std::string>& keys,
                                           const std::vector<FullyShardedModel*>& models,
                                           const nn::TensorDict& param_groups);
-// The same for a plain optimizer over whole parameters (one process, DDP, ZeRO-1/2 loading a
-// ZeRO-3 checkpoint): state.<k>.<slot> in the parameter's shape.
+// The same for a plain optimizer over whole parameters `params` (one process, DDP, ZeRO-1/2
+// loading a ZeRO-3 checkpoint): state.<k>.<slot> in the shape, dtype and device of params[k].
 nn::TensorDict fsdp_full_optimizer_state(FsdpCheckpointReader& reader, size_t opt,
                                          const std::vector<std::string>& keys,
+                                         const std::vector<Tensor>& params,
                                          const nn::TensorDict& param_groups);
 
 // A ZeRO-3 checkpoint read as a plain one (one process, DDP, ZeRO-1/2 loading it): each model's
@@ -116,7 +132,8 @@ struct PlainState {
   std::vector<nn::TensorDict> models;
   std::vector<nn::TensorDict> optimizers;
 };
-PlainState read_fsdp_as_plain(const std::string& dir, const nlohmann::json& record,
+// Parameters are read in the dtype of the model's; `saved_world` is state.json's world_size.
+PlainState read_fsdp_as_plain(const std::string& dir, const nlohmann::json& record, int saved_world,
                               const std::vector<std::shared_ptr<nn::Module>>& models,
                               const std::vector<const optim::Optimizer*>& optimizers);
 // "model[_i].safetensors": the replicated part a ZeRO-3 checkpoint keeps whole.

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -33,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/nn/module.h"
+#include "autograd/nn/safetensors.h"
 #include "autograd/optim/optimizer.h"
 #include "core/tensor.h"
 #include "dist/amp.h"
@@ -93,7 +95,11 @@ class Strategy {
   virtual DistributedDataParallel* ddp(const nn::Module&) const { return nullptr; }
 
   // ---- step ----
+  // Note [plain backward]: a backward syncs the gradients when `sync` (the facade's sync step
+  // outside no_sync), through the gradient hooks; backward(loss, sync) is loss.backward() under
+  // that setting, and set_sync(s) is what a plain loss.backward() of the user's gets from then on.
   virtual void backward(const Tensor& loss, bool sync) = 0;
+  virtual void set_sync(bool sync) { (void)sync; }
   virtual StepGrads grads(const optim::Optimizer& stepping) = 0;
   virtual void after_step(optim::Optimizer& stepping, bool stepped) = 0;
   virtual void zero_grad(optim::Optimizer& stepping, bool set_to_none) = 0;
@@ -111,15 +117,27 @@ class Strategy {
   virtual std::unique_ptr<StrategyState> read_state(const std::string& dir,
                                                     const nlohmann::json& saved, int saved_world,
                                                     bool mid_window) = 0;
-  // Step 3: snapshot() before apply_state(); a failed apply is undone with apply_state(snapshot).
-  virtual std::unique_ptr<StrategyState> snapshot() = 0;
-  virtual void apply_state(const StrategyState& state) = 0;
+  // Step 3: replaces this rank's models, optimizers and window gradients by `state` and leaves in
+  // `state` what it replaced, so that a second apply_state(state) undoes the first: a load needs
+  // no copy of the model for its rollback (Note [checkpoint loading]). It checks everything
+  // first: it either throws having changed nothing or changes everything. No collective.
+  virtual void apply_state(StrategyState& state) = 0;
+  // After the facade agreed on the outcome of a load (applied, or undone), on every rank:
+  // collective work the load needs (ZeRO-3: gather the root units from the new shards).
+  virtual void finish_load() {}
   // One consolidated safetensors file of prepared model `index` written by rank 0 (collective;
   // sharded strategies stream it unit by unit).
   virtual void save_model(size_t index, const std::string& path) = 0;
   // The whole state_dict of prepared model `index` on every rank (collective; under ZeRO-3 it
   // gathers every unit: the one call that holds the whole model).
   virtual nn::TensorDict full_state_dict(size_t index) = 0;
+  // Accelerator::load_model (which checked names and shapes): reads every entry of prepared model
+  // `index`'s state that `src` holds into what this rank keeps of it, straight into the model's
+  // tensors (ZeRO-3: this rank's span of each trainable parameter, the rest whole; Note
+  // [streaming model loads] in dist/accelerator.cc). Collective: an error of the reads is kept
+  // in `err` until the collective work is done, so no peer is left waiting.
+  virtual void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+                          std::exception_ptr& err) = 0;
 };
 
 std::unique_ptr<Strategy> make_strategy(const StrategyContext& ctx);

@@ -13,13 +13,27 @@
 
 namespace accel::dist {
 
-// Everything a load or a snapshot replaces (Note [checkpoint loading] in dist/accelerator.cc).
+// a <-> b elementwise (same shape and dtype), through a buffer of at most 64k elements when both
+// are contiguous: how a load replaces values and keeps the old ones for its rollback.
+void swap_values(const Tensor& a, const Tensor& b);
+// The dtype a checkpoint tensor stored as `saved` is read in for a live tensor of `live`: the
+// live one unless that would lose precision.
+DType load_dtype(DType saved, DType live);
+// Hands cached allocator blocks and freed heap back to the system (after a load).
+void release_unused_memory();
+// dst := elements [lo, hi) of `name` in `src` (dst may be non-contiguous: through a temporary).
+void read_into(const nn::SafetensorsCheckpoint& src, const std::string& name, int64_t lo,
+               int64_t hi, const Tensor& dst);
+
+// What a load replaces (Note [replicated loading memory] in dist/strategy.cc); after apply_state
+// it holds the replaced state.
 struct ReplicatedState : StrategyState {
   std::vector<nn::TensorDict> models;      // full state dicts
   std::vector<nn::TensorDict> optimizers;  // the user's optimizer (under ZeRO: param groups)
   std::vector<nn::TensorDict> shards;      // under ZeRO: shard state keyed by bucket
   std::vector<std::vector<Tensor>> accum;  // ZeRO-2/3: accumulated gradient shards
   std::vector<std::vector<std::pair<Tensor, Tensor>>> grads;  // per model: (param, grad)
+  bool has_grads = false;  // grads replace the parameters' gradients (else: none)
 };
 
 class ReplicatedStrategy : public Strategy {
@@ -36,10 +50,11 @@ class ReplicatedStrategy : public Strategy {
   nlohmann::json save_state(const std::string& dir, bool mid_window) override;
   std::unique_ptr<StrategyState> read_state(const std::string& dir, const nlohmann::json& saved,
                                             int saved_world, bool mid_window) override;
-  std::unique_ptr<StrategyState> snapshot() override;
-  void apply_state(const StrategyState& state) override;
+  void apply_state(StrategyState& state) override;
   void save_model(size_t index, const std::string& path) override;
   nn::TensorDict full_state_dict(size_t index) override;
+  void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+                  std::exception_ptr& err) override;
 
  protected:
   struct Slot {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <unordered_map>
 
 #include "autograd/nn/safetensors.h"
@@ -11,6 +12,7 @@
 #include "dist/fsdp.h"
 #include "dist/fsdp_checkpoint.h"
 #include "dist/strategy.h"
+#include "dist/strategy_base.h"
 #include "dist/zero_checkpoint.h"
 
 namespace accel::dist {
@@ -31,6 +33,8 @@ nn::TensorDict replicated_state(const nn::Module& m) {
   return d;
 }
 
+// What read_state() found, applied by swapping (Note [checkpoint loading] in
+// dist/accelerator_state.cc): after apply_state every field holds what it replaced.
 struct Loaded final : StrategyState {
   std::vector<std::vector<std::pair<size_t, Tensor>>> slices;  // per model: (param, values)
   std::vector<nn::TensorDict> replicated;                      // per model
@@ -54,6 +58,7 @@ class FsdpStrategy final : public Strategy {
       if (!p.requires_grad()) broadcast_in_place(*ctx_.group, p, 0);
     models_.push_back(model);
     sharded_.push_back(std::make_unique<FullyShardedModel>(model, ctx_.group, options_));
+    sharded_.back()->set_auto_sync(sync_);
   }
 
   std::shared_ptr<optim::Optimizer> prepare_optimizer(
@@ -97,6 +102,11 @@ class FsdpStrategy final : public Strategy {
     }
     for (auto& m : sharded_) m->end_backward(err);
     if (err) std::rethrow_exception(err);
+  }
+
+  void set_sync(bool sync) override {
+    sync_ = sync;
+    for (auto& m : sharded_) m->set_auto_sync(sync);
   }
 
   StepGrads grads(const optim::Optimizer& stepping) override {
@@ -162,14 +172,20 @@ class FsdpStrategy final : public Strategy {
     return rec;
   }
 
+  // Note [fsdp loading memory]
+  // A rank reads, with pread, only the elements of its own spans (of the parameters and of every
+  // optimizer slot) from the files of the ranks that saved them: a new tensor per parameter
+  // slice in the leaf's dtype (one shard of parameters in all) and the optimizer state itself
+  // (which the optimizer adopts without a copy). apply_state swaps the slices with the live
+  // shards through a bounded buffer, so no copy of the model is ever made for the rollback, and
+  // the old optimizer state is kept by handle only. The load's peak is therefore the training
+  // state plus one parameter shard (plus the old optimizer state when the run had one).
   std::unique_ptr<StrategyState> read_state(const std::string& dir, const nlohmann::json& saved,
                                             int saved_world, bool mid_window) override {
     auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
     if (!(saved.is_object() && saved.contains("fsdp")))
       return read_plain(dir, saved, saved_world, mid_window);
-    FsdpCheckpointReader reader(dir, saved.at("fsdp"));
-    ACCEL_CHECK(reader.world() == saved_world, IoError, "load_state", "checkpoint '", dir,
-                "': the ZeRO-3 record says ", reader.world(), " ranks, state.json ", saved_world);
+    FsdpCheckpointReader reader(dir, saved.at("fsdp"), saved_world);
     ACCEL_CHECK(reader.num_models() == sharded_.size(), ValueError, "load_state", "checkpoint '",
                 dir, "' holds ", reader.num_models(), " sharded models, this run prepared ",
                 sharded_.size());
@@ -191,10 +207,13 @@ class FsdpStrategy final : public Strategy {
             reader.has_param(m, sp.name) ? " has shape " + shape_str(reader.shape(m, sp.name)) +
                                                ", the model " + shape_str(sp.shape)
                                          : std::string(" is missing"));
-        slices.emplace_back(k, reader.param_range(m, sp.name, sp.lo, sp.hi));
+        const Tensor& leaf = sharded_[m]->shard_params()[k];
+        Tensor v = empty({sp.hi - sp.lo}, TensorOptions(leaf.dtype(), leaf.device()));
+        reader.read_param(m, sp.name, sp.lo, sp.hi, v);
+        slices.emplace_back(k, v);
       }
       out->slices.push_back(std::move(slices));
-      out->replicated.push_back(nn::load_safetensors(at(fsdp_replicated_file(m))));
+      out->replicated.push_back(read_replicated(at(fsdp_replicated_file(m)), m, {}));
     }
     std::vector<FullyShardedModel*> ms;
     for (auto& m : sharded_) ms.push_back(m.get());
@@ -207,79 +226,116 @@ class FsdpStrategy final : public Strategy {
                   " processes; its unsharded window gradients resume only with ", saved_world);
       out->has_grads = true;
       for (size_t m = 0; m < sharded_.size(); ++m) {
-        nn::TensorDict g = nn::load_safetensors(at(grads_file(m)));
+        const std::string f = at(grads_file(m));
+        nn::SafetensorsFile g(f);
         std::vector<std::pair<size_t, Tensor>> gs;
         const auto& ps = sharded_[m]->parameters();
         for (size_t k = 0; k < ps.size(); ++k) {
-          auto it = g.find(ps[k].first);
-          if (it == g.end()) continue;
-          ACCEL_CHECK(it->second.sizes() == ps[k].second.sizes(), ShapeError, "load_state", "'",
-                      at(grads_file(m)), "': gradient of ", ps[k].first, " has shape ",
-                      it->second.shape_str());
-          gs.emplace_back(k, it->second);
+          if (!g.contains(ps[k].first)) continue;
+          const nn::SafetensorsFile::Info& in = g.info(ps[k].first);
+          ACCEL_CHECK(in.shape == ps[k].second.sizes() && is_floating(in.dtype), IoError,
+                      "load_state", "'", f, "': gradient of ", ps[k].first, " is ", in.dtype, " ",
+                      shape_str(in.shape), ", the parameter ", ps[k].second.shape_str());
+          Tensor t = empty(in.shape, TensorOptions(ps[k].second.dtype(), ps[k].second.device()));
+          g.read_range(ps[k].first, 0, in.numel, t);
+          gs.emplace_back(k, t);
         }
         out->grads.push_back(std::move(gs));
       }
+    } else {
+      out->grads.resize(sharded_.size());
     }
     return out;
   }
 
-  std::unique_ptr<StrategyState> snapshot() override {
+  // Swaps (Loaded's comment): checks first, so that it throws with nothing changed; afterwards
+  // `state` holds what was replaced. No collective (finish_load re-gathers the root units).
+  void apply_state(StrategyState& state) override {
+    auto* lp = dynamic_cast<Loaded*>(&state);
+    ACCEL_CHECK(lp != nullptr && lp->slices.size() == sharded_.size() &&
+                    lp->replicated.size() == sharded_.size() &&
+                    lp->grads.size() == sharded_.size() &&
+                    lp->optimizers.size() == stepping_.size(),
+                ValueError, "load_state", "a state read by another strategy or accelerator");
+    Loaded& l = *lp;
     NoGradGuard ng;
-    auto out = std::make_unique<Loaded>();
-    for (size_t m = 0; m < sharded_.size(); ++m) {
-      std::vector<std::pair<size_t, Tensor>> slices;
-      for (size_t k = 0; k < sharded_[m]->shard_params().size(); ++k)
-        slices.emplace_back(k, sharded_[m]->shard_params()[k].detach().clone());
-      out->slices.push_back(std::move(slices));
-      nn::TensorDict rep = replicated_state(*models_[m]);
-      for (auto& [k, v] : rep) v = v.clone();
-      out->replicated.push_back(std::move(rep));
-      std::vector<std::pair<size_t, Tensor>> gs;
-      const auto& ps = sharded_[m]->parameters();
-      for (size_t k = 0; k < ps.size(); ++k)
-        if (ps[k].second.grad().defined()) gs.emplace_back(k, ps[k].second.grad());
-      out->grads.push_back(std::move(gs));
-    }
-    out->has_grads = true;
-    for (auto& s : stepping_) {
-      nn::TensorDict d = s.opt->state_dict();
-      for (auto& [k, v] : d) v = v.clone();
-      out->optimizers.push_back(std::move(d));
-    }
-    return out;
-  }
-
-  void apply_state(const StrategyState& state) override {
-    const auto& l = dynamic_cast<const Loaded&>(state);
-    NoGradGuard ng;
+    // 1. checks
+    std::vector<nn::TensorDict> own_rep;
     for (size_t m = 0; m < sharded_.size(); ++m) {
       for (const auto& [k, v] : l.slices[m]) {
-        Tensor leaf = sharded_[m]->shard_params()[k];
-        ACCEL_CHECK(leaf.numel() == v.numel(), ValueError, "load_state", "shard of ",
-                    sharded_[m]->parameters()[k].first, " holds ", leaf.numel(),
-                    " elements, the checkpoint slice ", v.numel());
-        if (v.numel() > 0) leaf.detach().copy_(v.reshape({v.numel()}));
+        const Tensor& leaf = sharded_[m]->shard_params().at(k);
+        ACCEL_CHECK(leaf.numel() == v.numel() && leaf.dtype() == v.dtype(), ValueError,
+                    "load_state", "shard of ", sharded_[m]->parameters()[k].first, " holds ",
+                    leaf.numel(), " elements of ", leaf.dtype(), ", the checkpoint slice ",
+                    v.numel(), " of ", v.dtype());
       }
-      // Replicated tensors are copied in place (trainable ones are released: never touched).
-      nn::Module& mod = *models_[m];
-      const nn::TensorDict own = replicated_state(mod);
+      nn::TensorDict own = replicated_state(*models_[m]);
       for (const auto& [name, v] : own) {
         auto it = l.replicated[m].find(name);
-        ACCEL_CHECK(it != l.replicated[m].end() && it->second.sizes() == v.sizes(), ValueError,
-                    "load_state", "model ", m, ": '", name, "' is missing or of another shape");
-        Tensor(v).copy_(it->second);
+        ACCEL_CHECK(it != l.replicated[m].end() && it->second.sizes() == v.sizes() &&
+                        it->second.dtype() == v.dtype(),
+                    ValueError, "load_state", "model ", m, ": '", name,
+                    "' is missing or of another shape");
       }
+      own_rep.push_back(std::move(own));
+    }
+    // 2. optimizers (each load is all or nothing; undo the earlier ones when one fails)
+    std::vector<nn::TensorDict> old;
+    try {
+      for (size_t i = 0; i < stepping_.size(); ++i) {
+        old.push_back(stepping_[i].opt->state_dict());
+        stepping_[i].opt->load_state_dict(std::move(l.optimizers[i]));
+      }
+    } catch (...) {
+      for (size_t i = 0; i + 1 < old.size(); ++i)
+        stepping_[i].opt->load_state_dict(std::move(old[i]));
+      throw;
+    }
+    for (size_t i = 0; i < stepping_.size(); ++i) l.optimizers[i] = std::move(old[i]);
+    // 3. values and gradients (cannot fail after the checks)
+    for (size_t m = 0; m < sharded_.size(); ++m) {
+      for (const auto& [k, v] : l.slices[m])
+        if (v.numel() > 0) swap_values(sharded_[m]->shard_params()[k], v);
+      for (const auto& [name, v] : own_rep[m]) swap_values(v, l.replicated[m].at(name));
+      std::vector<std::pair<size_t, Tensor>> had;
+      const auto& ps = sharded_[m]->parameters();
+      for (size_t k = 0; k < ps.size(); ++k)
+        if (ps[k].second.grad().defined()) had.emplace_back(k, ps[k].second.grad());
       sharded_[m]->zero_grad();
       if (l.has_grads)
         for (const auto& [k, g] : l.grads[m]) {
-          Tensor p = sharded_[m]->parameters()[k].second;
-          p.set_grad(g.to(p.device(), p.dtype()));
+          Tensor p = ps[k].second;
+          p.set_grad(g);
         }
-      sharded_[m]->refresh_root();
+      l.grads[m] = std::move(had);
     }
-    for (size_t i = 0; i < stepping_.size(); ++i)
-      stepping_[i].opt->load_state_dict(l.optimizers[i]);
+    l.has_grads = true;
+  }
+
+  void finish_load() override {
+    for (auto& m : sharded_) m->refresh_root();
+  }
+  // Note [streaming model loads] in dist/accelerator.cc: this rank's span of every trainable
+  // parameter, straight into its shard; buffers and frozen parameters whole; then the root
+  // units are gathered from the new shards (collective, also after a failed read).
+  void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+                  std::exception_ptr& err) override {
+    FullyShardedModel& f = *sharded_.at(index);
+    try {
+      const auto spans = f.spans();
+      for (size_t k = 0; k < spans.size(); ++k)
+        if (src.contains(spans[k].name) && spans[k].hi > spans[k].lo)
+          read_into(src, spans[k].name, spans[k].lo, spans[k].hi, f.shard_params()[k]);
+      for (auto& [name, t] : replicated_state(*models_.at(index)))
+        if (src.contains(name)) read_into(src, name, 0, t.numel(), t);
+    } catch (...) {
+      if (!err) err = std::current_exception();
+    }
+    try {
+      f.refresh_root();
+    } catch (...) {
+      if (!err) err = std::current_exception();
+    }
   }
 
   // Every rank gathers each unit in turn (collective); rank 0 writes it and drops it. A failure
@@ -339,63 +395,105 @@ class FsdpStrategy final : public Strategy {
     return own;
   }
 
-  // A checkpoint of another strategy (one process, DDP, ZeRO-1/2): whole parameters and plain
-  // per-parameter optimizer state (ZeRO-1/2 shards assembled first), cut into this rank's slices.
+  // Buffers and frozen parameters of model m from a plain model file (`skip`: names that are
+  // not replicated), in the live tensors' dtypes; checked by apply_state.
+  nn::TensorDict read_replicated(const std::string& f, size_t m,
+                                 const std::set<std::string>& skip) const {
+    nn::SafetensorsFile file(f);
+    const nn::TensorDict own = replicated_state(*models_[m]);
+    nn::TensorDict out;
+    for (const std::string& name : file.names()) {
+      if (skip.count(name)) continue;
+      const nn::SafetensorsFile::Info& in = file.info(name);
+      auto it = own.find(name);
+      Tensor t = it != own.end() && it->second.sizes() == in.shape
+                     ? empty(in.shape, TensorOptions(it->second.dtype(), it->second.device()))
+                     : empty(in.shape, TensorOptions(in.dtype));
+      file.read_range(name, 0, in.numel, t);
+      out[name] = t;
+    }
+    return out;
+  }
+
+  // A checkpoint of another strategy (one process, DDP, ZeRO-1/2): only this rank's spans of the
+  // whole parameters and of the plain per-parameter optimizer state (ZeRO-1/2 shards read by
+  // range too) are read.
   std::unique_ptr<StrategyState> read_plain(const std::string& dir, const nlohmann::json& saved,
                                             int saved_world, bool mid_window) {
     auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
     ACCEL_CHECK(!mid_window, ValueError, "load_state", "checkpoint '", dir,
                 "' was saved inside an accumulation window without zero_stage 3; resume it "
                 "with the strategy that saved it");
-    zero_ckpt::check_record(saved, stepping_.size(), at(kCheckpointStateFile));
+    const zero_ckpt::Layouts layouts =
+        zero_ckpt::read_layouts(saved, stepping_.size(), saved_world, at(kCheckpointStateFile));
     auto out = std::make_unique<Loaded>();
     for (size_t m = 0; m < sharded_.size(); ++m) {
       const std::string f = at(indexed_file("model", m, ".safetensors"));
-      nn::TensorDict full = nn::load_safetensors(f);
+      nn::SafetensorsFile file(f);
       std::vector<std::pair<size_t, Tensor>> slices;
       const auto spans = sharded_[m]->spans();
+      std::set<std::string> trainable;
       for (size_t k = 0; k < spans.size(); ++k) {
-        auto it = full.find(spans[k].name);
-        ACCEL_CHECK(it != full.end() && it->second.sizes() == spans[k].shape, ValueError,
+        const bool has = file.contains(spans[k].name);
+        ACCEL_CHECK(has && file.info(spans[k].name).shape == spans[k].shape, ValueError,
                     "load_state", "'", f, "': parameter '", spans[k].name, "' ",
-                    it == full.end() ? std::string("is missing")
-                                     : "has shape " + it->second.shape_str() + ", the model " +
-                                           shape_str(spans[k].shape));
-        slices.emplace_back(
-            k, it->second.reshape({-1}).narrow(0, spans[k].lo, spans[k].hi - spans[k].lo));
-        full.erase(it);
+                    !has ? std::string("is missing")
+                         : "has shape " + shape_str(file.info(spans[k].name).shape) +
+                               ", the model " + shape_str(spans[k].shape));
+        const Tensor& leaf = sharded_[m]->shard_params()[k];
+        Tensor v = empty({spans[k].hi - spans[k].lo}, TensorOptions(leaf.dtype(), leaf.device()));
+        file.read_range(spans[k].name, spans[k].lo, spans[k].hi, v);
+        slices.emplace_back(k, v);
+        trainable.insert(spans[k].name);
       }
       out->slices.push_back(std::move(slices));
-      out->replicated.push_back(std::move(full));
+      out->replicated.push_back(read_replicated(f, m, trainable));
+    }
+    out->grads.resize(sharded_.size());
+    std::unordered_map<std::string, FullyShardedModel::Span> span_of;
+    std::unordered_map<std::string, Tensor> leaf_of;
+    for (size_t m = 0; m < sharded_.size(); ++m) {
+      const auto spans = sharded_[m]->spans();
+      for (size_t k = 0; k < spans.size(); ++k) {
+        span_of.emplace(std::to_string(m) + ":" + spans[k].name, spans[k]);
+        leaf_of.emplace(std::to_string(m) + ":" + spans[k].name, sharded_[m]->shard_params()[k]);
+      }
     }
     for (size_t i = 0; i < stepping_.size(); ++i) {
       const Stepping& s = stepping_[i];
-      nn::TensorDict opt = nn::load_safetensors(at(indexed_file("optimizer", i, ".safetensors")));
-      if (const nlohmann::json* layout = zero_ckpt::layout_of(saved, i))
-        opt = zero_ckpt::read_unsharded_state(dir, i, *layout, saved_world, *s.user, opt,
-                                              ctx_.ddp.bucket_cap_bytes);
+      const std::string of = at(indexed_file("optimizer", i, ".safetensors"));
+      nn::SafetensorsFile file(of);
       // The stepping optimizer's parameter k is the user's parameter k (prepare_optimizer).
       nn::TensorDict d = own_groups(i);
-      for (auto& [k, v] : zero_ckpt::param_groups_of(opt))
+      for (auto& [k, v] : zero_ckpt::param_groups_of(file))
         if (k.ends_with(".lr") || k.ends_with(".weight_decay")) d[k] = v;
-      std::unordered_map<std::string, FullyShardedModel::Span> span_of;
-      for (size_t m = 0; m < sharded_.size(); ++m)
-        for (auto& sp : sharded_[m]->spans())
-          span_of.emplace(std::to_string(m) + ":" + sp.name, sp);
-      for (size_t k = 0; k < s.keys.size(); ++k) {
-        const FullyShardedModel::Span& sp = span_of.at(s.keys[k]);
-        const std::string prefix = "state." + std::to_string(k) + ".";
-        for (auto it = opt.lower_bound(prefix); it != opt.end() && it->first.rfind(prefix, 0) == 0;
-             ++it) {
-          const std::string slot = it->first.substr(prefix.size());
-          if (slot == "step") {
-            d[it->first] = it->second;
-            continue;
+      if (i < layouts.size() && layouts[i]) {
+        std::vector<std::pair<int64_t, int64_t>> ranges;
+        for (const std::string& key : s.keys)
+          ranges.emplace_back(span_of.at(key).lo, span_of.at(key).hi);
+        for (auto& [k, v] : zero_ckpt::read_unsharded_state(
+                 dir, i, *layouts[i], saved_world, *s.user, {}, ctx_.ddp.bucket_cap_bytes, &ranges))
+          d[k] = v;
+      } else {
+        for (size_t k = 0; k < s.keys.size(); ++k) {
+          const FullyShardedModel::Span& sp = span_of.at(s.keys[k]);
+          const Tensor& leaf = leaf_of.at(s.keys[k]);
+          const std::string prefix = "state." + std::to_string(k) + ".";
+          for (const std::string& key : file.names(prefix)) {
+            const std::string slot = key.substr(prefix.size());
+            const nn::SafetensorsFile::Info& in = file.info(key);
+            if (slot == "step") {
+              d[key] = file.read(key);
+              continue;
+            }
+            ACCEL_CHECK(in.numel == shape_numel(sp.shape) && is_floating(in.dtype), ValueError,
+                        "load_state", "'", of, "': ", key, " is ", in.dtype, " ",
+                        shape_str(in.shape), ", parameter '", sp.name, "' has ",
+                        shape_numel(sp.shape), " elements");
+            Tensor v = empty({sp.hi - sp.lo}, TensorOptions(leaf.dtype(), leaf.device()));
+            file.read_range(key, sp.lo, sp.hi, v);
+            d[key] = v;
           }
-          ACCEL_CHECK(it->second.numel() == shape_numel(sp.shape), ValueError, "load_state",
-                      "optimizer ", i, ": ", it->first, " has ", it->second.numel(),
-                      " elements, parameter '", sp.name, "' ", shape_numel(sp.shape));
-          d[it->first] = it->second.reshape({-1}).narrow(0, sp.lo, sp.hi - sp.lo).clone();
         }
       }
       out->optimizers.push_back(std::move(d));
@@ -412,6 +510,7 @@ class FsdpStrategy final : public Strategy {
   std::vector<std::shared_ptr<nn::Module>> models_;
   std::vector<std::unique_ptr<FullyShardedModel>> sharded_;
   std::vector<Stepping> stepping_;
+  bool sync_ = true;  // Strategy::set_sync: what a plain loss.backward() does
 };
 
 }  // namespace

@@ -30,13 +30,16 @@
 //    exports hold master weights that a run without mixed precision loads as they are, and a
 //    loaded checkpoint sets the masters, not rounded copies. Stage 1 then accumulates a window's
 //    gradients in the fp32 shards as stage 2 does.
-// Under ZeRO call acc.backward(): ZeRO's gradient hooks are always on, a plain loss.backward()
-// would leave its collectives unfinished.
+// ZeRO's gradient hooks are always on (every micro-batch is reduced); the first gradient of a
+// backward queues an end-of-backward callback (Note [end-of-backward callbacks] in
+// autograd/engine.h) that waits for the collectives and adds the window up, so a plain
+// loss.backward() works as acc.backward() does (Note [plain backward] in dist/accelerator.cc).
 #include <exception>
 #include <functional>
 #include <string>
 #include <unordered_map>
 
+#include "autograd/engine.h"
 #include "core/error.h"
 #include "dist/strategy_base.h"
 
@@ -96,11 +99,19 @@ class ZeroStrategy final : public ReplicatedStrategy {
     // The touch hooks go before ZeRO's own (a backward that reached none of these parameters
     // issued no collective to wait for).
     std::weak_ptr<bool> flag = slot->touched;
+    std::weak_ptr<bool> alive = alive_;
     for (auto& group : groups)
       for (auto& [name, p] : group) {
         Tensor h = p;
-        h.register_post_accumulate_grad_hook([flag](Tensor&) {
-          if (auto f = flag.lock()) *f = true;
+        h.register_post_accumulate_grad_hook([this, flag, alive](Tensor&) {
+          auto f = flag.lock();
+          if (!f || !alive.lock() || *f) return;
+          *f = true;
+          if (queued_) return;
+          queued_ = true;
+          autograd::queue_callback([this, alive](bool succeeded) {
+            if (alive.lock()) finish_backward(succeeded);
+          });
         });
       }
     ZeroOptions zo;
@@ -124,24 +135,19 @@ class ZeroStrategy final : public ReplicatedStrategy {
   }
 
   void backward(const Tensor& loss, bool sync) override {
-    for (auto& s : slots_) *s->touched = false;
+    const bool prev = sync_;
+    sync_ = sync;
     std::exception_ptr err;
     try {
-      loss.backward();
+      loss.backward();  // finish_backward runs at its end
     } catch (...) {
       err = std::current_exception();
     }
-    for (auto& s : slots_) {
-      if (!*s->touched) continue;
-      try {
-        s->zero->finish_gradient_sync();
-        if (!err) after_backward(*s, sync);
-      } catch (...) {
-        if (!err) err = std::current_exception();
-      }
-    }
+    sync_ = prev;
     if (err) std::rethrow_exception(err);
   }
+
+  void set_sync(bool sync) override { sync_ = sync; }
 
   StepGrads grads(const optim::Optimizer& stepping) override {
     StepGrads out;
@@ -164,12 +170,7 @@ class ZeroStrategy final : public ReplicatedStrategy {
     with_masters(false, [&] { out = ReplicatedStrategy::save_state(dir, mid_window); });
     return out;
   }
-  std::unique_ptr<StrategyState> snapshot() override {
-    std::unique_ptr<StrategyState> out;
-    with_masters(false, [&] { out = ReplicatedStrategy::snapshot(); });
-    return out;
-  }
-  void apply_state(const StrategyState& state) override {
+  void apply_state(StrategyState& state) override {
     with_masters(true, [&] { ReplicatedStrategy::apply_state(state); });
   }
   nn::TensorDict full_state_dict(size_t index) override {
@@ -180,8 +181,32 @@ class ZeroStrategy final : public ReplicatedStrategy {
   void save_model(size_t index, const std::string& path) override {
     with_masters(false, [&] { ReplicatedStrategy::save_model(index, path); });
   }
+  // Under param_dtype the values go into the fp32 masters (gathered for the while), not into
+  // 16-bit copies.
+  void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+                  std::exception_ptr& err) override {
+    with_masters(true, [&] { ReplicatedStrategy::load_model(index, src, err); });
+  }
 
  private:
+  // End of a backward that gave some slot gradients: wait for their collectives, then (unless
+  // the backward failed) add the window up.
+  void finish_backward(bool succeeded) {
+    queued_ = false;
+    std::exception_ptr err;
+    for (auto& s : slots_) {
+      if (!*s->touched) continue;
+      *s->touched = false;
+      try {
+        s->zero->finish_gradient_sync();
+        if (succeeded) after_backward(*s, sync_);
+      } catch (...) {
+        if (!err) err = std::current_exception();
+      }
+    }
+    if (err) std::rethrow_exception(err);
+  }
+
   // Runs fn with the parameters pointing at the fp32 masters (collective), then back at the
   // compute buffers; `take_values` (a load): what fn wrote into them becomes the masters. On an
   // exception nothing is taken (the facade restores its snapshot). No-op wrapper without
@@ -201,6 +226,10 @@ class ZeroStrategy final : public ReplicatedStrategy {
     }
     back(take_values);
   }
+
+  bool sync_ = true;     // Strategy::set_sync
+  bool queued_ = false;  // the end-of-backward callback is queued
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 
   void after_backward(Slot& s, bool sync) {
     NoGradGuard ng;

@@ -424,6 +424,13 @@ nn::TensorDict ZeroOptimizer::shard_state_dict() const {
 }
 
 void ZeroOptimizer::load_shard_state_dict(const nn::TensorDict& by_bucket) {
+  nn::TensorDict copy = by_bucket;
+  for (auto& [k, v] : copy)
+    if (v.defined()) v = v.clone();  // the caller keeps its tensors to itself
+  load_shard_state_dict(std::move(copy));
+}
+
+void ZeroOptimizer::load_shard_state_dict(nn::TensorDict&& by_bucket) {
   nn::TensorDict d;
   for (auto& [key, t] : optimizer_->state_dict())  // this optimizer's own groups
     if (key.rfind("param_groups.", 0) == 0) d[key] = t;
@@ -441,7 +448,8 @@ void ZeroOptimizer::load_shard_state_dict(const nn::TensorDict& by_bucket) {
                 bucket_to_opt_.size());
     d["state." + std::to_string(bucket_to_opt_[b]) + key.substr(dot)] = t;
   }
-  optimizer_->load_state_dict(d);
+  by_bucket.clear();
+  optimizer_->load_state_dict(std::move(d));
 }
 
 void ZeroOptimizer::zero_grad() {

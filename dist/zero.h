@@ -132,6 +132,9 @@ class ZeroOptimizer {
   // what ZeRO checkpoints store (Note [zero checkpoints] in dist/zero_checkpoint.h).
   nn::TensorDict shard_state_dict() const;
   void load_shard_state_dict(const nn::TensorDict& by_bucket);
+  // The same, handing the tensors to the optimizer without a copy where it can take them as they
+  // are (optim::Optimizer::load_state_dict(TensorDict&&)).
+  void load_shard_state_dict(nn::TensorDict&& by_bucket);
 
   // ---- mixed precision (param_dtype; stages 1-2) ----
   bool mixed_precision() const { return options_.param_dtype.has_value(); }

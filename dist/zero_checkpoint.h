@@ -15,15 +15,23 @@
 // slice boundaries: a rank of the new run reads, from the old ranks' files, just the slices that
 // overlap its new slice. A single process (or DDP) cuts the flat buffers into the per-parameter
 // state of the plain optimizer, and a plain checkpoint is sharded the same way into a ZeRO run.
+// Every number of the layout is checked before it is used (Note [checkpoint record validation] in
+// dist/checkpoint_records.h), every slice read is checked against it, and only the byte ranges
+// a rank needs are read (Note [reading parts of a safetensors file] in autograd/nn/safetensors.h):
+// the state is built in the dtype and on the device of the parameters it belongs to.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "autograd/nn/module.h"
+#include "autograd/nn/safetensors.h"
 #include "autograd/optim/optimizer.h"
+#include "dist/checkpoint_records.h"
 #include "dist/zero.h"
 
 namespace accel::dist::zero_ckpt {
@@ -34,30 +42,37 @@ std::string accum_file(size_t optimizer, int rank);
 
 // What state.json records for one ZeRO optimizer: {"stage", "buckets": [[used, numel], ...]}.
 nlohmann::json layout(const ZeroOptimizer& zero);
-// Checks the "zero" entry of a state.json object (absent is fine): an array with one entry per
-// optimizer, each null or a layout. IoError naming `file` otherwise.
-void check_record(const nlohmann::json& state, size_t num_optimizers, const std::string& file);
-// The layout of optimizer i in a checked state.json, or null.
-const nlohmann::json* layout_of(const nlohmann::json& state, size_t optimizer);
+// The checked "zero" entry of a state.json object (empty when absent; per optimizer the layout
+// or nullopt). IoError naming `file` and the field otherwise.
+using Layouts = std::vector<std::optional<ckpt_records::ZeroLayoutRecord>>;
+Layouts read_layouts(const nlohmann::json& state, size_t num_optimizers, int saved_world,
+                     const std::string& file);
 
-// The "param_groups.*" entries of an optimizer state dict.
+// The "param_groups.*" entries of an optimizer state dict, and of an optimizer file (only those
+// tensors are read).
 nn::TensorDict param_groups_of(const nn::TensorDict& d);
+nn::TensorDict param_groups_of(const nn::SafetensorsFile& f);
 
 // Shard state (keyed by bucket, for ZeroOptimizer::load_shard_state_dict) of `zero` on `rank`
 // from checkpoint `dir`: from the shard files of `saved_world` ranks when `saved_layout` is set,
-// else from the plain optimizer state `plain` (the optimizer file). ValueError when the layouts
-// do not match; IoError naming a missing or short file.
+// else from the plain optimizer file `plain`. ValueError when the layouts do not match; IoError
+// naming a missing, short or malformed file.
 nn::TensorDict read_shard_state(const std::string& dir, size_t optimizer,
-                                const nlohmann::json* saved_layout, int saved_world,
-                                const nn::TensorDict& plain, const ZeroOptimizer& zero, int rank);
+                                const ckpt_records::ZeroLayoutRecord* saved_layout, int saved_world,
+                                const nn::SafetensorsFile& plain, const ZeroOptimizer& zero,
+                                int rank);
+
+// The same from a plain per-parameter optimizer state in memory (a ZeRO-3 checkpoint read whole).
+nn::TensorDict read_shard_state(const nn::TensorDict& plain, const ZeroOptimizer& zero, int rank);
 
 // A plain optimizer's state for `user` (its param groups laid out in buckets of `cap_bytes`)
-// cut from the shard files of a ZeRO checkpoint; `saved` is the optimizer file (its param
-// groups are kept).
-nn::TensorDict read_unsharded_state(const std::string& dir, size_t optimizer,
-                                    const nlohmann::json& saved_layout, int saved_world,
-                                    const optim::Optimizer& user, const nn::TensorDict& saved,
-                                    size_t cap_bytes);
+// cut from the shard files of a ZeRO checkpoint, with the param groups `param_groups`. With
+// `ranges` (one [lo, hi) per parameter of `user`), each slot holds only those elements of the
+// flattened parameter, as a 1-D tensor (a ZeRO-3 rank's spans); else the whole parameter.
+nn::TensorDict read_unsharded_state(
+    const std::string& dir, size_t optimizer, const ckpt_records::ZeroLayoutRecord& saved_layout,
+    int saved_world, const optim::Optimizer& user, const nn::TensorDict& param_groups,
+    size_t cap_bytes, const std::vector<std::pair<int64_t, int64_t>>* ranges = nullptr);
 
 // Accumulated gradient shards of a checkpoint saved inside a window (same world size; empty
 // when the rank saved none).

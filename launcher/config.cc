@@ -23,28 +23,43 @@ constexpr uint64_t kMaxConfigBytes = uint64_t(1) << 20;
 constexpr long long kMaxProcesses = 1 << 20;
 constexpr long long kMaxMachines = 1 << 16;
 
-// Keys of Accelerate's config that have no meaning here; accepted so that an Accelerate config
-// file loads, and ignored. Anything else unknown is an error (most likely a typo).
-const std::set<std::string> kIgnoredAccelerateKeys = {
-    "debug",
-    "downcast_bf16",
-    "tpu_env",
-    "tpu_use_cluster",
-    "tpu_use_sudo",
-    "tpu_name",
-    "tpu_zone",
-    "commands",
-    "command_file",
-    "deepspeed_config",
-    "megatron_lm_config",
-    "dynamo_config",
-    "ipex_config",
-    "mpirun_config",
-    "enable_cpu_affinity",
-    "use_mps_device",
-    "dynamo_backend",
-    "fp8_config",
-    "parallelism_config",
+// Note [accelerate keys accel does not implement]
+// An Accelerate config file names features accel does not have (TPUs, DeepSpeed, Megatron-LM,
+// torch.compile, CPU affinity, fp8, tensor parallelism, ...); Accelerate writes each of them into
+// every config with its "off" value. Such a key is accepted while its value is inert (null,
+// false, 'no'/'NO'/'none', an empty string, list or mapping, or a mapping of inert values) and
+// refused otherwise, naming the key, the value and what accel supports instead: a config that
+// asks for something accel would silently not do (issue 22: `fsdp_offload_params: true` was
+// accepted and ignored) must not launch. The same rule holds for Accelerate's fsdp_config keys
+// (kFsdpAccelerateValues below).
+struct InertOnlyKey {
+  const char* key;
+  const char* instead;  // what accel does or offers instead
+};
+const std::vector<InertOnlyKey> kInertOnlyAccelerateKeys = {
+    {"debug", "accel-run has no debug mode; every collective is checked by fingerprints"},
+    {"downcast_bf16", "accel has no TPU support (downcast_bf16 is a TPU setting)"},
+    {"tpu_env", "accel has no TPU support"},
+    {"tpu_use_cluster", "accel has no TPU support"},
+    {"tpu_use_sudo", "accel has no TPU support"},
+    {"tpu_name", "accel has no TPU support"},
+    {"tpu_zone", "accel has no TPU support"},
+    {"commands", "accel-run runs the command on its own command line (commands are for TPU pods)"},
+    {"command_file",
+     "accel-run runs the command on its own command line (command_file is for TPU pods)"},
+    {"deepspeed_config",
+     "accel does not run DeepSpeed; its ZeRO stages are zero_config.zero_stage"},
+    {"megatron_lm_config", "accel has no Megatron-LM integration"},
+    {"dynamo_config", "accel has no torch.compile / dynamo"},
+    {"dynamo_backend", "accel has no torch.compile / dynamo"},
+    {"ipex_config", "accel has no Intel Extension for PyTorch"},
+    {"mpirun_config", "accel-run starts its workers itself (no mpirun)"},
+    {"enable_cpu_affinity", "accel-run does not pin workers to CPUs"},
+    {"use_mps_device", "accel has no Apple MPS backend (use_cpu: true, or CUDA)"},
+    {"fp8_config", "accel has no fp8 training (mixed_precision is no, fp16 or bf16)"},
+    {"parallelism_config",
+     "accel has data parallelism only (DDP and ZeRO 1-3): no tensor, context or hybrid "
+     "parallelism"},
 };
 
 const std::vector<std::string> kKnownKeys = {
@@ -70,7 +85,10 @@ const std::vector<std::string> kKnownKeys = {
 };
 
 // fsdp_config keys: ours (the launch flags' names) and Accelerate's spellings of the same
-// settings; Accelerate's FSDP settings that have no meaning here are accepted and ignored.
+// settings (kFsdpAccelerateAliases: the value is translated, and a value accel cannot honour is
+// refused); Accelerate's FSDP settings that accel has no switch for are accepted only with the
+// value that describes what accel does anyway (kFsdpAccelerateValues), Note [accelerate keys
+// accel does not implement].
 const std::vector<std::string> kFsdpKeys = {
     "fsdp_wrap",     "fsdp_wrap_classes",          "fsdp_min_params",
     "fsdp_prefetch", "fsdp_reshard_after_forward", "fsdp_activation_checkpointing",
@@ -79,11 +97,36 @@ const std::map<std::string, std::string> kFsdpAccelerateAliases = {
     {"fsdp_auto_wrap_policy", "fsdp_wrap"},
     {"fsdp_transformer_layer_cls_to_wrap", "fsdp_wrap_classes"},
     {"fsdp_min_num_params", "fsdp_min_params"},
+    {"fsdp_sharding_strategy", "fsdp_reshard_after_forward"},
+    {"fsdp_backward_prefetch", "fsdp_prefetch"},
+    {"fsdp_forward_prefetch", "fsdp_prefetch"},
 };
-const std::set<std::string> kFsdpIgnoredAccelerateKeys = {
-    "fsdp_backward_prefetch",  "fsdp_forward_prefetch",  "fsdp_cpu_ram_efficient_loading",
-    "fsdp_offload_params",     "fsdp_sharding_strategy", "fsdp_state_dict_type",
-    "fsdp_sync_module_states", "fsdp_use_orig_params",   "fsdp_version",
+struct FsdpFixedKey {
+  const char* key;
+  std::vector<std::string> accepted;  // lower-case values describing what accel does
+  const char* why;                    // what accel does, for the refusal
+};
+const std::vector<FsdpFixedKey> kFsdpAccelerateValues = {
+    {"fsdp_offload_params",
+     {"false", "no", "off"},
+     "accel keeps parameters, gradients and optimizer state on the training device (no CPU "
+     "offload); supported: false"},
+    {"fsdp_state_dict_type",
+     {"sharded_state_dict"},
+     "accel's save_state always writes each rank's shards (SHARDED_STATE_DICT); a consolidated "
+     "model file is Accelerator::save_model's; supported: SHARDED_STATE_DICT"},
+    {"fsdp_sync_module_states",
+     {"true", "yes", "on"},
+     "accel always starts every rank from rank 0's parameters; supported: true"},
+    {"fsdp_use_orig_params",
+     {"true", "yes", "on"},
+     "accel's optimizer steps shards of the original parameters (param groups work); "
+     "supported: true"},
+    {"fsdp_version", {"2"}, "accel shards per parameter as FSDP2 does; supported: 2"},
+    {"fsdp_cpu_ram_efficient_loading",
+     {},
+     "it is no launch setting here: build the model under nn::DeferredInit and load weights "
+     "with Accelerator::load_model, and each rank reads only its own shards (docs/fsdp.md)"},
 };
 
 std::string where_at(const std::string& where, const YAML::Node& node) {
@@ -175,6 +218,30 @@ bool is_null(const YAML::Node& node) {
   if (!node.IsScalar()) return false;
   std::string t = to_lower(node.Scalar());
   return t.empty() || t == "null" || t == "~";
+}
+
+// Note [accelerate keys accel does not implement]: null, false, no, none, empty, or a list or
+// mapping of such values. With `ones`, the integer 1 too (a parallelism degree of 1).
+bool is_inert(const YAML::Node& node, bool ones) {
+  if (is_null(node)) return true;
+  if (node.IsScalar()) {
+    const std::string t = to_lower(trim(node.Scalar()));
+    return t == "false" || t == "no" || t == "off" || t == "none" || (ones && t == "1");
+  }
+  if (node.IsSequence() || node.IsMap()) {
+    for (auto it = node.begin(); it != node.end(); ++it)
+      if (!is_inert(node.IsMap() ? it->second : *it, ones)) return false;
+    return true;
+  }
+  return false;
+}
+
+// A value as written, for messages ('true', '{a: 1}').
+std::string value_text(const YAML::Node& node) {
+  if (node.IsScalar()) return node.Scalar();
+  YAML::Emitter e;
+  e << YAML::Flow << node;
+  return e.good() ? std::string(e.c_str()) : std::string("(a mapping or list)");
 }
 
 }  // namespace
@@ -429,15 +496,67 @@ LaunchConfig parse_config(const std::string& yaml_text, const std::string& where
 
 namespace {
 
+// fsdp_reshard_after_forward: a bool, or Accelerate's FSDP1 sharding strategies (by name or
+// number); the hybrid and unsharded ones are refused.
+bool read_sharding(const YAML::Node& v, const std::string& where, const std::string& key) {
+  const std::string t = trim(scalar_text(v, where, key));
+  const std::string u = [&] {
+    std::string x = t;
+    for (char& ch : x) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    return x;
+  }();
+  if (u == "FULL_SHARD" || u == "1") return true;
+  if (u == "SHARD_GRAD_OP" || u == "2") return false;
+  if (u == "NO_SHARD" || u == "3")
+    bad_key(where, v, key,
+            "NO_SHARD is not ZeRO-3: use zero_config.zero_stage 0 (DDP) or 1-2 for unsharded "
+            "parameters; supported: FULL_SHARD, SHARD_GRAD_OP (or true / false)");
+  if (u == "HYBRID_SHARD" || u == "_HYBRID_SHARD_ZERO2" || u == "4" || u == "5")
+    bad_key(where, v, key,
+            "'" + t + "': accel shards over all processes, it has no hybrid (shard within a " +
+                "machine, replicate across machines) sharding; supported: FULL_SHARD, " +
+                "SHARD_GRAD_OP (or true / false)");
+  const std::string l = to_lower(t);
+  if (l == "true" || l == "yes" || l == "on") return true;
+  if (l == "false" || l == "no" || l == "off") return false;
+  bad_key(where, v, key, "expected FULL_SHARD, SHARD_GRAD_OP, true or false, got '" + t + "'");
+}
+
+// fsdp_prefetch and Accelerate's two prefetch keys, which accel's one switch (prefetch in forward
+// and backward together) must satisfy all at once.
+bool read_prefetch(const YAML::Node& v, const std::string& where, const std::string& key,
+                   const std::string& sub) {
+  if (sub == "fsdp_backward_prefetch") {
+    const std::string t = trim(scalar_text(v, where, key));
+    std::string u = t;
+    for (char& ch : u) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    if (u == "BACKWARD_PRE") return true;
+    if (u == "NO_PREFETCH" || is_null(v)) return false;
+    bad_key(where, v, key,
+            "'" + t + "': accel gathers the next unit when a unit's backward starts " +
+                "(BACKWARD_PRE) or not at all (NO_PREFETCH); supported: BACKWARD_PRE, NO_PREFETCH");
+  }
+  return read_bool(v, where, key);
+}
+
 // fsdp_config: our keys and Accelerate's (docs/launcher.md, "ZeRO-3 and mixed precision").
 void read_fsdp_config(const YAML::Node& v, const std::string& where, LaunchConfig& c) {
   const std::string key = "fsdp_config";
-  std::set<std::string> given;
+  std::map<std::string, std::string> given;              // canonical key -> the key that set it
+  std::optional<std::pair<std::string, bool>> prefetch;  // (key, value) of the first prefetch key
   for (auto z = v.begin(); z != v.end(); ++z) {
     const std::string sub = key_text(z->first, where, " in fsdp_config");
     const std::string full = key + "." + sub;
     const YAML::Node zv = z->second;
-    if (kFsdpIgnoredAccelerateKeys.count(sub) != 0) continue;
+    const auto fixed = std::find_if(kFsdpAccelerateValues.begin(), kFsdpAccelerateValues.end(),
+                                    [&](const FsdpFixedKey& k) { return sub == k.key; });
+    if (fixed != kFsdpAccelerateValues.end()) {
+      // Note [accelerate keys accel does not implement]
+      const std::string t = to_lower(trim(value_text(zv)));
+      if (std::find(fixed->accepted.begin(), fixed->accepted.end(), t) == fixed->accepted.end())
+        bad_key(where, zv, full, "'" + value_text(zv) + "' is not supported: " + fixed->why);
+      continue;
+    }
     const auto alias = kFsdpAccelerateAliases.find(sub);
     const std::string canon = alias == kFsdpAccelerateAliases.end() ? sub : alias->second;
     if (std::find(kFsdpKeys.begin(), kFsdpKeys.end(), canon) == kFsdpKeys.end()) {
@@ -453,8 +572,24 @@ void read_fsdp_config(const YAML::Node& v, const std::string& where, LaunchConfi
                              "fsdp_activation_checkpointing)"
                            : "unknown key (did you mean '" + best + "'?)");
     }
-    if (!given.insert(canon).second)
-      bad_key(where, z->first, full, "sets " + canon + ", which is given already");
+    if (canon == "fsdp_prefetch") {
+      // Accel prefetches in forward and backward together: every prefetch key must agree.
+      const bool b = read_prefetch(zv, where, full, sub);
+      if (prefetch && prefetch->first == full) bad_key(where, z->first, full, "is given twice");
+      if (prefetch && prefetch->second != b)
+        bad_key(where, z->first, full,
+                "asks for prefetch " + std::string(b ? "on" : "off") + " but " + prefetch->first +
+                    " asks for it " + (prefetch->second ? "on" : "off") +
+                    "; accel prefetches in forward and backward together (fsdp_prefetch), "
+                    "so they must agree");
+      if (!prefetch) prefetch = std::make_pair(full, b);
+      c.fsdp_prefetch = b;
+      continue;
+    }
+    if (auto [it, fresh] = given.emplace(canon, sub); !fresh)
+      bad_key(where, z->first, full,
+              "sets " + canon + ", which is given already" +
+                  (it->second == sub ? std::string("") : " (by fsdp_config." + it->second + ")"));
     if (canon == "fsdp_wrap") {
       std::string t = scalar_text(zv, where, full);
       if (sub == "fsdp_auto_wrap_policy") {  // Accelerate's names
@@ -478,19 +613,10 @@ void read_fsdp_config(const YAML::Node& v, const std::string& where, LaunchConfi
       c.fsdp_wrap_classes = normalize_fsdp_wrap_classes(t);
     } else if (canon == "fsdp_min_params") {
       c.fsdp_min_params = read_int(zv, where, full, 1, 1LL << 62);
-    } else if (canon == "fsdp_prefetch") {
-      c.fsdp_prefetch = read_bool(zv, where, full);
     } else if (canon == "fsdp_activation_checkpointing") {
       c.fsdp_activation_checkpointing = read_bool(zv, where, full);
-    } else {  // fsdp_reshard_after_forward: a bool, or Accelerate's FSDP1 sharding strategies
-      const std::string t = trim(scalar_text(zv, where, full));
-      if (t == "FULL_SHARD") {
-        c.fsdp_reshard_after_forward = true;
-      } else if (t == "SHARD_GRAD_OP") {
-        c.fsdp_reshard_after_forward = false;
-      } else {
-        c.fsdp_reshard_after_forward = read_bool(zv, where, full);
-      }
+    } else {  // fsdp_reshard_after_forward / fsdp_sharding_strategy
+      c.fsdp_reshard_after_forward = read_sharding(zv, where, full);
     }
   }
   if (auto e = complete_fsdp_wrap(c)) bad_key(where, v, key, *e);
@@ -598,8 +724,15 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
       c.monitor_interval = *d;
     } else if (key == "num_cpu_threads_per_process") {
       c.num_cpu_threads_per_process = static_cast<int>(read_int(v, where, key, 0, 1 << 16));
-    } else if (kIgnoredAccelerateKeys.count(key) != 0) {
-      continue;
+    } else if (const auto inert =
+                   std::find_if(kInertOnlyAccelerateKeys.begin(), kInertOnlyAccelerateKeys.end(),
+                                [&](const InertOnlyKey& k) { return key == k.key; });
+               inert != kInertOnlyAccelerateKeys.end()) {
+      // Note [accelerate keys accel does not implement]
+      if (!is_inert(v, key == "parallelism_config"))
+        bad_key(where, v, key,
+                "'" + value_text(v) + "' asks for something accel does not do: " + inert->instead +
+                    "; accepted only when off (false, 'no', null or empty)");
     } else {
       std::string best;
       size_t best_d = 4;  // suggest only close matches

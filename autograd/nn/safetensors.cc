@@ -210,4 +210,195 @@ void save_safetensors(const std::string& path, const TensorDict& tensors,
   w.commit();
 }
 
+// ---------------------------------------------------------------------------------------------
+// SafetensorsFile: Note [reading parts of a safetensors file] in safetensors.h.
+
+namespace {
+constexpr const char* kRead = "safetensors";
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
+  // A regular file (a FIFO or device planted in its place is refused before a byte is read); a
+  // link is followed (Hugging Face caches link snapshots to blobs/). Note [safe file access].
+  file_io::ReadableFile file = file_io::open_read(path_, kRead);
+  const uint64_t file_size = file.size;
+  ACCEL_CHECK(file_size >= kLengthBytes, IoError, kRead, "'", path_, "': file is ", file_size,
+              " bytes, too short for the 8-byte header length");
+  unsigned char len_bytes[kLengthBytes];
+  ACCEL_CHECK(file_io::pread_all(file.fd.get(), len_bytes, kLengthBytes, 0), IoError, kRead, "'",
+              path_,
+              "': cannot read the header length: ", errno ? errno_str() : "unexpected end of file");
+  const uint64_t header_len = detail::safetensors_header_length(len_bytes, file_size, path_);
+  std::string header(size_t(header_len), '\0');
+  ACCEL_CHECK(file_io::pread_all(file.fd.get(), header.data(), header.size(), kLengthBytes),
+              IoError, kRead, "'", path_,
+              "': cannot read the header: ", errno ? errno_str() : "unexpected end of file");
+  const uint64_t buffer_start = kLengthBytes + header_len;
+  const std::vector<Entry> entries =
+      detail::parse_safetensors_header(header, file_size - buffer_start, path_, &metadata_);
+  for (const Entry& e : entries) {
+    Stored s;
+    s.info.dtype = e.dtype;
+    for (int64_t d : e.shape) s.info.shape.push_back(d);
+    s.info.numel = shape_numel(s.info.shape);
+    s.begin = buffer_start + e.begin;
+    entries_.emplace(e.name, std::move(s));
+  }
+  fd_ = file.fd.release();
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(entries_.size());
+  for (const auto& [name, e] : entries_) out.push_back(name);
+  return out;
+}
+
+std::vector<std::string> SafetensorsFile::names(const std::string& prefix) const {
+  std::vector<std::string> out;
+  for (auto it = entries_.lower_bound(prefix);
+       it != entries_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+    out.push_back(it->first);
+  return out;
+}
+
+const SafetensorsFile::Info& SafetensorsFile::info(const std::string& name) const {
+  auto it = entries_.find(name);
+  ACCEL_CHECK(it != entries_.end(), IoError, kRead, "'", path_, "' holds no tensor '", name, "'");
+  return it->second.info;
+}
+
+void SafetensorsFile::read_range(const std::string& name, int64_t lo, int64_t hi,
+                                 const Tensor& dst) const {
+  auto it = entries_.find(name);
+  ACCEL_CHECK(it != entries_.end(), IoError, kRead, "'", path_, "' holds no tensor '", name, "'");
+  const Stored& s = it->second;
+  ACCEL_CHECK(0 <= lo && lo <= hi && hi <= s.info.numel, IoError, kRead, "'", path_,
+              "': elements [", lo, ", ", hi, ") are outside tensor '", name, "' of ", s.info.numel,
+              " elements");
+  ACCEL_CHECK(dst.defined() && dst.numel() == hi - lo && dst.is_contiguous(), ValueError, kRead,
+              "'", path_, "': reading ", hi - lo, " elements of '", name,
+              "' needs a contiguous destination of as many elements, got ",
+              dst.defined() ? dst.shape_str() : std::string("undefined"));
+  if (hi == lo) return;
+  NoGradGuard ng;
+  const size_t esize = dtype_size(s.info.dtype);
+  auto read_bytes = [&](void* p, int64_t from, int64_t count) {
+    ACCEL_CHECK(file_io::pread_all(fd_, p, size_t(count) * esize, s.begin + uint64_t(from) * esize),
+                IoError, kRead, "'", path_, "': cannot read tensor '", name, "': ",
+                errno ? errno_str() : "unexpected end of file (file changed while reading?)");
+    if (s.info.dtype == kBool) {
+      const uint8_t* b = static_cast<const uint8_t*>(p);
+      for (int64_t i = 0; i < count; ++i)
+        ACCEL_CHECK(b[i] <= 1, IoError, kRead, "'", path_, "': BOOL tensor '", name,
+                    "' holds byte ", int(b[i]), " at element ", from + i, " (expected 0 or 1)");
+    }
+  };
+  Tensor flat = dst.view({hi - lo});
+  if (dst.device().is_cpu() && dst.dtype() == s.info.dtype) {
+    read_bytes(flat.data_ptr(), lo, hi - lo);  // straight into the destination
+    return;
+  }
+  // Another dtype, device or layout: a bounded bounce buffer, converted chunk by chunk.
+  const int64_t chunk = std::max<int64_t>(1, int64_t(kSafetensorsReadChunkBytes / esize));
+  Tensor bounce = empty({std::min(chunk, hi - lo)}, TensorOptions(s.info.dtype, kCPU));
+  for (int64_t a = lo; a < hi; a += chunk) {
+    const int64_t n = std::min(chunk, hi - a);
+    Tensor b = bounce.narrow(0, 0, n);
+    read_bytes(b.data_ptr(), a, n);
+    Tensor part = flat.narrow(0, a - lo, n);
+    part.copy_(b);
+  }
+}
+
+Tensor SafetensorsFile::read(const std::string& name) const {
+  const Info& in = info(name);
+  Tensor t = empty(in.shape, TensorOptions(in.dtype, kCPU));
+  read_range(name, 0, in.numel, t);
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsCheckpoint
+
+namespace {
+constexpr uint64_t kMaxIndexBytes = uint64_t(64) << 20;  // transformers' indexes are < 1 MB
+
+// The whole index file: a regular file of at most kMaxIndexBytes (Note [safe file access]).
+std::string read_index(const std::string& path) {
+  return file_io::read_file(path, kRead, kMaxIndexBytes);
+}
+}  // namespace
+
+SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string index;
+  if (fs::is_directory(path, ec)) {
+    const fs::path idx = fs::path(path) / "model.safetensors.index.json";
+    const fs::path one = fs::path(path) / "model.safetensors";
+    if (fs::exists(idx, ec)) {
+      index = idx.string();
+    } else {
+      ACCEL_CHECK(fs::exists(one, ec), IoError, kRead, "directory '", path,
+                  "' holds neither model.safetensors.index.json nor model.safetensors");
+      path_ = one.string();
+    }
+  } else if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
+    index = path;
+  } else {
+    path_ = path;
+  }
+  if (index.empty()) {
+    files_.push_back(std::make_unique<SafetensorsFile>(path_));
+    for (const std::string& n : files_.back()->names()) where_.emplace(n, files_.back().get());
+    return;
+  }
+  path_ = index;
+  json j;
+  try {
+    j = json::parse(read_index(index));
+  } catch (const json::exception& e) {
+    ACCEL_THROW(IoError, kRead, "'", index, "' is not a JSON index: ", e.what());
+  }
+  ACCEL_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), IoError,
+              kRead, "'", index, "' has no \"weight_map\" object");
+  const fs::path dir = fs::path(index).parent_path();
+  std::map<std::string, SafetensorsFile*> opened;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    ACCEL_CHECK(it->is_string(), IoError, kRead, "'", index, "': weight_map[\"", it.key(),
+                "\"] must be a file name, got ", it->type_name());
+    const std::string file = it->get<std::string>();
+    ACCEL_CHECK(!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..",
+                IoError, kRead, "'", index, "': weight_map[\"", it.key(), "\"] names '", file,
+                "'; only files next to the index are read");
+    auto f = opened.find(file);
+    if (f == opened.end()) {
+      files_.push_back(std::make_unique<SafetensorsFile>((dir / file).string()));
+      f = opened.emplace(file, files_.back().get()).first;
+    }
+    ACCEL_CHECK(f->second->contains(it.key()), IoError, kRead, "'", index, "' maps tensor '",
+                it.key(), "' to '", f->second->path(), "', which does not hold it");
+    where_.emplace(it.key(), f->second);
+  }
+}
+
+SafetensorsCheckpoint::~SafetensorsCheckpoint() = default;
+
+std::vector<std::string> SafetensorsCheckpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, f] : where_) out.push_back(n);
+  return out;
+}
+
+const SafetensorsFile& SafetensorsCheckpoint::file_of(const std::string& name) const {
+  auto it = where_.find(name);
+  ACCEL_CHECK(it != where_.end(), IoError, kRead, "'", path_, "' holds no tensor '", name, "'");
+  return *it->second;
+}
+
 }  // namespace accel::nn

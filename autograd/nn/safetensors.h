@@ -11,6 +11,7 @@
 // validation] in safetensors.cc); every violation is an IoError naming the file and the problem.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,87 @@ class SafetensorsWriter {
   size_t next_ = 0;
   std::unique_ptr<file_io::AtomicFile> file_;  // null once committed or failed
   bool committed_ = false;
+};
+
+// Note [reading parts of a safetensors file]
+// A checkpoint reader that needs a few slices of a large file (a ZeRO-3 rank resuming, a sharded
+// model loading pretrained weights) must not hold the file in memory: SafetensorsFile opens it,
+// reads and checks the header alone (the same checks as load_safetensors, Note [safetensors
+// validation]) and keeps the descriptor; tensor bytes are read with pread only when asked for,
+// straight into the destination when it is a contiguous CPU tensor of the stored dtype, else
+// through a bounded bounce buffer (kSafetensorsReadChunkBytes) converted chunk by chunk. Element
+// ranges are checked against the tensor before any read.
+constexpr size_t kSafetensorsReadChunkBytes = size_t(4) << 20;
+
+class SafetensorsFile {
+ public:
+  struct Info {
+    DType dtype = kFloat32;
+    Shape shape;
+    int64_t numel = 0;
+  };
+  // IoError naming `path` when it cannot be opened, is not a regular file or its header is bad.
+  explicit SafetensorsFile(std::string path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const Metadata& metadata() const { return metadata_; }
+  std::vector<std::string> names() const;                           // sorted
+  std::vector<std::string> names(const std::string& prefix) const;  // those starting with it
+  bool contains(const std::string& name) const { return entries_.count(name) != 0; }
+  // IoError naming the file and the tensor when it holds none of that name.
+  const Info& info(const std::string& name) const;
+  // dst := elements [lo, hi) of the flattened tensor `name`; dst is contiguous with hi - lo
+  // elements (any shape, dtype and device: the values are converted as copy_ does). IoError for a
+  // range outside the tensor or a failed read (naming the file and the tensor).
+  void read_range(const std::string& name, int64_t lo, int64_t hi, const Tensor& dst) const;
+  // The whole tensor, in its stored dtype, on the CPU.
+  Tensor read(const std::string& name) const;
+
+ private:
+  struct Stored {
+    Info info;
+    uint64_t begin = 0;  // absolute file offset of the first byte
+  };
+  std::string path_;
+  int fd_ = -1;
+  std::map<std::string, Stored> entries_;
+  Metadata metadata_;
+};
+
+// A model's weights as one safetensors file or as a sharded set the way transformers writes it:
+// an index JSON (model.safetensors.index.json: {"metadata": {...}, "weight_map": {"<tensor>":
+// "<file>"}}) next to the files it names. `path` is a .safetensors file, an index file (a name
+// ending in .json), or a directory holding model.safetensors.index.json or model.safetensors.
+// Every file is opened as a SafetensorsFile (headers only); the index is checked whole before
+// anything is read (a JSON object with a weight_map of plain file names in the index's
+// directory, each naming a file that holds that tensor): IoError naming the index, the file and
+// the tensor otherwise.
+class SafetensorsCheckpoint {
+ public:
+  explicit SafetensorsCheckpoint(const std::string& path);
+  ~SafetensorsCheckpoint();
+  SafetensorsCheckpoint(const SafetensorsCheckpoint&) = delete;
+  SafetensorsCheckpoint& operator=(const SafetensorsCheckpoint&) = delete;
+
+  // The index file, or the single file.
+  const std::string& path() const { return path_; }
+  std::vector<std::string> names() const;  // sorted
+  bool contains(const std::string& name) const { return where_.count(name) != 0; }
+  const SafetensorsFile& file_of(const std::string& name) const;
+  const SafetensorsFile::Info& info(const std::string& name) const {
+    return file_of(name).info(name);
+  }
+  void read_range(const std::string& name, int64_t lo, int64_t hi, const Tensor& dst) const {
+    file_of(name).read_range(name, lo, hi, dst);
+  }
+
+ private:
+  std::string path_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const SafetensorsFile*> where_;
 };
 
 }  // namespace accel::nn

@@ -155,7 +155,14 @@ TensorDict Optimizer::state_dict() const {
   return out;
 }
 
-void Optimizer::load_state_dict(const TensorDict& sd) {
+void Optimizer::load_state_dict(const TensorDict& sd) { load_state(sd, false); }
+
+void Optimizer::load_state_dict(TensorDict&& sd) {
+  const TensorDict d = std::move(sd);
+  load_state(d, true);
+}
+
+void Optimizer::load_state(const TensorDict& sd, bool adopt) {
   std::vector<std::string> problems;
   std::set<std::string> used;
   auto find = [&](const std::string& key) -> const Tensor* {
@@ -219,6 +226,11 @@ void Optimizer::load_state_dict(const TensorDict& sd) {
           continue;
         }
         NoGradGuard no_grad;
+        if (adopt && t->dtype() == p.dtype() && t->device() == p.device() && t->is_contiguous() &&
+            !t->requires_grad()) {
+          s.slots[k] = t->detach();
+          continue;
+        }
         Tensor c = empty(p.sizes(), TensorOptions(p.dtype(), p.device()));
         c.copy_(*t);
         s.slots[k] = c;

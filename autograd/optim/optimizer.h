@@ -63,6 +63,10 @@ class Optimizer {
   // state shapes, no unknown keys) and throws ValueError listing the problems; state tensors
   // are copied to each parameter's device and dtype.
   void load_state_dict(const TensorDict& state);
+  // The same, but a state tensor that already has its parameter's shape, dtype and device and is
+  // contiguous is taken as it is (no copy): a checkpoint reader builds the state in place
+  // (dist/strategy.h, Note [checkpoint loading]). The dict's other tensors are copied.
+  void load_state_dict(TensorDict&& state);
 
  protected:
   Optimizer(const char* name, std::vector<ParamGroup> groups, double default_lr,
@@ -91,6 +95,7 @@ class Optimizer {
   std::vector<State> state_;  // one per parameter, across groups
 
  private:
+  void load_state(const TensorDict& state, bool adopt);
   void check_param(const Tensor& p, size_t group) const;
 };
 

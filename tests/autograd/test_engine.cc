@@ -1,7 +1,12 @@
 // Autograd engine: accumulation, retain_graph, hooks, no-grad, detach, autograd::grad.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "accel.h"
+#include "autograd/engine.h"
 
 using namespace accel;
 
@@ -113,4 +118,48 @@ TEST_CASE("gradient flows through views and dtype conversion") {
   Tensor y = x.t().select(0, 1).to(kFloat64);  // column 1
   y.sum().backward();
   CHECK(x.grad().tolist() == std::vector<double>{0, 1, 0, 0, 1, 0});
+}
+
+// Note [end-of-backward callbacks] (autograd/engine.h): what DDP and ZeRO hang their waits on.
+TEST_CASE("queue_callback: runs once the outermost backward ends, also when it fails") {
+  Tensor x = tensor({1.f, 2.f}).requires_grad_();
+  std::vector<std::string> log;
+  x.register_post_accumulate_grad_hook([&](Tensor&) {
+    log.push_back("grad");
+    autograd::queue_callback([&](bool ok) {
+      CHECK_FALSE(autograd::backward_running());
+      CHECK(x.grad().defined());  // the backward is over
+      log.push_back(ok ? "callback ok" : "callback failed");
+    });
+  });
+  sum(mul(x, x)).backward();
+  CHECK(log == std::vector<std::string>{"grad", "callback ok"});
+  // Not inside a backward: refused.
+  CHECK_THROWS_AS(autograd::queue_callback([](bool) {}), ValueError);
+  // An activation checkpoint's recompute runs a backward inside the backward: the callback still
+  // waits for the outer one (it would otherwise see the other parameters' gradients missing).
+  log.clear();
+  Tensor w = tensor({3.f, 4.f}).requires_grad_();
+  w.register_post_accumulate_grad_hook([&](Tensor&) { log.push_back("w"); });
+  x.zero_grad();
+  Tensor h = autograd::checkpoint([&](const Tensor& in) { return mul(in, x); }, w);
+  sum(mul(h, w)).backward();
+  REQUIRE(log.size() == 3);
+  CHECK(log.back() == "callback ok");
+  CHECK(std::count(log.begin(), log.end(), "w") == 1);
+  // A hook that throws: the callback still runs (told so), and the hook's error propagates.
+  log.clear();
+  Tensor y = tensor({1.f}).requires_grad_();
+  y.register_post_accumulate_grad_hook([&](Tensor&) {
+    autograd::queue_callback([&](bool ok) { log.push_back(ok ? "ok" : "failed"); });
+    throw ValueError("[hook] boom");
+  });
+  CHECK_THROWS_WITH_AS(sum(y).backward(), doctest::Contains("boom"), ValueError);
+  CHECK(log == std::vector<std::string>{"failed"});
+  // A callback's own error propagates from backward().
+  Tensor z = tensor({1.f}).requires_grad_();
+  z.register_post_accumulate_grad_hook([&](Tensor&) {
+    autograd::queue_callback([](bool) { throw DistError("[callback] peer gone"); });
+  });
+  CHECK_THROWS_WITH_AS(sum(z).backward(), doctest::Contains("peer gone"), DistError);
 }

@@ -471,10 +471,14 @@ int ckpt(ProcessGroupPtr pg, const std::string& mode, const std::string& dir) {
     for (double v; f >> v;) saved_losses.push_back(v);
   }
   std::vector<std::string> keys;
+  std::vector<Tensor> key_params;
   for (auto& g : groups_of(*net))
     for (const Tensor& p : g.params)
       for (auto& [name, q] : net->named_parameters())
-        if (q.is_same(p)) keys.push_back("0:" + name);
+        if (q.is_same(p)) {
+          keys.push_back("0:" + name);
+          key_params.push_back(q);
+        }
   std::vector<double> got;
   if (pg->size() == 1 && mode == "load_plain") {
     // One process without sharding: whole parameters and a per-parameter optimizer state.
@@ -486,7 +490,7 @@ int ckpt(ProcessGroupPtr pg, const std::string& mode, const std::string& dir) {
     nn::TensorDict own;
     for (auto& [k, v] : opt->state_dict())
       if (k.rfind("param_groups.", 0) == 0) own[k] = v;
-    opt->load_state_dict(fsdp_full_optimizer_state(reader, 0, keys, own));
+    opt->load_state_dict(fsdp_full_optimizer_state(reader, 0, keys, key_params, own));
     for (auto& [name, p] : net->named_parameters())
       WCHECK(bit_equal(p, ref.at(name)), "loaded " << name << " differs from the saved state");
     for (int s = 2; s < 4; ++s) {

@@ -139,3 +139,28 @@ write("fuzz_config", "fsdp-accelerate", """fsdp_config:
   fsdp_sharding_strategy: FULL_SHARD
 zero_config: {zero_stage: 3}
 """)
+
+# ---- checkpoint records (state.json of sharded checkpoints; dist/checkpoint_records.h) ----
+zero_state = {"format": 1, "world_size": 2, "zero_stage": 2,
+              "zero": [{"buckets": [[49, 50], [16, 16], [512, 512], [128, 128]], "stage": 2}]}
+write("fuzz_ckpt_records", "zero", json.dumps(zero_state))
+bad = json.loads(json.dumps(zero_state))
+bad["zero"][0]["buckets"][0] = [49, 1]  # a bucket smaller than the world size
+write("fuzz_ckpt_records", "zero-small-bucket", json.dumps(bad))
+write("fuzz_ckpt_records", "zero-two-optimizers", json.dumps(
+    {"world_size": 3, "zero": [None, {"buckets": [[7, 9]], "stage": 1}]}))
+fsdp_state = {"format": 1, "world_size": 4, "zero_stage": 3, "fsdp": {
+    "kind": "fsdp", "world": 4,
+    "models": [{"params": [
+        {"name": "0.weight", "shape": [32, 4], "spans": [[0, 40], [40, 80], [80, 120], [120, 128]]},
+        {"name": "0.bias", "shape": [32], "spans": [[0, 0], [0, 0], [0, 0], [0, 32]]},
+        {"name": "4.weight", "shape": [1, 16], "spans": [[0, 5], [5, 10], [10, 15], [15, 16]]},
+        {"name": "4.bias", "shape": [1], "spans": [[0, 0], [0, 0], [0, 0], [0, 1]]}]}],
+    "optimizers": [{"params": ["0:0.weight", "0:4.weight", "0:0.bias", "0:4.bias"]}]}}
+write("fuzz_ckpt_records", "fsdp", json.dumps(fsdp_state))
+bad = json.loads(json.dumps(fsdp_state))
+bad["fsdp"]["models"][0]["params"][0]["spans"] = [[0, 40], [39, 80], [80, 120], [120, 127]]
+write("fuzz_ckpt_records", "fsdp-overlap", json.dumps(bad))  # lengths still add up to 128
+bad = json.loads(json.dumps(fsdp_state))
+bad["fsdp"]["optimizers"][0]["params"][0] = "7:0.weight"
+write("fuzz_ckpt_records", "fsdp-stray-key", json.dumps(bad))

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <string>
 
 #include "core/env_contract.h"
@@ -42,7 +43,7 @@ al::LaunchPlan gpu_plan() {
   f.main_process_port = 4321;
   f.gpu_ids = "0,1";
   f.mixed_precision = "bf16";
-  f.zero_stage = 2;
+  f.zero_stage = 3;
   f.gradient_accumulation_steps = 4;
   f.param_dtype = "bf16";
   f.reduce_dtype = "fp32";
@@ -129,7 +130,7 @@ TEST_CASE("env contract: the library reads back what accel-run set") {
   CHECK(d.token == std::string(32, 'k'));
   const accel::AcceleratorConfig c = accel::AcceleratorConfig().with_env();
   CHECK(c.mixed_precision == accel::MixedPrecision::BF16);
-  CHECK(c.zero_stage == 2);
+  CHECK(c.zero_stage == 3);
   CHECK(c.gradient_accumulation_steps == 4);
   CHECK_FALSE(c.cpu);
   // param dtype and reduce dtype reach ZeRO 1-2 and ZeRO-3 alike; the fsdp options reach fsdp.
@@ -154,6 +155,7 @@ TEST_CASE("env contract: with_env reads each ZeRO variable alone, and only when 
   using Config = accel::AcceleratorConfig;
   // A program's own choices, each different from what the variable below sets.
   Config base;
+  base.zero_stage = 3;  // where every ZeRO variable applies
   base.fsdp.wrap = Wrap::Classes;
   base.fsdp.classes = {"Mine"};
   base.fsdp.min_params = 7;
@@ -232,5 +234,32 @@ TEST_CASE("env contract: with_env reads each ZeRO variable alone, and only when 
       msg = e.what();
     }
     CHECK(msg.find(std::string(name) + "='" + value + "'") != std::string::npos);
+  }
+  // Issue 22, item 14: a variable this run would not use is refused, not ignored.
+  const std::vector<std::tuple<const char*, const char*, int>> unused = {
+      {env::kFsdpWrap, "none", 2},
+      {env::kFsdpActivationCheckpointing, "true", 0},
+      {env::kParamDtype, "bf16", 0},
+      {env::kReduceDtype, "fp32", 0},
+  };
+  for (const auto& [name, value, stage] : unused) {
+    CAPTURE(name);
+    ScopedEnv scoped(al::EnvMap{{name, value}});
+    Config c = base;
+    c.zero_stage = stage;
+    std::string msg;
+    try {
+      (void)c.with_env();
+    } catch (const accel::ValueError& e) {
+      msg = e.what();
+    }
+    CHECK(msg.find(std::string(name) + "=" + value) != std::string::npos);
+    CHECK(msg.find("zero_stage " + std::to_string(stage)) != std::string::npos);
+  }
+  {
+    ScopedEnv scoped(al::EnvMap{{env::kParamDtype, "fp32"}});  // no conversion: fine anywhere
+    Config c = base;
+    c.zero_stage = 0;
+    CHECK_NOTHROW((void)c.with_env());
   }
 }

@@ -380,7 +380,8 @@ TEST_CASE("config: an Accelerate default_config.yaml loads") {
   CHECK(al::parse_config("gpu_ids: [1, 0]\n", "x").gpu_ids == "1,0");
   CHECK(al::parse_config("gpu_ids: 3\n", "x").gpu_ids == "3");
 
-  // Accelerate's fsdp_config: its names for our settings are read, its other FSDP keys ignored.
+  // Accelerate's fsdp_config: its names for our settings are read, its other FSDP keys accepted
+  // with the values that describe what accel does (and refused otherwise: the bad-config cases).
   const std::string fsdp =
       "fsdp_config:\n"
       "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
@@ -396,6 +397,15 @@ TEST_CASE("config: an Accelerate default_config.yaml loads") {
   CHECK(f.fsdp_activation_checkpointing == std::optional<bool>(true));
   CHECK(f.fsdp_reshard_after_forward == std::optional<bool>(false));
   CHECK(!f.fsdp_prefetch);
+  const al::LaunchConfig acc = al::parse_config(
+      "fsdp_config:\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n  fsdp_backward_prefetch: "
+      "NO_PREFETCH\n  fsdp_forward_prefetch: false\n  fsdp_sync_module_states: true\n"
+      "  fsdp_use_orig_params: true\ndebug: false\ndowncast_bf16: 'no'\ntpu_env: []\n"
+      "dynamo_config: {dynamo_backend: 'NO'}\nipex_config: {ipex: false}\n"
+      "parallelism_config: {parallelism_config_tp_size: 1}\n",
+      "x");
+  CHECK(acc.fsdp_reshard_after_forward == std::optional<bool>(false));
+  CHECK(acc.fsdp_prefetch == std::optional<bool>(false));
   const al::LaunchConfig size = al::parse_config(
       "fsdp_config:\n  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 1000\n", "x");
   CHECK(size.fsdp_wrap == std::optional<std::string>("min_params"));
@@ -454,6 +464,47 @@ TEST_CASE("config: malformed files name the key, the line and what is accepted")
        {"'fsdp_config.fsdp_wrap'", "given already"}},
       {"fsdp_config:\n  fsdp_auto_wrap_policy: BLOCK_WRAP\n",
        {"'fsdp_config.fsdp_auto_wrap_policy'", "TRANSFORMER_BASED_WRAP"}},
+      // Issue 22, item 14: Accelerate keys and values accel does not implement are refused with
+      // the key, the value and what is supported (Note [accelerate keys accel does not
+      // implement]), never accepted and ignored.
+      {"fsdp_config:\n  fsdp_offload_params: true\n",
+       {"bad.yaml:2", "'fsdp_config.fsdp_offload_params'", "'true'", "no CPU offload",
+        "supported: false"}},
+      {"fsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n",
+       {"'fsdp_config.fsdp_sharding_strategy'", "'HYBRID_SHARD'", "hybrid", "FULL_SHARD"}},
+      {"fsdp_config:\n  fsdp_sharding_strategy: 5\n",
+       {"'fsdp_config.fsdp_sharding_strategy'", "hybrid"}},
+      {"fsdp_config:\n  fsdp_sharding_strategy: NO_SHARD\n",
+       {"'fsdp_config.fsdp_sharding_strategy'", "zero_stage 0"}},
+      {"fsdp_config:\n  fsdp_reshard_after_forward: HYBRID_SHARD\n",
+       {"'fsdp_config.fsdp_reshard_after_forward'", "hybrid"}},
+      {"fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_reshard_after_forward: true\n",
+       {"'fsdp_config.fsdp_reshard_after_forward'", "given already",
+        "fsdp_config.fsdp_sharding_strategy"}},
+      {"fsdp_config:\n  fsdp_state_dict_type: FULL_STATE_DICT\n",
+       {"'fsdp_config.fsdp_state_dict_type'", "'FULL_STATE_DICT'", "SHARDED_STATE_DICT"}},
+      {"fsdp_config:\n  fsdp_sync_module_states: false\n",
+       {"'fsdp_config.fsdp_sync_module_states'", "supported: true"}},
+      {"fsdp_config:\n  fsdp_use_orig_params: false\n",
+       {"'fsdp_config.fsdp_use_orig_params'", "supported: true"}},
+      {"fsdp_config:\n  fsdp_version: 1\n", {"'fsdp_config.fsdp_version'", "supported: 2"}},
+      {"fsdp_config:\n  fsdp_cpu_ram_efficient_loading: true\n",
+       {"'fsdp_config.fsdp_cpu_ram_efficient_loading'", "DeferredInit", "load_model"}},
+      {"fsdp_config:\n  fsdp_backward_prefetch: BACKWARD_POST\n",
+       {"'fsdp_config.fsdp_backward_prefetch'", "BACKWARD_PRE", "NO_PREFETCH"}},
+      {"fsdp_config:\n  fsdp_backward_prefetch: BACKWARD_PRE\n  fsdp_forward_prefetch: false\n",
+       {"'fsdp_config.fsdp_forward_prefetch'", "fsdp_config.fsdp_backward_prefetch", "agree"}},
+      {"fsdp_config:\n  fsdp_prefetch: false\n  fsdp_backward_prefetch: BACKWARD_PRE\n",
+       {"'fsdp_config.fsdp_backward_prefetch'", "agree"}},
+      {"deepspeed_config:\n  zero_stage: 2\n",
+       {"'deepspeed_config'", "DeepSpeed", "zero_config.zero_stage"}},
+      {"debug: true\n", {"'debug'", "'true'", "accepted only when off"}},
+      {"enable_cpu_affinity: true\n", {"'enable_cpu_affinity'", "CPUs"}},
+      {"dynamo_config:\n  dynamo_backend: INDUCTOR\n", {"'dynamo_config'", "dynamo"}},
+      {"tpu_name: my-pod\n", {"'tpu_name'", "'my-pod'", "TPU"}},
+      {"use_mps_device: true\n", {"'use_mps_device'", "MPS"}},
+      {"parallelism_config:\n  parallelism_config_tp_size: 2\n",
+       {"'parallelism_config'", "data parallelism only"}},
   };
   for (const auto& tc : cases) {
     CAPTURE(tc.yaml);
@@ -892,14 +943,19 @@ TEST_CASE("launch: ZeRO-3 and ZeRO mixed-precision flags reach the workers' envi
     CHECK(o["ACCEL_PARAM_DTYPE"] == "fp32");
   }
   {
-    // Nothing chosen: nothing exported. fsdp options without stage 3: a warning.
+    // Nothing chosen: nothing exported. fsdp options without stage 3, ZeRO dtypes without ZeRO:
+    // refused (they would be ignored), nothing started.
     TempDir dir;
     auto [e, r] = launch_env({"--zero_stage", "3"}, dir);
     for (const auto& n : names) CHECK_MESSAGE(e.count(n) == 0, n);
     Result w = accel_run(launch_args({"--num_processes", "1", "--cpu", "--fsdp_wrap", "none"},
                                      {"env", "--dir", dir.str()}));
-    CHECK_MESSAGE(w.code == 0, w.err);
+    CHECK(w.code != 0);
     CHECK(contains(w.err, "apply to zero_stage 3 only"));
+    Result d = accel_run(launch_args({"--num_processes", "1", "--cpu", "--param_dtype", "bf16"},
+                                     {"env", "--dir", dir.str()}));
+    CHECK(d.code != 0);
+    CHECK(contains(d.err, "zero_stage is 0"));
   }
   struct Bad {
     std::vector<std::string> flags;

@@ -62,6 +62,8 @@ constexpr size_t kMaxReason = 480;  // a datagram stays well under any MTU
 constexpr int kByeRepeats = 3;
 // ICMP port unreachable in a row before a peer's socket counts as closed.
 constexpr int kRefusalsToReport = 2;
+// The farewell datagrams' sequence numbers: above any a rank reaches by beating.
+constexpr uint64_t kFarewellSeq = uint64_t(1) << 62;
 // Loss is measured over windows of this many intervals; a window losing at least
 // kLossWarnFraction of a peer's datagrams is logged once per peer.
 constexpr int kLossWindow = 10;
@@ -109,6 +111,14 @@ std::string Heartbeat::failed_message(int rank, const std::string& address,
 std::string Heartbeat::closed_message(int rank, const std::string& address) {
   return "rank " + std::to_string(rank) + " at " + address +
          ": its heartbeat port is closed (the process exited or was killed)";
+}
+
+std::string Heartbeat::unreachable_message(int rank, const std::string& address_port) {
+  return "rank " + std::to_string(rank) + " at " + address_port +
+         " (its heartbeat address) answers that no such port is open, and nothing was ever "
+         "received from it: an address it cannot be reached at from here (a loopback address "
+         "advertised to another machine? choose the interface with ACCEL_SOCKET_IFNAME), or "
+         "the process exited";
 }
 
 std::string Heartbeat::encode(const std::string& key, uint8_t type, int from, int to, int size,
@@ -235,9 +245,13 @@ Heartbeat::~Heartbeat() {
     thread_.join();
   }
   {
+    // Signed ahead of time (sign_farewell): no cryptography here.
     std::lock_guard<std::mutex> g(mu_);
-    const uint8_t type = failure_.empty() ? kBye : kFail;
-    for (int i = 0; i < kByeRepeats; ++i) send_all(type);
+    for (int peer = 0; peer < size_; ++peer) {
+      Peer& p = peers_[size_t(peer)];
+      if (peer == rank_ || p.dest.empty() || (p.departed && failure_.empty())) continue;
+      for (const std::string& d : p.farewell) send_datagram(fd_, d, p.dest);
+    }
   }
   if (fd_ >= 0) close(fd_);
   for (int fd : wake_)
@@ -249,6 +263,17 @@ void Heartbeat::fail(const std::string& why) {
   if (!failure_.empty()) return;
   failure_ = why.empty() ? std::string("failed") : why.substr(0, kMaxReason);
   send_all(kFail);  // at once; the thread repeats it every interval
+  for (int peer = 0; peer < size_; ++peer)
+    if (peer != rank_ && !peers_[size_t(peer)].dest.empty()) sign_farewell(peer);
+}
+
+void Heartbeat::sign_farewell(int peer) {
+  Peer& p = peers_[size_t(peer)];
+  p.farewell.clear();
+  const uint8_t type = failure_.empty() ? kBye : kFail;
+  for (int i = 1; i <= kByeRepeats; ++i)
+    p.farewell.push_back(encode(key_, type, rank_, peer, size_, kFarewellSeq + uint64_t(i),
+                                type == kFail ? failure_ : std::string()));
 }
 
 void Heartbeat::set_on_tick(std::function<void()> fn) {
@@ -310,6 +335,7 @@ void Heartbeat::learn(int peer, const std::string& address, const std::string& k
   p.address = address;
   p.key = key;
   if (!was_known) {
+    sign_farewell(peer);
     // Its clock starts now: it is watched from the moment its address is known.
     p.last_seen = Clock::now();
     const uint8_t type = failure_.empty() ? kBeat : kFail;
@@ -354,7 +380,8 @@ void Heartbeat::read_datagrams(std::vector<std::pair<int, std::string>>& reports
       ++replayed_;
       continue;
     }
-    if (p.last_seq > 0 && seq > p.last_seq + 1) p.window_lost += int64_t(seq - p.last_seq - 1);
+    if (p.last_seq > 0 && seq > p.last_seq + 1 && seq < kFarewellSeq)
+      p.window_lost += int64_t(seq - p.last_seq - 1);
     p.last_seq = seq;
     ++p.window_got;
     if (p.dest.empty()) {
@@ -412,7 +439,9 @@ void Heartbeat::read_errors(std::vector<std::pair<int, std::string>>& reports) {
       if (peer == rank_ || p.key != where || p.departed || p.reported) continue;
       if (++p.refused >= kRefusalsToReport) {
         p.reported = true;
-        reports.emplace_back(peer, closed_message(peer, p.address));
+        // Never heard from: more likely an address that leads elsewhere than a dead process.
+        reports.emplace_back(peer, p.last_seq == 0 ? unreachable_message(peer, p.key)
+                                                   : closed_message(peer, p.address));
       }
     }
   }

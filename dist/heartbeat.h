@@ -77,6 +77,7 @@ class Heartbeat {
   static std::string lost_message(int rank, const std::string& address, double silent_s);
   static std::string failed_message(int rank, const std::string& address, const std::string& why);
   static std::string closed_message(int rank, const std::string& address);
+  static std::string unreachable_message(int rank, const std::string& address_port);
 
   // The datagram format (Note [heartbeat authentication]), for tests that forge or replay them.
   static std::string encode(const std::string& key, uint8_t type, int from, int to, int size,
@@ -97,7 +98,12 @@ class Heartbeat {
     bool departed = false;
     bool reported = false;
     bool loss_warned = false;
+    // The last datagrams (bye, or the failure after fail()), signed ahead of time with sequence
+    // numbers above any other: the destructor only sends them, so it needs no cryptography
+    // (it may run after libcrypto shut down, at process exit).
+    std::vector<std::string> farewell;
   };
+  void sign_farewell(int peer);  // mu_ held
   void loop();
   void send_all(uint8_t type);  // mu_ held
   void learn(int peer, const std::string& address, const std::string& port_or_key,

@@ -36,8 +36,9 @@ class InitGuard {
   Clock::time_point deadline() const { return deadline_; }
   // What is left until the deadline, at least 1 ms.
   std::chrono::milliseconds left() const {
-    return std::max(std::chrono::milliseconds(1),
-                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()));
+    return std::max(
+        std::chrono::milliseconds(1),
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()));
   }
 
   // Records the first failure and runs the cancel hooks with it. Any thread; the hooks run under

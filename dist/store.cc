@@ -1929,12 +1929,14 @@ void TcpStore::leave(const std::string& reason) {
   std::string body;
   put_u8(body, kLeave);
   put_str(body, reason.substr(0, kMaxHelloBytes - 16));
-  try {
-    request("store.leave", body, Milliseconds(0));
-    left_ = true;
-  } catch (const DistError&) {
-    // Best effort: the store may be gone already.
-  }
+  std::lock_guard<std::mutex> g(mu_);
+  // Best effort, and never a reconnect: the store may be gone (rank 0 died), and a rank that
+  // gives up must not then wait for it. The server reads the frame before the connection's end.
+  if (fd_ < 0) return;
+  try_send_all(fd_, frame(body), Clock::now() + std::min(timeout_, Milliseconds(1000)));
+  // Its reply is not read: the connection ends here (a later request reconnects).
+  disconnect_locked();
+  left_ = true;
 }
 
 void TcpStore::watch_members(std::vector<int> ranks) {

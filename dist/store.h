@@ -201,8 +201,9 @@ class TcpStore : public Store {
   void watch_members(std::vector<int> ranks);
   // Every rank that has connected to the server (with StoreOptions::member set), by rank.
   std::vector<StoreMember> members();
-  // Leaves the store saying why this rank gives up (its initialisation failed); ranks watching
-  // it get the reason (Note [store membership]). The destructor leaves without one.
+  // Leaves the store saying why this rank gives up (its initialisation failed) and closes the
+  // connection; ranks watching it get the reason (Note [store membership]). Never reconnects
+  // (the store may be gone). The destructor leaves without a reason.
   void leave(const std::string& reason);
 
   const std::string& host() const { return host_; }

@@ -447,6 +447,11 @@ void ProcessGroupGloo::check_progress() {
   if (!initialized_.load() || size_ == 1 || !heartbeat_ || !broken_message().empty()) return;
   const auto now = Clock::now();
   const Milliseconds stall = options_.heartbeat_timeout;
+  // This thread did not run for that long (the process was stopped or starved): what did not
+  // move meanwhile says nothing about the network. Judge afresh from now on.
+  const bool starved =
+      last_progress_check_ != Clock::time_point{} && now - last_progress_check_ > stall;
+  last_progress_check_ = now;
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     const int fds[2] = {ctx_ ? gloo_socket_fd(*ctx_, peer) : -1,
@@ -454,7 +459,8 @@ void ProcessGroupGloo::check_progress() {
     for (int k = 0; k < 2; ++k) {
       Flow& f = flows_[size_t(peer)][size_t(k)];
       TcpProgress t = tcp_progress(fds[k]);
-      if (!t.ok || t.unacked == 0 || t.bytes_acked != f.acked || f.since == Clock::time_point{}) {
+      if (!t.ok || t.unacked == 0 || t.bytes_acked != f.acked || f.since == Clock::time_point{} ||
+          starved) {
         f.acked = t.bytes_acked;
         f.since = now;
         continue;

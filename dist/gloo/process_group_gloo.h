@@ -143,6 +143,7 @@ class ProcessGroupGloo final : public ProcessGroup {
     bool stalled = false;
   };
   std::vector<std::array<Flow, 2>> flows_;
+  std::chrono::steady_clock::time_point last_progress_check_{};
 
   std::atomic<uint64_t> seq_{0};
   FingerprintHistory history_;  // worker thread only

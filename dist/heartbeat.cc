@@ -277,7 +277,7 @@ void Heartbeat::sign_farewell(int peer) {
 }
 
 void Heartbeat::set_on_tick(std::function<void()> fn) {
-  std::lock_guard<std::mutex> g(mu_);
+  std::lock_guard<std::mutex> g(tick_mu_);
   on_tick_ = std::move(fn);
 }
 
@@ -470,7 +470,7 @@ void Heartbeat::loop() {
     read_datagrams(reports);
     read_errors(reports);
     now = Clock::now();
-    std::function<void()> tick;
+    bool tick = false;
     {
       std::lock_guard<std::mutex> g(mu_);
       // This thread itself did not run for longer than the timeout (the process was stopped and
@@ -513,7 +513,7 @@ void Heartbeat::loop() {
       }
       if (now >= next_tick) {
         next_tick = now + interval_;
-        tick = on_tick_;
+        tick = true;
       }
     }
     for (auto& [peer, msg] : reports) {
@@ -525,8 +525,9 @@ void Heartbeat::loop() {
       }
     }
     if (tick) {
+      std::lock_guard<std::mutex> g(tick_mu_);
       try {
-        tick();
+        if (on_tick_) on_tick_();
       } catch (...) {
       }
     }

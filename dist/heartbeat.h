@@ -54,7 +54,8 @@ class Heartbeat {
   // call's), and the destructor repeats it instead of saying bye. Thread-safe.
   void fail(const std::string& why);
   // Runs `fn` on the heartbeat thread about once per interval (the group's progress check,
-  // Note [progress watchdog] in gloo/process_group_gloo.cc). Thread-safe; empty clears it.
+  // Note [progress watchdog] in gloo/process_group_gloo.cc). Thread-safe; empty clears it, and
+  // returns once a tick that was running has finished.
   void set_on_tick(std::function<void()> fn);
 
   Milliseconds interval() const { return interval_; }
@@ -118,9 +119,12 @@ class Heartbeat {
   std::string key_;  // 32 bytes
   int fd_ = -1;
   int wake_[2] = {-1, -1};   // self-pipe: the destructor wakes the thread
-  mutable std::mutex mu_;    // peers_, failure_, on_tick_ (the thread and the constructor)
+  mutable std::mutex mu_;    // peers_, failure_ (the thread and the constructor)
   std::vector<Peer> peers_;  // indexed by rank; this rank's entry unused
   std::string failure_;
+  // Held while the tick runs, so that set_on_tick({}) returns only once no tick is running (the
+  // group's destructor clears it before tearing down what the tick reads).
+  std::mutex tick_mu_;
   std::function<void()> on_tick_;
   std::atomic<int64_t> received_{0}, forged_{0}, replayed_{0};
   std::thread thread_;

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "dist/init_guard.h"
 #include "dist/net.h"
 
 namespace accel::dist {
@@ -58,14 +59,22 @@ void write_all(int fd, const void* p, size_t n, Clock::time_point deadline, int 
   }
 }
 
+// A setup poll: at most 100 ms at a time while `guard` may end the setup (the caller checks it
+// when this returns 0 before the deadline).
+int setup_poll(pollfd* pf, Clock::time_point deadline, const InitGuard* guard) {
+  const int left = remaining_ms(deadline);
+  return poll(pf, 1, guard ? std::min(left, 100) : left);
+}
+
 // Reads exactly n bytes (blocking with deadline) during setup.
-bool read_exact(int fd, void* p, size_t n, Clock::time_point deadline) {
+bool read_exact(int fd, void* p, size_t n, Clock::time_point deadline, const InitGuard* guard) {
   char* c = static_cast<char*>(p);
   size_t off = 0;
   while (off < n) {
     pollfd pf{fd, POLLIN, 0};
-    int pr = poll(&pf, 1, remaining_ms(deadline));
-    if (pr == 0) return false;
+    int pr = setup_poll(&pf, deadline, guard);
+    if (pr == 0 && (remaining_ms(deadline) == 0 || (guard && guard->failed()))) return false;
+    if (pr == 0) continue;
     if (pr < 0 && errno == EINTR) continue;
     ssize_t r = recv(fd, c + off, n - off, MSG_DONTWAIT);
     if (r > 0) {
@@ -87,19 +96,26 @@ std::string ranks_str(const std::vector<int>& v) {
 }  // namespace
 
 ControlPlane::ControlPlane(const std::shared_ptr<Store>& store, int rank, int size,
-                           const std::string& hostname, Milliseconds timeout)
+                           const std::string& hostname, Milliseconds timeout,
+                           const InitGuard* guard)
     : rank_(rank), size_(size), fds_(static_cast<size_t>(size), -1) {
   if (size == 1) return;
   // Note [bounded setup]: every wait below (the store, connect, accept, the hello) is bounded by
   // one deadline, and a failure names the peer and its address, so a peer that never shows up or
   // advertises an address we cannot reach fails the group within `timeout`.
-  auto deadline = Clock::now() + timeout;
+  // With a guard, the formation's deadline, and its configured timeout in messages.
+  auto deadline = guard ? guard->deadline() : Clock::now() + timeout;
+  if (guard) timeout = guard->timeout();
   const std::string who = "rank " + std::to_string(rank) + " of " + std::to_string(size);
   auto peer_address = [&](int peer) -> std::string {
     // The address a peer published, or a note that it did not (non-blocking).
     std::string key = "ctl/" + std::to_string(peer);
     try {
-      if (!store->check({key})) return "(it did not publish its address: did it start?)";
+      if (!store->check({key})) {
+        std::string known = store->describe_rank(peer);
+        return "(it did not publish its address: " + (known.empty() ? "did it start?" : known) +
+               ")";
+      }
       std::string v = store->get(key);
       auto nl = v.find('\n');
       return nl == std::string::npos ? v : "at " + v.substr(0, nl) + ":" + v.substr(nl + 1);
@@ -113,22 +129,18 @@ ControlPlane::ControlPlane(const std::shared_ptr<Store>& store, int rank, int si
   store->set("ctl/" + std::to_string(rank), hostname + "\n" + std::to_string(port));
   try {
     // Connect to every lower rank (their listen backlog holds us until they accept).
+    std::function<bool()> cancelled;
+    if (guard) cancelled = [guard] { return guard->failed(); };
     for (int peer = 0; peer < rank; ++peer) {
       std::string key = "ctl/" + std::to_string(peer);
-      try {
-        store->wait({key}, std::max(Milliseconds(1), std::chrono::duration_cast<Milliseconds>(
-                                                         deadline - Clock::now())));
-      } catch (const DistError& e) {
-        ACCEL_THROW(DistError, "init", who, ": rank ", peer,
-                    " did not publish its control address within ", timeout.count(),
-                    " ms (did it start?): ", e.what());
-      }
+      wait_peer_key(*store, key, peer, deadline, timeout, who, "control address");
       std::string v = store->get(key);
       auto nl = v.find('\n');
       ACCEL_CHECK(nl != std::string::npos, DistError, "init", "bad control address '", v, "'");
       std::string host = v.substr(0, nl), pstr = v.substr(nl + 1);
       std::string error;
-      int fd = connect_tcp(host, std::atoi(pstr.c_str()), deadline, &error);
+      int fd = connect_tcp(host, std::atoi(pstr.c_str()), deadline, &error, cancelled);
+      if (guard) guard->check(who);
       ACCEL_CHECK(fd >= 0, DistError, "init", who, ": could not connect to rank ", peer, " at ",
                   host, ":", pstr, " within ", timeout.count(), " ms (control channel): ", error,
                   " (an address rank ", rank,
@@ -141,8 +153,9 @@ ControlPlane::ControlPlane(const std::shared_ptr<Store>& store, int rank, int si
     // Accept every higher rank; each says who it is.
     for (int n = rank + 1; n < size; ++n) {
       pollfd pf{lfd, POLLIN, 0};
-      int pr = poll(&pf, 1, remaining_ms(deadline));
-      if (pr < 0 && errno == EINTR) {
+      int pr = setup_poll(&pf, deadline, guard);
+      if (guard) guard->check(who);
+      if ((pr < 0 && errno == EINTR) || (pr == 0 && remaining_ms(deadline) > 0)) {
         --n;
         continue;
       }
@@ -162,7 +175,7 @@ ControlPlane::ControlPlane(const std::shared_ptr<Store>& store, int rank, int si
         continue;
       }
       uint32_t hello[2] = {0, 0};
-      if (!read_exact(fd, hello, sizeof(hello), deadline) || hello[0] != kHelloMagic ||
+      if (!read_exact(fd, hello, sizeof(hello), deadline, guard) || hello[0] != kHelloMagic ||
           hello[1] <= uint32_t(rank) || hello[1] >= uint32_t(size) || fds_[hello[1]] >= 0) {
         close(fd);  // not one of ours (or a duplicate): keep waiting for the real peers
         --n;

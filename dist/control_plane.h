@@ -21,11 +21,15 @@ class PeerError : public DistError {
   using DistError::DistError;
 };
 
+class InitGuard;
+
 class ControlPlane {
  public:
   // Collective: every rank of the group constructs one with the same store (keys "ctl/<rank>").
+  // Every wait is bounded by `timeout`, or with a `guard` by the guard's deadline, and ends
+  // within 100 ms once the guard failed (Note [init guard]).
   ControlPlane(const std::shared_ptr<Store>& store, int rank, int size, const std::string& hostname,
-               Milliseconds timeout);
+               Milliseconds timeout, const InitGuard* guard = nullptr);
   ~ControlPlane();
   ControlPlane(const ControlPlane&) = delete;
   ControlPlane& operator=(const ControlPlane&) = delete;
@@ -43,6 +47,9 @@ class ControlPlane {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // The connection to `peer` (-1 for this rank or once closed), for TCP_INFO (Note [progress
+  // watchdog]); the descriptor stays owned by the control plane.
+  int socket_fd(int peer) const { return peer >= 0 && peer < size_ ? fds_[size_t(peer)] : -1; }
 
  private:
   int rank_, size_;

@@ -1,6 +1,7 @@
 #include "dist/net.h"
 
 #include <arpa/inet.h>
+#include <linux/tcp.h>  // struct tcp_info with tcpi_bytes_acked (glibc's stops before it)
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 
@@ -167,7 +169,7 @@ int listen_tcp(const std::string& host, int backlog, int* port, const char* op) 
 }
 
 int connect_tcp(const std::string& host, int port, NetClock::time_point deadline,
-                std::string* error) {
+                std::string* error, const std::function<bool()>& cancelled) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -188,9 +190,22 @@ int connect_tcp(const std::string& host, int port, NetClock::time_point deadline
     if (cr != 0 && errno == EINPROGRESS) {
       pollfd pf{fd, POLLOUT, 0};
       int pr;
-      do {
-        pr = poll(&pf, 1, remaining_ms(deadline));
-      } while (pr < 0 && errno == EINTR);
+      bool gave_up = false;
+      while (true) {
+        const int left = remaining_ms(deadline);
+        pr = poll(&pf, 1, cancelled ? std::min(left, 100) : left);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr != 0 || left == 0) break;
+        if (cancelled && cancelled()) {
+          gave_up = true;
+          break;
+        }
+      }
+      if (gave_up) {
+        *error = "cancelled";
+        close(fd);
+        return -1;
+      }
       if (pr == 0) {
         *error = "no answer";
         close(fd);
@@ -212,6 +227,25 @@ int connect_tcp(const std::string& host, int port, NetClock::time_point deadline
     return fd;
   }
   return -1;
+}
+
+TcpProgress tcp_progress(int fd) {
+  TcpProgress p;
+  if (fd < 0) return p;
+  tcp_info ti{};
+  socklen_t len = sizeof(ti);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return p;
+  // Kernels before 4.1 fill less: without bytes_acked there is no progress to watch.
+  if (len < offsetof(tcp_info, tcpi_bytes_acked) + sizeof(ti.tcpi_bytes_acked)) return p;
+  p.ok = true;
+  p.bytes_acked = ti.tcpi_bytes_acked;
+  p.unacked = ti.tcpi_unacked;
+  p.retransmits = ti.tcpi_retransmits;
+  p.total_retrans = ti.tcpi_total_retrans;
+  p.last_ack_recv_ms = ti.tcpi_last_ack_recv;
+  if (len >= offsetof(tcp_info, tcpi_bytes_received) + sizeof(ti.tcpi_bytes_received))
+    p.bytes_received = ti.tcpi_bytes_received;
+  return p;
 }
 
 }  // namespace accel::dist

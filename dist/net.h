@@ -16,6 +16,8 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,10 +51,25 @@ int listen_tcp(const std::string& host, int backlog, int* port, const char* op);
 // for the kernel's SYN retries, about two minutes). Returns the connected, blocking fd, or -1
 // with *error set ("connection refused", "no answer", ...). A refusal is not retried: callers
 // connect only to listeners that their peers opened before publishing the address.
+// `cancelled`, when given, is polled every 100 ms while the connect is pending: true gives up
+// with *error "cancelled" (the group's InitGuard failed).
 int connect_tcp(const std::string& host, int port, NetClock::time_point deadline,
-                std::string* error);
+                std::string* error, const std::function<bool()>& cancelled = {});
 
 // Milliseconds left until deadline, clamped to [0, 2^30] (a poll() timeout).
 int remaining_ms(NetClock::time_point deadline);
+
+// What the kernel says about a TCP connection's progress (getsockopt TCP_INFO), for the progress
+// watchdog (Note [progress watchdog] in gloo/process_group_gloo.cc).
+struct TcpProgress {
+  bool ok = false;           // false: not a TCP socket, or TCP_INFO failed
+  uint64_t bytes_acked = 0;  // sent and acknowledged by the peer, since the connection began
+  uint64_t bytes_received = 0;
+  uint32_t unacked = 0;      // segments sent and not yet acknowledged
+  uint32_t retransmits = 0;  // retransmission timeouts in a row of the oldest of them
+  uint32_t total_retrans = 0;
+  uint32_t last_ack_recv_ms = 0;
+};
+TcpProgress tcp_progress(int fd);
 
 }  // namespace accel::dist

@@ -234,12 +234,25 @@ int64_t MemoryStore::add(const std::string& key, int64_t delta) {
   return v;
 }
 
+void MemoryStore::interrupt(const std::string& why) {
+  Store::interrupt(why);
+  std::lock_guard<std::mutex> g(mu_);  // a waiter between its check and its sleep sees it
+  cv_.notify_all();
+}
+
 void MemoryStore::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
   std::unique_lock<std::mutex> lk(mu_);
   auto present = [&] {
     return std::all_of(keys.begin(), keys.end(), [&](auto& k) { return data_.count(k) > 0; });
   };
-  if (!cv_.wait_for(lk, timeout, present)) {
+  std::string why;
+  auto done = [&] {
+    why = interrupted();
+    return !why.empty() || present();
+  };
+  const bool woke = cv_.wait_for(lk, timeout, done);
+  ACCEL_CHECK(why.empty(), DistError, "store.wait", why);
+  if (!woke) {
     std::string missing;
     for (auto& k : keys)
       if (!data_.count(k)) missing += (missing.empty() ? "'" : ", '") + k + "'";
@@ -298,6 +311,10 @@ namespace {
 std::mutex g_default_mu;
 ProcessGroupPtr g_default_group;
 std::shared_ptr<Store> g_default_store;
+// The store of this process's latest init_process_group: MASTER_ADDR:MASTER_PORT and its
+// generation (Note [store generations]).
+std::string g_last_endpoint;
+std::string g_last_generation;
 
 // Seconds as a decimal ("15", "2.5"), 0 = off; `name` is used in the error message.
 Milliseconds parse_env_seconds(const char* name, const std::string& value) {
@@ -363,25 +380,56 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
     pgo.gloo_segment_bytes = size_t(parse_env_int(env::kGlooSegmentBytes, seg, 0, 1 << 30));
   }
   if (env.world_size > 1) pgo.hostname = select_bind_address(env.master_addr, env.master_port);
+  // One timeout bounds all of it: reaching the store, every rank's arrival, the connections
+  // (Note [init guard]); whatever the store connect left goes to the group.
+  const auto deadline = std::chrono::steady_clock::now() + options.timeout;
   std::shared_ptr<Store> store;
+  std::shared_ptr<TcpStore> tcp;
   if (env.world_size > 1) {
     StoreOptions so;
-    so.timeout = options.store_timeout;
+    so.timeout = options.timeout;
     so.token = env.token;
-    store = std::make_shared<TcpStore>(env.master_addr, env.master_port, env.rank == 0, so);
+    so.member = env.rank;
+    // Note [store generations]: not the store of this process's previous group.
+    const std::string endpoint = env.master_addr + ":" + std::to_string(env.master_port);
+    if (g_last_endpoint == endpoint) so.avoid_generation = g_last_generation;
+    tcp = std::make_shared<TcpStore>(env.master_addr, env.master_port, env.rank == 0, so);
+    g_last_endpoint = endpoint;
+    g_last_generation = tcp->generation();
+    store = tcp;
+    pgo.init_timeout = options.timeout;
+    pgo.init_deadline = deadline;
+    // Every other rank is watched while the group forms: one that leaves or dies ends every
+    // rank's wait at once, naming it (Note [store membership]).
+    std::vector<int> others;
+    for (int r = 0; r < env.world_size; ++r)
+      if (r != env.rank) others.push_back(r);
+    tcp->watch_members(std::move(others));
   } else {
     store = std::make_shared<MemoryStore>();
   }
+  struct Unwatch {
+    TcpStore* s;
+    ~Unwatch() {
+      if (s) s->watch_members({});
+    }
+  } unwatch{tcp.get()};
   ProcessGroupPtr pg;
-  if (options.backend == "gloo") {
-    pg = new_gloo_group(store, env.rank, env.world_size, pgo);
-  } else {
-    auto& reg = detail::backend_registry();
-    auto it = reg.find(options.backend);
-    ACCEL_CHECK(it != reg.end(), DistError, "init_process_group", "backend '", options.backend,
-                "' is not available in this build (have: gloo", reg.count("nccl") ? ", nccl" : "",
-                ")");
-    pg = it->second(store, env.rank, env.world_size, pgo);
+  try {
+    if (options.backend == "gloo") {
+      pg = new_gloo_group(store, env.rank, env.world_size, pgo);
+    } else {
+      auto& reg = detail::backend_registry();
+      auto it = reg.find(options.backend);
+      ACCEL_CHECK(it != reg.end(), DistError, "init_process_group", "backend '", options.backend,
+                  "' is not available in this build (have: gloo", reg.count("nccl") ? ", nccl" : "",
+                  ")");
+      pg = it->second(store, env.rank, env.world_size, pgo);
+    }
+  } catch (const std::exception& e) {
+    // The ranks still waiting learn why this one gave up (Note [store membership]).
+    if (tcp) tcp->leave(e.what());
+    throw;
   }
   g_default_store = store;
   g_default_group = pg;

@@ -54,6 +54,12 @@ constexpr Milliseconds kDefaultHeartbeatInterval{std::chrono::seconds(1)};
 
 struct ProcessGroupOptions {
   Milliseconds timeout = kDefaultCollectiveTimeout;
+  // Bound on forming the group (every step together: addresses, connections, shared memory);
+  // 0: `timeout`. When init_deadline is set, the formation ends by it instead (init_process_group
+  // passes its own deadline, so that reaching the store and forming the group share one timeout),
+  // and messages still name init_timeout (or timeout).
+  Milliseconds init_timeout{0};
+  std::chrono::steady_clock::time_point init_deadline{};
   // Compare collective fingerprints across ranks before every k-th collective (1 = all of
   // them, 0 = never). With k > 1 the check also covers the skipped ones through a running
   // hash, but a mismatch in between can no longer be stopped before it moves data.
@@ -62,7 +68,10 @@ struct ProcessGroupOptions {
   // init_process_group picks it from the environment (dist/net.h: select_bind_address).
   std::string hostname = "127.0.0.1";
   // Heartbeat (dist/heartbeat.h): a peer silent for heartbeat_timeout marks the group failed,
-  // so in-flight and later collectives raise naming it, long before `timeout`. 0 disables.
+  // so in-flight and later collectives raise naming it, long before `timeout`; it runs from the
+  // start of the group's formation, so a peer lost meanwhile ends that too. It also drives the
+  // progress watchdog (Note [progress watchdog]): a connection to a peer whose outstanding data
+  // has not been acknowledged for heartbeat_timeout fails the group. 0 disables both.
   // Env ACCEL_HEARTBEAT_TIMEOUT (seconds) sets it for init_process_group.
   Milliseconds heartbeat_timeout = kDefaultHeartbeatTimeout;
   Milliseconds heartbeat_interval = kDefaultHeartbeatInterval;  // at most heartbeat_timeout / 4
@@ -182,6 +191,7 @@ class MemoryStore : public Store {
   int64_t add(const std::string& key, int64_t delta) override;
   using Store::wait;
   void wait(const std::vector<std::string>& keys, Milliseconds timeout) override;
+  void interrupt(const std::string& why) override;
   bool check(const std::vector<std::string>& keys) override;
   bool delete_key(const std::string& key) override;
   std::string compare_set(const std::string& key, const std::string& expected,
@@ -203,14 +213,19 @@ int fit_omp_threads_to_host(int local_world_size);
 // ---- the default group, from the environment (dist/env.h) ----
 struct InitOptions {
   std::string backend = "gloo";  // "gloo", or "nccl" when built with CUDA
+  // The one timeout of initialisation and of every collective (AcceleratorConfig::timeout sets
+  // it): init_process_group as a whole (reaching the store, every rank's arrival, connections)
+  // is bounded by it, and so is every store request and collective afterwards.
   Milliseconds timeout = kDefaultCollectiveTimeout;
-  Milliseconds store_timeout = kDefaultStoreTimeout;
   int fingerprint_every = 1;
   // See ProcessGroupOptions; env ACCEL_HEARTBEAT_TIMEOUT (seconds, 0 disables) overrides it.
   Milliseconds heartbeat_timeout = kDefaultHeartbeatTimeout;
 };
 // Reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT; rank 0 serves the store. With no variables set
-// this is a single process (world size 1) and needs no network. Calling it twice is an error.
+// this is a single process (world size 1) and needs no network. Calling it twice is an error;
+// init, destroy, init in one process is fine (a new generation of the store each time, Note
+// [store generations]). A rank that never arrives, leaves or dies while the group forms is
+// named in the DistError (Note [init guard]).
 // The bind address comes from select_bind_address (dist/net.h); shared memory is used only when
 // all ranks are on this host (LOCAL_WORLD_SIZE == WORLD_SIZE).
 ProcessGroupPtr init_process_group(const InitOptions& options = {});

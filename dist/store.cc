@@ -25,32 +25,99 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "dist/auth.h"
 
 // Note [store protocol]
 // Every message is a frame: u32 body length (little endian) followed by the body. A request body
-// is a u8 opcode and its fields; strings are u32 length + bytes, integers little endian.
-//   HELLO   u32 magic, u16 version, str token        (must be the first frame of a connection)
+// is a u8 opcode and its fields; strings are u32 length + bytes, integers little endian, "B<n>"
+// n raw bytes. A connection starts with the two-step handshake of Note [store authentication]:
+//   HELLO   u32 magic, u16 version (2), u8 flags (1: the client holds a token), B32 client nonce,
+//           i32 member (the client's rank, -1: none), B16 generation it joined before (zeros: none)
+//           -> u8 flags (1: the store holds a token), B32 server nonce, B16 generation,
+//              B32 server proof
+//   AUTH    u8 verified (1: the server's proof checked out), B32 client proof (when verified)
+//           -> B32 job secret                       (the connection is authenticated)
+// then any of
 //   SET     str key, str value
-//   GET     u64 timeout_ms, str key                  -> str value (waits until key exists)
+//   GET     u64 timeout_ms, str key, u32 m, m x i32 watched rank   -> str value
 //   ADD     str key, i64 delta                       -> i64 new value (stored as decimal text)
-//   WAIT    u64 timeout_ms, u32 n, n x str key       -> (nothing)
+//   WAIT    u64 timeout_ms, u32 n, n x str key, u32 m, m x i32 watched rank -> (nothing)
 //   CHECK   u32 n, n x str key                       -> u8 all present
 //   DELETE  str key                                  -> u8 existed
 //   CAS     str key, str expected, str desired       -> str value after the call
 //   NUMKEYS                                          -> i64
-// A reply body is a u8 status (OK, TIMEOUT, ERROR) and the result, or a str message for ERROR.
-// The server never trusts a length: a frame longer than max_message_bytes (or, before HELLO,
-// longer than kMaxHelloBytes, so an unauthenticated peer cannot make it allocate much), a body
-// that ends inside a field, an unknown opcode, or trailing bytes get an ERROR reply and the
-// connection is closed; other clients are unaffected. GET and WAIT carry their timeout so the
-// server answers TIMEOUT itself and the client's connection stays in sync and usable.
+//   MEMBERS                                          -> u32 n, n x (i32 rank, u8 state,
+//                                                       str address, u64 ms since)
+//   LEAVE   str reason (empty: finished)             -> (nothing); this client leaves cleanly
+// A reply body is a u8 status (OK, TIMEOUT, ERROR, LEFT) and the result, or a str message for
+// ERROR and LEFT (a watched rank left, Note [store membership]).
+// The server never trusts a length: a frame longer than max_message_bytes (or, before the
+// handshake completed, longer than kMaxHelloBytes, so an unauthenticated peer cannot make it
+// allocate much), a body that ends inside a field, an unknown opcode, or trailing bytes get an
+// ERROR reply and the connection is closed; other clients are unaffected. GET and WAIT carry
+// their timeout so the server answers TIMEOUT itself and the client's connection stays in sync and
+// usable. Version 1 (the token in clear in HELLO) is refused with a message naming both versions.
+//
+// Note [store authentication]
+// Whoever listens on MASTER_PORT first receives every rank's handshake, so no rank may send its
+// token, and a rank must not trust a server that cannot prove it holds the token either. With K
+// the rendezvous token (empty without one), Nc and Ns 32 random bytes chosen by the client and
+// the server for this connection, and G the server's generation:
+//   server proof = HMAC-SHA256(K, "accel-store-v2 server" | Nc | Ns | G)
+//   client proof = HMAC-SHA256(K, "accel-store-v2 client" | Nc | Ns | G)
+// The server proves first; a client whose check fails sends AUTH with verified = 0 (so the server
+// can count and log the refusal) and nothing derived from K, then fails: a squatter on the port
+// learns the client's nonce and nothing else, and its answers are refused. Fresh nonces on both
+// sides and the role in the label make a recorded or relayed proof useless on another connection
+// (a reflection of the server's proof is not a client proof). Both sides compare in constant
+// time (auth::equal_ct). A token on one side only is refused at HELLO, naming the side that
+// lacks it (the flags say whether each holds one, nothing more). After AUTH the server sends a
+// random job secret S; every client derives
+//   job key = HMAC-SHA256(K, "accel-job-key" | G | S),  derive_key(p) = HMAC(job key, p)
+// which keys the heartbeat datagrams (Note [heartbeat authentication]): without a token S is
+// what keeps another job's or a stale generation's datagrams out (anyone who can reach a tokenless
+// store can read it: such a store is for one host or a trusted network).
+// Not covered: the frames after the handshake are neither encrypted nor authenticated, so a host
+// on the path that can intercept and rewrite TCP (a man in the middle relaying both handshakes)
+// can read and alter keys; use a private network for the rendezvous.
+//
+// Note [store generations]
+// Each TcpStoreServer draws a random 16-byte generation G when it starts. A client records the G
+// of its first handshake and presents it on every reconnect; a server of another generation
+// refuses it ("the rendezvous store at ... restarted"), so a rank of an earlier
+// init_process_group cannot wander into a later one's keys. init_process_group passes the
+// generation of the previous group's store in this process as StoreOptions::avoid_generation:
+// when rank 1 re-initialises faster than rank 0 has torn its old store down, it finds the old
+// generation, closes, and keeps retrying until rank 0's new store answers, instead of reading
+// the previous cycle's addresses (it used to fail within 1-3 init/destroy cycles).
+//
+// Note [store membership]
+// HELLO carries the client's rank (StoreOptions::member). The server counts each rank's
+// authenticated connections; when the last one closes the rank has *left* (it sent LEAVE first:
+// its TcpStore was destroyed, on a normal exit or after its init failed) or *departed* (no LEAVE:
+// the process exited or was killed; the kernel closes its socket at once). A GET or WAIT lists
+// the ranks it watches; if one of them has left or departed (or does so while the request waits)
+// the request ends with LEFT and a message naming the rank, its address and when, instead of
+// running into its timeout. MEMBERS lists every rank seen, so a rank whose wait timed out can say
+// which peers never connected at all. A stopped process keeps its connection open: that is the
+// heartbeat's to find (dist/heartbeat.h), which runs from the start of group formation.
 
 namespace accel::dist {
 
 namespace {
 
 constexpr uint32_t kMagic = 0x54534341;  // "ACST"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
+constexpr size_t kNonceBytes = 32;
+constexpr size_t kGenerationBytes = 16;
+constexpr size_t kProofBytes = 32;
+constexpr size_t kSecretBytes = 32;
+constexpr uint8_t kFlagToken = 1;
+// Ranks a client may claim (HELLO's member); the map of members is bounded by max_connections.
+constexpr int32_t kMaxMemberRank = 1 << 24;
+const char* const kServerLabel = "accel-store-v2 server";
+const char* const kClientLabel = "accel-store-v2 client";
+const char* const kJobKeyLabel = "accel-job-key";
 constexpr size_t kMaxHelloBytes = 4096;
 constexpr size_t kMaxKeysPerRequest = 1 << 16;
 // Added to a request's own wait budget before a client gives up on a silent server.
@@ -66,8 +133,11 @@ enum Op : uint8_t {
   kDelete = 6,
   kCompareSet = 7,
   kNumKeys = 8,
+  kAuth = 9,
+  kMembers = 10,
+  kLeave = 11,
 };
-enum Status : uint8_t { kOk = 0, kTimeout = 1, kErr = 2 };
+enum Status : uint8_t { kOk = 0, kTimeout = 1, kErr = 2, kLeft = 3 };
 
 // ---- encoding ----
 void put_u8(std::string& s, uint8_t v) { s.push_back(char(v)); }
@@ -110,6 +180,12 @@ class Reader {
     for (size_t i = 0; i < sizeof(T); ++i) u |= U(uint8_t(p_[pos_ + i])) << (8 * i);
     pos_ += sizeof(T);
     return T(u);
+  }
+  std::string bytes(size_t n) {
+    need(n);
+    std::string s(p_ + pos_, n);
+    pos_ += n;
+    return s;
   }
   std::string str(size_t max_len) {
     uint32_t len = integer<uint32_t>();
@@ -164,15 +240,9 @@ bool parse_i64(const std::string& s, int64_t* out) {
   return true;
 }
 
-bool tokens_equal(const std::string& a, const std::string& b) {
-  // Constant time in the content so the token cannot be guessed byte by byte.
-  unsigned diff = unsigned(a.size() ^ b.size());
-  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-    unsigned char x = i < a.size() ? a[i] : 0;
-    unsigned char y = i < b.size() ? b[i] : 0;
-    diff |= unsigned(x ^ y);
-  }
-  return diff == 0;
+std::string proof(const std::string& token, const char* label, const std::string& nc,
+                  const std::string& ns, const std::string& gen) {
+  return auth::hmac_sha256_str(token, std::string(label) + nc + ns + gen);
 }
 
 std::string join_keys(const std::vector<std::string>& keys) {
@@ -260,27 +330,44 @@ constexpr int kMaxLoggedRefusals = 10;
 }  // namespace
 
 struct TcpStoreServer::Impl {
+  enum Stage : uint8_t { kExpectHello, kExpectAuth, kAuthenticated };
   struct Conn {
     int fd = -1;  // -1: an in-memory connection (store_fuzz_one)
     uint64_t id = 0;
-    bool authed = false;
+    bool authed = false;  // the handshake completed (stage == kAuthenticated)
+    Stage stage = kExpectHello;
     bool blocked = false;  // a GET/WAIT of this connection is pending; later frames wait
     Clock::time_point accepted_at;
     std::string peer;  // "address:port", for log lines
     std::string in;
     std::string out;
+    std::string client_nonce, server_nonce;  // during the handshake
+    int32_t member = -1;                     // the rank it claimed in HELLO
+    bool left = false;                       // it sent LEAVE
+    std::string leave_reason;                // and why, when it gave up
   };
   struct Waiter {
     uint64_t conn_id;
     uint8_t op;  // kGet or kWait
     std::vector<std::string> keys;
     Clock::time_point deadline;
+    std::vector<int32_t> watch;  // ranks whose leaving ends the wait (Note [store membership])
+  };
+  struct Member {
+    int conns = 0;  // open authenticated connections claiming this rank
+    StoreMember::State state = StoreMember::State::kConnected;
+    std::string address;
+    Clock::time_point since;
+    std::string reason;  // LEAVE's: why its initialisation failed (empty: it finished)
   };
 
   int listen_fd = -1;
   int wake_pipe[2] = {-1, -1};
   size_t max_message = kDefaultMaxStoreMessage;
   std::string token;
+  std::string generation;      // Note [store generations]
+  std::string job_secret;      // Note [store authentication]
+  bool deterministic = false;  // store_fuzz_one: fixed nonces, so seeds can hold valid proofs
   Milliseconds handshake_timeout = kDefaultStoreHandshakeTimeout;
   size_t max_connections = kDefaultStoreMaxConnections;
   size_t max_unauthenticated = kDefaultStoreMaxUnauthenticated;
@@ -299,6 +386,8 @@ struct TcpStoreServer::Impl {
   std::atomic<int64_t> evicted{0};
   std::atomic<int64_t> refused_full{0};
   std::atomic<int64_t> accept_pauses{0};
+  std::atomic<int64_t> stale_generation{0};
+  std::atomic<int64_t> members_stat{0};
   std::atomic<int64_t> keys_stat{0};
   std::atomic<int64_t> bytes_stat{0};
 
@@ -309,8 +398,11 @@ struct TcpStoreServer::Impl {
   std::unordered_map<std::string, std::string> data;
   size_t total_bytes = 0;  // sum of key and value sizes in `data`
   std::deque<Waiter> waiters;
+  std::map<int32_t, Member> members;  // Note [store membership]
   Clock::time_point accept_resume{};  // listener left out of poll() until then (EMFILE)
   Milliseconds accept_backoff{0};
+  uint64_t counted_conn = 0;  // store_fuzz_one: frames this connection sent once authenticated
+  size_t counted_frames = 0;
 
   void configure(const StoreOptions& o);
   void run();
@@ -326,6 +418,10 @@ struct TcpStoreServer::Impl {
   // Handles one request; returns false when the connection must close.
   bool handle(Conn& c, const char* body, size_t n);
   bool handle_hello(Conn& c, Reader& r);
+  bool handle_auth(Conn& c, Reader& r);
+  // Refuses the handshake: counts it, logs the first few, replies `why` and closes.
+  bool refuse(Conn& c, const std::string& why, bool auth_failure);
+  std::string server_nonce();
   void reply(Conn& c, uint8_t status, const std::string& payload);
   void reply_error(Conn& c, const std::string& msg);  // connection stays open
   void reply_error_and_close(Conn& c, const std::string& msg);
@@ -348,7 +444,14 @@ struct TcpStoreServer::Impl {
   }
   void on_key_created();
   void expire_waiters(Clock::time_point now);
-  void complete_waiter(const Waiter& w, uint8_t status);
+  void complete_waiter(const Waiter& w, uint8_t status, const std::string& message = {},
+                       int32_t who = -1);
+  // Membership (Note [store membership]).
+  void member_joined(Conn& c);
+  void member_closed(const Conn& c);
+  // Why a watched rank cannot be waited for any more (it left), or empty.
+  std::string left_message(const std::vector<int32_t>& watch, int32_t* who) const;
+  std::string members_reply() const;
   template <typename... Args>
   void log(Args&&... args) {
     if (!log_enabled) return;
@@ -412,6 +515,8 @@ void TcpStoreServer::Impl::configure(const StoreOptions& o) {
   max_unauthenticated = std::min(o.max_unauthenticated, o.max_connections);
   max_keys = o.max_keys;
   max_total_bytes = o.max_total_bytes;
+  generation = auth::random_bytes(kGenerationBytes);
+  job_secret = auth::random_bytes(kSecretBytes);
 }
 
 TcpStoreServer::TcpStoreServer(const std::string& host, int port, size_t max_message_bytes,
@@ -487,6 +592,8 @@ StoreServerStats TcpStoreServer::stats() const {
   s.evicted_unauthenticated = impl_->evicted.load();
   s.refused_full = impl_->refused_full.load();
   s.accept_pauses = impl_->accept_pauses.load();
+  s.stale_generation = impl_->stale_generation.load();
+  s.members = impl_->members_stat.load();
   s.keys = impl_->keys_stat.load();
   s.bytes = impl_->bytes_stat.load();
   return s;
@@ -508,7 +615,15 @@ int TcpStoreServer::Impl::poll_timeout_ms(Clock::time_point now) const {
 void TcpStoreServer::Impl::run() {
   std::vector<pollfd> fds;
   std::vector<uint64_t> ids;
-  while (!stop.load()) {
+  bool last_pass = false;
+  while (true) {
+    // Stopping: one more pass without waiting, so that what clients sent last (a rank's LEAVE
+    // with the reason its initialisation failed, its closed connection) still reaches the ranks
+    // waiting on it (Note [store membership]).
+    if (stop.load()) {
+      if (last_pass) break;
+      last_pass = true;
+    }
     fds.clear();
     ids.clear();
     auto now = Clock::now();
@@ -524,13 +639,13 @@ void TcpStoreServer::Impl::run() {
       fds.push_back({c.fd, ev, 0});
       ids.push_back(id);
     }
-    int n = poll(fds.data(), fds.size(), poll_timeout_ms(now));
+    int n = poll(fds.data(), fds.size(), last_pass ? 0 : poll_timeout_ms(now));
     if (n < 0 && errno != EINTR) {
       // Cannot happen with valid arguments; back off rather than spin or leave clients hanging.
       std::this_thread::sleep_for(kPollRetry);
       continue;
     }
-    if (stop.load()) break;
+    if (stop.load() && !last_pass) continue;  // take the last pass from the top
     if (n > 0) {
       // Existing connections first, then new ones: see Note [store hardening].
       for (size_t i = 0; i < ids.size(); ++i) {
@@ -747,6 +862,7 @@ void TcpStoreServer::Impl::close_conn(uint64_t id) {
   auto it = conns.find(id);
   if (it == conns.end()) return;
   if (it->second.fd >= 0) close(it->second.fd);
+  Conn closing = std::move(it->second);
   conns.erase(it);
   unauthed.erase(id);
   open = int64_t(conns.size());
@@ -754,14 +870,94 @@ void TcpStoreServer::Impl::close_conn(uint64_t id) {
   waiters.erase(std::remove_if(waiters.begin(), waiters.end(),
                                [id](const Waiter& w) { return w.conn_id == id; }),
                 waiters.end());
+  if (closing.authed) member_closed(closing);  // may end other connections' waits
 }
 
-void TcpStoreServer::Impl::complete_waiter(const Waiter& w, uint8_t status) {
+void TcpStoreServer::Impl::member_joined(Conn& c) {
+  if (c.member < 0) return;
+  auto it = members.find(c.member);
+  // Bounded: a tokenless store lets anyone claim ranks. Past the cap a rank is not tracked.
+  if (it == members.end() && members.size() >= max_connections) {
+    c.member = -1;
+    return;
+  }
+  Member& m = members[c.member];
+  ++m.conns;
+  m.state = StoreMember::State::kConnected;
+  m.address = c.peer;
+  m.since = Clock::now();
+  members_stat = int64_t(members.size());
+}
+
+void TcpStoreServer::Impl::member_closed(const Conn& c) {
+  if (c.member < 0) return;
+  auto it = members.find(c.member);
+  if (it == members.end() || it->second.conns <= 0) return;
+  Member& m = it->second;
+  if (--m.conns > 0) return;  // another connection of that rank is still open
+  m.state = c.left ? StoreMember::State::kLeft : StoreMember::State::kDeparted;
+  m.since = Clock::now();
+  m.reason = c.left ? c.leave_reason : std::string();
+  // Waiters watching that rank end now (a linear scan: waiters are few, one per blocked client).
+  for (size_t i = 0; i < waiters.size();) {
+    int32_t who = -1;
+    std::string why = left_message(waiters[i].watch, &who);
+    if (!why.empty() && !all_present(waiters[i].keys)) {
+      Waiter w = std::move(waiters[i]);
+      waiters.erase(waiters.begin() + long(i));
+      complete_waiter(w, kLeft, why, who);
+      i = 0;
+    } else {
+      ++i;
+    }
+  }
+}
+
+std::string TcpStoreServer::Impl::left_message(const std::vector<int32_t>& watch,
+                                               int32_t* who) const {
+  for (int32_t r : watch) {
+    auto it = members.find(r);
+    if (it == members.end() || it->second.state == StoreMember::State::kConnected) continue;
+    const Member& m = it->second;
+    char ago[32];
+    std::snprintf(ago, sizeof(ago), "%.1f",
+                  std::chrono::duration<double>(Clock::now() - m.since).count());
+    *who = r;
+    if (m.state == StoreMember::State::kLeft)
+      return "rank " + std::to_string(r) + " left the rendezvous store (from " + m.address + ") " +
+             ago + " s ago: " +
+             (m.reason.empty() ? std::string("it gave up or finished")
+                               : "its initialisation failed: " + m.reason);
+    return "rank " + std::to_string(r) + " closed its connection to the rendezvous store (from " +
+           m.address + ") " + ago + " s ago without leaving: the process exited or was killed";
+  }
+  return {};
+}
+
+std::string TcpStoreServer::Impl::members_reply() const {
+  std::string p;
+  put_int<uint32_t>(p, uint32_t(members.size()));
+  const auto now = Clock::now();
+  for (auto& [r, m] : members) {
+    put_int<int32_t>(p, r);
+    put_u8(p, uint8_t(m.state));
+    put_str(p, m.address);
+    put_int<uint64_t>(p, uint64_t(std::chrono::duration_cast<Milliseconds>(now - m.since).count()));
+  }
+  return p;
+}
+
+void TcpStoreServer::Impl::complete_waiter(const Waiter& w, uint8_t status,
+                                           const std::string& message, int32_t who) {
   auto it = conns.find(w.conn_id);
   if (it == conns.end()) return;
   Conn& c = it->second;
   std::string payload;
   if (status == kOk && w.op == kGet) put_str(payload, data.at(w.keys[0]));
+  if (status == kLeft) {
+    put_int<int32_t>(payload, who);
+    put_str(payload, message);
+  }
   reply(c, status, payload);
   c.blocked = false;
   // Frames that arrived while blocked are processed now.
@@ -833,40 +1029,100 @@ bool TcpStoreServer::Impl::erase_key(const std::string& key) {
   return true;
 }
 
+std::string TcpStoreServer::Impl::server_nonce() {
+  if (!deterministic) return auth::random_bytes(kNonceBytes);
+  std::string n(kNonceBytes, '\x5a');  // Note: store_fuzz_one; seeds hold proofs over this
+  return n;
+}
+
+bool TcpStoreServer::Impl::refuse(Conn& c, const std::string& why, bool auth_failure) {
+  ++rejected;
+  int64_t n = auth_failure ? ++auth_failures : ++stale_generation;
+  if (n <= kMaxLoggedRefusals)
+    log("refused a client from ", c.peer, ": ", why,
+        n == kMaxLoggedRefusals ? " (further refusals are counted, not logged)" : "");
+  reply_error_and_close(c, why);
+  return false;
+}
+
 bool TcpStoreServer::Impl::handle_hello(Conn& c, Reader& r) {
   uint32_t magic = r.integer<uint32_t>();
   uint16_t version = r.integer<uint16_t>();
-  std::string tok = r.str(kMaxHelloBytes);
-  r.finish();
   if (magic != kMagic) throw ParseError{"bad magic (not an accel store client)"};
   if (version != kVersion)
-    throw ParseError{"protocol version " + std::to_string(version) + ", server speaks " +
-                     std::to_string(kVersion)};
-  // Both sides must hold the same token, both empty included: a client with a token that
-  // reaches a tokenless store has found some other job's store (or rank 0 lacks the token).
-  if (!tokens_equal(tok, token)) {
-    ++rejected;
-    int64_t n = ++auth_failures;
-    std::string why =
-        token.empty()
-            ? "rendezvous token rejected: the client presented one, but rank 0's store has none "
-              "(ACCEL_RENDEZVOUS_TOKEN is set on this rank but not on rank 0, or this is "
-              "another job's store)"
-        : tok.empty()
-            ? "rendezvous token rejected: the store requires one and the client presented "
-              "none (ACCEL_RENDEZVOUS_TOKEN is unset on this rank)"
-            : "rendezvous token rejected: the client's ACCEL_RENDEZVOUS_TOKEN differs from "
-              "rank 0's";
-    if (n <= kMaxLoggedRefusals)
-      log("refused a client from ", c.peer, ": ", why,
-          n == kMaxLoggedRefusals ? " (further refusals are counted, not logged)" : "");
-    reply_error_and_close(c, why);
-    return false;
+    throw ParseError{"protocol version " + std::to_string(version) + ", this store speaks " +
+                     std::to_string(kVersion) +
+                     " (every rank must run the same accel; version 1 sent the token in clear)"};
+  uint8_t flags = r.u8();
+  std::string nc = r.bytes(kNonceBytes);
+  int32_t member = r.integer<int32_t>();
+  std::string joined = r.bytes(kGenerationBytes);
+  r.finish();
+  if (member < -1 || member >= kMaxMemberRank)
+    throw ParseError{"rank " + std::to_string(member) + " is outside [-1, " +
+                     std::to_string(kMaxMemberRank) + ")"};
+  // Both sides must hold a token or neither: a client with a token that reaches a tokenless
+  // store has found some other job's store (or rank 0 lacks the token). Whether the tokens are
+  // equal is for the proofs (Note [store authentication]).
+  const bool client_token = (flags & kFlagToken) != 0;
+  if (client_token != !token.empty()) {
+    return refuse(c,
+                  token.empty()
+                      ? "rendezvous token rejected: the client presented one, but rank 0's store "
+                        "has none (ACCEL_RENDEZVOUS_TOKEN is set on this rank but not on rank 0, "
+                        "or this is another job's store)"
+                      : "rendezvous token rejected: the store requires one and the client "
+                        "presented none (ACCEL_RENDEZVOUS_TOKEN is unset on this rank)",
+                  true);
   }
+  if (joined != std::string(kGenerationBytes, '\0') && joined != generation) {
+    return refuse(c,
+                  "this client joined generation " + auth::hex(joined) +
+                      " of the rendezvous store, which has been replaced by generation " +
+                      auth::hex(generation) +
+                      " (rank 0 destroyed its process group and initialised a new one, or "
+                      "another job took the port): call init_process_group again",
+                  false);
+  }
+  c.client_nonce = std::move(nc);
+  c.server_nonce = server_nonce();
+  c.member = member;
+  c.stage = kExpectAuth;
+  std::string p;
+  put_u8(p, token.empty() ? 0 : kFlagToken);
+  p += c.server_nonce;
+  p += generation;
+  p += proof(token, kServerLabel, c.client_nonce, c.server_nonce, generation);
+  reply(c, kOk, p);
+  return true;
+}
+
+bool TcpStoreServer::Impl::handle_auth(Conn& c, Reader& r) {
+  uint8_t verified = r.u8();
+  if (verified != 1) {
+    r.finish();
+    return refuse(c,
+                  "rendezvous token rejected: the client could not verify this store's proof "
+                  "(its ACCEL_RENDEZVOUS_TOKEN differs from rank 0's)",
+                  true);
+  }
+  std::string theirs = r.bytes(kProofBytes);
+  r.finish();
+  std::string want = proof(token, kClientLabel, c.client_nonce, c.server_nonce, generation);
+  if (!auth::equal_ct(theirs.data(), want.data(), kProofBytes)) {
+    return refuse(c,
+                  "rendezvous token rejected: the client's ACCEL_RENDEZVOUS_TOKEN differs from "
+                  "rank 0's",
+                  true);
+  }
+  c.stage = kAuthenticated;
   c.authed = true;
+  c.client_nonce.clear();
+  c.server_nonce.clear();
   unauthed.erase(c.id);
   unauthed_open = int64_t(unauthed.size());
-  reply(c, kOk, "");
+  member_joined(c);
+  reply(c, kOk, job_secret);
   return true;
 }
 
@@ -874,9 +1130,14 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t n) {
   try {
     Reader r(body, n);
     uint8_t op = r.u8();
-    if (!c.authed) {
+    if (c.authed && c.id == counted_conn) ++counted_frames;
+    if (c.stage == kExpectHello) {
       if (op != kHello) throw ParseError{"the first message must be HELLO"};
       return handle_hello(c, r);
+    }
+    if (c.stage == kExpectAuth) {
+      if (op != kAuth) throw ParseError{"the second message must be AUTH"};
+      return handle_auth(c, r);
     }
     switch (op) {
       case kSet: {
@@ -908,6 +1169,11 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t n) {
           keys.reserve(nk);
           for (uint32_t i = 0; i < nk; ++i) keys.push_back(r.str(kMaxStoreKeyBytes));
         }
+        uint32_t nw = r.integer<uint32_t>();
+        if (nw > kMaxKeysPerRequest || size_t(nw) * 4 > r.remaining())
+          throw ParseError{"watched rank count exceeds message"};
+        std::vector<int32_t> watch(nw);
+        for (auto& w : watch) w = r.integer<int32_t>();
         r.finish();
         if (all_present(keys)) {
           std::string payload;
@@ -915,10 +1181,19 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t n) {
           reply(c, kOk, payload);
           return true;
         }
+        int32_t who = -1;
+        if (std::string why = left_message(watch, &who); !why.empty()) {
+          std::string payload;
+          put_int<int32_t>(payload, who);
+          put_str(payload, why);
+          reply(c, kLeft, payload);
+          return true;
+        }
         // Clamp so the deadline arithmetic cannot overflow.
         timeout_ms = std::min<uint64_t>(timeout_ms, uint64_t(365) * 24 * 3600 * 1000);
         c.blocked = true;
-        waiters.push_back({c.id, op, std::move(keys), Clock::now() + Milliseconds(timeout_ms)});
+        waiters.push_back(
+            {c.id, op, std::move(keys), Clock::now() + Milliseconds(timeout_ms), std::move(watch)});
         return true;
       }
       case kAdd: {
@@ -994,6 +1269,19 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t n) {
         reply(c, kOk, p);
         return true;
       }
+      case kMembers: {
+        r.finish();
+        reply(c, kOk, members_reply());
+        return true;
+      }
+      case kLeave: {
+        std::string why = r.str(kMaxHelloBytes);
+        r.finish();
+        c.left = true;
+        c.leave_reason = std::move(why);
+        reply(c, kOk, "");
+        return true;
+      }
       default: throw ParseError{"unknown opcode " + std::to_string(op)};
     }
   } catch (const ParseError& e) {
@@ -1033,29 +1321,43 @@ void fuzz_check(bool ok, const char* what) {
 }
 }  // namespace
 
-void store_fuzz_one(const uint8_t* data, size_t size) {
+size_t store_fuzz_one(const uint8_t* data, size_t size) {
   using Impl = TcpStoreServer::Impl;
   Impl s;
   s.max_message = kFuzzMaxMessage;
   s.max_keys = kFuzzMaxKeys;
   s.max_total_bytes = kFuzzMaxBytes;
   s.log_enabled = false;
-  // Byte 0 picks the token (none or "tok") and the size of the pieces the stream arrives in,
-  // so partial frames and frames split across reads are exercised.
-  if (size == 0) return;
+  // Fixed server nonce (0x5a bytes), generation (0x01) and job secret (0x02), so that a seed
+  // can complete the handshake: tests/fuzz/make_corpus.py computes the client proof.
+  s.deterministic = true;
+  s.generation = std::string(kGenerationBytes, '\x01');
+  s.job_secret = std::string(kSecretBytes, '\x02');
+  // Byte 0: bit 7 the token (none or "tok"); bit 6 starts the connection authenticated (as rank
+  // 3), so that mutations reach the request handler without a valid proof; bits 0-5 the size of
+  // the pieces the stream arrives in (0: all at once), so partial frames and frames split across
+  // reads are exercised.
+  if (size == 0) return 0;
   s.token = (data[0] & 0x80) ? "tok" : "";
-  size_t piece = (data[0] & 0x7f) == 0 ? size : size_t(data[0] & 0x7f);
+  const bool pre_authed = (data[0] & 0x40) != 0;
+  size_t piece = (data[0] & 0x3f) == 0 ? size : size_t(data[0] & 0x3f);
   const char* p = reinterpret_cast<const char*>(data) + 1;
   size_t left = size - 1;
 
+  auto authenticate = [&](uint64_t id, int32_t member) {
+    Impl::Conn& c = s.conns.at(id);
+    c.authed = true;
+    c.stage = Impl::kAuthenticated;
+    c.member = member;
+    s.unauthed.erase(id);
+    s.member_joined(c);
+  };
   uint64_t fuzz_id = s.add_conn(-1, "fuzz");
-  // A second client that is already in and sets the keys the first one waits for.
+  s.counted_conn = fuzz_id;
+  if (pre_authed) authenticate(fuzz_id, 3);
+  // A second client that is already in (as rank 1) and sets the keys the first one waits for.
   uint64_t peer_id = s.add_conn(-1, "peer");
-  {
-    Impl::Conn& peer = s.conns.at(peer_id);
-    peer.authed = true;
-    s.unauthed.erase(peer_id);
-  }
+  authenticate(peer_id, 1);
   auto check_invariants = [&] {
     size_t bytes = 0;
     for (auto& [k, v] : s.data) bytes += k.size() + v.size();
@@ -1065,7 +1367,16 @@ void store_fuzz_one(const uint8_t* data, size_t size) {
     for (auto& [id, c] : s.conns) {
       fuzz_check(c.in.size() <= s.max_message + 4, "input buffer within one frame");
       fuzz_check(c.authed != bool(s.unauthed.count(id)), "unauthenticated set in step");
+      fuzz_check(c.authed == (c.stage == Impl::kAuthenticated), "stage in step with authed");
     }
+    int open_members = 0;
+    for (auto& [r, m] : s.members) {
+      fuzz_check(m.conns >= 0, "member connection count >= 0");
+      open_members += m.conns;
+    }
+    int authed_members = 0;
+    for (auto& [id, c] : s.conns) authed_members += c.authed && c.member >= 0;
+    fuzz_check(open_members == authed_members, "member counts match the open connections");
     for (auto& w : s.waiters) fuzz_check(s.conns.count(w.conn_id) == 1, "waiter has a conn");
   };
   // Resolves the first connection's pending request: alternately let the peer create the
@@ -1109,6 +1420,7 @@ void store_fuzz_one(const uint8_t* data, size_t size) {
     }
     check_invariants();
   }
+  return s.counted_frames;
 }
 
 }  // namespace detail
@@ -1129,6 +1441,16 @@ TcpStore::TcpStore(const std::string& host, int port, bool is_server, StoreOptio
 }
 
 TcpStore::~TcpStore() {
+  if (fd_ >= 0 && !left_) {
+    // LEAVE, best effort and without waiting for the reply: ranks watching this one learn that
+    // it left on purpose (Note [store membership]); the server reads the frame before the EOF.
+    std::string body;
+    put_u8(body, kLeave);
+    put_str(body, "");
+    std::string f = frame(body);
+    ssize_t w = send(fd_, f.data(), f.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w;
+  }
   disconnect_locked();
   server_.reset();
 }
@@ -1136,6 +1458,11 @@ TcpStore::~TcpStore() {
 void TcpStore::disconnect_locked() {
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
+}
+
+void TcpStore::check_interrupt(const char* op) {
+  std::string why = interrupted();
+  ACCEL_CHECK(why.empty(), DistError, op, why);
 }
 
 std::string TcpStore::where() const {
@@ -1233,42 +1560,104 @@ int try_connect(const addrinfo* a, Clock::time_point deadline, bool keep_err_on_
 
 enum class Handshake { kOk, kRetry, kRefused };
 
-// HELLO on a fresh connection. kRetry: the connection broke or went unanswered (the server may
-// be starting, or dropped us to make room); kRefused: the server said no, `why` says why.
-Handshake hello(int fd, const std::string& token, Clock::time_point deadline, std::string* why) {
+// Reads one reply frame of at most kMaxHelloBytes during the handshake. Empty string: read it
+// into *body; else the error (lower case).
+std::string read_handshake_reply(int fd, Clock::time_point deadline, std::string* body) {
+  char hdr[4];
+  std::string err = try_recv_exact(fd, hdr, 4, deadline);
+  if (!err.empty()) return err;
+  uint32_t len = read_u32_le(hdr);
+  if (len < 1 || len > kMaxHelloBytes)
+    return "invalid handshake reply of " + std::to_string(len) +
+           " bytes (is it an accel rendezvous store of this version?)";
+  body->assign(len, '\0');
+  return try_recv_exact(fd, body->data(), len, deadline);
+}
+
+std::string reply_message(const std::string& body) {
+  Reader r(body.data() + 1, body.size() - 1);
+  try {
+    return r.str(kMaxHelloBytes);
+  } catch (const ParseError&) {
+    return "handshake refused";
+  }
+}
+
+struct HandshakeOut {
+  std::string generation;
+  std::string secret;
+};
+
+// The client's side of Note [store authentication] on a fresh connection. kRetry: the connection
+// broke or went unanswered (the server may be starting, or dropped us to make room), or it is
+// the generation to avoid; kRefused: the server said no, or could not prove the token; `why`
+// says which.
+Handshake handshake(int fd, const StoreOptions& o, const std::string& joined,
+                    Clock::time_point deadline, HandshakeOut* out, std::string* why) {
+  const std::string nc = auth::random_bytes(kNonceBytes);
   std::string body;
   put_u8(body, kHello);
   put_int<uint32_t>(body, kMagic);
   put_int<uint16_t>(body, kVersion);
-  put_str(body, token);
+  put_u8(body, o.token.empty() ? 0 : kFlagToken);
+  body += nc;
+  put_int<int32_t>(body, int32_t(o.member));
+  body += joined.empty() ? std::string(kGenerationBytes, '\0') : joined;
   std::string err = try_send_all(fd, frame(body), deadline);
-  char hdr[4];
-  if (err.empty()) err = try_recv_exact(fd, hdr, 4, deadline);
+  std::string reply;
+  if (err.empty()) err = read_handshake_reply(fd, deadline, &reply);
   if (!err.empty()) {
     *why = err == "timed out waiting for the store server's reply"
                ? "connected, but the server did not answer the handshake"
                : err;
-    return Handshake::kRetry;
+    return err.rfind("invalid handshake reply", 0) == 0 ? Handshake::kRefused : Handshake::kRetry;
   }
-  uint32_t len = read_u32_le(hdr);
-  if (len < 1 || len > kMaxHelloBytes) {
-    *why = "invalid handshake reply of " + std::to_string(len) + " bytes (is it an accel store?)";
+  if (uint8_t(reply[0]) != kOk) {
+    *why = reply_message(reply);
     return Handshake::kRefused;
   }
-  std::string reply(len, '\0');
-  err = try_recv_exact(fd, reply.data(), len, deadline);
+  if (reply.size() != 1 + 1 + kNonceBytes + kGenerationBytes + kProofBytes) {
+    *why = "invalid handshake reply (is it an accel rendezvous store of this version?)";
+    return Handshake::kRefused;
+  }
+  const std::string ns = reply.substr(2, kNonceBytes);
+  const std::string gen = reply.substr(2 + kNonceBytes, kGenerationBytes);
+  const std::string theirs = reply.substr(2 + kNonceBytes + kGenerationBytes, kProofBytes);
+  const std::string want = proof(o.token, kServerLabel, nc, ns, gen);
+  if (!auth::equal_ct(theirs.data(), want.data(), kProofBytes)) {
+    // Say so (the server counts it) but send nothing derived from the token.
+    std::string no;
+    put_u8(no, kAuth);
+    put_u8(no, 0);
+    try_send_all(fd, frame(no), std::min(deadline, Clock::now() + Milliseconds(100)));
+    *why =
+        "rendezvous token rejected: the server could not prove that it holds this rank's "
+        "token (its ACCEL_RENDEZVOUS_TOKEN differs from this rank's, or what listens there "
+        "is not this job's rendezvous store)";
+    return Handshake::kRefused;
+  }
+  if (!o.avoid_generation.empty() && gen == o.avoid_generation) {
+    *why = "only the store of the previous process group (generation " + auth::hex(gen) +
+           ") answered: rank 0 has not started the new one yet";
+    return Handshake::kRetry;
+  }
+  std::string a;
+  put_u8(a, kAuth);
+  put_u8(a, 1);
+  a += proof(o.token, kClientLabel, nc, ns, gen);
+  err = try_send_all(fd, frame(a), deadline);
+  if (err.empty()) err = read_handshake_reply(fd, deadline, &reply);
   if (!err.empty()) {
     *why = err;
     return Handshake::kRetry;
   }
-  if (uint8_t(reply[0]) == kOk) return Handshake::kOk;
-  Reader r(reply.data() + 1, reply.size() - 1);
-  try {
-    *why = r.str(kMaxHelloBytes);
-  } catch (const ParseError&) {
-    *why = "handshake refused";
+  if (uint8_t(reply[0]) != kOk || reply.size() != 1 + kSecretBytes) {
+    *why = uint8_t(reply[0]) == kOk ? "invalid handshake reply" : reply_message(reply);
+    return Handshake::kRefused;
   }
-  return Handshake::kRefused;
+  out->generation = gen;
+  out->secret = reply.substr(1);
+  return Handshake::kOk;
 }
 
 constexpr Milliseconds kConnectBackoffMin{50};
@@ -1304,8 +1693,13 @@ void TcpStore::connect_locked(Milliseconds timeout) {
       if (fd < 0) continue;
       fd_ = fd;
       std::string why;
-      Handshake h = hello(fd_, options_.token, deadline, &why);
-      if (h == Handshake::kOk) return;
+      HandshakeOut hs;
+      Handshake h = handshake(fd_, options_, generation_, deadline, &hs, &why);
+      if (h == Handshake::kOk) {
+        generation_ = hs.generation;
+        job_secret_ = hs.secret;
+        return;
+      }
       disconnect_locked();
       ACCEL_CHECK(h != Handshake::kRefused, DistError, "store",
                   "the rendezvous store of rank 0 at ", where(), " refused this client: ", why);
@@ -1344,8 +1738,9 @@ TcpStore::Reply TcpStore::request(const char* op, const std::string& body,
     recv_exact(fd_, buf.data(), len, deadline, op);
     rep.status = uint8_t(buf[0]);
     rep.body = buf.substr(1);
-    ACCEL_CHECK(rep.status == kOk || rep.status == kTimeout || rep.status == kErr, DistError, op,
-                "invalid reply status ", int(rep.status));
+    ACCEL_CHECK(
+        rep.status == kOk || rep.status == kTimeout || rep.status == kErr || rep.status == kLeft,
+        DistError, op, "invalid reply status ", int(rep.status));
   } catch (const DistError&) {
     // A timeout or a broken socket may leave the stream out of step: reconnect on the next
     // call. Dropping the connection is always safe.
@@ -1363,6 +1758,18 @@ TcpStore::Reply TcpStore::request(const char* op, const std::string& body,
     }
     ACCEL_THROW(DistError, op, "store server: ", msg);
   }
+  if (rep.status == kLeft) {
+    // A watched rank left (Note [store membership]): i32 rank, str message.
+    Reader r(rep.body.data(), rep.body.size());
+    int32_t who = -1;
+    std::string msg = "a watched rank left the rendezvous store";
+    try {
+      who = r.integer<int32_t>();
+      msg = r.str(len);
+    } catch (const ParseError&) {
+    }
+    throw StoreMemberLeft(who, msg, accel::detail::format_message(op, msg));
+  }
   return rep;
 }
 
@@ -1378,21 +1785,41 @@ void TcpStore::set(const std::string& key, const std::string& value) {
 
 std::string TcpStore::get(const std::string& key) { return get(key, timeout_); }
 
+namespace {
+void put_watch(std::string& body, const std::vector<int>& watch) {
+  put_int<uint32_t>(body, uint32_t(watch.size()));
+  for (int r : watch) put_int<int32_t>(body, int32_t(r));
+}
+}  // namespace
+
 std::string TcpStore::get(const std::string& key, Milliseconds timeout) {
   ACCEL_CHECK(key.size() <= kMaxStoreKeyBytes, DistError, "store.get", "key of ", key.size(),
               " bytes exceeds ", kMaxStoreKeyBytes);
-  std::string body;
-  put_u8(body, kGet);
-  put_int<uint64_t>(body, uint64_t(std::max<int64_t>(0, timeout.count())));
-  put_str(body, key);
-  Reply rep = request("store.get", body, timeout);
-  ACCEL_CHECK(rep.status == kOk, DistError, "store.get", "timed out after ", timeout.count(),
-              " ms waiting for key '", key, "'");
-  Reader r(rep.body.data(), rep.body.size());
-  try {
-    return r.str(options_.max_message_bytes);
-  } catch (const ParseError& e) {
-    ACCEL_THROW(DistError, "store.get", "malformed reply: ", e.what);
+  // In slices of kWaitSlice, so that interrupt() and the deadline take effect within one.
+  const auto deadline = Clock::now() + std::max(timeout, Milliseconds(0));
+  while (true) {
+    check_interrupt("store.get");
+    auto left = std::chrono::duration_cast<Milliseconds>(deadline - Clock::now());
+    Milliseconds slice = std::clamp(left, Milliseconds(0), kWaitSlice);
+    std::string body;
+    put_u8(body, kGet);
+    put_int<uint64_t>(body, uint64_t(slice.count()));
+    put_str(body, key);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      put_watch(body, watched_);
+    }
+    Reply rep = request("store.get", body, slice);
+    if (rep.status == kOk) {
+      Reader r(rep.body.data(), rep.body.size());
+      try {
+        return r.str(options_.max_message_bytes);
+      } catch (const ParseError& e) {
+        ACCEL_THROW(DistError, "store.get", "malformed reply: ", e.what);
+      }
+    }
+    ACCEL_CHECK(Clock::now() < deadline, DistError, "store.get", "timed out after ",
+                timeout.count(), " ms waiting for key '", key, "'");
   }
 }
 
@@ -1410,17 +1837,26 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
-  std::string body;
-  put_u8(body, kWait);
-  put_int<uint64_t>(body, uint64_t(std::max<int64_t>(0, timeout.count())));
-  put_int<uint32_t>(body, uint32_t(keys.size()));
-  for (auto& k : keys) {
+  for (auto& k : keys)
     ACCEL_CHECK(k.size() <= kMaxStoreKeyBytes, DistError, "store.wait", "key of ", k.size(),
                 " bytes exceeds ", kMaxStoreKeyBytes);
-    put_str(body, k);
-  }
-  Reply rep = request("store.wait", body, timeout);
-  if (rep.status == kTimeout) {
+  const auto deadline = Clock::now() + std::max(timeout, Milliseconds(0));
+  while (true) {
+    check_interrupt("store.wait");
+    auto left = std::chrono::duration_cast<Milliseconds>(deadline - Clock::now());
+    Milliseconds slice = std::clamp(left, Milliseconds(0), kWaitSlice);
+    std::string body;
+    put_u8(body, kWait);
+    put_int<uint64_t>(body, uint64_t(slice.count()));
+    put_int<uint32_t>(body, uint32_t(keys.size()));
+    for (auto& k : keys) put_str(body, k);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      put_watch(body, watched_);
+    }
+    Reply rep = request("store.wait", body, slice);
+    if (rep.status == kOk) return;
+    if (Clock::now() < deadline) continue;
     // Name the keys still missing, which is what a user needs to find the late rank.
     std::vector<std::string> missing;
     for (auto& k : keys) {
@@ -1480,7 +1916,147 @@ int64_t TcpStore::num_keys() {
   return r.integer<int64_t>();
 }
 
-// =============================== prefix ===============================
+std::string TcpStore::derive_key(const std::string& purpose) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (fd_ < 0 && generation_.empty()) connect_locked(timeout_);
+  // Note [store authentication]: only holders of the token can compute the job key.
+  std::string job_key =
+      auth::hmac_sha256_str(options_.token, std::string(kJobKeyLabel) + generation_ + job_secret_);
+  return auth::hmac_sha256_str(job_key, purpose);
+}
+
+void TcpStore::leave(const std::string& reason) {
+  std::string body;
+  put_u8(body, kLeave);
+  put_str(body, reason.substr(0, kMaxHelloBytes - 16));
+  std::lock_guard<std::mutex> g(mu_);
+  // Best effort, and never a reconnect: the store may be gone (rank 0 died), and a rank that
+  // gives up must not then wait for it. The server reads the frame before the connection's end.
+  if (fd_ < 0) return;
+  try_send_all(fd_, frame(body), Clock::now() + std::min(timeout_, Milliseconds(1000)));
+  // Its reply is not read: the connection ends here (a later request reconnects).
+  disconnect_locked();
+  left_ = true;
+}
+
+void TcpStore::watch_members(std::vector<int> ranks) {
+  std::lock_guard<std::mutex> g(mu_);
+  watched_ = std::move(ranks);
+}
+
+std::vector<StoreMember> TcpStore::members() {
+  std::string body;
+  put_u8(body, kMembers);
+  Reply rep = request("store.members", body, Milliseconds(0));
+  std::vector<StoreMember> out;
+  Reader r(rep.body.data(), rep.body.size());
+  try {
+    uint32_t n = r.integer<uint32_t>();
+    ACCEL_CHECK(size_t(n) * 17 <= r.remaining(), DistError, "store.members", "malformed reply");
+    for (uint32_t i = 0; i < n; ++i) {
+      StoreMember m;
+      m.rank = r.integer<int32_t>();
+      uint8_t st = r.u8();
+      ACCEL_CHECK(st >= 1 && st <= 3, DistError, "store.members", "malformed reply");
+      m.state = StoreMember::State(st);
+      m.address = r.str(kMaxHelloBytes);
+      m.seconds = double(r.integer<uint64_t>()) / 1000.0;
+      out.push_back(std::move(m));
+    }
+    r.finish();
+  } catch (const ParseError& e) {
+    ACCEL_THROW(DistError, "store.members", "malformed reply: ", e.what);
+  }
+  return out;
+}
+
+std::string TcpStore::describe_rank(int rank) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (watched_.empty()) return {};  // ranks are tracked only while init_process_group runs
+  }
+  std::vector<StoreMember> all;
+  try {
+    all = members();
+  } catch (const DistError&) {
+    return {};
+  }
+  char secs[32];
+  std::vector<int> present;
+  for (const StoreMember& m : all) {
+    if (m.rank != rank) {
+      present.push_back(m.rank);
+      continue;
+    }
+    std::snprintf(secs, sizeof(secs), "%.1f", m.seconds);
+    switch (m.state) {
+      case StoreMember::State::kConnected:
+        return "it connected to the rendezvous store " + std::string(secs) + " s ago (from " +
+               m.address + ") and is still connected: stopped, or stuck before it got this far?";
+      case StoreMember::State::kLeft:
+        return "it left the rendezvous store " + std::string(secs) + " s ago (from " + m.address +
+               "): its own initialisation failed";
+      case StoreMember::State::kDeparted:
+        return "its connection to the rendezvous store (from " + m.address + ") closed " +
+               std::string(secs) + " s ago: the process exited or was killed";
+    }
+  }
+  std::string list;
+  for (size_t i = 0; i < present.size(); ++i) list += (i ? ", " : "") + std::to_string(present[i]);
+  return "it never connected to the rendezvous store at " + where() +
+         (present.empty()
+              ? std::string()
+              : " (" + std::string(present.size() == 1 ? "rank " : "ranks ") + list + " did)") +
+         ": is it running, with this MASTER_ADDR and MASTER_PORT?";
+}
+
+// =============================== base and prefix ===============================
+
+void wait_peer_key(Store& store, const std::string& key, int peer, Clock::time_point deadline,
+                   Milliseconds timeout, const std::string& who, const char* what) {
+  try {
+    store.wait({key}, std::max(Milliseconds(1),
+                               std::chrono::duration_cast<Milliseconds>(deadline - Clock::now())));
+  } catch (const StoreMemberLeft& e) {
+    if (e.rank() == peer)
+      ACCEL_THROW(DistError, "init", who, ": rank ", peer, " left before publishing its ", what,
+                  ": ", e.detail());
+    ACCEL_THROW(DistError, "init", who, ": ", e.detail(), " (while waiting for rank ", peer, "'s ",
+                what, ")");
+  } catch (const DistError& e) {
+    if (!store.interrupted().empty()) throw;  // the caller knows the reason (InitGuard)
+    if (Clock::now() + Milliseconds(50) < deadline) {
+      // Not a timeout: the store itself failed (rank 0, which serves it, exited or was killed).
+      ACCEL_THROW(DistError, "init", who, ": lost the rendezvous store while waiting for rank ",
+                  peer, "'s ", what, ": ", e.what(),
+                  " (rank 0 serves it: did it exit, crash or get killed?)");
+    }
+    std::string known = store.describe_rank(peer);
+    ACCEL_THROW(DistError, "init", who, ": rank ", peer, " did not publish its ", what, " within ",
+                timeout.count(), " ms (", known.empty() ? "did it start?" : known, ")");
+  }
+}
+
+std::string Store::derive_key(const std::string& purpose) {
+  std::lock_guard<std::mutex> g(base_mu_);
+  if (local_secret_.empty()) local_secret_ = auth::random_bytes(32);
+  return auth::hmac_sha256_str(local_secret_, purpose);
+}
+
+void Store::interrupt(const std::string& why) {
+  std::lock_guard<std::mutex> g(base_mu_);
+  if (interrupted_.empty()) interrupted_ = why.empty() ? "interrupted" : why;
+}
+
+void Store::clear_interrupt() {
+  std::lock_guard<std::mutex> g(base_mu_);
+  interrupted_.clear();
+}
+
+std::string Store::interrupted() const {
+  std::lock_guard<std::mutex> g(base_mu_);
+  return interrupted_;
+}
 
 PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> base)
     : prefix_(std::move(prefix)), base_(std::move(base)) {
@@ -1515,5 +2091,11 @@ std::string PrefixStore::compare_set(const std::string& key, const std::string& 
 }
 int64_t PrefixStore::num_keys() { return base_->num_keys(); }
 void PrefixStore::set_timeout(Milliseconds t) { timeout_ = t; }
+std::string PrefixStore::derive_key(const std::string& purpose) {
+  return base_->derive_key(prefix_ + "/" + purpose);
+}
+void PrefixStore::interrupt(const std::string& why) { base_->interrupt(why); }
+void PrefixStore::clear_interrupt() { base_->clear_interrupt(); }
+std::string PrefixStore::describe_rank(int rank) { return base_->describe_rank(rank); }
 
 }  // namespace accel::dist

@@ -6,7 +6,10 @@
 // store.cc for the wire format and its limits.
 //
 // Every blocking call has a timeout; a call that times out throws DistError and the store stays
-// usable for the next call.
+// usable for the next call. Client and server prove to each other that they hold the job's
+// rendezvous token without sending it (Note [store authentication]); every server instance is a
+// new generation whose clients cannot be confused with another's (Note [store generations]); the
+// server knows which ranks have connected and which left (Note [store membership]).
 #pragma once
 
 #include <chrono>
@@ -15,6 +18,8 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "core/error.h"
 
 namespace accel::dist {
 
@@ -25,6 +30,9 @@ constexpr Milliseconds kDefaultStoreTimeout{std::chrono::minutes(5)};
 constexpr size_t kDefaultMaxStoreMessage = size_t(64) << 20;
 // Keys are names, not data.
 constexpr size_t kMaxStoreKeyBytes = 4096;
+// A TcpStore get/wait asks the server for at most this long at a time, so that interrupt() and
+// the caller's own deadline take effect within it.
+constexpr Milliseconds kWaitSlice{200};
 
 class Store {
  public:
@@ -51,8 +59,61 @@ class Store {
   Milliseconds timeout() const { return timeout_; }
   virtual void set_timeout(Milliseconds t) { timeout_ = t; }
 
+  // A 32-byte key that every client of this store can compute and nobody else can, for one
+  // `purpose` (the heartbeat datagrams of a group): derived from the rendezvous token and the
+  // store's generation (TcpStore, Note [store authentication]); in-process stores use a random
+  // secret of their own. Equal on every rank for the same purpose.
+  virtual std::string derive_key(const std::string& purpose);
+  // Makes a blocked get/wait of this client (and every later one, until clear_interrupt()) fail
+  // within kWaitSlice with DistError(`why`): how a failure detected elsewhere (a lost heartbeat)
+  // ends a rank's wait during initialisation. Thread-safe.
+  virtual void interrupt(const std::string& why);
+  virtual void clear_interrupt();
+  // The reason given to interrupt(), empty when not interrupted.
+  std::string interrupted() const;
+  // What the store knows about `rank` when a wait for one of its keys timed out: e.g. "it never
+  // connected to the rendezvous store (ranks 0, 2 did)". Empty when the store does not track
+  // ranks (init_process_group's TcpStore does while it forms the default group).
+  virtual std::string describe_rank(int rank) { return {}; }
+
  protected:
   Milliseconds timeout_ = kDefaultStoreTimeout;
+  // For the in-process defaults of derive_key/interrupt.
+  mutable std::mutex base_mu_;
+  std::string local_secret_;  // random, made on first use
+  std::string interrupted_;   // non-empty: waits fail with it
+};
+
+// A blocking get/wait ended because a rank it watched left the rendezvous store (its connection
+// closed: the process exited, was killed, or gave up; Note [store membership]).
+class StoreMemberLeft : public DistError {
+ public:
+  StoreMemberLeft(int rank, std::string detail, const std::string& what)
+      : DistError(what), rank_(rank), detail_(std::move(detail)) {}
+  int rank() const { return rank_; }
+  // The server's words without the op prefix: "rank 1 closed its connection to ...".
+  const std::string& detail() const { return detail_; }
+
+ private:
+  int rank_;
+  std::string detail_;
+};
+
+// Waits until `key` exists, up to `deadline`, for a key that rank `peer` publishes while a group
+// forms. On failure throws DistError "[init] <who>: rank <peer> did not publish its <what> within
+// <timeout> ms (<what the store knows about it: Store::describe_rank>)", or "... left before
+// publishing its <what>: <why>" when the store saw it go (StoreMemberLeft).
+void wait_peer_key(Store& store, const std::string& key, int peer,
+                   std::chrono::steady_clock::time_point deadline, Milliseconds timeout,
+                   const std::string& who, const char* what);
+
+// A rank as the store's server saw it (TcpStore::members()).
+struct StoreMember {
+  enum class State : uint8_t { kConnected = 1, kLeft = 2, kDeparted = 3 };
+  int rank = -1;
+  State state = State::kConnected;
+  std::string address;  // "ip:port" of its latest connection
+  double seconds = 0;   // since it connected (kConnected) or its connection closed
 };
 
 // Server limits (see "Store hardening" in docs/dist.md). The defaults are far above what a
@@ -67,9 +128,17 @@ struct StoreOptions {
   // Client: get/wait, how long to retry connecting, and the bound on every other request.
   Milliseconds timeout = kDefaultStoreTimeout;
   size_t max_message_bytes = kDefaultMaxStoreMessage;  // one request or reply, both sides
-  // Shared secret. Client and server must present the same one (both empty counts as the same);
-  // the server refuses any other and counts the refusal (TcpStoreServer::stats()).
+  // Shared secret. Client and server must hold the same one (both empty counts as the same);
+  // each proves it to the other without sending it (Note [store authentication]); the server
+  // refuses any other and counts the refusal (TcpStoreServer::stats()).
   std::string token;
+  // Client: this client's rank in the job, or -1. The server records which ranks connected and
+  // which left (Note [store membership]); init_process_group sets it.
+  int member = -1;
+  // Client: a server of this generation (TcpStore::generation()) counts as not up yet, and the
+  // client keeps retrying until another one answers: the store of this process's previous
+  // init_process_group, which a fast rank must not join (Note [store generations]).
+  std::string avoid_generation;
 
   // Server only.
   // A connection that has not completed its HELLO within this time is closed.
@@ -95,6 +164,8 @@ struct StoreServerStats {
   int64_t evicted_unauthenticated = 0;  // dropped to make room for newer connections
   int64_t refused_full = 0;             // refused: max_connections authenticated clients already
   int64_t accept_pauses = 0;            // accept() ran out of file descriptors; listening paused
+  int64_t stale_generation = 0;         // clients of another generation of the store, refused
+  int64_t members = 0;                  // ranks that have connected (Note [store membership])
   int64_t keys = 0;
   int64_t bytes = 0;  // keys plus values
 };
@@ -121,21 +192,39 @@ class TcpStore : public Store {
   std::string compare_set(const std::string& key, const std::string& expected,
                           const std::string& desired) override;
   int64_t num_keys() override;
+  std::string derive_key(const std::string& purpose) override;
+  std::string describe_rank(int rank) override;
+
+  // Blocking get/wait requests of this client fail with StoreMemberLeft as soon as one of these
+  // ranks leaves the store (immediately if one already has); empty: none. init_process_group
+  // watches every other rank while the default group forms.
+  void watch_members(std::vector<int> ranks);
+  // Every rank that has connected to the server (with StoreOptions::member set), by rank.
+  std::vector<StoreMember> members();
+  // Leaves the store saying why this rank gives up (its initialisation failed) and closes the
+  // connection; ranks watching it get the reason (Note [store membership]). Never reconnects
+  // (the store may be gone). The destructor leaves without a reason.
+  void leave(const std::string& reason);
 
   const std::string& host() const { return host_; }
   int port() const { return port_; }
   bool is_server() const { return bool(server_); }
   TcpStoreServer* server() const { return server_.get(); }  // null on clients
+  // The server's generation (16 random bytes it chose when it started), as this client joined it.
+  const std::string& generation() const { return generation_; }
 
  private:
   struct Reply {
     uint8_t status;
     std::string body;
   };
-  // Connects and says HELLO, retrying with backoff until `timeout` while the server is not up
-  // (or drops us to make room); a refusal (wrong token, store full) throws at once.
+  // Connects and authenticates, retrying with backoff until `timeout` while the server is not up
+  // (or drops us to make room, or is the generation to avoid); a refusal (wrong token, store
+  // full, another generation) throws at once.
   void connect_locked(Milliseconds timeout);
   void disconnect_locked();
+  // Throws DistError(op, why) when interrupt() was called.
+  void check_interrupt(const char* op);
   std::string where() const;  // host:port as a message names it
   // Sends one request frame and reads its reply; `wait_budget` is how long the server may
   // legitimately hold the request (get/wait), on top of a fixed grace for the round trip.
@@ -147,6 +236,10 @@ class TcpStore : public Store {
   std::unique_ptr<TcpStoreServer> server_;
   std::mutex mu_;  // one request in flight per client connection
   int fd_ = -1;
+  std::string generation_;    // set by the first handshake; later reconnects must find the same
+  std::string job_secret_;    // from the server after authentication
+  std::vector<int> watched_;  // under mu_
+  bool left_ = false;         // leave() was called
 };
 
 // Namespaces keys: every key is stored as "<prefix>/<key>".
@@ -165,6 +258,10 @@ class PrefixStore : public Store {
                           const std::string& desired) override;
   int64_t num_keys() override;  // of the whole base store
   void set_timeout(Milliseconds t) override;
+  std::string derive_key(const std::string& purpose) override;  // the base's, for prefix/purpose
+  void interrupt(const std::string& why) override;              // the base's
+  void clear_interrupt() override;
+  std::string describe_rank(int rank) override;
 
   const std::shared_ptr<Store>& base() const { return base_; }
 
@@ -204,7 +301,11 @@ namespace detail {
 // the byte stream of one connection, against a fresh in-memory store with small limits; no
 // sockets, no threads. Pending get/wait requests are resolved by a second in-memory client
 // setting the keys, or by expiring them. Aborts when the store's own accounting goes wrong.
-void store_fuzz_one(const uint8_t* data, size_t size);
+// The server's nonce (32 x 0x5a), generation (16 x 0x01) and job secret (32 x 0x02) are fixed,
+// so that a seed can carry a valid handshake (tests/fuzz/make_corpus.py computes its proof).
+// Returns how many frames the fuzzed connection sent after it was authenticated (tests check
+// that the seeds still get that far after a protocol change).
+size_t store_fuzz_one(const uint8_t* data, size_t size);
 }  // namespace detail
 
 }  // namespace accel::dist

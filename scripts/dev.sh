@@ -18,6 +18,8 @@ PACKAGES=(
   libdnnl-dev libeigen3-dev libgloo-dev zlib1g-dev
   doctest-dev libbenchmark-dev
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libfmt-dev
+  libssl-dev
+  iptables
   dataset-fashion-mnist fortunes
   clang libclang-rt-dev
   clang-format

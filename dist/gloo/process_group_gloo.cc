@@ -11,7 +11,9 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <dirent.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +22,7 @@
 
 #include "core/error.h"
 #include "dist/fingerprint.h"
+#include "dist/init_guard.h"
 #include "dist/net.h"
 #include "dist/reduce_kernels.h"
 
@@ -113,42 +116,101 @@ std::unique_ptr<gloo::rendezvous::Store> make_gloo_store(std::shared_ptr<Store> 
 
 namespace {
 
+// Finding the TCP socket of Gloo's pair to a peer, for TCP_INFO (Note [progress watchdog]). The
+// Debian Gloo package does not install the headers a subclass of its TCP pair needs, so the
+// socket is found by its addresses: the pair connected either to the peer's published pair
+// address (we were the connecting side) or from it to ours (we listened, and the accepted socket
+// keeps our pair's address as its local one). Only getsockname/getpeername/getsockopt are called
+// on it; the descriptor stays Gloo's, and is checked again before each use.
+struct PairEndpoints {
+  std::string mine;    // our pair's listening address for this peer, "ip:port"
+  std::string theirs;  // the peer's pair address for us
+};
+
+std::string socket_name(int fd, bool peer) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  int rc = peer ? getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len)
+                : getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  if (rc != 0 || (ss.ss_family != AF_INET && ss.ss_family != AF_INET6)) return {};
+  return format_sockaddr(reinterpret_cast<sockaddr*>(&ss), true);
+}
+
+bool is_pair_socket(int fd, const PairEndpoints& e) {
+  int type = 0;
+  socklen_t len = sizeof(type);
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) return false;
+  const std::string remote = socket_name(fd, true);
+  if (remote.empty()) return false;  // not connected (a listener)
+  return remote == e.theirs || socket_name(fd, false) == e.mine;
+}
+
+int find_pair_socket(const PairEndpoints& e) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int found = -1;
+  const int self = dirfd(d);
+  while (dirent* ent = readdir(d)) {
+    char* end = nullptr;
+    long fd = std::strtol(ent->d_name, &end, 10);
+    if (!end || *end != '\0' || fd < 0 || fd == self) continue;
+    if (is_pair_socket(int(fd), e)) {
+      found = int(fd);
+      break;
+    }
+  }
+  closedir(d);
+  return found;
+}
+
 // Note [gloo connect timeout]
 // Gloo (this version) waits up to 5x the pair timeout for a pair's initial connection, and a
 // rank on the listening side of a pair waits for a peer that may never come: with the 5-minute
 // collective timeout a rank whose peer failed to connect hung for 25 minutes. The pairs here get
 // a fifth of the timeout, so the connect wait is bounded by the timeout itself, and each step
 // names the peer and its address when it fails. (The pair timeout only bounds the connect and
-// Gloo's sync mode; collectives pass their own timeout.)
+// Gloo's sync mode; collectives pass their own timeout.) A peer lost meanwhile (the heartbeat,
+// through the InitGuard) closes the pairs, which ends the wait at once.
 class BoundedGlooContext : public gloo::Context {
  public:
   BoundedGlooContext(int rank, int size) : gloo::Context(rank, size) {}
 
   void connect_full_mesh(Store& store, const std::shared_ptr<gloo::transport::Device>& dev,
-                         const std::string& hostname, Milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
+                         const std::string& hostname, Milliseconds timeout, InitGuard* guard) {
+    // With a guard, the formation's deadline, and its configured timeout in messages.
+    const auto deadline = guard ? guard->deadline() : Clock::now() + timeout;
+    if (guard) timeout = guard->timeout();
+    const Milliseconds left = std::max(
+        Milliseconds(1), std::chrono::duration_cast<Milliseconds>(deadline - Clock::now()));
     const std::string who = "rank " + std::to_string(rank) + " of " + std::to_string(size);
-    auto tctx = dev->createContext(rank, size);
-    tctx->setTimeout(std::max(Milliseconds(1), (timeout + Milliseconds(4)) / 5));
+    std::shared_ptr<gloo::transport::Context> tctx = dev->createContext(rank, size);
+    tctx->setTimeout(std::max(Milliseconds(1), (left + Milliseconds(4)) / 5));
     std::string mine;
     size_t addr_size = 0;
+    endpoints_.assign(size_t(size), {});
     for (int i = 0; i < size; ++i) {
       if (i == rank) continue;
       auto bytes = tctx->createPair(i)->address().bytes();
       addr_size = bytes.size();
       mine.append(bytes.begin(), bytes.end());
+      endpoints_[size_t(i)].mine = format_sockaddr(
+          reinterpret_cast<const sockaddr*>(&gloo::transport::tcp::Address(bytes).getSockaddr()),
+          true);
     }
+    // Pair::close() is Gloo's "hard close", safe from another thread; a connect waiting on the
+    // listening side then returns (a closed pair counts as past connecting), and each connect
+    // below is followed by a look at the guard.
+    InitGuard::Hook hook;
+    if (guard)
+      hook = guard->on_fail([tctx, n = size, me = rank](const std::string&) {
+        for (int i = 0; i < n; ++i)
+          if (i != me) tctx->getPair(i)->close();
+      });
     store.set("gloo/" + std::to_string(rank), mine);
     for (int i = 0; i < size; ++i) {
       if (i == rank) continue;
       const std::string key = "gloo/" + std::to_string(i);
-      try {
-        store.wait({key}, std::max(Milliseconds(1), std::chrono::duration_cast<Milliseconds>(
-                                                        deadline - Clock::now())));
-      } catch (const DistError& e) {
-        ACCEL_THROW(DistError, "init", who, ": rank ", i, " did not publish its address within ",
-                    timeout.count(), " ms (did it start?): ", e.what());
-      }
+      wait_peer_key(store, key, i, deadline, timeout, who, "Gloo address");
       std::string all = store.get(key);
       // Rank i listed one address per peer in rank order, skipping itself.
       const size_t index = size_t(rank < i ? rank : rank - 1);
@@ -160,29 +222,49 @@ class BoundedGlooContext : public gloo::Context {
       std::string where = format_sockaddr(
           reinterpret_cast<const sockaddr*>(&gloo::transport::tcp::Address(addr).getSockaddr()),
           true);
+      endpoints_[size_t(i)].theirs = where;
+      if (guard) guard->check(who);
       const auto step_start = Clock::now();
       try {
         tctx->getPair(i)->connect(addr);
       } catch (const std::exception& e) {
+        if (guard) guard->check(who);  // closed by the guard: its reason, not Gloo's
         // "within" only when it waited; a refused connection fails at once.
-        const bool waited = Clock::now() - step_start >= timeout / 2;
+        const bool waited = Clock::now() - step_start >= left / 2;
         ACCEL_THROW(DistError, "init", who, ": could not connect to rank ", i, " at ", where,
                     waited ? " within " + std::to_string(timeout.count()) + " ms" : "",
                     " (gloo, this rank at ", hostname, "): ", e.what(),
                     " (an address the peer cannot reach? choose the interface with "
                     "ACCEL_SOCKET_IFNAME)");
       }
+      // A pair closed by the guard "connects" (Gloo counts closed as past connecting).
+      if (guard) guard->check(who);
     }
     device_ = dev;
     transportContext_ = std::move(tctx);
+    sockets_.assign(size_t(size), -1);
   }
+
+  // The pair's socket to `peer`, or -1 (Note [progress watchdog]). Called by one thread (the
+  // heartbeat's).
+  int socket_fd(int peer) {
+    if (peer < 0 || size_t(peer) >= sockets_.size() || peer == rank) return -1;
+    int& fd = sockets_[size_t(peer)];
+    if (fd >= 0 && is_pair_socket(fd, endpoints_[size_t(peer)])) return fd;
+    fd = find_pair_socket(endpoints_[size_t(peer)]);
+    return fd;
+  }
+
+ private:
+  std::vector<PairEndpoints> endpoints_;
+  std::vector<int> sockets_;
 };
 
 }  // namespace
 
 std::shared_ptr<gloo::Context> connect_gloo_context(const std::shared_ptr<Store>& store, int rank,
                                                     int size, const std::string& hostname,
-                                                    Milliseconds timeout) {
+                                                    Milliseconds timeout, InitGuard* guard) {
   gloo::transport::tcp::attr attr;
   attr.hostname = hostname;
   std::shared_ptr<gloo::transport::Device> device;
@@ -197,8 +279,13 @@ std::shared_ptr<gloo::Context> connect_gloo_context(const std::shared_ptr<Store>
   }
   auto ctx = std::make_shared<BoundedGlooContext>(rank, size);
   ctx->setTimeout(timeout);
-  ctx->connect_full_mesh(*store, device, hostname, timeout);
+  ctx->connect_full_mesh(*store, device, hostname, timeout, guard);
   return ctx;
+}
+
+int gloo_socket_fd(gloo::Context& ctx, int peer) {
+  auto* b = dynamic_cast<BoundedGlooContext*>(&ctx);
+  return b ? b->socket_fd(peer) : -1;
 }
 
 void abort_gloo_context(gloo::Context& ctx) {
@@ -236,31 +323,61 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     ACCEL_CHECK(store != nullptr, DistError, "init", "a store is needed for world size ", size);
     store_ = std::make_shared<PrefixStore>(name, std::move(store));
     store_->set_timeout(options_.timeout);
-    ctx_ = connect_gloo_context(store_, rank, size, options_.hostname, options_.timeout);
-    control_ =
-        std::make_unique<ControlPlane>(store_, rank, size, options_.hostname, options_.timeout);
-    if (options_.shm) {
-      try {
-        shm_ = ShmAllReduce::create(store_, rank, size, options_.shm_slot_bytes, options_.timeout);
-      } catch (const DistError& e) {
-        ACCEL_THROW(DistError, "init", "rank ", rank, " of ", size,
-                    ": shared-memory setup failed within ", options_.timeout.count(),
-                    " ms: ", e.what());
+    // One deadline for the whole formation; the heartbeat first, so that a peer lost during any
+    // later step ends it (Note [init guard], Note [heartbeat during init]).
+    const Milliseconds init_timeout =
+        options_.init_timeout.count() > 0 ? options_.init_timeout : options_.timeout;
+    init_guard_.set_deadline(init_timeout, options_.init_deadline);
+    const std::string who = "rank " + std::to_string(rank) + " of " + std::to_string(size);
+    try {
+      InitGuard::Hook interrupt_store =
+          init_guard_.on_fail([this](const std::string& why) { store_->interrupt(why); });
+      if (options_.heartbeat_timeout.count() > 0) {
+        heartbeat_ = std::make_unique<Heartbeat>(
+            store_, rank, size, options_.hostname, options_.heartbeat_interval,
+            options_.heartbeat_timeout, init_timeout,
+            [this](int, const std::string& message) { on_peer_lost(message); }, &init_guard_);
       }
+      ctx_ =
+          connect_gloo_context(store_, rank, size, options_.hostname, init_timeout, &init_guard_);
+      init_guard_.check(who);
+      control_ = std::make_unique<ControlPlane>(store_, rank, size, options_.hostname, init_timeout,
+                                                &init_guard_);
+      init_guard_.check(who);
+      if (options_.shm) {
+        try {
+          shm_ =
+              ShmAllReduce::create(store_, rank, size, options_.shm_slot_bytes, init_guard_.left());
+        } catch (const DistError& e) {
+          init_guard_.check(who);
+          ACCEL_THROW(DistError, "init", who, ": shared-memory setup failed within ",
+                      init_timeout.count(), " ms: ", e.what());
+        }
+      }
+      init_guard_.check(who);
+    } catch (const std::exception& e) {
+      // The guard's reason (a lost peer) explains whatever error the interrupted step raised.
+      std::string why = init_guard_.failed() ? "[init] " + who + ": " + init_guard_.failure() +
+                                                   " (while the process group was forming)"
+                                             : std::string(e.what());
+      // Peers still forming the group learn it now, not at their own timeout.
+      if (heartbeat_) heartbeat_->fail(why);
+      store_->clear_interrupt();
+      throw DistError(why);
     }
-    if (options_.heartbeat_timeout.count() > 0) {
-      heartbeat_ = std::make_unique<Heartbeat>(
-          store_, rank, size, options_.hostname, options_.heartbeat_interval,
-          options_.heartbeat_timeout, options_.timeout,
-          [this](int peer, const std::string& address, double silent_s) {
-            mark_broken(Heartbeat::lost_message(peer, address, silent_s));
-          });
-    }
+    store_->clear_interrupt();
+    initialized_ = true;
+    // A loss reported between the last check and now: the group is unusable (first collective
+    // raises it).
+    if (init_guard_.failed()) mark_broken(init_guard_.failure());
+    flows_.assign(size_t(size), {});
+    if (heartbeat_) heartbeat_->set_on_tick([this] { check_progress(); });
   }
   worker_ = std::thread([this] { worker_loop(); });
 }
 
 ProcessGroupGloo::~ProcessGroupGloo() {
+  if (heartbeat_) heartbeat_->set_on_tick({});
   {
     std::lock_guard<std::mutex> g(queue_mu_);
     stop_ = true;
@@ -280,18 +397,90 @@ ProcessGroupPtr new_gloo_group(std::shared_ptr<Store> store, int rank, int size,
 
 // =========================== worker ===========================
 
+void ProcessGroupGloo::on_peer_lost(const std::string& msg) {
+  init_guard_.fail(msg);
+  if (initialized_.load()) mark_broken(msg);
+}
+
 void ProcessGroupGloo::mark_broken(const std::string& msg) {
   {
     std::lock_guard<std::mutex> g(broken_mu_);
     if (!broken_.empty()) return;
     broken_ = msg;
   }
+  // Peers learn it from the heartbeat too (the control channel may be what is broken).
+  if (heartbeat_) heartbeat_->fail("rank " + std::to_string(rank_) + ": " + msg);
   // Closing our connections turns the failure into an immediate error on the peers that wait on
   // us, instead of each of them running into its own timeout; the abort notice tells those that
   // read the control channel next why.
   if (control_) control_->abort("rank " + std::to_string(rank_) + ": " + msg);
   if (shm_) shm_->abort(msg);
   if (ctx_) abort_gloo_context(*ctx_);
+}
+
+// Note [progress watchdog]
+// Gloo owns its sockets and reports nothing until an operation's timeout (5 minutes by default);
+// the heartbeat only knows that datagrams arrive. On a link that loses 30 % of its packets both
+// are content: beats keep arriving (7 in 10), while TCP retransmits with exponential backoff and a
+// collective can sit without moving a byte for tens of seconds, then crawl. The watchdog runs on
+// the heartbeat thread every interval and asks the kernel (TCP_INFO, dist/net.h: tcp_progress)
+// about every connection of the group to each peer: Gloo's pair socket (ObservedPair) and the
+// control channel's. A connection that has data in flight (unacked > 0) and whose acknowledged
+// byte count has not moved for heartbeat_timeout is stalled: the peer's kernel has not confirmed
+// a single byte for that long, which a live host on a working path always does within a few
+// round trips (a peer that is busy or stopped still acknowledges what its buffers can take; a
+// full buffer shows as a zero window, with nothing in flight). The group is then marked failed
+// naming the peer, its address, the retransmissions, and what the heartbeat saw of the loss, and
+// the failure reaches the peer through the heartbeat (Heartbeat::fail), whose datagrams still
+// get through most of the time.
+// What it can detect: a path that drops everything or nearly everything in one direction for
+// heartbeat_timeout (a lossy link whose retransmissions keep failing, a link cut while data
+// was in flight, a dead or unplugged peer host), on either side of the connection that has data
+// to send; a peer whose own watchdog fired, through its heartbeat. What it cannot: a link that
+// is slow but moving (bytes acknowledged now and then: a 30 % loss link often crawls rather
+// than stalls; the heartbeat logs its loss rate once it passes 20 % of beats in a window, and
+// training goes on, slowly); a side that only waits to receive, with nothing of its own in
+// flight (the sending side detects it and tells it); shared-memory groups (no sockets; a
+// stopped or dead peer is the heartbeat's and pidfd's); NCCL (its own transport); with the
+// heartbeat disabled (ACCEL_HEARTBEAT_TIMEOUT=0), nothing.
+void ProcessGroupGloo::check_progress() {
+  if (!initialized_.load() || size_ == 1 || !heartbeat_ || !broken_message().empty()) return;
+  const auto now = Clock::now();
+  const Milliseconds stall = options_.heartbeat_timeout;
+  // This thread did not run for that long (the process was stopped or starved): what did not
+  // move meanwhile says nothing about the network. Judge afresh from now on.
+  const bool starved =
+      last_progress_check_ != Clock::time_point{} && now - last_progress_check_ > stall;
+  last_progress_check_ = now;
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    const int fds[2] = {ctx_ ? gloo_socket_fd(*ctx_, peer) : -1,
+                        control_ ? control_->socket_fd(peer) : -1};
+    for (int k = 0; k < 2; ++k) {
+      Flow& f = flows_[size_t(peer)][size_t(k)];
+      TcpProgress t = tcp_progress(fds[k]);
+      if (!t.ok || t.unacked == 0 || t.bytes_acked != f.acked || f.since == Clock::time_point{} ||
+          starved) {
+        f.acked = t.bytes_acked;
+        f.since = now;
+        continue;
+      }
+      if (now - f.since < stall) continue;
+      std::ostringstream os;
+      os.setf(std::ios::fixed);
+      os.precision(1);
+      std::string address = heartbeat_->peer_address(peer);
+      std::string loss = heartbeat_->loss_report(peer);
+      os << "no progress on the " << (k == 0 ? "Gloo" : "control") << " connection to rank " << peer
+         << (address.empty() ? "" : " at " + address) << " for "
+         << std::chrono::duration<double>(now - f.since).count() << " s: " << t.unacked
+         << " segment(s) unacknowledged, " << t.retransmits << " retransmission(s) in a row, "
+         << t.total_retrans << " in all" << (loss.empty() ? "" : "; " + loss)
+         << ": the network path to rank " << peer << " is losing packets or down";
+      mark_broken(os.str());
+      return;
+    }
+  }
 }
 
 std::string ProcessGroupGloo::broken_message() const {

@@ -1,6 +1,7 @@
 // Gloo backend: CPU tensors over Gloo's TCP transport.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -11,6 +12,7 @@
 #include "dist/control_plane.h"
 #include "dist/fingerprint.h"
 #include "dist/heartbeat.h"
+#include "dist/init_guard.h"
 #include "dist/process_group.h"
 #include "dist/shm_allreduce.h"
 
@@ -30,10 +32,15 @@ namespace accel::dist {
 std::unique_ptr<gloo::rendezvous::Store> make_gloo_store(std::shared_ptr<Store> store);
 
 // A fully connected Gloo context for `size` ranks (size > 1), keys under `store`.
-// Throws DistError when the peers do not show up within `timeout`.
+// Throws DistError when the peers do not show up within `timeout`, or as soon as `guard` (when
+// given) fails (Note [init guard]).
 std::shared_ptr<gloo::Context> connect_gloo_context(const std::shared_ptr<Store>& store, int rank,
                                                     int size, const std::string& hostname,
-                                                    Milliseconds timeout);
+                                                    Milliseconds timeout,
+                                                    InitGuard* guard = nullptr);
+// The TCP socket of a context made by connect_gloo_context to `peer`, or -1 (for TCP_INFO:
+// Note [progress watchdog]; the descriptor stays Gloo's).
+int gloo_socket_fd(gloo::Context& ctx, int peer);
 // Fails every pending send/receive of `ctx` at once and closes its connections.
 void abort_gloo_context(gloo::Context& ctx);
 
@@ -69,6 +76,9 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::string failure_message() const { return broken_message(); }
   // The heartbeat, or null (size 1, or disabled).
   const Heartbeat* heartbeat() const { return heartbeat_.get(); }
+  // One pass of the progress watchdog (Note [progress watchdog]); the heartbeat thread runs it
+  // every interval. Public for tests.
+  void check_progress();
 
  private:
   // A collective small enough to travel with its fingerprint over the control plane (TCP
@@ -98,6 +108,9 @@ class ProcessGroupGloo final : public ProcessGroup {
   void run_task(Task& task);
   // Records the first transport failure; afterwards every operation fails with it.
   void mark_broken(const std::string& msg);
+  // The heartbeat lost a peer, or a peer said it failed: ends the group's formation while it
+  // runs (init_guard_), marks the group failed after.
+  void on_peer_lost(const std::string& msg);
   std::string broken_message() const;
   // `symptom`, preceded by the group's recorded failure when there is one.
   std::string cause_of(const std::string& symptom) const;
@@ -115,10 +128,22 @@ class ProcessGroupGloo final : public ProcessGroup {
   ProcessGroupOptions options_;
   std::shared_ptr<Store> store_;
   std::shared_ptr<gloo::transport::Device> device_;
+  // Before the members its hooks touch, so that it outlives them (Note [init guard]).
+  InitGuard init_guard_;
+  std::atomic<bool> initialized_{false};
   std::shared_ptr<gloo::Context> ctx_;
   std::unique_ptr<ControlPlane> control_;  // fingerprints, barrier, abort notices
   std::unique_ptr<ShmAllReduce> shm_;      // same-host all-reduce; null: Gloo's TCP ring
   std::unique_ptr<Heartbeat> heartbeat_;   // null: size 1 or disabled
+  // Progress watchdog (heartbeat thread only): per peer and socket (Gloo, control), the bytes
+  // acknowledged when last seen and since when they have not moved while data was outstanding.
+  struct Flow {
+    uint64_t acked = 0;
+    std::chrono::steady_clock::time_point since{};
+    bool stalled = false;
+  };
+  std::vector<std::array<Flow, 2>> flows_;
+  std::chrono::steady_clock::time_point last_progress_check_{};
 
   std::atomic<uint64_t> seq_{0};
   FingerprintHistory history_;  // worker thread only

@@ -160,7 +160,6 @@ int main(int argc, char** argv) {
     InitOptions io;
     io.backend = args.backend;
     io.timeout = std::chrono::milliseconds(args.timeout_ms);
-    io.store_timeout = std::chrono::milliseconds(args.timeout_ms);
     pg = init_process_group(io);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "accel-selftest: cannot form the process group: %s\n", e.what());

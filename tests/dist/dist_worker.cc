@@ -21,12 +21,16 @@
 #include <vector>
 
 #include <gloo/context.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <netinet/in.h>
 
 #include "core/tensor.h"
 #include "dist/env.h"
 #include "dist/gloo/process_group_gloo.h"
+#include "dist/heartbeat.h"
 #include "dist/process_group.h"
+#include "dist/store.h"
 #include "tests/dist/worker_check.h"
 
 using namespace accel;
@@ -716,6 +720,123 @@ void scenario_p2p_forged(ProcessGroup& pg) {
 
 }  // namespace
 
+// init / all_reduce / destroy, DIST_CYCLES times in one process with the same MASTER_PORT
+// (issue 22 item 9): a fast rank must not join the previous cycle's store, nor read a stale
+// address from it. Each cycle's all-reduce carries the cycle number, so a rank that met a peer of
+// another cycle would see a wrong sum.
+int scenario_reinit() {
+  const int cycles = env_int("DIST_CYCLES", 20);
+  int done = 0;
+  for (int c = 0; c < cycles; ++c) {
+    try {
+      InitOptions io;
+      io.timeout = std::chrono::milliseconds(env_int("DIST_TIMEOUT_MS", 30000));
+      auto pg = init_process_group(io);
+      g_rank = pg->rank();
+      Tensor t = full({4}, double(c * 100 + pg->rank()), TensorOptions(kFloat64));
+      pg->all_reduce(t);
+      double want = 0;
+      for (int q = 0; q < pg->size(); ++q) want += c * 100 + q;
+      WCHECK(get(t, 0) == want, "cycle " << c << ": sum " << get(t, 0) << ", want " << want);
+      pg.reset();
+      destroy_process_group();
+      ++done;
+    } catch (const std::exception& e) {
+      std::cout << "rank " << g_rank << " cycle " << c << " failed: " << e.what() << std::endl;
+      ++g_failures;
+      break;
+    }
+  }
+  std::cout << "rank " << g_rank << " completed " << done << " of " << cycles << " cycles"
+            << std::endl;
+  if (g_failures == 0) std::cout << "rank " << g_rank << " ok reinit" << std::endl;
+  return g_failures == 0 ? 0 : 1;
+}
+
+// A rank lost while the group forms (issue 22 item 8). Knobs: DIST_VICTIM (rank), DIST_INIT_FAULT
+// ("kill" or "stop"), DIST_FAULT_AFTER_MS (from process start), DIST_ABSENT (a rank that never
+// starts its initialisation: it stops itself at once), DIST_FAKE_GLOO=1 (the victim is not a
+// real rank: it joins the store and the heartbeat, then publishes a Gloo address that makes
+// rank 0 the listening side of their pair, and never connects: rank 0 waits inside Gloo's pair
+// connect when the fault comes). The other ranks must fail their init_process_group naming the
+// victim (or the absent rank); each prints "rank R init failed after T ms (fault at F ms): msg".
+int scenario_init_fault() {
+  const auto t_start = Clock::now();
+  const DistEnv env = read_dist_env();
+  g_rank = env.rank;
+  const int victim = env_int("DIST_VICTIM", 1);
+  const int absent = env_int("DIST_ABSENT", -1);
+  const int after_ms = env_int("DIST_FAULT_AFTER_MS", 1500);
+  const std::string fault =
+      std::getenv("DIST_INIT_FAULT") ? std::getenv("DIST_INIT_FAULT") : "kill";
+  const auto timeout = std::chrono::milliseconds(env_int("DIST_TIMEOUT_MS", 30000));
+  if (env.rank == absent) {
+    std::cout << "rank " << env.rank << " never arrives" << std::endl;
+    raise(SIGSTOP);
+    return 4;
+  }
+  if (env.rank == victim) {
+    std::thread([=] {
+      std::this_thread::sleep_until(t_start + std::chrono::milliseconds(after_ms));
+      std::cout << "rank " << victim << " faulting (" << fault << ") at " << after_ms << " ms"
+                << std::endl;
+      raise(fault == "stop" ? SIGSTOP : SIGKILL);
+    }).detach();
+    if (env_int("DIST_FAKE_GLOO", 0) == 1) {
+      StoreOptions so;
+      so.timeout = timeout;
+      so.token = env.token;
+      so.member = env.rank;
+      auto base = std::make_shared<TcpStore>(env.master_addr, env.master_port, false, so);
+      auto st = std::make_shared<PrefixStore>("default", base);
+      Milliseconds hb_timeout = kDefaultHeartbeatTimeout;
+      if (const char* h = std::getenv("ACCEL_HEARTBEAT_TIMEOUT"))
+        hb_timeout = Milliseconds(int64_t(std::atof(h) * 1000));
+      Heartbeat hb(st, env.rank, env.world_size, "127.0.0.1", kDefaultHeartbeatInterval, hb_timeout,
+                   timeout, nullptr);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(0x7f000001);
+      addr.sin_port = 0xffff;  // the highest port in Gloo's order: rank 0 listens and waits
+      auto bytes =
+          gloo::transport::tcp::Address(reinterpret_cast<sockaddr*>(&addr), sizeof(addr)).bytes();
+      std::string all;
+      for (int q = 0; q + 1 < env.world_size; ++q) all.append(bytes.begin(), bytes.end());
+      st->set("gloo/" + std::to_string(env.rank), all);
+      std::this_thread::sleep_for(std::chrono::minutes(10));
+      return 4;
+    }
+    try {
+      InitOptions io;
+      io.timeout = timeout;
+      auto pg = init_process_group(io);
+    } catch (const std::exception& e) {
+      std::cout << "rank " << env.rank << " (victim) init failed: " << e.what() << std::endl;
+    }
+    std::this_thread::sleep_for(std::chrono::minutes(10));
+    return 4;
+  }
+  std::string msg;
+  try {
+    InitOptions io;
+    io.timeout = timeout;
+    auto pg = init_process_group(io);
+  } catch (const DistError& e) {
+    msg = e.what();
+  }
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t_start).count();
+  const int named = victim >= 0 ? victim : absent;
+  std::cout << "rank " << env.rank << " init failed after " << ms << " ms (fault at "
+            << (victim >= 0 ? after_ms : 0) << " ms): " << msg << std::endl;
+  WCHECK(!msg.empty(), "init_process_group did not fail");
+  WCHECK(msg.find("[init] rank " + std::to_string(env.rank) + " of ") == 0, "not an init error");
+  WCHECK(msg.find("rank " + std::to_string(named) + " ") != std::string::npos,
+         "the lost rank is not named: " << msg);
+  if (g_failures == 0) std::cout << "rank " << env.rank << " ok init_fault" << std::endl;
+  return g_failures == 0 ? 0 : 1;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::cerr << "usage: dist_worker <scenario>\n";
@@ -723,9 +844,10 @@ int main(int argc, char** argv) {
   }
   std::string scenario = argv[1];
   try {
+    if (scenario == "reinit") return scenario_reinit();
+    if (scenario == "init_fault") return scenario_init_fault();
     InitOptions io;
     io.timeout = std::chrono::milliseconds(env_int("DIST_TIMEOUT_MS", 30000));
-    io.store_timeout = std::chrono::milliseconds(env_int("DIST_STORE_TIMEOUT_MS", 30000));
     io.fingerprint_every = env_int("DIST_FINGERPRINT_EVERY", 1);
     auto pg = init_process_group(io);
     g_rank = pg->rank();

@@ -2,7 +2,8 @@
 // (tests/dist/multihost_test.sh): an MLP on synthetic data through DDP, one shard of each batch
 // per rank. Rank 0 prints the loss of every step ("step K loss X", X the mean over ranks), so a
 // 1-host and a 2-host run of the same world size can be compared line by line.
-//   mh_train [--steps N] [--step_sleep_ms M] [--timeout_ms T (group and store timeout)]
+//   mh_train [--steps N] [--step_sleep_ms M] [--timeout_ms T (init and collective timeout)]
+//            [--hidden H (32)]
 // Exit 0 on success; a DistError (a lost peer, ...) is printed and exits 3.
 #include <chrono>
 #include <cstdio>
@@ -28,14 +29,14 @@ using namespace accel::dist;
 
 namespace {
 
-constexpr int64_t kIn = 16, kHidden = 32, kClasses = 4, kBatchPerRank = 8;
+constexpr int64_t kIn = 16, kClasses = 4, kBatchPerRank = 8;
 
 struct Mlp : nn::Module {
   std::shared_ptr<nn::Linear> fc1, fc2;
-  Mlp() {
+  explicit Mlp(int64_t hidden) {
     Generator gen(11);
-    fc1 = register_module("fc1", std::make_shared<nn::Linear>(kIn, kHidden, true, &gen));
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(kHidden, kClasses, true, &gen));
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(kIn, hidden, true, &gen));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(hidden, kClasses, true, &gen));
   }
   Tensor forward(const Tensor& x) override { return fc2->forward(relu(fc1->forward(x))); }
 };
@@ -52,12 +53,15 @@ int main(int argc, char** argv) {
   const int steps = arg_int(argc, argv, "--steps", 10);
   const int sleep_ms = arg_int(argc, argv, "--step_sleep_ms", 0);
   const int timeout_ms = arg_int(argc, argv, "--timeout_ms", 0);
+  // 32: 676 parameters, whose gradients travel over the control channel (at most 16 KiB);
+  // 1024 and more: Gloo's ring (the lossy-link test).
+  const int hidden = arg_int(argc, argv, "--hidden", 32);
   try {
     InitOptions io;
-    if (timeout_ms > 0) io.timeout = io.store_timeout = std::chrono::milliseconds(timeout_ms);
+    if (timeout_ms > 0) io.timeout = std::chrono::milliseconds(timeout_ms);
     auto pg = init_process_group(io);
     const int rank = pg->rank(), world = pg->size();
-    auto net = std::make_shared<Mlp>();
+    auto net = std::make_shared<Mlp>(hidden);
     DistributedDataParallel ddp(net);
     optim::SGDOptions so;
     so.lr = 0.05;

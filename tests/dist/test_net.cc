@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <cstdlib>
 #include <future>
 #include <string>
@@ -15,6 +16,7 @@
 #include <doctest/doctest.h>
 #include <gloo/transport/tcp/address.h>
 
+#include "dist/accelerator.h"
 #include "dist/control_plane.h"
 #include "dist/heartbeat.h"
 #include "dist/net.h"
@@ -137,6 +139,7 @@ TEST_CASE("init: a peer whose Gloo address nobody answers on fails within the ti
   ProcessGroupOptions o;
   o.timeout = 2000ms;
   o.name = "fake";
+  o.heartbeat_timeout = 0ms;  // rank 1 has no heartbeat: this is about Gloo's connect alone
   auto t0 = Clock::now();
   std::string msg = error_of([&] { new_gloo_group(store, 0, 2, o); });
   double took = seconds_since(t0);
@@ -177,9 +180,9 @@ TEST_CASE("heartbeat: a silent peer is reported once, a departing one is not") {
     std::string lost_msg;
     std::mutex mu;
     Clock::time_point lost_at{};
-    auto on_lost = [&](int r, const std::string& a, double s) {
+    auto on_lost = [&](int r, const std::string& m) {
       std::lock_guard<std::mutex> g(mu);
-      lost_msg = Heartbeat::lost_message(r, a, s);
+      lost_msg = m;
       lost_at = Clock::now();
       lost_rank = r;
     };
@@ -206,7 +209,7 @@ TEST_CASE("heartbeat: a silent peer is reported once, a departing one is not") {
       return std::make_unique<Heartbeat>(store, 1, 2, "127.0.0.1", 100ms, 1500ms, 10000ms, nullptr);
     });
     Heartbeat hb0(store, 0, 2, "127.0.0.1", 100ms, 1500ms, 10000ms,
-                  [&](int, const std::string&, double) { ++lost; });
+                  [&](int, const std::string&) { ++lost; });
     auto hb1 = other.get();
     std::this_thread::sleep_for(1000ms);
     CHECK(hb0.beats_received() > 0);
@@ -214,4 +217,235 @@ TEST_CASE("heartbeat: a silent peer is reported once, a departing one is not") {
     std::this_thread::sleep_for(4000ms);  // > 2.5x the timeout
     CHECK(lost.load() == 0);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 22 items 8 and 10: authenticated heartbeats, a closed heartbeat port, failures passed on,
+// and peers lost while the group forms (Notes [heartbeat authentication], [heartbeat during
+// init], [init guard]).
+
+namespace {
+
+// A peer faked by the test: a UDP socket that publishes itself as rank `rank`'s heartbeat
+// address in `store` (under `prefix`) and sends datagrams by hand.
+struct FakePeer {
+  int fd = -1;
+  int rank, size;
+  std::string key;     // the group's heartbeat key, as the real ranks derive it
+  sockaddr_in dest{};  // rank 0's heartbeat socket, once known
+  uint64_t seq = 0;
+  FakePeer(const std::shared_ptr<Store>& store, const std::string& prefix, int r, int n)
+      : rank(r), size(n) {
+    fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    socklen_t len = sizeof(a);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    key = store->derive_key((prefix.empty() ? "" : prefix + "/") + "heartbeat");
+    store->set((prefix.empty() ? "" : prefix + "/") + "hb/" + std::to_string(r),
+               "127.0.0.1\n" + std::to_string(ntohs(a.sin_port)));
+  }
+  ~FakePeer() { close_socket(); }
+  void close_socket() {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+  // Reads rank 0's heartbeat address from the store.
+  void find_rank0(const std::shared_ptr<Store>& store, const std::string& prefix) {
+    std::string v = store->get((prefix.empty() ? "" : prefix + "/") + "hb/0");
+    dest.sin_family = AF_INET;
+    dest.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    dest.sin_port = htons(uint16_t(std::atoi(v.substr(v.find('\n') + 1).c_str())));
+  }
+  void send_raw(const std::string& d) {
+    ssize_t w = sendto(fd, d.data(), d.size(), 0, reinterpret_cast<sockaddr*>(&dest), sizeof(dest));
+    (void)w;
+  }
+  std::string beat(uint8_t type = Heartbeat::kBeat, const std::string& reason = {}) {
+    std::string d = Heartbeat::encode(key, type, rank, 0, size, ++seq, reason);
+    send_raw(d);
+    return d;
+  }
+};
+
+// Collects what on_lost reports.
+struct LostLog {
+  std::mutex mu;
+  std::vector<std::pair<int, std::string>> reports;
+  Clock::time_point first{};
+  Heartbeat::LostFn fn() {
+    return [this](int r, const std::string& m) {
+      std::lock_guard<std::mutex> g(mu);
+      if (reports.empty()) first = Clock::now();
+      reports.emplace_back(r, m);
+    };
+  }
+  // Waits up to `limit` for a report; the first one's message, or "".
+  std::string wait(std::chrono::milliseconds limit) {
+    auto end = Clock::now() + limit;
+    while (Clock::now() < end) {
+      {
+        std::lock_guard<std::mutex> g(mu);
+        if (!reports.empty()) return reports[0].second;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return "";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("heartbeat: forged and replayed datagrams are ignored and counted") {
+  // The attack of the issue: a peer stops, and datagrams saying "bye" from its address (spoofed,
+  // or sent by anyone who learned the format) made the others stop watching it. Here they come
+  // from the fake peer's own socket, so the source address is right; only the MAC and the
+  // sequence number can tell.
+  auto store = std::make_shared<MemoryStore>();
+  FakePeer fake(store, "", 1, 2);
+  LostLog lost;
+  Heartbeat hb0(store, 0, 2, "127.0.0.1", 250ms, 2000ms, 10000ms, lost.fn());
+  fake.find_rank0(store, "");
+  std::string first;
+  for (int i = 0; i < 5; ++i) {
+    std::string d = fake.beat();
+    if (i == 0) first = d;
+    std::this_thread::sleep_for(150ms);
+  }
+  CHECK(hb0.beats_received() >= 4);
+  const auto silent_from = Clock::now();
+  // The old format's bye (16 bytes: magic "ACBT", type 2, rank, size), three times.
+  for (int i = 0; i < 3; ++i) {
+    uint32_t old_bye[4] = {0x54424341, 2, 1, 2};
+    fake.send_raw(std::string(reinterpret_cast<const char*>(old_bye), sizeof(old_bye)));
+  }
+  // The new format under a key that is not the group's.
+  for (int i = 0; i < 3; ++i)
+    fake.send_raw(Heartbeat::encode(std::string(32, 'k'), Heartbeat::kBye, 1, 0, 2, 100 + i));
+  // A valid bye replayed is not possible (none was sent); a beat recorded earlier, replayed,
+  // must not count as a sign of life.
+  for (int i = 0; i < 3; ++i) {
+    fake.send_raw(first);
+    std::this_thread::sleep_for(200ms);
+  }
+  std::string msg = lost.wait(10000ms);
+  INFO(msg);
+  CHECK(msg.find("rank 1 at 127.0.0.1 sent no heartbeat for ") == 0);
+  double took = std::chrono::duration<double>(lost.first - silent_from).count();
+  CHECK(took < 2.0 + 4);  // the timeout, not stretched by the forgeries
+  CHECK(hb0.forged_datagrams() >= 6);
+  CHECK(hb0.replayed_datagrams() >= 3);
+  MESSAGE("silent peer reported after ", took, " s despite 6 forged and 3 replayed datagrams");
+}
+
+TEST_CASE("heartbeat: a peer whose heartbeat port closed is reported in about two intervals") {
+  auto store = std::make_shared<MemoryStore>();
+  auto fake = std::make_unique<FakePeer>(store, "", 1, 2);
+  LostLog lost;
+  // A 20 s timeout: only the closed port (ICMP port unreachable, twice) can explain a report
+  // within a few seconds.
+  Heartbeat hb0(store, 0, 2, "127.0.0.1", 250ms, 20000ms, 10000ms, lost.fn());
+  fake->find_rank0(store, "");
+  fake->beat();
+  std::this_thread::sleep_for(300ms);
+  const auto killed = Clock::now();
+  fake->close_socket();  // what the kernel does when the process is killed
+  std::string msg = lost.wait(10000ms);
+  INFO(msg);
+  CHECK(msg == Heartbeat::closed_message(1, "127.0.0.1"));
+  double took = std::chrono::duration<double>(lost.first - killed).count();
+  CHECK(took < 5.0);
+  MESSAGE("closed heartbeat port reported after ", took, " s (interval 0.25 s, timeout 20 s)");
+}
+
+TEST_CASE("heartbeat: a rank's failure reaches its peers, naming it and why") {
+  auto store = std::make_shared<MemoryStore>();
+  LostLog lost;
+  auto other = std::async(std::launch::async, [&] {
+    return std::make_unique<Heartbeat>(store, 1, 2, "127.0.0.1", 250ms, 20000ms, 10000ms, nullptr);
+  });
+  Heartbeat hb0(store, 0, 2, "127.0.0.1", 250ms, 20000ms, 10000ms, lost.fn());
+  auto hb1 = other.get();
+  std::this_thread::sleep_for(300ms);
+  auto t0 = Clock::now();
+  hb1->fail("[all_reduce] no progress on the Gloo connection to rank 0");
+  std::string msg = lost.wait(5000ms);
+  CHECK(msg == Heartbeat::failed_message(
+                   1, "127.0.0.1", "[all_reduce] no progress on the Gloo connection to rank 0"));
+  CHECK(Clock::now() - t0 < 3s);
+  hb1.reset();  // after fail(), the goodbye repeats the failure: nothing more is reported
+  std::this_thread::sleep_for(500ms);
+  std::lock_guard<std::mutex> g(lost.mu);
+  CHECK(lost.reports.size() == 1);
+}
+
+TEST_CASE("init: a peer that stops while the group forms fails it in the heartbeat time") {
+  // Rank 1 is faked: it publishes its heartbeat address, beats for a while, then stops
+  // (silent, socket open: SIGSTOP). It never publishes its Gloo address. Rank 0's init timeout is
+  // 30 s; its heartbeat timeout 1.5 s must end the wait.
+  for (bool in_gloo_connect : {false, true}) {
+    CAPTURE(in_gloo_connect);
+    auto store = std::make_shared<MemoryStore>();
+    const std::string name = in_gloo_connect ? "hbgloo" : "hbwait";
+    FakePeer fake(store, name, 1, 2);
+    if (in_gloo_connect) {
+      // Its Gloo address for rank 0: the all-ones port makes rank 0 the listening side of the
+      // pair, waiting inside Gloo for a connection that never comes.
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = 0xffff;
+      auto bytes =
+          gloo::transport::tcp::Address(reinterpret_cast<sockaddr*>(&addr), sizeof(addr)).bytes();
+      store->set(name + "/gloo/1", std::string(bytes.begin(), bytes.end()));
+    }
+    std::atomic<bool> beating{true};
+    Clock::time_point stopped_at{};
+    std::thread beater([&] {
+      fake.find_rank0(store, name);
+      for (int i = 0; i < 6 && beating; ++i) {
+        fake.beat();
+        std::this_thread::sleep_for(200ms);
+      }
+      stopped_at = Clock::now();
+    });
+    ProcessGroupOptions o;
+    o.timeout = 30000ms;
+    o.name = name;
+    o.heartbeat_timeout = 1500ms;
+    o.heartbeat_interval = 250ms;
+    o.shm = false;
+    auto t0 = Clock::now();
+    std::string msg = error_of([&] { new_gloo_group(store, 0, 2, o); });
+    double took = seconds_since(t0);
+    beater.join();
+    INFO(msg);
+    CHECK(msg.find("[init] rank 0 of 2: rank 1 at 127.0.0.1 sent no heartbeat for ") == 0);
+    CHECK(msg.find("while the process group was forming") != std::string::npos);
+    CHECK(took < 1.2 + 1.5 + 6);  // beats for ~1.2 s, then the heartbeat timeout; not 30 s
+    MESSAGE(
+        std::string(in_gloo_connect ? "in Gloo's pair connect" : "waiting for its Gloo address"),
+        ": init failed ", std::chrono::duration<double>(Clock::now() - stopped_at).count(),
+        " s after the peer stopped (heartbeat timeout 1.5 s)");
+  }
+}
+
+TEST_CASE("init: one timeout bounds the Accelerator's initialisation, store included") {
+  // AcceleratorConfig::timeout used to reach the collectives only: reaching the store kept its
+  // own 5-minute default. Rank 0 never starts here.
+  ScopedEnv r("RANK", "1"), w("WORLD_SIZE", "2"), a("MASTER_ADDR", "127.0.0.1"),
+      p("MASTER_PORT", std::to_string(closed_port()).c_str()), l("LOCAL_WORLD_SIZE", nullptr),
+      lr("LOCAL_RANK", nullptr), tok("ACCEL_RENDEZVOUS_TOKEN", nullptr);
+  AcceleratorConfig cfg;
+  cfg.cpu = true;
+  cfg.timeout = 2000ms;
+  auto t0 = Clock::now();
+  std::string msg = error_of([&] { Accelerator acc(cfg); });
+  double took = seconds_since(t0);
+  INFO(msg);
+  CHECK(msg.find("could not reach the rendezvous store of rank 0") != std::string::npos);
+  CHECK(msg.find("within 2000 ms") != std::string::npos);
+  CHECK(took < 2.0 + 8);
 }

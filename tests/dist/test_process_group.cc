@@ -251,3 +251,110 @@ TEST_CASE("init_process_group: local ranks split the host's CPUs unless OMP_NUM_
                      60s),
            "omp_fit");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 22 items 8 and 9: faults while the group forms, and init / destroy / init.
+
+namespace {
+// "init failed after T ms (fault at F ms)" from a rank's output: T - F (each process measures
+// from its own start, so it may be a few ms below 0), or LONG_MIN.
+long init_detection_ms(const std::string& out) {
+  auto p = out.find("init failed after ");
+  auto f = out.find("(fault at ");
+  if (p == std::string::npos || f == std::string::npos) return LONG_MIN;
+  return std::atol(out.c_str() + p + 18) - std::atol(out.c_str() + f + 10);
+}
+}  // namespace
+
+TEST_CASE("init: a rank killed, stopped or absent while the group forms is named in time") {
+  // The init timeout is 60 s: only the store's membership (a closed connection), the heartbeat
+  // (running from the start of formation) or the closed heartbeat port can end it sooner.
+  struct Case {
+    std::string what;
+    int world;
+    std::map<std::string, std::string> env;
+    long limit_ms;       // detection bound after the fault (generous: a loaded machine)
+    const char* needle;  // in every survivor's message
+  };
+  const std::vector<Case> cases = {
+      {"killed while the others wait in the store",
+       3,
+       {{"DIST_ABSENT", "2"}, {"DIST_VICTIM", "1"}, {"DIST_INIT_FAULT", "kill"}},
+       8000,
+       "rank 1 closed its connection to the rendezvous store"},
+      {"rank 0, which serves the store, killed while the others wait in it",
+       3,
+       {{"DIST_ABSENT", "2"}, {"DIST_VICTIM", "0"}, {"DIST_INIT_FAULT", "kill"}},
+       8000,
+       "lost the rendezvous store while waiting for rank 2's heartbeat address"},
+      {"stopped while the others wait in the store",
+       3,
+       {{"DIST_ABSENT", "2"},
+        {"DIST_VICTIM", "1"},
+        {"DIST_INIT_FAULT", "stop"},
+        {"ACCEL_HEARTBEAT_TIMEOUT", "3"}},
+       3000 + 8000,
+       "rank 1 at 127.0.0.1 sent no heartbeat"},
+      {"killed while the other waits in Gloo's pair connect",
+       2,
+       {{"DIST_VICTIM", "1"}, {"DIST_FAKE_GLOO", "1"}, {"DIST_INIT_FAULT", "kill"}},
+       8000,
+       "rank 1 at 127.0.0.1: its heartbeat port is closed"},
+      {"stopped while the other waits in Gloo's pair connect",
+       2,
+       {{"DIST_VICTIM", "1"},
+        {"DIST_FAKE_GLOO", "1"},
+        {"DIST_INIT_FAULT", "stop"},
+        {"ACCEL_HEARTBEAT_TIMEOUT", "3"}},
+       3000 + 8000,
+       "rank 1 at 127.0.0.1 sent no heartbeat"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    std::map<std::string, std::string> env = c.env;
+    env["DIST_TIMEOUT_MS"] = "60000";
+    env["DIST_FAULT_AFTER_MS"] = "2000";
+    auto res =
+        run_world(worker(), {"init_fault"}, c.world, env, 90s, /*kill_after_survivors=*/true);
+    const int victim = std::atoi(c.env.at("DIST_VICTIM").c_str());
+    const int absent = c.env.count("DIST_ABSENT") ? 2 : -1;
+    for (int r = 0; r < c.world; ++r) {
+      if (r == victim || r == absent) continue;
+      INFO("rank " << r << " output:\n" << res[size_t(r)].output);
+      CHECK(res[size_t(r)].exited);
+      CHECK(res[size_t(r)].code == 0);
+      CHECK(res[size_t(r)].output.find(c.needle) != std::string::npos);
+      long ms = init_detection_ms(res[size_t(r)].output);
+      CHECK(ms != LONG_MIN);
+      CHECK(ms < c.limit_ms);
+      MESSAGE(c.what << ": rank " << r << " failed its init " << ms << " ms after the fault");
+    }
+  }
+}
+
+TEST_CASE("init: a rank that never arrives is named, within the one init timeout") {
+  auto t0 = std::chrono::steady_clock::now();
+  auto res = run_world(worker(), {"init_fault"}, 3,
+                       {{"DIST_VICTIM", "-1"}, {"DIST_ABSENT", "2"}, {"DIST_TIMEOUT_MS", "4000"}},
+                       60s, /*kill_after_survivors=*/true);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << " output:\n" << res[size_t(r)].output);
+    CHECK(res[size_t(r)].code == 0);
+    CHECK(res[size_t(r)].output.find("rank 2 did not publish its heartbeat address within 4000 "
+                                     "ms (it never connected to the rendezvous store at "
+                                     "127.0.0.1:") != std::string::npos);
+    CHECK(res[size_t(r)].output.find("ranks 0, 1 did") != std::string::npos);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 4s + 20s);
+}
+
+TEST_CASE("init / destroy / init: 20 cycles with the same MASTER_PORT") {
+  // A fast rank used to reach the previous cycle's store (still up on the slower rank 0) and its
+  // stale Gloo addresses, failing within 1-3 cycles.
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    auto res = run_world(worker(), {"reinit"}, world,
+                         {{"DIST_CYCLES", "20"}, {"DIST_TIMEOUT_MS", "20000"}}, 180s);
+    check_ok(res, "reinit");
+  }
+}

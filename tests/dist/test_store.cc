@@ -13,7 +13,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
@@ -23,6 +25,7 @@
 #include <doctest/doctest.h>
 
 #include "core/error.h"
+#include "dist/auth.h"
 #include "dist/env.h"
 #include "dist/store.h"
 
@@ -39,6 +42,9 @@ StoreOptions opts(Milliseconds timeout = 5000ms, std::string token = "") {
   return o;
 }
 
+bool raw_handshake(int fd, const std::string& token, std::chrono::milliseconds timeout,
+                   int member = -1);
+
 // A raw TCP connection to the server for sending hand-made bytes.
 struct RawConn {
   int fd = -1;
@@ -51,6 +57,9 @@ struct RawConn {
     REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
   }
   ~RawConn() { close(fd); }
+  bool handshake(const std::string& token = "", std::chrono::milliseconds timeout = 5000ms) {
+    return raw_handshake(fd, token, timeout);
+  }
   void send_bytes(const std::string& s) {
     ssize_t w = send(fd, s.data(), s.size(), MSG_NOSIGNAL);
     (void)w;  // the server may already have closed: that is what some tests check
@@ -75,13 +84,67 @@ std::string le32(uint32_t v) {
   for (int i = 0; i < 4; ++i) s[size_t(i)] = char((v >> (8 * i)) & 0xff);
   return s;
 }
-std::string hello_frame(const std::string& token) {
+std::string frame(const std::string& body) { return le32(uint32_t(body.size())) + body; }
+
+// The client side of the version-2 handshake by hand (Note [store authentication]).
+const std::string kRawNonce(32, 'n');
+std::string hello_frame(const std::string& token, int member = -1,
+                        const std::string& joined = std::string(16, '\0')) {
   std::string body;
   body.push_back(0);                   // HELLO
   body += le32(0x54534341);            // magic
-  body += std::string("\x01\x00", 2);  // version 1
-  body += le32(uint32_t(token.size())) + token;
-  return le32(uint32_t(body.size())) + body;
+  body += std::string("\x02\x00", 2);  // version 2
+  body.push_back(token.empty() ? 0 : 1);
+  body += kRawNonce;
+  body += le32(uint32_t(member));
+  body += joined;
+  return frame(body);
+}
+// The AUTH frame answering a HELLO reply body (status byte first), or "" when the reply is not
+// a challenge whose proof checks out under `token`.
+std::string auth_frame(const std::string& reply, const std::string& token) {
+  if (reply.size() != 1 + 1 + 32 + 16 + 32 || reply[0] != 0) return "";
+  std::string ns = reply.substr(2, 32), gen = reply.substr(34, 16), proof = reply.substr(50, 32);
+  if (auth::hmac_sha256_str(token, "accel-store-v2 server" + kRawNonce + ns + gen) != proof)
+    return "";
+  return frame(std::string("\x09\x01", 2) +
+               auth::hmac_sha256_str(token, "accel-store-v2 client" + kRawNonce + ns + gen));
+}
+
+// Reads one frame body within `timeout`: 1 got it, 0 nothing came, -1 closed, malformed, or
+// only part of a frame came.
+int read_frame(int fd, std::chrono::milliseconds timeout, std::string* body) {
+  std::string got;
+  size_t need = 4;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (got.size() < need) {
+    if (std::chrono::steady_clock::now() >= deadline) return got.empty() ? 0 : -1;
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    char buf[4096];
+    ssize_t r = recv(fd, buf, std::min(sizeof(buf), need - got.size()), 0);
+    if (r <= 0) return -1;
+    got.append(buf, size_t(r));
+    if (got.size() == 4 && need == 4) {
+      uint32_t len = uint32_t(uint8_t(got[0])) | uint32_t(uint8_t(got[1])) << 8 |
+                     uint32_t(uint8_t(got[2])) << 16 | uint32_t(uint8_t(got[3])) << 24;
+      if (len > (1u << 20)) return -1;
+      need = 4 + len;
+    }
+  }
+  *body = got.substr(4);
+  return 1;
+}
+
+// The whole handshake on a raw connection; true when the server accepted it.
+bool raw_handshake(int fd, const std::string& token, std::chrono::milliseconds timeout,
+                   int member) {
+  std::string h = hello_frame(token, member), reply;
+  if (send(fd, h.data(), h.size(), MSG_NOSIGNAL) != ssize_t(h.size())) return false;
+  if (read_frame(fd, timeout, &reply) != 1) return false;
+  std::string a = auth_frame(reply, token);
+  if (a.empty() || send(fd, a.data(), a.size(), MSG_NOSIGNAL) != ssize_t(a.size())) return false;
+  return read_frame(fd, timeout, &reply) == 1 && reply.size() == 33 && reply[0] == 0;
 }
 
 struct EnvGuard {
@@ -198,7 +261,7 @@ TEST_CASE("store: garbage bytes close that connection only") {
   std::mt19937 rng(1234);
   for (int i = 0; i < 200; ++i) {
     RawConn raw(server.port());
-    raw.send_bytes(hello_frame(""));
+    REQUIRE(raw.handshake());
     std::string body;
     size_t n = 1 + rng() % 40;
     for (size_t j = 0; j < n; ++j) body.push_back(char(rng() & 0xff));
@@ -227,7 +290,7 @@ TEST_CASE("store: oversized and truncated messages are rejected") {
   }
   {
     RawConn raw(server.port());
-    raw.send_bytes(hello_frame(""));
+    REQUIRE(raw.handshake());
     raw.send_bytes(le32(0xffffffffu));  // 4 GiB claimed
     std::string got;
     CHECK(raw.closed_by_server(2s, &got));
@@ -236,7 +299,7 @@ TEST_CASE("store: oversized and truncated messages are rejected") {
   {
     // A string length pointing past the end of its frame.
     RawConn raw(server.port());
-    raw.send_bytes(hello_frame(""));
+    REQUIRE(raw.handshake());
     std::string body = std::string(1, char(1)) + le32(1000) + "abc";  // SET, key len 1000
     raw.send_bytes(le32(uint32_t(body.size())) + body);
     std::string got;
@@ -246,7 +309,7 @@ TEST_CASE("store: oversized and truncated messages are rejected") {
   {
     // WAIT claiming 2^31 keys in a tiny frame must not reserve memory for them.
     RawConn raw(server.port());
-    raw.send_bytes(hello_frame(""));
+    REQUIRE(raw.handshake());
     std::string body = std::string(1, char(4)) + std::string(8, '\0') + le32(0x7fffffff);
     raw.send_bytes(le32(uint32_t(body.size())) + body);
     CHECK(raw.closed_by_server(2s));
@@ -441,25 +504,25 @@ size_t count_closed(std::vector<std::unique_ptr<RawConn>>& conns, size_t want,
   return n;
 }
 
-// Reads the server's HELLO reply within `timeout`: kHelloOk, kHelloNone (nothing came), or
-// kHelloBad (closed, or something else came).
+// Reads the server's reply to HELLO within `timeout`: kHelloOk (the challenge, in *body),
+// kHelloNone (nothing came), or kHelloBad (closed, or something else came).
 enum HelloReply { kHelloOk, kHelloNone, kHelloBad };
-HelloReply hello_reply(RawConn& c, std::chrono::milliseconds timeout) {
+HelloReply hello_reply(RawConn& c, std::chrono::milliseconds timeout, std::string* body = nullptr) {
   std::string got;
-  auto deadline = Clock::now() + timeout;
-  while (got.size() < 5 && Clock::now() < deadline) {
-    pollfd p{c.fd, POLLIN, 0};
-    if (poll(&p, 1, 50) <= 0) continue;
-    char buf[64];
-    ssize_t r = recv(c.fd, buf, sizeof(buf), 0);
-    if (r <= 0) return kHelloBad;
-    got.append(buf, size_t(r));
-  }
-  if (got.empty()) return kHelloNone;
-  return got.size() >= 5 && got.substr(0, 4) == le32(1) && got[4] == 0 ? kHelloOk : kHelloBad;
+  int r = read_frame(c.fd, timeout, &got);
+  if (r == 0) return kHelloNone;
+  if (r < 0 || got.empty() || got[0] != 0) return kHelloBad;
+  if (body) *body = got;
+  return kHelloOk;
 }
 bool hello_ok(RawConn& c, std::chrono::milliseconds timeout) {
   return hello_reply(c, timeout) == kHelloOk;
+}
+// Completes a handshake whose challenge `reply` came: AUTH, then the server's OK.
+bool finish_auth(RawConn& c, const std::string& reply, const std::string& token = "") {
+  std::string a = auth_frame(reply, token), ok;
+  c.send_bytes(a);
+  return !a.empty() && read_frame(c.fd, 5000ms, &ok) == 1 && ok.size() == 33 && ok[0] == 0;
 }
 
 // CPU time (user + system) a process has used so far, from /proc/<pid>/stat.
@@ -477,16 +540,22 @@ double cpu_seconds(pid_t pid) {
   return ticks / double(sysconf(_SC_CLK_TCK));
 }
 
-// A TCP listener that accepts, answers HELLO (when `answer_hello`), then never replies again:
-// a hung rank 0.
+// A TCP listener that is not a working store. kMute accepts and never answers; kHung completes
+// the handshake with `token` (a hung rank 0), then never replies again; kSquatter listens on the
+// port first, answers HELLO with a challenge it cannot prove (it does not know the token), and
+// records every byte each client sent.
 struct SilentServer {
+  enum Mode { kMute, kHung, kSquatter };
   int listen_fd = -1;
   int port = 0;
-  bool answer_hello;
+  Mode mode;
+  std::string token;
   std::atomic<bool> stop{false};
   std::thread thread;
   std::vector<int> accepted;
-  explicit SilentServer(bool answer) : answer_hello(answer) {
+  std::mutex mu;
+  std::vector<std::string> received;  // per connection (kSquatter)
+  explicit SilentServer(Mode m, std::string tok = "") : mode(m), token(std::move(tok)) {
     listen_fd = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -503,13 +572,39 @@ struct SilentServer {
         int fd = accept(listen_fd, nullptr, nullptr);
         if (fd < 0) continue;
         accepted.push_back(fd);
-        if (!answer_hello) continue;
-        char buf[4096];
-        ssize_t r = recv(fd, buf, sizeof(buf), 0);  // the HELLO frame
-        (void)r;
-        std::string ok = le32(1) + std::string(1, '\0');
-        ssize_t w = send(fd, ok.data(), ok.size(), MSG_NOSIGNAL);
+        if (mode == kMute) continue;
+        std::string hello;
+        if (read_frame(fd, 2000ms, &hello) != 1 || hello.size() < 8 + 32) continue;
+        const std::string nc = hello.substr(8, 32);
+        const std::string ns(32, 's'), gen(16, 'g');
+        std::string proof =
+            mode == kHung ? auth::hmac_sha256_str(token, "accel-store-v2 server" + nc + ns + gen)
+                          : std::string(32, '?');  // a squatter cannot compute it
+        std::string challenge =
+            frame(std::string(1, '\0') + std::string(1, token.empty() ? 0 : 1) + ns + gen + proof);
+        ssize_t w = send(fd, challenge.data(), challenge.size(), MSG_NOSIGNAL);
         (void)w;
+        std::string auth;
+        int got = read_frame(fd, 2000ms, &auth);
+        if (mode == kSquatter) {
+          // Whatever else the client sends before it closes.
+          std::string rest;
+          char buf[4096];
+          pollfd q{fd, POLLIN, 0};
+          while (poll(&q, 1, 500) > 0) {
+            ssize_t r = recv(fd, buf, sizeof(buf), 0);
+            if (r <= 0) break;
+            rest.append(buf, size_t(r));
+          }
+          std::lock_guard<std::mutex> g(mu);
+          received.push_back(hello + (got == 1 ? auth : std::string()) + rest);
+          continue;
+        }
+        if (got == 1) {
+          std::string ok = frame(std::string(1, '\0') + std::string(32, 'S'));
+          w = send(fd, ok.data(), ok.size(), MSG_NOSIGNAL);
+          (void)w;
+        }
       }
     });
   }
@@ -653,9 +748,11 @@ TEST_CASE("store hardening: out of file descriptors the server neither spins nor
   for (rlim_t i = 0; i < 2 * kChildFdLimit && !first_stuck; ++i) {
     auto c = std::make_unique<RawConn>(port);
     c->send_bytes(hello_frame(""));
-    HelloReply h = hello_reply(*c, 3000ms);
+    std::string challenge;
+    HelloReply h = hello_reply(*c, 3000ms, &challenge);
     REQUIRE(h != kHelloBad);  // a connection that said HELLO at once is never dropped
     if (h == kHelloOk) {
+      REQUIRE(finish_auth(*c, challenge));  // authenticated: never dropped for another
       in.push_back(std::move(c));
     } else {
       first_stuck = std::move(c);  // queued in the backlog: the child is out of descriptors
@@ -788,14 +885,14 @@ TEST_CASE("store hardening: connecting where nothing listens names rank 0's addr
 
 TEST_CASE("store hardening: a silent server costs each call at most the store timeout") {
   {
-    SilentServer hung(/*answer_hello=*/true);
+    SilentServer hung(SilentServer::kHung);
     TcpStore client("127.0.0.1", hung.port, false, opts(1000ms));
     auto t0 = Clock::now();
     CHECK_THROWS_AS(client.set("k", "v"), DistError);
     CHECK(Clock::now() - t0 < 6s);  // the timeout, not a fixed 10 s grace
   }
   {
-    SilentServer mute(/*answer_hello=*/false);
+    SilentServer mute(SilentServer::kMute);
     auto t0 = Clock::now();
     try {
       TcpStore client("127.0.0.1", mute.port, false, opts(1000ms));
@@ -804,5 +901,237 @@ TEST_CASE("store hardening: a silent server costs each call at most the store ti
       CHECK(std::string(e.what()).find("did not answer the handshake") != std::string::npos);
     }
     CHECK(Clock::now() - t0 < 6s);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authentication, generations and membership (issue 22 items 8-10; Notes [store
+// authentication], [store generations], [store membership] in dist/store.cc).
+
+TEST_CASE("store authentication: a squatter on the port learns nothing reusable and is refused") {
+  const std::string token = "squat-test-token-0123456789abcdef";
+  SilentServer squatter(SilentServer::kSquatter);
+  auto t0 = Clock::now();
+  try {
+    TcpStore victim("127.0.0.1", squatter.port, false, opts(20000ms, token));
+    FAIL("the client trusted a server that cannot prove the token");
+  } catch (const DistError& e) {
+    std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("could not prove that it holds this rank's token") != std::string::npos);
+    CHECK(msg.find("127.0.0.1:" + std::to_string(squatter.port)) != std::string::npos);
+  }
+  CHECK(Clock::now() - t0 < 10s);  // refused at once, not retried until the timeout
+  std::vector<std::string> got;
+  for (int i = 0; i < 100; ++i) {
+    {
+      std::lock_guard<std::mutex> g(squatter.mu);
+      got = squatter.received;
+    }
+    if (!got.empty()) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  REQUIRE(got.size() == 1);
+  const std::string& bytes = got[0];
+  // Version 1 sent the token itself in HELLO.
+  CHECK(bytes.find(token) == std::string::npos);
+  // The frames' bodies: HELLO (1 + 4 + 2 + 1 + 32 + 4 + 16 bytes) and AUTH "not verified" (2
+  // bytes), then nothing: no proof, nothing else computed from the token.
+  CHECK(bytes.size() == 60 + 2);
+  CHECK(bytes.substr(60) == std::string("\x09\x00", 2));
+}
+
+TEST_CASE("store authentication: a proof recorded on one connection is refused on another") {
+  TcpStore server("127.0.0.1", 0, true, opts(5000ms, "tok-0123456789abcdef"));
+  RawConn first(server.port());
+  first.send_bytes(hello_frame("tok-0123456789abcdef"));
+  std::string challenge;
+  REQUIRE(hello_reply(first, 5000ms, &challenge) == kHelloOk);
+  const std::string recorded = auth_frame(challenge, "tok-0123456789abcdef");
+  REQUIRE(!recorded.empty());
+  REQUIRE(finish_auth(first, challenge, "tok-0123456789abcdef"));
+  // The same client nonce, the recorded AUTH: the server's nonce differs, so the proof does not
+  // fit this connection.
+  RawConn replay(server.port());
+  replay.send_bytes(hello_frame("tok-0123456789abcdef"));
+  REQUIRE(hello_reply(replay, 5000ms, &challenge) == kHelloOk);
+  replay.send_bytes(recorded);
+  std::string got;
+  CHECK(replay.closed_by_server(5s, &got));
+  CHECK(got.find("rendezvous token rejected") != std::string::npos);
+  CHECK(server.server()->stats().auth_failures == 1);
+  // Version 1 clients (the token in clear) are refused, naming the versions.
+  RawConn old(server.port());
+  std::string v1 = std::string(1, '\0') + le32(0x54534341) + std::string("\x01\x00", 2) + le32(20) +
+                   "tok-0123456789abcdef";
+  old.send_bytes(frame(v1));
+  got.clear();
+  CHECK(old.closed_by_server(5s, &got));
+  CHECK(got.find("protocol version 1, this store speaks 2") != std::string::npos);
+}
+
+TEST_CASE("store generations: a restarted server refuses the old generation's clients") {
+  auto first = std::make_unique<TcpStore>("127.0.0.1", 0, true, opts());
+  const int port = first->port();
+  const std::string gen1 = first->generation();
+  TcpStore client("127.0.0.1", port, false, opts(3000ms));
+  CHECK(client.generation() == gen1);
+  CHECK(gen1.size() == 16);
+  client.set("k", "v");
+  first.reset();  // rank 0 tears its store down and starts a new one on the same port
+  TcpStore second("127.0.0.1", port, true, opts());
+  CHECK(second.generation() != gen1);
+  // The old connection is gone; the client reconnects, and the new server refuses it instead of
+  // serving it a store that does not hold its keys.
+  std::string msg;
+  for (int i = 0; i < 3 && msg.find("generation") == std::string::npos; ++i) {
+    try {
+      client.set("k2", "v2");
+    } catch (const DistError& e) {
+      msg = e.what();
+    }
+  }
+  INFO(msg);
+  CHECK(msg.find("this client joined generation " + auth::hex(gen1)) != std::string::npos);
+  CHECK(msg.find("replaced by generation " + auth::hex(second.generation())) != std::string::npos);
+  CHECK(second.server()->stats().stale_generation >= 1);
+  CHECK_FALSE(second.check({"k2"}));
+}
+
+TEST_CASE("store generations: a client avoiding the previous generation waits for the next") {
+  auto first = std::make_unique<TcpStore>("127.0.0.1", 0, true, opts());
+  const int port = first->port();
+  const std::string gen1 = first->generation();
+  first->set("stale", "previous cycle's address");
+  std::unique_ptr<TcpStore> second;
+  std::thread restarter([&] {
+    std::this_thread::sleep_for(400ms);
+    first.reset();
+    second = std::make_unique<TcpStore>("127.0.0.1", port, true, opts());
+    second->set("fresh", "1");
+  });
+  StoreOptions o = opts(10000ms);
+  o.avoid_generation = gen1;
+  auto t0 = Clock::now();
+  TcpStore late("127.0.0.1", port, false, o);  // the old store is up: not that one
+  CHECK(Clock::now() - t0 >= 350ms);
+  CHECK(late.generation() != gen1);
+  CHECK(late.get("fresh", 5000ms) == "1");
+  CHECK_FALSE(late.check({"stale"}));
+  restarter.join();
+  CHECK(late.generation() == second->generation());
+}
+
+TEST_CASE("store membership: a wait watching a rank ends when it leaves or dies") {
+  TcpStore server("127.0.0.1", 0, true, opts());
+  StoreOptions o0 = opts(20000ms);
+  o0.member = 0;
+  TcpStore rank0("127.0.0.1", server.port(), false, o0);
+  rank0.watch_members({1, 2});
+  auto expect_left = [&](int who, const char* what) {
+    auto t0 = Clock::now();
+    try {
+      rank0.wait({"never"}, 20000ms);
+      FAIL("the wait outlived rank ", who);
+    } catch (const StoreMemberLeft& e) {
+      std::string msg = e.what();
+      INFO(msg);
+      CHECK(e.rank() == who);
+      CHECK(msg.find("rank " + std::to_string(who) + " ") != std::string::npos);
+      CHECK(msg.find(what) != std::string::npos);
+    }
+    CHECK(Clock::now() - t0 < 10s);  // not the 20 s timeout
+  };
+  {
+    // Rank 2 "dies": its connection closes without LEAVE (a killed process).
+    RawConn two(server.port());
+    REQUIRE(raw_handshake(two.fd, "", 5000ms, 2));
+    std::thread killer([&] {
+      std::this_thread::sleep_for(300ms);
+      shutdown(two.fd, SHUT_RDWR);
+    });
+    expect_left(2, "without leaving: the process exited or was killed");
+    killer.join();
+  }
+  // Already gone: the next wait ends at once.
+  expect_left(2, "without leaving");
+  rank0.watch_members({1});
+  {
+    StoreOptions o1 = opts(20000ms);
+    o1.member = 1;
+    auto one = std::make_unique<TcpStore>("127.0.0.1", server.port(), false, o1);
+    one->set("from1", "x");
+    CHECK(rank0.get("from1", 1000ms) == "x");  // keys present: no reason to fail
+    std::thread leaver([&] {
+      std::this_thread::sleep_for(300ms);
+      one.reset();  // a clean exit says LEAVE
+    });
+    expect_left(1, "left the rendezvous store");
+    leaver.join();
+  }
+  // What the store knows about ranks, for a timeout's message.
+  auto members = rank0.members();
+  REQUIRE(members.size() == 3);
+  CHECK(members[0].rank == 0);
+  CHECK(members[0].state == StoreMember::State::kConnected);
+  CHECK(members[1].state == StoreMember::State::kLeft);
+  CHECK(members[2].state == StoreMember::State::kDeparted);
+  CHECK(rank0.describe_rank(5).find("it never connected to the rendezvous store") !=
+        std::string::npos);
+  CHECK(rank0.describe_rank(5).find("ranks 0, 1, 2 did") != std::string::npos);
+  CHECK(rank0.describe_rank(0).find("is still connected") != std::string::npos);
+  rank0.watch_members({});
+  CHECK(rank0.describe_rank(5).empty());  // ranks are described only while watched
+  CHECK(server.server()->stats().members == 3);
+}
+
+TEST_CASE("store: interrupt() ends a blocked wait within a slice, until cleared") {
+  TcpStore server("127.0.0.1", 0, true, opts());
+  TcpStore client("127.0.0.1", server.port(), false, opts(20000ms));
+  std::thread t([&] {
+    std::this_thread::sleep_for(300ms);
+    client.interrupt("rank 1 at 10.0.0.2 sent no heartbeat for 15.0 s");
+  });
+  auto t0 = Clock::now();
+  try {
+    client.wait({"never"}, 20000ms);
+    FAIL("not interrupted");
+  } catch (const DistError& e) {
+    CHECK(std::string(e.what()).find("sent no heartbeat") != std::string::npos);
+  }
+  CHECK(Clock::now() - t0 < 5s);
+  t.join();
+  CHECK_THROWS_AS(client.get("never", 20000ms), DistError);  // sticky ...
+  client.clear_interrupt();                                  // ... until cleared
+  client.set("k", "v");
+  CHECK(client.get("k", 1000ms) == "v");
+  // Keys derived for a purpose are equal on every client and differ between purposes and stores.
+  TcpStore other("127.0.0.1", server.port(), false, opts());
+  CHECK(client.derive_key("default/heartbeat") == other.derive_key("default/heartbeat"));
+  CHECK(client.derive_key("default/heartbeat").size() == 32);
+  CHECK(client.derive_key("default/heartbeat") != client.derive_key("pg1/heartbeat"));
+  TcpStore elsewhere("127.0.0.1", 0, true, opts());
+  CHECK(elsewhere.derive_key("default/heartbeat") != client.derive_key("default/heartbeat"));
+}
+
+TEST_CASE("store fuzzing: the seed corpus follows the protocol") {
+  // tests/fuzz/corpus/fuzz_store (tests/fuzz/make_corpus.py): the session seeds complete the
+  // version-2 handshake and get their requests handled; the refused ones get nothing handled.
+  auto run = [](const std::string& name) {
+    std::ifstream f(std::string(ACCEL_SOURCE_ROOT) + "/tests/fuzz/corpus/fuzz_store/seed-" + name,
+                    std::ios::binary);
+    REQUIRE_MESSAGE(f.good(), "missing seed ", name);
+    std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    return dist::detail::store_fuzz_one(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                        bytes.size());
+  };
+  for (const char* ok : {"token-session", "open-session", "split-reads", "preauthed"}) {
+    CAPTURE(ok);
+    CHECK(run(ok) >= 10);
+  }
+  for (const char* refused :
+       {"bad-proof", "not-verified", "token-missing", "stale-generation", "version-1"}) {
+    CAPTURE(refused);
+    CHECK(run(refused) == 0);
   }
 }

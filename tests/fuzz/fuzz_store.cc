@@ -2,8 +2,10 @@
 // the server's real frame decoder and request handler (dist/store.cc), without sockets.
 // Built by tests/fuzz/run.sh (libFuzzer) and as fuzz_store_replay (gcc); by hand:
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I. tests/fuzz/fuzz_store.cc
-//   dist/store.cc
-// Byte 0 picks the token and how the rest is split into reads; see store_fuzz_one.
+//   dist/store.cc dist/auth.cc -lcrypto
+// Byte 0 picks the token, whether the connection starts authenticated, and how the rest is split
+// into reads; see store_fuzz_one. The server's nonce is fixed there, so the seeds written by
+// tests/fuzz/make_corpus.py carry complete handshakes (their proofs are HMACs over it).
 #include <cstddef>
 #include <cstdint>
 

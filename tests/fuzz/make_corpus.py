@@ -5,6 +5,8 @@ Run from anywhere; rewrites the files it owns (seed-*) and leaves others alone (
 reproducers added by hand are kept as they are).
 """
 import gzip
+import hashlib
+import hmac
 import json
 import os
 import struct
@@ -164,3 +166,77 @@ write("fuzz_ckpt_records", "fsdp-overlap", json.dumps(bad))  # lengths still add
 bad = json.loads(json.dumps(fsdp_state))
 bad["fsdp"]["optimizers"][0]["params"][0] = "7:0.weight"
 write("fuzz_ckpt_records", "fsdp-stray-key", json.dumps(bad))
+
+# ---- rendezvous store (dist/store.cc, Note [store protocol], version 2) ----
+# Byte 0: 0x80 the server holds the token "tok"; 0x40 the connection starts authenticated (as
+# rank 3; a second client, rank 1, is in too); low 6 bits the read size (0: all at once). The
+# fuzz server's nonce, generation and job secret are fixed (store_fuzz_one), so these seeds
+# carry valid handshakes: the client proof is an HMAC over them.
+NC, NS, GEN = b"n" * 32, b"\x5a" * 32, b"\x01" * 16
+
+
+def u32(v):
+    return struct.pack("<I", v)
+
+
+def sstr(b):
+    return u32(len(b)) + b
+
+
+def frame(body):
+    return u32(len(body)) + body
+
+
+def watch(ranks):
+    return u32(len(ranks)) + b"".join(struct.pack("<i", r) for r in ranks)
+
+
+def hello(token, member=-1, joined=b"\0" * 16, version=2):
+    return frame(bytes([0]) + u32(0x54534341) + struct.pack("<H", version) +
+                 bytes([1 if token else 0]) + NC + struct.pack("<i", member) + joined)
+
+
+def auth(token, proof=None):
+    if proof is None:
+        proof = hmac.new(token, b"accel-store-v2 client" + NC + NS + GEN, hashlib.sha256).digest()
+    return frame(bytes([9, 1]) + proof)
+
+
+def st_set(k, v):
+    return frame(bytes([1]) + sstr(k) + sstr(v))
+
+
+def st_get(k, timeout=0, ranks=()):
+    return frame(bytes([2]) + struct.pack("<Q", timeout) + sstr(k) + watch(ranks))
+
+
+def st_wait(keys, timeout=0, ranks=()):
+    return frame(bytes([4]) + struct.pack("<Q", timeout) + u32(len(keys)) +
+                 b"".join(sstr(k) for k in keys) + watch(ranks))
+
+
+def st_add(k, d):
+    return frame(bytes([3]) + sstr(k) + struct.pack("<q", d))
+
+
+def st_cas(k, e, d):
+    return frame(bytes([7]) + sstr(k) + sstr(e) + sstr(d))
+
+
+session = (st_set(b"a", b"1") + st_get(b"a") + st_add(b"n", 5) + st_cas(b"c", b"", b"x") +
+           frame(bytes([5]) + u32(2) + sstr(b"a") + sstr(b"n")) + frame(bytes([6]) + sstr(b"a")) +
+           frame(bytes([8])) + st_wait([b"n", b"later"], 100, [1]) + st_get(b"absent", 50, [1, 3]) +
+           frame(bytes([10])) + frame(bytes([11]) + sstr(b"init failed")))
+write("fuzz_store", "token-session", bytes([0x80]) + hello(b"tok", 2) + auth(b"tok") + session)
+write("fuzz_store", "open-session", bytes([0x00]) + hello(b"", 0) + auth(b"") + session)
+write("fuzz_store", "split-reads", bytes([0x80 | 5]) + hello(b"tok", 4) + auth(b"tok") + session)
+write("fuzz_store", "bad-proof", bytes([0x80]) + hello(b"tok") + auth(b"tok", b"x" * 32) + session)
+write("fuzz_store", "not-verified", bytes([0x80]) + hello(b"tok") + frame(bytes([9, 0])))
+write("fuzz_store", "token-missing", bytes([0x80]) + hello(b"") + auth(b""))
+write("fuzz_store", "stale-generation", bytes([0x00]) + hello(b"", 1, b"\x07" * 16) + auth(b""))
+write("fuzz_store", "version-1", bytes([0x80]) + frame(bytes([0]) + u32(0x54534341) +
+                                                        struct.pack("<H", 1) + sstr(b"tok")))
+write("fuzz_store", "preauthed", bytes([0x40]) + session)
+write("fuzz_store", "preauthed-blocked", bytes([0x40 | 3]) + st_wait([b"k1", b"k2"], 1 << 40, [3]) +
+      st_get(b"k1", 10, [1]) + st_set(b"k2", b"v") + frame(bytes([11]) + sstr(b"")))
+write("fuzz_store", "auth-twice", bytes([0x00]) + hello(b"") + auth(b"") + hello(b"") + auth(b""))

@@ -21,15 +21,18 @@ Node::Node(uint32_t num_outputs) : num_outputs_(num_outputs), sequence_nr_(t_nex
 Node::~Node() = default;
 
 void Node::add_pre_hook(uint32_t output_nr, GradHook hook) {
-  pre_hooks_.emplace_back(output_nr, std::move(hook));
+  if (!hooks_) hooks_ = std::make_unique<Hooks>();
+  hooks_->pre.emplace_back(output_nr, std::move(hook));
 }
 
 void Node::add_retained_grad(uint32_t output_nr, std::shared_ptr<Tensor> slot) {
-  retained_.emplace_back(output_nr, std::move(slot));
+  if (!hooks_) hooks_ = std::make_unique<Hooks>();
+  hooks_->retained.emplace_back(output_nr, std::move(slot));
 }
 
 void Node::remove_retained_grad(const std::shared_ptr<Tensor>& slot) {
-  std::erase_if(retained_, [&](const RetainedSlot& r) { return r.second == slot; });
+  if (!hooks_) return;
+  std::erase_if(hooks_->retained, [&](const RetainedSlot& r) { return r.second == slot; });
 }
 
 namespace {
@@ -220,19 +223,21 @@ void execute(const std::vector<Edge>& roots, std::vector<Tensor> root_grads, boo
     ready.pop();
     Grads in = std::move(buffer_for(n));
     buffers.erase(n);
-    for (auto& [nr, hook] : n->pre_hooks()) {
-      if (nr < in.size() && in[nr].defined()) {
-        Tensor r = hook(in[nr]);
-        if (r.defined()) in[nr] = r;
+    if (const Node::Hooks* hooks = n->hooks()) {
+      for (auto& [nr, hook] : hooks->pre) {
+        if (nr < in.size() && in[nr].defined()) {
+          Tensor r = hook(in[nr]);
+          if (r.defined()) in[nr] = r;
+        }
       }
-    }
-    for (const auto& [nr, slot] : n->retained_grads()) {  // retain_grad(), after the hooks
-      if (nr >= in.size() || !in[nr].defined()) continue;
-      if (slot->defined()) {
-        slot->add_(in[nr]);
-      } else {
-        *slot = empty(in[nr].sizes(), TensorOptions(in[nr].dtype(), in[nr].device()));
-        slot->copy_(in[nr]);
+      for (const auto& [nr, slot] : hooks->retained) {  // retain_grad(), after the hooks
+        if (nr >= in.size() || !in[nr].defined()) continue;
+        if (slot->defined()) {
+          slot->add_(in[nr]);
+        } else {
+          *slot = empty(in[nr].sizes(), TensorOptions(in[nr].dtype(), in[nr].device()));
+          slot->copy_(in[nr]);
+        }
       }
     }
     Grads out;

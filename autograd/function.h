@@ -93,20 +93,25 @@ class Node : public std::enable_shared_from_this<Node> {
   uint64_t sequence_nr() const { return sequence_nr_; }
 
   // Hooks on the gradient of forward output `output_nr` (Tensor::register_hook on non-leaves).
+  using PreHook = std::pair<uint32_t, GradHook>;
   void add_pre_hook(uint32_t output_nr, GradHook hook);
-  const std::vector<std::pair<uint32_t, GradHook>>& pre_hooks() const { return pre_hooks_; }
   // retain_grad() slots: filled with the gradient of output `output_nr` after the pre-hooks ran.
   // Kept apart from the hooks so that an in-place op can move a tensor's slot to its new
   // grad_fn (the retained gradient is then the one of the value after the op, as in torch).
   using RetainedSlot = std::pair<uint32_t, std::shared_ptr<Tensor>>;
   void add_retained_grad(uint32_t output_nr, std::shared_ptr<Tensor> slot);
   void remove_retained_grad(const std::shared_ptr<Tensor>& slot);
-  const std::vector<RetainedSlot>& retained_grads() const { return retained_; }
+  // Both lists, or null when the node has neither (almost every node: one pointer, no
+  // construction or destruction cost per recorded op).
+  struct Hooks {
+    std::vector<PreHook> pre;
+    std::vector<RetainedSlot> retained;
+  };
+  const Hooks* hooks() const { return hooks_.get(); }
 
  protected:
   EdgeList next_edges_;
-  std::vector<std::pair<uint32_t, GradHook>> pre_hooks_;
-  std::vector<RetainedSlot> retained_;
+  std::unique_ptr<Hooks> hooks_;
   uint32_t num_outputs_;
   uint64_t sequence_nr_;
 };

@@ -152,12 +152,14 @@ Grads FunctionNode<F>::apply(Grads&& grads) {
   return (*fn_)(grads);
 }
 
-// True when grad mode is on and any defined input requires grad.
-inline bool needs_grad(const Tensor& a) {
+// True when grad mode is on and any defined input requires grad. Forced inline: every op asks,
+// and Tensor::requires_grad() (which also looks at a view's base) is just past the size the
+// compiler inlines on its own, which cost a call per op (Note [views and in-place autograd]).
+[[gnu::always_inline]] inline bool needs_grad(const Tensor& a) {
   return grad_enabled() && a.defined() && a.requires_grad();
 }
 template <typename... Ts>
-bool needs_grad(const Tensor& a, const Ts&... rest) {
+[[gnu::always_inline]] inline bool needs_grad(const Tensor& a, const Ts&... rest) {
   if (!grad_enabled()) return false;
   return (a.defined() && a.requires_grad()) || ((rest.defined() && rest.requires_grad()) || ...);
 }

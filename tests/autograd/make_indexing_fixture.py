@@ -102,6 +102,8 @@ READS = [
     ("0-dim bool tensor", [2, 3], "b()=1", "t"),
     ("index tensor on dim 2 of 4", [2, 3, 4, 5], ": : i64(2,3)=0,3,1,1,2,0", "t"),
     ("two index tensors around ellipsis", [2, 3, 4, 5], "i64(2)=1,0 ... i64(2)=4,0", "t"),
+    ("separated after a leading slice", [2, 3, 4, 5], ": i64(3)=0,2,1 : i64(3)=1,4,0", "t"),
+    ("adjacent after a leading slice", [2, 3, 4, 5], ": i64(3)=0,2,1 i64(3)=1,3,0", "t"),
 ]
 
 # (name, x shape, spec, values shape, values, accumulate)
@@ -118,6 +120,8 @@ PUTS = [
     ("basic only assign", [3, 4], ": 1", [3], None, False),
     ("basic only accumulate with None", [3, 4], "N 1:3 2", [1, 2], None, True),
     ("int then tensor", [2, 3, 4], "1 : i64(2)=0,2", [3, 2], None, False),
+    ("assign separated after a leading slice", [2, 3, 4, 5], ": i64(3)=0,2,1 : i64(3)=1,4,0",
+     [3, 2, 4], None, False),
 ]
 
 # (name, logits shape, target kind, target shape, target, weight, ignore, reduction, smoothing)
@@ -173,7 +177,7 @@ def main():
     for name, shape, spec, vshape, vals, acc in PUTS:
         x = torch.arange(int(np.prod(shape)), dtype=torch.float64).reshape(shape)
         n = int(np.prod(vshape))
-        v = torch.tensor(vals if vals else [100.0 + 10 * k for k in range(n)]).reshape(vshape)
+        v = torch.tensor(vals if vals else [1000.0 + 10 * k for k in range(n)]).reshape(vshape)
         idx = parse_spec(spec)
         if acc:
             if all(isinstance(e, torch.Tensor) for e in idx):

@@ -215,7 +215,7 @@ TEST_CASE("cross_entropy with weights or probability targets matches PyTorch") {
     const std::vector<double> wv = double_list(r[7]);
     Tensor w = wv.empty() ? Tensor() : tensor(wv, Shape{int64_t(wv.size())});
     const int64_t ignore = std::stoll(r[8]);
-    const Reduction red = r[9] == "mean" ? Reduction::Mean
+    const Reduction red = r[9] == "mean"  ? Reduction::Mean
                           : r[9] == "sum" ? Reduction::Sum
                                           : Reduction::None;
     const double smoothing = std::stod(r[10]);
@@ -268,10 +268,11 @@ TEST_CASE("index: basic indexing is a view, advanced indexing a copy, x[t] is in
   CHECK(c.storage().get() != x.storage().get());
   CHECK(equal(x[idx], c));
   CHECK(equal(x[gt(x, 5.0)], x.masked_select(gt(x, 5.0))));
-  CHECK(x[1].sizes() == Shape{4});                       // the int overload still selects
+  CHECK(x[1].sizes() == Shape{4});                          // the int overload still selects
   CHECK(x.index({}).storage().get() == x.storage().get());  // x[()] is x
   // The README spellings.
-  Tensor rows = tensor(std::vector<int64_t>{0, 2}, {2}), labels = tensor(std::vector<int64_t>{3, 1}, {2});
+  Tensor rows = tensor(std::vector<int64_t>{0, 2}, {2}),
+         labels = tensor(std::vector<int64_t>{3, 1}, {2});
   Tensor y = zeros({3, 4});
   y.index_put_({rows, labels}, 1.0);
   CHECK(y.sum().item() == 2.0);
@@ -321,12 +322,13 @@ TEST_CASE("index: errors name the op, the dim, the index and the size") {
                        DTypeError);
   CHECK_THROWS_AS(x.index({1, 2, 3}), IndexError);             // too many
   CHECK_THROWS_AS(x.index({Ellipsis, "...", 0}), IndexError);  // two ellipses
-  CHECK_THROWS_WITH_AS(x.index({Slice(0, 3, 0)}), doctest::Contains("step must be greater than zero"),
-                       ValueError);
+  CHECK_THROWS_WITH_AS(x.index({Slice(0, 3, 0)}),
+                       doctest::Contains("step must be greater than zero"), ValueError);
   CHECK_THROWS_AS(x.index({Slice(3, 0, -1)}), ValueError);
   CHECK_THROWS_WITH_AS(x.index({"..x"}), doctest::Contains("\"...\""), ValueError);
   CHECK_THROWS_AS(x.index({Tensor()}), ValueError);
-  Tensor a = tensor(std::vector<int64_t>{0, 1}, {2}), b = tensor(std::vector<int64_t>{0, 1, 2}, {3});
+  Tensor a = tensor(std::vector<int64_t>{0, 1}, {2}),
+         b = tensor(std::vector<int64_t>{0, 1, 2}, {3});
   CHECK_THROWS_WITH_AS(x.index({a, b}),
                        doctest::Contains("shape mismatch: indexing tensors could not be broadcast "
                                          "together with shapes (2,), (3,)"),
@@ -402,7 +404,8 @@ TEST_CASE("masked_select, masked_scatter(_), take_along_dim, nonzero") {
   // A large input: chunks in parallel, row-major order kept.
   Tensor big = gt(randn({300, 700}, TensorOptions(kFloat32), nullptr), 1.0);
   Tensor nz = big.nonzero();
-  const std::vector<int64_t> flat = add(mul(nz.select(1, 0), 700), nz.select(1, 1)).to_vector<int64_t>();
+  const std::vector<int64_t> flat =
+      add(mul(nz.select(1, 0), 700), nz.select(1, 1)).to_vector<int64_t>();
   CHECK(int64_t(flat.size()) == sum(big).item<int64_t>());
   for (size_t i = 1; i < flat.size(); ++i) REQUIRE(flat[i] > flat[i - 1]);
 }
@@ -530,9 +533,8 @@ TEST_CASE("cross_entropy: probability targets and weights are checked") {
                                          "input's shape (2, 3)"),
                        ShapeError);
   CHECK_THROWS_AS(cross_entropy(l, zeros({2, 3}), 0), ValueError);  // ignore_index with probs
-  CHECK_THROWS_WITH_AS(
-      cross_entropy(l, tensor(std::vector<int64_t>{0, 1}, {2}), ones({4})),
-      doctest::Contains("weight of shape (4,) must be (C) = (3)"), ShapeError);
+  CHECK_THROWS_WITH_AS(cross_entropy(l, tensor(std::vector<int64_t>{0, 1}, {2}), ones({4})),
+                       doctest::Contains("weight of shape (4,) must be (C) = (3)"), ShapeError);
   CHECK_THROWS_WITH_AS(cross_entropy(l, tensor(std::vector<int64_t>{0, 5}, {2}), ones({3})),
                        doctest::Contains("target 5 at position 1 is out of bounds for 3 classes"),
                        IndexError);

@@ -45,12 +45,12 @@ struct BasicStep {
 
 // The tensor entries, on the view V the basic steps produce.
 struct AdvPlan {
-  std::vector<int64_t> dims;  // dims of V taken by index tensors, ascending
-  std::vector<Tensor> idx;    // int64, in [0, size of that dim), on x's device
-  Shape view_shape;           // V's shape
-  Shape bshape;               // the index tensors broadcast together
-  Shape out_shape;            // V's kept dims with B inserted
-  std::vector<int64_t> kept;  // dims of V not indexed, ascending
+  std::vector<int64_t> dims;      // dims of V taken by index tensors, ascending
+  std::vector<Tensor> idx;        // int64, in [0, size of that dim), on x's device
+  Shape view_shape;               // V's shape
+  Shape bshape;                   // the index tensors broadcast together
+  Shape out_shape;                // V's kept dims with B inserted
+  std::vector<int64_t> kept;      // dims of V not indexed, ascending
   std::vector<int64_t> kept_pos;  // their positions in out_shape
   int64_t b_pos = 0;              // where B's dims start in out_shape
 };
@@ -78,20 +78,35 @@ std::string list_str(const std::vector<TensorIndex>& indices) {
   return indexing::index_str(indices);
 }
 
-// Checks int index values against `size` and wraps negative ones. Runs framework ops, so it
-// works on every device (one synchronising read of the bad-element count; Note [CUDA index
-// checks] in kernels/cuda/index.cc explains why a kernel cannot throw).
+// Checks int index values against `size` and wraps negative ones. On the CPU one loop over the
+// values; elsewhere framework ops (one synchronising read of the bad-element count; Note [CUDA
+// index checks] in kernels/cuda/index.cc explains why a kernel cannot throw).
+[[noreturn]] void throw_out_of_range(const char* op, int64_t v, int64_t size, int64_t real_dim,
+                                     const Shape& x_shape) {
+  ACCEL_THROW(IndexError, op, "index ", v, " is out of bounds for dimension ", real_dim,
+              " with size ", size, " (tensor of shape ", x_shape, ")");
+}
+
 Tensor checked_index(const char* op, const Tensor& index, int64_t size, int64_t real_dim,
                      const Shape& x_shape) {
   NoGradGuard no_grad;
   Tensor i = ops::as_dtype(index, kInt64);
+  if (i.device().is_cpu()) {
+    // One pass over the values: the usual all-in-range index is used as it is.
+    const Tensor c = raw::contiguous(i);
+    const int64_t* p = c.data<int64_t>();
+    bool negative = false;
+    for (int64_t k = 0; k < c.numel(); ++k) {
+      if (p[k] < -size || p[k] >= size) throw_out_of_range(op, p[k], size, real_dim, x_shape);
+      negative = negative || p[k] < 0;
+    }
+    if (!negative) return c;
+  }
   Tensor wrapped = where(lt(i, 0), add(i, Scalar(size)), i);
   Tensor bad = logical_or(lt(wrapped, 0), ge(wrapped, Scalar(size)));
   if (i.numel() > 0 && sum(bad).item<int64_t>() > 0) {
     const int64_t pos = argmax(bad.reshape({-1}).to(kInt32)).item<int64_t>();
-    const int64_t v = i.reshape({-1}).select(0, pos).item<int64_t>();
-    ACCEL_THROW(IndexError, op, "index ", v, " is out of bounds for dimension ", real_dim,
-                " with size ", size, " (tensor of shape ", x_shape, ")");
+    throw_out_of_range(op, i.reshape({-1}).select(0, pos).item<int64_t>(), size, real_dim, x_shape);
   }
   return wrapped;
 }
@@ -131,8 +146,7 @@ Plan make_plan(const char* op, const Tensor& x, const std::vector<TensorIndex>& 
   };
   auto select = [&](int64_t i) {
     const int64_t n = cur[size_t(dim)];
-    ACCEL_CHECK(i >= -n && i < n, IndexError, op, "index ", i, " is out of bounds for dimension ",
-                real_dim, " with size ", n, " (tensor of shape ", x.sizes(), ")");
+    if (i < -n || i >= n) throw_out_of_range(op, i, n, real_dim, x.sizes());
     p.steps.push_back({BasicStep::Select, dim, i < 0 ? i + n : i});
     cur.erase(size_t(dim));
     ++real_dim;
@@ -238,7 +252,8 @@ Plan make_plan(const char* op, const Tensor& x, const std::vector<TensorIndex>& 
   }
   a->bshape = b;
   bool adjacent = true;
-  for (size_t k = 1; k < a->dims.size(); ++k) adjacent = adjacent && a->dims[k] == a->dims[k - 1] + 1;
+  for (size_t k = 1; k < a->dims.size(); ++k)
+    adjacent = adjacent && a->dims[k] == a->dims[k - 1] + 1;
   a->b_pos = adjacent ? a->dims[0] : 0;
   Shape out;
   size_t next = 0;
@@ -337,19 +352,19 @@ Tensor put_adv(const Tensor& base, const std::shared_ptr<AdvPlan>& a, const Tens
   }
   if (autograd::needs_grad(base, values)) {
     const bool gb = base.requires_grad(), gv = values.requires_grad();
-    autograd::record("index_put", {&base, &values}, {&out},
-                     [a, accumulate, gb, gv, vs = values.sizes()](const autograd::Grads& g) {
-                       Tensor gbase, gvals;
-                       if (gb) {
-                         gbase = accumulate ? g[0]
-                                            : put_adv(g[0], a, zeros({}, TensorOptions(
-                                                                             g[0].dtype(),
-                                                                             g[0].device())),
-                                                      false);
-                       }
-                       if (gv) gvals = sum_to(gather_adv(g[0], a), vs);
-                       return autograd::Grads{gbase, gvals};
-                     });
+    autograd::record(
+        "index_put", {&base, &values}, {&out},
+        [a, accumulate, gb, gv, vs = values.sizes()](const autograd::Grads& g) {
+          Tensor gbase, gvals;
+          if (gb) {
+            gbase = accumulate
+                        ? g[0]
+                        : put_adv(g[0], a, zeros({}, TensorOptions(g[0].dtype(), g[0].device())),
+                                  false);
+          }
+          if (gv) gvals = sum_to(gather_adv(g[0], a), vs);
+          return autograd::Grads{gbase, gvals};
+        });
   }
   return out;
 }
@@ -367,17 +382,16 @@ Tensor put_basic(const Tensor& x, const std::vector<BasicStep>& steps, const Ten
   }
   if (autograd::needs_grad(x, src)) {
     const bool gx = x.requires_grad(), gs = src.requires_grad();
-    autograd::record("index_put", {&x, &src}, {&out},
-                     [steps, gx, gs](const autograd::Grads& g) {
-                       Tensor gxv, gsv;
-                       if (gx) {
-                         Tensor z = zeros({}, TensorOptions(g[0].dtype(), g[0].device()));
-                         Shape vs = apply_basic(g[0].detach(), steps).sizes();
-                         gxv = put_basic(g[0], steps, raw::expand(z, vs));
-                       }
-                       if (gs) gsv = apply_basic(g[0], steps);
-                       return autograd::Grads{gxv, gsv};
-                     });
+    autograd::record("index_put", {&x, &src}, {&out}, [steps, gx, gs](const autograd::Grads& g) {
+      Tensor gxv, gsv;
+      if (gx) {
+        Tensor z = zeros({}, TensorOptions(g[0].dtype(), g[0].device()));
+        Shape vs = apply_basic(g[0].detach(), steps).sizes();
+        gxv = put_basic(g[0], steps, raw::expand(z, vs));
+      }
+      if (gs) gsv = apply_basic(g[0], steps);
+      return autograd::Grads{gxv, gsv};
+    });
   }
   return out;
 }

@@ -100,6 +100,15 @@ void check_class_target(const char* op, const Tensor& x, const Tensor& t) {
   ops::check_same_device(x, t, op);
 }
 
+// cross_entropy's floating target is class probabilities only with the input's shape; any other
+// is a class-index target of the wrong dtype (as in torch), said with both shapes.
+void check_not_misshapen_probs(const Tensor& logits, const Tensor& target) {
+  ACCEL_CHECK(!target.is_floating_point(), DTypeError, "cross_entropy",
+              "target must hold class indices (int64 or int32) or class probabilities of the "
+              "input's shape ",
+              logits.sizes(), "; got ", target.dtype(), " of shape ", target.sizes());
+}
+
 // The class dim moved last and flattened: x2: (R, C) contiguous (through differentiable views,
 // so gradients flow back to the caller's layout), t1: (R). none_shape: the per-element loss.
 struct ClassRows {
@@ -237,8 +246,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   if (ACCEL_UNLIKELY(autocast_wants_upcast(logits)))
     return cross_entropy(autocast_upcast(logits), target, ignore_index, reduction, label_smoothing);
   const char* op = "cross_entropy";
-  if (target.defined() && target.is_floating_point())  // class probabilities
+  // Class probabilities: a floating target of the input's shape (else class indices, as torch).
+  if (target.defined() && logits.defined() && target.is_floating_point() &&
+      target.sizes() == logits.sizes())
     return cross_entropy(logits, target, Tensor(), ignore_index, reduction, label_smoothing);
+  if (target.defined() && logits.defined()) check_not_misshapen_probs(logits, target);
   check_class_target(op, logits, target);
   ACCEL_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError, op,
               "label_smoothing must be in [0, 1], got ", label_smoothing);
@@ -302,9 +314,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
     w = ops::as_dtype(weight, logits.dtype()).reshape(ws);
   }
   Tensor lsm = log_softmax(logits, cdim);
-  if (target.is_floating_point()) {
-    ACCEL_CHECK(target.sizes() == logits.sizes(), ShapeError, op, "probability target of shape ",
-                target.sizes(), " must have the input's shape ", logits.sizes());
+  if (target.is_floating_point() && target.sizes() == logits.sizes()) {
     ACCEL_CHECK(ignore_index == -100, ValueError, op,
                 "ignore_index is not supported with probability targets (got ", ignore_index, ")");
     Tensor t = ops::as_dtype(target, logits.dtype());
@@ -317,6 +327,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
       case Reduction::Mean: return div(neg(sum(prod)), double(logits.numel() / c));
     }
   }
+  check_not_misshapen_probs(logits, target);
   if (!weight.defined())
     return cross_entropy(logits, target, ignore_index, reduction, label_smoothing);
   check_class_target(op, logits, target);

@@ -111,9 +111,9 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, G
   Tensor zero_rows = le(total, 0.0);
   Tensor positive = sum(gt(p, 0.0).to(kInt32), {1});
   Tensor few_rows = lt(positive, Scalar(replacement ? int64_t(1) : num_samples));
-  const Tensor flags = stack({sum(bad_rows.to(kInt32)), sum(zero_rows.to(kInt32)),
-                              sum(few_rows.to(kInt32))})
-                           .to(kCPU);
+  const Tensor flags =
+      stack({sum(bad_rows.to(kInt32)), sum(zero_rows.to(kInt32)), sum(few_rows.to(kInt32))})
+          .to(kCPU);
   const std::vector<int64_t> f = flags.to_vector<int64_t>();
   if (f[0] > 0) {
     ACCEL_THROW(ValueError, op, "probability tensor contains inf, nan or an element < 0 (row ",
@@ -131,8 +131,8 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, G
   }
   Tensor out;
   if (replacement) {
-    Tensor u = raw::to_device(rand({rows, num_samples}, TensorOptions(kFloat64), gen),
-                              probs.device());
+    Tensor u =
+        raw::to_device(rand({rows, num_samples}, TensorOptions(kFloat64), gen), probs.device());
     out = ops::empty_on({rows, num_samples}, kInt64, probs.device());
     multinomial_stub(probs.device(), raw::contiguous(probs.detach()).reshape({rows, n}), u, out);
   } else {

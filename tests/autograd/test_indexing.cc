@@ -528,10 +528,13 @@ TEST_CASE("randn_like, rand_like, new_*, view_as, repeat, where with scalars") {
 
 TEST_CASE("cross_entropy: probability targets and weights are checked") {
   Tensor l = zeros({2, 3});
+  // A floating target of another shape is taken for class indices, as torch does.
   CHECK_THROWS_WITH_AS(cross_entropy(l, zeros({2, 4})),
-                       doctest::Contains("probability target of shape (2, 4) must have the "
-                                         "input's shape (2, 3)"),
-                       ShapeError);
+                       doctest::Contains("class indices (int64 or int32) or class probabilities "
+                                         "of the input's shape (2, 3); got float32 of shape "
+                                         "(2, 4)"),
+                       DTypeError);
+  CHECK_THROWS_AS(cross_entropy(l, zeros({2, 4}), ones({3})), DTypeError);
   CHECK_THROWS_AS(cross_entropy(l, zeros({2, 3}), 0), ValueError);  // ignore_index with probs
   CHECK_THROWS_WITH_AS(cross_entropy(l, tensor(std::vector<int64_t>{0, 1}, {2}), ones({4})),
                        doctest::Contains("weight of shape (4,) must be (C) = (3)"), ShapeError);

@@ -12,10 +12,10 @@ using namespace accel::indexing;
 void add_indexing_cases(Table& t) {
   // ---- index (reading) ----
   // Repeated indices: the backward adds duplicates, in another order under a GPU's atomics.
-  OpCase& rows = t.add("index", "x[idx], repeated indices",
-                       OP_INPUTS(m.rnd({4, 3}), m.idx({2, 0, 2, -1}, {4})),
-                       OP_FN(return index(x[0], {x[1]});))
-                     .grad_scale(8);
+  OpCase& rows =
+      t.add("index", "x[idx], repeated indices",
+            OP_INPUTS(m.rnd({4, 3}), m.idx({2, 0, 2, -1}, {4})), OP_FN(return index(x[0], {x[1]});))
+          .grad_scale(8);
   // Bench rows index/ours and index_put/ours: 4096 random rows of a (4096, 1024) matrix; bytes
   // read and written (index_put: the copy of x, then values read and rows read and written).
   rows.bench("index", "4096x1024[4096 rows]",
@@ -32,7 +32,8 @@ void add_indexing_cases(Table& t) {
   t.add("index", "x[::2, idx, None, ...] on a transposed input",
         OP_INPUTS(m.rnd({4, 3, 5}), m.idx({2, -3, 1}, {3})),
         OP_FN(return index(x[0].transpose(0, 2), {Slice(None, None, 2), x[1], None, "..."});));
-  t.add("index", "x[mask] over two dims", OP_INPUTS(m.rnd({2, 3, 4}), m.mask({1, 0, 1, 0, 1, 1}, {2, 3})),
+  t.add("index", "x[mask] over two dims",
+        OP_INPUTS(m.rnd({2, 3, 4}), m.mask({1, 0, 1, 0, 1, 1}, {2, 3})),
         OP_FN(return index(x[0], {x[1]});));
   t.add("index", "x[:, mask, idx]: mask and index tensor broadcast",
         OP_INPUTS(m.rnd({2, 4, 3}), m.mask({0, 1, 1, 0}, {4}), m.idx({2, 0}, {2})),
@@ -63,8 +64,8 @@ void add_indexing_cases(Table& t) {
         OP_FN(return index_put(x[0], {Slice(1, None), x[2]}, x[1]);));
   t.add("index_put", "x[:, 1] += v (basic only)", OP_INPUTS(m.rnd({3, 4}), m.rnd({3})),
         OP_FN(return index_put(x[0], {Slice(), 1}, x[1], true);));
-  t.add("index_put", "x[mask] = v", OP_INPUTS(m.rnd({3, 4}), m.rnd({5}),
-                                               m.mask({1, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 1}, {3, 4})),
+  t.add("index_put", "x[mask] = v",
+        OP_INPUTS(m.rnd({3, 4}), m.rnd({5}), m.mask({1, 0, 0, 1, 0, 1, 1, 0, 0, 0, 0, 1}, {3, 4})),
         OP_FN(return index_put(x[0], {x[2]}, x[1]);));
   t.add("index_put", "x[i, :, j] += v, separated",
         OP_INPUTS(m.rnd({2, 3, 4}), m.rnd({2, 3}), m.idx({0, 1}, {2}), m.idx({3, 1}, {2})),
@@ -91,8 +92,7 @@ void add_indexing_cases(Table& t) {
         OP_FN(return take_along_dim(x[0], x[1]);))
       .grad_scale(8);
   t.add("nonzero", "zeros, -0.0 and NaN",
-        OP_INPUTS(m.values({0, 1, -0.0, 2, NAN, 0, 0, 3}, {2, 4})),
-        OP_FN(return nonzero(x[0]);))
+        OP_INPUTS(m.values({0, 1, -0.0, 2, NAN, 0, 0, 3}, {2, 4})), OP_FN(return nonzero(x[0]);))
       .not_differentiable()
       .only({kFloat32, kFloat64, kFloat16, kBFloat16});
   t.add("nonzero", "integer dtypes, (3, 40, 50)", OP_INPUTS(m.rnd_int({3, 40, 50}, -1, 1)),
@@ -128,8 +128,7 @@ void add_indexing_cases(Table& t) {
   tk.bench("topk", "64x32768[k=2]", OP_INPUTS(m.rnd({64, 32768})), 64.0 * 32768 * 4, false,
            Tol{0, 0});
   t.add("topk", "smallest, dim 0, 0-dim too", OP_INPUTS(m.perm(12, {4, 3}), m.rnd({})),
-        OP_FN(return add(std::get<0>(topk(x[0], 3, 0, false)).sum(),
-                         std::get<0>(topk(x[1], 1)));));
+        OP_FN(return add(std::get<0>(topk(x[0], 3, 0, false)).sum(), std::get<0>(topk(x[1], 1)));));
   t.add("topk", "indices with ties", OP_INPUTS(m.rnd_int({3, 7}, 0, 2)),
         OP_FN(return std::get<1>(topk(x[0], 4));))
       .not_differentiable()

@@ -1,6 +1,7 @@
 // CPU kernels of advanced indexing (contract: kernels/stubs/index.h): index (a gather by
 // precomputed offsets), index_put (the scatter, assigning or accumulating) and nonzero (the
 // compaction behind boolean masks).
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -18,10 +19,21 @@ void index_kernel(const Tensor& src, const Tensor& offsets, Tensor& out) {
   const StridedLoop<3> loop(ops);
   dispatch_bytes(out.element_size(), "index", [&]<typename U>() {
     loop.run([](char* const* p, const int64_t* st, int64_t n) {
+      constexpr int64_t es = int64_t(sizeof(U));
+      if (st[2] == 0) {
+        // The inner dim is a kept one (x[idx] picking rows): one offset for the whole run.
+        const char* s = p[1] + *reinterpret_cast<const int64_t*>(p[2]) * es;
+        if (st[0] == es && st[1] == es) {
+          std::memcpy(p[0], s, size_t(n) * sizeof(U));
+        } else {
+          for (int64_t i = 0; i < n; ++i)
+            *reinterpret_cast<U*>(p[0] + i * st[0]) = *reinterpret_cast<const U*>(s + i * st[1]);
+        }
+        return;
+      }
       for (int64_t i = 0; i < n; ++i) {
         const int64_t off = *reinterpret_cast<const int64_t*>(p[2] + i * st[2]);
-        *reinterpret_cast<U*>(p[0] + i * st[0]) =
-            reinterpret_cast<const U*>(p[1] + i * st[1])[off];
+        *reinterpret_cast<U*>(p[0] + i * st[0]) = reinterpret_cast<const U*>(p[1] + i * st[1])[off];
       }
     });
   });
@@ -39,7 +51,8 @@ T add_value(T a, T b) {
 // Serial, in the row-major order of dst's shape: two elements that land on one address differ
 // only in the index dims, so the later one in index order is written (or added) last. (A
 // parallel loop over the kept dims would be race-free too; the ops that call this with large
-// kept dims are rare enough that the simple loop stays.)
+// kept dims are rare enough that the simple loop stays.) A run along a kept dim has one offset:
+// it is a row copy (or a row add, which vectorises).
 void index_put_kernel(Tensor& dst, const Tensor& offsets, const Tensor& values, bool accumulate) {
   ACCEL_INTERNAL_ASSERT(values.dtype() == dst.dtype() && offsets.sizes() == dst.sizes() &&
                         values.sizes() == dst.sizes() && offsets.dtype() == kInt64);
@@ -51,6 +64,18 @@ void index_put_kernel(Tensor& dst, const Tensor& offsets, const Tensor& values, 
     dispatch_bytes(dst.element_size(), "index_put_", [&]<typename U>() {
       loop.run(
           [](char* const* p, const int64_t* st, int64_t n) {
+            constexpr int64_t es = int64_t(sizeof(U));
+            if (st[2] == 0) {
+              char* d = p[0] + *reinterpret_cast<const int64_t*>(p[2]) * es;
+              if (st[0] == es && st[1] == es) {
+                std::memcpy(d, p[1], size_t(n) * sizeof(U));
+              } else {
+                for (int64_t i = 0; i < n; ++i)
+                  *reinterpret_cast<U*>(d + i * st[0]) =
+                      *reinterpret_cast<const U*>(p[1] + i * st[1]);
+              }
+              return;
+            }
             for (int64_t i = 0; i < n; ++i) {
               const int64_t off = *reinterpret_cast<const int64_t*>(p[2] + i * st[2]);
               reinterpret_cast<U*>(p[0] + i * st[0])[off] =
@@ -64,6 +89,13 @@ void index_put_kernel(Tensor& dst, const Tensor& offsets, const Tensor& values, 
   ACCEL_DISPATCH_ALL(dst.dtype(), "index_put_", [&]<typename T>() {
     loop.run(
         [](char* const* p, const int64_t* st, int64_t n) {
+          constexpr int64_t es = int64_t(sizeof(T));
+          if (st[2] == 0 && st[0] == es && st[1] == es) {
+            T* d = reinterpret_cast<T*>(p[0]) + *reinterpret_cast<const int64_t*>(p[2]);
+            const T* v = reinterpret_cast<const T*>(p[1]);
+            for (int64_t i = 0; i < n; ++i) d[i] = add_value(d[i], v[i]);
+            return;
+          }
           for (int64_t i = 0; i < n; ++i) {
             const int64_t off = *reinterpret_cast<const int64_t*>(p[2] + i * st[2]);
             T* d = reinterpret_cast<T*>(p[0] + i * st[0]) + off;

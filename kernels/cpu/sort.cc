@@ -2,7 +2,6 @@
 // row (sort and topk) and multinomial sampling by inverse CDF. Rows run in parallel.
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <vector>
 
 #include "kernels/cpu/loops.h"
@@ -12,22 +11,27 @@ namespace accel::cpu {
 namespace {
 
 // "a before b" in the one total order of kernels/stubs/sort.h: by value (NaN above every number;
-// descending reverses the value comparison), then by position.
+// descending reverses the value comparison), then by position. Sorting (value, position) pairs
+// keeps the comparisons in one contiguous buffer.
+template <typename A>
+struct Entry {
+  A v;
+  int64_t i;
+};
+
 template <typename A>
 struct Before {
-  const A* v;
   bool descending;
-  bool operator()(int64_t a, int64_t b) const {
-    const A x = v[a], y = v[b];
+  bool operator()(const Entry<A>& a, const Entry<A>& b) const {
     if constexpr (std::is_floating_point_v<A>) {
-      const bool nx = std::isnan(x), ny = std::isnan(y);
-      if (nx || ny) {
-        if (nx && ny) return a < b;
-        return descending ? nx : ny;  // NaN is the largest
+      const bool na = std::isnan(a.v), nb = std::isnan(b.v);
+      if (na || nb) {
+        if (na && nb) return a.i < b.i;
+        return descending ? na : nb;  // NaN is the largest
       }
     }
-    if (x != y) return descending ? x > y : x < y;
-    return a < b;
+    if (a.v != b.v) return descending ? a.v > b.v : a.v < b.v;
+    return a.i < b.i;
   }
 };
 
@@ -44,21 +48,20 @@ void sort_kernel(const Tensor& x, int64_t k, bool descending, Tensor& values, Te
     int64_t* ip = static_cast<int64_t*>(indices.data_ptr());
     parallel_for(rows, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1)),
                  [&](int64_t b, int64_t e) {
-                   std::vector<A> row(static_cast<size_t>(n));
-                   std::vector<int64_t> order(static_cast<size_t>(n));
+                   std::vector<Entry<A>> row(static_cast<size_t>(n));
+                   const Before<A> before{descending};
                    for (int64_t r = b; r < e; ++r) {
                      const T* xr = xp + r * n;
-                     for (int64_t j = 0; j < n; ++j) row[size_t(j)] = cast<A>(xr[j]);
-                     std::iota(order.begin(), order.end(), int64_t(0));
-                     const Before<A> before{row.data(), descending};
+                     for (int64_t j = 0; j < n; ++j) row[size_t(j)] = {cast<A>(xr[j]), j};
                      if (k < n) {
-                       std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+                       std::partial_sort(row.begin(), row.begin() + k, row.end(), before);
                      } else {
-                       std::sort(order.begin(), order.end(), before);
+                       std::sort(row.begin(), row.end(), before);
                      }
                      for (int64_t j = 0; j < k; ++j) {
-                       vp[r * k + j] = xr[order[size_t(j)]];
-                       ip[r * k + j] = order[size_t(j)];
+                       const int64_t src = row[size_t(j)].i;
+                       vp[r * k + j] = xr[src];
+                       ip[r * k + j] = src;
                      }
                    }
                  });

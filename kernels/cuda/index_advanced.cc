@@ -30,8 +30,8 @@ void index_kernel(const Tensor& src, const Tensor& offsets, Tensor& out) {
   for_each_32bit_piece<3>(ops, [&](const Tensor* const* pc) {
     const OffsetCalc<3> calc = make_offset_calc<3>(pc, "index");
     launch_index(int(out.element_size()), pc[1]->data_ptr(),
-                 static_cast<const int64_t*>(pc[2]->data_ptr()), pc[0]->data_ptr(),
-                 pc[0]->numel(), calc, mb, s);
+                 static_cast<const int64_t*>(pc[2]->data_ptr()), pc[0]->data_ptr(), pc[0]->numel(),
+                 calc, mb, s);
   });
 }
 
@@ -47,9 +47,9 @@ void index_put_kernel(Tensor& dst, const Tensor& offsets, const Tensor& values, 
   const int mb = max_blocks(dst.device().index);
   for_each_32bit_piece<3>(ops, [&](const Tensor* const* pc) {
     const OffsetCalc<3> calc = make_offset_calc<3>(pc, "index_put_");
-    launch_index_put(code_of(dst.dtype()), int(dst.element_size()), accumulate,
-                     pc[0]->data_ptr(), pc[1]->data_ptr(),
-                     static_cast<const int64_t*>(pc[2]->data_ptr()), pc[0]->numel(), calc, mb, s);
+    launch_index_put(code_of(dst.dtype()), int(dst.element_size()), accumulate, pc[0]->data_ptr(),
+                     pc[1]->data_ptr(), static_cast<const int64_t*>(pc[2]->data_ptr()),
+                     pc[0]->numel(), calc, mb, s);
   });
 }
 
@@ -66,8 +66,8 @@ Tensor nonzero_kernel(const Tensor& x) {
   DeviceGuard guard(x.device());
   cudaStream_t s = current_stream().handle();
   // Chunks of at least 64 tiles, at most a few blocks per multiprocessor.
-  const int64_t want = std::min<int64_t>(max_blocks(x.device().index),
-                                         std::max<int64_t>(1, n / (64 * 256)));
+  const int64_t want =
+      std::min<int64_t>(max_blocks(x.device().index), std::max<int64_t>(1, n / (64 * 256)));
   const int64_t chunk = (n + want - 1) / want;
   const int blocks = int((n + chunk - 1) / chunk);
   Tensor counts = empty({blocks}, i64);

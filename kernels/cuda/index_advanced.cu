@@ -85,8 +85,7 @@ struct Dims {
 template <typename T>
 __global__ void __launch_bounds__(kNonzeroThreads)
     nonzero_write_kernel(const T* __restrict__ x, int64_t n, int64_t chunk,
-                         const int64_t* __restrict__ starts, Dims dims,
-                         int64_t* __restrict__ out) {
+                         const int64_t* __restrict__ starts, Dims dims, int64_t* __restrict__ out) {
   using Scan = cub::BlockScan<int64_t, kNonzeroThreads>;
   __shared__ typename Scan::TempStorage tmp;
   const int64_t lo = int64_t(blockIdx.x) * chunk;
@@ -155,8 +154,8 @@ void launch_nonzero_write(Code t, const void* x, int64_t n, int64_t chunk, int b
   dims.nd = nd;
   for (int d = 0; d < nd; ++d) dims.sizes[d] = sizes[d];
   dispatch_code(t, [&]<typename T>() {
-    nonzero_write_kernel<T><<<blocks, kNonzeroThreads, 0, stream>>>(
-        static_cast<const T*>(x), n, chunk, starts, dims, out);
+    nonzero_write_kernel<T><<<blocks, kNonzeroThreads, 0, stream>>>(static_cast<const T*>(x), n,
+                                                                    chunk, starts, dims, out);
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }

@@ -10,8 +10,8 @@ namespace {
 void sort_kernel(const Tensor& x, int64_t k, bool descending, Tensor& values, Tensor& indices) {
   ACCEL_INTERNAL_ASSERT(x.dim() == 2 && x.is_contiguous() && values.is_contiguous() &&
                         indices.is_contiguous() && indices.dtype() == kInt64);
-  ACCEL_CHECK(x.device() == values.device() && x.device() == indices.device(), DeviceError,
-              "sort", "tensors on different devices: ", x.device(), ", ", values.device(), ", ",
+  ACCEL_CHECK(x.device() == values.device() && x.device() == indices.device(), DeviceError, "sort",
+              "tensors on different devices: ", x.device(), ", ", values.device(), ", ",
               indices.device());
   const int64_t rows = x.sizes()[0], n = x.sizes()[1];
   if (rows == 0 || k == 0) return;

@@ -125,8 +125,8 @@ void launch_sort(Code t, const void* x, int64_t rows, int64_t n, int64_t p, int6
   dispatch_code(t, [&]<typename T>() {
     T* kp = static_cast<T*>(keys);
     const int grid = grid_for(rows * p, kElemThreads, max_blocks);
-    sort_init_kernel<T><<<grid, kElemThreads, 0, stream>>>(static_cast<const T*>(x), rows, n, p,
-                                                           kp, idx);
+    sort_init_kernel<T>
+        <<<grid, kElemThreads, 0, stream>>>(static_cast<const T*>(x), rows, n, p, kp, idx);
     for (int64_t kk = 2; kk <= p; kk <<= 1) {
       for (int64_t j = kk >> 1; j > 0; j >>= 1) {
         sort_step_kernel<T>
@@ -139,9 +139,9 @@ void launch_sort(Code t, const void* x, int64_t rows, int64_t n, int64_t p, int6
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_multinomial(Code t, const void* probs, const double* uniforms, int64_t rows,
-                        int64_t n, int64_t s, double* cdf, int64_t* last, int64_t* out,
-                        int max_blocks, cudaStream_t stream) {
+void launch_multinomial(Code t, const void* probs, const double* uniforms, int64_t rows, int64_t n,
+                        int64_t s, double* cdf, int64_t* last, int64_t* out, int max_blocks,
+                        cudaStream_t stream) {
   dispatch_code(t, [&]<typename T>() {
     if constexpr (std::is_floating_point_v<acc_t<T>>) {
       multinomial_cdf_kernel<T><<<grid_for(rows, 128, max_blocks), 128, 0, stream>>>(

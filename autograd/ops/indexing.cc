@@ -74,25 +74,20 @@ bool broadcastable(const Shape& a, const Shape& b) {
   return true;
 }
 
-std::string list_str(const std::vector<TensorIndex>& indices) {
-  return indexing::index_str(indices);
-}
-
-// Checks int index values against `size` and wraps negative ones. On the CPU one loop over the
-// values; elsewhere framework ops (one synchronising read of the bad-element count; Note [CUDA
-// index checks] in kernels/cuda/index.cc explains why a kernel cannot throw).
 [[noreturn]] void throw_out_of_range(const char* op, int64_t v, int64_t size, int64_t real_dim,
                                      const Shape& x_shape) {
   ACCEL_THROW(IndexError, op, "index ", v, " is out of bounds for dimension ", real_dim,
               " with size ", size, " (tensor of shape ", x_shape, ")");
 }
 
+// Checks int index values against `size` and wraps negative ones (int64 result). On the CPU one
+// loop over the values; elsewhere framework ops, with one synchronising read of the bad-element
+// count (Note [CUDA index checks] in kernels/cuda/index.cc: a kernel cannot throw).
 Tensor checked_index(const char* op, const Tensor& index, int64_t size, int64_t real_dim,
                      const Shape& x_shape) {
   NoGradGuard no_grad;
   Tensor i = ops::as_dtype(index, kInt64);
   if (i.device().is_cpu()) {
-    // One pass over the values: the usual all-in-range index is used as it is.
     const Tensor c = raw::contiguous(i);
     const int64_t* p = c.data<int64_t>();
     bool negative = false;
@@ -100,7 +95,11 @@ Tensor checked_index(const char* op, const Tensor& index, int64_t size, int64_t 
       if (p[k] < -size || p[k] >= size) throw_out_of_range(op, p[k], size, real_dim, x_shape);
       negative = negative || p[k] < 0;
     }
-    if (!negative) return c;
+    if (!negative) return c;  // the usual case: used as it is
+    Tensor w = ops::empty_on(c.sizes(), kInt64, kCPU);
+    int64_t* wp = w.data<int64_t>();
+    for (int64_t k = 0; k < c.numel(); ++k) wp[k] = p[k] < 0 ? p[k] + size : p[k];
+    return w;
   }
   Tensor wrapped = where(lt(i, 0), add(i, Scalar(size)), i);
   Tensor bad = logical_or(lt(wrapped, 0), ge(wrapped, Scalar(size)));
@@ -126,14 +125,14 @@ Plan make_plan(const char* op, const Tensor& x, const std::vector<TensorIndex>& 
     } else if (e.is_tensor()) {
       const Tensor& t = e.tensor();
       ACCEL_CHECK(t.defined(), ValueError, op, "undefined tensor in the index list ",
-                  list_str(indices));
+                  indexing::index_str(indices));
       specified += is_mask_dtype(t.dtype()) ? t.dim() : 1;
     }
   }
   ACCEL_CHECK(ellipses <= 1, IndexError, op, "an index can only have a single ellipsis ('...'), ",
-              "got ", list_str(indices));
+              "got ", indexing::index_str(indices));
   ACCEL_CHECK(specified <= x.dim(), IndexError, op, "too many indices for tensor of dimension ",
-              x.dim(), ": ", list_str(indices), " on shape ", x.sizes());
+              x.dim(), ": ", indexing::index_str(indices), " on shape ", x.sizes());
 
   Plan p;
   Shape cur = x.sizes();
@@ -163,7 +162,7 @@ Plan make_plan(const char* op, const Tensor& x, const std::vector<TensorIndex>& 
         const int64_t n = cur[size_t(dim)];
         const int64_t step = s.step().value_or(1);
         ACCEL_CHECK(step > 0, ValueError, op, "slice step must be greater than zero, got ", step,
-                    " in ", list_str(indices));
+                    " in ", indexing::index_str(indices));
         int64_t start = s.start().value_or(0), stop = s.stop().value_or(n);
         if (start < 0) start += n;
         if (stop < 0) stop += n;
@@ -194,7 +193,7 @@ Plan make_plan(const char* op, const Tensor& x, const std::vector<TensorIndex>& 
         const DType dt = t.dtype();
         ACCEL_CHECK(is_mask_dtype(dt) || dt == kInt64 || dt == kInt32, DTypeError, op,
                     "tensors used as indices must be int64, int32, bool or uint8, got ", dt,
-                    " of shape ", t.sizes(), " in ", list_str(indices));
+                    " of shape ", t.sizes(), " in ", indexing::index_str(indices));
         if (t.device() != x.device()) {
           ACCEL_CHECK(t.device().is_cpu(), DeviceError, op, "index tensor on ", t.device(),
                       " for a tensor on ", x.device(),
@@ -215,7 +214,7 @@ Plan make_plan(const char* op, const Tensor& x, const std::vector<TensorIndex>& 
             ACCEL_THROW(IndexError, op, "the mask of shape ", t.sizes(),
                         " does not match the indexed tensor's dims ", real_dim, "..",
                         real_dim + k - 1, " of shape ", covered, " (tensor of shape ", x.sizes(),
-                        ", index ", list_str(indices), ")");
+                        ", index ", indexing::index_str(indices), ")");
           }
           // A mask is its nonzero(): one int64 column per mask dim, in range by construction.
           Tensor nz = nonzero_stub(t.device(), raw::contiguous(t));
@@ -246,7 +245,7 @@ Plan make_plan(const char* op, const Tensor& x, const std::vector<TensorIndex>& 
       std::string shapes;
       for (const Tensor& t : a->idx) shapes += (shapes.empty() ? "" : ", ") + shape_str(t.sizes());
       ACCEL_THROW(IndexError, op, "shape mismatch: indexing tensors could not be broadcast ",
-                  "together with shapes ", shapes, " (index ", list_str(indices), ")");
+                  "together with shapes ", shapes, " (index ", indexing::index_str(indices), ")");
     }
     b = broadcast_shapes(b, a->idx[k].sizes(), op);
   }

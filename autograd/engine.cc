@@ -21,8 +21,27 @@ Node::Node(uint32_t num_outputs) : num_outputs_(num_outputs), sequence_nr_(t_nex
 Node::~Node() = default;
 
 void Node::add_pre_hook(uint32_t output_nr, GradHook hook) {
-  pre_hooks_.emplace_back(output_nr, std::move(hook));
+  if (!hooks_) hooks_ = std::make_unique<Hooks>();
+  hooks_->pre.emplace_back(output_nr, std::move(hook));
 }
+
+void Node::add_retained_grad(uint32_t output_nr, std::shared_ptr<Tensor> slot) {
+  if (!hooks_) hooks_ = std::make_unique<Hooks>();
+  hooks_->retained.emplace_back(output_nr, std::move(slot));
+}
+
+void Node::remove_retained_grad(const std::shared_ptr<Tensor>& slot) {
+  if (!hooks_) return;
+  std::erase_if(hooks_->retained, [&](const RetainedSlot& r) { return r.second == slot; });
+}
+
+namespace {
+thread_local const Node* t_current_node = nullptr;
+}  // namespace
+
+const Node* current_node() { return t_current_node; }
+CurrentNodeScope::CurrentNodeScope(const Node* n) : prev_(t_current_node) { t_current_node = n; }
+CurrentNodeScope::~CurrentNodeScope() { t_current_node = prev_; }
 
 void throw_released(const char* name) {
   ACCEL_THROW(ValueError, "backward", "trying to backward through the graph a second time (node ",
@@ -64,6 +83,11 @@ Grads AccumulateGrad::apply(Grads&& grads) {
 // ---------------- graph construction ----------------
 
 Edge gradient_edge(const Tensor& t) {
+  if (t.impl()->view_base_) [[unlikely]] {
+    // Note [views and in-place autograd]: the view's history, regenerated if stale.
+    if (const std::shared_ptr<Node>& fn = view_grad_fn(t))
+      return Edge{fn, t.autograd_meta_if()->output_nr};
+  }
   AutogradMeta* m = t.autograd_meta_if();
   if (!m || !m->requires_grad) return {};
   if (m->grad_fn) return Edge{m->grad_fn, m->output_nr};
@@ -78,6 +102,10 @@ Edge gradient_edge(const Tensor& t) {
 namespace {
 void attach_output(const std::shared_ptr<Node>& node, Tensor* out, uint32_t nr) {
   if (!out || !out->defined()) return;
+  // An op that records its own node on a view it made (of a buffer of its own) returns a plain
+  // tensor: the node is its whole history (Note [views and in-place autograd]).
+  if (out->impl()->view_base_) [[unlikely]]
+    out->impl()->view_base_.reset();
   AutogradMeta& m = out->autograd_meta();
   m.requires_grad = true;
   m.grad_fn = node;
@@ -195,10 +223,21 @@ void execute(const std::vector<Edge>& roots, std::vector<Tensor> root_grads, boo
     ready.pop();
     Grads in = std::move(buffer_for(n));
     buffers.erase(n);
-    for (auto& [nr, hook] : n->pre_hooks()) {
-      if (nr < in.size() && in[nr].defined()) {
-        Tensor r = hook(in[nr]);
-        if (r.defined()) in[nr] = r;
+    if (const Node::Hooks* hooks = n->hooks()) {
+      for (auto& [nr, hook] : hooks->pre) {
+        if (nr < in.size() && in[nr].defined()) {
+          Tensor r = hook(in[nr]);
+          if (r.defined()) in[nr] = r;
+        }
+      }
+      for (const auto& [nr, slot] : hooks->retained) {  // retain_grad(), after the hooks
+        if (nr >= in.size() || !in[nr].defined()) continue;
+        if (slot->defined()) {
+          slot->add_(in[nr]);
+        } else {
+          *slot = empty(in[nr].sizes(), TensorOptions(in[nr].dtype(), in[nr].device()));
+          slot->copy_(in[nr]);
+        }
       }
     }
     Grads out;
@@ -213,7 +252,10 @@ void execute(const std::vector<Edge>& roots, std::vector<Tensor> root_grads, boo
     }
     bool all_undefined = true;
     for (const Tensor& g : in) all_undefined = all_undefined && !g.defined();
-    if (!all_undefined) out = n->apply(std::move(in));
+    if (!all_undefined) {
+      CurrentNodeScope running(n);  // Note [saved tensors]: names the node in version errors
+      out = n->apply(std::move(in));
+    }
     if (!retain_graph) n->release();
     const auto& edges = n->next_edges();
     ACCEL_CHECK(out.empty() || out.size() == edges.size(), Error, "backward", "node ", n->name(),
@@ -279,27 +321,35 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
     edges.push_back(gradient_edge(r));
     gs.push_back(std::move(g));
   }
-  std::unordered_map<Node*, Tensor> capture;
-  std::vector<Node*> input_nodes;
-  std::vector<std::shared_ptr<Node>> keep;
   for (const Tensor& x : inputs) {
     ACCEL_CHECK(x.requires_grad(), ValueError, "grad", "input of shape ", x.sizes(),
                 " does not require grad");
     ACCEL_CHECK(x.is_leaf(), ValueError, "grad", "only leaf inputs are supported (shape ",
                 x.sizes(), ")");
+  }
+  std::vector<Tensor> result = grad_from_edges(edges, std::move(gs), inputs, retain_graph);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ACCEL_CHECK(result[i].defined() || allow_unused, ValueError, "grad", "input ", i, " of shape ",
+                inputs[i].sizes(), " was not used in the graph (pass allow_unused=true)");
+  }
+  return result;
+}
+
+std::vector<Tensor> grad_from_edges(const std::vector<Edge>& roots, std::vector<Tensor> grads,
+                                    const std::vector<Tensor>& leaves, bool retain_graph) {
+  std::unordered_map<Node*, Tensor> capture;
+  std::vector<Node*> input_nodes;
+  std::vector<std::shared_ptr<Node>> keep;
+  for (const Tensor& x : leaves) {
     Edge e = gradient_edge(x);
     keep.push_back(e.fn);
     capture[e.fn.get()] = Tensor();
     input_nodes.push_back(e.fn.get());
   }
-  execute(edges, std::move(gs), retain_graph, &capture);
+  execute(roots, std::move(grads), retain_graph, &capture);
   std::vector<Tensor> result;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    Tensor g = capture[input_nodes[i]];
-    ACCEL_CHECK(g.defined() || allow_unused, ValueError, "grad", "input ", i, " of shape ",
-                inputs[i].sizes(), " was not used in the graph (pass allow_unused=true)");
-    result.push_back(g);
-  }
+  result.reserve(leaves.size());
+  for (Node* n : input_nodes) result.push_back(capture[n]);
   return result;
 }
 
@@ -311,6 +361,8 @@ namespace accel {
 
 const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const {
   static const std::shared_ptr<autograd::Node> kNone;
+  if (impl_->view_base_) [[unlikely]]
+    return autograd::view_grad_fn(*this);
   return impl_->autograd_ ? impl_->autograd_->grad_fn : kNone;
 }
 
@@ -344,23 +396,16 @@ void Tensor::zero_grad(bool set_to_none) {
 void Tensor::retain_grad() {
   ACCEL_CHECK(requires_grad(), ValueError, "retain_grad", "tensor of shape ", sizes(),
               " does not require grad");
-  if (is_leaf()) return;  // leaves keep .grad anyway
+  if (is_leaf()) return;                                  // leaves keep .grad anyway
+  const std::shared_ptr<autograd::Node>& fn = grad_fn();  // a view's, regenerated if stale
   AutogradMeta& m = autograd_meta();
   if (m.retains_grad) return;
   m.retains_grad = true;
-  // The slot is shared between the tensor's metadata and the hook, so neither outlives the other
-  // unsafely and there is no reference cycle through the node.
+  // The slot is shared between the tensor's metadata and the node, so neither outlives the other
+  // unsafely and there is no reference cycle through the node. An in-place op moves it to the
+  // tensor's new grad_fn (Note [in-place ops]).
   m.retained_grad = std::make_shared<Tensor>();
-  std::shared_ptr<Tensor> slot = m.retained_grad;
-  m.grad_fn->add_pre_hook(m.output_nr, [slot](const Tensor& g) -> Tensor {
-    if (slot->defined()) {
-      slot->add_(g);
-    } else {
-      *slot = empty(g.sizes(), TensorOptions(g.dtype(), g.device()));
-      slot->copy_(g);
-    }
-    return Tensor();
-  });
+  fn->add_retained_grad(m.output_nr, m.retained_grad);
 }
 
 void Tensor::backward(const Tensor& gradient, bool retain_graph) const {

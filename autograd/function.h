@@ -8,10 +8,20 @@
 //   }
 //
 // The backward lambda is written with framework ops, so it runs on every device. Gradients come
-// in as one per output (undefined when that output got none) and go out as one per input.
+// in as one per output (undefined when that output got none) and go out as one per input. A
+// tensor the backward reads is captured as a SavedTensor (Note [saved tensors]):
+//
+//     autograd::record("mul", {a, b}, {&out},
+//                      [x = autograd::save_input(a, 0), y = autograd::save_input(b, 1)](...) {
+//                        return autograd::Grads{g[0] * y.unpack(), g[0] * x.unpack()};
+//                      });
+//
+// In-place ops use autograd::InplaceOp (Note [in-place ops]); an in-place method written as "the
+// out-of-place op, stored into self" uses autograd::inplace_method (Note [in-place methods]).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -83,12 +93,25 @@ class Node : public std::enable_shared_from_this<Node> {
   uint64_t sequence_nr() const { return sequence_nr_; }
 
   // Hooks on the gradient of forward output `output_nr` (Tensor::register_hook on non-leaves).
+  using PreHook = std::pair<uint32_t, GradHook>;
   void add_pre_hook(uint32_t output_nr, GradHook hook);
-  const std::vector<std::pair<uint32_t, GradHook>>& pre_hooks() const { return pre_hooks_; }
+  // retain_grad() slots: filled with the gradient of output `output_nr` after the pre-hooks ran.
+  // Kept apart from the hooks so that an in-place op can move a tensor's slot to its new
+  // grad_fn (the retained gradient is then the one of the value after the op, as in torch).
+  using RetainedSlot = std::pair<uint32_t, std::shared_ptr<Tensor>>;
+  void add_retained_grad(uint32_t output_nr, std::shared_ptr<Tensor> slot);
+  void remove_retained_grad(const std::shared_ptr<Tensor>& slot);
+  // Both lists, or null when the node has neither (almost every node: one pointer, no
+  // construction or destruction cost per recorded op).
+  struct Hooks {
+    std::vector<PreHook> pre;
+    std::vector<RetainedSlot> retained;
+  };
+  const Hooks* hooks() const { return hooks_.get(); }
 
  protected:
   EdgeList next_edges_;
-  std::vector<std::pair<uint32_t, GradHook>> pre_hooks_;
+  std::unique_ptr<Hooks> hooks_;
   uint32_t num_outputs_;
   uint64_t sequence_nr_;
 };
@@ -129,12 +152,14 @@ Grads FunctionNode<F>::apply(Grads&& grads) {
   return (*fn_)(grads);
 }
 
-// True when grad mode is on and any defined input requires grad.
-inline bool needs_grad(const Tensor& a) {
+// True when grad mode is on and any defined input requires grad. Forced inline: every op asks,
+// and Tensor::requires_grad() (which also looks at a view's base) is just past the size the
+// compiler inlines on its own, which cost a call per op (Note [views and in-place autograd]).
+[[gnu::always_inline]] inline bool needs_grad(const Tensor& a) {
   return grad_enabled() && a.defined() && a.requires_grad();
 }
 template <typename... Ts>
-bool needs_grad(const Tensor& a, const Ts&... rest) {
+[[gnu::always_inline]] inline bool needs_grad(const Tensor& a, const Ts&... rest) {
   if (!grad_enabled()) return false;
   return (a.defined() && a.requires_grad()) || ((rest.defined() && rest.requires_grad()) || ...);
 }
@@ -142,6 +167,161 @@ bool needs_grad(const std::vector<Tensor>& xs);
 
 // The edge through which gradient flows into `t` (its grad_fn, or the leaf accumulator).
 Edge gradient_edge(const Tensor& t);
+
+// ---------------- saved tensors ----------------
+//
+// Note [saved tensors]
+// A backward that reads a tensor its op can be given or returns (an input, an output, or a view
+// of one) captures it as a SavedTensor: a detached alias plus the version counter of its storage
+// at the time (core/storage.h; every in-place write bumps it, views and detached aliases share
+// it). unpack() compares the two and throws ValueError when an in-place op wrote the tensor since,
+// naming the op whose backward runs, which input or output it was, its dtype and shape, and both
+// versions (torch's "one of the variables needed for gradient computation has been modified by
+// an inplace operation"): the backward would otherwise compute with values the forward never
+// saw. An op saves only what its backward reads, so writes to anything else stay legal, as in
+// torch: `y = x * 2; x.add_(1)` is fine (mul by a scalar saves nothing), `y = x.exp(); y.add_(1)`
+// then backward is an error (exp saves its output). Tensors only the op itself can reach
+// (workspaces, statistics, a converted or contiguous copy it made) may be captured as plain
+// Tensors: nobody else can write them. The version check is one load and compare per unpack; the
+// cost at forward time is the detached alias the captures made before.
+//
+// Indices count the op's tensor arguments and results: for index_select(x, dim, index), x is
+// input 0 and index input 1; for max(x, dim), the indices are output 1.
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  SavedTensor(const Tensor& t, bool is_output, uint32_t index)
+      : data_(t.defined() ? t.detach() : Tensor()),
+        version_(t.defined() ? t.version() : 0),
+        index_(index),
+        is_output_(is_output) {}
+  bool defined() const { return data_.defined(); }
+  // The saved tensor (undefined if an undefined one was saved); ValueError if it was modified in
+  // place since it was saved.
+  const Tensor& unpack() const {
+    if (data_.defined() && data_.version() != version_) [[unlikely]]
+      throw_modified();
+    return data_;
+  }
+  uint32_t saved_version() const { return version_; }
+
+ private:
+  [[noreturn]] void throw_modified() const;
+  Tensor data_;
+  uint32_t version_ = 0;
+  uint32_t index_ = 0;
+  bool is_output_ = false;
+};
+inline SavedTensor save_input(const Tensor& t, uint32_t index) { return {t, false, index}; }
+inline SavedTensor save_output(const Tensor& t, uint32_t index = 0) { return {t, true, index}; }
+
+// The node whose apply() runs on this thread (the engine sets it), for error messages; null
+// outside a backward.
+const Node* current_node();
+class CurrentNodeScope {
+ public:
+  explicit CurrentNodeScope(const Node* n);
+  ~CurrentNodeScope();
+  CurrentNodeScope(const CurrentNodeScope&) = delete;
+  CurrentNodeScope& operator=(const CurrentNodeScope&) = delete;
+
+ private:
+  const Node* prev_;
+};
+
+// ---------------- in-place ops ----------------
+//
+// Note [in-place ops]
+// An in-place op writes `self` and, when autograd must see it, becomes self's history:
+//
+//     autograd::InplaceOp ip(self, "mul_", {&other});   // checks; decides whether to record
+//     ...save what the backward needs from self's old value (a copy: it is overwritten)...
+//     binary_stub(..., self, other, self, ...);          // the kernel writes self in place
+//     if (ip.commit())                                   // bumps the version; true: record
+//       ip.record([...](const Grads& g) { return Grads{d_self_before, d_other}; });
+//
+// It records when grad mode is on and self or an operand requires grad. Then a leaf that
+// requires grad is refused (ValueError: its .grad would describe a value it no longer holds), as
+// are views of one, views made under NoGradGuard (torch refuses them too: whether the write
+// should be tracked is ambiguous) and views whose elements overlap (expand). The backward gets
+// the gradient of self's new value and returns one per [self's old value, operands...]; saved
+// outputs are saved after commit() (they must carry the bumped version). record() makes the node
+// self's grad_fn: self now requires grad even if only an operand did (`buf.copy_(x)`), its
+// retain_grad() slot moves to the node, hooks stay on the old one (they see the old value's
+// gradient, as in torch). When self is a view, the history goes to its base instead (Note [views
+// and in-place autograd]). Without recording, the op is the kernel and a version bump: no
+// allocation, no node (the fast path of optimizers and init under NoGradGuard).
+//
+// Note [views and in-place autograd]
+// The differentiable view ops record the view's base (TensorImpl::view_base_, always a non-view)
+// and the view's geometry is its own sizes, strides and offset in the shared storage. An in-place
+// op through a view rebases the base, as torch's CopySlices does: the base's grad_fn becomes a
+// node that takes the base's gradient, hands the view's region of it to the in-place op's backward,
+// writes back that backward's gradient for the view's old value into the region, and sends the
+// result to the base's previous history; the in-place op's gradients for its operands go to
+// them. The rest of the base passes through unchanged. A view's grad_fn is then stale: whenever
+// its storage's version differs from the one its grad_fn was made for (AutogradMeta::
+// attr_version), or its base requires grad and it has none, Tensor::grad_fn() (and every use as
+// an op input) regenerates it as an as_strided view of the base's current history, so every view
+// of the base sees the write. Unlike torch, outputs of split/chunk are ordinary views here and
+// may be written in place; a view made under NoGradGuard is a plain alias for autograd
+// (requires_grad only if set on it), and in place through it while recording is refused.
+class InplaceOp {
+ public:
+  static constexpr size_t kMaxOperands = 4;
+  InplaceOp(Tensor& self, const char* op, std::initializer_list<const Tensor*> operands = {});
+  InplaceOp(Tensor& self, const char* op, const Tensor* const* operands, size_t n);
+  bool recording() const { return record_; }
+  // Bumps self's version; returns recording().
+  bool commit() {
+    self_->storage()->bump_version();
+    return record_;
+  }
+  template <typename F>
+  void record(F&& backward) {
+    auto node = std::make_shared<FunctionNode<std::decay_t<F>>>(op_, 1, std::forward<F>(backward));
+    rebase(node);
+  }
+
+ private:
+  void init(const Tensor* const* operands, size_t n);
+  void rebase(const std::shared_ptr<Node>& node);
+  Tensor* self_;
+  const char* op_;
+  // When recording: the edges of [self's old value, operands...], taken before the write (a
+  // view operand's history must be the one of the values the op read).
+  std::vector<Edge> edges_;
+  bool record_ = false;
+};
+
+// Note [in-place methods]
+// An in-place method that has an out-of-place op but no backward of its own (masked_fill_,
+// index_add_, tril_, and any new one: index_put_, masked_scatter_, ...) is one call:
+//
+//     return autograd::inplace_method(*this, "index_add_", {src},
+//         [&](const Tensor& s, const std::vector<Tensor>& o) { return index_add(s, dim, idx, o[0]);
+//         });
+//
+// `fn` computes the new value of self from self and the operands with differentiable ops; its
+// result must have self's dtype and shape (DTypeError / ShapeError naming op otherwise: an int
+// tensor's add_(0.5) or a growing broadcast cannot be stored). It is stored into self through
+// InplaceOp, so the checks, the version bump and the view rules are those of every in-place op.
+// When recording, fn runs on stand-ins (a detached alias of self, detached leaves for the
+// operands that require grad) and the in-place node's backward runs fn's graph from the incoming
+// gradient to them (autograd::grad), so any composition of ops gets its gradient. Pass
+// reads_self = true when fn's backward reads self's old value (pow_, ...): fn then gets a copy,
+// since self is overwritten (getting it wrong is a version error at backward, never a wrong
+// gradient). `kernel`, when given, writes the new value in place when nothing is recorded (no
+// allocation); otherwise fn runs and its result is copied in.
+using InplaceFn = std::function<Tensor(const Tensor& self, const std::vector<Tensor>& operands)>;
+using InplaceKernel = std::function<void(Tensor& self)>;
+Tensor& inplace_method(Tensor& self, const char* op, const std::vector<Tensor>& operands,
+                       const InplaceFn& fn, bool reads_self = false,
+                       const InplaceKernel& kernel = {});
+
+// The grad_fn of a view, regenerated from its base when stale (Note [views and in-place
+// autograd]); Tensor::grad_fn() calls it for views.
+const std::shared_ptr<Node>& view_grad_fn(const Tensor& view);
 
 // Connects `node` to its inputs and makes it the grad_fn of each output.
 void set_history(const std::shared_ptr<Node>& node, std::initializer_list<const Tensor*> inputs,
@@ -182,6 +362,12 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
                          bool allow_unused = false);
+
+// Runs the graph from `roots` (with their gradients) and returns the gradient that reaches each
+// of `leaves` (leaf tensors that require grad; undefined where none arrives) without touching
+// any .grad: the engine of grad(), also used by inplace_method's backward.
+std::vector<Tensor> grad_from_edges(const std::vector<Edge>& roots, std::vector<Tensor> grads,
+                                    const std::vector<Tensor>& leaves, bool retain_graph);
 
 // Gradient helper: `g` when defined, else zeros shaped like `like`.
 Tensor grad_or_zeros(const Tensor& g, const Tensor& like);

@@ -84,4 +84,29 @@ Tensor to_device(const Tensor& t, Device d, bool non_blocking) {
   return out;
 }
 
+void copy_(Tensor& dst, const Tensor& src, bool bump_version) {
+  ACCEL_CHECK(dst.defined(), ValueError, "copy_", "tensor is undefined");
+  ACCEL_CHECK(src.defined(), ValueError, "copy_", "source tensor is undefined");
+  ACCEL_CHECK(is_broadcastable_to(src.sizes(), dst.sizes()), ShapeError, "copy_", "source shape ",
+              src.sizes(), " cannot be broadcast to destination shape ", dst.sizes());
+  if (src.device() == dst.device()) {
+    copy_stub(dst.device(), dst, src);
+  } else {
+    // Cross-device: make both sides contiguous with the destination's dtype, then move bytes.
+    Tensor s = to_dtype(contiguous(expand(src, dst.sizes())), dst.dtype());
+    Tensor d =
+        dst.is_contiguous() ? dst : empty(dst.sizes(), TensorOptions(dst.dtype(), dst.device()));
+    const Device backend = dst.device().is_cpu() ? src.device() : dst.device();
+    cross_device_copy_stub(backend, d, s, false);
+    if (!d.is_same(dst)) copy_stub(dst.device(), dst, d);
+  }
+  if (bump_version) dst.storage()->bump_version();
+}
+
+void fill_(Tensor& dst, Scalar v) {
+  ACCEL_CHECK(dst.defined(), ValueError, "fill_", "tensor is undefined");
+  fill_stub(dst.device(), dst, v);
+  dst.storage()->bump_version();
+}
+
 }  // namespace accel::raw

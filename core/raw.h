@@ -31,8 +31,11 @@ Tensor to_dtype(const Tensor& t, DType dt);
 // `t` itself when on `d`, else a contiguous copy on `d` (through cross_device_copy_stub).
 Tensor to_device(const Tensor& t, Device d, bool non_blocking = false);
 
-// The check every in-place method makes: `t` defined, and not a tensor that requires grad while
-// grad mode is on (ValueError naming op).
-void check_inplace(const Tensor& t, const char* op);
+// Writes `src` (broadcast to dst's shape, converted to its dtype, from any device) into `dst` and
+// bumps dst's version (unless told not to: Tensor::copy_ bumps it itself); no autograd. The data
+// half of Tensor::copy_ (ShapeError, ValueError as it).
+void copy_(Tensor& dst, const Tensor& src, bool bump_version = true);
+// Sets every element of `dst` to `v` and bumps its version; no autograd.
+void fill_(Tensor& dst, Scalar v);
 
 }  // namespace accel::raw

@@ -102,6 +102,9 @@ class Storage : public RefCounted {
   // Bumped by in-place ops; autograd checks saved tensors against it.
   uint32_t version() const { return version_; }
   void bump_version() { ++version_; }
+  // Puts the counter back after a write that restores the values saved tensors saw (ZeRO-3's
+  // re-gather of a released parameter, Note [released storage]); any other write must bump.
+  void set_version(uint32_t v) { version_ = v; }
 
  private:
   [[noreturn]] void throw_released() const;

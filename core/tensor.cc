@@ -87,6 +87,9 @@ Tensor& Tensor::detach_() {
     impl_->autograd_->grad_fn.reset();
     impl_->autograd_->requires_grad = false;
   }
+  // A detached view is a plain alias: its base's history no longer reaches it.
+  impl_->view_base_.reset();
+  impl_->view_no_grad_ = false;
   return *this;
 }
 
@@ -108,7 +111,7 @@ Tensor full_for(const Shape& shape, Scalar value, TensorOptions opt, const char*
   const bool rg = opt.requires_grad;
   opt.requires_grad = false;
   Tensor t = empty_for(shape, opt, op);
-  t.fill_(value);
+  fill_stub(t.device(), t, value);  // a new tensor starts at version 0
   if (rg) t.requires_grad_(true);
   return t;
 }
@@ -316,7 +319,7 @@ Tensor tensor(const std::vector<T>& values, const Shape& shape, TensorOptions op
               " elements but ", values.size(), " values were given");
   Tensor host = from_blob(const_cast<T*>(values.data()), shape, dtype_of<T>::value);
   Tensor t = empty(shape, opt.dtype);
-  t.copy_(host);
+  raw::copy_(t, host, /*bump_version=*/false);  // a new tensor starts at version 0
   if (opt.device != kCPU) t = raw::to_device(t, opt.device);
   if (opt.requires_grad) t.requires_grad_(true);
   return t;
@@ -373,7 +376,7 @@ template <typename T>
 std::vector<T> Tensor::to_vector() const {
   Tensor c = raw::to_device(*this, kCPU);
   Tensor d = empty(c.sizes(), TensorOptions(dtype_of<T>::value));
-  d.copy_(c);
+  raw::copy_(d, c, /*bump_version=*/false);
   const T* p = d.data<T>();
   return std::vector<T>(p, p + d.numel());
 }
@@ -384,44 +387,6 @@ template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
 template std::vector<uint8_t> Tensor::to_vector<uint8_t>() const;
 
 std::vector<double> Tensor::tolist() const { return to_vector<double>(); }
-
-// ---------------- in-place ----------------
-
-namespace raw {
-void check_inplace(const Tensor& t, const char* op) {
-  ACCEL_CHECK(t.defined(), ValueError, op, "tensor is undefined");
-  ACCEL_CHECK(!(grad_enabled() && t.requires_grad()), ValueError, op,
-              "in-place operation on a tensor that requires grad (shape ", t.sizes(),
-              "); wrap it in NoGradGuard or use detach()");
-}
-}  // namespace raw
-using raw::check_inplace;
-
-Tensor& Tensor::copy_(const Tensor& src) {
-  check_inplace(*this, "copy_");
-  ACCEL_CHECK(src.defined(), ValueError, "copy_", "source tensor is undefined");
-  ACCEL_CHECK(is_broadcastable_to(src.sizes(), sizes()), ShapeError, "copy_", "source shape ",
-              src.sizes(), " cannot be broadcast to destination shape ", sizes());
-  if (src.device() == device()) {
-    copy_stub(device(), *this, src);
-  } else {
-    // Cross-device: make both sides contiguous with the destination's dtype, then move bytes.
-    Tensor s = raw::to_dtype(raw::contiguous(raw::expand(src, sizes())), dtype());
-    Tensor d = is_contiguous() ? *this : empty(sizes(), TensorOptions(dtype(), device()));
-    const Device backend = device().is_cpu() ? src.device() : device();
-    cross_device_copy_stub(backend, d, s, false);
-    if (!d.is_same(*this)) copy_stub(device(), *this, d);
-  }
-  storage()->bump_version();
-  return *this;
-}
-
-Tensor& Tensor::fill_(Scalar v) {
-  check_inplace(*this, "fill_");
-  fill_stub(device(), *this, v);
-  storage()->bump_version();
-  return *this;
-}
 
 // ---------------- printing ----------------
 

@@ -65,6 +65,11 @@ class TensorImpl : public RefCounted {
   DType dtype_;
   bool is_contiguous_ = true;
   std::unique_ptr<AutogradMeta> autograd_;
+  // Note [views and in-place autograd] (autograd/function.h): set by the differentiable view ops
+  // (view, slice, select, transpose, ...) to the tensor whose storage this one views, which is
+  // never itself such a view; null for every other tensor (detach() and op outputs included).
+  IntrusivePtr<TensorImpl> view_base_;
+  bool view_no_grad_ = false;  // the view was made while grad mode was off
 
   void refresh();  // recompute numel_ and is_contiguous_ after sizes/strides change
 };
@@ -136,16 +141,50 @@ class Tensor {
   template <typename T>
   std::vector<T> to_vector() const;  // flattened, converted to T
 
-  // ---- in-place (not recorded by autograd; error on tensors that need grad in grad mode) ----
+  // ---- in-place (defined in autograd/ops/inplace.cc) ----
+  // Recorded by autograd as in PyTorch (Note [in-place ops] in autograd/function.h): the tensor's
+  // grad_fn becomes the op's node and its version is bumped; in place through a view rebases the
+  // base's history. While grad mode is on they refuse a leaf that requires grad (and views of
+  // one); under NoGradGuard they write without recording (optimizers, init). A backward that
+  // needs a value overwritten since its forward throws ValueError naming the op.
   Tensor& copy_(const Tensor& src);  // broadcasts src; converts dtype/device
   Tensor& fill_(Scalar v);
   Tensor& zero_() { return fill_(0); }
   Tensor& add_(const Tensor& o, Scalar alpha = 1);
-  Tensor& sub_(const Tensor& o) { return add_(o, -1); }
+  Tensor& sub_(const Tensor& o) { return sub_(o, 1); }
   Tensor& mul_(const Tensor& o);
   Tensor& mul_(Scalar s);
   Tensor& div_(Scalar s);
   Tensor& clamp_(Scalar lo, Scalar hi);
+  Tensor& clamp_min_(Scalar lo);
+  Tensor& clamp_max_(Scalar hi);
+  Tensor& pow_(Scalar e);
+  Tensor& pow_(const Tensor& e);
+  Tensor& neg_();
+  Tensor& exp_();
+  Tensor& log_();
+  Tensor& sqrt_();
+  Tensor& rsqrt_();
+  Tensor& abs_();
+  Tensor& relu_();
+  Tensor& sigmoid_();
+  Tensor& tanh_();
+  Tensor& sin_();
+  Tensor& cos_();
+  Tensor& reciprocal_();
+  Tensor& square_();
+  Tensor& log1p_();
+  Tensor& expm1_();
+  Tensor& erf_();
+  // Compound assignment: the in-place ops above (`out += identity` records add_).
+  Tensor& operator+=(const Tensor& o) { return add_(o); }
+  Tensor& operator+=(Scalar s) { return add_(s); }
+  Tensor& operator-=(const Tensor& o) { return sub_(o); }
+  Tensor& operator-=(Scalar s) { return sub_(s); }
+  Tensor& operator*=(const Tensor& o) { return mul_(o); }
+  Tensor& operator*=(Scalar s) { return mul_(s); }
+  Tensor& operator/=(const Tensor& o) { return div_(o); }
+  Tensor& operator/=(Scalar s) { return div_(s); }
 
   // ---- autograd ----
   bool requires_grad() const;
@@ -160,8 +199,17 @@ class Tensor {
   void retain_grad();
   // Reverse-mode from this tensor. `gradient` defaults to ones for a one-element tensor.
   void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
-  Tensor detach() const;  // shares storage, no history
+  Tensor detach() const;  // shares storage (and its version counter), no history
   Tensor& detach_();
+  // libtorch's `t.data()` (torch's `t.data`): a detached alias, so `p.data().add_(u)` updates a
+  // parameter without recording. Unlike torch it shares the version counter with `t`.
+  Tensor data() const { return detach(); }
+  // The storage's version counter, bumped by every in-place write (torch's `t._version`).
+  uint32_t version() const { return impl_->storage_->version(); }
+  // A view made by a differentiable view op, and the tensor it views (Note [views and in-place
+  // autograd]); view_base() is undefined for a non-view.
+  bool is_view() const { return bool(impl_->view_base_); }
+  Tensor view_base() const { return Tensor(impl_->view_base_); }
   void register_hook(GradHook hook);
   void register_post_accumulate_grad_hook(PostAccumulateHook hook);
   AutogradMeta& autograd_meta();  // creates when absent
@@ -330,12 +378,23 @@ struct AutogradMeta {
   Tensor grad;                            // accumulated gradient (leaves)
   std::shared_ptr<Tensor> retained_grad;  // non-leaves after retain_grad()
   std::string name;                       // optional, shows up in error messages
+  uint32_t attr_version = 0;  // views: the version grad_fn was made for (Note [views and in-place
+                              // autograd]); a view whose base moved on gets a fresh one
 };
 
+// A view (of a base made in grad mode) requires grad when its base does: an in-place write
+// through a sibling view may have given the base history after this view was made.
 inline bool Tensor::requires_grad() const {
-  return impl_->autograd_ && impl_->autograd_->requires_grad;
+  const TensorImpl* i = impl_.get();
+  if (i->autograd_ && i->autograd_->requires_grad) return true;
+  const TensorImpl* b = i->view_base_.get();
+  return b && !i->view_no_grad_ && b->autograd_ && b->autograd_->requires_grad;
 }
-inline bool Tensor::is_leaf() const { return !impl_->autograd_ || !impl_->autograd_->grad_fn; }
+inline bool Tensor::is_leaf() const {
+  if (impl_->view_base_) [[unlikely]]
+    return !grad_fn();  // a view's history may have to be regenerated first
+  return !impl_->autograd_ || !impl_->autograd_->grad_fn;
+}
 
 // ---- creation (options: dtype, device, requires_grad) ----
 struct TensorOptions {

@@ -334,7 +334,11 @@ void FullyShardedModel::gather(Unit& u, bool wait) {
     u.full.storage()->materialize();
     u.gather_src = u.compute == u.master ? u.shard : u.shard.to(u.compute);
     if (pg_->size() == 1) {
+      // The refill restores what saved tensors of the unit's parameters saw: keep the version
+      // (core/storage.h set_version; collectives write without bumping it).
+      const uint32_t version = u.full.version();
       u.full.copy_(u.gather_src);
+      u.full.storage()->set_version(version);
       u.gather_src = Tensor();
     } else {
       u.gather_work = pg_->all_gather_async(u.full, u.gather_src);

@@ -103,11 +103,14 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = run(BinaryOp::Mul, p);
   if (autograd::needs_grad(*p.a, *p.b)) {
     const bool ga = p.a->requires_grad(), gb = p.b->requires_grad();
+    // d a = g * b, d b = g * a: each saved only when the other side needs its gradient.
     autograd::record("mul", {p.a, p.b}, {&out},
-                     [x = gb ? p.a->detach() : Tensor(), y = ga ? p.b->detach() : Tensor(),
+                     [x = gb ? autograd::save_input(*p.a, 0) : autograd::SavedTensor(),
+                      y = ga ? autograd::save_input(*p.b, 1) : autograd::SavedTensor(),
                       sa = p.a->sizes(), sb = p.b->sizes()](const autograd::Grads& g) {
-                       return autograd::Grads{y.defined() ? sum_to(mul(g[0], y), sa) : Tensor(),
-                                              x.defined() ? sum_to(mul(g[0], x), sb) : Tensor()};
+                       return autograd::Grads{
+                           y.defined() ? sum_to(mul(g[0], y.unpack()), sa) : Tensor(),
+                           x.defined() ? sum_to(mul(g[0], x.unpack()), sb) : Tensor()};
                      });
   }
   return out;
@@ -118,12 +121,17 @@ Tensor div(const Tensor& a, const Tensor& b) {
   prepare(p, "div", a, b, true);
   Tensor out = run(BinaryOp::Div, p);
   if (autograd::needs_grad(*p.a, *p.b)) {
+    // a is read only for b's gradient; b always.
     autograd::record(
         "div", {p.a, p.b}, {&out},
-        [x = p.a->detach(), y = p.b->detach()](const autograd::Grads& g) {
+        [x = p.b->requires_grad() ? autograd::save_input(*p.a, 0) : autograd::SavedTensor(),
+         ys = autograd::save_input(*p.b, 1), sa = p.a->sizes()](const autograd::Grads& g) {
+          const Tensor& y = ys.unpack();
           const Tensor ga = div(g[0], y);
           // d/db (a/b) = -a/b^2 = -(g/b) * (a/b)
-          return autograd::Grads{sum_to(ga, x.sizes()), sum_to(neg(mul(ga, div(x, y))), y.sizes())};
+          return autograd::Grads{
+              sum_to(ga, sa),
+              x.defined() ? sum_to(neg(mul(ga, div(x.unpack(), y))), y.sizes()) : Tensor()};
         });
   }
   return out;
@@ -134,14 +142,22 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   prepare(p, "pow", a, b, true);
   Tensor out = run(BinaryOp::Pow, p);
   if (autograd::needs_grad(*p.a, *p.b)) {
-    autograd::record(
-        "pow", {p.a, p.b}, {&out},
-        [x = p.a->detach(), y = p.b->detach(), o = out.detach()](const autograd::Grads& g) {
-          // d/da a^b = b a^(b-1);  d/db a^b = a^b log a
-          Tensor ga = mul(g[0], mul(y, pow(x, sub(y, 1))));
-          Tensor gb = mul(g[0], mul(o, log(x)));
-          return autograd::Grads{sum_to(ga, x.sizes()), sum_to(gb, y.sizes())};
-        });
+    // d/da a^b = b a^(b-1) reads a and b;  d/db a^b = a^b log a reads the output and a.
+    const bool ga = p.a->requires_grad(), gb = p.b->requires_grad();
+    autograd::record("pow", {p.a, p.b}, {&out},
+                     [xs = autograd::save_input(*p.a, 0),
+                      ys = ga ? autograd::save_input(*p.b, 1) : autograd::SavedTensor(),
+                      os = gb ? autograd::save_output(out) : autograd::SavedTensor(),
+                      sa = p.a->sizes(), sb = p.b->sizes()](const autograd::Grads& g) {
+                       const Tensor& x = xs.unpack();
+                       Tensor da, db;
+                       if (ys.defined()) {
+                         const Tensor& y = ys.unpack();
+                         da = sum_to(mul(g[0], mul(y, pow(x, sub(y, 1)))), sa);
+                       }
+                       if (os.defined()) db = sum_to(mul(g[0], mul(os.unpack(), log(x))), sb);
+                       return autograd::Grads{da, db};
+                     });
   }
   return out;
 }
@@ -154,7 +170,10 @@ Tensor max_min(const char* op, BinaryOp bop, const Tensor& a, const Tensor& b) {
   Tensor out = run(bop, p);
   if (autograd::needs_grad(*p.a, *p.b)) {
     autograd::record(op, {p.a, p.b}, {&out},
-                     [x = p.a->detach(), y = p.b->detach(), bop](const autograd::Grads& g) {
+                     [xs = autograd::save_input(*p.a, 0), ys = autograd::save_input(*p.b, 1),
+                      bop](const autograd::Grads& g) {
+                       const Tensor& x = xs.unpack();
+                       const Tensor& y = ys.unpack();
                        Tensor win = bop == BinaryOp::Maximum ? gt(x, y) : lt(x, y);
                        Tensor tie = eq(x, y);
                        Tensor wa = add(win.to(g[0].dtype()), mul(tie.to(g[0].dtype()), 0.5));
@@ -238,9 +257,10 @@ Tensor rdiv(const Tensor& a, Scalar b) {
   Tensor out = unary_scalar(UnaryOp::RDivScalar, x, b.to_double());
   if (autograd::needs_grad(x)) {
     autograd::record("rdiv_scalar", {&x}, {&out},
-                     [o = out.detach(), xs = x.detach()](const autograd::Grads& g) {
+                     [os = autograd::save_output(out),
+                      xs = autograd::save_input(x, 0)](const autograd::Grads& g) {
                        // d/dx (s / x) = -s / x^2 = -o / x
-                       return autograd::Grads{neg(div(mul(g[0], o), xs))};
+                       return autograd::Grads{neg(div(mul(g[0], os.unpack()), xs.unpack()))};
                      });
   }
   return out;
@@ -252,12 +272,18 @@ Tensor pow(const Tensor& a, Scalar exponent) {
   ops::check_defined(x, "pow");
   Tensor out = unary_scalar(UnaryOp::PowScalar, x, e);
   if (autograd::needs_grad(x)) {
-    autograd::record("pow_scalar", {&x}, {&out}, [xs = x.detach(), e](const autograd::Grads& g) {
-      if (e == 0.0) return autograd::Grads{zeros_like(xs)};
-      if (e == 1.0) return autograd::Grads{g[0]};
-      if (e == 2.0) return autograd::Grads{mul(g[0], mul(xs, 2.0))};
-      return autograd::Grads{mul(g[0], mul(pow(xs, e - 1.0), e))};
-    });
+    // e = 0 and e = 1 read nothing (the saved tensor is then never unpacked).
+    autograd::record(
+        "pow_scalar", {&x}, {&out},
+        [xs = e == 0.0 || e == 1.0 ? autograd::SavedTensor() : autograd::save_input(x, 0), e,
+         shape = x.sizes()](const autograd::Grads& g) {
+          if (e == 0.0)
+            return autograd::Grads{zeros(shape, TensorOptions(g[0].dtype(), g[0].device()))};
+          if (e == 1.0) return autograd::Grads{g[0]};
+          const Tensor& x = xs.unpack();
+          if (e == 2.0) return autograd::Grads{mul(g[0], mul(x, 2.0))};
+          return autograd::Grads{mul(g[0], mul(pow(x, e - 1.0), e))};
+        });
   }
   return out;
 }

@@ -33,6 +33,14 @@ inline Tensor empty_on(const Shape& shape, DType dt, Device dev) {
   return empty(shape, TensorOptions(dt, dev));
 }
 
+// A contiguous copy of t's values with no history: the old value of a tensor an in-place op is
+// about to overwrite, when its backward reads it (Note [in-place ops] in autograd/function.h).
+inline Tensor copy_data(const Tensor& t) {
+  Tensor c = empty_on(t.sizes(), t.dtype(), t.device());
+  copy_stub(t.device(), c, t);
+  return c;
+}
+
 // `t` converted to dtype `dt` (differentiable when both are floating).
 inline Tensor as_dtype(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to(dt); }
 

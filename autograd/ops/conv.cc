@@ -102,7 +102,10 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Shape stride
                gb = b.defined() && b.requires_grad();
     autograd::record(
         op, {&x, &w, &b}, {&out},
-        [xd = xd.detach(), wd = wd.detach(), p, gx, gw, gb](const autograd::Grads& g) {
+        [xs = autograd::save_input(xd, 0), ws = autograd::save_input(wd, 1), p, gx, gw,
+         gb](const autograd::Grads& g) {
+          const Tensor& xd = xs.unpack();
+          const Tensor& wd = ws.unpack();
           const Tensor go = dense(g[0]);
           Tensor dx = gx ? ops::empty_on(xd.sizes(), go.dtype(), go.device()) : Tensor();
           Tensor dw = gw ? ops::empty_on(wd.sizes(), go.dtype(), go.device()) : Tensor();

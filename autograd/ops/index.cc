@@ -66,14 +66,16 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   index_select_stub(weight.device(), w, 0, flat, out, op);
   if (autograd::needs_grad(weight)) {
     // dW = zeros (V, D) with each row of g added at its index (repeated indices accumulate).
-    autograd::record(op, {&weight}, {&out},
-                     [flat, ws = weight.sizes(), d](const autograd::Grads& g) {
-                       Tensor gw = zeros_as(ws, g[0]);
-                       Tensor g2 = ops::as_dtype(g[0], gw.dtype()).contiguous();
-                       Tensor src = ops::make_view(g2, {flat.numel(), d}, {d, 1}, g2.offset());
-                       index_add_stub(gw.device(), gw, 0, flat, src, "embedding_backward");
-                       return autograd::Grads{gw};
-                     });
+    autograd::record(
+        op, {&weight}, {&out},
+        [fs = autograd::save_input(flat, 1), ws = weight.sizes(), d](const autograd::Grads& g) {
+          const Tensor& flat = fs.unpack();
+          Tensor gw = zeros_as(ws, g[0]);
+          Tensor g2 = ops::as_dtype(g[0], gw.dtype()).contiguous();
+          Tensor src = ops::make_view(g2, {flat.numel(), d}, {d, 1}, g2.offset());
+          index_add_stub(gw.device(), gw, 0, flat, src, "embedding_backward");
+          return autograd::Grads{gw};
+        });
   }
   return out;
 }
@@ -89,9 +91,11 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   Tensor out = ops::empty_on(out_shape, x.dtype(), x.device());
   index_select_stub(x.device(), contiguous_data(x), d, idx, out, op);
   if (autograd::needs_grad(x)) {
-    autograd::record(op, {&x}, {&out}, [idx, d, xs = x.sizes()](const autograd::Grads& g) {
-      return autograd::Grads{index_add(zeros_as(xs, g[0]), d, idx, g[0])};
-    });
+    autograd::record(
+        op, {&x}, {&out},
+        [is = autograd::save_input(idx, 1), d, xs = x.sizes()](const autograd::Grads& g) {
+          return autograd::Grads{index_add(zeros_as(xs, g[0]), d, is.unpack(), g[0])};
+        });
   }
   return out;
 }
@@ -118,8 +122,10 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
   if (autograd::needs_grad(x, src)) {
     const bool gs = src.requires_grad();
     autograd::record(op, {&x, &src}, {&out},
-                     [idx, d, gs, ss = src.sizes()](const autograd::Grads& g) {
-                       Tensor gsrc = gs ? index_select(g[0], d, idx).reshape(ss) : Tensor();
+                     [is = gs ? autograd::save_input(idx, 1) : autograd::SavedTensor(), d,
+                      ss = src.sizes()](const autograd::Grads& g) {
+                       Tensor gsrc =
+                           is.defined() ? index_select(g[0], d, is.unpack()).reshape(ss) : Tensor();
                        return autograd::Grads{g[0], gsrc};
                      });
   }
@@ -161,9 +167,11 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   Tensor out1 = at_least_1d(out);
   gather_stub(x.device(), at_least_1d(x), d, at_least_1d(idx), out1, op);
   if (autograd::needs_grad(x)) {
-    autograd::record(op, {&x}, {&out}, [idx, d, xs = x.sizes()](const autograd::Grads& g) {
-      return autograd::Grads{scatter_add(zeros_as(xs, g[0]), d, idx, g[0])};
-    });
+    autograd::record(
+        op, {&x}, {&out},
+        [is = autograd::save_input(idx, 1), d, xs = x.sizes()](const autograd::Grads& g) {
+          return autograd::Grads{scatter_add(zeros_as(xs, g[0]), d, is.unpack(), g[0])};
+        });
   }
   return out;
 }
@@ -189,9 +197,11 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
   if (autograd::needs_grad(x, src)) {
     const bool gs = src.requires_grad();
     autograd::record(op, {&x, &src}, {&out},
-                     [idx, d, gs, ss = src.sizes()](const autograd::Grads& g) {
+                     [is = gs ? autograd::save_input(idx, 1) : autograd::SavedTensor(), d, gs,
+                      ss = src.sizes()](const autograd::Grads& g) {
                        Tensor gsrc;
                        if (gs) {
+                         const Tensor& idx = is.unpack();
                          // Elements of src outside index's extent were never read: zero grad.
                          Tensor got = gather(g[0], d, idx);
                          if (got.sizes() == ss) {

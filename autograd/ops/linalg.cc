@@ -120,13 +120,16 @@ Tensor matmul_nd(const char* op, const Tensor& a, const Tensor& b, const Shape& 
   Tensor out = matmul_raw(a, b, batch);
   if (autograd::needs_grad(a, b)) {
     const bool ga = a.requires_grad(), gb = b.requires_grad();
+    // a is read for b's gradient, b for a's (each saved only when needed).
     autograd::record(op, {&a, &b}, {&out},
-                     [x = gb ? a.detach() : Tensor(), y = ga ? b.detach() : Tensor(),
+                     [xs = gb ? autograd::save_input(a, 0) : autograd::SavedTensor(),
+                      ys = ga ? autograd::save_input(b, 1) : autograd::SavedTensor(),
                       sa = a.sizes(), sb = b.sizes()](const autograd::Grads& g) {
                        const Tensor& go = g[0];
                        Tensor da, db;
-                       if (y.defined()) da = sum_to(matmul(go, y.transpose(-1, -2)), sa);
-                       if (x.defined()) {
+                       if (ys.defined()) da = sum_to(matmul(go, ys.unpack().transpose(-1, -2)), sa);
+                       if (xs.defined()) {
+                         const Tensor& x = xs.unpack();
                          if (sb.size() == 2 && sa.size() > 2) {
                            // Weight shared over the batch: one (K, B*M) @ (B*M, N) GEMM.
                            db = mm(x.reshape({-1, x.size(-1)}).t(), go.reshape({-1, go.size(-1)}));
@@ -213,10 +216,14 @@ Tensor autocast_gemm_f32(const char* op, const Tensor& x, const Tensor& w, const
     const bool gb = b.defined() && b.requires_grad();
     autograd::record(
         op, {&x, &w, &b}, {&out},
-        [xs = gw ? x2.detach() : Tensor(), wnk = gx ? transposed(wkn) : Tensor(), w_exact, w_nk,
-         low, dev, k, sx = x.sizes(), xdt = x.dtype(), wdt = w.dtype(),
+        // x2 views x (or is a copy); the weight image is the cached conversion or w itself.
+        [xsv = gw ? autograd::save_input(x2, 0) : autograd::SavedTensor(),
+         wsv = gx ? autograd::save_input(transposed(wkn), 1) : autograd::SavedTensor(), w_exact,
+         w_nk, low, dev, k, sx = x.sizes(), xdt = x.dtype(), wdt = w.dtype(),
          bdt = b.defined() ? b.dtype() : low, gx, gw, gb, transposed](const autograd::Grads& g) {
           AutocastSuspend off;
+          const Tensor& xs = xsv.unpack();
+          const Tensor& wnk = wsv.unpack();
           const Tensor g2 = ops::as_dtype(g[0], low).reshape({-1, g[0].size(-1)});  // (rows, N)
           Tensor dx, dw, db;
           if (gx) {  // g @ (w as (K, N))^T
@@ -316,12 +323,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     const bool gx = x.requires_grad(), gw = w.requires_grad();
     const bool gb = b.defined() && b.requires_grad();
     autograd::record("linear", {&x, &w, &b}, {&out},
-                     [xs = gw ? x2.detach() : Tensor(), ws = gx ? w.detach() : Tensor(),
+                     [xs = gw ? autograd::save_input(x2, 0) : autograd::SavedTensor(),
+                      ws = gx ? autograd::save_input(w, 1) : autograd::SavedTensor(),
                       sx = x.sizes(), gx, gw, gb](const autograd::Grads& g) {
                        const Tensor g2 = g[0].reshape({-1, g[0].size(-1)});  // (rows, out)
                        Tensor dx, dw, db;
-                       if (gx) dx = mm(g2, ws).reshape(sx);
-                       if (gw) dw = mm(g2.t(), xs);
+                       if (gx) dx = mm(g2, ws.unpack()).reshape(sx);
+                       if (gw) dw = mm(g2.t(), xs.unpack());
                        if (gb) db = sum(g2, {0});
                        return autograd::Grads{dx, dw, db};
                      });

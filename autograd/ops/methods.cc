@@ -1,34 +1,17 @@
 // Tensor methods of the free ops (core/tensor.h, "ops as methods"): each is one call of the free
 // function in autograd/ops.h, so defaults, errors and autograd are the free function's. Free
 // functions are called qualified: inside a member, an unqualified name finds the method first.
+#include "autograd/function.h"
 #include "autograd/ops.h"
 
 namespace accel {
 
-namespace {
-
-// Note [in-place methods]
-// An in-place method computes the out-of-place op and copies the result into `self`. The checks
-// before the copy keep it from being silently lossy, as torch refuses the same cases: an
-// int tensor's add_(0.5) would truncate (the op promotes to float), a broadcast that grows the
-// result would not fit. The grad-mode check comes first so that no graph is recorded for a call
-// that is refused anyway.
-void check_inplace_method(const Tensor& self, const char* op) {
-  ACCEL_CHECK(self.defined(), ValueError, op, "tensor is undefined");
-  ACCEL_CHECK(!(grad_enabled() && self.requires_grad()), ValueError, op,
-              "in-place operation on a tensor that requires grad (shape ", self.sizes(),
-              "); wrap it in NoGradGuard or use detach()");
-}
-
-Tensor& assign_inplace(Tensor& self, const Tensor& result, const char* op) {
-  ACCEL_CHECK(result.dtype() == self.dtype(), DTypeError, op, "result dtype ", result.dtype(),
-              " cannot be stored in place into a ", self.dtype(), " tensor");
-  ACCEL_CHECK(result.sizes() == self.sizes(), ShapeError, op, "result shape ", result.sizes(),
-              " differs from the in-place tensor's shape ", self.sizes());
-  return self.copy_(result);
-}
-
-}  // namespace
+ACCEL_DIFFERENTIABLE_OP(index_add_, "index_add_");
+ACCEL_DIFFERENTIABLE_OP(scatter_add_, "scatter_add_");
+ACCEL_DIFFERENTIABLE_OP(tril_, "tril_");
+ACCEL_DIFFERENTIABLE_OP(triu_, "triu_");
+ACCEL_DIFFERENTIABLE_OP(index_put_, "index_put_");
+ACCEL_DIFFERENTIABLE_OP(masked_scatter_, "masked_scatter_");
 
 Tensor Tensor::add(const Tensor& other, Scalar alpha) const {
   return accel::add(*this, other, alpha);
@@ -146,41 +129,31 @@ std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t dim) const {
 Tensor Tensor::tril(int64_t diagonal) const { return accel::tril(*this, diagonal); }
 Tensor Tensor::triu(int64_t diagonal) const { return accel::triu(*this, diagonal); }
 
-Tensor& Tensor::add_(Scalar other) {
-  check_inplace_method(*this, "add_");
-  return assign_inplace(*this, accel::add(*this, other), "add_");
-}
-Tensor& Tensor::sub_(Scalar other) {
-  check_inplace_method(*this, "sub_");
-  return assign_inplace(*this, accel::sub(*this, other), "sub_");
-}
-Tensor& Tensor::sub_(const Tensor& other, Scalar alpha) {
-  check_inplace_method(*this, "sub_");
-  return assign_inplace(*this, accel::sub(*this, other, alpha), "sub_");
-}
-Tensor& Tensor::div_(const Tensor& other) {
-  check_inplace_method(*this, "div_");
-  return assign_inplace(*this, accel::div(*this, other), "div_");
-}
-Tensor& Tensor::masked_fill_(const Tensor& mask, Scalar value) {
-  check_inplace_method(*this, "masked_fill_");
-  return assign_inplace(*this, accel::masked_fill(*this, mask, value), "masked_fill_");
-}
+// In-place methods with no backward of their own: the out-of-place op, stored into self by
+// autograd::inplace_method (Note [in-place methods] in autograd/function.h), which records it.
+// None reads self's old value in its backward. (add_, sub_, div_ are in ops/inplace.cc;
+// masked_fill_ is in ops/unary.cc with its in-place kernel.)
 Tensor& Tensor::index_add_(int64_t dim, const Tensor& index, const Tensor& src) {
-  check_inplace_method(*this, "index_add_");
-  return assign_inplace(*this, accel::index_add(*this, dim, index, src), "index_add_");
+  return autograd::inplace_method(*this, "index_add_", {src},
+                                  [&](const Tensor& s, const std::vector<Tensor>& o) {
+                                    return accel::index_add(s, dim, index, o[0]);
+                                  });
 }
 Tensor& Tensor::scatter_add_(int64_t dim, const Tensor& index, const Tensor& src) {
-  check_inplace_method(*this, "scatter_add_");
-  return assign_inplace(*this, accel::scatter_add(*this, dim, index, src), "scatter_add_");
+  return autograd::inplace_method(*this, "scatter_add_", {src},
+                                  [&](const Tensor& s, const std::vector<Tensor>& o) {
+                                    return accel::scatter_add(s, dim, index, o[0]);
+                                  });
 }
 Tensor& Tensor::tril_(int64_t diagonal) {
-  check_inplace_method(*this, "tril_");
-  return assign_inplace(*this, accel::tril(*this, diagonal), "tril_");
+  return autograd::inplace_method(
+      *this, "tril_", {},
+      [&](const Tensor& s, const std::vector<Tensor>&) { return accel::tril(s, diagonal); });
 }
 Tensor& Tensor::triu_(int64_t diagonal) {
-  check_inplace_method(*this, "triu_");
-  return assign_inplace(*this, accel::triu(*this, diagonal), "triu_");
+  return autograd::inplace_method(
+      *this, "triu_", {},
+      [&](const Tensor& s, const std::vector<Tensor>&) { return accel::triu(s, diagonal); });
 }
 
 Tensor Tensor::to(Device d, DType t, bool non_blocking) const { return to(d, non_blocking).to(t); }
@@ -208,23 +181,30 @@ Tensor Tensor::index_put(const std::vector<indexing::TensorIndex>& indices, cons
                          bool accumulate) const {
   return accel::index_put(*this, indices, values, accumulate);
 }
+// index_put_ and masked_scatter_ are autograd::inplace_method calls (Note [in-place methods] in
+// autograd/function.h); neither backward reads self's old value.
 Tensor& Tensor::index_put_(const std::vector<indexing::TensorIndex>& indices, const Tensor& values,
                            bool accumulate) {
-  check_inplace_method(*this, "index_put_");
-  return assign_inplace(*this, accel::index_put(*this, indices, values, accumulate), "index_put_");
+  return autograd::inplace_method(*this, "index_put_", {values},
+                                  [&](const Tensor& s, const std::vector<Tensor>& o) {
+                                    return accel::index_put(s, indices, o[0], accumulate);
+                                  });
 }
 Tensor& Tensor::index_put_(const std::vector<indexing::TensorIndex>& indices, Scalar value) {
-  check_inplace_method(*this, "index_put_");
-  const Tensor v = full({}, value, TensorOptions(dtype(), device()));
-  return assign_inplace(*this, accel::index_put(*this, indices, v), "index_put_");
+  return autograd::inplace_method(
+      *this, "index_put_", {}, [&](const Tensor& s, const std::vector<Tensor>&) {
+        return accel::index_put(s, indices, full({}, value, TensorOptions(s.dtype(), s.device())));
+      });
 }
 Tensor Tensor::masked_select(const Tensor& mask) const { return accel::masked_select(*this, mask); }
 Tensor Tensor::masked_scatter(const Tensor& mask, const Tensor& source) const {
   return accel::masked_scatter(*this, mask, source);
 }
 Tensor& Tensor::masked_scatter_(const Tensor& mask, const Tensor& source) {
-  check_inplace_method(*this, "masked_scatter_");
-  return assign_inplace(*this, accel::masked_scatter(*this, mask, source), "masked_scatter_");
+  return autograd::inplace_method(*this, "masked_scatter_", {source},
+                                  [&](const Tensor& s, const std::vector<Tensor>& o) {
+                                    return accel::masked_scatter(s, mask, o[0]);
+                                  });
 }
 Tensor Tensor::take_along_dim(const Tensor& indices, std::optional<int64_t> dim) const {
   return accel::take_along_dim(*this, indices, dim);

@@ -41,11 +41,13 @@ Tensor softmax_impl(const char* op, const Tensor& x, int64_t dim, bool log) {
   Tensor y = ops::empty_on(x.sizes(), x.dtype(), x.device());
   softmax_stub(x.device(), contiguous_data(x), d, log, y);
   if (autograd::needs_grad(x)) {
-    autograd::record(op, {&x}, {&y}, [yd = y.detach(), d, log](const autograd::Grads& g) {
-      Tensor dx = ops::empty_on(yd.sizes(), yd.dtype(), yd.device());
-      softmax_backward_stub(yd.device(), grad_input(g[0], yd.dtype()), yd, d, log, dx);
-      return autograd::Grads{dx};
-    });
+    autograd::record(
+        op, {&x}, {&y}, [ys = autograd::save_output(y), d, log](const autograd::Grads& g) {
+          const Tensor& yd = ys.unpack();
+          Tensor dx = ops::empty_on(yd.sizes(), yd.dtype(), yd.device());
+          softmax_backward_stub(yd.device(), grad_input(g[0], yd.dtype()), yd, d, log, dx);
+          return autograd::Grads{dx};
+        });
   }
   return y;
 }
@@ -199,8 +201,11 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
     const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad(),
                gb = bias.defined() && bias.requires_grad();
     autograd::record(op, {&x, &weight, &bias}, {&y},
-                     [xd = xc.detach(), wd = wc.defined() ? wc.detach() : Tensor(), mu, rs, n,
+                     // mu and rs are the op's own statistics: nobody else can write them.
+                     [xs = autograd::save_input(xc, 0), ws = autograd::save_input(wc, 1), mu, rs, n,
                       ns = normalized_shape, gx, gw, gb](const autograd::Grads& g) {
+                       const Tensor& xd = xs.unpack();
+                       const Tensor& wd = ws.unpack();
                        const DType dt = xd.dtype();
                        const Device dev = xd.device();
                        Tensor dx = gx ? ops::empty_on(xd.sizes(), dt, dev) : Tensor();
@@ -228,8 +233,10 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& we
   if (autograd::needs_grad(x, weight)) {
     const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad();
     autograd::record(op, {&x, &weight}, {&y},
-                     [xd = xc.detach(), wd = wc.defined() ? wc.detach() : Tensor(), rs, n,
+                     [xs = autograd::save_input(xc, 0), ws = autograd::save_input(wc, 1), rs, n,
                       ns = normalized_shape, gx, gw](const autograd::Grads& g) {
+                       const Tensor& xd = xs.unpack();
+                       const Tensor& wd = ws.unpack();
                        const DType dt = xd.dtype();
                        const Device dev = xd.device();
                        Tensor dx = gx ? ops::empty_on(xd.sizes(), dt, dev) : Tensor();
@@ -265,8 +272,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   Tensor out = reduce_rows(loss, valid, reduction, cr.none_shape);
   if (autograd::needs_grad(cr.x2)) {
     autograd::record(op, {&cr.x2}, {&out},
-                     [xd = cr.x2.detach(), t1 = cr.t1, lse, valid, reduction, ignore_index,
-                      label_smoothing](const autograd::Grads& g) {
+                     // lse and valid are the op's own; logits rows and targets are the caller's.
+                     [xs = autograd::save_input(cr.x2, 0), ts = autograd::save_input(cr.t1, 1), lse,
+                      valid, reduction, ignore_index, label_smoothing](const autograd::Grads& g) {
+                       const Tensor& xd = xs.unpack();
+                       const Tensor& t1 = ts.unpack();
                        Tensor dx = ops::empty_on(xd.sizes(), xd.dtype(), xd.device());
                        cross_entropy_backward_stub(xd.device(),
                                                    row_grad(g[0], valid, reduction, xd.dtype()), xd,
@@ -381,11 +391,11 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_in
   Tensor out = reduce_rows(loss, valid, reduction, cr.none_shape);
   if (autograd::needs_grad(cr.x2)) {
     autograd::record(op, {&cr.x2}, {&out},
-                     [shape = cr.x2.sizes(), dt, dev, t1 = cr.t1, valid, reduction,
-                      ignore_index](const autograd::Grads& g) {
+                     [shape = cr.x2.sizes(), dt, dev, ts = autograd::save_input(cr.t1, 1), valid,
+                      reduction, ignore_index](const autograd::Grads& g) {
                        Tensor dx = ops::empty_on(shape, dt, dev);
-                       nll_loss_backward_stub(dev, row_grad(g[0], valid, reduction, dt), t1,
-                                              ignore_index, dx);
+                       nll_loss_backward_stub(dev, row_grad(g[0], valid, reduction, dt),
+                                              ts.unpack(), ignore_index, dx);
                        return autograd::Grads{dx};
                      });
   }
@@ -431,12 +441,13 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
   if (autograd::needs_grad(logits, t)) {
     // d/dx = sigmoid(x) - t (also right at x = 0, where the composite above has kinks);
     // d/dt = -x.
-    autograd::record(
-        op, {&logits, &t}, {&l},
-        [xd = logits.detach(), td = t.detach(), gt = t.requires_grad()](const autograd::Grads& g) {
-          return autograd::Grads{mul(g[0], sub(sigmoid(xd), td)),
-                                 gt ? neg(mul(g[0], xd)) : Tensor()};
-        });
+    autograd::record(op, {&logits, &t}, {&l},
+                     [xs = autograd::save_input(logits, 0), ts = autograd::save_input(t, 1),
+                      gt = t.requires_grad()](const autograd::Grads& g) {
+                       const Tensor& xd = xs.unpack();
+                       return autograd::Grads{mul(g[0], sub(sigmoid(xd), ts.unpack())),
+                                              gt ? neg(mul(g[0], xd)) : Tensor()};
+                     });
   }
   return reduce_loss(l, reduction);
 }
@@ -520,17 +531,21 @@ Tensor sdpa_composed(const Tensor& q, const Tensor& k, const Tensor& v, bool cau
   return matmul(softmax(att, -1), v);
 }
 
+// q, k, v: the caller's tensors (or copies), saved as inputs `in0`, `in0 + 1`, `in0 + 2` (all
+// input 0 for the packed op, whose q, k, v view one qkv); p: the kernel's own probabilities.
 struct SdpaSaved {
-  Tensor q, k, v, p;
+  autograd::SavedTensor q, k, v;
+  Tensor p;
 };
 
 // Runs the forward kernel into `out` (a (B, H, T, Dv) view) and returns what the backward needs.
 SdpaSaved sdpa_run(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
-                   Tensor& out) {
-  SdpaSaved s{sdpa_operand(q), sdpa_operand(k), sdpa_operand(v), Tensor()};
-  s.p = ops::empty_on({q.size(0), q.size(1), q.size(2), k.size(2)}, q.dtype(), q.device());
-  sdpa_stub(q.device(), s.q, s.k, s.v, scale, causal, out, s.p);
-  return s;
+                   Tensor& out, bool packed) {
+  const Tensor qd = sdpa_operand(q), kd = sdpa_operand(k), vd = sdpa_operand(v);
+  Tensor p = ops::empty_on({q.size(0), q.size(1), q.size(2), k.size(2)}, q.dtype(), q.device());
+  sdpa_stub(q.device(), qd, kd, vd, scale, causal, out, p);
+  return SdpaSaved{autograd::save_input(qd, 0), autograd::save_input(kd, packed ? 0 : 1),
+                   autograd::save_input(vd, packed ? 0 : 2), p};
 }
 
 void check_sdpa(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
@@ -576,16 +591,17 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   if (!sdpa_fused(q) || k.size(2) == 0) return sdpa_composed(q, k, v, causal, scale);
   Tensor out =
       empty_heads_last({q.size(0), q.size(1), q.size(2), v.size(3)}, q.dtype(), q.device());
-  SdpaSaved s = sdpa_run(q, k, v, scale, causal, out);
+  SdpaSaved s = sdpa_run(q, k, v, scale, causal, out, false);
   if (autograd::needs_grad(q, k, v)) {
     autograd::record(op, {&q, &k, &v}, {&out}, [s, scale, causal](const autograd::Grads& g) {
-      const DType dt = s.q.dtype();
-      const Device dev = s.q.device();
-      Tensor dq = empty_heads_last(s.q.sizes(), dt, dev);
-      Tensor dk = empty_heads_last(s.k.sizes(), dt, dev);
-      Tensor dv = empty_heads_last(s.v.sizes(), dt, dev);
-      sdpa_backward_stub(dev, sdpa_operand(ops::as_dtype(g[0], dt)), s.q, s.k, s.v, s.p, scale,
-                         causal, dq, dk, dv);
+      const Tensor &sq = s.q.unpack(), &sk = s.k.unpack(), &sv = s.v.unpack();
+      const DType dt = sq.dtype();
+      const Device dev = sq.device();
+      Tensor dq = empty_heads_last(sq.sizes(), dt, dev);
+      Tensor dk = empty_heads_last(sk.sizes(), dt, dev);
+      Tensor dv = empty_heads_last(sv.sizes(), dt, dev);
+      sdpa_backward_stub(dev, sdpa_operand(ops::as_dtype(g[0], dt)), sq, sk, sv, s.p, scale, causal,
+                         dq, dk, dv);
       return autograd::Grads{dq, dk, dv};
     });
   }
@@ -631,16 +647,17 @@ Tensor scaled_dot_product_attention_packed(const Tensor& qkv, int64_t n_heads, b
   };
   Tensor out = as_heads(y);
   const double scale = 1.0 / std::sqrt(double(D));
-  SdpaSaved s = sdpa_run(q, k, v, scale, causal, out);
+  SdpaSaved s = sdpa_run(q, k, v, scale, causal, out, true);
   if (autograd::needs_grad(qkv)) {
     autograd::record(
         op, {&qkv}, {&y}, [s, scale, causal, B, T, C, split, as_heads](const autograd::Grads& g) {
-          const DType dt = s.q.dtype();
-          const Device dev = s.q.device();
+          const Tensor &sq = s.q.unpack(), &sk = s.k.unpack(), &sv = s.v.unpack();
+          const DType dt = sq.dtype();
+          const Device dev = sq.device();
           Tensor dqkv = ops::empty_on({B, T, 3 * C}, dt, dev);
           auto [dq, dk, dv] = split(dqkv);
           const Tensor dy = ops::as_dtype(g[0], dt).contiguous();
-          sdpa_backward_stub(dev, as_heads(dy), s.q, s.k, s.v, s.p, scale, causal, dq, dk, dv);
+          sdpa_backward_stub(dev, as_heads(dy), sq, sk, sv, s.p, scale, causal, dq, dk, dv);
           return autograd::Grads{dqkv};
         });
   }

@@ -148,7 +148,10 @@ Tensor extreme(const char* name, ReduceOp op, const Tensor& x, const Shape& dims
   Tensor out = ops::reduce_raw(op, x, rdims, keepdim, x.dtype());
   if (autograd::needs_grad(x)) {
     autograd::record(name, {&x}, {&out},
-                     [xs = x.detach(), o = out.detach(), rdims, keepdim](const autograd::Grads& g) {
+                     [xsv = autograd::save_input(x, 0), os = autograd::save_output(out), rdims,
+                      keepdim](const autograd::Grads& g) {
+                       const Tensor& xs = xsv.unpack();
+                       const Tensor& o = os.unpack();
                        const Shape& in = xs.sizes();
                        Tensor ok = unsqueeze_reduced(o, in, rdims, keepdim);
                        Tensor mask = eq(xs, ok).to(g[0].dtype());
@@ -175,10 +178,13 @@ std::tuple<Tensor, Tensor> extreme_dim(const char* name, ReduceOp vop, ReduceOp 
   if (autograd::needs_grad(x)) {
     // The gradient flows to the selected index only.
     const int64_t d = x.dim() == 0 ? 0 : rdims[0];
+    // The indices are returned to the caller (output 1): saved, so writing them is an error.
     autograd::record(
         name, {&x}, {&vals},
-        [in = x.sizes(), ix = idx, d, keepdim, zero_dim = x.dim() == 0](const autograd::Grads& g) {
+        [in = x.sizes(), ixs = autograd::save_output(idx, 1), d, keepdim,
+         zero_dim = x.dim() == 0](const autograd::Grads& g) {
           if (zero_dim) return autograd::Grads{g[0]};
+          const Tensor& ix = ixs.unpack();
           // One-hot of the selected index along d, broadcast against g.
           Shape pos_shape(in.size(), 1);
           pos_shape[size_t(d)] = in[size_t(d)];
@@ -251,20 +257,22 @@ Tensor prod(const Tensor& x, const Shape& dims, bool keepdim) {
   Tensor out = ops::reduce_raw(ReduceOp::Prod, x, rdims, keepdim, sum_dtype(x.dtype()));
   if (autograd::needs_grad(x)) {
     // d prod / d x_i = prod / x_i (inputs with zeros get the product of the others).
-    autograd::record(
-        "prod", {&x}, {&out}, [xs = x.detach(), rdims, keepdim](const autograd::Grads& g) {
-          const Shape& in = xs.sizes();
-          Tensor gg = unsqueeze_reduced(g[0], in, rdims, keepdim);
-          // Product of all other elements, computed without division.
-          Tensor is_zero = eq(xs, 0.0);
-          Tensor safe = where(is_zero, ones_like(xs), xs);
-          Tensor p_safe = ops::reduce_raw(ReduceOp::Prod, safe, rdims, true, xs.dtype());
-          Tensor nz = sum(is_zero.to(xs.dtype()), rdims, true);
-          // no zeros: p/x ; one zero: at the zero, product of the rest; else 0
-          Tensor others = where(is_zero, mul(p_safe, eq(nz, 1.0).to(xs.dtype())),
-                                mul(div(p_safe, safe), eq(nz, 0.0).to(xs.dtype())));
-          return autograd::Grads{mul(gg, others)};
-        });
+    autograd::record("prod", {&x}, {&out},
+                     [xsv = autograd::save_input(x, 0), rdims, keepdim](const autograd::Grads& g) {
+                       const Tensor& xs = xsv.unpack();
+                       const Shape& in = xs.sizes();
+                       Tensor gg = unsqueeze_reduced(g[0], in, rdims, keepdim);
+                       // Product of all other elements, computed without division.
+                       Tensor is_zero = eq(xs, 0.0);
+                       Tensor safe = where(is_zero, ones_like(xs), xs);
+                       Tensor p_safe =
+                           ops::reduce_raw(ReduceOp::Prod, safe, rdims, true, xs.dtype());
+                       Tensor nz = sum(is_zero.to(xs.dtype()), rdims, true);
+                       // no zeros: p/x ; one zero: at the zero, product of the rest; else 0
+                       Tensor others = where(is_zero, mul(p_safe, eq(nz, 1.0).to(xs.dtype())),
+                                             mul(div(p_safe, safe), eq(nz, 0.0).to(xs.dtype())));
+                       return autograd::Grads{mul(gg, others)};
+                     });
   }
   return out;
 }
@@ -301,31 +309,34 @@ Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {
     }
   }
   if (autograd::needs_grad(x)) {
-    autograd::record(
-        "norm", {&x}, {&out},
-        [xd = x.detach(), nd = out.detach(), p, rdims, keepdim](const autograd::Grads& g) {
-          const Shape& in = xd.sizes();
-          Tensor gk = unsqueeze_reduced(g[0], in, rdims, keepdim);
-          Tensor nk = unsqueeze_reduced(nd, in, rdims, keepdim);
-          Tensor zero = eq(nk, 0.0);
-          if (p == 0.0) return autograd::Grads{zeros_like(xd)};
-          if (p == 1.0) return autograd::Grads{mul(sign(xd), gk)};
-          if (p == 2.0) return autograd::Grads{mul(xd, where(zero, 0.0, div(gk, nk)))};
-          if (std::isinf(p)) {
-            // Shared evenly by the elements at the max (min) |x|, as torch.
-            Tensor at = eq(abs(xd), nk).to(xd.dtype());
-            Tensor share = div(gk, sum(at, rdims, true));
-            return autograd::Grads{mul(mul(sign(xd), share), at)};
-          }
-          if (p < 1.0) {
-            Tensor scaled = where(eq(xd, 0.0), 0.0, mul(sign(xd), pow(abs(xd), p - 1.0)));
-            return autograd::Grads{mul(mul(scaled, gk), pow(nk, 1.0 - p))};
-          }
-          Tensor scaled =
-              p < 2.0 ? mul(sign(xd), pow(abs(xd), p - 1.0)) : mul(xd, pow(abs(xd), p - 2.0));
-          Tensor scale = where(zero, 0.0, div(gk, pow(nk, p - 1.0)));
-          return autograd::Grads{mul(scaled, scale)};
-        });
+    autograd::record("norm", {&x}, {&out},
+                     [xsv = autograd::save_input(x, 0), nsv = autograd::save_output(out), p, rdims,
+                      keepdim](const autograd::Grads& g) {
+                       const Tensor& xd = xsv.unpack();
+                       const Tensor& nd = nsv.unpack();
+                       const Shape& in = xd.sizes();
+                       Tensor gk = unsqueeze_reduced(g[0], in, rdims, keepdim);
+                       Tensor nk = unsqueeze_reduced(nd, in, rdims, keepdim);
+                       Tensor zero = eq(nk, 0.0);
+                       if (p == 0.0) return autograd::Grads{zeros_like(xd)};
+                       if (p == 1.0) return autograd::Grads{mul(sign(xd), gk)};
+                       if (p == 2.0) return autograd::Grads{mul(xd, where(zero, 0.0, div(gk, nk)))};
+                       if (std::isinf(p)) {
+                         // Shared evenly by the elements at the max (min) |x|, as torch.
+                         Tensor at = eq(abs(xd), nk).to(xd.dtype());
+                         Tensor share = div(gk, sum(at, rdims, true));
+                         return autograd::Grads{mul(mul(sign(xd), share), at)};
+                       }
+                       if (p < 1.0) {
+                         Tensor scaled =
+                             where(eq(xd, 0.0), 0.0, mul(sign(xd), pow(abs(xd), p - 1.0)));
+                         return autograd::Grads{mul(mul(scaled, gk), pow(nk, 1.0 - p))};
+                       }
+                       Tensor scaled = p < 2.0 ? mul(sign(xd), pow(abs(xd), p - 1.0))
+                                               : mul(xd, pow(abs(xd), p - 2.0));
+                       Tensor scale = where(zero, 0.0, div(gk, pow(nk, p - 1.0)));
+                       return autograd::Grads{mul(scaled, scale)};
+                     });
   }
   return out;
 }

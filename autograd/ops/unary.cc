@@ -29,6 +29,23 @@ ACCEL_DIFFERENTIABLE_OP(erf, "erf");
 ACCEL_DIFFERENTIABLE_OP(clamp, "clamp");
 ACCEL_DIFFERENTIABLE_OP(where, "where");
 ACCEL_DIFFERENTIABLE_OP(masked_fill, "masked_fill");
+ACCEL_DIFFERENTIABLE_OP(masked_fill_, "masked_fill_");
+ACCEL_DIFFERENTIABLE_OP(neg_, "neg_");
+ACCEL_DIFFERENTIABLE_OP(exp_, "exp_");
+ACCEL_DIFFERENTIABLE_OP(log_, "log_");
+ACCEL_DIFFERENTIABLE_OP(sqrt_, "sqrt_");
+ACCEL_DIFFERENTIABLE_OP(rsqrt_, "rsqrt_");
+ACCEL_DIFFERENTIABLE_OP(abs_, "abs_");
+ACCEL_DIFFERENTIABLE_OP(relu_, "relu_");
+ACCEL_DIFFERENTIABLE_OP(sigmoid_, "sigmoid_");
+ACCEL_DIFFERENTIABLE_OP(tanh_, "tanh_");
+ACCEL_DIFFERENTIABLE_OP(sin_, "sin_");
+ACCEL_DIFFERENTIABLE_OP(cos_, "cos_");
+ACCEL_DIFFERENTIABLE_OP(reciprocal_, "reciprocal_");
+ACCEL_DIFFERENTIABLE_OP(square_, "square_");
+ACCEL_DIFFERENTIABLE_OP(log1p_, "log1p_");
+ACCEL_DIFFERENTIABLE_OP(expm1_, "expm1_");
+ACCEL_DIFFERENTIABLE_OP(erf_, "erf_");
 
 namespace {
 
@@ -52,9 +69,10 @@ Tensor unary_x(const char* name, UnaryOp op, const Tensor& x0, F grad_fn) {
   Tensor x = float_input(x0, name);
   Tensor out = run_unary(op, x, x.dtype());
   if (autograd::needs_grad(x)) {
-    autograd::record(name, {&x}, {&out}, [xs = x.detach(), grad_fn](const autograd::Grads& g) {
-      return autograd::Grads{grad_fn(g[0], xs)};
-    });
+    autograd::record(name, {&x}, {&out},
+                     [xs = autograd::save_input(x, 0), grad_fn](const autograd::Grads& g) {
+                       return autograd::Grads{grad_fn(g[0], xs.unpack())};
+                     });
   }
   return out;
 }
@@ -65,11 +83,40 @@ Tensor unary_y(const char* name, UnaryOp op, const Tensor& x0, F grad_fn) {
   Tensor x = float_input(x0, name);
   Tensor out = run_unary(op, x, x.dtype());
   if (autograd::needs_grad(x)) {
-    autograd::record(name, {&x}, {&out}, [ys = out.detach(), grad_fn](const autograd::Grads& g) {
-      return autograd::Grads{grad_fn(g[0], ys)};
-    });
+    autograd::record(name, {&x}, {&out},
+                     [ys = autograd::save_output(out), grad_fn](const autograd::Grads& g) {
+                       return autograd::Grads{grad_fn(g[0], ys.unpack())};
+                     });
   }
   return out;
+}
+
+// The in-place form of a unary op (Note [in-place ops] in autograd/function.h): the kernel writes
+// self; the backward is the out-of-place op's `grad_fn(g, t)`, where t is the output (what self
+// holds after the op: saved, so a later write to self is a version error) or, for ops whose
+// gradient needs the input (`reads_input`), a copy of self's old value taken before the write.
+// `float_only`: the op's result is floating point, so an integer self is refused.
+template <typename F>
+Tensor& unary_inplace(Tensor& self, const char* name, UnaryOp op, bool float_only, bool reads_input,
+                      F grad_fn) {
+  ops::check_defined(self, name);
+  ACCEL_CHECK(!float_only || self.is_floating_point(), DTypeError, name,
+              "the result is floating point and cannot be stored in place into a ", self.dtype(),
+              " tensor of shape ", self.sizes());
+  autograd::InplaceOp ip(self, name);
+  const Tensor old = ip.recording() && reads_input ? ops::copy_data(self) : Tensor();
+  unary_stub(self.device(), op, self, self, UnaryParams{});
+  if (ip.commit()) {
+    if (reads_input) {
+      ip.record(
+          [old, grad_fn](const autograd::Grads& g) { return autograd::Grads{grad_fn(g[0], old)}; });
+    } else {
+      ip.record([ys = autograd::save_output(self), grad_fn](const autograd::Grads& g) {
+        return autograd::Grads{grad_fn(g[0], ys.unpack())};
+      });
+    }
+  }
+  return self;
 }
 
 Tensor binary_helper(BinaryOp op, const Tensor& g, const Tensor& x) {
@@ -91,46 +138,51 @@ Tensor neg(const Tensor& x) {
   return out;
 }
 
-Tensor exp(const Tensor& x) {
-  return unary_y("exp", UnaryOp::Exp, x,
-                 [](const Tensor& g, const Tensor& y) { return mul(g, y); });
+namespace {
+// Gradients shared by the out-of-place ops and their in-place forms: g times the derivative,
+// from the input x or the output y.
+Tensor exp_grad(const Tensor& g, const Tensor& y) { return mul(g, y); }
+Tensor log_grad(const Tensor& g, const Tensor& x) { return div(g, x); }
+Tensor sqrt_grad(const Tensor& g, const Tensor& y) { return div(g, mul(y, 2.0)); }
+// d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 y^3
+Tensor rsqrt_grad(const Tensor& g, const Tensor& y) { return mul(mul(g, mul(y, mul(y, y))), -0.5); }
+Tensor abs_grad(const Tensor& g, const Tensor& x) { return mul(g, sign(x)); }
+Tensor tanh_grad(const Tensor& g, const Tensor& y) {
+  return binary_helper(BinaryOp::TanhGrad, g, y);
 }
-Tensor log(const Tensor& x) {
-  return unary_x("log", UnaryOp::Log, x,
-                 [](const Tensor& g, const Tensor& x) { return div(g, x); });
+Tensor sigmoid_grad(const Tensor& g, const Tensor& y) {
+  return binary_helper(BinaryOp::SigmoidGrad, g, y);
 }
-Tensor sqrt(const Tensor& x) {
-  return unary_y("sqrt", UnaryOp::Sqrt, x,
-                 [](const Tensor& g, const Tensor& y) { return div(g, mul(y, 2.0)); });
+// From x or from y = relu(x): x > 0 exactly where y > 0.
+Tensor relu_grad(const Tensor& g, const Tensor& x_or_y) {
+  return binary_helper(BinaryOp::ReluGrad, g, x_or_y);
 }
-Tensor rsqrt(const Tensor& x) {
-  // d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 y^3
-  return unary_y("rsqrt", UnaryOp::Rsqrt, x, [](const Tensor& g, const Tensor& y) {
-    return mul(mul(g, mul(y, mul(y, y))), -0.5);
-  });
+Tensor sin_grad(const Tensor& g, const Tensor& x) { return mul(g, cos(x)); }
+Tensor cos_grad(const Tensor& g, const Tensor& x) { return neg(mul(g, sin(x))); }
+Tensor reciprocal_grad(const Tensor& g, const Tensor& y) { return neg(mul(g, mul(y, y))); }
+Tensor square_grad(const Tensor& g, const Tensor& x) { return mul(g, mul(x, 2.0)); }
+Tensor log1p_grad(const Tensor& g, const Tensor& x) { return div(g, add(x, 1.0)); }
+Tensor expm1_grad(const Tensor& g, const Tensor& y) { return mul(g, add(y, 1.0)); }
+Tensor erf_grad(const Tensor& g, const Tensor& x) {
+  return mul(g, mul(exp(neg(mul(x, x))), kTwoOverSqrtPi));
 }
+}  // namespace
+
+Tensor exp(const Tensor& x) { return unary_y("exp", UnaryOp::Exp, x, exp_grad); }
+Tensor log(const Tensor& x) { return unary_x("log", UnaryOp::Log, x, log_grad); }
+Tensor sqrt(const Tensor& x) { return unary_y("sqrt", UnaryOp::Sqrt, x, sqrt_grad); }
+Tensor rsqrt(const Tensor& x) { return unary_y("rsqrt", UnaryOp::Rsqrt, x, rsqrt_grad); }
 Tensor abs(const Tensor& x) {
   ops::check_defined(x, "abs");
   if (!x.is_floating_point()) return run_unary(UnaryOp::Abs, x, x.dtype());
-  return unary_x("abs", UnaryOp::Abs, x,
-                 [](const Tensor& g, const Tensor& x) { return mul(g, sign(x)); });
+  return unary_x("abs", UnaryOp::Abs, x, abs_grad);
 }
-Tensor tanh(const Tensor& x) {
-  return unary_y("tanh", UnaryOp::Tanh, x, [](const Tensor& g, const Tensor& y) {
-    return binary_helper(BinaryOp::TanhGrad, g, y);
-  });
-}
-Tensor sigmoid(const Tensor& x) {
-  return unary_y("sigmoid", UnaryOp::Sigmoid, x, [](const Tensor& g, const Tensor& y) {
-    return binary_helper(BinaryOp::SigmoidGrad, g, y);
-  });
-}
+Tensor tanh(const Tensor& x) { return unary_y("tanh", UnaryOp::Tanh, x, tanh_grad); }
+Tensor sigmoid(const Tensor& x) { return unary_y("sigmoid", UnaryOp::Sigmoid, x, sigmoid_grad); }
 Tensor relu(const Tensor& x) {
   ops::check_defined(x, "relu");
   if (!x.is_floating_point()) return run_unary(UnaryOp::Relu, x, x.dtype());
-  return unary_x("relu", UnaryOp::Relu, x, [](const Tensor& g, const Tensor& x) {
-    return binary_helper(BinaryOp::ReluGrad, g, x);
-  });
+  return unary_x("relu", UnaryOp::Relu, x, relu_grad);
 }
 Tensor gelu(const Tensor& x, const char* approximate) {
   const bool tanh_approx = approximate && std::strcmp(approximate, "tanh") == 0;
@@ -150,41 +202,23 @@ Tensor silu(const Tensor& x) {
     return binary_helper(BinaryOp::SiluGrad, g, x);
   });
 }
-Tensor sin(const Tensor& x) {
-  return unary_x("sin", UnaryOp::Sin, x,
-                 [](const Tensor& g, const Tensor& x) { return mul(g, cos(x)); });
-}
-Tensor cos(const Tensor& x) {
-  return unary_x("cos", UnaryOp::Cos, x,
-                 [](const Tensor& g, const Tensor& x) { return neg(mul(g, sin(x))); });
-}
+Tensor sin(const Tensor& x) { return unary_x("sin", UnaryOp::Sin, x, sin_grad); }
+Tensor cos(const Tensor& x) { return unary_x("cos", UnaryOp::Cos, x, cos_grad); }
 Tensor sign(const Tensor& x) {
   ops::check_defined(x, "sign");
   return run_unary(UnaryOp::Sign, x, x.dtype());  // gradient is zero almost everywhere
 }
 Tensor reciprocal(const Tensor& x) {
-  return unary_y("reciprocal", UnaryOp::Reciprocal, x,
-                 [](const Tensor& g, const Tensor& y) { return neg(mul(g, mul(y, y))); });
+  return unary_y("reciprocal", UnaryOp::Reciprocal, x, reciprocal_grad);
 }
 Tensor square(const Tensor& x) {
   ops::check_defined(x, "square");
   if (!x.is_floating_point()) return run_unary(UnaryOp::Square, x, x.dtype());
-  return unary_x("square", UnaryOp::Square, x,
-                 [](const Tensor& g, const Tensor& x) { return mul(g, mul(x, 2.0)); });
+  return unary_x("square", UnaryOp::Square, x, square_grad);
 }
-Tensor log1p(const Tensor& x) {
-  return unary_x("log1p", UnaryOp::Log1p, x,
-                 [](const Tensor& g, const Tensor& x) { return div(g, add(x, 1.0)); });
-}
-Tensor expm1(const Tensor& x) {
-  return unary_y("expm1", UnaryOp::Expm1, x,
-                 [](const Tensor& g, const Tensor& y) { return mul(g, add(y, 1.0)); });
-}
-Tensor erf(const Tensor& x) {
-  return unary_x("erf", UnaryOp::Erf, x, [](const Tensor& g, const Tensor& x) {
-    return mul(g, mul(exp(neg(mul(x, x))), kTwoOverSqrtPi));
-  });
-}
+Tensor log1p(const Tensor& x) { return unary_x("log1p", UnaryOp::Log1p, x, log1p_grad); }
+Tensor expm1(const Tensor& x) { return unary_y("expm1", UnaryOp::Expm1, x, expm1_grad); }
+Tensor erf(const Tensor& x) { return unary_x("erf", UnaryOp::Erf, x, erf_grad); }
 
 Tensor logical_not(const Tensor& x) {
   ops::check_defined(x, "logical_not");
@@ -199,10 +233,12 @@ Tensor clamp(const Tensor& x, std::optional<Scalar> lo, std::optional<Scalar> hi
   ACCEL_CHECK(!(l > h), ValueError, "clamp", "min ", l, " is greater than max ", h);
   Tensor out = run_unary(UnaryOp::Clamp, x, x.dtype(), UnaryParams{l, h});
   if (autograd::needs_grad(x)) {
-    autograd::record("clamp", {&x}, {&out}, [xs = x.detach(), l, h](const autograd::Grads& g) {
-      Tensor pass = logical_and(ge(xs, l), le(xs, h));
-      return autograd::Grads{mul(g[0], pass.to(g[0].dtype()))};
-    });
+    autograd::record("clamp", {&x}, {&out},
+                     [xs = autograd::save_input(x, 0), l, h](const autograd::Grads& g) {
+                       const Tensor& x = xs.unpack();
+                       Tensor pass = logical_and(ge(x, l), le(x, h));
+                       return autograd::Grads{mul(g[0], pass.to(g[0].dtype()))};
+                     });
   }
   return out;
 }
@@ -224,7 +260,9 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   if (autograd::needs_grad(x, y)) {
     autograd::record(
         "where", {&x, &y}, {&out},
-        [c = cond, sa = x.sizes(), sb = y.sizes()](const autograd::Grads& g) {
+        [cs = autograd::save_input(cond, 0), sa = x.sizes(),
+         sb = y.sizes()](const autograd::Grads& g) {
+          const Tensor& c = cs.unpack();
           Tensor z = zeros({}, TensorOptions(g[0].dtype(), g[0].device()));
           return autograd::Grads{sum_to(where(c, g[0], z), sa), sum_to(where(c, z, g[0]), sb)};
         });
@@ -263,25 +301,93 @@ Tensor where(const Tensor& cond, Scalar a, Scalar b) {
   return where(cond, full({}, a, opt), full({}, b, opt));
 }
 
+namespace {
+void check_masked_fill(const Tensor& x, const Tensor& mask, const char* op) {
+  ops::check_defined(x, op);
+  ops::check_defined(mask, op, "mask");
+  ACCEL_CHECK(mask.dtype() == kBool, DTypeError, op, "mask must be bool, got ", mask.dtype(),
+              " of shape ", mask.sizes());
+  ACCEL_CHECK(is_broadcastable_to(mask.sizes(), x.sizes()), ShapeError, op, "mask of shape ",
+              mask.sizes(), " cannot be broadcast to input shape ", x.sizes());
+  ops::check_same_device(x, mask, op);
+}
+}  // namespace
+
 Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value) {
-  ops::check_defined(x, "masked_fill");
-  ops::check_defined(mask, "masked_fill", "mask");
-  ACCEL_CHECK(mask.dtype() == kBool, DTypeError, "masked_fill", "mask must be bool, got ",
-              mask.dtype(), " of shape ", mask.sizes());
-  ACCEL_CHECK(is_broadcastable_to(mask.sizes(), x.sizes()), ShapeError, "masked_fill",
-              "mask of shape ", mask.sizes(), " cannot be broadcast to input shape ", x.sizes());
-  ops::check_same_device(x, mask, "masked_fill");
+  check_masked_fill(x, mask, "masked_fill");
   Tensor v = full({}, value, TensorOptions(x.dtype(), x.device()));
   Tensor out = ops::empty_on(x.sizes(), x.dtype(), x.device());
   where_stub(x.device(), mask, v, x, out);
   if (autograd::needs_grad(x)) {
-    autograd::record("masked_fill", {&x}, {&out}, [m = mask](const autograd::Grads& g) {
-      Tensor z = zeros({}, TensorOptions(g[0].dtype(), g[0].device()));
-      return autograd::Grads{where(m, z, g[0])};
-    });
+    autograd::record("masked_fill", {&x}, {&out},
+                     [ms = autograd::save_input(mask, 1)](const autograd::Grads& g) {
+                       Tensor z = zeros({}, TensorOptions(g[0].dtype(), g[0].device()));
+                       return autograd::Grads{where(ms.unpack(), z, g[0])};
+                     });
   }
   return out;
 }
+
+// Note [in-place methods]: masked_fill stored into self, or where's kernel run in place.
+Tensor& Tensor::masked_fill_(const Tensor& mask, Scalar value) {
+  check_masked_fill(*this, mask, "masked_fill_");
+  return autograd::inplace_method(
+      *this, "masked_fill_", {},
+      [&](const Tensor& s, const std::vector<Tensor>&) {
+        return accel::masked_fill(s, mask, value);
+      },
+      /*reads_self=*/false,
+      [&](Tensor& s) {
+        const Tensor v = full({}, value, TensorOptions(s.dtype(), s.device()));
+        where_stub(s.device(), mask, v, s, s);
+      });
+}
+
+// ---------------- in-place forms ----------------
+// float_only: the op makes an integer input floating; reads_input: its gradient needs the input.
+
+Tensor& Tensor::neg_() {
+  ops::check_defined(*this, "neg_");
+  ACCEL_CHECK(dtype() != kBool, DTypeError, "neg_", "negation of a bool tensor is not supported");
+  autograd::InplaceOp ip(*this, "neg_");
+  unary_stub(device(), UnaryOp::Neg, *this, *this, UnaryParams{});
+  if (ip.commit())
+    ip.record([](const autograd::Grads& g) { return autograd::Grads{accel::neg(g[0])}; });
+  return *this;
+}
+Tensor& Tensor::exp_() { return unary_inplace(*this, "exp_", UnaryOp::Exp, true, false, exp_grad); }
+Tensor& Tensor::log_() { return unary_inplace(*this, "log_", UnaryOp::Log, true, true, log_grad); }
+Tensor& Tensor::sqrt_() {
+  return unary_inplace(*this, "sqrt_", UnaryOp::Sqrt, true, false, sqrt_grad);
+}
+Tensor& Tensor::rsqrt_() {
+  return unary_inplace(*this, "rsqrt_", UnaryOp::Rsqrt, true, false, rsqrt_grad);
+}
+Tensor& Tensor::abs_() { return unary_inplace(*this, "abs_", UnaryOp::Abs, false, true, abs_grad); }
+Tensor& Tensor::relu_() {
+  return unary_inplace(*this, "relu_", UnaryOp::Relu, false, false, relu_grad);
+}
+Tensor& Tensor::sigmoid_() {
+  return unary_inplace(*this, "sigmoid_", UnaryOp::Sigmoid, true, false, sigmoid_grad);
+}
+Tensor& Tensor::tanh_() {
+  return unary_inplace(*this, "tanh_", UnaryOp::Tanh, true, false, tanh_grad);
+}
+Tensor& Tensor::sin_() { return unary_inplace(*this, "sin_", UnaryOp::Sin, true, true, sin_grad); }
+Tensor& Tensor::cos_() { return unary_inplace(*this, "cos_", UnaryOp::Cos, true, true, cos_grad); }
+Tensor& Tensor::reciprocal_() {
+  return unary_inplace(*this, "reciprocal_", UnaryOp::Reciprocal, true, false, reciprocal_grad);
+}
+Tensor& Tensor::square_() {
+  return unary_inplace(*this, "square_", UnaryOp::Square, false, true, square_grad);
+}
+Tensor& Tensor::log1p_() {
+  return unary_inplace(*this, "log1p_", UnaryOp::Log1p, true, true, log1p_grad);
+}
+Tensor& Tensor::expm1_() {
+  return unary_inplace(*this, "expm1_", UnaryOp::Expm1, true, false, expm1_grad);
+}
+Tensor& Tensor::erf_() { return unary_inplace(*this, "erf_", UnaryOp::Erf, true, true, erf_grad); }
 
 // ---------------- Tensor sugar ----------------
 Tensor Tensor::exp() const { return accel::exp(*this); }

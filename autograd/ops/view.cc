@@ -31,6 +31,24 @@ void record_view(const char* name, const Tensor& in, Tensor& out, F&& fn) {
   }
 }
 
+// Note [views and in-place autograd] (autograd/function.h): `out` views `in`'s storage; it
+// remembers the base (the first non-view) so that an in-place write through either reaches the
+// other's history. Called after the view's own node, if any, was recorded.
+void track_view(const Tensor& in, Tensor& out) {
+  TensorImpl* i = in.impl();
+  TensorImpl* o = out.impl();
+  o->view_base_ = i->view_base_ ? i->view_base_ : IntrusivePtr<TensorImpl>(i);
+  o->view_no_grad_ = i->view_no_grad_ || !grad_enabled();
+  if (o->autograd_) o->autograd_->attr_version = out.version();
+}
+
+// A view op's result: its backward (when `in` needs grad) and its base.
+template <typename F>
+void record_as_view(const char* name, const Tensor& in, Tensor& out, F&& fn) {
+  record_view(name, in, out, std::forward<F>(fn));
+  track_view(in, out);
+}
+
 // Infers a -1 entry and checks the element count.
 Shape infer_shape(const Shape& shape, int64_t numel, const char* op, const Shape& from) {
   Shape s = shape;
@@ -103,7 +121,7 @@ Tensor Tensor::view(const Shape& shape) const {
               " is not compatible with input of shape ", sizes(), " and strides ", strides(),
               "; use reshape()");
   Tensor out = ops::make_view(*this, s, std::move(st), offset());
-  record_view("view", *this, out, [in = sizes()](const Tensor& g) { return g.reshape(in); });
+  record_as_view("view", *this, out, [in = sizes()](const Tensor& g) { return g.reshape(in); });
   return out;
 }
 
@@ -137,7 +155,7 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   std::swap(sz[size_t(a)], sz[size_t(b)]);
   std::swap(st[size_t(a)], st[size_t(b)]);
   Tensor out = ops::make_view(*this, std::move(sz), std::move(st), offset());
-  record_view("transpose", *this, out, [a, b](const Tensor& g) { return g.transpose(a, b); });
+  record_as_view("transpose", *this, out, [a, b](const Tensor& g) { return g.transpose(a, b); });
   return out;
 }
 
@@ -162,7 +180,7 @@ Tensor Tensor::permute(const Shape& dims) const {
     inv[size_t(d)] = int64_t(i);
   }
   Tensor out = ops::make_view(*this, std::move(sz), std::move(st), offset());
-  record_view("permute", *this, out, [inv](const Tensor& g) { return g.permute(inv); });
+  record_as_view("permute", *this, out, [inv](const Tensor& g) { return g.permute(inv); });
   return out;
 }
 
@@ -188,6 +206,7 @@ Tensor Tensor::slice(int64_t dim_, int64_t start, int64_t end, int64_t step) con
       return gi;
     });
   }
+  track_view(*this, out);
   return out;
 }
 
@@ -223,6 +242,7 @@ Tensor Tensor::select(int64_t dim_, int64_t index) const {
       return gi;
     });
   }
+  track_view(*this, out);
   return out;
 }
 
@@ -231,7 +251,7 @@ Tensor Tensor::expand(const Shape& shape) const {
   Shape sz, st;
   if (!raw::expand_geometry(*this, shape, sz, st)) return *this;
   Tensor out = ops::make_view(*this, std::move(sz), std::move(st), offset());
-  record_view("expand", *this, out, [in = sizes()](const Tensor& g) { return sum_to(g, in); });
+  record_as_view("expand", *this, out, [in = sizes()](const Tensor& g) { return sum_to(g, in); });
   return out;
 }
 
@@ -246,7 +266,7 @@ Tensor Tensor::squeeze() const {
   }
   if (sz.size() == sizes().size()) return *this;
   Tensor out = ops::make_view(*this, std::move(sz), std::move(st), offset());
-  record_view("squeeze", *this, out, [in = sizes()](const Tensor& g) { return g.reshape(in); });
+  record_as_view("squeeze", *this, out, [in = sizes()](const Tensor& g) { return g.reshape(in); });
   return out;
 }
 
@@ -259,7 +279,7 @@ Tensor Tensor::squeeze(int64_t dim_) const {
   sz.erase(size_t(d));
   st.erase(size_t(d));
   Tensor out = ops::make_view(*this, std::move(sz), std::move(st), offset());
-  record_view("squeeze", *this, out, [in = sizes()](const Tensor& g) { return g.reshape(in); });
+  record_as_view("squeeze", *this, out, [in = sizes()](const Tensor& g) { return g.reshape(in); });
   return out;
 }
 
@@ -271,7 +291,8 @@ Tensor Tensor::unsqueeze(int64_t dim_) const {
   sz.insert(size_t(d), 1);
   st.insert(size_t(d), new_stride);
   Tensor out = ops::make_view(*this, std::move(sz), std::move(st), offset());
-  record_view("unsqueeze", *this, out, [in = sizes()](const Tensor& g) { return g.reshape(in); });
+  record_as_view("unsqueeze", *this, out,
+                 [in = sizes()](const Tensor& g) { return g.reshape(in); });
   return out;
 }
 

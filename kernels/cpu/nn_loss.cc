@@ -5,6 +5,7 @@
 // leave an OpenMP region), which also counts the rows that are not ignored.
 #include <cmath>
 
+#include "core/raw.h"
 #include "kernels/stubs/nn.h"
 #include "kernels/cpu/softmax_rows.h"
 #include "kernels/cpu/cpu_isa.h"
@@ -141,7 +142,7 @@ void nll_loss_kernel(const Tensor& log_probs, const Tensor& target, int64_t igno
 void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, int64_t ignore_index,
                               Tensor& dlog_probs) {
   const int64_t rows = dlog_probs.sizes()[0], classes = dlog_probs.sizes()[1];
-  dlog_probs.zero_();
+  raw::fill_(dlog_probs, 0);
   ACCEL_DISPATCH_FLOATING(dlog_probs.dtype(), "nll_loss_backward", [&]<typename T>() {
     using A = acc_t<T>;
     ACCEL_DISPATCH_INDEX(target.dtype(), "nll_loss_backward", [&]<typename I>() {

@@ -7,6 +7,7 @@
 // are added in order at the end -- no atomics, and the result does not depend on the thread count.
 #include <cmath>
 
+#include "core/raw.h"
 #include "kernels/stubs/nn.h"
 #include "kernels/cpu/softmax_rows.h"
 #include "kernels/cpu/cpu_isa.h"
@@ -167,14 +168,14 @@ void norm_backward(const Tensor& grad, const Tensor& x, const Tensor* mean, cons
     if (sp)
       finish(dweight, 0);
     else
-      dweight.zero_();
+      raw::fill_(dweight, 0);
   }
   if constexpr (!kRms) {
     if (want_db) {
       if (sp)
         finish(*dbias, 1);
       else
-        dbias->zero_();
+        raw::fill_(*dbias, 0);
     }
   }
 }

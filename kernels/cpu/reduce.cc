@@ -125,7 +125,7 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
   if (rd.numel == 0) {
     // The op checked that max/min/argmax/argmin reduce no empty dim (kernels/stubs/reduce.h).
     ACCEL_INTERNAL_ASSERT(has_identity(op));
-    out.fill_(reduce_identity(op));
+    raw::fill_(out, reduce_identity(op));
     return;
   }
   // Leading reduced dims + contiguous input: column reduction.

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/raw.h"
 #include "kernels/stubs/conv.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/common.h"
@@ -228,7 +229,7 @@ void conv2d_backward_kernel(const Tensor& x, const Tensor& w, const Tensor& gout
   const DType dt = x.dtype();
   if (gout.numel() == 0 || x.numel() == 0) {
     for (Tensor* t : {gx, gw, gb})
-      if (t) t->zero_();
+      if (t) raw::fill_(*t, 0);
     return;
   }
   const ConvPlan& c = conv_plan(x, w, gout.sizes(), p);
@@ -293,7 +294,7 @@ void pool2d_backward_kernel(PoolKind kind, const Tensor& gout, const Tensor& wor
               "max pooling needs the workspace of its CUDA forward, got ",
               workspace_in.defined() ? workspace_in.sizes() : Shape{});
   DeviceGuard g(gx.device());
-  gx.zero_();
+  raw::fill_(gx, 0);
   if (gout.numel() == 0) return;
   launch_pool_backward(code_of(gx.dtype()), max, pool_args(gx.sizes(), gout.sizes(), p),
                        gout.data_ptr(),

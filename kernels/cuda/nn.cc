@@ -1,5 +1,6 @@
 // CUDA softmax, layer_norm / rms_norm, cross_entropy and nll_loss: checks on the host, kernels in
 // nn.cu. Contract: kernels/stubs/nn.h (all tensors contiguous, statistics in the accumulate type).
+#include "core/raw.h"
 #include "kernels/common/acc_dtype.h"
 #include "kernels/common/geometry.h"
 #include "kernels/stubs/nn.h"
@@ -84,8 +85,8 @@ void norm_backward(const char* op, bool rms, const Tensor& grad, const Tensor& x
   const bool want_dw = dweight.defined(), want_db = dbias && dbias->defined();
   if (!want_dw && !want_db) return;
   if (rows == 0) {
-    if (want_dw) dweight.zero_();
-    if (want_db) dbias->zero_();
+    if (want_dw) raw::fill_(dweight, 0);
+    if (want_db) raw::fill_(*dbias, 0);
     return;
   }
   const int64_t splits =
@@ -130,7 +131,7 @@ void cross_entropy_kernel(const Tensor& logits, const Tensor& target, int64_t ig
                          target.data_ptr(), rows, classes, ignore_index, label_smoothing,
                          loss.data_ptr(), lse.data_ptr(), current_stream().handle());
   }
-  valid.fill_(double(n_valid));
+  raw::fill_(valid, double(n_valid));
 }
 
 void cross_entropy_backward_kernel(const Tensor& grad, const Tensor& logits, const Tensor& target,
@@ -160,7 +161,7 @@ void nll_loss_kernel(const Tensor& log_probs, const Tensor& target, int64_t igno
                     target.data_ptr(), rows, classes, ignore_index, loss.data_ptr(),
                     current_stream().handle());
   }
-  valid.fill_(double(n_valid));
+  raw::fill_(valid, double(n_valid));
 }
 
 void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, int64_t ignore_index,
@@ -170,7 +171,7 @@ void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, int64_t 
   assert_contract({&grad, &target, &dlog_probs}, dlog_probs.device(), op);
   const int64_t rows = dlog_probs.sizes()[0], classes = dlog_probs.sizes()[1];
   DeviceGuard guard(dlog_probs.device());
-  dlog_probs.zero_();
+  raw::fill_(dlog_probs, 0);
   if (rows == 0) return;
   launch_nll_loss_backward(code_of(dlog_probs.dtype()), code_of(target.dtype()), grad.data_ptr(),
                            grad.numel() != 1, target.data_ptr(), rows, classes, ignore_index,

@@ -2,6 +2,7 @@
 // dtypes as kernels/cpu/reduce.cc.
 #include <cmath>
 
+#include "core/raw.h"
 #include "kernels/common/acc_dtype.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/launch.h"
@@ -83,7 +84,7 @@ void reduce_kernel(ReduceOp op, const Tensor& in, const Shape& dims, Tensor& out
   if (rd.numel == 0) {
     // The op checked that max/min/argmax/argmin reduce no empty dim (kernels/stubs/reduce.h).
     ACCEL_INTERNAL_ASSERT(has_identity(op));
-    out.fill_(reduce_identity(op));
+    raw::fill_(out, reduce_identity(op));
     return;
   }
   ACCEL_INTERNAL_ASSERT(out.is_contiguous());

@@ -79,6 +79,28 @@ void add_indexing_cases(Table& t) {
       .not_differentiable()
       .only({kInt32, kInt64});
 
+  // In place on a non-leaf (x * 1: a leaf that requires grad refuses in-place writes), so that
+  // gradcheck differentiates through the recorded in-place node (Note [in-place methods]).
+  t.add("index_put_", "x[rows, labels] += v on a non-leaf",
+        OP_INPUTS(m.rnd({3, 4}), m.rnd({3}), m.idx({0, 2, 0}, {3}), m.idx({1, 3, 1}, {3})), OP_FN({
+          Tensor y = mul(x[0], 1.0);
+          y.index_put_({x[2], x[3]}, x[1], true);
+          return mul(y, x[0]);
+        }))
+      .tol_scale(8);
+  t.add("index_put_", "x[:, mask] = 0.5 through a view",
+        OP_INPUTS(m.rnd({2, 3, 4}), m.mask({1, 0, 0, 1}, {4})), OP_FN({
+          Tensor y = mul(x[0], 1.0);
+          y.select(0, 1).index_put_({Slice(), x[1]}, 0.5);
+          return mul(y, y);
+        }));
+  t.add("masked_scatter_", "on a non-leaf",
+        OP_INPUTS(m.rnd({3, 4}), m.rnd({8}), m.mask({0, 1, 1, 0}, {4})), OP_FN({
+          Tensor y = mul(x[0], 1.0);
+          y.masked_scatter_(x[2], x[1]);
+          return mul(y, x[0]);
+        }));
+
   // ---- masked_select, masked_scatter, take_along_dim, nonzero ----
   t.add("masked_select", "mask broadcast", OP_INPUTS(m.rnd({3, 4}), m.mask({1, 0, 1, 1}, {4})),
         OP_FN(return masked_select(x[0], x[1]);));

@@ -109,6 +109,7 @@ const std::vector<OpCase>& op_cases() {
     detail::add_join_cases(t);
     detail::add_optim_cases(t);
     detail::add_indexing_cases(t);
+    detail::add_inplace_cases(t);
     return t.cases();
   }();
   return all;

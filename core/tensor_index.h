@@ -51,14 +51,14 @@ enum class TensorIndexType : uint8_t { None, Ellipsis, Integer, Boolean, Slice, 
 
 class TensorIndex {
  public:
-  TensorIndex(std::nullopt_t) : type_(TensorIndexType::None) {}           // NOLINT
-  TensorIndex(EllipsisIndexType) : type_(TensorIndexType::Ellipsis) {}    // NOLINT
-  TensorIndex(const char* s);                                             // NOLINT: "..." only
-  template <typename I, std::enable_if_t<std::is_integral_v<I> && !std::is_same_v<I, bool>,
-                                         int> = 0>
-  TensorIndex(I i) : type_(TensorIndexType::Integer), integer_(int64_t(i)) {}  // NOLINT
-  TensorIndex(bool b) : type_(TensorIndexType::Boolean), boolean_(b) {}        // NOLINT
-  TensorIndex(Slice s) : type_(TensorIndexType::Slice), slice_(s) {}           // NOLINT
+  TensorIndex(std::nullopt_t) : type_(TensorIndexType::None) {}         // NOLINT
+  TensorIndex(EllipsisIndexType) : type_(TensorIndexType::Ellipsis) {}  // NOLINT
+  TensorIndex(const char* s);                                           // NOLINT: "..." only
+  template <typename I,
+            std::enable_if_t<std::is_integral_v<I> && !std::is_same_v<I, bool>, int> = 0>
+  TensorIndex(I i) : type_(TensorIndexType::Integer), integer_(int64_t(i)) {}       // NOLINT
+  TensorIndex(bool b) : type_(TensorIndexType::Boolean), boolean_(b) {}             // NOLINT
+  TensorIndex(Slice s) : type_(TensorIndexType::Slice), slice_(s) {}                // NOLINT
   TensorIndex(Tensor t) : type_(TensorIndexType::Tensor), tensor_(std::move(t)) {}  // NOLINT
 
   TensorIndexType type() const { return type_; }

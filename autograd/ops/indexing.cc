@@ -53,6 +53,7 @@ struct AdvPlan {
   std::vector<int64_t> kept;      // dims of V not indexed, ascending
   std::vector<int64_t> kept_pos;  // their positions in out_shape
   int64_t b_pos = 0;              // where B's dims start in out_shape
+  bool borrowed = false;          // some idx is the caller's own index tensor (not a copy)
 };
 
 struct Plan {
@@ -139,6 +140,7 @@ Plan make_plan(const char* op, const Tensor& x, const std::vector<TensorIndex>& 
   int64_t dim = 0, real_dim = 0;  // position in the view, and in x (for messages)
   std::vector<int64_t> adv_dims;
   std::vector<Tensor> adv_idx;
+  bool borrowed = false;
   auto add_adv = [&](int64_t d, Tensor t) {
     adv_dims.push_back(d);
     adv_idx.push_back(std::move(t));
@@ -222,7 +224,9 @@ Plan make_plan(const char* op, const Tensor& x, const std::vector<TensorIndex>& 
           dim += k;
           real_dim += k;
         } else {
-          add_adv(dim, checked_index(op, t, cur[size_t(dim)], real_dim, x.sizes()));
+          Tensor c = checked_index(op, t, cur[size_t(dim)], real_dim, x.sizes());
+          borrowed = borrowed || c.storage().get() == t.storage().get();
+          add_adv(dim, std::move(c));
           ++dim;
           ++real_dim;
         }
@@ -238,6 +242,7 @@ Plan make_plan(const char* op, const Tensor& x, const std::vector<TensorIndex>& 
   auto a = std::make_shared<AdvPlan>();
   a->dims = std::move(adv_dims);
   a->idx = std::move(adv_idx);
+  a->borrowed = borrowed;
   a->view_shape = cur;
   Shape b = a->idx[0].sizes();
   for (size_t k = 1; k < a->idx.size(); ++k) {
@@ -321,6 +326,17 @@ Tensor restride_offsets(const Tensor& l, const AdvPlan& a) {
 Tensor put_adv(const Tensor& base, const std::shared_ptr<AdvPlan>& a, const Tensor& values,
                bool accumulate);
 
+// The plan a backward keeps: its index tensors must be the op's own, since the caller may write
+// its index tensors in place after the forward (the gradient must still use the values the
+// forward used). Copies the borrowed ones, only when a node is recorded.
+std::shared_ptr<AdvPlan> kept_plan(const std::shared_ptr<AdvPlan>& a) {
+  if (!a->borrowed) return a;
+  auto k = std::make_shared<AdvPlan>(*a);
+  for (Tensor& t : k->idx) t = t.clone();
+  k->borrowed = false;
+  return k;
+}
+
 // v[tensor indices] for v of the plan's view shape (op "index").
 Tensor gather_adv(const Tensor& v, const std::shared_ptr<AdvPlan>& a) {
   Tensor out = ops::empty_on(a->out_shape, v.dtype(), v.device());
@@ -329,7 +345,7 @@ Tensor gather_adv(const Tensor& v, const std::shared_ptr<AdvPlan>& a) {
     index_stub(v.device(), restride_indexed(v, *a), restride_offsets(l, *a), out);
   }
   if (autograd::needs_grad(v)) {
-    autograd::record("index", {&v}, {&out}, [a](const autograd::Grads& g) {
+    autograd::record("index", {&v}, {&out}, [a = kept_plan(a)](const autograd::Grads& g) {
       Tensor z = zeros(a->view_shape, TensorOptions(g[0].dtype(), g[0].device()));
       return autograd::Grads{put_adv(z, a, g[0], true)};
     });
@@ -353,7 +369,7 @@ Tensor put_adv(const Tensor& base, const std::shared_ptr<AdvPlan>& a, const Tens
     const bool gb = base.requires_grad(), gv = values.requires_grad();
     autograd::record(
         "index_put", {&base, &values}, {&out},
-        [a, accumulate, gb, gv, vs = values.sizes()](const autograd::Grads& g) {
+        [a = kept_plan(a), accumulate, gb, gv, vs = values.sizes()](const autograd::Grads& g) {
           Tensor gbase, gvals;
           if (gb) {
             gbase = accumulate

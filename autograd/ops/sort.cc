@@ -44,11 +44,14 @@ std::tuple<Tensor, Tensor> sorted_prefix(const char* op, const Tensor& x, int64_
   Tensor values = raw::contiguous(raw::permute(vals, inv));
   Tensor indices = raw::contiguous(raw::permute(idx, inv));
   if (autograd::needs_grad(x)) {
-    autograd::record(op, {&x}, {&values}, [indices, d, xs = x.sizes()](const autograd::Grads& g) {
-      // Each index appears once per row: scatter_add is a scatter here.
-      return autograd::Grads{
-          scatter_add(zeros(xs, TensorOptions(g[0].dtype(), g[0].device())), d, indices, g[0])};
-    });
+    // A copy of the indices: the caller gets `indices` and may write it in place.
+    autograd::record(
+        op, {&x}, {&values},
+        [indices = indices.clone(), d, xs = x.sizes()](const autograd::Grads& g) {
+          // Each index appears once per row: scatter_add is a scatter here.
+          return autograd::Grads{
+              scatter_add(zeros(xs, TensorOptions(g[0].dtype(), g[0].device())), d, indices, g[0])};
+        });
   }
   return {values, indices};
 }

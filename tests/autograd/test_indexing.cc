@@ -281,6 +281,25 @@ TEST_CASE("index: basic indexing is a view, advanced indexing a copy, x[t] is in
   CHECK(y.index({Ellipsis, None, 0}).sizes() == Shape{3, 1});
 }
 
+TEST_CASE("the backward uses the forward's indices even if the caller overwrites them") {
+  Tensor x = arange_as({4}).requires_grad_(true);
+  Tensor idx = tensor(std::vector<int64_t>{0, 2}, {2});
+  Tensor y = x.index({idx});
+  Tensor v = zeros({2}, kFloat64).requires_grad_(true);
+  Tensor z = index_put(x, {idx}, v);
+  auto [sv, si] = x.sort(0, true);
+  {
+    NoGradGuard ng;
+    idx.fill_(1);
+    si.fill_(0);
+  }
+  (sum(y) + sum(mul(z, arange_as({4}))) + sum(mul(sv, arange_as({4})))).backward();
+  // y: 1 at 0 and 2; z: x's gradient 0..3 with the written places (0, 2) zeroed; sv: x sorted
+  // descending is x[3, 2, 1, 0], so x[j] gets 3 - j.
+  CHECK(x.grad().tolist() == std::vector<double>{1 + 0 + 3, 0 + 1 + 2, 1 + 0 + 1, 0 + 3 + 0});
+  CHECK(v.grad().tolist() == std::vector<double>{0, 2});
+}
+
 TEST_CASE("index_put without accumulate: the last duplicate wins on the CPU") {
   // Documented choice (torch leaves it unspecified): the CPU kernel writes in index order.
   Tensor x = zeros({4});

@@ -57,7 +57,8 @@ GradcheckResult gradcheck(const TensorFn& fn, const std::vector<Tensor>& inputs,
       const double err = std::abs(numeric - gp[e]);
       res.max_abs_error = std::max(res.max_abs_error, err);
       ++res.elements_checked;
-      if (res.ok && err > opt.atol + opt.rtol * std::abs(numeric)) {
+      // Written as !(err <= tol) so that a NaN on either side fails instead of comparing false.
+      if (res.ok && !(err <= opt.atol + opt.rtol * std::abs(numeric))) {
         res.ok = false;
         std::ostringstream os;
         os.precision(10);

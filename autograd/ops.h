@@ -4,11 +4,13 @@
 #pragma once
 
 #include <optional>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
 #include "core/generator.h"
 #include "core/tensor.h"
+#include "core/tensor_index.h"
 
 namespace accel {
 
@@ -159,6 +161,59 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
 Tensor tril(const Tensor& x, int64_t diagonal = 0);
 Tensor triu(const Tensor& x, int64_t diagonal = 0);
+
+// ---- advanced indexing (autograd/ops/indexing.cc; rules in docs/indexing.md) ----
+// x[indices] with the index list of core/tensor_index.h: a view when every entry is basic (ints,
+// slices, None, ellipsis, bools), else a new tensor gathered by the tensor indices (int64/int32
+// broadcast together; bool/uint8 masks as their nonzero()). Out-of-range: IndexError naming the
+// op, dim, index and size.
+Tensor index(const Tensor& x, const std::vector<indexing::TensorIndex>& indices);
+// x with x[indices] = values (values broadcast to x[indices]'s shape); accumulate: +=, with
+// duplicate indices summed. Without accumulate, a position indexed twice gets one of its values
+// (the last in index order on the CPU; unspecified on CUDA), as in torch.
+Tensor index_put(const Tensor& x, const std::vector<indexing::TensorIndex>& indices,
+                 const Tensor& values, bool accumulate = false);
+// The elements of x where mask (broadcast together with x) is true, in row-major order: 1-D.
+Tensor masked_select(const Tensor& x, const Tensor& mask);
+// x with the positions where mask is true filled, in row-major order, by source's first elements
+// (source.numel() >= the count of true; mask broadcasts to x).
+Tensor masked_scatter(const Tensor& x, const Tensor& mask, const Tensor& source);
+// gather along dim after broadcasting x and indices in every other dim; no dim: flattened.
+Tensor take_along_dim(const Tensor& x, const Tensor& indices,
+                      std::optional<int64_t> dim = std::nullopt);
+// Coordinates of the nonzero elements, row-major: (count, x.dim()) int64.
+Tensor nonzero(const Tensor& x);
+// The same as one 1-D int64 tensor per dim (torch.nonzero(x, as_tuple=True); libtorch's name).
+std::vector<Tensor> nonzero_numpy(const Tensor& x);
+
+// ---- sorting and sampling (autograd/ops/sort.cc) ----
+// (values, int64 indices) along dim. NaN sorts as the largest value. stable keeps equal elements
+// in input order; the kernels are stable either way.
+std::tuple<Tensor, Tensor> sort(const Tensor& x, int64_t dim = -1, bool descending = false,
+                                bool stable = false);
+Tensor argsort(const Tensor& x, int64_t dim = -1, bool descending = false, bool stable = false);
+// The k largest (smallest) along dim: (values, int64 indices). Ties go to the lower index.
+std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true,
+                                bool sorted = true);
+// probs: (n) or (rows, n) non-negative weights (not necessarily normalised) -> (num_samples) or
+// (rows, num_samples) int64 category indices.
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false,
+                   Generator* gen = nullptr);
+
+// ---- more shape ops, norms, where with scalars, losses ----
+// torch.Tensor.repeat: x tiled repeats[i] times along dim i (leading repeats add dims).
+Tensor repeat(const Tensor& x, const Shape& repeats);
+// Vector norm over dims (empty: all): p = 2, 1, INFINITY, -INFINITY, 0 (count of nonzeros), any
+// other real; "fro" is p = 2. Gradients as torch's, 0 at a zero norm.
+Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim = false);
+Tensor norm(const Tensor& x, std::string_view p, const Shape& dims = {}, bool keepdim = false);
+Tensor where(const Tensor& cond, Scalar a, const Tensor& b);
+Tensor where(const Tensor& cond, Scalar a, Scalar b);
+// With class weights (C), or undefined for none. target: class indices as above, or class
+// probabilities of logits' shape (floating; ignore_index must stay -100), as torch.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
+                     int64_t ignore_index = -100, Reduction reduction = Reduction::Mean,
+                     double label_smoothing = 0.0);
 
 // ---- operators ----
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }

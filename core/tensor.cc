@@ -285,6 +285,20 @@ Tensor randperm(int64_t n, Generator* gen) {
   return t;
 }
 
+Tensor rand_like(const Tensor& t, Generator* gen) {
+  ACCEL_CHECK(t.defined(), ValueError, "rand_like", "tensor is undefined");
+  ACCEL_CHECK(t.is_floating_point(), DTypeError, "rand_like", "expected a floating tensor, got ",
+              t.dtype(), " of shape ", t.sizes());
+  return rand(t.sizes(), TensorOptions(t.dtype(), t.device()), gen);
+}
+
+Tensor randn_like(const Tensor& t, Generator* gen) {
+  ACCEL_CHECK(t.defined(), ValueError, "randn_like", "tensor is undefined");
+  ACCEL_CHECK(t.is_floating_point(), DTypeError, "randn_like", "expected a floating tensor, got ",
+              t.dtype(), " of shape ", t.sizes());
+  return randn(t.sizes(), TensorOptions(t.dtype(), t.device()), gen);
+}
+
 Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device,
                  std::function<void(void*)> deleter) {
   return from_blob(data, shape, contiguous_strides(shape), dtype, device, std::move(deleter));

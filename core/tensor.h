@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -25,6 +26,9 @@ class Tensor;
 class Generator;
 namespace autograd {
 class Node;
+}
+namespace indexing {
+class TensorIndex;  // core/tensor_index.h: an int, Slice, None, Ellipsis, bool or Tensor
 }
 
 // A scalar argument (python-number-like): a double, or an int64 that stays exact.
@@ -121,6 +125,7 @@ class Tensor {
   Tensor unsqueeze(int64_t dim) const;
   Tensor contiguous() const;  // self when already contiguous, else a copy
   Tensor operator[](int64_t i) const { return select(0, i); }
+  Tensor operator[](const Tensor& index) const;  // index({index}): x[idx], x[mask]
 
   // ---- conversion ----
   Tensor to(DType t) const;  // differentiable between floating types
@@ -322,6 +327,39 @@ class Tensor {
   Tensor cuda(int index = 0, bool non_blocking = false) const;
   bool is_cuda() const;
   bool is_cpu() const;
+  // indexing (autograd/ops/indexing.cc, docs/indexing.md): t.index({Slice(), idx, None, "...",
+  // 3, mask}) is t[:, idx, None, ..., 3, mask] (core/tensor_index.h); index_put_ is assignment
+  // t[...] = values (accumulate: +=, duplicates summed).
+  Tensor index(const std::vector<indexing::TensorIndex>& indices) const;
+  Tensor index_put(const std::vector<indexing::TensorIndex>& indices, const Tensor& values,
+                   bool accumulate = false) const;
+  Tensor& index_put_(const std::vector<indexing::TensorIndex>& indices, const Tensor& values,
+                     bool accumulate = false);
+  Tensor& index_put_(const std::vector<indexing::TensorIndex>& indices, Scalar value);
+  Tensor masked_select(const Tensor& mask) const;
+  Tensor masked_scatter(const Tensor& mask, const Tensor& source) const;
+  Tensor& masked_scatter_(const Tensor& mask, const Tensor& source);
+  Tensor take_along_dim(const Tensor& indices, std::optional<int64_t> dim = std::nullopt) const;
+  Tensor nonzero() const;                     // (n, dim) int64 coordinates
+  std::vector<Tensor> nonzero_numpy() const;  // torch's nonzero(as_tuple=True)
+  // sorting and sampling (autograd/ops/sort.cc); indices are int64
+  std::tuple<Tensor, Tensor> sort(int64_t dim = -1, bool descending = false,
+                                  bool stable = false) const;
+  Tensor argsort(int64_t dim = -1, bool descending = false, bool stable = false) const;
+  std::tuple<Tensor, Tensor> topk(int64_t k, int64_t dim = -1, bool largest = true,
+                                  bool sorted = true) const;
+  Tensor multinomial(int64_t num_samples, bool replacement = false, Generator* gen = nullptr) const;
+  // shapes, norms
+  Tensor repeat(const Shape& repeats) const;
+  Tensor view_as(const Tensor& other) const;
+  // p: any real, INFINITY, -INFINITY; "fro" (2-norm over dims); dims empty = all dims.
+  Tensor norm(double p, const Shape& dims, bool keepdim = false) const;
+  Tensor norm(std::string_view p, const Shape& dims = {}, bool keepdim = false) const;
+  // New tensors with this tensor's dtype and device (torch.Tensor.new_*).
+  Tensor new_empty(const Shape& shape) const;
+  Tensor new_zeros(const Shape& shape) const;
+  Tensor new_ones(const Shape& shape) const;
+  Tensor new_full(const Shape& shape, Scalar value) const;
 
  private:
   IntrusivePtr<TensorImpl> impl_;
@@ -403,6 +441,9 @@ Tensor randn(const Shape& shape, TensorOptions opt = {}, Generator* gen = nullpt
 Tensor randint(int64_t lo, int64_t hi, const Shape& shape,
                TensorOptions opt = TensorOptions(kInt64), Generator* gen = nullptr);
 Tensor randperm(int64_t n, Generator* gen = nullptr);
+// rand / randn with t's shape, dtype (floating) and device.
+Tensor rand_like(const Tensor& t, Generator* gen = nullptr);
+Tensor randn_like(const Tensor& t, Generator* gen = nullptr);
 // Wraps external memory without copying. `deleter` (may be empty) runs when storage dies.
 Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device = kCPU,
                  std::function<void(void*)> deleter = {});

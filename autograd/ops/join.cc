@@ -3,6 +3,7 @@
 //   stack: xs[i]: s -> s with a new dim of size len(xs) at dim; backward: selects of g
 //   split/chunk: narrow views of x (differentiable through the view ops, no node of their own)
 //   tril/triu: x (..., R, C) -> same shape, entries outside the band zeroed
+//   repeat: x (s0..sk) tiled (r0..rm), m >= k -> (r0, .., r_{m-k} * s0, .., rm * sk)
 #include "autograd/ops/common.h"
 #include "kernels/stubs/index.h"
 
@@ -12,6 +13,7 @@ ACCEL_DIFFERENTIABLE_OP(cat, "cat");
 ACCEL_DIFFERENTIABLE_OP(stack, "stack");
 ACCEL_DIFFERENTIABLE_OP(tril, "tril");
 ACCEL_DIFFERENTIABLE_OP(triu, "triu");
+ACCEL_DIFFERENTIABLE_OP(repeat, "repeat");
 
 namespace {
 
@@ -193,6 +195,30 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   }
   // Pieces of ceil(n / chunks); there may be fewer than `chunks` of them.
   return split(x, (n + chunks - 1) / chunks, d);
+}
+
+// x viewed as (1, s0, 1, s1, ...) (leading 1s for the extra repeats), expanded to
+// (r0, s0, r1, s1, ...) and reshaped to (r0 s0, r1 s1, ...): one copy, and the backward (sum over
+// the copies) comes from the view and expand ops.
+Tensor repeat(const Tensor& x, const Shape& repeats) {
+  const char* op = "repeat";
+  ops::check_defined(x, op);
+  ACCEL_CHECK(int64_t(repeats.size()) >= x.dim(), ShapeError, op, "repeats ", repeats,
+              " name fewer dims than the tensor of shape ", x.sizes(), " has");
+  Shape inter, expanded, out;
+  const size_t lead = repeats.size() - size_t(x.dim());
+  for (size_t i = 0; i < repeats.size(); ++i) {
+    ACCEL_CHECK(repeats[i] >= 0, ValueError, op, "repeats must be >= 0, got ", repeats);
+    const int64_t s = i < lead ? 1 : x.sizes()[i - lead];
+    inter.push_back(1);
+    inter.push_back(s);
+    expanded.push_back(repeats[i]);
+    expanded.push_back(s);
+    out.push_back(repeats[i] * s);
+  }
+  Tensor r = x.reshape(inter).expand(expanded).reshape(out);
+  // All repeats 1 leave a view: repeat always returns a new tensor, as torch's.
+  return r.storage().get() == x.storage().get() ? r.clone() : r;
 }
 
 Tensor tril(const Tensor& x, int64_t diagonal) { return trilu("tril", x, diagonal, false); }

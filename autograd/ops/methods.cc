@@ -10,6 +10,8 @@ ACCEL_DIFFERENTIABLE_OP(index_add_, "index_add_");
 ACCEL_DIFFERENTIABLE_OP(scatter_add_, "scatter_add_");
 ACCEL_DIFFERENTIABLE_OP(tril_, "tril_");
 ACCEL_DIFFERENTIABLE_OP(triu_, "triu_");
+ACCEL_DIFFERENTIABLE_OP(index_put_, "index_put_");
+ACCEL_DIFFERENTIABLE_OP(masked_scatter_, "masked_scatter_");
 
 Tensor Tensor::add(const Tensor& other, Scalar alpha) const {
   return accel::add(*this, other, alpha);
@@ -170,5 +172,79 @@ Tensor Tensor::cuda(int index, bool non_blocking) const {
 }
 bool Tensor::is_cuda() const { return device().is_cuda(); }
 bool Tensor::is_cpu() const { return device().is_cpu(); }
+
+Tensor Tensor::operator[](const Tensor& index) const { return accel::index(*this, {index}); }
+Tensor Tensor::index(const std::vector<indexing::TensorIndex>& indices) const {
+  return accel::index(*this, indices);
+}
+Tensor Tensor::index_put(const std::vector<indexing::TensorIndex>& indices, const Tensor& values,
+                         bool accumulate) const {
+  return accel::index_put(*this, indices, values, accumulate);
+}
+// index_put_ and masked_scatter_ are autograd::inplace_method calls (Note [in-place methods] in
+// autograd/function.h); neither backward reads self's old value.
+Tensor& Tensor::index_put_(const std::vector<indexing::TensorIndex>& indices, const Tensor& values,
+                           bool accumulate) {
+  return autograd::inplace_method(*this, "index_put_", {values},
+                                  [&](const Tensor& s, const std::vector<Tensor>& o) {
+                                    return accel::index_put(s, indices, o[0], accumulate);
+                                  });
+}
+Tensor& Tensor::index_put_(const std::vector<indexing::TensorIndex>& indices, Scalar value) {
+  return autograd::inplace_method(
+      *this, "index_put_", {}, [&](const Tensor& s, const std::vector<Tensor>&) {
+        return accel::index_put(s, indices, full({}, value, TensorOptions(s.dtype(), s.device())));
+      });
+}
+Tensor Tensor::masked_select(const Tensor& mask) const { return accel::masked_select(*this, mask); }
+Tensor Tensor::masked_scatter(const Tensor& mask, const Tensor& source) const {
+  return accel::masked_scatter(*this, mask, source);
+}
+Tensor& Tensor::masked_scatter_(const Tensor& mask, const Tensor& source) {
+  return autograd::inplace_method(*this, "masked_scatter_", {source},
+                                  [&](const Tensor& s, const std::vector<Tensor>& o) {
+                                    return accel::masked_scatter(s, mask, o[0]);
+                                  });
+}
+Tensor Tensor::take_along_dim(const Tensor& indices, std::optional<int64_t> dim) const {
+  return accel::take_along_dim(*this, indices, dim);
+}
+Tensor Tensor::nonzero() const { return accel::nonzero(*this); }
+std::vector<Tensor> Tensor::nonzero_numpy() const { return accel::nonzero_numpy(*this); }
+std::tuple<Tensor, Tensor> Tensor::sort(int64_t dim, bool descending, bool stable) const {
+  return accel::sort(*this, dim, descending, stable);
+}
+Tensor Tensor::argsort(int64_t dim, bool descending, bool stable) const {
+  return accel::argsort(*this, dim, descending, stable);
+}
+std::tuple<Tensor, Tensor> Tensor::topk(int64_t k, int64_t dim, bool largest, bool sorted) const {
+  return accel::topk(*this, k, dim, largest, sorted);
+}
+Tensor Tensor::multinomial(int64_t num_samples, bool replacement, Generator* gen) const {
+  return accel::multinomial(*this, num_samples, replacement, gen);
+}
+Tensor Tensor::repeat(const Shape& repeats) const { return accel::repeat(*this, repeats); }
+Tensor Tensor::view_as(const Tensor& other) const {
+  ACCEL_CHECK(other.defined(), ValueError, "view_as", "other tensor is undefined");
+  return view(other.sizes());
+}
+Tensor Tensor::norm(double p, const Shape& dims, bool keepdim) const {
+  return accel::norm(*this, p, dims, keepdim);
+}
+Tensor Tensor::norm(std::string_view p, const Shape& dims, bool keepdim) const {
+  return accel::norm(*this, p, dims, keepdim);
+}
+Tensor Tensor::new_empty(const Shape& shape) const {
+  return empty(shape, TensorOptions(dtype(), device()));
+}
+Tensor Tensor::new_zeros(const Shape& shape) const {
+  return zeros(shape, TensorOptions(dtype(), device()));
+}
+Tensor Tensor::new_ones(const Shape& shape) const {
+  return ones(shape, TensorOptions(dtype(), device()));
+}
+Tensor Tensor::new_full(const Shape& shape, Scalar value) const {
+  return full(shape, value, TensorOptions(dtype(), device()));
+}
 
 }  // namespace accel

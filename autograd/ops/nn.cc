@@ -102,6 +102,15 @@ void check_class_target(const char* op, const Tensor& x, const Tensor& t) {
   ops::check_same_device(x, t, op);
 }
 
+// cross_entropy's floating target is class probabilities only with the input's shape; any other
+// is a class-index target of the wrong dtype (as in torch), said with both shapes.
+void check_not_misshapen_probs(const Tensor& logits, const Tensor& target) {
+  ACCEL_CHECK(!target.is_floating_point(), DTypeError, "cross_entropy",
+              "target must hold class indices (int64 or int32) or class probabilities of the "
+              "input's shape ",
+              logits.sizes(), "; got ", target.dtype(), " of shape ", target.sizes());
+}
+
 // The class dim moved last and flattened: x2: (R, C) contiguous (through differentiable views,
 // so gradients flow back to the caller's layout), t1: (R). none_shape: the per-element loss.
 struct ClassRows {
@@ -244,6 +253,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   if (ACCEL_UNLIKELY(autocast_wants_upcast(logits)))
     return cross_entropy(autocast_upcast(logits), target, ignore_index, reduction, label_smoothing);
   const char* op = "cross_entropy";
+  // Class probabilities: a floating target of the input's shape (else class indices, as torch).
+  if (target.defined() && logits.defined() && target.is_floating_point() &&
+      target.sizes() == logits.sizes())
+    return cross_entropy(logits, target, Tensor(), ignore_index, reduction, label_smoothing);
+  if (target.defined() && logits.defined()) check_not_misshapen_probs(logits, target);
   check_class_target(op, logits, target);
   ACCEL_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError, op,
               "label_smoothing must be in [0, 1], got ", label_smoothing);
@@ -271,6 +285,94 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                      });
   }
   return out;
+}
+
+// Note [cross_entropy with weights or probabilities]: composed from log_softmax and reductions
+// (autograd from the ops), with torch's formulas. C classes along dim 1 (dim 0 unbatched), w the
+// weights viewed along that dim (1 when undefined), ls the label smoothing:
+//   probabilities t (logits' shape): t' = t (1 - ls) + ls / C, l = -sum_c w_c t'_c log p_c;
+//     mean divides by the number of rows (numel / C), not by the weights.
+//   class indices y, ignore_index masked out (m = y != ignore_index):
+//     nll = -w_y log p_y m; mean divides by sum w_y m.
+//     smooth = -sum_c w_c log p_c m; mean divides by the same sum w_y m.
+//     l = (1 - ls) nll + ls / C smooth.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
+                     int64_t ignore_index, Reduction reduction, double label_smoothing) {
+  if (ACCEL_UNLIKELY(autocast_wants_upcast(logits)))
+    return cross_entropy(autocast_upcast(logits), target, autocast_upcast(weight), ignore_index,
+                         reduction, label_smoothing);
+  const char* op = "cross_entropy";
+  ops::check_defined(logits, op, "input");
+  ops::check_defined(target, op, "target");
+  ops::check_floating(logits, op, "input");
+  ops::check_same_device(logits, target, op);
+  ACCEL_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError, op,
+              "label_smoothing must be in [0, 1], got ", label_smoothing);
+  ACCEL_CHECK(logits.dim() >= 1, ShapeError, op,
+              "expected input of shape (C), (N, C) or (N, C, d...), got ", logits.sizes());
+  const int64_t cdim = logits.dim() == 1 ? 0 : 1;
+  const int64_t c = logits.sizes()[size_t(cdim)];
+  ACCEL_CHECK(c > 0, ShapeError, op, "input of shape ", logits.sizes(), " has no classes");
+  Tensor w;  // weight viewed along the class dim, in the logits' dtype
+  if (weight.defined()) {
+    ops::check_floating(weight, op, "weight");
+    ops::check_same_device(logits, weight, op);
+    ACCEL_CHECK(weight.dim() == 1 && weight.sizes()[0] == c, ShapeError, op, "weight of shape ",
+                weight.sizes(), " must be (C) = (", c, ") for input of shape ", logits.sizes());
+    Shape ws(size_t(logits.dim()), 1);
+    ws[size_t(cdim)] = c;
+    w = ops::as_dtype(weight, logits.dtype()).reshape(ws);
+  }
+  Tensor lsm = log_softmax(logits, cdim);
+  if (target.is_floating_point() && target.sizes() == logits.sizes()) {
+    ACCEL_CHECK(ignore_index == -100, ValueError, op,
+                "ignore_index is not supported with probability targets (got ", ignore_index, ")");
+    Tensor t = ops::as_dtype(target, logits.dtype());
+    if (label_smoothing > 0) t = add(mul(t, 1.0 - label_smoothing), label_smoothing / double(c));
+    Tensor prod = mul(lsm, t);
+    if (w.defined()) prod = mul(prod, w);
+    switch (reduction) {
+      case Reduction::None: return neg(sum(prod, {cdim}));
+      case Reduction::Sum: return neg(sum(prod));
+      case Reduction::Mean: return div(neg(sum(prod)), double(logits.numel() / c));
+    }
+  }
+  check_not_misshapen_probs(logits, target);
+  if (!weight.defined())
+    return cross_entropy(logits, target, ignore_index, reduction, label_smoothing);
+  check_class_target(op, logits, target);
+  (void)class_rows(op, logits, target);  // the target shape check
+  Tensor valid = ne(target, Scalar(ignore_index));
+  Tensor safe = where(valid, target, Scalar(int64_t(0)));
+  {
+    NoGradGuard no_grad;
+    Tensor bad = logical_and(valid, logical_or(lt(safe, 0), ge(safe, Scalar(c))));
+    if (bad.numel() > 0 && sum(bad).item<int64_t>() > 0) {
+      const int64_t pos = argmax(bad.reshape({-1}).to(kInt32)).item<int64_t>();
+      ACCEL_THROW(IndexError, op, "target ", target.reshape({-1}).select(0, pos).item<int64_t>(),
+                  " at position ", pos, " is out of bounds for ", c, " classes (ignore_index is ",
+                  ignore_index, ")");
+    }
+  }
+  Tensor picked = gather(lsm, cdim, safe.unsqueeze(cdim)).squeeze(cdim);
+  Tensor validf = valid.to(logits.dtype());
+  Tensor wy = mul(index_select(ops::as_dtype(weight, logits.dtype()), 0, safe.reshape({-1}))
+                      .reshape(target.sizes()),
+                  validf);
+  Tensor nll = neg(mul(picked, wy));
+  Tensor smooth;
+  if (label_smoothing > 0) smooth = mul(neg(sum(mul(lsm, w), {cdim})), validf);
+  auto reduce = [&](const Tensor& l) {
+    switch (reduction) {
+      case Reduction::None: return l;
+      case Reduction::Sum: return sum(l);
+      case Reduction::Mean: return div(sum(l), sum(wy));
+    }
+    return l;
+  };
+  Tensor out = reduce(nll);
+  if (!smooth.defined()) return out;
+  return add(mul(out, 1.0 - label_smoothing), mul(reduce(smooth), label_smoothing / double(c)));
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,

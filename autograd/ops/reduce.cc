@@ -1,6 +1,7 @@
 // Reductions: forward, shape rules and backward together.
 //   x: (d0, ..., dn), dims -> out: x's shape without dims (or with 1s when keepdim)
 #include <algorithm>
+#include <cmath>
 
 #include "autograd/ops/common.h"
 #include "kernels/stubs/reduce.h"
@@ -276,13 +277,68 @@ Tensor prod(const Tensor& x, const Shape& dims, bool keepdim) {
   return out;
 }
 
-Tensor norm(const Tensor& x, double p) {
+Tensor norm(const Tensor& x, double p) { return norm(x, p, {}, false); }
+
+Tensor norm(const Tensor& x, std::string_view p, const Shape& dims, bool keepdim) {
+  ACCEL_CHECK(p == "fro", ValueError, "norm", "p = \"", p,
+              "\" is not supported: p is a number (2, 1, INFINITY, ...) or \"fro\"");
+  return norm(x, 2.0, dims, keepdim);
+}
+
+// Vector p-norm over dims. Computed without recording, then one node with torch's gradient,
+// which is 0 where the norm is 0 (the ops' chain would give 0 * inf there).
+Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {
   ops::check_defined(x, "norm");
   ops::check_floating(x, "norm");
-  ACCEL_CHECK(p > 0, ValueError, "norm", "p must be positive, got ", p);
-  if (p == 2.0) return sqrt(sum(mul(x, x)));
-  if (p == 1.0) return sum(abs(x));
-  return pow(sum(pow(abs(x), p)), 1.0 / p);
+  ACCEL_CHECK(!std::isnan(p), ValueError, "norm", "p must be a number, got nan");
+  const Shape rdims = ops::reduce_dims(x, dims, "norm");
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    const Tensor xd = x.detach();
+    if (p == 2.0) {
+      out = sqrt(sum(mul(xd, xd), rdims, keepdim));
+    } else if (p == 1.0) {
+      out = sum(abs(xd), rdims, keepdim);
+    } else if (std::isinf(p)) {
+      out = p > 0 ? amax(abs(xd), rdims, keepdim) : amin(abs(xd), rdims, keepdim);
+    } else if (p == 0.0) {
+      out = sum(ne(xd, 0.0).to(x.dtype()), rdims, keepdim);
+    } else {
+      out = pow(sum(pow(abs(xd), p), rdims, keepdim), 1.0 / p);
+    }
+  }
+  if (autograd::needs_grad(x)) {
+    autograd::record("norm", {&x}, {&out},
+                     [xsv = autograd::save_input(x, 0), nsv = autograd::save_output(out), p, rdims,
+                      keepdim](const autograd::Grads& g) {
+                       const Tensor& xd = xsv.unpack();
+                       const Tensor& nd = nsv.unpack();
+                       const Shape& in = xd.sizes();
+                       Tensor gk = unsqueeze_reduced(g[0], in, rdims, keepdim);
+                       Tensor nk = unsqueeze_reduced(nd, in, rdims, keepdim);
+                       Tensor zero = eq(nk, 0.0);
+                       if (p == 0.0) return autograd::Grads{zeros_like(xd)};
+                       if (p == 1.0) return autograd::Grads{mul(sign(xd), gk)};
+                       if (p == 2.0) return autograd::Grads{mul(xd, where(zero, 0.0, div(gk, nk)))};
+                       if (std::isinf(p)) {
+                         // Shared evenly by the elements at the max (min) |x|, as torch.
+                         Tensor at = eq(abs(xd), nk).to(xd.dtype());
+                         Tensor share = div(gk, sum(at, rdims, true));
+                         return autograd::Grads{mul(mul(sign(xd), share), at)};
+                       }
+                       if (p < 1.0) {
+                         Tensor scaled =
+                             where(eq(xd, 0.0), 0.0, mul(sign(xd), pow(abs(xd), p - 1.0)));
+                         return autograd::Grads{mul(mul(scaled, gk), pow(nk, 1.0 - p))};
+                       }
+                       Tensor scaled = p < 2.0 ? mul(sign(xd), pow(abs(xd), p - 1.0))
+                                               : mul(xd, pow(abs(xd), p - 2.0));
+                       Tensor scale = where(zero, 0.0, div(gk, pow(nk, p - 1.0)));
+                       return autograd::Grads{mul(scaled, scale)};
+                     });
+  }
+  return out;
 }
 
 Tensor Tensor::argmax(int64_t dim, bool keepdim) const {

@@ -270,9 +270,35 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   return out;
 }
 
+namespace {
+// The dtype of a tensor meeting a python-number scalar, as torch promotes them: a floating
+// tensor keeps its dtype, a fractional scalar makes an integer or bool tensor float32, and an
+// integer scalar makes a bool tensor int64.
+DType with_scalar_dtype(DType t, Scalar s) {
+  if (is_floating(t)) return t;
+  if (!s.is_int) return kDefaultFloat;
+  return t == kBool ? kInt64 : t;
+}
+}  // namespace
+
 Tensor where(const Tensor& cond, const Tensor& a, Scalar b) {
   ops::check_defined(a, "where");
-  return where(cond, a, full({}, b, TensorOptions(a.dtype(), a.device())));
+  const DType dt = with_scalar_dtype(a.dtype(), b);
+  return where(cond, ops::as_dtype(a, dt), full({}, b, TensorOptions(dt, a.device())));
+}
+
+Tensor where(const Tensor& cond, Scalar a, const Tensor& b) {
+  ops::check_defined(b, "where");
+  const DType dt = with_scalar_dtype(b.dtype(), a);
+  return where(cond, full({}, a, TensorOptions(dt, b.device())), ops::as_dtype(b, dt));
+}
+
+// Two scalars: int64 when both are integers, else float32 (torch's default dtype).
+Tensor where(const Tensor& cond, Scalar a, Scalar b) {
+  ops::check_defined(cond, "where", "condition");
+  const DType dt = a.is_int && b.is_int ? kInt64 : kDefaultFloat;
+  const TensorOptions opt(dt, cond.device());
+  return where(cond, full({}, a, opt), full({}, b, opt));
 }
 
 namespace {

@@ -20,18 +20,6 @@ void check_indices(const I* idx, int64_t k, int64_t size, int64_t dim, const Ten
   }
 }
 
-// Copies by element size: the element's bits are all that matter for data movement.
-template <typename F>
-void dispatch_bytes(size_t es, const char* op, F&& fn) {
-  switch (es) {
-    case 1: return fn.template operator()<uint8_t>();
-    case 2: return fn.template operator()<uint16_t>();
-    case 4: return fn.template operator()<uint32_t>();
-    case 8: return fn.template operator()<uint64_t>();
-    default: ACCEL_THROW(DTypeError, op, "unsupported element size ", es);
-  }
-}
-
 template <typename T>
 T add_values(T a, T b) {
   if constexpr (std::is_same_v<T, bool>) {

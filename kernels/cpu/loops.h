@@ -25,6 +25,19 @@ namespace accel::cpu {
 
 constexpr int kMaxLoopDims = 16;
 
+// Calls fn.template operator()<U>() with the unsigned type of `es` bytes: data movement (gather,
+// index, copies) needs only the element's bits, so it is instantiated per size, not per dtype.
+template <typename F>
+void dispatch_bytes(size_t es, const char* op, F&& fn) {
+  switch (es) {
+    case 1: return fn.template operator()<uint8_t>();
+    case 2: return fn.template operator()<uint16_t>();
+    case 4: return fn.template operator()<uint32_t>();
+    case 8: return fn.template operator()<uint64_t>();
+    default: ACCEL_THROW(DTypeError, op, "unsupported element size ", es);
+  }
+}
+
 // Arithmetic type for a storage type: float for the 16-bit floats (kernels/common/acc_type.h).
 using common::acc_t;
 using common::sum_acc_t;

@@ -88,6 +88,52 @@ void dispatch_code(Code c, F&& f) {
   }
 }
 
+// Calls f.template operator()<I>() for an index code: int32_t, else int64_t.
+template <typename F>
+void dispatch_index(Code t, F&& f) {
+  if (t == Code::I32) {
+    f.template operator()<int32_t>();
+  } else {
+    f.template operator()<int64_t>();
+  }
+}
+
+// Calls f.template operator()<U>() with the unsigned type of `elem_size` bytes (data movement
+// needs only the bits).
+template <typename F>
+void dispatch_bytes(int elem_size, F&& f) {
+  switch (elem_size) {
+    case 1: f.template operator()<uint8_t>(); return;
+    case 2: f.template operator()<uint16_t>(); return;
+    case 4: f.template operator()<uint32_t>(); return;
+    case 8: f.template operator()<uint64_t>(); return;
+    default: return;
+  }
+}
+
+// atomic add for every dtype: native where the hardware has it, a CAS on the enclosing 32-bit
+// word for bytes (bool accumulates as logical or, like the CPU).
+template <typename T>
+__device__ __forceinline__ void atomic_add(T* p, T v) {
+  if constexpr (std::is_same_v<T, int64_t>) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+  } else if constexpr (std::is_same_v<T, uint8_t> || std::is_same_v<T, bool>) {
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
+    unsigned int* word = reinterpret_cast<unsigned int*>(addr & ~uintptr_t(3));
+    const unsigned int shift = unsigned((addr & 3) * 8);
+    unsigned int old = *word, assumed;
+    do {
+      assumed = old;
+      const unsigned int cur = (assumed >> shift) & 0xffu;
+      const unsigned int nv =
+          std::is_same_v<T, bool> ? (cur | unsigned(v != 0)) : ((cur + unsigned(v)) & 0xffu);
+      old = atomicCAS(word, assumed, (assumed & ~(0xffu << shift)) | (nv << shift));
+    } while (assumed != old);
+  } else {
+    atomicAdd(p, v);
+  }
+}
+
 // Loads element i of a buffer whose type is known only at run time, converted to T. Used where
 // one element per row is touched, or by converting copies (the branch is uniform per kernel).
 template <typename T>

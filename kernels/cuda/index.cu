@@ -7,26 +7,6 @@
 namespace accel::cuda {
 namespace {
 
-template <typename F>
-void dispatch_index(Code t, F&& f) {
-  if (t == Code::I32) {
-    f.template operator()<int32_t>();
-  } else {
-    f.template operator()<int64_t>();
-  }
-}
-
-template <typename F>
-void dispatch_bytes(int elem_size, F&& f) {
-  switch (elem_size) {
-    case 1: f.template operator()<uint8_t>(); return;
-    case 2: f.template operator()<uint16_t>(); return;
-    case 4: f.template operator()<uint32_t>(); return;
-    case 8: f.template operator()<uint64_t>(); return;
-    default: return;
-  }
-}
-
 template <typename I>
 __global__ void check_indices_kernel(const I* __restrict__ idx, int64_t n, int64_t size,
                                      bool has_ignore, int64_t ignore, unsigned long long* result) {
@@ -52,29 +32,6 @@ __global__ void index_select_kernel(const U* __restrict__ x, const I* __restrict
   const U* src = x + (o * n + v) * inner;
   U* dst = out + t * inner;
   for (int64_t i = threadIdx.x; i < inner; i += blockDim.x) dst[i] = src[i];
-}
-
-// atomic add for every dtype: native where the hardware has it, a CAS on the enclosing 32-bit
-// word for bytes (bool accumulates as logical or, like the CPU).
-template <typename T>
-__device__ __forceinline__ void atomic_add(T* p, T v) {
-  if constexpr (std::is_same_v<T, int64_t>) {
-    atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
-  } else if constexpr (std::is_same_v<T, uint8_t> || std::is_same_v<T, bool>) {
-    const uintptr_t addr = reinterpret_cast<uintptr_t>(p);
-    unsigned int* word = reinterpret_cast<unsigned int*>(addr & ~uintptr_t(3));
-    const unsigned int shift = unsigned((addr & 3) * 8);
-    unsigned int old = *word, assumed;
-    do {
-      assumed = old;
-      const unsigned int cur = (assumed >> shift) & 0xffu;
-      const unsigned int nv =
-          std::is_same_v<T, bool> ? (cur | unsigned(v != 0)) : ((cur + unsigned(v)) & 0xffu);
-      old = atomicCAS(word, assumed, (assumed & ~(0xffu << shift)) | (nv << shift));
-    } while (assumed != old);
-  } else {
-    atomicAdd(p, v);
-  }
 }
 
 template <typename T, typename I>

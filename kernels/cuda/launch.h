@@ -137,4 +137,37 @@ void launch_scatter_add(Code t, void* out, Code idx_t, const void* index, const 
 void launch_trilu(int elem_size, const void* x, void* out, int64_t batch, int64_t rows,
                   int64_t cols, int64_t diagonal, bool upper, int max_blocks, cudaStream_t stream);
 
+// ---- advanced indexing (index_advanced.cu; contract: kernels/stubs/index.h) ----
+// Operands of calc: 0 = out (contiguous), 1 = src (restrided), 2 = offsets (int64).
+// out[off0] = src[off1 + offsets[off2]].
+void launch_index(int elem_size, const void* src, const int64_t* offsets, void* out, int64_t numel,
+                  const OffsetCalc<3>& calc, int max_blocks, cudaStream_t stream);
+// Operands of calc: 0 = dst (restrided), 1 = values, 2 = offsets (int64).
+// dst[off0 + offsets[off2]] = values[off1] (accumulate: atomic +=, dtype t).
+void launch_index_put(Code t, int elem_size, bool accumulate, void* dst, const void* values,
+                      const int64_t* offsets, int64_t numel, const OffsetCalc<3>& calc,
+                      int max_blocks, cudaStream_t stream);
+// nonzero of a contiguous x of n elements in `blocks` chunks of `chunk` elements: first the count
+// of each chunk (counts: `blocks` int64), then, with each chunk's exclusive prefix (starts), the
+// row-major coordinates (out: (total, nd) int64) of x viewed with `sizes` (nd <= kMaxNonzeroDims).
+constexpr int kMaxNonzeroDims = 16;
+void launch_nonzero_count(Code t, const void* x, int64_t n, int64_t chunk, int blocks,
+                          int64_t* counts, cudaStream_t stream);
+void launch_nonzero_write(Code t, const void* x, int64_t n, int64_t chunk, int blocks,
+                          const int64_t* starts, const int64_t* sizes, int nd, int64_t* out,
+                          cudaStream_t stream);
+
+// ---- sorting and sampling (sort.cu; contract: kernels/stubs/sort.h) ----
+// x: (rows, n) contiguous of dtype t; keys (rows, p) of t and idx (rows, p) int64 are workspaces
+// with p the power of two >= n; values (rows, k) of t and indices (rows, k) int64 the outputs.
+// A bitonic sort of each padded row in the total order of the contract (padding last).
+void launch_sort(Code t, const void* x, int64_t rows, int64_t n, int64_t p, int64_t k,
+                 bool descending, void* keys, int64_t* idx, void* values, int64_t* indices,
+                 int max_blocks, cudaStream_t stream);
+// probs (rows, n) of dtype t; uniforms (rows, s) double; cdf (rows, n) double and last (rows)
+// int64 are workspaces; out (rows, s) int64.
+void launch_multinomial(Code t, const void* probs, const double* uniforms, int64_t rows, int64_t n,
+                        int64_t s, double* cdf, int64_t* last, int64_t* out, int max_blocks,
+                        cudaStream_t stream);
+
 }  // namespace accel::cuda

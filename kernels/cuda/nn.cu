@@ -125,15 +125,6 @@ void dispatch_float(Code t, F&& f) {
   }
 }
 
-template <typename F>
-void dispatch_index(Code t, F&& f) {
-  if (t == Code::I32) {
-    f.template operator()<int32_t>();
-  } else {
-    f.template operator()<int64_t>();
-  }
-}
-
 // ---------------- layer_norm / rms_norm ----------------
 
 template <typename T, bool kRms>

@@ -34,4 +34,22 @@ ACCEL_DECLARE_STUB(scatter_add_stub, void (*)(Tensor& out, int64_t dim, const Te
 ACCEL_DECLARE_STUB(trilu_stub,
                    void (*)(const Tensor& x, int64_t diagonal, bool upper, Tensor& out));
 
+// Advanced indexing (autograd/ops/indexing.cc, Note [advanced indexing as offsets]): the op
+// turns the index tensors into one int64 offset per element, already checked against the sizes,
+// and restrides the indexed tensor so that each kernel is a plain strided loop.
+// out: contiguous; src: out's shape, any strides (0 along the dims the index tensors produce);
+// offsets: int64, out's shape, any strides (0 along the kept dims). Elements move as bytes:
+//   out[i] = src.data_ptr()[src_offset(i) + offsets[i]]   (offsets in elements)
+ACCEL_DECLARE_STUB(index_stub, void (*)(const Tensor& src, const Tensor& offsets, Tensor& out));
+// dst: a view of a tensor the op owns, any strides (0 along the index dims); offsets: as above;
+// values: dst's shape and dtype, any strides (broadcast):
+//   dst.data_ptr()[dst_offset(i) + offsets[i]] = values[i]   (accumulate: +=)
+// With accumulate duplicates are summed (in another order under CUDA's atomics); without it the
+// CPU writes in index order, so the last duplicate wins, and CUDA's winner is unspecified.
+ACCEL_DECLARE_STUB(index_put_stub, void (*)(Tensor& dst, const Tensor& offsets,
+                                            const Tensor& values, bool accumulate));
+// x: contiguous, any dtype -> (count, max(x.dim(), 1)) int64 on x's device: the coordinates of
+// the elements != 0 (NaN counts, -0.0 does not) in row-major order. A 0-dim x is seen as (1).
+ACCEL_DECLARE_STUB(nonzero_stub, Tensor (*)(const Tensor& x));
+
 }  // namespace accel

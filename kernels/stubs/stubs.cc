@@ -8,6 +8,7 @@
 #include "kernels/stubs/nn.h"
 #include "kernels/stubs/optim.h"
 #include "kernels/stubs/reduce.h"
+#include "kernels/stubs/sort.h"
 
 namespace accel {
 
@@ -33,6 +34,12 @@ ACCEL_DEFINE_STUB(index_add_stub);
 ACCEL_DEFINE_STUB(gather_stub);
 ACCEL_DEFINE_STUB(scatter_add_stub);
 ACCEL_DEFINE_STUB(trilu_stub);
+ACCEL_DEFINE_STUB(index_stub);
+ACCEL_DEFINE_STUB(index_put_stub);
+ACCEL_DEFINE_STUB(nonzero_stub);
+// sort.h
+ACCEL_DEFINE_STUB(sort_stub);
+ACCEL_DEFINE_STUB(multinomial_stub);
 // nn.h
 ACCEL_DEFINE_STUB(softmax_stub);
 ACCEL_DEFINE_STUB(softmax_backward_stub);

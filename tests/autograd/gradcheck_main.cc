@@ -2,6 +2,7 @@
 // failure for a differentiable op without one.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <set>
 
 #include "autograd/gradcheck.h"
@@ -67,4 +68,12 @@ TEST_CASE("gradcheck: detects a wrong gradient") {
   };
   auto r = autograd::gradcheck(wrong, {x});
   CHECK_FALSE(r.ok);
+  // A NaN gradient fails too (a comparison with NaN is false either way round).
+  auto nan_grad = [](const std::vector<Tensor>& in) {
+    Tensor y = mul(in[0].detach(), 2.0);
+    autograd::record("nan", {&in[0]}, {&y},
+                     [](const autograd::Grads& g) { return autograd::Grads{mul(g[0], NAN)}; });
+    return y;
+  };
+  CHECK_FALSE(autograd::gradcheck(nan_grad, {x}).ok);
 }

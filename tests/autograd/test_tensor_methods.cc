@@ -429,6 +429,80 @@ TEST_CASE("every method equals its free function (float64 values and gradients)"
   same("index_add", {a, idx, b}, one([](V v) { return v[0].index_add(0, v[1], v[2]); }),
        one([](V v) { return index_add(v[0], 0, v[1], v[2]); }));
 
+  // advanced indexing, sorting, sampling, shapes, norms
+  {
+    using namespace accel::indexing;
+    const Tensor rows = tensor(std::vector<int64_t>{2, 0}, {2});
+    const Tensor cols = tensor(std::vector<int64_t>{1, 3}, {2});
+    const Tensor vals = pos({2});
+    same("index", {m3, rows}, one([](V v) {
+           return v[0].index({Slice(), v[1], None});
+         }),
+         one([](V v) {
+           return index(v[0], {Slice(), v[1], None});
+         }));
+    same("index_put", {a, rows, cols, vals}, one([](V v) {
+           return v[0].index_put({v[1], v[2]}, v[3], true);
+         }),
+         one([](V v) {
+           return index_put(v[0], {v[1], v[2]}, v[3], true);
+         }));
+    same("masked_select", {a, mask}, one([](V v) { return v[0].masked_select(v[1]); }),
+         one([](V v) { return masked_select(v[0], v[1]); }));
+    same("masked_scatter", {a, mask, b}, one([](V v) { return v[0].masked_scatter(v[1], v[2]); }),
+         one([](V v) { return masked_scatter(v[0], v[1], v[2]); }));
+    same("take_along_dim", {a, gidx}, one([](V v) { return v[0].take_along_dim(v[1], 1); }),
+         one([](V v) { return take_along_dim(v[0], v[1], 1); }));
+    same("nonzero", {mask}, one([](V v) { return v[0].nonzero(); }),
+         one([](V v) { return nonzero(v[0]); }), false);
+    same(
+        "nonzero_numpy", {mask}, [](V v) { return v[0].nonzero_numpy(); },
+        [](V v) { return nonzero_numpy(v[0]); }, false);
+    same("sort", {m3}, two([](V v) { return v[0].sort(1, true); }),
+         two([](V v) { return sort(v[0], 1, true); }));
+    same("argsort", {m3}, one([](V v) { return v[0].argsort(-1, false, true); }),
+         one([](V v) { return argsort(v[0], -1, false, true); }), false);
+    same("topk", {m3}, two([](V v) { return v[0].topk(2, 1, false); }),
+         two([](V v) { return topk(v[0], 2, 1, false); }));
+    same("multinomial", {a}, one([](V v) {
+           Generator g(1);
+           return v[0].multinomial(5, true, &g);
+         }),
+         one([](V v) {
+           Generator g(1);
+           return multinomial(v[0], 5, true, &g);
+         }),
+         false);
+    same("repeat", {m3}, one([](V v) {
+           return v[0].repeat({2, 1, 1, 2});
+         }),
+         one([](V v) {
+           return repeat(v[0], {2, 1, 1, 2});
+         }));
+    same("norm", {m3}, one([](V v) { return v[0].norm(3.0, {1}, true); }),
+         one([](V v) { return norm(v[0], 3.0, {1}, true); }));
+    same("norm", {m3}, one([](V v) {
+           return v[0].norm("fro", {0, 2});
+         }),
+         one([](V v) {
+           return norm(v[0], "fro", {0, 2});
+         }));
+    same("view_as", {m3, a}, one([](V v) {
+           return v[0].view_as(v[0].reshape({4, 6}));
+         }),
+         one([](V v) {
+           return v[0].view({4, 6});
+         }));
+    // new_*: this tensor's dtype and device, the given shape
+    g_compared.insert({"new_empty", "new_zeros", "new_ones", "new_full"});
+    const Tensor i32 = zeros({2}, kInt32);
+    CHECK(i32.new_empty({3, 1}).dtype() == kInt32);
+    CHECK(i32.new_empty({3, 1}).sizes() == Shape{3, 1});
+    CHECK(equal(i32.new_zeros({2, 2}), zeros({2, 2}, kInt32)));
+    CHECK(equal(a.new_ones({3}), ones({3}, kFloat64)));
+    CHECK(equal(a.new_full({2}, -1.5), full({2}, -1.5, kFloat64)));
+  }
+
   // joining and splitting
   same(
       "split", {m3}, [](V v) { return v[0].split(3, 2); }, [](V v) { return split(v[0], 3, 2); });
@@ -490,6 +564,24 @@ TEST_CASE("every method equals its free function (float64 values and gradients)"
   same_inplace(
       "triu_", sq, [](Tensor& t) -> Tensor& { return t.triu_(1); },
       [](const Tensor& t) { return triu(t, 1); });
+  {
+    const Tensor rows = tensor(std::vector<int64_t>{2, 0}, {2});
+    same_inplace(
+        "index_put_", a,
+        [&](Tensor& t) -> Tensor& { return t.index_put_({rows}, b.index({rows}), true); },
+        [&](const Tensor& t) { return index_put(t, {rows}, b.index({rows}), true); });
+    same_inplace(
+        "index_put_", a,
+        [&](Tensor& t) -> Tensor& {
+          return t.index_put_({rows, 1}, 9.0);
+        },
+        [&](const Tensor& t) {
+          return index_put(t, {rows, 1}, full({}, 9.0, kFloat64));
+        });
+    same_inplace(
+        "masked_scatter_", a, [&](Tensor& t) -> Tensor& { return t.masked_scatter_(mask, b); },
+        [&](const Tensor& t) { return masked_scatter(t, mask, b); });
+  }
   same_inplace(
       "clamp_", m3, [](Tensor& t) -> Tensor& { return t.clamp_(-0.1, 0.1); },
       [](const Tensor& t) { return clamp(t, -0.1, 0.1); });

@@ -138,6 +138,20 @@ TEST_CASE(
     CHECK(msg.find("size 10") != std::string::npos);
   }
   CHECK_THROWS_AS(gather(w, 1, gpu(tensor(std::vector<int64_t>{0, 4}, {1, 2}))), IndexError);
+  // Advanced indexing checks its index tensors with device ops (the CPU loops over the values):
+  // the same message, the first bad value; CPU index tensors are moved to the indexed device.
+  try {
+    (void)index(w, {indexing::Slice(), gpu(tensor(std::vector<int64_t>{0, -5, 7, 9}, {4}))});
+    FAIL("no IndexError for index -5");
+  } catch (const IndexError& e) {
+    CHECK(std::string(e.what()).find(
+              "[index] index -5 is out of bounds for dimension 1 with size 4") == 0);
+  }
+  CHECK_THROWS_AS(index_put(w, {gpu(tensor(std::vector<int64_t>{10}, {1}))}, gpu(zeros({4}))),
+                  IndexError);
+  CHECK(equal(index(w, {tensor(std::vector<int64_t>{-1, 0}, {2})}).cpu(),
+              index(w.cpu(), {tensor(std::vector<int64_t>{9, 0}, {2})})));
+  CHECK_THROWS_AS(index(w.cpu(), {bad_idx}), DeviceError);  // a CUDA index for a CPU tensor
 }
 
 TEST_CASE("matmul with TF32 allowed stays within its looser bound") {

@@ -137,6 +137,14 @@ void add_elementwise_cases(Table& t) {
         OP_FN(return where(x[0], x[1], x[2]);))
       .not_differentiable()
       .only(kAll);
+  // where with python-number scalars: the tensor's dtype when floating, else as torch promotes.
+  t.add("where", "scalar, tensor", OP_INPUTS(m.rnd({2, 3}), m.mask({1, 0, 1}, {3})),
+        OP_FN(return where(x[1], 0.5, x[0]);));
+  t.add("where", "two scalars, integer and float results",
+        OP_INPUTS(m.mask({1, 0, 0, 1, 1, 0}, {2, 3}), m.rnd_int({2, 3}, 0, 9)),
+        OP_FN(return add(add(where(x[0], 1.5, -2), where(x[0], 3, 4)), where(x[0], x[1], 0.5));))
+      .not_differentiable()
+      .only({kFloat32, kInt32, kInt64});
 
   // ---- conversions (copy between dtypes, strided and broadcast) and fill ----
   for (DType to : kAll) {

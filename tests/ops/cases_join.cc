@@ -31,6 +31,10 @@ void add_join_cases(Table& t) {
         OP_FN(return add(tril(x[0], -2), triu(x[0], 3));))
       .not_differentiable()
       .only({kInt32, kInt64});
+  t.add("repeat", "(2, 3) by (2, 1, 2)", OP_INPUTS(m.rnd({2, 3})),
+        OP_FN(return repeat(x[0], {2, 1, 2});));
+  t.add("repeat", "non-contiguous, all ones (still a copy)", OP_INPUTS(m.rnd({3, 2})),
+        OP_FN(return add(repeat(x[0].t(), {1, 1}), repeat(x[0], {3, 1}).narrow(0, 0, 3).t());));
 }
 
 }  // namespace accel::optable::detail

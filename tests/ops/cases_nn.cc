@@ -131,6 +131,20 @@ void add_nn_cases(Table& t) {
       .no_gradcheck()
       .tol_scale(4)
       .grad_scale(8);
+  // cross_entropy with class weights or probability targets (composed: Note [cross_entropy
+  // with weights or probabilities] in autograd/ops/nn.cc).
+  t.add("cross_entropy", "probability targets, weights, label smoothing",
+        OP_INPUTS(m.rnd({3, 5}), m.rnd({3, 5}, 0.0, 1.0), m.rnd({5}, 0.5, 1.5)),
+        OP_FN(return cross_entropy(x[0], x[1], x[2], -100, Reduction::Mean, 0.1);));
+  t.add("cross_entropy", "probability targets (N, C, d), no reduction",
+        OP_INPUTS(m.rnd({2, 3, 4}), m.rnd({2, 3, 4}, 0.0, 1.0)),
+        OP_FN(return cross_entropy(x[0], x[1], -100, Reduction::None);));
+  t.add("cross_entropy", "class weights, ignore_index, label smoothing",
+        OP_INPUTS(m.rnd({4, 3}), m.rnd({3}, 0.5, 1.5), m.idx({0, 2, -100, 1}, {4})),
+        OP_FN(return cross_entropy(x[0], x[2], x[1], -100, Reduction::Mean, 0.2);));
+  t.add("cross_entropy", "class weights (N, C, d), sum",
+        OP_INPUTS(m.rnd({2, 3, 2}), m.rnd({3}, 0.5, 1.5), m.idx({0, 2, 1, 1}, {2, 2}, kInt32)),
+        OP_FN(return cross_entropy(x[0], x[2], x[1], 5, Reduction::Sum);));
 }
 
 }  // namespace accel::optable::detail

@@ -25,6 +25,32 @@ void add_reduce_cases(Table& t) {
         OP_FN(return prod(mul(x[0], x[1]));));
   t.add("norm", "l2", OP_INPUTS(m.rnd({3, 4})), OP_FN(return norm(x[0]);));
   t.add("norm", "l3", OP_INPUTS(m.rnd({5})), OP_FN(return norm(x[0], 3.0);));
+  // norm over dims (every p of torch.linalg.vector_norm); distinct |x| for the max/min norms.
+  t.add("norm", "p=2 dim 1 keepdim", OP_INPUTS(m.rnd({3, 4})),
+        OP_FN(return norm(x[0], 2.0, {1}, true);));
+  t.add("norm", "p=1 dims (0, 2)",
+        OP_INPUTS(m.rnd({2, 3, 2}, 0.1, 1.0),
+                  m.values({1, -1, -1, 1, 1, 1, -1, -1, 1, -1, 1, 1}, {2, 3, 2})),
+        OP_FN(return norm(mul(x[0], x[1]), 1.0, {0, 2});));
+  t.add("norm", "p=inf and -inf", OP_INPUTS(m.perm(12, {3, 4})), OP_FN({
+          Tensor y = add(x[0], 1.0);
+          return add(norm(y, INFINITY, {1}), norm(neg(y), -INFINITY, {1}));
+        }));
+  t.add("norm", "p=0.5, p=1.5, p=3 dim 0", OP_INPUTS(m.rnd({3, 4}, 0.2, 1.0)), OP_FN({
+          return add(add(norm(x[0], 0.5, {0}), norm(neg(x[0]), 1.5, {0})), norm(x[0], 3.0, {0}));
+        }));
+  t.add("norm", "p=0 counts nonzeros (zero gradient)", OP_INPUTS(m.rnd({3, 4}, 0.5, 1.0)),
+        OP_FN(return norm(x[0], 0.0, {1});));
+  t.add("norm", "\"fro\" over all, keepdim", OP_INPUTS(m.rnd({2, 3})),
+        OP_FN(return norm(x[0], "fro", {}, true);));
+  // A zero row: torch's subgradient 0 (p=2 would give 0/0 through sqrt's chain rule).
+  t.add("norm", "zero norm: p=2 and p=1 give gradient 0",
+        OP_INPUTS(m.values({0, 0, 0, 0.5, -1, 2}, {2, 3}, true)),
+        OP_FN(return add(norm(x[0], 2.0, {1}), norm(x[0], 1.0, {1}));));
+  t.add("norm", "(37, 513) rows, p=3", OP_INPUTS(m.rnd({37, 513})),
+        OP_FN(return norm(x[0], 3.0, {1});))
+      .no_gradcheck()
+      .tol_scale(8);
 
   // Larger shapes for the cross-device runner: rows, columns, split rows, permuted dims. Sums
   // differ by accumulation order, so the bound grows with the number of terms.

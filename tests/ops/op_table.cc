@@ -108,6 +108,7 @@ const std::vector<OpCase>& op_cases() {
     detail::add_index_cases(t);
     detail::add_join_cases(t);
     detail::add_optim_cases(t);
+    detail::add_indexing_cases(t);
     detail::add_inplace_cases(t);
     return t.cases();
   }();

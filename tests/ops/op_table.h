@@ -202,5 +202,6 @@ void add_nn_cases(Table& t);
 void add_index_cases(Table& t);
 void add_join_cases(Table& t);
 void add_optim_cases(Table& t);
+void add_indexing_cases(Table& t);
 void add_inplace_cases(Table& t);
 }  // namespace accel::optable::detail

@@ -105,9 +105,7 @@ struct Arg<Tensor> {
 template <>
 struct Arg<std::optional<Tensor>> {
   static constexpr const char* name = "optional<Tensor>";
-  static Value to(const std::optional<Tensor>& t) {
-    return Value::from_tensor(t ? *t : Tensor());
-  }
+  static Value to(const std::optional<Tensor>& t) { return Value::from_tensor(t ? *t : Tensor()); }
   static bool accepts(const Value& v) { return v.is_tensor(); }
   static std::optional<Tensor> from(const Value& v) {
     if (!v.tensor().defined()) return std::nullopt;
@@ -174,7 +172,9 @@ template <typename A, typename B>
 struct is_tuple_like<std::pair<A, B>> : std::true_type {};
 
 template <typename T>
-concept HasFields = requires(T& t) { t.fields(); };
+concept HasFields = requires(T& t) {
+  t.fields();
+};
 
 template <typename T>
 struct is_std_optional : std::false_type {};
@@ -186,8 +186,8 @@ struct is_std_optional<std::optional<T>> : std::true_type {};
 // the value type, and offering both would make an optional field ambiguous.
 struct AnyField {
   template <typename T>
-    requires(!is_std_optional<T>::value)
-  operator T() const;  // declared only: used in unevaluated contexts
+  requires(!is_std_optional<T>::value) operator T()
+      const;  // declared only: used in unevaluated contexts
 };
 
 template <typename T, size_t... I>
@@ -223,20 +223,36 @@ auto tie_fields(T& s) {
   } else {
     constexpr size_t n = field_count<U>();
     // clang-format off: one structured binding per field count
-    if constexpr (n == 1) { auto& [a] = s; return std::tie(a); }
-    else if constexpr (n == 2) { auto& [a, b] = s; return std::tie(a, b); }
-    else if constexpr (n == 3) { auto& [a, b, c] = s; return std::tie(a, b, c); }
-    else if constexpr (n == 4) { auto& [a, b, c, d] = s; return std::tie(a, b, c, d); }
-    else if constexpr (n == 5) { auto& [a, b, c, d, e] = s; return std::tie(a, b, c, d, e); }
-    else if constexpr (n == 6) { auto& [a, b, c, d, e, f] = s; return std::tie(a, b, c, d, e, f); }
-    else if constexpr (n == 7) {
-      auto& [a, b, c, d, e, f, g] = s; return std::tie(a, b, c, d, e, f, g);
+    if constexpr (n == 1) {
+      auto& [a] = s;
+      return std::tie(a);
+    } else if constexpr (n == 2) {
+      auto& [a, b] = s;
+      return std::tie(a, b);
+    } else if constexpr (n == 3) {
+      auto& [a, b, c] = s;
+      return std::tie(a, b, c);
+    } else if constexpr (n == 4) {
+      auto& [a, b, c, d] = s;
+      return std::tie(a, b, c, d);
+    } else if constexpr (n == 5) {
+      auto& [a, b, c, d, e] = s;
+      return std::tie(a, b, c, d, e);
+    } else if constexpr (n == 6) {
+      auto& [a, b, c, d, e, f] = s;
+      return std::tie(a, b, c, d, e, f);
+    } else if constexpr (n == 7) {
+      auto& [a, b, c, d, e, f, g] = s;
+      return std::tie(a, b, c, d, e, f, g);
     } else if constexpr (n == 8) {
-      auto& [a, b, c, d, e, f, g, h] = s; return std::tie(a, b, c, d, e, f, g, h);
+      auto& [a, b, c, d, e, f, g, h] = s;
+      return std::tie(a, b, c, d, e, f, g, h);
     } else if constexpr (n == 9) {
-      auto& [a, b, c, d, e, f, g, h, i] = s; return std::tie(a, b, c, d, e, f, g, h, i);
+      auto& [a, b, c, d, e, f, g, h, i] = s;
+      return std::tie(a, b, c, d, e, f, g, h, i);
     } else if constexpr (n == 10) {
-      auto& [a, b, c, d, e, f, g, h, i, j] = s; return std::tie(a, b, c, d, e, f, g, h, i, j);
+      auto& [a, b, c, d, e, f, g, h, i, j] = s;
+      return std::tie(a, b, c, d, e, f, g, h, i, j);
     } else if constexpr (n == 11) {
       auto& [a, b, c, d, e, f, g, h, i, j, k] = s;
       return std::tie(a, b, c, d, e, f, g, h, i, j, k);
@@ -360,9 +376,8 @@ struct Out<R, std::enable_if_t<is_struct_result<R>()>> {
   }
   static R unflatten(const Tensor*& it) {
     R r{};
-    std::apply(
-        [&](auto&... f) { ((f = Out<std::decay_t<decltype(f)>>::unflatten(it)), ...); },
-        tie_fields(r));
+    std::apply([&](auto&... f) { ((f = Out<std::decay_t<decltype(f)>>::unflatten(it)), ...); },
+               tie_fields(r));
     return r;
   }
 };

@@ -154,8 +154,7 @@ TEST_CASE("typed forward: optional input, plain arguments, struct output") {
   CHECK(same(base->call<VaeOut>(x, std::nullopt, true, 2).recon,  // an int where a double goes
              vae->forward(x, std::nullopt, true, 2.0).recon));
   CHECK(same(base->call<VaeOut>(x, Tensor(), false, 1.0).mu, plain.mu));  // None
-  CHECK(base->forward_signature() ==
-        "forward(Tensor, optional<Tensor>, bool, double) -> VaeOut");
+  CHECK(base->forward_signature() == "forward(Tensor, optional<Tensor>, bool, double) -> VaeOut");
   // The one-tensor virtual: the bool cannot be left out on the type-erased path.
   CHECK(error_of([&] { base->forward(x); }).find("called with (Tensor)") != std::string::npos);
 }
@@ -171,8 +170,9 @@ TEST_CASE("struct results through fields(), optional fields, nested tuples, vect
   REQUIRE(h2.loss.has_value());
   CHECK(same(*h2.loss, mse_loss(x, t)));
   // The one-tensor virtual of a module returning a struct.
-  CHECK(error_of([&] { base->forward(x); })
-            .find("HeadNet.forward(Tensor, optional<Tensor>) -> Heads returned 4 tensor(s)") !=
+  CHECK(error_of([&] {
+          base->forward(x);
+        }).find("HeadNet.forward(Tensor, optional<Tensor>) -> Heads returned 4 tensor(s)") !=
         std::string::npos);
   // The flattened form: logits, loss (undefined), extra.0, extra.1.
   std::vector<Tensor> flat = base->call_values({nn::Value::from_tensor(x)});
@@ -251,10 +251,9 @@ TEST_CASE("forward pre-hooks and forward hooks see and replace the flattened ten
   auto fill = vae->register_forward_pre_hook([&](nn::Module&, std::vector<Tensor>& in) {
     if (!in[1].defined()) in[1] = c;
   });
-  auto swap = vae->register_forward_hook(
-      [&](nn::Module&, const std::vector<Tensor>&, std::vector<Tensor>& out) {
-        out[1] = zeros_like(out[1]);
-      });
+  auto swap =
+      vae->register_forward_hook([&](nn::Module&, const std::vector<Tensor>&,
+                                     std::vector<Tensor>& out) { out[1] = zeros_like(out[1]); });
   VaeOut r = (*vae)(x, std::nullopt);
   CHECK(same(r.recon, vae->forward(x, c).recon));
   CHECK(r.mu.abs().sum().item<double>() == 0);
@@ -306,11 +305,13 @@ TEST_CASE("Sequential chains multi-output entries into multi-input ones") {
   CHECK(same(u, x * x + 1.0));
   CHECK(same(v, x * x * 3.0));
   // forward(x) needs one tensor at the end.
-  auto seq3 = std::make_shared<nn::Sequential>(std::make_shared<Scale>(1.0), std::make_shared<Fork>());
+  auto seq3 =
+      std::make_shared<nn::Sequential>(std::make_shared<Scale>(1.0), std::make_shared<Fork>());
   CHECK(error_of([&] { seq3->forward(x); }).find("the last entry (Fork) gave 2") !=
         std::string::npos);
   // A typed module with a trailing optional fits a one-tensor chain.
-  auto seq4 = std::make_shared<nn::Sequential>(std::make_shared<Shift>(), std::make_shared<Scale>(2.0));
+  auto seq4 =
+      std::make_shared<nn::Sequential>(std::make_shared<Shift>(), std::make_shared<Scale>(2.0));
   CHECK(same(seq4->forward(x), (x + 10.0) * 2.0));
   // An empty Sequential is the identity for any number of tensors.
   auto empty = std::make_shared<nn::Sequential>();
@@ -406,7 +407,9 @@ TEST_CASE("Optimizer::step(closure) evaluates the closure with grad on, returns 
     }
     CHECK(same(lin->weight, ref->weight));
   };
-  run([](std::vector<Tensor> p) { return std::make_shared<optim::SGD>(p, optim::SGDOptions{0.1, 0.9}); });
+  run([](std::vector<Tensor> p) {
+    return std::make_shared<optim::SGD>(p, optim::SGDOptions{0.1, 0.9});
+  });
   run([](std::vector<Tensor> p) { return std::make_shared<optim::Adam>(p); });
   run([](std::vector<Tensor> p) { return std::make_shared<optim::AdamW>(p); });
   // Through the base class too.

@@ -75,8 +75,8 @@ TEST_CASE("tied parameters appear once, both uses see the tensor, the gradient i
   auto named = m->named_parameters();
   CHECK(named.size() == 4);  // encoder.weight, hidden.{weight,bias}, decoder.bias
   CHECK(named[0].first == "encoder.weight");
-  CHECK(m->tied_aliases() == std::map<std::string, std::string>{{"decoder.weight",
-                                                                  "encoder.weight"}});
+  CHECK(m->tied_aliases() ==
+        std::map<std::string, std::string>{{"decoder.weight", "encoder.weight"}});
   auto sd = m->state_dict();  // both names, one storage
   REQUIRE(sd.count("decoder.weight"));
   CHECK(sd.at("decoder.weight").storage() == sd.at("encoder.weight").storage());
@@ -94,8 +94,8 @@ TEST_CASE("tied parameters appear once, both uses see the tensor, the gradient i
   }
   m->forward(tokens()).pow(2).sum().backward();
   u->forward(tokens()).pow(2).sum().backward();
-  CHECK(allclose(m->encoder->weight.grad(),
-                 u->encoder->weight.grad() + u->decoder->weight.grad(), 1e-6, 1e-6));
+  CHECK(allclose(m->encoder->weight.grad(), u->encoder->weight.grad() + u->decoder->weight.grad(),
+                 1e-6, 1e-6));
   // The untied gradients differ: a test that the tie is what makes the sum.
   CHECK(!allclose(u->encoder->weight.grad(), m->encoder->weight.grad(), 1e-3, 1e-3));
 

@@ -44,6 +44,9 @@ struct FullyShardedModel::Unit {
   Tensor staging, reduce_out;
   bool reduce_into_shard = false;  // reduce_out is grad_shard itself (nothing to add)
   size_t fwd_pos = 0;              // position in this iteration's forward order
+  // Called twice in this forward under activation checkpointing: each call's recompute
+  // accumulates its own gradient, so the reduce waits for the end of backward.
+  bool reduce_at_end = false;
 };
 
 namespace {
@@ -395,6 +398,9 @@ std::vector<Tensor> FullyShardedModel::unit_call(Unit& u, nn::Values& in, const 
     last_fwd_order_ = fwd_order_;
     fwd_order_.clear();
   }
+  if (options_.activation_checkpointing && grad_enabled() &&
+      std::find(fwd_order_.begin(), fwd_order_.end(), &u) != fwd_order_.end())
+    u.reduce_at_end = true;
   u.fwd_pos = fwd_order_.size();
   fwd_order_.push_back(&u);
   if (options_.prefetch) {
@@ -493,10 +499,11 @@ void FullyShardedModel::on_output_grad(Unit& u) {
 void FullyShardedModel::on_param_grad(Unit& u, size_t j) {
   if (!in_backward_) return;  // a backward the model did not start: gradients stay local
   // A tied parameter (in the root) or one used in two checkpointed segments accumulates once
-  // per use site: count it once. The root is reduced at the end of backward, after every use.
+  // per use site: count it once. The root, and a unit called twice under checkpointing, are
+  // reduced at the end of backward, after every use.
   if (u.arrived[j]) return;
   u.arrived[j] = 1;
-  if (++u.ready != u.params.size() || u.root) return;
+  if (++u.ready != u.params.size() || u.root || u.reduce_at_end) return;
   if (sync_ && !options_.find_unused_parameters) issue_reduce(u);
   release(u);
 }
@@ -595,6 +602,7 @@ void FullyShardedModel::end_backward(std::exception_ptr& err) {
   ACCEL_CHECK(in_backward_, DistError, "fsdp", "end_backward() without begin_backward()");
   finish_backward(sync_, err);
   in_backward_ = false;
+  for (auto& u : units_) u->reduce_at_end = false;
   bwd_order_.clear();
 }
 

@@ -6,9 +6,11 @@
 //   memory             between steps only shards + root; at most two units gathered in forward
 //   errors             bad wrap policies, reading a released parameter, a plain load_state_dict
 //                      into the sharded model
-//   typed <ckpt 0|1>   tests/dist/typed_model.h (units with two inputs, optional inputs, plain
+//   typed <ckpt 0|1> [reuse]
+//                      tests/dist/typed_model.h (units with two inputs, optional inputs, plain
 //                      arguments, tuple and struct results; a weight tied across two units)
-//                      vs single-process training, with or without per-unit checkpointing
+//                      vs single-process training, with or without per-unit checkpointing;
+//                      reuse: one unit called twice in each forward
 //   typed_deferred     the same model built under nn::DeferredInit: the tied weight's owner
 //                      initialises it, the values equal eager construction
 //   unused             a unit that gets no gradient: DistError; find_unused_parameters: zeros
@@ -625,7 +627,7 @@ int act_ckpt(ProcessGroupPtr pg) {
 }
 // Note [module calls]: typed units (called through their typed operator() and through the entry's
 // call<R>) and a weight tied across units, against one process.
-int typed(ProcessGroupPtr pg, bool checkpointing) {
+int typed(ProcessGroupPtr pg, bool checkpointing, bool reuse) {
   const int w = pg->size(), r = pg->rank();
   auto batch_of = [](int step) {
     Generator gen(uint64_t(300 + step));
@@ -635,8 +637,9 @@ int typed(ProcessGroupPtr pg, bool checkpointing) {
   };
   std::vector<double> ref_losses;
   auto ref = std::make_shared<test::TypedNet>();
+  ref->reuse = reuse;
   {
-    auto opt = make_opt("adamw", {one_group(ref->parameters())});
+    auto opt = make_opt("sgd", {one_group(ref->parameters())});
     for (int s = 0; s < kSteps; ++s) {
       Batch b = batch_of(s);
       Tensor loss = test::typed_loss((*ref)(b.x), b.y);
@@ -647,6 +650,7 @@ int typed(ProcessGroupPtr pg, bool checkpointing) {
     }
   }
   auto net = std::make_shared<test::TypedNet>();
+  net->reuse = reuse;
   FsdpOptions o;
   o.activation_checkpointing = checkpointing;
   FullyShardedModel fsdp(net, pg, o);
@@ -654,7 +658,7 @@ int typed(ProcessGroupPtr pg, bool checkpointing) {
   // stem (8x6 + 8) and the tied fc.weight (8x8) in the root; each block unit without it.
   WCHECK(units.size() == 4 && units[0].numel == 56 + 64 && units[2].numel == 8 + 8 + 8 + 64,
          "units " << units.size() << ": root " << units[0].numel << ", block 1 " << units[2].numel);
-  auto opt = make_opt("adamw", fsdp.shard_param_groups({one_group(net->parameters())}));
+  auto opt = make_opt("sgd", fsdp.shard_param_groups({one_group(net->parameters())}));
   const int64_t per = kBatch / w;
   for (int s = 0; s < kSteps; ++s) {
     Batch b = local(batch_of(s), r * per, per);
@@ -726,7 +730,7 @@ int main(int argc, char** argv) {
     } else if (s == "deferred") {
       deferred(pg);
     } else if (s == "typed") {
-      typed(pg, args.at(1) == "1");
+      typed(pg, args.at(1) == "1", args.size() > 2 && args[2] == "reuse");
     } else if (s == "typed_deferred") {
       typed_deferred(pg);
     } else if (s == "ckpt") {

@@ -83,5 +83,8 @@ TEST_CASE(
     check_ok(run_world(worker(), {"typed", ckpt}, 2, {}, 60s), "typed");
   }
   check_ok(run_world(worker(), {"typed", "1"}, 3, {}, 60s), "typed");
+  // A unit called twice in one forward, checkpointed: both recomputes' gradients are reduced.
+  check_ok(run_world(worker(), {"typed", "1", "reuse"}, 2, {}, 60s), "typed");
+  check_ok(run_world(worker(), {"typed", "0", "reuse"}, 2, {}, 60s), "typed");
   check_ok(run_world(worker(), {"typed_deferred"}, 2, {}, 60s), "typed_deferred");
 }

@@ -30,8 +30,8 @@ struct PairBlock : nn::TypedModule<PairBlock> {
   explicit PairBlock(Generator* g) {
     ln = register_module("ln", std::make_shared<nn::LayerNorm>(kTypedHidden));
     fc = register_module("fc", std::make_shared<nn::Linear>(kTypedHidden, kTypedHidden, true, g));
-    gate = register_module("gate",
-                           std::make_shared<nn::Linear>(kTypedHidden, kTypedHidden, false, g));
+    gate =
+        register_module("gate", std::make_shared<nn::Linear>(kTypedHidden, kTypedHidden, false, g));
   }
   // x, ctx: (B, H) -> (x + f(x) [* mask] * scale, ctx + tanh(gate x))
   std::tuple<Tensor, Tensor> forward(const Tensor& x, const Tensor& ctx,
@@ -50,8 +50,8 @@ struct HeadOut {
 struct PairHead : nn::TypedModule<PairHead> {
   std::shared_ptr<nn::Linear> out;
   explicit PairHead(Generator* g) {
-    out = register_module("out",
-                          std::make_shared<nn::Linear>(kTypedHidden, kTypedClasses, true, g));
+    out =
+        register_module("out", std::make_shared<nn::Linear>(kTypedHidden, kTypedClasses, true, g));
   }
   // x: (B, H), ctx: (B, H) or None -> logits (B, C), aux () = mean square of the features
   HeadOut forward(Tensor x, std::optional<Tensor> ctx = std::nullopt) {
@@ -64,6 +64,7 @@ struct TypedNet : nn::TypedModule<TypedNet> {
   std::shared_ptr<nn::Linear> stem;
   std::shared_ptr<nn::ModuleList> blocks;
   // default_gen: draw from the default generator (what deferred init replays).
+  bool reuse = false;  // run block 0 twice (a unit called twice in one forward)
   explicit TypedNet(bool tie = true, bool default_gen = false) {
     Generator own(29);
     Generator* g = default_gen ? nullptr : &own;
@@ -81,6 +82,7 @@ struct TypedNet : nn::TypedModule<TypedNet> {
     Tensor h = stem->forward(x);
     Tensor ctx = ctx0 ? *ctx0 : h * 0.5;
     auto [h1, c1] = (*blocks->at<PairBlock>(0))(h, ctx);
+    if (reuse) std::tie(h1, c1) = (*blocks->at<PairBlock>(0))(h1, c1, std::nullopt, 0.25);
     Tensor mask = sigmoid(h1.detach());
     auto [h2, c2] = (*blocks)[1]->call<std::tuple<Tensor, Tensor>>(h1, c1, mask, 0.5);
     return (*blocks->at<PairHead>(2))(h2, c2);

@@ -503,12 +503,12 @@ int train(const std::string& dir, int steps, int save_every, bool resume,
 // Note [module calls], Note [tied parameters]: the typed model under every strategy. Two epochs
 // of 48 unshuffled samples, accumulation 2, AdamW; each micro-batch through the prepared
 // optimizer's step(closure). Prints the global loss of every micro-batch and the parameters.
-int typed(const std::string& dir, int stage, int64_t batch, bool ckpt) {
+int typed(const std::string& dir, int stage, int64_t batch, bool ckpt_units) {
   AcceleratorConfig c = config_from_env(dir);
   c.zero_stage = stage;
   c.gradient_accumulation_steps = 2;
   c.ddp.bucket_cap_bytes = 512;
-  c.fsdp.activation_checkpointing = ckpt;
+  c.fsdp.activation_checkpointing = ckpt_units;
   Accelerator acc(c);
   auto net = std::make_shared<test::TypedNet>();
   optim::AdamWOptions ao;
@@ -555,6 +555,25 @@ int typed(const std::string& dir, int stage, int64_t batch, bool ckpt) {
     fresh->load(path);
     for (auto& [name, t] : full) EXPECT(fresh->state_dict().at(name).equal(t));
   }
+  // A checkpoint round trip: one more step changes the model, load_state brings back the saved
+  // values into both uses of the tied weight.
+  const std::string ckpt = dir + "/typed_ckpt_w" + std::to_string(acc.num_processes()) + "_s" +
+                           std::to_string(stage) + (ckpt_units ? "c" : "");
+  acc.save_state(ckpt);
+  for (auto& b : *aloader) {
+    for (int k = 0; k < 2; ++k) {
+      auto scope = acc.accumulate();
+      acc.backward(test::typed_loss((*model)(b[0]), b[1]));
+      aopt->step();
+      aopt->zero_grad();
+    }
+    break;
+  }
+  EXPECT(!acc.get_state_dict(*model).at("stem.weight").equal(full.at("stem.weight")));
+  acc.load_state(ckpt);
+  const nn::TensorDict back = acc.get_state_dict(*model);
+  for (auto& [name, t] : full) EXPECT(back.at(name).equal(t));
+  EXPECT(b0->fc->weight.is_same(b1->fc->weight));
   std::cout << "ok typed" << std::endl;
   return 0;
 }

@@ -57,7 +57,7 @@ class DistributedDataParallel {
   template <typename R = Tensor, typename... A>
   R forward(const A&... args) {
     std::vector<Tensor> out = forward_values(nn::call_detail::pack(args...));
-    return nn::call_detail::unflatten<R>(std::move(out), module_->call_name());
+    return nn::call_detail::unflatten<R>(std::move(out), [this] { return module_->call_name(); });
   }
   template <typename R = Tensor, typename... A>
   R operator()(const A&... args) {

@@ -397,12 +397,14 @@ std::string type_name_of(const std::type_info& t);
 [[noreturn]] void throw_result_count(const std::string& who, size_t got, size_t want,
                                      const std::type_info& result);
 
-template <typename R>
-R unflatten(std::vector<Tensor>&& ts, const std::string& who) {
+// `who()` names the callee for the error; it is only called on failure (no string building on
+// success).
+template <typename R, typename Who>
+R unflatten(std::vector<Tensor>&& ts, const Who& who) {
   if constexpr (std::is_same_v<R, std::vector<Tensor>>) {
     return std::move(ts);
   } else {
-    if (ts.size() != Out<R>::count) throw_result_count(who, ts.size(), Out<R>::count, typeid(R));
+    if (ts.size() != Out<R>::count) throw_result_count(who(), ts.size(), Out<R>::count, typeid(R));
     const Tensor* it = ts.data();
     return Out<R>::unflatten(it);
   }

@@ -156,7 +156,8 @@ class Module : public std::enable_shared_from_this<Module> {
   // module type and its forward's signature.
   template <typename R = Tensor, typename... A>
   R call(const A&... args) {
-    return call_detail::unflatten<R>(call_values(call_detail::pack(args...)), call_name());
+    return call_detail::unflatten<R>(call_values(call_detail::pack(args...)),
+                                     [this] { return call_name(); });
   }
   // The type-erased call: hooks, wrapper, then forward_values. Returns the flattened result.
   std::vector<Tensor> call_values(Values inputs);
@@ -348,7 +349,7 @@ class TypedModule : public Module {
     CallFn body = [s](Values& v) {
       return invoke_given<call_detail::Carrier<A>...>(*s, v, std::index_sequence_for<A...>{});
     };
-    return call_detail::unflatten<R>(run_call(in, std::move(body)), call_name());
+    return call_detail::unflatten<R>(run_call(in, std::move(body)), [this] { return call_name(); });
   }
 
   std::vector<Tensor> forward_values(Values& in) override {

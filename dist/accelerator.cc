@@ -468,6 +468,17 @@ bool AcceleratedOptimizer::step() {
   return !skipped_;
 }
 
+Tensor AcceleratedOptimizer::step(const std::function<Tensor()>& closure) {
+  ACCEL_CHECK(bool(closure), ValueError, "AcceleratedOptimizer.step", "empty closure");
+  Tensor loss;
+  {
+    EnableGradGuard grad;
+    loss = closure();
+  }
+  step();
+  return loss;
+}
+
 void AcceleratedOptimizer::zero_grad(bool set_to_none) {
   if (!acc_.sync_gradients()) return;
   acc_.zero_grad_prepared_optimizer(*this, set_to_none);

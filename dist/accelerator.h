@@ -122,6 +122,9 @@ class AcceleratedOptimizer {
   ~AcceleratedOptimizer();
   // See the header comment; returns whether the optimizer stepped.
   bool step();
+  // PyTorch's step(closure): closure() with grad mode on (it runs forward and acc.backward),
+  // then step(); returns the closure's loss (step_was_skipped() says whether it stepped).
+  Tensor step(const std::function<Tensor()>& closure);
   void zero_grad(bool set_to_none = true);
   bool step_was_skipped() const { return skipped_; }
   // Your optimizer (it holds the learning rates).

@@ -87,6 +87,11 @@ Tensor GradScaler::scale_loss(const Tensor& loss) const {
 
 void GradScaler::unscale_(const std::vector<Tensor>& params, ProcessGroup* group) {
   if (!options_.enabled || unscaled_) return;
+  found_inf_ = unscale_grads(params, group);
+  unscaled_ = true;
+}
+
+bool GradScaler::unscale_grads(const std::vector<Tensor>& params, ProcessGroup* group) const {
   NoGradGuard ng;
   const double inv = 1.0 / scale_;  // exact: the scale stays a power of two with default factors
   bool inf = false;
@@ -103,8 +108,39 @@ void GradScaler::unscale_(const std::vector<Tensor>& params, ProcessGroup* group
     group->all_reduce(flag, ReduceOp::Max);
     inf = flag.item<double>() > 0;
   }
-  found_inf_ = inf;
-  unscaled_ = true;
+  return inf;
+}
+
+namespace {
+std::vector<Tensor> all_params(const optim::Optimizer& opt) {
+  std::vector<Tensor> out;
+  for (size_t g = 0; g < opt.num_param_groups(); ++g)
+    for (const Tensor& p : opt.params(g)) out.push_back(p);
+  return out;
+}
+}  // namespace
+
+// Per optimizer, as PyTorch: each optimizer's gradients are unscaled once per step, each
+// optimizer skips on its own inf/NaN, update() backs off when any had one.
+void GradScaler::unscale_(optim::Optimizer& opt, ProcessGroup* group) {
+  if (!options_.enabled) return;
+  for (const auto& [o, inf] : unscaled_optimizers_)
+    if (o == &opt) return;
+  const bool inf = unscale_grads(all_params(opt), group);
+  unscaled_optimizers_.emplace_back(&opt, inf);
+  found_inf_ = found_inf_ || inf;
+}
+
+bool GradScaler::step(optim::Optimizer& opt, ProcessGroup* group) {
+  if (!options_.enabled) {
+    opt.step();
+    return true;
+  }
+  unscale_(opt, group);  // a no-op when unscale_(opt) ran already this step
+  for (const auto& [o, inf] : unscaled_optimizers_)
+    if (o == &opt && inf) return false;
+  opt.step();
+  return true;
 }
 
 void GradScaler::update() {
@@ -118,6 +154,7 @@ void GradScaler::update() {
   }
   unscaled_ = false;
   found_inf_ = false;
+  unscaled_optimizers_.clear();
 }
 
 std::map<std::string, std::string> GradScaler::state_dict() const {

@@ -15,8 +15,10 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "autograd/optim/optimizer.h"
 #include "core/tensor.h"
 #include "dist/process_group.h"
 
@@ -41,9 +43,21 @@ class GradScaler {
 
   bool enabled() const { return options_.enabled; }
   double scale() const { return scale_; }
+  double get_scale() const { return scale_; }  // PyTorch's spelling (1.0 when disabled there)
   int64_t growth_tracker() const { return growth_tracker_; }
   // loss * scale (identity when disabled). Differentiable.
   Tensor scale_loss(const Tensor& loss) const;
+  // PyTorch's torch.amp.GradScaler loop:
+  //   scaler.scale(loss).backward();
+  //   scaler.unscale_(opt);              // optional: before clipping
+  //   scaler.step(opt);                  // unscales if not done, skips the step on inf/NaN
+  //   scaler.update();
+  Tensor scale(const Tensor& loss) const { return scale_loss(loss); }
+  void unscale_(optim::Optimizer& opt, ProcessGroup* group = nullptr);
+  // Unscales opt's gradients unless unscale_(opt) ran this step, then opt.step() unless one of
+  // them is inf/NaN. Returns whether it stepped. Disabled: opt.step(). Per optimizer, as
+  // PyTorch: several optimizers may share one scaler; update() backs off when any found one.
+  bool step(optim::Optimizer& opt, ProcessGroup* group = nullptr);
 
   // Divides every gradient of `params` by scale in place and records whether any is inf/NaN
   // (all-reduced over `group` when given). Idempotent until update(): a second call in the same
@@ -61,11 +75,16 @@ class GradScaler {
   void load_state_dict(const std::map<std::string, std::string>& s);
 
  private:
+  // The unscale of one parameter list: divides, returns whether any gradient is inf/NaN.
+  bool unscale_grads(const std::vector<Tensor>& params, ProcessGroup* group) const;
+
   GradScalerOptions options_;
   double scale_;
   int64_t growth_tracker_ = 0;
   bool unscaled_ = false;
   bool found_inf_ = false;
+  // unscale_(Optimizer&) this step: which optimizers, and whether each found inf/NaN.
+  std::vector<std::pair<const optim::Optimizer*, bool>> unscaled_optimizers_;
 };
 
 // True when any element of any gradient is inf or NaN (no communication).

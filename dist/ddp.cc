@@ -77,7 +77,7 @@ void DistributedDataParallel::broadcast_buffers() {
   broadcast_module_buffers(*pg_, *module_, options_.root);
 }
 
-Tensor DistributedDataParallel::forward(const Tensor& x) {
+std::vector<Tensor> DistributedDataParallel::forward_values(nn::Values inputs) {
   ACCEL_CHECK(module_ != nullptr, DistError, "ddp",
               "forward() needs the Module constructor; with a parameter list call your model "
               "directly");
@@ -85,7 +85,7 @@ Tensor DistributedDataParallel::forward(const Tensor& x) {
               "the previous backward's gradient sync was not finished: call "
               "finish_gradient_sync() (or use ddp.backward(loss)) before the next forward");
   if (grad_enabled()) broadcast_buffers();
-  return module_->forward(x);
+  return module_->call_values(std::move(inputs));
 }
 
 void DistributedDataParallel::backward(const Tensor& loss) {

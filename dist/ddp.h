@@ -5,7 +5,7 @@
 //   dist::DistributedDataParallel ddp(model);        // rank 0's parameters everywhere
 //   optim::AdamW opt(model->parameters());
 //   for (...) {
-//     Tensor loss = cross_entropy(ddp.forward(x_local), y_local);
+//     Tensor loss = cross_entropy(ddp.forward(x_local), y_local);   // or ddp.forward<R>(a, b)
 //     ddp.backward(loss);      // buckets all-reduced while backward runs; waits at the end
 //     opt.step();
 //     opt.zero_grad();
@@ -51,9 +51,20 @@ class DistributedDataParallel {
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  // Module form only: re-broadcasts buffers when asked, then module->forward(x).
-  Tensor forward(const Tensor& x);
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // Module form only: re-broadcasts buffers when asked, then calls the module (its hooks run):
+  // ddp.forward(x) for one tensor, ddp.forward<R>(args...) for any signature and result type
+  // (Note [module calls] in autograd/nn/module.h), e.g. ddp.forward<VaeOut>(x, cond).
+  template <typename R = Tensor, typename... A>
+  R forward(const A&... args) {
+    std::vector<Tensor> out = forward_values(nn::call_detail::pack(args...));
+    return nn::call_detail::unflatten<R>(std::move(out), [this] { return module_->call_name(); });
+  }
+  template <typename R = Tensor, typename... A>
+  R operator()(const A&... args) {
+    return forward<R>(args...);
+  }
+  // The type-erased form of forward.
+  std::vector<Tensor> forward_values(nn::Values inputs);
   // loss.backward() followed by finish_gradient_sync() (or only the backward inside no_sync).
   void backward(const Tensor& loss);
   // Waits for every bucket; see GradBucketer::finish.

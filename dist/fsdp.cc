@@ -22,7 +22,8 @@ namespace accel::dist {
 struct FullyShardedModel::Unit {
   std::string name, type;
   bool root = false;
-  nn::Sequential* seq = nullptr;  // the container entry the unit's forward goes through
+  nn::Module* module = nullptr;   // the unit's module: its call wrapper runs the unit
+  nn::Sequential* seq = nullptr;  // the container entry direct forward() calls go through
   nn::ModuleList* list = nullptr;
   size_t entry = 0;
   std::vector<size_t> params;   // indices into params_, model order
@@ -37,12 +38,16 @@ struct FullyShardedModel::Unit {
   bool gathered = false;  // full holds current values (or a gather into it is in flight)
   WorkPtr gather_work;
   Tensor gather_src;
-  size_t ready = 0;      // parameters whose gradient was accumulated in this backward
-  bool reduced = false;  // its reduce-scatter was issued in this backward
+  size_t ready = 0;              // parameters whose gradient was accumulated in this backward
+  std::vector<uint8_t> arrived;  // per parameter: counted in `ready` (a tied one may come twice)
+  bool reduced = false;          // its reduce-scatter was issued in this backward
   WorkPtr reduce_work;
   Tensor staging, reduce_out;
   bool reduce_into_shard = false;  // reduce_out is grad_shard itself (nothing to add)
   size_t fwd_pos = 0;              // position in this iteration's forward order
+  // Called twice in this forward under activation checkpointing: each call's recompute
+  // accumulates its own gradient, so the reduce waits for the end of backward.
+  bool reduce_at_end = false;
 };
 
 namespace {
@@ -95,13 +100,14 @@ FullyShardedModel::~FullyShardedModel() {
       if (u->reduce_work) u->reduce_work->wait();
     } catch (...) {  // a failed group: nothing left to wait for
     }
+    if (u->module) u->module->set_call_wrapper({});
     if (u->seq) u->seq->unwrap(u->entry);
     if (u->list) u->list->unwrap(u->entry);
   }
 }
 
-// Units: outermost container entries the policy picks (Note [unit lifecycle]); a parameter
-// owned by two units, or by a unit and a module outside it, is a DistError.
+// Units: outermost container entries the policy picks (Note [unit lifecycle]); a parameter used
+// by two units, or by a unit and a module outside it (tied), belongs to the root unit.
 void FullyShardedModel::build_units() {
   for (auto& [name, p] : model_->named_parameters())
     if (p.requires_grad()) params_.emplace_back(name, p);
@@ -112,8 +118,9 @@ void FullyShardedModel::build_units() {
   root->root = true;
   root->type = model_->type_name();
   units_.push_back(std::move(root));
-  std::unordered_map<const TensorImpl*, std::pair<int, std::string>> owner;  // unit, module path
-  std::vector<std::vector<size_t>> members(1);
+  // Per parameter (params_ index): the first unit that uses it, and whether another does too.
+  std::vector<int> first_unit(params_.size(), -1);
+  std::vector<uint8_t> tied(params_.size(), 0);
   std::unordered_set<std::string> matched_classes;
 
   auto matches = [&](const nn::Module& c) {
@@ -128,48 +135,46 @@ void FullyShardedModel::build_units() {
     return false;
   };
 
-  std::function<void(nn::Module&, const std::string&, int)> walk = [&](nn::Module& m,
-                                                                       const std::string& path,
-                                                                       int unit) {
-    module_units_.emplace_back(&m, unit);
-    for (auto& [pname, p] : m.named_parameters(false)) {
-      if (!p.requires_grad()) continue;
-      const std::string full_name = path.empty() ? pname : path + "." + pname;
-      auto [it, fresh] = owner.emplace(p.impl(), std::make_pair(unit, full_name));
-      ACCEL_CHECK(fresh || it->second.first == unit, DistError, "fsdp", "parameter '", full_name,
-                  "' is shared with '", it->second.second, "' across wrapping units ('",
-                  units_[size_t(unit)]->name, "' and '", units_[size_t(it->second.first)]->name,
-                  "'); a ZeRO-3 unit owns its parameters: put both users in one unit");
-      if (fresh) members[size_t(unit)].push_back(index.at(p.impl()));
-    }
-    auto* seq = dynamic_cast<nn::Sequential*>(&m);
-    auto* list = dynamic_cast<nn::ModuleList*>(&m);
-    for (auto& [cname, child] : m.named_children()) {
-      const std::string cpath = path.empty() ? cname : path + "." + cname;
-      int cu = unit;
-      if (unit == 0 && matches(*child)) {
-        matched_classes.insert(child->type_name());
-        if (seq || list) {
-          auto u = std::make_unique<Unit>();
-          u->name = cpath;
-          u->type = child->type_name();
-          u->seq = seq;
-          u->list = list;
-          u->entry = size_t(std::stoul(cname));
-          cu = int(units_.size());
-          units_.push_back(std::move(u));
-          members.emplace_back();
-        } else {
-          ACCEL_CHECK(options_.wrap != FsdpOptions::Wrap::Classes, DistError, "fsdp", "module '",
-                      cpath, "' (", child->type_name(),
-                      ") matches the wrap policy but is not an entry of a ModuleList or "
-                      "Sequential, so its forward cannot be hooked (Note [entry wrappers]); "
-                      "hold it in a container or choose another policy");
+  std::function<void(nn::Module&, const std::string&, int)> walk =
+      [&](nn::Module& m, const std::string& path, int unit) {
+        module_units_.emplace_back(&m, unit);
+        for (auto& [pname, p] : m.named_parameters(false)) {
+          if (!p.requires_grad()) continue;
+          const size_t k = index.at(p.impl());
+          if (first_unit[k] < 0) {
+            first_unit[k] = unit;
+          } else if (first_unit[k] != unit) {
+            tied[k] = 1;
+          }
         }
-      }
-      walk(*child, cpath, cu);
-    }
-  };
+        auto* seq = dynamic_cast<nn::Sequential*>(&m);
+        auto* list = dynamic_cast<nn::ModuleList*>(&m);
+        for (auto& [cname, child] : m.named_children()) {
+          const std::string cpath = path.empty() ? cname : path + "." + cname;
+          int cu = unit;
+          if (unit == 0 && matches(*child)) {
+            matched_classes.insert(child->type_name());
+            if (seq || list) {
+              auto u = std::make_unique<Unit>();
+              u->name = cpath;
+              u->type = child->type_name();
+              u->module = child.get();
+              u->seq = seq;
+              u->list = list;
+              u->entry = size_t(std::stoul(cname));
+              cu = int(units_.size());
+              units_.push_back(std::move(u));
+            } else {
+              ACCEL_CHECK(options_.wrap != FsdpOptions::Wrap::Classes, DistError, "fsdp",
+                          "module '", cpath, "' (", child->type_name(),
+                          ") matches the wrap policy but is not an entry of a ModuleList or "
+                          "Sequential, so its forward cannot be hooked (Note [entry wrappers]); "
+                          "hold it in a container or choose another policy");
+            }
+          }
+          walk(*child, cpath, cu);
+        }
+      };
   walk(*model_, "", 0);
 
   if (options_.wrap == FsdpOptions::Wrap::Classes)
@@ -177,13 +182,16 @@ void FullyShardedModel::build_units() {
       ACCEL_CHECK(matched_classes.count(c), DistError, "fsdp", "wrap policy names class '", c,
                   "', which no module of ", model_->type_name(), " has");
 
+  // Note [tied parameters] in autograd/nn/module.cc: a parameter used by several units is the
+  // root's (always gathered, reduced once at the end of backward).
+  for (size_t k = 0; k < params_.size(); ++k)
+    units_[tied[k] ? 0 : size_t(first_unit[k])]->params.push_back(k);  // model order
+
   const int w = pg_->size();
   for (size_t ui = 0; ui < units_.size(); ++ui) {
     Unit& u = *units_[ui];
-    std::vector<size_t> ps = members[ui];
-    std::sort(ps.begin(), ps.end());  // model order
-    u.params = ps;
-    for (size_t k : ps) {
+    u.arrived.assign(u.params.size(), 0);
+    for (size_t k : u.params) {
       const Tensor& p = params_[k].second;
       if (u.offset.empty()) {
         u.master = p.dtype();
@@ -212,8 +220,16 @@ void FullyShardedModel::init_values() {
     // Deferred init (nn::DeferredInit): this unit's modules get their memory and values now, one
     // unit at a time, so no rank ever holds the whole model; the values equal eager construction
     // (Note [deferred init] in autograd/nn/module.cc).
-    for (auto& [m, owner] : module_units_)
-      if (units_[size_t(owner)].get() == &u) nn::reset_module_parameters(*m);
+    // A tied parameter of this unit may be registered by (and owned by) a module of another
+    // unit: every module holding one of its parameters is materialized now (the others only
+    // keep what they borrow).
+    std::unordered_set<const TensorImpl*> mine;
+    for (size_t k : u.params) mine.insert(params_[k].second.impl());
+    for (auto& [m, owner] : module_units_) {
+      bool holds = units_[size_t(owner)].get() == &u;
+      for (auto& [pname, p] : m->named_parameters(false)) holds = holds || mine.count(p.impl());
+      if (holds) nn::reset_module_parameters(*m);
+    }
     if (u.params.empty()) continue;
     Tensor flat = zeros({u.numel}, TensorOptions(u.master, u.device));
     for (size_t j = 0; j < u.params.size(); ++j) {
@@ -253,20 +269,23 @@ void FullyShardedModel::init_values() {
   std::weak_ptr<bool> alive = alive_;
   for (auto& up : units_) {
     Unit* u = up.get();
-    for (size_t k : u->params) {
-      Tensor p = params_[k].second;
-      p.register_post_accumulate_grad_hook([this, alive, u](Tensor&) {
-        if (alive.lock()) on_param_grad(*u);
+    for (size_t j = 0; j < u->params.size(); ++j) {
+      Tensor p = params_[u->params[j]].second;
+      p.register_post_accumulate_grad_hook([this, alive, u, j](Tensor&) {
+        if (alive.lock()) on_param_grad(*u, j);
       });
     }
     if (u->root) continue;
-    auto call = [this, alive, u](nn::Module& inner, const Tensor& x) {
-      ACCEL_CHECK(alive.lock() != nullptr, ValueError, "fsdp", "unit '", u->name,
-                  "' outlived its FullyShardedModel");
-      return unit_forward(*u, inner, x);
-    };
-    if (u->seq) u->seq->wrap(u->entry, call);
-    if (u->list) u->list->wrap(u->entry, call);
+    // Note [module calls] in autograd/nn/module.h: the wrapper sees any call of the unit's
+    // module; the entry routes the parent's direct forward() calls to it.
+    u->module->set_call_wrapper(
+        [this, alive, u](nn::Module&, nn::Values& in, const nn::CallFn& call) {
+          ACCEL_CHECK(alive.lock() != nullptr, ValueError, "fsdp", "unit '", u->name,
+                      "' outlived its FullyShardedModel");
+          return unit_call(*u, in, call);
+        });
+    if (u->seq) u->seq->wrap(u->entry);
+    if (u->list) u->list->wrap(u->entry);
   }
   grad_views_ = std::move(grad_views);
   // The unsharded parameters just went back to the allocator: hand that memory to the system,
@@ -377,13 +396,16 @@ void FullyShardedModel::refresh_root() {
 // ---------------------------------------------------------------------------------------------
 // forward / backward hooks
 
-Tensor FullyShardedModel::unit_forward(Unit& u, nn::Module& inner, const Tensor& x) {
+std::vector<Tensor> FullyShardedModel::unit_call(Unit& u, nn::Values& in, const nn::CallFn& call) {
   gather(u, true);
   // A forward without backward (evaluation) must not grow the order forever.
   if (fwd_order_.size() >= 4 * units_.size()) {
     last_fwd_order_ = fwd_order_;
     fwd_order_.clear();
   }
+  if (options_.activation_checkpointing && grad_enabled() &&
+      std::find(fwd_order_.begin(), fwd_order_.end(), &u) != fwd_order_.end())
+    u.reduce_at_end = true;
   u.fwd_pos = fwd_order_.size();
   fwd_order_.push_back(&u);
   if (options_.prefetch) {
@@ -397,24 +419,27 @@ Tensor FullyShardedModel::unit_forward(Unit& u, nn::Module& inner, const Tensor&
     if (next && next != &u) gather(*next, false);
   }
   // Mixed precision: the unit computes in its parameters' dtype (FSDP casts forward inputs).
-  const Tensor in = options_.param_dtype && x.defined() && is_floating(x.dtype()) &&
-                            x.dtype() != *options_.param_dtype
-                        ? x.to(*options_.param_dtype)
-                        : x;
-  Tensor y;
-  if (options_.activation_checkpointing && grad_enabled()) {
-    y = checkpoint_forward(inner, in);
-  } else {
-    y = inner.forward(in);
-  }
-  if (grad_enabled() && y.defined() && y.requires_grad()) {
+  if (options_.param_dtype)
+    for (nn::Value& v : in) {
+      if (!v.is_tensor()) continue;
+      const Tensor& x = v.tensor();
+      if (x.defined() && is_floating(x.dtype()) && x.dtype() != *options_.param_dtype)
+        v.tensor() = x.to(*options_.param_dtype);
+    }
+  std::vector<Tensor> ys =
+      options_.activation_checkpointing && grad_enabled() ? checkpoint_call(in, call) : call(in);
+  if (grad_enabled()) {
     std::weak_ptr<bool> alive = alive_;
     Unit* up = &u;
-    Tensor h = y;
-    h.register_hook([this, alive, up](const Tensor&) {
-      if (alive.lock()) on_output_grad(*up);
-      return Tensor();
-    });
+    std::unordered_set<const TensorImpl*> hooked;
+    for (const Tensor& y : ys) {
+      if (!y.defined() || !y.requires_grad() || !hooked.insert(y.impl()).second) continue;
+      Tensor h = y;
+      h.register_hook([this, alive, up](const Tensor&) {
+        if (alive.lock()) on_output_grad(*up);
+        return Tensor();
+      });
+    }
   }
   // The unit that ran last in the previous forward is the first whose backward runs: keeping it
   // saves gathering it again right away (as FSDP does), when a backward is coming.
@@ -422,13 +447,48 @@ Tensor FullyShardedModel::unit_forward(Unit& u, nn::Module& inner, const Tensor&
                                  u.fwd_pos + 1 == last_fwd_order_.size() &&
                                  last_fwd_order_.back() == &u;
   if (options_.reshard_after_forward && !first_in_backward) release(u);
-  return y;
+  return ys;
 }
 
-// The recompute calls the module directly (not the entry wrapper), after the output's gradient
-// hook gathered the unit again, so the parameters are there and nothing releases them early.
-Tensor FullyShardedModel::checkpoint_forward(nn::Module& inner, const Tensor& x) {
-  return autograd::checkpoint([&inner](const Tensor& in) { return inner.forward(in); }, x);
+// The recompute runs `call` (the module's hooks and forward, not the wrapper) after the output's
+// gradient hook gathered the unit again, so the parameters are there and nothing releases them
+// early. The defined tensor arguments are the checkpoint's inputs; plain arguments and None are
+// captured. Undefined results (an optional loss left out) cannot pass through the checkpoint:
+// they are left out of it and put back at their places.
+std::vector<Tensor> FullyShardedModel::checkpoint_call(nn::Values& in, const nn::CallFn& call) {
+  std::vector<size_t> at;
+  std::vector<Tensor> inputs;
+  nn::Values rest = in;
+  for (size_t i = 0; i < in.size(); ++i)
+    if (in[i].is_tensor() && in[i].tensor().defined()) {
+      at.push_back(i);
+      inputs.push_back(in[i].tensor());
+      rest[i].tensor() = Tensor();  // the checkpoint keeps its own aliases
+    }
+  auto defined = std::make_shared<std::vector<uint8_t>>();  // per result, from the first run
+  auto fn = [call, rest, at, defined](const std::vector<Tensor>& xs) {
+    nn::Values v = rest;
+    for (size_t j = 0; j < at.size(); ++j) v[at[j]].tensor() = xs[j];
+    std::vector<Tensor> all = call(v);
+    if (defined->empty())
+      for (const Tensor& t : all) defined->push_back(t.defined());
+    ACCEL_CHECK(all.size() == defined->size(), ValueError, "fsdp",
+                "activation checkpointing: the recomputed forward returned ", all.size(),
+                " tensors, the first ", defined->size());
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < all.size(); ++i) {
+      ACCEL_CHECK(all[i].defined() == bool((*defined)[i]), ValueError, "fsdp",
+                  "activation checkpointing: result ", i,
+                  " is defined in one run of the forward and not in the other");
+      if (all[i].defined()) out.push_back(all[i]);
+    }
+    return out;
+  };
+  std::vector<Tensor> ys = autograd::checkpoint(fn, inputs);
+  std::vector<Tensor> out;
+  size_t j = 0;
+  for (uint8_t d : *defined) out.push_back(d ? ys[j++] : Tensor());
+  return out;
 }
 
 void FullyShardedModel::on_output_grad(Unit& u) {
@@ -442,9 +502,14 @@ void FullyShardedModel::on_output_grad(Unit& u) {
   }
 }
 
-void FullyShardedModel::on_param_grad(Unit& u) {
-  if (!in_backward_) begin_backward_from_hook();
-  if (++u.ready != u.params.size()) return;
+void FullyShardedModel::on_param_grad(Unit& u, size_t j) {
+  if (!in_backward_) begin_backward_from_hook();  // a plain loss.backward()
+  // A tied parameter (in the root) or one used in two checkpointed segments accumulates once
+  // per use site: count it once. The root, and a unit called twice under checkpointing, are
+  // reduced at the end of backward, after every use.
+  if (u.arrived[j]) return;
+  u.arrived[j] = 1;
+  if (++u.ready != u.params.size() || u.root || u.reduce_at_end) return;
   if (sync_ && !options_.find_unused_parameters) issue_reduce(u);
   release(u);
 }
@@ -530,6 +595,7 @@ void FullyShardedModel::begin_backward(bool sync) {
   sync_ = sync;
   for (auto& u : units_) {
     u->ready = 0;
+    std::fill(u->arrived.begin(), u->arrived.end(), 0);
     u->reduced = false;
   }
   bwd_order_ = fwd_order_;
@@ -558,6 +624,7 @@ void FullyShardedModel::end_backward(std::exception_ptr& err) {
   ACCEL_CHECK(in_backward_, DistError, "fsdp", "end_backward() without begin_backward()");
   finish_backward(sync_, err);
   in_backward_ = false;
+  for (auto& u : units_) u->reduce_at_end = false;
   bwd_order_.clear();
 }
 
@@ -670,6 +737,9 @@ nn::TensorDict FullyShardedModel::full_state_dict() {
   for_each_full_parameter([&](const std::string& name, const Tensor& v) {
     if (d.count(name)) d[name] = v.clone();
   });
+  // A tied parameter's other names share its full value (their handles are views of a unit).
+  for (const auto& [alias, name] : model_->tied_aliases())
+    if (d.count(alias) && d.count(name)) d[alias] = d[name];
   return d;
 }
 

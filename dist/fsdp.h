@@ -14,17 +14,25 @@
 // Note [unit lifecycle]
 // Units: by default every entry of an nn::ModuleList or nn::Sequential that has trainable
 // parameters (outermost first: a unit's descendants are not units); FsdpOptions::wrap picks by
-// class name or parameter count instead. Only container entries can be units, because the unit
-// hooks its forward through the entry (Note [entry wrappers] in autograd/nn/container.h); the
-// parameters of no unit form the root unit.
+// class name or parameter count instead. Only container entries can be units: the unit wraps
+// its module's calls (a call wrapper, Note [module calls] in autograd/nn/module.h: any
+// arguments and results, operator(), call<R>() and the typed operator() of an
+// nn::TypedModule) and the entry, so the parent's direct ->forward(x) calls go through it too
+// (Note [entry wrappers] in autograd/nn/container.h). The parameters of no unit form the root
+// unit, and so does a parameter tied across units (Note [tied parameters] in
+// autograd/nn/module.cc: used by two units, or by a unit and a module outside every unit): the
+// root stays gathered, so every use sees the same values, and its gradient (the sum of all
+// uses) is reduced once, at the end of backward.
 // Each unit keeps one flat buffer of its parameters (model order, padded to a multiple of the
 // world size N); rank r owns slice r of it (`shard`, persistent, the master copy the optimizer
 // updates). The module's parameters are views into the flat `full` buffer, whose storage is
 // released (core/storage.h Note [released storage]) whenever the unit is resharded, so every
 // handle, including the copies autograd saved for backward, stays valid and costs nothing.
-//  - forward: the unit's entry all-gathers `full` (or waits for the prefetched gather), starts
-//    the gather of the unit that ran next in the previous forward, runs the module, registers a
-//    gradient hook on the output, and releases `full`.
+//  - forward: the unit's call wrapper all-gathers `full` (or waits for the prefetched gather),
+//    starts the gather of the unit that ran next in the previous forward, runs the module (under
+//    autograd::checkpoint with activation_checkpointing: the tensor arguments are the
+//    checkpoint's inputs, the plain ones are captured), registers a gradient hook on every
+//    output tensor that requires grad, and releases `full`.
 //  - backward: the output's gradient hook gathers the unit again (prefetching the unit whose
 //    backward comes next); once every parameter of the unit has accumulated its gradient the
 //    gradients are copied into a staging buffer, reduce-scattered asynchronously into this
@@ -164,10 +172,10 @@ class FullyShardedModel {
   void gather(Unit& u, bool wait);
   void wait_gather(Unit& u);
   void release(Unit& u);
-  Tensor unit_forward(Unit& u, nn::Module& inner, const Tensor& x);
-  Tensor checkpoint_forward(nn::Module& inner, const Tensor& x);
+  std::vector<Tensor> unit_call(Unit& u, nn::Values& in, const nn::CallFn& call);
+  std::vector<Tensor> checkpoint_call(nn::Values& in, const nn::CallFn& call);
   void on_output_grad(Unit& u);
-  void on_param_grad(Unit& u);
+  void on_param_grad(Unit& u, size_t j);
   void issue_reduce(Unit& u);
   void finish_backward(bool sync, std::exception_ptr& err);
   void drain_reduces(size_t keep);

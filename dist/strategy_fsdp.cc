@@ -28,9 +28,28 @@ std::string indexed_file(const char* stem, size_t i, const char* ext) {
 // Buffers and frozen parameters: replicated, written by rank 0 like a plain model file.
 nn::TensorDict replicated_state(const nn::Module& m) {
   nn::TensorDict d = m.state_handles();  // trainable parameters are released: not read
+  std::set<std::string> trainable;
   for (auto& [name, p] : m.named_parameters())
-    if (p.requires_grad()) d.erase(name);
+    if (p.requires_grad()) {
+      d.erase(name);
+      trainable.insert(name);
+    }
+  // Note [tied parameters] in autograd/nn/module.cc: a trainable parameter's other names too.
+  for (auto& [alias, name] : m.tied_aliases())
+    if (trainable.count(name)) d.erase(alias);
   return d;
+}
+
+// alias -> name of the tied trainable parameters (Note [tied tensors in files] in
+// autograd/nn/safetensors.cc): the metadata of a streamed export, which writes each once.
+nn::Metadata trainable_aliases(const nn::Module& m) {
+  nn::Metadata out;
+  std::set<std::string> trainable;
+  for (auto& [name, p] : m.named_parameters())
+    if (p.requires_grad()) trainable.insert(name);
+  for (auto& [alias, name] : m.tied_aliases())
+    if (trainable.count(name)) out.emplace(alias, name);
+  return out;
 }
 
 // What read_state() found, applied by swapping (Note [checkpoint loading] in
@@ -360,7 +379,10 @@ class FsdpStrategy final : public Strategy {
       }
     };
     if (ctx_.rank == 0)
-      attempt([&] { w = std::make_unique<nn::SafetensorsWriter>(path, entries); });
+      attempt([&] {
+        w = std::make_unique<nn::SafetensorsWriter>(path, entries,
+                                                    trainable_aliases(*models_.at(index)));
+      });
     f.for_each_full_parameter([&](const std::string&, const Tensor& t) {
       if (w) attempt([&] { w->write(t); });
     });

@@ -278,7 +278,7 @@ void ZeroOptimizer::release_parameters() {
   full_.clear();
 }
 
-Tensor ZeroOptimizer::forward(const Tensor& x) {
+std::vector<Tensor> ZeroOptimizer::forward_values(nn::Values inputs) {
   ACCEL_CHECK(module_ != nullptr, DistError, "zero",
               "forward() needs the Module constructor; with a parameter list call "
               "gather_parameters() and then your model");
@@ -288,9 +288,13 @@ Tensor ZeroOptimizer::forward(const Tensor& x) {
   gather_parameters();
   // Mixed precision: the model computes in its parameters' dtype (FSDP casts inputs alike).
   const DType compute = options_.param_dtype.value_or(kFloat32);
-  if (mixed_precision() && x.defined() && is_floating(x.dtype()) && x.dtype() != compute)
-    return module_->forward(x.to(compute));
-  return module_->forward(x);
+  if (mixed_precision())
+    for (nn::Value& v : inputs) {
+      if (!v.is_tensor()) continue;
+      const Tensor& x = v.tensor();
+      if (x.defined() && is_floating(x.dtype()) && x.dtype() != compute) v.tensor() = x.to(compute);
+    }
+  return module_->call_values(std::move(inputs));
 }
 
 void ZeroOptimizer::backward(const Tensor& loss) {

@@ -100,9 +100,20 @@ class ZeroOptimizer {
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
-  // Module form: gather_parameters() (stage 3), then module->forward(x).
-  Tensor forward(const Tensor& x);
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // Module form: gather_parameters() (stage 3), then calls the module (its hooks run), with
+  // floating tensor arguments cast to param_dtype: zero.forward(x), or zero.forward<R>(args...)
+  // for any signature and result type (Note [module calls] in autograd/nn/module.h).
+  template <typename R = Tensor, typename... A>
+  R forward(const A&... args) {
+    std::vector<Tensor> out = forward_values(nn::call_detail::pack(args...));
+    return nn::call_detail::unflatten<R>(std::move(out), [this] { return module_->call_name(); });
+  }
+  template <typename R = Tensor, typename... A>
+  R operator()(const A&... args) {
+    return forward<R>(args...);
+  }
+  // The type-erased form of forward.
+  std::vector<Tensor> forward_values(nn::Values inputs);
   // Stage 3: materialise / free the full parameters (no-ops for stages 1 and 2).
   void gather_parameters();
   void release_parameters();

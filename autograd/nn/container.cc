@@ -10,14 +10,12 @@ const std::shared_ptr<Module>& unwrap_entry(const std::shared_ptr<Module>& m) {
 }
 
 namespace {
-void wrap_at(std::vector<std::shared_ptr<Module>>& modules, size_t i, ForwardWrapper::Call call,
-             const char* owner) {
+void wrap_at(std::vector<std::shared_ptr<Module>>& modules, size_t i, const char* owner) {
   ACCEL_CHECK(i < modules.size(), IndexError, owner, "index ", i, " out of range for ",
               modules.size(), " modules");
   ACCEL_CHECK(dynamic_cast<const ForwardWrapper*>(modules[i].get()) == nullptr, ValueError, owner,
               "entry ", i, " (", unwrap_entry(modules[i])->type_name(), ") is wrapped already");
-  ACCEL_CHECK(bool(call), ValueError, owner, "empty wrapper call for entry ", i);
-  modules[i] = std::make_shared<ForwardWrapper>(modules[i], std::move(call));
+  modules[i] = std::make_shared<ForwardWrapper>(modules[i]);
 }
 void unwrap_at(std::vector<std::shared_ptr<Module>>& modules, size_t i, const char* owner) {
   ACCEL_CHECK(i < modules.size(), IndexError, owner, "index ", i, " out of range for ",
@@ -26,13 +24,9 @@ void unwrap_at(std::vector<std::shared_ptr<Module>>& modules, size_t i, const ch
 }
 }  // namespace
 
-void Sequential::wrap(size_t i, ForwardWrapper::Call call) {
-  wrap_at(modules_, i, std::move(call), "Sequential.wrap");
-}
+void Sequential::wrap(size_t i) { wrap_at(modules_, i, "Sequential.wrap"); }
 void Sequential::unwrap(size_t i) { unwrap_at(modules_, i, "Sequential.unwrap"); }
-void ModuleList::wrap(size_t i, ForwardWrapper::Call call) {
-  wrap_at(modules_, i, std::move(call), "ModuleList.wrap");
-}
+void ModuleList::wrap(size_t i) { wrap_at(modules_, i, "ModuleList.wrap"); }
 void ModuleList::unwrap(size_t i) { unwrap_at(modules_, i, "ModuleList.unwrap"); }
 
 Sequential::Sequential(const std::vector<std::shared_ptr<Module>>& modules) {
@@ -44,10 +38,58 @@ void Sequential::push_back(std::shared_ptr<Module> module) {
   modules_.push_back(std::move(module));
 }
 
+namespace {
+Values as_values(std::vector<Tensor>&& ts) {
+  Values v;
+  v.reserve(ts.size());
+  for (Tensor& t : ts) v.push_back(Value::from_tensor(std::move(t)));
+  return v;
+}
+}  // namespace
+
 Tensor Sequential::forward(const Tensor& x) {
   Tensor y = x;
-  for (const auto& m : modules_) y = m->forward(y);
+  for (size_t i = 0; i < modules_.size(); ++i) {
+    if (!modules_[i]->typed_forward()) {
+      y = (*modules_[i])(y);
+      continue;
+    }
+    // From the first typed entry on, the type-erased chain (any number of tensors between).
+    Values v{Value::from_tensor(y)};
+    for (; i < modules_.size(); ++i) v = as_values(modules_[i]->call_values(std::move(v)));
+    ACCEL_CHECK(v.size() == 1, ValueError, "Sequential.forward",
+                "forward(x) returns one tensor, the last entry (",
+                unwrap_entry(modules_.back())->type_name(), ") gave ", v.size(),
+                "; call it with call<R>(...)");
+    return v[0].tensor();
+  }
   return y;
+}
+
+std::vector<Tensor> Sequential::forward_values(Values& in) {
+  Values v = in;
+  for (const auto& m : modules_) v = as_values(m->call_values(std::move(v)));
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    ACCEL_CHECK(v[i].is_tensor(), ValueError, "Sequential.forward",
+                "an empty Sequential returns its arguments, which must be tensors; argument ", i,
+                " is ", v[i].type_name());
+    out.push_back(v[i].tensor());
+  }
+  return out;
+}
+
+std::string Sequential::forward_signature() const {
+  if (modules_.empty()) return "forward(Tensor...) -> Tensor...";
+  std::string first = modules_.front()->forward_signature();
+  std::string last = modules_.back()->forward_signature();
+  return first.substr(0, first.find(" ->")) + last.substr(last.find(" ->"));
+}
+
+bool Sequential::typed_forward() const {
+  for (const auto& m : modules_)
+    if (m->typed_forward()) return true;
+  return false;
 }
 
 const std::shared_ptr<Module>& Sequential::operator[](size_t i) const {

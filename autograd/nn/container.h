@@ -1,4 +1,4 @@
-// Containers: Sequential (chains single-input forwards) and ModuleList (indexed children).
+// Containers: Sequential (chains forwards) and ModuleList (indexed children).
 // Children are named "0", "1", ... so parameters read "layers.1.weight", as in PyTorch.
 #pragma once
 
@@ -11,24 +11,28 @@
 namespace accel::nn {
 
 // Note [entry wrappers]
-// A ZeRO-3 unit (dist/fsdp.h) must run code just before and after its module's forward. C++ has
-// no __call__ to hook and models call their children's forward() directly, so the unit replaces
-// the container entry its parent calls through: operator[], iteration and Sequential::forward
-// then see a ForwardWrapper whose forward(x) is `call(inner, x)`. The registered child (names,
+// A ZeRO-3 unit (dist/fsdp.h) must run code around its module's calls. It installs a call
+// wrapper on the module (Note [module calls] in autograd/nn/module.h), which operator(),
+// call<R>() and call_values() run; but models often call their children's forward() directly
+// (`for (auto& b : *blocks) x = b->forward(x);`), which runs no hooks and no wrapper. So while a
+// unit is wrapped, its container entry is replaced by a ForwardWrapper whose forward(x) is the
+// inner module's operator()(x) and whose type-erased forward is the inner module's call_values:
+// operator[], iteration and Sequential::forward see it. The registered child (names,
 // state_dict, named_modules, train/eval, printing) stays the original module, and at<M>(i)
-// returns the original. A module the parent holds in a typed member cannot be wrapped.
+// returns the original, whose typed operator() runs the wrapper too; only a direct
+// at<M>(i)->forward(...) (or a typed member's ->forward(...)) bypasses it.
 class ForwardWrapper final : public Module {
  public:
-  using Call = std::function<Tensor(Module& inner, const Tensor& x)>;
-  ForwardWrapper(std::shared_ptr<Module> inner, Call call)
-      : inner_(std::move(inner)), call_(std::move(call)) {}
-  Tensor forward(const Tensor& x) override { return call_(*inner_, x); }
+  explicit ForwardWrapper(std::shared_ptr<Module> inner) : inner_(std::move(inner)) {}
+  Tensor forward(const Tensor& x) override { return (*inner_)(x); }
+  std::vector<Tensor> forward_values(Values& in) override { return inner_->call_values(in); }
+  std::string forward_signature() const override { return inner_->forward_signature(); }
+  bool typed_forward() const override { return inner_->typed_forward(); }
   const std::shared_ptr<Module>& inner() const { return inner_; }
   std::string extra_repr() const override { return inner_->type_name(); }
 
  private:
   std::shared_ptr<Module> inner_;
-  Call call_;
 };
 
 // The module behind an entry (unwraps a ForwardWrapper).
@@ -45,8 +49,15 @@ class Sequential : public Module {
   explicit Sequential(const std::vector<std::shared_ptr<Module>>& modules);
 
   void push_back(std::shared_ptr<Module> module);
-  // x -> m0 -> m1 -> ... ; an empty Sequential is the identity.
+  // x -> m0 -> m1 -> ... through each entry's operator() (hooks run, as in PyTorch); an empty
+  // Sequential is the identity. Entries with typed forwards (nn::TypedModule) chain through the
+  // type-erased call: the result tensors of one are the arguments of the next, so a
+  // two-output entry may feed a two-input one; forward(x) then needs one tensor at the end,
+  // seq->call<std::tuple<Tensor, Tensor>>(a, b) takes and returns any number.
   Tensor forward(const Tensor& x) override;
+  std::vector<Tensor> forward_values(Values& in) override;
+  std::string forward_signature() const override;
+  bool typed_forward() const override;
 
   size_t size() const { return modules_.size(); }
   bool empty() const { return modules_.empty(); }
@@ -59,9 +70,9 @@ class Sequential : public Module {
                 unwrap_entry((*this)[i])->type_name());
     return m;
   }
-  // Note [entry wrappers]: entry i is called through a ForwardWrapper(entry, call) until
-  // unwrap(i); wrapping a wrapped entry is a ValueError.
-  void wrap(size_t i, ForwardWrapper::Call call);
+  // Note [entry wrappers]: entry i is called through a ForwardWrapper until unwrap(i); wrapping
+  // a wrapped entry is a ValueError.
+  void wrap(size_t i);
   void unwrap(size_t i);
   auto begin() const { return modules_.begin(); }
   auto end() const { return modules_.end(); }
@@ -86,9 +97,9 @@ class ModuleList : public Module {
                 unwrap_entry((*this)[i])->type_name());
     return m;
   }
-  // Note [entry wrappers]: entry i is called through a ForwardWrapper(entry, call) until
-  // unwrap(i); wrapping a wrapped entry is a ValueError.
-  void wrap(size_t i, ForwardWrapper::Call call);
+  // Note [entry wrappers]: entry i is called through a ForwardWrapper until unwrap(i); wrapping
+  // a wrapped entry is a ValueError.
+  void wrap(size_t i);
   void unwrap(size_t i);
   auto begin() const { return modules_.begin(); }
   auto end() const { return modules_.end(); }

@@ -2,12 +2,15 @@
 
 #include <cxxabi.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <mutex>
 #include <ostream>
 #include <set>
 #include <sstream>
 #include <typeinfo>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "autograd/nn/safetensors.h"
@@ -23,6 +26,163 @@ Module::~Module() = default;
 Tensor Module::forward(const Tensor&) {
   ACCEL_THROW(ValueError, "Module.forward", type_name(),
               " does not define a single-input forward(const Tensor&)");
+}
+
+// ---------------- calls (Note [module calls]) ----------------
+
+const char* Value::type_name() const {
+  switch (kind_) {
+    case Kind::Tensor: return t_.defined() ? "Tensor" : "None";
+    case Kind::Bool: return "bool";
+    case Kind::Int: return "int64";
+    case Kind::Double: return "double";
+  }
+  return "?";
+}
+
+std::string describe_values(const Values& values) {
+  std::string s = "(";
+  for (size_t i = 0; i < values.size(); ++i)
+    s += (i ? ", " : "") + std::string(values[i].type_name());
+  return s + ")";
+}
+
+namespace call_detail {
+
+std::string type_name_of(const std::type_info& t) {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
+  std::string name = (status == 0 && demangled) ? demangled : t.name();
+  std::free(demangled);
+  for (const std::string anon = "(anonymous namespace)::";;) {
+    const size_t at = name.find(anon);
+    if (at == std::string::npos) break;
+    name.erase(at, anon.size());
+  }
+  // Drop every namespace qualifier ("accel::Tensor" -> "Tensor", "std::tuple<...>" ->
+  // "tuple<...>"): a qualifier is an identifier followed by "::".
+  std::string out;
+  size_t word = 0;  // start of the current identifier in `out`
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (name[i] == ':' && i + 1 < name.size() && name[i + 1] == ':') {
+      out.erase(word);
+      ++i;
+      continue;
+    }
+    const char c = name[i];
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) word = out.size() + 1;
+    out += c;
+  }
+  // The allocator and other defaulted arguments stay; they rarely appear in results.
+  return out;
+}
+
+void throw_result_count(const std::string& who, size_t got, size_t want,
+                        const std::type_info& result) {
+  ACCEL_THROW(ValueError, "Module.call", who, " returned ", got, " tensor(s); the result type ",
+              type_name_of(result), " holds ", want);
+}
+
+}  // namespace call_detail
+
+std::vector<Tensor> Module::forward_values(Values& in) {
+  ACCEL_CHECK(in.size() == 1 && in[0].is_tensor(), ValueError, "Module.call", call_name(),
+              ": called with ", describe_values(in));
+  return {forward(in[0].tensor())};
+}
+
+Tensor Module::call_one(const Tensor& x) {
+  Values in{Value::from_tensor(x)};
+  std::vector<Tensor> out = run_call(in, [this](Values& v) { return forward_values(v); });
+  if (out.size() != 1) call_detail::throw_result_count(call_name(), out.size(), 1, typeid(Tensor));
+  return out[0];
+}
+
+std::vector<Tensor> Module::call_values(Values inputs) {
+  if (!intercepted()) return forward_values(inputs);
+  return run_call(inputs, [this](Values& v) { return forward_values(v); });
+}
+
+namespace {
+// The tensor arguments of `in`, by position among the values.
+std::vector<Tensor> tensor_args(const Values& in, std::vector<size_t>& where) {
+  std::vector<Tensor> ts;
+  for (size_t i = 0; i < in.size(); ++i)
+    if (in[i].is_tensor()) {
+      where.push_back(i);
+      ts.push_back(in[i].tensor());
+    }
+  return ts;
+}
+}  // namespace
+
+std::vector<Tensor> Module::run_call(Values& inputs, CallFn body) {
+  std::shared_ptr<CallHooks> h = calls_;  // alive even if a hook removes itself
+  if (!h || !h->active()) return body(inputs);
+  CallFn inner = [this, h, body = std::move(body)](Values& in) {
+    // Copies: a hook may register or remove hooks.
+    const auto pre = h->pre;
+    const auto post = h->post;
+    std::vector<size_t> where;
+    std::vector<Tensor> args = tensor_args(in, where);
+    for (const auto& [id, hook] : pre) {
+      hook(*this, args);
+      ACCEL_CHECK(args.size() == where.size(), ValueError, "Module.forward_pre_hook", call_name(),
+                  ": a pre-hook changed the number of tensor arguments from ", where.size(), " to ",
+                  args.size());
+    }
+    for (size_t j = 0; j < where.size(); ++j) in[where[j]].tensor() = args[j];
+    std::vector<Tensor> out = body(in);
+    for (const auto& [id, hook] : post) {
+      const size_t n = out.size();
+      hook(*this, args, out);
+      ACCEL_CHECK(out.size() == n, ValueError, "Module.forward_hook", call_name(),
+                  ": a forward hook changed the number of result tensors from ", n, " to ",
+                  out.size());
+    }
+    return out;
+  };
+  if (h->wrapper) {
+    CallWrapper w = h->wrapper;
+    return w(*this, inputs, inner);
+  }
+  return inner(inputs);
+}
+
+HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
+  ACCEL_CHECK(bool(hook), ValueError, "Module.register_forward_pre_hook", type_name(),
+              ": empty hook");
+  if (!calls_) calls_ = std::make_shared<CallHooks>();
+  const uint64_t id = calls_->next_id++;
+  calls_->pre.emplace_back(id, std::move(hook));
+  return HookHandle(calls_, id);
+}
+
+HookHandle Module::register_forward_hook(ForwardHook hook) {
+  ACCEL_CHECK(bool(hook), ValueError, "Module.register_forward_hook", type_name(), ": empty hook");
+  if (!calls_) calls_ = std::make_shared<CallHooks>();
+  const uint64_t id = calls_->next_id++;
+  calls_->post.emplace_back(id, std::move(hook));
+  return HookHandle(calls_, id);
+}
+
+void HookHandle::remove() {
+  std::shared_ptr<CallHooks> h = hooks_.lock();
+  if (!h || id_ == 0) return;
+  auto drop = [&](auto& v) {
+    v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& e) { return e.first == id_; }),
+            v.end());
+  };
+  drop(h->pre);
+  drop(h->post);
+  id_ = 0;
+}
+
+void Module::set_call_wrapper(CallWrapper wrapper) {
+  if (!calls_) calls_ = std::make_shared<CallHooks>();
+  ACCEL_CHECK(!wrapper || !calls_->wrapper, ValueError, "Module.set_call_wrapper", type_name(),
+              " already has a call wrapper (is it a unit of another sharded model?)");
+  calls_->wrapper = std::move(wrapper);
 }
 
 // ---------------- registration ----------------
@@ -53,6 +213,14 @@ Tensor Module::register_parameter(const std::string& name, Tensor value, bool re
               ": parameter '", name, "' must be floating point, got ", value.dtype());
   // A parameter is a leaf: drop any history the initialiser left behind.
   if (!value.is_leaf()) value = value.detach();
+  // Note [tied parameters]: a deferred tensor was registered by another module already (a
+  // fresh parameter is allocated until it is registered); that module initialises it.
+  if (is_deferred(value)) {
+    value.requires_grad_(requires_grad);
+    params_.emplace_back(name, value);
+    borrowed_.push_back(name);
+    return value;
+  }
   if (DeferredInit::active()) {
     if (deferred_rng_state_.empty()) {
       Generator& g = default_generator();
@@ -64,6 +232,53 @@ Tensor Module::register_parameter(const std::string& name, Tensor value, bool re
   }
   value.requires_grad_(requires_grad);
   params_.emplace_back(name, value);
+  return value;
+}
+
+// Note [tied parameters]
+// Tying is one TensorImpl registered in two modules (GPT's lm_head and token embedding): either
+// registered twice (register_parameter with another module's parameter) or rebound afterwards
+// with set_parameter, which replaces the table entry; the member must be rebound too, which
+// `decoder->weight = decoder->set_parameter("weight", encoder->weight)` does in one line.
+// Everything that walks parameters sees the tensor once (named_parameters keeps the first name,
+// so optimizers, DDP buckets and ZeRO shards hold it once), autograd sums both uses into its one
+// .grad (the engine adds a node's incoming gradients before running it, so post-accumulate hooks
+// fire once per backward), and state_dict lists it under both names (as PyTorch), so a
+// checkpoint loads whether or not the model ties. Files hold it once: save_safetensors writes
+// one copy and records the alias in the metadata (safetensors.torch.save_model's convention,
+// Note [tied tensors in files] in safetensors.cc), and load_safetensors restores it.
+// Deferred init: the module that registered the tensor first owns it and initialises it; a
+// module holding it through a second registration (the tensor is deferred already) or through
+// set_parameter borrows it: its materialize_own_parameters neither allocates nor initialises it
+// (its reset_parameters still draws, leaving the generator where eager construction leaves it,
+// and writes nothing into an unallocated tensor; an allocated one is kept). So the tied values
+// are the owner's, in any materialization order, as in eager construction where the tie comes
+// after both constructors ran.
+// ZeRO-3 (dist/fsdp.h): a parameter used by two units lives in the root unit (Note [unit
+// lifecycle]).
+Tensor Module::set_parameter(const std::string& name, Tensor value) {
+  ACCEL_CHECK(sharded_how_to_load_.empty(), ValueError, "Module.set_parameter", type_name(),
+              " is sharded (its parameters are views of ZeRO-3 unit buffers): tie parameters "
+              "before preparing the model");
+  auto it =
+      std::find_if(params_.begin(), params_.end(), [&](const auto& e) { return e.first == name; });
+  if (it == params_.end()) {
+    std::string names;
+    for (const auto& [n, p] : params_) names += (names.empty() ? "" : ", ") + n;
+    ACCEL_THROW(IndexError, "Module.set_parameter", type_name(), " has no parameter '", name,
+                "' (it has: ", names.empty() ? std::string("none") : names, ")");
+  }
+  ACCEL_CHECK(value.defined(), ValueError, "Module.set_parameter", type_name(), ": parameter '",
+              name, "' is undefined");
+  ACCEL_CHECK(value.is_floating_point(), DTypeError, "Module.set_parameter", type_name(),
+              ": parameter '", name, "' must be floating point, got ", value.dtype());
+  ACCEL_CHECK(value.is_leaf(), ValueError, "Module.set_parameter", type_name(), ": parameter '",
+              name, "' ", value.sizes(),
+              " has autograd history; a parameter is a leaf (pass another module's parameter, or "
+              "detach it)");
+  it->second = value;
+  if (std::find(borrowed_.begin(), borrowed_.end(), name) == borrowed_.end())
+    borrowed_.push_back(name);
   return value;
 }
 
@@ -146,6 +361,19 @@ Named<Tensor> Module::named_buffers(bool recurse) const {
   return dedupe(std::move(all));
 }
 
+std::map<std::string, std::string> Module::tied_aliases() const {
+  std::unordered_map<const TensorImpl*, std::string> first;
+  std::map<std::string, std::string> out;
+  Named<Tensor> all;
+  collect_parameters("", all, true);
+  collect_buffers("", all, true, false);
+  for (const auto& [n, t] : all) {
+    auto [it, fresh] = first.emplace(t.impl(), n);
+    if (!fresh && it->second != n) out.emplace(n, it->second);
+  }
+  return out;
+}
+
 std::vector<Tensor> Module::buffers(bool recurse) const {
   std::vector<Tensor> out;
   for (auto& [n, t] : named_buffers(recurse)) out.push_back(t);
@@ -188,9 +416,16 @@ int64_t Module::num_parameters() const {
 
 // ---------------- mode and placement ----------------
 
-void Module::train(bool on) {
+Module& Module::train(bool on) {
   training_ = on;
   for (auto& [n, c] : children_) c->train(on);
+  return *this;
+}
+
+Module& Module::apply(const std::function<void(Module&)>& fn) {
+  for (auto& [n, c] : children_) c->apply(fn);
+  fn(*this);
+  return *this;
 }
 
 void Module::zero_grad(bool set_to_none) {
@@ -248,24 +483,26 @@ Tensor deferred_as(const Tensor& t, Device device, DType dtype) {
 }
 }  // namespace
 
-void Module::to(Device device) {
+Module& Module::to(Device device) {
   apply_to_tensors([device](const Tensor& t) {
     return is_deferred(t) ? deferred_as(t, device, t.dtype()) : t.to(device);
   });
+  return *this;
 }
 
-void Module::to(DType dtype) {
+Module& Module::to(DType dtype) {
   ACCEL_CHECK(is_floating(dtype), DTypeError, "Module.to", type_name(),
               ": can only convert to a floating dtype, got ", dtype);
   apply_to_tensors([dtype](const Tensor& t) {
     if (!t.is_floating_point()) return t;
     return is_deferred(t) ? deferred_as(t, t.device(), dtype) : t.to(dtype);
   });
+  return *this;
 }
 
-void Module::to(Device device, DType dtype) {
+Module& Module::to(Device device, DType dtype) {
   to(device);
-  to(dtype);
+  return to(dtype);
 }
 
 // ---------------- state ----------------
@@ -448,7 +685,13 @@ void Module::reset_parameters(Generator*) {
 
 bool Module::materialize_own_parameters(Generator* gen) {
   std::vector<Tensor> deferred, kept;
-  for (const auto& [n, p] : params_) (is_deferred(p) ? deferred : kept).push_back(p);
+  for (const auto& [n, p] : params_) {
+    // Note [tied parameters]: a borrowed parameter is its owner's to initialise; deferred, the
+    // initialisers below leave it alone; allocated, it is kept.
+    const bool borrowed = std::find(borrowed_.begin(), borrowed_.end(), n) != borrowed_.end();
+    if (borrowed && is_deferred(p)) continue;
+    (is_deferred(p) && !borrowed ? deferred : kept).push_back(p);
+  }
   if (deferred.empty()) return false;
   NoGradGuard no_grad;
   // reset_parameters() re-initialises every own parameter; those that already had values keep

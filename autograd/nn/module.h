@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/nn/call.h"
 #include "core/generator.h"
 #include "core/tensor.h"
 
@@ -47,6 +48,87 @@ struct LoadResult {
   std::vector<std::string> unexpected_keys;
 };
 
+// Note [module calls]
+// PyTorch modules take any arguments and return anything; containers, hooks, DDP and FSDP pass
+// them through untouched. C++ needs the forward's types at compile time, while containers hold
+// `shared_ptr<Module>` and engines wrap modules they know only as Module. The bridge is a
+// type-erased call: arguments as nn::Values (tensor, None, bool, int64, double), results as a
+// flat std::vector<Tensor> (nn/call.h flattens tuples and structs of tensors field by field and
+// rebuilds them), with one virtual, forward_values, from which every other path is built.
+//
+// Where the typed forward meets the erased one. A base class cannot see a derived class's
+// forward, so something must capture Self. Three ways were weighed:
+//  - capture the type where the module is registered or prepared (libtorch's AnyModule inside
+//    Sequential does this): nothing to write in the module, but it works only through the
+//    registration paths that saw the type (not for a model held as shared_ptr<Module>, not for
+//    the root model the user calls), and gives no typed operator() on the module itself;
+//  - a value type in the signature (forward(const Values&)): one virtual, but every module
+//    unpacks its own arguments by hand and loses its types: nothing a PyTorch user writes;
+//  - a CRTP base, TypedModule<Self>: one word in the class head (libtorch users know the shape
+//    from torch::nn::Cloneable<Impl>), and from &Self::forward it generates forward_values,
+//    forward_signature (for error messages) and a typed operator() that runs hooks and returns
+//    forward's own type. It works wherever the module is held, in any container, as a root or
+//    a child, and a wrong call fails at compile time on the typed path.
+// TypedModule is the one chosen. The one-tensor case is unchanged: derive from Module, override
+// Tensor forward(const Tensor&), call (*m)(x) or m->forward(x).
+//
+// Paths. operator() / call<R>() / call_values() run the hooks (and an engine's call wrapper);
+// forward() runs none, as in PyTorch. Through a Module pointer, call<R>(args...) packs the
+// arguments, runs the erased call and rebuilds R; the typed operator() packs its arguments only
+// when hooks are registered (otherwise it is self.forward(args...)) and unpacks them into the
+// types it was given, so default arguments work. The erased forward_values maps values to
+// Self::forward's parameters: each value's kind must fit its parameter (an int converts to a
+// double; None fits Tensor and optional<Tensor>), trailing optional<Tensor> parameters may be
+// left out, anything else is a ValueError naming the type and the signature.
+//
+// Hooks (PyTorch's forward pre-hooks and forward hooks) see the tensors: the tensor arguments in
+// order (None as an undefined tensor; plain arguments are not shown) and the flattened result.
+// They may replace tensors but not change their number.
+//
+// Call wrappers. A ZeRO-3 unit (dist/fsdp.h) must run code around its module's forward:
+// gather parameters before, release them and hook the outputs' gradients after, or run the
+// forward under activation checkpointing. set_call_wrapper installs such an engine wrapper on
+// the module itself; it gets the erased arguments and a copyable function running hooks and
+// forward, so it can cast the tensor arguments, run the function inside autograd::checkpoint,
+// and see every output tensor, whatever the signature. Calls that go through forward() directly
+// bypass it, which is why containers route their entries' forward() calls to operator() while a
+// unit is wrapped (Note [entry wrappers] in autograd/nn/container.h).
+
+class Module;
+struct CallHooks;
+
+// PyTorch's RemovableHandle: remove() unregisters the hook (a no-op once done, or when the
+// module is gone).
+class HookHandle {
+ public:
+  HookHandle() = default;
+  void remove();
+
+ private:
+  friend class Module;
+  HookHandle(std::weak_ptr<CallHooks> hooks, uint64_t id) : hooks_(std::move(hooks)), id_(id) {}
+  std::weak_ptr<CallHooks> hooks_;
+  uint64_t id_ = 0;
+};
+
+using ForwardPreHook = std::function<void(Module& module, std::vector<Tensor>& inputs)>;
+using ForwardHook = std::function<void(Module& module, const std::vector<Tensor>& inputs,
+                                       std::vector<Tensor>& outputs)>;
+// Runs the rest of a call (hooks and forward) over the arguments; copyable, so that a wrapper
+// can keep it (activation checkpointing runs it again in backward).
+using CallFn = std::function<std::vector<Tensor>(Values& inputs)>;
+using CallWrapper =
+    std::function<std::vector<Tensor>(Module& module, Values& inputs, const CallFn& call)>;
+
+// What a module's calls run besides its forward (null in Module until something registers).
+struct CallHooks {
+  std::vector<std::pair<uint64_t, ForwardPreHook>> pre;
+  std::vector<std::pair<uint64_t, ForwardHook>> post;
+  CallWrapper wrapper;
+  uint64_t next_id = 1;
+  bool active() const { return !pre.empty() || !post.empty() || bool(wrapper); }
+};
+
 class Module : public std::enable_shared_from_this<Module> {
  public:
   Module() = default;
@@ -54,15 +136,67 @@ class Module : public std::enable_shared_from_this<Module> {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  // ---- forward ----
-  // The single-input forward used by Sequential and operator(). Modules with other signatures
-  // add their own overloads; calling this one on them throws.
+  // ---- forward (Note [module calls]) ----
+  // The one-tensor forward. A module with another signature derives from TypedModule<Self>
+  // (below), which implements this one through its typed forward when that takes one tensor
+  // (plus optional ones) and returns one; otherwise calling it throws ValueError.
+  // C++ fixes a virtual's return type: a typed forward over exactly (const Tensor&) overrides
+  // this one and must return Tensor; a one-input module with a tuple or struct result takes
+  // its input by value, `VaeOut forward(Tensor x)`.
   virtual Tensor forward(const Tensor& x);
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // forward(x) through this module's forward pre-hooks, forward hooks and call wrapper, as
+  // PyTorch's module(x); forward(x) itself runs none of them. With none registered, forward(x).
+  Tensor operator()(const Tensor& x) { return intercepted() ? call_one(x) : forward(x); }
+  // A call of any module with any arguments (Tensor, std::optional<Tensor> / std::nullopt,
+  // bool, integers, doubles) and the result type R the caller expects (Tensor, a tuple, a
+  // struct of tensors, std::vector<Tensor>; nn/call.h), through hooks and wrapper: how code
+  // that holds a Module pointer (a ModuleList entry) calls a typed forward:
+  //   auto [y, h] = (*blocks)[i]->call<std::tuple<Tensor, Tensor>>(x, h0);
+  // Wrong arity or argument types, or a result of another size, are ValueErrors naming the
+  // module type and its forward's signature.
+  template <typename R = Tensor, typename... A>
+  R call(const A&... args) {
+    return call_detail::unflatten<R>(call_values(call_detail::pack(args...)),
+                                     [this] { return call_name(); });
+  }
+  // The type-erased call: hooks, wrapper, then forward_values. Returns the flattened result.
+  std::vector<Tensor> call_values(Values inputs);
+  // The type-erased forward (no hooks). The default takes exactly one tensor and calls
+  // forward(x); TypedModule<Self> generates it from Self::forward; Sequential chains its entries.
+  virtual std::vector<Tensor> forward_values(Values& inputs);
+  // "forward(Tensor) -> Tensor", for messages.
+  virtual std::string forward_signature() const { return "forward(Tensor) -> Tensor"; }
+  // "<type>.<forward signature>", for messages.
+  std::string call_name() const { return type_name() + "." + forward_signature(); }
+  // Whether forward_values may take or return other than one tensor (TypedModule, a Sequential
+  // holding one): callers that chain one-tensor calls switch to the type-erased call for it.
+  virtual bool typed_forward() const { return false; }
+
+  // ---- hooks (Note [module calls]) ----
+  // Run by operator(), call<R>() and call_values() (never by forward() itself), in the order
+  // registered. A pre-hook sees the tensor arguments (undefined for None; bool / integer /
+  // double arguments are not shown) and may replace them; a forward hook sees the arguments and
+  // the flattened result, and may replace result tensors. Neither may change how many there are
+  // (ValueError). The handle's remove() unregisters the hook.
+  HookHandle register_forward_pre_hook(ForwardPreHook hook);
+  HookHandle register_forward_hook(ForwardHook hook);
+  // An engine's wrapper around every call of this module (ZeRO-3 units, dist/fsdp.h): it gets
+  // the arguments and a function running the hooks and forward_values, and returns the result.
+  // At most one; an empty `wrapper` removes it. ValueError when one is set already.
+  void set_call_wrapper(CallWrapper wrapper);
+  bool has_call_wrapper() const { return calls_ && bool(calls_->wrapper); }
 
   // ---- registration (names: non-empty, no '.', unique among params/buffers/children) ----
-  // Returns a handle sharing the registered tensor. `value` must be a floating leaf.
+  // Returns a handle sharing the registered tensor. `value` must be a floating leaf. Registering
+  // another module's parameter ties the two (Note [tied parameters]).
   Tensor register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
+  // Replaces this module's parameter `name` by `value` and returns it, so that the member is
+  // rebound in the same line (Note [tied parameters]):
+  //   decoder->weight = decoder->set_parameter("weight", encoder->weight);   // tied
+  // Assigning the member alone (`decoder->weight = encoder->weight`) would leave the module's
+  // table holding the old tensor. IndexError when there is no parameter `name`; `value` must be
+  // a floating leaf; its requires_grad is kept. ValueError on a sharded module.
+  Tensor set_parameter(const std::string& name, Tensor value);
   // persistent = false keeps the buffer out of state_dict() (e.g. a cached causal mask).
   Tensor register_buffer(const std::string& name, Tensor value, bool persistent = true);
   template <typename M>
@@ -73,6 +207,9 @@ class Module : public std::enable_shared_from_this<Module> {
 
   // ---- access (registration order; hierarchical dotted names) ----
   // Shared tensors (weight tying) appear once, under the first name.
+  // (state_dict() lists them under every name.) alias -> first name of every tied parameter or
+  // buffer name that named_parameters() / named_buffers() leave out.
+  std::map<std::string, std::string> tied_aliases() const;
   std::vector<Tensor> parameters(bool recurse = true) const;
   Named<Tensor> named_parameters(bool recurse = true) const;
   std::vector<Tensor> buffers(bool recurse = true) const;
@@ -86,16 +223,19 @@ class Module : public std::enable_shared_from_this<Module> {
   Tensor buffer(const std::string& dotted_name) const;
   int64_t num_parameters() const;
 
-  // ---- mode and placement ----
-  virtual void train(bool on = true);
-  void eval() { train(false); }
+  // ---- mode and placement (each returns this module: model->eval().to(kCUDA)) ----
+  virtual Module& train(bool on = true);
+  Module& eval() { return train(false); }
   bool is_training() const { return training_; }
   // Moves parameters, their gradients and buffers. to(dtype) converts floating tensors only
   // (integer buffers such as BatchNorm's num_batches_tracked keep their type), like PyTorch.
-  void to(Device device);
-  void to(DType dtype);
-  void to(Device device, DType dtype);
+  Module& to(Device device);
+  Module& to(DType dtype);
+  Module& to(Device device, DType dtype);
   void zero_grad(bool set_to_none = true);
+  // fn on every module, children first (depth first, registration order), then this one, as
+  // PyTorch's apply: model->apply([](nn::Module& m) { if (auto* l = dynamic_cast<...>) ... }).
+  Module& apply(const std::function<void(Module&)>& fn);
 
   // ---- initialisation (Note [deferred init]) ----
   // Re-initialises this module's own parameters (not its children's) exactly as its constructor
@@ -143,8 +283,13 @@ class Module : public std::enable_shared_from_this<Module> {
 
  protected:
   void register_child(const std::string& name, std::shared_ptr<Module> module);
+  // Whether a hook or a call wrapper is registered (calls take the type-erased path).
+  bool intercepted() const { return calls_ && calls_->active(); }
+  // Hooks, wrapper and `body` (the forward) over `inputs`.
+  std::vector<Tensor> run_call(Values& inputs, CallFn body);
 
  private:
+  Tensor call_one(const Tensor& x);
   struct BufferEntry {
     std::string name;
     Tensor value;
@@ -170,6 +315,103 @@ class Module : public std::enable_shared_from_this<Module> {
   std::string sharded_how_to_load_;  // set_sharded()
   std::vector<BufferEntry> buffers_;
   Named<std::shared_ptr<Module>> children_;
+  // Parameters this module holds but another module owns (registered deferred, or through
+  // set_parameter): the owner initialises them (Note [tied parameters]).
+  std::vector<std::string> borrowed_;
+  std::shared_ptr<CallHooks> calls_;  // null until a hook or wrapper is registered
+};
+
+// A module whose forward has its own signature (Note [module calls]): several tensors,
+// optional ones, plain arguments, a tuple or struct result.
+//
+//   struct VaeOut { Tensor recon, mu, logvar; };
+//   struct Vae : nn::TypedModule<Vae> {
+//     VaeOut forward(Tensor x, std::optional<Tensor> cond = std::nullopt) { ... }
+//   };
+//   VaeOut out = (*vae)(x);          // typed, through hooks; vae->forward(x) skips them
+//   auto o = list[i]->call<VaeOut>(x, c);  // through a Module pointer
+//
+// It generates the type-erased forward_values from Self::forward (exactly one forward, const or
+// not; trailing std::optional<Tensor> parameters may be left out of a type-erased call) and a
+// typed operator(). Default arguments hold for operator() and forward(), not for the
+// type-erased path.
+template <typename Self>
+class TypedModule : public Module {
+ public:
+  // Typed call through hooks and wrapper; self.forward(args...) when there are none.
+  template <typename... A>
+  auto operator()(A&&... args) {  // the result type is deduced: Self is incomplete here
+    Self& self = static_cast<Self&>(*this);
+    using R = std::decay_t<decltype(self.forward(std::forward<A>(args)...))>;
+    if (!intercepted()) return R(self.forward(std::forward<A>(args)...));
+    Values in = call_detail::pack(args...);
+    Self* s = &self;
+    CallFn body = [s](Values& v) {
+      return invoke_given<call_detail::Carrier<A>...>(*s, v, std::index_sequence_for<A...>{});
+    };
+    return call_detail::unflatten<R>(run_call(in, std::move(body)), [this] { return call_name(); });
+  }
+
+  std::vector<Tensor> forward_values(Values& in) override {
+    static_assert(single_forward(), "TypedModule<Self>: Self must declare exactly one forward");
+    using Params = typename call_detail::ForwardTraits<decltype(&Self::forward)>::Params;
+    return invoke_params(in, static_cast<Params*>(nullptr));
+  }
+  // One tensor (trailing optional tensors None) through the typed forward; ValueError unless it
+  // returns exactly one tensor.
+  Tensor forward(const Tensor& x) override {
+    Values in{Value::from_tensor(x)};
+    std::vector<Tensor> out = forward_values(in);
+    if (out.size() != 1)
+      call_detail::throw_result_count(call_name(), out.size(), 1, typeid(Tensor));
+    return out[0];
+  }
+  std::string forward_signature() const override {
+    static_assert(single_forward(), "TypedModule<Self>: Self must declare exactly one forward");
+    using T = call_detail::ForwardTraits<decltype(&Self::forward)>;
+    return call_detail::forward_signature<typename T::Result>(
+        static_cast<typename T::Params*>(nullptr));
+  }
+  bool typed_forward() const override { return true; }
+
+ private:
+  // Self declares exactly one forward (overloads would make &Self::forward ambiguous; none
+  // would find this class's own one-tensor forward and recurse).
+  static constexpr bool single_forward() {
+    if constexpr (requires { &Self::forward; }) {
+      return !std::is_same_v<decltype(&Self::forward), Tensor (TypedModule::*)(const Tensor&)>;
+    } else {
+      return false;
+    }
+  }
+
+  // The arguments operator() was given, after the hooks (which keep their kinds).
+  template <typename... C, size_t... I>
+  static std::vector<Tensor> invoke_given(Self& self, Values& v, std::index_sequence<I...>) {
+    return call_detail::flatten(self.forward(call_detail::Arg<C>::from(v[I])...));
+  }
+
+  template <typename... P>
+  std::vector<Tensor> invoke_params(Values& in, std::tuple<P...>*) {
+    constexpr size_t n = sizeof...(P);
+    constexpr bool optional[] = {call_detail::is_optional_tensor<P>::value..., false};
+    bool ok = in.size() <= n;
+    for (size_t i = in.size(); ok && i < n; ++i) ok = optional[i];
+    size_t i = 0;
+    ((ok = ok && (i >= in.size() || call_detail::Arg<P>::accepts(in[i])), ++i), ...);
+    if (!ok) throw_bad_arguments(in);
+    return invoke_params_at<P...>(in, std::index_sequence_for<P...>{});
+  }
+  template <typename... P, size_t... I>
+  std::vector<Tensor> invoke_params_at(Values& in, std::index_sequence<I...>) {
+    Self& self = static_cast<Self&>(*this);
+    return call_detail::flatten(
+        self.forward((I < in.size() ? call_detail::Arg<P>::from(in[I]) : P{})...));
+  }
+  [[noreturn]] void throw_bad_arguments(const Values& in) const {
+    ACCEL_THROW(ValueError, "Module.call", call_name(), ": called with ", describe_values(in),
+                " (trailing optional<Tensor> parameters may be left out)");
+  }
 };
 
 std::ostream& operator<<(std::ostream& os, const Module& m);

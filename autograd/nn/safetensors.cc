@@ -76,6 +76,8 @@ TensorDict load_safetensors(const std::string& path, Metadata* metadata) {
               "': cannot read the header: ", errno ? errno_str() : "unexpected end of file");
   const uint64_t buffer_size = file_size - kLengthBytes - header_len;
   const uint64_t buffer_start = kLengthBytes + header_len;
+  Metadata own_metadata;  // the aliases of Note [tied tensors in files] are read from it
+  if (metadata == nullptr) metadata = &own_metadata;
   const std::vector<Entry> entries =
       detail::parse_safetensors_header(header, buffer_size, path, metadata);
 
@@ -99,6 +101,7 @@ TensorDict load_safetensors(const std::string& path, Metadata* metadata) {
     }
     out.emplace(e.name, std::move(t));
   }
+  restore_tied_aliases(out, *metadata);
   return out;
 }
 
@@ -191,8 +194,55 @@ void SafetensorsWriter::commit() {
   committed_ = true;
 }
 
-void save_safetensors(const std::string& path, const TensorDict& tensors,
-                      const Metadata& metadata) {
+// Note [tied tensors in files]
+// A tied parameter is in a state dict under several names (Note [tied parameters] in
+// module.cc), every name sharing one storage. safetensors files hold each tensor's bytes once;
+// HF's save_file refuses shared tensors and safetensors.torch.save_model drops all names of a
+// shared group but one (the first in sorted order), recording each dropped name in the metadata
+// as `dropped -> kept` (never overriding a user's key). We write the same way: tensors that are
+// the same view (storage, offset, sizes, strides, dtype) are written once under their sorted-first
+// name, with `alias -> kept` in __metadata__; when the user's metadata already uses an alias's
+// name as a key, that alias is written as a copy instead. Reading, a metadata key that is not a
+// tensor of the file and whose value is one is such an alias: load_safetensors puts the kept
+// tensor back under it (the same Tensor), so every reader gets the dict the writer was given,
+// and files written by safetensors.torch.save_model load with their ties. Views that only
+// overlap are written as copies.
+TensorDict drop_tied_aliases(const TensorDict& tensors, Metadata& metadata) {
+  TensorDict out;
+  std::vector<std::pair<std::string, Tensor>> kept;  // sorted-first name of each group
+  for (const auto& [name, t] : tensors) {
+    const Tensor* same = nullptr;
+    const std::string* as = nullptr;
+    if (t.defined() && !metadata.count(name))
+      for (const auto& [k, u] : kept)
+        if (u.storage() == t.storage() && u.offset() == t.offset() && u.sizes() == t.sizes() &&
+            u.strides() == t.strides() && u.dtype() == t.dtype()) {
+          same = &u;
+          as = &k;
+          break;
+        }
+    if (same) {
+      metadata.emplace(name, *as);
+      continue;
+    }
+    if (t.defined()) kept.emplace_back(name, t);
+    out.emplace(name, t);
+  }
+  return out;
+}
+
+void restore_tied_aliases(TensorDict& tensors, const Metadata& metadata) {
+  for (const auto& [alias, name] : metadata) {
+    if (tensors.count(alias)) continue;
+    auto it = tensors.find(name);
+    if (it != tensors.end()) tensors.emplace(alias, it->second);
+  }
+}
+
+void save_safetensors(const std::string& path, const TensorDict& all, const Metadata& user) {
+  // Note [tied tensors in files]: tied tensors once, their other names in the metadata.
+  Metadata metadata = user;
+  const TensorDict tensors = drop_tied_aliases(all, metadata);
   // Bring every tensor to contiguous CPU bytes first, so a failure leaves no file behind.
   std::vector<Tensor> host;
   std::vector<SafetensorsWriter::Entry> entries;

@@ -30,14 +30,22 @@ constexpr uint64_t kSafetensorsMaxHeaderBytes = 100'000'000;
 // Writes atomically: a temporary file in the same directory, fsync, rename over `path`, fsync
 // of the directory, never through a link (Note [safe file access] in core/file_io.h). Tensors may
 // live on any device and have any strides; they are written as contiguous CPU bytes. The name
-// "__metadata__" is reserved.
+// "__metadata__" is reserved. Tensors that are one view under several names (tied parameters) are
+// written once, the other names recorded in the metadata (Note [tied tensors in files] in
+// safetensors.cc).
 void save_safetensors(const std::string& path, const TensorDict& tensors,
                       const Metadata& metadata = {});
 
 // Reads every tensor onto the CPU. `metadata`, when given, receives the __metadata__ strings.
 // A link to a regular file is followed (a Hugging Face cache links into blobs/); a FIFO, device
-// or directory is an IoError before anything is read.
+// or directory is an IoError before anything is read. Tied names recorded in the metadata get the
+// tensor they alias (the same Tensor).
 TensorDict load_safetensors(const std::string& path, Metadata* metadata = nullptr);
+
+// The steps of Note [tied tensors in files]: `tensors` without the names that alias another
+// entry, each recorded in `metadata` as alias -> kept (unless the key is taken); and back.
+TensorDict drop_tied_aliases(const TensorDict& tensors, Metadata& metadata);
+void restore_tied_aliases(TensorDict& tensors, const Metadata& metadata);
 // A safetensors file written one tensor at a time, in the announced order, so that a sharded
 // model can be exported holding one piece in memory (dist/fsdp.h). Atomic like save_safetensors:
 // the file appears at `path` only on commit(); a writer destroyed before that leaves nothing.

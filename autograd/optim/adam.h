@@ -28,6 +28,7 @@ class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options = {});
   Adam(std::vector<ParamGroup> groups, AdamOptions options = {});
+  using Optimizer::step;  // step(closure)
   void step() override;
   std::unique_ptr<Optimizer> rebuild(std::vector<ParamGroup> groups) const override;
   const AdamOptions& options() const { return options_; }

@@ -20,6 +20,17 @@ Optimizer::Optimizer(const char* name, std::vector<ParamGroup> groups, double de
 
 Optimizer::~Optimizer() = default;
 
+Tensor Optimizer::step(const std::function<Tensor()>& closure) {
+  ACCEL_CHECK(bool(closure), ValueError, name_, "step(closure): empty closure");
+  Tensor loss;
+  {
+    EnableGradGuard grad;  // the closure runs a backward even when called under no_grad
+    loss = closure();
+  }
+  step();
+  return loss;
+}
+
 namespace {
 std::string demangled(const std::type_info& t) {
   int status = 0;

@@ -9,6 +9,7 @@
 // a step have state.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,6 +37,11 @@ class Optimizer {
 
   // Updates every parameter that has a gradient. Runs without recording history.
   virtual void step() = 0;
+  // PyTorch's step(closure): calls closure() with grad mode on (it typically zeroes the
+  // gradients, runs the forward and backward, and returns the loss), then step(); returns the
+  // loss. A subclass that overrides step() hides this overload: add `using Optimizer::step;`
+  // (SGD, Adam and AdamW do).
+  Tensor step(const std::function<Tensor()>& closure);
   // A new optimizer of this type and options over other parameters, one group per entry of
   // `groups` (which must have as many entries as this optimizer has groups): group g keeps this
   // optimizer's lr / weight decay of group g unless groups[g] sets them. No state is copied.

@@ -22,6 +22,7 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions options = {});
   SGD(std::vector<ParamGroup> groups, SGDOptions options = {});
+  using Optimizer::step;  // step(closure)
   void step() override;
   std::unique_ptr<Optimizer> rebuild(std::vector<ParamGroup> groups) const override;
   const SGDOptions& options() const { return options_; }

@@ -27,6 +27,13 @@
 //                                                           global loss of every micro-batch
 //                                                           and the final parameters
 //   accel_worker train <dir> <steps> <save_every> <resume> [<crash_stage> <crash_rank>]
+//   accel_worker typed <dir> <stage> <per-rank batch> [ckpt 0|1]
+//                                                           tests/dist/typed_model.h (two
+//                                                           inputs, tuple / struct results, a
+//                                                           weight tied across units) through
+//                                                           prepare(), opt->step(closure):
+//                                                           global losses, final parameters; the
+//                                                           export holds the tied weight once
 #include <signal.h>
 
 #include <cstdio>
@@ -45,6 +52,7 @@
 #include "autograd/optim/adam.h"
 #include "dist/checkpoint.h"
 #include "tests/accelerator/common.h"
+#include "tests/dist/typed_model.h"
 
 using namespace accel;
 using accel::test::Run;
@@ -804,6 +812,84 @@ int train(const std::string& dir, int steps, int save_every, bool resume,
   return 0;
 }
 
+// Note [module calls], Note [tied parameters]: the typed model under every strategy. Two epochs
+// of 48 unshuffled samples, accumulation 2, AdamW; each micro-batch through the prepared
+// optimizer's step(closure). Prints the global loss of every micro-batch and the parameters.
+int typed(const std::string& dir, int stage, int64_t batch, bool ckpt_units) {
+  AcceleratorConfig c = config_from_env(dir);
+  c.zero_stage = stage;
+  c.gradient_accumulation_steps = 2;
+  c.ddp.bucket_cap_bytes = 512;
+  c.fsdp.activation_checkpointing = ckpt_units;
+  Accelerator acc(c);
+  auto net = std::make_shared<test::TypedNet>();
+  optim::AdamWOptions ao;
+  ao.lr = 1e-2;
+  auto opt = std::make_shared<optim::AdamW>(net->parameters(), ao);
+  Generator g(41);
+  Tensor x = randn({48, test::kTypedIn}, {}, &g);
+  Tensor y = randint(0, test::kTypedClasses, {48}, TensorOptions(kInt64), &g);
+  data::DataLoaderOptions lo;
+  lo.batch_size = batch;
+  auto loader = std::make_shared<data::DataLoader>(
+      std::make_shared<data::TensorDataset>(std::vector<Tensor>{x, y}), lo);
+  auto [model, aopt, aloader] = acc.prepare(net, opt, loader);
+  if (acc.num_processes() > 1)
+    EXPECT(acc.strategy().name() == (stage == 3   ? "fsdp"
+                                     : stage == 0 ? "ddp"
+                                                  : "zero" + std::to_string(stage)));
+  for (int epoch = 0; epoch < 2; ++epoch)
+    for (auto& b : *aloader) {
+      auto scope = acc.accumulate();
+      Tensor loss = aopt->step([&] {
+        Tensor l = test::typed_loss((*model)(b[0]), b[1]);
+        acc.backward(l);
+        return l;
+      });
+      aopt->zero_grad();
+      std::printf("loss %.9g\n", acc.reduce(loss.detach(), "mean").item<double>());
+    }
+  EXPECT(acc.optimizer_steps() == 2 * 48 / (2 * batch * acc.num_processes()));
+  auto b0 = model->blocks->at<test::PairBlock>(0), b1 = model->blocks->at<test::PairBlock>(1);
+  EXPECT(b0->fc->weight.is_same(b1->fc->weight));
+  print_params(acc, *model);
+  // The export: the tied weight once, its other name in the metadata; it loads into both uses.
+  const std::string path = dir + "/typed_w" + std::to_string(acc.num_processes()) + ".safetensors";
+  acc.save_model(*model, path);
+  const nn::TensorDict full = acc.get_state_dict(*model);
+  EXPECT(full.count("blocks.1.fc.weight") &&
+         full.at("blocks.1.fc.weight").equal(full.at("blocks.0.fc.weight")));
+  if (acc.is_main_process()) {
+    nn::Metadata md;
+    (void)nn::load_safetensors(path, &md);
+    EXPECT(md.count("blocks.1.fc.weight") && md.at("blocks.1.fc.weight") == "blocks.0.fc.weight");
+    auto fresh = std::make_shared<test::TypedNet>(false);
+    fresh->load(path);
+    for (auto& [name, t] : full) EXPECT(fresh->state_dict().at(name).equal(t));
+  }
+  // A checkpoint round trip: one more step changes the model, load_state brings back the saved
+  // values into both uses of the tied weight.
+  const std::string ckpt = dir + "/typed_ckpt_w" + std::to_string(acc.num_processes()) + "_s" +
+                           std::to_string(stage) + (ckpt_units ? "c" : "");
+  acc.save_state(ckpt);
+  for (auto& b : *aloader) {
+    for (int k = 0; k < 2; ++k) {
+      auto scope = acc.accumulate();
+      acc.backward(test::typed_loss((*model)(b[0]), b[1]));
+      aopt->step();
+      aopt->zero_grad();
+    }
+    break;
+  }
+  EXPECT(!acc.get_state_dict(*model).at("stem.weight").equal(full.at("stem.weight")));
+  acc.load_state(ckpt);
+  const nn::TensorDict back = acc.get_state_dict(*model);
+  for (auto& [name, t] : full) EXPECT(back.at(name).equal(t));
+  EXPECT(b0->fc->weight.is_same(b1->fc->weight));
+  std::cout << "ok typed" << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -827,6 +913,9 @@ int main(int argc, char** argv) {
                         std::atoi(argv[6]), std::atoi(argv[7]) != 0,
                         argc > 8 && std::strcmp(argv[8], "-") != 0 ? argv[8] : "",
                         argc > 9 ? std::atoi(argv[9]) : 1);
+    if (mode == "typed" && argc > 4)
+      return typed(argv[2], std::atoi(argv[3]), std::atoll(argv[4]),
+                   argc > 5 && std::atoi(argv[5]) != 0);
     if (mode == "matrix" && argc > 4)
       return matrix(std::atoi(argv[2]), std::atoll(argv[3]), std::atoi(argv[4]),
                     argc > 5 ? argv[5] : "");

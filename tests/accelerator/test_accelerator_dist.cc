@@ -541,3 +541,26 @@ TEST_CASE("load_model: a ZeRO-3 export loads at 1, 2 and 3 ranks under every str
              "load_model");
   }
 }
+
+// Note [module calls], Note [tied parameters]: a model of two-input units with tuple and struct
+// results and a weight tied across units, trained through prepare() and step(closure) under
+// every strategy, equals one process.
+TEST_CASE(
+    "typed units and a tied weight: DDP, ZeRO 1/2/3 and ZeRO-3 checkpointing equal 1 process") {
+  const std::string dir = fresh_dir("typed");
+  auto one = run_world(worker(), {"typed", dir, "0", "8"}, 1, {}, 60s);
+  check_ok(one, "typed");
+  for (std::string stage : {"0", "1", "2", "3", "3+ckpt"}) {
+    CAPTURE(stage);
+    const bool ckpt = stage == "3+ckpt";
+    auto two =
+        run_world(worker(), {"typed", dir, ckpt ? "3" : stage, "4", ckpt ? "1" : "0"}, 2, {}, 60s);
+    check_ok(two, "typed");
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      check_close(one[0].output, two[size_t(r)].output, "loss ", 1e-5);
+      check_close(one[0].output, two[size_t(r)].output, "param ", 1e-5);
+    }
+  }
+  fs::remove_all(dir);
+}

@@ -9,6 +9,10 @@
 //                      param_dtype bf16 with fp32 master shards, gradients reduced in bf16 or
 //                      fp32, against a single process doing the same arithmetic
 //   mp_errors          bad param_dtype options and parameter dtypes are refused
+//   typed <ddp|zero1|zero2|zero3> <tie 0|1>
+//                      tests/dist/typed_model.h (two inputs, tuple and struct outputs, an
+//                      optional input, a tied weight) through ddp.forward<R> / zero.forward<R>:
+//                      the tied weight held once in the buckets, same parameters as one process
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,6 +34,7 @@
 #include "dist/ddp.h"
 #include "dist/process_group.h"
 #include "dist/zero.h"
+#include "tests/dist/typed_model.h"
 #include "tests/dist/worker_check.h"
 
 using namespace accel;
@@ -526,6 +531,74 @@ void scenario_mlp_timing(ProcessGroup& pg, size_t cap, int steps) {
             << " ms" << std::endl;
 }
 
+// Note [module calls] and Note [tied parameters]: the typed model through the module forms.
+void scenario_typed(ProcessGroup& pg, const std::string& mode, bool tie) {
+  const int r = pg.rank(), w = pg.size();
+  auto batch_of = [](int step) {
+    Generator gen(uint64_t(300 + step));
+    Tensor x = randn({kBatch, test::kTypedIn}, TensorOptions(kFloat32), &gen);
+    Tensor y = randint(0, test::kTypedClasses, {kBatch}, TensorOptions(kInt64), &gen);
+    return Batch{x, y};
+  };
+  // One process, the full batch.
+  auto ref = std::make_shared<test::TypedNet>(tie);
+  {
+    auto opt = make_opt("adamw", ref->parameters());
+    for (int s = 0; s < kSteps; ++s) {
+      Batch b = batch_of(s);
+      test::typed_loss((*ref)(b.x), b.y).backward();
+      opt->step();
+      opt->zero_grad();
+    }
+  }
+  auto net = std::make_shared<test::TypedNet>(tie);
+  perturb_unless_root(*net, r);
+  int64_t numel = 0;
+  for (auto& p : net->parameters()) numel += p.numel();
+  WCHECK(tie == (net->tied_aliases().size() == 1), "tied aliases " << net->tied_aliases().size());
+  if (mode == "ddp") {
+    DDPOptions o;
+    o.bucket_cap_bytes = 256;
+    DistributedDataParallel ddp(net, default_group(), o);
+    int64_t bucketed = 0;
+    for (auto& bk : ddp.buckets()) bucketed += bk.used;
+    WCHECK(bucketed == numel, "buckets hold " << bucketed << " elements, the model " << numel);
+    auto opt = make_opt("adamw", net->parameters());
+    for (int s = 0; s < kSteps; ++s) {
+      Batch b = local(batch_of(s), r, w);
+      // A trailing optional<Tensor> may be left out on the type-erased path.
+      test::HeadOut o =
+          s % 2 ? ddp.forward<test::HeadOut>(b.x) : ddp.forward<test::HeadOut>(b.x, std::nullopt);
+      ddp.backward(test::typed_loss(o, b.y));
+      opt->step();
+      opt->zero_grad();
+    }
+  } else {
+    ZeroOptions zo;
+    zo.stage = mode[4] - '0';
+    zo.bucket_cap_bytes = 256;
+    ZeroOptimizer zero(
+        net, [&](std::vector<Tensor> ps) { return make_opt("adamw", std::move(ps)); },
+        default_group(), zo);
+    WCHECK(zero.memory().full_param_bytes == numel * 4,
+           "sharded " << zero.memory().full_param_bytes << " bytes, the model " << numel * 4);
+    for (int s = 0; s < kSteps; ++s) {
+      Batch b = local(batch_of(s), r, w);
+      zero.backward(test::typed_loss(zero.forward<test::HeadOut>(b.x), b.y));
+      zero.step();
+      zero.zero_grad();
+    }
+    if (zo.stage == 3) zero.gather_parameters();
+  }
+  if (tie) {
+    auto b0 = net->blocks->at<test::PairBlock>(0), b1 = net->blocks->at<test::PairBlock>(1);
+    WCHECK(b0->fc->weight.is_same(b1->fc->weight), "the tie was broken");
+  }
+  double d = max_diff(*net, *ref);
+  std::cout << "rank " << r << " typed " << mode << " max |param - single| = " << d << std::endl;
+  WCHECK(d < 2e-5, "typed " << mode << " differs from single-process training by " << d);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -545,6 +618,8 @@ int main(int argc, char** argv) {
       scenario_match(*pg, argv[2], argv[3], size_t(std::atoll(argv[4])));
     } else if (scenario == "mp" && argc >= 6) {
       scenario_mp(*pg, argv[2], argv[3], argv[4], size_t(std::atoll(argv[5])));
+    } else if (scenario == "typed" && argc >= 4) {
+      scenario_typed(*pg, argv[2], std::atoi(argv[3]) != 0);
     } else if (scenario == "mp_errors") {
       scenario_mp_errors();
     } else if (scenario == "no_sync") {

@@ -4,8 +4,15 @@
 //   match <sgd|adam|adamw> <accum> [prefetch 0|1] [reshard 0|1]
 //                      per-unit sharding vs single-process training (two param groups)
 //   memory             between steps only shards + root; at most two units gathered in forward
-//   errors             bad wrap policies, shared parameters, reading a released parameter,
-//                      a plain load_state_dict into the sharded model
+//   errors             bad wrap policies, reading a released parameter, a plain load_state_dict
+//                      into the sharded model
+//   typed <ckpt 0|1> [reuse]
+//                      tests/dist/typed_model.h (units with two inputs, optional inputs, plain
+//                      arguments, tuple and struct results; a weight tied across two units)
+//                      vs single-process training, with or without per-unit checkpointing;
+//                      reuse: one unit called twice in each forward
+//   typed_deferred     the same model built under nn::DeferredInit: the tied weight's owner
+//                      initialises it, the values equal eager construction
 //   unused             a unit that gets no gradient: DistError; find_unused_parameters: zeros
 //   bf16               param_dtype bf16 with fp32 master shards: close to fp32
 //   ckpt save <dir>    2 steps, sharded save (Note [fsdp checkpoints]), 2 more steps (recorded)
@@ -38,6 +45,7 @@
 #include "dist/fsdp.h"
 #include "dist/fsdp_checkpoint.h"
 #include "dist/process_group.h"
+#include "tests/dist/typed_model.h"
 #include "tests/dist/worker_check.h"
 
 using namespace accel;
@@ -290,6 +298,8 @@ void expect_throw(F&& f, const std::string& needle, int line) {
   ++g_failures;
 }
 
+bool bit_equal(const Tensor& a, const Tensor& b);
+
 // A module that uses another module's weight (weight tying).
 struct TiedUser : nn::Module {
   Tensor w;
@@ -325,8 +335,18 @@ int errors(ProcessGroupPtr pg) {
     expect_throw<DistError>([&] { FullyShardedModel f(std::make_shared<Net>(), pg, o); },
                             "min_params", __LINE__);
   }
-  expect_throw<DistError>([&] { FullyShardedModel f(std::make_shared<Tied>(), pg); }, "shared",
-                          __LINE__);
+  {
+    // Note [tied parameters]: a weight used by two units lives in the root unit, once.
+    auto tied = std::make_shared<Tied>();
+    FullyShardedModel f(tied, pg);
+    const auto units = f.units();
+    WCHECK(units.size() == 3 && units[0].numel == 16 && units[1].numel == 4 && units[2].numel == 0,
+           "tied weight not in the root: " << units[0].numel << " " << units[1].numel);
+    WCHECK(f.full_parameter_order().size() == 2, "the tied weight is listed twice");
+    nn::TensorDict d = f.full_state_dict();
+    WCHECK(d.count("blocks.1.w") && bit_equal(d.at("blocks.1.w"), d.at("blocks.0.weight")),
+           "the alias does not carry the tied value");
+  }
   {
     // By class: the blocks; by size: entries with >= 600 parameters (a Block has 1,104).
     FsdpOptions o;
@@ -609,6 +629,87 @@ int act_ckpt(ProcessGroupPtr pg) {
            "loss " << i << ": " << losses[0][i] << " vs " << losses[1][i]);
   return 0;
 }
+// Note [module calls]: typed units (called through their typed operator() and through the entry's
+// call<R>) and a weight tied across units, against one process.
+int typed(ProcessGroupPtr pg, bool checkpointing, bool reuse) {
+  const int w = pg->size(), r = pg->rank();
+  auto batch_of = [](int step) {
+    Generator gen(uint64_t(300 + step));
+    Tensor x = randn({kBatch, test::kTypedIn}, TensorOptions(kFloat32), &gen);
+    Tensor y = randint(0, test::kTypedClasses, {kBatch}, TensorOptions(kInt64), &gen);
+    return Batch{x, y};
+  };
+  std::vector<double> ref_losses;
+  auto ref = std::make_shared<test::TypedNet>();
+  ref->reuse = reuse;
+  {
+    auto opt = make_opt("sgd", {one_group(ref->parameters())});
+    for (int s = 0; s < kSteps; ++s) {
+      Batch b = batch_of(s);
+      Tensor loss = test::typed_loss((*ref)(b.x), b.y);
+      loss.backward();
+      ref_losses.push_back(loss.item<double>());
+      opt->step();
+      opt->zero_grad();
+    }
+  }
+  auto net = std::make_shared<test::TypedNet>();
+  net->reuse = reuse;
+  FsdpOptions o;
+  o.activation_checkpointing = checkpointing;
+  FullyShardedModel fsdp(net, pg, o);
+  const auto units = fsdp.units();
+  // stem (8x6 + 8) and the tied fc.weight (8x8) in the root; each block unit without it.
+  WCHECK(units.size() == 4 && units[0].numel == 56 + 64 && units[2].numel == 8 + 8 + 8 + 64,
+         "units " << units.size() << ": root " << units[0].numel << ", block 1 " << units[2].numel);
+  auto opt = make_opt("sgd", fsdp.shard_param_groups({one_group(net->parameters())}));
+  const int64_t per = kBatch / w;
+  for (int s = 0; s < kSteps; ++s) {
+    Batch b = local(batch_of(s), r * per, per);
+    Tensor loss = test::typed_loss((*net)(b.x), b.y);
+    fsdp.backward(loss);
+    Tensor l = loss.detach().clone();
+    pg->all_reduce(l, ReduceOp::Avg);
+    WCHECK(std::abs(l.item<double>() - ref_losses[size_t(s)]) <= 1e-5 * (1 + ref_losses[size_t(s)]),
+           "step " << s << " loss " << l.item<double>() << " vs " << ref_losses[size_t(s)]);
+    fsdp.prepare_step();
+    opt->step();
+    fsdp.after_step();
+    fsdp.zero_grad();
+  }
+  // Evaluation without grad goes through the units too.
+  {
+    NoGradGuard ng;
+    Batch b = batch_of(0);
+    test::HeadOut e = (*net)(b.x), want = (*ref)(b.x);
+    WCHECK(close(e.logits, want.logits, 2e-5), "evaluation logits differ");
+  }
+  nn::TensorDict full = fsdp.full_state_dict();
+  for (auto& [k, v] : ref->state_dict()) {
+    WCHECK(full.count(k), "missing " << k);
+    if (full.count(k)) WCHECK(close(full[k], v, 2e-5), "parameter " << k);
+  }
+  return 0;
+}
+
+int typed_deferred(ProcessGroupPtr pg) {
+  manual_seed(13);
+  auto eager = std::make_shared<test::TypedNet>(true, true);
+  const nn::TensorDict want = eager->state_dict();
+  manual_seed(13);
+  std::shared_ptr<test::TypedNet> net;
+  {
+    nn::DeferredInit d;
+    net = std::make_shared<test::TypedNet>(true, true);
+  }
+  WCHECK(nn::is_deferred(*net), "not deferred");
+  FullyShardedModel fsdp(net, pg);
+  nn::TensorDict got = fsdp.full_state_dict();
+  for (auto& [k, v] : want)
+    WCHECK(got.count(k) && bit_equal(got.at(k), v), "deferred " << k << " differs from eager");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -632,6 +733,10 @@ int main(int argc, char** argv) {
       act_ckpt(pg);
     } else if (s == "deferred") {
       deferred(pg);
+    } else if (s == "typed") {
+      typed(pg, args.at(1) == "1", args.size() > 2 && args[2] == "reuse");
+    } else if (s == "typed_deferred") {
+      typed_deferred(pg);
     } else if (s == "ckpt") {
       ckpt(pg, args.at(1), args.at(2));
     } else if (s == "bf16") {

@@ -76,3 +76,14 @@ TEST_CASE("zero 1/2 with bf16 parameters and fp32 master shards match the same a
 TEST_CASE("zero mixed precision refuses bad param_dtype options and non-fp32 parameters") {
   check_ok(run_world(worker(), {"mp_errors"}, 1, {}, 60s), "mp_errors");
 }
+
+TEST_CASE("ddp and zero 1/2/3 train a two-input, tuple / struct output model with a tied weight") {
+  for (std::string mode : {"ddp", "zero1", "zero2", "zero3"}) {
+    for (std::string tie : {"1", "0"}) {
+      if (tie == "0" && mode != "zero3") continue;
+      CAPTURE(mode);
+      CAPTURE(tie);
+      check_ok(run_world(worker(), {"typed", mode, tie}, 2, {}, 60s), "typed");
+    }
+  }
+}

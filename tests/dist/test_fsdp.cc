@@ -41,7 +41,7 @@ TEST_CASE("fsdp memory: only shards and the root between steps, two units at mos
   check_ok(run_world(worker(), {"memory"}, 3, {}, 60s), "memory");
 }
 
-TEST_CASE("fsdp errors: wrap policies, shared parameters, foreign optimizer parameters") {
+TEST_CASE("fsdp errors: wrap policies, tied parameters in the root, foreign optimizer parameters") {
   check_ok(run_world(worker(), {"errors"}, 2, {}, 60s), "errors");
 }
 
@@ -74,4 +74,17 @@ TEST_CASE("fsdp materializes a deferred model unit by unit: eager values, bounde
 
 TEST_CASE("fsdp activation checkpointing per unit: gradients bit-identical to without") {
   check_ok(run_world(worker(), {"act_ckpt"}, 2, {}, 60s), "act_ckpt");
+}
+
+TEST_CASE(
+    "fsdp units with two inputs, tuple / struct results and a tied weight match one process") {
+  for (std::string ckpt : {"0", "1"}) {
+    CAPTURE(ckpt);
+    check_ok(run_world(worker(), {"typed", ckpt}, 2, {}, 60s), "typed");
+  }
+  check_ok(run_world(worker(), {"typed", "1"}, 3, {}, 60s), "typed");
+  // A unit called twice in one forward, checkpointed: both recomputes' gradients are reduced.
+  check_ok(run_world(worker(), {"typed", "1", "reuse"}, 2, {}, 60s), "typed");
+  check_ok(run_world(worker(), {"typed", "0", "reuse"}, 2, {}, 60s), "typed");
+  check_ok(run_world(worker(), {"typed_deferred"}, 2, {}, 60s), "typed_deferred");
 }

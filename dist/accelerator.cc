@@ -316,13 +316,30 @@ std::vector<int> Accelerator::agree_failed(bool failed) {
 namespace {
 
 // The names and shapes of `src` against the model's state (Module::load_state_dict's rules).
-nn::LoadResult check_model_source(const nn::Module& model, const nn::SafetensorsCheckpoint& src,
+nn::LoadResult check_model_source(const nn::Module& model, nn::SafetensorsCheckpoint& src,
                                   bool strict) {
   const nn::TensorDict own = model.state_handles();
+  // A tied name the file lacks gets its values through another name of the same tensor (files
+  // written by transformers drop tied names without recording them): the file learns it as an
+  // alias, so every strategy reads it under whichever name it keeps.
+  const std::map<std::string, std::string> alias_of = model.tied_aliases();  // alias -> first
+  auto tied_in_file = [&](const std::string& name) -> std::string {
+    auto it = alias_of.find(name);
+    const std::string& first = it == alias_of.end() ? name : it->second;
+    if (first != name && src.contains(first)) return first;
+    for (const auto& [alias, f] : alias_of)
+      if (f == first && alias != name && src.contains(alias)) return alias;
+    return {};
+  };
   nn::LoadResult r;
   std::vector<std::string> mismatched;
   for (const auto& [name, t] : own) {
     if (!src.contains(name)) {
+      const std::string other = tied_in_file(name);
+      if (!other.empty()) {
+        src.add_alias(name, other);
+        continue;
+      }
       r.missing_keys.push_back(name);
     } else if (src.info(name).shape != t.sizes()) {
       mismatched.push_back(name + ": file " + shape_str(src.info(name).shape) + ", model " +

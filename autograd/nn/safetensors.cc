@@ -403,9 +403,17 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) {
   } else {
     path_ = path;
   }
+  // Tied names each file's metadata records as `alias -> kept` (Note [tied tensors in files]):
+  // a key that names no tensor of the set, whose value does.
+  auto find_aliases = [this] {
+    for (const auto& f : files_)
+      for (const auto& [alias, name] : f->metadata())
+        if (!where_.count(alias) && where_.count(name)) alias_.emplace(alias, name);
+  };
   if (index.empty()) {
     files_.push_back(std::make_unique<SafetensorsFile>(path_));
     for (const std::string& n : files_.back()->names()) where_.emplace(n, files_.back().get());
+    find_aliases();
     return;
   }
   path_ = index;
@@ -435,6 +443,7 @@ SafetensorsCheckpoint::SafetensorsCheckpoint(const std::string& path) {
                 it.key(), "' to '", f->second->path(), "', which does not hold it");
     where_.emplace(it.key(), f->second);
   }
+  find_aliases();
 }
 
 SafetensorsCheckpoint::~SafetensorsCheckpoint() = default;
@@ -442,11 +451,18 @@ SafetensorsCheckpoint::~SafetensorsCheckpoint() = default;
 std::vector<std::string> SafetensorsCheckpoint::names() const {
   std::vector<std::string> out;
   for (const auto& [n, f] : where_) out.push_back(n);
+  for (const auto& [n, f] : alias_) out.push_back(n);
+  std::sort(out.begin(), out.end());
   return out;
 }
 
+void SafetensorsCheckpoint::add_alias(const std::string& alias, const std::string& name) {
+  ACCEL_CHECK(contains(name), IoError, kRead, "'", path_, "' holds no tensor '", name, "'");
+  if (!contains(alias)) alias_.emplace(alias, stored_name(name));
+}
+
 const SafetensorsFile& SafetensorsCheckpoint::file_of(const std::string& name) const {
-  auto it = where_.find(name);
+  auto it = where_.find(stored_name(name));
   ACCEL_CHECK(it != where_.end(), IoError, kRead, "'", path_, "' holds no tensor '", name, "'");
   return *it->second;
 }

@@ -137,20 +137,32 @@ class SafetensorsCheckpoint {
 
   // The index file, or the single file.
   const std::string& path() const { return path_; }
+  // Every name, the tied aliases a file's metadata records (Note [tied tensors in files])
+  // included: an alias reads the tensor it names.
   std::vector<std::string> names() const;  // sorted
-  bool contains(const std::string& name) const { return where_.count(name) != 0; }
+  bool contains(const std::string& name) const {
+    return where_.count(name) != 0 || alias_.count(name) != 0;
+  }
   const SafetensorsFile& file_of(const std::string& name) const;
+  // From now on `alias` reads the tensor `name` (which the checkpoint holds) reads.
+  void add_alias(const std::string& alias, const std::string& name);
   const SafetensorsFile::Info& info(const std::string& name) const {
-    return file_of(name).info(name);
+    return file_of(name).info(stored_name(name));
   }
   void read_range(const std::string& name, int64_t lo, int64_t hi, const Tensor& dst) const {
-    file_of(name).read_range(name, lo, hi, dst);
+    file_of(name).read_range(stored_name(name), lo, hi, dst);
   }
 
  private:
+  // The name a tensor is stored under: an alias's target, else the name itself.
+  const std::string& stored_name(const std::string& name) const {
+    auto it = alias_.find(name);
+    return it == alias_.end() ? name : it->second;
+  }
   std::string path_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> where_;
+  std::map<std::string, std::string> alias_;  // alias -> stored name
 };
 
 }  // namespace accel::nn

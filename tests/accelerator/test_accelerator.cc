@@ -428,3 +428,59 @@ TEST_CASE(
   Accelerator acc(c);
   CHECK(acc.strategy().name() == "fsdp");
 }
+
+namespace {
+// embed (5, 3) and a head (5 <- 3) whose weight is the embedding's when tied.
+struct TiedLm : nn::Module {
+  std::shared_ptr<nn::Embedding> embed;
+  std::shared_ptr<nn::Linear> head;
+  explicit TiedLm(bool tie) {
+    embed = register_module("embed", std::make_shared<nn::Embedding>(5, 3));
+    head = register_module("head", std::make_shared<nn::Linear>(3, 5, /*bias=*/false));
+    if (tie) head->weight = head->set_parameter("weight", embed->weight);
+  }
+  Tensor forward(const Tensor& idx) override { return head->forward(embed->forward(idx)); }
+};
+}  // namespace
+
+// Tied weights through Accelerator::load_model: a file that keeps the tensor once (our alias
+// metadata, or transformers' habit of dropping the tied name without a record, under either
+// name) loads into a tied model and into an untied one, prepared or not.
+TEST_CASE("load_model: tied weights load from files that hold them once, under either name") {
+  const std::string dir = fresh_dir("load-model-tied");
+  fs::create_directories(dir);
+  Tensor w = arange(15, TensorOptions(kFloat32)).reshape({5, 3});
+  auto tied_source = std::make_shared<TiedLm>(true);
+  {
+    NoGradGuard ng;
+    tied_source->embed->weight.copy_(w);
+  }
+  tied_source->save(dir + "/alias.safetensors");  // embed.weight once, head.weight -> embed.weight
+  nn::save_safetensors(dir + "/embed_only.safetensors", {{"embed.weight", w}});
+  nn::save_safetensors(dir + "/head_only.safetensors", {{"head.weight", w}});
+  for (std::string file : {"alias", "embed_only", "head_only"}) {
+    for (bool tie : {true, false}) {
+      for (bool prepared : {false, true}) {
+        CAPTURE(file);
+        CAPTURE(tie);
+        CAPTURE(prepared);
+        Accelerator acc(base_config(fresh_dir("load-model-tied-acc")));
+        std::shared_ptr<nn::Module> model = std::make_shared<TiedLm>(tie);
+        if (prepared) model = acc.prepare_model(model);
+        const std::string path = dir + "/" + file + ".safetensors";
+        auto& m = static_cast<TiedLm&>(*model);
+        if (!tie && file != "alias") {
+          // An untied model needs both names; the file holds one (and no alias record).
+          CHECK_THROWS_AS(acc.load_model(*model, path), ValueError);
+          continue;
+        }
+        const nn::LoadResult r = acc.load_model(*model, path);
+        CHECK(r.missing_keys.empty());
+        CHECK(r.unexpected_keys.empty());
+        CHECK(equal(m.embed->weight, w));
+        CHECK(equal(m.head->weight, w));
+      }
+    }
+  }
+  fs::remove_all(dir);
+}

@@ -11,6 +11,8 @@
 #include <doctest/doctest.h>
 
 #include "autograd/autocast.h"
+#include "autograd/nn/linear.h"
+#include "autograd/nn/safetensors.h"
 #include "dist/checkpoint.h"
 #include "dist/tracking.h"
 #include "tests/accelerator/common.h"

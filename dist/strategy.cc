@@ -411,8 +411,20 @@ void ReplicatedStrategy::apply_state(StrategyState& state) {
   // 1. checks (nothing changes when one fails)
   std::vector<nn::TensorDict> own;
   for (size_t i = 0; i < models_.size(); ++i) {
+    // A tied tensor (Note [tied parameters] in autograd/nn/module.cc) is loaded and swapped once,
+    // under its first name: the file may hold it under that name, under an alias, or (as our
+    // files record it) once with the aliases in its metadata.
+    const std::map<std::string, std::string> aliases = models_[i]->tied_aliases();
+    nn::TensorDict& loaded = st->models[i];
+    for (const auto& [alias, first] : aliases) {
+      auto a = loaded.find(alias);
+      if (a == loaded.end()) continue;
+      if (!loaded.count(first)) loaded.emplace(first, a->second);
+      loaded.erase(a);
+    }
     nn::TensorDict o;
-    for (auto& [n, t] : models_[i]->state_dict()) o.emplace(n, t.detach());
+    for (auto& [n, t] : models_[i]->state_dict())
+      if (!aliases.count(n)) o.emplace(n, t.detach());
     check_model_state(*models_[i], o, st->models[i]);
     for (auto& [n, t] : o) {
       Tensor& v = st->models[i].at(n);

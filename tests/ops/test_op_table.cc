@@ -71,9 +71,10 @@ TEST_CASE("run_case: forward and the gradient of every floating input that requi
 TEST_CASE("the table: unique case names, known dtypes, bench entries well formed") {
   const std::vector<OpCase>& cases = op_cases();
   REQUIRE(cases.size() > 100);
-  std::set<std::string> names;
+  std::set<std::string> names, ops;
   for (const OpCase& c : cases) {
     INFO(c.name());
+    ops.insert(c.op);
     CHECK(names.insert(c.name()).second);
     CHECK(!c.dtypes.empty());
     CHECK(c.make);
@@ -85,4 +86,7 @@ TEST_CASE("the table: unique case names, known dtypes, bench entries well formed
       CHECK(b.work > 0);
     }
   }
+  MESSAGE("the op table: " << cases.size() << " cases over " << ops.size() << " ops; "
+                           << autograd::differentiable_ops().size()
+                           << " registered differentiable ops");
 }

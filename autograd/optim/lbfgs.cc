@@ -39,7 +39,7 @@ double cubic_interpolate(double x1, double f1, double g1, double x2, double f2, 
   if (d2_square >= 0) {
     const double d2 = std::sqrt(d2_square);
     const double min_pos = x1 <= x2 ? x2 - (x2 - x1) * ((g2 + d2 - d1) / (g2 - g1 + 2 * d2))
-                                     : x1 - (x1 - x2) * ((g1 + d2 - d1) / (g1 - g2 + 2 * d2));
+                                    : x1 - (x1 - x2) * ((g1 + d2 - d1) / (g1 - g2 + 2 * d2));
     return std::min(std::max(min_pos, lo), hi);
   }
   return (lo + hi) / 2.;
@@ -84,7 +84,8 @@ Tensor LBFGS::gather_flat_grad() const {
   std::vector<Tensor> views;
   for (const Tensor& p : groups_[0].params) {
     const Tensor g = p.grad();
-    views.push_back(g.defined() ? g.reshape({-1}) : zeros({p.numel()}, TensorOptions(p.dtype(), p.device())));
+    views.push_back(g.defined() ? g.reshape({-1})
+                                : zeros({p.numel()}, TensorOptions(p.dtype(), p.device())));
   }
   return cat(views, 0);
 }
@@ -340,7 +341,7 @@ Tensor LBFGS::step(const std::function<Tensor()>& closure) {
     if (n_iter == options_.max_iter) break;
     if (current_evals >= max_eval_) break;
     if (opt_cond) break;
-    if (abs_max(mul(d_, t_)) <= tolerance_change) break;  // no progress in x
+    if (abs_max(mul(d_, t_)) <= tolerance_change) break;        // no progress in x
     if (std::abs(loss - prev_loss_) < tolerance_change) break;  // nor in the loss
   }
   return orig_loss;

@@ -99,7 +99,8 @@ std::unique_ptr<optim::Optimizer> make_case(const std::string& name, const Probl
                                      RMSpropOptions{.lr = 0.01, .alpha = 0.99, .eps = 1e-8});
   if (name == "rmsprop_momentum")
     return std::make_unique<RMSprop>(
-        pr.groups(0.02, 0.1), RMSpropOptions{.lr = 0.01, .alpha = 0.9, .eps = 1e-6, .momentum = 0.8});
+        pr.groups(0.02, 0.1),
+        RMSpropOptions{.lr = 0.01, .alpha = 0.9, .eps = 1e-6, .momentum = 0.8});
   if (name == "rmsprop_centered")
     return std::make_unique<RMSprop>(
         pr.groups(0.02, 0.0),
@@ -147,10 +148,10 @@ optim::LBFGSOptions lbfgs_case(const std::string& name) {
 }
 
 struct Rosen {
-  Tensor a = tensor(std::vector<double>{-1.2, 1.0}, Shape{2}, TensorOptions(kFloat64))
-                 .requires_grad_();
-  Tensor b = tensor(std::vector<double>{0.8, -0.5}, Shape{2}, TensorOptions(kFloat64))
-                 .requires_grad_();
+  Tensor a =
+      tensor(std::vector<double>{-1.2, 1.0}, Shape{2}, TensorOptions(kFloat64)).requires_grad_();
+  Tensor b =
+      tensor(std::vector<double>{0.8, -0.5}, Shape{2}, TensorOptions(kFloat64)).requires_grad_();
   int calls = 0;
   std::function<Tensor()> closure(optim::Optimizer& opt) {
     return [this, &opt] {
@@ -244,8 +245,11 @@ TEST_CASE("option checks name the optimizer") {
         std::string::npos);
   CHECK(error_of([&] { optim::RMSprop({pr.p1}, {.momentum = -0.1}); }).find("RMSprop") !=
         std::string::npos);
-  CHECK(error_of([&] { optim::LBFGSOptions o; o.line_search_fn = "armijo"; optim::LBFGS({pr.p1}, o); })
-            .find("strong_wolfe") != std::string::npos);
+  CHECK(error_of([&] {
+          optim::LBFGSOptions o;
+          o.line_search_fn = "armijo";
+          optim::LBFGS({pr.p1}, o);
+        }).find("strong_wolfe") != std::string::npos);
 }
 
 TEST_CASE("LBFGS minimises Rosenbrock along PyTorch's iterates, with and without strong_wolfe") {
@@ -309,8 +313,9 @@ TEST_CASE("LBFGS: resumes bit-exactly from state_dict; refuses step(), sharding,
   CHECK(msg.find("state.lbfgs.d: checkpoint") != std::string::npos);
   CHECK(opt.func_evals() == 0);  // nothing applied
   // A parameter of another dtype cannot join the flat vector.
-  CHECK(error_of([&] { optim::LBFGS({r.a, zeros({2}).requires_grad_()}); }).find("one dtype") !=
-        std::string::npos);
+  CHECK(error_of([&] {
+          optim::LBFGS({r.a, zeros({2}).requires_grad_()});
+        }).find("one dtype") != std::string::npos);
 }
 
 TEST_CASE("ReduceLROnPlateau follows PyTorch's lr sequence and resumes from state_dict") {
@@ -350,7 +355,7 @@ TEST_CASE("ReduceLROnPlateau follows PyTorch's lr sequence and resumes from stat
   optim::SGD opt({p}, {.lr = 0.1});
   optim::ReduceLROnPlateau sched(opt, {.patience = 0});
   CHECK(error_of([&] { sched.step(); }).find("step(metric)") != std::string::npos);
-  sched.step(std::nan(""));  // NaN never improves: a bad epoch
+  sched.step(std::nan(""));            // NaN never improves: a bad epoch
   CHECK(sched.num_bad_epochs() == 0);  // ... past patience 0: reduced
   CHECK(opt.lr(0) == doctest::Approx(0.01));
   CHECK(error_of([&] { optim::ReduceLROnPlateau(opt, {.factor = 1.0}); }).find("factor") !=

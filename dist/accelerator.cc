@@ -487,6 +487,10 @@ bool AcceleratedOptimizer::step() {
 
 Tensor AcceleratedOptimizer::step(const std::function<Tensor()>& closure) {
   ACCEL_CHECK(bool(closure), ValueError, "AcceleratedOptimizer.step", "empty closure");
+  if (stepping_->requires_closure()) {
+    skipped_ = false;
+    return acc_.step_prepared_closure(*this, closure);
+  }
   Tensor loss;
   {
     EnableGradGuard grad;
@@ -564,6 +568,37 @@ bool Accelerator::step_prepared_optimizer(AcceleratedOptimizer& o) {
   return true;
 }
 
+// Note [closure optimizers]
+// LBFGS evaluates the loss several times per step (its line search and iterations) and decides
+// with the loss values: it gets the user's closure, and under DDP each call's loss is averaged
+// across processes (the backward inside averages the gradients already), so every rank sees the
+// same numbers, takes the same decisions and the replicas stay identical: the same run as one
+// process on the whole batch. ZeRO refuses such an optimizer at prepare (it cannot be sharded:
+// Note [LBFGS and sharding] in autograd/optim/lbfgs.h). fp16 loss scaling (a step that must be
+// skippable and gradients that must be unscaled before the optimizer reads them) and gradient
+// accumulation (one closure call is one micro-batch) do not fit it and are refused.
+Tensor Accelerator::step_prepared_closure(AcceleratedOptimizer& o,
+                                          const std::function<Tensor()>& closure) {
+  check_plain_backward("step");
+  optim::Optimizer& stepping = o.stepping_optimizer();
+  ACCEL_CHECK(!scaler_.enabled(), ValueError, "step",
+              "an optimizer driven by step(closure) (LBFGS) evaluates the loss inside its step "
+              "and cannot have its gradients unscaled or its step skipped: fp16 loss scaling is "
+              "not supported with it (use bf16 or fp32)");
+  ACCEL_CHECK(config_.gradient_accumulation_steps == 1, ValueError, "step",
+              "an optimizer driven by step(closure) (LBFGS) calls the closure several times per "
+              "step, each call a whole batch: gradient_accumulation_steps must be 1, got ",
+              config_.gradient_accumulation_steps);
+  Tensor loss = stepping.step([&]() -> Tensor {
+    Tensor l = closure();
+    if (world_size_ > 1 && l.defined()) l = reduce(l.detach(), "mean");
+    return l;
+  });
+  strategy_->after_step(stepping, true);
+  ++optimizer_steps_;
+  return loss;
+}
+
 AcceleratedScheduler::AcceleratedScheduler(Accelerator& acc,
                                            std::shared_ptr<optim::LRScheduler> sched)
     : acc_(acc), sched_(std::move(sched)) {}
@@ -571,6 +606,14 @@ AcceleratedScheduler::AcceleratedScheduler(Accelerator& acc,
 void AcceleratedScheduler::step() {
   if (!acc_.sync_gradients() || acc_.optimizer_step_was_skipped()) return;
   sched_->step();
+}
+
+void AcceleratedScheduler::step(double metric) {
+  auto* plateau = dynamic_cast<optim::ReduceLROnPlateau*>(sched_.get());
+  ACCEL_CHECK(plateau != nullptr, ValueError, "AcceleratedScheduler.step",
+              "step(metric) is ReduceLROnPlateau's; this scheduler steps with step()");
+  if (!acc_.sync_gradients() || acc_.optimizer_step_was_skipped()) return;
+  plateau->step(metric);
 }
 
 bool Accelerator::optimizer_step_was_skipped() const {

@@ -124,6 +124,8 @@ class AcceleratedOptimizer {
   bool step();
   // PyTorch's step(closure): closure() with grad mode on (it runs forward and acc.backward),
   // then step(); returns the closure's loss (step_was_skipped() says whether it stepped).
+  // An optimizer that requires_closure() (LBFGS) gets the closure itself and calls it as often
+  // as it needs (Note [closure optimizers] in dist/accelerator.cc).
   Tensor step(const std::function<Tensor()>& closure);
   void zero_grad(bool set_to_none = true);
   bool step_was_skipped() const { return skipped_; }
@@ -152,6 +154,9 @@ class AcceleratedScheduler {
   AcceleratedScheduler(Accelerator& acc, std::shared_ptr<optim::LRScheduler> sched);
   // Steps the wrapped scheduler only on sync steps whose optimizer step was not skipped.
   void step();
+  // ReduceLROnPlateau's step(metric), on the same steps (every rank must pass the same metric,
+  // e.g. one reduced with Accelerator::reduce); ValueError for any other scheduler.
+  void step(double metric);
   const std::vector<double>& get_last_lr() const { return sched_->get_last_lr(); }
   optim::LRScheduler& scheduler() { return *sched_; }
   nn::TensorDict state_dict() const { return sched_->state_dict(); }
@@ -367,6 +372,8 @@ class Accelerator {
   // decay of every group of your optimizer into the stepping one, unscales and checks the
   // strategy's gradients under fp16, steps, tells the strategy. Returns false when skipped.
   bool step_prepared_optimizer(AcceleratedOptimizer& opt);
+  // AcceleratedOptimizer::step(closure) for an optimizer that requires_closure().
+  Tensor step_prepared_closure(AcceleratedOptimizer& opt, const std::function<Tensor()>& closure);
   // AcceleratedOptimizer::zero_grad on a sync step.
   void zero_grad_prepared_optimizer(AcceleratedOptimizer& opt, bool set_to_none);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 
 namespace accel::optim {
@@ -232,6 +233,103 @@ double OneCycleLR::lr_at(size_t g, int64_t epoch) const {
     start_step = ph.end_step;
   }
   return level(g, kMin);
+}
+
+}  // namespace accel::optim
+
+// ---------------- ReduceLROnPlateau ----------------
+
+namespace accel::optim {
+
+ReduceLROnPlateau::ReduceLROnPlateau(Optimizer& optimizer, ReduceLROnPlateauOptions o)
+    : LRScheduler(optimizer, "ReduceLROnPlateau"), options_(std::move(o)) {
+  ACCEL_CHECK(options_.factor < 1.0 && options_.factor >= 0, ValueError, name_,
+              "factor must be in [0, 1), got ", options_.factor);
+  ACCEL_CHECK(options_.patience >= 0 && options_.cooldown >= 0, ValueError, name_,
+              "patience and cooldown must be >= 0, got ", options_.patience, " and ",
+              options_.cooldown);
+  ACCEL_CHECK(options_.threshold >= 0 && options_.eps >= 0, ValueError, name_,
+              "threshold and eps must be >= 0, got ", options_.threshold, " and ", options_.eps);
+  const size_t groups = optimizer.num_param_groups();
+  ACCEL_CHECK(options_.min_lr.size() == 1 || options_.min_lr.size() == groups, ValueError, name_,
+              "expected 1 or ", groups, " min_lr values (one per parameter group), got ",
+              options_.min_lr.size());
+  min_lrs_ = options_.min_lr.size() == 1 ? std::vector<double>(groups, options_.min_lr[0])
+                                         : options_.min_lr;
+  for (double m : min_lrs_) ACCEL_CHECK(m >= 0, ValueError, name_, "min_lr must be >= 0, got ", m);
+  best_ = options_.mode == PlateauMode::Min ? std::numeric_limits<double>::infinity()
+                                            : -std::numeric_limits<double>::infinity();
+  initial_step();  // last_epoch = 0; the lrs stay as they are
+}
+
+double ReduceLROnPlateau::lr_at(size_t group, int64_t) const { return optimizer_.lr(group); }
+
+void ReduceLROnPlateau::step() {
+  ACCEL_THROW(ValueError, name_,
+              "step() needs the monitored metric: call step(metric) (e.g. the validation loss)");
+}
+
+bool ReduceLROnPlateau::is_better(double a, double best) const {
+  const double th = options_.threshold;
+  const bool rel = options_.threshold_mode == ThresholdMode::Rel;
+  if (options_.mode == PlateauMode::Min) return rel ? a < best * (1.0 - th) : a < best - th;
+  return rel ? a > best * (th + 1.0) : a > best + th;
+}
+
+void ReduceLROnPlateau::step(double metric) {
+  if (is_better(metric, best_)) {
+    best_ = metric;
+    num_bad_epochs_ = 0;
+  } else {
+    ++num_bad_epochs_;
+  }
+  if (in_cooldown()) {
+    --cooldown_counter_;
+    num_bad_epochs_ = 0;  // bad epochs in cooldown do not count
+  }
+  if (num_bad_epochs_ > options_.patience) {
+    ACCEL_CHECK(optimizer_.num_param_groups() == min_lrs_.size(), ValueError, name_,
+                "the optimizer has ", optimizer_.num_param_groups(),
+                " parameter groups but the scheduler was built for ", min_lrs_.size());
+    for (size_t g = 0; g < min_lrs_.size(); ++g) {
+      const double old_lr = optimizer_.lr(g);
+      const double new_lr = std::max(old_lr * options_.factor, min_lrs_[g]);
+      if (old_lr - new_lr > options_.eps) optimizer_.set_lr(g, new_lr);
+    }
+    cooldown_counter_ = options_.cooldown;
+    num_bad_epochs_ = 0;
+  }
+  LRScheduler::step();  // last_epoch + 1; get_last_lr() = the lrs now
+}
+
+TensorDict ReduceLROnPlateau::state_dict() const {
+  TensorDict out = LRScheduler::state_dict();
+  out["best"] = scalar_tensor(best_, kFloat64);
+  out["num_bad_epochs"] = scalar_tensor(num_bad_epochs_, kInt64);
+  out["cooldown_counter"] = scalar_tensor(cooldown_counter_, kInt64);
+  return out;
+}
+
+void ReduceLROnPlateau::load_state_dict(const TensorDict& state) {
+  TensorDict base = state;
+  auto take = [&](const char* key, bool is_int) -> double {
+    auto it = base.find(key);
+    ACCEL_CHECK(it != base.end() && it->second.defined(), ValueError, name_,
+                "load_state_dict: missing '", key, "'");
+    const Tensor t = it->second;
+    ACCEL_CHECK(t.numel() == 1 && t.is_floating_point() != is_int, ValueError, name_,
+                "load_state_dict: '", key, "' must be one ", is_int ? "integer" : "float", ", got ",
+                t.dtype(), " ", t.sizes());
+    base.erase(it);
+    return t.item<double>();
+  };
+  const double best = take("best", false);
+  const int64_t bad = int64_t(take("num_bad_epochs", true));
+  const int64_t cooldown = int64_t(take("cooldown_counter", true));
+  LRScheduler::load_state_dict(base);
+  best_ = best;
+  num_bad_epochs_ = bad;
+  cooldown_counter_ = cooldown;
 }
 
 }  // namespace accel::optim

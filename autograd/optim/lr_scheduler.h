@@ -20,16 +20,18 @@ class LRScheduler {
   LRScheduler(const LRScheduler&) = delete;
   LRScheduler& operator=(const LRScheduler&) = delete;
 
-  void step();
+  // Virtual: ReduceLROnPlateau refuses a step without its metric (step(metric)).
+  virtual void step();
   // The lr of each group set by the last step() (or the constructor).
   const std::vector<double>& get_last_lr() const { return last_lrs_; }
   int64_t last_epoch() const { return last_epoch_; }
   const std::vector<double>& base_lrs() const { return base_lrs_; }
 
   // {"last_epoch": int64, "base_lrs": float64 (groups), "last_lrs": float64 (groups)}
-  TensorDict state_dict() const;
+  // (ReduceLROnPlateau adds its own keys.)
+  virtual TensorDict state_dict() const;
   // Restores the position and writes last_lrs back into the optimizer's groups.
-  void load_state_dict(const TensorDict& state);
+  virtual void load_state_dict(const TensorDict& state);
 
  protected:
   LRScheduler(Optimizer& optimizer, const char* name);
@@ -194,6 +196,52 @@ class OneCycleLR : public LRScheduler {
   int64_t total_steps_;
   OneCycleOptions options_;
   std::vector<Phase> phases_;
+};
+
+// PyTorch's ReduceLROnPlateau: step(metric) after each evaluation; when the metric has not
+// improved on the best seen for more than `patience` steps, every group's lr becomes
+// max(lr * factor, min_lr of the group) (a change of eps or less is not made), then `cooldown`
+// steps pass before bad steps count again. "Improved", with threshold_mode rel: metric <
+// best * (1 - threshold) (mode min) or > best * (1 + threshold) (mode max); abs: metric <
+// best - threshold or > best + threshold. A NaN metric never improves. It changes the lrs the
+// optimizer holds (no base_lrs schedule): get_last_lr() is each group's lr after the last step.
+// step() without a metric throws ValueError. state_dict adds "best" (float64), "num_bad_epochs"
+// and "cooldown_counter" (int64) to the base keys.
+enum class PlateauMode : uint8_t { Min, Max };
+enum class ThresholdMode : uint8_t { Rel, Abs };
+struct ReduceLROnPlateauOptions {
+  PlateauMode mode = PlateauMode::Min;
+  double factor = 0.1;
+  int64_t patience = 10;
+  double threshold = 1e-4;
+  ThresholdMode threshold_mode = ThresholdMode::Rel;
+  int64_t cooldown = 0;
+  std::vector<double> min_lr = {0.0};  // one value for every group, or one per group
+  double eps = 1e-8;
+};
+class ReduceLROnPlateau : public LRScheduler {
+ public:
+  explicit ReduceLROnPlateau(Optimizer& optimizer, ReduceLROnPlateauOptions options = {});
+  void step() override;
+  void step(double metric);
+  double best() const { return best_; }
+  int64_t num_bad_epochs() const { return num_bad_epochs_; }
+  int64_t cooldown_counter() const { return cooldown_counter_; }
+  bool in_cooldown() const { return cooldown_counter_ > 0; }
+  const std::vector<double>& min_lrs() const { return min_lrs_; }
+
+  TensorDict state_dict() const override;
+  void load_state_dict(const TensorDict& state) override;
+
+ protected:
+  double lr_at(size_t group, int64_t epoch) const override;  // the optimizer's current lr
+
+ private:
+  bool is_better(double a, double best) const;
+  ReduceLROnPlateauOptions options_;
+  std::vector<double> min_lrs_;
+  double best_;
+  int64_t num_bad_epochs_ = 0, cooldown_counter_ = 0;
 };
 
 }  // namespace accel::optim

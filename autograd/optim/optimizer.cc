@@ -31,6 +31,13 @@ Tensor Optimizer::step(const std::function<Tensor()>& closure) {
   return loss;
 }
 
+void Optimizer::save_global_state(TensorDict&) const {}
+
+std::function<void()> Optimizer::load_global_state(const TensorDict&, std::set<std::string>&,
+                                                   std::vector<std::string>&) {
+  return {};
+}
+
 namespace {
 std::string demangled(const std::type_info& t) {
   int status = 0;
@@ -163,6 +170,7 @@ TensorDict Optimizer::state_dict() const {
       if (s.slots[k].defined()) out[pre + names[k]] = s.slots[k].detach();
     }
   }
+  save_global_state(out);
   return out;
 }
 
@@ -249,6 +257,7 @@ void Optimizer::load_state(const TensorDict& sd, bool adopt) {
       ++i;
     }
   }
+  const std::function<void()> install_global = load_global_state(sd, used, problems);
   for (const auto& [k, v] : sd) {
     if (!used.count(k)) problems.push_back("unexpected key " + k);
   }
@@ -262,6 +271,7 @@ void Optimizer::load_state(const TensorDict& sd, bool adopt) {
     groups_[g].weight_decay = wds[g];
   }
   state_ = std::move(loaded);
+  if (install_global) install_global();
 }
 
 }  // namespace accel::optim

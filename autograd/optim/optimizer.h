@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <typeinfo>
 #include <vector>
@@ -40,8 +41,11 @@ class Optimizer {
   // PyTorch's step(closure): calls closure() with grad mode on (it typically zeroes the
   // gradients, runs the forward and backward, and returns the loss), then step(); returns the
   // loss. A subclass that overrides step() hides this overload: add `using Optimizer::step;`
-  // (SGD, Adam and AdamW do).
-  Tensor step(const std::function<Tensor()>& closure);
+  // (SGD, Adam and AdamW do). LBFGS overrides it: it calls the closure several times per step.
+  virtual Tensor step(const std::function<Tensor()>& closure);
+  // True for an optimizer that can only step through step(closure) (LBFGS): the accelerator
+  // then hands it the closure instead of calling it once and stepping (dist/accelerator.h).
+  virtual bool requires_closure() const { return false; }
   // A new optimizer of this type and options over other parameters, one group per entry of
   // `groups` (which must have as many entries as this optimizer has groups): group g keeps this
   // optimizer's lr / weight decay of group g unless groups[g] sets them. No state is copied.
@@ -94,6 +98,14 @@ class Optimizer {
                                          std::vector<ParamGroup> groups) const;
   // Names of the per-parameter state tensors, e.g. {"exp_avg", "exp_avg_sq"}.
   virtual std::vector<std::string> slot_names() const = 0;
+  // State that belongs to the optimizer as a whole rather than to one parameter (LBFGS's
+  // history), under keys "state.<name>.*" where <name> is not a parameter index. save adds it to
+  // state_dict(); load reads it from the dict, marks the keys it takes in `used`, appends what is
+  // wrong to `problems`, and returns what installs it (run only when the whole dict loads).
+  virtual void save_global_state(TensorDict& out) const;
+  virtual std::function<void()> load_global_state(const TensorDict& state,
+                                                  std::set<std::string>& used,
+                                                  std::vector<std::string>& problems);
 
   const char* name_;
   double default_lr_, default_weight_decay_;

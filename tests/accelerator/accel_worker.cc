@@ -14,6 +14,7 @@
 //   accel_worker hostile <dir> <stage> <word>...            load_state of a malformed checkpoint
 //                                                           is an IoError naming every word
 //   accel_worker zero_train <dir> <stage> <batch> <steps> <save_at> <resume> [mp|-] [accum]
+//                     [adamw|adadelta|adagrad|rmsprop]
 //                                                           DDP / ZeRO training (AdamW, decay
 //                                                           and no-decay groups) with a
 //                                                           checkpoint (resume: load it, then
@@ -26,6 +27,12 @@
 //                                                           AdamW groups and clipping: the
 //                                                           global loss of every micro-batch
 //                                                           and the final parameters
+//   accel_worker lbfgs <dir> <stage> full|save|resume
+//                                                           LBFGS (strong_wolfe) by step(closure)
+//                                                           on the whole data set: losses and
+//                                                           final parameters; save after 2 of 4
+//                                                           steps / resume there; under ZeRO
+//                                                           prepare() refuses it by name
 //   accel_worker train <dir> <steps> <save_every> <resume> [<crash_stage> <crash_rank>]
 //   accel_worker typed <dir> <stage> <per-rank batch> [ckpt 0|1]
 //                                                           tests/dist/typed_model.h (two
@@ -49,7 +56,7 @@
 #include "autograd/nn/container.h"
 #include "autograd/nn/linear.h"
 #include "autograd/nn/safetensors.h"
-#include "autograd/optim/adam.h"
+#include "autograd/optim/optim.h"
 #include "dist/checkpoint.h"
 #include "tests/accelerator/common.h"
 #include "tests/dist/typed_model.h"
@@ -252,8 +259,25 @@ void print_exact(Accelerator& acc, const nn::Module& model, const char* prefix) 
   std::printf("%s-unrounded %lld\n", prefix, (long long)unrounded);
 }
 
+// zero_train's optimizer, with decay_groups: "adamw" (the default), "adadelta", "adagrad",
+// "rmsprop" (centered, with momentum).
+std::shared_ptr<optim::Optimizer> make_optimizer(const std::string& name, const nn::Module& m,
+                                                 const optim::AdamWOptions& ao) {
+  if (name == "adadelta")
+    return std::make_shared<optim::Adadelta>(decay_groups(m), optim::AdadeltaOptions{.lr = 0.5});
+  if (name == "adagrad")
+    return std::make_shared<optim::Adagrad>(
+        decay_groups(m),
+        optim::AdagradOptions{.lr = 1e-2, .lr_decay = 0.01, .initial_accumulator_value = 0.1});
+  if (name == "rmsprop")
+    return std::make_shared<optim::RMSprop>(
+        decay_groups(m), optim::RMSpropOptions{.lr = 1e-3, .momentum = 0.5, .centered = true});
+  EXPECT(name == "adamw");
+  return std::make_shared<optim::AdamW>(decay_groups(m), ao);
+}
+
 int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int save_at,
-               bool resume, const std::string& mp, int accumulation) {
+               bool resume, const std::string& mp, int accumulation, const std::string& optimizer) {
   AcceleratorConfig c = config_from_env(dir);
   c.zero_stage = stage;
   c.gradient_accumulation_steps = accumulation;
@@ -271,7 +295,7 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
   if (f64) mlp->to(kFloat64);
   optim::AdamWOptions ao;
   ao.lr = 1e-2;
-  auto opt = std::make_shared<optim::AdamW>(decay_groups(*mlp), ao);
+  std::shared_ptr<optim::Optimizer> opt = make_optimizer(optimizer, *mlp, ao);
   auto sched = std::make_shared<optim::StepLR>(*opt, 3, 0.5);
   data::DataLoaderOptions lo;
   lo.batch_size = batch;
@@ -727,6 +751,71 @@ int zero_errors() {
   return 0;
 }
 
+// LBFGS through prepare() and step(closure): float64 MLP, the whole data set (48 samples) as one
+// global batch, 4 steps; `phase` "full" runs them, "save" also saves after 2, "resume" loads that
+// and runs the last 2. Prints each step's loss and every parameter bit. Under ZeRO (2+ ranks)
+// prepare_optimizer must refuse LBFGS by name.
+int lbfgs(const std::string& dir, int stage, const std::string& phase) {
+  AcceleratorConfig c = config_from_env(dir);
+  c.zero_stage = stage;
+  Accelerator acc(c);
+  auto mlp = make_mlp();
+  mlp->to(kFloat64);
+  optim::LBFGSOptions o;
+  o.max_iter = 5;
+  o.history_size = 4;
+  o.line_search_fn = "strong_wolfe";
+  auto opt = std::make_shared<optim::LBFGS>(mlp->parameters(), o);
+  if (stage > 0 && acc.num_processes() > 1) {
+    acc.prepare_model(mlp);
+    try {
+      acc.prepare_optimizer(opt);
+    } catch (const ValueError& e) {
+      std::printf("message: %s\n", e.what());
+      EXPECT(std::string(e.what()).find("LBFGS") != std::string::npos &&
+             std::string(e.what()).find("cannot be sharded") != std::string::npos);
+      std::cout << "ok lbfgs" << std::endl;
+      return 0;
+    }
+    EXPECT(!"prepare_optimizer accepted LBFGS under ZeRO");
+  }
+  data::DataLoaderOptions lo;
+  lo.batch_size = 48 / acc.num_processes();
+  auto loader = std::make_shared<data::DataLoader>(test::make_dataset(48), lo);
+  auto [model, aopt, aloader] = acc.prepare(mlp, opt, loader);
+  Tensor x, y;
+  for (auto& b : *aloader) {
+    x = b[0].to(kFloat64);
+    y = b[1].to(kFloat64);
+    break;
+  }
+  int calls = 0;
+  auto closure = [&] {
+    ++calls;
+    aopt->zero_grad();
+    Tensor loss = mse_loss(model->forward(x), y);
+    acc.backward(loss);
+    return loss;
+  };
+  int done = 0;
+  if (phase == "resume") {
+    acc.load_state(dir + "/ckpt");
+    done = int(acc.optimizer_steps());
+    EXPECT(done == 2);
+  }
+  for (; done < 4; ++done) {
+    const Tensor loss = aopt->step(closure);
+    std::printf("loss %d %a\n", done, loss.item<double>());
+    if (phase == "save" && done == 1) acc.save_state(dir + "/ckpt");
+  }
+  EXPECT(calls > 4);  // the line search re-evaluates
+  const nn::TensorDict full = acc.get_state_dict(*model);
+  for (auto& [name, p] : model->named_parameters())
+    for (double v : full.at(name).tolist()) std::printf("p64 %a\n", v);
+  std::cout << "ok lbfgs" << std::endl;
+  return 0;
+}
+
 // The test matrix of Note [strategy seam]: 20 optimizer steps (20 * accumulation micro-batches)
 // over an unshuffled loader whose global micro-batch is batch * W; AdamW with decay / no-decay
 // groups at different lrs, clipping on every sync step. Prints the global mean loss of every
@@ -912,7 +1001,8 @@ int main(int argc, char** argv) {
       return zero_train(argv[2], std::atoi(argv[3]), std::atoll(argv[4]), std::atoi(argv[5]),
                         std::atoi(argv[6]), std::atoi(argv[7]) != 0,
                         argc > 8 && std::strcmp(argv[8], "-") != 0 ? argv[8] : "",
-                        argc > 9 ? std::atoi(argv[9]) : 1);
+                        argc > 9 ? std::atoi(argv[9]) : 1, argc > 10 ? argv[10] : "adamw");
+    if (mode == "lbfgs" && argc > 4) return lbfgs(argv[2], std::atoi(argv[3]), argv[4]);
     if (mode == "typed" && argc > 4)
       return typed(argv[2], std::atoi(argv[3]), std::atoll(argv[4]),
                    argc > 5 && std::atoi(argv[5]) != 0);

@@ -486,3 +486,45 @@ TEST_CASE("load_model: tied weights load from files that hold them once, under e
   }
   fs::remove_all(dir);
 }
+
+// ReduceLROnPlateau through prepare(): step(metric) on sync steps, its state (best, bad epochs,
+// cooldown) in save_state / load_state; step() without a metric and step(metric) on another
+// scheduler are ValueErrors.
+TEST_CASE("ReduceLROnPlateau: prepared step(metric), save_state / load_state resume its state") {
+  const std::string dir = fresh_dir("plateau");
+  auto run = [&](bool resume) {
+    Accelerator acc(base_config(dir));
+    Tensor p = zeros({2}).requires_grad_();
+    auto opt = std::make_shared<optim::SGD>(std::vector<Tensor>{p}, optim::SGDOptions{.lr = 0.1});
+    optim::ReduceLROnPlateauOptions o;
+    o.patience = 1;
+    o.factor = 0.5;
+    o.cooldown = 1;
+    auto sched = acc.prepare_scheduler(std::make_shared<optim::ReduceLROnPlateau>(*opt, o));
+    auto aopt = acc.prepare_optimizer(opt);
+    const std::vector<double> metrics = {1.0, 0.9, 0.95, 0.96, 0.97, 0.98, 0.99, 0.8, 0.85, 0.9};
+    std::vector<double> lrs;
+    size_t i = 0;
+    if (resume) {
+      acc.load_state(dir + "/ckpt");
+      i = 5;
+    }
+    for (; i < metrics.size(); ++i) {
+      sched->step(metrics[i]);
+      lrs.push_back(aopt->lr());
+      if (!resume && i == 4) acc.save_state(dir + "/ckpt");
+    }
+    CHECK_THROWS_AS(sched->step(), ValueError);
+    return lrs;
+  };
+  const std::vector<double> full = run(false);
+  CHECK(full[3] == 0.05);  // 2 bad steps after the best 0.9: halved
+  CHECK(full.back() < 0.05);
+  const std::vector<double> resumed = run(true);
+  CHECK(resumed == std::vector<double>(full.begin() + 5, full.end()));
+  Accelerator acc(base_config(dir));
+  Tensor q = zeros({2}).requires_grad_();
+  optim::SGD sgd({q}, {.lr = 0.1});
+  auto step_lr = acc.prepare_scheduler(std::make_shared<optim::StepLR>(sgd, 2));
+  CHECK_THROWS_AS(step_lr->step(1.0), ValueError);
+}

@@ -13,6 +13,7 @@
 
 #include "core/raw.h"
 #include "kernels/stubs/conv.h"
+#include "kernels/stubs/reduce.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/launch.h"
@@ -253,8 +254,11 @@ void conv2d_backward_kernel(const Tensor& x, const Tensor& w, const Tensor& gout
         c.bwd_filter_ws, kZero.ptr(dt), c.w, gw->data_ptr()));
   }
   if (gb) {
-    ACCEL_CUDNN_CHECK(cudnnConvolutionBackwardBias(h, kOne.ptr(dt), c.y, gout.data_ptr(),
-                                                   kZero.ptr(dt), c.bias, gb->data_ptr()));
+    // The bias gradient is gout summed over (N, H, W). cuDNN's cudnnConvolutionBackwardBias
+    // refuses bfloat16 (CUDNN_STATUS_NOT_SUPPORTED on an H200, cuDNN 9), so our reduction does
+    // it for every dtype, accumulating 16-bit values in float32.
+    Tensor out = gb->view({1, gb->numel(), 1, 1});
+    reduce_stub(gout.device(), ReduceOp::Sum, gout, Shape{0, 2, 3}, out);
   }
 }
 

@@ -85,7 +85,8 @@ double tol(DType dt) {
 
 class Checker {
  public:
-  Checker(ProcessGroup& pg, bool quiet) : pg_(pg), quiet_(quiet) {}
+  // `dev`: where the group's collectives take tensors (NCCL: this rank's GPU).
+  Checker(ProcessGroup& pg, Device dev, bool quiet) : pg_(pg), dev_(dev), quiet_(quiet) {}
 
   // Runs `fn` (returns an error text, empty when fine) on every rank; rank 0 reports.
   void check(const std::string& name, const std::function<std::string()>& fn) {
@@ -96,8 +97,8 @@ class Checker {
       err = std::string("exception: ") + e.what();
     }
     // Agree on the outcome: a failed collective would make later ones fail too, so stop there.
-    Tensor ok = tensor(std::vector<int64_t>{err.empty() ? 1 : 0}, {1});
-    Tensor all = zeros({pg_.size()}, TensorOptions(kInt64));
+    Tensor ok = tensor(std::vector<int64_t>{err.empty() ? 1 : 0}, {1}).to(dev_);
+    Tensor all = zeros({pg_.size()}, TensorOptions(kInt64, dev_));
     bool agreed = true;
     try {
       pg_.all_gather(all, ok);
@@ -107,7 +108,7 @@ class Checker {
     }
     std::vector<int> bad;
     if (agreed) {
-      auto v = all.tolist();
+      auto v = all.cpu().tolist();
       for (int r = 0; r < pg_.size(); ++r)
         if (v[size_t(r)] == 0) bad.push_back(r);
     } else {
@@ -134,6 +135,7 @@ class Checker {
 
  private:
   ProcessGroup& pg_;
+  Device dev_;
   bool quiet_;
   int failed_ = 0, total_ = 0;
 };
@@ -171,7 +173,7 @@ int main(int argc, char** argv) {
   if (r == 0)
     std::printf("accel-selftest: backend %s, world size %d, master %s:%d\n",
                 std::string(pg->backend()).c_str(), w, env.master_addr.c_str(), env.master_port);
-  Checker c(*pg, args.quiet);
+  Checker c(*pg, dev, args.quiet);
   int rc = 0;
   try {
     const std::vector<DType> dtypes = {kFloat32, kFloat64, kFloat16, kBFloat16,

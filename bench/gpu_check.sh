@@ -18,17 +18,24 @@
 #
 #   bench/gpu_check.sh             run it (BUILD_DIR=build-gpu, JOBS=$(nproc), GPU_CHECK_BUDGET=450)
 #   bench/gpu_check.sh --dry-run   print the steps, their caps and commands; run nothing
+#   bench/gpu_check.sh --prebuilt ARCHIVE   no packages, configure or build: run the programs
+#       bench/gpu_pack.sh packed from a CUDA build made elsewhere (a device image without
+#       Debian's libraries and without a mirror), with the libraries it carries
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 DRY=0
-for a in "$@"; do
-  case "$a" in
+PREBUILT=""
+while [ $# -gt 0 ]; do
+  case "$1" in
     --dry-run|-n) DRY=1 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "gpu_check: unknown argument $a (try --help)" >&2; exit 2 ;;
+    --prebuilt) PREBUILT=${2:?--prebuilt needs an archive}; shift ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu_check: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
+  shift
 done
+export PREBUILT
 
 export DRY
 export BUILD=${BUILD_DIR:-build-gpu}
@@ -68,8 +75,19 @@ mtest() {
     put "$name" "absent" "not a test of this build (built with -Dcuda=enabled?)"
     return
   fi
-  x meson test -C "$BUILD" --no-rebuild --print-errorlogs -v "$name" 2>&1 | tee "$out"
+  if [ -n "$PREBUILT" ]; then  # no meson build here: the test's program, as meson runs it
+    local prog
+    prog=$(awk -v n="$name" '$1 == n { print $2 }' "$BUILD/tests.list" 2>/dev/null)
+    [ -n "$prog" ] || prog="($name's program from tests.list)"
+    x "$BUILD/$prog" 2>&1 | tee "$out"
+  else
+    x meson test -C "$BUILD" --no-rebuild --print-errorlogs -v "$name" 2>&1 | tee "$out"
+  fi
   local rc=${PIPESTATUS[0]}
+  if [ -n "$PREBUILT" ] && [ "$rc" -eq 77 ]; then  # meson's skip code
+    echo "Skipped: 1" >>"$out"
+    rc=0
+  fi
   [ "$DRY" = 1 ] && return
   local status=pass
   if [ $rc -ne 0 ]; then
@@ -84,6 +102,9 @@ mtest() {
   asserts=$(grep -E '^\[doctest\] assertions:' "$out" | tail -1 |
     sed 's/\[doctest\] assertions: *//; s/ *|.*//')
   local fig="${cases:-?} test cases, ${asserts:-?} checks"
+  # A runner of its own (op_cross_device) prints one summary line "<name>: ...".
+  [ -z "$cases" ] && fig=$(grep -E "^$name: " "$out" | tail -1 | cut -c1-160)
+  [ -n "$fig" ] || fig="exit $rc"
   if [ "$status" = SKIP ]; then
     fig=$(grep -i 'skipped:' "$out" | grep -v '^Skipped:' | head -1 | cut -c1-90)
     [ -n "$fig" ] || fig="skipped (exit 77)"
@@ -168,6 +189,17 @@ step_configure() {
     meson test -C "$BUILD" --no-rebuild --list 2>/dev/null | sed 's|^.* / ||' >"$LOG/tests.list"
 }
 
+step_unpack() {
+  # --prebuilt: the archive bench/gpu_pack.sh made replaces the build directory.
+  rm -rf "$BUILD" && mkdir -p "$BUILD" && x tar -C "$BUILD" -xJf "$PREBUILT" || {
+    put unpack FAIL "cannot unpack $PREBUILT"
+    return 1
+  }
+  [ "$DRY" = 1 ] && return
+  awk '{ print $1 }' "$BUILD/tests.list" >"$LOG/tests.list"
+  put unpack pass "$PREBUILT: $(wc -l <"$LOG/tests.list") tests, $(ls "$BUILD/syslib" | wc -l) carried libraries; LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+}
+
 GPU_TESTS="op_cross_device cuda_vs_cpu dist_nccl"
 export GPU_TESTS
 step_build() {
@@ -240,7 +272,9 @@ step_ddp_zero() {
   local stage worst=0 failed=""
   for stage in 0 1 2 3; do
     local out="$LOG/ddp_gpu_zero$stage.txt"
+    # accel-run's settings override the program's (ACCEL_* variables): give it the worker's.
     x "$BUILD/launcher/accel-run" launch --num_processes "$w" --gpu_ids all \
+      --zero_stage "$stage" --gradient_accumulation_steps 2 --mixed_precision no \
       "$worker" ddp_mlp $((16 / w)) "$stage" >"$out" 2>&1
     local rc=$?
     [ "$DRY" = 1 ] && continue
@@ -331,6 +365,19 @@ if command -v nvidia-smi >/dev/null; then
     --format=csv,noheader 2>/dev/null | head -1)
 fi
 export NGPU
+if [ -n "$PREBUILT" ]; then
+  # The carried libraries, then CUDA's own wherever the image keeps them (cuDNN and NCCL may
+  # come with a Python package rather than the toolkit).
+  case "$PREBUILT" in /*) ;; *) PREBUILT=$PWD/$PREBUILT ;; esac
+  case "$BUILD" in /*) ;; *) BUILD=$PWD/$BUILD ;; esac
+  libdirs="$BUILD:$BUILD/syslib"
+  for l in libcudart.so.13 libcublas.so.13 libcudnn.so.9 libnccl.so.2; do
+    d=$(find /usr/local/cuda/lib64 /usr/local/cuda/targets /usr/lib /usr/local/lib /opt \
+      -name "$l" 2>/dev/null | head -1)
+    [ -n "$d" ] && libdirs+=":$(dirname "$d")"
+  done
+  export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 NVCC=$(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo "no nvcc")
 
 if [ "$DRY" = 1 ]; then
@@ -341,10 +388,17 @@ ROWS+=("device|$([ "$NGPU" -gt 0 ] && echo pass || echo FAIL)|$NGPU x ${GPU_DESC
 
 # Order of importance; each line: step, cap in seconds.
 while read -r name cap; do
+  if [ -n "$PREBUILT" ]; then
+    case "$name" in packages | configure) continue ;; build) name=unpack ;; esac
+  fi
   run_step "$name" "$cap"
   # Nothing can run without a configured build.
   if [ "$DRY" != 1 ] && [ "$name" = configure ] && [ ! -f "$BUILD/build.ninja" ]; then
     ROWS+=("remaining steps|skip|no build")
+    break
+  fi
+  if [ "$DRY" != 1 ] && [ "$name" = unpack ] && [ ! -f "$BUILD/tests.list" ]; then
+    ROWS+=("remaining steps|skip|nothing unpacked")
     break
   fi
 done <<'STEPS'

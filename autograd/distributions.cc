@@ -28,8 +28,8 @@ double dtype_lowest(DType dt) {
 
 void check_param(const Tensor& p, const char* what) {
   ACCEL_CHECK(p.defined(), ValueError, "Categorical", what, " is undefined");
-  ACCEL_CHECK(p.is_floating_point(), DTypeError, "Categorical", what,
-              " must be floating, got ", p.dtype(), " of shape ", p.sizes());
+  ACCEL_CHECK(p.is_floating_point(), DTypeError, "Categorical", what, " must be floating, got ",
+              p.dtype(), " of shape ", p.sizes());
   ACCEL_CHECK(p.dim() >= 1 && p.size(p.dim() - 1) > 0, ShapeError, "Categorical", what,
               " must be (..., K) with K >= 1 categories, got shape ", p.sizes());
 }
@@ -44,8 +44,8 @@ Categorical Categorical::from_probs(const Tensor& probs) {
     if (probs.numel() > 0) {
       const double lo = amin(probs).item(), hi = amax(probs).item();
       ACCEL_CHECK(lo >= 0.0 && hi < std::numeric_limits<double>::infinity(), ValueError,
-                  "Categorical", "probs must be finite and non-negative, got values in [", lo,
-                  ", ", hi, "] (shape ", probs.sizes(), ")");
+                  "Categorical", "probs must be finite and non-negative, got values in [", lo, ", ",
+                  hi, "] (shape ", probs.sizes(), ")");
       const double row_min = amin(sum(probs, {-1})).item();
       ACCEL_CHECK(row_min > 0.0, ValueError, "Categorical",
                   "every row of probs needs a positive sum, got a row summing to ", row_min,
@@ -62,7 +62,8 @@ Categorical Categorical::from_logits(const Tensor& logits) {
   check_param(logits, "logits");
   if (logits.numel() > 0) {
     NoGradGuard no_grad;
-    // validate_args: real (no NaN; -inf is a zero-probability category). +inf has no normalised form.
+    // validate_args: real (no NaN; -inf is a zero-probability category). +inf has no normalised
+    // form.
     const double lo = amin(logits).item(), hi = amax(logits).item();
     ACCEL_CHECK(lo == lo && hi == hi && hi < std::numeric_limits<double>::infinity(), ValueError,
                 "Categorical", "logits must be real numbers below +inf, got values in [", lo, ", ",

@@ -101,19 +101,18 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Ten
     l = neg(add(mul(t, lx), mul(rsub(t, 1.0), l1x)));
   }
   if (autograd::needs_grad(input, t)) {
-    autograd::record(
-        op, {&input, &t}, {&l},
-        [xs = autograd::save_input(input, 0), ts = autograd::save_input(t, 1),
-         gt = t.requires_grad()](const autograd::Grads& g) {
-          const Tensor& x = xs.unpack();
-          const Tensor& tt = ts.unpack();
-          constexpr double kEps = static_cast<double>(1e-12f);
-          Tensor dx =
-              div(mul(g[0], sub(x, tt)), clamp(mul(x, rsub(x, 1.0)), Scalar(kEps), std::nullopt));
-          Tensor dt;
-          if (gt) dt = mul(g[0], sub(log1p(neg(x)), log(x)));
-          return autograd::Grads{dx, dt};
-        });
+    autograd::record(op, {&input, &t}, {&l},
+                     [xs = autograd::save_input(input, 0), ts = autograd::save_input(t, 1),
+                      gt = t.requires_grad()](const autograd::Grads& g) {
+                       const Tensor& x = xs.unpack();
+                       const Tensor& tt = ts.unpack();
+                       constexpr double kEps = static_cast<double>(1e-12f);
+                       Tensor dx = div(mul(g[0], sub(x, tt)),
+                                       clamp(mul(x, rsub(x, 1.0)), Scalar(kEps), std::nullopt));
+                       Tensor dt;
+                       if (gt) dt = mul(g[0], sub(log1p(neg(x)), log(x)));
+                       return autograd::Grads{dx, dt};
+                     });
   }
   if (w.defined()) l = mul(l, w);
   return reduce(op, l, reduction);
@@ -128,8 +127,7 @@ Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
   return reduce(op, abs(sub(input, t)), reduction);
 }
 
-Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction,
-                      double beta) {
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction, double beta) {
   if (ACCEL_UNLIKELY(autocast_wants_upcast(input, target)))
     return smooth_l1_loss(autocast_upcast(input), autocast_upcast(target), reduction, beta);
   const char* op = "smooth_l1_loss";
@@ -238,8 +236,8 @@ Tensor cosine_embedding_loss(const Tensor& x1, const Tensor& x2, const Tensor& t
   Tensor m2 = add(sum(mul(x2, x2), {d}), 1e-12);
   Tensor cos = div(prod, sqrt(mul(m1, m2)));
   Tensor pos = where(eq(target, Scalar(1)), rsub(cos, 1.0), Scalar(0.0));
-  Tensor negl =
-      where(eq(target, Scalar(-1)), clamp(sub(cos, margin), Scalar(0.0), std::nullopt), Scalar(0.0));
+  Tensor negl = where(eq(target, Scalar(-1)), clamp(sub(cos, margin), Scalar(0.0), std::nullopt),
+                      Scalar(0.0));
   return reduce(op, add(pos, negl), reduction);
 }
 

@@ -76,10 +76,8 @@ const std::map<std::string, LossFn>& fixture_calls() {
       {"bce_mean", [](auto& x, auto& t, auto&) { return binary_cross_entropy(x, t); }},
       {"bce_none_weight",
        [](auto& x, auto& t, auto& w) { return binary_cross_entropy(x, t, w, Reduction::None); }},
-      {"bce_sum_edges",
-       [](auto& x, auto& t, auto&) {
-         return binary_cross_entropy(x, t, Tensor(), Reduction::Sum);
-       }},
+      {"bce_sum_edges", [](auto& x, auto& t,
+                           auto&) { return binary_cross_entropy(x, t, Tensor(), Reduction::Sum); }},
       {"l1_mean", [](auto& x, auto& t, auto&) { return l1_loss(x, t); }},
       {"l1_none", [](auto& x, auto& t, auto&) { return l1_loss(x, t, Reduction::None); }},
       {"smooth_l1_mean_beta05",
@@ -217,8 +215,8 @@ TEST_CASE("losses: errors name the op, shapes and dtypes") {
                   ValueError);
   CHECK_NOTHROW(kl_div(p, p, Reduction::BatchMean));
   // cosine_embedding_loss: target shape against the inputs.
-  const std::string m5 = message(
-      [&] { cosine_embedding_loss(p, p, ones({3}, TensorOptions(kInt64))); });
+  const std::string m5 =
+      message([&] { cosine_embedding_loss(p, p, ones({3}, TensorOptions(kInt64))); });
   CHECK(m5.find("cosine_embedding_loss") != std::string::npos);
   CHECK(m5.find("(2, 3)") != std::string::npos);
   CHECK_THROWS_AS(cosine_embedding_loss(p, p, ones({2}, TensorOptions(kBool))), DTypeError);
@@ -244,7 +242,8 @@ TEST_CASE("losses: modules hold torch's defaults and forward to the functions") 
   CHECK(nn::CosineSimilarity().eps == 1e-8);
   Tensor target = tensor(std::vector<int64_t>{1, -1, 1, -1}, {4});
   CHECK(nn::CosineEmbeddingLoss().margin == 0.0);
-  CHECK(equal(nn::CosineEmbeddingLoss(0.2)(x, y, target), cosine_embedding_loss(x, y, target, 0.2)));
+  CHECK(
+      equal(nn::CosineEmbeddingLoss(0.2)(x, y, target), cosine_embedding_loss(x, y, target, 0.2)));
   // BCELoss's weight is a buffer: in state_dict and converted by to().
   nn::BCELoss bce(tensor(std::vector<double>{1.0, 2.0, 3.0}, {3}));
   CHECK(equal(bce(x, y), binary_cross_entropy(x, y, bce.weight)));
@@ -278,7 +277,8 @@ TEST_CASE("Categorical: probs and logits normalised, both ways agree") {
   check_close(e.probs(), {1.0 / 6, 2.0 / 6, 3.0 / 6}, "probs from logits");
   check_close(exp(e.logits()), {1.0 / 6, 2.0 / 6, 3.0 / 6}, "normalised logits");
   // entropy: -sum p log p, 0 log 0 = 0 (the second row has a zero category).
-  const double h0 = -(1.0 / 6 * std::log(1.0 / 6) + 2.0 / 6 * std::log(2.0 / 6) + 0.5 * std::log(0.5));
+  const double h0 =
+      -(1.0 / 6 * std::log(1.0 / 6) + 2.0 / 6 * std::log(2.0 / 6) + 0.5 * std::log(0.5));
   check_close(d.entropy(), {h0, std::log(2.0)}, "entropy");
   // A -inf logit is a zero-probability category; its entropy stays finite.
   Tensor li = tensor(std::vector<double>{0.0, -INFINITY, 0.0}, {3});

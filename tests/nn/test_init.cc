@@ -68,11 +68,12 @@ TEST_CASE("init: uniform_, normal_, constant_, ones_, zeros_, eye_") {
 TEST_CASE("init: the generator argument decides the values; null uses the default generator") {
   Tensor x = empty({64, 32}), y = empty({64, 32});
   using Fn = void (*)(Tensor, Generator*);
-  const Fn fns[] = {
-      [](Tensor t, Generator* g) { init::kaiming_uniform_(t, 0.0, init::FanMode::FanIn, "relu", g); },
-      [](Tensor t, Generator* g) { init::xavier_normal_(t, 1.0, g); },
-      [](Tensor t, Generator* g) { init::trunc_normal_(t, 0.0, 1.0, -2.0, 2.0, g); },
-      [](Tensor t, Generator* g) { init::orthogonal_(t, 1.0, g); }};
+  const Fn fns[] = {[](Tensor t, Generator* g) {
+                      init::kaiming_uniform_(t, 0.0, init::FanMode::FanIn, "relu", g);
+                    },
+                    [](Tensor t, Generator* g) { init::xavier_normal_(t, 1.0, g); },
+                    [](Tensor t, Generator* g) { init::trunc_normal_(t, 0.0, 1.0, -2.0, 2.0, g); },
+                    [](Tensor t, Generator* g) { init::orthogonal_(t, 1.0, g); }};
   for (Fn fn : fns) {
     Generator a(42), b(42);
     fn(x, &a);
@@ -152,7 +153,8 @@ TEST_CASE("init: trunc_normal_ matches the truncated normal's moments and stays 
     CHECK(m.lo >= c.a);
     CHECK(m.hi <= c.b);
     // Closed form: with al, be standardised and Z = cdf(be) - cdf(al),
-    // mean = mu + s (phi(al) - phi(be)) / Z, var = s^2 (1 + (al phi(al) - be phi(be)) / Z - ((phi(al) - phi(be)) / Z)^2).
+    // mean = mu + s (phi(al) - phi(be)) / Z, var = s^2 (1 + (al phi(al) - be phi(be)) / Z -
+    // ((phi(al) - phi(be)) / Z)^2).
     const double al = (c.a - c.mean) / c.std, be = (c.b - c.mean) / c.std;
     const double z = cdf(be) - cdf(al);
     const double r = (phi(al) - phi(be)) / z;

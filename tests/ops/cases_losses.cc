@@ -40,7 +40,8 @@ void add_losses_cases(Table& t) {
   t.add("kl_div", "batchmean, target with grad",
         OP_INPUTS(m.rnd({3, 4}, -3.0, -0.2), m.rnd({3, 4}, 0.05, 1.0)),
         OP_FN(return kl_div(x[0], x[1], Reduction::BatchMean);));
-  t.add("kl_div", "none, log_target", OP_INPUTS(m.rnd({2, 5}, -3.0, -0.2), m.rnd({2, 5}, -3.0, 0.0)),
+  t.add("kl_div", "none, log_target",
+        OP_INPUTS(m.rnd({2, 5}, -3.0, -0.2), m.rnd({2, 5}, -3.0, 0.0)),
         OP_FN(return kl_div(x[0], x[1], Reduction::None, true);));
   t.add("kl_div", "mean, zeros in the target (0 log 0 = 0)",
         OP_INPUTS(m.rnd({2, 3}, -3.0, -0.2), m.values({0.5, 0, 0.25, 0, 0.75, 0.125}, {2, 3})),

@@ -121,7 +121,8 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
                 double eps = 1e-6);
-enum class Reduction : uint8_t { None, Mean, Sum };
+// BatchMean (the sum divided by the batch size, dim 0) is kl_div's only; other losses refuse it.
+enum class Reduction : uint8_t { None, Mean, Sum, BatchMean };
 // logits: (N, C) or (N, C, d...) ; target: int64 class indices (N) or (N, d...).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::Mean, double label_smoothing = 0.0);
@@ -214,6 +215,31 @@ Tensor where(const Tensor& cond, Scalar a, Scalar b);
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight,
                      int64_t ignore_index = -100, Reduction reduction = Reduction::Mean,
                      double label_smoothing = 0.0);
+
+// ---- more losses (autograd/ops/losses.cc; composed from the ops above, torch.nn.functional's
+// definitions, arguments and defaults; input and target of the same shape, no broadcasting) ----
+// input: probabilities in [0, 1] (else ValueError); weight broadcasts to input's shape.
+// -w (t log x + (1 - t) log(1 - x)), each log clamped at -100 as torch.
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target,
+                            const Tensor& weight = Tensor(), Reduction reduction = Reduction::Mean);
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
+// |d| < beta ? 0.5 d^2 / beta : |d| - 0.5 beta (beta = 0: l1_loss).
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target,
+                      Reduction reduction = Reduction::Mean, double beta = 1.0);
+// |d| < delta ? 0.5 d^2 : delta (|d| - 0.5 delta); delta > 0.
+Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean,
+                  double delta = 1.0);
+// input: log-probabilities; target: probabilities (log-probabilities when log_target).
+// t (log t - x) (0 where t = 0), or exp(t) (t - x). BatchMean divides the sum by input.size(0).
+Tensor kl_div(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean,
+              bool log_target = false);
+// x1, x2 broadcast together; dim of the broadcast shape is reduced:
+// sum(x1 / max(|x1|, eps) * x2 / max(|x2|, eps), dim).
+Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int64_t dim = 1, double eps = 1e-8);
+// x1, x2: (N, D) with target (N), or (D) with target (); target entries 1 or -1:
+// 1 - cos for 1, max(0, cos - margin) for -1 (anything else: 0), cos over D.
+Tensor cosine_embedding_loss(const Tensor& x1, const Tensor& x2, const Tensor& target,
+                             double margin = 0.0, Reduction reduction = Reduction::Mean);
 
 // ---- operators ----
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }

@@ -23,6 +23,12 @@ inline void check_floating(const Tensor& t, const char* op, const char* what = "
               t.dtype(), " of shape ", t.sizes());
 }
 
+// Reduction::BatchMean is kl_div's alone (as torch's 'batchmean'); every other loss refuses it.
+inline void check_not_batchmean(Reduction r, const char* op) {
+  ACCEL_CHECK(r != Reduction::BatchMean, ValueError, op,
+              "reduction BatchMean is only supported by kl_div (use Mean, Sum or None)");
+}
+
 // A view of `base` with new geometry (shares storage).
 inline Tensor make_view(const Tensor& base, Shape sizes, Shape strides, int64_t offset) {
   return Tensor(make_intrusive<TensorImpl>(base.storage(), std::move(sizes), std::move(strides),

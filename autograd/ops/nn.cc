@@ -87,7 +87,8 @@ Tensor reduce_loss(const Tensor& l, Reduction r) {
   switch (r) {
     case Reduction::None: return l;
     case Reduction::Sum: return sum(l);
-    case Reduction::Mean: return mean(l);
+    case Reduction::Mean:
+    case Reduction::BatchMean: return mean(l);  // refused at the entry points
   }
   return l;
 }
@@ -157,6 +158,7 @@ Tensor reduce_rows(const Tensor& loss, const Tensor& valid, Reduction r, const S
     case Reduction::None:
       return ops::make_view(loss, none_shape, contiguous_strides(none_shape), loss.offset());
     case Reduction::Sum: return sum(loss);
+    case Reduction::BatchMean:  // refused at the entry points
     case Reduction::Mean: return div(sum(loss), valid);
   }
   return loss;
@@ -253,6 +255,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   if (ACCEL_UNLIKELY(autocast_wants_upcast(logits)))
     return cross_entropy(autocast_upcast(logits), target, ignore_index, reduction, label_smoothing);
   const char* op = "cross_entropy";
+  ops::check_not_batchmean(reduction, op);
   // Class probabilities: a floating target of the input's shape (else class indices, as torch).
   if (target.defined() && logits.defined() && target.is_floating_point() &&
       target.sizes() == logits.sizes())
@@ -302,6 +305,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
     return cross_entropy(autocast_upcast(logits), target, autocast_upcast(weight), ignore_index,
                          reduction, label_smoothing);
   const char* op = "cross_entropy";
+  ops::check_not_batchmean(reduction, op);
   ops::check_defined(logits, op, "input");
   ops::check_defined(target, op, "target");
   ops::check_floating(logits, op, "input");
@@ -334,6 +338,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
     switch (reduction) {
       case Reduction::None: return neg(sum(prod, {cdim}));
       case Reduction::Sum: return neg(sum(prod));
+      case Reduction::BatchMean:  // refused at the entry points
       case Reduction::Mean: return div(neg(sum(prod)), double(logits.numel() / c));
     }
   }
@@ -366,6 +371,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
     switch (reduction) {
       case Reduction::None: return l;
       case Reduction::Sum: return sum(l);
+      case Reduction::BatchMean:  // refused at the entry points
       case Reduction::Mean: return div(sum(l), sum(wy));
     }
     return l;
@@ -380,6 +386,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_in
   if (ACCEL_UNLIKELY(autocast_wants_upcast(log_probs)))
     return nll_loss(autocast_upcast(log_probs), target, ignore_index, reduction);
   const char* op = "nll_loss";
+  ops::check_not_batchmean(reduction, op);
   check_class_target(op, log_probs, target);
   ClassRows cr = class_rows(op, log_probs, target);
   const int64_t rows = cr.x2.sizes()[0];
@@ -406,6 +413,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
   if (ACCEL_UNLIKELY(autocast_wants_upcast(input, target)))
     return mse_loss(autocast_upcast(input), autocast_upcast(target), reduction);
   const char* op = "mse_loss";
+  ops::check_not_batchmean(reduction, op);
   ops::check_defined(input, op, "input");
   ops::check_defined(target, op, "target");
   ops::check_floating(input, op, "input");
@@ -424,6 +432,7 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
     return binary_cross_entropy_with_logits(autocast_upcast(logits), autocast_upcast(target),
                                             reduction);
   const char* op = "binary_cross_entropy_with_logits";
+  ops::check_not_batchmean(reduction, op);
   ops::check_defined(logits, op, "input");
   ops::check_defined(target, op, "target");
   ops::check_floating(logits, op, "input");

@@ -204,4 +204,5 @@ void add_join_cases(Table& t);
 void add_optim_cases(Table& t);
 void add_indexing_cases(Table& t);
 void add_inplace_cases(Table& t);
+void add_losses_cases(Table& t);
 }  // namespace accel::optable::detail

@@ -337,14 +337,24 @@ TEST_CASE("init: a rank that never arrives is named, within the one init timeout
   auto res = run_world(worker(), {"init_fault"}, 3,
                        {{"DIST_VICTIM", "-1"}, {"DIST_ABSENT", "2"}, {"DIST_TIMEOUT_MS", "4000"}},
                        60s, /*kill_after_survivors=*/true);
+  // Both ranks reach the same deadline; the first to give up exits, and on a loaded machine the
+  // other may see its heartbeat port close a moment before its own deadline passes. That rank
+  // then names the one that left, which is true too; at least one names the absent rank.
+  int named = 0;
   for (int r = 0; r < 2; ++r) {
     INFO("rank " << r << " output:\n" << res[size_t(r)].output);
     CHECK(res[size_t(r)].code == 0);
-    CHECK(res[size_t(r)].output.find("rank 2 did not publish its heartbeat address within 4000 "
-                                     "ms (it never connected to the rendezvous store at "
-                                     "127.0.0.1:") != std::string::npos);
-    CHECK(res[size_t(r)].output.find("ranks 0, 1 did") != std::string::npos);
+    const std::string& out = res[size_t(r)].output;
+    if (out.find("rank 2 did not publish its heartbeat address within 4000 ms (it never "
+                 "connected to the rendezvous store at 127.0.0.1:") != std::string::npos) {
+      CHECK(out.find("ranks 0, 1 did") != std::string::npos);
+      ++named;
+    } else {
+      CHECK(out.find("rank " + std::to_string(1 - r) +
+                     " at 127.0.0.1: its heartbeat port is closed") != std::string::npos);
+    }
   }
+  CHECK(named >= 1);
   CHECK(std::chrono::steady_clock::now() - t0 < 4s + 20s);
 }
 

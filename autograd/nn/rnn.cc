@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "autograd/function.h"
 #include "autograd/nn/init.h"
 #include "autograd/ops.h"
 
@@ -15,12 +16,9 @@ using detail::RNNMode;
 const char* mode_name(RNNMode m) {
   switch (m) {
     case RNNMode::Tanh:
-    case RNNMode::ReLU:
-      return "RNN";
-    case RNNMode::LSTM:
-      return "LSTM";
-    case RNNMode::GRU:
-      return "GRU";
+    case RNNMode::ReLU: return "RNN";
+    case RNNMode::LSTM: return "LSTM";
+    case RNNMode::GRU: return "GRU";
   }
   return "RNN";
 }
@@ -28,12 +26,9 @@ const char* mode_name(RNNMode m) {
 const char* cell_name(RNNMode m) {
   switch (m) {
     case RNNMode::Tanh:
-    case RNNMode::ReLU:
-      return "RNNCell";
-    case RNNMode::LSTM:
-      return "LSTMCell";
-    case RNNMode::GRU:
-      return "GRUCell";
+    case RNNMode::ReLU: return "RNNCell";
+    case RNNMode::LSTM: return "LSTMCell";
+    case RNNMode::GRU: return "GRUCell";
   }
   return "RNNCell";
 }
@@ -52,10 +47,8 @@ std::tuple<Tensor, Tensor> cell_step(RNNMode mode, const Tensor& xw, const Tenso
                                      const Tensor& c, const Tensor& w_hh, const Tensor& b_hh) {
   Tensor hw = linear(h, w_hh, b_hh);  // (N, G*H)
   switch (mode) {
-    case RNNMode::Tanh:
-      return {tanh(xw + hw), Tensor()};
-    case RNNMode::ReLU:
-      return {relu(xw + hw), Tensor()};
+    case RNNMode::Tanh: return {tanh(xw + hw), Tensor()};
+    case RNNMode::ReLU: return {relu(xw + hw), Tensor()};
     case RNNMode::LSTM: {
       const int64_t H = h.size(-1);
       Tensor g = xw + hw;  // [i | f | g | o]
@@ -78,6 +71,87 @@ std::tuple<Tensor, Tensor> cell_step(RNNMode mode, const Tensor& xw, const Tenso
   return {};
 }
 
+// Note [fused LSTM layer]
+// An LSTM layer direction without a length mask runs as one autograd node instead of ~12 per
+// step. The forward loop is the composed one run without recording (the activated gates, tanh(g),
+// tanh(c) and the states are kept); the backward walks the steps in reverse with framework ops:
+//   dh_t += dout_t;  dc += dh_t o (1 - tanh(c_t)^2);  do = dh_t tanh(c_t)
+//   di = dc g;  df = dc c_{t-1};  dg = dc i;  dc <- dc f
+//   dgates_t = [di i(1-i) | df f(1-f) | dg (1-g^2) | do o(1-o)] (N, 4H);  dh <- dgates_t W_hh
+// and then the gradient of W_hh as one GEMM over every step, dG^T (4H, T*N) @ H_prev (T*N, H),
+// where the per-op graph would run T GEMMs with K = N. Biases enter through the input projection
+// (b_ih + b_hh once per layer), so their gradients are one reduction too. Being written with ops
+// it runs on every device; it does not support double backward (nor does PyTorch's cuDNN LSTM).
+// `xw` (T, N, 4H) holds W_ih x + b_ih + b_hh; returns (output (T, N, H), h_n, c_n).
+std::tuple<Tensor, Tensor, Tensor> lstm_layer_fused(const Tensor& xw, const Tensor& h0,
+                                                    const Tensor& c0, const Tensor& w_hh,
+                                                    bool reverse) {
+  const int64_t T = xw.size(0), H = h0.size(-1);
+  std::vector<Tensor> hs(static_cast<size_t>(T)), cs(hs.size()), sig(hs.size()), tg(hs.size()),
+      tc(hs.size());
+  {
+    NoGradGuard no_grad;
+    Tensor h = h0, c = c0;
+    for (int64_t k = 0; k < T; ++k) {
+      const size_t t = size_t(reverse ? T - 1 - k : k);
+      Tensor g = xw.select(0, int64_t(t)) + linear(h, w_hh);  // (N, 4H): [i | f | g | o]
+      sig[t] = sigmoid(g);                                    // g's quarter is unused
+      tg[t] = tanh(g.narrow(-1, 2 * H, H));
+      c = sig[t].narrow(-1, H, H) * c + sig[t].narrow(-1, 0, H) * tg[t];
+      tc[t] = tanh(c);
+      h = sig[t].narrow(-1, 3 * H, H) * tc[t];
+      hs[t] = h;
+      cs[t] = c;
+    }
+  }
+  Tensor out = stack(hs, 0);
+  const size_t last = size_t(reverse ? 0 : T - 1);
+  Tensor h_n = hs[last], c_n = cs[last];
+  if (autograd::needs_grad(xw, h0, c0, w_hh)) {
+    // hs / cs / sig / tg / tc are this node's own tensors; only hs[last] and cs[last] are handed
+    // out (as h_n, c_n), and the backward reads neither: they are no step's previous state.
+    autograd::record(
+        "lstm_layer", {&xw, &h0, &c0, &w_hh}, {&out, &h_n, &c_n},
+        [hs, cs, sig, tg, tc, reverse, T, H, h0 = autograd::save_input(h0, 1),
+         c0 = autograd::save_input(c0, 2),
+         w = autograd::save_input(w_hh, 3)](const autograd::Grads& g) -> autograd::Grads {
+          const Tensor& h_init = h0.unpack();
+          const Tensor& c_init = c0.unpack();
+          const Tensor& w_hh = w.unpack();
+          Tensor dh = g[1].defined() ? g[1] : zeros_like(h_init);
+          Tensor dc = g[2].defined() ? g[2] : zeros_like(c_init);
+          std::vector<Tensor> dgs(static_cast<size_t>(T));
+          for (int64_t k = T - 1; k >= 0; --k) {
+            const size_t t = size_t(reverse ? T - 1 - k : k);
+            const size_t tp = size_t(reverse ? T - k : k - 1);  // the previous step (k > 0)
+            if (g[0].defined()) dh = dh + g[0].select(0, int64_t(t));
+            const Tensor& s = sig[t];
+            const Tensor i = s.narrow(-1, 0, H), f = s.narrow(-1, H, H), o = s.narrow(-1, 3 * H, H);
+            const Tensor& c_prev = k == 0 ? c_init : cs[tp];
+            const Tensor d_o = dh * tc[t];
+            dc = dc + dh * o * (1.0 - tc[t] * tc[t]);
+            const Tensor di = dc * tg[t] * i * (1.0 - i);
+            const Tensor df = dc * c_prev * f * (1.0 - f);
+            const Tensor dgg = dc * i * (1.0 - tg[t] * tg[t]);
+            dc = dc * f;
+            dgs[t] = cat({di, df, dgg, d_o * o * (1.0 - o)}, -1);  // (N, 4H)
+            dh = matmul(dgs[t], w_hh);
+          }
+          Tensor dG = stack(dgs, 0);  // (T, N, 4H)
+          // H_prev: each step's previous state, in time order.
+          std::vector<Tensor> prev(static_cast<size_t>(T));
+          for (int64_t t = 0; t < T; ++t) {
+            const int64_t p = reverse ? t + 1 : t - 1;
+            prev[size_t(t)] = (p < 0 || p >= T) ? h_init : hs[size_t(p)];
+          }
+          const int64_t rows = T * h_init.size(0);
+          Tensor dw = matmul(dG.reshape({rows, 4 * H}).t(), stack(prev, 0).reshape({rows, H}));
+          return {dG, dh, dc, dw};
+        });
+  }
+  return {out, h_n, c_n};
+}
+
 void check_sizes(const char* who, int64_t input_size, int64_t hidden_size) {
   ACCEL_CHECK(input_size > 0 && hidden_size > 0, ValueError, who,
               "input_size and hidden_size must be positive, got ", input_size, " and ",
@@ -95,8 +169,8 @@ std::vector<int64_t> host_lengths(const char* who, const Tensor& lengths, int64_
   std::vector<int64_t> out;
   for (double v : lengths.to(kCPU).tolist()) out.push_back(int64_t(v));
   for (size_t b = 0; b < out.size(); ++b)
-    ACCEL_CHECK(out[b] >= 1 && (max_len < 0 || out[b] <= max_len), ValueError, who,
-                "lengths[", b, "] = ", out[b], " is outside [1, ",
+    ACCEL_CHECK(out[b] >= 1 && (max_len < 0 || out[b] <= max_len), ValueError, who, "lengths[", b,
+                "] = ", out[b], " is outside [1, ",
                 max_len < 0 ? std::string("inf") : std::to_string(max_len), "]");
   return out;
 }
@@ -178,16 +252,15 @@ RNNLayers::Result RNNLayers::run(const std::optional<Tensor>& input_opt,
   const Tensor& input = *input_opt;
   const std::string layout = batch_first ? "(batch, seq_len, " : "(seq_len, batch, ";
   ACCEL_CHECK((input.dim() == 3 || input.dim() == 2) && input.size(-1) == input_size, ShapeError,
-              who, "expected input ", layout, input_size, ") or unbatched (seq_len, ",
-              input_size, "), got ", input.sizes());
+              who, "expected input ", layout, input_size, ") or unbatched (seq_len, ", input_size,
+              "), got ", input.sizes());
   ACCEL_CHECK(input.is_floating_point(), DTypeError, who, "input must be floating, got ",
               input.dtype());
   ACCEL_CHECK(!lstm || h0.has_value() == c0.has_value(), ValueError, who,
-              "h_0 and c_0 are given together or not at all (got only ",
-              h0 ? "h_0" : "c_0", ")");
+              "h_0 and c_0 are given together or not at all (got only ", h0 ? "h_0" : "c_0", ")");
   const bool batched = input.dim() == 3;
-  ACCEL_CHECK(batched || !lengths, ValueError, who,
-              "lengths need a batched input, got unbatched ", input.sizes());
+  ACCEL_CHECK(batched || !lengths, ValueError, who, "lengths need a batched input, got unbatched ",
+              input.sizes());
   // x: (T, N, in), time-major.
   Tensor x = batched ? (batch_first ? input.transpose(0, 1) : input) : input.unsqueeze(1);
   const int64_t T = x.size(0), N = x.size(1), H = hidden_size, D = bidirectional ? 2 : 1;
@@ -220,9 +293,18 @@ RNNLayers::Result RNNLayers::run(const std::optional<Tensor>& input_opt,
     std::vector<Tensor> dir_out;
     for (int64_t d = 0; d < D; ++d) {
       const auto& w = all_weights[size_t(l * D + d)];
+      Tensor h = h_init.select(0, l * D + d), c = lstm ? c_init.select(0, l * D + d) : Tensor();
+      if (lstm && !mask.defined()) {  // Note [fused LSTM layer]
+        const Tensor b = w[2].defined() ? w[2] + w[3] : Tensor();
+        Tensor xw = linear(layer_in.reshape({T * N, in}), w[0], b).reshape({T, N, w[0].size(0)});
+        auto [o, hl, cl] = lstm_layer_fused(xw, h, c, w[1], d == 1);
+        dir_out.push_back(o);
+        h_n.push_back(hl);
+        c_n.push_back(cl);
+        continue;
+      }
       // Note [recurrent time loop]: every step's input projection in one GEMM.
       Tensor xw = linear(layer_in.reshape({T * N, in}), w[0], w[2]).reshape({T, N, w[0].size(0)});
-      Tensor h = h_init.select(0, l * D + d), c = lstm ? c_init.select(0, l * D + d) : Tensor();
       std::vector<Tensor> outs(static_cast<size_t>(T));
       for (int64_t s = 0; s < T; ++s) {
         const int64_t t = d == 0 ? s : T - 1 - s;
@@ -294,8 +376,8 @@ std::tuple<Tensor, Tensor> CellWeights::step(const Tensor& input, const std::opt
   const bool lstm = mode_ == RNNMode::LSTM;
   ACCEL_CHECK(input.defined(), ValueError, who, "input is undefined");
   ACCEL_CHECK((input.dim() == 2 || input.dim() == 1) && input.size(-1) == input_size, ShapeError,
-              who, "expected input (batch, ", input_size, ") or unbatched (", input_size,
-              "), got ", input.sizes());
+              who, "expected input (batch, ", input_size, ") or unbatched (", input_size, "), got ",
+              input.sizes());
   ACCEL_CHECK(input.is_floating_point(), DTypeError, who, "input must be floating, got ",
               input.dtype());
   const bool batched = input.dim() == 2;
@@ -389,8 +471,8 @@ std::tuple<PackedSequence, LSTM::State> LSTM::operator()(PackedSequence input) {
   return {packed_output(out, input, batch_first), hc};
 }
 std::tuple<PackedSequence, LSTM::State> LSTM::operator()(PackedSequence input, State state) {
-  auto [out, hc] = (*this)(packed_input(input, batch_first), std::get<0>(state),
-                           std::get<1>(state), input.lengths);
+  auto [out, hc] = (*this)(packed_input(input, batch_first), std::get<0>(state), std::get<1>(state),
+                           input.lengths);
   return {packed_output(out, input, batch_first), hc};
 }
 
@@ -455,8 +537,7 @@ Tensor GRUCell::forward(const Tensor& input, std::optional<Tensor> hx) {
 
 namespace utils::rnn {
 
-Tensor pad_sequence(const std::vector<Tensor>& sequences, bool batch_first,
-                    double padding_value) {
+Tensor pad_sequence(const std::vector<Tensor>& sequences, bool batch_first, double padding_value) {
   const char* who = "pad_sequence";
   ACCEL_CHECK(!sequences.empty(), ValueError, who, "received an empty list of sequences");
   const Tensor& first = sequences[0];

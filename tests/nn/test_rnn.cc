@@ -78,8 +78,8 @@ struct Outs {
 
 // Runs module m (RNN / LSTM / GRU) the way `packed` says: through PackedSequence or forward's
 // lengths argument.
-Outs run(nn::Module& m, const Tensor& x, const Tensor& h0, const Tensor& c0,
-         const Tensor& lengths, bool batch_first, bool packed) {
+Outs run(nn::Module& m, const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& lengths,
+         bool batch_first, bool packed) {
   const int64_t T = x.size(batch_first ? 1 : 0);
   std::optional<Tensor> h = h0.defined() ? std::optional<Tensor>(h0) : std::nullopt;
   std::optional<Tensor> len = lengths.defined() ? std::optional<Tensor>(lengths) : std::nullopt;
@@ -204,7 +204,8 @@ TEST_CASE("RNNCell / LSTMCell / GRUCell match PyTorch, batched and unbatched") {
       h = (*cell)(x, h0);
       CHECK(close(cell->forward(x[1].detach(), h0[1].detach()), h[1].detach()));
     } else {
-      auto cell = std::make_shared<nn::RNNCell>(in, H, true, c[1] == "RNNCell_relu" ? "relu" : "tanh");
+      auto cell =
+          std::make_shared<nn::RNNCell>(in, H, true, c[1] == "RNNCell_relu" ? "relu" : "tanh");
       m = cell;
       m->to(kFloat64);
       m->load_state_dict(fx.state(name));
@@ -230,9 +231,9 @@ TEST_CASE("parameter names, shapes, order and initialisation are PyTorch's") {
   std::vector<std::string> names;
   for (const auto& [n, p] : lstm.named_parameters()) names.push_back(n);
   const std::vector<std::string> want = {
-      "weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0",
+      "weight_ih_l0",         "weight_hh_l0",         "bias_ih_l0",         "bias_hh_l0",
       "weight_ih_l0_reverse", "weight_hh_l0_reverse", "bias_ih_l0_reverse", "bias_hh_l0_reverse",
-      "weight_ih_l1", "weight_hh_l1", "bias_ih_l1", "bias_hh_l1",
+      "weight_ih_l1",         "weight_hh_l1",         "bias_ih_l1",         "bias_hh_l1",
       "weight_ih_l1_reverse", "weight_hh_l1_reverse", "bias_ih_l1_reverse", "bias_hh_l1_reverse"};
   CHECK(names == want);
   CHECK(lstm.parameter("weight_ih_l0").sizes() == Shape{64, 5});
@@ -335,13 +336,16 @@ TEST_CASE("float64 gradcheck of a tiny LSTM and GRU (bidirectional, 2 layers, le
   Tensor h0 = randn({4, 2, 2}, {kFloat64}, &g).requires_grad_();
   Tensor c0 = randn({4, 2, 2}, {kFloat64}, &g).requires_grad_();
   Tensor len = tensor(std::vector<int64_t>{2, 3}, {2});
-  {
+  for (bool with_len : {true, false}) {  // lengths: the per-op loop; none: the fused layer
+    INFO("lengths ", with_len);
     std::vector<Tensor> in = {x, h0, c0};
     for (const Tensor& p : lstm->parameters()) in.push_back(p);
     auto res = autograd::gradcheck(
         [&](const std::vector<Tensor>& v) {
-          auto [y, hc] = lstm->forward(v[0], v[1], v[2], len);
-          return cat({y.reshape({-1}), std::get<0>(hc).reshape({-1}), std::get<1>(hc).reshape({-1})});
+          auto [y, hc] =
+              lstm->forward(v[0], v[1], v[2], with_len ? std::optional<Tensor>(len) : std::nullopt);
+          return cat(
+              {y.reshape({-1}), std::get<0>(hc).reshape({-1}), std::get<1>(hc).reshape({-1})});
         },
         in);
     CHECK_MESSAGE(res.ok, res.message);
@@ -421,7 +425,9 @@ TEST_CASE("errors name the module and the shapes") {
   CHECK(e.find("got (2, 2, 5)") != std::string::npos);
   e = error_of([&] { lstm(x, zeros({2, 2, 4}), std::nullopt); });
   CHECK(e.find("h_0 and c_0 are given together") != std::string::npos);
-  e = error_of([&] { gru(randn({2, 5, 3}), std::nullopt, tensor(std::vector<int64_t>{5, 6}, {2})); });
+  e = error_of([&] {
+    gru(randn({2, 5, 3}), std::nullopt, tensor(std::vector<int64_t>{5, 6}, {2}));
+  });
   CHECK(e.find("[GRU] lengths[1] = 6 is outside [1, 5]") != std::string::npos);
   e = error_of([&] { gru(randn({2, 5, 3}), std::nullopt, tensor(std::vector<int64_t>{5}, {1})); });
   CHECK(e.find("lengths must be (batch) = (2)") != std::string::npos);
@@ -436,5 +442,7 @@ TEST_CASE("errors name the module and the shapes") {
   CHECK(e.find("[pad_sequence] sequence 1") != std::string::npos);
   e = error_of([] { rnn::pack_padded_sequence(randn({4, 2, 3}), std::vector<int64_t>{2, 4}); });
   CHECK(e.find("enforce_sorted") != std::string::npos);
-  CHECK(error_of([] { rnn::pack_padded_sequence(randn({4, 2, 3}), std::vector<int64_t>{2, 4}, false, false); }).empty());
+  CHECK(error_of([] {
+          rnn::pack_padded_sequence(randn({4, 2, 3}), std::vector<int64_t>{2, 4}, false, false);
+        }).empty());
 }

@@ -70,8 +70,7 @@ PackedSequence pack_sequence(const std::vector<Tensor>& sequences, bool enforce_
 // (padded, lengths): (T, N, *) or (N, T, *) with batch_first, positions past a sequence's length
 // set to padding_value, T = max(lengths) or total_length (which may not be shorter).
 std::tuple<Tensor, Tensor> pad_packed_sequence(const PackedSequence& sequence,
-                                               bool batch_first = false,
-                                               double padding_value = 0.0,
+                                               bool batch_first = false, double padding_value = 0.0,
                                                std::optional<int64_t> total_length = std::nullopt);
 
 }  // namespace utils::rnn
@@ -99,9 +98,8 @@ class RNNLayers {
   struct Result {
     Tensor output, h_n, c_n;
   };
-  RNNLayers(Module& self, RNNMode mode, int64_t input_size, int64_t hidden_size,
-            int64_t num_layers, bool bias, bool batch_first, double dropout, bool bidirectional,
-            Generator* gen);
+  RNNLayers(Module& self, RNNMode mode, int64_t input_size, int64_t hidden_size, int64_t num_layers,
+            bool bias, bool batch_first, double dropout, bool bidirectional, Generator* gen);
   void reset_weights(Generator* gen);
   std::string layers_repr() const;
   // The whole stack over input; c_0 / c_n only for LSTM.

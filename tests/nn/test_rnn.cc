@@ -281,6 +281,14 @@ TEST_CASE("typed calls: tuple state, optional state, Module pointer, hooks, unba
   auto [y5, hc5] = (*lstm)(x, state);
   auto [y6, hc6] = (*lstm)(x, hc);
   CHECK(close(y5, y6, 0));
+  // a hidden state carried from batch to batch, None at first (word_language_model's loop)
+  std::optional<nn::LSTM::State> hidden;
+  Tensor o1, o2;
+  std::tie(o1, hidden) = (*lstm)(x, hidden);
+  REQUIRE(hidden.has_value());
+  std::tie(o2, hidden) = (*lstm)(x, hidden);
+  CHECK(close(o1, y4, 0));
+  CHECK(close(o2, std::get<0>(lstm->forward(x, std::get<0>(hc4), std::get<1>(hc4))), 0));
   // through a Module pointer, the type-erased call
   std::shared_ptr<nn::Module> any = lstm;
   auto r = any->call<std::tuple<Tensor, std::tuple<Tensor, Tensor>>>(x, h0, c0);

@@ -152,6 +152,66 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer_fused(const Tensor& xw, const Tens
   return {out, h_n, c_n};
 }
 
+// A GRU layer direction without a length mask, as one node (Note [fused LSTM layer]). `xw`
+// (T, N, 3H) holds W_ih x + b_ih; b_hh stays per step (n sees r * (W_hn h + b_hn)). Backward:
+//   dn = dh (1 - z);  dz = dh (h - n);  dh_prev = dh z + dHW W_hh
+//   da_n = dn (1 - n^2);  da_r = da_n hn r (1 - r);  da_z = dz z (1 - z)
+//   dXW_t = [da_r | da_z | da_n],  dHW_t = [da_r | da_z | da_n r]
+// with dW_hh = dHW^T H_prev and db_hh = sum(dHW) once over every step.
+std::tuple<Tensor, Tensor> gru_layer_fused(const Tensor& xw, const Tensor& h0, const Tensor& w_hh,
+                                           const Tensor& b_hh, bool reverse) {
+  const int64_t T = xw.size(0), H = h0.size(-1);
+  std::vector<Tensor> hs(static_cast<size_t>(T)), rz(hs.size()), n(hs.size()), hn(hs.size());
+  {
+    NoGradGuard no_grad;
+    Tensor h = h0;
+    for (int64_t k = 0; k < T; ++k) {
+      const size_t t = size_t(reverse ? T - 1 - k : k);
+      const Tensor x = xw.select(0, int64_t(t));
+      const Tensor hw = linear(h, w_hh, b_hh);  // (N, 3H)
+      rz[t] = sigmoid(x.narrow(-1, 0, 2 * H) + hw.narrow(-1, 0, 2 * H));
+      hn[t] = hw.narrow(-1, 2 * H, H);
+      n[t] = tanh(x.narrow(-1, 2 * H, H) + rz[t].narrow(-1, 0, H) * hn[t]);
+      h = n[t] + rz[t].narrow(-1, H, H) * (h - n[t]);
+      hs[t] = h;
+    }
+  }
+  Tensor out = stack(hs, 0);
+  Tensor h_n = hs[size_t(reverse ? 0 : T - 1)];
+  if (autograd::needs_grad(xw, h0, w_hh, b_hh)) {
+    autograd::record("gru_layer", {&xw, &h0, &w_hh, &b_hh}, {&out, &h_n},
+                     [hs, rz, n, hn, reverse, T, H, h0 = autograd::save_input(h0, 1),
+                      w = autograd::save_input(w_hh, 2),
+                      has_bias = b_hh.defined()](const autograd::Grads& g) -> autograd::Grads {
+                       const Tensor& h_init = h0.unpack();
+                       const Tensor& w_hh = w.unpack();
+                       Tensor dh = g[1].defined() ? g[1] : zeros_like(h_init);
+                       std::vector<Tensor> dxs(static_cast<size_t>(T)), dhws(dxs.size()),
+                           prev(dxs.size());
+                       for (int64_t k = T - 1; k >= 0; --k) {
+                         const size_t t = size_t(reverse ? T - 1 - k : k);
+                         const size_t tp = size_t(reverse ? T - k : k - 1);
+                         if (g[0].defined()) dh = dh + g[0].select(0, int64_t(t));
+                         const Tensor& h_prev = k == 0 ? h_init : hs[tp];
+                         prev[t] = h_prev;
+                         const Tensor r = rz[t].narrow(-1, 0, H), z = rz[t].narrow(-1, H, H);
+                         const Tensor da_n = dh * (1.0 - z) * (1.0 - n[t] * n[t]);
+                         const Tensor da_r = da_n * hn[t] * r * (1.0 - r);
+                         const Tensor da_z = dh * (h_prev - n[t]) * z * (1.0 - z);
+                         dxs[t] = cat({da_r, da_z, da_n}, -1);
+                         dhws[t] = cat({da_r, da_z, da_n * r}, -1);
+                         dh = dh * z + matmul(dhws[t], w_hh);
+                       }
+                       const int64_t rows = T * h_init.size(0);
+                       Tensor dHW = stack(dhws, 0).reshape({rows, 3 * H});
+                       Tensor dw = matmul(dHW.t(), stack(prev, 0).reshape({rows, H}));
+                       Tensor db = has_bias ? sum(dHW, {0}) : Tensor();
+                       return {stack(dxs, 0), dh, dw, db};
+                     });
+  }
+  return {out, h_n};
+}
+
 void check_sizes(const char* who, int64_t input_size, int64_t hidden_size) {
   ACCEL_CHECK(input_size > 0 && hidden_size > 0, ValueError, who,
               "input_size and hidden_size must be positive, got ", input_size, " and ",
@@ -305,6 +365,12 @@ RNNLayers::Result RNNLayers::run(const std::optional<Tensor>& input_opt,
       }
       // Note [recurrent time loop]: every step's input projection in one GEMM.
       Tensor xw = linear(layer_in.reshape({T * N, in}), w[0], w[2]).reshape({T, N, w[0].size(0)});
+      if (mode_ == RNNMode::GRU && !mask.defined()) {
+        auto [o, hl] = gru_layer_fused(xw, h, w[1], w[3], d == 1);
+        dir_out.push_back(o);
+        h_n.push_back(hl);
+        continue;
+      }
       std::vector<Tensor> outs(static_cast<size_t>(T));
       for (int64_t s = 0; s < T; ++s) {
         const int64_t t = d == 0 ? s : T - 1 - s;

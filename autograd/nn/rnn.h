@@ -23,8 +23,9 @@
 // Note [recurrent time loop]: per layer and direction, the input projection of every step is one
 // GEMM, x (L*N, in) @ W_ih^T + b_ih -> (L, N, G*H); the loop then runs only the recurrent
 // (N, H) @ W_hh^T GEMM and the gate arithmetic per step, composed from differentiable ops (no
-// kernel of its own), so every device and dtype the ops support works and autograd gives the
-// gradients.
+// kernel of its own), so every device and dtype the ops support works. LSTM and GRU layers
+// without lengths record one autograd node per layer direction with a backward written in ops
+// (Note [fused LSTM layer] in rnn.cc); RNN layers and masked loops record the per-step ops.
 //
 // Note [sequence lengths]: PyTorch's packed sequences make each sequence stop at its length.
 // Here a sequence's lengths (int64, one per batch entry, each in [1, L]) mask the loop instead:

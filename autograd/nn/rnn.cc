@@ -112,7 +112,7 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer_fused(const Tensor& xw, const Tens
     // out (as h_n, c_n), and the backward reads neither: they are no step's previous state.
     autograd::record(
         "lstm_layer", {&xw, &h0, &c0, &w_hh}, {&out, &h_n, &c_n},
-        [hs, cs, sig, tg, tc, reverse, T, H, h0 = autograd::save_input(h0, 1),
+        [hs, cs, sig, tg, tc, reverse, T, H, x_dtype = xw.dtype(), h0 = autograd::save_input(h0, 1),
          c0 = autograd::save_input(c0, 2),
          w = autograd::save_input(w_hh, 3)](const autograd::Grads& g) -> autograd::Grads {
           const Tensor& h_init = h0.unpack();
@@ -146,7 +146,10 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer_fused(const Tensor& xw, const Tens
           }
           const int64_t rows = T * h_init.size(0);
           Tensor dw = matmul(dG.reshape({rows, 4 * H}).t(), stack(prev, 0).reshape({rows, H}));
-          return {dG, dh, dc, dw};
+          // Under autocast the forward mixes bf16 projections with float32 states: each
+          // gradient takes its input's dtype.
+          return {dG.to(x_dtype), dh.to(h_init.dtype()), dc.to(c_init.dtype()),
+                  dw.to(w_hh.dtype())};
         });
   }
   return {out, h_n, c_n};
@@ -180,8 +183,9 @@ std::tuple<Tensor, Tensor> gru_layer_fused(const Tensor& xw, const Tensor& h0, c
   Tensor h_n = hs[size_t(reverse ? 0 : T - 1)];
   if (autograd::needs_grad(xw, h0, w_hh, b_hh)) {
     autograd::record("gru_layer", {&xw, &h0, &w_hh, &b_hh}, {&out, &h_n},
-                     [hs, rz, n, hn, reverse, T, H, h0 = autograd::save_input(h0, 1),
-                      w = autograd::save_input(w_hh, 2),
+                     [hs, rz, n, hn, reverse, T, H, x_dtype = xw.dtype(),
+                      b_dtype = b_hh.defined() ? b_hh.dtype() : xw.dtype(),
+                      h0 = autograd::save_input(h0, 1), w = autograd::save_input(w_hh, 2),
                       has_bias = b_hh.defined()](const autograd::Grads& g) -> autograd::Grads {
                        const Tensor& h_init = h0.unpack();
                        const Tensor& w_hh = w.unpack();
@@ -206,7 +210,8 @@ std::tuple<Tensor, Tensor> gru_layer_fused(const Tensor& xw, const Tensor& h0, c
                        Tensor dHW = stack(dhws, 0).reshape({rows, 3 * H});
                        Tensor dw = matmul(dHW.t(), stack(prev, 0).reshape({rows, H}));
                        Tensor db = has_bias ? sum(dHW, {0}) : Tensor();
-                       return {stack(dxs, 0), dh, dw, db};
+                       return {stack(dxs, 0).to(x_dtype), dh.to(h_init.dtype()),
+                               dw.to(w_hh.dtype()), has_bias ? db.to(b_dtype) : db};
                      });
   }
   return {out, h_n};

@@ -454,3 +454,37 @@ TEST_CASE("errors name the module and the shapes") {
           rnn::pack_padded_sequence(randn({4, 2, 3}), std::vector<int64_t>{2, 4}, false, false);
         }).empty());
 }
+
+TEST_CASE("autocast: bf16 projections, float32 parameters get float32 gradients close to fp32's") {
+  for (bool gru_mode : {false, true}) {
+    INFO("gru ", gru_mode);
+    Generator g(21);
+    std::shared_ptr<nn::Module> m;
+    if (gru_mode)
+      m = std::make_shared<nn::GRU>(8, 16, 2, true, false, 0.0, true, &g);
+    else
+      m = std::make_shared<nn::LSTM>(8, 16, 2, true, false, 0.0, true, &g);
+    Tensor x = randn({5, 3, 8}, {}, &g);
+    auto out_of = [&] {
+      return gru_mode ? std::get<0>((*std::static_pointer_cast<nn::GRU>(m))(x))
+                      : std::get<0>((*std::static_pointer_cast<nn::LSTM>(m))(x));
+    };
+    sum(out_of() * out_of().detach()).backward();
+    std::vector<Tensor> ref;
+    for (const Tensor& p : m->parameters()) ref.push_back(p.grad().clone());
+    m->zero_grad();
+    Tensor y;
+    {
+      AutocastGuard bf16(true, kBFloat16);
+      y = out_of();
+    }
+    sum(y * y.detach()).backward();
+    const auto params = m->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      REQUIRE(params[i].grad().defined());
+      CHECK(params[i].grad().dtype() == kFloat32);
+      const double err = max(abs(params[i].grad() - ref[i])).item();
+      CHECK(err <= 0.05 * (max(abs(ref[i])).item() + 1e-3));
+    }
+  }
+}

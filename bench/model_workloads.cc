@@ -309,6 +309,27 @@ void run_gpt() {
       gpt_gflop(kBatch, cfg), extra);
 }
 
+// word_language_model's medium LSTM (pytorch/examples: 2 layers, 650 hidden, 650-wide inputs,
+// batch 20, bptt 35): one step = the LSTM's forward over (35, 20, 650) random inputs from zero
+// states, loss = sum(output), backward, zero grads. The embedding, decoder and optimizer are left
+// out: the figure is the recurrent layer's. FLOPs: per layer 2 * T * B * (in + H) * 4H forward,
+// twice that backward.
+void run_lstm() {
+  constexpr int64_t kT = 35, kB = 20, kH = 650, kLayers = 2;
+  manual_seed(0);
+  nn::LSTM lstm(kH, kH, kLayers);
+  const Tensor x = randn({kT, kB, kH});
+  const double gflop = 3.0 * kLayers * 2.0 * kT * kB * (kH + kH) * 4 * kH * 1e-9;
+  const Timing t = time_steps([&] {
+    auto [out, state] = lstm.forward(x);
+    Tensor loss = sum(out);
+    loss.backward();
+    lstm.zero_grad();
+    return loss;
+  });
+  print_line("lstm", t, gflop);
+}
+
 int free_loopback_port() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   ACCEL_CHECK(fd >= 0, DistError, "workloads", "socket() failed");

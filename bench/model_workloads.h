@@ -27,6 +27,8 @@ std::string precision_name(DType dt);
 void run_mlp();
 void run_cnn();
 void run_gpt();
+// word_language_model's medium LSTM (2 x 650, batch 20, 35 steps): forward + backward ms per step.
+void run_lstm();
 // Two processes x 1 thread on loopback (Gloo), 128 samples per rank. Without RANK/WORLD_SIZE
 // in the environment it spawns two copies of this program (`<self> ddp-mlp`) with the env
 // contract and prints rank 0's line.

@@ -395,6 +395,10 @@ const std::vector<Workload>& registry() {
       {"cnn", "2-conv CNN on Fashion-MNIST, batch 128, AdamW: ms per step", bench::run_cnn},
       {"gpt", "byte GPT (875,264 params) on fortunes, 32 x 128, AdamW: ms per step",
        bench::run_gpt},
+      {"lstm",
+       "word_language_model medium LSTM (2 x 650, batch 20, 35 steps): forward + backward ms "
+       "per step",
+       bench::run_lstm},
       {"allreduce",
        "64 MiB f32 sum-allreduce, 2 processes, vs raw Gloo ring: GB/s (bench/allreduce)",
        run_allreduce},
@@ -416,7 +420,7 @@ const std::vector<Workload>& registry() {
 
 // The workloads bench/peers/torch_workloads implements.
 bool has_libtorch_peer(const std::string& name) {
-  return name == "op" || name == "mlp" || name == "cnn" || name == "gpt";
+  return name == "op" || name == "mlp" || name == "cnn" || name == "gpt" || name == "lstm";
 }
 
 struct PeerOptions {
@@ -656,7 +660,7 @@ void usage(const char* argv0) {
   std::fprintf(
       stderr,
       "options:\n"
-      "  --vs libtorch       op, mlp, cnn, gpt next to bench/peers/torch_workloads, "
+      "  --vs libtorch       op, mlp, cnn, gpt, lstm next to bench/peers/torch_workloads, "
       "alternating\n"
       "                      in the same run; exit 1 when the peer is not built\n"
       "  --vs none           no libtorch peer (the default for a single NAME)\n"

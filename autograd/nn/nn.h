@@ -12,5 +12,6 @@
 #include "autograd/nn/loss.h"
 #include "autograd/nn/module.h"
 #include "autograd/nn/norm.h"
+#include "autograd/nn/rnn.h"
 #include "autograd/nn/safetensors.h"
 #include "autograd/nn/utils.h"

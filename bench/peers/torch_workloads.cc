@@ -1,4 +1,5 @@
 // The libtorch peer of bench/workloads: the workloads of shared/WORKLOADS.md (op, mlp, cnn, gpt)
+// and word_language_model's LSTM (lstm)
 // written against the libtorch C++ API, printing the same key=value lines as build/bench/workloads
 // with `impl=libtorch` added:
 //   workload=op impl=libtorch mode=grad us_per_op=1.530
@@ -345,15 +346,29 @@ void run_gpt(const Options& opt) {
   });
 }
 
+// word_language_model's medium LSTM, as bench/workloads' lstm: forward over (35, 20, 650)
+// random inputs from zero states, loss = sum(output), backward, zero grads.
+void run_lstm(const Options& opt) {
+  torch::manual_seed(0);
+  torch::nn::LSTM lstm(torch::nn::LSTMOptions(650, 650).num_layers(2));
+  const torch::Tensor x = torch::randn({35, 20, 650});
+  train_loop("lstm", opt, [&] {
+    torch::Tensor loss = std::get<0>(lstm->forward(x)).sum();
+    loss.backward();
+    for (auto& p : lstm->parameters()) p.mutable_grad() = torch::Tensor();
+    return loss;
+  });
+}
+
 struct Workload {
   const char* name;
   void (*run)(const Options&);
 };
 const Workload kWorkloads[] = {
-    {"op", run_op}, {"mlp", run_mlp}, {"cnn", run_cnn}, {"gpt", run_gpt}};
+    {"op", run_op}, {"mlp", run_mlp}, {"cnn", run_cnn}, {"gpt", run_gpt}, {"lstm", run_lstm}};
 
 int usage(const char* argv0) {
-  std::fprintf(stderr, "usage: %s op|mlp|cnn|gpt|all [--threads N] [--steps N] [--warmup N]\n",
+  std::fprintf(stderr, "usage: %s op|mlp|cnn|gpt|lstm|all [--threads N] [--steps N] [--warmup N]\n",
                argv0);
   return 2;
 }

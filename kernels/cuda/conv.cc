@@ -257,7 +257,8 @@ void conv2d_backward_kernel(const Tensor& x, const Tensor& w, const Tensor& gout
     // The bias gradient is gout summed over (N, H, W). cuDNN's cudnnConvolutionBackwardBias
     // refuses bfloat16 (CUDNN_STATUS_NOT_SUPPORTED on an H200, cuDNN 9), so our reduction does
     // it for every dtype, accumulating 16-bit values in float32.
-    Tensor out = gb->view({1, gb->numel(), 1, 1});
+    const int64_t ch = gb->numel();
+    Tensor out = raw::as_strided(*gb, Shape{1, ch, 1, 1}, Shape{ch, 1, 1, 1}, gb->offset());
     reduce_stub(gout.device(), ReduceOp::Sum, gout, Shape{0, 2, 3}, out);
   }
 }

@@ -5,6 +5,7 @@
 #include "data/dataloader.h"
 #include "data/dataset.h"
 #include "data/idx.h"
+#include "data/image.h"
 #include "data/io.h"
 #include "data/sampler.h"
 #include "data/tokens.h"

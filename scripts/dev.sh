@@ -19,6 +19,7 @@ PACKAGES=(
   doctest-dev libbenchmark-dev
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   libssl-dev
+  libpng-dev libjpeg62-turbo-dev
   iptables
   dataset-fashion-mnist fortunes
   clang libclang-rt-dev

@@ -48,7 +48,7 @@ fi
 CXXFLAGS="-std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address,undefined"
 CXXFLAGS+=" -fno-sanitize-recover=all -I$SRC -I$SRC/tests/fuzz"
 LDFLAGS="-fsanitize=fuzzer,address,undefined"
-LIBS="-lyaml-cpp -lz -lcrypto -lpthread"
+LIBS="-lyaml-cpp -lz -lcrypto -lpng16 -ljpeg -lpthread"
 ninja_file="$OUT/build.ninja"
 {
   echo "rule cxx"

@@ -110,6 +110,21 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b = Tensor(), Shape stride = {1, 1},
               Shape padding = {0, 0}, Shape dilation = {1, 1}, int64_t groups = 1);
 Tensor max_pool2d(const Tensor& x, Shape kernel, Shape stride = {}, Shape padding = {0, 0});
+// torch.nn.functional.conv_transpose2d (same argument order: groups before dilation).
+// x: (N, C_in, H, W) or (C_in, H, W), w: (C_in, C_out / groups, kh, kw), b: (C_out) ->
+// (N, C_out, Ho, Wo), Ho = (H - 1) stride - 2 padding + dilation (kh - 1) + output_padding + 1;
+// output_padding must be smaller than stride or dilation.
+Tensor conv_transpose2d(const Tensor& x, const Tensor& w, const Tensor& b = Tensor(),
+                        Shape stride = {1, 1}, Shape padding = {0, 0},
+                        Shape output_padding = {0, 0}, int64_t groups = 1, Shape dilation = {1, 1});
+// The 1-D forms (torch.nn.functional.conv1d / conv_transpose1d) run the 2-D ops on
+// (N, C, 1, L). x: (N, C_in, L) or (C_in, L); conv1d w: (C_out, C_in / groups, k);
+// conv_transpose1d w: (C_in, C_out / groups, k).
+Tensor conv1d(const Tensor& x, const Tensor& w, const Tensor& b = Tensor(), int64_t stride = 1,
+              int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
+Tensor conv_transpose1d(const Tensor& x, const Tensor& w, const Tensor& b = Tensor(),
+                        int64_t stride = 1, int64_t padding = 0, int64_t output_padding = 0,
+                        int64_t groups = 1, int64_t dilation = 1);
 Tensor avg_pool2d(const Tensor& x, Shape kernel, Shape stride = {}, Shape padding = {0, 0},
                   bool count_include_pad = true);
 
@@ -240,6 +255,48 @@ Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int64_t dim = 1, do
 // 1 - cos for 1, max(0, cos - margin) for -1 (anything else: 0), cos over D.
 Tensor cosine_embedding_loss(const Tensor& x1, const Tensor& x2, const Tensor& target,
                              double margin = 0.0, Reduction reduction = Reduction::Mean);
+
+// ---- image layers (issue 24; autograd/ops/image.cc) ----
+// torch.nn.functional's definitions, arguments and defaults. x: (N, C, H, W) or (C, H, W) unless
+// said otherwise.
+// Output (oh, ow); window i of a dim of size n spans [floor(i n / o), ceil((i + 1) n / o)).
+Tensor adaptive_avg_pool2d(const Tensor& x, Shape output_size);
+Tensor adaptive_max_pool2d(const Tensor& x, Shape output_size);
+// (values, int64 indices): the flat index h * W + w of each maximum in its input plane.
+std::tuple<Tensor, Tensor> adaptive_max_pool2d_with_indices(const Tensor& x, Shape output_size);
+// x: (N, C, *) normalised over each of num_groups groups of C / num_groups channels (and all of
+// *); weight, bias: (C) or undefined. Fused kernel (kernels/<backend>/nn_group_norm.*).
+Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+// x: (N, C, *). With use_input_stats, each (n, c) plane is normalised by its own statistics
+// (group_norm with C groups) and running_mean / running_var (C), when defined, are updated in place
+// with momentum (the unbiased variance, averaged over N); without, the running statistics
+// normalise.
+Tensor instance_norm(const Tensor& x, const Tensor& running_mean = Tensor(),
+                     const Tensor& running_var = Tensor(), const Tensor& weight = Tensor(),
+                     const Tensor& bias = Tensor(), bool use_input_stats = true,
+                     double momentum = 0.1, double eps = 1e-5);
+// Zeroes whole channels: x (N, C, *) or (C, *) with a mask per (n, c), scaled by 1 / (1 - p).
+Tensor dropout2d(const Tensor& x, double p = 0.5, bool training = true, Generator* gen = nullptr);
+// (*, C r^2, H, W) -> (*, C, H r, W r) and back.
+Tensor pixel_shuffle(const Tensor& x, int64_t upscale_factor);
+Tensor pixel_unshuffle(const Tensor& x, int64_t downscale_factor);
+// pads: (left, right) pairs from the last dim backwards, as torch. mode: "constant" (any number
+// of dims, negative pads crop), "reflect", "replicate", "circular" (the last 1, 2 or 3 dims).
+Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, std::string_view mode = "constant",
+           double value = 0.0);
+// x: (N, C, L) for "nearest" / "linear", (N, C, H, W) for "nearest" / "bilinear". Give size or
+// scale_factor (one entry, or one per spatial dim). align_corners: linear modes only (default
+// false). recompute_scale_factor: false (torch's default) uses 1 / scale_factor as the source step,
+// true uses in / out.
+Tensor interpolate(const Tensor& x, Shape size = {}, std::vector<double> scale_factor = {},
+                   std::string_view mode = "nearest",
+                   std::optional<bool> align_corners = std::nullopt,
+                   bool recompute_scale_factor = false);
+// x > 0 ? x : negative_slope x; x > 0 ? x : alpha (exp(x) - 1).
+Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01);
+Tensor elu(const Tensor& x, double alpha = 1.0);
+// ---- end image layers ----
 
 // ---- operators ----
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }

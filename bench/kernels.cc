@@ -668,6 +668,110 @@ void register_elementwise() {
 }
 
 // =====================================================================================
+// conv_transpose2d, DCGAN generator layers (batch 64, 4x4 kernel, stride 2, padding 1, with
+// bias; each layer doubles H and W):
+//   dcgan2 x (64, 256, 8, 8)  w (256, 128, 4, 4) -> (64, 128, 16, 16)
+//   dcgan4 x (64, 64, 32, 32) w (64, 3, 4, 4)    -> (64, 3, 64, 64)
+// FLOPs: 2 x every input pixel times C_out k^2. ours runs oneDNN's convolution backward-data
+// (Note [transposed convolution through the conv kernels]); the peers call oneDNN's deconvolution
+// primitive, dnnl_nchw on plain NCHW / IOHW memory (torch's weight layout), dnnl_blocked on the
+// layouts it prefers with reorders excluded (an upper bound).
+// =====================================================================================
+void register_conv_transpose() {
+  struct DeconvShape {
+    const char* name;
+    int64_t n, cin, h, w, cout;
+  };
+  constexpr int64_t k = 4, stride = 2, padv = 1;
+  const DeconvShape shapes[] = {{"dcgan2", 64, 256, 8, 8, 128}, {"dcgan4", 64, 64, 32, 32, 3}};
+  register_ours("conv_transpose2d");  // the same shapes, from the conv_transpose2d case
+  for (const DeconvShape c : shapes) {
+    const std::string sh =
+        std::string(c.name) + "_" + dims_str({c.n, c.cin, c.h, c.w}) + "_" + std::to_string(c.cout);
+    const double flops = 2.0 * double(c.n * c.cin * c.h * c.w) * double(c.cout * k * k);
+    const int64_t ho = (c.h - 1) * stride - 2 * padv + k, wo = (c.w - 1) * stride - 2 * padv + k;
+    for (bool any : {false, true}) {
+      register_bench(
+          std::string("conv_transpose2d/") + (any ? "dnnl_blocked/" : "dnnl_nchw/") + sh,
+          [c, flops, any, ho, wo](State& s) {
+            const Tensor x = rand_tensor({c.n, c.cin, c.h, c.w}),
+                         w = rand_tensor({c.cin, c.cout, k, k}), b = rand_tensor({c.cout});
+            const dnnl::memory::desc src_p({c.n, c.cin, c.h, c.w}, dt::f32, tag::nchw),
+                wei_p({c.cout, c.cin, k, k}, dt::f32, tag::iohw),
+                dst_p({c.n, c.cout, ho, wo}, dt::f32, tag::nchw), bias({c.cout}, dt::f32, tag::a);
+            const dnnl::memory::desc src_a({c.n, c.cin, c.h, c.w}, dt::f32, tag::any),
+                wei_a({c.cout, c.cin, k, k}, dt::f32, tag::any),
+                dst_a({c.n, c.cout, ho, wo}, dt::f32, tag::any);
+            dnnl::deconvolution_forward::primitive_desc pd(
+                dnnl::deconvolution_forward::desc(
+                    dnnl::prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct,
+                    any ? src_a : src_p, any ? wei_a : wei_p, bias, any ? dst_a : dst_p,
+                    {stride, stride}, {0, 0}, {padv, padv}, {padv, padv}),
+                dnnl_engine());
+            dnnl::deconvolution_forward prim(pd);
+            auto prepare = [&](const dnnl::memory::desc& want, const dnnl::memory::desc& plain,
+                               void* data) {
+              dnnl::memory user(plain, dnnl_engine(), data);
+              if (want == plain) return user;
+              dnnl::memory m(want, dnnl_engine());
+              dnnl::reorder(user, m).execute(dnnl_stream(), user, m);
+              dnnl_stream().wait();
+              return m;
+            };
+            auto msrc = prepare(pd.src_desc(), src_p, x.data_ptr());
+            auto mwei = prepare(pd.weights_desc(), wei_p, w.data_ptr());
+            dnnl::memory mbias(bias, dnnl_engine(), b.data_ptr());
+            dnnl::memory mdst(pd.dst_desc(), dnnl_engine());
+            timed_loop(s, Unit::kFlop, flops, [&] {
+              prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, msrc},
+                                           {DNNL_ARG_WEIGHTS, mwei},
+                                           {DNNL_ARG_BIAS, mbias},
+                                           {DNNL_ARG_DST, mdst}});
+              dnnl_stream().wait();
+            });
+            s.SetLabel(pd.impl_info_str());
+          });
+    }
+  }
+}
+
+// =====================================================================================
+// group_norm, 32 groups with per-channel weight and bias, eps 1e-5: (32, 128, 32, 32) and
+// (8, 256, 64, 64). Reads x, writes y: 2 x 4n bytes. oneDNN 2.6 has no group normalization
+// primitive (it came in 3.3); the nearest, dnnl_lnorm, is its layer normalization over the
+// (N G, C / G H W) rows, which computes the same statistics and normalisation but cannot apply a
+// per-channel affine (its scale / shift run along the normalised dim): it does slightly less work.
+// =====================================================================================
+void register_group_norm() {
+  register_ours("group_norm");  // from the group_norm case's bench entries
+  constexpr int64_t groups = 32;
+  constexpr double kGnEps = 1e-5;
+  for (const accel::Shape& sh : {accel::Shape{32, 128, 32, 32}, accel::Shape{8, 256, 64, 64}}) {
+    const int64_t n = sh[0] * sh[1] * sh[2] * sh[3];
+    const int64_t rows = sh[0] * groups, cols = n / rows;
+    const double bytes = 2.0 * double(n) * 4;
+    register_bench("group_norm/dnnl_lnorm/" + accel::optable::dims_str(sh) + "_32",
+                   [rows, cols, n, bytes](State& s) {
+                     const Tensor x = rand_tensor({rows, cols}, -3, 3);
+                     std::vector<float> y(static_cast<size_t>(n));
+                     auto mx = dnnl_mem({rows, cols}, tag::ab, x.data_ptr()),
+                          my = dnnl_mem({rows, cols}, tag::ab, y.data());
+                     dnnl::layer_normalization_forward::primitive_desc pd(
+                         dnnl::layer_normalization_forward::desc(dnnl::prop_kind::forward_inference,
+                                                                 mx.get_desc(), float(kGnEps),
+                                                                 dnnl::normalization_flags::none),
+                         dnnl_engine());
+                     dnnl::layer_normalization_forward prim(pd);
+                     timed_loop(s, Unit::kByte, bytes, [&] {
+                       prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, mx}, {DNNL_ARG_DST, my}});
+                       dnnl_stream().wait();
+                     });
+                     s.SetLabel(pd.impl_info_str());
+                   });
+  }
+}
+
+// =====================================================================================
 // Row softmax (last dim): (4096, 256) and the gpt attention scores (32*4*128, 128).
 // layer_norm over the last 128 of (4096, 128), with weight and bias, eps 1e-5.
 // Both read one array and write one: 2 x 4n bytes.
@@ -967,6 +1071,8 @@ int main(int argc, char** argv) {
   register_gemm();
   register_gemm_bf16();
   register_conv();
+  register_conv_transpose();
+  register_group_norm();
   register_elementwise();
   register_norms();
   register_cross_entropy();

@@ -24,4 +24,15 @@ std::string Flatten::extra_repr() const {
   return "start_dim=" + std::to_string(start_dim) + ", end_dim=" + std::to_string(end_dim);
 }
 
+Tensor LeakyReLU::forward(const Tensor& x) { return leaky_relu(x, negative_slope); }
+std::string LeakyReLU::extra_repr() const {
+  return "negative_slope=" + std::to_string(negative_slope);
+}
+Tensor ELU::forward(const Tensor& x) { return elu(x, alpha); }
+std::string ELU::extra_repr() const { return "alpha=" + std::to_string(alpha); }
+Tensor Softmax::forward(const Tensor& x) { return softmax(x, dim); }
+std::string Softmax::extra_repr() const { return "dim=" + std::to_string(dim); }
+Tensor LogSoftmax::forward(const Tensor& x) { return log_softmax(x, dim); }
+std::string LogSoftmax::extra_repr() const { return "dim=" + std::to_string(dim); }
+
 }  // namespace accel::nn

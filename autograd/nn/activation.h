@@ -45,4 +45,36 @@ struct Flatten : Module {
   int64_t start_dim, end_dim;
 };
 
+// torch.nn.LeakyReLU(negative_slope=0.01): x > 0 ? x : negative_slope x.
+struct LeakyReLU : Module {
+  explicit LeakyReLU(double negative_slope = 0.01) : negative_slope(negative_slope) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  double negative_slope;
+};
+
+// torch.nn.ELU(alpha=1.0): x > 0 ? x : alpha (exp(x) - 1).
+struct ELU : Module {
+  explicit ELU(double alpha = 1.0) : alpha(alpha) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  double alpha;
+};
+
+// torch.nn.Softmax(dim) / LogSoftmax(dim); torch's dim=None (a legacy guess of the dim) is not
+// offered: the dim is required.
+struct Softmax : Module {
+  explicit Softmax(int64_t dim) : dim(dim) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  int64_t dim;
+};
+
+struct LogSoftmax : Module {
+  explicit LogSoftmax(int64_t dim) : dim(dim) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  int64_t dim;
+};
+
 }  // namespace accel::nn

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "autograd/nn/module.h"
 #include "core/generator.h"
@@ -57,6 +58,93 @@ class AvgPool2d : public Module {
   std::string extra_repr() const override;
   Size2 kernel_size, stride, padding;
   bool count_include_pad;
+};
+
+// ---------------- transposed and 1-D convolutions (issue 24) ----------------
+
+// torch.nn.ConvTranspose2d(in_channels, out_channels, kernel_size, stride=1, padding=0,
+// output_padding=0, groups=1, bias=True, dilation=1): the same arguments in the same order.
+// x: (N, C_in, H, W) -> (N, C_out, H_out, W_out),
+// H_out = (H - 1) stride - 2 padding + dilation (kH - 1) + output_padding + 1.
+// weight: (C_in, C_out / groups, kH, kW), bias: (C_out). Init as torch: Kaiming-uniform with
+// a = sqrt(5) over fan_in = weight.size(1) kH kW = C_out / groups kH kW (torch computes it from
+// the weight tensor, whose dim 1 is C_out / groups here), bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+class ConvTranspose2d : public Module {
+ public:
+  ConvTranspose2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride = 1,
+                  Size2 padding = 0, Size2 output_padding = 0, int64_t groups = 1, bool bias = true,
+                  Size2 dilation = 1, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  // torch's forward(input, output_size): output_size (H_out, W_out) (or with leading N, C_out)
+  // picks output_padding = output_size - the smallest output; it must stay below the stride.
+  Tensor forward(const Tensor& x, const Shape& output_size);
+  void reset_parameters(Generator* gen = nullptr) override;
+  std::string extra_repr() const override;
+
+  int64_t in_channels, out_channels;
+  Size2 kernel_size, stride, padding, output_padding;
+  int64_t groups;
+  Size2 dilation;
+  Tensor weight;  // (C_in, C_out / groups, kH, kW)
+  Tensor bias;    // (C_out); undefined without bias
+};
+
+// torch.nn.Conv1d(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+// groups=1, bias=True) (numeric padding only). x: (N, C_in, L) or (C_in, L) -> (N, C_out, L_out),
+// L_out = (L + 2 padding - dilation (k - 1) - 1) / stride + 1. weight (C_out, C_in / groups, k),
+// bias (C_out); init as Conv2d with fan_in = C_in / groups k.
+class Conv1d : public Module {
+ public:
+  Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
+         int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1, bool bias = true,
+         Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters(Generator* gen = nullptr) override;
+  std::string extra_repr() const override;
+
+  int64_t in_channels, out_channels, kernel_size, stride, padding, dilation, groups;
+  Tensor weight;  // (C_out, C_in / groups, k)
+  Tensor bias;    // (C_out)
+};
+
+// torch.nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=1, padding=0,
+// output_padding=0, groups=1, bias=True, dilation=1). weight (C_in, C_out / groups, k); init as
+// ConvTranspose2d.
+class ConvTranspose1d : public Module {
+ public:
+  ConvTranspose1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
+                  int64_t stride = 1, int64_t padding = 0, int64_t output_padding = 0,
+                  int64_t groups = 1, bool bias = true, int64_t dilation = 1,
+                  Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters(Generator* gen = nullptr) override;
+  std::string extra_repr() const override;
+
+  int64_t in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, dilation;
+  Tensor weight;  // (C_in, C_out / groups, k)
+  Tensor bias;    // (C_out)
+};
+
+// torch.nn.AdaptiveAvgPool2d(output_size) / AdaptiveMaxPool2d(output_size, return_indices=False):
+// x (N, C, H, W) or (C, H, W) -> (..., oh, ow); window i spans
+// [floor(i H / oh), ceil((i + 1) H / oh)). return_indices: forward_with_indices() returns the
+// flat h * W + w index of each maximum (forward() the values, as a Module must return one tensor).
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(Size2 output_size);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  Size2 output_size;
+};
+
+class AdaptiveMaxPool2d : public Module {
+ public:
+  explicit AdaptiveMaxPool2d(Size2 output_size, bool return_indices = false);
+  Tensor forward(const Tensor& x) override;
+  std::tuple<Tensor, Tensor> forward_with_indices(const Tensor& x);
+  std::string extra_repr() const override;
+  Size2 output_size;
+  bool return_indices;
 };
 
 }  // namespace accel::nn

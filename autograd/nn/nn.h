@@ -7,6 +7,7 @@
 #include "autograd/nn/batchnorm.h"
 #include "autograd/nn/container.h"
 #include "autograd/nn/conv.h"
+#include "autograd/nn/image.h"
 #include "autograd/nn/init.h"
 #include "autograd/nn/linear.h"
 #include "autograd/nn/loss.h"

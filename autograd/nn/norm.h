@@ -45,4 +45,40 @@ class RMSNorm : public Module {
   Tensor weight;
 };
 
+// torch.nn.GroupNorm(num_groups, num_channels, eps=1e-5, affine=True): x (N, C, *) normalised
+// over each group of C / num_groups channels (fused kernel); weight (C) = 1, bias (C) = 0.
+class GroupNorm : public Module {
+ public:
+  GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters(Generator* gen = nullptr) override;
+  std::string extra_repr() const override;
+
+  int64_t num_groups, num_channels;
+  double eps;
+  bool affine;
+  Tensor weight, bias;  // (C) when affine
+};
+
+// torch.nn.InstanceNorm2d(num_features, eps=1e-5, momentum=0.1, affine=False,
+// track_running_stats=False): x (N, C, H, W) or (C, H, W), each (n, c) plane normalised by its own
+// statistics (group_norm with C groups) when training or not tracking; with
+// track_running_stats, training updates running_mean / running_var (C) (unbiased variance,
+// averaged over N) and evaluation normalises with them. weight / bias (C) = 1 / 0 when affine.
+class InstanceNorm2d : public Module {
+ public:
+  explicit InstanceNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
+                          bool affine = false, bool track_running_stats = false);
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters(Generator* gen = nullptr) override;
+  void reset_running_stats();
+  std::string extra_repr() const override;
+
+  int64_t num_features;
+  double eps, momentum;
+  bool affine, track_running_stats;
+  Tensor weight, bias;                                    // (C) when affine
+  Tensor running_mean, running_var, num_batches_tracked;  // when track_running_stats
+};
+
 }  // namespace accel::nn

@@ -16,6 +16,9 @@ namespace accel {
 ACCEL_DIFFERENTIABLE_OP(conv2d, "conv2d");
 ACCEL_DIFFERENTIABLE_OP(max_pool2d, "max_pool2d");
 ACCEL_DIFFERENTIABLE_OP(avg_pool2d, "avg_pool2d");
+ACCEL_DIFFERENTIABLE_OP(conv_transpose2d, "conv_transpose2d");
+ACCEL_DIFFERENTIABLE_OP(conv1d, "conv1d");
+ACCEL_DIFFERENTIABLE_OP(conv_transpose1d, "conv_transpose1d");
 
 namespace {
 
@@ -116,6 +119,140 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Shape stride
         });
   }
   return x_in.dim() == 3 ? out.squeeze(0) : out;
+}
+
+// Note [transposed convolution through the conv kernels]: conv_transpose2d(x, w) with params p is
+// the adjoint of conv2d(., w) with the same p: its forward is conv2d's backward-data (gout = x,
+// gx = the output), its input gradient is conv2d's forward on the output gradient, and its weight
+// gradient is conv2d's weight gradient with the roles of input and output swapped (input = the
+// output gradient, gout = x). So it runs on the same oneDNN / cuDNN primitives as conv2d with no
+// kernel of its own (oneDNN's own deconvolution primitive is the same backward-data kernel; the
+// bench compares the two). output_padding only enlarges the output: conv2d's floor in
+// Ho = (H' + 2 pad - dil (k - 1) - 1) / stride + 1 maps the larger H' back onto the same H.
+// The bias (per output channel) is added by a broadcast add: conv2d_backward_stub has none.
+Tensor conv_transpose2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Shape stride,
+                        Shape padding, Shape output_padding, int64_t groups, Shape dilation) {
+  if (ACCEL_UNLIKELY(autocast_enabled())) {  // Note [autocast in ops]
+    const Tensor xc = autocast_cast(x_in), wc = autocast_cast(w), bc = autocast_cast(b);
+    AutocastSuspend off;
+    return conv_transpose2d(xc, wc, bc, std::move(stride), std::move(padding),
+                            std::move(output_padding), groups, std::move(dilation));
+  }
+  const char* op = "conv_transpose2d";
+  check_input(op, x_in);
+  ops::check_defined(w, op, "weight");
+  ops::check_same_device(x_in, w, op);
+  ACCEL_CHECK(x_in.dtype() == w.dtype(), DTypeError, op, "input ", x_in.dtype(), " ", x_in.sizes(),
+              " and weight ", w.dtype(), " ", w.sizes(), " differ in dtype");
+  ACCEL_CHECK(w.dim() == 4, ShapeError, op, "weight must be 4-D (in, out / groups, kh, kw), got ",
+              w.sizes());
+  ACCEL_CHECK(groups >= 1, ValueError, op, "groups must be positive, got ", groups);
+  Conv2dParams p;
+  int64_t out_pad[2];
+  pair_param(op, "stride", stride, 1, p.stride);
+  pair_param(op, "padding", padding, 0, p.padding);
+  pair_param(op, "dilation", dilation, 1, p.dilation);
+  pair_param(op, "output_padding", output_padding, 0, out_pad);
+  p.groups = groups;
+  for (int i = 0; i < 2; ++i) {
+    ACCEL_CHECK(out_pad[i] < p.stride[i] || out_pad[i] < p.dilation[i], ValueError, op,
+                "output_padding ", pair_shape(out_pad), " must be smaller than either stride ",
+                pair_shape(p.stride), " or dilation ", pair_shape(p.dilation));
+  }
+  const Tensor x = x_in.dim() == 3 ? x_in.unsqueeze(0) : x_in;
+  const int64_t c = x.size(1), o = w.size(1) * groups;
+  ACCEL_CHECK(w.size(0) == c, ShapeError, op, "weight ", w.sizes(), " expects ", w.size(0),
+              " input channels, but the input ", x_in.sizes(), " has ", c);
+  ACCEL_CHECK(c % groups == 0, ShapeError, op, "input channels ", c,
+              " are not divisible by groups=", groups, " (weight ", w.sizes(), ")");
+  if (b.defined()) {
+    ops::check_same_device(x_in, b, op);
+    ACCEL_CHECK(b.dtype() == w.dtype(), DTypeError, op, "bias ", b.dtype(), " ", b.sizes(),
+                " and weight ", w.dtype(), " ", w.sizes(), " differ in dtype");
+    ACCEL_CHECK(b.dim() == 1 && b.size(0) == o, ShapeError, op, "bias must have shape ", Shape{o},
+                ", got ", b.sizes(), " for weight ", w.sizes(), " and groups=", groups);
+  }
+  int64_t out_hw[2];
+  for (int i = 0; i < 2; ++i) {
+    out_hw[i] = (x.size(2 + i) - 1) * p.stride[i] - 2 * p.padding[i] +
+                p.dilation[i] * (w.size(2 + i) - 1) + out_pad[i] + 1;
+    ACCEL_CHECK(out_hw[i] > 0, ShapeError, op, "input ", x_in.sizes(), " with weight ", w.sizes(),
+                ", stride ", pair_shape(p.stride), ", padding ", pair_shape(p.padding),
+                " gives a non-positive output size ", Shape{out_hw[0], out_hw[1]});
+  }
+  const Tensor xd = dense(x), wd = dense(w);
+  Tensor out = ops::empty_on({x.size(0), o, out_hw[0], out_hw[1]}, x.dtype(), x.device());
+  // Only the sizes of conv2d's input argument are read when gw and gb are null.
+  conv2d_backward_stub(x.device(), out, wd, xd, &out, nullptr, nullptr, p);
+  if (b.defined() && out.numel() > 0) {
+    NoGradGuard ng;
+    out.add_(b.detach().view({1, o, 1, 1}));
+  }
+  if (autograd::needs_grad(x, w, b)) {
+    const bool gx = x.requires_grad(), gw = w.requires_grad(),
+               gb = b.defined() && b.requires_grad();
+    autograd::record(
+        op, {&x, &w, &b}, {&out},
+        [xs = autograd::save_input(xd, 0), ws = autograd::save_input(wd, 1), p, gx, gw,
+         gb](const autograd::Grads& g) {
+          const Tensor& xd = xs.unpack();
+          const Tensor& wd = ws.unpack();
+          const Tensor go = dense(g[0]);
+          Tensor dx = gx ? ops::empty_on(xd.sizes(), go.dtype(), go.device()) : Tensor();
+          Tensor dw = gw ? ops::empty_on(wd.sizes(), go.dtype(), go.device()) : Tensor();
+          if (gx) conv2d_stub(go.device(), go, wd, Tensor(), dx, p);
+          if (gw) conv2d_backward_stub(go.device(), go, wd, xd, nullptr, &dw, nullptr, p);
+          Tensor db = gb ? sum(go, {0, 2, 3}) : Tensor();
+          return autograd::Grads{dx, dw, db};
+        });
+  }
+  return x_in.dim() == 3 ? out.squeeze(0) : out;
+}
+
+namespace {
+
+// conv1d / conv_transpose1d run the 2-D ops on (N, C, 1, L) with a (1, k) kernel.
+// x: (N, C, L) or (C, L) -> the 4-D (or 3-D) 2-D form; strides and dilations as (1, v).
+Tensor as_2d_input(const char* op, const Tensor& x) {
+  ops::check_defined(x, op);
+  ACCEL_CHECK(x.dim() == 2 || x.dim() == 3, ShapeError, op,
+              "expected a 2-D (C, L) or 3-D (N, C, L) input, got ", x.sizes());
+  return x.unsqueeze(x.dim() - 1);
+}
+Tensor as_2d_weight(const char* op, const Tensor& w) {
+  ops::check_defined(w, op, "weight");
+  ACCEL_CHECK(w.dim() == 3, ShapeError, op, "weight must be 3-D, got ", w.sizes());
+  return w.unsqueeze(2);
+}
+// padding / output_padding: 0 along the added H = 1 dim.
+Shape as_2d_pad(const char* op, const char* what, int64_t v) {
+  ACCEL_CHECK(v >= 0, ValueError, op, what, " must be non-negative, got ", v);
+  return Shape{0, v};
+}
+
+}  // namespace
+
+Tensor conv1d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride, int64_t padding,
+              int64_t dilation, int64_t groups) {
+  const char* op = "conv1d";
+  ACCEL_CHECK(stride >= 1 && dilation >= 1, ValueError, op, "stride (", stride, ") and dilation (",
+              dilation, ") must be positive");
+  const Tensor y = conv2d(as_2d_input(op, x), as_2d_weight(op, w), b, Shape{1, stride},
+                          as_2d_pad(op, "padding", padding), Shape{1, dilation}, groups);
+  return y.squeeze(y.dim() - 2);
+}
+
+Tensor conv_transpose1d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t stride,
+                        int64_t padding, int64_t output_padding, int64_t groups, int64_t dilation) {
+  const char* op = "conv_transpose1d";
+  ACCEL_CHECK(stride >= 1 && dilation >= 1, ValueError, op, "stride (", stride, ") and dilation (",
+              dilation, ") must be positive");
+  // output_padding of the H = 1 dim is 0 < stride 1.
+  const Tensor y =
+      conv_transpose2d(as_2d_input(op, x), as_2d_weight(op, w), b, Shape{1, stride},
+                       as_2d_pad(op, "padding", padding),
+                       as_2d_pad(op, "output_padding", output_padding), groups, Shape{1, dilation});
+  return y.squeeze(y.dim() - 2);
 }
 
 namespace {

@@ -170,4 +170,16 @@ void launch_multinomial(Code t, const void* probs, const double* uniforms, int64
                         int64_t s, double* cdf, int64_t* last, int64_t* out, int max_blocks,
                         cudaStream_t stream);
 
+// ---- group_norm (nn_group_norm.cu; contract: kernels/stubs/nn.h) ----
+// x: (n, c, s) contiguous; weight / bias (c) or null; mean, rstd: (n, groups) in the accumulate
+// type.
+void launch_group_norm_forward(Code t, const void* x, const void* weight, const void* bias,
+                               int64_t n, int64_t c, int64_t s, int64_t groups, double eps, void* y,
+                               void* mean, void* rstd, cudaStream_t stream);
+// sums: an accumulate-type workspace of (n, c, 2); dx, dweight, dbias may each be null.
+void launch_group_norm_backward(Code t, const void* grad, const void* x, const void* mean,
+                                const void* rstd, const void* weight, int64_t n, int64_t c,
+                                int64_t s, int64_t groups, void* sums, void* dx, void* dweight,
+                                void* dbias, cudaStream_t stream);
+
 }  // namespace accel::cuda

@@ -24,6 +24,8 @@ ACCEL_DECLARE_STUB(conv2d_stub, void (*)(const Tensor& x, const Tensor& w, const
 // Gradients of conv2d given gout (N, O, Ho, Wo), all contiguous. Each of gx (like x), gw (like w)
 // and gb ((O)) is either null (not wanted) or a preallocated contiguous tensor that the kernel
 // overwrites.
+// x's data is read only for gw; with gw null only its sizes matter (conv_transpose2d's forward
+// passes its own output there: Note [transposed convolution through the conv kernels]).
 ACCEL_DECLARE_STUB(conv2d_backward_stub,
                    void (*)(const Tensor& x, const Tensor& w, const Tensor& gout, Tensor* gx,
                             Tensor* gw, Tensor* gb, const Conv2dParams& p));

@@ -76,4 +76,19 @@ ACCEL_DECLARE_STUB(sdpa_backward_stub,
                             const Tensor& p, double scale, bool causal, Tensor& dq, Tensor& dk,
                             Tensor& dv));
 
+// ---- group normalisation (kernels/<backend>/nn_group_norm.*) ----
+// x: (N, C, *) contiguous, S = numel / (N C) elements per channel; `groups` divides C, each group
+// of C / groups channels normalised over its (C / groups) S elements: y like x,
+//   y = (x - mean[n, g]) * rstd[n, g] * weight[c] + bias[c];
+// weight, bias: (C) or undefined (1 and 0); mean, rstd: (N, groups) in the accumulation dtype.
+ACCEL_DECLARE_STUB(group_norm_stub,
+                   void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                            int64_t groups, double eps, Tensor& y, Tensor& mean, Tensor& rstd));
+// grad like x; each of dx (like x), dweight, dbias ((C)) is undefined (not wanted) or
+// preallocated and overwritten.
+ACCEL_DECLARE_STUB(group_norm_backward_stub,
+                   void (*)(const Tensor& grad, const Tensor& x, const Tensor& mean,
+                            const Tensor& rstd, const Tensor& weight, int64_t groups, Tensor& dx,
+                            Tensor& dweight, Tensor& dbias));
+
 }  // namespace accel

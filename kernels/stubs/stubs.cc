@@ -53,6 +53,8 @@ ACCEL_DEFINE_STUB(nll_loss_stub);
 ACCEL_DEFINE_STUB(nll_loss_backward_stub);
 ACCEL_DEFINE_STUB(sdpa_stub);
 ACCEL_DEFINE_STUB(sdpa_backward_stub);
+ACCEL_DEFINE_STUB(group_norm_stub);
+ACCEL_DEFINE_STUB(group_norm_backward_stub);
 // optim.h
 ACCEL_DEFINE_STUB(adamw_stub);
 

@@ -111,6 +111,7 @@ const std::vector<OpCase>& op_cases() {
     detail::add_indexing_cases(t);
     detail::add_inplace_cases(t);
     detail::add_losses_cases(t);
+    detail::add_image_cases(t);
     return t.cases();
   }();
   return all;

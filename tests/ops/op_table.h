@@ -205,4 +205,5 @@ void add_optim_cases(Table& t);
 void add_indexing_cases(Table& t);
 void add_inplace_cases(Table& t);
 void add_losses_cases(Table& t);
+void add_image_cases(Table& t);
 }  // namespace accel::optable::detail

@@ -119,8 +119,8 @@ ImageFolder::ImageFolder(std::string root, transforms::AnyTransform transform,
 }
 
 Tensor ImageFolder::load(int64_t index) const {
-  ACCEL_CHECK(index >= 0 && index < size(), IndexError, kOp, "index ", index,
-              " out of range for ", size(), " images");
+  ACCEL_CHECK(index >= 0 && index < size(), IndexError, kOp, "index ", index, " out of range for ",
+              size(), " images");
   return read_image(samples_[size_t(index)].first, options_.image);
 }
 
@@ -148,10 +148,10 @@ Tensor draw_shape(int64_t k, int64_t size, Generator& gen) {
   ACCEL_CHECK(size >= 8, ValueError, "draw_shape", "size must be >= 8, got ", size);
   auto u8 = [&] { return uint8_t(gen.next_u64() & 0xff); };
   uint8_t bg[3], fg[3];
-  for (auto& v : bg) v = uint8_t(u8() / 4);            // dark background
-  for (auto& v : fg) v = uint8_t(128 + u8() / 2);      // bright shape
+  for (auto& v : bg) v = uint8_t(u8() / 4);        // dark background
+  for (auto& v : fg) v = uint8_t(128 + u8() / 2);  // bright shape
   const double s = double(size);
-  const double r = s * (0.2 + 0.15 * gen.next_double());         // half extent
+  const double r = s * (0.2 + 0.15 * gen.next_double());  // half extent
   const double cx = r + (s - 2 * r) * gen.next_double();
   const double cy = r + (s - 2 * r) * gen.next_double();
   Tensor img = empty({size, size, 3}, kUInt8);
@@ -161,12 +161,8 @@ Tensor draw_shape(int64_t k, int64_t size, Generator& gen) {
       const double dx = double(x) + 0.5 - cx, dy = double(y) + 0.5 - cy;
       bool in = false;
       switch (k) {
-        case 0:
-          in = dx * dx + dy * dy <= r * r;
-          break;
-        case 1:
-          in = std::abs(dx) <= r * 0.8 && std::abs(dy) <= r * 0.8;
-          break;
+        case 0: in = dx * dx + dy * dy <= r * r; break;
+        case 1: in = std::abs(dx) <= r * 0.8 && std::abs(dy) <= r * 0.8; break;
         case 2:  // apex up: |dx| <= (dy + r) / 2 within the box
           in = dy >= -r && dy <= r && std::abs(dx) <= (dy + r) / 2;
           break;

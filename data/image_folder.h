@@ -4,8 +4,9 @@
 //   root/cat/001.png, root/cat/sub/x.jpg, root/dog/a.JPEG  ->  classes {"cat", "dog"}
 //
 //   using namespace accel::data::transforms;
-//   auto ds = std::make_shared<ImageFolder>(root, Compose({Resize(64), CenterCrop(64), ToTensor()}));
-//   DataLoader loader(ds, o);   // batch["image"]: (B, 3, 64, 64) f32, batch["label"]: (B) int64
+//   auto ds = std::make_shared<ImageFolder>(root, Compose({Resize(64), CenterCrop(64),
+//   ToTensor()})); DataLoader loader(ds, o);   // batch["image"]: (B, 3, 64, 64) f32,
+//   batch["label"]: (B) int64
 #pragma once
 
 #include <cstdint>

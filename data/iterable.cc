@@ -131,8 +131,8 @@ struct IterableDataLoader::Run {
     WorkerScope scope(&s.info);
     if (!s.stream && !s.ended) {
       s.stream = loader->dataset_->iter(epoch);
-      ACCEL_CHECK(s.stream != nullptr, ValueError, "IterableDataLoader",
-                  "iter(", epoch, ") returned a null stream");
+      ACCEL_CHECK(s.stream != nullptr, ValueError, "IterableDataLoader", "iter(", epoch,
+                  ") returned a null stream");
     }
     const bool self = loader->dataset_->shards_itself();
     const int64_t n = s.info.num_shards(), me = s.info.shard();
@@ -250,10 +250,10 @@ IterableDataLoader::IterableDataLoader(IterableDatasetPtr dataset, DataLoaderOpt
     rank_ = s.rank;
     world_size_ = s.world_size;
   } else {
-    ACCEL_CHECK(options_.world_size >= 1 && options_.rank >= 0 &&
-                    options_.rank < options_.world_size,
-                ValueError, op, "need 0 <= rank < world_size, got rank ", options_.rank,
-                ", world_size ", options_.world_size);
+    ACCEL_CHECK(
+        options_.world_size >= 1 && options_.rank >= 0 && options_.rank < options_.world_size,
+        ValueError, op, "need 0 <= rank < world_size, got rank ", options_.rank, ", world_size ",
+        options_.world_size);
     rank_ = options_.rank;
     world_size_ = options_.world_size;
   }

@@ -103,7 +103,8 @@ template <typename A>
 struct Taps {
   std::vector<int64_t> i0, i1;
   std::vector<A> l0, l1;
-  Taps(int64_t in, int64_t out) : i0(size_t(out)), i1(size_t(out)), l0(size_t(out)), l1(size_t(out)) {
+  Taps(int64_t in, int64_t out)
+      : i0(size_t(out)), i1(size_t(out)), l0(size_t(out)), l1(size_t(out)) {
     const A scale = A(in) / A(out);
     for (int64_t d = 0; d < out; ++d) {
       A src = scale * (A(d) + A(0.5)) - A(0.5);
@@ -146,13 +147,11 @@ void resize_kernel(const Img& m, Tensor& out, int64_t oh, int64_t ow) {
 }
 
 // Python's round() of d / 2 (half to even), for a non-negative or negative integer d.
-int64_t half_round(int64_t d) {
-  return int64_t(std::nearbyint(double(d) / 2.0));
-}
+int64_t half_round(int64_t d) { return int64_t(std::nearbyint(double(d) / 2.0)); }
 
 void check_size(int64_t h, int64_t w, const char* op) {
-  ACCEL_CHECK(h >= 1 && w >= 1, ValueError, op, "output size must be positive, got (", h, ", ",
-              w, ")");
+  ACCEL_CHECK(h >= 1 && w >= 1, ValueError, op, "output size must be positive, got (", h, ", ", w,
+              ")");
 }
 
 }  // namespace
@@ -164,14 +163,9 @@ Tensor crop(const Tensor& image, int64_t top, int64_t left, int64_t height, int6
   return by_dtype(image, "crop", [&](const Img& m) {
     Tensor out = make_out(m, height, width, m.t.dtype());
     switch (m.t.dtype()) {
-      case kUInt8:
-        crop_kernel<uint8_t>(m, out, top, left, height, width);
-        break;
-      case kFloat64:
-        crop_kernel<double>(m, out, top, left, height, width);
-        break;
-      default:
-        crop_kernel<float>(m, out, top, left, height, width);
+      case kUInt8: crop_kernel<uint8_t>(m, out, top, left, height, width); break;
+      case kFloat64: crop_kernel<double>(m, out, top, left, height, width); break;
+      default: crop_kernel<float>(m, out, top, left, height, width);
     }
     return out;
   });
@@ -181,14 +175,9 @@ Tensor hflip(const Tensor& image) {
   return by_dtype(image, "hflip", [&](const Img& m) {
     Tensor out = make_out(m, m.h, m.w, m.t.dtype());
     switch (m.t.dtype()) {
-      case kUInt8:
-        flip_kernel<uint8_t>(m, out);
-        break;
-      case kFloat64:
-        flip_kernel<double>(m, out);
-        break;
-      default:
-        flip_kernel<float>(m, out);
+      case kUInt8: flip_kernel<uint8_t>(m, out); break;
+      case kFloat64: flip_kernel<double>(m, out); break;
+      default: flip_kernel<float>(m, out);
     }
     return out;
   });
@@ -199,14 +188,9 @@ Tensor resize(const Tensor& image, int64_t height, int64_t width) {
   return by_dtype(image, "resize", [&](const Img& m) {
     Tensor out = make_out(m, height, width, m.t.dtype());
     switch (m.t.dtype()) {
-      case kUInt8:
-        resize_kernel<uint8_t, float>(m, out, height, width);
-        break;
-      case kFloat64:
-        resize_kernel<double, double>(m, out, height, width);
-        break;
-      default:
-        resize_kernel<float, float>(m, out, height, width);
+      case kUInt8: resize_kernel<uint8_t, float>(m, out, height, width); break;
+      case kFloat64: resize_kernel<double, double>(m, out, height, width); break;
+      default: resize_kernel<float, float>(m, out, height, width);
     }
     return out;
   });
@@ -269,8 +253,8 @@ Resize::Resize(int64_t height, int64_t width) : height_(height), width_(width) {
 Tensor Resize::apply(const Tensor& image, Generator&) const {
   int64_t oh = height_, ow = width_;
   if (size_ > 0) {
-    ACCEL_CHECK(image.defined() && image.dim() >= 2, ShapeError, "Resize",
-                "expects an image, got ", image.defined() ? image.shape_str() : "undefined");
+    ACCEL_CHECK(image.defined() && image.dim() >= 2, ShapeError, "Resize", "expects an image, got ",
+                image.defined() ? image.shape_str() : "undefined");
     const bool hwc = image.dtype() == kUInt8;
     const int64_t h = hwc ? image.size(0) : image.size(-2);
     const int64_t w = hwc ? image.size(1) : image.size(-1);
@@ -327,7 +311,8 @@ RandomResizedCrop::Box RandomResizedCrop::get_params(int64_t h, int64_t w, Gener
   const double area = double(h) * double(w);
   const double lr0 = std::log(ratio_.first), lr1 = std::log(ratio_.second);
   for (int attempt = 0; attempt < 10; ++attempt) {
-    const double target = area * (scale_.first + (scale_.second - scale_.first) * gen.next_double());
+    const double target =
+        area * (scale_.first + (scale_.second - scale_.first) * gen.next_double());
     const double aspect = std::exp(lr0 + (lr1 - lr0) * gen.next_double());
     const int64_t cw = int64_t(std::nearbyint(std::sqrt(target * aspect)));
     const int64_t ch = int64_t(std::nearbyint(std::sqrt(target / aspect)));
@@ -355,8 +340,7 @@ Tensor RandomResizedCrop::apply(const Tensor& image, Generator& gen) const {
   const bool hwc = image.dtype() == kUInt8;
   const int64_t h = hwc ? image.size(0) : image.size(-2);
   const int64_t w = hwc ? image.size(1) : image.size(-1);
-  ACCEL_CHECK(h >= 1 && w >= 1, ShapeError, "RandomResizedCrop", "empty image ",
-              image.shape_str());
+  ACCEL_CHECK(h >= 1 && w >= 1, ShapeError, "RandomResizedCrop", "empty image ", image.shape_str());
   const Box b = get_params(h, w, gen);
   return resize(crop(image, b.top, b.left, b.height, b.width), height_, width_);
 }
@@ -369,8 +353,7 @@ std::string RandomResizedCrop::repr() const {
 }
 
 RandomHorizontalFlip::RandomHorizontalFlip(double p) : p_(p) {
-  ACCEL_CHECK(p >= 0 && p <= 1, ValueError, "RandomHorizontalFlip",
-              "p must be in [0, 1], got ", p);
+  ACCEL_CHECK(p >= 0 && p <= 1, ValueError, "RandomHorizontalFlip", "p must be in [0, 1], got ", p);
 }
 Tensor RandomHorizontalFlip::apply(const Tensor& image, Generator& gen) const {
   return gen.next_double() < p_ ? hflip(image) : image;
@@ -401,8 +384,8 @@ Tensor ToTensor::apply(const Tensor& image, Generator&) const {
 Normalize::Normalize(std::vector<double> mean, std::vector<double> std)
     : mean_(std::move(mean)), std_(std::move(std)) {
   ACCEL_CHECK(!mean_.empty() && mean_.size() == std_.size(), ValueError, "Normalize",
-              "mean and std need the same, non-zero number of values; got ", mean_.size(),
-              " and ", std_.size());
+              "mean and std need the same, non-zero number of values; got ", mean_.size(), " and ",
+              std_.size());
   for (double s : std_)
     ACCEL_CHECK(s != 0.0, ValueError, "Normalize", "std evaluated to zero (division by zero)");
 }

@@ -74,7 +74,6 @@ Tensor u8(const std::vector<int>& v, const Shape& s) {
   return tensor(w, s, TensorOptions(kInt32)).to(kUInt8);
 }
 
-
 // Element of a tensor by coordinates (converted to double).
 double at(const Tensor& t, const std::vector<int64_t>& idx) {
   REQUIRE(int64_t(idx.size()) == t.dim());
@@ -89,13 +88,12 @@ TEST_CASE("image fixtures: PNG and JPEG decode like PIL") {
   // PNG is lossless: exact. JPEG: the same IDCT as PIL's libjpeg here, so exact too; the
   // tolerance allows another libjpeg build's IDCT to differ by a level.
   const std::vector<std::pair<std::string, int>> files = {
-      {"rgb.png", 0},         {"gray.png", 0}, {"rgba.png", 0}, {"palette.png", 0},
-      {"gray16.png", 0},      {"rgb.jpg", 2},  {"gray.jpg", 2}, {"progressive.jpg", 2},
-      {"cmyk.jpg", 2}};
+      {"rgb.png", 0},     {"gray.png", 0},        {"rgba.png", 0},
+      {"palette.png", 0}, {"gray16.png", 0},      {"rgb.jpg", 2},
+      {"gray.jpg", 2},    {"progressive.jpg", 2}, {"cmyk.jpg", 2}};
   for (const auto& [file, tol] : files) {
-    for (const auto& [mode_name, mode] :
-         {std::make_pair(std::string("RGB"), ImageMode::kRGB),
-          std::make_pair(std::string("L"), ImageMode::kGray)}) {
+    for (const auto& [mode_name, mode] : {std::make_pair(std::string("RGB"), ImageMode::kRGB),
+                                          std::make_pair(std::string("L"), ImageMode::kGray)}) {
       INFO(file, " as ", mode_name);
       ImageOptions o;
       o.mode = mode;
@@ -131,8 +129,7 @@ TEST_CASE("Resize: uint8 HWC rounds like torchvision's tensor resize") {
   Tensor hwc = chw.permute({1, 2, 0}).contiguous().to(kUInt8);
   for (auto [h, w] : {std::make_pair(4, 3), std::make_pair(11, 9)}) {
     INFO(h, "x", w);
-    Tensor expect = ref_tensor("resize_u8_" + std::to_string(h) + "x" + std::to_string(w),
-                               kFloat64)
+    Tensor expect = ref_tensor("resize_u8_" + std::to_string(h) + "x" + std::to_string(w), kFloat64)
                         .permute({1, 2, 0});
     Tensor got = Resize(h, w)(hwc);
     CHECK(got.dtype() == kUInt8);

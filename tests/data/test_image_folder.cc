@@ -19,7 +19,6 @@ namespace {
 
 Tensor solid(int64_t h, int64_t w, uint8_t v) { return full({h, w, 3}, int64_t(v), kUInt8); }
 
-
 // Element of a tensor by coordinates (converted to double).
 double at(const Tensor& t, const std::vector<int64_t>& idx) {
   REQUIRE(int64_t(idx.size()) == t.dim());
@@ -115,7 +114,8 @@ TEST_CASE("ImageFolder: empty classes, no classes, FIFOs and dangling links are 
   }
 }
 
-TEST_CASE("ImageFolder + DataLoader: transforms run in workers, same batches for any worker count") {
+TEST_CASE(
+    "ImageFolder + DataLoader: transforms run in workers, same batches for any worker count") {
   TempDir d;
   ShapesOptions so;
   so.per_class = 5;
@@ -168,8 +168,10 @@ TEST_CASE("ImageFolder + DataLoader: transforms run in workers, same batches for
   // The same seed writes the same files; another seed other ones.
   TempDir d2;
   write_shapes_folder(d2.file("s"), so);
-  CHECK(read_image(d.file("shapes/circle/0003.png")).equal(read_image(d2.file("s/circle/0003.png"))));
+  CHECK(
+      read_image(d.file("shapes/circle/0003.png")).equal(read_image(d2.file("s/circle/0003.png"))));
   so.seed = 4;
   write_shapes_folder(d2.file("t"), so);
-  CHECK(!read_image(d.file("shapes/circle/0003.png")).equal(read_image(d2.file("t/circle/0003.png"))));
+  CHECK(!read_image(d.file("shapes/circle/0003.png"))
+             .equal(read_image(d2.file("t/circle/0003.png"))));
 }

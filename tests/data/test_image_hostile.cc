@@ -132,11 +132,29 @@ TEST_CASE("hostile images: bad signatures and corrupt headers") {
   bad_depth[24] = 7;  // bit depth 7 (CRC now wrong too; either error is fine)
   CHECK(decode_error(bad_depth, "depth.png").find("depth.png") != std::string::npos);
   // Zero size, with a valid CRC.
-  CHECK(decode_error(png_with_size(slurp(kImages + "rgb.png"), 0, 5), "zero.png")
-            .find("zero.png") != std::string::npos);
+  CHECK(
+      decode_error(png_with_size(slurp(kImages + "rgb.png"), 0, 5), "zero.png").find("zero.png") !=
+      std::string::npos);
   std::vector<uint8_t> jpg = slurp(kImages + "rgb.jpg");
   for (size_t i = 2; i < 40; ++i) jpg[i] = 0x00;  // wreck the markers after SOI
   CHECK(decode_error(jpg, "bad.jpg").find("bad.jpg") != std::string::npos);
+  // libjpeg's hard errors (ERREXIT, whose default handler calls exit()): no image at all, and an
+  // unsupported sample precision. In a child, so a regression cannot end the suite.
+  CHECK(expect_error_child<IoError>(
+            [] {
+              decode_image(std::vector<uint8_t>{0xff, 0xd8, 0xff, 0xd9}.data(), 4, "soi.jpg");
+            },
+            "soi.jpg")
+            .ok());
+  std::vector<uint8_t> prec = slurp(kImages + "rgb.jpg");
+  for (size_t i = 2; i + 4 < prec.size(); ++i)
+    if (prec[i] == 0xff && prec[i + 1] == 0xc0) {
+      prec[i + 4] = 13;  // FF C0, length (2), precision
+      break;
+    }
+  CHECK(expect_error_child<IoError>([&] { decode_image(prec.data(), prec.size(), "p13.jpg"); },
+                                    "p13.jpg")
+            .ok());
 }
 
 TEST_CASE("hostile images: huge declared dimensions are refused before any allocation") {
@@ -145,7 +163,9 @@ TEST_CASE("hostile images: huge declared dimensions are refused before any alloc
   const auto png = png_with_size(slurp(kImages + "rgb.png"), 60000, 60000);
   auto r = expect_error_child<IoError>(
       [&] {
-        struct rlimit lim{size_t(4) << 30, size_t(4) << 30};
+        struct rlimit lim {
+          size_t(4) << 30, size_t(4) << 30
+        };
         setrlimit(RLIMIT_AS, &lim);
         decode_image(png.data(), png.size(), "bomb.png");
       },
@@ -154,7 +174,9 @@ TEST_CASE("hostile images: huge declared dimensions are refused before any alloc
   const auto jpg = jpeg_with_size(slurp(kImages + "rgb.jpg"), 65000, 65000);
   auto rj = expect_error_child<IoError>(
       [&] {
-        struct rlimit lim{size_t(4) << 30, size_t(4) << 30};
+        struct rlimit lim {
+          size_t(4) << 30, size_t(4) << 30
+        };
         setrlimit(RLIMIT_AS, &lim);
         decode_image(jpg.data(), jpg.size(), "bomb.jpg");
       },

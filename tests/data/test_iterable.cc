@@ -54,8 +54,8 @@ struct Seen {
   std::vector<int64_t> batch_sizes;
 };
 
-Seen run(const std::shared_ptr<const IterableDataset>& ds, int64_t rank, int64_t world,
-         int workers, int64_t batch, bool drop_last = false, int64_t epoch = 0) {
+Seen run(const std::shared_ptr<const IterableDataset>& ds, int64_t rank, int64_t world, int workers,
+         int64_t batch, bool drop_last = false, int64_t epoch = 0) {
   DataLoaderOptions o;
   o.batch_size = batch;
   o.num_workers = workers;
@@ -117,7 +117,7 @@ TEST_CASE("IterableDataLoader: round-robin order is deterministic; shards skip, 
   ds->opens = 0;
   Seen b = run(ds, 1, 2, 2, 3);
   CHECK(a.values == b.values);
-  CHECK(ds->opens.load() == 2);   // one stream per worker
+  CHECK(ds->opens.load() == 2);  // one stream per worker
   // Only this rank's examples were produced: positions 2 and 3 mod 4 below 50, 12 + 12.
   CHECK(ds->nexts.load() == 24);
   CHECK(ds->skips.load() > 0);

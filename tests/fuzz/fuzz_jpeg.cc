@@ -18,7 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     limits.mode = mode;
     try {
       const DecodedImage img = decode_jpeg_bytes(data, size, "<fuzz>", limits);
-      if (img.height < 1 || img.width < 1 || img.height * img.width > limits.max_pixels) std::abort();
+      if (img.height < 1 || img.width < 1 || img.height * img.width > limits.max_pixels)
+        std::abort();
       if (img.channels != 1 && img.channels != 3) std::abort();
       if (mode == ImageMode::kGray && img.channels != 1) std::abort();
       if (img.pixels.size() != size_t(img.height * img.width * img.channels)) std::abort();

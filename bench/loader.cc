@@ -10,6 +10,11 @@
 // $TMPDIR, batches of --batch (default 16) through TokenWindowDataset::get_batch, read with
 // pread (TokenFile::open), from memory (TokenFile::from_bytes) and, for comparison, gathered by
 // a bare loop from a memory map of the same file (what TokenFile did before). Median of 7 rounds.
+//
+// --images: ImageFolder over a synthetic shapes folder written to $TMPDIR (write_shapes_folder:
+// 4 classes x 128 images of --size pixels, default 64, as PNG and as JPEG), decoded and
+// augmented (RandomResizedCrop(size - 8), RandomHorizontalFlip, ToTensor, Normalize) in the
+// DataLoader's workers, batch --batch (default 64); median images/s over --epochs.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -125,6 +130,49 @@ int bench_tokens(int64_t context, int64_t batch) {
   return 0;
 }
 
+// Images per second of ImageFolder + transforms through the DataLoader (see the top).
+int bench_images(int64_t size, int64_t batch, int epochs, const std::vector<int>& workers) {
+  using namespace accel::data::transforms;
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string root =
+      std::string(tmp && *tmp ? tmp : "/tmp") + "/bench_images_" + std::to_string(getpid());
+  std::printf(
+      "ImageFolder: 4 classes x 128 shapes of %lld x %lld, batch %lld, RandomResizedCrop(%lld)"
+      " + flip + ToTensor + Normalize; median images/s over %d epochs\n",
+      (long long)size, (long long)size, (long long)batch, (long long)(size - 8), epochs);
+  for (bool jpeg : {false, true}) {
+    ShapesOptions so;
+    so.per_class = 128;
+    so.size = size;
+    so.jpeg = jpeg;
+    const std::string dir = root + (jpeg ? "/jpeg" : "/png");
+    write_shapes_folder(dir, so);
+    auto ds = std::make_shared<ImageFolder>(
+        dir, Compose({RandomResizedCrop(size - 8), RandomHorizontalFlip(), ToTensor(),
+                      Normalize({0.5, 0.5, 0.5}, {0.5, 0.5, 0.5})}));
+    for (int w : workers) {
+      DataLoaderOptions o;
+      o.batch_size = batch;
+      o.shuffle = true;
+      o.num_workers = w;
+      o.rank = 0;
+      o.world_size = 1;
+      DataLoader loader(ds, o);
+      std::vector<double> rates;
+      for (int e = 0; e <= epochs; ++e) {
+        auto t = Clock::now();
+        int64_t seen = 0;
+        for (auto& b : loader) seen += b.size();
+        if (e > 0) rates.push_back(double(seen) / seconds_since(t));
+      }
+      std::printf("%s, num_workers=%d : %9.0f images/s\n", jpeg ? "JPEG" : "PNG ", w,
+                  median(rates));
+    }
+  }
+  std::filesystem::remove_all(root);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -132,7 +180,8 @@ int main(int argc, char** argv) {
   int epochs = 5;
   int64_t batch = 256;
   std::vector<int> worker_counts{0, 1, 2};
-  bool tokens = false;
+  bool tokens = false, images = false;
+  int64_t image_size = 64;
   int64_t context = 1024, token_batch = 16;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -145,6 +194,10 @@ int main(int argc, char** argv) {
     };
     if (a == "--tokens") {
       tokens = true;
+    } else if (a == "--images") {
+      images = true;
+    } else if (a == "--size") {
+      image_size = std::max<int64_t>(16, std::atoll(value().c_str()));
     } else if (a == "--context") {
       context = std::max<int64_t>(1, std::atoll(value().c_str()));
     } else if (a == "--dir") {
@@ -160,10 +213,16 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--dir DIR] [--epochs N] [--batch B] [--workers 0,1,2]\n"
-                   "       %s --tokens [--context T] [--batch B]\n",
-                   argv[0], argv[0]);
+                   "       %s --tokens [--context T] [--batch B]\n"
+                   "       %s --images [--size S] [--batch B] [--epochs N] [--workers 0,1,2]\n",
+                   argv[0], argv[0], argv[0]);
       return 2;
     }
+  }
+  if (images) {
+    bool batch_given = false;
+    for (int i = 1; i < argc; ++i) batch_given |= std::string(argv[i]) == "--batch";
+    return bench_images(image_size, batch_given ? batch : 64, epochs, worker_counts);
   }
   if (tokens) {
     for (int i = 1; i < argc; ++i)

@@ -84,8 +84,7 @@ Tensor make_grid(const Tensor& images, const GridOptions& o) {
   const char* op = "make_grid";
   ACCEL_CHECK(images.defined(), ValueError, op, "images is undefined");
   ACCEL_CHECK(images.is_floating_point(), DTypeError, op,
-              "expects floating images (values in [0, 1] or a value_range), got ",
-              images.dtype());
+              "expects floating images (values in [0, 1] or a value_range), got ", images.dtype());
   ACCEL_CHECK(images.dim() >= 2 && images.dim() <= 4, ShapeError, op,
               "expects (B, C, H, W), (C, H, W) or (H, W), got ", images.shape_str());
   ACCEL_CHECK(o.nrow >= 1, ValueError, op, "nrow must be >= 1, got ", o.nrow);

@@ -8,6 +8,7 @@
 #include <jerror.h>
 // clang-format on
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -94,8 +95,7 @@ bool png_read_pixels(PngIo& io, png_bytepp rows) {
 }
 
 // Protected.
-bool png_write_all(PngIo& io, uint32_t w, uint32_t h, int color_type, int level,
-                   png_bytepp rows) {
+bool png_write_all(PngIo& io, uint32_t w, uint32_t h, int color_type, int level, png_bytepp rows) {
   if (setjmp(png_jmpbuf(io.png))) return false;
   png_set_write_fn(io.png, &io, png_write_cb, png_flush_cb);
   png_set_IHDR(io.png, io.info, w, h, 8, color_type, PNG_INTERLACE_NONE,
@@ -188,15 +188,10 @@ bool jpeg_read_header_checked(JpegDecompress& j, const uint8_t* data, size_t siz
     return true;
   }
   switch (j.cinfo.jpeg_color_space) {
-    case JCS_GRAYSCALE:
-      j.cinfo.out_color_space = JCS_GRAYSCALE;
-      break;
+    case JCS_GRAYSCALE: j.cinfo.out_color_space = JCS_GRAYSCALE; break;
     case JCS_CMYK:
-    case JCS_YCCK:
-      j.cinfo.out_color_space = JCS_CMYK;
-      break;
-    default:
-      j.cinfo.out_color_space = JCS_RGB;
+    case JCS_YCCK: j.cinfo.out_color_space = JCS_CMYK; break;
+    default: j.cinfo.out_color_space = JCS_RGB;
   }
   jpeg_start_decompress(&j.cinfo);
   return true;
@@ -327,17 +322,18 @@ DecodedImage decode_jpeg_bytes(const uint8_t* data, size_t size, const std::stri
   ACCEL_CHECK(jpeg_read_pixels(j, img.pixels.data(), row_bytes), IoError, op, what, ": ",
               j.err.msg);
   if (c == 4) {
-    // CMYK (Adobe files store it inverted) -> RGB, as PIL converts it.
+    // CMYK -> RGB exactly as PIL converts it (Adobe files store the ink inverted; PIL reads
+    // them as "CMYK;I"): nk = 255 - K, R = nk - round(C * nk / 255), ...
     const bool inverted = j.cinfo.saw_Adobe_marker;
     const size_t n = size_t(img.height * img.width);
     std::vector<uint8_t> rgb(n * 3);
     for (size_t i = 0; i < n; ++i) {
-      int k = img.pixels[i * 4 + 3];
-      if (!inverted) k = 255 - k;
+      const uint8_t* q = img.pixels.data() + i * 4;
+      const int nk = 255 - (inverted ? 255 - q[3] : q[3]);
       for (int ch = 0; ch < 3; ++ch) {
-        int v = img.pixels[i * 4 + ch];
-        if (!inverted) v = 255 - v;
-        rgb[i * 3 + ch] = uint8_t((v * k + 127) / 255);
+        const int ink = inverted ? 255 - q[ch] : q[ch];
+        const int t = ink * nk + 128;
+        rgb[i * 3 + ch] = uint8_t(std::clamp(nk - (((t >> 8) + t) >> 8), 0, 255));
       }
     }
     img.pixels = std::move(rgb);
@@ -349,13 +345,11 @@ DecodedImage decode_jpeg_bytes(const uint8_t* data, size_t size, const std::stri
 DecodedImage decode_image_bytes(const uint8_t* data, size_t size, const std::string& what,
                                 const ImageLimits& limits) {
   switch (sniff_image_format(data, size)) {
-    case ImageFormat::kPng:
-      return decode_png_bytes(data, size, what, limits);
-    case ImageFormat::kJpeg:
-      return decode_jpeg_bytes(data, size, what, limits);
+    case ImageFormat::kPng: return decode_png_bytes(data, size, what, limits);
+    case ImageFormat::kJpeg: return decode_jpeg_bytes(data, size, what, limits);
     default:
-      ACCEL_THROW(IoError, "decode_image", what,
-                  ": neither PNG nor JPEG (unknown signature; ", size, " bytes)");
+      ACCEL_THROW(IoError, "decode_image", what, ": neither PNG nor JPEG (unknown signature; ",
+                  size, " bytes)");
   }
 }
 
@@ -378,7 +372,7 @@ DecodedImage convert_image(DecodedImage img, ImageMode mode) {
     const uint8_t a = (from == 2 || from == 4) ? p[from - 1] : 255;
     uint8_t* q = out.data() + i * size_t(to);
     if (to == 1) {
-      q[0] = color ? uint8_t((299 * r + 587 * g + 114 * b + 500) / 1000) : r;
+      q[0] = color ? uint8_t((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16) : r;
     } else {
       q[0] = r;
       q[1] = g;
@@ -391,8 +385,8 @@ DecodedImage convert_image(DecodedImage img, ImageMode mode) {
   return img;
 }
 
-std::string encode_png_bytes(const uint8_t* pixels, int64_t height, int64_t width,
-                             int64_t channels, const std::string& what, int compression) {
+std::string encode_png_bytes(const uint8_t* pixels, int64_t height, int64_t width, int64_t channels,
+                             const std::string& what, int compression) {
   const char* op = "encode_png";
   check_encode_args(height, width, channels, 4, op, what);
   ACCEL_CHECK(compression >= 0 && compression <= 9, ValueError, op,

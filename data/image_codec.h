@@ -22,9 +22,9 @@
 namespace accel::data {
 
 // Channel layout of decoded pixels. kAny keeps the file's own (1 gray, 2 gray+alpha, 3 RGB,
-// 4 RGBA); the others convert like PIL's Image.convert: gray -> RGB repeats the value, RGB ->
-// gray is L = (299 R + 587 G + 114 B) / 1000 rounded, alpha is dropped (not composited) or
-// added as 255.
+// 4 RGBA); the others convert exactly like PIL's Image.convert: gray -> RGB repeats the value,
+// RGB -> gray is L = (19595 R + 38470 G + 7471 B + 2^15) >> 16 (ITU-R 601-2 luma in PIL's fixed
+// point), alpha is dropped (not composited) or added as 255. CMYK JPEGs become RGB as in PIL.
 enum class ImageMode { kAny, kGray, kRGB, kRGBA };
 
 // PIL's default decompression-bomb bound (Image.MAX_IMAGE_PIXELS).
@@ -32,8 +32,8 @@ inline constexpr int64_t kDefaultMaxPixels = 89478485;
 inline constexpr int kMaxJpegScans = 1000;
 
 struct ImageLimits {
-  int64_t max_pixels = kDefaultMaxPixels;       // width * height above this is an IoError
-  int64_t max_memory = int64_t(2) << 30;        // libjpeg working memory (progressive buffers)
+  int64_t max_pixels = kDefaultMaxPixels;  // width * height above this is an IoError
+  int64_t max_memory = int64_t(2) << 30;   // libjpeg working memory (progressive buffers)
   ImageMode mode = ImageMode::kRGB;
 };
 
@@ -60,8 +60,8 @@ DecodedImage convert_image(DecodedImage img, ImageMode mode);
 // Encoders: `pixels` is height * width * channels bytes, HWC. PNG takes 1..4 channels
 // (gray, gray+alpha, RGB, RGBA), JPEG 1 or 3. ValueError for bad sizes; IoError (naming `what`)
 // if the library fails.
-std::string encode_png_bytes(const uint8_t* pixels, int64_t height, int64_t width,
-                             int64_t channels, const std::string& what, int compression = 6);
+std::string encode_png_bytes(const uint8_t* pixels, int64_t height, int64_t width, int64_t channels,
+                             const std::string& what, int compression = 6);
 std::string encode_jpeg_bytes(const uint8_t* pixels, int64_t height, int64_t width,
                               int64_t channels, const std::string& what, int quality = 90);
 

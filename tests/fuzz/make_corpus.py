@@ -240,3 +240,11 @@ write("fuzz_store", "preauthed", bytes([0x40]) + session)
 write("fuzz_store", "preauthed-blocked", bytes([0x40 | 3]) + st_wait([b"k1", b"k2"], 1 << 40, [3]) +
       st_get(b"k1", 10, [1]) + st_set(b"k2", b"v") + frame(bytes([11]) + sstr(b"")))
 write("fuzz_store", "auth-twice", bytes([0x00]) + hello(b"") + auth(b"") + hello(b"") + auth(b""))
+
+
+# ---- PNG / JPEG: the image fixtures of tests/data (made by PIL, make_image_fixtures.py) ----
+IMAGES = os.path.join(HERE, "..", "data", "images")
+for name in sorted(os.listdir(IMAGES)):
+    with open(os.path.join(IMAGES, name), "rb") as f:
+        data = f.read()
+    write("fuzz_png" if name.endswith(".png") else "fuzz_jpeg", name, data)

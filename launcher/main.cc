@@ -197,7 +197,7 @@ int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest
   return al::supervise(plan, env, opts);
 }
 
-// Note [selftest lookup]: accel-selftest is built by dist/tools into build/dist/tools and installed
+// Note [selftest lookup]: accel-selftest is built by comm/tools into build/comm/tools and installed
 // next to accel-run; look beside ourselves, then in the build tree, then in the configured bindir.
 std::vector<std::string> selftest_candidates() {
   std::vector<std::string> out;
@@ -209,7 +209,7 @@ std::vector<std::string> selftest_candidates() {
   if (!dir.empty()) {
     out.push_back(dir + "/accel-selftest");
     out.push_back(dir +
-                  "/../dist/tools/accel-selftest");  // the build tree (dist/tools/meson.build)
+                  "/../comm/tools/accel-selftest");  // the build tree (comm/tools/meson.build)
   }
   out.push_back(std::string(ACCEL_BINDIR) + "/accel-selftest");
   return out;
@@ -235,7 +235,7 @@ int run_selftest(const LaunchArgs& a) {
   std::cerr << "accel-run test: the self-test program accel-selftest was not found; looked in:\n";
   for (const auto& c : cands) std::cerr << "  " << c << "\n";
   std::cerr
-      << "build it (ninja -C build dist/tools/accel-selftest) or set ACCEL_SELFTEST to its path\n";
+      << "build it (ninja -C build comm/tools/accel-selftest) or set ACCEL_SELFTEST to its path\n";
   return 2;
 }
 

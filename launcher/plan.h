@@ -54,7 +54,7 @@ struct LaunchPlan {
 LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flags,
                         const EnvMap& env, int gpu_count);
 
-// Note [rendezvous token]: the store (dist/env.h ACCEL_RENDEZVOUS_TOKEN) admits only clients that
+// Note [rendezvous token]: the store (comm/env.h ACCEL_RENDEZVOUS_TOKEN) admits only clients that
 // present the job's token. The token is --rendezvous_token, else an exported
 // ACCEL_RENDEZVOUS_TOKEN; without either, an accel-run that starts the whole world generates a
 // fresh random one, and a job spanning several accel-runs (several machines, or one task per

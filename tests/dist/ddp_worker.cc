@@ -31,9 +31,9 @@
 #include "autograd/optim/sgd.h"
 #include "core/generator.h"
 #include "core/tensor.h"
-#include "dist/ddp.h"
-#include "dist/process_group.h"
-#include "dist/zero.h"
+#include "parallel/ddp.h"
+#include "comm/process_group.h"
+#include "parallel/zero.h"
 #include "tests/dist/typed_model.h"
 #include "tests/dist/worker_check.h"
 

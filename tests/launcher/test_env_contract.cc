@@ -12,8 +12,8 @@
 #include <string>
 
 #include "core/env_contract.h"
-#include "dist/accelerator.h"
-#include "dist/env.h"
+#include "accelerate/accelerator.h"
+#include "comm/env.h"
 #include "launcher/plan.h"
 
 namespace al = accel::launcher;

@@ -1339,7 +1339,7 @@ TEST_CASE("accel-run test: runs the self test through the launch path") {
 
   if (!fs::exists(kSelftestBuilt)) {
     MESSAGE("skipping the real self test: " << kSelftestBuilt
-                                            << " is not built (dist/tools/accel-selftest)");
+                                            << " is not built (comm/tools/accel-selftest)");
     return;
   }
   Result real = accel_run(

@@ -45,7 +45,7 @@ check "check-format skips a deleted tracked file" [ $? -eq 0 ]
 # ---- bench/gpu_check.sh ----
 F=$TMP/fake
 B=$F/build
-mkdir -p "$F/bin" "$B/bench" "$B/launcher" "$B/tests/accelerator" "$B/dist/tools"
+mkdir -p "$F/bin" "$B/bench" "$B/launcher" "$B/tests/accelerator" "$B/comm/tools"
 touch "$B/build.ninja"
 cat >"$F/bin/nvidia-smi" <<'EOF'
 #!/bin/bash
@@ -99,14 +99,14 @@ for v in 0.5 1.25 -2.0 0.75; do
 done
 echo "norm 0.3"; echo "ok ddp_mlp"
 EOF
-cat >"$B/dist/tools/accel-selftest" <<'EOF'
+cat >"$B/comm/tools/accel-selftest" <<'EOF'
 #!/bin/bash
 [ "$RANK" = 0 ] && echo "info  all_reduce 256 MiB float32: 12.5 GB/s (algbw, 2 ranks)" &&
   echo "PASS: 9 of 9 checks passed on 2 rank(s)"; exit 0
 EOF
 chmod +x "$F"/bin/* "$B/bench/gpu_bench" "$B/launcher/accel-run" \
   "$B/tests/accelerator/accel_worker" \
-  "$B/dist/tools/accel-selftest"
+  "$B/comm/tools/accel-selftest"
 
 # The budget test needs the steps before the hung one (gpt2) to fit in the budget, however
 # loaded the machine is (a fixed 12 s ran out on a busy 2-core machine and nine checks after it

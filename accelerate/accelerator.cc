@@ -18,10 +18,12 @@
 #include "autograd/nn/utils.h"
 #include "autograd/ops.h"
 #include "core/generator.h"
+#include "core/settings.h"
 #include "core/storage.h"
 #include "accelerate/checkpoint.h"
 #include "comm/env.h"
 #include "accelerate/strategy_base.h"
+#include "accelerate/strategy_registry.h"
 
 namespace accel {
 
@@ -43,79 +45,56 @@ const char* env_or_null(const char* name) {
   return (v && *v) ? v : nullptr;
 }
 
-bool parse_env_bool(const char* name, const std::string& v) {
-  if (v == "1" || v == "true" || v == "True" || v == "TRUE" || v == "yes") return true;
-  if (v == "0" || v == "false" || v == "False" || v == "FALSE" || v == "no") return false;
-  ACCEL_THROW(ValueError, "accelerator", name, "='", v, "': expected true or false");
-}
-
 std::string lower(std::string s) {
   for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   return s;
 }
 
-// ZeRO mixed precision and ZeRO-3 options as accel-run exports them (docs/launcher.md); param
-// and reduce dtype apply to stages 1-2 (zero) and 3 (fsdp) alike.
-void apply_zero_env(AcceleratorConfig& c) {
-  auto bad = [](const char* name, const std::string& v, const char* expected) {
-    ACCEL_THROW(ValueError, "accelerator", name, "='", v, "': expected ", expected);
-  };
-  if (const char* v = env_or_null(env::kParamDtype)) {
-    const std::string s = lower(v);
-    if (s != "bf16" && s != "fp16" && s != "fp32") bad(env::kParamDtype, v, "bf16, fp16 or fp32");
+// One row of the settings table (core/settings.h), its value already parsed by the table, into
+// its AcceleratorConfig field. param and reduce dtype apply to stages 1-2 (zero) and 3 (fsdp)
+// alike.
+void apply_setting(AcceleratorConfig& c, const settings::Setting& s, const std::string& v) {
+  using W = dist::FsdpOptions::Wrap;
+  const std::string_view k = s.env;
+  if (k == env::kMixedPrecision) {
+    c.mixed_precision = dist::parse_mixed_precision(v, env::kMixedPrecision);
+  } else if (k == env::kUseCpu) {
+    c.cpu = v == "true";
+  } else if (k == env::kGradientAccumulationSteps) {
+    c.gradient_accumulation_steps = std::stoi(v);
+  } else if (k == env::kZeroStage) {
+    c.zero_stage = std::stoi(v);
+  } else if (k == env::kStrategy) {
+    c.strategy = v;
+  } else if (k == env::kParamDtype) {
     // fp32: no conversion (compute in the parameters' own dtype).
     std::optional<DType> d;
-    if (s != "fp32") d = s == "bf16" ? kBFloat16 : kFloat16;
+    if (v != "fp32") d = v == "bf16" ? kBFloat16 : kFloat16;
     c.zero.param_dtype = c.fsdp.param_dtype = d;
-  }
-  if (const char* v = env_or_null(env::kReduceDtype)) {
-    const std::string s = lower(v);
-    if (s != "param" && s != "fp32") bad(env::kReduceDtype, v, "param or fp32");
-    c.zero.reduce_in_fp32 = c.fsdp.reduce_in_fp32 = s == "fp32";
-  }
-  if (const char* v = env_or_null(env::kFsdpWrap)) {
-    using W = dist::FsdpOptions::Wrap;
-    const std::string s = lower(v);
-    if (s == "entries")
-      c.fsdp.wrap = W::Entries;
-    else if (s == "classes")
-      c.fsdp.wrap = W::Classes;
-    else if (s == "min_params")
-      c.fsdp.wrap = W::MinParams;
-    else if (s == "none")
-      c.fsdp.wrap = W::None;
-    else
-      bad(env::kFsdpWrap, v, "entries, classes, min_params or none");
-  }
-  if (const char* v = env_or_null(env::kFsdpWrapClasses)) {
+  } else if (k == env::kReduceDtype) {
+    c.zero.reduce_in_fp32 = c.fsdp.reduce_in_fp32 = v == "fp32";
+  } else if (k == env::kFsdpWrap) {
+    c.fsdp.wrap = v == "entries"   ? W::Entries
+                  : v == "classes" ? W::Classes
+                  : v == "none"    ? W::None
+                                   : W::MinParams;
+  } else if (k == env::kFsdpWrapClasses) {
     std::vector<std::string> names;
-    std::string cur;
-    for (const char* p = v;; ++p) {
-      if (*p == ',' || *p == '\0') {
-        if (cur.empty()) bad(env::kFsdpWrapClasses, v, "module class names such as Block,Layer");
-        names.push_back(cur);
-        cur.clear();
-        if (*p == '\0') break;
-      } else if (*p != ' ') {
-        cur += *p;
-      }
-    }
+    std::stringstream in(v);
+    for (std::string name; std::getline(in, name, ',');) names.push_back(name);
     c.fsdp.classes = names;
+  } else if (k == env::kFsdpMinParams) {
+    c.fsdp.min_params = std::stoll(v);
+  } else if (k == env::kFsdpReshardAfterForward) {
+    c.fsdp.reshard_after_forward = v == "true";
+  } else if (k == env::kFsdpPrefetch) {
+    c.fsdp.prefetch = v == "true";
+  } else if (k == env::kFsdpActivationCheckpointing) {
+    c.fsdp.activation_checkpointing = v == "true";
+  } else {
+    ACCEL_THROW(ValueError, "accelerator", "setting ", s.env,
+                " has no AcceleratorConfig field (apply_setting in accelerate/accelerator.cc)");
   }
-  if (const char* v = env_or_null(env::kFsdpMinParams)) {
-    errno = 0;
-    char* end = nullptr;
-    const long long n = std::strtoll(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || n < 1)
-      bad(env::kFsdpMinParams, v, "a parameter count >= 1");
-    c.fsdp.min_params = n;
-  }
-  if (const char* v = env_or_null(env::kFsdpReshardAfterForward))
-    c.fsdp.reshard_after_forward = parse_env_bool(env::kFsdpReshardAfterForward, v);
-  if (const char* v = env_or_null(env::kFsdpPrefetch))
-    c.fsdp.prefetch = parse_env_bool(env::kFsdpPrefetch, v);
-  if (const char* v = env_or_null(env::kFsdpActivationCheckpointing))
-    c.fsdp.activation_checkpointing = parse_env_bool(env::kFsdpActivationCheckpointing, v);
 }
 
 // Options the environment sets that this run would not use are refused, not ignored (as
@@ -139,6 +118,30 @@ void check_env_applies(const AcceleratorConfig& c) {
               reduce ? std::string(env::kReduceDtype) + "=" + reduce : std::string(""),
               ": ZeRO compute dtypes apply to zero_stage 1-3 only, and this run has zero_stage 0 "
               "(use ACCEL_MIXED_PRECISION for autocast)");
+}
+
+// Sets zero_stage from a built-in strategy's registration (Note [strategy registry]) and, with
+// `fill_name`, an empty AcceleratorConfig::strategy from zero_stage; ValueError for a name
+// nothing registered, or a zero_stage that contradicts the name.
+void resolve_strategy(AcceleratorConfig& c, bool fill_name) {
+  if (c.strategy.empty()) {
+    const std::string name = dist::strategy_for_zero_stage(c.zero_stage);
+    if (fill_name) c.strategy = name;
+    return;
+  }
+  const dist::StrategySpec* spec = dist::find_strategy(c.strategy);
+  if (!spec) {
+    std::string names;
+    for (const std::string& n : dist::registered_strategies())
+      names += (names.empty() ? "" : ", ") + n;
+    ACCEL_THROW(ValueError, "accelerator", "strategy '", c.strategy,
+                "' is not registered (registered: ", names, ")");
+  }
+  const int stage = spec->zero_stage < 0 ? 0 : spec->zero_stage;
+  ACCEL_CHECK(c.zero_stage == 0 || c.zero_stage == stage, ValueError, "accelerator", "strategy '",
+              c.strategy, "' and zero_stage ", c.zero_stage,
+              " contradict each other: set one of them");
+  c.zero_stage = stage;
 }
 
 bool cuda_present() {
@@ -175,19 +178,23 @@ void check_config(const AcceleratorConfig& c) {
 
 AcceleratorConfig AcceleratorConfig::with_env() const {
   AcceleratorConfig c = *this;
-  if (const char* v = env_or_null(env::kMixedPrecision))
-    c.mixed_precision = dist::parse_mixed_precision(v, env::kMixedPrecision);
-  if (const char* v = env_or_null(env::kUseCpu)) c.cpu = parse_env_bool(env::kUseCpu, v);
-  try {
-    if (const char* v = env_or_null(env::kZeroStage))
-      c.zero_stage = dist::parse_env_int(env::kZeroStage, v, 0, 3);
-    if (const char* v = env_or_null(env::kGradientAccumulationSteps))
-      c.gradient_accumulation_steps =
-          dist::parse_env_int(env::kGradientAccumulationSteps, v, 1, 1 << 30);
-  } catch (const DistError& e) {
-    throw ValueError(e.what());
+  // Every setting of core/settings.h the environment holds, parsed by the table.
+  for (const settings::Setting& s : settings::kSettings) {
+    const std::string name(s.env);
+    const char* raw = env_or_null(name.c_str());
+    if (!raw) continue;
+    std::string why;
+    const std::optional<std::string> v = settings::parse(s, raw, &why);
+    ACCEL_CHECK(v.has_value(), ValueError, "accelerator", name, "='", raw, "': ", why);
+    apply_setting(c, s, *v);
   }
-  apply_zero_env(c);
+  // A zero_stage from the launcher names the strategy, unless ACCEL_STRATEGY does (and a
+  // strategy from it leaves zero_stage to its registration).
+  const bool stage = env_or_null(env::kZeroStage) != nullptr;
+  const bool named = env_or_null(env::kStrategy) != nullptr;
+  if (stage && !named) c.strategy.clear();
+  if (named && !stage) c.zero_stage = 0;
+  resolve_strategy(c, /*fill_name=*/false);
   check_env_applies(c);
   return c;
 }
@@ -196,7 +203,12 @@ AcceleratorConfig AcceleratorConfig::with_env() const {
 // construction
 
 Accelerator::Accelerator(AcceleratorConfig config)
-    : config_(config.read_env ? config.with_env() : config), scaler_([&] {
+    : config_([&] {
+        AcceleratorConfig c = config.read_env ? config.with_env() : config;
+        resolve_strategy(c, /*fill_name=*/true);
+        return c;
+      }()),
+      scaler_([&] {
         dist::GradScalerOptions o = config_.scaler;
         o.enabled = config_.mixed_precision == MixedPrecision::FP16;
         return o;
@@ -231,11 +243,14 @@ Accelerator::Accelerator(AcceleratorConfig config)
   ctx.device = device_;
   ctx.scaler = &scaler_;
   ctx.ddp = config_.ddp;
-  ctx.zero_stage = config_.zero_stage;
   ctx.mixed_precision = config_.mixed_precision;
-  ctx.fsdp = std::make_shared<const dist::FsdpOptions>(config_.fsdp);
-  ctx.zero = config_.zero;
-  strategy_ = dist::make_strategy(ctx);
+  const dist::StrategySpec& spec = *dist::find_strategy(config_.strategy);  // resolved above
+  ACCEL_CHECK(!spec.options || !config_.strategy_options, ValueError, "accelerator", "strategy '",
+              spec.name,
+              "' reads its options from AcceleratorConfig::ddp / zero / fsdp; strategy_options is "
+              "for strategies without fields there");
+  ctx.options = spec.options ? spec.options(config_) : config_.strategy_options;
+  strategy_ = dist::make_strategy(spec, ctx);
   logging_dir_ = config_.project_dir;
   if (config_.seed) set_seed(*config_.seed);
 }
@@ -279,7 +294,7 @@ size_t Accelerator::model_index(const nn::Module& model, const char* op) const {
 }
 
 nn::TensorDict Accelerator::get_state_dict(const nn::Module& model) {
-  return strategy_->full_state_dict(model_index(model, "get_state_dict"));
+  return strategy_->checkpoint().full_state_dict(model_index(model, "get_state_dict"));
 }
 
 // A rank that fails (the main process cannot write the file) must not leave the others waiting:
@@ -288,7 +303,7 @@ void Accelerator::save_model(const nn::Module& model, const std::string& path) {
   const size_t index = model_index(model, "save_model");
   std::exception_ptr err;
   try {
-    strategy_->save_model(index, path);
+    strategy_->checkpoint().save_model(index, path);
   } catch (...) {
     err = std::current_exception();
   }
@@ -413,7 +428,7 @@ nn::LoadResult Accelerator::load_model(nn::Module& model, const std::string& pat
     ACCEL_THROW(IoError, "load_model", "rank(s) ", ranks, " could not ", what, " '", path, "'");
   };
   if (!failed.empty()) raise("load");
-  strategy_->load_model(*index, *src, err);
+  strategy_->checkpoint().load_model(*index, *src, err);
   failed = agree_failed(bool(err));
   if (!failed.empty()) raise("read (the model is partly loaded)");
   return result;

@@ -76,9 +76,16 @@ struct AcceleratorConfig {
   bool cpu = false;  // force CPU even when CUDA devices exist
   MixedPrecision mixed_precision = MixedPrecision::No;
   int gradient_accumulation_steps = 1;
-  int zero_stage = 0;                             // 0..3
-  std::optional<uint64_t> seed;                   // set_seed(seed) at construction when given
-  std::string project_dir = ".";                  // trackers and automatic checkpoints live here
+  // Which strategy distributes the model (Note [strategy registry] in
+  // accelerate/strategy_registry.h): a registered name ("ddp", "zero1", "zero2", "fsdp", or a
+  // program's own), or empty: the one zero_stage selects (0 ddp, 1 zero1, 2 zero2, 3 fsdp).
+  std::string strategy;
+  // Options of a strategy that has no fields here (one typed value, read by the strategy with
+  // StrategyContext::options_as<T>); the built-in ones read ddp / zero / fsdp below.
+  std::shared_ptr<const dist::StrategyOptions> strategy_options;
+  int zero_stage = 0;             // 0..3; with `strategy` set: the strategy's own stage (or 0)
+  std::optional<uint64_t> seed;   // set_seed(seed) at construction when given
+  std::string project_dir = ".";  // trackers and automatic checkpoints live here
   std::vector<std::string> log_with = {"jsonl"};  // "jsonl", "tensorboard"
   int total_limit = 0;         // keep at most this many automatic checkpoints (0 = all)
   bool split_batches = false;  // loader batch size is the global batch
@@ -102,7 +109,8 @@ struct AcceleratorConfig {
   // reduce_in_fp32 of dist::ZeroOptions; its other fields come from zero_stage and `ddp`).
   dist::ZeroOptions zero;
   std::chrono::milliseconds timeout = dist::kDefaultCollectiveTimeout;
-  // Override the fields above from ACCEL_MIXED_PRECISION, ACCEL_USE_CPU, ACCEL_ZERO_STAGE,
+  // Override the fields above from ACCEL_STRATEGY, ACCEL_MIXED_PRECISION, ACCEL_USE_CPU,
+  // ACCEL_ZERO_STAGE,
   // ACCEL_GRADIENT_ACCUMULATION_STEPS, ACCEL_PARAM_DTYPE / ACCEL_REDUCE_DTYPE (zero and fsdp) and
   // ACCEL_FSDP_* (fsdp) when they are set (what accel-run exports; docs/launcher.md).
   bool read_env = true;
@@ -188,6 +196,8 @@ class Accelerator {
   int gradient_accumulation_steps() const { return config_.gradient_accumulation_steps; }
   // The process group (null with one process).
   dist::ProcessGroup* process_group() const { return group_.get(); }
+  // The strategy in use ("none" with one process unless the strategy runs alone).
+  std::string_view strategy_name() const { return strategy_->name(); }
 
   // ---- prepare ----
   template <typename M>

@@ -162,7 +162,8 @@ struct Accelerator::CheckpointIo {
       return (!reshard || fs::exists(f)) ? f : at(rank_file(stem, 0, ext));
     };
 
-    l.strategy = acc.strategy_->read_state(path, m.json, m.world_size, !m.sync_gradients);
+    l.strategy =
+        acc.strategy_->checkpoint().read_state(path, m.json, m.world_size, !m.sync_gradients);
     for (size_t i = 0; i < acc.schedulers_.size(); ++i)
       l.schedulers.push_back(nn::load_safetensors(at(indexed("scheduler", i, ".safetensors"))));
     for (size_t i = 0; i < acc.loaders_.size(); ++i) {
@@ -219,7 +220,7 @@ struct Accelerator::CheckpointIo {
 
   // Step 3 of Note [checkpoint loading].
   static void apply(Accelerator& acc, Loaded& l, Snapshot& s) {
-    acc.strategy_->apply_state(*l.strategy);
+    acc.strategy_->checkpoint().apply_state(*l.strategy);
     s.strategy_applied = true;
     for (size_t i = 0; i < acc.schedulers_.size(); ++i)
       acc.schedulers_[i]->load_state_dict(l.schedulers[i]);
@@ -254,7 +255,7 @@ struct Accelerator::CheckpointIo {
   }
 
   static void restore(Accelerator& acc, const Snapshot& s, Loaded& l) {
-    if (s.strategy_applied) acc.strategy_->apply_state(*l.strategy);  // swaps back
+    if (s.strategy_applied) acc.strategy_->checkpoint().apply_state(*l.strategy);  // swaps back
     for (size_t i = 0; i < acc.schedulers_.size(); ++i)
       acc.schedulers_[i]->load_state_dict(s.schedulers[i]);
     for (size_t i = 0; i < acc.loaders_.size(); ++i) acc.loaders_[i]->load_state_dict(s.loaders[i]);
@@ -327,7 +328,7 @@ std::string Accelerator::save_state(const std::string& dir) {
 
   // Models, optimizers (and gradients of an open window): the strategy's; schedulers: replicated,
   // written by the main process.
-  const nlohmann::json record = strategy_->save_state(tmp, !sync_gradients_);
+  const nlohmann::json record = strategy_->checkpoint().save_state(tmp, !sync_gradients_);
   if (is_main_process())
     for (size_t i = 0; i < schedulers_.size(); ++i)
       nn::save_safetensors(at(indexed("scheduler", i, ".safetensors")),
@@ -411,7 +412,7 @@ std::string Accelerator::load_state(const std::string& dir) {
     }
   }
   // Step 4: collective on every rank, applied or undone.
-  strategy_->finish_load();
+  strategy_->checkpoint().finish_load();
   update_sync();  // the loaded (or kept) sync_gradients
   const std::string path = loaded->path;
   loaded.reset();  // what was replaced (or what was read) goes

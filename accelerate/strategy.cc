@@ -15,16 +15,12 @@
 #include "parallel/fsdp.h"
 #include "parallel/fsdp_checkpoint.h"
 #include "accelerate/strategy_base.h"
+#include "accelerate/strategy_registry.h"
 #include "parallel/zero_checkpoint.h"
 
 namespace accel::dist {
 
 namespace fs = std::filesystem;
-
-// Defined in accelerate/strategy_ddp.cc and accelerate/strategy_zero.cc.
-std::unique_ptr<Strategy> make_ddp_strategy(const StrategyContext& ctx);
-std::unique_ptr<Strategy> make_zero_strategy(const StrategyContext& ctx);
-std::unique_ptr<Strategy> make_fsdp_strategy(const StrategyContext& ctx);  // strategy_fsdp.cc
 
 namespace {
 
@@ -55,29 +51,26 @@ class NoStrategy final : public ReplicatedStrategy {
   void after_step(optim::Optimizer&, bool) override {}
 };
 
+const StrategyRegistration kNone([] {
+  StrategySpec s;
+  s.name = "none";
+  s.make = [](const StrategyContext& ctx) { return std::make_unique<NoStrategy>(ctx); };
+  return s;
+}());
+
 }  // namespace
 
-std::unique_ptr<Strategy> make_strategy(const StrategyContext& ctx) {
+std::unique_ptr<Strategy> make_strategy(const StrategySpec& spec, StrategyContext ctx) {
   ACCEL_CHECK(ctx.world_size == 1 || ctx.group != nullptr, DistError, "strategy", "world size ",
               ctx.world_size, " without a process group");
-  // Note [one process under ZeRO]: one process needs no strategy, unless the ZeRO options change
-  // what the step computes (16-bit compute parameters, per-unit activation checkpointing): then
-  // the strategy runs on a group of one, so the program computes the same at any world size.
-  const bool changes_compute =
-      (ctx.zero_stage == 1 || ctx.zero_stage == 2) ? ctx.zero.param_dtype.has_value()
-      : ctx.zero_stage == 3
-          ? ctx.fsdp && (ctx.fsdp->param_dtype || ctx.fsdp->activation_checkpointing)
-          : false;
-  if (ctx.world_size == 1 && !changes_compute) return std::make_unique<NoStrategy>(ctx);
-  StrategyContext c = ctx;
-  if (!c.group) c.group = new_gloo_group(std::make_shared<MemoryStore>(), 0, 1);
-  switch (c.zero_stage) {
-    case 0: return make_ddp_strategy(c);
-    case 1:
-    case 2: return make_zero_strategy(c);
-    case 3: return make_fsdp_strategy(c);
-  }
-  ACCEL_THROW(ValueError, "strategy", "zero_stage must be in 0..3, got ", ctx.zero_stage);
+  // Note [one process under ZeRO]: one process needs no strategy, unless the strategy changes
+  // what the step computes (ZeRO's 16-bit compute parameters, ZeRO-3's per-unit activation
+  // checkpointing: runs_alone): then it runs on a group of one, so the program computes the same
+  // at any world size.
+  if (ctx.world_size == 1 && !(spec.runs_alone && spec.runs_alone(ctx)))
+    return std::make_unique<NoStrategy>(ctx);
+  if (!ctx.group) ctx.group = new_gloo_group(std::make_shared<MemoryStore>(), 0, 1);
+  return spec.make(ctx);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -137,11 +130,6 @@ StrategyMemory ReplicatedStrategy::memory() const {
   return m;
 }
 
-void ReplicatedStrategy::gather_all() {
-  for (auto& s : slots_)
-    if (s->zero) s->zero->gather_parameters();
-}
-
 void ReplicatedStrategy::broadcast_in_place(const Tensor& t) const {
   if (ctx_.group) dist::broadcast_in_place(*ctx_.group, t, 0);
 }
@@ -160,7 +148,6 @@ void ReplicatedStrategy::broadcast_frozen(const nn::Module& model, bool buffers)
 
 nlohmann::json ReplicatedStrategy::save_state(const std::string& dir, bool mid_window) {
   auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
-  gather_all();
   if (ctx_.rank == 0) {
     for (size_t i = 0; i < models_.size(); ++i)
       nn::save_safetensors(at(indexed("model", i, ".safetensors")), models_[i]->state_dict());
@@ -329,7 +316,6 @@ std::unique_ptr<StrategyState> ReplicatedStrategy::read_state(const std::string&
   auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
   const zero_ckpt::Layouts layouts =
       zero_ckpt::read_layouts(saved, slots_.size(), saved_world, at(kCheckpointStateFile));
-  gather_all();  // stage 3: the full shapes
   auto st = std::make_unique<ReplicatedState>();
   // A ZeRO-3 checkpoint (Note [fsdp checkpoints]) is read as a plain one: whole parameters and
   // per-parameter optimizer state, assembled from the ranks' slices.
@@ -406,7 +392,6 @@ void ReplicatedStrategy::apply_state(StrategyState& state) {
                   st->optimizers.size() == slots_.size() && st->shards.size() == slots_.size() &&
                   st->accum.size() == slots_.size() && st->grads.size() == models_.size(),
               ValueError, "load_state", "a state read by another strategy or accelerator");
-  gather_all();
   NoGradGuard ng;
   // 1. checks (nothing changes when one fails)
   std::vector<nn::TensorDict> own;
@@ -461,7 +446,7 @@ void ReplicatedStrategy::apply_state(StrategyState& state) {
     st->shards[i] = std::move(old[i].second);
     std::swap(slots_[i]->accum, st->accum[i]);
   }
-  // 3. values (cannot fail after the checks); stage 3 keeps the truth in its slices.
+  // 3. values (cannot fail after the checks).
   for (size_t i = 0; i < models_.size(); ++i)
     for (auto& [n, t] : own[i]) swap_values(t, st->models[i].at(n));
   for (auto& s : slots_)
@@ -480,7 +465,6 @@ void ReplicatedStrategy::apply_state(StrategyState& state) {
 nn::TensorDict ReplicatedStrategy::full_state_dict(size_t index) {
   ACCEL_CHECK(index < models_.size(), IndexError, "get_state_dict", "model ", index, " of ",
               models_.size(), " prepared");
-  gather_all();
   nn::TensorDict d = models_[index]->state_dict();
   for (auto& [k, v] : d) v = v.clone();
   return d;
@@ -505,7 +489,6 @@ void ReplicatedStrategy::load_model(size_t index, const nn::SafetensorsCheckpoin
   ACCEL_CHECK(index < models_.size(), IndexError, "load_model", "model ", index, " of ",
               models_.size(), " prepared");
   try {
-    gather_all();
     for (auto& [name, t] : models_[index]->state_handles())
       if (src.contains(name)) read_into(src, name, 0, t.numel(), t);
     for (auto& s : slots_)
@@ -518,7 +501,6 @@ void ReplicatedStrategy::load_model(size_t index, const nn::SafetensorsCheckpoin
 void ReplicatedStrategy::save_model(size_t index, const std::string& path) {
   ACCEL_CHECK(index < models_.size(), IndexError, "save_model", "model ", index, " of ",
               models_.size(), " prepared");
-  gather_all();
   if (ctx_.rank == 0) nn::save_safetensors(path, models_[index]->state_dict());
 }
 

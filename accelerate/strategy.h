@@ -1,17 +1,20 @@
 // dist::Strategy: how a prepared model's parameters, gradients and optimizer state are
 // distributed. The Accelerator (accelerate/accelerator.h) owns one and delegates to it everything
 // that depends on that choice; the facade itself only counts steps, scales losses, wraps loaders
-// and schedulers, and runs the checkpoint protocol (atomic directory, agree, roll back).
+// and schedulers, and runs the checkpoint protocol (atomic directory, agree, roll back). It picks
+// the strategy by name from a registry (Note [strategy registry] in
+// accelerate/strategy_registry.h) and never switches on one.
 //
-//   strategy        zero_stage  world  what a rank holds between steps
-//   NoStrategy      any         1      everything
-//   DdpStrategy     0           > 1    everything; gradients all-reduced in buckets
-//   (parallel/ddp.h) ZeroStrategy    1, 2        > 1    full parameters; stage 1: full gradients,
-//   1/N optimizer
-//                                      state; stage 2: 1/N gradients too (parallel/zero.h)
-//   FsdpStrategy    3           > 1    1/N of parameters, gradients and optimizer state,
+//   name     file               world  what a rank holds between steps
+//   none     strategy.cc        1      everything
+//   ddp      strategy_ddp.cc    > 1    everything; gradients all-reduced in buckets
+//   (parallel/ddp.h) zero1    strategy_zero.cc   > 1    full parameters and gradients, 1/N
+//   optimizer state zero2    strategy_zero.cc   > 1    full parameters, 1/N gradients and optimizer
+//   state
+//                                      (parallel/zero.h)
+//   fsdp     strategy_fsdp.cc   > 1    1/N of parameters, gradients and optimizer state,
 //                                      gathered per wrapping unit around its forward and
-//                                      backward (parallel/fsdp.h)
+//                                      backward (parallel/fsdp.h): the one ZeRO-3 engine
 //
 // Note [strategy seam]
 // The facade calls, in a training step:
@@ -23,6 +26,8 @@
 // `stepping` is the optimizer prepare_optimizer returned: the user's own, or one rebuilt over
 // this rank's shards with optim::Optimizer::rebuild. The user's optimizer keeps driving the
 // learning rate (schedulers hold it); it never steps itself when a rebuilt one exists.
+// Checkpoints go through the strategy's StrategyCheckpoint (checkpoint()): how the state is laid
+// out in files is the strategy's, the commit protocol around it the facade's.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +42,7 @@
 #include "autograd/nn/module.h"
 #include "autograd/nn/safetensors.h"
 #include "autograd/optim/optimizer.h"
+#include "core/error.h"
 #include "core/tensor.h"
 #include "accelerate/amp.h"
 #include "parallel/ddp.h"
@@ -45,20 +51,35 @@
 
 namespace accel::dist {
 
-struct FsdpOptions;  // parallel/fsdp.h
+// A strategy's own options, one typed value per strategy (LocalSgdOptions, the built-ins'
+// ZeroStrategyOptions, ...): AcceleratorConfig::strategy_options, or what the strategy's
+// registration builds from the AcceleratorConfig fields.
+struct StrategyOptions {
+  virtual ~StrategyOptions() = default;
+};
 
 struct StrategyContext {
   ProcessGroupPtr group;  // null with one process
   int rank = 0, world_size = 1;
   Device device = kCPU;
   GradScaler* scaler = nullptr;  // the facade's; enabled() under fp16
-  DDPOptions ddp;                // bucket size, find_unused_parameters, broadcast_buffers
-  int zero_stage = 0;
+  // Gradient bucketing every strategy shares (bucket size, find_unused_parameters,
+  // broadcast_buffers); a ZeRO checkpoint's layout is read against its bucket size.
+  DDPOptions ddp;
   MixedPrecision mixed_precision = MixedPrecision::No;
-  std::shared_ptr<const FsdpOptions> fsdp;  // stage 3 wrapping policy etc.; null: defaults
-  // Stages 1-2: param_dtype / reduce_in_fp32 (stage, bucket size, unused parameters and root
-  // come from the fields above).
-  ZeroOptions zero;
+  std::shared_ptr<const StrategyOptions> options;  // null: the strategy's defaults
+
+  // The options as the strategy's type T (defaults when none were given); ValueError naming
+  // `strategy` when they are of another type.
+  template <typename T>
+  const T& options_as(std::string_view strategy) const {
+    static const T defaults{};
+    if (!options) return defaults;
+    const T* o = dynamic_cast<const T*>(options.get());
+    ACCEL_CHECK(o != nullptr, ValueError, "accelerator", "strategy '", strategy,
+                "' was given options of another strategy");
+    return *o;
+  }
 };
 
 // The gradients an optimizer step reads, as the strategy holds them.
@@ -81,32 +102,12 @@ struct StrategyState {
   virtual ~StrategyState() = default;
 };
 
-class Strategy {
+// How a strategy's state is laid out in a checkpoint and read back (Note [checkpoint loading] in
+// accelerate/accelerator.cc): each strategy provides one (Strategy::checkpoint()); the facade
+// runs the commit protocol around it (Note [atomic checkpoints] in accelerate/checkpoint.h).
+class StrategyCheckpoint {
  public:
-  virtual ~Strategy() = default;
-  virtual std::string_view name() const = 0;  // "none", "ddp", "zero1", "zero2", "zero3", "fsdp"
-
-  // ---- prepare ----
-  // Once per model, in prepare order, after it was moved to the device.
-  virtual void prepare_model(const std::shared_ptr<nn::Module>& model) = 0;
-  // The optimizer that will step (Note [strategy seam]).
-  virtual std::shared_ptr<optim::Optimizer> prepare_optimizer(
-      const std::shared_ptr<optim::Optimizer>& user) = 0;
-  // The DistributedDataParallel of a prepared model; null unless this is DDP.
-  virtual DistributedDataParallel* ddp(const nn::Module&) const { return nullptr; }
-
-  // ---- step ----
-  // Note [plain backward]: a backward syncs the gradients when `sync` (the facade's sync step
-  // outside no_sync), through the gradient hooks; backward(loss, sync) is loss.backward() under
-  // that setting, and set_sync(s) is what a plain loss.backward() of the user's gets from then on.
-  virtual void backward(const Tensor& loss, bool sync) = 0;
-  virtual void set_sync(bool sync) { (void)sync; }
-  virtual StepGrads grads(const optim::Optimizer& stepping) = 0;
-  virtual void after_step(optim::Optimizer& stepping, bool stepped) = 0;
-  virtual void zero_grad(optim::Optimizer& stepping, bool set_to_none) = 0;
-  virtual StrategyMemory memory() const = 0;
-
-  // ---- checkpoints (Note [checkpoint loading] in accelerate/accelerator.cc) ----
+  virtual ~StrategyCheckpoint() = default;
   // Writes this rank's share of the model and optimizer state (and, with mid_window, of the
   // not-yet-synced gradients) into `dir`; returns what state.json records for the strategy: a
   // JSON object whose keys the facade adds to state.json (rank 0's value is written; ZeRO:
@@ -141,6 +142,33 @@ class Strategy {
                           std::exception_ptr& err) = 0;
 };
 
-std::unique_ptr<Strategy> make_strategy(const StrategyContext& ctx);
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual std::string_view name() const = 0;  // its registered name
+
+  // ---- prepare ----
+  // Once per model, in prepare order, after it was moved to the device.
+  virtual void prepare_model(const std::shared_ptr<nn::Module>& model) = 0;
+  // The optimizer that will step (Note [strategy seam]).
+  virtual std::shared_ptr<optim::Optimizer> prepare_optimizer(
+      const std::shared_ptr<optim::Optimizer>& user) = 0;
+  // The DistributedDataParallel of a prepared model; null unless this is DDP.
+  virtual DistributedDataParallel* ddp(const nn::Module&) const { return nullptr; }
+
+  // ---- step ----
+  // Note [plain backward]: a backward syncs the gradients when `sync` (the facade's sync step
+  // outside no_sync), through the gradient hooks; backward(loss, sync) is loss.backward() under
+  // that setting, and set_sync(s) is what a plain loss.backward() of the user's gets from then on.
+  virtual void backward(const Tensor& loss, bool sync) = 0;
+  virtual void set_sync(bool sync) { (void)sync; }
+  virtual StepGrads grads(const optim::Optimizer& stepping) = 0;
+  virtual void after_step(optim::Optimizer& stepping, bool stepped) = 0;
+  virtual void zero_grad(optim::Optimizer& stepping, bool set_to_none) = 0;
+  virtual StrategyMemory memory() const = 0;
+
+  // ---- checkpoints ----
+  virtual StrategyCheckpoint& checkpoint() = 0;
+};
 
 }  // namespace accel::dist

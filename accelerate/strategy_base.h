@@ -1,4 +1,5 @@
-// The part of dist::Strategy that NoStrategy, DdpStrategy and ZeroStrategy share: the prepared
+// The part of dist::Strategy that NoStrategy, DdpStrategy and ZeroStrategy share (and a strategy
+// of a program's own may derive from: tests/accelerator/test_strategy_seam.cc): the prepared
 // models and optimizers, and checkpoints of full (replicated) models with either plain or ZeRO
 // optimizer state. Internal to accelerate/strategy*.cc.
 #pragma once
@@ -31,12 +32,12 @@ struct ReplicatedState : StrategyState {
   std::vector<nn::TensorDict> models;      // full state dicts
   std::vector<nn::TensorDict> optimizers;  // the user's optimizer (under ZeRO: param groups)
   std::vector<nn::TensorDict> shards;      // under ZeRO: shard state keyed by bucket
-  std::vector<std::vector<Tensor>> accum;  // ZeRO-2/3: accumulated gradient shards
+  std::vector<std::vector<Tensor>> accum;  // ZeRO-2: accumulated gradient shards
   std::vector<std::vector<std::pair<Tensor, Tensor>>> grads;  // per model: (param, grad)
   bool has_grads = false;  // grads replace the parameters' gradients (else: none)
 };
 
-class ReplicatedStrategy : public Strategy {
+class ReplicatedStrategy : public Strategy, public StrategyCheckpoint {
  public:
   explicit ReplicatedStrategy(const StrategyContext& ctx);
   ~ReplicatedStrategy() override;
@@ -46,6 +47,7 @@ class ReplicatedStrategy : public Strategy {
   StepGrads grads(const optim::Optimizer& stepping) override;
   void zero_grad(optim::Optimizer& stepping, bool set_to_none) override;
   StrategyMemory memory() const override;
+  StrategyCheckpoint& checkpoint() override { return *this; }
 
   nlohmann::json save_state(const std::string& dir, bool mid_window) override;
   std::unique_ptr<StrategyState> read_state(const std::string& dir, const nlohmann::json& saved,
@@ -61,12 +63,10 @@ class ReplicatedStrategy : public Strategy {
     std::shared_ptr<optim::Optimizer> user;
     std::shared_ptr<optim::Optimizer> stepping;  // == user without ZeRO
     std::unique_ptr<ZeroOptimizer> zero;
-    std::vector<Tensor> accum;  // ZeRO-2/3: earlier micro-batches of the window
+    std::vector<Tensor> accum;  // ZeRO-2: earlier micro-batches of the window
     std::shared_ptr<bool> touched = std::make_shared<bool>(false);
   };
   Slot& slot_of(const optim::Optimizer& stepping);
-  // Stage 3: the full parameters, for reading or writing the models.
-  void gather_all();
   // Rank 0's value of t on every rank (t may be a non-contiguous view).
   void broadcast_in_place(const Tensor& t) const;
   // Frozen parameters (and, when `buffers`, the buffers) from rank 0.

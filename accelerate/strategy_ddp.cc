@@ -20,6 +20,7 @@
 #include "autograd/engine.h"
 #include "core/error.h"
 #include "accelerate/strategy_base.h"
+#include "accelerate/strategy_registry.h"
 
 namespace accel::dist {
 
@@ -133,10 +134,14 @@ class DdpStrategy final : public ReplicatedStrategy {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
-}  // namespace
+const StrategyRegistration kDdp([] {
+  StrategySpec s;
+  s.name = "ddp";
+  s.make = [](const StrategyContext& ctx) { return std::make_unique<DdpStrategy>(ctx); };
+  s.zero_stage = 0;
+  return s;
+}());
 
-std::unique_ptr<Strategy> make_ddp_strategy(const StrategyContext& ctx) {
-  return std::make_unique<DdpStrategy>(ctx);
-}
+}  // namespace
 
 }  // namespace accel::dist

@@ -1,5 +1,6 @@
-// FsdpStrategy: zero_stage 3 through the Accelerator, one dist::FullyShardedModel per prepared
-// model (parallel/fsdp.h, Note [unit lifecycle]); checkpoints per Note [fsdp checkpoints].
+// FsdpStrategy ("fsdp", zero_stage 3): the one ZeRO-3 engine of the Accelerator, one
+// dist::FullyShardedModel per prepared model (parallel/fsdp.h, Note [unit lifecycle]); checkpoints
+// per Note [fsdp checkpoints].
 #include <algorithm>
 #include <filesystem>
 #include <functional>
@@ -12,7 +13,9 @@
 #include "parallel/fsdp.h"
 #include "parallel/fsdp_checkpoint.h"
 #include "accelerate/strategy.h"
+#include "accelerate/accelerator.h"
 #include "accelerate/strategy_base.h"
+#include "accelerate/strategy_registry.h"
 #include "parallel/zero_checkpoint.h"
 
 namespace accel::dist {
@@ -62,15 +65,22 @@ struct Loaded final : StrategyState {
   bool has_grads = false;
 };
 
-class FsdpStrategy final : public Strategy {
+// The options of fsdp: AcceleratorConfig::fsdp (find_unused_parameters also from
+// StrategyContext::ddp).
+struct FsdpStrategyOptions : StrategyOptions {
+  FsdpOptions fsdp;
+};
+
+class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
  public:
-  explicit FsdpStrategy(const StrategyContext& ctx) : ctx_(ctx) {
-    if (ctx.fsdp) options_ = *ctx.fsdp;
+  explicit FsdpStrategy(const StrategyContext& ctx)
+      : ctx_(ctx), options_(ctx.options_as<FsdpStrategyOptions>("fsdp").fsdp) {
     options_.find_unused_parameters =
         options_.find_unused_parameters || ctx.ddp.find_unused_parameters;
   }
 
   std::string_view name() const override { return "fsdp"; }
+  StrategyCheckpoint& checkpoint() override { return *this; }
 
   void prepare_model(const std::shared_ptr<nn::Module>& model) override {
     for (auto& [name, p] : model->named_parameters())  // frozen ones are replicated
@@ -535,10 +545,27 @@ class FsdpStrategy final : public Strategy {
   bool sync_ = true;  // Strategy::set_sync: what a plain loss.backward() does
 };
 
-}  // namespace
-
-std::unique_ptr<Strategy> make_fsdp_strategy(const StrategyContext& ctx) {
-  return std::make_unique<FsdpStrategy>(ctx);
+StrategySpec fsdp_spec() {
+  StrategySpec s;
+  s.name = "fsdp";
+  s.zero_stage = 3;
+  s.make = [](const StrategyContext& ctx) { return std::make_unique<FsdpStrategy>(ctx); };
+  // Note [one process under ZeRO]: 16-bit compute parameters and per-unit activation
+  // checkpointing change what a step computes.
+  s.runs_alone = [](const StrategyContext& ctx) {
+    const FsdpOptions& o = ctx.options_as<FsdpStrategyOptions>("fsdp").fsdp;
+    return o.param_dtype.has_value() || o.activation_checkpointing;
+  };
+  s.options = [](const AcceleratorConfig& c) {
+    auto o = std::make_shared<FsdpStrategyOptions>();
+    o->fsdp = c.fsdp;
+    return o;
+  };
+  return s;
 }
+
+const StrategyRegistration kFsdp(fsdp_spec());
+
+}  // namespace
 
 }  // namespace accel::dist

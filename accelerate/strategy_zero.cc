@@ -1,20 +1,17 @@
-// ZeroStrategy: ZeRO stages 1-3 through dist::ZeroOptimizer.
+// ZeroStrategy: ZeRO stages 1 and 2 through dist::ZeroOptimizer, registered as "zero1" and
+// "zero2" (ZeRO-3 is the fsdp strategy: accelerate/strategy_fsdp.cc).
 //
 // Note [zero in the facade]
-// With zero_stage 1-3 and world size > 1, prepare(optimizer) builds a dist::ZeroOptimizer over
+// With zero_stage 1-2 and world size > 1, prepare(optimizer) builds a dist::ZeroOptimizer over
 // the optimizer's parameters, bucketed per param group, and the optimizer that steps is
 // optim::Optimizer::rebuild of yours over this rank's shards, one group per group of yours (so
 // any optimizer that implements rebuild, with decay / no-decay groups). Your optimizer object
 // keeps the learning rates (schedulers drive them; the facade copies every group's lr and
 // weight decay into the stepping one before each step) but never steps and holds no state.
 // Then:
-//  - backward() reduces gradients on every micro-batch (ZeRO has no no_sync); stages 2/3 add
+//  - backward() reduces gradients on every micro-batch (ZeRO has no no_sync); stage 2 adds
 //    the reduced shards of an accumulation window up in a 1/N-sized buffer, so accumulation and
 //    no_sync() still give the gradient of the whole window.
-//  - stage 3 frees the full parameters after each synced backward and gathers them again after
-//    the optimizer step (and after a backward inside a window), because the facade does not see
-//    your forward: the model stays usable between steps. (The per-unit FSDP engine replaces
-//    this; until then stage 3 saves optimizer state and gradients only.)
 //  - grads() are the shard parameters with their gradient slices: fp16 unscaling, the inf/NaN
 //    check and clip_grad_norm_ act on them with the norm all-reduced, so they equal the
 //    unsharded ones.
@@ -42,18 +39,28 @@
 
 #include "autograd/engine.h"
 #include "core/error.h"
+#include "accelerate/accelerator.h"
 #include "accelerate/strategy_base.h"
+#include "accelerate/strategy_registry.h"
 
 namespace accel::dist {
 
 namespace {
 
+// The options of zero1 / zero2: bf16/fp16 compute parameters over fp32 master shards
+// (param_dtype, reduce_in_fp32; AcceleratorConfig::zero). Stage, bucket size, unused
+// parameters and root come from the registration and StrategyContext::ddp.
+struct ZeroStrategyOptions : StrategyOptions {
+  ZeroOptions zero;
+};
+
 class ZeroStrategy final : public ReplicatedStrategy {
  public:
-  using ReplicatedStrategy::ReplicatedStrategy;
-  std::string_view name() const override {
-    return ctx_.zero_stage == 1 ? "zero1" : ctx_.zero_stage == 2 ? "zero2" : "zero3";
-  }
+  ZeroStrategy(const StrategyContext& ctx, int stage)
+      : ReplicatedStrategy(ctx),
+        stage_(stage),
+        options_(ctx.options_as<ZeroStrategyOptions>(stage == 1 ? "zero1" : "zero2").zero) {}
+  std::string_view name() const override { return stage_ == 1 ? "zero1" : "zero2"; }
 
   void prepare_model(const std::shared_ptr<nn::Module>& model) override {
     // Trainable parameters come from rank 0 when the optimizer is prepared (ZeroOptimizer
@@ -116,12 +123,12 @@ class ZeroStrategy final : public ReplicatedStrategy {
         });
       }
     ZeroOptions zo;
-    zo.stage = ctx_.zero_stage;
+    zo.stage = stage_;
     zo.bucket_cap_bytes = ctx_.ddp.bucket_cap_bytes;
     zo.find_unused_parameters = ctx_.ddp.find_unused_parameters;
     zo.root = 0;
-    zo.param_dtype = ctx_.zero.param_dtype;
-    zo.reduce_in_fp32 = ctx_.zero.reduce_in_fp32;
+    zo.param_dtype = options_.param_dtype;
+    zo.reduce_in_fp32 = options_.reduce_in_fp32;
     const optim::Optimizer& u = *user;
     slot->zero = std::make_unique<ZeroOptimizer>(
         std::move(groups),
@@ -130,7 +137,6 @@ class ZeroStrategy final : public ReplicatedStrategy {
         },
         ctx_.group, zo);
     slot->stepping = slot->zero->shared_optimizer();
-    if (ctx_.zero_stage == 3) slot->zero->gather_parameters();  // usable right after prepare
     slots_.push_back(std::move(slot));
     return slots_.back()->stepping;
   }
@@ -158,9 +164,7 @@ class ZeroStrategy final : public ReplicatedStrategy {
   }
 
   void after_step(optim::Optimizer& stepping, bool stepped) override {
-    Slot& s = slot_of(stepping);
-    s.zero->finish_step(stepped);
-    if (ctx_.zero_stage == 3) s.zero->gather_parameters();  // Note [zero in the facade]
+    slot_of(stepping).zero->finish_step(stepped);
   }
 
   void zero_grad(optim::Optimizer& stepping, bool) override { slot_of(stepping).zero->zero_grad(); }
@@ -228,13 +232,15 @@ class ZeroStrategy final : public ReplicatedStrategy {
     back(take_values);
   }
 
+  int stage_;            // 1 or 2
+  ZeroOptions options_;  // param_dtype, reduce_in_fp32
   bool sync_ = true;     // Strategy::set_sync
   bool queued_ = false;  // the end-of-backward callback is queued
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 
   void after_backward(Slot& s, bool sync) {
     NoGradGuard ng;
-    if (ctx_.zero_stage >= 2 || s.zero->mixed_precision()) {
+    if (stage_ == 2 || s.zero->mixed_precision()) {
       // Each reduce-scatter overwrites the shards: the window's micro-batches add up here.
       const std::vector<Tensor> shards = s.zero->gradient_shards();
       if (!sync) {
@@ -248,15 +254,31 @@ class ZeroStrategy final : public ReplicatedStrategy {
         s.accum.clear();
       }
     }
-    // Stage 3 freed the parameters after the reduction; the window's next forward needs them.
-    if (ctx_.zero_stage == 3 && !sync) s.zero->gather_parameters();
   }
 };
 
-}  // namespace
-
-std::unique_ptr<Strategy> make_zero_strategy(const StrategyContext& ctx) {
-  return std::make_unique<ZeroStrategy>(ctx);
+StrategySpec zero_spec(int stage) {
+  StrategySpec s;
+  s.name = stage == 1 ? "zero1" : "zero2";
+  s.zero_stage = stage;
+  s.make = [stage](const StrategyContext& ctx) {
+    return std::make_unique<ZeroStrategy>(ctx, stage);
+  };
+  // Note [one process under ZeRO]: 16-bit compute parameters change what a step computes.
+  s.runs_alone = [name = s.name](const StrategyContext& ctx) {
+    return ctx.options_as<ZeroStrategyOptions>(name).zero.param_dtype.has_value();
+  };
+  s.options = [](const AcceleratorConfig& c) {
+    auto o = std::make_shared<ZeroStrategyOptions>();
+    o->zero = c.zero;
+    return o;
+  };
+  return s;
 }
+
+const StrategyRegistration kZero1(zero_spec(1));
+const StrategyRegistration kZero2(zero_spec(2));
+
+}  // namespace
 
 }  // namespace accel::dist

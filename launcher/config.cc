@@ -77,6 +77,7 @@ const std::vector<std::string> kKnownKeys = {
     "same_network",
     "main_training_function",
     "gradient_accumulation_steps",
+    "strategy",
     "zero_config",
     "fsdp_config",
     "max_restarts",
@@ -345,6 +346,15 @@ std::optional<std::string> check_fsdp_min_params(long long v) {
   return "expected a parameter count >= 1, got " + std::to_string(v);
 }
 
+std::optional<std::string> check_strategy(const std::string& v) {
+  const bool ok = !v.empty() && v.size() <= 64 &&
+                  v.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos;
+  if (ok) return std::nullopt;
+  return "expected a registered strategy's name (ddp, zero1, zero2, fsdp or the program's own: "
+         "lower-case letters, digits and '_'), got '" +
+         v + "'";
+}
+
 std::optional<bool> parse_bool(const std::string& v) {
   const std::string t = to_lower(trim(v));
   if (t == "true" || t == "yes" || t == "on" || t == "1") return true;
@@ -392,14 +402,18 @@ void validate(const LaunchConfig& c, const std::string& where) {
   }
   if (c.main_process_ip && c.main_process_ip->empty())
     fail("main_process_ip", "is empty (use null for none)");
-  if (auto e = check_mixed_precision(c.mixed_precision)) fail("mixed_precision", *e);
+  if (c.mixed_precision)
+    if (auto e = check_mixed_precision(*c.mixed_precision)) fail("mixed_precision", *e);
   if (auto e = check_gpu_ids(c.gpu_ids)) fail("gpu_ids", *e);
   if (c.rdzv_backend != "static") {
     fail("rdzv_backend",
          "only 'static' rendezvous (fixed world size, main process as store) is supported, got '" +
              c.rdzv_backend + "'");
   }
-  if (auto e = check_zero_stage(c.zero_stage)) fail("zero_config.zero_stage", *e);
+  if (c.zero_stage)
+    if (auto e = check_zero_stage(*c.zero_stage)) fail("zero_config.zero_stage", *e);
+  if (c.strategy)
+    if (auto e = check_strategy(*c.strategy)) fail("strategy", *e);
   if (c.param_dtype)
     if (auto e = check_param_dtype(*c.param_dtype)) fail("zero_config.param_dtype", *e);
   if (c.reduce_dtype)
@@ -427,9 +441,9 @@ void validate(const LaunchConfig& c, const std::string& where) {
          "classes needs fsdp_wrap_classes (the module class names of the units, such as "
          "Block,Layer)");
   }
-  if (c.gradient_accumulation_steps < 1) {
+  if (c.gradient_accumulation_steps && *c.gradient_accumulation_steps < 1) {
     fail("gradient_accumulation_steps",
-         "must be at least 1, got " + std::to_string(c.gradient_accumulation_steps));
+         "must be at least 1, got " + std::to_string(*c.gradient_accumulation_steps));
   }
   if (c.max_restarts < 0)
     fail("max_restarts", "must be >= 0, got " + std::to_string(c.max_restarts));
@@ -685,6 +699,10 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
       c.main_training_function = scalar_text(v, where, key);
     } else if (key == "gradient_accumulation_steps") {
       c.gradient_accumulation_steps = static_cast<int>(read_int(v, where, key, 1, 1 << 30));
+    } else if (key == "strategy") {
+      const std::string t = scalar_text(v, where, key);
+      if (auto e = check_strategy(t)) bad_key(where, v, key, *e);
+      c.strategy = t;
     } else if (key == "zero_config") {
       if (is_null(v)) continue;
       if (!v.IsMap()) bad_key(where, v, key, "expected a mapping such as {zero_stage: 2}");
@@ -768,16 +786,20 @@ std::string config_to_yaml(const LaunchConfig& c) {
   os << "main_process_ip: " << (c.main_process_ip ? quote(*c.main_process_ip) : "null") << "\n";
   os << "main_process_port: "
      << (c.main_process_port ? std::to_string(*c.main_process_port) : "null") << "\n";
-  os << "mixed_precision: " << quote(c.mixed_precision) << "\n";
+  if (c.mixed_precision) os << "mixed_precision: " << quote(*c.mixed_precision) << "\n";
   os << "use_cpu: " << (c.use_cpu ? "true" : "false") << "\n";
   os << "gpu_ids: " << (c.gpu_ids == "all" ? std::string("all") : quote(c.gpu_ids)) << "\n";
   os << "rdzv_backend: " << c.rdzv_backend << "\n";
   os << "same_network: " << (c.same_network ? "true" : "false") << "\n";
   os << "main_training_function: " << quote(c.main_training_function) << "\n";
-  os << "gradient_accumulation_steps: " << c.gradient_accumulation_steps << "\n";
-  os << "zero_config:\n  zero_stage: " << c.zero_stage << "\n";
-  if (c.param_dtype) os << "  param_dtype: " << quote(*c.param_dtype) << "\n";
-  if (c.reduce_dtype) os << "  reduce_dtype: " << quote(*c.reduce_dtype) << "\n";
+  if (c.gradient_accumulation_steps)
+    os << "gradient_accumulation_steps: " << *c.gradient_accumulation_steps << "\n";
+  if (c.strategy) os << "strategy: " << quote(*c.strategy) << "\n";
+  std::ostringstream zero;
+  if (c.zero_stage) zero << "  zero_stage: " << *c.zero_stage << "\n";
+  if (c.param_dtype) zero << "  param_dtype: " << quote(*c.param_dtype) << "\n";
+  if (c.reduce_dtype) zero << "  reduce_dtype: " << quote(*c.reduce_dtype) << "\n";
+  if (!zero.str().empty()) os << "zero_config:\n" << zero.str();
   // Only what was chosen: an unset option leaves the program's AcceleratorConfig::fsdp alone.
   std::ostringstream fsdp;
   auto b = [](bool v) { return v ? "true" : "false"; };

@@ -20,14 +20,20 @@ struct LaunchConfig {
   int machine_rank = 0;
   std::optional<std::string> main_process_ip;
   std::optional<int> main_process_port;
-  std::string mixed_precision = "no";  // no | fp16 | bf16
+  // Note [who wins: launcher or program]: the settings accel-run exports to the program are
+  // those the config file or a flag gives; unset (nullopt) ones are not exported, so the
+  // program's AcceleratorConfig stands (Accelerate's precedence).
+  std::optional<std::string> mixed_precision;  // no | fp16 | bf16
   bool use_cpu = false;
   std::string gpu_ids = "all";  // "all" or "0,1,3"
   std::string rdzv_backend = "static";
   bool same_network = true;
-  std::string main_training_function = "main";  // kept for Accelerate compatibility; unused
-  int gradient_accumulation_steps = 1;
-  int zero_stage = 0;  // zero_config.zero_stage
+  std::string main_training_function = "main";     // kept for Accelerate compatibility; unused
+  std::optional<int> gradient_accumulation_steps;  // >= 1
+  std::optional<int> zero_stage;                   // zero_config.zero_stage, 0..3
+  // A strategy registered in the program (accelerate/strategy_registry.h): ddp, zero1, zero2,
+  // fsdp or the program's own (accel-run cannot list those: any lower-case identifier).
+  std::optional<std::string> strategy;
   // ZeRO mixed precision (zero_config.param_dtype / reduce_dtype): bf16 | fp16 | fp32 compute
   // parameters over fp32 master shards; gradients reduced in the param dtype or fp32.
   std::optional<std::string> param_dtype, reduce_dtype;
@@ -56,6 +62,7 @@ std::optional<std::string> check_reduce_dtype(const std::string& v);       // pa
 std::optional<std::string> check_fsdp_wrap(const std::string& v);          // entries ... none
 std::optional<std::string> check_fsdp_wrap_classes(const std::string& v);  // Block,Layer
 std::optional<std::string> check_fsdp_min_params(long long v);
+std::optional<std::string> check_strategy(const std::string& v);  // [a-z0-9_]+, at most 64
 // true/yes/on/1 or false/no/off/0 (any case); nullopt otherwise.
 std::optional<bool> parse_bool(const std::string& v);
 // Canonical spelling ("NO", "bf16", "0,1"); input must have passed the check.

@@ -1,5 +1,7 @@
 #include "launcher/plan.h"
 
+#include "launcher/settings_binding.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -25,14 +27,9 @@ void apply_zero_flags(const LaunchFlags& f, LaunchConfig& c, std::vector<std::st
   auto check = [](const char* flag, const std::optional<std::string>& why) {
     if (why) ACCEL_THROW(launcher::ConfigError, "launch", flag, ": ", *why);
   };
-  if (f.param_dtype) {
-    check("--param_dtype", check_param_dtype(*f.param_dtype));
-    c.param_dtype = to_lower(*f.param_dtype);
-  }
-  if (f.reduce_dtype) {
-    check("--reduce_dtype", check_reduce_dtype(*f.reduce_dtype));
-    c.reduce_dtype = to_lower(*f.reduce_dtype);
-  }
+  // Parsed and spelled canonically by the settings table (set_setting_flag).
+  if (f.param_dtype) c.param_dtype = to_lower(*f.param_dtype);
+  if (f.reduce_dtype) c.reduce_dtype = to_lower(*f.reduce_dtype);
   if (f.fsdp_wrap || f.fsdp_wrap_classes || f.fsdp_min_params) {
     LaunchConfig w;
     if (f.fsdp_wrap) {
@@ -61,12 +58,13 @@ void apply_zero_flags(const LaunchFlags& f, LaunchConfig& c, std::vector<std::st
                     c.fsdp_reshard_after_forward || c.fsdp_prefetch ||
                     c.fsdp_activation_checkpointing;
   // Options that would have no effect are refused, not ignored (Note [accelerate keys accel
-  // does not implement] in launcher/config.cc).
-  if (fsdp && c.zero_stage != 3)
+  // does not implement] in launcher/config.cc). Without a zero_stage here the program's
+  // AcceleratorConfig decides the stage, and the library refuses them there the same way.
+  if (fsdp && c.zero_stage && *c.zero_stage != 3)
     ACCEL_THROW(launcher::ConfigError, "launch",
                 "the fsdp_* options (fsdp_config, --fsdp_*) apply to zero_stage 3 only, and "
                 "zero_stage is ",
-                c.zero_stage, ": set zero_stage 3 (zero_config, --zero_stage 3) or drop them");
+                *c.zero_stage, ": set zero_stage 3 (zero_config, --zero_stage 3) or drop them");
   if ((c.param_dtype || c.reduce_dtype) && c.zero_stage == 0 &&
       !(c.param_dtype && *c.param_dtype == "fp32" && !c.reduce_dtype))
     ACCEL_THROW(launcher::ConfigError, "launch",
@@ -134,6 +132,11 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
   if (flags.max_restarts) c.max_restarts = *flags.max_restarts;
   if (flags.monitor_interval) c.monitor_interval = *flags.monitor_interval;
   if (flags.zero_stage) c.zero_stage = *flags.zero_stage;
+  if (flags.strategy) {
+    if (auto e = check_strategy(*flags.strategy))
+      ACCEL_THROW(launcher::ConfigError, "launch", "--strategy: ", *e);
+    c.strategy = *flags.strategy;
+  }
   if (flags.gradient_accumulation_steps)
     c.gradient_accumulation_steps = *flags.gradient_accumulation_steps;
   if (flags.num_cpu_threads_per_process)
@@ -287,29 +290,17 @@ EnvMap worker_env(const LaunchPlan& p, int local_index, int restart_count) {
   v[env::kMasterAddr] = p.master_addr;
   v[env::kMasterPort] = std::to_string(p.master_port);
   v[env::kDistributedType] = p.distributed_type;
-  v[env::kMixedPrecision] = p.config.mixed_precision;
-  v[env::kUseCpu] = p.use_cpu ? "true" : "false";
-  v[env::kZeroStage] = std::to_string(p.config.zero_stage);
-  v[env::kGradientAccumulationSteps] = std::to_string(p.config.gradient_accumulation_steps);
   v[env::kRestartCount] = std::to_string(restart_count);
   v[env::kMaxRestarts] = std::to_string(p.config.max_restarts);
   if (!p.rendezvous_token.empty()) v[env::kRendezvousToken] = p.rendezvous_token;
   if (p.omp_threads > 0) v[env::kOmpNumThreads] = std::to_string(p.omp_threads);
   if (!p.omp_wait_policy.empty()) v[env::kOmpWaitPolicy] = p.omp_wait_policy;
   if (!p.use_cpu && p.config.gpu_ids != "all") v[env::kCudaVisibleDevices] = p.config.gpu_ids;
-  // Only what the config or the flags chose (each overrides AcceleratorConfig in the worker).
-  const LaunchConfig& c = p.config;
-  auto b = [](bool x) { return std::string(x ? "true" : "false"); };
-  if (c.param_dtype) v[env::kParamDtype] = *c.param_dtype;
-  if (c.reduce_dtype) v[env::kReduceDtype] = *c.reduce_dtype;
-  if (c.fsdp_wrap) v[env::kFsdpWrap] = *c.fsdp_wrap;
-  if (c.fsdp_wrap_classes) v[env::kFsdpWrapClasses] = *c.fsdp_wrap_classes;
-  if (c.fsdp_min_params) v[env::kFsdpMinParams] = std::to_string(*c.fsdp_min_params);
-  if (c.fsdp_reshard_after_forward)
-    v[env::kFsdpReshardAfterForward] = b(*c.fsdp_reshard_after_forward);
-  if (c.fsdp_prefetch) v[env::kFsdpPrefetch] = b(*c.fsdp_prefetch);
-  if (c.fsdp_activation_checkpointing)
-    v[env::kFsdpActivationCheckpointing] = b(*c.fsdp_activation_checkpointing);
+  // The training settings (core/settings.h): only what the config or the flags chose, each
+  // overriding AcceleratorConfig in the worker (Note [who wins: launcher or program] in
+  // launcher/config.h).
+  for (const settings::Setting& s : settings::kSettings)
+    if (auto value = exported_setting(p, s)) v[std::string(s.env)] = *value;
   return v;
 }
 

@@ -15,7 +15,7 @@ namespace accel::launcher {
 struct LaunchFlags {
   std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts,
       zero_stage, gradient_accumulation_steps, num_cpu_threads_per_process;
-  std::optional<std::string> main_process_ip, mixed_precision, gpu_ids;
+  std::optional<std::string> main_process_ip, mixed_precision, gpu_ids, strategy;
   std::optional<std::string> rendezvous_token;  // --rendezvous_token
   std::optional<double> monitor_interval;
   // ZeRO mixed precision and ZeRO-3 options (checked in resolve_plan, like the config keys).

@@ -1,7 +1,7 @@
-// Cryptographic helpers for the rendezvous (Note [store authentication] in store.cc) and the
-// heartbeat datagrams (Note [heartbeat authentication] in heartbeat.cc), over OpenSSL's libcrypto
-// (Debian libssl-dev): HMAC-SHA256, constant-time comparison, and random bytes from the system's
-// generator. Nothing here is home-made cryptography; these are thin, checked wrappers.
+// Cryptographic helpers for the rendezvous (Note [store authentication] in comm/store_protocol.h)
+// and the heartbeat datagrams (Note [heartbeat authentication] in heartbeat.cc), over OpenSSL's
+// libcrypto (Debian libssl-dev): HMAC-SHA256, constant-time comparison, and random bytes from the
+// system's generator. Nothing here is home-made cryptography; these are thin, checked wrappers.
 #pragma once
 
 #include <array>

@@ -23,8 +23,8 @@
 //   u32 magic "ACB2", u8 type (beat, bye, fail), u8 flags (0), u16 reason length,
 //   u32 from rank, u32 to rank, u32 group size, u64 sequence number, the reason (fail only),
 //   16 bytes: HMAC-SHA256 under the group's key, truncated, over everything before it.
-// The key is store->derive_key("heartbeat") (Note [store authentication] in store.cc): only
-// ranks of this job that completed the store's handshake can compute it, and it differs for
+// The key is store->derive_key("heartbeat") (Note [store authentication] in comm/store_protocol.h):
+// only ranks of this job that completed the store's handshake can compute it, and it differs for
 // every group, every generation of the store and every job, so a datagram of another group, an
 // earlier init_process_group or another job fails the check. The sequence number counts the
 // datagrams from one rank to one peer; a datagram whose number is not above the highest accepted

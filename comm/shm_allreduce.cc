@@ -207,6 +207,33 @@ int ShmAllReduce::sweep_stale_segments(const std::string& dir) {
   return removed;
 }
 
+namespace {
+
+// Everyone reports "<mapped> <pid> <pid namespace>"; shm is used only if all ranks mapped it.
+// `pids`: every rank's pid; `one_pid_ns`: all share this process's pid namespace.
+bool all_ranks_mapped(Store& store, int rank, int size, bool ok, const std::string& my_ns,
+                      Milliseconds timeout, std::vector<int>* pids, bool* one_pid_ns) {
+  store.set("shm/ok/" + std::to_string(rank),
+            std::string(ok ? "1" : "0") + " " + std::to_string(getpid()) + " " + my_ns);
+  std::vector<std::string> keys;
+  for (int q = 0; q < size; ++q) keys.push_back("shm/ok/" + std::to_string(q));
+  store.wait(keys, timeout);
+  bool all_ok = true;
+  *one_pid_ns = true;
+  for (auto& k : keys) {
+    std::istringstream in(store.get(k));
+    int mapped = 0, pid = 0;
+    std::string ns;
+    in >> mapped >> pid >> ns;
+    all_ok = all_ok && mapped == 1;
+    *one_pid_ns = *one_pid_ns && pid > 0 && ns == my_ns;
+    pids->push_back(pid);
+  }
+  return all_ok;
+}
+
+}  // namespace
+
 std::unique_ptr<ShmAllReduce> ShmAllReduce::create(const std::shared_ptr<Store>& store, int rank,
                                                    int size, size_t slot_bytes,
                                                    Milliseconds timeout) {
@@ -299,24 +326,10 @@ std::unique_ptr<ShmAllReduce> ShmAllReduce::create(const std::shared_ptr<Store>&
       }
     }
   }
-  // Everyone reports "<mapped> <pid> <pid namespace>"; shm is used only if all ranks mapped it.
-  store->set("shm/ok/" + std::to_string(rank),
-             std::string(ok ? "1" : "0") + " " + std::to_string(getpid()) + " " + my_ns);
-  std::vector<std::string> keys;
-  for (int q = 0; q < size; ++q) keys.push_back("shm/ok/" + std::to_string(q));
-  store->wait(keys, timeout);
-  bool all_ok = true, one_pid_ns = true;
   std::vector<int> pids;
-  for (auto& k : keys) {
-    std::istringstream in(store->get(k));
-    int mapped = 0, pid = 0;
-    std::string ns;
-    in >> mapped >> pid >> ns;
-    all_ok = all_ok && mapped == 1;
-    one_pid_ns = one_pid_ns && pid > 0 && ns == my_ns;
-    pids.push_back(pid);
-  }
-  if (!all_ok) return nullptr;  // the destructor unmaps, the Unlinker unlinks
+  bool one_pid_ns = true;
+  if (!all_ranks_mapped(*store, rank, size, ok, my_ns, timeout, &pids, &one_pid_ns))
+    return nullptr;  // the destructor unmaps, the Unlinker unlinks
   self->header_ = static_cast<Header*>(self->map_);
   self->abort_block_ =
       reinterpret_cast<AbortBlock*>(static_cast<char*>(self->map_) + abort_offset(size));

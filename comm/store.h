@@ -3,7 +3,7 @@
 // `TcpStore` is served by rank 0 (a server thread inside that process) on MASTER_ADDR:MASTER_PORT;
 // every rank, rank 0 included, talks to it as a client. Process groups use it to exchange Gloo
 // addresses and the NCCL unique id, and to publish failures. See Note [store protocol] in
-// store.cc for the wire format and its limits.
+// comm/store_protocol.h for the wire format and its limits.
 //
 // Every blocking call has a timeout; a call that times out throws DistError and the store stays
 // usable for the next call. Client and server prove to each other that they hold the job's

@@ -12,6 +12,11 @@
 
 namespace accel::launcher {
 
+// Bounds of the config file's counts, and the port the questionnaire offers.
+inline constexpr long long kMaxProcesses = 1 << 20;
+inline constexpr long long kMaxMachines = 1 << 16;
+inline constexpr int kDefaultMainProcessPort = 29500;
+
 struct LaunchConfig {
   std::string compute_environment = "LOCAL_MACHINE";
   std::string distributed_type = "NO";  // NO | MULTI_CPU | MULTI_GPU

@@ -92,26 +92,10 @@ int count_gpu_device_nodes() {
   return n;
 }
 
-LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flags,
-                        const EnvMap& env, int gpu_count) {
-  LaunchPlan p;
-  LaunchConfig& c = p.config;
-  c = file_config;
-  p.cluster = flags.ignore_cluster_env ? ClusterEnv{} : detect_cluster(env);
-  const ClusterEnv& cl = p.cluster;
-  const bool per_task = cl.kind != ClusterEnv::Kind::kNone && cl.mode == ClusterEnv::Mode::kPerTask;
+namespace {
 
-  // Precedence: flags > outer launcher > config file (docs/launcher.md "Precedence").
-  if (cl.kind != ClusterEnv::Kind::kNone) {
-    p.notes.push_back(std::string(cluster_kind_name(cl.kind)) + ": " + cl.description);
-    if (!per_task) {
-      c.num_machines = cl.num_machines;
-      c.machine_rank = cl.machine_rank;
-    }
-    if (cl.main_process_ip) c.main_process_ip = cl.main_process_ip;
-    if (!c.main_process_port && cl.main_process_port) c.main_process_port = cl.main_process_port;
-  }
-
+// The flags over the config file (and the outer launcher's values): flags win.
+void apply_flags(const LaunchFlags& flags, LaunchConfig& c, std::vector<std::string>& notes) {
   if (flags.num_processes) c.num_processes = *flags.num_processes;
   if (flags.num_machines) c.num_machines = *flags.num_machines;
   if (flags.machine_rank) c.machine_rank = *flags.machine_rank;
@@ -141,7 +125,58 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
     c.gradient_accumulation_steps = *flags.gradient_accumulation_steps;
   if (flags.num_cpu_threads_per_process)
     c.num_cpu_threads_per_process = *flags.num_cpu_threads_per_process;
-  apply_zero_flags(flags, c, p.notes);
+  apply_zero_flags(flags, c, notes);
+}
+
+// OMP_NUM_THREADS and OMP_WAIT_POLICY for the workers.
+void plan_threads(LaunchPlan& p, const EnvMap& env) {
+  if (p.config.num_cpu_threads_per_process > 0) {
+    p.omp_threads = p.config.num_cpu_threads_per_process;
+  } else if (!env.count(env::kOmpNumThreads) && p.local_world_size > 1) {
+    // Note [threads per worker]: oneDNN/OpenMP default to one thread per core in every worker; with
+    // several workers per machine that oversubscribes the cores and slows every collective.
+    p.omp_threads = std::max(1, usable_cpu_count() / p.local_world_size);
+  }
+  // Note [OpenMP wait policy]: libgomp's default lets a thread that finished its share of a
+  // parallel region spin (~300k iterations) before it sleeps. When the workers' OpenMP teams fill
+  // or exceed the cores, that spinning holds the cores the peer rank's main thread and the
+  // collectives' threads need, and every step waits on the slowest rank (docs/performance.md,
+  // "OpenMP wait policy"). libgomp reads the policy once at start-up, so the launcher sets it in
+  // the worker's environment; a value the user exported is kept.
+  if (!env.count(env::kOmpWaitPolicy) && !env.count("GOMP_SPINCOUNT") && p.local_world_size > 1) {
+    int threads = p.omp_threads;
+    if (threads <= 0) {
+      const auto given = env_get(env, env::kOmpNumThreads);
+      threads = given ? std::atoi(given->c_str()) : 0;  // "4,2" (nested) counts its first level
+    }
+    if (threads <= 0) threads = usable_cpu_count();
+    if (int64_t(threads) * p.local_world_size >= usable_cpu_count()) p.omp_wait_policy = "passive";
+  }
+}
+
+}  // namespace
+
+LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flags,
+                        const EnvMap& env, int gpu_count) {
+  LaunchPlan p;
+  LaunchConfig& c = p.config;
+  c = file_config;
+  p.cluster = flags.ignore_cluster_env ? ClusterEnv{} : detect_cluster(env);
+  const ClusterEnv& cl = p.cluster;
+  const bool per_task = cl.kind != ClusterEnv::Kind::kNone && cl.mode == ClusterEnv::Mode::kPerTask;
+
+  // Precedence: flags > outer launcher > config file (docs/launcher.md "Precedence").
+  if (cl.kind != ClusterEnv::Kind::kNone) {
+    p.notes.push_back(std::string(cluster_kind_name(cl.kind)) + ": " + cl.description);
+    if (!per_task) {
+      c.num_machines = cl.num_machines;
+      c.machine_rank = cl.machine_rank;
+    }
+    if (cl.main_process_ip) c.main_process_ip = cl.main_process_ip;
+    if (!c.main_process_port && cl.main_process_port) c.main_process_port = cl.main_process_port;
+  }
+
+  apply_flags(flags, c, p.notes);
 
   if (per_task) {
     // The outer launcher fixed the world; the config's process counts do not apply.
@@ -215,28 +250,7 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
     }
   }
 
-  if (c.num_cpu_threads_per_process > 0) {
-    p.omp_threads = c.num_cpu_threads_per_process;
-  } else if (!env.count(env::kOmpNumThreads) && p.local_world_size > 1) {
-    // Note [threads per worker]: oneDNN/OpenMP default to one thread per core in every worker; with
-    // several workers per machine that oversubscribes the cores and slows every collective.
-    p.omp_threads = std::max(1, usable_cpu_count() / p.local_world_size);
-  }
-  // Note [OpenMP wait policy]: libgomp's default lets a thread that finished its share of a
-  // parallel region spin (~300k iterations) before it sleeps. When the workers' OpenMP teams fill
-  // or exceed the cores, that spinning holds the cores the peer rank's main thread and the
-  // collectives' threads need, and every step waits on the slowest rank (docs/performance.md,
-  // "OpenMP wait policy"). libgomp reads the policy once at start-up, so the launcher sets it in
-  // the worker's environment; a value the user exported is kept.
-  if (!env.count(env::kOmpWaitPolicy) && !env.count("GOMP_SPINCOUNT") && p.local_world_size > 1) {
-    int threads = p.omp_threads;
-    if (threads <= 0) {
-      const auto given = env_get(env, env::kOmpNumThreads);
-      threads = given ? std::atoi(given->c_str()) : 0;  // "4,2" (nested) counts its first level
-    }
-    if (threads <= 0) threads = usable_cpu_count();
-    if (int64_t(threads) * p.local_world_size >= usable_cpu_count()) p.omp_wait_policy = "passive";
-  }
+  plan_threads(p, env);
   return p;
 }
 

@@ -153,6 +153,67 @@ std::string compare(const std::vector<double>& got, const std::function<double(i
   return "";
 }
 
+// all_reduce (every op), reduce_scatter, broadcast from every root and all_gather, per dtype.
+void check_collectives(Checker& c, const ProcessGroupPtr& pg, Device dev, int64_t n) {
+  const int w = pg->size(), r = pg->rank();
+  const std::vector<DType> dtypes = {kFloat32, kFloat64, kFloat16, kBFloat16,
+                                     kInt32,   kInt64,   kUInt8,   kBool};
+  for (DType dt : dtypes) {
+    std::vector<ReduceOp> ops = {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min};
+    if (is_floating(dt)) ops.push_back(ReduceOp::Avg);
+    for (ReduceOp op : ops) {
+      auto expected = [&, dt, op](int64_t i) {
+        double acc = value(dt, 0, i);
+        for (int q = 1; q < w; ++q) {
+          double v = value(dt, q, i);
+          acc = op == ReduceOp::Max   ? std::max(acc, v)
+                : op == ReduceOp::Min ? std::min(acc, v)
+                : dt == kBool         ? double(acc != 0 || v != 0)
+                                      : acc + v;
+        }
+        return op == ReduceOp::Avg ? acc / w : acc;
+      };
+      std::ostringstream name;
+      name << "all_reduce " << reduce_op_name(op) << " " << dt << " x" << n;
+      c.check(name.str(), [&] {
+        Tensor t = make(dt, n, r, dev);
+        pg->all_reduce(t, op);
+        return compare(host(t), expected, tol(dt));
+      });
+      std::ostringstream rs;
+      rs << "reduce_scatter " << reduce_op_name(op) << " " << dt << " x" << n << "/rank";
+      c.check(rs.str(), [&] {
+        Tensor in = make(dt, n * w, r, dev);
+        Tensor out = make(dt, n, r, dev);
+        pg->reduce_scatter(out, in, op);
+        return compare(
+            host(out), [&](int64_t j) { return expected(int64_t(r) * n + j); }, tol(dt));
+      });
+    }
+    std::ostringstream bn;
+    bn << "broadcast " << dt << " x" << n << " from every root";
+    c.check(bn.str(), [&]() -> std::string {
+      for (int root = 0; root < w; ++root) {
+        Tensor t = make(dt, n, r, dev);
+        pg->broadcast(t, root);
+        std::string e = compare(
+            host(t), [&](int64_t i) { return value(dt, root, i); }, 0);
+        if (!e.empty()) return "root " + std::to_string(root) + ": " + e;
+      }
+      return "";
+    });
+    std::ostringstream an;
+    an << "all_gather " << dt << " x" << n;
+    c.check(an.str(), [&] {
+      Tensor in = make(dt, n, r, dev);
+      Tensor out = make(dt, n * w, r, dev);
+      pg->all_gather(out, in);
+      return compare(
+          host(out), [&](int64_t i) { return value(dt, int(i / n), i % n); }, 0);
+    });
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -176,63 +237,8 @@ int main(int argc, char** argv) {
   Checker c(*pg, dev, args.quiet);
   int rc = 0;
   try {
-    const std::vector<DType> dtypes = {kFloat32, kFloat64, kFloat16, kBFloat16,
-                                       kInt32,   kInt64,   kUInt8,   kBool};
     const int64_t n = 1001;  // odd: uneven ring chunks
-    for (DType dt : dtypes) {
-      std::vector<ReduceOp> ops = {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min};
-      if (is_floating(dt)) ops.push_back(ReduceOp::Avg);
-      for (ReduceOp op : ops) {
-        auto expected = [&, dt, op](int64_t i) {
-          double acc = value(dt, 0, i);
-          for (int q = 1; q < w; ++q) {
-            double v = value(dt, q, i);
-            acc = op == ReduceOp::Max   ? std::max(acc, v)
-                  : op == ReduceOp::Min ? std::min(acc, v)
-                  : dt == kBool         ? double(acc != 0 || v != 0)
-                                        : acc + v;
-          }
-          return op == ReduceOp::Avg ? acc / w : acc;
-        };
-        std::ostringstream name;
-        name << "all_reduce " << reduce_op_name(op) << " " << dt << " x" << n;
-        c.check(name.str(), [&] {
-          Tensor t = make(dt, n, r, dev);
-          pg->all_reduce(t, op);
-          return compare(host(t), expected, tol(dt));
-        });
-        std::ostringstream rs;
-        rs << "reduce_scatter " << reduce_op_name(op) << " " << dt << " x" << n << "/rank";
-        c.check(rs.str(), [&] {
-          Tensor in = make(dt, n * w, r, dev);
-          Tensor out = make(dt, n, r, dev);
-          pg->reduce_scatter(out, in, op);
-          return compare(
-              host(out), [&](int64_t j) { return expected(int64_t(r) * n + j); }, tol(dt));
-        });
-      }
-      std::ostringstream bn;
-      bn << "broadcast " << dt << " x" << n << " from every root";
-      c.check(bn.str(), [&]() -> std::string {
-        for (int root = 0; root < w; ++root) {
-          Tensor t = make(dt, n, r, dev);
-          pg->broadcast(t, root);
-          std::string e = compare(
-              host(t), [&](int64_t i) { return value(dt, root, i); }, 0);
-          if (!e.empty()) return "root " + std::to_string(root) + ": " + e;
-        }
-        return "";
-      });
-      std::ostringstream an;
-      an << "all_gather " << dt << " x" << n;
-      c.check(an.str(), [&] {
-        Tensor in = make(dt, n, r, dev);
-        Tensor out = make(dt, n * w, r, dev);
-        pg->all_gather(out, in);
-        return compare(
-            host(out), [&](int64_t i) { return value(dt, int(i / n), i % n); }, 0);
-      });
-    }
+    check_collectives(c, pg, dev, n);
     c.check("barrier", [&] {
       pg->barrier();
       return std::string();

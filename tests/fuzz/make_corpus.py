@@ -167,7 +167,7 @@ bad = json.loads(json.dumps(fsdp_state))
 bad["fsdp"]["optimizers"][0]["params"][0] = "7:0.weight"
 write("fuzz_ckpt_records", "fsdp-stray-key", json.dumps(bad))
 
-# ---- rendezvous store (comm/store.cc, Note [store protocol], version 2) ----
+# ---- rendezvous store (comm/store_protocol.h, Note [store protocol], version 2) ----
 # Byte 0: 0x80 the server holds the token "tok"; 0x40 the connection starts authenticated (as
 # rank 3; a second client, rank 1, is in too); low 6 bits the read size (0: all at once). The
 # fuzz server's nonce, generation and job secret are fixed (store_fuzz_one), so these seeds

@@ -51,7 +51,7 @@
 //     weights), gets one accumulation, and one post-accumulate hook call, per use site (without
 //     checkpointing: one per backward); DDP / ZeRO-1/2 then stop with "arrived twice in one
 //     backward" (ZeRO-3 units count each parameter once and reduce the root, where a tied one
-//     lives, at the end of backward: parallel/fsdp.h).
+//     lives, at the end of backward: dist/fsdp.h).
 //   - autograd::grad() through a segment also accumulates into .grad of the parameters used
 //     inside it (the recompute's backward is a plain backward), and reports them as unused.
 //   - Only the default generator is saved and restored; a dropout given its own Generator* draws

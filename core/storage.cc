@@ -456,12 +456,11 @@ void Storage::materialize() {
 }
 
 void Storage::throw_released() const {
-  ACCEL_THROW(
-      ValueError, "tensor data", "the storage of this tensor is not allocated (", nbytes_,
-      " bytes on ", device_,
-      "): it was released (a ZeRO-3 parameter outside its unit's forward or backward, "
-      "see Note [unit lifecycle] in parallel/fsdp.h) or created deferred (nn::DeferredInit) "
-      "and never materialized");
+  ACCEL_THROW(ValueError, "tensor data", "the storage of this tensor is not allocated (", nbytes_,
+              " bytes on ", device_,
+              "): it was released (a ZeRO-3 parameter outside its unit's forward or backward, "
+              "see Note [unit lifecycle] in dist/fsdp.h) or created deferred (nn::DeferredInit) "
+              "and never materialized");
 }
 
 Storage::Storage(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)

@@ -85,7 +85,7 @@ class Storage : public RefCounted {
 
   // Note [released storage]: an owned storage can give its memory back and get it again while
   // every tensor and view of it (autograd's saved tensors included) keeps pointing at it. ZeRO-3
-  // frees a unit's gathered parameters this way between uses (parallel/fsdp.h); deferred init
+  // frees a unit's gathered parameters this way between uses (dist/fsdp.h); deferred init
   // creates parameters unallocated. Reading the data of a released storage throws ValueError
   // instead of touching a null pointer. materialize() allocates uninitialised memory (without
   // bumping the version: a refill restores values, it does not modify them); the caller fills it.

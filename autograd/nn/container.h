@@ -11,7 +11,7 @@
 namespace accel::nn {
 
 // Note [entry wrappers]
-// A ZeRO-3 unit (parallel/fsdp.h) must run code around its module's calls. It installs a call
+// A ZeRO-3 unit (dist/fsdp.h) must run code around its module's calls. It installs a call
 // wrapper on the module (Note [module calls] in autograd/nn/module.h), which operator(),
 // call<R>() and call_values() run; but models often call their children's forward() directly
 // (`for (auto& b : *blocks) x = b->forward(x);`), which runs no hooks and no wrapper. So while a

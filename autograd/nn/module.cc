@@ -254,7 +254,7 @@ Tensor Module::register_parameter(const std::string& name, Tensor value, bool re
 // and writes nothing into an unallocated tensor; an allocated one is kept). So the tied values
 // are the owner's, in any materialization order, as in eager construction where the tie comes
 // after both constructors ran.
-// ZeRO-3 (parallel/fsdp.h): a parameter used by two units lives in the root unit (Note [unit
+// ZeRO-3 (dist/fsdp.h): a parameter used by two units lives in the root unit (Note [unit
 // lifecycle]).
 Tensor Module::set_parameter(const std::string& name, Tensor value) {
   ACCEL_CHECK(sharded_how_to_load_.empty(), ValueError, "Module.set_parameter", type_name(),
@@ -543,7 +543,7 @@ TensorDict Module::state_handles() const {
 }
 
 // Note [sharded modules]
-// Under ZeRO-3 (parallel/fsdp.h, Note [unit lifecycle]) a parameter is a view of its unit's flat
+// Under ZeRO-3 (dist/fsdp.h, Note [unit lifecycle]) a parameter is a view of its unit's flat
 // buffer: released between uses, or (the root unit) refreshed from the shards after every step.
 // Copying values into it would either allocate a released view on its own, detaching the
 // parameter from its unit (the deferred-init path below), or be overwritten by the next refresh:
@@ -636,7 +636,7 @@ LoadResult Module::load(const std::string& path, bool strict) {
 // Note [deferred init]
 // A model that does not fit one process must exist (names, shapes, the module tree) before any
 // rank holds its values, so that ZeRO-3 can materialize one unit at a time, keep this rank's
-// shard and free the rest (parallel/fsdp.h). Under nn::DeferredInit, register_parameter releases
+// shard and free the rest (dist/fsdp.h). Under nn::DeferredInit, register_parameter releases
 // each parameter's storage right after registering it (core/storage.h Note [released storage]):
 // a constructor allocates at most one parameter at a time and ends holding none. Buffers stay
 // real: they are small and constructors compute them.

@@ -85,7 +85,7 @@ struct LoadResult {
 // order (None as an undefined tensor; plain arguments are not shown) and the flattened result.
 // They may replace tensors but not change their number.
 //
-// Call wrappers. A ZeRO-3 unit (parallel/fsdp.h) must run code around its module's forward:
+// Call wrappers. A ZeRO-3 unit (dist/fsdp.h) must run code around its module's forward:
 // gather parameters before, release them and hook the outputs' gradients after, or run the
 // forward under activation checkpointing. set_call_wrapper installs such an engine wrapper on
 // the module itself; it gets the erased arguments and a copyable function running hooks and
@@ -180,7 +180,7 @@ class Module : public std::enable_shared_from_this<Module> {
   // (ValueError). The handle's remove() unregisters the hook.
   HookHandle register_forward_pre_hook(ForwardPreHook hook);
   HookHandle register_forward_hook(ForwardHook hook);
-  // An engine's wrapper around every call of this module (ZeRO-3 units, parallel/fsdp.h): it gets
+  // An engine's wrapper around every call of this module (ZeRO-3 units, dist/fsdp.h): it gets
   // the arguments and a function running the hooks and forward_values, and returns the result.
   // At most one; an empty `wrapper` removes it. ValueError when one is set already.
   void set_call_wrapper(CallWrapper wrapper);
@@ -257,7 +257,7 @@ class Module : public std::enable_shared_from_this<Module> {
   // naming the first deferred (unallocated) tensor.
   TensorDict state_dict() const;
   // state_dict() without that check: deferred or ZeRO-3-released tensors come back as handles
-  // without memory (for code that replaces them, e.g. parallel/fsdp.h's full_state_dict).
+  // without memory (for code that replaces them, e.g. dist/fsdp.h's full_state_dict).
   TensorDict state_handles() const;
   // Copies values in (converting dtype/device). Shape mismatches always throw; with strict,
   // missing and unexpected keys throw too. The error lists every problem; nothing is copied
@@ -450,7 +450,7 @@ using ModuleFilter = std::function<bool(const std::string& name, const Module& m
 // deferred parameters that does not override reset_parameters.
 void materialize(Module& m, const ModuleFilter& filter = {}, Generator* gen = nullptr);
 
-// The building block for materializing unit by unit (parallel/fsdp.h): m.materialize_own_parameters
+// The building block for materializing unit by unit (dist/fsdp.h): m.materialize_own_parameters
 // (non-recursive). Returns whether anything was deferred.
 bool reset_module_parameters(Module& m, Generator* gen = nullptr);
 

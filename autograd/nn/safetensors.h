@@ -47,9 +47,8 @@ TensorDict load_safetensors(const std::string& path, Metadata* metadata = nullpt
 TensorDict drop_tied_aliases(const TensorDict& tensors, Metadata& metadata);
 void restore_tied_aliases(TensorDict& tensors, const Metadata& metadata);
 // A safetensors file written one tensor at a time, in the announced order, so that a sharded
-// model can be exported holding one piece in memory (parallel/fsdp.h). Atomic like
-// save_safetensors: the file appears at `path` only on commit(); a writer destroyed before that
-// leaves nothing.
+// model can be exported holding one piece in memory (dist/fsdp.h). Atomic like save_safetensors:
+// the file appears at `path` only on commit(); a writer destroyed before that leaves nothing.
 class SafetensorsWriter {
  public:
   struct Entry {

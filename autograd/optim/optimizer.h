@@ -44,12 +44,12 @@ class Optimizer {
   // (SGD, Adam and AdamW do). LBFGS overrides it: it calls the closure several times per step.
   virtual Tensor step(const std::function<Tensor()>& closure);
   // True for an optimizer that can only step through step(closure) (LBFGS): the accelerator
-  // then hands it the closure instead of calling it once and stepping (accelerate/accelerator.h).
+  // then hands it the closure instead of calling it once and stepping (dist/accelerator.h).
   virtual bool requires_closure() const { return false; }
   // A new optimizer of this type and options over other parameters, one group per entry of
   // `groups` (which must have as many entries as this optimizer has groups): group g keeps this
   // optimizer's lr / weight decay of group g unless groups[g] sets them. No state is copied.
-  // ZeRO builds its shard optimizer with it (parallel/zero.h). The base refuses with a ValueError
+  // ZeRO builds its shard optimizer with it (dist/zero.h). The base refuses with a ValueError
   // naming the type; SGD, Adam and AdamW implement it (a subclass of theirs that does not
   // override it is refused too: a plain SGD would silently drop what the subclass changes).
   virtual std::unique_ptr<Optimizer> rebuild(std::vector<ParamGroup> groups) const;
@@ -75,7 +75,7 @@ class Optimizer {
   void load_state_dict(const TensorDict& state);
   // The same, but a state tensor that already has its parameter's shape, dtype and device and is
   // contiguous is taken as it is (no copy): a checkpoint reader builds the state in place
-  // (accelerate/strategy.h, Note [checkpoint loading]). The dict's other tensors are copied.
+  // (dist/strategy.h, Note [checkpoint loading]). The dict's other tensors are copied.
   void load_state_dict(TensorDict&& state);
 
  protected:

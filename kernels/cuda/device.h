@@ -1,6 +1,6 @@
 // CUDA runtime utilities of the CUDA backend: devices, streams, events, memory, error checks.
 //
-// Used by the kernels of this folder and by other CUDA code of the library (comm/nccl/); only
+// Used by the kernels of this folder and by other CUDA code of the library (dist/nccl/); only
 // compiled when the backend is built (-Dcuda=auto|enabled), so include it from CUDA-only files.
 // See docs/cuda.md for the contract (current device and current stream per thread).
 #pragma once

@@ -126,20 +126,12 @@ constexpr size_t kMaxKeysPerRequest = 1 << 16;
 // Added to a request's own wait budget before a client gives up on a silent server.
 constexpr Milliseconds kReplyGrace{std::chrono::seconds(10)};
 
+// clang-format off
 enum Op : uint8_t {
-  kHello = 0,
-  kSet = 1,
-  kGet = 2,
-  kAdd = 3,
-  kWait = 4,
-  kCheck = 5,
-  kDelete = 6,
-  kCompareSet = 7,
-  kNumKeys = 8,
-  kAuth = 9,
-  kMembers = 10,
-  kLeave = 11,
+  kHello = 0, kSet = 1, kGet = 2, kAdd = 3, kWait = 4, kCheck = 5, kDelete = 6, kCompareSet = 7,
+  kNumKeys = 8, kAuth = 9, kMembers = 10, kLeave = 11,
 };
+// clang-format on
 enum Status : uint8_t { kOk = 0, kTimeout = 1, kErr = 2, kLeft = 3 };
 
 // ---- encoding ----

@@ -203,6 +203,12 @@ bool TcpStoreServer::Impl::handle_compare_set(Conn& c, Reader& r) {
   return true;
 }
 
+void TcpStoreServer::Impl::reply_flag(Conn& c, bool flag) {
+  std::string p;
+  put_u8(p, flag ? 1 : 0);
+  reply(c, kOk, p);
+}
+
 bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t n) {
   try {
     Reader r(body, n);
@@ -242,17 +248,13 @@ bool TcpStoreServer::Impl::handle(Conn& c, const char* body, size_t n) {
         std::vector<std::string> keys;
         for (uint32_t i = 0; i < nk; ++i) keys.push_back(r.str(kMaxStoreKeyBytes));
         r.finish();
-        std::string p;
-        put_u8(p, all_present(keys) ? 1 : 0);
-        reply(c, kOk, p);
+        reply_flag(c, all_present(keys));
         return true;
       }
       case kDelete: {
         std::string key = r.str(kMaxStoreKeyBytes);
         r.finish();
-        std::string p;
-        put_u8(p, erase_key(key) ? 1 : 0);
-        reply(c, kOk, p);
+        reply_flag(c, erase_key(key));
         return true;
       }
       case kNumKeys: {

@@ -112,18 +112,9 @@ struct TcpStoreServer::Impl {
   std::atomic<bool> stop{false};
 
   // Counters, read by other threads through stats().
-  std::atomic<int64_t> rejected{0};
-  std::atomic<int64_t> open{0};
-  std::atomic<int64_t> unauthed_open{0};
-  std::atomic<int64_t> auth_failures{0};
-  std::atomic<int64_t> handshake_timeouts{0};
-  std::atomic<int64_t> evicted{0};
-  std::atomic<int64_t> refused_full{0};
-  std::atomic<int64_t> accept_pauses{0};
-  std::atomic<int64_t> stale_generation{0};
-  std::atomic<int64_t> members_stat{0};
-  std::atomic<int64_t> keys_stat{0};
-  std::atomic<int64_t> bytes_stat{0};
+  std::atomic<int64_t> rejected{0}, open{0}, unauthed_open{0}, auth_failures{0},
+      handshake_timeouts{0}, evicted{0}, refused_full{0}, accept_pauses{0}, stale_generation{0},
+      members_stat{0}, keys_stat{0}, bytes_stat{0};
 
   // Owned by the server thread.
   std::map<uint64_t, Conn> conns;  // ordered: deterministic service order
@@ -156,6 +147,7 @@ struct TcpStoreServer::Impl {
   bool handle_wait(Conn& c, Reader& r, uint8_t op);  // GET and WAIT
   bool handle_add(Conn& c, Reader& r);
   bool handle_compare_set(Conn& c, Reader& r);
+  void reply_flag(Conn& c, bool flag);  // kOk with one byte: 1 or 0
   // Refuses the handshake: counts it, logs the first few, replies `why` and closes.
   bool refuse(Conn& c, const std::string& why, bool auth_failure);
   std::string server_nonce();

@@ -31,26 +31,32 @@ inline void check_cpu_contiguous(const char* op, const Tensor& t, const char* wh
               t.shape_str(), " with non-contiguous strides");
 }
 
-// Creates unbound buffers typed by element size (Gloo only uses the size).
-template <typename Opts>
-void set_output_bytes(Opts& o, void* p, size_t elems, size_t esize) {
+// Creates unbound buffers typed by element size (Gloo only uses the size): the output or, with
+// kInput, the input of `o`.
+template <bool kInput, typename Opts>
+void set_buffer_bytes(Opts& o, void* p, size_t elems, size_t esize) {
+  auto set = [&](auto* typed) {
+    if constexpr (kInput) {
+      o.setInput(typed, elems);
+    } else {
+      o.setOutput(typed, elems);
+    }
+  };
   switch (esize) {
-    case 1: o.template setOutput<uint8_t>(static_cast<uint8_t*>(p), elems); break;
-    case 2: o.template setOutput<uint16_t>(static_cast<uint16_t*>(p), elems); break;
-    case 4: o.template setOutput<uint32_t>(static_cast<uint32_t*>(p), elems); break;
-    case 8: o.template setOutput<uint64_t>(static_cast<uint64_t*>(p), elems); break;
+    case 1: set(static_cast<uint8_t*>(p)); break;
+    case 2: set(static_cast<uint16_t*>(p)); break;
+    case 4: set(static_cast<uint32_t*>(p)); break;
+    case 8: set(static_cast<uint64_t*>(p)); break;
     default: ACCEL_INTERNAL_ASSERT(false);
   }
 }
 template <typename Opts>
+void set_output_bytes(Opts& o, void* p, size_t elems, size_t esize) {
+  set_buffer_bytes<false>(o, p, elems, esize);
+}
+template <typename Opts>
 void set_input_bytes(Opts& o, void* p, size_t elems, size_t esize) {
-  switch (esize) {
-    case 1: o.template setInput<uint8_t>(static_cast<uint8_t*>(p), elems); break;
-    case 2: o.template setInput<uint16_t>(static_cast<uint16_t*>(p), elems); break;
-    case 4: o.template setInput<uint32_t>(static_cast<uint32_t*>(p), elems); break;
-    case 8: o.template setInput<uint64_t>(static_cast<uint64_t*>(p), elems); break;
-    default: ACCEL_INTERNAL_ASSERT(false);
-  }
+  set_buffer_bytes<true>(o, p, elems, esize);
 }
 
 // A Small message whose size disagrees with its (equal) fingerprint: a corrupt peer.

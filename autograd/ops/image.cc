@@ -16,7 +16,6 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops/common.h"
-#include "kernels/common/acc_dtype.h"
 #include "kernels/stubs/nn.h"
 
 namespace accel {

@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
           std::printf("Train Epoch: %d [%lld/%lld (%.0f%%)]\tLoss: %.6f\n", epoch,
                       static_cast<long long>(seen), static_cast<long long>(n_train),
                       100.0 * double(seen) / double(n_train), loss);
+          std::fflush(stdout);
           if (dry_run) break;
         }
         ++batch_idx;

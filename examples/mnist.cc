@@ -88,7 +88,8 @@ int main(int argc, char** argv) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const mnist::TestResult r = mnist::test(model, test_loader);
       std::printf(
-          "\nTest set: Average loss: %.4f, Accuracy: %lld/%lld (%.2f%%)  [epoch %.1fs, %.1f ms/step]\n\n",
+          "\nTest set: Average loss: %.4f, Accuracy: %lld/%lld (%.2f%%)  [epoch %.1fs, %.1f "
+          "ms/step]\n\n",
           r.loss, static_cast<long long>(r.correct), static_cast<long long>(r.total),
           100.0 * double(r.correct) / double(r.total), secs,
           1000 * secs / double(std::max<int64_t>(batch_idx, 1)));

@@ -32,8 +32,8 @@ TEST_CASE("reinforce: REINFORCE episodes match PyTorch's reinforce.py") {
   int64_t next_action = 0;
   for (int64_t e = 0; e < episodes; ++e) {
     const Tensor start = fx["starts"][e];
-    reinforce::CartPole::State state = env.reset_to(
-        {start[0].item(), start[1].item(), start[2].item(), start[3].item()});
+    reinforce::CartPole::State state =
+        env.reset_to({start[0].item(), start[1].item(), start[2].item(), start[3].item()});
     int64_t t = 1;
     for (; t < 10000; ++t) {
       REQUIRE(next_action < fx["actions"].numel());
@@ -89,7 +89,10 @@ TEST_CASE("reinforce: sampled actions follow the policy's probabilities") {
   const reinforce::CartPole::State s{0.01, -0.02, 0.03, 0.04};
   const double p1 = [&] {
     NoGradGuard ng;
-    return policy.forward(tensor(std::vector<double>(s.begin(), s.end()), {1, 4}, TensorOptions(kFloat32)))[0][1].item();
+    return policy
+        .forward(
+            tensor(std::vector<double>(s.begin(), s.end()), {1, 4}, TensorOptions(kFloat32)))[0][1]
+        .item();
   }();
   int ones = 0;
   const int n = 4000;

@@ -54,8 +54,7 @@ inline void det_init(nn::Module& model) {
 inline double checksum(nn::Module& model) {
   NoGradGuard ng;
   double s = 0;
-  for (const auto& [name, p] : model.named_parameters())
-    s += sum(p).item() + sum(p * p).item();
+  for (const auto& [name, p] : model.named_parameters()) s += sum(p).item() + sum(p * p).item();
   return s;
 }
 

@@ -94,11 +94,10 @@ int main(int argc, char** argv) {
         const double loss = vae::train_step(model, optimizer, data);
         train_loss += loss;
         if (batch_idx % log_interval == 0) {
-          std::printf("Train Epoch: %d [%lld/%lld (%.0f%%)]\tLoss: %.6f\n", epoch,
-                      static_cast<long long>(batch_idx * data.size(0)),
-                      static_cast<long long>(n_train),
-                      100.0 * double(batch_idx) / double(train_loader.size()),
-                      loss / double(data.size(0)));
+          std::printf(
+              "Train Epoch: %d [%lld/%lld (%.0f%%)]\tLoss: %.6f\n", epoch,
+              static_cast<long long>(batch_idx * data.size(0)), static_cast<long long>(n_train),
+              100.0 * double(batch_idx) / double(train_loader.size()), loss / double(data.size(0)));
           std::fflush(stdout);
         }
         ++batch_idx;
@@ -122,8 +121,7 @@ int main(int argc, char** argv) {
             const int64_t n = std::min<int64_t>(data.size(0), 8);
             const Tensor comparison =
                 cat({data.narrow(0, 0, n).reshape({n, 784}), recon_batch.narrow(0, 0, n)});
-            save_grid(comparison, results + "/reconstruction_" + std::to_string(epoch) + ".pgm",
-                      n);
+            save_grid(comparison, results + "/reconstruction_" + std::to_string(epoch) + ".pgm", n);
           }
         }
         std::printf("====> Test set loss: %.4f\n", test_loss / double(n_test));

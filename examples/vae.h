@@ -61,8 +61,7 @@ class VAE : public nn::Module {
 // Reconstruction + KL divergence losses summed over all elements and batch.
 inline Tensor loss_function(const Tensor& recon_x, const Tensor& x, const Tensor& mu,
                             const Tensor& logvar) {
-  const Tensor BCE =
-      binary_cross_entropy(recon_x, x.reshape({-1, 784}), Tensor(), Reduction::Sum);
+  const Tensor BCE = binary_cross_entropy(recon_x, x.reshape({-1, 784}), Tensor(), Reduction::Sum);
   // see Appendix B from VAE paper: Kingma and Welling. Auto-Encoding Variational Bayes. ICLR, 2014
   // 0.5 * sum(1 + log(sigma^2) - mu^2 - sigma^2)
   const Tensor KLD = mul(sum(sub(sub(add(logvar, 1.0), pow(mu, 2.0)), exp(logvar))), -0.5);

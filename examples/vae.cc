@@ -1,13 +1,12 @@
 // vae: pytorch/examples vae/main.py on Fashion-MNIST: a 784-400-20 variational auto-encoder
 // trained with Adam (lr 1e-3) on BCE + KL divergence; after every epoch the test loss, a grid of
-// 8 test images over their reconstructions (results/reconstruction_<epoch>.pgm) and 64 images
-// decoded from z ~ N(0, 1) (results/sample_<epoch>.pgm). The model and step: examples/vae.h.
+// 8 test images over their reconstructions (results/reconstruction_<epoch>.png) and 64 images
+// decoded from z ~ N(0, 1) (results/sample_<epoch>.png). The model and step: examples/vae.h.
 //
 //   build/examples/vae [--epochs 10] [--batch-size 128] [--seed 1] [--results DIR]
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,34 +14,8 @@
 #include "examples/common.h"
 #include "examples/vae.h"
 
-namespace {
-
-using namespace accel;
-
-// torchvision's save_image for 1-channel 28x28 images in [0, 1]: a grid of `nrow` columns with
-// 2-pixel black padding, pixels x * 255 + 0.5 truncated, written as a binary PGM.
-void save_grid(const Tensor& images, const std::string& path, int64_t nrow) {
-  const Tensor x = images.reshape({-1, 28 * 28}).to(kFloat64).contiguous();
-  const int64_t n = x.size(0), pad = 2, cell = 28 + pad;
-  const int64_t cols = std::min(nrow, n), rows = (n + cols - 1) / cols;
-  const int64_t W = cols * cell + pad, H = rows * cell + pad;
-  std::vector<uint8_t> img(static_cast<size_t>(W * H), 0);
-  const double* p = x.data<double>();
-  for (int64_t k = 0; k < n; ++k)
-    for (int64_t i = 0; i < 28; ++i)
-      for (int64_t j = 0; j < 28; ++j) {
-        const double v = std::clamp(p[k * 784 + i * 28 + j] * 255 + 0.5, 0.0, 255.0);
-        img[size_t((k / cols * cell + pad + i) * W + k % cols * cell + pad + j)] = uint8_t(v);
-      }
-  std::ofstream f(path, std::ios::binary);
-  ACCEL_CHECK(f.good(), IoError, "vae", "cannot write '", path, "'");
-  f << "P5\n" << W << " " << H << "\n255\n";
-  f.write(reinterpret_cast<const char*>(img.data()), std::streamsize(img.size()));
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
+  using namespace accel;
   using namespace accel::examples;
   int64_t batch_size = 128, log_interval = 10;
   int epochs = 10, threads = 0;
@@ -120,13 +93,15 @@ int main(int argc, char** argv) {
           if (i++ == 0) {
             const int64_t n = std::min<int64_t>(data.size(0), 8);
             const Tensor comparison =
-                cat({data.narrow(0, 0, n).reshape({n, 784}), recon_batch.narrow(0, 0, n)});
-            save_grid(comparison, results + "/reconstruction_" + std::to_string(epoch) + ".pgm", n);
+                cat({data.narrow(0, 0, n), recon_batch.view({-1, 1, 28, 28}).narrow(0, 0, n)});
+            accel::data::save_image(
+                comparison, results + "/reconstruction_" + std::to_string(epoch) + ".png", n);
           }
         }
         std::printf("====> Test set loss: %.4f\n", test_loss / double(n_test));
         const Tensor sample = model.decode(randn({64, 20}));
-        save_grid(sample, results + "/sample_" + std::to_string(epoch) + ".pgm", 8);
+        accel::data::save_image(sample.view({64, 1, 28, 28}),
+                                results + "/sample_" + std::to_string(epoch) + ".png");
       }
       std::fflush(stdout);
     }

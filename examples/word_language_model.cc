@@ -101,8 +101,7 @@ int main(int argc, char** argv) {
         if (batch % log_interval == 0 && batch > 0) {
           const double cur_loss = total_loss / double(log_interval);
           const double elapsed =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time)
-                  .count();
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
           std::printf(
               "| epoch %3d | %5lld/%5lld batches | lr %02.2f | ms/batch %5.2f | loss %5.2f | ppl "
               "%8.2f\n",
@@ -116,12 +115,12 @@ int main(int argc, char** argv) {
         if (dry_run) break;
       }
       const double val_loss = word_lm::evaluate(model, val_data, bptt);
-      std::printf("%s\n| end of epoch %3d | time: %5.2fs | valid loss %5.2f | valid ppl %8.2f\n%s\n",
-                  rule.c_str(), epoch,
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                epoch_start_time)
-                      .count(),
-                  val_loss, std::exp(val_loss), rule.c_str());
+      std::printf(
+          "%s\n| end of epoch %3d | time: %5.2fs | valid loss %5.2f | valid ppl %8.2f\n%s\n",
+          rule.c_str(), epoch,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_time)
+              .count(),
+          val_loss, std::exp(val_loss), rule.c_str());
       std::fflush(stdout);
       // Save the model if the validation loss is the best we've seen so far; anneal the
       // learning rate if not.

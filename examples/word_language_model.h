@@ -116,8 +116,8 @@ class RNNModel : public nn::Module {
         nlayers(nlayers),
         drop(register_module("drop", std::make_shared<nn::Dropout>(dropout))),
         encoder(register_module("encoder", std::make_shared<nn::Embedding>(ntoken, ninp))),
-        rnn(register_module("rnn", std::make_shared<nn::LSTM>(ninp, nhid, nlayers, true, false,
-                                                              dropout))),
+        rnn(register_module("rnn",
+                            std::make_shared<nn::LSTM>(ninp, nhid, nlayers, true, false, dropout))),
         decoder(register_module("decoder", std::make_shared<nn::Linear>(nhid, ntoken))) {
     // Optionally tie weights as in "Using the Output Embedding to Improve Language Models"
     // (Press & Wolf 2016) and "Tying Word Vectors and Word Classifiers" (Inan et al. 2016).
@@ -150,7 +150,8 @@ class RNNModel : public nn::Module {
   }
 
   Hidden init_hidden(int64_t bsz) const {
-    const TensorOptions o = TensorOptions(encoder->weight.dtype()).with_device(encoder->weight.device());
+    const TensorOptions o =
+        TensorOptions(encoder->weight.dtype()).with_device(encoder->weight.device());
     return {zeros({nlayers, bsz, nhid}, o), zeros({nlayers, bsz, nhid}, o)};
   }
 
@@ -168,8 +169,8 @@ inline Hidden repackage_hidden(const Hidden& h) {
 
 // One batch of train(): forward from the carried-over (detached) hidden state, nll_loss,
 // backward, clip_grad_norm_(clip), p -= lr * grad. Updates `hidden`; returns the loss.
-inline double train_step(RNNModel& model, const Tensor& data, const Tensor& targets,
-                         Hidden& hidden, double lr, double clip) {
+inline double train_step(RNNModel& model, const Tensor& data, const Tensor& targets, Hidden& hidden,
+                         double lr, double clip) {
   // Starting each batch, we detach the hidden state from how it was previously produced.
   // If we didn't, the model would try backpropagating all the way to start of the dataset.
   model.zero_grad();

@@ -70,7 +70,7 @@ TEST_CASE("word_language_model: tokenize, batchify and get_batch as data.py / ma
   const std::vector<int64_t> want{0, 1, 0, 2, 2, 3, 1, 2};
   for (int64_t i = 0; i < 8; ++i) CHECK(int64_t(ids[i].item()) == want[size_t(i)]);
 
-  const Tensor stream = arange(11);  // 0..10
+  const Tensor stream = arange(11);               // 0..10
   const Tensor b = word_lm::batchify(stream, 2);  // columns 0..4 and 5..9; 10 dropped
   CHECK(b.sizes() == Shape{5, 2});
   CHECK(int64_t(b[0][1].item()) == 5);

@@ -36,7 +36,9 @@ int main(int argc, char** argv) {
   app.add_option("--nz", nz, "size of the latent z vector")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--ngf", ngf, "generator width")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--ngf", ngf, "generator width")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--ndf", ndf, "discriminator width")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -44,7 +46,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--lr", lr, "learning rate")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--beta1", beta1, "beta1 for adam")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  app.add_option("--beta1", beta1, "beta1 for adam")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   app.add_flag("--dry-run", dry_run, "check a single training cycle works");
   app.add_option("--netG", netG_path, "path to netG (to continue training)");
   app.add_option("--netD", netD_path, "path to netD (to continue training)");
@@ -93,8 +97,8 @@ int main(int argc, char** argv) {
     optim::Adam optimizerD(netD->parameters(), ao);
     optim::Adam optimizerG(netG->parameters(), ao);
 
-    const int64_t n_batches = max_batches > 0 ? std::min(max_batches, dataloader.size())
-                                              : dataloader.size();
+    const int64_t n_batches =
+        max_batches > 0 ? std::min(max_batches, dataloader.size()) : dataloader.size();
     double step_secs = 0;
     int64_t steps = 0;
     for (int epoch = 0; epoch < niter; ++epoch) {

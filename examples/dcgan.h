@@ -49,8 +49,7 @@ class Generator : public nn::Module {
             convt(ngf * 4, ngf * 2, 2, 1), std::make_shared<BatchNorm2d>(ngf * 2),
             std::make_shared<ReLU>(),
             // state size. (ngf*2) x 16 x 16
-            convt(ngf * 2, ngf, 2, 1), std::make_shared<BatchNorm2d>(ngf),
-            std::make_shared<ReLU>(),
+            convt(ngf * 2, ngf, 2, 1), std::make_shared<BatchNorm2d>(ngf), std::make_shared<ReLU>(),
             // state size. (ngf) x 32 x 32
             convt(ngf, nc, 2, 1), std::make_shared<nn::Tanh>()
             // state size. (nc) x 64 x 64
@@ -67,22 +66,21 @@ class Discriminator : public nn::Module {
     auto conv = [](int64_t in, int64_t out, int64_t stride, int64_t pad) {
       return std::make_shared<nn::Conv2d>(in, out, 4, stride, pad, 1, 1, /*bias=*/false);
     };
-    main = register_module(
-        "main",
-        std::make_shared<nn::Sequential>(
-            // input is (nc) x 64 x 64
-            conv(nc, ndf, 2, 1), std::make_shared<LeakyReLU>(0.2),
-            // state size. (ndf) x 32 x 32
-            conv(ndf, ndf * 2, 2, 1), std::make_shared<BatchNorm2d>(ndf * 2),
-            std::make_shared<LeakyReLU>(0.2),
-            // state size. (ndf*2) x 16 x 16
-            conv(ndf * 2, ndf * 4, 2, 1), std::make_shared<BatchNorm2d>(ndf * 4),
-            std::make_shared<LeakyReLU>(0.2),
-            // state size. (ndf*4) x 8 x 8
-            conv(ndf * 4, ndf * 8, 2, 1), std::make_shared<BatchNorm2d>(ndf * 8),
-            std::make_shared<LeakyReLU>(0.2),
-            // state size. (ndf*8) x 4 x 4
-            conv(ndf * 8, 1, 1, 0), std::make_shared<nn::Sigmoid>()));
+    main = register_module("main",
+                           std::make_shared<nn::Sequential>(
+                               // input is (nc) x 64 x 64
+                               conv(nc, ndf, 2, 1), std::make_shared<LeakyReLU>(0.2),
+                               // state size. (ndf) x 32 x 32
+                               conv(ndf, ndf * 2, 2, 1), std::make_shared<BatchNorm2d>(ndf * 2),
+                               std::make_shared<LeakyReLU>(0.2),
+                               // state size. (ndf*2) x 16 x 16
+                               conv(ndf * 2, ndf * 4, 2, 1), std::make_shared<BatchNorm2d>(ndf * 4),
+                               std::make_shared<LeakyReLU>(0.2),
+                               // state size. (ndf*4) x 8 x 8
+                               conv(ndf * 4, ndf * 8, 2, 1), std::make_shared<BatchNorm2d>(ndf * 8),
+                               std::make_shared<LeakyReLU>(0.2),
+                               // state size. (ndf*8) x 4 x 4
+                               conv(ndf * 8, 1, 1, 0), std::make_shared<nn::Sigmoid>()));
   }
   // (B, nc, 64, 64) -> probabilities of "real" (B)
   Tensor forward(const Tensor& input) override {
@@ -92,7 +90,7 @@ class Discriminator : public nn::Module {
 };
 
 struct StepResult {
-  double errD, errG;            // BCE of D (real + fake) and of G
+  double errD, errG;           // BCE of D (real + fake) and of G
   double D_x, D_G_z1, D_G_z2;  // mean D output on real, on fake before and after D's step
 };
 

@@ -200,3 +200,114 @@ TEST_CASE("TransformerDecoder and Transformer match PyTorch") {
                           Tensor());
   });
 }
+
+TEST_CASE("MultiheadAttention: fused and materialised paths, causal hint, dropout, erased call") {
+  manual_seed(3);
+  auto m = std::make_shared<nn::MultiheadAttention>(8, 2, 0.0, true, false, false, std::nullopt,
+                                                    std::nullopt, true);
+  m->to(kFloat64);
+  Tensor x = randn({3, 7, 8}, TensorOptions(kFloat64));
+  Tensor causal = nn::Transformer::generate_square_subsequent_mask(7, TensorOptions(kFloat64));
+  // need_weights = false runs the fused kernel; true the materialised ops: same output.
+  auto [y_fused, none] = (*m)(x, x, x, std::nullopt, false, causal);
+  auto [y_mat, w] = (*m)(x, x, x, std::nullopt, true, causal);
+  CHECK_FALSE(none.defined());
+  CHECK(w.sizes() == Shape{3, 7, 7});
+  CHECK(max_diff(y_fused, y_mat) < 1e-12);
+  // The causal hint (mask skipped, kernel causal) and a bool mask (true = not allowed) agree.
+  auto [y_hint, n2] = (*m)(x, x, x, std::nullopt, false, causal, true, true);
+  CHECK(max_diff(y_hint, y_fused) < 1e-12);
+  Tensor future = lt(causal, zeros_like(causal));
+  auto [y_bool, n3] = (*m)(x, x, x, std::nullopt, false, future);
+  CHECK(max_diff(y_bool, y_fused) < 1e-12);
+  // Future keys do not reach earlier queries; without the mask they do.
+  Tensor x2 = x.clone();
+  x2.narrow(1, 6, 1).fill_(3.0);
+  auto [y2, n4] = (*m)(x2, x2, x2, std::nullopt, false, causal);
+  CHECK(max_diff(y2.narrow(1, 0, 6), y_fused.narrow(1, 0, 6)) < 1e-12);
+  auto [y3, n5] = (*m)(x2, x2, x2, std::nullopt, false);
+  auto [y4, n6] = (*m)(x, x, x, std::nullopt, false);
+  CHECK(max_diff(y3.narrow(1, 0, 6), y4.narrow(1, 0, 6)) > 1e-3);
+  // Through a Module pointer (type-erased call), every argument given.
+  nn::Module& base = *m;
+  auto [ye, we] = base.call<std::tuple<Tensor, Tensor>>(x, x, x, std::nullopt, false, causal,
+                                                        true, false);
+  CHECK(max_diff(ye, y_fused) < 1e-12);
+  CHECK_FALSE(we.defined());
+  // Dropout on the attention weights: training only.
+  auto d = std::make_shared<nn::MultiheadAttention>(8, 2, 0.5);
+  d->to(kFloat64);
+  Tensor xs = x.transpose(0, 1);  // (L, N, E)
+  d->eval();
+  auto [e1, ew1] = (*d)(xs, xs, xs);
+  auto [e2, ew2] = (*d)(xs, xs, xs, std::nullopt, false);
+  CHECK(max_diff(e1, e2) < 1e-12);
+  d->train();
+  auto [t1, tw1] = (*d)(xs, xs, xs, std::nullopt, false);
+  CHECK(max_diff(t1, e1) > 1e-3);
+}
+
+TEST_CASE("MultiheadAttention: parameter names, init and errors") {
+  manual_seed(4);
+  nn::MultiheadAttention same(8, 2);
+  std::vector<std::string> names;
+  for (const auto& [k, v] : same.named_parameters()) names.push_back(k);
+  CHECK(names == std::vector<std::string>{"in_proj_weight", "in_proj_bias", "out_proj.weight",
+                                          "out_proj.bias"});
+  // xavier_uniform_ bound sqrt(6 / (8 + 24)); biases zero.
+  CHECK(max(abs(same.in_proj_weight)).item<double>() <= std::sqrt(6.0 / 32) + 1e-7);
+  CHECK(max(abs(same.in_proj_bias)).item<double>() == 0.0);
+  CHECK(max(abs(same.out_proj->bias)).item<double>() == 0.0);
+  nn::MultiheadAttention cross(8, 2, 0.0, false, false, false, 5, 3);
+  names.clear();
+  for (const auto& [k, v] : cross.named_parameters()) names.push_back(k);
+  CHECK(names == std::vector<std::string>{"q_proj_weight", "k_proj_weight", "v_proj_weight",
+                                          "out_proj.weight"});
+  CHECK(cross.k_proj_weight.sizes() == Shape{8, 5});
+
+  Tensor x = randn({4, 2, 8});
+  CHECK(error_of([&] { same(x, x, x, std::nullopt, false, std::nullopt, true, true); })
+            .find("[MultiheadAttention] is_causal") != std::string::npos);
+  CHECK(error_of([] { nn::MultiheadAttention(8, 3); }).find("num_heads (3)") !=
+        std::string::npos);
+  CHECK(error_of([] { nn::MultiheadAttention(8, 2, 0.0, true, true); }).find("add_bias_kv") !=
+        std::string::npos);
+  const std::string shape_err = error_of([&] { same(randn({4, 2, 6}), x, x); });
+  CHECK(shape_err.find("(4, 2, 6)") != std::string::npos);
+  const std::string mask_err =
+      error_of([&] { same(x, x, x, std::nullopt, true, ones({3, 4}, TensorOptions(kBool))); });
+  CHECK(mask_err.find("attn_mask (L, S) = (4, 4)") != std::string::npos);
+  const std::string kpm_err =
+      error_of([&] { same(x, x, x, ones({2, 5}, TensorOptions(kBool))); });
+  CHECK(kpm_err.find("key_padding_mask (N, S) = (2, 4)") != std::string::npos);
+  CHECK(error_of([] { nn::TransformerEncoderLayer(8, 2, 16, 0.1, "tanh"); })
+            .find("activation should be relu/gelu, not tanh") != std::string::npos);
+}
+
+TEST_CASE("TransformerEncoder: cloned layers, causal mask detection, eval dropout") {
+  manual_seed(5);
+  auto layer = std::make_shared<nn::TransformerEncoderLayer>(8, 2, 16);  // dropout 0.1
+  nn::TransformerEncoder enc(layer, 2);
+  // torch deep-copies the layer: both start with its values.
+  CHECK(equal(enc.parameter("layers.0.linear1.weight"), layer->linear1->weight));
+  CHECK(equal(enc.parameter("layers.1.self_attn.in_proj_weight"), layer->self_attn->in_proj_weight));
+  CHECK_FALSE(enc.named_parameters().empty());
+  enc.eval();
+  enc.to(kFloat64);
+  Tensor src = randn({6, 3, 8}, TensorOptions(kFloat64));
+  Tensor m = nn::Transformer::generate_square_subsequent_mask(6, TensorOptions(kFloat64));
+  CHECK(m.sizes() == Shape{6, 6});
+  CHECK(m.tolist()[1] == -INFINITY);  // (0, 1)
+  CHECK(m.tolist()[6] == 0.0);        // (1, 0)
+  Tensor by_mask = enc(src, m);
+  Tensor by_hint = enc(src, m, std::nullopt, true);
+  Tensor by_bool = enc(src, lt(m, zeros_like(m)));
+  CHECK(max_diff(by_mask, by_hint) < 1e-12);
+  CHECK(max_diff(by_mask, by_bool) < 1e-12);
+  // Eval: dropout off, deterministic; a non-causal mask gives something else.
+  CHECK(max_diff(enc(src, m), by_mask) == 0.0);
+  CHECK(max_diff(enc(src), by_mask) > 1e-3);
+  // Training with dropout 0.1 draws masks.
+  enc.train();
+  CHECK(max_diff(enc(src, m), by_mask) > 1e-6);
+}

@@ -64,9 +64,9 @@ TransformerEncoderLayer::TransformerEncoderLayer(int64_t dm, int64_t nh, int64_t
   check_layer_args("TransformerEncoderLayer", dm, nh, dff, p, act);
   // torch's registration order: self_attn, linear1, dropout, linear2, norm1, norm2, dropout1,
   // dropout2.
-  self_attn = register_module("self_attn", std::make_shared<MultiheadAttention>(
-                                               dm, nh, p, b, false, false, std::nullopt,
-                                               std::nullopt, bf, gen));
+  self_attn = register_module(
+      "self_attn", std::make_shared<MultiheadAttention>(dm, nh, p, b, false, false, std::nullopt,
+                                                        std::nullopt, bf, gen));
   linear1 = register_module("linear1", std::make_shared<Linear>(dm, dff, b, gen));
   dropout = register_module("dropout", std::make_shared<Dropout>(p, gen));
   linear2 = register_module("linear2", std::make_shared<Linear>(dff, dm, b, gen));
@@ -156,8 +156,8 @@ Tensor TransformerDecoderLayer::forward(const Tensor& tgt, const Tensor& memory,
   ACCEL_CHECK(tgt.defined() && memory.defined(), ValueError, "TransformerDecoderLayer",
               "tgt and memory must be defined");
   auto sa = [&](const Tensor& x) {
-    auto [y, w] = self_attn->forward(x, x, x, tgt_key_padding_mask, false, tgt_mask, true,
-                                     tgt_is_causal);
+    auto [y, w] =
+        self_attn->forward(x, x, x, tgt_key_padding_mask, false, tgt_mask, true, tgt_is_causal);
     return dropout1->forward(y);
   };
   auto mha = [&](const Tensor& x) {
@@ -255,16 +255,14 @@ Transformer::Transformer(int64_t dm, int64_t nh, int64_t n_enc, int64_t n_dec, i
                          double p, const std::string& act, double eps, bool bf, bool nf, bool b,
                          Generator* gen)
     : d_model(dm), nhead(nh), batch_first(bf) {
-  encoder = register_module(
-      "encoder",
-      std::make_shared<TransformerEncoder>(
-          std::make_shared<TransformerEncoderLayer>(dm, nh, dff, p, act, eps, bf, nf, b, gen),
-          n_enc, std::make_shared<LayerNorm>(dm, eps, true, b)));
-  decoder = register_module(
-      "decoder",
-      std::make_shared<TransformerDecoder>(
-          std::make_shared<TransformerDecoderLayer>(dm, nh, dff, p, act, eps, bf, nf, b, gen),
-          n_dec, std::make_shared<LayerNorm>(dm, eps, true, b)));
+  encoder = register_module("encoder", std::make_shared<TransformerEncoder>(
+                                           std::make_shared<TransformerEncoderLayer>(
+                                               dm, nh, dff, p, act, eps, bf, nf, b, gen),
+                                           n_enc, std::make_shared<LayerNorm>(dm, eps, true, b)));
+  decoder = register_module("decoder", std::make_shared<TransformerDecoder>(
+                                           std::make_shared<TransformerDecoderLayer>(
+                                               dm, nh, dff, p, act, eps, bf, nf, b, gen),
+                                           n_dec, std::make_shared<LayerNorm>(dm, eps, true, b)));
   // torch's _reset_parameters: xavier_uniform_ on every parameter with more than one dim.
   for (Tensor& w : parameters()) {
     if (w.dim() > 1) init::xavier_uniform_(w, 1.0, gen);

@@ -40,8 +40,7 @@ class TransformerEncoderLayer : public TypedModule<TransformerEncoderLayer> {
                           double layer_norm_eps = 1e-5, bool batch_first = false,
                           bool norm_first = false, bool bias = true, Generator* gen = nullptr);
   Tensor forward(const Tensor& src, std::optional<Tensor> src_mask = std::nullopt,
-                 std::optional<Tensor> src_key_padding_mask = std::nullopt,
-                 bool is_causal = false);
+                 std::optional<Tensor> src_key_padding_mask = std::nullopt, bool is_causal = false);
   using TypedModule<TransformerEncoderLayer>::operator();
   // A new layer with the same configuration, parameter values and mode (torch's deepcopy in
   // TransformerEncoder).
@@ -114,8 +113,7 @@ class TransformerEncoder : public TypedModule<TransformerEncoder> {
   TransformerEncoder(const std::shared_ptr<TransformerEncoderLayer>& encoder_layer,
                      int64_t num_layers, std::shared_ptr<LayerNorm> norm = nullptr);
   Tensor forward(const Tensor& src, std::optional<Tensor> mask = std::nullopt,
-                 std::optional<Tensor> src_key_padding_mask = std::nullopt,
-                 bool is_causal = false);
+                 std::optional<Tensor> src_key_padding_mask = std::nullopt, bool is_causal = false);
   using TypedModule<TransformerEncoder>::operator();
 
   int64_t num_layers;

@@ -67,11 +67,13 @@ void probabilities(const Tensor& q, const Tensor& k, const Tensor& mask, double 
 
 void sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                  double scale, bool causal, Tensor& out, Tensor& lse, Tensor& p) {
-  check({&k, &v, &out, &lse}, q);
+  check({&k, &v, &out}, q);
   if (out.numel() == 0) return;
   DeviceGuard g(q.device());
   const int64_t S = k.size(2);
-  ACCEL_INTERNAL_ASSERT(S > 0 && lse.is_contiguous());
+  ACCEL_INTERNAL_ASSERT(S > 0 && lse.is_contiguous() && lse.dtype() == q.dtype() &&
+                        lse.numel() == q.numel() / q.size(3));
+  if (mask.defined()) ACCEL_INTERNAL_ASSERT(mask.dim() == 4 && mask.dtype() == q.dtype());
   // The probabilities are materialised here either way; without p they are a temporary and the
   // backward recomputes them (same GEMM and softmax kernel, so the same values).
   Tensor probs = p.defined() ? p

@@ -142,8 +142,8 @@ TEST_CASE("MultiheadAttention matches PyTorch (self/cross, kdim/vdim, masks, wei
   };
   for (const MhaCase& c : cases) {
     manual_seed(1);
-    auto m = std::make_shared<nn::MultiheadAttention>(E, H, 0.0, true, false, false, c.kdim,
-                                                      c.vdim, c.batch_first);
+    auto m = std::make_shared<nn::MultiheadAttention>(E, H, 0.0, true, false, false, c.kdim, c.vdim,
+                                                      c.batch_first);
     check_case(c.name, *m, {"query", "key", "value", "attn_mask", "key_padding_mask"},
                [&](const Inputs& in) {
                  const Tensor& q = in.at("query");
@@ -187,11 +187,10 @@ TEST_CASE("TransformerDecoder and Transformer match PyTorch") {
                {"tgt", "memory", "tgt_mask", "memory_mask", "tgt_key_padding_mask",
                 "memory_key_padding_mask"},
                [&](const Inputs& in) {
-                 return std::make_pair(
-                     (*m)(in.at("tgt"), in.at("memory"), opt(in, "tgt_mask"),
-                          opt(in, "memory_mask"), opt(in, "tgt_key_padding_mask"),
-                          opt(in, "memory_key_padding_mask")),
-                     Tensor());
+                 return std::make_pair((*m)(in.at("tgt"), in.at("memory"), opt(in, "tgt_mask"),
+                                            opt(in, "memory_mask"), opt(in, "tgt_key_padding_mask"),
+                                            opt(in, "memory_key_padding_mask")),
+                                       Tensor());
                });
   }
   auto t = std::make_shared<nn::Transformer>(E, H, 1, 1, DFF, 0.0, "gelu", 1e-5, true);
@@ -230,8 +229,8 @@ TEST_CASE("MultiheadAttention: fused and materialised paths, causal hint, dropou
   CHECK(max_diff(y3.narrow(1, 0, 6), y4.narrow(1, 0, 6)) > 1e-3);
   // Through a Module pointer (type-erased call), every argument given.
   nn::Module& base = *m;
-  auto [ye, we] = base.call<std::tuple<Tensor, Tensor>>(x, x, x, std::nullopt, false, causal,
-                                                        true, false);
+  auto [ye, we] =
+      base.call<std::tuple<Tensor, Tensor>>(x, x, x, std::nullopt, false, causal, true, false);
   CHECK(max_diff(ye, y_fused) < 1e-12);
   CHECK_FALSE(we.defined());
   // Dropout on the attention weights: training only.
@@ -266,22 +265,23 @@ TEST_CASE("MultiheadAttention: parameter names, init and errors") {
   CHECK(cross.k_proj_weight.sizes() == Shape{8, 5});
 
   Tensor x = randn({4, 2, 8});
-  CHECK(error_of([&] { same(x, x, x, std::nullopt, false, std::nullopt, true, true); })
-            .find("[MultiheadAttention] is_causal") != std::string::npos);
-  CHECK(error_of([] { nn::MultiheadAttention(8, 3); }).find("num_heads (3)") !=
-        std::string::npos);
+  CHECK(error_of([&] {
+          same(x, x, x, std::nullopt, false, std::nullopt, true, true);
+        }).find("[MultiheadAttention] is_causal") != std::string::npos);
+  CHECK(error_of([] { nn::MultiheadAttention(8, 3); }).find("num_heads (3)") != std::string::npos);
   CHECK(error_of([] { nn::MultiheadAttention(8, 2, 0.0, true, true); }).find("add_bias_kv") !=
         std::string::npos);
   const std::string shape_err = error_of([&] { same(randn({4, 2, 6}), x, x); });
   CHECK(shape_err.find("(4, 2, 6)") != std::string::npos);
-  const std::string mask_err =
-      error_of([&] { same(x, x, x, std::nullopt, true, ones({3, 4}, TensorOptions(kBool))); });
+  const std::string mask_err = error_of([&] {
+    same(x, x, x, std::nullopt, true, ones({3, 4}, TensorOptions(kBool)));
+  });
   CHECK(mask_err.find("attn_mask (L, S) = (4, 4)") != std::string::npos);
-  const std::string kpm_err =
-      error_of([&] { same(x, x, x, ones({2, 5}, TensorOptions(kBool))); });
+  const std::string kpm_err = error_of([&] { same(x, x, x, ones({2, 5}, TensorOptions(kBool))); });
   CHECK(kpm_err.find("key_padding_mask (N, S) = (2, 4)") != std::string::npos);
-  CHECK(error_of([] { nn::TransformerEncoderLayer(8, 2, 16, 0.1, "tanh"); })
-            .find("activation should be relu/gelu, not tanh") != std::string::npos);
+  CHECK(error_of([] {
+          nn::TransformerEncoderLayer(8, 2, 16, 0.1, "tanh");
+        }).find("activation should be relu/gelu, not tanh") != std::string::npos);
 }
 
 TEST_CASE("TransformerEncoder: cloned layers, causal mask detection, eval dropout") {
@@ -290,7 +290,8 @@ TEST_CASE("TransformerEncoder: cloned layers, causal mask detection, eval dropou
   nn::TransformerEncoder enc(layer, 2);
   // torch deep-copies the layer: both start with its values.
   CHECK(equal(enc.parameter("layers.0.linear1.weight"), layer->linear1->weight));
-  CHECK(equal(enc.parameter("layers.1.self_attn.in_proj_weight"), layer->self_attn->in_proj_weight));
+  CHECK(
+      equal(enc.parameter("layers.1.self_attn.in_proj_weight"), layer->self_attn->in_proj_weight));
   CHECK_FALSE(enc.named_parameters().empty());
   enc.eval();
   enc.to(kFloat64);

@@ -175,12 +175,19 @@ void add_nn_cases(Table& t) {
         OP_FN(return scaled_dot_product_attention(x[0], x[1], x[2], true);))
       .no_gradcheck()
       .tol_scale(4)
-      .grad_scale(8);
+      .grad_scale(8)
+      // bench/kernels row sdpa/ours/B1_H8_T1024_D64_causal: forward FLOPs 4 B H T S D / 2.
+      .bench("sdpa", "B1_H8_T1024_D64_causal",
+             OP_INPUTS(m.rnd({1, 8, 1024, 64}), m.rnd({1, 8, 1024, 64}), m.rnd({1, 8, 1024, 64})),
+             2.0 * 8 * 1024 * 1024 * 64, true, Tol{1e-4, 1e-4});
   t.add("scaled_dot_product_attention", "not causal, S 520 (two key blocks), gradcheck",
         OP_INPUTS(m.rnd({1, 1, 2, 2}), m.rnd({1, 1, 520, 2}), m.rnd({1, 1, 520, 1})),
         OP_FN(return scaled_dot_product_attention(x[0], x[1], x[2], false);))
       .tol_scale(4)
-      .grad_scale(8);
+      .grad_scale(8)
+      .bench("sdpa", "B1_H8_T1024_D64",
+             OP_INPUTS(m.rnd({1, 8, 1024, 64}), m.rnd({1, 8, 1024, 64}), m.rnd({1, 8, 1024, 64})),
+             4.0 * 8 * 1024 * 1024 * 64, true, Tol{1e-4, 1e-4});
   // A fresh generator with a fixed seed per call: every evaluation drops the same weights.
   t.add("scaled_dot_product_attention", "dropout 0.3 with a generator (composed)",
         OP_INPUTS(m.rnd({1, 2, 3, 4}), m.rnd({1, 2, 4, 4}), m.rnd({1, 2, 4, 4})), OP_FN({

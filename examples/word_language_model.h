@@ -3,6 +3,8 @@
 // (examples/word_language_model.cc) and from its PyTorch twin test
 // (tests/examples/test_word_language_model.cc).
 //
+//   TransformerModel: encoder(input) * sqrt(ninp) + positional encoding, TransformerEncoder
+//             under the causal mask, decoder, log_softmax (--model Transformer)
 //   RNNModel: drop(encoder(input)) -> LSTM(ninp, nhid, nlayers, dropout) -> drop -> decoder,
 //             log_softmax; decoder.weight tied to encoder.weight with --tied
 //             input (bptt, bsz) int64 -> log-probabilities (bptt * bsz, ntoken)
@@ -11,7 +13,9 @@
 //             improve (the program's loop).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -201,6 +205,134 @@ inline double evaluate(RNNModel& model, const Tensor& data_source, int64_t bptt)
     auto [output, new_hidden] = model.forward(data, hidden);
     hidden = repackage_hidden(new_hidden);
     total_loss += double(data.size(0)) * nll_loss(output, targets).item();
+  }
+  model.train();
+  return total_loss / double(data_source.size(0) - 1);
+}
+
+// model.py's PositionalEncoding: adds sin / cos of the position at geometric frequencies to
+// each embedding (Vaswani et al. 2017), then dropout.
+//   PE(pos, 2i) = sin(pos / 10000^(2i / d_model)), PE(pos, 2i + 1) = cos(pos / 10000^(2i / d_model))
+// x: (S, N, d_model) -> (S, N, d_model). The table is computed in float64 and stored in `dtype`
+// (the original computes it in float32; a float64 model, as in the PyTorch check, wants the
+// float64 table rather than float32 values converted).
+class PositionalEncoding : public nn::Module {
+ public:
+  explicit PositionalEncoding(int64_t d_model, double dropout = 0.1, int64_t max_len = 5000,
+                              DType dtype = kFloat32)
+      : dropout(register_module("dropout", std::make_shared<nn::Dropout>(dropout))) {
+    std::vector<double> pe(static_cast<size_t>(max_len * d_model), 0.0);
+    const double scale = -std::log(10000.0) / double(d_model);
+    for (int64_t i = 0; 2 * i < d_model; ++i) {
+      const double div_term = std::exp(double(2 * i) * scale);
+      for (int64_t pos = 0; pos < max_len; ++pos) {
+        const double angle = double(pos) * div_term;
+        pe[size_t(pos * d_model + 2 * i)] = std::sin(angle);
+        if (2 * i + 1 < d_model) pe[size_t(pos * d_model + 2 * i + 1)] = std::cos(angle);
+      }
+    }
+    register_buffer("pe", tensor(pe, {max_len, 1, d_model}, TensorOptions(kFloat64)).to(dtype));
+  }
+
+  Tensor forward(const Tensor& x) override {
+    const Tensor& pe = buffer("pe");
+    ACCEL_CHECK(x.size(0) <= pe.size(0), ShapeError, "PositionalEncoding", "sequence of ",
+                x.size(0), " positions, the table has ", pe.size(0));
+    return dropout->forward(add(x, pe.narrow(0, 0, x.size(0))));
+  }
+
+  std::shared_ptr<nn::Dropout> dropout;
+};
+
+// model.py's TransformerModel: "Container module with an encoder, a recurrent or transformer
+// module, and a decoder." Embedding * sqrt(ninp), PositionalEncoding, a TransformerEncoder of
+// nlayers TransformerEncoderLayer(ninp, nhead, nhid, dropout) under the causal (square
+// subsequent) mask, decoder, log_softmax.
+// src (S, N) int64 -> log-probabilities (S, N, ntoken).
+class TransformerModel : public nn::Module {
+ public:
+  TransformerModel(int64_t ntoken, int64_t ninp, int64_t nhead, int64_t nhid, int64_t nlayers,
+                   double dropout = 0.5, DType table_dtype = kFloat32)
+      : ninp(ninp),
+        pos_encoder(register_module(
+            "pos_encoder", std::make_shared<PositionalEncoding>(ninp, dropout, 5000, table_dtype))),
+        transformer_encoder(register_module(
+            "transformer_encoder",
+            std::make_shared<nn::TransformerEncoder>(
+                std::make_shared<nn::TransformerEncoderLayer>(ninp, nhead, nhid, dropout),
+                nlayers))),
+        encoder(register_module("encoder", std::make_shared<nn::Embedding>(ntoken, ninp))),
+        decoder(register_module("decoder", std::make_shared<nn::Linear>(ninp, ntoken))) {
+    init_weights();
+  }
+
+  // (sz, sz) float: 0 on and below the diagonal, -inf above.
+  static Tensor generate_square_subsequent_mask(int64_t sz, DType dtype) {
+    const Tensor ones_above = triu(ones({sz, sz}, TensorOptions(dtype)), 1);
+    return masked_fill(zeros({sz, sz}, TensorOptions(dtype)), gt(ones_above, 0.0),
+                       -std::numeric_limits<double>::infinity());
+  }
+
+  void init_weights() {
+    const double initrange = 0.1;
+    nn::init::uniform_(encoder->weight, -initrange, initrange);
+    nn::init::zeros_(decoder->bias);
+    nn::init::uniform_(decoder->weight, -initrange, initrange);
+  }
+
+  Tensor forward(const Tensor& src_ids) override { return forward(src_ids, true); }
+  Tensor forward(const Tensor& src_ids, bool has_mask) {
+    std::optional<Tensor> mask;
+    if (has_mask) {
+      const DType dtype = encoder->weight.dtype();
+      if (!src_mask_.defined() || src_mask_.size(0) != src_ids.size(0) ||
+          src_mask_.dtype() != dtype)
+        src_mask_ = generate_square_subsequent_mask(src_ids.size(0), dtype);
+      mask = src_mask_;
+    }
+    Tensor src = mul(encoder->forward(src_ids), std::sqrt(double(ninp)));
+    src = pos_encoder->forward(src);
+    const Tensor output = transformer_encoder->forward(src, mask);
+    return log_softmax(decoder->forward(output), -1);
+  }
+
+  int64_t ninp;
+  std::shared_ptr<PositionalEncoding> pos_encoder;
+  std::shared_ptr<nn::TransformerEncoder> transformer_encoder;
+  std::shared_ptr<nn::Embedding> encoder;
+  std::shared_ptr<nn::Linear> decoder;
+
+ private:
+  Tensor src_mask_;
+};
+
+// train_step for the Transformer (no hidden state): forward, nll_loss over (S * N, ntoken),
+// backward, clip_grad_norm_(clip), p -= lr * grad. Returns the loss.
+inline double train_step(TransformerModel& model, const Tensor& data, const Tensor& targets,
+                         double lr, double clip) {
+  model.zero_grad();
+  const Tensor output = model.forward(data);
+  const Tensor loss = nll_loss(output.view({-1, output.size(-1)}), targets);
+  loss.backward();
+  const std::vector<Tensor> params = model.parameters();
+  nn::clip_grad_norm_(params, clip);
+  {
+    NoGradGuard ng;
+    for (const Tensor& p : params) p.data().add_(p.grad(), -lr);
+  }
+  return loss.item();
+}
+
+// evaluate() for the Transformer.
+inline double evaluate(TransformerModel& model, const Tensor& data_source, int64_t bptt) {
+  model.eval();
+  NoGradGuard ng;
+  double total_loss = 0;
+  for (int64_t i = 0; i < data_source.size(0) - 1; i += bptt) {
+    auto [data, targets] = get_batch(data_source, i, bptt);
+    const Tensor output = model.forward(data);
+    total_loss +=
+        double(data.size(0)) * nll_loss(output.view({-1, output.size(-1)}), targets).item();
   }
   model.train();
   return total_loss / double(data_source.size(0) - 1);

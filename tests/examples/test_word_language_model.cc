@@ -95,3 +95,57 @@ TEST_CASE("word_language_model: tying needs nhid == emsize; untied weights are s
   CHECK(out.sizes() == Shape{21, 10});
   CHECK(std::get<0>(hidden).sizes() == Shape{2, 3, 8});
 }
+
+TEST_CASE("word_language_model: the Transformer variant matches PyTorch") {
+  // The same loop as the LSTM case with model.py's TransformerModel (causal mask, positional
+  // encoding, 2 TransformerEncoderLayers, dropout 0): word_language_model_transformer_fixture.
+  const twin::Fixture fx("word_language_model_transformer_fixture.safetensors");
+  auto meta = [&](const char* k) { return std::stoll(fx.meta(k)); };
+  const int64_t ntoken = meta("ntoken"), bptt = meta("bptt"), bsz = meta("bsz");
+  const int64_t epochs = meta("epochs"), batches = meta("batches");
+  const double clip = std::stod(fx.meta("clip"));
+
+  word_lm::TransformerModel model(ntoken, meta("emsize"), meta("nhead"), meta("nhid"),
+                                  meta("nlayers"), 0.0, kFloat64);
+  twin::det_init(model);
+  CHECK(twin::checksum(model) ==
+        doctest::Approx(std::stod(fx.meta("init_checksum"))).epsilon(1e-12));
+  const Tensor train_data = word_lm::batchify(fx["train"], bsz);
+  const Tensor val_data = word_lm::batchify(fx["valid"], meta("eval_bsz"));
+  word_lm::Annealer schedule{std::stod(fx.meta("lr"))};
+  int64_t k = 0;
+  for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+    int64_t batch = 0;
+    for (int64_t i = 0; i < train_data.size(0) - 1 && batch < batches; i += bptt, ++batch) {
+      auto [data, targets] = word_lm::get_batch(train_data, i, bptt);
+      const double loss = word_lm::train_step(model, data, targets, schedule.lr, clip);
+      const double want = fx.at("losses", k++);
+      INFO("epoch ", epoch, " batch ", batch, ": ours ", loss, ", torch ", want);
+      CHECK(close(loss, want));
+    }
+    const double val_loss = word_lm::evaluate(model, val_data, bptt);
+    INFO("epoch ", epoch, ": validation ", val_loss, ", torch ", fx.at("val_losses", epoch));
+    CHECK(close(val_loss, fx.at("val_losses", epoch)));
+    schedule.step(val_loss);
+    CHECK(schedule.lr == fx.at("lrs", epoch));
+  }
+  CHECK(k == fx["losses"].numel());
+  const double want = std::stod(fx.meta("final_checksum"));
+  CHECK(std::abs(twin::checksum(model) - want) <= 1e-10 * std::abs(want));
+}
+
+TEST_CASE("word_language_model: causal mask and positional encoding") {
+  const Tensor m = word_lm::TransformerModel::generate_square_subsequent_mask(3, kFloat32);
+  CHECK(m[0][0].item() == 0);
+  CHECK(m[2][1].item() == 0);
+  CHECK(std::isinf(m[0][1].item()));
+  CHECK(m[0][1].item() < 0);
+  word_lm::PositionalEncoding pe(4, 0.0, 10);
+  const Tensor out = pe.forward(zeros({3, 2, 4}));
+  // position 1: sin(1), cos(1), sin(1 / 100), cos(1 / 100)
+  CHECK(out[1][0][0].item() == doctest::Approx(std::sin(1.0)));
+  CHECK(out[1][1][1].item() == doctest::Approx(std::cos(1.0)));
+  CHECK(out[1][0][2].item() == doctest::Approx(std::sin(0.01)));
+  CHECK(out[0][0][3].item() == doctest::Approx(1.0));
+  CHECK_THROWS_AS(pe.forward(zeros({11, 1, 4})), ShapeError);
+}

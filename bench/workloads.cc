@@ -764,6 +764,8 @@ void usage(const char* argv0) {
       "OMP_NUM_THREADS)\n"
       "  --steps N           timed training steps (default 50, WORKLOADS.md's minimum)\n"
       "  --warmup N          warm-up steps before them (default 5)\n"
+      "  --profile           mlp, cnn, gpt: after the timing, the top ops by self time over\n"
+      "                      10 steps and the time outside kernels (bench/step_limit.h)\n"
       "  --precision P       fp32 (default), bf16 or fp16: mlp, cnn, gpt also train under\n"
       "                      autocast, alternating with fp32; matmul adds the autocast "
       "line\n"
@@ -858,6 +860,9 @@ int main(int argc, char** argv) {
       }
       setenv(arg == "--d-model" ? "ACCEL_BENCH_D_MODEL" : "ACCEL_BENCH_LAYERS",
              std::to_string(n).c_str(), 1);
+    } else if (arg == "--profile") {
+      setenv("ACCEL_BENCH_PROFILE", "1",
+             1);  // mlp, cnn, gpt: the per-op table (bench/step_limit.h)
     } else if (arg == "--eager-init") {
       setenv("ACCEL_BENCH_EAGER_INIT", "1", 1);  // zero-memory: ZeRO-3 builds the model whole
     } else if (!arg.empty() && arg[0] != '-' && name.empty()) {

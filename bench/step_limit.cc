@@ -119,8 +119,8 @@ std::string limit_fields(const StepLimit& l, double ms_per_step, const std::stri
                 " %slimit_ms=%.3f %sefficiency=%.3f %scompute_ms=%.3f %smemory_ms=%.3f "
                 "%sfloor_mb=%.1f %sreplayed_calls=%lld %sreplayed_shapes=%lld %scopy_gbs=%.1f",
                 p, l.limit_ms, p, l.limit_ms / ms_per_step, p, l.compute_ms, p, l.memory_ms, p,
-                l.floor_mb, p, static_cast<long long>(l.calls), p,
-                static_cast<long long>(l.shapes), p, l.copy_gbs);
+                l.floor_mb, p, static_cast<long long>(l.calls), p, static_cast<long long>(l.shapes),
+                p, l.copy_gbs);
   return buf;
 }
 
@@ -149,8 +149,8 @@ void print_profile(const char* workload, const std::string& precision,
     std::printf(
         "workload=profile of=%s precision=%s rank=%d op=%s calls_per_step=%.1f self_ms=%.3f "
         "pct=%.1f\n",
-        workload, precision.c_str(), rank, r.op.c_str(), double(r.calls) / steps,
-        r.self_ms / steps, 100.0 * r.self_ms / steps / wall_ms);
+        workload, precision.c_str(), rank, r.op.c_str(), double(r.calls) / steps, r.self_ms / steps,
+        100.0 * r.self_ms / steps / wall_ms);
   }
   std::printf(
       "workload=profile of=%s precision=%s op=outside_kernels self_ms=%.3f pct=%.1f "

@@ -29,8 +29,9 @@ std::string limit_fields(const StepLimit& l, double ms_per_step, const std::stri
 bool profile_requested();
 // `steps` steps under a Profiler: one line per op, the `top` largest self times first, then the
 // time outside kernels (graph recording, allocation, dispatch):
-//   workload=profile of=gpt precision=fp32 rank=1 op=matmul_stub calls_per_step=52 self_ms=4.1 pct=38
-//   workload=profile of=gpt precision=fp32 op=outside_kernels self_ms=3.2 pct=4.0 step_ms=80 ...
+//   workload=profile of=gpt precision=fp32 rank=1 op=matmul_stub calls_per_step=52 self_ms=4.1
+//   pct=38 workload=profile of=gpt precision=fp32 op=outside_kernels self_ms=3.2 pct=4.0 step_ms=80
+//   ...
 void print_profile(const char* workload, const std::string& precision,
                    const std::function<void()>& step, int steps = 10, int top = 15);
 

@@ -37,8 +37,8 @@ struct ProfileRow {
 
 struct ReplayCall {
   std::string stub;
-  std::string key;        // identifies the call (see above)
-  int64_t count = 0;      // calls with this key while the profiler was alive
+  std::string key;            // identifies the call (see above)
+  int64_t count = 0;          // calls with this key while the profiler was alive
   std::function<void()> run;  // the call again, on copies of its tensors
 };
 

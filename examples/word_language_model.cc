@@ -36,8 +36,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", model_type, "type of network (LSTM, Transformer)")
       ->capture_default_str()
       ->check(CLI::IsMember({"LSTM", "Transformer"}));
-  app.add_option("--nhead", nhead,
-                 "the number of heads in the encoder of the transformer model")
+  app.add_option("--nhead", nhead, "the number of heads in the encoder of the transformer model")
       ->capture_default_str()
       ->check(positive);
   app.add_option("--data", data_dir, "location of the fortunes files")->capture_default_str();
@@ -89,68 +88,69 @@ int main(int argc, char** argv) {
 
     // Build the model and run main.py's loop on it (the Transformer keeps no hidden state).
     auto train_and_test = [&](auto& model) {
-    constexpr bool is_rnn = std::is_same_v<std::decay_t<decltype(model)>, word_lm::RNNModel>;
-    word_lm::Annealer schedule{lr};
-    const std::string rule(89, '-');
-    double step_secs = 0;
-    int64_t steps = 0;
-    for (int epoch = 1; epoch <= epochs; ++epoch) {
-      const auto epoch_start_time = std::chrono::steady_clock::now();
-      // train()
-      model.train();
-      double total_loss = 0;
-      auto start_time = std::chrono::steady_clock::now();
-      std::optional<word_lm::Hidden> hidden;
-      if constexpr (is_rnn) hidden = model.init_hidden(batch_size);
-      int64_t batch = 0;
-      for (int64_t i = 0; i < train_data.size(0) - 1; i += bptt, ++batch) {
-        if (max_batches > 0 && batch >= max_batches) break;
-        auto [data, targets] = word_lm::get_batch(train_data, i, bptt);
-        const auto t0 = std::chrono::steady_clock::now();
-        if constexpr (is_rnn)
-          total_loss += word_lm::train_step(model, data, targets, *hidden, lr, clip);
-        else
-          total_loss += word_lm::train_step(model, data, targets, lr, clip);
-        step_secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        ++steps;
-        if (batch % log_interval == 0 && batch > 0) {
-          const double cur_loss = total_loss / double(log_interval);
-          const double elapsed =
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
-          std::printf(
-              "| epoch %3d | %5lld/%5lld batches | lr %02.2f | ms/batch %5.2f | loss %5.2f | ppl "
-              "%8.2f\n",
-              epoch, static_cast<long long>(batch),
-              static_cast<long long>(train_data.size(0) / bptt), lr,
-              elapsed * 1000 / double(log_interval), cur_loss, std::exp(cur_loss));
-          std::fflush(stdout);
-          total_loss = 0;
-          start_time = std::chrono::steady_clock::now();
+      constexpr bool is_rnn = std::is_same_v<std::decay_t<decltype(model)>, word_lm::RNNModel>;
+      word_lm::Annealer schedule{lr};
+      const std::string rule(89, '-');
+      double step_secs = 0;
+      int64_t steps = 0;
+      for (int epoch = 1; epoch <= epochs; ++epoch) {
+        const auto epoch_start_time = std::chrono::steady_clock::now();
+        // train()
+        model.train();
+        double total_loss = 0;
+        auto start_time = std::chrono::steady_clock::now();
+        std::optional<word_lm::Hidden> hidden;
+        if constexpr (is_rnn) hidden = model.init_hidden(batch_size);
+        int64_t batch = 0;
+        for (int64_t i = 0; i < train_data.size(0) - 1; i += bptt, ++batch) {
+          if (max_batches > 0 && batch >= max_batches) break;
+          auto [data, targets] = word_lm::get_batch(train_data, i, bptt);
+          const auto t0 = std::chrono::steady_clock::now();
+          if constexpr (is_rnn)
+            total_loss += word_lm::train_step(model, data, targets, *hidden, lr, clip);
+          else
+            total_loss += word_lm::train_step(model, data, targets, lr, clip);
+          step_secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          ++steps;
+          if (batch % log_interval == 0 && batch > 0) {
+            const double cur_loss = total_loss / double(log_interval);
+            const double elapsed =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time)
+                    .count();
+            std::printf(
+                "| epoch %3d | %5lld/%5lld batches | lr %02.2f | ms/batch %5.2f | loss %5.2f | ppl "
+                "%8.2f\n",
+                epoch, static_cast<long long>(batch),
+                static_cast<long long>(train_data.size(0) / bptt), lr,
+                elapsed * 1000 / double(log_interval), cur_loss, std::exp(cur_loss));
+            std::fflush(stdout);
+            total_loss = 0;
+            start_time = std::chrono::steady_clock::now();
+          }
+          if (dry_run) break;
         }
+        const double val_loss = word_lm::evaluate(model, val_data, bptt);
+        std::printf(
+            "%s\n| end of epoch %3d | time: %5.2fs | valid loss %5.2f | valid ppl %8.2f\n%s\n",
+            rule.c_str(), epoch,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_time)
+                .count(),
+            val_loss, std::exp(val_loss), rule.c_str());
+        std::fflush(stdout);
+        // Save the model if the validation loss is the best we've seen so far; anneal the
+        // learning rate if not.
+        if (schedule.step(val_loss) && !save.empty()) model.save(save);
+        lr = schedule.lr;
         if (dry_run) break;
       }
-      const double val_loss = word_lm::evaluate(model, val_data, bptt);
-      std::printf(
-          "%s\n| end of epoch %3d | time: %5.2fs | valid loss %5.2f | valid ppl %8.2f\n%s\n",
-          rule.c_str(), epoch,
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start_time)
-              .count(),
-          val_loss, std::exp(val_loss), rule.c_str());
-      std::fflush(stdout);
-      // Save the model if the validation loss is the best we've seen so far; anneal the
-      // learning rate if not.
-      if (schedule.step(val_loss) && !save.empty()) model.save(save);
-      lr = schedule.lr;
-      if (dry_run) break;
-    }
 
-    // Load the best saved model and run on test data.
-    if (!save.empty()) model.load(save);
-    const double test_loss = word_lm::evaluate(model, test_data, bptt);
-    const std::string rule2(89, '=');
-    std::printf("%s\n| End of training | test loss %5.2f | test ppl %8.2f | %.1f ms/step\n%s\n",
-                rule2.c_str(), test_loss, std::exp(test_loss),
-                1000 * step_secs / double(std::max<int64_t>(steps, 1)), rule2.c_str());
+      // Load the best saved model and run on test data.
+      if (!save.empty()) model.load(save);
+      const double test_loss = word_lm::evaluate(model, test_data, bptt);
+      const std::string rule2(89, '=');
+      std::printf("%s\n| End of training | test loss %5.2f | test ppl %8.2f | %.1f ms/step\n%s\n",
+                  rule2.c_str(), test_loss, std::exp(test_loss),
+                  1000 * step_secs / double(std::max<int64_t>(steps, 1)), rule2.c_str());
     };
     if (model_type == "Transformer") {
       word_lm::TransformerModel model(ntokens, emsize, nhead, nhid, nlayers, dropout);

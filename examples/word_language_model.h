@@ -212,7 +212,8 @@ inline double evaluate(RNNModel& model, const Tensor& data_source, int64_t bptt)
 
 // model.py's PositionalEncoding: adds sin / cos of the position at geometric frequencies to
 // each embedding (Vaswani et al. 2017), then dropout.
-//   PE(pos, 2i) = sin(pos / 10000^(2i / d_model)), PE(pos, 2i + 1) = cos(pos / 10000^(2i / d_model))
+//   PE(pos, 2i) = sin(pos / 10000^(2i / d_model)), PE(pos, 2i + 1) = cos(pos / 10000^(2i /
+//   d_model))
 // x: (S, N, d_model) -> (S, N, d_model). The table is computed in float64 and stored in `dtype`
 // (the original computes it in float32; a float64 model, as in the PyTorch check, wants the
 // float64 table rather than float32 values converted).

@@ -54,9 +54,9 @@ TEST_CASE("profiler: replays are captured once per distinct call, counted, and r
     Profiler p({{"matmul_stub"}, false});
     (void)matmul(a, b);
     (void)matmul(a, b);
-    (void)matmul(b, c);     // another shape
+    (void)matmul(b, c);          // another shape
     (void)matmul(b.t(), a.t());  // transposed operands: other strides, another key
-    (void)exp(a);           // not replayed
+    (void)exp(a);                // not replayed
     calls = p.replays();
   }
   REQUIRE(calls.size() == 3);
@@ -78,7 +78,7 @@ TEST_CASE("profiler: the bytes floor counts a written storage twice and a read o
   NoGradGuard ng;
   const Tensor x = ones({1000});  // f32: 4000 bytes
   Profiler p({{}, true});
-  const Tensor y = exp(x);        // reads x, writes y
+  const Tensor y = exp(x);  // reads x, writes y
   CHECK(p.floor_bytes() == 4000 + 2 * 4000);
   const Tensor z = add(y, y);  // y again (already written): + z written
   CHECK(p.floor_bytes() == 4000 + 2 * 4000 + 2 * 4000);

@@ -29,8 +29,10 @@
 #include "dist/env.h"
 #include "dist/gloo/process_group_gloo.h"
 #include "dist/process_group.h"
+#include "bench/median.h"
 
 using namespace accel;
+using bench::median;
 using namespace accel::dist;
 using Clock = std::chrono::steady_clock;
 
@@ -71,13 +73,6 @@ Args parse(int argc, char** argv) {
     }
   }
   return a;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty()
-             ? 0
-             : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
 }
 
 int free_port() {

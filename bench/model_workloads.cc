@@ -26,6 +26,7 @@
 #include "dist/env.h"
 #include "dist/process_group.h"
 #include "examples/models.h"
+#include "bench/median.h"
 
 namespace accel::bench {
 namespace {
@@ -43,12 +44,6 @@ int env_count(const char* name, int fallback) {
   ACCEL_CHECK(*end == '\0' && n >= 0 && n <= 1000000, ValueError, "workloads", name,
               " must be a count, got '", v, "'");
   return int(n);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // Endless batches from a loader: a new epoch (reshuffled) starts when one ends.

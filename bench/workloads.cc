@@ -39,8 +39,10 @@
 #include "accel.h"
 #include "bench/model_workloads.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "bench/median.h"
 
 using namespace accel;
+using bench::median;
 
 namespace {
 
@@ -50,12 +52,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // Seconds for `reps` calls of f.

@@ -50,6 +50,13 @@ State& state() {
 std::atomic<bool> g_profiler_on{false};
 thread_local std::vector<int64_t> t_child_ns;  // per open frame: time of its nested stub calls
 
+void clear_locked(State& s) {
+  s.rows.clear();
+  s.replays.clear();
+  s.replay_index.clear();
+  s.touched.clear();
+}
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -171,18 +178,12 @@ Profiler::~Profiler() {
   detail::refresh_trace_flag();
   std::lock_guard<std::mutex> lk(state().mu);
   state().alive = false;
-  state().rows.clear();
-  state().replays.clear();
-  state().replay_index.clear();
-  state().touched.clear();
+  clear_locked(state());
 }
 
 void Profiler::reset() {
   std::lock_guard<std::mutex> lk(state().mu);
-  state().rows.clear();
-  state().replays.clear();
-  state().replay_index.clear();
-  state().touched.clear();
+  clear_locked(state());
 }
 
 std::vector<ProfileRow> Profiler::rows() const {

@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/generator.h"
+#include "core/profiler.h"
 #include "core/shape.h"
 #include "core/storage.h"
 #include "core/tensor.h"

@@ -149,11 +149,25 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 
 // ---- fused attention (added by the gpt performance work; kernels/cpu/nn_attention.cc) ----
-// softmax(q k^T / sqrt(D), future masked when causal) v, like
-// torch.nn.functional.scaled_dot_product_attention without dropout.
-// q: (B, H, T, D), k: (B, H, S, D), v: (B, H, S, Dv) -> (B, H, T, Dv); causal needs T == S.
+// torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=None,
+// dropout_p=0.0, is_causal=False, scale=None):
+//   softmax(q k^T * scale + mask) v, scale = 1 / sqrt(D) by default
+// q: (..., T, D), k: (..., S, D), v: (..., S, Dv) with the same batch dims (usually (B, H)) ->
+// (..., T, Dv). attn_mask broadcasts to (..., T, S): bool (true = takes part, as torch) or
+// floating (added to the scores). is_causal masks j > i (top-left aligned, torch's
+// tril(ones(T, S))); giving both is a ValueError, as in torch. dropout_p > 0 drops attention
+// weights with `gen` (the default generator when null) and always applies (pass 0 in eval, as
+// torch's modules do). Rows with every key masked give NaN, as in torch.
+// The fused CPU kernel (f32/f64) keeps O(T) per row block, never the (T, S) matrix (Note [fused
+// attention]); dropout, a float mask that requires grad, and 16-bit dtypes outside autocast run
+// the composed ops (materialised).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    bool causal = false);
+                                    const Tensor& attn_mask = Tensor(), double dropout_p = 0.0,
+                                    bool is_causal = false,
+                                    std::optional<double> scale = std::nullopt,
+                                    Generator* gen = nullptr);
+// The same without mask or dropout; causal needs no mask (kept for the callers before the above).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
 // The same on a packed projection: qkv: (B, T, 3C) = [q | k | v], each split into n_heads heads
 // of C / n_heads -> (B, T, C) with the heads merged. Reads and writes (gradient included) the
 // packed layout directly, so head split and merge cost no copies.

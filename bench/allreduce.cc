@@ -26,11 +26,13 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "bench/median.h"
 #include "comm/env.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/process_group.h"
 
 using namespace accel;
+using bench::median;
 using namespace accel::dist;
 using Clock = std::chrono::steady_clock;
 
@@ -71,13 +73,6 @@ Args parse(int argc, char** argv) {
     }
   }
   return a;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty()
-             ? 0
-             : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
 }
 
 int free_port() {

@@ -595,7 +595,7 @@ constexpr int64_t kEltN = int64_t(1) << 20;
 void register_elementwise() {
   const std::string sh = "1M";
   const double bytes3 = 3.0 * double(kEltN) * 4, bytes2 = 2.0 * double(kEltN) * 4;
-  for (const char* family : {"add", "mul", "gelu"}) register_ours(family);
+  for (const char* family : {"add", "mul", "gelu", "gelu_tanh"}) register_ours(family);
 
   // ---- oneDNN binary / eltwise primitives ----
   for (const bool is_add : {true, false}) {
@@ -617,21 +617,26 @@ void register_elementwise() {
       s.SetLabel(pd.impl_info_str());
     });
   }
-  register_bench("gelu/dnnl/" + sh, [bytes2](State& s) {
-    const Tensor x = rand_tensor({kEltN}, -4, 4);
-    std::vector<float> y(static_cast<size_t>(kEltN));
-    auto mx = dnnl_mem({kEltN}, tag::a, x.data_ptr()), my = dnnl_mem({kEltN}, tag::a, y.data());
-    dnnl::eltwise_forward::primitive_desc pd(
-        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference,
-                                    dnnl::algorithm::eltwise_gelu_erf, mx.get_desc(), 0.f, 0.f),
-        dnnl_engine());
-    dnnl::eltwise_forward prim(pd);
-    timed_loop(s, Unit::kByte, bytes2, [&] {
-      prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, mx}, {DNNL_ARG_DST, my}});
-      dnnl_stream().wait();
+  for (const bool erf : {true, false}) {
+    register_bench(std::string(erf ? "gelu" : "gelu_tanh") + "/dnnl/" + sh, [erf,
+                                                                             bytes2](State& s) {
+      const Tensor x = rand_tensor({kEltN}, -4, 4);
+      std::vector<float> y(static_cast<size_t>(kEltN));
+      auto mx = dnnl_mem({kEltN}, tag::a, x.data_ptr()), my = dnnl_mem({kEltN}, tag::a, y.data());
+      dnnl::eltwise_forward::primitive_desc pd(
+          dnnl::eltwise_forward::desc(
+              dnnl::prop_kind::forward_inference,
+              erf ? dnnl::algorithm::eltwise_gelu_erf : dnnl::algorithm::eltwise_gelu_tanh,
+              mx.get_desc(), 0.f, 0.f),
+          dnnl_engine());
+      dnnl::eltwise_forward prim(pd);
+      timed_loop(s, Unit::kByte, bytes2, [&] {
+        prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, mx}, {DNNL_ARG_DST, my}});
+        dnnl_stream().wait();
+      });
+      s.SetLabel(pd.impl_info_str());
     });
-    s.SetLabel(pd.impl_info_str());
-  });
+  }
 
   // ---- Eigen array expressions over the OpenMP team ----
   for (const bool is_add : {true, false}) {

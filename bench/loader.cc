@@ -31,8 +31,10 @@
 #include <vector>
 
 #include "data/data.h"
+#include "bench/median.h"
 
 using namespace accel;
+using bench::median;
 using namespace accel::data;
 
 namespace {
@@ -41,12 +43,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // Tokens per second of random windows: pread, memory and a bare mmap gather (see the top).

@@ -3,6 +3,8 @@
 // Fashion-MNIST train split and the fortunes text, batched by the DataLoader as the examples do.
 #include "bench/model_workloads.h"
 
+#include "bench/step_limit.h"
+
 #include <netinet/in.h>
 #include <omp.h>
 #include <sys/socket.h>
@@ -24,6 +26,7 @@
 #include "comm/env.h"
 #include "comm/process_group.h"
 #include "examples/models.h"
+#include "bench/median.h"
 
 namespace accel::bench {
 namespace {
@@ -41,12 +44,6 @@ int env_count(const char* name, int fallback) {
   ACCEL_CHECK(*end == '\0' && n >= 0 && n <= 1000000, ValueError, "workloads", name,
               " must be a count, got '", v, "'");
   return int(n);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // Endless batches from a loader: a new epoch (reshuffled) starts when one ends.
@@ -233,13 +230,27 @@ void run_training(const char* name, const std::function<std::shared_ptr<nn::Modu
     return std::make_unique<Trainer>(model, lr, make_loader(), dt, loss_of);
   };
   auto t32 = make(kFloat32);
+  auto step32 = [&] { t32->step(); };
   if (low == kFloat32) {
-    print_line(name, time_steps([&] { return t32->step(); }), gflop, extra);
+    const Timing t = time_steps([&] { return t32->step(); });
+    const StepLimit l = measure_step_limit(step32);  // Note [workload limits] (bench/step_limit.cc)
+    print_line(name, t, gflop, (extra + limit_fields(l, t.ms_per_step)).c_str());
+    if (profile_requested()) print_profile(name, "fp32", step32);
     return;
   }
   auto t16 = make(low);
+  auto step16 = [&] { t16->step(); };
   const auto [r32, r16] = time_steps_pair([&] { return t32->step(); }, [&] { return t16->step(); });
-  print_pair(name, low, r32, r16, gflop, extra);
+  const StepLimit l32 = measure_step_limit(step32), l16 = measure_step_limit(step16);
+  const std::string p = precision_name(low);
+  print_pair(name, low, r32, r16, gflop,
+             (extra + limit_fields(l16, r16.ms_per_step, p + "_") +
+              limit_fields(l32, r32.ms_per_step, "fp32_"))
+                 .c_str());
+  if (profile_requested()) {
+    print_profile(name, "fp32", step32);
+    print_profile(name, p, step16);
+  }
 }
 
 Tensor classifier_loss(const Tensor& out, const Tensor& target) {

@@ -39,8 +39,10 @@
 #include "accel.h"
 #include "bench/model_workloads.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "bench/median.h"
 
 using namespace accel;
+using bench::median;
 
 namespace {
 
@@ -50,12 +52,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // Seconds for `reps` calls of f.
@@ -378,6 +374,96 @@ void run_allreduce() {
   }
 }
 
+// ---------------- sdpa: fused attention vs the materialised (T, S) scores ----------------
+
+// scaled_dot_product_attention at B = 1, H = 8, T = S = 2048, D = 64 (f32; not causal, then
+// causal): the fused kernel (Note [fused attention] in kernels/cpu/nn_attention.cc) against the
+// composed ops that materialise the (B, H, T, S) scores and probabilities (matmul, softmax,
+// matmul: what the op itself runs for dropout or a mask that needs a gradient). Per path:
+//   fwd_ms / step_ms   forward (no grad) and forward + backward, medians of interleaved rounds
+//   fwd_gflops / step_gflops   forward 4 B H T S D FLOPs, forward + backward 12 B H T S D (the
+//                      fused backward's recompute of P not counted); causal halves both
+//   peak_mb            the CPU allocator's peak bytes in use during one forward + backward,
+//                      above what was in use before (inputs and gradient seed excluded)
+// and a check line: memory_ratio = fused / materialised peak, step_speedup = materialised /
+// fused step time, max_abs_diff between the two outputs.
+void run_sdpa() {
+  constexpr int64_t B = 1, H = 8, T = 2048, D = 64;
+  constexpr int kRounds = 3;
+  Generator gen(3);
+  const Tensor q = randn({B, H, T, D}, {}, &gen).requires_grad_(true);
+  const Tensor k = randn({B, H, T, D}, {}, &gen).requires_grad_(true);
+  const Tensor v = randn({B, H, T, D}, {}, &gen).requires_grad_(true);
+  const Tensor up = randn({B, H, T, D}, {}, &gen);
+  const Tensor future = gt(arange(T).reshape({1, T}), arange(T).reshape({T, 1}));  // j > i
+  Allocator* alloc = get_allocator(kCPU);
+  for (bool causal : {false, true}) {
+    const std::function<Tensor()> paths[2] = {
+        [&] { return scaled_dot_product_attention(q, k, v, Tensor(), 0.0, causal); },
+        [&] {
+          Tensor att = matmul(mul(q, 1.0 / std::sqrt(double(D))), k.transpose(-2, -1));
+          if (causal) att = masked_fill(att, future, -INFINITY);
+          return matmul(softmax(att, -1), v);
+        }};
+    const char* names[2] = {"fused", "materialised"};
+    auto forward = [&](int i) {
+      NoGradGuard ng;
+      Tensor y = paths[i]();
+      asm volatile("" : : "r"(y.impl()) : "memory");
+    };
+    auto step = [&](int i) {
+      Tensor y = paths[i]();
+      std::vector<Tensor> g = autograd::grad({y}, {q, k, v}, {up});
+      asm volatile("" : : "r"(g[0].impl()) : "memory");
+    };
+    double peak_mb[2], fwd_ms[2], step_ms[2];
+    for (int i = 0; i < 2; ++i) {
+      step(i);  // warm-up (primitives, page faults, caches)
+      const size_t base = alloc->stats().bytes_in_use;
+      alloc->reset_peak_stats();
+      step(i);
+      peak_mb[i] = double(alloc->stats().peak_bytes_in_use - base) / (1 << 20);
+    }
+    std::vector<double> fwd[2], stp[2];
+    for (int r = 0; r < kRounds; ++r) {
+      for (int j = 0; j < 2; ++j) {
+        const int i = (r + j) % 2;
+        fwd[i].push_back(time_reps(1, [&] { forward(i); }) * 1e3);
+        stp[i].push_back(time_reps(1, [&] { step(i); }) * 1e3);
+      }
+    }
+    const double flop = 4.0 * B * H * T * T * D * (causal ? 0.5 : 1.0);
+    for (int i = 0; i < 2; ++i) {
+      fwd_ms[i] = median(fwd[i]);
+      step_ms[i] = median(stp[i]);
+      Line()
+          .kv("workload", "sdpa")
+          .kv("shape", "B1_H8_T2048_S2048_D64")
+          .kv("causal", int64_t(causal))
+          .kv("path", names[i])
+          .kv("fwd_ms", fwd_ms[i], 1)
+          .kv("fwd_gflops", flop / fwd_ms[i] / 1e6, 1)
+          .kv("step_ms", step_ms[i], 1)
+          .kv("step_gflops", 3 * flop / step_ms[i] / 1e6, 1)
+          .kv("peak_mb", peak_mb[i], 1)
+          .kv("threads", int64_t(omp_get_max_threads()));
+    }
+    double diff;
+    {
+      NoGradGuard ng;
+      diff = max(abs(sub(paths[0](), paths[1]()))).item<double>();
+    }
+    Line()
+        .kv("workload", "sdpa")
+        .kv("causal", int64_t(causal))
+        .kv("check", "fused_vs_materialised")
+        .kv("memory_ratio", peak_mb[0] / peak_mb[1], 4)
+        .kv("step_speedup", step_ms[1] / step_ms[0], 2)
+        .kv("fwd_speedup", fwd_ms[1] / fwd_ms[0], 2)
+        .kv("max_abs_diff", diff, 8);
+  }
+}
+
 // ---------------- registry ----------------
 
 struct Workload {
@@ -395,6 +481,10 @@ const std::vector<Workload>& registry() {
       {"cnn", "2-conv CNN on Fashion-MNIST, batch 128, AdamW: ms per step", bench::run_cnn},
       {"gpt", "byte GPT (875,264 params) on fortunes, 32 x 128, AdamW: ms per step",
        bench::run_gpt},
+      {"sdpa",
+       "scaled_dot_product_attention B=1 H=8 T=S=2048 D=64 f32: fused vs materialised (T, S) "
+       "path, ms, GFLOP/s and allocator peak MB",
+       run_sdpa},
       {"lstm",
        "word_language_model medium LSTM (2 x 650, batch 20, 35 steps): forward + backward ms "
        "per step",
@@ -670,6 +760,8 @@ void usage(const char* argv0) {
       "OMP_NUM_THREADS)\n"
       "  --steps N           timed training steps (default 50, WORKLOADS.md's minimum)\n"
       "  --warmup N          warm-up steps before them (default 5)\n"
+      "  --profile           mlp, cnn, gpt: after the timing, the top ops by self time over\n"
+      "                      10 steps and the time outside kernels (bench/step_limit.h)\n"
       "  --precision P       fp32 (default), bf16 or fp16: mlp, cnn, gpt also train under\n"
       "                      autocast, alternating with fp32; matmul adds the autocast "
       "line\n"
@@ -764,6 +856,9 @@ int main(int argc, char** argv) {
       }
       setenv(arg == "--d-model" ? "ACCEL_BENCH_D_MODEL" : "ACCEL_BENCH_LAYERS",
              std::to_string(n).c_str(), 1);
+    } else if (arg == "--profile") {
+      setenv("ACCEL_BENCH_PROFILE", "1",
+             1);  // mlp, cnn, gpt: the per-op table (bench/step_limit.h)
     } else if (arg == "--eager-init") {
       setenv("ACCEL_BENCH_EAGER_INIT", "1", 1);  // zero-memory: ZeRO-3 builds the model whole
     } else if (!arg.empty() && arg[0] != '-' && name.empty()) {

@@ -68,6 +68,7 @@
 #include "data/data.h"
 #include "accelerate/accelerator.h"
 #include "examples/models.h"
+#include "bench/median.h"
 
 namespace accel::bench {
 namespace {
@@ -141,12 +142,6 @@ models::GptConfig gpt_config(const Options& o) {
   c.d_model = o.d_model;
   c.heads = o.d_model % 64 == 0 ? o.d_model / 64 : 1;  // head size 64 where it divides
   return c;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // A field of /proc/self/status in kB (VmRSS, VmHWM).

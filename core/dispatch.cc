@@ -31,6 +31,12 @@ bool g_recorder_alive = false;
 
 std::atomic<bool> g_trace_stub_calls{false};
 
+// The flag is set while a recorder or a profiler (core/profiler.cc) is alive.
+void refresh_trace_flag() {
+  std::lock_guard<std::mutex> lk(registry_mutex());
+  g_trace_stub_calls.store(g_recorder_alive || profiler_on(), std::memory_order_relaxed);
+}
+
 void note_kernel_registration(const char* stub, DeviceType t) {
   std::lock_guard<std::mutex> lk(registry_mutex());
   registrations().push_back({stub, t});
@@ -61,8 +67,8 @@ StubCallRecorder::StubCallRecorder() {
 
 StubCallRecorder::~StubCallRecorder() {
   std::lock_guard<std::mutex> lk(detail::registry_mutex());
-  detail::g_trace_stub_calls.store(false, std::memory_order_relaxed);
   detail::g_recorder_alive = false;
+  detail::g_trace_stub_calls.store(detail::profiler_on(), std::memory_order_relaxed);
 }
 
 std::vector<std::pair<std::string, DeviceType>> StubCallRecorder::calls() const {

@@ -13,7 +13,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -27,8 +31,122 @@ namespace detail {
 [[noreturn]] void throw_no_kernel(const char* op, Device d);
 // Registration log and call tracing (Note [kernel coverage]).
 void note_kernel_registration(const char* stub, DeviceType t);
+// True while a StubCallRecorder or a Profiler (core/profiler.h) is alive.
 extern std::atomic<bool> g_trace_stub_calls;
 void trace_stub_call(const char* stub, DeviceType t);
+
+// ---- profiler hooks (core/profiler.h; Note [stub profiler] in core/profiler.cc) ----
+struct ProfiledTensor {
+  const Tensor* tensor;
+  bool written;  // passed as Tensor& or Tensor*: the kernel writes it
+};
+bool profiler_on();
+// The profiler wants `stub`'s calls on `t` captured for replay.
+bool profiler_wants_replay(const char* stub, DeviceType t);
+// True when a call with this key was captured before (its count is then incremented).
+bool profiler_seen_replay(const std::string& key);
+void profiler_add_replay(const char* stub, const std::string& key, std::function<void()> run);
+Tensor profiler_clone(const Tensor& t);  // same sizes, strides, offset and bytes; fresh storage
+int64_t profiler_enter();                // pushes a frame, returns its start time (ns)
+void profiler_exit(const char* stub, const char* label, int64_t t0, const ProfiledTensor* ts,
+                   size_t n);
+// The label of a stub's op argument (UnaryOp and friends overload it next to their enums).
+template <typename A>
+const char* profile_label(const A&) {
+  return nullptr;
+}
+std::string profile_key_bytes(const void* p, size_t n);
+std::string profile_key_tensor(const Tensor& t);
+
+// A copy of one stub argument that a replay passes again: tensors are cloned into fresh storage
+// (the originals are freed or reused long before the replay), other values copied.
+template <typename T>
+constexpr bool kReplayable = std::is_trivially_copyable_v<std::remove_cvref_t<T>> &&
+                             !std::is_pointer_v<std::remove_cvref_t<T>>;
+template <>
+inline constexpr bool kReplayable<const Tensor&> = true;
+template <>
+inline constexpr bool kReplayable<Tensor&> = true;
+template <>
+inline constexpr bool kReplayable<Tensor*> = true;
+
+template <typename T>
+struct ReplayArg {
+  using V = std::remove_cvref_t<T>;
+  explicit ReplayArg(T v) : v_(v) {}
+  T get() { return v_; }
+  V v_;
+};
+template <>
+struct ReplayArg<const Tensor&> {
+  explicit ReplayArg(const Tensor& t) : t_(t.defined() ? profiler_clone(t) : Tensor()) {}
+  const Tensor& get() { return t_; }
+  Tensor t_;
+};
+template <>
+struct ReplayArg<Tensor&> {
+  explicit ReplayArg(Tensor& t) : t_(t.defined() ? profiler_clone(t) : Tensor()) {}
+  Tensor& get() { return t_; }
+  Tensor t_;
+};
+template <>
+struct ReplayArg<Tensor*> {
+  explicit ReplayArg(Tensor* t) : null_(t == nullptr) {
+    if (t != nullptr && t->defined()) t_ = profiler_clone(*t);
+  }
+  Tensor* get() { return null_ ? nullptr : &t_; }
+  bool null_;
+  Tensor t_;
+};
+
+template <typename A>
+void profile_arg(std::vector<ProfiledTensor>& ts, const char*& label, std::string& key, A& a) {
+  using V = std::remove_cvref_t<A>;
+  if constexpr (std::is_same_v<V, Tensor>) {
+    if (a.defined()) ts.push_back({&a, !std::is_const_v<A>});
+    key += a.defined() ? profile_key_tensor(a) : std::string("undef;");
+  } else if constexpr (std::is_same_v<V, Tensor*> || std::is_same_v<V, const Tensor*>) {
+    if (a != nullptr && a->defined()) ts.push_back({a, std::is_same_v<V, Tensor*>});
+    key += a != nullptr && a->defined() ? profile_key_tensor(*a) : std::string("null;");
+  } else if constexpr (std::is_same_v<V, std::vector<Tensor>>) {
+    for (const Tensor& t : a) {
+      if (t.defined()) ts.push_back({&t, !std::is_const_v<A>});
+      key += t.defined() ? profile_key_tensor(t) : std::string("undef;");
+    }
+  } else {
+    if (label == nullptr) label = profile_label(a);  // ADL finds the enums' overloads
+    if constexpr (std::is_trivially_copyable_v<V> && !std::is_pointer_v<V>) {
+      key += profile_key_bytes(&a, sizeof(V));
+    } else {
+      key += "?;";
+    }
+  }
+}
+
+// The slow path of DispatchStub::operator() while a Profiler is alive.
+template <typename R, typename... Args>
+R profiled_call(const char* name, Device dev, R (*f)(Args...), Args... args) {
+  std::vector<ProfiledTensor> ts;
+  const char* label = nullptr;
+  std::string key = name;
+  key += ':';
+  (profile_arg<std::remove_reference_t<Args>>(ts, label, key, args), ...);
+  if constexpr ((kReplayable<Args> && ...)) {
+    if (profiler_wants_replay(name, dev.type) && !profiler_seen_replay(key)) {
+      auto held = std::make_shared<std::tuple<ReplayArg<Args>...>>(ReplayArg<Args>(args)...);
+      profiler_add_replay(name, key,
+                          [f, held] { std::apply([f](auto&... h) { f(h.get()...); }, *held); });
+    }
+  }
+  struct Frame {
+    const char* name;
+    const char* label;
+    int64_t t0;
+    const std::vector<ProfiledTensor>& ts;
+    ~Frame() { profiler_exit(name, label, t0, ts.data(), ts.size()); }
+  } frame{name, label, profiler_enter(), ts};
+  return f(args...);
+}
 }  // namespace detail
 
 // Note [kernel coverage]: every ACCEL_REGISTER_KERNEL is logged, and while a StubCallRecorder is
@@ -64,8 +182,10 @@ struct DispatchStub<R (*)(Args...)> {
   R operator()(Device dev, Args... args) const {
     FnPtr f = table[int(dev.type)];
     if (ACCEL_UNLIKELY(f == nullptr)) detail::throw_no_kernel(name, dev);
-    if (ACCEL_UNLIKELY(detail::g_trace_stub_calls.load(std::memory_order_relaxed)))
+    if (ACCEL_UNLIKELY(detail::g_trace_stub_calls.load(std::memory_order_relaxed))) {
       detail::trace_stub_call(name, dev.type);
+      if (detail::profiler_on()) return detail::profiled_call<R, Args...>(name, dev, f, args...);
+    }
     return f(args...);
   }
   bool has(DeviceType t) const { return table[int(t)] != nullptr; }

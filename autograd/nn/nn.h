@@ -15,4 +15,5 @@
 #include "autograd/nn/norm.h"
 #include "autograd/nn/rnn.h"
 #include "autograd/nn/safetensors.h"
+#include "autograd/nn/transformer.h"
 #include "autograd/nn/utils.h"

@@ -7,6 +7,8 @@
 // (oneDNN backward_data / backward_weights / pooling backward on CPU): expressing it with other
 // framework ops would need a transposed convolution, and max pooling needs the forward's argmax,
 // which the kernel keeps in an opaque workspace tensor captured by the backward closure.
+#include <algorithm>
+
 #include "autograd/autocast.h"
 #include "autograd/ops/common.h"
 #include "kernels/stubs/conv.h"
@@ -127,8 +129,9 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Shape stride
 // gradient is conv2d's weight gradient with the roles of input and output swapped (input = the
 // output gradient, gout = x). So it runs on the same oneDNN / cuDNN primitives as conv2d with no
 // kernel of its own (oneDNN's own deconvolution primitive is the same backward-data kernel; the
-// bench compares the two). output_padding only enlarges the output: conv2d's floor in
-// Ho = (H' + 2 pad - dil (k - 1) - 1) / stride + 1 maps the larger H' back onto the same H.
+// bench compares the two). output_padding below the stride only enlarges the output: conv2d's
+// floor in Ho = (H' + 2 pad - dil (k - 1) - 1) / stride + 1 maps the larger H' back onto the same
+// H (output_padding of the stride or more is zero padding, below).
 // The bias (per output channel) is added by a broadcast add: conv2d_backward_stub has none.
 Tensor conv_transpose2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Shape stride,
                         Shape padding, Shape output_padding, int64_t groups, Shape dilation) {
@@ -158,6 +161,27 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Sh
     ACCEL_CHECK(out_pad[i] < p.stride[i] || out_pad[i] < p.dilation[i], ValueError, op,
                 "output_padding ", pair_shape(out_pad), " must be smaller than either stride ",
                 pair_shape(p.stride), " or dilation ", pair_shape(p.dilation));
+  }
+  // output_padding of a stride or more (allowed below the dilation) adds rows and columns that
+  // no input reaches: conv2d's floor cannot map them back (and oneDNN refuses the geometry), so
+  // the op runs with the largest output_padding below the stride and zero-pads the rest; the
+  // bias covers every position, as in torch.
+  if (out_pad[0] >= p.stride[0] || out_pad[1] >= p.stride[1]) {
+    const int64_t eff[2] = {std::min(out_pad[0], p.stride[0] - 1),
+                            std::min(out_pad[1], p.stride[1] - 1)};
+    Tensor y = conv_transpose2d(x_in, w, Tensor(), stride, padding, Shape{eff[0], eff[1]}, groups,
+                                dilation);
+    y = pad(y, {0, out_pad[1] - eff[1], 0, out_pad[0] - eff[0]});
+    if (b.defined()) {
+      ops::check_same_device(x_in, b, op);
+      ACCEL_CHECK(b.dtype() == w.dtype(), DTypeError, op, "bias ", b.dtype(), " ", b.sizes(),
+                  " and weight ", w.dtype(), " ", w.sizes(), " differ in dtype");
+      ACCEL_CHECK(b.dim() == 1 && b.size(0) == y.size(-3), ShapeError, op, "bias must have shape ",
+                  Shape{y.size(-3)}, ", got ", b.sizes(), " for weight ", w.sizes(),
+                  " and groups=", groups);
+      y = add(y, b.view({b.size(0), 1, 1}));
+    }
+    return y;
   }
   const Tensor x = x_in.dim() == 3 ? x_in.unsqueeze(0) : x_in;
   const int64_t c = x.size(1), o = w.size(1) * groups;

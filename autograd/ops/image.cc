@@ -16,7 +16,6 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops/common.h"
-#include "kernels/common/acc_dtype.h"
 #include "kernels/stubs/nn.h"
 
 namespace accel {
@@ -134,8 +133,10 @@ Tensor instance_norm(const Tensor& x, const Tensor& running_mean, const Tensor& 
   const char* op = "instance_norm";
   ops::check_defined(x, op);
   ops::check_floating(x, op);
-  ACCEL_CHECK(x.dim() >= 3, ShapeError, op, "expected an input (N, C, *) with at least one "
-              "spatial dim, got ", x.sizes());
+  ACCEL_CHECK(x.dim() >= 3, ShapeError, op,
+              "expected an input (N, C, *) with at least one "
+              "spatial dim, got ",
+              x.sizes());
   const int64_t c = x.size(1);
   ACCEL_CHECK(running_mean.defined() == running_var.defined(), ValueError, op,
               "running_mean and running_var must both be given or both be undefined");
@@ -166,8 +167,10 @@ Tensor instance_norm(const Tensor& x, const Tensor& running_mean, const Tensor& 
     Shape dims;
     for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
     const int64_t s = x.numel() / std::max<int64_t>(x.size(0) * c, 1);
-    ACCEL_CHECK(s > 1, ValueError, op, "expected more than 1 spatial element per channel to "
-                "update the running variance, got input ", x.sizes());
+    ACCEL_CHECK(s > 1, ValueError, op,
+                "expected more than 1 spatial element per channel to "
+                "update the running variance, got input ",
+                x.sizes());
     const Tensor xd = x.detach();
     const Tensor m_nc = mean(xd, dims), v_nc = var(xd, dims, 1);  // (N, C)
     Tensor rm = running_mean, rv = running_var;
@@ -266,7 +269,8 @@ Tensor adaptive_max_pool2d(const Tensor& x, Shape output_size) {
   out_pair(op, output_size, o);
   const int64_t h = x.size(-2), w = x.size(-1);
   // Equal windows: the pooling kernel.
-  if (h >= 1 && w >= 1 && h % o[0] == 0 && w % o[1] == 0) return max_pool2d(x, {h / o[0], w / o[1]});
+  if (h >= 1 && w >= 1 && h % o[0] == 0 && w % o[1] == 0)
+    return max_pool2d(x, {h / o[0], w / o[1]});
   return std::get<0>(adaptive_max_pool2d_with_indices(x, std::move(output_size)));
 }
 
@@ -425,8 +429,7 @@ Tensor interpolate(const Tensor& x, Shape size, std::vector<double> scale_factor
               "give exactly one of size and scale_factor");
   auto expand = [&](auto& v, const char* what) {
     ACCEL_CHECK(int64_t(v.size()) == 1 || int64_t(v.size()) == spatial, ValueError, op, what,
-                " must have 1 or ", spatial, " entries for input ", x.sizes(), ", got ",
-                v.size());
+                " must have 1 or ", spatial, " entries for input ", x.sizes(), ", got ", v.size());
     if (v.size() == 1 && spatial == 2) {
       const auto first = v.front();
       v.assign(2, first);

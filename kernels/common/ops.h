@@ -81,4 +81,48 @@ constexpr double reduce_identity(ReduceOp op) {
              : (op == ReduceOp::Mean ? std::numeric_limits<double>::quiet_NaN() : 0.0);
 }
 
+// Names for the profiler's table (core/profiler.h): `workloads --profile` prints
+// unary_stub:gelu_erf rather than one row for every unary kernel. Found by argument-dependent
+// lookup from core/dispatch.h, which does not know these enums.
+inline const char* profile_label(UnaryOp op) {
+  static constexpr const char* kNames[] = {
+      "neg",        "exp",         "log",         "sqrt",       "rsqrt",     "abs",
+      "tanh",       "sigmoid",     "relu",        "gelu_erf",   "gelu_tanh", "silu",
+      "sin",        "cos",         "sign",        "reciprocal", "square",    "log1p",
+      "expm1",      "erf",         "logical_not", "pow_scalar", "clamp",     "add_scalar",
+      "mul_scalar", "rsub_scalar", "rdiv_scalar"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(UnaryOp::Count));
+  return op < UnaryOp::Count ? kNames[size_t(op)] : "?";
+}
+inline const char* profile_label(BinaryOp op) {
+  static constexpr const char* kNames[] = {"add",
+                                           "sub",
+                                           "mul",
+                                           "div",
+                                           "pow",
+                                           "maximum",
+                                           "minimum",
+                                           "eq",
+                                           "ne",
+                                           "lt",
+                                           "le",
+                                           "gt",
+                                           "ge",
+                                           "logical_and",
+                                           "logical_or",
+                                           "relu_grad",
+                                           "gelu_erf_grad",
+                                           "gelu_tanh_grad",
+                                           "silu_grad",
+                                           "sigmoid_grad",
+                                           "tanh_grad"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(BinaryOp::Count));
+  return op < BinaryOp::Count ? kNames[size_t(op)] : "?";
+}
+inline const char* profile_label(ReduceOp op) {
+  static constexpr const char* kNames[] = {"sum", "mean", "max", "min", "prod", "argmax", "argmin"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(ReduceOp::Count));
+  return op < ReduceOp::Count ? kNames[size_t(op)] : "?";
+}
+
 }  // namespace accel

@@ -36,7 +36,8 @@ void unary_float(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& p
     case UnaryOp::Sqrt: return unary_loop<T, T>(in, out, [](A x) { return std::sqrt(x); });
     case UnaryOp::Rsqrt: return unary_loop<T, T>(in, out, [](A x) { return A(1) / std::sqrt(x); });
     case UnaryOp::Abs: return unary_loop<T, T>(in, out, [](A x) { return std::abs(x); });
-    case UnaryOp::Tanh: return unary_loop<T, T>(in, out, [](A x) { return std::tanh(x); });
+    case UnaryOp::Tanh:
+      return unary_loop<T, T>(in, out, [](A x) ACCEL_INLINE { return fast_tanh(x); });
     case UnaryOp::Sigmoid:
       return unary_loop<T, T>(in, out,
                               [](A x) ACCEL_INLINE { return common::sigmoid<CpuMath>(x); });
@@ -45,7 +46,8 @@ void unary_float(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& p
       return unary_loop<T, T>(in, out,
                               [](A x) ACCEL_INLINE { return common::gelu_erf<CpuMath>(x); });
     case UnaryOp::GeluTanh:
-      return unary_loop<T, T>(in, out, [](A x) { return common::gelu_tanh<CpuMath>(x); });
+      return unary_loop<T, T>(in, out,
+                              [](A x) ACCEL_INLINE { return common::gelu_tanh<CpuMath>(x); });
     case UnaryOp::Silu:
       return unary_loop<T, T>(in, out, [](A x) ACCEL_INLINE { return common::silu<CpuMath>(x); });
     case UnaryOp::Sin: return unary_loop<T, T>(in, out, [](A x) { return std::sin(x); });

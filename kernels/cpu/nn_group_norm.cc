@@ -90,8 +90,7 @@ void gn_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, int64
 
 template <typename T>
 void gn_backward(const Tensor& grad, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                 const Tensor& weight, int64_t groups, Tensor& dx, Tensor& dweight,
-                 Tensor& dbias) {
+                 const Tensor& weight, int64_t groups, Tensor& dx, Tensor& dweight, Tensor& dbias) {
   using A = acc_t<T>;
   const GnGeom g = gn_geom(x, groups);
   const T* gp = static_cast<const T*>(grad.data_ptr());

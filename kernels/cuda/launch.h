@@ -91,9 +91,16 @@ void launch_nll_loss_backward(Code t, Code idx_t, const void* grad, bool grad_pe
                               int64_t ignore_index, void* dlog_probs, cudaStream_t stream);
 
 // ---- attention softmax (nn.cu): rows of a contiguous (B, H, T, S) buffer ----
-// In place: p = softmax(scale * p) over each row, entries j > i (i = row % T) set to 0 when causal.
+// The additive mask of the scores (kernels/stubs/nn.h sdpa_stub): null, or read at
+// mask + b * sb + h * sh + i * si + j * sj for row (b, h, i) = ((b * H) + h) * T + i.
+struct SdpaMaskArgs {
+  const void* mask = nullptr;
+  int64_t H = 1, sb = 0, sh = 0, si = 0, sj = 0;
+};
+// In place: p = softmax(scale * p + mask) over each row, entries j > i (i = row % T) set to 0
+// when causal; lse (null: not written) receives each row's logsumexp, in p's dtype.
 void launch_sdpa_softmax(Code t, void* p, int64_t rows, int64_t T, int64_t S, double scale,
-                         bool causal, cudaStream_t stream);
+                         bool causal, const SdpaMaskArgs& mask, void* lse, cudaStream_t stream);
 // In place: dp = scale * p * (dp - rowsum(dp * p)).
 void launch_sdpa_softmax_backward(Code t, void* dp, const void* p, int64_t rows, int64_t S,
                                   double scale, cudaStream_t stream);

@@ -328,26 +328,37 @@ __global__ void nll_loss_backward_kernel(const T* __restrict__ grad, bool per_ro
 
 template <typename T>
 __global__ void sdpa_softmax_kernel(T* __restrict__ p, int64_t T_, int64_t S, A_t<T> scale,
-                                    bool causal) {
+                                    bool causal, SdpaMaskArgs mk, T* __restrict__ lse) {
   using A = A_t<T>;
   __shared__ A smem[32];
   const int64_t row = blockIdx.x;
   const int64_t i = row % T_;
   const int64_t len = causal ? min(S, i + 1) : S;
   T* pr = p + row * S;
+  const T* mr = nullptr;
+  if (mk.mask != nullptr) {
+    const int64_t bh = row / T_;
+    mr = static_cast<const T*>(mk.mask) + (bh / mk.H) * mk.sb + (bh % mk.H) * mk.sh + i * mk.si;
+  }
+  // The scaled, masked score, in the math type.
+  auto score = [&](int64_t j) {
+    const A v = scale * cvt<A>(pr[j]);
+    return mr ? v + cvt<A>(mr[j * mk.sj]) : v;
+  };
   A m = -std::numeric_limits<A>::infinity();
   for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
-    const A v = scale * cvt<A>(pr[j]);
+    const A v = score(j);
     m = v > m ? v : m;
   }
   m = block_max(m, smem);
   A s = A(0);
-  for (int64_t j = threadIdx.x; j < len; j += blockDim.x) s += m_exp(scale * cvt<A>(pr[j]) - m);
+  for (int64_t j = threadIdx.x; j < len; j += blockDim.x) s += m_exp(score(j) - m);
   s = block_sum(s, smem);
   const A inv = A(1) / s;
   for (int64_t j = threadIdx.x; j < S; j += blockDim.x) {
-    pr[j] = j < len ? cvt<T>(m_exp(scale * cvt<A>(pr[j]) - m) * inv) : cvt<T>(A(0));
+    pr[j] = j < len ? cvt<T>(m_exp(score(j) - m) * inv) : cvt<T>(A(0));
   }
+  if (lse != nullptr && threadIdx.x == 0) lse[row] = cvt<T>(m + m_log(s));
 }
 
 template <typename T>
@@ -436,10 +447,10 @@ __global__ void __launch_bounds__(kElemThreads)
 }  // namespace
 
 void launch_sdpa_softmax(Code t, void* p, int64_t rows, int64_t T, int64_t S, double scale,
-                         bool causal, cudaStream_t stream) {
+                         bool causal, const SdpaMaskArgs& mask, void* lse, cudaStream_t stream) {
   dispatch_float(t, [&]<typename U>() {
-    sdpa_softmax_kernel<U><<<unsigned(rows), row_threads(S), 0, stream>>>(static_cast<U*>(p), T, S,
-                                                                          A_t<U>(scale), causal);
+    sdpa_softmax_kernel<U><<<unsigned(rows), row_threads(S), 0, stream>>>(
+        static_cast<U*>(p), T, S, A_t<U>(scale), causal, mask, static_cast<U*>(lse));
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }

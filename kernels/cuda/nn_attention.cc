@@ -1,8 +1,9 @@
 // CUDA scaled dot-product attention (contract: kernels/stubs/nn.h, Note [fused attention] in
-// kernels/cpu/nn_attention.cc). Materialised, like the CPU kernel: the probabilities p are an
-// output that the backward reuses.
-//   forward:  p = q k^T (cuBLASLt, batched over heads), then one kernel scales, masks and
-//             normalises p in place; out = p v
+// kernels/cpu/nn_attention.cc). Materialised, unlike the CPU kernel: the probabilities p are
+// computed whole; the backward reuses the caller's p when it kept them and recomputes them
+// otherwise (no flash-style CUDA kernel yet).
+//   forward:  p = q k^T (cuBLASLt, batched over heads), then one kernel scales, adds the mask,
+//             masks the future, normalises p in place and writes lse; out = p v
 //   backward: dv = p^T dout;  ds = dout v^T, then one kernel turns it into
 //             scale * p * (ds - rowsum(ds * p)) in place;  dq = ds k;  dk = ds^T q
 // The GEMMs take q/k/v/out as strided views (transposes are op T in cuBLAS, no copies); only an
@@ -43,28 +44,52 @@ void check(std::initializer_list<const Tensor*> ts, const Tensor& q) {
   }
 }
 
-void sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
-                 Tensor& out, Tensor& p) {
-  check({&k, &v, &out, &p}, q);
-  ACCEL_INTERNAL_ASSERT(p.is_contiguous());
-  if (out.numel() == 0) return;
-  DeviceGuard g(q.device());
+SdpaMaskArgs mask_args(const Tensor& mask, int64_t H) {
+  SdpaMaskArgs a;
+  if (!mask.defined()) return a;
+  a.mask = mask.data_ptr();
+  a.H = H;
+  a.sb = mask.stride(0);
+  a.sh = mask.stride(1);
+  a.si = mask.stride(2);
+  a.sj = mask.stride(3);
+  return a;
+}
+
+// p (contiguous (B, H, T, S)) = softmax(scale * q k^T + mask, future masked); lse when given.
+void probabilities(const Tensor& q, const Tensor& k, const Tensor& mask, double scale, bool causal,
+                   Tensor& p, void* lse) {
   const int64_t T = q.size(2), S = k.size(2);
-  ACCEL_INTERNAL_ASSERT(!causal || T == S);
-  if (S == 0) {
-    fill_stub(out.device(), out, Scalar(0));
-    return;
-  }
   matmul_stub(q.device(), q, transposed(k), Tensor(), p);  // raw scores (B, H, T, S)
   launch_sdpa_softmax(code_of(q.dtype()), p.data_ptr(), p.numel() / S, T, S, scale, causal,
-                      current_stream().handle());
-  gemm_into(p, v, out);
+                      mask_args(mask, q.size(1)), lse, current_stream().handle());
+}
+
+void sdpa_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
+                 double scale, bool causal, Tensor& out, Tensor& lse, Tensor& p) {
+  check({&k, &v, &out}, q);
+  if (out.numel() == 0) return;
+  DeviceGuard g(q.device());
+  const int64_t S = k.size(2);
+  ACCEL_INTERNAL_ASSERT(S > 0 && lse.is_contiguous() && lse.dtype() == q.dtype() &&
+                        lse.numel() == q.numel() / q.size(3));
+  if (mask.defined()) ACCEL_INTERNAL_ASSERT(mask.dim() == 4 && mask.dtype() == q.dtype());
+  // The probabilities are materialised here either way; without p they are a temporary and the
+  // backward recomputes them (same GEMM and softmax kernel, so the same values).
+  Tensor probs = p.defined() ? p
+                             : empty({q.size(0), q.size(1), q.size(2), S},
+                                     TensorOptions(q.dtype(), q.device()));
+  ACCEL_INTERNAL_ASSERT(probs.is_contiguous());
+  probabilities(q, k, mask, scale, causal, probs, lse.data_ptr());
+  gemm_into(probs, v, out);
 }
 
 void sdpa_backward_kernel(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                          const Tensor& p, double scale, bool causal, Tensor& dq, Tensor& dk,
-                          Tensor& dv) {
-  check({&dout, &k, &v, &p, &dq, &dk, &dv}, q);
+                          const Tensor& mask, const Tensor& out, const Tensor& lse, const Tensor& p,
+                          double scale, bool causal, Tensor& dq, Tensor& dk, Tensor& dv) {
+  check({&dout, &k, &v, &dq, &dk, &dv}, q);
+  (void)out;  // the backward's row sums come from ds * p, like the forward's softmax
+  (void)lse;
   DeviceGuard g(q.device());
   if (q.numel() == 0 || k.numel() == 0 || v.numel() == 0) {
     for (Tensor* t : {&dq, &dk, &dv}) {
@@ -72,13 +97,18 @@ void sdpa_backward_kernel(const Tensor& dout, const Tensor& q, const Tensor& k, 
     }
     return;
   }
-  (void)causal;  // p holds exact zeros above the diagonal, so ds does too
   const int64_t S = k.size(2);
-  gemm_into(transposed(p), dout, dv);  // (B, H, S, T) @ (B, H, T, Dv)
-  Tensor ds = empty(p.sizes(), TensorOptions(p.dtype(), p.device()));
+  Tensor probs = p;
+  if (!probs.defined()) {
+    probs = empty({q.size(0), q.size(1), q.size(2), S}, TensorOptions(q.dtype(), q.device()));
+    probabilities(q, k, mask, scale, causal, probs, nullptr);
+  }
+  // p holds exact zeros above the diagonal (and where the mask is -inf), so ds does too.
+  gemm_into(transposed(probs), dout, dv);  // (B, H, S, T) @ (B, H, T, Dv)
+  Tensor ds = empty(probs.sizes(), TensorOptions(probs.dtype(), probs.device()));
   matmul_stub(q.device(), dout, transposed(v), Tensor(), ds);  // dP = dout v^T
-  launch_sdpa_softmax_backward(code_of(q.dtype()), ds.data_ptr(), p.data_ptr(), p.numel() / S, S,
-                               scale, current_stream().handle());
+  launch_sdpa_softmax_backward(code_of(q.dtype()), ds.data_ptr(), probs.data_ptr(),
+                               probs.numel() / S, S, scale, current_stream().handle());
   gemm_into(ds, k, dq);              // (B, H, T, S) @ (B, H, S, D)
   gemm_into(transposed(ds), q, dk);  // (B, H, S, T) @ (B, H, T, D)
 }

@@ -34,8 +34,8 @@ void group_norm_kernel(const Tensor& x, const Tensor& weight, const Tensor& bias
   int64_t n, c, s;
   geometry(x, n, c, s);
   if (n * groups == 0) return;
-  ACCEL_CHECK(n * groups <= INT32_MAX, ShapeError, "group_norm", "too many groups for one grid: ",
-              x.sizes(), " with ", groups, " groups");
+  ACCEL_CHECK(n * groups <= INT32_MAX, ShapeError, "group_norm",
+              "too many groups for one grid: ", x.sizes(), " with ", groups, " groups");
   if (s == 0 || c == 0) {  // empty groups: mean 0, rstd 1 / sqrt(eps), as the CPU kernel
     raw::fill_(mean, 0);
     raw::fill_(rstd, 1.0 / std::sqrt(eps));

@@ -56,10 +56,16 @@ void compare(const Fn& fused, const Fn& reference, const std::vector<Tensor>& in
   }
 }
 
-// The textbook composition, written independently of the op's own fallback.
-Tensor ref_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+// The textbook composition, written independently of the op's own fallback. mask: additive
+// (float) or bool (true = takes part); scale 0 means 1 / sqrt(D).
+Tensor ref_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                     const Tensor& mask = Tensor(), double scale = 0) {
   const int64_t T = q.size(-2), S = k.size(-2);
-  Tensor att = div(matmul(q, k.transpose(-2, -1)), std::sqrt(double(q.size(-1))));
+  Tensor att = scale != 0 ? mul(matmul(q, k.transpose(-2, -1)), scale)
+                          : div(matmul(q, k.transpose(-2, -1)), std::sqrt(double(q.size(-1))));
+  if (mask.defined()) {
+    att = mask.dtype() == kBool ? where(mask, att, -INFINITY) : add(att, mask);
+  }
   if (causal) {
     Tensor future = gt(arange(S).reshape({1, S}), arange(T).reshape({T, 1}));  // j > i
     att = masked_fill(att, future.to(q.device()), -INFINITY);
@@ -197,12 +203,23 @@ TEST_CASE("scaled_dot_product_attention: errors name the op and the shapes") {
       {"[scaled_dot_product_attention]", "(1, 2, 5, 4)", "(1, 2, 5, 3)"});
   check_error<ShapeError>([&] { scaled_dot_product_attention(q.flatten(0, 1), q, q, false); },
                           {"[scaled_dot_product_attention]", "(2, 5, 4)"});
+  check_error<ValueError>(
+      [&] {
+        scaled_dot_product_attention(q, q, q, ones({5, 5}, TensorOptions(kBool)), 0.0, true);
+      },
+      {"[scaled_dot_product_attention]", "is_causal", "(5, 5)"});
   check_error<ShapeError>(
       [&] {
-        scaled_dot_product_attention(q, rn({1, 2, 6, 4}, kFloat32), rn({1, 2, 6, 4}, kFloat32),
-                                     true);
+        scaled_dot_product_attention(q, q, q, ones({3, 5}, TensorOptions(kBool)));
       },
-      {"[scaled_dot_product_attention] causal", "(1, 2, 6, 4)"});
+      {"[scaled_dot_product_attention] attn_mask", "(3, 5)", "(1, 2, 5, 5)"});
+  check_error<DTypeError>(
+      [&] {
+        scaled_dot_product_attention(q, q, q, ones({5, 5}, TensorOptions(kInt64)));
+      },
+      {"[scaled_dot_product_attention] attn_mask", "int64"});
+  check_error<ValueError>([&] { scaled_dot_product_attention(q, q, q, Tensor(), 1.5); },
+                          {"[scaled_dot_product_attention] dropout_p", "1.5"});
   check_error<DTypeError>([&] { scaled_dot_product_attention(q, q.to(kFloat64), q, false); },
                           {"[scaled_dot_product_attention]", "float64"});
   check_error<ShapeError>(
@@ -215,4 +232,91 @@ TEST_CASE("scaled_dot_product_attention: errors name the op and the shapes") {
         scaled_dot_product_attention_packed(ones({2, 5, 12}, TensorOptions(kInt64)), 2, true);
       },
       {"[scaled_dot_product_attention_packed]"});
+}
+
+TEST_CASE("scaled_dot_product_attention: masks, scale, cross-attention and long rows") {
+  // S > 256 drops the kept probabilities (the backward recomputes them from lse); S > 512 spans
+  // two key blocks (the online softmax rescales O). Masks: bool (T, S) broadcast, float
+  // (B, 1, T, S), bool with a padded key column per batch (B, 1, 1, S).
+  for (DType dt : {kFloat32, kFloat64}) {
+    INFO("dtype ", dt);
+    for (int64_t S : {9, 300, 700}) {
+      INFO("S = ", S);
+      const int64_t T = 5;
+      const std::vector<Tensor> in = {rn({2, 3, T, 8}, dt), rn({2, 3, S, 8}, dt),
+                                      rn({2, 3, S, 6}, dt)};
+      Tensor keep = gt(rn({T, S}, kFloat32), -0.8);
+      keep.narrow(1, 0, 1).fill_(1.0);  // no fully masked row
+      compare([&](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], keep); },
+              [&](const auto& x) { return ref_attention(x[0], x[1], x[2], false, keep); }, in,
+              rtol_for(dt), atol_for(dt));
+      Tensor fm = rn({2, 1, T, S}, dt);
+      compare(
+          [&](const auto& x) {
+            return scaled_dot_product_attention(x[0], x[1], x[2], fm, 0.0, false, 0.3);
+          },
+          [&](const auto& x) { return ref_attention(x[0], x[1], x[2], false, fm, 0.3); }, in,
+          rtol_for(dt), atol_for(dt));
+      Tensor pad = ones({2, 1, 1, S}, TensorOptions(kBool));
+      pad.narrow(0, 1, 1).narrow(3, S - 2, 2).fill_(0.0);
+      compare([&](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], pad); },
+              [&](const auto& x) { return ref_attention(x[0], x[1], x[2], false, pad); }, in,
+              rtol_for(dt), atol_for(dt));
+    }
+    INFO("causal, T = S = 600: two key blocks, no kept probabilities");
+    compare([](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], true); },
+            [](const auto& x) { return ref_attention(x[0], x[1], x[2], true); },
+            {rn({1, 2, 600, 4}, dt), rn({1, 2, 600, 4}, dt), rn({1, 2, 600, 4}, dt)}, rtol_for(dt),
+            atol_for(dt));
+    INFO("causal with T != S (top-left aligned, as torch)");
+    compare([](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], true); },
+            [](const auto& x) { return ref_attention(x[0], x[1], x[2], true); },
+            {rn({1, 2, 70, 4}, dt), rn({1, 2, 6, 4}, dt), rn({1, 2, 6, 3}, dt)}, rtol_for(dt),
+            atol_for(dt));
+    compare([](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], true); },
+            [](const auto& x) { return ref_attention(x[0], x[1], x[2], true); },
+            {rn({1, 2, 6, 4}, dt), rn({1, 2, 70, 4}, dt), rn({1, 2, 70, 3}, dt)}, rtol_for(dt),
+            atol_for(dt));
+  }
+}
+
+TEST_CASE("scaled_dot_product_attention: a float mask that requires grad gets its gradient") {
+  const std::vector<Tensor> in = {rn({1, 2, 4, 3}, kFloat64), rn({1, 2, 6, 3}, kFloat64),
+                                  rn({1, 2, 6, 3}, kFloat64), rn({4, 6}, kFloat64)};
+  compare([](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], x[3]); },
+          [](const auto& x) { return ref_attention(x[0], x[1], x[2], false, x[3]); }, in, 1e-10,
+          1e-12);
+}
+
+TEST_CASE("scaled_dot_product_attention: other ranks, dropout, fully masked rows") {
+  Tensor q = rn({3, 5, 4}, kFloat64), k = rn({3, 7, 4}, kFloat64), v = rn({3, 7, 2}, kFloat64);
+  Tensor keep = gt(rn({5, 7}, kFloat32), -0.5);
+  keep.narrow(1, 0, 1).fill_(1.0);
+  // (N, T, D) and (A, B, H, T, D) against the (B, H, T, D) op on the same data.
+  Tensor y3 = scaled_dot_product_attention(q, k, v, keep);
+  CHECK(y3.sizes() == Shape{3, 5, 2});
+  check_close(y3, ref_attention(q, k, v, false, keep), 1e-10, 1e-12);
+  Tensor y5 = scaled_dot_product_attention(q.reshape({1, 3, 1, 5, 4}), k.reshape({1, 3, 1, 7, 4}),
+                                           v.reshape({1, 3, 1, 7, 2}), Tensor(), 0.0, true);
+  CHECK(y5.sizes() == Shape{1, 3, 1, 5, 2});
+  check_close(y5.reshape({3, 5, 2}), ref_attention(q, k, v, true), 1e-10, 1e-12);
+  // Dropout: the attention weights dropped with the generator's draws, scaled by 1 / (1 - p).
+  Tensor q4 = q.unsqueeze(0), k4 = k.unsqueeze(0), v4 = v.unsqueeze(0);
+  Generator g1(11), g2(11);
+  Tensor yd = scaled_dot_product_attention(q4, k4, v4, Tensor(), 0.3, false, std::nullopt, &g1);
+  Tensor att = softmax(div(matmul(q4, k4.transpose(-2, -1)), 2.0), -1);
+  Tensor ref = matmul(dropout(att, 0.3, true, &g2), v4);
+  check_close(yd, ref, 1e-10, 1e-12);
+  CHECK_FALSE(allclose(yd, matmul(att, v4), 1e-3, 1e-3));
+  // A row with every key masked is NaN, fused and composed alike (torch's math path too).
+  Tensor none = ones({5, 7}, TensorOptions(kBool));
+  none.narrow(0, 2, 1).fill_(0.0);
+  for (DType dt : {kFloat32, kFloat64}) {
+    Tensor yn = scaled_dot_product_attention(q4.to(dt), k4.to(dt), v4.to(dt), none);
+    std::vector<double> vals = yn.tolist();
+    for (size_t i = 0; i < vals.size(); ++i) {
+      const int64_t row = int64_t(i / 2) % 5;
+      CHECK(std::isnan(vals[i]) == (row == 2));
+    }
+  }
 }

@@ -180,6 +180,37 @@ TEST_CASE("softmax: numerically stable for large logits, NaN propagates, non-con
   check_close(softmax(wide, 1), softmax(wide.to(kFloat64), 1), 1e-5, 1e-7);
 }
 
+TEST_CASE("tanh and gelu(tanh) in float32 match float64 over a wide range (vectorised tanh)") {
+  // 80001 points on [-20, 20] (both branches of tanh_f32 and the switch at 0.4), tiny values,
+  // signed zeros, infinities and NaN.
+  std::vector<double> v;
+  for (int i = -40000; i <= 40000; ++i) v.push_back(i * 5e-4);
+  for (double t : {1e-30, -1e-20, 1e-8, -3e-4, 0.39999, 0.4, 0.40001, 44.0, 90.0, -1e4}) {
+    v.push_back(t);
+  }
+  const Tensor x64 = tensor(v, {int64_t(v.size())});
+  const Tensor x32 = x64.to(kFloat32);
+  const Tensor xr = x32.to(kFloat64);  // the float inputs, exactly
+  const Tensor t32 = tanh(x32).to(kFloat64), t64 = tanh(xr);
+  // |error| <= 4e-7 |tanh| + 1e-37: a few ulps everywhere, relative near 0.
+  CHECK_MESSAGE(allclose(t32, t64, 4e-7, 1e-37), "max |diff| = ", max_diff(t32, t64));
+  const Tensor g32 = gelu(x32, "tanh").to(kFloat64), g64 = gelu(xr, "tanh");
+  CHECK_MESSAGE(allclose(g32, g64, 1e-6, 2e-7), "max |diff| = ", max_diff(g32, g64));
+  const Tensor special = tensor(std::vector<double>{0.0, -0.0, INFINITY, -INFINITY, NAN}, {5});
+  const Tensor s = tanh(special.to(kFloat32));
+  CHECK(s.index({0}).item<float>() == 0.0f);
+  CHECK(std::signbit(s.index({1}).item<float>()));
+  CHECK(s.index({2}).item<float>() == 1.0f);
+  CHECK(s.index({3}).item<float>() == -1.0f);
+  CHECK(std::isnan(s.index({4}).item<float>()));
+  // The gradient runs the same tanh (GeluTanhGrad).
+  const Tensor a32 = x32.detach().requires_grad_(), a64 = xr.detach().requires_grad_();
+  sum(gelu(a32, "tanh")).backward();
+  sum(gelu(a64, "tanh")).backward();
+  const Tensor d32 = a32.grad().to(kFloat64);
+  CHECK_MESSAGE(allclose(d32, a64.grad(), 1e-6, 1e-6), "max |diff| = ", max_diff(d32, a64.grad()));
+}
+
 TEST_CASE("softmax: half and bfloat16 compute in float") {
   Tensor x = rn({4, 33});
   for (DType dt : {kFloat16, kBFloat16}) {

@@ -54,6 +54,21 @@ const std::map<std::string, std::string> kNoMethod = {
     {"scaled_dot_product_attention", "torch.nn.functional.scaled_dot_product_attention"},
     {"scaled_dot_product_attention_packed", "fused variant of the functional attention"},
     {"embedding", "torch.nn.functional.embedding (weight first)"},
+    {"conv_transpose2d", "torch.nn.functional.conv_transpose2d"},
+    {"conv1d", "torch.nn.functional.conv1d"},
+    {"conv_transpose1d", "torch.nn.functional.conv_transpose1d"},
+    {"adaptive_avg_pool2d", "torch.nn.functional.adaptive_avg_pool2d"},
+    {"adaptive_max_pool2d", "torch.nn.functional.adaptive_max_pool2d"},
+    {"adaptive_max_pool2d_with_indices", "torch.nn.functional.adaptive_max_pool2d_with_indices"},
+    {"group_norm", "torch.nn.functional.group_norm"},
+    {"instance_norm", "torch.nn.functional.instance_norm"},
+    {"dropout2d", "torch.nn.functional.dropout2d"},
+    {"pixel_shuffle", "torch.nn.functional.pixel_shuffle"},
+    {"pixel_unshuffle", "torch.nn.functional.pixel_unshuffle"},
+    {"pad", "torch.nn.functional.pad"},
+    {"interpolate", "torch.nn.functional.interpolate"},
+    {"leaky_relu", "torch.nn.functional.leaky_relu"},
+    {"elu", "torch.nn.functional.elu"},
 };
 
 std::string read_text(const std::string& path) {

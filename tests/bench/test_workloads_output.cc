@@ -163,6 +163,40 @@ TEST_CASE("workloads op prints one key=value line per mode with a positive us_pe
   op_lines(r, "us_per_op");
 }
 
+TEST_CASE("workloads mlp prints its limit and efficiency, and --profile the per-op table") {
+  // 2 steps on Fashion-MNIST (a Debian package the test command installs).
+  const Run r = run(kWorkloads, "--steps 2 --warmup 0 --profile mlp");
+  INFO("stderr: ", r.err);
+  REQUIRE(r.status == 0);
+  const auto lines = lines_of(r.out);
+  REQUIRE(lines.size() >= 3);
+  check_features_line(lines[0]);
+  auto kv = parse_line(lines[1]);
+  CHECK(kv["workload"] == "mlp");
+  for (const char* k : {"ms_per_step", "limit_ms", "efficiency", "compute_ms", "memory_ms",
+                        "floor_mb", "copy_gbs"}) {
+    CAPTURE(k);
+    CHECK(positive_number(kv[k]));
+  }
+  // The three Linear layers: 3 forward products, 3 weight gradients, 2 input gradients.
+  CHECK(kv["replayed_calls"] == "8");
+  CHECK(kv["replayed_shapes"] == "8");
+  bool matmul_row = false, outside_row = false;
+  for (size_t i = 2; i < lines.size(); ++i) {
+    auto p = parse_line(lines[i]);
+    CHECK(p["workload"] == "profile");
+    CHECK(p["of"] == "mlp");
+    matmul_row = matmul_row || p["op"] == "matmul_stub";
+    if (p["op"] == "outside_kernels") {
+      outside_row = true;
+      CHECK(positive_number(p["step_ms"]));
+      CHECK(positive_number(p["kernels_ms"]));
+    }
+  }
+  CHECK(matmul_row);
+  CHECK(outside_row);
+}
+
 TEST_CASE("workloads rejects bad usage with status 2 and prints nothing on stdout") {
   REQUIRE(exists(kWorkloads));
   for (const char* args : {"", "no-such-workload", "--vs bogus op", "--rounds 0 op", "--steps x op",

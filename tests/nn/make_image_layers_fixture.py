@@ -69,6 +69,7 @@ run("ct_s3_p2_op2_nobias", nn.ConvTranspose2d(2, 3, 4, stride=3, padding=2, outp
 run("ct_dcgan", nn.ConvTranspose2d(5, 3, 4, 2, 1, bias=False), (2, 5, 4, 4))
 run("ct_output_size", nn.ConvTranspose2d(3, 2, 3, stride=2, padding=1), (1, 3, 4, 5),
     fwd=lambda m, x: m(x, output_size=[8, 10]))
+run("ct_op2_dil3", nn.ConvTranspose2d(2, 3, 2, output_padding=(2, 1), dilation=3), (2, 2, 3, 4))
 run("ct_unbatched", nn.ConvTranspose2d(2, 2, 2, stride=2), (2, 3, 3))
 # Conv1d(in, out, kernel, stride, padding, dilation, groups, bias)
 run("c1_s2_p1", nn.Conv1d(3, 4, 3, stride=2, padding=1), (2, 3, 9))

@@ -85,6 +85,9 @@ std::map<std::string, Case> cases() {
                          [](nn::Module& m, const Tensor& x) {
                            return dynamic_cast<nn::ConvTranspose2d&>(m).forward(x, {8, 10});
                          }};
+  c["ct_op2_dil3"] = {
+      mk<nn::ConvTranspose2d>(2, 3, Size2(2), Size2(1), Size2(0), Size2(2, 1), 1, true, Size2(3)),
+      {}};
   c["ct_unbatched"] = {mk<nn::ConvTranspose2d>(2, 2, Size2(2), Size2(2)), {}};
   c["c1_s2_p1"] = {mk<nn::Conv1d>(3, 4, 3, 2, 1), {}};
   c["c1_g2_d2_nobias"] = {mk<nn::Conv1d>(4, 6, 2, 1, 0, 2, 2, false), {}};
@@ -237,8 +240,9 @@ TEST_CASE("image ops: bad arguments name the op and the shapes") {
     }
     return std::string("no error");
   };
-  CHECK(message([&] { conv_transpose2d(x, randn({3, 2, 3, 3})); }).find("[conv_transpose2d]") !=
-        std::string::npos);
+  CHECK(message([&] {
+          conv_transpose2d(x, randn({3, 2, 3, 3}));
+        }).find("[conv_transpose2d]") != std::string::npos);
   CHECK_THROWS_AS(conv_transpose2d(x, randn({4, 2, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}),
                   ValueError);  // output_padding 1 not below stride 1 or dilation 1
   CHECK_THROWS_AS(nn::ConvTranspose2d(4, 2, 3, 2, 0, 2), ValueError);

@@ -66,7 +66,14 @@ void add_elementwise_cases(Table& t) {
   t.add("gelu_erf", "wide domain (67, 129)", OP_INPUTS(m.rnd({67, 129}, -5, 5)),
         OP_FN(return gelu(x[0]);))
       .no_gradcheck();
-  t.add("gelu_tanh", "", OP_INPUTS(m.rnd({2, 4})), OP_FN(return gelu(x[0], "tanh");));
+  t.add("gelu_tanh", "", OP_INPUTS(m.rnd({2, 4})), OP_FN(return gelu(x[0], "tanh");))
+      .bench("gelu_tanh", "1M", OP_INPUTS(m.rnd({kEltN}, -4, 4)), 2.0 * kEltN * 4, false);
+  t.add("gelu_tanh", "wide domain (67, 129)", OP_INPUTS(m.rnd({67, 129}, -12, 12)),
+        OP_FN(return gelu(x[0], "tanh");))
+      .no_gradcheck();
+  t.add("tanh", "wide domain (67, 129)", OP_INPUTS(m.rnd({67, 129}, -12, 12)),
+        OP_FN(return tanh(x[0]);))
+      .no_gradcheck();
   t.add("silu", "", OP_INPUTS(m.rnd({2, 4})), OP_FN(return silu(x[0]);));
   t.add("sin", "", OP_INPUTS(m.rnd({5})), OP_FN(return sin(x[0]);));
   t.add("cos", "", OP_INPUTS(m.rnd({5})), OP_FN(return cos(x[0]);));

@@ -40,9 +40,10 @@ void add_image_cases(Table& t) {
         OP_INPUTS(m.rnd({1, 4, 3, 4}), m.rnd({4, 3, 2, 3}), m.rnd({6})),
         OP_FN(return conv_transpose2d(x[0], x[1], x[2], {1, 2}, {0, 1}, {0, 1}, 2, {2, 1});))
       .tol_scale(4);
-  t.add("conv_transpose2d", "output_padding 2 below dilation 3, stride 1",
-        OP_INPUTS(m.rnd({1, 2, 3, 3}), m.rnd({2, 2, 2, 2})),
-        OP_FN(return conv_transpose2d(x[0], x[1], Tensor(), {1, 1}, {0, 0}, {2, 2}, 1, {3, 3});))
+  // output_padding of the stride or more: zero rows and columns plus the bias.
+  t.add("conv_transpose2d", "output_padding (2, 1) below dilation 3, stride (1, 2), bias",
+        OP_INPUTS(m.rnd({1, 2, 3, 3}), m.rnd({2, 2, 2, 2}), m.rnd({2})),
+        OP_FN(return conv_transpose2d(x[0], x[1], x[2], {1, 2}, {0, 0}, {2, 1}, 1, {3, 3});))
       .tol_scale(4);
   t.add("conv_transpose2d", "3-D input, 1x1 kernel",
         OP_INPUTS(m.rnd({3, 3, 2}), m.rnd({3, 2, 1, 1}), m.rnd({2})),
@@ -77,7 +78,9 @@ void add_image_cases(Table& t) {
   for (const Shape& s : {Shape{32, 128, 32, 32}, Shape{8, 256, 64, 64}}) {
     gn.bench(
         "group_norm", dims_str(s) + "_32",
-        [s](Maker& m) { return In{m.rnd(s, -3, 3), m.rnd({s[1]}), m.rnd({s[1]})}; },
+        [s](Maker& m) {
+          return In{m.rnd(s, -3, 3), m.rnd({s[1]}), m.rnd({s[1]})};
+        },
         2.0 * double(s[0] * s[1] * s[2] * s[3]) * 4, false, Tol{1e-5, 1e-4});
   }
   t.add("group_norm", "(N, C, L), 3 groups, no affine", OP_INPUTS(m.rnd({3, 6, 5})),
@@ -123,8 +126,9 @@ void add_image_cases(Table& t) {
           Generator g(11);
           return dropout2d(x[0], 0.5, true, &g);
         }))
-      .cpu("the mask comes from the generator on the CPU; the same on every device, but one case "
-           "suffices");
+      .cpu(
+          "the mask comes from the generator on the CPU; the same on every device, but one case "
+          "suffices");
   t.add("pixel_shuffle", "r 2", OP_INPUTS(m.rnd({2, 8, 3, 2})),
         OP_FN(return pixel_shuffle(x[0], 2);));
   t.add("pixel_unshuffle", "r 2, 3-D", OP_INPUTS(m.rnd({2, 4, 6})),

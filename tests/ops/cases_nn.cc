@@ -131,6 +131,71 @@ void add_nn_cases(Table& t) {
       .no_gradcheck()
       .tol_scale(4)
       .grad_scale(8);
+  // torch's full signature (attn_mask, dropout_p, is_causal, scale). Masks are inputs: bool ones
+  // stay bool, a float mask made with rnd_const takes the fused path, one made with rnd requires
+  // grad and takes the composed path. S = 300 leaves the kept-probabilities range (the backward
+  // recomputes P from lse); S = 520 spans two key blocks of the online softmax.
+  t.add("scaled_dot_product_attention", "bool mask (T, S) broadcast, cross-attention S != T",
+        OP_INPUTS(m.rnd({2, 2, 3, 4}), m.rnd({2, 2, 4, 4}), m.rnd({2, 2, 4, 3}),
+                  m.mask({1, 0, 1, 1, 0, 1, 1, 0, 1, 1, 1, 1}, {3, 4})),
+        OP_FN(return scaled_dot_product_attention(x[0], x[1], x[2], x[3]);))
+      .tol_scale(4)
+      .grad_scale(8);
+  t.add("scaled_dot_product_attention", "bool key padding (B, 1, 1, S), scale 0.7",
+        OP_INPUTS(m.rnd({2, 2, 3, 4}), m.rnd({2, 2, 5, 4}), m.rnd({2, 2, 5, 4}),
+                  m.mask({1, 1, 1, 1, 1, 1, 1, 1, 0, 0}, {2, 1, 1, 5})),
+        OP_FN(return scaled_dot_product_attention(x[0], x[1], x[2], x[3], 0.0, false, 0.7);))
+      .tol_scale(4)
+      .grad_scale(8);
+  t.add("scaled_dot_product_attention", "float mask (B, 1, T, S), no grad for it",
+        OP_INPUTS(m.rnd({2, 2, 3, 4}), m.rnd({2, 2, 6, 4}), m.rnd({2, 2, 6, 2}),
+                  m.rnd_const({2, 1, 3, 6}, -2.0, 1.0)),
+        OP_FN(return scaled_dot_product_attention(x[0], x[1], x[2], x[3]);))
+      .tol_scale(4)
+      .grad_scale(8);
+  t.add("scaled_dot_product_attention", "float mask (T, S) with its gradient (composed)",
+        OP_INPUTS(m.rnd({1, 2, 3, 4}), m.rnd({1, 2, 5, 4}), m.rnd({1, 2, 5, 4}),
+                  m.rnd({3, 5}, -2.0, 1.0)),
+        OP_FN(return scaled_dot_product_attention(x[0], x[1], x[2], x[3]);))
+      .tol_scale(4)
+      .grad_scale(8);
+  t.add("scaled_dot_product_attention", "causal, T 5 > S 3 (top-left), scale 0.4, (N, T, D)",
+        OP_INPUTS(m.rnd({2, 5, 3}), m.rnd({2, 3, 3}), m.rnd({2, 3, 2})),
+        OP_FN(return scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), 0.0, true, 0.4);))
+      .tol_scale(4)
+      .grad_scale(8);
+  t.add("scaled_dot_product_attention", "float mask, S 300 (P recomputed from lse)",
+        OP_INPUTS(m.rnd({1, 1, 2, 2}), m.rnd({1, 1, 300, 2}), m.rnd({1, 1, 300, 2}),
+                  m.rnd_const({300}, -1.0, 1.0)),
+        OP_FN(return scaled_dot_product_attention(x[0], x[1], x[2], x[3]);))
+      .tol_scale(4)
+      .grad_scale(8);
+  t.add("scaled_dot_product_attention", "causal, T = S = 520 (two key blocks)",
+        OP_INPUTS(m.rnd({1, 1, 520, 2}), m.rnd({1, 1, 520, 2}), m.rnd({1, 1, 520, 2})),
+        OP_FN(return scaled_dot_product_attention(x[0], x[1], x[2], true);))
+      .no_gradcheck()
+      .tol_scale(4)
+      .grad_scale(8)
+      // bench/kernels row sdpa/ours/B1_H8_T1024_D64_causal: forward FLOPs 4 B H T S D / 2.
+      .bench("sdpa", "B1_H8_T1024_D64_causal",
+             OP_INPUTS(m.rnd({1, 8, 1024, 64}), m.rnd({1, 8, 1024, 64}), m.rnd({1, 8, 1024, 64})),
+             2.0 * 8 * 1024 * 1024 * 64, true, Tol{1e-4, 1e-4});
+  t.add("scaled_dot_product_attention", "not causal, S 520 (two key blocks), gradcheck",
+        OP_INPUTS(m.rnd({1, 1, 2, 2}), m.rnd({1, 1, 520, 2}), m.rnd({1, 1, 520, 1})),
+        OP_FN(return scaled_dot_product_attention(x[0], x[1], x[2], false);))
+      .tol_scale(4)
+      .grad_scale(8)
+      .bench("sdpa", "B1_H8_T1024_D64",
+             OP_INPUTS(m.rnd({1, 8, 1024, 64}), m.rnd({1, 8, 1024, 64}), m.rnd({1, 8, 1024, 64})),
+             4.0 * 8 * 1024 * 1024 * 64, true, Tol{1e-4, 1e-4});
+  // A fresh generator with a fixed seed per call: every evaluation drops the same weights.
+  t.add("scaled_dot_product_attention", "dropout 0.3 with a generator (composed)",
+        OP_INPUTS(m.rnd({1, 2, 3, 4}), m.rnd({1, 2, 4, 4}), m.rnd({1, 2, 4, 4})), OP_FN({
+          Generator g(3);
+          return scaled_dot_product_attention(x[0], x[1], x[2], Tensor(), 0.3, false, std::nullopt,
+                                              &g);
+        }))
+      .cpu("the dropout mask comes from each device's own random stream");
   // cross_entropy with class weights or probability targets (composed: Note [cross_entropy
   // with weights or probabilities] in autograd/ops/nn.cc).
   t.add("cross_entropy", "probability targets, weights, label smoothing",

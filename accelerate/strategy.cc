@@ -115,7 +115,6 @@ StrategyMemory ReplicatedStrategy::memory() const {
     m.param_bytes += z.param_bytes;
     m.grad_bytes += z.grad_bytes;
     m.optimizer_bytes += z.optimizer_bytes;
-    m.gathered_param_bytes += z.gathered_param_bytes;
     m.full_param_bytes += z.full_param_bytes;
     for (auto& a : s->accum) m.grad_bytes += int64_t(a.nbytes());
   }
@@ -449,8 +448,6 @@ void ReplicatedStrategy::apply_state(StrategyState& state) {
   // 3. values (cannot fail after the checks).
   for (size_t i = 0; i < models_.size(); ++i)
     for (auto& [n, t] : own[i]) swap_values(t, st->models[i].at(n));
-  for (auto& s : slots_)
-    if (s->zero) s->zero->reload_shards_from_parameters();
   for (size_t i = 0; i < models_.size(); ++i) {
     std::vector<std::pair<Tensor, Tensor>> had;
     for (auto& [pname, p] : models_[i]->named_parameters()) had.emplace_back(p, p.grad());
@@ -491,8 +488,6 @@ void ReplicatedStrategy::load_model(size_t index, const nn::SafetensorsCheckpoin
   try {
     for (auto& [name, t] : models_[index]->state_handles())
       if (src.contains(name)) read_into(src, name, 0, t.numel(), t);
-    for (auto& s : slots_)
-      if (s->zero) s->zero->reload_shards_from_parameters();
   } catch (...) {
     if (!err) err = std::current_exception();
   }

@@ -10,14 +10,14 @@
 // Bucket b (parallel/buckets.h) is a flat buffer of numel_b elements, numel_b a multiple of the
 // world size N; parameters sit at fixed offsets, the tail is zero padding. Rank r owns elements
 // [r * numel_b / N, (r + 1) * numel_b / N) of every bucket, which is exactly the slice a ring
-// reduce-scatter of the bucket leaves on rank r, so stage 2/3 gradients need no reshuffling.
+// reduce-scatter of the bucket leaves on rank r, so stage 2 gradients need no reshuffling.
 // A slice may cut a parameter in two; that is harmless for elementwise optimizers, whose
 // update of an element depends only on that element's parameter, gradient and state. Padding
 // has zero gradient and zero value, so it stays zero under SGD, Adam and AdamW.
-// Stages 1/2 keep the full flat buffer and make every parameter a view into it
+// Both stages keep the full flat buffer and make every parameter a view into it
 // (nn::assign_tensor_data keeps the module's handles and autograd metadata), so an in-place
-// all-gather after the step updates the model. Stage 3 keeps only the owned slices; parameters
-// point at an empty tensor until gather_parameters() assembles the buckets again.
+// all-gather after the step updates the model. ZeRO-3 (parameters sharded too) is not here: the
+// one engine for it is FullyShardedModel (parallel/fsdp.h), which shards per wrapping unit.
 
 // Note [zero mixed precision]
 // With param_dtype (stages 1-2) a bucket has three forms: flat_[b], the full buffer in the compute
@@ -54,8 +54,9 @@ ZeroOptimizer::ZeroOptimizer(std::vector<NamedParams> groups,
                              const GroupOptimizerFactory& make_optimizer, ProcessGroupPtr pg,
                              ZeroOptions options)
     : pg_(group_or_default(std::move(pg))), options_(options) {
-  ACCEL_CHECK(options_.stage >= 1 && options_.stage <= 3, ValueError, "zero",
-              "stage must be 1, 2 or 3, got ", options_.stage);
+  ACCEL_CHECK(options_.stage == 1 || options_.stage == 2, ValueError, "zero",
+              "ZeroOptions::stage must be 1 or 2, got ", options_.stage,
+              options_.stage == 3 ? " (ZeRO-3 is dist::FullyShardedModel, parallel/fsdp.h)" : "");
   ACCEL_CHECK(options_.root >= 0 && options_.root < pg_->size(), DistError, "zero", "root ",
               options_.root, " is outside [0, ", pg_->size(), ")");
   ACCEL_CHECK(bool(make_optimizer), ValueError, "zero", "no optimizer factory");
@@ -76,9 +77,6 @@ ZeroOptimizer::ZeroOptimizer(std::vector<NamedParams> groups,
   if (compute) {
     ACCEL_CHECK(*compute == kBFloat16 || *compute == kFloat16, ValueError, "zero",
                 "ZeroOptions::param_dtype must be bfloat16 or float16, got ", *compute);
-    ACCEL_CHECK(options_.stage < 3, ValueError, "zero",
-                "ZeroOptions::param_dtype is for stages 1-2; stage 3 (parallel/fsdp.h) has "
-                "FsdpOptions::param_dtype");
     for (auto& [name, p] : all) {
       ACCEL_CHECK(p.defined(), ValueError, "zero", "parameter '", name, "' is undefined");
       ACCEL_CHECK(p.dtype() == kFloat32, DTypeError, "zero", "parameter '", name, "' has dtype ",
@@ -219,18 +217,11 @@ void ZeroOptimizer::init(const GroupOptimizerFactory& make_optimizer,
   if (mixed_precision()) {
     point_params_at(flat_);
     shards_ = master_;
-  } else if (options_.stage < 3) {
+  } else {
     flat_ = flats;
     point_params_at(flat_);
     for (size_t b = 0; b < buckets.size(); ++b)
       shards_.push_back(flat_[b].narrow(0, r * buckets[b].shard_numel, buckets[b].shard_numel));
-  } else {
-    for (size_t b = 0; b < buckets.size(); ++b)
-      owned_.push_back(
-          flats[b].narrow(0, r * buckets[b].shard_numel, buckets[b].shard_numel).clone());
-    flats.clear();  // the full copies go away: only slices stay
-    release_parameters();
-    shards_ = owned_;
   }
   for (auto& s : shards_) s.requires_grad_(true);
   // One optimizer group per parameter group: its buckets' shards in bucket order.
@@ -252,40 +243,12 @@ size_t ZeroOptimizer::bucket_group(size_t b) const {
   return group_of_[bucketer_->buckets()[b].params.at(0)];
 }
 
-void ZeroOptimizer::gather_parameters() {
-  if (options_.stage < 3 || !full_.empty()) return;
-  NoGradGuard no_grad;
-  const auto& buckets = bucketer_->buckets();
-  std::vector<Tensor> full;
-  std::vector<WorkPtr> works;
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    full.push_back(empty({buckets[b].numel}, TensorOptions(buckets[b].dtype, buckets[b].device)));
-    works.push_back(pg_->all_gather_async(full.back(), owned_[b]));
-  }
-  for (auto& w : works) w->wait();
-  full_ = std::move(full);
-  point_params_at(full_);
-}
-
-void ZeroOptimizer::release_parameters() {
-  if (options_.stage < 3) return;
-  const auto& params = bucketer_->params();
-  for (auto& [name, p] : params) {
-    Tensor handle = p;
-    // Keeps dtype and device; no elements until the next gather.
-    nn::assign_tensor_data(handle, empty({0}, TensorOptions(p.dtype(), p.device())));
-  }
-  full_.clear();
-}
-
 std::vector<Tensor> ZeroOptimizer::forward_values(nn::Values inputs) {
   ACCEL_CHECK(module_ != nullptr, DistError, "zero",
-              "forward() needs the Module constructor; with a parameter list call "
-              "gather_parameters() and then your model");
+              "forward() needs the Module constructor; with a parameter list call your model");
   ACCEL_CHECK(!bucketer_->in_backward(), DistError, "zero",
               "the previous backward's gradient sync was not finished: call "
               "finish_gradient_sync() (or zero.backward(loss)) first");
-  gather_parameters();
   // Mixed precision: the model computes in its parameters' dtype (FSDP casts inputs alike).
   const DType compute = options_.param_dtype.value_or(kFloat32);
   if (mixed_precision())
@@ -298,9 +261,6 @@ std::vector<Tensor> ZeroOptimizer::forward_values(nn::Values inputs) {
 }
 
 void ZeroOptimizer::backward(const Tensor& loss) {
-  ACCEL_CHECK(options_.stage < 3 || !full_.empty(), DistError, "zero",
-              "stage 3 parameters are not gathered: run forward() through the ZeroOptimizer "
-              "(or call gather_parameters() before your forward)");
   loss.backward();
   finish_gradient_sync();
 }
@@ -315,8 +275,7 @@ void ZeroOptimizer::finish_gradient_sync() {
       for (size_t b = 0; b < master_grad_.size(); ++b) master_grad_[b].copy_(reduced_slice(b));
     if (options_.stage == 1) zero_grad();
   }
-  if (options_.stage >= 2) bucketer_->release_staging();
-  if (options_.stage == 3) release_parameters();
+  if (options_.stage == 2) bucketer_->release_staging();
 }
 
 Tensor ZeroOptimizer::reduced_slice(size_t b) const {
@@ -343,7 +302,7 @@ std::vector<Tensor> ZeroOptimizer::attach_gradients() {
 
 void ZeroOptimizer::finish_step(bool stepped) {
   for (auto& s : shards_) s.set_grad(Tensor());
-  if (!stepped || options_.stage == 3) return;
+  if (!stepped) return;
   NoGradGuard no_grad;
   std::vector<Tensor> mine = shards_;
   if (mixed_precision()) {
@@ -402,17 +361,6 @@ void ZeroOptimizer::step() {
   finish_step(true);
 }
 
-void ZeroOptimizer::reload_shards_from_parameters() {
-  if (options_.stage < 3) return;
-  ACCEL_CHECK(!full_.empty(), DistError, "zero",
-              "reload_shards_from_parameters needs the gathered parameters");
-  NoGradGuard ng;
-  const auto& buckets = bucketer_->buckets();
-  const int r = pg_->rank();
-  for (size_t b = 0; b < buckets.size(); ++b)
-    owned_[b].copy_(full_[b].narrow(0, r * buckets[b].shard_numel, buckets[b].shard_numel));
-}
-
 nn::TensorDict ZeroOptimizer::shard_state_dict() const {
   nn::TensorDict out;
   for (auto& [key, t] : optimizer_->state_dict()) {
@@ -467,17 +415,8 @@ ZeroMemory ZeroOptimizer::memory() const {
   ZeroMemory m;
   for (auto& [name, p] : bucketer_->params())
     m.full_param_bytes += p.numel() > 0 ? int64_t(p.nbytes()) : 0;
-  if (options_.stage < 3) {
-    m.master_param_bytes = bytes_of(master_);
-    m.param_bytes = bytes_of(flat_) + m.master_param_bytes + bytes_of(master_full_);
-  } else {
-    m.param_bytes = bytes_of(owned_);
-    m.gathered_param_bytes = bytes_of(full_);
-    // Released parameters report 0 elements; the unsharded size comes from the buckets.
-    m.full_param_bytes = 0;
-    for (const Bucket& bk : bucketer_->buckets())
-      m.full_param_bytes += bk.used * int64_t(dtype_size(bk.dtype));
-  }
+  m.master_param_bytes = bytes_of(master_);
+  m.param_bytes = bytes_of(flat_) + m.master_param_bytes + bytes_of(master_full_);
   if (options_.stage == 1) {
     m.grad_bytes = bucketer_->staging_bytes();
   } else {

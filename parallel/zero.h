@@ -1,5 +1,6 @@
-// ZeRO data parallelism: optimizer state (stage 1), + gradients (stage 2), + parameters
-// (stage 3) sharded across the ranks of a group.
+// ZeRO data parallelism: optimizer state (stage 1), + gradients (stage 2) sharded across the
+// ranks of a group. ZeRO-3 (parameters sharded too) is FullyShardedModel (parallel/fsdp.h), the
+// one engine for it.
 //
 //   dist::ZeroOptions zo;
 //   zo.stage = 2;
@@ -25,13 +26,11 @@
 //
 // Split step (what dist::ZeroStrategy uses): attach_gradients() points the shards' .grad at the
 // reduced gradient shards and returns them (unscale / clip act on these), the caller steps
-// optimizer() itself, then finish_step() re-assembles the parameters (stages 1 and 2).
+// optimizer() itself, then finish_step() re-assembles the parameters.
 // - stage 1: gradients all-reduced (full copy per rank); each rank steps its slices, then the
 //   buckets are all-gathered in place.
 // - stage 2: gradients reduce-scattered: a rank keeps only its averaged slice; full-size
 //   gradients live only while their bucket is in flight.
-// - stage 3: a rank stores only its parameter slices; forward() all-gathers the full
-//   parameters, finish_gradient_sync() frees them again after backward.
 //
 // Mixed precision (stages 1-2, ZeroOptions::param_dtype = kBFloat16 / kFloat16; Note [zero mixed
 // precision] in zero.cc), as DeepSpeed's bf16 + ZeRO-1/2: the trainable parameters become views
@@ -59,7 +58,7 @@
 namespace accel::dist {
 
 struct ZeroOptions {
-  int stage = 1;  // 1, 2 or 3
+  int stage = 1;  // 1 or 2 (3: FullyShardedModel, parallel/fsdp.h)
   size_t bucket_cap_bytes = kDefaultBucketCapBytes;
   bool find_unused_parameters = false;
   int root = 0;  // whose initial parameters every rank starts from
@@ -81,7 +80,6 @@ struct ZeroMemory {
   int64_t param_bytes = 0;
   int64_t grad_bytes = 0;
   int64_t optimizer_bytes = 0;
-  int64_t gathered_param_bytes = 0;  // stage 3: full parameters currently materialised
   int64_t master_param_bytes = 0;    // param_dtype: the fp32 master shards (part of param_bytes)
   int64_t full_param_bytes = 0;
 };
@@ -100,7 +98,7 @@ class ZeroOptimizer {
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
-  // Module form: gather_parameters() (stage 3), then calls the module (its hooks run), with
+  // Module form: calls the module (its hooks run), with
   // floating tensor arguments cast to param_dtype: zero.forward(x), or zero.forward<R>(args...)
   // for any signature and result type (Note [module calls] in autograd/nn/module.h).
   template <typename R = Tensor, typename... A>
@@ -114,31 +112,24 @@ class ZeroOptimizer {
   }
   // The type-erased form of forward.
   std::vector<Tensor> forward_values(nn::Values inputs);
-  // Stage 3: materialise / free the full parameters (no-ops for stages 1 and 2).
-  void gather_parameters();
-  void release_parameters();
-  bool parameters_gathered() const { return !full_.empty(); }
 
   void backward(const Tensor& loss);
-  // Waits for the gradient collectives; stage 3 then frees the full parameters.
+  // Waits for the gradient collectives.
   void finish_gradient_sync();
-  // Steps this rank's shards, then (stages 1 and 2) all-gathers the updated parameters:
+  // Steps this rank's shards, then all-gathers the updated parameters:
   // attach_gradients(), optimizer().step(), finish_step().
   void step();
   void zero_grad();
 
   // The shard parameters (one 1-D leaf per bucket, bucket order) with .grad set to this rank's
   // averaged gradient slice of each bucket (persistent tensors: stage 1 a view of the
-  // all-reduced buffer, stages 2/3 the reduce-scatter output).
+  // all-reduced buffer, stage 2 the reduce-scatter output).
   std::vector<Tensor> attach_gradients();
   // The gradient slices attach_gradients() points at, bucket order.
   std::vector<Tensor> gradient_shards() const;
-  // After optimizer().step(): drops the shards' .grad and (stages 1/2) all-gathers the updated
+  // After optimizer().step(): drops the shards' .grad and all-gathers the updated
   // slices into the parameters. `stepped` false skips the all-gather (nothing changed).
   void finish_step(bool stepped = true);
-  // Stage 3: copies this rank's slices out of the (gathered) parameters, after something wrote
-  // into them (a loaded checkpoint).
-  void reload_shards_from_parameters();
   // The optimizer's state_dict with its state keyed by bucket ("state.<b>.*"), and the reverse:
   // what ZeRO checkpoints store (Note [zero checkpoints] in parallel/zero_checkpoint.h).
   nn::TensorDict shard_state_dict() const;
@@ -185,11 +176,9 @@ class ZeroOptimizer {
   ProcessGroupPtr pg_;
   ZeroOptions options_;
   std::unique_ptr<GradBucketer> bucketer_;
-  std::vector<Tensor> flat_;    // stages 1-2: full flat parameters per bucket
-  std::vector<Tensor> owned_;   // stage 3: this rank's parameter slice per bucket
-  std::vector<Tensor> full_;    // stage 3: gathered full parameters (empty when released)
+  std::vector<Tensor> flat_;    // full flat parameters per bucket
   std::vector<Tensor> shards_;  // what the optimizer steps: one 1-D leaf per bucket
-  std::vector<Shape> shapes_;   // parameter shapes (stage 3 parameters are empty between steps)
+  std::vector<Shape> shapes_;   // parameter shapes
   // param_dtype (Note [zero mixed precision]): flat_ holds the compute dtype.
   DType master_dtype_ = kFloat32;
   std::vector<Tensor> master_;       // fp32 master slice per bucket (what the optimizer steps)

@@ -321,7 +321,7 @@ nn::TensorDict shard_state_from(const std::string& dir, size_t i,
                                 const TensorSource& plain, const ZeroOptimizer& zero, int rank) {
   const std::vector<Bucket>& buckets = zero.buckets();
   if (!saved_layout) {
-    // Parameter sizes from the buckets (stage 3 parameters are empty between steps).
+    // Parameter sizes from the buckets.
     std::vector<int64_t> numel(zero.params().size(), 0);
     for (const Bucket& bk : buckets)
       for (size_t j = 0; j < bk.params.size(); ++j)

@@ -423,7 +423,7 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
       auto it = reg.find(options.backend);
       ACCEL_CHECK(it != reg.end(), DistError, "init_process_group", "backend '", options.backend,
                   "' is not available in this build (have: gloo", reg.count("nccl") ? ", nccl" : "",
-                  ")");
+                  ")", options.backend == "nccl" ? std::string("; ") + kNoNcclBuild : "");
       pg = it->second(store, env.rank, env.world_size, pgo);
     }
   } catch (const std::exception& e) {

@@ -236,6 +236,11 @@ ProcessGroupPtr default_group();
 std::shared_ptr<Store> default_store();
 void destroy_process_group();
 
+// What a build without NCCL says when asked for it (comm/nccl/process_group_nccl_stub.cc).
+inline constexpr const char* kNoNcclBuild =
+    "this build of accel has no NCCL backend: configure it with -Dcuda=enabled on a machine "
+    "with the CUDA toolkit and NCCL (the CPU backend is gloo)";
+
 namespace detail {
 // Backends compiled only in some builds (NCCL) register a factory from their own file.
 using BackendFactory =

@@ -1,6 +1,6 @@
 // NCCL backend: CUDA tensors, one communicator per group on a dedicated high-priority stream.
 // Compiled only when the CUDA backend is (cuda_enabled); it registers itself as backend "nccl"
-// for init_process_group.
+// for init_process_group. Other builds compile process_group_nccl_stub.cc instead.
 //
 // - The NCCL unique id travels through the store (key "nccl/uid" under the group's prefix).
 // - Collectives are queued on the group's stream after an event from the caller's current
@@ -19,8 +19,11 @@
 
 namespace accel::dist {
 
-// Creates an NCCL group on the calling thread's current CUDA device.
+// Creates an NCCL group on the calling thread's current CUDA device. In a build without NCCL
+// (comm/nccl/process_group_nccl_stub.cc) it raises DistError saying so (kNoNcclBuild).
 ProcessGroupPtr new_nccl_group(std::shared_ptr<Store> store, int rank, int size,
                                ProcessGroupOptions options = {});
+// Whether this build has the NCCL backend (false: the stub).
+bool nccl_available();
 
 }  // namespace accel::dist

@@ -80,7 +80,7 @@ struct ZeroMemory {
   int64_t param_bytes = 0;
   int64_t grad_bytes = 0;
   int64_t optimizer_bytes = 0;
-  int64_t master_param_bytes = 0;    // param_dtype: the fp32 master shards (part of param_bytes)
+  int64_t master_param_bytes = 0;  // param_dtype: the fp32 master shards (part of param_bytes)
   int64_t full_param_bytes = 0;
 };
 

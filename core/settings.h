@@ -61,7 +61,7 @@ inline constexpr Setting kSettings[] = {
   {"fsdp_config.fsdp_wrap", "--fsdp_wrap", env::kFsdpWrap, Kind::Choice,
    "entries|classes|min_params|none", "entries"},
   {"fsdp_config.fsdp_wrap_classes", "--fsdp_wrap_classes", env::kFsdpWrapClasses, Kind::Names,
-   "module class names such as Block,Layer", "none"},
+   "comma-separated module class names such as Block,Layer", "none"},
   {"fsdp_config.fsdp_min_params", "--fsdp_min_params", env::kFsdpMinParams, Kind::Int,
    "a parameter count >= 1", "1048576", 1, int64_t(1) << 62},
   {"fsdp_config.fsdp_reshard_after_forward", "--fsdp_reshard_after_forward",

@@ -175,6 +175,21 @@ bool read_bool(const YAML::Node& node, const std::string& where, const std::stri
   bad_key(where, node, key, "expected true or false, got '" + node.Scalar() + "'");
 }
 
+// A training setting (Note [settings are checked by their row] in launcher/config.h): `text`
+// parsed by the row whose config key is `row`, or a ConfigError naming `key`, the key as written
+// (Accelerate's alias of the row's key, such as fsdp_config.fsdp_min_num_params, or the key).
+std::string setting_value(const YAML::Node& node, const std::string& where, const std::string& key,
+                          std::string_view row, const std::string& text) {
+  std::string why;
+  std::optional<std::string> v = parse_setting(row, text, &why);
+  if (!v) bad_key(where, node, key, why);
+  return *v;
+}
+// The scalar of `key`, which is the row's own key.
+std::string read_setting(const YAML::Node& node, const std::string& where, const std::string& key) {
+  return setting_value(node, where, key, key, scalar_text(node, where, key));
+}
+
 // A YAML scalar that reads back as exactly `s`. Single quotes when every byte is printable
 // (only ' needs doubling there); otherwise double quotes with escapes, because line breaks in a
 // single-quoted scalar are folded into spaces on reading (found by fuzz_config's round trip).
@@ -272,32 +287,32 @@ void validate(const LaunchConfig& c, const std::string& where) {
   }
   if (c.main_process_ip && c.main_process_ip->empty())
     fail("main_process_ip", "is empty (use null for none)");
-  if (c.mixed_precision)
-    if (auto e = check_mixed_precision(*c.mixed_precision)) fail("mixed_precision", *e);
   if (auto e = check_gpu_ids(c.gpu_ids)) fail("gpu_ids", *e);
   if (c.rdzv_backend != "static") {
     fail("rdzv_backend",
          "only 'static' rendezvous (fixed world size, main process as store) is supported, got '" +
              c.rdzv_backend + "'");
   }
-  if (c.zero_stage)
-    if (auto e = check_zero_stage(*c.zero_stage)) fail("zero_config.zero_stage", *e);
-  if (c.strategy)
-    if (auto e = check_strategy(*c.strategy)) fail("strategy", *e);
-  if (c.param_dtype)
-    if (auto e = check_param_dtype(*c.param_dtype)) fail("zero_config.param_dtype", *e);
-  if (c.reduce_dtype)
-    if (auto e = check_reduce_dtype(*c.reduce_dtype)) fail("zero_config.reduce_dtype", *e);
-  if (c.fsdp_wrap)
-    if (auto e = check_fsdp_wrap(*c.fsdp_wrap)) fail("fsdp_config.fsdp_wrap", *e);
-  if (c.fsdp_wrap_classes) {
-    if (auto e = check_fsdp_wrap_classes(*c.fsdp_wrap_classes))
-      fail("fsdp_config.fsdp_wrap_classes", *e);
-  }
-  if (c.fsdp_min_params)
-    if (auto e = check_fsdp_min_params(*c.fsdp_min_params)) fail("fsdp_config.fsdp_min_params", *e);
+  // The training settings, by their rows (Note [settings are checked by their row]).
+  auto row = [&](std::string_view key, const std::optional<std::string>& v) {
+    if (v)
+      if (auto e = check_setting(key, *v)) fail(std::string(key), *e);
+  };
+  auto number = [](const auto& v) {
+    return v ? std::optional<std::string>(std::to_string(*v)) : std::nullopt;
+  };
+  row("mixed_precision", c.mixed_precision);
+  row("gradient_accumulation_steps", number(c.gradient_accumulation_steps));
+  row("zero_config.zero_stage", number(c.zero_stage));
+  row("strategy", c.strategy);
+  row("zero_config.param_dtype", c.param_dtype);
+  row("zero_config.reduce_dtype", c.reduce_dtype);
+  row("fsdp_config.fsdp_wrap", c.fsdp_wrap);
+  row("fsdp_config.fsdp_wrap_classes", c.fsdp_wrap_classes);
+  row("fsdp_config.fsdp_min_params", number(c.fsdp_min_params));
   // The parts of a wrap policy agree (complete_fsdp_wrap fills in fsdp_wrap from them).
-  const std::string wrap = c.fsdp_wrap ? normalize_fsdp_wrap(*c.fsdp_wrap) : "";
+  const std::string wrap =
+      c.fsdp_wrap ? parse_setting("fsdp_config.fsdp_wrap", *c.fsdp_wrap, nullptr).value() : "";
   if (c.fsdp_wrap_classes && wrap != "classes") {
     fail("fsdp_config.fsdp_wrap_classes",
          "applies only with fsdp_wrap: classes, got fsdp_wrap: " + (wrap.empty() ? "unset" : wrap));
@@ -310,10 +325,6 @@ void validate(const LaunchConfig& c, const std::string& where) {
     fail("fsdp_config.fsdp_wrap",
          "classes needs fsdp_wrap_classes (the module class names of the units, such as "
          "Block,Layer)");
-  }
-  if (c.gradient_accumulation_steps && *c.gradient_accumulation_steps < 1) {
-    fail("gradient_accumulation_steps",
-         "must be at least 1, got " + std::to_string(*c.gradient_accumulation_steps));
   }
   if (c.max_restarts < 0)
     fail("max_restarts", "must be >= 0, got " + std::to_string(c.max_restarts));
@@ -363,15 +374,11 @@ void read_zero_config(const YAML::Node& v, const std::string& where, LaunchConfi
     const std::string sub = key_text(z->first, where, " in zero_config");
     const std::string full = "zero_config." + sub;
     if (sub == "zero_stage") {
-      c.zero_stage = static_cast<int>(read_int(z->second, where, full, 0, 3));
+      c.zero_stage = std::stoi(read_setting(z->second, where, full));
     } else if (sub == "param_dtype") {
-      const std::string t = scalar_text(z->second, where, full);
-      if (auto e = check_param_dtype(t)) bad_key(where, z->second, full, *e);
-      c.param_dtype = to_lower(t);
+      c.param_dtype = read_setting(z->second, where, full);
     } else if (sub == "reduce_dtype") {
-      const std::string t = scalar_text(z->second, where, full);
-      if (auto e = check_reduce_dtype(t)) bad_key(where, z->second, full, *e);
-      c.reduce_dtype = to_lower(t);
+      c.reduce_dtype = read_setting(z->second, where, full);
     } else {
       bad_key(where, z->first, full,
               "unknown key (zero_config holds zero_stage, param_dtype, reduce_dtype)");
@@ -422,10 +429,12 @@ bool read_sharding(const YAML::Node& v, const std::string& where, const std::str
             "'" + t + "': accel shards over all processes, it has no hybrid (shard within a " +
                 "machine, replicate across machines) sharding; supported: FULL_SHARD, " +
                 "SHARD_GRAD_OP (or true / false)");
-  const std::string l = to_lower(t);
-  if (l == "true" || l == "yes" || l == "on") return true;
-  if (l == "false" || l == "no" || l == "off") return false;
-  bad_key(where, v, key, "expected FULL_SHARD, SHARD_GRAD_OP, true or false, got '" + t + "'");
+  // Otherwise a bool, read by the row (Note [settings are checked by their row]).
+  std::string why;
+  if (auto b = parse_setting("fsdp_config.fsdp_reshard_after_forward", t, &why))
+    return *b == "true";
+  const std::string bools = why.rfind("expected ", 0) == 0 ? why.substr(9) : why;
+  bad_key(where, v, key, "expected FULL_SHARD, SHARD_GRAD_OP or " + bools);
 }
 
 // fsdp_prefetch and Accelerate's two prefetch keys, which accel's one switch (prefetch in forward
@@ -442,7 +451,8 @@ bool read_prefetch(const YAML::Node& v, const std::string& where, const std::str
             "'" + t + "': accel gathers the next unit when a unit's backward starts " +
                 "(BACKWARD_PRE) or not at all (NO_PREFETCH); supported: BACKWARD_PRE, NO_PREFETCH");
   }
-  return read_bool(v, where, key);
+  return setting_value(v, where, key, "fsdp_config.fsdp_prefetch", scalar_text(v, where, key)) ==
+         "true";
 }
 
 // fsdp_config: our keys and Accelerate's (docs/launcher.md, "ZeRO-3 and mixed precision").
@@ -496,6 +506,7 @@ void read_fsdp_config(const YAML::Node& v, const std::string& where, LaunchConfi
       bad_key(where, z->first, full,
               "sets " + canon + ", which is given already" +
                   (it->second == sub ? std::string("") : " (by fsdp_config." + it->second + ")"));
+    const std::string row = key + "." + canon;  // Note [settings are checked by their row]
     if (canon == "fsdp_wrap") {
       std::string t = scalar_text(zv, where, full);
       if (sub == "fsdp_auto_wrap_policy") {  // Accelerate's names
@@ -511,16 +522,14 @@ void read_fsdp_config(const YAML::Node& v, const std::string& where, LaunchConfi
                   "expected TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP, got '" + t + "'");
         }
       }
-      if (auto e = check_fsdp_wrap(t)) bad_key(where, zv, full, *e);
-      c.fsdp_wrap = normalize_fsdp_wrap(t);
+      c.fsdp_wrap = setting_value(zv, where, full, row, t);
     } else if (canon == "fsdp_wrap_classes") {
-      const std::string t = list_text(zv, where, full);
-      if (auto e = check_fsdp_wrap_classes(t)) bad_key(where, zv, full, *e);
-      c.fsdp_wrap_classes = normalize_fsdp_wrap_classes(t);
+      c.fsdp_wrap_classes = setting_value(zv, where, full, row, list_text(zv, where, full));
     } else if (canon == "fsdp_min_params") {
-      c.fsdp_min_params = read_int(zv, where, full, 1, 1LL << 62);
+      c.fsdp_min_params =
+          std::stoll(setting_value(zv, where, full, row, scalar_text(zv, where, full)));
     } else if (canon == "fsdp_activation_checkpointing") {
-      c.fsdp_activation_checkpointing = read_bool(zv, where, full);
+      c.fsdp_activation_checkpointing = read_setting(zv, where, full) == "true";
     } else {  // fsdp_reshard_after_forward / fsdp_sharding_strategy
       c.fsdp_reshard_after_forward = read_sharding(zv, where, full);
     }
@@ -572,10 +581,9 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
     } else if (key == "mixed_precision") {
       std::string t = scalar_text(v, where, key);
       if (to_lower(t) == "false") t = "no";  // unquoted `no` in YAML 1.1 readers
-      if (auto e = check_mixed_precision(t)) bad_key(where, v, key, *e);
-      c.mixed_precision = normalize_mixed_precision(t);
+      c.mixed_precision = setting_value(v, where, key, key, t);
     } else if (key == "use_cpu") {
-      c.use_cpu = read_bool(v, where, key);
+      c.use_cpu = read_setting(v, where, key) == "true";
     } else if (key == "gpu_ids") {
       const std::string t = list_text(v, where, key);
       if (auto e = check_gpu_ids(t)) bad_key(where, v, key, *e);
@@ -590,11 +598,9 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
     } else if (key == "main_training_function") {
       c.main_training_function = scalar_text(v, where, key);
     } else if (key == "gradient_accumulation_steps") {
-      c.gradient_accumulation_steps = static_cast<int>(read_int(v, where, key, 1, 1 << 30));
+      c.gradient_accumulation_steps = std::stoi(read_setting(v, where, key));
     } else if (key == "strategy") {
-      const std::string t = scalar_text(v, where, key);
-      if (auto e = check_strategy(t)) bad_key(where, v, key, *e);
-      c.strategy = t;
+      c.strategy = read_setting(v, where, key);
     } else if (key == "zero_config") {
       if (is_null(v)) continue;
       if (!v.IsMap()) bad_key(where, v, key, "expected a mapping such as {zero_stage: 2}");

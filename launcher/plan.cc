@@ -6,18 +6,29 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
+#include <type_traits>
 
 #include "core/env_contract.h"
 
 namespace accel::launcher {
 namespace {
 
-std::optional<bool> bool_flag(const std::optional<std::string>& v, const char* flag) {
+// A flag's value in its row's spelling (Note [settings are checked by their row]): the command
+// line's flags were parsed by set_setting_flag already; LaunchFlags filled in code are read the
+// same way.
+template <typename T>
+std::optional<std::string> setting_flag(std::string_view key, const std::optional<T>& v) {
   if (!v) return std::nullopt;
-  const auto b = parse_bool(*v);
-  ACCEL_CHECK(b.has_value(), launcher::ConfigError, "launch", flag,
-              ": expected true or false, got '", *v, "'");
-  return b;
+  if constexpr (std::is_same_v<T, std::string>) {
+    return parse_setting_flag(key, *v);
+  } else {
+    return parse_setting_flag(key, std::to_string(*v));
+  }
+}
+std::optional<bool> bool_flag(std::string_view key, const std::optional<std::string>& v) {
+  if (auto b = setting_flag(key, v)) return *b == "true";
+  return std::nullopt;
 }
 
 // Flags over the config's zero_config / fsdp_config. The wrap flags replace the config's wrap
@@ -27,32 +38,24 @@ void apply_zero_flags(const LaunchFlags& f, LaunchConfig& c, std::vector<std::st
   auto check = [](const char* flag, const std::optional<std::string>& why) {
     if (why) ACCEL_THROW(launcher::ConfigError, "launch", flag, ": ", *why);
   };
-  // Parsed and spelled canonically by the settings table (set_setting_flag).
-  if (f.param_dtype) c.param_dtype = to_lower(*f.param_dtype);
-  if (f.reduce_dtype) c.reduce_dtype = to_lower(*f.reduce_dtype);
+  if (auto v = setting_flag("zero_config.param_dtype", f.param_dtype)) c.param_dtype = v;
+  if (auto v = setting_flag("zero_config.reduce_dtype", f.reduce_dtype)) c.reduce_dtype = v;
   if (f.fsdp_wrap || f.fsdp_wrap_classes || f.fsdp_min_params) {
     LaunchConfig w;
-    if (f.fsdp_wrap) {
-      check("--fsdp_wrap", check_fsdp_wrap(*f.fsdp_wrap));
-      w.fsdp_wrap = normalize_fsdp_wrap(*f.fsdp_wrap);
-    }
-    if (f.fsdp_wrap_classes) {
-      check("--fsdp_wrap_classes", check_fsdp_wrap_classes(*f.fsdp_wrap_classes));
-      w.fsdp_wrap_classes = normalize_fsdp_wrap_classes(*f.fsdp_wrap_classes);
-    }
-    if (f.fsdp_min_params) {
-      check("--fsdp_min_params", check_fsdp_min_params(*f.fsdp_min_params));
-      w.fsdp_min_params = *f.fsdp_min_params;
-    }
+    w.fsdp_wrap = setting_flag("fsdp_config.fsdp_wrap", f.fsdp_wrap);
+    w.fsdp_wrap_classes = setting_flag("fsdp_config.fsdp_wrap_classes", f.fsdp_wrap_classes);
+    if (auto v = setting_flag("fsdp_config.fsdp_min_params", f.fsdp_min_params))
+      w.fsdp_min_params = std::stoll(*v);
     check("--fsdp_wrap_classes / --fsdp_min_params", complete_fsdp_wrap(w));
     c.fsdp_wrap = w.fsdp_wrap;
     c.fsdp_wrap_classes = w.fsdp_wrap_classes;
     c.fsdp_min_params = w.fsdp_min_params;
   }
-  if (auto b = bool_flag(f.fsdp_reshard_after_forward, "--fsdp_reshard_after_forward"))
+  if (auto b = bool_flag("fsdp_config.fsdp_reshard_after_forward", f.fsdp_reshard_after_forward))
     c.fsdp_reshard_after_forward = b;
-  if (auto b = bool_flag(f.fsdp_prefetch, "--fsdp_prefetch")) c.fsdp_prefetch = b;
-  if (auto b = bool_flag(f.fsdp_activation_checkpointing, "--fsdp_activation_checkpointing"))
+  if (auto b = bool_flag("fsdp_config.fsdp_prefetch", f.fsdp_prefetch)) c.fsdp_prefetch = b;
+  if (auto b =
+          bool_flag("fsdp_config.fsdp_activation_checkpointing", f.fsdp_activation_checkpointing))
     c.fsdp_activation_checkpointing = b;
   const bool fsdp = c.fsdp_wrap || c.fsdp_wrap_classes || c.fsdp_min_params ||
                     c.fsdp_reshard_after_forward || c.fsdp_prefetch ||
@@ -101,12 +104,7 @@ void apply_flags(const LaunchFlags& flags, LaunchConfig& c, std::vector<std::str
   if (flags.machine_rank) c.machine_rank = *flags.machine_rank;
   if (flags.main_process_ip) c.main_process_ip = *flags.main_process_ip;
   if (flags.main_process_port) c.main_process_port = *flags.main_process_port;
-  if (flags.mixed_precision) {
-    if (auto e = check_mixed_precision(*flags.mixed_precision)) {
-      ACCEL_THROW(launcher::ConfigError, "launch", "--mixed_precision: ", *e);
-    }
-    c.mixed_precision = normalize_mixed_precision(*flags.mixed_precision);
-  }
+  if (auto v = setting_flag("mixed_precision", flags.mixed_precision)) c.mixed_precision = v;
   if (flags.cpu) c.use_cpu = true;
   if (flags.gpu_ids) {
     if (auto e = check_gpu_ids(*flags.gpu_ids))
@@ -115,14 +113,11 @@ void apply_flags(const LaunchFlags& flags, LaunchConfig& c, std::vector<std::str
   }
   if (flags.max_restarts) c.max_restarts = *flags.max_restarts;
   if (flags.monitor_interval) c.monitor_interval = *flags.monitor_interval;
-  if (flags.zero_stage) c.zero_stage = *flags.zero_stage;
-  if (flags.strategy) {
-    if (auto e = check_strategy(*flags.strategy))
-      ACCEL_THROW(launcher::ConfigError, "launch", "--strategy: ", *e);
-    c.strategy = *flags.strategy;
-  }
-  if (flags.gradient_accumulation_steps)
-    c.gradient_accumulation_steps = *flags.gradient_accumulation_steps;
+  if (auto v = setting_flag("zero_config.zero_stage", flags.zero_stage))
+    c.zero_stage = std::stoi(*v);
+  if (auto v = setting_flag("strategy", flags.strategy)) c.strategy = v;
+  if (auto v = setting_flag("gradient_accumulation_steps", flags.gradient_accumulation_steps))
+    c.gradient_accumulation_steps = std::stoi(*v);
   if (flags.num_cpu_threads_per_process)
     c.num_cpu_threads_per_process = *flags.num_cpu_threads_per_process;
   apply_zero_flags(flags, c, notes);

@@ -1,27 +1,20 @@
 // `accel-run config`: the questionnaire and `config default` (launcher/config.h).
 #include "launcher/config.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
-#include <cctype>
 #include <functional>
 #include <iostream>
 #include <map>
-#include <set>
-#include <sstream>
-
-#include "core/env_contract.h"
-#include "core/file_io.h"
+#include <string_view>
 
 namespace accel::launcher {
 
 LaunchConfig basic_config(int gpu_count, const std::string& mixed_precision) {
   LaunchConfig c;
-  if (auto e = check_mixed_precision(mixed_precision)) {
-    ACCEL_THROW(launcher::ConfigError, "config", "--mixed_precision: ", *e);
-  }
-  c.mixed_precision = normalize_mixed_precision(mixed_precision);
+  std::string why;  // Note [settings are checked by their row]
+  c.mixed_precision = parse_setting("mixed_precision", mixed_precision, &why);
+  ACCEL_CHECK(c.mixed_precision.has_value(), launcher::ConfigError, "config",
+              "--mixed_precision: ", why);
   if (gpu_count > 1) {
     c.distributed_type = "MULTI_GPU";
     c.num_processes = gpu_count;
@@ -94,6 +87,31 @@ class Asker {
     return to_lower(a)[0] == 'y';
   }
 
+  // A training setting (Note [settings are checked by their row]): the answer is checked by the
+  // row of `key`, the row's default is offered, and the canonical spelling returned.
+  std::string ask_setting(const std::string& question, std::string_view key) {
+    const std::string a = ask(question, std::string(setting_row(key).default_value),
+                              [key](const std::string& s) { return check_setting(key, s); });
+    return *parse_setting(key, a, nullptr);
+  }
+
+  // A setting of the Choice kind: the row's default first ([0], the default answer), then its
+  // other values in the row's order, each described by `about` (the value alone where `about`
+  // has none). Returns the value chosen.
+  std::string ask_setting_choice(const std::string& question, std::string_view key,
+                                 const std::map<std::string, std::string>& about) {
+    const settings::Setting& s = setting_row(key);
+    std::vector<std::string> values = {std::string(s.default_value)};
+    for (const std::string& v : split(std::string(s.allowed), '|'))
+      if (v != s.default_value) values.push_back(v);
+    std::vector<std::pair<std::string, std::string>> options;
+    for (const std::string& v : values) {
+      const auto d = about.find(v);
+      options.emplace_back(v, d == about.end() ? v : d->second);
+    }
+    return options[ask_choice(question, options, 0)].first;
+  }
+
   // Choice by index or by name; returns the index.
   size_t ask_choice(const std::string& question,
                     const std::vector<std::pair<std::string, std::string>>& options,
@@ -128,6 +146,56 @@ class Asker {
   std::istream& in_;
   std::ostream& out_;
 };
+
+// The ZeRO questions (stage, param dtype, ZeRO-3 wrap policy), for a distributed config.
+void ask_zero(Asker& a, LaunchConfig& c) {
+  if (c.distributed_type != "NO") {
+    c.zero_stage = std::stoi(a.ask_setting(
+        "Which ZeRO stage do you want (0: off, 1: shard optimizer state, 2: + gradients, 3: + "
+        "parameters)?",
+        "zero_config.zero_stage"));
+  }
+  // Only answers that differ from the defaults are written: accepting a default leaves the
+  // program's own AcceleratorConfig::zero / ::fsdp choice in charge.
+  if (c.zero_stage >= 1) {
+    const std::string d = a.ask_setting_choice(
+        "In which dtype should ZeRO compute with the parameters (the optimizer keeps fp32 master "
+        "shards)?",
+        "zero_config.param_dtype", {{"fp32", "fp32: no conversion"}});
+    if (d != setting_row("zero_config.param_dtype").default_value) {
+      c.param_dtype = d;
+      if (a.ask_yes_no("Reduce gradients in fp32 instead of " + d + "?", false))
+        c.reduce_dtype = parse_setting("zero_config.reduce_dtype", "fp32", nullptr).value();
+    }
+  }
+  if (c.zero_stage == 3) {
+    const std::string w =
+        a.ask_setting_choice("Which modules should ZeRO-3 shard as units?", "fsdp_config.fsdp_wrap",
+                             {{"entries", "every ModuleList/Sequential entry"},
+                              {"classes", "entries of the classes you name"},
+                              {"min_params", "entries with at least N parameters"},
+                              {"none", "none: the whole model is one unit"}});
+    if (w != setting_row("fsdp_config.fsdp_wrap").default_value) c.fsdp_wrap = w;
+    if (w == "classes") {
+      // No default: the row's "none" describes the unset setting, not an answer.
+      c.fsdp_wrap_classes = *parse_setting(
+          "fsdp_config.fsdp_wrap_classes",
+          a.ask("Which module classes are units (comma-separated, e.g. Block,Layer)?", "",
+                [](const std::string& s) {
+                  return check_setting("fsdp_config.fsdp_wrap_classes", s);
+                }),
+          nullptr);
+    } else if (w == "min_params") {
+      c.fsdp_min_params = std::stoll(a.ask_setting(
+          "At least how many parameters make an entry a unit?", "fsdp_config.fsdp_min_params"));
+    }
+    if (a.ask_yes_no(
+            "Recompute each unit's forward in its backward (activation checkpointing: less "
+            "memory, more compute)?",
+            false))
+      c.fsdp_activation_checkpointing = true;
+  }
+}
 
 }  // namespace
 
@@ -194,55 +262,11 @@ LaunchConfig run_questionnaire(std::istream& in, std::ostream& out, int gpu_coun
     c.gpu_ids = normalize_gpu_ids(ids);
   }
 
-  if (c.distributed_type != "NO") {
-    c.zero_stage =
-        static_cast<int>(a.ask_int("Which ZeRO stage do you want (0: off, 1: shard optimizer "
-                                   "state, 2: + gradients, 3: + parameters)?",
-                                   0, 0, 3));
-  }
-  // Only answers that differ from the defaults are written: accepting a default leaves the
-  // program's own AcceleratorConfig::zero / ::fsdp choice in charge.
-  if (c.zero_stage >= 1) {
-    const std::vector<std::pair<std::string, std::string>> dtypes = {
-        {"fp32", "fp32: no conversion"}, {"bf16", "bf16"}, {"fp16", "fp16"}};
-    const size_t d = a.ask_choice(
-        "In which dtype should ZeRO compute with the parameters (the optimizer keeps fp32 master "
-        "shards)?",
-        dtypes, 0);
-    if (d != 0) {
-      c.param_dtype = dtypes[d].first;
-      if (a.ask_yes_no("Reduce gradients in fp32 instead of " + dtypes[d].first + "?", false))
-        c.reduce_dtype = "fp32";
-    }
-  }
-  if (c.zero_stage == 3) {
-    const std::vector<std::pair<std::string, std::string>> wraps = {
-        {"entries", "every ModuleList/Sequential entry"},
-        {"classes", "entries of the classes you name"},
-        {"min_params", "entries with at least N parameters"},
-        {"none", "none: the whole model is one unit"}};
-    const size_t w = a.ask_choice("Which modules should ZeRO-3 shard as units?", wraps, 0);
-    if (w != 0) c.fsdp_wrap = wraps[w].first;
-    if (wraps[w].first == "classes") {
-      c.fsdp_wrap_classes = normalize_fsdp_wrap_classes(
-          a.ask("Which module classes are units (comma-separated, e.g. Block,Layer)?", "",
-                check_fsdp_wrap_classes));
-    } else if (wraps[w].first == "min_params") {
-      c.fsdp_min_params =
-          a.ask_int("At least how many parameters make an entry a unit?", 1LL << 20, 1, 1LL << 62);
-    }
-    if (a.ask_yes_no(
-            "Recompute each unit's forward in its backward (activation checkpointing: less "
-            "memory, more compute)?",
-            false))
-      c.fsdp_activation_checkpointing = true;
-  }
-  c.gradient_accumulation_steps = static_cast<int>(
-      a.ask_int("How many gradient accumulation steps do you want?", 1, 1, 1 << 30));
-  const std::vector<std::pair<std::string, std::string>> precisions = {
-      {"no", "no"}, {"fp16", "fp16"}, {"bf16", "bf16"}};
+  ask_zero(a, c);
+  c.gradient_accumulation_steps = std::stoi(a.ask_setting(
+      "How many gradient accumulation steps do you want?", "gradient_accumulation_steps"));
   c.mixed_precision =
-      precisions[a.ask_choice("Do you wish to use mixed precision?", precisions, 0)].first;
+      a.ask_setting_choice("Do you wish to use mixed precision?", "mixed_precision", {});
   validate(c, "questionnaire");
   return c;
 }

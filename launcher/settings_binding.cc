@@ -70,11 +70,16 @@ const Binding& binding(const Setting& s) {
 
 }  // namespace
 
-void set_setting_flag(LaunchFlags& f, const Setting& s, const std::string& raw) {
+std::string parse_setting_flag(std::string_view key, const std::string& raw) {
+  const Setting& s = setting_row(key);
   std::string why;
-  const std::optional<std::string> v = settings::parse(s, raw, &why);
+  std::optional<std::string> v = settings::parse(s, raw, &why);
   ACCEL_CHECK(v.has_value(), launcher::ConfigError, "launch", s.flag, ": ", why);
-  binding(s).set(f, *v);
+  return *v;
+}
+
+void set_setting_flag(LaunchFlags& f, const Setting& s, const std::string& raw) {
+  binding(s).set(f, parse_setting_flag(s.yaml, raw));
 }
 
 std::optional<std::string> exported_setting(const LaunchPlan& p, const Setting& s) {

@@ -16,4 +16,4 @@
 #include "core/storage.h"
 #include "core/tensor.h"
 #include "data/data.h"
-#include "dist/accelerator.h"
+#include "accelerate/accelerator.h"

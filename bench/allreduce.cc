@@ -26,10 +26,10 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "dist/env.h"
-#include "dist/gloo/process_group_gloo.h"
-#include "dist/process_group.h"
 #include "bench/median.h"
+#include "comm/env.h"
+#include "comm/gloo/process_group_gloo.h"
+#include "comm/process_group.h"
 
 using namespace accel;
 using bench::median;

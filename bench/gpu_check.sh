@@ -208,7 +208,7 @@ step_build() {
   local targets=()
   if [ "$DRY" = 1 ]; then
     echo "      (targets: the tests $GPU_TESTS and their depends, from meson introspect)" >&3
-    targets=(tests/accelerator/accel_worker launcher/accel-run dist/tools/accel-selftest
+    targets=(tests/accelerator/accel_worker launcher/accel-run comm/tools/accel-selftest
              bench/gpu_bench)
   else
     mapfile -t targets < <(python3 - "$BUILD" $GPU_TESTS <<'PY'
@@ -249,7 +249,7 @@ step_nccl_world() {
   # checks still run every collective).
   local out="$LOG/nccl_world.txt"
   x "$BUILD/launcher/accel-run" launch --num_processes "$NGPU" --gpu_ids all \
-    "$BUILD/dist/tools/accel-selftest" --backend nccl --timeout-ms 60000 --mib 256 >"$out" 2>&1
+    "$BUILD/comm/tools/accel-selftest" --backend nccl --timeout-ms 60000 --mib 256 >"$out" 2>&1
   local rc=$?
   [ "$DRY" = 1 ] && return
   local verdict bw

@@ -22,9 +22,9 @@
 
 #include "accel.h"
 #include "data/data.h"
-#include "dist/ddp.h"
-#include "dist/env.h"
-#include "dist/process_group.h"
+#include "parallel/ddp.h"
+#include "comm/env.h"
+#include "comm/process_group.h"
 #include "examples/models.h"
 #include "bench/median.h"
 

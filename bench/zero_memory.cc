@@ -66,7 +66,7 @@
 #include "accel.h"
 #include "bench/model_workloads.h"
 #include "data/data.h"
-#include "dist/accelerator.h"
+#include "accelerate/accelerator.h"
 #include "examples/models.h"
 #include "bench/median.h"
 

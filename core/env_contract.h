@@ -25,11 +25,15 @@ inline constexpr const char* kMasterPort = "MASTER_PORT";           // port of r
 inline constexpr const char* kRendezvousToken = "ACCEL_RENDEZVOUS_TOKEN";
 
 // ---- set by accel-run from its config, read by the Accelerator facade ----
+// Those of the AcceleratorConfig (mixed precision ... ZeRO-3 options, strategy) only when the
+// config file or a flag sets them: the program's own choice stands otherwise.
 inline constexpr const char* kDistributedType = "ACCEL_DISTRIBUTED_TYPE";  // NO/MULTI_CPU/MULTI_GPU
 inline constexpr const char* kMixedPrecision = "ACCEL_MIXED_PRECISION";    // no/fp16/bf16
 inline constexpr const char* kUseCpu = "ACCEL_USE_CPU";                    // true/false
 inline constexpr const char* kZeroStage = "ACCEL_ZERO_STAGE";              // 0..3
 inline constexpr const char* kGradientAccumulationSteps = "ACCEL_GRADIENT_ACCUMULATION_STEPS";
+// A registered strategy by name (accelerate/strategy_registry.h); set only when chosen.
+inline constexpr const char* kStrategy = "ACCEL_STRATEGY";
 // ZeRO mixed precision and ZeRO-3 options (AcceleratorConfig::zero / ::fsdp): set only when the
 // config file or a flag chooses them, so that unset ones leave the program's own choice.
 inline constexpr const char* kParamDtype = "ACCEL_PARAM_DTYPE";    // bf16/fp16/fp32
@@ -98,10 +102,11 @@ inline constexpr EnvVar kContract[] = {
     {kMasterPort, SetBy::kLauncherAlways, true},
     {kRendezvousToken, SetBy::kLauncherMaybe, true},
     {kDistributedType, SetBy::kLauncherAlways, false},
-    {kMixedPrecision, SetBy::kLauncherAlways, true},
-    {kUseCpu, SetBy::kLauncherAlways, true},
-    {kZeroStage, SetBy::kLauncherAlways, true},
-    {kGradientAccumulationSteps, SetBy::kLauncherAlways, true},
+    {kMixedPrecision, SetBy::kLauncherMaybe, true},
+    {kUseCpu, SetBy::kLauncherMaybe, true},
+    {kZeroStage, SetBy::kLauncherMaybe, true},
+    {kGradientAccumulationSteps, SetBy::kLauncherMaybe, true},
+    {kStrategy, SetBy::kLauncherMaybe, true},
     {kParamDtype, SetBy::kLauncherMaybe, true},
     {kReduceDtype, SetBy::kLauncherMaybe, true},
     {kFsdpWrap, SetBy::kLauncherMaybe, true},

@@ -22,7 +22,7 @@
 
 #include "accel.h"
 #include "data/data.h"
-#include "dist/accelerator.h"
+#include "accelerate/accelerator.h"
 #include "examples/common.h"
 #include "examples/models.h"
 

@@ -8,7 +8,7 @@
 
 #include "accel.h"
 #include "data/data.h"
-#include "dist/accelerator.h"
+#include "accelerate/accelerator.h"
 #include "examples/common.h"
 
 namespace accel::examples {

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "accel.h"
-#include "dist/accelerator.h"
+#include "accelerate/accelerator.h"
 
 namespace accel::examples {
 

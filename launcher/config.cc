@@ -16,12 +16,9 @@
 namespace accel::launcher {
 namespace {
 
-constexpr int kDefaultMainProcessPort = 29500;
 constexpr double kMaxMonitorInterval = 60.0;  // seconds
 // A config file is a few hundred bytes; anything near this is not one.
 constexpr uint64_t kMaxConfigBytes = uint64_t(1) << 20;
-constexpr long long kMaxProcesses = 1 << 20;
-constexpr long long kMaxMachines = 1 << 16;
 
 // Note [accelerate keys accel does not implement]
 // An Accelerate config file names features accel does not have (TPUs, DeepSpeed, Megatron-LM,
@@ -77,6 +74,7 @@ const std::vector<std::string> kKnownKeys = {
     "same_network",
     "main_training_function",
     "gradient_accumulation_steps",
+    "strategy",
     "zero_config",
     "fsdp_config",
     "max_restarts",
@@ -177,6 +175,21 @@ bool read_bool(const YAML::Node& node, const std::string& where, const std::stri
   bad_key(where, node, key, "expected true or false, got '" + node.Scalar() + "'");
 }
 
+// A training setting (Note [settings are checked by their row] in launcher/config.h): `text`
+// parsed by the row whose config key is `row`, or a ConfigError naming `key`, the key as written
+// (Accelerate's alias of the row's key, such as fsdp_config.fsdp_min_num_params, or the key).
+std::string setting_value(const YAML::Node& node, const std::string& where, const std::string& key,
+                          std::string_view row, const std::string& text) {
+  std::string why;
+  std::optional<std::string> v = parse_setting(row, text, &why);
+  if (!v) bad_key(where, node, key, why);
+  return *v;
+}
+// The scalar of `key`, which is the row's own key.
+std::string read_setting(const YAML::Node& node, const std::string& where, const std::string& key) {
+  return setting_value(node, where, key, key, scalar_text(node, where, key));
+}
+
 // A YAML scalar that reads back as exactly `s`. Single quotes when every byte is printable
 // (only ' needs doubling there); otherwise double quotes with escapes, because line breaks in a
 // single-quoted scalar are folded into spaces on reading (found by fuzz_config's round trip).
@@ -246,124 +259,6 @@ std::string value_text(const YAML::Node& node) {
 
 }  // namespace
 
-std::optional<std::string> check_distributed_type(const std::string& v) {
-  std::string u = v;
-  for (char& c : u) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  if (u == "NO" || u == "MULTI_CPU" || u == "MULTI_GPU") return std::nullopt;
-  return "expected one of NO, MULTI_CPU, MULTI_GPU, got '" + v + "'";
-}
-
-std::optional<std::string> check_mixed_precision(const std::string& v) {
-  std::string l = to_lower(v);
-  if (l == "no" || l == "fp16" || l == "bf16") return std::nullopt;
-  return "expected one of no, fp16, bf16, got '" + v + "'";
-}
-
-std::string normalize_mixed_precision(const std::string& v) { return to_lower(v); }
-
-std::optional<std::string> check_gpu_ids(const std::string& v) {
-  std::string t = trim(v);
-  if (to_lower(t) == "all") return std::nullopt;
-  const std::string expl =
-      "expected 'all' or a comma-separated list of GPU ids such as 0,1, got '" + v + "'";
-  if (t.empty()) return expl;
-  std::set<long long> seen;
-  for (const auto& part : split(t, ',')) {
-    auto id = parse_int(part);
-    if (!id || *id < 0 || *id > 1023) return expl;
-    if (!seen.insert(*id).second)
-      return "GPU id " + std::to_string(*id) + " is listed twice in '" + v + "'";
-  }
-  return std::nullopt;
-}
-
-std::string normalize_gpu_ids(const std::string& v) {
-  std::string t = trim(v);
-  if (to_lower(t) == "all") return "all";
-  std::string out;
-  for (const auto& part : split(t, ',')) {
-    if (!out.empty()) out += ',';
-    out += std::to_string(*parse_int(part));
-  }
-  return out;
-}
-
-std::optional<std::string> check_zero_stage(long long v) {
-  if (v >= 0 && v <= 3) return std::nullopt;
-  return "expected 0 (off), 1 (optimizer state), 2 (+ gradients) or 3 (+ parameters), got " +
-         std::to_string(v);
-}
-
-std::optional<std::string> check_param_dtype(const std::string& v) {
-  const std::string l = to_lower(v);
-  if (l == "bf16" || l == "fp16" || l == "fp32") return std::nullopt;
-  return "expected one of bf16, fp16, fp32, got '" + v + "'";
-}
-
-std::optional<std::string> check_reduce_dtype(const std::string& v) {
-  const std::string l = to_lower(v);
-  if (l == "param" || l == "fp32") return std::nullopt;
-  return "expected param (the param dtype) or fp32, got '" + v + "'";
-}
-
-std::string normalize_fsdp_wrap(const std::string& v) {
-  std::string l = to_lower(trim(v));
-  std::replace(l.begin(), l.end(), '-', '_');
-  return l;
-}
-
-std::optional<std::string> check_fsdp_wrap(const std::string& v) {
-  const std::string l = normalize_fsdp_wrap(v);
-  if (l == "entries" || l == "classes" || l == "min_params" || l == "none") return std::nullopt;
-  return "expected one of entries, classes, min_params, none, got '" + v + "'";
-}
-
-std::optional<std::string> check_fsdp_wrap_classes(const std::string& v) {
-  const std::string expl =
-      "expected a comma-separated list of module class names such as Block,Layer, got '" + v + "'";
-  if (trim(v).empty()) return expl;
-  for (const auto& part : split(v, ',')) {
-    const std::string name = trim(part);
-    if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) return expl;
-    for (char ch : name)
-      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_') return expl;
-  }
-  return std::nullopt;
-}
-
-std::string normalize_fsdp_wrap_classes(const std::string& v) {
-  std::string out;
-  for (const auto& part : split(v, ',')) {
-    if (!out.empty()) out += ',';
-    out += trim(part);
-  }
-  return out;
-}
-
-std::optional<std::string> check_fsdp_min_params(long long v) {
-  if (v >= 1) return std::nullopt;
-  return "expected a parameter count >= 1, got " + std::to_string(v);
-}
-
-std::optional<bool> parse_bool(const std::string& v) {
-  const std::string t = to_lower(trim(v));
-  if (t == "true" || t == "yes" || t == "on" || t == "1") return true;
-  if (t == "false" || t == "no" || t == "off" || t == "0") return false;
-  return std::nullopt;
-}
-
-std::optional<std::string> complete_fsdp_wrap(LaunchConfig& c) {
-  if (c.fsdp_wrap) return std::nullopt;
-  if (c.fsdp_wrap_classes && c.fsdp_min_params) {
-    return std::string(
-        "fsdp_wrap_classes and fsdp_min_params choose two different wrap policies (classes, "
-        "min_params); give one of them, or fsdp_wrap");
-  }
-  if (c.fsdp_wrap_classes) c.fsdp_wrap = "classes";
-  if (c.fsdp_min_params) c.fsdp_wrap = "min_params";
-  return std::nullopt;
-}
-
 void validate(const LaunchConfig& c, const std::string& where) {
   auto fail = [&](const std::string& key, const std::string& what) {
     ACCEL_THROW(launcher::ConfigError, "config", where, ": key '", key, "': ", what);
@@ -392,28 +287,32 @@ void validate(const LaunchConfig& c, const std::string& where) {
   }
   if (c.main_process_ip && c.main_process_ip->empty())
     fail("main_process_ip", "is empty (use null for none)");
-  if (auto e = check_mixed_precision(c.mixed_precision)) fail("mixed_precision", *e);
   if (auto e = check_gpu_ids(c.gpu_ids)) fail("gpu_ids", *e);
   if (c.rdzv_backend != "static") {
     fail("rdzv_backend",
          "only 'static' rendezvous (fixed world size, main process as store) is supported, got '" +
              c.rdzv_backend + "'");
   }
-  if (auto e = check_zero_stage(c.zero_stage)) fail("zero_config.zero_stage", *e);
-  if (c.param_dtype)
-    if (auto e = check_param_dtype(*c.param_dtype)) fail("zero_config.param_dtype", *e);
-  if (c.reduce_dtype)
-    if (auto e = check_reduce_dtype(*c.reduce_dtype)) fail("zero_config.reduce_dtype", *e);
-  if (c.fsdp_wrap)
-    if (auto e = check_fsdp_wrap(*c.fsdp_wrap)) fail("fsdp_config.fsdp_wrap", *e);
-  if (c.fsdp_wrap_classes) {
-    if (auto e = check_fsdp_wrap_classes(*c.fsdp_wrap_classes))
-      fail("fsdp_config.fsdp_wrap_classes", *e);
-  }
-  if (c.fsdp_min_params)
-    if (auto e = check_fsdp_min_params(*c.fsdp_min_params)) fail("fsdp_config.fsdp_min_params", *e);
+  // The training settings, by their rows (Note [settings are checked by their row]).
+  auto row = [&](std::string_view key, const std::optional<std::string>& v) {
+    if (v)
+      if (auto e = check_setting(key, *v)) fail(std::string(key), *e);
+  };
+  auto number = [](const auto& v) {
+    return v ? std::optional<std::string>(std::to_string(*v)) : std::nullopt;
+  };
+  row("mixed_precision", c.mixed_precision);
+  row("gradient_accumulation_steps", number(c.gradient_accumulation_steps));
+  row("zero_config.zero_stage", number(c.zero_stage));
+  row("strategy", c.strategy);
+  row("zero_config.param_dtype", c.param_dtype);
+  row("zero_config.reduce_dtype", c.reduce_dtype);
+  row("fsdp_config.fsdp_wrap", c.fsdp_wrap);
+  row("fsdp_config.fsdp_wrap_classes", c.fsdp_wrap_classes);
+  row("fsdp_config.fsdp_min_params", number(c.fsdp_min_params));
   // The parts of a wrap policy agree (complete_fsdp_wrap fills in fsdp_wrap from them).
-  const std::string wrap = c.fsdp_wrap ? normalize_fsdp_wrap(*c.fsdp_wrap) : "";
+  const std::string wrap =
+      c.fsdp_wrap ? parse_setting("fsdp_config.fsdp_wrap", *c.fsdp_wrap, nullptr).value() : "";
   if (c.fsdp_wrap_classes && wrap != "classes") {
     fail("fsdp_config.fsdp_wrap_classes",
          "applies only with fsdp_wrap: classes, got fsdp_wrap: " + (wrap.empty() ? "unset" : wrap));
@@ -426,10 +325,6 @@ void validate(const LaunchConfig& c, const std::string& where) {
     fail("fsdp_config.fsdp_wrap",
          "classes needs fsdp_wrap_classes (the module class names of the units, such as "
          "Block,Layer)");
-  }
-  if (c.gradient_accumulation_steps < 1) {
-    fail("gradient_accumulation_steps",
-         "must be at least 1, got " + std::to_string(c.gradient_accumulation_steps));
   }
   if (c.max_restarts < 0)
     fail("max_restarts", "must be >= 0, got " + std::to_string(c.max_restarts));
@@ -471,6 +366,24 @@ std::string key_text(const YAML::Node& key, const std::string& where, const std:
                 " as a key");
   }
   return key.Scalar();
+}
+
+// zero_config: {zero_stage, param_dtype, reduce_dtype}.
+void read_zero_config(const YAML::Node& v, const std::string& where, LaunchConfig& c) {
+  for (auto z = v.begin(); z != v.end(); ++z) {
+    const std::string sub = key_text(z->first, where, " in zero_config");
+    const std::string full = "zero_config." + sub;
+    if (sub == "zero_stage") {
+      c.zero_stage = std::stoi(read_setting(z->second, where, full));
+    } else if (sub == "param_dtype") {
+      c.param_dtype = read_setting(z->second, where, full);
+    } else if (sub == "reduce_dtype") {
+      c.reduce_dtype = read_setting(z->second, where, full);
+    } else {
+      bad_key(where, z->first, full,
+              "unknown key (zero_config holds zero_stage, param_dtype, reduce_dtype)");
+    }
+  }
 }
 
 LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& where);
@@ -516,10 +429,12 @@ bool read_sharding(const YAML::Node& v, const std::string& where, const std::str
             "'" + t + "': accel shards over all processes, it has no hybrid (shard within a " +
                 "machine, replicate across machines) sharding; supported: FULL_SHARD, " +
                 "SHARD_GRAD_OP (or true / false)");
-  const std::string l = to_lower(t);
-  if (l == "true" || l == "yes" || l == "on") return true;
-  if (l == "false" || l == "no" || l == "off") return false;
-  bad_key(where, v, key, "expected FULL_SHARD, SHARD_GRAD_OP, true or false, got '" + t + "'");
+  // Otherwise a bool, read by the row (Note [settings are checked by their row]).
+  std::string why;
+  if (auto b = parse_setting("fsdp_config.fsdp_reshard_after_forward", t, &why))
+    return *b == "true";
+  const std::string bools = why.rfind("expected ", 0) == 0 ? why.substr(9) : why;
+  bad_key(where, v, key, "expected FULL_SHARD, SHARD_GRAD_OP or " + bools);
 }
 
 // fsdp_prefetch and Accelerate's two prefetch keys, which accel's one switch (prefetch in forward
@@ -536,7 +451,8 @@ bool read_prefetch(const YAML::Node& v, const std::string& where, const std::str
             "'" + t + "': accel gathers the next unit when a unit's backward starts " +
                 "(BACKWARD_PRE) or not at all (NO_PREFETCH); supported: BACKWARD_PRE, NO_PREFETCH");
   }
-  return read_bool(v, where, key);
+  return setting_value(v, where, key, "fsdp_config.fsdp_prefetch", scalar_text(v, where, key)) ==
+         "true";
 }
 
 // fsdp_config: our keys and Accelerate's (docs/launcher.md, "ZeRO-3 and mixed precision").
@@ -590,6 +506,7 @@ void read_fsdp_config(const YAML::Node& v, const std::string& where, LaunchConfi
       bad_key(where, z->first, full,
               "sets " + canon + ", which is given already" +
                   (it->second == sub ? std::string("") : " (by fsdp_config." + it->second + ")"));
+    const std::string row = key + "." + canon;  // Note [settings are checked by their row]
     if (canon == "fsdp_wrap") {
       std::string t = scalar_text(zv, where, full);
       if (sub == "fsdp_auto_wrap_policy") {  // Accelerate's names
@@ -605,16 +522,14 @@ void read_fsdp_config(const YAML::Node& v, const std::string& where, LaunchConfi
                   "expected TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP, got '" + t + "'");
         }
       }
-      if (auto e = check_fsdp_wrap(t)) bad_key(where, zv, full, *e);
-      c.fsdp_wrap = normalize_fsdp_wrap(t);
+      c.fsdp_wrap = setting_value(zv, where, full, row, t);
     } else if (canon == "fsdp_wrap_classes") {
-      const std::string t = list_text(zv, where, full);
-      if (auto e = check_fsdp_wrap_classes(t)) bad_key(where, zv, full, *e);
-      c.fsdp_wrap_classes = normalize_fsdp_wrap_classes(t);
+      c.fsdp_wrap_classes = setting_value(zv, where, full, row, list_text(zv, where, full));
     } else if (canon == "fsdp_min_params") {
-      c.fsdp_min_params = read_int(zv, where, full, 1, 1LL << 62);
+      c.fsdp_min_params =
+          std::stoll(setting_value(zv, where, full, row, scalar_text(zv, where, full)));
     } else if (canon == "fsdp_activation_checkpointing") {
-      c.fsdp_activation_checkpointing = read_bool(zv, where, full);
+      c.fsdp_activation_checkpointing = read_setting(zv, where, full) == "true";
     } else {  // fsdp_reshard_after_forward / fsdp_sharding_strategy
       c.fsdp_reshard_after_forward = read_sharding(zv, where, full);
     }
@@ -666,10 +581,9 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
     } else if (key == "mixed_precision") {
       std::string t = scalar_text(v, where, key);
       if (to_lower(t) == "false") t = "no";  // unquoted `no` in YAML 1.1 readers
-      if (auto e = check_mixed_precision(t)) bad_key(where, v, key, *e);
-      c.mixed_precision = normalize_mixed_precision(t);
+      c.mixed_precision = setting_value(v, where, key, key, t);
     } else if (key == "use_cpu") {
-      c.use_cpu = read_bool(v, where, key);
+      c.use_cpu = read_setting(v, where, key) == "true";
     } else if (key == "gpu_ids") {
       const std::string t = list_text(v, where, key);
       if (auto e = check_gpu_ids(t)) bad_key(where, v, key, *e);
@@ -684,28 +598,13 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
     } else if (key == "main_training_function") {
       c.main_training_function = scalar_text(v, where, key);
     } else if (key == "gradient_accumulation_steps") {
-      c.gradient_accumulation_steps = static_cast<int>(read_int(v, where, key, 1, 1 << 30));
+      c.gradient_accumulation_steps = std::stoi(read_setting(v, where, key));
+    } else if (key == "strategy") {
+      c.strategy = read_setting(v, where, key);
     } else if (key == "zero_config") {
       if (is_null(v)) continue;
       if (!v.IsMap()) bad_key(where, v, key, "expected a mapping such as {zero_stage: 2}");
-      for (auto z = v.begin(); z != v.end(); ++z) {
-        const std::string sub = key_text(z->first, where, " in zero_config");
-        const std::string full = key + "." + sub;
-        if (sub == "zero_stage") {
-          c.zero_stage = static_cast<int>(read_int(z->second, where, full, 0, 3));
-        } else if (sub == "param_dtype") {
-          const std::string t = scalar_text(z->second, where, full);
-          if (auto e = check_param_dtype(t)) bad_key(where, z->second, full, *e);
-          c.param_dtype = to_lower(t);
-        } else if (sub == "reduce_dtype") {
-          const std::string t = scalar_text(z->second, where, full);
-          if (auto e = check_reduce_dtype(t)) bad_key(where, z->second, full, *e);
-          c.reduce_dtype = to_lower(t);
-        } else {
-          bad_key(where, z->first, full,
-                  "unknown key (zero_config holds zero_stage, param_dtype, reduce_dtype)");
-        }
-      }
+      read_zero_config(v, where, c);
     } else if (key == "fsdp_config") {
       if (is_null(v)) continue;
       if (!v.IsMap()) {
@@ -768,16 +667,20 @@ std::string config_to_yaml(const LaunchConfig& c) {
   os << "main_process_ip: " << (c.main_process_ip ? quote(*c.main_process_ip) : "null") << "\n";
   os << "main_process_port: "
      << (c.main_process_port ? std::to_string(*c.main_process_port) : "null") << "\n";
-  os << "mixed_precision: " << quote(c.mixed_precision) << "\n";
+  if (c.mixed_precision) os << "mixed_precision: " << quote(*c.mixed_precision) << "\n";
   os << "use_cpu: " << (c.use_cpu ? "true" : "false") << "\n";
   os << "gpu_ids: " << (c.gpu_ids == "all" ? std::string("all") : quote(c.gpu_ids)) << "\n";
   os << "rdzv_backend: " << c.rdzv_backend << "\n";
   os << "same_network: " << (c.same_network ? "true" : "false") << "\n";
   os << "main_training_function: " << quote(c.main_training_function) << "\n";
-  os << "gradient_accumulation_steps: " << c.gradient_accumulation_steps << "\n";
-  os << "zero_config:\n  zero_stage: " << c.zero_stage << "\n";
-  if (c.param_dtype) os << "  param_dtype: " << quote(*c.param_dtype) << "\n";
-  if (c.reduce_dtype) os << "  reduce_dtype: " << quote(*c.reduce_dtype) << "\n";
+  if (c.gradient_accumulation_steps)
+    os << "gradient_accumulation_steps: " << *c.gradient_accumulation_steps << "\n";
+  if (c.strategy) os << "strategy: " << quote(*c.strategy) << "\n";
+  std::ostringstream zero;
+  if (c.zero_stage) zero << "  zero_stage: " << *c.zero_stage << "\n";
+  if (c.param_dtype) zero << "  param_dtype: " << quote(*c.param_dtype) << "\n";
+  if (c.reduce_dtype) zero << "  reduce_dtype: " << quote(*c.reduce_dtype) << "\n";
+  if (!zero.str().empty()) os << "zero_config:\n" << zero.str();
   // Only what was chosen: an unset option leaves the program's AcceleratorConfig::fsdp alone.
   std::ostringstream fsdp;
   auto b = [](bool v) { return v ? "true" : "false"; };
@@ -803,237 +706,6 @@ void save_config(const LaunchConfig& c, const std::string& path) {
   // (Note [safe file access]).
   file_io::write_file_atomic(path, config_to_yaml(c), "config", /*durable=*/true,
                              /*create_dirs=*/true);
-}
-
-LaunchConfig basic_config(int gpu_count, const std::string& mixed_precision) {
-  LaunchConfig c;
-  if (auto e = check_mixed_precision(mixed_precision)) {
-    ACCEL_THROW(launcher::ConfigError, "config", "--mixed_precision: ", *e);
-  }
-  c.mixed_precision = normalize_mixed_precision(mixed_precision);
-  if (gpu_count > 1) {
-    c.distributed_type = "MULTI_GPU";
-    c.num_processes = gpu_count;
-  } else if (gpu_count == 1) {
-    c.distributed_type = "NO";
-  } else {
-    c.distributed_type = "NO";
-    c.use_cpu = true;
-  }
-  return c;
-}
-
-namespace {
-
-// One question of the questionnaire: empty answer takes the default; `check` returns an
-// explanation when the answer is not acceptable, and the question is asked again.
-class Asker {
- public:
-  Asker(std::istream& in, std::ostream& out) : in_(in), out_(out) {}
-
-  std::string ask(const std::string& question, const std::string& default_answer,
-                  const std::function<std::optional<std::string>(const std::string&)>& check) {
-    while (true) {
-      out_ << question;
-      if (!default_answer.empty()) out_ << " [" << default_answer << "]";
-      out_ << ": " << std::flush;
-      std::string line;
-      if (!std::getline(in_, line)) {
-        out_ << "\n";
-        ACCEL_THROW(launcher::ConfigError, "config",
-                    "input ended before the questionnaire was finished (at: ", question, ")");
-      }
-      std::string answer = trim(line);
-      if (answer.empty()) answer = default_answer;
-      if (answer.empty()) {
-        out_ << "  An answer is required here. Please try again.\n";
-        continue;
-      }
-      if (auto why = check(answer)) {
-        out_ << "  Invalid answer '" << answer << "': " << *why << ". Please try again.\n";
-        continue;
-      }
-      return answer;
-    }
-  }
-
-  long long ask_int(const std::string& question, long long default_value, long long lo,
-                    long long hi,
-                    const std::function<std::optional<std::string>(long long)>& extra = {}) {
-    std::string a = ask(question, std::to_string(default_value),
-                        [&](const std::string& s) -> std::optional<std::string> {
-                          auto v = parse_int(s);
-                          if (!v || *v < lo || *v > hi) {
-                            return "expected an integer from " + std::to_string(lo) + " to " +
-                                   std::to_string(hi);
-                          }
-                          if (extra) return extra(*v);
-                          return std::nullopt;
-                        });
-    return *parse_int(a);
-  }
-
-  bool ask_yes_no(const std::string& question, bool default_value) {
-    std::string a = ask(question + (default_value ? " [YES/no]" : " [yes/NO]"), "",
-                        [](const std::string& s) -> std::optional<std::string> {
-                          std::string l = to_lower(s);
-                          if (l == "yes" || l == "y" || l == "no" || l == "n") return std::nullopt;
-                          return std::string("expected yes or no");
-                        });
-    return to_lower(a)[0] == 'y';
-  }
-
-  // Choice by index or by name; returns the index.
-  size_t ask_choice(const std::string& question,
-                    const std::vector<std::pair<std::string, std::string>>& options,
-                    size_t default_index) {
-    std::string q = question + " (";
-    for (size_t i = 0; i < options.size(); ++i) {
-      q += (i ? ", " : "") + std::string("[") + std::to_string(i) + "] " + options[i].second;
-    }
-    q += ")";
-    auto index_of = [&](const std::string& s) -> std::optional<size_t> {
-      if (auto v = parse_int(s); v && *v >= 0 && static_cast<size_t>(*v) < options.size()) {
-        return static_cast<size_t>(*v);
-      }
-      for (size_t i = 0; i < options.size(); ++i) {
-        if (to_lower(s) == to_lower(options[i].first)) return i;
-      }
-      return std::nullopt;
-    };
-    std::string a = ask(q, std::to_string(default_index),
-                        [&](const std::string& s) -> std::optional<std::string> {
-                          if (index_of(s)) return std::nullopt;
-                          std::string names;
-                          for (size_t i = 0; i < options.size(); ++i)
-                            names += (i ? ", " : "") + options[i].first;
-                          return "expected a number from 0 to " +
-                                 std::to_string(options.size() - 1) + " or one of " + names;
-                        });
-    return *index_of(a);
-  }
-
- private:
-  std::istream& in_;
-  std::ostream& out_;
-};
-
-}  // namespace
-
-LaunchConfig run_questionnaire(std::istream& in, std::ostream& out, int gpu_count) {
-  Asker a(in, out);
-  LaunchConfig c;
-  a.ask_choice("In which compute environment are you running?", {{"LOCAL_MACHINE", "This machine"}},
-               0);
-  c.compute_environment = "LOCAL_MACHINE";
-
-  const std::vector<std::pair<std::string, std::string>> types = {
-      {"NO", "No distributed training"}, {"MULTI_CPU", "multi-CPU"}, {"MULTI_GPU", "multi-GPU"}};
-  size_t t = a.ask_choice("Which type of machine are you using?", types, gpu_count > 1 ? 2 : 0);
-  c.distributed_type = types[t].first;
-
-  if (c.distributed_type != "NO") {
-    c.num_machines = static_cast<int>(a.ask_int(
-        "How many different machines will you use (use more than 1 for multi-node training)?", 1, 1,
-        kMaxMachines));
-    if (c.num_machines > 1) {
-      c.machine_rank = static_cast<int>(a.ask_int(
-          "What is the rank of this machine (0 for the main machine)?", 0, 0, c.num_machines - 1));
-      c.main_process_ip = a.ask(
-          "What is the IP address (or host name) of the machine that will host the main process?",
-          "", [](const std::string& s) -> std::optional<std::string> {
-            if (s.find_first_of(" \t/") != std::string::npos) {
-              return std::string("expected an address such as 10.0.0.1 or node01");
-            }
-            return std::nullopt;
-          });
-      c.main_process_port = static_cast<int>(
-          a.ask_int("What is the port you will use to communicate with the main process?",
-                    kDefaultMainProcessPort, 1, 65535));
-      c.same_network = a.ask_yes_no("Are all the machines on the same local network?", true);
-    }
-  }
-
-  const int machines = c.num_machines;
-  auto multiple_of_machines = [machines](long long v) -> std::optional<std::string> {
-    if (v % machines == 0) return std::nullopt;
-    return "the total must be a multiple of the number of machines (" + std::to_string(machines) +
-           ")";
-  };
-  if (c.distributed_type == "NO") {
-    c.use_cpu =
-        a.ask_yes_no("Do you want to run your training on CPU only (even if a GPU is available)?",
-                     gpu_count == 0);
-    c.num_processes = 1;
-  } else if (c.distributed_type == "MULTI_CPU") {
-    c.use_cpu = true;
-    c.num_processes = static_cast<int>(
-        a.ask_int("How many CPU processes should be used in total, over all machines?",
-                  2LL * machines, 1, kMaxProcesses, multiple_of_machines));
-  } else {
-    c.use_cpu = false;
-    c.num_processes = static_cast<int>(
-        a.ask_int("How many GPU processes should be used in total, over all machines?",
-                  static_cast<long long>(std::max(gpu_count, 1)) * machines, 1, kMaxProcesses,
-                  multiple_of_machines));
-    std::string ids = a.ask(
-        "What GPU(s) (by id) should be used for training on this machine as a comma-separated "
-        "list?",
-        "all", check_gpu_ids);
-    c.gpu_ids = normalize_gpu_ids(ids);
-  }
-
-  if (c.distributed_type != "NO") {
-    c.zero_stage =
-        static_cast<int>(a.ask_int("Which ZeRO stage do you want (0: off, 1: shard optimizer "
-                                   "state, 2: + gradients, 3: + parameters)?",
-                                   0, 0, 3));
-  }
-  // Only answers that differ from the defaults are written: accepting a default leaves the
-  // program's own AcceleratorConfig::zero / ::fsdp choice in charge.
-  if (c.zero_stage >= 1) {
-    const std::vector<std::pair<std::string, std::string>> dtypes = {
-        {"fp32", "fp32: no conversion"}, {"bf16", "bf16"}, {"fp16", "fp16"}};
-    const size_t d = a.ask_choice(
-        "In which dtype should ZeRO compute with the parameters (the optimizer keeps fp32 master "
-        "shards)?",
-        dtypes, 0);
-    if (d != 0) {
-      c.param_dtype = dtypes[d].first;
-      if (a.ask_yes_no("Reduce gradients in fp32 instead of " + dtypes[d].first + "?", false))
-        c.reduce_dtype = "fp32";
-    }
-  }
-  if (c.zero_stage == 3) {
-    const std::vector<std::pair<std::string, std::string>> wraps = {
-        {"entries", "every ModuleList/Sequential entry"},
-        {"classes", "entries of the classes you name"},
-        {"min_params", "entries with at least N parameters"},
-        {"none", "none: the whole model is one unit"}};
-    const size_t w = a.ask_choice("Which modules should ZeRO-3 shard as units?", wraps, 0);
-    if (w != 0) c.fsdp_wrap = wraps[w].first;
-    if (wraps[w].first == "classes") {
-      c.fsdp_wrap_classes = normalize_fsdp_wrap_classes(
-          a.ask("Which module classes are units (comma-separated, e.g. Block,Layer)?", "",
-                check_fsdp_wrap_classes));
-    } else if (wraps[w].first == "min_params") {
-      c.fsdp_min_params =
-          a.ask_int("At least how many parameters make an entry a unit?", 1LL << 20, 1, 1LL << 62);
-    }
-    if (a.ask_yes_no(
-            "Recompute each unit's forward in its backward (activation checkpointing: less "
-            "memory, more compute)?",
-            false))
-      c.fsdp_activation_checkpointing = true;
-  }
-  c.gradient_accumulation_steps = static_cast<int>(
-      a.ask_int("How many gradient accumulation steps do you want?", 1, 1, 1 << 30));
-  const std::vector<std::pair<std::string, std::string>> precisions = {
-      {"no", "no"}, {"fp16", "fp16"}, {"bf16", "bf16"}};
-  c.mixed_precision =
-      precisions[a.ask_choice("Do you wish to use mixed precision?", precisions, 0)].first;
-  validate(c, "questionnaire");
-  return c;
 }
 
 }  // namespace accel::launcher

@@ -6,11 +6,18 @@
 #include <iosfwd>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "core/settings.h"
 #include "launcher/util.h"
 
 namespace accel::launcher {
+
+// Bounds of the config file's counts, and the port the questionnaire offers.
+inline constexpr long long kMaxProcesses = 1 << 20;
+inline constexpr long long kMaxMachines = 1 << 16;
+inline constexpr int kDefaultMainProcessPort = 29500;
 
 struct LaunchConfig {
   std::string compute_environment = "LOCAL_MACHINE";
@@ -20,14 +27,20 @@ struct LaunchConfig {
   int machine_rank = 0;
   std::optional<std::string> main_process_ip;
   std::optional<int> main_process_port;
-  std::string mixed_precision = "no";  // no | fp16 | bf16
+  // Note [who wins: launcher or program]: the settings accel-run exports to the program are
+  // those the config file or a flag gives; unset (nullopt) ones are not exported, so the
+  // program's AcceleratorConfig stands (Accelerate's precedence).
+  std::optional<std::string> mixed_precision;  // no | fp16 | bf16
   bool use_cpu = false;
   std::string gpu_ids = "all";  // "all" or "0,1,3"
   std::string rdzv_backend = "static";
   bool same_network = true;
-  std::string main_training_function = "main";  // kept for Accelerate compatibility; unused
-  int gradient_accumulation_steps = 1;
-  int zero_stage = 0;  // zero_config.zero_stage
+  std::string main_training_function = "main";     // kept for Accelerate compatibility; unused
+  std::optional<int> gradient_accumulation_steps;  // >= 1
+  std::optional<int> zero_stage;                   // zero_config.zero_stage, 0..3
+  // A strategy registered in the program (accelerate/strategy_registry.h): ddp, zero1, zero2,
+  // fsdp or the program's own (accel-run cannot list those: any lower-case identifier).
+  std::optional<std::string> strategy;
   // ZeRO mixed precision (zero_config.param_dtype / reduce_dtype): bf16 | fp16 | fp32 compute
   // parameters over fp32 master shards; gradients reduced in the param dtype or fp32.
   std::optional<std::string> param_dtype, reduce_dtype;
@@ -45,24 +58,32 @@ struct LaunchConfig {
   bool operator==(const LaunchConfig&) const = default;
 };
 
-// Value checks shared by the file loader, the flags and the questionnaire. Each returns an
-// explanation of what is accepted, or nullopt when the value is fine.
+// Note [settings are checked by their row]
+// A training setting with a row in the settings table (core/settings.h: mixed_precision, use_cpu,
+// zero_config.*, fsdp_config.*, strategy, ...) is checked and spelled by that row's parser alone,
+// found by its config key: the config file reader, the flags (set_setting_flag, resolve_plan),
+// the questionnaire (its bounds, choices and defaults) and validate() all go through
+// parse_setting, so the values a setting takes live in one place and every path refuses the same
+// values with the same explanation. The config file translates Accelerate's other spellings of a
+// setting (mixed_precision: false, fsdp_auto_wrap_policy: SIZE_BASED_WRAP, fsdp_sharding_strategy:
+// SHARD_GRAD_OP, ...) into ours before the row reads them. tests/launcher/test_config.cc checks
+// that the reader accepts exactly what each row accepts.
+//
+// The row whose config key is `key` ("zero_config.param_dtype"); ConfigError when there is none.
+const settings::Setting& setting_row(std::string_view key);
+// `raw` in the canonical spelling of row `key`, or nullopt with `why` (when given) saying what the
+// row accepts ("expected one of bf16, fp16, fp32, got 'fp8'").
+std::optional<std::string> parse_setting(std::string_view key, std::string_view raw,
+                                         std::string* why);
+// What row `key` refuses `raw` for, or nullopt when it accepts it.
+std::optional<std::string> check_setting(std::string_view key, std::string_view raw);
+
+// The checks of the settings without a row. Each returns an explanation of what is accepted, or
+// nullopt when the value is fine.
 std::optional<std::string> check_distributed_type(const std::string& v);
-std::optional<std::string> check_mixed_precision(const std::string& v);
 std::optional<std::string> check_gpu_ids(const std::string& v);
-std::optional<std::string> check_zero_stage(long long v);
-std::optional<std::string> check_param_dtype(const std::string& v);        // bf16, fp16, fp32
-std::optional<std::string> check_reduce_dtype(const std::string& v);       // param, fp32
-std::optional<std::string> check_fsdp_wrap(const std::string& v);          // entries ... none
-std::optional<std::string> check_fsdp_wrap_classes(const std::string& v);  // Block,Layer
-std::optional<std::string> check_fsdp_min_params(long long v);
-// true/yes/on/1 or false/no/off/0 (any case); nullopt otherwise.
-std::optional<bool> parse_bool(const std::string& v);
-// Canonical spelling ("NO", "bf16", "0,1"); input must have passed the check.
-std::string normalize_mixed_precision(const std::string& v);
+// Canonical spelling ("0,1"); input must have passed the check.
 std::string normalize_gpu_ids(const std::string& v);
-std::string normalize_fsdp_wrap(const std::string& v);          // "min-params" -> "min_params"
-std::string normalize_fsdp_wrap_classes(const std::string& v);  // " A , B" -> "A,B"
 // Completes a wrap policy given in parts: fsdp_wrap_classes alone means fsdp_wrap classes,
 // fsdp_min_params alone min_params. Returns an explanation when the parts contradict each other.
 std::optional<std::string> complete_fsdp_wrap(LaunchConfig& c);

@@ -352,44 +352,11 @@ int detect_gpu_count() {
   return count_gpu_device_nodes();
 }
 
-void print_env_report(std::ostream& os, const std::string& config_path, bool config_path_explicit,
-                      const EnvMap& env) {
-  utsname u{};
-  uname(&u);
-  os << "accel-run " << ACCEL_VERSION << " (accel " << ACCEL_VERSION << ")\n";
-  os << "  compiler: " << __VERSION__ << ", C++ " << __cplusplus << "\n";
-  os << "  system: " << u.sysname << " " << u.release << " " << u.machine << ", host " << u.nodename
-     << "\n";
+namespace {
 
-  DeviceReport d = probe_devices();
-  os << "\nDevices\n";
-  os << "  CPU: " << d.cpu_model << ", " << d.cpus_online << " logical CPUs online, "
-     << d.cpus_usable << " usable by this process\n";
-  os << "  CPU features:";
-  for (const auto& f : d.cpu_features) os << " " << f;
-  os << (d.cpu_features.empty() ? " none of interest\n" : "\n");
-  os << "  memory: " << human_bytes(static_cast<unsigned long long>(d.memory_kib) * 1024ULL)
-     << "\n";
-  os << "  GPUs (" << d.gpu_source << "): " << d.gpus.size() << "\n";
-  for (const auto& g : d.gpus) {
-    os << "    [" << g.index << "] " << g.name << ", " << human_bytes(g.memory_bytes) << "\n";
-  }
-  if (!d.driver_version.empty()) os << "  NVIDIA driver: " << d.driver_version << "\n";
-  if (!d.gpu_note.empty()) os << "  note: " << d.gpu_note << "\n";
-
-  os << "\nLibraries\n";
-  for (const auto& p : probe_libraries()) {
-    os << "  " << p.name << ": ";
-    if (!p.found) {
-      os << p.note << "\n";
-      continue;
-    }
-    os << (p.version.empty() ? "found, version unknown" : p.version);
-    if (!p.note.empty()) os << " (" << p.note << ")";
-    if (!p.path.empty()) os << " [" << p.path << "]";
-    os << "\n";
-  }
-
+// The config file and what a launch without flags would do with it.
+void print_config_section(std::ostream& os, const std::string& config_path,
+                          bool config_path_explicit, const EnvMap& env) {
   os << "\nConfig\n";
   os << "  file: " << config_path;
   LaunchConfig cfg;
@@ -432,24 +399,10 @@ void print_env_report(std::ostream& os, const std::string& config_path, bool con
       os << "  launch without flags would fail: " << e.what() << "\n";
     }
   }
+}
 
-  os << "\nProcess cleanup\n";
-  if (env_get(env, env::kRunCgroup).value_or("1") == "0") {
-    os << "  job cgroup: off (ACCEL_RUN_CGROUP=0)";
-  } else {
-    std::string why_not;
-    const std::string probe =
-        create_job_cgroup("accel-run-probe-" + std::to_string(getpid()), &why_not);
-    if (!probe.empty()) {
-      rmdir(probe.c_str());
-      os << "  job cgroup: available (created under "
-         << std::filesystem::path(probe).parent_path().string() << ")";
-    } else {
-      os << "  job cgroup: not available (" << why_not << ")";
-    }
-  }
-  os << "; the watchdog also finds leftovers by their process group and ACCEL_LAUNCH_ID\n";
-
+// The contract's variables (and SLURM's, OpenMPI's, NCCL's, Gloo's) this process has.
+void print_environment(std::ostream& os, const EnvMap& env) {
   os << "\nEnvironment\n";
   bool any = false;
   for (const auto& [k, v] : env) {
@@ -490,6 +443,67 @@ void print_env_report(std::ostream& os, const std::string& config_path, bool con
   if (!any)
     os << "  (none of RANK, WORLD_SIZE, MASTER_*, CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS, ACCEL_*, "
           "SLURM_*, OMPI_* set)\n";
+}
+
+}  // namespace
+
+void print_env_report(std::ostream& os, const std::string& config_path, bool config_path_explicit,
+                      const EnvMap& env) {
+  utsname u{};
+  uname(&u);
+  os << "accel-run " << ACCEL_VERSION << " (accel " << ACCEL_VERSION << ")\n";
+  os << "  compiler: " << __VERSION__ << ", C++ " << __cplusplus << "\n";
+  os << "  system: " << u.sysname << " " << u.release << " " << u.machine << ", host " << u.nodename
+     << "\n";
+
+  DeviceReport d = probe_devices();
+  os << "\nDevices\n";
+  os << "  CPU: " << d.cpu_model << ", " << d.cpus_online << " logical CPUs online, "
+     << d.cpus_usable << " usable by this process\n";
+  os << "  CPU features:";
+  for (const auto& f : d.cpu_features) os << " " << f;
+  os << (d.cpu_features.empty() ? " none of interest\n" : "\n");
+  os << "  memory: " << human_bytes(static_cast<unsigned long long>(d.memory_kib) * 1024ULL)
+     << "\n";
+  os << "  GPUs (" << d.gpu_source << "): " << d.gpus.size() << "\n";
+  for (const auto& g : d.gpus) {
+    os << "    [" << g.index << "] " << g.name << ", " << human_bytes(g.memory_bytes) << "\n";
+  }
+  if (!d.driver_version.empty()) os << "  NVIDIA driver: " << d.driver_version << "\n";
+  if (!d.gpu_note.empty()) os << "  note: " << d.gpu_note << "\n";
+
+  os << "\nLibraries\n";
+  for (const auto& p : probe_libraries()) {
+    os << "  " << p.name << ": ";
+    if (!p.found) {
+      os << p.note << "\n";
+      continue;
+    }
+    os << (p.version.empty() ? "found, version unknown" : p.version);
+    if (!p.note.empty()) os << " (" << p.note << ")";
+    if (!p.path.empty()) os << " [" << p.path << "]";
+    os << "\n";
+  }
+
+  print_config_section(os, config_path, config_path_explicit, env);
+  os << "\nProcess cleanup\n";
+  if (env_get(env, env::kRunCgroup).value_or("1") == "0") {
+    os << "  job cgroup: off (ACCEL_RUN_CGROUP=0)";
+  } else {
+    std::string why_not;
+    const std::string probe =
+        create_job_cgroup("accel-run-probe-" + std::to_string(getpid()), &why_not);
+    if (!probe.empty()) {
+      rmdir(probe.c_str());
+      os << "  job cgroup: available (created under "
+         << std::filesystem::path(probe).parent_path().string() << ")";
+    } else {
+      os << "  job cgroup: not available (" << why_not << ")";
+    }
+  }
+  os << "; the watchdog also finds leftovers by their process group and ACCEL_LAUNCH_ID\n";
+
+  print_environment(os, env);
 }
 
 }  // namespace accel::launcher

@@ -12,6 +12,7 @@
 #include "launcher/env_report.h"
 #include "launcher/output.h"
 #include "launcher/plan.h"
+#include "launcher/settings_binding.h"
 #include "launcher/supervisor.h"
 #include "launcher/util.h"
 
@@ -29,6 +30,9 @@ constexpr int kSelftestDefaultProcesses = 2;
 
 struct LaunchArgs {
   al::LaunchFlags flags;
+  // The training settings' flags as given, applied to `flags` (al::set_setting_flag) after
+  // parsing, so that a bad value is an accel-run error naming the flag (exit 1).
+  std::vector<std::pair<const accel::settings::Setting*, std::string>> setting_flags;
   std::string config_file;
   double grace_period = kDefaultGracePeriod;
   double stopped_timeout = kDefaultStoppedTimeout;
@@ -74,8 +78,6 @@ void add_launch_flags(CLI::App* app, LaunchArgs& a) {
   add_optional(
       app, "--main_process_port,--main-process-port", f.main_process_port,
       "port of the rendezvous store on machine 0 (single machine: a free port when unset)");
-  add_optional(app, "--mixed_precision,--mixed-precision", f.mixed_precision, "no, fp16 or bf16");
-  app->add_flag("--cpu", f.cpu, "force CPU workers (ACCEL_USE_CPU=true)");
   add_optional(app, "--gpu_ids,--gpu-ids", f.gpu_ids,
                "GPUs of this machine to use: all or e.g. 0,1 (CUDA_VISIBLE_DEVICES)");
   add_optional(app, "--max_restarts,--max-restarts", f.max_restarts,
@@ -83,36 +85,31 @@ void add_launch_flags(CLI::App* app, LaunchArgs& a) {
   add_optional(app, "--monitor_interval,--monitor-interval", f.monitor_interval,
                "seconds between liveness checks (output and exits are handled as they happen)")
       ->check(seconds_in(0.0, kMaxMonitorInterval, /*lo_open=*/true));
-  add_optional(app, "--zero_stage,--zero-stage", f.zero_stage, "ZeRO stage 0-3 (ACCEL_ZERO_STAGE)");
-  add_optional(app, "--gradient_accumulation_steps,--gradient-accumulation-steps",
-               f.gradient_accumulation_steps, "ACCEL_GRADIENT_ACCUMULATION_STEPS");
-  add_optional(app, "--param_dtype,--param-dtype", f.param_dtype,
-               "ZeRO 1-3: bf16, fp16 or fp32 compute parameters over fp32 master shards "
-               "(ACCEL_PARAM_DTYPE)");
-  add_optional(app, "--reduce_dtype,--reduce-dtype", f.reduce_dtype,
-               "ZeRO with --param_dtype: reduce gradients in the param dtype or fp32 "
-               "(ACCEL_REDUCE_DTYPE)");
-  add_optional(app, "--fsdp_wrap,--fsdp-wrap", f.fsdp_wrap,
-               "ZeRO-3 units: entries, classes, min_params or none (ACCEL_FSDP_WRAP)");
-  add_optional(app, "--fsdp_wrap_classes,--fsdp-wrap-classes", f.fsdp_wrap_classes,
-               "ZeRO-3: module classes that are units, e.g. Block,Layer (implies --fsdp_wrap "
-               "classes; ACCEL_FSDP_WRAP_CLASSES)");
-  add_optional(app, "--fsdp_min_params,--fsdp-min-params", f.fsdp_min_params,
-               "ZeRO-3: entries with at least N parameters are units (implies --fsdp_wrap "
-               "min_params; ACCEL_FSDP_MIN_PARAMS)");
-  add_optional(app, "--fsdp_reshard_after_forward,--fsdp-reshard-after-forward",
-               f.fsdp_reshard_after_forward,
-               "ZeRO-3: true or false (ACCEL_FSDP_RESHARD_AFTER_FORWARD)");
-  add_optional(app, "--fsdp_prefetch,--fsdp-prefetch", f.fsdp_prefetch,
-               "ZeRO-3: gather the next unit while one computes, true or false "
-               "(ACCEL_FSDP_PREFETCH)");
-  // A flag (=false, or the --fsdp_no_ form, turns on off what a config file turned on).
-  app->add_flag_function(
-      "--fsdp_activation_checkpointing,--fsdp-activation-checkpointing,"
-      "!--fsdp_no_activation_checkpointing,!--fsdp-no-activation-checkpointing",
-      [&f](std::int64_t n) { f.fsdp_activation_checkpointing = n > 0 ? "true" : "false"; },
-      "ZeRO-3: recompute each unit's forward in its backward "
-      "(ACCEL_FSDP_ACTIVATION_CHECKPOINTING)");
+  // The training settings: one flag per row of core/settings.h (and its dashed spelling).
+  for (const accel::settings::Setting& s : accel::settings::kSettings) {
+    auto dashed = [](std::string_view flag) {
+      std::string d(flag);
+      for (size_t i = 2; i < d.size(); ++i)
+        if (d[i] == '_') d[i] = '-';
+      return d;
+    };
+    std::string names = std::string(s.flag);
+    if (dashed(s.flag) != names) names += "," + dashed(s.flag);
+    const std::string help = std::string(s.allowed) + " (" + std::string(s.env) + "; key " +
+                             std::string(s.yaml) + "; default " + std::string(s.default_value) +
+                             ")";
+    if (s.switch_flag) {
+      // A switch (=false, or the negation, turns off what a config file turned on).
+      if (!s.negation.empty()) names += ",!" + std::string(s.negation) + ",!" + dashed(s.negation);
+      app->add_flag_function(
+          names,
+          [&a, &s](std::int64_t n) { a.setting_flags.emplace_back(&s, n > 0 ? "true" : "false"); },
+          help);
+    } else {
+      app->add_option_function<std::string>(
+          names, [&a, &s](const std::string& v) { a.setting_flags.emplace_back(&s, v); }, help);
+    }
+  }
   add_optional(app, "--num_cpu_threads_per_process,--num-cpu-threads-per-process",
                f.num_cpu_threads_per_process,
                "OMP_NUM_THREADS for every worker (default: CPUs / workers per machine)");
@@ -163,6 +160,11 @@ al::LaunchConfig load_effective_config(const std::string& flag, const al::EnvMap
   return std::filesystem::exists(path) ? al::load_config(path) : al::LaunchConfig{};
 }
 
+void apply_setting_flags(LaunchArgs& a) {
+  for (const auto& [s, v] : a.setting_flags) al::set_setting_flag(a.flags, *s, v);
+  a.setting_flags.clear();
+}
+
 int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest) {
   const al::EnvMap env = al::current_environment();
   al::LaunchConfig cfg = load_effective_config(a.config_file, env);
@@ -197,7 +199,7 @@ int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest
   return al::supervise(plan, env, opts);
 }
 
-// Note [selftest lookup]: accel-selftest is built by dist/tools into build/dist/tools and installed
+// Note [selftest lookup]: accel-selftest is built by comm/tools into build/comm/tools and installed
 // next to accel-run; look beside ourselves, then in the build tree, then in the configured bindir.
 std::vector<std::string> selftest_candidates() {
   std::vector<std::string> out;
@@ -209,7 +211,7 @@ std::vector<std::string> selftest_candidates() {
   if (!dir.empty()) {
     out.push_back(dir + "/accel-selftest");
     out.push_back(dir +
-                  "/../dist/tools/accel-selftest");  // the build tree (dist/tools/meson.build)
+                  "/../comm/tools/accel-selftest");  // the build tree (comm/tools/meson.build)
   }
   out.push_back(std::string(ACCEL_BINDIR) + "/accel-selftest");
   return out;
@@ -235,7 +237,7 @@ int run_selftest(const LaunchArgs& a) {
   std::cerr << "accel-run test: the self-test program accel-selftest was not found; looked in:\n";
   for (const auto& c : cands) std::cerr << "  " << c << "\n";
   std::cerr
-      << "build it (ninja -C build dist/tools/accel-selftest) or set ACCEL_SELFTEST to its path\n";
+      << "build it (ninja -C build comm/tools/accel-selftest) or set ACCEL_SELFTEST to its path\n";
   return 2;
 }
 
@@ -353,9 +355,13 @@ int run_main(int argc, char** argv) {
         std::cerr << "accel-run launch: missing PROGRAM\n" << launch->help();
         return 2;
       }
+      apply_setting_flags(launch_args);
       return run_launch(launch_args, prog, /*selftest=*/false);
     }
-    if (*test) return run_selftest(test_args);
+    if (*test) {
+      apply_setting_flags(test_args);
+      return run_selftest(test_args);
+    }
     if (*token) {
       std::cout << al::new_rendezvous_token() << "\n";
       return 0;

@@ -1,21 +1,34 @@
 #include "launcher/plan.h"
 
+#include "launcher/settings_binding.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
+#include <type_traits>
 
 #include "core/env_contract.h"
 
 namespace accel::launcher {
 namespace {
 
-std::optional<bool> bool_flag(const std::optional<std::string>& v, const char* flag) {
+// A flag's value in its row's spelling (Note [settings are checked by their row]): the command
+// line's flags were parsed by set_setting_flag already; LaunchFlags filled in code are read the
+// same way.
+template <typename T>
+std::optional<std::string> setting_flag(std::string_view key, const std::optional<T>& v) {
   if (!v) return std::nullopt;
-  const auto b = parse_bool(*v);
-  ACCEL_CHECK(b.has_value(), launcher::ConfigError, "launch", flag,
-              ": expected true or false, got '", *v, "'");
-  return b;
+  if constexpr (std::is_same_v<T, std::string>) {
+    return parse_setting_flag(key, *v);
+  } else {
+    return parse_setting_flag(key, std::to_string(*v));
+  }
+}
+std::optional<bool> bool_flag(std::string_view key, const std::optional<std::string>& v) {
+  if (auto b = setting_flag(key, v)) return *b == "true";
+  return std::nullopt;
 }
 
 // Flags over the config's zero_config / fsdp_config. The wrap flags replace the config's wrap
@@ -25,48 +38,36 @@ void apply_zero_flags(const LaunchFlags& f, LaunchConfig& c, std::vector<std::st
   auto check = [](const char* flag, const std::optional<std::string>& why) {
     if (why) ACCEL_THROW(launcher::ConfigError, "launch", flag, ": ", *why);
   };
-  if (f.param_dtype) {
-    check("--param_dtype", check_param_dtype(*f.param_dtype));
-    c.param_dtype = to_lower(*f.param_dtype);
-  }
-  if (f.reduce_dtype) {
-    check("--reduce_dtype", check_reduce_dtype(*f.reduce_dtype));
-    c.reduce_dtype = to_lower(*f.reduce_dtype);
-  }
+  if (auto v = setting_flag("zero_config.param_dtype", f.param_dtype)) c.param_dtype = v;
+  if (auto v = setting_flag("zero_config.reduce_dtype", f.reduce_dtype)) c.reduce_dtype = v;
   if (f.fsdp_wrap || f.fsdp_wrap_classes || f.fsdp_min_params) {
     LaunchConfig w;
-    if (f.fsdp_wrap) {
-      check("--fsdp_wrap", check_fsdp_wrap(*f.fsdp_wrap));
-      w.fsdp_wrap = normalize_fsdp_wrap(*f.fsdp_wrap);
-    }
-    if (f.fsdp_wrap_classes) {
-      check("--fsdp_wrap_classes", check_fsdp_wrap_classes(*f.fsdp_wrap_classes));
-      w.fsdp_wrap_classes = normalize_fsdp_wrap_classes(*f.fsdp_wrap_classes);
-    }
-    if (f.fsdp_min_params) {
-      check("--fsdp_min_params", check_fsdp_min_params(*f.fsdp_min_params));
-      w.fsdp_min_params = *f.fsdp_min_params;
-    }
+    w.fsdp_wrap = setting_flag("fsdp_config.fsdp_wrap", f.fsdp_wrap);
+    w.fsdp_wrap_classes = setting_flag("fsdp_config.fsdp_wrap_classes", f.fsdp_wrap_classes);
+    if (auto v = setting_flag("fsdp_config.fsdp_min_params", f.fsdp_min_params))
+      w.fsdp_min_params = std::stoll(*v);
     check("--fsdp_wrap_classes / --fsdp_min_params", complete_fsdp_wrap(w));
     c.fsdp_wrap = w.fsdp_wrap;
     c.fsdp_wrap_classes = w.fsdp_wrap_classes;
     c.fsdp_min_params = w.fsdp_min_params;
   }
-  if (auto b = bool_flag(f.fsdp_reshard_after_forward, "--fsdp_reshard_after_forward"))
+  if (auto b = bool_flag("fsdp_config.fsdp_reshard_after_forward", f.fsdp_reshard_after_forward))
     c.fsdp_reshard_after_forward = b;
-  if (auto b = bool_flag(f.fsdp_prefetch, "--fsdp_prefetch")) c.fsdp_prefetch = b;
-  if (auto b = bool_flag(f.fsdp_activation_checkpointing, "--fsdp_activation_checkpointing"))
+  if (auto b = bool_flag("fsdp_config.fsdp_prefetch", f.fsdp_prefetch)) c.fsdp_prefetch = b;
+  if (auto b =
+          bool_flag("fsdp_config.fsdp_activation_checkpointing", f.fsdp_activation_checkpointing))
     c.fsdp_activation_checkpointing = b;
   const bool fsdp = c.fsdp_wrap || c.fsdp_wrap_classes || c.fsdp_min_params ||
                     c.fsdp_reshard_after_forward || c.fsdp_prefetch ||
                     c.fsdp_activation_checkpointing;
   // Options that would have no effect are refused, not ignored (Note [accelerate keys accel
-  // does not implement] in launcher/config.cc).
-  if (fsdp && c.zero_stage != 3)
+  // does not implement] in launcher/config.cc). Without a zero_stage here the program's
+  // AcceleratorConfig decides the stage, and the library refuses them there the same way.
+  if (fsdp && c.zero_stage && *c.zero_stage != 3)
     ACCEL_THROW(launcher::ConfigError, "launch",
                 "the fsdp_* options (fsdp_config, --fsdp_*) apply to zero_stage 3 only, and "
                 "zero_stage is ",
-                c.zero_stage, ": set zero_stage 3 (zero_config, --zero_stage 3) or drop them");
+                *c.zero_stage, ": set zero_stage 3 (zero_config, --zero_stage 3) or drop them");
   if ((c.param_dtype || c.reduce_dtype) && c.zero_stage == 0 &&
       !(c.param_dtype && *c.param_dtype == "fp32" && !c.reduce_dtype))
     ACCEL_THROW(launcher::ConfigError, "launch",
@@ -94,6 +95,62 @@ int count_gpu_device_nodes() {
   return n;
 }
 
+namespace {
+
+// The flags over the config file (and the outer launcher's values): flags win.
+void apply_flags(const LaunchFlags& flags, LaunchConfig& c, std::vector<std::string>& notes) {
+  if (flags.num_processes) c.num_processes = *flags.num_processes;
+  if (flags.num_machines) c.num_machines = *flags.num_machines;
+  if (flags.machine_rank) c.machine_rank = *flags.machine_rank;
+  if (flags.main_process_ip) c.main_process_ip = *flags.main_process_ip;
+  if (flags.main_process_port) c.main_process_port = *flags.main_process_port;
+  if (auto v = setting_flag("mixed_precision", flags.mixed_precision)) c.mixed_precision = v;
+  if (flags.cpu) c.use_cpu = true;
+  if (flags.gpu_ids) {
+    if (auto e = check_gpu_ids(*flags.gpu_ids))
+      ACCEL_THROW(launcher::ConfigError, "launch", "--gpu_ids: ", *e);
+    c.gpu_ids = normalize_gpu_ids(*flags.gpu_ids);
+  }
+  if (flags.max_restarts) c.max_restarts = *flags.max_restarts;
+  if (flags.monitor_interval) c.monitor_interval = *flags.monitor_interval;
+  if (auto v = setting_flag("zero_config.zero_stage", flags.zero_stage))
+    c.zero_stage = std::stoi(*v);
+  if (auto v = setting_flag("strategy", flags.strategy)) c.strategy = v;
+  if (auto v = setting_flag("gradient_accumulation_steps", flags.gradient_accumulation_steps))
+    c.gradient_accumulation_steps = std::stoi(*v);
+  if (flags.num_cpu_threads_per_process)
+    c.num_cpu_threads_per_process = *flags.num_cpu_threads_per_process;
+  apply_zero_flags(flags, c, notes);
+}
+
+// OMP_NUM_THREADS and OMP_WAIT_POLICY for the workers.
+void plan_threads(LaunchPlan& p, const EnvMap& env) {
+  if (p.config.num_cpu_threads_per_process > 0) {
+    p.omp_threads = p.config.num_cpu_threads_per_process;
+  } else if (!env.count(env::kOmpNumThreads) && p.local_world_size > 1) {
+    // Note [threads per worker]: oneDNN/OpenMP default to one thread per core in every worker; with
+    // several workers per machine that oversubscribes the cores and slows every collective.
+    p.omp_threads = std::max(1, usable_cpu_count() / p.local_world_size);
+  }
+  // Note [OpenMP wait policy]: libgomp's default lets a thread that finished its share of a
+  // parallel region spin (~300k iterations) before it sleeps. When the workers' OpenMP teams fill
+  // or exceed the cores, that spinning holds the cores the peer rank's main thread and the
+  // collectives' threads need, and every step waits on the slowest rank (docs/performance.md,
+  // "OpenMP wait policy"). libgomp reads the policy once at start-up, so the launcher sets it in
+  // the worker's environment; a value the user exported is kept.
+  if (!env.count(env::kOmpWaitPolicy) && !env.count("GOMP_SPINCOUNT") && p.local_world_size > 1) {
+    int threads = p.omp_threads;
+    if (threads <= 0) {
+      const auto given = env_get(env, env::kOmpNumThreads);
+      threads = given ? std::atoi(given->c_str()) : 0;  // "4,2" (nested) counts its first level
+    }
+    if (threads <= 0) threads = usable_cpu_count();
+    if (int64_t(threads) * p.local_world_size >= usable_cpu_count()) p.omp_wait_policy = "passive";
+  }
+}
+
+}  // namespace
+
 LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flags,
                         const EnvMap& env, int gpu_count) {
   LaunchPlan p;
@@ -114,31 +171,7 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
     if (!c.main_process_port && cl.main_process_port) c.main_process_port = cl.main_process_port;
   }
 
-  if (flags.num_processes) c.num_processes = *flags.num_processes;
-  if (flags.num_machines) c.num_machines = *flags.num_machines;
-  if (flags.machine_rank) c.machine_rank = *flags.machine_rank;
-  if (flags.main_process_ip) c.main_process_ip = *flags.main_process_ip;
-  if (flags.main_process_port) c.main_process_port = *flags.main_process_port;
-  if (flags.mixed_precision) {
-    if (auto e = check_mixed_precision(*flags.mixed_precision)) {
-      ACCEL_THROW(launcher::ConfigError, "launch", "--mixed_precision: ", *e);
-    }
-    c.mixed_precision = normalize_mixed_precision(*flags.mixed_precision);
-  }
-  if (flags.cpu) c.use_cpu = true;
-  if (flags.gpu_ids) {
-    if (auto e = check_gpu_ids(*flags.gpu_ids))
-      ACCEL_THROW(launcher::ConfigError, "launch", "--gpu_ids: ", *e);
-    c.gpu_ids = normalize_gpu_ids(*flags.gpu_ids);
-  }
-  if (flags.max_restarts) c.max_restarts = *flags.max_restarts;
-  if (flags.monitor_interval) c.monitor_interval = *flags.monitor_interval;
-  if (flags.zero_stage) c.zero_stage = *flags.zero_stage;
-  if (flags.gradient_accumulation_steps)
-    c.gradient_accumulation_steps = *flags.gradient_accumulation_steps;
-  if (flags.num_cpu_threads_per_process)
-    c.num_cpu_threads_per_process = *flags.num_cpu_threads_per_process;
-  apply_zero_flags(flags, c, p.notes);
+  apply_flags(flags, c, p.notes);
 
   if (per_task) {
     // The outer launcher fixed the world; the config's process counts do not apply.
@@ -212,28 +245,7 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
     }
   }
 
-  if (c.num_cpu_threads_per_process > 0) {
-    p.omp_threads = c.num_cpu_threads_per_process;
-  } else if (!env.count(env::kOmpNumThreads) && p.local_world_size > 1) {
-    // Note [threads per worker]: oneDNN/OpenMP default to one thread per core in every worker; with
-    // several workers per machine that oversubscribes the cores and slows every collective.
-    p.omp_threads = std::max(1, usable_cpu_count() / p.local_world_size);
-  }
-  // Note [OpenMP wait policy]: libgomp's default lets a thread that finished its share of a
-  // parallel region spin (~300k iterations) before it sleeps. When the workers' OpenMP teams fill
-  // or exceed the cores, that spinning holds the cores the peer rank's main thread and the
-  // collectives' threads need, and every step waits on the slowest rank (docs/performance.md,
-  // "OpenMP wait policy"). libgomp reads the policy once at start-up, so the launcher sets it in
-  // the worker's environment; a value the user exported is kept.
-  if (!env.count(env::kOmpWaitPolicy) && !env.count("GOMP_SPINCOUNT") && p.local_world_size > 1) {
-    int threads = p.omp_threads;
-    if (threads <= 0) {
-      const auto given = env_get(env, env::kOmpNumThreads);
-      threads = given ? std::atoi(given->c_str()) : 0;  // "4,2" (nested) counts its first level
-    }
-    if (threads <= 0) threads = usable_cpu_count();
-    if (int64_t(threads) * p.local_world_size >= usable_cpu_count()) p.omp_wait_policy = "passive";
-  }
+  plan_threads(p, env);
   return p;
 }
 
@@ -287,29 +299,17 @@ EnvMap worker_env(const LaunchPlan& p, int local_index, int restart_count) {
   v[env::kMasterAddr] = p.master_addr;
   v[env::kMasterPort] = std::to_string(p.master_port);
   v[env::kDistributedType] = p.distributed_type;
-  v[env::kMixedPrecision] = p.config.mixed_precision;
-  v[env::kUseCpu] = p.use_cpu ? "true" : "false";
-  v[env::kZeroStage] = std::to_string(p.config.zero_stage);
-  v[env::kGradientAccumulationSteps] = std::to_string(p.config.gradient_accumulation_steps);
   v[env::kRestartCount] = std::to_string(restart_count);
   v[env::kMaxRestarts] = std::to_string(p.config.max_restarts);
   if (!p.rendezvous_token.empty()) v[env::kRendezvousToken] = p.rendezvous_token;
   if (p.omp_threads > 0) v[env::kOmpNumThreads] = std::to_string(p.omp_threads);
   if (!p.omp_wait_policy.empty()) v[env::kOmpWaitPolicy] = p.omp_wait_policy;
   if (!p.use_cpu && p.config.gpu_ids != "all") v[env::kCudaVisibleDevices] = p.config.gpu_ids;
-  // Only what the config or the flags chose (each overrides AcceleratorConfig in the worker).
-  const LaunchConfig& c = p.config;
-  auto b = [](bool x) { return std::string(x ? "true" : "false"); };
-  if (c.param_dtype) v[env::kParamDtype] = *c.param_dtype;
-  if (c.reduce_dtype) v[env::kReduceDtype] = *c.reduce_dtype;
-  if (c.fsdp_wrap) v[env::kFsdpWrap] = *c.fsdp_wrap;
-  if (c.fsdp_wrap_classes) v[env::kFsdpWrapClasses] = *c.fsdp_wrap_classes;
-  if (c.fsdp_min_params) v[env::kFsdpMinParams] = std::to_string(*c.fsdp_min_params);
-  if (c.fsdp_reshard_after_forward)
-    v[env::kFsdpReshardAfterForward] = b(*c.fsdp_reshard_after_forward);
-  if (c.fsdp_prefetch) v[env::kFsdpPrefetch] = b(*c.fsdp_prefetch);
-  if (c.fsdp_activation_checkpointing)
-    v[env::kFsdpActivationCheckpointing] = b(*c.fsdp_activation_checkpointing);
+  // The training settings (core/settings.h): only what the config or the flags chose, each
+  // overriding AcceleratorConfig in the worker (Note [who wins: launcher or program] in
+  // launcher/config.h).
+  for (const settings::Setting& s : settings::kSettings)
+    if (auto value = exported_setting(p, s)) v[std::string(s.env)] = *value;
   return v;
 }
 

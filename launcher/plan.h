@@ -15,7 +15,7 @@ namespace accel::launcher {
 struct LaunchFlags {
   std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts,
       zero_stage, gradient_accumulation_steps, num_cpu_threads_per_process;
-  std::optional<std::string> main_process_ip, mixed_precision, gpu_ids;
+  std::optional<std::string> main_process_ip, mixed_precision, gpu_ids, strategy;
   std::optional<std::string> rendezvous_token;  // --rendezvous_token
   std::optional<double> monitor_interval;
   // ZeRO mixed precision and ZeRO-3 options (checked in resolve_plan, like the config keys).
@@ -54,7 +54,7 @@ struct LaunchPlan {
 LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flags,
                         const EnvMap& env, int gpu_count);
 
-// Note [rendezvous token]: the store (dist/env.h ACCEL_RENDEZVOUS_TOKEN) admits only clients that
+// Note [rendezvous token]: the store (comm/env.h ACCEL_RENDEZVOUS_TOKEN) admits only clients that
 // present the job's token. The token is --rendezvous_token, else an exported
 // ACCEL_RENDEZVOUS_TOKEN; without either, an accel-run that starts the whole world generates a
 // fresh random one, and a job spanning several accel-runs (several machines, or one task per

@@ -57,7 +57,7 @@
 #include "autograd/nn/linear.h"
 #include "autograd/nn/safetensors.h"
 #include "autograd/optim/optim.h"
-#include "dist/checkpoint.h"
+#include "accelerate/checkpoint.h"
 #include "tests/accelerator/common.h"
 #include "tests/dist/typed_model.h"
 
@@ -457,7 +457,7 @@ int hostile(const std::string& dir, int stage, const std::vector<std::string>& w
   return 0;
 }
 
-// Issue 22 item 12 (Note [plain backward] in dist/accelerator.cc): `how` "acc" runs
+// Issue 22 item 12 (Note [plain backward] in accelerate/accelerator.cc): `how` "acc" runs
 // acc.backward(loss), "plain" loss.backward(); float64, AdamW with decay groups, clipping, and a
 // no_sync() micro-batch before each synced one. Prints every loss and every parameter bit. With
 // "scaled" (gradient_accumulation_steps 2, plain backward) the first step must raise ValueError

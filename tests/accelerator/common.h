@@ -16,7 +16,7 @@
 #include "autograd/optim/sgd.h"
 #include "core/generator.h"
 #include "data/dataloader.h"
-#include "dist/accelerator.h"
+#include "accelerate/accelerator.h"
 
 namespace accel::test {
 

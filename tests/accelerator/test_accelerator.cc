@@ -13,8 +13,8 @@
 #include "autograd/autocast.h"
 #include "autograd/nn/linear.h"
 #include "autograd/nn/safetensors.h"
-#include "dist/checkpoint.h"
-#include "dist/tracking.h"
+#include "accelerate/checkpoint.h"
+#include "accelerate/tracking.h"
 #include "tests/accelerator/common.h"
 
 using namespace accel;

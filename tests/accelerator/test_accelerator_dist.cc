@@ -467,8 +467,8 @@ TEST_CASE("float64 ZeRO state survives re-sharding: 2 ranks -> 1 and 1 -> 2 resu
   }
 }
 
-// Issue 22, item 12 (Note [plain backward] in dist/accelerator.cc): a plain loss.backward() on
-// a prepared model syncs as acc.backward(loss) does, bit for bit in float64, under DDP and ZeRO
+// Issue 22, item 12 (Note [plain backward] in accelerate/accelerator.cc): a plain loss.backward()
+// on a prepared model syncs as acc.backward(loss) does, bit for bit in float64, under DDP and ZeRO
 // 1-3, with no_sync() windows; where acc.backward would scale the loss (accumulation > 1) the
 // first step refuses, naming acc.backward.
 TEST_CASE("plain loss.backward() equals acc.backward() under DDP and ZeRO 1-3 (2 ranks)") {
@@ -492,7 +492,7 @@ TEST_CASE("plain loss.backward() equals acc.backward() under DDP and ZeRO 1-3 (2
   }
 }
 
-// Issue 22, item 16 (Note [fsdp loading memory] in dist/strategy_fsdp.cc): a resumed run's
+// Issue 22, item 16 (Note [fsdp loading memory] in accelerate/strategy_fsdp.cc): a resumed run's
 // load_state peaks no higher than 1.10 x its own training peak (CPU allocator bytes, exact), at
 // the saving world size and re-sharded. Before, the load held whole rank files, assembled copies
 // and a snapshot of the model at once.

@@ -1,5 +1,5 @@
-// Checkpoints under faults (Note [atomic checkpoints] in dist/checkpoint.h, Note [checkpoint
-// loading] in dist/accelerator.cc): a re-save killed at every step, `latest` pointing outside
+// Checkpoints under faults (Note [atomic checkpoints] in accelerate/checkpoint.h, Note [checkpoint
+// loading] in accelerate/accelerator.cc): a re-save killed at every step, `latest` pointing outside
 // its root, malformed state.json, and loads that fail halfway.
 #include <signal.h>
 #include <sys/resource.h>
@@ -21,7 +21,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
-#include "dist/checkpoint.h"
+#include "accelerate/checkpoint.h"
 #include "tests/child_process.h"
 #include "tests/dist/spawn.h"
 #include "tests/accelerator/common.h"

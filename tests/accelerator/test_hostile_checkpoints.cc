@@ -1,8 +1,8 @@
 // Hostile checkpoints (issue 22, item 3): real ZeRO-2 and ZeRO-3 checkpoints, one field of their
 // record or one slice of their files broken at a time, loaded by 1 and 2 processes. Every case
 // must be an IoError on every rank naming the file and the field (Note [checkpoint record
-// validation] in dist/checkpoint_records.h), with nothing changed: never a crash (a bucket smaller
-// than the world size was a division by zero, SIGFPE on every rank) or garbage (overlapping
+// validation] in parallel/checkpoint_records.h), with nothing changed: never a crash (a bucket
+// smaller than the world size was a division by zero, SIGFPE on every rank) or garbage (overlapping
 // ZeRO-3 spans loaded uninitialised memory without an error).
 #include <unistd.h>
 

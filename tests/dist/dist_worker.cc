@@ -26,11 +26,11 @@
 #include <netinet/in.h>
 
 #include "core/tensor.h"
-#include "dist/env.h"
-#include "dist/gloo/process_group_gloo.h"
-#include "dist/heartbeat.h"
-#include "dist/process_group.h"
-#include "dist/store.h"
+#include "comm/env.h"
+#include "comm/gloo/process_group_gloo.h"
+#include "comm/heartbeat.h"
+#include "comm/process_group.h"
+#include "comm/store.h"
 #include "tests/dist/worker_check.h"
 
 using namespace accel;
@@ -653,7 +653,7 @@ void scenario_omp_fit(ProcessGroup& pg) {
 
 // A forged point-to-point header (absurd element count, unknown dtype): the receiver must
 // reject it without sizing anything from it, naming both sides. Rank 0 forges through the raw
-// Gloo context (the slot layout of dist/gloo/process_group_gloo.cc); rank 1 receives.
+// Gloo context (the slot layout of comm/gloo/process_group_gloo.cc); rank 1 receives.
 void scenario_p2p_forged(ProcessGroup& pg) {
   const int r = pg.rank();
   const std::string kind = std::getenv("DIST_FORGE") ? std::getenv("DIST_FORGE") : "huge";

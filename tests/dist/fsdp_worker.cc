@@ -42,9 +42,9 @@
 #include "core/storage.h"
 #include "core/tensor.h"
 #include "autograd/nn/safetensors.h"
-#include "dist/fsdp.h"
-#include "dist/fsdp_checkpoint.h"
-#include "dist/process_group.h"
+#include "parallel/fsdp.h"
+#include "parallel/fsdp_checkpoint.h"
+#include "comm/process_group.h"
 #include "tests/dist/typed_model.h"
 #include "tests/dist/worker_check.h"
 

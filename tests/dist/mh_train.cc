@@ -21,8 +21,8 @@
 #include "autograd/optim/sgd.h"
 #include "core/generator.h"
 #include "core/tensor.h"
-#include "dist/ddp.h"
-#include "dist/process_group.h"
+#include "parallel/ddp.h"
+#include "comm/process_group.h"
 
 using namespace accel;
 using namespace accel::dist;

@@ -1,4 +1,4 @@
-// ZeRO-3 per wrapping unit (dist/fsdp.h) against single-process training, its memory between
+// ZeRO-3 per wrapping unit (parallel/fsdp.h) against single-process training, its memory between
 // and during steps, and its errors. Spawns fsdp_worker once per rank.
 #include <filesystem>
 #include <string>

@@ -8,8 +8,8 @@
 #include <doctest/doctest.h>
 
 #include "core/tensor.h"
-#include "dist/nccl/process_group_nccl.h"
-#include "dist/process_group.h"
+#include "comm/nccl/process_group_nccl.h"
+#include "comm/process_group.h"
 #include "kernels/cuda/device.h"
 #include "tests/dist/spawn.h"
 
@@ -78,7 +78,7 @@ TEST_CASE("nccl: two processes through accel-selftest (needs two GPUs)") {
     MESSAGE("skipped: needs 2 GPUs, found " << cuda::device_count());
     return;
   }
-  std::string exe = accel::test::helper_path("../../dist/tools/accel-selftest");
+  std::string exe = accel::test::helper_path("../../comm/tools/accel-selftest");
   auto res = accel::test::run_world(exe, {"--backend", "nccl", "--quiet", "--timeout-ms", "60000"},
                                     2, {}, 120s);
   for (size_t r = 0; r < res.size(); ++r) {

@@ -16,11 +16,11 @@
 #include <doctest/doctest.h>
 #include <gloo/transport/tcp/address.h>
 
-#include "dist/accelerator.h"
-#include "dist/control_plane.h"
-#include "dist/heartbeat.h"
-#include "dist/net.h"
-#include "dist/process_group.h"
+#include "accelerate/accelerator.h"
+#include "comm/control_plane.h"
+#include "comm/heartbeat.h"
+#include "comm/net.h"
+#include "comm/process_group.h"
 #include "tests/dist/spawn.h"
 
 using namespace accel;

@@ -11,7 +11,7 @@ using namespace std::chrono_literals;
 namespace {
 std::string selftest() {
   if (const char* p = std::getenv("ACCEL_SELFTEST")) return p;
-  return accel::test::helper_path("../../dist/tools/accel-selftest");
+  return accel::test::helper_path("../../comm/tools/accel-selftest");
 }
 }  // namespace
 

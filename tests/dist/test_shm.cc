@@ -1,4 +1,4 @@
-// Faults of the shared-memory all-reduce (Note [shm faults] in dist/shm_allreduce.cc): a killed
+// Faults of the shared-memory all-reduce (Note [shm faults] in comm/shm_allreduce.cc): a killed
 // peer that nobody reaps, aborts published through the segment, segments left behind, and ranks
 // that share /dev/shm without sharing a host. Ranks are forked children of the test (no exec):
 // the test decides when to kill whom and does not reap a victim until the end, as a busy
@@ -25,11 +25,11 @@
 #include <doctest/doctest.h>
 
 #include "core/tensor.h"
-#include "dist/control_plane.h"
-#include "dist/gloo/process_group_gloo.h"
-#include "dist/reduce_kernels.h"
-#include "dist/shm_allreduce.h"
-#include "dist/store.h"
+#include "comm/control_plane.h"
+#include "comm/gloo/process_group_gloo.h"
+#include "comm/reduce_kernels.h"
+#include "comm/shm_allreduce.h"
+#include "comm/store.h"
 #include "tests/dist/spawn.h"
 
 using namespace std::chrono_literals;

@@ -25,9 +25,9 @@
 #include <doctest/doctest.h>
 
 #include "core/error.h"
-#include "dist/auth.h"
-#include "dist/env.h"
-#include "dist/store.h"
+#include "comm/auth.h"
+#include "comm/env.h"
+#include "comm/store.h"
 
 using namespace accel;
 using namespace accel::dist;
@@ -473,7 +473,7 @@ TEST_CASE("env: none set is a single process; values are validated") {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Store hardening (Note [store hardening] in dist/store.cc): hostile or idle connections, fd
+// Store hardening (Note [store hardening] in comm/store.cc): hostile or idle connections, fd
 // exhaustion, size caps, tokens, and a client facing a missing or silent server.
 
 namespace {
@@ -906,7 +906,7 @@ TEST_CASE("store hardening: a silent server costs each call at most the store ti
 
 // ---------------------------------------------------------------------------------------------
 // Authentication, generations and membership (issue 22 items 8-10; Notes [store
-// authentication], [store generations], [store membership] in dist/store.cc).
+// authentication], [store generations], [store membership] in comm/store.cc).
 
 TEST_CASE("store authentication: a squatter on the port learns nothing reusable and is refused") {
   const std::string token = "squat-test-token-0123456789abcdef";

@@ -1,6 +1,6 @@
 // Fuzz target: the checks of the records state.json keeps about sharded checkpoints (ZeRO-1/2
 // bucket layouts, ZeRO-3 spans; Note [checkpoint record validation] in
-// dist/checkpoint_records.h), run on arbitrary bytes as load_state runs them. IoError is the
+// parallel/checkpoint_records.h), run on arbitrary bytes as load_state runs them. IoError is the
 // documented failure; a record that passes must satisfy what the readers divide and index by.
 #include <algorithm>
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "dist/checkpoint_records.h"
+#include "parallel/checkpoint_records.h"
 
 namespace {
 

@@ -142,7 +142,7 @@ write("fuzz_config", "fsdp-accelerate", """fsdp_config:
 zero_config: {zero_stage: 3}
 """)
 
-# ---- checkpoint records (state.json of sharded checkpoints; dist/checkpoint_records.h) ----
+# ---- checkpoint records (state.json of sharded checkpoints; parallel/checkpoint_records.h) ----
 zero_state = {"format": 1, "world_size": 2, "zero_stage": 2,
               "zero": [{"buckets": [[49, 50], [16, 16], [512, 512], [128, 128]], "stage": 2}]}
 write("fuzz_ckpt_records", "zero", json.dumps(zero_state))
@@ -167,7 +167,7 @@ bad = json.loads(json.dumps(fsdp_state))
 bad["fsdp"]["optimizers"][0]["params"][0] = "7:0.weight"
 write("fuzz_ckpt_records", "fsdp-stray-key", json.dumps(bad))
 
-# ---- rendezvous store (dist/store.cc, Note [store protocol], version 2) ----
+# ---- rendezvous store (comm/store_protocol.h, Note [store protocol], version 2) ----
 # Byte 0: 0x80 the server holds the token "tok"; 0x40 the connection starts authenticated (as
 # rank 3; a second client, rank 1, is in too); low 6 bits the read size (0: all at once). The
 # fuzz server's nonce, generation and job secret are fixed (store_fuzz_one), so these seeds

@@ -13,7 +13,7 @@
 #include "autograd/ops.h"
 #include "autograd/optim/adam.h"
 #include "core/generator.h"
-#include "dist/accelerator.h"
+#include "accelerate/accelerator.h"
 
 using namespace accel;
 

@@ -2,12 +2,17 @@
 // position, never an uncaught yaml-cpp exception (which aborted accel-run with exit 134).
 #include <doctest/doctest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/settings.h"
 #include "launcher/config.h"
+#include "launcher/plan.h"
+#include "launcher/settings_binding.h"
 
 namespace al = accel::launcher;
+namespace st = accel::settings;
 
 namespace {
 
@@ -85,4 +90,118 @@ TEST_CASE("what config_to_yaml writes parses back to the same config") {
   c.main_training_function = "mg:\n \ngrad\tx\\ \"y\" \x01";
   c.main_process_ip = "a\rb";
   CHECK(al::parse_config(al::config_to_yaml(c), "rt.yaml") == c);
+}
+
+namespace {
+
+// Values to try on row `s`: what it accepts and what it refuses, in the spellings a user might
+// write. None is one of Accelerate's other spellings, which the reader translates before the row
+// sees them (fsdp_sharding_strategy's numbers, mixed_precision: false).
+std::vector<std::string> candidates(const st::Setting& s) {
+  std::vector<std::string> v = {"no such value ?!", "", std::string(s.default_value)};
+  auto upper = [](std::string x) {
+    for (char& ch : x)
+      if (ch >= 'a' && ch <= 'z') ch = char(ch - 'a' + 'A');
+    return x;
+  };
+  switch (s.kind) {
+    case st::Kind::Choice: {
+      std::string_view rest = s.allowed;
+      while (!rest.empty()) {
+        const size_t bar = rest.find('|');
+        const std::string one(rest.substr(0, bar));
+        std::string dashed = one;
+        for (char& ch : dashed)
+          if (ch == '_') ch = '-';
+        v.insert(v.end(), {one, upper(one), " " + dashed + " ", one + "x"});
+        rest = bar == std::string_view::npos ? std::string_view() : rest.substr(bar + 1);
+      }
+      break;
+    }
+    case st::Kind::Int:
+      for (int64_t n : {s.lo, s.hi, s.lo - 1, s.hi + 1, (s.lo + s.hi) / 2})
+        v.push_back(std::to_string(n));
+      v.insert(v.end(), {" " + std::to_string(s.lo) + " ", "1.5", "0x10", "12abc"});
+      break;
+    case st::Kind::Bool:
+      v.insert(v.end(), {"true", "FALSE", "yes", "Off", "1", "0", "maybe"});
+      break;
+    case st::Kind::Name:
+      v.insert(v.end(), {"ddp", "my_strategy2", "Bad", "a b", "a-b", std::string(65, 'x')});
+      break;
+    case st::Kind::Names:
+      v.insert(v.end(), {"Block", "Block, Layer", "_Private", "1bad", "Block,,Layer", "A-B"});
+      break;
+  }
+  return v;
+}
+
+// A config file setting row key `key` ("a.b" is key b in mapping a) to `value`, single-quoted,
+// with what the other keys need for it to be complete (fsdp_wrap: classes names the classes).
+std::string yaml_setting(const std::string& key, const std::string& value) {
+  std::string quoted = "'";
+  for (char ch : value) quoted += ch == '\'' ? std::string("''") : std::string(1, ch);
+  quoted += "'";
+  const size_t dot = key.find('.');
+  if (dot == std::string::npos) return "num_processes: 2\n" + key + ": " + quoted + "\n";
+  std::string yaml = "num_processes: 2\n" + key.substr(0, dot) + ":\n  " + key.substr(dot + 1) +
+                     ": " + quoted + "\n";
+  if (key == "fsdp_config.fsdp_wrap" &&
+      st::parse(*st::find_by_yaml(key), value, nullptr) == "classes")
+    yaml += "  fsdp_wrap_classes: Block\n";
+  return yaml;
+}
+
+}  // namespace
+
+// Note [settings are checked by their row] (launcher/config.h): for every row of the settings
+// table, the config file accepts exactly what the row's parser accepts, stores it in the row's
+// spelling (read back as accel-run exports it), and refuses the rest naming the key and saying
+// what the row says. A reader that checked a setting by its own list, bounds or message fails.
+TEST_CASE("config file: every setting of the table is checked and spelled by its row") {
+  for (const st::Setting& s : st::kSettings) {
+    const std::string key(s.yaml);
+    CAPTURE(key);
+    std::string default_why;
+    const bool default_is_value = st::parse(s, s.default_value, &default_why).has_value();
+    if (s.kind != st::Kind::Name && s.kind != st::Kind::Names)
+      CHECK_MESSAGE(default_is_value,
+                    "the default of a Choice, Int or Bool row is one of its "
+                    "values: ",
+                    default_why);
+    int accepted = 0, refused = 0;
+    for (const std::string& value : candidates(s)) {
+      CAPTURE(value);
+      const std::string yaml = yaml_setting(key, value);
+      std::string why;
+      const std::optional<std::string> want = st::parse(s, value, &why);
+      if (want) {
+        ++accepted;
+        al::LaunchConfig c;
+        try {
+          c = al::parse_config(yaml, "rows.yaml");
+        } catch (const std::exception& e) {
+          FAIL_CHECK("the row accepts it, the config file refused it: " << std::string(e.what()));
+          continue;
+        }
+        if (key == "use_cpu") {
+          // Exported from the plan, which also turns it on where there is no GPU (here).
+          CHECK(c.use_cpu == (*want == "true"));
+        } else {
+          const al::LaunchPlan plan = al::resolve_plan(c, {}, {}, 0);
+          CHECK(al::exported_setting(plan, s) == want);
+        }
+      } else {
+        ++refused;
+        const std::string msg = config_error(yaml);
+        CHECK_MESSAGE(msg.find("'" + key + "'") != std::string::npos, msg);
+        // The row's explanation (a translating reader may say "expected FULL_SHARD, ... or"
+        // before the row's alternatives).
+        const std::string said = why.rfind("expected ", 0) == 0 ? why.substr(9) : why;
+        CHECK_MESSAGE(msg.find(said) != std::string::npos, "'", said, "' not in: ", msg);
+      }
+    }
+    CHECK(accepted >= 2);
+    CHECK(refused >= 2);
+  }
 }

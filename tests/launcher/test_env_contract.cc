@@ -12,8 +12,8 @@
 #include <string>
 
 #include "core/env_contract.h"
-#include "dist/accelerator.h"
-#include "dist/env.h"
+#include "accelerate/accelerator.h"
+#include "comm/env.h"
 #include "launcher/plan.h"
 
 namespace al = accel::launcher;
@@ -44,6 +44,7 @@ al::LaunchPlan gpu_plan() {
   f.gpu_ids = "0,1";
   f.mixed_precision = "bf16";
   f.zero_stage = 3;
+  f.strategy = "fsdp";
   f.gradient_accumulation_steps = 4;
   f.param_dtype = "bf16";
   f.reduce_dtype = "fp32";
@@ -105,9 +106,11 @@ TEST_CASE("env contract: accel-run's worker environment is made of contract name
   }
   // The plans above reach the optional ones worker_env can set.
   for (const char* name :
-       {env::kRendezvousToken, env::kOmpNumThreads, env::kCudaVisibleDevices, env::kParamDtype,
-        env::kReduceDtype, env::kFsdpWrap, env::kFsdpWrapClasses, env::kFsdpMinParams,
-        env::kFsdpReshardAfterForward, env::kFsdpPrefetch, env::kFsdpActivationCheckpointing}) {
+       {env::kRendezvousToken, env::kOmpNumThreads, env::kCudaVisibleDevices, env::kMixedPrecision,
+        env::kUseCpu, env::kZeroStage, env::kGradientAccumulationSteps, env::kStrategy,
+        env::kParamDtype, env::kReduceDtype, env::kFsdpWrap, env::kFsdpWrapClasses,
+        env::kFsdpMinParams, env::kFsdpReshardAfterForward, env::kFsdpPrefetch,
+        env::kFsdpActivationCheckpointing}) {
     CAPTURE(name);
     CHECK(set_somewhere.count(name) == 1);
   }
@@ -132,6 +135,7 @@ TEST_CASE("env contract: the library reads back what accel-run set") {
   CHECK(c.mixed_precision == accel::MixedPrecision::BF16);
   CHECK(c.zero_stage == 3);
   CHECK(c.gradient_accumulation_steps == 4);
+  CHECK(c.strategy == "fsdp");
   CHECK_FALSE(c.cpu);
   // param dtype and reduce dtype reach ZeRO 1-2 and ZeRO-3 alike; the fsdp options reach fsdp.
   CHECK(c.zero.param_dtype == std::optional<accel::DType>(accel::kBFloat16));
@@ -261,5 +265,57 @@ TEST_CASE("env contract: with_env reads each ZeRO variable alone, and only when 
     Config c = base;
     c.zero_stage = 0;
     CHECK_NOTHROW((void)c.with_env());
+  }
+}
+
+// Note [who wins: launcher or program] (launcher/config.h): a setting the user gave accel-run (a
+// flag or a key of the config file) is exported and overrides the program's AcceleratorConfig;
+// one the user did not give is not exported, and the program's own choice stands, as with
+// Accelerate. (accel-run used to export its defaults, mixed precision "no", ZeRO stage 0 and one
+// accumulation step, and so overrode every program.)
+TEST_CASE("env contract: the program's AcceleratorConfig wins unless the user set accel-run's") {
+  accel::AcceleratorConfig mine;
+  mine.mixed_precision = accel::MixedPrecision::BF16;
+  mine.zero_stage = 2;
+  mine.gradient_accumulation_steps = 4;
+  al::LaunchConfig file;
+  file.num_processes = 2;
+  auto env_of_plan = [](const al::LaunchConfig& c, const al::LaunchFlags& f) {
+    al::LaunchPlan p = al::resolve_plan(c, f, {}, 0);
+    p.master_port = 1234;  // what launch picks
+    return al::worker_env(p, 0, 0);
+  };
+  {
+    const al::EnvMap e = env_of_plan(file, {});
+    for (const char* name :
+         {env::kMixedPrecision, env::kZeroStage, env::kGradientAccumulationSteps, env::kStrategy}) {
+      CAPTURE(name);
+      CHECK(e.count(name) == 0);
+    }
+    ScopedEnv scoped(e);
+    const accel::AcceleratorConfig c = mine.with_env();
+    CHECK(c.mixed_precision == accel::MixedPrecision::BF16);
+    CHECK(c.zero_stage == 2);
+    CHECK(c.gradient_accumulation_steps == 4);
+  }
+  {  // flags win
+    al::LaunchFlags f;
+    f.mixed_precision = "no";
+    f.zero_stage = 1;
+    f.gradient_accumulation_steps = 2;
+    ScopedEnv scoped(env_of_plan(file, f));
+    const accel::AcceleratorConfig c = mine.with_env();
+    CHECK(c.mixed_precision == accel::MixedPrecision::No);
+    CHECK(c.zero_stage == 1);
+    CHECK(c.gradient_accumulation_steps == 2);
+  }
+  {  // the config file wins too, key by key
+    const al::LaunchConfig yaml = al::parse_config(
+        "num_processes: 2\nmixed_precision: fp16\nzero_config:\n  zero_stage: 0\n", "t.yaml");
+    ScopedEnv scoped(env_of_plan(yaml, {}));
+    const accel::AcceleratorConfig c = mine.with_env();
+    CHECK(c.mixed_precision == accel::MixedPrecision::FP16);
+    CHECK(c.zero_stage == 0);
+    CHECK(c.gradient_accumulation_steps == 4);  // not in the file: the program's
   }
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Tests of the repository's shell tools that need no GPU and no build:
+#   scripts/check-sizes   on a scratch tree: long functions and files are named, tests ignored;
 #   scripts/check-format  on a scratch repository: finds the unformatted file, --fix formats it;
 #   bench/gpu_check.sh    against fake nvidia-smi / meson / ninja / test and bench programs: the
 #                         table, statuses and figures, the time budget (a hung step is stopped
@@ -15,6 +16,33 @@ check() {  # check DESCRIPTION COMMAND...
   if "${@:2}"; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails + 1)); fi
 }
 has() { grep -qE -- "$2" "$1"; }
+
+# ---- scripts/check-sizes ----
+S=$TMP/sizes
+mkdir -p "$S/comm" "$S/launcher" "$S/tests"
+body() { for ((i = 0; i < $1; i++)); do echo '  x += 1;  // } not a brace'; done; }
+{
+  echo 'namespace a {'
+  echo 'struct K {'
+  echo '  int short_one() const {'; body 100; echo '  }'
+  echo '};'
+  echo 'int long_one(int x) {'; echo '  const char* s = "{{";'; echo '  if (x) {'; body 120
+  echo '  }'; echo '  return x;'; echo '}'
+  echo '}  // namespace a'
+} >"$S/comm/f.cc"
+"$ROOT/scripts/check-sizes" "$S" >"$TMP/cs1.txt" 2>&1
+check "check-sizes fails on a long function" [ $? -eq 1 ]
+check "check-sizes names it with its line and length" has "$TMP/cs1.txt" '^comm/f.cc:106: function of 126 lines'
+check "check-sizes leaves the short method out" bash -c "! grep -q short_one '$TMP/cs1.txt'"
+sed -i '/^int long_one/,/^}$/d' "$S/comm/f.cc"
+body 801 >"$S/launcher/g.h"
+body 900 >"$S/tests/t.cc"
+"$ROOT/scripts/check-sizes" "$S" >"$TMP/cs2.txt" 2>&1
+check "check-sizes fails on a long file" [ $? -eq 1 ]
+check "check-sizes names the file, not the test" bash -c "grep -q '^launcher/g.h: 801 lines' '$TMP/cs2.txt' && ! grep -q t.cc '$TMP/cs2.txt'"
+rm "$S/launcher/g.h"
+"$ROOT/scripts/check-sizes" "$S" >/dev/null 2>&1
+check "check-sizes passes within the limits" [ $? -eq 0 ]
 
 # ---- scripts/check-format ----
 if ! command -v clang-format >/dev/null; then
@@ -45,7 +73,7 @@ check "check-format skips a deleted tracked file" [ $? -eq 0 ]
 # ---- bench/gpu_check.sh ----
 F=$TMP/fake
 B=$F/build
-mkdir -p "$F/bin" "$B/bench" "$B/launcher" "$B/tests/accelerator" "$B/dist/tools"
+mkdir -p "$F/bin" "$B/bench" "$B/launcher" "$B/tests/accelerator" "$B/comm/tools"
 touch "$B/build.ninja"
 cat >"$F/bin/nvidia-smi" <<'EOF'
 #!/bin/bash
@@ -99,14 +127,14 @@ for v in 0.5 1.25 -2.0 0.75; do
 done
 echo "norm 0.3"; echo "ok ddp_mlp"
 EOF
-cat >"$B/dist/tools/accel-selftest" <<'EOF'
+cat >"$B/comm/tools/accel-selftest" <<'EOF'
 #!/bin/bash
 [ "$RANK" = 0 ] && echo "info  all_reduce 256 MiB float32: 12.5 GB/s (algbw, 2 ranks)" &&
   echo "PASS: 9 of 9 checks passed on 2 rank(s)"; exit 0
 EOF
 chmod +x "$F"/bin/* "$B/bench/gpu_bench" "$B/launcher/accel-run" \
   "$B/tests/accelerator/accel_worker" \
-  "$B/dist/tools/accel-selftest"
+  "$B/comm/tools/accel-selftest"
 
 # The budget test needs the steps before the hung one (gpt2) to fit in the budget, however
 # loaded the machine is (a fixed 12 s ran out on a busy 2-core machine and nine checks after it

@@ -1,0 +1,424 @@
+// Accelerator::save_state / load_state: the checkpoint protocol of the facade (Note [atomic
+// checkpoints] in accelerate/checkpoint.h, Note [checkpoint loading] below). What the models and
+// optimizers hold is the strategy's to write and read (accelerate/strategy.h); the facade writes
+// schedulers, loader positions, RNG, registered objects, the scaler and its counters.
+#include <filesystem>
+#include <functional>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
+#include "autograd/nn/safetensors.h"
+#include "core/generator.h"
+#include "accelerate/accelerator.h"
+#include "accelerate/checkpoint.h"
+#include "accelerate/strategy_base.h"
+
+namespace accel {
+
+namespace fs = std::filesystem;
+
+namespace {
+std::string rank_file(const std::string& stem, int rank, const char* ext) {
+  return stem + "_rank" + std::to_string(rank) + ext;
+}
+std::string indexed(const char* stem, size_t i, const char* ext) {
+  return i == 0 ? std::string(stem) + ext : std::string(stem) + "_" + std::to_string(i) + ext;
+}
+}  // namespace
+
+// Note [checkpoint loading]
+// load_state changes nothing unless the whole checkpoint loads:
+//   1. read: every file this rank needs (state.json, checked field by field; model, optimizer
+//      and scheduler tensors, ZeRO shards re-sharded as needed, loader positions, RNG state,
+//      gradients of an open accumulation window, registered objects) into temporaries. A
+//      missing, truncated or malformed file is an IoError naming it. Nothing is touched.
+//   2. agree: one all-reduce of "did it work" per rank, so that all ranks load or none does
+//      (a rank alone in step 3 would wait in the next collective forever).
+//   3. apply, after a snapshot of everything it changes. What can still fail here is a
+//      component's own check (a model whose shapes differ, an optimizer with other groups, a
+//      registered load function that throws): then the snapshot is restored, again on every
+//      rank (agreed as in 2), and the error propagates.
+//   4. on every rank, whatever the outcome: Strategy::finish_load (collective work such as
+//      gathering ZeRO-3 root units from the new shards), then the memory the load used is
+//      handed back to the system.
+// The snapshot keeps handles (scheduler, loader, RNG, registered objects, scaler, counters),
+// never a copy of the model: the strategy's apply_state swaps the read state with the live one
+// (Strategy::apply_state), so what was read holds the old values afterwards and a second
+// apply_state undoes the first. A load therefore needs, beyond the training state, only what it
+// read (Note [fsdp loading memory] in accelerate/strategy_fsdp.cc, Note [replicated loading memory]
+// in accelerate/strategy.cc).
+struct Accelerator::CheckpointIo {
+  struct Meta {
+    int64_t step = 0, optimizer_steps = 0, save_iteration = 0;
+    int world_size = 1;
+    bool sync_gradients = true;
+    size_t num_models = 0, num_optimizers = 0, num_schedulers = 0, num_loaders = 0;
+    std::map<std::string, std::string> scaler;
+    nlohmann::json json;  // the whole state.json (the strategy reads its record from it)
+  };
+
+  struct LoaderPos {
+    bool seek = false;      // another world size: seek to (epoch, batch) instead
+    data::StateDict state;  // same world size: the saved loader state
+    int64_t epoch = 0, batch = 0;
+  };
+
+  struct Loaded {
+    std::string path;
+    Meta meta;
+    std::unique_ptr<dist::StrategyState> strategy;  // models, optimizers, gradients
+    std::vector<nn::TensorDict> schedulers;
+    std::vector<LoaderPos> loaders;
+    std::string rng;
+    std::vector<std::map<std::string, std::string>> customs;  // parallel to customs_
+  };
+
+  struct Snapshot {
+    bool strategy_applied = false;  // the strategy's apply_state ran (and must be undone)
+    std::vector<nn::TensorDict> schedulers;
+    std::vector<data::StateDict> loaders;
+    std::string rng;
+    std::vector<std::map<std::string, std::string>> customs;
+    std::map<std::string, std::string> scaler;
+    int64_t step = 0, optimizer_steps = 0, save_iteration = 0;
+    bool sync_gradients = true;
+  };
+
+  static Meta read_meta(const std::string& file) {
+    const std::string text = dist::read_file(file);
+    Meta m;
+    try {
+      const nlohmann::json s = nlohmann::json::parse(text);
+      ACCEL_CHECK(s.is_object(), IoError, "load_state", "'", file, "' is not a JSON object");
+      auto field = [&](const char* key, bool (nlohmann::json::*is)() const noexcept,
+                       const char* want) -> const nlohmann::json& {
+        ACCEL_CHECK(s.contains(key), IoError, "load_state", "'", file, "' has no \"", key, "\"");
+        const nlohmann::json& v = s[key];
+        ACCEL_CHECK((v.*is)(), IoError, "load_state", "'", file, "': \"", key, "\" must be ", want,
+                    ", got ", v.type_name());
+        return v;
+      };
+      auto count = [&](const char* key) {
+        return field(key, &nlohmann::json::is_number_unsigned, "a count").get<size_t>();
+      };
+      ACCEL_CHECK(
+          field("format", &nlohmann::json::is_number_integer, "an integer").get<int64_t>() == 1,
+          IoError, "load_state", "'", file, "': unsupported checkpoint format ",
+          s["format"].dump());
+      m.step = field("step", &nlohmann::json::is_number_integer, "an integer").get<int64_t>();
+      m.optimizer_steps =
+          field("optimizer_steps", &nlohmann::json::is_number_integer, "an integer").get<int64_t>();
+      m.save_iteration =
+          field("save_iteration", &nlohmann::json::is_number_integer, "an integer").get<int64_t>();
+      m.world_size = field("world_size", &nlohmann::json::is_number_unsigned, "a count").get<int>();
+      ACCEL_CHECK(m.world_size >= 1, IoError, "load_state", "'", file, "': world_size ",
+                  m.world_size);
+      m.sync_gradients =
+          field("sync_gradients", &nlohmann::json::is_boolean, "a boolean").get<bool>();
+      m.num_models = count("num_models");
+      m.num_optimizers = count("num_optimizers");
+      m.num_schedulers = count("num_schedulers");
+      m.num_loaders = count("num_loaders");
+      const nlohmann::json& sc = field("scaler", &nlohmann::json::is_object, "an object");
+      for (auto it = sc.begin(); it != sc.end(); ++it) {
+        ACCEL_CHECK(it->is_string(), IoError, "load_state", "'", file, "': scaler.", it.key(),
+                    " must be a string");
+        m.scaler[it.key()] = it->get<std::string>();
+      }
+      m.json = s;
+    } catch (const nlohmann::json::exception& e) {
+      ACCEL_THROW(IoError, "load_state", "'", file,
+                  "' is not a valid checkpoint state: ", e.what());
+    }
+    return m;
+  }
+
+  // Step 1 of Note [checkpoint loading]: reads, checks, changes nothing.
+  static Loaded read(Accelerator& acc, const std::string& path) {
+    auto at = [&](const std::string& f) { return (fs::path(path) / f).string(); };
+    Loaded l;
+    l.path = path;
+    l.meta = read_meta(at(dist::kCheckpointStateFile));
+    const Meta& m = l.meta;
+    auto count = [&](size_t theirs, size_t mine, const char* what) {
+      ACCEL_CHECK(theirs == mine, ValueError, "load_state", "checkpoint '", path, "' holds ",
+                  theirs, " ", what, ", this accelerator prepared ", mine);
+    };
+    // Another world size: the strategy re-shards what it holds (Note [zero checkpoints];
+    // replicated models and optimizers need nothing), loaders re-seek to the same global sample,
+    // ranks without an RNG file of their own take rank 0's.
+    const bool reshard = m.world_size != acc.world_size_;
+    ACCEL_CHECK(!reshard || m.sync_gradients, ValueError, "load_state", "checkpoint '", path,
+                "' was saved inside a gradient accumulation window by ", m.world_size,
+                " processes; its per-rank gradients only resume with ", m.world_size);
+    count(m.num_models, acc.models_.size(), "models");
+    count(m.num_optimizers, acc.optimizers_.size(), "optimizers");
+    count(m.num_schedulers, acc.schedulers_.size(), "schedulers");
+    count(m.num_loaders, acc.loaders_.size(), "data loaders");
+    // A rank's own file, or rank 0's when the checkpoint had fewer ranks.
+    auto rank_or_first = [&](const std::string& stem, const char* ext) {
+      std::string f = at(rank_file(stem, acc.rank_, ext));
+      return (!reshard || fs::exists(f)) ? f : at(rank_file(stem, 0, ext));
+    };
+
+    l.strategy =
+        acc.strategy_->checkpoint().read_state(path, m.json, m.world_size, !m.sync_gradients);
+    for (size_t i = 0; i < acc.schedulers_.size(); ++i)
+      l.schedulers.push_back(nn::load_safetensors(at(indexed("scheduler", i, ".safetensors"))));
+    for (size_t i = 0; i < acc.loaders_.size(); ++i) {
+      const std::string f =
+          at(rank_file(indexed("loader", i, ""), reshard ? 0 : acc.rank_, ".json"));
+      LoaderPos pos;
+      try {
+        pos.state = data::state_from_json(dist::read_file(f));
+        if (reshard) {
+          // Another world size shards the data differently: resume at the same global sample
+          // of the saved epoch (rounded down to a whole global batch of this run).
+          pos.seek = true;
+          const data::StateDict& ls = pos.state;
+          pos.epoch = std::stoll(ls.at("epoch"));
+          const int64_t consumed = std::stoll(ls.at("batches_consumed"));
+          const int64_t old_batch = std::stoll(ls.at("batch_size"));
+          const int64_t old_global =
+              ls.at("split_batches") == "1" ? old_batch : old_batch * m.world_size;
+          const int64_t global = acc.loaders_[i]->batch_sampler().global_batch_size();
+          pos.batch =
+              std::min(global > 0 ? consumed * old_global / global : 0, acc.loaders_[i]->size());
+        }
+      } catch (const IoError&) {
+        throw;
+      } catch (const std::exception& e) {  // ValueError of state_from_json, std::stoll, at()
+        ACCEL_THROW(IoError, "load_state", "'", f, "' is not a valid loader state: ", e.what());
+      }
+      l.loaders.push_back(std::move(pos));
+    }
+    {
+      const std::string f = rank_or_first("rng", ".txt");
+      l.rng = dist::read_file(f, dist::kMaxRngFileBytes);
+      Generator probe(0);
+      try {
+        probe.set_state(l.rng);
+      } catch (const std::exception& e) {
+        ACCEL_THROW(IoError, "load_state", "'", f, "' is not a valid generator state: ", e.what());
+      }
+    }
+    for (auto& c : acc.customs_) {
+      const std::string f = rank_or_first("custom_" + c.name, ".json");
+      ACCEL_CHECK(fs::exists(f), IoError, "load_state", "checkpoint '", path,
+                  "' has no state for '", c.name, "' (", f, ")");
+      try {
+        l.customs.push_back(
+            nlohmann::json::parse(dist::read_file(f)).get<std::map<std::string, std::string>>());
+      } catch (const nlohmann::json::exception& e) {
+        ACCEL_THROW(IoError, "load_state", "'", f, "' is not a valid state of '", c.name,
+                    "': ", e.what());
+      }
+    }
+    return l;
+  }
+
+  // Step 3 of Note [checkpoint loading].
+  static void apply(Accelerator& acc, Loaded& l, Snapshot& s) {
+    acc.strategy_->checkpoint().apply_state(*l.strategy);
+    s.strategy_applied = true;
+    for (size_t i = 0; i < acc.schedulers_.size(); ++i)
+      acc.schedulers_[i]->load_state_dict(l.schedulers[i]);
+    for (size_t i = 0; i < acc.loaders_.size(); ++i) {
+      if (l.loaders[i].seek) {
+        acc.loaders_[i]->seek(l.loaders[i].epoch, l.loaders[i].batch);
+      } else {
+        acc.loaders_[i]->load_state_dict(l.loaders[i].state);
+      }
+    }
+    default_generator().set_state(l.rng);
+    acc.sync_gradients_ = l.meta.sync_gradients;
+    for (size_t i = 0; i < acc.customs_.size(); ++i) acc.customs_[i].load(l.customs[i]);
+    acc.scaler_.load_state_dict(l.meta.scaler);
+    acc.step_ = l.meta.step;
+    acc.optimizer_steps_ = l.meta.optimizer_steps;
+    acc.save_iteration_ = l.meta.save_iteration + 1;
+  }
+
+  static Snapshot snapshot(Accelerator& acc) {
+    Snapshot s;
+    for (auto& sc : acc.schedulers_) s.schedulers.push_back(sc->state_dict());
+    for (auto& ld : acc.loaders_) s.loaders.push_back(ld->state_dict());
+    s.rng = default_generator().state();
+    for (auto& c : acc.customs_) s.customs.push_back(c.save());
+    s.scaler = acc.scaler_.state_dict();
+    s.step = acc.step_;
+    s.optimizer_steps = acc.optimizer_steps_;
+    s.save_iteration = acc.save_iteration_;
+    s.sync_gradients = acc.sync_gradients_;
+    return s;
+  }
+
+  static void restore(Accelerator& acc, const Snapshot& s, Loaded& l) {
+    if (s.strategy_applied) acc.strategy_->checkpoint().apply_state(*l.strategy);  // swaps back
+    for (size_t i = 0; i < acc.schedulers_.size(); ++i)
+      acc.schedulers_[i]->load_state_dict(s.schedulers[i]);
+    for (size_t i = 0; i < acc.loaders_.size(); ++i) acc.loaders_[i]->load_state_dict(s.loaders[i]);
+    default_generator().set_state(s.rng);
+    for (size_t i = 0; i < acc.customs_.size(); ++i) acc.customs_[i].load(s.customs[i]);
+    acc.scaler_.load_state_dict(s.scaler);
+    acc.step_ = s.step;
+    acc.optimizer_steps_ = s.optimizer_steps;
+    acc.save_iteration_ = s.save_iteration;
+    acc.sync_gradients_ = s.sync_gradients;
+  }
+
+  // Step 2: the ranks whose `failed` was true (collective; every rank gets the same list).
+  static std::vector<int> failed_ranks(Accelerator& acc, bool failed) {
+    if (acc.world_size_ == 1) return failed ? std::vector<int>{0} : std::vector<int>{};
+    Tensor flags = zeros({acc.world_size_}, TensorOptions(kFloat32, acc.device_));
+    if (failed) flags.narrow(0, acc.rank_, 1).fill_(1.0);
+    acc.group_->all_reduce(flags, dist::ReduceOp::Sum);
+    std::vector<int> out;
+    for (int r = 0; r < acc.world_size_; ++r)
+      if (flags.narrow(0, r, 1).item<double>() > 0) out.push_back(r);
+    return out;
+  }
+
+  // Rethrows this rank's own error, or names the ranks that failed.
+  [[noreturn]] static void rethrow(const std::exception_ptr& err, const std::vector<int>& failed,
+                                   const char* op, const std::string& dir, const char* what) {
+    if (err) std::rethrow_exception(err);
+    std::string ranks;
+    for (int r : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    ACCEL_THROW(IoError, op, "rank(s) ", ranks, " could not ", what, " checkpoint '", dir,
+                "'; no rank changed anything");
+  }
+};
+
+std::string Accelerator::save_state(const std::string& dir) {
+  const bool automatic = dir.empty();
+  const std::string final_dir =
+      automatic ? (fs::path(checkpoints_dir()) /
+                   (std::string(dist::kCheckpointPrefix) + std::to_string(save_iteration_)))
+                      .string()
+                : fs::path(dir).lexically_normal().string();
+  const std::string name = fs::path(final_dir).filename().string();
+  ACCEL_CHECK(!name.empty() && name != "." && name != "..", ValueError, "save_state",
+              "bad checkpoint directory '", dir, "'");
+  std::string parent = fs::path(final_dir).parent_path().string();
+  if (parent.empty()) parent = ".";
+  const std::string tmp = dist::checkpoint_tmp_dir(final_dir);
+  auto at = [&](const std::string& f) { return (fs::path(tmp) / f).string(); };
+
+  // Every rank checks what the save would replace (Note [what save_state replaces]), then the
+  // main process creates the temporary folder (after the checks: it deletes a stale one). After
+  // each step all ranks agree, so that a refusal or a failure on one rank stops every rank there
+  // rather than leaving the others waiting in a barrier.
+  auto agree = [&](const std::function<void()>& step) {
+    std::exception_ptr err;
+    try {
+      step();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    const std::vector<int> failed = CheckpointIo::failed_ranks(*this, bool(err));
+    if (!failed.empty()) CheckpointIo::rethrow(err, failed, "save_state", final_dir, "start");
+  };
+  agree([&] { dist::check_save_target(final_dir); });
+  agree([&] {
+    if (is_main_process()) dist::begin_checkpoint_dir(tmp);
+  });
+  dist::run_checkpoint_hook("begin");
+
+  // Models, optimizers (and gradients of an open window): the strategy's; schedulers: replicated,
+  // written by the main process.
+  const nlohmann::json record = strategy_->checkpoint().save_state(tmp, !sync_gradients_);
+  if (is_main_process())
+    for (size_t i = 0; i < schedulers_.size(); ++i)
+      nn::save_safetensors(at(indexed("scheduler", i, ".safetensors")),
+                           schedulers_[i]->state_dict());
+  // Per-rank state: loader positions, RNG, registered objects.
+  for (size_t i = 0; i < loaders_.size(); ++i)
+    dist::write_file_durable(at(rank_file(indexed("loader", i, ""), rank_, ".json")),
+                             data::state_to_json(loaders_[i]->state_dict()));
+  dist::write_file_durable(at(rank_file("rng", rank_, ".txt")), default_generator().state());
+  for (auto& c : customs_) {
+    nlohmann::json j = c.save();
+    dist::write_file_durable(at(rank_file("custom_" + c.name, rank_, ".json")), j.dump());
+  }
+  dist::run_checkpoint_hook("rank_files");
+  wait_for_everyone();  // every rank's files are durable before state.json marks completion
+
+  if (is_main_process()) {
+    nlohmann::json s;
+    s["format"] = 1;
+    s["step"] = step_;
+    s["optimizer_steps"] = optimizer_steps_;
+    s["save_iteration"] = save_iteration_;
+    s["world_size"] = world_size_;
+    s["mixed_precision"] = std::string(dist::mixed_precision_name(config_.mixed_precision));
+    s["zero_stage"] = config_.zero_stage;
+    s["num_models"] = models_.size();
+    s["num_optimizers"] = optimizers_.size();
+    s["num_schedulers"] = schedulers_.size();
+    s["num_loaders"] = loaders_.size();
+    s["scaler"] = scaler_.state_dict();
+    s["sync_gradients"] = sync_gradients_;
+    s["strategy"] = std::string(strategy_->name());
+    for (auto it = record.begin(); it != record.end(); ++it) s[it.key()] = *it;
+    std::vector<std::string> customs;
+    for (auto& c : customs_) customs.push_back(c.name);
+    s["custom"] = customs;
+    // The manifest: every rank's files are there (the barrier above); state.json is the last.
+    std::vector<std::string> files = dist::checkpoint_files(tmp);
+    files.push_back(dist::kCheckpointStateFile);
+    s["files"] = files;
+    dist::write_file_durable(at(dist::kCheckpointStateFile), s.dump(2));
+    dist::run_checkpoint_hook("state");
+    dist::commit_checkpoint_dir(tmp, final_dir);
+    dist::run_checkpoint_hook("commit");
+  }
+  wait_for_everyone();
+  if (is_main_process()) {
+    dist::write_latest(parent, name);
+    dist::run_checkpoint_hook("latest");
+    if (automatic) dist::rotate_checkpoints(parent, config_.total_limit, final_dir);
+    dist::run_checkpoint_hook("rotate");
+  }
+  ++save_iteration_;
+  wait_for_everyone();
+  return final_dir;
+}
+
+std::string Accelerator::load_state(const std::string& dir) {
+  const std::string where = dir.empty() ? checkpoints_dir() : dir;
+  std::exception_ptr err;
+  std::optional<CheckpointIo::Loaded> loaded;
+  try {
+    loaded = CheckpointIo::read(*this, dist::resolve_checkpoint_dir(where));
+  } catch (...) {
+    err = std::current_exception();
+  }
+  std::vector<int> failed = CheckpointIo::failed_ranks(*this, bool(err));
+  if (!failed.empty()) CheckpointIo::rethrow(err, failed, "load_state", where, "read");
+
+  CheckpointIo::Snapshot before = CheckpointIo::snapshot(*this);
+  try {
+    CheckpointIo::apply(*this, *loaded, before);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  failed = CheckpointIo::failed_ranks(*this, bool(err));
+  if (!failed.empty()) {
+    try {
+      CheckpointIo::restore(*this, before, *loaded);
+    } catch (...) {  // the state came from these very objects; keep the error that matters
+    }
+  }
+  // Step 4: collective on every rank, applied or undone.
+  strategy_->checkpoint().finish_load();
+  update_sync();  // the loaded (or kept) sync_gradients
+  const std::string path = loaded->path;
+  loaded.reset();  // what was replaced (or what was read) goes
+  dist::release_unused_memory();
+  if (!failed.empty()) CheckpointIo::rethrow(err, failed, "load_state", where, "load");
+  return path;
+}
+
+}  // namespace accel

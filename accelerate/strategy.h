@@ -1,0 +1,174 @@
+// dist::Strategy: how a prepared model's parameters, gradients and optimizer state are
+// distributed. The Accelerator (accelerate/accelerator.h) owns one and delegates to it everything
+// that depends on that choice; the facade itself only counts steps, scales losses, wraps loaders
+// and schedulers, and runs the checkpoint protocol (atomic directory, agree, roll back). It picks
+// the strategy by name from a registry (Note [strategy registry] in
+// accelerate/strategy_registry.h) and never switches on one.
+//
+//   name     file               world  what a rank holds between steps
+//   none     strategy.cc        1      everything
+//   ddp      strategy_ddp.cc    > 1    everything; gradients all-reduced in buckets
+//   (parallel/ddp.h) zero1    strategy_zero.cc   > 1    full parameters and gradients, 1/N
+//   optimizer state zero2    strategy_zero.cc   > 1    full parameters, 1/N gradients and optimizer
+//   state
+//                                      (parallel/zero.h)
+//   fsdp     strategy_fsdp.cc   > 1    1/N of parameters, gradients and optimizer state,
+//                                      gathered per wrapping unit around its forward and
+//                                      backward (parallel/fsdp.h): the one ZeRO-3 engine
+//
+// Note [strategy seam]
+// The facade calls, in a training step:
+//   backward(loss, sync)       the loss is already divided by the accumulation steps and scaled
+//   grads(stepping)            before the step: unscale, inf/NaN check, clipping act on these
+//   (the facade copies the user's per-group lr / weight decay into `stepping`, then steps it)
+//   after_step(stepping, ...)  e.g. all-gather updated parameters
+//   zero_grad(stepping, ...)
+// `stepping` is the optimizer prepare_optimizer returned: the user's own, or one rebuilt over
+// this rank's shards with optim::Optimizer::rebuild. The user's optimizer keeps driving the
+// learning rate (schedulers hold it); it never steps itself when a rebuilt one exists.
+// Checkpoints go through the strategy's StrategyCheckpoint (checkpoint()): how the state is laid
+// out in files is the strategy's, the commit protocol around it the facade's.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "autograd/nn/module.h"
+#include "autograd/nn/safetensors.h"
+#include "autograd/optim/optimizer.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "accelerate/amp.h"
+#include "parallel/ddp.h"
+#include "comm/process_group.h"
+#include "parallel/zero.h"
+
+namespace accel::dist {
+
+// A strategy's own options, one typed value per strategy (LocalSgdOptions, the built-ins'
+// ZeroStrategyOptions, ...): AcceleratorConfig::strategy_options, or what the strategy's
+// registration builds from the AcceleratorConfig fields.
+struct StrategyOptions {
+  virtual ~StrategyOptions() = default;
+};
+
+struct StrategyContext {
+  ProcessGroupPtr group;  // null with one process
+  int rank = 0, world_size = 1;
+  Device device = kCPU;
+  GradScaler* scaler = nullptr;  // the facade's; enabled() under fp16
+  // Gradient bucketing every strategy shares (bucket size, find_unused_parameters,
+  // broadcast_buffers); a ZeRO checkpoint's layout is read against its bucket size.
+  DDPOptions ddp;
+  MixedPrecision mixed_precision = MixedPrecision::No;
+  std::shared_ptr<const StrategyOptions> options;  // null: the strategy's defaults
+
+  // The options as the strategy's type T (defaults when none were given); ValueError naming
+  // `strategy` when they are of another type.
+  template <typename T>
+  const T& options_as(std::string_view strategy) const {
+    static const T defaults{};
+    if (!options) return defaults;
+    const T* o = dynamic_cast<const T*>(options.get());
+    ACCEL_CHECK(o != nullptr, ValueError, "accelerator", "strategy '", strategy,
+                "' was given options of another strategy");
+    return *o;
+  }
+};
+
+// The gradients an optimizer step reads, as the strategy holds them.
+struct StepGrads {
+  std::vector<Tensor> params;  // tensors whose .grad is what the optimizer steps with
+  bool sharded = false;        // each rank holds a disjoint part: norms and flags are reduced
+};
+
+// Bytes this rank holds for the prepared models and optimizers (see ZeroMemory).
+struct StrategyMemory {
+  int64_t param_bytes = 0;
+  int64_t grad_bytes = 0;
+  int64_t optimizer_bytes = 0;
+  int64_t gathered_param_bytes = 0;  // stage 3: unit parameters materialised right now
+  int64_t full_param_bytes = 0;      // one unsharded replica
+};
+
+// What read_state() found in a checkpoint, or what snapshot() saved: applied by apply_state().
+struct StrategyState {
+  virtual ~StrategyState() = default;
+};
+
+// How a strategy's state is laid out in a checkpoint and read back (Note [checkpoint loading] in
+// accelerate/accelerator.cc): each strategy provides one (Strategy::checkpoint()); the facade
+// runs the commit protocol around it (Note [atomic checkpoints] in accelerate/checkpoint.h).
+class StrategyCheckpoint {
+ public:
+  virtual ~StrategyCheckpoint() = default;
+  // Writes this rank's share of the model and optimizer state (and, with mid_window, of the
+  // not-yet-synced gradients) into `dir`; returns what state.json records for the strategy: a
+  // JSON object whose keys the facade adds to state.json (rank 0's value is written; ZeRO:
+  // "zero", the bucket layouts). The facade itself writes "strategy": name().
+  virtual nlohmann::json save_state(const std::string& dir, bool mid_window) = 0;
+  // Step 1: reads and checks what this rank needs, re-sharding from `saved_world` ranks; `saved`
+  // is the checkpoint's whole state.json object (the strategy's keys, if any, among the
+  // facade's); changes nothing. IoError / ValueError naming the file or the mismatch.
+  virtual std::unique_ptr<StrategyState> read_state(const std::string& dir,
+                                                    const nlohmann::json& saved, int saved_world,
+                                                    bool mid_window) = 0;
+  // Step 3: replaces this rank's models, optimizers and window gradients by `state` and leaves in
+  // `state` what it replaced, so that a second apply_state(state) undoes the first: a load needs
+  // no copy of the model for its rollback (Note [checkpoint loading]). It checks everything
+  // first: it either throws having changed nothing or changes everything. No collective.
+  virtual void apply_state(StrategyState& state) = 0;
+  // After the facade agreed on the outcome of a load (applied, or undone), on every rank:
+  // collective work the load needs (ZeRO-3: gather the root units from the new shards).
+  virtual void finish_load() {}
+  // One consolidated safetensors file of prepared model `index` written by rank 0 (collective;
+  // sharded strategies stream it unit by unit).
+  virtual void save_model(size_t index, const std::string& path) = 0;
+  // The whole state_dict of prepared model `index` on every rank (collective; under ZeRO-3 it
+  // gathers every unit: the one call that holds the whole model).
+  virtual nn::TensorDict full_state_dict(size_t index) = 0;
+  // Accelerator::load_model (which checked names and shapes): reads every entry of prepared model
+  // `index`'s state that `src` holds into what this rank keeps of it, straight into the model's
+  // tensors (ZeRO-3: this rank's span of each trainable parameter, the rest whole; Note
+  // [streaming model loads] in accelerate/accelerator.cc). Collective: an error of the reads is
+  // kept in `err` until the collective work is done, so no peer is left waiting.
+  virtual void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+                          std::exception_ptr& err) = 0;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual std::string_view name() const = 0;  // its registered name
+
+  // ---- prepare ----
+  // Once per model, in prepare order, after it was moved to the device.
+  virtual void prepare_model(const std::shared_ptr<nn::Module>& model) = 0;
+  // The optimizer that will step (Note [strategy seam]).
+  virtual std::shared_ptr<optim::Optimizer> prepare_optimizer(
+      const std::shared_ptr<optim::Optimizer>& user) = 0;
+  // The DistributedDataParallel of a prepared model; null unless this is DDP.
+  virtual DistributedDataParallel* ddp(const nn::Module&) const { return nullptr; }
+
+  // ---- step ----
+  // Note [plain backward]: a backward syncs the gradients when `sync` (the facade's sync step
+  // outside no_sync), through the gradient hooks; backward(loss, sync) is loss.backward() under
+  // that setting, and set_sync(s) is what a plain loss.backward() of the user's gets from then on.
+  virtual void backward(const Tensor& loss, bool sync) = 0;
+  virtual void set_sync(bool sync) { (void)sync; }
+  virtual StepGrads grads(const optim::Optimizer& stepping) = 0;
+  virtual void after_step(optim::Optimizer& stepping, bool stepped) = 0;
+  virtual void zero_grad(optim::Optimizer& stepping, bool set_to_none) = 0;
+  virtual StrategyMemory memory() const = 0;
+
+  // ---- checkpoints ----
+  virtual StrategyCheckpoint& checkpoint() = 0;
+};
+
+}  // namespace accel::dist

@@ -1,0 +1,80 @@
+// The part of dist::Strategy that NoStrategy, DdpStrategy and ZeroStrategy share (and a strategy
+// of a program's own may derive from: tests/accelerator/test_strategy_seam.cc): the prepared
+// models and optimizers, and checkpoints of full (replicated) models with either plain or ZeRO
+// optimizer state. Internal to accelerate/strategy*.cc.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "accelerate/strategy.h"
+#include "parallel/zero.h"
+
+namespace accel::dist {
+
+// a <-> b elementwise (same shape and dtype), through a buffer of at most 64k elements when both
+// are contiguous: how a load replaces values and keeps the old ones for its rollback.
+void swap_values(const Tensor& a, const Tensor& b);
+// The dtype a checkpoint tensor stored as `saved` is read in for a live tensor of `live`: the
+// live one unless that would lose precision.
+DType load_dtype(DType saved, DType live);
+// Hands cached allocator blocks and freed heap back to the system (after a load).
+void release_unused_memory();
+// dst := elements [lo, hi) of `name` in `src` (dst may be non-contiguous: through a temporary).
+void read_into(const nn::SafetensorsCheckpoint& src, const std::string& name, int64_t lo,
+               int64_t hi, const Tensor& dst);
+
+// What a load replaces (Note [replicated loading memory] in accelerate/strategy.cc); after
+// apply_state it holds the replaced state.
+struct ReplicatedState : StrategyState {
+  std::vector<nn::TensorDict> models;      // full state dicts
+  std::vector<nn::TensorDict> optimizers;  // the user's optimizer (under ZeRO: param groups)
+  std::vector<nn::TensorDict> shards;      // under ZeRO: shard state keyed by bucket
+  std::vector<std::vector<Tensor>> accum;  // ZeRO-2: accumulated gradient shards
+  std::vector<std::vector<std::pair<Tensor, Tensor>>> grads;  // per model: (param, grad)
+  bool has_grads = false;  // grads replace the parameters' gradients (else: none)
+};
+
+class ReplicatedStrategy : public Strategy, public StrategyCheckpoint {
+ public:
+  explicit ReplicatedStrategy(const StrategyContext& ctx);
+  ~ReplicatedStrategy() override;
+
+  std::shared_ptr<optim::Optimizer> prepare_optimizer(
+      const std::shared_ptr<optim::Optimizer>& user) override;
+  StepGrads grads(const optim::Optimizer& stepping) override;
+  void zero_grad(optim::Optimizer& stepping, bool set_to_none) override;
+  StrategyMemory memory() const override;
+  StrategyCheckpoint& checkpoint() override { return *this; }
+
+  nlohmann::json save_state(const std::string& dir, bool mid_window) override;
+  std::unique_ptr<StrategyState> read_state(const std::string& dir, const nlohmann::json& saved,
+                                            int saved_world, bool mid_window) override;
+  void apply_state(StrategyState& state) override;
+  void save_model(size_t index, const std::string& path) override;
+  nn::TensorDict full_state_dict(size_t index) override;
+  void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+                  std::exception_ptr& err) override;
+
+ protected:
+  struct Slot {
+    std::shared_ptr<optim::Optimizer> user;
+    std::shared_ptr<optim::Optimizer> stepping;  // == user without ZeRO
+    std::unique_ptr<ZeroOptimizer> zero;
+    std::vector<Tensor> accum;  // ZeRO-2: earlier micro-batches of the window
+    std::shared_ptr<bool> touched = std::make_shared<bool>(false);
+  };
+  Slot& slot_of(const optim::Optimizer& stepping);
+  // Rank 0's value of t on every rank (t may be a non-contiguous view).
+  void broadcast_in_place(const Tensor& t) const;
+  // Frozen parameters (and, when `buffers`, the buffers) from rank 0.
+  void broadcast_frozen(const nn::Module& model, bool buffers) const;
+
+  StrategyContext ctx_;
+  std::vector<std::shared_ptr<nn::Module>> models_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+};
+
+}  // namespace accel::dist

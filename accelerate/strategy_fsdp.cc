@@ -1,0 +1,571 @@
+// FsdpStrategy ("fsdp", zero_stage 3): the one ZeRO-3 engine of the Accelerator, one
+// dist::FullyShardedModel per prepared model (parallel/fsdp.h, Note [unit lifecycle]); checkpoints
+// per Note [fsdp checkpoints].
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+#include <set>
+#include <unordered_map>
+
+#include "autograd/nn/safetensors.h"
+#include "core/error.h"
+#include "accelerate/checkpoint.h"
+#include "parallel/fsdp.h"
+#include "parallel/fsdp_checkpoint.h"
+#include "accelerate/strategy.h"
+#include "accelerate/accelerator.h"
+#include "accelerate/strategy_base.h"
+#include "accelerate/strategy_registry.h"
+#include "parallel/zero_checkpoint.h"
+
+namespace accel::dist {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string indexed_file(const char* stem, size_t i, const char* ext) {
+  return (i == 0 ? std::string(stem) : std::string(stem) + "_" + std::to_string(i)) + ext;
+}
+
+// Buffers and frozen parameters: replicated, written by rank 0 like a plain model file.
+nn::TensorDict replicated_state(const nn::Module& m) {
+  nn::TensorDict d = m.state_handles();  // trainable parameters are released: not read
+  std::set<std::string> trainable;
+  for (auto& [name, p] : m.named_parameters())
+    if (p.requires_grad()) {
+      d.erase(name);
+      trainable.insert(name);
+    }
+  // Note [tied parameters] in autograd/nn/module.cc: a trainable parameter's other names too.
+  for (auto& [alias, name] : m.tied_aliases())
+    if (trainable.count(name)) d.erase(alias);
+  return d;
+}
+
+// alias -> name of the tied trainable parameters (Note [tied tensors in files] in
+// autograd/nn/safetensors.cc): the metadata of a streamed export, which writes each once.
+nn::Metadata trainable_aliases(const nn::Module& m) {
+  nn::Metadata out;
+  std::set<std::string> trainable;
+  for (auto& [name, p] : m.named_parameters())
+    if (p.requires_grad()) trainable.insert(name);
+  for (auto& [alias, name] : m.tied_aliases())
+    if (trainable.count(name)) out.emplace(alias, name);
+  return out;
+}
+
+// What read_state() found, applied by swapping (Note [checkpoint loading] in
+// accelerate/accelerator_state.cc): after apply_state every field holds what it replaced.
+struct Loaded final : StrategyState {
+  std::vector<std::vector<std::pair<size_t, Tensor>>> slices;  // per model: (param, values)
+  std::vector<nn::TensorDict> replicated;                      // per model
+  std::vector<nn::TensorDict> optimizers;                      // per stepping optimizer
+  std::vector<std::vector<std::pair<size_t, Tensor>>> grads;   // per model: window gradients
+  bool has_grads = false;
+};
+
+// The options of fsdp: AcceleratorConfig::fsdp (find_unused_parameters also from
+// StrategyContext::ddp).
+struct FsdpStrategyOptions : StrategyOptions {
+  FsdpOptions fsdp;
+};
+
+class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
+ public:
+  explicit FsdpStrategy(const StrategyContext& ctx)
+      : ctx_(ctx), options_(ctx.options_as<FsdpStrategyOptions>("fsdp").fsdp) {
+    options_.find_unused_parameters =
+        options_.find_unused_parameters || ctx.ddp.find_unused_parameters;
+  }
+
+  std::string_view name() const override { return "fsdp"; }
+  StrategyCheckpoint& checkpoint() override { return *this; }
+
+  void prepare_model(const std::shared_ptr<nn::Module>& model) override {
+    for (auto& [name, p] : model->named_parameters())  // frozen ones are replicated
+      if (!p.requires_grad()) broadcast_in_place(*ctx_.group, p, 0);
+    models_.push_back(model);
+    sharded_.push_back(std::make_unique<FullyShardedModel>(model, ctx_.group, options_));
+    sharded_.back()->set_auto_sync(sync_);
+  }
+
+  std::shared_ptr<optim::Optimizer> prepare_optimizer(
+      const std::shared_ptr<optim::Optimizer>& user) override {
+    std::unordered_map<const TensorImpl*, std::pair<size_t, size_t>> where;
+    for (size_t m = 0; m < sharded_.size(); ++m)
+      for (size_t k = 0; k < sharded_[m]->parameters().size(); ++k)
+        where.emplace(sharded_[m]->parameters()[k].second.impl(), std::make_pair(m, k));
+    Stepping s;
+    std::vector<optim::ParamGroup> groups;
+    for (size_t g = 0; g < user->num_param_groups(); ++g) {
+      optim::ParamGroup sg;
+      sg.lr = user->lr(g);
+      sg.weight_decay = user->weight_decay(g);
+      for (const Tensor& p : user->params(g)) {
+        auto it = where.find(p.impl());
+        ACCEL_CHECK(it != where.end(), ValueError, "prepare", "zero_stage 3: parameter group ", g,
+                    " holds a tensor of shape ", p.shape_str(),
+                    " that is not a trainable parameter of a prepared model (prepare the model "
+                    "before its optimizer)");
+        const auto [m, k] = it->second;
+        sg.params.push_back(sharded_[m]->shard_params()[k]);
+        s.keys.push_back(std::to_string(m) + ":" + sharded_[m]->parameters()[k].first);
+        if (std::find(s.models.begin(), s.models.end(), m) == s.models.end()) s.models.push_back(m);
+      }
+      groups.push_back(std::move(sg));
+    }
+    s.opt = std::shared_ptr<optim::Optimizer>(user->rebuild(std::move(groups)));
+    s.user = user;
+    stepping_.push_back(s);
+    return s.opt;
+  }
+
+  void backward(const Tensor& loss, bool sync) override {
+    for (auto& m : sharded_) m->begin_backward(sync);
+    std::exception_ptr err;
+    try {
+      loss.backward();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    for (auto& m : sharded_) m->end_backward(err);
+    if (err) std::rethrow_exception(err);
+  }
+
+  void set_sync(bool sync) override {
+    sync_ = sync;
+    for (auto& m : sharded_) m->set_auto_sync(sync);
+  }
+
+  StepGrads grads(const optim::Optimizer& stepping) override {
+    const Stepping& s = find(stepping);
+    for (size_t m : s.models) sharded_[m]->prepare_step();
+    StepGrads g;
+    g.sharded = true;
+    for (size_t i = 0; i < stepping.num_param_groups(); ++i)
+      for (const Tensor& p : stepping.params(i)) g.params.push_back(p);
+    return g;
+  }
+
+  void after_step(optim::Optimizer& stepping, bool stepped) override {
+    if (!stepped) return;
+    for (size_t m : find(stepping).models) sharded_[m]->after_step();
+  }
+
+  void zero_grad(optim::Optimizer& stepping, bool) override {
+    for (size_t m : find(stepping).models) sharded_[m]->zero_grad();
+  }
+
+  StrategyMemory memory() const override {
+    StrategyMemory out;
+    for (auto& m : sharded_) {
+      const FsdpMemory f = m->memory();
+      out.param_bytes += f.shard_bytes;
+      out.grad_bytes += f.grad_shard_bytes + f.unsharded_grad_bytes;
+      out.gathered_param_bytes += f.gathered_bytes;
+      out.full_param_bytes += f.full_param_bytes;
+    }
+    for (auto& s : stepping_)
+      for (auto& [key, t] : s.opt->state_dict())
+        if (key.rfind("state.", 0) == 0 && t.defined()) out.optimizer_bytes += int64_t(t.nbytes());
+    return out;
+  }
+
+  nn::TensorDict full_state_dict(size_t index) override {
+    return sharded_.at(index)->full_state_dict();
+  }
+
+  // ---- checkpoints ----
+
+  nlohmann::json save_state(const std::string& dir, bool mid_window) override {
+    auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
+    if (ctx_.rank == 0)
+      for (size_t i = 0; i < models_.size(); ++i)
+        nn::save_safetensors(at(fsdp_replicated_file(i)), replicated_state(*models_[i]));
+    std::vector<FullyShardedModel*> ms;
+    for (auto& m : sharded_) ms.push_back(m.get());
+    std::vector<FsdpOptimizerRef> os;
+    for (auto& s : stepping_) os.push_back({s.opt.get(), s.keys});
+    nlohmann::json rec = {{"fsdp", save_fsdp_state(dir, ms, os)}};
+    if (mid_window)
+      for (size_t i = 0; i < sharded_.size(); ++i) {
+        // An open accumulation window keeps full gradients per rank (Note [unit lifecycle]).
+        nn::TensorDict g;
+        for (auto& [name, p] : sharded_[i]->parameters())
+          if (p.grad().defined()) g[name] = p.grad();
+        nn::save_safetensors(at(grads_file(i)), g);
+      }
+    for (size_t i = 0; i < sharded_.size(); ++i) fsync_path(at(fsdp_model_file(i, ctx_.rank)));
+    for (size_t i = 0; i < stepping_.size(); ++i) fsync_path(at(fsdp_optimizer_file(i, ctx_.rank)));
+    return rec;
+  }
+
+  // Note [fsdp loading memory]
+  // A rank reads, with pread, only the elements of its own spans (of the parameters and of every
+  // optimizer slot) from the files of the ranks that saved them: a new tensor per parameter
+  // slice in the leaf's dtype (one shard of parameters in all) and the optimizer state itself
+  // (which the optimizer adopts without a copy). apply_state swaps the slices with the live
+  // shards through a bounded buffer, so no copy of the model is ever made for the rollback, and
+  // the old optimizer state is kept by handle only. The load's peak is therefore the training
+  // state plus one parameter shard (plus the old optimizer state when the run had one).
+  std::unique_ptr<StrategyState> read_state(const std::string& dir, const nlohmann::json& saved,
+                                            int saved_world, bool mid_window) override {
+    auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
+    if (!(saved.is_object() && saved.contains("fsdp")))
+      return read_plain(dir, saved, saved_world, mid_window);
+    FsdpCheckpointReader reader(dir, saved.at("fsdp"), saved_world);
+    ACCEL_CHECK(reader.num_models() == sharded_.size(), ValueError, "load_state", "checkpoint '",
+                dir, "' holds ", reader.num_models(), " sharded models, this run prepared ",
+                sharded_.size());
+    ACCEL_CHECK(reader.num_optimizers() == stepping_.size(), ValueError, "load_state",
+                "checkpoint '", dir, "' holds ", reader.num_optimizers(),
+                " sharded optimizers, this run prepared ", stepping_.size());
+    auto out = std::make_unique<Loaded>();
+    for (size_t m = 0; m < sharded_.size(); ++m) {
+      std::vector<std::pair<size_t, Tensor>> slices;
+      const auto spans = sharded_[m]->spans();
+      ACCEL_CHECK(reader.param_names(m).size() == spans.size(), ValueError, "load_state",
+                  "checkpoint '", dir, "': model ", m, " has ", reader.param_names(m).size(),
+                  " trainable parameters, this one ", spans.size());
+      for (size_t k = 0; k < spans.size(); ++k) {
+        const auto& sp = spans[k];
+        ACCEL_CHECK(
+            reader.has_param(m, sp.name) && reader.shape(m, sp.name) == sp.shape, ValueError,
+            "load_state", "checkpoint '", dir, "': parameter '", sp.name, "' of model ", m,
+            reader.has_param(m, sp.name) ? " has shape " + shape_str(reader.shape(m, sp.name)) +
+                                               ", the model " + shape_str(sp.shape)
+                                         : std::string(" is missing"));
+        const Tensor& leaf = sharded_[m]->shard_params()[k];
+        Tensor v = empty({sp.hi - sp.lo}, TensorOptions(leaf.dtype(), leaf.device()));
+        reader.read_param(m, sp.name, sp.lo, sp.hi, v);
+        slices.emplace_back(k, v);
+      }
+      out->slices.push_back(std::move(slices));
+      out->replicated.push_back(read_replicated(at(fsdp_replicated_file(m)), m, {}));
+    }
+    std::vector<FullyShardedModel*> ms;
+    for (auto& m : sharded_) ms.push_back(m.get());
+    for (size_t i = 0; i < stepping_.size(); ++i)
+      out->optimizers.push_back(
+          fsdp_shard_optimizer_state(reader, i, stepping_[i].keys, ms, own_groups(i)));
+    if (mid_window) {
+      ACCEL_CHECK(saved_world == ctx_.world_size, ValueError, "load_state", "checkpoint '", dir,
+                  "' was saved inside an accumulation window by ", saved_world,
+                  " processes; its unsharded window gradients resume only with ", saved_world);
+      out->has_grads = true;
+      for (size_t m = 0; m < sharded_.size(); ++m) {
+        const std::string f = at(grads_file(m));
+        nn::SafetensorsFile g(f);
+        std::vector<std::pair<size_t, Tensor>> gs;
+        const auto& ps = sharded_[m]->parameters();
+        for (size_t k = 0; k < ps.size(); ++k) {
+          if (!g.contains(ps[k].first)) continue;
+          const nn::SafetensorsFile::Info& in = g.info(ps[k].first);
+          ACCEL_CHECK(in.shape == ps[k].second.sizes() && is_floating(in.dtype), IoError,
+                      "load_state", "'", f, "': gradient of ", ps[k].first, " is ", in.dtype, " ",
+                      shape_str(in.shape), ", the parameter ", ps[k].second.shape_str());
+          Tensor t = empty(in.shape, TensorOptions(ps[k].second.dtype(), ps[k].second.device()));
+          g.read_range(ps[k].first, 0, in.numel, t);
+          gs.emplace_back(k, t);
+        }
+        out->grads.push_back(std::move(gs));
+      }
+    } else {
+      out->grads.resize(sharded_.size());
+    }
+    return out;
+  }
+
+  // Swaps (Loaded's comment): checks first, so that it throws with nothing changed; afterwards
+  // `state` holds what was replaced. No collective (finish_load re-gathers the root units).
+  void apply_state(StrategyState& state) override {
+    auto* lp = dynamic_cast<Loaded*>(&state);
+    ACCEL_CHECK(lp != nullptr && lp->slices.size() == sharded_.size() &&
+                    lp->replicated.size() == sharded_.size() &&
+                    lp->grads.size() == sharded_.size() &&
+                    lp->optimizers.size() == stepping_.size(),
+                ValueError, "load_state", "a state read by another strategy or accelerator");
+    Loaded& l = *lp;
+    NoGradGuard ng;
+    // 1. checks
+    std::vector<nn::TensorDict> own_rep;
+    for (size_t m = 0; m < sharded_.size(); ++m) {
+      for (const auto& [k, v] : l.slices[m]) {
+        const Tensor& leaf = sharded_[m]->shard_params().at(k);
+        ACCEL_CHECK(leaf.numel() == v.numel() && leaf.dtype() == v.dtype(), ValueError,
+                    "load_state", "shard of ", sharded_[m]->parameters()[k].first, " holds ",
+                    leaf.numel(), " elements of ", leaf.dtype(), ", the checkpoint slice ",
+                    v.numel(), " of ", v.dtype());
+      }
+      nn::TensorDict own = replicated_state(*models_[m]);
+      for (const auto& [name, v] : own) {
+        auto it = l.replicated[m].find(name);
+        ACCEL_CHECK(it != l.replicated[m].end() && it->second.sizes() == v.sizes() &&
+                        it->second.dtype() == v.dtype(),
+                    ValueError, "load_state", "model ", m, ": '", name,
+                    "' is missing or of another shape");
+      }
+      own_rep.push_back(std::move(own));
+    }
+    // 2. optimizers (each load is all or nothing; undo the earlier ones when one fails)
+    std::vector<nn::TensorDict> old;
+    try {
+      for (size_t i = 0; i < stepping_.size(); ++i) {
+        old.push_back(stepping_[i].opt->state_dict());
+        stepping_[i].opt->load_state_dict(std::move(l.optimizers[i]));
+      }
+    } catch (...) {
+      for (size_t i = 0; i + 1 < old.size(); ++i)
+        stepping_[i].opt->load_state_dict(std::move(old[i]));
+      throw;
+    }
+    for (size_t i = 0; i < stepping_.size(); ++i) l.optimizers[i] = std::move(old[i]);
+    // 3. values and gradients (cannot fail after the checks)
+    for (size_t m = 0; m < sharded_.size(); ++m) {
+      for (const auto& [k, v] : l.slices[m])
+        if (v.numel() > 0) swap_values(sharded_[m]->shard_params()[k], v);
+      for (const auto& [name, v] : own_rep[m]) swap_values(v, l.replicated[m].at(name));
+      std::vector<std::pair<size_t, Tensor>> had;
+      const auto& ps = sharded_[m]->parameters();
+      for (size_t k = 0; k < ps.size(); ++k)
+        if (ps[k].second.grad().defined()) had.emplace_back(k, ps[k].second.grad());
+      sharded_[m]->zero_grad();
+      if (l.has_grads)
+        for (const auto& [k, g] : l.grads[m]) {
+          Tensor p = ps[k].second;
+          p.set_grad(g);
+        }
+      l.grads[m] = std::move(had);
+    }
+    l.has_grads = true;
+  }
+
+  void finish_load() override {
+    for (auto& m : sharded_) m->refresh_root();
+  }
+  // Note [streaming model loads] in accelerate/accelerator.cc: this rank's span of every trainable
+  // parameter, straight into its shard; buffers and frozen parameters whole; then the root
+  // units are gathered from the new shards (collective, also after a failed read).
+  void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+                  std::exception_ptr& err) override {
+    FullyShardedModel& f = *sharded_.at(index);
+    try {
+      const auto spans = f.spans();
+      for (size_t k = 0; k < spans.size(); ++k)
+        if (src.contains(spans[k].name) && spans[k].hi > spans[k].lo)
+          read_into(src, spans[k].name, spans[k].lo, spans[k].hi, f.shard_params()[k]);
+      for (auto& [name, t] : replicated_state(*models_.at(index)))
+        if (src.contains(name)) read_into(src, name, 0, t.numel(), t);
+    } catch (...) {
+      if (!err) err = std::current_exception();
+    }
+    try {
+      f.refresh_root();
+    } catch (...) {
+      if (!err) err = std::current_exception();
+    }
+  }
+
+  // Every rank gathers each unit in turn (collective); rank 0 writes it and drops it. A failure
+  // of rank 0's file (bad path, full disk) does not leave the others waiting in a gather: rank 0
+  // keeps taking part, and the outcome is agreed on at the end (IoError on every rank).
+  void save_model(size_t index, const std::string& path) override {
+    FullyShardedModel& f = *sharded_.at(index);
+    const nn::TensorDict rep = replicated_state(*models_.at(index));
+    std::vector<nn::SafetensorsWriter::Entry> entries;
+    for (const auto& [name, shape, dtype] : f.full_parameter_order())
+      entries.push_back({name, dtype, shape});
+    for (const auto& [name, t] : rep) entries.push_back({name, t.dtype(), t.sizes()});
+    std::unique_ptr<nn::SafetensorsWriter> w;
+    std::exception_ptr err;
+    auto attempt = [&](const std::function<void()>& fn) {
+      if (err) return;
+      try {
+        fn();
+      } catch (...) {
+        err = std::current_exception();
+        w.reset();  // removes the temporary file
+      }
+    };
+    if (ctx_.rank == 0)
+      attempt([&] {
+        w = std::make_unique<nn::SafetensorsWriter>(path, entries,
+                                                    trainable_aliases(*models_.at(index)));
+      });
+    f.for_each_full_parameter([&](const std::string&, const Tensor& t) {
+      if (w) attempt([&] { w->write(t); });
+    });
+    if (w)
+      attempt([&] {
+        for (const auto& [name, t] : rep) w->write(t);
+        w->commit();
+      });
+    Tensor failed = full({1}, err ? 1.0 : 0.0, TensorOptions(kFloat32, ctx_.device));
+    ctx_.group->all_reduce(failed, ReduceOp::Max);
+    if (err) std::rethrow_exception(err);
+    ACCEL_CHECK(failed.item<double>() == 0, IoError, "save_model", "rank 0 could not write '", path,
+                "'");
+  }
+
+ private:
+  struct Stepping {
+    std::shared_ptr<optim::Optimizer> opt;
+    std::shared_ptr<optim::Optimizer> user;
+    std::vector<std::string> keys;  // "<model>:<name>" per parameter, in the optimizer's order
+    std::vector<size_t> models;     // prepared models it steps
+  };
+  const Stepping& find(const optim::Optimizer& o) const {
+    for (auto& s : stepping_)
+      if (s.opt.get() == &o) return s;
+    ACCEL_THROW(ValueError, "fsdp", "optimizer was not prepared by this strategy");
+  }
+  nn::TensorDict own_groups(size_t i) const {
+    nn::TensorDict own;
+    for (auto& [k, v] : stepping_[i].opt->state_dict())
+      if (k.rfind("param_groups.", 0) == 0) own[k] = v;
+    return own;
+  }
+
+  // Buffers and frozen parameters of model m from a plain model file (`skip`: names that are
+  // not replicated), in the live tensors' dtypes; checked by apply_state.
+  nn::TensorDict read_replicated(const std::string& f, size_t m,
+                                 const std::set<std::string>& skip) const {
+    nn::SafetensorsFile file(f);
+    const nn::TensorDict own = replicated_state(*models_[m]);
+    nn::TensorDict out;
+    for (const std::string& name : file.names()) {
+      if (skip.count(name)) continue;
+      const nn::SafetensorsFile::Info& in = file.info(name);
+      auto it = own.find(name);
+      Tensor t = it != own.end() && it->second.sizes() == in.shape
+                     ? empty(in.shape, TensorOptions(it->second.dtype(), it->second.device()))
+                     : empty(in.shape, TensorOptions(in.dtype));
+      file.read_range(name, 0, in.numel, t);
+      out[name] = t;
+    }
+    return out;
+  }
+
+  // A checkpoint of another strategy (one process, DDP, ZeRO-1/2): only this rank's spans of the
+  // whole parameters and of the plain per-parameter optimizer state (ZeRO-1/2 shards read by
+  // range too) are read.
+  std::unique_ptr<StrategyState> read_plain(const std::string& dir, const nlohmann::json& saved,
+                                            int saved_world, bool mid_window) {
+    auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
+    ACCEL_CHECK(!mid_window, ValueError, "load_state", "checkpoint '", dir,
+                "' was saved inside an accumulation window without zero_stage 3; resume it "
+                "with the strategy that saved it");
+    const zero_ckpt::Layouts layouts =
+        zero_ckpt::read_layouts(saved, stepping_.size(), saved_world, at(kCheckpointStateFile));
+    auto out = std::make_unique<Loaded>();
+    for (size_t m = 0; m < sharded_.size(); ++m) {
+      const std::string f = at(indexed_file("model", m, ".safetensors"));
+      nn::SafetensorsFile file(f);
+      std::vector<std::pair<size_t, Tensor>> slices;
+      const auto spans = sharded_[m]->spans();
+      std::set<std::string> trainable;
+      for (size_t k = 0; k < spans.size(); ++k) {
+        const bool has = file.contains(spans[k].name);
+        ACCEL_CHECK(has && file.info(spans[k].name).shape == spans[k].shape, ValueError,
+                    "load_state", "'", f, "': parameter '", spans[k].name, "' ",
+                    !has ? std::string("is missing")
+                         : "has shape " + shape_str(file.info(spans[k].name).shape) +
+                               ", the model " + shape_str(spans[k].shape));
+        const Tensor& leaf = sharded_[m]->shard_params()[k];
+        Tensor v = empty({spans[k].hi - spans[k].lo}, TensorOptions(leaf.dtype(), leaf.device()));
+        file.read_range(spans[k].name, spans[k].lo, spans[k].hi, v);
+        slices.emplace_back(k, v);
+        trainable.insert(spans[k].name);
+      }
+      out->slices.push_back(std::move(slices));
+      out->replicated.push_back(read_replicated(f, m, trainable));
+    }
+    out->grads.resize(sharded_.size());
+    std::unordered_map<std::string, FullyShardedModel::Span> span_of;
+    std::unordered_map<std::string, Tensor> leaf_of;
+    for (size_t m = 0; m < sharded_.size(); ++m) {
+      const auto spans = sharded_[m]->spans();
+      for (size_t k = 0; k < spans.size(); ++k) {
+        span_of.emplace(std::to_string(m) + ":" + spans[k].name, spans[k]);
+        leaf_of.emplace(std::to_string(m) + ":" + spans[k].name, sharded_[m]->shard_params()[k]);
+      }
+    }
+    for (size_t i = 0; i < stepping_.size(); ++i) {
+      const Stepping& s = stepping_[i];
+      const std::string of = at(indexed_file("optimizer", i, ".safetensors"));
+      nn::SafetensorsFile file(of);
+      // The stepping optimizer's parameter k is the user's parameter k (prepare_optimizer).
+      nn::TensorDict d = own_groups(i);
+      for (auto& [k, v] : zero_ckpt::param_groups_of(file))
+        if (k.ends_with(".lr") || k.ends_with(".weight_decay")) d[k] = v;
+      if (i < layouts.size() && layouts[i]) {
+        std::vector<std::pair<int64_t, int64_t>> ranges;
+        for (const std::string& key : s.keys)
+          ranges.emplace_back(span_of.at(key).lo, span_of.at(key).hi);
+        for (auto& [k, v] : zero_ckpt::read_unsharded_state(
+                 dir, i, *layouts[i], saved_world, *s.user, {}, ctx_.ddp.bucket_cap_bytes, &ranges))
+          d[k] = v;
+      } else {
+        for (size_t k = 0; k < s.keys.size(); ++k) {
+          const FullyShardedModel::Span& sp = span_of.at(s.keys[k]);
+          const Tensor& leaf = leaf_of.at(s.keys[k]);
+          const std::string prefix = "state." + std::to_string(k) + ".";
+          for (const std::string& key : file.names(prefix)) {
+            const std::string slot = key.substr(prefix.size());
+            const nn::SafetensorsFile::Info& in = file.info(key);
+            if (slot == "step") {
+              d[key] = file.read(key);
+              continue;
+            }
+            ACCEL_CHECK(in.numel == shape_numel(sp.shape) && is_floating(in.dtype), ValueError,
+                        "load_state", "'", of, "': ", key, " is ", in.dtype, " ",
+                        shape_str(in.shape), ", parameter '", sp.name, "' has ",
+                        shape_numel(sp.shape), " elements");
+            Tensor v = empty({sp.hi - sp.lo}, TensorOptions(leaf.dtype(), leaf.device()));
+            file.read_range(key, sp.lo, sp.hi, v);
+            d[key] = v;
+          }
+        }
+      }
+      out->optimizers.push_back(std::move(d));
+    }
+    return out;
+  }
+
+  std::string grads_file(size_t i) const {
+    return indexed_file("fsdp_grads", i, "") + "_rank" + std::to_string(ctx_.rank) + ".safetensors";
+  }
+
+  StrategyContext ctx_;
+  FsdpOptions options_;
+  std::vector<std::shared_ptr<nn::Module>> models_;
+  std::vector<std::unique_ptr<FullyShardedModel>> sharded_;
+  std::vector<Stepping> stepping_;
+  bool sync_ = true;  // Strategy::set_sync: what a plain loss.backward() does
+};
+
+StrategySpec fsdp_spec() {
+  StrategySpec s;
+  s.name = "fsdp";
+  s.zero_stage = 3;
+  s.make = [](const StrategyContext& ctx) { return std::make_unique<FsdpStrategy>(ctx); };
+  // Note [one process under ZeRO]: 16-bit compute parameters and per-unit activation
+  // checkpointing change what a step computes.
+  s.runs_alone = [](const StrategyContext& ctx) {
+    const FsdpOptions& o = ctx.options_as<FsdpStrategyOptions>("fsdp").fsdp;
+    return o.param_dtype.has_value() || o.activation_checkpointing;
+  };
+  s.options = [](const AcceleratorConfig& c) {
+    auto o = std::make_shared<FsdpStrategyOptions>();
+    o->fsdp = c.fsdp;
+    return o;
+  };
+  return s;
+}
+
+const StrategyRegistration kFsdp(fsdp_spec());
+
+}  // namespace
+
+}  // namespace accel::dist

@@ -1,0 +1,251 @@
+// ProcessGroup: collectives over a fixed set of ranks, with async work handles.
+//
+// Semantics shared by every backend (see docs/dist.md):
+// - Collectives run in issue order on one worker per group, so async handles complete in the
+//   order they were issued on every rank and results are deterministic.
+// - Each collective gets a sequence number (0, 1, 2, ...), the same on every rank. Before it
+//   moves data, a fingerprint (op, dtype, element count, root, seq) is compared across ranks
+//   (every `fingerprint_every` collectives); a mismatch raises DistError on every rank naming
+//   both sides, instead of a hang or corrupted memory.
+// - Every collective has a timeout (default 5 minutes). A peer that died, or stopped answering,
+//   becomes a DistError naming the op and its sequence number on every surviving rank. After
+//   such a failure the group is unusable: later calls fail at once with the first error.
+// - Tensors are modified in place and must stay alive until the handle completes (the handle
+//   keeps a reference, so this holds unless the caller resizes storage underneath).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/tensor.h"
+#include "comm/store.h"
+
+namespace accel::dist {
+
+enum class ReduceOp : uint8_t { Sum, Avg, Max, Min };
+std::string_view reduce_op_name(ReduceOp op);
+
+enum class OpKind : uint8_t {
+  AllReduce,
+  Broadcast,
+  AllGather,
+  ReduceScatter,
+  Barrier,
+  Send,
+  Recv,
+};
+std::string_view op_kind_name(OpKind k);
+
+constexpr Milliseconds kDefaultCollectiveTimeout{std::chrono::minutes(5)};
+// Heartbeat defaults: every rank raises within ~15 s of a peer stopping, far below the
+// collective timeout, with 15 missed beats of slack for a loaded machine.
+constexpr Milliseconds kDefaultHeartbeatTimeout{std::chrono::seconds(15)};
+constexpr Milliseconds kDefaultHeartbeatInterval{std::chrono::seconds(1)};
+
+struct ProcessGroupOptions {
+  Milliseconds timeout = kDefaultCollectiveTimeout;
+  // Bound on forming the group (every step together: addresses, connections, shared memory);
+  // 0: `timeout`. When init_deadline is set, the formation ends by it instead (init_process_group
+  // passes its own deadline, so that reaching the store and forming the group share one timeout),
+  // and messages still name init_timeout (or timeout).
+  Milliseconds init_timeout{0};
+  std::chrono::steady_clock::time_point init_deadline{};
+  // Compare collective fingerprints across ranks before every k-th collective (1 = all of
+  // them, 0 = never). With k > 1 the check also covers the skipped ones through a running
+  // hash, but a mismatch in between can no longer be stopped before it moves data.
+  int fingerprint_every = 1;
+  // Gloo: the address this rank's transport, control channel and heartbeat bind and advertise.
+  // init_process_group picks it from the environment (comm/net.h: select_bind_address).
+  std::string hostname = "127.0.0.1";
+  // Heartbeat (comm/heartbeat.h): a peer silent for heartbeat_timeout marks the group failed,
+  // so in-flight and later collectives raise naming it, long before `timeout`; it runs from the
+  // start of the group's formation, so a peer lost meanwhile ends that too. It also drives the
+  // progress watchdog (Note [progress watchdog]): a connection to a peer whose outstanding data
+  // has not been acknowledged for heartbeat_timeout fails the group. 0 disables both.
+  // Env ACCEL_HEARTBEAT_TIMEOUT (seconds) sets it for init_process_group.
+  Milliseconds heartbeat_timeout = kDefaultHeartbeatTimeout;
+  Milliseconds heartbeat_interval = kDefaultHeartbeatInterval;  // at most heartbeat_timeout / 4
+  // Gloo ring all-reduce segment size in bytes (0: Gloo's default, 1 MiB). Each segment costs a
+  // send/receive rendezvous, so larger segments cut per-message overhead on slow-wakeup hosts.
+  size_t gloo_segment_bytes = size_t(4) << 20;
+  // All-reduce, all-gather and reduce-scatter through shared memory when every rank maps the
+  // same segment (one host); see comm/shm_allreduce.h. Env ACCEL_DIST_SHM=0 turns it off for
+  // init_process_group.
+  bool shm = true;
+  size_t shm_slot_bytes = size_t(4) << 20;  // per rank; tensors are reduced in chunks of this
+  // Keys of this group live under "<name>/" in the store; empty picks "pg<N>", N counting
+  // groups created in this process (equal on every rank when ranks create groups in the
+  // same order, which collectives require anyway).
+  std::string name;
+};
+
+// Handle of an issued operation.
+class Work {
+ public:
+  Work(OpKind kind, uint64_t seq) : kind_(kind), seq_(seq) {}
+  virtual ~Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // Blocks until the operation finished; rethrows its DistError. May be called repeatedly.
+  virtual void wait();
+  bool is_completed() const;
+  OpKind kind() const { return kind_; }
+  uint64_t seq() const { return seq_; }
+
+  // Backends: mark done (with an error or not) and wake waiters.
+  void finish(std::exception_ptr error = nullptr);
+  // When the operation started moving data and when it finished (for overlap statistics);
+  // default-constructed until then.
+  using TimePoint = std::chrono::steady_clock::time_point;
+  void mark_started() { started_at_ = std::chrono::steady_clock::now(); }
+  TimePoint started_at() const { return started_at_; }
+  TimePoint finished_at() const;
+
+ protected:
+  const OpKind kind_;
+  const uint64_t seq_;
+  std::atomic<TimePoint> started_at_{TimePoint{}};
+  TimePoint finished_at_{};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+class ProcessGroup {
+ public:
+  ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string_view backend() const = 0;
+
+  // t: any shape, in place. Avg needs a floating dtype.
+  virtual WorkPtr all_reduce_async(const Tensor& t, ReduceOp op = ReduceOp::Sum) = 0;
+  // t: same shape on every rank; root's values land everywhere.
+  virtual WorkPtr broadcast_async(const Tensor& t, int root) = 0;
+  // in: n elements; out: size() * n elements, rank r's input at [r * n, (r + 1) * n).
+  virtual WorkPtr all_gather_async(const Tensor& out, const Tensor& in) = 0;
+  // in: size() * n elements; out: n elements, the reduction of everyone's chunk rank().
+  virtual WorkPtr reduce_scatter_async(const Tensor& out, const Tensor& in,
+                                       ReduceOp op = ReduceOp::Sum) = 0;
+  virtual WorkPtr barrier_async() = 0;
+  // Point to point. Posted at once (not queued behind collectives), so symmetric exchanges
+  // do not deadlock; matched in order per (peer, tag). The receiver checks dtype and element
+  // count against the sender's and both sides raise on a mismatch.
+  virtual WorkPtr send_async(const Tensor& t, int dst, int tag = 0) = 0;
+  virtual WorkPtr recv_async(const Tensor& t, int src, int tag = 0) = 0;
+
+  // Blocking forms. Virtual so a backend can run them without a thread handoff.
+  virtual void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum) {
+    all_reduce_async(t, op)->wait();
+  }
+  virtual void broadcast(const Tensor& t, int root) { broadcast_async(t, root)->wait(); }
+  virtual void all_gather(const Tensor& out, const Tensor& in) {
+    all_gather_async(out, in)->wait();
+  }
+  virtual void reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op = ReduceOp::Sum) {
+    reduce_scatter_async(out, in, op)->wait();
+  }
+  virtual void barrier() { barrier_async()->wait(); }
+  void send(const Tensor& t, int dst, int tag = 0) { send_async(t, dst, tag)->wait(); }
+  void recv(const Tensor& t, int src, int tag = 0) { recv_async(t, src, tag)->wait(); }
+
+  Milliseconds timeout() const { return timeout_; }
+  // Applies to collectives issued afterwards.
+  void set_timeout(Milliseconds t);
+  // Number of collectives issued so far (the next one gets this sequence number).
+  virtual uint64_t next_seq() const = 0;
+
+ protected:
+  const int rank_;
+  const int size_;
+  Milliseconds timeout_ = kDefaultCollectiveTimeout;
+};
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// Gloo backend (CPU tensors). `store` is shared by all ranks; size 1 needs no peers.
+ProcessGroupPtr new_gloo_group(std::shared_ptr<Store> store, int rank, int size,
+                               ProcessGroupOptions options = {});
+
+// In-process store (tests, single process).
+class MemoryStore : public Store {
+ public:
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  using Store::wait;
+  void wait(const std::vector<std::string>& keys, Milliseconds timeout) override;
+  void interrupt(const std::string& why) override;
+  bool check(const std::vector<std::string>& keys) override;
+  bool delete_key(const std::string& key) override;
+  std::string compare_set(const std::string& key, const std::string& expected,
+                          const std::string& desired) override;
+  int64_t num_keys() override;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<std::string, std::string> data_;
+};
+
+// When several processes of the job share this host and OMP_NUM_THREADS is not set, caps this
+// process's OpenMP team at (CPUs it may run on) / local_world_size, at least 1 (Note
+// [oversubscribed OpenMP]). Returns the thread count set, 0 when nothing changed.
+// init_process_group calls it.
+int fit_omp_threads_to_host(int local_world_size);
+
+// ---- the default group, from the environment (comm/env.h) ----
+struct InitOptions {
+  std::string backend = "gloo";  // "gloo", or "nccl" when built with CUDA
+  // The one timeout of initialisation and of every collective (AcceleratorConfig::timeout sets
+  // it): init_process_group as a whole (reaching the store, every rank's arrival, connections)
+  // is bounded by it, and so is every store request and collective afterwards.
+  Milliseconds timeout = kDefaultCollectiveTimeout;
+  int fingerprint_every = 1;
+  // See ProcessGroupOptions; env ACCEL_HEARTBEAT_TIMEOUT (seconds, 0 disables) overrides it.
+  Milliseconds heartbeat_timeout = kDefaultHeartbeatTimeout;
+};
+// Reads RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT; rank 0 serves the store. With no variables set
+// this is a single process (world size 1) and needs no network. Calling it twice is an error;
+// init, destroy, init in one process is fine (a new generation of the store each time, Note
+// [store generations]). A rank that never arrives, leaves or dies while the group forms is
+// named in the DistError (Note [init guard]).
+// The bind address comes from select_bind_address (comm/net.h); shared memory is used only when
+// all ranks are on this host (LOCAL_WORLD_SIZE == WORLD_SIZE).
+ProcessGroupPtr init_process_group(const InitOptions& options = {});
+bool is_initialized();
+// Throws DistError when init_process_group has not run.
+ProcessGroupPtr default_group();
+// The store of the default group (rank 0's TcpStore, or a MemoryStore in a single process).
+std::shared_ptr<Store> default_store();
+void destroy_process_group();
+
+// What a build without NCCL says when asked for it (comm/nccl/process_group_nccl_stub.cc).
+inline constexpr const char* kNoNcclBuild =
+    "this build of accel has no NCCL backend: configure it with -Dcuda=enabled on a machine "
+    "with the CUDA toolkit and NCCL (the CPU backend is gloo)";
+
+namespace detail {
+// Backends compiled only in some builds (NCCL) register a factory from their own file.
+using BackendFactory =
+    std::function<ProcessGroupPtr(std::shared_ptr<Store>, int rank, int size, ProcessGroupOptions)>;
+bool register_backend(const std::string& name, BackendFactory factory);
+}  // namespace detail
+
+}  // namespace accel::dist

@@ -1,0 +1,167 @@
+// The training settings a user may give accel-run and the Accelerator reads, in one table: for
+// each, its key in the config file (Accelerate's spelling where Accelerate has the setting), the
+// accel-run flag, the environment variable accel-run exports, the values it takes, its default
+// and its parser. accel-run registers its flags, checks values and exports from it
+// (launcher/settings_binding.cc); AcceleratorConfig::with_env parses what it reads with it
+// (accelerate/accelerator.cc). A new setting is one row here plus one line in each binding;
+// tests/launcher/test_settings.cc round-trips every row (flag -> env -> config, YAML -> env ->
+// config) and fails on a row either side does not know.
+//
+// Std-only: accel-run includes it without linking the tensor library (docs/layers.md).
+#pragma once
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "core/env_contract.h"
+
+namespace accel::settings {
+
+enum class Kind : uint8_t {
+  Choice,  // one of `allowed` ("a|b|c"), any case; '-' reads as '_'
+  Int,     // an integer in [lo, hi]
+  Bool,    // true/yes/on/1 or false/no/off/0, any case
+  Name,    // a lower-case identifier: [a-z0-9_]+, at most 64 characters
+  Names,   // comma-separated identifiers ("Block, Layer" -> "Block,Layer")
+};
+
+struct Setting {
+  std::string_view yaml;  // config key; "zero_config.zero_stage": key zero_stage in zero_config
+  std::string_view flag;  // accel-run flag (a Bool's flag may be a switch: `switch_flag`)
+  std::string_view env;   // exported to the workers, read by AcceleratorConfig::with_env
+  Kind kind;
+  std::string_view allowed;        // Choice: "no|fp16|bf16"; otherwise how the values read
+  std::string_view default_value;  // what applies when neither the user nor the program sets it
+  int64_t lo = 0, hi = 0;          // Int bounds
+  bool switch_flag = false;        // the flag takes no value and means "true"
+  std::string_view negation = {};  // a switch's off form ("--fsdp_no_activation_checkpointing")
+};
+
+// clang-format off
+// Note [who wins: launcher or program] (launcher/config.h): a row is exported only when the
+// config file or a flag sets it.
+inline constexpr Setting kSettings[] = {
+  {"mixed_precision", "--mixed_precision", env::kMixedPrecision, Kind::Choice, "no|fp16|bf16",
+   "no"},
+  {"use_cpu", "--cpu", env::kUseCpu, Kind::Bool, "true|false", "false", 0, 0, true},
+  {"gradient_accumulation_steps", "--gradient_accumulation_steps",
+   env::kGradientAccumulationSteps, Kind::Int, ">= 1", "1", 1, int64_t(1) << 30},
+  {"zero_config.zero_stage", "--zero_stage", env::kZeroStage, Kind::Int, "0..3", "0", 0, 3},
+  {"strategy", "--strategy", env::kStrategy, Kind::Name,
+   "a registered strategy: ddp, zero1, zero2, fsdp or the program's own",
+   "the one zero_stage names"},
+  {"zero_config.param_dtype", "--param_dtype", env::kParamDtype, Kind::Choice, "bf16|fp16|fp32",
+   "fp32"},
+  {"zero_config.reduce_dtype", "--reduce_dtype", env::kReduceDtype, Kind::Choice, "param|fp32",
+   "param"},
+  {"fsdp_config.fsdp_wrap", "--fsdp_wrap", env::kFsdpWrap, Kind::Choice,
+   "entries|classes|min_params|none", "entries"},
+  {"fsdp_config.fsdp_wrap_classes", "--fsdp_wrap_classes", env::kFsdpWrapClasses, Kind::Names,
+   "comma-separated module class names such as Block,Layer", "none"},
+  {"fsdp_config.fsdp_min_params", "--fsdp_min_params", env::kFsdpMinParams, Kind::Int,
+   "a parameter count >= 1", "1048576", 1, int64_t(1) << 62},
+  {"fsdp_config.fsdp_reshard_after_forward", "--fsdp_reshard_after_forward",
+   env::kFsdpReshardAfterForward, Kind::Bool, "true|false", "true"},
+  {"fsdp_config.fsdp_prefetch", "--fsdp_prefetch", env::kFsdpPrefetch, Kind::Bool, "true|false",
+   "true"},
+  {"fsdp_config.fsdp_activation_checkpointing", "--fsdp_activation_checkpointing",
+   env::kFsdpActivationCheckpointing, Kind::Bool, "true|false", "false", 0, 0, true,
+   "--fsdp_no_activation_checkpointing"},
+};
+// clang-format on
+
+constexpr const Setting* find_by_env(std::string_view env) {
+  for (const Setting& s : kSettings)
+    if (s.env == env) return &s;
+  return nullptr;
+}
+constexpr const Setting* find_by_yaml(std::string_view yaml) {
+  for (const Setting& s : kSettings)
+    if (s.yaml == yaml) return &s;
+  return nullptr;
+}
+
+// The parser: a value as the user wrote it -> the canonical spelling (what is exported and what
+// with_env reads), or nullopt with `why` saying what is accepted.
+inline std::optional<std::string> parse(const Setting& s, std::string_view raw, std::string* why) {
+  auto lower = [](std::string_view v) {
+    std::string out(v);
+    for (char& ch : out)
+      if (ch >= 'A' && ch <= 'Z') ch = char(ch - 'A' + 'a');
+    return out;
+  };
+  auto trim = [](std::string_view v) {
+    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+    return v;
+  };
+  auto fail = [&](std::string expected) -> std::optional<std::string> {
+    if (why) *why = "expected " + expected + ", got '" + std::string(raw) + "'";
+    return std::nullopt;
+  };
+  switch (s.kind) {
+    case Kind::Choice: {
+      std::string v = lower(trim(raw));
+      for (char& ch : v)
+        if (ch == '-') ch = '_';
+      std::string_view rest = s.allowed;
+      std::string list;
+      while (!rest.empty()) {
+        const size_t bar = rest.find('|');
+        const std::string_view one = rest.substr(0, bar);
+        if (one == v) return std::string(one);
+        list += (list.empty() ? "" : ", ") + std::string(one);
+        rest = bar == std::string_view::npos ? std::string_view() : rest.substr(bar + 1);
+      }
+      return fail("one of " + list);
+    }
+    case Kind::Int: {
+      const std::string v(trim(raw));
+      errno = 0;
+      char* end = nullptr;
+      const long long n = v.empty() ? 0 : std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || errno != 0 || *end != '\0' || n < s.lo || n > s.hi)
+        return fail(std::string(s.allowed) + " (an integer in [" + std::to_string(s.lo) + ", " +
+                    std::to_string(s.hi) + "])");
+      return std::to_string(n);
+    }
+    case Kind::Bool: {
+      const std::string v = lower(trim(raw));
+      if (v == "true" || v == "yes" || v == "on" || v == "1") return std::string("true");
+      if (v == "false" || v == "no" || v == "off" || v == "0") return std::string("false");
+      return fail("true or false");
+    }
+    case Kind::Name: {
+      const std::string_view v = trim(raw);
+      const bool ok =
+          !v.empty() && v.size() <= 64 &&
+          v.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string_view::npos;
+      if (!ok) return fail(std::string(s.allowed) + " (lower-case letters, digits and '_')");
+      return std::string(v);
+    }
+    case Kind::Names: {
+      std::string out;
+      std::string_view rest = raw;
+      while (true) {
+        const size_t comma = rest.find(',');
+        const std::string_view one = trim(rest.substr(0, comma));
+        bool ok = !one.empty() && !(one[0] >= '0' && one[0] <= '9');
+        for (char ch : one)
+          ok = ok && ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                      (ch >= '0' && ch <= '9') || ch == '_');
+        if (!ok) return fail(std::string(s.allowed));
+        out += (out.empty() ? "" : ",") + std::string(one);
+        if (comma == std::string_view::npos) break;
+        rest = rest.substr(comma + 1);
+      }
+      return out;
+    }
+  }
+  return fail(std::string(s.allowed));
+}
+
+}  // namespace accel::settings

@@ -1,0 +1,219 @@
+// The settings table (core/settings.h) round-tripped row by row: a flag of accel-run and a key of
+// its config file each become the exported variable, and AcceleratorConfig::with_env reads the
+// variable back into the config field. A row that lacks a column, that accel-run's binding
+// (launcher/settings_binding.cc), the config file reader or with_env does not know, or that has no
+// probe below fails here.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "accelerate/accelerator.h"
+#include "core/env_contract.h"
+#include "core/settings.h"
+#include "launcher/config.h"
+#include "launcher/plan.h"
+#include "launcher/settings_binding.h"
+
+namespace al = accel::launcher;
+namespace st = accel::settings;
+using accel::AcceleratorConfig;
+
+namespace {
+
+// Sets `vars` for its lifetime with every setting's variable unset first; restores all of them.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const al::EnvMap& vars) {
+    for (const st::Setting& s : st::kSettings) save(std::string(s.env));
+    for (const auto& [k, v] : vars) save(k);
+    for (const st::Setting& s : st::kSettings) unsetenv(std::string(s.env).c_str());
+    for (const auto& [k, v] : vars) setenv(k.c_str(), v.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    for (const auto& [k, v] : saved_) {
+      if (v) {
+        setenv(k.c_str(), v->c_str(), 1);
+      } else {
+        unsetenv(k.c_str());
+      }
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  void save(const std::string& k) {
+    if (saved_.count(k)) return;
+    const char* old = std::getenv(k.c_str());
+    saved_[k] = old ? std::optional<std::string>(old) : std::nullopt;
+  }
+  std::map<std::string, std::optional<std::string>> saved_;
+};
+
+std::string flag(bool b) { return b ? "true" : "false"; }
+
+// Per row: a value as a user would write it (not the default) and the config field it lands in,
+// in the table's canonical spelling.
+struct Probe {
+  std::string example;
+  std::function<std::string(const AcceleratorConfig&)> read;
+};
+const std::map<std::string, Probe>& probes() {
+  using W = accel::dist::FsdpOptions::Wrap;
+  auto dtype = [](const std::optional<accel::DType>& d) {
+    return !d ? std::string("fp32") : *d == accel::kBFloat16 ? "bf16" : "fp16";
+  };
+  static const std::map<std::string, Probe> p = {
+      {"mixed_precision",
+       {"BF16",
+        [](const AcceleratorConfig& c) {
+          return std::string(c.mixed_precision == accel::MixedPrecision::BF16   ? "bf16"
+                             : c.mixed_precision == accel::MixedPrecision::FP16 ? "fp16"
+                                                                                : "no");
+        }}},
+      {"use_cpu", {"true", [](const AcceleratorConfig& c) { return flag(c.cpu); }}},
+      {"gradient_accumulation_steps",
+       {"4",
+        [](const AcceleratorConfig& c) { return std::to_string(c.gradient_accumulation_steps); }}},
+      {"zero_config.zero_stage",
+       {"2", [](const AcceleratorConfig& c) { return std::to_string(c.zero_stage); }}},
+      {"strategy", {"fsdp", [](const AcceleratorConfig& c) { return c.strategy; }}},
+      {"zero_config.param_dtype",
+       {"bf16",
+        [=](const AcceleratorConfig& c) {
+          return dtype(c.zero.param_dtype) == dtype(c.fsdp.param_dtype) ? dtype(c.zero.param_dtype)
+                                                                        : "zero and fsdp differ";
+        }}},
+      {"zero_config.reduce_dtype",
+       {"FP32",
+        [](const AcceleratorConfig& c) {
+          return c.zero.reduce_in_fp32 != c.fsdp.reduce_in_fp32 ? "zero and fsdp differ"
+                 : c.zero.reduce_in_fp32                        ? "fp32"
+                                                                : "param";
+        }}},
+      {"fsdp_config.fsdp_wrap",
+       {"none",
+        [](const AcceleratorConfig& c) {
+          return std::string(c.fsdp.wrap == W::None        ? "none"
+                             : c.fsdp.wrap == W::Classes   ? "classes"
+                             : c.fsdp.wrap == W::MinParams ? "min_params"
+                                                           : "entries");
+        }}},
+      {"fsdp_config.fsdp_wrap_classes",
+       {"Block, Layer",
+        [](const AcceleratorConfig& c) {
+          std::string s;
+          for (const auto& n : c.fsdp.classes) s += (s.empty() ? "" : ",") + n;
+          return s;
+        }}},
+      {"fsdp_config.fsdp_min_params",
+       {"5000", [](const AcceleratorConfig& c) { return std::to_string(c.fsdp.min_params); }}},
+      {"fsdp_config.fsdp_reshard_after_forward",
+       {"false", [](const AcceleratorConfig& c) { return flag(c.fsdp.reshard_after_forward); }}},
+      {"fsdp_config.fsdp_prefetch",
+       {"off", [](const AcceleratorConfig& c) { return flag(c.fsdp.prefetch); }}},
+      {"fsdp_config.fsdp_activation_checkpointing",
+       {"true", [](const AcceleratorConfig& c) { return flag(c.fsdp.activation_checkpointing); }}},
+  };
+  return p;
+}
+
+// The program's own config: zero_stage 3, where every ZeRO variable applies.
+AcceleratorConfig program() {
+  AcceleratorConfig c;
+  c.zero_stage = 3;
+  return c;
+}
+
+// worker 0's environment -> with_env of the program's config; checks row `s` end to end.
+void check_round_trip(al::LaunchPlan plan, const st::Setting& s, const Probe& probe) {
+  plan.master_port = 1234;  // what launch picks
+  std::string why;
+  const std::optional<std::string> want = st::parse(s, probe.example, &why);
+  REQUIRE_MESSAGE(want.has_value(), why);
+  const al::EnvMap e = al::worker_env(plan, 0, 0);
+  const std::string env(s.env);
+  REQUIRE_MESSAGE(e.count(env) == 1, env, " was not exported");
+  CHECK(e.at(env) == *want);
+  ScopedEnv scoped(e);
+  const AcceleratorConfig base = program();
+  const AcceleratorConfig c = base.with_env();
+  CHECK(probe.read(c) == *want);
+  CHECK(probe.read(base) != *want);  // the row changed something
+}
+
+}  // namespace
+
+TEST_CASE("settings table: every row has every column, once") {
+  std::set<std::string_view> yaml, flags, envs;
+  for (const st::Setting& s : st::kSettings) {
+    CAPTURE(s.yaml);
+    CHECK(!s.yaml.empty());
+    CHECK(s.flag.substr(0, 2) == "--");
+    CHECK(s.flag.size() > 2);
+    CHECK(!s.allowed.empty());
+    CHECK(!s.default_value.empty());
+    const accel::env::EnvVar* v = accel::env::find(s.env);
+    REQUIRE_MESSAGE(v != nullptr, s.env, " is not in core/env_contract.h");
+    CHECK(v->set_by == accel::env::SetBy::kLauncherMaybe);  // only when the user sets it
+    CHECK(v->library_reads);
+    CHECK(yaml.insert(s.yaml).second);
+    CHECK(flags.insert(s.flag).second);
+    CHECK(envs.insert(s.env).second);
+    CHECK_MESSAGE(probes().count(std::string(s.yaml)) == 1, "no probe for ", s.yaml);
+    // The parser refuses garbage with what it accepts.
+    std::string why;
+    CHECK_FALSE(st::parse(s, "no such value ?!", &why).has_value());
+    CHECK(!why.empty());
+  }
+  CHECK(probes().size() == std::size(st::kSettings));
+}
+
+TEST_CASE("settings table: flag -> env -> config, every row") {
+  for (const st::Setting& s : st::kSettings) {
+    CAPTURE(s.flag);
+    const Probe& probe = probes().at(std::string(s.yaml));
+    al::LaunchConfig file;
+    file.num_processes = 2;
+    al::LaunchFlags f;
+    al::set_setting_flag(f, s, probe.example);
+    check_round_trip(al::resolve_plan(file, f, {}, 0), s, probe);
+  }
+}
+
+TEST_CASE("settings table: YAML -> env -> config, every row") {
+  for (const st::Setting& s : st::kSettings) {
+    CAPTURE(s.yaml);
+    const Probe& probe = probes().at(std::string(s.yaml));
+    const std::string key(s.yaml);
+    const size_t dot = key.find('.');
+    const std::string yaml =
+        "num_processes: 2\n" +
+        (dot == std::string::npos
+             ? key + ": " + probe.example + "\n"
+             : key.substr(0, dot) + ":\n  " + key.substr(dot + 1) + ": " + probe.example + "\n");
+    CAPTURE(yaml);
+    const al::LaunchConfig file = al::parse_config(yaml, "settings.yaml");
+    check_round_trip(al::resolve_plan(file, {}, {}, 0), s, probe);
+  }
+}
+
+TEST_CASE("settings table: a bad flag value names the flag and what it accepts") {
+  for (const st::Setting& s : st::kSettings) {
+    CAPTURE(s.flag);
+    al::LaunchFlags f;
+    std::string msg;
+    try {
+      al::set_setting_flag(f, s, "no such value ?!");
+    } catch (const al::ConfigError& e) {
+      msg = e.what();
+    }
+    CHECK(msg.find(std::string(s.flag)) != std::string::npos);
+    CHECK(msg.find("expected") != std::string::npos);
+  }
+}

@@ -54,9 +54,9 @@ std::string format_ranks(const std::vector<int>& ranks) {
 
 // Every rank: what a call is compared by.
 std::string join_ranks(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
-  return s;
+  std::ostringstream os;
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? "," : "") << ranks[i];
+  return os.str();
 }
 
 // Empty when `ranks` is a valid group of a world of `world` ranks, else what is wrong with it.

@@ -365,9 +365,12 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   pgo.timeout = options.timeout;
   pgo.fingerprint_every = options.fingerprint_every;
   pgo.name = "default";
+  pgo.label = "world";
   if (const char* shm = std::getenv(env::kDistShm); shm && *shm) {
     pgo.shm = parse_env_int(env::kDistShm, shm, 0, 1) == 1;
   }
+  // Subgroups whose ranks share a host may use it even when the world spans hosts.
+  pgo.shm_subgroups = pgo.shm;
   // Shared memory only reaches the ranks of this host: with several machines the all-reduce
   // runs over the network (ranks on two hosts may still see one /dev/shm, e.g. containers or
   // network namespaces on one kernel, and would silently reduce only with their neighbours).

@@ -87,6 +87,15 @@ struct ProcessGroupOptions {
   // groups created in this process (equal on every rank when ranks create groups in the
   // same order, which collectives require anyway).
   std::string name;
+  // Groups made by new_group / split (Note [subgroups] in comm/subgroups.cc) may use shared
+  // memory when their own ranks share a host, even where this group cannot (ranks on several
+  // hosts); init_process_group sets it false when the user turned shared memory off.
+  bool shm_subgroups = true;
+  // Set by new_group / split for the groups they form (leave them empty otherwise): the group's
+  // name in messages ("world/sub0[0,2]") and the world rank of each of its ranks, in group rank
+  // order. Empty: the name is `name` (or "pg<N>"), and group ranks are world ranks.
+  std::string label;
+  std::vector<int> world_ranks;
 };
 
 // Handle of an issued operation.
@@ -124,9 +133,14 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
+class ProcessGroup;
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
 class ProcessGroup {
  public:
-  ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
+  ProcessGroup(int rank, int size) : rank_(rank), size_(size) {
+    for (int r = 0; r < size; ++r) world_ranks_.push_back(r);
+  }
   virtual ~ProcessGroup() = default;
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -172,12 +186,68 @@ class ProcessGroup {
   // Number of collectives issued so far (the next one gets this sequence number).
   virtual uint64_t next_seq() const = 0;
 
+  // ---- identity and subgroups (Note [subgroups] in comm/subgroups.cc) ----
+  // "world" for init_process_group's group, "world/sub0[0,2]" for a group made by new_group or
+  // split (the parent's name, the creation number, the world ranks in group order).
+  const std::string& group_name() const { return group_name_; }
+  // The world rank of each rank of this group, in group rank order (0..size-1 unless this group
+  // was made by new_group / split).
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+  bool is_subgroup() const { return subgroup_; }
+  // For messages: empty for a top-level group, " of group world/sub0[0,2] (its ranks 0,1 are
+  // world ranks 0,2)" for a subgroup.
+  std::string group_context() const;
+
+  // As MPI_Comm_split: collective over this group, every rank calls it. Ranks passing the same
+  // color >= 0 form one new group, ranked by key, then by their rank here; color < 0 joins no
+  // group and gets null. Same backend, timeout, fingerprint checks and heartbeat as this group.
+  ProcessGroupPtr split(int color, int key);
+
+  // Why the group failed (a lost peer, a timeout, ...); empty while it is healthy, or when the
+  // backend does not track it.
+  virtual std::string failure_message() const { return {}; }
+  // This group's store (its keys under its prefix), null for a group of one rank. new_group and
+  // split meet there (Note [subgroup rendezvous]).
+  virtual std::shared_ptr<Store> group_store() const { return nullptr; }
+  // Backend hook of new_group and split: forms the group of `members` (ranks of this group, in
+  // the new group's rank order; this rank among them), with keys under `store_name` in this
+  // group's store and `options` merged with this group's (inherit_options). Collective over the
+  // members. The default raises DistError: the backend cannot make subgroups.
+  virtual ProcessGroupPtr form_subgroup(const std::vector<int>& members,
+                                        const std::string& store_name, ProcessGroupOptions options);
+  // new_group / split calls made on this group so far (the next one's number; equal on every
+  // rank when they make them in the same order, which both require). Used by those two only.
+  uint64_t take_subgroup_number() { return subgroups_made_++; }
+
  protected:
+  // Backends call it from their constructor with their options (label, world_ranks).
+  void set_identity(const ProcessGroupOptions& options, const std::string& default_name);
+
   const int rank_;
   const int size_;
   Milliseconds timeout_ = kDefaultCollectiveTimeout;
+
+ private:
+  std::string group_name_;
+  std::vector<int> world_ranks_;
+  bool subgroup_ = false;
+  std::atomic<uint64_t> subgroups_made_{0};
 };
-using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// ---- subgroups (Note [subgroups] in comm/subgroups.cc; docs/dist.md "Subgroups") ----
+// As torch.distributed.new_group: collective over the default group, every rank of the world
+// calls it with the same list of world ranks (empty: every rank), in the same order as its other
+// new_group calls. Members get the new group (group rank i is world rank ranks[i]); every other
+// rank gets null. Options left at their defaults take the world group's values (its timeout,
+// heartbeat, bind address, shared memory), so `{}` gives a group that behaves as the world does.
+// Throws ValueError naming new_group and the list for ranks outside the world or repeated, and
+// DistError naming both lists when the ranks passed different lists; a rank that never calls it
+// makes the others raise DistError within the world's timeout.
+ProcessGroupPtr new_group(const std::vector<int>& ranks, ProcessGroupOptions options = {});
+// The options a subgroup of `parent` gets from the caller's `user` options: every field the
+// caller left at its default takes the parent's value (timeout: the parent's current one).
+ProcessGroupOptions inherit_options(const ProcessGroupOptions& parent, Milliseconds parent_timeout,
+                                    const ProcessGroupOptions& user);
 
 // Gloo backend (CPU tensors). `store` is shared by all ranks; size 1 needs no peers.
 ProcessGroupPtr new_gloo_group(std::shared_ptr<Store> store, int rank, int size,

@@ -283,6 +283,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   // Every process counts its groups; ranks create groups in the same order.
   int id = g_group_counter.fetch_add(1);
   std::string name = options_.name.empty() ? "pg" + std::to_string(id) : options_.name;
+  set_identity(options_, name);
   if (size > 1) {
     ignore_sigpipe();
     ACCEL_CHECK(store != nullptr, DistError, "init", "a store is needed for world size ", size);
@@ -293,7 +294,8 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     const Milliseconds init_timeout =
         options_.init_timeout.count() > 0 ? options_.init_timeout : options_.timeout;
     init_guard_.set_deadline(init_timeout, options_.init_deadline);
-    const std::string who = "rank " + std::to_string(rank) + " of " + std::to_string(size);
+    const std::string who =
+        "rank " + std::to_string(rank) + " of " + std::to_string(size) + group_context();
     try {
       InitGuard::Hook interrupt_store =
           init_guard_.on_fail([this](const std::string& why) { store_->interrupt(why); });
@@ -301,7 +303,8 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
         heartbeat_ = std::make_unique<Heartbeat>(
             store_, rank, size, options_.hostname, options_.heartbeat_interval,
             options_.heartbeat_timeout, init_timeout,
-            [this](int, const std::string& message) { on_peer_lost(message); }, &init_guard_);
+            [this](int peer, const std::string& message) { on_peer_lost(peer, message); },
+            &init_guard_);
       }
       ctx_ =
           connect_gloo_context(store_, rank, size, options_.hostname, init_timeout, &init_guard_);
@@ -324,7 +327,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
       // The guard's reason (a lost peer) explains whatever error the interrupted step raised.
       std::string why = init_guard_.failed() ? "[init] " + who + ": " + init_guard_.failure() +
                                                    " (while the process group was forming)"
-                                             : std::string(e.what());
+                                             : with_group(e.what());
       // Peers still forming the group learn it now, not at their own timeout.
       if (heartbeat_) heartbeat_->fail(why);
       store_->clear_interrupt();
@@ -355,6 +358,21 @@ ProcessGroupGloo::~ProcessGroupGloo() {
   ctx_.reset();
 }
 
+ProcessGroupPtr ProcessGroupGloo::form_subgroup(const std::vector<int>& members,
+                                                const std::string& store_name,
+                                                ProcessGroupOptions options) {
+  const auto me = std::find(members.begin(), members.end(), rank_);
+  ACCEL_CHECK(me != members.end(), DistError, "new_group", "rank ", rank_, group_context(),
+              " is not among the members");
+  ProcessGroupOptions o = inherit_options(options_, timeout_, options);
+  o.name = store_name;
+  const int size = int(members.size());
+  // Keys under this group's prefix; the new group's heartbeat, control plane, Gloo pairs and
+  // shared memory are its own (Note [subgroups] in comm/subgroups.cc).
+  return std::make_shared<ProcessGroupGloo>(size > 1 ? store_ : nullptr, int(me - members.begin()),
+                                            size, std::move(o));
+}
+
 ProcessGroupPtr new_gloo_group(std::shared_ptr<Store> store, int rank, int size,
                                ProcessGroupOptions options) {
   return std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, std::move(options));
@@ -362,9 +380,19 @@ ProcessGroupPtr new_gloo_group(std::shared_ptr<Store> store, int rank, int size,
 
 // =========================== worker ===========================
 
-void ProcessGroupGloo::on_peer_lost(const std::string& msg) {
+void ProcessGroupGloo::on_peer_lost(int peer, const std::string& message) {
+  // A subgroup's heartbeat numbers peers in the group; the message says which world rank it is.
+  std::string msg = message;
+  if (is_subgroup() && peer >= 0 && peer < size_)
+    msg = "group " + group_name() + ", whose rank " + std::to_string(peer) + " is world rank " +
+          std::to_string(world_ranks()[size_t(peer)]) + ": " + message;
   init_guard_.fail(msg);
   if (initialized_.load()) mark_broken(msg);
+}
+
+std::string ProcessGroupGloo::with_group(const std::string& msg) const {
+  if (!is_subgroup() || msg.find(group_name()) != std::string::npos) return msg;
+  return msg + " (on rank " + std::to_string(rank_) + group_context() + ")";
 }
 
 void ProcessGroupGloo::mark_broken(const std::string& msg) {
@@ -603,7 +631,7 @@ void ProcessGroupGloo::run_task(Task& task) {
   try {
     std::string broken = broken_message();
     ACCEL_CHECK(broken.empty(), DistError, op.c_str(), fp.describe(), " on rank ", rank_,
-                ": the process group failed earlier: ", broken);
+                group_context(), ": the process group failed earlier: ", broken);
     int every = options_.fingerprint_every;
     // A barrier always exchanges fingerprints: that exchange is the barrier.
     const bool check = every > 0 && fp.seq % uint64_t(every) == 0;
@@ -642,16 +670,18 @@ void ProcessGroupGloo::run_task(Task& task) {
   } catch (const PeerError& e) {
     std::ostringstream os;
     os << '[' << op << "] " << fp.describe() << " failed on rank " << rank_ << " of " << size_
-       << " (timeout " << task.timeout.count() << " ms): " << cause_of(e.what());
+       << group_context() << " (timeout " << task.timeout.count() << " ms): " << cause_of(e.what());
     mark_broken(os.str());
     err = std::make_exception_ptr(DistError(os.str()));
-  } catch (const DistError&) {
-    err = std::current_exception();  // ours: mismatch, or an earlier failure; already worded
+  } catch (const DistError& e) {
+    // Ours: mismatch, or an earlier failure; already worded (a subgroup's name added).
+    err = is_subgroup() ? std::make_exception_ptr(DistError(with_group(e.what())))
+                        : std::current_exception();
   } catch (const std::exception& e) {
     // Gloo (IoException on a timeout or a closed connection, EnforceNotMet) and anything else.
     std::ostringstream os;
     os << '[' << op << "] " << fp.describe() << " failed on rank " << rank_ << " of " << size_
-       << " (timeout " << task.timeout.count()
+       << group_context() << " (timeout " << task.timeout.count()
        << " ms): " << cause_of(std::string("a peer died or stopped answering: ") + e.what());
     mark_broken(os.str());
     err = std::make_exception_ptr(DistError(os.str()));

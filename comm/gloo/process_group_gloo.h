@@ -63,6 +63,11 @@ class ProcessGroupGloo final : public ProcessGroup {
   WorkPtr send_async(const Tensor& t, int dst, int tag) override;
   WorkPtr recv_async(const Tensor& t, int src, int tag) override;
   uint64_t next_seq() const override { return seq_.load(); }
+  std::shared_ptr<Store> group_store() const override { return store_; }
+  // A Gloo group of `members` (Note [subgroups] in comm/subgroups.cc), keys under store_name in
+  // this group's store.
+  ProcessGroupPtr form_subgroup(const std::vector<int>& members, const std::string& store_name,
+                                ProcessGroupOptions options) override;
 
   // Whether all_reduce goes through shared memory (every rank on one host).
   bool uses_shm() const { return shm_ != nullptr; }
@@ -73,7 +78,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   double fingerprint_seconds() const { return fingerprint_ns_.load() * 1e-9; }
   int64_t fingerprint_checks() const { return fingerprint_checks_.load(); }
   // Why the group failed (a lost peer, a timeout, ...), empty while it is healthy.
-  std::string failure_message() const { return broken_message(); }
+  std::string failure_message() const override { return broken_message(); }
   // The heartbeat, or null (size 1, or disabled).
   const Heartbeat* heartbeat() const { return heartbeat_.get(); }
   // One pass of the progress watchdog (Note [progress watchdog]); the heartbeat thread runs it
@@ -110,7 +115,9 @@ class ProcessGroupGloo final : public ProcessGroup {
   void mark_broken(const std::string& msg);
   // The heartbeat lost a peer, or a peer said it failed: ends the group's formation while it
   // runs (init_guard_), marks the group failed after.
-  void on_peer_lost(const std::string& msg);
+  void on_peer_lost(int peer, const std::string& message);
+  // A subgroup's message with the group and its world ranks added, unless it names the group.
+  std::string with_group(const std::string& msg) const;
   std::string broken_message() const;
   // `symptom`, preceded by the group's recorded failure when there is one.
   std::string cause_of(const std::string& symptom) const;

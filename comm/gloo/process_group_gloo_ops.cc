@@ -84,7 +84,7 @@ WorkPtr ProcessGroupGloo::all_reduce_async(const Tensor& t, ReduceOp op) {
 WorkPtr ProcessGroupGloo::broadcast_async(const Tensor& t, int root) {
   check_cpu_contiguous("broadcast", t, "tensor");
   ACCEL_CHECK(root >= 0 && root < size_, DistError, "broadcast", "root ", root, " is outside [0, ",
-              size_, ")");
+              size_, ") (roots are ranks of the group", group_context(), ")");
   Fingerprint fp = make_fingerprint(OpKind::Broadcast, t.dtype(), ReduceOp::Sum, root, t.numel());
   Small small;
   if (small_path(t.nbytes())) {
@@ -297,7 +297,8 @@ class GlooP2PWork : public Work {
         std::ostringstream os;
         os << '[' << op_kind_name(kind_) << "] " << describe(mine_)
            << (kind_ == OpKind::Send ? " to" : " from") << " rank " << peer_ << " tag " << tag_
-           << " failed on rank " << pg_->rank_ << " (timeout " << timeout_.count() << " ms): "
+           << " failed on rank " << pg_->rank_ << pg_->group_context() << " (timeout "
+           << timeout_.count() << " ms): "
            << pg_->cause_of(std::string("the peer died or stopped answering: ") + e.what());
         pg_->mark_broken(os.str());
         err = std::make_exception_ptr(DistError(os.str()));
@@ -320,7 +321,8 @@ class GlooP2PWork : public Work {
   }
   std::string side() const {
     std::ostringstream os;
-    os << '[' << op_kind_name(kind_) << "] rank " << pg_->rank_ << " of " << pg_->size_;
+    os << '[' << op_kind_name(kind_) << "] rank " << pg_->rank_ << " of " << pg_->size_
+       << pg_->group_context();
     return os.str();
   }
   void wait_send() {
@@ -404,10 +406,11 @@ class GlooP2PWork : public Work {
 WorkPtr ProcessGroupGloo::send_async(const Tensor& t, int dst, int tag) {
   check_cpu_contiguous("send", t, "tensor");
   ACCEL_CHECK(dst >= 0 && dst < size_ && dst != rank_, DistError, "send", "destination ", dst,
-              " must be another rank in [0, ", size_, "), this is rank ", rank_);
+              " must be another rank in [0, ", size_, "), this is rank ", rank_, group_context());
   ACCEL_CHECK(tag >= 0, DistError, "send", "tag must be >= 0, got ", tag);
   std::string broken = broken_message();
-  ACCEL_CHECK(broken.empty(), DistError, "send", "the process group failed earlier: ", broken);
+  ACCEL_CHECK(broken.empty(), DistError, "send", "the process group", group_context(),
+              " failed earlier: ", broken);
   uint64_t count;
   {
     std::lock_guard<std::mutex> g(p2p_mu_);
@@ -421,10 +424,11 @@ WorkPtr ProcessGroupGloo::send_async(const Tensor& t, int dst, int tag) {
 WorkPtr ProcessGroupGloo::recv_async(const Tensor& t, int src, int tag) {
   check_cpu_contiguous("recv", t, "tensor");
   ACCEL_CHECK(src >= 0 && src < size_ && src != rank_, DistError, "recv", "source ", src,
-              " must be another rank in [0, ", size_, "), this is rank ", rank_);
+              " must be another rank in [0, ", size_, "), this is rank ", rank_, group_context());
   ACCEL_CHECK(tag >= 0, DistError, "recv", "tag must be >= 0, got ", tag);
   std::string broken = broken_message();
-  ACCEL_CHECK(broken.empty(), DistError, "recv", "the process group failed earlier: ", broken);
+  ACCEL_CHECK(broken.empty(), DistError, "recv", "the process group", group_context(),
+              " failed earlier: ", broken);
   uint64_t count;
   {
     std::lock_guard<std::mutex> g(p2p_mu_);

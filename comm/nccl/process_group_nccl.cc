@@ -2,6 +2,7 @@
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -92,6 +93,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     device_ = cuda::current_device();
     cuda::DeviceGuard guard(device_);
     std::string name = options_.name.empty() ? "nccl" : options_.name + "/nccl";
+    set_identity(options_, options_.name.empty() ? "nccl" : options_.name);
     store_ = std::make_shared<PrefixStore>(name, std::move(store));
     store_->set_timeout(options_.timeout);
     ncclUniqueId id;
@@ -129,6 +131,27 @@ class ProcessGroupNccl final : public ProcessGroup {
 
   std::string_view backend() const override { return "nccl"; }
   uint64_t next_seq() const override { return seq_; }
+  std::shared_ptr<Store> group_store() const override { return store_; }
+  std::string failure_message() const override {
+    std::lock_guard<std::mutex> g(mu_);
+    return broken_;
+  }
+
+  // An NCCL communicator of `members` on this group's device, from a fresh unique id that
+  // travels through the store under the subgroup's prefix (Note [subgroups] in
+  // comm/subgroups.cc): ncclCommSplit would need every rank of this group, members or not, to
+  // take part, which new_group does not ask of non-members.
+  ProcessGroupPtr form_subgroup(const std::vector<int>& members, const std::string& store_name,
+                                ProcessGroupOptions options) override {
+    const auto me = std::find(members.begin(), members.end(), rank_);
+    ACCEL_CHECK(me != members.end(), DistError, "new_group", "rank ", rank_, group_context(),
+                " is not among the members");
+    ProcessGroupOptions o = inherit_options(options_, timeout_, options);
+    o.name = store_name;
+    cuda::DeviceGuard guard(device_);
+    return std::make_shared<ProcessGroupNccl>(store_, int(me - members.begin()),
+                                              int(members.size()), std::move(o));
+  }
 
   WorkPtr all_reduce_async(const Tensor& t, ReduceOp op) override {
     check_cuda_contiguous("all_reduce", t, device_, "tensor");
@@ -235,7 +258,7 @@ class ProcessGroupNccl final : public ProcessGroup {
   [[noreturn]] void fail(const Fingerprint& fp, const std::string& why) {
     std::ostringstream os;
     os << '[' << op_kind_name(OpKind(fp.kind)) << "] " << fp.describe() << " failed on rank "
-       << rank_ << " of " << size_ << ": " << why;
+       << rank_ << " of " << size_ << group_context() << ": " << why;
     {
       std::lock_guard<std::mutex> g(mu_);
       if (broken_.empty()) {

@@ -49,8 +49,8 @@ void Accelerator::check_mesh_supported(const char* what) const {
               " on the mesh ", m.describe(), ": hybrid sharding (dp_replicate_size ", replicate,
               " x dp_shard_size ", shard,
               ": ZeRO inside a replica, all-reduce across replicas) is not implemented yet. Give "
-              "dp_shard_size ", replicate * shard,
-              " alone (or no sizes) to run the strategy over the whole world");
+              "dp_shard_size ",
+              replicate * shard, " alone (or no sizes) to run the strategy over the whole world");
   ACCEL_CHECK(replicate == 1 || config_.zero_stage == 0, ValueError, "prepare", "cannot prepare ",
               what, " on the mesh ", m.describe(), ": dp_replicate_size ", replicate,
               " alone replicates the model on every rank, but strategy '", config_.strategy,

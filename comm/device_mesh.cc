@@ -30,8 +30,8 @@ DeviceMesh::DeviceMesh(std::vector<MeshDim> dims, int rank, int local_world_size
     const MeshDim& d = dims_[i];
     ACCEL_CHECK(valid_name(d.name), ValueError, "device_mesh", "dimension ", i, " is named '",
                 d.name, "': use lower-case letters, digits and '_'");
-    ACCEL_CHECK(d.size >= 1, ValueError, "device_mesh", "dimension '", d.name,
-                "' has size ", d.size, ": sizes are >= 1");
+    ACCEL_CHECK(d.size >= 1, ValueError, "device_mesh", "dimension '", d.name, "' has size ",
+                d.size, ": sizes are >= 1");
     for (size_t j = 0; j < i; ++j)
       ACCEL_CHECK(dims_[j].name != d.name, ValueError, "device_mesh", "dimension '", d.name,
                   "' is given twice");
@@ -45,9 +45,9 @@ DeviceMesh::DeviceMesh(std::vector<MeshDim> dims, int rank, int local_world_size
   ACCEL_CHECK(local_world_size_ >= 1, ValueError, "device_mesh", "local_world_size ",
               local_world_size_, ": processes per machine are >= 1");
   strides_.assign(dims_.size(), 1);
-  for (size_t i = dims_.size() - 1; i > 0; --i)
-    strides_[i - 1] = strides_[i] * dims_[i].size;
-  for (size_t i = 0; i < dims_.size(); ++i) named_.push_back({dims_[i].name, dims_[i].size, {int(i)}, nullptr});
+  for (size_t i = dims_.size() - 1; i > 0; --i) strides_[i - 1] = strides_[i] * dims_[i].size;
+  for (size_t i = 0; i < dims_.size(); ++i)
+    named_.push_back({dims_[i].name, dims_[i].size, {int(i)}, nullptr});
 }
 
 DeviceMesh::DeviceMesh(std::vector<MeshDim> dims, int rank, int local_world_size,
@@ -69,10 +69,10 @@ void DeviceMesh::make_groups(Named& d) {
     const int want_rank = int(it - ranks.begin());
     ACCEL_CHECK(g != nullptr, DistError, "device_mesh", "the group factory returned no group for ",
                 d.name, " ranks {", join(ranks), "}, which hold rank ", rank_);
-    ACCEL_CHECK(g->size() == int(ranks.size()) && g->rank() == want_rank, DistError,
-                "device_mesh", "the group factory returned a group of size ", g->size(),
-                " where rank ", rank_, " is ", g->rank(), " for ", d.name, " ranks {",
-                join(ranks), "}: expected size ", ranks.size(), ", rank ", want_rank);
+    ACCEL_CHECK(g->size() == int(ranks.size()) && g->rank() == want_rank, DistError, "device_mesh",
+                "the group factory returned a group of size ", g->size(), " where rank ", rank_,
+                " is ", g->rank(), " for ", d.name, " ranks {", join(ranks), "}: expected size ",
+                ranks.size(), ", rank ", want_rank);
     d.group = std::move(g);
   }
 }
@@ -82,8 +82,8 @@ const DeviceMesh::Named& DeviceMesh::find(std::string_view dim, const char* op) 
     if (d.name == dim) return d;
   std::string names;
   for (const Named& d : named_) names += (names.empty() ? "" : ", ") + d.name;
-  ACCEL_THROW(ValueError, op, "the mesh ", describe(), " has no dimension '", dim,
-              "' (it has ", names, ")");
+  ACCEL_THROW(ValueError, op, "the mesh ", describe(), " has no dimension '", dim, "' (it has ",
+              names, ")");
 }
 
 void DeviceMesh::check_rank(int rank, const char* op) const {
@@ -109,9 +109,8 @@ int DeviceMesh::rank_at(const std::vector<int>& c) const {
               " coordinates for the mesh ", describe(), " of ", dims_.size(), " dimensions");
   int r = 0;
   for (size_t i = 0; i < dims_.size(); ++i) {
-    ACCEL_CHECK(c[i] >= 0 && c[i] < dims_[i].size, ValueError, "device_mesh.rank_at",
-                "coordinate ", c[i], " along '", dims_[i].name, "' is outside [0, ",
-                dims_[i].size, ")");
+    ACCEL_CHECK(c[i] >= 0 && c[i] < dims_[i].size, ValueError, "device_mesh.rank_at", "coordinate ",
+                c[i], " along '", dims_[i].name, "' is outside [0, ", dims_[i].size, ")");
     r += c[i] * strides_[i];
   }
   return r;
@@ -164,10 +163,11 @@ void DeviceMesh::flatten(const std::vector<std::string>& dims, std::string name)
   Named n;
   int last = -1;
   for (const std::string& dim : dims) {
-    const auto it = std::find_if(dims_.begin(), dims_.end(),
-                                 [&](const MeshDim& m) { return m.name == dim; });
+    const auto it =
+        std::find_if(dims_.begin(), dims_.end(), [&](const MeshDim& m) { return m.name == dim; });
     ACCEL_CHECK(it != dims_.end(), ValueError, "device_mesh.flatten", "the mesh ", describe(),
-                " has no dimension '", dim, "' to flatten (flattened dimensions cannot be "
+                " has no dimension '", dim,
+                "' to flatten (flattened dimensions cannot be "
                 "flattened again)");
     const int i = int(it - dims_.begin());
     ACCEL_CHECK(i > last, ValueError, "device_mesh.flatten", "dimension '", dim,
@@ -179,8 +179,10 @@ void DeviceMesh::flatten(const std::vector<std::string>& dims, std::string name)
   }
   if (name.empty())
     for (const std::string& dim : dims) name += (name.empty() ? "" : "_") + dim;
-  ACCEL_CHECK(valid_name(name), ValueError, "device_mesh.flatten", "the flattened dimension is "
-              "named '", name, "': use lower-case letters, digits and '_'");
+  ACCEL_CHECK(valid_name(name), ValueError, "device_mesh.flatten",
+              "the flattened dimension is "
+              "named '",
+              name, "': use lower-case letters, digits and '_'");
   ACCEL_CHECK(!has_dim(name), ValueError, "device_mesh.flatten", "the mesh ", describe(),
               " has a dimension '", name, "' already");
   n.name = name;
@@ -192,7 +194,8 @@ const ProcessGroupPtr& DeviceMesh::group(std::string_view dim) const {
   const Named& d = find(dim, "device_mesh.group");
   ACCEL_CHECK(factory_ != nullptr, ValueError, "device_mesh.group", "the mesh ", describe(),
               " is a layout only (constructed without a group factory): it has no process group "
-              "for '", dim, "'");
+              "for '",
+              dim, "'");
   return d.group;
 }
 
@@ -223,7 +226,8 @@ std::vector<std::string> DeviceMesh::placement_warnings() const {
 
 std::string DeviceMesh::describe() const {
   std::string s;
-  for (const MeshDim& d : dims_) s += (s.empty() ? "" : " x ") + d.name + " " + std::to_string(d.size);
+  for (const MeshDim& d : dims_)
+    s += (s.empty() ? "" : " x ") + d.name + " " + std::to_string(d.size);
   return s;
 }
 
@@ -233,8 +237,9 @@ std::vector<MeshDim> mesh_dims(const MeshSizes& sizes) {
 
 DeviceMesh parallelism_mesh(const MeshSizes& sizes, int rank, int local_world_size,
                             GroupFactory factory) {
-  DeviceMesh mesh = factory ? DeviceMesh(mesh_dims(sizes), rank, local_world_size, std::move(factory))
-                            : DeviceMesh(mesh_dims(sizes), rank, local_world_size);
+  DeviceMesh mesh = factory
+                        ? DeviceMesh(mesh_dims(sizes), rank, local_world_size, std::move(factory))
+                        : DeviceMesh(mesh_dims(sizes), rank, local_world_size);
   mesh.flatten({"dp_replicate", "dp_shard"}, "dp");
   return mesh;
 }

@@ -85,9 +85,9 @@ inline std::optional<MeshSizes> infer_mesh_sizes(const ParallelismConfig& p, int
   const int64_t fixed = int64_t(m.dp_replicate) * m.tp;
   if (!p.dp_shard_size) {
     if (world % fixed != 0)
-      return fail(sizes + ": dp_shard_size fills the rest of the world size " +
-                  std::to_string(world) + ", but dp_replicate_size x tp_size = " +
-                  std::to_string(fixed) + " does not divide it");
+      return fail(
+          sizes + ": dp_shard_size fills the rest of the world size " + std::to_string(world) +
+          ", but dp_replicate_size x tp_size = " + std::to_string(fixed) + " does not divide it");
     m.dp_shard = int(world / fixed);
     return m;
   }

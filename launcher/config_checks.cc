@@ -73,8 +73,10 @@ ParallelismConfig parallelism_of(const LaunchConfig& c) {
 void check_parallelism(const LaunchConfig& c, int world, const std::string& where) {
   std::string why;  // Note [mesh sizes]
   ACCEL_CHECK(infer_mesh_sizes(parallelism_of(c), world, &why).has_value(), launcher::ConfigError,
-              "launch", where, ": parallelism_config (--dp_replicate_size, --dp_shard_size, "
-              "--tp_size) does not fit ", world, " processes: ", why);
+              "launch", where,
+              ": parallelism_config (--dp_replicate_size, --dp_shard_size, "
+              "--tp_size) does not fit ",
+              world, " processes: ", why);
 }
 
 std::optional<std::string> complete_fsdp_wrap(LaunchConfig& c) {

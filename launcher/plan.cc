@@ -127,8 +127,7 @@ void apply_flags(const LaunchFlags& flags, LaunchConfig& c, std::vector<std::str
   };
   size("parallelism_config.parallelism_config_dp_replicate_size", flags.dp_replicate_size,
        c.dp_replicate_size);
-  size("parallelism_config.parallelism_config_dp_shard_size", flags.dp_shard_size,
-       c.dp_shard_size);
+  size("parallelism_config.parallelism_config_dp_shard_size", flags.dp_shard_size, c.dp_shard_size);
   size("parallelism_config.parallelism_config_tp_size", flags.tp_size, c.tp_size);
 }
 

@@ -551,9 +551,8 @@ TEST_CASE("parallelism: acc.mesh() of one process; sizes that do not fit are Val
   AcceleratorConfig tp = base_config(dir);
   tp.parallelism.tp_size = 2;
   const std::string m = refusal(tp);
-  CHECK_MESSAGE(m.find("dp_replicate_size unset, dp_shard_size unset, tp_size 2") !=
-                    std::string::npos,
-                m);
+  CHECK_MESSAGE(
+      m.find("dp_replicate_size unset, dp_shard_size unset, tp_size 2") != std::string::npos, m);
   CHECK_MESSAGE(m.find("do not fit 1 processes (WORLD_SIZE)") != std::string::npos, m);
   // The same sizes from the environment (what accel-run exports).
   setenv("ACCEL_DP_REPLICATE_SIZE", "2", 1);

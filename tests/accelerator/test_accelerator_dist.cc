@@ -638,7 +638,9 @@ TEST_CASE("device mesh: acc.mesh() from the environment; prepare() refuses what 
     const char* refusal;             // nullptr: everything is prepared
   };
   const std::vector<Case> cases = {
-      {2, {}, {"mesh dp_replicate 1 x dp_shard 2 x tp 1", "group dp_shard 0 1", "group dp 0 1"},
+      {2,
+       {},
+       {"mesh dp_replicate 1 x dp_shard 2 x tp 1", "group dp_shard 0 1", "group dp 0 1"},
        nullptr},
       {2,
        {{"ACCEL_DP_REPLICATE_SIZE", "2"}},

@@ -135,7 +135,7 @@ TEST_CASE("mesh flatten: torch's mesh[dims]._flatten(), named or joined") {
   CHECK(m.has_dim("dp_shard_tp"));
   CHECK(m.size("dp_shard_tp") == 4);
   CHECK(m.groups("dp_shard_tp") == Groups{{0, 1, 2, 3}, {4, 5, 6, 7}});
-  CHECK(m.coordinate("dp_shard_tp") == 2);  // rank 6: shard 1, tp 0
+  CHECK(m.coordinate("dp_shard_tp") == 2);      // rank 6: shard 1, tp 0
   m.flatten({"dp_replicate", "tp"}, "rep_tp");  // need not be adjacent
   CHECK(m.groups("rep_tp") == Groups{{0, 1, 4, 5}, {2, 3, 6, 7}});
   CHECK(m.dims().size() == 3);  // flattened dimensions are not among dims()
@@ -278,14 +278,14 @@ TEST_CASE("mesh sizes: unset sizes are inferred, wrong products name every size 
     MeshSizes want;
   };
   const std::vector<Case> ok = {
-      {{}, 8, {1, 8, 1}},                       // no mesh asked for: dp_shard is the world
-      {{1, 1, 1}, 8, {1, 8, 1}},                // Accelerate's all-ones: the same
+      {{}, 8, {1, 8, 1}},         // no mesh asked for: dp_shard is the world
+      {{1, 1, 1}, 8, {1, 8, 1}},  // Accelerate's all-ones: the same
       {{std::nullopt, 1, std::nullopt}, 4, {1, 4, 1}},
       {{std::nullopt, std::nullopt, 2}, 8, {1, 4, 2}},  // dp_shard fills the rest
       {{2, std::nullopt, std::nullopt}, 8, {2, 4, 1}},
       {{2, std::nullopt, 2}, 8, {2, 2, 2}},
       {{2, 2, 2}, 8, {2, 2, 2}},
-      {{std::nullopt, 4, 2}, 8, {1, 4, 2}},     // dp_replicate defaults to 1
+      {{std::nullopt, 4, 2}, 8, {1, 4, 2}},  // dp_replicate defaults to 1
       {{8, std::nullopt, std::nullopt}, 8, {8, 1, 1}},
       {{}, 1, {1, 1, 1}},
   };
@@ -303,11 +303,14 @@ TEST_CASE("mesh sizes: unset sizes are inferred, wrong products name every size 
     std::vector<std::string> said;
   };
   const std::vector<Bad> bad = {
-      {{2, 2, 2}, 4,
+      {{2, 2, 2},
+       4,
        {"dp_replicate_size 2, dp_shard_size 2, tp_size 2", "= 8 is not the world size 4"}},
-      {{std::nullopt, 4, std::nullopt}, 8,
+      {{std::nullopt, 4, std::nullopt},
+       8,
        {"dp_replicate_size unset, dp_shard_size 4, tp_size unset", "= 4 is not the world size 8"}},
-      {{3, std::nullopt, std::nullopt}, 8,
+      {{3, std::nullopt, std::nullopt},
+       8,
        {"dp_replicate_size 3, dp_shard_size unset, tp_size unset", "world size 8",
         "dp_replicate_size x tp_size = 3 does not divide it"}},
       {{2, std::nullopt, 3}, 8, {"tp_size 3", "= 6 does not divide it"}},

@@ -147,7 +147,8 @@ std::string yaml_setting(const std::string& key, const std::string& value) {
   std::string world = "2";
   if (key.rfind("parallelism_config.", 0) == 0)
     if (auto n = st::parse(*st::find_by_yaml(key), value, nullptr)) world = *n;
-  if (dot == std::string::npos) return "num_processes: " + world + "\n" + key + ": " + quoted + "\n";
+  if (dot == std::string::npos)
+    return "num_processes: " + world + "\n" + key + ": " + quoted + "\n";
   std::string yaml = "num_processes: " + world + "\n" + key.substr(0, dot) + ":\n  " +
                      key.substr(dot + 1) + ": " + quoted + "\n";
   if (key == "fsdp_config.fsdp_wrap" &&
@@ -230,11 +231,13 @@ TEST_CASE("parallelism_config: Accelerate's keys, and sizes that do not fit the 
   CHECK(c.tp_size == std::optional<int>(2));
   CHECK(al::parse_config(al::config_to_yaml(c), "rt.yaml") == c);
   const al::LaunchPlan p = al::resolve_plan(c, {}, {}, 0);
-  const al::EnvMap env = al::worker_env([&] {
-    al::LaunchPlan q = p;
-    q.master_port = 1234;
-    return q;
-  }(), 0, 0);
+  const al::EnvMap env = al::worker_env(
+      [&] {
+        al::LaunchPlan q = p;
+        q.master_port = 1234;
+        return q;
+      }(),
+      0, 0);
   CHECK(env.at("ACCEL_DP_REPLICATE_SIZE") == "2");
   CHECK(env.at("ACCEL_TP_SIZE") == "2");
   CHECK(env.count("ACCEL_DP_SHARD_SIZE") == 0);  // inferred by the Accelerator itself
@@ -270,7 +273,8 @@ TEST_CASE("parallelism_config: Accelerate's keys, and sizes that do not fit the 
   al::LaunchFlags sizes;  // flags over the file's sizes, one by one
   sizes.dp_shard_size = 3;
   const std::string m3 = refused(c, sizes);
-  CHECK_MESSAGE(m3.find("dp_replicate_size 2, dp_shard_size 3, tp_size 2") != std::string::npos, m3);
+  CHECK_MESSAGE(m3.find("dp_replicate_size 2, dp_shard_size 3, tp_size 2") != std::string::npos,
+                m3);
   CHECK_MESSAGE(m3.find("= 12 is not the world size 8") != std::string::npos, m3);
   sizes.dp_shard_size = 2;
   const al::LaunchPlan ok = al::resolve_plan(c, sizes, {}, 0);

@@ -65,6 +65,7 @@ Accelerator::Accelerator(AcceleratorConfig config)
   world_size_ = env.world_size;
   local_rank_ = env.local_rank;
   local_world_size_ = env.local_world_size;
+  mesh_ = std::make_unique<dist::DeviceMesh>(config_detail::build_mesh(config_, env));
   const bool gpu = !config_.cpu && cuda_present();
   device_ = gpu ? Device::cuda(local_rank_) : kCPU;
   if (world_size_ > 1) {
@@ -114,6 +115,7 @@ Accelerator::~Accelerator() {
 
 void Accelerator::prepare_module(const std::shared_ptr<nn::Module>& model) {
   ACCEL_CHECK(model != nullptr, ValueError, "prepare", "model is null");
+  check_mesh_supported("a model");
   model->to(device_);
   strategy_->prepare_model(model);
   models_.push_back(model);
@@ -283,6 +285,7 @@ nn::LoadResult Accelerator::load_model(nn::Module& model, const std::string& pat
 std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
     std::shared_ptr<optim::Optimizer> opt) {
   ACCEL_CHECK(opt != nullptr, ValueError, "prepare", "optimizer is null");
+  check_mesh_supported("an optimizer");
   std::shared_ptr<optim::Optimizer> stepping = strategy_->prepare_optimizer(opt);
   auto wrapped = std::make_shared<AcceleratedOptimizer>(*this, std::move(opt), std::move(stepping));
   optimizers_.push_back(wrapped);
@@ -292,6 +295,7 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
 std::shared_ptr<data::DataLoader> Accelerator::prepare_data_loader(
     std::shared_ptr<data::DataLoader> loader) {
   ACCEL_CHECK(loader != nullptr, ValueError, "prepare", "data loader is null");
+  check_mesh_supported("a data loader");
   data::DataLoaderOptions o = loader->options();
   o.rank = rank_;
   o.world_size = world_size_;
@@ -717,29 +721,6 @@ Tensor Accelerator::broadcast(const Tensor& t, int root) {
   Tensor x = t.contiguous().clone();
   group_->broadcast(x, root);
   return x;
-}
-
-// ---------------------------------------------------------------------------------------------
-// process control
-
-void Accelerator::wait_for_everyone() {
-  if (world_size_ > 1) group_->barrier();
-}
-
-void Accelerator::main_process_first(const std::function<void()>& fn) {
-  if (is_main_process()) fn();
-  wait_for_everyone();
-  if (!is_main_process()) fn();
-}
-
-void Accelerator::local_main_process_first(const std::function<void()>& fn) {
-  if (is_local_main_process()) fn();
-  wait_for_everyone();
-  if (!is_local_main_process()) fn();
-}
-
-void Accelerator::set_seed(uint64_t seed, bool device_specific) {
-  manual_seed(seed + (device_specific ? uint64_t(rank_) : 0));
 }
 
 // ---------------------------------------------------------------------------------------------

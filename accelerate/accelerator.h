@@ -60,7 +60,9 @@
 #include "data/dataloader.h"
 #include "accelerate/amp.h"
 #include "parallel/ddp.h"
+#include "comm/device_mesh.h"
 #include "comm/process_group.h"
+#include "core/parallelism.h"
 #include "parallel/fsdp.h"
 #include "accelerate/strategy.h"
 #include "accelerate/tracking.h"
@@ -109,10 +111,16 @@ struct AcceleratorConfig {
   // reduce_in_fp32 of dist::ZeroOptions; its other fields come from zero_stage and `ddp`).
   dist::ZeroOptions zero;
   std::chrono::milliseconds timeout = dist::kDefaultCollectiveTimeout;
+  // The device mesh (Accelerate's ParallelismConfig: dp_replicate_size, dp_shard_size, tp_size;
+  // docs/parallelism.md): sizes left unset are inferred from the world size (Note [mesh sizes]
+  // in core/parallelism.h), and sizes that do not fit it are a ValueError in the constructor.
+  // What prepare() runs on today: Note [mesh support] in accelerate/accelerator_mesh.cc.
+  ParallelismConfig parallelism;
   // Override the fields above from ACCEL_STRATEGY, ACCEL_MIXED_PRECISION, ACCEL_USE_CPU,
   // ACCEL_ZERO_STAGE,
-  // ACCEL_GRADIENT_ACCUMULATION_STEPS, ACCEL_PARAM_DTYPE / ACCEL_REDUCE_DTYPE (zero and fsdp) and
-  // ACCEL_FSDP_* (fsdp) when they are set (what accel-run exports; docs/launcher.md).
+  // ACCEL_GRADIENT_ACCUMULATION_STEPS, ACCEL_PARAM_DTYPE / ACCEL_REDUCE_DTYPE (zero and fsdp),
+  // ACCEL_FSDP_* (fsdp) and ACCEL_DP_REPLICATE_SIZE / ACCEL_DP_SHARD_SIZE / ACCEL_TP_SIZE
+  // (parallelism) when they are set (what accel-run exports; docs/launcher.md).
   bool read_env = true;
 
   // This config with the ACCEL_* overrides applied; ValueError naming the variable when one is
@@ -196,6 +204,10 @@ class Accelerator {
   int gradient_accumulation_steps() const { return config_.gradient_accumulation_steps; }
   // The process group (null with one process).
   dist::ProcessGroup* process_group() const { return group_.get(); }
+  // The device mesh of config().parallelism over this world (dimensions dp_replicate, dp_shard,
+  // tp, and "dp" flattened from the first two; Note [mesh layout] in comm/device_mesh.h). A
+  // layout: which ranks form each group; it holds no process groups yet.
+  const dist::DeviceMesh& mesh() const { return *mesh_; }
   // The strategy in use ("none" with one process unless the strategy runs alone).
   std::string_view strategy_name() const { return strategy_->name(); }
 
@@ -391,6 +403,9 @@ class Accelerator {
   struct CheckpointIo;  // accelerate/accelerator_state.cc: Note [checkpoint loading]
 
   void prepare_module(const std::shared_ptr<nn::Module>& model);
+  // Note [mesh support]: ValueError, naming `what` is prepared, for a mesh the strategies do not
+  // run on yet.
+  void check_mesh_supported(const char* what) const;
   // Every prepared optimizer's Strategy::grads; `sharded` when any is.
   std::vector<Tensor> step_grads(bool& sharded);
   template <typename T>
@@ -444,6 +459,7 @@ class Accelerator {
   int rank_ = 0, world_size_ = 1, local_rank_ = 0, local_world_size_ = 1;
   dist::ProcessGroupPtr group_;
   bool owns_group_ = false;
+  std::unique_ptr<dist::DeviceMesh> mesh_;
 
   size_t model_index(const nn::Module& model, const char* op) const;
   std::unique_ptr<dist::Strategy> strategy_;

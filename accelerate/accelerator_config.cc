@@ -77,6 +77,12 @@ void apply_setting(AcceleratorConfig& c, const settings::Setting& s, const std::
     c.fsdp.prefetch = v == "true";
   } else if (k == env::kFsdpActivationCheckpointing) {
     c.fsdp.activation_checkpointing = v == "true";
+  } else if (k == env::kDpReplicateSize) {
+    c.parallelism.dp_replicate_size = std::stoi(v);
+  } else if (k == env::kDpShardSize) {
+    c.parallelism.dp_shard_size = std::stoi(v);
+  } else if (k == env::kTpSize) {
+    c.parallelism.tp_size = std::stoi(v);
   } else {
     ACCEL_THROW(ValueError, "accelerator", "setting ", s.env,
                 " has no AcceleratorConfig field (apply_setting in accelerate/accelerator.cc)");

@@ -2,11 +2,19 @@
 // accelerate/accelerator*.cc.
 #pragma once
 
+#include "comm/device_mesh.h"
+#include "comm/env.h"
+
 namespace accel {
 
 struct AcceleratorConfig;
 
 namespace config_detail {
+
+// The layout of c.parallelism over the world of `env` (Note [mesh sizes] in core/parallelism.h);
+// ValueError naming every size and the world size when they do not fit. Prints the mesh's
+// placement warnings on rank 0 (accelerate/accelerator_mesh.cc).
+dist::DeviceMesh build_mesh(const AcceleratorConfig& c, const dist::DistEnv& env);
 
 // Sets zero_stage from a built-in strategy's registration and, with `fill_name`, an empty
 // AcceleratorConfig::strategy from zero_stage; ValueError for an unregistered name or a

@@ -44,6 +44,11 @@ inline constexpr const char* kFsdpMinParams = "ACCEL_FSDP_MIN_PARAMS";      // >
 inline constexpr const char* kFsdpReshardAfterForward = "ACCEL_FSDP_RESHARD_AFTER_FORWARD";
 inline constexpr const char* kFsdpPrefetch = "ACCEL_FSDP_PREFETCH";  // true/false
 inline constexpr const char* kFsdpActivationCheckpointing = "ACCEL_FSDP_ACTIVATION_CHECKPOINTING";
+// The device mesh (AcceleratorConfig::parallelism, core/parallelism.h): set only when the config
+// file or a flag gives them; the ones unset are inferred (Note [mesh sizes]).
+inline constexpr const char* kDpReplicateSize = "ACCEL_DP_REPLICATE_SIZE";  // >= 1
+inline constexpr const char* kDpShardSize = "ACCEL_DP_SHARD_SIZE";          // >= 1
+inline constexpr const char* kTpSize = "ACCEL_TP_SIZE";                     // >= 1
 inline constexpr const char* kRestartCount = "ACCEL_RESTART_COUNT";  // restarts of the group so far
 inline constexpr const char* kMaxRestarts = "ACCEL_MAX_RESTARTS";    // restarts allowed
 // Where a failing worker writes its error record (both names, for torchelastic's tools).
@@ -115,6 +120,9 @@ inline constexpr EnvVar kContract[] = {
     {kFsdpReshardAfterForward, SetBy::kLauncherMaybe, true},
     {kFsdpPrefetch, SetBy::kLauncherMaybe, true},
     {kFsdpActivationCheckpointing, SetBy::kLauncherMaybe, true},
+    {kDpReplicateSize, SetBy::kLauncherMaybe, true},
+    {kDpShardSize, SetBy::kLauncherMaybe, true},
+    {kTpSize, SetBy::kLauncherMaybe, true},
     {kRestartCount, SetBy::kLauncherAlways, false},
     {kMaxRestarts, SetBy::kLauncherAlways, false},
     {kErrorFile, SetBy::kLauncherMaybe, false},

@@ -71,6 +71,15 @@ inline constexpr Setting kSettings[] = {
   {"fsdp_config.fsdp_activation_checkpointing", "--fsdp_activation_checkpointing",
    env::kFsdpActivationCheckpointing, Kind::Bool, "true|false", "false", 0, 0, true,
    "--fsdp_no_activation_checkpointing"},
+  // The device mesh (core/parallelism.h, Note [mesh sizes]); bounded by accel-run's process count.
+  {"parallelism_config.parallelism_config_dp_replicate_size", "--dp_replicate_size",
+   env::kDpReplicateSize, Kind::Int, "a size >= 1: replicas of the model", "1", 1,
+   int64_t(1) << 20},
+  {"parallelism_config.parallelism_config_dp_shard_size", "--dp_shard_size", env::kDpShardSize,
+   Kind::Int, "a size >= 1: ranks one shard group spans",
+   "the rest of the world: world / (dp_replicate_size x tp_size)", 1, int64_t(1) << 20},
+  {"parallelism_config.parallelism_config_tp_size", "--tp_size", env::kTpSize, Kind::Int,
+   "a size >= 1: tensor-parallel ranks", "1", 1, int64_t(1) << 20},
 };
 // clang-format on
 

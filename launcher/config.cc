@@ -54,9 +54,6 @@ const std::vector<InertOnlyKey> kInertOnlyAccelerateKeys = {
     {"enable_cpu_affinity", "accel-run does not pin workers to CPUs"},
     {"use_mps_device", "accel has no Apple MPS backend (use_cpu: true, or CUDA)"},
     {"fp8_config", "accel has no fp8 training (mixed_precision is no, fp16 or bf16)"},
-    {"parallelism_config",
-     "accel has data parallelism only (DDP and ZeRO 1-3): no tensor, context or hybrid "
-     "parallelism"},
 };
 
 const std::vector<std::string> kKnownKeys = {
@@ -77,6 +74,7 @@ const std::vector<std::string> kKnownKeys = {
     "strategy",
     "zero_config",
     "fsdp_config",
+    "parallelism_config",
     "max_restarts",
     "monitor_interval",
     "num_cpu_threads_per_process",
@@ -310,6 +308,9 @@ void validate(const LaunchConfig& c, const std::string& where) {
   row("fsdp_config.fsdp_wrap", c.fsdp_wrap);
   row("fsdp_config.fsdp_wrap_classes", c.fsdp_wrap_classes);
   row("fsdp_config.fsdp_min_params", number(c.fsdp_min_params));
+  row("parallelism_config.parallelism_config_dp_replicate_size", number(c.dp_replicate_size));
+  row("parallelism_config.parallelism_config_dp_shard_size", number(c.dp_shard_size));
+  row("parallelism_config.parallelism_config_tp_size", number(c.tp_size));
   // The parts of a wrap policy agree (complete_fsdp_wrap fills in fsdp_wrap from them).
   const std::string wrap =
       c.fsdp_wrap ? parse_setting("fsdp_config.fsdp_wrap", *c.fsdp_wrap, nullptr).value() : "";
@@ -537,6 +538,41 @@ void read_fsdp_config(const YAML::Node& v, const std::string& where, LaunchConfi
   if (auto e = complete_fsdp_wrap(c)) bad_key(where, v, key, *e);
 }
 
+// parallelism_config: Accelerate's keys. The sizes are read by their rows (null: unset); its
+// context parallelism is accepted only while off (Note [accelerate keys accel does not
+// implement]).
+void read_parallelism_config(const YAML::Node& v, const std::string& where, LaunchConfig& c) {
+  for (auto z = v.begin(); z != v.end(); ++z) {
+    const std::string sub = key_text(z->first, where, " in parallelism_config");
+    const std::string full = "parallelism_config." + sub;
+    const YAML::Node zv = z->second;
+    std::optional<int>* size = sub == "parallelism_config_dp_replicate_size" ? &c.dp_replicate_size
+                               : sub == "parallelism_config_dp_shard_size"   ? &c.dp_shard_size
+                               : sub == "parallelism_config_tp_size"         ? &c.tp_size
+                                                                             : nullptr;
+    if (size) {
+      if (zv.IsNull()) {  // `null`, `~` or nothing: unset ('' is a value, refused by the row)
+        size->reset();
+      } else {
+        *size = std::stoi(read_setting(zv, where, full));
+      }
+    } else if (sub == "parallelism_config_cp_size") {
+      if (!is_inert(zv, /*ones=*/true))
+        bad_key(where, zv, full,
+                "'" + value_text(zv) +
+                    "' asks for context parallelism, which accel does not have; accepted only "
+                    "as 1 (or null)");
+    } else if (sub != "parallelism_config_cp_comm_strategy" &&
+               sub != "parallelism_config_cp_backend") {
+      // (The context-parallel options are inert while cp_size is 1, whatever their value.)
+      bad_key(where, z->first, full,
+              "unknown key (parallelism_config holds parallelism_config_dp_replicate_size, "
+              "parallelism_config_dp_shard_size, parallelism_config_tp_size and "
+              "parallelism_config_cp_size)");
+    }
+  }
+}
+
 LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& where) {
   const YAML::Node root = YAML::Load(yaml_text);
   LaunchConfig c;
@@ -612,6 +648,14 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
                 "expected a mapping such as {fsdp_wrap: classes, fsdp_wrap_classes: Block}");
       }
       read_fsdp_config(v, where, c);
+    } else if (key == "parallelism_config") {
+      if (is_null(v)) continue;
+      if (!v.IsMap()) {
+        bad_key(where, v, key,
+                "expected a mapping such as {parallelism_config_dp_replicate_size: 2, "
+                "parallelism_config_dp_shard_size: 4}");
+      }
+      read_parallelism_config(v, where, c);
     } else if (key == "max_restarts") {
       c.max_restarts = static_cast<int>(read_int(v, where, key, 0, 1 << 20));
     } else if (key == "monitor_interval") {
@@ -628,7 +672,7 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
                                 [&](const InertOnlyKey& k) { return key == k.key; });
                inert != kInertOnlyAccelerateKeys.end()) {
       // Note [accelerate keys accel does not implement]
-      if (!is_inert(v, key == "parallelism_config"))
+      if (!is_inert(v, false))
         bad_key(where, v, key,
                 "'" + value_text(v) + "' asks for something accel does not do: " + inert->instead +
                     "; accepted only when off (false, 'no', null or empty)");
@@ -694,6 +738,13 @@ std::string config_to_yaml(const LaunchConfig& c) {
     fsdp << "  fsdp_activation_checkpointing: " << b(*c.fsdp_activation_checkpointing) << "\n";
   }
   if (!fsdp.str().empty()) os << "fsdp_config:  # zero_stage 3\n" << fsdp.str();
+  std::ostringstream mesh;  // only the sizes chosen: the others are inferred at launch
+  if (c.dp_replicate_size)
+    mesh << "  parallelism_config_dp_replicate_size: " << *c.dp_replicate_size << "\n";
+  if (c.dp_shard_size) mesh << "  parallelism_config_dp_shard_size: " << *c.dp_shard_size << "\n";
+  if (c.tp_size) mesh << "  parallelism_config_tp_size: " << *c.tp_size << "\n";
+  if (!mesh.str().empty())
+    os << "parallelism_config:  # unset sizes are inferred (docs/parallelism.md)\n" << mesh.str();
   os << "max_restarts: " << c.max_restarts << "\n";
   os << "monitor_interval: " << c.monitor_interval << "\n";
   os << "num_cpu_threads_per_process: " << c.num_cpu_threads_per_process << "  # 0: automatic\n";

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/parallelism.h"
 #include "core/settings.h"
 #include "launcher/util.h"
 
@@ -50,6 +51,10 @@ struct LaunchConfig {
   std::optional<std::string> fsdp_wrap_classes;  // "Block,Layer"
   std::optional<long long> fsdp_min_params;
   std::optional<bool> fsdp_reshard_after_forward, fsdp_prefetch, fsdp_activation_checkpointing;
+  // The device mesh (parallelism_config.parallelism_config_*_size, core/parallelism.h): unset
+  // ones are inferred from the world size (Note [mesh sizes]); launch refuses sizes that do not
+  // fit the world before it starts a worker.
+  std::optional<int> dp_replicate_size, dp_shard_size, tp_size;
   // accel-run extensions (flags of the same name override them).
   int max_restarts = 0;
   double monitor_interval = 0.1;
@@ -91,6 +96,12 @@ std::optional<std::string> complete_fsdp_wrap(LaunchConfig& c);
 // Cross-key consistency (num_processes divisible by num_machines, machine_rank < num_machines...).
 // `where` prefixes the message, e.g. the file name.
 void validate(const LaunchConfig& c, const std::string& where);
+
+// The parallelism sizes of `c` (core/parallelism.h).
+ParallelismConfig parallelism_of(const LaunchConfig& c);
+// ConfigError naming every size and the world size when the sizes of `c` do not fit a world of
+// `world` processes (Note [mesh sizes]); `where` prefixes the message.
+void check_parallelism(const LaunchConfig& c, int world, const std::string& where);
 
 // Default location: $ACCEL_CONFIG_FILE, else $XDG_CACHE_HOME/accel/default_config.yaml,
 // else $HOME/.cache/accel/default_config.yaml.

@@ -62,6 +62,23 @@ std::optional<std::string> check_setting(std::string_view key, std::string_view 
   return why;
 }
 
+ParallelismConfig parallelism_of(const LaunchConfig& c) {
+  ParallelismConfig p;
+  p.dp_replicate_size = c.dp_replicate_size;
+  p.dp_shard_size = c.dp_shard_size;
+  p.tp_size = c.tp_size;
+  return p;
+}
+
+void check_parallelism(const LaunchConfig& c, int world, const std::string& where) {
+  std::string why;  // Note [mesh sizes]
+  ACCEL_CHECK(infer_mesh_sizes(parallelism_of(c), world, &why).has_value(), launcher::ConfigError,
+              "launch", where,
+              ": parallelism_config (--dp_replicate_size, --dp_shard_size, "
+              "--tp_size) does not fit ",
+              world, " processes: ", why);
+}
+
 std::optional<std::string> complete_fsdp_wrap(LaunchConfig& c) {
   if (c.fsdp_wrap) return std::nullopt;
   if (c.fsdp_wrap_classes && c.fsdp_min_params) {

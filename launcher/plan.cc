@@ -121,6 +121,14 @@ void apply_flags(const LaunchFlags& flags, LaunchConfig& c, std::vector<std::str
   if (flags.num_cpu_threads_per_process)
     c.num_cpu_threads_per_process = *flags.num_cpu_threads_per_process;
   apply_zero_flags(flags, c, notes);
+  // The mesh sizes, each over the config's own (resolve_plan checks them against the world).
+  auto size = [](std::string_view key, const std::optional<int>& flag, std::optional<int>& field) {
+    if (auto v = setting_flag(key, flag)) field = std::stoi(*v);
+  };
+  size("parallelism_config.parallelism_config_dp_replicate_size", flags.dp_replicate_size,
+       c.dp_replicate_size);
+  size("parallelism_config.parallelism_config_dp_shard_size", flags.dp_shard_size, c.dp_shard_size);
+  size("parallelism_config.parallelism_config_tp_size", flags.tp_size, c.tp_size);
 }
 
 // OMP_NUM_THREADS and OMP_WAIT_POLICY for the workers.
@@ -201,6 +209,9 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
     p.first_rank = c.machine_rank * p.local_world_size;
     p.first_local_rank = 0;
   }
+
+  // Sizes that do not fit the world stop the launch here, before a worker starts.
+  check_parallelism(c, p.world_size, "launch settings (config file + flags)");
 
   if (c.main_process_ip) {
     p.master_addr = *c.main_process_ip;

@@ -24,6 +24,8 @@ struct LaunchFlags {
   std::optional<long long> fsdp_min_params;
   std::optional<std::string> fsdp_reshard_after_forward, fsdp_prefetch,
       fsdp_activation_checkpointing;  // true / false
+  // The device mesh (checked against the world in resolve_plan).
+  std::optional<int> dp_replicate_size, dp_shard_size, tp_size;
   bool cpu = false;
   bool ignore_cluster_env = false;
 };

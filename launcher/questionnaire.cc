@@ -89,9 +89,16 @@ class Asker {
 
   // A training setting (Note [settings are checked by their row]): the answer is checked by the
   // row of `key`, the row's default is offered, and the canonical spelling returned.
-  std::string ask_setting(const std::string& question, std::string_view key) {
+  // `extra` may refuse a value the row accepts (given in the row's spelling).
+  std::string ask_setting(
+      const std::string& question, std::string_view key,
+      const std::function<std::optional<std::string>(const std::string&)>& extra = {}) {
     const std::string a = ask(question, std::string(setting_row(key).default_value),
-                              [key](const std::string& s) { return check_setting(key, s); });
+                              [&](const std::string& s) -> std::optional<std::string> {
+                                if (auto why = check_setting(key, s)) return why;
+                                if (!extra) return std::nullopt;
+                                return extra(*parse_setting(key, s, nullptr));
+                              });
     return *parse_setting(key, a, nullptr);
   }
 
@@ -146,6 +153,32 @@ class Asker {
   std::istream& in_;
   std::ostream& out_;
 };
+
+// The device mesh (Note [mesh sizes] in core/parallelism.h), for a distributed config: replicas
+// and tensor-parallel size; dp_shard_size is the rest of the processes, not asked. Only sizes
+// above 1 are written.
+void ask_mesh(Asker& a, LaunchConfig& c) {
+  if (c.distributed_type == "NO" || c.num_processes < 2) return;
+  const int world = c.num_processes;
+  auto divides = [](int total, const char* what) {
+    return [total, what](const std::string& v) -> std::optional<std::string> {
+      if (total % std::stoi(v) == 0) return std::nullopt;
+      return "the size must divide " + std::string(what) + " (" + std::to_string(total) + ")";
+    };
+  };
+  const int replicas = std::stoi(a.ask_setting(
+      "How many replicas of the model (dp_replicate_size: hybrid sharding, ZeRO inside a replica "
+      "and all-reduce across replicas; not built yet, 1 runs today's strategies)?",
+      "parallelism_config.parallelism_config_dp_replicate_size",
+      divides(world, "the number of processes")));
+  const int tp = std::stoi(a.ask_setting(
+      "Over how many processes should each layer be split (tp_size: tensor parallelism; not "
+      "built yet, 1 runs today's strategies)?",
+      "parallelism_config.parallelism_config_tp_size",
+      divides(world / replicas, "the processes per replica")));
+  if (replicas > 1) c.dp_replicate_size = replicas;
+  if (tp > 1) c.tp_size = tp;
+}
 
 // The ZeRO questions (stage, param dtype, ZeRO-3 wrap policy), for a distributed config.
 void ask_zero(Asker& a, LaunchConfig& c) {
@@ -262,12 +295,14 @@ LaunchConfig run_questionnaire(std::istream& in, std::ostream& out, int gpu_coun
     c.gpu_ids = normalize_gpu_ids(ids);
   }
 
+  ask_mesh(a, c);
   ask_zero(a, c);
   c.gradient_accumulation_steps = std::stoi(a.ask_setting(
       "How many gradient accumulation steps do you want?", "gradient_accumulation_steps"));
   c.mixed_precision =
       a.ask_setting_choice("Do you wish to use mixed precision?", "mixed_precision", {});
   validate(c, "questionnaire");
+  check_parallelism(c, c.num_processes, "questionnaire");
   return c;
 }
 

@@ -58,6 +58,15 @@ const Binding kBindings[] = {
   {"fsdp_config.fsdp_activation_checkpointing",
    [](LaunchFlags& f, const std::string& v) { f.fsdp_activation_checkpointing = v; },
    [](const LaunchPlan& p) { return boolean(p.config.fsdp_activation_checkpointing); }},
+  {"parallelism_config.parallelism_config_dp_replicate_size",
+   [](LaunchFlags& f, const std::string& v) { f.dp_replicate_size = std::stoi(v); },
+   [](const LaunchPlan& p) { return number(p.config.dp_replicate_size); }},
+  {"parallelism_config.parallelism_config_dp_shard_size",
+   [](LaunchFlags& f, const std::string& v) { f.dp_shard_size = std::stoi(v); },
+   [](const LaunchPlan& p) { return number(p.config.dp_shard_size); }},
+  {"parallelism_config.parallelism_config_tp_size",
+   [](LaunchFlags& f, const std::string& v) { f.tp_size = std::stoi(v); },
+   [](const LaunchPlan& p) { return number(p.config.tp_size); }},
 };
 // clang-format on
 

@@ -34,6 +34,11 @@
 //                                                           steps / resume there; under ZeRO
 //                                                           prepare() refuses it by name
 //   accel_worker train <dir> <steps> <save_every> <resume> [<crash_stage> <crash_rank>]
+//   accel_worker mesh                                       acc.mesh() of the ACCEL_*_SIZE
+//                                                           variables: "group <dim> <ranks>",
+//                                                           then "prepared <what>" or "refused
+//                                                           <what>: <message>" for a model, an
+//                                                           optimizer and a data loader
 //   accel_worker typed <dir> <stage> <per-rank batch> [ckpt 0|1]
 //                                                           tests/dist/typed_model.h (two
 //                                                           inputs, tuple / struct results, a
@@ -48,6 +53,7 @@
 #include <cstring>
 #include <fstream>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -979,6 +985,39 @@ int typed(const std::string& dir, int stage, int64_t batch, bool ckpt_units) {
   return 0;
 }
 
+// Note [mesh support] in accelerate/accelerator_mesh.cc, seen from a rank.
+int mesh() {
+  Accelerator acc(config_from_env("/tmp"));
+  const dist::DeviceMesh& m = acc.mesh();
+  std::cout << "mesh " << m.describe() << std::endl;
+  for (const char* dim : {"dp_replicate", "dp_shard", "tp", "dp"}) {
+    std::cout << "group " << dim;
+    for (int r : m.group_ranks(dim)) std::cout << " " << r;
+    std::cout << std::endl;
+  }
+  auto model = std::make_shared<nn::Linear>(2, 2);
+  auto attempt = [](const char* what, const std::function<void()>& fn) {
+    try {
+      fn();
+      std::cout << "prepared " << what << std::endl;
+    } catch (const ValueError& e) {
+      std::cout << "refused " << what << ": " << e.what() << std::endl;
+    }
+  };
+  attempt("model", [&] { acc.prepare_model(model); });
+  attempt("optimizer", [&] {
+    acc.prepare_optimizer(
+        std::make_shared<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 0.1}));
+  });
+  attempt("loader", [&] {
+    acc.prepare_data_loader(std::make_shared<data::DataLoader>(
+        std::make_shared<data::TensorDataset>(std::vector<Tensor>{zeros({4, 2})}),
+        data::DataLoaderOptions{}));
+  });
+  std::cout << "ok mesh" << std::endl;
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -990,6 +1029,7 @@ int main(int argc, char** argv) {
       return ddp_mlp(std::atoll(argv[2]), argc > 3 ? std::atoi(argv[3]) : 0,
                      argc > 4 ? argv[4] : "no");
     if (mode == "zero_errors") return zero_errors();
+    if (mode == "mesh") return mesh();
     if (mode == "resume_peak" && argc > 4) return resume_peak(argv[2], argv[3], std::atoi(argv[4]));
     if (mode == "load_model" && argc > 4)
       return load_model_case(argv[2], argv[3], std::atoi(argv[4]), argc > 5 ? argv[5] : "file");

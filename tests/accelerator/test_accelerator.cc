@@ -528,3 +528,47 @@ TEST_CASE("ReduceLROnPlateau: prepared step(metric), save_state / load_state res
   auto step_lr = acc.prepare_scheduler(std::make_shared<optim::StepLR>(sgd, 2));
   CHECK_THROWS_AS(step_lr->step(1.0), ValueError);
 }
+
+TEST_CASE("parallelism: acc.mesh() of one process; sizes that do not fit are ValueErrors") {
+  const std::string dir = fresh_dir("mesh");
+  {
+    Accelerator acc(base_config(dir));
+    CHECK(acc.mesh().describe() == "dp_replicate 1 x dp_shard 1 x tp 1");
+    CHECK(acc.mesh().group_ranks("dp") == std::vector<int>{0});
+    AcceleratorConfig ones = base_config(dir);
+    ones.parallelism = {1, 1, 1};
+    CHECK(Accelerator(ones).mesh().size("dp_shard") == 1);
+  }
+  // The message of the ValueError the constructor raises for `c`.
+  auto refusal = [](const AcceleratorConfig& c) -> std::string {
+    try {
+      Accelerator acc(c);
+    } catch (const ValueError& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  AcceleratorConfig tp = base_config(dir);
+  tp.parallelism.tp_size = 2;
+  const std::string m = refusal(tp);
+  CHECK_MESSAGE(
+      m.find("dp_replicate_size unset, dp_shard_size unset, tp_size 2") != std::string::npos, m);
+  CHECK_MESSAGE(m.find("do not fit 1 processes (WORLD_SIZE)") != std::string::npos, m);
+  // The same sizes from the environment (what accel-run exports).
+  setenv("ACCEL_DP_REPLICATE_SIZE", "2", 1);
+  setenv("ACCEL_DP_SHARD_SIZE", "3", 1);
+  AcceleratorConfig from_env;
+  from_env.project_dir = dir;
+  const AcceleratorConfig read = from_env.with_env();
+  CHECK(read.parallelism.dp_replicate_size == std::optional<int>(2));
+  CHECK(read.parallelism.dp_shard_size == std::optional<int>(3));
+  CHECK(!read.parallelism.tp_size);
+  const std::string e = refusal(from_env);
+  CHECK_MESSAGE(e.find("dp_replicate_size 2, dp_shard_size 3, tp_size unset") != std::string::npos,
+                e);
+  CHECK_MESSAGE(e.find("exceeds the world size 1") != std::string::npos, e);
+  setenv("ACCEL_TP_SIZE", "0", 1);
+  CHECK_THROWS_WITH_AS(from_env.with_env(), doctest::Contains("ACCEL_TP_SIZE='0'"), ValueError);
+  for (const char* v : {"ACCEL_DP_REPLICATE_SIZE", "ACCEL_DP_SHARD_SIZE", "ACCEL_TP_SIZE"})
+    unsetenv(v);
+}

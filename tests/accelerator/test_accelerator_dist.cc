@@ -625,3 +625,77 @@ TEST_CASE("LBFGS: DDP equals one process, resumes bit-exact; ZeRO refuses it by 
   for (std::string stage : {"1", "3"})
     check_ok(run_world(worker(), {"lbfgs", dir, stage, "full"}, 2, {}, 60s), "lbfgs");
 }
+
+// Note [mesh support] in accelerate/accelerator_mesh.cc: the mesh is built from the ACCEL_*_SIZE
+// variables on every rank; prepare() runs today's strategies on a one-dimensional data-parallel
+// mesh and refuses, by name, what is not built yet (tensor parallelism, hybrid sharding, ZeRO over
+// replicas).
+TEST_CASE("device mesh: acc.mesh() from the environment; prepare() refuses what is not built") {
+  struct Case {
+    int world;
+    std::map<std::string, std::string> env;
+    std::vector<std::string> rank1;  // lines rank 1 prints
+    const char* refusal;             // nullptr: everything is prepared
+  };
+  const std::vector<Case> cases = {
+      {2,
+       {},
+       {"mesh dp_replicate 1 x dp_shard 2 x tp 1", "group dp_shard 0 1", "group dp 0 1"},
+       nullptr},
+      {2,
+       {{"ACCEL_DP_REPLICATE_SIZE", "2"}},
+       {"group dp_replicate 0 1", "group dp_shard 1", "group dp 0 1"},
+       nullptr},
+      {2,
+       {{"ACCEL_TP_SIZE", "2"}},
+       {"mesh dp_replicate 1 x dp_shard 1 x tp 2", "group tp 0 1", "group dp 1"},
+       "tensor parallelism (tp_size 2) is not implemented yet"},
+      {2,
+       {{"ACCEL_DP_REPLICATE_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "2"}},
+       {"group dp_replicate 0 1"},
+       "dp_replicate_size 2 alone replicates the model on every rank, but strategy 'zero2'"},
+      {4,
+       {{"ACCEL_DP_REPLICATE_SIZE", "2"}},
+       {"mesh dp_replicate 2 x dp_shard 2 x tp 1", "group dp_replicate 1 3", "group dp_shard 0 1",
+        "group dp 0 1 2 3"},
+       "hybrid sharding (dp_replicate_size 2 x dp_shard_size 2"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.world);
+    std::string env;
+    for (const auto& [k, v] : c.env) env += k + "=" + v + " ";
+    CAPTURE(env);
+    auto res = run_world(worker(), {"mesh"}, c.world, c.env, 60s);
+    check_ok(res, "mesh");
+    const std::string& out = res[1].output;
+    for (const std::string& line : c.rank1) {
+      const auto got = lines_with(out, line);
+      CHECK_MESSAGE(std::find(got.begin(), got.end(), line) != got.end(), line, " not in:\n", out);
+    }
+    for (const char* what : {"model", "optimizer", "loader"}) {
+      for (const RankResult& r : res) {
+        if (!c.refusal) {
+          CHECK_MESSAGE(r.output.find(std::string("prepared ") + what) != std::string::npos,
+                        r.output);
+        } else {
+          const auto refused = lines_with(r.output, std::string("refused ") + what + ": ");
+          REQUIRE_MESSAGE(refused.size() == 1, r.output);
+          CHECK_MESSAGE(refused[0].find(c.refusal) != std::string::npos, refused[0]);
+          CHECK(refused[0].find("[prepare]") != std::string::npos);
+        }
+      }
+    }
+  }
+  // Sizes that do not fit the world: a ValueError in the constructor, before the process group
+  // is initialised (no rank waits for another).
+  auto bad = run_world(worker(), {"mesh"}, 2, {{"ACCEL_TP_SIZE", "3"}}, 60s);
+  for (const RankResult& r : bad) {
+    CHECK(r.exited);
+    CHECK(r.code == 3);
+    CHECK_MESSAGE(r.output.find("dp_replicate_size unset, dp_shard_size unset, tp_size 3") !=
+                      std::string::npos,
+                  r.output);
+    CHECK_MESSAGE(r.output.find("do not fit 2 processes (WORLD_SIZE)") != std::string::npos,
+                  r.output);
+  }
+}

@@ -162,7 +162,10 @@ const char* kContract[] = {"RANK",
                            "ACCEL_FSDP_MIN_PARAMS",
                            "ACCEL_FSDP_RESHARD_AFTER_FORWARD",
                            "ACCEL_FSDP_PREFETCH",
-                           "ACCEL_FSDP_ACTIVATION_CHECKPOINTING"};
+                           "ACCEL_FSDP_ACTIVATION_CHECKPOINTING",
+                           "ACCEL_DP_REPLICATE_SIZE",
+                           "ACCEL_DP_SHARD_SIZE",
+                           "ACCEL_TP_SIZE"};
 
 void write_env_file() {
   if (g_dir.empty()) return;

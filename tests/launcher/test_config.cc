@@ -143,9 +143,14 @@ std::string yaml_setting(const std::string& key, const std::string& value) {
   for (char ch : value) quoted += ch == '\'' ? std::string("''") : std::string(1, ch);
   quoted += "'";
   const size_t dot = key.find('.');
-  if (dot == std::string::npos) return "num_processes: 2\n" + key + ": " + quoted + "\n";
-  std::string yaml = "num_processes: 2\n" + key.substr(0, dot) + ":\n  " + key.substr(dot + 1) +
-                     ": " + quoted + "\n";
+  // A mesh size is checked against the world at launch: the world is the size itself.
+  std::string world = "2";
+  if (key.rfind("parallelism_config.", 0) == 0)
+    if (auto n = st::parse(*st::find_by_yaml(key), value, nullptr)) world = *n;
+  if (dot == std::string::npos)
+    return "num_processes: " + world + "\n" + key + ": " + quoted + "\n";
+  std::string yaml = "num_processes: " + world + "\n" + key.substr(0, dot) + ":\n  " +
+                     key.substr(dot + 1) + ": " + quoted + "\n";
   if (key == "fsdp_config.fsdp_wrap" &&
       st::parse(*st::find_by_yaml(key), value, nullptr) == "classes")
     yaml += "  fsdp_wrap_classes: Block\n";
@@ -164,7 +169,9 @@ TEST_CASE("config file: every setting of the table is checked and spelled by its
     CAPTURE(key);
     std::string default_why;
     const bool default_is_value = st::parse(s, s.default_value, &default_why).has_value();
-    if (s.kind != st::Kind::Name && s.kind != st::Kind::Names)
+    // dp_shard_size's default is no number but what fills the world (Note [mesh sizes]).
+    if (s.kind != st::Kind::Name && s.kind != st::Kind::Names &&
+        key != "parallelism_config.parallelism_config_dp_shard_size")
       CHECK_MESSAGE(default_is_value,
                     "the default of a Choice, Int or Bool row is one of its "
                     "values: ",
@@ -204,4 +211,72 @@ TEST_CASE("config file: every setting of the table is checked and spelled by its
     CHECK(accepted >= 2);
     CHECK(refused >= 2);
   }
+}
+
+// Accelerate's parallelism_config block: its size keys are read (each by its row), its context
+// parallelism only while off; the sizes are checked against the world of the launch, before a
+// worker starts, naming every size and the world size (Note [mesh sizes]).
+TEST_CASE("parallelism_config: Accelerate's keys, and sizes that do not fit the world") {
+  const al::LaunchConfig c = al::parse_config(
+      "num_processes: 8\n"
+      "parallelism_config:\n"
+      "  parallelism_config_cp_comm_strategy: allgather\n"
+      "  parallelism_config_cp_size: 1\n"
+      "  parallelism_config_dp_replicate_size: 2\n"
+      "  parallelism_config_dp_shard_size: null\n"
+      "  parallelism_config_tp_size: 2\n",
+      "accelerate.yaml");
+  CHECK(c.dp_replicate_size == std::optional<int>(2));
+  CHECK(!c.dp_shard_size);
+  CHECK(c.tp_size == std::optional<int>(2));
+  CHECK(al::parse_config(al::config_to_yaml(c), "rt.yaml") == c);
+  const al::LaunchPlan p = al::resolve_plan(c, {}, {}, 0);
+  const al::EnvMap env = al::worker_env(
+      [&] {
+        al::LaunchPlan q = p;
+        q.master_port = 1234;
+        return q;
+      }(),
+      0, 0);
+  CHECK(env.at("ACCEL_DP_REPLICATE_SIZE") == "2");
+  CHECK(env.at("ACCEL_TP_SIZE") == "2");
+  CHECK(env.count("ACCEL_DP_SHARD_SIZE") == 0);  // inferred by the Accelerator itself
+
+  CHECK(config_error("parallelism_config:\n  parallelism_config_cp_size: 2\n")
+            .find("'parallelism_config.parallelism_config_cp_size': '2' asks for context "
+                  "parallelism") != std::string::npos);
+  CHECK(config_error("parallelism_config:\n  tp_size: 2\n")
+            .find("'parallelism_config.tp_size': unknown key") != std::string::npos);
+  CHECK(config_error("parallelism_config: 2\n").find("expected a mapping") != std::string::npos);
+  CHECK(config_error("parallelism_config:\n  parallelism_config_tp_size: 0\n")
+            .find("expected a size >= 1") != std::string::npos);
+
+  // The world decides: the config file's 8 processes, or the flags'.
+  auto refused = [](const al::LaunchConfig& file, const al::LaunchFlags& f) -> std::string {
+    try {
+      al::resolve_plan(file, f, {}, 0);
+    } catch (const al::ConfigError& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  al::LaunchFlags four;
+  four.num_processes = 4;
+  CHECK(refused(c, four) == "(accepted)");  // 2 x 2 fits 4: dp_shard 1
+  al::LaunchFlags six;
+  six.num_processes = 6;
+  const std::string m6 = refused(c, six);
+  CHECK_MESSAGE(m6.find("[launch]") == 0, m6);
+  CHECK_MESSAGE(m6.find("does not fit 6 processes") != std::string::npos, m6);
+  CHECK_MESSAGE(m6.find("dp_replicate_size 2, dp_shard_size unset, tp_size 2") != std::string::npos,
+                m6);
+  al::LaunchFlags sizes;  // flags over the file's sizes, one by one
+  sizes.dp_shard_size = 3;
+  const std::string m3 = refused(c, sizes);
+  CHECK_MESSAGE(m3.find("dp_replicate_size 2, dp_shard_size 3, tp_size 2") != std::string::npos,
+                m3);
+  CHECK_MESSAGE(m3.find("= 12 is not the world size 8") != std::string::npos, m3);
+  sizes.dp_shard_size = 2;
+  const al::LaunchPlan ok = al::resolve_plan(c, sizes, {}, 0);
+  CHECK(ok.config.dp_shard_size == std::optional<int>(2));
 }

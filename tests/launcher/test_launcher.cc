@@ -328,6 +328,8 @@ TEST_CASE("config: save and load round trip every key") {
   c.fsdp_reshard_after_forward = false;
   c.fsdp_prefetch = false;
   c.fsdp_activation_checkpointing = true;
+  c.dp_replicate_size = 2;
+  c.tp_size = 4;
   const std::string path = dir / "sub/dir/cfg.yaml";  // parents are created
   al::save_config(c, path);
   al::LaunchConfig back = al::load_config(path);
@@ -336,6 +338,8 @@ TEST_CASE("config: save and load round trip every key") {
   CHECK(contains(read_file(path), "zero_config:\n  zero_stage: 2\n  param_dtype: 'fp16'"));
   CHECK(contains(read_file(path), "fsdp_config:"));
   CHECK(contains(read_file(path), "  fsdp_wrap_classes: 'Block,Layer'\n"));
+  CHECK(contains(read_file(path),
+                 "  parallelism_config_dp_replicate_size: 2\n  parallelism_config_tp_size: 4\n"));
   c.fsdp_wrap = "min_params";
   c.fsdp_wrap_classes.reset();
   c.fsdp_min_params = 123456789012LL;
@@ -349,6 +353,7 @@ TEST_CASE("config: save and load round trip every key") {
   // Unset ZeRO options are not written (and not exported): the program's choice stands.
   CHECK(!contains(read_file(path), "fsdp"));
   CHECK(!contains(read_file(path), "dtype"));
+  CHECK(!contains(read_file(path), "parallelism"));
 }
 
 TEST_CASE("config: an Accelerate default_config.yaml loads") {
@@ -503,8 +508,10 @@ TEST_CASE("config: malformed files name the key, the line and what is accepted")
       {"dynamo_config:\n  dynamo_backend: INDUCTOR\n", {"'dynamo_config'", "dynamo"}},
       {"tpu_name: my-pod\n", {"'tpu_name'", "'my-pod'", "TPU"}},
       {"use_mps_device: true\n", {"'use_mps_device'", "MPS"}},
-      {"parallelism_config:\n  parallelism_config_tp_size: 2\n",
-       {"'parallelism_config'", "data parallelism only"}},
+      {"parallelism_config:\n  parallelism_config_cp_size: 4\n",
+       {"bad.yaml:2", "'parallelism_config.parallelism_config_cp_size'", "context parallelism"}},
+      {"parallelism_config:\n  parallelism_config_tp_size: 2.5\n",
+       {"'parallelism_config.parallelism_config_tp_size'", "a size >= 1", "'2.5'"}},
   };
   for (const auto& tc : cases) {
     CAPTURE(tc.yaml);
@@ -533,10 +540,11 @@ TEST_CASE("config: default path respects ACCEL_CONFIG_FILE, XDG_CACHE_HOME and H
 TEST_CASE("config: questionnaire re-asks invalid answers and writes what was answered") {
   // compute env, type (7 invalid, then multi-CPU), machines 2, rank (5 invalid, then 1), address,
   // port (default), same network (maybe invalid, then no), processes (3 invalid: not a multiple
-  // of 2, then 4), ZeRO (9 invalid, then 2), param dtype bf16, reduce in fp32 yes,
-  // accumulation 4, precision (fp8 invalid, then bf16).
+  // of 2, then 4), replicas (3 invalid: does not divide 4, then 2), tp (4 invalid: does not
+  // divide the 2 processes per replica, then the default 1), ZeRO (9 invalid, then 2), param
+  // dtype bf16, reduce in fp32 yes, accumulation 4, precision (fp8 invalid, then bf16).
   std::istringstream in(
-      "\n7\n1\n2\n5\n1\n10.0.0.7\n\nmaybe\nno\n3\n4\n9\n2\nbf16\nyes\n4\nfp8\nbf16\n");
+      "\n7\n1\n2\n5\n1\n10.0.0.7\n\nmaybe\nno\n3\n4\n3\n2\n4\n\n9\n2\nbf16\nyes\n4\nfp8\nbf16\n");
   std::ostringstream out;
   al::LaunchConfig c = al::run_questionnaire(in, out, 0);
   const std::string log = out.str();
@@ -545,6 +553,8 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   CHECK(contains(log, "Invalid answer 'maybe'"));
   CHECK(contains(log,
                  "Invalid answer '3': the total must be a multiple of the number of machines (2)"));
+  CHECK(contains(log, "Invalid answer '3': the size must divide the number of processes (4)"));
+  CHECK(contains(log, "Invalid answer '4': the size must divide the processes per replica (2)"));
   CHECK(contains(log, "Invalid answer '9'"));
   CHECK(contains(log, "Invalid answer 'fp8'"));
   CHECK(c.distributed_type == "MULTI_CPU");
@@ -561,16 +571,23 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   CHECK(c.param_dtype == std::optional<std::string>("bf16"));
   CHECK(c.reduce_dtype == std::optional<std::string>("fp32"));
   CHECK(!c.fsdp_wrap);  // stage 2: no ZeRO-3 questions
+  CHECK(c.dp_replicate_size == std::optional<int>(2));
+  CHECK(!c.dp_shard_size);  // the rest of the processes, inferred at launch
+  CHECK(!c.tp_size);        // the default 1 is not written
+  CHECK(al::parse_config(al::config_to_yaml(c), "q1") == c);
 
-  // ZeRO-3: multi-CPU, 1 machine, 2 processes, stage 3, param dtype default (not written), wrap
+  // ZeRO-3: multi-CPU, 1 machine, 2 processes, mesh defaults, stage 3, param dtype default (not
+  // written), wrap
   // (x invalid, then classes), classes (1bad invalid, then "Block, Layer"), checkpointing yes,
   // accumulation and precision default.
-  std::istringstream in3("\n1\n\n\n3\n\nx\nclasses\n1bad\nBlock, Layer\ny\n\n\n");
+  std::istringstream in3("\n1\n\n\n\n\n3\n\nx\nclasses\n1bad\nBlock, Layer\ny\n\n\n");
   std::ostringstream out3;
   al::LaunchConfig c3 = al::run_questionnaire(in3, out3, 0);
   CHECK(contains(out3.str(), "Invalid answer 'x'"));
   CHECK(contains(out3.str(), "Invalid answer '1bad'"));
   CHECK(c3.zero_stage == 3);
+  CHECK(!c3.dp_replicate_size);
+  CHECK(!c3.tp_size);
   CHECK(!c3.param_dtype);
   CHECK(!c3.reduce_dtype);
   CHECK(c3.fsdp_wrap == std::optional<std::string>("classes"));
@@ -579,7 +596,7 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   CHECK(!c3.fsdp_prefetch);
   CHECK(al::parse_config(al::config_to_yaml(c3), "q3") == c3);
   // Defaults everywhere (a yes/no question needs an answer): nothing ZeRO-3 specific is written.
-  std::istringstream in4("\n1\n\n\n3\n\n\nno\n\n\n");
+  std::istringstream in4("\n1\n\n\n\n\n3\n\n\nno\n\n\n");
   std::ostringstream out4;
   al::LaunchConfig c4 = al::run_questionnaire(in4, out4, 0);
   CHECK(c4.zero_stage == 3);
@@ -598,7 +615,7 @@ TEST_CASE("accel-run config: questionnaire over stdin, config default, malformed
   const std::string cfg = dir / "q.yaml";
   // Single machine multi-GPU by name; GPU ids "0,z" invalid then "1,0".
   Result r = accel_run({"config", "--config_file", cfg}, {},
-                       "LOCAL_MACHINE\nmulti_gpu\n\n2\n0,z\n1,0\n\n\nfp16\n");
+                       "LOCAL_MACHINE\nmulti_gpu\n\n2\n0,z\n1,0\n\n2\n\n\nfp16\n");
   CHECK_MESSAGE(r.code == 0, r.err);
   CHECK(contains(r.out, "Invalid answer '0,z'"));
   al::LaunchConfig c = al::load_config(cfg);
@@ -606,6 +623,7 @@ TEST_CASE("accel-run config: questionnaire over stdin, config default, malformed
   CHECK(c.num_processes == 2);
   CHECK(c.gpu_ids == "1,0");
   CHECK(c.mixed_precision == "fp16");
+  CHECK(c.tp_size == std::optional<int>(2));  // replicas default 1, then tp 2 of 2
 
   Result eof = accel_run({"config", "--config_file", dir / "eof.yaml"}, {}, "0\n");
   CHECK(eof.code == 1);
@@ -1783,4 +1801,24 @@ TEST_CASE(
   CHECK(a.code == 0);
   CHECK(a.out.size() == 33);
   CHECK(a.out != b.out);
+}
+
+TEST_CASE("launch: mesh sizes reach the workers; sizes that do not fit the world start nothing") {
+  TempDir dir;
+  Result ok = accel_run(launch_args({"--num_processes", "2", "--cpu", "-q", "--tp-size", "2"},
+                                    {"env", "--dir", dir.str()}));
+  REQUIRE_MESSAGE(ok.code == 0, ok.err);
+  for (const char* f : {"env.0", "env.1"}) {
+    auto e = read_env_file(dir / f);
+    CHECK(e["ACCEL_TP_SIZE"] == "2");
+    CHECK(e.count("ACCEL_DP_SHARD_SIZE") == 0);  // inferred in the program (Note [mesh sizes])
+    CHECK(e.count("ACCEL_DP_REPLICATE_SIZE") == 0);
+  }
+  TempDir bad;
+  Result r = accel_run(launch_args({"--num_processes", "4", "--cpu", "--dp_replicate_size", "3"},
+                                   {"env", "--dir", bad.str()}));
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(contains(r.err, "dp_replicate_size 3, dp_shard_size unset, tp_size unset"), r.err);
+  CHECK_MESSAGE(contains(r.err, "does not fit 4 processes"), r.err);
+  CHECK(count_files(bad, "env.") == 0);  // refused before any worker started
 }

@@ -65,6 +65,7 @@ struct Probe {
 };
 const std::map<std::string, Probe>& probes() {
   using W = accel::dist::FsdpOptions::Wrap;
+  auto size = [](const std::optional<int>& v) { return v ? std::to_string(*v) : "unset"; };
   auto dtype = [](const std::optional<accel::DType>& d) {
     return !d ? std::string("fp32") : *d == accel::kBFloat16 ? "bf16" : "fp16";
   };
@@ -119,6 +120,13 @@ const std::map<std::string, Probe>& probes() {
        {"off", [](const AcceleratorConfig& c) { return flag(c.fsdp.prefetch); }}},
       {"fsdp_config.fsdp_activation_checkpointing",
        {"true", [](const AcceleratorConfig& c) { return flag(c.fsdp.activation_checkpointing); }}},
+      // Sizes that fit the probes' world of 2 processes (accel-run checks them against it).
+      {"parallelism_config.parallelism_config_dp_replicate_size",
+       {" 2", [=](const AcceleratorConfig& c) { return size(c.parallelism.dp_replicate_size); }}},
+      {"parallelism_config.parallelism_config_dp_shard_size",
+       {"2", [=](const AcceleratorConfig& c) { return size(c.parallelism.dp_shard_size); }}},
+      {"parallelism_config.parallelism_config_tp_size",
+       {"2 ", [=](const AcceleratorConfig& c) { return size(c.parallelism.tp_size); }}},
   };
   return p;
 }

@@ -73,6 +73,27 @@ TEST_CASE("nccl: every collective and dtype on one GPU") {
   CHECK_THROWS_AS(pg->all_gather(small, make(kFloat32, 2, 0)), ShapeError);
 }
 
+TEST_CASE("nccl: a subgroup from split is an NCCL group of its own (one GPU: a world of one)") {
+  if (!cuda::is_available()) {
+    MESSAGE("skipped: no GPU (" << cuda::unavailable_reason() << ")");
+    return;
+  }
+  cuda::set_device(0);
+  auto pg = new_nccl_group(std::make_shared<MemoryStore>(), 0, 1);
+  ProcessGroupPtr sub = pg->split(/*color=*/0, /*key=*/0);
+  REQUIRE(sub != nullptr);
+  CHECK(sub->backend() == "nccl");
+  CHECK(sub->is_subgroup());
+  CHECK(sub->size() == 1);
+  Tensor t = make(kFloat32, 1001, 1);
+  auto want = t.cpu().tolist();
+  sub->all_reduce(t);
+  CHECK(t.cpu().tolist() == want);
+  pg->all_reduce(t);  // the parent still works alongside
+  CHECK(t.cpu().tolist() == want);
+  CHECK(pg->split(/*color=*/-1, /*key=*/0) == nullptr);
+}
+
 TEST_CASE("nccl: two processes through accel-selftest (needs two GPUs)") {
   if (cuda::device_count() < 2) {
     MESSAGE("skipped: needs 2 GPUs, found " << cuda::device_count());

@@ -132,12 +132,13 @@ void check_style(const std::string& name, nn::Module& m, const TpStyle& s, int p
       const int64_t k = s.colwise.chunks;
       ACCEL_CHECK(k >= 1, ValueError, kOp, "colwise chunks must be >= 1, got ", k, " for ",
                   describe(name, m));
-      ACCEL_CHECK(!(s.colwise.gather_output && k > 1), ValueError, kOp,
-                  "colwise with chunks ", k, " cannot gather its output (the gathered columns "
-                  "would be in rank order, not the packed order) for ", describe(name, m));
-      ACCEL_CHECK(lin->out_features % (k * p) == 0, ShapeError, kOp, "colwise ",
-                  describe(name, m), ": out_features ", lin->out_features,
-                  " is not divisible by chunks ", k, " x tp ", p);
+      ACCEL_CHECK(!(s.colwise.gather_output && k > 1), ValueError, kOp, "colwise with chunks ", k,
+                  " cannot gather its output (the gathered columns "
+                  "would be in rank order, not the packed order) for ",
+                  describe(name, m));
+      ACCEL_CHECK(lin->out_features % (k * p) == 0, ShapeError, kOp, "colwise ", describe(name, m),
+                  ": out_features ", lin->out_features, " is not divisible by chunks ", k, " x tp ",
+                  p);
     } else {
       ACCEL_CHECK(lin->in_features % p == 0, ShapeError, kOp, "rowwise ", describe(name, m),
                   ": in_features ", lin->in_features, " is not divisible by tp ", p);
@@ -173,6 +174,23 @@ void check_attention(const std::string& name, nn::CausalSelfAttention& a,
               " is not divisible by tp ", p);
 }
 
+// A sequence module all-reduces the gradients of every parameter below it, so no module below
+// it may hold shards.
+void check_nesting(const std::map<std::string, TpStyle>& planned) {
+  using K = TpStyle::Kind;
+  for (const auto& [outer, s] : planned) {
+    if (s.kind != K::Sequence) continue;
+    const std::string pre = outer.empty() ? "" : outer + ".";
+    for (const auto& [inner, t] : planned) {
+      const bool below = inner != outer && inner.compare(0, pre.size(), pre) == 0;
+      ACCEL_CHECK(!below || t.kind == K::Sequence || t.kind == K::Replicate, ValueError, kOp,
+                  "module '", inner, "' (", t.name(), ") lies inside module '", outer,
+                  "' (sequence), whose parameters' gradients are all-reduced over tp: plan the "
+                  "sequence style on the modules beside it instead");
+    }
+  }
+}
+
 // ---- applying a style ----
 
 void shard_param(nn::Module& m, const std::string& pname, int64_t dim, int64_t chunks,
@@ -181,8 +199,7 @@ void shard_param(nn::Module& m, const std::string& pname, int64_t dim, int64_t c
     if (n != pname) continue;
     NoGradGuard no_grad;
     Tensor handle = t;
-    nn::assign_tensor_data(handle, shard_of(t.detach(), dim, chunks, group_size(g),
-                                            group_rank(g)));
+    nn::assign_tensor_data(handle, shard_of(t.detach(), dim, chunks, group_size(g), group_rank(g)));
     if (handle.grad().defined()) handle.set_grad(Tensor());
     entry.shards.push_back({pname, dim, chunks});
     return;
@@ -195,8 +212,8 @@ void apply_colwise(nn::Linear& lin, const ColwiseOptions& o, const ProcessGroupP
   if (lin.bias.defined()) shard_param(lin, "bias", 0, o.chunks, g, entry);
   lin.out_features /= group_size(g);
   lin.set_call_wrapper([g, o](nn::Module&, nn::Values& in, const nn::CallFn& call) {
-    ACCEL_CHECK(!in.empty() && in[0].is_tensor() && in[0].tensor().defined(), ValueError,
-                "colwise", "expected a tensor input, got ", nn::describe_values(in));
+    ACCEL_CHECK(!in.empty() && in[0].is_tensor() && in[0].tensor().defined(), ValueError, "colwise",
+                "expected a tensor input, got ", nn::describe_values(in));
     Tensor& x = in[0].tensor();
     x = o.sequence_parallel ? gather_from_sequence_region(x, o.sequence_dim, g)
                             : copy_to_tp_region(x, g);
@@ -234,22 +251,22 @@ void apply_vocab_embedding(nn::Embedding& emb, const RowwiseOptions& o, const Pr
   const int64_t start = group_rank(g) * vl;
   shard_param(emb, "weight", 0, 1, g, entry);
   emb.num_embeddings = vl;
-  emb.set_call_wrapper([g, o, vocab, vl, start](nn::Module&, nn::Values& in,
-                                                 const nn::CallFn& call) {
-    ACCEL_CHECK(in.size() == 1 && in[0].is_tensor() && in[0].tensor().defined(), ValueError,
-                "vocab_embedding", "expected one index tensor, got ", nn::describe_values(in));
-    const Tensor idx = in[0].tensor();
-    const Tensor ok = logical_and(idx.ge(0), idx.lt(vocab));
-    ACCEL_CHECK(ok.to(kInt64).sum().item<int64_t>() == ok.numel(), IndexError, "vocab_embedding",
-                "an index of ", idx.sizes(), " is outside [0, ", vocab, ")");
-    const Tensor mine = logical_and(idx.ge(start), idx.lt(start + vl));
-    in[0].tensor() = where(mine, idx - start, Scalar(int64_t(0)));
-    std::vector<Tensor> out = call(in);
-    out[0] = masked_fill(out[0], logical_not(mine).unsqueeze(-1), 0.0);  // other ranks' rows
-    out[0] = o.sequence_parallel ? reduce_scatter_to_sequence_region(out[0], o.sequence_dim, g)
-                                 : reduce_from_tp_region(out[0], g);
-    return out;
-  });
+  emb.set_call_wrapper(
+      [g, o, vocab, vl, start](nn::Module&, nn::Values& in, const nn::CallFn& call) {
+        ACCEL_CHECK(in.size() == 1 && in[0].is_tensor() && in[0].tensor().defined(), ValueError,
+                    "vocab_embedding", "expected one index tensor, got ", nn::describe_values(in));
+        const Tensor idx = in[0].tensor();
+        const Tensor ok = logical_and(idx.ge(0), idx.lt(vocab));
+        ACCEL_CHECK(ok.to(kInt64).sum().item<int64_t>() == ok.numel(), IndexError,
+                    "vocab_embedding", "an index of ", idx.sizes(), " is outside [0, ", vocab, ")");
+        const Tensor mine = logical_and(idx.ge(start), idx.lt(start + vl));
+        in[0].tensor() = where(mine, idx - start, Scalar(int64_t(0)));
+        std::vector<Tensor> out = call(in);
+        out[0] = masked_fill(out[0], logical_not(mine).unsqueeze(-1), 0.0);  // other ranks' rows
+        out[0] = o.sequence_parallel ? reduce_scatter_to_sequence_region(out[0], o.sequence_dim, g)
+                                     : reduce_from_tp_region(out[0], g);
+        return out;
+      });
 }
 
 void apply_sequence(nn::Module& m, int64_t shard_input_dim, const ProcessGroupPtr& g) {
@@ -276,11 +293,8 @@ void apply_style(nn::Module& m, const TpStyle& s, const ProcessGroupPtr& g, TpEn
     case TpStyle::Kind::VocabEmbedding:
       apply_vocab_embedding(static_cast<nn::Embedding&>(m), s.rowwise, g, entry);
       break;
-    case TpStyle::Kind::Sequence:
-      apply_sequence(m, s.shard_input_dim, g);
-      break;
-    case TpStyle::Kind::Replicate:
-      break;
+    case TpStyle::Kind::Sequence: apply_sequence(m, s.shard_input_dim, g); break;
+    case TpStyle::Kind::Replicate: break;
   }
 }
 
@@ -357,6 +371,7 @@ std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> module,
     planned[name] = plan[mi.second].second;
     check_style(name, *mi.first, plan[mi.second].second, p);
   }
+  check_nesting(planned);
   std::vector<nn::CausalSelfAttention*> split_heads;
   for (const auto& [name, m] : module->named_modules()) {
     if (auto* a = dynamic_cast<nn::CausalSelfAttention*>(m)) {

@@ -34,11 +34,11 @@ double max_diff(const Tensor& a, const Tensor& b) {
   return amax(abs(a.detach().to(kFloat64) - b.detach().to(kFloat64))).item<double>();
 }
 
-#define EXPECT_CLOSE(a, b, tol, what)                                                     \
-  do {                                                                                    \
-    const double d_ = max_diff((a), (b));                                                 \
-    WCHECK(d_ <= (tol), what << ": max difference " << d_ << " (shapes " << (a).sizes() \
-                              << " and " << (b).sizes() << ")");                          \
+#define EXPECT_CLOSE(a, b, tol, what)                                                              \
+  do {                                                                                             \
+    const double d_ = max_diff((a), (b));                                                          \
+    WCHECK(d_ <= (tol), what << ": max difference " << d_ << " (shapes " << (a).sizes() << " and " \
+                             << (b).sizes() << ")");                                               \
   } while (0)
 
 Tensor rnd(const Shape& s, uint64_t seed) {
@@ -91,34 +91,38 @@ void collectives_over(const ProcessGroupPtr& g, const std::string& label, uint64
     Tensor loss = zeros({}, TensorOptions(kFloat64));
     for (int q = 0; q < p; ++q) loss = loss + sum(x * ws[q]);
     loss.backward();
-    check_op(label + " copy_to_tp_region", [&](const Tensor& t) { return copy_to_tp_region(t, g); },
-             x_rep, ws[r], x_rep, x.grad());
+    check_op(
+        label + " copy_to_tp_region", [&](const Tensor& t) { return copy_to_tp_region(t, g); },
+        x_rep, ws[r], x_rep, x.grad());
   }
   {  // reduce_from: partial sums in, the replicated sum out, used once
     auto ls = leaves(xs);
     Tensor total = ls[0];
     for (int q = 1; q < p; ++q) total = total + ls[q];
     sum(total * w_rep).backward();
-    check_op(label + " reduce_from_tp_region",
-             [&](const Tensor& t) { return reduce_from_tp_region(t, g); }, xs[r], w_rep,
-             total.detach(), ls[r].grad());
+    check_op(
+        label + " reduce_from_tp_region",
+        [&](const Tensor& t) { return reduce_from_tp_region(t, g); }, xs[r], w_rep, total.detach(),
+        ls[r].grad());
   }
   {  // gather (dim -2): pieces in, the replicated whole out, used once
     auto ls = leaves(xs_small);
     Tensor whole = cat(ls, 1);
     sum(whole * w_rep).backward();
-    check_op(label + " gather_from_tp_region",
-             [&](const Tensor& t) { return gather_from_tp_region(t, -2, g); }, xs_small[r], w_rep,
-             whole.detach(), ls[r].grad());
+    check_op(
+        label + " gather_from_tp_region",
+        [&](const Tensor& t) { return gather_from_tp_region(t, -2, g); }, xs_small[r], w_rep,
+        whole.detach(), ls[r].grad());
   }
   {  // scatter: the replicated whole in, each rank's piece used by that rank
     auto x = leaves({x_rep})[0];
     Tensor loss = zeros({}, TensorOptions(kFloat64));
     for (int q = 0; q < p; ++q) loss = loss + sum(chunk(x, q) * ws_small[q]);
     loss.backward();
-    check_op(label + " scatter_to_tp_region",
-             [&](const Tensor& t) { return scatter_to_tp_region(t, 1, g); }, x_rep, ws_small[r],
-             chunk(x_rep, r), x.grad());
+    check_op(
+        label + " scatter_to_tp_region",
+        [&](const Tensor& t) { return scatter_to_tp_region(t, 1, g); }, x_rep, ws_small[r],
+        chunk(x_rep, r), x.grad());
   }
   {  // sequence gather: chunks in, the whole sequence used by every rank's own work
     auto ls = leaves(xs_small);
@@ -126,9 +130,10 @@ void collectives_over(const ProcessGroupPtr& g, const std::string& label, uint64
     Tensor loss = zeros({}, TensorOptions(kFloat64));
     for (int q = 0; q < p; ++q) loss = loss + sum(whole * ws[q]);
     loss.backward();
-    check_op(label + " gather_from_sequence_region",
-             [&](const Tensor& t) { return gather_from_sequence_region(t, 1, g); }, xs_small[r],
-             ws[r], whole.detach(), ls[r].grad());
+    check_op(
+        label + " gather_from_sequence_region",
+        [&](const Tensor& t) { return gather_from_sequence_region(t, 1, g); }, xs_small[r], ws[r],
+        whole.detach(), ls[r].grad());
   }
   {  // sequence reduce-scatter: partial sums in, chunk q of the sum used by rank q
     auto ls = leaves(xs);
@@ -137,9 +142,10 @@ void collectives_over(const ProcessGroupPtr& g, const std::string& label, uint64
     Tensor loss = zeros({}, TensorOptions(kFloat64));
     for (int q = 0; q < p; ++q) loss = loss + sum(chunk(total, q) * ws_small[q]);
     loss.backward();
-    check_op(label + " reduce_scatter_to_sequence_region",
-             [&](const Tensor& t) { return reduce_scatter_to_sequence_region(t, -2, g); }, xs[r],
-             ws_small[r], chunk(total, r).detach(), ls[r].grad());
+    check_op(
+        label + " reduce_scatter_to_sequence_region",
+        [&](const Tensor& t) { return reduce_scatter_to_sequence_region(t, -2, g); }, xs[r],
+        ws_small[r], chunk(total, r).detach(), ls[r].grad());
   }
 }
 
@@ -239,17 +245,34 @@ void scenario_errors(const ProcessGroupPtr& world) {
   auto model = make_gpt();
   const Tensor before = model->parameter("blocks.0.fc.weight").detach().clone();
   WCHECK(throws_with(
-             [&] { parallelize(model, g, {{"blocks.*.fc", colwise()}, {"blocks.*.mlp", rowwise()}}); },
+             [&] {
+               parallelize(model, g, {{"blocks.*.fc", colwise()}, {"blocks.*.mlp", rowwise()}});
+             },
              "ValueError", {"blocks.*.mlp", "matches no module"}),
          "an unmatched pattern is a ValueError naming it");
-  WCHECK(throws_with([&] { parallelize(model, g, {{"blocks.*.ln1", colwise()}}); }, "ValueError",
-                     {"blocks.0.ln1", "colwise", "nn::Linear"}),
+  WCHECK(throws_with(
+             [&] {
+               parallelize(model, g, {{"blocks.*.ln1", colwise()}});
+             },
+             "ValueError", {"blocks.0.ln1", "colwise", "nn::Linear"}),
          "colwise on a LayerNorm is a ValueError naming the module");
-  WCHECK(throws_with([&] { parallelize(model, g, {{"blocks.*", replicate()}, {"blocks.1", sequence()}}); },
-                     "ValueError", {"blocks.1", "blocks.*"}),
+  WCHECK(throws_with(
+             [&] {
+               parallelize(model, g, {{"blocks.*", replicate()}, {"blocks.1", sequence()}});
+             },
+             "ValueError", {"blocks.1", "blocks.*"}),
          "a module matched twice is a ValueError naming both patterns");
-  WCHECK(throws_with([&] { parallelize(model, g, {{"blocks.*.attn.qkv", colwise({.chunks = 3})}}); },
-                     "ValueError", {"blocks.0.attn", "proj"}),
+  WCHECK(throws_with(
+             [&] {
+               parallelize(model, g, {{"blocks.*", sequence()}, {"blocks.*.fc", colwise()}});
+             },
+             "ValueError", {"blocks.0.fc", "inside module 'blocks.0'"}),
+         "a sharded module inside a sequence module is a ValueError naming both");
+  WCHECK(throws_with(
+             [&] {
+               parallelize(model, g, {{"blocks.*.attn.qkv", colwise({.chunks = 3})}});
+             },
+             "ValueError", {"blocks.0.attn", "proj"}),
          "qkv split without proj is a ValueError naming the attention");
   {  // non-divisible sizes at tp 4: vocabulary 30, d_model 12 with 3 heads
     models::GptConfig c = small_gpt();
@@ -258,17 +281,25 @@ void scenario_errors(const ProcessGroupPtr& world) {
     c.heads = 3;
     Generator gen(1);
     auto odd = std::make_shared<models::Gpt>(c, &gen);
-    WCHECK(throws_with([&] { parallelize(odd, g, {{"head", colwise()}}); }, "ShapeError",
-                       {"head", "out_features 30", "tp 4"}),
+    WCHECK(throws_with(
+               [&] {
+                 parallelize(odd, g, {{"head", colwise()}});
+               },
+               "ShapeError", {"head", "out_features 30", "tp 4"}),
            "head rows 30 over tp 4 is a ShapeError naming the module and sizes");
-    WCHECK(throws_with([&] { parallelize(odd, g, {{"tok", vocab_embedding()}}); }, "ShapeError",
-                       {"tok", "num_embeddings 30", "tp 4"}),
+    WCHECK(throws_with(
+               [&] {
+                 parallelize(odd, g, {{"tok", vocab_embedding()}});
+               },
+               "ShapeError", {"tok", "num_embeddings 30", "tp 4"}),
            "a vocabulary of 30 over tp 4 is a ShapeError naming the module and sizes");
-    WCHECK(throws_with([&] {
-             parallelize(odd, g, {{"blocks.*.attn.qkv", colwise({.chunks = 3})},
-                                  {"blocks.*.attn.proj", rowwise()}});
-           },
-                       "ShapeError", {"blocks.0.attn", "n_heads 3", "tp 4"}),
+    WCHECK(throws_with(
+               [&] {
+                 parallelize(odd, g,
+                             {{"blocks.*.attn.qkv", colwise({.chunks = 3})},
+                              {"blocks.*.attn.proj", rowwise()}});
+               },
+               "ShapeError", {"blocks.0.attn", "n_heads 3", "tp 4"}),
            "3 heads over tp 4 is a ShapeError naming the attention");
     WCHECK(!is_tp_sharded(*odd, "head.weight") && odd->head->out_features == 30 &&
                odd->tok->num_embeddings == 30,
@@ -340,8 +371,9 @@ std::pair<std::vector<double>, nn::TensorDict> reference_run() {
 void train_on(const Mesh& mesh, const std::vector<double>& ref_losses,
               const nn::TensorDict& ref_params) {
   auto model = make_gpt();
-  parallelize(model, mesh.tp,
-              models::gpt_tp_plan({.sequence_parallel = mesh.sp, .loss_parallel = mesh.loss_parallel}));
+  parallelize(
+      model, mesh.tp,
+      models::gpt_tp_plan({.sequence_parallel = mesh.sp, .loss_parallel = mesh.loss_parallel}));
   optim::AdamW opt(model->parameters(), adamw());
   const int dp = mesh.dp ? mesh.dp->size() : 1, d = mesh.dp ? mesh.dp->rank() : 0;
   double worst = 0;
@@ -352,8 +384,8 @@ void train_on(const Mesh& mesh, const std::vector<double>& ref_losses,
     y = y.narrow(0, d * b, b).contiguous();
     opt.zero_grad();
     Tensor out = (*model)(x);
-    Tensor loss = mesh.loss_parallel ? models::lm_loss_parallel(out, y, mesh.tp)
-                                     : models::lm_loss(out, y);
+    Tensor loss =
+        mesh.loss_parallel ? models::lm_loss_parallel(out, y, mesh.tp) : models::lm_loss(out, y);
     loss.backward();
     Tensor l = loss.detach().clone().reshape({1});
     if (mesh.dp) {
@@ -377,9 +409,9 @@ void train_on(const Mesh& mesh, const std::vector<double>& ref_losses,
     worst_param = std::max(worst_param, max_diff(it->second, t));
   }
   if (g_rank == 0)
-    std::cout << mesh.label << ": losses within " << worst << ", parameters within "
-              << worst_param << " of one process (" << kSteps << " steps, loss "
-              << ref_losses.front() << " -> " << ref_losses.back() << ")" << std::endl;
+    std::cout << mesh.label << ": losses within " << worst << ", parameters within " << worst_param
+              << " of one process (" << kSteps << " steps, loss " << ref_losses.front() << " -> "
+              << ref_losses.back() << ")" << std::endl;
 }
 
 void scenario_train(const ProcessGroupPtr& world) {

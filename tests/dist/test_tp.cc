@@ -31,3 +31,7 @@ TEST_CASE("tp: bad plans and non-divisible sizes are clear errors") {
 TEST_CASE("tp: GPT trained 20 steps at tp 2 x dp 2, tp 4, with sequence parallel = 1 process") {
   check_ok(run_world(worker(), {"train"}, 4, {}, 240s), "train");
 }
+
+TEST_CASE("tp: FSDP over dp 2 of a tp 2 GPT (with and without sequence parallel) = 1 process") {
+  check_ok(run_world(worker(), {"fsdp2d"}, 4, {}, 240s), "fsdp2d");
+}

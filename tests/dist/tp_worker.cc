@@ -10,6 +10,8 @@
 //                tp 2 x dp 2, tp 4, tp 2 x dp 2 + sequence parallel, tp 4 + sequence parallel
 //                with gradient accumulation over 2 micro-batches, against the one-process run:
 //                every loss and the final full weights within 1e-10
+//   fsdp2d       2-D: FSDP (ZeRO-3 over dp_shard 2, blocks as units, parallel/fsdp.h) of a
+//                tp 2 model, with and without sequence parallel, against one process (1e-10)
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -20,6 +22,7 @@
 #include "comm/device_mesh.h"
 #include "comm/process_group.h"
 #include "examples/models.h"
+#include "parallel/fsdp.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/dist/worker_check.h"
 
@@ -352,7 +355,7 @@ optim::AdamWOptions adamw() {
 }
 
 // The one-process run: every step's loss and the final parameters.
-std::pair<std::vector<double>, nn::TensorDict> reference_run() {
+std::pair<std::vector<double>, nn::TensorDict> reference_run(bool clip = true) {
   auto model = make_gpt();
   optim::AdamW opt(model->parameters(), adamw());
   std::vector<double> losses;
@@ -361,7 +364,7 @@ std::pair<std::vector<double>, nn::TensorDict> reference_run() {
     opt.zero_grad();
     Tensor loss = models::lm_loss((*model)(x), y);
     loss.backward();
-    nn::clip_grad_norm_(model->parameters(), kClip);
+    if (clip) nn::clip_grad_norm_(model->parameters(), kClip);
     opt.step();
     losses.push_back(loss.item<double>());
   }
@@ -439,6 +442,52 @@ void scenario_train(const ProcessGroupPtr& world) {
            ref_losses, ref_params);
 }
 
+// 2-D: FSDP (ZeRO-3, blocks as units) over dp of a tp-parallelized GPT.
+void scenario_fsdp2d(const ProcessGroupPtr& world) {
+  const auto ref = reference_run(/*clip=*/false);
+  auto factory = [](const std::vector<int>& ranks) { return new_group(ranks); };
+  DeviceMesh m22(mesh_dims({.dp_shard = 2, .tp = 2}), world->rank(), world->size(), factory);
+  for (bool sp : {false, true}) {
+    auto model = make_gpt();
+    auto tp = m22.group("tp"), dp = m22.group("dp_shard");
+    parallelize(model, tp, models::gpt_tp_plan({.sequence_parallel = sp}));
+    FullyShardedModel fsdp(model, dp);
+    optim::AdamW opt(fsdp.shard_params(), adamw());
+    double worst = 0;
+    for (int s = 0; s < kSteps; ++s) {
+      auto [x, y] = batch(s);
+      x = x.narrow(0, dp->rank() * 2, 2).contiguous();
+      y = y.narrow(0, dp->rank() * 2, 2).contiguous();
+      Tensor loss = models::lm_loss((*model)(x), y);
+      fsdp.backward(loss);
+      Tensor l = loss.detach().clone().reshape({1});
+      dp->all_reduce(l, ReduceOp::Avg);
+      fsdp.prepare_step();
+      opt.step();
+      fsdp.after_step();
+      fsdp.zero_grad();
+      worst = std::max(worst, std::abs(l.item<double>() - ref.first[size_t(s)]));
+    }
+    WCHECK(worst <= 1e-10, "fsdp 2 x tp 2 sp=" << sp << ": losses differ by " << worst);
+    // The final weights: FSDP's full (over dp) state of this rank's tp shards, loaded into a
+    // fresh tp model, gathered over tp.
+    const nn::TensorDict local = fsdp.full_state_dict();
+    auto check = make_gpt();
+    parallelize(check, tp, models::gpt_tp_plan({.sequence_parallel = sp}));
+    check->load_state_dict(local);
+    double worst_param = 0;
+    for (const auto& [n, t] : tp_full_parameters(*check)) {
+      WCHECK(ref.second.count(n), "fsdp x tp: unexpected parameter " << n);
+      if (ref.second.count(n)) worst_param = std::max(worst_param, max_diff(t, ref.second.at(n)));
+    }
+    WCHECK(worst_param <= 1e-10,
+           "fsdp 2 x tp 2 sp=" << sp << ": weights differ by " << worst_param);
+    if (g_rank == 0)
+      std::cout << "fsdp 2 x tp 2" << (sp ? ", sequence parallel" : "") << ": losses within "
+                << worst << ", parameters within " << worst_param << " of one process" << std::endl;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -462,6 +511,8 @@ int main(int argc, char** argv) {
       scenario_loss(world);
     } else if (scenario == "errors") {
       scenario_errors(world);
+    } else if (scenario == "fsdp2d") {
+      scenario_fsdp2d(world);
     } else if (scenario == "train") {
       scenario_train(world);
     } else {

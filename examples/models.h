@@ -14,6 +14,7 @@
 #include <string>
 
 #include "accel.h"
+#include "parallel/tensor_parallel.h"
 
 namespace accel::models {
 
@@ -79,10 +80,11 @@ class GptBlock : public nn::Module {
         fc_out(register_module(
             "fc_out", std::make_shared<nn::Linear>(4 * c.d_model, c.d_model, true, gen))) {}
 
-  // x: (B, T, C) -> (B, T, C)
+  // x: (B, T, C) -> (B, T, C). Children are called through operator() so that tensor-parallel
+  // styles (call wrappers, parallel/tensor_parallel.h) apply to them.
   Tensor forward(const Tensor& x) override {
-    const Tensor h = x + attn->forward(ln1->forward(x));
-    return h + fc_out->forward(gelu(fc->forward(ln2->forward(h))));  // GELU, erf form
+    const Tensor h = x + (*attn)((*ln1)(x));
+    return h + (*fc_out)(gelu((*fc)((*ln2)(h))));  // GELU, erf form
   }
 
   std::shared_ptr<nn::LayerNorm> ln1;
@@ -122,9 +124,9 @@ class Gpt : public nn::Module {
     const int64_t T = idx.size(1);
     if (positions_.device() != idx.device()) positions_ = positions_.to(idx.device());
     // (B, T, C) + (T, C): the position embedding broadcasts over the batch.
-    Tensor x = tok->forward(idx) + pos->forward(positions_.narrow(0, 0, T));
+    Tensor x = (*tok)(idx) + (*pos)(positions_.narrow(0, 0, T));
     for (const auto& b : *blocks) x = b->forward(x);
-    return head->forward(ln_f->forward(x));
+    return (*head)((*ln_f)(x));
   }
 
   GptConfig config;
@@ -136,6 +138,41 @@ class Gpt : public nn::Module {
  private:
   Tensor positions_;  // arange(context), int64
 };
+
+// The Megatron-LM tensor-parallel plan of Gpt (dist::parallelize; docs/parallelism.md): the
+// token embedding vocabulary-parallel, each attention's heads split (qkv colwise by heads, proj
+// rowwise), the MLP's fc colwise and fc_out rowwise, the head colwise. With sequence_parallel
+// the LayerNorms and residuals run on (B, T / tp, C) chunks (T divisible by tp), the position
+// embedding on its chunk of positions. With loss_parallel the head's output stays sharded,
+// (B, T, vocab / tp), for dist::vocab_parallel_cross_entropy; otherwise it is gathered and
+// lm_loss applies as in one process.
+struct GptTpOptions {
+  bool sequence_parallel = false;
+  bool loss_parallel = false;
+};
+inline dist::TpPlan gpt_tp_plan(GptTpOptions o = {}) {
+  const bool sp = o.sequence_parallel;
+  const dist::TpStyle region = sp ? dist::sequence() : dist::replicate();
+  return {
+      {"tok", dist::vocab_embedding({.sequence_parallel = sp})},
+      {"pos", sp ? dist::sequence(/*shard_input_dim=*/0) : dist::replicate()},
+      {"blocks.*.ln1", region},
+      {"blocks.*.attn.qkv", dist::colwise({.chunks = 3, .sequence_parallel = sp})},
+      {"blocks.*.attn.proj", dist::rowwise({.sequence_parallel = sp})},
+      {"blocks.*.ln2", region},
+      {"blocks.*.fc", dist::colwise({.sequence_parallel = sp})},
+      {"blocks.*.fc_out", dist::rowwise({.sequence_parallel = sp})},
+      {"ln_f", region},
+      {"head", dist::colwise({.gather_output = !o.loss_parallel, .sequence_parallel = sp})},
+  };
+}
+
+// lm_loss of local logits (B, T, vocab / tp) from gpt_tp_plan({.loss_parallel = true}).
+inline Tensor lm_loss_parallel(const Tensor& local_logits, const Tensor& targets,
+                               const dist::ProcessGroupPtr& tp) {
+  return dist::vocab_parallel_cross_entropy(local_logits.reshape({-1, local_logits.size(-1)}),
+                                            targets.reshape({-1}), tp);
+}
 
 // Mean cross-entropy of next-byte logits (B, T, V) against targets (B, T), in nats per byte.
 inline Tensor lm_loss(const Tensor& logits, const Tensor& targets) {

@@ -9,7 +9,7 @@
 namespace accel::nn {
 
 CausalSelfAttention::CausalSelfAttention(int64_t c, int64_t h, bool bias, double p, Generator* gen)
-    : d_model(c), n_heads(h), head_dim(h > 0 ? c / h : 0) {
+    : d_model(c), n_heads(h), head_dim(h > 0 ? c / h : 0), local_heads(h) {
   ACCEL_CHECK(c > 0 && h > 0 && c % h == 0, ValueError, "CausalSelfAttention", "d_model (", c,
               ") must be a positive multiple of n_heads (", h, ")");
   qkv = register_module("qkv", std::make_shared<Linear>(c, 3 * c, bias, gen));
@@ -34,14 +34,18 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   ACCEL_CHECK(x.defined(), ValueError, "CausalSelfAttention", "input is undefined");
   ACCEL_CHECK(x.dim() == 3 && x.size(2) == d_model, ShapeError, "CausalSelfAttention",
               "expected input (B, T, ", d_model, "), got ", x.sizes());
-  const int64_t B = x.size(0), T = x.size(1), C = d_model, H = n_heads, D = head_dim;
-  const Tensor qkv_out = qkv->forward(x);  // (B, T, 3C)
+  // Through operator(): a tensor-parallel style wraps qkv and proj (parallel/tensor_parallel.h).
+  // Under sequence parallelism x is this rank's chunk of the sequence and qkv gathers it, so B
+  // and T are read from qkv's output; C is the width of the local heads.
+  const Tensor qkv_out = (*qkv)(x);  // (B, T, 3C)
+  const int64_t B = qkv_out.size(0), T = qkv_out.size(1), H = local_heads, D = head_dim;
+  const int64_t C = H * D;
   if (attn_dropout->p == 0.0 || !attn_dropout->is_training()) {
     // One fused op reads q, k, v in place from the packed projection and writes the merged heads
     // (Note [fused attention] in kernels/cpu/nn_attention.cc); same math as the composed path
     // below.
     const Tensor y = scaled_dot_product_attention_packed(qkv_out, H, /*causal=*/true);
-    return resid_dropout->forward(proj->forward(y));
+    return resid_dropout->forward((*proj)(y));
   }
   // Dropout on the attention weights needs them materialised: the composed path.
   // (B, T, C) slice -> (B, T, H, D) -> (B, H, T, D)
@@ -56,7 +60,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   att = masked_fill(att, causal_mask(T, x.device()), -INFINITY);  // hide the future
   att = attn_dropout->forward(softmax(att, -1));
   const Tensor y = matmul(att, v).transpose(1, 2).reshape({B, T, C});  // (B, T, C)
-  return resid_dropout->forward(proj->forward(y));
+  return resid_dropout->forward((*proj)(y));
 }
 
 std::string CausalSelfAttention::extra_repr() const {

@@ -22,6 +22,9 @@ class CausalSelfAttention : public Module {
   std::string extra_repr() const override;
 
   int64_t d_model, n_heads, head_dim;
+  // The heads this module runs: n_heads, or n_heads / tp once dist::parallelize split its heads
+  // (qkv then holds this rank's heads' rows of q, k and v, and proj their columns).
+  int64_t local_heads;
   std::shared_ptr<Linear> qkv;   // C -> 3C: [q | k | v]
   std::shared_ptr<Linear> proj;  // C -> C
   std::shared_ptr<Dropout> attn_dropout, resid_dropout;

@@ -1,0 +1,498 @@
+// parallelize(): tensor-parallel styles applied to modules by name pattern
+// (parallel/tensor_parallel.h; docs/parallelism.md "Tensor parallel").
+//
+// Note [tp styles as call wrappers]
+// A style is the module's own forward with this rank's shard of its parameters, plus a region
+// entry before it and a region exit after it (Note [tp regions] in tp_collectives.cc). The entry
+// and exit run in a call wrapper (Note [module calls] in autograd/nn/module.h), so nn::Linear and
+// nn::Embedding stay unaware of tensor parallelism and the parameters stay plain tensors that an
+// optimizer, DDP or FSDP over another group can take as they are. Two consequences: the parent
+// must call the module through operator() (a direct forward() skips the wrapper, as it skips
+// hooks), and a planned module cannot also be a ZeRO-3 unit (one wrapper per module): shard
+// blocks or the root with FSDP, not the Linear layers inside them. Rowwise computes
+// linear(x, weight) itself, so that its bias is added once after the reduction; its module's own
+// forward hooks therefore do not run.
+//
+// Note [tp registry]
+// tp_full_parameters and the gradient norm must know which parameters are shards, of what and
+// over which group, given only the module. parallelize records that per module in a process-wide
+// table keyed by the module's address and holding a weak reference, so an entry of a module that
+// died (and an address reused since) is recognised and dropped.
+#include "parallel/tensor_parallel.h"
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+
+#include "autograd/nn/attention.h"
+#include "autograd/nn/linear.h"
+#include "autograd/ops.h"
+#include "core/error.h"
+
+namespace accel::dist {
+
+namespace {
+
+constexpr const char* kOp = "parallelize";
+
+struct ShardSpec {
+  std::string param;  // the module's own parameter name ("weight", "bias")
+  int64_t dim = 0;
+  int64_t chunks = 1;
+};
+
+struct TpEntry {
+  std::weak_ptr<nn::Module> module;
+  ProcessGroupPtr group;
+  TpStyle style;
+  std::vector<ShardSpec> shards;
+};
+
+std::mutex g_registry_mu;
+std::map<const nn::Module*, TpEntry>& registry() {
+  static std::map<const nn::Module*, TpEntry> r;
+  return r;
+}
+
+std::optional<TpEntry> find_entry(const nn::Module* m) {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  auto it = registry().find(m);
+  if (it == registry().end()) return std::nullopt;
+  if (it->second.module.lock().get() != m) {  // Note [tp registry]: a dead module's entry
+    registry().erase(it);
+    return std::nullopt;
+  }
+  return it->second;
+}
+
+int group_size(const ProcessGroupPtr& g) { return g ? g->size() : 1; }
+int group_rank(const ProcessGroupPtr& g) { return g ? g->rank() : 0; }
+
+std::vector<std::string> split_name(const std::string& s) {
+  std::vector<std::string> out;
+  if (s.empty()) return out;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = s.find('.', start);
+    out.push_back(s.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return out;
+}
+
+bool matches(const std::vector<std::string>& pattern, const std::vector<std::string>& name) {
+  if (pattern.size() != name.size()) return false;
+  for (size_t i = 0; i < name.size(); ++i)
+    if (pattern[i] != "*" && pattern[i] != name[i]) return false;
+  return true;
+}
+
+// This rank's shard of `full` along dim: `chunks` equal blocks, each cut in p pieces, piece r of
+// every block concatenated.
+Tensor shard_of(const Tensor& full, int64_t dim, int64_t chunks, int p, int r) {
+  const int64_t block = full.size(dim) / chunks, n = block / p;
+  std::vector<Tensor> pieces;
+  for (int64_t c = 0; c < chunks; ++c) pieces.push_back(full.narrow(dim, c * block + r * n, n));
+  return (pieces.size() == 1 ? pieces[0] : cat(pieces, dim)).contiguous().clone();
+}
+
+// A process-group all-reduce (sum) of a gradient: the hook of a parameter replicated in a
+// sequence-parallel region, whose every rank saw only its own chunk of the sequence.
+GradHook all_reduce_hook(const ProcessGroupPtr& g) {
+  return [g](const Tensor& grad) {
+    Tensor r = grad.detach().contiguous().clone();
+    g->all_reduce(r);
+    return r;
+  };
+}
+
+std::string describe(const std::string& name, const nn::Module& m) {
+  return "module '" + name + "' (" + m.type_name() + ": " + m.extra_repr() + ")";
+}
+
+// ---- checks (all before anything changes) ----
+
+void check_style(const std::string& name, nn::Module& m, const TpStyle& s, int p) {
+  using K = TpStyle::Kind;
+  const bool wraps = s.kind == K::Colwise || s.kind == K::Rowwise || s.kind == K::VocabEmbedding ||
+                     (s.kind == K::Sequence && s.shard_input_dim >= 0);
+  ACCEL_CHECK(!find_entry(&m), ValueError, kOp, describe(name, m),
+              " is tensor-parallel already; parallelize a fresh model");
+  ACCEL_CHECK(!wraps || !m.has_call_wrapper(), ValueError, kOp, describe(name, m),
+              " has a call wrapper already (a ZeRO-3 unit?): style ", s.name(),
+              " needs its own; apply tensor parallel first and shard blocks, not its layers");
+  if (s.kind == K::Colwise || s.kind == K::Rowwise) {
+    auto* lin = dynamic_cast<nn::Linear*>(&m);
+    ACCEL_CHECK(lin, ValueError, kOp, "style ", s.name(), " needs an nn::Linear, ",
+                describe(name, m), " is not one");
+    if (s.kind == K::Colwise) {
+      const int64_t k = s.colwise.chunks;
+      ACCEL_CHECK(k >= 1, ValueError, kOp, "colwise chunks must be >= 1, got ", k, " for ",
+                  describe(name, m));
+      ACCEL_CHECK(!(s.colwise.gather_output && k > 1), ValueError, kOp, "colwise with chunks ", k,
+                  " cannot gather its output (the gathered columns "
+                  "would be in rank order, not the packed order) for ",
+                  describe(name, m));
+      ACCEL_CHECK(lin->out_features % (k * p) == 0, ShapeError, kOp, "colwise ", describe(name, m),
+                  ": out_features ", lin->out_features, " is not divisible by chunks ", k, " x tp ",
+                  p);
+    } else {
+      ACCEL_CHECK(lin->in_features % p == 0, ShapeError, kOp, "rowwise ", describe(name, m),
+                  ": in_features ", lin->in_features, " is not divisible by tp ", p);
+    }
+  } else if (s.kind == K::VocabEmbedding) {
+    auto* emb = dynamic_cast<nn::Embedding*>(&m);
+    ACCEL_CHECK(emb, ValueError, kOp, "style ", s.name(), " needs an nn::Embedding, ",
+                describe(name, m), " is not one");
+    ACCEL_CHECK(emb->num_embeddings % p == 0, ShapeError, kOp, "vocab_embedding ",
+                describe(name, m), ": num_embeddings ", emb->num_embeddings,
+                " is not divisible by tp ", p);
+  }
+}
+
+// A CausalSelfAttention's heads split: qkv colwise (packed, 3 chunks, not gathered) and proj
+// rowwise together, or neither.
+void check_attention(const std::string& name, nn::CausalSelfAttention& a,
+                     const std::map<std::string, TpStyle>& planned, int p) {
+  const std::string pre = name.empty() ? "" : name + ".";
+  auto qkv = planned.find(pre + "qkv");
+  auto proj = planned.find(pre + "proj");
+  const bool q = qkv != planned.end() && qkv->second.kind == TpStyle::Kind::Colwise;
+  const bool o = proj != planned.end() && proj->second.kind == TpStyle::Kind::Rowwise;
+  if (!q && !o) return;
+  ACCEL_CHECK(q && o, ValueError, kOp, describe(name, a),
+              ": split its heads with qkv colwise and proj rowwise together (got qkv ",
+              qkv == planned.end() ? "unplanned" : qkv->second.name(), ", proj ",
+              proj == planned.end() ? "unplanned" : proj->second.name(), ")");
+  ACCEL_CHECK(qkv->second.colwise.chunks == 3, ValueError, kOp, describe(name, a),
+              ": its qkv is packed [q | k | v]: colwise needs chunks = 3, got ",
+              qkv->second.colwise.chunks);
+  ACCEL_CHECK(a.n_heads % p == 0, ShapeError, kOp, describe(name, a), ": n_heads ", a.n_heads,
+              " is not divisible by tp ", p);
+}
+
+// A sequence module all-reduces the gradients of every parameter below it, so no module below
+// it may hold shards.
+void check_nesting(const std::map<std::string, TpStyle>& planned) {
+  using K = TpStyle::Kind;
+  for (const auto& [outer, s] : planned) {
+    if (s.kind != K::Sequence) continue;
+    const std::string pre = outer.empty() ? "" : outer + ".";
+    for (const auto& [inner, t] : planned) {
+      const bool below = inner != outer && inner.compare(0, pre.size(), pre) == 0;
+      ACCEL_CHECK(!below || t.kind == K::Sequence || t.kind == K::Replicate, ValueError, kOp,
+                  "module '", inner, "' (", t.name(), ") lies inside module '", outer,
+                  "' (sequence), whose parameters' gradients are all-reduced over tp: plan the "
+                  "sequence style on the modules beside it instead");
+    }
+  }
+}
+
+// ---- applying a style ----
+
+void shard_param(nn::Module& m, const std::string& pname, int64_t dim, int64_t chunks,
+                 const ProcessGroupPtr& g, TpEntry& entry) {
+  for (auto& [n, t] : m.named_parameters(false)) {
+    if (n != pname) continue;
+    NoGradGuard no_grad;
+    Tensor handle = t;
+    nn::assign_tensor_data(handle, shard_of(t.detach(), dim, chunks, group_size(g), group_rank(g)));
+    if (handle.grad().defined()) handle.set_grad(Tensor());
+    entry.shards.push_back({pname, dim, chunks});
+    return;
+  }
+}
+
+void apply_colwise(nn::Linear& lin, const ColwiseOptions& o, const ProcessGroupPtr& g,
+                   TpEntry& entry) {
+  shard_param(lin, "weight", 0, o.chunks, g, entry);
+  if (lin.bias.defined()) shard_param(lin, "bias", 0, o.chunks, g, entry);
+  lin.out_features /= group_size(g);
+  lin.set_call_wrapper([g, o](nn::Module&, nn::Values& in, const nn::CallFn& call) {
+    ACCEL_CHECK(!in.empty() && in[0].is_tensor() && in[0].tensor().defined(), ValueError, "colwise",
+                "expected a tensor input, got ", nn::describe_values(in));
+    Tensor& x = in[0].tensor();
+    x = o.sequence_parallel ? gather_from_sequence_region(x, o.sequence_dim, g)
+                            : copy_to_tp_region(x, g);
+    std::vector<Tensor> out = call(in);
+    if (o.gather_output) out[0] = gather_from_tp_region(out[0], -1, g);
+    return out;
+  });
+}
+
+void apply_rowwise(nn::Linear& lin, const RowwiseOptions& o, const ProcessGroupPtr& g,
+                   TpEntry& entry) {
+  shard_param(lin, "weight", 1, 1, g, entry);
+  lin.in_features /= group_size(g);
+  if (o.sequence_parallel && lin.bias.defined() && group_size(g) > 1)
+    lin.bias.register_hook(all_reduce_hook(g));
+  lin.set_call_wrapper([g, o](nn::Module& m, nn::Values& in, const nn::CallFn&) {
+    auto& l = static_cast<nn::Linear&>(m);
+    ACCEL_CHECK(in.size() == 1 && in[0].is_tensor() && in[0].tensor().defined(), ValueError,
+                "rowwise", "expected one tensor input, got ", nn::describe_values(in));
+    const Tensor& x = in[0].tensor();
+    ACCEL_CHECK(x.dim() >= 1 && x.size(-1) == l.in_features, ShapeError, "rowwise",
+                "expected input sharded on its last dim (..., ", l.in_features, "), got ",
+                x.sizes());
+    Tensor y = linear(x, l.weight);  // this rank's partial sum
+    y = o.sequence_parallel ? reduce_scatter_to_sequence_region(y, o.sequence_dim, g)
+                            : reduce_from_tp_region(y, g);
+    if (l.bias.defined()) y = y + l.bias;  // once, after the reduction
+    return std::vector<Tensor>{y};
+  });
+}
+
+void apply_vocab_embedding(nn::Embedding& emb, const RowwiseOptions& o, const ProcessGroupPtr& g,
+                           TpEntry& entry) {
+  const int64_t vocab = emb.num_embeddings, vl = vocab / group_size(g);
+  const int64_t start = group_rank(g) * vl;
+  shard_param(emb, "weight", 0, 1, g, entry);
+  emb.num_embeddings = vl;
+  emb.set_call_wrapper(
+      [g, o, vocab, vl, start](nn::Module&, nn::Values& in, const nn::CallFn& call) {
+        ACCEL_CHECK(in.size() == 1 && in[0].is_tensor() && in[0].tensor().defined(), ValueError,
+                    "vocab_embedding", "expected one index tensor, got ", nn::describe_values(in));
+        const Tensor idx = in[0].tensor();
+        const Tensor ok = logical_and(idx.ge(0), idx.lt(vocab));
+        ACCEL_CHECK(ok.to(kInt64).sum().item<int64_t>() == ok.numel(), IndexError,
+                    "vocab_embedding", "an index of ", idx.sizes(), " is outside [0, ", vocab, ")");
+        const Tensor mine = logical_and(idx.ge(start), idx.lt(start + vl));
+        in[0].tensor() = where(mine, idx - start, Scalar(int64_t(0)));
+        std::vector<Tensor> out = call(in);
+        out[0] = masked_fill(out[0], logical_not(mine).unsqueeze(-1), 0.0);  // other ranks' rows
+        out[0] = o.sequence_parallel ? reduce_scatter_to_sequence_region(out[0], o.sequence_dim, g)
+                                     : reduce_from_tp_region(out[0], g);
+        return out;
+      });
+}
+
+void apply_sequence(nn::Module& m, int64_t shard_input_dim, const ProcessGroupPtr& g) {
+  if (group_size(g) > 1) {
+    for (Tensor& t : m.parameters()) t.register_hook(all_reduce_hook(g));
+  }
+  if (shard_input_dim < 0) return;
+  m.set_call_wrapper([g, shard_input_dim](nn::Module&, nn::Values& in, const nn::CallFn& call) {
+    ACCEL_CHECK(!in.empty() && in[0].is_tensor() && in[0].tensor().defined(), ValueError,
+                "sequence", "expected a tensor input, got ", nn::describe_values(in));
+    in[0].tensor() = scatter_to_tp_region(in[0].tensor(), shard_input_dim, g);
+    return call(in);
+  });
+}
+
+void apply_style(nn::Module& m, const TpStyle& s, const ProcessGroupPtr& g, TpEntry& entry) {
+  switch (s.kind) {
+    case TpStyle::Kind::Colwise:
+      apply_colwise(static_cast<nn::Linear&>(m), s.colwise, g, entry);
+      break;
+    case TpStyle::Kind::Rowwise:
+      apply_rowwise(static_cast<nn::Linear&>(m), s.rowwise, g, entry);
+      break;
+    case TpStyle::Kind::VocabEmbedding:
+      apply_vocab_embedding(static_cast<nn::Embedding&>(m), s.rowwise, g, entry);
+      break;
+    case TpStyle::Kind::Sequence: apply_sequence(m, s.shard_input_dim, g); break;
+    case TpStyle::Kind::Replicate: break;
+  }
+}
+
+// The plan's matches: module name -> (module, plan index). Every pattern must match.
+std::map<std::string, std::pair<nn::Module*, size_t>> match_plan(nn::Module& root,
+                                                                 const TpPlan& plan) {
+  std::map<std::string, std::pair<nn::Module*, size_t>> out;
+  const auto modules = root.named_modules();
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const auto pattern = split_name(plan[i].first);
+    ACCEL_CHECK(!pattern.empty(), ValueError, kOp, "plan entry ", i,
+                " has an empty pattern; name modules as named_modules() does (\"blocks.*.fc\")");
+    bool any = false;
+    for (const auto& [name, m] : modules) {
+      if (!matches(pattern, split_name(name))) continue;
+      any = true;
+      auto [it, fresh] = out.emplace(name, std::make_pair(m, i));
+      ACCEL_CHECK(fresh, ValueError, kOp, "module '", name, "' is matched by pattern '",
+                  plan[it->second.second].first, "' and by pattern '", plan[i].first, "'");
+    }
+    ACCEL_CHECK(any, ValueError, kOp, "pattern '", plan[i].first, "' (style ",
+                plan[i].second.name(), ") matches no module of ", root.type_name(),
+                " ('*' matches one name component: \"blocks.*.attn.qkv\")");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string TpStyle::name() const {
+  switch (kind) {
+    case Kind::Colwise: return "colwise";
+    case Kind::Rowwise: return "rowwise";
+    case Kind::VocabEmbedding: return "vocab_embedding";
+    case Kind::Sequence: return "sequence";
+    case Kind::Replicate: return "replicate";
+  }
+  return "?";
+}
+
+TpStyle colwise(ColwiseOptions options) {
+  TpStyle s;
+  s.kind = TpStyle::Kind::Colwise;
+  s.colwise = options;
+  return s;
+}
+TpStyle rowwise(RowwiseOptions options) {
+  TpStyle s;
+  s.kind = TpStyle::Kind::Rowwise;
+  s.rowwise = options;
+  return s;
+}
+TpStyle vocab_embedding(RowwiseOptions options) {
+  TpStyle s;
+  s.kind = TpStyle::Kind::VocabEmbedding;
+  s.rowwise = options;
+  return s;
+}
+TpStyle sequence(int64_t shard_input_dim) {
+  TpStyle s;
+  s.kind = TpStyle::Kind::Sequence;
+  s.shard_input_dim = shard_input_dim;
+  return s;
+}
+TpStyle replicate() { return TpStyle{}; }
+
+std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> module,
+                                        const ProcessGroupPtr& group, const TpPlan& plan) {
+  ACCEL_CHECK(module, ValueError, kOp, "module is null");
+  const int p = group_size(group);
+  const auto matched = match_plan(*module, plan);
+  std::map<std::string, TpStyle> planned;
+  for (const auto& [name, mi] : matched) {
+    planned[name] = plan[mi.second].second;
+    check_style(name, *mi.first, plan[mi.second].second, p);
+  }
+  check_nesting(planned);
+  std::vector<nn::CausalSelfAttention*> split_heads;
+  for (const auto& [name, m] : module->named_modules()) {
+    if (auto* a = dynamic_cast<nn::CausalSelfAttention*>(m)) {
+      check_attention(name, *a, planned, p);
+      if (planned.count(name.empty() ? "qkv" : name + ".qkv")) split_heads.push_back(a);
+    }
+  }
+  // Checked: now change the model.
+  for (const auto& [name, mi] : matched) {
+    nn::Module& m = *mi.first;
+    TpEntry entry{m.weak_from_this(), group, plan[mi.second].second, {}};
+    apply_style(m, entry.style, group, entry);
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    registry()[&m] = std::move(entry);
+  }
+  for (auto* a : split_heads) a->local_heads = a->n_heads / p;
+  return module;
+}
+
+namespace {
+
+struct ParamInfo {
+  std::string name;
+  Tensor value;
+  std::optional<ShardSpec> shard;
+  ProcessGroupPtr group;
+};
+
+// Every parameter of `root` in named_parameters() order, with its shard spec when it is one.
+std::vector<ParamInfo> param_infos(nn::Module& root) {
+  std::map<std::string, nn::Module*> by_name;
+  for (const auto& [name, m] : root.named_modules()) by_name[name] = m;
+  std::vector<ParamInfo> out;
+  for (auto& [name, t] : root.named_parameters()) {
+    ParamInfo info{name, t, std::nullopt, nullptr};
+    const size_t dot = name.rfind('.');
+    const std::string mod = dot == std::string::npos ? "" : name.substr(0, dot);
+    const std::string own = dot == std::string::npos ? name : name.substr(dot + 1);
+    auto it = by_name.find(mod);
+    if (it != by_name.end()) {
+      if (auto e = find_entry(it->second)) {
+        for (const ShardSpec& s : e->shards)
+          if (s.param == own) {
+            info.shard = s;
+            info.group = e->group;
+          }
+      }
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+// The full tensor of a shard: all-gathered along its dim, blocks put back in packed order.
+Tensor gather_full(const Tensor& local, const ShardSpec& s, const ProcessGroupPtr& g) {
+  const Tensor all = gather_from_tp_region(local.detach(), s.dim, g);
+  if (s.chunks == 1 || group_size(g) == 1) return all;
+  const int64_t n = local.size(s.dim) / s.chunks, p = group_size(g);
+  std::vector<Tensor> pieces;  // rank r's block c sits at (r * chunks + c) * n
+  for (int64_t c = 0; c < s.chunks; ++c)
+    for (int64_t r = 0; r < p; ++r) pieces.push_back(all.narrow(s.dim, (r * s.chunks + c) * n, n));
+  return cat(pieces, s.dim);
+}
+
+}  // namespace
+
+nn::TensorDict tp_full_parameters(nn::Module& module) {
+  NoGradGuard no_grad;
+  nn::TensorDict out;
+  for (const ParamInfo& p : param_infos(module))
+    out[p.name] = p.shard ? gather_full(p.value, *p.shard, p.group) : p.value.detach();
+  return out;
+}
+
+bool is_tp_sharded(nn::Module& module, const std::string& name) {
+  for (const ParamInfo& p : param_infos(module))
+    if (p.name == name) return p.shard.has_value();
+  ACCEL_THROW(IndexError, "is_tp_sharded", "no parameter '", name, "' in ", module.type_name());
+}
+
+double tp_grad_norm_squared(nn::Module& module) {
+  NoGradGuard no_grad;
+  double replicated = 0;
+  std::vector<std::pair<ProcessGroupPtr, double>> sharded;  // per group, in order of appearance
+  for (const ParamInfo& p : param_infos(module)) {
+    const Tensor g = p.value.grad();
+    const double sq = g.defined() ? sum(mul(g, g)).to(kFloat64).item<double>() : 0.0;
+    if (!p.shard || group_size(p.group) == 1) {
+      replicated += sq;
+      continue;
+    }
+    auto it = std::find_if(sharded.begin(), sharded.end(),
+                           [&](const auto& e) { return e.first == p.group; });
+    if (it == sharded.end()) {
+      sharded.emplace_back(p.group, 0.0);
+      it = sharded.end() - 1;
+    }
+    it->second += sq;
+  }
+  double total = replicated;
+  for (auto& [g, sq] : sharded) {
+    Tensor t = full({1}, sq, TensorOptions(kFloat64));
+    g->all_reduce(t);
+    total += t.item<double>();
+  }
+  return total;
+}
+
+double tp_clip_grad_norm_(nn::Module& module, double max_norm) {
+  ACCEL_CHECK(max_norm >= 0, ValueError, "tp_clip_grad_norm_", "max_norm must be >= 0, got ",
+              max_norm);
+  const double norm = std::sqrt(tp_grad_norm_squared(module));
+  const double coef = max_norm / (norm + 1e-6);
+  if (!(coef >= 1.0)) {
+    NoGradGuard no_grad;
+    for (Tensor& t : module.parameters()) {
+      Tensor g = t.grad();
+      if (g.defined()) g.mul_(coef);
+    }
+  }
+  return norm;
+}
+
+}  // namespace accel::dist

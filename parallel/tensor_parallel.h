@@ -1,0 +1,134 @@
+// Tensor parallel and sequence parallel (Megatron-LM's layout) over a plain process group
+// (docs/parallelism.md "Tensor parallel").
+//
+//   auto model = std::make_shared<models::Gpt>(cfg, &gen);     // same seed on every rank
+//   auto tp = mesh.group("tp");                                // or dist::new_group({...})
+//   dist::parallelize(model, tp, models::gpt_tp_plan({.sequence_parallel = true}));
+//   optim::AdamW opt(model->parameters());                     // this rank's shards
+//   Tensor loss = models::lm_loss((*model)(idx), targets);     // same loss on every tp rank
+//   loss.backward();
+//   dist::tp_clip_grad_norm_(*model, 1.0);
+//   opt.step();
+//   nn::TensorDict full = dist::tp_full_parameters(*model);   // export: full shapes
+//
+// After parallelize() a module's parameters are ordinary local tensors (this rank's shards, or the
+// replicated full tensor), so an optimizer, DDP or FSDP over a data-parallel group wraps the
+// module unchanged. The styles run as call wrappers (Note [module calls] in autograd/nn/module.h)
+// on the planned modules: their parents must call them through operator() (`(*fc)(x)`), as
+// examples/models.h and nn::CausalSelfAttention do, not through forward().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/nn/module.h"
+#include "comm/process_group.h"
+#include "core/tensor.h"
+
+namespace accel::dist {
+
+// ---------------- differentiable collectives (Note [tp regions] in tp_collectives.cc) ----------
+// Each is collective over `group` (every rank calls it with the same shapes, in the same order)
+// and records its backward, which is itself collective. With a group of one rank (or none) each
+// returns its input. `dim` may be negative; the sizes along it must be divisible by the group
+// size where a tensor is split (ShapeError naming the op, the shape and the group size).
+//
+//   op                                  forward                      backward
+//   copy_to_tp_region(x)                identity                     all-reduce (sum)
+//   reduce_from_tp_region(x)            all-reduce (sum)             identity
+//   gather_from_tp_region(x, dim)       all-gather along dim         this rank's slice
+//   scatter_to_tp_region(x, dim)        this rank's slice            all-gather along dim
+//   gather_from_sequence_region(x, d)   all-gather along d           reduce-scatter along d (sum)
+//   reduce_scatter_to_sequence_region   reduce-scatter along d (sum) all-gather along d
+Tensor copy_to_tp_region(const Tensor& x, const ProcessGroupPtr& group);
+Tensor reduce_from_tp_region(const Tensor& x, const ProcessGroupPtr& group);
+Tensor gather_from_tp_region(const Tensor& x, int64_t dim, const ProcessGroupPtr& group);
+Tensor scatter_to_tp_region(const Tensor& x, int64_t dim, const ProcessGroupPtr& group);
+Tensor gather_from_sequence_region(const Tensor& x, int64_t dim, const ProcessGroupPtr& group);
+Tensor reduce_scatter_to_sequence_region(const Tensor& x, int64_t dim,
+                                         const ProcessGroupPtr& group);
+
+// The mean cross-entropy of the full logits (N, V) against targets (N) (int64 in [0, V), or
+// ignore_index: left out of the mean), from this rank's vocabulary slice local_logits (N, V/tp):
+// columns [rank * V/tp, (rank + 1) * V/tp) of the full logits. The full logits are never built:
+// the row maximum, the sum of exponentials and the target's logit are all-reduced (three
+// all-reduces of N values). Equal to cross_entropy(full_logits, targets, ignore_index) on every
+// rank; its backward gives each rank the gradient of its slice (no communication).
+Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& targets,
+                                    const ProcessGroupPtr& group, int64_t ignore_index = -100);
+
+// ---------------- styles and plans ----------------
+
+struct ColwiseOptions {
+  bool gather_output = false;  // all-gather the output's last dim (else it stays sharded)
+  // The weight's rows are `chunks` equal blocks, each sharded on its own: a packed [q | k | v]
+  // projection (3) gives every rank its heads' rows of q, k and v.
+  int64_t chunks = 1;
+  bool sequence_parallel = false;  // input sharded along sequence_dim: all-gathered first
+  int64_t sequence_dim = 1;        // (B, T, C): 1
+};
+struct RowwiseOptions {
+  // Output reduce-scattered along sequence_dim (else all-reduced); the bias is then replicated in
+  // a sequence region and its gradient is all-reduced over the group.
+  bool sequence_parallel = false;
+  int64_t sequence_dim = 1;
+};
+
+struct TpStyle {
+  enum class Kind : uint8_t { Colwise, Rowwise, VocabEmbedding, Sequence, Replicate };
+  Kind kind = Kind::Replicate;
+  ColwiseOptions colwise;        // Colwise
+  RowwiseOptions rowwise;        // Rowwise, VocabEmbedding (how the output is reduced)
+  int64_t shard_input_dim = -1;  // Sequence: >= 0 slices the (full) input along it first
+  std::string name() const;      // "colwise", "rowwise", ...
+};
+
+// nn::Linear: weight rows and bias sharded; input replicated (or all-gathered along the sequence);
+// output sharded on the last dim, or gathered.
+TpStyle colwise(ColwiseOptions options = {});
+// nn::Linear: weight columns sharded, bias replicated; input sharded on the last dim (a colwise
+// output); output all-reduced (or reduce-scattered along the sequence), then the bias added once.
+TpStyle rowwise(RowwiseOptions options = {});
+// nn::Embedding: rows (the vocabulary) sharded; indices outside this rank's rows give zeros;
+// output all-reduced (or reduce-scattered along the sequence).
+TpStyle vocab_embedding(RowwiseOptions options = {});
+// A sequence-parallel region (LayerNorm, dropout, residual): the module runs on its sequence chunk
+// as it is; its parameters stay replicated and their gradients are all-reduced over the group.
+// shard_input_dim >= 0 slices a full input along that dim to this rank's chunk first (a position
+// embedding's positions: 0).
+TpStyle sequence(int64_t shard_input_dim = -1);
+// Left as it is (replicated parameters, replicated input and output).
+TpStyle replicate();
+
+// Module-name patterns (named_modules() names; `*` matches one path component:
+// "blocks.*.attn.qkv") and their styles, applied in order. A module matched by two patterns is a
+// ValueError.
+using TpPlan = std::vector<std::pair<std::string, TpStyle>>;
+
+// torch's parallelize_module: applies `plan` over `group` to `module` in place and returns it.
+// Each planned parameter is replaced (in place: same TensorImpl, so module members and existing
+// handles see it) by this rank's shard of its current full value, which every rank must hold
+// alike (same seed, or a broadcast). A CausalSelfAttention whose qkv is colwise (chunks 3) and
+// proj rowwise runs n_heads / group size heads. Everything is checked before anything changes:
+// a pattern matching no module, or a style on a module of the wrong type, is a ValueError naming
+// it; a size not divisible by the group size is a ShapeError naming the module and the sizes.
+// A module parallelized already is a ValueError.
+std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> module,
+                                        const ProcessGroupPtr& group, const TpPlan& plan);
+
+// Every parameter of `module` by name in its full shape: sharded ones all-gathered over their
+// group (collective: every rank of each group calls it), replicated ones as they are (detached).
+nn::TensorDict tp_full_parameters(nn::Module& module);
+// The squared 2-norm of all gradients of the full model: sharded parameters' squares summed over
+// their group (one all-reduce per group), replicated ones counted once. Collective.
+double tp_grad_norm_squared(nn::Module& module);
+// clip_grad_norm_ with that norm: scales every gradient by max_norm / (norm + 1e-6) when below
+// 1, as nn::clip_grad_norm_ does for the full model; returns the norm. Collective.
+double tp_clip_grad_norm_(nn::Module& module, double max_norm);
+// Whether parameter `name` of `module` (dotted, as named_parameters()) is a tp shard.
+bool is_tp_sharded(nn::Module& module, const std::string& name);
+
+}  // namespace accel::dist

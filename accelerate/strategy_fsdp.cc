@@ -77,6 +77,8 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
       : ctx_(ctx), options_(ctx.options_as<FsdpStrategyOptions>("fsdp").fsdp) {
     options_.find_unused_parameters =
         options_.find_unused_parameters || ctx.ddp.find_unused_parameters;
+    // Note [mesh support]: sharded over dp_shard, replicated across dp_replicate (HSDP).
+    if (ctx.hsdp()) options_.replicate = ctx.dp_replicate;
   }
 
   std::string_view name() const override { return "fsdp"; }
@@ -86,7 +88,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     for (auto& [name, p] : model->named_parameters())  // frozen ones are replicated
       if (!p.requires_grad()) broadcast_in_place(*ctx_.group, p, 0);
     models_.push_back(model);
-    sharded_.push_back(std::make_unique<FullyShardedModel>(model, ctx_.group, options_));
+    sharded_.push_back(std::make_unique<FullyShardedModel>(model, ctx_.shard_group(), options_));
     sharded_.back()->set_auto_sync(sync_);
   }
 
@@ -143,6 +145,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     for (size_t m : s.models) sharded_[m]->prepare_step();
     StepGrads g;
     g.sharded = true;
+    g.shard_group = ctx_.shard_group();
     for (size_t i = 0; i < stepping.num_param_groups(); ++i)
       for (const Tensor& p : stepping.params(i)) g.params.push_back(p);
     return g;

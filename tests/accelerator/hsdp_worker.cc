@@ -50,6 +50,10 @@ int run(const std::string& out, const std::string& strategy, int start, int stop
   c.gradient_accumulation_steps = kAccumulation;
   c.ddp.bucket_cap_bytes = 2048;  // several buckets
   c.fsdp.activation_checkpointing = std::getenv("HSDP_CHECKPOINTING") != nullptr;
+  if (std::getenv("HSDP_BF16")) {  // bf16 compute parameters, float64 masters, reduced in float64
+    c.fsdp.param_dtype = kBFloat16;
+    c.fsdp.reduce_in_fp32 = true;
+  }
   c.seed = 11;
   Accelerator acc(c);
   models::GptConfig gc;

@@ -109,6 +109,9 @@ Accelerator::Accelerator(AcceleratorConfig config)
 Accelerator::~Accelerator() {
   for (auto& t : trackers_) t->finish();
   if (owns_group_) {
+    // The strategy and the mesh hold subgroups of the world: gone before the world is.
+    strategy_.reset();
+    mesh_.reset();
     group_.reset();
     dist::destroy_process_group();
   }

@@ -42,7 +42,9 @@ dist::DeviceMesh build_mesh(const AcceleratorConfig& c, const dist::DistEnv& env
 dist::DeviceMesh mesh_with_groups(const dist::DeviceMesh& layout,
                                   const dist::ProcessGroupPtr& world) {
   const int n = layout.world_size(), me = layout.rank();
-  dist::GroupFactory factory = [&](const std::vector<int>& ranks) -> dist::ProcessGroupPtr {
+  // By value: the mesh keeps the factory for later flatten() calls.
+  dist::GroupFactory factory = [world, n,
+                                me](const std::vector<int>& ranks) -> dist::ProcessGroupPtr {
     if (int(ranks.size()) == n && n > 1) return world;
     if (ranks.size() == 1) {
       if (ranks[0] != me) return nullptr;

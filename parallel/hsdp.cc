@@ -27,8 +27,8 @@ void check_groups(const char* op, const ProcessGroup& shard, const ProcessGroupP
   int common = 0;
   for (int r : b) common += int(std::count(a.begin(), a.end(), r));
   ACCEL_CHECK(common == 1, ValueError, op, "the shard group ", shard.group_name(), " (world ranks ",
-              ranks_str(a), ") and the replicate group ", replicate->group_name(),
-              " (world ranks ", ranks_str(b), ") share ", common,
+              ranks_str(a), ") and the replicate group ", replicate->group_name(), " (world ranks ",
+              ranks_str(b), ") share ", common,
               " ranks; HSDP needs them to meet in this rank only (the dp_shard and dp_replicate "
               "groups of one mesh do)");
 }
@@ -45,7 +45,7 @@ void average_across_replicas(const ProcessGroupPtr& replicate, const Tensor& t) 
   if (!active(replicate) || !t.defined() || t.numel() == 0) return;
   NoGradGuard ng;
   if (t.dtype() == kFloat16) {  // divide first: a sum of R fp16 gradients may overflow
-    Tensor x = t;  // a handle: divides the caller's tensor in place
+    Tensor x = t;               // a handle: divides the caller's tensor in place
     x.div_(double(replicate->size()));
     replicate->all_reduce(t, ReduceOp::Sum);
   } else {

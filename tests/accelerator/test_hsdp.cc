@@ -60,8 +60,7 @@ struct Run {
 std::string g_root;  // this test's scratch directory
 
 Run train(const std::string& name, int world, const std::string& strategy, Env env, int start,
-          int stop, const std::string& load = "-", const std::string& save = "-",
-          int save_at = 0) {
+          int stop, const std::string& load = "-", const std::string& save = "-", int save_at = 0) {
   Run r;
   r.dir = g_root + "/" + name;
   fs::create_directories(r.dir);
@@ -146,10 +145,14 @@ TEST_CASE("HSDP: dp 4, shard 4, replicate 2 x shard 2 (FSDP, ZeRO-2) equal one p
     };
     Env hsdp_ckpt = kHsdp;
     hsdp_ckpt["HSDP_CHECKPOINTING"] = "1";  // FSDP activation checkpointing on HSDP
-    const std::vector<Mesh> meshes = {{"ddp4", "ddp", {}},
-                                      {"fsdp4", "fsdp", kShard4},
-                                      {"fsdp2x2", "fsdp", hsdp_ckpt},
-                                      {"zero2x2", "zero2", kHsdp}};
+    const std::vector<Mesh> meshes = {
+        {"ddp4", "ddp", {}},
+        {"fsdp4", "fsdp", kShard4},
+        {"fsdp2x2", "fsdp", hsdp_ckpt},
+        {"zero2x2", "zero2", kHsdp},
+        // ZeRO-1's replicate leg (whole buckets), over shard
+        // groups of one
+        {"zero1-replicate4", "zero1", {{"ACCEL_DP_REPLICATE_SIZE", "4"}}}};
     for (const Mesh& m : meshes) {
       const std::string name = m.name;
       CAPTURE(name);

@@ -17,10 +17,16 @@
 
 #include <doctest/doctest.h>
 
+#include "autograd/nn/linear.h"
 #include "autograd/nn/safetensors.h"
+#include "autograd/optim/optim.h"
+#include "comm/process_group.h"
+#include "core/error.h"
 #include "autograd/ops.h"
 #include "core/tensor.h"
 #include "tests/dist/spawn.h"
+#include "parallel/fsdp.h"
+#include "parallel/zero.h"
 #include "tests/dist/worker_check.h"
 
 using namespace std::chrono_literals;
@@ -234,4 +240,32 @@ TEST_CASE("HSDP checkpoints: FSDP 2x2 -> 1 process -> shard 4 -> dp 4 (ddp); ZeR
     check_losses(ref, y, 20, 40);
     check_weights(ref.dir + "/final.safetensors", y.dir + "/final.safetensors", 1e-10);
   }
+}
+
+// Note [hsdp]: a replicate group that is the shard group itself (or shares more than this rank
+// with it) is refused by name, by FSDP and by ZeRO.
+TEST_CASE("HSDP: a replicate group that is the shard group is a ValueError") {
+  using namespace accel;
+  auto world = dist::init_process_group();
+  auto model = std::make_shared<nn::Linear>(3, 2);
+  dist::FsdpOptions fo;
+  fo.replicate = world;
+  CHECK_THROWS_WITH_AS(dist::FullyShardedModel(model, world, fo),
+                       doctest::Contains("the replicate group is the shard group itself"),
+                       ValueError);
+  dist::ZeroOptions zo;
+  zo.stage = 2;
+  zo.replicate = world;
+  auto make = [](std::vector<Tensor> shards) {
+    return std::make_unique<optim::SGD>(std::move(shards), optim::SGDOptions{.lr = 0.1});
+  };
+  CHECK_THROWS_WITH_AS(dist::ZeroOptimizer(model, make, world, zo),
+                       doctest::Contains("the replicate group is the shard group itself"),
+                       ValueError);
+  // Groups that meet in this rank only are fine (two groups of one here).
+  zo.replicate = dist::new_group({0});
+  dist::ZeroOptimizer ok(model, make, dist::new_group({0}), zo);
+  CHECK(ok.stage() == 2);
+  world.reset();
+  dist::destroy_process_group();
 }

@@ -83,10 +83,14 @@ Accelerator::Accelerator(AcceleratorConfig config)
                 "process group is rank ", group_->rank(), " of ", group_->size(),
                 " but the environment says rank ", rank_, " of ", world_size_);
   }
+  mesh_ = std::make_unique<dist::DeviceMesh>(config_detail::mesh_with_groups(*mesh_, group_));
   dist::StrategyContext ctx;
   ctx.group = group_;
   ctx.rank = rank_;
   ctx.world_size = world_size_;
+  ctx.dp = mesh_->group("dp");  // Note [mesh support] in accelerate/accelerator_mesh.cc
+  ctx.dp_shard = mesh_->group("dp_shard");
+  ctx.dp_replicate = mesh_->group("dp_replicate");
   ctx.device = device_;
   ctx.scaler = &scaler_;
   ctx.ddp = config_.ddp;
@@ -105,6 +109,9 @@ Accelerator::Accelerator(AcceleratorConfig config)
 Accelerator::~Accelerator() {
   for (auto& t : trackers_) t->finish();
   if (owns_group_) {
+    // The strategy and the mesh hold subgroups of the world: gone before the world is.
+    strategy_.reset();
+    mesh_.reset();
     group_.reset();
     dist::destroy_process_group();
   }
@@ -297,8 +304,8 @@ std::shared_ptr<data::DataLoader> Accelerator::prepare_data_loader(
   ACCEL_CHECK(loader != nullptr, ValueError, "prepare", "data loader is null");
   check_mesh_supported("a data loader");
   data::DataLoaderOptions o = loader->options();
-  o.rank = rank_;
-  o.world_size = world_size_;
+  o.rank = mesh_->coordinate("dp");  // tp ranks of one dp index read the same batches
+  o.world_size = mesh_->size("dp");
   o.even_batches = config_.even_batches;
   o.split_batches = config_.split_batches;
   if (device_.is_cuda()) o.pin_memory = true;
@@ -552,12 +559,13 @@ double Accelerator::clip_grad_norm_(double max_norm, double p) {
 
 // The gradients every prepared optimizer steps with (Strategy::grads), unscaled under fp16 (once
 // per step); `sharded` when each rank holds a disjoint part of them.
-std::vector<Tensor> Accelerator::step_grads(bool& sharded) {
+std::vector<Tensor> Accelerator::step_grads(bool& sharded, dist::ProcessGroupPtr* shard_group) {
   std::vector<Tensor> all;
   sharded = false;
   for (auto& o : optimizers_) {
     dist::StepGrads g = strategy_->grads(o->stepping_optimizer());
     sharded = sharded || g.sharded;
+    if (shard_group && g.shard_group) *shard_group = g.shard_group;
     for (auto& t : g.params) all.push_back(t);
   }
   return all;
@@ -569,7 +577,8 @@ std::vector<Tensor> Accelerator::step_grads(bool& sharded) {
 double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double p) {
   check_plain_backward("clip_grad_norm_");
   bool sharded = false;
-  std::vector<Tensor> all = step_grads(sharded);
+  dist::ProcessGroupPtr parts = group_;  // HSDP: the shard group (replicas hold equal parts)
+  std::vector<Tensor> all = step_grads(sharded, &parts);
   if (scaler_.enabled()) scaler_.unscale_(all.empty() ? params : all, group_.get());
   if (!sharded) return nn::clip_grad_norm_(params, max_norm, p);
   ACCEL_CHECK(max_norm >= 0, ValueError, "clip_grad_norm_", "max_norm must be >= 0, got ",
@@ -586,7 +595,7 @@ double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double ma
                           : pow(norm(g, p).to(kFloat64), p);
     total = inf ? maximum(total, n) : add(total, n);
   }
-  group_->all_reduce(total, inf ? dist::ReduceOp::Max : dist::ReduceOp::Sum);
+  parts->all_reduce(total, inf ? dist::ReduceOp::Max : dist::ReduceOp::Sum);
   const double total_norm = inf ? total.item<double>() : std::pow(total.item<double>(), 1.0 / p);
   const double coef = max_norm / (total_norm + 1e-6);
   if (!(coef >= 1.0))

@@ -407,7 +407,7 @@ class Accelerator {
   // run on yet.
   void check_mesh_supported(const char* what) const;
   // Every prepared optimizer's Strategy::grads; `sharded` when any is.
-  std::vector<Tensor> step_grads(bool& sharded);
+  std::vector<Tensor> step_grads(bool& sharded, dist::ProcessGroupPtr* shard_group = nullptr);
   template <typename T>
   static constexpr bool is_model_ptr = requires(const T& t) {
     requires std::is_base_of_v<nn::Module, typename T::element_type>;

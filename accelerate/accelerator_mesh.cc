@@ -26,37 +26,70 @@ dist::DeviceMesh build_mesh(const AcceleratorConfig& c, const dist::DistEnv& env
   return mesh;
 }
 
+// Note [accelerator mesh groups]
+// After the world group exists the Accelerator rebuilds its mesh with a GroupFactory, so that
+// acc.mesh().group(dim) works for every dimension (and "dp"). The factory is called on every rank
+// for every group in the mesh's order (Note [mesh groups] in comm/device_mesh.h), so it may use
+// collectives over the world, and must not call any for some groups on some ranks only:
+//  - a group of the whole world is the world group itself (no new group: the default flat mesh
+//    dp_shard = world costs nothing);
+//  - a group of one rank is a local group of one (a Gloo group over a MemoryStore: no peer, no
+//    store traffic), made by its member only; every rank skips it alike;
+//  - every other group comes from dist::new_group (collective over the world, every rank calls it
+//    for every such group, in mesh order: the order new_group requires).
+// With one process every group is a group of one. Gloo groups of one are made on the CPU; a CUDA
+// run of one process gets them too (they are only used when a group has more than one rank).
+dist::DeviceMesh mesh_with_groups(const dist::DeviceMesh& layout,
+                                  const dist::ProcessGroupPtr& world) {
+  const int n = layout.world_size(), me = layout.rank();
+  // By value: the mesh keeps the factory for later flatten() calls.
+  dist::GroupFactory factory = [world, n,
+                                me](const std::vector<int>& ranks) -> dist::ProcessGroupPtr {
+    if (int(ranks.size()) == n && n > 1) return world;
+    if (ranks.size() == 1) {
+      if (ranks[0] != me) return nullptr;
+      dist::ProcessGroupOptions o;
+      o.label = (world ? world->group_name() : std::string("world")) + "/self[" +
+                std::to_string(me) + "]";
+      o.world_ranks = {me};
+      return dist::new_gloo_group(std::make_shared<dist::MemoryStore>(), 0, 1, o);
+    }
+    return dist::new_group(ranks);
+  };
+  MeshSizes sizes;
+  sizes.dp_replicate = layout.size("dp_replicate");
+  sizes.dp_shard = layout.size("dp_shard");
+  sizes.tp = layout.size("tp");
+  return dist::parallelism_mesh(sizes, me, layout.local_world_size(), factory);
+}
+
 }  // namespace config_detail
 
 // Note [mesh support]
-// The mesh is built and checked for every run, but the strategies still run over the whole world
-// as one data-parallel dimension: DDP replicates over it, ZeRO 1-3 shard over it. So prepare()
-// (of a model, an optimizer or a data loader) accepts a mesh only where that is what it asks for:
-//   - dp_shard alone (dp_replicate 1, tp 1; the default): every strategy, over the world;
-//   - dp_replicate alone (dp_shard 1, tp 1; Accelerate's pure data parallelism): DDP and the
-//     program's own strategies, but not ZeRO, which would shard what the mesh replicates;
-// and refuses with a ValueError what is not built yet: dp_replicate > 1 together with
-// dp_shard > 1 (HSDP: shard inside a replica, all-reduce across replicas) and tp > 1 (tensor
-// parallelism). The constructor does not refuse them, so a program can still read acc.mesh().
+// The strategies take their groups from the mesh (StrategyContext::dp, dp_shard, dp_replicate):
+//   - ddp (and the program's own replicating strategies, over ctx.group = the world) replicates
+//     over "dp" = dp_replicate x dp_shard: every rank when tp is 1, whatever the split;
+//   - zero1 / zero2 / fsdp shard over dp_shard and, when dp_replicate > 1, replicate each shard
+//     across dp_replicate (HSDP, Note [hsdp] in parallel/hsdp.h): dp_shard alone (the default)
+//     is plain ZeRO over the world, dp_replicate alone is ZeRO over groups of one replicated
+//     across the world (every rank holds everything: DDP's memory, ZeRO's code path).
+// Gradient-norm clipping reduces over the shard group (StepGrads::shard_group): replicas hold
+// equal parts. Prepared data loaders shard over "dp" (num_replicas = mesh.size("dp"), rank =
+// mesh.coordinate("dp")), so the tp ranks of one dp index will read the same batches.
+// gather() / reduce() / loss averaging and every facade collective stay over the world, as in
+// Accelerate. Checkpoints of an HSDP run are written once per shard (Note [hsdp checkpoints] in
+// accelerate/strategy_fsdp.cc).
+// prepare() (of a model, an optimizer or a data loader) still refuses tp > 1 with a ValueError:
+// tensor parallelism composes with these groups later (the tp ranks are simply not in the dp
+// groups). The constructor does not refuse it, so a program can still read acc.mesh().
 void Accelerator::check_mesh_supported(const char* what) const {
   const dist::DeviceMesh& m = *mesh_;
-  const int replicate = m.size("dp_replicate"), shard = m.size("dp_shard"), tp = m.size("tp");
+  const int tp = m.size("tp");
   ACCEL_CHECK(tp == 1, ValueError, "prepare", "cannot prepare ", what, " on the mesh ",
               m.describe(), ": tensor parallelism (tp_size ", tp,
-              ") is not implemented yet; every strategy runs over the whole world as one "
-              "data-parallel dimension. Leave tp_size unset (or 1)");
-  ACCEL_CHECK(replicate == 1 || shard == 1, ValueError, "prepare", "cannot prepare ", what,
-              " on the mesh ", m.describe(), ": hybrid sharding (dp_replicate_size ", replicate,
-              " x dp_shard_size ", shard,
-              ": ZeRO inside a replica, all-reduce across replicas) is not implemented yet. Give "
-              "dp_shard_size ",
-              replicate * shard, " alone (or no sizes) to run the strategy over the whole world");
-  ACCEL_CHECK(replicate == 1 || config_.zero_stage == 0, ValueError, "prepare", "cannot prepare ",
-              what, " on the mesh ", m.describe(), ": dp_replicate_size ", replicate,
-              " alone replicates the model on every rank, but strategy '", config_.strategy,
-              "' (zero_stage ", config_.zero_stage,
-              ") shards it over the world. Give dp_shard_size ", replicate,
-              " (or no sizes) for ZeRO, or use the ddp strategy");
+              ") is not wired into prepare() yet; the strategies run over dp_replicate_size ",
+              m.size("dp_replicate"), " x dp_shard_size ", m.size("dp_shard"),
+              ". Leave tp_size unset (or 1)");
 }
 
 // ---------------------------------------------------------------------------------------------

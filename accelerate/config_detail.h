@@ -15,6 +15,10 @@ namespace config_detail {
 // ValueError naming every size and the world size when they do not fit. Prints the mesh's
 // placement warnings on rank 0 (accelerate/accelerator_mesh.cc).
 dist::DeviceMesh build_mesh(const AcceleratorConfig& c, const dist::DistEnv& env);
+// The same mesh holding its process groups (Note [accelerator mesh groups] in
+// accelerate/accelerator_mesh.cc): collective over `world` (null with one process).
+dist::DeviceMesh mesh_with_groups(const dist::DeviceMesh& layout,
+                                  const dist::ProcessGroupPtr& world);
 
 // Sets zero_stage from a built-in strategy's registration and, with `fill_name`, an empty
 // AcceleratorConfig::strategy from zero_stage; ValueError for an unregistered name or a

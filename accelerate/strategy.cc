@@ -163,9 +163,13 @@ nlohmann::json ReplicatedStrategy::save_state(const std::string& dir, bool mid_w
       continue;
     }
     any_zero = true;
-    const std::string f = at(zero_ckpt::shard_file(i, ctx_.rank));
-    nn::save_safetensors(f, s.zero->shard_state_dict());
-    fsync_path(f);
+    // Note [hsdp checkpoints] in accelerate/strategy_fsdp.cc: one copy of each shard, from the
+    // first replica, named by the shard-group rank.
+    if (!ctx_.hsdp() || ctx_.dp_replicate->rank() == 0) {
+      const std::string f = at(zero_ckpt::shard_file(i, shard_rank()));
+      nn::save_safetensors(f, s.zero->shard_state_dict());
+      fsync_path(f);
+    }
     zero_ckpt::write_accum(dir, i, ctx_.rank, s.accum);
     zero.push_back(zero_ckpt::layout(*s.zero));
   }
@@ -181,6 +185,7 @@ nlohmann::json ReplicatedStrategy::save_state(const std::string& dir, bool mid_w
   }
   nlohmann::json record = nlohmann::json::object();
   if (any_zero) record["zero"] = zero;
+  if (any_zero && ctx_.hsdp()) record["zero_world"] = ctx_.shard_group()->size();
   return record;
 }
 
@@ -313,8 +318,9 @@ std::unique_ptr<StrategyState> ReplicatedStrategy::read_state(const std::string&
                                                               const nlohmann::json& saved,
                                                               int saved_world, bool mid_window) {
   auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
+  const int zero_world = zero_ckpt::shard_world(saved, saved_world, at(kCheckpointStateFile));
   const zero_ckpt::Layouts layouts =
-      zero_ckpt::read_layouts(saved, slots_.size(), saved_world, at(kCheckpointStateFile));
+      zero_ckpt::read_layouts(saved, slots_.size(), zero_world, at(kCheckpointStateFile));
   auto st = std::make_unique<ReplicatedState>();
   // A ZeRO-3 checkpoint (Note [fsdp checkpoints]) is read as a plain one: whole parameters and
   // per-parameter optimizer state, assembled from the ranks' slices.
@@ -339,7 +345,7 @@ std::unique_ptr<StrategyState> ReplicatedStrategy::read_state(const std::string&
     if (fsdp) {
       nn::TensorDict opt = std::move(fsdp->optimizers.at(i));
       if (s.zero) {
-        st->shards.push_back(zero_ckpt::read_shard_state(opt, *s.zero, ctx_.rank));
+        st->shards.push_back(zero_ckpt::read_shard_state(opt, *s.zero, shard_rank()));
         st->optimizers.push_back(zero_ckpt::param_groups_of(opt));
       } else {
         st->optimizers.push_back(std::move(opt));
@@ -351,7 +357,7 @@ std::unique_ptr<StrategyState> ReplicatedStrategy::read_state(const std::string&
     nn::SafetensorsFile opt(at(indexed("optimizer", i, ".safetensors")));
     if (s.zero) {
       st->shards.push_back(
-          zero_ckpt::read_shard_state(dir, i, layout, saved_world, opt, *s.zero, ctx_.rank));
+          zero_ckpt::read_shard_state(dir, i, layout, zero_world, opt, *s.zero, shard_rank()));
       st->optimizers.push_back(zero_ckpt::param_groups_of(opt));  // the schedulers' lr
       st->accum.push_back(mid_window ? zero_ckpt::read_accum(dir, i, ctx_.rank, *s.zero)
                                      : std::vector<Tensor>{});
@@ -359,7 +365,7 @@ std::unique_ptr<StrategyState> ReplicatedStrategy::read_state(const std::string&
       // A ZeRO checkpoint into a plain optimizer: cut the flat buffers into per-parameter state.
       st->optimizers.push_back(layout
                                    ? zero_ckpt::read_unsharded_state(
-                                         dir, i, *layout, saved_world, *s.user,
+                                         dir, i, *layout, zero_world, *s.user,
                                          zero_ckpt::param_groups_of(opt), ctx_.ddp.bucket_cap_bytes)
                                    : read_optimizer_file(opt, *s.user));
       st->shards.emplace_back();

@@ -59,8 +59,16 @@ struct StrategyOptions {
 };
 
 struct StrategyContext {
-  ProcessGroupPtr group;  // null with one process
+  ProcessGroupPtr group;  // the world's; null with one process
   int rank = 0, world_size = 1;
+  // The data-parallel groups of the Accelerator's mesh (Note [mesh support] in
+  // accelerate/accelerator_mesh.cc), each null where it is `group`: DDP replicates over `dp`
+  // (dp_replicate x dp_shard); ZeRO 1-3 shard over `dp_shard` and, with HSDP, replicate each
+  // shard across `dp_replicate` (null or a group of one: no replication).
+  ProcessGroupPtr dp, dp_shard, dp_replicate;
+  const ProcessGroupPtr& dp_group() const { return dp ? dp : group; }
+  const ProcessGroupPtr& shard_group() const { return dp_shard ? dp_shard : group; }
+  bool hsdp() const { return dp_replicate && dp_replicate->size() > 1; }
   Device device = kCPU;
   GradScaler* scaler = nullptr;  // the facade's; enabled() under fp16
   // Gradient bucketing every strategy shares (bucket size, find_unused_parameters,
@@ -86,6 +94,9 @@ struct StrategyContext {
 struct StepGrads {
   std::vector<Tensor> params;  // tensors whose .grad is what the optimizer steps with
   bool sharded = false;        // each rank holds a disjoint part: norms and flags are reduced
+  // sharded: the group over whose ranks the parts are disjoint (HSDP: the shard group, whose
+  // replicas hold equal parts); null: the world.
+  ProcessGroupPtr shard_group;
 };
 
 // Bytes this rank holds for the prepared models and optimizers (see ZeroMemory).

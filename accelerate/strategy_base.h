@@ -67,6 +67,8 @@ class ReplicatedStrategy : public Strategy, public StrategyCheckpoint {
     std::shared_ptr<bool> touched = std::make_shared<bool>(false);
   };
   Slot& slot_of(const optim::Optimizer& stepping);
+  // This rank's rank in the group ZeRO shards over (the world's without a mesh group).
+  int shard_rank() const { return ctx_.shard_group() ? ctx_.shard_group()->rank() : ctx_.rank; }
   // Rank 0's value of t on every rank (t may be a non-contiguous view).
   void broadcast_in_place(const Tensor& t) const;
   // Frozen parameters (and, when `buffers`, the buffers) from rank 0.

@@ -57,7 +57,7 @@ class DdpStrategy final : public ReplicatedStrategy {
       }
       DDPOptions o = ctx_.ddp;
       o.root = 0;
-      replica->ddp = std::make_unique<DistributedDataParallel>(model, ctx_.group, o);
+      replica->ddp = std::make_unique<DistributedDataParallel>(model, ctx_.dp_group(), o);
       if (!sync_)
         replica->paused = std::make_unique<DistributedDataParallel::NoSync>(*replica->ddp);
     }

@@ -77,6 +77,8 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
       : ctx_(ctx), options_(ctx.options_as<FsdpStrategyOptions>("fsdp").fsdp) {
     options_.find_unused_parameters =
         options_.find_unused_parameters || ctx.ddp.find_unused_parameters;
+    // Note [mesh support]: sharded over dp_shard, replicated across dp_replicate (HSDP).
+    if (ctx.hsdp()) options_.replicate = ctx.dp_replicate;
   }
 
   std::string_view name() const override { return "fsdp"; }
@@ -86,7 +88,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     for (auto& [name, p] : model->named_parameters())  // frozen ones are replicated
       if (!p.requires_grad()) broadcast_in_place(*ctx_.group, p, 0);
     models_.push_back(model);
-    sharded_.push_back(std::make_unique<FullyShardedModel>(model, ctx_.group, options_));
+    sharded_.push_back(std::make_unique<FullyShardedModel>(model, ctx_.shard_group(), options_));
     sharded_.back()->set_auto_sync(sync_);
   }
 
@@ -143,6 +145,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     for (size_t m : s.models) sharded_[m]->prepare_step();
     StepGrads g;
     g.sharded = true;
+    g.shard_group = ctx_.shard_group();
     for (size_t i = 0; i < stepping.num_param_groups(); ++i)
       for (const Tensor& p : stepping.params(i)) g.params.push_back(p);
     return g;
@@ -178,6 +181,16 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
 
   // ---- checkpoints ----
 
+  // Note [hsdp checkpoints]
+  // Under HSDP the R replicas of a shard are equal, so only the ranks of replica 0 (dp_replicate
+  // coordinate 0) write the shard files, named by their rank in the shard group; the record says
+  // "world": S (the shard group's size, which the spans are for) and "replicate": R, S x R being
+  // state.json's world_size. Nobody gathers the model. A load on any mesh reads its own spans
+  // from those S files (Note [fsdp checkpoints]); a run of one process, DDP or ZeRO-1/2 reads them
+  // as a plain checkpoint. Window gradients (saved mid-window) are per rank: every rank writes
+  // its own, and they resume only on the same world size.
+  bool writes_shards() const { return !ctx_.hsdp() || ctx_.dp_replicate->rank() == 0; }
+
   nlohmann::json save_state(const std::string& dir, bool mid_window) override {
     auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
     if (ctx_.rank == 0)
@@ -187,7 +200,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     for (auto& m : sharded_) ms.push_back(m.get());
     std::vector<FsdpOptimizerRef> os;
     for (auto& s : stepping_) os.push_back({s.opt.get(), s.keys});
-    nlohmann::json rec = {{"fsdp", save_fsdp_state(dir, ms, os)}};
+    nlohmann::json rec = {{"fsdp", save_fsdp_state(dir, ms, os, writes_shards())}};
     if (mid_window)
       for (size_t i = 0; i < sharded_.size(); ++i) {
         // An open accumulation window keeps full gradients per rank (Note [unit lifecycle]).
@@ -196,8 +209,11 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
           if (p.grad().defined()) g[name] = p.grad();
         nn::save_safetensors(at(grads_file(i)), g);
       }
-    for (size_t i = 0; i < sharded_.size(); ++i) fsync_path(at(fsdp_model_file(i, ctx_.rank)));
-    for (size_t i = 0; i < stepping_.size(); ++i) fsync_path(at(fsdp_optimizer_file(i, ctx_.rank)));
+    if (!writes_shards()) return rec;
+    const int shard_rank = ctx_.shard_group()->rank();
+    for (size_t i = 0; i < sharded_.size(); ++i) fsync_path(at(fsdp_model_file(i, shard_rank)));
+    for (size_t i = 0; i < stepping_.size(); ++i)
+      fsync_path(at(fsdp_optimizer_file(i, shard_rank)));
     return rec;
   }
 
@@ -456,8 +472,9 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     ACCEL_CHECK(!mid_window, ValueError, "load_state", "checkpoint '", dir,
                 "' was saved inside an accumulation window without zero_stage 3; resume it "
                 "with the strategy that saved it");
+    const int zero_world = zero_ckpt::shard_world(saved, saved_world, at(kCheckpointStateFile));
     const zero_ckpt::Layouts layouts =
-        zero_ckpt::read_layouts(saved, stepping_.size(), saved_world, at(kCheckpointStateFile));
+        zero_ckpt::read_layouts(saved, stepping_.size(), zero_world, at(kCheckpointStateFile));
     auto out = std::make_unique<Loaded>();
     for (size_t m = 0; m < sharded_.size(); ++m) {
       const std::string f = at(indexed_file("model", m, ".safetensors"));
@@ -504,7 +521,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
         for (const std::string& key : s.keys)
           ranges.emplace_back(span_of.at(key).lo, span_of.at(key).hi);
         for (auto& [k, v] : zero_ckpt::read_unsharded_state(
-                 dir, i, *layouts[i], saved_world, *s.user, {}, ctx_.ddp.bucket_cap_bytes, &ranges))
+                 dir, i, *layouts[i], zero_world, *s.user, {}, ctx_.ddp.bucket_cap_bytes, &ranges))
           d[k] = v;
       } else {
         for (size_t k = 0; k < s.keys.size(); ++k) {

@@ -129,13 +129,14 @@ class ZeroStrategy final : public ReplicatedStrategy {
     zo.root = 0;
     zo.param_dtype = options_.param_dtype;
     zo.reduce_in_fp32 = options_.reduce_in_fp32;
+    if (ctx_.hsdp()) zo.replicate = ctx_.dp_replicate;  // Note [mesh support]
     const optim::Optimizer& u = *user;
     slot->zero = std::make_unique<ZeroOptimizer>(
         std::move(groups),
         [&u](std::vector<optim::ParamGroup> shard_groups) {
           return u.rebuild(std::move(shard_groups));
         },
-        ctx_.group, zo);
+        ctx_.shard_group(), zo);
     slot->stepping = slot->zero->shared_optimizer();
     slots_.push_back(std::move(slot));
     return slots_.back()->stepping;
@@ -160,6 +161,7 @@ class ZeroStrategy final : public ReplicatedStrategy {
     StepGrads out;
     out.params = slot_of(stepping).zero->attach_gradients();
     out.sharded = true;
+    out.shard_group = ctx_.shard_group();
     return out;
   }
 
@@ -203,8 +205,12 @@ class ZeroStrategy final : public ReplicatedStrategy {
       if (!*s->touched) continue;
       *s->touched = false;
       try {
+        // Note [hsdp]: where the window's shards add up here, they cross replicas once, summed.
+        const bool own_window = stage_ == 2 || s->zero->mixed_precision();
+        s->zero->set_replicate_sync(!own_window);
         s->zero->finish_gradient_sync();
         if (succeeded) after_backward(*s, sync_);
+        if (own_window && sync_) s->zero->average_shards_across_replicas();
       } catch (...) {
         if (!err) err = std::current_exception();
       }

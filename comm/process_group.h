@@ -185,6 +185,13 @@ class ProcessGroup {
   void set_timeout(Milliseconds t);
   // Number of collectives issued so far (the next one gets this sequence number).
   virtual uint64_t next_seq() const = 0;
+  // Payload bytes this rank has handed to operations issued on this group so far: an all-reduce
+  // counts its tensor, a broadcast its tensor on the root (0 elsewhere), an all-gather and a
+  // reduce-scatter their input, a send its tensor; receives and barriers count nothing. It is
+  // what the caller asked to move, not the wire bytes of the algorithm (a ring all-reduce of b
+  // bytes puts 2 (n - 1) / n * b on each link). One relaxed atomic add per operation; HSDP's
+  // cross-replica traffic is read from it (docs/parallelism.md).
+  uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
 
   // ---- identity and subgroups (Note [subgroups] in comm/subgroups.cc) ----
   // "world" for init_process_group's group, "world/sub0[0,2]" for a group made by new_group or
@@ -220,6 +227,8 @@ class ProcessGroup {
   uint64_t take_subgroup_number() { return subgroups_made_++; }
 
  protected:
+  // Backends call it as each operation is issued (bytes_sent()).
+  void count_sent(size_t bytes) { bytes_sent_.fetch_add(bytes, std::memory_order_relaxed); }
   // Backends call it from their constructor with their options (label, world_ranks).
   void set_identity(const ProcessGroupOptions& options, const std::string& default_name);
 
@@ -232,6 +241,7 @@ class ProcessGroup {
   std::vector<int> world_ranks_;
   bool subgroup_ = false;
   std::atomic<uint64_t> subgroups_made_{0};
+  std::atomic<uint64_t> bytes_sent_{0};
 };
 
 // ---- subgroups (Note [subgroups] in comm/subgroups.cc; docs/dist.md "Subgroups") ----

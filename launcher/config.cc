@@ -427,9 +427,10 @@ bool read_sharding(const YAML::Node& v, const std::string& where, const std::str
             "parameters; supported: FULL_SHARD, SHARD_GRAD_OP (or true / false)");
   if (u == "HYBRID_SHARD" || u == "_HYBRID_SHARD_ZERO2" || u == "4" || u == "5")
     bad_key(where, v, key,
-            "'" + t + "': accel shards over all processes, it has no hybrid (shard within a " +
-                "machine, replicate across machines) sharding; supported: FULL_SHARD, " +
-                "SHARD_GRAD_OP (or true / false)");
+            "'" + t + "': accel sets hybrid sharding (shard within a machine, replicate " +
+                "across machines) by the device mesh: give FULL_SHARD with " +
+                "parallelism_config_dp_replicate_size (--dp_replicate_size N); supported: " +
+                "FULL_SHARD, SHARD_GRAD_OP (or true / false)");
   // Otherwise a bool, read by the row (Note [settings are checked by their row]).
   std::string why;
   if (auto b = parse_setting("fsdp_config.fsdp_reshard_after_forward", t, &why))

@@ -105,9 +105,12 @@ FsdpRecord parse_fsdp_record(const json& rec, int64_t saved_world, const std::st
   if (!rec.is_object() || rec.value("kind", json()) != "fsdp")
     bad(file, "fsdp", "is not a ZeRO-3 record (\"kind\": \"fsdp\")");
   out.world = integer(member(rec, "world", file, "fsdp"), file, "fsdp.world", 1, kMaxRecordWorld);
-  if (saved_world >= 1 && out.world != saved_world)
+  if (rec.contains("replicate"))
+    out.replicate = integer(rec["replicate"], file, "fsdp.replicate", 1, kMaxRecordWorld);
+  if (saved_world >= 1 && out.world * out.replicate != saved_world)
     bad(file, "fsdp.world",
-        "says " + std::to_string(out.world) + " ranks, world_size " + std::to_string(saved_world));
+        "says " + std::to_string(out.world) + " ranks x " + std::to_string(out.replicate) +
+            " replicas, world_size " + std::to_string(saved_world));
   const json& models = array(member(rec, "models", file, "fsdp"), file, "fsdp.models");
   std::vector<std::set<std::string>> model_names;
   for (size_t m = 0; m < models.size(); ++m) {

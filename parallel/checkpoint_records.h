@@ -67,7 +67,8 @@ struct FsdpKeyRecord {
   std::string name;
 };
 struct FsdpRecord {
-  int64_t world = 1;
+  int64_t world = 1;      // ranks that wrote shards (an HSDP run: its shard group's size)
+  int64_t replicate = 1;  // HSDP: replicas of each shard (world x replicate ranks ran)
   std::vector<std::vector<FsdpParamRecord>> models;      // saved order
   std::vector<std::vector<std::string>> optimizer_keys;  // "<model>:<name>" per parameter
   std::vector<std::vector<FsdpKeyRecord>> optimizers;    // the same, parsed

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/storage.h"
 #include "parallel/ddp.h"
+#include "parallel/hsdp.h"
 
 namespace accel::dist {
 
@@ -75,6 +76,7 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<nn::Module> model, ProcessG
   ACCEL_CHECK(model_ != nullptr, ValueError, "fsdp", "model is null");
   ACCEL_CHECK(options_.root >= 0 && options_.root < pg_->size(), DistError, "fsdp", "root ",
               options_.root, " is outside [0, ", pg_->size(), ")");
+  hsdp::check_groups("fsdp", *pg_, options_.replicate);
   ACCEL_CHECK(!options_.param_dtype || is_floating(*options_.param_dtype), ValueError, "fsdp",
               "param_dtype must be a floating dtype, got ", *options_.param_dtype);
   if (options_.wrap == FsdpOptions::Wrap::Classes)
@@ -241,6 +243,7 @@ void FullyShardedModel::init_values() {
       flat.narrow(0, u.offset[j], p.numel()).copy_(p.reshape({p.numel()}));
     }
     if (pg_->size() > 1) pg_->broadcast(flat, options_.root);
+    hsdp::broadcast_from_first_replica(options_.replicate, flat);
     u.shard = flat.narrow(0, r * u.shard_numel, u.shard_numel).clone();
     u.grad_shard = zeros({u.shard_numel}, TensorOptions(u.master, u.device));
     u.full = u.compute == u.master ? flat : flat.to(u.compute);
@@ -265,6 +268,7 @@ void FullyShardedModel::init_values() {
   shard_leaves_ = std::move(leaves);
   // Buffers are replicated: everyone starts from root's.
   broadcast_module_buffers(*pg_, *model_, options_.root);
+  hsdp::broadcast_buffers(options_.replicate, *model_);
   // Hooks: units' entries, and every parameter's accumulation (Note [unit lifecycle]).
   std::weak_ptr<bool> alive = alive_;
   for (auto& up : units_) {
@@ -566,6 +570,7 @@ void FullyShardedModel::drain_reduces(size_t keep) {
     u->staging = Tensor();
     u->reduce_out = Tensor();
     if (w) w->wait();
+    hsdp::average_across_replicas(options_.replicate, out);  // Note [hsdp]
     if (u->reduce_into_shard) {
       u->reduce_into_shard = false;
     } else if (u->grad_valid) {

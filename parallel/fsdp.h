@@ -81,7 +81,13 @@ struct FsdpOptions {
   std::optional<DType> param_dtype;
   bool reduce_in_fp32 = false;  // with param_dtype: reduce-scatter gradients in the master dtype
   bool find_unused_parameters = false;
-  int root = 0;  // whose initial parameters every rank starts from
+  int root = 0;  // whose initial parameters every rank starts from (a rank of the shard group)
+  // HSDP (Note [hsdp] in parallel/hsdp.h): the group this rank's shard is replicated
+  // across, the ranks holding the same shard coordinate in the other replicas (the mesh's
+  // dp_replicate group). Units are sharded over the model's group and each reduced gradient
+  // shard is then averaged across this one; every rank starts from the values of `root` of
+  // replica 0. Null (or a group of one): plain FSDP.
+  ProcessGroupPtr replicate;
 };
 
 struct FsdpMemory {
@@ -163,6 +169,8 @@ class FullyShardedModel {
   FsdpMemory memory() const;
   const FsdpOptions& options() const { return options_; }
   ProcessGroup& process_group() const { return *pg_; }
+  // The replicate group of HSDP (null without one).
+  const ProcessGroupPtr& replicate_group() const { return options_.replicate; }
 
   struct Unit;
 

@@ -34,11 +34,13 @@ std::string fsdp_replicated_file(size_t model) { return indexed("model", model) 
 
 nlohmann::json save_fsdp_state(const std::string& dir,
                                const std::vector<FullyShardedModel*>& models,
-                               const std::vector<FsdpOptimizerRef>& optimizers) {
+                               const std::vector<FsdpOptimizerRef>& optimizers, bool write) {
   NoGradGuard ng;
   const int world = models.empty() ? 1 : models[0]->process_group().size();
   const int rank = models.empty() ? 0 : models[0]->process_group().rank();
   nlohmann::json rec = {{"kind", "fsdp"}, {"world", world}};
+  const ProcessGroupPtr rep = models.empty() ? ProcessGroupPtr() : models[0]->replicate_group();
+  if (rep && rep->size() > 1) rec["replicate"] = rep->size();
   nlohmann::json ms = nlohmann::json::array();
   for (size_t i = 0; i < models.size(); ++i) {
     FullyShardedModel& m = *models[i];
@@ -54,12 +56,14 @@ nlohmann::json save_fsdp_state(const std::string& dir,
       ps.push_back({{"name", own[k].name}, {"shape", own[k].shape}, {"spans", spans}});
     }
     const std::string f = (fs::path(dir) / fsdp_model_file(i, rank)).string();
-    nn::save_safetensors(f, mine);
+    if (write) nn::save_safetensors(f, mine);
     ms.push_back({{"params", ps}});
   }
   rec["models"] = ms;
   nlohmann::json os = nlohmann::json::array();
   for (size_t i = 0; i < optimizers.size(); ++i) {
+    os.push_back({{"params", optimizers[i].param_keys}});
+    if (!write) continue;
     const std::string f = (fs::path(dir) / fsdp_optimizer_file(i, rank)).string();
     nn::TensorDict d = optimizers[i].stepping->state_dict();
     // Empty slices carry no information; leave them out (the reader knows the spans).
@@ -68,7 +72,6 @@ nlohmann::json save_fsdp_state(const std::string& dir,
                ? d.erase(it)
                : std::next(it);
     nn::save_safetensors(f, d);
-    os.push_back({{"params", optimizers[i].param_keys}});
   }
   rec["optimizers"] = os;
   return rec;

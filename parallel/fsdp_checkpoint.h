@@ -43,10 +43,14 @@ struct FsdpOptimizerRef {
   std::vector<std::string> param_keys;
 };
 
-// Writes this rank's files into `dir`; returns the state.json record (the same on every rank).
+// Writes this rank's files into `dir` (unless `write` is false: an HSDP replica other than the
+// first, whose shards equal replica 0's); returns the state.json record (the same on every rank).
+// HSDP (Note [hsdp checkpoints] in accelerate/strategy_fsdp.cc): the record's "world" is the shard
+// group's size and "replicate" the number of replicas, world x replicate being state.json's
+// world_size.
 nlohmann::json save_fsdp_state(const std::string& dir,
                                const std::vector<FullyShardedModel*>& models,
-                               const std::vector<FsdpOptimizerRef>& optimizers);
+                               const std::vector<FsdpOptimizerRef>& optimizers, bool write = true);
 
 // Reads a ZeRO-3 checkpoint by ranges: the record is parsed and checked first (Note [checkpoint
 // record validation] in parallel/checkpoint_records.h), shard files are opened on first use and
@@ -56,7 +60,8 @@ nlohmann::json save_fsdp_state(const std::string& dir,
 // before it is read.
 class FsdpCheckpointReader {
  public:
-  // `saved_world`: state.json's world_size (the record must agree), or -1 when unknown.
+  // `saved_world`: state.json's world_size (the record's world x replicate must equal it), or -1
+  // when unknown.
   FsdpCheckpointReader(std::string dir, const nlohmann::json& record, int saved_world = -1);
   ~FsdpCheckpointReader();
   int world() const { return int(rec_.world); }

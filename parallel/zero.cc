@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "parallel/ddp.h"
+#include "parallel/hsdp.h"
 
 // Note [zero layout]
 // Bucket b (parallel/buckets.h) is a flat buffer of numel_b elements, numel_b a multiple of the
@@ -59,6 +60,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<NamedParams> groups,
               options_.stage == 3 ? " (ZeRO-3 is dist::FullyShardedModel, parallel/fsdp.h)" : "");
   ACCEL_CHECK(options_.root >= 0 && options_.root < pg_->size(), DistError, "zero", "root ",
               options_.root, " is outside [0, ", pg_->size(), ")");
+  hsdp::check_groups("zero", *pg_, options_.replicate);
   ACCEL_CHECK(bool(make_optimizer), ValueError, "zero", "no optimizer factory");
   ACCEL_CHECK(!groups.empty(), ValueError, "zero", "no parameter groups");
   NamedParams all;
@@ -167,6 +169,7 @@ ZeroOptimizer::ZeroOptimizer(std::shared_ptr<nn::Module> module,
   module_ = std::move(module);
   // Buffers (e.g. batch-norm statistics) are replicated, not sharded: start from root's.
   broadcast_module_buffers(*pg_, *module_, options_.root);
+  hsdp::broadcast_buffers(options_.replicate, *module_);
 }
 
 ZeroOptimizer::~ZeroOptimizer() = default;
@@ -203,6 +206,7 @@ void ZeroOptimizer::init(const GroupOptimizerFactory& make_optimizer,
       flat.narrow(0, bk.offset[j], p.numel()).copy_(p.reshape({p.numel()}));
     }
     if (pg_->size() > 1) pg_->broadcast(flat, options_.root);
+    hsdp::broadcast_from_first_replica(options_.replicate, flat);
     if (!mixed_precision()) {
       flats.push_back(flat);
       continue;
@@ -268,6 +272,10 @@ void ZeroOptimizer::backward(const Tensor& loss) {
 void ZeroOptimizer::finish_gradient_sync() {
   const bool synced = bucketer_->sync();
   bucketer_->finish();
+  if (synced && replicate_sync_ && hsdp::active(options_.replicate))  // Note [hsdp]
+    for (size_t b = 0; b < bucketer_->buckets().size(); ++b)
+      hsdp::average_across_replicas(
+          options_.replicate, options_.stage == 1 ? bucketer_->buffer(b) : bucketer_->shard(b));
   if (mixed_precision() && synced) {
     // Note [zero mixed precision]: fp32 gradient shards; no 16-bit .grad left on the parameters.
     NoGradGuard ng;
@@ -276,6 +284,10 @@ void ZeroOptimizer::finish_gradient_sync() {
     if (options_.stage == 1) zero_grad();
   }
   if (options_.stage == 2) bucketer_->release_staging();
+}
+
+void ZeroOptimizer::average_shards_across_replicas() {
+  for (const Tensor& g : gradient_shards()) hsdp::average_across_replicas(options_.replicate, g);
 }
 
 Tensor ZeroOptimizer::reduced_slice(size_t b) const {

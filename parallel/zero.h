@@ -67,6 +67,11 @@ struct ZeroOptions {
   // dtype) and the updated shards are cast back and all-gathered. nullopt: no conversion.
   std::optional<DType> param_dtype;
   bool reduce_in_fp32 = false;  // with param_dtype: reduce gradients in the master dtype
+  // HSDP (Note [hsdp] in parallel/hsdp.h): the group this rank's shard is replicated across (the
+  // mesh's dp_replicate group); state is sharded over `pg` only, and the gradients reduced in
+  // `pg` are then averaged across this group (stage 1: whole buckets; stage 2: this rank's
+  // slices). Every rank starts from `root` of replica 0. Null (or a group of one): plain ZeRO.
+  ProcessGroupPtr replicate;
 };
 
 using OptimizerFactory =
@@ -114,8 +119,18 @@ class ZeroOptimizer {
   std::vector<Tensor> forward_values(nn::Values inputs);
 
   void backward(const Tensor& loss);
-  // Waits for the gradient collectives.
+  // Waits for the gradient collectives (with HSDP, then averages across the replicate group
+  // unless set_replicate_sync(false)).
   void finish_gradient_sync();
+  // HSDP (Note [hsdp] in parallel/hsdp.h): whether finish_gradient_sync() averages the reduced
+  // gradients across the replicate group (default true). A caller that adds several micro-batches'
+  // gradient shards up itself (the Accelerator's ZeRO strategy under accumulation) turns it off
+  // and averages the window's sum once, with average_shards_across_replicas(): one replicate
+  // all-reduce per optimizer step instead of one per micro-batch.
+  void set_replicate_sync(bool on) { replicate_sync_ = on; }
+  // gradient_shards() := their average over the replicate group (collective over it; no-op
+  // without HSDP).
+  void average_shards_across_replicas();
   // Steps this rank's shards, then all-gathers the updated parameters:
   // attach_gradients(), optimizer().step(), finish_step().
   void step();
@@ -189,6 +204,7 @@ class ZeroOptimizer {
   std::vector<size_t> opt_to_bucket_;  // optimizer parameter k -> bucket
   std::vector<size_t> bucket_to_opt_;
   std::shared_ptr<optim::Optimizer> optimizer_;
+  bool replicate_sync_ = true;
 };
 
 }  // namespace accel::dist

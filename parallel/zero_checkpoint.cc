@@ -302,6 +302,16 @@ Layouts read_layouts(const nlohmann::json& state, size_t num_optimizers, int sav
   return ckpt_records::parse_zero_record(state, num_optimizers, saved_world, file);
 }
 
+int shard_world(const nlohmann::json& state, int saved_world, const std::string& file) {
+  if (!state.is_object() || !state.contains("zero_world")) return saved_world;
+  const nlohmann::json& z = state["zero_world"];
+  const int64_t w = z.is_number_integer() ? z.get<int64_t>() : 0;
+  ACCEL_CHECK(w >= 1 && saved_world >= 1 && w <= saved_world && saved_world % w == 0, IoError,
+              "load_state", "'", file, "': zero_world ", z.dump(),
+              " is not a shard group size of world_size ", saved_world);
+  return int(w);
+}
+
 nn::TensorDict param_groups_of(const nn::TensorDict& d) {
   nn::TensorDict out;
   for (auto& [k, v] : d)

@@ -48,6 +48,13 @@ using Layouts = std::vector<std::optional<ckpt_records::ZeroLayoutRecord>>;
 Layouts read_layouts(const nlohmann::json& state, size_t num_optimizers, int saved_world,
                      const std::string& file);
 
+// The number of ranks whose shard files a ZeRO checkpoint holds: state.json's "zero_world" (an
+// HSDP run writes its shards once, from replica 0: its shard group's size; Note [hsdp
+// checkpoints] in accelerate/strategy_fsdp.cc), else `saved_world`. IoError naming `file` when
+// "zero_world" does not divide the world size. Pass it where the functions below take
+// `saved_world`.
+int shard_world(const nlohmann::json& state, int saved_world, const std::string& file);
+
 // The "param_groups.*" entries of an optimizer state dict, and of an optimizer file (only those
 // tensors are read).
 nn::TensorDict param_groups_of(const nn::TensorDict& d);

@@ -40,6 +40,7 @@ WorkPtr ProcessGroupGloo::all_reduce_async(const Tensor& t, ReduceOp op) {
   check_cpu_contiguous("all_reduce", t, "tensor");
   check_reducible("all_reduce", t.dtype(), op);
   Fingerprint fp = make_fingerprint(OpKind::AllReduce, t.dtype(), op, -1, t.numel());
+  count_sent(t.nbytes());
   Small small;
   if (small_path(t.nbytes())) {
     small.payload = t.data_ptr();
@@ -86,6 +87,7 @@ WorkPtr ProcessGroupGloo::broadcast_async(const Tensor& t, int root) {
   ACCEL_CHECK(root >= 0 && root < size_, DistError, "broadcast", "root ", root, " is outside [0, ",
               size_, ") (roots are ranks of the group", group_context(), ")");
   Fingerprint fp = make_fingerprint(OpKind::Broadcast, t.dtype(), ReduceOp::Sum, root, t.numel());
+  if (rank_ == root) count_sent(t.nbytes());
   Small small;
   if (small_path(t.nbytes())) {
     small.payload = t.data_ptr();
@@ -119,6 +121,7 @@ WorkPtr ProcessGroupGloo::all_gather_async(const Tensor& out, const Tensor& in) 
               out.shape_str(), " must hold world size ", size_, " x input ", in.shape_str(), " = ",
               in.numel() * size_, " elements");
   Fingerprint fp = make_fingerprint(OpKind::AllGather, in.dtype(), ReduceOp::Sum, -1, in.numel());
+  count_sent(in.nbytes());
   Small small;
   if (small_path(in.nbytes())) {
     small.payload = in.data_ptr();
@@ -175,6 +178,7 @@ WorkPtr ProcessGroupGloo::reduce_scatter_async(const Tensor& out, const Tensor& 
                 "output must not overlap the input");
   }
   Fingerprint fp = make_fingerprint(OpKind::ReduceScatter, in.dtype(), op, -1, in.numel());
+  count_sent(in.nbytes());
   return enqueue(fp, [this, out, in, op](uint64_t seq, Milliseconds timeout) {
     ring_reduce_scatter(out, in, op, seq, timeout);
   });
@@ -417,6 +421,7 @@ WorkPtr ProcessGroupGloo::send_async(const Tensor& t, int dst, int tag) {
     count = send_count_[{dst, tag}]++;
   }
   auto w = std::make_shared<GlooP2PWork>(this, OpKind::Send, t, dst, tag, timeout_);
+  count_sent(t.nbytes());
   w->post(count);
   return w;
 }

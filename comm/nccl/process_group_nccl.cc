@@ -158,6 +158,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     if (op == ReduceOp::Avg)
       ACCEL_CHECK(is_floating(t.dtype()), DTypeError, "all_reduce",
                   "avg needs a floating dtype, got ", t.dtype());
+    count_sent(t.nbytes());
     return launch(
         make_fingerprint(OpKind::AllReduce, t.dtype(), op, -1, t.numel()), {t},
         [&](cudaStream_t s) {
@@ -169,6 +170,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     check_cuda_contiguous("broadcast", t, device_, "tensor");
     ACCEL_CHECK(root >= 0 && root < size_, DistError, "broadcast", "root ", root,
                 " is outside [0, ", size_, ")");
+    if (rank_ == root) count_sent(t.nbytes());
     return launch(make_fingerprint(OpKind::Broadcast, t.dtype(), ReduceOp::Sum, root, t.numel()),
                   {t}, [&](cudaStream_t s) {
                     ACCEL_NCCL_CHECK(ncclBroadcast(t.data_ptr(), t.data_ptr(), size_t(t.numel()),
@@ -182,6 +184,7 @@ class ProcessGroupNccl final : public ProcessGroup {
                 " differs from input dtype ", in.dtype());
     ACCEL_CHECK(out.numel() == in.numel() * size_, ShapeError, "all_gather", "output ",
                 out.shape_str(), " must hold world size ", size_, " x input ", in.shape_str());
+    count_sent(in.nbytes());
     return launch(
         make_fingerprint(OpKind::AllGather, in.dtype(), ReduceOp::Sum, -1, in.numel()), {out, in},
         [&](cudaStream_t s) {
@@ -199,6 +202,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     if (op == ReduceOp::Avg)
       ACCEL_CHECK(is_floating(in.dtype()), DTypeError, "reduce_scatter",
                   "avg needs a floating dtype, got ", in.dtype());
+    count_sent(in.nbytes());
     return launch(make_fingerprint(OpKind::ReduceScatter, in.dtype(), op, -1, in.numel()),
                   {out, in}, [&](cudaStream_t s) {
                     ACCEL_NCCL_CHECK(ncclReduceScatter(in.data_ptr(), out.data_ptr(),
@@ -223,6 +227,7 @@ class ProcessGroupNccl final : public ProcessGroup {
     ACCEL_CHECK(dst >= 0 && dst < size_ && dst != rank_, DistError, "send", "destination ", dst,
                 " must be another rank in [0, ", size_, ")");
     (void)tag;  // NCCL matches point-to-point messages by order per peer only
+    count_sent(t.nbytes());
     return launch_p2p(OpKind::Send, t, [&](cudaStream_t s) {
       ACCEL_NCCL_CHECK(
           ncclSend(t.data_ptr(), size_t(t.numel()), nccl_type(t.dtype()), dst, comm_, s));

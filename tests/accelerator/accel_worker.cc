@@ -994,6 +994,17 @@ int mesh() {
     std::cout << "group " << dim;
     for (int r : m.group_ranks(dim)) std::cout << " " << r;
     std::cout << std::endl;
+    // Note [accelerator mesh groups]: the process group of the dimension, by its world ranks.
+    const dist::ProcessGroupPtr& g = m.group(dim);
+    std::cout << "pg " << dim << " rank " << g->rank() << " of";
+    for (int r : g->world_ranks()) std::cout << " " << r;
+    std::cout << std::endl;
+  }
+  // Every group works: an all-reduce of ones counts its ranks.
+  for (const char* dim : {"dp_replicate", "dp_shard", "tp", "dp"}) {
+    Tensor one = ones({1});
+    m.group(dim)->all_reduce(one);
+    std::cout << "sum " << dim << " " << one.item<float>() << std::endl;
   }
   auto model = std::make_shared<nn::Linear>(2, 2);
   auto attempt = [](const char* what, const std::function<void()>& fn) {

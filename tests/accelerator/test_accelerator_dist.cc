@@ -627,10 +627,10 @@ TEST_CASE("LBFGS: DDP equals one process, resumes bit-exact; ZeRO refuses it by 
 }
 
 // Note [mesh support] in accelerate/accelerator_mesh.cc: the mesh is built from the ACCEL_*_SIZE
-// variables on every rank; prepare() runs today's strategies on a one-dimensional data-parallel
-// mesh and refuses, by name, what is not built yet (tensor parallelism, hybrid sharding, ZeRO over
-// replicas).
-TEST_CASE("device mesh: acc.mesh() from the environment; prepare() refuses what is not built") {
+// variables on every rank and holds its process groups (Note [accelerator mesh groups]: the
+// world group where a group is the world, groups of one, new_group otherwise); prepare() runs
+// the strategies on dp (HSDP included) and refuses, by name, tensor parallelism.
+TEST_CASE("device mesh: acc.mesh() from the environment, with groups; prepare() refuses tp") {
   struct Case {
     int world;
     std::map<std::string, std::string> env;
@@ -640,25 +640,30 @@ TEST_CASE("device mesh: acc.mesh() from the environment; prepare() refuses what 
   const std::vector<Case> cases = {
       {2,
        {},
-       {"mesh dp_replicate 1 x dp_shard 2 x tp 1", "group dp_shard 0 1", "group dp 0 1"},
+       {"mesh dp_replicate 1 x dp_shard 2 x tp 1", "group dp_shard 0 1", "group dp 0 1",
+        "pg dp_shard rank 1 of 0 1", "pg dp_replicate rank 0 of 1", "pg tp rank 0 of 1",
+        "sum dp_shard 2", "sum dp 2", "sum tp 1", "sum dp_replicate 1"},
        nullptr},
       {2,
        {{"ACCEL_DP_REPLICATE_SIZE", "2"}},
-       {"group dp_replicate 0 1", "group dp_shard 1", "group dp 0 1"},
+       {"group dp_replicate 0 1", "group dp_shard 1", "group dp 0 1",
+        "pg dp_replicate rank 1 of 0 1", "sum dp_replicate 2", "sum dp_shard 1"},
        nullptr},
       {2,
        {{"ACCEL_TP_SIZE", "2"}},
-       {"mesh dp_replicate 1 x dp_shard 1 x tp 2", "group tp 0 1", "group dp 1"},
-       "tensor parallelism (tp_size 2) is not implemented yet"},
+       {"mesh dp_replicate 1 x dp_shard 1 x tp 2", "group tp 0 1", "group dp 1", "sum tp 2",
+        "sum dp 1"},
+       "tensor parallelism (tp_size 2) is not wired into prepare() yet"},
       {2,
        {{"ACCEL_DP_REPLICATE_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "2"}},
        {"group dp_replicate 0 1"},
-       "dp_replicate_size 2 alone replicates the model on every rank, but strategy 'zero2'"},
+       nullptr},
       {4,
        {{"ACCEL_DP_REPLICATE_SIZE", "2"}},
        {"mesh dp_replicate 2 x dp_shard 2 x tp 1", "group dp_replicate 1 3", "group dp_shard 0 1",
-        "group dp 0 1 2 3"},
-       "hybrid sharding (dp_replicate_size 2 x dp_shard_size 2"},
+        "group dp 0 1 2 3", "pg dp_replicate rank 0 of 1 3", "pg dp_shard rank 1 of 0 1",
+        "pg dp rank 1 of 0 1 2 3", "sum dp_replicate 2", "sum dp_shard 2", "sum dp 4"},
+       nullptr},
   };
   for (const Case& c : cases) {
     CAPTURE(c.world);

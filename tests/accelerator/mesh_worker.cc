@@ -1,0 +1,129 @@
+// One rank of the mesh-training tests (tests/accelerator/test_mesh_training.cc): a small GPT
+// (examples/models.h) trained in float64 through the Accelerator on the mesh and strategy of the
+// ACCEL_* variables (ACCEL_DP_REPLICATE_SIZE, ACCEL_DP_SHARD_SIZE, ACCEL_TP_SIZE,
+// ACCEL_ZERO_STAGE), AdamW with weight decay and gradient clipping, a fixed global batch that each
+// data-parallel rank takes its share of (the ranks of a tp group take the same one), so every
+// mesh, one process included, computes the same steps.
+//   mesh_worker <out> <steps> [save <step> <dir> | load <dir>]
+// save: also save_state(dir) after optimizer step <step> (then go on); load: load_state(dir)
+// first, then train until <steps> optimizer steps in all. Rank 0 writes <out>:
+//   "loss <step> <value>"        the global mean loss of every step trained here (%.17g)
+//   "param <name> <numel>", then the values of the final full parameter, one per line (%.17g)
+// Prints "ok mesh_train" on success; exit code != 0 on failure.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accelerate/accelerator.h"
+#include "autograd/optim/adam.h"
+#include "core/generator.h"
+#include "examples/models.h"
+
+using namespace accel;
+
+namespace {
+
+constexpr int64_t kBatch = 8, kContext = 16, kVocab = 32;
+
+models::GptConfig config() {
+  models::GptConfig c;
+  c.vocab = kVocab;
+  c.context = kContext;
+  c.layers = 2;
+  c.heads = 4;
+  c.d_model = 32;
+  return c;
+}
+
+int run(int argc, char** argv) {
+  if (argc < 3) {
+    std::cerr << "usage: mesh_worker <out> <steps> [save <step> <dir> | load <dir>]\n";
+    return 2;
+  }
+  const std::string out_path = argv[1];
+  const int steps = std::atoi(argv[2]);
+  const std::string mode = argc > 3 ? argv[3] : "";
+  const int save_at = mode == "save" && argc > 5 ? std::atoi(argv[4]) : -1;
+  const std::string dir =
+      mode == "save" && argc > 5 ? argv[5] : (mode == "load" && argc > 4 ? argv[4] : "");
+
+  AcceleratorConfig cfg;
+  cfg.cpu = true;
+  cfg.project_dir = "/tmp";
+  cfg.log_with = {};
+  Accelerator acc(cfg);
+  const dist::DeviceMesh& mesh = acc.mesh();
+  const int dp = mesh.size("dp"), dp_rank = mesh.coordinate("dp");
+  ACCEL_CHECK(kBatch % dp == 0, ValueError, "mesh_worker", "dp ", dp, " does not divide ", kBatch);
+
+  Generator gen(5);
+  auto model = std::make_shared<models::Gpt>(config(), &gen);
+  model->to(kFloat64);
+  optim::AdamWOptions ao;
+  ao.lr = 1e-2;
+  ao.weight_decay = 0.01;
+  auto opt = std::make_shared<optim::AdamW>(model->parameters(), ao);
+  auto [m, o] = acc.prepare(model, std::static_pointer_cast<optim::Optimizer>(opt));
+
+  int first = 0;
+  if (mode == "load") {
+    acc.load_state(dir);
+    first = int(acc.optimizer_steps());
+  }
+  std::ofstream out;
+  if (acc.is_main_process()) out.open(out_path);
+  char line[96];
+  const int64_t per_rank = kBatch / dp;
+  for (int s = first; s < steps; ++s) {
+    Generator data(uint64_t(100 + s));
+    const Tensor tokens = randint(0, kVocab, {kBatch, kContext + 1}, TensorOptions(kInt64), &data);
+    const Tensor mine = tokens.narrow(0, dp_rank * per_rank, per_rank);
+    const Tensor x = mine.narrow(1, 0, kContext).contiguous();
+    const Tensor y = mine.narrow(1, 1, kContext).contiguous();
+    const Tensor loss = models::lm_loss(m->forward(x), y);
+    acc.backward(loss);
+    acc.clip_grad_norm_(0.5);
+    o->step();
+    o->zero_grad();
+    // The mean over data-parallel ranks: every rank of the world reduces, the tp ranks of one dp
+    // index hold the same loss, so the world mean is the dp mean.
+    const Tensor mean = acc.reduce(loss.detach().reshape({1}), "mean");
+    if (acc.is_main_process()) {
+      std::snprintf(line, sizeof line, "loss %d %.17g\n", s, mean.item());
+      out << line;
+    }
+    if (s + 1 == save_at) acc.save_state(dir);
+  }
+  const nn::TensorDict full = acc.get_state_dict(*m);
+  if (acc.is_main_process()) {
+    for (const auto& [name, t] : full) {
+      const Tensor v = t.to(kFloat64).contiguous().reshape({-1});
+      out << "param " << name << " " << v.numel() << "\n";
+      const double* p = v.data<double>();
+      for (int64_t i = 0; i < v.numel(); ++i) {
+        std::snprintf(line, sizeof line, "%.17g\n", p[i]);
+        out << line;
+      }
+    }
+    out.close();
+    ACCEL_CHECK(out.good(), IoError, "mesh_worker", "could not write ", out_path);
+  }
+  acc.wait_for_everyone();
+  std::cout << "ok mesh_train" << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cout << "mesh_worker: " << e.what() << std::endl;
+    return 3;
+  }
+}

@@ -69,18 +69,11 @@ int run(const examples::Args& args, const MeshArgs& ma) {
       std::make_shared<data::TokenWindowDataset>(tokens, gc.context, /*stride=*/1), lo);
   auto [m, o, l] = acc.prepare(model, std::static_pointer_cast<optim::Optimizer>(opt), loader);
 
-  const dist::StrategyMemory mem = acc.memory();
   acc.print("gpt_parallel: mesh ", mesh.describe(), " (", acc.num_processes(),
             " processes), strategy ", acc.config().strategy,
             ma.sequence_parallel ? ", sequence parallel" : "",
-            ma.loss_parallel ? ", vocabulary-parallel loss" : "");
+            ma.loss_parallel ? ", vocabulary-parallel loss" : "", "; ", params, " parameters");
   char line[240];
-  std::snprintf(line, sizeof line,
-                "%lld parameters; rank 0 holds %.2f MB of parameters and %.2f MB of optimizer "
-                "state (one replica: %.2f MB of fp32 parameters)",
-                static_cast<long long>(params), double(mem.param_bytes) / 1e6,
-                double(mem.optimizer_bytes) / 1e6, double(params) * 4 / 1e6);
-  acc.print(line);
   acc.print("training ", args.steps, " steps, global batch ", batch, " x ", gc.context,
             " bytes, AdamW lr ", lr, ", grad clip ", ma.grad_clip);
 
@@ -109,6 +102,17 @@ int run(const examples::Args& args, const MeshArgs& ma) {
   }
   std::snprintf(line, sizeof line, "final training loss %.4f nats/byte, %.1fs, %.1f ms/step",
                 running.value(), progress.elapsed(), 1e3 * progress.elapsed() / double(args.steps));
+  acc.print(line);
+  // What this rank holds: its tp shards, of which ZeRO-3 keeps 1 / dp_shard.
+  int64_t local = 0;
+  for (const Tensor& p : m->parameters()) local += p.numel();
+  const dist::StrategyMemory mem = acc.memory();
+  std::snprintf(line, sizeof line,
+                "rank 0: its tp shards hold %lld of the %lld parameters; it keeps %.2f MB of "
+                "parameters, %.2f MB of gradients, %.2f MB of optimizer state",
+                static_cast<long long>(local), static_cast<long long>(params),
+                double(mem.param_bytes) / 1e6, double(mem.grad_bytes) / 1e6,
+                double(mem.optimizer_bytes) / 1e6);
   acc.print(line);
   if (!args.checkpoint.empty()) {
     acc.save_model(*m, args.checkpoint);  // full tensors: loads into char_gpt --eval-only

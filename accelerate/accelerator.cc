@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <sstream>
 
@@ -101,7 +102,9 @@ Accelerator::Accelerator(AcceleratorConfig config)
               "' reads its options from AcceleratorConfig::ddp / zero / fsdp; strategy_options is "
               "for strategies without fields there");
   ctx.options = spec.options ? spec.options(config_) : config_.strategy_options;
-  strategy_ = dist::make_strategy(spec, ctx);
+  strategy_ = mesh_->size("tp") > 1  // Note [tp strategy] in accelerate/strategy_tp.cc
+                  ? config_detail::make_tp_strategy(config_, *mesh_, group_, ctx, spec)
+                  : dist::make_strategy(spec, ctx);
   logging_dir_ = config_.project_dir;
   if (config_.seed) set_seed(*config_.seed);
 }
@@ -122,7 +125,6 @@ Accelerator::~Accelerator() {
 
 void Accelerator::prepare_module(const std::shared_ptr<nn::Module>& model) {
   ACCEL_CHECK(model != nullptr, ValueError, "prepare", "model is null");
-  check_mesh_supported("a model");
   model->to(device_);
   strategy_->prepare_model(model);
   models_.push_back(model);
@@ -186,8 +188,9 @@ std::vector<int> Accelerator::agree_failed(bool failed) {
 namespace {
 
 // The names and shapes of `src` against the model's state (Module::load_state_dict's rules).
-nn::LoadResult check_model_source(const nn::Module& model, nn::SafetensorsCheckpoint& src,
-                                  bool strict) {
+nn::LoadResult check_model_source(
+    const nn::Module& model, nn::SafetensorsCheckpoint& src, bool strict,
+    const std::function<Shape(const std::string&, const Shape&)>& full_shape = {}) {
   const nn::TensorDict own = model.state_handles();
   // A tied name the file lacks gets its values through another name of the same tensor (files
   // written by transformers drop tied names without recording them): the file learns it as an
@@ -211,9 +214,10 @@ nn::LoadResult check_model_source(const nn::Module& model, nn::SafetensorsCheckp
         continue;
       }
       r.missing_keys.push_back(name);
-    } else if (src.info(name).shape != t.sizes()) {
+    } else if (const Shape want = full_shape ? full_shape(name, t.sizes()) : t.sizes();
+               src.info(name).shape != want) {
       mismatched.push_back(name + ": file " + shape_str(src.info(name).shape) + ", model " +
-                           t.shape_str());
+                           shape_str(want));
     }
   }
   for (const std::string& name : src.names())
@@ -261,7 +265,12 @@ nn::LoadResult Accelerator::load_model(nn::Module& model, const std::string& pat
       ACCEL_CHECK(model.sharded().empty(), ValueError, "load_model", "the ", model.type_name(),
                   " is sharded by an engine this accelerator did not prepare: ", model.sharded());
     src = std::make_unique<nn::SafetensorsCheckpoint>(path);
-    result = check_model_source(model, *src, strict);
+    std::function<Shape(const std::string&, const Shape&)> full_shape;
+    if (index)  // tensor parallelism: the file holds full tensors, the model its shards
+      full_shape = [&](const std::string& name, const Shape& local) {
+        return strategy_->checkpoint().full_shape(*index, name, local);
+      };
+    result = check_model_source(model, *src, strict, full_shape);
   } catch (...) {
     err = std::current_exception();
   }
@@ -292,7 +301,6 @@ nn::LoadResult Accelerator::load_model(nn::Module& model, const std::string& pat
 std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
     std::shared_ptr<optim::Optimizer> opt) {
   ACCEL_CHECK(opt != nullptr, ValueError, "prepare", "optimizer is null");
-  check_mesh_supported("an optimizer");
   std::shared_ptr<optim::Optimizer> stepping = strategy_->prepare_optimizer(opt);
   auto wrapped = std::make_shared<AcceleratedOptimizer>(*this, std::move(opt), std::move(stepping));
   optimizers_.push_back(wrapped);
@@ -302,7 +310,6 @@ std::shared_ptr<AcceleratedOptimizer> Accelerator::prepare_optimizer(
 std::shared_ptr<data::DataLoader> Accelerator::prepare_data_loader(
     std::shared_ptr<data::DataLoader> loader) {
   ACCEL_CHECK(loader != nullptr, ValueError, "prepare", "data loader is null");
-  check_mesh_supported("a data loader");
   data::DataLoaderOptions o = loader->options();
   o.rank = mesh_->coordinate("dp");  // tp ranks of one dp index read the same batches
   o.world_size = mesh_->size("dp");
@@ -559,14 +566,18 @@ double Accelerator::clip_grad_norm_(double max_norm, double p) {
 
 // The gradients every prepared optimizer steps with (Strategy::grads), unscaled under fp16 (once
 // per step); `sharded` when each rank holds a disjoint part of them.
-std::vector<Tensor> Accelerator::step_grads(bool& sharded, dist::ProcessGroupPtr* shard_group) {
+std::vector<Tensor> Accelerator::step_grads(bool& sharded, dist::ProcessGroupPtr* shard_group,
+                                            std::vector<double>* weights) {
   std::vector<Tensor> all;
   sharded = false;
   for (auto& o : optimizers_) {
     dist::StepGrads g = strategy_->grads(o->stepping_optimizer());
     sharded = sharded || g.sharded;
     if (shard_group && g.shard_group) *shard_group = g.shard_group;
-    for (auto& t : g.params) all.push_back(t);
+    for (size_t k = 0; k < g.params.size(); ++k) {
+      all.push_back(g.params[k]);
+      if (weights) weights->push_back(k < g.norm_weights.size() ? g.norm_weights[k] : 1.0);
+    }
   }
   return all;
 }
@@ -578,7 +589,8 @@ double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double ma
   check_plain_backward("clip_grad_norm_");
   bool sharded = false;
   dist::ProcessGroupPtr parts = group_;  // HSDP: the shard group (replicas hold equal parts)
-  std::vector<Tensor> all = step_grads(sharded, &parts);
+  std::vector<double> weights;           // tp: 1 / (ranks holding the same gradient)
+  std::vector<Tensor> all = step_grads(sharded, &parts, &weights);
   if (scaler_.enabled()) scaler_.unscale_(all.empty() ? params : all, group_.get());
   if (!sharded) return nn::clip_grad_norm_(params, max_norm, p);
   ACCEL_CHECK(max_norm >= 0, ValueError, "clip_grad_norm_", "max_norm must be >= 0, got ",
@@ -587,12 +599,13 @@ double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double ma
   NoGradGuard ng;
   const bool inf = std::isinf(p);
   Tensor total = zeros({}, TensorOptions(kFloat64, device_));
-  for (const Tensor& sp : all) {
-    const Tensor g = sp.grad();
+  for (size_t k = 0; k < all.size(); ++k) {
+    const Tensor g = all[k].grad();
     if (!g.defined()) continue;
     Tensor n = inf        ? amax(abs(g)).to(kFloat64)
                : p == 2.0 ? sum(mul(g, g)).to(kFloat64)
                           : pow(norm(g, p).to(kFloat64), p);
+    if (!inf && weights[k] != 1.0) n = mul(n, weights[k]);
     total = inf ? maximum(total, n) : add(total, n);
   }
   parts->all_reduce(total, inf ? dist::ReduceOp::Max : dist::ReduceOp::Sum);

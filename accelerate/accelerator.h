@@ -64,6 +64,7 @@
 #include "comm/process_group.h"
 #include "core/parallelism.h"
 #include "parallel/fsdp.h"
+#include "parallel/tensor_parallel.h"
 #include "accelerate/strategy.h"
 #include "accelerate/tracking.h"
 
@@ -116,6 +117,10 @@ struct AcceleratorConfig {
   // in core/parallelism.h), and sizes that do not fit it are a ValueError in the constructor.
   // What prepare() runs on today: Note [mesh support] in accelerate/accelerator_mesh.cc.
   ParallelismConfig parallelism;
+  // With tp_size > 1: how prepare() splits each model over its tp group (dist::parallelize's
+  // plan: module-name patterns and their styles, parallel/tensor_parallel.h;
+  // models::gpt_tp_plan() for examples/models.h's Gpt). Required then; ignored otherwise.
+  dist::TpPlan tp_plan;
   // Override the fields above from ACCEL_STRATEGY, ACCEL_MIXED_PRECISION, ACCEL_USE_CPU,
   // ACCEL_ZERO_STAGE,
   // ACCEL_GRADIENT_ACCUMULATION_STEPS, ACCEL_PARAM_DTYPE / ACCEL_REDUCE_DTYPE (zero and fsdp),
@@ -403,11 +408,10 @@ class Accelerator {
   struct CheckpointIo;  // accelerate/accelerator_state.cc: Note [checkpoint loading]
 
   void prepare_module(const std::shared_ptr<nn::Module>& model);
-  // Note [mesh support]: ValueError, naming `what` is prepared, for a mesh the strategies do not
-  // run on yet.
-  void check_mesh_supported(const char* what) const;
   // Every prepared optimizer's Strategy::grads; `sharded` when any is.
-  std::vector<Tensor> step_grads(bool& sharded, dist::ProcessGroupPtr* shard_group = nullptr);
+  // `weights`: each gradient's StepGrads::norm_weights entry (1 where the strategy gives none).
+  std::vector<Tensor> step_grads(bool& sharded, dist::ProcessGroupPtr* shard_group = nullptr,
+                                 std::vector<double>* weights = nullptr);
   template <typename T>
   static constexpr bool is_model_ptr = requires(const T& t) {
     requires std::is_base_of_v<nn::Module, typename T::element_type>;

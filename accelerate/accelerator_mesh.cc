@@ -4,6 +4,8 @@
 
 #include "accelerate/accelerator.h"
 #include "accelerate/config_detail.h"
+#include "accelerate/strategy_registry.h"
+#include "accelerate/strategy_tp.h"
 #include "comm/env.h"
 #include "core/generator.h"
 
@@ -63,6 +65,31 @@ dist::DeviceMesh mesh_with_groups(const dist::DeviceMesh& layout,
   return dist::parallelism_mesh(sizes, me, layout.local_world_size(), factory);
 }
 
+std::unique_ptr<dist::Strategy> make_tp_strategy(const AcceleratorConfig& c,
+                                                 const dist::DeviceMesh& mesh,
+                                                 const dist::ProcessGroupPtr& world,
+                                                 dist::StrategyContext ctx,
+                                                 const dist::StrategySpec& spec) {
+  const int tp = mesh.size("tp");
+  ACCEL_CHECK(spec.name == "ddp" || spec.name == "fsdp", ValueError, "accelerator", "tp_size ", tp,
+              " runs with the ddp or fsdp strategy (zero_stage 0 or 3), not '", spec.name,
+              "': tensor parallelism composes with data parallelism over the mesh's dp groups "
+              "(ZeRO-3 over dp_shard for 2-D parallelism); ZeRO-1/2 and a program's own "
+              "strategies do not run with it");
+  // The inner strategy's world is this rank's dp group: the ranks holding the same tp shards.
+  const dist::ProcessGroupPtr& dp = mesh.group("dp");
+  ctx.group = dp;
+  ctx.rank = dp->rank();
+  ctx.world_size = dp->size();
+  dist::TpStrategyContext t;
+  t.tp = mesh.group("tp");
+  t.world = world;
+  t.world_rank = world ? world->rank() : 0;
+  t.dp_size = mesh.size("dp");
+  t.plan = c.tp_plan;
+  return dist::make_tp_strategy(dist::make_strategy(spec, std::move(ctx)), std::move(t));
+}
+
 }  // namespace config_detail
 
 // Note [mesh support]
@@ -79,19 +106,10 @@ dist::DeviceMesh mesh_with_groups(const dist::DeviceMesh& layout,
 // gather() / reduce() / loss averaging and every facade collective stay over the world, as in
 // Accelerate. Checkpoints of an HSDP run are written once per shard (Note [hsdp checkpoints] in
 // accelerate/strategy_fsdp.cc).
-// prepare() (of a model, an optimizer or a data loader) still refuses tp > 1 with a ValueError:
-// tensor parallelism composes with these groups later (the tp ranks are simply not in the dp
-// groups). The constructor does not refuse it, so a program can still read acc.mesh().
-void Accelerator::check_mesh_supported(const char* what) const {
-  const dist::DeviceMesh& m = *mesh_;
-  const int tp = m.size("tp");
-  ACCEL_CHECK(tp == 1, ValueError, "prepare", "cannot prepare ", what, " on the mesh ",
-              m.describe(), ": tensor parallelism (tp_size ", tp,
-              ") is not wired into prepare() yet; the strategies run over dp_replicate_size ",
-              m.size("dp_replicate"), " x dp_shard_size ", m.size("dp_shard"),
-              ". Leave tp_size unset (or 1)");
-}
-
+// With tp_size > 1 the strategy is a TpStrategy around ddp or fsdp (Note [tp strategy] in
+// accelerate/strategy_tp.cc): prepare() splits each model over its tp group with
+// AcceleratorConfig::tp_plan, then the inner strategy runs over the dp groups as above, its world
+// being this rank's dp group (the ranks of one tp index).
 // ---------------------------------------------------------------------------------------------
 // process control
 

@@ -11,6 +11,7 @@
 #include "autograd/nn/safetensors.h"
 #include "core/generator.h"
 #include "accelerate/accelerator.h"
+#include "accelerate/strategy_tp.h"
 #include "accelerate/checkpoint.h"
 #include "accelerate/strategy_base.h"
 
@@ -162,8 +163,35 @@ struct Accelerator::CheckpointIo {
       return (!reshard || fs::exists(f)) ? f : at(rank_file(stem, 0, ext));
     };
 
-    l.strategy =
-        acc.strategy_->checkpoint().read_state(path, m.json, m.world_size, !m.sync_gradients);
+    if (dist::is_tp_checkpoint(m.json) && acc.mesh_->size("tp") == 1) {
+      // Saved with tensor parallelism, loaded without: converted to a plain 1-process
+      // checkpoint first (Note [tp checkpoint conversion] in accelerate/strategy_tp.cc).
+      ACCEL_CHECK(m.sync_gradients, ValueError, "load_state", "checkpoint '", path,
+                  "' was saved with tensor parallelism inside a gradient accumulation window; "
+                  "its gradients only resume at its own tp_size");
+      dist::TpConversion c;
+      c.dir = path;
+      c.saved = m.json;
+      c.saved_world = m.world_size;
+      c.models = acc.models_;
+      for (auto& o : acc.optimizers_) c.optimizers.push_back(&o->optimizer());
+      c.shards.resize(acc.models_.size());
+      c.world_rank = acc.rank_;
+      const std::string tmp = dist::convert_tp_checkpoint(c);
+      std::exception_ptr err;
+      try {
+        l.strategy =
+            acc.strategy_->checkpoint().read_state(tmp, nlohmann::json::object(), 1, false);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      if (err) std::rethrow_exception(err);
+    } else {
+      l.strategy =
+          acc.strategy_->checkpoint().read_state(path, m.json, m.world_size, !m.sync_gradients);
+    }
     for (size_t i = 0; i < acc.schedulers_.size(); ++i)
       l.schedulers.push_back(nn::load_safetensors(at(indexed("scheduler", i, ".safetensors"))));
     for (size_t i = 0; i < acc.loaders_.size(); ++i) {

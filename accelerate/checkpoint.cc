@@ -65,13 +65,28 @@ void begin_checkpoint_dir(const std::string& tmp_dir) {
                      "accelerate/checkpoint.h)\n");
 }
 
+namespace {
+// tp0, tp1, ...: the folder of one tensor-parallel index (Note [tp strategy] in
+// accelerate/strategy_tp.cc).
+bool is_tp_folder_name(const std::string& name) {
+  static const std::regex kTp(R"(tp\d{1,6})");
+  return std::regex_match(name, kTp);
+}
+}  // namespace
+
 std::vector<std::string> checkpoint_files(const std::string& dir) {
   const file_io::Fd d = file_io::open_dir(dir, false, "save_state");
   std::vector<std::string> out;
   for (const std::string& n : file_io::list_dir(d.get(), dir, "save_state")) {
     struct stat st {};
-    if (::fstatat(d.get(), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+    if (::fstatat(d.get(), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (S_ISREG(st.st_mode)) {
       out.push_back(n);
+    } else if (S_ISDIR(st.st_mode) && is_tp_folder_name(n)) {
+      // A tensor-parallel index's files (Note [tp strategy] in accelerate/strategy_tp.cc).
+      for (const std::string& f : checkpoint_files((fs::path(dir) / n).string()))
+        if (f.find('/') == std::string::npos) out.push_back(n + "/" + f);
+    }
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -175,9 +190,28 @@ std::optional<std::string> replace_refusal(const std::string& dir) {
   if (!marker && !accel_state)
     return "holds " + listing(shown) + ", and is not a checkpoint folder of accel's (no " +
            kCheckpointMarker + " marker, no " + kCheckpointStateFile + " of accel's)";
+  // A tensor-parallel index's folder (Note [tp strategy] in accelerate/strategy_tp.cc): a real
+  // folder whose every entry is a regular file the manifest lists as "tp<t>/<file>".
+  auto tp_folder_ok = [&](const std::string& n) {
+    struct stat e {};
+    if (!manifest || !is_tp_folder_name(n) ||
+        ::fstatat(d.get(), n.c_str(), &e, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(e.st_mode))
+      return false;
+    const std::string sub = (fs::path(dir) / n).string();
+    const file_io::Fd sd(::open(sub.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!sd) return false;
+    for (const std::string& f : file_io::list_dir(sd.get(), sub, "save_state")) {
+      struct stat fe {};
+      if (::fstatat(sd.get(), f.c_str(), &fe, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(fe.st_mode) ||
+          !manifest->count(n + "/" + f))
+        return false;
+    }
+    return true;
+  };
   std::vector<std::string> foreign;
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string& n = names[i];
+    if (tp_folder_ok(n)) continue;
     bool ok = regular(n);
     if (ok && n != kCheckpointStateFile && n != kCheckpointMarker) {
       if (manifest)

@@ -31,7 +31,9 @@
 //   * a checkpoint folder of accel's: it holds the marker file .accel_checkpoint (which
 //     begin_checkpoint_dir() writes first into every new checkpoint) or a state.json of accel's
 //     (a JSON object with "format" and "step"), and nothing but regular files accel writes into
-//     a checkpoint: those listed in state.json's "files" (the manifest rank 0 writes), or, for a
+//     a checkpoint: those listed in state.json's "files" (the manifest rank 0 writes; a
+//     tensor-parallel run's tp<t>/ folders, each holding only files the manifest lists as
+//     "tp<t>/<file>", Note [tp strategy] in accelerate/strategy_tp.cc), or, for a
 //     checkpoint of an earlier version without a manifest, files named as accel names them
 //     (model*, optimizer*, scheduler* .safetensors, grads*, zero_*, fsdp_* _rank<r>.safetensors,
 //     loader*_rank<r>.json, rng_rank<r>.txt, custom_*_rank<r>.json, and their temporaries). An

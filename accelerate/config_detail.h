@@ -2,6 +2,10 @@
 // accelerate/accelerator*.cc.
 #pragma once
 
+#include <memory>
+
+#include "accelerate/strategy.h"
+#include "accelerate/strategy_registry.h"
 #include "comm/device_mesh.h"
 #include "comm/env.h"
 
@@ -19,6 +23,15 @@ dist::DeviceMesh build_mesh(const AcceleratorConfig& c, const dist::DistEnv& env
 // accelerate/accelerator_mesh.cc): collective over `world` (null with one process).
 dist::DeviceMesh mesh_with_groups(const dist::DeviceMesh& layout,
                                   const dist::ProcessGroupPtr& world);
+
+// The strategy of a run with tp_size > 1: a TpStrategy (Note [tp strategy] in
+// accelerate/strategy_tp.cc) around `spec` (ddp or fsdp; ValueError otherwise) built over the
+// mesh's dp group from `ctx`.
+std::unique_ptr<dist::Strategy> make_tp_strategy(const AcceleratorConfig& c,
+                                                 const dist::DeviceMesh& mesh,
+                                                 const dist::ProcessGroupPtr& world,
+                                                 dist::StrategyContext ctx,
+                                                 const dist::StrategySpec& spec);
 
 // Sets zero_stage from a built-in strategy's registration and, with `fill_name`, an empty
 // AcceleratorConfig::strategy from zero_stage; ValueError for an unregistered name or a

@@ -98,6 +98,19 @@ StepGrads ReplicatedStrategy::grads(const optim::Optimizer& stepping) {
   StepGrads out;
   for (size_t g = 0; g < stepping.num_param_groups(); ++g)
     for (const Tensor& p : stepping.params(g)) out.params.push_back(p);
+  // The optimizer steps the models' own parameters (not ZeRO shards): name them.
+  std::map<const void*, std::string> name_of;
+  for (size_t m = 0; m < models_.size(); ++m)
+    for (auto& [name, p] : models_[m]->named_parameters())
+      name_of.emplace(p.impl(), std::to_string(m) + ":" + name);
+  for (const Tensor& p : out.params) {
+    auto it = name_of.find(p.impl());
+    if (it == name_of.end()) {
+      out.names.clear();
+      break;
+    }
+    out.names.push_back(it->second);
+  }
   return out;
 }
 

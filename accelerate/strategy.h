@@ -97,6 +97,14 @@ struct StepGrads {
   // sharded: the group over whose ranks the parts are disjoint (HSDP: the shard group, whose
   // replicas hold equal parts); null: the world.
   ProcessGroupPtr shard_group;
+  // Per entry of `params`, when the strategy knows it: "<model index>:<parameter name>" of the
+  // model parameter the gradient belongs to (what tensor parallelism needs to tell shards from
+  // replicated parameters).
+  std::vector<std::string> names;
+  // Per entry of `params`, or empty (all 1): the factor of its p-th power in the reduced norm;
+  // 1 / (ranks of shard_group holding the same gradient), so every element of the model counts
+  // once (Note [tp strategy] in accelerate/strategy_tp.cc).
+  std::vector<double> norm_weights;
 };
 
 // Bytes this rank holds for the prepared models and optimizers (see ZeroMemory).
@@ -141,6 +149,13 @@ class StrategyCheckpoint {
   // One consolidated safetensors file of prepared model `index` written by rank 0 (collective;
   // sharded strategies stream it unit by unit).
   virtual void save_model(size_t index, const std::string& path) = 0;
+  // The shape state entry `name` of prepared model `index` has in a full (1-process) file, given
+  // its shape here: `local` unless the strategy splits it (tensor parallelism).
+  virtual Shape full_shape(size_t index, const std::string& name, const Shape& local) const {
+    (void)index;
+    (void)name;
+    return local;
+  }
   // The whole state_dict of prepared model `index` on every rank (collective; under ZeRO-3 it
   // gathers every unit: the one call that holds the whole model).
   virtual nn::TensorDict full_state_dict(size_t index) = 0;

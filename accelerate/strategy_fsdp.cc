@@ -148,6 +148,22 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     g.shard_group = ctx_.shard_group();
     for (size_t i = 0; i < stepping.num_param_groups(); ++i)
       for (const Tensor& p : stepping.params(i)) g.params.push_back(p);
+    // Shard leaf k of a model is its parameter k's slice: name each by its parameter.
+    std::map<const void*, std::string> name_of;
+    for (size_t m : s.models) {
+      const auto& leaves = sharded_[m]->shard_params();
+      const auto& params = sharded_[m]->parameters();
+      for (size_t k = 0; k < leaves.size() && k < params.size(); ++k)
+        name_of.emplace(leaves[k].impl(), std::to_string(m) + ":" + params[k].first);
+    }
+    for (const Tensor& p : g.params) {
+      auto it = name_of.find(p.impl());
+      if (it == name_of.end()) {
+        g.names.clear();
+        break;
+      }
+      g.names.push_back(it->second);
+    }
     return g;
   }
 

@@ -40,6 +40,8 @@ void run_ddp_mlp();
 void run_zero_memory();
 // build/bench/workloads zero-checkpoint (bench/zero_memory.cc, Note [zero-checkpoint figures]).
 void run_zero_checkpoint();
+// tp-memory (bench/tp_memory.cc): per-rank state and activation bytes at tp 1, 2, 4.
+void run_tp_memory();
 
 // A loopback port that was free a moment ago (bind to port 0 and read it back). Another process
 // could take it before rank 0 binds; that surfaces as a store error, never a hang.

@@ -502,6 +502,11 @@ const std::vector<Workload>& registry() {
        "GPT 49.6M params, ZeRO-3: save_state at 4 processes, load_state at 4 and 2 (re-sharded): "
        "load peak and time against training's (not in `all`; a few minutes)",
        bench::run_zero_checkpoint, false},
+      {"tp-memory",
+       "GPT 49.6M params via the Accelerator at tp 1, 2, 4 (with and without sequence "
+       "parallelism): per-rank parameter + gradient + optimizer bytes, activation peak, ms per "
+       "step, tp bytes per step (not in `all`; a few minutes)",
+       bench::run_tp_memory, false},
   };
   return r;
 }

@@ -69,6 +69,7 @@
 #include "accelerate/accelerator.h"
 #include "examples/models.h"
 #include "bench/median.h"
+#include "bench/ranks.h"
 
 namespace accel::bench {
 namespace {
@@ -143,18 +144,6 @@ models::GptConfig gpt_config(const Options& o) {
   c.heads = o.d_model % 64 == 0 ? o.d_model / 64 : 1;  // head size 64 where it divides
   return c;
 }
-
-// A field of /proc/self/status in kB (VmRSS, VmHWM).
-double proc_status_kb(const char* key) {
-  std::ifstream in("/proc/self/status");
-  const std::string prefix = std::string(key) + ":";
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind(prefix, 0) == 0) return std::strtod(line.c_str() + prefix.size(), nullptr);
-  ACCEL_THROW(IoError, "zero-memory", "/proc/self/status has no ", key);
-}
-
-double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
-double kb_to_mib(double kb) { return kb / 1024.0; }
 
 // Resets VmHWM to the current RSS (Linux >= 4.0).
 void reset_rss_peak() {
@@ -281,126 +270,13 @@ void run_rank(const Options& opt, int stage, const std::string& out_dir, const s
 
 // ---------------------------------------------------------------- the parent
 
-using Fields = std::map<std::string, std::string>;
-
-Fields parse_fields(const std::string& line) {
-  Fields f;
-  std::stringstream ss(line);
-  for (std::string tok; ss >> tok;) {
-    const size_t eq = tok.find('=');
-    if (eq != std::string::npos && eq > 0) f[tok.substr(0, eq)] = tok.substr(eq + 1);
-  }
-  return f;
-}
-
-double number(const Fields& f, const std::string& key, const std::string& who) {
-  const auto it = f.find(key);
-  ACCEL_CHECK(it != f.end(), ValueError, "zero-memory", who, " reported no ", key);
-  char* end = nullptr;
-  const double d = std::strtod(it->second.c_str(), &end);
-  ACCEL_CHECK(end != it->second.c_str() && *end == '\0' && std::isfinite(d), ValueError,
-              "zero-memory", who, " reported ", key, "=", it->second);
-  return d;
-}
-
-// A temporary directory, removed with its files.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/accel_zero_memory_XXXXXX";
-    ACCEL_CHECK(mkdtemp(tmpl) != nullptr, IoError, "zero-memory", "mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    for (int r = 0; r < 64; ++r)
-      std::remove((path_ + "/rank" + std::to_string(r) + ".txt").c_str());
-    rmdir(path_.c_str());
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-// Starts `world` ranks of this program for `stage`, waits for them (a failing rank takes the
-// others down, so nothing waits on a dead peer) and returns each rank's fields.
+// Starts `world` ranks of this program for `stage` (bench/ranks.h).
 std::vector<Fields> run_config(int stage, int world, const std::string& mode = "",
                                const std::string& ckpt = "") {
-  TempDir dir;
-  const int port = world > 1 ? free_loopback_port() : 0;
-  std::fflush(stdout);
-  std::fflush(stderr);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    const pid_t pid = fork();
-    if (pid < 0) {
-      for (const pid_t p : pids) kill(p, SIGKILL);
-      for (const pid_t p : pids) waitpid(p, nullptr, 0);
-      ACCEL_THROW(DistError, "zero-memory", "fork failed for rank ", r);
-    }
-    if (pid == 0) {
-      setenv(kOutEnv, dir.path().c_str(), 1);
-      setenv(kStageEnv, std::to_string(stage).c_str(), 1);
-      setenv(kModeEnv, mode.c_str(), 1);
-      setenv(kCkptEnv, ckpt.c_str(), 1);
-      if (world > 1) {
-        setenv("RANK", std::to_string(r).c_str(), 1);
-        setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-        setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-        setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
-        setenv("MASTER_ADDR", "127.0.0.1", 1);
-        setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-        setenv("OMP_NUM_THREADS", "1", 1);  // the ranks share the cores
-      } else {
-        for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) unsetenv(v);
-      }
-      dup2(STDERR_FILENO, STDOUT_FILENO);  // our stdout carries result lines only
-      char self[] = "workloads";
-      char name[] = "zero-memory";  // the rank program is the same for zero-checkpoint
-      char* argv[] = {self, name, nullptr};
-      execv("/proc/self/exe", argv);
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  // Wait for all; on the first failure (or the deadline) kill the rest.
-  const auto deadline = Clock::now() + std::chrono::seconds(kRankTimeoutS);
-  std::vector<bool> alive(pids.size(), true);
-  size_t running = pids.size();
-  std::string failure;
-  while (running > 0) {
-    bool reaped = false;
-    for (size_t i = 0; i < pids.size(); ++i) {
-      if (!alive[i]) continue;
-      int st = 0;
-      if (waitpid(pids[i], &st, WNOHANG) != pids[i]) continue;
-      alive[i] = false;
-      --running;
-      reaped = true;
-      if (failure.empty() && !(WIFEXITED(st) && WEXITSTATUS(st) == 0))
-        failure = "rank " + std::to_string(i) +
-                  (WIFEXITED(st) ? " exited with status " + std::to_string(WEXITSTATUS(st))
-                                 : " was killed by signal " + std::to_string(WTERMSIG(st)));
-    }
-    if (failure.empty() && Clock::now() > deadline)
-      failure = "the ranks ran longer than " + std::to_string(kRankTimeoutS) + " s";
-    if (!failure.empty())
-      for (size_t i = 0; i < pids.size(); ++i)
-        if (alive[i]) kill(pids[i], SIGKILL);
-    if (!reaped && running > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ACCEL_CHECK(failure.empty(), DistError, "zero-memory", "stage ", stage, " world ", world, ": ",
-              failure, " (its stderr is above)");
-  std::vector<Fields> ranks;
-  for (int r = 0; r < world; ++r) {
-    const std::string path = dir.path() + "/rank" + std::to_string(r) + ".txt";
-    std::ifstream in(path);
-    std::string line;
-    ACCEL_CHECK(in && std::getline(in, line), IoError, "zero-memory", "rank ", r,
-                " wrote no result to ", path);
-    ranks.push_back(parse_fields(line));
-  }
-  return ranks;
+  return run_ranks("zero-memory", world,
+                   {{kStageEnv, std::to_string(stage)}, {kModeEnv, mode}, {kCkptEnv, ckpt}},
+                   kOutEnv, kRankTimeoutS,
+                   "stage " + std::to_string(stage) + " world " + std::to_string(world));
 }
 
 struct Result {
@@ -445,7 +321,7 @@ void run_parent(const Options& opt) {
       std::map<std::string, double> mx;
       for (size_t r = 0; r < ranks.size(); ++r)
         for (const char* k : keys) {
-          const double v = number(ranks[r], k, "rank " + std::to_string(r));
+          const double v = number(ranks[r], k, "rank " + std::to_string(r), "zero-memory");
           mx[k] = r == 0 ? v : std::max(mx[k], v);
         }
       const Fields& r0 = ranks[0];
@@ -454,11 +330,13 @@ void run_parent(const Options& opt) {
           "steady_rss_mb=%.1f alloc_peak_mb=%.1f ms_step=%.2f model_rss_mb=%.1f "
           "alloc_reserved_mb=%.1f base_rss_mb=%.1f rank0_steady_rss_mb=%.1f "
           "rank0_alloc_peak_mb=%.1f threads=%d warmup=%d steps=%d loss=%.4f init=%s\n",
-          stage, world, static_cast<long long>(number(r0, "params", "rank 0")), mx["peak_rss_mb"],
-          mx["steady_rss_mb"], mx["alloc_peak_mb"], mx["ms_step"], mx["model_rss_mb"],
-          mx["alloc_reserved_mb"], mx["base_rss_mb"], number(r0, "steady_rss_mb", "rank 0"),
-          number(r0, "alloc_peak_mb", "rank 0"), int(number(r0, "threads", "rank 0")), opt.warmup,
-          opt.steps, number(r0, "loss", "rank 0"),
+          stage, world, static_cast<long long>(number(r0, "params", "rank 0", "zero-memory")),
+          mx["peak_rss_mb"], mx["steady_rss_mb"], mx["alloc_peak_mb"], mx["ms_step"],
+          mx["model_rss_mb"], mx["alloc_reserved_mb"], mx["base_rss_mb"],
+          number(r0, "steady_rss_mb", "rank 0", "zero-memory"),
+          number(r0, "alloc_peak_mb", "rank 0", "zero-memory"),
+          int(number(r0, "threads", "rank 0", "zero-memory")), opt.warmup, opt.steps,
+          number(r0, "loss", "rank 0", "zero-memory"),
           r0.count("init") ? r0.at("init").c_str() : "eager");
       std::fflush(stdout);
       results.push_back({stage, world, mx["steady_rss_mb"], mx["ms_step"]});
@@ -537,7 +415,8 @@ void run_checkpoint_parent(const Options& opt) {
       const std::vector<Fields> saved = run_config(stage, save_world, "save", ckpt);
       double save_s = 0;
       for (size_t r = 0; r < saved.size(); ++r)
-        save_s = std::max(save_s, number(saved[r], "save_s", "rank " + std::to_string(r)));
+        save_s = std::max(save_s,
+                          number(saved[r], "save_s", "rank " + std::to_string(r), "zero-memory"));
       std::vector<int> loads = opt.worlds;
       std::sort(loads.begin(), loads.end());
       loads.erase(std::unique(loads.begin(), loads.end()), loads.end());
@@ -549,7 +428,7 @@ void run_checkpoint_parent(const Options& opt) {
           for (const char* k :
                {"load_alloc_peak_mb", "alloc_peak_mb", "load_rss_peak_mb", "steady_rss_mb",
                 "rss_after_load_mb", "rss_before_load_mb", "load_s", "ms_step"}) {
-            const double v = number(ranks[r], k, "rank " + std::to_string(r));
+            const double v = number(ranks[r], k, "rank " + std::to_string(r), "zero-memory");
             mx[k] = r == 0 ? v : std::max(mx[k], v);
           }
         std::printf(
@@ -557,10 +436,12 @@ void run_checkpoint_parent(const Options& opt) {
             "train_alloc_peak_mb=%.1f load_alloc_peak_mb=%.1f train_rss_mb=%.1f "
             "load_rss_peak_mb=%.1f rss_before_load_mb=%.1f rss_after_load_mb=%.1f save_s=%.2f "
             "load_s=%.2f ms_step=%.1f save_alloc_peak_mb=%.1f\n",
-            stage, save_world, world, static_cast<long long>(number(ranks[0], "params", "rank 0")),
+            stage, save_world, world,
+            static_cast<long long>(number(ranks[0], "params", "rank 0", "zero-memory")),
             mx["alloc_peak_mb"], mx["load_alloc_peak_mb"], mx["steady_rss_mb"],
             mx["load_rss_peak_mb"], mx["rss_before_load_mb"], mx["rss_after_load_mb"], save_s,
-            mx["load_s"], mx["ms_step"], number(saved[0], "save_alloc_peak_mb", "rank 0"));
+            mx["load_s"], mx["ms_step"],
+            number(saved[0], "save_alloc_peak_mb", "rank 0", "zero-memory"));
         const double alloc = mx["load_alloc_peak_mb"] / mx["alloc_peak_mb"];
         const double rss = mx["load_rss_peak_mb"] / mx["steady_rss_mb"];
         const double time = mx["load_s"] / save_s;

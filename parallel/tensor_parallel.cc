@@ -446,6 +446,13 @@ nn::TensorDict tp_full_parameters(nn::Module& module) {
   return out;
 }
 
+std::map<std::string, TpShard> tp_shards(nn::Module& module) {
+  std::map<std::string, TpShard> out;
+  for (const ParamInfo& p : param_infos(module))
+    if (p.shard) out[p.name] = TpShard{p.shard->dim, p.shard->chunks};
+  return out;
+}
+
 bool is_tp_sharded(nn::Module& module, const std::string& name) {
   for (const ParamInfo& p : param_infos(module))
     if (p.name == name) return p.shard.has_value();

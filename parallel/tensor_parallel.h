@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -130,5 +131,15 @@ double tp_grad_norm_squared(nn::Module& module);
 double tp_clip_grad_norm_(nn::Module& module, double max_norm);
 // Whether parameter `name` of `module` (dotted, as named_parameters()) is a tp shard.
 bool is_tp_sharded(nn::Module& module, const std::string& name);
+// How a tp-sharded parameter is cut (what parallelize recorded): along `dim`, which holds `chunks`
+// equal blocks, each split evenly over the group in rank order (a packed [q | k | v]: chunks 3).
+struct TpShard {
+  int64_t dim = 0;
+  int64_t chunks = 1;
+};
+// Every tp-sharded parameter of `module` by name (named_parameters() names); the rest are
+// replicated. What checkpoints across tp sizes record (Note [tp strategy] in
+// accelerate/strategy_tp.cc).
+std::map<std::string, TpShard> tp_shards(nn::Module& module);
 
 }  // namespace accel::dist

@@ -4,9 +4,12 @@
 // ACCEL_ZERO_STAGE), AdamW with weight decay and gradient clipping, a fixed global batch that each
 // data-parallel rank takes its share of (the ranks of a tp group take the same one), so every
 // mesh, one process included, computes the same steps.
-//   mesh_worker <out> <steps> [save <step> <dir> | load <dir>]
-// save: also save_state(dir) after optimizer step <step> (then go on); load: load_state(dir)
-// first, then train until <steps> optimizer steps in all. Rank 0 writes <out>:
+//   mesh_worker <out> <steps> [import <file>] [load <dir>] [save <step> <dir>] [export <file>]
+//               [sp]
+// import: load_model(file) after prepare; load: load_state(dir), then train until <steps>
+// optimizer steps in all; save: also save_state(dir) after optimizer step <step> (then go on);
+// export: save_model(file) at the end; sp: sequence parallel in the tp plan (models::gpt_tp_plan,
+// used when ACCEL_TP_SIZE > 1). Rank 0 writes <out>:
 //   "loss <step> <value>"        the global mean loss of every step trained here (%.17g)
 //   "param <name> <numel>", then the values of the final full parameter, one per line (%.17g)
 // Prints "ok mesh_train" on success; exit code != 0 on failure.
@@ -41,20 +44,40 @@ models::GptConfig config() {
 
 int run(int argc, char** argv) {
   if (argc < 3) {
-    std::cerr << "usage: mesh_worker <out> <steps> [save <step> <dir> | load <dir>]\n";
+    std::cerr << "usage: mesh_worker <out> <steps> [import <file>] [load <dir>] "
+                 "[save <step> <dir>] [export <file>] [sp]\n";
     return 2;
   }
   const std::string out_path = argv[1];
   const int steps = std::atoi(argv[2]);
-  const std::string mode = argc > 3 ? argv[3] : "";
-  const int save_at = mode == "save" && argc > 5 ? std::atoi(argv[4]) : -1;
-  const std::string dir =
-      mode == "save" && argc > 5 ? argv[5] : (mode == "load" && argc > 4 ? argv[4] : "");
+  std::string load_dir, save_dir, export_path, import_path;
+  int save_at = -1;
+  bool sequence_parallel = false;
+  for (int i = 3; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "load" && i + 1 < argc) {
+      load_dir = argv[++i];
+    } else if (a == "save" && i + 2 < argc) {
+      save_at = std::atoi(argv[++i]);
+      save_dir = argv[++i];
+    } else if (a == "export" && i + 1 < argc) {
+      export_path = argv[++i];
+    } else if (a == "import" && i + 1 < argc) {
+      import_path = argv[++i];
+    } else if (a == "sp") {
+      sequence_parallel = true;
+    } else {
+      std::cerr << "mesh_worker: unexpected argument '" << a << "'\n";
+      return 2;
+    }
+  }
 
   AcceleratorConfig cfg;
   cfg.cpu = true;
   cfg.project_dir = "/tmp";
   cfg.log_with = {};
+  // Used only when ACCEL_TP_SIZE > 1: Megatron's layout of examples/models.h's Gpt.
+  cfg.tp_plan = models::gpt_tp_plan({.sequence_parallel = sequence_parallel});
   Accelerator acc(cfg);
   const dist::DeviceMesh& mesh = acc.mesh();
   const int dp = mesh.size("dp"), dp_rank = mesh.coordinate("dp");
@@ -69,9 +92,10 @@ int run(int argc, char** argv) {
   auto opt = std::make_shared<optim::AdamW>(model->parameters(), ao);
   auto [m, o] = acc.prepare(model, std::static_pointer_cast<optim::Optimizer>(opt));
 
+  if (!import_path.empty()) acc.load_model(*m, import_path);
   int first = 0;
-  if (mode == "load") {
-    acc.load_state(dir);
+  if (!load_dir.empty()) {
+    acc.load_state(load_dir);
     first = int(acc.optimizer_steps());
   }
   std::ofstream out;
@@ -96,8 +120,9 @@ int run(int argc, char** argv) {
       std::snprintf(line, sizeof line, "loss %d %.17g\n", s, mean.item());
       out << line;
     }
-    if (s + 1 == save_at) acc.save_state(dir);
+    if (s + 1 == save_at) acc.save_state(save_dir);
   }
+  if (!export_path.empty()) acc.save_model(*m, export_path);
   const nn::TensorDict full = acc.get_state_dict(*m);
   if (acc.is_main_process()) {
     for (const auto& [name, t] : full) {

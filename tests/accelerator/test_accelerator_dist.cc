@@ -629,13 +629,15 @@ TEST_CASE("LBFGS: DDP equals one process, resumes bit-exact; ZeRO refuses it by 
 // Note [mesh support] in accelerate/accelerator_mesh.cc: the mesh is built from the ACCEL_*_SIZE
 // variables on every rank and holds its process groups (Note [accelerator mesh groups]: the
 // world group where a group is the world, groups of one, new_group otherwise); prepare() runs
-// the strategies on dp (HSDP included) and refuses, by name, tensor parallelism.
-TEST_CASE("device mesh: acc.mesh() from the environment, with groups; prepare() refuses tp") {
+// the strategies on dp (HSDP included); with tp_size > 1 a model needs
+// AcceleratorConfig::tp_plan (Note [tp strategy] in accelerate/strategy_tp.cc).
+TEST_CASE("device mesh: acc.mesh() from the environment, with groups; tp needs a plan") {
   struct Case {
     int world;
     std::map<std::string, std::string> env;
     std::vector<std::string> rank1;  // lines rank 1 prints
     const char* refusal;             // nullptr: everything is prepared
+    bool model_only = false;         // the refusal is the model's; optimizer and loader prepare
   };
   const std::vector<Case> cases = {
       {2,
@@ -653,7 +655,9 @@ TEST_CASE("device mesh: acc.mesh() from the environment, with groups; prepare() 
        {{"ACCEL_TP_SIZE", "2"}},
        {"mesh dp_replicate 1 x dp_shard 1 x tp 2", "group tp 0 1", "group dp 1", "sum tp 2",
         "sum dp 1"},
-       "tensor parallelism (tp_size 2) is not wired into prepare() yet"},
+       "tp_size 2 splits every prepared model over its tp group, but "
+       "AcceleratorConfig::tp_plan is empty",
+       true},
       {2,
        {{"ACCEL_DP_REPLICATE_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "2"}},
        {"group dp_replicate 0 1"},
@@ -679,7 +683,7 @@ TEST_CASE("device mesh: acc.mesh() from the environment, with groups; prepare() 
     }
     for (const char* what : {"model", "optimizer", "loader"}) {
       for (const RankResult& r : res) {
-        if (!c.refusal) {
+        if (!c.refusal || (c.model_only && std::string(what) != "model")) {
           CHECK_MESSAGE(r.output.find(std::string("prepared ") + what) != std::string::npos,
                         r.output);
         } else {
@@ -690,6 +694,16 @@ TEST_CASE("device mesh: acc.mesh() from the environment, with groups; prepare() 
         }
       }
     }
+  }
+  // tp with ZeRO-1/2: a ValueError in the constructor on every rank, naming the strategy.
+  auto zero_tp =
+      run_world(worker(), {"mesh"}, 2, {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "2"}}, 60s);
+  for (const RankResult& r : zero_tp) {
+    CHECK(r.exited);
+    CHECK(r.code == 3);
+    CHECK_MESSAGE(r.output.find("tp_size 2 runs with the ddp or fsdp strategy (zero_stage 0 or "
+                                "3), not 'zero2'") != std::string::npos,
+                  r.output);
   }
   // Sizes that do not fit the world: a ValueError in the constructor, before the process group
   // is initialised (no rank waits for another).

@@ -1,7 +1,8 @@
 // One rank of the mesh-training tests (tests/accelerator/test_mesh_training.cc): a small GPT
 // (examples/models.h) trained in float64 through the Accelerator on the mesh and strategy of the
 // ACCEL_* variables (ACCEL_DP_REPLICATE_SIZE, ACCEL_DP_SHARD_SIZE, ACCEL_TP_SIZE,
-// ACCEL_ZERO_STAGE), AdamW with weight decay and gradient clipping, a fixed global batch that each
+// ACCEL_ZERO_STAGE, ACCEL_GRADIENT_ACCUMULATION_STEPS, ACCEL_FSDP_ACTIVATION_CHECKPOINTING), AdamW
+// with weight decay and gradient clipping, a fixed global batch that each
 // data-parallel rank takes its share of (the ranks of a tp group take the same one), so every
 // mesh, one process included, computes the same steps.
 //   mesh_worker <out> <steps> [import <file>] [load <dir>] [save <step> <dir>] [export <file>]
@@ -106,16 +107,26 @@ int run(int argc, char** argv) {
     Generator data(uint64_t(100 + s));
     const Tensor tokens = randint(0, kVocab, {kBatch, kContext + 1}, TensorOptions(kInt64), &data);
     const Tensor mine = tokens.narrow(0, dp_rank * per_rank, per_rank);
-    const Tensor x = mine.narrow(1, 0, kContext).contiguous();
-    const Tensor y = mine.narrow(1, 1, kContext).contiguous();
-    const Tensor loss = models::lm_loss(m->forward(x), y);
-    acc.backward(loss);
-    acc.clip_grad_norm_(0.5);
-    o->step();
-    o->zero_grad();
+    // ACCEL_GRADIENT_ACCUMULATION_STEPS = k: the rank's rows in k micro-batches, one optimizer
+    // step (the same data, so the same step as without accumulation).
+    const int k = acc.gradient_accumulation_steps();
+    ACCEL_CHECK(per_rank % k == 0, ValueError, "mesh_worker", k, " micro-batches of ", per_rank);
+    double local = 0;
+    for (int micro = 0; micro < k; ++micro) {
+      auto scope = acc.accumulate();
+      const Tensor rows = mine.narrow(0, micro * (per_rank / k), per_rank / k);
+      const Tensor x = rows.narrow(1, 0, kContext).contiguous();
+      const Tensor y = rows.narrow(1, 1, kContext).contiguous();
+      const Tensor loss = models::lm_loss(m->forward(x), y);
+      acc.backward(loss);
+      if (acc.sync_gradients()) acc.clip_grad_norm_(0.5);
+      o->step();
+      o->zero_grad();
+      local += loss.item() / k;
+    }
     // The mean over data-parallel ranks: every rank of the world reduces, the tp ranks of one dp
     // index hold the same loss, so the world mean is the dp mean.
-    const Tensor mean = acc.reduce(loss.detach().reshape({1}), "mean");
+    const Tensor mean = acc.reduce(full({1}, local, TensorOptions(kFloat64)), "mean");
     if (acc.is_main_process()) {
       std::snprintf(line, sizeof line, "loss %d %.17g\n", s, mean.item());
       out << line;

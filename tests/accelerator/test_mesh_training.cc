@@ -174,6 +174,29 @@ TEST_CASE("sequence parallel through prepare(): tp 2 x shard 2 and tp 4 equal on
   }
 }
 
+// Gradient accumulation (2 micro-batches per optimizer step, on the same rows) and ZeRO-3's
+// per-unit activation checkpointing on the 2-D mesh and under DDP x tp: the same steps.
+TEST_CASE("tp meshes with gradient accumulation and activation checkpointing equal one process") {
+  const Run& ref = reference();
+  const std::vector<Mesh> cases = {
+      {"tp 2 x shard 2 (ZeRO-3), accumulation 2, activation checkpointing",
+       {{"ACCEL_TP_SIZE", "2"},
+        {"ACCEL_ZERO_STAGE", "3"},
+        {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "2"},
+        {"ACCEL_FSDP_ACTIVATION_CHECKPOINTING", "true"}}},
+      {"tp 2 x dp 2 (DDP), accumulation 2",
+       {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "2"}}},
+  };
+  for (const Mesh& mesh : cases) {
+    const std::string name = mesh.name;
+    CAPTURE(name);
+    const Run got = train("accum-" + std::to_string(&mesh - cases.data()), 4, mesh.env);
+    const double d = max_difference(ref, got, 0);
+    MESSAGE(name, ": max relative difference ", d);
+    CHECK(d <= kTolerance);
+  }
+}
+
 // A chain of checkpoints across meshes and tp sizes (issue 27's tp 2 x shard 2 -> 1 process ->
 // shard 4 -> tp 4, then tp 2 under DDP and under ZeRO-3): each run loads the previous run's
 // checkpoint, trains on, and saves 3 steps later; every run's losses and final weights equal one

@@ -10,7 +10,8 @@
 // import: load_model(file) after prepare; load: load_state(dir), then train until <steps>
 // optimizer steps in all; save: also save_state(dir) after optimizer step <step> (then go on);
 // export: save_model(file) at the end; sp: sequence parallel in the tp plan (models::gpt_tp_plan,
-// used when ACCEL_TP_SIZE > 1). Rank 0 writes <out>:
+// used when ACCEL_TP_SIZE > 1); f32: a float32 model (for 16-bit compute parameters). Rank 0
+// writes <out>:
 //   "loss <step> <value>"        the global mean loss of every step trained here (%.17g)
 //   "param <name> <numel>", then the values of the final full parameter, one per line (%.17g)
 // Prints "ok mesh_train" on success; exit code != 0 on failure.
@@ -46,14 +47,14 @@ models::GptConfig config() {
 int run(int argc, char** argv) {
   if (argc < 3) {
     std::cerr << "usage: mesh_worker <out> <steps> [import <file>] [load <dir>] "
-                 "[save <step> <dir>] [export <file>] [sp]\n";
+                 "[save <step> <dir>] [export <file>] [sp] [f32]\n";
     return 2;
   }
   const std::string out_path = argv[1];
   const int steps = std::atoi(argv[2]);
   std::string load_dir, save_dir, export_path, import_path;
   int save_at = -1;
-  bool sequence_parallel = false;
+  bool sequence_parallel = false, f32 = false;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "load" && i + 1 < argc) {
@@ -67,6 +68,8 @@ int run(int argc, char** argv) {
       import_path = argv[++i];
     } else if (a == "sp") {
       sequence_parallel = true;
+    } else if (a == "f32") {
+      f32 = true;
     } else {
       std::cerr << "mesh_worker: unexpected argument '" << a << "'\n";
       return 2;
@@ -86,7 +89,7 @@ int run(int argc, char** argv) {
 
   Generator gen(5);
   auto model = std::make_shared<models::Gpt>(config(), &gen);
-  model->to(kFloat64);
+  if (!f32) model->to(kFloat64);
   optim::AdamWOptions ao;
   ao.lr = 1e-2;
   ao.weight_decay = 0.01;

@@ -32,8 +32,9 @@
 //   ZeRO-3 reader re-assembling the parameter from its spans), then this rank's part of it;
 //   for each optimizer parameter k (same program: same parameter order at every tp size) and
 //   slot: the same for slots shaped like their parameter, scalars (step) as they are.
-// A parameter is held whole while it is converted: the peak is one full parameter (and one of
-// each slot) beyond this rank's state; nothing is ever gathered over the network. Not converted:
+// A parameter (and each of its slots) is held whole only while it is converted, and what is
+// written is this rank's tp part of the model and optimizer state (not yet split over dp): the
+// peak is that plus one full parameter; nothing is gathered over the network. Not converted:
 // ZeRO-1/2 optimizer shards (tp runs refuse those strategies; a ZeRO-1/2 checkpoint of a run
 // without tp is refused by name) and the gradients of an open accumulation window.
 #include "accelerate/strategy_tp.h"

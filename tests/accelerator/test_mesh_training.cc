@@ -7,12 +7,15 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include "autograd/nn/safetensors.h"
 #include "core/tensor.h"
@@ -20,6 +23,7 @@
 #include "tests/dist/worker_check.h"
 
 using namespace std::chrono_literals;
+using namespace std::string_literals;
 using accel::test::check_ok;
 using accel::test::RankResult;
 using accel::test::run_world;
@@ -289,4 +293,68 @@ TEST_CASE("tp: save_model writes the full model, load_model reads it at another 
     train("again-" + std::to_string(i), 4, {{"ACCEL_TP_SIZE", "2"}}, {"save", "2", dir});
   CHECK(fs::is_directory(dir + "/tp0"));
   CHECK(fs::is_directory(dir + "/tp1"));
+}
+
+// A tp checkpoint's record comes from a file: a tp size that does not divide the world, a split
+// out of range, or a tp folder holding a file the manifest does not list is refused by name.
+TEST_CASE(
+    "tp checkpoints: a hostile tp record fails the load by name; foreign files block a save") {
+  const std::string dir = scratch() + "/hostile";
+  const Env tp2 = {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}};
+  train("hostile-save", 4, tp2, {"save", "2"s, dir}, 2);
+  const std::string state = dir + "/state.json";
+  std::string original;
+  {
+    std::ifstream in(state);
+    original.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  struct Edit {
+    const char* what;
+    std::function<void(nlohmann::json&)> edit;
+    const char* expect;
+  };
+  const std::vector<Edit> edits = {
+      {"size 3", [](nlohmann::json& j) { j["tp"]["size"] = 3; }, "tp.size 3 does not divide"},
+      {"size text", [](nlohmann::json& j) { j["tp"]["size"] = "2"; }, "tp.size must be a count"},
+      {"dim 99",
+       [](nlohmann::json& j) {
+         auto& m = j["tp"]["models"][0];
+         m[m.begin().key()]["dim"] = 99;
+       },
+       "out of range"},
+      {"no inner", [](nlohmann::json& j) { j["tp"].erase("inner"); }, "tp.inner must be"},
+  };
+  for (const Edit& e : edits) {
+    CAPTURE(std::string(e.what));
+    nlohmann::json j = nlohmann::json::parse(original);
+    e.edit(j);
+    {
+      std::ofstream out(state);
+      out << j.dump(2);
+    }
+    // Loaded at tp 4 (a conversion) and, for the size edits, at tp 2.
+    auto res = run_world(worker(), {scratch() + "/hostile-load.txt", "4", "load", dir}, 4,
+                         {{"ACCEL_TP_SIZE", "4"}}, 120s);
+    for (const RankResult& r : res) {
+      CHECK(r.exited);
+      CHECK(r.code == 3);
+      CHECK_MESSAGE(r.output.find(e.expect) != std::string::npos, r.output);
+    }
+  }
+  {
+    std::ofstream out(state);
+    out << original;
+  }
+  // A file accel did not write inside tp0/: save_state refuses to replace the folder.
+  {
+    std::ofstream out(dir + "/tp0/notes.txt");
+    out << "mine";
+  }
+  auto res =
+      run_world(worker(), {scratch() + "/hostile-resave.txt", "2", "save", "1", dir}, 4, tp2, 120s);
+  for (const RankResult& r : res) {
+    CHECK(r.code == 3);
+    CHECK_MESSAGE(r.output.find("tp0/") != std::string::npos, r.output);
+  }
+  CHECK(fs::exists(dir + "/tp0/notes.txt"));
 }

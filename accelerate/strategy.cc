@@ -99,19 +99,26 @@ StepGrads ReplicatedStrategy::grads(const optim::Optimizer& stepping) {
   for (size_t g = 0; g < stepping.num_param_groups(); ++g)
     for (const Tensor& p : stepping.params(g)) out.params.push_back(p);
   // The optimizer steps the models' own parameters (not ZeRO shards): name them.
-  std::map<const void*, std::string> name_of;
-  for (size_t m = 0; m < models_.size(); ++m)
-    for (auto& [name, p] : models_[m]->named_parameters())
-      name_of.emplace(p.impl(), std::to_string(m) + ":" + name);
-  for (const Tensor& p : out.params) {
-    auto it = name_of.find(p.impl());
-    if (it == name_of.end()) {
-      out.names.clear();
-      break;
-    }
-    out.names.push_back(it->second);
+  if (grad_names_models_ != models_.size()) {
+    grad_names_.clear();
+    for (size_t m = 0; m < models_.size(); ++m)
+      for (auto& [name, p] : models_[m]->named_parameters())
+        grad_names_.emplace(p.impl(), std::to_string(m) + ":" + name);
+    grad_names_models_ = models_.size();
   }
+  out.names = name_grads(out.params, grad_names_);
   return out;
+}
+
+std::vector<std::string> name_grads(const std::vector<Tensor>& params,
+                                    const std::map<const void*, std::string>& name_of) {
+  std::vector<std::string> names;
+  for (const Tensor& p : params) {
+    auto it = name_of.find(p.impl());
+    if (it == name_of.end()) return {};
+    names.push_back(it->second);
+  }
+  return names;
 }
 
 void ReplicatedStrategy::zero_grad(optim::Optimizer& stepping, bool set_to_none) {

@@ -4,6 +4,7 @@
 // optimizer state. Internal to accelerate/strategy*.cc.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -25,6 +26,11 @@ void release_unused_memory();
 // dst := elements [lo, hi) of `name` in `src` (dst may be non-contiguous: through a temporary).
 void read_into(const nn::SafetensorsCheckpoint& src, const std::string& name, int64_t lo,
                int64_t hi, const Tensor& dst);
+
+// StepGrads::names: each of `params` named by `name_of` (a tensor's impl -> "<model>:<name>"),
+// or none at all when one of them has no name (ZeRO-1/2's bucket shards).
+std::vector<std::string> name_grads(const std::vector<Tensor>& params,
+                                    const std::map<const void*, std::string>& name_of);
 
 // What a load replaces (Note [replicated loading memory] in accelerate/strategy.cc); after
 // apply_state it holds the replaced state.
@@ -76,6 +82,10 @@ class ReplicatedStrategy : public Strategy, public StrategyCheckpoint {
 
   StrategyContext ctx_;
   std::vector<std::shared_ptr<nn::Module>> models_;
+  // Parameter impl -> "<model>:<name>" for grads(), built once the models are all prepared
+  // (rebuilt when another is prepared).
+  std::map<const void*, std::string> grad_names_;
+  size_t grad_names_models_ = 0;
   std::vector<std::unique_ptr<Slot>> slots_;
 };
 

@@ -149,21 +149,17 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     for (size_t i = 0; i < stepping.num_param_groups(); ++i)
       for (const Tensor& p : stepping.params(i)) g.params.push_back(p);
     // Shard leaf k of a model is its parameter k's slice: name each by its parameter.
-    std::map<const void*, std::string> name_of;
-    for (size_t m : s.models) {
-      const auto& leaves = sharded_[m]->shard_params();
-      const auto& params = sharded_[m]->parameters();
-      for (size_t k = 0; k < leaves.size() && k < params.size(); ++k)
-        name_of.emplace(leaves[k].impl(), std::to_string(m) + ":" + params[k].first);
-    }
-    for (const Tensor& p : g.params) {
-      auto it = name_of.find(p.impl());
-      if (it == name_of.end()) {
-        g.names.clear();
-        break;
+    if (grad_names_models_ != sharded_.size()) {
+      grad_names_.clear();
+      for (size_t m = 0; m < sharded_.size(); ++m) {
+        const auto& leaves = sharded_[m]->shard_params();
+        const auto& params = sharded_[m]->parameters();
+        for (size_t k = 0; k < leaves.size() && k < params.size(); ++k)
+          grad_names_.emplace(leaves[k].impl(), std::to_string(m) + ":" + params[k].first);
       }
-      g.names.push_back(it->second);
+      grad_names_models_ = sharded_.size();
     }
+    g.names = name_grads(g.params, grad_names_);
     return g;
   }
 
@@ -574,6 +570,9 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
   FsdpOptions options_;
   std::vector<std::shared_ptr<nn::Module>> models_;
   std::vector<std::unique_ptr<FullyShardedModel>> sharded_;
+  // Shard leaf impl -> "<model>:<name>" for grads(), built once per set of prepared models.
+  std::map<const void*, std::string> grad_names_;
+  size_t grad_names_models_ = 0;
   std::vector<Stepping> stepping_;
   bool sync_ = true;  // Strategy::set_sync: what a plain loss.backward() does
 };

@@ -2,6 +2,7 @@
 // The models are the ones the examples train (examples/models.h); the data are the real
 // Fashion-MNIST train split and the fortunes text, batched by the DataLoader as the examples do.
 #include "bench/model_workloads.h"
+#include "bench/ranks.h"
 
 #include "bench/step_limit.h"
 
@@ -366,13 +367,7 @@ void spawn_ddp_ranks(int world) {
     const pid_t pid = fork();
     ACCEL_CHECK(pid >= 0, DistError, "workloads", "fork failed for rank ", r);
     if (pid == 0) {
-      setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      setenv("OMP_NUM_THREADS", "1", 1);
+      set_rank_env(r, world, port);
       if (r != 0 && std::freopen("/dev/null", "w", stdout) == nullptr) _exit(126);
       char self[] = "workloads";
       char name[] = "ddp-mlp";

@@ -63,6 +63,16 @@ double number(const Fields& f, const std::string& key, const std::string& who, c
   return d;
 }
 
+void set_rank_env(int rank, int world, int port) {
+  setenv("RANK", std::to_string(rank).c_str(), 1);
+  setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+  setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+  setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  setenv("OMP_NUM_THREADS", "1", 1);
+}
+
 double proc_status_kb(const char* key) {
   std::ifstream in("/proc/self/status");
   const std::string prefix = std::string(key) + ":";
@@ -90,13 +100,7 @@ std::vector<Fields> run_ranks(const char* workload, int world,
       setenv(out_env, dir.path().c_str(), 1);
       for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
       if (world > 1) {
-        setenv("RANK", std::to_string(r).c_str(), 1);
-        setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-        setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-        setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
-        setenv("MASTER_ADDR", "127.0.0.1", 1);
-        setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-        setenv("OMP_NUM_THREADS", "1", 1);  // the ranks share the cores
+        set_rank_env(r, world, port);
       } else {
         for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) unsetenv(v);
       }

@@ -25,6 +25,10 @@ std::vector<Fields> run_ranks(const char* workload, int world,
                               const std::map<std::string, std::string>& env, const char* out_env,
                               int timeout_s, const std::string& what);
 
+// In a forked rank before exec: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR
+// (loopback), MASTER_PORT and OMP_NUM_THREADS=1 (the ranks share the cores).
+void set_rank_env(int rank, int world, int port);
+
 // A field of /proc/self/status in kB (VmRSS, VmHWM).
 double proc_status_kb(const char* key);
 inline double mib(double bytes) { return bytes / (1024.0 * 1024.0); }

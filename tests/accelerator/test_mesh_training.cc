@@ -142,6 +142,21 @@ const std::vector<Mesh>& meshes() {
   return m;
 }
 
+// Trains each of `cases` on 4 processes (worker arguments `extra`) and checks it against the
+// 1-process run: losses and final weights within kTolerance.
+void expect_equal_to_one_process(const std::vector<Mesh>& cases, const std::string& tag,
+                                 const std::vector<std::string>& extra = {}) {
+  const Run& ref = reference();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string name = cases[i].name;
+    CAPTURE(name);
+    const Run got = train(tag + "-" + std::to_string(i), 4, cases[i].env, extra);
+    const double d = max_difference(ref, got, 0);
+    MESSAGE(name, ": max relative difference ", d);
+    CHECK(d <= kTolerance);
+  }
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -150,38 +165,21 @@ TEST_CASE(
   REQUIRE(ref.losses.size() == size_t(kSteps));
   // The run must learn something, or equal losses would prove little.
   CHECK(ref.losses.back().second < ref.losses.front().second);
-  for (const Mesh& mesh : meshes()) {
-    const std::string name = mesh.name;
-    CAPTURE(name);
-    const Run got =
-        train(std::string("mesh-") + std::to_string(&mesh - meshes().data()), 4, mesh.env);
-    const double d = max_difference(ref, got, 0);
-    MESSAGE(name, ": max relative difference ", d);
-    CHECK(d <= kTolerance);
-  }
+  expect_equal_to_one_process(meshes(), "mesh");
 }
 
 TEST_CASE("sequence parallel through prepare(): tp 2 x shard 2 and tp 4 equal one process") {
-  const Run& ref = reference();
   const std::vector<Mesh> sp = {
       {"tp 2 x shard 2 (ZeRO-3) + sequence parallel",
        {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}}},
       {"tp 4 + sequence parallel", {{"ACCEL_TP_SIZE", "4"}}},
   };
-  for (const Mesh& mesh : sp) {
-    const std::string name = mesh.name;
-    CAPTURE(name);
-    const Run got = train("sp-" + std::to_string(&mesh - sp.data()), 4, mesh.env, {"sp"});
-    const double d = max_difference(ref, got, 0);
-    MESSAGE(name, ": max relative difference ", d);
-    CHECK(d <= kTolerance);
-  }
+  expect_equal_to_one_process(sp, "sp", {"sp"});
 }
 
 // Gradient accumulation (2 micro-batches per optimizer step, on the same rows) and ZeRO-3's
 // per-unit activation checkpointing on the 2-D mesh and under DDP x tp: the same steps.
 TEST_CASE("tp meshes with gradient accumulation and activation checkpointing equal one process") {
-  const Run& ref = reference();
   const std::vector<Mesh> cases = {
       {"tp 2 x shard 2 (ZeRO-3), accumulation 2, activation checkpointing",
        {{"ACCEL_TP_SIZE", "2"},
@@ -191,14 +189,7 @@ TEST_CASE("tp meshes with gradient accumulation and activation checkpointing equ
       {"tp 2 x dp 2 (DDP), accumulation 2",
        {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "2"}}},
   };
-  for (const Mesh& mesh : cases) {
-    const std::string name = mesh.name;
-    CAPTURE(name);
-    const Run got = train("accum-" + std::to_string(&mesh - cases.data()), 4, mesh.env);
-    const double d = max_difference(ref, got, 0);
-    MESSAGE(name, ": max relative difference ", d);
-    CHECK(d <= kTolerance);
-  }
+  expect_equal_to_one_process(cases, "accum");
 }
 
 // Mixed precision on the 2-D mesh: bf16 compute parameters with float32 master shards and

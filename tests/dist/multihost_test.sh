@@ -28,72 +28,10 @@ CUT_LIMIT_S=60          # both sides must have exited this long after the cut
 START_LIMIT_S=120       # generous: the machine running the suite may be loaded
 LOSS_TOLERANCE=1e-5     # relative
 
-skip() { echo "SKIP: $*"; exit 77; }
-fail() { echo "FAIL: $*"; FAILED=1; }
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
-
-[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
-command -v ip >/dev/null 2>&1 || skip "the ip command (iproute2) is missing"
+. "$(dirname "$0")/netns_pair.sh"
 [ -x "$ACCEL_RUN" ] || { echo "FAIL: no accel-run at $ACCEL_RUN"; exit 1; }
 [ -x "$PROG" ] || { echo "FAIL: no training program at $PROG"; exit 1; }
-
-ID=$$
-NS0=accel-mh0-$ID
-NS1=accel-mh1-$ID
-VETH0=amh0-$ID   # interface names are at most 15 characters
-VETH1=amh1-$ID
-TMP=$(mktemp -d /tmp/accel-multihost-XXXXXX)
-PIDS=()
-FAILED=0
-T_START=$(now)
-
-cleanup() {
-  # Everything still running inside the namespaces (workers, whatever accel-run started), then
-  # the accel-run process groups this script started.
-  for ns in "$NS0" "$NS1"; do
-    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-  done
-  for p in "${PIDS[@]}"; do
-    # accel-run and, through `ip netns exec`, its workers: the whole process group of each.
-    kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null
-  done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  ip netns del "$NS0" 2>/dev/null
-  ip netns del "$NS1" 2>/dev/null
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'echo "interrupted"; exit 1' INT TERM HUP
-
-if ! ip netns add "$NS0" 2>"$TMP/err"; then
-  skip "ip netns is not permitted here: $(cat "$TMP/err")"
-fi
-ip netns add "$NS1" || { echo "FAIL: ip netns add $NS1"; exit 1; }
-
-# 10.251.X.0/24 with X not in use on this host (the namespaces are isolated, but a collision
-# would make logs and routes confusing when someone debugs this).
-X=""
-for i in $(seq 0 253); do
-  c=$(( (ID + i) % 254 + 1 ))
-  if ! ip -4 addr show | grep -q "10\.251\.$c\." && ! ip -4 route show | grep -q "10\.251\.$c\."; then
-    X=$c
-    break
-  fi
-done
-[ -n "$X" ] || { echo "FAIL: no free 10.251.X.0/24"; exit 1; }
-A0=10.251.$X.1
-A1=10.251.$X.2
-
-set -e
-ip link add "$VETH0" netns "$NS0" type veth peer name "$VETH1" netns "$NS1"
-ip -n "$NS0" addr add "$A0/24" dev "$VETH0"
-ip -n "$NS1" addr add "$A1/24" dev "$VETH1"
-for ns in "$NS0" "$NS1"; do ip -n "$ns" link set lo up; done  # a new namespace's lo is down
-ip -n "$NS0" link set "$VETH0" up
-ip -n "$NS1" link set "$VETH1" up
-set +e
-echo "namespaces $NS0 ($A0) and $NS1 ($A1), veth $VETH0/$VETH1"
+netns_pair mh 10.251
 
 TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 # Each namespace has its own port space: one port serves both runs' rendezvous.
@@ -113,17 +51,6 @@ start_machine() {
   PIDS+=($!)
 }
 
-# wait_exit <pid> <deadline (epoch s)>: sets RC to the exit code, or "timeout". (Not run in a
-# command substitution: a subshell cannot wait for this shell's children.)
-wait_exit() {
-  local pid=$1 deadline=$2
-  while kill -0 "$pid" 2>/dev/null; do
-    if awk -v d="$deadline" -v n="$(now)" 'BEGIN { exit !(n > d) }'; then RC=timeout; return; fi
-    sleep 0.2
-  done
-  wait "$pid"
-  RC=$?
-}
 
 # "step K loss X" lines (accel-run prefixes worker output with "[rank0]: ") as "K X".
 losses() { sed -n 's/^\(\[rank0\]: \)\{0,1\}step \([0-9]*\) loss \([-+0-9.eE]*\)$/\2 \3/p' "$1"; }

@@ -29,8 +29,9 @@ struct CacheEntry {
 
 struct WeightCache {
   std::unordered_map<const TensorImpl*, CacheEntry> entries;
-  std::unordered_map<const TensorImpl*, CacheEntry> images;  // float32 images (with_grad unused)
-  int guard_depth = 0;                                       // AutocastGuards alive on this thread
+  std::unordered_map<const TensorImpl*, CacheEntry> images;    // float32 images (with_grad unused)
+  std::unordered_map<const TensorImpl*, CacheEntry> detached;  // 16-bit, no history (ditto)
+  int guard_depth = 0;  // AutocastGuards alive on this thread
   int64_t conversions = 0, hits = 0;
 };
 
@@ -92,17 +93,42 @@ AutocastGuard::~AutocastGuard() {
   if (--c.guard_depth == 0) {
     c.entries.clear();
     c.images.clear();
+    c.detached.clear();
   }
 }
 
 AutocastCacheStats autocast_cache_stats() {
   const WeightCache& c = weight_cache();
-  return {c.conversions, c.hits, int64_t(c.entries.size() + c.images.size())};
+  return {c.conversions, c.hits, int64_t(c.entries.size() + c.images.size() + c.detached.size())};
 }
 
 void clear_autocast_cache() {
   weight_cache().entries.clear();
   weight_cache().images.clear();
+  weight_cache().detached.clear();
+}
+
+Tensor autocast_cast_detached(const Tensor& x, DType low) {
+  check_low_precision(low);
+  if (x.dtype() == low) return x.detach();
+  WeightCache& c = weight_cache();
+  if (!(c.guard_depth > 0 && x.is_leaf() && x.requires_grad())) {
+    ++c.conversions;
+    return x.detach().to(low);
+  }
+  const Storage* st = x.storage().get();
+  auto it = c.detached.find(x.impl());
+  if (it != c.detached.end()) {
+    const CacheEntry& e = it->second;
+    if (e.storage.get() == st && e.version == st->version() && e.low_dtype == low) {
+      ++c.hits;
+      return e.low;
+    }
+  }
+  ++c.conversions;
+  Tensor out = x.detach().to(low);
+  c.detached[x.impl()] = CacheEntry{x, x.storage(), st->version(), false, out, low};
+  return out;
 }
 
 Tensor autocast_weight_image(const Tensor& x, DType low, bool* exact) {

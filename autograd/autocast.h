@@ -101,6 +101,13 @@ class AutocastGuard {
 // through the weight cache for leaf tensors that require grad (Note [autocast weight cache]).
 Tensor autocast_cast(const Tensor& x);
 
+// x converted to `low` (kBFloat16 / kFloat16) without autograd history, for the native 16-bit
+// linear of Note [autocast linear, native 16-bit] (autograd/ops/linalg.cc), which records one
+// node and gives float32 inputs their gradients itself. A leaf that requires grad is cached inside
+// an AutocastGuard like autocast_cast's copies (Note [autocast weight cache]), in grad mode or not.
+// x of dtype `low` comes back detached as it is.
+Tensor autocast_cast_detached(const Tensor& x, DType low);
+
 // The float32 image of x rounded to `low` for matmul_lowp_stub (Note [autocast linear in float32]
 // in kernels/stubs/linalg.h), detached. For a leaf float32 tensor that requires grad inside an
 // AutocastGuard it is cached like the 16-bit copies (Note [autocast weight cache]) and *exact is

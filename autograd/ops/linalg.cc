@@ -244,13 +244,103 @@ Tensor autocast_gemm_f32(const char* op, const Tensor& x, const Tensor& w, const
   }
   return out;
 }
+
+// Note [autocast linear, native 16-bit]: where the device runs autocast's linear (and matmul / mm
+// by a 2-D weight) as a 16-bit GEMM (the CPU with native bf16: Note [bf16 GEMM where it does not
+// pay] in kernels/cpu/cpu_isa.h), one node replaces the cast nodes + linear of the general path:
+// the forward converts float32 operands (weights through the cache, autocast_cast_detached) and
+// runs the same 16-bit GEMM on the same values, so the output has the same bits. In the backward,
+// the gradient of a float32 input (the float32 master weight, a float32 activation such as a
+// LayerNorm output) is the GEMM's float32 accumulator written directly (Note [16-bit GEMM into
+// float32] in kernels/stubs/linalg.h) instead of a 16-bit result that the cast's backward
+// converts: one pass over the gradient less and one rounding less, so those gradients are the
+// float32 sums of the same exact products (more accurate than the casts, within one bf16 rounding
+// of them). The bias gradient is the 16-bit sum converted, as before. Like the float32 route, the
+// backward calls the kernels directly (no double backward through this node).
+Tensor autocast_gemm_native(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
+                            bool w_nk) {
+  if (!x.defined() || !w.defined()) return Tensor();
+  const DType low = autocast_dtype();
+  const Device dev = x.device();
+  if (dev.type != DeviceType::CPU || w.device() != dev || (b.defined() && b.device() != dev))
+    return Tensor();
+  auto fits = [low](const Tensor& t) {
+    return !t.defined() || t.dtype() == kFloat32 || t.dtype() == low;
+  };
+  auto is_low = [low](const Tensor& t) { return !t.defined() || t.dtype() == low; };
+  if (!fits(x) || !fits(w) || !fits(b) || (is_low(x) && is_low(w) && is_low(b))) return Tensor();
+  if (w_nk) {
+    check_linear_shapes(x, w, b);
+  } else if (w.dim() != 2 || x.dim() < 1 || x.size(-1) != w.size(0)) {
+    return Tensor();  // the op's own checks name the shapes
+  }
+  const int64_t k = x.size(-1), n = w_nk ? w.size(0) : w.size(1);
+  const Tensor xl = autocast_cast_detached(x, low);  // x itself (detached) when it is `low`
+  const Tensor x2 = linear_rows(xl);
+  const Tensor wl = autocast_cast_detached(w, low);
+  const Tensor bl = b.defined() ? autocast_cast_detached(b, low) : Tensor();
+  auto transposed = [](const Tensor& t) {
+    return ops::make_view(t, {t.size(1), t.size(0)}, {t.stride(1), t.stride(0)}, t.offset());
+  };
+  const Tensor wkn = w_nk ? transposed(wl) : wl;  // (K, N)
+  Tensor out2 = ops::empty_on({x2.size(0), n}, low, dev);
+  matmul_stub(dev, x2, wkn, bl, out2);
+  Tensor out = linear_unfold(out2, x);
+  if (autograd::needs_grad(x, w, b)) {
+    const bool gx = x.requires_grad(), gw = w.requires_grad();
+    const bool gb = b.defined() && b.requires_grad();
+    const bool x_low = x.dtype() == low;
+    // x2 views x when x is 16-bit already (saved as the input, so an in-place change of x is
+    // caught), else it is the node's own conversion; wl is the cached conversion (or w's data).
+    autograd::record(
+        op, {&x, &w, &b}, {&out},
+        [xsv = gw && x_low ? autograd::save_input(x2, 0) : autograd::SavedTensor(),
+         xown = gw && !x_low ? x2 : Tensor(),
+         wsv = gx && w.dtype() == low ? autograd::save_input(w, 1) : autograd::SavedTensor(),
+         wown = gx && w.dtype() != low ? wl : Tensor(), w_nk, low, dev, k, sx = x.sizes(),
+         xdt = x.dtype(), wdt = w.dtype(), bdt = b.defined() ? b.dtype() : low, gx, gw, gb,
+         transposed](const autograd::Grads& g) {
+          AutocastSuspend off;
+          const Tensor g2 = ops::as_dtype(g[0], low).reshape({-1, g[0].size(-1)});  // (rows, N)
+          Tensor dx, dw, db;
+          if (gx) {  // g @ (w as (K, N))^T
+            const Tensor wv = wown.defined() ? wown : wsv.unpack().detach();
+            // Allocated in x's shape: a fresh tensor (not a view) is what a leaf's .grad takes
+            // without a copy.
+            dx = ops::empty_on(sx, xdt, dev);
+            Tensor dx2 = ops::make_view(dx, {g2.size(0), k}, {k, 1}, 0);
+            matmul_stub(dev, g2, w_nk ? wv : transposed(wv), Tensor(), dx2);
+          }
+          if (gw) {
+            const Tensor xs = xown.defined() ? xown : xsv.unpack().detach();
+            if (w_nk) {  // g^T @ x: (N, K)
+              dw = ops::empty_on({g2.size(1), k}, wdt, dev);
+              matmul_stub(dev, g2.t(), xs, Tensor(), dw);
+            } else {  // x^T @ g: (K, N)
+              dw = ops::empty_on({k, g2.size(1)}, wdt, dev);
+              matmul_stub(dev, transposed(xs), g2, Tensor(), dw);
+            }
+          }
+          if (gb) db = ops::as_dtype(sum(g2, {0}), bdt);
+          return autograd::Grads{dx, dw, db};
+        });
+  }
+  return out;
+}
+
+// The one-node autocast routes: float32 compute where the device prefers it, else the native
+// 16-bit GEMM on the CPU; undefined where neither applies (the caller casts).
+Tensor autocast_gemm(const char* op, const Tensor& x, const Tensor& w, const Tensor& b, bool w_nk) {
+  if (Tensor y = autocast_gemm_f32(op, x, w, b, w_nk); y.defined()) return y;
+  return autocast_gemm_native(op, x, w, b, w_nk);
+}
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   if (ACCEL_UNLIKELY(autocast_enabled())) {  // Note [autocast in ops]
     // A product by a 2-D weight (x @ W) takes the fused route where the device wants it.
     if (b.dim() == 2 && (a.dim() <= 2 || rows_foldable(a)))
-      if (Tensor y = autocast_gemm_f32("matmul", a, b, Tensor(), false); y.defined()) return y;
+      if (Tensor y = autocast_gemm("matmul", a, b, Tensor(), false); y.defined()) return y;
     const Tensor ac = autocast_cast(a), bc = autocast_cast(b);
     AutocastSuspend off;
     return matmul(ac, bc);
@@ -273,7 +363,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 Tensor mm(const Tensor& a, const Tensor& b) {
   if (ACCEL_UNLIKELY(autocast_enabled())) {  // Note [autocast in ops]
     if (a.dim() == 2)
-      if (Tensor y = autocast_gemm_f32("mm", a, b, Tensor(), false); y.defined()) return y;
+      if (Tensor y = autocast_gemm("mm", a, b, Tensor(), false); y.defined()) return y;
     const Tensor ac = autocast_cast(a), bc = autocast_cast(b);
     AutocastSuspend off;
     return mm(ac, bc);
@@ -304,7 +394,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (ACCEL_UNLIKELY(autocast_enabled())) {  // Note [autocast in ops]
-    if (Tensor y = autocast_gemm_f32("linear", x, w, b, true); y.defined()) return y;
+    if (Tensor y = autocast_gemm("linear", x, w, b, true); y.defined()) return y;
     const Tensor xc = autocast_cast(x), wc = autocast_cast(w), bc = autocast_cast(b);
     AutocastSuspend off;
     return linear(xc, wc, bc);

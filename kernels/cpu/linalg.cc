@@ -68,7 +68,7 @@ onednn::PrimCache<MatmulEntry>& matmul_cache() {
 }
 
 // Builds the primitive for batch dims [first, nb) of g.
-MatmulEntry make_entry(const Geometry& g, int first, DType dt, bool has_bias) {
+MatmulEntry make_entry(const Geometry& g, int first, DType dt, DType out_dt, bool has_bias) {
   using dims = dnnl::memory::dims;
   const int nd = g.nb - first + 2;
   const size_t nds = size_t(nd);
@@ -86,10 +86,10 @@ MatmulEntry make_entry(const Geometry& g, int first, DType dt, bool has_bias) {
   as[r] = g.m, as[r + 1] = g.k, ast[r] = g.a.row_stride, ast[r + 1] = g.a.col_stride;
   bs[r] = g.k, bs[r + 1] = g.n, bst[r] = g.b.row_stride, bst[r + 1] = g.b.col_stride;
   os[r] = g.m, os[r + 1] = g.n, ost[r] = g.n, ost[r + 1] = 1;
-  const auto t = onednn::to_dnnl(dt);
+  const auto t = onednn::to_dnnl(dt), to = onednn::to_dnnl(out_dt);
   MatmulEntry e;
-  if (t == dnnl::memory::data_type::undef) return e;
-  dnnl::memory::desc src_md(as, t, ast), wei_md(bs, t, bst), dst_md(os, t, ost);
+  if (t == dnnl::memory::data_type::undef || to == dnnl::memory::data_type::undef) return e;
+  dnnl::memory::desc src_md(as, t, ast), wei_md(bs, t, bst), dst_md(os, to, ost);
   dnnl::memory::desc bias_md;
   if (has_bias) {
     dims bd(size_t(nd), 1), bstr(size_t(nd), g.n);
@@ -122,9 +122,10 @@ MatmulEntry make_entry(const Geometry& g, int first, DType dt, bool has_bias) {
   return e;
 }
 
-onednn::PrimKey make_key(const Geometry& g, int first, DType dt, bool has_bias) {
+onednn::PrimKey make_key(const Geometry& g, int first, DType dt, DType out_dt, bool has_bias) {
   onednn::PrimKey key;
   key.push(int64_t(dt));
+  key.push(int64_t(out_dt));
   key.push(has_bias);
   key.push(g.m), key.push(g.n), key.push(g.k);
   key.push(g.a.row_stride), key.push(g.a.col_stride);
@@ -159,14 +160,16 @@ void for_each_outer(const Geometry& g, int count, F&& fn) {
 }
 
 // False when oneDNN cannot run this dtype here (the caller converts to f32). `bias` may be null.
+// out_dt: out's dtype, dt's or float32 (Note [16-bit GEMM into float32]).
 bool matmul_onednn(const Geometry& g, DType dt, const void* a, const void* b, const void* bias,
-                   void* out) {
+                   void* out, DType out_dt) {
   const int first = std::max(0, g.nb - kMaxBatchDims);  // leading dims peeled into a loop
   const bool has_bias = bias != nullptr;
-  const onednn::PrimKey key = make_key(g, first, dt, has_bias);
-  MatmulEntry& e = matmul_cache().get(key, [&] { return make_entry(g, first, dt, has_bias); });
+  const onednn::PrimKey key = make_key(g, first, dt, out_dt, has_bias);
+  MatmulEntry& e =
+      matmul_cache().get(key, [&] { return make_entry(g, first, dt, out_dt, has_bias); });
   if (!e.supported) return false;
-  const size_t es = dtype_size(dt);
+  const size_t es = dtype_size(dt), eo = dtype_size(out_dt);
   const char* pa = static_cast<const char*>(a);
   const char* pb = static_cast<const char*>(b);
   char* po = static_cast<char*>(out);
@@ -174,7 +177,7 @@ bool matmul_onednn(const Geometry& g, DType dt, const void* a, const void* b, co
   for_each_outer(g, first, [&](int64_t ao, int64_t bo, int64_t oo) {
     onednn::bind(e.src, pa + ao * int64_t(es), "matmul");
     onednn::bind(e.wei, pb + bo * int64_t(es), "matmul");
-    onednn::bind(e.dst, po + oo * int64_t(es), "matmul");
+    onednn::bind(e.dst, po + oo * int64_t(eo), "matmul");
     onednn::execute(e.prim, e.args, "matmul");
   });
   return true;
@@ -274,7 +277,7 @@ void gemm_f32(const Geometry& g, const float* a, const float* b, const float* bi
     onednn::check_status(st, "matmul", "sgemm");
     return;
   }
-  ACCEL_CHECK(matmul_onednn(g, kFloat32, a, b, bias, out), Error, "matmul",
+  ACCEL_CHECK(matmul_onednn(g, kFloat32, a, b, bias, out, kFloat32), Error, "matmul",
               "oneDNN has no f32 matmul for ", g.m, "x", g.k, " @ ", g.k, "x", g.n);
 }
 
@@ -431,6 +434,17 @@ void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in
       !bias_in.defined() || bias_in.is_contiguous() ? bias_in : copy_as(bias_in, bias_in.dtype());
   const Geometry g = make_geometry(a, b, out);
   const DType dt = out.dtype();
+  if (a.dtype() != dt) {
+    // Note [16-bit GEMM into float32]: 16-bit a and b, float32 out, no bias: oneDNN's kernel
+    // writes its float32 accumulator; where it has none (or float32 is faster), the float32
+    // product of the exactly converted operands (the same exact products, summed in float32).
+    ACCEL_INTERNAL_ASSERT(dt == kFloat32 && b.dtype() == a.dtype() && !bias.defined() &&
+                          (a.dtype() == kBFloat16 || a.dtype() == kFloat16));
+    if (!bf16_via_f32(a.dtype()) &&
+        matmul_onednn(g, a.dtype(), a.data_ptr(), b.data_ptr(), nullptr, out.data_ptr(), dt))
+      return;
+    return matmul_kernel(to_f32_same_layout(a), to_f32_same_layout(b), Tensor(), out);
+  }
   if (dt == kFloat64) return matmul_eigen(g, a, b, bias, out);
   if (dt == kFloat32) {
     return gemm_f32(g, a.data<float>(), b.data<float>(),
@@ -440,7 +454,7 @@ void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in
   // does not pay] in kernels/cpu/cpu_isa.h).
   if (!bf16_via_f32(dt) &&
       matmul_onednn(g, dt, a.data_ptr(), b.data_ptr(), bias.defined() ? bias.data_ptr() : nullptr,
-                    out.data_ptr()))
+                    out.data_ptr(), dt))
     return;
   if ((dt == kBFloat16 || dt == kFloat16) && g.nb == 0 && out.is_contiguous())
     return matmul_half_via_f32(g, a, b, bias, out);

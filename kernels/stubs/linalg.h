@@ -16,6 +16,10 @@ namespace accel {
 // (broadcast); a batch dim with stride 0 counts as broadcast. The op layer
 // (autograd/ops/linalg.cc) checks all of this before calling; kernels assert what is cheap.
 // The batch geometry both backends derive from this is common::matmul_geometry.
+// Note [16-bit GEMM into float32]: on the CPU only, out may also be float32 with a and b both
+// bfloat16 or both float16 and no bias: out receives the float32 accumulator unrounded (autocast's
+// gradients of float32 inputs, Note [autocast linear, native 16-bit] in autograd/ops/linalg.cc).
+// The op layer never sends this case to another device.
 ACCEL_DECLARE_STUB(matmul_stub,
                    void (*)(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out));
 

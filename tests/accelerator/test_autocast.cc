@@ -240,8 +240,9 @@ TEST_CASE(
     }
     // The outermost guard's exit drops the copies.
     CHECK(autocast_cache_stats().entries == 0);
-    // A copy made under no_grad carries no history: with grad on it is not reused. (A float32
-    // image has none either way and is.)
+    // Both routes now cache copies without history (the float32 images, and the bf16 copies of
+    // the native route's one-node linear, Note [autocast linear, native 16-bit]): one made under
+    // no_grad is reused with grad on, and only x converts again on the native route.
     AutocastGuard ac(true, kBFloat16);
     {
       NoGradGuard ng;
@@ -249,8 +250,16 @@ TEST_CASE(
     }
     const AutocastCacheStats s6 = autocast_cache_stats();
     Tensor y5 = lin.forward(x);
-    CHECK(autocast_cache_stats().conversions - s6.conversions == (fused ? 0 : 3));
+    CHECK(autocast_cache_stats().conversions - s6.conversions == xc);
     CHECK(y5.requires_grad());
+    // autocast_cast's copies (conv2d, bmm) carry history: one made under no_grad is not reused.
+    {
+      NoGradGuard ng;
+      autocast_cast(lin.weight);
+    }
+    const AutocastCacheStats s7 = autocast_cache_stats();
+    CHECK(autocast_cast(lin.weight).requires_grad());
+    CHECK(autocast_cache_stats().conversions - s7.conversions == 1);
     clear_autocast_cache();
   }
   cpu::set_bf16_gemm(saved);

@@ -70,6 +70,19 @@ void add_linalg_cases(Table& t) {
       .only({kFloat32})
       .tolerances(f16_rounded);
 
+  // Under bfloat16 autocast the CPU takes its native bf16 GEMM as one node with float32
+  // gradients for the float32 inputs (Note [autocast linear, native 16-bit]), or the float32
+  // route where bf16 does not pay; CUDA casts. The output carries bfloat16 rounding.
+  Tolerances bf16_rounded;
+  bf16_rounded.f32 = bf16_rounded.bf16;
+  t.add("linear", "float32 under bfloat16 autocast",
+        OP_INPUTS(m.rnd({6, 20}), m.rnd({5, 20}), m.rnd({5})), OP_FN({
+          AutocastGuard ac(true, kBFloat16);
+          return linear(x[0], x[1], x[2]).to(x[0].dtype());  // float64 (gradcheck) passes through
+        }))
+      .only({kFloat32})
+      .tolerances(bf16_rounded);
+
   // Larger layouts for the cross-device runner (error grows like sqrt(k)).
   t.add("matmul", "(64, 48) @ (48, 80)", OP_INPUTS(m.rnd({64, 48}), m.rnd({48, 80})),
         OP_FN(return matmul(x[0], x[1]);))

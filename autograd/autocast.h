@@ -1,7 +1,9 @@
 // Autocast: a thread-local mixed-precision scope that the matmul-class ops (matmul, mm, bmm,
 // linear, conv2d, attention) consult to run in bfloat16 / float16 while the parameters stay
-// float32 ("master weights"), and that the precision-sensitive ops (softmax, log_softmax,
-// layer_norm, rms_norm, the losses) consult to run in float32.
+// float32 ("master weights"), and that the precision-sensitive ops (softmax, log_softmax, the
+// losses; layer_norm and rms_norm off the CPU) consult to run in float32. On the CPU the norms
+// keep a 16-bit input 16-bit, with float32 statistics and parameters (Note [autocast norms] in
+// autograd/ops/nn.cc).
 //
 //   {
 //     AutocastGuard autocast(true, kBFloat16);
@@ -15,7 +17,8 @@
 // an fp32 accumulator and writes the 16-bit output directly; linear fuses its bias into that
 // call. The output therefore has the low-precision dtype, elementwise ops after it run on 16-bit
 // data (half the bytes), binary ops that meet a float32 tensor promote, and the
-// precision-sensitive ops (softmax, norms, losses) upcast to float32 (Note [autocast in ops]).
+// precision-sensitive ops (softmax, losses; the norms off the CPU) upcast to float32 (Note
+// [autocast in ops]); on the CPU the norms keep 16-bit activations 16-bit (Note [autocast norms]).
 // Where the device's 16-bit GEMM is slower than its float32 one (the CPU without AMX for bf16,
 // every CPU for f16: matmul_lowp_preferred_stub), linear (and matmul / mm by a 2-D weight) instead
 // runs as one node that computes
@@ -23,6 +26,10 @@
 // inside the kernel, the weight through a cached float32 image (autocast_weight_image), and float32
 // inputs get float32 gradients rounded by the kernel (Note [autocast linear in float32] in
 // kernels/stubs/linalg.h). The output is still 16-bit, and every value is the one the casts give.
+// Where the CPU's bf16 GEMM is the faster one, linear (and matmul / mm by a 2-D weight) is also
+// one node, on the 16-bit GEMM, whose float32 inputs get the GEMM's float32 accumulator as their
+// gradient (Note [autocast linear, native 16-bit] in autograd/ops/linalg.cc): the same forward
+// bits, gradients within a bf16 rounding of the casts' (more accurate). conv2d and bmm cast.
 // Until 2026-12 the CPU path instead rounded the inputs and kept float32 (x.to(bf16).to(f32)):
 // the same products, but two conversions per input and an fp32 GEMM, so autocast could only be
 // slower than float32 (docs/performance.md, "bf16 autocast on the CPU").
@@ -91,7 +98,7 @@ class AutocastGuard {
 //       AutocastSuspend off;          // the cast inputs must not be cast again
 //       return linear(xc, wc, ...);
 //     }
-//   fp32-only (softmax, log_softmax, layer_norm, rms_norm, the losses):
+//   fp32-only (softmax, log_softmax, the losses; layer_norm, rms_norm off the CPU):
 //     if (ACCEL_UNLIKELY(autocast_wants_upcast(x, t))) return op(autocast_upcast(x), ...);
 //     (after the upcast no input is low precision, so the nested call does not recurse again).
 // Outside autocast this costs one thread-local bool load per op and no call.

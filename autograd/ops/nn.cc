@@ -74,10 +74,18 @@ void check_norm_param(const char* op, const char* what, const Tensor& p, const T
   ACCEL_CHECK(p.sizes() == normalized_shape, ShapeError, op, what, " of shape ", p.sizes(),
               " does not match normalized_shape ", normalized_shape, " (input shape ", x.sizes(),
               ")");
-  ACCEL_CHECK(p.dtype() == x.dtype(), DTypeError, op, what, " has dtype ", p.dtype(),
-              " but the input has ", x.dtype(), " (shapes ", p.sizes(), " and ", x.sizes(), ")");
   ops::check_same_device(x, p, op);
+  // Note [mixed-dtype norms] in kernels/cpu/nn_norm.cc: a 16-bit input may have float32
+  // parameters on the CPU.
+  const bool mixed_ok = p.dtype() == kFloat32 && is_low_precision(x) && x.device().is_cpu();
+  ACCEL_CHECK(p.dtype() == x.dtype() || mixed_ok, DTypeError, op, what, " has dtype ", p.dtype(),
+              " but the input has ", x.dtype(), " on ", x.device(), " (shapes ", p.sizes(), " and ",
+              x.sizes(), "); only a bfloat16/float16 input on the CPU takes float32 parameters");
 }
+
+// The dtype of a norm's parameter gradient: the parameter's (float32 for a 16-bit x, Note
+// [mixed-dtype norms]), x's when absent.
+DType param_dtype(const Tensor& p, const Tensor& x) { return p.defined() ? p.dtype() : x.dtype(); }
 
 Tensor maybe_contiguous(const Tensor& t) { return t.defined() ? contiguous_data(t) : t; }
 
@@ -174,7 +182,7 @@ Tensor row_grad(const Tensor& g, const Tensor& valid, Reduction r, DType dt) {
 
 }  // namespace
 
-// Under autocast these run in float32 (Note [autocast in ops]).
+// Under autocast softmax and log_softmax run in float32 (Note [autocast in ops]).
 Tensor softmax(const Tensor& x, int64_t dim) {
   if (ACCEL_UNLIKELY(autocast_wants_upcast(x))) return softmax(autocast_upcast(x), dim);
   return softmax_impl("softmax", x, dim, false);
@@ -186,9 +194,19 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
-  if (ACCEL_UNLIKELY(autocast_wants_upcast(x, weight, bias)))
+  if (ACCEL_UNLIKELY(autocast_wants_upcast(x, weight, bias))) {
+    // Note [autocast norms]: on the CPU a 16-bit x stays 16-bit (float32 statistics and
+    // parameters, Note [mixed-dtype norms] in kernels/cpu/nn_norm.cc), as in PyTorch >= 2.0:
+    // no upcast of x before and no downcast of y for the next linear after. Elsewhere (and for a
+    // float32 x with 16-bit parameters) everything runs in float32.
+    if (is_low_precision(x) && x.device().is_cpu()) {
+      const Tensor w32 = autocast_upcast(weight), b32 = autocast_upcast(bias);
+      AutocastSuspend off;
+      return layer_norm(x, normalized_shape, w32, b32, eps);
+    }
     return layer_norm(autocast_upcast(x), normalized_shape, autocast_upcast(weight),
                       autocast_upcast(bias), eps);
+  }
   const char* op = "layer_norm";
   const int64_t n = check_norm_input(op, x, normalized_shape);
   check_norm_param(op, "weight", weight, x, normalized_shape);
@@ -205,14 +223,15 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
     autograd::record(op, {&x, &weight, &bias}, {&y},
                      // mu and rs are the op's own statistics: nobody else can write them.
                      [xs = autograd::save_input(xc, 0), ws = autograd::save_input(wc, 1), mu, rs, n,
-                      ns = normalized_shape, gx, gw, gb](const autograd::Grads& g) {
+                      ns = normalized_shape, gx, gw, gb, wdt = param_dtype(weight, x),
+                      bdt = param_dtype(bias, x)](const autograd::Grads& g) {
                        const Tensor& xd = xs.unpack();
                        const Tensor& wd = ws.unpack();
                        const DType dt = xd.dtype();
                        const Device dev = xd.device();
                        Tensor dx = gx ? ops::empty_on(xd.sizes(), dt, dev) : Tensor();
-                       Tensor dw = gw ? ops::empty_on(ns, dt, dev) : Tensor();
-                       Tensor db = gb ? ops::empty_on(ns, dt, dev) : Tensor();
+                       Tensor dw = gw ? ops::empty_on(ns, wdt, dev) : Tensor();
+                       Tensor db = gb ? ops::empty_on(ns, bdt, dev) : Tensor();
                        layer_norm_backward_stub(dev, grad_input(g[0], dt), xd, mu, rs, wd, n, dx,
                                                 dw, db);
                        return autograd::Grads{dx, dw, db};
@@ -222,8 +241,14 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
 }
 
 Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, double eps) {
-  if (ACCEL_UNLIKELY(autocast_wants_upcast(x, weight)))
+  if (ACCEL_UNLIKELY(autocast_wants_upcast(x, weight))) {
+    if (is_low_precision(x) && x.device().is_cpu()) {  // Note [autocast norms] (layer_norm)
+      const Tensor w32 = autocast_upcast(weight);
+      AutocastSuspend off;
+      return rms_norm(x, normalized_shape, w32, eps);
+    }
     return rms_norm(autocast_upcast(x), normalized_shape, autocast_upcast(weight), eps);
+  }
   const char* op = "rms_norm";
   const int64_t n = check_norm_input(op, x, normalized_shape);
   check_norm_param(op, "weight", weight, x, normalized_shape);
@@ -234,18 +259,19 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& we
   rms_norm_stub(x.device(), xc, wc, n, eps, y, rs);
   if (autograd::needs_grad(x, weight)) {
     const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad();
-    autograd::record(op, {&x, &weight}, {&y},
-                     [xs = autograd::save_input(xc, 0), ws = autograd::save_input(wc, 1), rs, n,
-                      ns = normalized_shape, gx, gw](const autograd::Grads& g) {
-                       const Tensor& xd = xs.unpack();
-                       const Tensor& wd = ws.unpack();
-                       const DType dt = xd.dtype();
-                       const Device dev = xd.device();
-                       Tensor dx = gx ? ops::empty_on(xd.sizes(), dt, dev) : Tensor();
-                       Tensor dw = gw ? ops::empty_on(ns, dt, dev) : Tensor();
-                       rms_norm_backward_stub(dev, grad_input(g[0], dt), xd, rs, wd, n, dx, dw);
-                       return autograd::Grads{dx, dw};
-                     });
+    autograd::record(
+        op, {&x, &weight}, {&y},
+        [xs = autograd::save_input(xc, 0), ws = autograd::save_input(wc, 1), rs, n,
+         ns = normalized_shape, gx, gw, wdt = param_dtype(weight, x)](const autograd::Grads& g) {
+          const Tensor& xd = xs.unpack();
+          const Tensor& wd = ws.unpack();
+          const DType dt = xd.dtype();
+          const Device dev = xd.device();
+          Tensor dx = gx ? ops::empty_on(xd.sizes(), dt, dev) : Tensor();
+          Tensor dw = gw ? ops::empty_on(ns, wdt, dev) : Tensor();
+          rms_norm_backward_stub(dev, grad_input(g[0], dt), xd, rs, wd, n, dx, dw);
+          return autograd::Grads{dx, dw};
+        });
   }
   return y;
 }

@@ -5,7 +5,14 @@
 // mean/rstd. dweight/dbias are column sums over all rows; Note [norm partial sums]: rows are cut
 // into fixed blocks of kRowsPerBlock, each block sums into its own scratch row, and the blocks
 // are added in order at the end -- no atomics, and the result does not depend on the thread count.
+//
+// Note [mixed-dtype norms]: a bfloat16 / float16 x may come with float32 weight and bias (autocast
+// keeps 16-bit activations 16-bit through the norms while the parameters stay float32, as
+// PyTorch's CPU kernels do): T is x's (and y's, grad's, dx's) dtype, P the parameters' (and
+// dweight's, dbias's); the arithmetic is float32 either way, so y is the float32 result rounded
+// once to T, and dweight / dbias are the float32 column sums without a 16-bit rounding.
 #include <cmath>
+#include <type_traits>
 
 #include "core/raw.h"
 #include "kernels/stubs/nn.h"
@@ -27,15 +34,15 @@ const T* ptr_or_null(const Tensor& t) {
   return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;
 }
 
-template <typename T, bool kRms>
+template <typename T, typename P, bool kRms>
 void norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t n, double eps,
                   Tensor& y, Tensor* mean, Tensor& rstd) {
   using A = acc_t<T>;
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
   const T* xp = static_cast<const T*>(x.data_ptr());
   T* yp = static_cast<T*>(y.data_ptr());
-  const T* wp = ptr_or_null<T>(weight);
-  const T* bp = kRms ? nullptr : ptr_or_null<T>(bias);
+  const P* wp = ptr_or_null<P>(weight);
+  const P* bp = kRms ? nullptr : ptr_or_null<P>(bias);
   A* mp = mean ? mean->data<A>() : nullptr;
   A* rp = rstd.data<A>();
   const A inv_n = A(1) / A(n);
@@ -77,8 +84,8 @@ void norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, int
 }
 
 // One row of dx; kW: weight present (kept a template flag so both loops vectorise).
-template <typename T, bool kRms, bool kW>
-inline void norm_dx_row(const T* gr, const T* xr, const T* wp, acc_t<T> mu, acc_t<T> rs,
+template <typename T, typename P, bool kRms, bool kW>
+inline void norm_dx_row(const T* gr, const T* xr, const P* wp, acc_t<T> mu, acc_t<T> rs,
                         acc_t<T> inv_n, int64_t n, T* dr) {
   using A = acc_t<T>;
   A s1 = A(0), s2 = A(0);
@@ -101,14 +108,14 @@ inline void norm_dx_row(const T* gr, const T* xr, const T* wp, acc_t<T> mu, acc_
 //   layer_norm: dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
 //   rms_norm:   dx = rstd * (dxhat - xhat * mean(dxhat * xhat))
 //   dweight = sum_rows grad * xhat, dbias = sum_rows grad
-template <typename T, bool kRms>
+template <typename T, typename P, bool kRms>
 void norm_backward(const Tensor& grad, const Tensor& x, const Tensor* mean, const Tensor& rstd,
                    const Tensor& weight, int64_t n, Tensor& dx, Tensor& dweight, Tensor* dbias) {
   using A = acc_t<T>;
   const int64_t rows = n == 0 ? 0 : x.numel() / n;
   const T* gp = static_cast<const T*>(grad.data_ptr());
   const T* xp = static_cast<const T*>(x.data_ptr());
-  const T* wp = ptr_or_null<T>(weight);
+  const P* wp = ptr_or_null<P>(weight);
   const A* mp = mean ? mean->data<A>() : nullptr;
   const A* rp = rstd.data<A>();
   T* dxp = dx.defined() ? static_cast<T*>(dx.data_ptr()) : nullptr;
@@ -137,9 +144,9 @@ void norm_backward(const Tensor& grad, const Tensor& x, const Tensor* mean, cons
                      const A rs = rp[r];
                      if (dxp) {
                        if (wp) {
-                         norm_dx_row<T, kRms, true>(gr, xr, wp, mu, rs, inv_n, n, dxp + r * n);
+                         norm_dx_row<T, P, kRms, true>(gr, xr, wp, mu, rs, inv_n, n, dxp + r * n);
                        } else {
-                         norm_dx_row<T, kRms, false>(gr, xr, wp, mu, rs, inv_n, n, dxp + r * n);
+                         norm_dx_row<T, P, kRms, false>(gr, xr, wp, mu, rs, inv_n, n, dxp + r * n);
                        }
                      }
                      if (want_dw) {
@@ -155,12 +162,12 @@ void norm_backward(const Tensor& grad, const Tensor& x, const Tensor* mean, cons
                  }
                });
   auto finish = [&](Tensor& out, int64_t part) {
-    T* op = static_cast<T*>(out.data_ptr());
+    P* op = static_cast<P*>(out.data_ptr());
     parallel_for(n, kParallelGrain / std::max<int64_t>(nblocks, 1) + 1, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         A s = A(0);
         for (int64_t blk = 0; blk < nblocks; ++blk) s += sp[(blk * 2 + part) * n + i];
-        op[i] = cast<T>(s);
+        op[i] = cast<P>(s);
       }
     });
   };
@@ -180,33 +187,58 @@ void norm_backward(const Tensor& grad, const Tensor& x, const Tensor* mean, cons
   }
 }
 
+// Whether any parameter tensor has another dtype than x (Note [mixed-dtype norms]): then x is
+// 16-bit and they are float32 (the op checks it).
+bool mixed_params(const Tensor& x, std::initializer_list<const Tensor*> params) {
+  for (const Tensor* p : params)
+    if (p->defined() && p->dtype() != x.dtype()) {
+      ACCEL_INTERNAL_ASSERT(p->dtype() == kFloat32 &&
+                            (x.dtype() == kBFloat16 || x.dtype() == kFloat16));
+      return true;
+    }
+  return false;
+}
+
+// Runs f.template operator()<T, P>() for x's dtype T and the parameters' dtype P (T or float).
+template <typename F>
+void dispatch_norm(const Tensor& x, bool mixed, const char* op, F&& f) {
+  ACCEL_DISPATCH_FLOATING(x.dtype(), op, [&]<typename T>() {
+    if constexpr (std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>) {
+      if (mixed) return f.template operator()<T, float>();
+    }
+    f.template operator()<T, T>();
+  });
+}
+
 void layer_norm_kernel(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t n,
                        double eps, Tensor& y, Tensor& mean, Tensor& rstd) {
-  ACCEL_DISPATCH_FLOATING(x.dtype(), "layer_norm", [&]<typename T>() {
-    norm_forward<T, false>(x, weight, bias, n, eps, y, &mean, rstd);
+  dispatch_norm(x, mixed_params(x, {&weight, &bias}), "layer_norm", [&]<typename T, typename P>() {
+    norm_forward<T, P, false>(x, weight, bias, n, eps, y, &mean, rstd);
   });
 }
 
 void layer_norm_backward_kernel(const Tensor& grad, const Tensor& x, const Tensor& mean,
                                 const Tensor& rstd, const Tensor& weight, int64_t n, Tensor& dx,
                                 Tensor& dweight, Tensor& dbias) {
-  ACCEL_DISPATCH_FLOATING(x.dtype(), "layer_norm_backward", [&]<typename T>() {
-    norm_backward<T, false>(grad, x, &mean, rstd, weight, n, dx, dweight, &dbias);
-  });
+  dispatch_norm(x, mixed_params(x, {&weight, &dweight, &dbias}), "layer_norm_backward",
+                [&]<typename T, typename P>() {
+                  norm_backward<T, P, false>(grad, x, &mean, rstd, weight, n, dx, dweight, &dbias);
+                });
 }
 
 void rms_norm_kernel(const Tensor& x, const Tensor& weight, int64_t n, double eps, Tensor& y,
                      Tensor& rstd) {
-  ACCEL_DISPATCH_FLOATING(x.dtype(), "rms_norm", [&]<typename T>() {
-    norm_forward<T, true>(x, weight, Tensor(), n, eps, y, nullptr, rstd);
+  dispatch_norm(x, mixed_params(x, {&weight}), "rms_norm", [&]<typename T, typename P>() {
+    norm_forward<T, P, true>(x, weight, Tensor(), n, eps, y, nullptr, rstd);
   });
 }
 
 void rms_norm_backward_kernel(const Tensor& grad, const Tensor& x, const Tensor& rstd,
                               const Tensor& weight, int64_t n, Tensor& dx, Tensor& dweight) {
-  ACCEL_DISPATCH_FLOATING(x.dtype(), "rms_norm_backward", [&]<typename T>() {
-    norm_backward<T, true>(grad, x, nullptr, rstd, weight, n, dx, dweight, nullptr);
-  });
+  dispatch_norm(
+      x, mixed_params(x, {&weight, &dweight}), "rms_norm_backward", [&]<typename T, typename P>() {
+        norm_backward<T, P, true>(grad, x, nullptr, rstd, weight, n, dx, dweight, nullptr);
+      });
 }
 
 }  // namespace

@@ -5,6 +5,13 @@
 
 namespace accel::optable::detail {
 
+namespace {
+// The parameters' dtype for an input x in the mixed-dtype norm cases: float32 for a 16-bit x.
+DType param_dtype(const Tensor& x) {
+  return x.dtype() == kBFloat16 || x.dtype() == kFloat16 ? kFloat32 : x.dtype();
+}
+}  // namespace
+
 void add_nn_cases(Table& t) {
   OpCase& sm =
       t.add("softmax", "last dim", OP_INPUTS(m.rnd({3, 5})), OP_FN(return softmax(x[0], -1);));
@@ -49,6 +56,26 @@ void add_nn_cases(Table& t) {
       .no_gradcheck()
       .tol_scale(2)
       .grad_scales({4, 2 * std::sqrt(300.0), 2 * std::sqrt(300.0)});  // dx; dw, db sum 300 rows
+  // Note [mixed-dtype norms]: a 16-bit input with float32 parameters (what autocast runs on the
+  // CPU, Note [autocast norms]): y and dx in the input's dtype, dweight / dbias in float32.
+  const char* mixed_why = "a 16-bit input with float32 parameters is a CPU-only mix";
+  t.add("layer_norm", "16-bit input, float32 weight and bias",
+        OP_INPUTS(m.rnd({40, 24}, -2, 3), m.rnd({24}, 0.5, 1.5), m.rnd({24})),
+        OP_FN(
+            return layer_norm(x[0], {24}, x[1].to(param_dtype(x[0])), x[2].to(param_dtype(x[0])));))
+      .cpu(mixed_why)
+      .tol_scale(2)
+      .grad_scales({4, 2 * std::sqrt(40.0), 2 * std::sqrt(40.0)});
+  t.add("layer_norm", "16-bit input, float32 bias only", OP_INPUTS(m.rnd({6, 8}), m.rnd({8})),
+        OP_FN(return layer_norm(x[0], {8}, Tensor(), x[1].to(param_dtype(x[0])));))
+      .cpu(mixed_why)
+      .tol_scale(2);
+  t.add("rms_norm", "16-bit input, float32 weight",
+        OP_INPUTS(m.rnd({40, 24}, -2, 3), m.rnd({24}, 0.5, 1.5)),
+        OP_FN(return rms_norm(x[0], {24}, x[1].to(param_dtype(x[0])));))
+      .cpu(mixed_why)
+      .tol_scale(2)
+      .grad_scales({4, 2 * std::sqrt(40.0)});
   t.add("rms_norm", "weight", OP_INPUTS(m.rnd({3, 5}), m.rnd({5})),
         OP_FN(return rms_norm(x[0], {5}, x[1]);))
       .tol_scale(2);

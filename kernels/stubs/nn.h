@@ -23,7 +23,9 @@ ACCEL_DECLARE_STUB(softmax_backward_stub, void (*)(const Tensor& grad, const Ten
 
 // ---- normalisation over the trailing n elements of each row ----
 // x: (M * n) elements viewed as (M, n); weight, bias: (n) or undefined; y like x;
-// mean, rstd: (M) in the accumulation dtype.
+// mean, rstd: (M) in the accumulation dtype. weight / bias (and dweight / dbias) have x's dtype,
+// or on the CPU only float32 with a bfloat16 / float16 x (Note [mixed-dtype norms] in
+// kernels/cpu/nn_norm.cc; the op never sends that mix to another device).
 ACCEL_DECLARE_STUB(layer_norm_stub,
                    void (*)(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t n,
                             double eps, Tensor& y, Tensor& mean, Tensor& rstd));

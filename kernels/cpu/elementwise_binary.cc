@@ -82,7 +82,11 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, do
         return binary_loop<T, T>(a, b, out, [](A g, A x) { return common::relu_grad(g, x); });
       case BinaryOp::GeluErfGrad:
         return binary_loop<T, T>(a, b, out, [](A g, A x) ACCEL_VEC_LAMBDA {
-          return common::gelu_erf_grad<CpuMath>(g, x);
+          if constexpr (std::is_same_v<A, float>) {
+            return gelu_erf_grad_f32(g, x);  // one exp, not two (vec_math.h)
+          } else {
+            return common::gelu_erf_grad<CpuMath>(g, x);
+          }
         });
       case BinaryOp::GeluTanhGrad:
         return binary_loop<T, T>(a, b, out, [](A g, A x) ACCEL_VEC_LAMBDA {

@@ -211,6 +211,26 @@ TEST_CASE("tanh and gelu(tanh) in float32 match float64 over a wide range (vecto
   CHECK_MESSAGE(allclose(d32, a64.grad(), 1e-6, 1e-6), "max |diff| = ", max_diff(d32, a64.grad()));
 }
 
+TEST_CASE("gelu (erf) and its gradient in float32 match float64 over a wide range") {
+  // The float32 gradient shares one exp between Phi and phi (gelu_erf_grad_f32 in vec_math.h);
+  // 40001 points on [-10, 10], both tails included.
+  std::vector<double> v;
+  for (int i = -20000; i <= 20000; ++i) v.push_back(i * 5e-4);
+  for (double t : {1e-30, -1e-20, 1e-8, -3e-4, 13.0, -13.0, 90.0, -1e4}) v.push_back(t);
+  const Tensor xr = tensor(v, {int64_t(v.size())}).to(kFloat32).to(kFloat64);  // float inputs
+  const Tensor a32 = xr.to(kFloat32).requires_grad_(), a64 = xr.detach().requires_grad_();
+  const Tensor y32 = gelu(a32), y64 = gelu(a64);
+  // erf_f32's |error| <= 1.5e-7 (A & S 7.1.26) times |x| / 2: <= 7.5e-7 absolute on [-10, 10].
+  CHECK_MESSAGE(allclose(y32.detach().to(kFloat64), y64.detach(), 1e-6, 1e-6),
+                "max |diff| = ", max_diff(y32.detach().to(kFloat64), y64.detach()));
+  // Weighted sum: every element's gradient scaled differently, so a wrong term shows.
+  const Tensor w = linspace(-1.5, 2.5, int64_t(v.size()), TensorOptions(kFloat64));
+  sum(mul(y32, w.to(kFloat32))).backward();
+  sum(mul(y64, w)).backward();
+  const Tensor d32 = a32.grad().to(kFloat64);
+  CHECK_MESSAGE(allclose(d32, a64.grad(), 1e-6, 1e-6), "max |diff| = ", max_diff(d32, a64.grad()));
+}
+
 TEST_CASE("softmax: half and bfloat16 compute in float") {
   Tensor x = rn({4, 33});
   for (DType dt : {kFloat16, kBFloat16}) {

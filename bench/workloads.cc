@@ -734,9 +734,17 @@ void print_cpu_features() {
   // to stay within 10 % of float32.
   // Which kernel a bf16 matmul/conv runs (Note [bf16 GEMM where it does not pay]): where the
   // bf16 instruction is slower than float32 FMAs, no bf16 speed-up is there to measure.
+  const char* onednn_cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  l.kv("accel_isa", std::string(accel::cpu::cpu_isa_name()))
+      .kv("onednn_max_isa", std::string(onednn_cap != nullptr ? onednn_cap : "default"));
   l.kv("bf16_gemm", std::string(accel::cpu::bf16_gemm_name()))
       .kv("bf16_gemm_why", std::string(accel::cpu::bf16_gemm_reason()));
-  if (!bf16) {
+  const bool capped =
+      onednn_cap != nullptr && std::string(onednn_cap).find("AVX512") == std::string::npos &&
+      std::string(onednn_cap).find("AMX") == std::string::npos && std::string(onednn_cap) != "ALL";
+  if (capped) {
+    l.kv("bf16_targets", std::string("unmeasurable_onednn_capped_below_avx512"));
+  } else if (!bf16) {
     l.kv("bf16_targets", std::string("unmeasurable_without_bf16_instructions"));
   } else if (accel::cpu::bf16_gemm() == accel::cpu::Bf16Gemm::F32) {
     l.kv("bf16_targets", std::string("unmeasurable_bf16_gemm_slower_than_f32_here"));
@@ -793,6 +801,16 @@ int parse_count(const char* s, int lo) {
 // Exit status: 0 when every figure was printed; 1 when a workload failed (the others still
 // run) or --vs libtorch was asked and the peer is missing or failed; 2 on bad usage.
 int main(int argc, char** argv) {
+  // ACCEL_CPU_ISA=avx2 / baseline model a CPU without AVX-512 (docs/performance.md): accel's own
+  // kernels obey it, and here oneDNN is capped the same way (ONEDNN_MAX_CPU_ISA, read at its first
+  // primitive; children inherit it) unless the caller chose a cap, so the GEMMs, convolutions
+  // and the limit's replays run what such a CPU would run.
+  if (const char* isa = std::getenv("ACCEL_CPU_ISA");
+      isa != nullptr && std::getenv("ONEDNN_MAX_CPU_ISA") == nullptr) {
+    const std::string s = isa;
+    if (s == "avx2") setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+    if (s == "baseline") setenv("ONEDNN_MAX_CPU_ISA", "SSE41", 1);
+  }
   g_argv0 = argv[0];
   g_self_dir = self_dir(argv[0]);
   std::string name, vs = "auto";

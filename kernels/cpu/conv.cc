@@ -10,11 +10,16 @@
 // (or out of) a scratch buffer from the caching allocator. When oneDNN picks the plain layout
 // itself, the tensor's memory is used directly. Pooling is memory-bound and runs on the plain
 // layout directly (a reorder would cost as much as the pooling).
+#include <atomic>
+#include <bit>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "kernels/stubs/conv.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/cpu_pool.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/onednn.h"
 
@@ -226,6 +231,123 @@ void pool_bwd_ref(PoolKind kind, const T* gy, const int64_t* idx, T* gx, const P
     }
   });
 }
+
+// Note [own NCHW pooling]: oneDNN's pooling on plain NCHW is a JIT kernel only with AVX-512; below
+// it (an AVX2-only CPU, or ONEDNN_MAX_CPU_ISA=AVX2) oneDNN 2.6 runs `simple_nchw`, which took
+// 20-35 ms per max-pool call of the cnn workload (half of its step) against ~1 ms for the JIT one.
+// So where oneDNN's chosen implementation is a simple / reference one, pool2d runs this kernel:
+// planes in parallel, float arithmetic on any float storage (bf16 / f16 read and rounded once),
+// the fixed window unrolled where it lies inside the input. Its max-pool workspace is the argmax
+// as an int32 flat index in the plane (PyTorch's indices), which is how the backward knows
+// which kernel made it (oneDNN's is uint8, the float64 reference's int64).
+// One max-pool window without branches on the data (a compare-and-select per cell: random data
+// made the branchy form mispredict half its compares, 25 ms for the cnn's first pool): NaN wins
+// and then stays (PyTorch), ties keep the first cell.
+// The select is done with masks: GCC turned `t ? v : best` back into jumps.
+struct MaxCell {
+  float best;
+  int64_t at;
+  inline void take(float v, int64_t k) {
+    const bool t = (v > best) | ((v != v) & (best == best));
+    const uint32_t m = 0u - uint32_t(t);
+    best = std::bit_cast<float>((std::bit_cast<uint32_t>(v) & m) |
+                                (std::bit_cast<uint32_t>(best) & ~m));
+    const uint64_t m64 = 0ull - uint64_t(t);
+    at = int64_t((uint64_t(k) & m64) | (uint64_t(at) & ~m64));
+  }
+};
+
+template <typename T>
+void pool_fwd_own(PoolKind kind, const T* x, T* y, int32_t* idx, const PoolGeom& g,
+                  bool include_pad) {
+  const bool max = kind == PoolKind::Max;
+  parallel_for(g.planes, 1, [&](int64_t b, int64_t e) {
+    for (int64_t pl = b; pl < e; ++pl) {
+      const T* xp = x + pl * g.h * g.w;
+      T* yp = y + pl * g.ho * g.wo;
+      int32_t* ip = idx ? idx + pl * g.ho * g.wo : nullptr;
+      for (int64_t oh = 0; oh < g.ho; ++oh) {
+        const int64_t h0 = oh * g.sh - g.ph;
+        const bool rows_inside = h0 >= 0 && h0 + g.kh <= g.h;
+        for (int64_t ow = 0; ow < g.wo; ++ow) {
+          const int64_t w0 = ow * g.sw - g.pw;
+          const int64_t o = oh * g.wo + ow;
+          const bool inside = rows_inside && w0 >= 0 && w0 + g.kw <= g.w;
+          if (max) {
+            MaxCell c{-std::numeric_limits<float>::infinity(), -1};
+            if (inside) {
+              c = {float(xp[h0 * g.w + w0]), h0 * g.w + w0};
+              for (int64_t i = 0; i < g.kh; ++i) {
+                const T* row = xp + (h0 + i) * g.w + w0;
+                for (int64_t j = i == 0 ? 1 : 0; j < g.kw; ++j)
+                  c.take(float(row[j]), (h0 + i) * g.w + w0 + j);
+              }
+            } else {
+              for_window(g, oh, ow, [&](int64_t k) {
+                if (c.at < 0) {
+                  c = {float(xp[k]), k};
+                } else {
+                  c.take(float(xp[k]), k);
+                }
+              });
+            }
+            yp[o] = T(c.best);
+            if (ip) ip[o] = int32_t(c.at);
+          } else {
+            float sum = 0.0f;
+            if (inside) {
+              for (int64_t i = 0; i < g.kh; ++i) {
+                const T* row = xp + (h0 + i) * g.w + w0;
+                for (int64_t j = 0; j < g.kw; ++j) sum += float(row[j]);
+              }
+            } else {
+              for_window(g, oh, ow, [&](int64_t k) { sum += float(xp[k]); });
+            }
+            yp[o] = T(sum / float(window_count(g, oh, ow, include_pad)));
+          }
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void pool_bwd_own(PoolKind kind, const T* gy, const int32_t* idx, T* gx, const PoolGeom& g,
+                  bool include_pad) {
+  parallel_for(g.planes, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> acc(size_t(g.h * g.w));
+    for (int64_t pl = b; pl < e; ++pl) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      const T* gyp = gy + pl * g.ho * g.wo;
+      for (int64_t oh = 0; oh < g.ho; ++oh) {
+        for (int64_t ow = 0; ow < g.wo; ++ow) {
+          const int64_t o = oh * g.wo + ow;
+          if (kind == PoolKind::Max) {
+            const int32_t k = idx[pl * g.ho * g.wo + o];
+            if (k >= 0) acc[size_t(k)] += float(gyp[o]);
+          } else {
+            const float v = float(gyp[o]) / float(window_count(g, oh, ow, include_pad));
+            for_window(g, oh, ow, [&](int64_t k) { acc[size_t(k)] += v; });
+          }
+        }
+      }
+      T* gxp = gx + pl * g.h * g.w;
+      for (int64_t k = 0; k < g.h * g.w; ++k) gxp[k] = T(acc[size_t(k)]);
+    }
+  });
+}
+
+template <typename F>
+void dispatch_pool_float(DType dt, const char* op, F&& f) {
+  switch (dt) {
+    case kFloat32: return f(float());
+    case kBFloat16: return f(BFloat16());
+    case kFloat16: return f(Half());
+    default: ACCEL_THROW(DTypeError, op, "no CPU pooling kernel for ", dt);
+  }
+}
+
+std::atomic<int> g_cpu_pool{int(CpuPool::Auto)};
 
 // ---------------- oneDNN plumbing ----------------
 
@@ -585,13 +707,20 @@ struct PoolFwdEntry {
   int64_t ws_bytes = 0;
   onednn::ExecArgs<3> args;
   bool supported = false;
+  bool slow = false;  // oneDNN picked a simple / reference implementation
 };
+
+// oneDNN's simple / reference implementations (Note [own NCHW pooling]).
+bool slow_impl(const std::string& impl) {
+  return impl.rfind("simple", 0) == 0 || impl.rfind("ref", 0) == 0;
+}
 
 struct PoolBwdEntry {
   dnnl::pooling_backward prim;
   memory diff_dst, diff_src, ws;
   onednn::ExecArgs<3> args;
   bool supported = false;
+  bool slow = false;
 };
 
 dnnl::algorithm pool_algorithm(PoolKind kind, const Pool2dParams& p) {
@@ -646,6 +775,7 @@ bool pool_fwd_onednn(PoolKind kind, const Tensor& x, Tensor& out, Tensor* worksp
     const PoolDescs d = pool_descs(x.sizes(), out.sizes(), x.dtype(), p);
     n.supported = try_create("pool2d", [&] {
       const auto pd = pool_fwd_pd(kind, d, p, training);
+      n.slow = slow_impl(pd.impl_info_str());
       n.prim = dnnl::pooling_forward(pd);
       if (training) {
         n.ws = onednn::unbound_memory(pd.workspace_desc());
@@ -660,7 +790,7 @@ bool pool_fwd_onednn(PoolKind kind, const Tensor& x, Tensor& out, Tensor* worksp
     if (training) n.args.add(DNNL_ARG_WORKSPACE, n.ws);
     return n;
   });
-  if (!e.supported) return false;
+  if (!e.supported || (e.slow && cpu_pool() == CpuPool::Auto)) return false;
   onednn::bind(e.src, x.data_ptr(), "pool2d");
   onednn::bind(e.dst, out.data_ptr(), "pool2d");
   if (training) {
@@ -685,6 +815,7 @@ bool pool_bwd_onednn(PoolKind kind, const Tensor& gout, const Tensor& workspace,
       const B::primitive_desc pd(
           B::desc(pool_algorithm(kind, p), d.src, d.dst, d.strides, d.kernel, d.pad_l, d.pad_r),
           onednn::engine(), hint);
+      n.slow = slow_impl(pd.impl_info_str());
       n.prim = B(pd);
       if (is_max) n.ws = onednn::unbound_memory(hint.workspace_desc());
     });
@@ -696,7 +827,8 @@ bool pool_bwd_onednn(PoolKind kind, const Tensor& gout, const Tensor& workspace,
     if (is_max) n.args.add(DNNL_ARG_WORKSPACE, n.ws);
     return n;
   });
-  if (!e.supported) return false;
+  // Max pool follows its forward (the workspace's format); avg pool chooses as the forward does.
+  if (!e.supported || (!is_max && e.slow && cpu_pool() == CpuPool::Auto)) return false;
   onednn::bind(e.diff_dst, gout.data_ptr(), "pool2d_backward");
   onednn::bind(e.diff_src, gx.data_ptr(), "pool2d_backward");
   if (is_max) onednn::bind(e.ws, workspace.data_ptr(), "pool2d_backward");
@@ -716,12 +848,18 @@ void pool2d_kernel(PoolKind kind, const Tensor& x, Tensor& out, Tensor* workspac
     return;
   }
   if (out.numel() == 0) return;
-  if (pool_fwd_onednn(kind, x, out, workspace, p)) return;
-  ACCEL_CHECK(x.dtype() != kFloat32, Error, "pool2d", "oneDNN has no f32 pooling for input ",
-              x.sizes());
-  Tensor out32 = empty_f32(out);
-  pool2d_kernel(kind, to_f32(x), out32, workspace, p);
-  copy_back(out, out32);
+  if (cpu_pool() != CpuPool::Own && pool_fwd_onednn(kind, x, out, workspace, p)) return;
+  // Note [own NCHW pooling]: oneDNN has none for this dtype, or only a slow one.
+  const PoolGeom g = pool_geom(x.sizes(), out.sizes(), p);
+  ACCEL_CHECK(g.h * g.w <= std::numeric_limits<int32_t>::max(), ShapeError, "pool2d",
+              "an input plane of ", g.h, " x ", g.w, " is too large for int32 indices");
+  Tensor idx;
+  if (kind == PoolKind::Max && workspace) idx = empty(out.sizes(), TensorOptions(kInt32));
+  dispatch_pool_float(x.dtype(), "pool2d", [&]<typename T>(T) {
+    pool_fwd_own<T>(kind, x.data<T>(), out.data<T>(), idx.defined() ? idx.data<int32_t>() : nullptr,
+                    g, p.count_include_pad);
+  });
+  if (workspace) *workspace = idx;
 }
 
 void pool2d_backward_kernel(PoolKind kind, const Tensor& gout, const Tensor& workspace, Tensor& gx,
@@ -737,15 +875,25 @@ void pool2d_backward_kernel(PoolKind kind, const Tensor& gout, const Tensor& wor
     fill_stub(gx.device(), gx, Scalar(0));
     return;
   }
-  if (pool_bwd_onednn(kind, gout, workspace, gx, p)) return;
-  ACCEL_CHECK(gx.dtype() != kFloat32, Error, "pool2d_backward",
-              "oneDNN has no f32 pooling backward for input ", gx.sizes());
-  Tensor gx32 = empty_f32(gx);
-  pool2d_backward_kernel(kind, to_f32(gout), workspace, gx32, p);
-  copy_back(gx, gx32);
+  // A max pool's workspace says which forward ran: int32 indices come from pool_fwd_own.
+  const bool own_ws = kind == PoolKind::Max && workspace.dtype() == kInt32;
+  if (!own_ws && !(kind == PoolKind::Avg && cpu_pool() == CpuPool::Own) &&
+      pool_bwd_onednn(kind, gout, workspace, gx, p))
+    return;
+  ACCEL_CHECK(kind != PoolKind::Max || own_ws, Error, "pool2d_backward",
+              "no oneDNN backward for this max pool's workspace (", workspace.dtype(), ", input ",
+              gx.sizes(), ")");
+  const PoolGeom g = pool_geom(gx.sizes(), gout.sizes(), p);
+  dispatch_pool_float(gx.dtype(), "pool2d_backward", [&]<typename T>(T) {
+    pool_bwd_own<T>(kind, gout.data<T>(), own_ws ? workspace.data<int32_t>() : nullptr,
+                    gx.data<T>(), g, p.count_include_pad);
+  });
 }
 
 }  // namespace
+
+void set_cpu_pool(CpuPool impl) { g_cpu_pool.store(int(impl), std::memory_order_relaxed); }
+CpuPool cpu_pool() { return CpuPool(g_cpu_pool.load(std::memory_order_relaxed)); }
 
 ACCEL_REGISTER_KERNEL(conv2d_stub, CPU, &conv2d_kernel);
 ACCEL_REGISTER_KERNEL(conv2d_backward_stub, CPU, &conv2d_backward_kernel);

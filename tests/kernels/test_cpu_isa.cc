@@ -14,6 +14,7 @@
 #include "kernels/stubs/optim.h"
 #include "core/generator.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/cpu_pool.h"
 
 using namespace accel;
 using accel::cpu::CpuIsa;
@@ -251,4 +252,55 @@ TEST_CASE("set_cpu_isa refuses a level the CPU or the build cannot run") {
       CHECK_THROWS_AS(cpu::set_cpu_isa(CpuIsa::Avx512), ValueError);
   }
   CHECK(cpu::cpu_isa() == guard.saved);
+}
+
+// Note [own NCHW pooling] (kernels/cpu/conv.cc): accel's pool2d kernel, which runs where oneDNN
+// only has a simple one (NCHW below AVX-512), computes what oneDNN's does and what the float64
+// reference does, forward and backward, max (with its int32 argmax workspace) and avg.
+TEST_CASE("pool2d: accel's NCHW kernel equals oneDNN's and the float64 reference") {
+  struct Restore {
+    ~Restore() { cpu::set_cpu_pool(cpu::CpuPool::Auto); }
+  } restore;
+  Generator gen(11);
+  struct Geo {
+    Shape in, kernel, stride, padding;
+  };
+  const std::vector<Geo> geos = {{{3, 5, 28, 28}, {2, 2}, {2, 2}, {0, 0}},
+                                 {{2, 3, 13, 11}, {3, 3}, {2, 2}, {1, 1}},
+                                 {{1, 4, 9, 10}, {3, 2}, {1, 2}, {1, 0}},
+                                 {{2, 2, 7, 7}, {7, 7}, {1, 1}, {3, 3}}};
+  for (const Geo& geo : geos) {
+    // Distinct values (a permutation): no ties in float32.
+    const int64_t n = geo.in[0] * geo.in[1] * geo.in[2] * geo.in[3];
+    const Tensor base = sub(div(randperm(n, &gen).to(kFloat64), double(n)), 0.5).reshape(geo.in);
+    for (int kind = 0; kind < 3; ++kind) {  // max, avg including padding, avg excluding it
+      for (DType dt : {kFloat32, kBFloat16}) {
+        CAPTURE(geo.in);
+        CAPTURE(geo.kernel);
+        CAPTURE(kind);
+        CAPTURE(dt);
+        // The float64 reference runs on the same rounded values (bf16 rounding makes ties, which
+        // every kernel breaks towards the first index).
+        const Tensor xin = base.to(dt);
+        auto run = [&](cpu::CpuPool impl, DType d) {
+          cpu::set_cpu_pool(impl);
+          Tensor x = xin.to(d).detach().requires_grad_();
+          Tensor y = kind == 0 ? max_pool2d(x, geo.kernel, geo.stride, geo.padding)
+                               : avg_pool2d(x, geo.kernel, geo.stride, geo.padding, kind == 1);
+          // A weighted sum, so every output's gradient differs.
+          const Tensor w = linspace(-1.0, 2.0, y.numel(), TensorOptions(d)).reshape(y.sizes());
+          sum(mul(y, w)).backward();
+          return std::pair<Tensor, Tensor>{y.detach().to(kFloat64), x.grad().to(kFloat64)};
+        };
+        const auto [y_own, g_own] = run(cpu::CpuPool::Own, dt);
+        const auto [y_dnnl, g_dnnl] = run(cpu::CpuPool::OneDnn, dt);
+        const auto [y_ref, g_ref] = run(cpu::CpuPool::Auto, kFloat64);
+        const double tol = dt == kFloat32 ? 1e-6 : 1e-2;
+        CHECK_MESSAGE(allclose(y_own, y_dnnl, tol, tol), "own vs oneDNN forward");
+        CHECK_MESSAGE(allclose(g_own, g_dnnl, tol, tol), "own vs oneDNN backward");
+        CHECK_MESSAGE(allclose(y_own, y_ref, tol, tol), "own vs float64 forward");
+        CHECK_MESSAGE(allclose(g_own, g_ref, tol, tol), "own vs float64 backward");
+      }
+    }
+  }
 }

@@ -5,19 +5,19 @@
 // scalar in those passes, 10x slower (docs/performance.md, "exp that did not vectorise").
 #include "kernels/cpu/vec_math.h"
 
-#define ACCEL_PROBE_LOOPS                                                              \
-  void exp_loop(const float* x, float* y, long n) {                                    \
-    _Pragma("omp simd") for (long i = 0; i < n; ++i) y[i] = accel::cpu::exp_f32(x[i]); \
-  }                                                                                    \
-  void erf_loop(const float* x, float* y, long n) {                                    \
-    _Pragma("omp simd") for (long i = 0; i < n; ++i) y[i] = accel::cpu::erf_f32(x[i]); \
-  }                                                                                    \
-  void tanh_loop(const float* x, float* y, long n) {                                   \
+#define ACCEL_PROBE_LOOPS                                                               \
+  void exp_loop(const float* x, float* y, long n) {                                     \
+    _Pragma("omp simd") for (long i = 0; i < n; ++i) y[i] = accel::cpu::exp_f32(x[i]);  \
+  }                                                                                     \
+  void erf_loop(const float* x, float* y, long n) {                                     \
+    _Pragma("omp simd") for (long i = 0; i < n; ++i) y[i] = accel::cpu::erf_f32(x[i]);  \
+  }                                                                                     \
+  void tanh_loop(const float* x, float* y, long n) {                                    \
     _Pragma("omp simd") for (long i = 0; i < n; ++i) y[i] = accel::cpu::tanh_f32(x[i]); \
-  }                                                                                    \
-  void gelu_grad_loop(const float* g, const float* x, float* y, long n) {              \
-    _Pragma("omp simd") for (long i = 0; i < n; ++i) y[i] =                            \
-        accel::cpu::gelu_erf_grad_f32(g[i], x[i]);                                     \
+  }                                                                                     \
+  void gelu_grad_loop(const float* g, const float* x, float* y, long n) {               \
+    _Pragma("omp simd") for (long i = 0; i < n; ++i) y[i] =                             \
+        accel::cpu::gelu_erf_grad_f32(g[i], x[i]);                                      \
   }
 
 namespace probe_baseline {

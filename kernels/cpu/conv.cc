@@ -15,6 +15,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/stubs/conv.h"
@@ -257,6 +258,59 @@ struct MaxCell {
   }
 };
 
+// The common 2 x 2, stride 2 max pool over one output row as a vector loop (lanes are outputs;
+// MaxCell's compare-and-select on int32 indices, written out so GCC vectorises it). Raw is float
+// or the bf16 bits (uint16_t): the max is one of the inputs, so its bf16 bits go back unrounded.
+inline void max_take(float v, int32_t k, float& best, int32_t& at) {
+  const bool t = (v > best) | ((v != v) & (best == best));
+  const uint32_t m = 0u - uint32_t(t);
+  best =
+      std::bit_cast<float>((std::bit_cast<uint32_t>(v) & m) | (std::bit_cast<uint32_t>(best) & ~m));
+  at = int32_t((uint32_t(k) & m) | (uint32_t(at) & ~m));
+}
+inline float raw_up(float v) { return v; }
+inline float raw_up(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
+template <typename Raw>
+inline Raw raw_down(float v) {
+  if constexpr (std::is_same_v<Raw, float>) {
+    return v;
+  } else {
+    return uint16_t(std::bit_cast<uint32_t>(v) >> 16);
+  }
+}
+
+template <typename Raw, bool kIdx>
+void max_row_2x2(const Raw* __restrict r0, const Raw* __restrict r1, Raw* __restrict y,
+                 int32_t* __restrict ip, int32_t row0, int32_t w, int64_t n) {
+#pragma omp simd
+  for (int64_t ow = 0; ow < n; ++ow) {
+    float best = raw_up(r0[2 * ow]);
+    const int32_t a0 = row0 + int32_t(2 * ow);
+    int32_t at = a0;
+    max_take(raw_up(r0[2 * ow + 1]), a0 + 1, best, at);
+    max_take(raw_up(r1[2 * ow]), a0 + w, best, at);
+    max_take(raw_up(r1[2 * ow + 1]), a0 + w + 1, best, at);
+    y[ow] = raw_down<Raw>(best);
+    if constexpr (kIdx) ip[ow] = at;
+  }
+}
+
+// max_row_2x2 on T's storage, or false when T has no vector path (f16).
+template <typename T>
+bool max_row_2x2_for(const T* r0, const T* r1, T* y, int32_t* ip, int32_t row0, int32_t w,
+                     int64_t n) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, BFloat16>) {
+    using Raw = std::conditional_t<std::is_same_v<T, float>, float, uint16_t>;
+    const Raw* a = reinterpret_cast<const Raw*>(r0);
+    const Raw* b = reinterpret_cast<const Raw*>(r1);
+    Raw* out = reinterpret_cast<Raw*>(y);
+    (ip ? &max_row_2x2<Raw, true> : &max_row_2x2<Raw, false>)(a, b, out, ip, row0, w, n);
+    return true;
+  } else {
+    return false;
+  }
+}
+
 template <typename T>
 void pool_fwd_own(PoolKind kind, const T* x, T* y, int32_t* idx, const PoolGeom& g,
                   bool include_pad) {
@@ -269,7 +323,14 @@ void pool_fwd_own(PoolKind kind, const T* x, T* y, int32_t* idx, const PoolGeom&
       for (int64_t oh = 0; oh < g.ho; ++oh) {
         const int64_t h0 = oh * g.sh - g.ph;
         const bool rows_inside = h0 >= 0 && h0 + g.kh <= g.h;
-        for (int64_t ow = 0; ow < g.wo; ++ow) {
+        int64_t ow0 = 0;
+        if (max && rows_inside && g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.pw == 0) {
+          const int64_t n = std::min(g.w / 2, g.wo);  // the windows 2 ow, 2 ow + 1 < w
+          if (max_row_2x2_for(xp + h0 * g.w, xp + (h0 + 1) * g.w, yp + oh * g.wo,
+                              ip ? ip + oh * g.wo : nullptr, int32_t(h0 * g.w), int32_t(g.w), n))
+            ow0 = n;
+        }
+        for (int64_t ow = ow0; ow < g.wo; ++ow) {
           const int64_t w0 = ow * g.sw - g.pw;
           const int64_t o = oh * g.wo + ow;
           const bool inside = rows_inside && w0 >= 0 && w0 + g.kw <= g.w;

@@ -15,8 +15,11 @@
 namespace accel {
 
 // ---- elementwise binary (broadcasting, dtype promotion) ----
-Tensor add(const Tensor& a, const Tensor& b, Scalar alpha = 1);
-Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha = 1);
+Tensor add(const Tensor& a, const Tensor& b, Scalar alpha);
+Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha);
+// alpha = 1 without a Scalar argument (what `a + b` and `a - b` call: one stall less per op).
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
 Tensor pow(const Tensor& a, const Tensor& b);

@@ -641,6 +641,79 @@ ACCEL_BF16_FN inline void store_bf16(const float* s, uint16_t* d, int64_t n) {
   }
 }
 
+// exp_f32 (Note [vectorised exp] in softmax_rows.h) on 16 lanes: the same constants and steps.
+ACCEL_BF16_FN inline __m512 exp16(__m512 x) {
+  const __m512 xc = _mm512_maskz_min_ps(
+      0xffff, _mm512_maskz_max_ps(0xffff, x, _mm512_set1_ps(-86.0f)), _mm512_set1_ps(88.7228394f));
+  const __m512 round = _mm512_set1_ps(12582912.0f);
+  const __m512 n =
+      _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), round), round);
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f),
+                                    _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i e = _mm512_maskz_slli_epi32(
+      0xffff, _mm512_add_epi32(_mm512_maskz_cvttps_epi32(0xffff, n), _mm512_set1_epi32(126)), 23);
+  __m512 res = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_castsi512_ps(e)), _mm512_set1_ps(2.0f));
+  res = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-86.0f), _CMP_LT_OQ), res,
+                             _mm512_setzero_ps());
+  res = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(88.7228394f), _CMP_GT_OQ), res,
+                             _mm512_set1_ps(std::numeric_limits<float>::infinity()));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), res, x);
+}
+
+// Horizontal max and sum of 16 lanes (through memory: once per row, and GCC 12's
+// _mm512_reduce_* warn about their undefined temporaries).
+ACCEL_BF16_FN inline float hmax(__m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  float m = t[0];
+  for (int i = 1; i < 16; ++i) m = std::max(m, t[i]);
+  return m;
+}
+ACCEL_BF16_FN inline float hsum(__m512 v) {
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  float s = 0;
+  for (int i = 0; i < 16; ++i) s += t[i];
+  return s;
+}
+
+// row[j] = scale * row[j] for j < len, in place; returns their max (-inf for len 0).
+ACCEL_BF16_FN inline float scale_max(float* row, int64_t len, float scale) {
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t j = 0; j < len; j += 16) {
+    const __mmask16 mk = first_n(len - j);
+    const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, row + j), sc);
+    _mm512_mask_storeu_ps(row + j, mk, x);
+    m = _mm512_mask_max_ps(m, mk, m, x);
+  }
+  return hmax(m);
+}
+
+// row[j] = e_j = exp(row[j] - mx) for j < len and 0 in [len, round16(w)); the same values rounded
+// to bf16 into pa[0, round16(w)) (both need that room); returns sum e_j. One pass: the scores'
+// exp, the probabilities' bf16 copy for the P V product and the row sum.
+ACCEL_BF16_FN inline float exp_row(float* row, int64_t len, int64_t w, float mx, uint16_t* pa) {
+  __m512 s = _mm512_setzero_ps();
+  const __m512 m = _mm512_set1_ps(mx);
+  for (int64_t j = 0; j < w; j += 16) {
+    const __mmask16 mk = first_n(len - j);
+    const __m512 e =
+        _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, row + j), m)));
+    _mm512_storeu_ps(row + j, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pa + j), (__m256i)_mm512_cvtneps_pbh(e));
+    s = _mm512_add_ps(s, e);
+  }
+  return hsum(s);
+}
+
 // Forward of rows [i0, i1) of one slice, bf16 operands (Note [bf16 fused attention]); the same
 // schedule and arguments as forward_rows.
 ACCEL_BF16_FN void forward_rows_bf16(const Slice<uint16_t>& x, const MaskOperand<float>& M,
@@ -653,11 +726,12 @@ ACCEL_BF16_FN void forward_rows_bf16(const Slice<uint16_t>& x, const MaskOperand
   thread_local std::vector<float> s_, o_;
   const int64_t rows = i1 - i0, nc = g.cols(i1);
   const int64_t bc = ps ? nc : std::min(kColBlock, nc);
-  const int64_t d2 = pairs(D), bcp = round16(bc), bc2 = pairs(bc), dvp = round16(Dv);
+  // pa's rows hold bcp values (not just bc rounded to even): exp_row stores whole vectors.
+  const int64_t d2 = pairs(D), bcp = round16(bc), bc2 = bcp / 2, dvp = round16(Dv);
   uint32_t* qa = grown(qa_, rows * d2);   // Q rows            (rows, d2) words
   uint32_t* kt = grown(kt_, d2 * bcp);    // K^T pair-packed   (d2, bcp)
   float* sb = grown(s_, rows * bcp);      // scores, then exp  (rows, bcp)
-  uint32_t* pa = grown(pa_, rows * bc2);  // exp in bf16      (rows, bc2) words
+  uint32_t* pa = grown(pa_, rows * bc2);  // exp in bf16      (rows, bcp / 2) words
   uint32_t* vp = grown(vp_, bc2 * dvp);   // V pair-packed    (bc2, dvp)
   float* ob = grown(o_, rows * dvp);      // O accumulator    (rows, dvp)
   const Tri tri_n = g.causal ? Tri::NEnd : Tri::None, tri_k = g.causal ? Tri::KEnd : Tri::None;
@@ -672,17 +746,15 @@ ACCEL_BF16_FN void forward_rows_bf16(const Slice<uint16_t>& x, const MaskOperand
     for (int64_t r = 0; r < rows; ++r) {
       float* row = sb + r * bcp;
       const int64_t len = g.len(i0 + r, c0, c1);
-#pragma omp simd
-      for (int64_t j = 0; j < len; ++j) row[j] *= scale;
-      M.add_row(row, b, h, i0 + r, c0, len);
-      const float m_new = std::max(m[r], row_max<float>(row, len));
-      float s = 0;
-      if (m_new != kNegInf) {
-        s = row_exp_store<float>(row, len, m_new, row);
-      } else {
-        std::fill(row, row + len, 0.f);
+      float mx = scale_max(row, len, scale);
+      if (M.base != nullptr) {
+        M.add_row(row, b, h, i0 + r, c0, len);
+        mx = row_max<float>(row, len);
       }
-      std::fill(row + len, row + w, 0.f);
+      const float m_new = std::max(m[r], mx);
+      // m_new == -inf (nothing seen yet): every e_j is 0 (exp(-inf - -inf) would be NaN).
+      const float s = exp_row(row, m_new != kNegInf ? len : 0, w, m_new,
+                              reinterpret_cast<uint16_t*>(pa + r * bc2));
       alpha[r] = m[r] == kNegInf ? 0.f : exp_acc<float>(m[r] - m_new);
       l[r] = l[r] * alpha[r] + s;
       m[r] = m_new;
@@ -695,7 +767,6 @@ ACCEL_BF16_FN void forward_rows_bf16(const Slice<uint16_t>& x, const MaskOperand
         for (int64_t j = 0; j < Dv; ++j) orow[j] *= a;
       }
     }
-    round_rows(sb, bcp, rows, w, pa, bc2);
     pack_pairs(x.v + c0 * x.ldv, x.ldv, w, Dv, vp, dvp);
     gemm_bf16(rows, Dv, pairs(w), pa, bc2, 1, vp, dvp, ob, dvp, c0 > 0, tri_k, i0 - c0);
   }

@@ -527,19 +527,6 @@ ACCEL_BF16_FN void copy_rows(const uint16_t* src, int64_t ld, int64_t rows, int6
   }
 }
 
-// The same from float32 (rounded to nearest even by vcvtneps2bf16).
-ACCEL_BF16_FN void round_rows(const float* src, int64_t ld, int64_t rows, int64_t n, uint32_t* dst,
-                              int64_t lda) {
-  for (int64_t r = 0; r < rows; ++r) {
-    uint16_t* d = reinterpret_cast<uint16_t*>(dst + r * lda);
-    const float* s = src + r * ld;
-    for (int64_t j = 0; j < 2 * lda; j += 16) {
-      const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(first_n(n - j), s + j));
-      _mm256_mask_storeu_epi16(d + j, first_n(2 * lda - j), (__m256i)v);
-    }
-  }
-}
-
 // A pair-packed B operand from a row-major bf16 one, K x N (row stride ld): word n of row p is
 // B(2p, n) | B(2p + 1, n) << 16, zero for n >= N and for row K when K is odd.
 ACCEL_BF16_FN void pack_pairs(const uint16_t* src, int64_t ld, int64_t K, int64_t N, uint32_t* dst,
@@ -787,6 +774,30 @@ ACCEL_BF16_FN void forward_rows_bf16(const Slice<uint16_t>& x, const MaskOperand
   }
 }
 
+// 16 probabilities from float32 or (kept, bf16) memory; lanes outside mk are 0.
+ACCEL_BF16_FN inline __m512 load_p(const float* p, __mmask16 mk) {
+  return _mm512_maskz_loadu_ps(mk, p);
+}
+ACCEL_BF16_FN inline __m512 load_p(const uint16_t* p, __mmask16 mk) {
+  const __m512i u = _mm512_maskz_cvtepu16_epi32(mk, _mm256_maskz_loadu_epi16(mk, p));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(mk, u, 16));
+}
+
+// One row of dS in place of dP: d[j] = P_j (d[j] - delta) for j < len, 0 in [len, round16(w));
+// its bf16 copy into da (the row-major A of dS K). Both need round16(w) room.
+template <typename PT>
+ACCEL_BF16_FN inline void ds_row(float* d, const PT* p, int64_t len, int64_t w, float delta,
+                                 uint16_t* da) {
+  const __m512 dl = _mm512_set1_ps(delta);
+  for (int64_t j = 0; j < w; j += 16) {
+    const __mmask16 mk = first_n(len - j);
+    const __m512 v = _mm512_maskz_mul_ps(mk, load_p(p + j, mk),
+                                         _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, d + j), dl));
+    _mm512_storeu_ps(d + j, v);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(da + j), (__m256i)_mm512_cvtneps_pbh(v));
+  }
+}
+
 // Gradients of one slice, bf16 operands; the same schedule and arguments as backward_slice.
 ACCEL_BF16_FN void backward_slice_bf16(const Slice<uint16_t>& x, const MaskOperand<float>& M,
                                        int64_t b, int64_t h, const Geometry& g, int64_t D,
@@ -826,20 +837,20 @@ ACCEL_BF16_FN void backward_slice_bf16(const Slice<uint16_t>& x, const MaskOpera
       delta[r] = s;
     }
     const int64_t bc = P ? nc : std::min(kColBlock, nc);
-    const int64_t bcp = round16(bc), bc2 = pairs(bc);
-    uint32_t* qa = grown(qa_, rows * d2);     // Q rows (scores)           (rows, d2)
-    uint32_t* qb = grown(qb_, r2 * dp);       // Q pair-packed (dK)        (r2, dp)
-    uint32_t* doa = grown(doa_, rows * dv2);  // dO rows (dP)             (rows, dv2)
-    uint32_t* dob = grown(dob_, r2 * dvp);    // dO pair-packed (dV)      (r2, dvp)
-    uint32_t* kt = grown(kt_, d2 * bcp);      // K^T pair-packed (scores) (d2, bcp)
-    uint32_t* vt = grown(vt_, dv2 * bcp);     // V^T pair-packed (dP)     (dv2, bcp)
-    uint32_t* kb = grown(kb_, bc2 * dp);      // K pair-packed (dQ)       (bc2, dp)
-    uint32_t* pp = grown(pp_, r2 * bcp);      // P pair-packed (dV)       (r2, bcp)
-    uint32_t* dsp = grown(dsp_, r2 * bcp);    // dS pair-packed (dK)      (r2, bcp)
-    uint32_t* dsa = grown(dsa_, rows * bc2);  // dS rows (dQ)             (rows, bc2)
-    float* pf = grown(p_, rows * bcp);        // P                        (rows, bcp)
-    float* ds = grown(ds_, rows * bcp);       // dP, then dS              (rows, bcp)
-    float* dqa = grown(dqa_, rows * dp);      // dQ accumulator           (rows, dp)
+    const int64_t bcp = round16(bc), bc2 = pairs(bc), ldsa = bcp / 2;
+    uint32_t* qa = grown(qa_, rows * d2);      // Q rows (scores)           (rows, d2)
+    uint32_t* qb = grown(qb_, r2 * dp);        // Q pair-packed (dK)        (r2, dp)
+    uint32_t* doa = grown(doa_, rows * dv2);   // dO rows (dP)             (rows, dv2)
+    uint32_t* dob = grown(dob_, r2 * dvp);     // dO pair-packed (dV)      (r2, dvp)
+    uint32_t* kt = grown(kt_, d2 * bcp);       // K^T pair-packed (scores) (d2, bcp)
+    uint32_t* vt = grown(vt_, dv2 * bcp);      // V^T pair-packed (dP)     (dv2, bcp)
+    uint32_t* kb = grown(kb_, bc2 * dp);       // K pair-packed (dQ)       (bc2, dp)
+    uint32_t* pp = grown(pp_, r2 * bcp);       // P pair-packed (dV)       (r2, bcp)
+    uint32_t* dsp = grown(dsp_, r2 * bcp);     // dS pair-packed (dK)      (r2, bcp)
+    uint32_t* dsa = grown(dsa_, rows * ldsa);  // dS rows (dQ)            (rows, bcp / 2)
+    float* pf = grown(p_, rows * bcp);         // P, when recomputed (rows, bcp)
+    float* ds = grown(ds_, rows * bcp);        // dP, then dS              (rows, bcp)
+    float* dqa = grown(dqa_, rows * dp);       // dQ accumulator           (rows, dp)
     if (!P) copy_rows(qs, x.ldq, rows, D, qa, d2);
     pack_pairs(qs, x.ldq, rows, D, qb, dp);
     copy_rows(dos, lddo, rows, Dv, doa, dv2);
@@ -848,8 +859,9 @@ ACCEL_BF16_FN void backward_slice_bf16(const Slice<uint16_t>& x, const MaskOpera
       const int64_t c1 = std::min(nc, c0 + bc), w = c1 - c0;
       const uint16_t* ks = x.k + c0 * x.ldk;
       const uint16_t* vs = x.v + c0 * x.ldv;
+      const uint16_t* pk = P ? P + i0 * S + c0 : nullptr;  // kept P rows (row stride S)
       if (P) {
-        for (int64_t r = 0; r < rows; ++r) bf16_to_f32(P + (i0 + r) * S + c0, pf + r * bcp, w);
+        pack_pairs(pk, S, rows, w, pp, bcp);
       } else {
         pack_pairs_t(ks, x.ldk, w, D, kt, bcp);
         gemm_bf16(rows, w, d2, qa, d2, 1, kt, bcp, pf, bcp, false, tri_n, i0 - c0);
@@ -864,24 +876,23 @@ ACCEL_BF16_FN void backward_slice_bf16(const Slice<uint16_t>& x, const MaskOpera
           for (int64_t j = 0; j < len; ++j) row[j] = exp_acc<float>(row[j] - li);
           std::fill(row + len, row + w, 0.f);
         }
+        pack_pairs(pf, bcp, rows, w, pp, bcp);
       }
       // dS = P * (dO V^T - delta)
       pack_pairs_t(vs, x.ldv, w, Dv, vt, bcp);
       gemm_bf16(rows, w, dv2, doa, dv2, 1, vt, bcp, ds, bcp, false, tri_n, i0 - c0);
       for (int64_t r = 0; r < rows; ++r) {
-        float* d = ds + r * bcp;
-        const float* pr = pf + r * bcp;
+        uint16_t* da = reinterpret_cast<uint16_t*>(dsa + r * ldsa);
         const int64_t len = g.len(i0 + r, c0, c1);
-        const float dl = delta[r];
-#pragma omp simd
-        for (int64_t j = 0; j < len; ++j) d[j] = pr[j] * (d[j] - dl);
-        std::fill(d + len, d + w, 0.f);
+        if (P) {
+          ds_row(ds + r * bcp, pk + r * S, len, w, delta[r], da);
+        } else {
+          ds_row(ds + r * bcp, pf + r * bcp, len, w, delta[r], da);
+        }
       }
-      pack_pairs(pf, bcp, rows, w, pp, bcp);
       pack_pairs(ds, bcp, rows, w, dsp, bcp);
-      round_rows(ds, bcp, rows, w, dsa, bc2);
       pack_pairs(ks, x.ldk, w, D, kb, dp);
-      gemm_bf16(rows, D, pairs(w), dsa, bc2, 1, kb, dp, dqa, dp, c0 > 0, tri_k, i0 - c0);
+      gemm_bf16(rows, D, pairs(w), dsa, ldsa, 1, kb, dp, dqa, dp, c0 > 0, tri_k, i0 - c0);
       gemm_bf16(w, D, r2, dsp, 1, bcp, qb, dp, dka + c0 * dp, dp, true, tri_kb, c0 - i0);
       gemm_bf16(w, Dv, r2, pp, 1, bcp, dob, dvp, dva + c0 * dvp, dvp, true, tri_kb, c0 - i0);
     }

@@ -1,5 +1,5 @@
-// CPU fused scaled dot-product attention: forward and backward, f32 (oneDNN sgemm) and f64
-// (plain loops, the gradcheck reference).
+// CPU fused scaled dot-product attention: forward and backward, f32 (oneDNN sgemm), f64 (plain
+// loops, the gradcheck reference) and bf16 (Note [bf16 fused attention]).
 //
 // Note [fused attention]
 // Per (batch, head) slice, with Q: (T, D), K: (S, D), V: (S, Dv) read in place through their row
@@ -27,6 +27,46 @@
 //
 // Fully masked rows (every score -inf) give NaN outputs and gradients, as softmax over them does
 // in the composed ops and in PyTorch's math path.
+//
+// Note [bf16 fused attention]
+// bf16 q, k, v, out, dq, dk, dv (and the kept P); lse and an additive mask in float32. The
+// softmax, the online rescaling, delta and dS are float32; only GEMM operands are bf16. Two
+// routes, picked per call:
+//   - vdpbf16ps (a CPU with AVX512-BF16; compiled only in the AVX-512 pass, under a target
+//     attribute, so the other passes carry none of it): the schedule above (row blocks of 64,
+//     key blocks of 512 or the whole row when P is kept) with every product on one microkernel,
+//     `tile`: C (MR <= 4 rows, 16 NV <= 64 columns) in zmm float32 accumulators, and per
+//     reduction pair p one `vdpbf16ps` per zmm, adding A(m, 2p) B(2p, n) + A(m, 2p+1) B(2p+1, n)
+//     into lane n (products exact in float32, float32 sums). Operands, in 32-bit words that hold
+//     a bf16 pair, for a block of R <= 64 rows and w keys (W = round16(w), X2 = ceil(X / 2)):
+//       A, row-major pairs, word (m, p) at a[m * lda + p]: Q (R, D2), dO (R, Dv2), and the bf16
+//         copies of exp(S - m) (R, W / 2) and dS (R, W / 2);
+//       A, the transpose of a pair-packed matrix (word (m, p) at a[m + p * ldb]): dS^T and P^T
+//         (w, R2) for dK = dS^T Q and dV = P^T dO read the pair-packed dS and P below in place,
+//         so no (R, w) block is ever transposed;
+//       B, pair-packed, row p = round16(N) words, word n = B(2p, n) | B(2p + 1, n) << 16:
+//         K^T (D2, W) and V^T (Dv2, W) for the scores and dP: a row's pairs are its 32-bit words,
+//         so these are 32-bit transposes, 16 x 16 at a time in registers (pack_pairs_t);
+//         V (w2, Dv16), K (w2, D16), Q (R2, D16), dO (R2, Dv16), P and dS (R2, W): two rows
+//         interleaved (zero-extend, shift, or).
+//     Float32 scratch: scores / exp (R, W), O (R, Dv16), dP / dS (R, W), dQ (R, D16), and per
+//     slice dK (S, D16), dV (S, Dv16), rounded to bf16 once at the end.
+//     Why these shapes: odd D, Dv, R or w end in a half pair that is zero in both operands (never
+//     garbage: 0 * NaN would poison C); N padded to 16 means the microkernel has no column tails
+//     (the scratch rows have the room); causal blocks skip the 4-row tiles' columns or pairs past
+//     the diagonal (Tri). The softmax pass over a row is one AVX-512 loop (exp16: exp_f32's
+//     steps on 16 lanes) that also writes the bf16 copy, so the float32 scores are read twice,
+//     not five times.
+//   - elsewhere (ACCEL_CPU_ISA=avx2 or baseline, or no AVX512-BF16): each work unit widens the
+//     bf16 rows it reads (the forward's row block with its K and V rows, the backward's slice)
+//     into float32 scratch, runs the float32 block loops and rounds its outputs once. No
+//     tensor-sized copies; the result is within bf16 rounding of the first route.
+// The kept P (Note [attention probabilities kept for short rows]) is bf16: half the bytes of
+// float32 (at the gpt shape (128 slices, 128, 128): 4 MB per layer, written by the forward and
+// read by the backward), and it is exactly the operand P^T dO needs; in dS = P (dP - delta) its
+// rounding adds 2^-9 relative, the size of dS's own rounding before dS K. Accuracy: every result
+// goes through at most four bf16 roundings of its terms (tests/autograd/test_attention.cc derives
+// its tolerance from that).
 #include <immintrin.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>

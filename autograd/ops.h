@@ -161,9 +161,11 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullpt
 // tril(ones(T, S))); giving both is a ValueError, as in torch. dropout_p > 0 drops attention
 // weights with `gen` (the default generator when null) and always applies (pass 0 in eval, as
 // torch's modules do). Rows with every key masked give NaN, as in torch.
-// The fused CPU kernel (f32/f64) keeps O(T) per row block, never the (T, S) matrix (Note [fused
-// attention]); dropout, a float mask that requires grad, and 16-bit dtypes outside autocast run
-// the composed ops (materialised).
+// The fused CPU kernel (f32/f64, and bf16 with float32 softmax and statistics: Note [bf16 fused
+// attention]) keeps O(T) per row block, never the (T, S) matrix (Note [fused attention]);
+// dropout, a float mask that requires grad, f16 outside autocast and bf16 off the CPU run the
+// composed ops (materialised). Under bf16 autocast on the CPU attention is matmul-class (bf16
+// out); under f16 autocast it runs the float32 kernel (Note [autocast attention]).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& attn_mask = Tensor(), double dropout_p = 0.0,
                                     bool is_causal = false,

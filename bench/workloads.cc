@@ -464,6 +464,74 @@ void run_sdpa() {
   }
 }
 
+// ---------------- sdpa-gpt: the fused kernel at the gpt workload's shape, f32 vs bf16
+// ----------------
+
+// scaled_dot_product_attention_packed on the gpt workload's per-layer qkv (B 32, T 128, C 128:
+// (32, 128, 384), 4 heads of D 32, causal) in float32 and in bf16 (Note [bf16 fused attention]:
+// vdpbf16ps microkernels where the CPU has AVX512-BF16, else blocks widened to float32).
+// Per dtype: fwd_ms (no grad) and step_ms (forward + backward), medians of kRounds rounds
+// alternating the dtypes; the check line gives bf16 / f32 of each (the issue 25 target: step
+// ratio <= 0.55).
+void run_sdpa_gpt() {
+  constexpr int64_t B = 32, T = 128, C = 128, H = 4;
+  constexpr int kRounds = 7, kReps = 5;
+  Generator gen(4);
+  const Tensor qkv32 = randn({B, T, 3 * C}, {}, &gen);
+  const Tensor up32 = randn({B, T, C}, {}, &gen);
+  const DType dts[2] = {kFloat32, kBFloat16};
+  Tensor qkv[2], up[2];
+  for (int i = 0; i < 2; ++i) {
+    qkv[i] = qkv32.to(dts[i]).detach().requires_grad_(true);
+    up[i] = up32.to(dts[i]);
+  }
+  auto forward = [&](int i) {
+    NoGradGuard ng;
+    Tensor y = scaled_dot_product_attention_packed(qkv[i], H, true);
+    asm volatile("" : : "r"(y.impl()) : "memory");
+  };
+  auto step = [&](int i) {
+    Tensor y = scaled_dot_product_attention_packed(qkv[i], H, true);
+    std::vector<Tensor> g = autograd::grad({y}, {qkv[i]}, {up[i]});
+    asm volatile("" : : "r"(g[0].impl()) : "memory");
+  };
+  std::vector<double> fwd[2], stp[2];
+  for (int i = 0; i < 2; ++i) step(i);  // warm-up
+  for (int r = 0; r < kRounds; ++r) {
+    for (int j = 0; j < 2; ++j) {
+      const int i = (r + j) % 2;
+      fwd[i].push_back(time_reps(kReps, [&] { forward(i); }) * 1e3 / kReps);
+      stp[i].push_back(time_reps(kReps, [&] { step(i); }) * 1e3 / kReps);
+    }
+  }
+  double fwd_ms[2], step_ms[2];
+  for (int i = 0; i < 2; ++i) {
+    fwd_ms[i] = median(fwd[i]);
+    step_ms[i] = median(stp[i]);
+    Line()
+        .kv("workload", "sdpa-gpt")
+        .kv("shape", "B32_H4_T128_D32_causal_packed")
+        .kv("dtype", dts[i] == kFloat32 ? "f32" : "bf16")
+        .kv("fwd_ms", fwd_ms[i], 3)
+        .kv("step_ms", step_ms[i], 3)
+        .kv("threads", int64_t(omp_get_max_threads()));
+  }
+  double diff;
+  {
+    NoGradGuard ng;
+    diff = max(abs(sub(scaled_dot_product_attention_packed(qkv[1], H, true).to(kFloat32),
+                       scaled_dot_product_attention_packed(qkv[0], H, true))))
+               .item<double>();
+  }
+  Line()
+      .kv("workload", "sdpa-gpt")
+      .kv("check", "bf16_over_f32")
+      .kv("fwd_ratio", fwd_ms[1] / fwd_ms[0], 3)
+      .kv("step_ratio", step_ms[1] / step_ms[0], 3)
+      .kv("cpu_isa", cpu::cpu_isa_name())
+      .kv("max_abs_diff", diff, 5);
+}
+
 // ---------------- registry ----------------
 
 struct Workload {
@@ -485,6 +553,10 @@ const std::vector<Workload>& registry() {
        "scaled_dot_product_attention B=1 H=8 T=S=2048 D=64 f32: fused vs materialised (T, S) "
        "path, ms, GFLOP/s and allocator peak MB",
        run_sdpa},
+      {"sdpa-gpt",
+       "fused attention at the gpt shape (packed qkv 32 x 128 x 384, 4 heads, causal): f32 vs "
+       "bf16 forward and forward + backward ms",
+       run_sdpa_gpt},
       {"lstm",
        "word_language_model medium LSTM (2 x 650, batch 20, 35 steps): forward + backward ms "
        "per step",

@@ -521,10 +521,11 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
 
 // ---------------- fused scaled dot-product attention ----------------
 // Note [fused attention] (kernels/cpu/nn_attention.cc) has the math. The fused kernel runs for
-// f32/f64 on devices that register sdpa_stub (under autocast too: Note [autocast attention])
-// without dropout and without a mask that needs a gradient; anything else (bf16/f16 tensors,
-// dropout_p > 0, a float attn_mask that requires grad) runs the composed ops, which are also the
-// reference the tests compare against.
+// f32/f64 on devices that register sdpa_stub, and for bf16 on the CPU (Note [bf16 fused
+// attention]), under autocast too (Note [autocast attention]), without dropout and without a mask
+// that needs a gradient; anything else (f16 tensors, bf16 off the CPU, dropout_p > 0, a float
+// attn_mask that requires grad) runs the composed ops, which are also the reference the tests
+// compare against.
 
 ACCEL_DIFFERENTIABLE_OP(scaled_dot_product_attention, "scaled_dot_product_attention");
 ACCEL_DIFFERENTIABLE_OP(scaled_dot_product_attention_packed, "scaled_dot_product_attention_packed");
@@ -535,9 +536,15 @@ namespace {
 // many keys the forward keeps P for the backward; beyond it only lse is kept (flash style).
 constexpr int64_t kKeepProbsMaxS = 256;
 
+// bf16 only on the CPU: the CUDA kernel would run it, but through materialised bf16 scores.
 bool sdpa_fused(const Tensor& t) {
-  return sdpa_stub.has(t.device().type) && (t.dtype() == kFloat32 || t.dtype() == kFloat64);
+  const DType dt = t.dtype();
+  return sdpa_stub.has(t.device().type) &&
+         (dt == kFloat32 || dt == kFloat64 || (dt == kBFloat16 && t.device().is_cpu()));
 }
+
+// The dtype of lse and of the additive mask: float32 for bf16 operands (kernels/stubs/nn.h).
+DType sdpa_stat_dtype(DType dt) { return dt == kBFloat16 ? kFloat32 : dt; }
 
 // Detached (B, H, n, d) data the kernel reads in place: unit last stride and a row stride
 // dnnl_sgemm accepts (>= d); anything else is copied once.
@@ -605,7 +612,7 @@ SdpaSaved sdpa_run(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                    double scale, bool causal, Tensor& out, const Tensor& result, bool packed) {
   const Tensor qd = sdpa_operand(q), kd = sdpa_operand(k), vd = sdpa_operand(v);
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), S = k.size(2);
-  Tensor lse = ops::empty_on({B, H, T}, q.dtype(), q.device());
+  Tensor lse = ops::empty_on({B, H, T}, sdpa_stat_dtype(q.dtype()), q.device());
   // CUDA materialises P anyway (kernels/cuda/nn_attention.cc): keep it there.
   const bool keep = S <= kKeepProbsMaxS || !q.device().is_cpu();
   Tensor p = keep ? ops::empty_on({B, H, T, S}, q.dtype(), q.device()) : Tensor();
@@ -679,11 +686,21 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                     std::optional<double> scale, Generator* gen) {
   const char* op = "scaled_dot_product_attention";
   if (ACCEL_UNLIKELY(autocast_enabled()) && sdpa_stub.has(q.device().type)) {
-    // Note [autocast attention]: where the fused kernel exists, attention is a float32 op under
-    // autocast, like softmax: the fused kernel never materialises the (T, S) scores, and its
-    // work is dominated by the exp/softmax that bf16 would not speed up (Note [autocast on
-    // CPU]). The composed ops, in 16 bits, cost 2x the whole GPT step (docs/performance.md).
-    // Elsewhere (CUDA) the composed ops run their matmuls in the autocast dtype.
+    // Note [autocast attention]: where the fused kernel exists, attention never runs the
+    // composed ops in 16 bits (they materialise the (T, S) scores and cost 2x the whole GPT
+    // step, docs/performance.md). On the CPU under bf16 autocast it is a matmul-class op: q, k,
+    // v are cast to bf16 (the output of a bf16 linear already is: no copy) and the fused bf16
+    // kernel (Note [bf16 fused attention]) returns bf16, as torch.autocast does; its softmax and
+    // statistics stay float32 inside the kernel. Until 2026-12 it upcast q, k, v and ran the
+    // float32 kernel (float32 out): four tensor copies per layer and step each way, and no
+    // speedup. Under f16 autocast, and on CUDA (no fused bf16 route there), it is a float32 op
+    // like softmax: inputs upcast, float32 out. Without a fused kernel the composed ops run their
+    // matmuls in the autocast dtype.
+    if (q.device().is_cpu() && autocast_dtype() == kBFloat16) {
+      const Tensor qc = autocast_cast(q), kc = autocast_cast(k), vc = autocast_cast(v);
+      AutocastSuspend off;
+      return scaled_dot_product_attention(qc, kc, vc, attn_mask, dropout_p, is_causal, scale, gen);
+    }
     const Tensor q32 = autocast_upcast(q), k32 = autocast_upcast(k), v32 = autocast_upcast(v);
     const Tensor m32 = attn_mask.defined() && is_floating(attn_mask.dtype())
                            ? autocast_upcast(attn_mask)
@@ -722,7 +739,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   }
   const int64_t B = q.size(0), H = q.size(1);
   Tensor mask;
-  if (attn_mask.defined()) mask = additive_mask(attn_mask, q.dtype()).expand({B, H, T, S});
+  if (attn_mask.defined()) {
+    mask = additive_mask(attn_mask, sdpa_stat_dtype(q.dtype())).expand({B, H, T, S});
+  }
   Tensor out = empty_heads_last({B, H, T, Dv}, q.dtype(), q.device());
   SdpaSaved s = sdpa_run(q, k, v, mask, sc, is_causal, out, out, false);
   if (autograd::needs_grad(q, k, v)) {
@@ -755,7 +774,13 @@ Tensor scaled_dot_product_attention_packed(const Tensor& qkv, int64_t n_heads, b
               n_heads, "), got ", qkv.sizes());
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_heads, D = C / H;
   if (ACCEL_UNLIKELY(autocast_enabled()) && sdpa_stub.has(qkv.device().type)) {
-    const Tensor qkv32 = autocast_upcast(qkv);  // Note [autocast attention]
+    // Note [autocast attention]
+    if (qkv.device().is_cpu() && autocast_dtype() == kBFloat16) {
+      const Tensor qkvc = autocast_cast(qkv);
+      AutocastSuspend off;
+      return scaled_dot_product_attention_packed(qkvc, n_heads, causal);
+    }
+    const Tensor qkv32 = autocast_upcast(qkv);
     AutocastSuspend off;
     return scaled_dot_product_attention_packed(qkv32, n_heads, causal);
   }

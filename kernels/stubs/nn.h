@@ -68,12 +68,13 @@ ACCEL_DECLARE_STUB(nll_loss_backward_stub, void (*)(const Tensor& grad, const Te
 // ---- fused scaled dot-product attention (Note [fused attention], kernels/cpu/nn_attention.cc)
 // ---- q: (B, H, T, D), k: (B, H, S, D), v: (B, H, S, Dv), out: (B, H, T, Dv): any strides with a
 // unit stride in the last dim (views into a packed qkv buffer are fine); S > 0. mask: undefined,
-// or an additive mask of q's dtype viewed (B, H, T, S) with any strides (0 where it broadcasts).
-// Scores: scale * q k^T + mask, and when causal j > i is -inf (top-left aligned: row i sees keys
-// [0, min(i + 1, S))). lse: (B, H, T) contiguous, q's dtype, receives each row's logsumexp of the
-// scores. p: undefined, or (B, H, T, S) contiguous: then it receives the probabilities as well
-// (zeros where masked by causality) and the backward reads them instead of recomputing
-// (Note [attention probabilities kept for short rows]).
+// or an additive mask of lse's dtype viewed (B, H, T, S) with any strides (0 where it
+// broadcasts). Scores: scale * q k^T + mask, and when causal j > i is -inf (top-left aligned: row i
+// sees keys [0, min(i + 1, S))). lse: (B, H, T) contiguous, q's dtype (float32 for bf16 q: the CPU
+// kernel, Note [bf16 fused attention]; the CUDA one takes q's dtype), receives each row's logsumexp
+// of the scores. p: undefined, or (B, H, T, S) contiguous: then it receives the probabilities as
+// well (zeros where masked by causality) and the backward reads them instead of recomputing (Note
+// [attention probabilities kept for short rows]).
 ACCEL_DECLARE_STUB(sdpa_stub,
                    void (*)(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask,
                             double scale, bool causal, Tensor& out, Tensor& lse, Tensor& p));

@@ -157,8 +157,10 @@ TEST_CASE("autocast: softmax and losses run in float32 on bf16/fp16 inputs, norm
   CHECK(softmax(h, 1).dtype() == kFloat32);
 }
 
-TEST_CASE("autocast: attention runs the fused float32 kernel on CPU, on upcast bf16 inputs") {
-  // Note [autocast attention]: a float32 op under autocast where the fused kernel exists.
+TEST_CASE("autocast: attention is matmul-class on CPU under bf16 (fused bf16 kernel, bf16 out)") {
+  // Note [autocast attention]: float32 q, k, v are cast to bf16 and bf16 ones pass as they are;
+  // the fused bf16 kernel (Note [bf16 fused attention]) gives bf16, the same values as calling it
+  // outside autocast. Under f16 autocast attention stays a float32 op on upcast inputs.
   Generator g(6);
   Tensor q = randn({1, 2, 5, 8}, {}, &g), k = randn({1, 2, 5, 8}, {}, &g),
          v = randn({1, 2, 5, 8}, {}, &g);
@@ -166,21 +168,43 @@ TEST_CASE("autocast: attention runs the fused float32 kernel on CPU, on upcast b
   auto merged = [](const Tensor& t) { return t.transpose(1, 2).reshape({1, 5, 16}); };
   Tensor qkv = cat({merged(q), merged(k), merged(v)}, 2);  // (B, T, 3C) = [q | k | v]
   Tensor q16 = q.to(kBFloat16), k16 = k.to(kBFloat16), v16 = v.to(kBFloat16);
-  Tensor want16 =
-      scaled_dot_product_attention(q16.to(kFloat32), k16.to(kFloat32), v16.to(kFloat32), true);
-  AutocastGuard ac(true, kBFloat16);
-  Tensor got = scaled_dot_product_attention(q, k, v, true);
-  Tensor packed = scaled_dot_product_attention_packed(qkv, 2, true);
-  CHECK(got.dtype() == kFloat32);
-  CHECK(equal(got, f32));
-  CHECK(allclose(packed, merged(got), 1e-6, 1e-6));
-  // bf16 activations (the output of a bf16 linear) are upcast, not rejected.
-  Tensor got16 = scaled_dot_product_attention(q16, k16, v16, true);
-  CHECK(got16.dtype() == kFloat32);
+  Tensor want16 = scaled_dot_product_attention(q16, k16, v16, true);
+  Tensor want_packed16 = scaled_dot_product_attention_packed(qkv.to(kBFloat16), 2, true);
+  REQUIRE(want16.dtype() == kBFloat16);
+  Tensor qf16 = q.to(kFloat16), kf16 = k.to(kFloat16), vf16 = v.to(kFloat16);
+  Tensor want_f16 =
+      scaled_dot_product_attention(qf16.to(kFloat32), kf16.to(kFloat32), vf16.to(kFloat32), true);
+  Tensor ql = q.detach().clone().requires_grad_();
+  Tensor got, packed, got16, packed16, gotf16;
+  {
+    AutocastGuard ac(true, kBFloat16);
+    got = scaled_dot_product_attention(ql, k, v, true);
+    packed = scaled_dot_product_attention_packed(qkv, 2, true);
+    got16 = scaled_dot_product_attention(q16, k16, v16, true);
+    packed16 = scaled_dot_product_attention_packed(qkv.to(kBFloat16), 2, true);
+  }
+  {
+    AutocastGuard ac(true, kFloat16);
+    gotf16 = scaled_dot_product_attention(qf16, kf16, vf16, true);
+  }
+  CHECK(got.dtype() == kBFloat16);
+  CHECK(equal(got, want16));
+  CHECK(packed.dtype() == kBFloat16);
+  CHECK(equal(packed, want_packed16));
+  CHECK(equal(packed, merged(got)));
+  CHECK(got16.dtype() == kBFloat16);
   CHECK(equal(got16, want16));
-  Tensor packed16 = scaled_dot_product_attention_packed(qkv.to(kBFloat16), 2, true);
-  CHECK(packed16.dtype() == kFloat32);
-  CHECK(rel_max_diff(packed16, merged(f32)) < 3e-2);
+  CHECK(equal(packed16, want_packed16));
+  CHECK(rel_max_diff(got.to(kFloat32), f32) < 3e-2);
+  // The float32 leaf gets a float32 gradient through the cast.
+  got.to(kFloat32).sum().backward();
+  const Tensor gq = ql.grad().clone();
+  CHECK(gq.dtype() == kFloat32);
+  ql.grad().zero_();
+  scaled_dot_product_attention(ql, k, v, true).sum().backward();
+  CHECK(rel_max_diff(gq, ql.grad()) < 5e-2);
+  CHECK(gotf16.dtype() == kFloat32);
+  CHECK(equal(gotf16, want_f16));
 }
 
 TEST_CASE(

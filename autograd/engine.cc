@@ -95,7 +95,7 @@ Edge gradient_edge(const Tensor& t) {
   if (m->grad_fn) return Edge{m->grad_fn, m->output_nr};
   std::shared_ptr<Node> acc = m->grad_accumulator.lock();
   if (!acc) {
-    acc = std::make_shared<AccumulateGrad>(t);
+    acc = make_node<AccumulateGrad>(t);
     m->grad_accumulator = acc;
   }
   return Edge{std::move(acc), 0};

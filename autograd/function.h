@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/small_pool.h"
 #include "core/tensor.h"
 
 namespace accel::autograd {
@@ -150,6 +151,13 @@ template <typename F>
 Grads FunctionNode<F>::apply(Grads&& grads) {
   if (!fn_) throw_released(name_);
   return (*fn_)(grads);
+}
+
+// A node and its shared_ptr control block in one block from the small-object pool (Note [small
+// object pool] in core/small_pool.cc): every recorded op makes one, and frees it with its outputs.
+template <typename N, typename... Args>
+std::shared_ptr<N> make_node(Args&&... args) {
+  return std::allocate_shared<N>(SmallPoolAllocator<N>(), std::forward<Args>(args)...);
 }
 
 // True when grad mode is on and any defined input requires grad. Forced inline: every op asks,
@@ -279,7 +287,7 @@ class InplaceOp {
   }
   template <typename F>
   void record(F&& backward) {
-    auto node = std::make_shared<FunctionNode<std::decay_t<F>>>(op_, 1, std::forward<F>(backward));
+    auto node = make_node<FunctionNode<std::decay_t<F>>>(op_, 1, std::forward<F>(backward));
     rebase(node);
   }
 
@@ -332,16 +340,16 @@ void set_history(const std::shared_ptr<Node>& node, const std::vector<Tensor>& i
 template <typename F>
 std::shared_ptr<Node> record(const char* name, std::initializer_list<const Tensor*> inputs,
                              std::initializer_list<Tensor*> outputs, F&& backward) {
-  auto node = std::make_shared<FunctionNode<std::decay_t<F>>>(name, uint32_t(outputs.size()),
-                                                              std::forward<F>(backward));
+  auto node = make_node<FunctionNode<std::decay_t<F>>>(name, uint32_t(outputs.size()),
+                                                       std::forward<F>(backward));
   set_history(node, inputs, outputs);
   return node;
 }
 template <typename F>
 std::shared_ptr<Node> record(const char* name, const std::vector<Tensor>& inputs,
                              const std::vector<Tensor*>& outputs, F&& backward) {
-  auto node = std::make_shared<FunctionNode<std::decay_t<F>>>(name, uint32_t(outputs.size()),
-                                                              std::forward<F>(backward));
+  auto node = make_node<FunctionNode<std::decay_t<F>>>(name, uint32_t(outputs.size()),
+                                                       std::forward<F>(backward));
   set_history(node, inputs, outputs);
   return node;
 }

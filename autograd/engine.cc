@@ -84,21 +84,38 @@ Grads AccumulateGrad::apply(Grads&& grads) {
 
 // ---------------- graph construction ----------------
 
-Edge gradient_edge(const Tensor& t) {
+namespace {
+// gradient_edge(t) written into `e` (empty on entry): set_history fills the node's edge slots in
+// place instead of moving a returned Edge in (a 16-byte reload of two 8-byte stores stalls).
+void set_gradient_edge(Edge& e, const Tensor& t) {
   if (t.impl()->view_base_) [[unlikely]] {
     // Note [views and in-place autograd]: the view's history, regenerated if stale.
-    if (const std::shared_ptr<Node>& fn = view_grad_fn(t))
-      return Edge{fn, t.autograd_meta_if()->output_nr};
+    if (const std::shared_ptr<Node>& fn = view_grad_fn(t)) {
+      e.fn = fn;
+      e.input_nr = t.autograd_meta_if()->output_nr;
+      return;
+    }
   }
   AutogradMeta* m = t.autograd_meta_if();
-  if (!m || !m->requires_grad) return {};
-  if (m->grad_fn) return Edge{m->grad_fn, m->output_nr};
-  std::shared_ptr<Node> acc = m->grad_accumulator.lock();
-  if (!acc) {
-    acc = std::make_shared<AccumulateGrad>(t);
-    m->grad_accumulator = acc;
+  if (!m || !m->requires_grad) return;
+  if (m->grad_fn) {
+    e.fn = m->grad_fn;
+    e.input_nr = m->output_nr;
+    return;
   }
-  return Edge{std::move(acc), 0};
+  e.fn = m->grad_accumulator.lock();
+  if (!e.fn) {
+    e.fn = make_node<AccumulateGrad>(t);
+    m->grad_accumulator = e.fn;
+  }
+  e.input_nr = 0;
+}
+}  // namespace
+
+Edge gradient_edge(const Tensor& t) {
+  Edge e;
+  set_gradient_edge(e, t);
+  return e;
 }
 
 namespace {
@@ -119,7 +136,10 @@ void set_history(const std::shared_ptr<Node>& node, std::initializer_list<const 
                  std::initializer_list<Tensor*> outputs) {
   auto& edges = node->mutable_next_edges();
   edges.reserve(inputs.size());
-  for (const Tensor* t : inputs) edges.push_back(t && t->defined() ? gradient_edge(*t) : Edge{});
+  for (const Tensor* t : inputs) {
+    edges.push_back(Edge{});
+    if (t && t->defined()) set_gradient_edge(edges[edges.size() - 1], *t);
+  }
   uint32_t nr = 0;
   for (Tensor* o : outputs) attach_output(node, o, nr++);
 }
@@ -128,7 +148,10 @@ void set_history(const std::shared_ptr<Node>& node, const std::vector<Tensor>& i
                  const std::vector<Tensor*>& outputs) {
   auto& edges = node->mutable_next_edges();
   edges.reserve(inputs.size());
-  for (const Tensor& t : inputs) edges.push_back(t.defined() ? gradient_edge(t) : Edge{});
+  for (const Tensor& t : inputs) {
+    edges.push_back(Edge{});
+    if (t.defined()) set_gradient_edge(edges[edges.size() - 1], t);
+  }
   uint32_t nr = 0;
   for (Tensor* o : outputs) attach_output(node, o, nr++);
 }

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/small_pool.h"
 #include "core/tensor.h"
 
 namespace accel::autograd {
@@ -150,6 +151,32 @@ template <typename F>
 Grads FunctionNode<F>::apply(Grads&& grads) {
   if (!fn_) throw_released(name_);
   return (*fn_)(grads);
+}
+
+// Note [node allocation]
+// Every recorded op makes a node and frees it with its outputs, so make_node (record(), InplaceOp,
+// the leaves' AccumulateGrad) keeps that cheap: the node and its shared_ptr control block are one
+// block from the small-object pool (Note [small object pool] in core/small_pool.cc), and the node
+// sits in a holder the shared_ptr aliases, so std::enable_shared_from_this does not see it: its
+// weak self-reference would cost two locked instructions per node and keep the control block's
+// weak count above 1, which sends every release down libstdc++'s atomic path (together about a
+// sixth of a recorded 16-element add). Hence shared_from_this() throws std::bad_weak_ptr on the
+// framework's nodes: keep the shared_ptr you got (grad_fn(), next_edges()) instead. A node made
+// with std::make_shared has it as before.
+namespace detail {
+template <typename N>
+struct NodeHolder {
+  template <typename... Args>
+  explicit NodeHolder(Args&&... args) : node(std::forward<Args>(args)...) {}
+  N node;
+};
+}  // namespace detail
+template <typename N, typename... Args>
+std::shared_ptr<N> make_node(Args&&... args) {
+  auto holder = std::allocate_shared<detail::NodeHolder<N>>(
+      SmallPoolAllocator<detail::NodeHolder<N>>(), std::forward<Args>(args)...);
+  N* node = &holder->node;
+  return std::shared_ptr<N>(std::move(holder), node);  // aliasing: same control block
 }
 
 // True when grad mode is on and any defined input requires grad. Forced inline: every op asks,
@@ -279,7 +306,7 @@ class InplaceOp {
   }
   template <typename F>
   void record(F&& backward) {
-    auto node = std::make_shared<FunctionNode<std::decay_t<F>>>(op_, 1, std::forward<F>(backward));
+    auto node = make_node<FunctionNode<std::decay_t<F>>>(op_, 1, std::forward<F>(backward));
     rebase(node);
   }
 
@@ -332,16 +359,16 @@ void set_history(const std::shared_ptr<Node>& node, const std::vector<Tensor>& i
 template <typename F>
 std::shared_ptr<Node> record(const char* name, std::initializer_list<const Tensor*> inputs,
                              std::initializer_list<Tensor*> outputs, F&& backward) {
-  auto node = std::make_shared<FunctionNode<std::decay_t<F>>>(name, uint32_t(outputs.size()),
-                                                              std::forward<F>(backward));
+  auto node = make_node<FunctionNode<std::decay_t<F>>>(name, uint32_t(outputs.size()),
+                                                       std::forward<F>(backward));
   set_history(node, inputs, outputs);
   return node;
 }
 template <typename F>
 std::shared_ptr<Node> record(const char* name, const std::vector<Tensor>& inputs,
                              const std::vector<Tensor*>& outputs, F&& backward) {
-  auto node = std::make_shared<FunctionNode<std::decay_t<F>>>(name, uint32_t(outputs.size()),
-                                                              std::forward<F>(backward));
+  auto node = make_node<FunctionNode<std::decay_t<F>>>(name, uint32_t(outputs.size()),
+                                                       std::forward<F>(backward));
   set_history(node, inputs, outputs);
   return node;
 }

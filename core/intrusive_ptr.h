@@ -15,10 +15,16 @@ class RefCounted {
   virtual ~RefCounted() = default;
 
   void incref() const { refcount_.fetch_add(1, std::memory_order_relaxed); }
+  // A count of 1 is the caller's own reference: nobody else can take a new one (there are no weak
+  // references), so the last owner deletes without a locked read-modify-write.
   void decref() const {
-    if (refcount_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+    if (refcount_.load(std::memory_order_acquire) == 1 ||
+        refcount_.fetch_sub(1, std::memory_order_acq_rel) == 1)
+      delete this;
   }
   int use_count() const { return refcount_.load(std::memory_order_relaxed); }
+  // make_intrusive: the new object's first reference, a plain store (no other thread can see it).
+  void init_first_ref() const { refcount_.store(1, std::memory_order_relaxed); }
 
  private:
   mutable std::atomic<int32_t> refcount_{0};
@@ -36,6 +42,9 @@ class IntrusivePtr {
     if (p_) p_->incref();
   }
   IntrusivePtr(IntrusivePtr&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+  // Takes over a reference the caller already counted (make_intrusive).
+  struct Adopt {};
+  IntrusivePtr(T* p, Adopt) : p_(p) {}
   template <typename U>
   IntrusivePtr(const IntrusivePtr<U>& o) : p_(o.get()) {  // NOLINT
     if (p_) p_->incref();
@@ -65,7 +74,9 @@ class IntrusivePtr {
 
 template <typename T, typename... Args>
 IntrusivePtr<T> make_intrusive(Args&&... args) {
-  return IntrusivePtr<T>(new T(std::forward<Args>(args)...));
+  T* p = new T(std::forward<Args>(args)...);
+  p->init_first_ref();
+  return IntrusivePtr<T>(p, typename IntrusivePtr<T>::Adopt{});
 }
 
 }  // namespace accel

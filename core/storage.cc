@@ -119,7 +119,7 @@ class CpuCachingAllocator final : public Allocator {
     ThreadCache& tc = thread_cache();
     if (tc.count[c] > 0) {
       void* p = tc.slots[c][--tc.count[c]];
-      account_hit(rounded);
+      account_hit(rounded, tc);
       return p;
     }
     {
@@ -181,6 +181,7 @@ class CpuCachingAllocator final : public Allocator {
     s.bytes_in_use = in_use_.load();
     s.alloc_count = allocs_.load();
     s.cache_hits = hits_.load();
+    for (const ThreadCache* tc : caches_) s.cache_hits += tc->hits.load(std::memory_order_relaxed);
     s.peak_bytes_in_use = peak_.load();
     s.release_count = releases_;
     s.bytes_released = bytes_released_;
@@ -214,6 +215,7 @@ class CpuCachingAllocator final : public Allocator {
       high_water_.store(in_use_.load());
     }
     release_all(victims);
+    small_pool_trim();  // the calling thread's cached TensorImpl / Storage / node blocks
 #if defined(__GLIBC__)
     malloc_trim(0);  // the small blocks went back to glibc; let it return what it can
 #endif
@@ -244,10 +246,18 @@ class CpuCachingAllocator final : public Allocator {
     uint8_t count[kNumClasses] = {};
     bool alive = true;
     CpuCachingAllocator* owner = nullptr;
+    // Hits served from the slots: written by this thread only (a load and a store, no locked
+    // instruction on the fast path), summed by stats() over the registered caches.
+    std::atomic<size_t> hits{0};
     ~ThreadCache() {
       alive = false;
       if (!owner) return;
       tls_slot() = &dead_cache();
+      {
+        std::lock_guard<std::mutex> lk(owner->mu_);
+        owner->hits_ += hits.load(std::memory_order_relaxed);
+        std::erase(owner->caches_, this);
+      }
       // Hand cached blocks back to the global lists so other threads can reuse them.
       for (int c = 0; c < kNumClasses; ++c) {
         for (int i = 0; i < count[c]; ++i) owner->return_block(c, slots[c][i]);
@@ -280,6 +290,10 @@ class CpuCachingAllocator final : public Allocator {
     static thread_local std::unique_ptr<ThreadCache> owner;
     owner = std::make_unique<ThreadCache>();
     owner->owner = this;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      caches_.push_back(owner.get());
+    }
     tls_slot() = owner.get();
     return *owner;
   }
@@ -354,10 +368,10 @@ class CpuCachingAllocator final : public Allocator {
     return base + k * (base / 4);
   }
 
-  void account_hit(size_t rounded) {
+  void account_hit(size_t rounded, ThreadCache& tc) {
     in_use_.fetch_add(rounded, std::memory_order_relaxed);
     note_peak();
-    hits_.fetch_add(1, std::memory_order_relaxed);
+    tc.hits.store(tc.hits.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
 
   void* system_alloc(size_t rounded, size_t requested) {
@@ -381,6 +395,9 @@ class CpuCachingAllocator final : public Allocator {
 
   mutable std::mutex mu_;
   FreeList lists_[kNumClasses];
+  // Under mu_: the live threads' caches (their hit counters); hits_ adds those of exited threads
+  // and of the global lists.
+  std::vector<ThreadCache*> caches_;
   // Under mu_: bytes in the global lists, the stamp of the last freed block, limits, releases.
   size_t cached_ = 0;
   uint64_t stamp_ = 0;

@@ -9,6 +9,7 @@
 
 #include "core/device.h"
 #include "core/intrusive_ptr.h"
+#include "core/small_pool.h"
 
 namespace accel {
 
@@ -82,6 +83,9 @@ class Storage : public RefCounted {
   struct Unallocated {};
   Storage(size_t nbytes, Device device, Unallocated);
   ~Storage() override;
+  // Note [small object pool] (core/small_pool.cc).
+  static void* operator new(size_t n) { return small_pool_alloc(n); }
+  static void operator delete(void* p, size_t n) noexcept { small_pool_free(p, n); }
 
   // Note [released storage]: an owned storage can give its memory back and get it again while
   // every tensor and view of it (autograd's saved tensors included) keeps pointing at it. ZeRO-3

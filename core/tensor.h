@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/intrusive_ptr.h"
 #include "core/shape.h"
+#include "core/small_pool.h"
 #include "core/storage.h"
 
 namespace accel {
@@ -55,7 +56,12 @@ struct AutogradMeta;  // below Tensor
 class TensorImpl : public RefCounted {
  public:
   TensorImpl(StoragePtr storage, Shape sizes, Shape strides, int64_t offset, DType dtype);
+  // A new contiguous tensor at offset 0 (empty(), every op's output): strides computed in place.
+  TensorImpl(StoragePtr storage, const Shape& sizes, DType dtype);
   ~TensorImpl() override;
+  // Note [small object pool] (core/small_pool.cc).
+  static void* operator new(size_t n) { return small_pool_alloc(n); }
+  static void operator delete(void* p, size_t n) noexcept { small_pool_free(p, n); }
 
   StoragePtr storage_;
   Shape sizes_;
@@ -368,6 +374,8 @@ class Tensor {
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
 struct AutogradMeta {
+  static void* operator new(size_t n) { return small_pool_alloc(n); }
+  static void operator delete(void* p, size_t n) noexcept { small_pool_free(p, n); }
   bool requires_grad = false;
   bool retains_grad = false;
   uint32_t output_nr = 0;                          // which output of grad_fn this tensor is

@@ -40,16 +40,19 @@ inline __attribute__((always_inline)) float exp_f32(float x) {
 
 // erf by Abramowitz & Stegun 7.1.26: |error| <= 1.5e-7 in exact arithmetic, 5e-7 measured in float
 // (a few float ulps near 1). Float64, which gradcheck uses, keeps std::erf.
-inline __attribute__((always_inline)) float erf_f32(float x) {
-  const float ax = std::fabs(x);
-  const float t = 1.0f / (1.0f + 0.3275911f * ax);
+// erf(|z|) from |z| and exp(-z^2) (gelu_erf_grad_f32 reuses the exp).
+inline __attribute__((always_inline)) float erf_abs_f32(float az, float gauss) {
+  const float t = 1.0f / (1.0f + 0.3275911f * az);
   float p = 1.061405429f;
   p = p * t - 1.453152027f;
   p = p * t + 1.421413741f;
   p = p * t - 0.284496736f;
   p = p * t + 0.254829592f;
-  const float y = 1.0f - p * t * exp_f32(-ax * ax);
-  return std::copysign(y, x);
+  return 1.0f - p * t * gauss;
+}
+inline __attribute__((always_inline)) float erf_f32(float x) {
+  const float ax = std::fabs(x);
+  return std::copysign(erf_abs_f32(ax, exp_f32(-ax * ax)), x);
 }
 
 // GELU's erf-form gradient g * (Phi(x) + x phi(x)) with one exp: A & S 7.1.26 writes
@@ -60,15 +63,8 @@ inline __attribute__((always_inline)) float erf_f32(float x) {
 inline __attribute__((always_inline)) float gelu_erf_grad_f32(float g, float x) {
   constexpr float kSqrtHalf = 0.70710678118654752440f;
   constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
-  const float az = std::fabs(x) * kSqrtHalf;
   const float gauss = exp_f32(-0.5f * x * x);  // exp(-z^2)
-  const float t = 1.0f / (1.0f + 0.3275911f * az);
-  float p = 1.061405429f;
-  p = p * t - 1.453152027f;
-  p = p * t + 1.421413741f;
-  p = p * t - 0.284496736f;
-  p = p * t + 0.254829592f;
-  const float erf_z = std::copysign(1.0f - p * t * gauss, x);
+  const float erf_z = std::copysign(erf_abs_f32(std::fabs(x) * kSqrtHalf, gauss), x);
   return g * (0.5f * (1.0f + erf_z) + x * (kInvSqrt2Pi * gauss));
 }
 

@@ -168,6 +168,23 @@ Tensor linear_unfold(const Tensor& out2, const Tensor& x) {
   return ops::make_view(out2, out_shape, contiguous_strides(out_shape), 0);
 }
 
+// Whether the one-node autocast GEMMs below take (x, w, b): every operand float32 or `low`, not
+// all of them `low` already, and a 2-D weight whose shape fits (linear's shape errors are thrown
+// here, by name; matmul's are left to the op's own checks, which name the shapes).
+bool autocast_gemm_applies(const Tensor& x, const Tensor& w, const Tensor& b, bool w_nk,
+                           DType low) {
+  auto fits = [low](const Tensor& t) {
+    return !t.defined() || t.dtype() == kFloat32 || t.dtype() == low;
+  };
+  auto is_low = [low](const Tensor& t) { return !t.defined() || t.dtype() == low; };
+  if (!fits(x) || !fits(w) || !fits(b) || (is_low(x) && is_low(w) && is_low(b))) return false;
+  if (w_nk) {
+    check_linear_shapes(x, w, b);
+    return true;
+  }
+  return w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(0);
+}
+
 // Linear (and matmul / mm by a 2-D weight) under autocast on a device that computes the autocast
 // dtype in float32 (Note [autocast linear in float32] in kernels/stubs/linalg.h): the same values
 // as casting x, w and b to the autocast dtype and running the op on the copies, in one node. The
@@ -184,16 +201,7 @@ Tensor autocast_gemm_f32(const char* op, const Tensor& x, const Tensor& w, const
   if (w.device() != dev || (b.defined() && b.device() != dev)) return Tensor();
   if (!matmul_lowp_preferred_stub.has(dev.type) || !matmul_lowp_preferred_stub(dev, low))
     return Tensor();
-  auto fits = [low](const Tensor& t) {
-    return !t.defined() || t.dtype() == kFloat32 || t.dtype() == low;
-  };
-  auto is_low = [low](const Tensor& t) { return !t.defined() || t.dtype() == low; };
-  if (!fits(x) || !fits(w) || !fits(b) || (is_low(x) && is_low(w) && is_low(b))) return Tensor();
-  if (w_nk) {
-    check_linear_shapes(x, w, b);
-  } else if (w.dim() != 2 || x.dim() < 1 || x.size(-1) != w.size(0)) {
-    return Tensor();  // the op's own checks name the shapes
-  }
+  if (!autocast_gemm_applies(x, w, b, w_nk, low)) return Tensor();
   const int64_t k = x.size(-1), n = w_nk ? w.size(0) : w.size(1);
   const Tensor x2 = linear_rows(x);
   bool w_exact = false;
@@ -264,16 +272,7 @@ Tensor autocast_gemm_native(const char* op, const Tensor& x, const Tensor& w, co
   const Device dev = x.device();
   if (dev.type != DeviceType::CPU || w.device() != dev || (b.defined() && b.device() != dev))
     return Tensor();
-  auto fits = [low](const Tensor& t) {
-    return !t.defined() || t.dtype() == kFloat32 || t.dtype() == low;
-  };
-  auto is_low = [low](const Tensor& t) { return !t.defined() || t.dtype() == low; };
-  if (!fits(x) || !fits(w) || !fits(b) || (is_low(x) && is_low(w) && is_low(b))) return Tensor();
-  if (w_nk) {
-    check_linear_shapes(x, w, b);
-  } else if (w.dim() != 2 || x.dim() < 1 || x.size(-1) != w.size(0)) {
-    return Tensor();  // the op's own checks name the shapes
-  }
+  if (!autocast_gemm_applies(x, w, b, w_nk, low)) return Tensor();
   const int64_t k = x.size(-1), n = w_nk ? w.size(0) : w.size(1);
   const Tensor xl = autocast_cast_detached(x, low);  // x itself (detached) when it is `low`
   const Tensor x2 = linear_rows(xl);

@@ -47,9 +47,10 @@ if command -v pkg-config >/dev/null; then
     *"$root"*) ;;
     *) echo "install: pkg-config --cflags --libs accel gave '$flags', which does not point into the install tree $root"; exit 1 ;;
   esac
-  echo "install: $cxx -std=c++20 train_mlp.cc $flags"
+  echo "install: $cxx -std=c++20 -Wall -Wextra -Werror train_mlp.cc $flags"
+  # -Wall -Wextra -Werror: the public headers are warning-free in a user's build too.
   # shellcheck disable=SC2086  # the flags are words
-  if ! "$cxx" -std=c++20 -O0 "$app_dir/train_mlp.cc" $flags -o "$tmp/train_mlp_pc" >"$tmp/pc.log" 2>&1; then
+  if ! "$cxx" -std=c++20 -O0 -Wall -Wextra -Werror "$app_dir/train_mlp.cc" $flags -o "$tmp/train_mlp_pc" >"$tmp/pc.log" 2>&1; then
     cat "$tmp/pc.log"
     echo "install: the out-of-tree program does not compile against the installed headers (pkg-config)"
     exit 1

@@ -45,7 +45,7 @@ Conv2d::Conv2d(int64_t in, int64_t out, Size2 k, Size2 s, Size2 p, Size2 d, int6
   check_positive(p, "Conv2d", "padding", 0);
   check_positive(d, "Conv2d", "dilation", 1);
   weight = register_parameter("weight", empty({out, in / g, k.h, k.w}));
-  if (with_bias) bias = register_parameter("bias", empty({out}));
+  bias = register_parameter("bias", with_bias ? empty({out}) : Tensor());  // None without
   reset_parameters(gen);
 }
 
@@ -59,6 +59,7 @@ void Conv2d::reset_parameters(Generator* gen) {
 }
 
 Tensor Conv2d::forward(const Tensor& x) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   ACCEL_CHECK(x.defined(), ValueError, "Conv2d", "input is undefined");
   ACCEL_CHECK(x.dim() == 4 && x.size(1) == in_channels, ShapeError, "Conv2d", "expected input (N, ",
               in_channels, ", H, W), got ", x.sizes());
@@ -152,13 +153,14 @@ ConvTranspose2d::ConvTranspose2d(int64_t in, int64_t out, Size2 k, Size2 s, Size
               "output_padding ", op.str(), " must be smaller than either stride ", s.str(),
               " or dilation ", d.str());
   weight = register_parameter("weight", empty({in, out / g, k.h, k.w}));
-  if (with_bias) bias = register_parameter("bias", empty({out}));
+  bias = register_parameter("bias", with_bias ? empty({out}) : Tensor());  // None without
   reset_parameters(gen);
 }
 
 void ConvTranspose2d::reset_parameters(Generator* gen) { reset_conv_like(weight, bias, gen); }
 
 Tensor ConvTranspose2d::forward(const Tensor& x) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   ACCEL_CHECK(x.defined(), ValueError, "ConvTranspose2d", "input is undefined");
   ACCEL_CHECK(
       (x.dim() == 4 && x.size(1) == in_channels) || (x.dim() == 3 && x.size(0) == in_channels),
@@ -169,6 +171,7 @@ Tensor ConvTranspose2d::forward(const Tensor& x) {
 }
 
 Tensor ConvTranspose2d::forward(const Tensor& x, const Shape& output_size) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   const char* name = "ConvTranspose2d";
   ACCEL_CHECK(x.defined() && x.dim() >= 3, ShapeError, name, "expected input (N, ", in_channels,
               ", H, W), got ", x.defined() ? x.sizes() : Shape{});
@@ -218,13 +221,14 @@ Conv1d::Conv1d(int64_t in, int64_t out, int64_t k, int64_t s, int64_t p, int64_t
               "kernel_size, stride, dilation must be positive and padding non-negative, got ", k,
               ", ", s, ", ", d, ", ", p);
   weight = register_parameter("weight", empty({out, in / g, k}));
-  if (with_bias) bias = register_parameter("bias", empty({out}));
+  bias = register_parameter("bias", with_bias ? empty({out}) : Tensor());  // None without
   reset_parameters(gen);
 }
 
 void Conv1d::reset_parameters(Generator* gen) { reset_conv_like(weight, bias, gen); }
 
 Tensor Conv1d::forward(const Tensor& x) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   ACCEL_CHECK(x.defined() && ((x.dim() == 3 && x.size(1) == in_channels) ||
                               (x.dim() == 2 && x.size(0) == in_channels)),
               ShapeError, "Conv1d", "expected input (N, ", in_channels, ", L) or (", in_channels,
@@ -260,13 +264,14 @@ ConvTranspose1d::ConvTranspose1d(int64_t in, int64_t out, int64_t k, int64_t s, 
   ACCEL_CHECK(op < s || op < d, ValueError, "ConvTranspose1d", "output_padding ", op,
               " must be smaller than either stride ", s, " or dilation ", d);
   weight = register_parameter("weight", empty({in, out / g, k}));
-  if (with_bias) bias = register_parameter("bias", empty({out}));
+  bias = register_parameter("bias", with_bias ? empty({out}) : Tensor());  // None without
   reset_parameters(gen);
 }
 
 void ConvTranspose1d::reset_parameters(Generator* gen) { reset_conv_like(weight, bias, gen); }
 
 Tensor ConvTranspose1d::forward(const Tensor& x) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   ACCEL_CHECK(x.defined() && ((x.dim() == 3 && x.size(1) == in_channels) ||
                               (x.dim() == 2 && x.size(0) == in_channels)),
               ShapeError, "ConvTranspose1d", "expected input (N, ", in_channels, ", L) or (",

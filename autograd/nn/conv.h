@@ -36,8 +36,8 @@ class Conv2d : public Module {
   int64_t in_channels, out_channels;
   Size2 kernel_size, stride, padding, dilation;
   int64_t groups;
-  Tensor weight;  // (C_out, C_in / groups, kH, kW)
-  Tensor bias;    // (C_out); undefined without bias
+  Parameter weight;  // (C_out, C_in / groups, kH, kW)
+  Parameter bias;    // (C_out); undefined without bias
 };
 
 class MaxPool2d : public Module {
@@ -85,8 +85,8 @@ class ConvTranspose2d : public Module {
   Size2 kernel_size, stride, padding, output_padding;
   int64_t groups;
   Size2 dilation;
-  Tensor weight;  // (C_in, C_out / groups, kH, kW)
-  Tensor bias;    // (C_out); undefined without bias
+  Parameter weight;  // (C_in, C_out / groups, kH, kW)
+  Parameter bias;    // (C_out); undefined without bias
 };
 
 // torch.nn.Conv1d(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
@@ -103,8 +103,8 @@ class Conv1d : public Module {
   std::string extra_repr() const override;
 
   int64_t in_channels, out_channels, kernel_size, stride, padding, dilation, groups;
-  Tensor weight;  // (C_out, C_in / groups, k)
-  Tensor bias;    // (C_out)
+  Parameter weight;  // (C_out, C_in / groups, k)
+  Parameter bias;    // (C_out)
 };
 
 // torch.nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=1, padding=0,
@@ -121,8 +121,8 @@ class ConvTranspose1d : public Module {
   std::string extra_repr() const override;
 
   int64_t in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, dilation;
-  Tensor weight;  // (C_in, C_out / groups, k)
-  Tensor bias;    // (C_out)
+  Parameter weight;  // (C_in, C_out / groups, k)
+  Parameter bias;    // (C_out)
 };
 
 // torch.nn.AdaptiveAvgPool2d(output_size) / AdaptiveMaxPool2d(output_size, return_indices=False):

@@ -16,7 +16,7 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator* gen)
               "positive, got ",
               in, " and ", out);
   weight = register_parameter("weight", empty({out, in}));
-  if (with_bias) bias = register_parameter("bias", empty({out}));
+  bias = register_parameter("bias", with_bias ? empty({out}) : Tensor());  // None without
   reset_parameters(gen);
 }
 
@@ -29,6 +29,7 @@ void Linear::reset_parameters(Generator* gen) {
 }
 
 Tensor Linear::forward(const Tensor& x) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   ACCEL_CHECK(x.defined(), ValueError, "Linear", "input is undefined");
   ACCEL_CHECK(x.dim() >= 1 && x.size(-1) == in_features, ShapeError, "Linear",
               "expected input (..., ", in_features, "), got ", x.sizes());
@@ -53,7 +54,10 @@ Embedding::Embedding(int64_t num, int64_t dim, Generator* gen)
 
 void Embedding::reset_parameters(Generator* gen) { init::normal_(weight, 0.0, 1.0, gen); }
 
-Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices); }
+Tensor Embedding::forward(const Tensor& indices) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
+  return embedding(weight, indices);
+}
 
 std::string Embedding::extra_repr() const {
   return std::to_string(num_embeddings) + ", " + std::to_string(embedding_dim);

@@ -21,8 +21,8 @@ class Linear : public Module {
   std::string extra_repr() const override;
 
   int64_t in_features, out_features;
-  Tensor weight;  // (out_features, in_features)
-  Tensor bias;    // (out_features); undefined without bias
+  Parameter weight;  // (out_features, in_features)
+  Parameter bias;    // (out_features); undefined without bias
 };
 
 class Embedding : public Module {
@@ -35,7 +35,7 @@ class Embedding : public Module {
   std::string extra_repr() const override;
 
   int64_t num_embeddings, embedding_dim;
-  Tensor weight;  // (num_embeddings, embedding_dim)
+  Parameter weight;  // (num_embeddings, embedding_dim)
 };
 
 // Zeroes elements with probability p in training and scales the rest by 1 / (1 - p); the

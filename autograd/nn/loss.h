@@ -31,7 +31,7 @@ class CrossEntropyLoss : public Module {
   Tensor operator()(const Tensor& logits, const Tensor& target) const {
     return forward(logits, target);
   }
-  Tensor weight;  // undefined: every class weighs 1
+  Buffer weight;  // undefined: every class weighs 1
   int64_t ignore_index;
   Reduction reduction;
   double label_smoothing;
@@ -90,7 +90,7 @@ class BCELoss : public Module {
   Tensor operator()(const Tensor& input, const Tensor& target) const {
     return forward(input, target);
   }
-  Tensor weight;
+  Buffer weight;
   Reduction reduction;
 };
 

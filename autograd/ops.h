@@ -146,6 +146,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                      Reduction reduction = Reduction::Mean, double label_smoothing = 0.0);
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index = -100,
                 Reduction reduction = Reduction::Mean);
+// With class weights (C), or undefined for none (torch.nn.functional.nll_loss's weight): row r of
+// class t loses -weight[t] log_probs[r, t]; the mean divides by the sum of weight[t] over the
+// rows not ignored. The weight takes no gradient (ValueError when it requires one, as torch).
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
+                int64_t ignore_index = -100, Reduction reduction = Reduction::Mean);
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
                                         Reduction reduction = Reduction::Mean);

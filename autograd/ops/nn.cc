@@ -396,6 +396,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
   auto reduce = [&](const Tensor& l) {
     switch (reduction) {
       case Reduction::None: return l;
+  return nll_loss(log_probs, target, Tensor(), ignore_index, reduction);
+}
+
+// torch's weighted nll_loss: row r with class t = target[r] (not ignore_index) loses
+// -w[t] log_probs[r, t]; the mean divides the sum by the sum of w[t] over those rows (not by their
+// count), so mean and sum differ by that weight total. The kernels do both (nll_loss_stub); the
+// weight is a constant, as in torch, whose weight has no derivative.
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
+                int64_t ignore_index, Reduction reduction) {
       case Reduction::Sum: return sum(l);
       case Reduction::BatchMean:  // refused at the entry points
       case Reduction::Mean: return div(sum(l), sum(wy));
@@ -406,11 +415,24 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
   if (!smooth.defined()) return out;
   return add(mul(out, 1.0 - label_smoothing), mul(reduce(smooth), label_smoothing / double(c)));
 }
+  Tensor w;  // (C) contiguous in the input's dtype, or undefined
+  if (weight.defined()) {
+    const int64_t c = cr.x2.sizes()[1];
+    ops::check_floating(weight, op, "weight");
+    ops::check_same_device(log_probs, weight, op);
+    ACCEL_CHECK(weight.dim() == 1 && weight.sizes()[0] == c, ShapeError, op, "weight of shape ",
+                weight.sizes(), " must be (C) = (", c, ") for input of shape ", log_probs.sizes());
+    ACCEL_CHECK(!(weight.requires_grad() && grad_enabled()), ValueError, op,
+                "the derivative for 'weight' is not implemented (as in torch): pass a weight "
+                "that does not require grad, e.g. weight.detach()");
+    w = contiguous_data(ops::as_dtype(weight, dt));
+  }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
                 Reduction reduction) {
   if (ACCEL_UNLIKELY(autocast_wants_upcast(log_probs)))
-    return nll_loss(autocast_upcast(log_probs), target, ignore_index, reduction);
+    return nll_loss(autocast_upcast(log_probs), target, autocast_upcast(weight), ignore_index,
+                    reduction);
   const char* op = "nll_loss";
   ops::check_not_batchmean(reduction, op);
   check_class_target(op, log_probs, target);
@@ -420,15 +442,15 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_in
   const Device dev = log_probs.device();
   Tensor loss = ops::empty_on({rows}, dt, dev);
   Tensor valid = ops::empty_on({}, dt, dev);
-  nll_loss_stub(dev, cr.x2, cr.t1, ignore_index, op, loss, valid);
+  nll_loss_stub(dev, cr.x2, cr.t1, w, ignore_index, op, loss, valid);
   Tensor out = reduce_rows(loss, valid, reduction, cr.none_shape);
   if (autograd::needs_grad(cr.x2)) {
     autograd::record(op, {&cr.x2}, {&out},
-                     [shape = cr.x2.sizes(), dt, dev, ts = autograd::save_input(cr.t1, 1), valid,
+                     [shape = cr.x2.sizes(), dt, dev, ts = autograd::save_input(cr.t1, 1), w, valid,
                       reduction, ignore_index](const autograd::Grads& g) {
                        Tensor dx = ops::empty_on(shape, dt, dev);
                        nll_loss_backward_stub(dev, row_grad(g[0], valid, reduction, dt),
-                                              ts.unpack(), ignore_index, dx);
+                                              ts.unpack(), w, ignore_index, dx);
                        return autograd::Grads{dx};
                      });
   }

@@ -186,7 +186,17 @@ Tensor scaled_dot_product_attention_packed(const Tensor& qkv, int64_t n_heads, b
 
 // ---- indexing ----
 // weight: (V, D), indices: int (any shape) -> (..., D). Out-of-range index: IndexError.
-Tensor embedding(const Tensor& weight, const Tensor& indices);
+// padding_idx (torch's; negative counts from the end): that row's gradient is zero.
+Tensor embedding(const Tensor& weight, const Tensor& indices,
+                 std::optional<int64_t> padding_idx = std::nullopt);
+// torch.nn.functional.embedding's max_norm: the rows indices reach whose norm_type-norm exceeds
+// max_norm are first rescaled in place to max_norm (embedding_renorm_), then looked up.
+Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int64_t> padding_idx,
+                 std::optional<double> max_norm, double norm_type = 2.0);
+// torch.embedding_renorm_: rows of weight reached by indices with a norm above max_norm scaled
+// to max_norm / (norm + 1e-7), in place and without history; returns weight.
+Tensor embedding_renorm_(const Tensor& weight, const Tensor& indices, double max_norm,
+                         double norm_type = 2.0);
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 // out = x with src added at index along dim (out-of-place, like torch.scatter_add).

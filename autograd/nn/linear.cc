@@ -90,15 +90,23 @@ std::string Embedding::extra_repr() const {
 
 // ---------------- Dropout ----------------
 
-Dropout::Dropout(double p_, Generator* gen) : p(p_), gen_(gen) {
+Dropout::Dropout(double p_, Generator* gen) : Dropout(p_, false, gen) {}
+
+Dropout::Dropout(const DropoutFields& o, Generator* gen) : Dropout(o.p, o.inplace, gen) {}
+
+Dropout::Dropout(double p_, bool inplace_, Generator* gen) : p(p_), inplace(inplace_), gen_(gen) {
   ACCEL_CHECK(p_ >= 0 && p_ <= 1, ValueError, "Dropout", "p must be in [0, 1], got ", p_);
 }
 
 Tensor Dropout::forward(const Tensor& x) {
   if (!is_training() || p == 0) return x;
-  return dropout(x, p, true, gen_);
+  if (!inplace) return dropout(x, p, true, gen_);
+  Tensor y = x;  // the caller's impl, overwritten (torch's inplace=True)
+  return dropout_(y, p, true, gen_);
 }
 
-std::string Dropout::extra_repr() const { return "p=" + std::to_string(p); }
+std::string Dropout::extra_repr() const {
+  return "p=" + std::to_string(p) + (inplace ? ", inplace=true" : "");
+}
 
 }  // namespace accel::nn

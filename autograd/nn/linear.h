@@ -73,15 +73,32 @@ class Embedding : public Module {
   double norm_type = 2.0;
 };
 
+// torch.nn.Dropout(p=0.5, inplace=False) options, shared by Dropout1d / 2d / 3d as libtorch's
+// Dropout2dOptions are its DropoutOptions: nn::Dropout(nn::DropoutOptions(0.2).inplace(true)).
+struct DropoutFields {
+  double p = 0.5;
+  bool inplace = false;
+};
+struct DropoutOptions : DropoutFields {
+  using Fields = DropoutFields;
+  DropoutOptions(double p = 0.5) { Fields::p = p; }  // NOLINT: implicit, as libtorch's
+  ACCEL_OPTIONS_FROM_FIELDS(DropoutOptions)
+  ACCEL_OPTION(p)
+  ACCEL_OPTION(inplace)
+};
+
 // Zeroes elements with probability p in training and scales the rest by 1 / (1 - p); the
-// identity in eval mode.
+// identity in eval mode. inplace: the input is overwritten (dropout_ in autograd/ops.h).
 class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5, Generator* gen = nullptr);
+  Dropout(double p, bool inplace, Generator* gen = nullptr);
+  explicit Dropout(const DropoutFields& options, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
 
   double p;
+  bool inplace = false;
 
  private:
   Generator* gen_;

@@ -1,5 +1,5 @@
-// Softmax, normalisation, the classification losses and dropout: forward, checks and backward
-// together.
+// Softmax, normalisation and the classification losses: forward, checks and backward together
+// (dropout is in activation.cc).
 //   softmax / log_softmax:   x: (...) -> (...) over dim
 //   layer_norm / rms_norm:   x: (..., *normalized_shape), weight/bias: normalized_shape
 //   cross_entropy, nll_loss: logits: (C) | (N, C) | (N, C, d...), target: () | (N) | (N, d...)
@@ -7,7 +7,6 @@
 // binary_cross_entropy_with_logits and the other elementwise losses are in losses.cc.
 #include <array>
 #include <cmath>
-#include <mutex>
 
 #include "autograd/autocast.h"
 #include "autograd/ops/common.h"
@@ -21,7 +20,6 @@ ACCEL_DIFFERENTIABLE_OP(layer_norm, "layer_norm");
 ACCEL_DIFFERENTIABLE_OP(rms_norm, "rms_norm");
 ACCEL_DIFFERENTIABLE_OP(cross_entropy, "cross_entropy");
 ACCEL_DIFFERENTIABLE_OP(nll_loss, "nll_loss");
-ACCEL_DIFFERENTIABLE_OP(dropout, "dropout");
 
 namespace {
 
@@ -442,38 +440,6 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& wei
                                               ts.unpack(), w, ignore_index, dx);
                        return autograd::Grads{dx};
                      });
-  }
-  return out;
-}
-
-Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
-  const char* op = "dropout";
-  ops::check_defined(x, op);
-  ACCEL_CHECK(p >= 0.0 && p <= 1.0, ValueError, op, "probability must be in [0, 1], got ", p,
-              " (input shape ", x.sizes(), ")");
-  if (!training || p == 0.0 || x.numel() == 0) return x;
-  ops::check_floating(x, op);
-  // Note [dropout mask]: the keep mask is drawn on the CPU from the generator, one double per
-  // element (so the result depends only on the seed and call order), then moved to x's device.
-  Tensor keep = empty(x.sizes(), TensorOptions(kBool, kCPU));
-  {
-    Generator& g = gen ? *gen : default_generator();
-    std::lock_guard<std::mutex> lk(g.mutex());
-    bool* k = keep.data<bool>();
-    for (int64_t i = 0, n = keep.numel(); i < n; ++i) k[i] = g.next_double() >= p;
-  }
-  if (!x.device().is_cpu()) keep = keep.to(x.device());
-  // Inverted dropout: kept elements are scaled by 1 / (1 - p); p = 1 drops everything.
-  const double scale = p == 1.0 ? 0.0 : 1.0 / (1.0 - p);
-  Tensor out;
-  {
-    NoGradGuard ng;
-    out = where(keep, mul(x, scale), 0.0);
-  }
-  if (autograd::needs_grad(x)) {
-    autograd::record(op, {&x}, {&out}, [keep, scale](const autograd::Grads& g) {
-      return autograd::Grads{where(keep, mul(g[0], scale), 0.0)};
-    });
   }
   return out;
 }

@@ -433,11 +433,14 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& wei
   Tensor out = reduce_rows(loss, valid, reduction, cr.none_shape);
   if (autograd::needs_grad(cr.x2)) {
     autograd::record(op, {&cr.x2}, {&out},
-                     [shape = cr.x2.sizes(), dt, dev, ts = autograd::save_input(cr.t1, 1), w, valid,
-                      reduction, ignore_index](const autograd::Grads& g) {
+                     // The weight may be the caller's own tensor (already in the input's
+                     // dtype): saved, so changing it in place before backward is a version error.
+                     [shape = cr.x2.sizes(), dt, dev, ts = autograd::save_input(cr.t1, 1),
+                      ws = autograd::save_input(w, 2), valid, reduction,
+                      ignore_index](const autograd::Grads& g) {
                        Tensor dx = ops::empty_on(shape, dt, dev);
                        nll_loss_backward_stub(dev, row_grad(g[0], valid, reduction, dt),
-                                              ts.unpack(), w, ignore_index, dx);
+                                              ts.unpack(), ws.unpack(), ignore_index, dx);
                        return autograd::Grads{dx};
                      });
   }

@@ -44,7 +44,9 @@
 // an initializer_list constructor GCC 12 rejects every designated list as ambiguous.
 //
 // Not every struct named Options is one of these: the scheduler options (OneCycleOptions,
-// ReduceLROnPlateauOptions) stay aggregates, as libtorch has no options class for them.
+// ReduceLROnPlateauOptions) and those of data/, comm/, parallel/ and accelerate/
+// (DataLoaderOptions, ...) stay aggregates: libtorch has no options class for them, or they are
+// accel's own.
 
 // Inside `struct XOptions : XFields { using Fields = XFields; ... }`: ACCEL_OPTIONS_FROM_FIELDS(
 // XOptions) is the (implicit) constructor from an XFields; ACCEL_OPTION(name) gives `name(v)`,

@@ -8,7 +8,7 @@ namespace {
 // ", inplace=true" when set, as torch's repr (Note [in-place activations] for what it does).
 std::string inplace_repr(bool inplace) { return inplace ? "inplace=true" : ""; }
 std::string join_repr(std::string a, bool inplace) { return inplace ? a + ", inplace=true" : a; }
-// x itself, overwritten by `fn` (the in-place op), or the out-of-place op's result.
+// inplace: x itself, overwritten by in_place (the in-place op); else out_of_place(x).
 template <typename InPlace, typename OutOfPlace>
 Tensor run(const Tensor& x, bool inplace, InPlace&& in_place, OutOfPlace&& out_of_place) {
   if (!inplace) return out_of_place(x);

@@ -1,5 +1,5 @@
 // Parameter-free image modules (issue 24), each torch.nn's module of the same name with the same
-// arguments and defaults, forwarding to the op of autograd/ops.h: Dropout2d, PixelShuffle,
+// arguments and defaults, forwarding to the op of autograd/ops.h: Dropout1d/2d/3d, PixelShuffle,
 // PixelUnshuffle, the 2-D padding modules and Upsample.
 #pragma once
 

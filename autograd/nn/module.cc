@@ -325,6 +325,13 @@ void Module::check_not_sharded(const char* op) {
   }
 }
 
+// torch's load rule (Module._load_from_state_dict): a 0-dim parameter or buffer takes a checkpoint
+// tensor of shape (1,), its one element (files of older code keep BatchNorm's
+// num_batches_tracked as (1,)). Any other shape difference is refused.
+static bool loads_as_scalar(const Tensor& saved, const Tensor& own) {
+  return own.dim() == 0 && saved.dim() == 1 && saved.size(0) == 1;
+}
+
 LoadResult Module::load_state_dict(const TensorDict& state, bool strict) {
   check_not_sharded("load_state_dict");
   TensorDict own;
@@ -337,7 +344,7 @@ LoadResult Module::load_state_dict(const TensorDict& state, bool strict) {
       result.missing_keys.push_back(n);
     } else if (!it->second.defined()) {
       mismatched.push_back(n + ": checkpoint tensor is undefined");
-    } else if (it->second.sizes() != t.sizes()) {
+    } else if (it->second.sizes() != t.sizes() && !loads_as_scalar(it->second, t)) {
       mismatched.push_back(n + ": checkpoint " + shape_str(it->second.sizes()) + ", model " +
                            shape_str(t.sizes()));
     }
@@ -371,7 +378,7 @@ LoadResult Module::load_state_dict(const TensorDict& state, bool strict) {
     // A deferred parameter gets its memory here and its value from the checkpoint: loading a
     // DeferredInit model never runs its initialisers.
     if (is_deferred(d)) d.storage()->materialize();
-    d.copy_(it->second);
+    d.copy_(loads_as_scalar(it->second, d) ? it->second.reshape({}) : it->second);
   }
   return result;
 }

@@ -410,7 +410,7 @@ TEST_CASE("Optimizer::step(closure) evaluates the closure with grad on, returns 
     CHECK(same(lin->weight, ref->weight));
   };
   run([](std::vector<Tensor> p) {
-    return std::make_shared<optim::SGD>(p, optim::SGDOptions{0.1, 0.9});
+    return std::make_shared<optim::SGD>(p, optim::SGDOptions(0.1).momentum(0.9));
   });
   run([](std::vector<Tensor> p) { return std::make_shared<optim::Adam>(p); });
   run([](std::vector<Tensor> p) { return std::make_shared<optim::AdamW>(p); });

@@ -92,7 +92,7 @@ TEST_CASE("assigning a parameter member ties: listed once, both names in state_d
     only_head = w.grad();
   }
   CHECK(!(g).allclose(only_head));  // the embedding's part is in g too
-  auto opt = std::make_shared<optim::SGD>(tied.parameters(), optim::SGDOptions{.lr = 0.1});
+  auto opt = std::make_shared<optim::SGD>(tied.parameters(), optim::SGDOptions(0.1));
   const Tensor before = tied.emb->weight.detach().clone();
   opt->step();
   CHECK((tied.head->weight).allclose(before - g * 0.1));
@@ -124,7 +124,7 @@ TEST_CASE("assigning a child member replaces it everywhere (transfer learning)")
   net->to(kFloat64);
   CHECK(net->fc->weight.dtype() == kFloat64);
   CHECK(old_fc->weight.dtype() == kFloat32);
-  auto opt = std::make_shared<optim::SGD>(net->parameters(), optim::SGDOptions{.lr = 0.1});
+  auto opt = std::make_shared<optim::SGD>(net->parameters(), optim::SGDOptions(0.1));
   bool holds_new = false;
   for (const Tensor& p : opt->params(0)) holds_new = holds_new || p.is_same(net->fc->weight);
   CHECK(holds_new);

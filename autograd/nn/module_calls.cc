@@ -180,7 +180,6 @@ void Module::set_call_wrapper(CallWrapper wrapper) {
   calls_->wrapper = std::move(wrapper);
 }
 
-
 void Module::throw_bypassed() const {
   ACCEL_THROW(ValueError, "Module.forward", type_name(),
               "'s forward was called directly, but an engine wraps this module (a ZeRO-3 unit or a "
@@ -188,6 +187,5 @@ void Module::throw_bypassed() const {
               "which would compute on this rank's shards without a word. Call the module "
               "instead: (*m)(x) or m->call<R>(args...)");
 }
-
 
 }  // namespace accel::nn

@@ -239,8 +239,7 @@ void Module::assign_parameter(uint32_t index, Tensor value, const char* op) {
   if (Parameter* m = param_members_[index]) static_cast<Tensor&>(*m) = value;
 }
 
-BufferRegistration Module::register_buffer(const std::string& name, Tensor value,
-                                           bool persistent) {
+BufferRegistration Module::register_buffer(const std::string& name, Tensor value, bool persistent) {
   const int64_t used = check_name(name, int(EntryKind::Buffer), "Module.register_buffer");
   if (value.defined() && (!value.is_leaf() || value.requires_grad())) value = value.detach();
   uint32_t index;
@@ -292,8 +291,8 @@ void Module::replace_child(const std::string& name, std::shared_ptr<Module> modu
 
 void Module::assign_child(uint32_t index, std::shared_ptr<Module> module, const char* op) {
   const std::string& name = children_[index].first;
-  ACCEL_CHECK(module.get() != this, ValueError, op, type_name(), ": a module cannot be its own child ('",
-              name, "')");
+  ACCEL_CHECK(module.get() != this, ValueError, op, type_name(),
+              ": a module cannot be its own child ('", name, "')");
   ACCEL_CHECK(sharded_how_to_load_.empty(), ValueError, op, type_name(),
               " is sharded (a ZeRO-3 model): replace submodules before preparing the model "
               "(submodule '",

@@ -103,9 +103,8 @@ TEST_CASE("assigning a child member replaces it everywhere (transfer learning)")
   auto net = std::make_shared<Net>();
   auto old_fc = net->fc;
   int hook_calls = 0;
-  net->register_forward_hook([&](nn::Module&, const std::vector<Tensor>&, std::vector<Tensor>&) {
-    ++hook_calls;
-  });
+  net->register_forward_hook(
+      [&](nn::Module&, const std::vector<Tensor>&, std::vector<Tensor>&) { ++hook_calls; });
   net->fc = std::make_shared<nn::Linear>(5, 2);  // torch: net.fc = nn.Linear(512, 2)
   CHECK(net->fc.get() != old_fc.get());
   // parameters(), state_dict(), named_modules() and printing see the new head.
@@ -174,7 +173,8 @@ TEST_CASE("set_parameter and register_* on a used name update the bound member")
   std::string e = error_of([&] { net.register_parameter("fc", zeros({1})); });
   CHECK(contains(e, "[Module.register_parameter] Net: 'fc' is already registered as a submodule"));
   e = error_of([&] { net.register_module("fc", std::make_shared<nn::ReLU>()); });
-  CHECK(contains(e, "[Module.register_module] Net: member 'fc' is an nn::Child<accel::nn::Linear>"));
+  CHECK(
+      contains(e, "[Module.register_module] Net: member 'fc' is an nn::Child<accel::nn::Linear>"));
   CHECK(contains(e, "cannot hold a ReLU"));
   CHECK(net.fc.get() == replacement.get());
   e = error_of([&] { net.replace_module("head", std::make_shared<nn::ReLU>()); });
@@ -282,8 +282,9 @@ TEST_CASE("type-erased calls leave out parameters that have default arguments") 
   CHECK(((*list)[0]->call<Tensor>(x, mask, false)).allclose(x * 2.0));
   CHECK(((*list)[0]->call<Tensor>(x, mask, true, 1.0)).allclose(x * mask));
   std::string e = error_of([&] { (*list)[0]->call<Tensor>(x); });
-  CHECK(contains(e, "[Module.call] Masked.forward(Tensor, Tensor, bool, double) -> Tensor: called "
-                    "with (Tensor)"));
+  CHECK(contains(e,
+                 "[Module.call] Masked.forward(Tensor, Tensor, bool, double) -> Tensor: called "
+                 "with (Tensor)"));
   CHECK(contains(e, "parameters with default arguments"));
   // With a hook the erased path runs too (operator() packs the arguments).
   list->at<Masked>(0)->register_forward_pre_hook([](nn::Module&, std::vector<Tensor>&) {});
@@ -302,8 +303,9 @@ TEST_CASE("a wrapped layer's forward called directly raises; calls through the w
   CHECK(lin->call<Tensor>(x).sizes() == Shape{1, 2});
   CHECK(wrapped == 2);
   const std::string e = error_of([&] { lin->forward(x); });
-  CHECK(contains(e, "[Module.forward] Linear's forward was called directly, but an engine wraps "
-                    "this module"));
+  CHECK(contains(e,
+                 "[Module.forward] Linear's forward was called directly, but an engine wraps "
+                 "this module"));
   // A container entry wrapped for a unit routes forward() through the wrapper.
   auto seq = std::make_shared<nn::Sequential>(lin);
   seq->wrap(0);

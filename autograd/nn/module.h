@@ -480,7 +480,7 @@ class Module : public std::enable_shared_from_this<Module> {
   // Called before entry `index` of children_ becomes `module` (replace_module, register_module
   // on a used name, a bound nn::Child assigned): containers keep their entry lists in step, and
   // may refuse (throw) before anything changed.
-  virtual void on_child_assign(uint32_t index, const std::shared_ptr<Module>& module) {}
+  virtual void on_child_assign(uint32_t /*index*/, const std::shared_ptr<Module>& /*module*/) {}
   // For a module that an engine wraps (set_call_wrapper: ZeRO-3 units, tensor-parallel layers):
   // its forward called directly (`fc->forward(x)`) would skip the wrapper's gathers and
   // collectives and compute on local shards without a word, so the built-in layers' forwards

@@ -4,9 +4,10 @@
 //   max/avg:    x (N, C, H, W) -> (N, C, Ho, Wo), Ho = (H + 2 pad - k) / stride + 1,
 //               stride defaults to the kernel.
 // A 3-D input (C, H, W) is treated as a batch of one. The backward of each op is its own kernel
-// (oneDNN backward_data / backward_weights / pooling backward on CPU): expressing it with other
-// framework ops would need a transposed convolution, and max pooling needs the forward's argmax,
-// which the kernel keeps in an opaque workspace tensor captured by the backward closure.
+// (oneDNN backward_data / backward_weights / pooling backward on CPU; max pooling keeps the
+// forward's argmax in an opaque workspace tensor captured by the backward closure). Under
+// create_graph the gradients are built from the differentiable ops instead (Notes [convolution
+// gradients as convolutions], [pooling gradients under create_graph]).
 #include <algorithm>
 
 #include "autograd/autocast.h"
@@ -52,6 +53,47 @@ void check_input(const char* op, const Tensor& x) {
 
 // Shape{a, b} for messages.
 Shape pair_shape(const int64_t v[2]) { return Shape{v[0], v[1]}; }
+
+// Note [convolution gradients as convolutions]
+// Under create_graph (Note [double backward] in autograd/engine.h) conv2d's and
+// conv_transpose2d's gradients are computed with the differentiable ops instead of
+// conv2d_backward_stub, so they record a graph:
+//   - conv2d's input gradient is its adjoint, conv_transpose2d of the output gradient (N, O, Ho,
+//     Wo) with the same weight and parameters, output_padding chosen to give back (H, W);
+//   - conv2d's weight gradient dw[o, c, i, j] = sum_{n, y, x} g[n, o, y, x]
+//     xpad[n, c, y s + i d, x s + j d] is itself a convolution: the input with batch and channels
+//     swapped (Cg, G N, H, W) convolved with the output gradient as the kernel (G Og, N, Ho, Wo),
+//     stride and dilation exchanged, groups G; the result (Cg, G Og, kh', kw') has kh' >= kh
+//     (the rows past the last output position are dropped) and transposes to (O, Cg, kh, kw);
+//   - conv_transpose2d(x, w) is conv2d's input gradient for output gradient x, so its input
+//     gradient is conv2d(g, w) and its weight gradient conv2d's weight gradient with input g and
+//     output gradient x.
+// conv2d's input gradient: x_shape (N, C, H, W), go (N, O, Ho, Wo), w (O, C / G, kh, kw).
+Tensor conv2d_input_grad(const Tensor& go, const Tensor& w, const Shape& x_shape,
+                         const Conv2dParams& p) {
+  int64_t out_pad[2];
+  for (int i = 0; i < 2; ++i) {
+    const int64_t reach = (go.size(2 + i) - 1) * p.stride[i] - 2 * p.padding[i] +
+                          p.dilation[i] * (w.size(2 + i) - 1) + 1;
+    out_pad[i] = x_shape[size_t(2 + i)] - reach;  // in [0, stride): the rows conv2d's floor drops
+  }
+  return conv_transpose2d(go, w, Tensor(), pair_shape(p.stride), pair_shape(p.padding),
+                          pair_shape(out_pad), p.groups, pair_shape(p.dilation));
+}
+
+// conv2d's weight gradient (O, C / G, kh, kw) for input x (N, C, H, W) and output gradient go.
+Tensor conv2d_weight_grad(const Tensor& x, const Tensor& go, const Shape& w_shape,
+                          const Conv2dParams& p) {
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t G = p.groups, Cg = C / G, O = go.size(1), Og = O / G;
+  const Tensor xg = x.reshape({N, G, Cg, H, W}).permute({2, 1, 0, 3, 4}).reshape({Cg, G * N, H, W});
+  const Tensor gg = go.reshape({N, G, Og, go.size(2), go.size(3)})
+                        .permute({1, 2, 0, 3, 4})
+                        .reshape({G * Og, N, go.size(2), go.size(3)});
+  const Tensor r = conv2d(xg, gg, Tensor(), pair_shape(p.dilation), pair_shape(p.padding),
+                          pair_shape(p.stride), G);  // (Cg, G Og, kh', kw')
+  return r.narrow(2, 0, w_shape[2]).narrow(3, 0, w_shape[3]).transpose(0, 1);
+}
 
 }  // namespace
 
@@ -105,12 +147,21 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Shape stride
   if (autograd::needs_grad(x, w, b)) {
     const bool gx = x.requires_grad(), gw = w.requires_grad(),
                gb = b.defined() && b.requires_grad();
+    // x and w are saved as given (their history: Note [convolution gradients as convolutions]);
+    // xd / wd only when they are the op's own contiguous copies.
     autograd::record(
         op, {&x, &w, &b}, {&out},
-        [xs = autograd::save_input(xd, 0), ws = autograd::save_input(wd, 1), p, gx, gw,
+        [xs = autograd::save_input(x, 0), ws = autograd::save_input(w, 1),
+         xown = xd.is_same(x) ? Tensor() : xd, wown = wd.is_same(w) ? Tensor() : wd, p, gx, gw,
          gb](const autograd::Grads& g) {
-          const Tensor& xd = xs.unpack();
-          const Tensor& wd = ws.unpack();
+          if (autograd::creating_graph()) {
+            const Tensor xv = xs.unpack(), wv = ws.unpack();
+            return autograd::Grads{gx ? conv2d_input_grad(g[0], wv, xv.sizes(), p) : Tensor(),
+                                   gw ? conv2d_weight_grad(xv, g[0], wv.sizes(), p) : Tensor(),
+                                   gb ? sum(g[0], {0, 2, 3}) : Tensor()};
+          }
+          const Tensor xd = xown.defined() ? xown : xs.unpack();
+          const Tensor wd = wown.defined() ? wown : ws.unpack();
           const Tensor go = dense(g[0]);
           Tensor dx = gx ? ops::empty_on(xd.sizes(), go.dtype(), go.device()) : Tensor();
           Tensor dw = gw ? ops::empty_on(wd.sizes(), go.dtype(), go.device()) : Tensor();
@@ -217,10 +268,19 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Sh
                gb = b.defined() && b.requires_grad();
     autograd::record(
         op, {&x, &w, &b}, {&out},
-        [xs = autograd::save_input(xd, 0), ws = autograd::save_input(wd, 1), p, gx, gw,
+        [xs = autograd::save_input(x, 0), ws = autograd::save_input(w, 1),
+         xown = xd.is_same(x) ? Tensor() : xd, wown = wd.is_same(w) ? Tensor() : wd, p, gx, gw,
          gb](const autograd::Grads& g) {
-          const Tensor& xd = xs.unpack();
-          const Tensor& wd = ws.unpack();
+          if (autograd::creating_graph()) {  // Note [convolution gradients as convolutions]
+            const Tensor xv = xs.unpack(), wv = ws.unpack();
+            const Shape s = pair_shape(p.stride), pd = pair_shape(p.padding),
+                        d = pair_shape(p.dilation);
+            return autograd::Grads{gx ? conv2d(g[0], wv, Tensor(), s, pd, d, p.groups) : Tensor(),
+                                   gw ? conv2d_weight_grad(g[0], xv, wv.sizes(), p) : Tensor(),
+                                   gb ? sum(g[0], {0, 2, 3}) : Tensor()};
+          }
+          const Tensor xd = xown.defined() ? xown : xs.unpack();
+          const Tensor wd = wown.defined() ? wown : ws.unpack();
           const Tensor go = dense(g[0]);
           Tensor dx = gx ? ops::empty_on(xd.sizes(), go.dtype(), go.device()) : Tensor();
           Tensor dw = gw ? ops::empty_on(wd.sizes(), go.dtype(), go.device()) : Tensor();
@@ -281,6 +341,68 @@ Tensor conv_transpose1d(const Tensor& x, const Tensor& w, const Tensor& b, int64
 
 namespace {
 
+// Note [pooling gradients under create_graph]
+// The pooling backward kernels record no graph; under create_graph (Note [double backward] in
+// autograd/engine.h) the input gradient is built from differentiable ops. Both gradients are
+// linear in the output gradient g (N, C, Ho, Wo):
+//   - average: the adjoint of averaging, a transposed convolution of g / count with a kernel of
+//     ones per channel (groups = C); count is kh kw, or without count_include_pad the window's
+//     in-bounds elements (the average pool of ones, times kh kw);
+//   - max: g scattered (scatter_add) to the position of each window's maximum, found again from
+//     x: the first maximum in row-major window order (ties, which the kernel may break otherwise,
+//     are measure zero).
+Tensor pool2d_grad_differentiable(PoolKind kind, const Tensor& g, const autograd::SavedTensor& xs,
+                                  const Shape& in, const Pool2dParams& p) {
+  const int64_t N = in[0], C = in[1], H = in[2], W = in[3], Ho = g.size(2), Wo = g.size(3);
+  const int64_t kh = p.kernel[0], kw = p.kernel[1];
+  if (kind == PoolKind::Avg) {
+    Tensor count;
+    {
+      NoGradGuard no_grad;
+      count = p.count_include_pad
+                  ? full({}, double(kh * kw), TensorOptions(g.dtype(), g.device()))
+                  : mul(avg_pool2d(ones({1, 1, H, W}, TensorOptions(g.dtype(), g.device())),
+                                   pair_shape(p.kernel), pair_shape(p.stride),
+                                   pair_shape(p.padding), true),
+                        double(kh * kw));
+    }
+    const int64_t out_pad[2] = {H - ((Ho - 1) * p.stride[0] - 2 * p.padding[0] + kh),
+                                W - ((Wo - 1) * p.stride[1] - 2 * p.padding[1] + kw)};
+    return conv_transpose2d(div(g, count),
+                            ones({C, 1, kh, kw}, TensorOptions(g.dtype(), g.device())), Tensor(),
+                            pair_shape(p.stride), pair_shape(p.padding), pair_shape(out_pad), C);
+  }
+  Tensor where_max;  // (N, C, Ho, Wo) int64: h * W + w of each window's maximum
+  {
+    NoGradGuard no_grad;
+    const Tensor x = xs.unpack();
+    const Tensor xp =
+        pad(x, {p.padding[1], p.padding[1], p.padding[0], p.padding[0]}, "constant", -INFINITY);
+    const TensorOptions i64(kInt64, g.device());
+    Tensor best;
+    for (int64_t i = 0; i < kh; ++i) {
+      for (int64_t j = 0; j < kw; ++j) {
+        const Tensor cand = xp.slice(2, i, i + (Ho - 1) * p.stride[0] + 1, p.stride[0])
+                                .slice(3, j, j + (Wo - 1) * p.stride[1] + 1, p.stride[1]);
+        const Tensor row = add(mul(arange(Ho, i64), p.stride[0]), i - p.padding[0]);
+        const Tensor col = add(mul(arange(Wo, i64), p.stride[1]), j - p.padding[1]);
+        const Tensor pos = add(mul(row.view({Ho, 1}), W), col.view({1, Wo})).expand({N, C, Ho, Wo});
+        if (!best.defined()) {
+          best = cand;
+          where_max = pos;
+          continue;
+        }
+        const Tensor take = gt(cand, best);
+        best = where(take, cand, best);
+        where_max = where(take, pos, where_max);
+      }
+    }
+    where_max = where_max.reshape({N, C, Ho * Wo});
+  }
+  const Tensor dx = zeros({N, C, H * W}, TensorOptions(g.dtype(), g.device()));
+  return scatter_add(dx, 2, where_max, g.reshape({N, C, Ho * Wo})).reshape(in);
+}
+
 Tensor pool2d(const char* op, PoolKind kind, const Tensor& x_in, const Shape& kernel,
               const Shape& stride, const Shape& padding, bool count_include_pad) {
   check_input(op, x_in);
@@ -306,13 +428,19 @@ Tensor pool2d(const char* op, PoolKind kind, const Tensor& x_in, const Shape& ke
   Tensor workspace;  // max pool argmax, opaque (backend-specific)
   pool2d_stub(x.device(), kind, xd, out, grad && kind == PoolKind::Max ? &workspace : nullptr, p);
   if (grad) {
-    autograd::record(op, {&x}, {&out},
-                     [workspace, p, kind, in = x.sizes()](const autograd::Grads& g) {
-                       const Tensor go = dense(g[0]);
-                       Tensor dx = ops::empty_on(in, go.dtype(), go.device());
-                       pool2d_backward_stub(go.device(), kind, go, workspace, dx, p);
-                       return autograd::Grads{dx};
-                     });
+    // Max pooling saves x too: its create_graph form finds the window maxima again.
+    autograd::record(
+        op, {&x}, {&out},
+        [workspace, p, kind, in = x.sizes(),
+         xs = kind == PoolKind::Max ? autograd::save_input(x, 0)
+                                    : autograd::SavedTensor()](const autograd::Grads& g) {
+          if (autograd::creating_graph())
+            return autograd::Grads{pool2d_grad_differentiable(kind, g[0], xs, in, p)};
+          const Tensor go = dense(g[0]);
+          Tensor dx = ops::empty_on(in, go.dtype(), go.device());
+          pool2d_backward_stub(go.device(), kind, go, workspace, dx, p);
+          return autograd::Grads{dx};
+        });
   }
   return x_in.dim() == 3 ? out.squeeze(0) : out;
 }

@@ -69,8 +69,10 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
     autograd::record(
         op, {&weight}, {&out},
         [fs = autograd::save_input(flat, 1), ws = weight.sizes(), d](const autograd::Grads& g) {
-          const Tensor& flat = fs.unpack();
+          const Tensor flat = fs.unpack();
           Tensor gw = zeros_as(ws, g[0]);
+          if (autograd::creating_graph())  // the differentiable index_add (Note [double backward])
+            return autograd::Grads{index_add(gw, 0, flat, g[0].reshape({flat.numel(), d}))};
           Tensor g2 = ops::as_dtype(g[0], gw.dtype()).contiguous();
           Tensor src = ops::make_view(g2, {flat.numel(), d}, {d, 1}, g2.offset());
           index_add_stub(gw.device(), gw, 0, flat, src, "embedding_backward");

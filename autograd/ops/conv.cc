@@ -348,10 +348,66 @@ namespace {
 //   - average: the adjoint of averaging, a transposed convolution of g / count with a kernel of
 //     ones per channel (groups = C); count is kh kw, or without count_include_pad the window's
 //     in-bounds elements (the average pool of ones, times kh kw);
-//   - max: g scattered (scatter_add) to the position of each window's maximum, found again from
-//     x: the first maximum in row-major window order (ties, which the kernel may break otherwise,
-//     are measure zero).
-Tensor pool2d_grad_differentiable(PoolKind kind, const Tensor& g, const autograd::SavedTensor& xs,
+//   - max: g scattered (scatter_add) to where each window's maximum is. Those positions are read
+//     back from the forward's workspace (x itself is not kept: that would hold every max pool's
+//     input until the backward) through the backward kernel: the outputs of one phase
+//     (ho % rh, wo % rw), rh = ceil(kh / sh), have disjoint windows, so the backward of a gradient
+//     that is a code for each output of the phase (0 elsewhere) puts every code, unsummed, at its
+//     window's maximum. Codes are base-b digits + 1, b the largest integer the pool's dtype holds
+//     exactly (256 for bfloat16, 2048 for float16, 2^24 for float32, 2^52 for float64): one
+//     backward per phase and digit (one in all for non-overlapping float32 windows).
+
+// (N, C, Ho * Wo) int64: h * W + w of each window's maximum, from Max pooling's workspace.
+Tensor max_pool2d_positions(const Tensor& workspace, const Shape& in, int64_t Ho, int64_t Wo,
+                            DType dt, Device dev, const Pool2dParams& p) {
+  NoGradGuard no_grad;
+  const int64_t P = in[0] * in[1], HW = in[2] * in[3], O = Ho * Wo;
+  const int64_t base = dt == kBFloat16  ? 256
+                       : dt == kFloat16 ? 2048
+                       : dt == kFloat32 ? int64_t(1) << 24
+                                        : int64_t(1) << 52;
+  int64_t digits = 1;
+  for (int64_t reach = base; reach < O; reach *= base) ++digits;
+  const int64_t rh = (p.kernel[0] + p.stride[0] - 1) / p.stride[0];
+  const int64_t rw = (p.kernel[1] + p.stride[1] - 1) / p.stride[1];
+  const TensorOptions i64(kInt64, dev);
+  Tensor pos = zeros({P * O}, i64);
+  int64_t found = 0;
+  for (int64_t a = 0; a < rh; ++a) {
+    for (int64_t b = 0; b < rw; ++b) {
+      Tensor plane, where_in, lin, out_index;  // per maximum found in this phase
+      int64_t scale = 1;
+      for (int64_t d = 0; d < digits; ++d, scale *= base) {
+        std::vector<double> code(size_t(O), 0.0);  // digit + 1 for the phase's outputs, else 0
+        for (int64_t ho = a; ho < Ho; ho += rh)
+          for (int64_t wo = b; wo < Wo; wo += rw)
+            code[size_t(ho * Wo + wo)] = double((ho * Wo + wo) / scale % base + 1);
+        const Tensor gout =
+            tensor(code, Shape{1, 1, Ho, Wo}).to(dt).to(dev).expand({in[0], in[1], Ho, Wo});
+        Tensor dx = ops::empty_on(in, dt, dev);
+        pool2d_backward_stub(dev, PoolKind::Max, dense(gout), workspace, dx, p);
+        const Tensor flat = dx.reshape({P, HW});
+        if (d == 0) {
+          const Tensor nz = nonzero(flat);  // (found, 2): plane, input position
+          plane = nz.select(1, 0).contiguous();
+          where_in = nz.select(1, 1).contiguous();
+          lin = add(mul(plane, HW), where_in);
+          out_index = zeros({nz.size(0)}, i64);
+        }
+        const Tensor digit = sub(index_select(flat.reshape({-1}), 0, lin).to(kInt64), 1);
+        out_index = add(out_index, mul(digit, scale));
+      }
+      found += where_in.numel();
+      pos = index_put(pos, {add(mul(plane, O), out_index)}, where_in);
+    }
+  }
+  ACCEL_CHECK(found == P * O, ValueError, "max_pool2d",
+              "double backward could not locate the window maxima of the input ", in,
+              " (NaN in the input?)");
+  return pos.reshape({in[0], in[1], O});
+}
+
+Tensor pool2d_grad_differentiable(PoolKind kind, const Tensor& g, const Tensor& workspace,
                                   const Shape& in, const Pool2dParams& p) {
   const int64_t N = in[0], C = in[1], H = in[2], W = in[3], Ho = g.size(2), Wo = g.size(3);
   const int64_t kh = p.kernel[0], kw = p.kernel[1];
@@ -372,33 +428,7 @@ Tensor pool2d_grad_differentiable(PoolKind kind, const Tensor& g, const autograd
                             ones({C, 1, kh, kw}, TensorOptions(g.dtype(), g.device())), Tensor(),
                             pair_shape(p.stride), pair_shape(p.padding), pair_shape(out_pad), C);
   }
-  Tensor where_max;  // (N, C, Ho, Wo) int64: h * W + w of each window's maximum
-  {
-    NoGradGuard no_grad;
-    const Tensor x = xs.unpack();
-    const Tensor xp =
-        pad(x, {p.padding[1], p.padding[1], p.padding[0], p.padding[0]}, "constant", -INFINITY);
-    const TensorOptions i64(kInt64, g.device());
-    Tensor best;
-    for (int64_t i = 0; i < kh; ++i) {
-      for (int64_t j = 0; j < kw; ++j) {
-        const Tensor cand = xp.slice(2, i, i + (Ho - 1) * p.stride[0] + 1, p.stride[0])
-                                .slice(3, j, j + (Wo - 1) * p.stride[1] + 1, p.stride[1]);
-        const Tensor row = add(mul(arange(Ho, i64), p.stride[0]), i - p.padding[0]);
-        const Tensor col = add(mul(arange(Wo, i64), p.stride[1]), j - p.padding[1]);
-        const Tensor pos = add(mul(row.view({Ho, 1}), W), col.view({1, Wo})).expand({N, C, Ho, Wo});
-        if (!best.defined()) {
-          best = cand;
-          where_max = pos;
-          continue;
-        }
-        const Tensor take = gt(cand, best);
-        best = where(take, cand, best);
-        where_max = where(take, pos, where_max);
-      }
-    }
-    where_max = where_max.reshape({N, C, Ho * Wo});
-  }
+  const Tensor where_max = max_pool2d_positions(workspace, in, Ho, Wo, g.dtype(), g.device(), p);
   const Tensor dx = zeros({N, C, H * W}, TensorOptions(g.dtype(), g.device()));
   return scatter_add(dx, 2, where_max, g.reshape({N, C, Ho * Wo})).reshape(in);
 }
@@ -428,14 +458,10 @@ Tensor pool2d(const char* op, PoolKind kind, const Tensor& x_in, const Shape& ke
   Tensor workspace;  // max pool argmax, opaque (backend-specific)
   pool2d_stub(x.device(), kind, xd, out, grad && kind == PoolKind::Max ? &workspace : nullptr, p);
   if (grad) {
-    // Max pooling saves x too: its create_graph form finds the window maxima again.
     autograd::record(
-        op, {&x}, {&out},
-        [workspace, p, kind, in = x.sizes(),
-         xs = kind == PoolKind::Max ? autograd::save_input(x, 0)
-                                    : autograd::SavedTensor()](const autograd::Grads& g) {
-          if (autograd::creating_graph())
-            return autograd::Grads{pool2d_grad_differentiable(kind, g[0], xs, in, p)};
+        op, {&x}, {&out}, [workspace, p, kind, in = x.sizes()](const autograd::Grads& g) {
+          if (autograd::creating_graph())  // Note [pooling gradients under create_graph]
+            return autograd::Grads{pool2d_grad_differentiable(kind, g[0], workspace, in, p)};
           const Tensor go = dense(g[0]);
           Tensor dx = ops::empty_on(in, go.dtype(), go.device());
           pool2d_backward_stub(go.device(), kind, go, workspace, dx, p);

@@ -267,6 +267,41 @@ TEST_CASE("double backward: the fused LSTM and GRU layers recompute under create
   }
 }
 
+TEST_CASE("double backward: max_pool2d's window maxima read back from the workspace, any dtype") {
+  // Note [pooling gradients under create_graph]: the create_graph gradient dx(u) = M^T u must use
+  // the kernel's own maxima M, so <M^T u, v> (plain backward) equals <u, M v> (the gradient of
+  // <dx(u), v> w.r.t. u). Small integers keep every sum exact in bfloat16; 40 x 40 and 41 x 41
+  // inputs give 400 outputs per plane: two digits in bfloat16; the 3x3 stride 2 windows overlap
+  // (four phases).
+  struct Geometry {
+    int64_t size;
+    Shape kernel, stride, padding;
+  };
+  for (const Geometry& geo :
+       {Geometry{40, {2, 2}, {2, 2}, {0, 0}}, Geometry{41, {3, 3}, {2, 2}, {1, 1}}}) {
+    for (DType dt : {kFloat64, kFloat32, kBFloat16}) {
+      INFO("dtype ", dt, " input ", geo.size);
+      Generator gen(11);
+      const TensorOptions f64opt(kFloat64);
+      Tensor x = randn({1, 2, geo.size, geo.size}, f64opt, &gen).to(dt).requires_grad_(true);
+      const Tensor y0 = max_pool2d(x, geo.kernel, geo.stride, geo.padding);
+      auto ints = [&](const Shape& s) {
+        return randint(-4, 5, s, TensorOptions(kInt64), &gen).to(dt);
+      };
+      Tensor u = ints(y0.sizes()).requires_grad_(true);
+      const Tensor v = ints(x.sizes());
+      const Tensor plain = autograd::grad({sum(mul(y0, u.detach()))}, {x})[0];  // M^T u
+      const Tensor y = max_pool2d(x, geo.kernel, geo.stride, geo.padding);
+      const Tensor dx = autograd::grad({sum(mul(y, u))}, {x}, {}, std::nullopt, true)[0];
+      CHECK(dx.to(kFloat64).to_vector<double>() == plain.to(kFloat64).to_vector<double>());
+      const Tensor mv = autograd::grad({sum(mul(dx, v))}, {u})[0];  // M v
+      const double lhs = sum(mul(plain.to(kFloat64), v.to(kFloat64))).item();
+      const double rhs = sum(mul(u.detach().to(kFloat64), mv.to(kFloat64))).item();
+      CHECK(lhs == rhs);
+    }
+  }
+}
+
 TEST_CASE("double backward: the autocast GEMM route refuses with the op's name") {
   Generator gen(2);
   Tensor x = uniform({4, 8}, -1, 1, TensorOptions(kFloat32), &gen).requires_grad_(true);

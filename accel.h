@@ -2,6 +2,7 @@
 #pragma once
 
 #include "autograd/checkpoint.h"
+#include "autograd/custom_function.h"
 #include "autograd/distributions.h"
 #include "autograd/function.h"
 #include "autograd/nn/nn.h"

@@ -96,11 +96,21 @@ class CheckpointNode final : public Node {
   Grads apply(Grads&& grads) override {
     if (released_) throw_released(kOp);
     check_versions();
-    std::vector<Tensor> xs;
+    // Under create_graph (Note [double backward] in autograd/engine.h) the recompute runs on
+    // stand-ins of the inputs (Note [stand-ins]): the gradients it returns then record a graph
+    // that reaches the inputs' history, as torch's non-reentrant checkpoint does.
+    const bool create_graph = creating_graph();
+    std::vector<Tensor> xs, stand_ins;
     xs.reserve(inputs_.size());
-    for (const SavedInput& s : inputs_) {
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      const SavedInput& s = inputs_[i];
       Tensor x = s.value.defined() ? s.value.detach() : Tensor();
-      if (s.requires_grad) x.requires_grad_(true);
+      if (s.requires_grad && create_graph) {
+        x = stand_in(x, next_edges_[i]);
+        stand_ins.push_back(x);
+      } else if (s.requires_grad) {
+        x.requires_grad_(true);
+      }
       xs.push_back(std::move(x));
     }
     std::vector<Tensor> outs;
@@ -136,6 +146,19 @@ class CheckpointNode final : public Node {
                 " recomputed outputs depends on an input or a parameter that requires grad (fn "
                 "returned tensors that depend on nothing differentiable; output 0 is ",
                 outs.empty() ? Shape{} : outs[0].sizes(), ")");
+    if (create_graph) {
+      // Parameters' .grad accumulate (with history) as in the plain recompute; the inputs'
+      // gradients are what reaches their stand-ins.
+      Grads result(xs.size());
+      if (roots.empty()) return result;
+      std::vector<Edge> edges;
+      for (const Tensor& r : roots) edges.push_back(gradient_edge(r));
+      Grads got = grad_from_edges(edges, std::move(root_grads), stand_ins, /*retain_graph=*/true,
+                                  /*create_graph=*/true, /*accumulate_leaves=*/true);
+      for (size_t i = 0, k = 0; i < xs.size(); ++i)
+        if (inputs_[i].requires_grad) result[i] = std::move(got[k++]);
+      return result;
+    }
     if (!roots.empty()) run_backward(roots, root_grads, /*retain_graph=*/false);
     Grads result(xs.size());
     for (size_t i = 0; i < xs.size(); ++i) {

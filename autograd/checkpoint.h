@@ -54,6 +54,10 @@
 //     lives, at the end of backward: dist/fsdp.h).
 //   - autograd::grad() through a segment also accumulates into .grad of the parameters used
 //     inside it (the recompute's backward is a plain backward), and reports them as unused.
+//   - With create_graph (Note [double backward] in autograd/engine.h) the recompute runs on
+//     stand-ins of the inputs (Note [stand-ins] in autograd/function.h) and its backward records
+//     a graph: the inputs' gradients and the parameters' .grad have history (torch's
+//     non-reentrant checkpoint supports double backward the same way).
 //   - Only the default generator is saved and restored; a dropout given its own Generator* draws
 //     from it unrestored.
 //   - fn and what it captures must stay valid until the backward (the node holds a copy of fn).

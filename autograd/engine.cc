@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
@@ -39,11 +41,28 @@ void Node::remove_retained_grad(const std::shared_ptr<Tensor>& slot) {
 
 namespace {
 thread_local const Node* t_current_node = nullptr;
+thread_local const std::shared_ptr<Node>* t_current_owner = nullptr;
+// Saved outputs unpacked with history (Note [saved tensors and double backward]): a deque, so a
+// reference handed out stays valid while later ones are added.
+thread_local std::deque<Tensor> t_kept;
 }  // namespace
 
 const Node* current_node() { return t_current_node; }
-CurrentNodeScope::CurrentNodeScope(const Node* n) : prev_(t_current_node) { t_current_node = n; }
-CurrentNodeScope::~CurrentNodeScope() { t_current_node = prev_; }
+const std::shared_ptr<Node>* current_node_owner() { return t_current_owner; }
+CurrentNodeScope::CurrentNodeScope(const Node* n, const std::shared_ptr<Node>* owner)
+    : prev_(t_current_node), prev_owner_(t_current_owner), prev_kept_(t_kept.size()) {
+  t_current_node = n;
+  t_current_owner = owner;
+}
+CurrentNodeScope::~CurrentNodeScope() {
+  t_current_node = prev_;
+  t_current_owner = prev_owner_;
+  while (t_kept.size() > prev_kept_) t_kept.pop_back();
+}
+const Tensor& keep_for_current_node(Tensor t) {
+  t_kept.push_back(std::move(t));
+  return t_kept.back();
+}
 
 void throw_released(const char* name) {
   ACCEL_THROW(ValueError, "backward", "trying to backward through the graph a second time (node ",
@@ -65,7 +84,13 @@ Grads AccumulateGrad::apply(Grads&& grads) {
   }
   ACCEL_CHECK(g.sizes() == leaf_.sizes(), ShapeError, "backward", "gradient of shape ", g.sizes(),
               " for a leaf of shape ", leaf_.sizes());
-  if (!meta.grad.defined()) {
+  if (grad_enabled()) [[unlikely]] {
+    // create_graph (Note [double backward] in engine.h): .grad keeps the gradient's history, as
+    // torch's: a differentiable copy first (never an alias of a tensor the caller can see), then
+    // out-of-place sums.
+    if (g.dtype() != leaf_.dtype()) g = g.to(leaf_.dtype());
+    meta.grad = meta.grad.defined() ? add(meta.grad, g) : g.clone();
+  } else if (!meta.grad.defined()) {
     // Take ownership when nobody else holds the buffer, else copy: .grad must never alias a
     // tensor the user can see, since accumulation later writes into it.
     if (g.impl()->use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous() &&
@@ -182,21 +207,37 @@ Tensor grad_or_zeros(const Tensor& g, const Tensor& like) {
 
 namespace {
 
-struct NodeTask {
-  Node* node;
-  bool operator<(const NodeTask& o) const { return node->sequence_nr() < o.node->sequence_nr(); }
-};
-
 void accumulate_into(Tensor& slot, Tensor g) {
   if (!g.defined()) return;
   slot = slot.defined() ? add(slot, g) : std::move(g);
 }
 
-// Runs the graph. When `capture` is set, gradients arriving at the AccumulateGrad nodes in it are
-// stored there instead of running the node (autograd::grad).
+// Sets grad mode for one backward: off, or on with create_graph (Note [double backward]).
+class GradModeScope {
+ public:
+  explicit GradModeScope(bool on) : prev_(grad_enabled()) { set_grad_enabled(on); }
+  ~GradModeScope() { set_grad_enabled(prev_); }
+  GradModeScope(const GradModeScope&) = delete;
+  GradModeScope& operator=(const GradModeScope&) = delete;
+
+ private:
+  bool prev_;
+};
+
+struct NodeTask {
+  Node* node;
+  size_t owner;  // index of the node's owning pointer in execute()'s `keep`
+  bool operator<(const NodeTask& o) const { return node->sequence_nr() < o.node->sequence_nr(); }
+};
+
+// Runs the graph. When `capture` is set, gradients arriving at the nodes in it (leaves'
+// AccumulateGrad or stand-ins' nodes) are stored there instead of running the node, and nothing
+// past them runs (autograd::grad, grad_from_edges); the AccumulateGrad of every other leaf is
+// then skipped unless accumulate_leaves.
 void execute(const std::vector<Edge>& roots, std::vector<Tensor> root_grads, bool retain_graph,
-             std::unordered_map<Node*, Tensor>* capture) {
-  NoGradGuard no_grad;
+             bool create_graph, std::unordered_map<Node*, Tensor>* capture,
+             bool accumulate_leaves) {
+  GradModeScope grad_mode(create_graph);
   // 1. dependencies
   std::unordered_map<Node*, int> deps;
   std::vector<Node*> stack;
@@ -210,6 +251,7 @@ void execute(const std::vector<Edge>& roots, std::vector<Tensor> root_grads, boo
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
+    if (capture && capture->count(n)) continue;  // nothing past a captured node runs
     for (const Edge& e : n->next_edges()) {
       if (!e.fn) continue;
       ++deps[e.fn.get()];
@@ -231,20 +273,21 @@ void execute(const std::vector<Edge>& roots, std::vector<Tensor> root_grads, boo
     if (!roots[i].fn) continue;
     accumulate_into(buffer_for(roots[i].fn.get())[roots[i].input_nr], std::move(root_grads[i]));
   }
+  // Keep nodes alive while running even if the user dropped the graph's tensors; a node's entry
+  // is also its owning pointer for saved outputs under create_graph (current_node_owner()).
+  std::vector<std::shared_ptr<Node>> keep;
   for (const Edge& e : roots) {
     Node* n = e.fn.get();
     if (n && deps[n] == 0 && seen[n]) {
-      ready.push({n});
+      keep.push_back(e.fn);
+      ready.push({n, keep.size() - 1});
       seen[n] = false;  // queued once
     }
   }
-  // Keep nodes alive while running even if the user dropped the graph's tensors.
-  std::vector<std::shared_ptr<Node>> keep;
-  for (const Edge& e : roots)
-    if (e.fn) keep.push_back(e.fn);
 
   while (!ready.empty()) {
-    Node* n = ready.top().node;
+    const NodeTask task = ready.top();
+    Node* n = task.node;
     ready.pop();
     Grads in = std::move(buffer_for(n));
     buffers.erase(n);
@@ -257,7 +300,10 @@ void execute(const std::vector<Edge>& roots, std::vector<Tensor> root_grads, boo
       }
       for (const auto& [nr, slot] : hooks->retained) {  // retain_grad(), after the hooks
         if (nr >= in.size() || !in[nr].defined()) continue;
-        if (slot->defined()) {
+        if (create_graph) {
+          // The retained gradient keeps its history (torch's), so sums are out of place.
+          *slot = slot->defined() ? add(*slot, in[nr]) : in[nr].clone();
+        } else if (slot->defined()) {
           slot->add_(in[nr]);
         } else {
           *slot = empty(in[nr].sizes(), TensorOptions(in[nr].dtype(), in[nr].device()));
@@ -273,12 +319,14 @@ void execute(const std::vector<Edge>& roots, std::vector<Tensor> root_grads, boo
         continue;
       }
       // autograd::grad must not touch .grad of leaves outside the requested inputs.
-      if (dynamic_cast<AccumulateGrad*>(n)) continue;
+      if (!accumulate_leaves && dynamic_cast<AccumulateGrad*>(n)) continue;
     }
     bool all_undefined = true;
     for (const Tensor& g : in) all_undefined = all_undefined && !g.defined();
     if (!all_undefined) {
-      CurrentNodeScope running(n);  // Note [saved tensors]: names the node in version errors
+      // Note [saved tensors]: names the node in version errors; its owner is the grad_fn of
+      // saved outputs under create_graph.
+      CurrentNodeScope running(n, &keep[task.owner]);
       out = n->apply(std::move(in));
     }
     if (!retain_graph) n->release();
@@ -294,7 +342,7 @@ void execute(const std::vector<Edge>& roots, std::vector<Tensor> root_grads, boo
       }
       if (--deps[next] == 0) {
         keep.push_back(e.fn);
-        ready.push({next});
+        ready.push({next, keep.size() - 1});
       }
     }
   }
@@ -307,11 +355,12 @@ thread_local std::vector<BackwardCallback> t_callbacks;
 // execute() inside the callback bookkeeping: at the end of the outermost backward, the queued
 // callbacks run (those they queue run too), errors are kept in `err`, the backward's own first.
 void execute_and_call_back(const std::vector<Edge>& roots, std::vector<Tensor> root_grads,
-                           bool retain_graph, std::unordered_map<Node*, Tensor>* capture) {
+                           bool retain_graph, bool create_graph,
+                           std::unordered_map<Node*, Tensor>* capture, bool accumulate_leaves) {
   std::exception_ptr err;
   ++t_backward_depth;
   try {
-    execute(roots, std::move(root_grads), retain_graph, capture);
+    execute(roots, std::move(root_grads), retain_graph, create_graph, capture, accumulate_leaves);
   } catch (...) {
     err = std::current_exception();
   }
@@ -344,7 +393,7 @@ void queue_callback(BackwardCallback fn) {
 bool backward_running() { return t_backward_depth > 0; }
 
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
-                  bool retain_graph) {
+                  bool retain_graph, bool create_graph) {
   std::vector<Edge> edges;
   std::vector<Tensor> gs;
   for (size_t i = 0; i < roots.size(); ++i) {
@@ -365,16 +414,24 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     edges.push_back(gradient_edge(r));
     gs.push_back(std::move(g));
   }
-  execute_and_call_back(edges, std::move(gs), retain_graph, nullptr);
+  execute_and_call_back(edges, std::move(gs), retain_graph, create_graph, nullptr, true);
+}
+
+void backward(const std::vector<Tensor>& tensors, const std::vector<Tensor>& grad_tensors,
+              std::optional<bool> retain_graph, bool create_graph) {
+  ACCEL_CHECK(grad_tensors.empty() || grad_tensors.size() == tensors.size(), ValueError, "backward",
+              "got ", grad_tensors.size(), " gradients for ", tensors.size(), " tensors");
+  run_backward(tensors, grad_tensors, retain_graph.value_or(create_graph), create_graph);
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
-                         const std::vector<Tensor>& grad_outputs, bool retain_graph,
-                         bool allow_unused) {
+                         const std::vector<Tensor>& grad_outputs, std::optional<bool> retain_graph,
+                         bool create_graph, bool allow_unused) {
   std::vector<Edge> edges;
   std::vector<Tensor> gs;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Tensor& r = outputs[i];
+    ACCEL_CHECK(r.defined(), ValueError, "grad", "output ", i, " is undefined");
     ACCEL_CHECK(r.requires_grad(), ValueError, "grad", "output ", i, " of shape ", r.sizes(),
                 " does not require grad");
     Tensor g = i < grad_outputs.size() ? grad_outputs[i] : Tensor();
@@ -383,17 +440,23 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
                   "grad can be implicitly created only for one-element outputs; got shape ",
                   r.sizes());
       g = ones(r.sizes(), TensorOptions(r.dtype(), r.device()));
+    } else {
+      ACCEL_CHECK(g.sizes() == r.sizes(), ShapeError, "grad", "grad_outputs[", i, "] of shape ",
+                  g.sizes(), " does not match output ", i, " of shape ", r.sizes());
     }
     edges.push_back(gradient_edge(r));
     gs.push_back(std::move(g));
   }
-  for (const Tensor& x : inputs) {
-    ACCEL_CHECK(x.requires_grad(), ValueError, "grad", "input of shape ", x.sizes(),
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& x = inputs[i];
+    ACCEL_CHECK(x.defined(), ValueError, "grad", "input ", i, " is undefined");
+    ACCEL_CHECK(x.requires_grad(), ValueError, "grad", "input ", i, " of shape ", x.sizes(),
                 " does not require grad");
-    ACCEL_CHECK(x.is_leaf(), ValueError, "grad", "only leaf inputs are supported (shape ",
-                x.sizes(), ")");
+    ACCEL_CHECK(x.is_leaf(), ValueError, "grad", "only leaf inputs are supported (input ", i,
+                " of shape ", x.sizes(), ")");
   }
-  std::vector<Tensor> result = grad_from_edges(edges, std::move(gs), inputs, retain_graph);
+  std::vector<Tensor> result = grad_from_edges(
+      edges, std::move(gs), inputs, retain_graph.value_or(create_graph), create_graph, false);
   for (size_t i = 0; i < inputs.size(); ++i) {
     ACCEL_CHECK(result[i].defined() || allow_unused, ValueError, "grad", "input ", i, " of shape ",
                 inputs[i].sizes(), " was not used in the graph (pass allow_unused=true)");
@@ -402,7 +465,8 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
 }
 
 std::vector<Tensor> grad_from_edges(const std::vector<Edge>& roots, std::vector<Tensor> grads,
-                                    const std::vector<Tensor>& leaves, bool retain_graph) {
+                                    const std::vector<Tensor>& leaves, bool retain_graph,
+                                    bool create_graph, bool accumulate_leaves) {
   std::unordered_map<Node*, Tensor> capture;
   std::vector<Node*> input_nodes;
   std::vector<std::shared_ptr<Node>> keep;
@@ -412,7 +476,8 @@ std::vector<Tensor> grad_from_edges(const std::vector<Edge>& roots, std::vector<
     capture[e.fn.get()] = Tensor();
     input_nodes.push_back(e.fn.get());
   }
-  execute_and_call_back(roots, std::move(grads), retain_graph, &capture);
+  execute_and_call_back(roots, std::move(grads), retain_graph, create_graph, &capture,
+                        accumulate_leaves);
   std::vector<Tensor> result;
   result.reserve(leaves.size());
   for (Node* n : input_nodes) result.push_back(capture[n]);
@@ -474,8 +539,9 @@ void Tensor::retain_grad() {
   fn->add_retained_grad(m.output_nr, m.retained_grad);
 }
 
-void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
-  autograd::run_backward({*this}, {gradient}, retain_graph);
+void Tensor::backward(const Tensor& gradient, std::optional<bool> retain_graph,
+                      bool create_graph) const {
+  autograd::run_backward({*this}, {gradient}, retain_graph.value_or(create_graph), create_graph);
 }
 
 void Tensor::register_hook(GradHook hook) {

@@ -199,9 +199,9 @@ Edge gradient_edge(const Tensor& t);
 //
 // Note [saved tensors]
 // A backward that reads a tensor its op can be given or returns (an input, an output, or a view
-// of one) captures it as a SavedTensor: a detached alias plus the version counter of its storage
-// at the time (core/storage.h; every in-place write bumps it, views and detached aliases share
-// it). unpack() compares the two and throws ValueError when an in-place op wrote the tensor since,
+// of one) captures it as a SavedTensor: the tensor plus the version counter of its storage at the
+// time (core/storage.h; every in-place write bumps it, views and detached aliases share it).
+// unpack() compares the two and throws ValueError when an in-place op wrote the tensor since,
 // naming the op whose backward runs, which input or output it was, its dtype and shape, and both
 // versions (torch's "one of the variables needed for gradient computation has been modified by
 // an inplace operation"): the backward would otherwise compute with values the forward never
@@ -209,8 +209,19 @@ Edge gradient_edge(const Tensor& t);
 // torch: `y = x * 2; x.add_(1)` is fine (mul by a scalar saves nothing), `y = x.exp(); y.add_(1)`
 // then backward is an error (exp saves its output). Tensors only the op itself can reach
 // (workspaces, statistics, a converted or contiguous copy it made) may be captured as plain
-// Tensors: nobody else can write them. The version check is one load and compare per unpack; the
-// cost at forward time is the detached alias the captures made before.
+// Tensors: nobody else can write them. The version check is one load and compare per unpack.
+//
+// Note [saved tensors and double backward]
+// An input is kept as the tensor itself (as torch's SavedVariable does for non-outputs), history
+// included, so a backward run with create_graph (grad mode on: Note [double backward] in
+// autograd/engine.h) that computes with it records a graph reaching the input's history. An
+// output is kept as a detached alias (the output itself would hold its own grad_fn: a reference
+// cycle); under grad mode unpack() returns an alias whose grad_fn is the node that is running
+// (the engine names it: current_node_owner()), as torch's SavedVariable::unpack(saved_for) does.
+// That alias is kept by the running node's CurrentNodeScope (unpack returns a reference, as
+// before: a by-value return grew every backward closure enough to change the inlining of the
+// ops' forward paths) and released when the node's apply() returns. Without create_graph both
+// return the saved data with no history work: grad mode is off.
 //
 // Indices count the op's tensor arguments and results: for index_select(x, dim, index), x is
 // input 0 and index input 1; for max(x, dim), the indices are output 1.
@@ -218,22 +229,29 @@ class SavedTensor {
  public:
   SavedTensor() = default;
   SavedTensor(const Tensor& t, bool is_output, uint32_t index)
-      : data_(t.defined() ? t.detach() : Tensor()),
+      : data_(!t.defined() ? Tensor()
+              : is_output  ? t.detach()
+                           : t),
         version_(t.defined() ? t.version() : 0),
         index_(index),
         is_output_(is_output) {}
   bool defined() const { return data_.defined(); }
   // The saved tensor (undefined if an undefined one was saved); ValueError if it was modified in
-  // place since it was saved.
+  // place since it was saved. Under grad mode a saved output carries the running node as its
+  // grad_fn (Note [saved tensors and double backward]); that tensor lives until the running
+  // node's apply() returns.
   const Tensor& unpack() const {
     if (data_.defined() && data_.version() != version_) [[unlikely]]
       throw_modified();
+    if (is_output_ && grad_enabled()) [[unlikely]]
+      return output_with_history();
     return data_;
   }
   uint32_t saved_version() const { return version_; }
 
  private:
   [[noreturn]] void throw_modified() const;
+  const Tensor& output_with_history() const;
   Tensor data_;
   uint32_t version_ = 0;
   uint32_t index_ = 0;
@@ -243,18 +261,24 @@ inline SavedTensor save_input(const Tensor& t, uint32_t index) { return {t, fals
 inline SavedTensor save_output(const Tensor& t, uint32_t index = 0) { return {t, true, index}; }
 
 // The node whose apply() runs on this thread (the engine sets it), for error messages; null
-// outside a backward.
+// outside a backward. current_node_owner() is the engine's owning pointer to it (null where the
+// node was not run by the engine): the grad_fn a saved output gets under create_graph.
 const Node* current_node();
+const std::shared_ptr<Node>* current_node_owner();
 class CurrentNodeScope {
  public:
-  explicit CurrentNodeScope(const Node* n);
+  explicit CurrentNodeScope(const Node* n, const std::shared_ptr<Node>* owner = nullptr);
   ~CurrentNodeScope();
   CurrentNodeScope(const CurrentNodeScope&) = delete;
   CurrentNodeScope& operator=(const CurrentNodeScope&) = delete;
 
  private:
   const Node* prev_;
+  const std::shared_ptr<Node>* prev_owner_;
+  size_t prev_kept_;
 };
+// Keeps t until the innermost CurrentNodeScope ends; returns a reference to it (SavedTensor).
+const Tensor& keep_for_current_node(Tensor t);
 
 // ---------------- in-place ops ----------------
 //
@@ -382,19 +406,64 @@ const std::vector<const char*>& differentiable_ops();
 #define ACCEL_DIFFERENTIABLE_OP(id, name) \
   static const ::accel::autograd::OpRegistrar accel_op_registrar_##id(name)
 
-// Runs backward from roots with the given gradients (undefined = ones for a scalar root).
+// Runs backward from roots with the given gradients (undefined = ones for a scalar root); with
+// create_graph the backward formulas run in grad mode and record a graph (Note [double backward]
+// in autograd/engine.h).
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
-                  bool retain_graph);
-// Gradients of outputs w.r.t. inputs without touching .grad (torch.autograd.grad).
+                  bool retain_graph, bool create_graph = false);
+// Gradients of outputs w.r.t. inputs (leaves) without touching .grad: libtorch's
+// torch::autograd::grad, with its arguments and defaults. retain_graph defaults to create_graph;
+// create_graph records the gradients' own graph (grad of grad); allow_unused returns an
+// undefined tensor for an input the outputs do not depend on (else ValueError).
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
-                         const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
+                         const std::vector<Tensor>& grad_outputs = {},
+                         std::optional<bool> retain_graph = std::nullopt, bool create_graph = false,
                          bool allow_unused = false);
+// libtorch's torch::autograd::backward: Tensor::backward for several roots at once.
+void backward(const std::vector<Tensor>& tensors, const std::vector<Tensor>& grad_tensors = {},
+              std::optional<bool> retain_graph = std::nullopt, bool create_graph = false);
 
 // Runs the graph from `roots` (with their gradients) and returns the gradient that reaches each
-// of `leaves` (leaf tensors that require grad; undefined where none arrives) without touching
-// any .grad: the engine of grad(), also used by inplace_method's backward.
+// of `leaves` (leaf tensors that require grad, or stand_in()s; undefined where none arrives)
+// without running past them: the engine of grad(), also used by inplace_method's backward and
+// recompute_grads. .grad of other leaves is left alone unless accumulate_leaves.
 std::vector<Tensor> grad_from_edges(const std::vector<Edge>& roots, std::vector<Tensor> grads,
-                                    const std::vector<Tensor>& leaves, bool retain_graph);
+                                    const std::vector<Tensor>& leaves, bool retain_graph,
+                                    bool create_graph = false, bool accumulate_leaves = false);
+
+// ---------------- double backward (Note [double backward] in autograd/engine.h) ----------------
+
+// Inside a backward formula: whether the engine runs with create_graph (grad mode is on exactly
+// then), so the formula must build its result from differentiable ops.
+inline bool creating_graph() { return grad_enabled(); }
+
+// The error of a backward that cannot record its own graph: "[op] double backward is not
+// supported: <why>". tests/autograd/gradgradcheck_main.cc lists every op that throws it.
+[[noreturn]] void throw_no_double_backward(const char* op, const char* why);
+
+// Note [stand-ins]
+// An alias of t's data whose grad_fn is one node passing its gradient on to t's history (t's
+// grad_fn, or its leaf accumulator). A computation run on stand-ins records a graph that ends at
+// them: grad_from_edges with the stand-ins as `leaves` returns the gradients that reach them
+// without going further (nothing of t's history runs), and because the stand-in's node still
+// leads to t's history, a graph recorded from those gradients (create_graph) reaches t. Used by
+// inplace_method, recompute_grads and activation checkpointing.
+Tensor stand_in(const Tensor& t);
+// Stand-in of a detached copy of t's value (the value must outlive an in-place write to t).
+Tensor stand_in_copy(const Tensor& t);
+// Stand-in of `data` (no history of its own) passing its gradient to `edge`.
+Tensor stand_in(const Tensor& data, const Edge& edge);
+
+// Note [double backward by recompute]
+// A fused op whose backward is a kernel of its own (layer_norm, sdpa, the fused LSTM layer, ...)
+// keeps that kernel for the plain backward; under create_graph its backward calls this instead:
+// fn (the op's composed form from differentiable ops) runs again on stand-ins of `inputs` (the
+// op's inputs, saved with their history) and the gradients of its outputs, seeded with `grads`
+// (one per output; undefined ones are skipped), are taken with create_graph. Returns one gradient
+// per input (undefined for an input that does not require grad or gets none). Costs one forward
+// of the composed form, on the double-backward path only.
+using RecomputeFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+Grads recompute_grads(const std::vector<Tensor>& inputs, const Grads& grads, const RecomputeFn& fn);
 
 // Gradient helper: `g` when defined, else zeros shaped like `like`.
 Tensor grad_or_zeros(const Tensor& g, const Tensor& like);

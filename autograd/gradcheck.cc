@@ -35,7 +35,8 @@ GradcheckResult gradcheck(const TensorFn& fn, const std::vector<Tensor>& inputs,
   Generator gen(opt.seed);
   Tensor v = randn(out.sizes(), TensorOptions(kFloat64), &gen);
   Tensor loss = sum(mul(out.to(kFloat64), v));
-  std::vector<Tensor> analytic = grad({loss}, diff_inputs, {}, false, true);
+  std::vector<Tensor> analytic = grad({loss}, diff_inputs, {}, /*retain_graph=*/false,
+                                      /*create_graph=*/false, /*allow_unused=*/true);
 
   NoGradGuard no_grad;
   for (size_t k = 0; k < diff_inputs.size(); ++k) {
@@ -69,6 +70,41 @@ GradcheckResult gradcheck(const TensorFn& fn, const std::vector<Tensor>& inputs,
     }
   }
   return res;
+}
+
+GradcheckResult gradgradcheck(const TensorFn& fn, const std::vector<Tensor>& inputs,
+                              const GradcheckOptions& opt) {
+  const size_t n = inputs.size();
+  std::vector<size_t> diff;
+  for (size_t i = 0; i < n; ++i)
+    if (inputs[i].defined() && inputs[i].requires_grad()) diff.push_back(i);
+  ACCEL_CHECK(!diff.empty(), ValueError, "gradgradcheck", "no input requires grad");
+  Tensor out;
+  {
+    EnableGradGuard grad_on;
+    out = fn(inputs);
+  }
+  ACCEL_CHECK(out.defined() && out.requires_grad(), ValueError, "gradgradcheck",
+              "output does not require grad");
+  Generator gen(opt.seed ^ 0x9e3779b97f4a7c15ull);
+  std::vector<Tensor> all = inputs;
+  all.push_back(randn(out.sizes(), TensorOptions(kFloat64), &gen).requires_grad_(true));
+  // The first derivative as a function of (inputs, u): what gradcheck differentiates.
+  const TensorFn first = [&fn, &diff, n](const std::vector<Tensor>& in) -> Tensor {
+    EnableGradGuard grad_on;  // gradcheck evaluates under NoGradGuard
+    const std::vector<Tensor> xs(in.begin(), in.begin() + std::ptrdiff_t(n));
+    const Tensor o = fn(xs);
+    std::vector<Tensor> wrt;
+    for (size_t i : diff) wrt.push_back(xs[i]);
+    const std::vector<Tensor> gs = grad({o}, wrt, {in[n].to(o.dtype())}, /*retain_graph=*/true,
+                                        /*create_graph=*/true, /*allow_unused=*/true);
+    std::vector<Tensor> flat;
+    for (const Tensor& g : gs)
+      if (g.defined()) flat.push_back(g.to(kFloat64).reshape({-1}));
+    ACCEL_CHECK(!flat.empty(), ValueError, "gradgradcheck", "no input got a gradient");
+    return flat.size() == 1 ? flat[0] : cat(flat, 0);
+  };
+  return gradcheck(first, all, opt);
 }
 
 }  // namespace accel::autograd

@@ -27,6 +27,24 @@ void SavedTensor::throw_modified() const {
               ". Clone it before writing to it in place, or use the out-of-place op");
 }
 
+const Tensor& SavedTensor::output_with_history() const {
+  const std::shared_ptr<Node>* owner = current_node_owner();
+  if (!data_.defined() || !owner || !*owner || !is_floating(data_.dtype()) ||
+      index_ >= (*owner)->num_outputs())
+    return data_;
+  Tensor t = data_.detach();
+  AutogradMeta& m = t.autograd_meta();
+  m.requires_grad = true;
+  m.grad_fn = *owner;
+  m.output_nr = index_;
+  return keep_for_current_node(std::move(t));
+}
+
+void throw_no_double_backward(const char* op, const char* why) {
+  ACCEL_THROW(ValueError, op, "double backward is not supported: ", why,
+              " (docs/design.md, \"Double backward\")");
+}
+
 namespace {
 
 // ---------------- geometry ----------------
@@ -74,6 +92,44 @@ Tensor copy_of(const Tensor& t) {
   return c;
 }
 
+// Calls f(k, offset) for the k-th element (row-major) of geometry g, offset relative to g's.
+template <typename F>
+void for_each_offset(const Geometry& g, F&& f) {
+  const int64_t n = shape_numel(g.sizes);
+  const size_t d = g.sizes.size();
+  std::vector<int64_t> idx(d, 0);
+  int64_t off = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    f(k, off);
+    for (size_t i = d; i-- > 0;) {  // next multi-index, updating the offset incrementally
+      if (++idx[i] < g.sizes[i]) {
+        off += g.strides[i];
+        break;
+      }
+      off -= (idx[i] - 1) * g.strides[i];
+      idx[i] = 0;
+    }
+  }
+}
+
+// Where the view's elements (row-major over the view's sizes) sit among the base's elements
+// (row-major over the base's sizes), as an int64 tensor on dev: what the create_graph forms of
+// AsStridedBackward and CopySlices gather and scatter through (differentiable index ops instead
+// of writes into strided buffers). The view must not overlap itself.
+Tensor view_positions(const Geometry& base, const Geometry& view, Device dev) {
+  std::vector<int64_t> base_index(size_t(span(base)), -1);  // storage offset -> base element
+  for_each_offset(base, [&](int64_t k, int64_t off) { base_index[size_t(off)] = k; });
+  std::vector<int64_t> pos(size_t(shape_numel(view.sizes)));
+  const int64_t shift = view.offset - base.offset;
+  for_each_offset(view, [&](int64_t k, int64_t off) {
+    const int64_t o = shift + off;
+    ACCEL_INTERNAL_ASSERT(o >= 0 && o < int64_t(base_index.size()) && base_index[size_t(o)] >= 0);
+    pos[size_t(k)] = base_index[size_t(o)];
+  });
+  Tensor t = tensor(pos, Shape{int64_t(pos.size())});
+  return dev.is_cpu() ? t : t.to(dev);
+}
+
 // ---------------- nodes ----------------
 
 // The grad_fn of a view regenerated from its base: the gradient of the view's elements, placed
@@ -96,6 +152,12 @@ class AsStridedBackward final : public Node {
       }
       g = sum(g, dims, true);
     }
+    if (creating_graph()) [[unlikely]] {
+      // Note [double backward]: the same placement by a differentiable scatter.
+      const Tensor pos = view_positions(base_, view, g.device());
+      Tensor flat = zeros({shape_numel(base_.sizes)}, TensorOptions(g.dtype(), g.device()));
+      return {index_add(flat, 0, pos, g.reshape({-1})).reshape(base_.sizes)};
+    }
     Tensor base_grad, region;
     grad_layout(base_, view, g.dtype(), g.device(), base_grad, region);
     raw::copy_(region, g);
@@ -117,6 +179,8 @@ class CopySlices final : public Node {
   bool released() const override { return fn_->released(); }
   Grads apply(Grads&& grads) override {
     const Tensor& g = grads[0];
+    if (creating_graph()) [[unlikely]]
+      return apply_differentiable(g);
     Tensor base_grad, region;
     grad_layout(base_, view_, g.dtype(), g.device(), base_grad, region);
     raw::copy_(base_grad, g);
@@ -140,8 +204,56 @@ class CopySlices final : public Node {
   }
 
  private:
+  // apply() under create_graph (Note [double backward]): the region is gathered from the base's
+  // gradient and written back by differentiable index ops, so the gradients keep their history.
+  // A saved output of the in-place op (the view's new value) gets, as torch's does, the view of
+  // the base's new history as grad_fn: an AsStridedBackward into this node, so a gradient of the
+  // double-backward graph reaches the in-place op through this node (never through the op's
+  // node directly, which this node calls and frees).
+  Grads apply_differentiable(const Tensor& g) {
+    const Tensor pos = view_positions(base_, view_, g.device());
+    const Tensor flat = g.reshape({-1});
+    std::shared_ptr<Node> view_fn;
+    if (const std::shared_ptr<Node>* self = current_node_owner(); self && self->get() == this) {
+      view_fn = std::make_shared<AsStridedBackward>(base_, view_);
+      view_fn->mutable_next_edges().push_back(Edge{*self, 0});
+    }
+    Grads res;
+    {
+      CurrentNodeScope running(fn_.get(), view_fn ? &view_fn : nullptr);
+      res = fn_->apply({index_select(flat, 0, pos).reshape(view_.sizes)});
+    }
+    const size_t n = next_edges_.size();
+    ACCEL_CHECK(res.empty() || res.size() == n, Error, "backward", "node ", fn_->name(),
+                " returned ", res.size(), " gradients for ", n, " inputs");
+    Tensor written = zeros_like(flat);  // the region's new gradient, zero elsewhere
+    if (!res.empty() && res[0].defined())
+      written = index_add(written, 0, pos, ops_reshape_flat(res[0], flat.dtype()));
+    Tensor in_region;  // bool (base numel): the view's elements
+    {
+      NoGradGuard no_grad;
+      const TensorOptions f32(kFloat32, flat.device());
+      in_region = gt(index_add(zeros({flat.numel()}, f32), 0, pos, ones({pos.numel()}, f32)), 0.0);
+    }
+    Grads out(n);
+    out[0] = where(in_region, written, flat).reshape(base_.sizes);
+    for (size_t i = 1; i < n && !res.empty(); ++i) out[i] = std::move(res[i]);
+    return out;
+  }
+  static Tensor ops_reshape_flat(const Tensor& t, DType dt) {
+    return (t.dtype() == dt ? t : t.to(dt)).reshape({-1});
+  }
+
   Geometry base_, view_;
   std::shared_ptr<Node> fn_;
+};
+
+// Note [stand-ins] in autograd/function.h: passes its gradient on unchanged.
+class StandIn final : public Node {
+ public:
+  StandIn() : Node(1) {}
+  const char* name() const override { return "StandIn"; }
+  Grads apply(Grads&& grads) override { return {std::move(grads[0])}; }
 };
 
 // Makes `node` (output nr) the grad_fn of the tensor with metadata `m`, moving its retain_grad()
@@ -277,9 +389,12 @@ void check_storable(const Tensor& self, const Tensor& r, const char* op) {
 
 // fn's graph must end at the stand-ins: a tensor that requires grad read by fn but not passed as
 // an operand would get its gradient nowhere. Walks only the nodes fn made (sequence numbers from
-// `first`); reaching an older node or another leaf's accumulator is the author's bug.
-void check_closed(const Edge& root, uint64_t first, const std::vector<Tensor>& leaves,
+// `first`), stopping at the stand-ins' nodes; reaching an older node or a leaf's accumulator is
+// the author's bug.
+void check_closed(const Edge& root, uint64_t first, const std::vector<Tensor>& stand_ins,
                   const char* op) {
+  std::vector<const Node*> ends;
+  for (const Tensor& t : stand_ins) ends.push_back(t.grad_fn().get());
   std::vector<Node*> stack;
   std::vector<Node*> seen;
   if (root.fn) stack.push_back(root.fn.get());
@@ -288,15 +403,13 @@ void check_closed(const Edge& root, uint64_t first, const std::vector<Tensor>& l
     stack.pop_back();
     if (std::find(seen.begin(), seen.end(), n) != seen.end()) continue;
     seen.push_back(n);
+    if (std::find(ends.begin(), ends.end(), n) != ends.end()) continue;
     if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) {
-      bool ours = false;
-      for (const Tensor& l : leaves) ours = ours || acc->leaf().is_same(l);
-      ACCEL_CHECK(ours, ValueError, op,
+      ACCEL_THROW(ValueError, op,
                   "the out-of-place computation read a leaf tensor that requires grad (shape ",
                   acc->leaf().sizes(),
                   ") that is not one of the in-place op's operands; pass it as an operand (Note "
                   "[in-place methods])");
-      continue;
     }
     ACCEL_CHECK(n->sequence_nr() >= first, ValueError, op,
                 "the out-of-place computation read a tensor that requires grad (history ",
@@ -328,21 +441,24 @@ Tensor& inplace_method(Tensor& self, const char* op, const std::vector<Tensor>& 
     ip.commit();
     return self;
   }
-  // Stand-ins: fn's graph ends at them, so the in-place node can run it (Note [in-place
-  // methods]). The old value of self is copied only when fn's backward reads it.
+  // Stand-ins (Note [stand-ins]): fn's graph ends at them, so the in-place node can run it (Note
+  // [in-place methods]), and under create_graph the gradients it returns reach self's old
+  // history and the operands'. The old value of self is copied only when fn's backward reads it.
   const uint64_t first = current_sequence_nr();
-  Tensor s = reads_self ? copy_of(self) : self.detach();
   std::vector<Tensor> leaves;   // what grad_from_edges differentiates against
   std::vector<size_t> slot_of;  // leaves[k] is the gradient of input slot_of[k] (0: self)
+  Tensor s;
   if (self.requires_grad()) {
-    s.requires_grad_(true);
+    s = reads_self ? stand_in_copy(self) : stand_in(self);
     leaves.push_back(s);
     slot_of.push_back(0);
+  } else {
+    s = reads_self ? copy_of(self) : self.detach();
   }
   std::vector<Tensor> stand = operands;
   for (size_t i = 0; i < stand.size(); ++i) {
     if (!stand[i].defined() || !stand[i].requires_grad()) continue;
-    stand[i] = stand[i].detach().requires_grad_(true);
+    stand[i] = stand_in(stand[i]);
     leaves.push_back(stand[i]);
     slot_of.push_back(i + 1);
   }
@@ -357,11 +473,70 @@ Tensor& inplace_method(Tensor& self, const char* op, const std::vector<Tensor>& 
     Grads out(n);
     if (!root.fn || leaves.empty()) return out;
     // retain_graph: the subgraph lives as long as this node, which frees it on release().
-    Grads got = grad_from_edges({root}, {g[0]}, leaves, /*retain_graph=*/true);
+    Grads got = grad_from_edges({root}, {g[0]}, leaves, /*retain_graph=*/true, creating_graph());
     for (size_t k = 0; k < got.size(); ++k) out[slot_of[k]] = std::move(got[k]);
     return out;
   });
   return self;
+}
+
+// ---------------- stand-ins and recompute (Note [double backward] in engine.h) ----------------
+
+namespace {
+Tensor attach_stand_in(Tensor alias, Edge edge) {
+  auto node = make_node<StandIn>();
+  node->mutable_next_edges().push_back(std::move(edge));
+  AutogradMeta& m = alias.autograd_meta();
+  m.requires_grad = true;
+  m.grad_fn = std::move(node);
+  m.output_nr = 0;
+  return alias;
+}
+}  // namespace
+
+Tensor stand_in(const Tensor& t) { return attach_stand_in(t.detach(), gradient_edge(t)); }
+Tensor stand_in_copy(const Tensor& t) { return attach_stand_in(copy_of(t), gradient_edge(t)); }
+Tensor stand_in(const Tensor& data, const Edge& edge) {
+  return attach_stand_in(data.detach(), edge);
+}
+
+Grads recompute_grads(const std::vector<Tensor>& inputs, const Grads& grads,
+                      const RecomputeFn& fn) {
+  EnableGradGuard grad_on;
+  std::vector<Tensor> stand(inputs.size()), leaves;
+  std::vector<size_t> slot_of;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& x = inputs[i];
+    if (x.defined() && x.requires_grad()) {
+      stand[i] = stand_in(x);
+      leaves.push_back(stand[i]);
+      slot_of.push_back(i);
+    } else {
+      stand[i] = x;
+    }
+  }
+  Grads res(inputs.size());
+  if (leaves.empty()) return res;
+  const std::vector<Tensor> outs = fn(stand);
+  std::vector<Edge> roots;
+  std::vector<Tensor> root_grads;
+  for (size_t j = 0; j < outs.size() && j < grads.size(); ++j) {
+    if (!outs[j].defined() || !outs[j].requires_grad() || !grads[j].defined()) continue;
+    roots.push_back(gradient_edge(outs[j]));
+    root_grads.push_back(grads[j].dtype() == outs[j].dtype() ? grads[j]
+                                                             : grads[j].to(outs[j].dtype()));
+  }
+  if (roots.empty()) return res;
+  // retain_graph: the recomputed graph is part of the graph being recorded (create_graph).
+  Grads got = grad_from_edges(roots, std::move(root_grads), leaves, /*retain_graph=*/true,
+                              /*create_graph=*/true);
+  for (size_t k = 0; k < got.size(); ++k) {
+    Tensor gk = std::move(got[k]);
+    const Tensor& x = inputs[slot_of[k]];
+    if (gk.defined() && gk.dtype() != x.dtype()) gk = gk.to(x.dtype());
+    res[slot_of[k]] = std::move(gk);
+  }
+  return res;
 }
 
 }  // namespace accel::autograd

@@ -203,8 +203,12 @@ class Tensor {
   void set_grad(const Tensor& g);
   void zero_grad(bool set_to_none = true);
   void retain_grad();
-  // Reverse-mode from this tensor. `gradient` defaults to ones for a one-element tensor.
-  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+  // Reverse-mode from this tensor, libtorch's signature. `gradient` defaults to ones for a
+  // one-element tensor; retain_graph defaults to create_graph; create_graph records the
+  // gradients' own graph, so .grad of the leaves has history (Note [double backward] in
+  // autograd/engine.h).
+  void backward(const Tensor& gradient = Tensor(), std::optional<bool> retain_graph = std::nullopt,
+                bool create_graph = false) const;
   Tensor detach() const;  // shares storage (and its version counter), no history
   Tensor& detach_();
   // libtorch's `t.data()` (torch's `t.data`): a detached alias, so `p.data().add_(u)` updates a

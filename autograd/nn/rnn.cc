@@ -71,6 +71,30 @@ std::tuple<Tensor, Tensor> cell_step(RNNMode mode, const Tensor& xw, const Tenso
   return {};
 }
 
+// The fused layers' backward under create_graph (Note [double backward by recompute] in
+// autograd/function.h): the layer recomputed step by step with cell_step on stand-ins of
+// in = (xw, h0, c0, w_hh, b_hh) (c0 for LSTM, b_hh for GRU; the others undefined), then
+// differentiated with the incoming gradients of (output, h_n[, c_n]). One gradient per entry of in.
+autograd::Grads recompute_layer(RNNMode mode, const std::vector<Tensor>& in,
+                                const autograd::Grads& g, bool reverse) {
+  const bool lstm = mode == RNNMode::LSTM;
+  return autograd::recompute_grads(in, g, [mode, lstm, reverse](const std::vector<Tensor>& s) {
+    const int64_t T = s[0].size(0);
+    std::vector<Tensor> outs(static_cast<size_t>(T));
+    Tensor h = s[1], c = s[2];
+    for (int64_t k = 0; k < T; ++k) {
+      const int64_t t = reverse ? T - 1 - k : k;
+      auto [h2, c2] = cell_step(mode, s[0].select(0, t), h, c, s[3], s[4]);
+      outs[size_t(t)] = h2;
+      h = h2;
+      c = c2;
+    }
+    std::vector<Tensor> r{stack(outs, 0), h};
+    if (lstm) r.push_back(c);
+    return r;
+  });
+}
+
 // Note [fused LSTM layer]
 // An LSTM layer direction without a length mask runs as one autograd node instead of ~12 per
 // step. The forward loop is the composed one run without recording (the activated gates, tanh(g),
@@ -81,7 +105,8 @@ std::tuple<Tensor, Tensor> cell_step(RNNMode mode, const Tensor& xw, const Tenso
 // and then the gradient of W_hh as one GEMM over every step, dG^T (4H, T*N) @ H_prev (T*N, H),
 // where the per-op graph would run T GEMMs with K = N. Biases enter through the input projection
 // (b_ih + b_hh once per layer), so their gradients are one reduction too. Being written with ops
-// it runs on every device; it does not support double backward (nor does PyTorch's cuDNN LSTM).
+// it runs on every device. Under create_graph the layer is recomputed from the composed steps and
+// differentiated instead (recompute_layer above), so double backward works.
 // `xw` (T, N, 4H) holds W_ih x + b_ih + b_hh; returns (output (T, N, H), h_n, c_n).
 std::tuple<Tensor, Tensor, Tensor> lstm_layer_fused(const Tensor& xw, const Tensor& h0,
                                                     const Tensor& c0, const Tensor& w_hh,
@@ -112,12 +137,18 @@ std::tuple<Tensor, Tensor, Tensor> lstm_layer_fused(const Tensor& xw, const Tens
     // out (as h_n, c_n), and the backward reads neither: they are no step's previous state.
     autograd::record(
         "lstm_layer", {&xw, &h0, &c0, &w_hh}, {&out, &h_n, &c_n},
-        [hs, cs, sig, tg, tc, reverse, T, H, x_dtype = xw.dtype(), h0 = autograd::save_input(h0, 1),
-         c0 = autograd::save_input(c0, 2),
+        [hs, cs, sig, tg, tc, reverse, T, H, x_dtype = xw.dtype(), xs = autograd::save_input(xw, 0),
+         h0 = autograd::save_input(h0, 1), c0 = autograd::save_input(c0, 2),
          w = autograd::save_input(w_hh, 3)](const autograd::Grads& g) -> autograd::Grads {
-          const Tensor& h_init = h0.unpack();
-          const Tensor& c_init = c0.unpack();
-          const Tensor& w_hh = w.unpack();
+          if (autograd::creating_graph()) {
+            const autograd::Grads r = recompute_layer(
+                RNNMode::LSTM, {xs.unpack(), h0.unpack(), c0.unpack(), w.unpack(), Tensor()}, g,
+                reverse);
+            return {r[0], r[1], r[2], r[3]};  // xw, h0, c0, w_hh
+          }
+          const Tensor h_init = h0.unpack();
+          const Tensor c_init = c0.unpack();
+          const Tensor w_hh = w.unpack();
           Tensor dh = g[1].defined() ? g[1] : zeros_like(h_init);
           Tensor dc = g[2].defined() ? g[2] : zeros_like(c_init);
           std::vector<Tensor> dgs(static_cast<size_t>(T));
@@ -182,37 +213,44 @@ std::tuple<Tensor, Tensor> gru_layer_fused(const Tensor& xw, const Tensor& h0, c
   Tensor out = stack(hs, 0);
   Tensor h_n = hs[size_t(reverse ? 0 : T - 1)];
   if (autograd::needs_grad(xw, h0, w_hh, b_hh)) {
-    autograd::record("gru_layer", {&xw, &h0, &w_hh, &b_hh}, {&out, &h_n},
-                     [hs, rz, n, hn, reverse, T, H, x_dtype = xw.dtype(),
-                      b_dtype = b_hh.defined() ? b_hh.dtype() : xw.dtype(),
-                      h0 = autograd::save_input(h0, 1), w = autograd::save_input(w_hh, 2),
-                      has_bias = b_hh.defined()](const autograd::Grads& g) -> autograd::Grads {
-                       const Tensor& h_init = h0.unpack();
-                       const Tensor& w_hh = w.unpack();
-                       Tensor dh = g[1].defined() ? g[1] : zeros_like(h_init);
-                       std::vector<Tensor> dxs(static_cast<size_t>(T)), dhws(dxs.size()),
-                           prev(dxs.size());
-                       for (int64_t k = T - 1; k >= 0; --k) {
-                         const size_t t = size_t(reverse ? T - 1 - k : k);
-                         const size_t tp = size_t(reverse ? T - k : k - 1);
-                         if (g[0].defined()) dh = dh + g[0].select(0, int64_t(t));
-                         const Tensor& h_prev = k == 0 ? h_init : hs[tp];
-                         prev[t] = h_prev;
-                         const Tensor r = rz[t].narrow(-1, 0, H), z = rz[t].narrow(-1, H, H);
-                         const Tensor da_n = dh * (1.0 - z) * (1.0 - n[t] * n[t]);
-                         const Tensor da_r = da_n * hn[t] * r * (1.0 - r);
-                         const Tensor da_z = dh * (h_prev - n[t]) * z * (1.0 - z);
-                         dxs[t] = cat({da_r, da_z, da_n}, -1);
-                         dhws[t] = cat({da_r, da_z, da_n * r}, -1);
-                         dh = dh * z + matmul(dhws[t], w_hh);
-                       }
-                       const int64_t rows = T * h_init.size(0);
-                       Tensor dHW = stack(dhws, 0).reshape({rows, 3 * H});
-                       Tensor dw = matmul(dHW.t(), stack(prev, 0).reshape({rows, H}));
-                       Tensor db = has_bias ? sum(dHW, {0}) : Tensor();
-                       return {stack(dxs, 0).to(x_dtype), dh.to(h_init.dtype()),
-                               dw.to(w_hh.dtype()), has_bias ? db.to(b_dtype) : db};
-                     });
+    autograd::record(
+        "gru_layer", {&xw, &h0, &w_hh, &b_hh}, {&out, &h_n},
+        [hs, rz, n, hn, reverse, T, H, x_dtype = xw.dtype(),
+         b_dtype = b_hh.defined() ? b_hh.dtype() : xw.dtype(), xs = autograd::save_input(xw, 0),
+         h0 = autograd::save_input(h0, 1), w = autograd::save_input(w_hh, 2),
+         bs = autograd::save_input(b_hh, 3),
+         has_bias = b_hh.defined()](const autograd::Grads& g) -> autograd::Grads {
+          if (autograd::creating_graph()) {
+            const autograd::Grads r = recompute_layer(
+                RNNMode::GRU, {xs.unpack(), h0.unpack(), Tensor(), w.unpack(), bs.unpack()}, g,
+                reverse);
+            return {r[0], r[1], r[3], r[4]};  // xw, h0, w_hh, b_hh
+          }
+          const Tensor h_init = h0.unpack();
+          const Tensor w_hh = w.unpack();
+          Tensor dh = g[1].defined() ? g[1] : zeros_like(h_init);
+          std::vector<Tensor> dxs(static_cast<size_t>(T)), dhws(dxs.size()), prev(dxs.size());
+          for (int64_t k = T - 1; k >= 0; --k) {
+            const size_t t = size_t(reverse ? T - 1 - k : k);
+            const size_t tp = size_t(reverse ? T - k : k - 1);
+            if (g[0].defined()) dh = dh + g[0].select(0, int64_t(t));
+            const Tensor& h_prev = k == 0 ? h_init : hs[tp];
+            prev[t] = h_prev;
+            const Tensor r = rz[t].narrow(-1, 0, H), z = rz[t].narrow(-1, H, H);
+            const Tensor da_n = dh * (1.0 - z) * (1.0 - n[t] * n[t]);
+            const Tensor da_r = da_n * hn[t] * r * (1.0 - r);
+            const Tensor da_z = dh * (h_prev - n[t]) * z * (1.0 - z);
+            dxs[t] = cat({da_r, da_z, da_n}, -1);
+            dhws[t] = cat({da_r, da_z, da_n * r}, -1);
+            dh = dh * z + matmul(dhws[t], w_hh);
+          }
+          const int64_t rows = T * h_init.size(0);
+          Tensor dHW = stack(dhws, 0).reshape({rows, 3 * H});
+          Tensor dw = matmul(dHW.t(), stack(prev, 0).reshape({rows, H}));
+          Tensor db = has_bias ? sum(dHW, {0}) : Tensor();
+          return {stack(dxs, 0).to(x_dtype), dh.to(h_init.dtype()), dw.to(w_hh.dtype()),
+                  has_bias ? db.to(b_dtype) : db};
+        });
   }
   return {out, h_n};
 }

@@ -4,9 +4,10 @@
 //   max/avg:    x (N, C, H, W) -> (N, C, Ho, Wo), Ho = (H + 2 pad - k) / stride + 1,
 //               stride defaults to the kernel.
 // A 3-D input (C, H, W) is treated as a batch of one. The backward of each op is its own kernel
-// (oneDNN backward_data / backward_weights / pooling backward on CPU): expressing it with other
-// framework ops would need a transposed convolution, and max pooling needs the forward's argmax,
-// which the kernel keeps in an opaque workspace tensor captured by the backward closure.
+// (oneDNN backward_data / backward_weights / pooling backward on CPU; max pooling keeps the
+// forward's argmax in an opaque workspace tensor captured by the backward closure). Under
+// create_graph the gradients are built from the differentiable ops instead (Notes [convolution
+// gradients as convolutions], [pooling gradients under create_graph]).
 #include <algorithm>
 
 #include "autograd/autocast.h"
@@ -52,6 +53,47 @@ void check_input(const char* op, const Tensor& x) {
 
 // Shape{a, b} for messages.
 Shape pair_shape(const int64_t v[2]) { return Shape{v[0], v[1]}; }
+
+// Note [convolution gradients as convolutions]
+// Under create_graph (Note [double backward] in autograd/engine.h) conv2d's and
+// conv_transpose2d's gradients are computed with the differentiable ops instead of
+// conv2d_backward_stub, so they record a graph:
+//   - conv2d's input gradient is its adjoint, conv_transpose2d of the output gradient (N, O, Ho,
+//     Wo) with the same weight and parameters, output_padding chosen to give back (H, W);
+//   - conv2d's weight gradient dw[o, c, i, j] = sum_{n, y, x} g[n, o, y, x]
+//     xpad[n, c, y s + i d, x s + j d] is itself a convolution: the input with batch and channels
+//     swapped (Cg, G N, H, W) convolved with the output gradient as the kernel (G Og, N, Ho, Wo),
+//     stride and dilation exchanged, groups G; the result (Cg, G Og, kh', kw') has kh' >= kh
+//     (the rows past the last output position are dropped) and transposes to (O, Cg, kh, kw);
+//   - conv_transpose2d(x, w) is conv2d's input gradient for output gradient x, so its input
+//     gradient is conv2d(g, w) and its weight gradient conv2d's weight gradient with input g and
+//     output gradient x.
+// conv2d's input gradient: x_shape (N, C, H, W), go (N, O, Ho, Wo), w (O, C / G, kh, kw).
+Tensor conv2d_input_grad(const Tensor& go, const Tensor& w, const Shape& x_shape,
+                         const Conv2dParams& p) {
+  int64_t out_pad[2];
+  for (int i = 0; i < 2; ++i) {
+    const int64_t reach = (go.size(2 + i) - 1) * p.stride[i] - 2 * p.padding[i] +
+                          p.dilation[i] * (w.size(2 + i) - 1) + 1;
+    out_pad[i] = x_shape[size_t(2 + i)] - reach;  // in [0, stride): the rows conv2d's floor drops
+  }
+  return conv_transpose2d(go, w, Tensor(), pair_shape(p.stride), pair_shape(p.padding),
+                          pair_shape(out_pad), p.groups, pair_shape(p.dilation));
+}
+
+// conv2d's weight gradient (O, C / G, kh, kw) for input x (N, C, H, W) and output gradient go.
+Tensor conv2d_weight_grad(const Tensor& x, const Tensor& go, const Shape& w_shape,
+                          const Conv2dParams& p) {
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t G = p.groups, Cg = C / G, O = go.size(1), Og = O / G;
+  const Tensor xg = x.reshape({N, G, Cg, H, W}).permute({2, 1, 0, 3, 4}).reshape({Cg, G * N, H, W});
+  const Tensor gg = go.reshape({N, G, Og, go.size(2), go.size(3)})
+                        .permute({1, 2, 0, 3, 4})
+                        .reshape({G * Og, N, go.size(2), go.size(3)});
+  const Tensor r = conv2d(xg, gg, Tensor(), pair_shape(p.dilation), pair_shape(p.padding),
+                          pair_shape(p.stride), G);  // (Cg, G Og, kh', kw')
+  return r.narrow(2, 0, w_shape[2]).narrow(3, 0, w_shape[3]).transpose(0, 1);
+}
 
 }  // namespace
 
@@ -105,12 +147,21 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Shape stride
   if (autograd::needs_grad(x, w, b)) {
     const bool gx = x.requires_grad(), gw = w.requires_grad(),
                gb = b.defined() && b.requires_grad();
+    // x and w are saved as given (their history: Note [convolution gradients as convolutions]);
+    // xd / wd only when they are the op's own contiguous copies.
     autograd::record(
         op, {&x, &w, &b}, {&out},
-        [xs = autograd::save_input(xd, 0), ws = autograd::save_input(wd, 1), p, gx, gw,
+        [xs = autograd::save_input(x, 0), ws = autograd::save_input(w, 1),
+         xown = xd.is_same(x) ? Tensor() : xd, wown = wd.is_same(w) ? Tensor() : wd, p, gx, gw,
          gb](const autograd::Grads& g) {
-          const Tensor& xd = xs.unpack();
-          const Tensor& wd = ws.unpack();
+          if (autograd::creating_graph()) {
+            const Tensor xv = xs.unpack(), wv = ws.unpack();
+            return autograd::Grads{gx ? conv2d_input_grad(g[0], wv, xv.sizes(), p) : Tensor(),
+                                   gw ? conv2d_weight_grad(xv, g[0], wv.sizes(), p) : Tensor(),
+                                   gb ? sum(g[0], {0, 2, 3}) : Tensor()};
+          }
+          const Tensor xd = xown.defined() ? xown : xs.unpack();
+          const Tensor wd = wown.defined() ? wown : ws.unpack();
           const Tensor go = dense(g[0]);
           Tensor dx = gx ? ops::empty_on(xd.sizes(), go.dtype(), go.device()) : Tensor();
           Tensor dw = gw ? ops::empty_on(wd.sizes(), go.dtype(), go.device()) : Tensor();
@@ -217,10 +268,19 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Sh
                gb = b.defined() && b.requires_grad();
     autograd::record(
         op, {&x, &w, &b}, {&out},
-        [xs = autograd::save_input(xd, 0), ws = autograd::save_input(wd, 1), p, gx, gw,
+        [xs = autograd::save_input(x, 0), ws = autograd::save_input(w, 1),
+         xown = xd.is_same(x) ? Tensor() : xd, wown = wd.is_same(w) ? Tensor() : wd, p, gx, gw,
          gb](const autograd::Grads& g) {
-          const Tensor& xd = xs.unpack();
-          const Tensor& wd = ws.unpack();
+          if (autograd::creating_graph()) {  // Note [convolution gradients as convolutions]
+            const Tensor xv = xs.unpack(), wv = ws.unpack();
+            const Shape s = pair_shape(p.stride), pd = pair_shape(p.padding),
+                        d = pair_shape(p.dilation);
+            return autograd::Grads{gx ? conv2d(g[0], wv, Tensor(), s, pd, d, p.groups) : Tensor(),
+                                   gw ? conv2d_weight_grad(g[0], xv, wv.sizes(), p) : Tensor(),
+                                   gb ? sum(g[0], {0, 2, 3}) : Tensor()};
+          }
+          const Tensor xd = xown.defined() ? xown : xs.unpack();
+          const Tensor wd = wown.defined() ? wown : ws.unpack();
           const Tensor go = dense(g[0]);
           Tensor dx = gx ? ops::empty_on(xd.sizes(), go.dtype(), go.device()) : Tensor();
           Tensor dw = gw ? ops::empty_on(wd.sizes(), go.dtype(), go.device()) : Tensor();
@@ -281,6 +341,98 @@ Tensor conv_transpose1d(const Tensor& x, const Tensor& w, const Tensor& b, int64
 
 namespace {
 
+// Note [pooling gradients under create_graph]
+// The pooling backward kernels record no graph; under create_graph (Note [double backward] in
+// autograd/engine.h) the input gradient is built from differentiable ops. Both gradients are
+// linear in the output gradient g (N, C, Ho, Wo):
+//   - average: the adjoint of averaging, a transposed convolution of g / count with a kernel of
+//     ones per channel (groups = C); count is kh kw, or without count_include_pad the window's
+//     in-bounds elements (the average pool of ones, times kh kw);
+//   - max: g scattered (scatter_add) to where each window's maximum is. Those positions are read
+//     back from the forward's workspace (x itself is not kept: that would hold every max pool's
+//     input until the backward) through the backward kernel: the outputs of one phase
+//     (ho % rh, wo % rw), rh = ceil(kh / sh), have disjoint windows, so the backward of a gradient
+//     that is a code for each output of the phase (0 elsewhere) puts every code, unsummed, at its
+//     window's maximum. Codes are base-b digits + 1, b the largest integer the pool's dtype holds
+//     exactly (256 for bfloat16, 2048 for float16, 2^24 for float32, 2^52 for float64): one
+//     backward per phase and digit (one in all for non-overlapping float32 windows).
+
+// (N, C, Ho * Wo) int64: h * W + w of each window's maximum, from Max pooling's workspace.
+Tensor max_pool2d_positions(const Tensor& workspace, const Shape& in, int64_t Ho, int64_t Wo,
+                            DType dt, Device dev, const Pool2dParams& p) {
+  NoGradGuard no_grad;
+  const int64_t P = in[0] * in[1], HW = in[2] * in[3], O = Ho * Wo;
+  const int64_t base = dt == kBFloat16  ? 256
+                       : dt == kFloat16 ? 2048
+                       : dt == kFloat32 ? int64_t(1) << 24
+                                        : int64_t(1) << 52;
+  int64_t digits = 1;
+  for (int64_t reach = base; reach < O; reach *= base) ++digits;
+  const int64_t rh = (p.kernel[0] + p.stride[0] - 1) / p.stride[0];
+  const int64_t rw = (p.kernel[1] + p.stride[1] - 1) / p.stride[1];
+  const TensorOptions i64(kInt64, dev);
+  Tensor pos = zeros({P * O}, i64);
+  int64_t found = 0;
+  for (int64_t a = 0; a < rh; ++a) {
+    for (int64_t b = 0; b < rw; ++b) {
+      Tensor plane, where_in, lin, out_index;  // per maximum found in this phase
+      int64_t scale = 1;
+      for (int64_t d = 0; d < digits; ++d, scale *= base) {
+        std::vector<double> code(size_t(O), 0.0);  // digit + 1 for the phase's outputs, else 0
+        for (int64_t ho = a; ho < Ho; ho += rh)
+          for (int64_t wo = b; wo < Wo; wo += rw)
+            code[size_t(ho * Wo + wo)] = double((ho * Wo + wo) / scale % base + 1);
+        const Tensor gout =
+            tensor(code, Shape{1, 1, Ho, Wo}).to(dt).to(dev).expand({in[0], in[1], Ho, Wo});
+        Tensor dx = ops::empty_on(in, dt, dev);
+        pool2d_backward_stub(dev, PoolKind::Max, dense(gout), workspace, dx, p);
+        const Tensor flat = dx.reshape({P, HW});
+        if (d == 0) {
+          const Tensor nz = nonzero(flat);  // (found, 2): plane, input position
+          plane = nz.select(1, 0).contiguous();
+          where_in = nz.select(1, 1).contiguous();
+          lin = add(mul(plane, HW), where_in);
+          out_index = zeros({nz.size(0)}, i64);
+        }
+        const Tensor digit = sub(index_select(flat.reshape({-1}), 0, lin).to(kInt64), 1);
+        out_index = add(out_index, mul(digit, scale));
+      }
+      found += where_in.numel();
+      pos = index_put(pos, {add(mul(plane, O), out_index)}, where_in);
+    }
+  }
+  ACCEL_CHECK(found == P * O, ValueError, "max_pool2d",
+              "double backward could not locate the window maxima of the input ", in,
+              " (NaN in the input?)");
+  return pos.reshape({in[0], in[1], O});
+}
+
+Tensor pool2d_grad_differentiable(PoolKind kind, const Tensor& g, const Tensor& workspace,
+                                  const Shape& in, const Pool2dParams& p) {
+  const int64_t N = in[0], C = in[1], H = in[2], W = in[3], Ho = g.size(2), Wo = g.size(3);
+  const int64_t kh = p.kernel[0], kw = p.kernel[1];
+  if (kind == PoolKind::Avg) {
+    Tensor count;
+    {
+      NoGradGuard no_grad;
+      count = p.count_include_pad
+                  ? full({}, double(kh * kw), TensorOptions(g.dtype(), g.device()))
+                  : mul(avg_pool2d(ones({1, 1, H, W}, TensorOptions(g.dtype(), g.device())),
+                                   pair_shape(p.kernel), pair_shape(p.stride),
+                                   pair_shape(p.padding), true),
+                        double(kh * kw));
+    }
+    const int64_t out_pad[2] = {H - ((Ho - 1) * p.stride[0] - 2 * p.padding[0] + kh),
+                                W - ((Wo - 1) * p.stride[1] - 2 * p.padding[1] + kw)};
+    return conv_transpose2d(div(g, count),
+                            ones({C, 1, kh, kw}, TensorOptions(g.dtype(), g.device())), Tensor(),
+                            pair_shape(p.stride), pair_shape(p.padding), pair_shape(out_pad), C);
+  }
+  const Tensor where_max = max_pool2d_positions(workspace, in, Ho, Wo, g.dtype(), g.device(), p);
+  const Tensor dx = zeros({N, C, H * W}, TensorOptions(g.dtype(), g.device()));
+  return scatter_add(dx, 2, where_max, g.reshape({N, C, Ho * Wo})).reshape(in);
+}
+
 Tensor pool2d(const char* op, PoolKind kind, const Tensor& x_in, const Shape& kernel,
               const Shape& stride, const Shape& padding, bool count_include_pad) {
   check_input(op, x_in);
@@ -306,13 +458,15 @@ Tensor pool2d(const char* op, PoolKind kind, const Tensor& x_in, const Shape& ke
   Tensor workspace;  // max pool argmax, opaque (backend-specific)
   pool2d_stub(x.device(), kind, xd, out, grad && kind == PoolKind::Max ? &workspace : nullptr, p);
   if (grad) {
-    autograd::record(op, {&x}, {&out},
-                     [workspace, p, kind, in = x.sizes()](const autograd::Grads& g) {
-                       const Tensor go = dense(g[0]);
-                       Tensor dx = ops::empty_on(in, go.dtype(), go.device());
-                       pool2d_backward_stub(go.device(), kind, go, workspace, dx, p);
-                       return autograd::Grads{dx};
-                     });
+    autograd::record(
+        op, {&x}, {&out}, [workspace, p, kind, in = x.sizes()](const autograd::Grads& g) {
+          if (autograd::creating_graph())  // Note [pooling gradients under create_graph]
+            return autograd::Grads{pool2d_grad_differentiable(kind, g[0], workspace, in, p)};
+          const Tensor go = dense(g[0]);
+          Tensor dx = ops::empty_on(in, go.dtype(), go.device());
+          pool2d_backward_stub(go.device(), kind, go, workspace, dx, p);
+          return autograd::Grads{dx};
+        });
   }
   return x_in.dim() == 3 ? out.squeeze(0) : out;
 }

@@ -74,6 +74,22 @@ int64_t win_end(int64_t i, int64_t n, int64_t o) { return ((i + 1) * n + o - 1) 
 
 // ---------------- group_norm / instance_norm ----------------
 
+namespace {
+// group_norm from differentiable ops: the form its create_graph backward differentiates (Note
+// [double backward by recompute] in autograd/function.h). x (N, C, *), w / b (C) or undefined.
+Tensor group_norm_composed(const Tensor& x, int64_t groups, const Tensor& w, const Tensor& b,
+                           double eps) {
+  const Tensor xr = x.reshape({x.size(0), groups, -1});
+  const Tensor c = sub(xr, mean(xr, {2}, true));
+  Tensor y = mul(c, rsqrt(add(mean(mul(c, c), {2}, true), eps))).reshape(x.sizes());
+  Shape ps(size_t(x.dim()), 1);
+  ps[1] = x.size(1);
+  if (w.defined()) y = mul(y, w.reshape(ps));
+  if (b.defined()) y = add(y, b.reshape(ps));
+  return y;
+}
+}  // namespace
+
 Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias,
                   double eps) {
   if (ACCEL_UNLIKELY(autocast_wants_upcast(x, weight, bias)))
@@ -107,10 +123,22 @@ Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, con
                gb = bias.defined() && bias.requires_grad();
     autograd::record(op, {&x, &weight, &bias}, {&y},
                      // mu and rs are the op's own statistics: nobody else can write them.
-                     [xs = autograd::save_input(xc, 0), ws = autograd::save_input(wc, 1), mu, rs,
-                      num_groups, gx, gw, gb](const autograd::Grads& g) {
-                       const Tensor& xd = xs.unpack();
-                       const Tensor& wd = ws.unpack();
+                     // x and the parameters as given, for the create_graph backward (Note
+                     // [double backward by recompute]); xc / wc when they are the op's copies.
+                     [xs = autograd::save_input(x, 0), ws = autograd::save_input(weight, 1),
+                      bs = autograd::save_input(bias, 2), xown = xc.is_same(x) ? Tensor() : xc,
+                      wown = !wc.defined() || wc.is_same(weight) ? Tensor() : wc, mu, rs,
+                      num_groups, eps, gx, gw, gb](const autograd::Grads& g) {
+                       if (autograd::creating_graph()) {
+                         return autograd::recompute_grads(
+                             {xs.unpack(), ws.unpack(), bs.unpack()}, g,
+                             [num_groups, eps](const std::vector<Tensor>& in) {
+                               return std::vector<Tensor>{
+                                   group_norm_composed(in[0], num_groups, in[1], in[2], eps)};
+                             });
+                       }
+                       const Tensor xd = xown.defined() ? xown : xs.unpack();
+                       const Tensor wd = wown.defined() ? wown : ws.unpack();
                        const DType dt = xd.dtype();
                        const Device dev = xd.device();
                        const Shape cs{xd.size(1)};

@@ -80,8 +80,14 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int6
         op, {&weight}, {&out},
         [fs = autograd::save_input(flat, 1), ws = weight.sizes(), d,
          pad](const autograd::Grads& g) {
-          const Tensor& flat = fs.unpack();
+          const Tensor flat = fs.unpack();
           Tensor gw = zeros_as(ws, g[0]);
+          if (autograd::creating_graph()) {  // the differentiable index_add (Note [double backward])
+            Tensor rows = g[0].reshape({flat.numel(), d});
+            // The padding row gets no gradient here either.
+            if (pad >= 0) rows = masked_fill(rows, flat.eq(Scalar(pad)).unsqueeze(1), 0.0);
+            return autograd::Grads{index_add(gw, 0, flat, rows)};
+          }
           Tensor g2 = ops::as_dtype(g[0], gw.dtype()).contiguous();
           Tensor src = ops::make_view(g2, {flat.numel(), d}, {d, 1}, g2.offset());
           index_add_stub(gw.device(), gw, 0, flat, src, "embedding_backward");

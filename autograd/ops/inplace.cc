@@ -154,7 +154,9 @@ Tensor& Tensor::mul_(const Tensor& o) {
   // d self_old = g * other (reads other); d other = g * self_old (reads the old value: a copy).
   const autograd::SavedTensor other =
       ip.recording() && requires_grad() ? autograd::save_input(oc, 1) : autograd::SavedTensor();
-  const Tensor old = ip.recording() && oc.requires_grad() ? ops::copy_data(*this) : Tensor();
+  // clone(): the old value keeps its history, for a graph recorded from the gradient (Note
+  // [double backward] in autograd/engine.h).
+  const Tensor old = ip.recording() && oc.requires_grad() ? clone() : Tensor();
   binary_stub(device(), BinaryOp::Mul, *this, oc, *this, 1.0);
   if (ip.commit()) {
     ip.record([other, old, so = oc.sizes()](const Grads& g) {
@@ -185,7 +187,9 @@ Tensor& Tensor::div_(const Tensor& o) {
   // d self_old = g / other; d other = -g * self_old / other^2.
   const autograd::SavedTensor other =
       ip.recording() ? autograd::save_input(oc, 1) : autograd::SavedTensor();
-  const Tensor old = ip.recording() && oc.requires_grad() ? ops::copy_data(*this) : Tensor();
+  // clone(): the old value keeps its history, for a graph recorded from the gradient (Note
+  // [double backward] in autograd/engine.h).
+  const Tensor old = ip.recording() && oc.requires_grad() ? clone() : Tensor();
   binary_stub(device(), BinaryOp::Div, *this, oc, *this, 1.0);
   if (ip.commit()) {
     ip.record([other, old, so = oc.sizes()](const Grads& g) {
@@ -213,7 +217,7 @@ Tensor& Tensor::pow_(Scalar exponent) {
   const double e = exponent.to_double();
   check_float_result(*this, !exponent.is_int || e < 0, "pow_");
   InplaceOp ip(*this, "pow_");
-  const Tensor old = ip.recording() ? ops::copy_data(*this) : Tensor();  // d/dx x^e reads x
+  const Tensor old = ip.recording() ? clone() : Tensor();  // d/dx x^e reads x (with its history)
   unary_stub(device(), UnaryOp::PowScalar, *this, *this, UnaryParams{e, 0});
   if (ip.commit()) {
     ip.record([old, e](const Grads& g) {

@@ -225,10 +225,15 @@ Tensor autocast_gemm_f32(const char* op, const Tensor& x, const Tensor& w, const
     autograd::record(
         op, {&x, &w, &b}, {&out},
         // x2 views x (or is a copy); the weight image is the cached conversion or w itself.
-        [xsv = gw ? autograd::save_input(x2, 0) : autograd::SavedTensor(),
+        [op, xsv = gw ? autograd::save_input(x2, 0) : autograd::SavedTensor(),
          wsv = gx ? autograd::save_input(transposed(wkn), 1) : autograd::SavedTensor(), w_exact,
          w_nk, low, dev, k, sx = x.sizes(), xdt = x.dtype(), wdt = w.dtype(),
          bdt = b.defined() ? b.dtype() : low, gx, gw, gb, transposed](const autograd::Grads& g) {
+          if (autograd::creating_graph())
+            autograd::throw_no_double_backward(
+                op,
+                "the one-node autocast GEMM calls its kernels directly; run the forward "
+                "outside autocast");
           AutocastSuspend off;
           const Tensor& xs = xsv.unpack();
           const Tensor& wnk = wsv.unpack();
@@ -264,7 +269,7 @@ Tensor autocast_gemm_f32(const char* op, const Tensor& x, const Tensor& w, const
 // converts: one pass over the gradient less and one rounding less, so those gradients are the
 // float32 sums of the same exact products (more accurate than the casts, within one bf16 rounding
 // of them). The bias gradient is the 16-bit sum converted, as before. Like the float32 route, the
-// backward calls the kernels directly (no double backward through this node).
+// backward calls the kernels directly: under create_graph it throws (Note [double backward]).
 Tensor autocast_gemm_native(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
                             bool w_nk) {
   if (!x.defined() || !w.defined()) return Tensor();
@@ -298,7 +303,12 @@ Tensor autocast_gemm_native(const char* op, const Tensor& x, const Tensor& w, co
          wsv = gx && w.dtype() == low ? autograd::save_input(w, 1) : autograd::SavedTensor(),
          wown = gx && w.dtype() != low ? wl : Tensor(), w_nk, low, dev, k, sx = x.sizes(),
          xdt = x.dtype(), wdt = w.dtype(), bdt = b.defined() ? b.dtype() : low, gx, gw, gb,
-         transposed](const autograd::Grads& g) {
+         transposed, op](const autograd::Grads& g) {
+          if (autograd::creating_graph())
+            autograd::throw_no_double_backward(
+                op,
+                "the one-node autocast GEMM calls its kernels directly; run the forward "
+                "outside autocast");
           AutocastSuspend off;
           const Tensor g2 = ops::as_dtype(g[0], low).reshape({-1, g[0].size(-1)});  // (rows, N)
           Tensor dx, dw, db;
@@ -411,14 +421,21 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   if (autograd::needs_grad(x, w, b)) {
     const bool gx = x.requires_grad(), gw = w.requires_grad();
     const bool gb = b.defined() && b.requires_grad();
+    // x itself is saved (x2, its (rows, in) form for the kernel, is a plain view or copy with
+    // no history); the backward folds it again (a view, or a copy for a layout that needs one).
     autograd::record("linear", {&x, &w, &b}, {&out},
-                     [xs = gw ? autograd::save_input(x2, 0) : autograd::SavedTensor(),
+                     [xs = gw ? autograd::save_input(x, 0) : autograd::SavedTensor(),
                       ws = gx ? autograd::save_input(w, 1) : autograd::SavedTensor(),
                       sx = x.sizes(), gx, gw, gb](const autograd::Grads& g) {
                        const Tensor g2 = g[0].reshape({-1, g[0].size(-1)});  // (rows, out)
                        Tensor dx, dw, db;
                        if (gx) dx = mm(g2, ws.unpack()).reshape(sx);
-                       if (gw) dw = mm(g2.t(), xs.unpack());
+                       if (gw) {
+                         const Tensor xv = xs.unpack();
+                         // Under create_graph, folded by the differentiable reshape.
+                         dw = mm(g2.t(), autograd::creating_graph() ? xv.reshape({-1, xv.size(-1)})
+                                                                    : linear_rows(xv));
+                       }
                        if (gb) db = sum(g2, {0});
                        return autograd::Grads{dx, dw, db};
                      });

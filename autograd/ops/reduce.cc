@@ -265,8 +265,11 @@ Tensor prod(const Tensor& x, const Shape& dims, bool keepdim) {
                        // Product of all other elements, computed without division.
                        Tensor is_zero = eq(xs, 0.0);
                        Tensor safe = where(is_zero, ones_like(xs), xs);
+                       // Under create_graph the differentiable prod (Note [double backward]).
                        Tensor p_safe =
-                           ops::reduce_raw(ReduceOp::Prod, safe, rdims, true, xs.dtype());
+                           autograd::creating_graph()
+                               ? prod(safe, rdims, true)
+                               : ops::reduce_raw(ReduceOp::Prod, safe, rdims, true, xs.dtype());
                        Tensor nz = sum(is_zero.to(xs.dtype()), rdims, true);
                        // no zeros: p/x ; one zero: at the zero, product of the rest; else 0
                        Tensor others = where(is_zero, mul(p_safe, eq(nz, 1.0).to(xs.dtype())),
@@ -318,7 +321,11 @@ Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {
                        Tensor gk = unsqueeze_reduced(g[0], in, rdims, keepdim);
                        Tensor nk = unsqueeze_reduced(nd, in, rdims, keepdim);
                        Tensor zero = eq(nk, 0.0);
-                       if (p == 0.0) return autograd::Grads{zeros_like(xd)};
+                       if (p == 0.0) {
+                         // Zero, but with g's history under create_graph (its derivative is 0).
+                         return autograd::Grads{autograd::creating_graph() ? mul(zeros_like(xd), gk)
+                                                                           : zeros_like(xd)};
+                       }
                        if (p == 1.0) return autograd::Grads{mul(sign(xd), gk)};
                        if (p == 2.0) return autograd::Grads{mul(xd, where(zero, 0.0, div(gk, nk)))};
                        if (std::isinf(p)) {

@@ -104,7 +104,9 @@ Tensor& unary_inplace(Tensor& self, const char* name, UnaryOp op, bool float_onl
               "the result is floating point and cannot be stored in place into a ", self.dtype(),
               " tensor of shape ", self.sizes());
   autograd::InplaceOp ip(self, name);
-  const Tensor old = ip.recording() && reads_input ? ops::copy_data(self) : Tensor();
+  // clone(): the old value with its history, for a graph recorded from the gradient (Note
+  // [double backward] in autograd/engine.h).
+  const Tensor old = ip.recording() && reads_input ? self.clone() : Tensor();
   unary_stub(self.device(), op, self, self, UnaryParams{});
   if (ip.commit()) {
     if (reads_input) {
@@ -147,15 +149,44 @@ Tensor sqrt_grad(const Tensor& g, const Tensor& y) { return div(g, mul(y, 2.0));
 // d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 y^3
 Tensor rsqrt_grad(const Tensor& g, const Tensor& y) { return mul(mul(g, mul(y, mul(y, y))), -0.5); }
 Tensor abs_grad(const Tensor& g, const Tensor& x) { return mul(g, sign(x)); }
+// The fused gradient kernels below (tanh, sigmoid, relu, gelu, silu) record no graph: under
+// create_graph (Note [double backward] in autograd/engine.h) the same derivative is composed
+// from differentiable ops instead.
 Tensor tanh_grad(const Tensor& g, const Tensor& y) {
+  if (autograd::creating_graph()) return mul(g, rsub(mul(y, y), 1.0));  // g (1 - y^2)
   return binary_helper(BinaryOp::TanhGrad, g, y);
 }
 Tensor sigmoid_grad(const Tensor& g, const Tensor& y) {
+  if (autograd::creating_graph()) return mul(g, mul(y, rsub(y, 1.0)));  // g y (1 - y)
   return binary_helper(BinaryOp::SigmoidGrad, g, y);
 }
 // From x or from y = relu(x): x > 0 exactly where y > 0.
 Tensor relu_grad(const Tensor& g, const Tensor& x_or_y) {
+  if (autograd::creating_graph()) return mul(g, gt(x_or_y, 0.0).to(g.dtype()));
   return binary_helper(BinaryOp::ReluGrad, g, x_or_y);
+}
+// d/dx x Phi(x) = Phi(x) + x phi(x), Phi the normal CDF and phi its density.
+Tensor gelu_erf_grad(const Tensor& g, const Tensor& x) {
+  if (!autograd::creating_graph()) return binary_helper(BinaryOp::GeluErfGrad, g, x);
+  constexpr double kInvSqrt2 = 0.70710678118654752440, kInvSqrt2Pi = 0.39894228040143267794;
+  const Tensor cdf = mul(add(erf(mul(x, kInvSqrt2)), 1.0), 0.5);
+  const Tensor pdf = mul(exp(mul(mul(x, x), -0.5)), kInvSqrt2Pi);
+  return mul(g, add(cdf, mul(x, pdf)));
+}
+// y = x/2 (1 + tanh(u)), u = k (x + c x^3): dy/dx = (1 + t)/2 + x/2 (1 - t^2) k (1 + 3 c x^2).
+Tensor gelu_tanh_grad(const Tensor& g, const Tensor& x) {
+  if (!autograd::creating_graph()) return binary_helper(BinaryOp::GeluTanhGrad, g, x);
+  constexpr double kK = 0.79788456080286535588, kC = 0.044715;  // sqrt(2 / pi)
+  const Tensor x2 = mul(x, x);
+  const Tensor t = tanh(mul(add(x, mul(mul(x2, x), kC)), kK));
+  const Tensor du = mul(add(mul(x2, 3.0 * kC), 1.0), kK);
+  return mul(g, mul(add(add(t, 1.0), mul(mul(x, rsub(mul(t, t), 1.0)), du)), 0.5));
+}
+// d/dx x s(x) = s (1 + x (1 - s)), s the sigmoid.
+Tensor silu_grad(const Tensor& g, const Tensor& x) {
+  if (!autograd::creating_graph()) return binary_helper(BinaryOp::SiluGrad, g, x);
+  const Tensor s = sigmoid(x);
+  return mul(g, mul(s, add(mul(x, rsub(s, 1.0)), 1.0)));
 }
 Tensor sin_grad(const Tensor& g, const Tensor& x) { return mul(g, cos(x)); }
 Tensor cos_grad(const Tensor& g, const Tensor& x) { return neg(mul(g, sin(x))); }
@@ -188,20 +219,10 @@ Tensor gelu(const Tensor& x, const char* approximate) {
   const bool tanh_approx = approximate && std::strcmp(approximate, "tanh") == 0;
   ACCEL_CHECK(tanh_approx || !approximate || std::strcmp(approximate, "none") == 0, ValueError,
               "gelu", "approximate must be \"none\" or \"tanh\", got \"", approximate, "\"");
-  if (tanh_approx) {
-    return unary_x("gelu_tanh", UnaryOp::GeluTanh, x, [](const Tensor& g, const Tensor& x) {
-      return binary_helper(BinaryOp::GeluTanhGrad, g, x);
-    });
-  }
-  return unary_x("gelu_erf", UnaryOp::GeluErf, x, [](const Tensor& g, const Tensor& x) {
-    return binary_helper(BinaryOp::GeluErfGrad, g, x);
-  });
+  if (tanh_approx) return unary_x("gelu_tanh", UnaryOp::GeluTanh, x, gelu_tanh_grad);
+  return unary_x("gelu_erf", UnaryOp::GeluErf, x, gelu_erf_grad);
 }
-Tensor silu(const Tensor& x) {
-  return unary_x("silu", UnaryOp::Silu, x, [](const Tensor& g, const Tensor& x) {
-    return binary_helper(BinaryOp::SiluGrad, g, x);
-  });
-}
+Tensor silu(const Tensor& x) { return unary_x("silu", UnaryOp::Silu, x, silu_grad); }
 Tensor sin(const Tensor& x) { return unary_x("sin", UnaryOp::Sin, x, sin_grad); }
 Tensor cos(const Tensor& x) { return unary_x("cos", UnaryOp::Cos, x, cos_grad); }
 Tensor sign(const Tensor& x) {

@@ -66,7 +66,8 @@ void run_overwritten(const optable::OpCase& c, const std::vector<Tensor>& ref, c
   overwrite(pick(in, out));
   std::vector<Tensor> got;
   try {
-    got = autograd::grad({out}, grad_leaves(in), {cot}, false, true);
+    got = autograd::grad({out}, grad_leaves(in), {cot}, /*retain_graph=*/false,
+                         /*create_graph=*/false, /*allow_unused=*/true);
   } catch (const ValueError& e) {
     const std::string msg = e.what();
     CHECK_MESSAGE(is_version_error(msg), what, ": ", msg);
@@ -101,7 +102,8 @@ TEST_CASE("saved tensors: an overwritten input or output is a version error or c
       n_inputs = in.size();
       Tensor out = c.fn(in);
       if (!out.requires_grad() || !out.is_floating_point()) continue;
-      ref = autograd::grad({out}, grad_leaves(in), {cotangent(c, out)}, false, true);
+      ref = autograd::grad({out}, grad_leaves(in), {cotangent(c, out)}, /*retain_graph=*/false,
+                           /*create_graph=*/false, /*allow_unused=*/true);
     }
     ++cases;
     for (size_t i = 0; i < n_inputs; ++i) {

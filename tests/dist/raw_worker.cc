@@ -485,32 +485,52 @@ void scenario_fsdp_plain(ProcessGroupPtr pg, ProcessGroupPtr replicate, int64_t 
            "plain vs explicit split step differ in " << k);
 }
 
+// `nonempty_only`: the optimizer holds only this rank's non-empty slices, so on the rank whose
+// slice of the one-element root is empty nothing writes the root's shard: only the ranks'
+// agreement (the flag all-reduce) makes that rank re-gather or raise with the others.
 void scenario_fsdp_stale(ProcessGroupPtr pg) {
   const int r = pg->rank(), w = pg->size();
-  auto net = std::make_shared<FNet>();
-  FullyShardedModel fsdp(net, pg);
-  optim::SGD opt(fsdp.shard_param_groups({group_of(net->parameters())}), sgd_options());
-  Batch b = local(batch(0), r, w);
-  // Before any step a direct call is harmless.
-  cross_entropy(net->forward(b.x), b.y).backward();
-  opt.step();
-  opt.zero_grad();
-  // After the step the root unit (scale) still holds its old value: the backward refuses.
-  std::string msg =
-      dist_error("stale root", [&] { cross_entropy(net->forward(b.x), b.y).backward(); });
-  std::cout << "rank " << r << " stale root: " << msg << std::endl;
-  WCHECK(has(msg, "[fsdp]") && has(msg, "FNet") && has(msg, "scale") &&
-             has(msg, "fsdp.forward(x)") && has(msg, "after_step"),
-         "the error does not name the model, the root parameters and the fix: " << msg);
-  fsdp.zero_grad();  // the failed backward's partial gradients
-  // after_step() fixes it; fsdp(x) after the next step does it by itself.
-  fsdp.after_step();
-  cross_entropy(net->forward(b.x), b.y).backward();
-  opt.step();
-  opt.zero_grad();
-  cross_entropy(fsdp(b.x), b.y).backward();
-  opt.step();
-  opt.zero_grad();
+  for (bool nonempty_only : {false, true}) {
+    auto net = std::make_shared<FNet>();
+    FullyShardedModel fsdp(net, pg);
+    auto groups = fsdp.shard_param_groups({group_of(net->parameters())});
+    if (nonempty_only) {
+      std::vector<Tensor> kept;
+      for (const Tensor& t : groups[0].params)
+        if (t.numel() > 0) kept.push_back(t);
+      groups[0].params = kept;
+    }
+    optim::SGD opt(groups, sgd_options());
+    Batch b = local(batch(0), r, w);
+    // Before any step a direct call is harmless.
+    cross_entropy(net->forward(b.x), b.y).backward();
+    opt.step();
+    opt.zero_grad();
+    // After the step the root unit (scale) still holds its old value: the backward refuses.
+    std::string msg =
+        dist_error("stale root", [&] { cross_entropy(net->forward(b.x), b.y).backward(); });
+    std::cout << "rank " << r
+              << " stale root (optimizer over non-empty slices only: " << nonempty_only
+              << "): " << msg << std::endl;
+    WCHECK(has(msg, "[fsdp]") && has(msg, "FNet") && has(msg, "scale") &&
+               has(msg, "fsdp.forward(x)") && has(msg, "after_step"),
+           "the error does not name the model, the root parameters and the fix: " << msg);
+    fsdp.zero_grad();  // the failed backward's partial gradients
+    // after_step() fixes it; fsdp(x) after the next step does it by itself, on every rank.
+    fsdp.after_step();
+    cross_entropy(net->forward(b.x), b.y).backward();
+    opt.step();
+    opt.zero_grad();
+    cross_entropy(fsdp(b.x), b.y).backward();
+    opt.step();
+    opt.zero_grad();
+    // The root every rank uses after a forward is the stepped one.
+    Tensor stepped = fsdp.full_state_dict()["scale"];
+    fsdp(b.x);
+    Tensor used = net->scale.detach().clone();
+    WCHECK(max(abs(sub(used, stepped))).item<double>() == 0,
+           "the root in use " << used.item<double>() << ", its shards " << stepped.item<double>());
+  }
 }
 
 // ---- HSDP ----------------------------------------------------------------------------------

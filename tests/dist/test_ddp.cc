@@ -94,7 +94,7 @@ TEST_CASE("ddp and zero 1/2 train a two-input, tuple / struct output model with 
 // opt.step() syncs inside the backward, bit for bit as ddp.backward(loss), in float64 equal to one
 // process on the full batch to 1e-12, with identical replicas.
 TEST_CASE("raw ddp: a plain loss.backward() averages the gradients as ddp.backward does") {
-  for (int world : {2, 3}) {
+  for (int world : {1, 2, 3}) {
     CAPTURE(world);
     check_ok(run_world(raw_worker(), {"ddp_plain"}, world, {}, 60s), "ddp_plain");
   }

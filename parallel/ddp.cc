@@ -1,7 +1,9 @@
 #include "parallel/ddp.h"
 
 #include <string>
+#include <unordered_set>
 
+#include "autograd/engine.h"
 #include "core/error.h"
 
 // Note [direct calls of a DDP model]
@@ -14,7 +16,11 @@
 // the next backward compares (GradBucketer's `begin`, Note [sync at the end of backward] in
 // parallel/buckets.cc): a buffer written since, outside forward(), means a forward skipped the
 // wrapper, and every rank raises DistError naming the model and the buffers before any
-// collective of that backward starts (the ranks run the same forward, so all see it). Models
+// collective of that backward starts (the ranks run the same forward, so all see it). Where
+// forward()'s output is part of the backward, its gradient hook does this check first (before an
+// activation checkpoint in the model recomputes and updates the buffers again, which is not a
+// direct call) and the parameter gradients do not repeat it; a loss mixing forward()'s output and
+// a direct call's still fails there. Models
 // without buffers, or whose forward leaves them alone, may be called directly. One process
 // (nothing to broadcast), broadcast_buffers = false and the Accelerator (allow_direct_calls: its
 // models are called directly and it broadcasts buffers itself) skip the check.
@@ -58,7 +64,11 @@ DistributedDataParallel::DistributedDataParallel(NamedParams params, ProcessGrou
                                              GradReduction::AllReduce,
                                              options_.find_unused_parameters, "ddp");
   // Note [sync at the end of backward]: a plain loss.backward() averages the gradients.
-  bucketer_->set_backward_hooks([this] { check_direct_call(); }, [this] { bucketer_->finish(); });
+  bucketer_->set_backward_hooks(
+      [this] {
+        if (!*wrapper_pass_) check_direct_call();  // checked by an output's hook already
+      },
+      [this] { bucketer_->finish(); });
   broadcast_parameters();
 }
 
@@ -108,7 +118,37 @@ std::vector<Tensor> DistributedDataParallel::forward_values(nn::Values inputs) {
   bucketer_->forget_backward_end();  // a new iteration: its backward is not finished yet
   std::vector<Tensor> out = module_->call_values(std::move(inputs));
   forward_versions_ = buffer_versions();
+  if (grad_enabled() && checks_direct_calls()) hook_outputs(out);
   return out;
+}
+
+bool DistributedDataParallel::checks_direct_calls() const {
+  return check_direct_calls_ && module_ && options_.broadcast_buffers && pg_->size() > 1 &&
+         !forward_versions_.empty();
+}
+
+// Note [direct calls of a DDP model]: the gradient of a forward()'s output arrives before any
+// gradient of the model's parameters, and before an activation checkpoint inside the model
+// recomputes (and updates the buffers again): the check runs there, and the backward is marked
+// as one through the wrapper, so that its first parameter gradient does not check again.
+void DistributedDataParallel::hook_outputs(const std::vector<Tensor>& outputs) {
+  std::weak_ptr<bool> pass = wrapper_pass_;
+  std::unordered_set<const TensorImpl*> seen;
+  for (const Tensor& y : outputs) {
+    if (!y.defined() || !y.requires_grad() || !seen.insert(y.impl()).second) continue;
+    Tensor h = y;
+    h.register_hook([this, pass](const Tensor&) {
+      auto flag = pass.lock();
+      if (!flag || *flag) return Tensor();
+      check_direct_call();
+      *flag = true;
+      if (autograd::backward_running())
+        autograd::queue_callback([pass](bool) {
+          if (auto f = pass.lock()) *f = false;
+        });
+      return Tensor();
+    });
+  }
 }
 
 std::vector<uint32_t> DistributedDataParallel::buffer_versions() const {
@@ -120,7 +160,7 @@ std::vector<uint32_t> DistributedDataParallel::buffer_versions() const {
 
 // Note [direct calls of a DDP model].
 void DistributedDataParallel::check_direct_call() const {
-  if (!check_direct_calls_ || !module_ || !options_.broadcast_buffers || pg_->size() == 1) return;
+  if (!checks_direct_calls()) return;
   const auto buffers = module_->named_buffers();
   if (buffers.size() != forward_versions_.size()) return;  // the module changed: nothing to compare
   std::string changed;

@@ -112,7 +112,9 @@ class DistributedDataParallel {
   void broadcast_parameters();
   void broadcast_buffers();
   std::vector<uint32_t> buffer_versions() const;
+  bool checks_direct_calls() const;
   void check_direct_call() const;
+  void hook_outputs(const std::vector<Tensor>& outputs);
 
   std::shared_ptr<nn::Module> module_;
   ProcessGroupPtr pg_;
@@ -121,6 +123,8 @@ class DistributedDataParallel {
   // Note [direct calls of a DDP model]: the module's buffer versions after the last forward().
   std::vector<uint32_t> forward_versions_;
   bool check_direct_calls_ = true;
+  // Set by the gradient hook of a forward()'s output until the end of that backward.
+  std::shared_ptr<bool> wrapper_pass_ = std::make_shared<bool>(false);
 };
 
 // Named parameters of a module that require grad (what DDP and ZeRO synchronise).

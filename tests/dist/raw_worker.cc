@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/checkpoint.h"
 #include "autograd/nn/activation.h"
 #include "autograd/nn/batchnorm.h"
 #include "autograd/nn/container.h"
@@ -81,6 +82,14 @@ struct BnNet : nn::Module {
   }
   Tensor forward(const Tensor& x) override {
     return fc2->forward(relu(bn->forward(fc1->forward(x))));
+  }
+};
+
+// BnNet with its whole forward under activation checkpointing: the recompute inside the
+// backward updates the batch statistics again before the first parameter gradient arrives.
+struct CkptBnNet : BnNet {
+  Tensor forward(const Tensor& x) override {
+    return autograd::checkpoint([this](const Tensor& t) { return BnNet::forward(t); }, x);
   }
 };
 
@@ -358,6 +367,23 @@ void scenario_ddp_direct_bn(ProcessGroup& pg) {
                has(msg, "ddp.forward(x)"),
            "the error does not name the model, its buffers and the wrapper: " << msg);
     net->zero_grad();
+  }
+  // A forward through the wrapper whose backward recomputes it (activation checkpointing) is
+  // not a direct call, though its buffers change again inside the backward; mixed with a direct
+  // call in one loss, it is.
+  {
+    auto ck = std::make_shared<CkptBnNet>();
+    DistributedDataParallel dck(ck);
+    for (int s = 0; s < 2; ++s) {
+      cross_entropy(dck.forward(b.x), b.y).backward();
+      ck->zero_grad();
+    }
+    std::string msg = dist_error("wrapper and direct call in one loss", [&] {
+      Tensor out = dck.forward(b.x);
+      add(cross_entropy(out, b.y), cross_entropy(ck->forward(b.x), b.y)).backward();
+    });
+    WCHECK(has(msg, "CkptBnNet") && has(msg, "ddp.forward(x)"), "mixed call: " << msg);
+    ck->zero_grad();
   }
   // No collective was left half done: the wrapper syncs as before on every rank.
   for (int s = 0; s < 2; ++s) {

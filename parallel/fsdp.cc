@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "core/storage.h"
 #include "parallel/ddp.h"
-#include "parallel/fsdp_unit.h"
+#include "parallel/fsdp_impl.h"
 #include "parallel/hsdp.h"
 
 namespace accel::dist {

@@ -6,7 +6,7 @@
 #include "core/error.h"
 #include "core/storage.h"
 #include "parallel/fsdp.h"
-#include "parallel/fsdp_unit.h"
+#include "parallel/fsdp_impl.h"
 
 namespace accel::dist {
 

@@ -19,11 +19,11 @@
 // collective of that backward starts (the ranks run the same forward, so all see it). Where
 // forward()'s output is part of the backward, its gradient hook does this check first (before an
 // activation checkpoint in the model recomputes and updates the buffers again, which is not a
-// direct call) and the parameter gradients do not repeat it; a loss mixing forward()'s output and
-// a direct call's still fails there. Models
-// without buffers, or whose forward leaves them alone, may be called directly. One process
-// (nothing to broadcast), broadcast_buffers = false and the Accelerator (allow_direct_calls: its
-// models are called directly and it broadcasts buffers itself) skip the check.
+// direct call) and the parameter gradients do not repeat it; a loss mixing forward()'s output
+// and a direct call's still fails there. Models without buffers, or whose forward leaves them
+// alone, may be called directly. One process (nothing to broadcast), broadcast_buffers = false
+// and the Accelerator (allow_direct_calls: its models are called directly and it broadcasts
+// buffers itself) skip the check.
 
 namespace accel::dist {
 

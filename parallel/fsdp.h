@@ -21,7 +21,9 @@
 //    forward, then the gather). A model called directly (model->forward(x), (*model)(x))
 //    after a step skips that: its next backward raises DistError on every rank naming the
 //    model, forward() and after_step() (agreed by the same all-reduce; a backward right after
-//    a re-gather checks nothing, so the Accelerator, which calls after_step, pays nothing).
+//    a re-gather checks nothing, so the Accelerator, which calls after_step, pays it only on
+//    the micro-batches of an accumulation window after the first). A direct call that is not
+//    differentiated (evaluation under NoGradGuard) is not checked: evaluate through forward().
 //    Between steps calling the model directly is harmless: the units gather themselves.
 //
 // Note [unit lifecycle]

@@ -15,5 +15,6 @@
 #include "core/shape.h"
 #include "core/storage.h"
 #include "core/tensor.h"
+#include "core/warning.h"
 #include "data/data.h"
 #include "accelerate/accelerator.h"

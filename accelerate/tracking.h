@@ -25,7 +25,7 @@ class Tracker {
   // step < 0: no step recorded.
   virtual void log(const Metrics& metrics, int64_t step) = 0;
   // Hyperparameters of the run (strings), recorded once.
-  virtual void store_init_configuration(const std::map<std::string, std::string>& config) {}
+  virtual void store_init_configuration(const std::map<std::string, std::string>& /*config*/) {}
   virtual void finish() {}
 };
 using TrackerPtr = std::unique_ptr<Tracker>;

@@ -146,6 +146,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                      Reduction reduction = Reduction::Mean, double label_smoothing = 0.0);
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index = -100,
                 Reduction reduction = Reduction::Mean);
+// With class weights (C), or undefined for none (torch.nn.functional.nll_loss's weight): row r of
+// class t loses -weight[t] log_probs[r, t]; the mean divides by the sum of weight[t] over the
+// rows not ignored. The weight takes no gradient (ValueError when it requires one, as torch).
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
+                int64_t ignore_index = -100, Reduction reduction = Reduction::Mean);
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
                                         Reduction reduction = Reduction::Mean);
@@ -181,7 +186,17 @@ Tensor scaled_dot_product_attention_packed(const Tensor& qkv, int64_t n_heads, b
 
 // ---- indexing ----
 // weight: (V, D), indices: int (any shape) -> (..., D). Out-of-range index: IndexError.
-Tensor embedding(const Tensor& weight, const Tensor& indices);
+// padding_idx (torch's; negative counts from the end): that row's gradient is zero.
+Tensor embedding(const Tensor& weight, const Tensor& indices,
+                 std::optional<int64_t> padding_idx = std::nullopt);
+// torch.nn.functional.embedding's max_norm: the rows indices reach whose norm_type-norm exceeds
+// max_norm are first rescaled in place to max_norm (embedding_renorm_), then looked up.
+Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int64_t> padding_idx,
+                 std::optional<double> max_norm, double norm_type = 2.0);
+// torch.embedding_renorm_: rows of weight reached by indices with a norm above max_norm scaled
+// to max_norm / (norm + 1e-7), in place and without history; returns weight.
+Tensor embedding_renorm_(const Tensor& weight, const Tensor& indices, double max_norm,
+                         double norm_type = 2.0);
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 // out = x with src added at index along dim (out-of-place, like torch.scatter_add).
@@ -295,8 +310,17 @@ Tensor instance_norm(const Tensor& x, const Tensor& running_mean = Tensor(),
                      const Tensor& running_var = Tensor(), const Tensor& weight = Tensor(),
                      const Tensor& bias = Tensor(), bool use_input_stats = true,
                      double momentum = 0.1, double eps = 1e-5);
-// Zeroes whole channels: x (N, C, *) or (C, *) with a mask per (n, c), scaled by 1 / (1 - p).
+// Channel dropout (torch.nn.functional.dropout1d / 2d / 3d; autograd/ops/activation.cc, Note
+// [channel dropout]): zeroes whole channels, one draw per (n, c) (per c unbatched), the rest
+// scaled by 1 / (1 - p). dropout1d: (N, C, L) or (C, L); dropout3d: (N, C, D, H, W) or
+// (C, D, H, W); dropout2d: (N, C, H, W), and a 3-D input is (N, C, L) as torch reads it (with a
+// warning once), not an unbatched (C, H, W). The `_` forms write x in place.
+Tensor dropout1d(const Tensor& x, double p = 0.5, bool training = true, Generator* gen = nullptr);
 Tensor dropout2d(const Tensor& x, double p = 0.5, bool training = true, Generator* gen = nullptr);
+Tensor dropout3d(const Tensor& x, double p = 0.5, bool training = true, Generator* gen = nullptr);
+Tensor& dropout1d_(Tensor& x, double p = 0.5, bool training = true, Generator* gen = nullptr);
+Tensor& dropout2d_(Tensor& x, double p = 0.5, bool training = true, Generator* gen = nullptr);
+Tensor& dropout3d_(Tensor& x, double p = 0.5, bool training = true, Generator* gen = nullptr);
 // (*, C r^2, H, W) -> (*, C, H r, W r) and back.
 Tensor pixel_shuffle(const Tensor& x, int64_t upscale_factor);
 Tensor pixel_unshuffle(const Tensor& x, int64_t downscale_factor);
@@ -316,6 +340,30 @@ Tensor interpolate(const Tensor& x, Shape size = {}, std::vector<double> scale_f
 Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01);
 Tensor elu(const Tensor& x, double alpha = 1.0);
 // ---- end image layers ----
+
+// ---- more activations and the in-place forms (autograd/ops/activation.cc) ----
+// torch.nn.functional's definitions and defaults. hardtanh: clamp to [min_val, max_val] with a
+// gradient on the open interval only; relu6 = hardtanh(0, 6); selu = 1.0507 elu(x, 1.6733);
+// celu: x > 0 ? x : alpha (exp(x / alpha) - 1); threshold: x > threshold ? x : value.
+Tensor hardtanh(const Tensor& x, double min_val = -1.0, double max_val = 1.0);
+Tensor relu6(const Tensor& x);
+Tensor selu(const Tensor& x);
+Tensor celu(const Tensor& x, double alpha = 1.0);
+Tensor threshold(const Tensor& x, double threshold, double value);
+// In place (torch's F.relu_, F.leaky_relu_, ..., and what inplace=True modules run; Note
+// [in-place activations]): x is overwritten and returned; an in-place op's rules apply (a leaf
+// that requires grad is refused, a tensor saved for backward raises at backward).
+Tensor& relu_(Tensor& x);
+Tensor& leaky_relu_(Tensor& x, double negative_slope = 0.01);
+Tensor& elu_(Tensor& x, double alpha = 1.0);
+Tensor& hardtanh_(Tensor& x, double min_val = -1.0, double max_val = 1.0);
+Tensor& relu6_(Tensor& x);
+Tensor& selu_(Tensor& x);
+Tensor& celu_(Tensor& x, double alpha = 1.0);
+Tensor& threshold_(Tensor& x, double threshold, double value);
+Tensor& silu_(Tensor& x);
+// dropout's in-place form: the same draws and result as dropout(x, p, training, gen).
+Tensor& dropout_(Tensor& x, double p, bool training = true, Generator* gen = nullptr);
 
 // ---- operators ----
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }

@@ -176,7 +176,8 @@ void run_gpt2() {
   auto model = std::make_shared<models::Gpt>(c);
   model->to(kGPU);
   const double n_params = double(model->num_parameters());
-  optim::AdamW opt(model->parameters(), optim::AdamWOptions{6e-4, 0.9, 0.95, 1e-8, 0.1, true});
+  optim::AdamW opt(model->parameters(),
+                   optim::AdamWOptions(6e-4).betas({0.9, 0.95}).weight_decay(0.1));
   const Tensor x = randint(0, c.vocab, {batch, c.context}).to(kGPU);
   const Tensor y = randint(0, c.vocab, {batch, c.context}).to(kGPU);
   const double ms = step_ms(

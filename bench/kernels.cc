@@ -1004,8 +1004,8 @@ void register_adamw() {
           Tensor p = p0.clone().requires_grad_(true);
           p.set_grad(g);
           accel::optim::AdamWOptions o;
-          o.lr = kLr, o.beta1 = kBeta1, o.beta2 = kBeta2, o.eps = kAdamEps, o.weight_decay = kWd;
-          o.fused = fused;
+          o.lr(kLr).betas(std::make_tuple(kBeta1, kBeta2)).eps(kAdamEps).weight_decay(kWd);
+          o.fused(fused);
           accel::optim::AdamW opt({p}, o);
           // One step from the same state through the raw loop is the reference.
           std::vector<float> ref(p0.data<float>(), p0.data<float>() + kAdamN);

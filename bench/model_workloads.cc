@@ -78,11 +78,10 @@ std::shared_ptr<data::DataLoader> shuffled_loader(data::DatasetPtr ds, int64_t b
 
 optim::AdamWOptions adamw(double lr) {
   optim::AdamWOptions o;
-  o.lr = lr;
-  o.beta1 = 0.9;
-  o.beta2 = 0.999;
-  o.eps = 1e-8;
-  o.weight_decay = 0.01;
+  o.lr(lr);
+  o.betas({0.9, 0.999});
+  o.eps(1e-8);
+  o.weight_decay(0.01);
   return o;
 }
 

@@ -92,7 +92,7 @@ void run_rank() {
   auto model = std::make_shared<models::Gpt>(cfg, &gen);
   const int64_t params = model->num_parameters();
   optim::AdamWOptions ao;
-  ao.lr = 3e-4;
+  ao.lr(3e-4);
   auto opt = std::make_shared<optim::AdamW>(model->parameters(), ao);
   auto [m, o] = acc.prepare(model, std::static_pointer_cast<optim::Optimizer>(opt));
   int64_t param_bytes = 0;

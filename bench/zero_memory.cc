@@ -196,7 +196,7 @@ void run_rank(const Options& opt, int stage, const std::string& out_dir, const s
   auto loader = std::make_shared<data::DataLoader>(
       std::make_shared<data::TokenWindowDataset>(tokens, cfg.context, /*stride=*/1), lo);
   optim::AdamWOptions ao;  // betas 0.9/0.999, eps 1e-8, weight decay 0.01
-  ao.lr = 3e-4;
+  ao.lr(3e-4);
   auto optimizer = std::make_shared<optim::AdamW>(model->parameters(), ao);
   auto [m, o, batches] = acc.prepare(model, optimizer, loader);
 

@@ -74,7 +74,7 @@ class Store {
   // What the store knows about `rank` when a wait for one of its keys timed out: e.g. "it never
   // connected to the rendezvous store (ranks 0, 2 did)". Empty when the store does not track
   // ranks (init_process_group's TcpStore does while it forms the default group).
-  virtual std::string describe_rank(int rank) { return {}; }
+  virtual std::string describe_rank(int /*rank*/) { return {}; }
 
  protected:
   Milliseconds timeout_ = kDefaultStoreTimeout;

@@ -43,7 +43,8 @@ class Dataset {
   // Fast path for the default collate: writes examples `indices` straight into batch tensors of
   // shape (len(indices), ...) allocated from `alloc` (CPU or pinned), skipping the per-example
   // tensors. Returns false when the dataset has no such path (then get() + collate are used).
-  virtual bool get_batch(std::span<const int64_t> indices, Allocator* alloc, Example& out) const {
+  virtual bool get_batch(std::span<const int64_t> /*indices*/, Allocator* /*alloc*/,
+                         Example& /*out*/) const {
     return false;
   }
 };

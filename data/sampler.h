@@ -32,7 +32,7 @@ class Sampler {
   virtual std::vector<int64_t> epoch_indices(int64_t epoch) const = 0;
   // Seeds and other state needed to reproduce the orders; default none.
   virtual StateDict state_dict() const { return {}; }
-  virtual void load_state_dict(const StateDict& s) {}
+  virtual void load_state_dict(const StateDict& /*s*/) {}
 
   // Torch-style convenience: the order of the epoch last passed to set_epoch().
   void set_epoch(int64_t e) { epoch_ = e; }

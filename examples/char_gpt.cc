@@ -155,7 +155,7 @@ int run(const examples::Args& args, const GptArgs& g) {
   auto train_loader = std::make_shared<data::DataLoader>(
       std::make_shared<data::TokenWindowDataset>(train_tokens, T, /*stride=*/1), lo);
   optim::AdamWOptions ao;  // betas 0.9/0.999, eps 1e-8, weight decay 0.01
-  ao.lr = lr;
+  ao.lr(lr);
   auto opt = std::make_shared<optim::AdamW>(model->parameters(), ao);
   const int64_t warmup = std::min(g.warmup, args.steps);  // a short run warms up throughout
   std::shared_ptr<optim::LRScheduler> sched;

@@ -112,7 +112,7 @@ int train_classifier(const ClassifierSpec& spec, const Args& args, const Classif
   lo.shuffle = true;
   lo.seed = args.seed;
   optim::AdamWOptions ao;  // betas 0.9/0.999, eps 1e-8, weight decay 0.01
-  ao.lr = lr;
+  ao.lr(lr);
   auto opt = std::make_shared<optim::AdamW>(model->parameters(), ao);
   auto train_loader = std::make_shared<data::DataLoader>(train_set, lo);
   // Note [classifier schedule]: "cosine" (the default) anneals the lr from --lr (default 3e-3)

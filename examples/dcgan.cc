@@ -91,9 +91,8 @@ int main(int argc, char** argv) {
     const Tensor fixed_noise = randn({batchSize, nz, 1, 1});
     // setup optimizer
     optim::AdamOptions ao;
-    ao.lr = lr;
-    ao.beta1 = beta1;
-    ao.beta2 = 0.999;
+    ao.lr(lr);
+    ao.betas({beta1, 0.999});
     optim::Adam optimizerD(netD->parameters(), ao);
     optim::Adam optimizerG(netG->parameters(), ao);
 

@@ -56,7 +56,7 @@ class Generator : public nn::Module {
             ));
   }
   Tensor forward(const Tensor& input) override { return main->forward(input); }
-  std::shared_ptr<nn::Sequential> main;
+  nn::Child<nn::Sequential> main;
 };
 
 class Discriminator : public nn::Module {
@@ -86,7 +86,7 @@ class Discriminator : public nn::Module {
   Tensor forward(const Tensor& input) override {
     return main->forward(input).view({-1, 1}).squeeze(1);
   }
-  std::shared_ptr<nn::Sequential> main;
+  nn::Child<nn::Sequential> main;
 };
 
 struct StepResult {

@@ -58,7 +58,7 @@ int run(const examples::Args& args, const MeshArgs& ma) {
   auto model = std::make_shared<models::Gpt>(gc, &gen);
   const int64_t params = model->num_parameters();
   optim::AdamWOptions ao;
-  ao.lr = lr;
+  ao.lr(lr);
   auto opt = std::make_shared<optim::AdamW>(model->parameters(), ao);
   data::DataLoaderOptions lo;
   lo.batch_size = batch;

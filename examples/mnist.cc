@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
 
     mnist::Net model;
     optim::AdadeltaOptions ao;
-    ao.lr = lr;
+    ao.lr(lr);
     optim::Adadelta optimizer(model.parameters(), ao);
     optim::StepLR scheduler(optimizer, 1, gamma);
     for (int epoch = 1; epoch <= epochs; ++epoch) {

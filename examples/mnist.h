@@ -41,9 +41,9 @@ class Net : public nn::Module {
     return log_softmax(x, 1);
   }
 
-  std::shared_ptr<nn::Conv2d> conv1, conv2;
-  std::shared_ptr<nn::Dropout> dropout1, dropout2;
-  std::shared_ptr<nn::Linear> fc1, fc2;
+  nn::Child<nn::Conv2d> conv1, conv2;
+  nn::Child<nn::Dropout> dropout1, dropout2;
+  nn::Child<nn::Linear> fc1, fc2;
 };
 
 // transforms.ToTensor() then Normalize((kMean,), (kStd,)): pixels in [0, 1] (any float dtype)

@@ -32,7 +32,7 @@ class Mlp : public nn::Module {
     return fc3->forward(relu(fc2->forward(relu(fc1->forward(x)))));
   }
 
-  std::shared_ptr<nn::Linear> fc1, fc2, fc3;
+  nn::Child<nn::Linear> fc1, fc2, fc3;
 };
 
 class Cnn : public nn::Module {
@@ -55,8 +55,8 @@ class Cnn : public nn::Module {
     return fc2->forward(relu(fc1->forward(h.flatten(1))));   // (B, 3136) -> (B, 10)
   }
 
-  std::shared_ptr<nn::Conv2d> conv1, conv2;
-  std::shared_ptr<nn::Linear> fc1, fc2;
+  nn::Child<nn::Conv2d> conv1, conv2;
+  nn::Child<nn::Linear> fc1, fc2;
 };
 
 struct GptConfig {
@@ -87,10 +87,10 @@ class GptBlock : public nn::Module {
     return h + (*fc_out)(gelu((*fc)((*ln2)(h))));  // GELU, erf form
   }
 
-  std::shared_ptr<nn::LayerNorm> ln1;
-  std::shared_ptr<nn::CausalSelfAttention> attn;
-  std::shared_ptr<nn::LayerNorm> ln2;
-  std::shared_ptr<nn::Linear> fc, fc_out;
+  nn::Child<nn::LayerNorm> ln1;
+  nn::Child<nn::CausalSelfAttention> attn;
+  nn::Child<nn::LayerNorm> ln2;
+  nn::Child<nn::Linear> fc, fc_out;
 };
 
 class Gpt : public nn::Module {
@@ -130,10 +130,10 @@ class Gpt : public nn::Module {
   }
 
   GptConfig config;
-  std::shared_ptr<nn::Embedding> tok, pos;
-  std::shared_ptr<nn::ModuleList> blocks;
-  std::shared_ptr<nn::LayerNorm> ln_f;
-  std::shared_ptr<nn::Linear> head;
+  nn::Child<nn::Embedding> tok, pos;
+  nn::Child<nn::ModuleList> blocks;
+  nn::Child<nn::LayerNorm> ln_f;
+  nn::Child<nn::Linear> head;
 
  private:
   Tensor positions_;  // arange(context), int64

@@ -11,7 +11,7 @@ int main() {
   auto model = std::make_shared<nn::Sequential>(std::make_shared<nn::Linear>(784, 1024),
                                                 std::make_shared<nn::ReLU>(),
                                                 std::make_shared<nn::Linear>(1024, 10));
-  auto opt = std::make_shared<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = 1e-3});
+  auto opt = std::make_shared<optim::AdamW>(model->parameters(), optim::AdamWOptions(1e-3));
   auto [m, o, l] = acc.prepare(model, opt, loader);
   for (int epoch = 0; epoch < 3; ++epoch)
     for (auto& batch : *l) {

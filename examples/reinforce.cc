@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
     manual_seed(seed);
     reinforce::Policy policy;
     optim::AdamOptions ao;
-    ao.lr = 1e-2;
+    ao.lr(1e-2);
     optim::Adam optimizer(policy.parameters(), ao);
 
     const auto t0 = std::chrono::steady_clock::now();

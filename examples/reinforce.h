@@ -94,9 +94,9 @@ class Policy : public nn::Module {
     return softmax(action_scores, 1);
   }
 
-  std::shared_ptr<nn::Linear> affine1;
-  std::shared_ptr<nn::Dropout> dropout;
-  std::shared_ptr<nn::Linear> affine2;
+  nn::Child<nn::Linear> affine1;
+  nn::Child<nn::Dropout> dropout;
+  nn::Child<nn::Linear> affine2;
   std::vector<Tensor> saved_log_probs;  // (1) each, one per step of the episode
   std::vector<double> rewards;
 };

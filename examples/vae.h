@@ -55,7 +55,7 @@ class VAE : public nn::Module {
   }
   Tensor forward(const Tensor& x) override { return std::get<0>(forward3(x)); }
 
-  std::shared_ptr<nn::Linear> fc1, fc21, fc22, fc3, fc4;
+  nn::Child<nn::Linear> fc1, fc21, fc22, fc3, fc4;
 };
 
 // Reconstruction + KL divergence losses summed over all elements and batch.

@@ -30,8 +30,9 @@ int main(int argc, char** argv) {
   double lr = 20, clip = 0.25, dropout = 0.2;
   bool tied = false, dry_run = false;
   uint64_t seed = 1111;
-  CLI::App app("PyTorch's word-level language model example (LSTM) on the fortunes corpus",
-               "word_language_model");
+  CLI::App app(
+      "PyTorch's word-level language model example (LSTM or Transformer) on the fortunes corpus",
+      "word_language_model");
   const auto positive = CLI::PositiveNumber;
   app.add_option("--model", model_type, "type of network (LSTM, Transformer)")
       ->capture_default_str()

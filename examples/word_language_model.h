@@ -129,7 +129,7 @@ class RNNModel : public nn::Module {
       ACCEL_CHECK(nhid == ninp, ValueError, "RNNModel",
                   "When using the tied flag, nhid must be equal to emsize (got nhid ", nhid,
                   ", emsize ", ninp, ")");
-      decoder->weight = decoder->set_parameter("weight", encoder->weight);
+      decoder->weight = encoder->weight;  // torch: self.decoder.weight = self.encoder.weight
     }
     init_weights();
   }
@@ -160,10 +160,10 @@ class RNNModel : public nn::Module {
   }
 
   int64_t ntoken, nhid, nlayers;
-  std::shared_ptr<nn::Dropout> drop;
-  std::shared_ptr<nn::Embedding> encoder;
-  std::shared_ptr<nn::LSTM> rnn;
-  std::shared_ptr<nn::Linear> decoder;
+  nn::Child<nn::Dropout> drop;
+  nn::Child<nn::Embedding> encoder;
+  nn::Child<nn::LSTM> rnn;
+  nn::Child<nn::Linear> decoder;
 };
 
 // Wraps hidden states in new tensors, to detach them from their history.
@@ -242,7 +242,7 @@ class PositionalEncoding : public nn::Module {
     return dropout->forward(add(x, pe.narrow(0, 0, x.size(0))));
   }
 
-  std::shared_ptr<nn::Dropout> dropout;
+  nn::Child<nn::Dropout> dropout;
 };
 
 // model.py's TransformerModel: "Container module with an encoder, a recurrent or transformer
@@ -299,9 +299,9 @@ class TransformerModel : public nn::Module {
 
   int64_t ninp;
   std::shared_ptr<PositionalEncoding> pos_encoder;
-  std::shared_ptr<nn::TransformerEncoder> transformer_encoder;
-  std::shared_ptr<nn::Embedding> encoder;
-  std::shared_ptr<nn::Linear> decoder;
+  nn::Child<nn::TransformerEncoder> transformer_encoder;
+  nn::Child<nn::Embedding> encoder;
+  nn::Child<nn::Linear> decoder;
 
  private:
   Tensor src_mask_;

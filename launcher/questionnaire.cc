@@ -167,13 +167,13 @@ void ask_mesh(Asker& a, LaunchConfig& c) {
     };
   };
   const int replicas = std::stoi(a.ask_setting(
-      "How many replicas of the model (dp_replicate_size: hybrid sharding, ZeRO inside a replica "
-      "and all-reduce across replicas; not built yet, 1 runs today's strategies)?",
+      "How many replicas of the model (dp_replicate_size: with ZeRO, hybrid sharding: ZeRO inside "
+      "a replica, all-reduce across replicas)?",
       "parallelism_config.parallelism_config_dp_replicate_size",
       divides(world, "the number of processes")));
   const int tp = std::stoi(a.ask_setting(
-      "Over how many processes should each layer be split (tp_size: tensor parallelism; not "
-      "built yet, 1 runs today's strategies)?",
+      "Over how many processes should each layer be split (tp_size: tensor parallelism with "
+      "ZeRO stage 0 or 3 and the program's AcceleratorConfig::tp_plan)?",
       "parallelism_config.parallelism_config_tp_size",
       divides(world / replicas, "the processes per replica")));
   if (replicas > 1) c.dp_replicate_size = replicas;

@@ -14,7 +14,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 ACCEL_CUDA=${ACCEL_CUDA:-auto}
 
 PACKAGES=(
-  g++ meson ninja-build pkg-config
+  g++ meson ninja-build pkg-config cmake
   libdnnl-dev libeigen3-dev libgloo-dev zlib1g-dev
   doctest-dev libbenchmark-dev
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libfmt-dev

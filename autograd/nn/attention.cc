@@ -31,6 +31,7 @@ const Tensor& CausalSelfAttention::causal_mask(int64_t T, Device device) {
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   ACCEL_CHECK(x.defined(), ValueError, "CausalSelfAttention", "input is undefined");
   ACCEL_CHECK(x.dim() == 3 && x.size(2) == d_model, ShapeError, "CausalSelfAttention",
               "expected input (B, T, ", d_model, "), got ", x.sizes());
@@ -141,6 +142,7 @@ std::tuple<Tensor, Tensor> MultiheadAttention::forward(const Tensor& query, cons
                                                        std::optional<Tensor> attn_mask,
                                                        bool average_attn_weights, bool is_causal) {
   const char* op = "MultiheadAttention";
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   ACCEL_CHECK(query.defined() && key.defined() && value.defined(), ValueError, op,
               "query, key and value must be defined");
   const bool batched = query.dim() == 3;

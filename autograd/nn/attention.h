@@ -25,9 +25,9 @@ class CausalSelfAttention : public Module {
   // The heads this module runs: n_heads, or n_heads / tp once dist::parallelize split its heads
   // (qkv then holds this rank's heads' rows of q, k and v, and proj their columns).
   int64_t local_heads;
-  std::shared_ptr<Linear> qkv;   // C -> 3C: [q | k | v]
-  std::shared_ptr<Linear> proj;  // C -> C
-  std::shared_ptr<Dropout> attn_dropout, resid_dropout;
+  Child<Linear> qkv;   // C -> 3C: [q | k | v]
+  Child<Linear> proj;  // C -> C
+  Child<Dropout> attn_dropout, resid_dropout;
 
  private:
   // (T, T) bool, true above the diagonal (future positions), rebuilt when T or device change.
@@ -79,10 +79,10 @@ class MultiheadAttention : public TypedModule<MultiheadAttention> {
   bool batch_first;
   // Set when kdim == vdim == embed_dim (torch's _qkv_same_embed_dim).
   bool qkv_same_embed_dim;
-  Tensor in_proj_weight;                               // (3E, E) or undefined
-  Tensor q_proj_weight, k_proj_weight, v_proj_weight;  // or undefined
-  Tensor in_proj_bias;                                 // (3E) or undefined
-  std::shared_ptr<Linear> out_proj;
+  Parameter in_proj_weight;                               // (3E, E) or None
+  Parameter q_proj_weight, k_proj_weight, v_proj_weight;  // or None
+  Parameter in_proj_bias;                                 // (3E) or None
+  Child<Linear> out_proj;
 
  private:
   Generator* gen_;  // dropout

@@ -46,6 +46,7 @@ void BatchNormBase::reset_running_stats() {
 }
 
 Tensor BatchNormBase::forward(const Tensor& x) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   ACCEL_CHECK(x.defined(), ValueError, op_, "input is undefined");
   ACCEL_CHECK(x.dim() >= min_rank_ && x.dim() <= max_rank_ && x.size(1) == num_features, ShapeError,
               op_, "expected input ", min_rank_ == 4 ? "(N, C, H, W)" : "(N, C) or (N, C, L)",

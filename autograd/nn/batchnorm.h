@@ -28,8 +28,8 @@ class BatchNormBase : public Module {
   double eps;
   std::optional<double> momentum;
   bool affine, track_running_stats;
-  Tensor weight, bias;                                    // (C) when affine
-  Tensor running_mean, running_var, num_batches_tracked;  // when track_running_stats
+  Parameter weight, bias;                                 // (C) when affine
+  Buffer running_mean, running_var, num_batches_tracked;  // when track_running_stats
 
  protected:
   BatchNormBase(const char* op, int64_t num_features, double eps, std::optional<double> momentum,

@@ -102,6 +102,10 @@ struct Arg<Tensor> {
   static bool accepts(const Value& v) { return v.is_tensor(); }
   static Tensor from(const Value& v) { return v.tensor(); }
 };
+// A tensor member (nn::Parameter, nn::Buffer) travels as the tensor it is.
+template <typename T>
+struct Arg<T, std::enable_if_t<std::is_base_of_v<Tensor, T> && !std::is_same_v<T, Tensor>>>
+    : Arg<Tensor> {};
 template <>
 struct Arg<std::optional<Tensor>> {
   static constexpr const char* name = "optional<Tensor>";
@@ -140,8 +144,9 @@ struct Arg<T, std::enable_if_t<std::is_floating_point_v<T>>> {
 // The type an argument of type A travels as: its decayed type, with std::nullopt carried as an
 // empty std::optional<Tensor>.
 template <typename A>
-using Carrier = std::conditional_t<std::is_same_v<std::decay_t<A>, std::nullopt_t>,
-                                   std::optional<Tensor>, std::decay_t<A>>;
+using Carrier = std::conditional_t<
+    std::is_same_v<std::decay_t<A>, std::nullopt_t>, std::optional<Tensor>,
+    std::conditional_t<std::is_base_of_v<Tensor, std::decay_t<A>>, Tensor, std::decay_t<A>>>;
 
 template <typename A>
 Value to_value(const A& a) {

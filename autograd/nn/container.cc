@@ -24,6 +24,35 @@ void unwrap_at(std::vector<std::shared_ptr<Module>>& modules, size_t i, const ch
 }
 }  // namespace
 
+namespace {
+// A container's entry i is its child i (push_back registers "0", "1", ... in order); a subclass
+// that registers other children too keeps them after its entries or outside the list.
+void assign_entry(std::vector<std::shared_ptr<Module>>& modules, uint32_t index,
+                  const std::shared_ptr<Module>& module, const char* owner) {
+  if (index >= modules.size()) return;  // a child of a subclass, not an entry
+  ACCEL_CHECK(module != nullptr, ValueError, owner, "entry ", index,
+              " cannot be None (a container calls every entry)");
+  modules[index] = module;
+}
+}  // namespace
+
+void Sequential::on_child_assign(uint32_t index, const std::shared_ptr<Module>& module) {
+  assign_entry(modules_, index, module, "Sequential.set");
+}
+void ModuleList::on_child_assign(uint32_t index, const std::shared_ptr<Module>& module) {
+  assign_entry(modules_, index, module, "ModuleList.set");
+}
+void Sequential::set(size_t i, std::shared_ptr<Module> module) {
+  ACCEL_CHECK(i < modules_.size(), IndexError, "Sequential.set", "index ", i, " out of range for ",
+              modules_.size(), " modules");
+  replace_module(std::to_string(i), std::move(module));
+}
+void ModuleList::set(size_t i, std::shared_ptr<Module> module) {
+  ACCEL_CHECK(i < modules_.size(), IndexError, "ModuleList.set", "index ", i, " out of range for ",
+              modules_.size(), " modules");
+  replace_module(std::to_string(i), std::move(module));
+}
+
 void Sequential::wrap(size_t i) { wrap_at(modules_, i, "Sequential.wrap"); }
 void Sequential::unwrap(size_t i) { unwrap_at(modules_, i, "Sequential.unwrap"); }
 void ModuleList::wrap(size_t i) { wrap_at(modules_, i, "ModuleList.wrap"); }

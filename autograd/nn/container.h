@@ -49,6 +49,8 @@ class Sequential : public Module {
   explicit Sequential(const std::vector<std::shared_ptr<Module>>& modules);
 
   void push_back(std::shared_ptr<Module> module);
+  // torch's seq[i] = module: entry i (and the child named "i") becomes `module`.
+  void set(size_t i, std::shared_ptr<Module> module);
   // x -> m0 -> m1 -> ... through each entry's operator() (hooks run, as in PyTorch); an empty
   // Sequential is the identity. Entries with typed forwards (nn::TypedModule) chain through the
   // type-erased call: the result tensors of one are the arguments of the next, so a
@@ -77,6 +79,9 @@ class Sequential : public Module {
   auto begin() const { return modules_.begin(); }
   auto end() const { return modules_.end(); }
 
+ protected:
+  void on_child_assign(uint32_t index, const std::shared_ptr<Module>& module) override;
+
  private:
   std::vector<std::shared_ptr<Module>> modules_;
 };
@@ -87,6 +92,8 @@ class ModuleList : public Module {
   explicit ModuleList(const std::vector<std::shared_ptr<Module>>& modules);
 
   void push_back(std::shared_ptr<Module> module);
+  // torch's list[i] = module: entry i (and the child named "i") becomes `module`.
+  void set(size_t i, std::shared_ptr<Module> module);
   size_t size() const { return modules_.size(); }
   bool empty() const { return modules_.empty(); }
   const std::shared_ptr<Module>& operator[](size_t i) const;
@@ -103,6 +110,9 @@ class ModuleList : public Module {
   void unwrap(size_t i);
   auto begin() const { return modules_.begin(); }
   auto end() const { return modules_.end(); }
+
+ protected:
+  void on_child_assign(uint32_t index, const std::shared_ptr<Module>& module) override;
 
  private:
   std::vector<std::shared_ptr<Module>> modules_;

@@ -23,6 +23,39 @@ void check_positive(const Size2& s, const char* op, const char* what, int64_t mi
   ACCEL_CHECK(s.h >= min && s.w >= min, ValueError, op, what, " must be >= ", min, ", got ",
               s.str());
 }
+
+// torch's padding_mode: "zeros" pads inside the convolution; the others pad the input first.
+void check_padding_mode(const char* op, const std::string& mode, bool transposed) {
+  if (transposed) {
+    ACCEL_CHECK(mode == "zeros", ValueError, op,
+                "only padding_mode \"zeros\" is supported (as torch), got \"", mode, "\"");
+  } else {
+    ACCEL_CHECK(mode == "zeros" || mode == "reflect" || mode == "replicate" || mode == "circular",
+                ValueError, op,
+                "padding_mode must be \"zeros\", \"reflect\", \"replicate\" or \"circular\", "
+                "got \"",
+                mode, "\"");
+  }
+}
+
+// in_channels, once padding_mode is checked: the options constructors check it before the
+// positional constructor they delegate to draws the initial weights.
+int64_t in_after_mode_check(const char* op, const std::string& mode, bool transposed, int64_t in) {
+  check_padding_mode(op, mode, transposed);
+  return in;
+}
+
+// A size given as a braced list (MaxPool2d({2, 2})): one or two numbers.
+Size2 size2_of(const char* op, const char* what, std::initializer_list<int64_t> v) {
+  ACCEL_CHECK(v.size() == 1 || v.size() == 2, ValueError, op, what,
+              " must have 1 or 2 entries, got ", v.size());
+  return v.size() == 1 ? Size2(*v.begin()) : Size2(*v.begin(), *(v.begin() + 1));
+}
+
+std::string padding_mode_repr(const std::string& mode) {
+  return mode == "zeros" ? "" : ", padding_mode=" + mode;
+}
+
 }  // namespace
 
 // ---------------- Conv2d ----------------
@@ -45,8 +78,14 @@ Conv2d::Conv2d(int64_t in, int64_t out, Size2 k, Size2 s, Size2 p, Size2 d, int6
   check_positive(p, "Conv2d", "padding", 0);
   check_positive(d, "Conv2d", "dilation", 1);
   weight = register_parameter("weight", empty({out, in / g, k.h, k.w}));
-  if (with_bias) bias = register_parameter("bias", empty({out}));
+  bias = register_parameter("bias", with_bias ? empty({out}) : Tensor());  // None without
   reset_parameters(gen);
+}
+
+Conv2d::Conv2d(const Conv2dFields& o, Generator* gen)
+    : Conv2d(in_after_mode_check("Conv2d", o.padding_mode, false, o.in_channels), o.out_channels,
+             o.kernel_size, o.stride, o.padding, o.dilation, o.groups, o.bias, gen) {
+  padding_mode = o.padding_mode;
 }
 
 void Conv2d::reset_parameters(Generator* gen) {
@@ -59,9 +98,14 @@ void Conv2d::reset_parameters(Generator* gen) {
 }
 
 Tensor Conv2d::forward(const Tensor& x) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   ACCEL_CHECK(x.defined(), ValueError, "Conv2d", "input is undefined");
   ACCEL_CHECK(x.dim() == 4 && x.size(1) == in_channels, ShapeError, "Conv2d", "expected input (N, ",
               in_channels, ", H, W), got ", x.sizes());
+  if (padding_mode != "zeros") {  // (left, right, top, bottom) = (pw, pw, ph, ph)
+    const Tensor xp = pad(x, {padding.w, padding.w, padding.h, padding.h}, padding_mode);
+    return conv2d(xp, weight, bias, stride.shape(), {0, 0}, dilation.shape(), groups);
+  }
   return conv2d(x, weight, bias, stride.shape(), padding.shape(), dilation.shape(), groups);
 }
 
@@ -72,7 +116,7 @@ std::string Conv2d::extra_repr() const {
   if (dilation.h != 1 || dilation.w != 1) s += ", dilation=" + dilation.str();
   if (groups != 1) s += ", groups=" + std::to_string(groups);
   if (!bias.defined()) s += ", bias=false";
-  return s;
+  return s + padding_mode_repr(padding_mode);
 }
 
 // ---------------- pooling ----------------
@@ -83,6 +127,12 @@ MaxPool2d::MaxPool2d(Size2 k, std::optional<Size2> s, Size2 p)
   check_positive(stride, "MaxPool2d", "stride", 1);
   check_positive(padding, "MaxPool2d", "padding", 0);
 }
+
+MaxPool2d::MaxPool2d(const MaxPool2dOptions& o)
+    : MaxPool2d(o.kernel_size(), o.stride(), o.padding()) {}
+
+MaxPool2d::MaxPool2d(std::initializer_list<int64_t> k)
+    : MaxPool2d(size2_of("MaxPool2d", "kernel_size", k)) {}
 
 Tensor MaxPool2d::forward(const Tensor& x) {
   return max_pool2d(x, kernel_size.shape(), stride.shape(), padding.shape());
@@ -99,6 +149,12 @@ AvgPool2d::AvgPool2d(Size2 k, std::optional<Size2> s, Size2 p, bool include_pad)
   check_positive(stride, "AvgPool2d", "stride", 1);
   check_positive(padding, "AvgPool2d", "padding", 0);
 }
+
+AvgPool2d::AvgPool2d(const AvgPool2dOptions& o)
+    : AvgPool2d(o.kernel_size(), o.stride(), o.padding(), o.count_include_pad()) {}
+
+AvgPool2d::AvgPool2d(std::initializer_list<int64_t> k)
+    : AvgPool2d(size2_of("AvgPool2d", "kernel_size", k)) {}
 
 Tensor AvgPool2d::forward(const Tensor& x) {
   return avg_pool2d(x, kernel_size.shape(), stride.shape(), padding.shape(), count_include_pad);
@@ -152,13 +208,19 @@ ConvTranspose2d::ConvTranspose2d(int64_t in, int64_t out, Size2 k, Size2 s, Size
               "output_padding ", op.str(), " must be smaller than either stride ", s.str(),
               " or dilation ", d.str());
   weight = register_parameter("weight", empty({in, out / g, k.h, k.w}));
-  if (with_bias) bias = register_parameter("bias", empty({out}));
+  bias = register_parameter("bias", with_bias ? empty({out}) : Tensor());  // None without
   reset_parameters(gen);
 }
+
+ConvTranspose2d::ConvTranspose2d(const ConvTranspose2dFields& o, Generator* gen)
+    : ConvTranspose2d(in_after_mode_check("ConvTranspose2d", o.padding_mode, true, o.in_channels),
+                      o.out_channels, o.kernel_size, o.stride, o.padding, o.output_padding,
+                      o.groups, o.bias, o.dilation, gen) {}
 
 void ConvTranspose2d::reset_parameters(Generator* gen) { reset_conv_like(weight, bias, gen); }
 
 Tensor ConvTranspose2d::forward(const Tensor& x) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   ACCEL_CHECK(x.defined(), ValueError, "ConvTranspose2d", "input is undefined");
   ACCEL_CHECK(
       (x.dim() == 4 && x.size(1) == in_channels) || (x.dim() == 3 && x.size(0) == in_channels),
@@ -169,6 +231,7 @@ Tensor ConvTranspose2d::forward(const Tensor& x) {
 }
 
 Tensor ConvTranspose2d::forward(const Tensor& x, const Shape& output_size) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   const char* name = "ConvTranspose2d";
   ACCEL_CHECK(x.defined() && x.dim() >= 3, ShapeError, name, "expected input (N, ", in_channels,
               ", H, W), got ", x.defined() ? x.sizes() : Shape{});
@@ -218,17 +281,27 @@ Conv1d::Conv1d(int64_t in, int64_t out, int64_t k, int64_t s, int64_t p, int64_t
               "kernel_size, stride, dilation must be positive and padding non-negative, got ", k,
               ", ", s, ", ", d, ", ", p);
   weight = register_parameter("weight", empty({out, in / g, k}));
-  if (with_bias) bias = register_parameter("bias", empty({out}));
+  bias = register_parameter("bias", with_bias ? empty({out}) : Tensor());  // None without
   reset_parameters(gen);
+}
+
+Conv1d::Conv1d(const Conv1dFields& o, Generator* gen)
+    : Conv1d(in_after_mode_check("Conv1d", o.padding_mode, false, o.in_channels), o.out_channels,
+             o.kernel_size, o.stride, o.padding, o.dilation, o.groups, o.bias, gen) {
+  padding_mode = o.padding_mode;
 }
 
 void Conv1d::reset_parameters(Generator* gen) { reset_conv_like(weight, bias, gen); }
 
 Tensor Conv1d::forward(const Tensor& x) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   ACCEL_CHECK(x.defined() && ((x.dim() == 3 && x.size(1) == in_channels) ||
                               (x.dim() == 2 && x.size(0) == in_channels)),
               ShapeError, "Conv1d", "expected input (N, ", in_channels, ", L) or (", in_channels,
               ", L), got ", x.defined() ? x.sizes() : Shape{});
+  if (padding_mode != "zeros")
+    return conv1d(pad(x, {padding, padding}, padding_mode), weight, bias, stride, 0, dilation,
+                  groups);
   return conv1d(x, weight, bias, stride, padding, dilation, groups);
 }
 
@@ -240,7 +313,7 @@ std::string Conv1d::extra_repr() const {
   if (dilation != 1) s += ", dilation=" + std::to_string(dilation);
   if (groups != 1) s += ", groups=" + std::to_string(groups);
   if (!bias.defined()) s += ", bias=false";
-  return s;
+  return s + padding_mode_repr(padding_mode);
 }
 
 ConvTranspose1d::ConvTranspose1d(int64_t in, int64_t out, int64_t k, int64_t s, int64_t p,
@@ -260,13 +333,19 @@ ConvTranspose1d::ConvTranspose1d(int64_t in, int64_t out, int64_t k, int64_t s, 
   ACCEL_CHECK(op < s || op < d, ValueError, "ConvTranspose1d", "output_padding ", op,
               " must be smaller than either stride ", s, " or dilation ", d);
   weight = register_parameter("weight", empty({in, out / g, k}));
-  if (with_bias) bias = register_parameter("bias", empty({out}));
+  bias = register_parameter("bias", with_bias ? empty({out}) : Tensor());  // None without
   reset_parameters(gen);
 }
+
+ConvTranspose1d::ConvTranspose1d(const ConvTranspose1dFields& o, Generator* gen)
+    : ConvTranspose1d(in_after_mode_check("ConvTranspose1d", o.padding_mode, true, o.in_channels),
+                      o.out_channels, o.kernel_size, o.stride, o.padding, o.output_padding,
+                      o.groups, o.bias, o.dilation, gen) {}
 
 void ConvTranspose1d::reset_parameters(Generator* gen) { reset_conv_like(weight, bias, gen); }
 
 Tensor ConvTranspose1d::forward(const Tensor& x) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   ACCEL_CHECK(x.defined() && ((x.dim() == 3 && x.size(1) == in_channels) ||
                               (x.dim() == 2 && x.size(0) == in_channels)),
               ShapeError, "ConvTranspose1d", "expected input (N, ", in_channels, ", L) or (",
@@ -299,6 +378,8 @@ std::string AdaptiveAvgPool2d::extra_repr() const { return "output_size=" + outp
 AdaptiveMaxPool2d::AdaptiveMaxPool2d(Size2 o, bool ri) : output_size(o), return_indices(ri) {
   check_positive(o, "AdaptiveMaxPool2d", "output_size", 1);
 }
+AdaptiveMaxPool2d::AdaptiveMaxPool2d(std::initializer_list<int64_t> o)
+    : AdaptiveMaxPool2d(size2_of("AdaptiveMaxPool2d", "output_size", o)) {}
 Tensor AdaptiveMaxPool2d::forward(const Tensor& x) {
   return adaptive_max_pool2d(x, output_size.shape());
 }

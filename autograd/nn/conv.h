@@ -9,25 +9,21 @@
 #include <string>
 #include <tuple>
 
+#include "autograd/nn/conv_options.h"
 #include "autograd/nn/module.h"
 #include "core/generator.h"
 
 namespace accel::nn {
 
-// A 2-D size given as one number (3 -> 3x3) or a pair ({3, 5}).
-struct Size2 {
-  int64_t h = 0, w = 0;
-  Size2(int64_t v) : h(v), w(v) {}  // NOLINT: implicit, like PyTorch's int-or-tuple
-  Size2(int64_t h_, int64_t w_) : h(h_), w(w_) {}
-  Shape shape() const { return Shape{h, w}; }
-  std::string str() const;
-};
-
+// Every module here takes its positional arguments in torch's order, or its options
+// (autograd/nn/conv_options.h, libtorch's spelling): nn::Conv2d(nn::Conv2dOptions(1, 64,
+// 5).bias(false)).
 class Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride = 1,
          Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1, bool bias = true,
          Generator* gen = nullptr);
+  explicit Conv2d(const Conv2dFields& options, Generator* gen = nullptr);
   // x: (N, C_in, H, W) -> (N, C_out, H_out, W_out)
   Tensor forward(const Tensor& x) override;
   void reset_parameters(Generator* gen = nullptr) override;
@@ -36,8 +32,11 @@ class Conv2d : public Module {
   int64_t in_channels, out_channels;
   Size2 kernel_size, stride, padding, dilation;
   int64_t groups;
-  Tensor weight;  // (C_out, C_in / groups, kH, kW)
-  Tensor bias;    // (C_out); undefined without bias
+  Parameter weight;  // (C_out, C_in / groups, kH, kW)
+  Parameter bias;    // (C_out); None without bias
+  // "zeros", or "reflect" / "replicate" / "circular": the input padded by pad() with that mode,
+  // then convolved without padding (torch's _conv_forward).
+  std::string padding_mode = "zeros";
 };
 
 class MaxPool2d : public Module {
@@ -45,6 +44,10 @@ class MaxPool2d : public Module {
   // stride defaults to kernel_size.
   explicit MaxPool2d(Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
                      Size2 padding = 0);
+  // Options as libtorch's class, not the aggregate (Note [options structs]).
+  explicit MaxPool2d(const MaxPool2dOptions& options);
+  // MaxPool2d({2, 2}): the kernel size (without it, {2, 2} would also read as kernel 2, stride 2).
+  explicit MaxPool2d(std::initializer_list<int64_t> kernel_size);
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   Size2 kernel_size, stride, padding;
@@ -54,6 +57,8 @@ class AvgPool2d : public Module {
  public:
   explicit AvgPool2d(Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
                      Size2 padding = 0, bool count_include_pad = true);
+  explicit AvgPool2d(const AvgPool2dOptions& options);             // as MaxPool2d's
+  explicit AvgPool2d(std::initializer_list<int64_t> kernel_size);  // AvgPool2d({2, 2})
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   Size2 kernel_size, stride, padding;
@@ -74,6 +79,7 @@ class ConvTranspose2d : public Module {
   ConvTranspose2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride = 1,
                   Size2 padding = 0, Size2 output_padding = 0, int64_t groups = 1, bool bias = true,
                   Size2 dilation = 1, Generator* gen = nullptr);
+  explicit ConvTranspose2d(const ConvTranspose2dFields& options, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
   // torch's forward(input, output_size): output_size (H_out, W_out) (or with leading N, C_out)
   // picks output_padding = output_size - the smallest output; it must stay below the stride.
@@ -85,26 +91,29 @@ class ConvTranspose2d : public Module {
   Size2 kernel_size, stride, padding, output_padding;
   int64_t groups;
   Size2 dilation;
-  Tensor weight;  // (C_in, C_out / groups, kH, kW)
-  Tensor bias;    // (C_out); undefined without bias
+  Parameter weight;  // (C_in, C_out / groups, kH, kW)
+  Parameter bias;    // (C_out); undefined without bias
 };
 
 // torch.nn.Conv1d(in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-// groups=1, bias=True) (numeric padding only). x: (N, C_in, L) or (C_in, L) -> (N, C_out, L_out),
-// L_out = (L + 2 padding - dilation (k - 1) - 1) / stride + 1. weight (C_out, C_in / groups, k),
-// bias (C_out); init as Conv2d with fan_in = C_in / groups k.
+// groups=1, bias=True, padding_mode='zeros') (numeric padding only, not 'same' / 'valid'). x: (N,
+// C_in, L) or (C_in, L) -> (N, C_out, L_out), L_out = (L + 2 padding - dilation (k - 1) - 1) /
+// stride + 1. weight (C_out, C_in / groups, k), bias (C_out); init as Conv2d with fan_in = C_in /
+// groups k.
 class Conv1d : public Module {
  public:
   Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1,
          int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1, bool bias = true,
          Generator* gen = nullptr);
+  explicit Conv1d(const Conv1dFields& options, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
   void reset_parameters(Generator* gen = nullptr) override;
   std::string extra_repr() const override;
 
   int64_t in_channels, out_channels, kernel_size, stride, padding, dilation, groups;
-  Tensor weight;  // (C_out, C_in / groups, k)
-  Tensor bias;    // (C_out)
+  Parameter weight;                    // (C_out, C_in / groups, k)
+  Parameter bias;                      // (C_out)
+  std::string padding_mode = "zeros";  // as Conv2d's
 };
 
 // torch.nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=1, padding=0,
@@ -116,13 +125,14 @@ class ConvTranspose1d : public Module {
                   int64_t stride = 1, int64_t padding = 0, int64_t output_padding = 0,
                   int64_t groups = 1, bool bias = true, int64_t dilation = 1,
                   Generator* gen = nullptr);
+  explicit ConvTranspose1d(const ConvTranspose1dFields& options, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
   void reset_parameters(Generator* gen = nullptr) override;
   std::string extra_repr() const override;
 
   int64_t in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, dilation;
-  Tensor weight;  // (C_in, C_out / groups, k)
-  Tensor bias;    // (C_out)
+  Parameter weight;  // (C_in, C_out / groups, k)
+  Parameter bias;    // (C_out)
 };
 
 // torch.nn.AdaptiveAvgPool2d(output_size) / AdaptiveMaxPool2d(output_size, return_indices=False):
@@ -140,6 +150,8 @@ class AdaptiveAvgPool2d : public Module {
 class AdaptiveMaxPool2d : public Module {
  public:
   explicit AdaptiveMaxPool2d(Size2 output_size, bool return_indices = false);
+  // AdaptiveMaxPool2d({5, 7}): the output size, not (5, return_indices = true).
+  explicit AdaptiveMaxPool2d(std::initializer_list<int64_t> output_size);
   Tensor forward(const Tensor& x) override;
   std::tuple<Tensor, Tensor> forward_with_indices(const Tensor& x);
   std::string extra_repr() const override;

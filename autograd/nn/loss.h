@@ -31,22 +31,31 @@ class CrossEntropyLoss : public Module {
   Tensor operator()(const Tensor& logits, const Tensor& target) const {
     return forward(logits, target);
   }
-  Tensor weight;  // undefined: every class weighs 1
+  Buffer weight;  // undefined: every class weighs 1
   int64_t ignore_index;
   Reduction reduction;
   double label_smoothing;
 };
 
+// torch.nn.NLLLoss(weight=None, ignore_index=-100, reduction='mean'): log_probs (C), (N, C) or
+// (N, C, d...), target class indices; weight (C) class weights, a buffer (moves with to()); the
+// weighted mean divides by the sum of the targets' weights (nll_loss in autograd/ops.h).
 class NLLLoss : public Module {
  public:
   explicit NLLLoss(int64_t ignore_index = -100, Reduction reduction = Reduction::Mean)
       : ignore_index(ignore_index), reduction(reduction) {}
+  explicit NLLLoss(Tensor weight, int64_t ignore_index = -100,
+                   Reduction reduction = Reduction::Mean)
+      : NLLLoss(ignore_index, reduction) {
+    if (weight.defined()) this->weight = register_buffer("weight", std::move(weight));
+  }
   Tensor forward(const Tensor& log_probs, const Tensor& target) const {
-    return nll_loss(log_probs, target, ignore_index, reduction);
+    return nll_loss(log_probs, target, weight, ignore_index, reduction);
   }
   Tensor operator()(const Tensor& log_probs, const Tensor& target) const {
     return forward(log_probs, target);
   }
+  Buffer weight;  // undefined: every class weighs 1
   int64_t ignore_index;
   Reduction reduction;
 };
@@ -90,7 +99,7 @@ class BCELoss : public Module {
   Tensor operator()(const Tensor& input, const Tensor& target) const {
     return forward(input, target);
   }
-  Tensor weight;
+  Buffer weight;
   Reduction reduction;
 };
 

@@ -21,285 +21,6 @@ namespace {
 thread_local int g_deferred_depth = 0;  // live DeferredInit guards on this thread
 }  // namespace
 
-Module::~Module() = default;
-
-Tensor Module::forward(const Tensor&) {
-  ACCEL_THROW(ValueError, "Module.forward", type_name(),
-              " does not define a single-input forward(const Tensor&)");
-}
-
-// ---------------- calls (Note [module calls]) ----------------
-
-const char* Value::type_name() const {
-  switch (kind_) {
-    case Kind::Tensor: return t_.defined() ? "Tensor" : "None";
-    case Kind::Bool: return "bool";
-    case Kind::Int: return "int64";
-    case Kind::Double: return "double";
-  }
-  return "?";
-}
-
-std::string describe_values(const Values& values) {
-  std::string s = "(";
-  for (size_t i = 0; i < values.size(); ++i)
-    s += (i ? ", " : "") + std::string(values[i].type_name());
-  return s + ")";
-}
-
-namespace call_detail {
-
-std::string type_name_of(const std::type_info& t) {
-  int status = 0;
-  char* demangled = abi::__cxa_demangle(t.name(), nullptr, nullptr, &status);
-  std::string name = (status == 0 && demangled) ? demangled : t.name();
-  std::free(demangled);
-  for (const std::string anon = "(anonymous namespace)::";;) {
-    const size_t at = name.find(anon);
-    if (at == std::string::npos) break;
-    name.erase(at, anon.size());
-  }
-  // Drop every namespace qualifier ("accel::Tensor" -> "Tensor", "std::tuple<...>" ->
-  // "tuple<...>"): a qualifier is an identifier followed by "::".
-  std::string out;
-  size_t word = 0;  // start of the current identifier in `out`
-  for (size_t i = 0; i < name.size(); ++i) {
-    if (name[i] == ':' && i + 1 < name.size() && name[i + 1] == ':') {
-      out.erase(word);
-      ++i;
-      continue;
-    }
-    const char c = name[i];
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) word = out.size() + 1;
-    out += c;
-  }
-  // The allocator and other defaulted arguments stay; they rarely appear in results.
-  return out;
-}
-
-void throw_result_count(const std::string& who, size_t got, size_t want,
-                        const std::type_info& result) {
-  ACCEL_THROW(ValueError, "Module.call", who, " returned ", got, " tensor(s); the result type ",
-              type_name_of(result), " holds ", want);
-}
-
-}  // namespace call_detail
-
-std::vector<Tensor> Module::forward_values(Values& in) {
-  ACCEL_CHECK(in.size() == 1 && in[0].is_tensor(), ValueError, "Module.call", call_name(),
-              ": called with ", describe_values(in));
-  return {forward(in[0].tensor())};
-}
-
-Tensor Module::call_one(const Tensor& x) {
-  Values in{Value::from_tensor(x)};
-  std::vector<Tensor> out = run_call(in, [this](Values& v) { return forward_values(v); });
-  if (out.size() != 1) call_detail::throw_result_count(call_name(), out.size(), 1, typeid(Tensor));
-  return out[0];
-}
-
-std::vector<Tensor> Module::call_values(Values inputs) {
-  if (!intercepted()) return forward_values(inputs);
-  return run_call(inputs, [this](Values& v) { return forward_values(v); });
-}
-
-namespace {
-// The tensor arguments of `in`, by position among the values.
-std::vector<Tensor> tensor_args(const Values& in, std::vector<size_t>& where) {
-  std::vector<Tensor> ts;
-  for (size_t i = 0; i < in.size(); ++i)
-    if (in[i].is_tensor()) {
-      where.push_back(i);
-      ts.push_back(in[i].tensor());
-    }
-  return ts;
-}
-}  // namespace
-
-std::vector<Tensor> Module::run_call(Values& inputs, CallFn body) {
-  std::shared_ptr<CallHooks> h = calls_;  // alive even if a hook removes itself
-  if (!h || !h->active()) return body(inputs);
-  CallFn inner = [this, h, body = std::move(body)](Values& in) {
-    // Copies: a hook may register or remove hooks.
-    const auto pre = h->pre;
-    const auto post = h->post;
-    std::vector<size_t> where;
-    std::vector<Tensor> args = tensor_args(in, where);
-    for (const auto& [id, hook] : pre) {
-      hook(*this, args);
-      ACCEL_CHECK(args.size() == where.size(), ValueError, "Module.forward_pre_hook", call_name(),
-                  ": a pre-hook changed the number of tensor arguments from ", where.size(), " to ",
-                  args.size());
-    }
-    for (size_t j = 0; j < where.size(); ++j) in[where[j]].tensor() = args[j];
-    std::vector<Tensor> out = body(in);
-    for (const auto& [id, hook] : post) {
-      const size_t n = out.size();
-      hook(*this, args, out);
-      ACCEL_CHECK(out.size() == n, ValueError, "Module.forward_hook", call_name(),
-                  ": a forward hook changed the number of result tensors from ", n, " to ",
-                  out.size());
-    }
-    return out;
-  };
-  if (h->wrapper) {
-    CallWrapper w = h->wrapper;
-    return w(*this, inputs, inner);
-  }
-  return inner(inputs);
-}
-
-HookHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
-  ACCEL_CHECK(bool(hook), ValueError, "Module.register_forward_pre_hook", type_name(),
-              ": empty hook");
-  if (!calls_) calls_ = std::make_shared<CallHooks>();
-  const uint64_t id = calls_->next_id++;
-  calls_->pre.emplace_back(id, std::move(hook));
-  return HookHandle(calls_, id);
-}
-
-HookHandle Module::register_forward_hook(ForwardHook hook) {
-  ACCEL_CHECK(bool(hook), ValueError, "Module.register_forward_hook", type_name(), ": empty hook");
-  if (!calls_) calls_ = std::make_shared<CallHooks>();
-  const uint64_t id = calls_->next_id++;
-  calls_->post.emplace_back(id, std::move(hook));
-  return HookHandle(calls_, id);
-}
-
-void HookHandle::remove() {
-  std::shared_ptr<CallHooks> h = hooks_.lock();
-  if (!h || id_ == 0) return;
-  auto drop = [&](auto& v) {
-    v.erase(std::remove_if(v.begin(), v.end(), [&](const auto& e) { return e.first == id_; }),
-            v.end());
-  };
-  drop(h->pre);
-  drop(h->post);
-  id_ = 0;
-}
-
-void Module::set_call_wrapper(CallWrapper wrapper) {
-  if (!calls_) calls_ = std::make_shared<CallHooks>();
-  ACCEL_CHECK(!wrapper || !calls_->wrapper, ValueError, "Module.set_call_wrapper", type_name(),
-              " already has a call wrapper (is it a unit of another sharded model?)");
-  calls_->wrapper = std::move(wrapper);
-}
-
-// ---------------- registration ----------------
-
-void Module::check_new_name(const std::string& name, const char* what) const {
-  ACCEL_CHECK(!name.empty(), ValueError, what, type_name(), ": empty name");
-  ACCEL_CHECK(name.find('.') == std::string::npos, ValueError, what, type_name(), ": name '", name,
-              "' must not contain '.'");
-  for (const auto& [n, _] : params_) {
-    ACCEL_CHECK(n != name, ValueError, what, type_name(), ": '", name,
-                "' is already registered as a parameter");
-  }
-  for (const auto& b : buffers_) {
-    ACCEL_CHECK(b.name != name, ValueError, what, type_name(), ": '", name,
-                "' is already registered as a buffer");
-  }
-  for (const auto& [n, _] : children_) {
-    ACCEL_CHECK(n != name, ValueError, what, type_name(), ": '", name,
-                "' is already registered as a submodule");
-  }
-}
-
-Tensor Module::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
-  check_new_name(name, "Module.register_parameter");
-  ACCEL_CHECK(value.defined(), ValueError, "Module.register_parameter", type_name(),
-              ": parameter '", name, "' is undefined");
-  ACCEL_CHECK(value.is_floating_point(), DTypeError, "Module.register_parameter", type_name(),
-              ": parameter '", name, "' must be floating point, got ", value.dtype());
-  // A parameter is a leaf: drop any history the initialiser left behind.
-  if (!value.is_leaf()) value = value.detach();
-  // Note [tied parameters]: a deferred tensor was registered by another module already (a
-  // fresh parameter is allocated until it is registered); that module initialises it.
-  if (is_deferred(value)) {
-    value.requires_grad_(requires_grad);
-    params_.emplace_back(name, value);
-    borrowed_.push_back(name);
-    return value;
-  }
-  if (DeferredInit::active()) {
-    if (deferred_rng_state_.empty()) {
-      Generator& g = default_generator();
-      std::lock_guard<std::mutex> lk(g.mutex());
-      deferred_rng_state_ = g.state();
-    }
-    // Throws for a borrowed buffer (from_blob), which cannot be given back.
-    value.storage()->release();
-  }
-  value.requires_grad_(requires_grad);
-  params_.emplace_back(name, value);
-  return value;
-}
-
-// Note [tied parameters]
-// Tying is one TensorImpl registered in two modules (GPT's lm_head and token embedding): either
-// registered twice (register_parameter with another module's parameter) or rebound afterwards
-// with set_parameter, which replaces the table entry; the member must be rebound too, which
-// `decoder->weight = decoder->set_parameter("weight", encoder->weight)` does in one line.
-// Everything that walks parameters sees the tensor once (named_parameters keeps the first name,
-// so optimizers, DDP buckets and ZeRO shards hold it once), autograd sums both uses into its one
-// .grad (the engine adds a node's incoming gradients before running it, so post-accumulate hooks
-// fire once per backward), and state_dict lists it under both names (as PyTorch), so a
-// checkpoint loads whether or not the model ties. Files hold it once: save_safetensors writes
-// one copy and records the alias in the metadata (safetensors.torch.save_model's convention,
-// Note [tied tensors in files] in safetensors.cc), and load_safetensors restores it.
-// Deferred init: the module that registered the tensor first owns it and initialises it; a
-// module holding it through a second registration (the tensor is deferred already) or through
-// set_parameter borrows it: its materialize_own_parameters neither allocates nor initialises it
-// (its reset_parameters still draws, leaving the generator where eager construction leaves it,
-// and writes nothing into an unallocated tensor; an allocated one is kept). So the tied values
-// are the owner's, in any materialization order, as in eager construction where the tie comes
-// after both constructors ran.
-// ZeRO-3 (dist/fsdp.h): a parameter used by two units lives in the root unit (Note [unit
-// lifecycle]).
-Tensor Module::set_parameter(const std::string& name, Tensor value) {
-  ACCEL_CHECK(sharded_how_to_load_.empty(), ValueError, "Module.set_parameter", type_name(),
-              " is sharded (its parameters are views of ZeRO-3 unit buffers): tie parameters "
-              "before preparing the model");
-  auto it =
-      std::find_if(params_.begin(), params_.end(), [&](const auto& e) { return e.first == name; });
-  if (it == params_.end()) {
-    std::string names;
-    for (const auto& [n, p] : params_) names += (names.empty() ? "" : ", ") + n;
-    ACCEL_THROW(IndexError, "Module.set_parameter", type_name(), " has no parameter '", name,
-                "' (it has: ", names.empty() ? std::string("none") : names, ")");
-  }
-  ACCEL_CHECK(value.defined(), ValueError, "Module.set_parameter", type_name(), ": parameter '",
-              name, "' is undefined");
-  ACCEL_CHECK(value.is_floating_point(), DTypeError, "Module.set_parameter", type_name(),
-              ": parameter '", name, "' must be floating point, got ", value.dtype());
-  ACCEL_CHECK(value.is_leaf(), ValueError, "Module.set_parameter", type_name(), ": parameter '",
-              name, "' ", value.sizes(),
-              " has autograd history; a parameter is a leaf (pass another module's parameter, or "
-              "detach it)");
-  it->second = value;
-  if (std::find(borrowed_.begin(), borrowed_.end(), name) == borrowed_.end())
-    borrowed_.push_back(name);
-  return value;
-}
-
-Tensor Module::register_buffer(const std::string& name, Tensor value, bool persistent) {
-  check_new_name(name, "Module.register_buffer");
-  ACCEL_CHECK(value.defined(), ValueError, "Module.register_buffer", type_name(), ": buffer '",
-              name, "' is undefined");
-  if (!value.is_leaf() || value.requires_grad()) value = value.detach();
-  buffers_.push_back(BufferEntry{name, value, persistent});
-  return value;
-}
-
-void Module::register_child(const std::string& name, std::shared_ptr<Module> module) {
-  check_new_name(name, "Module.register_module");
-  ACCEL_CHECK(module != nullptr, ValueError, "Module.register_module", type_name(), ": submodule '",
-              name, "' is null");
-  ACCEL_CHECK(module.get() != this, ValueError, "Module.register_module", type_name(),
-              ": a module cannot be its own child ('", name, "')");
-  children_.emplace_back(name, std::move(module));
-}
-
 // ---------------- access ----------------
 
 namespace {
@@ -308,26 +29,33 @@ std::string join_name(const std::string& prefix, const std::string& name) {
 }
 }  // namespace
 
+// Walks skip None entries (Note [module members]).
 void Module::collect_parameters(const std::string& prefix, Named<Tensor>& out, bool recurse) const {
-  for (const auto& [n, t] : params_) out.emplace_back(join_name(prefix, n), t);
+  for (const auto& [n, t] : params_)
+    if (t.defined()) out.emplace_back(join_name(prefix, n), t);
   if (!recurse) return;
-  for (const auto& [n, c] : children_) c->collect_parameters(join_name(prefix, n), out, true);
+  for (const auto& [n, c] : children_)
+    if (c) c->collect_parameters(join_name(prefix, n), out, true);
 }
 
 void Module::collect_buffers(const std::string& prefix, Named<Tensor>& out, bool recurse,
                              bool persistent_only) const {
   for (const auto& b : buffers_) {
-    if (!persistent_only || b.persistent) out.emplace_back(join_name(prefix, b.name), b.value);
+    if (b.value.defined() && (!persistent_only || b.persistent))
+      out.emplace_back(join_name(prefix, b.name), b.value);
   }
   if (!recurse) return;
   for (const auto& [n, c] : children_) {
-    c->collect_buffers(join_name(prefix, n), out, true, persistent_only);
+    if (c) c->collect_buffers(join_name(prefix, n), out, true, persistent_only);
   }
 }
 
-void Module::collect_modules(const std::string& prefix, Named<Module*>& out) {
+void Module::collect_modules(const std::string& prefix, Named<Module*>& out,
+                             std::unordered_set<const Module*>& seen) {
+  if (!seen.insert(this).second) return;  // shared: listed once, as torch's named_modules
   out.emplace_back(prefix, this);
-  for (const auto& [n, c] : children_) c->collect_modules(join_name(prefix, n), out);
+  for (const auto& [n, c] : children_)
+    if (c) c->collect_modules(join_name(prefix, n), out, seen);
 }
 
 namespace {
@@ -382,15 +110,39 @@ std::vector<Tensor> Module::buffers(bool recurse) const {
 
 std::vector<std::shared_ptr<Module>> Module::children() const {
   std::vector<std::shared_ptr<Module>> out;
-  for (const auto& [n, c] : children_) out.push_back(c);
+  for (const auto& [n, c] : children_)
+    if (c) out.push_back(c);
   return out;
 }
 
-Named<std::shared_ptr<Module>> Module::named_children() const { return children_; }
+Named<std::shared_ptr<Module>> Module::named_children() const {
+  Named<std::shared_ptr<Module>> out;
+  for (const auto& [n, c] : children_)
+    if (c) out.emplace_back(n, c);
+  return out;
+}
 
 Named<Module*> Module::named_modules() {
   Named<Module*> out;
-  collect_modules("", out);
+  std::unordered_set<const Module*> seen;
+  collect_modules("", out, seen);
+  return out;
+}
+
+std::vector<std::shared_ptr<Module>> Module::modules(bool include_self) {
+  std::vector<std::shared_ptr<Module>> out;
+  for (auto& [name, m] : named_modules()) {
+    if (m == this) {
+      if (!include_self) continue;
+      // Owning when this module is held by a shared_ptr; a non-owning alias otherwise.
+      std::shared_ptr<Module> self = weak_from_this().lock();
+      out.push_back(self ? self : std::shared_ptr<Module>(std::shared_ptr<Module>(), this));
+    } else {
+      // Children are held by shared_ptrs (their parents' entries).
+      std::shared_ptr<Module> owned = m->weak_from_this().lock();
+      out.push_back(owned ? owned : std::shared_ptr<Module>(std::shared_ptr<Module>(), m));
+    }
+  }
   return out;
 }
 
@@ -418,12 +170,14 @@ int64_t Module::num_parameters() const {
 
 Module& Module::train(bool on) {
   training_ = on;
-  for (auto& [n, c] : children_) c->train(on);
+  for (auto& [n, c] : children_)
+    if (c) c->train(on);
   return *this;
 }
 
 Module& Module::apply(const std::function<void(Module&)>& fn) {
-  for (auto& [n, c] : children_) c->apply(fn);
+  for (auto& [n, c] : children_)
+    if (c) c->apply(fn);
   fn(*this);
   return *this;
 }
@@ -456,7 +210,7 @@ void Module::apply_to_tensors(const std::function<Tensor(const Tensor&)>& conver
   std::unordered_set<const TensorImpl*> done;
   for (auto& [name, mod] : named_modules()) {
     for (auto& [n, p] : mod->params_) {
-      if (!done.insert(p.impl()).second) continue;
+      if (!p.defined() || !done.insert(p.impl()).second) continue;
       Tensor moved = convert(p);
       if (moved.is_same(p)) continue;
       Tensor g = p.grad();
@@ -464,7 +218,7 @@ void Module::apply_to_tensors(const std::function<Tensor(const Tensor&)>& conver
       if (g.defined()) p.set_grad(convert(g).detach());
     }
     for (auto& b : mod->buffers_) {
-      if (!done.insert(b.value.impl()).second) continue;
+      if (!b.value.defined() || !done.insert(b.value.impl()).second) continue;
       Tensor moved = convert(b.value);
       if (!moved.is_same(b.value)) assign_tensor_data(b.value, moved.detach());
     }
@@ -571,6 +325,13 @@ void Module::check_not_sharded(const char* op) {
   }
 }
 
+// torch's load rule (Module._load_from_state_dict): a 0-dim parameter or buffer takes a checkpoint
+// tensor of shape (1,), its one element (files of older code keep BatchNorm's
+// num_batches_tracked as (1,)). Any other shape difference is refused.
+static bool loads_as_scalar(const Tensor& saved, const Tensor& own) {
+  return own.dim() == 0 && saved.dim() == 1 && saved.size(0) == 1;
+}
+
 LoadResult Module::load_state_dict(const TensorDict& state, bool strict) {
   check_not_sharded("load_state_dict");
   TensorDict own;
@@ -583,7 +344,7 @@ LoadResult Module::load_state_dict(const TensorDict& state, bool strict) {
       result.missing_keys.push_back(n);
     } else if (!it->second.defined()) {
       mismatched.push_back(n + ": checkpoint tensor is undefined");
-    } else if (it->second.sizes() != t.sizes()) {
+    } else if (it->second.sizes() != t.sizes() && !loads_as_scalar(it->second, t)) {
       mismatched.push_back(n + ": checkpoint " + shape_str(it->second.sizes()) + ", model " +
                            shape_str(t.sizes()));
     }
@@ -617,7 +378,7 @@ LoadResult Module::load_state_dict(const TensorDict& state, bool strict) {
     // A deferred parameter gets its memory here and its value from the checkpoint: loading a
     // DeferredInit model never runs its initialisers.
     if (is_deferred(d)) d.storage()->materialize();
-    d.copy_(it->second);
+    d.copy_(loads_as_scalar(it->second, d) ? it->second.reshape({}) : it->second);
   }
   return result;
 }
@@ -676,8 +437,10 @@ bool is_deferred(const Module& m, bool recurse) {
 }
 
 void Module::reset_parameters(Generator*) {
-  ACCEL_CHECK(params_.empty(), ValueError, "Module.reset_parameters", type_name(),
-              " registers parameter '", params_.front().first,
+  auto own = std::find_if(params_.begin(), params_.end(),
+                          [](const auto& e) { return e.second.defined(); });
+  ACCEL_CHECK(own == params_.end(), ValueError, "Module.reset_parameters", type_name(),
+              " registers parameter '", own->first,
               "' but does not override reset_parameters(Generator*), so it cannot be "
               "initialised after deferred construction (nn::DeferredInit / nn::materialize): "
               "override it with the constructor's initialisation");
@@ -686,6 +449,7 @@ void Module::reset_parameters(Generator*) {
 bool Module::materialize_own_parameters(Generator* gen) {
   std::vector<Tensor> deferred, kept;
   for (const auto& [n, p] : params_) {
+    if (!p.defined()) continue;  // None
     // Note [tied parameters]: a borrowed parameter is its owner's to initialise; deferred, the
     // initialisers below leave it alone; allocated, it is kept.
     const bool borrowed = std::find(borrowed_.begin(), borrowed_.end(), n) != borrowed_.end();
@@ -765,7 +529,11 @@ void Module::repr_into(std::ostream& os, int indent) const {
     os << '\n';
     for (const auto& [n, c] : children_) {
       os << std::string(size_t(indent + 2), ' ') << '(' << n << "): ";
-      c->repr_into(os, indent + 2);
+      if (c) {
+        c->repr_into(os, indent + 2);
+      } else {
+        os << "None";
+      }
       os << '\n';
     }
     os << std::string(size_t(indent), ' ');

@@ -26,6 +26,9 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -126,7 +129,166 @@ struct CallHooks {
   std::vector<std::pair<uint64_t, ForwardHook>> post;
   CallWrapper wrapper;
   uint64_t next_id = 1;
+  // Calls of the module's forward in progress through run_call (Module::check_not_bypassed).
+  int depth = 0;
   bool active() const { return !pre.empty() || !post.empty() || bool(wrapper); }
+};
+
+// ---- members the module sees assigned (Note [module members] in module_members.cc) ----
+//
+//   struct Net : nn::Module {
+//     nn::Child<nn::Linear> fc = register_module("fc", std::make_shared<nn::Linear>(512, 10));
+//     nn::Parameter scale = register_parameter("scale", ones({10}));
+//     nn::Buffer mask = register_buffer("mask", tril(ones({8, 8})));
+//   };
+//   net->fc = std::make_shared<nn::Linear>(512, 2);  // replaces the child, as torch's setattr
+//   head->weight = emb->weight;                        // ties: parameters() lists it once
+//
+// A member declared as nn::Parameter, nn::Buffer or nn::Child<M> and initialised (or assigned)
+// from register_parameter / register_buffer / register_module is bound to that entry of the
+// module's table: assigning the member assigns the entry, so state_dict(), parameters(),
+// named_modules(), to(), hooks and optimizers built afterwards see the new object; changing the
+// entry (set_parameter, register_* on the same name) changes the member. A member declared as a
+// plain Tensor / std::shared_ptr<M> is a copy of the handle: assigning it later changes only
+// the member (the module cannot see it). Copies of a bound member are plain handles.
+
+enum class MemberKind : uint8_t { Parameter, Buffer };
+template <MemberKind K>
+class TensorMember;
+
+// What register_parameter / register_buffer return: the registered tensor, and the entry that
+// holds it, for a member to bind to. Used as a Tensor, it is the registered tensor.
+template <MemberKind K>
+class TensorRegistration : public Tensor {
+ public:
+  TensorRegistration(Tensor t, Module* owner, uint32_t index)
+      : Tensor(std::move(t)), owner_(owner), index_(index) {}
+
+ private:
+  friend class TensorMember<K>;
+  Module* owner_;
+  uint32_t index_;
+};
+
+// A parameter or buffer member (Note [module members]); a Tensor in every other respect.
+template <MemberKind K>
+class TensorMember : public Tensor {
+ public:
+  TensorMember() = default;
+  TensorMember(const Tensor& t) : Tensor(t) {}  // NOLINT: a plain handle, unbound
+  TensorMember(TensorRegistration<K>&& r) : Tensor(r) { bind(r.owner_, r.index_); }  // NOLINT
+  TensorMember(const TensorMember& other) : Tensor(other) {}  // a copy is not the member
+  ~TensorMember() { unbind(); }
+  // Bound: the module's entry becomes `t` (a parameter: a floating leaf or undefined for None,
+  // ValueError otherwise; a buffer: detached), then this member. Unbound: rebinds the handle.
+  TensorMember& operator=(const Tensor& t) {
+    assign(t);
+    return *this;
+  }
+  TensorMember& operator=(const TensorMember& other) {
+    assign(other);
+    return *this;
+  }
+  // Binds this member to the new registration (and unbinds it from any earlier one).
+  TensorMember& operator=(TensorRegistration<K>&& r) {
+    unbind();
+    Tensor::operator=(r);
+    bind(r.owner_, r.index_);
+    return *this;
+  }
+  // The module whose entry this member is (null for a plain handle).
+  Module* owner() const { return owner_; }
+
+ private:
+  friend class Module;
+  void bind(Module* owner, uint32_t index);
+  void unbind();
+  void assign(const Tensor& t);
+  Module* owner_ = nullptr;
+  uint32_t index_ = 0;
+};
+using Parameter = TensorMember<MemberKind::Parameter>;
+using Buffer = TensorMember<MemberKind::Buffer>;
+using ParameterRegistration = TensorRegistration<MemberKind::Parameter>;
+using BufferRegistration = TensorRegistration<MemberKind::Buffer>;
+
+// What register_module returns: the registered module and the entry that holds it.
+template <typename M>
+class ModuleRegistration : public std::shared_ptr<M> {
+ public:
+  ModuleRegistration(std::shared_ptr<M> m, Module* owner, uint32_t index)
+      : std::shared_ptr<M>(std::move(m)), owner_(owner), index_(index) {}
+  Module* owner_;
+  uint32_t index_;
+};
+
+// The untyped half of nn::Child<M>: which entry it is bound to.
+class ChildMember {
+ public:
+  Module* owner() const { return owner_; }
+
+ protected:
+  ChildMember() = default;
+  ChildMember(const ChildMember&) {}  // a copy is not the member
+  ChildMember& operator=(const ChildMember&) { return *this; }
+  ~ChildMember() { unbind(); }
+  void bind(Module* owner, uint32_t index);
+  void unbind();
+  // Bound: the module's entry becomes `m` (null for None), then this member.
+  void assign_entry(std::shared_ptr<Module> m);
+  // Whether this member's type can hold `m`, and taking it (after the entry changed).
+  virtual bool accepts(const Module* m) const = 0;
+  virtual void take(const std::shared_ptr<Module>& m) = 0;
+  virtual const char* held_type() const = 0;
+  Module* owner_ = nullptr;
+  uint32_t index_ = 0;
+
+ private:
+  friend class Module;
+};
+
+// A submodule member (Note [module members]); a std::shared_ptr<M> in every other respect.
+template <typename M>
+class Child : public std::shared_ptr<M>, public ChildMember {
+ public:
+  Child() = default;
+  Child(std::nullptr_t) {}                                           // NOLINT
+  Child(std::shared_ptr<M> m) : std::shared_ptr<M>(std::move(m)) {}  // NOLINT: unbound
+  template <typename U>
+  requires std::is_base_of_v<M, U> Child(ModuleRegistration<U>&& r)
+      : std::shared_ptr<M>(r) {  // NOLINT
+    bind(r.owner_, r.index_);
+  }
+  Child(const Child& other) : std::shared_ptr<M>(other), ChildMember() {}
+  Child& operator=(std::shared_ptr<M> m) {
+    if (owner_) {
+      assign_entry(std::move(m));
+    } else {
+      std::shared_ptr<M>::operator=(std::move(m));
+    }
+    return *this;
+  }
+  Child& operator=(std::nullptr_t) { return *this = std::shared_ptr<M>(); }
+  Child& operator=(const Child& other) { return *this = std::shared_ptr<M>(other); }
+  template <typename U>
+  requires(std::is_base_of_v<M, U> && !std::is_same_v<M, U>) Child& operator=(
+      std::shared_ptr<U> m) {
+    return *this = std::shared_ptr<M>(std::move(m));
+  }
+  template <typename U>
+  requires std::is_base_of_v<M, U> Child& operator=(ModuleRegistration<U>&& r) {
+    unbind();
+    std::shared_ptr<M>::operator=(r);
+    bind(r.owner_, r.index_);
+    return *this;
+  }
+
+ private:
+  bool accepts(const Module* m) const override;
+  void take(const std::shared_ptr<Module>& m) override {
+    std::shared_ptr<M>::operator=(std::dynamic_pointer_cast<M>(m));
+  }
+  const char* held_type() const override { return typeid(M).name(); }
 };
 
 class Module : public std::enable_shared_from_this<Module> {
@@ -186,22 +348,34 @@ class Module : public std::enable_shared_from_this<Module> {
   void set_call_wrapper(CallWrapper wrapper);
   bool has_call_wrapper() const { return calls_ && bool(calls_->wrapper); }
 
-  // ---- registration (names: non-empty, no '.', unique among params/buffers/children) ----
-  // Returns a handle sharing the registered tensor. `value` must be a floating leaf. Registering
-  // another module's parameter ties the two (Note [tied parameters]).
-  Tensor register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
-  // Replaces this module's parameter `name` by `value` and returns it, so that the member is
-  // rebound in the same line (Note [tied parameters]):
-  //   decoder->weight = decoder->set_parameter("weight", encoder->weight);   // tied
-  // Assigning the member alone (`decoder->weight = encoder->weight`) would leave the module's
-  // table holding the old tensor. IndexError when there is no parameter `name`; `value` must be
-  // a floating leaf; its requires_grad is kept. ValueError on a sharded module.
+  // ---- registration (names: non-empty, no '.') ----
+  // Each returns the registered object together with its entry, so that a member declared as
+  // nn::Parameter / nn::Buffer / nn::Child<M> binds to it (Note [module members]). As torch,
+  // registering a name this module already uses for the same kind replaces that entry (and its
+  // bound member); a name used by another kind is a ValueError.
+  //
+  // `value` must be a floating leaf, or undefined for None (an absent optional parameter, as
+  // torch's register_parameter(name, None): listed nowhere until a tensor is assigned).
+  // Registering another module's parameter ties the two (Note [tied parameters]).
+  ParameterRegistration register_parameter(const std::string& name, Tensor value,
+                                           bool requires_grad = true);
+  // Replaces this module's parameter `name` by `value` (and the member bound to it) and returns
+  // it (Note [tied parameters]); `decoder->weight = encoder->weight` on a bound member does the
+  // same. IndexError when there is no parameter `name`; `value` must be a floating leaf (or
+  // undefined: None); its requires_grad is kept. ValueError on a sharded module.
   Tensor set_parameter(const std::string& name, Tensor value);
   // persistent = false keeps the buffer out of state_dict() (e.g. a cached causal mask).
-  Tensor register_buffer(const std::string& name, Tensor value, bool persistent = true);
+  BufferRegistration register_buffer(const std::string& name, Tensor value, bool persistent = true);
   template <typename M>
-  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
-    register_child(name, module);
+  ModuleRegistration<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    const uint32_t index = register_child(name, module);
+    return ModuleRegistration<M>(std::move(module), this, index);
+  }
+  // torch's replace_module / setattr on a child: the child `name` (which must exist) becomes
+  // `module` (and so does the member bound to it). Returns it.
+  template <typename M>
+  std::shared_ptr<M> replace_module(const std::string& name, std::shared_ptr<M> module) {
+    replace_child(name, module);
     return module;
   }
 
@@ -216,8 +390,17 @@ class Module : public std::enable_shared_from_this<Module> {
   Named<Tensor> named_buffers(bool recurse = true) const;
   std::vector<std::shared_ptr<Module>> children() const;
   Named<std::shared_ptr<Module>> named_children() const;
-  // This module (name "") and every descendant, depth first.
+  // This module (name "") and every descendant, depth first. A module reachable under two
+  // names (shared) is listed once, under the first.
   Named<Module*> named_modules();
+  // named_modules() without the names (torch's modules()); include_self = false leaves this
+  // module out. This module's pointer owns nothing when it is not held by a shared_ptr.
+  std::vector<std::shared_ptr<Module>> modules(bool include_self = true);
+  // This module as an M, or null (libtorch's module->as<nn::Linear>()).
+  template <typename M>
+  M* as() {
+    return dynamic_cast<M*>(this);
+  }
   // Looks up "blocks.0.attn.qkv.weight"; throws IndexError listing nothing found.
   Tensor parameter(const std::string& dotted_name) const;
   Tensor buffer(const std::string& dotted_name) const;
@@ -232,6 +415,11 @@ class Module : public std::enable_shared_from_this<Module> {
   Module& to(Device device);
   Module& to(DType dtype);
   Module& to(Device device, DType dtype);
+  // torch's model.double() / .float() / .half() / .bfloat16(), spelled as Tensor's.
+  Module& float64() { return to(kFloat64); }
+  Module& float32() { return to(kFloat32); }
+  Module& half() { return to(kFloat16); }
+  Module& bfloat16() { return to(kBFloat16); }
   void zero_grad(bool set_to_none = true);
   // fn on every module, children first (depth first, registration order), then this one, as
   // PyTorch's apply: model->apply([](nn::Module& m) { if (auto* l = dynamic_cast<...>) ... }).
@@ -282,33 +470,64 @@ class Module : public std::enable_shared_from_this<Module> {
   std::string repr() const;
 
  protected:
-  void register_child(const std::string& name, std::shared_ptr<Module> module);
+  // Registers (or, for a used child name, replaces) child `name`; returns its entry's index.
+  uint32_t register_child(const std::string& name, std::shared_ptr<Module> module);
+  void replace_child(const std::string& name, std::shared_ptr<Module> module);
   // Whether a hook or a call wrapper is registered (calls take the type-erased path).
   bool intercepted() const { return calls_ && calls_->active(); }
   // Hooks, wrapper and `body` (the forward) over `inputs`.
   std::vector<Tensor> run_call(Values& inputs, CallFn body);
+  // Called before entry `index` of children_ becomes `module` (replace_module, register_module
+  // on a used name, a bound nn::Child assigned): containers keep their entry lists in step, and
+  // may refuse (throw) before anything changed.
+  virtual void on_child_assign(uint32_t index, const std::shared_ptr<Module>& module) {}
+  // For a module that an engine wraps (set_call_wrapper: ZeRO-3 units, tensor-parallel layers):
+  // its forward called directly (`fc->forward(x)`) would skip the wrapper's gathers and
+  // collectives and compute on local shards without a word, so the built-in layers' forwards
+  // call this first: ValueError naming the module unless the call came through the wrapper.
+  void check_not_bypassed() const {
+    if (calls_ && calls_->wrapper && calls_->depth == 0) throw_bypassed();
+  }
 
  private:
+  template <MemberKind K>
+  friend class TensorMember;
+  friend class ChildMember;
   Tensor call_one(const Tensor& x);
+  [[noreturn]] void throw_bypassed() const;
   struct BufferEntry {
     std::string name;
     Tensor value;
     bool persistent = true;
+    Buffer* member = nullptr;  // the member bound to this entry (Note [module members])
   };
-  void check_new_name(const std::string& name, const char* what) const;
+  // Checks the name's syntax and that no entry of another kind (module_members.cc's EntryKind)
+  // uses it; returns the index of the entry of this kind with that name, or -1.
+  int64_t check_name(const std::string& name, int kind, const char* what) const;
+  // Note [module members]: an entry written from either side (a bound member, or the table).
+  void assign_parameter(uint32_t index, Tensor value, const char* op);
+  void assign_buffer(uint32_t index, Tensor value);
+  void assign_child(uint32_t index, std::shared_ptr<Module> module, const char* op);
+  std::string member_name(const char* kind, uint32_t index) const;
   // ValueError when this module or one below it is sharded (Note [sharded modules]).
   void check_not_sharded(const char* op);
   void collect_parameters(const std::string& prefix, Named<Tensor>& out, bool recurse) const;
   void collect_buffers(const std::string& prefix, Named<Tensor>& out, bool recurse,
                        bool persistent_only) const;
-  void collect_modules(const std::string& prefix, Named<Module*>& out);
+  void collect_modules(const std::string& prefix, Named<Module*>& out,
+                       std::unordered_set<const Module*>& seen);
   // Parameters and persistent buffers in registration order, deferred ones included.
   Named<Tensor> collect_state() const;
   void apply_to_tensors(const std::function<Tensor(const Tensor&)>& convert);
   void repr_into(std::ostream& os, int indent) const;
 
   bool training_ = true;
+  // Entries in registration order; an undefined tensor / null module is None (listed nowhere).
+  // params_[i] and children_[i] are bound to param_members_[i] / child_members_[i] when those
+  // are not null (Note [module members]).
   Named<Tensor> params_;
+  std::vector<Parameter*> param_members_;
+  std::vector<ChildMember*> child_members_;
   // Default generator state when the first parameter was registered under DeferredInit; empty
   // when none was (Note [deferred init]).
   std::string deferred_rng_state_;
@@ -320,6 +539,11 @@ class Module : public std::enable_shared_from_this<Module> {
   std::vector<std::string> borrowed_;
   std::shared_ptr<CallHooks> calls_;  // null until a hook or wrapper is registered
 };
+
+template <typename M>
+bool Child<M>::accepts(const Module* m) const {
+  return m == nullptr || dynamic_cast<const M*>(m) != nullptr;
+}
 
 // A module whose forward has its own signature (Note [module calls]): several tensors,
 // optional ones, plain arguments, a tuple or struct result.
@@ -391,16 +615,49 @@ class TypedModule : public Module {
     return call_detail::flatten(self.forward(call_detail::Arg<C>::from(v[I])...));
   }
 
+  // A type-erased call with fewer values than Self::forward has parameters: the forward's own
+  // default arguments fill the rest when `self.forward(first K arguments)` is a valid call (C++
+  // applies defaults at the call, so this is the call the typed operator() would make);
+  // otherwise trailing std::optional<Tensor> parameters left out are None.
   template <typename... P>
   std::vector<Tensor> invoke_params(Values& in, std::tuple<P...>*) {
     constexpr size_t n = sizeof...(P);
     constexpr bool optional[] = {call_detail::is_optional_tensor<P>::value..., false};
     bool ok = in.size() <= n;
-    for (size_t i = in.size(); ok && i < n; ++i) ok = optional[i];
     size_t i = 0;
     ((ok = ok && (i >= in.size() || call_detail::Arg<P>::accepts(in[i])), ++i), ...);
     if (!ok) throw_bad_arguments(in);
+    if (in.size() < n) {
+      std::vector<Tensor> out;
+      if (invoke_with_defaults<P...>(in, out, std::make_index_sequence<n>{})) return out;
+      for (size_t j = in.size(); j < n; ++j)
+        if (!optional[j]) throw_bad_arguments(in);
+    }
     return invoke_params_at<P...>(in, std::index_sequence_for<P...>{});
+  }
+  template <typename... P, size_t... K>
+  bool invoke_with_defaults(Values& in, std::vector<Tensor>& out, std::index_sequence<K...>) {
+    bool done = false;
+    ((done = done || (in.size() == K && invoke_first<K, P...>(in, out))), ...);
+    return done;
+  }
+  // Calls self.forward with the first K values when that call is valid; false otherwise.
+  template <size_t K, typename... P>
+  bool invoke_first(Values& in, std::vector<Tensor>& out) {
+    using Tup = std::tuple<P...>;
+    return [&]<size_t... I>(std::index_sequence<I...>) {
+      if constexpr (requires(Self & s) {
+                      s.forward(std::declval<std::tuple_element_t<I, Tup>>()...);
+                    }) {
+        Self& self = static_cast<Self&>(*this);
+        out = call_detail::flatten(
+            self.forward(call_detail::Arg<std::tuple_element_t<I, Tup>>::from(in[I])...));
+        return true;
+      } else {
+        return false;
+      }
+    }
+    (std::make_index_sequence<K>{});
   }
   template <typename... P, size_t... I>
   std::vector<Tensor> invoke_params_at(Values& in, std::index_sequence<I...>) {
@@ -410,7 +667,8 @@ class TypedModule : public Module {
   }
   [[noreturn]] void throw_bad_arguments(const Values& in) const {
     ACCEL_THROW(ValueError, "Module.call", call_name(), ": called with ", describe_values(in),
-                " (trailing optional<Tensor> parameters may be left out)");
+                " (parameters with default arguments, and trailing optional<Tensor> ones, may be "
+                "left out)");
   }
 };
 

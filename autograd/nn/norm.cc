@@ -31,7 +31,8 @@ LayerNorm::LayerNorm(Shape shape, double eps_, bool affine, bool with_bias)
   check_shape(normalized_shape, "LayerNorm");
   if (affine) {
     weight = register_parameter("weight", empty(normalized_shape));
-    if (with_bias) bias = register_parameter("bias", empty(normalized_shape));
+    bias =
+        register_parameter("bias", with_bias ? empty(normalized_shape) : Tensor());  // None without
   }
   reset_parameters();
 }
@@ -42,6 +43,7 @@ void LayerNorm::reset_parameters(Generator*) {
 }
 
 Tensor LayerNorm::forward(const Tensor& x) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   return layer_norm(x, normalized_shape, weight, bias, eps);
 }
 
@@ -64,6 +66,7 @@ void RMSNorm::reset_parameters(Generator*) {
 }
 
 Tensor RMSNorm::forward(const Tensor& x) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   ACCEL_CHECK(x.defined(), ValueError, "RMSNorm", "input is undefined");
   return rms_norm(x, normalized_shape, weight, eps ? *eps : machine_eps(x.dtype()));
 }
@@ -99,6 +102,7 @@ void GroupNorm::reset_parameters(Generator*) {
 }
 
 Tensor GroupNorm::forward(const Tensor& x) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   ACCEL_CHECK(x.defined() && x.dim() >= 2 && x.size(1) == num_channels, ShapeError, "GroupNorm",
               "expected input (N, ", num_channels, ", *), got ", x.defined() ? x.sizes() : Shape{});
   return group_norm(x, num_groups, weight, bias, eps);
@@ -142,6 +146,7 @@ void InstanceNorm2d::reset_running_stats() {
 }
 
 Tensor InstanceNorm2d::forward(const Tensor& x) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   const char* op = "InstanceNorm2d";
   ACCEL_CHECK(x.defined() && (x.dim() == 3 || x.dim() == 4), ShapeError, op,
               "expected input (N, C, H, W) or (C, H, W), got ", x.defined() ? x.sizes() : Shape{});

@@ -24,7 +24,7 @@ class LayerNorm : public Module {
 
   Shape normalized_shape;
   double eps;
-  Tensor weight, bias;  // normalized_shape; undefined without affine / bias
+  Parameter weight, bias;  // normalized_shape; None without affine / bias
 };
 
 class RMSNorm : public Module {
@@ -42,7 +42,7 @@ class RMSNorm : public Module {
 
   Shape normalized_shape;
   std::optional<double> eps;
-  Tensor weight;
+  Parameter weight;
 };
 
 // torch.nn.GroupNorm(num_groups, num_channels, eps=1e-5, affine=True): x (N, C, *) normalised
@@ -57,7 +57,7 @@ class GroupNorm : public Module {
   int64_t num_groups, num_channels;
   double eps;
   bool affine;
-  Tensor weight, bias;  // (C) when affine
+  Parameter weight, bias;  // (C) when affine
 };
 
 // torch.nn.InstanceNorm2d(num_features, eps=1e-5, momentum=0.1, affine=False,
@@ -77,8 +77,8 @@ class InstanceNorm2d : public Module {
   int64_t num_features;
   double eps, momentum;
   bool affine, track_running_stats;
-  Tensor weight, bias;                                    // (C) when affine
-  Tensor running_mean, running_var, num_batches_tracked;  // when track_running_stats
+  Parameter weight, bias;                                 // (C) when affine
+  Buffer running_mean, running_var, num_batches_tracked;  // when track_running_stats
 };
 
 }  // namespace accel::nn

@@ -278,14 +278,13 @@ RNNLayers::RNNLayers(Module& self, RNNMode mode, int64_t input_size_, int64_t hi
     const int64_t in = l == 0 ? input_size : D * hidden_size;
     for (int64_t d = 0; d < D; ++d) {
       const std::string sfx = "_l" + std::to_string(l) + (d == 1 ? "_reverse" : "");
-      std::array<Tensor, 4> w;
+      std::array<Parameter, 4>& w = all_weights.emplace_back();
       w[0] = self.register_parameter("weight_ih" + sfx, empty({G, in}));
       w[1] = self.register_parameter("weight_hh" + sfx, empty({G, hidden_size}));
       if (bias) {
         w[2] = self.register_parameter("bias_ih" + sfx, empty({G}));
         w[3] = self.register_parameter("bias_hh" + sfx, empty({G}));
       }
-      all_weights.push_back(w);
     }
   }
   reset_weights(gen);
@@ -498,6 +497,7 @@ RNN::RNN(int64_t input_size_, int64_t hidden_size_, int64_t num_layers_,
 
 std::tuple<Tensor, Tensor> RNN::forward(const Tensor& input, std::optional<Tensor> h0,
                                         std::optional<Tensor> lengths) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   Result r = run(input, h0, std::nullopt, lengths, is_training());
   return {r.output, r.h_n};
 }
@@ -525,6 +525,7 @@ LSTM::LSTM(int64_t input_size_, int64_t hidden_size_, int64_t num_layers_, bool 
 std::tuple<Tensor, LSTM::State> LSTM::forward(const Tensor& input, std::optional<Tensor> h0,
                                               std::optional<Tensor> c0,
                                               std::optional<Tensor> lengths) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   Result r = run(input, h0, c0, lengths, is_training());
   return {r.output, {r.h_n, r.c_n}};
 }
@@ -554,6 +555,7 @@ GRU::GRU(int64_t input_size_, int64_t hidden_size_, int64_t num_layers_, bool bi
 
 std::tuple<Tensor, Tensor> GRU::forward(const Tensor& input, std::optional<Tensor> h0,
                                         std::optional<Tensor> lengths) {
+  check_not_bypassed();  // Note [module calls]: an engine may wrap this layer
   Result r = run(input, h0, std::nullopt, lengths, is_training());
   return {r.output, r.h_n};
 }

@@ -37,6 +37,7 @@
 #pragma once
 
 #include <array>
+#include <deque>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -90,7 +91,9 @@ class RNNLayers {
   bool bidirectional;
   // num_layers * D entries in h_n's order: {weight_ih, weight_hh, bias_ih, bias_hh} (biases
   // undefined without bias), sharing the registered parameters.
-  std::vector<std::array<Tensor, 4>> all_weights;
+  // Bound to the module's entries (Note [module members]): a deque, so that adding a layer never
+  // moves (and so unbinds) the earlier ones.
+  std::deque<std::array<Parameter, 4>> all_weights;
 
   // PyTorch's flatten_parameters(): weights are used as registered, so there is nothing to do.
   void flatten_parameters() {}
@@ -183,7 +186,7 @@ class CellWeights {
  public:
   int64_t input_size, hidden_size;
   bool bias;
-  Tensor weight_ih, weight_hh, bias_ih, bias_hh;
+  Parameter weight_ih, weight_hh, bias_ih, bias_hh;
 
  protected:
   CellWeights(Module& self, RNNMode mode, int64_t input_size, int64_t hidden_size, bool bias,

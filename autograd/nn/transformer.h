@@ -51,12 +51,12 @@ class TransformerEncoderLayer : public TypedModule<TransformerEncoderLayer> {
   double dropout_p, layer_norm_eps;
   std::string activation;
   bool batch_first, norm_first, bias;
-  std::shared_ptr<MultiheadAttention> self_attn;
-  std::shared_ptr<Linear> linear1;
-  std::shared_ptr<Dropout> dropout;
-  std::shared_ptr<Linear> linear2;
-  std::shared_ptr<LayerNorm> norm1, norm2;
-  std::shared_ptr<Dropout> dropout1, dropout2;
+  Child<MultiheadAttention> self_attn;
+  Child<Linear> linear1;
+  Child<Dropout> dropout;
+  Child<Linear> linear2;
+  Child<LayerNorm> norm1, norm2;
+  Child<Dropout> dropout1, dropout2;
 
  private:
   Generator* gen_;
@@ -90,12 +90,12 @@ class TransformerDecoderLayer : public TypedModule<TransformerDecoderLayer> {
   double dropout_p, layer_norm_eps;
   std::string activation;
   bool batch_first, norm_first, bias;
-  std::shared_ptr<MultiheadAttention> self_attn, multihead_attn;
-  std::shared_ptr<Linear> linear1;
-  std::shared_ptr<Dropout> dropout;
-  std::shared_ptr<Linear> linear2;
-  std::shared_ptr<LayerNorm> norm1, norm2, norm3;
-  std::shared_ptr<Dropout> dropout1, dropout2, dropout3;
+  Child<MultiheadAttention> self_attn, multihead_attn;
+  Child<Linear> linear1;
+  Child<Dropout> dropout;
+  Child<Linear> linear2;
+  Child<LayerNorm> norm1, norm2, norm3;
+  Child<Dropout> dropout1, dropout2, dropout3;
 
  private:
   Generator* gen_;
@@ -117,8 +117,8 @@ class TransformerEncoder : public TypedModule<TransformerEncoder> {
   using TypedModule<TransformerEncoder>::operator();
 
   int64_t num_layers;
-  std::shared_ptr<ModuleList> layers;
-  std::shared_ptr<LayerNorm> norm;  // null without
+  Child<ModuleList> layers;
+  Child<LayerNorm> norm;  // null without
 };
 
 // torch.nn.TransformerDecoder(decoder_layer, num_layers, norm=None), as TransformerEncoder.
@@ -138,8 +138,8 @@ class TransformerDecoder : public TypedModule<TransformerDecoder> {
   using TypedModule<TransformerDecoder>::operator();
 
   int64_t num_layers;
-  std::shared_ptr<ModuleList> layers;
-  std::shared_ptr<LayerNorm> norm;
+  Child<ModuleList> layers;
+  Child<LayerNorm> norm;
 };
 
 // torch.nn.Transformer(d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6,
@@ -173,8 +173,8 @@ class Transformer : public TypedModule<Transformer> {
 
   int64_t d_model, nhead;
   bool batch_first;
-  std::shared_ptr<TransformerEncoder> encoder;
-  std::shared_ptr<TransformerDecoder> decoder;
+  Child<TransformerEncoder> encoder;
+  Child<TransformerDecoder> decoder;
 };
 
 }  // namespace accel::nn

@@ -4,7 +4,7 @@
 
 #include "autograd/ops.h"
 
-namespace accel::nn {
+namespace accel::nn::utils {
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double p,
                        bool error_if_nonfinite) {
@@ -49,4 +49,46 @@ void clip_grad_value_(const std::vector<Tensor>& params, double clip_value) {
   }
 }
 
-}  // namespace accel::nn
+Tensor parameters_to_vector(const std::vector<Tensor>& params) {
+  const char* op = "parameters_to_vector";
+  std::vector<Tensor> flat;
+  flat.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& t = params[i];
+    ACCEL_CHECK(t.defined(), ValueError, op, "parameter ", i, " is undefined");
+    if (!flat.empty()) {
+      const Tensor& first = params[0];
+      ACCEL_CHECK(t.device() == first.device(), DeviceError, op, "parameter ", i, " is on ",
+                  t.device(), " but parameter 0 is on ", first.device(), " (shapes ", t.sizes(),
+                  " and ", first.sizes(), ")");
+      ACCEL_CHECK(t.dtype() == first.dtype(), DTypeError, op, "parameter ", i, " has dtype ",
+                  t.dtype(), " but parameter 0 has ", first.dtype(), " (shapes ", t.sizes(),
+                  " and ", first.sizes(), ")");
+    }
+    flat.push_back(t.reshape({-1}));
+  }
+  ACCEL_CHECK(!flat.empty(), ValueError, op, "no parameters given");
+  return cat(flat, 0);
+}
+
+void vector_to_parameters(const Tensor& vec, const std::vector<Tensor>& params) {
+  const char* op = "vector_to_parameters";
+  ACCEL_CHECK(vec.defined() && vec.dim() == 1, ShapeError, op, "expected a 1-D vector, got ",
+              vec.defined() ? shape_str(vec.sizes()) : std::string("an undefined tensor"));
+  int64_t total = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    ACCEL_CHECK(params[i].defined(), ValueError, op, "parameter ", i, " is undefined");
+    total += params[i].numel();
+  }
+  ACCEL_CHECK(total == vec.numel(), ShapeError, op, "the vector has ", vec.numel(),
+              " elements but the ", params.size(), " parameters hold ", total);
+  NoGradGuard no_grad;
+  int64_t at = 0;
+  for (const Tensor& p : params) {
+    Tensor dst = p;  // the parameter's own impl: copied into, not rebound
+    dst.copy_(vec.narrow(0, at, p.numel()).reshape(p.sizes()));
+    at += p.numel();
+  }
+}
+
+}  // namespace accel::nn::utils

@@ -2,7 +2,7 @@
 //   group_norm (fused kernel: kernels/<backend>/nn_group_norm.*) and instance_norm (group_norm
 //   with C groups, or the running statistics);
 //   composed from other ops, so they run and differentiate on every device: adaptive pools,
-//   dropout2d, pixel_shuffle / pixel_unshuffle, pad, interpolate, leaky_relu, elu.
+//   pixel_shuffle / pixel_unshuffle, pad, interpolate, leaky_relu, elu.
 // conv_transpose2d and the 1-D convolutions are in conv.cc.
 //
 // Note [index-map ops]: reflect / replicate / circular padding, nearest and linear interpolation
@@ -12,7 +12,6 @@
 // resized dim, with no kernel of its own.
 #include <algorithm>
 #include <cmath>
-#include <mutex>
 
 #include "autograd/autocast.h"
 #include "autograd/ops/common.h"
@@ -24,7 +23,6 @@ ACCEL_DIFFERENTIABLE_OP(group_norm, "group_norm");
 ACCEL_DIFFERENTIABLE_OP(instance_norm, "instance_norm");
 ACCEL_DIFFERENTIABLE_OP(adaptive_avg_pool2d, "adaptive_avg_pool2d");
 ACCEL_DIFFERENTIABLE_OP(adaptive_max_pool2d, "adaptive_max_pool2d");
-ACCEL_DIFFERENTIABLE_OP(dropout2d, "dropout2d");
 ACCEL_DIFFERENTIABLE_OP(pixel_shuffle, "pixel_shuffle");
 ACCEL_DIFFERENTIABLE_OP(pixel_unshuffle, "pixel_unshuffle");
 ACCEL_DIFFERENTIABLE_OP(pad, "pad");
@@ -274,33 +272,7 @@ Tensor adaptive_max_pool2d(const Tensor& x, Shape output_size) {
   return std::get<0>(adaptive_max_pool2d_with_indices(x, std::move(output_size)));
 }
 
-// ---------------- dropout2d, pixel shuffle ----------------
-
-Tensor dropout2d(const Tensor& x, double p, bool training, Generator* gen) {
-  const char* op = "dropout2d";
-  ops::check_defined(x, op);
-  ACCEL_CHECK(p >= 0.0 && p <= 1.0, ValueError, op, "probability must be in [0, 1], got ", p,
-              " (input shape ", x.sizes(), ")");
-  ACCEL_CHECK(x.dim() == 3 || x.dim() == 4, ShapeError, op,
-              "expected a 3-D (C, H, W) or 4-D (N, C, H, W) input, got ", x.sizes());
-  if (!training || p == 0.0 || x.numel() == 0) return x;
-  ops::check_floating(x, op);
-  // One keep draw per (n, c) in row-major order from the generator, on the CPU (Note [dropout
-  // mask] in nn.cc), scaled by 1 / (1 - p), broadcast over the plane.
-  const int64_t planes = x.dim() == 4 ? x.size(0) * x.size(1) : x.size(0);
-  std::vector<double> mask(static_cast<size_t>(planes));
-  const double scale = p == 1.0 ? 0.0 : 1.0 / (1.0 - p);
-  {
-    Generator& g = gen ? *gen : default_generator();
-    std::lock_guard<std::mutex> lk(g.mutex());
-    for (double& m : mask) m = g.next_double() >= p ? scale : 0.0;
-  }
-  Shape ms = x.dim() == 4 ? Shape{x.size(0), x.size(1), 1, 1} : Shape{x.size(0), 1, 1};
-  Tensor mt = tensor(mask, ms, TensorOptions(kFloat64));
-  if (x.dtype() != kFloat64) mt = mt.to(x.dtype());
-  if (!x.device().is_cpu()) mt = mt.to(x.device());
-  return mul(x, mt);
-}
+// ---------------- pixel shuffle ----------------
 
 Tensor pixel_shuffle(const Tensor& x, int64_t r) {
   const char* op = "pixel_shuffle";

@@ -1,4 +1,4 @@
-// Indexing ops: embedding, index_select, gather, scatter_add, index_add.
+// Indexing ops: embedding (and embedding_renorm_), index_select, gather, scatter_add, index_add.
 //   embedding:    weight (V, D), indices (...)            -> (..., D)
 //   index_select: x (..., n, ...), index (k)              -> x with dim size k
 //   gather:       x, index (same rank, index.size(d) <= x.size(d) for d != dim) -> index's shape
@@ -6,6 +6,7 @@
 //   shape index_add:    x, index (k), src (x with dim size k)   -> x's shape
 // Index values are checked by the kernels (IndexError naming the op, the index and the size).
 #include "autograd/ops/common.h"
+#include "core/raw.h"
 #include "kernels/stubs/index.h"
 
 namespace accel {
@@ -50,13 +51,22 @@ Shape with_dim_size(const Shape& s, int64_t dim, int64_t k) {
 
 }  // namespace
 
-Tensor embedding(const Tensor& weight, const Tensor& indices) {
+Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int64_t> padding_idx) {
   const char* op = "embedding";
   ops::check_defined(weight, op, "weight");
   ACCEL_CHECK(weight.dim() == 2, ShapeError, op, "weight must be (num_embeddings, dim), got shape ",
               weight.sizes());
   check_index_tensor(op, indices, weight);
   const int64_t d = weight.sizes()[1];
+  // torch's padding_idx: a negative one counts from the end; its row gets no gradient.
+  int64_t pad = -1;
+  if (padding_idx) {
+    const int64_t v = weight.sizes()[0];
+    ACCEL_CHECK(*padding_idx >= -v && *padding_idx < v, ValueError, op, "padding_idx ",
+                *padding_idx, " must be within num_embeddings (weight of shape ", weight.sizes(),
+                ")");
+    pad = *padding_idx < 0 ? *padding_idx + v : *padding_idx;
+  }
   Tensor idx = contiguous_data(indices);
   Tensor flat = ops::make_view(idx, {idx.numel()}, {1}, idx.offset());
   Tensor w = contiguous_data(weight);
@@ -68,16 +78,50 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
     // dW = zeros (V, D) with each row of g added at its index (repeated indices accumulate).
     autograd::record(
         op, {&weight}, {&out},
-        [fs = autograd::save_input(flat, 1), ws = weight.sizes(), d](const autograd::Grads& g) {
+        [fs = autograd::save_input(flat, 1), ws = weight.sizes(), d,
+         pad](const autograd::Grads& g) {
           const Tensor& flat = fs.unpack();
           Tensor gw = zeros_as(ws, g[0]);
           Tensor g2 = ops::as_dtype(g[0], gw.dtype()).contiguous();
           Tensor src = ops::make_view(g2, {flat.numel(), d}, {d, 1}, g2.offset());
           index_add_stub(gw.device(), gw, 0, flat, src, "embedding_backward");
+          if (pad >= 0) {  // the padding row's gradient is zero (its uses summed, then dropped)
+            Tensor row = ops::make_view(gw, {d}, {1}, gw.offset() + pad * d);
+            raw::fill_(row, 0);
+          }
           return autograd::Grads{gw};
         });
   }
   return out;
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int64_t> padding_idx,
+                 std::optional<double> max_norm, double norm_type) {
+  if (max_norm) embedding_renorm_(weight, indices, *max_norm, norm_type);
+  return embedding(weight, indices, padding_idx);
+}
+
+// torch.embedding_renorm_: each row of weight that indices reach, with a norm above max_norm, is
+// scaled in place to max_norm / (norm + 1e-7), without recording history (torch runs it under
+// no_grad). A row reached several times gets the same value at each write.
+Tensor embedding_renorm_(const Tensor& weight, const Tensor& indices, double max_norm,
+                         double norm_type) {
+  const char* op = "embedding_renorm_";
+  ops::check_defined(weight, op, "weight");
+  ACCEL_CHECK(weight.dim() == 2, ShapeError, op, "weight must be (num_embeddings, dim), got shape ",
+              weight.sizes());
+  check_index_tensor(op, indices, weight);
+  ACCEL_CHECK(max_norm >= 0, ValueError, op, "max_norm must be >= 0, got ", max_norm);
+  ops::check_floating(weight, op, "weight");
+  if (indices.numel() == 0) return weight;
+  NoGradGuard no_grad;
+  Tensor flat = indices.reshape({-1});
+  Tensor rows = index_select(weight, 0, flat);  // (K, D)
+  Tensor norms = norm(rows, norm_type, {1}, true);
+  Tensor scale = where(gt(norms, Scalar(max_norm)), rdiv(add(norms, 1e-7), Scalar(max_norm)), 1.0);
+  Tensor w = weight;  // the caller's impl, written in place
+  w.index_put_({flat}, mul(rows, scale));
+  return weight;
 }
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {

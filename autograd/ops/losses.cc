@@ -1,22 +1,29 @@
-// The losses of issue 24, each with torch.nn.functional's definition, arguments and defaults:
-//   binary_cross_entropy, l1_loss, smooth_l1_loss, huber_loss, kl_div: input and target of one
-//     shape (no broadcasting: (N, 1) against (N) is almost always a bug; torch only warns), the
-//     target converted to the input's dtype; None keeps that shape, Mean/Sum give a 0-dim tensor.
+// The composed losses, each with torch.nn.functional's definition, arguments and defaults:
+//   mse_loss, l1_loss, smooth_l1_loss, huber_loss, kl_div: the target broadcasts with the input,
+//     with torch's warning when their shapes differ (Note [loss broadcasting]);
+//     binary_cross_entropy, binary_cross_entropy_with_logits: input and target of one shape
+//     (torch refuses others too);
+//   the target is converted to the input's dtype; None keeps the (broadcast) shape, Mean/Sum
+//   give a 0-dim tensor.
 //   cosine_similarity: x1, x2 broadcast together -> the broadcast shape without dim.
 //   cosine_embedding_loss: x1, x2 (N, D) and target (N), or (D) and ().
 // All are composed from differentiable ops (so every device that runs the parts runs them, and
 // no kernel of their own exists); binary_cross_entropy records its own backward over a composed
-// forward, for torch's gradient at the clamped ends (Note [binary_cross_entropy gradient]).
+// forward, for torch's gradient at the clamped ends (Note [binary_cross_entropy gradient]), and
+// binary_cross_entropy_with_logits its own (sigmoid(x) - t) over the stable form.
 #include <cmath>
 #include <optional>
 
 #include "autograd/autocast.h"
 #include "autograd/ops/common.h"
+#include "core/warning.h"
 
 namespace accel {
 
 ACCEL_DIFFERENTIABLE_OP(binary_cross_entropy, "binary_cross_entropy");
 // Composite: checked through their parts, and by their own op-table cases.
+ACCEL_DIFFERENTIABLE_OP(mse_loss, "mse_loss");
+ACCEL_DIFFERENTIABLE_OP(bce_with_logits, "binary_cross_entropy_with_logits");
 ACCEL_DIFFERENTIABLE_OP(l1_loss, "l1_loss");
 ACCEL_DIFFERENTIABLE_OP(smooth_l1_loss, "smooth_l1_loss");
 ACCEL_DIFFERENTIABLE_OP(huber_loss, "huber_loss");
@@ -26,16 +33,37 @@ ACCEL_DIFFERENTIABLE_OP(cosine_embedding_loss, "cosine_embedding_loss");
 
 namespace {
 
-// Both defined and floating, one device, one shape; returns the target in the input's dtype.
-Tensor check_pair(const char* op, const Tensor& input, const Tensor& target) {
+// Note [loss broadcasting]
+// torch's mse_loss, l1_loss, smooth_l1_loss and huber_loss broadcast input and target together
+// when their shapes differ, after a UserWarning ("Using a target size ... that is different to
+// the input size ..."), and kl_div broadcasts them silently; an (N, 1) prediction against an
+// (N) target then gives an (N, N) loss, nearly always a bug, which is why torch warns. accel
+// does the same and warns for all five (kl_div included: no silent trap), once per distinct
+// message (Note [warnings] in core/warning.h). Shapes that do not broadcast are a ShapeError
+// naming both. binary_cross_entropy (and _with_logits) refuse a different shape, as torch.
+
+enum class Shapes : bool { Same, Broadcast };
+
+// Both defined and floating, one device; one shape, or shapes that broadcast (with the warning)
+// when `shapes` allows it. Returns the target in the input's dtype.
+Tensor check_pair(const char* op, const Tensor& input, const Tensor& target,
+                  Shapes shapes = Shapes::Same) {
   ops::check_defined(input, op, "input");
   ops::check_defined(target, op, "target");
   ops::check_floating(input, op, "input");
   ops::check_floating(target, op, "target");
   ops::check_same_device(input, target, op);
-  ACCEL_CHECK(input.sizes() == target.sizes(), ShapeError, op, "input of shape ", input.sizes(),
-              " (", input.dtype(), ") and target of shape ", target.sizes(), " (", target.dtype(),
-              ") differ");
+  if (ACCEL_UNLIKELY(input.sizes() != target.sizes())) {
+    ACCEL_CHECK(shapes == Shapes::Broadcast, ShapeError, op, "input of shape ", input.sizes(), " (",
+                input.dtype(), ") and target of shape ", target.sizes(), " (", target.dtype(),
+                ") differ");
+    const Shape out = broadcast_shapes(input.sizes(), target.sizes(), op);
+    ACCEL_WARN_ONCE(op, "using a target size ", target.sizes(),
+                    " that is different to the input size ", input.sizes(), ": both broadcast to ",
+                    out,
+                    ". This will likely lead to incorrect results due to broadcasting. Please "
+                    "ensure they have the same size.");
+  }
   return ops::as_dtype(target, input.dtype());
 }
 
@@ -118,12 +146,57 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Ten
   return reduce(op, l, reduction);
 }
 
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  if (ACCEL_UNLIKELY(autocast_wants_upcast(input, target)))
+    return mse_loss(autocast_upcast(input), autocast_upcast(target), reduction);
+  const char* op = "mse_loss";
+  ops::check_not_batchmean(reduction, op);
+  Tensor t = check_pair(op, input, target, Shapes::Broadcast);
+  Tensor d = sub(input, t);
+  return reduce(op, mul(d, d), reduction);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
+                                        Reduction reduction) {
+  if (ACCEL_UNLIKELY(autocast_wants_upcast(logits, target)))
+    return binary_cross_entropy_with_logits(autocast_upcast(logits), autocast_upcast(target),
+                                            reduction);
+  const char* op = "binary_cross_entropy_with_logits";
+  ops::check_not_batchmean(reduction, op);
+  ops::check_defined(logits, op, "input");
+  ops::check_defined(target, op, "target");
+  ops::check_floating(logits, op, "input");
+  ops::check_floating(target, op, "target");
+  ops::check_same_device(logits, target, op);
+  ACCEL_CHECK(logits.sizes() == target.sizes(), ShapeError, op, "target of shape ", target.sizes(),
+              " does not match input of shape ", logits.sizes());
+  Tensor t = ops::as_dtype(target, logits.dtype());
+  Tensor l;
+  {
+    // Stable form: max(x, 0) - x t + log(1 + exp(-|x|)); never exponentiates a positive number.
+    NoGradGuard ng;
+    l = add(sub(relu(logits), mul(logits, t)), log1p(exp(neg(abs(logits)))));
+  }
+  if (autograd::needs_grad(logits, t)) {
+    // d/dx = sigmoid(x) - t (also right at x = 0, where the composite above has kinks);
+    // d/dt = -x.
+    autograd::record(op, {&logits, &t}, {&l},
+                     [xs = autograd::save_input(logits, 0), ts = autograd::save_input(t, 1),
+                      gt = t.requires_grad()](const autograd::Grads& g) {
+                       const Tensor& xd = xs.unpack();
+                       return autograd::Grads{mul(g[0], sub(sigmoid(xd), ts.unpack())),
+                                              gt ? neg(mul(g[0], xd)) : Tensor()};
+                     });
+  }
+  return reduce(op, l, reduction);
+}
+
 Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
   if (ACCEL_UNLIKELY(autocast_wants_upcast(input, target)))
     return l1_loss(autocast_upcast(input), autocast_upcast(target), reduction);
   const char* op = "l1_loss";
   ops::check_not_batchmean(reduction, op);
-  Tensor t = check_pair(op, input, target);
+  Tensor t = check_pair(op, input, target, Shapes::Broadcast);
   return reduce(op, abs(sub(input, t)), reduction);
 }
 
@@ -134,7 +207,7 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduc
   ops::check_not_batchmean(reduction, op);
   ACCEL_CHECK(beta >= 0.0, ValueError, op, "beta must be >= 0, got ", beta, " (input shape ",
               input.defined() ? input.sizes() : Shape{}, ")");
-  Tensor t = check_pair(op, input, target);
+  Tensor t = check_pair(op, input, target, Shapes::Broadcast);
   if (beta == 0.0) return reduce(op, abs(sub(input, t)), reduction);  // torch: l1_loss
   Tensor d = sub(input, t);
   Tensor ad = abs(d);
@@ -150,7 +223,7 @@ Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction
   ops::check_not_batchmean(reduction, op);
   ACCEL_CHECK(delta > 0.0, ValueError, op, "delta must be > 0, got ", delta, " (input shape ",
               input.defined() ? input.sizes() : Shape{}, ")");
-  Tensor t = check_pair(op, input, target);
+  Tensor t = check_pair(op, input, target, Shapes::Broadcast);
   Tensor d = sub(input, t);
   Tensor ad = abs(d);
   return reduce(op,
@@ -162,7 +235,7 @@ Tensor kl_div(const Tensor& input, const Tensor& target, Reduction reduction, bo
   if (ACCEL_UNLIKELY(autocast_wants_upcast(input, target)))
     return kl_div(autocast_upcast(input), autocast_upcast(target), reduction, log_target);
   const char* op = "kl_div";
-  Tensor t = check_pair(op, input, target);
+  Tensor t = check_pair(op, input, target, Shapes::Broadcast);
   Tensor l;
   if (log_target) {
     l = mul(exp(t), sub(t, input));

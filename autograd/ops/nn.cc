@@ -1,12 +1,12 @@
-// Softmax, normalisation, losses and dropout: forward, checks and backward together.
+// Softmax, normalisation and the classification losses: forward, checks and backward together
+// (dropout is in activation.cc).
 //   softmax / log_softmax:   x: (...) -> (...) over dim
 //   layer_norm / rms_norm:   x: (..., *normalized_shape), weight/bias: normalized_shape
 //   cross_entropy, nll_loss: logits: (C) | (N, C) | (N, C, d...), target: () | (N) | (N, d...)
-// The fused ops call their own backward kernels (kernels/stubs/nn.h); the composite losses
-// (mse_loss) are written with differentiable ops.
+// The fused ops call their own backward kernels (kernels/stubs/nn.h); mse_loss,
+// binary_cross_entropy_with_logits and the other elementwise losses are in losses.cc.
 #include <array>
 #include <cmath>
-#include <mutex>
 
 #include "autograd/autocast.h"
 #include "autograd/ops/common.h"
@@ -20,9 +20,6 @@ ACCEL_DIFFERENTIABLE_OP(layer_norm, "layer_norm");
 ACCEL_DIFFERENTIABLE_OP(rms_norm, "rms_norm");
 ACCEL_DIFFERENTIABLE_OP(cross_entropy, "cross_entropy");
 ACCEL_DIFFERENTIABLE_OP(nll_loss, "nll_loss");
-ACCEL_DIFFERENTIABLE_OP(bce_with_logits, "binary_cross_entropy_with_logits");
-ACCEL_DIFFERENTIABLE_OP(dropout, "dropout");
-ACCEL_DIFFERENTIABLE_OP(mse_loss, "mse_loss");  // composite: checked through its parts
 
 namespace {
 
@@ -90,16 +87,6 @@ DType param_dtype(const Tensor& p, const Tensor& x) { return p.defined() ? p.dty
 Tensor maybe_contiguous(const Tensor& t) { return t.defined() ? contiguous_data(t) : t; }
 
 // ---------------- losses ----------------
-
-Tensor reduce_loss(const Tensor& l, Reduction r) {
-  switch (r) {
-    case Reduction::None: return l;
-    case Reduction::Sum: return sum(l);
-    case Reduction::Mean:
-    case Reduction::BatchMean: return mean(l);  // refused at the entry points
-  }
-  return l;
-}
 
 void check_class_target(const char* op, const Tensor& x, const Tensor& t) {
   ops::check_defined(x, op, "input");
@@ -409,8 +396,18 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
                 Reduction reduction) {
+  return nll_loss(log_probs, target, Tensor(), ignore_index, reduction);
+}
+
+// torch's weighted nll_loss: row r with class t = target[r] (not ignore_index) loses
+// -w[t] log_probs[r, t]; the mean divides the sum by the sum of w[t] over those rows (not by their
+// count), so mean and sum differ by that weight total. The kernels do both (nll_loss_stub); the
+// weight is a constant, as in torch, whose weight has no derivative.
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
+                int64_t ignore_index, Reduction reduction) {
   if (ACCEL_UNLIKELY(autocast_wants_upcast(log_probs)))
-    return nll_loss(autocast_upcast(log_probs), target, ignore_index, reduction);
+    return nll_loss(autocast_upcast(log_probs), target, autocast_upcast(weight), ignore_index,
+                    reduction);
   const char* op = "nll_loss";
   ops::check_not_batchmean(reduction, op);
   check_class_target(op, log_probs, target);
@@ -418,103 +415,34 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_in
   const int64_t rows = cr.x2.sizes()[0];
   const DType dt = log_probs.dtype();
   const Device dev = log_probs.device();
+  Tensor w;  // (C) contiguous in the input's dtype, or undefined
+  if (weight.defined()) {
+    const int64_t c = cr.x2.sizes()[1];
+    ops::check_floating(weight, op, "weight");
+    ops::check_same_device(log_probs, weight, op);
+    ACCEL_CHECK(weight.dim() == 1 && weight.sizes()[0] == c, ShapeError, op, "weight of shape ",
+                weight.sizes(), " must be (C) = (", c, ") for input of shape ", log_probs.sizes());
+    ACCEL_CHECK(!(weight.requires_grad() && grad_enabled()), ValueError, op,
+                "the derivative for 'weight' is not implemented (as in torch): pass a weight "
+                "that does not require grad, e.g. weight.detach()");
+    w = contiguous_data(ops::as_dtype(weight, dt));
+  }
   Tensor loss = ops::empty_on({rows}, dt, dev);
   Tensor valid = ops::empty_on({}, dt, dev);
-  nll_loss_stub(dev, cr.x2, cr.t1, ignore_index, op, loss, valid);
+  nll_loss_stub(dev, cr.x2, cr.t1, w, ignore_index, op, loss, valid);
   Tensor out = reduce_rows(loss, valid, reduction, cr.none_shape);
   if (autograd::needs_grad(cr.x2)) {
     autograd::record(op, {&cr.x2}, {&out},
-                     [shape = cr.x2.sizes(), dt, dev, ts = autograd::save_input(cr.t1, 1), valid,
-                      reduction, ignore_index](const autograd::Grads& g) {
+                     // The weight may be the caller's own tensor (already in the input's
+                     // dtype): saved, so changing it in place before backward is a version error.
+                     [shape = cr.x2.sizes(), dt, dev, ts = autograd::save_input(cr.t1, 1),
+                      ws = autograd::save_input(w, 2), valid, reduction,
+                      ignore_index](const autograd::Grads& g) {
                        Tensor dx = ops::empty_on(shape, dt, dev);
                        nll_loss_backward_stub(dev, row_grad(g[0], valid, reduction, dt),
-                                              ts.unpack(), ignore_index, dx);
+                                              ts.unpack(), ws.unpack(), ignore_index, dx);
                        return autograd::Grads{dx};
                      });
-  }
-  return out;
-}
-
-Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
-  if (ACCEL_UNLIKELY(autocast_wants_upcast(input, target)))
-    return mse_loss(autocast_upcast(input), autocast_upcast(target), reduction);
-  const char* op = "mse_loss";
-  ops::check_not_batchmean(reduction, op);
-  ops::check_defined(input, op, "input");
-  ops::check_defined(target, op, "target");
-  ops::check_floating(input, op, "input");
-  ops::check_floating(target, op, "target");
-  ops::check_same_device(input, target, op);
-  // No broadcasting: (N, 1) against (N) is almost always a bug.
-  ACCEL_CHECK(input.sizes() == target.sizes(), ShapeError, op, "input of shape ", input.sizes(),
-              " and target of shape ", target.sizes(), " differ");
-  Tensor d = sub(input, target);
-  return reduce_loss(mul(d, d), reduction);
-}
-
-Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
-                                        Reduction reduction) {
-  if (ACCEL_UNLIKELY(autocast_wants_upcast(logits, target)))
-    return binary_cross_entropy_with_logits(autocast_upcast(logits), autocast_upcast(target),
-                                            reduction);
-  const char* op = "binary_cross_entropy_with_logits";
-  ops::check_not_batchmean(reduction, op);
-  ops::check_defined(logits, op, "input");
-  ops::check_defined(target, op, "target");
-  ops::check_floating(logits, op, "input");
-  ops::check_floating(target, op, "target");
-  ops::check_same_device(logits, target, op);
-  ACCEL_CHECK(logits.sizes() == target.sizes(), ShapeError, op, "target of shape ", target.sizes(),
-              " does not match input of shape ", logits.sizes());
-  Tensor t = ops::as_dtype(target, logits.dtype());
-  Tensor l;
-  {
-    // Stable form: max(x, 0) - x t + log(1 + exp(-|x|)); never exponentiates a positive number.
-    NoGradGuard ng;
-    l = add(sub(relu(logits), mul(logits, t)), log1p(exp(neg(abs(logits)))));
-  }
-  if (autograd::needs_grad(logits, t)) {
-    // d/dx = sigmoid(x) - t (also right at x = 0, where the composite above has kinks);
-    // d/dt = -x.
-    autograd::record(op, {&logits, &t}, {&l},
-                     [xs = autograd::save_input(logits, 0), ts = autograd::save_input(t, 1),
-                      gt = t.requires_grad()](const autograd::Grads& g) {
-                       const Tensor& xd = xs.unpack();
-                       return autograd::Grads{mul(g[0], sub(sigmoid(xd), ts.unpack())),
-                                              gt ? neg(mul(g[0], xd)) : Tensor()};
-                     });
-  }
-  return reduce_loss(l, reduction);
-}
-
-Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
-  const char* op = "dropout";
-  ops::check_defined(x, op);
-  ACCEL_CHECK(p >= 0.0 && p <= 1.0, ValueError, op, "probability must be in [0, 1], got ", p,
-              " (input shape ", x.sizes(), ")");
-  if (!training || p == 0.0 || x.numel() == 0) return x;
-  ops::check_floating(x, op);
-  // Note [dropout mask]: the keep mask is drawn on the CPU from the generator, one double per
-  // element (so the result depends only on the seed and call order), then moved to x's device.
-  Tensor keep = empty(x.sizes(), TensorOptions(kBool, kCPU));
-  {
-    Generator& g = gen ? *gen : default_generator();
-    std::lock_guard<std::mutex> lk(g.mutex());
-    bool* k = keep.data<bool>();
-    for (int64_t i = 0, n = keep.numel(); i < n; ++i) k[i] = g.next_double() >= p;
-  }
-  if (!x.device().is_cpu()) keep = keep.to(x.device());
-  // Inverted dropout: kept elements are scaled by 1 / (1 - p); p = 1 drops everything.
-  const double scale = p == 1.0 ? 0.0 : 1.0 / (1.0 - p);
-  Tensor out;
-  {
-    NoGradGuard ng;
-    out = where(keep, mul(x, scale), 0.0);
-  }
-  if (autograd::needs_grad(x)) {
-    autograd::record(op, {&x}, {&out}, [keep, scale](const autograd::Grads& g) {
-      return autograd::Grads{where(keep, mul(g[0], scale), 0.0)};
-    });
   }
   return out;
 }

@@ -5,7 +5,7 @@
 namespace accel::optim {
 
 namespace {
-AdadeltaOptions checked(const AdadeltaOptions& o) {
+AdadeltaOptions checked(const AdadeltaFields& o) {
   ACCEL_CHECK(o.rho >= 0 && o.rho <= 1, ValueError, "Adadelta", "invalid rho ", o.rho,
               " (expected [0, 1])");
   ACCEL_CHECK(o.eps >= 0, ValueError, "Adadelta", "invalid epsilon ", o.eps);
@@ -13,15 +13,15 @@ AdadeltaOptions checked(const AdadeltaOptions& o) {
 }
 }  // namespace
 
-Adadelta::Adadelta(std::vector<Tensor> params, AdadeltaOptions options)
+Adadelta::Adadelta(std::vector<Tensor> params, const AdadeltaFields& options)
     : Adadelta(std::vector<ParamGroup>{ParamGroup{std::move(params), {}, {}}}, options) {}
 
-Adadelta::Adadelta(std::vector<ParamGroup> groups, AdadeltaOptions options)
+Adadelta::Adadelta(std::vector<ParamGroup> groups, const AdadeltaFields& options)
     : Optimizer("Adadelta", std::move(groups), options.lr, options.weight_decay),
       options_(checked(options)) {}
 
 std::unique_ptr<Optimizer> Adadelta::rebuild(std::vector<ParamGroup> groups) const {
-  AdadeltaOptions o = options_;
+  AdadeltaFields o = options_;
   o.lr = default_lr_;
   o.weight_decay = default_weight_decay_;
   return std::make_unique<Adadelta>(rebuild_groups(typeid(Adadelta), std::move(groups)), o);
@@ -29,7 +29,7 @@ std::unique_ptr<Optimizer> Adadelta::rebuild(std::vector<ParamGroup> groups) con
 
 void Adadelta::step() {
   NoGradGuard no_grad;
-  const double rho = options_.rho, eps = options_.eps;
+  const double rho = options_.rho(), eps = options_.eps();
   for (Group& grp : groups_) {
     for (size_t k = 0; k < grp.params.size(); ++k) {
       Tensor& p = grp.params[k];

@@ -10,20 +10,34 @@
 #pragma once
 
 #include "autograd/optim/optimizer.h"
+#include "autograd/options.h"
 
 namespace accel::optim {
 
-struct AdadeltaOptions {
+// Options in both spellings (Note [options structs] in autograd/options.h):
+//   optim::Adadelta(params, optim::AdadeltaOptions(1.0).rho(0.95))
+//   optim::Adadelta(params, {.lr = 1.0, .rho = 0.95})
+struct AdadeltaFields {
   double lr = 1.0;
   double rho = 0.9;
   double eps = 1e-6;
   double weight_decay = 0.0;
 };
 
+struct AdadeltaOptions : AdadeltaFields {
+  using Fields = AdadeltaFields;
+  AdadeltaOptions(double lr = 1.0) { Fields::lr = lr; }  // NOLINT: implicit, as libtorch's
+  ACCEL_OPTIONS_FROM_FIELDS(AdadeltaOptions)
+  ACCEL_OPTION(lr)
+  ACCEL_OPTION(rho)
+  ACCEL_OPTION(eps)
+  ACCEL_OPTION(weight_decay)
+};
+
 class Adadelta : public Optimizer {
  public:
-  Adadelta(std::vector<Tensor> params, AdadeltaOptions options = {});
-  Adadelta(std::vector<ParamGroup> groups, AdadeltaOptions options = {});
+  Adadelta(std::vector<Tensor> params, const AdadeltaFields& options = {});
+  Adadelta(std::vector<ParamGroup> groups, const AdadeltaFields& options = {});
   using Optimizer::step;  // step(closure)
   void step() override;
   std::unique_ptr<Optimizer> rebuild(std::vector<ParamGroup> groups) const override;

@@ -5,7 +5,7 @@
 namespace accel::optim {
 
 namespace {
-AdagradOptions checked(const AdagradOptions& o) {
+AdagradOptions checked(const AdagradFields& o) {
   ACCEL_CHECK(o.lr_decay >= 0, ValueError, "Adagrad", "invalid lr_decay ", o.lr_decay);
   ACCEL_CHECK(o.initial_accumulator_value >= 0, ValueError, "Adagrad",
               "invalid initial_accumulator_value ", o.initial_accumulator_value);
@@ -14,15 +14,15 @@ AdagradOptions checked(const AdagradOptions& o) {
 }
 }  // namespace
 
-Adagrad::Adagrad(std::vector<Tensor> params, AdagradOptions options)
+Adagrad::Adagrad(std::vector<Tensor> params, const AdagradFields& options)
     : Adagrad(std::vector<ParamGroup>{ParamGroup{std::move(params), {}, {}}}, options) {}
 
-Adagrad::Adagrad(std::vector<ParamGroup> groups, AdagradOptions options)
+Adagrad::Adagrad(std::vector<ParamGroup> groups, const AdagradFields& options)
     : Optimizer("Adagrad", std::move(groups), options.lr, options.weight_decay),
       options_(checked(options)) {}
 
 std::unique_ptr<Optimizer> Adagrad::rebuild(std::vector<ParamGroup> groups) const {
-  AdagradOptions o = options_;
+  AdagradFields o = options_;
   o.lr = default_lr_;
   o.weight_decay = default_weight_decay_;
   return std::make_unique<Adagrad>(rebuild_groups(typeid(Adagrad), std::move(groups)), o);
@@ -40,13 +40,13 @@ void Adagrad::step() {
       State& st = state_[grp.first_index + k];
       st.slots.resize(1);
       Tensor& sum = st.slots[0];
-      if (!sum.defined()) sum = full_like(p, options_.initial_accumulator_value);
+      if (!sum.defined()) sum = full_like(p, options_.initial_accumulator_value());
       ++st.step;
       const Tensor g = grp.weight_decay != 0 ? add(grad, p, grp.weight_decay) : grad;
-      const double clr = grp.lr / (1.0 + double(st.step - 1) * options_.lr_decay);
+      const double clr = grp.lr / (1.0 + double(st.step - 1) * options_.lr_decay());
       sum.add_(g * g);
       Tensor std_dev = sqrt(sum);
-      std_dev.add_(options_.eps);
+      std_dev.add_(options_.eps());
       p.add_(g / std_dev, -clr);
     }
   }

@@ -11,10 +11,14 @@
 #pragma once
 
 #include "autograd/optim/optimizer.h"
+#include "autograd/options.h"
 
 namespace accel::optim {
 
-struct AdagradOptions {
+// Options in both spellings (Note [options structs] in autograd/options.h):
+//   optim::Adagrad(params, optim::AdagradOptions(0.01).lr_decay(0.01))
+//   optim::Adagrad(params, {.lr = 0.01, .lr_decay = 0.01})
+struct AdagradFields {
   double lr = 1e-2;
   double lr_decay = 0.0;
   double weight_decay = 0.0;
@@ -22,10 +26,21 @@ struct AdagradOptions {
   double eps = 1e-10;
 };
 
+struct AdagradOptions : AdagradFields {
+  using Fields = AdagradFields;
+  AdagradOptions(double lr = 1e-2) { Fields::lr = lr; }  // NOLINT: implicit, as libtorch's
+  ACCEL_OPTIONS_FROM_FIELDS(AdagradOptions)
+  ACCEL_OPTION(lr)
+  ACCEL_OPTION(lr_decay)
+  ACCEL_OPTION(weight_decay)
+  ACCEL_OPTION(initial_accumulator_value)
+  ACCEL_OPTION(eps)
+};
+
 class Adagrad : public Optimizer {
  public:
-  Adagrad(std::vector<Tensor> params, AdagradOptions options = {});
-  Adagrad(std::vector<ParamGroup> groups, AdagradOptions options = {});
+  Adagrad(std::vector<Tensor> params, const AdagradFields& options = {});
+  Adagrad(std::vector<ParamGroup> groups, const AdagradFields& options = {});
   using Optimizer::step;  // step(closure)
   void step() override;
   std::unique_ptr<Optimizer> rebuild(std::vector<ParamGroup> groups) const override;

@@ -9,17 +9,18 @@ namespace accel::optim {
 
 namespace {
 
-AdamOptions checked(const char* name, const AdamOptions& o) {
+AdamOptions checked(const char* name, const AdamFields& o) {
+  const auto [beta1, beta2] = o.betas;
   ACCEL_CHECK(o.eps >= 0, ValueError, name, "invalid epsilon ", o.eps);
-  ACCEL_CHECK(o.beta1 >= 0 && o.beta1 < 1, ValueError, name, "invalid beta1 ", o.beta1,
-              " (expected [0, 1))");
-  ACCEL_CHECK(o.beta2 >= 0 && o.beta2 < 1, ValueError, name, "invalid beta2 ", o.beta2,
-              " (expected [0, 1))");
+  ACCEL_CHECK(beta1 >= 0 && beta1 < 1, ValueError, name,
+              "invalid beta parameter at index 0: ", beta1, " (expected [0, 1))");
+  ACCEL_CHECK(beta2 >= 0 && beta2 < 1, ValueError, name,
+              "invalid beta parameter at index 1: ", beta2, " (expected [0, 1))");
   return o;
 }
 
-AdamOptions from_adamw(const AdamWOptions& o) {
-  return AdamOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.fused};
+AdamFields from_adamw(const AdamWFields& o) {
+  return AdamFields{o.lr, o.betas, o.eps, o.weight_decay, o.fused};
 }
 
 std::vector<ParamGroup> one_group(std::vector<Tensor> params) {
@@ -42,25 +43,26 @@ void adam_step_ops(Tensor& p, const Tensor& grad, Tensor& m, Tensor& v, const Ad
 
 }  // namespace
 
-Adam::Adam(std::vector<Tensor> params, AdamOptions options)
+Adam::Adam(std::vector<Tensor> params, const AdamFields& options)
     : Adam("Adam", one_group(std::move(params)), options, false) {}
 
-Adam::Adam(std::vector<ParamGroup> groups, AdamOptions options)
+Adam::Adam(std::vector<ParamGroup> groups, const AdamFields& options)
     : Adam("Adam", std::move(groups), options, false) {}
 
-Adam::Adam(const char* name, std::vector<ParamGroup> groups, AdamOptions options, bool decoupled)
+Adam::Adam(const char* name, std::vector<ParamGroup> groups, const AdamFields& options,
+           bool decoupled)
     : Optimizer(name, std::move(groups), options.lr, options.weight_decay),
       options_(checked(name, options)),
       decoupled_(decoupled) {}
 
-AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
+AdamW::AdamW(std::vector<Tensor> params, const AdamWFields& options)
     : Adam("AdamW", one_group(std::move(params)), from_adamw(options), true) {}
 
-AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options)
+AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWFields& options)
     : Adam("AdamW", std::move(groups), from_adamw(options), true) {}
 
 std::unique_ptr<Optimizer> Adam::rebuild(std::vector<ParamGroup> groups) const {
-  AdamOptions o = options_;
+  AdamFields o = options_;
   o.lr = default_lr_;
   o.weight_decay = default_weight_decay_;
   return std::make_unique<Adam>(rebuild_groups(typeid(Adam), std::move(groups)), o);
@@ -68,16 +70,15 @@ std::unique_ptr<Optimizer> Adam::rebuild(std::vector<ParamGroup> groups) const {
 
 std::unique_ptr<Optimizer> AdamW::rebuild(std::vector<ParamGroup> groups) const {
   const AdamOptions& a = options();
-  const AdamWOptions o{default_lr_, a.beta1, a.beta2, a.eps, default_weight_decay_, a.fused};
+  const AdamWFields o{default_lr_, a.betas(), a.eps(), default_weight_decay_, a.fused()};
   return std::make_unique<AdamW>(rebuild_groups(typeid(AdamW), std::move(groups)), o);
 }
 
 void Adam::step() {
   NoGradGuard no_grad;
   AdamStepParams hp;
-  hp.beta1 = options_.beta1;
-  hp.beta2 = options_.beta2;
-  hp.eps = options_.eps;
+  std::tie(hp.beta1, hp.beta2) = options_.betas();
+  hp.eps = options_.eps();
   hp.decoupled = decoupled_;
   for (Group& grp : groups_) {
     hp.lr = grp.lr;
@@ -93,13 +94,13 @@ void Adam::step() {
       if (!st.slots[0].defined()) st.slots[0] = zeros_like(p);
       if (!st.slots[1].defined()) st.slots[1] = zeros_like(p);
       ++st.step;
-      hp.bias_correction1 = 1.0 - std::pow(options_.beta1, double(st.step));
-      hp.bias_correction2 = 1.0 - std::pow(options_.beta2, double(st.step));
+      hp.bias_correction1 = 1.0 - std::pow(hp.beta1, double(st.step));
+      hp.bias_correction2 = 1.0 - std::pow(hp.beta2, double(st.step));
       Tensor& m = st.slots[0];
       Tensor& v = st.slots[1];
-      const bool fusable = options_.fused && adamw_stub.has(p.device().type) && p.is_contiguous() &&
-                           m.is_contiguous() && v.is_contiguous() && m.dtype() == p.dtype() &&
-                           v.dtype() == p.dtype();
+      const bool fusable = options_.fused() && adamw_stub.has(p.device().type) &&
+                           p.is_contiguous() && m.is_contiguous() && v.is_contiguous() &&
+                           m.dtype() == p.dtype() && v.dtype() == p.dtype();
       if (fusable) {
         if (!grad.is_contiguous()) grad = grad.contiguous();
         adamw_stub(p.device(), p, grad, m, v, hp);

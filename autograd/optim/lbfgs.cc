@@ -10,7 +10,7 @@ namespace accel::optim {
 
 namespace {
 
-LBFGSOptions checked(const LBFGSOptions& o) {
+LBFGSOptions checked(const LBFGSFields& o) {
   ACCEL_CHECK(o.max_iter > 0, ValueError, "LBFGS", "max_iter must be > 0, got ", o.max_iter);
   ACCEL_CHECK(!o.max_eval || *o.max_eval > 0, ValueError, "LBFGS", "max_eval must be > 0, got ",
               *o.max_eval);
@@ -47,7 +47,7 @@ double cubic_interpolate(double x1, double f1, double g1, double x2, double f2, 
 
 }  // namespace
 
-LBFGS::LBFGS(std::vector<Tensor> params, LBFGSOptions options)
+LBFGS::LBFGS(std::vector<Tensor> params, const LBFGSFields& options)
     : Optimizer("LBFGS", {ParamGroup{std::move(params), {}, {}}}, options.lr, 0.0),
       options_(checked(options)),
       max_eval_(options.max_eval.value_or(options.max_iter * 5 / 4)) {
@@ -125,7 +125,7 @@ LBFGS::LineSearch LBFGS::strong_wolfe(const std::function<Tensor()>& closure, do
                                       const Tensor& d, double f, const Tensor& g, double gtd) {
   constexpr double c1 = 1e-4, c2 = 0.9;
   constexpr int64_t max_ls = 25;
-  const double tolerance_change = options_.tolerance_change;
+  const double tolerance_change = options_.tolerance_change();
   std::vector<Tensor> x;
   for (const Tensor& p : groups_[0].params) x.push_back(p.clone());
   const double d_norm = abs_max(d);
@@ -241,9 +241,9 @@ Tensor LBFGS::step(const std::function<Tensor()>& closure) {
               "supports one parameter group only (as PyTorch's), got ", groups_.size());
   NoGradGuard no_grad;
   const double lr = groups_[0].lr;
-  const double tolerance_grad = options_.tolerance_grad;
-  const double tolerance_change = options_.tolerance_change;
-  const size_t history_size = size_t(options_.history_size);
+  const double tolerance_grad = options_.tolerance_grad();
+  const double tolerance_change = options_.tolerance_change();
+  const size_t history_size = size_t(options_.history_size());
 
   Tensor orig_loss;
   {
@@ -262,7 +262,7 @@ Tensor LBFGS::step(const std::function<Tensor()>& closure) {
 
   std::vector<double> al(history_size);
   int64_t n_iter = 0;
-  while (n_iter < options_.max_iter) {
+  while (n_iter < options_.max_iter()) {
     ++n_iter;
     ++n_iter_;
 
@@ -315,7 +315,7 @@ Tensor LBFGS::step(const std::function<Tensor()>& closure) {
     if (gtd > -tolerance_change) break;  // not a descent direction any more
 
     int64_t ls_func_evals = 0;
-    if (options_.line_search_fn == "strong_wolfe") {
+    if (options_.line_search_fn() == "strong_wolfe") {
       LineSearch ls = strong_wolfe(closure, t_, d_, loss, flat_grad, gtd);
       loss = ls.loss;
       flat_grad = ls.flat_grad;
@@ -325,7 +325,7 @@ Tensor LBFGS::step(const std::function<Tensor()>& closure) {
       opt_cond = abs_max(flat_grad) <= tolerance_grad;
     } else {
       add_to_params(t_, d_);
-      if (n_iter != options_.max_iter) {
+      if (n_iter != options_.max_iter()) {
         // Re-evaluated except after the last iteration (in a stochastic setting it would not
         // be used).
         Eval e = evaluate(closure);
@@ -338,7 +338,7 @@ Tensor LBFGS::step(const std::function<Tensor()>& closure) {
     current_evals += ls_func_evals;
     func_evals_ += ls_func_evals;
 
-    if (n_iter == options_.max_iter) break;
+    if (n_iter == options_.max_iter()) break;
     if (current_evals >= max_eval_) break;
     if (opt_cond) break;
     if (abs_max(mul(d_, t_)) <= tolerance_change) break;        // no progress in x
@@ -421,9 +421,9 @@ std::function<void()> LBFGS::load_global_state(const TensorDict& sd, std::set<st
       ro = r->to(kFloat64).to_vector<double>();
     }
   }
-  if (k > options_.history_size)
+  if (k > options_.history_size())
     problems.push_back(pre + "old_dirs holds " + std::to_string(k) +
-                       " pairs, more than history_size " + std::to_string(options_.history_size));
+                       " pairs, more than history_size " + std::to_string(options_.history_size()));
   if (dirs && (!old_stps.defined() || ro.size() != size_t(k)) && problems.size() == before)
     problems.push_back(pre + "old_dirs needs old_stps and ro of as many pairs");
   if (problems.size() != before) return {};

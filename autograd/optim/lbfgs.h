@@ -31,22 +31,39 @@
 #include <string>
 
 #include "autograd/optim/optimizer.h"
+#include "autograd/options.h"
 
 namespace accel::optim {
 
-struct LBFGSOptions {
+// Options in both spellings (Note [options structs] in autograd/options.h):
+//   optim::LBFGS(params, optim::LBFGSOptions(1).line_search_fn("strong_wolfe"))
+//   optim::LBFGS(params, {.lr = 1, .line_search_fn = "strong_wolfe"})
+struct LBFGSFields {
   double lr = 1.0;
   int64_t max_iter = 20;
-  std::optional<int64_t> max_eval;  // unset: max_iter * 5 / 4
+  std::optional<int64_t> max_eval = std::nullopt;  // unset: max_iter * 5 / 4
   double tolerance_grad = 1e-7;
   double tolerance_change = 1e-9;
   int64_t history_size = 100;
-  std::string line_search_fn;  // "" (fixed step) or "strong_wolfe"
+  std::string line_search_fn = "";  // "" (fixed step) or "strong_wolfe"
+};
+
+struct LBFGSOptions : LBFGSFields {
+  using Fields = LBFGSFields;
+  LBFGSOptions(double lr = 1.0) { Fields::lr = lr; }  // NOLINT: implicit, as libtorch's
+  ACCEL_OPTIONS_FROM_FIELDS(LBFGSOptions)
+  ACCEL_OPTION(lr)
+  ACCEL_OPTION(max_iter)
+  ACCEL_OPTION(max_eval)
+  ACCEL_OPTION(tolerance_grad)
+  ACCEL_OPTION(tolerance_change)
+  ACCEL_OPTION(history_size)
+  ACCEL_OPTION(line_search_fn)
 };
 
 class LBFGS : public Optimizer {
  public:
-  LBFGS(std::vector<Tensor> params, LBFGSOptions options = {});
+  LBFGS(std::vector<Tensor> params, const LBFGSFields& options = {});
   // Throws ValueError: L-BFGS needs to re-evaluate the loss; call step(closure).
   void step() override;
   // Runs the iterations; returns the loss of the closure's first call.

@@ -13,10 +13,14 @@
 #pragma once
 
 #include "autograd/optim/optimizer.h"
+#include "autograd/options.h"
 
 namespace accel::optim {
 
-struct RMSpropOptions {
+// Options in both spellings (Note [options structs] in autograd/options.h):
+//   optim::RMSprop(params, optim::RMSpropOptions(1e-3).momentum(0.9).centered(true))
+//   optim::RMSprop(params, {.lr = 1e-3, .momentum = 0.9, .centered = true})
+struct RMSpropFields {
   double lr = 1e-2;
   double alpha = 0.99;
   double eps = 1e-8;
@@ -25,10 +29,22 @@ struct RMSpropOptions {
   bool centered = false;
 };
 
+struct RMSpropOptions : RMSpropFields {
+  using Fields = RMSpropFields;
+  RMSpropOptions(double lr = 1e-2) { Fields::lr = lr; }  // NOLINT: implicit, as libtorch's
+  ACCEL_OPTIONS_FROM_FIELDS(RMSpropOptions)
+  ACCEL_OPTION(lr)
+  ACCEL_OPTION(alpha)
+  ACCEL_OPTION(eps)
+  ACCEL_OPTION(weight_decay)
+  ACCEL_OPTION(momentum)
+  ACCEL_OPTION(centered)
+};
+
 class RMSprop : public Optimizer {
  public:
-  RMSprop(std::vector<Tensor> params, RMSpropOptions options = {});
-  RMSprop(std::vector<ParamGroup> groups, RMSpropOptions options = {});
+  RMSprop(std::vector<Tensor> params, const RMSpropFields& options = {});
+  RMSprop(std::vector<ParamGroup> groups, const RMSpropFields& options = {});
   using Optimizer::step;  // step(closure)
   void step() override;
   std::unique_ptr<Optimizer> rebuild(std::vector<ParamGroup> groups) const override;

@@ -120,8 +120,8 @@ void cross_entropy_backward_kernel(const Tensor& grad, const Tensor& logits, con
   });
 }
 
-void nll_loss_kernel(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
-                     const char* op, Tensor& loss, Tensor& valid) {
+void nll_loss_kernel(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
+                     int64_t ignore_index, const char* op, Tensor& loss, Tensor& valid) {
   const int64_t rows = log_probs.sizes()[0], classes = log_probs.sizes()[1];
   ACCEL_DISPATCH_FLOATING(log_probs.dtype(), op, [&]<typename T>() {
     using A = acc_t<T>;
@@ -129,18 +129,26 @@ void nll_loss_kernel(const Tensor& log_probs, const Tensor& target, int64_t igno
       const I* tp = static_cast<const I*>(target.data_ptr());
       const int64_t n_valid = check_targets(tp, rows, classes, ignore_index, op);
       const T* xp = static_cast<const T*>(log_probs.data_ptr());
+      const T* wp = weight.defined() ? static_cast<const T*>(weight.data_ptr()) : nullptr;
       T* lp = static_cast<T*>(loss.data_ptr());
+      A wsum = A(0);  // the weighted mean's denominator, summed in row order
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t t = int64_t(tp[r]);
-        lp[r] = t == ignore_index ? cast<T>(A(0)) : cast<T>(-cast<A>(xp[r * classes + t]));
+        if (t == ignore_index) {
+          lp[r] = cast<T>(A(0));
+          continue;
+        }
+        const A w = wp ? cast<A>(wp[t]) : A(1);
+        wsum += w;
+        lp[r] = cast<T>(-w * cast<A>(xp[r * classes + t]));
       }
-      *static_cast<T*>(valid.data_ptr()) = cast<T>(A(n_valid));
+      *static_cast<T*>(valid.data_ptr()) = cast<T>(wp ? wsum : A(n_valid));
     });
   });
 }
 
-void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, int64_t ignore_index,
-                              Tensor& dlog_probs) {
+void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, const Tensor& weight,
+                              int64_t ignore_index, Tensor& dlog_probs) {
   const int64_t rows = dlog_probs.sizes()[0], classes = dlog_probs.sizes()[1];
   raw::fill_(dlog_probs, 0);
   ACCEL_DISPATCH_FLOATING(dlog_probs.dtype(), "nll_loss_backward", [&]<typename T>() {
@@ -149,10 +157,13 @@ void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, int64_t 
       const I* tp = static_cast<const I*>(target.data_ptr());
       const T* gp = static_cast<const T*>(grad.data_ptr());
       const bool per_row = grad.numel() != 1;
+      const T* wp = weight.defined() ? static_cast<const T*>(weight.data_ptr()) : nullptr;
       T* dp = static_cast<T*>(dlog_probs.data_ptr());
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t t = int64_t(tp[r]);
-        if (t != ignore_index) dp[r * classes + t] = cast<T>(-cast<A>(gp[per_row ? r : 0]));
+        if (t == ignore_index) continue;
+        const A w = wp ? cast<A>(wp[t]) : A(1);
+        dp[r * classes + t] = cast<T>(-w * cast<A>(gp[per_row ? r : 0]));
       }
     });
   });

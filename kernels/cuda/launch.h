@@ -83,11 +83,17 @@ void launch_cross_entropy_backward(Code t, Code idx_t, const void* grad, bool gr
                                    const void* logits, const void* target, const void* lse,
                                    int64_t rows, int64_t classes, int64_t ignore_index,
                                    double label_smoothing, void* dlogits, cudaStream_t stream);
-void launch_nll_loss(Code t, Code idx_t, const void* log_probs, const void* target, int64_t rows,
-                     int64_t classes, int64_t ignore_index, void* loss, cudaStream_t stream);
+// weight: null (every class weighs 1) or (C) of dtype t.
+void launch_nll_loss(Code t, Code idx_t, const void* log_probs, const void* target,
+                     const void* weight, int64_t rows, int64_t classes, int64_t ignore_index,
+                     void* loss, cudaStream_t stream);
+// out (one element of dtype t) = sum of weight[target[r]] over the rows r not ignored, summed
+// by one block in a fixed order (deterministic).
+void launch_nll_weight_sum(Code t, Code idx_t, const void* target, const void* weight, int64_t rows,
+                           int64_t classes, int64_t ignore_index, void* out, cudaStream_t stream);
 // dlog_probs must be zeroed by the caller.
 void launch_nll_loss_backward(Code t, Code idx_t, const void* grad, bool grad_per_row,
-                              const void* target, int64_t rows, int64_t classes,
+                              const void* target, const void* weight, int64_t rows, int64_t classes,
                               int64_t ignore_index, void* dlog_probs, cudaStream_t stream);
 
 // ---- attention softmax (nn.cu): rows of a contiguous (B, H, T, S) buffer ----

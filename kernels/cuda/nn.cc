@@ -149,33 +149,47 @@ void cross_entropy_backward_kernel(const Tensor& grad, const Tensor& logits, con
                                 dlogits.data_ptr(), current_stream().handle());
 }
 
-void nll_loss_kernel(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
-                     const char* op, Tensor& loss, Tensor& valid) {
+// weight: undefined or (C) of log_probs' dtype (kernels/stubs/nn.h); null on the device side.
+const void* weight_ptr(const Tensor& weight) {
+  return weight.defined() ? weight.data_ptr() : nullptr;
+}
+
+void nll_loss_kernel(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
+                     int64_t ignore_index, const char* op, Tensor& loss, Tensor& valid) {
   assert_float(log_probs, op);
   assert_contract({&log_probs, &target, &loss, &valid}, log_probs.device(), op);
+  if (weight.defined()) assert_contract({&weight}, log_probs.device(), op);
   const int64_t rows = log_probs.sizes()[0], classes = log_probs.sizes()[1];
   DeviceGuard guard(log_probs.device());
   const int64_t n_valid = check_indices(target, classes, 1, log_probs, op, true, ignore_index);
   if (rows > 0) {
     launch_nll_loss(code_of(log_probs.dtype()), code_of(target.dtype()), log_probs.data_ptr(),
-                    target.data_ptr(), rows, classes, ignore_index, loss.data_ptr(),
-                    current_stream().handle());
+                    target.data_ptr(), weight_ptr(weight), rows, classes, ignore_index,
+                    loss.data_ptr(), current_stream().handle());
   }
-  raw::fill_(valid, double(n_valid));
+  if (weight.defined() && rows > 0) {
+    // The weighted mean's denominator: sum of w[target] over the rows not ignored, on the device.
+    launch_nll_weight_sum(code_of(log_probs.dtype()), code_of(target.dtype()), target.data_ptr(),
+                          weight.data_ptr(), rows, classes, ignore_index, valid.data_ptr(),
+                          current_stream().handle());
+  } else {
+    raw::fill_(valid, double(n_valid));
+  }
 }
 
-void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, int64_t ignore_index,
-                              Tensor& dlog_probs) {
+void nll_loss_backward_kernel(const Tensor& grad, const Tensor& target, const Tensor& weight,
+                              int64_t ignore_index, Tensor& dlog_probs) {
   const char* op = "nll_loss_backward";
   assert_float(dlog_probs, op);
   assert_contract({&grad, &target, &dlog_probs}, dlog_probs.device(), op);
+  if (weight.defined()) assert_contract({&weight}, dlog_probs.device(), op);
   const int64_t rows = dlog_probs.sizes()[0], classes = dlog_probs.sizes()[1];
   DeviceGuard guard(dlog_probs.device());
   raw::fill_(dlog_probs, 0);
   if (rows == 0) return;
   launch_nll_loss_backward(code_of(dlog_probs.dtype()), code_of(target.dtype()), grad.data_ptr(),
-                           grad.numel() != 1, target.data_ptr(), rows, classes, ignore_index,
-                           dlog_probs.data_ptr(), current_stream().handle());
+                           grad.numel() != 1, target.data_ptr(), weight_ptr(weight), rows, classes,
+                           ignore_index, dlog_probs.data_ptr(), current_stream().handle());
 }
 
 }  // namespace

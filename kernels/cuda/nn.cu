@@ -300,28 +300,51 @@ __global__ void cross_entropy_backward_kernel(const T* __restrict__ grad, bool p
   }
 }
 
+// weight: null (every class weighs 1) or (C).
 template <typename T, typename I>
 __global__ void nll_loss_kernel(const T* __restrict__ lp, const I* __restrict__ target,
-                                int64_t rows, int64_t classes, int64_t ignore,
-                                T* __restrict__ loss) {
+                                const T* __restrict__ weight, int64_t rows, int64_t classes,
+                                int64_t ignore, T* __restrict__ loss) {
   using A = A_t<T>;
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   const int64_t t = int64_t(target[r]);
-  loss[r] =
-      (t == ignore || t < 0 || t >= classes) ? cvt<T>(A(0)) : cvt<T>(-cvt<A>(lp[r * classes + t]));
+  if (t == ignore || t < 0 || t >= classes) {
+    loss[r] = cvt<T>(A(0));
+    return;
+  }
+  const A w = weight ? cvt<A>(weight[t]) : A(1);
+  loss[r] = cvt<T>(-w * cvt<A>(lp[r * classes + t]));
+}
+
+// One block: out[0] = sum of weight[target[r]] over the rows not ignored.
+template <typename T, typename I>
+__global__ void nll_weight_sum_kernel(const I* __restrict__ target, const T* __restrict__ weight,
+                                      int64_t rows, int64_t classes, int64_t ignore,
+                                      T* __restrict__ out) {
+  using A = A_t<T>;
+  __shared__ A smem[32];
+  A s = A(0);
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+    const int64_t t = int64_t(target[r]);
+    if (t != ignore && t >= 0 && t < classes) s += cvt<A>(weight[t]);
+  }
+  s = block_sum(s, smem);
+  if (threadIdx.x == 0) out[0] = cvt<T>(s);
 }
 
 template <typename T, typename I>
 __global__ void nll_loss_backward_kernel(const T* __restrict__ grad, bool per_row,
-                                         const I* __restrict__ target, int64_t rows,
-                                         int64_t classes, int64_t ignore, T* __restrict__ dlp) {
+                                         const I* __restrict__ target, const T* __restrict__ weight,
+                                         int64_t rows, int64_t classes, int64_t ignore,
+                                         T* __restrict__ dlp) {
   using A = A_t<T>;
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows) return;
   const int64_t t = int64_t(target[r]);
-  if (t != ignore && t >= 0 && t < classes)
-    dlp[r * classes + t] = cvt<T>(-cvt<A>(grad[per_row ? r : 0]));
+  if (t == ignore || t < 0 || t >= classes) return;
+  const A w = weight ? cvt<A>(weight[t]) : A(1);
+  dlp[r * classes + t] = cvt<T>(-w * cvt<A>(grad[per_row ? r : 0]));
 }
 
 // ---------------- attention softmax ----------------
@@ -604,26 +627,39 @@ void launch_cross_entropy_backward(Code t, Code idx_t, const void* grad, bool gr
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
-void launch_nll_loss(Code t, Code idx_t, const void* log_probs, const void* target, int64_t rows,
-                     int64_t classes, int64_t ignore_index, void* loss, cudaStream_t stream) {
+void launch_nll_loss(Code t, Code idx_t, const void* log_probs, const void* target,
+                     const void* weight, int64_t rows, int64_t classes, int64_t ignore_index,
+                     void* loss, cudaStream_t stream) {
   dispatch_float(t, [&]<typename T>() {
     dispatch_index(idx_t, [&]<typename I>() {
       nll_loss_kernel<T, I><<<unsigned((rows + 255) / 256), 256, 0, stream>>>(
-          static_cast<const T*>(log_probs), static_cast<const I*>(target), rows, classes,
-          ignore_index, static_cast<T*>(loss));
+          static_cast<const T*>(log_probs), static_cast<const I*>(target),
+          static_cast<const T*>(weight), rows, classes, ignore_index, static_cast<T*>(loss));
+    });
+  });
+  ACCEL_CUDA_LAUNCH_CHECK();
+}
+
+void launch_nll_weight_sum(Code t, Code idx_t, const void* target, const void* weight, int64_t rows,
+                           int64_t classes, int64_t ignore_index, void* out, cudaStream_t stream) {
+  dispatch_float(t, [&]<typename T>() {
+    dispatch_index(idx_t, [&]<typename I>() {
+      nll_weight_sum_kernel<T, I>
+          <<<1, 256, 0, stream>>>(static_cast<const I*>(target), static_cast<const T*>(weight),
+                                  rows, classes, ignore_index, static_cast<T*>(out));
     });
   });
   ACCEL_CUDA_LAUNCH_CHECK();
 }
 
 void launch_nll_loss_backward(Code t, Code idx_t, const void* grad, bool grad_per_row,
-                              const void* target, int64_t rows, int64_t classes,
+                              const void* target, const void* weight, int64_t rows, int64_t classes,
                               int64_t ignore_index, void* dlog_probs, cudaStream_t stream) {
   dispatch_float(t, [&]<typename T>() {
     dispatch_index(idx_t, [&]<typename I>() {
       nll_loss_backward_kernel<T, I><<<unsigned((rows + 255) / 256), 256, 0, stream>>>(
-          static_cast<const T*>(grad), grad_per_row, static_cast<const I*>(target), rows, classes,
-          ignore_index, static_cast<T*>(dlog_probs));
+          static_cast<const T*>(grad), grad_per_row, static_cast<const I*>(target),
+          static_cast<const T*>(weight), rows, classes, ignore_index, static_cast<T*>(dlog_probs));
     });
   });
   ACCEL_CUDA_LAUNCH_CHECK();

@@ -57,13 +57,18 @@ ACCEL_DECLARE_STUB(cross_entropy_backward_stub,
                    void (*)(const Tensor& grad, const Tensor& logits, const Tensor& target,
                             const Tensor& lse, int64_t ignore_index, double label_smoothing,
                             Tensor& dlogits));
-// log_probs: (R, C); loss[r] = -log_probs[r, target[r]] (0 when ignored); valid as above.
+// log_probs: (R, C); weight: undefined (every class weighs 1) or (C) contiguous, log_probs'
+// dtype, on its device. loss[r] = -w[t] log_probs[r, t] with t = target[r] (0 when ignored);
+// valid: one element (log_probs' dtype) = the sum of w[t] over the rows not ignored (their count
+// without weights), the denominator of torch's weighted mean. Target checks as cross_entropy's.
 ACCEL_DECLARE_STUB(nll_loss_stub,
-                   void (*)(const Tensor& log_probs, const Tensor& target, int64_t ignore_index,
-                            const char* op, Tensor& loss, Tensor& valid));
-// dlog_probs: (R, C), overwritten: -grad[r] at (r, target[r]), zero elsewhere.
-ACCEL_DECLARE_STUB(nll_loss_backward_stub, void (*)(const Tensor& grad, const Tensor& target,
-                                                    int64_t ignore_index, Tensor& dlog_probs));
+                   void (*)(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
+                            int64_t ignore_index, const char* op, Tensor& loss, Tensor& valid));
+// dlog_probs: (R, C), overwritten: -w[t] grad[r] at (r, t = target[r]), zero elsewhere; grad one
+// element (broadcast to every row) or (R); weight as in nll_loss_stub.
+ACCEL_DECLARE_STUB(nll_loss_backward_stub,
+                   void (*)(const Tensor& grad, const Tensor& target, const Tensor& weight,
+                            int64_t ignore_index, Tensor& dlog_probs));
 
 // ---- fused scaled dot-product attention (Note [fused attention], kernels/cpu/nn_attention.cc)
 // ---- q: (B, H, T, D), k: (B, H, S, D), v: (B, H, S, Dv), out: (B, H, T, Dv): any strides with a

@@ -197,7 +197,7 @@ int ddp_mlp(int64_t batch, int zero_stage, const std::string& mp) {
   Accelerator acc(c);
   auto mlp = make_mlp();
   optim::AdamWOptions ao;
-  ao.lr = 1e-2;
+  ao.lr(1e-2);
   auto opt = std::make_shared<optim::AdamW>(mlp->parameters(), ao);
   data::DataLoaderOptions lo;
   lo.batch_size = batch;
@@ -270,14 +270,14 @@ void print_exact(Accelerator& acc, const nn::Module& model, const char* prefix) 
 std::shared_ptr<optim::Optimizer> make_optimizer(const std::string& name, const nn::Module& m,
                                                  const optim::AdamWOptions& ao) {
   if (name == "adadelta")
-    return std::make_shared<optim::Adadelta>(decay_groups(m), optim::AdadeltaOptions{.lr = 0.5});
+    return std::make_shared<optim::Adadelta>(decay_groups(m), optim::AdadeltaOptions(0.5));
   if (name == "adagrad")
     return std::make_shared<optim::Adagrad>(
         decay_groups(m),
-        optim::AdagradOptions{.lr = 1e-2, .lr_decay = 0.01, .initial_accumulator_value = 0.1});
+        optim::AdagradFields{.lr = 1e-2, .lr_decay = 0.01, .initial_accumulator_value = 0.1});
   if (name == "rmsprop")
     return std::make_shared<optim::RMSprop>(
-        decay_groups(m), optim::RMSpropOptions{.lr = 1e-3, .momentum = 0.5, .centered = true});
+        decay_groups(m), optim::RMSpropOptions(1e-3).momentum(0.5).centered(true));
   EXPECT(name == "adamw");
   return std::make_shared<optim::AdamW>(decay_groups(m), ao);
 }
@@ -300,7 +300,7 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
   auto mlp = make_mlp();
   if (f64) mlp->to(kFloat64);
   optim::AdamWOptions ao;
-  ao.lr = 1e-2;
+  ao.lr(1e-2);
   std::shared_ptr<optim::Optimizer> opt = make_optimizer(optimizer, *mlp, ao);
   auto sched = std::make_shared<optim::StepLR>(*opt, 3, 0.5);
   data::DataLoaderOptions lo;
@@ -478,7 +478,7 @@ int plain_backward(int stage, const std::string& how) {
   auto mlp = make_mlp();
   mlp->to(kFloat64);
   optim::AdamWOptions ao;
-  ao.lr = 1e-2;
+  ao.lr(1e-2);
   auto opt = std::make_shared<optim::AdamW>(decay_groups(*mlp), ao);
   data::DataLoaderOptions lo;
   lo.batch_size = 6 / acc.num_processes();
@@ -557,7 +557,7 @@ int resume_peak(const std::string& dir, const std::string& phase, int stage) {
   Accelerator acc(c);
   auto mlp = make_wide_mlp(phase == "save" ? 1 : 2);
   optim::AdamWOptions ao;
-  ao.lr = 1e-3;
+  ao.lr(1e-3);
   auto opt = std::make_shared<optim::AdamW>(mlp->parameters(), ao);
   data::DataLoaderOptions lo;
   lo.batch_size = 16;
@@ -768,9 +768,9 @@ int lbfgs(const std::string& dir, int stage, const std::string& phase) {
   auto mlp = make_mlp();
   mlp->to(kFloat64);
   optim::LBFGSOptions o;
-  o.max_iter = 5;
-  o.history_size = 4;
-  o.line_search_fn = "strong_wolfe";
+  o.max_iter(5);
+  o.history_size(4);
+  o.line_search_fn("strong_wolfe");
   auto opt = std::make_shared<optim::LBFGS>(mlp->parameters(), o);
   if (stage > 0 && acc.num_processes() > 1) {
     acc.prepare_model(mlp);
@@ -841,7 +841,7 @@ int matrix(int stage, int64_t batch, int accumulation, const std::string& mp) {
   Accelerator acc(c);
   auto mlp = make_mlp();
   optim::AdamWOptions ao;
-  ao.lr = 1e-2;
+  ao.lr(1e-2);
   auto opt = std::make_shared<optim::AdamW>(decay_groups(*mlp), ao);
   data::DataLoaderOptions lo;
   lo.batch_size = batch;
@@ -919,7 +919,7 @@ int typed(const std::string& dir, int stage, int64_t batch, bool ckpt_units) {
   Accelerator acc(c);
   auto net = std::make_shared<test::TypedNet>();
   optim::AdamWOptions ao;
-  ao.lr = 1e-2;
+  ao.lr(1e-2);
   auto opt = std::make_shared<optim::AdamW>(net->parameters(), ao);
   Generator g(41);
   Tensor x = randn({48, test::kTypedIn}, {}, &g);
@@ -1018,7 +1018,7 @@ int mesh() {
   attempt("model", [&] { acc.prepare_model(model); });
   attempt("optimizer", [&] {
     acc.prepare_optimizer(
-        std::make_shared<optim::SGD>(model->parameters(), optim::SGDOptions{.lr = 0.1}));
+        std::make_shared<optim::SGD>(model->parameters(), optim::SGDOptions(0.1)));
   });
   attempt("loader", [&] {
     acc.prepare_data_loader(std::make_shared<data::DataLoader>(

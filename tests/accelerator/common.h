@@ -77,8 +77,8 @@ struct Run {
   Run(Accelerator& acc, int64_t batch, bool shuffle = true, double p_drop = 0.1, int64_t n = 40) {
     auto m = std::make_shared<TinyNet>(7, p_drop);
     optim::SGDOptions so;
-    so.lr = 0.05;
-    so.momentum = 0.9;
+    so.lr(0.05);
+    so.momentum(0.9);
     auto o = std::make_shared<optim::SGD>(m->parameters(), so);
     data::DataLoaderOptions lo;
     lo.batch_size = batch;

@@ -65,8 +65,8 @@ int run(const std::string& out, const std::string& strategy, int start, int stop
   auto gpt = std::make_shared<models::Gpt>(gc);
   gpt->to(kFloat64);
   optim::AdamWOptions ao;
-  ao.lr = 3e-2;
-  ao.weight_decay = 0.01;
+  ao.lr(3e-2);
+  ao.weight_decay(0.01);
   auto opt = std::make_shared<optim::AdamW>(gpt->parameters(), ao);
   const int dp = acc.mesh().size("dp");
   data::DataLoaderOptions lo;

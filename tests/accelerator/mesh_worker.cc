@@ -91,8 +91,8 @@ int run(int argc, char** argv) {
   auto model = std::make_shared<models::Gpt>(config(), &gen);
   if (!f32) model->to(kFloat64);
   optim::AdamWOptions ao;
-  ao.lr = 1e-2;
-  ao.weight_decay = 0.01;
+  ao.lr(1e-2);
+  ao.weight_decay(0.01);
   auto opt = std::make_shared<optim::AdamW>(model->parameters(), ao);
   auto [m, o] = acc.prepare(model, std::static_pointer_cast<optim::Optimizer>(opt));
 

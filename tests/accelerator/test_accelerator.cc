@@ -495,7 +495,7 @@ TEST_CASE("ReduceLROnPlateau: prepared step(metric), save_state / load_state res
   auto run = [&](bool resume) {
     Accelerator acc(base_config(dir));
     Tensor p = zeros({2}).requires_grad_();
-    auto opt = std::make_shared<optim::SGD>(std::vector<Tensor>{p}, optim::SGDOptions{.lr = 0.1});
+    auto opt = std::make_shared<optim::SGD>(std::vector<Tensor>{p}, optim::SGDOptions(0.1));
     optim::ReduceLROnPlateauOptions o;
     o.patience = 1;
     o.factor = 0.5;

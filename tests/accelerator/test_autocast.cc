@@ -530,7 +530,7 @@ TEST_CASE("mixed_precision=bf16: a tiny MLP trains through the facade and conver
     Accelerator acc(mp_config(mp));
     auto mlp = make_mlp(5);
     optim::AdamWOptions o;
-    o.lr = 1e-2;
+    o.lr(1e-2);
     auto opt = std::make_shared<optim::AdamW>(mlp->parameters(), o);
     data::DataLoaderOptions lo;
     lo.batch_size = 32;

@@ -257,7 +257,7 @@ TEST_CASE("HSDP: a replicate group that is the shard group is a ValueError") {
   zo.stage = 2;
   zo.replicate = world;
   auto make = [](std::vector<Tensor> shards) {
-    return std::make_unique<optim::SGD>(std::move(shards), optim::SGDOptions{.lr = 0.1});
+    return std::make_unique<optim::SGD>(std::move(shards), optim::SGDOptions(0.1));
   };
   CHECK_THROWS_WITH_AS(dist::ZeroOptimizer(model, make, world, zo),
                        doctest::Contains("the replicate group is the shard group itself"),

@@ -143,7 +143,7 @@ int worker(const std::string& out, const std::string& how) {
   Accelerator acc(c);
   auto model = acc.prepare_model(std::make_shared<Lin>());
   optim::SGDOptions so;
-  so.lr = kLr;
+  so.lr(kLr);
   auto opt = acc.prepare_optimizer(std::make_shared<optim::SGD>(model->parameters(), so));
   auto [x, y] = rank_data(acc.process_index());
   for (int s = 0; s < kSteps; ++s) {

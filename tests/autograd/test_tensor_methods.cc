@@ -69,6 +69,14 @@ const std::map<std::string, std::string> kNoMethod = {
     {"interpolate", "torch.nn.functional.interpolate"},
     {"leaky_relu", "torch.nn.functional.leaky_relu"},
     {"elu", "torch.nn.functional.elu"},
+    {"hardtanh", "torch.nn.functional.hardtanh"},
+    {"relu6", "torch.nn.functional.relu6"},
+    {"selu", "torch.nn.functional.selu"},
+    {"celu", "torch.nn.functional.celu"},
+    {"threshold", "torch.nn.functional.threshold"},
+    {"dropout1d", "torch.nn.functional.dropout1d"},
+    {"dropout3d", "torch.nn.functional.dropout3d"},
+    {"embedding_renorm_", "torch.embedding_renorm_, a free function"},
 };
 
 std::string read_text(const std::string& path) {

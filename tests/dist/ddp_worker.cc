@@ -79,25 +79,25 @@ Batch local(const Batch& b, int rank, int world) {
 std::unique_ptr<optim::Optimizer> make_opt(const std::string& kind, std::vector<Tensor> ps) {
   if (kind == "sgd") {
     optim::SGDOptions o;
-    o.lr = 0.1;
-    o.momentum = 0.9;
-    o.weight_decay = 0.01;
+    o.lr(0.1);
+    o.momentum(0.9);
+    o.weight_decay(0.01);
     return std::make_unique<optim::SGD>(std::move(ps), o);
   }
   if (kind == "adam") {
     optim::AdamOptions o;
-    o.lr = 1e-2;
-    o.weight_decay = 0.01;
+    o.lr(1e-2);
+    o.weight_decay(0.01);
     return std::make_unique<optim::Adam>(std::move(ps), o);
   }
   if (kind == "tiny") {
     // Updates far below half a bf16 ulp of the weights: bf16 master weights would never move.
     optim::SGDOptions o;
-    o.lr = 2e-4;
+    o.lr(2e-4);
     return std::make_unique<optim::SGD>(std::move(ps), o);
   }
   optim::AdamWOptions o;
-  o.lr = 1e-2;
+  o.lr(1e-2);
   return std::make_unique<optim::AdamW>(std::move(ps), o);
 }
 
@@ -425,7 +425,7 @@ void scenario_unused(ProcessGroup& pg) {
     o.find_unused_parameters = true;
     DistributedDataParallel ddp(net, nullptr, o);
     optim::SGDOptions so;
-    so.lr = 0.1;
+    so.lr(0.1);
     optim::SGD opt(net->parameters(), so);
     optim::SGD ref_opt(ref->parameters(), so);  // unused: the reference is already trained
     (void)ref_opt;

@@ -140,17 +140,17 @@ std::unique_ptr<optim::Optimizer> make_opt(const std::string& kind,
                                            std::vector<optim::ParamGroup> groups) {
   if (kind == "sgd") {
     optim::SGDOptions o;
-    o.lr = 0.05;
-    o.momentum = 0.9;
+    o.lr(0.05);
+    o.momentum(0.9);
     return std::make_unique<optim::SGD>(std::move(groups), o);
   }
   if (kind == "adam") {
     optim::AdamOptions o;
-    o.lr = 0.01;
+    o.lr(0.01);
     return std::make_unique<optim::Adam>(std::move(groups), o);
   }
   optim::AdamWOptions o;
-  o.lr = 0.01;
+  o.lr(0.01);
   return std::make_unique<optim::AdamW>(std::move(groups), o);
 }
 

@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
     int64_t numel = 0;
     for (const Tensor& p : model->parameters()) numel += p.numel();
     optim::AdamWOptions ao;
-    ao.lr = 1e-3;
+    ao.lr(1e-3);
     auto opt = std::make_shared<optim::AdamW>(model->parameters(), ao);
     auto [m, o] = acc.prepare(model, std::static_pointer_cast<optim::Optimizer>(opt));
     if (acc.is_main_process()) {

@@ -64,8 +64,8 @@ int main(int argc, char** argv) {
     auto net = std::make_shared<Mlp>(hidden);
     DistributedDataParallel ddp(net);
     optim::SGDOptions so;
-    so.lr = 0.05;
-    so.momentum = 0.9;
+    so.lr(0.05);
+    so.momentum(0.9);
     optim::SGD opt(net->parameters(), so);
     for (int s = 0; s < steps; ++s) {
       // The global batch of step s, the same on every rank; this rank takes its shard.

@@ -350,7 +350,7 @@ constexpr int kSteps = 20;
 constexpr double kClip = 0.5;
 optim::AdamWOptions adamw() {
   optim::AdamWOptions o;
-  o.lr = 1e-2;
+  o.lr(1e-2);
   return o;
 }
 

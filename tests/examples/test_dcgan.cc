@@ -29,8 +29,8 @@ TEST_CASE("dcgan: training iterations match PyTorch's main.py") {
   CHECK(twin::checksum(netD) ==
         doctest::Approx(std::stod(fx.meta("init_checksum_d"))).epsilon(1e-12));
   optim::AdamOptions ao;
-  ao.lr = 0.0002;
-  ao.beta1 = 0.5;
+  ao.lr(0.0002);
+  ao.betas({0.5, 0.999});
   optim::Adam optimizerD(netD.parameters(), ao), optimizerG(netG.parameters(), ao);
   const char* names[] = {"errD", "errG", "D_x", "D_G_z1", "D_G_z2"};
   for (int64_t s = 0; s < steps; ++s) {

@@ -21,7 +21,7 @@ bool has_name(const nn::Module& m, const std::string& name) {
 template <typename F>
 std::pair<double, double> fit(nn::Module& model, int steps, double lr, F&& loss_fn) {
   optim::AdamWOptions o;
-  o.lr = lr;
+  o.lr(lr);
   optim::AdamW opt(model.parameters(), o);
   double first = 0, last = 0;
   for (int i = 0; i < steps; ++i) {

@@ -26,7 +26,7 @@ TEST_CASE("reinforce: REINFORCE episodes match PyTorch's reinforce.py") {
   CHECK(twin::checksum(policy) ==
         doctest::Approx(std::stod(fx.meta("init_checksum"))).epsilon(1e-12));
   optim::AdamOptions ao;
-  ao.lr = 1e-2;
+  ao.lr(1e-2);
   optim::Adam optimizer(policy.parameters(), ao);
   reinforce::CartPole env;
   int64_t next_action = 0;

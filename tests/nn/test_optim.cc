@@ -99,16 +99,14 @@ TEST_CASE("AdamW and Adam after 3 steps match a float64 reference (fused and op 
       const double rtol = dt == kFloat64 ? 1e-12 : 2e-6, atol = dt == kFloat64 ? 1e-14 : 1e-6;
       Tensor p = param(dt);
       optim::AdamW adamw(
-          {p},
-          {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd, .fused = fused});
+          {p}, {.lr = lr, .betas = {b1, b2}, .eps = eps, .weight_decay = wd, .fused = fused});
       train(adamw, p, 3);
       check_close(p, adam_ref(3, lr, b1, b2, eps, wd, true), rtol, atol);
       CHECK(adamw.step_count(0) == 3);
 
       Tensor q = param(dt);
       optim::Adam adam(
-          {q},
-          {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd, .fused = fused});
+          {q}, {.lr = lr, .betas = {b1, b2}, .eps = eps, .weight_decay = wd, .fused = fused});
       train(adam, q, 3);
       check_close(q, adam_ref(3, lr, b1, b2, eps, wd, false), rtol, atol);
     }
@@ -242,15 +240,15 @@ TEST_CASE("rebuild: same type and options over other parameters, group hyperpara
   };
   check_same_updates([](std::vector<optim::ParamGroup> g) {
     return std::make_unique<optim::SGD>(
-        std::move(g), optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true});
+        std::move(g), optim::SGDFields{.lr = 0.1, .momentum = 0.9, .nesterov = true});
   });
   check_same_updates([](std::vector<optim::ParamGroup> g) {
     return std::make_unique<optim::Adam>(std::move(g),
-                                         optim::AdamOptions{.lr = 0.05, .weight_decay = 0.1});
+                                         optim::AdamFields{.lr = 0.05, .weight_decay = 0.1});
   });
   check_same_updates([](std::vector<optim::ParamGroup> g) {
     return std::make_unique<optim::AdamW>(
-        std::move(g), optim::AdamWOptions{.lr = 0.05, .beta2 = 0.99, .weight_decay = 0.3});
+        std::move(g), optim::AdamWOptions(0.05).betas({0.9, 0.99}).weight_decay(0.3));
   });
   // A subclass that does not implement rebuild is refused by name (its base would drop its
   // changes), and so is an optimizer type without rebuild.
@@ -298,9 +296,8 @@ TEST_CASE("optimizer state_dict round trip resumes exactly, also through safeten
     INFO("kind " << kind);
     auto make = [&](std::vector<Tensor> ps) -> std::unique_ptr<optim::Optimizer> {
       if (kind == 0)
-        return std::make_unique<optim::AdamW>(std::move(ps), optim::AdamWOptions{.lr = 0.05});
-      return std::make_unique<optim::SGD>(std::move(ps),
-                                          optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+        return std::make_unique<optim::AdamW>(std::move(ps), optim::AdamWOptions(0.05));
+      return std::make_unique<optim::SGD>(std::move(ps), optim::SGDOptions(0.05).momentum(0.9));
     };
     Tensor p = param(), q = param();
     auto opt = make({p, q});

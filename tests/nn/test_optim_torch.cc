@@ -81,37 +81,38 @@ struct Problem {
 std::unique_ptr<optim::Optimizer> make_case(const std::string& name, const Problem& pr) {
   using namespace optim;
   if (name == "adadelta")
-    return std::make_unique<Adadelta>(pr.groups(0.5, 0.1), AdadeltaOptions{1.0, 0.9, 1e-6, 0.0});
+    return std::make_unique<Adadelta>(pr.groups(0.5, 0.1), AdadeltaOptions(1.0).rho(0.9).eps(1e-6));
   if (name == "adadelta_wd")
-    return std::make_unique<Adadelta>(pr.groups(2.0, 0.0), AdadeltaOptions{1.0, 0.8, 1e-4, 0.05});
+    return std::make_unique<Adadelta>(pr.groups(2.0, 0.0),
+                                      AdadeltaOptions(1.0).rho(0.8).eps(1e-4).weight_decay(0.05));
   if (name == "adagrad")
     return std::make_unique<Adagrad>(pr.groups(0.2, 0.1),
-                                     AdagradOptions{.lr = 0.1,
-                                                    .lr_decay = 0.01,
-                                                    .weight_decay = 0.0,
-                                                    .initial_accumulator_value = 0.1,
-                                                    .eps = 1e-10});
+                                     AdagradFields{.lr = 0.1,
+                                                   .lr_decay = 0.01,
+                                                   .weight_decay = 0.0,
+                                                   .initial_accumulator_value = 0.1,
+                                                   .eps = 1e-10});
   if (name == "adagrad_plain")
     return std::make_unique<Adagrad>(pr.groups(0.05, 0.0),
-                                     AdagradOptions{.lr = 0.1, .weight_decay = 0.02});
+                                     AdagradFields{.lr = 0.1, .weight_decay = 0.02});
   if (name == "rmsprop")
     return std::make_unique<RMSprop>(pr.groups(0.02, 0.1),
-                                     RMSpropOptions{.lr = 0.01, .alpha = 0.99, .eps = 1e-8});
+                                     RMSpropFields{.lr = 0.01, .alpha = 0.99, .eps = 1e-8});
   if (name == "rmsprop_momentum")
     return std::make_unique<RMSprop>(
         pr.groups(0.02, 0.1),
-        RMSpropOptions{.lr = 0.01, .alpha = 0.9, .eps = 1e-6, .momentum = 0.8});
+        RMSpropFields{.lr = 0.01, .alpha = 0.9, .eps = 1e-6, .momentum = 0.8});
   if (name == "rmsprop_centered")
     return std::make_unique<RMSprop>(
         pr.groups(0.02, 0.0),
-        RMSpropOptions{.lr = 0.01, .alpha = 0.95, .weight_decay = 0.05, .centered = true});
+        RMSpropFields{.lr = 0.01, .alpha = 0.95, .weight_decay = 0.05, .centered = true});
   if (name == "rmsprop_centered_momentum")
     return std::make_unique<RMSprop>(
         pr.groups(0.03, 0.1),
-        RMSpropOptions{.lr = 0.01, .alpha = 0.9, .momentum = 0.5, .centered = true});
+        RMSpropFields{.lr = 0.01, .alpha = 0.9, .momentum = 0.5, .centered = true});
   if (name == "sgd_nesterov")
     return std::make_unique<SGD>(pr.groups(0.05, 0.1),
-                                 SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true});
+                                 SGDFields{.lr = 0.1, .momentum = 0.9, .nesterov = true});
   FAIL("unknown case " << name);
   return nullptr;
 }
@@ -125,22 +126,22 @@ Tensor rosenbrock(const Tensor& a, const Tensor& b) {
 optim::LBFGSOptions lbfgs_case(const std::string& name) {
   optim::LBFGSOptions o;
   if (name == "plain") {
-    o.lr = 0.05;
-    o.max_iter = 4;
-    o.history_size = 3;
+    o.lr(0.05);
+    o.max_iter(4);
+    o.history_size(3);
   } else if (name == "strong_wolfe") {
-    o.lr = 1.0;
-    o.max_iter = 6;
-    o.history_size = 4;
-    o.line_search_fn = "strong_wolfe";
+    o.lr(1.0);
+    o.max_iter(6);
+    o.history_size(4);
+    o.line_search_fn("strong_wolfe");
   } else if (name == "strong_wolfe_eval") {
-    o.lr = 1.0;
-    o.max_iter = 20;
-    o.max_eval = 9;
-    o.tolerance_grad = 1e-9;
-    o.tolerance_change = 1e-12;
-    o.history_size = 10;
-    o.line_search_fn = "strong_wolfe";
+    o.lr(1.0);
+    o.max_iter(20);
+    o.max_eval(9);
+    o.tolerance_grad(1e-9);
+    o.tolerance_change(1e-12);
+    o.history_size(10);
+    o.line_search_fn("strong_wolfe");
   } else {
     FAIL("unknown case " << name);
   }
@@ -247,7 +248,7 @@ TEST_CASE("option checks name the optimizer") {
         std::string::npos);
   CHECK(error_of([&] {
           optim::LBFGSOptions o;
-          o.line_search_fn = "armijo";
+          o.line_search_fn("armijo");
           optim::LBFGS({pr.p1}, o);
         }).find("strong_wolfe") != std::string::npos);
 }

@@ -1,6 +1,6 @@
 // Op cases of the image-model ops (issue 24): conv_transpose2d, conv1d, conv_transpose1d,
-// group_norm, instance_norm, adaptive pools, dropout2d, pixel (un)shuffle, pad, interpolate,
-// leaky_relu, elu.
+// group_norm, instance_norm, adaptive pools, dropout1d/2d/3d, pixel (un)shuffle, pad, interpolate,
+// leaky_relu, elu, hardtanh / relu6, selu, celu, threshold.
 #include <cmath>
 
 #include "op_table.h"
@@ -129,6 +129,22 @@ void add_image_cases(Table& t) {
       .cpu(
           "the mask comes from the generator on the CPU; the same on every device, but one case "
           "suffices");
+  // dropout2d on 3-D input: (N, C, L) as torch, one draw per (n, c) (it warns once).
+  t.add("dropout2d", "3-D input as (N, C, L)", OP_INPUTS(m.rnd({3, 4, 5})), OP_FN({
+          Generator g(11);
+          return dropout2d(x[0], 0.5, true, &g);
+        }))
+      .cpu("the mask comes from the generator on the CPU; one device suffices");
+  t.add("dropout1d", "p 0.3, (N, C, L) and unbatched (C, L)", OP_INPUTS(m.rnd({2, 3, 4})), OP_FN({
+          Generator g(5);
+          return dropout1d(x[0], 0.3, true, &g) + sum(dropout1d(x[0].select(0, 1), 0.3, true, &g));
+        }))
+      .cpu("the mask comes from the generator on the CPU; one device suffices");
+  t.add("dropout3d", "p 0.5, (N, C, D, H, W)", OP_INPUTS(m.rnd({2, 3, 2, 2, 2})), OP_FN({
+          Generator g(3);
+          return dropout3d(x[0], 0.5, true, &g);
+        }))
+      .cpu("the mask comes from the generator on the CPU; one device suffices");
   t.add("pixel_shuffle", "r 2", OP_INPUTS(m.rnd({2, 8, 3, 2})),
         OP_FN(return pixel_shuffle(x[0], 2);));
   t.add("pixel_unshuffle", "r 2, 3-D", OP_INPUTS(m.rnd({2, 4, 6})),
@@ -160,6 +176,13 @@ void add_image_cases(Table& t) {
   t.add("leaky_relu", "slope 0.2", OP_INPUTS(m.rnd({3, 4})), OP_FN(return leaky_relu(x[0], 0.2);));
   t.add("elu", "alpha 1.5, large positive inputs", OP_INPUTS(m.rnd({3, 4}, -2, 2)),
         OP_FN(return elu(x[0], 1.5) + sum(elu(mul(x[0], 500.0)));));
+  // Random inputs stay off the kinks (the ends of hardtanh, the threshold) almost surely.
+  t.add("hardtanh", "[-0.5, 0.7] and relu6", OP_INPUTS(m.rnd({3, 4}, -2, 2)),
+        OP_FN(return hardtanh(x[0], -0.5, 0.7) + relu6(mul(x[0], 4.0));));
+  t.add("selu", "both sides", OP_INPUTS(m.rnd({3, 4}, -2, 2)), OP_FN(return selu(x[0]);));
+  t.add("celu", "alpha 0.7", OP_INPUTS(m.rnd({3, 4}, -2, 2)), OP_FN(return celu(x[0], 0.7);));
+  t.add("threshold", "0.1 -> -2", OP_INPUTS(m.rnd({3, 4})),
+        OP_FN(return threshold(x[0], 0.1, -2.0);));
 }
 
 }  // namespace accel::optable::detail

@@ -127,6 +127,13 @@ void add_nn_cases(Table& t) {
         OP_FN(return nll_loss(x[0], x[1], 1);));
   t.add("nll_loss", "none, (N, C, d)", OP_INPUTS(m.rnd({2, 3, 2}), m.idx({0, 2, 1, 1}, {2, 2})),
         OP_FN(return nll_loss(x[0], x[1], -100, Reduction::None);));
+  // Class weights (the weight a constant: rnd_const): the mean divides by the targets' weights.
+  t.add("nll_loss", "class weights, mean with an ignored row",
+        OP_INPUTS(m.rnd({5, 4}), m.idx({3, 0, -100, 3, 1}, {5}), m.rnd_const({4}, 0.5, 2.0)),
+        OP_FN(return nll_loss(x[0], x[1], x[2]);));
+  t.add("nll_loss", "class weights, none, (N, C, d)",
+        OP_INPUTS(m.rnd({2, 3, 2}), m.idx({0, 2, 1, 1}, {2, 2}), m.rnd_const({3}, 0.5, 2.0)),
+        OP_FN(return nll_loss(x[0], x[1], x[2], -100, Reduction::None);));
   t.add("mse_loss", "mean, both require grad", OP_INPUTS(m.rnd({3, 4}), m.rnd({3, 4})),
         OP_FN(return mse_loss(x[0], x[1]);));
   t.add("mse_loss", "sum", OP_INPUTS(m.rnd({5}), m.rnd({5})),

@@ -26,8 +26,8 @@ void add_optim_cases(Table& t) {
                   m.rnd_const({1000, 7})),
         OP_FN({
           optim::AdamWOptions o;
-          o.lr = 1e-2;
-          o.weight_decay = 0.1;
+          o.lr(1e-2);
+          o.weight_decay(0.1);
           return three_steps<optim::AdamW>(x, o);
         }))
       .not_differentiable()
@@ -37,8 +37,8 @@ void add_optim_cases(Table& t) {
                   m.rnd_const({1000, 7})),
         OP_FN({
           optim::AdamOptions o;
-          o.lr = 1e-2;
-          o.weight_decay = 0.1;
+          o.lr(1e-2);
+          o.weight_decay(0.1);
           return three_steps<optim::Adam>(x, o);
         }))
       .not_differentiable()

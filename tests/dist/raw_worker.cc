@@ -134,9 +134,9 @@ Batch local(const Batch& b, int rank, int world) {
 
 optim::SGDOptions sgd_options() {
   optim::SGDOptions o;
-  o.lr = 0.1;
-  o.momentum = 0.9;
-  o.weight_decay = 0.01;
+  o.lr(0.1);
+  o.momentum(0.9);
+  o.weight_decay(0.01);
   return o;
 }
 
@@ -322,7 +322,7 @@ void scenario_ddp_accum(ProcessGroup& pg) {
     // Plain SGD: the unused parameters get a zero gradient here and none in one process, which
     // weight decay or momentum would tell apart.
     optim::SGDOptions so;
-    so.lr = 0.1;
+    so.lr(0.1);
     auto plain_ref = std::make_shared<Net>(true);
     optim::SGD ref_opt(plain_ref->parameters(), so);
     for (int s = 0; s < kSteps; ++s) {

@@ -382,6 +382,18 @@ void ShmAllReduce::fail(const std::string& msg) {
   throw PeerError(msg);
 }
 
+void ShmAllReduce::label_ranks(const std::vector<int>& world_ranks, const std::string& group) {
+  labels_.clear();
+  if (int(world_ranks.size()) != size_) return;
+  for (int q = 0; q < size_; ++q)
+    labels_.push_back("world rank " + std::to_string(world_ranks[size_t(q)]) + " (rank " +
+                      std::to_string(q) + " of group " + group + ")");
+}
+
+std::string ShmAllReduce::who(int q) const {
+  return q >= 0 && size_t(q) < labels_.size() ? labels_[size_t(q)] : "rank " + std::to_string(q);
+}
+
 int ShmAllReduce::dead_peer() const {
   // Suspects are the peers that have not arrived; see Note [shm faults].
   auto pending = [&](int q) {
@@ -418,14 +430,13 @@ void ShmAllReduce::check_peers(const char* phase) {
   if (by > 0) {
     const std::string reason(abort_block_->reason,
                              strnlen(abort_block_->reason, kAbortReasonBytes));
-    throw PeerError("rank " + std::to_string(by - 1) + " aborted the shared-memory all-reduce (" +
-                    reason + "); seen in " + phase);
+    throw PeerError(who(int(by - 1)) + " aborted the shared-memory all-reduce (" + reason +
+                    "); seen in " + phase);
   }
   if (phase == std::string("entry")) return;
   const int dead = dead_peer();
   if (dead >= 0)
-    fail("rank " + std::to_string(dead) + " died (its process exited; shared-memory all-reduce, " +
-         phase + ")");
+    fail(who(dead) + " died (its process exited; shared-memory all-reduce, " + phase + ")");
 }
 
 void ShmAllReduce::barrier(Milliseconds timeout, const char* phase, const void* stamp) {
@@ -466,8 +477,12 @@ void ShmAllReduce::barrier(Milliseconds timeout, const char* phase, const void* 
           if (p != rank_ && counter(map_, p)->load(std::memory_order_acquire) < generation_)
             late.push_back(p);
         std::ostringstream os;
-        os << (late.size() == 1 ? "rank " : "ranks ");
-        for (size_t i = 0; i < late.size(); ++i) os << (i ? ", " : "") << late[i];
+        if (labels_.empty()) {
+          os << (late.size() == 1 ? "rank " : "ranks ");
+          for (size_t i = 0; i < late.size(); ++i) os << (i ? ", " : "") << late[i];
+        } else {
+          for (size_t i = 0; i < late.size(); ++i) os << (i ? ", " : "") << who(late[i]);
+        }
         os << " did not reach the shared-memory all-reduce (" << phase << ") within "
            << timeout.count() << " ms (stopped, hung, or far behind)";
         fail(os.str());
@@ -489,7 +504,7 @@ void ShmAllReduce::read_stamps(void* out, const void* mine) {
     const uint64_t gen = area[0].load(std::memory_order_relaxed);
     if (gen != generation_) {
       std::ostringstream os;
-      os << "rank " << q << " is not in this rank's collective (its last shared-memory arrival "
+      os << who(q) << " is not in this rank's collective (its last shared-memory arrival "
          << "is " << gen << ", this rank's " << generation_ << "; rank " << rank_ << " of " << size_
          << "): the ranks' collective sequences diverged where fingerprints "
          << "were not checked";

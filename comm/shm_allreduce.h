@@ -62,6 +62,11 @@ class ShmAllReduce {
 
   size_t slot_bytes() const { return slot_bytes_; }
 
+  // A subgroup's ranks in messages: "world rank <w> (rank <q> of group <name>)", as the heartbeat
+  // path names them (comm/gloo: ProcessGroupGloo::on_peer_lost). Without it: "rank <q>" (the
+  // world group, where both are the same). Call before the first collective.
+  void label_ranks(const std::vector<int>& world_ranks, const std::string& group);
+
   // Thread-safe: makes the all-reduce running now (and every later one) on this rank throw
   // PeerError(reason) within about a millisecond. Called when the group learns from elsewhere
   // (heartbeat, control plane) that a peer is gone, so a waiter does not sit out its timeout.
@@ -97,7 +102,8 @@ class ShmAllReduce {
   void check_peers(const char* phase);
   [[noreturn]] void fail(const std::string& msg);  // publishes, then throws PeerError(msg)
   void publish_abort(const std::string& reason);
-  int dead_peer() const;  // a peer rank whose process has exited (zombie or reaped), or -1
+  int dead_peer() const;         // a peer rank whose process has exited (zombie or reaped), or -1
+  std::string who(int q) const;  // rank q as messages name it (label_ranks)
 
   int rank_ = 0, size_ = 1;
   size_t slot_bytes_ = 0;
@@ -110,6 +116,7 @@ class ShmAllReduce {
   AbortBlock* abort_block_ = nullptr;
   std::vector<int> pids_;    // per rank, empty unless all ranks share our pid namespace
   std::vector<int> pidfds_;  // per rank, -1 for this rank or where pidfd_open is unavailable
+  std::vector<std::string> labels_;  // per rank (label_ranks), empty for "rank <q>"
   std::atomic<bool> aborted_{false};
   std::mutex abort_mu_;
   std::string abort_reason_;

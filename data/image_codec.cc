@@ -71,12 +71,18 @@ struct PngWriteGuard {
   }
 };
 
-// Protected. Reads the header and sets up expansion to 8-bit gray / gray+alpha / RGB / RGBA.
-bool png_read_header(PngIo& io, uint32_t* w, uint32_t* h, int* channels) {
+// Protected. Reads the header and sets up expansion to 8-bit gray / gray+alpha / RGB / RGBA;
+// a palette image is read as one 8-bit index per pixel (`*palette`), which expand_palette maps.
+bool png_read_header(PngIo& io, uint32_t* w, uint32_t* h, int* channels, bool* palette) {
   if (setjmp(png_jmpbuf(io.png))) return false;
   png_set_read_fn(io.png, &io, png_read_cb);
   png_read_info(io.png, io.info);
-  png_set_expand(io.png);  // palette -> RGB, gray < 8 bits -> 8 bits, tRNS -> alpha
+  *palette = png_get_color_type(io.png, io.info) == PNG_COLOR_TYPE_PALETTE;
+  if (*palette) {
+    png_set_packing(io.png);  // 1, 2, 4-bit indices -> one byte each
+  } else {
+    png_set_expand(io.png);  // gray < 8 bits -> 8 bits, tRNS -> alpha
+  }
   png_set_strip_16(io.png);
   png_set_interlace_handling(io.png);
   png_read_update_info(io.png, io.info);
@@ -105,6 +111,40 @@ bool png_write_all(PngIo& io, uint32_t w, uint32_t h, int color_type, int level,
   png_write_image(io.png, rows);
   png_write_end(io.png, io.info);
   return true;
+}
+
+// Note [png palette indices]
+// libpng's palette expansion maps an index past the end of PLTE to black (its palette is padded
+// with zeros to 256 entries) and, in the libpng of Debian 12 (1.6.39), says nothing: its
+// invalid-index check runs on write only. Such a file is corrupt, so palette images are read as
+// indices, checked against PLTE here, and expanded to RGB (RGBA when a tRNS chunk gives alpha)
+// as libpng would.
+void expand_palette(PngIo& io, DecodedImage& img, const char* op, const std::string& what) {
+  png_colorp plte = nullptr;
+  int entries = 0;
+  png_get_PLTE(io.png, io.info, &plte, &entries);
+  png_bytep trans = nullptr;
+  int num_trans = 0;
+  png_get_tRNS(io.png, io.info, &trans, &num_trans, nullptr);
+  if (trans == nullptr) num_trans = 0;
+  const size_t n = size_t(img.width) * size_t(img.height);
+  uint8_t top = 0;
+  for (size_t i = 0; i < n; ++i) top = std::max(top, img.pixels[i]);
+  ACCEL_CHECK(int(top) < entries, IoError, op, what, ": a pixel uses palette index ", int(top),
+              ", but the palette (PLTE) has ", entries,
+              " entries (corrupt image; libpng would decode it as black)");
+  const int c = num_trans > 0 ? 4 : 3;
+  std::vector<uint8_t> out(n * size_t(c));
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t k = img.pixels[i];
+    uint8_t* o = out.data() + i * size_t(c);
+    o[0] = plte[k].red;
+    o[1] = plte[k].green;
+    o[2] = plte[k].blue;
+    if (c == 4) o[3] = k < num_trans ? trans[k] : 255;
+  }
+  img.pixels = std::move(out);
+  img.channels = c;
 }
 
 void check_pixels(uint64_t w, uint64_t h, const ImageLimits& limits, const char* op,
@@ -279,7 +319,8 @@ DecodedImage decode_png_bytes(const uint8_t* data, size_t size, const std::strin
   ACCEL_CHECK(io.info != nullptr, IoError, op, what, ": cannot create a libpng info struct");
   uint32_t w = 0, h = 0;
   int channels = 0;
-  ACCEL_CHECK(png_read_header(io, &w, &h, &channels), IoError, op, what, ": ", io.msg);
+  bool palette = false;
+  ACCEL_CHECK(png_read_header(io, &w, &h, &channels, &palette), IoError, op, what, ": ", io.msg);
   check_pixels(w, h, limits, op, what);
   ACCEL_CHECK(channels >= 1 && channels <= 4, IoError, op, what, ": unexpected ", channels,
               " channels after expansion");
@@ -294,6 +335,7 @@ DecodedImage decode_png_bytes(const uint8_t* data, size_t size, const std::strin
   std::vector<png_bytep> rows(h);
   for (uint32_t y = 0; y < h; ++y) rows[y] = img.pixels.data() + size_t(y) * row_bytes;
   ACCEL_CHECK(png_read_pixels(io, rows.data()), IoError, op, what, ": ", io.msg);
+  if (palette) expand_palette(io, img, op, what);  // Note [png palette indices]
   return convert_image(std::move(img), limits.mode);
 }
 

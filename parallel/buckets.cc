@@ -5,6 +5,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "autograd/engine.h"
 #include "core/error.h"
 
 // Note [bucket order]
@@ -15,6 +16,23 @@
 // fingerprint check meaningful. Parameters whose gradient never arrives hold their bucket back
 // until finish(), which zero-fills them: all ranks still issue every bucket, so a rank with an
 // unused parameter raises a clear error instead of leaving its peers blocked.
+
+// Note [sync at the end of backward]
+// PyTorch's DDP averages the gradients inside loss.backward(): its reducer's hooks launch the
+// buckets and the engine's final callback waits for them. The bucketer does the same for its
+// owner (DDP, ZeRO) through set_backward_hooks: the first gradient of a backward runs the owner's
+// `begin` check and queues an end-of-backward callback (Note [end-of-backward callbacks] in
+// autograd/engine.h); at the end of a backward that was synced and is not finished yet, the
+// callback runs the owner's `end` (its finish_gradient_sync), so a plain loss.backward() leaves
+// the averaged gradients in .grad exactly as ddp.backward(loss) does: the same collectives, in
+// the same order, on the same buffers. The callback runs whether the backward succeeded or threw
+// (buckets already issued must be waited for, and the peers issue them too). A caller that
+// finishes first (the Accelerator's strategies queue their own callback before the bucketer's)
+// leaves nothing for it to do. Once `end` ran, the owner's explicit finish_gradient_sync() is a
+// no-op until the next synced gradient or forward (finished_at_backward_end), so code written
+// for the explicit call keeps working; a rank whose loss reached none of the parameters gets no
+// hook, so it still needs ddp.backward(loss) or finish_gradient_sync() to issue the zero-filled
+// collectives its peers issue (as with find_unused_parameters).
 
 namespace accel::dist {
 
@@ -100,6 +118,11 @@ struct GradBucketer::State {
   bool sync = true;
   bool active = false;  // a synced backward has started
   SyncStats stats;
+  // Note [sync at the end of backward]
+  std::function<void()> on_begin, on_end;
+  bool pass_open = false;      // a backward's first gradient came; its end callback is queued
+  bool ended_by_hook = false;  // the last synced backward was finished by on_end
+  uint64_t finishes = 0;
 
   Tensor& staging_for(size_t b) {
     if (!staging[b].defined()) {
@@ -150,7 +173,23 @@ struct GradBucketer::State {
     }
   }
 
-  void on_grad_ready(size_t i, Tensor& leaf) {
+  // The first gradient of a backward (Note [sync at the end of backward]).
+  void open_pass(const std::weak_ptr<State>& self) {
+    if (on_begin) on_begin();  // may throw: nothing is staged or queued then
+    if (!autograd::backward_running()) return;
+    pass_open = true;
+    autograd::queue_callback([self](bool) {
+      auto st = self.lock();
+      if (!st) return;
+      st->pass_open = false;
+      if (!st->active || !st->on_end) return;  // not synced, or finished by the caller already
+      st->ended_by_hook = true;
+      st->on_end();
+    });
+  }
+
+  void on_grad_ready(size_t i, Tensor& leaf, const std::weak_ptr<State>& self) {
+    if (!pass_open) open_pass(self);
     if (!sync) return;
     const std::string& name = params[i].first;
     ACCEL_CHECK(!ready[i], DistError, owner.c_str(), "gradient of '", name,
@@ -158,6 +197,7 @@ struct GradBucketer::State {
                 "passes, or accumulate inside no_sync()");
     if (!active) {
       active = true;
+      ended_by_hook = false;
       stats = SyncStats{};
     }
     ready[i] = 1;
@@ -218,12 +258,15 @@ GradBucketer::GradBucketer(NamedParams params, ProcessGroupPtr pg, size_t cap_by
   for (size_t i = 0; i < s.params.size(); ++i) {
     Tensor p = s.params[i].second;
     p.register_post_accumulate_grad_hook([weak, i](Tensor& leaf) {
-      if (auto st = weak.lock()) st->on_grad_ready(i, leaf);
+      if (auto st = weak.lock()) st->on_grad_ready(i, leaf, weak);
     });
   }
 }
 
 GradBucketer::~GradBucketer() {
+  // A callback still queued (the owner is destroyed inside a backward) must not call it.
+  state_->on_begin = nullptr;
+  state_->on_end = nullptr;
   // Do not leave collectives in flight that write into buffers we are about to free.
   for (auto& w : state_->works) {
     if (!w) continue;
@@ -241,6 +284,13 @@ void GradBucketer::set_sync(bool on) {
 }
 bool GradBucketer::sync() const { return state_->sync; }
 bool GradBucketer::in_backward() const { return state_->active; }
+void GradBucketer::set_backward_hooks(std::function<void()> begin, std::function<void()> end) {
+  state_->on_begin = std::move(begin);
+  state_->on_end = std::move(end);
+}
+bool GradBucketer::finished_at_backward_end() const { return state_->ended_by_hook; }
+void GradBucketer::forget_backward_end() { state_->ended_by_hook = false; }
+uint64_t GradBucketer::finish_count() const { return state_->finishes; }
 const std::vector<Bucket>& GradBucketer::buckets() const { return state_->buckets; }
 Tensor GradBucketer::buffer(size_t b) const { return state_->staging_for(b); }
 Tensor GradBucketer::shard(size_t b) const { return state_->shards[b]; }
@@ -263,6 +313,7 @@ int64_t GradBucketer::staging_bytes() const {
 void GradBucketer::finish() {
   State& s = *state_;
   if (!s.sync) return;
+  ++s.finishes;
   const auto backward_end = Clock::now();
   if (!s.active) s.stats = SyncStats{};
   // Unused parameters: zero-fill so that every bucket is issued on every rank.

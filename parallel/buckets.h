@@ -2,10 +2,12 @@
 // buffers of about `cap_bytes`; as soon as every gradient of a bucket has been accumulated during
 // backward (Tensor::register_post_accumulate_grad_hook), the bucket is copied into its flat
 // buffer (pre-scaled by 1/world, so a sum gives the average) and its collective is issued
-// asynchronously, overlapping the rest of backward. See Note [bucket order].
+// asynchronously, overlapping the rest of backward. See Note [bucket order] and Note [sync at
+// the end of backward].
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -69,6 +71,20 @@ class GradBucketer {
   void finish();
   // True between the first gradient of a synced backward and finish().
   bool in_backward() const;
+
+  // Note [sync at the end of backward] (buckets.cc). `begin` runs at the first gradient of every
+  // backward (synced or not) before anything is staged, and may throw to stop it; `end` runs
+  // from an end-of-backward callback of the engine after a synced backward that gave this
+  // bucketer gradients and was not finished yet, also when the backward threw (the started
+  // buckets must be waited for); it must call finish(). Either may be empty.
+  void set_backward_hooks(std::function<void()> begin, std::function<void()> end);
+  // Whether the last synced backward was finished by `end` (and no gradient arrived since):
+  // the owner's explicit finish is then a no-op. forget_backward_end() clears it (a new forward).
+  bool finished_at_backward_end() const;
+  void forget_backward_end();
+  // Number of synced finish() calls so far: ddp.backward(loss) tells whether its backward was
+  // finished by `end` or needs finish() (a rank whose loss reached no parameter got no hook).
+  uint64_t finish_count() const;
 
   const std::vector<Bucket>& buckets() const;
   // Full flat buffer of bucket b (AllReduce: persistent; ReduceScatter: only during a backward).

@@ -1,12 +1,13 @@
-// DistributedDataParallel: data-parallel training over a ProcessGroup.
+// DistributedDataParallel: data-parallel training over a ProcessGroup, as torch's DDP tutorial
+// writes it:
 //
 //   auto pg = dist::init_process_group();
 //   auto model = std::make_shared<MLP>();
 //   dist::DistributedDataParallel ddp(model);        // rank 0's parameters everywhere
 //   optim::AdamW opt(model->parameters());
 //   for (...) {
-//     Tensor loss = cross_entropy(ddp.forward(x_local), y_local);   // or ddp.forward<R>(a, b)
-//     ddp.backward(loss);      // buckets all-reduced while backward runs; waits at the end
+//     Tensor loss = cross_entropy(ddp.forward(x_local), y_local);  // or ddp(x_local)
+//     loss.backward();  // buckets all-reduced while backward runs, waited for at its end
 //     opt.step();
 //     opt.zero_grad();
 //   }
@@ -15,16 +16,26 @@
 // - Gradients are averaged in buckets of about bucket_cap_bytes (25 MiB), filled in reverse
 //   parameter order; each bucket's all-reduce is issued asynchronously the moment its last
 //   gradient is accumulated, so communication overlaps the rest of backward (see
-//   parallel/buckets.h, Note [bucket order] for why the order is fixed and deterministic).
+//   parallel/buckets.h, Note [bucket order] for why the order is fixed and deterministic), and
+//   the end of the backward waits for them (Note [sync at the end of backward] in
+//   parallel/buckets.cc): after loss.backward() every rank holds the averaged gradients.
 // - After backward each parameter's .grad is a view of its bucket (no copy back).
 // - no_sync(): backward passes inside accumulate gradients locally; the next synced backward
 //   averages the accumulated sum.
 // - A parameter that got no gradient raises DistError naming it (after the collectives, so peers
 //   are not left waiting), unless find_unused_parameters.
-// Calling loss.backward() yourself works too: then call finish_gradient_sync() before stepping.
+// - ddp.backward(loss) is loss.backward() that also syncs on a rank whose loss reached none of
+//   the parameters (no hook fires there); finish_gradient_sync() is a no-op after a backward that
+//   synced itself (kept for code that calls it).
+// - Calling the wrapped model directly (model->forward(x), (*model)(x)) gives the same gradients
+//   (the hooks are on the parameters) and is allowed, except where it skips the wrapper's
+//   broadcast of buffers that the forward changed (Note [direct calls of a DDP model] in
+//   parallel/ddp.cc): then the backward raises DistError on every rank naming the model.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "autograd/nn/module.h"
 #include "parallel/buckets.h"
@@ -65,10 +76,17 @@ class DistributedDataParallel {
   }
   // The type-erased form of forward.
   std::vector<Tensor> forward_values(nn::Values inputs);
-  // loss.backward() followed by finish_gradient_sync() (or only the backward inside no_sync).
+  // loss.backward(); on a rank none of whose parameters got a gradient (so no hook synced),
+  // the zero-filled collectives its peers issued (GradBucketer::finish). Inside no_sync: only
+  // the backward.
   void backward(const Tensor& loss);
-  // Waits for every bucket; see GradBucketer::finish.
+  // Waits for every bucket (GradBucketer::finish); a no-op after a backward that was finished
+  // at its end (Note [sync at the end of backward] in parallel/buckets.cc), so it may be called
+  // after loss.backward() as before.
   void finish_gradient_sync();
+  // The Accelerator calls its models directly and broadcasts buffers itself: no check that
+  // forwards went through forward() (Note [direct calls of a DDP model]).
+  void allow_direct_calls() { check_direct_calls_ = false; }
 
   // RAII: gradients accumulate locally while it lives.
   class NoSync {
@@ -93,11 +111,20 @@ class DistributedDataParallel {
  private:
   void broadcast_parameters();
   void broadcast_buffers();
+  std::vector<uint32_t> buffer_versions() const;
+  bool checks_direct_calls() const;
+  void check_direct_call() const;
+  void hook_outputs(const std::vector<Tensor>& outputs);
 
   std::shared_ptr<nn::Module> module_;
   ProcessGroupPtr pg_;
   DDPOptions options_;
   std::unique_ptr<GradBucketer> bucketer_;
+  // Note [direct calls of a DDP model]: the module's buffer versions after the last forward().
+  std::vector<uint32_t> forward_versions_;
+  bool check_direct_calls_ = true;
+  // Set by the gradient hook of a forward()'s output until the end of that backward.
+  std::shared_ptr<bool> wrapper_pass_ = std::make_shared<bool>(false);
 };
 
 // Named parameters of a module that require grad (what DDP and ZeRO synchronise).

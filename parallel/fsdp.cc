@@ -16,40 +16,10 @@
 #include "core/error.h"
 #include "core/storage.h"
 #include "parallel/ddp.h"
+#include "parallel/fsdp_impl.h"
 #include "parallel/hsdp.h"
 
 namespace accel::dist {
-
-struct FullyShardedModel::Unit {
-  std::string name, type;
-  bool root = false;
-  nn::Module* module = nullptr;   // the unit's module: its call wrapper runs the unit
-  nn::Sequential* seq = nullptr;  // the container entry direct forward() calls go through
-  nn::ModuleList* list = nullptr;
-  size_t entry = 0;
-  std::vector<size_t> params;   // indices into params_, model order
-  std::vector<int64_t> offset;  // element offset of each in the flat buffers
-  int64_t used = 0, numel = 0, shard_numel = 0;
-  DType master = kFloat32, compute = kFloat32;
-  Device device = kCPU;
-  Tensor full;        // numel elements, compute dtype; storage released while resharded
-  Tensor shard;       // shard_numel, master dtype: this rank's slice, what the optimizer updates
-  Tensor grad_shard;  // shard_numel, master dtype
-  bool grad_valid = false;
-  bool gathered = false;  // full holds current values (or a gather into it is in flight)
-  WorkPtr gather_work;
-  Tensor gather_src;
-  size_t ready = 0;              // parameters whose gradient was accumulated in this backward
-  std::vector<uint8_t> arrived;  // per parameter: counted in `ready` (a tied one may come twice)
-  bool reduced = false;          // its reduce-scatter was issued in this backward
-  WorkPtr reduce_work;
-  Tensor staging, reduce_out;
-  bool reduce_into_shard = false;  // reduce_out is grad_shard itself (nothing to add)
-  size_t fwd_pos = 0;              // position in this iteration's forward order
-  // Called twice in this forward under activation checkpointing: each call's recompute
-  // accumulates its own gradient, so the reduce waits for the end of backward.
-  bool reduce_at_end = false;
-};
 
 namespace {
 
@@ -292,6 +262,7 @@ void FullyShardedModel::init_values() {
     if (u->list) u->list->wrap(u->entry);
   }
   grad_views_ = std::move(grad_views);
+  root_version_ = units_[0]->params.empty() ? 0 : units_[0]->shard.version();
   // The unsharded parameters just went back to the allocator: hand that memory to the system,
   // or the process keeps a whole model's footprint for the rest of the run.
   if (Allocator* a = get_allocator(kCPU)) a->empty_cache();
@@ -385,16 +356,6 @@ void FullyShardedModel::release(Unit& u) {
   wait_gather(u);  // never free memory a collective is writing
   u.full.storage()->release();
   u.gathered = false;
-}
-
-void FullyShardedModel::refresh_root() {
-  // The shards changed: a unit still gathered (the last of a forward that had no backward) would
-  // hold old values.
-  for (size_t i = 1; i < units_.size(); ++i) release(*units_[i]);
-  Unit& root = *units_[0];
-  if (root.params.empty()) return;
-  root.gathered = false;  // the shard changed: gather it again into the persistent buffer
-  gather(root, true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -596,6 +557,8 @@ void FullyShardedModel::backward(const Tensor& loss, bool sync) {
 
 void FullyShardedModel::begin_backward(bool sync) {
   ACCEL_CHECK(!in_backward_, DistError, "fsdp", "backward() while another backward runs");
+  check_root_fresh();
+  if (sync) take_optimizer_grads();
   in_backward_ = true;
   sync_ = sync;
   for (auto& u : units_) {
@@ -662,6 +625,7 @@ void FullyShardedModel::finish_backward(bool sync, std::exception_ptr& err) {
       }
     }
     grads_valid_ = true;
+    prepare_step();  // Note [fsdp without its step calls]
   }
   for (auto& u : units_) {
     try {
@@ -682,107 +646,6 @@ void FullyShardedModel::finish_backward(bool sync, std::exception_ptr& err) {
       err = std::current_exception();
     }
   }
-}
-
-void FullyShardedModel::prepare_step() {
-  for (auto& u : units_)
-    for (size_t k : u->params) {
-      Tensor leaf = shard_leaves_[k];
-      leaf.set_grad(u->grad_valid ? grad_views_[k] : Tensor());
-    }
-}
-
-void FullyShardedModel::after_step() { refresh_root(); }
-
-void FullyShardedModel::zero_grad() {
-  for (auto& u : units_) {
-    u->grad_valid = false;
-    for (size_t k : u->params) {
-      Tensor leaf = shard_leaves_[k];
-      leaf.set_grad(Tensor());
-      Tensor p = params_[k].second;
-      p.set_grad(Tensor());
-    }
-  }
-  grads_valid_ = false;
-}
-
-// ---------------------------------------------------------------------------------------------
-// full values
-
-void FullyShardedModel::for_each_full_parameter(
-    const std::function<void(const std::string&, const Tensor&)>& fn) {
-  NoGradGuard ng;
-  for (auto& up : units_) {
-    Unit& u = *up;
-    if (u.params.empty()) continue;
-    Tensor flat = empty({u.numel}, TensorOptions(u.master, u.device));
-    if (pg_->size() == 1) {
-      flat.copy_(u.shard);
-    } else {
-      pg_->all_gather(flat, u.shard);
-    }
-    for (size_t j = 0; j < u.params.size(); ++j) {
-      const auto& [name, p] = params_[u.params[j]];
-      fn(name, flat.narrow(0, u.offset[j], p.numel()).view(p.sizes()));
-    }
-  }
-}
-
-std::vector<FullyShardedModel::ParamEntry> FullyShardedModel::full_parameter_order() const {
-  std::vector<ParamEntry> out;
-  for (auto& u : units_)
-    for (size_t k : u->params)
-      out.push_back({params_[k].first, params_[k].second.sizes(), u->master});
-  return out;
-}
-
-nn::TensorDict FullyShardedModel::full_state_dict() {
-  nn::TensorDict d = model_->state_handles();
-  for_each_full_parameter([&](const std::string& name, const Tensor& v) {
-    if (d.count(name)) d[name] = v.clone();
-  });
-  // A tied parameter's other names share its full value (their handles are views of a unit).
-  for (const auto& [alias, name] : model_->tied_aliases())
-    if (d.count(alias) && d.count(name)) d[alias] = d[name];
-  return d;
-}
-
-void FullyShardedModel::load_full_parameters(
-    const std::function<Tensor(const std::string&)>& value_of) {
-  NoGradGuard ng;
-  const std::vector<Span> sp = spans();
-  std::vector<std::pair<size_t, Tensor>> values;
-  for (size_t k = 0; k < params_.size(); ++k) {
-    Tensor v = value_of(params_[k].first);
-    ACCEL_CHECK(v.defined(), ValueError, "fsdp", "no value for parameter '", params_[k].first, "'");
-    ACCEL_CHECK(v.sizes() == sp[k].shape, ShapeError, "fsdp", "value for '", params_[k].first,
-                "' has shape ", v.shape_str(), ", the parameter ", shape_str(sp[k].shape));
-    values.emplace_back(k, v);
-  }
-  for (auto& [k, v] : values) {
-    Tensor leaf = shard_leaves_[k];
-    if (sp[k].hi > sp[k].lo)
-      leaf.detach().copy_(
-          v.reshape({v.numel()}).narrow(0, sp[k].lo, sp[k].hi - sp[k].lo).to(leaf.dtype()));
-  }
-  refresh_root();
-}
-
-FsdpMemory FullyShardedModel::memory() const {
-  FsdpMemory m;
-  for (auto& u : units_) {
-    if (u->params.empty()) continue;
-    m.shard_bytes += int64_t(u->shard.nbytes());
-    m.grad_shard_bytes += int64_t(u->grad_shard.nbytes());
-    if (u->full.storage()->allocated()) m.gathered_bytes += int64_t(u->full.nbytes());
-    m.full_param_bytes += u->used * int64_t(dtype_size(u->master));
-    for (size_t k : u->params) {
-      const Tensor g = params_[k].second.grad();
-      if (g.defined()) m.unsharded_grad_bytes += int64_t(g.nbytes());
-    }
-  }
-  return m;
 }
 
 }  // namespace accel::dist

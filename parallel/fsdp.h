@@ -5,11 +5,26 @@
 //   dist::FullyShardedModel fsdp(model, pg);              // every block of a ModuleList a unit
 //   optim::AdamW opt(fsdp.shard_param_groups(groups...)); // steps this rank's slices
 //   for (...) {
-//     Tensor loss = lm_loss(model->forward(x), y);        // units gather / free themselves
-//     fsdp.backward(loss);                                // reduce-scatter per unit, overlapped
-//     fsdp.prepare_step(); opt.step(); fsdp.after_step();
-//     fsdp.zero_grad();
+//     Tensor loss = lm_loss(fsdp.forward(x), y);          // or fsdp(x); units gather / free
+//     loss.backward();                                    // reduce-scatter per unit, overlapped
+//     opt.step();
+//     opt.zero_grad();
 //   }
+//
+// Note [fsdp without its step calls]
+// The loop above is torch's FSDP loop; the explicit calls of the split step are optional:
+//  - prepare_step() (point the shard leaves' .grad at the gradient shards) runs at the end of
+//    every synced backward; opt.zero_grad() (.grad set to None, or zeroed) is honoured by the
+//    next synced backward, which then starts the shards from zero instead of adding to them.
+//  - after_step() (re-gather the root unit from its updated shard) is done by the next
+//    forward() when the root's shard changed on any rank (one all-reduce of a flag per
+//    forward, then the gather). A model called directly (model->forward(x), (*model)(x))
+//    after a step skips that: its next backward raises DistError on every rank naming the
+//    model, forward() and after_step() (agreed by the same all-reduce; a backward right after
+//    a re-gather checks nothing, so the Accelerator, which calls after_step, pays it only on
+//    the micro-batches of an accumulation window after the first). A direct call that is not
+//    differentiated (evaluation under NoGradGuard) is not checked: evaluate through forward().
+//    Between steps calling the model directly is harmless: the units gather themselves.
 //
 // Note [unit lifecycle]
 // Units: by default every entry of an nn::ModuleList or nn::Sequential that has trainable
@@ -129,6 +144,22 @@ class FullyShardedModel {
   std::vector<Span> spans(int rank = -1) const;
   const nn::Named<Tensor>& parameters() const { return params_; }
 
+  // Calls the model (its hooks run) after re-gathering the root unit when an optimizer step
+  // changed its shard (Note [fsdp without its step calls]): fsdp.forward(x) for one tensor,
+  // fsdp.forward<R>(args...) for any signature and result type (Note [module calls] in
+  // autograd/nn/module.h). Collective.
+  template <typename R = Tensor, typename... A>
+  R forward(const A&... args) {
+    std::vector<Tensor> out = forward_values(nn::call_detail::pack(args...));
+    return nn::call_detail::unflatten<R>(std::move(out), [this] { return model_->call_name(); });
+  }
+  template <typename R = Tensor, typename... A>
+  R operator()(const A&... args) {
+    return forward<R>(args...);
+  }
+  // The type-erased form of forward.
+  std::vector<Tensor> forward_values(nn::Values inputs);
+
   // loss.backward() with the per-unit reduce-scatters (sync) or local accumulation (no sync);
   // returns once the gradient shards are complete. Collective when sync.
   void backward(const Tensor& loss, bool sync = true);
@@ -141,8 +172,10 @@ class FullyShardedModel {
   void begin_backward(bool sync);
   void end_backward(std::exception_ptr& err);
   // Points the shard leaves' .grad at the gradient shards (undefined before any synced backward).
+  // Done at the end of every synced backward (Note [fsdp without its step calls]).
   void prepare_step();
-  // After the optimizer updated the shards: re-gathers the root unit.
+  // After the optimizer updated the shards: re-gathers the root unit (forward() does it when
+  // needed, Note [fsdp without its step calls]).
   void after_step();
   // After the shards were written: all-gathers the root unit's parameters from them and releases
   // any other unit still gathered.
@@ -187,6 +220,9 @@ class FullyShardedModel {
   void issue_reduce(Unit& u);
   void finish_backward(bool sync, std::exception_ptr& err);
   void drain_reduces(size_t keep);
+  void take_optimizer_grads();
+  bool root_stale_anywhere();
+  void check_root_fresh();
 
   std::shared_ptr<nn::Module> model_;
   ProcessGroupPtr pg_;
@@ -200,6 +236,10 @@ class FullyShardedModel {
   std::deque<Unit*> reduce_order_;  // reduce-scatters in flight, oldest first
   void begin_backward_from_hook();
   bool in_backward_ = false, sync_ = true, grads_valid_ = false, auto_sync_ = true;
+  // Note [fsdp without its step calls]: the root shard's version when the root was last
+  // gathered, and whether no backward began since (then no step can have changed it).
+  uint32_t root_version_ = 0;
+  bool root_fresh_ = true;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

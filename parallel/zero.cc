@@ -143,6 +143,10 @@ ZeroOptimizer::ZeroOptimizer(std::vector<NamedParams> groups,
     if (compute) restore_masters();
     throw;
   }
+  // Note [sync at the end of backward] in parallel/buckets.cc: a plain loss.backward() reduces.
+  // Calling the model directly is harmless (ZeRO's forward() broadcasts nothing; it only casts
+  // inputs under param_dtype, and a float32 input then fails loudly, not silently).
+  bucketer_->set_backward_hooks(nullptr, [this] { sync_gradients(); });
 }
 
 namespace {
@@ -253,6 +257,7 @@ std::vector<Tensor> ZeroOptimizer::forward_values(nn::Values inputs) {
   ACCEL_CHECK(!bucketer_->in_backward(), DistError, "zero",
               "the previous backward's gradient sync was not finished: call "
               "finish_gradient_sync() (or zero.backward(loss)) first");
+  bucketer_->forget_backward_end();  // a new iteration: its backward is not finished yet
   // Mixed precision: the model computes in its parameters' dtype (FSDP casts inputs alike).
   const DType compute = options_.param_dtype.value_or(kFloat32);
   if (mixed_precision())
@@ -265,11 +270,18 @@ std::vector<Tensor> ZeroOptimizer::forward_values(nn::Values inputs) {
 }
 
 void ZeroOptimizer::backward(const Tensor& loss) {
+  const uint64_t finished = bucketer_->finish_count();
   loss.backward();
-  finish_gradient_sync();
+  // Synced at its end unless no hook fired here (Note [sync at the end of backward]).
+  if (bucketer_->finish_count() == finished) sync_gradients();
 }
 
 void ZeroOptimizer::finish_gradient_sync() {
+  if (bucketer_->finished_at_backward_end()) return;
+  sync_gradients();
+}
+
+void ZeroOptimizer::sync_gradients() {
   const bool synced = bucketer_->sync();
   bucketer_->finish();
   if (synced && replicate_sync_ && hsdp::active(options_.replicate))  // Note [hsdp]

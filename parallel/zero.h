@@ -9,10 +9,17 @@
 //   }, nullptr, zo);
 //   for (...) {
 //     Tensor loss = cross_entropy(zero.forward(x_local), y_local);
-//     zero.backward(loss);   // buckets reduced while backward runs
+//     loss.backward();       // buckets reduced while backward runs, waited for at its end
 //     zero.step();           // optimizer on this rank's shard, then parameters re-assembled
 //     zero.zero_grad();
 //   }
+//
+// zero.backward(loss) is loss.backward() that also syncs on a rank whose loss reached none of
+// the parameters; finish_gradient_sync() is a no-op after a backward that synced itself (Note
+// [sync at the end of backward] in parallel/buckets.cc). Calling the model directly instead of
+// zero.forward() gives the same gradients (forward() only casts inputs under param_dtype).
+// zero.step() is the step: optimizer().step() alone (the split step below) would step shards
+// without gradients and leave the parameters as they were.
 //
 // Layout (Note [zero layout] in zero.cc): parameters are grouped into the same reverse-order
 // buckets as DDP; each bucket is one flat buffer padded to a multiple of the world size, and
@@ -118,9 +125,11 @@ class ZeroOptimizer {
   // The type-erased form of forward.
   std::vector<Tensor> forward_values(nn::Values inputs);
 
+  // loss.backward(); on a rank none of whose parameters got a gradient, the zero-filled
+  // collectives its peers issued.
   void backward(const Tensor& loss);
   // Waits for the gradient collectives (with HSDP, then averages across the replicate group
-  // unless set_replicate_sync(false)).
+  // unless set_replicate_sync(false)); a no-op after a backward that was finished at its end.
   void finish_gradient_sync();
   // HSDP (Note [hsdp] in parallel/hsdp.h): whether finish_gradient_sync() averages the reduced
   // gradients across the replicate group (default true). A caller that adds several micro-batches'
@@ -184,6 +193,7 @@ class ZeroOptimizer {
 
  private:
   void init(const GroupOptimizerFactory& make_optimizer, const std::vector<Tensor>& masters);
+  void sync_gradients();  // what finish_gradient_sync() does, unconditionally
   Tensor reduced_slice(size_t b) const;
   void point_params_at(const std::vector<Tensor>& flats);
 

@@ -316,6 +316,8 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
         try {
           shm_ =
               ShmAllReduce::create(store_, rank, size, options_.shm_slot_bytes, init_guard_.left());
+          // A subgroup's peers by their world rank, as the heartbeat names them.
+          if (shm_ && is_subgroup()) shm_->label_ranks(world_ranks(), group_name());
         } catch (const DistError& e) {
           init_guard_.check(who);
           ACCEL_THROW(DistError, "init", who, ": shared-memory setup failed within ",

@@ -229,3 +229,89 @@ TEST_CASE("hostile images: FIFOs, devices and folders are IoErrors, never a hang
   o.max_file_bytes = 50;
   CHECK_THROWS_AS(read_image(kImages + "rgb.jpg", o), IoError);
 }
+
+namespace {
+
+// A PNG chunk: length, type, data, CRC of type and data.
+void put_chunk(std::vector<uint8_t>& out, const char* type, const std::vector<uint8_t>& data) {
+  uint8_t len[4];
+  put_be32(len, uint32_t(data.size()));
+  out.insert(out.end(), len, len + 4);
+  const size_t at = out.size();
+  out.insert(out.end(), type, type + 4);
+  out.insert(out.end(), data.begin(), data.end());
+  uint8_t crc[4];
+  put_be32(crc, uint32_t(crc32(0, out.data() + at, uInt(4 + data.size()))));
+  out.insert(out.end(), crc, crc + 4);
+}
+
+// A palette PNG of `w` x `h` pixels of `depth` bits (8 or 4), `entries` palette colours
+// (entry i = (40 i, 40 i + 1, 40 i + 2)), the pixels' indices row by row.
+std::vector<uint8_t> palette_png(uint32_t w, uint32_t h, int depth, int entries,
+                                 const std::vector<uint8_t>& indices,
+                                 const std::vector<uint8_t>& trns = {}) {
+  std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a};
+  std::vector<uint8_t> ihdr(13, 0);
+  put_be32(ihdr.data(), w);
+  put_be32(ihdr.data() + 4, h);
+  ihdr[8] = uint8_t(depth);
+  ihdr[9] = 3;  // colour type: palette
+  put_chunk(png, "IHDR", ihdr);
+  std::vector<uint8_t> plte;
+  for (int i = 0; i < entries; ++i)
+    for (int c = 0; c < 3; ++c) plte.push_back(uint8_t(40 * i + c));
+  put_chunk(png, "PLTE", plte);
+  if (!trns.empty()) put_chunk(png, "tRNS", trns);  // alpha of the first entries
+  std::vector<uint8_t> raw;  // filter byte 0 per row, then the packed indices
+  for (uint32_t y = 0; y < h; ++y) {
+    raw.push_back(0);
+    if (depth == 8) {
+      for (uint32_t x = 0; x < w; ++x) raw.push_back(indices[y * w + x]);
+    } else {
+      for (uint32_t x = 0; x < w; x += 2) {
+        const uint8_t hi = indices[y * w + x], lo = x + 1 < w ? indices[y * w + x + 1] : 0;
+        raw.push_back(uint8_t(hi << 4 | lo));
+      }
+    }
+  }
+  uLongf n = compressBound(uLong(raw.size()));
+  std::vector<uint8_t> z(n);
+  REQUIRE(compress(z.data(), &n, raw.data(), uLong(raw.size())) == Z_OK);
+  z.resize(n);
+  put_chunk(png, "IDAT", z);
+  put_chunk(png, "IEND", {});
+  return png;
+}
+
+}  // namespace
+
+TEST_CASE("hostile images: a palette index past the end of PLTE is an IoError, not black") {
+  for (int depth : {8, 4}) {
+    CAPTURE(depth);
+    // Valid: indices 0..2 of 3 entries decode to the palette's colours.
+    const std::vector<uint8_t> ok = palette_png(4, 2, depth, 3, {0, 1, 2, 1, 2, 1, 0, 0});
+    Tensor img = decode_image(ok.data(), ok.size(), "ok.png");
+    REQUIRE(img.sizes() == Shape{2, 4, 3});  // (H, W, C) uint8
+    // Row 0's red channel; row 1's blue one.
+    CHECK(img.to(kFloat64).select(0, 0).select(1, 0).tolist() ==
+          std::vector<double>{0, 40, 80, 40});
+    CHECK(img.to(kFloat64).select(0, 1).select(1, 2).tolist() == std::vector<double>{82, 42, 2, 2});
+    // tRNS: alpha of entries 0 and 1; entry 2 is opaque.
+    const std::vector<uint8_t> t = palette_png(4, 2, depth, 3, {0, 1, 2, 1, 2, 1, 0, 0}, {7, 9});
+    ImageOptions any;
+    any.mode = ImageMode::kAny;
+    Tensor rgba = decode_image(t.data(), t.size(), "trns.png", any);
+    REQUIRE(rgba.sizes() == Shape{2, 4, 4});
+    CHECK(rgba.to(kFloat64).select(0, 0).select(1, 3).tolist() ==
+          std::vector<double>{7, 9, 255, 9});
+    CHECK(rgba.to(kFloat64).select(0, 0).select(1, 1).tolist() ==
+          std::vector<double>{1, 41, 81, 41});
+    // Index 7 (and 5) with 3 entries: libpng expands them to black without a word.
+    const std::vector<uint8_t> bad = palette_png(4, 2, depth, 3, {0, 1, 7, 1, 2, 5, 0, 0});
+    const std::string msg = decode_error(bad, "palette.png");
+    INFO(msg);
+    CHECK(msg.find("palette.png") != std::string::npos);
+    CHECK(msg.find("palette index 7") != std::string::npos);
+    CHECK(msg.find("3 entries") != std::string::npos);
+  }
+}

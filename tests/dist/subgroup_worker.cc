@@ -308,6 +308,13 @@ void scenario_fault(ProcessGroup& world) {
     if (how == "stop")
       WCHECK(has(msg, "sent no heartbeat") && has(msg, "is world rank " + std::to_string(victim)),
              "not the heartbeat's detection, naming the world rank: " << msg);
+    // An exited victim is seen first by whichever path looks first (the shared-memory
+    // all-reduce's process check, or the heartbeat's closed port): both name its world rank, and
+    // the group rank beside it labelled as such.
+    const std::string world_rank = "world rank " + std::to_string(victim);
+    WCHECK(has(msg, world_rank + " (rank 1 of group " + name + ")") ||
+               has(msg, "whose rank 1 is " + world_rank),
+           "the victim is not named by its world rank: " << msg);
     return;
   }
   // The other group: wait until the world has noticed the fault (its heartbeat), then work.

@@ -15,6 +15,7 @@ using accel::test::run_world;
 
 namespace {
 std::string worker() { return accel::test::helper_path("ddp_worker"); }
+std::string raw_worker() { return accel::test::helper_path("raw_worker"); }
 
 }  // namespace
 
@@ -86,5 +87,33 @@ TEST_CASE("ddp and zero 1/2 train a two-input, tuple / struct output model with 
       CAPTURE(tie);
       check_ok(run_world(worker(), {"typed", mode, tie}, 2, {}, 60s), "typed");
     }
+  }
+}
+
+// Issue 36: torch's DDP tutorial line by line (raw_worker): ddp.forward, a plain loss.backward(),
+// opt.step() syncs inside the backward, bit for bit as ddp.backward(loss), in float64 equal to one
+// process on the full batch to 1e-12, with identical replicas.
+TEST_CASE("raw ddp: a plain loss.backward() averages the gradients as ddp.backward does") {
+  for (int world : {1, 2, 3}) {
+    CAPTURE(world);
+    check_ok(run_world(raw_worker(), {"ddp_plain"}, world, {}, 60s), "ddp_plain");
+  }
+}
+
+TEST_CASE("raw ddp: no_sync and accumulation with plain backward; unused parameters") {
+  check_ok(run_world(raw_worker(), {"ddp_accum"}, 2, {}, 60s), "ddp_accum");
+}
+
+TEST_CASE("raw ddp: a model with buffers called directly after wrapping raises on every rank") {
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    check_ok(run_world(raw_worker(), {"ddp_direct_bn"}, world, {}, 60s), "ddp_direct_bn");
+  }
+}
+
+TEST_CASE("raw zero 1/2: zero.forward, plain loss.backward(), zero.step(), zero.zero_grad()") {
+  for (std::string stage : {"1", "2"}) {
+    CAPTURE(stage);
+    check_ok(run_world(raw_worker(), {"zero_plain", stage}, 2, {}, 60s), "zero_plain");
   }
 }

@@ -16,6 +16,7 @@ using accel::test::run_world;
 
 namespace {
 std::string worker() { return accel::test::helper_path("fsdp_worker"); }
+std::string raw_worker() { return accel::test::helper_path("raw_worker"); }
 
 }  // namespace
 
@@ -87,4 +88,23 @@ TEST_CASE(
   check_ok(run_world(worker(), {"typed", "1", "reuse"}, 2, {}, 60s), "typed");
   check_ok(run_world(worker(), {"typed", "0", "reuse"}, 2, {}, 60s), "typed");
   check_ok(run_world(worker(), {"typed_deferred"}, 2, {}, 60s), "typed_deferred");
+}
+
+// Issue 36: the raw FullyShardedModel in torch's FSDP idiom (raw_worker): fsdp(x), a plain
+// loss.backward(), opt.step(), opt.zero_grad(), with no prepare_step / after_step, equal to one
+// process in float64 (1e-12) and bit for bit to the explicit split step; the root unit is one
+// element, so with two ranks one rank's root slice is empty.
+TEST_CASE("raw fsdp: plain backward and opt.step() without prepare_step() or after_step()") {
+  for (int world : {1, 2, 3}) {
+    CAPTURE(world);
+    check_ok(run_world(raw_worker(), {"fsdp_plain"}, world, {}, 60s), "fsdp_plain");
+  }
+}
+
+TEST_CASE("raw fsdp: the model called directly after opt.step() raises on every rank") {
+  check_ok(run_world(raw_worker(), {"fsdp_stale"}, 2, {}, 60s), "fsdp_stale");
+}
+
+TEST_CASE("raw hsdp: replicate 2 x shard 2, FSDP and ZeRO-2 through the plain loop") {
+  check_ok(run_world(raw_worker(), {"hsdp_plain"}, 4, {}, 120s), "hsdp_plain");
 }

@@ -15,8 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "autograd/nn/safetensors.h"
-#include "autograd/nn/utils.h"
+#include "io/safetensors.h"
+#include "nn/utils.h"
 #include "autograd/ops.h"
 #include "core/generator.h"
 #include "core/settings.h"
@@ -150,7 +150,7 @@ size_t Accelerator::model_index(const nn::Module& model, const char* op) const {
               " is not a model this accelerator prepared");
 }
 
-nn::TensorDict Accelerator::get_state_dict(const nn::Module& model) {
+io::TensorDict Accelerator::get_state_dict(const nn::Module& model) {
   return strategy_->checkpoint().full_state_dict(model_index(model, "get_state_dict"));
 }
 
@@ -189,9 +189,9 @@ namespace {
 
 // The names and shapes of `src` against the model's state (Module::load_state_dict's rules).
 nn::LoadResult check_model_source(
-    const nn::Module& model, nn::SafetensorsCheckpoint& src, bool strict,
+    const nn::Module& model, io::SafetensorsCheckpoint& src, bool strict,
     const std::function<Shape(const std::string&, const Shape&)>& full_shape = {}) {
-  const nn::TensorDict own = model.state_handles();
+  const io::TensorDict own = model.state_handles();
   // A tied name the file lacks gets its values through another name of the same tensor (files
   // written by transformers drop tied names without recording them): the file learns it as an
   // alias, so every strategy reads it under whichever name it keeps.
@@ -252,19 +252,19 @@ nn::LoadResult check_model_source(
 // whole (every rank holds the whole model; under ZeRO-1/2 param_dtype into the fp32 masters,
 // gathered whole for the while as a checkpoint save does). No rank ever holds another copy of
 // the model, so the load's peak is the model state itself plus a bounded conversion buffer
-// (nn::kSafetensorsReadChunkBytes) when the file's dtype differs.
+// (io::kSafetensorsReadChunkBytes) when the file's dtype differs.
 nn::LoadResult Accelerator::load_model(nn::Module& model, const std::string& path, bool strict) {
   std::optional<size_t> index;
   for (size_t i = 0; i < models_.size(); ++i)
     if (models_[i].get() == &model) index = i;
   std::exception_ptr err;
-  std::unique_ptr<nn::SafetensorsCheckpoint> src;
+  std::unique_ptr<io::SafetensorsCheckpoint> src;
   nn::LoadResult result;
   try {
     if (!index)
       ACCEL_CHECK(model.sharded().empty(), ValueError, "load_model", "the ", model.type_name(),
                   " is sharded by an engine this accelerator did not prepare: ", model.sharded());
-    src = std::make_unique<nn::SafetensorsCheckpoint>(path);
+    src = std::make_unique<io::SafetensorsCheckpoint>(path);
     std::function<Shape(const std::string&, const Shape&)> full_shape;
     if (index)  // tensor parallelism: the file holds full tensors, the model its shards
       full_shape = [&](const std::string& name, const Shape& local) {
@@ -453,7 +453,7 @@ bool Accelerator::step_prepared_optimizer(AcceleratedOptimizer& o) {
 // across processes (the backward inside averages the gradients already), so every rank sees the
 // same numbers, takes the same decisions and the replicas stay identical: the same run as one
 // process on the whole batch. ZeRO refuses such an optimizer at prepare (it cannot be sharded:
-// Note [LBFGS and sharding] in autograd/optim/lbfgs.h). fp16 loss scaling (a step that must be
+// Note [LBFGS and sharding] in optim/lbfgs.h). fp16 loss scaling (a step that must be
 // skippable and gradients that must be unscaled before the optimizer reads them) and gradient
 // accumulation (one closure call is one micro-batch) do not fit it and are refused.
 Tensor Accelerator::step_prepared_closure(AcceleratedOptimizer& o,

@@ -53,9 +53,9 @@
 #include <vector>
 
 #include "autograd/autocast.h"
-#include "autograd/nn/module.h"
-#include "autograd/optim/lr_scheduler.h"
-#include "autograd/optim/optimizer.h"
+#include "nn/module.h"
+#include "optim/lr_scheduler.h"
+#include "optim/optimizer.h"
 #include "core/tensor.h"
 #include "data/dataloader.h"
 #include "accelerate/amp.h"
@@ -160,8 +160,8 @@ class AcceleratedOptimizer {
   double lr(size_t group = 0) const { return opt_->lr(group); }
   // Your optimizer's state (under ZeRO: its param groups; the shard state is saved per rank by
   // Accelerator::save_state).
-  nn::TensorDict state_dict() const { return opt_->state_dict(); }
-  void load_state_dict(const nn::TensorDict& s) { opt_->load_state_dict(s); }
+  io::TensorDict state_dict() const { return opt_->state_dict(); }
+  void load_state_dict(const io::TensorDict& s) { opt_->load_state_dict(s); }
 
  private:
   Accelerator& acc_;
@@ -180,8 +180,8 @@ class AcceleratedScheduler {
   void step(double metric);
   const std::vector<double>& get_last_lr() const { return sched_->get_last_lr(); }
   optim::LRScheduler& scheduler() { return *sched_; }
-  nn::TensorDict state_dict() const { return sched_->state_dict(); }
-  void load_state_dict(const nn::TensorDict& s) { sched_->load_state_dict(s); }
+  io::TensorDict state_dict() const { return sched_->state_dict(); }
+  void load_state_dict(const io::TensorDict& s) { sched_->load_state_dict(s); }
 
  private:
   Accelerator& acc_;
@@ -251,7 +251,7 @@ class Accelerator {
   dist::StrategyMemory memory() const { return strategy_->memory(); }
   // The whole state_dict of a prepared model (Accelerate's get_state_dict): under ZeRO-3 every
   // unit is gathered, so this one call holds the whole model. Collective.
-  nn::TensorDict get_state_dict(const nn::Module& model);
+  io::TensorDict get_state_dict(const nn::Module& model);
   // One consolidated safetensors file of a prepared model, written by the main process
   // (Accelerate's save_model). Under ZeRO-3 it streams unit by unit: no rank holds more than one
   // unit in full. Collective.

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "autograd/nn/safetensors.h"
+#include "io/safetensors.h"
 #include "core/generator.h"
 #include "accelerate/accelerator.h"
 #include "accelerate/strategy_tp.h"
@@ -69,7 +69,7 @@ struct Accelerator::CheckpointIo {
     std::string path;
     Meta meta;
     std::unique_ptr<dist::StrategyState> strategy;  // models, optimizers, gradients
-    std::vector<nn::TensorDict> schedulers;
+    std::vector<io::TensorDict> schedulers;
     std::vector<LoaderPos> loaders;
     std::string rng;
     std::vector<std::map<std::string, std::string>> customs;  // parallel to customs_
@@ -77,7 +77,7 @@ struct Accelerator::CheckpointIo {
 
   struct Snapshot {
     bool strategy_applied = false;  // the strategy's apply_state ran (and must be undone)
-    std::vector<nn::TensorDict> schedulers;
+    std::vector<io::TensorDict> schedulers;
     std::vector<data::StateDict> loaders;
     std::string rng;
     std::vector<std::map<std::string, std::string>> customs;
@@ -193,7 +193,7 @@ struct Accelerator::CheckpointIo {
           acc.strategy_->checkpoint().read_state(path, m.json, m.world_size, !m.sync_gradients);
     }
     for (size_t i = 0; i < acc.schedulers_.size(); ++i)
-      l.schedulers.push_back(nn::load_safetensors(at(indexed("scheduler", i, ".safetensors"))));
+      l.schedulers.push_back(io::load_safetensors(at(indexed("scheduler", i, ".safetensors"))));
     for (size_t i = 0; i < acc.loaders_.size(); ++i) {
       const std::string f =
           at(rank_file(indexed("loader", i, ""), reshard ? 0 : acc.rank_, ".json"));
@@ -359,7 +359,7 @@ std::string Accelerator::save_state(const std::string& dir) {
   const nlohmann::json record = strategy_->checkpoint().save_state(tmp, !sync_gradients_);
   if (is_main_process())
     for (size_t i = 0; i < schedulers_.size(); ++i)
-      nn::save_safetensors(at(indexed("scheduler", i, ".safetensors")),
+      io::save_safetensors(at(indexed("scheduler", i, ".safetensors")),
                            schedulers_[i]->state_dict());
   // Per-rank state: loader positions, RNG, registered objects.
   for (size_t i = 0; i < loaders_.size(); ++i)

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/optim/optimizer.h"
+#include "optim/optimizer.h"
 #include "core/tensor.h"
 #include "comm/process_group.h"
 

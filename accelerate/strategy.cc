@@ -9,7 +9,7 @@
 #include <malloc.h>
 #endif
 
-#include "autograd/nn/safetensors.h"
+#include "io/safetensors.h"
 #include "core/error.h"
 #include "accelerate/checkpoint.h"
 #include "parallel/fsdp.h"
@@ -169,9 +169,9 @@ nlohmann::json ReplicatedStrategy::save_state(const std::string& dir, bool mid_w
   auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
   if (ctx_.rank == 0) {
     for (size_t i = 0; i < models_.size(); ++i)
-      nn::save_safetensors(at(indexed("model", i, ".safetensors")), models_[i]->state_dict());
+      io::save_safetensors(at(indexed("model", i, ".safetensors")), models_[i]->state_dict());
     for (size_t i = 0; i < slots_.size(); ++i)
-      nn::save_safetensors(at(indexed("optimizer", i, ".safetensors")),
+      io::save_safetensors(at(indexed("optimizer", i, ".safetensors")),
                            slots_[i]->user->state_dict());
   }
   nlohmann::json zero = nlohmann::json::array();
@@ -187,7 +187,7 @@ nlohmann::json ReplicatedStrategy::save_state(const std::string& dir, bool mid_w
     // first replica, named by the shard-group rank.
     if (!ctx_.hsdp() || ctx_.dp_replicate->rank() == 0) {
       const std::string f = at(zero_ckpt::shard_file(i, shard_rank()));
-      nn::save_safetensors(f, s.zero->shard_state_dict());
+      io::save_safetensors(f, s.zero->shard_state_dict());
       fsync_path(f);
     }
     zero_ckpt::write_accum(dir, i, ctx_.rank, s.accum);
@@ -197,10 +197,10 @@ nlohmann::json ReplicatedStrategy::save_state(const std::string& dir, bool mid_w
   // synced yet, so every rank keeps its own).
   if (mid_window) {
     for (size_t i = 0; i < models_.size(); ++i) {
-      nn::TensorDict grads;
+      io::TensorDict grads;
       for (auto& [pname, p] : models_[i]->named_parameters())
         if (p.grad().defined()) grads[pname] = p.grad();
-      nn::save_safetensors(at(grads_file(i, ctx_.rank)), grads);
+      io::save_safetensors(at(grads_file(i, ctx_.rank)), grads);
     }
   }
   nlohmann::json record = nlohmann::json::object();
@@ -253,12 +253,12 @@ namespace {
 // A model's state from a plain model file, each tensor in the dtype and on the device of the
 // model's own when the shapes agree and no precision is lost (as saved otherwise: apply_state
 // converts, or names the mismatch).
-nn::TensorDict read_model_file(const std::string& path, const nn::Module& model) {
-  nn::SafetensorsFile f(path);
-  const nn::TensorDict own = model.state_handles();
-  nn::TensorDict out;
+io::TensorDict read_model_file(const std::string& path, const nn::Module& model) {
+  io::SafetensorsFile f(path);
+  const io::TensorDict own = model.state_handles();
+  io::TensorDict out;
   for (const std::string& name : f.names()) {
-    const nn::SafetensorsFile::Info& in = f.info(name);
+    const io::SafetensorsFile::Info& in = f.info(name);
     auto it = own.find(name);
     Tensor t = it != own.end() && it->second.sizes() == in.shape
                    ? empty(in.shape, TensorOptions(load_dtype(in.dtype, it->second.dtype()),
@@ -272,13 +272,13 @@ nn::TensorDict read_model_file(const std::string& path, const nn::Module& model)
 
 // A plain optimizer's state dict from its file, each slot in its parameter's dtype and device
 // (so the optimizer adopts it without a copy) when the shapes agree.
-nn::TensorDict read_optimizer_file(const nn::SafetensorsFile& f, const optim::Optimizer& opt) {
+io::TensorDict read_optimizer_file(const io::SafetensorsFile& f, const optim::Optimizer& opt) {
   std::vector<Tensor> params;
   for (size_t g = 0; g < opt.num_param_groups(); ++g)
     for (const Tensor& p : opt.params(g)) params.push_back(p);
-  nn::TensorDict out;
+  io::TensorDict out;
   for (const std::string& name : f.names()) {
-    const nn::SafetensorsFile::Info& in = f.info(name);
+    const io::SafetensorsFile::Info& in = f.info(name);
     Tensor t = empty(in.shape, TensorOptions(in.dtype));
     if (name.rfind("state.", 0) == 0 && is_floating(in.dtype)) {
       const size_t dot = name.find('.', 6);
@@ -298,8 +298,8 @@ nn::TensorDict read_optimizer_file(const nn::SafetensorsFile& f, const optim::Op
 
 // Module::load_state_dict's strict checks, without loading: ValueError listing every missing,
 // unexpected or mis-shaped entry.
-void check_model_state(const nn::Module& model, const nn::TensorDict& own,
-                       const nn::TensorDict& state) {
+void check_model_state(const nn::Module& model, const io::TensorDict& own,
+                       const io::TensorDict& state) {
   std::vector<std::string> missing, unexpected, mismatched;
   for (const auto& [n, t] : own) {
     auto it = state.find(n);
@@ -363,7 +363,7 @@ std::unique_ptr<StrategyState> ReplicatedStrategy::read_state(const std::string&
     const ckpt_records::ZeroLayoutRecord* layout =
         (fsdp || i >= layouts.size() || !layouts[i]) ? nullptr : &*layouts[i];
     if (fsdp) {
-      nn::TensorDict opt = std::move(fsdp->optimizers.at(i));
+      io::TensorDict opt = std::move(fsdp->optimizers.at(i));
       if (s.zero) {
         st->shards.push_back(zero_ckpt::read_shard_state(opt, *s.zero, shard_rank()));
         st->optimizers.push_back(zero_ckpt::param_groups_of(opt));
@@ -374,7 +374,7 @@ std::unique_ptr<StrategyState> ReplicatedStrategy::read_state(const std::string&
       st->accum.emplace_back();
       continue;
     }
-    nn::SafetensorsFile opt(at(indexed("optimizer", i, ".safetensors")));
+    io::SafetensorsFile opt(at(indexed("optimizer", i, ".safetensors")));
     if (s.zero) {
       st->shards.push_back(
           zero_ckpt::read_shard_state(dir, i, layout, zero_world, opt, *s.zero, shard_rank()));
@@ -395,10 +395,10 @@ std::unique_ptr<StrategyState> ReplicatedStrategy::read_state(const std::string&
   st->grads.resize(models_.size());
   for (size_t i = 0; i < models_.size() && mid_window; ++i) {
     const std::string f = at(grads_file(i, ctx_.rank));
-    nn::SafetensorsFile grads(f);
+    io::SafetensorsFile grads(f);
     for (auto& [pname, p] : models_[i]->named_parameters()) {
       if (!grads.contains(pname)) continue;
-      const nn::SafetensorsFile::Info& in = grads.info(pname);
+      const io::SafetensorsFile::Info& in = grads.info(pname);
       ACCEL_CHECK(in.shape == p.sizes() && is_floating(in.dtype), ShapeError, "load_state", "'", f,
                   "': gradient of ", pname, " is ", in.dtype, " ", shape_str(in.shape),
                   ", parameter ", p.shape_str());
@@ -419,20 +419,20 @@ void ReplicatedStrategy::apply_state(StrategyState& state) {
               ValueError, "load_state", "a state read by another strategy or accelerator");
   NoGradGuard ng;
   // 1. checks (nothing changes when one fails)
-  std::vector<nn::TensorDict> own;
+  std::vector<io::TensorDict> own;
   for (size_t i = 0; i < models_.size(); ++i) {
-    // A tied tensor (Note [tied parameters] in autograd/nn/module.cc) is loaded and swapped once,
+    // A tied tensor (Note [tied parameters] in nn/module.cc) is loaded and swapped once,
     // under its first name: the file may hold it under that name, under an alias, or (as our
     // files record it) once with the aliases in its metadata.
     const std::map<std::string, std::string> aliases = models_[i]->tied_aliases();
-    nn::TensorDict& loaded = st->models[i];
+    io::TensorDict& loaded = st->models[i];
     for (const auto& [alias, first] : aliases) {
       auto a = loaded.find(alias);
       if (a == loaded.end()) continue;
       if (!loaded.count(first)) loaded.emplace(first, a->second);
       loaded.erase(a);
     }
-    nn::TensorDict o;
+    io::TensorDict o;
     for (auto& [n, t] : models_[i]->state_dict())
       if (!aliases.count(n)) o.emplace(n, t.detach());
     check_model_state(*models_[i], o, st->models[i]);
@@ -443,12 +443,12 @@ void ReplicatedStrategy::apply_state(StrategyState& state) {
     own.push_back(std::move(o));
   }
   // 2. optimizers: each load is all or nothing; the earlier ones are undone when one fails.
-  std::vector<std::pair<nn::TensorDict, nn::TensorDict>> old;  // (user, shard)
+  std::vector<std::pair<io::TensorDict, io::TensorDict>> old;  // (user, shard)
   try {
     for (size_t i = 0; i < slots_.size(); ++i) {
       Slot& s = *slots_[i];
       old.emplace_back(s.user->state_dict(),
-                       s.zero ? s.zero->shard_state_dict() : nn::TensorDict{});
+                       s.zero ? s.zero->shard_state_dict() : io::TensorDict{});
       s.user->load_state_dict(std::move(st->optimizers[i]));
       if (s.zero) {
         try {
@@ -485,15 +485,15 @@ void ReplicatedStrategy::apply_state(StrategyState& state) {
   st->has_grads = true;
 }
 
-nn::TensorDict ReplicatedStrategy::full_state_dict(size_t index) {
+io::TensorDict ReplicatedStrategy::full_state_dict(size_t index) {
   ACCEL_CHECK(index < models_.size(), IndexError, "get_state_dict", "model ", index, " of ",
               models_.size(), " prepared");
-  nn::TensorDict d = models_[index]->state_dict();
+  io::TensorDict d = models_[index]->state_dict();
   for (auto& [k, v] : d) v = v.clone();
   return d;
 }
 
-void read_into(const nn::SafetensorsCheckpoint& src, const std::string& name, int64_t lo,
+void read_into(const io::SafetensorsCheckpoint& src, const std::string& name, int64_t lo,
                int64_t hi, const Tensor& dst) {
   NoGradGuard ng;
   if (dst.is_contiguous()) {
@@ -507,7 +507,7 @@ void read_into(const nn::SafetensorsCheckpoint& src, const std::string& name, in
 }
 
 // Every rank holds the whole model: it reads every tensor whole, into the model's own.
-void ReplicatedStrategy::load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+void ReplicatedStrategy::load_model(size_t index, const io::SafetensorsCheckpoint& src,
                                     std::exception_ptr& err) {
   ACCEL_CHECK(index < models_.size(), IndexError, "load_model", "model ", index, " of ",
               models_.size(), " prepared");
@@ -522,7 +522,7 @@ void ReplicatedStrategy::load_model(size_t index, const nn::SafetensorsCheckpoin
 void ReplicatedStrategy::save_model(size_t index, const std::string& path) {
   ACCEL_CHECK(index < models_.size(), IndexError, "save_model", "model ", index, " of ",
               models_.size(), " prepared");
-  if (ctx_.rank == 0) nn::save_safetensors(path, models_[index]->state_dict());
+  if (ctx_.rank == 0) io::save_safetensors(path, models_[index]->state_dict());
 }
 
 }  // namespace accel::dist

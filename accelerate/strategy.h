@@ -39,9 +39,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "autograd/nn/module.h"
-#include "autograd/nn/safetensors.h"
-#include "autograd/optim/optimizer.h"
+#include "nn/module.h"
+#include "io/safetensors.h"
+#include "optim/optimizer.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "accelerate/amp.h"
@@ -158,13 +158,13 @@ class StrategyCheckpoint {
   }
   // The whole state_dict of prepared model `index` on every rank (collective; under ZeRO-3 it
   // gathers every unit: the one call that holds the whole model).
-  virtual nn::TensorDict full_state_dict(size_t index) = 0;
+  virtual io::TensorDict full_state_dict(size_t index) = 0;
   // Accelerator::load_model (which checked names and shapes): reads every entry of prepared model
   // `index`'s state that `src` holds into what this rank keeps of it, straight into the model's
   // tensors (ZeRO-3: this rank's span of each trainable parameter, the rest whole; Note
   // [streaming model loads] in accelerate/accelerator.cc). Collective: an error of the reads is
   // kept in `err` until the collective work is done, so no peer is left waiting.
-  virtual void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+  virtual void load_model(size_t index, const io::SafetensorsCheckpoint& src,
                           std::exception_ptr& err) = 0;
 };
 

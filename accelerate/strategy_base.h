@@ -24,7 +24,7 @@ DType load_dtype(DType saved, DType live);
 // Hands cached allocator blocks and freed heap back to the system (after a load).
 void release_unused_memory();
 // dst := elements [lo, hi) of `name` in `src` (dst may be non-contiguous: through a temporary).
-void read_into(const nn::SafetensorsCheckpoint& src, const std::string& name, int64_t lo,
+void read_into(const io::SafetensorsCheckpoint& src, const std::string& name, int64_t lo,
                int64_t hi, const Tensor& dst);
 
 // StepGrads::names: each of `params` named by `name_of` (a tensor's impl -> "<model>:<name>"),
@@ -35,9 +35,9 @@ std::vector<std::string> name_grads(const std::vector<Tensor>& params,
 // What a load replaces (Note [replicated loading memory] in accelerate/strategy.cc); after
 // apply_state it holds the replaced state.
 struct ReplicatedState : StrategyState {
-  std::vector<nn::TensorDict> models;      // full state dicts
-  std::vector<nn::TensorDict> optimizers;  // the user's optimizer (under ZeRO: param groups)
-  std::vector<nn::TensorDict> shards;      // under ZeRO: shard state keyed by bucket
+  std::vector<io::TensorDict> models;      // full state dicts
+  std::vector<io::TensorDict> optimizers;  // the user's optimizer (under ZeRO: param groups)
+  std::vector<io::TensorDict> shards;      // under ZeRO: shard state keyed by bucket
   std::vector<std::vector<Tensor>> accum;  // ZeRO-2: accumulated gradient shards
   std::vector<std::vector<std::pair<Tensor, Tensor>>> grads;  // per model: (param, grad)
   bool has_grads = false;  // grads replace the parameters' gradients (else: none)
@@ -60,8 +60,8 @@ class ReplicatedStrategy : public Strategy, public StrategyCheckpoint {
                                             int saved_world, bool mid_window) override;
   void apply_state(StrategyState& state) override;
   void save_model(size_t index, const std::string& path) override;
-  nn::TensorDict full_state_dict(size_t index) override;
-  void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+  io::TensorDict full_state_dict(size_t index) override;
+  void load_model(size_t index, const io::SafetensorsCheckpoint& src,
                   std::exception_ptr& err) override;
 
  protected:

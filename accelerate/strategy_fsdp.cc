@@ -7,7 +7,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "autograd/nn/safetensors.h"
+#include "io/safetensors.h"
 #include "core/error.h"
 #include "accelerate/checkpoint.h"
 #include "parallel/fsdp.h"
@@ -29,24 +29,24 @@ std::string indexed_file(const char* stem, size_t i, const char* ext) {
 }
 
 // Buffers and frozen parameters: replicated, written by rank 0 like a plain model file.
-nn::TensorDict replicated_state(const nn::Module& m) {
-  nn::TensorDict d = m.state_handles();  // trainable parameters are released: not read
+io::TensorDict replicated_state(const nn::Module& m) {
+  io::TensorDict d = m.state_handles();  // trainable parameters are released: not read
   std::set<std::string> trainable;
   for (auto& [name, p] : m.named_parameters())
     if (p.requires_grad()) {
       d.erase(name);
       trainable.insert(name);
     }
-  // Note [tied parameters] in autograd/nn/module.cc: a trainable parameter's other names too.
+  // Note [tied parameters] in nn/module.cc: a trainable parameter's other names too.
   for (auto& [alias, name] : m.tied_aliases())
     if (trainable.count(name)) d.erase(alias);
   return d;
 }
 
 // alias -> name of the tied trainable parameters (Note [tied tensors in files] in
-// autograd/nn/safetensors.cc): the metadata of a streamed export, which writes each once.
-nn::Metadata trainable_aliases(const nn::Module& m) {
-  nn::Metadata out;
+// io/safetensors.cc): the metadata of a streamed export, which writes each once.
+io::Metadata trainable_aliases(const nn::Module& m) {
+  io::Metadata out;
   std::set<std::string> trainable;
   for (auto& [name, p] : m.named_parameters())
     if (p.requires_grad()) trainable.insert(name);
@@ -59,8 +59,8 @@ nn::Metadata trainable_aliases(const nn::Module& m) {
 // accelerate/accelerator_state.cc): after apply_state every field holds what it replaced.
 struct Loaded final : StrategyState {
   std::vector<std::vector<std::pair<size_t, Tensor>>> slices;  // per model: (param, values)
-  std::vector<nn::TensorDict> replicated;                      // per model
-  std::vector<nn::TensorDict> optimizers;                      // per stepping optimizer
+  std::vector<io::TensorDict> replicated;                      // per model
+  std::vector<io::TensorDict> optimizers;                      // per stepping optimizer
   std::vector<std::vector<std::pair<size_t, Tensor>>> grads;   // per model: window gradients
   bool has_grads = false;
 };
@@ -187,7 +187,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     return out;
   }
 
-  nn::TensorDict full_state_dict(size_t index) override {
+  io::TensorDict full_state_dict(size_t index) override {
     return sharded_.at(index)->full_state_dict();
   }
 
@@ -207,7 +207,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
     if (ctx_.rank == 0)
       for (size_t i = 0; i < models_.size(); ++i)
-        nn::save_safetensors(at(fsdp_replicated_file(i)), replicated_state(*models_[i]));
+        io::save_safetensors(at(fsdp_replicated_file(i)), replicated_state(*models_[i]));
     std::vector<FullyShardedModel*> ms;
     for (auto& m : sharded_) ms.push_back(m.get());
     std::vector<FsdpOptimizerRef> os;
@@ -216,10 +216,10 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     if (mid_window)
       for (size_t i = 0; i < sharded_.size(); ++i) {
         // An open accumulation window keeps full gradients per rank (Note [unit lifecycle]).
-        nn::TensorDict g;
+        io::TensorDict g;
         for (auto& [name, p] : sharded_[i]->parameters())
           if (p.grad().defined()) g[name] = p.grad();
-        nn::save_safetensors(at(grads_file(i)), g);
+        io::save_safetensors(at(grads_file(i)), g);
       }
     if (!writes_shards()) return rec;
     const int shard_rank = ctx_.shard_group()->rank();
@@ -284,12 +284,12 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
       out->has_grads = true;
       for (size_t m = 0; m < sharded_.size(); ++m) {
         const std::string f = at(grads_file(m));
-        nn::SafetensorsFile g(f);
+        io::SafetensorsFile g(f);
         std::vector<std::pair<size_t, Tensor>> gs;
         const auto& ps = sharded_[m]->parameters();
         for (size_t k = 0; k < ps.size(); ++k) {
           if (!g.contains(ps[k].first)) continue;
-          const nn::SafetensorsFile::Info& in = g.info(ps[k].first);
+          const io::SafetensorsFile::Info& in = g.info(ps[k].first);
           ACCEL_CHECK(in.shape == ps[k].second.sizes() && is_floating(in.dtype), IoError,
                       "load_state", "'", f, "': gradient of ", ps[k].first, " is ", in.dtype, " ",
                       shape_str(in.shape), ", the parameter ", ps[k].second.shape_str());
@@ -317,7 +317,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     Loaded& l = *lp;
     NoGradGuard ng;
     // 1. checks
-    std::vector<nn::TensorDict> own_rep;
+    std::vector<io::TensorDict> own_rep;
     for (size_t m = 0; m < sharded_.size(); ++m) {
       for (const auto& [k, v] : l.slices[m]) {
         const Tensor& leaf = sharded_[m]->shard_params().at(k);
@@ -326,7 +326,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
                     leaf.numel(), " elements of ", leaf.dtype(), ", the checkpoint slice ",
                     v.numel(), " of ", v.dtype());
       }
-      nn::TensorDict own = replicated_state(*models_[m]);
+      io::TensorDict own = replicated_state(*models_[m]);
       for (const auto& [name, v] : own) {
         auto it = l.replicated[m].find(name);
         ACCEL_CHECK(it != l.replicated[m].end() && it->second.sizes() == v.sizes() &&
@@ -337,7 +337,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
       own_rep.push_back(std::move(own));
     }
     // 2. optimizers (each load is all or nothing; undo the earlier ones when one fails)
-    std::vector<nn::TensorDict> old;
+    std::vector<io::TensorDict> old;
     try {
       for (size_t i = 0; i < stepping_.size(); ++i) {
         old.push_back(stepping_[i].opt->state_dict());
@@ -375,7 +375,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
   // Note [streaming model loads] in accelerate/accelerator.cc: this rank's span of every trainable
   // parameter, straight into its shard; buffers and frozen parameters whole; then the root
   // units are gathered from the new shards (collective, also after a failed read).
-  void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+  void load_model(size_t index, const io::SafetensorsCheckpoint& src,
                   std::exception_ptr& err) override {
     FullyShardedModel& f = *sharded_.at(index);
     try {
@@ -400,12 +400,12 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
   // keeps taking part, and the outcome is agreed on at the end (IoError on every rank).
   void save_model(size_t index, const std::string& path) override {
     FullyShardedModel& f = *sharded_.at(index);
-    const nn::TensorDict rep = replicated_state(*models_.at(index));
-    std::vector<nn::SafetensorsWriter::Entry> entries;
+    const io::TensorDict rep = replicated_state(*models_.at(index));
+    std::vector<io::SafetensorsWriter::Entry> entries;
     for (const auto& [name, shape, dtype] : f.full_parameter_order())
       entries.push_back({name, dtype, shape});
     for (const auto& [name, t] : rep) entries.push_back({name, t.dtype(), t.sizes()});
-    std::unique_ptr<nn::SafetensorsWriter> w;
+    std::unique_ptr<io::SafetensorsWriter> w;
     std::exception_ptr err;
     auto attempt = [&](const std::function<void()>& fn) {
       if (err) return;
@@ -418,7 +418,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     };
     if (ctx_.rank == 0)
       attempt([&] {
-        w = std::make_unique<nn::SafetensorsWriter>(path, entries,
+        w = std::make_unique<io::SafetensorsWriter>(path, entries,
                                                     trainable_aliases(*models_.at(index)));
       });
     f.for_each_full_parameter([&](const std::string&, const Tensor& t) {
@@ -448,8 +448,8 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
       if (s.opt.get() == &o) return s;
     ACCEL_THROW(ValueError, "fsdp", "optimizer was not prepared by this strategy");
   }
-  nn::TensorDict own_groups(size_t i) const {
-    nn::TensorDict own;
+  io::TensorDict own_groups(size_t i) const {
+    io::TensorDict own;
     for (auto& [k, v] : stepping_[i].opt->state_dict())
       if (k.rfind("param_groups.", 0) == 0) own[k] = v;
     return own;
@@ -457,14 +457,14 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
 
   // Buffers and frozen parameters of model m from a plain model file (`skip`: names that are
   // not replicated), in the live tensors' dtypes; checked by apply_state.
-  nn::TensorDict read_replicated(const std::string& f, size_t m,
+  io::TensorDict read_replicated(const std::string& f, size_t m,
                                  const std::set<std::string>& skip) const {
-    nn::SafetensorsFile file(f);
-    const nn::TensorDict own = replicated_state(*models_[m]);
-    nn::TensorDict out;
+    io::SafetensorsFile file(f);
+    const io::TensorDict own = replicated_state(*models_[m]);
+    io::TensorDict out;
     for (const std::string& name : file.names()) {
       if (skip.count(name)) continue;
-      const nn::SafetensorsFile::Info& in = file.info(name);
+      const io::SafetensorsFile::Info& in = file.info(name);
       auto it = own.find(name);
       Tensor t = it != own.end() && it->second.sizes() == in.shape
                      ? empty(in.shape, TensorOptions(it->second.dtype(), it->second.device()))
@@ -490,7 +490,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     auto out = std::make_unique<Loaded>();
     for (size_t m = 0; m < sharded_.size(); ++m) {
       const std::string f = at(indexed_file("model", m, ".safetensors"));
-      nn::SafetensorsFile file(f);
+      io::SafetensorsFile file(f);
       std::vector<std::pair<size_t, Tensor>> slices;
       const auto spans = sharded_[m]->spans();
       std::set<std::string> trainable;
@@ -523,9 +523,9 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     for (size_t i = 0; i < stepping_.size(); ++i) {
       const Stepping& s = stepping_[i];
       const std::string of = at(indexed_file("optimizer", i, ".safetensors"));
-      nn::SafetensorsFile file(of);
+      io::SafetensorsFile file(of);
       // The stepping optimizer's parameter k is the user's parameter k (prepare_optimizer).
-      nn::TensorDict d = own_groups(i);
+      io::TensorDict d = own_groups(i);
       for (auto& [k, v] : zero_ckpt::param_groups_of(file))
         if (k.ends_with(".lr") || k.ends_with(".weight_decay")) d[k] = v;
       if (i < layouts.size() && layouts[i]) {
@@ -542,7 +542,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
           const std::string prefix = "state." + std::to_string(k) + ".";
           for (const std::string& key : file.names(prefix)) {
             const std::string slot = key.substr(prefix.size());
-            const nn::SafetensorsFile::Info& in = file.info(key);
+            const io::SafetensorsFile::Info& in = file.info(key);
             if (slot == "step") {
               d[key] = file.read(key);
               continue;

@@ -49,7 +49,7 @@
 #include <vector>
 
 #include "accelerate/strategy_base.h"
-#include "autograd/nn/safetensors.h"
+#include "io/safetensors.h"
 #include "autograd/ops.h"
 #include "parallel/checkpoint_files.h"
 #include "parallel/fsdp_checkpoint.h"
@@ -166,9 +166,9 @@ class SavedPart {
   Tensor entry(size_t m, const std::string& name) {
     if (fsdp_ && fsdp_->has_param(m, name)) return fsdp_->full_param(m, name);
     // Plain checkpoints and the replicated part of ZeRO-3 ones (fsdp_replicated_file) alike.
-    nn::SafetensorsFile& f = plain(indexed_name("model", m, ".safetensors"));
+    io::SafetensorsFile& f = plain(indexed_name("model", m, ".safetensors"));
     ACCEL_CHECK(f.contains(name), IoError, "load_state", "'", f.path(), "' has no '", name, "'");
-    const nn::SafetensorsFile::Info& in = f.info(name);
+    const io::SafetensorsFile::Info& in = f.info(name);
     Tensor t = empty(in.shape, TensorOptions(in.dtype));
     f.read_range(name, 0, in.numel, t);
     return t;
@@ -190,11 +190,11 @@ class SavedPart {
         out["step"] = scalar_tensor(fsdp_->step(o, key), TensorOptions(kInt64));
       return out;
     }
-    nn::SafetensorsFile& f = plain(indexed_name("optimizer", o, ".safetensors"));
+    io::SafetensorsFile& f = plain(indexed_name("optimizer", o, ".safetensors"));
     const std::string prefix = "state." + std::to_string(k) + ".";
     for (const std::string& n : f.names()) {
       if (n.rfind(prefix, 0) != 0) continue;
-      const nn::SafetensorsFile::Info& in = f.info(n);
+      const io::SafetensorsFile::Info& in = f.info(n);
       Tensor t = empty(in.shape, TensorOptions(in.dtype));
       f.read_range(n, 0, in.numel, t);
       out[n.substr(prefix.size())] = t;
@@ -203,13 +203,13 @@ class SavedPart {
   }
 
   // Optimizer o's "param_groups.*" entries.
-  nn::TensorDict param_groups(size_t o) {
+  io::TensorDict param_groups(size_t o) {
     if (fsdp_) return fsdp_->param_groups(o);
-    nn::SafetensorsFile& f = plain(indexed_name("optimizer", o, ".safetensors"));
-    nn::TensorDict out;
+    io::SafetensorsFile& f = plain(indexed_name("optimizer", o, ".safetensors"));
+    io::TensorDict out;
     for (const std::string& n : f.names()) {
       if (n.rfind("param_groups.", 0) != 0) continue;
-      const nn::SafetensorsFile::Info& in = f.info(n);
+      const io::SafetensorsFile::Info& in = f.info(n);
       Tensor t = empty(in.shape, TensorOptions(in.dtype));
       f.read_range(n, 0, in.numel, t);
       out[n] = t;
@@ -218,15 +218,15 @@ class SavedPart {
   }
 
  private:
-  nn::SafetensorsFile& plain(const std::string& name) {
+  io::SafetensorsFile& plain(const std::string& name) {
     auto it = files_.find(name);
     if (it == files_.end())
-      it = files_.emplace(name, std::make_unique<nn::SafetensorsFile>(at(name))).first;
+      it = files_.emplace(name, std::make_unique<io::SafetensorsFile>(at(name))).first;
     return *it->second;
   }
   std::string dir_;
   std::unique_ptr<FsdpCheckpointReader> fsdp_;
-  std::map<std::string, std::unique_ptr<nn::SafetensorsFile>> files_;
+  std::map<std::string, std::unique_ptr<io::SafetensorsFile>> files_;
 };
 
 std::string private_tmp_dir(int rank) {
@@ -276,10 +276,10 @@ std::string convert_tp_checkpoint(const TpConversion& c) {
   const std::string tmp = private_tmp_dir(c.world_rank);
   try {
     for (size_t m = 0; m < c.models.size(); ++m) {
-      nn::TensorDict out;
+      io::TensorDict out;
       for (const auto& [name, t] : c.models[m]->state_dict())
         out[name] = mine(m, name, full_value(m, name));
-      nn::save_safetensors((fs::path(tmp) / indexed_name("model", m, ".safetensors")).string(),
+      io::save_safetensors((fs::path(tmp) / indexed_name("model", m, ".safetensors")).string(),
                            out);
     }
     for (size_t o = 0; o < c.optimizers.size(); ++o) {
@@ -288,7 +288,7 @@ std::string convert_tp_checkpoint(const TpConversion& c) {
       for (size_t m = 0; m < c.models.size(); ++m)
         for (auto& [name, p] : c.models[m]->named_parameters())
           owner.emplace(p.impl(), std::make_pair(m, name));
-      nn::TensorDict out = parts[0]->param_groups(o);
+      io::TensorDict out = parts[0]->param_groups(o);
       size_t k = 0;
       for (size_t g = 0; g < c.optimizers[o]->num_param_groups(); ++g) {
         for (const Tensor& p : c.optimizers[o]->params(g)) {
@@ -319,7 +319,7 @@ std::string convert_tp_checkpoint(const TpConversion& c) {
           ++k;
         }
       }
-      nn::save_safetensors((fs::path(tmp) / indexed_name("optimizer", o, ".safetensors")).string(),
+      io::save_safetensors((fs::path(tmp) / indexed_name("optimizer", o, ".safetensors")).string(),
                            out);
     }
   } catch (...) {
@@ -460,8 +460,8 @@ class TpStrategy final : public Strategy, public StrategyCheckpoint {
   }
   void finish_load() override { inner_->checkpoint().finish_load(); }
 
-  nn::TensorDict full_state_dict(size_t index) override {
-    nn::TensorDict d = inner_->checkpoint().full_state_dict(index);
+  io::TensorDict full_state_dict(size_t index) override {
+    io::TensorDict d = inner_->checkpoint().full_state_dict(index);
     NoGradGuard ng;
     for (auto& [name, t] : d) {
       const auto it = shards_.at(index).find(name);
@@ -476,21 +476,21 @@ class TpStrategy final : public Strategy, public StrategyCheckpoint {
   }
 
   void save_model(size_t index, const std::string& path) override {
-    const nn::TensorDict d = full_state_dict(index);
-    if (c_.world_rank == 0) nn::save_safetensors(path, d);
+    const io::TensorDict d = full_state_dict(index);
+    if (c_.world_rank == 0) io::save_safetensors(path, d);
   }
 
-  void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+  void load_model(size_t index, const io::SafetensorsCheckpoint& src,
                   std::exception_ptr& err) override {
     // This rank's part of every entry the file holds, as a file the inner strategy reads; on an
     // error an empty one, so that the inner strategy's collectives still run and no peer waits.
     const std::string tmp = private_tmp_dir(c_.world_rank);
     const std::string f = (fs::path(tmp) / "model.safetensors").string();
-    nn::TensorDict out;
+    io::TensorDict out;
     try {
       for (const auto& [name, t] : models_.at(index)->state_dict()) {
         if (!src.contains(name)) continue;
-        const nn::SafetensorsFile::Info& in = src.info(name);
+        const io::SafetensorsFile::Info& in = src.info(name);
         Tensor whole = empty(in.shape, TensorOptions(in.dtype));
         src.read_range(name, 0, in.numel, whole);
         const auto it = shards_[index].find(name);
@@ -503,8 +503,8 @@ class TpStrategy final : public Strategy, public StrategyCheckpoint {
       out.clear();
     }
     try {
-      nn::save_safetensors(f, out);
-      const nn::SafetensorsCheckpoint local(f);
+      io::save_safetensors(f, out);
+      const io::SafetensorsCheckpoint local(f);
       inner_->checkpoint().load_model(index, local, err);
     } catch (...) {
       if (!err) err = std::current_exception();

@@ -180,8 +180,8 @@ class ZeroStrategy final : public ReplicatedStrategy {
   void apply_state(StrategyState& state) override {
     with_masters(true, [&] { ReplicatedStrategy::apply_state(state); });
   }
-  nn::TensorDict full_state_dict(size_t index) override {
-    nn::TensorDict out;
+  io::TensorDict full_state_dict(size_t index) override {
+    io::TensorDict out;
     with_masters(false, [&] { out = ReplicatedStrategy::full_state_dict(index); });
     return out;
   }
@@ -190,7 +190,7 @@ class ZeroStrategy final : public ReplicatedStrategy {
   }
   // Under param_dtype the values go into the fp32 masters (gathered for the while), not into
   // 16-bit copies.
-  void load_model(size_t index, const nn::SafetensorsCheckpoint& src,
+  void load_model(size_t index, const io::SafetensorsCheckpoint& src,
                   std::exception_ptr& err) override {
     with_masters(true, [&] { ReplicatedStrategy::load_model(index, src, err); });
   }

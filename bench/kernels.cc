@@ -43,7 +43,7 @@
 
 #include "accel.h"
 #include "kernels/cpu/cpu_isa.h"
-#include "autograd/optim/adam.h"
+#include "optim/adam.h"
 #include "op_table.h"
 
 namespace {

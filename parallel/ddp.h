@@ -37,7 +37,7 @@
 #include <memory>
 #include <vector>
 
-#include "autograd/nn/module.h"
+#include "nn/module.h"
 #include "parallel/buckets.h"
 #include "comm/process_group.h"
 
@@ -64,7 +64,7 @@ class DistributedDataParallel {
 
   // Module form only: re-broadcasts buffers when asked, then calls the module (its hooks run):
   // ddp.forward(x) for one tensor, ddp.forward<R>(args...) for any signature and result type
-  // (Note [module calls] in autograd/nn/module.h), e.g. ddp.forward<VaeOut>(x, cond).
+  // (Note [module calls] in nn/module.h), e.g. ddp.forward<VaeOut>(x, cond).
   template <typename R = Tensor, typename... A>
   R forward(const A&... args) {
     std::vector<Tensor> out = forward_values(nn::call_detail::pack(args...));

@@ -12,7 +12,7 @@
 
 #include "autograd/checkpoint.h"
 #include "autograd/engine.h"
-#include "autograd/nn/container.h"
+#include "nn/container.h"
 #include "core/error.h"
 #include "core/storage.h"
 #include "parallel/ddp.h"
@@ -57,7 +57,7 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<nn::Module> model, ProcessG
                 "wrap policy 'min_params' needs min_params > 0, got ", options_.min_params);
   build_units();
   init_values();
-  // Note [sharded modules] in autograd/nn/module.cc: a plain load_state_dict would be lost.
+  // Note [sharded modules] in nn/module.cc: a plain load_state_dict would be lost.
   for (auto& [name, m] : model_->named_modules())
     m->set_sharded(
         "load it with Accelerator::load_state or FullyShardedModel::load_full_parameters");
@@ -154,7 +154,7 @@ void FullyShardedModel::build_units() {
       ACCEL_CHECK(matched_classes.count(c), DistError, "fsdp", "wrap policy names class '", c,
                   "', which no module of ", model_->type_name(), " has");
 
-  // Note [tied parameters] in autograd/nn/module.cc: a parameter used by several units is the
+  // Note [tied parameters] in nn/module.cc: a parameter used by several units is the
   // root's (always gathered, reduced once at the end of backward).
   for (size_t k = 0; k < params_.size(); ++k)
     units_[tied[k] ? 0 : size_t(first_unit[k])]->params.push_back(k);  // model order
@@ -191,7 +191,7 @@ void FullyShardedModel::init_values() {
     Unit& u = *up;
     // Deferred init (nn::DeferredInit): this unit's modules get their memory and values now, one
     // unit at a time, so no rank ever holds the whole model; the values equal eager construction
-    // (Note [deferred init] in autograd/nn/module.cc).
+    // (Note [deferred init] in nn/module.cc).
     // A tied parameter of this unit may be registered by (and owned by) a module of another
     // unit: every module holding one of its parameters is materialized now (the others only
     // keep what they borrow).
@@ -250,7 +250,7 @@ void FullyShardedModel::init_values() {
       });
     }
     if (u->root) continue;
-    // Note [module calls] in autograd/nn/module.h: the wrapper sees any call of the unit's
+    // Note [module calls] in nn/module.h: the wrapper sees any call of the unit's
     // module; the entry routes the parent's direct forward() calls to it.
     u->module->set_call_wrapper(
         [this, alive, u](nn::Module&, nn::Values& in, const nn::CallFn& call) {

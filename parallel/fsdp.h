@@ -30,12 +30,12 @@
 // Units: by default every entry of an nn::ModuleList or nn::Sequential that has trainable
 // parameters (outermost first: a unit's descendants are not units); FsdpOptions::wrap picks by
 // class name or parameter count instead. Only container entries can be units: the unit wraps
-// its module's calls (a call wrapper, Note [module calls] in autograd/nn/module.h: any
+// its module's calls (a call wrapper, Note [module calls] in nn/module.h: any
 // arguments and results, operator(), call<R>() and the typed operator() of an
 // nn::TypedModule) and the entry, so the parent's direct ->forward(x) calls go through it too
-// (Note [entry wrappers] in autograd/nn/container.h). The parameters of no unit form the root
+// (Note [entry wrappers] in nn/container.h). The parameters of no unit form the root
 // unit, and so does a parameter tied across units (Note [tied parameters] in
-// autograd/nn/module.cc: used by two units, or by a unit and a module outside every unit): the
+// nn/module.cc: used by two units, or by a unit and a module outside every unit): the
 // root stays gathered, so every use sees the same values, and its gradient (the sum of all
 // uses) is reduced once, at the end of backward.
 // Each unit keeps one flat buffer of its parameters (model order, padded to a multiple of the
@@ -72,8 +72,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/nn/module.h"
-#include "autograd/optim/optimizer.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
 #include "comm/process_group.h"
 
 namespace accel::dist {
@@ -147,7 +147,7 @@ class FullyShardedModel {
   // Calls the model (its hooks run) after re-gathering the root unit when an optimizer step
   // changed its shard (Note [fsdp without its step calls]): fsdp.forward(x) for one tensor,
   // fsdp.forward<R>(args...) for any signature and result type (Note [module calls] in
-  // autograd/nn/module.h). Collective.
+  // nn/module.h). Collective.
   template <typename R = Tensor, typename... A>
   R forward(const A&... args) {
     std::vector<Tensor> out = forward_values(nn::call_detail::pack(args...));
@@ -194,7 +194,7 @@ class FullyShardedModel {
   };
   std::vector<ParamEntry> full_parameter_order() const;
   // The whole model's state (parameters cloned, buffers shared). Collective; holds it all.
-  nn::TensorDict full_state_dict();
+  io::TensorDict full_state_dict();
   // Loads full values into this rank's shards (every rank passes the same dict; only its slices
   // are read), then refreshes the root. Throws ValueError for missing / mis-shaped entries.
   void load_full_parameters(const std::function<Tensor(const std::string&)>& value_of);

@@ -6,7 +6,7 @@
 #include <map>
 #include <unordered_map>
 
-#include "autograd/nn/safetensors.h"
+#include "io/safetensors.h"
 #include "core/error.h"
 #include "parallel/checkpoint_files.h"
 
@@ -44,7 +44,7 @@ nlohmann::json save_fsdp_state(const std::string& dir,
   nlohmann::json ms = nlohmann::json::array();
   for (size_t i = 0; i < models.size(); ++i) {
     FullyShardedModel& m = *models[i];
-    nn::TensorDict mine;
+    io::TensorDict mine;
     const auto own = m.spans();
     std::vector<std::vector<FullyShardedModel::Span>> all;
     for (int q = 0; q < world; ++q) all.push_back(m.spans(q));
@@ -56,7 +56,7 @@ nlohmann::json save_fsdp_state(const std::string& dir,
       ps.push_back({{"name", own[k].name}, {"shape", own[k].shape}, {"spans", spans}});
     }
     const std::string f = (fs::path(dir) / fsdp_model_file(i, rank)).string();
-    if (write) nn::save_safetensors(f, mine);
+    if (write) io::save_safetensors(f, mine);
     ms.push_back({{"params", ps}});
   }
   rec["models"] = ms;
@@ -65,13 +65,13 @@ nlohmann::json save_fsdp_state(const std::string& dir,
     os.push_back({{"params", optimizers[i].param_keys}});
     if (!write) continue;
     const std::string f = (fs::path(dir) / fsdp_optimizer_file(i, rank)).string();
-    nn::TensorDict d = optimizers[i].stepping->state_dict();
+    io::TensorDict d = optimizers[i].stepping->state_dict();
     // Empty slices carry no information; leave them out (the reader knows the spans).
     for (auto it = d.begin(); it != d.end();)
       it = (it->first.rfind("state.", 0) == 0 && it->second.dim() == 1 && it->second.numel() == 0)
                ? d.erase(it)
                : std::next(it);
-    nn::save_safetensors(f, d);
+    io::save_safetensors(f, d);
   }
   rec["optimizers"] = os;
   return rec;
@@ -123,13 +123,13 @@ Shape FsdpCheckpointReader::shape(size_t model, const std::string& name) const {
   return s;
 }
 
-const nn::SafetensorsFile& FsdpCheckpointReader::file(const std::string& name) {
+const io::SafetensorsFile& FsdpCheckpointReader::file(const std::string& name) {
   auto it = files_.find(name);
   if (it == files_.end()) {
     const std::string path = (fs::path(dir_) / name).string();
     ACCEL_CHECK(fs::exists(path), IoError, "load_state", "checkpoint '", dir_,
                 "' lacks shard file '", name, "' (saved by ", rec_.world, " ranks)");
-    it = files_.emplace(name, std::make_unique<nn::SafetensorsFile>(path)).first;
+    it = files_.emplace(name, std::make_unique<io::SafetensorsFile>(path)).first;
   }
   return *it->second;
 }
@@ -159,11 +159,11 @@ void FsdpCheckpointReader::assemble(const ckpt_records::FsdpParamRecord& p, int6
     const auto [a, b] = p.spans[size_t(q)];
     const int64_t s = std::max(lo, a), e = std::min(hi, b);
     if (s >= e) continue;
-    const nn::SafetensorsFile& f = file(file_of(q));
+    const io::SafetensorsFile& f = file(file_of(q));
     ACCEL_CHECK(f.contains(entry), IoError, "load_state", "'", f.path(), "' has no slice '", entry,
                 "' of ", b - a, " elements (the record gives rank ", q, " elements [", a, ", ", b,
                 ") of '", p.name, "')");
-    const nn::SafetensorsFile::Info& in = f.info(entry);
+    const io::SafetensorsFile::Info& in = f.info(entry);
     ACCEL_CHECK(in.numel == b - a && is_floating(in.dtype), IoError, "load_state", "'", f.path(),
                 "': slice '", entry, "' is ", in.dtype, " ", shape_str(in.shape), ", expected ",
                 b - a, " floating-point elements");
@@ -176,7 +176,7 @@ DType FsdpCheckpointReader::saved_dtype(const ckpt_records::FsdpParamRecord& p, 
                                         const std::string& entry) {
   const int q = holder(p, lo);
   if (q < 0) return kFloat32;  // an empty parameter
-  const nn::SafetensorsFile& f = file(file_of(q));
+  const io::SafetensorsFile& f = file(file_of(q));
   return f.contains(entry) ? f.info(entry).dtype : kFloat32;  // a missing one fails in assemble
 }
 
@@ -222,7 +222,7 @@ std::vector<std::string> FsdpCheckpointReader::slots(size_t opt, const std::stri
   // reads from anyway.
   const int q = holder(param(ky.model, ky.name), near);
   if (q < 0) return {};
-  const nn::SafetensorsFile& f = file(fsdp_optimizer_file(opt, q));
+  const io::SafetensorsFile& f = file(fsdp_optimizer_file(opt, q));
   const std::string prefix = "state." + std::to_string(ky.index) + ".";
   std::vector<std::string> out;
   for (const std::string& name : f.names(prefix)) {
@@ -236,10 +236,10 @@ int64_t FsdpCheckpointReader::step(size_t opt, const std::string& k, int64_t nea
   const Key& ky = key(opt, k);
   const int q = holder(param(ky.model, ky.name), near);
   if (q < 0) return 0;
-  const nn::SafetensorsFile& f = file(fsdp_optimizer_file(opt, q));
+  const io::SafetensorsFile& f = file(fsdp_optimizer_file(opt, q));
   const std::string entry = state_key(ky.index, "step");
   if (!f.contains(entry)) return 0;
-  const nn::SafetensorsFile::Info& in = f.info(entry);
+  const io::SafetensorsFile::Info& in = f.info(entry);
   ACCEL_CHECK(in.numel == 1 && !is_floating(in.dtype) && in.dtype != kBool, IoError, "load_state",
               "'", f.path(), "': ", entry, " must be one integer, got ", in.dtype, " ",
               shape_str(in.shape));
@@ -268,10 +268,10 @@ Tensor FsdpCheckpointReader::slot_range(size_t opt, const std::string& k, const 
   return out;
 }
 
-nn::TensorDict FsdpCheckpointReader::param_groups(size_t opt) {
+io::TensorDict FsdpCheckpointReader::param_groups(size_t opt) {
   (void)optimizer_keys(opt);
-  nn::TensorDict out;
-  const nn::SafetensorsFile& f = file(fsdp_optimizer_file(opt, 0));
+  io::TensorDict out;
+  const io::SafetensorsFile& f = file(fsdp_optimizer_file(opt, 0));
   for (const std::string& k : f.names("param_groups.")) out[k] = f.read(k);
   return out;
 }
@@ -279,19 +279,19 @@ nn::TensorDict FsdpCheckpointReader::param_groups(size_t opt) {
 namespace {
 // Saved lr / weight decay over `own` groups (same group count and sizes, else the optimizer's
 // load_state_dict reports the difference).
-nn::TensorDict with_saved_groups(const nn::TensorDict& own, const nn::TensorDict& saved) {
-  nn::TensorDict out = own;
+io::TensorDict with_saved_groups(const io::TensorDict& own, const io::TensorDict& saved) {
+  io::TensorDict out = own;
   for (auto& [k, v] : saved)
     if (k.size() > 3 && (k.ends_with(".lr") || k.ends_with(".weight_decay"))) out[k] = v;
   return out;
 }
 }  // namespace
 
-nn::TensorDict fsdp_shard_optimizer_state(FsdpCheckpointReader& reader, size_t opt,
+io::TensorDict fsdp_shard_optimizer_state(FsdpCheckpointReader& reader, size_t opt,
                                           const std::vector<std::string>& keys,
                                           const std::vector<FullyShardedModel*>& models,
-                                          const nn::TensorDict& param_groups) {
-  nn::TensorDict out = with_saved_groups(param_groups, reader.param_groups(opt));
+                                          const io::TensorDict& param_groups) {
+  io::TensorDict out = with_saved_groups(param_groups, reader.param_groups(opt));
   // Per model: name -> (span, shard leaf).
   std::vector<std::map<std::string, std::pair<FullyShardedModel::Span, Tensor>>> at(models.size());
   for (size_t m = 0; m < models.size(); ++m) {
@@ -317,13 +317,13 @@ nn::TensorDict fsdp_shard_optimizer_state(FsdpCheckpointReader& reader, size_t o
   return out;
 }
 
-nn::TensorDict fsdp_full_optimizer_state(FsdpCheckpointReader& reader, size_t opt,
+io::TensorDict fsdp_full_optimizer_state(FsdpCheckpointReader& reader, size_t opt,
                                          const std::vector<std::string>& keys,
                                          const std::vector<Tensor>& params,
-                                         const nn::TensorDict& param_groups) {
+                                         const io::TensorDict& param_groups) {
   ACCEL_CHECK(params.size() == keys.size(), ValueError, "load_state", keys.size(), " keys for ",
               params.size(), " parameters");
-  nn::TensorDict out = with_saved_groups(param_groups, reader.param_groups(opt));
+  io::TensorDict out = with_saved_groups(param_groups, reader.param_groups(opt));
   for (size_t k = 0; k < keys.size(); ++k) {
     const size_t colon = keys[k].find(':');
     const size_t m = size_t(std::stoul(keys[k].substr(0, colon)));
@@ -353,7 +353,7 @@ PlainState read_fsdp_as_plain(const std::string& dir, const nlohmann::json& reco
   PlainState out;
   std::unordered_map<const TensorImpl*, std::string> key_of;
   for (size_t m = 0; m < models.size(); ++m) {
-    nn::TensorDict d = nn::load_safetensors((fs::path(dir) / fsdp_replicated_file(m)).string());
+    io::TensorDict d = io::load_safetensors((fs::path(dir) / fsdp_replicated_file(m)).string());
     std::map<std::string, Tensor> own;
     for (auto& [name, p] : models[m]->named_parameters()) own.emplace(name, p);
     for (const std::string& name : reader.param_names(m)) {
@@ -384,7 +384,7 @@ PlainState read_fsdp_as_plain(const std::string& dir, const nlohmann::json& reco
         keys.push_back(it->second);
         params.push_back(p);
       }
-    nn::TensorDict own;
+    io::TensorDict own;
     for (auto& [k, v] : o.state_dict())
       if (k.rfind("param_groups.", 0) == 0) own[k] = v;
     out.optimizers.push_back(fsdp_full_optimizer_state(reader, i, keys, params, own));

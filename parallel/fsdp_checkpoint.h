@@ -26,9 +26,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "autograd/nn/module.h"
-#include "autograd/nn/safetensors.h"
-#include "autograd/optim/optimizer.h"
+#include "nn/module.h"
+#include "io/safetensors.h"
+#include "optim/optimizer.h"
 #include "parallel/checkpoint_records.h"
 #include "parallel/fsdp.h"
 
@@ -88,7 +88,7 @@ class FsdpCheckpointReader {
   Tensor slot_range(size_t opt, const std::string& key, const std::string& slot, int64_t lo,
                     int64_t hi);
   // "param_groups.*" of the saved optimizer (rank 0's file).
-  nn::TensorDict param_groups(size_t opt);
+  io::TensorDict param_groups(size_t opt);
 
  private:
   struct Key {
@@ -98,7 +98,7 @@ class FsdpCheckpointReader {
   };
   const ckpt_records::FsdpParamRecord& param(size_t model, const std::string& name) const;
   const Key& key(size_t opt, const std::string& k) const;
-  const nn::SafetensorsFile& file(const std::string& name);
+  const io::SafetensorsFile& file(const std::string& name);
   // The rank whose span of `p` holds element `near` (or the first with a non-empty span); -1 if
   // no rank holds any element.
   int holder(const ckpt_records::FsdpParamRecord& p, int64_t near) const;
@@ -113,29 +113,29 @@ class FsdpCheckpointReader {
   ckpt_records::FsdpRecord rec_;
   std::vector<std::map<std::string, size_t>> index_;  // per model: name -> position
   std::vector<std::map<std::string, Key>> keys_;
-  std::map<std::string, std::unique_ptr<nn::SafetensorsFile>> files_;
+  std::map<std::string, std::unique_ptr<io::SafetensorsFile>> files_;
 };
 
 // The state_dict an optimizer over this rank's shard leaves of `models` needs, from saved
 // optimizer `opt`: `keys` names each of its parameters ("<model>:<name>"); `param_groups` are
 // its own param_groups entries (the saved lr / weight decay replace theirs).
-nn::TensorDict fsdp_shard_optimizer_state(FsdpCheckpointReader& reader, size_t opt,
+io::TensorDict fsdp_shard_optimizer_state(FsdpCheckpointReader& reader, size_t opt,
                                           const std::vector<std::string>& keys,
                                           const std::vector<FullyShardedModel*>& models,
-                                          const nn::TensorDict& param_groups);
+                                          const io::TensorDict& param_groups);
 // The same for a plain optimizer over whole parameters `params` (one process, DDP, ZeRO-1/2
 // loading a ZeRO-3 checkpoint): state.<k>.<slot> in the shape, dtype and device of params[k].
-nn::TensorDict fsdp_full_optimizer_state(FsdpCheckpointReader& reader, size_t opt,
+io::TensorDict fsdp_full_optimizer_state(FsdpCheckpointReader& reader, size_t opt,
                                          const std::vector<std::string>& keys,
                                          const std::vector<Tensor>& params,
-                                         const nn::TensorDict& param_groups);
+                                         const io::TensorDict& param_groups);
 
 // A ZeRO-3 checkpoint read as a plain one (one process, DDP, ZeRO-1/2 loading it): each model's
 // whole state_dict (sharded parameters assembled, the replicated ones from its model file) and
 // each optimizer's per-parameter state, the optimizer's parameters being parameters of `models`.
 struct PlainState {
-  std::vector<nn::TensorDict> models;
-  std::vector<nn::TensorDict> optimizers;
+  std::vector<io::TensorDict> models;
+  std::vector<io::TensorDict> optimizers;
 };
 // Parameters are read in the dtype of the model's; `saved_world` is state.json's world_size.
 PlainState read_fsdp_as_plain(const std::string& dir, const nlohmann::json& record, int saved_world,

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/nn/container.h"
+#include "nn/container.h"
 #include "comm/process_group.h"
 #include "parallel/fsdp.h"
 

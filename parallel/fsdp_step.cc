@@ -141,8 +141,8 @@ std::vector<FullyShardedModel::ParamEntry> FullyShardedModel::full_parameter_ord
   return out;
 }
 
-nn::TensorDict FullyShardedModel::full_state_dict() {
-  nn::TensorDict d = model_->state_handles();
+io::TensorDict FullyShardedModel::full_state_dict() {
+  io::TensorDict d = model_->state_handles();
   for_each_full_parameter([&](const std::string& name, const Tensor& v) {
     if (d.count(name)) d[name] = v.clone();
   });

@@ -24,7 +24,7 @@
 // reduce-scatter is drained; ZeRO: after the buckets), blocking: it overlaps nothing yet.
 #pragma once
 
-#include "autograd/nn/module.h"
+#include "nn/module.h"
 #include "comm/process_group.h"
 
 namespace accel::dist::hsdp {

@@ -4,7 +4,7 @@
 // Note [tp styles as call wrappers]
 // A style is the module's own forward with this rank's shard of its parameters, plus a region
 // entry before it and a region exit after it (Note [tp regions] in tp_collectives.cc). The entry
-// and exit run in a call wrapper (Note [module calls] in autograd/nn/module.h), so nn::Linear and
+// and exit run in a call wrapper (Note [module calls] in nn/module.h), so nn::Linear and
 // nn::Embedding stay unaware of tensor parallelism and the parameters stay plain tensors that an
 // optimizer, DDP or FSDP over another group can take as they are. Two consequences: the parent
 // must call the module through operator() (a direct forward() skips the wrapper, as it skips
@@ -26,8 +26,8 @@
 #include <optional>
 #include <sstream>
 
-#include "autograd/nn/attention.h"
-#include "autograd/nn/linear.h"
+#include "nn/attention.h"
+#include "nn/linear.h"
 #include "autograd/ops.h"
 #include "core/error.h"
 
@@ -438,9 +438,9 @@ Tensor gather_full(const Tensor& local, const ShardSpec& s, const ProcessGroupPt
 
 }  // namespace
 
-nn::TensorDict tp_full_parameters(nn::Module& module) {
+io::TensorDict tp_full_parameters(nn::Module& module) {
   NoGradGuard no_grad;
-  nn::TensorDict out;
+  io::TensorDict out;
   for (const ParamInfo& p : param_infos(module))
     out[p.name] = p.shard ? gather_full(p.value, *p.shard, p.group) : p.value.detach();
   return out;

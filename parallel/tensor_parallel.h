@@ -9,11 +9,11 @@
 //   loss.backward();
 //   dist::tp_clip_grad_norm_(*model, 1.0);
 //   opt.step();
-//   nn::TensorDict full = dist::tp_full_parameters(*model);   // export: full shapes
+//   io::TensorDict full = dist::tp_full_parameters(*model);   // export: full shapes
 //
 // After parallelize() a module's parameters are ordinary local tensors (this rank's shards, or the
 // replicated full tensor), so an optimizer, DDP or FSDP over a data-parallel group wraps the
-// module unchanged. The styles run as call wrappers (Note [module calls] in autograd/nn/module.h)
+// module unchanged. The styles run as call wrappers (Note [module calls] in nn/module.h)
 // on the planned modules: their parents must call them through operator() (`(*fc)(x)`), as
 // examples/models.h and nn::CausalSelfAttention do, not through forward().
 #pragma once
@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/nn/module.h"
+#include "nn/module.h"
 #include "comm/process_group.h"
 #include "core/tensor.h"
 
@@ -122,7 +122,7 @@ std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> module,
 
 // Every parameter of `module` by name in its full shape: sharded ones all-gathered over their
 // group (collective: every rank of each group calls it), replicated ones as they are (detached).
-nn::TensorDict tp_full_parameters(nn::Module& module);
+io::TensorDict tp_full_parameters(nn::Module& module);
 // The squared 2-norm of all gradients of the full model: sharded parameters' squares summed over
 // their group (one all-reduce per group), replicated ones counted once. Collective.
 double tp_grad_norm_squared(nn::Module& module);

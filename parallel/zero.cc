@@ -385,8 +385,8 @@ void ZeroOptimizer::step() {
   finish_step(true);
 }
 
-nn::TensorDict ZeroOptimizer::shard_state_dict() const {
-  nn::TensorDict out;
+io::TensorDict ZeroOptimizer::shard_state_dict() const {
+  io::TensorDict out;
   for (auto& [key, t] : optimizer_->state_dict()) {
     if (key.rfind("state.", 0) != 0) {
       out[key] = t;
@@ -399,15 +399,15 @@ nn::TensorDict ZeroOptimizer::shard_state_dict() const {
   return out;
 }
 
-void ZeroOptimizer::load_shard_state_dict(const nn::TensorDict& by_bucket) {
-  nn::TensorDict copy = by_bucket;
+void ZeroOptimizer::load_shard_state_dict(const io::TensorDict& by_bucket) {
+  io::TensorDict copy = by_bucket;
   for (auto& [k, v] : copy)
     if (v.defined()) v = v.clone();  // the caller keeps its tensors to itself
   load_shard_state_dict(std::move(copy));
 }
 
-void ZeroOptimizer::load_shard_state_dict(nn::TensorDict&& by_bucket) {
-  nn::TensorDict d;
+void ZeroOptimizer::load_shard_state_dict(io::TensorDict&& by_bucket) {
+  io::TensorDict d;
   for (auto& [key, t] : optimizer_->state_dict())  // this optimizer's own groups
     if (key.rfind("param_groups.", 0) == 0) d[key] = t;
   for (auto& [key, t] : by_bucket) {

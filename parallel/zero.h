@@ -57,8 +57,8 @@
 #include <memory>
 #include <optional>
 
-#include "autograd/nn/module.h"
-#include "autograd/optim/optimizer.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
 #include "parallel/buckets.h"
 #include "comm/process_group.h"
 
@@ -112,7 +112,7 @@ class ZeroOptimizer {
 
   // Module form: calls the module (its hooks run), with
   // floating tensor arguments cast to param_dtype: zero.forward(x), or zero.forward<R>(args...)
-  // for any signature and result type (Note [module calls] in autograd/nn/module.h).
+  // for any signature and result type (Note [module calls] in nn/module.h).
   template <typename R = Tensor, typename... A>
   R forward(const A&... args) {
     std::vector<Tensor> out = forward_values(nn::call_detail::pack(args...));
@@ -156,11 +156,11 @@ class ZeroOptimizer {
   void finish_step(bool stepped = true);
   // The optimizer's state_dict with its state keyed by bucket ("state.<b>.*"), and the reverse:
   // what ZeRO checkpoints store (Note [zero checkpoints] in parallel/zero_checkpoint.h).
-  nn::TensorDict shard_state_dict() const;
-  void load_shard_state_dict(const nn::TensorDict& by_bucket);
+  io::TensorDict shard_state_dict() const;
+  void load_shard_state_dict(const io::TensorDict& by_bucket);
   // The same, handing the tensors to the optimizer without a copy where it can take them as they
   // are (optim::Optimizer::load_state_dict(TensorDict&&)).
-  void load_shard_state_dict(nn::TensorDict&& by_bucket);
+  void load_shard_state_dict(io::TensorDict&& by_bucket);
 
   // ---- mixed precision (param_dtype; stages 1-2) ----
   bool mixed_precision() const { return options_.param_dtype.has_value(); }

@@ -28,7 +28,7 @@ std::string state_key(size_t i, const std::string& slot) {
 }
 
 // Slot names of "state.<i>.<slot>" tensors of an optimizer file (without "step").
-std::vector<std::string> slots_in(const nn::SafetensorsFile& f, size_t i) {
+std::vector<std::string> slots_in(const io::SafetensorsFile& f, size_t i) {
   const std::string prefix = "state." + std::to_string(i) + ".";
   std::vector<std::string> out;
   for (const std::string& k : f.names(prefix)) {
@@ -39,10 +39,10 @@ std::vector<std::string> slots_in(const nn::SafetensorsFile& f, size_t i) {
 }
 
 // The step count "state.<i>.step" (0 when absent): one non-negative integer.
-int64_t step_in(const nn::SafetensorsFile& f, size_t i) {
+int64_t step_in(const io::SafetensorsFile& f, size_t i) {
   const std::string key = state_key(i, "step");
   if (!f.contains(key)) return 0;
-  const nn::SafetensorsFile::Info& in = f.info(key);
+  const io::SafetensorsFile::Info& in = f.info(key);
   ACCEL_CHECK(in.numel == 1 && !is_floating(in.dtype) && in.dtype != kBool, IoError, kOp, "'",
               f.path(), "': ", key, " must be one integer, got ", in.dtype, " ",
               shape_str(in.shape));
@@ -52,8 +52,8 @@ int64_t step_in(const nn::SafetensorsFile& f, size_t i) {
 }
 
 // A slot slice must be floating and hold `n` elements.
-void check_slot(const nn::SafetensorsFile& f, const std::string& key, int64_t n) {
-  const nn::SafetensorsFile::Info& in = f.info(key);
+void check_slot(const io::SafetensorsFile& f, const std::string& key, int64_t n) {
+  const io::SafetensorsFile::Info& in = f.info(key);
   ACCEL_CHECK(in.numel == n && is_floating(in.dtype), IoError, kOp, "'", f.path(), "': ", key,
               " is ", in.dtype, " ", shape_str(in.shape), ", expected ", n,
               " floating-point elements");
@@ -87,7 +87,7 @@ class ZeroFileSource final : public FlatStateSource {
     for (int64_t q = lo / sn; q < world_ && q * sn < hi; ++q) {
       const int64_t a = std::max(lo, q * sn), e = std::min(hi, (q + 1) * sn);
       if (a >= e) continue;
-      const nn::SafetensorsFile& f = file(int(q));
+      const io::SafetensorsFile& f = file(int(q));
       const std::string key = state_key(b, slot);
       ACCEL_CHECK(f.contains(key), IoError, kOp, "'", f.path(), "' has no slice of ", key,
                   " (bucket ", b, " has state on other ranks)");
@@ -101,16 +101,16 @@ class ZeroFileSource final : public FlatStateSource {
     const int64_t sn = numel_[b] / world_;
     return int(std::clamp<int64_t>(near / sn, 0, world_ - 1));
   }
-  const nn::SafetensorsFile& file(int q) {
+  const io::SafetensorsFile& file(int q) {
     auto it = files_.find(q);
     if (it == files_.end())
-      it = files_.emplace(q, std::make_unique<nn::SafetensorsFile>(file_of_(q))).first;
+      it = files_.emplace(q, std::make_unique<io::SafetensorsFile>(file_of_(q))).first;
     return *it->second;
   }
   std::function<std::string(int)> file_of_;
   int world_;
   std::vector<int64_t> numel_;
-  std::map<int, std::unique_ptr<nn::SafetensorsFile>> files_;
+  std::map<int, std::unique_ptr<io::SafetensorsFile>> files_;
 };
 
 // Tensors by name, from an optimizer file (read by range) or from a state dict in memory.
@@ -122,7 +122,7 @@ struct TensorSource {
   std::function<void(const std::string&, int64_t, int64_t, const Tensor&)> read_range;
 };
 
-TensorSource source_of(const nn::SafetensorsFile& f) {
+TensorSource source_of(const io::SafetensorsFile& f) {
   TensorSource s;
   s.where = f.path();
   s.contains = [&f](const std::string& k) { return f.contains(k); };
@@ -137,7 +137,7 @@ TensorSource source_of(const nn::SafetensorsFile& f) {
   return s;
 }
 
-TensorSource source_of(const nn::TensorDict& d) {
+TensorSource source_of(const io::TensorDict& d) {
   TensorSource s;
   s.where = "the optimizer state";
   s.contains = [&d](const std::string& k) { return d.count(k) && d.at(k).defined(); };
@@ -211,8 +211,8 @@ class PlainSource final : public FlatStateSource {
 
 // Shard-optimizer state for rank r of `zero`'s buckets from `src`, each slot in the dtype and on
 // the device of the shard it belongs to (the optimizer keeps it as it is).
-nn::TensorDict shard_state(FlatStateSource& src, const ZeroOptimizer& zero, int r) {
-  nn::TensorDict out;
+io::TensorDict shard_state(FlatStateSource& src, const ZeroOptimizer& zero, int r) {
+  io::TensorDict out;
   const std::vector<Bucket>& buckets = zero.buckets();
   for (size_t b = 0; b < buckets.size(); ++b) {
     const Bucket& bk = buckets[b];
@@ -233,11 +233,11 @@ nn::TensorDict shard_state(FlatStateSource& src, const ZeroOptimizer& zero, int 
 
 // Plain per-parameter state for `params` laid out in `buckets` from `src`: whole parameters, or
 // elements ranges[k] of each.
-nn::TensorDict unsharded_state(FlatStateSource& src, const std::vector<Bucket>& buckets,
+io::TensorDict unsharded_state(FlatStateSource& src, const std::vector<Bucket>& buckets,
                                const std::vector<Tensor>& params,
-                               const nn::TensorDict& param_groups,
+                               const io::TensorDict& param_groups,
                                const std::vector<std::pair<int64_t, int64_t>>* ranges) {
-  nn::TensorDict out = param_groups;
+  io::TensorDict out = param_groups;
   for (size_t b = 0; b < buckets.size(); ++b) {
     const Bucket& bk = buckets[b];
     // The first element this rank reads decides which file answers for the bucket's slots.
@@ -312,21 +312,21 @@ int shard_world(const nlohmann::json& state, int saved_world, const std::string&
   return int(w);
 }
 
-nn::TensorDict param_groups_of(const nn::TensorDict& d) {
-  nn::TensorDict out;
+io::TensorDict param_groups_of(const io::TensorDict& d) {
+  io::TensorDict out;
   for (auto& [k, v] : d)
     if (k.rfind("param_groups.", 0) == 0) out[k] = v;
   return out;
 }
 
-nn::TensorDict param_groups_of(const nn::SafetensorsFile& f) {
-  nn::TensorDict out;
+io::TensorDict param_groups_of(const io::SafetensorsFile& f) {
+  io::TensorDict out;
   for (const std::string& k : f.names("param_groups.")) out[k] = f.read(k);
   return out;
 }
 
 namespace {
-nn::TensorDict shard_state_from(const std::string& dir, size_t i,
+io::TensorDict shard_state_from(const std::string& dir, size_t i,
                                 const ckpt_records::ZeroLayoutRecord* saved_layout, int saved_world,
                                 const TensorSource& plain, const ZeroOptimizer& zero, int rank) {
   const std::vector<Bucket>& buckets = zero.buckets();
@@ -347,21 +347,21 @@ nn::TensorDict shard_state_from(const std::string& dir, size_t i,
 }
 }  // namespace
 
-nn::TensorDict read_shard_state(const std::string& dir, size_t i,
+io::TensorDict read_shard_state(const std::string& dir, size_t i,
                                 const ckpt_records::ZeroLayoutRecord* saved_layout, int saved_world,
-                                const nn::SafetensorsFile& plain, const ZeroOptimizer& zero,
+                                const io::SafetensorsFile& plain, const ZeroOptimizer& zero,
                                 int rank) {
   return shard_state_from(dir, i, saved_layout, saved_world, source_of(plain), zero, rank);
 }
 
-nn::TensorDict read_shard_state(const nn::TensorDict& plain, const ZeroOptimizer& zero, int rank) {
+io::TensorDict read_shard_state(const io::TensorDict& plain, const ZeroOptimizer& zero, int rank) {
   return shard_state_from("", 0, nullptr, 1, source_of(plain), zero, rank);
 }
 
-nn::TensorDict read_unsharded_state(const std::string& dir, size_t i,
+io::TensorDict read_unsharded_state(const std::string& dir, size_t i,
                                     const ckpt_records::ZeroLayoutRecord& saved_layout,
                                     int saved_world, const optim::Optimizer& user,
-                                    const nn::TensorDict& param_groups, size_t cap_bytes,
+                                    const io::TensorDict& param_groups, size_t cap_bytes,
                                     const std::vector<std::pair<int64_t, int64_t>>* ranges) {
   NamedParams named;
   std::vector<size_t> group_of;
@@ -389,7 +389,7 @@ std::vector<Tensor> read_accum(const std::string& dir, size_t i, int rank,
   if (zero.stage() < 2 && !zero.mixed_precision()) return out;
   const std::string path = (fs::path(dir) / accum_file(i, rank)).string();
   if (!fs::exists(path)) return out;
-  nn::SafetensorsFile f(path);
+  io::SafetensorsFile f(path);
   const std::vector<Tensor> shards = zero.gradient_shards();
   for (size_t b = 0; b < shards.size(); ++b) {
     const std::string key = "bucket." + std::to_string(b);
@@ -404,10 +404,10 @@ std::vector<Tensor> read_accum(const std::string& dir, size_t i, int rank,
 
 void write_accum(const std::string& dir, size_t i, int rank, const std::vector<Tensor>& accum) {
   if (accum.empty()) return;
-  nn::TensorDict g;
+  io::TensorDict g;
   for (size_t b = 0; b < accum.size(); ++b) g["bucket." + std::to_string(b)] = accum[b];
   const std::string f = (fs::path(dir) / accum_file(i, rank)).string();
-  nn::save_safetensors(f, g);
+  io::save_safetensors(f, g);
   fsync_path(f);
 }
 

@@ -17,7 +17,7 @@
 // state of the plain optimizer, and a plain checkpoint is sharded the same way into a ZeRO run.
 // Every number of the layout is checked before it is used (Note [checkpoint record validation] in
 // parallel/checkpoint_records.h), every slice read is checked against it, and only the byte ranges
-// a rank needs are read (Note [reading parts of a safetensors file] in autograd/nn/safetensors.h):
+// a rank needs are read (Note [reading parts of a safetensors file] in io/safetensors.h):
 // the state is built in the dtype and on the device of the parameters it belongs to.
 #pragma once
 
@@ -28,9 +28,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "autograd/nn/module.h"
-#include "autograd/nn/safetensors.h"
-#include "autograd/optim/optimizer.h"
+#include "nn/module.h"
+#include "io/safetensors.h"
+#include "optim/optimizer.h"
 #include "parallel/checkpoint_records.h"
 #include "parallel/zero.h"
 
@@ -57,28 +57,28 @@ int shard_world(const nlohmann::json& state, int saved_world, const std::string&
 
 // The "param_groups.*" entries of an optimizer state dict, and of an optimizer file (only those
 // tensors are read).
-nn::TensorDict param_groups_of(const nn::TensorDict& d);
-nn::TensorDict param_groups_of(const nn::SafetensorsFile& f);
+io::TensorDict param_groups_of(const io::TensorDict& d);
+io::TensorDict param_groups_of(const io::SafetensorsFile& f);
 
 // Shard state (keyed by bucket, for ZeroOptimizer::load_shard_state_dict) of `zero` on `rank`
 // from checkpoint `dir`: from the shard files of `saved_world` ranks when `saved_layout` is set,
 // else from the plain optimizer file `plain`. ValueError when the layouts do not match; IoError
 // naming a missing, short or malformed file.
-nn::TensorDict read_shard_state(const std::string& dir, size_t optimizer,
+io::TensorDict read_shard_state(const std::string& dir, size_t optimizer,
                                 const ckpt_records::ZeroLayoutRecord* saved_layout, int saved_world,
-                                const nn::SafetensorsFile& plain, const ZeroOptimizer& zero,
+                                const io::SafetensorsFile& plain, const ZeroOptimizer& zero,
                                 int rank);
 
 // The same from a plain per-parameter optimizer state in memory (a ZeRO-3 checkpoint read whole).
-nn::TensorDict read_shard_state(const nn::TensorDict& plain, const ZeroOptimizer& zero, int rank);
+io::TensorDict read_shard_state(const io::TensorDict& plain, const ZeroOptimizer& zero, int rank);
 
 // A plain optimizer's state for `user` (its param groups laid out in buckets of `cap_bytes`)
 // cut from the shard files of a ZeRO checkpoint, with the param groups `param_groups`. With
 // `ranges` (one [lo, hi) per parameter of `user`), each slot holds only those elements of the
 // flattened parameter, as a 1-D tensor (a ZeRO-3 rank's spans); else the whole parameter.
-nn::TensorDict read_unsharded_state(
+io::TensorDict read_unsharded_state(
     const std::string& dir, size_t optimizer, const ckpt_records::ZeroLayoutRecord& saved_layout,
-    int saved_world, const optim::Optimizer& user, const nn::TensorDict& param_groups,
+    int saved_world, const optim::Optimizer& user, const io::TensorDict& param_groups,
     size_t cap_bytes, const std::vector<std::pair<int64_t, int64_t>>* ranges = nullptr);
 
 // Accumulated gradient shards of a checkpoint saved inside a window (same world size; empty

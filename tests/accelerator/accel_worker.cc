@@ -58,11 +58,11 @@
 #include <string>
 #include <vector>
 
-#include "autograd/nn/activation.h"
-#include "autograd/nn/container.h"
-#include "autograd/nn/linear.h"
-#include "autograd/nn/safetensors.h"
-#include "autograd/optim/optim.h"
+#include "nn/activation.h"
+#include "nn/container.h"
+#include "nn/linear.h"
+#include "io/safetensors.h"
+#include "optim/optim.h"
 #include "accelerate/checkpoint.h"
 #include "tests/accelerator/common.h"
 #include "tests/dist/typed_model.h"
@@ -164,7 +164,7 @@ int ddp(int64_t batch) {
 // clipping. Prints the clip norm of every optimizer step and the final parameters.
 // The whole parameters in model order (under ZeRO-3 they exist only through get_state_dict).
 void print_params(Accelerator& acc, const nn::Module& model) {
-  const nn::TensorDict full = acc.get_state_dict(model);
+  const io::TensorDict full = acc.get_state_dict(model);
   for (auto& [name, p] : model.named_parameters())
     for (double v : full.at(name).tolist()) std::printf("param %.9g\n", v);
 }
@@ -251,7 +251,7 @@ int ddp_mlp(int64_t batch, int zero_stage, const std::string& mp) {
 // Prints "<prefix> <hex>" for every value of the whole state dict (fp32 master weights under
 // ZeRO param_dtype), and how many of them bf16 cannot hold exactly.
 void print_exact(Accelerator& acc, const nn::Module& model, const char* prefix) {
-  const nn::TensorDict full = acc.get_state_dict(model);
+  const io::TensorDict full = acc.get_state_dict(model);
   int64_t unrounded = 0;
   for (auto& [name, p] : model.named_parameters()) {
     const Tensor& t = full.at(name);
@@ -346,7 +346,7 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
   for (auto& p : model->parameters())
     EXPECT(p.dtype() == (mp_zero ? kBFloat16 : f64 ? kFloat64 : kFloat32));
   if (f64) {  // every bit of the float64 parameters
-    const nn::TensorDict full = acc.get_state_dict(*model);
+    const io::TensorDict full = acc.get_state_dict(*model);
     for (auto& [name, p] : model->named_parameters())
       for (double v : full.at(name).tolist()) std::printf("p64 %a\n", v);
   }
@@ -369,9 +369,9 @@ int zero_train(const std::string& dir, int stage, int64_t batch, int steps, int 
   const std::string exported = dir + "/export_w" + std::to_string(acc.num_processes()) +
                                (resume ? "_resumed" : "") + ".safetensors";
   acc.save_model(*model, exported);
-  const nn::TensorDict full = acc.get_state_dict(*model);
+  const io::TensorDict full = acc.get_state_dict(*model);
   if (acc.is_main_process()) {
-    const nn::TensorDict file = nn::load_safetensors(exported);
+    const io::TensorDict file = io::load_safetensors(exported);
     EXPECT(file.size() == full.size());
     for (auto& [name, t] : full) {
       EXPECT(file.count(name) == 1);
@@ -402,7 +402,7 @@ int wrong_model(const std::string& dir, int stage) {
   lo.batch_size = 4;
   auto loader = std::make_shared<data::DataLoader>(test::make_dataset(48), lo);
   auto [model, aopt, aloader, asched] = acc.prepare(mlp, opt, loader, sched);
-  const nn::TensorDict before = acc.get_state_dict(*model);
+  const io::TensorDict before = acc.get_state_dict(*model);
   bool named = false;
   try {
     acc.load_state(dir + "/ckpt");
@@ -412,7 +412,7 @@ int wrong_model(const std::string& dir, int stage) {
     if (!named) std::printf("message: %s\n", e.what());
   }
   EXPECT(named);
-  const nn::TensorDict after = acc.get_state_dict(*model);
+  const io::TensorDict after = acc.get_state_dict(*model);
   for (auto& [k, v] : before) EXPECT(after.at(k).equal(v));
   // An export the main process cannot write fails on every rank (none waits in a gather).
   bool io = false;
@@ -441,7 +441,7 @@ int hostile(const std::string& dir, int stage, const std::vector<std::string>& w
   lo.batch_size = 4;
   auto loader = std::make_shared<data::DataLoader>(test::make_dataset(48), lo);
   auto [model, aopt, aloader, asched] = acc.prepare(mlp, opt, loader, sched);
-  const nn::TensorDict before = acc.get_state_dict(*model);
+  const io::TensorDict before = acc.get_state_dict(*model);
   bool named = false;
   try {
     acc.load_state(dir + "/ckpt");
@@ -455,7 +455,7 @@ int hostile(const std::string& dir, int stage, const std::vector<std::string>& w
     std::printf("not an IoError: %s\n", e.what());
   }
   EXPECT(named);
-  const nn::TensorDict after = acc.get_state_dict(*model);
+  const io::TensorDict after = acc.get_state_dict(*model);
   for (auto& [k, v] : before) EXPECT(after.at(k).equal(v));
   EXPECT(acc.step() == 0);
   acc.wait_for_everyone();  // the group is still in step
@@ -525,7 +525,7 @@ int plain_backward(int stage, const std::string& how) {
   }
   if (!scaled) {
     EXPECT(acc.optimizer_steps() == 4);
-    const nn::TensorDict full = acc.get_state_dict(*model);
+    const io::TensorDict full = acc.get_state_dict(*model);
     for (auto& [name, p] : model->named_parameters())
       for (double v : full.at(name).tolist()) std::printf("p64 %a\n", v);
   }
@@ -630,9 +630,9 @@ int load_model_case(const std::string& dir, const std::string& phase, int stage,
     }
     acc.save_model(*model, file);
     if (acc.is_main_process()) {
-      const nn::TensorDict full = nn::load_safetensors(file);
+      const io::TensorDict full = io::load_safetensors(file);
       std::filesystem::create_directories(dir + "/sharded");
-      nn::TensorDict parts[2];
+      io::TensorDict parts[2];
       std::string index = "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {";
       size_t i = 0;
       for (auto& [name, t] : full) {
@@ -643,13 +643,13 @@ int load_model_case(const std::string& dir, const std::string& phase, int stage,
         ++i;
       }
       for (int p = 0; p < 2; ++p)
-        nn::save_safetensors(
+        io::save_safetensors(
             dir + "/sharded/model-0000" + std::to_string(p + 1) + "-of-00002.safetensors",
             parts[p]);
       std::ofstream(dir + "/sharded/model.safetensors.index.json") << index << "}}";
-      nn::TensorDict f64;
+      io::TensorDict f64;
       for (auto& [name, t] : full) f64[name] = t.to(kFloat64);
-      nn::save_safetensors(dir + "/model_f64.safetensors", f64);
+      io::save_safetensors(dir + "/model_f64.safetensors", f64);
     }
     acc.wait_for_everyone();
     std::cout << "ok load_model" << std::endl;
@@ -667,9 +667,9 @@ int load_model_case(const std::string& dir, const std::string& phase, int stage,
   EXPECT(r.missing_keys.empty() && r.unexpected_keys.empty());
   // Straight into the model's tensors: at most the bounded conversion buffer (f64 -> f32).
   std::printf("load_model grew %lld bytes\n", (long long)grew);
-  EXPECT(grew <= int64_t(nn::kSafetensorsReadChunkBytes) + (64 << 10));
-  const nn::TensorDict want = nn::load_safetensors(file);
-  const nn::TensorDict got = acc.get_state_dict(*model);
+  EXPECT(grew <= int64_t(io::kSafetensorsReadChunkBytes) + (64 << 10));
+  const io::TensorDict want = io::load_safetensors(file);
+  const io::TensorDict got = acc.get_state_dict(*model);
   EXPECT(got.size() == want.size());
   for (auto& [name, t] : want) EXPECT(got.count(name) && got.at(name).equal(t));
   // The loaded weights train on (every rank holds the same model).
@@ -685,14 +685,14 @@ int load_model_case(const std::string& dir, const std::string& phase, int stage,
   // A file of another model: every rank refuses, names the problem, changes nothing.
   const std::string other = dir + "/other_w" + std::to_string(acc.num_processes()) + ".safetensors";
   if (acc.is_main_process()) {
-    nn::TensorDict d = want;
+    io::TensorDict d = want;
     d.erase("4.bias");
     d["extra"] = zeros({3});
     d["0.weight"] = zeros({512, 65});
-    nn::save_safetensors(other, d);
+    io::save_safetensors(other, d);
   }
   acc.wait_for_everyone();
-  const nn::TensorDict before_bad = acc.get_state_dict(*model);
+  const io::TensorDict before_bad = acc.get_state_dict(*model);
   bool named = false;
   try {
     acc.load_model(*model, other);
@@ -704,14 +704,14 @@ int load_model_case(const std::string& dir, const std::string& phase, int stage,
     if (!named) std::printf("message: %s\n", e.what());
   }
   EXPECT(named);
-  const nn::TensorDict after_bad = acc.get_state_dict(*model);
+  const io::TensorDict after_bad = acc.get_state_dict(*model);
   for (auto& [k, v] : before_bad) EXPECT(after_bad.at(k).equal(v));
   // Not strict: what both have loads; the rest is reported.
   if (acc.is_main_process()) {
-    nn::TensorDict d = want;
+    io::TensorDict d = want;
     d.erase("4.bias");
     d["extra"] = zeros({3});
-    nn::save_safetensors(other, d);
+    io::save_safetensors(other, d);
   }
   acc.wait_for_everyone();
   const nn::LoadResult loose = acc.load_model(*model, other, /*strict=*/false);
@@ -815,7 +815,7 @@ int lbfgs(const std::string& dir, int stage, const std::string& phase) {
     if (phase == "save" && done == 1) acc.save_state(dir + "/ckpt");
   }
   EXPECT(calls > 4);  // the line search re-evaluates
-  const nn::TensorDict full = acc.get_state_dict(*model);
+  const io::TensorDict full = acc.get_state_dict(*model);
   for (auto& [name, p] : model->named_parameters())
     for (double v : full.at(name).tolist()) std::printf("p64 %a\n", v);
   std::cout << "ok lbfgs" << std::endl;
@@ -951,12 +951,12 @@ int typed(const std::string& dir, int stage, int64_t batch, bool ckpt_units) {
   // The export: the tied weight once, its other name in the metadata; it loads into both uses.
   const std::string path = dir + "/typed_w" + std::to_string(acc.num_processes()) + ".safetensors";
   acc.save_model(*model, path);
-  const nn::TensorDict full = acc.get_state_dict(*model);
+  const io::TensorDict full = acc.get_state_dict(*model);
   EXPECT(full.count("blocks.1.fc.weight") &&
          full.at("blocks.1.fc.weight").equal(full.at("blocks.0.fc.weight")));
   if (acc.is_main_process()) {
-    nn::Metadata md;
-    (void)nn::load_safetensors(path, &md);
+    io::Metadata md;
+    (void)io::load_safetensors(path, &md);
     EXPECT(md.count("blocks.1.fc.weight") && md.at("blocks.1.fc.weight") == "blocks.0.fc.weight");
     auto fresh = std::make_shared<test::TypedNet>(false);
     fresh->load(path);
@@ -978,7 +978,7 @@ int typed(const std::string& dir, int stage, int64_t batch, bool ckpt_units) {
   }
   EXPECT(!acc.get_state_dict(*model).at("stem.weight").equal(full.at("stem.weight")));
   acc.load_state(ckpt);
-  const nn::TensorDict back = acc.get_state_dict(*model);
+  const io::TensorDict back = acc.get_state_dict(*model);
   for (auto& [name, t] : full) EXPECT(back.at(name).equal(t));
   EXPECT(b0->fc->weight.is_same(b1->fc->weight));
   std::cout << "ok typed" << std::endl;

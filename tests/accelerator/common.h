@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "autograd/nn/module.h"
+#include "nn/module.h"
 #include "autograd/ops.h"
-#include "autograd/optim/lr_scheduler.h"
-#include "autograd/optim/sgd.h"
+#include "optim/lr_scheduler.h"
+#include "optim/sgd.h"
 #include "core/generator.h"
 #include "data/dataloader.h"
 #include "accelerate/accelerator.h"

@@ -17,8 +17,8 @@
 #include <string>
 
 #include "accelerate/accelerator.h"
-#include "autograd/nn/safetensors.h"
-#include "autograd/optim/optim.h"
+#include "io/safetensors.h"
+#include "optim/optim.h"
 #include "data/dataloader.h"
 #include "examples/models.h"
 
@@ -38,8 +38,8 @@ data::DatasetPtr token_dataset(const models::GptConfig& c) {
 }
 
 void write_state(Accelerator& acc, const nn::Module& model, const std::string& path) {
-  nn::TensorDict sd = acc.get_state_dict(model);  // collective
-  if (acc.is_main_process()) nn::save_safetensors(path, sd);
+  io::TensorDict sd = acc.get_state_dict(model);  // collective
+  if (acc.is_main_process()) io::save_safetensors(path, sd);
 }
 
 int run(const std::string& out, const std::string& strategy, int start, int stop,

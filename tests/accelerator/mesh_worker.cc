@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "accelerate/accelerator.h"
-#include "autograd/optim/adam.h"
+#include "optim/adam.h"
 #include "core/generator.h"
 #include "examples/models.h"
 
@@ -137,7 +137,7 @@ int run(int argc, char** argv) {
     if (s + 1 == save_at) acc.save_state(save_dir);
   }
   if (!export_path.empty()) acc.save_model(*m, export_path);
-  const nn::TensorDict full = acc.get_state_dict(*m);
+  const io::TensorDict full = acc.get_state_dict(*m);
   if (acc.is_main_process()) {
     for (const auto& [name, t] : full) {
       const Tensor v = t.to(kFloat64).contiguous().reshape({-1});

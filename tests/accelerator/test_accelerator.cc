@@ -11,8 +11,8 @@
 #include <doctest/doctest.h>
 
 #include "autograd/autocast.h"
-#include "autograd/nn/linear.h"
-#include "autograd/nn/safetensors.h"
+#include "nn/linear.h"
+#include "io/safetensors.h"
 #include "accelerate/checkpoint.h"
 #include "accelerate/tracking.h"
 #include "tests/accelerator/common.h"
@@ -418,7 +418,7 @@ TEST_CASE(
     }
     CHECK(steps == 5);
     // The fp32 masters: values a bf16 parameter cannot hold.
-    const nn::TensorDict sd = acc.get_state_dict(*run.model);
+    const io::TensorDict sd = acc.get_state_dict(*run.model);
     const Tensor w1 = sd.at("w1");
     CHECK(w1.dtype() == kFloat32);
     CHECK_FALSE(equal(w1, w1.to(kBFloat16).to(kFloat32)));
@@ -458,8 +458,8 @@ TEST_CASE("load_model: tied weights load from files that hold them once, under e
     tied_source->embed->weight.copy_(w);
   }
   tied_source->save(dir + "/alias.safetensors");  // embed.weight once, head.weight -> embed.weight
-  nn::save_safetensors(dir + "/embed_only.safetensors", {{"embed.weight", w}});
-  nn::save_safetensors(dir + "/head_only.safetensors", {{"head.weight", w}});
+  io::save_safetensors(dir + "/embed_only.safetensors", {{"embed.weight", w}});
+  io::save_safetensors(dir + "/head_only.safetensors", {{"head.weight", w}});
   for (std::string file : {"alias", "embed_only", "head_only"}) {
     for (bool tie : {true, false}) {
       for (bool prepared : {false, true}) {

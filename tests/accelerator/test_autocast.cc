@@ -15,10 +15,10 @@
 #include <doctest/doctest.h>
 
 #include "autograd/autocast.h"
-#include "autograd/nn/activation.h"
-#include "autograd/nn/container.h"
-#include "autograd/nn/linear.h"
-#include "autograd/optim/adam.h"
+#include "nn/activation.h"
+#include "nn/container.h"
+#include "nn/linear.h"
+#include "optim/adam.h"
 #include "kernels/cpu/cpu_isa.h"   // the bf16 GEMM route
 #include "kernels/stubs/linalg.h"  // round_to_lowp_stub
 #include "tests/accelerator/common.h"

@@ -146,7 +146,7 @@ namespace {
 // Everything load_state may change, bit for bit.
 std::string fingerprint(Accelerator& acc, Run& run, std::map<std::string, std::string>& custom) {
   std::ostringstream os;
-  auto dump = [&](const char* what, const nn::TensorDict& d) {
+  auto dump = [&](const char* what, const io::TensorDict& d) {
     for (auto& [k, v] : d) {
       Tensor c = v.contiguous().to(kFloat64);
       os << what << "." << k << ":";
@@ -156,7 +156,7 @@ std::string fingerprint(Accelerator& acc, Run& run, std::map<std::string, std::s
     }
   };
   dump("model", run.model->state_dict());
-  nn::TensorDict grads;
+  io::TensorDict grads;
   for (auto& [n, p] : run.model->named_parameters())
     if (p.grad().defined()) grads[n] = p.grad();
   dump("grad", grads);

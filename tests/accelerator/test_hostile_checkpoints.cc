@@ -15,7 +15,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
-#include "autograd/nn/safetensors.h"
+#include "io/safetensors.h"
 #include "tests/dist/spawn.h"
 #include "tests/dist/worker_check.h"
 
@@ -119,10 +119,10 @@ TEST_CASE("hostile ZeRO-1/2 layouts: IoError naming state.json and the bucket, o
   {
     const std::string dir = mutated(base, "zero-short-slice", [](json&) {});
     const std::string f = dir + "/ckpt/zero_optimizer_rank1.safetensors";
-    accel::nn::TensorDict d = accel::nn::load_safetensors(f);
+    accel::io::TensorDict d = accel::io::load_safetensors(f);
     for (auto& [k, v] : d)
       if (k.rfind("state.0.", 0) == 0 && v.numel() > 1) v = v.narrow(0, 0, v.numel() - 1).clone();
-    accel::nn::save_safetensors(f, d);
+    accel::io::save_safetensors(f, d);
     expect_refused(dir, "2", 1, {"zero_optimizer_rank1.safetensors", "state.0."});
     fs::remove_all(dir);
   }
@@ -213,12 +213,12 @@ TEST_CASE("hostile ZeRO-3 records: overlapping, missing or stray spans are IoErr
     const std::string dir =
         mutated(base, wrong_dtype ? "fsdp-int-slice" : "fsdp-short-slice", [](json&) {});
     const std::string f = dir + "/ckpt/fsdp_model_rank1.safetensors";
-    accel::nn::TensorDict d = accel::nn::load_safetensors(f);
+    accel::io::TensorDict d = accel::io::load_safetensors(f);
     const std::string name = params[k]["name"].get<std::string>();
     REQUIRE(d.count(name));
     d[name] =
         wrong_dtype ? d[name].to(accel::kInt32) : d[name].narrow(0, 0, d[name].numel() - 1).clone();
-    accel::nn::save_safetensors(f, d);
+    accel::io::save_safetensors(f, d);
     expect_refused(dir, "3", 1, {"fsdp_model_rank1.safetensors", name});
     fs::remove_all(dir);
   }

@@ -17,9 +17,9 @@
 
 #include <doctest/doctest.h>
 
-#include "autograd/nn/linear.h"
-#include "autograd/nn/safetensors.h"
-#include "autograd/optim/optim.h"
+#include "nn/linear.h"
+#include "io/safetensors.h"
+#include "optim/optim.h"
 #include "comm/process_group.h"
 #include "core/error.h"
 #include "autograd/ops.h"
@@ -80,14 +80,14 @@ Run train(const std::string& name, int world, const std::string& strategy, Env e
   return r;
 }
 
-accel::nn::TensorDict weights(const std::string& f) { return accel::nn::load_safetensors(f); }
+accel::io::TensorDict weights(const std::string& f) { return accel::io::load_safetensors(f); }
 
 // Every tensor of `b` within `tol` of `a` (tol 0: bit-equal).
 void check_weights(const std::string& fa, const std::string& fb, double tol) {
   INFO(fa << " vs " << fb);
   REQUIRE(fs::exists(fa));
   REQUIRE(fs::exists(fb));
-  const accel::nn::TensorDict a = weights(fa), b = weights(fb);
+  const accel::io::TensorDict a = weights(fa), b = weights(fb);
   REQUIRE(a.size() == b.size());
   for (const auto& [name, t] : a) {
     INFO(name);

@@ -17,7 +17,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
-#include "autograd/nn/safetensors.h"
+#include "io/safetensors.h"
 #include "core/tensor.h"
 #include "tests/dist/spawn.h"
 #include "tests/dist/worker_check.h"
@@ -262,7 +262,7 @@ TEST_CASE("tp: save_model writes the full model, load_model reads it at another 
   const Run saved =
       train("export", 4, {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}}, {"export", file});
   CHECK(max_difference(ref, saved, 0) <= kTolerance);
-  const accel::nn::TensorDict d = accel::nn::load_safetensors(file);
+  const accel::io::TensorDict d = accel::io::load_safetensors(file);
   REQUIRE(d.size() == ref.params.size());
   for (const auto& [name, v] : ref.params) {
     CAPTURE(name);

@@ -22,9 +22,9 @@
 #include "accelerate/accelerator.h"
 #include "accelerate/strategy_base.h"
 #include "accelerate/strategy_registry.h"
-#include "autograd/nn/module.h"
+#include "nn/module.h"
 #include "autograd/ops.h"
-#include "autograd/optim/sgd.h"
+#include "optim/sgd.h"
 #include "core/generator.h"
 #include "tests/dist/spawn.h"
 

@@ -23,12 +23,12 @@
 #include <string>
 #include <vector>
 
-#include "autograd/nn/activation.h"
-#include "autograd/nn/container.h"
-#include "autograd/nn/linear.h"
+#include "nn/activation.h"
+#include "nn/container.h"
+#include "nn/linear.h"
 #include "autograd/ops.h"
-#include "autograd/optim/adam.h"
-#include "autograd/optim/sgd.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
 #include "core/generator.h"
 #include "core/tensor.h"
 #include "parallel/ddp.h"

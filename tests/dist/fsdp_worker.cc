@@ -31,17 +31,17 @@
 #include <vector>
 
 #include "autograd/autocast.h"
-#include "autograd/nn/activation.h"
-#include "autograd/nn/container.h"
-#include "autograd/nn/linear.h"
-#include "autograd/nn/norm.h"
+#include "nn/activation.h"
+#include "nn/container.h"
+#include "nn/linear.h"
+#include "nn/norm.h"
 #include "autograd/ops.h"
-#include "autograd/optim/adam.h"
-#include "autograd/optim/sgd.h"
+#include "optim/adam.h"
+#include "optim/sgd.h"
 #include "core/generator.h"
 #include "core/storage.h"
 #include "core/tensor.h"
-#include "autograd/nn/safetensors.h"
+#include "io/safetensors.h"
 #include "parallel/fsdp.h"
 #include "parallel/fsdp_checkpoint.h"
 #include "comm/process_group.h"
@@ -155,7 +155,7 @@ std::unique_ptr<optim::Optimizer> make_opt(const std::string& kind,
 }
 
 // Single-process reference: `steps` optimizer steps over `accum` micro-batches each.
-std::pair<std::vector<double>, nn::TensorDict> reference(const std::string& kind, int accum) {
+std::pair<std::vector<double>, io::TensorDict> reference(const std::string& kind, int accum) {
   auto net = std::make_shared<Net>();
   auto opt = make_opt(kind, groups_of(*net));
   std::vector<double> losses;
@@ -169,7 +169,7 @@ std::pair<std::vector<double>, nn::TensorDict> reference(const std::string& kind
     opt->step();
     opt->zero_grad();
   }
-  nn::TensorDict d = net->state_dict();
+  io::TensorDict d = net->state_dict();
   for (auto& [k, v] : d) v = v.clone();
   return {losses, d};
 }
@@ -217,7 +217,7 @@ int match(ProcessGroupPtr pg, const std::string& kind, int accum, bool prefetch,
     fsdp.after_step();
     fsdp.zero_grad();
   }
-  nn::TensorDict full = fsdp.full_state_dict();
+  io::TensorDict full = fsdp.full_state_dict();
   for (auto& [k, v] : ref_state) {
     WCHECK(full.count(k), "missing " << k);
     if (full.count(k)) WCHECK(close(full[k], v, param_dtype ? 5e-2 : 2e-5), "parameter " << k);
@@ -343,7 +343,7 @@ int errors(ProcessGroupPtr pg) {
     WCHECK(units.size() == 3 && units[0].numel == 16 && units[1].numel == 4 && units[2].numel == 0,
            "tied weight not in the root: " << units[0].numel << " " << units[1].numel);
     WCHECK(f.full_parameter_order().size() == 2, "the tied weight is listed twice");
-    nn::TensorDict d = f.full_state_dict();
+    io::TensorDict d = f.full_state_dict();
     WCHECK(d.count("blocks.1.w") && bit_equal(d.at("blocks.1.w"), d.at("blocks.0.weight")),
            "the alias does not carry the tied value");
   }
@@ -379,7 +379,7 @@ int errors(ProcessGroupPtr pg) {
       NoGradGuard ng;
       for (auto& [n, p] : src->named_parameters()) p.mul_(2.0);
     }
-    const nn::TensorDict want = src->state_dict(), orig = Net().state_dict();
+    const io::TensorDict want = src->state_dict(), orig = Net().state_dict();
     FullyShardedModel f(net, pg);
     const char* how = "load_full_parameters";
     expect_throw<ValueError>([&] { net->load_state_dict(want); }, how, __LINE__);
@@ -387,7 +387,7 @@ int errors(ProcessGroupPtr pg) {
                              __LINE__);
     expect_throw<ValueError>([&] { net->head->load_state_dict(src->head->state_dict()); }, how,
                              __LINE__);
-    nn::TensorDict got = f.full_state_dict();
+    io::TensorDict got = f.full_state_dict();
     for (const auto& [n, t] : orig) WCHECK(allclose(got.at(n), t, 0, 0), "changed: " << n);
     f.load_full_parameters([&](const std::string& n) { return want.at(n); });
     got = f.full_state_dict();
@@ -470,11 +470,11 @@ int ckpt(ProcessGroupPtr pg, const std::string& mode, const std::string& dir) {
         for (auto& [name, q] : net->named_parameters())
           if (q.is_same(p)) keys.push_back("0:" + name);
     nlohmann::json rec = save_fsdp_state(dir, {&fsdp}, {{opt.get(), keys}});
-    nn::TensorDict full = fsdp.full_state_dict();
+    io::TensorDict full = fsdp.full_state_dict();
     const std::vector<double> after = fsdp_steps(*pg, *net, fsdp, *opt, 2, 2);
     if (pg->rank() == 0) {
       std::ofstream(record) << rec.dump();
-      nn::save_safetensors(reference, full);
+      io::save_safetensors(reference, full);
       std::ofstream f(losses_file);
       f.precision(17);
       for (double l : after) f << l << "\n";
@@ -484,7 +484,7 @@ int ckpt(ProcessGroupPtr pg, const std::string& mode, const std::string& dir) {
   std::ifstream rf(record);
   const nlohmann::json rec = nlohmann::json::parse(rf);
   FsdpCheckpointReader reader(dir, rec);
-  const nn::TensorDict ref = nn::load_safetensors(reference);
+  const io::TensorDict ref = io::load_safetensors(reference);
   std::vector<double> saved_losses;
   {
     std::ifstream f(losses_file);
@@ -507,7 +507,7 @@ int ckpt(ProcessGroupPtr pg, const std::string& mode, const std::string& dir) {
       NoGradGuard ng;
       for (auto& [name, p] : net->named_parameters()) Tensor(p).copy_(reader.full_param(0, name));
     }
-    nn::TensorDict own;
+    io::TensorDict own;
     for (auto& [k, v] : opt->state_dict())
       if (k.rfind("param_groups.", 0) == 0) own[k] = v;
     opt->load_state_dict(fsdp_full_optimizer_state(reader, 0, keys, key_params, own));
@@ -533,11 +533,11 @@ int ckpt(ProcessGroupPtr pg, const std::string& mode, const std::string& dir) {
               reader.param_range(0, spans[k].name, spans[k].lo, spans[k].hi));
     }
     fsdp.refresh_root();
-    nn::TensorDict own;
+    io::TensorDict own;
     for (auto& [k, v] : opt->state_dict())
       if (k.rfind("param_groups.", 0) == 0) own[k] = v;
     opt->load_state_dict(fsdp_shard_optimizer_state(reader, 0, keys, {&fsdp}, own));
-    nn::TensorDict full = fsdp.full_state_dict();
+    io::TensorDict full = fsdp.full_state_dict();
     for (auto& [name, v] : ref)
       WCHECK(full.count(name) && bit_equal(full.at(name), v), "re-sharded " << name << " differs");
     got = fsdp_steps(*pg, *net, fsdp, *opt, 2, 2);
@@ -570,7 +570,7 @@ int ckpt(ProcessGroupPtr pg, const std::string& mode, const std::string& dir) {
 int deferred(ProcessGroupPtr pg) {
   manual_seed(11);
   auto eager = std::make_shared<Net>(false, true);
-  const nn::TensorDict want = eager->state_dict();
+  const io::TensorDict want = eager->state_dict();
   manual_seed(11);
   std::shared_ptr<Net> net;
   {
@@ -591,7 +591,7 @@ int deferred(ProcessGroupPtr pg) {
   // root + one unit (its parameters and their flat copy) + the shards, never the whole model.
   WCHECK(int64_t(peak) <= units[0].numel * 4 * 2 + 2 * unit_bytes + total / pg->size() + 65536,
          "peak " << peak << " bytes while sharding a deferred model of " << total);
-  nn::TensorDict got = fsdp.full_state_dict();
+  io::TensorDict got = fsdp.full_state_dict();
   for (auto& [k, v] : want)
     WCHECK(got.count(k) && bit_equal(got.at(k), v), "deferred " << k << " differs from eager");
   return 0;
@@ -684,7 +684,7 @@ int typed(ProcessGroupPtr pg, bool checkpointing, bool reuse) {
     test::HeadOut e = (*net)(b.x), want = (*ref)(b.x);
     WCHECK(close(e.logits, want.logits, 2e-5), "evaluation logits differ");
   }
-  nn::TensorDict full = fsdp.full_state_dict();
+  io::TensorDict full = fsdp.full_state_dict();
   for (auto& [k, v] : ref->state_dict()) {
     WCHECK(full.count(k), "missing " << k);
     if (full.count(k)) WCHECK(close(full[k], v, 2e-5), "parameter " << k);
@@ -695,7 +695,7 @@ int typed(ProcessGroupPtr pg, bool checkpointing, bool reuse) {
 int typed_deferred(ProcessGroupPtr pg) {
   manual_seed(13);
   auto eager = std::make_shared<test::TypedNet>(true, true);
-  const nn::TensorDict want = eager->state_dict();
+  const io::TensorDict want = eager->state_dict();
   manual_seed(13);
   std::shared_ptr<test::TypedNet> net;
   {
@@ -704,7 +704,7 @@ int typed_deferred(ProcessGroupPtr pg) {
   }
   WCHECK(nn::is_deferred(*net), "not deferred");
   FullyShardedModel fsdp(net, pg);
-  nn::TensorDict got = fsdp.full_state_dict();
+  io::TensorDict got = fsdp.full_state_dict();
   for (auto& [k, v] : want)
     WCHECK(got.count(k) && bit_equal(got.at(k), v), "deferred " << k << " differs from eager");
   return 0;

@@ -20,11 +20,11 @@
 #include <string>
 
 #include "accelerate/accelerator.h"
-#include "autograd/nn/activation.h"
-#include "autograd/nn/container.h"
-#include "autograd/nn/linear.h"
+#include "nn/activation.h"
+#include "nn/container.h"
+#include "nn/linear.h"
 #include "autograd/ops.h"
-#include "autograd/optim/adam.h"
+#include "optim/adam.h"
 #include "core/generator.h"
 #include "core/tensor.h"
 
@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
         std::cout << line << std::endl;
       }
     }
-    const nn::TensorDict full = acc.get_state_dict(*m);
+    const io::TensorDict full = acc.get_state_dict(*m);
     double abs_sum = 0, sq_sum = 0;
     for (const auto& [name, t] : full) {
       abs_sum += abs(t).sum().item();

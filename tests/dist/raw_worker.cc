@@ -27,12 +27,12 @@
 #include <vector>
 
 #include "autograd/checkpoint.h"
-#include "autograd/nn/activation.h"
-#include "autograd/nn/batchnorm.h"
-#include "autograd/nn/container.h"
-#include "autograd/nn/linear.h"
+#include "nn/activation.h"
+#include "nn/batchnorm.h"
+#include "nn/container.h"
+#include "nn/linear.h"
 #include "autograd/ops.h"
-#include "autograd/optim/sgd.h"
+#include "optim/sgd.h"
 #include "comm/process_group.h"
 #include "core/generator.h"
 #include "core/tensor.h"
@@ -448,7 +448,7 @@ optim::ParamGroup group_of(std::vector<Tensor> ps) {
 }
 
 double fsdp_diff(FullyShardedModel& fsdp, const nn::Module& ref) {
-  nn::TensorDict full = fsdp.full_state_dict();
+  io::TensorDict full = fsdp.full_state_dict();
   double m = 0;
   for (auto& [name, p] : ref.named_parameters()) {
     if (!full.count(name)) return 1e30;
@@ -505,7 +505,7 @@ void scenario_fsdp_plain(ProcessGroupPtr pg, ProcessGroupPtr replicate, int64_t 
     WCHECK(d < kTol, "fsdp mode " << mode << " differs from one process by " << d);
     models.push_back(std::move(fsdp));
   }
-  nn::TensorDict a = models[0]->full_state_dict(), b = models[1]->full_state_dict();
+  io::TensorDict a = models[0]->full_state_dict(), b = models[1]->full_state_dict();
   for (auto& [k, v] : a)
     WCHECK(b.count(k) && max(abs(sub(v, b[k]))).item<double>() == 0,
            "plain vs explicit split step differ in " << k);

@@ -355,7 +355,7 @@ optim::AdamWOptions adamw() {
 }
 
 // The one-process run: every step's loss and the final parameters.
-std::pair<std::vector<double>, nn::TensorDict> reference_run(bool clip = true) {
+std::pair<std::vector<double>, io::TensorDict> reference_run(bool clip = true) {
   auto model = make_gpt();
   optim::AdamW opt(model->parameters(), adamw());
   std::vector<double> losses;
@@ -368,13 +368,13 @@ std::pair<std::vector<double>, nn::TensorDict> reference_run(bool clip = true) {
     opt.step();
     losses.push_back(loss.item<double>());
   }
-  nn::TensorDict params;
+  io::TensorDict params;
   for (auto& [n, t] : model->named_parameters()) params[n] = t.detach().clone();
   return {losses, params};
 }
 
 void train_on(const Mesh& mesh, const std::vector<double>& ref_losses,
-              const nn::TensorDict& ref_params) {
+              const io::TensorDict& ref_params) {
   auto model = make_gpt();
   parallelize(
       model, mesh.tp,
@@ -409,7 +409,7 @@ void train_on(const Mesh& mesh, const std::vector<double>& ref_losses,
     worst = std::max(worst, std::abs(l.item<double>() - ref_losses[size_t(s)]));
   }
   WCHECK(worst <= 1e-10, mesh.label << ": losses differ from one process by " << worst);
-  const nn::TensorDict full = tp_full_parameters(*model);
+  const io::TensorDict full = tp_full_parameters(*model);
   WCHECK(full.size() == ref_params.size(), mesh.label << ": " << full.size() << " parameters");
   double worst_param = 0;
   for (const auto& [n, t] : ref_params) {
@@ -471,7 +471,7 @@ void scenario_fsdp2d(const ProcessGroupPtr& world) {
     WCHECK(worst <= 1e-10, "fsdp 2 x tp 2 sp=" << sp << ": losses differ by " << worst);
     // The final weights: FSDP's full (over dp) state of this rank's tp shards, loaded into a
     // fresh tp model, gathered over tp.
-    const nn::TensorDict local = fsdp.full_state_dict();
+    const io::TensorDict local = fsdp.full_state_dict();
     auto check = make_gpt();
     parallelize(check, tp, models::gpt_tp_plan({.sequence_parallel = sp}));
     check->load_state_dict(local);

@@ -1,5 +1,5 @@
 // A model whose pieces have PyTorch-style signatures (Note [module calls] in
-// autograd/nn/module.h), for the tests that train it under every strategy against one process
+// nn/module.h), for the tests that train it under every strategy against one process
 // (ddp_worker, fsdp_worker, accel_worker):
 //   root     TypedNet::forward(x, optional ctx) -> HeadOut {logits, aux}   (a struct)
 //   blocks   ModuleList: PairBlock, PairBlock (two inputs, an optional mask, a double; a tuple
@@ -14,9 +14,9 @@
 #include <optional>
 #include <tuple>
 
-#include "autograd/nn/container.h"
-#include "autograd/nn/linear.h"
-#include "autograd/nn/norm.h"
+#include "nn/container.h"
+#include "nn/linear.h"
+#include "nn/norm.h"
 #include "autograd/ops.h"
 #include "core/generator.h"
 

@@ -40,7 +40,7 @@ inline Tensor det_values(int64_t k, const Shape& shape) {
 // order of state_dict(), a std::map).
 inline void det_init(nn::Module& model) {
   model.to(kFloat64);
-  nn::TensorDict init;
+  io::TensorDict init;
   int64_t k = 0;
   for (const auto& [name, p] : model.state_dict()) {
     bool is_param = false;
@@ -65,7 +65,7 @@ inline std::string fixture_path(const std::string& name) {
 class Fixture {
  public:
   explicit Fixture(const std::string& file)
-      : tensors_(nn::load_safetensors(fixture_path(file), &meta_)) {}
+      : tensors_(io::load_safetensors(fixture_path(file), &meta_)) {}
   const Tensor& operator[](const std::string& name) const {
     auto it = tensors_.find(name);
     REQUIRE_MESSAGE(it != tensors_.end(), "fixture lacks ", name);
@@ -80,8 +80,8 @@ class Fixture {
   double at(const std::string& name, int64_t i) const { return (*this)[name][i].item(); }
 
  private:
-  nn::Metadata meta_;
-  nn::TensorDict tensors_;
+  io::Metadata meta_;
+  io::TensorDict tensors_;
 };
 
 }  // namespace accel::twin

@@ -6,11 +6,11 @@
 #include <string>
 #include <string_view>
 
-#include "autograd/nn/safetensors_header.h"
+#include "io/safetensors_header.h"
 #include "core/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace accel::nn::detail;
+  using namespace accel::io::detail;
   if (size < kSafetensorsLengthBytes) return 0;
   try {
     const uint64_t len = safetensors_header_length(data, size, "<fuzz>");

@@ -8,10 +8,10 @@
 #include <exception>
 #include <memory>
 
-#include "autograd/nn/container.h"
-#include "autograd/nn/linear.h"
+#include "nn/container.h"
+#include "nn/linear.h"
 #include "autograd/ops.h"
-#include "autograd/optim/adam.h"
+#include "optim/adam.h"
 #include "core/generator.h"
 #include "accelerate/accelerator.h"
 

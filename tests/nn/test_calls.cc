@@ -1,4 +1,4 @@
-// Modules with any inputs and outputs (Note [module calls] in autograd/nn/module.h): typed
+// Modules with any inputs and outputs (Note [module calls] in nn/module.h): typed
 // forwards through TypedModule, the type-erased call, hooks, containers, call wrappers and entry
 // wrappers, error messages; and the module / optimizer habits (chaining, apply, step(closure),
 // GradScaler's PyTorch spelling).

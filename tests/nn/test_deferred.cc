@@ -1,4 +1,4 @@
-// Deferred init (Note [deferred init] in autograd/nn/module.cc): models built under
+// Deferred init (Note [deferred init] in nn/module.cc): models built under
 // nn::DeferredInit hold no parameter memory, materialize to exactly the parameters of eager
 // construction with the same seed (in any order, module by module), and say clearly when a
 // deferred parameter is read.
@@ -324,7 +324,7 @@ TEST_CASE("load_state_dict fills a deferred model without running initialisers")
     nn::DeferredInit deferred;
     half = std::make_shared<models::Mlp>();
   }
-  nn::TensorDict partial{{"fc1.weight", zeros({models::Mlp::kHidden, models::Mlp::kIn})}};
+  io::TensorDict partial{{"fc1.weight", zeros({models::Mlp::kHidden, models::Mlp::kIn})}};
   half->load_state_dict(partial, /*strict=*/false);
   CHECK_FALSE(nn::is_deferred(half->fc1->weight));
   CHECK(nn::is_deferred(half->fc1->bias));
@@ -338,7 +338,7 @@ TEST_CASE("load_state_dict fills a deferred model without running initialisers")
 TEST_CASE("load_state_dict refuses a sharded module and a released view of a larger buffer") {
   manual_seed(kSeed);
   auto src = std::make_shared<models::Mlp>();
-  const nn::TensorDict state = src->state_dict();
+  const io::TensorDict state = src->state_dict();
 
   auto m = std::make_shared<models::Mlp>();
   const Tensor before = m->fc2->weight.clone();
@@ -360,7 +360,7 @@ TEST_CASE("load_state_dict refuses a sharded module and a released view of a lar
   // Unmarked, a released parameter that is a view of a larger flat buffer (what ZeRO-3 makes)
   // is refused too, and stays released: materializing it would detach it from the buffer.
   auto lin = std::make_shared<nn::Linear>(3, 2);
-  const nn::TensorDict lin_state = lin->state_dict();
+  const io::TensorDict lin_state = lin->state_dict();
   Tensor flat = zeros({lin->weight.numel() + lin->bias.numel()});
   nn::assign_tensor_data(lin->weight, flat.narrow(0, 0, 6).view({2, 3}));
   nn::assign_tensor_data(lin->bias, flat.narrow(0, 6, 2));

@@ -21,11 +21,11 @@ bool close(const Tensor& a, const Tensor& b, double tol = 1e-10) {
 }
 
 struct Fixture {
-  nn::TensorDict t;
+  io::TensorDict t;
   std::vector<std::string> cases;
   Fixture() {
-    nn::Metadata meta;
-    t = nn::load_safetensors(
+    io::Metadata meta;
+    t = io::load_safetensors(
         std::string(ACCEL_SOURCE_ROOT) + "/tests/nn/image_layers_fixture.safetensors", &meta);
     std::stringstream all(meta.at("cases"));
     std::string name;
@@ -37,8 +37,8 @@ struct Fixture {
     return it->second;
   }
   // name.weight / name.bias: the module's PyTorch state_dict.
-  nn::TensorDict state(const std::string& name) const {
-    nn::TensorDict sd;
+  io::TensorDict state(const std::string& name) const {
+    io::TensorDict sd;
     for (const char* p : {"weight", "bias"}) {
       auto it = t.find(name + "." + p);
       if (it != t.end()) sd[p] = it->second;
@@ -140,7 +140,7 @@ TEST_CASE("image layers match PyTorch: outputs and input / parameter gradients (
     m->to(kFloat64);
     // Strict: PyTorch's names and shapes. A module without parameters (its buffers start as
     // torch's) loads nothing.
-    const nn::TensorDict sd = fx.state(name);
+    const io::TensorDict sd = fx.state(name);
     if (!sd.empty()) m->load_state_dict(sd);
     Tensor x = leaf(fx.at(name + ".input"));
     Tensor y;

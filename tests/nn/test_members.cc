@@ -1,4 +1,4 @@
-// Members the module sees assigned (Note [module members] in autograd/nn/module_members.cc):
+// Members the module sees assigned (Note [module members] in nn/module_members.cc):
 // nn::Parameter / nn::Buffer / nn::Child<M> bound to their entries, so assigning a member ties or
 // replaces as torch's setattr does; register_* on a used name replaces; None entries; torch's
 // spellings on Module (float64() ..., modules(), as<M>()); type-erased calls that leave out
@@ -70,7 +70,7 @@ TEST_CASE("assigning a parameter member ties: listed once, both names in state_d
   CHECK(untied.parameters().size() == 2);
   REQUIRE(tied.parameters().size() == 1);
   CHECK(tied.head->weight.is_same(tied.emb->weight));
-  const nn::TensorDict sd = tied.state_dict();
+  const io::TensorDict sd = tied.state_dict();
   CHECK(sd.count("emb.weight") == 1);
   CHECK(sd.count("head.weight") == 1);
   CHECK(tied.tied_aliases().at("head.weight") == "emb.weight");
@@ -128,7 +128,7 @@ TEST_CASE("assigning a child member replaces it everywhere (transfer learning)")
   for (const Tensor& p : opt->params(0)) holds_new = holds_new || p.is_same(net->fc->weight);
   CHECK(holds_new);
   // Loading a state dict reaches the new head.
-  nn::TensorDict sd = net->state_dict();
+  io::TensorDict sd = net->state_dict();
   sd["fc.bias"] = full({2}, 0.5, kFloat64);
   net->load_state_dict(sd);
   CHECK((net->fc->bias).allclose(full({2}, 0.5, kFloat64)));

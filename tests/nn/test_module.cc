@@ -172,7 +172,7 @@ TEST_CASE("state_dict round trip into a differently initialised model") {
     NoGradGuard ng;
     a.blocks->at<Block>(1)->steps.fill_(7);
   }
-  nn::TensorDict sd = a.state_dict();
+  io::TensorDict sd = a.state_dict();
   CHECK(sd.size() == 12 + 2);
   CHECK(sd.count("blocks.1.steps"));
   nn::LoadResult r = b.load_state_dict(sd);
@@ -191,7 +191,7 @@ TEST_CASE("state_dict round trip into a differently initialised model") {
 TEST_CASE("strict load lists missing, unexpected and mis-shaped keys; nothing is copied") {
   Net net;
   Net other(1);  // has no blocks.1.*
-  nn::TensorDict sd = other.state_dict();
+  io::TensorDict sd = other.state_dict();
   sd["extra.weight"] = ones({2});
   sd["head.weight"] = ones({5, 4});
   const Tensor before = net.parameter("emb.weight").clone();
@@ -223,7 +223,7 @@ TEST_CASE("a tensor registered twice (tied weights) is one parameter, saved unde
   Tied t;
   CHECK(t.parameters().size() == 1);  // an optimizer steps it once
   CHECK(names(t.named_parameters()) == std::vector<std::string>{"emb.weight"});
-  nn::TensorDict sd = t.state_dict();
+  io::TensorDict sd = t.state_dict();
   CHECK(sd.size() == 2);
   CHECK(equal(sd.at("head.weight"), sd.at("emb.weight")));
   Tied u;
@@ -241,8 +241,8 @@ TEST_CASE("Module::save / load checkpoint through safetensors") {
   Net b;
   b.load(path);
   for (const auto& [n, t] : a.state_dict()) CHECK(equal(t, b.state_dict().at(n)));
-  nn::Metadata meta;
-  nn::load_safetensors(path, &meta);
+  io::Metadata meta;
+  io::load_safetensors(path, &meta);
   CHECK(meta.at("epoch") == "2");
   Net small(1);
   CHECK_THROWS_AS(small.load(path), ValueError);  // unexpected blocks.1.*

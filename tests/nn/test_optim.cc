@@ -303,7 +303,7 @@ TEST_CASE("optimizer state_dict round trip resumes exactly, also through safeten
     auto opt = make({p, q});
     train(*opt, p, 2);  // q never gets a gradient: no state for it
     opt->set_lr(0, 0.02);
-    nn::TensorDict sd = opt->state_dict();
+    io::TensorDict sd = opt->state_dict();
     CHECK(sd.at("state.0.step").item<int64_t>() == 2);
     CHECK_FALSE(sd.count("state.1.step"));
     CHECK(sd.at("param_groups.0.lr").item() == doctest::Approx(0.02));
@@ -312,10 +312,10 @@ TEST_CASE("optimizer state_dict round trip resumes exactly, also through safeten
 
     // Save + load through a file, into a fresh optimizer over copies of the parameters.
     const std::string path = "/tmp/accel_optim_state_" + std::to_string(kind) + ".safetensors";
-    nn::save_safetensors(path, sd);
+    io::save_safetensors(path, sd);
     Tensor p2 = p.detach().clone().requires_grad_(), q2 = q.detach().clone().requires_grad_();
     auto opt2 = make({p2, q2});
-    opt2->load_state_dict(nn::load_safetensors(path));
+    opt2->load_state_dict(io::load_safetensors(path));
     std::remove(path.c_str());
     CHECK(opt2->lr(0) == doctest::Approx(0.02));
     train(*opt, p, 2);
@@ -329,7 +329,7 @@ TEST_CASE("optimizer state_dict round trip resumes exactly, also through safeten
     std::string msg = error_of([&] { small->load_state_dict(sd); });
     CHECK(msg.find("load_state_dict") != std::string::npos);
     CHECK(msg.find("params does not match") != std::string::npos);
-    nn::TensorDict bad = sd;
+    io::TensorDict bad = sd;
     bad["state.0." + std::string(kind == 0 ? "exp_avg" : "momentum_buffer")] = zeros({3});
     bad["bogus"] = zeros({1});
     auto opt3 = make({param(), param()});
@@ -430,7 +430,7 @@ TEST_CASE("schedulers apply per group and resume from state_dict") {
   s.step();
   CHECK(s.get_last_lr() == std::vector<double>{0.25, 0.025});
   CHECK(opt.lr(1) == doctest::Approx(0.025));
-  nn::TensorDict sd = s.state_dict();
+  io::TensorDict sd = s.state_dict();
   CHECK(sd.at("last_epoch").item<int64_t>() == 2);
 
   Tensor c = param(), d = param();

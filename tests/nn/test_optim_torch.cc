@@ -213,13 +213,13 @@ TEST_CASE("the new optimizers resume bit-exactly from state_dict, also through s
     auto ob = make_case(name, b);
     for (int i = 0; i < 2; ++i) a.step(*oa);
     const std::string path = std::string("/tmp/accel_optim_torch_") + name + ".safetensors";
-    nn::save_safetensors(path, oa->state_dict());
+    io::save_safetensors(path, oa->state_dict());
     {
       NoGradGuard ng;
       b.p1.copy_(a.p1);
       b.p2.copy_(a.p2);
     }
-    ob->load_state_dict(nn::load_safetensors(path));
+    ob->load_state_dict(io::load_safetensors(path));
     std::remove(path.c_str());
     CHECK(ob->step_count(0) == 2);
     for (int i = 0; i < 3; ++i) {
@@ -278,17 +278,17 @@ TEST_CASE("LBFGS: resumes bit-exactly from state_dict; refuses step(), sharding,
     auto c1 = r1.closure(o1), c2 = r2.closure(o2);
     o1.step(c1);
     o1.step(c1);
-    const nn::TensorDict sd = o1.state_dict();
+    const io::TensorDict sd = o1.state_dict();
     CHECK(sd.count("state.lbfgs.old_dirs"));
     CHECK(sd.at("state.lbfgs.func_evals").item<int64_t>() == o1.func_evals());
     const std::string path = "/tmp/accel_optim_torch_lbfgs_" + name + ".safetensors";
-    nn::save_safetensors(path, sd);
+    io::save_safetensors(path, sd);
     {
       NoGradGuard ng;
       r2.a.copy_(r1.a);
       r2.b.copy_(r1.b);
     }
-    o2.load_state_dict(nn::load_safetensors(path));
+    o2.load_state_dict(io::load_safetensors(path));
     std::remove(path.c_str());
     CHECK(o2.n_iter() == o1.n_iter());
     for (int i = 0; i < 2; ++i) {
@@ -306,7 +306,7 @@ TEST_CASE("LBFGS: resumes bit-exactly from state_dict; refuses step(), sharding,
   CHECK(shard.find("LBFGS") != std::string::npos);
   CHECK(shard.find("cannot be sharded") != std::string::npos);
   CHECK(opt.requires_closure());
-  nn::TensorDict bad = opt.state_dict();
+  io::TensorDict bad = opt.state_dict();
   bad["state.lbfgs.func_evals"] = scalar_tensor(int64_t(3), kInt64);
   bad["state.lbfgs.n_iter"] = scalar_tensor(int64_t(3), kInt64);
   bad["state.lbfgs.d"] = zeros({3}, TensorOptions(kFloat64));
@@ -361,7 +361,7 @@ TEST_CASE("ReduceLROnPlateau follows PyTorch's lr sequence and resumes from stat
   CHECK(opt.lr(0) == doctest::Approx(0.01));
   CHECK(error_of([&] { optim::ReduceLROnPlateau(opt, {.factor = 1.0}); }).find("factor") !=
         std::string::npos);
-  nn::TensorDict sd = sched.state_dict();
+  io::TensorDict sd = sched.state_dict();
   sd.erase("best");
   CHECK(error_of([&] { sched.load_state_dict(sd); }).find("missing 'best'") != std::string::npos);
 }

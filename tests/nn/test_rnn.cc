@@ -1,4 +1,4 @@
-// Recurrent layers (autograd/nn/rnn.h) against PyTorch: outputs, final states and every gradient
+// Recurrent layers (nn/rnn.h) against PyTorch: outputs, final states and every gradient
 // of RNN / LSTM / GRU (2 layers, bidirectional, batch_first both ways, with and without initial
 // state and lengths) and of the cells, from the fixture tests/nn/rnn_fixture.safetensors written
 // by make_rnn_fixture.py with python3-torch (no Python at test time); PyTorch's state_dict names
@@ -32,11 +32,11 @@ bool close(const Tensor& a, const Tensor& b, double tol = 1e-10) {
 }
 
 struct Fixture {
-  nn::TensorDict t;
+  io::TensorDict t;
   std::vector<std::vector<std::string>> cases;
   Fixture() {
-    nn::Metadata meta;
-    t = nn::load_safetensors(std::string(ACCEL_SOURCE_ROOT) + "/tests/nn/rnn_fixture.safetensors",
+    io::Metadata meta;
+    t = io::load_safetensors(std::string(ACCEL_SOURCE_ROOT) + "/tests/nn/rnn_fixture.safetensors",
                              &meta);
     std::stringstream all(meta.at("cases"));
     std::string line;
@@ -55,8 +55,8 @@ struct Fixture {
   }
   bool has(const std::string& k) const { return t.count(k) != 0; }
   // name.<param> for every parameter of the case: a PyTorch state_dict.
-  nn::TensorDict state(const std::string& name) const {
-    nn::TensorDict sd;
+  io::TensorDict state(const std::string& name) const {
+    io::TensorDict sd;
     const std::string p = name + ".";
     for (const auto& [k, v] : t) {
       if (k.rfind(p, 0) != 0) continue;

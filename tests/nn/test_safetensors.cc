@@ -56,7 +56,7 @@ std::string load_error(const TempDir& dir, const std::string& bytes) {
   const std::string p = dir.file("bad.safetensors");
   write_all(p, bytes);
   try {
-    nn::load_safetensors(p);
+    io::load_safetensors(p);
   } catch (const IoError& e) {
     const std::string msg = e.what();
     CHECK(msg.find("[load_safetensors]") == 0);
@@ -89,7 +89,7 @@ Tensor make(DType dt, const Shape& shape) {
 
 TEST_CASE("round trip of every dtype, 0-dim and empty tensors, and metadata") {
   TempDir dir;
-  nn::TensorDict tensors;
+  io::TensorDict tensors;
   for (DType dt : {kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64, kUInt8, kBool}) {
     const std::string n(dtype_name(dt));
     tensors[n] = make(dt, {2, 3});
@@ -99,12 +99,12 @@ TEST_CASE("round trip of every dtype, 0-dim and empty tensors, and metadata") {
   // A non-contiguous view is written as its logical (contiguous) contents.
   Tensor base = make(kFloat32, {3, 4});
   tensors["transposed"] = base.t();
-  const nn::Metadata meta{{"format", "pt"}, {"step", "1200"}, {"note", "caf\xc3\xa9"}};
+  const io::Metadata meta{{"format", "pt"}, {"step", "1200"}, {"note", "caf\xc3\xa9"}};
   const std::string p = dir.file("all.safetensors");
-  nn::save_safetensors(p, tensors, meta);
+  io::save_safetensors(p, tensors, meta);
 
-  nn::Metadata got_meta;
-  nn::TensorDict back = nn::load_safetensors(p, &got_meta);
+  io::Metadata got_meta;
+  io::TensorDict back = io::load_safetensors(p, &got_meta);
   CHECK(got_meta == meta);
   REQUIRE(back.size() == tensors.size());
   for (const auto& [name, t] : tensors) {
@@ -121,8 +121,8 @@ TEST_CASE("round trip of every dtype, 0-dim and empty tensors, and metadata") {
   // Bit-exact for the 16-bit floats.
   Tensor h = tensor({0.1f, -65504.f, 3.14159f}).to(kFloat16);
   Tensor bf = tensor({0.1f, -1e30f, 3.14159f}).to(kBFloat16);
-  nn::save_safetensors(p, {{"h", h}, {"bf", bf}});
-  back = nn::load_safetensors(p);
+  io::save_safetensors(p, {{"h", h}, {"bf", bf}});
+  back = io::load_safetensors(p);
   CHECK(std::memcmp(back.at("h").data_ptr(), h.data_ptr(), 6) == 0);
   CHECK(std::memcmp(back.at("bf").data_ptr(), bf.data_ptr(), 6) == 0);
 }
@@ -132,7 +132,7 @@ TEST_CASE("byte layout follows the HF format") {
   const std::string p = dir.file("layout.safetensors");
   Tensor b = tensor({1.f, 2.f, 3.f});
   Tensor a = tensor(std::vector<int64_t>{7, 8}, Shape{2});
-  nn::save_safetensors(p, {{"b", b}, {"a", a}}, {{"k", "v"}});
+  io::save_safetensors(p, {{"b", b}, {"a", a}}, {{"k", "v"}});
   const std::string bytes = read_all(p);
   REQUIRE(bytes.size() >= 8);
   uint64_t n = 0;
@@ -164,7 +164,7 @@ TEST_CASE("a file written by another tool loads (spec example, unaligned header)
   buf[16] = 1, buf[17] = 0, buf[18] = 1;
   const std::string p = dir.file("ext.safetensors");
   write_all(p, le64(header.size()) + header + buf);
-  nn::TensorDict t = nn::load_safetensors(p);
+  io::TensorDict t = io::load_safetensors(p);
   CHECK(t.at("w").sizes() == Shape{2, 2});
   CHECK(t.at("w").tolist() == std::vector<double>{1.5, -2, 0.25, 8});
   CHECK(t.at("m").dtype() == kBool);
@@ -246,15 +246,15 @@ TEST_CASE("malformed files each give a clear IoError") {
     CHECK_MESSAGE(msg.find(c.expect) != std::string::npos, msg);
   }
   // Missing file.
-  CHECK_THROWS_AS(nn::load_safetensors(dir.file("nope.safetensors")), IoError);
+  CHECK_THROWS_AS(io::load_safetensors(dir.file("nope.safetensors")), IoError);
 }
 
 TEST_CASE("writes are atomic and leave no temporary files") {
   TempDir dir;
   const std::string p = dir.file("ckpt.safetensors");
-  nn::save_safetensors(p, {{"x", ones({4})}});
-  nn::save_safetensors(p, {{"x", zeros({5})}});  // replaces the old file in one rename
-  CHECK(nn::load_safetensors(p).at("x").tolist() == std::vector<double>(5, 0.0));
+  io::save_safetensors(p, {{"x", ones({4})}});
+  io::save_safetensors(p, {{"x", zeros({5})}});  // replaces the old file in one rename
+  CHECK(io::load_safetensors(p).at("x").tolist() == std::vector<double>(5, 0.0));
   int files = 0;
   for (const auto& e : fs::directory_iterator(dir.path)) {
     (void)e;
@@ -262,12 +262,12 @@ TEST_CASE("writes are atomic and leave no temporary files") {
   }
   CHECK(files == 1);
   // Writing into a missing directory fails cleanly.
-  CHECK_THROWS_AS(nn::save_safetensors(dir.file("missing/x.safetensors"), {{"x", ones({1})}}),
+  CHECK_THROWS_AS(io::save_safetensors(dir.file("missing/x.safetensors"), {{"x", ones({1})}}),
                   IoError);
   // Reserved and undefined names are refused before anything is written.
-  CHECK_THROWS_AS(nn::save_safetensors(p, {{"__metadata__", ones({1})}}), ValueError);
-  CHECK_THROWS_AS(nn::save_safetensors(p, {{"u", Tensor()}}), ValueError);
-  CHECK(nn::load_safetensors(p).at("x").numel() == 5);  // untouched
+  CHECK_THROWS_AS(io::save_safetensors(p, {{"__metadata__", ones({1})}}), ValueError);
+  CHECK_THROWS_AS(io::save_safetensors(p, {{"u", Tensor()}}), ValueError);
+  CHECK(io::load_safetensors(p).at("x").numel() == 5);  // untouched
 }
 
 TEST_CASE("hostile headers: nesting depth and rank are bounded, memory stays small") {
@@ -287,7 +287,7 @@ TEST_CASE("hostile headers: nesting depth and rank are bounded, memory stays sma
   CHECK_MESSAGE(msg.find("expected a string") != std::string::npos, msg);
   // One level of slack for an unknown field loads; two do not.
   const std::string entry = R"("dtype":"F32","shape":[2],"data_offsets":[0,8])";
-  CHECK(nn::load_safetensors([&] {
+  CHECK(io::load_safetensors([&] {
           const std::string p = dir.file("slack.safetensors");
           write_all(p, make_file("{\"a\":{" + entry + R"(,"x":[1,{"y":2}]}})", 8));
           return p;
@@ -308,7 +308,7 @@ TEST_CASE("hostile headers: nesting depth and rank are bounded, memory stays sma
   const std::string p = dir.file("rank64.safetensors");
   write_all(p,
             make_file(R"({"o":{"dtype":"U8","shape":[)" + ones + R"(],"data_offsets":[0,1]}})", 1));
-  CHECK(nn::load_safetensors(p).at("o").dim() == 64);
+  CHECK(io::load_safetensors(p).at("o").dim() == 64);
   // Wrong types inside the schema name the field.
   msg =
       load_error(dir, make_file(R"({"a":{"dtype":["F32"],"shape":[2],"data_offsets":[0,8]}})", 8));
@@ -320,13 +320,13 @@ TEST_CASE("hostile headers: nesting depth and rank are bounded, memory stays sma
       load_error(dir, make_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8,8]}})", 8));
   CHECK_MESSAGE(msg.find("data_offsets") != std::string::npos, msg);
   // Metadata is only reported for a file that loads.
-  nn::Metadata md;
+  io::Metadata md;
   const std::string bad = dir.file("md.safetensors");
   write_all(
       bad,
       make_file(R"({"__metadata__":{"k":"v"},"a":{"dtype":"F33","shape":[],"data_offsets":[0,4]}})",
                 4));
-  CHECK_THROWS_AS(nn::load_safetensors(bad, &md), IoError);
+  CHECK_THROWS_AS(io::load_safetensors(bad, &md), IoError);
   CHECK(md.empty());
 }
 
@@ -336,28 +336,28 @@ TEST_CASE("SafetensorsWriter streams tensors in the announced order, atomically"
   Tensor a = arange(6, TensorOptions(kFloat32)).view({2, 3});
   Tensor b = full({4}, 2.5, TensorOptions(kFloat64));
   {
-    nn::SafetensorsWriter w(p, {{"b", kFloat64, {4}}, {"a", kFloat32, {2, 3}}}, {{"k", "v"}});
+    io::SafetensorsWriter w(p, {{"b", kFloat64, {4}}, {"a", kFloat32, {2, 3}}}, {{"k", "v"}});
     w.write(b);
     CHECK_FALSE(fs::exists(p));  // nothing visible before commit
     w.write(a.t().t());          // any layout: written contiguously
     w.commit();
   }
-  nn::Metadata md;
-  nn::TensorDict d = nn::load_safetensors(p, &md);
+  io::Metadata md;
+  io::TensorDict d = io::load_safetensors(p, &md);
   CHECK(d.at("a").tolist() == a.tolist());
   CHECK(d.at("b").tolist() == b.tolist());
   CHECK(md.at("k") == "v");
   // Same bytes as save_safetensors' tensors (the loader is the judge of layout).
   const std::string q = dir.file("whole.safetensors");
-  nn::save_safetensors(q, {{"a", a}, {"b", b}});
-  CHECK(nn::load_safetensors(q).at("a").tolist() == d.at("a").tolist());
+  io::save_safetensors(q, {{"a", a}, {"b", b}});
+  CHECK(io::load_safetensors(q).at("a").tolist() == d.at("a").tolist());
   {
-    nn::SafetensorsWriter w(dir.file("bad.safetensors"), {{"x", kFloat32, {2}}});
+    io::SafetensorsWriter w(dir.file("bad.safetensors"), {{"x", kFloat32, {2}}});
     CHECK_THROWS_WITH_AS(w.write(ones({3})), doctest::Contains("announced"), ValueError);
     CHECK_THROWS_AS(w.commit(), ValueError);  // 0 of 1 written
   }
   {
-    nn::SafetensorsWriter w(dir.file("abandoned.safetensors"), {{"x", kFloat32, {2}}});
+    io::SafetensorsWriter w(dir.file("abandoned.safetensors"), {{"x", kFloat32, {2}}});
     w.write(ones({2}));
   }  // destroyed without commit: no file, no temporary
   CHECK_FALSE(fs::exists(dir.file("bad.safetensors")));
@@ -365,7 +365,7 @@ TEST_CASE("SafetensorsWriter streams tensors in the announced order, atomically"
   int files = 0;
   for (const auto& e : fs::directory_iterator(dir.path)) files += e.is_regular_file();
   CHECK(files == 2);
-  CHECK_THROWS_AS(nn::SafetensorsWriter(p, {{"x", kFloat32, {1}}, {"x", kFloat32, {1}}}),
+  CHECK_THROWS_AS(io::SafetensorsWriter(p, {{"x", kFloat32, {1}}, {"x", kFloat32, {1}}}),
                   ValueError);
 }
 
@@ -377,19 +377,19 @@ TEST_CASE(
   // runs in a child with a deadline, so a regression fails here instead.
   REQUIRE(mkfifo(dir.file("fifo.safetensors").c_str(), 0600) == 0);
   const auto r = test::expect_error_child<IoError>(
-      [&] { nn::load_safetensors(dir.file("fifo.safetensors")); }, "is a FIFO");
+      [&] { io::load_safetensors(dir.file("fifo.safetensors")); }, "is a FIFO");
   CHECK_MESSAGE(!r.timed_out, "load_safetensors blocked on a FIFO");
   CHECK(r.ok());
   fs::create_symlink("/dev/zero", dir.file("zero.safetensors"));
-  CHECK_THROWS_WITH_AS(nn::load_safetensors(dir.file("zero.safetensors")),
+  CHECK_THROWS_WITH_AS(io::load_safetensors(dir.file("zero.safetensors")),
                        doctest::Contains("is a character device"), IoError);
   // A link to a regular file loads (a Hugging Face cache links into blobs/).
-  nn::save_safetensors(dir.file("blob"), {{"w", ones({3})}});
+  io::save_safetensors(dir.file("blob"), {{"w", ones({3})}});
   fs::create_symlink(dir.file("blob"), dir.file("model.safetensors"));
-  CHECK(nn::load_safetensors(dir.file("model.safetensors")).at("w").numel() == 3);
+  CHECK(io::load_safetensors(dir.file("model.safetensors")).at("w").numel() == 3);
   // Saving over that link replaces the link with a file: the blob it named is untouched.
-  nn::save_safetensors(dir.file("model.safetensors"), {{"w", zeros({5})}});
+  io::save_safetensors(dir.file("model.safetensors"), {{"w", zeros({5})}});
   CHECK(!fs::is_symlink(dir.file("model.safetensors")));
-  CHECK(nn::load_safetensors(dir.file("blob")).at("w").numel() == 3);
-  CHECK(nn::load_safetensors(dir.file("model.safetensors")).at("w").numel() == 5);
+  CHECK(io::load_safetensors(dir.file("blob")).at("w").numel() == 3);
+  CHECK(io::load_safetensors(dir.file("model.safetensors")).at("w").numel() == 5);
 }

@@ -24,8 +24,8 @@ bool close(const Tensor& a, const Tensor& b, double tol = 1e-12) {
   return ok;
 }
 
-const nn::TensorDict& fixture() {
-  static const nn::TensorDict t = nn::load_safetensors(std::string(ACCEL_SOURCE_ROOT) +
+const io::TensorDict& fixture() {
+  static const io::TensorDict t = io::load_safetensors(std::string(ACCEL_SOURCE_ROOT) +
                                                        "/tests/nn/spellings_fixture.safetensors");
   return t;
 }
@@ -660,7 +660,7 @@ TEST_CASE("dropout2d reads a 3-D input as (N, C, L) with a warning, as torch; dr
 
 TEST_CASE("load_state_dict: a 0-dim num_batches_tracked saved as (1,) loads; other shapes refuse") {
   nn::BatchNorm2d bn(3);
-  nn::TensorDict sd = bn.state_dict();
+  io::TensorDict sd = bn.state_dict();
   REQUIRE(sd.at("num_batches_tracked").dim() == 0);
   sd["num_batches_tracked"] = tensor(std::vector<int64_t>{42}, {1});  // older files' shape
   sd["running_mean"] = full({3}, 0.5);
@@ -671,7 +671,7 @@ TEST_CASE("load_state_dict: a 0-dim num_batches_tracked saved as (1,) loads; oth
   // Through a file, as a checkpoint of older code would come.
   sd["num_batches_tracked"] = tensor(std::vector<int64_t>{7}, {1});
   const std::string path = "test_spellings_bn.safetensors";
-  nn::save_safetensors(path, sd);
+  io::save_safetensors(path, sd);
   nn::BatchNorm2d bn2(3);
   bn2.load(path);
   std::remove(path.c_str());

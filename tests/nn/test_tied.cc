@@ -1,7 +1,7 @@
-// Tied parameters (Note [tied parameters] in autograd/nn/module.cc): one tensor in two modules,
+// Tied parameters (Note [tied parameters] in nn/module.cc): one tensor in two modules,
 // by a second registration or set_parameter; counted once, gradient the sum of both uses,
 // optimizer state once, state_dict under both names, files written once with an alias map
-// (Note [tied tensors in files] in autograd/nn/safetensors.cc), deferred init.
+// (Note [tied tensors in files] in io/safetensors.cc), deferred init.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -132,8 +132,8 @@ TEST_CASE("files hold a tied tensor once, with an alias map, and load back into 
   const std::string path = tmp_path("save");
   m->save(path, {{"format", "pt"}});
   // The file: one copy, the alias in the metadata as safetensors.torch.save_model writes it.
-  nn::Metadata md;
-  nn::TensorDict raw = nn::load_safetensors(path, &md);
+  io::Metadata md;
+  io::TensorDict raw = io::load_safetensors(path, &md);
   CHECK(md.at("encoder.weight") == "decoder.weight");  // kept: the sorted-first name
   CHECK(md.at("format") == "pt");
   CHECK(raw.size() == 5);  // the alias is restored by load_safetensors
@@ -157,19 +157,19 @@ TEST_CASE("files hold a tied tensor once, with an alias map, and load back into 
   CHECK(allclose(u->decoder->weight, m->encoder->weight, 0, 0));
   CHECK(allclose(u->encoder->weight, m->encoder->weight, 0, 0));
   // A user metadata key that is a tensor name: that alias is written as a copy instead.
-  nn::TensorDict d = m->state_dict();
-  nn::save_safetensors(path, d, {{"encoder.weight", "user value"}});
-  nn::Metadata md2;
-  nn::TensorDict back = nn::load_safetensors(path, &md2);
+  io::TensorDict d = m->state_dict();
+  io::save_safetensors(path, d, {{"encoder.weight", "user value"}});
+  io::Metadata md2;
+  io::TensorDict back = io::load_safetensors(path, &md2);
   CHECK(md2.at("encoder.weight") == "user value");
   CHECK(back.size() == 5);
   CHECK(!back.at("encoder.weight").is_same(back.at("decoder.weight")));
   CHECK(allclose(back.at("encoder.weight"), back.at("decoder.weight"), 0, 0));
   // Views that only overlap are separate tensors (copies).
   Tensor base = arange(6, TensorOptions(kFloat32));
-  nn::save_safetensors(path, {{"a", base.narrow(0, 0, 4)}, {"b", base.narrow(0, 2, 4)}});
-  nn::Metadata md3;
-  nn::TensorDict ov = nn::load_safetensors(path, &md3);
+  io::save_safetensors(path, {{"a", base.narrow(0, 0, 4)}, {"b", base.narrow(0, 2, 4)}});
+  io::Metadata md3;
+  io::TensorDict ov = io::load_safetensors(path, &md3);
   CHECK(md3.empty());
   CHECK(ov.at("b").tolist() == std::vector<double>{2, 3, 4, 5});
   std::filesystem::remove(path);

@@ -1,4 +1,4 @@
-// MultiheadAttention and the Transformer layers (autograd/nn/attention.h, transformer.h) against
+// MultiheadAttention and the Transformer layers (nn/attention.h, transformer.h) against
 // PyTorch: outputs, attention weights and the gradient of every parameter and input, in float64
 // to 1e-10, from the fixture tests/nn/attention_fixture.safetensors written by
 // make_attention_fixture.py with python3-torch (no Python at test time); PyTorch's state_dict
@@ -32,8 +32,8 @@ double max_diff(const Tensor& a, const Tensor& b) {
   return max(abs(sub(a.to(kFloat64), b.to(kFloat64)))).item<double>();
 }
 
-const nn::TensorDict& fixture() {
-  static nn::TensorDict t = nn::load_safetensors(std::string(ACCEL_SOURCE_ROOT) +
+const io::TensorDict& fixture() {
+  static io::TensorDict t = io::load_safetensors(std::string(ACCEL_SOURCE_ROOT) +
                                                  "/tests/nn/attention_fixture.safetensors");
   return t;
 }
@@ -61,7 +61,7 @@ void check_case(const std::string& name, nn::Module& m, const std::vector<std::s
                 const Run& run) {
   INFO("case ", name);
   m.to(kFloat64);
-  nn::TensorDict sd;
+  io::TensorDict sd;
   for (const auto& [k, v] : m.state_dict()) sd[k] = fx(name + "." + k);
   m.load_state_dict(sd);
   // Every parameter torch has a gradient for is one of ours (by name).

@@ -2,7 +2,7 @@
 #include <cmath>
 
 #include "op_table.h"
-#include "autograd/optim/adam.h"
+#include "optim/adam.h"
 
 namespace accel::optable::detail {
 

@@ -1,5 +1,5 @@
 // The part of dist::Strategy that NoStrategy, DdpStrategy and ZeroStrategy share (and a strategy
-// of a program's own may derive from: tests/accelerator/test_strategy_seam.cc): the prepared
+// of a program's own may derive from: tests/accelerate/test_strategy_seam.cc): the prepared
 // models and optimizers, and checkpoints of full (replicated) models with either plain or ZeRO
 // optimizer state. Internal to accelerate/strategy*.cc.
 #pragma once

@@ -9,7 +9,7 @@
 //   zero1  accelerate/strategy_zero.cc  1/N optimizer state (zero_stage 1)
 //   zero2  accelerate/strategy_zero.cc  1/N gradients and optimizer state (zero_stage 2)
 //   fsdp   accelerate/strategy_fsdp.cc  1/N of everything, per wrapping unit (zero_stage 3)
-// A program or a test registers its own the same way (tests/accelerator/test_strategy_seam.cc
+// A program or a test registers its own the same way (tests/accelerate/test_strategy_seam.cc
 // registers local SGD) and selects it with AcceleratorConfig::strategy, `accel-run --strategy`
 // or ACCEL_STRATEGY; its options travel as one typed value (AcceleratorConfig::strategy_options,
 // read back with StrategyContext::options_as<T>()).

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The prepared GPU check (docs/cuda.md, "GPU check"): on a machine with NVIDIA GPUs and CUDA in
 # /usr/local/cuda, in one call and under 8 minutes, build with CUDA and run
-#   op_cross_device  every op case of tests/ops/ on every device and dtype against the CPU
-#   cuda_vs_cpu      what is CUDA-specific (allocator, streams, pinned memory, copies)
-#   dist_nccl        the NCCL process group test (2 processes when 2 GPUs are visible)
-#   nccl_world       accel-selftest --backend nccl, one rank per visible GPU, through accel-run
-#   ddp_zero         the Accelerator's DDP and ZeRO 1/2/3 on the GPUs against one CPU process
-#   matmul, gpt2     bf16 matmul vs cuBLAS; a GPT-2 124M bf16 training step with MFU
-#   copy, mlp, gpt   device copy GB/s, the mlp and byte-GPT workloads on the GPU
+#   ops_cross_device     every op case of tests/ops/ on every device and dtype against the CPU
+#   kernels_cuda_vs_cpu  what is CUDA-specific (allocator, streams, pinned memory, copies)
+#   comm_nccl            the NCCL process group test (2 processes when 2 GPUs are visible)
+#   nccl_world           accel-selftest --backend nccl, one rank per visible GPU, through accel-run
+#   ddp_zero             the Accelerator's DDP and ZeRO 1/2/3 on the GPUs against one CPU process
+#   matmul, gpt2         bf16 matmul vs cuBLAS; a GPT-2 124M bf16 training step with MFU
+#   copy, mlp, gpt       device copy GB/s, the mlp and byte-GPT workloads on the GPU
 # and print one table (step, status, figure). Logs go to $BUILD_DIR.check/<step>.log.
 #
 # Bounded: every step has its own time cap, and the caps are clipped to what is left of one
@@ -102,7 +102,7 @@ mtest() {
   asserts=$(grep -E '^\[doctest\] assertions:' "$out" | tail -1 |
     sed 's/\[doctest\] assertions: *//; s/ *|.*//')
   local fig="${cases:-?} test cases, ${asserts:-?} checks"
-  # A runner of its own (op_cross_device) prints one summary line "<name>: ...".
+  # A runner of its own (ops_cross_device's program) prints one summary line "<name>: ...".
   [ -z "$cases" ] && fig=$(grep -E "^$name: " "$out" | tail -1 | cut -c1-160)
   [ -n "$fig" ] || fig="exit $rc"
   if [ "$status" = SKIP ]; then
@@ -200,7 +200,7 @@ step_unpack() {
   put unpack pass "$PREBUILT: $(wc -l <"$LOG/tests.list") tests, $(ls "$BUILD/syslib" | wc -l) carried libraries; LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 }
 
-GPU_TESTS="op_cross_device cuda_vs_cpu dist_nccl"
+GPU_TESTS="ops_cross_device kernels_cuda_vs_cpu comm_nccl"
 export GPU_TESTS
 step_build() {
   # Only what the check runs: the GPU tests (with what they depend on), the DDP/ZeRO worker,
@@ -208,7 +208,7 @@ step_build() {
   local targets=()
   if [ "$DRY" = 1 ]; then
     echo "      (targets: the tests $GPU_TESTS and their depends, from meson introspect)" >&3
-    targets=(tests/accelerator/accel_worker launcher/accel-run comm/tools/accel-selftest
+    targets=(tests/accelerate/accel_worker launcher/accel-run comm/tools/accel-selftest
              bench/gpu_bench)
   else
     mapfile -t targets < <(python3 - "$BUILD" $GPU_TESTS <<'PY'
@@ -240,9 +240,9 @@ PY
   fi
 }
 
-step_op_cross_device() { mtest op_cross_device; }
-step_cuda_vs_cpu() { mtest cuda_vs_cpu; }
-step_dist_nccl() { mtest dist_nccl; }
+step_ops_cross_device() { mtest ops_cross_device; }
+step_kernels_cuda_vs_cpu() { mtest kernels_cuda_vs_cpu; }
+step_comm_nccl() { mtest comm_nccl; }
 
 step_nccl_world() {
   # One rank per visible GPU through the launcher; with one GPU a world of one (no traffic, the
@@ -260,10 +260,10 @@ step_nccl_world() {
 }
 
 step_ddp_zero() {
-  # tests/accelerator/accel_worker ddp_mlp: an MLP through prepare() (AdamW, clipping, gradient
+  # tests/accelerate/accel_worker ddp_mlp: an MLP through prepare() (AdamW, clipping, gradient
   # accumulation, 512-byte buckets) printing "norm"/"param" lines. The global batch is 16 for
   # every world size, so W GPUs (a power of two) must give one CPU process's numbers.
-  local worker="$BUILD/tests/accelerator/accel_worker" w=1
+  local worker="$BUILD/tests/accelerate/accel_worker" w=1
   while [ $((w * 2)) -le "$NGPU" ] && [ $((w * 2)) -le 16 ]; do w=$((w * 2)); done
   x env ACCEL_USE_CPU=true "$worker" ddp_mlp 16 >"$LOG/ddp_cpu.txt" 2>&1 || {
     put ddp_zero FAIL "CPU reference run failed"
@@ -324,7 +324,7 @@ run_step() {
   local name=$1 cap=$2
   export STEP=$name
   if [ "$DRY" = 1 ]; then
-    printf '  %-16s cap %3d s\n' "$name" "$cap"
+    printf '  %-20s cap %3d s\n' "$name" "$cap"
     "step_$name"
     return
   fi
@@ -405,9 +405,9 @@ done <<'STEPS'
 packages 45
 configure 90
 build 300
-op_cross_device 150
-cuda_vs_cpu 90
-dist_nccl 90
+ops_cross_device 150
+kernels_cuda_vs_cpu 90
+comm_nccl 90
 nccl_world 60
 ddp_zero 120
 matmul 60

@@ -11,8 +11,8 @@ BUILD=${1:-build-cuda}
 OUT=${2:-.gpu/pack.tar.xz}
 [ -f "$BUILD/libaccel.so" ] || { echo "gpu_pack: no $BUILD/libaccel.so (build with -Dcuda=enabled)" >&2; exit 2; }
 # name -> program, as `meson test` knows them (tests.list), and the programs the steps call.
-TESTS="op_cross_device cuda_vs_cpu dist_nccl"
-PROGRAMS="tests/accelerator/accel_worker launcher/accel-run comm/tools/accel-selftest bench/gpu_bench"
+TESTS="ops_cross_device kernels_cuda_vs_cpu comm_nccl"
+PROGRAMS="tests/accelerate/accel_worker launcher/accel-run comm/tools/accel-selftest bench/gpu_bench"
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/syslib"

@@ -12,8 +12,8 @@
 //  - gradients: the shard group reduce-scatters (average over S) as before; then each rank
 //    all-reduces its reduced shard across the replicate group (average over R): the shard holds
 //    the average over all R x S ranks. Across replicas only one shard's bytes travel per bucket or
-//    unit, never the model's (ProcessGroup::bytes_sent counts it; tests/dist/test_hsdp.cc checks
-//    it). ZeRO-1 all-reduces its whole buckets in the shard group, then across the replicate
+//    unit, never the model's (ProcessGroup::bytes_sent counts it; tests/accelerate/test_hsdp.cc
+//    checks it). ZeRO-1 all-reduces its whole buckets in the shard group, then across the replicate
 //    group: the same average as one all-reduce over all R x S ranks, every rank keeping the full
 //    averaged gradient as ZeRO-1 does.
 //  - fp16 reductions divide before summing (the range of a sum of R gradients), as the shard

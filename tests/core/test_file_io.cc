@@ -13,7 +13,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
-#include "tests/child_process.h"
+#include "tests/common/child_process.h"
 
 namespace fs = std::filesystem;
 using namespace accel;

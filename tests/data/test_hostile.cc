@@ -14,7 +14,7 @@
 #include <filesystem>
 
 #include "helpers.h"
-#include "tests/child_process.h"
+#include "tests/common/child_process.h"
 
 using namespace accel;
 using namespace accel::data;

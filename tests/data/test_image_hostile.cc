@@ -1,7 +1,7 @@
 // Image decoding on hostile files (Note [hostile images] in data/image_codec.h): truncated
 // files, bad headers, corrupt bytes, huge declared dimensions, FIFOs and devices. Each must be an
 // IoError naming the file, never a crash, an abort, a hang or an unbounded allocation. The cases
-// that could crash or hang run in a forked child (tests/child_process.h).
+// that could crash or hang run in a forked child (tests/common/child_process.h).
 #include <doctest/doctest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include <iterator>
 
 #include "data/image.h"
-#include "tests/child_process.h"
+#include "tests/common/child_process.h"
 
 using namespace accel;
 using namespace accel::data;

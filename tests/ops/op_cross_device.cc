@@ -11,7 +11,7 @@
 // Output: one line per (case, device, dtype) failure with max abs/rel error, then a summary.
 // Usage: op_cross_device [--list] [--self] [--exclude SUBSTRING]... [SUBSTRING]
 //   SUBSTRING keeps only matching cases (and skips the coverage checks); --exclude drops matching
-//   cases but keeps the coverage checks (the meson test op_table_coverage_fails uses it to show
+//   cases but keeps the coverage checks (the meson test ops_table_coverage_fails uses it to show
 //   that a kernel without a case fails); --self compares the CPU against itself through the
 //   device path (the runner's own test where no GPU is present).
 #include <cstdio>

@@ -73,7 +73,7 @@ check "check-format skips a deleted tracked file" [ $? -eq 0 ]
 # ---- bench/gpu_check.sh ----
 F=$TMP/fake
 B=$F/build
-mkdir -p "$F/bin" "$B/bench" "$B/launcher" "$B/tests/accelerator" "$B/comm/tools"
+mkdir -p "$F/bin" "$B/bench" "$B/launcher" "$B/tests/accelerate" "$B/comm/tools"
 touch "$B/build.ninja"
 cat >"$F/bin/nvidia-smi" <<'EOF'
 #!/bin/bash
@@ -88,18 +88,18 @@ cat >"$F/bin/meson" <<'EOF'
 case "$1" in
   setup|configure) exit 0 ;;
   introspect)
-    if [ "$3" = --tests ]; then echo '[{"name":"dist_nccl","cmd":["'$2'/t"],"depends":[]}]';
+    if [ "$3" = --tests ]; then echo '[{"name":"comm_nccl","cmd":["'$2'/t"],"depends":[]}]';
     else echo '[{"id":"g","name":"gpu_bench","filename":["'$2'/bench/gpu_bench"]}]'; fi ;;
   test)
     for a; do last=$a; done
     if [[ " $* " == *" --list "* ]]; then
-      printf 'accel / cuda_vs_cpu\naccel / dist_nccl\n'
+      printf 'accel / kernels_cuda_vs_cpu\naccel / comm_nccl\n'
       exit 0
     fi
     case $last in
-      cuda_vs_cpu) echo "[doctest] test cases: 3 | 2 passed | 1 failed | 0 skipped"
+      kernels_cuda_vs_cpu) echo "[doctest] test cases: 3 | 2 passed | 1 failed | 0 skipped"
                    echo "ERROR: CHECK( a == b ) is NOT correct!"; exit 1 ;;
-      dist_nccl) echo "[doctest] test cases: 3 | 3 passed | 0 failed | 0 skipped"
+      comm_nccl) echo "[doctest] test cases: 3 | 3 passed | 0 failed | 0 skipped"
                  echo "[doctest] assertions: 120 | 120 passed | 0 failed |"; exit 0 ;;
     esac ;;
 esac
@@ -118,7 +118,7 @@ while [[ $1 == --* ]]; do case $1 in --num_processes) n=$2; shift 2 ;; *) shift 
 for ((r = 0; r < n; r++)); do RANK=$r "$@" | sed "s/^/[rank$r]: /" & done; wait
 EOF
 # ZeRO stage 3 on the "GPU" is off by 1 %: the check must catch it.
-cat >"$B/tests/accelerator/accel_worker" <<'EOF'
+cat >"$B/tests/accelerate/accel_worker" <<'EOF'
 #!/bin/bash
 e=0
 if [ "${ACCEL_USE_CPU:-}" != true ]; then e=1e-6; [ "$3" = 3 ] && e=0.01; fi
@@ -133,7 +133,7 @@ cat >"$B/comm/tools/accel-selftest" <<'EOF'
   echo "PASS: 9 of 9 checks passed on 2 rank(s)"; exit 0
 EOF
 chmod +x "$F"/bin/* "$B/bench/gpu_bench" "$B/launcher/accel-run" \
-  "$B/tests/accelerator/accel_worker" \
+  "$B/tests/accelerate/accel_worker" \
   "$B/comm/tools/accel-selftest"
 
 # The budget test needs the steps before the hung one (gpt2) to fit in the budget, however
@@ -160,9 +160,9 @@ check "gpu_check exits non-zero when a step fails" [ $rc -ne 0 ]
 check "gpu_check stays within its budget (took ${took} s of $budget + 10 s kill grace + $base s)" \
   [ $took -le $((budget + 10 + base + 5)) ]
 check "device row" row device pass '2 x Fake GPU, 1000 MiB'
-check "absent test reported" row op_cross_device absent 'not a test of this build'
-check "failing test reported with its error" row cuda_vs_cpu FAIL 'CHECK\( a == b \)'
-check "passing test with doctest counts" row dist_nccl pass '3 test cases, 120 checks'
+check "absent test reported" row ops_cross_device absent 'not a test of this build'
+check "failing test reported with its error" row kernels_cuda_vs_cpu FAIL 'CHECK\( a == b \)'
+check "passing test with doctest counts" row comm_nccl pass '3 test cases, 120 checks'
 check "NCCL world over both GPUs" row 'nccl_world \(2 GPU\)' pass '9 of 9 checks.*12.5 GB/s'
 check "ZeRO-3 mismatch caught" row ddp_zero FAIL 'zero3\(rel 0.01\)'
 check "gpu_bench row becomes a figure" row 'matmul bf16 8192\^3 \(TFLOP/s\)' pass '700.1; 720.3'

@@ -1,0 +1,168 @@
+// One rank of the mesh-training tests (tests/accelerate/test_mesh_training.cc): a small GPT
+// (examples/models.h) trained in float64 through the Accelerator on the mesh and strategy of the
+// ACCEL_* variables (ACCEL_DP_REPLICATE_SIZE, ACCEL_DP_SHARD_SIZE, ACCEL_TP_SIZE,
+// ACCEL_ZERO_STAGE, ACCEL_GRADIENT_ACCUMULATION_STEPS, ACCEL_FSDP_ACTIVATION_CHECKPOINTING), AdamW
+// with weight decay and gradient clipping, a fixed global batch that each
+// data-parallel rank takes its share of (the ranks of a tp group take the same one), so every
+// mesh, one process included, computes the same steps.
+//   mesh_worker <out> <steps> [import <file>] [load <dir>] [save <step> <dir>] [export <file>]
+//               [sp]
+// import: load_model(file) after prepare; load: load_state(dir), then train until <steps>
+// optimizer steps in all; save: also save_state(dir) after optimizer step <step> (then go on);
+// export: save_model(file) at the end; sp: sequence parallel in the tp plan (models::gpt_tp_plan,
+// used when ACCEL_TP_SIZE > 1); f32: a float32 model (for 16-bit compute parameters). Rank 0
+// writes <out>:
+//   "loss <step> <value>"        the global mean loss of every step trained here (%.17g)
+//   "param <name> <numel>", then the values of the final full parameter, one per line (%.17g)
+// Prints "ok mesh_train" on success; exit code != 0 on failure.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "accelerate/accelerator.h"
+#include "optim/adam.h"
+#include "core/generator.h"
+#include "examples/models.h"
+
+using namespace accel;
+
+namespace {
+
+constexpr int64_t kBatch = 8, kContext = 16, kVocab = 32;
+
+models::GptConfig config() {
+  models::GptConfig c;
+  c.vocab = kVocab;
+  c.context = kContext;
+  c.layers = 2;
+  c.heads = 4;
+  c.d_model = 32;
+  return c;
+}
+
+int run(int argc, char** argv) {
+  if (argc < 3) {
+    std::cerr << "usage: mesh_worker <out> <steps> [import <file>] [load <dir>] "
+                 "[save <step> <dir>] [export <file>] [sp] [f32]\n";
+    return 2;
+  }
+  const std::string out_path = argv[1];
+  const int steps = std::atoi(argv[2]);
+  std::string load_dir, save_dir, export_path, import_path;
+  int save_at = -1;
+  bool sequence_parallel = false, f32 = false;
+  for (int i = 3; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "load" && i + 1 < argc) {
+      load_dir = argv[++i];
+    } else if (a == "save" && i + 2 < argc) {
+      save_at = std::atoi(argv[++i]);
+      save_dir = argv[++i];
+    } else if (a == "export" && i + 1 < argc) {
+      export_path = argv[++i];
+    } else if (a == "import" && i + 1 < argc) {
+      import_path = argv[++i];
+    } else if (a == "sp") {
+      sequence_parallel = true;
+    } else if (a == "f32") {
+      f32 = true;
+    } else {
+      std::cerr << "mesh_worker: unexpected argument '" << a << "'\n";
+      return 2;
+    }
+  }
+
+  AcceleratorConfig cfg;
+  cfg.cpu = true;
+  cfg.project_dir = "/tmp";
+  cfg.log_with = {};
+  // Used only when ACCEL_TP_SIZE > 1: Megatron's layout of examples/models.h's Gpt.
+  cfg.tp_plan = models::gpt_tp_plan({.sequence_parallel = sequence_parallel});
+  Accelerator acc(cfg);
+  const dist::DeviceMesh& mesh = acc.mesh();
+  const int dp = mesh.size("dp"), dp_rank = mesh.coordinate("dp");
+  ACCEL_CHECK(kBatch % dp == 0, ValueError, "mesh_worker", "dp ", dp, " does not divide ", kBatch);
+
+  Generator gen(5);
+  auto model = std::make_shared<models::Gpt>(config(), &gen);
+  if (!f32) model->to(kFloat64);
+  optim::AdamWOptions ao;
+  ao.lr(1e-2);
+  ao.weight_decay(0.01);
+  auto opt = std::make_shared<optim::AdamW>(model->parameters(), ao);
+  auto [m, o] = acc.prepare(model, std::static_pointer_cast<optim::Optimizer>(opt));
+
+  if (!import_path.empty()) acc.load_model(*m, import_path);
+  int first = 0;
+  if (!load_dir.empty()) {
+    acc.load_state(load_dir);
+    first = int(acc.optimizer_steps());
+  }
+  std::ofstream out;
+  if (acc.is_main_process()) out.open(out_path);
+  char line[96];
+  const int64_t per_rank = kBatch / dp;
+  for (int s = first; s < steps; ++s) {
+    Generator data(uint64_t(100 + s));
+    const Tensor tokens = randint(0, kVocab, {kBatch, kContext + 1}, TensorOptions(kInt64), &data);
+    const Tensor mine = tokens.narrow(0, dp_rank * per_rank, per_rank);
+    // ACCEL_GRADIENT_ACCUMULATION_STEPS = k: the rank's rows in k micro-batches, one optimizer
+    // step (the same data, so the same step as without accumulation).
+    const int k = acc.gradient_accumulation_steps();
+    ACCEL_CHECK(per_rank % k == 0, ValueError, "mesh_worker", k, " micro-batches of ", per_rank);
+    double local = 0;
+    for (int micro = 0; micro < k; ++micro) {
+      auto scope = acc.accumulate();
+      const Tensor rows = mine.narrow(0, micro * (per_rank / k), per_rank / k);
+      const Tensor x = rows.narrow(1, 0, kContext).contiguous();
+      const Tensor y = rows.narrow(1, 1, kContext).contiguous();
+      const Tensor loss = models::lm_loss(m->forward(x), y);
+      acc.backward(loss);
+      if (acc.sync_gradients()) acc.clip_grad_norm_(0.5);
+      o->step();
+      o->zero_grad();
+      local += loss.item() / k;
+    }
+    // The mean over data-parallel ranks: every rank of the world reduces, the tp ranks of one dp
+    // index hold the same loss, so the world mean is the dp mean.
+    const Tensor mean = acc.reduce(full({1}, local, TensorOptions(kFloat64)), "mean");
+    if (acc.is_main_process()) {
+      std::snprintf(line, sizeof line, "loss %d %.17g\n", s, mean.item());
+      out << line;
+    }
+    if (s + 1 == save_at) acc.save_state(save_dir);
+  }
+  if (!export_path.empty()) acc.save_model(*m, export_path);
+  const io::TensorDict full = acc.get_state_dict(*m);
+  if (acc.is_main_process()) {
+    for (const auto& [name, t] : full) {
+      const Tensor v = t.to(kFloat64).contiguous().reshape({-1});
+      out << "param " << name << " " << v.numel() << "\n";
+      const double* p = v.data<double>();
+      for (int64_t i = 0; i < v.numel(); ++i) {
+        std::snprintf(line, sizeof line, "%.17g\n", p[i]);
+        out << line;
+      }
+    }
+    out.close();
+    ACCEL_CHECK(out.good(), IoError, "mesh_worker", "could not write ", out_path);
+  }
+  acc.wait_for_everyone();
+  std::cout << "ok mesh_train" << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cout << "mesh_worker: " << e.what() << std::endl;
+    return 3;
+  }
+}

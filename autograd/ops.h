@@ -156,7 +156,7 @@ Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targ
                                         Reduction reduction = Reduction::Mean);
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 
-// ---- fused attention (added by the gpt performance work; kernels/cpu/nn_attention.cc) ----
+// ---- scaled dot-product attention (autograd/ops/attention.cc; kernels/cpu/nn_attention.cc) ----
 // torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=None,
 // dropout_p=0.0, is_causal=False, scale=None):
 //   softmax(q k^T * scale + mask) v, scale = 1 / sqrt(D) by default
@@ -182,7 +182,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // of C / n_heads -> (B, T, C) with the heads merged. Reads and writes (gradient included) the
 // packed layout directly, so head split and merge cost no copies.
 Tensor scaled_dot_product_attention_packed(const Tensor& qkv, int64_t n_heads, bool causal);
-// ---- end fused attention ----
+// ---- end scaled dot-product attention ----
 
 // ---- indexing ----
 // weight: (V, D), indices: int (any shape) -> (..., D). Out-of-range index: IndexError.
@@ -290,7 +290,8 @@ Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, int64_t dim = 1, do
 Tensor cosine_embedding_loss(const Tensor& x1, const Tensor& x2, const Tensor& target,
                              double margin = 0.0, Reduction reduction = Reduction::Mean);
 
-// ---- image layers (issue 24; autograd/ops/image.cc) ----
+// ---- image ops: group / instance norm, adaptive pools, pixel shuffle, pad, interpolate ----
+// (autograd/ops/nn.cc, pool.cc, resample.cc)
 // torch.nn.functional's definitions, arguments and defaults. x: (N, C, H, W) or (C, H, W) unless
 // said otherwise.
 // Output (oh, ow); window i of a dim of size n spans [floor(i n / o), ceil((i + 1) n / o)).
@@ -339,7 +340,7 @@ Tensor interpolate(const Tensor& x, Shape size = {}, std::vector<double> scale_f
 // x > 0 ? x : negative_slope x; x > 0 ? x : alpha (exp(x) - 1).
 Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01);
 Tensor elu(const Tensor& x, double alpha = 1.0);
-// ---- end image layers ----
+// ---- end image ops ----
 
 // ---- more activations and the in-place forms (autograd/ops/activation.cc) ----
 // torch.nn.functional's definitions and defaults. hardtanh: clamp to [min_val, max_val] with a

@@ -32,6 +32,7 @@
 
 #include "data/data.h"
 #include "bench/median.h"
+#include "bench/timing.h"
 
 using namespace accel;
 using bench::median;
@@ -39,11 +40,8 @@ using namespace accel::data;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+using accel::bench::Clock;
+using accel::bench::seconds_since;
 
 // Tokens per second of random windows: pread, memory and a bare mmap gather (see the top).
 int bench_tokens(int64_t context, int64_t batch) {

@@ -65,7 +65,7 @@ class AvgPool2d : public Module {
   bool count_include_pad;
 };
 
-// ---------------- transposed and 1-D convolutions (issue 24) ----------------
+// ---------------- transposed and 1-D convolutions ----------------
 
 // torch.nn.ConvTranspose2d(in_channels, out_channels, kernel_size, stride=1, padding=0,
 // output_padding=0, groups=1, bias=True, dilation=1): the same arguments in the same order.

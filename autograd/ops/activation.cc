@@ -1,7 +1,9 @@
-// Activations torch.nn.functional has beside relu / leaky_relu / elu (hardtanh, relu6, selu, celu,
+// Activations torch.nn.functional has beside relu (leaky_relu, elu, hardtanh, relu6, selu, celu,
 // threshold), the in-place forms torch offers (leaky_relu_, elu_, ...; Note [in-place
 // activations]), dropout and its in-place form, and the channel dropouts (dropout1d / dropout2d /
 // dropout3d, Note [channel dropout]), each with torch's definition and defaults:
+//   leaky_relu(x, slope) = x > 0 ? x : slope * x
+//   elu(x, alpha) = x > 0 ? x : alpha * (exp(x) - 1)
 //   hardtanh(x, lo, hi) = clamp(x, lo, hi), gradient 1 strictly inside (lo, hi), else 0
 //   relu6(x) = hardtanh(x, 0, 6)
 //   selu(x) = scale * elu(x, alpha), alpha = 1.6732632423543772, scale = 1.0507009873554805
@@ -15,6 +17,8 @@
 
 namespace accel {
 
+ACCEL_DIFFERENTIABLE_OP(leaky_relu, "leaky_relu");
+ACCEL_DIFFERENTIABLE_OP(elu, "elu");
 ACCEL_DIFFERENTIABLE_OP(hardtanh, "hardtanh");
 ACCEL_DIFFERENTIABLE_OP(selu, "selu");
 ACCEL_DIFFERENTIABLE_OP(celu, "celu");
@@ -37,6 +41,19 @@ void check_activation_input(const Tensor& x, const char* op) {
 }  // namespace
 
 // ---------------- activations ----------------
+
+Tensor leaky_relu(const Tensor& x, double negative_slope) {
+  ops::check_defined(x, "leaky_relu");
+  ops::check_floating(x, "leaky_relu");
+  return where(gt(x, 0.0), x, mul(x, negative_slope));
+}
+
+Tensor elu(const Tensor& x, double alpha) {
+  ops::check_defined(x, "elu");
+  ops::check_floating(x, "elu");
+  // expm1 of min(x, 0): the branch not taken stays finite, so its zero gradient stays zero.
+  return where(gt(x, 0.0), x, mul(expm1(clamp(x, std::nullopt, Scalar(0.0))), alpha));
+}
 
 Tensor hardtanh(const Tensor& x, double min_val, double max_val) {
   const char* op = "hardtanh";

@@ -1,13 +1,10 @@
-// conv2d, max_pool2d, avg_pool2d (NCHW): forward, checks and backward together.
+// conv2d, conv_transpose2d and the 1-D convolutions (NCHW): forward, checks and backward together.
 //   conv2d:     x (N, C, H, W), w (O, C / groups, kh, kw), b (O) -> (N, O, Ho, Wo),
 //               Ho = (H + 2 pad - dil (kh - 1) - 1) / stride + 1
-//   max/avg:    x (N, C, H, W) -> (N, C, Ho, Wo), Ho = (H + 2 pad - k) / stride + 1,
-//               stride defaults to the kernel.
 // A 3-D input (C, H, W) is treated as a batch of one. The backward of each op is its own kernel
-// (oneDNN backward_data / backward_weights / pooling backward on CPU; max pooling keeps the
-// forward's argmax in an opaque workspace tensor captured by the backward closure). Under
-// create_graph the gradients are built from the differentiable ops instead (Notes [convolution
-// gradients as convolutions], [pooling gradients under create_graph]).
+// (oneDNN backward_data / backward_weights on CPU). Under create_graph the gradients are built
+// from the differentiable ops instead (Note [convolution gradients as convolutions]). Pooling is
+// in pool.cc.
 #include <algorithm>
 
 #include "autograd/autocast.h"
@@ -17,42 +14,13 @@
 namespace accel {
 
 ACCEL_DIFFERENTIABLE_OP(conv2d, "conv2d");
-ACCEL_DIFFERENTIABLE_OP(max_pool2d, "max_pool2d");
-ACCEL_DIFFERENTIABLE_OP(avg_pool2d, "avg_pool2d");
 ACCEL_DIFFERENTIABLE_OP(conv_transpose2d, "conv_transpose2d");
 ACCEL_DIFFERENTIABLE_OP(conv1d, "conv1d");
 ACCEL_DIFFERENTIABLE_OP(conv_transpose1d, "conv_transpose1d");
 
 namespace {
 
-// A 1- or 2-element size argument as (h, w); every entry must be >= min_value.
-void pair_param(const char* op, const char* what, const Shape& s, int64_t min_value,
-                int64_t out[2]) {
-  ACCEL_CHECK(s.size() == 1 || s.size() == 2, ValueError, op, what,
-              " must have 1 or 2 elements, got ", s);
-  out[0] = s[0];
-  out[1] = s.size() == 2 ? s[1] : s[0];
-  ACCEL_CHECK(out[0] >= min_value && out[1] >= min_value, ValueError, op, what,
-              " must be >= ", min_value, ", got ", s);
-}
-
-// Contiguous data of t for a kernel (which ignores autograd metadata): t itself or a copy.
-Tensor dense(const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor c = ops::empty_on(t.sizes(), t.dtype(), t.device());
-  copy_stub(t.device(), c, t);
-  return c;
-}
-
-void check_input(const char* op, const Tensor& x) {
-  ops::check_defined(x, op);
-  ops::check_floating(x, op);
-  ACCEL_CHECK(x.dim() == 3 || x.dim() == 4, ShapeError, op,
-              "expected a 3-D (C, H, W) or 4-D (N, C, H, W) input, got ", x.sizes());
-}
-
-// Shape{a, b} for messages.
-Shape pair_shape(const int64_t v[2]) { return Shape{v[0], v[1]}; }
+using ops::pair_shape;
 
 // Note [convolution gradients as convolutions]
 // Under create_graph (Note [double backward] in autograd/engine.h) conv2d's and
@@ -105,7 +73,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Shape stride
     return conv2d(xc, wc, bc, std::move(stride), std::move(padding), std::move(dilation), groups);
   }
   const char* op = "conv2d";
-  check_input(op, x_in);
+  ops::check_image(op, x_in);
   ops::check_defined(w, op, "weight");
   ops::check_same_device(x_in, w, op);
   ACCEL_CHECK(x_in.dtype() == w.dtype(), DTypeError, op, "input ", x_in.dtype(), " ", x_in.sizes(),
@@ -114,9 +82,9 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Shape stride
               w.sizes());
   ACCEL_CHECK(groups >= 1, ValueError, op, "groups must be positive, got ", groups);
   Conv2dParams p;
-  pair_param(op, "stride", stride, 1, p.stride);
-  pair_param(op, "padding", padding, 0, p.padding);
-  pair_param(op, "dilation", dilation, 1, p.dilation);
+  ops::pair_param(op, "stride", stride, 1, p.stride);
+  ops::pair_param(op, "padding", padding, 0, p.padding);
+  ops::pair_param(op, "dilation", dilation, 1, p.dilation);
   p.groups = groups;
   const Tensor x = x_in.dim() == 3 ? x_in.unsqueeze(0) : x_in;
   const int64_t c = x.size(1), o = w.size(0);
@@ -141,7 +109,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Shape stride
                 w.sizes());
     out_hw[i] = (padded - eff) / p.stride[i] + 1;
   }
-  const Tensor xd = dense(x), wd = dense(w), bd = b.defined() ? dense(b) : Tensor();
+  const Tensor xd = ops::dense(x), wd = ops::dense(w), bd = b.defined() ? ops::dense(b) : Tensor();
   Tensor out = ops::empty_on({x.size(0), o, out_hw[0], out_hw[1]}, x.dtype(), x.device());
   conv2d_stub(x.device(), xd, wd, bd, out, p);
   if (autograd::needs_grad(x, w, b)) {
@@ -162,7 +130,7 @@ Tensor conv2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Shape stride
           }
           const Tensor xd = xown.defined() ? xown : xs.unpack();
           const Tensor wd = wown.defined() ? wown : ws.unpack();
-          const Tensor go = dense(g[0]);
+          const Tensor go = ops::dense(g[0]);
           Tensor dx = gx ? ops::empty_on(xd.sizes(), go.dtype(), go.device()) : Tensor();
           Tensor dw = gw ? ops::empty_on(wd.sizes(), go.dtype(), go.device()) : Tensor();
           Tensor db = gb ? ops::empty_on({wd.size(0)}, go.dtype(), go.device()) : Tensor();
@@ -193,7 +161,7 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Sh
                             std::move(output_padding), groups, std::move(dilation));
   }
   const char* op = "conv_transpose2d";
-  check_input(op, x_in);
+  ops::check_image(op, x_in);
   ops::check_defined(w, op, "weight");
   ops::check_same_device(x_in, w, op);
   ACCEL_CHECK(x_in.dtype() == w.dtype(), DTypeError, op, "input ", x_in.dtype(), " ", x_in.sizes(),
@@ -203,10 +171,10 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Sh
   ACCEL_CHECK(groups >= 1, ValueError, op, "groups must be positive, got ", groups);
   Conv2dParams p;
   int64_t out_pad[2];
-  pair_param(op, "stride", stride, 1, p.stride);
-  pair_param(op, "padding", padding, 0, p.padding);
-  pair_param(op, "dilation", dilation, 1, p.dilation);
-  pair_param(op, "output_padding", output_padding, 0, out_pad);
+  ops::pair_param(op, "stride", stride, 1, p.stride);
+  ops::pair_param(op, "padding", padding, 0, p.padding);
+  ops::pair_param(op, "dilation", dilation, 1, p.dilation);
+  ops::pair_param(op, "output_padding", output_padding, 0, out_pad);
   p.groups = groups;
   for (int i = 0; i < 2; ++i) {
     ACCEL_CHECK(out_pad[i] < p.stride[i] || out_pad[i] < p.dilation[i], ValueError, op,
@@ -255,7 +223,7 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Sh
                 ", stride ", pair_shape(p.stride), ", padding ", pair_shape(p.padding),
                 " gives a non-positive output size ", Shape{out_hw[0], out_hw[1]});
   }
-  const Tensor xd = dense(x), wd = dense(w);
+  const Tensor xd = ops::dense(x), wd = ops::dense(w);
   Tensor out = ops::empty_on({x.size(0), o, out_hw[0], out_hw[1]}, x.dtype(), x.device());
   // Only the sizes of conv2d's input argument are read when gw and gb are null.
   conv2d_backward_stub(x.device(), out, wd, xd, &out, nullptr, nullptr, p);
@@ -281,7 +249,7 @@ Tensor conv_transpose2d(const Tensor& x_in, const Tensor& w, const Tensor& b, Sh
           }
           const Tensor xd = xown.defined() ? xown : xs.unpack();
           const Tensor wd = wown.defined() ? wown : ws.unpack();
-          const Tensor go = dense(g[0]);
+          const Tensor go = ops::dense(g[0]);
           Tensor dx = gx ? ops::empty_on(xd.sizes(), go.dtype(), go.device()) : Tensor();
           Tensor dw = gw ? ops::empty_on(wd.sizes(), go.dtype(), go.device()) : Tensor();
           if (gx) conv2d_stub(go.device(), go, wd, Tensor(), dx, p);
@@ -337,149 +305,6 @@ Tensor conv_transpose1d(const Tensor& x, const Tensor& w, const Tensor& b, int64
                        as_2d_pad(op, "padding", padding),
                        as_2d_pad(op, "output_padding", output_padding), groups, Shape{1, dilation});
   return y.squeeze(y.dim() - 2);
-}
-
-namespace {
-
-// Note [pooling gradients under create_graph]
-// The pooling backward kernels record no graph; under create_graph (Note [double backward] in
-// autograd/engine.h) the input gradient is built from differentiable ops. Both gradients are
-// linear in the output gradient g (N, C, Ho, Wo):
-//   - average: the adjoint of averaging, a transposed convolution of g / count with a kernel of
-//     ones per channel (groups = C); count is kh kw, or without count_include_pad the window's
-//     in-bounds elements (the average pool of ones, times kh kw);
-//   - max: g scattered (scatter_add) to where each window's maximum is. Those positions are read
-//     back from the forward's workspace (x itself is not kept: that would hold every max pool's
-//     input until the backward) through the backward kernel: the outputs of one phase
-//     (ho % rh, wo % rw), rh = ceil(kh / sh), have disjoint windows, so the backward of a gradient
-//     that is a code for each output of the phase (0 elsewhere) puts every code, unsummed, at its
-//     window's maximum. Codes are base-b digits + 1, b the largest integer the pool's dtype holds
-//     exactly (256 for bfloat16, 2048 for float16, 2^24 for float32, 2^52 for float64): one
-//     backward per phase and digit (one in all for non-overlapping float32 windows).
-
-// (N, C, Ho * Wo) int64: h * W + w of each window's maximum, from Max pooling's workspace.
-Tensor max_pool2d_positions(const Tensor& workspace, const Shape& in, int64_t Ho, int64_t Wo,
-                            DType dt, Device dev, const Pool2dParams& p) {
-  NoGradGuard no_grad;
-  const int64_t P = in[0] * in[1], HW = in[2] * in[3], O = Ho * Wo;
-  const int64_t base = dt == kBFloat16  ? 256
-                       : dt == kFloat16 ? 2048
-                       : dt == kFloat32 ? int64_t(1) << 24
-                                        : int64_t(1) << 52;
-  int64_t digits = 1;
-  for (int64_t reach = base; reach < O; reach *= base) ++digits;
-  const int64_t rh = (p.kernel[0] + p.stride[0] - 1) / p.stride[0];
-  const int64_t rw = (p.kernel[1] + p.stride[1] - 1) / p.stride[1];
-  const TensorOptions i64(kInt64, dev);
-  Tensor pos = zeros({P * O}, i64);
-  int64_t found = 0;
-  for (int64_t a = 0; a < rh; ++a) {
-    for (int64_t b = 0; b < rw; ++b) {
-      Tensor plane, where_in, lin, out_index;  // per maximum found in this phase
-      int64_t scale = 1;
-      for (int64_t d = 0; d < digits; ++d, scale *= base) {
-        std::vector<double> code(size_t(O), 0.0);  // digit + 1 for the phase's outputs, else 0
-        for (int64_t ho = a; ho < Ho; ho += rh)
-          for (int64_t wo = b; wo < Wo; wo += rw)
-            code[size_t(ho * Wo + wo)] = double((ho * Wo + wo) / scale % base + 1);
-        const Tensor gout =
-            tensor(code, Shape{1, 1, Ho, Wo}).to(dt).to(dev).expand({in[0], in[1], Ho, Wo});
-        Tensor dx = ops::empty_on(in, dt, dev);
-        pool2d_backward_stub(dev, PoolKind::Max, dense(gout), workspace, dx, p);
-        const Tensor flat = dx.reshape({P, HW});
-        if (d == 0) {
-          const Tensor nz = nonzero(flat);  // (found, 2): plane, input position
-          plane = nz.select(1, 0).contiguous();
-          where_in = nz.select(1, 1).contiguous();
-          lin = add(mul(plane, HW), where_in);
-          out_index = zeros({nz.size(0)}, i64);
-        }
-        const Tensor digit = sub(index_select(flat.reshape({-1}), 0, lin).to(kInt64), 1);
-        out_index = add(out_index, mul(digit, scale));
-      }
-      found += where_in.numel();
-      pos = index_put(pos, {add(mul(plane, O), out_index)}, where_in);
-    }
-  }
-  ACCEL_CHECK(found == P * O, ValueError, "max_pool2d",
-              "double backward could not locate the window maxima of the input ", in,
-              " (NaN in the input?)");
-  return pos.reshape({in[0], in[1], O});
-}
-
-Tensor pool2d_grad_differentiable(PoolKind kind, const Tensor& g, const Tensor& workspace,
-                                  const Shape& in, const Pool2dParams& p) {
-  const int64_t N = in[0], C = in[1], H = in[2], W = in[3], Ho = g.size(2), Wo = g.size(3);
-  const int64_t kh = p.kernel[0], kw = p.kernel[1];
-  if (kind == PoolKind::Avg) {
-    Tensor count;
-    {
-      NoGradGuard no_grad;
-      count = p.count_include_pad
-                  ? full({}, double(kh * kw), TensorOptions(g.dtype(), g.device()))
-                  : mul(avg_pool2d(ones({1, 1, H, W}, TensorOptions(g.dtype(), g.device())),
-                                   pair_shape(p.kernel), pair_shape(p.stride),
-                                   pair_shape(p.padding), true),
-                        double(kh * kw));
-    }
-    const int64_t out_pad[2] = {H - ((Ho - 1) * p.stride[0] - 2 * p.padding[0] + kh),
-                                W - ((Wo - 1) * p.stride[1] - 2 * p.padding[1] + kw)};
-    return conv_transpose2d(div(g, count),
-                            ones({C, 1, kh, kw}, TensorOptions(g.dtype(), g.device())), Tensor(),
-                            pair_shape(p.stride), pair_shape(p.padding), pair_shape(out_pad), C);
-  }
-  const Tensor where_max = max_pool2d_positions(workspace, in, Ho, Wo, g.dtype(), g.device(), p);
-  const Tensor dx = zeros({N, C, H * W}, TensorOptions(g.dtype(), g.device()));
-  return scatter_add(dx, 2, where_max, g.reshape({N, C, Ho * Wo})).reshape(in);
-}
-
-Tensor pool2d(const char* op, PoolKind kind, const Tensor& x_in, const Shape& kernel,
-              const Shape& stride, const Shape& padding, bool count_include_pad) {
-  check_input(op, x_in);
-  Pool2dParams p;
-  pair_param(op, "kernel", kernel, 1, p.kernel);
-  pair_param(op, "stride", stride.empty() ? kernel : stride, 1, p.stride);
-  pair_param(op, "padding", padding, 0, p.padding);
-  p.count_include_pad = count_include_pad;
-  ACCEL_CHECK(2 * p.padding[0] <= p.kernel[0] && 2 * p.padding[1] <= p.kernel[1], ValueError, op,
-              "padding ", pair_shape(p.padding), " must be at most half the kernel ",
-              pair_shape(p.kernel));
-  const Tensor x = x_in.dim() == 3 ? x_in.unsqueeze(0) : x_in;
-  int64_t out_hw[2];
-  for (int i = 0; i < 2; ++i) {
-    const int64_t padded = x.size(2 + i) + 2 * p.padding[i];
-    ACCEL_CHECK(padded >= p.kernel[i], ShapeError, op, "kernel ", pair_shape(p.kernel),
-                " is larger than the input ", x_in.sizes(), " padded by ", pair_shape(p.padding));
-    out_hw[i] = (padded - p.kernel[i]) / p.stride[i] + 1;
-  }
-  const Tensor xd = dense(x);
-  Tensor out = ops::empty_on({x.size(0), x.size(1), out_hw[0], out_hw[1]}, x.dtype(), x.device());
-  const bool grad = autograd::needs_grad(x);
-  Tensor workspace;  // max pool argmax, opaque (backend-specific)
-  pool2d_stub(x.device(), kind, xd, out, grad && kind == PoolKind::Max ? &workspace : nullptr, p);
-  if (grad) {
-    autograd::record(
-        op, {&x}, {&out}, [workspace, p, kind, in = x.sizes()](const autograd::Grads& g) {
-          if (autograd::creating_graph())  // Note [pooling gradients under create_graph]
-            return autograd::Grads{pool2d_grad_differentiable(kind, g[0], workspace, in, p)};
-          const Tensor go = dense(g[0]);
-          Tensor dx = ops::empty_on(in, go.dtype(), go.device());
-          pool2d_backward_stub(go.device(), kind, go, workspace, dx, p);
-          return autograd::Grads{dx};
-        });
-  }
-  return x_in.dim() == 3 ? out.squeeze(0) : out;
-}
-
-}  // namespace
-
-Tensor max_pool2d(const Tensor& x, Shape kernel, Shape stride, Shape padding) {
-  return pool2d("max_pool2d", PoolKind::Max, x, kernel, stride, padding, true);
-}
-
-Tensor avg_pool2d(const Tensor& x, Shape kernel, Shape stride, Shape padding,
-                  bool count_include_pad) {
-  return pool2d("avg_pool2d", PoolKind::Avg, x, kernel, stride, padding, count_include_pad);
 }
 
 }  // namespace accel

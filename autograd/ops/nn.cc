@@ -2,6 +2,9 @@
 // (dropout is in activation.cc).
 //   softmax / log_softmax:   x: (...) -> (...) over dim
 //   layer_norm / rms_norm:   x: (..., *normalized_shape), weight/bias: normalized_shape
+//   group_norm:              x: (N, C, *), weight/bias: (C), fused kernel
+//                            (kernels/<backend>/nn_group_norm.*); instance_norm is group_norm
+//                            with C groups, or the running statistics
 //   cross_entropy, nll_loss: logits: (C) | (N, C) | (N, C, d...), target: () | (N) | (N, d...)
 // The fused ops call their own backward kernels (kernels/stubs/nn.h); mse_loss,
 // binary_cross_entropy_with_logits and the other elementwise losses are in losses.cc.
@@ -18,6 +21,8 @@ ACCEL_DIFFERENTIABLE_OP(softmax, "softmax");
 ACCEL_DIFFERENTIABLE_OP(log_softmax, "log_softmax");
 ACCEL_DIFFERENTIABLE_OP(layer_norm, "layer_norm");
 ACCEL_DIFFERENTIABLE_OP(rms_norm, "rms_norm");
+ACCEL_DIFFERENTIABLE_OP(group_norm, "group_norm");
+ACCEL_DIFFERENTIABLE_OP(instance_norm, "instance_norm");
 ACCEL_DIFFERENTIABLE_OP(cross_entropy, "cross_entropy");
 ACCEL_DIFFERENTIABLE_OP(nll_loss, "nll_loss");
 
@@ -333,6 +338,140 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& we
           rms_norm_backward_stub(dev, grad_input(g[0], dt), xd, rs, wd, n, dx, dw);
           return autograd::Grads{dx, dw};
         });
+  }
+  return y;
+}
+
+// ---------------- group_norm / instance_norm ----------------
+
+namespace {
+// group_norm from differentiable ops: the form its create_graph backward differentiates (Note
+// [double backward by recompute] in autograd/function.h). x (N, C, *), w / b (C) or undefined.
+Tensor group_norm_composed(const Tensor& x, int64_t groups, const Tensor& w, const Tensor& b,
+                           double eps) {
+  const Tensor xr = x.reshape({x.size(0), groups, -1});
+  const Tensor c = sub(xr, mean(xr, {2}, true));
+  Tensor y = mul(c, rsqrt(add(mean(mul(c, c), {2}, true), eps))).reshape(x.sizes());
+  Shape ps(size_t(x.dim()), 1);
+  ps[1] = x.size(1);
+  if (w.defined()) y = mul(y, w.reshape(ps));
+  if (b.defined()) y = add(y, b.reshape(ps));
+  return y;
+}
+}  // namespace
+
+Tensor group_norm(const Tensor& x, int64_t num_groups, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  if (ACCEL_UNLIKELY(autocast_wants_upcast(x, weight, bias)))
+    return group_norm(autocast_upcast(x), num_groups, autocast_upcast(weight),
+                      autocast_upcast(bias), eps);
+  const char* op = "group_norm";
+  ops::check_defined(x, op);
+  ops::check_floating(x, op);
+  ACCEL_CHECK(x.dim() >= 2, ShapeError, op, "expected an input (N, C, *), got ", x.sizes());
+  const int64_t c = x.size(1);
+  ACCEL_CHECK(num_groups >= 1 && c % num_groups == 0, ValueError, op, "num_groups (", num_groups,
+              ") must be positive and divide the ", c, " channels of the input ", x.sizes());
+  ACCEL_CHECK(eps >= 0, ValueError, op, "eps must be non-negative, got ", eps);
+  for (const Tensor* p : {&weight, &bias}) {
+    if (!p->defined()) continue;
+    const char* what = p == &weight ? "weight" : "bias";
+    ops::check_same_device(x, *p, op);
+    ACCEL_CHECK(p->dtype() == x.dtype(), DTypeError, op, what, " ", p->dtype(), " and input ",
+                x.dtype(), " differ in dtype");
+    ACCEL_CHECK(p->dim() == 1 && p->size(0) == c, ShapeError, op, what, " must have shape ",
+                Shape{c}, " for input ", x.sizes(), ", got ", p->sizes());
+  }
+  const Tensor xc = contiguous_data(x), wc = maybe_contiguous(weight), bc = maybe_contiguous(bias);
+  const int64_t n = x.size(0);
+  Tensor y = ops::empty_on(x.sizes(), x.dtype(), x.device());
+  Tensor mu = ops::empty_on({n, num_groups}, acc_dtype(x.dtype()), x.device());
+  Tensor rs = ops::empty_on({n, num_groups}, acc_dtype(x.dtype()), x.device());
+  group_norm_stub(x.device(), xc, wc, bc, num_groups, eps, y, mu, rs);
+  if (autograd::needs_grad(x, weight, bias)) {
+    const bool gx = x.requires_grad(), gw = weight.defined() && weight.requires_grad(),
+               gb = bias.defined() && bias.requires_grad();
+    autograd::record(op, {&x, &weight, &bias}, {&y},
+                     // mu and rs are the op's own statistics: nobody else can write them.
+                     // x and the parameters as given, for the create_graph backward (Note
+                     // [double backward by recompute]); xc / wc when they are the op's copies.
+                     [xs = autograd::save_input(x, 0), ws = autograd::save_input(weight, 1),
+                      bs = autograd::save_input(bias, 2), xown = xc.is_same(x) ? Tensor() : xc,
+                      wown = !wc.defined() || wc.is_same(weight) ? Tensor() : wc, mu, rs,
+                      num_groups, eps, gx, gw, gb](const autograd::Grads& g) {
+                       if (autograd::creating_graph()) {
+                         return autograd::recompute_grads(
+                             {xs.unpack(), ws.unpack(), bs.unpack()}, g,
+                             [num_groups, eps](const std::vector<Tensor>& in) {
+                               return std::vector<Tensor>{
+                                   group_norm_composed(in[0], num_groups, in[1], in[2], eps)};
+                             });
+                       }
+                       const Tensor xd = xown.defined() ? xown : xs.unpack();
+                       const Tensor wd = wown.defined() ? wown : ws.unpack();
+                       const DType dt = xd.dtype();
+                       const Device dev = xd.device();
+                       const Shape cs{xd.size(1)};
+                       Tensor dx = gx ? ops::empty_on(xd.sizes(), dt, dev) : Tensor();
+                       Tensor dw = gw ? ops::empty_on(cs, dt, dev) : Tensor();
+                       Tensor db = gb ? ops::empty_on(cs, dt, dev) : Tensor();
+                       const Tensor go = ops::as_dtype(g[0], dt).contiguous();
+                       group_norm_backward_stub(dev, go, xd, mu, rs, wd, num_groups, dx, dw, db);
+                       return autograd::Grads{dx, dw, db};
+                     });
+  }
+  return y;
+}
+
+Tensor instance_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                     const Tensor& weight, const Tensor& bias, bool use_input_stats,
+                     double momentum, double eps) {
+  const char* op = "instance_norm";
+  ops::check_defined(x, op);
+  ops::check_floating(x, op);
+  ACCEL_CHECK(x.dim() >= 3, ShapeError, op,
+              "expected an input (N, C, *) with at least one "
+              "spatial dim, got ",
+              x.sizes());
+  const int64_t c = x.size(1);
+  ACCEL_CHECK(running_mean.defined() == running_var.defined(), ValueError, op,
+              "running_mean and running_var must both be given or both be undefined");
+  for (const Tensor* p : {&running_mean, &running_var}) {
+    if (!p->defined()) continue;
+    ops::check_same_device(x, *p, op);
+    ACCEL_CHECK(p->dim() == 1 && p->size(0) == c, ShapeError, op, "running statistics must have ",
+                "shape ", Shape{c}, " for input ", x.sizes(), ", got ", p->sizes());
+  }
+  Shape bshape(size_t(x.dim()), 1);  // (1, C, 1...) to broadcast per channel
+  bshape[1] = c;
+  if (!use_input_stats) {
+    ACCEL_CHECK(running_mean.defined(), ValueError, op,
+                "use_input_stats=false needs running_mean and running_var");
+    const Tensor mu = running_mean.detach().to(x.dtype()).view(bshape);
+    const Tensor inv = rsqrt(add(running_var.detach().to(x.dtype()), eps)).view(bshape);
+    Tensor y = mul(sub(x, mu), inv);
+    if (weight.defined()) y = mul(y, weight.view(bshape));
+    if (bias.defined()) y = add(y, bias.view(bshape));
+    return y;
+  }
+  const Tensor y = group_norm(x, c, weight, bias, eps);
+  if (running_mean.defined()) {
+    // torch runs batch_norm on (1, N C, *) with the running statistics repeated N times, then
+    // averages them over N: running = (1 - m) running + m mean_n(batch statistic of (n, c)), with
+    // the unbiased variance.
+    NoGradGuard ng;
+    Shape dims;
+    for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+    const int64_t s = x.numel() / std::max<int64_t>(x.size(0) * c, 1);
+    ACCEL_CHECK(s > 1, ValueError, op,
+                "expected more than 1 spatial element per channel to "
+                "update the running variance, got input ",
+                x.sizes());
+    const Tensor xd = x.detach();
+    const Tensor m_nc = mean(xd, dims), v_nc = var(xd, dims, 1);  // (N, C)
+    Tensor rm = running_mean, rv = running_var;
+    rm.mul_(1.0 - momentum).add_(mean(m_nc, {0}).to(rm.dtype()), momentum);
+    rv.mul_(1.0 - momentum).add_(mean(v_nc, {0}).to(rv.dtype()), momentum);
   }
   return y;
 }

@@ -1,6 +1,7 @@
-// CPU conv2d and 2-D pooling: oneDNN primitives for f32/bf16 (f16, any dtype oneDNN cannot run
-// on this CPU, and bf16 convolutions where float32 is faster go through f32), direct loops for f64
-// (oneDNN has no f64 convolution; these are the reference kernels gradcheck runs against).
+// CPU conv2d: oneDNN primitives for f32/bf16 (f16, any dtype oneDNN cannot run on this CPU, and
+// bf16 convolutions where float32 is faster go through f32), direct loops for f64 (oneDNN has no
+// f64 convolution; these are the reference kernels gradcheck runs against). 2-D pooling is in
+// pool.cc.
 //
 // Note [conv layouts]: accel tensors are plain NCHW, but oneDNN's fast convolution kernels work on
 // blocked layouts (nChw16c, OIhw16i16o, ...): on the `cnn` workload the blocked kernels are about
@@ -8,9 +9,8 @@
 // few percent of the convolution. So every convolution primitive is created with format `any`,
 // and each argument whose chosen layout differs from plain gets a cached reorder primitive into
 // (or out of) a scratch buffer from the caching allocator. When oneDNN picks the plain layout
-// itself, the tensor's memory is used directly. Pooling is memory-bound and runs on the plain
-// layout directly (a reorder would cost as much as the pooling).
-#include <atomic>
+// itself, the tensor's memory is used directly. (Pooling, pool.cc, is memory-bound and runs on the
+// plain layout directly: a reorder would cost as much as the pooling.)
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -20,7 +20,6 @@
 
 #include "kernels/stubs/conv.h"
 #include "kernels/cpu/cpu_isa.h"
-#include "kernels/cpu/cpu_pool.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/onednn.h"
 
@@ -152,264 +151,6 @@ void conv_bwd_weights_ref(const T* x, const T* gy, T* gw, T* gb, const ConvGeom&
   });
 }
 
-struct PoolGeom {
-  int64_t planes, h, w, ho, wo, kh, kw, sh, sw, ph, pw;
-};
-
-PoolGeom pool_geom(const Shape& in, const Shape& out, const Pool2dParams& p) {
-  return {in[0] * in[1], in[2],       in[3],       out[2],       out[3],      p.kernel[0],
-          p.kernel[1],   p.stride[0], p.stride[1], p.padding[0], p.padding[1]};
-}
-
-// Visits the valid input cells of output cell (oh, ow): fn(ih * w + iw).
-template <typename F>
-void for_window(const PoolGeom& g, int64_t oh, int64_t ow, F&& fn) {
-  const int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-  for (int64_t ih = std::max<int64_t>(h0, 0); ih < std::min(h0 + g.kh, g.h); ++ih)
-    for (int64_t iw = std::max<int64_t>(w0, 0); iw < std::min(w0 + g.kw, g.w); ++iw)
-      fn(ih * g.w + iw);
-}
-
-int64_t window_count(const PoolGeom& g, int64_t oh, int64_t ow, bool include_pad) {
-  if (include_pad) return g.kh * g.kw;
-  const int64_t h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-  const int64_t hs = std::min(h0 + g.kh, g.h) - std::max<int64_t>(h0, 0);
-  const int64_t ws = std::min(w0 + g.kw, g.w) - std::max<int64_t>(w0, 0);
-  return hs * ws;
-}
-
-// Max: also writes the argmax (flat index in the plane) to idx when not null.
-template <typename T>
-void pool_fwd_ref(PoolKind kind, const T* x, T* y, int64_t* idx, const PoolGeom& g,
-                  bool include_pad) {
-  parallel_for(g.planes, 1, [&](int64_t b, int64_t e) {
-    for (int64_t pl = b; pl < e; ++pl) {
-      const T* xp = x + pl * g.h * g.w;
-      for (int64_t oh = 0; oh < g.ho; ++oh) {
-        for (int64_t ow = 0; ow < g.wo; ++ow) {
-          const int64_t o = (pl * g.ho + oh) * g.wo + ow;
-          if (kind == PoolKind::Max) {
-            T best = -std::numeric_limits<T>::infinity();
-            int64_t bi = -1;
-            for_window(g, oh, ow, [&](int64_t k) {
-              const T v = xp[k];  // NaN wins and then stays, as in PyTorch
-              if (bi < 0 || (!std::isnan(best) && (v > best || std::isnan(v)))) {
-                best = v;
-                bi = k;
-              }
-            });
-            y[o] = best;
-            if (idx) idx[o] = bi;
-          } else {
-            T s = T(0);
-            for_window(g, oh, ow, [&](int64_t k) { s += xp[k]; });
-            y[o] = s / T(window_count(g, oh, ow, include_pad));
-          }
-        }
-      }
-    }
-  });
-}
-
-template <typename T>
-void pool_bwd_ref(PoolKind kind, const T* gy, const int64_t* idx, T* gx, const PoolGeom& g,
-                  bool include_pad) {
-  parallel_for(g.planes, 1, [&](int64_t b, int64_t e) {
-    for (int64_t pl = b; pl < e; ++pl) {
-      T* gxp = gx + pl * g.h * g.w;
-      std::fill(gxp, gxp + g.h * g.w, T(0));
-      for (int64_t oh = 0; oh < g.ho; ++oh) {
-        for (int64_t ow = 0; ow < g.wo; ++ow) {
-          const int64_t o = (pl * g.ho + oh) * g.wo + ow;
-          if (kind == PoolKind::Max) {
-            if (idx[o] >= 0) gxp[idx[o]] += gy[o];
-          } else {
-            const T v = gy[o] / T(window_count(g, oh, ow, include_pad));
-            for_window(g, oh, ow, [&](int64_t k) { gxp[k] += v; });
-          }
-        }
-      }
-    }
-  });
-}
-
-// Note [own NCHW pooling]: oneDNN's pooling on plain NCHW is a JIT kernel only with AVX-512; below
-// it (an AVX2-only CPU, or ONEDNN_MAX_CPU_ISA=AVX2) oneDNN 2.6 runs `simple_nchw`, which took
-// 20-35 ms per max-pool call of the cnn workload (half of its step) against ~1 ms for the JIT one.
-// So where oneDNN's chosen implementation is a simple / reference one, pool2d runs this kernel:
-// planes in parallel, float arithmetic on any float storage (bf16 / f16 read and rounded once),
-// the fixed window unrolled where it lies inside the input. Its max-pool workspace is the argmax
-// as an int32 flat index in the plane (PyTorch's indices), which is how the backward knows
-// which kernel made it (oneDNN's is uint8, the float64 reference's int64).
-// One max-pool window without branches on the data (a compare-and-select per cell: random data
-// made the branchy form mispredict half its compares, 25 ms for the cnn's first pool): NaN wins
-// and then stays (PyTorch), ties keep the first cell.
-// The select is done with masks: GCC turned `t ? v : best` back into jumps.
-struct MaxCell {
-  float best;
-  int64_t at;
-  inline void take(float v, int64_t k) {
-    const bool t = (v > best) | ((v != v) & (best == best));
-    const uint32_t m = 0u - uint32_t(t);
-    best = std::bit_cast<float>((std::bit_cast<uint32_t>(v) & m) |
-                                (std::bit_cast<uint32_t>(best) & ~m));
-    const uint64_t m64 = 0ull - uint64_t(t);
-    at = int64_t((uint64_t(k) & m64) | (uint64_t(at) & ~m64));
-  }
-};
-
-// The common 2 x 2, stride 2 max pool over one output row as a vector loop (lanes are outputs;
-// MaxCell's compare-and-select on int32 indices, written out so GCC vectorises it). Raw is float
-// or the bf16 bits (uint16_t): the max is one of the inputs, so its bf16 bits go back unrounded.
-inline void max_take(float v, int32_t k, float& best, int32_t& at) {
-  const bool t = (v > best) | ((v != v) & (best == best));
-  const uint32_t m = 0u - uint32_t(t);
-  best =
-      std::bit_cast<float>((std::bit_cast<uint32_t>(v) & m) | (std::bit_cast<uint32_t>(best) & ~m));
-  at = int32_t((uint32_t(k) & m) | (uint32_t(at) & ~m));
-}
-inline float raw_up(float v) { return v; }
-inline float raw_up(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
-template <typename Raw>
-inline Raw raw_down(float v) {
-  if constexpr (std::is_same_v<Raw, float>) {
-    return v;
-  } else {
-    return uint16_t(std::bit_cast<uint32_t>(v) >> 16);
-  }
-}
-
-template <typename Raw, bool kIdx>
-void max_row_2x2(const Raw* __restrict r0, const Raw* __restrict r1, Raw* __restrict y,
-                 int32_t* __restrict ip, int32_t row0, int32_t w, int64_t n) {
-#pragma omp simd
-  for (int64_t ow = 0; ow < n; ++ow) {
-    float best = raw_up(r0[2 * ow]);
-    const int32_t a0 = row0 + int32_t(2 * ow);
-    int32_t at = a0;
-    max_take(raw_up(r0[2 * ow + 1]), a0 + 1, best, at);
-    max_take(raw_up(r1[2 * ow]), a0 + w, best, at);
-    max_take(raw_up(r1[2 * ow + 1]), a0 + w + 1, best, at);
-    y[ow] = raw_down<Raw>(best);
-    if constexpr (kIdx) ip[ow] = at;
-  }
-}
-
-// max_row_2x2 on T's storage, or false when T has no vector path (f16).
-template <typename T>
-bool max_row_2x2_for(const T* r0, const T* r1, T* y, int32_t* ip, int32_t row0, int32_t w,
-                     int64_t n) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, BFloat16>) {
-    using Raw = std::conditional_t<std::is_same_v<T, float>, float, uint16_t>;
-    const Raw* a = reinterpret_cast<const Raw*>(r0);
-    const Raw* b = reinterpret_cast<const Raw*>(r1);
-    Raw* out = reinterpret_cast<Raw*>(y);
-    (ip ? &max_row_2x2<Raw, true> : &max_row_2x2<Raw, false>)(a, b, out, ip, row0, w, n);
-    return true;
-  } else {
-    return false;
-  }
-}
-
-template <typename T>
-void pool_fwd_own(PoolKind kind, const T* x, T* y, int32_t* idx, const PoolGeom& g,
-                  bool include_pad) {
-  const bool max = kind == PoolKind::Max;
-  parallel_for(g.planes, 1, [&](int64_t b, int64_t e) {
-    for (int64_t pl = b; pl < e; ++pl) {
-      const T* xp = x + pl * g.h * g.w;
-      T* yp = y + pl * g.ho * g.wo;
-      int32_t* ip = idx ? idx + pl * g.ho * g.wo : nullptr;
-      for (int64_t oh = 0; oh < g.ho; ++oh) {
-        const int64_t h0 = oh * g.sh - g.ph;
-        const bool rows_inside = h0 >= 0 && h0 + g.kh <= g.h;
-        int64_t ow0 = 0;
-        if (max && rows_inside && g.kh == 2 && g.kw == 2 && g.sh == 2 && g.sw == 2 && g.pw == 0) {
-          const int64_t n = std::min(g.w / 2, g.wo);  // the windows 2 ow, 2 ow + 1 < w
-          if (max_row_2x2_for(xp + h0 * g.w, xp + (h0 + 1) * g.w, yp + oh * g.wo,
-                              ip ? ip + oh * g.wo : nullptr, int32_t(h0 * g.w), int32_t(g.w), n))
-            ow0 = n;
-        }
-        for (int64_t ow = ow0; ow < g.wo; ++ow) {
-          const int64_t w0 = ow * g.sw - g.pw;
-          const int64_t o = oh * g.wo + ow;
-          const bool inside = rows_inside && w0 >= 0 && w0 + g.kw <= g.w;
-          if (max) {
-            MaxCell c{-std::numeric_limits<float>::infinity(), -1};
-            if (inside) {
-              c = {float(xp[h0 * g.w + w0]), h0 * g.w + w0};
-              for (int64_t i = 0; i < g.kh; ++i) {
-                const T* row = xp + (h0 + i) * g.w + w0;
-                for (int64_t j = i == 0 ? 1 : 0; j < g.kw; ++j)
-                  c.take(float(row[j]), (h0 + i) * g.w + w0 + j);
-              }
-            } else {
-              for_window(g, oh, ow, [&](int64_t k) {
-                if (c.at < 0) {
-                  c = {float(xp[k]), k};
-                } else {
-                  c.take(float(xp[k]), k);
-                }
-              });
-            }
-            yp[o] = T(c.best);
-            if (ip) ip[o] = int32_t(c.at);
-          } else {
-            float sum = 0.0f;
-            if (inside) {
-              for (int64_t i = 0; i < g.kh; ++i) {
-                const T* row = xp + (h0 + i) * g.w + w0;
-                for (int64_t j = 0; j < g.kw; ++j) sum += float(row[j]);
-              }
-            } else {
-              for_window(g, oh, ow, [&](int64_t k) { sum += float(xp[k]); });
-            }
-            yp[o] = T(sum / float(window_count(g, oh, ow, include_pad)));
-          }
-        }
-      }
-    }
-  });
-}
-
-template <typename T>
-void pool_bwd_own(PoolKind kind, const T* gy, const int32_t* idx, T* gx, const PoolGeom& g,
-                  bool include_pad) {
-  parallel_for(g.planes, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> acc(size_t(g.h * g.w));
-    for (int64_t pl = b; pl < e; ++pl) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      const T* gyp = gy + pl * g.ho * g.wo;
-      for (int64_t oh = 0; oh < g.ho; ++oh) {
-        for (int64_t ow = 0; ow < g.wo; ++ow) {
-          const int64_t o = oh * g.wo + ow;
-          if (kind == PoolKind::Max) {
-            const int32_t k = idx[pl * g.ho * g.wo + o];
-            if (k >= 0) acc[size_t(k)] += float(gyp[o]);
-          } else {
-            const float v = float(gyp[o]) / float(window_count(g, oh, ow, include_pad));
-            for_window(g, oh, ow, [&](int64_t k) { acc[size_t(k)] += v; });
-          }
-        }
-      }
-      T* gxp = gx + pl * g.h * g.w;
-      for (int64_t k = 0; k < g.h * g.w; ++k) gxp[k] = T(acc[size_t(k)]);
-    }
-  });
-}
-
-template <typename F>
-void dispatch_pool_float(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case kFloat32: return f(float());
-    case kBFloat16: return f(BFloat16());
-    case kFloat16: return f(Half());
-    default: ACCEL_THROW(DTypeError, op, "no CPU pooling kernel for ", dt);
-  }
-}
-
-std::atomic<int> g_cpu_pool{int(CpuPool::Auto)};
-
 // ---------------- oneDNN plumbing ----------------
 
 // A primitive argument in the primitive's layout, with the reorder from (inputs) or to (outputs)
@@ -472,8 +213,6 @@ struct Operand {
     if (needs_reorder) run_reorder(false, op);
   }
 };
-
-memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
 
 struct ConvDescs {
   memory::data_type dt;
@@ -539,18 +278,6 @@ onednn::PrimKey conv_key(int kind, const ConvGeom& g, DType dt, bool has_bias) {
   return k;
 }
 
-// Primitive creation; false when oneDNN has no implementation (the caller converts to f32).
-template <typename F>
-bool try_create(const char* op, F&& f) {
-  try {
-    f();
-    return true;
-  } catch (const dnnl::error& err) {
-    if (err.status == dnnl_unimplemented) return false;
-    ACCEL_THROW(Error, op, "oneDNN primitive creation failed: ", err.what());
-  }
-}
-
 struct ConvFwdEntry {
   dnnl::convolution_forward prim;
   Operand src, wei, dst;
@@ -584,7 +311,7 @@ bool conv_fwd_onednn(const ConvGeom& g, const Tensor& x, const Tensor& w, const 
     ConvFwdEntry n;
     const ConvDescs d = conv_descs(g, out.dtype(), has_bias, ConvPrim::Fwd);
     if (d.dt == memory::data_type::undef) return n;
-    n.supported = try_create("conv2d", [&] {
+    n.supported = onednn::try_create("conv2d", [&] {
       const auto pd = conv_fwd_pd(d, has_bias);
       n.prim = dnnl::convolution_forward(pd);
       n.src.init(d.src, pd.src_desc(), true);
@@ -619,7 +346,7 @@ bool conv_bwd_data_onednn(const ConvGeom& g, const Tensor& w, const Tensor& gout
     ConvBwdDataEntry n;
     const ConvDescs d = conv_descs(g, gx.dtype(), false, ConvPrim::BwdData);
     if (d.dt == memory::data_type::undef) return n;
-    n.supported = try_create("conv2d_backward", [&] {
+    n.supported = onednn::try_create("conv2d_backward", [&] {
       using B = dnnl::convolution_backward_data;
       const auto hint = conv_fwd_pd(d, false);
       const B::primitive_desc pd(B::desc(dnnl::algorithm::convolution_direct, d.src_any, d.wei_any,
@@ -654,7 +381,7 @@ bool conv_bwd_weights_onednn(const ConvGeom& g, const Tensor& x, const Tensor& g
     ConvBwdWeightsEntry n;
     const ConvDescs d = conv_descs(g, gw.dtype(), has_bias, ConvPrim::BwdWeights);
     if (d.dt == memory::data_type::undef) return n;
-    n.supported = try_create("conv2d_backward", [&] {
+    n.supported = onednn::try_create("conv2d_backward", [&] {
       using B = dnnl::convolution_backward_weights;
       const auto hint = conv_fwd_pd(d, has_bias);
       const B::desc desc = has_bias
@@ -760,205 +487,9 @@ void conv2d_backward_kernel(const Tensor& x, const Tensor& w, const Tensor& gout
   if (gb) copy_back(*gb, gb32);
 }
 
-// ---------------- pooling ----------------
-
-struct PoolFwdEntry {
-  dnnl::pooling_forward prim;
-  memory src, dst, ws;
-  int64_t ws_bytes = 0;
-  onednn::ExecArgs<3> args;
-  bool supported = false;
-  bool slow = false;  // oneDNN picked a simple / reference implementation
-};
-
-// oneDNN's simple / reference implementations (Note [own NCHW pooling]).
-bool slow_impl(const std::string& impl) {
-  return impl.rfind("simple", 0) == 0 || impl.rfind("ref", 0) == 0;
-}
-
-struct PoolBwdEntry {
-  dnnl::pooling_backward prim;
-  memory diff_dst, diff_src, ws;
-  onednn::ExecArgs<3> args;
-  bool supported = false;
-  bool slow = false;
-};
-
-dnnl::algorithm pool_algorithm(PoolKind kind, const Pool2dParams& p) {
-  if (kind == PoolKind::Max) return dnnl::algorithm::pooling_max;
-  return p.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
-                             : dnnl::algorithm::pooling_avg_exclude_padding;
-}
-
-struct PoolDescs {
-  memory::desc src, dst;
-  memory::dims strides, kernel, pad_l, pad_r;
-};
-
-PoolDescs pool_descs(const Shape& in, const Shape& out, DType dtype, const Pool2dParams& p) {
-  PoolDescs d;
-  const auto dt = onednn::to_dnnl(dtype);
-  d.src = memory::desc(dims_of(in), dt, Tag::nchw);
-  d.dst = memory::desc(dims_of(out), dt, Tag::nchw);
-  d.strides = {p.stride[0], p.stride[1]};
-  d.kernel = {p.kernel[0], p.kernel[1]};
-  d.pad_l = {p.padding[0], p.padding[1]};
-  d.pad_r = {p.padding[0], p.padding[1]};
-  return d;
-}
-
-dnnl::pooling_forward::primitive_desc pool_fwd_pd(PoolKind kind, const PoolDescs& d,
-                                                  const Pool2dParams& p, bool training) {
-  using F = dnnl::pooling_forward;
-  return F::primitive_desc(
-      F::desc(training ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference,
-              pool_algorithm(kind, p), d.src, d.dst, d.strides, d.kernel, d.pad_l, d.pad_r),
-      onednn::engine());
-}
-
-onednn::PrimKey pool_key(int dir, PoolKind kind, const Shape& in, DType dt, const Pool2dParams& p,
-                         bool training) {
-  onednn::PrimKey k;
-  for (int64_t v : {int64_t(dir), int64_t(kind), int64_t(dt), int64_t(training), in[0], in[1],
-                    in[2], in[3], p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.padding[0],
-                    p.padding[1], int64_t(p.count_include_pad)})
-    k.push(v);
-  return k;
-}
-
-bool pool_fwd_onednn(PoolKind kind, const Tensor& x, Tensor& out, Tensor* workspace,
-                     const Pool2dParams& p) {
-  const bool training = kind == PoolKind::Max && workspace != nullptr;
-  thread_local onednn::PrimCache<PoolFwdEntry> cache;
-  PoolFwdEntry& e = cache.get(pool_key(0, kind, x.sizes(), x.dtype(), p, training), [&] {
-    PoolFwdEntry n;
-    if (onednn::to_dnnl(x.dtype()) == memory::data_type::undef) return n;
-    const PoolDescs d = pool_descs(x.sizes(), out.sizes(), x.dtype(), p);
-    n.supported = try_create("pool2d", [&] {
-      const auto pd = pool_fwd_pd(kind, d, p, training);
-      n.slow = slow_impl(pd.impl_info_str());
-      n.prim = dnnl::pooling_forward(pd);
-      if (training) {
-        n.ws = onednn::unbound_memory(pd.workspace_desc());
-        n.ws_bytes = int64_t(pd.workspace_desc().get_size());
-      }
-    });
-    if (!n.supported) return n;
-    n.src = onednn::unbound_memory(d.src);
-    n.dst = onednn::unbound_memory(d.dst);
-    n.args.add(DNNL_ARG_SRC, n.src);
-    n.args.add(DNNL_ARG_DST, n.dst);
-    if (training) n.args.add(DNNL_ARG_WORKSPACE, n.ws);
-    return n;
-  });
-  if (!e.supported || (e.slow && cpu_pool() == CpuPool::Auto)) return false;
-  onednn::bind(e.src, x.data_ptr(), "pool2d");
-  onednn::bind(e.dst, out.data_ptr(), "pool2d");
-  if (training) {
-    *workspace = empty({std::max<int64_t>(e.ws_bytes, 1)}, TensorOptions(kUInt8));
-    onednn::bind(e.ws, workspace->data_ptr(), "pool2d");
-  }
-  onednn::execute(e.prim, e.args, "pool2d");
-  return true;
-}
-
-bool pool_bwd_onednn(PoolKind kind, const Tensor& gout, const Tensor& workspace, Tensor& gx,
-                     const Pool2dParams& p) {
-  const bool is_max = kind == PoolKind::Max;
-  thread_local onednn::PrimCache<PoolBwdEntry> cache;
-  PoolBwdEntry& e = cache.get(pool_key(1, kind, gx.sizes(), gx.dtype(), p, true), [&] {
-    PoolBwdEntry n;
-    if (onednn::to_dnnl(gx.dtype()) == memory::data_type::undef) return n;
-    const PoolDescs d = pool_descs(gx.sizes(), gout.sizes(), gx.dtype(), p);
-    n.supported = try_create("pool2d_backward", [&] {
-      using B = dnnl::pooling_backward;
-      const auto hint = pool_fwd_pd(kind, d, p, true);
-      const B::primitive_desc pd(
-          B::desc(pool_algorithm(kind, p), d.src, d.dst, d.strides, d.kernel, d.pad_l, d.pad_r),
-          onednn::engine(), hint);
-      n.slow = slow_impl(pd.impl_info_str());
-      n.prim = B(pd);
-      if (is_max) n.ws = onednn::unbound_memory(hint.workspace_desc());
-    });
-    if (!n.supported) return n;
-    n.diff_dst = onednn::unbound_memory(d.dst);
-    n.diff_src = onednn::unbound_memory(d.src);
-    n.args.add(DNNL_ARG_DIFF_DST, n.diff_dst);
-    n.args.add(DNNL_ARG_DIFF_SRC, n.diff_src);
-    if (is_max) n.args.add(DNNL_ARG_WORKSPACE, n.ws);
-    return n;
-  });
-  // Max pool follows its forward (the workspace's format); avg pool chooses as the forward does.
-  if (!e.supported || (!is_max && e.slow && cpu_pool() == CpuPool::Auto)) return false;
-  onednn::bind(e.diff_dst, gout.data_ptr(), "pool2d_backward");
-  onednn::bind(e.diff_src, gx.data_ptr(), "pool2d_backward");
-  if (is_max) onednn::bind(e.ws, workspace.data_ptr(), "pool2d_backward");
-  onednn::execute(e.prim, e.args, "pool2d_backward");
-  return true;
-}
-
-void pool2d_kernel(PoolKind kind, const Tensor& x, Tensor& out, Tensor* workspace,
-                   const Pool2dParams& p) {
-  if (x.dtype() == kFloat64) {
-    const PoolGeom g = pool_geom(x.sizes(), out.sizes(), p);
-    Tensor idx;
-    if (kind == PoolKind::Max && workspace) idx = empty(out.sizes(), TensorOptions(kInt64));
-    pool_fwd_ref<double>(kind, x.data<double>(), out.data<double>(),
-                         idx.defined() ? idx.data<int64_t>() : nullptr, g, p.count_include_pad);
-    if (workspace) *workspace = idx;
-    return;
-  }
-  if (out.numel() == 0) return;
-  if (cpu_pool() != CpuPool::Own && pool_fwd_onednn(kind, x, out, workspace, p)) return;
-  // Note [own NCHW pooling]: oneDNN has none for this dtype, or only a slow one.
-  const PoolGeom g = pool_geom(x.sizes(), out.sizes(), p);
-  ACCEL_CHECK(g.h * g.w <= std::numeric_limits<int32_t>::max(), ShapeError, "pool2d",
-              "an input plane of ", g.h, " x ", g.w, " is too large for int32 indices");
-  Tensor idx;
-  if (kind == PoolKind::Max && workspace) idx = empty(out.sizes(), TensorOptions(kInt32));
-  dispatch_pool_float(x.dtype(), "pool2d", [&]<typename T>(T) {
-    pool_fwd_own<T>(kind, x.data<T>(), out.data<T>(), idx.defined() ? idx.data<int32_t>() : nullptr,
-                    g, p.count_include_pad);
-  });
-  if (workspace) *workspace = idx;
-}
-
-void pool2d_backward_kernel(PoolKind kind, const Tensor& gout, const Tensor& workspace, Tensor& gx,
-                            const Pool2dParams& p) {
-  if (gx.dtype() == kFloat64) {
-    const PoolGeom g = pool_geom(gx.sizes(), gout.sizes(), p);
-    pool_bwd_ref<double>(kind, gout.data<double>(),
-                         kind == PoolKind::Max ? workspace.data<int64_t>() : nullptr,
-                         gx.data<double>(), g, p.count_include_pad);
-    return;
-  }
-  if (gout.numel() == 0) {
-    fill_stub(gx.device(), gx, Scalar(0));
-    return;
-  }
-  // A max pool's workspace says which forward ran: int32 indices come from pool_fwd_own.
-  const bool own_ws = kind == PoolKind::Max && workspace.dtype() == kInt32;
-  if (!own_ws && !(kind == PoolKind::Avg && cpu_pool() == CpuPool::Own) &&
-      pool_bwd_onednn(kind, gout, workspace, gx, p))
-    return;
-  ACCEL_CHECK(kind != PoolKind::Max || own_ws, Error, "pool2d_backward",
-              "no oneDNN backward for this max pool's workspace (", workspace.dtype(), ", input ",
-              gx.sizes(), ")");
-  const PoolGeom g = pool_geom(gx.sizes(), gout.sizes(), p);
-  dispatch_pool_float(gx.dtype(), "pool2d_backward", [&]<typename T>(T) {
-    pool_bwd_own<T>(kind, gout.data<T>(), own_ws ? workspace.data<int32_t>() : nullptr,
-                    gx.data<T>(), g, p.count_include_pad);
-  });
-}
-
 }  // namespace
-
-void set_cpu_pool(CpuPool impl) { g_cpu_pool.store(int(impl), std::memory_order_relaxed); }
-CpuPool cpu_pool() { return CpuPool(g_cpu_pool.load(std::memory_order_relaxed)); }
 
 ACCEL_REGISTER_KERNEL(conv2d_stub, CPU, &conv2d_kernel);
 ACCEL_REGISTER_KERNEL(conv2d_backward_stub, CPU, &conv2d_backward_kernel);
-ACCEL_REGISTER_KERNEL(pool2d_stub, CPU, &pool2d_kernel);
-ACCEL_REGISTER_KERNEL(pool2d_backward_stub, CPU, &pool2d_backward_kernel);
 
 }  // namespace accel::cpu

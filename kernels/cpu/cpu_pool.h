@@ -1,9 +1,9 @@
-// The CPU pool2d kernel choice (kernels/cpu/conv.cc).
+// The CPU pool2d kernel choice (kernels/cpu/pool.cc).
 #pragma once
 
 namespace accel::cpu {
 
-// Which pool2d kernel the CPU runs (Note [own NCHW pooling] in conv.cc): Auto takes oneDNN's
+// Which pool2d kernel the CPU runs (Note [own NCHW pooling] in pool.cc): Auto takes oneDNN's
 // unless oneDNN picked a simple / reference implementation (its NCHW pooling below AVX-512), then
 // accel's own; Own and OneDnn force one (tests compare the two). OneDnn still falls back to the
 // own kernel for a dtype oneDNN lacks.

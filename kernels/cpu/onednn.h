@@ -1,5 +1,5 @@
-// Shared oneDNN plumbing for the CPU kernels (linalg.cc, conv.cc). Private to kernels/cpu/:
-// oneDNN types never leave this folder.
+// Shared oneDNN plumbing for the CPU kernels (linalg.cc, conv.cc, pool.cc). Private to
+// kernels/cpu/: oneDNN types never leave this folder.
 //
 // Note [oneDNN primitive cache]: creating a primitive descriptor + primitive costs 10-100 us
 // (oneDNN walks its implementation list and JIT-compiles), far more than a small matmul. Each
@@ -18,6 +18,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/shape.h"
 
 namespace accel::cpu::onednn {
 
@@ -53,6 +54,21 @@ inline dnnl::memory unbound_memory(const dnnl::memory::desc& md) {
 }
 inline void bind(const dnnl::memory& m, const void* ptr, const char* op) {
   check_status(dnnl_memory_set_data_handle(m.get(), const_cast<void*>(ptr)), op, "set_data_handle");
+}
+
+inline dnnl::memory::dims dims_of(const Shape& s) { return dnnl::memory::dims(s.begin(), s.end()); }
+
+// Primitive creation; false when oneDNN has no implementation (the caller converts to f32 or
+// runs its own kernel).
+template <typename F>
+bool try_create(const char* op, F&& f) {
+  try {
+    f();
+    return true;
+  } catch (const dnnl::error& err) {
+    if (err.status == dnnl_unimplemented) return false;
+    ACCEL_THROW(Error, op, "oneDNN primitive creation failed: ", err.what());
+  }
 }
 
 // Arguments of one execute, kept in the cache entry (no allocation per call).

@@ -10,7 +10,7 @@
 namespace accel::cuda {
 namespace {
 
-// The op layer (autograd/ops/image.cc) validated shapes and dtypes and made every tensor
+// The op layer (autograd/ops/nn.cc) validated shapes and dtypes and made every tensor
 // contiguous on x's device; the asserts keep a direct call from reading foreign memory.
 void assert_contract(std::initializer_list<const Tensor*> ts, Device d) {
   for (const Tensor* t : ts)

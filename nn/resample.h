@@ -1,5 +1,5 @@
-// Parameter-free image modules (issue 24), each torch.nn's module of the same name with the same
-// arguments and defaults, forwarding to the op of autograd/ops.h: Dropout1d/2d/3d, PixelShuffle,
+// Resampling modules, each torch.nn's module of the same name with the same arguments and
+// defaults, forwarding to the op of autograd/ops.h (autograd/ops/resample.cc): PixelShuffle,
 // PixelUnshuffle, the 2-D padding modules and Upsample.
 #pragma once
 
@@ -7,67 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "nn/conv.h"
-#include "nn/linear.h"
 #include "nn/module.h"
-#include "core/generator.h"
 
 namespace accel::nn {
-
-// torch.nn.Dropout1d / Dropout2d / Dropout3d(p=0.5, inplace=False): in training, zeroes each
-// channel with probability p and scales the rest by 1 / (1 - p); identity in evaluation.
-// Dropout1d: (N, C, L) or (C, L); Dropout2d: (N, C, H, W), and (N, C, L) for a 3-D input, as
-// torch reads it (Note [channel dropout] in autograd/ops/activation.cc); Dropout3d:
-// (N, C, D, H, W) or (C, D, H, W). Options: DropoutOptions (nn/linear.h), as libtorch.
-// The generator comes last, after inplace (Dropout2d(0.5, &gen) and Dropout2d(0.5, true, &gen)).
-using Dropout1dOptions = DropoutOptions;
-using Dropout2dOptions = DropoutOptions;
-using Dropout3dOptions = DropoutOptions;
-
-class Dropout1d : public Module {
- public:
-  explicit Dropout1d(double p = 0.5, Generator* gen = nullptr) : Dropout1d(p, false, gen) {}
-  Dropout1d(double p, bool inplace, Generator* gen = nullptr);
-  explicit Dropout1d(const DropoutFields& options, Generator* gen = nullptr)
-      : Dropout1d(options.p, options.inplace, gen) {}
-  Tensor forward(const Tensor& x) override;
-  std::string extra_repr() const override;
-  double p;
-  bool inplace = false;
-
- private:
-  Generator* gen_;
-};
-
-class Dropout2d : public Module {
- public:
-  explicit Dropout2d(double p = 0.5, Generator* gen = nullptr);
-  Dropout2d(double p, bool inplace, Generator* gen = nullptr);
-  explicit Dropout2d(const DropoutFields& options, Generator* gen = nullptr)
-      : Dropout2d(options.p, options.inplace, gen) {}
-  Tensor forward(const Tensor& x) override;
-  std::string extra_repr() const override;
-  double p;
-  bool inplace = false;
-
- private:
-  Generator* gen_;
-};
-
-class Dropout3d : public Module {
- public:
-  explicit Dropout3d(double p = 0.5, Generator* gen = nullptr) : Dropout3d(p, false, gen) {}
-  Dropout3d(double p, bool inplace, Generator* gen = nullptr);
-  explicit Dropout3d(const DropoutFields& options, Generator* gen = nullptr)
-      : Dropout3d(options.p, options.inplace, gen) {}
-  Tensor forward(const Tensor& x) override;
-  std::string extra_repr() const override;
-  double p;
-  bool inplace = false;
-
- private:
-  Generator* gen_;
-};
 
 // torch.nn.PixelShuffle(upscale_factor): (*, C r^2, H, W) -> (*, C, H r, W r).
 class PixelShuffle : public Module {

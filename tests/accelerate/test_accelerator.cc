@@ -16,17 +16,18 @@
 #include "accelerate/checkpoint.h"
 #include "accelerate/tracking.h"
 #include "tests/accelerate/training.h"
+#include "tests/common/util.h"
 
 using namespace accel;
 using accel::test::base_config;
 using accel::test::Run;
 namespace fs = std::filesystem;
+using accel::test::fresh_dir;
 
 namespace {
 
-std::string fresh_dir(const std::string& tag) {
-  return accel::test::fresh_dir("accel-acc-test", tag);
-}
+// fresh_dir's prefix: /tmp/accel-acc-test-<pid>-<tag>.
+constexpr char kScratch[] = "accel-acc-test";
 
 std::vector<double> flat_params(nn::Module& m) {
   std::vector<double> out;
@@ -60,7 +61,7 @@ TEST_CASE("config: ACCEL_* variables override the struct; bad values are ValueEr
 }
 
 TEST_CASE("single process: facade state and identity collectives") {
-  Accelerator acc(base_config(fresh_dir("facade")));
+  Accelerator acc(base_config(fresh_dir(kScratch, "facade")));
   CHECK(acc.num_processes() == 1);
   CHECK(acc.process_index() == 0);
   CHECK(acc.is_main_process());
@@ -118,7 +119,7 @@ TEST_CASE("GradScaler: skips on inf/NaN, backs off, grows after growth_interval"
 }
 
 TEST_CASE("fp16: an injected inf skips the optimizer and scheduler step, halves the scale") {
-  AcceleratorConfig c = base_config(fresh_dir("fp16"));
+  AcceleratorConfig c = base_config(fresh_dir(kScratch, "fp16"));
   c.mixed_precision = MixedPrecision::FP16;
   // Autocast rounds the gradients of the linear layers to fp16: at the default 2^16 the scaled
   // ones overflow (a genuine skip); 2^10 keeps the normal steps finite.
@@ -156,7 +157,7 @@ TEST_CASE("fp16: an injected inf skips the optimizer and scheduler step, halves 
 
 TEST_CASE("accumulation: k micro-batches equal one big batch") {
   const int k = 4;
-  AcceleratorConfig c = base_config(fresh_dir("accum"));
+  AcceleratorConfig c = base_config(fresh_dir(kScratch, "accum"));
   c.gradient_accumulation_steps = k;
   Accelerator acc(c);
   Run small(acc, 5, false, 0.0);
@@ -170,7 +171,7 @@ TEST_CASE("accumulation: k micro-batches equal one big batch") {
   CHECK(syncs == 1);
   CHECK(acc.optimizer_steps() == 1);
 
-  Accelerator ref(base_config(fresh_dir("accum-ref")));
+  Accelerator ref(base_config(fresh_dir(kScratch, "accum-ref")));
   Run big(ref, 5 * k, false, 0.0);
   big.step(ref, *big.loader->begin());
   auto a = flat_params(*small.model), b = flat_params(*big.model);
@@ -181,7 +182,7 @@ TEST_CASE("accumulation: k micro-batches equal one big batch") {
 }
 
 TEST_CASE("accumulation: the last batch of the epoch forces a sync step") {
-  AcceleratorConfig c = base_config(fresh_dir("accum-end"));
+  AcceleratorConfig c = base_config(fresh_dir(kScratch, "accum-end"));
   c.gradient_accumulation_steps = 3;
   Accelerator acc(c);
   Run run(acc, 10, false, 0.0);  // 40 samples: 4 batches, windows of 3 -> syncs at 3 and 4
@@ -226,7 +227,7 @@ TEST_CASE("autocast: thread-local scope, bf16 conversion on CPU, float32 passes 
 }
 
 TEST_CASE("trackers: JSONL lines on the main process, TensorBoard records with valid CRCs") {
-  const std::string dir = fresh_dir("track");
+  const std::string dir = fresh_dir(kScratch, "track");
   AcceleratorConfig c = base_config(dir);
   c.log_with = {"jsonl", "tensorboard"};
   {
@@ -287,7 +288,7 @@ std::vector<double> train(Accelerator& acc, Run& run, int steps, int save_at = -
 }  // namespace
 
 TEST_CASE("checkpoint: save, fresh process objects, load, continue: bit-identical losses") {
-  const std::string dir = fresh_dir("resume");
+  const std::string dir = fresh_dir(kScratch, "resume");
   AcceleratorConfig c = base_config(dir);
   c.gradient_accumulation_steps = 2;
   c.mixed_precision = MixedPrecision::FP16;  // the scaler state is part of the checkpoint
@@ -316,7 +317,7 @@ TEST_CASE("checkpoint: save, fresh process objects, load, continue: bit-identica
 }
 
 TEST_CASE("checkpoint: total_limit rotation, latest pointer, incomplete dirs are refused") {
-  const std::string dir = fresh_dir("rotate");
+  const std::string dir = fresh_dir(kScratch, "rotate");
   AcceleratorConfig c = base_config(dir);
   c.total_limit = 2;
   Accelerator acc(c);
@@ -338,14 +339,14 @@ TEST_CASE("checkpoint: total_limit rotation, latest pointer, incomplete dirs are
   acc.save_state(dir + "/manual");
   CHECK(fs::exists(dir + "/manual/state.json"));
   CHECK(dist::read_latest(dir).value() == "manual");
-  Accelerator other(base_config(fresh_dir("rotate-other")));
+  Accelerator other(base_config(fresh_dir(kScratch, "rotate-other")));
   CHECK_THROWS_AS(other.load_state(dir + "/manual"), ValueError);
 }
 
 TEST_CASE("device placement: prepared loaders hand out batches on acc.device(); off switch") {
   for (bool placement : {true, false}) {
     CAPTURE(placement);
-    AcceleratorConfig c = base_config(fresh_dir("placement"));
+    AcceleratorConfig c = base_config(fresh_dir(kScratch, "placement"));
     c.cpu = true;
     c.device_placement = placement;
     Accelerator acc(c);
@@ -371,7 +372,7 @@ TEST_CASE("device placement: prepared loaders hand out batches on acc.device(); 
 }
 
 TEST_CASE("device placement on CUDA: README's loop runs as written") {
-  AcceleratorConfig c = base_config(fresh_dir("placement-cuda"));
+  AcceleratorConfig c = base_config(fresh_dir(kScratch, "placement-cuda"));
   Accelerator acc(c);
   if (!acc.device().is_cuda()) {
     MESSAGE("skipped: no CUDA device");
@@ -396,14 +397,14 @@ TEST_CASE(
   // strategy there.
   for (int stage : {0, 1, 2, 3}) {
     CAPTURE(stage);
-    AcceleratorConfig plain = base_config(fresh_dir("zero1-plain"));
+    AcceleratorConfig plain = base_config(fresh_dir(kScratch, "zero1-plain"));
     plain.zero_stage = stage;
     Accelerator a(plain);
     CHECK(a.strategy().name() == "none");
   }
   for (int stage : {1, 2}) {
     CAPTURE(stage);
-    AcceleratorConfig c = base_config(fresh_dir("zero1-bf16"));
+    AcceleratorConfig c = base_config(fresh_dir(kScratch, "zero1-bf16"));
     c.zero_stage = stage;
     c.mixed_precision = MixedPrecision::BF16;
     c.zero.param_dtype = kBFloat16;
@@ -424,7 +425,7 @@ TEST_CASE(
     CHECK_FALSE(equal(w1, w1.to(kBFloat16).to(kFloat32)));
     CHECK(equal(w1.to(kBFloat16), run.model->w1));
   }
-  AcceleratorConfig c = base_config(fresh_dir("zero1-fsdp"));
+  AcceleratorConfig c = base_config(fresh_dir(kScratch, "zero1-fsdp"));
   c.zero_stage = 3;
   c.fsdp.activation_checkpointing = true;
   Accelerator acc(c);
@@ -449,7 +450,7 @@ struct TiedLm : nn::Module {
 // metadata, or transformers' habit of dropping the tied name without a record, under either
 // name) loads into a tied model and into an untied one, prepared or not.
 TEST_CASE("load_model: tied weights load from files that hold them once, under either name") {
-  const std::string dir = fresh_dir("load-model-tied");
+  const std::string dir = fresh_dir(kScratch, "load-model-tied");
   fs::create_directories(dir);
   Tensor w = arange(15, TensorOptions(kFloat32)).reshape({5, 3});
   auto tied_source = std::make_shared<TiedLm>(true);
@@ -466,7 +467,7 @@ TEST_CASE("load_model: tied weights load from files that hold them once, under e
         CAPTURE(file);
         CAPTURE(tie);
         CAPTURE(prepared);
-        Accelerator acc(base_config(fresh_dir("load-model-tied-acc")));
+        Accelerator acc(base_config(fresh_dir(kScratch, "load-model-tied-acc")));
         std::shared_ptr<nn::Module> model = std::make_shared<TiedLm>(tie);
         if (prepared) model = acc.prepare_model(model);
         const std::string path = dir + "/" + file + ".safetensors";
@@ -491,7 +492,7 @@ TEST_CASE("load_model: tied weights load from files that hold them once, under e
 // cooldown) in save_state / load_state; step() without a metric and step(metric) on another
 // scheduler are ValueErrors.
 TEST_CASE("ReduceLROnPlateau: prepared step(metric), save_state / load_state resume its state") {
-  const std::string dir = fresh_dir("plateau");
+  const std::string dir = fresh_dir(kScratch, "plateau");
   auto run = [&](bool resume) {
     Accelerator acc(base_config(dir));
     Tensor p = zeros({2}).requires_grad_();
@@ -530,7 +531,7 @@ TEST_CASE("ReduceLROnPlateau: prepared step(metric), save_state / load_state res
 }
 
 TEST_CASE("parallelism: acc.mesh() of one process; sizes that do not fit are ValueErrors") {
-  const std::string dir = fresh_dir("mesh");
+  const std::string dir = fresh_dir(kScratch, "mesh");
   {
     Accelerator acc(base_config(dir));
     CHECK(acc.mesh().describe() == "dp_replicate 1 x dp_shard 1 x tp 1");

@@ -15,14 +15,21 @@
 
 #include "tests/common/spawn.h"
 #include "tests/common/worker_check.h"
+#include "tests/common/check.h"
+#include "tests/common/util.h"
 
 using namespace std::chrono_literals;
 using accel::test::check_ok;
 using accel::test::RankResult;
 using accel::test::run_world;
 namespace fs = std::filesystem;
+using accel::test::check_close;
+using accel::test::fresh_dir;
 
 namespace {
+
+// fresh_dir's prefix: /tmp/accel-acc-dist-<pid>-<tag>.
+constexpr char kScratch[] = "accel-acc-dist";
 
 std::string worker() { return accel::test::helper_path("accel_worker"); }
 
@@ -32,13 +39,6 @@ std::vector<std::string> lines_with(const std::string& out, const std::string& p
   for (std::string l; std::getline(is, l);)
     if (l.rfind(prefix, 0) == 0) v.push_back(l);
   return v;
-}
-
-std::string fresh_dir(const std::string& tag) {
-  std::string d = "/tmp/accel-acc-dist-" + std::to_string(getpid()) + "-" + tag;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
 }
 
 }  // namespace
@@ -74,17 +74,18 @@ TEST_CASE("data parallel with accumulation: 2 ranks x batch 4 equal 1 process x 
 
 namespace {
 // The numbers after `prefix` on the lines of `want` and `got` agree within `eps` (relative).
-void check_close(const std::string& want, const std::string& got, const std::string& prefix,
-                 double eps) {
+void check_lines_close(const std::string& want, const std::string& got, const std::string& prefix,
+                       double eps) {
   auto ref = lines_with(want, prefix), mine = lines_with(got, prefix);
   CAPTURE(prefix);
   REQUIRE(ref.size() >= 4);
   REQUIRE(mine.size() == ref.size());
+  std::vector<double> a, b;
   for (size_t i = 0; i < ref.size(); ++i) {
-    double a = std::stod(ref[i].substr(prefix.size())),
-           b = std::stod(mine[i].substr(prefix.size()));
-    CHECK(b == doctest::Approx(a).epsilon(eps));
+    a.push_back(std::stod(ref[i].substr(prefix.size())));
+    b.push_back(std::stod(mine[i].substr(prefix.size())));
   }
+  check_close(b, a, eps, eps, prefix);
 }
 }  // namespace
 
@@ -96,8 +97,8 @@ TEST_CASE(
   check_ok(two, "ddp_mlp");
   for (int r = 0; r < 2; ++r) {
     CAPTURE(r);
-    check_close(one[0].output, two[size_t(r)].output, "norm ", 1e-5);
-    check_close(one[0].output, two[size_t(r)].output, "param ", 1e-5);
+    check_lines_close(one[0].output, two[size_t(r)].output, "norm ", 1e-5);
+    check_lines_close(one[0].output, two[size_t(r)].output, "param ", 1e-5);
   }
   // Several buckets per model (the 512-byte cap), reported by rank 0.
   CHECK(lines_with(two[0].output, "buckets ").size() == 1);
@@ -112,8 +113,8 @@ TEST_CASE("ZeRO 1/2/3 through prepare(): accumulation, clipping, fp16 match DDP 
     check_ok(two, "ddp_mlp");
     for (int r = 0; r < 2; ++r) {
       CAPTURE(r);
-      check_close(one[0].output, two[size_t(r)].output, "norm ", 1e-5);
-      check_close(one[0].output, two[size_t(r)].output, "param ", 1e-5);
+      check_lines_close(one[0].output, two[size_t(r)].output, "norm ", 1e-5);
+      check_lines_close(one[0].output, two[size_t(r)].output, "param ", 1e-5);
       // Sharded optimizer state: about half of AdamW's two slots per rank.
       auto mem = lines_with(two[size_t(r)].output, "zero params ");
       REQUIRE(mem.size() == 1);
@@ -133,9 +134,9 @@ TEST_CASE("ZeRO 1/2/3 through prepare(): accumulation, clipping, fp16 match DDP 
   check_ok(one16, "ddp_mlp");
   check_ok(ddp16, "ddp_mlp");
   check_ok(zero16, "ddp_mlp");
-  check_close(ddp16[0].output, zero16[0].output, "param ", 1e-5);
-  check_close(ddp16[0].output, zero16[1].output, "norm ", 1e-5);
-  check_close(one16[0].output, zero16[0].output, "param ", 1e-3);
+  check_lines_close(ddp16[0].output, zero16[0].output, "param ", 1e-5);
+  check_lines_close(ddp16[0].output, zero16[1].output, "norm ", 1e-5);
+  check_lines_close(one16[0].output, zero16[0].output, "param ", 1e-3);
 }
 
 TEST_CASE("ZeRO prepare() refuses optimizers it cannot rebuild, takes several param groups") {
@@ -143,7 +144,7 @@ TEST_CASE("ZeRO prepare() refuses optimizers it cannot rebuild, takes several pa
 }
 
 TEST_CASE("ZeRO checkpoints: same world size resumes bit-exact; 3, 4 and 1 processes re-shard") {
-  const std::string dir = fresh_dir("zero");
+  const std::string dir = fresh_dir(kScratch, "zero");
   // 2 ranks, stage 2, 8 steps of global batch 12, a checkpoint after 4.
   auto full = run_world(worker(), {"zero_train", dir, "2", "6", "8", "4", "0"}, 2, {}, 60s);
   check_ok(full, "zero_train");
@@ -171,16 +172,17 @@ TEST_CASE("ZeRO checkpoints: same world size resumes bit-exact; 3, 4 and 1 proce
     check_ok(res, "zero_train");
     for (int r = 0; r < c.world; ++r) {
       CHECK(res[size_t(r)].output.find("resumed at 4 lr 0.005") != std::string::npos);
-      check_close(full[0].output, res[size_t(r)].output, "param ", 1e-5);
+      check_lines_close(full[0].output, res[size_t(r)].output, "param ", 1e-5);
     }
   }
   // A single-process checkpoint sharded into a 2-rank ZeRO-3 run.
-  const std::string plain = fresh_dir("zero-plain");
+  const std::string plain = fresh_dir(kScratch, "zero-plain");
   auto ref = run_world(worker(), {"zero_train", plain, "2", "12", "8", "4", "0"}, 1, {}, 60s);
   check_ok(ref, "zero_train");
   auto into = run_world(worker(), {"zero_train", plain, "3", "6", "8", "4", "1"}, 2, {}, 60s);
   check_ok(into, "zero_train");
-  for (int r = 0; r < 2; ++r) check_close(ref[0].output, into[size_t(r)].output, "param ", 1e-5);
+  for (int r = 0; r < 2; ++r)
+    check_lines_close(ref[0].output, into[size_t(r)].output, "param ", 1e-5);
 }
 
 TEST_CASE("ZeRO 1/2 with bf16 parameters: checkpoints hold the fp32 masters, resume, re-shard") {
@@ -195,7 +197,7 @@ TEST_CASE("ZeRO 1/2 with bf16 parameters: checkpoints hold the fp32 masters, res
   for (Run run : {Run{"2", "bf16"}, Run{"1", "bf16-fp32"}}) {
     CAPTURE(run.stage);
     CAPTURE(run.mp);
-    const std::string dir = fresh_dir(std::string("zero-mp") + run.stage);
+    const std::string dir = fresh_dir(kScratch, std::string("zero-mp") + run.stage);
     auto full =
         run_world(worker(), {"zero_train", dir, run.stage, "6", "8", "4", "0", run.mp}, 2, {}, 60s);
     check_ok(full, "zero_train");
@@ -229,7 +231,7 @@ TEST_CASE("ZeRO 1/2 with bf16 parameters: checkpoints hold the fp32 masters, res
     CHECK(loaded(one[0]) == saved);
     if (run.stage[0] == '2') {
       // And the other way: a plain fp32 single-process checkpoint into bf16 ZeRO-2 at 2 ranks.
-      const std::string plain = fresh_dir("zero-mp-plain");
+      const std::string plain = fresh_dir(kScratch, "zero-mp-plain");
       auto ref = run_world(worker(), {"zero_train", plain, "2", "12", "8", "4", "0"}, 1, {}, 60s);
       check_ok(ref, "zero_train");
       auto into =
@@ -250,7 +252,7 @@ TEST_CASE("ZeRO 1/2 with bf16 parameters: checkpoints hold the fp32 masters, res
 }
 
 TEST_CASE("ZeRO-3 sharded checkpoints: 4 ranks resume at 4 bit-exact, at 2 and 1 re-sharded") {
-  const std::string dir = fresh_dir("zero3");
+  const std::string dir = fresh_dir(kScratch, "zero3");
   auto full = run_world(worker(), {"zero_train", dir, "3", "3", "8", "4", "0"}, 4, {}, 60s);
   check_ok(full, "zero_train");
   // Every rank wrote its own slices; nobody wrote the whole model.
@@ -276,7 +278,7 @@ TEST_CASE("ZeRO-3 sharded checkpoints: 4 ranks resume at 4 bit-exact, at 2 and 1
     CHECK(res[0].output.find("resumed at 4 lr 0.005") != std::string::npos);
     CHECK(res[0].output.find("export matches") != std::string::npos);
     for (int r = 0; r < world; ++r)
-      check_close(full[0].output, res[size_t(r)].output, "param ", 1e-5);
+      check_lines_close(full[0].output, res[size_t(r)].output, "param ", 1e-5);
   }
   // The checkpoint of another model: a clear error naming the parameter, nothing changed.
   check_ok(run_world(worker(), {"wrong_model", dir, "3"}, 2, {}, 60s), "wrong_model");
@@ -286,7 +288,7 @@ TEST_CASE("ZeRO-3 sharded checkpoints: 4 ranks resume at 4 bit-exact, at 2 and 1
 }
 
 TEST_CASE("plain DDP checkpoints load into another world size (2 ranks -> 1 and 3)") {
-  const std::string dir = fresh_dir("ddp-reshard");
+  const std::string dir = fresh_dir(kScratch, "ddp-reshard");
   // 2 ranks, DDP, 8 steps of global batch 12, a checkpoint after 4.
   auto full = run_world(worker(), {"zero_train", dir, "0", "6", "8", "4", "0"}, 2, {}, 60s);
   check_ok(full, "zero_train");
@@ -314,7 +316,7 @@ TEST_CASE("plain DDP checkpoints load into another world size (2 ranks -> 1 and 
                b = std::strtod(got[i].substr(got[i].rfind(' ') + 1).c_str(), nullptr);
         CHECK(b == doctest::Approx(a).epsilon(1e-5));
       }
-      check_close(full[0].output, res[size_t(r)].output, "param ", 1e-5);
+      check_lines_close(full[0].output, res[size_t(r)].output, "param ", 1e-5);
     }
   }
 }
@@ -338,8 +340,8 @@ TEST_CASE("strategy matrix: stages 0-3 x world 1-4 x accumulation 1/3 equal one 
         check_ok(res, "matrix");
         for (int r = 0; r < world; ++r) {
           CAPTURE(r);
-          check_close(ref[0].output, res[size_t(r)].output, "loss ", 1e-4);
-          check_close(ref[0].output, res[size_t(r)].output, "param ", 1e-4);
+          check_lines_close(ref[0].output, res[size_t(r)].output, "loss ", 1e-4);
+          check_lines_close(ref[0].output, res[size_t(r)].output, "param ", 1e-4);
         }
       }
     }
@@ -348,7 +350,7 @@ TEST_CASE("strategy matrix: stages 0-3 x world 1-4 x accumulation 1/3 equal one 
 
 TEST_CASE("ZeRO-1 with bf16 parameters: a checkpoint inside an accumulation window resumes") {
   // Stage 1 under param_dtype keeps the window in fp32 gradient shards (zero_grads_rank<r>).
-  const std::string dir = fresh_dir("zero-mp-window");
+  const std::string dir = fresh_dir(kScratch, "zero-mp-window");
   auto full =
       run_world(worker(), {"zero_train", dir, "1", "6", "8", "5", "0", "bf16", "2"}, 2, {}, 60s);
   check_ok(full, "zero_train");
@@ -385,13 +387,13 @@ TEST_CASE("ZeRO 1/2 with bf16 parameters and accumulation: stage 1 equals stage 
       CHECK(lines_with(one[0].output, what) == lines_with(two[0].output, what));
       CHECK(lines_with(one[1].output, what) == lines_with(two[1].output, what));
     }
-    check_close(fp32[0].output, two[0].output, "loss ", 5e-2);
+    check_lines_close(fp32[0].output, two[0].output, "loss ", 5e-2);
   }
 }
 
 TEST_CASE("save, kill during save, resume: previous checkpoint loads, losses bit-identical") {
   const std::map<std::string, std::string> env = {{"DIST_TIMEOUT_MS", "3000"}};
-  const std::string base = fresh_dir("base");
+  const std::string base = fresh_dir(kScratch, "base");
   auto full = run_world(worker(), {"train", base, "12", "4", "0"}, 2, env, 90s);
   check_ok(full, "train");
   struct Case {
@@ -400,7 +402,7 @@ TEST_CASE("save, kill during save, resume: previous checkpoint loads, losses bit
   };
   for (Case c : {Case{"rank_files", 1}, Case{"commit", 0}}) {
     CAPTURE(c.stage);
-    const std::string dir = fresh_dir(std::string("crash-") + c.stage);
+    const std::string dir = fresh_dir(kScratch, std::string("crash-") + c.stage);
     // Dies in the second save (after 8 steps): rank `c.rank` is killed at stage `c.stage`.
     auto crashed =
         run_world(worker(), {"train", dir, "12", "4", "0", c.stage, std::to_string(c.rank)}, 2, env,
@@ -444,7 +446,7 @@ double max_rel_diff_p64(const std::string& want, const std::string& got) {
 // Issue 22, item 13: re-sharding a float64 ZeRO checkpoint kept the optimizer state in float32
 // (the default dtype): resumed runs differed by ~1e-9 where float64 holds ~1e-16.
 TEST_CASE("float64 ZeRO state survives re-sharding: 2 ranks -> 1 and 1 -> 2 resume to 1e-14") {
-  const std::string dir = fresh_dir("zero-f64");
+  const std::string dir = fresh_dir(kScratch, "zero-f64");
   auto full = run_world(worker(), {"zero_train", dir, "2", "6", "8", "4", "0", "f64"}, 2, {}, 60s);
   check_ok(full, "zero_train");
   auto one = run_world(worker(), {"zero_train", dir, "2", "12", "8", "4", "1", "f64"}, 1, {}, 60s);
@@ -454,7 +456,7 @@ TEST_CASE("float64 ZeRO state survives re-sharding: 2 ranks -> 1 and 1 -> 2 resu
   MESSAGE("2 -> 1: largest relative parameter difference " << down);
   CHECK(down < 1e-14);
   // A single-process checkpoint (plain optimizer state) sharded into two ZeRO-2 ranks.
-  const std::string plain = fresh_dir("zero-f64-plain");
+  const std::string plain = fresh_dir(kScratch, "zero-f64-plain");
   auto ref =
       run_world(worker(), {"zero_train", plain, "2", "12", "8", "4", "0", "f64"}, 1, {}, 60s);
   check_ok(ref, "zero_train");
@@ -499,7 +501,7 @@ TEST_CASE("plain loss.backward() equals acc.backward() under DDP and ZeRO 1-3 (2
 TEST_CASE("load_state needs no more memory than training: ZeRO-3 and ZeRO-2, re-sharded too") {
   for (std::string stage : {"3", "2"}) {
     CAPTURE(stage);
-    const std::string dir = fresh_dir("resume-peak-" + stage);
+    const std::string dir = fresh_dir(kScratch, "resume-peak-" + stage);
     check_ok(run_world(worker(), {"resume_peak", dir, "save", stage}, 2, {}, 60s), "resume_peak");
     for (int world : {2, 3, 1}) {
       CAPTURE(world);
@@ -515,7 +517,7 @@ TEST_CASE("load_state needs no more memory than training: ZeRO-3 and ZeRO-2, re-
 // ZeRO 1-3) at 1, 2 and 3 ranks: the exact saved weights, no copy of the model on any rank
 // (checked in the worker), strict about names, converting dtypes.
 TEST_CASE("load_model: a ZeRO-3 export loads at 1, 2 and 3 ranks under every strategy") {
-  const std::string dir = fresh_dir("load-model");
+  const std::string dir = fresh_dir(kScratch, "load-model");
   check_ok(run_world(worker(), {"load_model", dir, "save", "3"}, 2, {}, 60s), "load_model");
   REQUIRE(fs::exists(dir + "/sharded/model.safetensors.index.json"));
   for (int world : {1, 2, 3}) {
@@ -547,7 +549,7 @@ TEST_CASE("load_model: a ZeRO-3 export loads at 1, 2 and 3 ranks under every str
 // every strategy, equals one process.
 TEST_CASE(
     "typed units and a tied weight: DDP, ZeRO 1/2/3 and ZeRO-3 checkpointing equal 1 process") {
-  const std::string dir = fresh_dir("typed");
+  const std::string dir = fresh_dir(kScratch, "typed");
   auto one = run_world(worker(), {"typed", dir, "0", "8"}, 1, {}, 60s);
   check_ok(one, "typed");
   for (std::string stage : {"0", "1", "2", "3", "3+ckpt"}) {
@@ -558,8 +560,8 @@ TEST_CASE(
     check_ok(two, "typed");
     for (int r = 0; r < 2; ++r) {
       CAPTURE(r);
-      check_close(one[0].output, two[size_t(r)].output, "loss ", 1e-5);
-      check_close(one[0].output, two[size_t(r)].output, "param ", 1e-5);
+      check_lines_close(one[0].output, two[size_t(r)].output, "loss ", 1e-5);
+      check_lines_close(one[0].output, two[size_t(r)].output, "param ", 1e-5);
     }
   }
   fs::remove_all(dir);
@@ -573,7 +575,7 @@ TEST_CASE("Adadelta, Adagrad, RMSprop under ZeRO 1/2/3 equal one process; resume
   for (int k = 0; k < 3; ++k) {
     const std::string opt = opts[k];
     CAPTURE(opt);
-    const std::string one_dir = fresh_dir("opt-one-" + opt);
+    const std::string one_dir = fresh_dir(kScratch, "opt-one-" + opt);
     auto one = run_world(
         worker(), {"zero_train", one_dir, "0", "12", "6", "3", "0", "f64", "1", opt}, 1, {}, 60s);
     check_ok(one, "zero_train");
@@ -583,7 +585,7 @@ TEST_CASE("Adadelta, Adagrad, RMSprop under ZeRO 1/2/3 equal one process; resume
     CHECK(lines_with(one_res[0].output, "p64 ") == lines_with(one[0].output, "p64 "));
     for (std::string stage : {"1", "2", "3"}) {
       CAPTURE(stage);
-      const std::string dir = fresh_dir("opt-" + opt + "-" + stage);
+      const std::string dir = fresh_dir(kScratch, "opt-" + opt + "-" + stage);
       auto two = run_world(
           worker(), {"zero_train", dir, stage, "6", "6", "3", "0", "f64", "1", opt}, 2, {}, 60s);
       check_ok(two, "zero_train");
@@ -607,7 +609,7 @@ TEST_CASE("Adadelta, Adagrad, RMSprop under ZeRO 1/2/3 equal one process; resume
 // its step(closure) averages the loss across ranks, so 2 ranks follow the single process, and a
 // checkpoint (its history in the optimizer file) resumes bit-exact.
 TEST_CASE("LBFGS: DDP equals one process, resumes bit-exact; ZeRO refuses it by name") {
-  const std::string dir = fresh_dir("lbfgs");
+  const std::string dir = fresh_dir(kScratch, "lbfgs");
   auto one = run_world(worker(), {"lbfgs", dir, "0", "full"}, 1, {}, 60s);
   check_ok(one, "lbfgs");
   auto two = run_world(worker(), {"lbfgs", dir, "0", "save"}, 2, {}, 60s);

@@ -22,8 +22,10 @@
 #include "kernels/cpu/cpu_isa.h"   // the bf16 GEMM route
 #include "kernels/stubs/linalg.h"  // round_to_lowp_stub
 #include "tests/accelerate/training.h"
+#include "tests/common/tensors.h"
 
 using namespace accel;
+using accel::test::rel_max_diff;
 
 namespace {
 
@@ -32,12 +34,6 @@ AcceleratorConfig mp_config(MixedPrecision mp) {
   c.read_env = false;
   c.mixed_precision = mp;
   return c;
-}
-
-// Largest |a - b| relative to the largest |b|.
-double rel_max_diff(const Tensor& a, const Tensor& b) {
-  const double scale = max(abs(b)).item<double>();
-  return max(abs(sub(a, b))).item<double>() / (scale > 0 ? scale : 1.0);
 }
 
 }  // namespace

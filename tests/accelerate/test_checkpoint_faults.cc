@@ -25,51 +25,24 @@
 #include "tests/common/child_process.h"
 #include "tests/common/spawn.h"
 #include "tests/accelerate/training.h"
+#include "tests/common/util.h"
 
 using namespace accel;
 using accel::test::base_config;
 using accel::test::Run;
 namespace fs = std::filesystem;
+using accel::test::fresh_dir;
+using accel::test::read_file;
+using accel::test::run_in_child;
+using accel::test::write_file;
 
 namespace {
 
-std::string fresh_dir(const std::string& tag) {
-  return accel::test::fresh_dir("accel-ckpt-faults", tag);
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void spit(const std::string& path, const std::string& data) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << data;
-}
-
-// Runs body in a forked child (exit code = its result; 99 = exception). The parent of the
-// save/kill tests runs no kernels itself, so the children never inherit a live thread team.
-int in_child(const std::function<int()>& body) {
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    int rc = 99;
-    try {
-      rc = body();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "child: %s\n", e.what());
-    }
-    std::fflush(stderr);
-    _exit(rc);
-  }
-  int st = 0;
-  REQUIRE(waitpid(pid, &st, 0) == pid);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-}
+// fresh_dir's prefix: /tmp/accel-ckpt-faults-<pid>-<tag>.
+constexpr char kScratch[] = "accel-ckpt-faults";
 
 int64_t saved_step(const std::string& ckpt_dir) {
-  return nlohmann::json::parse(slurp(ckpt_dir + "/" + dist::kCheckpointStateFile))
+  return nlohmann::json::parse(read_file(ckpt_dir + "/" + dist::kCheckpointStateFile))
       .at("step")
       .get<int64_t>();
 }
@@ -98,8 +71,9 @@ void resave_killed_at_every_step(bool exchange) {
   if (!exchange) setenv("ACCEL_CHECKPOINT_NO_EXCHANGE", "1", 1);
   for (const std::string& stage : stages) {
     CAPTURE(stage);
-    const std::string root = fresh_dir(std::string("resave-") + (exchange ? "x-" : "f-") + stage);
-    CHECK(in_child([&] { return save_twice_and_die_at(root, stage); }) == -SIGKILL);
+    const std::string root =
+        fresh_dir(kScratch, std::string("resave-") + (exchange ? "x-" : "f-") + stage);
+    CHECK(run_in_child([&] { return save_twice_and_die_at(root, stage); }).signal == SIGKILL);
     // `latest` resolves to a complete checkpoint: the old one (step 1) until the new directory
     // took the name, the new one (step 2) from then on.
     std::string resolved;
@@ -109,19 +83,19 @@ void resave_killed_at_every_step(bool exchange) {
     // With an atomic exchange the named directory itself is complete at every instant.
     if (exchange) CHECK(saved_step(root + "/ck") == (old ? 1 : 2));
     // And it loads: every file of it is there.
-    CHECK(in_child([&] {
+    CHECK(run_in_child([&] {
             Accelerator acc(base_config(root));
             Run run(acc, 8, false, 0.0);
             acc.load_state(root);
             return acc.step() == (old ? 1 : 2) ? 0 : 1;
-          }) == 0);
+          }).ok());
     // The next save cleans up whatever the killed one left behind.
-    CHECK(in_child([&] {
+    CHECK(run_in_child([&] {
             Accelerator acc(base_config(root));
             Run run(acc, 8, false, 0.0);
             acc.save_state(root + "/ck");
             return 0;
-          }) == 0);
+          }).ok());
     std::vector<std::string> names;
     for (auto& e : fs::directory_iterator(root)) names.push_back(e.path().filename().string());
     std::sort(names.begin(), names.end());
@@ -184,7 +158,7 @@ struct Trained {
   bool custom_load_throws = false;
 
   explicit Trained(const std::string& tag, const std::string& shared_dir = "")
-      : dir(shared_dir.empty() ? fresh_dir(tag) : shared_dir),
+      : dir(shared_dir.empty() ? fresh_dir(kScratch, tag) : shared_dir),
         owns_dir(shared_dir.empty()),
         config(base_config(dir)) {
     config.gradient_accumulation_steps = 2;
@@ -223,7 +197,7 @@ struct Trained {
 // Before the single-process cases below: the parent must not have run kernels when it forks.
 TEST_CASE("checkpoint faults: one rank's unreadable file makes every rank refuse, unchanged") {
   constexpr int kWorld = 2, kBad = 1;
-  const std::string dir = fresh_dir("ranks");
+  const std::string dir = fresh_dir(kScratch, "ranks");
   const int port = accel::test::free_port();
   std::vector<pid_t> pids;
   for (int r = 0; r < kWorld; ++r) {
@@ -241,8 +215,8 @@ TEST_CASE("checkpoint faults: one rank's unreadable file makes every rank refuse
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       Trained t("", dir);
       const std::string rng = t.ckpt + "/rng_rank" + std::to_string(kBad) + ".txt";
-      const std::string good = slurp(rng);
-      if (r == kBad) spit(rng, good.substr(0, good.size() / 2));
+      const std::string good = read_file(rng);
+      if (r == kBad) write_file(rng, good.substr(0, good.size() / 2));
       t.acc->wait_for_everyone();
       const std::string before = t.state();
       std::string msg = "(no error)";
@@ -262,7 +236,7 @@ TEST_CASE("checkpoint faults: one rank's unreadable file makes every rank refuse
         rc = 1;
       }
       // The group is still in step: with the file repaired, both load.
-      if (r == kBad) spit(rng, good);
+      if (r == kBad) write_file(rng, good);
       t.acc->wait_for_everyone();
       t.acc->load_state();
       if (t.acc->step() != 3) rc = 1;
@@ -290,26 +264,26 @@ TEST_CASE("checkpoint faults: latest must name a directory inside its root") {
   fs::create_directories(root);
   for (const std::string bad : {"..", "../checkpoint_0", "/tmp", ".", "", "a/../..", "\n"}) {
     CAPTURE(bad);
-    spit(root + "/latest", std::string(bad) + "\n");
+    write_file(root + "/latest", std::string(bad) + "\n");
     const std::string before = t.state();
     CHECK_THROWS_AS(t.acc->load_state(root), IoError);
     CHECK(t.state() == before);
   }
   try {
-    spit(root + "/latest", "..\n");
+    write_file(root + "/latest", "..\n");
     t.acc->load_state(root);
   } catch (const IoError& e) {
     CHECK(std::string(e.what()).find(root + "/latest") != std::string::npos);
   }
   // A plain name inside the root is fine.
-  spit(t.dir + "/checkpoints/latest", "checkpoint_0\n");
+  write_file(t.dir + "/checkpoints/latest", "checkpoint_0\n");
   CHECK(t.acc->load_state() == t.ckpt);
 }
 
 TEST_CASE("checkpoint faults: a malformed state.json is an IoError naming the file") {
   Trained t("malformed");
   const std::string file = t.ckpt + "/" + dist::kCheckpointStateFile;
-  const std::string good = slurp(file);
+  const std::string good = read_file(file);
   const nlohmann::json j = nlohmann::json::parse(good);
   std::vector<std::pair<std::string, std::string>> cases = {
       {"not JSON", "{\"format\": 1, "},
@@ -337,7 +311,7 @@ TEST_CASE("checkpoint faults: a malformed state.json is an IoError naming the fi
   });
   for (auto& [name, text] : cases) {
     CAPTURE(name);
-    spit(file, text);
+    write_file(file, text);
     const std::string before = t.state();
     bool named = false;
     try {
@@ -352,7 +326,7 @@ TEST_CASE("checkpoint faults: a malformed state.json is an IoError naming the fi
     CHECK(named);
     CHECK(t.state() == before);
   }
-  spit(file, good);
+  write_file(file, good);
   CHECK_NOTHROW(t.acc->load_state());
 }
 
@@ -368,8 +342,8 @@ TEST_CASE("checkpoint faults: load_state changes nothing unless everything loads
     CAPTURE(f);
     const std::string path = t.ckpt + "/" + f;
     REQUIRE(fs::exists(path));
-    const std::string good = slurp(path);
-    spit(path, good.substr(0, good.size() / 2));
+    const std::string good = read_file(path);
+    write_file(path, good.substr(0, good.size() / 2));
     try {
       t.acc->load_state();
       FAIL("loaded a truncated " << f);
@@ -377,7 +351,7 @@ TEST_CASE("checkpoint faults: load_state changes nothing unless everything loads
       CHECK(std::string(e.what()).find(f) != std::string::npos);
     }
     CHECK(t.state() == before);
-    spit(path, good);
+    write_file(path, good);
   }
   // A failure while applying (the last object refuses its state): everything is rolled back.
   t.custom_load_throws = true;
@@ -408,15 +382,15 @@ TEST_CASE("checkpoint faults: save_state refuses a folder that is not a checkpoi
   // The folder of the report: notes, logs and a final model, kept as they were.
   const std::string user = t.dir + "/results";
   fs::create_directories(user + "/logs");
-  spit(user + "/notes.txt", "notes");
-  spit(user + "/logs/train.log", "log");
-  spit(user + "/final_model.bin", "model");
+  write_file(user + "/notes.txt", "notes");
+  write_file(user + "/logs/train.log", "log");
+  write_file(user + "/final_model.bin", "model");
   std::string msg = refusal(user);
   CHECK(has(msg, "[save_state] '" + user + "' holds final_model.bin, logs/, notes.txt"));
   CHECK(has(msg, "not a checkpoint folder of accel's"));
-  CHECK(slurp(user + "/notes.txt") == "notes");
-  CHECK(slurp(user + "/logs/train.log") == "log");
-  CHECK(slurp(user + "/final_model.bin") == "model");
+  CHECK(read_file(user + "/notes.txt") == "notes");
+  CHECK(read_file(user + "/logs/train.log") == "log");
+  CHECK(read_file(user + "/final_model.bin") == "model");
   CHECK(!fs::exists(t.dir + "/.tmp-results"));
   // A checkpoints root (latest and checkpoint_<N>/) is not a checkpoint either.
   msg = refusal(t.dir + "/checkpoints");
@@ -425,29 +399,30 @@ TEST_CASE("checkpoint faults: save_state refuses a folder that is not a checkpoi
   CHECK(fs::exists(t.ckpt + "/" + dist::kCheckpointStateFile));
   // Automatic saves too: the next one (no save succeeded yet) goes to checkpoint_1.
   fs::create_directories(t.dir + "/checkpoints/checkpoint_1");
-  spit(t.dir + "/checkpoints/checkpoint_1/notes.txt", "notes");
+  write_file(t.dir + "/checkpoints/checkpoint_1/notes.txt", "notes");
   CHECK(has(refusal(""), "checkpoint_1' holds notes.txt"));
-  CHECK(slurp(t.dir + "/checkpoints/checkpoint_1/notes.txt") == "notes");
+  CHECK(read_file(t.dir + "/checkpoints/checkpoint_1/notes.txt") == "notes");
   // Empty or missing: fine. A checkpoint of ours: replaced, as before.
   fs::create_directories(t.dir + "/empty");
   CHECK(refusal(t.dir + "/empty").empty());
   CHECK(refusal(t.dir + "/empty").empty());
   CHECK(fs::exists(t.dir + "/empty/" + dist::kCheckpointMarker));
   // ... unless something of the user's was put inside it.
-  spit(t.dir + "/empty/notes.txt", "mine");
+  write_file(t.dir + "/empty/notes.txt", "mine");
   msg = refusal(t.dir + "/empty");
   CHECK(has(msg, "also holds what accel did not write there: notes.txt"));
-  CHECK(slurp(t.dir + "/empty/notes.txt") == "mine");
+  CHECK(read_file(t.dir + "/empty/notes.txt") == "mine");
   fs::remove(t.dir + "/empty/notes.txt");
   // A checkpoint of the previous version (no marker, no manifest) is recognised by its files.
   fs::remove(t.dir + "/empty/" + dist::kCheckpointMarker);
-  nlohmann::json s = nlohmann::json::parse(slurp(t.dir + "/empty/" + dist::kCheckpointStateFile));
+  nlohmann::json s =
+      nlohmann::json::parse(read_file(t.dir + "/empty/" + dist::kCheckpointStateFile));
   s.erase("files");
-  spit(t.dir + "/empty/" + dist::kCheckpointStateFile, s.dump());
+  write_file(t.dir + "/empty/" + dist::kCheckpointStateFile, s.dump());
   CHECK(refusal(t.dir + "/empty").empty());
   fs::remove(t.dir + "/empty/" + dist::kCheckpointMarker);
-  spit(t.dir + "/empty/" + dist::kCheckpointStateFile, s.dump());
-  spit(t.dir + "/empty/final_model.bin", "model");
+  write_file(t.dir + "/empty/" + dist::kCheckpointStateFile, s.dump());
+  write_file(t.dir + "/empty/final_model.bin", "model");
   CHECK(has(refusal(t.dir + "/empty"),
             "also holds what accel did not write there: "
             "final_model.bin"));
@@ -455,17 +430,17 @@ TEST_CASE("checkpoint faults: save_state refuses a folder that is not a checkpoi
   fs::create_directory_symlink(user, t.dir + "/alias");
   CHECK(has(refusal(t.dir + "/alias"), "is a symbolic link"));
   fs::create_directories(t.dir + "/.tmp-fresh");
-  spit(t.dir + "/.tmp-fresh/notes.txt", "notes");
+  write_file(t.dir + "/.tmp-fresh/notes.txt", "notes");
   msg = refusal(t.dir + "/fresh");
   CHECK(has(msg,
             "'" + t.dir + "/.tmp-fresh' (the temporary folder of a save to it) holds notes.txt"));
-  CHECK(slurp(t.dir + "/.tmp-fresh/notes.txt") == "notes");
+  CHECK(read_file(t.dir + "/.tmp-fresh/notes.txt") == "notes");
   // Nothing above moved `latest` or broke the group: it still loads.
   CHECK_NOTHROW(t.acc->load_state());
 }
 
 TEST_CASE("checkpoint faults: rotation deletes only checkpoint folders of accel's") {
-  const std::string dir = fresh_dir("rotation");
+  const std::string dir = fresh_dir(kScratch, "rotation");
   {
     AcceleratorConfig c = base_config(dir);
     c.total_limit = 1;
@@ -474,11 +449,11 @@ TEST_CASE("checkpoint faults: rotation deletes only checkpoint folders of accel'
     // A checkpoint_<N> of the user's, beyond the ones the saves make: the rotation counted and
     // deleted it with the oldest.
     fs::create_directories(dir + "/checkpoints/checkpoint_7/logs");
-    spit(dir + "/checkpoints/checkpoint_7/notes.txt", "notes");
+    write_file(dir + "/checkpoints/checkpoint_7/notes.txt", "notes");
     acc.save_state();
     acc.save_state();
     acc.save_state();
-    CHECK(slurp(dir + "/checkpoints/checkpoint_7/notes.txt") == "notes");
+    CHECK(read_file(dir + "/checkpoints/checkpoint_7/notes.txt") == "notes");
     CHECK(!fs::exists(dir + "/checkpoints/checkpoint_0"));
     CHECK(!fs::exists(dir + "/checkpoints/checkpoint_1"));
     CHECK(fs::exists(dir + "/checkpoints/checkpoint_2"));
@@ -489,19 +464,19 @@ TEST_CASE("checkpoint faults: rotation deletes only checkpoint folders of accel'
 TEST_CASE("checkpoint faults: planted links redirect no write; open folders are refused") {
   Trained t("links");
   // A link at the old fixed temporary name of `latest`: a root-run job overwrote its target.
-  spit(t.dir + "/outside", "precious");
+  write_file(t.dir + "/outside", "precious");
   fs::create_symlink(t.dir + "/outside", t.dir + "/checkpoints/latest.tmp");
   const std::string second = t.acc->save_state();
-  CHECK(slurp(t.dir + "/outside") == "precious");
-  CHECK(slurp(t.dir + "/checkpoints/latest") == "checkpoint_1\n");
+  CHECK(read_file(t.dir + "/outside") == "precious");
+  CHECK(read_file(t.dir + "/checkpoints/latest") == "checkpoint_1\n");
   CHECK(second == t.dir + "/checkpoints/checkpoint_1");
   // A link at `latest` itself is replaced, not written through.
   fs::remove(t.dir + "/checkpoints/latest");
   fs::create_symlink(t.dir + "/outside", t.dir + "/checkpoints/latest");
   t.acc->save_state();
-  CHECK(slurp(t.dir + "/outside") == "precious");
+  CHECK(read_file(t.dir + "/outside") == "precious");
   CHECK(!fs::is_symlink(t.dir + "/checkpoints/latest"));
-  CHECK(slurp(t.dir + "/checkpoints/latest") == "checkpoint_2\n");
+  CHECK(read_file(t.dir + "/checkpoints/latest") == "checkpoint_2\n");
   // A folder on the way that anyone may rewrite.
   fs::create_directories(t.dir + "/open");
   fs::permissions(t.dir + "/open", fs::perms::all);
@@ -519,7 +494,7 @@ TEST_CASE(
   Trained t("fifo");
   const std::string state = t.ckpt + "/" + dist::kCheckpointStateFile;
   const std::string rng = t.ckpt + "/rng_rank0.txt";
-  const std::string good_state = slurp(state);
+  const std::string good_state = read_file(state);
   // state.json as a FIFO: the read blocked in open() until a writer came. In a child with a
   // deadline, so that a regression fails here instead of hanging the suite.
   fs::remove(state);
@@ -528,10 +503,10 @@ TEST_CASE(
   CHECK_MESSAGE(!r.timed_out, "load_state blocked on a FIFO state.json");
   CHECK(r.ok());
   fs::remove(state);
-  spit(state, good_state);
+  write_file(state, good_state);
   // rng_rank0.txt linked to /dev/zero was read until std::bad_alloc (the child's memory is
   // capped so a regression fails fast). accel never writes a link there: refused as one.
-  const std::string good_rng = slurp(rng);
+  const std::string good_rng = read_file(rng);
   fs::remove(rng);
   fs::create_symlink("/dev/zero", rng);
   {
@@ -553,7 +528,7 @@ TEST_CASE(
   }
   // A state.json far larger than any real one is refused by its size, before it is read.
   fs::remove(rng);
-  spit(rng, good_rng);
+  write_file(rng, good_rng);
   {
     std::ofstream f(state, std::ios::binary | std::ios::trunc);
     f.seekp(std::streamoff(dist::kMaxCheckpointFileBytes));
@@ -561,6 +536,6 @@ TEST_CASE(
   }
   CHECK_THROWS_WITH_AS(t.acc->load_state(), doctest::Contains("bytes this kind of file may hold"),
                        IoError);
-  spit(state, good_state);
+  write_file(state, good_state);
   CHECK_NOTHROW(t.acc->load_state());
 }

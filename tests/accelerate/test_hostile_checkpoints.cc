@@ -18,23 +18,21 @@
 #include "io/safetensors.h"
 #include "tests/common/spawn.h"
 #include "tests/common/worker_check.h"
+#include "tests/common/util.h"
 
 using namespace std::chrono_literals;
 using accel::test::check_ok;
 using accel::test::run_world;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using accel::test::fresh_dir;
 
 namespace {
 
-std::string worker() { return accel::test::helper_path("accel_worker"); }
+// fresh_dir's prefix: /tmp/accel-hostile-<pid>-<tag>.
+constexpr char kScratch[] = "accel-hostile";
 
-std::string fresh_dir(const std::string& tag) {
-  std::string d = "/tmp/accel-hostile-" + std::to_string(getpid()) + "-" + tag;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+std::string worker() { return accel::test::helper_path("accel_worker"); }
 
 json read_json(const std::string& path) {
   std::ifstream f(path);
@@ -44,7 +42,7 @@ json read_json(const std::string& path) {
 // A copy of checkpoint `base`/ckpt in a fresh directory with state.json edited by `edit`.
 std::string mutated(const std::string& base, const std::string& tag,
                     const std::function<void(json&)>& edit) {
-  const std::string dir = fresh_dir(tag);
+  const std::string dir = fresh_dir(kScratch, tag);
   fs::copy(base + "/ckpt", dir + "/ckpt", fs::copy_options::recursive);
   json s = read_json(dir + "/ckpt/state.json");
   edit(s);
@@ -64,7 +62,7 @@ void expect_refused(const std::string& dir, const std::string& stage, int world,
 }  // namespace
 
 TEST_CASE("hostile ZeRO-1/2 layouts: IoError naming state.json and the bucket, on every rank") {
-  const std::string base = fresh_dir("zero");
+  const std::string base = fresh_dir(kScratch, "zero");
   check_ok(run_world(worker(), {"zero_train", base, "2", "6", "4", "4", "0"}, 2, {}, 60s),
            "zero_train");
   const json saved = read_json(base + "/ckpt/state.json");
@@ -130,7 +128,7 @@ TEST_CASE("hostile ZeRO-1/2 layouts: IoError naming state.json and the bucket, o
 }
 
 TEST_CASE("hostile ZeRO-3 records: overlapping, missing or stray spans are IoErrors") {
-  const std::string base = fresh_dir("fsdp");
+  const std::string base = fresh_dir(kScratch, "fsdp");
   check_ok(run_world(worker(), {"zero_train", base, "3", "6", "4", "4", "0"}, 2, {}, 60s),
            "zero_train");
   const json saved = read_json(base + "/ckpt/state.json");

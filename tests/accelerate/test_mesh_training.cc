@@ -21,6 +21,7 @@
 #include "core/tensor.h"
 #include "tests/common/spawn.h"
 #include "tests/common/worker_check.h"
+#include "tests/common/util.h"
 
 using namespace std::chrono_literals;
 using namespace std::string_literals;
@@ -37,20 +38,9 @@ constexpr double kTolerance = 1e-10;
 std::string worker() { return accel::test::helper_path("mesh_worker"); }
 
 // The test's folder, removed when the test program ends.
-struct Scratch {
-  std::string path = "/tmp/accel-mesh-training-" + std::to_string(getpid());
-  Scratch() {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 std::string scratch() {
-  static const Scratch s;
-  return s.path;
+  static const accel::test::TempDir s("mesh-training");
+  return s.str();
 }
 
 struct Run {

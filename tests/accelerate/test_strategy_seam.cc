@@ -27,11 +27,18 @@
 #include "optim/sgd.h"
 #include "core/generator.h"
 #include "tests/common/spawn.h"
+#include "tests/common/check.h"
+#include "tests/common/util.h"
 
 using namespace accel;
 using namespace std::chrono_literals;
+using accel::test::check_close;
+using accel::test::fresh_dir;
 
 namespace {
+
+// fresh_dir's prefix: /tmp/strategy-seam-<pid>-<tag>.
+constexpr char kScratch[] = "strategy-seam";
 
 constexpr int kSteps = 7;
 constexpr double kLr = 0.1;
@@ -173,19 +180,6 @@ RankOut read_rank(const std::string& path) {
 
 std::string self_exe() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
 
-std::string fresh_dir(const std::string& tag) {
-  auto d = std::filesystem::temp_directory_path() /
-           ("strategy-seam-" + std::to_string(getpid()) + "-" + tag);
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d.string();
-}
-
-void check_close(const std::vector<double>& got, const std::vector<double>& want) {
-  REQUIRE(got.size() == want.size());
-  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-5));
-}
-
 bool differs(const std::vector<double>& a, const std::vector<double>& b) {
   for (size_t i = 0; i < a.size(); ++i)
     if (std::abs(a[i] - b[i]) > 1e-3) return true;
@@ -211,14 +205,14 @@ TEST_CASE("a strategy registered by a test file is listed and refuses a second r
 }
 
 TEST_CASE("local SGD trains through Accelerator::prepare (AcceleratorConfig::strategy)") {
-  const std::string dir = fresh_dir("code");
+  const std::string dir = fresh_dir(kScratch, "code");
   auto res = accel::test::run_world(self_exe(), {"worker", dir + "/out", "code"}, 2, {}, 120s);
   for (auto& r : res) REQUIRE_MESSAGE(r.code == 0, r.output);
   const auto want = reference(2, 3, true);
   for (int rank = 0; rank < 2; ++rank) {
     RankOut o = read_rank(dir + "/out." + std::to_string(rank));
     CHECK(o.strategy == "local_sgd");
-    check_close(o.params, want[rank]);
+    check_close(o.params, want[rank], 1e-5, 1e-5);
   }
   CHECK(differs(want[0], want[1]));  // step 7 came after the last average (step 6)
   // Averaging every 3 of 7 steps is not DDP (whose replicas equal the mean-gradient run) and
@@ -229,7 +223,7 @@ TEST_CASE("local SGD trains through Accelerator::prepare (AcceleratorConfig::str
 }
 
 TEST_CASE("local SGD trains through accel-run --strategy local_sgd (ACCEL_STRATEGY)") {
-  const std::string dir = fresh_dir("run");
+  const std::string dir = fresh_dir(kScratch, "run");
   const std::string cmd = std::string("'") + ACCEL_RUN_PATH +
                           "' launch -q --cpu --num_processes 2 --strategy local_sgd '" +
                           self_exe() + "' worker '" + dir + "/out' env > '" + dir + "/log' 2>&1";
@@ -242,7 +236,7 @@ TEST_CASE("local SGD trains through accel-run --strategy local_sgd (ACCEL_STRATE
   for (int rank = 0; rank < 2; ++rank) {
     RankOut o = read_rank(dir + "/out." + std::to_string(rank));
     CHECK(o.strategy == "local_sgd");
-    check_close(o.params, want[rank]);
+    check_close(o.params, want[rank], 1e-5, 1e-5);
   }
   std::filesystem::remove_all(dir);
 }

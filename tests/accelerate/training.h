@@ -17,16 +17,9 @@
 #include "core/generator.h"
 #include "data/dataloader.h"
 #include "accelerate/accelerator.h"
+#include "tests/common/util.h"
 
 namespace accel::test {
-
-// An empty directory /tmp/<prefix>-<pid>-<tag>, removed first if a crashed run left it behind.
-inline std::string fresh_dir(const std::string& prefix, const std::string& tag) {
-  std::string d = "/tmp/" + prefix + "-" + std::to_string(getpid()) + "-" + tag;
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d;
-}
 
 // A facade configuration that ignores the environment and checkpoints under `dir`.
 inline AcceleratorConfig base_config(const std::string& dir) {

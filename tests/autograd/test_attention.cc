@@ -10,8 +10,14 @@
 
 #include "accel.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "tests/common/check.h"
+#include "tests/common/tensors.h"
 
 using namespace accel;
+using accel::test::check_close;
+using accel::test::check_error;
+using accel::test::leaves;
+using accel::test::max_abs_diff;
 
 namespace {
 
@@ -21,25 +27,6 @@ Generator& gen() {
 }
 
 Tensor rn(const Shape& s, DType dt) { return randn(s, TensorOptions(dt), &gen()); }
-
-double max_diff(const Tensor& a, const Tensor& b) {
-  std::vector<double> x = a.tolist(), y = b.tolist();
-  REQUIRE(x.size() == y.size());
-  double m = 0;
-  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
-  return m;
-}
-void check_close(const Tensor& a, const Tensor& b, double rtol, double atol) {
-  REQUIRE(a.sizes() == b.sizes());
-  CHECK_MESSAGE(allclose(a.to(kFloat64), b.to(kFloat64), rtol, atol),
-                "max |diff| = ", max_diff(a, b));
-}
-
-std::vector<Tensor> leaves(const std::vector<Tensor>& xs) {
-  std::vector<Tensor> r;
-  for (const Tensor& x : xs) r.push_back(x.detach().clone().requires_grad_());
-  return r;
-}
 
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
@@ -84,24 +71,6 @@ Tensor ref_packed(const Tensor& qkv, int64_t H, bool causal) {
 
 double rtol_for(DType dt) { return dt == kFloat64 ? 1e-10 : 1e-4; }
 double atol_for(DType dt) { return dt == kFloat64 ? 1e-12 : 1e-5; }
-
-template <typename E, typename F>
-void check_error(F&& f, std::initializer_list<const char*> needles) {
-  bool thrown = false;
-  try {
-    f();
-  } catch (const E& e) {
-    thrown = true;
-    const std::string msg = e.what();
-    for (const char* n : needles) {
-      CHECK_MESSAGE(msg.find(n) != std::string::npos, "'", n, "' not in: ", msg);
-    }
-  } catch (const std::exception& e) {
-    FAIL_CHECK("wrong exception type: ", e.what());
-    return;
-  }
-  CHECK_MESSAGE(thrown, "nothing thrown; expected ", std::string(*needles.begin()));
-}
 
 }  // namespace
 
@@ -211,7 +180,7 @@ void check_bf16(const Tensor& got, const Tensor& want64) {
   CHECK(got.dtype() == kBFloat16);
   double scale = 0;
   for (double x : want64.tolist()) scale = std::max(scale, std::abs(x));
-  const double err = max_diff(got.to(kFloat64), want64), tol = 8 * kBf16U * scale;
+  const double err = max_abs_diff(got.to(kFloat64), want64), tol = 8 * kBf16U * scale;
   CHECK_MESSAGE(err <= tol, "max |diff| = ", err, " > ", tol, " (max |ref| ", scale, ")");
 }
 

@@ -13,12 +13,14 @@
 
 #include "accel.h"
 #include "autograd/gradcheck.h"
+#include "tests/common/check.h"
 
 #ifndef ACCEL_SOURCE_ROOT
 #error "ACCEL_SOURCE_ROOT (the repository root) is passed by tests/autograd/meson.build"
 #endif
 
 using namespace accel;
+using accel::test::check_close;
 
 namespace {
 
@@ -26,17 +28,6 @@ Tensor f64(std::vector<double> v, Shape s) { return tensor(v, s).to(kFloat64); }
 
 Tensor leaf(std::vector<double> v, Shape s) {
   return f64(std::move(v), std::move(s)).requires_grad_(true);
-}
-
-void check_close(const Tensor& got, const Tensor& want, double tol = 1e-12) {
-  REQUIRE(got.defined());
-  REQUIRE(got.sizes() == want.sizes());
-  const std::vector<double> g = got.to(kFloat64).to_vector<double>();
-  const std::vector<double> w = want.to(kFloat64).to_vector<double>();
-  double worst = 0;
-  for (size_t i = 0; i < g.size(); ++i)
-    worst = std::max(worst, std::abs(g[i] - w[i]) / std::max(1.0, std::abs(w[i])));
-  CHECK_MESSAGE(worst <= tol, "max error ", worst, " for shape ", got.sizes());
 }
 
 // The fixture: name -> float64 tensor.
@@ -83,10 +74,10 @@ TEST_CASE("double backward: backward(create_graph) leaves .grad with history") {
   REQUIRE(g.defined());
   CHECK(g.requires_grad());
   CHECK(g.grad_fn() != nullptr);
-  check_close(g, f64({0.75, 6.75, 12.0}, {3}));  // 3 x^2
+  check_close(g, f64({0.75, 6.75, 12.0}, {3}), 1e-12, 1e-12);  // 3 x^2
   x.zero_grad();
   sum(g).backward();
-  check_close(x.grad(), f64({3.0, -9.0, 12.0}, {3}));  // 6 x
+  check_close(x.grad(), f64({3.0, -9.0, 12.0}, {3}), 1e-12, 1e-12);  // 6 x
   // Without create_graph .grad has no history (and the accumulation is in place, as before).
   Tensor z = leaf({1.0, 2.0}, {2});
   sum(pow(z, 3.0)).backward();
@@ -97,7 +88,7 @@ TEST_CASE("double backward: backward(create_graph) leaves .grad with history") {
   sum(mul(w, w)).backward(Tensor(), std::nullopt, true);
   sum(pow(w, 3.0)).backward(Tensor(), std::nullopt, true);
   const Tensor gw = w.grad();  // 2 w + 3 w^2
-  check_close(gw, f64({5.0, 16.0}, {2}));
+  check_close(gw, f64({5.0, 16.0}, {2}), 1e-12, 1e-12);
   CHECK(autograd::grad({sum(gw)}, {w})[0].to_vector<double>() == std::vector<double>{8.0, 14.0});
   // As in torch, a leaf and a .grad with history reference each other until .grad is reset.
   w.zero_grad();
@@ -108,11 +99,11 @@ TEST_CASE("double backward: grad(create_graph), third order, Hessian of a quadra
   const Tensor y = sum(pow(x, 4.0));
   const Tensor g1 = autograd::grad({y}, {x}, {}, std::nullopt, /*create_graph=*/true)[0];
   CHECK(g1.requires_grad());
-  check_close(g1, f64({0.5, -4.0, 32.0}, {3}));  // 4 x^3
+  check_close(g1, f64({0.5, -4.0, 32.0}, {3}), 1e-12, 1e-12);  // 4 x^3
   const Tensor g2 = autograd::grad({sum(g1)}, {x}, {}, std::nullopt, true)[0];
-  check_close(g2, f64({3.0, 12.0, 48.0}, {3}));  // 12 x^2
+  check_close(g2, f64({3.0, 12.0, 48.0}, {3}), 1e-12, 1e-12);  // 12 x^2
   const Tensor g3 = autograd::grad({sum(g2)}, {x})[0];
-  check_close(g3, f64({12.0, -24.0, 48.0}, {3}));  // 24 x
+  check_close(g3, f64({12.0, -24.0, 48.0}, {3}), 1e-12, 1e-12);  // 24 x
   CHECK_FALSE(g3.requires_grad());
 
   // f = 1/2 x^T A x: the gradient is (A + A^T) / 2 x and row i of the Hessian (A + A^T) / 2.
@@ -120,10 +111,10 @@ TEST_CASE("double backward: grad(create_graph), third order, Hessian of a quadra
   const Tensor f = mul(sum(mul(x, matmul(A, x))), 0.5);
   const Tensor gx = autograd::grad({f}, {x}, {}, std::nullopt, true)[0];
   const Tensor sym = mul(add(A, A.t()), 0.5);
-  check_close(gx, matmul(sym, x.detach()));
+  check_close(gx, matmul(sym, x.detach()), 1e-12, 1e-12);
   for (int64_t i = 0; i < 3; ++i) {
     const Tensor row = autograd::grad({gx.select(0, i)}, {x}, {}, /*retain_graph=*/true)[0];
-    check_close(row, sym.select(0, i));
+    check_close(row, sym.select(0, i), 1e-12, 1e-12);
   }
 }
 
@@ -157,7 +148,7 @@ TEST_CASE("double backward: retain_graph defaults to create_graph; allow_unused"
   Tensor a = leaf({1.5}, {1});
   autograd::backward({sum(pow(a, 2.0)), sum(pow(a, 3.0))}, {}, std::nullopt, true);
   CHECK(a.grad().requires_grad());
-  check_close(a.grad(), f64({3.0 + 6.75}, {1}));
+  check_close(a.grad(), f64({3.0 + 6.75}, {1}), 1e-12, 1e-12);
   a.zero_grad();
   CHECK_THROWS_AS(autograd::backward({sum(a), sum(a)}, {Tensor()}), ValueError);
 }
@@ -183,8 +174,8 @@ TEST_CASE("double backward: version checks and retain_grad under create_graph") 
   Tensor h = mul(w, w);
   h.retain_grad();
   sum(pow(h, 2.0)).backward(Tensor(), std::nullopt, true);
-  CHECK(h.grad().requires_grad());                                             // 2 h = 2 w^2
-  check_close(autograd::grad({sum(h.grad())}, {w})[0], f64({2.0, 4.0}, {2}));  // 4 w
+  CHECK(h.grad().requires_grad());  // 2 h = 2 w^2
+  check_close(autograd::grad({sum(h.grad())}, {w})[0], f64({2.0, 4.0}, {2}), 1e-12, 1e-12);  // 4 w
   w.zero_grad();
 }
 
@@ -219,10 +210,10 @@ TEST_CASE("double backward: activation checkpointing under create_graph") {
   const Tensor ck =
       autograd::grad({sum(autograd::checkpoint(block, x))}, {x}, {}, std::nullopt, true)[0];
   REQUIRE(ck.requires_grad());
-  check_close(ck, plain);
+  check_close(ck, plain, 1e-12, 1e-12);
   const Tensor pp = autograd::grad({sum(mul(plain, plain))}, {x})[0];
   const Tensor cc = autograd::grad({sum(mul(ck, ck))}, {x})[0];
-  check_close(cc, pp);
+  check_close(cc, pp, 1e-12, 1e-12);
   // backward(create_graph): the parameter's .grad keeps history through the recompute.
   w.zero_grad();
   sum(mul(autograd::checkpoint(block, x), 2.0)).backward(Tensor(), std::nullopt, true);
@@ -230,10 +221,10 @@ TEST_CASE("double backward: activation checkpointing under create_graph") {
   const Tensor gw = w.grad();
   w.zero_grad();
   sum(mul(block(x), 2.0)).backward(Tensor(), std::nullopt, true);
-  check_close(gw, w.grad());
+  check_close(gw, w.grad(), 1e-12, 1e-12);
   const Tensor d_ck = autograd::grad({sum(mul(gw, gw))}, {x})[0];
   const Tensor d_plain = autograd::grad({sum(mul(w.grad(), w.grad()))}, {x})[0];
-  check_close(d_ck, d_plain);
+  check_close(d_ck, d_plain, 1e-12, 1e-12);
   w.zero_grad();
 }
 
@@ -334,11 +325,11 @@ TEST_CASE("double backward vs PyTorch: WGAN-GP gradient penalty on a conv critic
   const Tensor gp = mean(pow(sub(norm(g.reshape({n, -1}), 2.0, {1}), 1.0), 2.0));
   const Tensor loss = add(sub(mean(critic(fake)), mean(critic(real))), mul(gp, 10.0));
   loss.backward();
-  check_close(gp, fx("wgan.gp"));
-  check_close(loss, fx("wgan.loss"));
+  check_close(gp, fx("wgan.gp"), 1e-12, 1e-12);
+  check_close(loss, fx("wgan.loss"), 1e-12, 1e-12);
   for (const char* nm : names) {
     INFO("parameter ", nm);
-    check_close(p[nm].grad(), fx(std::string("wgan.grad.") + nm), 1e-10);
+    check_close(p[nm].grad(), fx(std::string("wgan.grad.") + nm), 1e-10, 1e-10);
   }
 }
 
@@ -365,13 +356,13 @@ TEST_CASE("double backward vs PyTorch: a MAML inner step and its meta-gradient")
       adapted.push_back(sub(params[i], mul(grads[i], alpha)));
     }
     const Tensor outer = loss_fn(mlp(fx("maml.xq_" + t), adapted), fx("maml.yq_" + t));
-    check_close(outer, fx("maml.outer_" + t));
+    check_close(outer, fx("maml.outer_" + t), 1e-12, 1e-12);
     meta_loss = meta_loss.defined() ? add(meta_loss, outer) : outer;
   }
   const std::vector<Tensor> meta = autograd::grad({meta_loss}, params);
   for (size_t i = 0; i < names.size(); ++i) {
     INFO("parameter ", names[i]);
-    check_close(meta[i], fx("maml.meta." + names[i]), 1e-10);
+    check_close(meta[i], fx("maml.meta." + names[i]), 1e-10, 1e-10);
   }
 }
 
@@ -383,10 +374,10 @@ TEST_CASE("double backward vs PyTorch: Hessian-vector products") {
     return sum(tanh(matmul(w2, log1p(exp(z)))));
   };
   const Tensor y = f(x, w1);
-  check_close(y, fx("hvp.f"));
+  check_close(y, fx("hvp.f"), 1e-12, 1e-12);
   const Tensor gx = autograd::grad({y}, {x}, {}, std::nullopt, true)[0];
-  check_close(gx, fx("hvp.grad"));
-  check_close(autograd::grad({sum(mul(gx, v))}, {x})[0], fx("hvp.hv"), 1e-10);
+  check_close(gx, fx("hvp.grad"), 1e-12, 1e-12);
+  check_close(autograd::grad({sum(mul(gx, v))}, {x})[0], fx("hvp.hv"), 1e-10, 1e-10);
   const Tensor gw = autograd::grad({f(x, w1)}, {w1}, {}, std::nullopt, true)[0];
-  check_close(autograd::grad({sum(mul(gw, vw))}, {w1})[0], fx("hvp.hv_w1"), 1e-10);
+  check_close(autograd::grad({sum(mul(gw, vw))}, {w1})[0], fx("hvp.hv_w1"), 1e-10, 1e-10);
 }

@@ -1,6 +1,7 @@
-// Advanced indexing and the smaller ops of issue 23: semantics against PyTorch (the fixture
-// tests/autograd/indexing_fixture.txt, written by make_indexing_fixture.py with python3-torch;
-// no Python at test time), gradients, errors, and the cases the fixture cannot hold.
+// Advanced indexing and the smaller ops (sort, topk, multinomial, ...): semantics against PyTorch
+// (the fixture tests/autograd/indexing_fixture.txt, written by make_indexing_fixture.py with
+// python3-torch; no Python at test time), gradients, errors, and the cases the fixture cannot
+// hold.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -12,6 +13,9 @@
 #include <vector>
 
 #include "accel.h"
+#include "tests/common/check.h"
+#include "tests/common/tensors.h"
+#include "tests/common/util.h"
 
 #ifndef ACCEL_SOURCE_ROOT
 #error "ACCEL_SOURCE_ROOT (the repository root) is passed by tests/autograd/meson.build"
@@ -19,23 +23,11 @@
 
 using namespace accel;
 using namespace accel::indexing;
+using accel::test::check_close;
+using accel::test::split;
+using accel::test::values_of;
 
 namespace {
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : s) {
-    if (c == sep) {
-      out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  out.push_back(cur);
-  return out;
-}
 
 std::vector<int64_t> int_list(const std::string& s) {
   std::vector<int64_t> v;
@@ -115,14 +107,6 @@ Tensor arange_strided(const Shape& s) {
   Shape rev;
   for (int64_t d = int64_t(s.size()) - 1; d >= 0; --d) rev.push_back(d);
   return arange_as(s).permute(rev).contiguous().permute(rev);
-}
-
-std::vector<double> values_of(const Tensor& t) { return t.contiguous().to_vector<double>(); }
-
-void check_close(const Tensor& got, const std::vector<double>& want, double tol) {
-  const std::vector<double> g = values_of(got);
-  REQUIRE(g.size() == want.size());
-  for (size_t i = 0; i < g.size(); ++i) CHECK(g[i] == doctest::Approx(want[i]).epsilon(tol));
 }
 
 }  // namespace
@@ -221,13 +205,13 @@ TEST_CASE("cross_entropy with weights or probability targets matches PyTorch") {
     const double smoothing = std::stod(r[10]);
     Tensor loss = cross_entropy(logits, target, w, ignore, red, smoothing);
     REQUIRE(loss.sizes() == shape_of(r[11]));
-    check_close(loss, double_list(r[12]), 1e-10);
+    check_close(loss, double_list(r[12]), 1e-10, 1e-10);
     sum(loss).backward();
-    check_close(logits.grad(), double_list(r[13]), 1e-9);
-    if (probs) check_close(target.grad(), double_list(r[14]), 1e-9);
+    check_close(logits.grad(), double_list(r[13]), 1e-9, 1e-9);
+    if (probs) check_close(target.grad(), double_list(r[14]), 1e-9, 1e-9);
     if (!w.defined()) {  // the overload without weights gives the same
       Tensor l2 = cross_entropy(logits.detach(), target.detach(), ignore, red, smoothing);
-      check_close(l2, double_list(r[12]), 1e-10);
+      check_close(l2, double_list(r[12]), 1e-10, 1e-10);
     }
   }
 }
@@ -247,9 +231,9 @@ TEST_CASE("norm(p, dims, keepdim) matches PyTorch, zero-norm gradient included")
                                                          : std::stod(r[4]),
                                         dims, keep);
     REQUIRE(out.sizes() == shape_of(r[7]));
-    check_close(out, double_list(r[8]), 1e-12);
+    check_close(out, double_list(r[8]), 1e-12, 1e-12);
     sum(out).backward();
-    check_close(x.grad(), double_list(r[9]), 1e-12);
+    check_close(x.grad(), double_list(r[9]), 1e-12, 1e-12);
   }
 }
 

@@ -12,8 +12,11 @@
 #include "kernels/cpu/cpu_isa.h"      // the bf16 GEMM route
 #include "core/profiler.h"            // stub call counts
 #include "kernels/stubs/linalg.h"
+#include "tests/common/tensors.h"
 
 using namespace accel;
+using accel::test::max_abs_diff;
+using accel::test::rel_max_diff;
 
 namespace {
 
@@ -31,17 +34,6 @@ Tensor ref_matmul(const Tensor& a, const Tensor& b) {
   NoGradGuard ng;
   Tensor x = a.to(kFloat64), y = b.to(kFloat64);
   return sum(mul(x.unsqueeze(-1), y.unsqueeze(-3)), {-2});
-}
-
-// Largest |a - b| relative to the largest |b| (non-empty tensors).
-double rel_max_diff(const Tensor& a, const Tensor& b) {
-  const double scale = max(abs(b)).item<double>();
-  return max(abs(sub(a, b))).item<double>() / (scale > 0 ? scale : 1.0);
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  NoGradGuard ng;
-  return amax(abs(sub(a.to(kFloat64), b.to(kFloat64)))).item<double>();
 }
 
 // Runs f, expecting an exception of type E whose message names `op` and contains `shape`.

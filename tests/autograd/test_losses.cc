@@ -1,4 +1,4 @@
-// The losses of issue 24 against PyTorch (tests/autograd/losses_fixture.txt, written by
+// The composed losses against PyTorch (tests/autograd/losses_fixture.txt, written by
 // make_losses_fixture.py with python3-torch; no Python at test time): values and gradients, the
 // nn loss modules, the errors, and the Categorical distribution (sampling frequencies, log_prob
 // and entropy with their gradients).
@@ -13,26 +13,20 @@
 
 #include "accel.h"
 #include "autograd/gradcheck.h"
+#include "tests/common/check.h"
+#include "tests/common/tensors.h"
+#include "tests/common/util.h"
 
 #ifndef ACCEL_SOURCE_ROOT
 #error "ACCEL_SOURCE_ROOT (the repository root) is passed by tests/autograd/meson.build"
 #endif
 
 using namespace accel;
+using accel::test::check_close;
+using accel::test::split;
+using accel::test::values_of;
 
 namespace {
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out(1);
-  for (char c : s) {
-    if (c == sep) {
-      out.emplace_back();
-    } else {
-      out.back() += c;
-    }
-  }
-  return out;
-}
 
 Shape shape_of(const std::string& s) {
   Shape r;
@@ -51,21 +45,6 @@ std::vector<double> doubles(const std::string& s) {
 Tensor read_tensor(const std::string& shape, const std::string& values) {
   if (shape == "-") return Tensor();
   return tensor(doubles(values), shape_of(shape));
-}
-
-std::vector<double> values_of(const Tensor& t) { return t.contiguous().to_vector<double>(); }
-
-void check_close(const Tensor& got, const std::vector<double>& want, const std::string& what) {
-  const std::vector<double> g = values_of(got.to(kFloat64));
-  REQUIRE_MESSAGE(g.size() == want.size(), what);
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (std::isinf(want[i])) {
-      CHECK_MESSAGE(g[i] == want[i], what, " [", i, "]");
-    } else {
-      CHECK_MESSAGE(g[i] == doctest::Approx(want[i]).epsilon(1e-10).scale(1.0), what, " [", i,
-                    "]: ", g[i], " vs ", want[i]);
-    }
-  }
 }
 
 using LossFn = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>;
@@ -133,9 +112,9 @@ TEST_CASE("losses: every fixture case matches PyTorch, value and gradients") {
     Tensor w = read_tensor(r[5], r[6]);
     Tensor out = it->second(x, t, w);
     CHECK(out.sizes() == shape_of(r[7]));
-    check_close(out, doubles(r[8]), name + " value");
+    check_close(out, doubles(r[8]), 1e-10, 1e-10, name + " value");
     sum(out).backward();
-    check_close(x.grad(), doubles(r[9]), name + " d input");
+    check_close(x.grad(), doubles(r[9]), 1e-10, 1e-10, name + " d input");
     std::vector<double> dt = doubles(r[10]);
     if (name == "kl_mean_zero_target") {
       // Where the target is 0, torch 1.13 and 2.x give NaN (xlogy(t, t)'s gradient through its
@@ -146,7 +125,7 @@ TEST_CASE("losses: every fixture case matches PyTorch, value and gradients") {
         if (std::isnan(dt[i])) dt[i] = -xv[i] / double(xv.size());
       }
     }
-    if (grad_t) check_close(t.grad(), dt, name + " d target");
+    if (grad_t) check_close(t.grad(), dt, 1e-10, 1e-10, name + " d target");
     ++n;
   }
   CHECK(n == int(fixture_calls().size()));
@@ -156,13 +135,13 @@ TEST_CASE("binary_cross_entropy: clamped ends are finite, weight gets the unweig
   Tensor x = tensor(std::vector<double>{0.0, 1.0, 0.25}, {3}).requires_grad_(true);
   Tensor t = tensor(std::vector<double>{1.0, 0.0, 1.0}, {3});
   Tensor l = binary_cross_entropy(x, t, Tensor(), Reduction::None);
-  check_close(l, {100.0, 100.0, -std::log(0.25)}, "clamped at -100");
+  check_close(l, {100.0, 100.0, -std::log(0.25)}, 1e-10, 1e-10, "clamped at -100");
   sum(l).backward();
   for (double g : values_of(x.grad())) CHECK(std::isfinite(g));
   // A weight that requires grad: d(sum w l) / dw = l.
   Tensor w = tensor(std::vector<double>{2.0, 0.5, 1.0}, {3}).requires_grad_(true);
   sum(binary_cross_entropy(x.detach(), t, w, Reduction::None)).backward();
-  check_close(w.grad(), values_of(l), "weight gradient");
+  check_close(w.grad(), values_of(l), 1e-10, 1e-10, "weight gradient");
   // gradcheck through weight and input (away from the ends).
   auto res = autograd::gradcheck(
       [](const std::vector<Tensor>& in) {
@@ -271,26 +250,26 @@ TEST_CASE("losses: modules hold torch's defaults and forward to the functions") 
 TEST_CASE("Categorical: probs and logits normalised, both ways agree") {
   Tensor w = tensor(std::vector<double>{1, 2, 3, 4, 0, 4}, {2, 3});
   auto d = distributions::Categorical::from_probs(w);
-  check_close(d.probs(), {1.0 / 6, 2.0 / 6, 3.0 / 6, 0.5, 0.0, 0.5}, "probs");
+  check_close(d.probs(), {1.0 / 6, 2.0 / 6, 3.0 / 6, 0.5, 0.0, 0.5}, 1e-10, 1e-10, "probs");
   CHECK(d.batch_shape() == Shape{2});
   CHECK(d.num_events() == 3);
   auto e = distributions::Categorical::from_logits(log(w.narrow(0, 0, 1)));
-  check_close(e.probs(), {1.0 / 6, 2.0 / 6, 3.0 / 6}, "probs from logits");
-  check_close(exp(e.logits()), {1.0 / 6, 2.0 / 6, 3.0 / 6}, "normalised logits");
+  check_close(e.probs(), {1.0 / 6, 2.0 / 6, 3.0 / 6}, 1e-10, 1e-10, "probs from logits");
+  check_close(exp(e.logits()), {1.0 / 6, 2.0 / 6, 3.0 / 6}, 1e-10, 1e-10, "normalised logits");
   // entropy: -sum p log p, 0 log 0 = 0 (the second row has a zero category).
   const double h0 =
       -(1.0 / 6 * std::log(1.0 / 6) + 2.0 / 6 * std::log(2.0 / 6) + 0.5 * std::log(0.5));
-  check_close(d.entropy(), {h0, std::log(2.0)}, "entropy");
+  check_close(d.entropy(), {h0, std::log(2.0)}, 1e-10, 1e-10, "entropy");
   // A -inf logit is a zero-probability category; its entropy stays finite.
   Tensor li = tensor(std::vector<double>{0.0, -INFINITY, 0.0}, {3});
-  check_close(distributions::Categorical::from_logits(li).entropy(), {std::log(2.0)},
+  check_close(distributions::Categorical::from_logits(li).entropy(), {std::log(2.0)}, 1e-10, 1e-10,
               "entropy with -inf");
   // log_prob broadcasts value against the batch shape: (4, 1) x (2) -> (4, 2).
   Tensor v = tensor(std::vector<int64_t>{0, 1, 2, 2}, {4, 1});
   Tensor lp = d.log_prob(v);
   CHECK(lp.sizes() == Shape{4, 2});
   check_close(lp.select(1, 0), {std::log(1.0 / 6), std::log(2.0 / 6), std::log(0.5), std::log(0.5)},
-              "log_prob row 0");
+              1e-10, 1e-10, "log_prob row 0");
   CHECK(values_of(lp.select(1, 1))[0] == doctest::Approx(std::log(0.5)));
 }
 

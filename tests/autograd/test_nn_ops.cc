@@ -9,8 +9,14 @@
 
 #include "accel.h"
 #include "core/dispatch.h"  // StubCallRecorder
+#include "tests/common/check.h"
+#include "tests/common/tensors.h"
 
 using namespace accel;
+using accel::test::check_close;
+using accel::test::check_error;
+using accel::test::leaves;
+using accel::test::max_abs_diff;
 
 namespace {
 
@@ -22,31 +28,8 @@ Generator& gen() {
 Tensor rn(const Shape& s, DType dt = kFloat32) { return randn(s, TensorOptions(dt), &gen()); }
 Tensor ints(int64_t hi, const Shape& s) { return randint(0, hi, s, TensorOptions(kInt64), &gen()); }
 
-// Max |a - b| (as doubles) for the failure message, and a close check.
-double max_diff(const Tensor& a, const Tensor& b) {
-  std::vector<double> x = a.tolist(), y = b.tolist();
-  REQUIRE(x.size() == y.size());
-  double m = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (std::isnan(x[i]) && std::isnan(y[i])) continue;
-    m = std::max(m, std::abs(x[i] - y[i]));
-  }
-  return m;
-}
-void check_close(const Tensor& a, const Tensor& b, double rtol, double atol) {
-  REQUIRE(a.sizes() == b.sizes());
-  CHECK_MESSAGE(allclose(a.to(kFloat64), b.to(kFloat64), rtol, atol),
-                "max |diff| = ", max_diff(a, b));
-}
 double rtol_for(DType dt) { return dt == kFloat64 ? 1e-10 : 2e-5; }
 double atol_for(DType dt) { return dt == kFloat64 ? 1e-12 : 2e-6; }
-
-// Fresh leaf copies (so two graphs do not share gradients).
-std::vector<Tensor> leaves(const std::vector<Tensor>& xs) {
-  std::vector<Tensor> r;
-  for (const Tensor& x : xs) r.push_back(x.detach().clone().requires_grad_());
-  return r;
-}
 
 // Runs fused and reference on copies of the same inputs; compares outputs and input gradients.
 void compare(const std::function<Tensor(const std::vector<Tensor>&)>& fused,
@@ -62,26 +45,6 @@ void compare(const std::function<Tensor(const std::vector<Tensor>&)>& fused,
     INFO("gradient of input ", i);
     check_close(ga[i], gb[i], rtol * 10, atol * 10);
   }
-}
-
-// The error is of type E and its message contains every needle (the op in brackets, shapes).
-template <typename E, typename F>
-void check_error(F&& f, std::initializer_list<const char*> needles) {
-  bool thrown = false;
-  try {
-    f();
-  } catch (const E& e) {
-    thrown = true;
-    const std::string msg = e.what();
-    for (const char* n : needles) {
-      const std::string needle = n;
-      CHECK_MESSAGE(msg.find(needle) != std::string::npos, "'", needle, "' not in: ", msg);
-    }
-  } catch (const std::exception& e) {
-    FAIL_CHECK("wrong exception type: ", e.what());
-    return;
-  }
-  CHECK_MESSAGE(thrown, "nothing thrown; expected ", std::string(*needles.begin()));
 }
 
 // ---- reference compositions of simple ops ----
@@ -193,9 +156,9 @@ TEST_CASE("tanh and gelu(tanh) in float32 match float64 over a wide range (vecto
   const Tensor xr = x32.to(kFloat64);  // the float inputs, exactly
   const Tensor t32 = tanh(x32).to(kFloat64), t64 = tanh(xr);
   // |error| <= 4e-7 |tanh| + 1e-37: a few ulps everywhere, relative near 0.
-  CHECK_MESSAGE(allclose(t32, t64, 4e-7, 1e-37), "max |diff| = ", max_diff(t32, t64));
+  CHECK_MESSAGE(allclose(t32, t64, 4e-7, 1e-37), "max |diff| = ", max_abs_diff(t32, t64));
   const Tensor g32 = gelu(x32, "tanh").to(kFloat64), g64 = gelu(xr, "tanh");
-  CHECK_MESSAGE(allclose(g32, g64, 1e-6, 2e-7), "max |diff| = ", max_diff(g32, g64));
+  CHECK_MESSAGE(allclose(g32, g64, 1e-6, 2e-7), "max |diff| = ", max_abs_diff(g32, g64));
   const Tensor special = tensor(std::vector<double>{0.0, -0.0, INFINITY, -INFINITY, NAN}, {5});
   const Tensor s = tanh(special.to(kFloat32));
   CHECK(s.index({0}).item<float>() == 0.0f);
@@ -208,7 +171,8 @@ TEST_CASE("tanh and gelu(tanh) in float32 match float64 over a wide range (vecto
   sum(gelu(a32, "tanh")).backward();
   sum(gelu(a64, "tanh")).backward();
   const Tensor d32 = a32.grad().to(kFloat64);
-  CHECK_MESSAGE(allclose(d32, a64.grad(), 1e-6, 1e-6), "max |diff| = ", max_diff(d32, a64.grad()));
+  CHECK_MESSAGE(allclose(d32, a64.grad(), 1e-6, 1e-6),
+                "max |diff| = ", max_abs_diff(d32, a64.grad()));
 }
 
 TEST_CASE("gelu (erf) and its gradient in float32 match float64 over a wide range") {
@@ -222,13 +186,14 @@ TEST_CASE("gelu (erf) and its gradient in float32 match float64 over a wide rang
   const Tensor y32 = gelu(a32), y64 = gelu(a64);
   // erf_f32's |error| <= 1.5e-7 (A & S 7.1.26) times |x| / 2: <= 7.5e-7 absolute on [-10, 10].
   CHECK_MESSAGE(allclose(y32.detach().to(kFloat64), y64.detach(), 1e-6, 1e-6),
-                "max |diff| = ", max_diff(y32.detach().to(kFloat64), y64.detach()));
+                "max |diff| = ", max_abs_diff(y32.detach().to(kFloat64), y64.detach()));
   // Weighted sum: every element's gradient scaled differently, so a wrong term shows.
   const Tensor w = linspace(-1.5, 2.5, int64_t(v.size()), TensorOptions(kFloat64));
   sum(mul(y32, w.to(kFloat32))).backward();
   sum(mul(y64, w)).backward();
   const Tensor d32 = a32.grad().to(kFloat64);
-  CHECK_MESSAGE(allclose(d32, a64.grad(), 1e-6, 1e-6), "max |diff| = ", max_diff(d32, a64.grad()));
+  CHECK_MESSAGE(allclose(d32, a64.grad(), 1e-6, 1e-6),
+                "max |diff| = ", max_abs_diff(d32, a64.grad()));
 }
 
 TEST_CASE("softmax: half and bfloat16 compute in float") {

@@ -16,6 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "tests/common/util.h"
+
+using accel::test::read_file;
+
 namespace {
 
 const std::string kWorkloads = ACCEL_WORKLOADS_PATH;
@@ -24,13 +28,6 @@ struct Run {
   int status = -1;
   std::string out, err;
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Runs `exe args` through the shell, capturing stdout and stderr.
 Run run(const std::string& exe, const std::string& args) {
@@ -213,14 +210,11 @@ TEST_CASE("--vs libtorch without the peer prints our figures, says so, and exits
   REQUIRE(exists(kWorkloads));
   // The runner looks for the peer beside itself (dirname(argv[0])/peers/torch_workloads): a
   // link to it in an empty directory has none.
-  char tmpl[] = "/tmp/accel_bench_dir_XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  const std::string dir = tmpl, link = dir + "/workloads";
+  const accel::test::TempDir tmp("bench-dir");
+  const std::string link = tmp / "workloads";
   REQUIRE(symlink(kWorkloads.c_str(), link.c_str()) == 0);
   const Run r = run(link, "--vs libtorch op");
   const Run plain = run(link, "--vs none op");
-  unlink(link.c_str());
-  rmdir(dir.c_str());
   INFO("stderr: ", r.err);
   CHECK(r.status == 1);
   CHECK(r.err.find("libtorch peer not built") != std::string::npos);

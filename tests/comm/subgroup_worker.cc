@@ -22,10 +22,12 @@
 #include "comm/process_group.h"
 #include "core/tensor.h"
 #include "tests/common/worker_check.h"
+#include "tests/common/util.h"
 
 using namespace accel;
 using namespace accel::dist;
 using Clock = std::chrono::steady_clock;
+using accel::test::contains;
 using accel::test::g_failures;
 using accel::test::g_rank;
 
@@ -62,10 +64,6 @@ std::string str(const std::vector<int>& v) {
   for (size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
   os << ']';
   return os.str();
-}
-
-bool has(const std::string& s, const std::string& needle) {
-  return s.find(needle) != std::string::npos;
 }
 
 // Checks that `t` holds want(i) for every i; reports the first difference.
@@ -246,8 +244,8 @@ void scenario_skip(ProcessGroup& world) {
       msg = e.what();
     }
     std::cout << "rank 0 skip: " << msg << std::endl;
-    WCHECK(has(msg, "[all_reduce]") && has(msg, "world/sub0[0,2]") &&
-               has(msg, "are world ranks 0,2") && has(msg, "timeout 2000 ms"),
+    WCHECK(contains(msg, "[all_reduce]") && contains(msg, "world/sub0[0,2]") &&
+               contains(msg, "are world ranks 0,2") && contains(msg, "timeout 2000 ms"),
            "the error does not name the op, group and world ranks: " << msg);
   } else if (r == 2) {
     std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // skips it
@@ -301,19 +299,21 @@ void scenario_fault(ProcessGroup& world) {
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
     std::cout << "rank " << r << " detected after " << ms << " ms: " << msg << std::endl;
     const std::string name = "world/sub1[1,3]";
-    WCHECK(has(msg, "[all_reduce]") && has(msg, name) && has(msg, "are world ranks 1,3"),
+    WCHECK(contains(msg, "[all_reduce]") && contains(msg, name) &&
+               contains(msg, "are world ranks 1,3"),
            "the error does not name the op, the group and its world ranks: " << msg);
     // Only the heartbeat can see a stopped process before the 60 s timeout; it names the
     // victim's world rank.
     if (how == "stop")
-      WCHECK(has(msg, "sent no heartbeat") && has(msg, "is world rank " + std::to_string(victim)),
+      WCHECK(contains(msg, "sent no heartbeat") &&
+                 contains(msg, "is world rank " + std::to_string(victim)),
              "not the heartbeat's detection, naming the world rank: " << msg);
     // An exited victim is seen first by whichever path looks first (the shared-memory
     // all-reduce's process check, or the heartbeat's closed port): both name its world rank, and
     // the group rank beside it labelled as such.
     const std::string world_rank = "world rank " + std::to_string(victim);
-    WCHECK(has(msg, world_rank + " (rank 1 of group " + name + ")") ||
-               has(msg, "whose rank 1 is " + world_rank),
+    WCHECK(contains(msg, world_rank + " (rank 1 of group " + name + ")") ||
+               contains(msg, "whose rank 1 is " + world_rank),
            "the victim is not named by its world rank: " << msg);
     return;
   }
@@ -350,8 +350,8 @@ void scenario_create_fault(ProcessGroup& world) {
     msg = e.what();
   }
   std::cout << "rank " << r << " create fault: " << msg << std::endl;
-  WCHECK(has(msg, "[new_group]") && has(msg, "the group failed while its ranks met") &&
-             has(msg, "sent no heartbeat"),
+  WCHECK(contains(msg, "[new_group]") && contains(msg, "the group failed while its ranks met") &&
+             contains(msg, "sent no heartbeat"),
          "new_group did not raise the world's heartbeat failure: " << msg);
 }
 
@@ -375,7 +375,7 @@ void scenario_bad_lists(ProcessGroup& world) {
     std::cout << "rank " << r << " " << what << ": " << msg << std::endl;
     WCHECK(!msg.empty(), what << ": no error");
     WCHECK(right_type, what << ": wrong error type: " << msg);
-    for (auto& n : needles) WCHECK(has(msg, n), what << ": '" << n << "' missing in: " << msg);
+    for (auto& n : needles) WCHECK(contains(msg, n), what << ": '" << n << "' missing in: " << msg);
   };
   // Whichever rank arrives first sets the reference; both lists are named either way.
   expect("differ",

@@ -22,44 +22,17 @@
 #include "comm/net.h"
 #include "comm/process_group.h"
 #include "tests/common/spawn.h"
+#include "tests/common/check.h"
+#include "tests/common/scoped_env.h"
 
 using namespace accel;
 using namespace accel::dist;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using accel::test::error_of;
+using accel::test::ScopedEnv;
 
 namespace {
-
-// Sets an environment variable for one scope, restoring the old value after.
-struct ScopedEnv {
-  std::string name;
-  std::string old;
-  bool had;
-  ScopedEnv(const char* n, const char* v) : name(n) {
-    const char* o = std::getenv(n);
-    had = o != nullptr;
-    if (had) old = o;
-    if (v)
-      setenv(n, v, 1);
-    else
-      unsetenv(n);
-  }
-  ~ScopedEnv() {
-    if (had)
-      setenv(name.c_str(), old.c_str(), 1);
-    else
-      unsetenv(name.c_str());
-  }
-};
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const DistError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -79,7 +52,7 @@ TEST_CASE("net: the bind address follows the route to MASTER_ADDR, or the named 
   CHECK(select_bind_address("127.0.0.1", 29500) == "127.0.0.1");
   CHECK(select_bind_address("localhost", 29500) == "127.0.0.1");
 
-  std::string msg = error_of([] { interface_address("accel-no-such-if0"); });
+  std::string msg = error_of<DistError>([] { interface_address("accel-no-such-if0"); });
   CHECK(msg.find("accel-no-such-if0") != std::string::npos);
   CHECK(msg.find("lo") != std::string::npos);  // the list of existing interfaces
   {
@@ -88,7 +61,7 @@ TEST_CASE("net: the bind address follows the route to MASTER_ADDR, or the named 
   }
   {
     ScopedEnv s("GLOO_SOCKET_IFNAME", "accel-no-such-if0");
-    msg = error_of([] { select_bind_address("127.0.0.1", 29500); });
+    msg = error_of<DistError>([] { select_bind_address("127.0.0.1", 29500); });
     CHECK(msg.find("GLOO_SOCKET_IFNAME=accel-no-such-if0") != std::string::npos);
     CHECK(msg.find("does not exist") != std::string::npos);
   }
@@ -100,7 +73,7 @@ TEST_CASE("net: the bind address follows the route to MASTER_ADDR, or the named 
   // 127.x address, which is what gethostname() resolved to on the reporter's machine). This
   // needs a default route; a machine without one fails with a clear error instead.
   std::string routed;
-  msg = error_of([&] { routed = select_bind_address("192.0.2.1", 29500); });
+  msg = error_of<DistError>([&] { routed = select_bind_address("192.0.2.1", 29500); });
   if (msg.empty()) {
     CHECK(routed.rfind("127.", 0) != 0);
   } else {
@@ -114,7 +87,7 @@ TEST_CASE("init: a peer that never shows up fails the group within the timeout, 
   o.timeout = 1500ms;
   o.name = "alone";
   auto t0 = Clock::now();
-  std::string msg = error_of([&] { new_gloo_group(store, 0, 2, o); });
+  std::string msg = error_of<DistError>([&] { new_gloo_group(store, 0, 2, o); });
   double took = seconds_since(t0);
   INFO(msg);
   CHECK(msg.find("[init] rank 0 of 2") != std::string::npos);
@@ -141,7 +114,7 @@ TEST_CASE("init: a peer whose Gloo address nobody answers on fails within the ti
   o.name = "fake";
   o.heartbeat_timeout = 0ms;  // rank 1 has no heartbeat: this is about Gloo's connect alone
   auto t0 = Clock::now();
-  std::string msg = error_of([&] { new_gloo_group(store, 0, 2, o); });
+  std::string msg = error_of<DistError>([&] { new_gloo_group(store, 0, 2, o); });
   double took = seconds_since(t0);
   INFO(msg);
   CHECK(msg.find("[init] rank 0 of 2: could not connect to rank 1 at 127.0.0.1:65535 within "
@@ -155,7 +128,8 @@ TEST_CASE("init: the control channel to an unreachable or absent peer fails in t
     const int port = closed_port();
     store->set("ctl/0", "127.0.0.1\n" + std::to_string(port));
     auto t0 = Clock::now();
-    std::string msg = error_of([&] { ControlPlane cp(store, 1, 2, "127.0.0.1", 2000ms); });
+    std::string msg =
+        error_of<DistError>([&] { ControlPlane cp(store, 1, 2, "127.0.0.1", 2000ms); });
     INFO(msg);
     CHECK(msg.find("rank 1 of 2: could not connect to rank 0 at 127.0.0.1:" +
                    std::to_string(port)) != std::string::npos);
@@ -165,7 +139,8 @@ TEST_CASE("init: the control channel to an unreachable or absent peer fails in t
     auto store = std::make_shared<MemoryStore>();
     store->set("ctl/1", "127.0.0.9\n4242");  // published, but never connects
     auto t0 = Clock::now();
-    std::string msg = error_of([&] { ControlPlane cp(store, 0, 2, "127.0.0.1", 1500ms); });
+    std::string msg =
+        error_of<DistError>([&] { ControlPlane cp(store, 0, 2, "127.0.0.1", 1500ms); });
     INFO(msg);
     CHECK(msg.find("rank 0 of 2: no control connection from rank 1 at 127.0.0.9:4242 within "
                    "1500 ms") != std::string::npos);
@@ -418,7 +393,7 @@ TEST_CASE("init: a peer that stops while the group forms fails it in the heartbe
     o.heartbeat_interval = 250ms;
     o.shm = false;
     auto t0 = Clock::now();
-    std::string msg = error_of([&] { new_gloo_group(store, 0, 2, o); });
+    std::string msg = error_of<DistError>([&] { new_gloo_group(store, 0, 2, o); });
     double took = seconds_since(t0);
     beater.join();
     INFO(msg);
@@ -442,7 +417,7 @@ TEST_CASE("init: one timeout bounds the Accelerator's initialisation, store incl
   cfg.cpu = true;
   cfg.timeout = 2000ms;
   auto t0 = Clock::now();
-  std::string msg = error_of([&] { Accelerator acc(cfg); });
+  std::string msg = error_of<DistError>([&] { Accelerator acc(cfg); });
   double took = seconds_since(t0);
   INFO(msg);
   CHECK(msg.find("could not reach the rendezvous store of rank 0") != std::string::npos);

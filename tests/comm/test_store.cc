@@ -28,6 +28,7 @@
 #include "comm/auth.h"
 #include "comm/env.h"
 #include "comm/store.h"
+#include "tests/common/scoped_env.h"
 
 using namespace accel;
 using namespace accel::dist;
@@ -147,24 +148,12 @@ bool raw_handshake(int fd, const std::string& token, std::chrono::milliseconds t
   return read_frame(fd, timeout, &reply) == 1 && reply.size() == 33 && reply[0] == 0;
 }
 
-struct EnvGuard {
-  std::vector<std::string> names{"RANK",
-                                 "WORLD_SIZE",
-                                 "LOCAL_RANK",
-                                 "LOCAL_WORLD_SIZE",
-                                 "MASTER_ADDR",
-                                 "MASTER_PORT",
-                                 "ACCEL_RENDEZVOUS_TOKEN"};
-  std::vector<std::pair<std::string, std::string>> saved;
+// The rendezvous variables unset for a scope.
+struct EnvGuard : accel::test::ScopedEnv {
   EnvGuard() {
-    for (auto& n : names) {
-      if (const char* v = getenv(n.c_str())) saved.emplace_back(n, v);
-      unsetenv(n.c_str());
-    }
-  }
-  ~EnvGuard() {
-    for (auto& n : names) unsetenv(n.c_str());
-    for (auto& [n, v] : saved) setenv(n.c_str(), v.c_str(), 1);
+    for (const char* n : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                          "MASTER_PORT", "ACCEL_RENDEZVOUS_TOKEN"})
+      unset(n);
   }
 };
 

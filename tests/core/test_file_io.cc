@@ -14,83 +14,46 @@
 #include "core/error.h"
 #include "core/file_io.h"
 #include "tests/common/child_process.h"
+#include "tests/common/util.h"
+#include "tests/common/check.h"
 
 namespace fs = std::filesystem;
 using namespace accel;
+using accel::test::contains;
+using accel::test::expect_error;
 using accel::test::expect_error_child;
-
-namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "accel-file-io-XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path, fs::perms::owner_all, ec);
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void spit(const std::string& p, const std::string& text) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
-}
-
-template <typename F>
-std::string io_error(F&& f) {
-  try {
-    f();
-  } catch (const IoError& e) {
-    return e.what();
-  }
-  FAIL("expected an IoError");
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-}  // namespace
+using accel::test::read_file;
+using accel::test::TempDir;
+using accel::test::write_file;
 
 TEST_CASE("file_io: an atomic write replaces a link at its name and never follows one") {
   TempDir d;
-  spit(d / "outside", "precious");
+  write_file(d / "outside", "precious");
   fs::create_directory(d / "job");
   // A link at the target name: replaced by the new file, the file it named untouched.
   fs::create_symlink(d / "outside", d / "job/latest");
   // Links at the names the old code used for its temporaries.
   fs::create_symlink(d / "outside", d / "job/latest.tmp");
   file_io::write_file_atomic(d / "job/latest", "checkpoint_3\n", "test");
-  CHECK(slurp(d / "outside") == "precious");
+  CHECK(read_file(d / "outside") == "precious");
   CHECK(fs::is_regular_file(fs::symlink_status(d / "job/latest")));
-  CHECK(slurp(d / "job/latest") == "checkpoint_3\n");
+  CHECK(read_file(d / "job/latest") == "checkpoint_3\n");
   CHECK(fs::is_symlink(d / "job/latest.tmp"));  // not ours to touch
   // An uncommitted file leaves nothing behind and the target as it was.
   {
     file_io::AtomicFile f(d / "job/latest", "test");
     f.write("half");
   }
-  CHECK(slurp(d / "job/latest") == "checkpoint_3\n");
+  CHECK(read_file(d / "job/latest") == "checkpoint_3\n");
   int entries = 0;
   for (const auto& e : fs::directory_iterator(d / "job")) entries += e.path().filename() != "";
   CHECK(entries == 2);  // latest, latest.tmp
   // Missing folders are created only when asked.
-  CHECK(contains(io_error([&] { file_io::write_file_atomic(d / "new/a/f", "x", "test"); }),
-                 "cannot open the folder"));
+  CHECK(contains(
+      expect_error<IoError>([&] { file_io::write_file_atomic(d / "new/a/f", "x", "test"); }),
+      "cannot open the folder"));
   file_io::write_file_atomic(d / "new/a/f", "x", "test", true, /*create_dirs=*/true);
-  CHECK(slurp(d / "new/a/f") == "x");
+  CHECK(read_file(d / "new/a/f") == "x");
 }
 
 TEST_CASE("file_io: folders anyone can rewrite are refused, sticky ones are not") {
@@ -98,13 +61,13 @@ TEST_CASE("file_io: folders anyone can rewrite are refused, sticky ones are not"
   fs::create_directories(d / "open/run");
   chmod((d / "open").c_str(), 0777);  // world-writable, no sticky bit
   const std::string msg =
-      io_error([&] { file_io::write_file_atomic(d / "open/run/f", "x", "test"); });
+      expect_error<IoError>([&] { file_io::write_file_atomic(d / "open/run/f", "x", "test"); });
   CHECK(contains(msg, "[test] '" + d / "open" + "'"));
   CHECK(contains(msg, "world-writable without the sticky bit"));
   CHECK(!fs::exists(d / "open/run/f"));
   chmod((d / "open").c_str(), 01777);  // as /tmp
   file_io::write_file_atomic(d / "open/run/f", "x", "test");
-  CHECK(slurp(d / "open/run/f") == "x");
+  CHECK(read_file(d / "open/run/f") == "x");
 }
 
 TEST_CASE("file_io: links on the way are followed only when they are ours or root's") {
@@ -112,9 +75,9 @@ TEST_CASE("file_io: links on the way are followed only when they are ours or roo
   fs::create_directories(d / "real/sub");
   fs::create_directory_symlink(d / "real", d / "mine");
   file_io::write_file_atomic(d / "mine/sub/f", "x", "test");  // our own link: followed
-  CHECK(slurp(d / "real/sub/f") == "x");
+  CHECK(read_file(d / "real/sub/f") == "x");
   file_io::write_file_atomic(d / "mine/../real/sub/g", "y", "test");
-  CHECK(slurp(d / "real/sub/g") == "y");
+  CHECK(read_file(d / "real/sub/g") == "y");
   if (geteuid() != 0) {
     MESSAGE("not root: cannot give a link to another user; that half is skipped");
     return;
@@ -123,11 +86,12 @@ TEST_CASE("file_io: links on the way are followed only when they are ours or roo
   fs::create_directory_symlink(d / "real", d / "planted");
   REQUIRE(lchown((d / "planted").c_str(), 65534, 65534) == 0);
   const std::string msg =
-      io_error([&] { file_io::write_file_atomic(d / "planted/sub/f", "z", "test"); });
+      expect_error<IoError>([&] { file_io::write_file_atomic(d / "planted/sub/f", "z", "test"); });
   CHECK(contains(msg, "belongs to uid 65534"));
-  CHECK(slurp(d / "real/sub/f") == "x");
-  CHECK(contains(io_error([&] { file_io::open_dir(d / "planted/sub", false, "test"); }),
-                 "symbolic link"));
+  CHECK(read_file(d / "real/sub/f") == "x");
+  CHECK(
+      contains(expect_error<IoError>([&] { file_io::open_dir(d / "planted/sub", false, "test"); }),
+               "symbolic link"));
   // In a sticky world-writable folder (as /tmp) a link of the folder's owner is trusted too.
   fs::create_directory(d / "shared");
   chmod((d / "shared").c_str(), 01777);
@@ -135,33 +99,34 @@ TEST_CASE("file_io: links on the way are followed only when they are ours or roo
   fs::create_directory_symlink(d / "real", d / "shared/owners");
   REQUIRE(lchown((d / "shared/owners").c_str(), 65534, 65534) == 0);
   file_io::write_file_atomic(d / "shared/owners/sub/h", "h", "test");
-  CHECK(slurp(d / "real/sub/h") == "h");
+  CHECK(read_file(d / "real/sub/h") == "h");
 }
 
 TEST_CASE("file_io: files written in place refuse links, FIFOs, hard links and others' files") {
   TempDir d;
-  spit(d / "outside", "precious");
+  write_file(d / "outside", "precious");
   fs::create_symlink(d / "outside", d / "stdout.log");
-  CHECK(contains(io_error([&] {
+  CHECK(contains(expect_error<IoError>([&] {
                    file_io::create_file(d / "stdout.log", "test", file_io::CreateMode::kReplace);
                  }),
                  "is a symbolic link"));
-  CHECK(contains(io_error([&] {
+  CHECK(contains(expect_error<IoError>([&] {
                    file_io::create_file(d / "stdout.log", "test", file_io::CreateMode::kAppend);
                  }),
                  "symbolic link"));
-  CHECK(slurp(d / "outside") == "precious");
+  CHECK(read_file(d / "outside") == "precious");
   REQUIRE(mkfifo((d / "fifo").c_str(), 0600) == 0);
   CHECK(expect_error_child<IoError>(
             [&] { file_io::create_file(d / "fifo", "test", file_io::CreateMode::kAppend); },
             "is a FIFO")
             .ok());
-  CHECK(contains(
-      io_error([&] { file_io::create_file(d / "fifo", "test", file_io::CreateMode::kReplace); }),
-      "is a FIFO"));
+  CHECK(contains(expect_error<IoError>([&] {
+                   file_io::create_file(d / "fifo", "test", file_io::CreateMode::kReplace);
+                 }),
+                 "is a FIFO"));
   // A hard link into another file: appending would write into that file.
   fs::create_hard_link(d / "outside", d / "metrics.jsonl");
-  CHECK(contains(io_error([&] {
+  CHECK(contains(expect_error<IoError>([&] {
                    file_io::create_file(d / "metrics.jsonl", "test", file_io::CreateMode::kAppend);
                  }),
                  "several hard links"));
@@ -171,13 +136,13 @@ TEST_CASE("file_io: files written in place refuse links, FIFOs, hard links and o
         file_io::create_file(d / "metrics.jsonl", "test", file_io::CreateMode::kReplace);
     REQUIRE(file_io::write_all(f.get(), "new\n", 4));
   }
-  CHECK(slurp(d / "outside") == "precious");
-  CHECK(slurp(d / "metrics.jsonl") == "new\n");
+  CHECK(read_file(d / "outside") == "precious");
+  CHECK(read_file(d / "metrics.jsonl") == "new\n");
   {
     file_io::Fd f = file_io::create_file(d / "metrics.jsonl", "test", file_io::CreateMode::kAppend);
     REQUIRE(file_io::write_all(f.get(), "more\n", 5));
   }
-  CHECK(slurp(d / "metrics.jsonl") == "new\nmore\n");
+  CHECK(read_file(d / "metrics.jsonl") == "new\nmore\n");
 }
 
 TEST_CASE("file_io: reads refuse FIFOs, devices and oversized files without blocking") {
@@ -189,36 +154,36 @@ TEST_CASE("file_io: reads refuse FIFOs, devices and oversized files without bloc
   CHECK_MESSAGE(!r.timed_out, "the read blocked on the FIFO");
   CHECK(r.ok());
   fs::create_symlink("/dev/zero", d / "zero");
-  CHECK(contains(io_error([&] { file_io::read_file(d / "zero", "test", 100); }),
+  CHECK(contains(expect_error<IoError>([&] { file_io::read_file(d / "zero", "test", 100); }),
                  "is a character device, not a regular file"));
-  CHECK(contains(
-      io_error([&] { file_io::read_file(d / "zero", "test", 100, file_io::Links::kRefuse); }),
-      "is a symbolic link"));
-  CHECK(contains(io_error([&] { file_io::read_file(d.path.string(), "test", 100); }),
+  CHECK(contains(expect_error<IoError>(
+                     [&] { file_io::read_file(d / "zero", "test", 100, file_io::Links::kRefuse); }),
+                 "is a symbolic link"));
+  CHECK(contains(expect_error<IoError>([&] { file_io::read_file(d.path.string(), "test", 100); }),
                  "is a directory"));
-  spit(d / "big", std::string(101, 'x'));
-  CHECK(contains(io_error([&] { file_io::read_file(d / "big", "test", 100); }),
+  write_file(d / "big", std::string(101, 'x'));
+  CHECK(contains(expect_error<IoError>([&] { file_io::read_file(d / "big", "test", 100); }),
                  "is 101 bytes, more than the 100 bytes"));
   CHECK(file_io::read_file(d / "big", "test", 101).size() == 101);
   // Links to regular files are followed unless refused.
   fs::create_symlink(d / "big", d / "link");
   CHECK(file_io::read_file(d / "link", "test", 200).size() == 101);
-  CHECK(contains(
-      io_error([&] { file_io::read_file(d / "link", "test", 200, file_io::Links::kRefuse); }),
-      "is a symbolic link"));
+  CHECK(contains(expect_error<IoError>(
+                     [&] { file_io::read_file(d / "link", "test", 200, file_io::Links::kRefuse); }),
+                 "is a symbolic link"));
 }
 
 TEST_CASE("file_io: remove_tree removes links, never what they point to") {
   TempDir d;
   fs::create_directories(d / "keep/inner");
-  spit(d / "keep/inner/data", "precious");
+  write_file(d / "keep/inner/data", "precious");
   fs::create_directories(d / "victim/a/b");
-  spit(d / "victim/a/b/f", "x");
+  write_file(d / "victim/a/b/f", "x");
   fs::create_directory_symlink(d / "keep", d / "victim/a/link");
   fs::create_symlink(d / "keep/inner/data", d / "victim/file_link");
   file_io::remove_tree((d / "victim"), "test");
   CHECK(!fs::exists(fs::symlink_status(d / "victim")));
-  CHECK(slurp(d / "keep/inner/data") == "precious");
+  CHECK(read_file(d / "keep/inner/data") == "precious");
   file_io::remove_tree((d / "absent"), "test");  // nothing to do
   // A link at the name itself: the link goes.
   fs::create_directory_symlink(d / "keep", d / "alias");

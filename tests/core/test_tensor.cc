@@ -5,8 +5,12 @@
 
 #include "accel.h"
 #include "core/dispatch.h"
+#include "tests/common/util.h"
+#include "tests/common/check.h"
 
 using namespace accel;
+using accel::test::contains;
+using accel::test::expect_error;
 
 TEST_CASE("dtype sizes, names and promotion") {
   CHECK(dtype_size(kFloat32) == 4);
@@ -310,65 +314,46 @@ TEST_CASE("float32 elementwise math matches the float64 reference") {
   CHECK(max_err(xf.grad(), xg.grad(), false) < 4e-6);
 }
 
-namespace {
-
-// The ShapeError message of f, or "" (and a failed check) when f does not throw one.
-template <typename F>
-std::string shape_error_of(F&& f) {
-  try {
-    f();
-  } catch (const ShapeError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    FAIL("expected a ShapeError, got: " << e.what());
-    return "";
-  }
-  FAIL("expected a ShapeError, nothing was thrown");
-  return "";
-}
-
-bool has(const std::string& msg, const std::string& part) {
-  return msg.find(part) != std::string::npos;
-}
-
-}  // namespace
-
 TEST_CASE("creation checks its size arithmetic: overflow is a ShapeError naming the op and shape") {
   // 65536^4 = 2^64 elements wrapped to 0: a "tensor" of 2^64 elements over 0 bytes.
   const Shape wraps{65536, 65536, 65536, 65536};
-  std::string m = shape_error_of([&] { empty(wraps); });
-  CHECK(has(m, "[empty]"));
-  CHECK(has(m, "(65536, 65536, 65536, 65536)"));
-  CHECK(has(shape_error_of([&] { zeros(wraps); }), "[zeros]"));
-  CHECK(has(shape_error_of([&] { ones(wraps); }), "[ones]"));
-  CHECK(has(shape_error_of([&] { full(wraps, 2.0); }), "[full]"));
-  CHECK(has(shape_error_of([&] { randn(wraps); }), "[randn]"));
-  CHECK(has(shape_error_of([&] { eye(int64_t(1) << 32); }), "[eye]"));
+  std::string m = expect_error<ShapeError>([&] { empty(wraps); });
+  CHECK(contains(m, "[empty]"));
+  CHECK(contains(m, "(65536, 65536, 65536, 65536)"));
+  CHECK(contains(expect_error<ShapeError>([&] { zeros(wraps); }), "[zeros]"));
+  CHECK(contains(expect_error<ShapeError>([&] { ones(wraps); }), "[ones]"));
+  CHECK(contains(expect_error<ShapeError>([&] { full(wraps, 2.0); }), "[full]"));
+  CHECK(contains(expect_error<ShapeError>([&] { randn(wraps); }), "[randn]"));
+  CHECK(contains(expect_error<ShapeError>([&] { eye(int64_t(1) << 32); }), "[eye]"));
   // Element count fits, byte count does not: 2^61 float64 = 2^64 bytes.
-  m = shape_error_of([&] { empty({int64_t(1) << 61}, kFloat64); });
-  CHECK(has(m, "[empty]"));
-  CHECK(has(m, "bytes"));
+  m = expect_error<ShapeError>([&] { empty({int64_t(1) << 61}, kFloat64); });
+  CHECK(contains(m, "[empty]"));
+  CHECK(contains(m, "bytes"));
   // Borrowed memory and explicit strides.
   float buf[4] = {};
-  CHECK(has(shape_error_of([&] {
-              from_blob(buf, {int64_t(1) << 40, int64_t(1) << 40}, kFloat32);
-            }),
-            "[from_blob]"));
-  CHECK(has(shape_error_of([&] {
-              from_blob(buf, {2, 2}, {INT64_MAX, 1}, kFloat32);
-            }),
-            "[from_blob]"));
-  CHECK(has(shape_error_of([&] { empty_strided({3, 2}, {INT64_MAX / 2, 1}); }), "[empty_strided]"));
-  CHECK(has(shape_error_of([&] { tensor(std::vector<float>{}, wraps); }), "[tensor]"));
+  CHECK(contains(expect_error<ShapeError>([&] {
+                   from_blob(buf, {int64_t(1) << 40, int64_t(1) << 40}, kFloat32);
+                 }),
+                 "[from_blob]"));
+  CHECK(contains(expect_error<ShapeError>([&] {
+                   from_blob(buf, {2, 2}, {INT64_MAX, 1}, kFloat32);
+                 }),
+                 "[from_blob]"));
+  CHECK(contains(expect_error<ShapeError>([&] {
+                   empty_strided({3, 2}, {INT64_MAX / 2, 1});
+                 }),
+                 "[empty_strided]"));
+  CHECK(
+      contains(expect_error<ShapeError>([&] { tensor(std::vector<float>{}, wraps); }), "[tensor]"));
   // A view of an empty tensor whose target shape wraps to 0 elements.
   Tensor e = zeros({0});
-  CHECK(has(shape_error_of([&] { e.view({int64_t(1) << 62, 4}); }), "[view]"));
-  CHECK(has(shape_error_of([&] { e.reshape({int64_t(1) << 62, 4}); }), "[reshape]"));
+  CHECK(contains(expect_error<ShapeError>([&] { e.view({int64_t(1) << 62, 4}); }), "[view]"));
+  CHECK(contains(expect_error<ShapeError>([&] { e.reshape({int64_t(1) << 62, 4}); }), "[reshape]"));
   // arange with a count beyond int64: the double-to-int64 conversion was undefined.
   CHECK_THROWS_AS(arange(0.0, 1e300, 1.0), ValueError);
   // Negative dimensions are still ShapeErrors; zero dimensions make empty tensors whatever the
   // other dimensions are.
-  CHECK(has(shape_error_of([&] { zeros({2, -1}); }), "negative"));
+  CHECK(contains(expect_error<ShapeError>([&] { zeros({2, -1}); }), "negative"));
   CHECK(empty({0, int64_t(1) << 40, int64_t(1) << 20}).numel() == 0);
   CHECK(e.view({int64_t(1) << 40, 0, int64_t(1) << 20}).numel() == 0);
 }

@@ -1,4 +1,5 @@
-// Test helpers: temporary directories and fixture files.
+// Test helpers of the data tests: fixture files (gzip, IDX, images); the scratch folder and file
+// helpers are tests/common/util.h's.
 #pragma once
 
 #include <zlib.h>
@@ -12,40 +13,18 @@
 #include <vector>
 
 #include "data/data.h"
+#include "tests/common/util.h"
 
 namespace accel::data::testing {
 
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it on destruction.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/accel-data-XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    if (!mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = buf.data();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using accel::test::TempDir;
+using accel::test::write_file;
 
 inline void write_bytes(const std::string& path, const std::vector<uint8_t>& b) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) throw std::runtime_error("cannot write " + path);
   if (!b.empty()) std::fwrite(b.data(), 1, b.size(), f);
   std::fclose(f);
-}
-
-inline void write_text(const std::string& path, const std::string& s) {
-  write_bytes(path, std::vector<uint8_t>(s.begin(), s.end()));
 }
 
 inline std::vector<uint8_t> gzip_bytes(const std::vector<uint8_t>& in) {

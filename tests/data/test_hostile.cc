@@ -15,25 +15,16 @@
 
 #include "helpers.h"
 #include "tests/common/child_process.h"
+#include "tests/common/check.h"
 
 using namespace accel;
 using namespace accel::data;
 using namespace accel::data::testing;
+using accel::test::expect_error;
 using accel::test::expect_error_child;
 using accel::test::run_in_child;
 
 namespace {
-
-template <typename F>
-std::string io_error_of(F&& f) {
-  try {
-    f();
-  } catch (const IoError& e) {
-    return e.what();
-  }
-  FAIL("expected an IoError");
-  return "";
-}
 
 // gzip of `prefix` followed by `zeros` zero bytes, deflated in a stream (the input is never
 // held in memory whole: 1 GB of zeros compresses to ~1 MB).
@@ -103,13 +94,14 @@ TEST_CASE("IDX: dimensions whose product overflows are an IoError, not a tensor 
   TempDir d;
   // 65536^4 = 2^64 elements: the unchecked product wrapped to 0, matching a 0-byte payload.
   write_bytes(d.file("wrap"), idx_bytes(0x08, {65536, 65536, 65536, 65536}, {}));
-  const std::string msg = io_error_of([&] { read_idx(d.file("wrap")); });
+  const std::string msg = expect_error<IoError>([&] { read_idx(d.file("wrap")); });
   CHECK(msg.find("[idx]") == 0);
   CHECK(msg.find(d.file("wrap")) != std::string::npos);
   CHECK(msg.find("(65536, 65536, 65536, 65536)") != std::string::npos);
   // Also when the payload is gzip-compressed, and for wider types.
   write_bytes(d.file("wrap.gz"), gzip_bytes(idx_bytes(0x0E, {0xffffffff, 0xffffffff}, {})));
-  CHECK(io_error_of([&] { read_idx(d.file("wrap.gz")); }).find("2^48") != std::string::npos);
+  CHECK(expect_error<IoError>([&] { read_idx(d.file("wrap.gz")); }).find("2^48") !=
+        std::string::npos);
   // A zero dimension is an empty tensor however large the others.
   write_bytes(d.file("zero"), idx_bytes(0x08, {0, 65536, 65536, 65536, 65536}, {}));
   CHECK(read_idx(d.file("zero")).numel() == 0);
@@ -126,7 +118,8 @@ TEST_CASE("IDX: a gzip bomb is rejected after inflating only the declared size")
   CHECK(grew < 64);  // MiB; the compressed file is ~1 MiB and the payload 1000 bytes
   // Truncated (declared more than the stream holds) and exact sizes still behave.
   write_bytes(d.file("short.gz"), gzip_zeros(idx_bytes(0x08, {1000}, {}), 999));
-  CHECK(io_error_of([&] { read_idx(d.file("short.gz")); }).find("truncated") != std::string::npos);
+  CHECK(expect_error<IoError>([&] { read_idx(d.file("short.gz")); }).find("truncated") !=
+        std::string::npos);
   write_bytes(d.file("exact.gz"), gzip_zeros(idx_bytes(0x08, {1000}, {}), 1000));
   CHECK(read_idx_labels(d.file("exact.gz")).numel() == 1000);
 }
@@ -138,23 +131,24 @@ TEST_CASE("CSV: inflation stops at max_bytes; integral targets must fit their dt
   write_bytes(d.file("rows.csv.gz"), gzip_zeros(rows, 0));
   CsvOptions o;
   o.max_bytes = 100;
-  CHECK(io_error_of([&] { read_csv(d.file("rows.csv.gz"), o); }).find("more than 100 bytes") !=
-        std::string::npos);
+  CHECK(expect_error<IoError>([&] {
+          read_csv(d.file("rows.csv.gz"), o);
+        }).find("more than 100 bytes") != std::string::npos);
   o.max_bytes = 4000;
   CHECK(read_csv(d.file("rows.csv.gz"), o).values.size(0) == 1000);
   // Raw files obey the same limit.
-  write_text(d.file("rows.csv"), "1,2\n3,4\n");
+  write_file(d.file("rows.csv"), "1,2\n3,4\n");
   o.max_bytes = 4;
   CHECK_THROWS_AS(read_csv(d.file("rows.csv"), o), IoError);
 
   // A whole number beyond int64 converted with a plain cast is undefined (it gave INT64_MIN).
-  write_text(d.file("big.csv"), "1,5\n2,1e30\n");
-  const std::string msg = io_error_of([&] { csv_dataset(d.file("big.csv"), -1); });
+  write_file(d.file("big.csv"), "1,5\n2,1e30\n");
+  const std::string msg = expect_error<IoError>([&] { csv_dataset(d.file("big.csv"), -1); });
   CHECK(msg.find("out of range for int64") != std::string::npos);
   CHECK(msg.find("data row 2") != std::string::npos);
-  write_text(d.file("int32.csv"), "1,2147483648\n");
+  write_file(d.file("int32.csv"), "1,2147483648\n");
   CHECK_THROWS_AS(csv_dataset(d.file("int32.csv"), -1, {}, kInt32), IoError);
-  write_text(d.file("ok.csv"), "1,-2147483648\n");
+  write_file(d.file("ok.csv"), "1,-2147483648\n");
   CHECK(csv_dataset(d.file("ok.csv"), -1, {}, kInt32)->get(0)["target"].item<int32_t>() ==
         INT32_MIN);
 }
@@ -202,7 +196,8 @@ TEST_CASE("IDX: a header declaring more than the reader may hold fails before in
   write_bytes(d.file("lab"), idx_bytes(0x08, {1000}, std::vector<uint8_t>(1000, 3)));
   for (const char* f : {"lab.gz", "lab"}) {
     CAPTURE(f);
-    const std::string msg = io_error_of([&] { read_idx_labels(d.file(f), IdxOptions{999}); });
+    const std::string msg =
+        expect_error<IoError>([&] { read_idx_labels(d.file(f), IdxOptions{999}); });
     CHECK(msg.find("1000 data bytes, more than the limit of 999 bytes") != std::string::npos);
     CHECK(read_idx_labels(d.file(f), IdxOptions{1000}).numel() == 1000);
   }
@@ -211,9 +206,9 @@ TEST_CASE("IDX: a header declaring more than the reader may hold fails before in
               idx_bytes(0x08, {2, 3, 3}, std::vector<uint8_t>(18)));
   write_bytes(d.file("train-labels-idx1-ubyte"), idx_bytes(0x08, {2}, {1, 2}));
   MnistOptions mo;
-  CHECK(load_mnist(d.path(), mo)->size() == 2);
+  CHECK(load_mnist(d.str(), mo)->size() == 2);
   mo.max_bytes = 10;
-  CHECK(io_error_of([&] { load_mnist(d.path(), mo); }).find("more than the limit of 10") !=
+  CHECK(expect_error<IoError>([&] { load_mnist(d.str(), mo); }).find("more than the limit of 10") !=
         std::string::npos);
 }
 
@@ -234,10 +229,12 @@ TEST_CASE("hostile files: a FIFO or a device in place of a data file is an IoErr
   CHECK(r.ok());
   // A link to a device: followed (data files may be links) and refused for what it is.
   std::filesystem::create_symlink("/dev/zero", d.file("zero.bin"));
-  CHECK(io_error_of([&] { TokenFile::open(d.file("zero.bin")); }).find("is a character device") !=
-        std::string::npos);
-  CHECK(io_error_of([&] { read_idx(d.file("zero.bin")); }).find("is a character device") !=
-        std::string::npos);
+  CHECK(expect_error<IoError>([&] {
+          TokenFile::open(d.file("zero.bin"));
+        }).find("is a character device") != std::string::npos);
+  CHECK(expect_error<IoError>([&] {
+          read_idx(d.file("zero.bin"));
+        }).find("is a character device") != std::string::npos);
   // A link to a regular file is a legitimate data file.
   write_bytes(d.file("real.bin"), {1, 0, 2, 0, 3, 0});
   std::filesystem::create_symlink(d.file("real.bin"), d.file("link.bin"));

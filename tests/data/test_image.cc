@@ -164,7 +164,7 @@ TEST_CASE("save_image: grid PNG round trip gives torchvision's bytes") {
   CHECK(px(0, 0, 0) == 0);  // padding
   // Writing is atomic: no temporaries are left behind.
   int files = 0;
-  for (auto& e : std::filesystem::directory_iterator(dir.path())) files += e.is_regular_file();
+  for (auto& e : std::filesystem::directory_iterator(dir.str())) files += e.is_regular_file();
   CHECK(files == 1);
   CHECK_THROWS_AS(save_image(zeros({2, 2}, kUInt8), dir.file("u8.png")), DTypeError);
 }

@@ -10,10 +10,13 @@
 
 #include "data/image.h"
 #include "data/transforms.h"
+#include "tests/common/tensors.h"
 
 using namespace accel;
 using namespace accel::data;
 using namespace accel::data::transforms;
+using accel::test::max_abs_diff;
+using accel::test::value_at;
 
 namespace {
 
@@ -60,26 +63,9 @@ Tensor ref_tensor(const std::string& name, DType dt) {
   return tensor(r.values, r.shape, TensorOptions(kFloat64)).to(dt);
 }
 
-// Largest |a - b| over all elements (both converted to double).
-double max_diff(const Tensor& a, const Tensor& b) {
-  REQUIRE(a.sizes() == b.sizes());
-  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  double d = 0;
-  for (size_t i = 0; i < x.size(); ++i) d = std::max(d, std::abs(x[i] - y[i]));
-  return d;
-}
-
 Tensor u8(const std::vector<int>& v, const Shape& s) {
   std::vector<int32_t> w(v.begin(), v.end());
   return tensor(w, s, TensorOptions(kInt32)).to(kUInt8);
-}
-
-// Element of a tensor by coordinates (converted to double).
-double at(const Tensor& t, const std::vector<int64_t>& idx) {
-  REQUIRE(int64_t(idx.size()) == t.dim());
-  int64_t flat = 0;
-  for (size_t d = 0; d < idx.size(); ++d) flat = flat * t.size(int64_t(d)) + idx[d];
-  return t.contiguous().to_vector<double>()[size_t(flat)];
 }
 
 }  // namespace
@@ -100,7 +86,7 @@ TEST_CASE("image fixtures: PNG and JPEG decode like PIL") {
       Tensor img = read_image(kDir + "images/" + file, o);
       Tensor expect = ref_tensor(file + ":" + mode_name, kFloat64);
       REQUIRE(img.sizes() == expect.sizes());
-      CHECK(max_diff(img, expect) <= tol);
+      CHECK(max_abs_diff(img, expect) <= tol);
     }
   }
 }
@@ -113,14 +99,14 @@ TEST_CASE("Resize: bilinear equals torch interpolate(align_corners=False) on flo
     Tensor expect = ref_tensor("resize_" + std::to_string(h) + "x" + std::to_string(w), kFloat32);
     Tensor got = Resize(h, w)(x);
     CHECK(got.dtype() == kFloat32);
-    CHECK(max_diff(got, expect) < 2e-6);
+    CHECK(max_abs_diff(got, expect) < 2e-6);
     // float64 gives the same to float32 precision; a batch dim is carried.
-    CHECK(max_diff(Resize(h, w)(x.to(kFloat64)), expect) < 2e-6);
+    CHECK(max_abs_diff(Resize(h, w)(x.to(kFloat64)), expect) < 2e-6);
     CHECK(Resize(h, w)(x.unsqueeze(0)).sizes() == Shape{1, 3, h, w});
   }
   // One int: the shorter side. (5, 7) -> (3, int(3 * 7 / 5)) = (3, 4), as torchvision.
   Tensor s = Resize(3)(x);
-  CHECK(max_diff(s, ref_tensor("resize_3x4", kFloat32)) < 2e-6);
+  CHECK(max_abs_diff(s, ref_tensor("resize_3x4", kFloat32)) < 2e-6);
   CHECK(Resize(10)(x.transpose(1, 2)).sizes() == Shape{3, 14, 10});
 }
 
@@ -135,7 +121,7 @@ TEST_CASE("Resize: uint8 HWC rounds like torchvision's tensor resize") {
     CHECK(got.dtype() == kUInt8);
     // Exact but for ties: torch's AVX2 kernel contracts to FMAs, so a value that is exactly
     // k + 0.5 in real arithmetic can come out 0.00002 either side there and round the other way.
-    CHECK(max_diff(got, expect.contiguous()) <= 1);
+    CHECK(max_abs_diff(got, expect.contiguous()) <= 1);
     const auto g = got.to_vector<int>(), e = expect.contiguous().to_vector<int>();
     int off = 0;
     for (size_t i = 0; i < g.size(); ++i) off += g[i] != e[i];
@@ -156,12 +142,12 @@ TEST_CASE("CenterCrop: offsets round half to even, larger crops pad with zeros")
   // Larger than the image: torchvision pads (left 1, top 1, right 1, bottom 2) then crops at 0.
   Tensor big = CenterCrop(8, 9)(img);
   REQUIRE(big.sizes() == Shape{8, 9});
-  CHECK(at(big, {0, 0}) == 0);
-  CHECK(at(big, {1, 1}) == 0);   // image (0, 0) is value 0 too
-  CHECK(at(big, {2, 3}) == 12);  // image (1, 2)
-  CHECK(at(big, {5, 7}) == 46);  // image (4, 6), its last pixel
-  CHECK(at(big, {6, 7}) == 0);   // bottom padding
-  CHECK(at(big, {5, 8}) == 0);   // right padding
+  CHECK(value_at(big, {0, 0}) == 0);
+  CHECK(value_at(big, {1, 1}) == 0);   // image (0, 0) is value 0 too
+  CHECK(value_at(big, {2, 3}) == 12);  // image (1, 2)
+  CHECK(value_at(big, {5, 7}) == 46);  // image (4, 6), its last pixel
+  CHECK(value_at(big, {6, 7}) == 0);   // bottom padding
+  CHECK(value_at(big, {5, 8}) == 0);   // right padding
   // Float CHW: the same crop on each plane.
   Tensor f = img.to(kFloat32).unsqueeze(0).expand({2, 5, 7}).contiguous();
   CHECK(CenterCrop(2, 3)(f).to_vector<int>() ==
@@ -188,14 +174,14 @@ TEST_CASE("RandomHorizontalFlip and ToTensor and Normalize by hand") {
   Tensor t = ToTensor()(img, g);
   REQUIRE(t.sizes() == Shape{2, 2, 3});
   CHECK(t.dtype() == kFloat32);
-  CHECK(at(t, {0, 1, 2}) == doctest::Approx(11.0 / 255.0));
-  CHECK(at(t, {1, 0, 1}) == doctest::Approx(4.0 / 255.0));
+  CHECK(value_at(t, {0, 1, 2}) == doctest::Approx(11.0 / 255.0));
+  CHECK(value_at(t, {1, 0, 1}) == doctest::Approx(4.0 / 255.0));
   CHECK(ToTensor()(u8({0, 255}, {1, 2}), g).sizes() == Shape{1, 1, 2});
   CHECK_THROWS_AS(ToTensor()(t, g), DTypeError);
   // Normalize: (x - mean[c]) / std[c].
   Tensor n = Normalize({0.5, 0.1}, {0.5, 2.0})(t, g);
-  CHECK(at(n, {0, 1, 2}) == doctest::Approx((11.0 / 255.0 - 0.5) / 0.5));
-  CHECK(at(n, {1, 0, 1}) == doctest::Approx((4.0 / 255.0 - 0.1) / 2.0));
+  CHECK(value_at(n, {0, 1, 2}) == doctest::Approx((11.0 / 255.0 - 0.5) / 0.5));
+  CHECK(value_at(n, {1, 0, 1}) == doctest::Approx((4.0 / 255.0 - 0.1) / 2.0));
   CHECK_THROWS_AS(Normalize({0.5, 0.5, 0.5}, {1, 1, 1})(t, g), ValueError);  // 2 channels
   CHECK_THROWS_AS(Normalize({0.5}, {0.0}), ValueError);
   CHECK_THROWS_AS(Normalize({0.5}, {1.0})(img, g), DTypeError);

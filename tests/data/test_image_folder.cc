@@ -9,23 +9,17 @@
 
 #include "data/data.h"
 #include "helpers.h"
+#include "tests/common/tensors.h"
 
 using namespace accel;
 using namespace accel::data;
 using namespace accel::data::testing;
 using namespace accel::data::transforms;
+using accel::test::value_at;
 
 namespace {
 
 Tensor solid(int64_t h, int64_t w, uint8_t v) { return full({h, w, 3}, int64_t(v), kUInt8); }
-
-// Element of a tensor by coordinates (converted to double).
-double at(const Tensor& t, const std::vector<int64_t>& idx) {
-  REQUIRE(int64_t(idx.size()) == t.dim());
-  int64_t flat = 0;
-  for (size_t d = 0; d < idx.size(); ++d) flat = flat * t.size(int64_t(d)) + idx[d];
-  return t.contiguous().to_vector<double>()[size_t(flat)];
-}
 
 }  // namespace
 
@@ -40,8 +34,8 @@ TEST_CASE("ImageFolder: classes, class_to_idx and samples in torchvision's order
   write_png(solid(4, 5, 30), d.file("root/dog/sub/c.png"));
   write_png(solid(4, 5, 40), d.file("root/cat/z.jpg.png"));
   write_png(solid(4, 5, 50), d.file("root/.hidden_class/h.png"));
-  write_text(d.file("root/cat/notes.txt"), "not an image");
-  write_text(d.file("root/README"), "a file at the top is not a class");
+  write_file(d.file("root/cat/notes.txt"), "not an image");
+  write_file(d.file("root/README"), "a file at the top is not a class");
   // A link cycle inside a class: walked once, no infinite recursion.
   fs::create_directory_symlink("..", d.file("root/dog/sub/up"));
 
@@ -59,7 +53,7 @@ TEST_CASE("ImageFolder: classes, class_to_idx and samples in torchvision's order
   CHECK(ds.targets() == std::vector<int64_t>{0, 1, 2, 2, 2});
   Example e = ds.get(3);
   CHECK(e["image"].sizes() == Shape{4, 5, 3});
-  CHECK(at(e["image"], {0, 0, 0}) == 10);
+  CHECK(value_at(e["image"], {0, 0, 0}) == 10);
   CHECK(e["label"].dim() == 0);
   CHECK(e["label"].item<int64_t>() == 2);
   CHECK_THROWS_AS(ds.get(5), IndexError);
@@ -102,9 +96,9 @@ TEST_CASE("ImageFolder: empty classes, no classes, FIFOs and dangling links are 
   ImageFolder ds(d.file("root"), TransformPtr{}, o);
   CHECK(ds.classes() == std::vector<std::string>{"a", "b_link", "empty"});
   CHECK(ds.size() == 4);  // a/{linked, x}, b_link/{linked, x}
-  CHECK(at(ds.get(0)["image"], {0, 0, 0}) == 7);
+  CHECK(value_at(ds.get(0)["image"], {0, 0, 0}) == 7);
   // A corrupt image fails in get() with the file named.
-  write_text(d.file("root/a/y.png"), "\x89PNG\r\n\x1a\n garbage");
+  write_file(d.file("root/a/y.png"), "\x89PNG\r\n\x1a\n garbage");
   ImageFolder bad(d.file("root"), TransformPtr{}, o);
   try {
     bad.get(2);

@@ -114,7 +114,7 @@ TEST_CASE("IDX: malformed files are rejected with the file and the problem named
   const auto gtp = write("trail.gz", gtr);
   check_io_error([&] { read_idx(gtp); }, {"trail.gz", "trailing garbage"});
   check_io_error([&] { read_idx(d.file("missing")); }, {"missing", "cannot open"});
-  check_io_error([&] { read_idx(d.path()); }, {"not a regular file"});
+  check_io_error([&] { read_idx(d.str()); }, {"not a regular file"});
 }
 
 TEST_CASE("load_mnist: layout options and count mismatch") {
@@ -124,16 +124,16 @@ TEST_CASE("load_mnist: layout options and count mismatch") {
   write_bytes(d.file("train-labels-idx1-ubyte"), idx_bytes(0x08, {3}, {1, 2, 3}));
   MnistOptions o;
   o.flatten = true;
-  auto ds = load_mnist(d.path(), o);
+  auto ds = load_mnist(d.str(), o);
   CHECK(ds->size() == 3);
   CHECK(ds->get(0)["image"].sizes() == Shape{4});
   o.flatten = false;
   o.channel = true;
-  CHECK(load_mnist(d.path(), o)->get(0)["image"].sizes() == Shape{1, 2, 2});
+  CHECK(load_mnist(d.str(), o)->get(0)["image"].sizes() == Shape{1, 2, 2});
   write_bytes(d.file("train-labels-idx1-ubyte"), idx_bytes(0x08, {2}, {1, 2}));
-  check_io_error([&] { load_mnist(d.path()); }, {"3 images", "2 labels"});
+  check_io_error([&] { load_mnist(d.str()); }, {"3 images", "2 labels"});
   o.train = false;
-  check_io_error([&] { load_mnist(d.path(), o); }, {"t10k-images-idx3-ubyte"});
+  check_io_error([&] { load_mnist(d.str(), o); }, {"t10k-images-idx3-ubyte"});
 }
 
 TEST_CASE("real Fashion-MNIST loads with the right shapes and labels") {
@@ -221,12 +221,12 @@ TEST_CASE("token files: widths, windows, and malformed files") {
 
 TEST_CASE("CSV: header detection, values, and malformed files") {
   TempDir d;
-  write_text(d.file("a.csv"), "a, b ,c\n1,2.5,-3\n\n4, 5e1 ,\"6\"\r\n");
+  write_file(d.file("a.csv"), "a, b ,c\n1,2.5,-3\n\n4, 5e1 ,\"6\"\r\n");
   CsvTable t = read_csv(d.file("a.csv"));
   CHECK(t.columns == std::vector<std::string>{"a", "b", "c"});
   CHECK(t.values.sizes() == Shape{2, 3});
   CHECK(t.values.tolist() == std::vector<double>{1, 2.5, -3, 4, 50, 6});
-  write_text(d.file("nohdr.csv"), "1;2\n+3;4\n");
+  write_file(d.file("nohdr.csv"), "1;2\n+3;4\n");
   CsvOptions semi;
   semi.delimiter = ';';
   semi.dtype = kFloat64;
@@ -234,28 +234,28 @@ TEST_CASE("CSV: header detection, values, and malformed files") {
   CHECK(n.columns.empty());
   CHECK(n.values.dtype() == kFloat64);
   CHECK(n.values.tolist() == std::vector<double>{1, 2, 3, 4});
-  write_text(d.file("gz.csv.gz"), "");
+  write_file(d.file("gz.csv.gz"), "");
   write_bytes(d.file("gz.csv.gz"), gzip_bytes({'7', ',', '8', '\n'}));
   CHECK(read_csv(d.file("gz.csv.gz")).values.tolist() == std::vector<double>{7, 8});
 
-  write_text(d.file("ragged.csv"), "1,2,3\n4,5\n");
+  write_file(d.file("ragged.csv"), "1,2,3\n4,5\n");
   check_io_error([&] { read_csv(d.file("ragged.csv")); },
                  {"ragged.csv", "line 2 has 2 fields, expected 3"});
-  write_text(d.file("word.csv"), "x,y\n1,2\n3,abc\n");
+  write_file(d.file("word.csv"), "x,y\n1,2\n3,abc\n");
   check_io_error([&] { read_csv(d.file("word.csv")); }, {"word.csv", "line 3, column 2", "'abc'"});
-  write_text(d.file("hole.csv"), "1,2,3\n4,,6\n");
+  write_file(d.file("hole.csv"), "1,2,3\n4,,6\n");
   check_io_error([&] { read_csv(d.file("hole.csv")); },
                  {"hole.csv", "line 2, column 2: empty field"});
-  write_text(d.file("onlyhdr.csv"), "a,b\n");
+  write_file(d.file("onlyhdr.csv"), "a,b\n");
   check_io_error([&] { read_csv(d.file("onlyhdr.csv")); }, {"onlyhdr.csv", "no data rows"});
-  write_text(d.file("blank.csv"), "\n\n");
+  write_file(d.file("blank.csv"), "\n\n");
   check_io_error([&] { read_csv(d.file("blank.csv")); }, {"blank.csv", "no data rows"});
   CsvOptions forced;
   forced.header = false;
-  write_text(d.file("h.csv"), "a,b\n1,2\n");
+  write_file(d.file("h.csv"), "a,b\n1,2\n");
   check_io_error([&] { read_csv(d.file("h.csv"), forced); }, {"line 1, column 1", "'a'"});
 
-  write_text(d.file("ds.csv"), "f1,f2,label\n0.5,1,2\n1.5,2,0\n");
+  write_file(d.file("ds.csv"), "f1,f2,label\n0.5,1,2\n1.5,2,0\n");
   auto ds = csv_dataset(d.file("ds.csv"));
   CHECK(ds->size() == 2);
   CHECK(ds->get(0)["features"].tolist() == std::vector<double>{0.5, 1});
@@ -268,22 +268,22 @@ TEST_CASE("CSV: header detection, values, and malformed files") {
 
 TEST_CASE("fortunes corpus: plain files in sorted order, skipping .dat, .u8 and directories") {
   TempDir d;
-  write_text(d.file("b"), "BBB");
-  write_text(d.file("a"), "A");
-  write_text(d.file("a.dat"), "index");
+  write_file(d.file("b"), "BBB");
+  write_file(d.file("a"), "A");
+  write_file(d.file("a.dat"), "index");
   REQUIRE(symlink("a", d.file("a.u8").c_str()) == 0);
   REQUIRE(symlink("b", d.file("c-link").c_str()) == 0);  // a link to a file is read
   std::filesystem::create_directory(d.file("dir"));
-  write_text(d.file("dir/inner"), "nope");
+  write_file(d.file("dir/inner"), "nope");
   REQUIRE(symlink("dir", d.file("dirlink").c_str()) == 0);
   REQUIRE(symlink("gone", d.file("dangling").c_str()) == 0);
-  auto corpus = read_fortunes_corpus(d.path());
+  auto corpus = read_fortunes_corpus(d.str());
   CHECK(std::string(corpus.begin(), corpus.end()) == "ABBBBBB");
-  auto files = fortunes_files(d.path());
+  auto files = fortunes_files(d.str());
   REQUIRE(files.size() == 3);
   CHECK(std::filesystem::path(files[2]).filename() == "c-link");
   TempDir empty_dir;
-  check_io_error([&] { read_fortunes_corpus(empty_dir.path()); }, {"no fortune files"});
+  check_io_error([&] { read_fortunes_corpus(empty_dir.str()); }, {"no fortune files"});
   check_io_error([&] { read_fortunes_corpus(d.file("missing")); }, {"not a directory"});
 
   if (!std::filesystem::is_directory(kFortunesDir)) {

@@ -11,33 +11,15 @@
 
 #include "accel.h"
 #include "tests/common/child_process.h"
+#include "tests/common/util.h"
 
 using namespace accel;
 namespace fs = std::filesystem;
+using accel::test::read_file;
+using accel::test::TempDir;
+using accel::test::write_file;
 
 namespace {
-
-// A fresh directory per test case, removed at the end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "accel_st_XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string read_all(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-void write_all(const std::string& p, const std::string& bytes) {
-  std::ofstream f(p, std::ios::binary);
-  f.write(bytes.data(), std::streamsize(bytes.size()));
-}
 
 std::string le64(uint64_t n) {
   std::string s(8, '\0');
@@ -54,7 +36,7 @@ std::string make_file(const std::string& header, size_t buffer_bytes) {
 // Loads `bytes` from a file and returns the IoError message (fails the test when none).
 std::string load_error(const TempDir& dir, const std::string& bytes) {
   const std::string p = dir.file("bad.safetensors");
-  write_all(p, bytes);
+  write_file(p, bytes);
   try {
     io::load_safetensors(p);
   } catch (const IoError& e) {
@@ -133,7 +115,7 @@ TEST_CASE("byte layout follows the HF format") {
   Tensor b = tensor({1.f, 2.f, 3.f});
   Tensor a = tensor(std::vector<int64_t>{7, 8}, Shape{2});
   io::save_safetensors(p, {{"b", b}, {"a", a}}, {{"k", "v"}});
-  const std::string bytes = read_all(p);
+  const std::string bytes = read_file(p);
   REQUIRE(bytes.size() >= 8);
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(bytes[size_t(i)])) << (8 * i);
@@ -163,7 +145,7 @@ TEST_CASE("a file written by another tool loads (spec example, unaligned header)
   std::memcpy(buf.data(), w, 16);
   buf[16] = 1, buf[17] = 0, buf[18] = 1;
   const std::string p = dir.file("ext.safetensors");
-  write_all(p, le64(header.size()) + header + buf);
+  write_file(p, le64(header.size()) + header + buf);
   io::TensorDict t = io::load_safetensors(p);
   CHECK(t.at("w").sizes() == Shape{2, 2});
   CHECK(t.at("w").tolist() == std::vector<double>{1.5, -2, 0.25, 8});
@@ -289,7 +271,7 @@ TEST_CASE("hostile headers: nesting depth and rank are bounded, memory stays sma
   const std::string entry = R"("dtype":"F32","shape":[2],"data_offsets":[0,8])";
   CHECK(io::load_safetensors([&] {
           const std::string p = dir.file("slack.safetensors");
-          write_all(p, make_file("{\"a\":{" + entry + R"(,"x":[1,{"y":2}]}})", 8));
+          write_file(p, make_file("{\"a\":{" + entry + R"(,"x":[1,{"y":2}]}})", 8));
           return p;
         }())
             .size() == 1);
@@ -306,8 +288,8 @@ TEST_CASE("hostile headers: nesting depth and rank are bounded, memory stays sma
   std::string ones = "1";
   for (int i = 1; i < 64; ++i) ones += ",1";
   const std::string p = dir.file("rank64.safetensors");
-  write_all(p,
-            make_file(R"({"o":{"dtype":"U8","shape":[)" + ones + R"(],"data_offsets":[0,1]}})", 1));
+  write_file(
+      p, make_file(R"({"o":{"dtype":"U8","shape":[)" + ones + R"(],"data_offsets":[0,1]}})", 1));
   CHECK(io::load_safetensors(p).at("o").dim() == 64);
   // Wrong types inside the schema name the field.
   msg =
@@ -322,7 +304,7 @@ TEST_CASE("hostile headers: nesting depth and rank are bounded, memory stays sma
   // Metadata is only reported for a file that loads.
   io::Metadata md;
   const std::string bad = dir.file("md.safetensors");
-  write_all(
+  write_file(
       bad,
       make_file(R"({"__metadata__":{"k":"v"},"a":{"dtype":"F33","shape":[],"data_offsets":[0,4]}})",
                 4));

@@ -23,8 +23,10 @@
 #include "core/generator.h"
 #include "kernels/cuda/blas.h"
 #include "kernels/cuda/device.h"
+#include "tests/common/check.h"
 
 using namespace accel;
+using accel::test::check_close;
 
 namespace {
 
@@ -61,35 +63,16 @@ Tol tol_for(DType dt) {
   }
 }
 
-// got (CUDA) vs want (CPU): same shape and dtype, |got - want| <= atol + rtol |want| everywhere,
-// NaN where the reference has NaN, infinities equal.
-void check_close(const Tensor& got, const Tensor& want, Tol tol, const std::string& what) {
+// got (CUDA) vs want (CPU): same dtype, and check_close (Note [check_close] in
+// tests/common/check.h: same shape, |got - want| <= atol + rtol |want| everywhere, NaN where the
+// reference has NaN, infinities equal).
+void check_device_close(const Tensor& got, const Tensor& want, Tol tol, const std::string& what) {
   REQUIRE_MESSAGE(got.device().is_cuda(), what);
-  REQUIRE_MESSAGE(got.sizes() == want.sizes(),
-                  what << ": shape " << got.sizes() << " vs " << want.sizes());
   REQUIRE_MESSAGE(got.dtype() == want.dtype(),
                   what << ": dtype " << got.dtype() << " vs " << want.dtype());
-  const std::vector<double> g = got.to(kCPU).to_vector<double>();
-  const std::vector<double> w = want.to_vector<double>();
-  size_t bad = 0, first = 0;
-  double worst = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    bool ok;
-    if (std::isnan(w[i])) {
-      ok = std::isnan(g[i]);
-    } else if (std::isinf(w[i])) {
-      ok = g[i] == w[i];
-    } else {
-      const double err = std::abs(g[i] - w[i]);
-      ok = err <= tol.atol + tol.rtol * std::abs(w[i]);
-      worst = std::max(worst, err);
-    }
-    if (!ok && bad++ == 0) first = i;
-  }
-  CHECK_MESSAGE(bad == 0, what << ": " << bad << " of " << g.size() << " elements differ; first at "
-                               << first << ": cuda " << (g.empty() ? 0 : g[first]) << " cpu "
-                               << (w.empty() ? 0 : w[first]) << " (worst abs error " << worst
-                               << ", seed " << g_seed << ")");
+  std::ostringstream label;
+  label << what << " (cuda vs cpu, seed " << g_seed << ")";
+  check_close(got, want, tol.rtol, tol.atol, label.str());
 }
 
 std::string name(const char* what, DType dt) {
@@ -162,7 +145,7 @@ TEST_CASE("matmul with TF32 allowed stays within its looser bound") {
   matmul_stub(kCPU, a, b, Tensor(), want);
   matmul_stub(kGPU, gpu(a), gpu(b), Tensor(), got);
   cuda::set_allow_tf32(false);
-  check_close(got, want, Tol{2e-2, 1e-2}, "tf32 matmul");
+  check_device_close(got, want, Tol{2e-2, 1e-2}, "tf32 matmul");
 }
 
 TEST_CASE("adamw step on bf16 parameters with float32 states (a CUDA extension)") {
@@ -176,8 +159,8 @@ TEST_CASE("adamw step on bf16 parameters with float32 states (a CUDA extension)"
   hp.bias_correction2 = 1 - hp.beta2;
   adamw_stub(kCPU, pr, g32.to(kBFloat16).to(kFloat32), m32, v32, hp);
   adamw_stub(kGPU, pb, gpu(g32.to(kBFloat16)), mb, vb, hp);
-  check_close(pb, pr.to(kBFloat16), tol_for(kBFloat16), "adamw bf16 param, f32 states");
-  check_close(mb, m32, tol_for(kFloat32), "adamw bf16 param, f32 exp_avg");
+  check_device_close(pb, pr.to(kBFloat16), tol_for(kBFloat16), "adamw bf16 param, f32 states");
+  check_device_close(mb, m32, tol_for(kFloat32), "adamw bf16 param, f32 exp_avg");
 }
 
 // ---------------- runtime: devices, memory, streams, copies ----------------
@@ -247,7 +230,7 @@ TEST_CASE("streams and events: work on a side stream, ordering through events") 
   done.synchronize();
   CHECK(done.query());
   CHECK(start.elapsed_ms(done) >= 0.0f);
-  check_close(z, exp(x.cpu()) * 2.0 + 1.0, tol_for(kFloat32), "side stream result");
+  check_device_close(z, exp(x.cpu()) * 2.0 + 1.0, tol_for(kFloat32), "side stream result");
 }
 
 TEST_CASE("host <-> device copies: pageable, pinned, non_blocking, between dtypes") {
@@ -255,21 +238,22 @@ TEST_CASE("host <-> device copies: pageable, pinned, non_blocking, between dtype
     const Tensor h = rnd({257, 33}, dt, 0, 100);
     const Tensor d = h.to(kGPU);
     CHECK(d.device() == kGPU);
-    check_close(d, h, Tol{0, 0}, name("h2d2h roundtrip", dt));
+    check_device_close(d, h, Tol{0, 0}, name("h2d2h roundtrip", dt));
     Tensor pinned = cuda::empty_pinned(h.sizes(), dt);
     CHECK(cuda::is_pinned(pinned.storage()->data()));
     pinned.copy_(d);  // D2H into pinned memory
-    check_close(d, pinned, Tol{0, 0}, name("d2h pinned", dt));
+    check_device_close(d, pinned, Tol{0, 0}, name("d2h pinned", dt));
     const Tensor back = pinned.to(kGPU, /*non_blocking=*/true);
     cuda::current_stream().synchronize();
-    check_close(back, h, Tol{0, 0}, name("pinned h2d non_blocking", dt));
+    check_device_close(back, h, Tol{0, 0}, name("pinned h2d non_blocking", dt));
   }
   // Strided destination and converting copy across devices.
   Tensor dst = zeros({33, 257}, TensorOptions(kFloat64, kGPU));
   const Tensor src = rnd({257, 33}, kFloat32);
   Tensor dstt = dst.t();
   dstt.copy_(src);
-  check_close(dst.t().contiguous(), src.to(kFloat64), Tol{0, 0}, "strided converting h2d copy_");
+  check_device_close(dst.t().contiguous(), src.to(kFloat64), Tol{0, 0},
+                     "strided converting h2d copy_");
 }
 
 // ---------------- end to end through the ops, with backward ----------------
@@ -289,7 +273,7 @@ TEST_CASE("a small MLP: forward, loss and gradients on CUDA match the CPU") {
   const std::vector<Tensor> c = run(kCPU), g = run(kGPU);
   const char* names[] = {"loss", "dw1", "db1", "dw2", "db2"};
   for (size_t i = 0; i < c.size(); ++i)
-    check_close(g[i], c[i], Tol{1e-5, 1e-3}, std::string("mlp ") + names[i]);
+    check_device_close(g[i], c[i], Tol{1e-5, 1e-3}, std::string("mlp ") + names[i]);
 }
 
 TEST_CASE("a training step does no cudaMalloc once warm") {

@@ -15,9 +15,11 @@
 #include "core/generator.h"
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/cpu_pool.h"
+#include "tests/common/tensors.h"
 
 using namespace accel;
 using accel::cpu::CpuIsa;
+using accel::test::max_abs_diff;
 
 namespace {
 
@@ -33,10 +35,6 @@ std::vector<CpuIsa> runnable_levels() {
   std::vector<CpuIsa> v;
   for (int i = 0; i <= int(best); ++i) v.push_back(CpuIsa(i));
   return v;
-}
-
-double max_abs_diff(const Tensor& a, const Tensor& b) {
-  return max(abs(sub(a.to(kFloat64), b.to(kFloat64)))).item<double>();
 }
 
 struct Inputs {
@@ -254,7 +252,7 @@ TEST_CASE("set_cpu_isa refuses a level the CPU or the build cannot run") {
   CHECK(cpu::cpu_isa() == guard.saved);
 }
 
-// Note [own NCHW pooling] (kernels/cpu/conv.cc): accel's pool2d kernel, which runs where oneDNN
+// Note [own NCHW pooling] (kernels/cpu/pool.cc): accel's pool2d kernel, which runs where oneDNN
 // only has a simple one (NCHW below AVX-512), computes what oneDNN's does and what the float64
 // reference does, forward and backward, max (with its int32 argmax workspace) and avg.
 TEST_CASE("pool2d: accel's NCHW kernel equals oneDNN's and the float64 reference") {

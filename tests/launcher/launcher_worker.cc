@@ -62,7 +62,7 @@ std::string env(const char* k) {
   return v ? v : "";
 }
 
-void write_file(const std::string& path, const std::string& text) {
+void write_file_atomic(const std::string& path, const std::string& text) {
   std::ofstream f(path + ".tmp");
   f << text;
   f.close();
@@ -95,7 +95,7 @@ void write_pid_files() {
       // The grandchild stays in the worker's process group and keeps the output pipes open.
       wait_forever();
     }
-    write_file(g_dir + "/pid." + std::to_string(g_rank) + ".child", std::to_string(c));
+    write_file_atomic(g_dir + "/pid." + std::to_string(g_rank) + ".child", std::to_string(c));
   }
   if (flag("spawn_setsid")) {
     // Leaves the worker's process group and session: only the launch marker or a cgroup finds it.
@@ -128,9 +128,9 @@ void write_pid_files() {
     if (read(p[0], &g, sizeof(g)) != sizeof(g)) std::exit(72);
     close(p[0]);
     waitpid(mid, nullptr, 0);
-    write_file(g_dir + "/pid." + std::to_string(g_rank) + ".setsid", std::to_string(g));
+    write_file_atomic(g_dir + "/pid." + std::to_string(g_rank) + ".setsid", std::to_string(g));
   }
-  write_file(g_dir + "/pid." + std::to_string(g_rank), std::to_string(getpid()));
+  write_file_atomic(g_dir + "/pid." + std::to_string(g_rank), std::to_string(getpid()));
 }
 
 const char* kContract[] = {"RANK",
@@ -173,7 +173,7 @@ void write_env_file() {
   for (const char* k : kContract) {
     if (std::getenv(k)) text += std::string(k) + "=" + env(k) + "\n";
   }
-  write_file(g_dir + "/env." + std::to_string(g_rank), text);
+  write_file_atomic(g_dir + "/env." + std::to_string(g_rank), text);
 }
 
 int mode_env() {
@@ -234,7 +234,7 @@ int mode_usr1() {
     sleep_s(0.01);
   }
   // A real program would save a checkpoint here before its allocation ends.
-  write_file(g_dir + "/usr1." + std::to_string(g_rank), "checkpoint");
+  write_file_atomic(g_dir + "/usr1." + std::to_string(g_rank), "checkpoint");
   std::printf("rank %d saved a checkpoint after SIGUSR1\n", g_rank);
   return 0;
 }
@@ -266,7 +266,8 @@ int mode_trap() {
     }
     sleep_s(0.01);
   }
-  write_file(g_dir + "/sig." + std::to_string(g_rank), std::to_string(static_cast<int>(g_signal)));
+  write_file_atomic(g_dir + "/sig." + std::to_string(g_rank),
+                    std::to_string(static_cast<int>(g_signal)));
   std::printf("rank %d stopping after signal %d\n", g_rank, static_cast<int>(g_signal));
   return 0;
 }
@@ -277,7 +278,8 @@ int mode_restart() {
   const int crash_times = std::atoi(opt("crash_times", "1").c_str());
   append_file(g_dir + "/attempts." + std::to_string(g_rank), std::to_string(attempt) + "\n");
   write_pid_files();
-  write_file(g_dir + "/ready." + std::to_string(attempt) + "." + std::to_string(g_rank), "1");
+  write_file_atomic(g_dir + "/ready." + std::to_string(attempt) + "." + std::to_string(g_rank),
+                    "1");
   if (g_rank != 0) {
     auto start = std::chrono::steady_clock::now();
     while (access((g_dir + "/done").c_str(), F_OK) != 0) {
@@ -320,9 +322,9 @@ int mode_restart() {
       std::fprintf(stderr, "rank 0 crashing at step %d on attempt %d\n", step, attempt);
       return 1;
     }
-    write_file(g_dir + "/ckpt", std::to_string(step + 1));  // save_state after every step
+    write_file_atomic(g_dir + "/ckpt", std::to_string(step + 1));  // save_state after every step
   }
-  write_file(g_dir + "/done", "1");
+  write_file_atomic(g_dir + "/done", "1");
   return 0;
 }
 

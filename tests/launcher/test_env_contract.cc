@@ -15,9 +15,11 @@
 #include "accelerate/accelerator.h"
 #include "comm/env.h"
 #include "launcher/plan.h"
+#include "tests/common/scoped_env.h"
 
 namespace al = accel::launcher;
 namespace env = accel::env;
+using accel::test::ScopedEnv;
 
 namespace {
 
@@ -57,32 +59,6 @@ al::LaunchPlan gpu_plan() {
   al::resolve_rendezvous_token(p, f, {});
   return p;
 }
-
-// Sets the variables for its lifetime, restoring what was there before.
-class ScopedEnv {
- public:
-  explicit ScopedEnv(const al::EnvMap& vars) {
-    for (const auto& [k, v] : vars) {
-      const char* old = std::getenv(k.c_str());
-      saved_[k] = old ? std::optional<std::string>(old) : std::nullopt;
-      setenv(k.c_str(), v.c_str(), 1);
-    }
-  }
-  ~ScopedEnv() {
-    for (const auto& [k, v] : saved_) {
-      if (v) {
-        setenv(k.c_str(), v->c_str(), 1);
-      } else {
-        unsetenv(k.c_str());
-      }
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::map<std::string, std::optional<std::string>> saved_;
-};
 
 }  // namespace
 

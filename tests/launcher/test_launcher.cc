@@ -30,10 +30,15 @@
 #include "launcher/plan.h"
 #include "launcher/supervisor.h"
 #include "launcher/util.h"
+#include "tests/common/util.h"
 
 namespace fs = std::filesystem;
 namespace al = accel::launcher;
 using Clock = std::chrono::steady_clock;
+using accel::test::contains;
+using accel::test::read_file;
+using accel::test::TempDir;
+using accel::test::write_file;
 
 namespace {
 
@@ -49,33 +54,6 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "accel-launcher-XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string str() const { return path.string(); }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
-
-std::string read_file(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void write_file(const std::string& p, const std::string& text) {
-  std::ofstream f(p);
-  f << text;
-}
-
 std::map<std::string, std::string> read_env_file(const std::string& p) {
   std::map<std::string, std::string> out;
   std::istringstream is(read_file(p));
@@ -85,10 +63,6 @@ std::map<std::string, std::string> read_env_file(const std::string& p) {
     if (eq != std::string::npos) out[line.substr(0, eq)] = line.substr(eq + 1);
   }
   return out;
-}
-
-bool contains(const std::string& hay, const std::string& needle) {
-  return hay.find(needle) != std::string::npos;
 }
 
 // Running and not a zombie.
@@ -1370,7 +1344,7 @@ TEST_CASE("accel-run test: runs the self test through the launch path") {
   CHECK(contains(real.out, "accel-run test: PASS"));
 }
 
-// ---------------------------------------------------------------- issue 13: failure paths
+// ---------------------------------------------------------------- failure paths
 
 TEST_CASE("console sink: never blocks on a full pipe, drops whole writes and reports how much") {
   int p[2];

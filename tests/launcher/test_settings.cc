@@ -18,6 +18,7 @@
 #include "launcher/config.h"
 #include "launcher/plan.h"
 #include "launcher/settings_binding.h"
+#include "tests/common/scoped_env.h"
 
 namespace al = accel::launcher;
 namespace st = accel::settings;
@@ -25,34 +26,12 @@ using accel::AcceleratorConfig;
 
 namespace {
 
-// Sets `vars` for its lifetime with every setting's variable unset first; restores all of them.
-class ScopedEnv {
- public:
-  explicit ScopedEnv(const al::EnvMap& vars) {
-    for (const st::Setting& s : st::kSettings) save(std::string(s.env));
-    for (const auto& [k, v] : vars) save(k);
-    for (const st::Setting& s : st::kSettings) unsetenv(std::string(s.env).c_str());
-    for (const auto& [k, v] : vars) setenv(k.c_str(), v.c_str(), 1);
+// tests/common's ScopedEnv with every setting's variable unset first (restored at the end too).
+struct SettingsEnv : accel::test::ScopedEnv {
+  explicit SettingsEnv(const al::EnvMap& vars) {
+    for (const st::Setting& s : st::kSettings) unset(std::string(s.env));
+    for (const auto& [k, v] : vars) set(k, v);
   }
-  ~ScopedEnv() {
-    for (const auto& [k, v] : saved_) {
-      if (v) {
-        setenv(k.c_str(), v->c_str(), 1);
-      } else {
-        unsetenv(k.c_str());
-      }
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  void save(const std::string& k) {
-    if (saved_.count(k)) return;
-    const char* old = std::getenv(k.c_str());
-    saved_[k] = old ? std::optional<std::string>(old) : std::nullopt;
-  }
-  std::map<std::string, std::optional<std::string>> saved_;
 };
 
 std::string flag(bool b) { return b ? "true" : "false"; }
@@ -148,7 +127,7 @@ void check_round_trip(al::LaunchPlan plan, const st::Setting& s, const Probe& pr
   const std::string env(s.env);
   REQUIRE_MESSAGE(e.count(env) == 1, env, " was not exported");
   CHECK(e.at(env) == *want);
-  ScopedEnv scoped(e);
+  SettingsEnv scoped(e);
   const AcceleratorConfig base = program();
   const AcceleratorConfig c = base.with_env();
   CHECK(probe.read(c) == *want);

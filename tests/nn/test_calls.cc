@@ -10,19 +10,12 @@
 #include <tuple>
 
 #include "accel.h"
+#include "tests/common/check.h"
 
 using namespace accel;
+using accel::test::error_of;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 bool same(const Tensor& a, const Tensor& b) {
   return a.defined() && b.defined() && a.sizes() == b.sizes() && allclose(a, b, 0, 0);

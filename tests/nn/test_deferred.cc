@@ -12,19 +12,12 @@
 
 #include "accel.h"
 #include "examples/models.h"
+#include "tests/common/check.h"
 
 using namespace accel;
+using accel::test::error_of;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;

@@ -1,4 +1,4 @@
-// Image-model layers (issue 24) against PyTorch: outputs and every gradient in float64 to 1e-10,
+// Image-model layers against PyTorch: outputs and every gradient in float64 to 1e-10,
 // from the fixture tests/nn/image_layers_fixture.safetensors written by
 // make_image_layers_fixture.py with python3-torch (no Python at test time); PyTorch's parameter
 // names load unchanged. Also parameter shapes and initialisation, running statistics, Dropout2d,
@@ -11,14 +11,14 @@
 #include <sstream>
 
 #include "accel.h"
+#include "tests/common/check.h"
+#include "tests/common/tensors.h"
 
 using namespace accel;
+using accel::test::close_to;
+using accel::test::leaf;
 
 namespace {
-
-bool close(const Tensor& a, const Tensor& b, double tol = 1e-10) {
-  return a.defined() && b.defined() && a.sizes() == b.sizes() && allclose(a, b, tol, tol);
-}
 
 struct Fixture {
   io::TensorDict t;
@@ -50,12 +50,6 @@ struct Fixture {
 const Fixture& fixture() {
   static Fixture f;
   return f;
-}
-
-Tensor leaf(const Tensor& t) {
-  Tensor c = t.clone();
-  c.requires_grad_();
-  return c;
 }
 
 using Fwd = std::function<Tensor(nn::Module&, const Tensor&)>;
@@ -151,20 +145,20 @@ TEST_CASE("image layers match PyTorch: outputs and input / parameter gradients (
     } else {
       y = it->second.fwd ? it->second.fwd(*m, x) : m->forward(x);
     }
-    CHECK(close(y, fx.at(name + ".out")));
+    CHECK(close_to(y, fx.at(name + ".out"), 1e-10));
     sum(y * fx.at(name + ".w_out")).backward();
-    CHECK(close(x.grad(), fx.at(name + ".grad.input")));
+    CHECK(close_to(x.grad(), fx.at(name + ".grad.input"), 1e-10));
     for (const auto& [pname, p] : m->named_parameters()) {
       INFO(name, ".", pname);
-      CHECK(close(p.grad(), fx.at(name + ".grad." + pname)));
+      CHECK(close_to(p.grad(), fx.at(name + ".grad." + pname), 1e-10));
     }
     if (name == "in_track") {
       auto& in = dynamic_cast<nn::InstanceNorm2d&>(*m);
-      CHECK(close(in.running_mean, fx.at(name + ".running_mean")));
-      CHECK(close(in.running_var, fx.at(name + ".running_var")));
+      CHECK(close_to(in.running_mean, fx.at(name + ".running_mean"), 1e-10));
+      CHECK(close_to(in.running_var, fx.at(name + ".running_var"), 1e-10));
       CHECK(in.num_batches_tracked.item<int64_t>() == 1);
       in.eval();
-      CHECK(close(in.forward(fx.at(name + ".input2")), fx.at(name + ".out_eval")));
+      CHECK(close_to(in.forward(fx.at(name + ".input2")), fx.at(name + ".out_eval"), 1e-10));
     }
   }
 }
@@ -201,11 +195,11 @@ TEST_CASE("InstanceNorm2d: no running statistics by default; eval uses them when
   CHECK(plain.named_buffers().empty());
   Tensor x = randn({2, 3, 4, 4}, TensorOptions(kFloat64));
   plain.eval();  // not tracking: instance statistics in evaluation too
-  CHECK(close(plain.forward(x), group_norm(x, 3)));
+  CHECK(close_to(plain.forward(x), group_norm(x, 3), 1e-10));
   nn::InstanceNorm2d tracked(3, 1e-5, 0.1, false, true);
   tracked.to(kFloat64);
   tracked.eval();  // running mean 0, var 1: y = x / sqrt(1 + eps)
-  CHECK(close(tracked.forward(x), x / std::sqrt(1 + 1e-5)));
+  CHECK(close_to(tracked.forward(x), x / std::sqrt(1 + 1e-5), 1e-10));
   CHECK(tracked.num_batches_tracked.item<int64_t>() == 0);
 }
 

@@ -6,19 +6,12 @@
 #include <functional>
 
 #include "accel.h"
+#include "tests/common/check.h"
 
 using namespace accel;
+using accel::test::error_of;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Per-channel mean and (biased) variance of an (N, C, H, W) tensor, in double.
 void channel_stats(const Tensor& x, std::vector<double>& mean, std::vector<double>& var) {

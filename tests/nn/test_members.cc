@@ -8,23 +8,14 @@
 #include <algorithm>
 
 #include "accel.h"
+#include "tests/common/check.h"
+#include "tests/common/util.h"
 
 using namespace accel;
+using accel::test::contains;
+using accel::test::error_of;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 std::vector<std::string> names_of(const nn::Named<Tensor>& named) {
   std::vector<std::string> out;

@@ -7,8 +7,10 @@
 #include <filesystem>
 
 #include "accel.h"
+#include "tests/common/check.h"
 
 using namespace accel;
+using accel::test::error_of;
 
 namespace {
 
@@ -42,15 +44,6 @@ std::vector<std::string> names(const nn::Named<Tensor>& v) {
   std::vector<std::string> out;
   for (const auto& [n, t] : v) out.push_back(n);
   return out;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

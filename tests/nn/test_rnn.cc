@@ -12,24 +12,16 @@
 
 #include "accel.h"
 #include "autograd/gradcheck.h"
+#include "tests/common/check.h"
+#include "tests/common/tensors.h"
 
 using namespace accel;
 namespace rnn = accel::nn::utils::rnn;
+using accel::test::close_to;
+using accel::test::error_of;
+using accel::test::leaf;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool close(const Tensor& a, const Tensor& b, double tol = 1e-10) {
-  return a.defined() && b.defined() && a.sizes() == b.sizes() && allclose(a, b, tol, tol);
-}
 
 struct Fixture {
   io::TensorDict t;
@@ -121,18 +113,12 @@ void check_grads(const Fixture& fx, const std::string& name, nn::Module& m,
                  const std::map<std::string, Tensor>& extra) {
   for (const auto& [pname, p] : m.named_parameters()) {
     INFO(name, ".", pname);
-    CHECK(close(p.grad(), fx.at(name + ".grad." + pname)));
+    CHECK(close_to(p.grad(), fx.at(name + ".grad." + pname), 1e-10));
   }
   for (const auto& [k, v] : extra) {
     INFO(name, ".", k);
-    CHECK(close(v.grad(), fx.at(name + ".grad." + k)));
+    CHECK(close_to(v.grad(), fx.at(name + ".grad." + k), 1e-10));
   }
-}
-
-Tensor leaf(const Tensor& t) {
-  Tensor c = t.clone();
-  c.requires_grad_();
-  return c;
 }
 
 }  // namespace
@@ -158,9 +144,9 @@ TEST_CASE("RNN / LSTM / GRU match PyTorch: outputs, h_n, c_n and every gradient"
       Tensor c0 = has_state && lstm ? leaf(fx.at(name + ".c0")) : Tensor();
       Tensor len = has_len ? fx.at(name + ".lengths") : Tensor();
       Outs o = run(*m, x, h0, c0, len, bf, packed);
-      CHECK(close(o.out, fx.at(name + ".out")));
-      CHECK(close(o.h, fx.at(name + ".h_n")));
-      if (lstm) CHECK(close(o.c, fx.at(name + ".c_n")));
+      CHECK(close_to(o.out, fx.at(name + ".out"), 1e-10));
+      CHECK(close_to(o.h, fx.at(name + ".h_n"), 1e-10));
+      if (lstm) CHECK(close_to(o.c, fx.at(name + ".c_n"), 1e-10));
       Tensor loss = sum(o.out * fx.at(name + ".w_out")) + sum(o.h * fx.at(name + ".w_h"));
       if (lstm) loss = loss + sum(o.c * fx.at(name + ".w_c"));
       loss.backward();
@@ -194,15 +180,15 @@ TEST_CASE("RNNCell / LSTMCell / GRUCell match PyTorch, batched and unbatched") {
       std::tie(h, cn) = (*cell)(x, std::make_tuple(h0, c0));
       // unbatched: one row, same values
       auto [h1, c1] = (*cell)(x[1].detach(), std::make_tuple(h0[1].detach(), c0[1].detach()));
-      CHECK(close(h1, h[1].detach()));
-      CHECK(close(c1, cn[1].detach()));
+      CHECK(close_to(h1, h[1].detach(), 1e-10));
+      CHECK(close_to(c1, cn[1].detach(), 1e-10));
     } else if (c[1] == "GRUCell") {
       auto cell = std::make_shared<nn::GRUCell>(in, H);
       m = cell;
       m->to(kFloat64);
       m->load_state_dict(fx.state(name));
       h = (*cell)(x, h0);
-      CHECK(close(cell->forward(x[1].detach(), h0[1].detach()), h[1].detach()));
+      CHECK(close_to(cell->forward(x[1].detach(), h0[1].detach()), h[1].detach(), 1e-10));
     } else {
       auto cell =
           std::make_shared<nn::RNNCell>(in, H, true, c[1] == "RNNCell_relu" ? "relu" : "tanh");
@@ -211,10 +197,10 @@ TEST_CASE("RNNCell / LSTMCell / GRUCell match PyTorch, batched and unbatched") {
       m->load_state_dict(fx.state(name));
       h = (*cell)(x, h0);
     }
-    CHECK(close(h, fx.at(name + ".h_n")));
+    CHECK(close_to(h, fx.at(name + ".h_n"), 1e-10));
     Tensor loss = sum(h * fx.at(name + ".w_h"));
     if (cn.defined()) {
-      CHECK(close(cn, fx.at(name + ".c_n")));
+      CHECK(close_to(cn, fx.at(name + ".c_n"), 1e-10));
       loss = loss + sum(cn * fx.at(name + ".w_c"));
     }
     loss.backward();
@@ -258,7 +244,7 @@ TEST_CASE("parameter names, shapes, order and initialisation are PyTorch's") {
   Generator a(11), b(11);
   nn::GRU g1(3, 4, 2, true, false, 0.0, false, &a), g2(3, 4, 2, true, false, 0.0, false, &b);
   for (size_t i = 0; i < g1.parameters().size(); ++i)
-    CHECK(close(g1.parameters()[i], g2.parameters()[i], 0));
+    CHECK(close_to(g1.parameters()[i], g2.parameters()[i], 0));
 }
 
 TEST_CASE("typed calls: tuple state, optional state, Module pointer, hooks, unbatched") {
@@ -271,28 +257,28 @@ TEST_CASE("typed calls: tuple state, optional state, Module pointer, hooks, unba
   CHECK(std::get<0>(hc).sizes() == Shape{4, 2, 4});
   CHECK(std::get<1>(hc).sizes() == Shape{4, 2, 4});
   auto [y2, hc2] = lstm->forward(x, h0, c0);
-  CHECK(close(y, y2, 0));
+  CHECK(close_to(y, y2, 0));
   std::optional<nn::LSTM::State> state;
   auto [y3, hc3] = (*lstm)(x, state);  // None: zeros
   auto [y4, hc4] = (*lstm)(x);
-  CHECK(close(y3, y4, 0));
-  CHECK(!close(y3, y, 1e-6));
+  CHECK(close_to(y3, y4, 0));
+  CHECK(!close_to(y3, y, 1e-6));
   state = hc;
   auto [y5, hc5] = (*lstm)(x, state);
   auto [y6, hc6] = (*lstm)(x, hc);
-  CHECK(close(y5, y6, 0));
+  CHECK(close_to(y5, y6, 0));
   // a hidden state carried from batch to batch, None at first (word_language_model's loop)
   std::optional<nn::LSTM::State> hidden;
   Tensor o1, o2;
   std::tie(o1, hidden) = (*lstm)(x, hidden);
   REQUIRE(hidden.has_value());
   std::tie(o2, hidden) = (*lstm)(x, hidden);
-  CHECK(close(o1, y4, 0));
-  CHECK(close(o2, std::get<0>(lstm->forward(x, std::get<0>(hc4), std::get<1>(hc4))), 0));
+  CHECK(close_to(o1, y4, 0));
+  CHECK(close_to(o2, std::get<0>(lstm->forward(x, std::get<0>(hc4), std::get<1>(hc4))), 0));
   // through a Module pointer, the type-erased call
   std::shared_ptr<nn::Module> any = lstm;
   auto r = any->call<std::tuple<Tensor, std::tuple<Tensor, Tensor>>>(x, h0, c0);
-  CHECK(close(std::get<0>(r), y, 0));
+  CHECK(close_to(std::get<0>(r), y, 0));
   // hooks see the tensors and run on the typed path
   int seen = 0;
   auto handle = lstm->register_forward_hook(
@@ -301,17 +287,17 @@ TEST_CASE("typed calls: tuple state, optional state, Module pointer, hooks, unba
       });
   auto [y7, hc7] = (*lstm)(x, std::make_tuple(h0, c0));
   CHECK(seen == 33);  // the arguments given (x, h0, c0) in; output, h_n, c_n out
-  CHECK(close(y7, y, 0));
+  CHECK(close_to(y7, y, 0));
   handle.remove();
   // unbatched input (L, in) and state (layers * D, H): the batch-of-one result, squeezed
   auto [yu, hcu] = (*lstm)(x[0], std::make_tuple(h0.select(1, 0), c0.select(1, 0)));
-  CHECK(close(yu, y[0], 1e-6));
-  CHECK(close(std::get<1>(hcu), std::get<1>(hc).select(1, 0), 1e-6));
+  CHECK(close_to(yu, y[0], 1e-6));
+  CHECK(close_to(std::get<1>(hcu), std::get<1>(hc).select(1, 0), 1e-6));
   // GRU / RNN: (output, h_n)
   nn::GRU gru(3, 4, 1, true, false, 0.0, false, &g);
   auto [gy, gh] = gru(x.transpose(0, 1));
   CHECK(gy.sizes() == Shape{5, 2, 4});
-  CHECK(close(gh[0], gy[4], 0));  // one direction, no lengths: h_n is the last output
+  CHECK(close_to(gh[0], gy[4], 0));  // one direction, no lengths: h_n is the last output
 }
 
 TEST_CASE("lengths: outputs past a length are zero, h_n is the state at the last valid step") {
@@ -325,8 +311,8 @@ TEST_CASE("lengths: outputs past a length are zero, h_n is the state at the last
       // each sequence alone, cut at its length, gives the same output and final state
       Tensor xb = x.narrow(0, 0, len[size_t(b)]).narrow(1, b, 1);
       auto [yb, hb] = gru(xb);
-      CHECK(close(y.narrow(1, b, 1).narrow(0, 0, len[size_t(b)]), yb, 1e-6));
-      CHECK(close(h.narrow(1, b, 1), hb, 1e-6));
+      CHECK(close_to(y.narrow(1, b, 1).narrow(0, 0, len[size_t(b)]), yb, 1e-6));
+      CHECK(close_to(h.narrow(1, b, 1), hb, 1e-6));
       if (len[size_t(b)] < 6)
         CHECK(max(abs(y.narrow(1, b, 1).narrow(0, len[size_t(b)], 6 - len[size_t(b)]))).item() ==
               0.0);
@@ -380,15 +366,15 @@ TEST_CASE("dropout between layers, in training mode only") {
   Tensor x = randn({4, 2, 3}, {}, &g);
   auto [y_train, s1] = lstm(x);
   auto [y_plain, s2] = plain(x);
-  CHECK(!close(y_train, y_plain, 1e-6));
+  CHECK(!close_to(y_train, y_plain, 1e-6));
   lstm.eval();
   auto [y_eval, s3] = lstm(x);
-  CHECK(close(y_eval, y_plain, 0));
+  CHECK(close_to(y_eval, y_plain, 0));
   // one layer: nothing between layers, dropout has no effect
   nn::GRU one(3, 8, 1, true, false, 0.5, false, &g);
   auto [a, ha] = one(x);
   auto [b, hb] = one(x);
-  CHECK(close(a, b, 0));
+  CHECK(close_to(a, b, 0));
 }
 
 TEST_CASE("pad_sequence, pack_padded_sequence, pad_packed_sequence") {

@@ -10,19 +10,12 @@
 #include <filesystem>
 
 #include "accel.h"
+#include "tests/common/check.h"
 
 using namespace accel;
+using accel::test::error_of;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::string tmp_path(const std::string& tag) {
   return "/tmp/accel-tied-" + std::to_string(getpid()) + "-" + tag + ".safetensors";

@@ -12,25 +12,17 @@
 #include <string>
 
 #include "accel.h"
+#include "tests/common/check.h"
+#include "tests/common/tensors.h"
 
 using namespace accel;
+using accel::test::check_close;
+using accel::test::error_of;
+using accel::test::max_abs_diff;
 
 namespace {
 
 constexpr int64_t E = 6, H = 2, DFF = 10;  // make_attention_fixture.py's sizes
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-double max_diff(const Tensor& a, const Tensor& b) {
-  return max(abs(sub(a.to(kFloat64), b.to(kFloat64)))).item<double>();
-}
 
 const io::TensorDict& fixture() {
   static io::TensorDict t = io::load_safetensors(std::string(ACCEL_SOURCE_ROOT) +
@@ -43,13 +35,6 @@ const Tensor& fx(const std::string& k) {
   return it->second;
 }
 bool has(const std::string& k) { return fixture().count(k) != 0; }
-
-void check_close(const std::string& what, const Tensor& got, const Tensor& want) {
-  INFO(what);
-  REQUIRE(got.defined());
-  REQUIRE(got.sizes() == want.sizes());
-  CHECK_MESSAGE(max_diff(got, want) <= 1e-10, "max |diff| = ", max_diff(got, want));
-}
 
 // Loads case `name`'s parameters into m (float64, strict: every torch name must match), gives
 // run() the case's inputs (floating ones as fresh leaves; masks as stored) and compares the
@@ -92,10 +77,10 @@ void check_case(const std::string& name, nn::Module& m, const std::vector<std::s
     in[n] = t;
   }
   auto [out, weights] = run(in);
-  check_close("output", out, fx(name + ".out"));
+  check_close(out, fx(name + ".out"), 0, 1e-10, "output");
   Tensor loss = sum(mul(out, fx(name + ".w_out")));
   if (has(name + ".weights")) {
-    check_close("attention weights", weights, fx(name + ".weights"));
+    check_close(weights, fx(name + ".weights"), 0, 1e-10, "attention weights");
     loss = add(loss, sum(mul(weights, fx(name + ".w_weights"))));
   } else {
     CHECK_FALSE(weights.defined());
@@ -106,7 +91,7 @@ void check_case(const std::string& name, nn::Module& m, const std::vector<std::s
   }
   std::vector<Tensor> grads = autograd::grad({loss}, wrt);
   for (size_t i = 0; i < wrt.size(); ++i) {
-    check_close("gradient of " + wrt_names[i], grads[i], fx(gp + wrt_names[i]));
+    check_close(grads[i], fx(gp + wrt_names[i]), 0, 1e-10, "gradient of " + wrt_names[i]);
   }
 }
 
@@ -212,26 +197,26 @@ TEST_CASE("MultiheadAttention: fused and materialised paths, causal hint, dropou
   auto [y_mat, w] = (*m)(x, x, x, std::nullopt, true, causal);
   CHECK_FALSE(none.defined());
   CHECK(w.sizes() == Shape{3, 7, 7});
-  CHECK(max_diff(y_fused, y_mat) < 1e-12);
+  CHECK(max_abs_diff(y_fused, y_mat) < 1e-12);
   // The causal hint (mask skipped, kernel causal) and a bool mask (true = not allowed) agree.
   auto [y_hint, n2] = (*m)(x, x, x, std::nullopt, false, causal, true, true);
-  CHECK(max_diff(y_hint, y_fused) < 1e-12);
+  CHECK(max_abs_diff(y_hint, y_fused) < 1e-12);
   Tensor future = lt(causal, zeros_like(causal));
   auto [y_bool, n3] = (*m)(x, x, x, std::nullopt, false, future);
-  CHECK(max_diff(y_bool, y_fused) < 1e-12);
+  CHECK(max_abs_diff(y_bool, y_fused) < 1e-12);
   // Future keys do not reach earlier queries; without the mask they do.
   Tensor x2 = x.clone();
   x2.narrow(1, 6, 1).fill_(3.0);
   auto [y2, n4] = (*m)(x2, x2, x2, std::nullopt, false, causal);
-  CHECK(max_diff(y2.narrow(1, 0, 6), y_fused.narrow(1, 0, 6)) < 1e-12);
+  CHECK(max_abs_diff(y2.narrow(1, 0, 6), y_fused.narrow(1, 0, 6)) < 1e-12);
   auto [y3, n5] = (*m)(x2, x2, x2, std::nullopt, false);
   auto [y4, n6] = (*m)(x, x, x, std::nullopt, false);
-  CHECK(max_diff(y3.narrow(1, 0, 6), y4.narrow(1, 0, 6)) > 1e-3);
+  CHECK(max_abs_diff(y3.narrow(1, 0, 6), y4.narrow(1, 0, 6)) > 1e-3);
   // Through a Module pointer (type-erased call), every argument given.
   nn::Module& base = *m;
   auto [ye, we] =
       base.call<std::tuple<Tensor, Tensor>>(x, x, x, std::nullopt, false, causal, true, false);
-  CHECK(max_diff(ye, y_fused) < 1e-12);
+  CHECK(max_abs_diff(ye, y_fused) < 1e-12);
   CHECK_FALSE(we.defined());
   // Dropout on the attention weights: training only.
   auto d = std::make_shared<nn::MultiheadAttention>(8, 2, 0.5);
@@ -240,10 +225,10 @@ TEST_CASE("MultiheadAttention: fused and materialised paths, causal hint, dropou
   d->eval();
   auto [e1, ew1] = (*d)(xs, xs, xs);
   auto [e2, ew2] = (*d)(xs, xs, xs, std::nullopt, false);
-  CHECK(max_diff(e1, e2) < 1e-12);
+  CHECK(max_abs_diff(e1, e2) < 1e-12);
   d->train();
   auto [t1, tw1] = (*d)(xs, xs, xs, std::nullopt, false);
-  CHECK(max_diff(t1, e1) > 1e-3);
+  CHECK(max_abs_diff(t1, e1) > 1e-3);
 }
 
 TEST_CASE("MultiheadAttention: parameter names, init and errors") {
@@ -303,12 +288,12 @@ TEST_CASE("TransformerEncoder: cloned layers, causal mask detection, eval dropou
   Tensor by_mask = enc(src, m);
   Tensor by_hint = enc(src, m, std::nullopt, true);
   Tensor by_bool = enc(src, lt(m, zeros_like(m)));
-  CHECK(max_diff(by_mask, by_hint) < 1e-12);
-  CHECK(max_diff(by_mask, by_bool) < 1e-12);
+  CHECK(max_abs_diff(by_mask, by_hint) < 1e-12);
+  CHECK(max_abs_diff(by_mask, by_bool) < 1e-12);
   // Eval: dropout off, deterministic; a non-causal mask gives something else.
-  CHECK(max_diff(enc(src, m), by_mask) == 0.0);
-  CHECK(max_diff(enc(src), by_mask) > 1e-3);
+  CHECK(max_abs_diff(enc(src, m), by_mask) == 0.0);
+  CHECK(max_abs_diff(enc(src), by_mask) > 1e-3);
   // Training with dropout 0.1 draws masks.
   enc.train();
-  CHECK(max_diff(enc(src, m), by_mask) > 1e-6);
+  CHECK(max_abs_diff(enc(src, m), by_mask) > 1e-6);
 }

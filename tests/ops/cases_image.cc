@@ -1,4 +1,4 @@
-// Op cases of the image-model ops (issue 24): conv_transpose2d, conv1d, conv_transpose1d,
+// Op cases of the image-model ops: conv_transpose2d, conv1d, conv_transpose1d,
 // group_norm, instance_norm, adaptive pools, dropout1d/2d/3d, pixel (un)shuffle, pad, interpolate,
 // leaky_relu, elu, hardtanh / relu6, selu, celu, threshold.
 #include <cmath>

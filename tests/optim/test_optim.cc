@@ -7,8 +7,11 @@
 #include <numbers>
 
 #include "accel.h"
+#include "tests/common/check.h"
 
 using namespace accel;
+using accel::test::check_close;
+using accel::test::error_of;
 
 namespace {
 
@@ -69,24 +72,6 @@ std::vector<double> sgd_ref(int steps, double lr, double mom, double damp, doubl
     }
   }
   return p;
-}
-
-void check_close(const Tensor& t, const std::vector<double>& ref, double rtol, double atol) {
-  const std::vector<double> got = t.tolist();
-  REQUIRE(got.size() == ref.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO("element " << i << ": got " << got[i] << ", expected " << ref[i]);
-    CHECK(std::abs(got[i] - ref[i]) <= atol + rtol * std::abs(ref[i]));
-  }
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

@@ -11,8 +11,11 @@
 #include <sstream>
 
 #include "accel.h"
+#include "tests/common/check.h"
 
 using namespace accel;
+using accel::test::check_close;
+using accel::test::error_of;
 
 namespace {
 
@@ -44,15 +47,6 @@ std::map<std::string, std::vector<std::vector<std::string>>> fixture(const std::
   }
   REQUIRE_FALSE(out.empty());
   return out;
-}
-
-void check_close(const Tensor& t, const std::vector<double>& ref, const std::string& what) {
-  const std::vector<double> got = t.contiguous().to_vector<double>();
-  REQUIRE(got.size() == ref.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    INFO(what << " element " << i << ": got " << got[i] << ", torch " << ref[i]);
-    CHECK(std::abs(got[i] - ref[i]) <= 1e-12 * std::max(1.0, std::abs(ref[i])));
-  }
 }
 
 const std::vector<double> kP1 = {0.5, -1.0, 2.0, 0.0, -0.25};
@@ -165,15 +159,6 @@ struct Rosen {
   }
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 optim::ReduceLROnPlateauOptions plateau_case(const std::string& name) {
   using optim::PlateauMode;
   using optim::ThresholdMode;
@@ -198,8 +183,8 @@ TEST_CASE("Adadelta, Adagrad, RMSprop and SGD Nesterov follow PyTorch's trajecto
     for (const auto& r : rows) {
       pr.step(*opt);
       const std::string what = name + " step " + r[0];
-      check_close(pr.p1, numbers(r[1]), what + " p1");
-      check_close(pr.p2, numbers(r[2]), what + " p2");
+      check_close(pr.p1, numbers(r[1]), 1e-12, 1e-12, what + " p1");
+      check_close(pr.p2, numbers(r[2]), 1e-12, 1e-12, what + " p2");
     }
     CHECK(opt->step_count(1) == int64_t(rows.size()));
   }
@@ -263,8 +248,8 @@ TEST_CASE("LBFGS minimises Rosenbrock along PyTorch's iterates, with and without
     for (const auto& row : rows) {
       const Tensor loss = opt.step(closure);
       const std::string what = name + " step " + row[0];
-      check_close(loss, numbers(row[1]), what + " loss");
-      check_close(cat({r.a, r.b}, 0), numbers(row[2]), what + " x");
+      check_close(loss, numbers(row[1]), 1e-12, 1e-12, what + " loss");
+      check_close(cat({r.a, r.b}, 0), numbers(row[2]), 1e-12, 1e-12, what + " x");
     }
   }
 }

@@ -40,9 +40,11 @@
 #include "parallel/fsdp.h"
 #include "parallel/zero.h"
 #include "tests/common/worker_check.h"
+#include "tests/common/util.h"
 
 using namespace accel;
 using namespace accel::dist;
+using accel::test::contains;
 
 namespace {
 
@@ -205,10 +207,6 @@ std::string dist_error(const char* what, F fn) {
   return "";
 }
 
-bool has(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
 // ---- DDP -----------------------------------------------------------------------------------
 
 void scenario_ddp_plain(ProcessGroup& pg) {
@@ -312,8 +310,8 @@ void scenario_ddp_accum(ProcessGroup& pg) {
       std::string msg =
           dist_error("unused", [&] { cross_entropy(ddp.forward(b.x), b.y).backward(); });
       std::cout << "rank " << r << " unused: " << msg << std::endl;
-      WCHECK(has(msg, "unused.weight") && has(msg, "unused.bias") &&
-                 has(msg, "find_unused_parameters"),
+      WCHECK(contains(msg, "unused.weight") && contains(msg, "unused.bias") &&
+                 contains(msg, "find_unused_parameters"),
              "unused parameters not named: " << msg);
       net->zero_grad();
     }
@@ -363,8 +361,8 @@ void scenario_ddp_direct_bn(ProcessGroup& pg) {
       cross_entropy(out, b.y).backward();
     });
     std::cout << "rank " << r << " direct call " << how << ": " << msg << std::endl;
-    WCHECK(has(msg, "[ddp]") && has(msg, "BnNet") && has(msg, "bn.running_mean") &&
-               has(msg, "ddp.forward(x)"),
+    WCHECK(contains(msg, "[ddp]") && contains(msg, "BnNet") && contains(msg, "bn.running_mean") &&
+               contains(msg, "ddp.forward(x)"),
            "the error does not name the model, its buffers and the wrapper: " << msg);
     net->zero_grad();
   }
@@ -382,7 +380,7 @@ void scenario_ddp_direct_bn(ProcessGroup& pg) {
       Tensor out = dck.forward(b.x);
       add(cross_entropy(out, b.y), cross_entropy(ck->forward(b.x), b.y)).backward();
     });
-    WCHECK(has(msg, "CkptBnNet") && has(msg, "ddp.forward(x)"), "mixed call: " << msg);
+    WCHECK(contains(msg, "CkptBnNet") && contains(msg, "ddp.forward(x)"), "mixed call: " << msg);
     ck->zero_grad();
   }
   // No collective was left half done: the wrapper syncs as before on every rank.
@@ -538,8 +536,8 @@ void scenario_fsdp_stale(ProcessGroupPtr pg) {
     std::cout << "rank " << r
               << " stale root (optimizer over non-empty slices only: " << nonempty_only
               << "): " << msg << std::endl;
-    WCHECK(has(msg, "[fsdp]") && has(msg, "FNet") && has(msg, "scale") &&
-               has(msg, "fsdp.forward(x)") && has(msg, "after_step"),
+    WCHECK(contains(msg, "[fsdp]") && contains(msg, "FNet") && contains(msg, "scale") &&
+               contains(msg, "fsdp.forward(x)") && contains(msg, "after_step"),
            "the error does not name the model, the root parameters and the fix: " << msg);
     fsdp.zero_grad();  // the failed backward's partial gradients
     // after_step() fixes it; fsdp(x) after the next step does it by itself, on every rank.

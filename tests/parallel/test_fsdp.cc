@@ -8,6 +8,7 @@
 
 #include "tests/common/spawn.h"
 #include "tests/common/worker_check.h"
+#include "tests/common/util.h"
 
 using namespace std::chrono_literals;
 using accel::test::check_ok;
@@ -55,9 +56,8 @@ TEST_CASE("fsdp bf16 compute parameters with fp32 master shards track fp32 train
 }
 
 TEST_CASE("fsdp sharded checkpoint saved by 4 ranks loads at 2, 3 and 1, bit for bit") {
-  namespace fs = std::filesystem;
-  std::string tmpl = (fs::temp_directory_path() / "accel_fsdp_XXXXXX").string();
-  REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+  const accel::test::TempDir dir("fsdp");
+  const std::string tmpl = dir.str();
   check_ok(run_world(worker(), {"ckpt", "save", tmpl}, 4, {}, 60s), "ckpt");
   for (int world : {2, 3}) {
     CAPTURE(world);
@@ -65,7 +65,6 @@ TEST_CASE("fsdp sharded checkpoint saved by 4 ranks loads at 2, 3 and 1, bit for
   }
   check_ok(run_world(worker(), {"ckpt", "load_plain", tmpl}, 1, {}, 60s), "ckpt");
   check_ok(run_world(worker(), {"ckpt", "load", tmpl}, 1, {}, 60s), "ckpt");
-  fs::remove_all(tmpl);
 }
 
 TEST_CASE("fsdp materializes a deferred model unit by unit: eager values, bounded memory") {

@@ -25,22 +25,20 @@
 #include "parallel/fsdp.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/common/worker_check.h"
+#include "tests/common/tensors.h"
 
 using namespace accel;
 using namespace accel::dist;
 using accel::test::g_failures;
 using accel::test::g_rank;
+using accel::test::leaves;
+using accel::test::max_abs_diff;
 
 namespace {
 
-double max_diff(const Tensor& a, const Tensor& b) {
-  if (a.sizes() != b.sizes()) return INFINITY;
-  return amax(abs(a.detach().to(kFloat64) - b.detach().to(kFloat64))).item<double>();
-}
-
 #define EXPECT_CLOSE(a, b, tol, what)                                                              \
   do {                                                                                             \
-    const double d_ = max_diff((a), (b));                                                          \
+    const double d_ = max_abs_diff((a), (b));                                                      \
     WCHECK(d_ <= (tol), what << ": max difference " << d_ << " (shapes " << (a).sizes() << " and " \
                              << (b).sizes() << ")");                                               \
   } while (0)
@@ -48,13 +46,6 @@ double max_diff(const Tensor& a, const Tensor& b) {
 Tensor rnd(const Shape& s, uint64_t seed) {
   Generator gen(seed);
   return randn(s, TensorOptions(kFloat64), &gen);
-}
-
-// Leaf copies of xs that require grad.
-std::vector<Tensor> leaves(const std::vector<Tensor>& xs) {
-  std::vector<Tensor> out;
-  for (const Tensor& x : xs) out.push_back(x.detach().clone().requires_grad_(true));
-  return out;
 }
 
 // Runs `op` on this rank's input mine (a leaf), backward of sum(out * w), and checks the output
@@ -320,7 +311,7 @@ void scenario_errors(const ProcessGroupPtr& world) {
     WCHECK(!is_tp_sharded(*m, "tok.weight") && m->tok->num_embeddings == 32,
            "a refused plan leaves the model unchanged");
   }
-  WCHECK(max_diff(model->parameter("blocks.0.fc.weight"), before) == 0.0 &&
+  WCHECK(max_abs_diff(model->parameter("blocks.0.fc.weight"), before) == 0.0 &&
              model->blocks->at<models::GptBlock>(0)->fc->out_features == 64,
          "refused plans leave the model unchanged");
   parallelize(model, g, models::gpt_tp_plan());
@@ -417,7 +408,7 @@ void train_on(const Mesh& mesh, const std::vector<double>& ref_losses,
     WCHECK(it != full.end(), mesh.label << ": no parameter " << n);
     if (it == full.end()) continue;
     EXPECT_CLOSE(it->second, t, 1e-10, mesh.label << " " << n);
-    worst_param = std::max(worst_param, max_diff(it->second, t));
+    worst_param = std::max(worst_param, max_abs_diff(it->second, t));
   }
   if (g_rank == 0)
     std::cout << mesh.label << ": losses within " << worst << ", parameters within " << worst_param
@@ -478,7 +469,8 @@ void scenario_fsdp2d(const ProcessGroupPtr& world) {
     double worst_param = 0;
     for (const auto& [n, t] : tp_full_parameters(*check)) {
       WCHECK(ref.second.count(n), "fsdp x tp: unexpected parameter " << n);
-      if (ref.second.count(n)) worst_param = std::max(worst_param, max_diff(t, ref.second.at(n)));
+      if (ref.second.count(n))
+        worst_param = std::max(worst_param, max_abs_diff(t, ref.second.at(n)));
     }
     WCHECK(worst_param <= 1e-10,
            "fsdp 2 x tp 2 sp=" << sp << ": weights differ by " << worst_param);

@@ -1,0 +1,38 @@
+// Pretrained weights for the model zoo: torchvision's `weights=` argument is an enum of download
+// URLs; here it is a file the user has (no network), a state dict keyed as torchvision's
+// state_dict(), loaded strictly (every key present, none extra, shapes equal).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "autograd/nn/module.h"
+
+namespace accel::vision::models {
+
+// The tensors of a state-dict file, by name. Reads safetensors (nn::load_safetensors; a .pth
+// converts with safetensors.torch.save_file(torch.load(path), out)). A torch.save file (zip or
+// legacy pickle, what torch.save and torchvision's downloads write) is recognised by its first
+// bytes and refused with an IoError saying so: this build has no torch-format reader.
+nn::TensorDict load_state_dict_file(const std::string& path);
+
+// model.load_state_dict(load_state_dict_file(path), strict): the ValueError of a strict load
+// lists every missing or unexpected key and shape mismatch.
+nn::LoadResult load_weights(nn::Module& model, const std::string& path, bool strict = true);
+
+namespace detail {
+// The builders' common path: without weights, make() as is (torchvision's initialisation);
+// with weights, make() under nn::DeferredInit (no parameter memory, no initialiser runs: the
+// values come from the file, as torchvision skips init_weights when loading), then a strict load.
+std::shared_ptr<nn::Module> build(const std::string& weights,
+                                  const std::function<std::shared_ptr<nn::Module>()>& make);
+
+template <typename M, typename Make>
+std::shared_ptr<M> build_as(const std::string& weights, Make&& make) {
+  return std::static_pointer_cast<M>(
+      build(weights, [&]() -> std::shared_ptr<nn::Module> { return make(); }));
+}
+}  // namespace detail
+
+}  // namespace accel::vision::models

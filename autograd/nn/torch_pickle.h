@@ -173,6 +173,7 @@ class Pickler {
   struct Frame;
   void before_value();
   void item_done();
+  void empty_batch();
   void op(uint8_t code) { out_.push_back(char(code)); }
   void put_memo();
   // BINGET of `key`'s memo entry when there is one (true); else records that the object the

@@ -69,8 +69,11 @@ const char* storage_class(DType d) {
 //   * ints: BININT1 (0..255), BININT2 (..65535), BININT (int32), else LONG1 with the shortest
 //     two's complement; floats BINFLOAT (big-endian); True/False NEWTRUE/NEWFALSE; None NONE;
 //   * a tuple of 1-3 items is the items then TUPLE1-3, a longer one MARK items TUPLE;
-//   * list items go in batches of 1000: MARK items APPENDS, or item APPEND for a batch of one;
-//     dict items likewise with SETITEMS / SETITEM;
+//   * container items go in batches of 1000 (pickle.Pickler._BATCHSIZE), as CPython's C pickler
+//     writes them: a list or plain dict (batch_list_exact / batch_dict_exact) of one item is item
+//     APPEND / key value SETITEM, any other is MARK items APPENDS / SETITEMS per batch, even a
+//     last batch of one, and a plain dict of 1000 k items ends with an empty MARK SETITEMS; an
+//     OrderedDict's items come from an iterator (batch_dict), where a batch of one is SETITEM;
 //   * an OrderedDict is GLOBAL collections OrderedDict, EMPTY_TUPLE, REDUCE, then its items, then
 //     (if it has attributes) a dict of them and BUILD;
 //   * a tensor is _rebuild_tensor_v2 REDUCEd over (storage, offset, size, stride, requires_grad,
@@ -96,11 +99,19 @@ enum : uint8_t {
 // clang-format on
 }  // namespace
 
+// kDict is a plain dict (and an OrderedDict's attribute dict), kOrdered an OrderedDict's items:
+// Python batches them differently (Note [pickling like torch.save]).
 struct Pickler::Frame {
-  enum Kind { kList, kTuple, kDict, kAttrs } kind;
-  size_t n;         // items (list, tuple) or pairs (dict, attributes)
+  enum Kind { kList, kTuple, kDict, kOrdered, kAttrs } kind;
+  size_t n;         // items (list, tuple) or pairs (dicts, attributes)
   size_t done = 0;  // values written into it
   size_t per() const { return kind == kList || kind == kTuple ? 1 : 2; }
+  // Python's batch_list_exact / batch_dict_exact: one item alone is APPEND / SETITEM, otherwise
+  // every batch, even a last batch of one, is MARK ... APPENDS / SETITEMS.
+  bool exact() const { return kind == kList || kind == kDict || kind == kAttrs; }
+  // Items in the batch that starts at item `idx`.
+  size_t batch(size_t idx) const { return std::min(kBatch, n - idx); }
+  bool marked(size_t idx) const { return exact() ? n > 1 : batch(idx) > 1; }
 };
 
 Pickler::Pickler() {
@@ -195,7 +206,7 @@ void Pickler::before_value() {
   ACCEL_CHECK(f.done < f.n * f.per(), ValueError, "save_pt", "more values than announced");
   if (f.kind == Frame::kTuple || f.done % f.per() != 0) return;
   const size_t idx = f.done / f.per();
-  if (idx % kBatch == 0 && std::min(kBatch, f.n - idx) > 1) op(kMARK);
+  if (idx % kBatch == 0 && f.marked(idx)) op(kMARK);
 }
 
 // After a value: a batch that is complete closes with APPENDS / SETITEMS (APPEND / SETITEM).
@@ -209,7 +220,7 @@ void Pickler::item_done() {
   if (f.kind == Frame::kTuple || f.done % f.per() != 0) return;
   const size_t idx = f.done / f.per();
   if (idx % kBatch != 0 && idx != f.n) return;
-  const bool many = (idx - 1) % kBatch + 1 > 1;
+  const bool many = f.marked((idx - 1) / kBatch * kBatch);
   if (f.kind == Frame::kList) {
     op(many ? kAPPENDS : kAPPEND);
   } else {
@@ -316,11 +327,11 @@ void Pickler::begin_dict(bool ordered, size_t n) {
     op(kEMPTY_DICT);
   }
   put_memo();
-  frames_.push_back({Frame::kDict, n});
+  frames_.push_back({ordered ? Frame::kOrdered : Frame::kDict, n});
 }
 
 void Pickler::begin_attrs(size_t n) {
-  ACCEL_CHECK(!frames_.empty() && frames_.back().kind == Frame::kDict &&
+  ACCEL_CHECK(!frames_.empty() && frames_.back().kind == Frame::kOrdered &&
                   frames_.back().done == 2 * frames_.back().n,
               ValueError, "save_pt", "attributes follow a dict's items");
   // The state of OrderedDict.__reduce__: a dict of the attributes, then BUILD.
@@ -338,9 +349,19 @@ void Pickler::end() {
     op(f.n > 3 ? uint8_t(kTUPLE) : uint8_t(kTUPLE1 + f.n - 1));
     put_memo();
   } else if (f.kind == Frame::kAttrs) {
+    if (f.n > 0 && f.n % kBatch == 0) empty_batch();
     op(kBUILD);
+  } else if (f.kind == Frame::kDict && f.n > 0 && f.n % kBatch == 0) {
+    empty_batch();
   }
   item_done();
+}
+
+// batch_dict_exact's loop runs again after a full batch: a dict of 1000 k items ends with an
+// empty MARK SETITEMS.
+void Pickler::empty_batch() {
+  op(kMARK);
+  op(kSETITEMS);
 }
 
 std::string Pickler::finish() {

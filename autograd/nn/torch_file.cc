@@ -188,7 +188,11 @@ TorchFile parse_legacy(const ByteSource& src, const std::string& path) {
 }  // namespace
 
 bool looks_like_torch_file(const unsigned char* head, size_t n) {
-  return (n >= sizeof kZipMagic && std::memcmp(head, kZipMagic, sizeof kZipMagic) == 0) ||
+  // A safetensors file starts with its header's length (8 bytes, little-endian) and the header's
+  // '{': its length spells the zip magic only as 0x04034b50 with four zero bytes after it.
+  const bool zip = n >= sizeof kZipMagic && std::memcmp(head, kZipMagic, sizeof kZipMagic) == 0 &&
+                   !(n > 8 && head[8] == '{');
+  return zip ||
          (n >= sizeof kLegacyMagic && std::memcmp(head, kLegacyMagic, sizeof kLegacyMagic) == 0);
 }
 

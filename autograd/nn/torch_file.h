@@ -11,6 +11,10 @@
 #include "autograd/nn/torch_pickle.h"
 #include "autograd/nn/torch_zip.h"
 
+namespace accel::io {
+class PtValue;
+}
+
 namespace accel::io::detail {
 
 // Largest data.pkl read (it describes tensors, it does not hold them: a model of 10^5 tensors has
@@ -32,12 +36,16 @@ struct TorchFile {
   std::map<std::string, StorageData> storages;  // every storage the data references
 };
 
-// Starts with the zip or the legacy magic bytes.
+// Starts with the zip or the legacy magic bytes (and is not a safetensors file: Note [checkpoint
+// file formats] in autograd/nn/module.cc).
 bool looks_like_torch_file(const unsigned char* head, size_t n);
 
 // IoError naming `path` and what is wrong, for anything that is not a torch.save file whose every
 // check passes (Notes [torch zip archives], [restricted unpickler], [torch file layouts]).
 TorchFile parse_torch_file(const ByteSource& src, const std::string& path);
+
+// read_pt over any byte source (tests read files from memory); `path` names it in errors.
+PtValue read_pt_from(const ByteSource& src, const std::string& path);
 
 // Reads storage `key`'s bytes into dst (s.nbytes bytes), checking its CRC-32 where it has one.
 void read_storage(const ByteSource& src, const StorageData& s, void* dst, const std::string& key,

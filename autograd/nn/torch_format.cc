@@ -116,14 +116,20 @@ class Builder final : public detail::PickleVisitor {
   std::unordered_map<const void*, Tensor> tensors_;
 };
 
+// "a list", "an int", "an OrderedDict".
+std::string a_type(const PtValue& v) {
+  const std::string t = v.type_name();
+  return (t[0] == 'i' || t[0] == 'O' ? "an " : "a ") + t;
+}
+
 // The reason `v` is not a dict of str -> Tensor, or "".
 std::string not_a_tensor_dict(const PtValue& v) {
-  if (!v.is_dict()) return "holds a " + v.type_name() + ", not a dict of tensors";
+  if (!v.is_dict()) return "holds " + a_type(v) + ", not a dict of tensors";
   for (const PtEntry& e : v.entries()) {
     if (!e.key.is_string())
       return "has the key " + e.key.repr() + " of type " + e.key.type_name() + ", not str";
     if (!e.value.is_tensor())
-      return "holds a " + e.value.type_name() + " under '" + e.key.to_string() + "', not a tensor";
+      return "holds " + a_type(e.value) + " under '" + e.key.to_string() + "', not a tensor";
   }
   return "";
 }
@@ -244,9 +250,13 @@ PtValue read_pt(const std::string& path) {
   src.read = [fd](void* dst, size_t n, uint64_t off) {
     return file_io::pread_all(fd, dst, n, off);
   };
-  const detail::TorchFile f = detail::parse_torch_file(src, path);
+  return detail::read_pt_from(src, path);
+}
+
+PtValue detail::read_pt_from(const ByteSource& src, const std::string& path) {
+  const TorchFile f = parse_torch_file(src, path);
   Builder b(src, f, path);
-  detail::walk_pickle(*f.pickle, f.root, b);
+  walk_pickle(*f.pickle, f.root, b);
   return b.take();
 }
 

@@ -13,24 +13,30 @@ namespace accel::data::transforms {
 
 namespace detail {
 
-Img canon(const Tensor& image, const char* op) {
+void check_image(const Tensor& image, const char* op) {
   ACCEL_CHECK(image.defined(), ValueError, op, "image is undefined");
+  const bool u8 = image.dtype() == kUInt8;
+  ACCEL_CHECK(u8 || image.is_floating_point(), DTypeError, op,
+              "expects a uint8 (H, W, C) / (H, W) or floating (..., C, H, W) / (H, W) image, got ",
+              image.dtype(), " ", image.shape_str());
+  ACCEL_CHECK(u8 ? image.dim() == 2 || image.dim() == 3 : image.dim() >= 2, ShapeError, op,
+              u8 ? "expects a uint8 image of (H, W, C) or (H, W), got "
+                 : "expects a floating image of (..., C, H, W) or (H, W), got ",
+              image.shape_str());
+  ACCEL_CHECK(image.numel() > 0, ShapeError, op, "empty image ", image.shape_str());
+}
+
+Img canon(const Tensor& image, const char* op) {
+  check_image(image, op);
   Img m;
+  m.two_d = image.dim() == 2;
   if (image.dtype() == kUInt8) {
-    ACCEL_CHECK(image.dim() == 2 || image.dim() == 3, ShapeError, op,
-                "a uint8 image is (H, W) or (H, W, C), got ", image.shape_str());
     m.hwc = true;
-    m.two_d = image.dim() == 2;
     m.h = image.size(0);
     m.w = image.size(1);
     m.c = m.two_d ? 1 : image.size(2);
     m.channels = m.c;
   } else {
-    ACCEL_CHECK(image.is_floating_point(), DTypeError, op,
-                "images are uint8 (H, W, C) or floating (..., C, H, W), got ", image.dtype());
-    ACCEL_CHECK(image.dim() >= 2, ShapeError, op,
-                "a floating image is (..., C, H, W) or (H, W), got ", image.shape_str());
-    m.two_d = image.dim() == 2;
     m.h = image.size(-2);
     m.w = image.size(-1);
     m.lead = Shape(image.sizes().begin(), image.sizes().end() - 2);
@@ -38,7 +44,6 @@ Img canon(const Tensor& image, const char* op) {
     for (int64_t d : m.lead) m.c *= d;
     m.channels = m.two_d ? 1 : image.size(-3);
   }
-  ACCEL_CHECK(m.h >= 1 && m.w >= 1 && m.c >= 1, ShapeError, op, "empty image ", image.shape_str());
   m.t = image.detach().cpu().contiguous();
   return m;
 }
@@ -52,15 +57,9 @@ Tensor make_out(const Img& m, int64_t h, int64_t w, DType dtype) {
 }
 
 std::pair<int64_t, int64_t> image_hw(const Tensor& image, const char* op) {
-  ACCEL_CHECK(image.defined(), ValueError, op, "image is undefined");
+  check_image(image, op);
   const bool hwc = image.dtype() == kUInt8;
-  ACCEL_CHECK(hwc ? image.dim() == 2 || image.dim() == 3 : image.dim() >= 2, ShapeError, op,
-              "expects an image (uint8 (H, W, C) or floating (..., C, H, W)), got ",
-              image.shape_str());
-  const int64_t h = hwc ? image.size(0) : image.size(-2);
-  const int64_t w = hwc ? image.size(1) : image.size(-1);
-  ACCEL_CHECK(h >= 1 && w >= 1, ShapeError, op, "empty image ", image.shape_str());
-  return {h, w};
+  return {hwc ? image.size(0) : image.size(-2), hwc ? image.size(1) : image.size(-1)};
 }
 
 }  // namespace detail
@@ -192,7 +191,8 @@ Tensor normalize(const Tensor& image, const std::vector<double>& mean,
               std.size());
   ACCEL_CHECK(image.defined(), ValueError, "Normalize", "image is undefined");
   ACCEL_CHECK(image.is_floating_point(), DTypeError, "Normalize",
-              "expects a floating (..., C, H, W) image (after ToTensor), got ", image.dtype());
+              "expects a floating (..., C, H, W) image (after ToTensor), got ", image.dtype(), " ",
+              image.shape_str());
   ACCEL_CHECK(image.dim() >= 3, ShapeError, "Normalize", "expects (..., C, H, W), got ",
               image.shape_str());
   const int64_t c = image.size(-3);
@@ -268,6 +268,7 @@ Resize::Resize(int64_t height, int64_t width, InterpolationMode interpolation, b
 }
 
 Tensor Resize::apply(const Tensor& image, Generator&) const {
+  detail::check_image(image, "Resize");
   if (size_ > 0) return resize(image, {size_}, interpolation_, max_size_, antialias_);
   return resize(image, height_, width_, interpolation_, antialias_);
 }
@@ -290,6 +291,7 @@ CenterCrop::CenterCrop(int64_t height, int64_t width) : height_(height), width_(
   check_size(height, width, "CenterCrop");
 }
 Tensor CenterCrop::apply(const Tensor& image, Generator&) const {
+  detail::check_image(image, "CenterCrop");
   return center_crop(image, height_, width_);
 }
 std::string CenterCrop::repr() const {
@@ -387,6 +389,7 @@ bool RandomHorizontalFlip::get_params(const RandomWords& words) const {
   return uniform_from_word(words()) < float(p_);
 }
 Tensor RandomHorizontalFlip::apply(const Tensor& image, Generator& gen) const {
+  detail::check_image(image, "RandomHorizontalFlip");  // also when it does not flip
   return get_params(random_words(gen)) ? hflip(image) : image;
 }
 std::string RandomHorizontalFlip::repr() const {
@@ -492,6 +495,13 @@ Tensor ColorJitter::apply_params(const Tensor& image, const Params& p) {
 }
 
 Tensor ColorJitter::apply(const Tensor& image, Generator& gen) const {
+  // Checked before drawing, and also when every range is the identity (torchvision's adjust_*
+  // each assert 1 or 3 channels).
+  detail::check_image(image, "ColorJitter");
+  const int64_t c = image.dim() == 2 ? 1 : image.dtype() == kUInt8 ? image.size(2) : image.size(-3);
+  ACCEL_CHECK(c == 1 || c == 3, ShapeError, "ColorJitter",
+              "expects an image of 1 or 3 channels, got ", c, " (", image.dtype(), " ",
+              image.shape_str(), ")");
   return apply_params(image, get_params(gen));
 }
 

@@ -23,8 +23,11 @@ struct Img {
   }
 };
 
-// uint8 (H, W) / (H, W, C) or floating (..., C, H, W) / (H, W); anything else is a ShapeError or
-// DTypeError naming `op`.
+// uint8 (H, W) / (H, W, C) or floating (..., C, H, W) / (H, W), not empty; anything else is a
+// ShapeError or DTypeError naming `op`, the dtype and the shape. No copy: the transform classes
+// call it first so that an error names the transform rather than a functional form.
+void check_image(const Tensor& image, const char* op);
+// check_image, then the image made contiguous on the CPU.
 Img canon(const Tensor& image, const char* op);
 // An uninitialised image of m's layout with spatial size (h, w).
 Tensor make_out(const Img& m, int64_t h, int64_t w, DType dtype);

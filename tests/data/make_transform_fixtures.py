@@ -23,6 +23,7 @@ import gzip
 import math
 import os
 import struct
+import zlib
 
 import numpy as np
 import torch
@@ -141,6 +142,8 @@ for (h, w) in [(20, 24), (45, 37), (50, 50), (31, 40), (30, 52), (19, 36)]:
     put("center_crop.%dx%d.u8" % (h, w), hwc(TF.center_crop(photos["camera"], [h, w])))
 put("center_crop.camera.45x37.f32", TF.center_crop(photos["camera"].float() / 255, [45, 37]))
 put("hflip.cat.u8", hwc(TF.hflip(cat)))
+# ToTensor takes a PIL image or an (H, W, C) array: the decoded photo as numpy gives.
+put("to_tensor.cat.f32", TF.to_tensor(np.array(Image.open(os.path.join(img_dir, "photo_cat.png")))))
 
 # ---- Random parameters: torch's generator, seeded ----
 # The test replays each seed's mt19937 words (std::mt19937(seed) is torch's CPU generator) through
@@ -220,9 +223,15 @@ for i, (order, factors) in enumerate([((2, 0, 3, 1), (1.2, 0.8, 1.3, -0.05)),
 
 # ---- End to end on the 500 x 375 JPEG: the box of seed 7, crop + resize to 224, flip,
 # float, Normalize. The output is 224 x 224 x 3: stored are its sum and 2048 values at positions
-# (i * 2654435761) % numel, which the test computes the same way; the decoded image is checked
-# against PIL's first (sum and the same kind of samples). ----
+# (i * 2654435761) % numel, which the test computes the same way, and the CRC-32 of the uint8
+# crop before the float steps; the decoded image is checked against PIL's first (the CRC-32 of
+# all its (H, W, C) bytes, its sum and the same kind of samples). ----
+def crc32(t):
+    return np.array([zlib.crc32(np.ascontiguousarray(t.numpy()).tobytes())], np.int64)
+
+
 jpeg = load("photo_coffee_500x375.jpg")
+put("jpeg.decoded.crc32", crc32(hwc(jpeg)))
 put("jpeg.decoded.sum", np.array([float(jpeg.double().sum())]))
 n = jpeg.numel()
 hwc_j = hwc(jpeg).flatten()
@@ -230,6 +239,7 @@ put("jpeg.decoded.samples", hwc_j[[(i * 2654435761) % n for i in range(2048)]])
 torch.manual_seed(7)
 box = T.RandomResizedCrop.get_params(jpeg, [0.08, 1.0], [3 / 4, 4 / 3])
 out = TF.resized_crop(jpeg, *box, [224, 224], IM.BILINEAR, antialias=True)
+put("jpeg.pipeline.crop_crc32", crc32(hwc(out)))
 out = TF.normalize(TF.hflip(out).float() / 255, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 put("jpeg.pipeline.box", np.array(box, np.int64))
 put("jpeg.pipeline.sum", np.array([float(out.double().sum())]))

@@ -126,6 +126,13 @@ const Mode kModes[] = {{"nearest", InterpolationMode::kNearest, false},
                        {"bicubic", InterpolationMode::kBicubic, false},
                        {"bicubic-aa", InterpolationMode::kBicubic, true}};
 
+// zlib's CRC-32 of a uint8 image's bytes (Python's zlib.crc32 of the same (H, W, C) array).
+int64_t crc32_of(const Tensor& u8) {
+  REQUIRE(u8.dtype() == kUInt8);
+  const Tensor c = u8.contiguous();
+  return int64_t(crc32(0L, c.data<uint8_t>(), uInt(c.numel())));
+}
+
 // torch's CPU generator after torch.manual_seed(seed).
 struct TorchWords {
   explicit TorchWords(uint64_t seed) : mt(uint32_t(seed)) {}
@@ -209,6 +216,8 @@ TEST_CASE("CenterCrop (padding when larger), hflip and Normalize equal torchvisi
   }
   CHECK(max_diff(CenterCrop(45, 37)(to_tensor(cam)), rec("center_crop.camera.45x37.f32")) == 0);
   CHECK(hflip(photo("cat")).equal(rec("hflip.cat.u8")));
+  // ToTensor: torchvision's to_tensor of the (H, W, C) array, exactly (one float32 division).
+  CHECK(max_diff(ToTensor()(photo("cat")), rec("to_tensor.cat.f32")) == 0);
   const Tensor small = crop(photo("cat"), 4, 6, 20, 24);
   CHECK(small.equal(rec("color.input.u8")));
   const Tensor n = Normalize({0.485, 0.456, 0.406}, {0.229, 0.224, 0.225})(to_tensor(small));
@@ -320,7 +329,8 @@ TEST_CASE("colour functions equal torchvision: uint8 bit for bit, float32 within
 TEST_CASE("a 500 x 375 JPEG through RandomResizedCrop(224, antialias) + flip + Normalize") {
   const Tensor img = read_image(kDir + "images/photo_coffee_500x375.jpg");
   REQUIRE(img.sizes() == Shape{375, 500, 3});
-  // Our decoding is PIL's (same libjpeg): checked before comparing what follows.
+  // Our decoding is PIL's (same libjpeg): checked, every byte, before comparing what follows.
+  REQUIRE(crc32_of(img) == rec("jpeg.decoded.crc32").item<int64_t>());
   CHECK(img.to(kFloat64).sum().item<double>() == rec("jpeg.decoded.sum").item<double>());
   const auto flat = img.contiguous().to_vector<int>();
   const auto samples = rec("jpeg.decoded.samples").to_vector<int>();
@@ -334,6 +344,7 @@ TEST_CASE("a 500 x 375 JPEG through RandomResizedCrop(224, antialias) + flip + N
         rec("jpeg.pipeline.box").to_vector<int64_t>());
   Tensor out = resized_crop(img, b.top, b.left, b.height, b.width, 224, 224,
                             InterpolationMode::kBilinear, true);
+  CHECK(crc32_of(out) == rec("jpeg.pipeline.crop_crc32").item<int64_t>());  // every byte
   out = normalize(to_tensor(hflip(out)), {0.485, 0.456, 0.406}, {0.229, 0.224, 0.225});
   REQUIRE(out.sizes() == Shape{3, 224, 224});
   CHECK(std::abs(out.to(kFloat64).sum().item<double>() - rec("jpeg.pipeline.sum").item<double>()) <
@@ -344,4 +355,109 @@ TEST_CASE("a 500 x 375 JPEG through RandomResizedCrop(224, antialias) + flip + N
   for (size_t i = 0; i < want.size(); ++i)
     d = std::max(d, std::abs(got[size_t((uint64_t(i) * 2654435761u) % got.size())] - want[i]));
   CHECK(d <= 1e-6);
+}
+
+namespace {
+
+// `fn` must throw E whose message starts with "[op]" and contains each of `parts` (the shape,
+// the dtype, the bad value).
+template <typename E, typename F>
+void check_error(F&& fn, const std::string& op, std::initializer_list<std::string> parts) {
+  std::string msg;
+  try {
+    fn();
+  } catch (const E& e) {
+    msg = e.what();
+  }
+  INFO("message: ", msg);
+  REQUIRE_MESSAGE(!msg.empty(), "no " << op << " error");
+  CHECK(msg.rfind("[" + op + "]", 0) == 0);
+  for (const auto& p : parts) CHECK(msg.find(p) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("transforms: bad input is an error naming the transform, the shape and the dtype") {
+  Generator g(0);
+  const Tensor u8 = zeros({4, 5, 3}, kUInt8), batch_u8 = zeros({2, 4, 5, 3}, kUInt8);
+  const Tensor i32 = zeros({3, 4, 5}, kInt32), vec = zeros({5}, kFloat32);
+  const Tensor two_ch = zeros({2, 4, 5}, kFloat32), empty_img = zeros({0, 5, 3}, kUInt8);
+  const auto I = InterpolationMode::kBilinear;
+  // Construction: sizes <= 0, bad ranges, antialias with nearest, max_size <= size.
+  check_error<ValueError>([] { Resize(0); }, "Resize", {"0"});
+  check_error<ValueError>([] { Resize(0, 3); }, "Resize", {"(0, 3)"});
+  check_error<ValueError>([&] { Resize(4, I, 4); }, "Resize", {"max_size = 4"});
+  check_error<ValueError>([] { Resize(4, InterpolationMode::kNearest, std::nullopt, true); },
+                          "Resize", {"nearest"});
+  check_error<ValueError>([] { CenterCrop(3, -1); }, "CenterCrop", {"(3, -1)"});
+  check_error<ValueError>([] { RandomResizedCrop(0); }, "RandomResizedCrop", {"(0, 0)"});
+  check_error<ValueError>(
+      [] {
+        RandomResizedCrop(8, {0.5, 0.1});
+      },
+      "RandomResizedCrop", {"scale", "(0.5, 0.1)"});
+  check_error<ValueError>(
+      [] {
+        RandomResizedCrop(8, {0.1, 1.0}, {0.0, 1.0});
+      },
+      "RandomResizedCrop", {"ratio", "(0, 1)"});
+  check_error<ValueError>([] { RandomHorizontalFlip(1.5); }, "RandomHorizontalFlip", {"1.5"});
+  check_error<ValueError>([] { Normalize({0.5, 0.5}, {0.5}); }, "Normalize", {"2 and 1"});
+  check_error<ValueError>([] { Normalize({0.5}, {0.0}); }, "Normalize", {"zero"});
+  check_error<ValueError>([] { ColorJitter(-0.1); }, "ColorJitter", {"brightness", "-0.1"});
+  check_error<ValueError>([] { ColorJitter(0, 0, 0, 0.7); }, "ColorJitter", {"hue", "0.7"});
+  check_error<ValueError>(
+      [] {
+        ColorJitter(0, JitterRange{1.5, 0.5});
+      },
+      "ColorJitter", {"contrast", "(1.5, 0.5)"});
+  // Images of the wrong dims, dtype or size, named by the transform that got them.
+  const std::vector<std::pair<std::string, AnyTransform>> tfs = {
+      {"Resize", Resize(3)},
+      {"CenterCrop", CenterCrop(3)},
+      {"RandomResizedCrop", RandomResizedCrop(3)},
+      {"RandomHorizontalFlip", RandomHorizontalFlip(0.0)},  // checked also when not flipping
+      {"ColorJitter", ColorJitter()}};                      // and when nothing is drawn
+  for (const auto& [name, tf] : tfs) {
+    INFO(name);
+    check_error<ShapeError>([&] { tf.ptr()->apply(batch_u8, g); }, name, {"(2, 4, 5, 3)"});
+    check_error<ShapeError>([&] { tf.ptr()->apply(vec, g); }, name, {"(5,)"});
+    check_error<DTypeError>([&] { tf.ptr()->apply(i32, g); }, name, {"int32", "(3, 4, 5)"});
+    check_error<ShapeError>([&] { tf.ptr()->apply(empty_img, g); }, name, {"(0, 5, 3)"});
+  }
+  check_error<ShapeError>([&] { ColorJitter(0.5)(two_ch, g); }, "ColorJitter", {"2", "(2, 4, 5)"});
+  check_error<DTypeError>([&] { ToTensor()(to_tensor(u8), g); }, "ToTensor",
+                          {"float32", "(3, 4, 5)"});
+  check_error<ShapeError>([&] { ToTensor()(batch_u8, g); }, "ToTensor", {"(2, 4, 5, 3)"});
+  check_error<DTypeError>([&] { Normalize({0.5}, {0.5})(u8, g); }, "Normalize",
+                          {"uint8", "(4, 5, 3)"});
+  check_error<ValueError>(
+      [&] {
+        Normalize({0.5, 0.5}, {1, 1})(to_tensor(u8), g);
+      },
+      "Normalize", {"2 mean/std", "3 channels", "(3, 4, 5)"});
+  // The functional forms name themselves.
+  check_error<ValueError>([&] { resize(u8, 0, 4); }, "resize", {"(0, 4)"});
+  check_error<ValueError>(
+      [&] {
+        resize(u8, std::vector<int64_t>{2, 3}, I, 5);
+      },
+      "resize", {"max_size"});
+  check_error<ValueError>([&] { resize(u8, std::vector<int64_t>{1, 2, 3}); }, "resize", {"3"});
+  check_error<ValueError>([&] { resized_crop(u8, 0, 0, 0, 2, 3, 3); }, "resized_crop", {"(0, 2)"});
+  check_error<ValueError>([&] { crop(u8, 0, 0, 2, -2); }, "crop", {"(2, -2)"});
+  check_error<ShapeError>([&] { center_crop(batch_u8, 2, 2); }, "center_crop", {"(2, 4, 5, 3)"});
+  check_error<ShapeError>([&] { hflip(vec); }, "hflip", {"(5,)"});
+  check_error<ValueError>([&] { adjust_hue(u8, 0.7); }, "adjust_hue", {"0.7"});
+  check_error<ValueError>([&] { adjust_brightness(u8, -1); }, "adjust_brightness", {"-1"});
+  check_error<ValueError>([&] { adjust_contrast(u8, -1); }, "adjust_contrast", {"-1"});
+  check_error<ValueError>([&] { adjust_saturation(u8, -1); }, "adjust_saturation", {"-1"});
+  check_error<ShapeError>([&] { adjust_saturation(two_ch, 1.2); }, "adjust_saturation",
+                          {"2", "(2, 4, 5)"});
+  check_error<DTypeError>([&] { adjust_contrast(i32, 1.2); }, "adjust_contrast",
+                          {"int32", "(3, 4, 5)"});
+  check_error<ValueError>([&] { rgb_to_grayscale(u8, 2); }, "rgb_to_grayscale", {"2"});
+  // Where torchvision 0.14 pads rather than raises (a crop reaching out of the image), so do we.
+  CHECK(crop(u8, -1, -1, 6, 7).sizes() == Shape{6, 7, 3});
+  CHECK(resized_crop(u8, 2, 3, 4, 4, 2, 2).sizes() == Shape{2, 2, 3});
 }

@@ -181,7 +181,7 @@ Tensor to_tensor(const Tensor& image) {
   // torchvision: img.to(float32).div(255).
   for (int64_t i = 0; i < h * w; ++i)
     for (int64_t k = 0; k < c; ++k) d[k * h * w + i] = float(s[i * c + k]) / 255.0f;
-  return out;
+  return image.device().is_cpu() ? out : out.to(image.device());
 }
 
 Tensor normalize(const Tensor& image, const std::vector<double>& mean,

@@ -36,13 +36,20 @@ std::pair<int64_t, int64_t> image_hw(const Tensor& image, const char* op);
 
 // Floating images other than float32 / float64 are computed in float32 and converted back (as
 // torchvision's tensor resize casts them).
+// The transforms compute on the CPU; the result goes back to the image's device (torchvision's
+// stays where the image is).
 template <typename F>
 Tensor by_dtype(const Tensor& image, const char* op, F&& f) {
   const DType dt = image.dtype();
-  if (dt == kUInt8 || dt == kFloat32 || dt == kFloat64) return f(canon(image, op));
-  Img m = canon(image, op);
-  m.t = m.t.to(kFloat32);
-  return f(m).to(dt);
+  Tensor out;
+  if (dt == kUInt8 || dt == kFloat32 || dt == kFloat64) {
+    out = f(canon(image, op));
+  } else {
+    Img m = canon(image, op);
+    m.t = m.t.to(kFloat32);
+    out = f(m).to(dt);
+  }
+  return out.device() == image.device() ? out : out.to(image.device());
 }
 
 }  // namespace accel::data::transforms::detail

@@ -461,3 +461,30 @@ TEST_CASE("transforms: bad input is an error naming the transform, the shape and
   CHECK(crop(u8, -1, -1, 6, 7).sizes() == Shape{6, 7, 3});
   CHECK(resized_crop(u8, 2, 3, 4, 4, 2, 2).sizes() == Shape{2, 2, 3});
 }
+
+TEST_CASE("transforms of a CUDA image: computed on the CPU, the result back on the device") {
+  bool cuda = false;
+  try {
+    cuda = get_allocator(Device::cuda(0)) != nullptr;
+  } catch (const Error&) {
+  }
+  if (!cuda) {
+    MESSAGE("skipped: no CUDA device");
+    return;
+  }
+  const Tensor img = photo("cat");
+  const Tensor dev = img.to(Device::cuda(0));
+  auto tf =
+      Compose({RandomResizedCrop(24, {0.3, 1.0}, {0.75, 1.33}, InterpolationMode::kBicubic, true),
+               RandomHorizontalFlip(), ColorJitter(0.4, 0.4, 0.4, 0.1), ToTensor(),
+               Normalize({0.485, 0.456, 0.406}, {0.229, 0.224, 0.225})});
+  for (uint64_t s = 0; s < 8; ++s) {
+    Generator a(s), b(s);
+    const Tensor want = tf(img, a), got = tf(dev, b);
+    CHECK(got.device() == Device::cuda(0));
+    CHECK(max_diff(got.cpu(), want) <= 1e-6);  // Normalize runs on the device
+  }
+  CHECK(resize(dev, 7, 9).device() == Device::cuda(0));
+  CHECK(center_crop(dev, 50, 50).device() == Device::cuda(0));
+  CHECK(adjust_hue(to_tensor(dev), 0.2).device() == Device::cuda(0));
+}

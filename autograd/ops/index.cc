@@ -82,7 +82,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int6
          pad](const autograd::Grads& g) {
           const Tensor flat = fs.unpack();
           Tensor gw = zeros_as(ws, g[0]);
-          if (autograd::creating_graph()) {  // the differentiable index_add (Note [double backward])
+          if (autograd::creating_graph()) {  // the differentiable index_add (Note [double
+                                             // backward])
             Tensor rows = g[0].reshape({flat.numel(), d});
             // The padding row gets no gradient here either.
             if (pad >= 0) rows = masked_fill(rows, flat.eq(Scalar(pad)).unsqueeze(1), 0.0);

@@ -511,35 +511,36 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& wei
   nll_loss_stub(dev, cr.x2, cr.t1, w, ignore_index, op, loss, valid);
   Tensor out = reduce_rows(loss, valid, reduction, cr.none_shape);
   if (autograd::needs_grad(cr.x2)) {
-    autograd::record(op, {&cr.x2}, {&out},
-                     // The weight may be the caller's own tensor (already in the input's
-                     // dtype): saved, so changing it in place before backward is a version error.
-                     [shape = cr.x2.sizes(), dt, dev, ts = autograd::save_input(cr.t1, 1),
-                      ws = autograd::save_input(w, 2), valid, reduction,
-                      ignore_index](const autograd::Grads& g) {
-                       if (autograd::creating_graph()) {
-                         // dx[n, t_n] = -w[t_n] * row gradient (Note [double backward])
-                         const Tensor t = ts.unpack();
-                         Tensor rg = row_grad(g[0], valid, reduction, dt);
-                         const Tensor& wt = ws.unpack();
-                         if (wt.defined()) {
-                           Tensor tw;
-                           {
-                             NoGradGuard no_grad;
-                             const Tensor ti = t.to(kInt64);
-                             tw = index_select(wt, 0, where(ne(ti, Scalar(ignore_index)), ti,
-                                                            Scalar(int64_t(0))));
-                           }
-                           rg = mul(rg, tw);
-                         }
-                         return autograd::Grads{class_rows_grad(zeros(shape, TensorOptions(dt, dev)),
-                                                                t, rg, ignore_index, 0.0)};
-                       }
-                       Tensor dx = ops::empty_on(shape, dt, dev);
-                       nll_loss_backward_stub(dev, row_grad(g[0], valid, reduction, dt),
-                                              ts.unpack(), ws.unpack(), ignore_index, dx);
-                       return autograd::Grads{dx};
-                     });
+    autograd::record(
+        op, {&cr.x2}, {&out},
+        // The weight may be the caller's own tensor (already in the input's
+        // dtype): saved, so changing it in place before backward is a version error.
+        [shape = cr.x2.sizes(), dt, dev, ts = autograd::save_input(cr.t1, 1),
+         ws = autograd::save_input(w, 2), valid, reduction,
+         ignore_index](const autograd::Grads& g) {
+          if (autograd::creating_graph()) {
+            // dx[n, t_n] = -w[t_n] * row gradient (Note [double backward])
+            const Tensor t = ts.unpack();
+            Tensor rg = row_grad(g[0], valid, reduction, dt);
+            const Tensor& wt = ws.unpack();
+            if (wt.defined()) {
+              Tensor tw;
+              {
+                NoGradGuard no_grad;
+                const Tensor ti = t.to(kInt64);
+                tw = index_select(wt, 0,
+                                  where(ne(ti, Scalar(ignore_index)), ti, Scalar(int64_t(0))));
+              }
+              rg = mul(rg, tw);
+            }
+            return autograd::Grads{
+                class_rows_grad(zeros(shape, TensorOptions(dt, dev)), t, rg, ignore_index, 0.0)};
+          }
+          Tensor dx = ops::empty_on(shape, dt, dev);
+          nll_loss_backward_stub(dev, row_grad(g[0], valid, reduction, dt), ts.unpack(),
+                                 ws.unpack(), ignore_index, dx);
+          return autograd::Grads{dx};
+        });
   }
   return out;
 }

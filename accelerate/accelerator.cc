@@ -84,6 +84,8 @@ Accelerator::Accelerator(AcceleratorConfig config)
                 "process group is rank ", group_->rank(), " of ", group_->size(),
                 " but the environment says rank ", rank_, " of ", world_size_);
   }
+  // Note [mesh agreement] in parallel/parallel_dims.h: before any subgroup is made.
+  config_detail::check_mesh_agreement(config_, group_);
   mesh_ = std::make_unique<dist::DeviceMesh>(config_detail::mesh_with_groups(*mesh_, group_));
   dist::StrategyContext ctx;
   ctx.group = group_;

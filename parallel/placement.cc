@@ -96,8 +96,8 @@ Region Region::shard(int64_t dim, int64_t chunks, int64_t n, int64_t i) const {
               " of ", n, " (chunks ", chunks, ")");
   const std::vector<Segment>& old = dims_[size_t(dim)];
   const int64_t len = seg_total(old);
-  ACCEL_CHECK(len % chunks == 0, ShapeError, "Region.shard", "dimension ", dim, " of length ",
-              len, " (global ", global_, ") is not ", chunks, " equal blocks");
+  ACCEL_CHECK(len % chunks == 0, ShapeError, "Region.shard", "dimension ", dim, " of length ", len,
+              " (global ", global_, ") is not ", chunks, " equal blocks");
   const int64_t block = len / chunks;
   const Chunk c = shard_chunk(block, n, i);
   std::vector<Segment> out;
@@ -138,7 +138,8 @@ void Region::for_each_run(const std::function<void(const Run&)>& fn) const {
       n = e - a;
       local = a - flat_lo_;
     }
-    if (pending.n > 0 && pending.local + pending.n == local && pending.global + pending.n == global) {
+    if (pending.n > 0 && pending.local + pending.n == local &&
+        pending.global + pending.n == global) {
       pending.n += n;
       return;
     }
@@ -251,8 +252,8 @@ Region Region::from_json(const nlohmann::json& j, const Shape& global, const std
     int64_t n = 1;
     for (const auto& segs : r.dims_) n *= seg_total(segs);
     if (lo < 0 || lo > hi || hi > n)
-      fail("flat range [" + std::to_string(lo) + ", " + std::to_string(hi) +
-           ") outside a box of " + std::to_string(n) + " elements");
+      fail("flat range [" + std::to_string(lo) + ", " + std::to_string(hi) + ") outside a box of " +
+           std::to_string(n) + " elements");
     r.flat_lo_ = lo;
     r.flat_hi_ = hi;
   }
@@ -302,8 +303,8 @@ Layout Layout::whole(const Shape& global_shape, DType dtype) {
   return l;
 }
 
-Layout& Layout::then(const std::string& dim, Placement p, int size, int coordinate,
-                     int64_t flat_lo, int64_t flat_hi) {
+Layout& Layout::then(const std::string& dim, Placement p, int size, int coordinate, int64_t flat_lo,
+                     int64_t flat_hi) {
   ACCEL_CHECK(size >= 1 && coordinate >= 0 && coordinate < size, ValueError, "Layout",
               "coordinate ", coordinate, " along '", dim, "' of size ", size);
   if (p.kind == Placement::Kind::Shard) {

@@ -705,6 +705,25 @@ TEST_CASE("device mesh: acc.mesh() from the environment, with groups; tp needs a
                                 "3), not 'zero2'") != std::string::npos,
                   r.output);
   }
+  // Note [mesh agreement]: ranks started with different sizes or plans raise at once on every
+  // rank, naming the setting (before: new_group waited the collective timeout).
+  auto differ = run_world(
+      worker(), {"mesh"}, 4,
+      {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_TP_SIZE@3", "1"}, {"ACCEL_ZERO_STAGE@1", "3"}}, 60s);
+  for (const RankResult& r : differ) {
+    CHECK(r.exited);
+    CHECK(r.code == 3);
+    CHECK_MESSAGE(r.output.find("[accelerator] the ranks were started with different settings") !=
+                      std::string::npos,
+                  r.output);
+    CHECK_MESSAGE(r.output.find("tp_size (ACCEL_TP_SIZE, --tp_size, "
+                                "parallelism_config.parallelism_config_tp_size): ranks 0-2 have "
+                                "2, rank 3 has 1") != std::string::npos,
+                  r.output);
+    CHECK_MESSAGE(r.output.find("zero_stage (ACCEL_ZERO_STAGE, --zero_stage): ranks 0, 2-3 have "
+                                "0, rank 1 has 3") != std::string::npos,
+                  r.output);
+  }
   // Sizes that do not fit the world: a ValueError in the constructor, before the process group
   // is initialised (no rank waits for another).
   auto bad = run_world(worker(), {"mesh"}, 2, {{"ACCEL_TP_SIZE", "3"}}, 60s);

@@ -694,6 +694,26 @@ TEST_CASE("device mesh: acc.mesh() from the environment, with groups; tp needs a
         }
       }
     }
+    // Note [process data shard]: under tp the ranks of one dp index must read the same batches,
+    // so a loader that shards over the world (RANK / WORLD_SIZE) raises when its epoch starts
+    // (before: tp peers trained on different batches without a word); one given the dp
+    // coordinate, or any loader on a mesh whose dp is the world, iterates.
+    const bool tp = c.env.count("ACCEL_TP_SIZE") > 0;
+    for (const RankResult& r : res) {
+      CHECK_MESSAGE(r.output.find("iterated explicit loader") != std::string::npos, r.output);
+      if (!tp) {
+        CHECK_MESSAGE(r.output.find("iterated unprepared loader") != std::string::npos, r.output);
+        continue;
+      }
+      const auto refused = lines_with(r.output, "refused unprepared loader: ");
+      REQUIRE_MESSAGE(refused.size() == 1, r.output);
+      CHECK_MESSAGE(refused[0].find("[DataLoader] this loader shards over WORLD_SIZE = 2 ranks") !=
+                        std::string::npos,
+                    refused[0]);
+      CHECK_MESSAGE(refused[0].find("the Accelerator's mesh has dp size 1 of world 2 (tp 2)") !=
+                        std::string::npos,
+                    refused[0]);
+    }
   }
   // tp with ZeRO-1/2: a ValueError in the constructor on every rank, naming the strategy.
   auto zero_tp =

@@ -92,6 +92,19 @@ std::vector<std::string> checkpoint_files(const std::string& dir) {
   return out;
 }
 
+void refuse_checkpoint_links(const std::string& dir, const char* op) {
+  const file_io::Fd d = file_io::open_dir(dir, false, op);
+  for (const std::string& n : file_io::list_dir(d.get(), dir, op)) {
+    struct stat st {};
+    if (::fstatat(d.get(), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    const std::string path = (fs::path(dir) / n).string();
+    ACCEL_CHECK(!S_ISLNK(st.st_mode), IoError, op, "'", path,
+                "' is a symbolic link: accel never writes one into a checkpoint, so a checkpoint "
+                "holding one is refused rather than followed");
+    if (S_ISDIR(st.st_mode) && is_tp_folder_name(n)) refuse_checkpoint_links(path, op);
+  }
+}
+
 namespace {
 // renameat2(RENAME_EXCHANGE): swaps two paths atomically (Linux 3.15; ext4, xfs, btrfs, tmpfs,
 // ...). False with errno set where the kernel or filesystem cannot (EINVAL, ENOSYS, ENOTSUP).

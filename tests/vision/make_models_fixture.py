@@ -21,6 +21,9 @@ models_fixture.safetensors holds <case>.logits (float64 forward in eval mode, or
 the cases checked by name only), and for train cases the gradients <case>.grad.<key> of
 sum(logits * w) with w = u(i, -2) for a few entries, <case>.grad.input (of the first image), and
 the running statistics <case>.after.<key> of a few BatchNorm layers after the step.
+
+squeezenet1_1_f16.pth is torch.save(state_dict) of squeezenet1_1 (10 classes) with the formula's
+values rounded to float16; squeezenet1_1_pth.logits are the float64 logits of those values.
 """
 import json
 import math
@@ -158,6 +161,23 @@ def main():
               f"std {logits.std().item():.4g}", flush=True)
 
     here = os.path.dirname(os.path.abspath(__file__))
+    # A checkpoint as torchvision users have them: torch.save of a state dict (zip layout), here
+    # squeezenet1_1 (10 classes) with the formula's values rounded to float16 (1.5 MB), and the
+    # float64 logits of exactly those values.
+    torch.manual_seed(0)
+    model = torchvision.models.squeezenet1_1(num_classes=10)
+    sd = model.state_dict()
+    for k, (key, t) in enumerate(sd.items()):
+        scale, offset = scale_of(key, t, "squeezenet1_1")
+        t.copy_(fill_value(t.numel(), k, scale, offset).reshape(t.shape))
+    half = {key: t.half() for key, t in sd.items()}
+    torch.save(half, os.path.join(here, "squeezenet1_1_f16.pth"))
+    model = model.double()
+    model.load_state_dict(half)  # float16 -> float64 is exact
+    model.eval()
+    x = u(2 * 3 * 66 * 66, -1).reshape(2, 3, 66, 66)
+    tensors["squeezenet1_1_pth.logits"] = model(x)
+
     with open(os.path.join(here, "models_fixture.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
     header, blobs, offset = {}, [], 0

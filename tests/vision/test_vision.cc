@@ -155,22 +155,46 @@ TEST_CASE("weights: a safetensors state dict loads strictly, without initialisin
 
   // The default 1000 classes against a 10-class file: torch's shape-mismatch report.
   CHECK(has(error_of<ValueError>([&] { vm::resnet18({.weights = path}); }),
-            "fc.weight: checkpoint (10, 512), model (1000, 512)"));
+            "size mismatch for fc.weight: copying a param with shape (10, 512) from checkpoint, "
+            "the shape in current model is (1000, 512)."));
   // Another architecture's file: every missing and unexpected key listed.
   const std::string msg =
       error_of<ValueError>([&] { vm::resnet34({.weights = path, .num_classes = 10}); });
-  CHECK(has(msg, "missing keys"));
-  CHECK(has(msg, "layer1.2.conv1.weight"));
+  CHECK(has(msg, "Missing key(s) in state_dict: "));
+  CHECK(has(msg, "\"layer1.2.conv1.weight\""));
   CHECK(has(error_of<IoError>([&] { vm::vgg11({.weights = dir.file("absent.safetensors")}); }),
             "absent.safetensors"));
-  // A torch.save file (zip layout, or the legacy pickle): named, not misread as safetensors.
-  for (const std::string& head :
-       {std::string("PK\x03\x04", 4), std::string("\x80\x02\x8a\x0a", 4)}) {
-    const std::string pth = dir.file("model.pth");
-    std::ofstream(pth, std::ios::binary) << head << std::string(64, '\0');
-    CHECK(has(error_of<IoError>([&] { vm::alexnet({.weights = pth}); }),
-              "[vision.models.load_weights] '" + pth + "' is a torch.save file (.pt / .pth)"));
-  }
+}
+
+TEST_CASE("weights: torch.save files (.pth), as torchvision users have them") {
+  TempDir dir;
+  // Written by accel's torch.save writer (io::save_pt) from the fixture's float64 values.
+  const std::string pth = dir.file("resnet18.pth");
+  io::save_pt(pth, formula_state(model_spec("resnet18")));
+  auto net = vm::resnet18({.weights = pth, .num_classes = 10});
+  CHECK(net->parameter("conv1.weight").dtype() == kFloat32);  // converted as load_state_dict does
+  net->to(kFloat64);
+  vm::load_weights(*net, pth);  // into a float64 model: torchvision's float64 logits
+  net->eval();
+  NoGradGuard no_grad;
+  CHECK(allclose(net->forward(formula(model_spec("resnet18").input, -1)),
+                 fixture_tensor("resnet18.logits"), 1e-10, 1e-10));
+  // Written by torch.save in Python (make_models_fixture.py): squeezenet1_1's state dict in
+  // float16; float16 -> float32 -> float64 is exact, so the logits are torchvision's to 1e-10.
+  auto sq = vm::squeezenet1_1(
+      {.weights = std::string(ACCEL_SOURCE_ROOT) + "/tests/vision/squeezenet1_1_f16.pth",
+       .num_classes = 10});
+  sq->to(kFloat64).eval();
+  const Tensor logits = sq->forward(formula({2, 3, 66, 66}, -1));
+  CHECK(allclose(logits, fixture_tensor("squeezenet1_1_pth.logits"), 1e-10, 1e-10));
+  // A torch.save file is recognised by its bytes whatever its name; a damaged one is the torch
+  // reader's IoError naming the file.
+  const std::string renamed = dir.file("resnet18.weights");
+  fs::copy_file(pth, renamed);
+  CHECK(vm::load_state_dict_file(renamed).size() == model_spec("resnet18").entries.size());
+  const std::string bad = dir.file("bad.pth");
+  std::ofstream(bad, std::ios::binary) << std::string("PK\x03\x04", 4) << std::string(64, '\0');
+  CHECK(has(error_of<IoError>([&] { vm::alexnet({.weights = bad}); }), bad));
 }
 
 TEST_CASE("vgg / mobilenet / efficientnet / squeezenet: torchvision's init and heads") {

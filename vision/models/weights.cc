@@ -1,33 +1,31 @@
 #include "vision/models/weights.h"
 
-#include <cstdio>
-#include <cstring>
+#include <fstream>
 
 #include "autograd/nn/safetensors.h"
+#include "autograd/nn/torch_file.h"
+#include "autograd/nn/torch_format.h"
 #include "core/error.h"
 
 namespace accel::vision::models {
 
 namespace {
-// torch.save's two layouts: a zip archive ("PK\x03\x04", torch >= 1.6) or the legacy pickle
-// stream that starts with the pickled magic number (protocol 2: 0x80 0x02, then the long
-// 0x1950a86a20f9469cfc6c as 0x8a 0x0a ...).
-bool looks_like_torch_save(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return false;  // load_safetensors names the open error
-  unsigned char head[4] = {0, 0, 0, 0};
-  const size_t n = std::fread(head, 1, sizeof head, f);
-  std::fclose(f);
-  if (n == 4 && std::memcmp(head, "PK\x03\x04", 4) == 0) return true;
-  return n >= 3 && head[0] == 0x80 && head[1] == 0x02 && head[2] == 0x8a;
+// A torch.save file (zip or legacy pickle) by its first bytes; a .pt / .pth name counts too, as
+// Module::load decides, so that a damaged one gets the torch reader's error.
+bool is_torch_file(const std::string& path) {
+  auto ends = [&](const std::string& ext) {
+    return path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+  };
+  if (ends(".pt") || ends(".pth")) return true;
+  std::ifstream f(path, std::ios::binary);
+  unsigned char head[16] = {};
+  f.read(reinterpret_cast<char*>(head), sizeof head);
+  return f.gcount() > 0 && io::detail::looks_like_torch_file(head, size_t(f.gcount()));
 }
 }  // namespace
 
 nn::TensorDict load_state_dict_file(const std::string& path) {
-  ACCEL_CHECK(!looks_like_torch_save(path), IoError, "vision.models.load_weights", "'", path,
-              "' is a torch.save file (.pt / .pth); this build reads safetensors state dicts: "
-              "convert it in Python with safetensors.torch.save_file(torch.load(path), out)");
-  return nn::load_safetensors(path);
+  return is_torch_file(path) ? io::load_pt(path) : nn::load_safetensors(path);
 }
 
 nn::LoadResult load_weights(nn::Module& model, const std::string& path, bool strict) {

@@ -11,10 +11,10 @@
 
 namespace accel::vision::models {
 
-// The tensors of a state-dict file, by name. Reads safetensors (nn::load_safetensors; a .pth
-// converts with safetensors.torch.save_file(torch.load(path), out)). A torch.save file (zip or
-// legacy pickle, what torch.save and torchvision's downloads write) is recognised by its first
-// bytes and refused with an IoError saying so: this build has no torch-format reader.
+// The tensors of a state-dict file, by name: a torch.save file (.pt / .pth, zip or legacy layout,
+// what torchvision's downloads and torch.save(model.state_dict()) write; io::load_pt), recognised
+// by its name or its first bytes, else safetensors (nn::load_safetensors). Malformed files are
+// the readers' IoErrors naming the file.
 nn::TensorDict load_state_dict_file(const std::string& path);
 
 // model.load_state_dict(load_state_dict_file(path), strict): the ValueError of a strict load

@@ -19,3 +19,4 @@
 #include "core/warning.h"
 #include "data/data.h"
 #include "accelerate/accelerator.h"
+#include "hf/hf.h"

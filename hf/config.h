@@ -30,9 +30,9 @@ std::string model_type_of(const nlohmann::json& config, const std::string& where
 
 // The tokens a config names (bos/eos/pad). eos_token_id may be one id or a list in config.json.
 struct SpecialTokens {
-  std::optional<int64_t> bos_token_id;
-  std::vector<int64_t> eos_token_id;
-  std::optional<int64_t> pad_token_id;
+  std::optional<int64_t> bos_token_id{};
+  std::vector<int64_t> eos_token_id{};
+  std::optional<int64_t> pad_token_id{};
 };
 
 // transformers.GPT2Config. n_inner unset is 4 * n_embd. activation_function: gelu_new (the
@@ -43,7 +43,7 @@ struct GPT2Config {
   int64_t n_embd = 768;
   int64_t n_layer = 12;
   int64_t n_head = 12;
-  std::optional<int64_t> n_inner;
+  std::optional<int64_t> n_inner{};
   std::string activation_function = "gelu_new";
   double resid_pdrop = 0.1;
   double embd_pdrop = 0.1;
@@ -52,7 +52,7 @@ struct GPT2Config {
   double initializer_range = 0.02;
   bool scale_attn_weights = true;
   bool tie_word_embeddings = true;
-  SpecialTokens tokens;
+  SpecialTokens tokens{};
   nlohmann::json raw = nlohmann::json::object();  // the object it was read from
 
   int64_t inner_dim() const { return n_inner.value_or(4 * n_embd); }
@@ -73,8 +73,8 @@ struct LlamaConfig {
   int64_t intermediate_size = 11008;
   int64_t num_hidden_layers = 32;
   int64_t num_attention_heads = 32;
-  std::optional<int64_t> num_key_value_heads;
-  std::optional<int64_t> head_dim;
+  std::optional<int64_t> num_key_value_heads{};
+  std::optional<int64_t> head_dim{};
   std::string hidden_act = "silu";
   int64_t max_position_embeddings = 2048;
   double rms_norm_eps = 1e-6;
@@ -84,7 +84,7 @@ struct LlamaConfig {
   double attention_dropout = 0.0;
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;
-  SpecialTokens tokens;
+  SpecialTokens tokens{};
   nlohmann::json raw = nlohmann::json::object();
 
   int64_t kv_heads() const { return num_key_value_heads.value_or(num_attention_heads); }

@@ -29,14 +29,14 @@ struct GenerationConfig {
   double top_p = 1.0;        // in (0, 1]; 1: off; else the smallest nucleus of mass >= top_p
   // A sequence that produced one of these is finished: its later tokens are pad_token_id (unset:
   // the first eos id, as transformers does), and generation stops once all are finished.
-  std::vector<int64_t> eos_token_id;
-  std::optional<int64_t> pad_token_id;
+  std::vector<int64_t> eos_token_id{};
+  std::optional<int64_t> pad_token_id{};
   // Incremental decoding through a KVCache (one token per step); false recomputes the whole
   // sequence every step (the same tokens, slower: the cache is tested against it).
   bool use_cache = true;
   // The draws: `generator` when set, else a Generator seeded with `seed`, else the default
   // generator. The same seed gives the same samples (on every rank of a tp or ZeRO-3 group).
-  std::optional<uint64_t> seed;
+  std::optional<uint64_t> seed{};
   Generator* generator = nullptr;
 };
 

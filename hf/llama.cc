@@ -12,6 +12,7 @@
 #include "hf/llama.h"
 
 #include <cmath>
+#include <sstream>
 #include <vector>
 
 #include "autograd/nn/init.h"
@@ -57,7 +58,9 @@ Tensor LlamaRMSNorm::forward(const Tensor& x) {
 }
 
 std::string LlamaRMSNorm::extra_repr() const {
-  return "(" + std::to_string(weight.size(0)) + "), eps=" + std::to_string(eps);
+  std::ostringstream os;  // (a chain of string + string: GCC 12's false -Wrestrict)
+  os << "(" << weight.size(0) << "), eps=" << eps;
+  return os.str();
 }
 
 std::pair<Tensor, Tensor> rotary_tables(int64_t start, int64_t T, int64_t head_dim, double theta,

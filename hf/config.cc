@@ -109,14 +109,17 @@ json read_config(const std::string& path) {
   const std::string file =
       fs::is_directory(path, ec) ? (fs::path(path) / "config.json").string() : path;
   // A config is a few KB; the cap keeps a hostile path (a huge file) from being read whole.
-  const std::string text = file_io::read_file(file, kOp, uint64_t(16) << 20);
+  return parse_config(file_io::read_file(file, kOp, uint64_t(16) << 20), "'" + file + "'");
+}
+
+json parse_config(const std::string& text, const std::string& where) {
   json j;
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    ACCEL_THROW(IoError, kOp, "'", file, "' is not JSON: ", e.what());
+    ACCEL_THROW(IoError, kOp, where, " is not JSON: ", e.what());
   }
-  ACCEL_CHECK(j.is_object(), IoError, kOp, "'", file, "' holds a JSON ", j.type_name(),
+  ACCEL_CHECK(j.is_object(), IoError, kOp, where, " holds a JSON ", j.type_name(),
               ", not an object");
   return j;
 }

@@ -23,6 +23,9 @@ namespace accel::hf {
 // The JSON object of `path`: a config.json file or a directory holding one. IoError naming the
 // file when it cannot be read or is not a JSON object.
 nlohmann::json read_config(const std::string& path);
+// The same for the text of one (read_config's parser; the fuzz target fuzz_hf_config runs it):
+// IoError naming `where` unless it is a JSON object.
+nlohmann::json parse_config(const std::string& text, const std::string& where);
 
 // The config's "model_type" ("gpt2", "llama"). ValueError naming `where` when it has none or one
 // accel does not build (the message lists the supported types).

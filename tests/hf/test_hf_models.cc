@@ -217,6 +217,18 @@ TEST_CASE("strict loading names the missing, unexpected and mis-shaped tensors")
   fs::remove_all(dir);
 }
 
+TEST_CASE("a model an engine shards is loaded and saved through the Accelerator, not here") {
+  auto model = load64("llama_tied");
+  model->set_sharded("acc.load_model");  // what ZeRO-3 marks its model with
+  CHECK_THROWS_WITH_AS(hf::load_weights(*model, hf_fixture("llama_tied")),
+                       doctest::Contains("load it with the Accelerator's load_model"), ValueError);
+  const std::string dir = hf_scratch("sharded-save");
+  CHECK_THROWS_WITH_AS(hf::save_pretrained(*model, dir),
+                       doctest::Contains("save it with the Accelerator's save_model"), ValueError);
+  CHECK(fs::is_empty(dir));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("a sharded set: the index is checked, a shard's tensors are named") {
   const std::string dir = copy_fixture("llama", "sharded");
   // The index maps a tensor to the shard that does not hold it.

@@ -21,6 +21,7 @@
 #include "core/generator.h"
 #include "core/settings.h"
 #include "core/storage.h"
+#include "data/process_shard.h"
 #include "accelerate/checkpoint.h"
 #include "accelerate/config_detail.h"
 #include "comm/env.h"
@@ -84,6 +85,8 @@ Accelerator::Accelerator(AcceleratorConfig config)
                 "process group is rank ", group_->rank(), " of ", group_->size(),
                 " but the environment says rank ", rank_, " of ", world_size_);
   }
+  // Note [mesh agreement] in parallel/parallel_dims.h: before any subgroup is made.
+  config_detail::check_mesh_agreement(config_, group_);
   mesh_ = std::make_unique<dist::DeviceMesh>(config_detail::mesh_with_groups(*mesh_, group_));
   dist::StrategyContext ctx;
   ctx.group = group_;
@@ -107,10 +110,24 @@ Accelerator::Accelerator(AcceleratorConfig config)
                   : dist::make_strategy(spec, ctx);
   logging_dir_ = config_.project_dir;
   if (config_.seed) set_seed(*config_.seed);
+  // Note [process data shard] in data/process_shard.h: loaders built from RANK / WORLD_SIZE check
+  // it.
+  if (mesh_->size("dp") != world_size_) {
+    std::string others;
+    for (const auto& d : mesh_->dims())
+      if (d.name != "dp_replicate" && d.name != "dp_shard" && d.size > 1)
+        others += (others.empty() ? "" : ", ") + d.name + " " + std::to_string(d.size);
+    data::set_process_data_shard(data::ProcessDataShard{
+        mesh_->coordinate("dp"), mesh_->size("dp"),
+        "the Accelerator's mesh has dp size " + std::to_string(mesh_->size("dp")) + " of world " +
+            std::to_string(world_size_) + " (" + others + ")",
+        this});
+  }
 }
 
 Accelerator::~Accelerator() {
   for (auto& t : trackers_) t->finish();
+  data::clear_process_data_shard(this);  // Note [process data shard] in data/process_shard.h
   if (owns_group_) {
     // The strategy and the mesh hold subgroups of the world: gone before the world is.
     strategy_.reset();

@@ -7,6 +7,7 @@
 #include "accelerate/strategy_registry.h"
 #include "accelerate/strategy_tp.h"
 #include "comm/env.h"
+#include "parallel/parallel_dims.h"
 #include "core/generator.h"
 
 namespace accel {
@@ -26,6 +27,18 @@ dist::DeviceMesh build_mesh(const AcceleratorConfig& c, const dist::DistEnv& env
     for (const std::string& w : mesh.placement_warnings())
       std::cerr << "accel: warning: " << w << std::endl;
   return mesh;
+}
+
+void check_mesh_agreement(const AcceleratorConfig& c, const dist::ProcessGroupPtr& world) {
+  std::vector<dist::AgreedValue> v = dist::mesh_size_values(c.parallelism);
+  v.push_back(
+      {"strategy (ACCEL_STRATEGY, --strategy)", int64_t(dist::fingerprint(c.strategy)), false});
+  v.push_back({"zero_stage (ACCEL_ZERO_STAGE, --zero_stage)", c.zero_stage, true});
+  v.push_back({"mixed_precision (ACCEL_MIXED_PRECISION, --mixed_precision)",
+               int64_t(c.mixed_precision), false});
+  v.push_back({"the tp plan (AcceleratorConfig::tp_plan)",
+               int64_t(dist::plan_fingerprint(c.tp_plan)), false});
+  dist::check_agreement(world, "accelerator", v);
 }
 
 // Note [accelerator mesh groups]

@@ -20,6 +20,8 @@
 // died (and an address reused since) is recognised and dropped.
 #include "parallel/tensor_parallel.h"
 
+#include "autograd/nn/wrapper_label.h"
+
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -233,7 +235,7 @@ void shard_own(nn::Module& m, const Tensor& p, int64_t dim, int64_t chunks,
 }
 
 void apply_colwise(nn::Module& m, const ColwiseOptions& o, const ProcessGroupPtr& g,
-                   TpEntry& entry) {
+                   TpEntry& entry, const std::string& label) {
   if (auto* lin = dynamic_cast<nn::Linear*>(&m)) {
     shard_param(*lin, "weight", 0, o.chunks, g, entry);
     if (lin->bias.defined()) shard_param(*lin, "bias", 0, o.chunks, g, entry);
@@ -253,10 +255,11 @@ void apply_colwise(nn::Module& m, const ColwiseOptions& o, const ProcessGroupPtr
     if (o.gather_output) out[0] = gather_from_tp_region(out[0], -1, g);
     return out;
   });
+  nn::set_call_wrapper_label(m, label);
 }
 
 void apply_rowwise(nn::Module& m, const RowwiseOptions& o, const ProcessGroupPtr& g,
-                   TpEntry& entry) {
+                   TpEntry& entry, const std::string& label) {
   auto* lin = dynamic_cast<nn::Linear*>(&m);
   Tensor bias;
   if (lin) {
@@ -287,10 +290,11 @@ void apply_rowwise(nn::Module& m, const RowwiseOptions& o, const ProcessGroupPtr
     if (b.defined()) y = y + b;  // once, after the reduction
     return std::vector<Tensor>{y};
   });
+  nn::set_call_wrapper_label(m, label);
 }
 
 void apply_vocab_embedding(nn::Embedding& emb, const RowwiseOptions& o, const ProcessGroupPtr& g,
-                           TpEntry& entry) {
+                           TpEntry& entry, const std::string& label) {
   const int64_t vocab = emb.num_embeddings, vl = vocab / group_size(g);
   const int64_t start = group_rank(g) * vl;
   shard_param(emb, "weight", 0, 1, g, entry);
@@ -311,9 +315,11 @@ void apply_vocab_embedding(nn::Embedding& emb, const RowwiseOptions& o, const Pr
                                      : reduce_from_tp_region(out[0], g);
         return out;
       });
+  nn::set_call_wrapper_label(emb, label);
 }
 
-void apply_sequence(nn::Module& m, int64_t shard_input_dim, const ProcessGroupPtr& g) {
+void apply_sequence(nn::Module& m, int64_t shard_input_dim, const ProcessGroupPtr& g,
+                    const std::string& label) {
   if (group_size(g) > 1) {
     for (Tensor& t : m.parameters()) t.register_hook(all_reduce_hook(g));
   }
@@ -324,17 +330,57 @@ void apply_sequence(nn::Module& m, int64_t shard_input_dim, const ProcessGroupPt
     in[0].tensor() = scatter_to_tp_region(in[0].tensor(), shard_input_dim, g);
     return call(in);
   });
+  nn::set_call_wrapper_label(m, label);
 }
 
-void apply_style(nn::Module& m, const TpStyle& s, const ProcessGroupPtr& g, TpEntry& entry) {
+void apply_style(nn::Module& m, const std::string& name, const TpStyle& s, const ProcessGroupPtr& g,
+                 TpEntry& entry) {
+  const std::string label = "tensor-parallel " + s.name() + " '" + name + "'";
   switch (s.kind) {
-    case TpStyle::Kind::Colwise: apply_colwise(m, s.colwise, g, entry); break;
-    case TpStyle::Kind::Rowwise: apply_rowwise(m, s.rowwise, g, entry); break;
+    case TpStyle::Kind::Colwise: apply_colwise(m, s.colwise, g, entry, label); break;
+    case TpStyle::Kind::Rowwise: apply_rowwise(m, s.rowwise, g, entry, label); break;
     case TpStyle::Kind::VocabEmbedding:
-      apply_vocab_embedding(static_cast<nn::Embedding&>(m), s.rowwise, g, entry);
+      apply_vocab_embedding(static_cast<nn::Embedding&>(m), s.rowwise, g, entry, label);
       break;
-    case TpStyle::Kind::Sequence: apply_sequence(m, s.shard_input_dim, g); break;
+    case TpStyle::Kind::Sequence: apply_sequence(m, s.shard_input_dim, g, label); break;
     case TpStyle::Kind::Replicate: break;
+  }
+}
+
+bool is_sequence_parallel(const TpStyle& s) {
+  switch (s.kind) {
+    case TpStyle::Kind::Colwise: return s.colwise.sequence_parallel;
+    case TpStyle::Kind::Rowwise:
+    case TpStyle::Kind::VocabEmbedding: return s.rowwise.sequence_parallel;
+    case TpStyle::Kind::Sequence: return true;
+    case TpStyle::Kind::Replicate: return false;
+  }
+  return false;
+}
+
+// Note [sequence-parallel coverage]
+// Under sequence parallelism the modules between a rowwise exit (reduce-scatter) and the next
+// colwise entry (all-gather) see this rank's chunk of the sequence, so the gradient of their
+// replicated parameters is a partial sum that only sequence() all-reduces over tp. A module the
+// plan leaves out trains on partial gradients without a word (weights 4.5e-2 off after 15 steps),
+// so with any sequence-parallel style in the plan every module holding parameters of its own must
+// be planned itself or sit inside a planned module: sequence() if it runs on sequence chunks,
+// replicate() if its input is replicated.
+void check_sequence_coverage(nn::Module& root, const std::map<std::string, TpStyle>& planned) {
+  bool sp = false;
+  for (const auto& [name, style] : planned) sp = sp || is_sequence_parallel(style);
+  if (!sp) return;
+  auto covered = [&](const std::string& name) {
+    for (const auto& [p, style] : planned)
+      if (p.empty() || name == p || name.rfind(p + ".", 0) == 0) return true;
+    return false;
+  };
+  for (const auto& [name, m] : root.named_modules()) {
+    if (m->named_parameters(false).empty() || covered(name)) continue;
+    ACCEL_THROW(ValueError, kOp, "under sequence parallelism module '", name, "' (", m->type_name(),
+                ") is not in the plan, and its parameters would get partial gradients when it "
+                "runs on this rank's chunk of the sequence: plan it as sequence() (its gradients "
+                "are then all-reduced over tp) or replicate() if its input is replicated");
   }
 }
 
@@ -412,6 +458,7 @@ std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> module,
     check_style(name, *mi.first, plan[mi.second].second, p);
   }
   check_nesting(planned);
+  check_sequence_coverage(*module, planned);
   std::vector<nn::CausalSelfAttention*> split_heads;
   for (const auto& [name, m] : module->named_modules()) {
     if (auto* a = dynamic_cast<nn::CausalSelfAttention*>(m)) {
@@ -423,7 +470,7 @@ std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> module,
   for (const auto& [name, mi] : matched) {
     nn::Module& m = *mi.first;
     TpEntry entry{m.weak_from_this(), group, plan[mi.second].second, {}};
-    apply_style(m, entry.style, group, entry);
+    apply_style(m, name, entry.style, group, entry);
     std::lock_guard<std::mutex> lock(g_registry_mu);
     registry()[&m] = std::move(entry);
   }

@@ -15,5 +15,6 @@
 #include "autograd/nn/norm.h"
 #include "autograd/nn/rnn.h"
 #include "autograd/nn/safetensors.h"
+#include "autograd/nn/torch_format.h"
 #include "autograd/nn/transformer.h"
 #include "autograd/nn/utils.h"

@@ -9,3 +9,4 @@
 #include "autograd/optim/optimizer.h"
 #include "autograd/optim/rmsprop.h"
 #include "autograd/optim/sgd.h"
+#include "autograd/optim/torch_state.h"

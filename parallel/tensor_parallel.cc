@@ -234,8 +234,8 @@ void shard_own(nn::Module& m, const Tensor& p, int64_t dim, int64_t chunks,
   }
 }
 
-void apply_colwise(nn::Module& m, const ColwiseOptions& o, const ProcessGroupPtr& g,
-                   TpEntry& entry, const std::string& label) {
+void apply_colwise(nn::Module& m, const ColwiseOptions& o, const ProcessGroupPtr& g, TpEntry& entry,
+                   const std::string& label) {
   if (auto* lin = dynamic_cast<nn::Linear*>(&m)) {
     shard_param(*lin, "weight", 0, o.chunks, g, entry);
     if (lin->bias.defined()) shard_param(*lin, "bias", 0, o.chunks, g, entry);
@@ -258,8 +258,8 @@ void apply_colwise(nn::Module& m, const ColwiseOptions& o, const ProcessGroupPtr
   nn::set_call_wrapper_label(m, label);
 }
 
-void apply_rowwise(nn::Module& m, const RowwiseOptions& o, const ProcessGroupPtr& g,
-                   TpEntry& entry, const std::string& label) {
+void apply_rowwise(nn::Module& m, const RowwiseOptions& o, const ProcessGroupPtr& g, TpEntry& entry,
+                   const std::string& label) {
   auto* lin = dynamic_cast<nn::Linear*>(&m);
   Tensor bias;
   if (lin) {

@@ -318,3 +318,23 @@ TEST_CASE("input_ids that are not (batch, sequence) integers are refused") {
   CHECK_THROWS_WITH_AS((*gpt2)(zeros({1, 65}, TensorOptions(kInt64))),
                        doctest::Contains("do not fit the model's 64 positions"), ShapeError);
 }
+
+TEST_CASE("the tp plans record Conv1D's transposed shard dims; a non-linear layer is refused") {
+  // A group of one (none): nothing is cut, but the plan is checked and recorded as at any size.
+  auto gpt2 = hf::from_config(hf_fixture("gpt2"));
+  dist::parallelize(gpt2, nullptr, hf::gpt2_tp_plan());
+  const auto shards = dist::tp_shards(*gpt2);
+  CHECK(shards.at("transformer.h.0.attn.c_attn.weight").dim == 1);  // (in, out): columns
+  CHECK(shards.at("transformer.h.0.attn.c_attn.weight").chunks == 3);
+  CHECK(shards.at("transformer.h.0.attn.c_attn.bias").dim == 0);
+  CHECK(shards.at("transformer.h.1.mlp.c_proj.weight").dim == 0);  // rowwise: rows
+  CHECK(shards.count("transformer.h.1.mlp.c_proj.bias") == 0);     // replicated
+  CHECK(shards.count("transformer.wte.weight") == 0);
+  auto llama = hf::from_config(hf_fixture("llama"));
+  dist::parallelize(llama, nullptr, hf::tp_plan_for(*llama));
+  CHECK(dist::tp_shards(*llama).at("model.layers.1.self_attn.o_proj.weight").dim == 1);
+  CHECK(dist::tp_shards(*llama).at("model.layers.1.mlp.up_proj.weight").dim == 0);
+  auto other = hf::from_config(hf_fixture("gpt2"));
+  CHECK_THROWS_WITH_AS(dist::parallelize(other, nullptr, {{"transformer.ln_f", dist::colwise()}}),
+                       doctest::Contains("needs an nn::Linear (or a TransposedLinear"), ValueError);
+}

@@ -19,4 +19,5 @@
 #include "core/warning.h"
 #include "data/data.h"
 #include "accelerate/accelerator.h"
+#include "hf/hf.h"
 #include "vision/vision.h"

@@ -21,7 +21,6 @@
 #include "core/generator.h"
 #include "core/settings.h"
 #include "core/storage.h"
-#include "data/process_shard.h"
 #include "accelerate/checkpoint.h"
 #include "accelerate/config_detail.h"
 #include "comm/env.h"
@@ -100,34 +99,18 @@ Accelerator::Accelerator(AcceleratorConfig config)
   ctx.ddp = config_.ddp;
   ctx.mixed_precision = config_.mixed_precision;
   const dist::StrategySpec& spec = *dist::find_strategy(config_.strategy);  // resolved above
-  ACCEL_CHECK(!spec.options || !config_.strategy_options, ValueError, "accelerator", "strategy '",
-              spec.name,
-              "' reads its options from AcceleratorConfig::ddp / zero / fsdp; strategy_options is "
-              "for strategies without fields there");
   ctx.options = spec.options ? spec.options(config_) : config_.strategy_options;
   strategy_ = mesh_->size("tp") > 1  // Note [tp strategy] in accelerate/strategy_tp.cc
                   ? config_detail::make_tp_strategy(config_, *mesh_, group_, ctx, spec)
                   : dist::make_strategy(spec, ctx);
   logging_dir_ = config_.project_dir;
   if (config_.seed) set_seed(*config_.seed);
-  // Note [process data shard] in data/process_shard.h: loaders built from RANK / WORLD_SIZE check
-  // it.
-  if (mesh_->size("dp") != world_size_) {
-    std::string others;
-    for (const auto& d : mesh_->dims())
-      if (d.name != "dp_replicate" && d.name != "dp_shard" && d.size > 1)
-        others += (others.empty() ? "" : ", ") + d.name + " " + std::to_string(d.size);
-    data::set_process_data_shard(data::ProcessDataShard{
-        mesh_->coordinate("dp"), mesh_->size("dp"),
-        "the Accelerator's mesh has dp size " + std::to_string(mesh_->size("dp")) + " of world " +
-            std::to_string(world_size_) + " (" + others + ")",
-        this});
-  }
+  config_detail::publish_data_shard(*mesh_, world_size_, this);
 }
 
 Accelerator::~Accelerator() {
   for (auto& t : trackers_) t->finish();
-  data::clear_process_data_shard(this);  // Note [process data shard] in data/process_shard.h
+  config_detail::withdraw_data_shard(this);
   if (owns_group_) {
     // The strategy and the mesh hold subgroups of the world: gone before the world is.
     strategy_.reset();

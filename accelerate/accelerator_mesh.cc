@@ -9,6 +9,7 @@
 #include "comm/env.h"
 #include "parallel/parallel_dims.h"
 #include "core/generator.h"
+#include "data/process_shard.h"
 
 namespace accel {
 
@@ -40,6 +41,21 @@ void check_mesh_agreement(const AcceleratorConfig& c, const dist::ProcessGroupPt
                int64_t(dist::plan_fingerprint(c.tp_plan)), false});
   dist::check_agreement(world, "accelerator", v);
 }
+
+void publish_data_shard(const dist::DeviceMesh& mesh, int world_size, const void* owner) {
+  if (mesh.size("dp") == world_size) return;
+  std::string others;
+  for (const auto& d : mesh.dims())
+    if (d.name != "dp_replicate" && d.name != "dp_shard" && d.size > 1)
+      others += (others.empty() ? "" : ", ") + d.name + " " + std::to_string(d.size);
+  data::set_process_data_shard(data::ProcessDataShard{
+      mesh.coordinate("dp"), mesh.size("dp"),
+      "the Accelerator's mesh has dp size " + std::to_string(mesh.size("dp")) + " of world " +
+          std::to_string(world_size) + " (" + others + ")",
+      owner});
+}
+
+void withdraw_data_shard(const void* owner) { data::clear_process_data_shard(owner); }
 
 // Note [accelerator mesh groups]
 // After the world group exists the Accelerator rebuilds its mesh with a GroupFactory, so that

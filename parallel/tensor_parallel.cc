@@ -127,9 +127,21 @@ void check_style(const std::string& name, nn::Module& m, const TpStyle& s, int p
               " has a call wrapper already (a ZeRO-3 unit?): style ", s.name(),
               " needs its own; apply tensor parallel first and shard blocks, not its layers");
   if (s.kind == K::Colwise || s.kind == K::Rowwise) {
-    auto* lin = dynamic_cast<nn::Linear*>(&m);
-    ACCEL_CHECK(lin, ValueError, kOp, "style ", s.name(), " needs an nn::Linear, ",
-                describe(name, m), " is not one");
+    int64_t in_features = 0, out_features = 0;
+    if (auto* lin = dynamic_cast<nn::Linear*>(&m)) {
+      in_features = lin->in_features;
+      out_features = lin->out_features;
+    } else if (auto* tl = dynamic_cast<TransposedLinear*>(&m)) {
+      const Tensor w = tl->transposed_weight();
+      ACCEL_CHECK(w.defined() && w.dim() == 2, ValueError, kOp, "style ", s.name(), ": ",
+                  describe(name, m), " is a TransposedLinear whose weight is not 2-D");
+      in_features = w.size(0);  // Note [transposed linear layers]: (in, out)
+      out_features = w.size(1);
+    } else {
+      ACCEL_THROW(ValueError, kOp, "style ", s.name(),
+                  " needs an nn::Linear (or a TransposedLinear such as hf::Conv1D), ",
+                  describe(name, m), " is not one");
+    }
     if (s.kind == K::Colwise) {
       const int64_t k = s.colwise.chunks;
       ACCEL_CHECK(k >= 1, ValueError, kOp, "colwise chunks must be >= 1, got ", k, " for ",
@@ -138,12 +150,11 @@ void check_style(const std::string& name, nn::Module& m, const TpStyle& s, int p
                   " cannot gather its output (the gathered columns "
                   "would be in rank order, not the packed order) for ",
                   describe(name, m));
-      ACCEL_CHECK(lin->out_features % (k * p) == 0, ShapeError, kOp, "colwise ", describe(name, m),
-                  ": out_features ", lin->out_features, " is not divisible by chunks ", k, " x tp ",
-                  p);
+      ACCEL_CHECK(out_features % (k * p) == 0, ShapeError, kOp, "colwise ", describe(name, m),
+                  ": out_features ", out_features, " is not divisible by chunks ", k, " x tp ", p);
     } else {
-      ACCEL_CHECK(lin->in_features % p == 0, ShapeError, kOp, "rowwise ", describe(name, m),
-                  ": in_features ", lin->in_features, " is not divisible by tp ", p);
+      ACCEL_CHECK(in_features % p == 0, ShapeError, kOp, "rowwise ", describe(name, m),
+                  ": in_features ", in_features, " is not divisible by tp ", p);
     }
   } else if (s.kind == K::VocabEmbedding) {
     auto* emb = dynamic_cast<nn::Embedding*>(&m);
@@ -195,25 +206,46 @@ void check_nesting(const std::map<std::string, TpStyle>& planned) {
 
 // ---- applying a style ----
 
+void shard_tensor(const Tensor& t, const std::string& pname, int64_t dim, int64_t chunks,
+                  const ProcessGroupPtr& g, TpEntry& entry) {
+  NoGradGuard no_grad;
+  Tensor handle = t;
+  nn::assign_tensor_data(handle, shard_of(t.detach(), dim, chunks, group_size(g), group_rank(g)));
+  if (handle.grad().defined()) handle.set_grad(Tensor());
+  entry.shards.push_back({pname, dim, chunks});
+}
+
 void shard_param(nn::Module& m, const std::string& pname, int64_t dim, int64_t chunks,
                  const ProcessGroupPtr& g, TpEntry& entry) {
   for (auto& [n, t] : m.named_parameters(false)) {
     if (n != pname) continue;
-    NoGradGuard no_grad;
-    Tensor handle = t;
-    nn::assign_tensor_data(handle, shard_of(t.detach(), dim, chunks, group_size(g), group_rank(g)));
-    if (handle.grad().defined()) handle.set_grad(Tensor());
-    entry.shards.push_back({pname, dim, chunks});
+    shard_tensor(t, pname, dim, chunks, g, entry);
     return;
   }
 }
 
-void apply_colwise(nn::Linear& lin, const ColwiseOptions& o, const ProcessGroupPtr& g,
-                   TpEntry& entry, const std::string& label) {
-  shard_param(lin, "weight", 0, o.chunks, g, entry);
-  if (lin.bias.defined()) shard_param(lin, "bias", 0, o.chunks, g, entry);
-  lin.out_features /= group_size(g);
-  lin.set_call_wrapper([g, o](nn::Module&, nn::Values& in, const nn::CallFn& call) {
+// A TransposedLinear's parameter (found by identity: the layer names it as it likes).
+void shard_own(nn::Module& m, const Tensor& p, int64_t dim, int64_t chunks,
+               const ProcessGroupPtr& g, TpEntry& entry) {
+  for (auto& [n, t] : m.named_parameters(false)) {
+    if (!t.is_same(p)) continue;
+    shard_tensor(t, n, dim, chunks, g, entry);
+    return;
+  }
+}
+
+void apply_colwise(nn::Module& m, const ColwiseOptions& o, const ProcessGroupPtr& g, TpEntry& entry,
+                   const std::string& label) {
+  if (auto* lin = dynamic_cast<nn::Linear*>(&m)) {
+    shard_param(*lin, "weight", 0, o.chunks, g, entry);
+    if (lin->bias.defined()) shard_param(*lin, "bias", 0, o.chunks, g, entry);
+    lin->out_features /= group_size(g);
+  } else {  // Note [transposed linear layers]: the weight is (in, out)
+    auto& tl = dynamic_cast<TransposedLinear&>(m);
+    shard_own(m, tl.transposed_weight(), 1, o.chunks, g, entry);
+    if (tl.transposed_bias().defined()) shard_own(m, tl.transposed_bias(), 0, o.chunks, g, entry);
+  }
+  m.set_call_wrapper([g, o](nn::Module&, nn::Values& in, const nn::CallFn& call) {
     ACCEL_CHECK(!in.empty() && in[0].is_tensor() && in[0].tensor().defined(), ValueError, "colwise",
                 "expected a tensor input, got ", nn::describe_values(in));
     Tensor& x = in[0].tensor();
@@ -223,30 +255,42 @@ void apply_colwise(nn::Linear& lin, const ColwiseOptions& o, const ProcessGroupP
     if (o.gather_output) out[0] = gather_from_tp_region(out[0], -1, g);
     return out;
   });
-  nn::set_call_wrapper_label(lin, label);
+  nn::set_call_wrapper_label(m, label);
 }
 
-void apply_rowwise(nn::Linear& lin, const RowwiseOptions& o, const ProcessGroupPtr& g,
-                   TpEntry& entry, const std::string& label) {
-  shard_param(lin, "weight", 1, 1, g, entry);
-  lin.in_features /= group_size(g);
-  if (o.sequence_parallel && lin.bias.defined() && group_size(g) > 1)
-    lin.bias.register_hook(all_reduce_hook(g));
-  lin.set_call_wrapper([g, o](nn::Module& m, nn::Values& in, const nn::CallFn&) {
-    auto& l = static_cast<nn::Linear&>(m);
+void apply_rowwise(nn::Module& m, const RowwiseOptions& o, const ProcessGroupPtr& g, TpEntry& entry,
+                   const std::string& label) {
+  auto* lin = dynamic_cast<nn::Linear*>(&m);
+  Tensor bias;
+  if (lin) {
+    shard_param(*lin, "weight", 1, 1, g, entry);
+    lin->in_features /= group_size(g);
+    bias = lin->bias;
+  } else {  // Note [transposed linear layers]: the weight is (in, out)
+    auto& tl = dynamic_cast<TransposedLinear&>(m);
+    shard_own(m, tl.transposed_weight(), 0, 1, g, entry);
+    bias = tl.transposed_bias();
+  }
+  if (o.sequence_parallel && bias.defined() && group_size(g) > 1)
+    bias.register_hook(all_reduce_hook(g));
+  m.set_call_wrapper([g, o](nn::Module& mod, nn::Values& in, const nn::CallFn&) {
     ACCEL_CHECK(in.size() == 1 && in[0].is_tensor() && in[0].tensor().defined(), ValueError,
                 "rowwise", "expected one tensor input, got ", nn::describe_values(in));
     const Tensor& x = in[0].tensor();
-    ACCEL_CHECK(x.dim() >= 1 && x.size(-1) == l.in_features, ShapeError, "rowwise",
-                "expected input sharded on its last dim (..., ", l.in_features, "), got ",
-                x.sizes());
-    Tensor y = linear(x, l.weight);  // this rank's partial sum
+    auto* l = dynamic_cast<nn::Linear*>(&mod);
+    const Tensor w =
+        l ? Tensor(l->weight) : dynamic_cast<TransposedLinear&>(mod).transposed_weight();
+    const Tensor b = l ? Tensor(l->bias) : dynamic_cast<TransposedLinear&>(mod).transposed_bias();
+    const int64_t in_features = l ? l->in_features : w.size(0);
+    ACCEL_CHECK(x.dim() >= 1 && x.size(-1) == in_features, ShapeError, "rowwise",
+                "expected input sharded on its last dim (..., ", in_features, "), got ", x.sizes());
+    Tensor y = l ? linear(x, w) : matmul(x, w);  // this rank's partial sum
     y = o.sequence_parallel ? reduce_scatter_to_sequence_region(y, o.sequence_dim, g)
                             : reduce_from_tp_region(y, g);
-    if (l.bias.defined()) y = y + l.bias;  // once, after the reduction
+    if (b.defined()) y = y + b;  // once, after the reduction
     return std::vector<Tensor>{y};
   });
-  nn::set_call_wrapper_label(lin, label);
+  nn::set_call_wrapper_label(m, label);
 }
 
 void apply_vocab_embedding(nn::Embedding& emb, const RowwiseOptions& o, const ProcessGroupPtr& g,
@@ -293,12 +337,8 @@ void apply_style(nn::Module& m, const std::string& name, const TpStyle& s, const
                  TpEntry& entry) {
   const std::string label = "tensor-parallel " + s.name() + " '" + name + "'";
   switch (s.kind) {
-    case TpStyle::Kind::Colwise:
-      apply_colwise(static_cast<nn::Linear&>(m), s.colwise, g, entry, label);
-      break;
-    case TpStyle::Kind::Rowwise:
-      apply_rowwise(static_cast<nn::Linear&>(m), s.rowwise, g, entry, label);
-      break;
+    case TpStyle::Kind::Colwise: apply_colwise(m, s.colwise, g, entry, label); break;
+    case TpStyle::Kind::Rowwise: apply_rowwise(m, s.rowwise, g, entry, label); break;
     case TpStyle::Kind::VocabEmbedding:
       apply_vocab_embedding(static_cast<nn::Embedding&>(m), s.rowwise, g, entry, label);
       break;

@@ -4,6 +4,8 @@
 
   /usr/bin/python3 tests/io/make_torch_fixtures.py [--writer PATH]            # make and verify
   /usr/bin/python3 tests/io/make_torch_fixtures.py --verify [--writer PATH]   # re-verify only
+  /usr/bin/python3 tests/io/make_torch_fixtures.py --big DIR [--writer PATH]  # a > 4 GiB file
+  (--writer: build/tests/io/io_write_pt_fixtures by default)
 
 Made by torch (read by accel's tests, values built again there with pt_content.h's formulas):
   torch_state.pt      every dtype (f32 f64 f16 bf16 i32 i64 u8 bool): a matrix, its transpose (the
@@ -31,6 +33,10 @@ Made by accel (io_write_pt_fixtures, from pt_content.h) and checked here in torc
   accel_adam.pt, accel_adamw.pt, accel_sgd.pt: torch's optimizer of the same class and options
       loads the 'optimizer' state (param_groups equal to torch's own after the same two steps,
       state within 1e-12), and its third step matches torch's own run within 1e-12.
+--big DIR (13 GB of disk in DIR, 9 GB of memory, minutes): torch.save of a 4.3 GB uint8 tensor and a
+small one after it (real zip64 sizes and offsets), read and written again by accel
+(io_write_pt_fixtures --resave): accel's file must be torch's byte for byte, and torch.load must
+read it back. Not part of the fixtures; run by hand after changing the zip code.
 The tests check that save_pt still writes the committed accel_*.pt bytes. What this script printed
 when it made them is kept in fixtures/torch_verify.txt. It also writes the seed corpus of the fuzz
 target, tests/fuzz/corpus/fuzz_torch/seed-*.
@@ -367,13 +373,39 @@ def verify_accel_files(d, log):
         check_optimizer(name, os.path.join(d, "accel_%s.pt" % name), log)
 
 
+def check_big(d, writer, log):
+    k = (1 << 32) // 251 + 100
+    t = torch.arange(251, dtype=torch.uint8).repeat(k)
+    sd = collections.OrderedDict([("big", t), ("small", torch.arange(10, dtype=f32))])
+    src, out = os.path.join(d, "torch", "big.pt"), os.path.join(d, "accel", "big.pt")
+    os.makedirs(os.path.dirname(src), exist_ok=True)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    try:
+        torch.save(sd, src)
+        subprocess.run([writer, "--resave", src, out], check=True)
+        ident = subprocess.run(["cmp", "-s", src, out]).returncode == 0
+        os.remove(src)
+        back = torch.load(out)
+        ok = torch.equal(back["big"], t) and torch.equal(back["small"], sd["small"])
+    finally:
+        for p in (src, out):
+            if os.path.exists(p):
+                os.remove(p)
+    if not (ident and ok):
+        raise Mismatch("the > 4 GiB file: byte for byte %s, torch.load equal %s" % (ident, ok))
+    log("a %d-byte tensor and one after it (zip64 sizes and offsets): accel read torch.save's "
+        "file and wrote it back byte for byte; torch.load reads accel's file" % t.numel())
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--writer", default=os.path.join(ROOT, "build", "tests", "io",
                                                      "io_write_pt_fixtures"))
+    ap.add_argument("--big", metavar="DIR",
+                    help="only the > 4 GiB round trip, in DIR (see above)")
     ap.add_argument("--verify", action="store_true",
                     help="only check that the writer still writes the committed accel_*.pt files "
-                         "and that torch reads them")
+                         "and that torch reads them (rewrites torch_verify.txt)")
     args = ap.parse_args()
     lines = []
 
@@ -382,6 +414,11 @@ def main():
         lines.append(s)
 
     log("torch %s" % torch.__version__)
+    if args.big:
+        check_big(args.big, args.writer, log)
+        with open(os.path.join(FIXTURES, "torch_verify.txt"), "a") as f:
+            f.write("# make_torch_fixtures.py --big printed:\n" + "\n".join(lines) + "\n")
+        return
     os.makedirs(FIXTURES, exist_ok=True)
     if not args.verify:
         make_torch_fixtures(FIXTURES)
@@ -405,10 +442,12 @@ def main():
         else:
             for f in names:
                 shutil.copy(os.path.join(tmp, f), os.path.join(FIXTURES, f))
-            with open(os.path.join(FIXTURES, "torch_verify.txt"), "w") as f:
-                f.write("# What make_torch_fixtures.py printed when it made these files.\n")
-                f.write("\n".join(lines) + "\n")
-            log("wrote the accel_*.pt fixtures and torch_verify.txt")
+            log("wrote the accel_*.pt fixtures")
+        with open(os.path.join(FIXTURES, "torch_verify.txt"), "w") as f:
+            f.write("# What make_torch_fixtures.py%s printed when it last %s these files.\n"
+                    % (" --verify" if args.verify else "",
+                       "checked" if args.verify else "made"))
+            f.write("\n".join(lines) + "\n")
     finally:
         shutil.rmtree(tmp)
 

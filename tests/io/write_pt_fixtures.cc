@@ -1,7 +1,9 @@
 // Writes the accel_*.pt fixtures (pt_content.h) into a folder; make_torch_fixtures.py runs it and
-// checks each file in PyTorch before they are committed.
+// checks each file in PyTorch before they are committed. --resave reads a state dict with load_pt
+// and writes it with save_pt (make_torch_fixtures.py --big: a file over 4 GiB).
 //
 //   io_write_pt_fixtures <folder>
+//   io_write_pt_fixtures --resave <in.pt> <out.pt>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -9,8 +11,17 @@
 #include "tests/io/pt_content.h"
 
 int main(int argc, char** argv) {
+  if (argc == 4 && std::string(argv[1]) == "--resave") {
+    try {
+      accel::io::save_pt(argv[3], accel::io::load_pt(argv[2]));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 1;
+    }
+    return 0;
+  }
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s <folder>\n", argv[0]);
+    std::fprintf(stderr, "usage: %s <folder> | --resave <in.pt> <out.pt>\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];

@@ -48,8 +48,9 @@ void check_names(const ModelSpec& spec, nn::Module& m) {
   auto check = [&](const std::string& name, const Tensor& t, const EntrySpec& e) {
     if (name == e.key && t.sizes() == e.shape && t.dtype() == e.dtype) return;
     if (++bad <= 5)
-      FAIL_CHECK(spec.name, ": ", name, " ", t.sizes(), " ", t.dtype(), " where torchvision has ",
-                 e.key, " ", e.shape, " ", e.dtype);
+      FAIL_CHECK(spec.name, ": ", name, " ", t.sizes(), " ", std::string(dtype_name(t.dtype())),
+                 " where torchvision has ", e.key, " ", e.shape, " ",
+                 std::string(dtype_name(e.dtype)));
   };
   for (size_t i = 0; i < np.size(); ++i) check(np[i].first, np[i].second, *params[i]);
   for (size_t i = 0; i < nb.size(); ++i) check(nb[i].first, nb[i].second, *bufs[i]);

@@ -20,3 +20,5 @@
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "accelerate/accelerator.h"
+#include "hf/hf.h"
+#include "vision/vision.h"

@@ -84,6 +84,8 @@ Accelerator::Accelerator(AcceleratorConfig config)
                 "process group is rank ", group_->rank(), " of ", group_->size(),
                 " but the environment says rank ", rank_, " of ", world_size_);
   }
+  // Note [mesh agreement] in parallel/parallel_dims.h: before any subgroup is made.
+  config_detail::check_mesh_agreement(config_, group_);
   mesh_ = std::make_unique<dist::DeviceMesh>(config_detail::mesh_with_groups(*mesh_, group_));
   dist::StrategyContext ctx;
   ctx.group = group_;
@@ -97,20 +99,18 @@ Accelerator::Accelerator(AcceleratorConfig config)
   ctx.ddp = config_.ddp;
   ctx.mixed_precision = config_.mixed_precision;
   const dist::StrategySpec& spec = *dist::find_strategy(config_.strategy);  // resolved above
-  ACCEL_CHECK(!spec.options || !config_.strategy_options, ValueError, "accelerator", "strategy '",
-              spec.name,
-              "' reads its options from AcceleratorConfig::ddp / zero / fsdp; strategy_options is "
-              "for strategies without fields there");
   ctx.options = spec.options ? spec.options(config_) : config_.strategy_options;
   strategy_ = mesh_->size("tp") > 1  // Note [tp strategy] in accelerate/strategy_tp.cc
                   ? config_detail::make_tp_strategy(config_, *mesh_, group_, ctx, spec)
                   : dist::make_strategy(spec, ctx);
   logging_dir_ = config_.project_dir;
   if (config_.seed) set_seed(*config_.seed);
+  config_detail::publish_data_shard(*mesh_, world_size_, this);
 }
 
 Accelerator::~Accelerator() {
   for (auto& t : trackers_) t->finish();
+  config_detail::withdraw_data_shard(this);
   if (owns_group_) {
     // The strategy and the mesh hold subgroups of the world: gone before the world is.
     strategy_.reset();

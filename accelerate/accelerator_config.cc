@@ -141,6 +141,11 @@ void resolve_strategy(AcceleratorConfig& c, bool fill_name) {
 }
 
 void check_config(const AcceleratorConfig& c) {
+  const dist::StrategySpec* spec = dist::find_strategy(c.strategy);
+  ACCEL_CHECK(!spec || !spec->options || !c.strategy_options, ValueError, "accelerator",
+              "strategy '", c.strategy,
+              "' reads its options from AcceleratorConfig::ddp / zero / fsdp; strategy_options is "
+              "for strategies without fields there");
   ACCEL_CHECK(c.gradient_accumulation_steps >= 1, ValueError, "accelerator",
               "gradient_accumulation_steps must be >= 1, got ", c.gradient_accumulation_steps);
   ACCEL_CHECK(c.zero_stage >= 0 && c.zero_stage <= 3, ValueError, "accelerator",

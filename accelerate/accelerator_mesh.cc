@@ -7,7 +7,9 @@
 #include "accelerate/strategy_registry.h"
 #include "accelerate/strategy_tp.h"
 #include "comm/env.h"
+#include "parallel/parallel_dims.h"
 #include "core/generator.h"
+#include "data/process_shard.h"
 
 namespace accel {
 
@@ -27,6 +29,33 @@ dist::DeviceMesh build_mesh(const AcceleratorConfig& c, const dist::DistEnv& env
       std::cerr << "accel: warning: " << w << std::endl;
   return mesh;
 }
+
+void check_mesh_agreement(const AcceleratorConfig& c, const dist::ProcessGroupPtr& world) {
+  std::vector<dist::AgreedValue> v = dist::mesh_size_values(c.parallelism);
+  v.push_back(
+      {"strategy (ACCEL_STRATEGY, --strategy)", int64_t(dist::fingerprint(c.strategy)), false});
+  v.push_back({"zero_stage (ACCEL_ZERO_STAGE, --zero_stage)", c.zero_stage, true});
+  v.push_back({"mixed_precision (ACCEL_MIXED_PRECISION, --mixed_precision)",
+               int64_t(c.mixed_precision), false});
+  v.push_back({"the tp plan (AcceleratorConfig::tp_plan)",
+               int64_t(dist::plan_fingerprint(c.tp_plan)), false});
+  dist::check_agreement(world, "accelerator", v);
+}
+
+void publish_data_shard(const dist::DeviceMesh& mesh, int world_size, const void* owner) {
+  if (mesh.size("dp") == world_size) return;
+  std::string others;
+  for (const auto& d : mesh.dims())
+    if (d.name != "dp_replicate" && d.name != "dp_shard" && d.size > 1)
+      others += (others.empty() ? "" : ", ") + d.name + " " + std::to_string(d.size);
+  data::set_process_data_shard(data::ProcessDataShard{
+      mesh.coordinate("dp"), mesh.size("dp"),
+      "the Accelerator's mesh has dp size " + std::to_string(mesh.size("dp")) + " of world " +
+          std::to_string(world_size) + " (" + others + ")",
+      owner});
+}
+
+void withdraw_data_shard(const void* owner) { data::clear_process_data_shard(owner); }
 
 // Note [accelerator mesh groups]
 // After the world group exists the Accelerator rebuilds its mesh with a GroupFactory, so that

@@ -140,6 +140,7 @@ struct Accelerator::CheckpointIo {
     auto at = [&](const std::string& f) { return (fs::path(path) / f).string(); };
     Loaded l;
     l.path = path;
+    dist::refuse_checkpoint_links(path, "load_state");
     l.meta = read_meta(at(dist::kCheckpointStateFile));
     const Meta& m = l.meta;
     auto count = [&](size_t theirs, size_t mine, const char* what) {

@@ -92,6 +92,19 @@ std::vector<std::string> checkpoint_files(const std::string& dir) {
   return out;
 }
 
+void refuse_checkpoint_links(const std::string& dir, const char* op) {
+  const file_io::Fd d = file_io::open_dir(dir, false, op);
+  for (const std::string& n : file_io::list_dir(d.get(), dir, op)) {
+    struct stat st {};
+    if (::fstatat(d.get(), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    const std::string path = (fs::path(dir) / n).string();
+    ACCEL_CHECK(!S_ISLNK(st.st_mode), IoError, op, "'", path,
+                "' is a symbolic link: accel never writes one into a checkpoint, so a checkpoint "
+                "holding one is refused rather than followed");
+    if (S_ISDIR(st.st_mode) && is_tp_folder_name(n)) refuse_checkpoint_links(path, op);
+  }
+}
+
 namespace {
 // renameat2(RENAME_EXCHANGE): swaps two paths atomically (Linux 3.15; ext4, xfs, btrfs, tmpfs,
 // ...). False with errno set where the kernel or filesystem cannot (EINVAL, ENOSYS, ENOTSUP).
@@ -191,10 +204,14 @@ std::optional<std::string> replace_refusal(const std::string& dir) {
     return "holds " + listing(shown) + ", and is not a checkpoint folder of accel's (no " +
            kCheckpointMarker + " marker, no " + kCheckpointStateFile + " of accel's)";
   // A tensor-parallel index's folder (Note [tp strategy] in accelerate/strategy_tp.cc): a real
-  // folder whose every entry is a regular file the manifest lists as "tp<t>/<file>".
+  // folder whose every entry is a regular file the manifest lists as "tp<t>/<file>". In an
+  // unfinished save of ours (the marker, no state.json yet: a rank was killed while saving) any
+  // regular file its ranks wrote: before, such a folder blocked every later save to the same
+  // checkpoint_<N>, so a job restarted by --max_restarts died at each restart.
+  const bool unfinished = marker && !accel_state;
   auto tp_folder_ok = [&](const std::string& n) {
     struct stat e {};
-    if (!manifest || !is_tp_folder_name(n) ||
+    if ((!manifest && !unfinished) || !is_tp_folder_name(n) ||
         ::fstatat(d.get(), n.c_str(), &e, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(e.st_mode))
       return false;
     const std::string sub = (fs::path(dir) / n).string();
@@ -203,7 +220,7 @@ std::optional<std::string> replace_refusal(const std::string& dir) {
     for (const std::string& f : file_io::list_dir(sd.get(), sub, "save_state")) {
       struct stat fe {};
       if (::fstatat(sd.get(), f.c_str(), &fe, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(fe.st_mode) ||
-          !manifest->count(n + "/" + f))
+          (manifest && !manifest->count(n + "/" + f)))
         return false;
     }
     return true;

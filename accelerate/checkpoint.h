@@ -82,6 +82,10 @@ std::string checkpoint_tmp_dir(const std::string& final_dir);
 void begin_checkpoint_dir(const std::string& tmp_dir);
 // Names of the regular files in a checkpoint folder, sorted: the manifest of state.json.
 std::vector<std::string> checkpoint_files(const std::string& dir);
+// IoError naming the first symbolic link among `dir`'s entries and its tp<t>/ folders' entries:
+// accel never writes a link into a checkpoint, and the safetensors reader follows links (for
+// Hugging Face caches), so a load refuses a checkpoint holding one before reading anything.
+void refuse_checkpoint_links(const std::string& dir, const char* op);
 // Makes tmp the checkpoint `final` (atomically replacing an existing one), as in the Note.
 void commit_checkpoint_dir(const std::string& tmp_dir, const std::string& final_dir);
 // <parent>/.tmp-<name>.old: where the non-atomic fallback keeps the old checkpoint meanwhile.

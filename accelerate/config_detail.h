@@ -19,6 +19,14 @@ namespace config_detail {
 // ValueError naming every size and the world size when they do not fit. Prints the mesh's
 // placement warnings on rank 0 (accelerate/accelerator_mesh.cc).
 dist::DeviceMesh build_mesh(const AcceleratorConfig& c, const dist::DistEnv& env);
+// Note [mesh agreement] in parallel/parallel_dims.h: every rank was started with the same mesh
+// sizes, strategy, ZeRO stage, mixed precision and tp plan (DistError on every rank naming what
+// differs otherwise). Collective over `world` (null with one process).
+void check_mesh_agreement(const AcceleratorConfig& c, const dist::ProcessGroupPtr& world);
+// Note [process data shard] in data/process_shard.h: when the mesh's dp is not the world, records
+// this process's dp shard (owned by `owner`) for loaders built from RANK / WORLD_SIZE to check.
+void publish_data_shard(const dist::DeviceMesh& mesh, int world_size, const void* owner);
+void withdraw_data_shard(const void* owner);
 // The same mesh holding its process groups (Note [accelerator mesh groups] in
 // accelerate/accelerator_mesh.cc): collective over `world` (null with one process).
 dist::DeviceMesh mesh_with_groups(const dist::DeviceMesh& layout,

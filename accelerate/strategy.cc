@@ -512,8 +512,13 @@ void ReplicatedStrategy::load_model(size_t index, const io::SafetensorsCheckpoin
   ACCEL_CHECK(index < models_.size(), IndexError, "load_model", "model ", index, " of ",
               models_.size(), " prepared");
   try {
-    for (auto& [name, t] : models_[index]->state_handles())
-      if (src.contains(name)) read_into(src, name, 0, t.numel(), t);
+    for (auto& [name, t] : models_[index]->state_handles()) {
+      if (!src.contains(name)) continue;
+      // A model built under nn::DeferredInit and prepared in one process gets its memory here,
+      // as an unprepared one does in Accelerator::load_model.
+      if (nn::is_deferred(t)) t.storage()->materialize();
+      read_into(src, name, 0, t.numel(), t);
+    }
   } catch (...) {
     if (!err) err = std::current_exception();
   }

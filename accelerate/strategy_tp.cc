@@ -41,7 +41,9 @@
 
 #include <unistd.h>
 
-#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -229,14 +231,16 @@ class SavedPart {
   std::map<std::string, std::unique_ptr<io::SafetensorsFile>> files_;
 };
 
+// A folder only this process can use: mkdtemp creates it atomically with a random name and mode
+// 0700, and fails rather than reuse anything already there. (Before: a predictable
+// /tmp/accel-tp-load-<pid>-<rank>-<n>, removed and re-created by path, which another user could
+// squat with a link, and a root job's converted weights could land in a folder someone else owns.)
 std::string private_tmp_dir(int rank) {
-  static std::atomic<int> counter{0};
-  const fs::path p =
-      fs::temp_directory_path() / ("accel-tp-load-" + std::to_string(::getpid()) + "-" +
-                                   std::to_string(rank) + "-" + std::to_string(counter++));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
+  std::string tmpl =
+      (fs::temp_directory_path() / ("accel-tp-load-" + std::to_string(rank) + "-XXXXXX")).string();
+  ACCEL_CHECK(::mkdtemp(tmpl.data()) != nullptr, IoError, "load_state",
+              "cannot create a private temporary folder from '", tmpl, "': ", std::strerror(errno));
+  return tmpl;
 }
 
 }  // namespace

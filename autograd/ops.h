@@ -112,7 +112,12 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
 // ---- convolution and pooling (NCHW) ----
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b = Tensor(), Shape stride = {1, 1},
               Shape padding = {0, 0}, Shape dilation = {1, 1}, int64_t groups = 1);
-Tensor max_pool2d(const Tensor& x, Shape kernel, Shape stride = {}, Shape padding = {0, 0});
+// torch.nn.functional.max_pool2d's arguments in its order; stride {} is the kernel. ceil_mode: the
+// output size rounds up, ceil((H + 2 padding - kernel) / stride) + 1, less one when the last
+// window would start past the input and left padding (torch's rule). dilation must be 1
+// (ValueError otherwise: dilated max pooling is not offered).
+Tensor max_pool2d(const Tensor& x, Shape kernel, Shape stride = {}, Shape padding = {0, 0},
+                  Shape dilation = {1, 1}, bool ceil_mode = false);
 // torch.nn.functional.conv_transpose2d (same argument order: groups before dilation).
 // x: (N, C_in, H, W) or (C_in, H, W), w: (C_in, C_out / groups, kh, kw), b: (C_out) ->
 // (N, C_out, Ho, Wo), Ho = (H - 1) stride - 2 padding + dilation (kh - 1) + output_padding + 1;
@@ -351,6 +356,11 @@ Tensor relu6(const Tensor& x);
 Tensor selu(const Tensor& x);
 Tensor celu(const Tensor& x, double alpha = 1.0);
 Tensor threshold(const Tensor& x, double threshold, double value);
+// hardsigmoid(x) = relu6(x + 3) / 6, gradient 1/6 strictly inside (-3, 3);
+// hardswish(x) = x relu6(x + 3) / 6, gradient 0 below -3, x / 3 + 1/2 on [-3, 3), 1 from 3 on
+// (torch's vectorised hardswish_backward).
+Tensor hardsigmoid(const Tensor& x);
+Tensor hardswish(const Tensor& x);
 // In place (torch's F.relu_, F.leaky_relu_, ..., and what inplace=True modules run; Note
 // [in-place activations]): x is overwritten and returned; an in-place op's rules apply (a leaf
 // that requires grad is refused, a tensor saved for backward raises at backward).
@@ -363,6 +373,8 @@ Tensor& selu_(Tensor& x);
 Tensor& celu_(Tensor& x, double alpha = 1.0);
 Tensor& threshold_(Tensor& x, double threshold, double value);
 Tensor& silu_(Tensor& x);
+Tensor& hardsigmoid_(Tensor& x);
+Tensor& hardswish_(Tensor& x);
 // dropout's in-place form: the same draws and result as dropout(x, p, training, gen).
 Tensor& dropout_(Tensor& x, double p, bool training = true, Generator* gen = nullptr);
 

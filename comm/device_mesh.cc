@@ -232,7 +232,9 @@ std::string DeviceMesh::describe() const {
 }
 
 std::vector<MeshDim> mesh_dims(const MeshSizes& sizes) {
-  return {{"dp_replicate", sizes.dp_replicate}, {"dp_shard", sizes.dp_shard}, {"tp", sizes.tp}};
+  std::vector<MeshDim> dims;  // Note [parallel dimensions] in core/parallelism.h
+  for (const ParallelDim& d : kParallelDims) dims.push_back({std::string(d.name), sizes.*d.size});
+  return dims;
 }
 
 DeviceMesh parallelism_mesh(const MeshSizes& sizes, int rank, int local_world_size,

@@ -9,6 +9,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+
+#include "core/env_contract.h"
 
 namespace accel {
 
@@ -28,7 +31,7 @@ struct ParallelismConfig {
 struct MeshSizes {
   int dp_replicate = 1, dp_shard = 1, tp = 1;
 
-  int64_t product() const { return int64_t(dp_replicate) * dp_shard * tp; }
+  int64_t product() const;  // of the kParallelDims sizes
   bool operator==(const MeshSizes&) const = default;
 };
 
@@ -47,13 +50,42 @@ struct MeshSizes {
 // refused with every size and the world size named. accel-run refuses them before it starts a
 // worker (ConfigError), the Accelerator's constructor with a ValueError.
 
+// Note [parallel dimensions]
+// One row per mesh dimension, outermost first (Note [mesh layout] in comm/device_mesh.h): its name,
+// the ParallelismConfig field that sets it, the MeshSizes field that holds it, the environment
+// variable of its setting (core/settings.h names the flag and config key), and whether an unset
+// size fills the rest of the world. Size inference, messages, the mesh's dimensions and the
+// agreement check across ranks (parallel/parallel_dims.h) all loop over this table, so a new
+// dimension is a row (and its setting's row), not an edit of each.
+struct ParallelDim {
+  std::string_view name;
+  std::optional<int> ParallelismConfig::*given;
+  int MeshSizes::*size;
+  std::string_view env;
+  bool fills_rest;
+};
+inline constexpr ParallelDim kParallelDims[] = {
+    {"dp_replicate", &ParallelismConfig::dp_replicate_size, &MeshSizes::dp_replicate,
+     env::kDpReplicateSize, false},
+    {"dp_shard", &ParallelismConfig::dp_shard_size, &MeshSizes::dp_shard, env::kDpShardSize, true},
+    {"tp", &ParallelismConfig::tp_size, &MeshSizes::tp, env::kTpSize, false},
+};
+
+inline int64_t MeshSizes::product() const {
+  int64_t n = 1;
+  for (const ParallelDim& d : kParallelDims) n *= this->*d.size;
+  return n;
+}
+
 // "dp_replicate_size 2, dp_shard_size unset, tp_size 2"
 inline std::string describe_sizes(const ParallelismConfig& p) {
-  auto one = [](const char* name, const std::optional<int>& v) {
-    return std::string(name) + " " + (v ? std::to_string(*v) : std::string("unset"));
-  };
-  return one("dp_replicate_size", p.dp_replicate_size) + ", " +
-         one("dp_shard_size", p.dp_shard_size) + ", " + one("tp_size", p.tp_size);
+  std::string s;
+  for (const ParallelDim& d : kParallelDims) {
+    const std::optional<int>& v = p.*d.given;
+    s += (s.empty() ? "" : ", ") + std::string(d.name) + "_size " +
+         (v ? std::to_string(*v) : std::string("unset"));
+  }
+  return s;
 }
 
 // The mesh of Note [mesh sizes] for `world` processes, or nullopt with `why` (when given) saying
@@ -64,38 +96,58 @@ inline std::optional<MeshSizes> infer_mesh_sizes(const ParallelismConfig& p, int
     if (why) *why = what;
     return std::nullopt;
   };
+  // "dp_replicate_size x dp_shard_size x tp_size" over the rows `pick` selects.
+  auto product_names = [](auto pick) {
+    std::string s;
+    for (const ParallelDim& d : kParallelDims)
+      if (pick(d)) s += (s.empty() ? "" : " x ") + std::string(d.name) + "_size";
+    return s;
+  };
+  const auto all = [](const ParallelDim&) { return true; };
+  const auto fixed_rows = [](const ParallelDim& d) { return !d.fills_rest; };
   const std::string sizes = describe_sizes(p);
-  for (const auto* v : {&p.dp_replicate_size, &p.dp_shard_size, &p.tp_size})
-    if (*v && **v < 1) return fail("every parallelism size must be >= 1, got " + sizes);
+  bool all_ones = true;
+  for (const ParallelDim& d : kParallelDims) {
+    const std::optional<int>& v = p.*d.given;
+    if (v && *v < 1) return fail("every parallelism size must be >= 1, got " + sizes);
+    all_ones = all_ones && v.value_or(1) == 1;
+  }
   if (world < 1) return fail("the world size must be >= 1, got " + std::to_string(world));
   MeshSizes m;
-  const bool all_ones = p.dp_replicate_size.value_or(1) == 1 && p.dp_shard_size.value_or(1) == 1 &&
-                        p.tp_size.value_or(1) == 1;
+  const ParallelDim* rest = nullptr;  // the row that fills the rest of the world
+  for (const ParallelDim& d : kParallelDims)
+    if (d.fills_rest) rest = &d;
   if (all_ones) {
-    m.dp_shard = world;
+    m.*rest->size = world;
     return m;
   }
   // Each size is at most the world, so the products below cannot overflow.
-  for (const auto* v : {&p.dp_replicate_size, &p.dp_shard_size, &p.tp_size})
-    if (*v && **v > world)
-      return fail(sizes + ": dp_replicate_size x dp_shard_size x tp_size exceeds the world size " +
+  for (const ParallelDim& d : kParallelDims) {
+    const std::optional<int>& v = p.*d.given;
+    if (v && *v > world)
+      return fail(sizes + ": " + product_names(all) + " exceeds the world size " +
                   std::to_string(world));
-  m.dp_replicate = p.dp_replicate_size.value_or(1);
-  m.tp = p.tp_size.value_or(1);
-  const int64_t fixed = int64_t(m.dp_replicate) * m.tp;
-  if (!p.dp_shard_size) {
+  }
+  int64_t fixed = 1;
+  for (const ParallelDim& d : kParallelDims) {
+    if (d.fills_rest) continue;
+    m.*d.size = (p.*d.given).value_or(1);
+    fixed *= m.*d.size;
+  }
+  if (!(p.*rest->given)) {
     if (world % fixed != 0)
-      return fail(
-          sizes + ": dp_shard_size fills the rest of the world size " + std::to_string(world) +
-          ", but dp_replicate_size x tp_size = " + std::to_string(fixed) + " does not divide it");
-    m.dp_shard = int(world / fixed);
+      return fail(sizes + ": " + std::string(rest->name) +
+                  "_size fills the rest of the world size " + std::to_string(world) + ", but " +
+                  product_names(fixed_rows) + " = " + std::to_string(fixed) +
+                  " does not divide it");
+    m.*rest->size = int(world / fixed);
     return m;
   }
-  m.dp_shard = *p.dp_shard_size;
+  m.*rest->size = *(p.*rest->given);
   if (m.product() != world)
-    return fail(sizes + ": dp_replicate_size x dp_shard_size x tp_size = " +
-                std::to_string(m.product()) + " is not the world size " + std::to_string(world) +
-                " (unset sizes other than dp_shard_size count as 1)");
+    return fail(sizes + ": " + product_names(all) + " = " + std::to_string(m.product()) +
+                " is not the world size " + std::to_string(world) + " (unset sizes other than " +
+                std::string(rest->name) + "_size count as 1)");
   return m;
 }
 

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "data/process_shard.h"
 
 namespace accel::data {
 
@@ -228,7 +229,12 @@ DataLoader::Iterator DataLoader::begin() {
 }
 
 bool DataLoader::next(Batch& out) {
-  if (!run_) run_ = std::make_unique<Run>(this, epoch_, consumed_);
+  if (!run_) {
+    // Note [process data shard] in data/process_shard.h
+    if (options_.rank < 0 && options_.world_size < 0)
+      check_env_shard(batch_sampler_.shard(), "DataLoader");
+    run_ = std::make_unique<Run>(this, epoch_, consumed_);
+  }
   if (run_->next_yield >= run_->end) {
     // End of the epoch: the position moves on (Note [Loader position]).
     stop_run();

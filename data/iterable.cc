@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "data/process_shard.h"
 
 namespace accel::data {
 
@@ -277,7 +278,16 @@ void IterableDataLoader::set_epoch(int64_t e) {
 }
 
 bool IterableDataLoader::next(Batch& out) {
-  if (!run_) run_ = std::make_unique<Run>(this, epoch_);
+  if (!run_) {
+    // Note [process data shard] in data/process_shard.h
+    if (options_.rank < 0 && options_.world_size < 0) {
+      ShardOptions s;
+      s.rank = rank_;
+      s.world_size = world_size_;
+      check_env_shard(s, "IterableDataLoader");
+    }
+    run_ = std::make_unique<Run>(this, epoch_);
+  }
   bool got = false;
   try {
     got = run_->take(out);

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
@@ -11,6 +12,7 @@
 #include "core/error.h"
 #include "core/generator.h"
 #include "data/dataset.h"
+#include "data/process_shard.h"
 
 namespace accel::data {
 
@@ -244,6 +246,44 @@ ShardOptions ShardOptions::from_env() {
   s.rank = *rank;
   s.world_size = *world;
   return s;
+}
+
+namespace {
+std::mutex& shard_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::optional<ProcessDataShard>& shard_slot() {
+  static std::optional<ProcessDataShard> s;
+  return s;
+}
+}  // namespace
+
+void set_process_data_shard(ProcessDataShard shard) {
+  std::lock_guard<std::mutex> lock(shard_mutex());
+  shard_slot() = std::move(shard);
+}
+
+void clear_process_data_shard(const void* owner) {
+  std::lock_guard<std::mutex> lock(shard_mutex());
+  if (shard_slot() && shard_slot()->owner == owner) shard_slot().reset();
+}
+
+std::optional<ProcessDataShard> process_data_shard() {
+  std::lock_guard<std::mutex> lock(shard_mutex());
+  return shard_slot();
+}
+
+void check_env_shard(const ShardOptions& s, const char* op) {
+  const std::optional<ProcessDataShard> p = process_data_shard();
+  if (!p || (p->rank == s.rank && p->size == s.world_size)) return;
+  ACCEL_THROW(ValueError, op, "this loader shards over WORLD_SIZE = ", s.world_size,
+              " ranks (it was built without rank / world_size, so it took RANK = ", s.rank,
+              " / WORLD_SIZE), but ", p->source, ": this process reads data shard ", p->rank,
+              " of ", p->size,
+              ", and ranks of one shard (tp peers) must read the same batches. Pass the loader "
+              "through acc.prepare(loader), or give rank / world_size from acc.mesh() "
+              "(coordinate(\"dp\"), size(\"dp\"))");
 }
 
 // ---- BatchSampler ----

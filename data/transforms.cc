@@ -7,49 +7,43 @@
 
 #include "core/error.h"
 #include "data/dataset.h"
+#include "data/transforms_detail.h"
 
 namespace accel::data::transforms {
 
-namespace {
+namespace detail {
 
-// An image in one of the two layouts (data/image.h), contiguous on the CPU. For HWC, c is the
-// channels per pixel; for CHW, the number of (H, W) planes (all leading dims flattened).
-struct Img {
-  Tensor t;
-  bool hwc = false;
-  int64_t h = 0, w = 0, c = 0;
-  Shape lead;  // CHW: the leading dims (..., C); HWC: empty
-  bool two_d = false;
-
-  int64_t at(int64_t y, int64_t x, int64_t k) const {
-    return hwc ? (y * w + x) * c + k : (k * h + y) * w + x;
-  }
-};
+void check_image(const Tensor& image, const char* op) {
+  ACCEL_CHECK(image.defined(), ValueError, op, "image is undefined");
+  const bool u8 = image.dtype() == kUInt8;
+  ACCEL_CHECK(u8 || image.is_floating_point(), DTypeError, op,
+              "expects a uint8 (H, W, C) / (H, W) or floating (..., C, H, W) / (H, W) image, got ",
+              image.dtype(), " ", image.shape_str());
+  ACCEL_CHECK(u8 ? image.dim() == 2 || image.dim() == 3 : image.dim() >= 2, ShapeError, op,
+              u8 ? "expects a uint8 image of (H, W, C) or (H, W), got "
+                 : "expects a floating image of (..., C, H, W) or (H, W), got ",
+              image.shape_str());
+  ACCEL_CHECK(image.numel() > 0, ShapeError, op, "empty image ", image.shape_str());
+}
 
 Img canon(const Tensor& image, const char* op) {
-  ACCEL_CHECK(image.defined(), ValueError, op, "image is undefined");
+  check_image(image, op);
   Img m;
+  m.two_d = image.dim() == 2;
   if (image.dtype() == kUInt8) {
-    ACCEL_CHECK(image.dim() == 2 || image.dim() == 3, ShapeError, op,
-                "a uint8 image is (H, W) or (H, W, C), got ", image.shape_str());
     m.hwc = true;
-    m.two_d = image.dim() == 2;
     m.h = image.size(0);
     m.w = image.size(1);
     m.c = m.two_d ? 1 : image.size(2);
+    m.channels = m.c;
   } else {
-    ACCEL_CHECK(image.is_floating_point(), DTypeError, op,
-                "images are uint8 (H, W, C) or floating (..., C, H, W), got ", image.dtype());
-    ACCEL_CHECK(image.dim() >= 2, ShapeError, op,
-                "a floating image is (..., C, H, W) or (H, W), got ", image.shape_str());
-    m.two_d = image.dim() == 2;
     m.h = image.size(-2);
     m.w = image.size(-1);
     m.lead = Shape(image.sizes().begin(), image.sizes().end() - 2);
     m.c = 1;
     for (int64_t d : m.lead) m.c *= d;
+    m.channels = m.two_d ? 1 : image.size(-3);
   }
-  ACCEL_CHECK(m.h >= 1 && m.w >= 1, ShapeError, op, "empty image ", image.shape_str());
   m.t = image.detach().cpu().contiguous();
   return m;
 }
@@ -62,21 +56,28 @@ Tensor make_out(const Img& m, int64_t h, int64_t w, DType dtype) {
   return empty(s, dtype);
 }
 
-// Floating images other than float32/float64 are computed in float32 and converted back.
-template <typename F>
-Tensor by_dtype(const Tensor& image, const char* op, F&& f) {
-  const DType dt = image.dtype();
-  if (dt == kUInt8 || dt == kFloat32 || dt == kFloat64) return f(canon(image, op));
-  Img m = canon(image, op);
-  m.t = m.t.to(kFloat32);
-  return f(m).to(dt);
+std::pair<int64_t, int64_t> image_hw(const Tensor& image, const char* op) {
+  check_image(image, op);
+  const bool hwc = image.dtype() == kUInt8;
+  return {hwc ? image.size(0) : image.size(-2), hwc ? image.size(1) : image.size(-1)};
 }
+
+}  // namespace detail
+
+namespace {
+
+using detail::by_dtype;
+using detail::Img;
 
 template <typename T>
 void crop_kernel(const Img& m, Tensor& out, int64_t top, int64_t left, int64_t oh, int64_t ow) {
   const T* src = m.t.data<T>();
   T* dst = out.data<T>();
-  const Img o{out, m.hwc, oh, ow, m.c, {}, false};
+  Img o;
+  o.hwc = m.hwc;
+  o.h = oh;
+  o.w = ow;
+  o.c = m.c;
   for (int64_t k = 0; k < m.c; ++k)
     for (int64_t y = 0; y < oh; ++y)
       for (int64_t x = 0; x < ow; ++x) {
@@ -87,63 +88,25 @@ void crop_kernel(const Img& m, Tensor& out, int64_t top, int64_t left, int64_t o
 }
 
 template <typename T>
-void flip_kernel(const Img& m, Tensor& out) {
+void flip_kernel(const Img& m, Tensor& out, bool vertical) {
   const T* src = m.t.data<T>();
   T* dst = out.data<T>();
   for (int64_t k = 0; k < m.c; ++k)
     for (int64_t y = 0; y < m.h; ++y)
-      for (int64_t x = 0; x < m.w; ++x) dst[m.at(y, x, k)] = src[m.at(y, m.w - 1 - x, k)];
+      for (int64_t x = 0; x < m.w; ++x)
+        dst[m.at(y, x, k)] = vertical ? src[m.at(m.h - 1 - y, x, k)] : src[m.at(y, m.w - 1 - x, k)];
 }
 
-// Note [bilinear like torch]: upsample_bilinear2d with align_corners=False on the CPU, in the
-// accumulation type A (float for float32 and uint8, double for float64): scale = in / out,
-// src = max(scale * (d + 0.5) - 0.5, 0), i0 = floor(src), i1 = min(i0 + 1, in - 1),
-// l1 = src - i0, l0 = 1 - l1; out = (v00 l0x + v01 l1x) l0y + (v10 l0x + v11 l1x) l1y.
-template <typename A>
-struct Taps {
-  std::vector<int64_t> i0, i1;
-  std::vector<A> l0, l1;
-  Taps(int64_t in, int64_t out)
-      : i0(size_t(out)), i1(size_t(out)), l0(size_t(out)), l1(size_t(out)) {
-    const A scale = A(in) / A(out);
-    for (int64_t d = 0; d < out; ++d) {
-      A src = scale * (A(d) + A(0.5)) - A(0.5);
-      if (src < 0) src = 0;
-      int64_t a = int64_t(src);
-      if (a > in - 1) a = in - 1;
-      const A lam = src - A(a);
-      i0[size_t(d)] = a;
-      i1[size_t(d)] = a < in - 1 ? a + 1 : a;
-      l1[size_t(d)] = lam;
-      l0[size_t(d)] = A(1) - lam;
+Tensor flip(const Tensor& image, bool vertical, const char* op) {
+  return by_dtype(image, op, [&](const Img& m) {
+    Tensor out = detail::make_out(m, m.h, m.w, m.t.dtype());
+    switch (m.t.dtype()) {
+      case kUInt8: flip_kernel<uint8_t>(m, out, vertical); break;
+      case kFloat64: flip_kernel<double>(m, out, vertical); break;
+      default: flip_kernel<float>(m, out, vertical);
     }
-  }
-};
-
-template <typename T, typename A>
-void resize_kernel(const Img& m, Tensor& out, int64_t oh, int64_t ow) {
-  const T* src = m.t.data<T>();
-  T* dst = out.data<T>();
-  const Taps<A> ty(m.h, oh), tx(m.w, ow);
-  const Img o{out, m.hwc, oh, ow, m.c, {}, false};
-  for (int64_t k = 0; k < m.c; ++k)
-    for (int64_t y = 0; y < oh; ++y) {
-      const size_t yy = size_t(y);
-      for (int64_t x = 0; x < ow; ++x) {
-        const size_t xx = size_t(x);
-        const A v00 = A(src[m.at(ty.i0[yy], tx.i0[xx], k)]);
-        const A v01 = A(src[m.at(ty.i0[yy], tx.i1[xx], k)]);
-        const A v10 = A(src[m.at(ty.i1[yy], tx.i0[xx], k)]);
-        const A v11 = A(src[m.at(ty.i1[yy], tx.i1[xx], k)]);
-        const A r = (v00 * tx.l0[xx] + v01 * tx.l1[xx]) * ty.l0[yy] +
-                    (v10 * tx.l0[xx] + v11 * tx.l1[xx]) * ty.l1[yy];
-        if constexpr (std::is_same_v<T, uint8_t>) {
-          dst[o.at(y, x, k)] = uint8_t(std::clamp(std::nearbyint(r), A(0), A(255)));
-        } else {
-          dst[o.at(y, x, k)] = T(r);
-        }
-      }
-    }
+    return out;
+  });
 }
 
 // Python's round() of d / 2 (half to even), for a non-negative or negative integer d.
@@ -156,12 +119,31 @@ void check_size(int64_t h, int64_t w, const char* op) {
 
 }  // namespace
 
+// ---- random words (Note [torchvision's random draws]) ----
+
+RandomWords random_words(Generator& gen) {
+  return [&gen] { return uint32_t(gen.next_u64() >> 32); };
+}
+
+float uniform_from_word(uint32_t word) { return float(word & 0xFFFFFFu) * 0x1.0p-24f; }
+
+namespace {
+
+// torch.empty(1).uniform_(a, b) on a float32 tensor: a and b become float32; fused as torch's
+// kernel is compiled.
+float uniform_f32(const RandomWords& words, double a, double b) {
+  const float fa = float(a), fb = float(b);
+  return std::fma(uniform_from_word(words()), fb - fa, fa);
+}
+
+}  // namespace
+
 // ---- functional ----
 
 Tensor crop(const Tensor& image, int64_t top, int64_t left, int64_t height, int64_t width) {
   check_size(height, width, "crop");
   return by_dtype(image, "crop", [&](const Img& m) {
-    Tensor out = make_out(m, height, width, m.t.dtype());
+    Tensor out = detail::make_out(m, height, width, m.t.dtype());
     switch (m.t.dtype()) {
       case kUInt8: crop_kernel<uint8_t>(m, out, top, left, height, width); break;
       case kFloat64: crop_kernel<double>(m, out, top, left, height, width); break;
@@ -171,43 +153,63 @@ Tensor crop(const Tensor& image, int64_t top, int64_t left, int64_t height, int6
   });
 }
 
-Tensor hflip(const Tensor& image) {
-  return by_dtype(image, "hflip", [&](const Img& m) {
-    Tensor out = make_out(m, m.h, m.w, m.t.dtype());
-    switch (m.t.dtype()) {
-      case kUInt8: flip_kernel<uint8_t>(m, out); break;
-      case kFloat64: flip_kernel<double>(m, out); break;
-      default: flip_kernel<float>(m, out);
-    }
-    return out;
-  });
-}
-
-Tensor resize(const Tensor& image, int64_t height, int64_t width) {
-  check_size(height, width, "resize");
-  return by_dtype(image, "resize", [&](const Img& m) {
-    Tensor out = make_out(m, height, width, m.t.dtype());
-    switch (m.t.dtype()) {
-      case kUInt8: resize_kernel<uint8_t, float>(m, out, height, width); break;
-      case kFloat64: resize_kernel<double, double>(m, out, height, width); break;
-      default: resize_kernel<float, float>(m, out, height, width);
-    }
-    return out;
-  });
-}
+Tensor hflip(const Tensor& image) { return flip(image, false, "hflip"); }
+Tensor vflip(const Tensor& image) { return flip(image, true, "vflip"); }
 
 Tensor center_crop(const Tensor& image, int64_t height, int64_t width) {
   check_size(height, width, "center_crop");
-  const bool hwc = image.defined() && image.dtype() == kUInt8;
-  ACCEL_CHECK(image.defined() && image.dim() >= 2, ShapeError, "center_crop",
-              "expects an image, got ", image.defined() ? image.shape_str() : "undefined");
-  const int64_t h = hwc ? image.size(0) : image.size(-2);
-  const int64_t w = hwc ? image.size(1) : image.size(-1);
+  const auto [h, w] = detail::image_hw(image, "center_crop");
   // torchvision pads a too-small side by ((c - s) // 2 before, the rest after), then crops at
   // round((padded - c) / 2): the offset into the unpadded image is -(c - s) // 2 there.
   const int64_t top = height > h ? -((height - h) / 2) : half_round(h - height);
   const int64_t left = width > w ? -((width - w) / 2) : half_round(w - width);
   return crop(image, top, left, height, width);
+}
+
+Tensor to_tensor(const Tensor& image) {
+  ACCEL_CHECK(image.defined(), ValueError, "ToTensor", "image is undefined");
+  ACCEL_CHECK(image.dtype() == kUInt8, DTypeError, "ToTensor",
+              "expects a uint8 (H, W, C) or (H, W) image, got ", image.dtype(), " ",
+              image.shape_str());
+  ACCEL_CHECK(image.dim() == 2 || image.dim() == 3, ShapeError, "ToTensor",
+              "expects a uint8 (H, W, C) or (H, W) image, got ", image.shape_str());
+  const Tensor src = image.cpu().contiguous();
+  const int64_t h = src.size(0), w = src.size(1), c = src.dim() == 2 ? 1 : src.size(2);
+  Tensor out = empty({c, h, w}, kFloat32);
+  const uint8_t* s = src.data<uint8_t>();
+  float* d = out.data<float>();
+  // torchvision: img.to(float32).div(255).
+  for (int64_t i = 0; i < h * w; ++i)
+    for (int64_t k = 0; k < c; ++k) d[k * h * w + i] = float(s[i * c + k]) / 255.0f;
+  return image.device().is_cpu() ? out : out.to(image.device());
+}
+
+Tensor normalize(const Tensor& image, const std::vector<double>& mean,
+                 const std::vector<double>& std) {
+  ACCEL_CHECK(!mean.empty() && mean.size() == std.size(), ValueError, "Normalize",
+              "mean and std need the same, non-zero number of values; got ", mean.size(), " and ",
+              std.size());
+  ACCEL_CHECK(image.defined(), ValueError, "Normalize", "image is undefined");
+  ACCEL_CHECK(image.is_floating_point(), DTypeError, "Normalize",
+              "expects a floating (..., C, H, W) image (after ToTensor), got ", image.dtype(), " ",
+              image.shape_str());
+  ACCEL_CHECK(image.dim() >= 3, ShapeError, "Normalize", "expects (..., C, H, W), got ",
+              image.shape_str());
+  const int64_t c = image.size(-3);
+  ACCEL_CHECK(mean.size() == 1 || int64_t(mean.size()) == c, ValueError, "Normalize", mean.size(),
+              " mean/std values for an image of ", c, " channels ", image.shape_str());
+  std::vector<double> m(static_cast<size_t>(c)), s(static_cast<size_t>(c));
+  for (int64_t k = 0; k < c; ++k) {
+    m[size_t(k)] = mean.size() == 1 ? mean[0] : mean[size_t(k)];
+    s[size_t(k)] = std.size() == 1 ? std[0] : std[size_t(k)];
+  }
+  // torchvision: tensor.sub_(mean).div_(std), mean and std in the image's dtype, on its device.
+  Tensor mean_t = tensor(m, {c, 1, 1}, TensorOptions(kFloat64)).to(image.device(), image.dtype());
+  Tensor std_t = tensor(s, {c, 1, 1}, TensorOptions(kFloat64)).to(image.device(), image.dtype());
+  for (double v : std_t.to(kCPU, kFloat64).to_vector<double>())
+    ACCEL_CHECK(v != 0.0, ValueError, "Normalize", "std evaluated to zero after conversion to ",
+                image.dtype(), ", leading to division by zero");
+  return image.detach().sub(mean_t).div(std_t);
 }
 
 // ---- classes ----
@@ -243,38 +245,45 @@ Lambda::Lambda(std::function<Tensor(const Tensor&)> fn)
     : fn_([f = std::move(fn)](const Tensor& x, Generator&) { return f(x); }) {}
 Lambda::Lambda(std::function<Tensor(const Tensor&, Generator&)> fn) : fn_(std::move(fn)) {}
 
-Resize::Resize(int64_t size) : size_(size) {
+Resize::Resize(int64_t size, InterpolationMode interpolation, std::optional<int64_t> max_size,
+               bool antialias)
+    : size_(size), interpolation_(interpolation), max_size_(max_size), antialias_(antialias) {
   ACCEL_CHECK(size >= 1, ValueError, "Resize", "size must be positive, got ", size);
+  ACCEL_CHECK(
+      !max_size || *max_size > size, ValueError, "Resize", "max_size = ", max_size.value_or(0),
+      " must be strictly greater than the requested size for the smaller edge size = ", size);
+  ACCEL_CHECK(!antialias || interpolation == InterpolationMode::kBilinear ||
+                  interpolation == InterpolationMode::kBicubic,
+              ValueError, "Resize", "antialias is supported for bilinear and bicubic only, not ",
+              interpolation_name(interpolation));
 }
-Resize::Resize(int64_t height, int64_t width) : height_(height), width_(width) {
+
+Resize::Resize(int64_t height, int64_t width, InterpolationMode interpolation, bool antialias)
+    : height_(height), width_(width), interpolation_(interpolation), antialias_(antialias) {
   check_size(height, width, "Resize");
+  ACCEL_CHECK(!antialias || interpolation == InterpolationMode::kBilinear ||
+                  interpolation == InterpolationMode::kBicubic,
+              ValueError, "Resize", "antialias is supported for bilinear and bicubic only, not ",
+              interpolation_name(interpolation));
 }
 
 Tensor Resize::apply(const Tensor& image, Generator&) const {
-  int64_t oh = height_, ow = width_;
-  if (size_ > 0) {
-    ACCEL_CHECK(image.defined() && image.dim() >= 2, ShapeError, "Resize", "expects an image, got ",
-                image.defined() ? image.shape_str() : "undefined");
-    const bool hwc = image.dtype() == kUInt8;
-    const int64_t h = hwc ? image.size(0) : image.size(-2);
-    const int64_t w = hwc ? image.size(1) : image.size(-1);
-    ACCEL_CHECK(h >= 1 && w >= 1, ShapeError, "Resize", "empty image ", image.shape_str());
-    // torchvision: new_long = int(size * long / short) (Python float division, truncated).
-    const int64_t s = std::min(h, w), l = std::max(h, w);
-    const int64_t nl = int64_t(double(size_) * double(l) / double(s));
-    oh = h <= w ? size_ : nl;
-    ow = h <= w ? nl : size_;
-  }
-  return resize(image, oh, ow);
+  detail::check_image(image, "Resize");
+  if (size_ > 0) return resize(image, {size_}, interpolation_, max_size_, antialias_);
+  return resize(image, height_, width_, interpolation_, antialias_);
 }
 
 std::string Resize::repr() const {
   std::ostringstream os;
+  os << "Resize(size=";
   if (size_ > 0) {
-    os << "Resize(size=" << size_ << ", bilinear, antialias=False)";
+    os << size_;
   } else {
-    os << "Resize(size=(" << height_ << ", " << width_ << "), bilinear, antialias=False)";
+    os << "(" << height_ << ", " << width_ << ")";
   }
+  os << ", interpolation=" << interpolation_name(interpolation_);
+  if (max_size_) os << ", max_size=" << *max_size_;
+  os << ", antialias=" << (antialias_ ? "True" : "False") << ")";
   return os.str();
 }
 
@@ -282,6 +291,7 @@ CenterCrop::CenterCrop(int64_t height, int64_t width) : height_(height), width_(
   check_size(height, width, "CenterCrop");
 }
 Tensor CenterCrop::apply(const Tensor& image, Generator&) const {
+  detail::check_image(image, "CenterCrop");
   return center_crop(image, height_, width_);
 }
 std::string CenterCrop::repr() const {
@@ -291,13 +301,20 @@ std::string CenterCrop::repr() const {
 }
 
 RandomResizedCrop::RandomResizedCrop(int64_t size, std::pair<double, double> scale,
-                                     std::pair<double, double> ratio)
-    : RandomResizedCrop(std::make_pair(size, size), scale, ratio) {}
+                                     std::pair<double, double> ratio,
+                                     InterpolationMode interpolation, bool antialias)
+    : RandomResizedCrop(std::make_pair(size, size), scale, ratio, interpolation, antialias) {}
 
 RandomResizedCrop::RandomResizedCrop(std::pair<int64_t, int64_t> size,
                                      std::pair<double, double> scale,
-                                     std::pair<double, double> ratio)
-    : height_(size.first), width_(size.second), scale_(scale), ratio_(ratio) {
+                                     std::pair<double, double> ratio,
+                                     InterpolationMode interpolation, bool antialias)
+    : height_(size.first),
+      width_(size.second),
+      scale_(scale),
+      ratio_(ratio),
+      interpolation_(interpolation),
+      antialias_(antialias) {
   check_size(height_, width_, "RandomResizedCrop");
   ACCEL_CHECK(scale.first > 0 && scale.first <= scale.second, ValueError, "RandomResizedCrop",
               "scale must be (min, max) with 0 < min <= max, got (", scale.first, ", ",
@@ -305,21 +322,31 @@ RandomResizedCrop::RandomResizedCrop(std::pair<int64_t, int64_t> size,
   ACCEL_CHECK(ratio.first > 0 && ratio.first <= ratio.second, ValueError, "RandomResizedCrop",
               "ratio must be (min, max) with 0 < min <= max, got (", ratio.first, ", ",
               ratio.second, ")");
+  ACCEL_CHECK(!antialias || interpolation == InterpolationMode::kBilinear ||
+                  interpolation == InterpolationMode::kBicubic,
+              ValueError, "RandomResizedCrop",
+              "antialias is supported for bilinear and bicubic only, not ",
+              interpolation_name(interpolation));
 }
 
-RandomResizedCrop::Box RandomResizedCrop::get_params(int64_t h, int64_t w, Generator& gen) const {
+// torchvision 0.14's RandomResizedCrop.get_params, draw for draw (Note [torchvision's random
+// draws]): log_ratio = torch.log(torch.tensor(ratio)) is float32, the two uniforms per attempt
+// are float32 values, the rest is Python (double) arithmetic.
+RandomResizedCrop::Box RandomResizedCrop::get_params(int64_t h, int64_t w,
+                                                     const RandomWords& words) const {
+  ACCEL_CHECK(h >= 1 && w >= 1, ShapeError, "RandomResizedCrop", "empty image (", h, ", ", w, ")");
   const double area = double(h) * double(w);
-  const double lr0 = std::log(ratio_.first), lr1 = std::log(ratio_.second);
+  const float lr0 = float(std::log(double(float(ratio_.first))));
+  const float lr1 = float(std::log(double(float(ratio_.second))));
   for (int attempt = 0; attempt < 10; ++attempt) {
-    const double target =
-        area * (scale_.first + (scale_.second - scale_.first) * gen.next_double());
-    const double aspect = std::exp(lr0 + (lr1 - lr0) * gen.next_double());
+    const double target = area * double(uniform_f32(words, scale_.first, scale_.second));
+    const double aspect = double(float(std::exp(double(uniform_f32(words, lr0, lr1)))));
     const int64_t cw = int64_t(std::nearbyint(std::sqrt(target * aspect)));
     const int64_t ch = int64_t(std::nearbyint(std::sqrt(target / aspect)));
     if (cw > 0 && cw <= w && ch > 0 && ch <= h) {
-      // randint(0, h - ch + 1): uniform over the valid offsets.
-      const int64_t top = std::min(h - ch, int64_t(gen.next_double() * double(h - ch + 1)));
-      const int64_t left = std::min(w - cw, int64_t(gen.next_double() * double(w - cw + 1)));
+      // torch.randint(0, n, (1,)): one word, w % n.
+      const int64_t top = int64_t(words() % uint32_t(h - ch + 1));
+      const int64_t left = int64_t(words() % uint32_t(w - cw + 1));
       return {top, left, ch, cw};
     }
   }
@@ -334,29 +361,36 @@ RandomResizedCrop::Box RandomResizedCrop::get_params(int64_t h, int64_t w, Gener
   return {(h - ch) / 2, (w - cw) / 2, ch, cw};
 }
 
+RandomResizedCrop::Box RandomResizedCrop::get_params(int64_t h, int64_t w, Generator& gen) const {
+  return get_params(h, w, random_words(gen));
+}
+
 Tensor RandomResizedCrop::apply(const Tensor& image, Generator& gen) const {
-  ACCEL_CHECK(image.defined() && image.dim() >= 2, ShapeError, "RandomResizedCrop",
-              "expects an image, got ", image.defined() ? image.shape_str() : "undefined");
-  const bool hwc = image.dtype() == kUInt8;
-  const int64_t h = hwc ? image.size(0) : image.size(-2);
-  const int64_t w = hwc ? image.size(1) : image.size(-1);
-  ACCEL_CHECK(h >= 1 && w >= 1, ShapeError, "RandomResizedCrop", "empty image ", image.shape_str());
+  const auto [h, w] = detail::image_hw(image, "RandomResizedCrop");
   const Box b = get_params(h, w, gen);
-  return resize(crop(image, b.top, b.left, b.height, b.width), height_, width_);
+  return resized_crop(image, b.top, b.left, b.height, b.width, height_, width_, interpolation_,
+                      antialias_);
 }
 
 std::string RandomResizedCrop::repr() const {
   std::ostringstream os;
   os << "RandomResizedCrop(size=(" << height_ << ", " << width_ << "), scale=(" << scale_.first
-     << ", " << scale_.second << "), ratio=(" << ratio_.first << ", " << ratio_.second << "))";
+     << ", " << scale_.second << "), ratio=(" << ratio_.first << ", " << ratio_.second
+     << "), interpolation=" << interpolation_name(interpolation_)
+     << ", antialias=" << (antialias_ ? "True" : "False") << ")";
   return os.str();
 }
 
 RandomHorizontalFlip::RandomHorizontalFlip(double p) : p_(p) {
   ACCEL_CHECK(p >= 0 && p <= 1, ValueError, "RandomHorizontalFlip", "p must be in [0, 1], got ", p);
 }
+bool RandomHorizontalFlip::get_params(const RandomWords& words) const {
+  // torch.rand(1) < p: the tensor is float32, so p is compared as float32.
+  return uniform_from_word(words()) < float(p_);
+}
 Tensor RandomHorizontalFlip::apply(const Tensor& image, Generator& gen) const {
-  return gen.next_double() < p_ ? hflip(image) : image;
+  detail::check_image(image, "RandomHorizontalFlip");  // also when it does not flip
+  return get_params(random_words(gen)) ? hflip(image) : image;
 }
 std::string RandomHorizontalFlip::repr() const {
   std::ostringstream os;
@@ -364,22 +398,7 @@ std::string RandomHorizontalFlip::repr() const {
   return os.str();
 }
 
-Tensor ToTensor::apply(const Tensor& image, Generator&) const {
-  ACCEL_CHECK(image.defined(), ValueError, "ToTensor", "image is undefined");
-  ACCEL_CHECK(image.dtype() == kUInt8, DTypeError, "ToTensor",
-              "expects a uint8 (H, W, C) or (H, W) image, got ", image.dtype(), " ",
-              image.shape_str());
-  ACCEL_CHECK(image.dim() == 2 || image.dim() == 3, ShapeError, "ToTensor",
-              "expects a uint8 (H, W, C) or (H, W) image, got ", image.shape_str());
-  const Tensor src = image.cpu().contiguous();
-  const int64_t h = src.size(0), w = src.size(1), c = src.dim() == 2 ? 1 : src.size(2);
-  Tensor out = empty({c, h, w}, kFloat32);
-  const uint8_t* s = src.data<uint8_t>();
-  float* d = out.data<float>();
-  for (int64_t i = 0; i < h * w; ++i)
-    for (int64_t k = 0; k < c; ++k) d[k * h * w + i] = float(s[i * c + k]) / 255.0f;
-  return out;
-}
+Tensor ToTensor::apply(const Tensor& image, Generator&) const { return to_tensor(image); }
 
 Normalize::Normalize(std::vector<double> mean, std::vector<double> std)
     : mean_(std::move(mean)), std_(std::move(std)) {
@@ -391,24 +410,7 @@ Normalize::Normalize(std::vector<double> mean, std::vector<double> std)
 }
 
 Tensor Normalize::apply(const Tensor& image, Generator&) const {
-  ACCEL_CHECK(image.defined(), ValueError, "Normalize", "image is undefined");
-  ACCEL_CHECK(image.is_floating_point(), DTypeError, "Normalize",
-              "expects a floating (..., C, H, W) image (after ToTensor), got ", image.dtype());
-  ACCEL_CHECK(image.dim() >= 3, ShapeError, "Normalize", "expects (..., C, H, W), got ",
-              image.shape_str());
-  const int64_t c = image.size(-3);
-  ACCEL_CHECK(mean_.size() == 1 || int64_t(mean_.size()) == c, ValueError, "Normalize",
-              mean_.size(), " mean/std values for an image of ", c, " channels ",
-              image.shape_str());
-  std::vector<double> m(static_cast<size_t>(c)), s(static_cast<size_t>(c));
-  for (int64_t k = 0; k < c; ++k) {
-    m[size_t(k)] = mean_.size() == 1 ? mean_[0] : mean_[size_t(k)];
-    s[size_t(k)] = std_.size() == 1 ? std_[0] : std_[size_t(k)];
-  }
-  // torchvision: tensor.sub_(mean).div_(std), in the image's dtype and on its device.
-  Tensor mean_t = tensor(m, {c, 1, 1}, TensorOptions(kFloat64)).to(image.device(), image.dtype());
-  Tensor std_t = tensor(s, {c, 1, 1}, TensorOptions(kFloat64)).to(image.device(), image.dtype());
-  return image.detach().sub(mean_t).div(std_t);
+  return normalize(image, mean_, std_);
 }
 
 std::string Normalize::repr() const {
@@ -418,6 +420,104 @@ std::string Normalize::repr() const {
   os << "], std=[";
   for (size_t i = 0; i < std_.size(); ++i) os << (i ? ", " : "") << std_[i];
   os << "])";
+  return os.str();
+}
+
+// ---- ColorJitter ----
+
+namespace {
+
+// torchvision's ColorJitter._check_input; nullopt for the identity range (nothing drawn).
+std::optional<std::pair<double, double>> jitter_range(const JitterRange& r, const char* name,
+                                                      bool hue) {
+  const double center = hue ? 0.0 : 1.0;
+  const double lo_bound = hue ? -0.5 : 0.0, hi_bound = hue ? 0.5 : INFINITY;
+  std::pair<double, double> v;
+  if (r.range) {
+    v = *r.range;
+  } else {
+    ACCEL_CHECK(r.value >= 0, ValueError, "ColorJitter", "if ", name,
+                " is a single number, it must be non negative, got ", r.value);
+    v = {center - r.value, center + r.value};
+    if (!hue) v.first = std::max(v.first, 0.0);
+  }
+  // torchvision checks the bounds of pairs only (a hue of 0.7 fails later, in adjust_hue); we
+  // check both here.
+  ACCEL_CHECK(lo_bound <= v.first && v.first <= v.second && v.second <= hi_bound, ValueError,
+              "ColorJitter", name, " values should be between (", lo_bound, ", ", hi_bound,
+              ") with min <= max, got (", v.first, ", ", v.second, ")");
+  if (v.first == center && v.second == center) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+ColorJitter::ColorJitter(JitterRange brightness, JitterRange contrast, JitterRange saturation,
+                         JitterRange hue) {
+  ranges_[0] = jitter_range(brightness, "brightness", false);
+  ranges_[1] = jitter_range(contrast, "contrast", false);
+  ranges_[2] = jitter_range(saturation, "saturation", false);
+  ranges_[3] = jitter_range(hue, "hue", true);
+}
+
+ColorJitter::Params ColorJitter::get_params(const RandomWords& words) const {
+  Params p;
+  // torch.randperm(4) on the CPU (n < 2^24): r[i] swaps with r[i + word % (4 - i)].
+  for (int i = 0; i < 3; ++i) {
+    const int z = int(words() % uint32_t(4 - i));
+    std::swap(p.order[size_t(i)], p.order[size_t(i + z)]);
+  }
+  for (size_t k = 0; k < 4; ++k)
+    if (ranges_[k])
+      p.factors[k] = double(uniform_f32(words, ranges_[k]->first, ranges_[k]->second));
+  return p;
+}
+
+ColorJitter::Params ColorJitter::get_params(Generator& gen) const {
+  return get_params(random_words(gen));
+}
+
+Tensor ColorJitter::apply_params(const Tensor& image, const Params& p) {
+  Tensor x = image;
+  for (int id : p.order) {
+    ACCEL_CHECK(id >= 0 && id < 4, ValueError, "ColorJitter", "order holds ", id,
+                "; expected a permutation of 0..3");
+    const auto& f = p.factors[size_t(id)];
+    if (!f) continue;
+    switch (id) {
+      case 0: x = adjust_brightness(x, *f); break;
+      case 1: x = adjust_contrast(x, *f); break;
+      case 2: x = adjust_saturation(x, *f); break;
+      default: x = adjust_hue(x, *f);
+    }
+  }
+  return x;
+}
+
+Tensor ColorJitter::apply(const Tensor& image, Generator& gen) const {
+  // Checked before drawing, and also when every range is the identity (torchvision's adjust_*
+  // each assert 1 or 3 channels).
+  detail::check_image(image, "ColorJitter");
+  const int64_t c = image.dim() == 2 ? 1 : image.dtype() == kUInt8 ? image.size(2) : image.size(-3);
+  ACCEL_CHECK(c == 1 || c == 3, ShapeError, "ColorJitter",
+              "expects an image of 1 or 3 channels, got ", c, " (", image.dtype(), " ",
+              image.shape_str(), ")");
+  return apply_params(image, get_params(gen));
+}
+
+std::string ColorJitter::repr() const {
+  std::ostringstream os;
+  const char* names[4] = {"brightness", "contrast", "saturation", "hue"};
+  os << "ColorJitter(";
+  for (size_t k = 0; k < 4; ++k) {
+    os << (k ? ", " : "") << names[k] << "=";
+    if (ranges_[k]) {
+      os << "(" << ranges_[k]->first << ", " << ranges_[k]->second << ")";
+    } else {
+      os << "None";
+    }
+  }
+  os << ")";
   return os.str();
 }
 

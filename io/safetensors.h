@@ -168,7 +168,7 @@ class SafetensorsCheckpoint {
 
 }  // namespace accel::io
 
-// The names these had when the reader lived in autograd/nn/ (accel::nn), kept so that code
+// The names these had when the reader lived in nn/ (accel::nn), kept so that code
 // written against them compiles unchanged; new code says io::.
 namespace accel::nn {
 using io::drop_tied_aliases;

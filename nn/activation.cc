@@ -36,6 +36,19 @@ Tensor SELU::forward(const Tensor& x) {
 }
 std::string SELU::extra_repr() const { return inplace_repr(inplace); }
 
+Tensor Hardsigmoid::forward(const Tensor& x) {
+  return run(
+      x, inplace, [](Tensor& y) { hardsigmoid_(y); },
+      [](const Tensor& v) { return hardsigmoid(v); });
+}
+std::string Hardsigmoid::extra_repr() const { return inplace_repr(inplace); }
+
+Tensor Hardswish::forward(const Tensor& x) {
+  return run(
+      x, inplace, [](Tensor& y) { hardswish_(y); }, [](const Tensor& v) { return hardswish(v); });
+}
+std::string Hardswish::extra_repr() const { return inplace_repr(inplace); }
+
 Hardtanh::Hardtanh(double lo, double hi, bool inplace_)
     : min_val(lo), max_val(hi), inplace(inplace_) {
   ACCEL_CHECK(hi >= lo, ValueError, "Hardtanh", "max_val (", hi,

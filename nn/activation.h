@@ -35,6 +35,8 @@ struct InplaceOptions : InplaceFields {
 using ReLUOptions = InplaceOptions;
 using ReLU6Options = InplaceOptions;
 using SELUOptions = InplaceOptions;
+using HardsigmoidOptions = InplaceOptions;
+using HardswishOptions = InplaceOptions;
 
 // torch.nn.ReLU(inplace=False).
 struct ReLU : Module {
@@ -147,6 +149,24 @@ struct GELU : Module {
 // torch.nn.SiLU(inplace=False).
 struct SiLU : Module {
   explicit SiLU(bool inplace = false) : inplace(inplace) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  bool inplace = false;
+};
+
+// torch.nn.Hardsigmoid(inplace=False): relu6(x + 3) / 6.
+struct Hardsigmoid : Module {
+  explicit Hardsigmoid(bool inplace = false) : inplace(inplace) {}
+  explicit Hardsigmoid(const InplaceFields& options) : inplace(options.inplace) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  bool inplace = false;
+};
+
+// torch.nn.Hardswish(inplace=False): x relu6(x + 3) / 6 (MobileNetV3's activation).
+struct Hardswish : Module {
+  explicit Hardswish(bool inplace = false) : inplace(inplace) {}
+  explicit Hardswish(const InplaceFields& options) : inplace(options.inplace) {}
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   bool inplace = false;

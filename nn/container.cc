@@ -45,7 +45,8 @@ void ModuleList::on_child_assign(uint32_t index, const std::shared_ptr<Module>& 
 void Sequential::set(size_t i, std::shared_ptr<Module> module) {
   ACCEL_CHECK(i < modules_.size(), IndexError, "Sequential.set", "index ", i, " out of range for ",
               modules_.size(), " modules");
-  replace_module(std::to_string(i), std::move(module));
+  // Entry i is child i (assign_entry); entries are never None, so named_children() lists them all.
+  replace_module(named_children()[i].first, std::move(module));
 }
 void ModuleList::set(size_t i, std::shared_ptr<Module> module) {
   ACCEL_CHECK(i < modules_.size(), IndexError, "ModuleList.set", "index ", i, " out of range for ",
@@ -62,8 +63,21 @@ Sequential::Sequential(const std::vector<std::shared_ptr<Module>>& modules) {
   for (const auto& m : modules) push_back(m);
 }
 
+Sequential::Sequential(const Named<std::shared_ptr<Module>>& named) {
+  for (const auto& [name, m] : named) push_back(name, m);
+}
+
 void Sequential::push_back(std::shared_ptr<Module> module) {
-  register_child(std::to_string(modules_.size()), module);
+  push_back(std::to_string(modules_.size()), std::move(module));
+}
+
+void Sequential::push_back(const std::string& name, std::shared_ptr<Module> module) {
+  ACCEL_CHECK(module != nullptr, ValueError, "Sequential.push_back", "entry '", name,
+              "' cannot be None (a container calls every entry)");
+  for (const auto& [used, m] : named_children())
+    ACCEL_CHECK(used != name, ValueError, "Sequential.push_back", "an entry named '", name,
+                "' exists already (", unwrap_entry(m)->type_name(), ")");
+  register_child(name, module);
   modules_.push_back(std::move(module));
 }
 

@@ -47,9 +47,18 @@ class Sequential : public Module {
     (push_back(std::move(modules)), ...);
   }
   explicit Sequential(const std::vector<std::shared_ptr<Module>>& modules);
+  // torch's Sequential(OrderedDict) (libtorch's Sequential of named modules): entry i is the
+  // child named named[i].first, so parameters read "heads.head.weight" instead of
+  // "heads.0.weight". Sequential({{"conv", conv}, {"relu", relu}}).
+  explicit Sequential(const Named<std::shared_ptr<Module>>& named);
 
+  // Appends an entry named by its index ("0", "1", ...; torch's append).
   void push_back(std::shared_ptr<Module> module);
-  // torch's seq[i] = module: entry i (and the child named "i") becomes `module`.
+  // Appends an entry named `name` (torch's add_module on a Sequential, libtorch's
+  // push_back(name, module)); a name in use is a ValueError.
+  void push_back(const std::string& name, std::shared_ptr<Module> module);
+  // torch's seq[i] = module: entry i (and the child that holds it, "i" or its name) becomes
+  // `module`.
   void set(size_t i, std::shared_ptr<Module> module);
   // x -> m0 -> m1 -> ... through each entry's operator() (hooks run, as in PyTorch); an empty
   // Sequential is the identity. Entries with typed forwards (nn::TypedModule) chain through the

@@ -129,18 +129,25 @@ MaxPool2d::MaxPool2d(Size2 k, std::optional<Size2> s, Size2 p)
 }
 
 MaxPool2d::MaxPool2d(const MaxPool2dOptions& o)
-    : MaxPool2d(o.kernel_size(), o.stride(), o.padding()) {}
+    : MaxPool2d(o.kernel_size(), o.stride(), o.padding()) {
+  check_positive(o.dilation(), "MaxPool2d", "dilation", 1);
+  ACCEL_CHECK(o.dilation().h == 1 && o.dilation().w == 1, ValueError, "MaxPool2d", "dilation ",
+              o.dilation().str(), " is not supported (dilated max pooling is not offered)");
+  ceil_mode = o.ceil_mode();
+}
 
 MaxPool2d::MaxPool2d(std::initializer_list<int64_t> k)
     : MaxPool2d(size2_of("MaxPool2d", "kernel_size", k)) {}
 
 Tensor MaxPool2d::forward(const Tensor& x) {
-  return max_pool2d(x, kernel_size.shape(), stride.shape(), padding.shape());
+  return max_pool2d(x, kernel_size.shape(), stride.shape(), padding.shape(), dilation.shape(),
+                    ceil_mode);
 }
 
 std::string MaxPool2d::extra_repr() const {
   return "kernel_size=" + kernel_size.str() + ", stride=" + stride.str() +
-         ", padding=" + padding.str();
+         ", padding=" + padding.str() + ", dilation=" + dilation.str() +
+         ", ceil_mode=" + (ceil_mode ? "true" : "false");
 }
 
 AvgPool2d::AvgPool2d(Size2 k, std::optional<Size2> s, Size2 p, bool include_pad)

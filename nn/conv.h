@@ -44,13 +44,16 @@ class MaxPool2d : public Module {
   // stride defaults to kernel_size.
   explicit MaxPool2d(Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
                      Size2 padding = 0);
-  // Options as libtorch's class, not the aggregate (Note [options structs]).
+  // Options as libtorch's class, not the aggregate (Note [options structs]); the only way to
+  // ask for ceil_mode: nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).ceil_mode(true)).
   explicit MaxPool2d(const MaxPool2dOptions& options);
   // MaxPool2d({2, 2}): the kernel size (without it, {2, 2} would also read as kernel 2, stride 2).
   explicit MaxPool2d(std::initializer_list<int64_t> kernel_size);
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
   Size2 kernel_size, stride, padding;
+  Size2 dilation = 1;  // 1 only
+  bool ceil_mode = false;
 };
 
 class AvgPool2d : public Module {

@@ -160,11 +160,15 @@ struct ConvTranspose1dOptions : ConvTranspose1dFields {
 
 // ---- pooling ----
 
-// stride unset: the kernel size (torch's stride=None).
+// stride unset: the kernel size (torch's stride=None). dilation must be 1 (dilated max pooling is
+// not offered); ceil_mode: the output size rounds up (Note [max pool ceil_mode] in
+// autograd/ops/conv.cc).
 struct MaxPool2dFields {
   Size2 kernel_size;  // required
   std::optional<Size2> stride = std::nullopt;
   Size2 padding = 0;
+  Size2 dilation = 1;
+  bool ceil_mode = false;
 };
 struct MaxPool2dOptions : MaxPool2dFields {
   using Fields = MaxPool2dFields;
@@ -173,6 +177,8 @@ struct MaxPool2dOptions : MaxPool2dFields {
   ACCEL_OPTION(kernel_size)
   ACCEL_OPTION(stride)
   ACCEL_OPTION(padding)
+  ACCEL_OPTION(dilation)
+  ACCEL_OPTION(ceil_mode)
 };
 
 struct AvgPool2dFields {

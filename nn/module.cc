@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <ostream>
 #include <set>
@@ -14,6 +15,9 @@
 #include <unordered_set>
 
 #include "io/safetensors.h"
+#include "io/torch_file.h"
+#include "io/torch_format.h"
+#include "core/file_io.h"
 
 namespace accel::nn {
 
@@ -337,16 +341,18 @@ LoadResult Module::load_state_dict(const TensorDict& state, bool strict) {
   TensorDict own;
   for (auto& [n, t] : collect_state()) own.emplace(n, t.detach());
   LoadResult result;
-  std::vector<std::string> mismatched;
+  std::vector<std::string> mismatched;  // torch's sentences, one per key
   for (const auto& [n, t] : own) {
     auto it = state.find(n);
     if (it == state.end()) {
       result.missing_keys.push_back(n);
     } else if (!it->second.defined()) {
-      mismatched.push_back(n + ": checkpoint tensor is undefined");
+      mismatched.push_back("undefined tensor for " + n + " in the checkpoint.");
     } else if (it->second.sizes() != t.sizes() && !loads_as_scalar(it->second, t)) {
-      mismatched.push_back(n + ": checkpoint " + shape_str(it->second.sizes()) + ", model " +
-                           shape_str(t.sizes()));
+      mismatched.push_back("size mismatch for " + n + ": copying a param with shape " +
+                           shape_str(it->second.sizes()) +
+                           " from checkpoint, the shape in current model is " +
+                           shape_str(t.sizes()) + ".");
     }
   }
   for (const auto& [n, t] : state) {
@@ -355,19 +361,22 @@ LoadResult Module::load_state_dict(const TensorDict& state, bool strict) {
   const bool fail = !mismatched.empty() ||
                     (strict && (!result.missing_keys.empty() || !result.unexpected_keys.empty()));
   if (fail) {
+    // torch's report (Module.load_state_dict): missing, then unexpected (strict only), then the
+    // size mismatches, one per line.
     std::ostringstream os;
+    os << "Error(s) in loading state_dict for " << type_name() << ":";
     auto list = [&](const char* what, const std::vector<std::string>& keys) {
       if (keys.empty()) return;
-      os << "; " << what << " (" << keys.size() << "): ";
-      for (size_t i = 0; i < keys.size(); ++i) os << (i ? ", " : "") << keys[i];
+      os << "\n\t" << what << " key(s) in state_dict: ";
+      for (size_t i = 0; i < keys.size(); ++i) os << (i ? ", " : "") << '"' << keys[i] << '"';
+      os << ".";
     };
     if (strict) {
-      list("missing keys", result.missing_keys);
-      list("unexpected keys", result.unexpected_keys);
+      list("Missing", result.missing_keys);
+      list("Unexpected", result.unexpected_keys);
     }
-    list("shape mismatch", mismatched);
-    ACCEL_THROW(ValueError, "load_state_dict", "error(s) loading state into ", type_name(),
-                os.str());
+    for (const std::string& m : mismatched) os << "\n\t" << m;
+    ACCEL_THROW(ValueError, "load_state_dict", os.str());
   }
   NoGradGuard no_grad;
   for (const auto& [n, dst] : own) {
@@ -383,12 +392,44 @@ LoadResult Module::load_state_dict(const TensorDict& state, bool strict) {
   return result;
 }
 
+// Note [checkpoint file formats]: a path ending in .pt or .pth is a torch.save file
+// (io/torch_format.h), anything else safetensors. Loading also recognises a torch.save
+// file by its first bytes whatever its name (a Hugging Face pytorch_model.bin): a safetensors
+// file begins with its header's length (8 bytes, at most 100 MB, so never the legacy magic) and
+// the header's '{', which the zip magic with that length (0x04034b50) never has after it in a zip.
+static bool torch_extension(const std::string& path) {
+  auto ends = [&](const char* ext) {
+    const size_t n = std::strlen(ext);
+    return path.size() > n && path.compare(path.size() - n, n, ext) == 0;
+  };
+  return ends(".pt") || ends(".pth");
+}
+
+static bool torch_content(const std::string& path) {
+  try {
+    file_io::ReadableFile f = file_io::open_read(path, "Module.load");
+    unsigned char head[16] = {};
+    const size_t n = size_t(std::min<uint64_t>(f.size, sizeof head));
+    return file_io::pread_all(f.fd.get(), head, n, 0) && io::detail::looks_like_torch_file(head, n);
+  } catch (const IoError&) {
+    return false;  // the safetensors reader names the problem
+  }
+}
+
 void Module::save(const std::string& path, const Metadata& metadata) const {
   check_allocated(collect_state(), "Module.save", type_name(), " (to '" + path + "')");
+  if (torch_extension(path)) {
+    ACCEL_CHECK(metadata.empty(), ValueError, "Module.save", "'", path,
+                "': a torch.save file has no metadata; save to a .safetensors file to keep it");
+    io::save_pt(path, state_dict());
+    return;
+  }
   save_safetensors(path, state_dict(), metadata);
 }
 
 LoadResult Module::load(const std::string& path, bool strict) {
+  if (torch_extension(path) || torch_content(path))
+    return load_state_dict(io::load_pt(path), strict);
   return load_state_dict(load_safetensors(path), strict);
 }
 

@@ -449,8 +449,11 @@ class Module : public std::enable_shared_from_this<Module> {
   // without memory (for code that replaces them, e.g. dist/fsdp.h's full_state_dict).
   TensorDict state_handles() const;
   // Copies values in (converting dtype/device). Shape mismatches always throw; with strict,
-  // missing and unexpected keys throw too. The error lists every problem; nothing is copied
-  // unless the whole dict is accepted. Deferred parameters that get a value are allocated (a
+  // missing and unexpected keys throw too. The ValueError lists every problem in torch's words
+  // ("Error(s) in loading state_dict for Net:\n\tMissing key(s) in state_dict: "a", "b".\n\t
+  // Unexpected key(s) ...\n\tsize mismatch for w: copying a param with shape (2, 3) from
+  // checkpoint, the shape in current model is (3, 3)."); nothing is copied unless the whole dict
+  // is accepted. Deferred parameters that get a value are allocated (a
   // deferred model can be loaded without ever running its initialisers).
   LoadResult load_state_dict(const TensorDict& state, bool strict = true);
   // Note [sharded modules] (module.cc): set by an engine whose parameters are views of buffers it
@@ -459,7 +462,10 @@ class Module : public std::enable_shared_from_this<Module> {
   // it. Empty: not sharded.
   void set_sharded(std::string how_to_load) { sharded_how_to_load_ = std::move(how_to_load); }
   const std::string& sharded() const { return sharded_how_to_load_; }
-  // safetensors checkpoint of state_dict() (io/safetensors.h).
+  // A checkpoint of state_dict(): a torch.save file for a path ending in .pt or .pth
+  // (io/torch_format.h; `metadata` must be empty), else safetensors
+  // (io/safetensors.h). load() also reads a torch.save file of any other name (it
+  // recognises its first bytes). Note [checkpoint file formats] in module.cc.
   void save(const std::string& path, const Metadata& metadata = {}) const;
   LoadResult load(const std::string& path, bool strict = true);
 

@@ -5,9 +5,13 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <mutex>
+#include <string>
+#include <unordered_map>
 #include <typeinfo>
 
 #include "nn/module.h"
+#include "nn/wrapper_label.h"
 
 namespace accel::nn {
 
@@ -173,17 +177,46 @@ void HookHandle::remove() {
   id_ = 0;
 }
 
+namespace {
+// Wrapper labels by module (set_call_wrapper_label). A module destroyed while labelled leaves its
+// entry until another module at its address gets a wrapper (set_call_wrapper erases it): only
+// error messages read it, and only for a module whose wrapper is set.
+std::mutex& label_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<const Module*, std::string>& labels() {
+  static std::unordered_map<const Module*, std::string> t;
+  return t;
+}
+}  // namespace
+
+void set_call_wrapper_label(const Module& module, std::string label) {
+  std::lock_guard<std::mutex> lock(label_mutex());
+  labels()[&module] = std::move(label);
+}
+
+std::string call_wrapper_label(const Module& module) {
+  std::lock_guard<std::mutex> lock(label_mutex());
+  const auto it = labels().find(&module);
+  return it == labels().end() ? std::string() : it->second;
+}
+
 void Module::set_call_wrapper(CallWrapper wrapper) {
   if (!calls_) calls_ = std::make_shared<CallHooks>();
   ACCEL_CHECK(!wrapper || !calls_->wrapper, ValueError, "Module.set_call_wrapper", type_name(),
               " already has a call wrapper (is it a unit of another sharded model?)");
   calls_->wrapper = std::move(wrapper);
+  std::lock_guard<std::mutex> lock(label_mutex());
+  labels().erase(this);
 }
 
 void Module::throw_bypassed() const {
+  const std::string label = call_wrapper_label(*this);
   ACCEL_THROW(ValueError, "Module.forward", type_name(),
-              "'s forward was called directly, but an engine wraps this module (a ZeRO-3 unit or a "
-              "tensor-parallel layer): forward() skips the wrapper's gathers and collectives, "
+              "'s forward was called directly, but an engine wraps this module (",
+              label.empty() ? std::string("a ZeRO-3 unit or a tensor-parallel layer") : label,
+              "): forward() skips the wrapper's gathers and collectives, "
               "which would compute on this rank's shards without a word. Call the module "
               "instead: (*m)(x) or m->call<R>(args...)");
 }

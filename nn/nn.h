@@ -16,5 +16,6 @@
 #include "nn/resample.h"
 #include "nn/rnn.h"
 #include "io/safetensors.h"
+#include "io/torch_format.h"
 #include "nn/transformer.h"
 #include "nn/utils.h"

@@ -9,3 +9,4 @@
 #include "optim/optimizer.h"
 #include "optim/rmsprop.h"
 #include "optim/sgd.h"
+#include "optim/torch_state.h"

@@ -163,7 +163,11 @@ TensorDict Optimizer::state_dict() const {
   const std::vector<std::string> names = slot_names();
   for (size_t i = 0; i < state_.size(); ++i) {
     const State& s = state_[i];
-    if (s.step == 0) continue;
+    // A parameter has state once it took a step, or when a loaded state gave it a slot (torch's
+    // SGD states carry momentum buffers but no step count: load_torch_state).
+    bool has_state = s.step != 0;
+    for (const Tensor& t : s.slots) has_state = has_state || t.defined();
+    if (!has_state) continue;
     const std::string pre = "state." + std::to_string(i) + ".";
     out[pre + "step"] = scalar_tensor(s.step, kInt64);
     for (size_t k = 0; k < names.size() && k < s.slots.size(); ++k) {

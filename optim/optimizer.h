@@ -6,7 +6,8 @@
 //   "state.<i>.step"                                        0-dim int64
 //   "state.<i>.<slot>"                                      e.g. exp_avg, momentum_buffer
 // Parameters are numbered across groups in order, as in PyTorch. Only parameters that have taken
-// a step have state.
+// a step (or were given state by load_state_dict) have state. load_torch_state and torch_state
+// (optim/torch_state.h) convert to and from torch's layout.
 #pragma once
 
 #include <functional>

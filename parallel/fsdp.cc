@@ -1,6 +1,8 @@
 // ZeRO-3 per wrapping unit; see parallel/fsdp.h, Note [unit lifecycle].
 #include "parallel/fsdp.h"
 
+#include "nn/wrapper_label.h"
+
 #include <algorithm>
 #include <exception>
 #include <unordered_map>
@@ -258,6 +260,7 @@ void FullyShardedModel::init_values() {
                       "' outlived its FullyShardedModel");
           return unit_call(*u, in, call);
         });
+    nn::set_call_wrapper_label(*u->module, "ZeRO-3 unit '" + u->name + "'");
     if (u->seq) u->seq->wrap(u->entry);
     if (u->list) u->list->wrap(u->entry);
   }

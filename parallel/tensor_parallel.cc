@@ -20,6 +20,8 @@
 // died (and an address reused since) is recognised and dropped.
 #include "parallel/tensor_parallel.h"
 
+#include "nn/wrapper_label.h"
+
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -125,9 +127,21 @@ void check_style(const std::string& name, nn::Module& m, const TpStyle& s, int p
               " has a call wrapper already (a ZeRO-3 unit?): style ", s.name(),
               " needs its own; apply tensor parallel first and shard blocks, not its layers");
   if (s.kind == K::Colwise || s.kind == K::Rowwise) {
-    auto* lin = dynamic_cast<nn::Linear*>(&m);
-    ACCEL_CHECK(lin, ValueError, kOp, "style ", s.name(), " needs an nn::Linear, ",
-                describe(name, m), " is not one");
+    int64_t in_features = 0, out_features = 0;
+    if (auto* lin = dynamic_cast<nn::Linear*>(&m)) {
+      in_features = lin->in_features;
+      out_features = lin->out_features;
+    } else if (auto* tl = dynamic_cast<TransposedLinear*>(&m)) {
+      const Tensor w = tl->transposed_weight();
+      ACCEL_CHECK(w.defined() && w.dim() == 2, ValueError, kOp, "style ", s.name(), ": ",
+                  describe(name, m), " is a TransposedLinear whose weight is not 2-D");
+      in_features = w.size(0);  // Note [transposed linear layers]: (in, out)
+      out_features = w.size(1);
+    } else {
+      ACCEL_THROW(ValueError, kOp, "style ", s.name(),
+                  " needs an nn::Linear (or a TransposedLinear such as hf::Conv1D), ",
+                  describe(name, m), " is not one");
+    }
     if (s.kind == K::Colwise) {
       const int64_t k = s.colwise.chunks;
       ACCEL_CHECK(k >= 1, ValueError, kOp, "colwise chunks must be >= 1, got ", k, " for ",
@@ -136,12 +150,11 @@ void check_style(const std::string& name, nn::Module& m, const TpStyle& s, int p
                   " cannot gather its output (the gathered columns "
                   "would be in rank order, not the packed order) for ",
                   describe(name, m));
-      ACCEL_CHECK(lin->out_features % (k * p) == 0, ShapeError, kOp, "colwise ", describe(name, m),
-                  ": out_features ", lin->out_features, " is not divisible by chunks ", k, " x tp ",
-                  p);
+      ACCEL_CHECK(out_features % (k * p) == 0, ShapeError, kOp, "colwise ", describe(name, m),
+                  ": out_features ", out_features, " is not divisible by chunks ", k, " x tp ", p);
     } else {
-      ACCEL_CHECK(lin->in_features % p == 0, ShapeError, kOp, "rowwise ", describe(name, m),
-                  ": in_features ", lin->in_features, " is not divisible by tp ", p);
+      ACCEL_CHECK(in_features % p == 0, ShapeError, kOp, "rowwise ", describe(name, m),
+                  ": in_features ", in_features, " is not divisible by tp ", p);
     }
   } else if (s.kind == K::VocabEmbedding) {
     auto* emb = dynamic_cast<nn::Embedding*>(&m);
@@ -193,25 +206,46 @@ void check_nesting(const std::map<std::string, TpStyle>& planned) {
 
 // ---- applying a style ----
 
+void shard_tensor(const Tensor& t, const std::string& pname, int64_t dim, int64_t chunks,
+                  const ProcessGroupPtr& g, TpEntry& entry) {
+  NoGradGuard no_grad;
+  Tensor handle = t;
+  nn::assign_tensor_data(handle, shard_of(t.detach(), dim, chunks, group_size(g), group_rank(g)));
+  if (handle.grad().defined()) handle.set_grad(Tensor());
+  entry.shards.push_back({pname, dim, chunks});
+}
+
 void shard_param(nn::Module& m, const std::string& pname, int64_t dim, int64_t chunks,
                  const ProcessGroupPtr& g, TpEntry& entry) {
   for (auto& [n, t] : m.named_parameters(false)) {
     if (n != pname) continue;
-    NoGradGuard no_grad;
-    Tensor handle = t;
-    nn::assign_tensor_data(handle, shard_of(t.detach(), dim, chunks, group_size(g), group_rank(g)));
-    if (handle.grad().defined()) handle.set_grad(Tensor());
-    entry.shards.push_back({pname, dim, chunks});
+    shard_tensor(t, pname, dim, chunks, g, entry);
     return;
   }
 }
 
-void apply_colwise(nn::Linear& lin, const ColwiseOptions& o, const ProcessGroupPtr& g,
-                   TpEntry& entry) {
-  shard_param(lin, "weight", 0, o.chunks, g, entry);
-  if (lin.bias.defined()) shard_param(lin, "bias", 0, o.chunks, g, entry);
-  lin.out_features /= group_size(g);
-  lin.set_call_wrapper([g, o](nn::Module&, nn::Values& in, const nn::CallFn& call) {
+// A TransposedLinear's parameter (found by identity: the layer names it as it likes).
+void shard_own(nn::Module& m, const Tensor& p, int64_t dim, int64_t chunks,
+               const ProcessGroupPtr& g, TpEntry& entry) {
+  for (auto& [n, t] : m.named_parameters(false)) {
+    if (!t.is_same(p)) continue;
+    shard_tensor(t, n, dim, chunks, g, entry);
+    return;
+  }
+}
+
+void apply_colwise(nn::Module& m, const ColwiseOptions& o, const ProcessGroupPtr& g, TpEntry& entry,
+                   const std::string& label) {
+  if (auto* lin = dynamic_cast<nn::Linear*>(&m)) {
+    shard_param(*lin, "weight", 0, o.chunks, g, entry);
+    if (lin->bias.defined()) shard_param(*lin, "bias", 0, o.chunks, g, entry);
+    lin->out_features /= group_size(g);
+  } else {  // Note [transposed linear layers]: the weight is (in, out)
+    auto& tl = dynamic_cast<TransposedLinear&>(m);
+    shard_own(m, tl.transposed_weight(), 1, o.chunks, g, entry);
+    if (tl.transposed_bias().defined()) shard_own(m, tl.transposed_bias(), 0, o.chunks, g, entry);
+  }
+  m.set_call_wrapper([g, o](nn::Module&, nn::Values& in, const nn::CallFn& call) {
     ACCEL_CHECK(!in.empty() && in[0].is_tensor() && in[0].tensor().defined(), ValueError, "colwise",
                 "expected a tensor input, got ", nn::describe_values(in));
     Tensor& x = in[0].tensor();
@@ -221,32 +255,46 @@ void apply_colwise(nn::Linear& lin, const ColwiseOptions& o, const ProcessGroupP
     if (o.gather_output) out[0] = gather_from_tp_region(out[0], -1, g);
     return out;
   });
+  nn::set_call_wrapper_label(m, label);
 }
 
-void apply_rowwise(nn::Linear& lin, const RowwiseOptions& o, const ProcessGroupPtr& g,
-                   TpEntry& entry) {
-  shard_param(lin, "weight", 1, 1, g, entry);
-  lin.in_features /= group_size(g);
-  if (o.sequence_parallel && lin.bias.defined() && group_size(g) > 1)
-    lin.bias.register_hook(all_reduce_hook(g));
-  lin.set_call_wrapper([g, o](nn::Module& m, nn::Values& in, const nn::CallFn&) {
-    auto& l = static_cast<nn::Linear&>(m);
+void apply_rowwise(nn::Module& m, const RowwiseOptions& o, const ProcessGroupPtr& g, TpEntry& entry,
+                   const std::string& label) {
+  auto* lin = dynamic_cast<nn::Linear*>(&m);
+  Tensor bias;
+  if (lin) {
+    shard_param(*lin, "weight", 1, 1, g, entry);
+    lin->in_features /= group_size(g);
+    bias = lin->bias;
+  } else {  // Note [transposed linear layers]: the weight is (in, out)
+    auto& tl = dynamic_cast<TransposedLinear&>(m);
+    shard_own(m, tl.transposed_weight(), 0, 1, g, entry);
+    bias = tl.transposed_bias();
+  }
+  if (o.sequence_parallel && bias.defined() && group_size(g) > 1)
+    bias.register_hook(all_reduce_hook(g));
+  m.set_call_wrapper([g, o](nn::Module& mod, nn::Values& in, const nn::CallFn&) {
     ACCEL_CHECK(in.size() == 1 && in[0].is_tensor() && in[0].tensor().defined(), ValueError,
                 "rowwise", "expected one tensor input, got ", nn::describe_values(in));
     const Tensor& x = in[0].tensor();
-    ACCEL_CHECK(x.dim() >= 1 && x.size(-1) == l.in_features, ShapeError, "rowwise",
-                "expected input sharded on its last dim (..., ", l.in_features, "), got ",
-                x.sizes());
-    Tensor y = linear(x, l.weight);  // this rank's partial sum
+    auto* l = dynamic_cast<nn::Linear*>(&mod);
+    const Tensor w =
+        l ? Tensor(l->weight) : dynamic_cast<TransposedLinear&>(mod).transposed_weight();
+    const Tensor b = l ? Tensor(l->bias) : dynamic_cast<TransposedLinear&>(mod).transposed_bias();
+    const int64_t in_features = l ? l->in_features : w.size(0);
+    ACCEL_CHECK(x.dim() >= 1 && x.size(-1) == in_features, ShapeError, "rowwise",
+                "expected input sharded on its last dim (..., ", in_features, "), got ", x.sizes());
+    Tensor y = l ? linear(x, w) : matmul(x, w);  // this rank's partial sum
     y = o.sequence_parallel ? reduce_scatter_to_sequence_region(y, o.sequence_dim, g)
                             : reduce_from_tp_region(y, g);
-    if (l.bias.defined()) y = y + l.bias;  // once, after the reduction
+    if (b.defined()) y = y + b;  // once, after the reduction
     return std::vector<Tensor>{y};
   });
+  nn::set_call_wrapper_label(m, label);
 }
 
 void apply_vocab_embedding(nn::Embedding& emb, const RowwiseOptions& o, const ProcessGroupPtr& g,
-                           TpEntry& entry) {
+                           TpEntry& entry, const std::string& label) {
   const int64_t vocab = emb.num_embeddings, vl = vocab / group_size(g);
   const int64_t start = group_rank(g) * vl;
   shard_param(emb, "weight", 0, 1, g, entry);
@@ -267,9 +315,11 @@ void apply_vocab_embedding(nn::Embedding& emb, const RowwiseOptions& o, const Pr
                                      : reduce_from_tp_region(out[0], g);
         return out;
       });
+  nn::set_call_wrapper_label(emb, label);
 }
 
-void apply_sequence(nn::Module& m, int64_t shard_input_dim, const ProcessGroupPtr& g) {
+void apply_sequence(nn::Module& m, int64_t shard_input_dim, const ProcessGroupPtr& g,
+                    const std::string& label) {
   if (group_size(g) > 1) {
     for (Tensor& t : m.parameters()) t.register_hook(all_reduce_hook(g));
   }
@@ -280,21 +330,57 @@ void apply_sequence(nn::Module& m, int64_t shard_input_dim, const ProcessGroupPt
     in[0].tensor() = scatter_to_tp_region(in[0].tensor(), shard_input_dim, g);
     return call(in);
   });
+  nn::set_call_wrapper_label(m, label);
 }
 
-void apply_style(nn::Module& m, const TpStyle& s, const ProcessGroupPtr& g, TpEntry& entry) {
+void apply_style(nn::Module& m, const std::string& name, const TpStyle& s, const ProcessGroupPtr& g,
+                 TpEntry& entry) {
+  const std::string label = "tensor-parallel " + s.name() + " '" + name + "'";
   switch (s.kind) {
-    case TpStyle::Kind::Colwise:
-      apply_colwise(static_cast<nn::Linear&>(m), s.colwise, g, entry);
-      break;
-    case TpStyle::Kind::Rowwise:
-      apply_rowwise(static_cast<nn::Linear&>(m), s.rowwise, g, entry);
-      break;
+    case TpStyle::Kind::Colwise: apply_colwise(m, s.colwise, g, entry, label); break;
+    case TpStyle::Kind::Rowwise: apply_rowwise(m, s.rowwise, g, entry, label); break;
     case TpStyle::Kind::VocabEmbedding:
-      apply_vocab_embedding(static_cast<nn::Embedding&>(m), s.rowwise, g, entry);
+      apply_vocab_embedding(static_cast<nn::Embedding&>(m), s.rowwise, g, entry, label);
       break;
-    case TpStyle::Kind::Sequence: apply_sequence(m, s.shard_input_dim, g); break;
+    case TpStyle::Kind::Sequence: apply_sequence(m, s.shard_input_dim, g, label); break;
     case TpStyle::Kind::Replicate: break;
+  }
+}
+
+bool is_sequence_parallel(const TpStyle& s) {
+  switch (s.kind) {
+    case TpStyle::Kind::Colwise: return s.colwise.sequence_parallel;
+    case TpStyle::Kind::Rowwise:
+    case TpStyle::Kind::VocabEmbedding: return s.rowwise.sequence_parallel;
+    case TpStyle::Kind::Sequence: return true;
+    case TpStyle::Kind::Replicate: return false;
+  }
+  return false;
+}
+
+// Note [sequence-parallel coverage]
+// Under sequence parallelism the modules between a rowwise exit (reduce-scatter) and the next
+// colwise entry (all-gather) see this rank's chunk of the sequence, so the gradient of their
+// replicated parameters is a partial sum that only sequence() all-reduces over tp. A module the
+// plan leaves out trains on partial gradients without a word (weights 4.5e-2 off after 15 steps),
+// so with any sequence-parallel style in the plan every module holding parameters of its own must
+// be planned itself or sit inside a planned module: sequence() if it runs on sequence chunks,
+// replicate() if its input is replicated.
+void check_sequence_coverage(nn::Module& root, const std::map<std::string, TpStyle>& planned) {
+  bool sp = false;
+  for (const auto& [name, style] : planned) sp = sp || is_sequence_parallel(style);
+  if (!sp) return;
+  auto covered = [&](const std::string& name) {
+    for (const auto& [p, style] : planned)
+      if (p.empty() || name == p || name.rfind(p + ".", 0) == 0) return true;
+    return false;
+  };
+  for (const auto& [name, m] : root.named_modules()) {
+    if (m->named_parameters(false).empty() || covered(name)) continue;
+    ACCEL_THROW(ValueError, kOp, "under sequence parallelism module '", name, "' (", m->type_name(),
+                ") is not in the plan, and its parameters would get partial gradients when it "
+                "runs on this rank's chunk of the sequence: plan it as sequence() (its gradients "
+                "are then all-reduced over tp) or replicate() if its input is replicated");
   }
 }
 
@@ -372,6 +458,7 @@ std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> module,
     check_style(name, *mi.first, plan[mi.second].second, p);
   }
   check_nesting(planned);
+  check_sequence_coverage(*module, planned);
   std::vector<nn::CausalSelfAttention*> split_heads;
   for (const auto& [name, m] : module->named_modules()) {
     if (auto* a = dynamic_cast<nn::CausalSelfAttention*>(m)) {
@@ -383,7 +470,7 @@ std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> module,
   for (const auto& [name, mi] : matched) {
     nn::Module& m = *mi.first;
     TpEntry entry{m.weak_from_this(), group, plan[mi.second].second, {}};
-    apply_style(m, entry.style, group, entry);
+    apply_style(m, name, entry.style, group, entry);
     std::lock_guard<std::mutex> lock(g_registry_mu);
     registry()[&m] = std::move(entry);
   }

@@ -87,11 +87,28 @@ struct TpStyle {
   std::string name() const;      // "colwise", "rowwise", ...
 };
 
+// Note [transposed linear layers]
+// colwise and rowwise shard an nn::Linear, whose weight is (out_features, in_features) and whose
+// forward is linear(x, weight, bias), or a layer that stores its weight the other way round,
+// (in_features, out_features), and computes x @ weight + bias: Hugging Face's Conv1D (GPT-2's
+// c_attn, c_proj, c_fc; hf/gpt2.h), whose state dicts must keep transformers' layout. Such a
+// layer derives from TransposedLinear; its forward must take its sizes from the weight's shape
+// (parallelize shards the parameters in place and changes no field of it). Colwise then shards
+// the weight's columns (dim 1) and the bias, rowwise its rows (dim 0), and checkpoints record
+// those dims (tp_shards), so a file of full tensors loads at any tp size.
+class TransposedLinear {
+ public:
+  virtual ~TransposedLinear() = default;
+  virtual Tensor transposed_weight() const = 0;  // (in_features, out_features)
+  virtual Tensor transposed_bias() const = 0;    // (out_features), undefined when there is none
+};
+
 // nn::Linear: weight rows and bias sharded; input replicated (or all-gathered along the sequence);
 // output sharded on the last dim, or gathered.
 TpStyle colwise(ColwiseOptions options = {});
 // nn::Linear: weight columns sharded, bias replicated; input sharded on the last dim (a colwise
 // output); output all-reduced (or reduce-scattered along the sequence), then the bias added once.
+// Both also take a TransposedLinear (Note [transposed linear layers]), sharded along its dims.
 TpStyle rowwise(RowwiseOptions options = {});
 // nn::Embedding: rows (the vocabulary) sharded; indices outside this rank's rows give zeros;
 // output all-reduced (or reduce-scattered along the sequence).

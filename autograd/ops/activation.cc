@@ -9,6 +9,7 @@
 //   selu(x) = scale * elu(x, alpha), alpha = 1.6732632423543772, scale = 1.0507009873554805
 //   celu(x, alpha) = x > 0 ? x : alpha * (exp(x / alpha) - 1)
 //   threshold(x, th, value) = x > th ? x : value
+//   hardsigmoid(x) = relu6(x + 3) / 6, hardswish(x) = x relu6(x + 3) / 6 (MobileNetV3's)
 // Composed from differentiable ops, so every device and dtype of the parts works.
 #include <mutex>
 
@@ -23,6 +24,8 @@ ACCEL_DIFFERENTIABLE_OP(hardtanh, "hardtanh");
 ACCEL_DIFFERENTIABLE_OP(selu, "selu");
 ACCEL_DIFFERENTIABLE_OP(celu, "celu");
 ACCEL_DIFFERENTIABLE_OP(threshold, "threshold");
+ACCEL_DIFFERENTIABLE_OP(hardsigmoid, "hardsigmoid");
+ACCEL_DIFFERENTIABLE_OP(hardswish, "hardswish");
 ACCEL_DIFFERENTIABLE_OP(dropout, "dropout");
 ACCEL_DIFFERENTIABLE_OP(dropout1d, "dropout1d");
 ACCEL_DIFFERENTIABLE_OP(dropout2d, "dropout2d");
@@ -86,6 +89,23 @@ Tensor threshold(const Tensor& x, double threshold, double value) {
   return where(gt(x, Scalar(threshold)), x, Scalar(value));
 }
 
+Tensor hardsigmoid(const Tensor& x) {
+  check_activation_input(x, "hardsigmoid");
+  // hardtanh's gradient is 1 strictly inside (0, 6): torch's hardsigmoid_backward, 1/6 on (-3, 3).
+  return div(hardtanh(add(x, 3.0), 0.0, 6.0), 6.0);
+}
+
+Tensor hardswish(const Tensor& x) {
+  check_activation_input(x, "hardswish");
+  // Three pieces joined by where, so each piece's gradient is torch's hardswish_backward: 0 below
+  // -3, (2x + 3) / 6 = x / 3 + 1/2 on [-3, 3) (-1/2 at -3, where x relu6(x + 3) / 6 composed
+  // would give 0), 1 from 3 on. That is torch 1.13's vectorised kernel, which runs on all but
+  // the last few elements of a tensor; its scalar tail takes the middle piece at 3 as well (3/2).
+  // The middle is computed as torch's kernel does, x (x + 3) / 6.
+  Tensor middle = div(mul(x, add(x, 3.0)), 6.0);
+  return where(lt(x, Scalar(-3.0)), Scalar(0.0), where(lt(x, Scalar(3.0)), middle, x));
+}
+
 // Note [in-place activations]
 // torch's inplace=True (nn.ReLU(inplace=True), F.leaky_relu_, ...) writes the activation into its
 // input. relu_ is a kernel of its own (Tensor::relu_); the others are the out-of-place op stored
@@ -141,6 +161,19 @@ Tensor& threshold_(Tensor& x, double threshold_value, double value) {
 Tensor& silu_(Tensor& x) {
   return autograd::inplace_method(
       x, "silu_", {}, [](const Tensor& s, const std::vector<Tensor>&) { return silu(s); },
+      /*reads_self=*/true);
+}
+
+Tensor& hardsigmoid_(Tensor& x) {
+  // The backward keeps hardtanh's mask only.
+  return autograd::inplace_method(
+      x, "hardsigmoid_", {},
+      [](const Tensor& s, const std::vector<Tensor>&) { return hardsigmoid(s); });
+}
+
+Tensor& hardswish_(Tensor& x) {
+  return autograd::inplace_method(
+      x, "hardswish_", {}, [](const Tensor& s, const std::vector<Tensor>&) { return hardswish(s); },
       /*reads_self=*/true);
 }
 

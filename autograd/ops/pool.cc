@@ -1,7 +1,8 @@
 // 2-D pooling (NCHW): max_pool2d, avg_pool2d and the adaptive pools, forward, checks and
 // backward together.
 //   max/avg:    x (N, C, H, W) -> (N, C, Ho, Wo), Ho = (H + 2 pad - k) / stride + 1,
-//               stride defaults to the kernel; their backward is the pooling backward kernel (max
+//               stride defaults to the kernel (max_pool2d's ceil_mode rounds up: Note [max pool
+//               ceil_mode]); their backward is the pooling backward kernel (max
 //               pooling keeps the forward's argmax in an opaque workspace tensor captured by the
 //               backward closure), or under create_graph the differentiable ops (Note [pooling
 //               gradients under create_graph]).
@@ -11,6 +12,7 @@
 //               resample.cc).
 // A 3-D input (C, H, W) is treated as a batch of one.
 #include <algorithm>
+#include <limits>
 
 #include "autograd/ops/common.h"
 #include "kernels/stubs/conv.h"
@@ -158,8 +160,41 @@ Tensor pool2d(const char* op, PoolKind kind, const Tensor& x_in, const Shape& ke
 
 }  // namespace
 
-Tensor max_pool2d(const Tensor& x, Shape kernel, Shape stride, Shape padding) {
-  return pool2d("max_pool2d", PoolKind::Max, x, kernel, stride, padding, true);
+// Note [max pool ceil_mode]
+// ceil_mode adds a last window per dim that hangs over the input's right (bottom) end when the
+// floor division drops one: out = ceil((H + 2p - k) / s) + 1, minus one when that window would
+// start at or past H + p (it must start on the input or the left padding), torch's
+// pooling_output_shape. The kernels take symmetric padding only, so the input is first padded on
+// the right by the overhang, e = (out - 1) s + k - (H + 2p), with the lowest value, which no
+// maximum picks (every window holds an input element or, at worst, the kernel's own padding);
+// pad's backward then drops the overhang's gradient, so both derivatives are pooling's.
+Tensor max_pool2d(const Tensor& x, Shape kernel, Shape stride, Shape padding, Shape dilation,
+                  bool ceil_mode) {
+  const char* op = "max_pool2d";
+  int64_t dil[2];
+  ops::pair_param(op, "dilation", dilation, 1, dil);
+  ACCEL_CHECK(dil[0] == 1 && dil[1] == 1, ValueError, op, "dilation ", pair_shape(dil),
+              " is not supported (dilated max pooling is not offered; use dilation 1)");
+  if (!ceil_mode) return pool2d(op, PoolKind::Max, x, kernel, stride, padding, true);
+  ops::check_image(op, x);
+  int64_t k[2], s[2], p[2];
+  ops::pair_param(op, "kernel", kernel, 1, k);
+  ops::pair_param(op, "stride", stride.empty() ? kernel : stride, 1, s);
+  ops::pair_param(op, "padding", padding, 0, p);
+  int64_t extra[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) {
+    const int64_t in = x.size(x.dim() - 2 + i), padded = in + 2 * p[i];
+    if (padded < k[i]) break;  // pool2d names the error
+    int64_t out = (padded - k[i] + s[i] - 1) / s[i] + 1;
+    if ((out - 1) * s[i] >= in + p[i]) --out;
+    // Negative when the last window ends before the right padding does (nothing to add).
+    extra[i] = std::max<int64_t>(0, (out - 1) * s[i] + k[i] - padded);
+  }
+  if (extra[0] == 0 && extra[1] == 0)
+    return pool2d(op, PoolKind::Max, x, kernel, stride, padding, true);
+  const double lowest = -std::numeric_limits<double>::infinity();
+  const Tensor xp = pad(x, {0, extra[1], 0, extra[0]}, "constant", lowest);
+  return pool2d(op, PoolKind::Max, xp, kernel, stride, padding, true);
 }
 
 Tensor avg_pool2d(const Tensor& x, Shape kernel, Shape stride, Shape padding,

@@ -1025,6 +1025,26 @@ int mesh() {
         std::make_shared<data::TensorDataset>(std::vector<Tensor>{zeros({4, 2})}),
         data::DataLoaderOptions{}));
   });
+  // Note [process data shard] in data/sampler.h: a loader built from RANK / WORLD_SIZE, and one
+  // given the mesh's dp coordinate explicitly.
+  auto rows = std::make_shared<data::TensorDataset>(std::vector<Tensor>{zeros({8, 2})});
+  for (const bool explicit_shard : {false, true}) {
+    const char* what = explicit_shard ? "explicit loader" : "unprepared loader";
+    try {
+      data::DataLoaderOptions o;
+      o.batch_size = 2;
+      if (explicit_shard) {
+        o.rank = m.coordinate("dp");
+        o.world_size = m.size("dp");
+      }
+      data::DataLoader loader(rows, o);
+      int64_t n = 0;
+      for (const data::Batch& b : loader) n += b.indices.size() > 0;
+      std::cout << "iterated " << what << " " << n << std::endl;
+    } catch (const ValueError& e) {
+      std::cout << "refused " << what << ": " << e.what() << std::endl;
+    }
+  }
   std::cout << "ok mesh" << std::endl;
   return 0;
 }

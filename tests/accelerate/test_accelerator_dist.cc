@@ -696,6 +696,26 @@ TEST_CASE("device mesh: acc.mesh() from the environment, with groups; tp needs a
         }
       }
     }
+    // Note [process data shard]: under tp the ranks of one dp index must read the same batches,
+    // so a loader that shards over the world (RANK / WORLD_SIZE) raises when its epoch starts
+    // (before: tp peers trained on different batches without a word); one given the dp
+    // coordinate, or any loader on a mesh whose dp is the world, iterates.
+    const bool tp = c.env.count("ACCEL_TP_SIZE") > 0;
+    for (const RankResult& r : res) {
+      CHECK_MESSAGE(r.output.find("iterated explicit loader") != std::string::npos, r.output);
+      if (!tp) {
+        CHECK_MESSAGE(r.output.find("iterated unprepared loader") != std::string::npos, r.output);
+        continue;
+      }
+      const auto refused = lines_with(r.output, "refused unprepared loader: ");
+      REQUIRE_MESSAGE(refused.size() == 1, r.output);
+      CHECK_MESSAGE(refused[0].find("[DataLoader] this loader shards over WORLD_SIZE = 2 ranks") !=
+                        std::string::npos,
+                    refused[0]);
+      CHECK_MESSAGE(refused[0].find("the Accelerator's mesh has dp size 1 of world 2 (tp 2)") !=
+                        std::string::npos,
+                    refused[0]);
+    }
   }
   // tp with ZeRO-1/2: a ValueError in the constructor on every rank, naming the strategy.
   auto zero_tp =
@@ -705,6 +725,25 @@ TEST_CASE("device mesh: acc.mesh() from the environment, with groups; tp needs a
     CHECK(r.code == 3);
     CHECK_MESSAGE(r.output.find("tp_size 2 runs with the ddp or fsdp strategy (zero_stage 0 or "
                                 "3), not 'zero2'") != std::string::npos,
+                  r.output);
+  }
+  // Note [mesh agreement]: ranks started with different sizes or plans raise at once on every
+  // rank, naming the setting (before: new_group waited the collective timeout).
+  auto differ = run_world(
+      worker(), {"mesh"}, 4,
+      {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_TP_SIZE@3", "1"}, {"ACCEL_ZERO_STAGE@1", "3"}}, 60s);
+  for (const RankResult& r : differ) {
+    CHECK(r.exited);
+    CHECK(r.code == 3);
+    CHECK_MESSAGE(r.output.find("[accelerator] the ranks were started with different settings") !=
+                      std::string::npos,
+                  r.output);
+    CHECK_MESSAGE(r.output.find("tp_size (ACCEL_TP_SIZE, --tp_size, "
+                                "parallelism_config.parallelism_config_tp_size): ranks 0-2 have "
+                                "2, rank 3 has 1") != std::string::npos,
+                  r.output);
+    CHECK_MESSAGE(r.output.find("zero_stage (ACCEL_ZERO_STAGE, --zero_stage): ranks 0, 2-3 have "
+                                "0, rank 1 has 3") != std::string::npos,
                   r.output);
   }
   // Sizes that do not fit the world: a ValueError in the constructor, before the process group

@@ -435,6 +435,27 @@ TEST_CASE("checkpoint faults: save_state refuses a folder that is not a checkpoi
   CHECK(has(msg,
             "'" + t.dir + "/.tmp-fresh' (the temporary folder of a save to it) holds notes.txt"));
   CHECK(read_file(t.dir + "/.tmp-fresh/notes.txt") == "notes");
+  // A tp save killed midway leaves its temporary folder with the marker, tp<t>/ folders and no
+  // state.json: the next save to the same folder replaces it (before: refused, so every restart
+  // of the job died at the same checkpoint_<N>) ...
+  const std::string crashed = t.dir + "/.tmp-crashed";
+  fs::create_directories(crashed + "/tp0");
+  fs::create_directories(crashed + "/tp1");
+  write_file(crashed + "/" + dist::kCheckpointMarker, "");
+  write_file(crashed + "/tp0/model_0.safetensors", "partial");
+  write_file(crashed + "/tp1/model_0.safetensors.tmp", "partial");
+  write_file(crashed + "/optimizer_0.bin", "partial");
+  CHECK(refusal(t.dir + "/crashed").empty());
+  CHECK(!fs::exists(crashed));
+  CHECK(fs::exists(t.dir + "/crashed/" + dist::kCheckpointStateFile));
+  // ... but not when a tp folder in it holds a link (not something a rank writes).
+  fs::create_directories(crashed + "/tp0");
+  write_file(crashed + "/" + dist::kCheckpointMarker, "");
+  fs::create_symlink(user + "/notes.txt", crashed + "/tp0/model_0.safetensors");
+  msg = refusal(t.dir + "/crashed");
+  CHECK(has(msg, "tp0/"));
+  CHECK(fs::is_symlink(crashed + "/tp0/model_0.safetensors"));
+  fs::remove_all(crashed);
   // Nothing above moved `latest` or broke the group: it still loads.
   CHECK_NOTHROW(t.acc->load_state());
 }

@@ -338,4 +338,29 @@ TEST_CASE(
     CHECK_MESSAGE(r.output.find("tp0/") != std::string::npos, r.output);
   }
   CHECK(fs::exists(dir + "/tp0/notes.txt"));
+  fs::remove(dir + "/tp0/notes.txt");
+  // A link inside tp0/ (or at the top) is refused like a link at the top, before anything is
+  // read (before: followed, wherever it pointed).
+  for (const std::string sub : {"/tp0", ""}) {
+    CAPTURE(sub);
+    std::string victim;
+    for (const auto& e : fs::directory_iterator(dir + sub)) {
+      const std::string name = e.path().filename().string();
+      if (e.is_regular_file() && name != "state.json" && name != ".accel_checkpoint")
+        victim = e.path().string();
+    }
+    REQUIRE(!victim.empty());
+    const std::string moved = scratch() + "/moved";
+    fs::rename(victim, moved);
+    fs::create_symlink(moved, victim);
+    auto linked = run_world(worker(), {scratch() + "/hostile-link.txt", "4", "load", dir}, 4,
+                            {{"ACCEL_TP_SIZE", "4"}}, 120s);
+    for (const RankResult& r : linked) {
+      CHECK(r.code == 3);
+      CHECK_MESSAGE(r.output.find("'" + victim + "' is a symbolic link") != std::string::npos,
+                    r.output);
+    }
+    fs::remove(victim);
+    fs::rename(moved, victim);
+  }
 }

@@ -74,6 +74,8 @@ const std::map<std::string, std::string> kNoMethod = {
     {"selu", "torch.nn.functional.selu"},
     {"celu", "torch.nn.functional.celu"},
     {"threshold", "torch.nn.functional.threshold"},
+    {"hardswish", "torch.nn.functional.hardswish"},
+    {"hardsigmoid", "torch.nn.functional.hardsigmoid"},
     {"dropout1d", "torch.nn.functional.dropout1d"},
     {"dropout3d", "torch.nn.functional.dropout3d"},
     {"embedding_renorm_", "torch.embedding_renorm_, a free function"},

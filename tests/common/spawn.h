@@ -54,10 +54,11 @@ inline int free_port() {
   return ntohs(a.sin_port);
 }
 
-// Runs `exe args...` as ranks 0..world-1. world == 1 runs without RANK/WORLD_SIZE (single
-// process). Waits up to `limit`; with kill_after_survivors, as soon as every rank that exits by
-// itself has done so and the rest are stopped or stuck (e.g. a SIGSTOPped victim), waits 1 s
-// more and kills the rest. Ranks still running at `limit` are killed and reported as such.
+// Runs `exe args...` as ranks 0..world-1 with `extra_env` ("NAME@r" keys: rank r only). world == 1
+// runs without RANK/WORLD_SIZE (single process). Waits up to `limit`; with kill_after_survivors, as
+// soon as every rank that exits by itself has done so and the rest are stopped or stuck (e.g. a
+// SIGSTOPped victim), waits 1 s more and kills the rest. Ranks still running at `limit` are killed
+// and reported as such.
 inline std::vector<RankResult> run_world(const std::string& exe,
                                          const std::vector<std::string>& args, int world,
                                          const std::map<std::string, std::string>& extra_env,
@@ -75,7 +76,7 @@ inline std::vector<RankResult> run_world(const std::string& exe,
       std::string key = s.substr(0, s.find('='));
       if (key == "RANK" || key == "WORLD_SIZE" || key == "LOCAL_RANK" ||
           key == "LOCAL_WORLD_SIZE" || key == "MASTER_ADDR" || key == "MASTER_PORT" ||
-          extra_env.count(key))
+          extra_env.count(key) || extra_env.count(key + "@" + std::to_string(r)))
         continue;
       env.push_back(s);
     }
@@ -85,7 +86,16 @@ inline std::vector<RankResult> run_world(const std::string& exe,
       env.push_back("MASTER_ADDR=127.0.0.1");
       env.push_back("MASTER_PORT=" + std::to_string(port));
     }
+    // "NAME@r" entries set NAME on rank r only, over a plain "NAME" entry.
+    std::map<std::string, std::string> mine;
     for (auto& [k, v] : extra_env)
+      if (k.find('@') == std::string::npos) mine[k] = v;
+    for (auto& [k, v] : extra_env) {
+      const size_t at = k.find('@');
+      if (at != std::string::npos && k.substr(at + 1) == std::to_string(r))
+        mine[k.substr(0, at)] = v;
+    }
+    for (auto& [k, v] : mine)
       if (!(k == "OMP_NUM_THREADS" && v.empty())) env.push_back(k + "=" + v);
     // One thread per rank unless the test sets OMP_NUM_THREADS itself ("" leaves it unset).
     if (!extra_env.count("OMP_NUM_THREADS")) env.push_back("OMP_NUM_THREADS=1");

@@ -248,3 +248,18 @@ for name in sorted(os.listdir(IMAGES)):
     with open(os.path.join(IMAGES, name), "rb") as f:
         data = f.read()
     write("fuzz_png" if name.endswith(".png") else "fuzz_jpeg", name, data)
+
+
+# ---- Hugging Face config.json (hf/config.h): the fixtures of tests/hf, and near-valid ones ----
+HF = os.path.join(HERE, "..", "hf", "fixtures")
+for name in ("gpt2", "llama", "llama_tied"):
+    with open(os.path.join(HF, name, "config.json")) as f:
+        cfg = json.load(f)
+    write("fuzz_hf_config", name, json.dumps(cfg))
+    for key in ("n_head", "num_key_value_heads", "head_dim"):
+        if key in cfg:
+            write("fuzz_hf_config", name + "-" + key + "-3", json.dumps(dict(cfg, **{key: 3})))
+write("fuzz_hf_config", "eos-list", json.dumps({"model_type": "llama", "eos_token_id": [1, 2]}))
+write("fuzz_hf_config", "rope-scaling", json.dumps({"model_type": "llama",
+                                                    "rope_scaling": {"rope_type": "llama3"}}))
+write("fuzz_hf_config", "not-object", "[1, 2]")

@@ -345,7 +345,9 @@ TEST_CASE("Conv2d, MaxPool2d, AvgPool2d and the cnn workload model") {
   nn::AvgPool2d ap(3, 1, 1, false);
   CHECK(allclose(ap.forward(x), avg_pool2d(x, {3, 3}, {1, 1}, {1, 1}, false)));
   CHECK(ap.forward(x).sizes() == x.sizes());
-  CHECK(mp.repr() == "MaxPool2d(kernel_size=(2, 2), stride=(2, 2), padding=(0, 0))");
+  CHECK(mp.repr() ==
+        "MaxPool2d(kernel_size=(2, 2), stride=(2, 2), padding=(0, 0), dilation=(1, 1), "
+        "ceil_mode=false)");
 
   // The `cnn` workload of WORKLOADS.md.
   auto cnn = std::make_shared<nn::Sequential>(

@@ -663,13 +663,16 @@ TEST_CASE("load_state_dict: a 0-dim num_batches_tracked saved as (1,) loads; oth
 
   sd["num_batches_tracked"] = tensor(std::vector<int64_t>{1, 2}, {2});
   CHECK(contains(error_of<ValueError>([&] { bn.load_state_dict(sd); }),
-                 "num_batches_tracked: checkpoint (2,), model ()"));
+                 "size mismatch for num_batches_tracked: copying a param with shape (2,) from "
+                 "checkpoint, the shape in current model is ()"));
   sd["num_batches_tracked"] = zeros({1, 1}, TensorOptions(kInt64));
   CHECK(contains(error_of<ValueError>([&] { bn.load_state_dict(sd); }),
-                 "num_batches_tracked: checkpoint (1, 1), model ()"));
+                 "size mismatch for num_batches_tracked: copying a param with shape (1, 1) from "
+                 "checkpoint, the shape in current model is ()"));
   sd["num_batches_tracked"] = zeros({}, TensorOptions(kInt64));
   sd["running_mean"] = zeros({1});  // a (1,) where the model has (3): still refused
   CHECK(contains(error_of<ValueError>([&] { bn.load_state_dict(sd); }),
-                 "running_mean: checkpoint (1,), model (3,)"));
+                 "size mismatch for running_mean: copying a param with shape (1,) from checkpoint, "
+                 "the shape in current model is (3,)"));
   CHECK(bn.num_batches_tracked.item<int64_t>() == 42);  // nothing loaded
 }

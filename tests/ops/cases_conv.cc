@@ -50,6 +50,9 @@ void add_conv_cases(Table& t) {
         OP_FN(return max_pool2d(x[0], {2, 2});));
   t.add("max_pool2d", "3x3 stride 2 padding 1 (overlapping)", OP_INPUTS(m.perm(50, {1, 2, 5, 5})),
         OP_FN(return max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1});));
+  t.add("max_pool2d", "3x3 stride 2 ceil_mode (a window over the end)",
+        OP_INPUTS(m.perm(64, {1, 1, 8, 8})),
+        OP_FN(return max_pool2d(x[0], {3, 3}, {2, 2}, {0, 0}, {1, 1}, true);));
   t.add("avg_pool2d", "2x2", OP_INPUTS(m.rnd({2, 2, 4, 4})),
         OP_FN(return avg_pool2d(x[0], {2, 2});));
   t.add("avg_pool2d", "3x3 padding 1, count_include_pad", OP_INPUTS(m.rnd({1, 2, 5, 4})),

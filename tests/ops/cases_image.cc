@@ -1,6 +1,6 @@
 // Op cases of the image-model ops: conv_transpose2d, conv1d, conv_transpose1d,
 // group_norm, instance_norm, adaptive pools, dropout1d/2d/3d, pixel (un)shuffle, pad, interpolate,
-// leaky_relu, elu, hardtanh / relu6, selu, celu, threshold.
+// leaky_relu, elu, hardtanh / relu6, selu, celu, threshold, hardswish, hardsigmoid.
 #include <cmath>
 
 #include "op_table.h"
@@ -183,6 +183,9 @@ void add_image_cases(Table& t) {
   t.add("celu", "alpha 0.7", OP_INPUTS(m.rnd({3, 4}, -2, 2)), OP_FN(return celu(x[0], 0.7);));
   t.add("threshold", "0.1 -> -2", OP_INPUTS(m.rnd({3, 4})),
         OP_FN(return threshold(x[0], 0.1, -2.0);));
+  t.add("hardswish", "both ends", OP_INPUTS(m.rnd({3, 4}, -5, 5)), OP_FN(return hardswish(x[0]);));
+  t.add("hardsigmoid", "both ends", OP_INPUTS(m.rnd({3, 4}, -5, 5)),
+        OP_FN(return hardsigmoid(x[0]);));
 }
 
 }  // namespace accel::optable::detail

@@ -311,6 +311,20 @@ void scenario_errors(const ProcessGroupPtr& world) {
     WCHECK(!is_tp_sharded(*m, "tok.weight") && m->tok->num_embeddings == 32,
            "a refused plan leaves the model unchanged");
   }
+  {  // Note [sequence-parallel coverage]: a parameterised module left out of an SP plan
+    dist::TpPlan plan;
+    for (auto& e : models::gpt_tp_plan({.sequence_parallel = true}))
+      if (e.first != "ln_f") plan.push_back(e);
+    WCHECK(throws_with([&] { parallelize(model, g, plan); }, "ValueError",
+                       {"under sequence parallelism module 'ln_f'", "LayerNorm", "sequence()"}),
+           "an SP plan leaving ln_f out is a ValueError naming it (before: partial gradients)");
+    dist::TpPlan no_sp;
+    for (auto& e : models::gpt_tp_plan())
+      if (e.first != "ln_f") no_sp.push_back(e);
+    auto other = make_gpt();
+    parallelize(other, g, no_sp);  // without SP, ln_f sees replicated input: nothing to plan
+    WCHECK(is_tp_sharded(*other, "head.weight"), "a plan without SP may leave ln_f out");
+  }
   WCHECK(max_abs_diff(model->parameter("blocks.0.fc.weight"), before) == 0.0 &&
              model->blocks->at<models::GptBlock>(0)->fc->out_features == 64,
          "refused plans leave the model unchanged");
@@ -319,6 +333,18 @@ void scenario_errors(const ProcessGroupPtr& world) {
   WCHECK(throws_with([&] { parallelize(model, g, models::gpt_tp_plan()); }, "ValueError",
                      {"tensor-parallel already"}),
          "parallelizing twice is a ValueError");
+  // A planned layer called through forward() would skip its collectives (before: loss 3.06
+  // instead of 2.77 after 15 steps): a ValueError naming the module on every rank.
+  const Tensor x = zeros({1, 8, 16}, TensorOptions(kFloat64));
+  WCHECK(throws_with([&] { model->blocks->at<models::GptBlock>(0)->fc->forward(x); }, "ValueError",
+                     {"tensor-parallel colwise 'blocks.0.fc'", "called directly"}),
+         "a colwise layer's direct forward() is a ValueError naming it");
+  WCHECK(throws_with(
+             [&] {
+               model->tok->forward(zeros({1, 8}, TensorOptions(kInt64)));
+             },
+             "ValueError", {"tensor-parallel vocab_embedding 'tok'", "called directly"}),
+         "a vocabulary-parallel embedding's direct forward() is a ValueError naming it");
 }
 
 // ---- training ----

@@ -11,6 +11,7 @@
 #include "comm/env.h"
 #include "core/env_contract.h"
 #include "core/error.h"
+#include "core/parallelism.h"
 #include "core/settings.h"
 
 namespace accel {
@@ -98,18 +99,17 @@ void check_env_applies(const AcceleratorConfig& c) {
         env::kFsdpPrefetch, env::kFsdpActivationCheckpointing})
     if (const char* v = env_or_null(name))
       fsdp += (fsdp.empty() ? "" : ", ") + std::string(name) + "=" + v;
-  ACCEL_CHECK(fsdp.empty() || c.zero_stage == 3, ValueError, "accelerator", fsdp,
-              ": the ZeRO-3 options apply to zero_stage 3 only, and this run has zero_stage ",
-              c.zero_stage);
+  // Note [options a stage does not use] in core/settings.h (accel-run checks the same).
+  ACCEL_CHECK(fsdp.empty() || c.zero_stage == 3, ValueError, "accelerator",
+              settings::zero3_options_refusal(fsdp, c.zero_stage));
   const char* param = env_or_null(env::kParamDtype);
   const char* reduce = env_or_null(env::kReduceDtype);
   const bool converts = (param && lower(param) != "fp32") || reduce;
   ACCEL_CHECK(!converts || c.zero_stage != 0, ValueError, "accelerator",
-              param ? std::string(env::kParamDtype) + "=" + param : std::string(""),
-              param && reduce ? ", " : "",
-              reduce ? std::string(env::kReduceDtype) + "=" + reduce : std::string(""),
-              ": ZeRO compute dtypes apply to zero_stage 1-3 only, and this run has zero_stage 0 "
-              "(use ACCEL_MIXED_PRECISION for autocast)");
+              settings::zero_dtype_refusal(
+                  (param ? std::string(env::kParamDtype) + "=" + param : std::string("")) +
+                  (param && reduce ? ", " : "") +
+                  (reduce ? std::string(env::kReduceDtype) + "=" + reduce : std::string(""))));
 }
 
 }  // namespace
@@ -134,9 +134,10 @@ void resolve_strategy(AcceleratorConfig& c, bool fill_name) {
                 "' is not registered (registered: ", names, ")");
   }
   const int stage = spec->zero_stage < 0 ? 0 : spec->zero_stage;
-  ACCEL_CHECK(c.zero_stage == 0 || c.zero_stage == stage, ValueError, "accelerator", "strategy '",
-              c.strategy, "' and zero_stage ", c.zero_stage,
-              " contradict each other: set one of them");
+  // Note [built-in strategies] in core/parallelism.h: accel-run refuses the same pairs.
+  const std::optional<std::string> conflict = strategy_stage_conflict(c.strategy, c.zero_stage);
+  ACCEL_CHECK(!conflict, ValueError, "accelerator", *conflict);
+  ACCEL_INTERNAL_ASSERT(stage == strategy_zero_stage(c.strategy));
   c.zero_stage = stage;
 }
 

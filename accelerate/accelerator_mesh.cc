@@ -100,11 +100,9 @@ std::unique_ptr<dist::Strategy> make_tp_strategy(const AcceleratorConfig& c,
                                                  dist::StrategyContext ctx,
                                                  const dist::StrategySpec& spec) {
   const int tp = mesh.size("tp");
-  ACCEL_CHECK(spec.name == "ddp" || spec.name == "fsdp", ValueError, "accelerator", "tp_size ", tp,
-              " runs with the ddp or fsdp strategy (zero_stage 0 or 3), not '", spec.name,
-              "': tensor parallelism composes with data parallelism over the mesh's dp groups "
-              "(ZeRO-3 over dp_shard for 2-D parallelism); ZeRO-1/2 and a program's own "
-              "strategies do not run with it");
+  // Note [strategies with tensor parallelism] in core/parallelism.h (accel-run checks the same).
+  const std::optional<std::string> conflict = tp_strategy_conflict(tp, spec.name);
+  ACCEL_CHECK(!conflict, ValueError, "accelerator", *conflict);
   // The inner strategy's world is this rank's dp group: the ranks holding the same tp shards.
   const dist::ProcessGroupPtr& dp = mesh.group("dp");
   ctx.group = dp;

@@ -151,4 +151,57 @@ inline std::optional<MeshSizes> infer_mesh_sizes(const ParallelismConfig& p, int
   return m;
 }
 
+// Note [built-in strategies]
+// The strategies libaccel registers (accelerate/strategy_*.cc) and the ZeRO stage each one is:
+// zero_stage names one of them when no strategy is named, and a named strategy must not
+// contradict a zero_stage given with it. A program's own strategies claim no stage (the four
+// stages are taken), so they run at stage 0. Here, std-only, so that accel-run refuses a
+// contradiction before any worker starts with the library's words (tests/accelerate checks the
+// registry against this table).
+struct BuiltinStrategy {
+  std::string_view name;
+  int zero_stage;
+};
+inline constexpr BuiltinStrategy kBuiltinStrategies[] = {
+    {"ddp", 0}, {"zero1", 1}, {"zero2", 2}, {"fsdp", 3}};
+
+inline const BuiltinStrategy* find_builtin_strategy(std::string_view name) {
+  for (const BuiltinStrategy& s : kBuiltinStrategies)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+inline const BuiltinStrategy* builtin_strategy_for_stage(int zero_stage) {
+  for (const BuiltinStrategy& s : kBuiltinStrategies)
+    if (s.zero_stage == zero_stage) return &s;
+  return nullptr;
+}
+
+// The stage strategy `name` runs at: its built-in stage, 0 for any other (a program's own).
+inline int strategy_zero_stage(std::string_view name) {
+  const BuiltinStrategy* b = find_builtin_strategy(name);
+  return b ? b->zero_stage : 0;
+}
+
+// Why strategy `name` and `zero_stage` cannot be given together, or nullopt when they agree
+// (zero_stage 0 means "not chosen" next to a name).
+inline std::optional<std::string> strategy_stage_conflict(std::string_view name, int zero_stage) {
+  if (zero_stage == 0 || zero_stage == strategy_zero_stage(name)) return std::nullopt;
+  return "strategy '" + std::string(name) + "' and zero_stage " + std::to_string(zero_stage) +
+         " contradict each other: set one of them";
+}
+
+// Note [strategies with tensor parallelism]
+// With tp_size > 1 the strategy is a TpStrategy around ddp or fsdp (Note [tp strategy] in
+// accelerate/strategy_tp.cc): tensor parallelism composes with data parallelism over the mesh's
+// dp groups; ZeRO-1/2 and a program's own strategies are refused with it. Why `strategy` cannot run
+// with `tp` ranks per layer, or nullopt when it can.
+inline std::optional<std::string> tp_strategy_conflict(int tp, std::string_view strategy) {
+  if (tp <= 1 || strategy == "ddp" || strategy == "fsdp") return std::nullopt;
+  return "tp_size " + std::to_string(tp) +
+         " runs with the ddp or fsdp strategy (zero_stage 0 or 3), not '" + std::string(strategy) +
+         "': tensor parallelism composes with data parallelism over the mesh's dp groups (ZeRO-3 "
+         "over dp_shard for 2-D parallelism); ZeRO-1/2 and a program's own strategies do not run "
+         "with it";
+}
+
 }  // namespace accel

@@ -173,4 +173,23 @@ inline std::optional<std::string> parse(const Setting& s, std::string_view raw, 
   return fail(std::string(s.allowed));
 }
 
+// Note [options a stage does not use]
+// The ZeRO-3 options (the fsdp_config rows) do nothing at another stage, and the ZeRO compute
+// dtypes (param_dtype other than fp32, reduce_dtype) nothing without ZeRO: given anyway, they
+// are refused, not ignored. `given` lists them as "ACCEL_FSDP_PREFETCH=true, ..." (or however
+// the caller names them); the Accelerator (AcceleratorConfig::with_env) and accel-run (before a
+// worker starts, Note [checks before any worker starts] in launcher/launch_checks.h) say the same.
+inline std::string zero3_options_refusal(std::string_view given, int zero_stage) {
+  return std::string(given) +
+         ": the ZeRO-3 options apply to zero_stage 3 only, and this run has zero_stage " +
+         std::to_string(zero_stage);
+}
+inline std::string zero_dtype_refusal(std::string_view given) {
+  return std::string(given) +
+         ": ZeRO compute dtypes apply to zero_stage 1-3 only, and this run has zero_stage 0 (use "
+         "ACCEL_MIXED_PRECISION for autocast)";
+}
+// Whether row `s` is a ZeRO-3 option (fsdp_config.*).
+constexpr bool is_zero3_option(const Setting& s) { return s.yaml.substr(0, 12) == "fsdp_config."; }
+
 }  // namespace accel::settings

@@ -255,6 +255,47 @@ std::string value_text(const YAML::Node& node) {
   return e.good() ? std::string(e.c_str()) : std::string("(a mapping or list)");
 }
 
+// Note [duplicate keys]
+// YAML forbids a key twice in one mapping, but yaml-cpp keeps both and a lookup finds one of
+// them: `zero_stage: 3` written again further down a long fsdp_config or zero_config would be
+// read or lost depending on how the key is looked up. So before anything is read, every mapping
+// of the file, at any depth (zero_config, fsdp_config, parallelism_config, the mappings of the
+// keys accepted only when off), is checked for a key given twice, and the second one is an error
+// naming its path and the line of the first. Iterative: the depth is whatever the file nests.
+void check_duplicate_keys(const YAML::Node& root, const std::string& where) {
+  std::vector<std::pair<YAML::Node, std::string>> todo = {{root, ""}};
+  while (!todo.empty()) {
+    const auto [node, path] = todo.back();
+    todo.pop_back();
+    if (node.IsSequence()) {
+      size_t i = 0;
+      for (auto it = node.begin(); it != node.end(); ++it, ++i)
+        todo.emplace_back(*it, path + "[" + std::to_string(i) + "]");
+      continue;
+    }
+    if (!node.IsMap()) continue;
+    std::map<std::string, YAML::Node> seen;
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      const YAML::Node k = it->first;
+      if (k.IsScalar()) {
+        const std::string key = path.empty() ? k.Scalar() : path + "." + k.Scalar();
+        if (auto [first, fresh] = seen.emplace(k.Scalar(), k); !fresh) {
+          const YAML::Mark m = first->second.Mark();
+          bad_key(where, k, key,
+                  "is given twice" +
+                      (m.line >= 0 ? " (first on line " + std::to_string(m.line + 1) + ")"
+                                   : std::string()) +
+                      "; YAML keeps only one of them, so remove the other");
+        }
+        todo.emplace_back(it->second, key);
+      } else {
+        // A mapping or list as a key is refused when the key is read (key_text).
+        todo.emplace_back(it->second, path);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void validate(const LaunchConfig& c, const std::string& where) {
@@ -581,13 +622,12 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
   ACCEL_CHECK(root.IsMap(), launcher::ConfigError, "config", where_at(where, root),
               ": expected a mapping of keys to values at the top level");
 
-  std::set<std::string> seen;
+  check_duplicate_keys(root, where);  // Note [duplicate keys]
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string key = key_text(it->first, where, "");
     // A copy (Node is a handle): yaml-cpp's iterator returns a temporary proxy from operator->,
     // so a reference to it->second dangles after this statement (found by fuzz_config, ASan).
     const YAML::Node v = it->second;
-    if (!seen.insert(key).second) bad_key(where, it->first, key, "is given twice");
     if (key == "compute_environment") {
       c.compute_environment = scalar_text(v, where, key);
       if (c.compute_environment != "LOCAL_MACHINE") {

@@ -383,7 +383,8 @@ void print_config_section(std::ostream& os, const std::string& config_path,
       if (!l.empty() && l[0] != '#') os << "    " << l << "\n";
     }
     try {
-      LaunchPlan p = resolve_plan(cfg, LaunchFlags{}, env, count_gpu_device_nodes());
+      LaunchPlan p = resolve_plan(cfg, LaunchFlags{}, env, count_gpu_device_nodes(),
+                                  have ? config_path : std::string());
       os << "  launch without flags: " << p.world_size << " process(es) (" << p.distributed_type
          << "), " << p.num_local_workers << " on this machine (machine_rank " << p.machine_rank
          << " of " << p.num_machines << "), MASTER_ADDR=" << p.master_addr << " MASTER_PORT="

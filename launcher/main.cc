@@ -145,10 +145,13 @@ std::string config_path_for(const std::string& flag, const al::EnvMap& env) {
   return path_given(flag) ? flag : al::default_config_path(env);
 }
 
-al::LaunchConfig load_effective_config(const std::string& flag, const al::EnvMap& env) {
+// The config in effect; `loaded` gets the path of the file read ("" when none was).
+al::LaunchConfig load_effective_config(const std::string& flag, const al::EnvMap& env,
+                                       std::string& loaded) {
   if (path_given(flag)) {
     ACCEL_CHECK(std::filesystem::exists(flag), IoError, "config", "config file '", flag,
                 "' does not exist");
+    loaded = flag;
     return al::load_config(flag);
   }
   std::string path;
@@ -157,7 +160,9 @@ al::LaunchConfig load_effective_config(const std::string& flag, const al::EnvMap
   } catch (const al::ConfigError&) {
     return {};  // no HOME: defaults
   }
-  return std::filesystem::exists(path) ? al::load_config(path) : al::LaunchConfig{};
+  if (!std::filesystem::exists(path)) return {};
+  loaded = path;
+  return al::load_config(path);
 }
 
 void apply_setting_flags(LaunchArgs& a) {
@@ -167,7 +172,8 @@ void apply_setting_flags(LaunchArgs& a) {
 
 int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest) {
   const al::EnvMap env = al::current_environment();
-  al::LaunchConfig cfg = load_effective_config(a.config_file, env);
+  std::string config_path;
+  al::LaunchConfig cfg = load_effective_config(a.config_file, env, config_path);
   al::LaunchFlags flags = a.flags;
   if (selftest && !flags.num_processes && cfg.num_processes == 1 && cfg.num_machines == 1) {
     // One process exercises no collective; the self test always runs a real group.
@@ -187,7 +193,8 @@ int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest
     while (opts.log_dir.size() > 1 && opts.log_dir.back() == '/') opts.log_dir.pop_back();
   }
   opts.stopped_timeout_s = a.stopped_timeout;
-  al::LaunchPlan plan = al::resolve_plan(cfg, flags, env, al::count_gpu_device_nodes());
+  al::LaunchPlan plan =
+      al::resolve_plan(cfg, flags, env, al::count_gpu_device_nodes(), config_path);
   al::resolve_rendezvous_token(plan, flags, env);
   opts.argv = std::move(argv);
   opts.grace_period_s = a.grace_period;

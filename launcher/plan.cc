@@ -1,5 +1,6 @@
 #include "launcher/plan.h"
 
+#include "launcher/launch_checks.h"
 #include "launcher/settings_binding.h"
 
 #include <algorithm>
@@ -160,7 +161,7 @@ void plan_threads(LaunchPlan& p, const EnvMap& env) {
 }  // namespace
 
 LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flags,
-                        const EnvMap& env, int gpu_count) {
+                        const EnvMap& env, int gpu_count, const std::string& config_where) {
   LaunchPlan p;
   LaunchConfig& c = p.config;
   c = file_config;
@@ -210,8 +211,14 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
     p.first_local_rank = 0;
   }
 
-  // Sizes that do not fit the world stop the launch here, before a worker starts.
-  check_parallelism(c, p.world_size, "launch settings (config file + flags)");
+  // Note [checks before any worker starts]: sizes that do not fit the world, strategies that do
+  // not compose, ... stop the launch here, whether a flag, the config file or an inherited
+  // ACCEL_* variable asked for them.
+  LaunchConfig flags_only;
+  std::vector<std::string> ignored;
+  apply_flags(flags, flags_only, ignored);
+  check_effective_settings(effective_settings(c, flags_only, env, config_where), p.world_size,
+                           "launch settings (config file + flags + environment)");
 
   if (c.main_process_ip) {
     p.master_addr = *c.main_process_ip;

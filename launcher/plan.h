@@ -52,9 +52,11 @@ struct LaunchPlan {
 };
 
 // `gpu_count`: GPUs visible on this machine (used only to pick MULTI_GPU vs MULTI_CPU when the
-// config says NO but more than one process is asked for).
+// config says NO but more than one process is asked for). `env` is accel-run's environment (the
+// workers inherit it); `config_where` names the config file in messages (Note [checks before any
+// worker starts] in launcher/launch_checks.h).
 LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flags,
-                        const EnvMap& env, int gpu_count);
+                        const EnvMap& env, int gpu_count, const std::string& config_where = "");
 
 // Note [rendezvous token]: the store (comm/env.h ACCEL_RENDEZVOUS_TOKEN) admits only clients that
 // present the job's token. The token is --rendezvous_token, else an exported

@@ -183,10 +183,16 @@ void ask_mesh(Asker& a, LaunchConfig& c) {
 // The ZeRO questions (stage, param dtype, ZeRO-3 wrap policy), for a distributed config.
 void ask_zero(Asker& a, LaunchConfig& c) {
   if (c.distributed_type != "NO") {
+    // Note [strategies with tensor parallelism] in core/parallelism.h: stages 1-2 and tp are
+    // refused at launch, so they are not written either.
+    const int tp = c.tp_size.value_or(1);
     c.zero_stage = std::stoi(a.ask_setting(
         "Which ZeRO stage do you want (0: off, 1: shard optimizer state, 2: + gradients, 3: + "
         "parameters)?",
-        "zero_config.zero_stage"));
+        "zero_config.zero_stage", [tp](const std::string& v) -> std::optional<std::string> {
+          const BuiltinStrategy* b = builtin_strategy_for_stage(std::stoi(v));
+          return b ? tp_strategy_conflict(tp, b->name) : std::nullopt;
+        }));
   }
   // Only answers that differ from the defaults are written: accepting a default leaves the
   // program's own AcceleratorConfig::zero / ::fsdp choice in charge.

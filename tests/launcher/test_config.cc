@@ -280,3 +280,139 @@ TEST_CASE("parallelism_config: Accelerate's keys, and sizes that do not fit the 
   const al::LaunchPlan ok = al::resolve_plan(c, sizes, {}, 0);
   CHECK(ok.config.dp_shard_size == std::optional<int>(2));
 }
+
+TEST_CASE("a key given twice is refused in every mapping, not only at the top") {
+  struct Case {
+    std::string yaml, expect;
+  };
+  const std::vector<Case> cases = {
+      {"num_processes: 2\nnum_processes: 3\n",
+       "odd.yaml:2: key 'num_processes': is given twice (first on line 1)"},
+      {"zero_config:\n  zero_stage: 2\n  param_dtype: bf16\n  zero_stage: 3\n",
+       "odd.yaml:4: key 'zero_config.zero_stage': is given twice (first on line 2)"},
+      {"fsdp_config:\n  fsdp_offload_params: false\n  fsdp_offload_params: false\n",
+       "odd.yaml:3: key 'fsdp_config.fsdp_offload_params': is given twice"},
+      {"fsdp_config: {fsdp_prefetch: true, fsdp_prefetch: true}\n",
+       "key 'fsdp_config.fsdp_prefetch': is given twice"},
+      {"parallelism_config:\n  parallelism_config_tp_size: 2\n  parallelism_config_tp_size: 4\n",
+       "odd.yaml:3: key 'parallelism_config.parallelism_config_tp_size': is given twice"},
+      // Deeper, inside a mapping accepted only while off.
+      {"deepspeed_config:\n  zero_optimization:\n    stage: null\n    stage: null\n",
+       "odd.yaml:4: key 'deepspeed_config.zero_optimization.stage': is given twice"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.yaml);
+    const std::string m = config_error(c.yaml);
+    CHECK_MESSAGE(m.find(c.expect) != std::string::npos, m);
+    CHECK_MESSAGE(m.find("remove the other") != std::string::npos, m);
+  }
+  // The same key in two different mappings is no duplicate.
+  const al::LaunchConfig ok = al::parse_config(
+      "zero_config:\n  zero_stage: 3\nfsdp_config:\n  fsdp_prefetch: true\n"
+      "deepspeed_config: {a: null}\nmpirun_config: {a: null}\n",
+      "ok.yaml");
+  CHECK(ok.zero_stage == std::optional<int>(3));
+}
+
+namespace {
+
+// The ConfigError resolve_plan raises for `file` + `flags` in environment `env`, or "(accepted)".
+std::string launch_refusal(const al::LaunchConfig& file, const al::LaunchFlags& flags,
+                           const al::EnvMap& env = {}, const std::string& where = "") {
+  try {
+    al::resolve_plan(file, flags, env, 0, where);
+  } catch (const al::ConfigError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+}  // namespace
+
+TEST_CASE("launch refuses what the Accelerator would refuse, naming where each value came from") {
+  al::LaunchConfig four;
+  four.num_processes = 4;
+  al::LaunchFlags tp2;
+  tp2.tp_size = 2;
+
+  // Note [strategies with tensor parallelism]: --tp_size 2 --zero_stage 2, in the library's words.
+  al::LaunchFlags f = tp2;
+  f.zero_stage = 2;
+  std::string m = launch_refusal(four, f);
+  CHECK_MESSAGE(m.find("tp_size 2 runs with the ddp or fsdp strategy (zero_stage 0 or 3), not "
+                       "'zero2'") != std::string::npos,
+                m);
+  CHECK_MESSAGE(m.find("tp_size 2 from --tp_size") != std::string::npos, m);
+  CHECK_MESSAGE(m.find("zero_stage 2 from --zero_stage") != std::string::npos, m);
+  CHECK(m.find("inherit") == std::string::npos);
+  // The same from the config file's keys, naming the file.
+  al::LaunchConfig file = four;
+  file.tp_size = 2;
+  file.zero_stage = 1;
+  m = launch_refusal(file, {}, {}, "cfg.yaml");
+  CHECK_MESSAGE(m.find("not 'zero1'") != std::string::npos, m);
+  CHECK_MESSAGE(m.find("tp_size 2 from key parallelism_config.parallelism_config_tp_size of "
+                       "cfg.yaml") != std::string::npos,
+                m);
+  CHECK_MESSAGE(
+      m.find("zero_stage 1 from key zero_config.zero_stage of cfg.yaml") != std::string::npos, m);
+  // A program's own strategy does not run with tp either; ddp and fsdp do.
+  f = tp2;
+  f.strategy = "mine";
+  CHECK(launch_refusal(four, f).find("not 'mine'") != std::string::npos);
+  for (int stage : {0, 3}) {
+    f = tp2;
+    f.zero_stage = stage;
+    CHECK(launch_refusal(four, f) == "(accepted)");
+  }
+  f = tp2;
+  f.strategy = "fsdp";
+  CHECK(launch_refusal(four, f) == "(accepted)");
+  CHECK(launch_refusal(four, tp2) == "(accepted)");  // the program's AcceleratorConfig decides
+
+  // Inherited variables count as the workers will read them.
+  const al::EnvMap tp3 = {{"ACCEL_TP_SIZE", "3"}};
+  m = launch_refusal(four, {}, tp3);
+  CHECK_MESSAGE(m.find("does not fit 4 processes") != std::string::npos, m);
+  CHECK_MESSAGE(m.find("tp_size 3 from ACCEL_TP_SIZE inherited from accel-run's environment") !=
+                    std::string::npos,
+                m);
+  CHECK_MESSAGE(m.find("unset it") != std::string::npos, m);
+  CHECK(launch_refusal(four, tp2, tp3) == "(accepted)");  // the flag overrides it
+  m = launch_refusal(four, tp2, {{"ACCEL_ZERO_STAGE", "2"}});
+  CHECK_MESSAGE(m.find("not 'zero2'") != std::string::npos, m);
+  CHECK_MESSAGE(m.find("zero_stage 2 from ACCEL_ZERO_STAGE inherited") != std::string::npos, m);
+  m = launch_refusal(four, {}, {{"ACCEL_ZERO_STAGE", "7"}});
+  CHECK_MESSAGE(
+      m.find("ACCEL_ZERO_STAGE='7' is exported in accel-run's environment") != std::string::npos,
+      m);
+  CHECK_MESSAGE(m.find("expected 0..3") != std::string::npos, m);
+
+  // Note [built-in strategies]: a strategy and a zero_stage that contradict each other.
+  f = {};
+  f.strategy = "zero1";
+  m = launch_refusal(four, f, {{"ACCEL_ZERO_STAGE", "3"}});
+  CHECK_MESSAGE(
+      m.find("strategy 'zero1' and zero_stage 3 contradict each other") != std::string::npos, m);
+  CHECK(launch_refusal(four, f, {{"ACCEL_ZERO_STAGE", "1"}}) == "(accepted)");
+
+  // Note [options a stage does not use]: ZeRO-3 options with another stage, from anywhere.
+  f = {};
+  f.zero_stage = 2;
+  m = launch_refusal(four, f, {{"ACCEL_FSDP_PREFETCH", "false"}});
+  CHECK_MESSAGE(m.find("ACCEL_FSDP_PREFETCH=false: the ZeRO-3 options apply to zero_stage 3 only, "
+                       "and this run has zero_stage 2") != std::string::npos,
+                m);
+  f = {};
+  f.strategy = "zero2";
+  f.fsdp_prefetch = "true";
+  CHECK(launch_refusal(four, f).find("apply to zero_stage 3 only") != std::string::npos);
+  f = {};
+  f.strategy = "ddp";
+  m = launch_refusal(four, f, {{"ACCEL_PARAM_DTYPE", "bf16"}});
+  CHECK_MESSAGE(
+      m.find("ACCEL_PARAM_DTYPE=bf16: ZeRO compute dtypes apply to zero_stage 1-3 only") !=
+          std::string::npos,
+      m);
+  CHECK(launch_refusal(four, f, {{"ACCEL_PARAM_DTYPE", "fp32"}}) == "(accepted)");
+}

@@ -1796,3 +1796,44 @@ TEST_CASE("launch: mesh sizes reach the workers; sizes that do not fit the world
   CHECK_MESSAGE(contains(r.err, "does not fit 4 processes"), r.err);
   CHECK(count_files(bad, "env.") == 0);  // refused before any worker started
 }
+
+TEST_CASE("launch: what the workers would refuse starts nothing, naming flag, key or variable") {
+  // --tp_size 2 --zero_stage 2: the Accelerator's refusal, before any worker.
+  TempDir dir;
+  Result r = accel_run(
+      launch_args({"--num_processes", "2", "--cpu", "--tp_size", "2", "--zero_stage", "2"},
+                  {"env", "--dir", dir.str()}));
+  CHECK(r.code == 1);
+  CHECK_MESSAGE(contains(r.err,
+                         "tp_size 2 runs with the ddp or fsdp strategy (zero_stage 0 or 3), "
+                         "not 'zero2'"),
+                r.err);
+  CHECK_MESSAGE(contains(r.err, "(tp_size 2 from --tp_size; zero_stage 2 from --zero_stage)"),
+                r.err);
+  CHECK(count_files(dir, "env.") == 0);
+  // An ACCEL_TP_SIZE exported in the shell that does not fit the world about to start.
+  Result inherited =
+      accel_run(launch_args({"--num_processes", "2", "--cpu"}, {"env", "--dir", dir.str()}),
+                {{"ACCEL_TP_SIZE", "4"}});
+  CHECK(inherited.code == 1);
+  CHECK_MESSAGE(contains(inherited.err, "does not fit 2 processes"), inherited.err);
+  CHECK_MESSAGE(contains(inherited.err,
+                         "tp_size 4 from ACCEL_TP_SIZE inherited from accel-run's "
+                         "environment"),
+                inherited.err);
+  CHECK_MESSAGE(contains(inherited.err, "env -u ACCEL_TP_SIZE accel-run"), inherited.err);
+  CHECK(count_files(dir, "env.") == 0);
+  // One that fits reaches the workers as before.
+  Result fits =
+      accel_run(launch_args({"--num_processes", "2", "--cpu", "-q"}, {"env", "--dir", dir.str()}),
+                {{"ACCEL_TP_SIZE", "2"}});
+  REQUIRE_MESSAGE(fits.code == 0, fits.err);
+  CHECK(read_env_file(dir / "env.0")["ACCEL_TP_SIZE"] == "2");
+  // A key given twice in a nested mapping of the config file.
+  write_file(dir / "dup.yaml", "zero_config:\n  zero_stage: 3\n  zero_stage: 1\n");
+  Result dup =
+      accel_run(launch_args({"--config_file", dir / "dup.yaml"}, {"env", "--dir", dir.str()}));
+  CHECK(dup.code == 1);
+  CHECK_MESSAGE(contains(dup.err, "dup.yaml:3: key 'zero_config.zero_stage': is given twice"),
+                dup.err);
+}

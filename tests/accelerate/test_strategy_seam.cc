@@ -204,6 +204,19 @@ TEST_CASE("a strategy registered by a test file is listed and refuses a second r
   }
 }
 
+TEST_CASE("the registry agrees with core/parallelism.h's built-in strategies") {
+  // accel-run decides stages and tp compatibility from kBuiltinStrategies without linking the
+  // registry (Note [built-in strategies]): every entry is registered with its stage, and every
+  // other registered strategy claims none.
+  for (const BuiltinStrategy& b : kBuiltinStrategies) {
+    const dist::StrategySpec* spec = dist::find_strategy(b.name);
+    REQUIRE_MESSAGE(spec != nullptr, b.name);
+    CHECK(spec->zero_stage == b.zero_stage);
+  }
+  for (const std::string& n : dist::registered_strategies())
+    if (!find_builtin_strategy(n)) CHECK_MESSAGE(dist::find_strategy(n)->zero_stage < 0, n);
+}
+
 TEST_CASE("local SGD trains through Accelerator::prepare (AcceleratorConfig::strategy)") {
   const std::string dir = fresh_dir(kScratch, "code");
   auto res = accel::test::run_world(self_exe(), {"worker", dir + "/out", "code"}, 2, {}, 120s);

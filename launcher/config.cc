@@ -257,41 +257,36 @@ std::string value_text(const YAML::Node& node) {
 
 // Note [duplicate keys]
 // YAML forbids a key twice in one mapping, but yaml-cpp keeps both and a lookup finds one of
-// them: `zero_stage: 3` written again further down a long fsdp_config or zero_config would be
-// read or lost depending on how the key is looked up. So before anything is read, every mapping
-// of the file, at any depth (zero_config, fsdp_config, parallelism_config, the mappings of the
-// keys accepted only when off), is checked for a key given twice, and the second one is an error
-// naming its path and the line of the first. Iterative: the depth is whatever the file nests.
+// them: `zero_stage: 3` written again further down a long zero_config would be read or lost
+// depending on the lookup. So before anything is read, every mapping of the file at any depth
+// (zero_config, fsdp_config, parallelism_config, the keys accepted only when off) is checked, and
+// a key given twice is an error naming its path and the line of the first. Iterative.
 void check_duplicate_keys(const YAML::Node& root, const std::string& where) {
   std::vector<std::pair<YAML::Node, std::string>> todo = {{root, ""}};
   while (!todo.empty()) {
     const auto [node, path] = todo.back();
     todo.pop_back();
-    if (node.IsSequence()) {
-      size_t i = 0;
+    size_t i = 0;
+    if (node.IsSequence())
       for (auto it = node.begin(); it != node.end(); ++it, ++i)
         todo.emplace_back(*it, path + "[" + std::to_string(i) + "]");
-      continue;
-    }
     if (!node.IsMap()) continue;
     std::map<std::string, YAML::Node> seen;
     for (auto it = node.begin(); it != node.end(); ++it) {
-      const YAML::Node k = it->first;
-      if (k.IsScalar()) {
-        const std::string key = path.empty() ? k.Scalar() : path + "." + k.Scalar();
-        if (auto [first, fresh] = seen.emplace(k.Scalar(), k); !fresh) {
-          const YAML::Mark m = first->second.Mark();
-          bad_key(where, k, key,
-                  "is given twice" +
-                      (m.line >= 0 ? " (first on line " + std::to_string(m.line + 1) + ")"
-                                   : std::string()) +
-                      "; YAML keeps only one of them, so remove the other");
-        }
+      const YAML::Node k = it->first;  // a list or mapping as a key is refused by key_text
+      const std::string key = !k.IsScalar() ? path : (path.empty() ? "" : path + ".") + k.Scalar();
+      if (!k.IsScalar()) {
         todo.emplace_back(it->second, key);
-      } else {
-        // A mapping or list as a key is refused when the key is read (key_text).
-        todo.emplace_back(it->second, path);
+        continue;
       }
+      if (auto [first, fresh] = seen.emplace(k.Scalar(), k); !fresh) {
+        const int line = first->second.Mark().line;
+        bad_key(where, k, key,
+                "is given twice" +
+                    (line >= 0 ? " (first on line " + std::to_string(line + 1) + ")" : "") +
+                    "; YAML keeps only one of them, so remove the other");
+      }
+      todo.emplace_back(it->second, key);
     }
   }
 }

@@ -65,6 +65,8 @@ inline constexpr const char* kCudaVisibleDevices = "CUDA_VISIBLE_DEVICES";
 inline constexpr const char* kConfigFile = "ACCEL_CONFIG_FILE";  // default config path
 inline constexpr const char* kRunCgroup = "ACCEL_RUN_CGROUP";    // "0": no job cgroup
 inline constexpr const char* kSelftest = "ACCEL_SELFTEST";       // accel-selftest binary to run
+// accel-estimate-memory binary `accel-run estimate-memory` runs.
+inline constexpr const char* kEstimateMemory = "ACCEL_ESTIMATE_MEMORY";
 
 // ---- read by the library only (user knobs) ----
 inline constexpr const char* kDistShm = "ACCEL_DIST_SHM";  // 0/1: shared-memory all-reduce
@@ -134,6 +136,7 @@ inline constexpr EnvVar kContract[] = {
     {kConfigFile, SetBy::kUser, false},
     {kRunCgroup, SetBy::kUser, false},
     {kSelftest, SetBy::kUser, false},
+    {kEstimateMemory, SetBy::kUser, false},
     {kDistShm, SetBy::kUser, true},
     {kHeartbeatTimeout, SetBy::kUser, true},
     {kGlooSegmentBytes, SetBy::kUser, true},

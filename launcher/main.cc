@@ -2,6 +2,9 @@
 // Usage and semantics: docs/launcher.md.
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <iostream>
@@ -208,20 +211,52 @@ int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest
 
 // Note [selftest lookup]: accel-selftest is built by comm/tools into build/comm/tools and installed
 // next to accel-run; look beside ourselves, then in the build tree, then in the configured bindir.
-std::vector<std::string> selftest_candidates() {
+// accel-estimate-memory (accelerate/tools) is looked up the same way. `override_env` names the
+// variable that replaces the search; `build_dir` is the program's folder in the build tree.
+std::vector<std::string> helper_candidates(const char* override_env, const std::string& name,
+                                           const std::string& build_dir) {
   std::vector<std::string> out;
-  if (const char* o = std::getenv(accel::env::kSelftest); o && *o) {
+  if (const char* o = std::getenv(override_env); o && *o) {
     out.emplace_back(o);
     return out;
   }
   const std::string dir = al::self_exe_dir();
   if (!dir.empty()) {
-    out.push_back(dir + "/accel-selftest");
-    out.push_back(dir +
-                  "/../comm/tools/accel-selftest");  // the build tree (comm/tools/meson.build)
+    out.push_back(dir + "/" + name);
+    out.push_back(dir + "/../" + build_dir + "/" + name);  // the build tree
   }
-  out.push_back(std::string(ACCEL_BINDIR) + "/accel-selftest");
+  out.push_back(std::string(ACCEL_BINDIR) + "/" + name);
   return out;
+}
+
+std::vector<std::string> selftest_candidates() {
+  return helper_candidates(accel::env::kSelftest, "accel-selftest", "comm/tools");
+}
+
+// `accel-run estimate-memory ARGS...` is accel-estimate-memory ARGS... (accelerate/tools): it reads
+// safetensors headers through io/, which accel-run does not link (docs/layers.md). Returns only
+// when the program cannot be run.
+int run_estimate_memory(int argc, char** argv) {
+  const auto cands =
+      helper_candidates(accel::env::kEstimateMemory, "accel-estimate-memory", "accelerate/tools");
+  for (const auto& c : cands) {
+    if (access(c.c_str(), X_OK) != 0) continue;
+    std::vector<char*> args;
+    std::string self = "accel-run estimate-memory";
+    args.push_back(self.data());
+    for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
+    args.push_back(nullptr);
+    execv(c.c_str(), args.data());
+    std::cerr << "accel-run estimate-memory: cannot run " << c << ": " << std::strerror(errno)
+              << "\n";
+    return 127;
+  }
+  std::cerr << "accel-run estimate-memory: the program accel-estimate-memory was not found; "
+               "looked in:\n";
+  for (const auto& c : cands) std::cerr << "  " << c << "\n";
+  std::cerr << "build it (ninja -C build accelerate/tools/accel-estimate-memory) or set "
+            << accel::env::kEstimateMemory << " to its path\n";
+  return 2;
 }
 
 int run_selftest(const LaunchArgs& a) {
@@ -336,6 +371,14 @@ int run_main(int argc, char** argv) {
   auto* env =
       app.add_subcommand("env", "print versions, devices, libraries and the config in effect");
   env->add_option("--config_file,--config-file", env_file, "config file to show");
+
+  // Everything after the word is accel-estimate-memory's (its own --help included).
+  app.add_subcommand("estimate-memory",
+                     "memory per rank of training a model (a safetensors file or index, or a "
+                     "built-in config) for each dtype and strategy; see estimate-memory --help")
+      ->allow_extras()
+      ->prefix_command();
+  if (argc > 1 && std::string(argv[1]) == "estimate-memory") return run_estimate_memory(argc, argv);
 
   std::vector<std::string> after_separator;
   try {

@@ -240,10 +240,8 @@ TEST_CASE("estimate: within 10 % of what 2 ranks hold under DDP and ZeRO-1/2/3")
       {"fsdp", "f32", "sgd_momentum", "1"},
   };
   for (const Case& c : cases) {
-    CAPTURE(c.strategy);
-    CAPTURE(c.precision);
-    CAPTURE(c.optimizer);
-    CAPTURE(c.checkpointing);
+    INFO(c.strategy << " " << c.precision << " " << c.optimizer << " checkpointing "
+                    << c.checkpointing);
     auto res = run_world(helper_path("estimate_worker"),
                          {c.strategy, c.precision, c.optimizer, c.checkpointing}, 2, {}, 60s);
     for (int r = 0; r < 2; ++r) {

@@ -576,6 +576,15 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   CHECK(c4.zero_stage == 3);
   CHECK(!c4.fsdp_wrap);
   CHECK(!c4.fsdp_activation_checkpointing);
+  // tp 2 of 2 processes: ZeRO stage 2 does not run with it (Note [strategies with tensor
+  // parallelism]) and is asked again; 0 is taken.
+  std::istringstream in5("\n1\n\n\n\n2\n2\n0\n\n\n");
+  std::ostringstream out5;
+  al::LaunchConfig c5 = al::run_questionnaire(in5, out5, 0);
+  CHECK_MESSAGE(contains(out5.str(), "Invalid answer '2'"), out5.str());
+  CHECK(contains(out5.str(), "tp_size 2 runs with the ddp or fsdp strategy"));
+  CHECK(c5.tp_size == std::optional<int>(2));
+  CHECK(c5.zero_stage == 0);
 
   std::istringstream short_in("0\n2\n");
   std::ostringstream short_out;

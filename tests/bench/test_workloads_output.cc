@@ -262,8 +262,24 @@ TEST_CASE("workloads zero-memory prints one line per stage and world size, then 
                     "--stages 0,3");
   INFO("stderr: ", r.err);
   REQUIRE(r.status == 0);
-  std::vector<std::string> lines = lines_of(r.out);
+  std::vector<std::string> all = lines_of(r.out), lines, estimates;
+  // After each (stage, world) line, the estimate against the measured state (issue 41).
+  for (const std::string& l : all)
+    (l.find(" check=estimate_state ") != std::string::npos ? estimates : lines).push_back(l);
   REQUIRE(lines.size() == 1 + 4 + 3);  // features, (stage, world) lines, target lines
+  REQUIRE(estimates.size() == 4);
+  for (const std::string& line : estimates) {
+    INFO("line: '", line, "'");
+    auto kv = parse_line(line);
+    REQUIRE(positive_number(kv["state_mb"]));
+    REQUIRE(positive_number(kv["est_state_mb"]));
+    REQUIRE(positive_number(kv["est_peak_mb"]));
+    const double ratio = std::stod(kv["est_over_state"]);
+    CHECK(ratio ==
+          doctest::Approx(std::stod(kv["est_state_mb"]) / std::stod(kv["state_mb"])).epsilon(0.01));
+    CHECK((kv["result"] == "PASS") == (std::abs(ratio - 1.0) <= 0.10));
+    CHECK(kv["result"] == "PASS");  // accel::estimate is exact on the strategies' tensors
+  }
   check_features_line(lines[0]);
   // Gpt(vocab 256, context 64, d 64, 2 blocks): embeddings, blocks, final LayerNorm, head.
   const long long d = 64, v = 256, t = 64;

@@ -10,6 +10,8 @@
 //
 //   build/examples/transfer_learning resnet18.pth DATA_DIR [--epochs 25] [--batch-size 4]
 //       [--lr 1e-3] [--image-size 224] [--test-dir DIR] [--finetune-all] [--save-dir DIR]
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -106,6 +108,7 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < epochs; ++i) {
       loader->set_epoch(i);
       m->train();
+      const auto t0 = std::chrono::steady_clock::now();
       double loss_sum = 0, correct = 0, seen = 0, batches = 0;
       for (auto& batch : *loader) {
         auto scope = acc.accumulate();
@@ -121,9 +124,12 @@ int main(int argc, char** argv) {
       const Tensor sums =
           acc.reduce(tensor(std::vector<double>{loss_sum, correct, seen, batches}, {4}), "sum");
       const double accuracy = sums[1].item() / sums[2].item();
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       char line[160];
-      std::snprintf(line, sizeof line, "Epoch: %lld, Accuracy: %g, MSE: %g",
-                    static_cast<long long>(i), accuracy, sums[0].item() / sums[3].item());
+      std::snprintf(line, sizeof line, "Epoch: %lld, Accuracy: %g, MSE: %g  [%.1fs, %.1f ms/step]",
+                    static_cast<long long>(i), accuracy, sums[0].item() / sums[3].item(), secs,
+                    1000 * secs / std::max(1.0, batches));
       acc.print(line);
 
       // test(): every test image once (gather_for_metrics drops even_batches' repeats); the

@@ -4,7 +4,7 @@ folder tests/examples/imagenet_folder/ and tests/examples/imagenet_fixture.safet
 tests/examples/test_imagenet.cc.
 
     /usr/bin/python3 tests/examples/torch_imagenet.py             # the folder and the fixture
-    /usr/bin/python3 tests/examples/torch_imagenet.py --time      # ms/step, resnet18, 32 x 64x64
+    /usr/bin/python3 tests/examples/torch_imagenet.py --time      # ms/step, resnet18, 32 x 56x56
 
 The folder: train/ and val/ with two classes (`blobs`, `stripes`), 4 + 2 RGB images of 40x40 each,
 drawn from a fixed numpy seed and written as PNG (lossless: both sides decode the same pixels).
@@ -185,7 +185,7 @@ def fixture():
          "gamma": repr(GAMMA)})
 
 
-def time_steps(steps=10, batch=32, size=64, classes=10):
+def time_steps(steps=10, batch=32, size=56, classes=8):
     """ms per training step of resnet18 in float32 (main.py's step), random batches."""
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=classes)

@@ -165,7 +165,8 @@ int main(int argc, char** argv) {
     Accelerator acc(config);
     // Note [imagenet checkpoints]: the checkpoint holds the whole SGD state, as main.py's.
     ACCEL_CHECK(acc.strategy_name() == "none" || acc.strategy_name() == "ddp", ValueError,
-                "[imagenet] checkpoints hold main.py's whole optimizer state; run data parallel "
+                "imagenet",
+                "checkpoints hold main.py's whole optimizer state; run data parallel "
                 "(zero_stage 0), not '",
                 acc.strategy_name(), "'");
     acc.print("Using device: ", acc.device().str());

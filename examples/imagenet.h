@@ -82,7 +82,7 @@ inline std::shared_ptr<nn::Module> create_model(const std::string& arch, int64_t
     o.image_size = image_size;
     return vm::vit_b_16(o);
   }
-  ACCEL_THROW(ValueError, "[imagenet] unknown --arch '", arch, "'");
+  ACCEL_THROW(ValueError, "imagenet", "unknown --arch '", arch, "'");
 }
 
 // The image sizes of main.py's transforms (224 and 256 there), as options so that a small run
@@ -326,8 +326,8 @@ struct Resumed {
 inline Resumed load_checkpoint(const std::string& path, nn::Module& model,
                                optim::Optimizer& optimizer, optim::LRScheduler& scheduler) {
   const io::PtValue ckpt = io::read_pt(path);
-  ACCEL_CHECK(ckpt.is_dict(), ValueError, "[imagenet] ", path,
-              " is not a checkpoint dictionary: it holds a ", ckpt.type_name());
+  ACCEL_CHECK(ckpt.is_dict(), ValueError, "imagenet", "'", path,
+              "' is not a checkpoint dictionary: it holds a ", ckpt.type_name());
   nn::TensorDict sd = io::to_tensor_dict(ckpt.at("state_dict"), "state_dict");
   bool prefixed = !sd.empty();
   for (const auto& [k, v] : sd) prefixed = prefixed && k.rfind("module.", 0) == 0;
@@ -345,8 +345,8 @@ inline Resumed load_checkpoint(const std::string& path, nn::Module& model,
   for (const io::PtValue& v : sched.at("base_lrs").items()) base.push_back(v.to_double());
   for (const io::PtValue& v : sched.at("_last_lr").items()) last.push_back(v.to_double());
   const int64_t n = int64_t(base.size());
-  ACCEL_CHECK(int64_t(last.size()) == n, ValueError, "[imagenet] ", path, ": the scheduler has ", n,
-              " base_lrs and ", last.size(), " _last_lr values");
+  ACCEL_CHECK(int64_t(last.size()) == n, ValueError, "imagenet", "'", path, "': the scheduler has ",
+              n, " base_lrs and ", last.size(), " _last_lr values");
   model.load_state_dict(sd);
   optim::load_torch_state(optimizer, ckpt.at("optimizer"));
   scheduler.load_state_dict({{"last_epoch", scalar_tensor(sched.at("last_epoch").to_int(), kInt64)},

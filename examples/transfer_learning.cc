@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
                         ? dataset
                         : std::make_shared<data::ImageFolder>(test_dir, tl::transform(image_size));
     const int64_t classes = int64_t(dataset->classes().size());
-    ACCEL_CHECK(test_set->classes() == dataset->classes(), ValueError, "[transfer_learning] ",
+    ACCEL_CHECK(test_set->classes() == dataset->classes(), ValueError, "transfer_learning",
                 test_dir, " has other classes than ", data_dir);
 
     const nn::TensorDict state = tl::read_state_dict(model_path);

@@ -58,9 +58,8 @@ inline nn::TensorDict read_state_dict(const std::string& path) {
 // resnet18's (load_state_dict's report of missing / unexpected keys and shapes).
 inline std::shared_ptr<vm::ResNet> load_backbone(const nn::TensorDict& state) {
   auto fc = state.find("fc.weight");
-  ACCEL_CHECK(fc != state.end() && fc->second.dim() == 2, ValueError,
-              "[transfer_learning] the state dict has no resnet18 fc.weight (", state.size(),
-              " tensors)");
+  ACCEL_CHECK(fc != state.end() && fc->second.dim() == 2, ValueError, "transfer_learning",
+              "the state dict has no resnet18 fc.weight (", state.size(), " tensors)");
   std::shared_ptr<vm::ResNet> net;
   {
     nn::DeferredInit deferred;  // no memory, no initialisation: the values come from `state`

@@ -244,7 +244,12 @@ TEST_CASE("imagenet: checkpoints resume exactly, in main.py's layout") {
 
   // errors: a state dict alone, another model, another optimizer configuration
   io::save_pt(dir + "/sd.pth", a->state_dict());
-  CHECK_THROWS_AS(imagenet::load_checkpoint(dir + "/sd.pth", *c, oc, sc), ValueError);
+  CHECK_THROWS_WITH_AS(imagenet::load_checkpoint(dir + "/sd.pth", *c, oc, sc),
+                       doctest::Contains("state_dict"), ValueError);
+  io::save_pt(dir + "/list.pth", io::PtValue::list({int64_t(1)}));
+  CHECK_THROWS_WITH_AS(imagenet::load_checkpoint(dir + "/list.pth", *c, oc, sc),
+                       doctest::Contains("is not a checkpoint dictionary: it holds a list"),
+                       ValueError);
   nn::Linear other(6, 3);
   optim::SGD oo(other.parameters(), so);
   optim::StepLR so2(oo, 2, 0.1);
@@ -268,7 +273,8 @@ TEST_CASE("imagenet: --arch models, --pretrained weights and --dummy data") {
       has_7 = has_7 || (p.dim() >= 1 && p.size(0) == 7);
     CHECK_MESSAGE(has_7, arch);
   }
-  CHECK_THROWS_AS(imagenet::create_model("resnet19"), ValueError);
+  CHECK_THROWS_WITH_AS(imagenet::create_model("resnet19"),
+                       doctest::Contains("[imagenet] unknown --arch 'resnet19'"), ValueError);
   manual_seed(0);
   auto net = imagenet::create_model("resnet18", 10);
   CHECK(net->forward(randn({2, 3, 32, 32})).sizes() == Shape{2, 10});

@@ -166,7 +166,10 @@ TEST_CASE("transfer_learning: state-dict files, the saved model and errors") {
   CHECK_THROWS_AS(tl::load_backbone(bad), ValueError);
   bad = sd;
   bad.erase("fc.weight");
-  CHECK_THROWS_AS(tl::load_backbone(bad), ValueError);
+  CHECK_THROWS_WITH_AS(
+      tl::load_backbone(bad),
+      doctest::Contains("[transfer_learning] the state dict has no resnet18 fc.weight"),
+      ValueError);
   CHECK_THROWS_AS(tl::load_backbone(nn::Linear(4, 2).state_dict()), ValueError);
   CHECK_THROWS_AS(tl::read_state_dict((dir / "missing.pth").string()), IoError);
   io::save_pt((dir / "list.pth").string(), io::PtValue::list({int64_t(1), int64_t(2)}));

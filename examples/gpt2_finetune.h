@@ -77,7 +77,7 @@ class TextTokenizer {
                   " is not a byte (the byte tokenizer has ids 0-255)");
       s.push_back(char(uint8_t(id)));
     }
-    return s;
+    return hf::decode_utf8_replace(s);
   }
 
  private:

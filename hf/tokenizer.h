@@ -39,6 +39,10 @@ const std::array<std::string, 256>& bytes_to_unicode();
 // "other" character each.
 std::vector<std::string_view> gpt2_pre_tokenize(std::string_view text);
 
+// Python's bytes.decode("utf-8", errors="replace"): `bytes` with each maximal invalid subsequence
+// replaced by U+FFFD (what GPT2Tokenizer::decode applies to the tokens' bytes).
+std::string decode_utf8_replace(std::string_view bytes);
+
 // The Unicode version of the letter / number tables ("14.0.0"; scripts/make-unicode-tables).
 const char* unicode_version();
 

@@ -137,6 +137,10 @@ std::string replace_invalid_utf8(std::string_view s) {
 
 const char* unicode_version() { return detail::kUnicodeVersion; }
 
+std::string decode_utf8_replace(std::string_view bytes) {
+  return detail::replace_invalid_utf8(bytes);
+}
+
 const std::array<std::string, 256>& bytes_to_unicode() {
   static const std::array<std::string, 256> table = [] {
     std::array<std::string, 256> t;

@@ -187,6 +187,7 @@ TEST_CASE("gpt2_finetune: byte fallback, optimizer groups, schedules, prompts") 
   CHECK(note.find("bytes") != std::string::npos);
   CHECK(tok.encode("h\xc3\xa9") == std::vector<int64_t>{'h', 0xC3, 0xA9});
   CHECK(tok.decode(std::vector<int64_t>{'o', 'k'}) == "ok");
+  CHECK(tok.decode(std::vector<int64_t>{'h', 0xC3, 0xA9, 0xC3}) == "h\xc3\xa9\xef\xbf\xbd");
   CHECK_THROWS_AS(tok.decode(std::vector<int64_t>{256}), ValueError);
   CHECK(ft::prompt_ids(tok, "") == std::vector<int64_t>{'\n'});
   // A folder with a broken tokenizer file is an error, not the fallback.

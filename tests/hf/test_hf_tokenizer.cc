@@ -141,6 +141,7 @@ TEST_CASE("GPT2Tokenizer from vocab.json + merges.txt equals the reference") {
   const std::string bad = "caf\xc3 \xff\xfe ok";
   CHECK(tok.decode_bytes(tok.encode(bad)) == bad);
   CHECK(tok.decode(tok.encode(bad)) == "caf\xef\xbf\xbd \xef\xbf\xbd\xef\xbf\xbd ok");
+  CHECK(hf::decode_utf8_replace(bad) == tok.decode(tok.encode(bad)));
 }
 
 TEST_CASE("GPT2Tokenizer from tokenizer.json equals the reference; from_pretrained picks it") {

@@ -14,6 +14,7 @@
 #include "hf/config.h"
 #include "hf/gpt2.h"
 #include "hf/llama.h"
+#include "parallel/tensor_parallel.h"
 
 namespace accel::hf {
 
@@ -41,6 +42,20 @@ std::shared_ptr<CausalLM> from_config(const std::string& path, Generator* gen) {
   return std::make_shared<LlamaForCausalLM>(LlamaConfig::from_json(j, "'" + path + "'"), gen);
 }
 
+// A tensor-parallel rank holds its parts of the split parameters: reading a file of full tensors
+// into them, or writing them as if they were whole, is wrong without a word. The Accelerator's
+// load_model / save_model know the cut (dist::tp_shards).
+namespace {
+
+void check_not_tp_split(const CausalLM& model, const char* op, const char* instead) {
+  const auto shards = dist::tp_shards(const_cast<CausalLM&>(model));
+  ACCEL_CHECK(shards.empty(), ValueError, op, "the ", model.type_name(),
+              " is split by tensor parallelism (", shards.size(), " parameters, e.g. '",
+              shards.begin()->first, "' holds this rank's part only): ", instead);
+}
+
+}  // namespace
+
 // Note [hf checkpoint names]
 // transformers loads a checkpoint by name with three allowances that load_weights keeps: (1) a
 // file of the base model alone names its tensors without base_model_prefix ("h.0.ln_1.weight"
@@ -52,6 +67,7 @@ nn::LoadResult load_weights(CausalLM& model, const std::string& path, bool stric
   ACCEL_CHECK(model.sharded().empty(), ValueError, kLoad, "the ", model.type_name(),
               " is sharded by an engine (", model.sharded(),
               "): load it with the Accelerator's load_model(model, path)");
+  check_not_tp_split(model, kLoad, "load it with the Accelerator's load_model(model, path)");
   const nn::SafetensorsCheckpoint src(path);
   const std::vector<std::string> file_names = src.names();
   const std::string prefix = model.base_model_prefix() + ".";
@@ -131,6 +147,8 @@ void save_pretrained(const CausalLM& model, const std::string& dir) {
   ACCEL_CHECK(model.sharded().empty(), ValueError, "hf.save_pretrained", "the ", model.type_name(),
               " is sharded by an engine (", model.sharded(),
               "): save it with the Accelerator's save_model(model, path)");
+  check_not_tp_split(model, "hf.save_pretrained",
+                     "save it with the Accelerator's save_model(model, path)");
   std::error_code ec;
   fs::create_directories(dir, ec);
   ACCEL_CHECK(!ec, IoError, "hf.save_pretrained", "cannot create '", dir, "': ", ec.message());

@@ -55,8 +55,8 @@ def checksum(model):
 
 
 def write_safetensors(path, tensors, metadata):
-    """tensors: name -> torch tensor (float64 / int64 / uint8); metadata: str -> str."""
-    dtypes = {torch.float64: "F64", torch.int64: "I64", torch.uint8: "U8"}
+    """tensors: name -> torch tensor (float64 / float32 / int64 / uint8); metadata: str -> str."""
+    dtypes = {torch.float64: "F64", torch.float32: "F32", torch.int64: "I64", torch.uint8: "U8"}
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
         t = tensors[name].detach().contiguous()

@@ -263,3 +263,39 @@ write("fuzz_hf_config", "eos-list", json.dumps({"model_type": "llama", "eos_toke
 write("fuzz_hf_config", "rope-scaling", json.dumps({"model_type": "llama",
                                                     "rope_scaling": {"rope_type": "llama3"}}))
 write("fuzz_hf_config", "not-object", "[1, 2]")
+
+
+# ---- GPT-2 tokenizer files (hf/tokenizer.h): byte 0 even: vocab.json NUL merges.txt; odd:
+# tokenizer.json. A 256-byte-character vocabulary with a few merges, and near-valid variants. ----
+def bytes_to_unicode():
+    bs = list(range(33, 127)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, [chr(c) for c in cs]))
+
+
+B2U = bytes_to_unicode()
+tok_vocab = {B2U[b]: i for i, b in enumerate(B2U)}
+tok_merges = [("\u0120", "t"), ("h", "e"), ("\u0120t", "he"), ("i", "n"), ("in", "g"), ("'", "s")]
+for a, b in tok_merges:
+    tok_vocab[a + b] = len(tok_vocab)
+tok_vocab["<|endoftext|>"] = len(tok_vocab)
+merges_txt = "#version: 0.2\n" + "".join(a + " " + b + "\n" for a, b in tok_merges)
+write("fuzz_gpt2_tokenizer", "files", b"\x00" + json.dumps(tok_vocab, ensure_ascii=False).encode() +
+      b"\x00" + merges_txt.encode())
+write("fuzz_gpt2_tokenizer", "no-eos", b"\x00" + json.dumps({B2U[b]: b for b in range(256)}).encode() +
+      b"\x00" + merges_txt.encode())
+write("fuzz_gpt2_tokenizer", "tiny", b"\x00" + b'{"a": 0, "b": 1, "ab": 2}\x00a b\n')
+tok_json = {"model": {"type": "BPE", "vocab": tok_vocab,
+                      "merges": [[a, b] for a, b in tok_merges]},
+            "added_tokens": [{"id": tok_vocab["<|endoftext|>"], "content": "<|endoftext|>",
+                              "special": True}],
+            "normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False}}
+write("fuzz_gpt2_tokenizer", "tokenizer.json", b"\x01" + json.dumps(tok_json, ensure_ascii=False).encode())
+tok_json["model"]["merges"] = [a + " " + b for a, b in tok_merges]
+write("fuzz_gpt2_tokenizer", "tokenizer-strings.json", b"\x01" + json.dumps(tok_json).encode())
+write("fuzz_gpt2_tokenizer", "text", b"\x02 it's 'll \xc3\xa9\xe6\x97\xa5 42 \t\n  x\xff")

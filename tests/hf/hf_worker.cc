@@ -8,7 +8,10 @@
 // (6 new tokens, seed 5, top-k 20, top-p 0.9), "losses" (2): the language-model loss of two
 // AdamW steps on input_ids (every rank the same batch, so each strategy computes the 1-process
 // steps), "logits_after" after them. Prints "ok hf" on success.
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <memory>
@@ -19,6 +22,7 @@
 #include "autograd/ops.h"
 #include "optim/adam.h"
 #include "hf/hf.h"
+#include "tests/common/util.h"
 #include "tests/common/worker_check.h"
 
 using namespace accel;
@@ -90,6 +94,22 @@ int run(int argc, char** argv) {
                                                     : "model.layers.0.self_attn.k_proj.weight";
     const Shape want = m->model_type() == "gpt2" ? Shape{32, 48} : Shape{8, 32};
     WCHECK(m->parameter(w).sizes() == want, w << " is " << m->parameter(w).shape_str());
+    // hf's own save / load would treat those parts as whole tensors: refused, naming the way.
+    const std::string tmp = "/tmp/accel-hf-tp-" + std::to_string(::getpid());
+    auto refusal = [](const auto& f) -> std::string {
+      try {
+        f();
+      } catch (const ValueError& e) {
+        return e.what();
+      }
+      return "(no ValueError)";
+    };
+    for (const std::string& msg : {refusal([&] { hf::save_pretrained(*m, tmp); }),
+                                   refusal([&] { hf::load_weights(*m, dir); })})
+      WCHECK(test::contains(msg, "split by tensor parallelism") &&
+                 test::contains(msg, "the Accelerator's"),
+             "hf save / load of a tp-split model: " << msg);
+    WCHECK(!std::filesystem::exists(tmp), "the refused save wrote nothing");
   }
   if (acc.is_main_process()) nn::save_safetensors(out, result);
   acc.wait_for_everyone();

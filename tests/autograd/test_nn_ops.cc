@@ -461,14 +461,23 @@ TEST_CASE("dropout in a sharded region draws its slice of the full tensor's mask
     seq.source = std::make_shared<const std::string>("tensor-parallel rowwise 'proj'");
     ShardedRegionGuard in_region(seq);
     manual_seed(3);
-    check_error<ValueError>([&] { dropout(ones({4, 6}), 0.4, true); },
-                            {"[dropout]", "(4, 6)", "tensor-parallel rowwise 'proj'",
-                             "2 of 8 along dim 1 of 3-D activations"});
-    check_error<ValueError>([&] { dropout2d(ones({2, 3, 2, 2}), 0.4, true); },
-                            {"[dropout2d]", "(2, 3, 2, 2)"});
+    check_error<ValueError>(
+        [&] {
+          dropout(ones({4, 6}), 0.4, true);
+        },
+        {"[dropout]", "(4, 6)", "tensor-parallel rowwise 'proj'",
+         "2 of 8 along dim 1 of 3-D activations"});
+    check_error<ValueError>(
+        [&] {
+          dropout2d(ones({2, 3, 2, 2}), 0.4, true);
+        },
+        {"[dropout2d]", "(2, 3, 2, 2)"});
     DrawSiteGuard weights(DrawSite::AttentionWeights);
-    check_error<ValueError>([&] { dropout(ones({2, 2, 2, 2}), 0.4, true); },
-                            {"[dropout]", "attention weights", "splits no heads"});
+    check_error<ValueError>(
+        [&] {
+          dropout(ones({2, 2, 2, 2}), 0.4, true);
+        },
+        {"[dropout]", "attention weights", "splits no heads"});
     // A refused draw takes nothing from the generator.
     Generator fresh(3);
     CHECK(default_generator().next_u64() == fresh.next_u64());

@@ -352,7 +352,9 @@ class Accelerator {
   template <typename T>
   std::vector<T> split_between_processes(const std::vector<T>& items,
                                          bool apply_padding = false) const;
-  // Seeds the default generator (plus the process index when device_specific).
+  // Seeds the default generator (plus the data-parallel index when device_specific: the process
+  // index without tp; the ranks of a tp group share one, so their dropout masks of replicated
+  // activations agree).
   void set_seed(uint64_t seed, bool device_specific = false);
   // std::cout on the main process only, one line, flushed.
   template <typename... Args>

@@ -157,7 +157,10 @@ void Accelerator::local_main_process_first(const std::function<void()>& fn) {
 }
 
 void Accelerator::set_seed(uint64_t seed, bool device_specific) {
-  manual_seed(seed + (device_specific ? uint64_t(rank_) : 0));
+  // device_specific: the data-parallel index, not the rank, so that the ranks of a tp group (one
+  // dp index) draw alike (Note [dropout under tensor parallelism] in parallel/tp_random.cc).
+  const uint64_t dp_index = uint64_t(mesh_ ? mesh_->coordinate("dp") : rank_);
+  manual_seed(seed + (device_specific ? dp_index : 0));
 }
 
 }  // namespace accel

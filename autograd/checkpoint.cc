@@ -8,6 +8,7 @@
 #include "autograd/function.h"
 #include "core/error.h"
 #include "core/generator.h"
+#include "core/sharded_random.h"
 
 namespace accel::autograd {
 
@@ -65,10 +66,11 @@ class CheckpointNode final : public Node {
  public:
   CheckpointNode(CheckpointFn fn, const std::vector<Tensor>& inputs,
                  const std::vector<Tensor>& outputs, const Generator::Snapshot& rng,
-                 bool autocast_on, DType autocast_dt)
+                 ShardedRegion region, bool autocast_on, DType autocast_dt)
       : Node(uint32_t(outputs.size())),
         fn_(std::move(fn)),
         rng_(rng),
+        region_(std::move(region)),
         autocast_on_(autocast_on),
         autocast_dtype_(autocast_dt) {
     inputs_.reserve(inputs.size());
@@ -117,6 +119,9 @@ class CheckpointNode final : public Node {
     {
       RngRestore rng_now;  // the recompute must not shift the run's random stream
       set_rng_state(rng_);
+      // The tensor-parallel layout the forward's random ops saw (Note [dropout under tensor
+      // parallelism] in parallel/tp_random.cc), put back after.
+      ShardedRegionGuard region(region_);
       EnableGradGuard grad_on;
       AutocastGuard autocast(autocast_on_, autocast_dtype_);
       RecomputeScope recomputing;
@@ -184,6 +189,7 @@ class CheckpointNode final : public Node {
   std::vector<SavedInput> inputs_;
   std::vector<SavedOutput> outputs_;
   Generator::Snapshot rng_;
+  ShardedRegion region_;
   bool autocast_on_;
   DType autocast_dtype_;
   bool released_ = false;
@@ -207,6 +213,7 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
   const bool inputs_need_grad = needs_grad(inputs);
   // Forward-time state the recompute re-applies (Note [activation checkpointing]).
   const Generator::Snapshot rng = rng_state();
+  ShardedRegion region = sharded_region();
   const bool autocast_on = autocast_enabled();
   const DType autocast_dt = autocast_dtype();
   std::vector<Tensor> outs;
@@ -225,7 +232,8 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
     any = any || attach[j];
   }
   if (!any) return outs;
-  auto node = std::make_shared<CheckpointNode>(fn, inputs, outs, rng, autocast_on, autocast_dt);
+  auto node = std::make_shared<CheckpointNode>(fn, inputs, outs, rng, std::move(region),
+                                               autocast_on, autocast_dt);
   std::vector<Tensor*> out_ptrs(outs.size(), nullptr);
   for (size_t j = 0; j < outs.size(); ++j) {
     // A detached alias: fn may return an input or a parameter, whose own history must stay.

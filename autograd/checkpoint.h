@@ -20,7 +20,8 @@
 // and no saved activations; one CheckpointNode becomes the grad_fn of the outputs (detached
 // aliases of what fn returned, so fn returning an input or a parameter never rewires that
 // tensor's history). The node keeps fn, detached aliases of the inputs (with their storage
-// versions), the default generator's state and the autocast state.
+// versions), the default generator's state, the tensor-parallel layout random ops see
+// (core/sharded_random.h) and the autocast state.
 // When no input requires grad (the first segment of a model fed token ids), whether a parameter
 // inside fn requires grad is unknown without running it with grad mode on, so fn runs once with
 // grad mode on (a probe): if no output requires grad, the outputs are returned as they are (fn

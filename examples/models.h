@@ -65,32 +65,38 @@ struct GptConfig {
   int64_t layers = 4;
   int64_t heads = 4;
   int64_t d_model = 128;
+  // GPT-2's dropout in training: on the embeddings' sum, the attention weights, the attention
+  // output and the MLP output (0: none, the reference workload).
+  double dropout = 0.0;
 };
 
-// One pre-LayerNorm transformer block: x + attn(ln1(x)), then x + mlp(ln2(x)).
+// One pre-LayerNorm transformer block: x + attn(ln1(x)), then x + dropout(mlp(ln2(x))).
 class GptBlock : public nn::Module {
  public:
   GptBlock(const GptConfig& c, Generator* gen)
       : ln1(register_module("ln1", std::make_shared<nn::LayerNorm>(c.d_model))),
-        attn(register_module(
-            "attn", std::make_shared<nn::CausalSelfAttention>(c.d_model, c.heads, true, 0.0, gen))),
+        attn(register_module("attn", std::make_shared<nn::CausalSelfAttention>(
+                                         c.d_model, c.heads, true, c.dropout, gen))),
         ln2(register_module("ln2", std::make_shared<nn::LayerNorm>(c.d_model))),
         fc(register_module("fc",
                            std::make_shared<nn::Linear>(c.d_model, 4 * c.d_model, true, gen))),
-        fc_out(register_module(
-            "fc_out", std::make_shared<nn::Linear>(4 * c.d_model, c.d_model, true, gen))) {}
+        fc_out(register_module("fc_out",
+                               std::make_shared<nn::Linear>(4 * c.d_model, c.d_model, true, gen))),
+        p_drop(c.dropout) {}
 
   // x: (B, T, C) -> (B, T, C). Children are called through operator() so that tensor-parallel
   // styles (call wrappers, parallel/tensor_parallel.h) apply to them.
   Tensor forward(const Tensor& x) override {
     const Tensor h = x + (*attn)((*ln1)(x));
-    return h + (*fc_out)(gelu((*fc)((*ln2)(h))));  // GELU, erf form
+    // GELU, erf form; dropout draws from the default generator.
+    return h + dropout((*fc_out)(gelu((*fc)((*ln2)(h)))), p_drop, is_training());
   }
 
   nn::Child<nn::LayerNorm> ln1;
   nn::Child<nn::CausalSelfAttention> attn;
   nn::Child<nn::LayerNorm> ln2;
   nn::Child<nn::Linear> fc, fc_out;
+  double p_drop;
 };
 
 class Gpt : public nn::Module {
@@ -125,6 +131,7 @@ class Gpt : public nn::Module {
     if (positions_.device() != idx.device()) positions_ = positions_.to(idx.device());
     // (B, T, C) + (T, C): the position embedding broadcasts over the batch.
     Tensor x = (*tok)(idx) + (*pos)(positions_.narrow(0, 0, T));
+    x = dropout(x, config.dropout, is_training());
     for (const auto& b : *blocks) x = b->forward(x);
     return (*head)((*ln_f)(x));
   }

@@ -5,6 +5,7 @@
 
 #include "nn/init.h"
 #include "autograd/ops.h"
+#include "core/sharded_random.h"
 
 namespace accel::nn {
 
@@ -14,8 +15,10 @@ CausalSelfAttention::CausalSelfAttention(int64_t c, int64_t h, bool bias, double
               ") must be a positive multiple of n_heads (", h, ")");
   qkv = register_module("qkv", std::make_shared<Linear>(c, 3 * c, bias, gen));
   proj = register_module("proj", std::make_shared<Linear>(c, c, bias, gen));
-  attn_dropout = register_module("attn_dropout", std::make_shared<Dropout>(p, gen));
-  resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(p, gen));
+  // The dropouts draw from the default generator: `gen` initialises, and is often a local that
+  // is gone by the first training step.
+  attn_dropout = register_module("attn_dropout", std::make_shared<Dropout>(p));
+  resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(p));
 }
 
 const Tensor& CausalSelfAttention::causal_mask(int64_t T, Device device) {
@@ -59,7 +62,11 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   const Tensor v = heads(2);
   Tensor att = matmul(q, k.transpose(-2, -1));                    // (B, H, T, T)
   att = masked_fill(att, causal_mask(T, x.device()), -INFINITY);  // hide the future
-  att = attn_dropout->forward(softmax(att, -1));
+  {
+    // Heads on dim 1 (Note [dropout under tensor parallelism] in parallel/tp_random.cc).
+    DrawSiteGuard site(DrawSite::AttentionWeights);
+    att = attn_dropout->forward(softmax(att, -1));
+  }
   const Tensor y = matmul(att, v).transpose(1, 2).reshape({B, T, C});  // (B, T, C)
   return resid_dropout->forward((*proj)(y));
 }

@@ -14,6 +14,8 @@
 
 namespace accel::nn {
 
+// `gen` initialises qkv and proj; dropout (on the attention weights and on the output, p =
+// `dropout`, training only) draws from the default generator, as torch's modules do.
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(int64_t d_model, int64_t n_heads, bool bias = true, double dropout = 0.0,

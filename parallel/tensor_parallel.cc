@@ -21,6 +21,7 @@
 #include "parallel/tensor_parallel.h"
 
 #include "nn/wrapper_label.h"
+#include "parallel/tp_random.h"
 
 #include <cmath>
 #include <map>
@@ -245,7 +246,9 @@ void apply_colwise(nn::Module& m, const ColwiseOptions& o, const ProcessGroupPtr
     shard_own(m, tl.transposed_weight(), 1, o.chunks, g, entry);
     if (tl.transposed_bias().defined()) shard_own(m, tl.transposed_bias(), 0, o.chunks, g, entry);
   }
-  m.set_call_wrapper([g, o](nn::Module&, nn::Values& in, const nn::CallFn& call) {
+  // Note [dropout under tensor parallelism]: what random ops after this layer see.
+  auto source = std::make_shared<const std::string>(label);
+  m.set_call_wrapper([g, o, source](nn::Module&, nn::Values& in, const nn::CallFn& call) {
     ACCEL_CHECK(!in.empty() && in[0].is_tensor() && in[0].tensor().defined(), ValueError, "colwise",
                 "expected a tensor input, got ", nn::describe_values(in));
     Tensor& x = in[0].tensor();
@@ -253,6 +256,8 @@ void apply_colwise(nn::Module& m, const ColwiseOptions& o, const ProcessGroupPtr
                             : copy_to_tp_region(x, g);
     std::vector<Tensor> out = call(in);
     if (o.gather_output) out[0] = gather_from_tp_region(out[0], -1, g);
+    set_sharded_region(o.gather_output ? ShardedRegion{}
+                                       : detail::feature_region(g, out[0], o.chunks, source));
     return out;
   });
   nn::set_call_wrapper_label(m, label);
@@ -273,7 +278,8 @@ void apply_rowwise(nn::Module& m, const RowwiseOptions& o, const ProcessGroupPtr
   }
   if (o.sequence_parallel && bias.defined() && group_size(g) > 1)
     bias.register_hook(all_reduce_hook(g));
-  m.set_call_wrapper([g, o](nn::Module& mod, nn::Values& in, const nn::CallFn&) {
+  auto source = std::make_shared<const std::string>(label + " (sequence parallel)");
+  m.set_call_wrapper([g, o, source](nn::Module& mod, nn::Values& in, const nn::CallFn&) {
     ACCEL_CHECK(in.size() == 1 && in[0].is_tensor() && in[0].tensor().defined(), ValueError,
                 "rowwise", "expected one tensor input, got ", nn::describe_values(in));
     const Tensor& x = in[0].tensor();
@@ -288,6 +294,9 @@ void apply_rowwise(nn::Module& m, const RowwiseOptions& o, const ProcessGroupPtr
     y = o.sequence_parallel ? reduce_scatter_to_sequence_region(y, o.sequence_dim, g)
                             : reduce_from_tp_region(y, g);
     if (b.defined()) y = y + b;  // once, after the reduction
+    set_sharded_region(o.sequence_parallel
+                           ? detail::sequence_region(g, y, o.sequence_dim, source)
+                           : ShardedRegion{});  // Note [dropout under tensor parallelism]
     return std::vector<Tensor>{y};
   });
   nn::set_call_wrapper_label(m, label);
@@ -299,8 +308,9 @@ void apply_vocab_embedding(nn::Embedding& emb, const RowwiseOptions& o, const Pr
   const int64_t start = group_rank(g) * vl;
   shard_param(emb, "weight", 0, 1, g, entry);
   emb.num_embeddings = vl;
+  auto source = std::make_shared<const std::string>(label + " (sequence parallel)");
   emb.set_call_wrapper(
-      [g, o, vocab, vl, start](nn::Module&, nn::Values& in, const nn::CallFn& call) {
+      [g, o, vocab, vl, start, source](nn::Module&, nn::Values& in, const nn::CallFn& call) {
         ACCEL_CHECK(in.size() == 1 && in[0].is_tensor() && in[0].tensor().defined(), ValueError,
                     "vocab_embedding", "expected one index tensor, got ", nn::describe_values(in));
         const Tensor idx = in[0].tensor();
@@ -313,6 +323,9 @@ void apply_vocab_embedding(nn::Embedding& emb, const RowwiseOptions& o, const Pr
         out[0] = masked_fill(out[0], logical_not(mine).unsqueeze(-1), 0.0);  // other ranks' rows
         out[0] = o.sequence_parallel ? reduce_scatter_to_sequence_region(out[0], o.sequence_dim, g)
                                      : reduce_from_tp_region(out[0], g);
+        set_sharded_region(o.sequence_parallel
+                               ? detail::sequence_region(g, out[0], o.sequence_dim, source)
+                               : ShardedRegion{});  // Note [dropout under tensor parallelism]
         return out;
       });
   nn::set_call_wrapper_label(emb, label);
@@ -475,6 +488,7 @@ std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> module,
     registry()[&m] = std::move(entry);
   }
   for (auto* a : split_heads) a->local_heads = a->n_heads / p;
+  detail::install_region_reset(*module, group);  // Note [dropout under tensor parallelism]
   return module;
 }
 

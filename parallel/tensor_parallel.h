@@ -15,7 +15,10 @@
 // replicated full tensor), so an optimizer, DDP or FSDP over a data-parallel group wraps the
 // module unchanged. The styles run as call wrappers (Note [module calls] in nn/module.h)
 // on the planned modules: their parents must call them through operator() (`(*fc)(x)`), as
-// examples/models.h and nn::CausalSelfAttention do, not through forward().
+// examples/models.h and nn::CausalSelfAttention do, not through forward(). Dropout anywhere in a
+// parallelized model draws this rank's slice of the one-process mask (the same mask where the
+// activation is replicated over tp); seed every tp rank alike (Note [dropout under tensor
+// parallelism] in parallel/tp_random.cc).
 #pragma once
 
 #include <cstdint>

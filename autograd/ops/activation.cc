@@ -11,9 +11,11 @@
 //   threshold(x, th, value) = x > th ? x : value
 //   hardsigmoid(x) = relu6(x + 3) / 6, hardswish(x) = x relu6(x + 3) / 6 (MobileNetV3's)
 // Composed from differentiable ops, so every device and dtype of the parts works.
+#include <cmath>
 #include <mutex>
 
 #include "autograd/ops/common.h"
+#include "core/sharded_random.h"
 #include "core/warning.h"
 
 namespace accel {
@@ -180,16 +182,60 @@ Tensor& hardswish_(Tensor& x) {
 // ---------------- dropout, in place too; channel dropout ----------------
 
 namespace {
-// Note [dropout mask]: the keep mask is drawn on the CPU from the generator, one double per
-// element (so the result depends only on the seed and call order), then moved to x's device.
-Tensor dropout_keep_mask(const Tensor& x, double p, Generator* gen) {
-  Tensor keep = empty(x.sizes(), TensorOptions(kBool, kCPU));
-  {
-    Generator& g = gen ? *gen : default_generator();
-    std::lock_guard<std::mutex> lk(g.mutex());
-    bool* k = keep.data<bool>();
-    for (int64_t i = 0, n = keep.numel(); i < n; ++i) k[i] = g.next_double() >= p;
+// Note [dropout mask]
+// The keep mask is drawn on the CPU, then moved to x's device. Each call draws one 64-bit key from
+// the generator (under its lock) and takes element e's bits from the counter-based stream of that
+// key at e's index: keep when the top 53 bits, as a double in [0, 1), are >= p. The result
+// depends only on the seed and the order of calls, as before, and the generator advances by one
+// draw per call whatever the size. Counter-based because an element's bits need not wait for the
+// ones before it: under tensor parallelism a rank holding part of an activation draws its elements
+// at their index in the full tensor (the layout of core/sharded_random.h), so every rank's mask is
+// the slice of the one-process mask (Note [dropout under tensor parallelism] in
+// parallel/tp_random.cc). Outside a sharded region the layout is whole and the index is e.
+
+// keep iff double(bits >> 11) * 2^-53 >= p, in integers: (bits >> 11) >= ceil(p * 2^53) (exact:
+// p * 2^53 scales by a power of two). p = 1 gives 2^53, above every value: nothing kept.
+uint64_t keep_threshold(double p) { return uint64_t(std::ceil(p * 0x1.0p53)); }
+
+uint64_t draw_key(Generator* gen) {
+  Generator& g = gen ? *gen : default_generator();
+  std::lock_guard<std::mutex> lk(g.mutex());
+  return g.next_u64();
+}
+
+// f(local, global) for every element of `shape` in row-major order: its index here and in the
+// full tensor of `layout` (ways 1: the same).
+template <typename F>
+void for_each_global_index(const Shape& shape, const ShardLayout& layout, F&& f) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  if (layout.ways == 1) {
+    for (int64_t i = 0; i < n; ++i) f(i, uint64_t(i));
+    return;
   }
+  const size_t d = size_t(layout.dim);
+  int64_t outer = 1, inner = 1;
+  for (size_t i = 0; i < d; ++i) outer *= shape[i];
+  for (size_t i = d + 1; i < shape.size(); ++i) inner *= shape[i];
+  const int64_t len = shape[d], block = len / layout.chunks, glen = len * layout.ways;
+  int64_t local = 0;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t gj = ((j / block) * layout.ways + layout.index) * block + j % block;
+      const uint64_t base = uint64_t((o * glen + gj) * inner);
+      for (int64_t t = 0; t < inner; ++t) f(local++, base + uint64_t(t));
+    }
+  }
+}
+
+Tensor dropout_keep_mask(const char* op, const Tensor& x, double p, Generator* gen) {
+  const ShardLayout layout = draw_layout(op, x.sizes());  // before the draw: it may throw
+  const uint64_t key = draw_key(gen), threshold = keep_threshold(p);
+  Tensor keep = empty(x.sizes(), TensorOptions(kBool, kCPU));
+  bool* k = keep.data<bool>();
+  for_each_global_index(x.sizes(), layout, [&](int64_t i, uint64_t e) {
+    k[i] = (counter_bits(key, e) >> 11) >= threshold;
+  });
   if (!x.device().is_cpu()) keep = keep.to(x.device());
   return keep;
 }
@@ -203,7 +249,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
               " (input shape ", x.sizes(), ")");
   if (!training || p == 0.0 || x.numel() == 0) return x;
   ops::check_floating(x, op);
-  const Tensor keep = dropout_keep_mask(x, p, gen);
+  const Tensor keep = dropout_keep_mask(op, x, p, gen);
   // Inverted dropout: kept elements are scaled by 1 / (1 - p); p = 1 drops everything.
   const double scale = p == 1.0 ? 0.0 : 1.0 / (1.0 - p);
   Tensor out;
@@ -227,28 +273,34 @@ Tensor& dropout_(Tensor& x, double p, bool training, Generator* gen) {
   if (!training || p == 0.0 || x.numel() == 0) return x;
   ops::check_floating(x, op);
   // The same keep draws as dropout() (Note [dropout mask]), so both give one result.
-  Tensor drop = logical_not(dropout_keep_mask(x, p, gen));
+  Tensor drop = logical_not(dropout_keep_mask(op, x, p, gen));
   const double scale = p == 1.0 ? 0.0 : 1.0 / (1.0 - p);
   return x.masked_fill_(drop, 0.0).mul_(scale);
 }
 
 // Note [channel dropout]
-// torch's feature dropout: one keep draw per (n, c) (per c unbatched) in row-major order from the
-// generator, on the CPU (Note [dropout mask]), scaled by 1 / (1 - p) and broadcast over
+// torch's feature dropout: one keep draw per (n, c) (per c unbatched) in row-major order, on the
+// CPU and counter-based (Note [dropout mask]), scaled by 1 / (1 - p) and broadcast over
 // the spatial dims. dropoutNd takes (N, C, *N spatial dims*) or, unbatched, (C, *spatial*), except
 // dropout2d on a 3-D input: torch reads it as (N, C, L) (channel-wise 1-D dropout, with a
 // warning that this may change), not as an unbatched (C, H, W); so does accel.
 namespace {
 
-Tensor channel_mask(const Tensor& x, double p, bool batched, Generator* gen) {
-  const int64_t planes = batched ? x.size(0) * x.size(1) : x.size(0);
-  std::vector<double> mask(static_cast<size_t>(planes));
+// The keep draws of the planes (N, C) (or (C)), counter-based as Note [dropout mask] says. Where
+// tensor parallelism shards a plane dim, each plane is drawn at its index among the full tensor's
+// planes; where it shards a spatial dim, every rank holds part of the same planes and draws them
+// alike.
+Tensor channel_mask(const char* op, const Tensor& x, double p, bool batched, Generator* gen) {
+  const ShardLayout layout = draw_layout(op, x.sizes());
+  const Shape planes = batched ? Shape{x.size(0), x.size(1)} : Shape{x.size(0)};
+  const ShardLayout plane_layout =
+      layout.ways > 1 && layout.dim < int64_t(planes.size()) ? layout : ShardLayout{};
+  std::vector<double> mask(static_cast<size_t>(batched ? x.size(0) * x.size(1) : x.size(0)));
   const double scale = p == 1.0 ? 0.0 : 1.0 / (1.0 - p);
-  {
-    Generator& g = gen ? *gen : default_generator();
-    std::lock_guard<std::mutex> lk(g.mutex());
-    for (double& m : mask) m = g.next_double() >= p ? scale : 0.0;
-  }
+  const uint64_t key = draw_key(gen), threshold = keep_threshold(p);
+  for_each_global_index(planes, plane_layout, [&](int64_t i, uint64_t e) {
+    mask[size_t(i)] = (counter_bits(key, e) >> 11) >= threshold ? scale : 0.0;
+  });
   Shape ms(size_t(x.dim()), 1);
   ms[0] = x.size(0);
   if (batched) ms[1] = x.size(1);
@@ -286,7 +338,7 @@ Tensor channel_dropout(const char* op, const Tensor& x, double p, bool training,
   const bool batched = check_channel_dropout(op, x, p, spatial);
   if (!training || p == 0.0 || x.numel() == 0) return x;
   ops::check_floating(x, op);
-  return mul(x, channel_mask(x, p, batched, gen));
+  return mul(x, channel_mask(op, x, p, batched, gen));
 }
 
 Tensor& channel_dropout_(const char* op, Tensor& x, double p, bool training, Generator* gen,
@@ -294,7 +346,7 @@ Tensor& channel_dropout_(const char* op, Tensor& x, double p, bool training, Gen
   const bool batched = check_channel_dropout(op, x, p, spatial);
   if (!training || p == 0.0 || x.numel() == 0) return x;
   ops::check_floating(x, op);
-  return x.mul_(channel_mask(x, p, batched, gen));
+  return x.mul_(channel_mask(op, x, p, batched, gen));
 }
 
 }  // namespace

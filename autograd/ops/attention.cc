@@ -5,6 +5,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/ops/common.h"
+#include "core/sharded_random.h"
 #include "kernels/stubs/nn.h"
 
 namespace accel {
@@ -83,7 +84,12 @@ Tensor sdpa_composed(const Tensor& q, const Tensor& k, const Tensor& v, const Te
                                 : add(att, ops::as_dtype(mask, att.dtype()));
   }
   Tensor p = softmax(att, -1);
-  if (dropout_p > 0) p = dropout(p, dropout_p, true, gen);
+  if (dropout_p > 0) {
+    // Heads on dim 1: under tensor parallelism with split heads, this rank's heads draw their
+    // one-process masks (Note [dropout under tensor parallelism] in parallel/tp_random.cc).
+    DrawSiteGuard site(DrawSite::AttentionWeights);
+    p = dropout(p, dropout_p, true, gen);
+  }
   return matmul(p, v);
 }
 

@@ -205,6 +205,31 @@ TEST_CASE("tp 2 x shard 2 with bf16 parameters and fp32 reduction tracks one pro
   CHECK(worst <= 2 * worst_one + 0.01);
 }
 
+// Dropout under tp (Note [dropout under tensor parallelism] in parallel/tp_random.cc), through
+// prepare() and save_state / load_state: with set_seed(s, device_specific) a tp group draws alike,
+// so tp 4 + sequence parallel (dp 1) draws one process's masks and trains as it does; a 2-D run
+// with ZeRO-3 activation checkpointing, stopped at step 3 and resumed from its checkpoint (the
+// per-rank RNG files hold all of dropout's state), equals the straight run bit for bit.
+TEST_CASE("dropout through prepare(): tp 4 + SP equals one process; a 2-D resume is bit-exact") {
+  const Run one = train("dropout-one", 1, {}, {"dropout"});
+  const Run ref = reference();
+  CHECK(std::abs(one.losses.back().second - ref.losses.back().second) > 1e-3);  // dropout is live
+  const Run tp4 = train("dropout-tp4", 4, {{"ACCEL_TP_SIZE", "4"}}, {"dropout", "sp"});
+  const double d = max_difference(one, tp4, 0);
+  MESSAGE("tp 4 + sequence parallel with dropout: max relative difference ", d);
+  CHECK(d <= kTolerance);
+  const Env two_d = {{"ACCEL_TP_SIZE", "2"},
+                     {"ACCEL_ZERO_STAGE", "3"},
+                     {"ACCEL_FSDP_ACTIVATION_CHECKPOINTING", "true"}};
+  const Run straight = train("dropout-2d", 4, two_d, {"dropout", "sp"});
+  const std::string dir = scratch() + "/dropout-2d-ckpt";
+  train("dropout-2d-first", 4, two_d, {"dropout", "sp", "save", "3", dir}, 3);
+  const Run resumed = train("dropout-2d-resumed", 4, two_d, {"dropout", "sp", "load", dir});
+  const double r = max_difference(straight, resumed, 3);
+  MESSAGE("tp 2 x shard 2 + SP with dropout, resumed at step 3: max relative difference ", r);
+  CHECK(r == 0.0);
+}
+
 // A chain of checkpoints across meshes and tp sizes (issue 27's tp 2 x shard 2 -> 1 process ->
 // shard 4 -> tp 4, then tp 2 under DDP and under ZeRO-3): each run loads the previous run's
 // checkpoint, trains on, and saves 3 steps later; every run's losses and final weights equal one

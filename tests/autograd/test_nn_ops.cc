@@ -9,6 +9,7 @@
 
 #include "accel.h"
 #include "core/dispatch.h"  // StubCallRecorder
+#include "core/sharded_random.h"
 #include "tests/common/check.h"
 #include "tests/common/tensors.h"
 
@@ -408,6 +409,82 @@ TEST_CASE("dropout: inverted scaling, seeded mask, eval / p = 0 / p = 1") {
   CHECK(z.tolist() == std::vector<double>{0, 0, 0});
   z.sum().backward();
   CHECK(xn.grad().tolist() == std::vector<double>{0, 0, 0});
+}
+
+// Note [dropout mask]: counter-based, so a tensor that is part of a larger one (a tp rank's shard,
+// core/sharded_random.h's region) draws its slice of the larger tensor's mask; no region: whole.
+TEST_CASE("dropout in a sharded region draws its slice of the full tensor's mask") {
+  const Tensor full = ones({2, 8, 6}, TensorOptions(kFloat64));
+  manual_seed(3);
+  const Tensor want = dropout(full, 0.4, true);
+  const Tensor want1d = dropout1d(full, 0.4, true);  // planes (2, 8)
+  manual_seed(3);
+  const Tensor want_heads = dropout(ones({2, 4, 3, 3}, TensorOptions(kFloat64)), 0.4, true);
+  for (int index = 0; index < 4; ++index) {
+    ShardedRegion seq;  // (B, T, C) activations, this "rank" holding 2 of 8 positions
+    seq.ways = 4;
+    seq.index = index;
+    seq.dim = 1;
+    seq.ndim = 3;
+    seq.length = 2;
+    ShardedRegionGuard in_region(seq);
+    manual_seed(3);
+    CHECK(equal(dropout(ones({2, 2, 6}, TensorOptions(kFloat64)), 0.4, true),
+                want.narrow(1, 2 * index, 2)));
+    CHECK(equal(dropout1d(ones({2, 2, 6}, TensorOptions(kFloat64)), 0.4, true),
+                want1d.narrow(1, 2 * index, 2)));
+  }
+  for (int index = 0; index < 2; ++index) {
+    ShardedRegion features;  // the last dim: 3 packed blocks of 1 of each block's 2 columns
+    features.ways = 2;
+    features.index = index;
+    features.length = 3;
+    features.chunks = 3;
+    features.heads = true;
+    ShardedRegionGuard in_region(features);
+    manual_seed(3);
+    const Tensor mine = dropout(ones({2, 8, 3}, TensorOptions(kFloat64)), 0.4, true);
+    CHECK(equal(mine, cat({want.narrow(2, index, 1), want.narrow(2, 2 + index, 1),
+                           want.narrow(2, 4 + index, 1)},
+                          2)));
+    manual_seed(3);
+    DrawSiteGuard weights(DrawSite::AttentionWeights);  // heads on dim 1: 2 of 4
+    CHECK(equal(dropout(ones({2, 2, 3, 3}, TensorOptions(kFloat64)), 0.4, true),
+                want_heads.narrow(1, 2 * index, 2)));
+  }
+  {  // shapes that do not fit: ValueError naming the op, the shape and the region's source
+    ShardedRegion seq;
+    seq.ways = 4;
+    seq.dim = 1;
+    seq.ndim = 3;
+    seq.length = 2;
+    seq.source = std::make_shared<const std::string>("tensor-parallel rowwise 'proj'");
+    ShardedRegionGuard in_region(seq);
+    manual_seed(3);
+    check_error<ValueError>(
+        [&] {
+          dropout(ones({4, 6}), 0.4, true);
+        },
+        {"[dropout]", "(4, 6)", "tensor-parallel rowwise 'proj'",
+         "2 of 8 along dim 1 of 3-D activations"});
+    check_error<ValueError>(
+        [&] {
+          dropout2d(ones({2, 3, 2, 2}), 0.4, true);
+        },
+        {"[dropout2d]", "(2, 3, 2, 2)"});
+    DrawSiteGuard weights(DrawSite::AttentionWeights);
+    check_error<ValueError>(
+        [&] {
+          dropout(ones({2, 2, 2, 2}), 0.4, true);
+        },
+        {"[dropout]", "attention weights", "splits no heads"});
+    // A refused draw takes nothing from the generator.
+    Generator fresh(3);
+    CHECK(default_generator().next_u64() == fresh.next_u64());
+  }
+  // Outside a region again: whole.
+  manual_seed(3);
+  CHECK(equal(dropout(full, 0.4, true), want));
 }
 
 // ======================= indexing =======================

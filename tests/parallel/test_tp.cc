@@ -35,3 +35,16 @@ TEST_CASE("tp: GPT trained 20 steps at tp 2 x dp 2, tp 4, with sequence parallel
 TEST_CASE("tp: FSDP over dp 2 of a tp 2 GPT (with and without sequence parallel) = 1 process") {
   check_ok(run_world(worker(), {"fsdp2d"}, 4, {}, 240s), "fsdp2d");
 }
+
+// Note [dropout under tensor parallelism] (tp_dropout.cc).
+TEST_CASE("tp: dropout masks are this rank's slice of one process's; bad layouts raise") {
+  check_ok(run_world(worker(), {"dropout"}, 4, {}, 120s), "dropout");
+}
+
+TEST_CASE("tp: GPT with dropout at tp 4 / tp 2 (+SP) = 1 process; tp x dp keeps replicas equal") {
+  check_ok(run_world(worker(), {"train_dropout"}, 4, {}, 240s), "train_dropout");
+}
+
+TEST_CASE("tp: resuming a tp 2 x dp 2 + SP run with dropout is bit-exact") {
+  check_ok(run_world(worker(), {"resume_dropout"}, 4, {}, 120s), "resume_dropout");
+}

@@ -12,6 +12,7 @@
 //                every loss and the final full weights within 1e-10
 //   fsdp2d       2-D: FSDP (ZeRO-3 over dp_shard 2, blocks as units, parallel/fsdp.h) of a
 //                tp 2 model, with and without sequence parallel, against one process (1e-10)
+//   dropout, train_dropout, resume_dropout: dropout under tp and sequence parallel (tp_dropout.cc)
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -26,6 +27,7 @@
 #include "parallel/tensor_parallel.h"
 #include "tests/common/worker_check.h"
 #include "tests/common/tensors.h"
+#include "tests/parallel/tp_scenarios.h"
 
 using namespace accel;
 using namespace accel::dist;
@@ -533,6 +535,12 @@ int main(int argc, char** argv) {
       scenario_fsdp2d(world);
     } else if (scenario == "train") {
       scenario_train(world);
+    } else if (scenario == "dropout") {
+      scenario_dropout(world);
+    } else if (scenario == "train_dropout") {
+      scenario_train_dropout(world);
+    } else if (scenario == "resume_dropout") {
+      scenario_resume_dropout(world);
     } else {
       std::cerr << "unknown scenario " << scenario << "\n";
       return 2;

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
+#include "nn/load_report.h"
 #include "nn/utils.h"
 #include "autograd/ops.h"
 #include "core/generator.h"
@@ -224,20 +225,9 @@ nn::LoadResult check_model_source(
     if (!own.count(name)) r.unexpected_keys.push_back(name);
   if (mismatched.empty() && (!strict || (r.missing_keys.empty() && r.unexpected_keys.empty())))
     return r;
-  std::ostringstream os;
-  auto list = [&](const char* what, const std::vector<std::string>& keys) {
-    if (keys.empty()) return;
-    os << "; " << what << " (" << keys.size() << "): ";
-    for (size_t i = 0; i < keys.size() && i < 20; ++i) os << (i ? ", " : "") << keys[i];
-    if (keys.size() > 20) os << ", ...";
-  };
-  if (strict) {
-    list("missing keys", r.missing_keys);
-    list("unexpected keys", r.unexpected_keys);
-  }
-  list("shape mismatch", mismatched);
   ACCEL_THROW(ValueError, "load_model", "'", src.path(), "' does not fit the ", model.type_name(),
-              os.str(), strict ? " (strict = false loads the names both have)" : "");
+              nn::load_report(r, mismatched, strict),
+              strict ? " (strict = false loads the names both have)" : "");
 }
 
 }  // namespace

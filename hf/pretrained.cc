@@ -14,6 +14,7 @@
 #include "hf/config.h"
 #include "hf/gpt2.h"
 #include "hf/llama.h"
+#include "nn/load_report.h"
 #include "parallel/tensor_parallel.h"
 
 namespace accel::hf {
@@ -101,19 +102,8 @@ nn::LoadResult load_weights(CausalLM& model, const std::string& path, bool stric
   for (const std::string& n : file_names)
     if (!used.count(n) && !model.ignored_on_load(n)) r.unexpected_keys.push_back(n);
   if (!mismatched.empty() || (strict && (!r.missing_keys.empty() || !r.unexpected_keys.empty()))) {
-    std::ostringstream os;
-    auto list = [&](const char* what, const std::vector<std::string>& keys) {
-      if (keys.empty()) return;
-      os << "; " << what << " (" << keys.size() << "): ";
-      for (size_t i = 0; i < keys.size() && i < 20; ++i) os << (i ? ", " : "") << keys[i];
-      if (keys.size() > 20) os << ", ...";
-    };
-    if (strict) {
-      list("missing", r.missing_keys);
-      list("unexpected", r.unexpected_keys);
-    }
-    list("shape mismatch", mismatched);
-    ACCEL_THROW(ValueError, kLoad, "'", src.path(), "' does not fit ", model.type_name(), os.str(),
+    ACCEL_THROW(ValueError, kLoad, "'", src.path(), "' does not fit ", model.type_name(),
+                nn::load_report(r, mismatched, strict),
                 strict ? " (strict = false loads the names both have)" : "");
   }
   NoGradGuard ng;

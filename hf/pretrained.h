@@ -52,8 +52,8 @@ std::shared_ptr<CausalLM> from_pretrained(const std::string& dir,
 // absent, and names ignored_on_load() (attn.bias buffers) are skipped. Everything is checked
 // before anything is read: a shape mismatch always, and with strict missing or unexpected
 // tensors, is a ValueError listing every problem, e.g. "[hf.load_weights] 'w/model.safetensors'
-// does not fit GPT2LMHeadModel; missing (1): transformer.h.1.mlp.c_fc.bias; shape mismatch (1):
-// transformer.wte.weight: file (98, 32), model (97, 32)". Returns what non-strict left out.
+// does not fit GPT2LMHeadModel; missing keys (1): transformer.h.1.mlp.c_fc.bias; shape mismatch
+// (1): transformer.wte.weight: file (98, 32), model (97, 32)". Returns what non-strict left out.
 nn::LoadResult load_weights(CausalLM& model, const std::string& path, bool strict = true);
 
 // Writes config.json and model.safetensors into `dir` (created if needed) as transformers'

@@ -188,11 +188,12 @@ TEST_CASE("strict loading names the missing, unexpected and mis-shaped tensors")
   nn::TensorDict missing = good;
   missing.erase("transformer.h.1.mlp.c_fc.bias");
   CHECK_THROWS_WITH_AS(load(missing),
-                       doctest::Contains("missing (1): transformer.h.1.mlp.c_fc.bias"), ValueError);
+                       doctest::Contains("missing keys (1): transformer.h.1.mlp.c_fc.bias"),
+                       ValueError);
   nn::TensorDict extra = good;
   extra["transformer.h.0.attn.q_proj.weight"] = zeros({4});
   CHECK_THROWS_WITH_AS(load(extra),
-                       doctest::Contains("unexpected (1): transformer.h.0.attn.q_proj.weight"),
+                       doctest::Contains("unexpected keys (1): transformer.h.0.attn.q_proj.weight"),
                        ValueError);
   nn::TensorDict shaped = good;
   shaped["transformer.wte.weight"] = zeros({98, 32});

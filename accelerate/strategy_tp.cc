@@ -47,14 +47,17 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "accelerate/strategy_base.h"
+#include "core/env_contract.h"
 #include "io/safetensors.h"
 #include "autograd/ops.h"
 #include "parallel/checkpoint_files.h"
 #include "parallel/fsdp_checkpoint.h"
+#include "parallel/replicated_check.h"
 
 namespace accel::dist {
 
@@ -336,6 +339,11 @@ std::string convert_tp_checkpoint(const TpConversion& c) {
 
 namespace {
 
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::string_view(v) == "1";
+}
+
 struct TpState : StrategyState {
   std::unique_ptr<StrategyState> inner;
 };
@@ -393,12 +401,26 @@ class TpStrategy final : public Strategy, public StrategyCheckpoint {
     const int shard = g.sharded && g.shard_group ? g.shard_group->size() : 1;
     const double holders = g.sharded ? double(c_.dp_size / shard) : double(c_.dp_size);
     g.norm_weights.assign(g.params.size(), 1.0);
+    const bool check_replicated = !replicated_checked_ || check_every_step_;
+    std::vector<std::string> replicated_names;
+    std::vector<Tensor> replicated_grads;
     for (size_t k = 0; k < g.params.size(); ++k) {
       const std::string& key = g.names[k];
       const size_t colon = key.find(':');
       const size_t m = std::stoul(key.substr(0, colon));
       const bool sharded = m < shards_.size() && shards_[m].count(key.substr(colon + 1)) != 0;
       g.norm_weights[k] = 1.0 / (holders * (sharded ? 1.0 : double(T_)));
+      if (!sharded && check_replicated) {
+        replicated_names.push_back(key.substr(colon + 1));
+        replicated_grads.push_back(g.params[k].grad());
+      }
+    }
+    // Note [replicated gradient check]: the tp-replicated gradients must be equal over tp (under
+    // ZeRO-3 the tp peers hold the same flat span of each: their units' layouts are equal).
+    if (check_replicated) {
+      dist::check_replicated_grads(replicated_names, replicated_grads, *c_.tp, "tp",
+                                   c_.world.get());
+      replicated_checked_ = true;
     }
     g.sharded = true;
     g.shard_group = c_.world;
@@ -534,6 +556,9 @@ class TpStrategy final : public Strategy, public StrategyCheckpoint {
   std::vector<std::shared_ptr<nn::Module>> models_;
   std::vector<std::map<std::string, TpShard>> shards_;
   std::vector<std::shared_ptr<optim::Optimizer>> users_;
+  // Note [replicated gradient check]: at the first step, or every step when asked.
+  bool replicated_checked_ = false;
+  const bool check_every_step_ = env_flag(env::kVerifyPlacements);
 };
 
 }  // namespace

@@ -75,6 +75,9 @@ inline constexpr const char* kGlooSegmentBytes = "ACCEL_GLOO_SEGMENT_BYTES";  //
 inline constexpr const char* kShmHostKey = "ACCEL_SHM_HOST_KEY";  // override of the host key
 inline constexpr const char* kShmNoPidfd = "ACCEL_SHM_NO_PIDFD";  // peer liveness without pidfd
 inline constexpr const char* kCheckpointNoExchange = "ACCEL_CHECKPOINT_NO_EXCHANGE";
+// "1": check tp-replicated gradients at every step, not only the first (Note [replicated gradient
+// check] in parallel/replicated_check.h).
+inline constexpr const char* kVerifyPlacements = "ACCEL_VERIFY_PLACEMENTS";
 inline constexpr const char* kGlooHostname = "ACCEL_GLOO_HOSTNAME";     // address Gloo binds
 inline constexpr const char* kSocketIfname = "ACCEL_SOCKET_IFNAME";     // interface Gloo binds
 inline constexpr const char* kGlooSocketIfname = "GLOO_SOCKET_IFNAME";  // same, PyTorch's name

@@ -6,13 +6,15 @@
 // data-parallel rank takes its share of (the ranks of a tp group take the same one), so every
 // mesh, one process included, computes the same steps.
 //   mesh_worker <out> <steps> [import <file>] [load <dir>] [save <step> <dir>] [export <file>]
-//               [sp] [f32] [dropout]
+//               [sp] [f32] [dropout] [ln_f-replicate]
 // import: load_model(file) after prepare; load: load_state(dir), then train until <steps>
 // optimizer steps in all; save: also save_state(dir) after optimizer step <step> (then go on);
 // export: save_model(file) at the end; sp: sequence parallel in the tp plan (models::gpt_tp_plan,
 // used when ACCEL_TP_SIZE > 1); f32: a float32 model (for 16-bit compute parameters); dropout:
 // GPT-2's dropouts at 0.1 (GptConfig::dropout), the default generator seeded with
-// set_seed(11, device_specific) (the dp index: a tp group alike, and one process's seed at dp 1).
+// set_seed(11, device_specific) (the dp index: a tp group alike, and one process's seed at dp 1);
+// ln_f-replicate: the plan styles ln_f replicate() instead of sequence() (wrong under sp: Note
+// [replicated gradient check]).
 // Rank 0
 // writes <out>:
 //   "loss <step> <value>"        the global mean loss of every step trained here (%.17g)
@@ -50,14 +52,14 @@ models::GptConfig config() {
 int run(int argc, char** argv) {
   if (argc < 3) {
     std::cerr << "usage: mesh_worker <out> <steps> [import <file>] [load <dir>] "
-                 "[save <step> <dir>] [export <file>] [sp] [f32] [dropout]\n";
+                 "[save <step> <dir>] [export <file>] [sp] [f32] [dropout] [ln_f-replicate]\n";
     return 2;
   }
   const std::string out_path = argv[1];
   const int steps = std::atoi(argv[2]);
   std::string load_dir, save_dir, export_path, import_path;
   int save_at = -1;
-  bool sequence_parallel = false, f32 = false, with_dropout = false;
+  bool sequence_parallel = false, f32 = false, with_dropout = false, ln_f_replicate = false;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "load" && i + 1 < argc) {
@@ -75,6 +77,8 @@ int run(int argc, char** argv) {
       f32 = true;
     } else if (a == "dropout") {
       with_dropout = true;
+    } else if (a == "ln_f-replicate") {
+      ln_f_replicate = true;
     } else {
       std::cerr << "mesh_worker: unexpected argument '" << a << "'\n";
       return 2;
@@ -87,6 +91,9 @@ int run(int argc, char** argv) {
   cfg.log_with = {};
   // Used only when ACCEL_TP_SIZE > 1: Megatron's layout of examples/models.h's Gpt.
   cfg.tp_plan = models::gpt_tp_plan({.sequence_parallel = sequence_parallel});
+  if (ln_f_replicate)
+    for (auto& [pattern, style] : cfg.tp_plan)
+      if (pattern == "ln_f") style = dist::replicate();
   Accelerator acc(cfg);
   const dist::DeviceMesh& mesh = acc.mesh();
   const int dp = mesh.size("dp"), dp_rank = mesh.coordinate("dp");

@@ -158,13 +158,36 @@ TEST_CASE(
   expect_equal_to_one_process(meshes(), "mesh");
 }
 
+// ACCEL_VERIFY_PLACEMENTS=1: the tp-replicated gradients are compared over tp at every step
+// (Note [replicated gradient check]); a correct plan passes all 20.
 TEST_CASE("sequence parallel through prepare(): tp 2 x shard 2 and tp 4 equal one process") {
   const std::vector<Mesh> sp = {
       {"tp 2 x shard 2 (ZeRO-3) + sequence parallel",
-       {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}}},
-      {"tp 4 + sequence parallel", {{"ACCEL_TP_SIZE", "4"}}},
+       {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}, {"ACCEL_VERIFY_PLACEMENTS", "1"}}},
+      {"tp 4 + sequence parallel", {{"ACCEL_TP_SIZE", "4"}, {"ACCEL_VERIFY_PLACEMENTS", "1"}}},
   };
   expect_equal_to_one_process(sp, "sp", {"sp"});
+}
+
+// Note [replicated gradient check]: an SP plan that styles ln_f replicate() (its input is this
+// rank's chunk of the sequence, so its gradient is a partial sum) trains with plausible losses
+// while the copies of ln_f drift apart; the first step is refused on every rank, naming the
+// parameters and the dimension. Under DDP and under ZeRO-3 (tp peers compare their shards).
+TEST_CASE(
+    "tp: a replicated parameter whose gradients differ over tp is refused at the first step") {
+  for (const Env& env :
+       {Env{{"ACCEL_TP_SIZE", "2"}}, Env{{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}}}) {
+    CAPTURE(env.size());
+    auto res = run_world(
+        worker(), {scratch() + "/replicated-ln_f.txt", "3", "sp", "ln_f-replicate"}, 4, env, 120s);
+    for (const RankResult& r : res) {
+      CHECK(r.exited);
+      CHECK(r.code == 3);
+      for (const char* want : {"[check_replicated_grads]", "replicated over tp", "'ln_f.weight'",
+                               "'ln_f.bias'", "sequence()"})
+        CHECK_MESSAGE(r.output.find(want) != std::string::npos, want, " in: ", r.output);
+    }
+  }
 }
 
 // Gradient accumulation (2 micro-batches per optimizer step, on the same rows) and ZeRO-3's

@@ -343,6 +343,29 @@ TEST_CASE("checkpoint: total_limit rotation, latest pointer, incomplete dirs are
   CHECK_THROWS_AS(other.load_state(dir + "/manual"), ValueError);
 }
 
+// A loader prepared after it moved on (load_state_dict, or batches skipped) keeps its global
+// position, not its batch index (Note [global loader position] in data/sampler.cc): built for
+// rank 0 of 2 (global batch 8), 2 batches in = sample 16; prepared in one process (global batch
+// 4) it goes on at its batch 4, where it seeked to batch 2 (sample 8) before.
+TEST_CASE("prepare keeps the caller's loader position as a global sample") {
+  Accelerator acc(base_config(fresh_dir(kScratch, "prepare-position")));
+  data::DataLoaderOptions lo;
+  lo.batch_size = 4;
+  lo.shuffle = true;
+  lo.seed = 3;
+  lo.rank = 0;
+  lo.world_size = 2;
+  auto mine = std::make_shared<data::DataLoader>(test::make_dataset(), lo);
+  mine->seek(0, 2);
+  auto prepared = acc.prepare_data_loader(mine);
+  CHECK(prepared->batch_sampler().global_batch_size() == 4);
+  CHECK(prepared->epoch() == 0);
+  CHECK(prepared->batches_consumed() == 4);
+  const std::vector<int64_t> order = data::RandomSampler(40, 3).epoch_indices(0);
+  CHECK((*prepared->begin()).indices ==
+        std::vector<int64_t>(order.begin() + 16, order.begin() + 20));
+}
+
 TEST_CASE("device placement: prepared loaders hand out batches on acc.device(); off switch") {
   for (bool placement : {true, false}) {
     CAPTURE(placement);

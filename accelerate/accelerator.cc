@@ -21,7 +21,6 @@
 #include "core/generator.h"
 #include "core/settings.h"
 #include "core/storage.h"
-#include "core/warning.h"
 #include "accelerate/checkpoint.h"
 #include "accelerate/config_detail.h"
 #include "comm/env.h"
@@ -319,17 +318,9 @@ std::shared_ptr<data::DataLoader> Accelerator::prepare_data_loader(
   if (device_.is_cuda()) o.pin_memory = true;
   if (config_.device_placement) o.device = device_;
   auto sharded = std::make_shared<data::DataLoader>(loader->dataset(), o);
-  // Keep the position the caller's loader had (a loader prepared after load_state_dict): the
-  // same global sample, whatever the two shard over (Note [global loader position]).
-  if (loader->epoch() != 0 || loader->batches_consumed() != 0) {
-    const data::LoaderPosition p = loader->position();
-    const int64_t repeated = sharded->resume(p);
-    if (repeated > 0 && is_main_process())
-      ACCEL_WARN_ONCE("prepare", "the data loader is at sample ", p.samples, " of epoch ", p.epoch,
-                      ", not a multiple of the prepared loader's global batch ",
-                      sharded->batch_sampler().global_batch_size(), ": it resumes at ",
-                      p.samples - repeated, ", so ", repeated, " samples are seen twice");
-  }
+  // Keep the caller's global position (after load_state_dict; Note [global loader position]).
+  if (loader->epoch() != 0 || loader->batches_consumed() != 0)
+    sharded->resume(loader->position(), is_main_process() ? "prepare" : nullptr);
   loaders_.push_back(sharded);
   return sharded;
 }

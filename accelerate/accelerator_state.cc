@@ -10,7 +10,6 @@
 
 #include "io/safetensors.h"
 #include "core/generator.h"
-#include "core/warning.h"
 #include "accelerate/accelerator.h"
 #include "accelerate/strategy_tp.h"
 #include "accelerate/checkpoint.h"
@@ -236,15 +235,8 @@ struct Accelerator::CheckpointIo {
     s.strategy_applied = true;
     for (size_t i = 0; i < acc.schedulers_.size(); ++i)
       acc.schedulers_[i]->load_state_dict(l.schedulers[i]);
-    for (size_t i = 0; i < acc.loaders_.size(); ++i) {
-      const data::LoaderPosition& p = l.loaders[i];
-      const int64_t repeated = acc.loaders_[i]->resume(p);
-      if (repeated > 0 && acc.is_main_process())
-        ACCEL_WARN_ONCE("load_state", "data loader ", i, " was saved at sample ", p.samples,
-                        " of epoch ", p.epoch, ", not a multiple of this run's global batch ",
-                        acc.loaders_[i]->batch_sampler().global_batch_size(), ": it resumes at ",
-                        p.samples - repeated, ", so ", repeated, " samples are seen twice");
-    }
+    for (size_t i = 0; i < acc.loaders_.size(); ++i)
+      acc.loaders_[i]->resume(l.loaders[i], acc.is_main_process() ? "load_state" : nullptr);
     default_generator().set_state(l.rng);
     acc.sync_gradients_ = l.meta.sync_gradients;
     for (size_t i = 0; i < acc.customs_.size(); ++i) acc.customs_[i].load(l.customs[i]);

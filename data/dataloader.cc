@@ -319,7 +319,7 @@ LoaderPosition DataLoader::position() const {
   return p;
 }
 
-int64_t DataLoader::resume(const LoaderPosition& p) {
+int64_t DataLoader::resume(const LoaderPosition& p, const char* say) {
   const char* op = "DataLoader.resume";
   auto expect = [&](const char* key, int64_t theirs, int64_t mine) {
     ACCEL_CHECK(theirs == mine, ValueError, op, "the position was saved with ", key, " = ", theirs,
@@ -359,6 +359,10 @@ int64_t DataLoader::resume(const LoaderPosition& p) {
   const_cast<Sampler&>(sampler).load_state_dict(p.sampler);
   seek(p.epoch, std::min(batch, size()));
   options_.seed = p.seed;
+  if (repeated > 0 && say)
+    ACCEL_WARN_ONCE(say, "the data loader was saved at sample ", p.samples, " of epoch ", p.epoch,
+                    ", not a multiple of this loader's global batch ", global, ": it resumes at ",
+                    p.samples - repeated, ", so ", repeated, " samples are read twice");
   return repeated;
 }
 
@@ -418,13 +422,8 @@ LoaderPosition position_from_state(const StateDict& s, const char* op) {
 StateDict DataLoader::state_dict() const { return position_state(position()); }
 
 void DataLoader::load_state_dict(const StateDict& s) {
-  const LoaderPosition p = position_from_state(s);
-  const int64_t repeated = resume(p);
-  if (repeated > 0 && batch_sampler_.shard().rank == 0)
-    ACCEL_WARN_ONCE("DataLoader.load_state_dict", "the state was saved at sample ", p.samples,
-                    " of epoch ", p.epoch, ", not a multiple of this loader's global batch ",
-                    batch_sampler_.global_batch_size(), ": it resumes at sample ",
-                    p.samples - repeated, ", so ", repeated, " samples are read twice");
+  resume(position_from_state(s),
+         batch_sampler_.shard().rank == 0 ? "DataLoader.load_state_dict" : nullptr);
 }
 
 }  // namespace accel::data

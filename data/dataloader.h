@@ -128,11 +128,12 @@ class DataLoader {
   // of ranks), else p.samples rounded down to a whole global batch is where it resumes.
   // ValueError naming the field when sampler_size, drop_last, even_batches or the kind of
   // sampler (its state's keys) differ: the order would not be the saved run's. Nothing changes
-  // when it throws.
-  int64_t resume(const LoaderPosition& p);
+  // when it throws. With `say` (an op name; give it on one rank only) repeated samples are said
+  // once, in a warning naming that op.
+  int64_t resume(const LoaderPosition& p, const char* say = nullptr);
 
   // Torch-style: position_state(position()); load_state_dict is resume(position_from_state(s))
-  // and warns once (on rank 0) when samples repeat. Reads states of earlier versions too.
+  // and warns (on rank 0) when samples repeat. Reads states of earlier versions too.
   StateDict state_dict() const;
   void load_state_dict(const StateDict& s);
 

@@ -185,7 +185,7 @@ TEST_CASE("load_state_dict accepts another world size and says once when samples
   for (auto& l : three) l->load_state_dict(s);
   CHECK(three[2]->batches_consumed() == 1);
   REQUIRE(said.size() == 1);  // rank 0 only, once
-  CHECK(said[0].find("resumes at sample 12, so 4 samples are read twice") != std::string::npos);
+  CHECK(said[0].find("resumes at 12, so 4 samples are read twice") != std::string::npos);
   set_warning_handler(previous);
 }
 

@@ -408,13 +408,19 @@ LoaderPosition position_from_state(const StateDict& s, const char* op) {
   const int64_t consumed = parse_i64(s, "batches_consumed", op);
   const int64_t batch = parse_i64(s, "batch_size", op);
   const int64_t world = parse_i64(s, "world_size", op);
-  ACCEL_CHECK(consumed >= 0 && batch >= 1 && world >= 1 && p.sampler_size >= 0, ValueError, op,
-              "batches_consumed ", consumed, ", batch_size ", batch, ", world_size ", world,
-              ", sampler_size ", p.sampler_size, " out of range");
+  // Bounds that keep the arithmetic below from overflowing, whatever the file says.
+  constexpr int64_t kMaxCount = int64_t(1) << 31;
+  ACCEL_CHECK(batch >= 1 && batch < kMaxCount && world >= 1 && world < kMaxCount &&
+                  p.sampler_size >= 0 && p.sampler_size < (int64_t(1) << 62),
+              ValueError, op, "batch_size ", batch, ", world_size ", world, ", sampler_size ",
+              p.sampler_size, " out of range");
   p.global_batch = flag("split_batches") ? batch : batch * world;
+  const int64_t batches = (p.sampler_size + p.global_batch - 1) / p.global_batch;
+  ACCEL_CHECK(consumed >= 0 && consumed <= batches, ValueError, op, "batches_consumed ", consumed,
+              " out of range: an epoch had ", batches, " global batches");
   // The end of the epoch: past the partial step, or at the last full one under drop_last.
-  const bool at_end = consumed >= (p.sampler_size + p.global_batch - 1) / p.global_batch ||
-                      (p.drop_last && consumed >= p.sampler_size / p.global_batch);
+  const bool at_end =
+      consumed == batches || (p.drop_last && consumed >= p.sampler_size / p.global_batch);
   p.samples = at_end ? p.sampler_size : consumed * p.global_batch;
   return p;
 }

@@ -306,10 +306,11 @@ void check_env_shard(const ShardOptions& s, const char* op) {
 // The order of epoch e is a pure function of the sampler's state and e (Note [Pure epoch
 // orders]): the same on every rank, whatever the world size, the rank, the batch size or the
 // number of workers (workers only fetch the batches the consuming thread plans; tested in
-// tests/data/test_loader.cc). With the layout above, global step s of any world size covers
-// order[s*G, (s+1)*G), so where a run is in its data is one pair for all ranks: (e, samples =
-// s*G), the samples of the order handed out so far (DataLoader::position(); at the end of an
-// epoch samples = N, the whole order, whatever drop_last dropped). A checkpoint stores it once.
+// tests/data/test_loader_position.cc). With the layout above, global step s of any world size
+// covers order[s*G, (s+1)*G), so where a run is in its data is one pair for all ranks: (e,
+// samples = s*G), the samples of the order handed out so far (DataLoader::position(); at the end
+// of an epoch samples = N, the whole order, whatever drop_last dropped). A checkpoint stores it
+// once.
 // A loader with global batch G' (any W', split_batches or not) resumes it (DataLoader::resume):
 //  - samples % G' == 0 (always when G' == G, e.g. split_batches at another world size): at
 //    global step samples / G' of epoch e; every later global batch is exactly the one the

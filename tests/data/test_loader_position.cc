@@ -287,4 +287,11 @@ TEST_CASE("malformed states are refused by key; states of the per-rank format st
   v1["drop_last"] = "1";
   v1["batches_consumed"] = "5";  // drop_last: 5 full batches are the whole epoch
   CHECK(position_from_state(v1).samples == kN);
+  // Out of range (before: refused by seek; now also where the arithmetic would overflow).
+  v1["batches_consumed"] = "7";
+  CHECK_THROWS_WITH_AS(position_from_state(v1),
+                       doctest::Contains("batches_consumed 7 out of range"), ValueError);
+  v1["batches_consumed"] = "1";
+  v1["batch_size"] = "9223372036854775807";
+  CHECK_THROWS_WITH_AS(position_from_state(v1), doctest::Contains("out of range"), ValueError);
 }

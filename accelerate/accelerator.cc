@@ -308,9 +308,9 @@ std::shared_ptr<data::DataLoader> Accelerator::prepare_data_loader(
   if (device_.is_cuda()) o.pin_memory = true;
   if (config_.device_placement) o.device = device_;
   auto sharded = std::make_shared<data::DataLoader>(loader->dataset(), o);
-  // Keep the position the caller's loader had (a loader prepared after load_state_dict).
+  // Keep the caller's global position (after load_state_dict; Note [global loader position]).
   if (loader->epoch() != 0 || loader->batches_consumed() != 0)
-    sharded->seek(loader->epoch(), loader->batches_consumed());
+    sharded->resume(loader->position(), is_main_process() ? "prepare" : nullptr);
   loaders_.push_back(sharded);
   return sharded;
 }

@@ -59,18 +59,12 @@ struct Accelerator::CheckpointIo {
     nlohmann::json json;  // the whole state.json (the strategy reads its record from it)
   };
 
-  struct LoaderPos {
-    bool seek = false;      // another world size: seek to (epoch, batch) instead
-    data::StateDict state;  // same world size: the saved loader state
-    int64_t epoch = 0, batch = 0;
-  };
-
   struct Loaded {
     std::string path;
     Meta meta;
     std::unique_ptr<dist::StrategyState> strategy;  // models, optimizers, gradients
     std::vector<io::TensorDict> schedulers;
-    std::vector<LoaderPos> loaders;
+    std::vector<data::LoaderPosition> loaders;  // Note [global loader position]
     std::string rng;
     std::vector<std::map<std::string, std::string>> customs;  // parallel to customs_
   };
@@ -148,8 +142,8 @@ struct Accelerator::CheckpointIo {
                   theirs, " ", what, ", this accelerator prepared ", mine);
     };
     // Another world size: the strategy re-shards what it holds (Note [zero checkpoints];
-    // replicated models and optimizers need nothing), loaders re-seek to the same global sample,
-    // ranks without an RNG file of their own take rank 0's.
+    // replicated models and optimizers need nothing), ranks without an RNG file of their own take
+    // rank 0's. Loaders resume at their global position at any world and dp size.
     const bool reshard = m.world_size != acc.world_size_;
     ACCEL_CHECK(!reshard || m.sync_gradients, ValueError, "load_state", "checkpoint '", path,
                 "' was saved inside a gradient accumulation window by ", m.world_size,
@@ -196,31 +190,19 @@ struct Accelerator::CheckpointIo {
     for (size_t i = 0; i < acc.schedulers_.size(); ++i)
       l.schedulers.push_back(io::load_safetensors(at(indexed("scheduler", i, ".safetensors"))));
     for (size_t i = 0; i < acc.loaders_.size(); ++i) {
-      const std::string f =
-          at(rank_file(indexed("loader", i, ""), reshard ? 0 : acc.rank_, ".json"));
-      LoaderPos pos;
+      // The global position, written once (Note [global loader position] in data/sampler.cc);
+      // checkpoints of earlier versions hold each rank's loader state instead: rank 0's converts
+      // to the same global position.
+      std::string f = at(indexed("loader", i, ".json"));
+      if (!fs::exists(f)) f = at(rank_file(indexed("loader", i, ""), 0, ".json"));
       try {
-        pos.state = data::state_from_json(dist::read_file(f));
-        if (reshard) {
-          // Another world size shards the data differently: resume at the same global sample
-          // of the saved epoch (rounded down to a whole global batch of this run).
-          pos.seek = true;
-          const data::StateDict& ls = pos.state;
-          pos.epoch = std::stoll(ls.at("epoch"));
-          const int64_t consumed = std::stoll(ls.at("batches_consumed"));
-          const int64_t old_batch = std::stoll(ls.at("batch_size"));
-          const int64_t old_global =
-              ls.at("split_batches") == "1" ? old_batch : old_batch * m.world_size;
-          const int64_t global = acc.loaders_[i]->batch_sampler().global_batch_size();
-          pos.batch =
-              std::min(global > 0 ? consumed * old_global / global : 0, acc.loaders_[i]->size());
-        }
+        l.loaders.push_back(
+            data::position_from_state(data::state_from_json(dist::read_file(f)), "load_state"));
       } catch (const IoError&) {
         throw;
-      } catch (const std::exception& e) {  // ValueError of state_from_json, std::stoll, at()
+      } catch (const std::exception& e) {  // ValueError of state_from_json, position_from_state
         ACCEL_THROW(IoError, "load_state", "'", f, "' is not a valid loader state: ", e.what());
       }
-      l.loaders.push_back(std::move(pos));
     }
     {
       const std::string f = rank_or_first("rng", ".txt");
@@ -253,13 +235,8 @@ struct Accelerator::CheckpointIo {
     s.strategy_applied = true;
     for (size_t i = 0; i < acc.schedulers_.size(); ++i)
       acc.schedulers_[i]->load_state_dict(l.schedulers[i]);
-    for (size_t i = 0; i < acc.loaders_.size(); ++i) {
-      if (l.loaders[i].seek) {
-        acc.loaders_[i]->seek(l.loaders[i].epoch, l.loaders[i].batch);
-      } else {
-        acc.loaders_[i]->load_state_dict(l.loaders[i].state);
-      }
-    }
+    for (size_t i = 0; i < acc.loaders_.size(); ++i)
+      acc.loaders_[i]->resume(l.loaders[i], acc.is_main_process() ? "load_state" : nullptr);
     default_generator().set_state(l.rng);
     acc.sync_gradients_ = l.meta.sync_gradients;
     for (size_t i = 0; i < acc.customs_.size(); ++i) acc.customs_[i].load(l.customs[i]);
@@ -362,10 +339,13 @@ std::string Accelerator::save_state(const std::string& dir) {
     for (size_t i = 0; i < schedulers_.size(); ++i)
       io::save_safetensors(at(indexed("scheduler", i, ".safetensors")),
                            schedulers_[i]->state_dict());
-  // Per-rank state: loader positions, RNG, registered objects.
-  for (size_t i = 0; i < loaders_.size(); ++i)
-    dist::write_file_durable(at(rank_file(indexed("loader", i, ""), rank_, ".json")),
-                             data::state_to_json(loaders_[i]->state_dict()));
+  // Loader positions: global, the same on every rank (Note [global loader position] in
+  // data/sampler.cc), written once.
+  if (is_main_process())
+    for (size_t i = 0; i < loaders_.size(); ++i)
+      dist::write_file_durable(at(indexed("loader", i, ".json")),
+                               data::state_to_json(loaders_[i]->state_dict()));
+  // Per-rank state: RNG, registered objects.
   dist::write_file_durable(at(rank_file("rng", rank_, ".txt")), default_generator().state());
   for (auto& c : customs_) {
     nlohmann::json j = c.save();

@@ -135,7 +135,7 @@ bool legacy_checkpoint_name(const std::string& name) {
   static const std::regex kNames(
       R"((state\.json|(model|optimizer|scheduler)(_\d+)?\.safetensors|)"
       R"((grads|zero_optimizer|zero_grads|fsdp_model|fsdp_optimizer|fsdp_grads)(_\d+)?_rank\d+)"
-      R"(\.safetensors|loader(_\d+)?_rank\d+\.json|rng_rank\d+\.txt|custom_.+_rank\d+\.json))"
+      R"(\.safetensors|loader(_\d+)?(_rank\d+)?\.json|rng_rank\d+\.txt|custom_.+_rank\d+\.json))"
       R"((\.tmp(\.\d+\.\d+)?)?)");
   static const std::regex kNewTemp(R"(\.(.+)\.tmp-\d+-[0-9a-f]+-\d+)");
   std::smatch m;

@@ -36,7 +36,7 @@
 //     "tp<t>/<file>", Note [tp strategy] in accelerate/strategy_tp.cc), or, for a
 //     checkpoint of an earlier version without a manifest, files named as accel names them
 //     (model*, optimizer*, scheduler* .safetensors, grads*, zero_*, fsdp_* _rank<r>.safetensors,
-//     loader*_rank<r>.json, rng_rank<r>.txt, custom_*_rank<r>.json, and their temporaries). An
+//     loader*[_rank<r>].json, rng_rank<r>.txt, custom_*_rank<r>.json, and their temporaries). An
 //     unfinished save (the marker and no state.json) may hold any regular files.
 // A user's notes.txt, a logs/ folder or a link inside makes it refuse, and so does a link at dir
 // itself (the swap would replace the link, not the folder it names). Rotation (total_limit)

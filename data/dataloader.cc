@@ -5,8 +5,10 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 
 #include "core/error.h"
+#include "core/warning.h"
 #include "data/process_shard.h"
 
 namespace accel::data {
@@ -41,20 +43,33 @@ struct SampleScope {
   ~SampleScope() { set_current_sample(SampleContext{}); }
 };
 
-int64_t parse_i64(const StateDict& s, const std::string& key) {
+// The integer at `key`, parsed whole; ValueError prefixed with `op` when missing or malformed.
+template <typename T>
+T parse_int(const StateDict& s, const std::string& key, const char* op) {
   auto it = s.find(key);
-  ACCEL_CHECK(it != s.end(), ValueError, "DataLoader.load_state_dict", "state has no key '", key,
-              "'");
+  ACCEL_CHECK(it != s.end(), ValueError, op, "state has no key '", key, "'");
   size_t used = 0;
-  long long v = 0;
+  T v = 0;
   try {
-    v = std::stoll(it->second, &used);
+    if constexpr (std::is_signed_v<T>) {
+      v = T(std::stoll(it->second, &used));
+    } else {
+      v = T(std::stoull(it->second, &used));
+    }
   } catch (const std::exception&) {
     used = 0;
   }
-  ACCEL_CHECK(used == it->second.size() && used > 0, ValueError, "DataLoader.load_state_dict",
-              "key '", key, "' = '", it->second, "' is not an integer");
-  return int64_t(v);
+  const bool sign_ok = std::is_signed_v<T> || it->second.find('-') == std::string::npos;
+  ACCEL_CHECK(used == it->second.size() && used > 0 && sign_ok, ValueError, op, "key '", key,
+              "' = '", it->second, "' is not ", std::is_signed_v<T> ? "an" : "an unsigned",
+              " integer");
+  return v;
+}
+int64_t parse_i64(const StateDict& s, const std::string& key, const char* op) {
+  return parse_int<long long>(s, key, op);
+}
+uint64_t parse_u64(const StateDict& s, const std::string& key, const char* op) {
+  return parse_int<unsigned long long>(s, key, op);
 }
 
 }  // namespace
@@ -289,53 +304,132 @@ void DataLoader::seek(int64_t epoch, int64_t batch) {
   consumed_ = batch;
 }
 
-// Keys: position ("epoch", "batches_consumed"), the loader seed, "sampler.*" (the sampler's
-// own state, e.g. its seed) and the configuration the position depends on, checked on load
-// so that a state is never silently applied to a loader that would batch differently.
-StateDict DataLoader::state_dict() const {
+// Note [global loader position] in sampler.cc.
+LoaderPosition DataLoader::position() const {
+  LoaderPosition p;
+  p.epoch = epoch_;
+  p.sampler_size = batch_sampler_.sampler().size();
+  p.global_batch = batch_sampler_.global_batch_size();
+  // consumed_ == size(): every batch of the epoch is out (the loop has not yet moved on).
+  p.samples = consumed_ >= size() ? p.sampler_size : consumed_ * p.global_batch;
+  p.drop_last = batch_sampler_.drop_last();
+  p.even_batches = batch_sampler_.shard().even_batches;
+  p.seed = options_.seed;
+  p.sampler = batch_sampler_.sampler().state_dict();
+  return p;
+}
+
+int64_t DataLoader::resume(const LoaderPosition& p, const char* say) {
+  const char* op = "DataLoader.resume";
+  auto expect = [&](const char* key, int64_t theirs, int64_t mine) {
+    ACCEL_CHECK(theirs == mine, ValueError, op, "the position was saved with ", key, " = ", theirs,
+                ", this loader has ", mine, "; its order or batches would differ");
+  };
+  const Sampler& sampler = batch_sampler_.sampler();
+  expect("sampler_size", p.sampler_size, sampler.size());
+  expect("drop_last", p.drop_last, batch_sampler_.drop_last());
+  expect("even_batches", p.even_batches, batch_sampler_.shard().even_batches);
+  auto keys = [](const StateDict& s) {
+    std::string k(1, '{');
+    for (const auto& kv : s) {
+      if (k.size() > 1) k.append(", ");
+      k.append(kv.first);
+    }
+    k.push_back('}');
+    return k;
+  };
+  const StateDict mine = sampler.state_dict();
+  ACCEL_CHECK(keys(p.sampler) == keys(mine), ValueError, op,
+              "the position's sampler state has keys ", keys(p.sampler),
+              ", this loader's sampler has ", keys(mine),
+              ": another kind of sampler, whose order would differ");
+  ACCEL_CHECK(p.epoch >= 0, ValueError, op, "negative epoch ", p.epoch);
+  ACCEL_CHECK(p.samples >= 0 && p.samples <= p.sampler_size, ValueError, op, "samples ", p.samples,
+              " out of range: an epoch has ", p.sampler_size);
+  ACCEL_CHECK(p.global_batch >= 1, ValueError, op, "global_batch ", p.global_batch,
+              " must be >= 1");
+  const int64_t global = batch_sampler_.global_batch_size();
+  int64_t batch = size(), repeated = 0;
+  if (p.samples < batch_sampler_.epoch_samples()) {
+    batch = p.samples / global;
+    repeated = p.samples % global;
+  }
+  // The sampler is shared with whoever built it; load into it so its orders match the saved run.
+  // First: it is the one step that can still throw (a malformed value).
+  const_cast<Sampler&>(sampler).load_state_dict(p.sampler);
+  seek(p.epoch, std::min(batch, size()));
+  options_.seed = p.seed;
+  if (repeated > 0 && say)
+    ACCEL_WARN_ONCE(say, "the data loader was saved at sample ", p.samples, " of epoch ", p.epoch,
+                    ", not a multiple of this loader's global batch ", global, ": it resumes at ",
+                    p.samples - repeated, ", so ", repeated, " samples are read twice");
+  return repeated;
+}
+
+StateDict position_state(const LoaderPosition& p) {
   StateDict s;
-  s["version"] = std::to_string(1);
-  s["epoch"] = std::to_string(epoch_);
-  s["batches_consumed"] = std::to_string(consumed_);
-  s["seed"] = std::to_string(options_.seed);
-  s["batch_size"] = std::to_string(batch_sampler_.batch_size());
-  s["world_size"] = std::to_string(batch_sampler_.shard().world_size);
-  s["rank"] = std::to_string(batch_sampler_.shard().rank);
-  s["sampler_size"] = std::to_string(batch_sampler_.sampler().size());
+  s["version"] = std::to_string(2);
+  s["epoch"] = std::to_string(p.epoch);
+  s["samples"] = std::to_string(p.samples);
+  s["global_batch"] = std::to_string(p.global_batch);
+  s["sampler_size"] = std::to_string(p.sampler_size);
   // Booleans as 0/1 through to_string: assigning a short literal trips a GCC 12 -Wrestrict bug.
-  s["drop_last"] = std::to_string(int(batch_sampler_.drop_last()));
-  s["even_batches"] = std::to_string(int(batch_sampler_.shard().even_batches));
-  s["split_batches"] = std::to_string(int(batch_sampler_.shard().split_batches));
-  for (const auto& [k, v] : batch_sampler_.sampler().state_dict()) s["sampler." + k] = v;
+  s["drop_last"] = std::to_string(int(p.drop_last));
+  s["even_batches"] = std::to_string(int(p.even_batches));
+  s["seed"] = std::to_string(p.seed);
+  for (const auto& [k, v] : p.sampler) s["sampler." + k] = v;
   return s;
 }
 
-void DataLoader::load_state_dict(const StateDict& s) {
-  const char* op = "DataLoader.load_state_dict";
-  ACCEL_CHECK(parse_i64(s, "version") == 1, ValueError, op, "unsupported state version ",
-              s.at("version"));
-  auto expect = [&](const char* key, int64_t mine) {
-    const int64_t theirs = parse_i64(s, key);
-    ACCEL_CHECK(theirs == mine, ValueError, op, "state was saved with ", key, " = ", theirs,
-                ", this loader has ", mine, "; its batches would differ");
+LoaderPosition position_from_state(const StateDict& s, const char* op) {
+  const int64_t version = parse_i64(s, "version", op);
+  ACCEL_CHECK(version == 1 || version == 2, ValueError, op, "unsupported state version ", version);
+  auto flag = [&](const char* key) {
+    const int64_t v = parse_i64(s, key, op);
+    ACCEL_CHECK(v == 0 || v == 1, ValueError, op, "key '", key, "' = ", v, " is not 0 or 1");
+    return v == 1;
   };
-  expect("batch_size", batch_sampler_.batch_size());
-  expect("world_size", batch_sampler_.shard().world_size);
-  expect("sampler_size", batch_sampler_.sampler().size());
-  expect("drop_last", batch_sampler_.drop_last());
-  expect("even_batches", batch_sampler_.shard().even_batches);
-  expect("split_batches", batch_sampler_.shard().split_batches);
-  const int64_t epoch = parse_i64(s, "epoch");
-  const int64_t consumed = parse_i64(s, "batches_consumed");
-  const int64_t seed = parse_i64(s, "seed");
-  StateDict sampler_state;
+  LoaderPosition p;
+  p.epoch = parse_i64(s, "epoch", op);
+  p.sampler_size = parse_i64(s, "sampler_size", op);
+  p.drop_last = flag("drop_last");
+  p.even_batches = flag("even_batches");
+  p.seed = parse_u64(s, "seed", op);
   for (const auto& [k, v] : s) {
-    if (k.rfind("sampler.", 0) == 0) sampler_state[k.substr(8)] = v;
+    if (k.rfind("sampler.", 0) == 0) p.sampler[k.substr(8)] = v;
   }
-  seek(epoch, consumed);  // validates the position before anything changes
-  options_.seed = uint64_t(seed);
-  // The sampler is shared with whoever built it; load into it so its orders match the saved run.
-  const_cast<Sampler&>(batch_sampler_.sampler()).load_state_dict(sampler_state);
+  if (version == 2) {
+    p.samples = parse_i64(s, "samples", op);
+    p.global_batch = parse_i64(s, "global_batch", op);
+    return p;
+  }
+  // Version 1 (before the position was global): this rank's batches consumed, per-rank batch
+  // and sharding. Global step j covered j * G samples with G the global batch of that loader.
+  const int64_t consumed = parse_i64(s, "batches_consumed", op);
+  const int64_t batch = parse_i64(s, "batch_size", op);
+  const int64_t world = parse_i64(s, "world_size", op);
+  // Bounds that keep the arithmetic below from overflowing, whatever the file says.
+  constexpr int64_t kMaxCount = int64_t(1) << 31;
+  ACCEL_CHECK(batch >= 1 && batch < kMaxCount && world >= 1 && world < kMaxCount &&
+                  p.sampler_size >= 0 && p.sampler_size < (int64_t(1) << 62),
+              ValueError, op, "batch_size ", batch, ", world_size ", world, ", sampler_size ",
+              p.sampler_size, " out of range");
+  p.global_batch = flag("split_batches") ? batch : batch * world;
+  const int64_t batches = (p.sampler_size + p.global_batch - 1) / p.global_batch;
+  ACCEL_CHECK(consumed >= 0 && consumed <= batches, ValueError, op, "batches_consumed ", consumed,
+              " out of range: an epoch had ", batches, " global batches");
+  // The end of the epoch: past the partial step, or at the last full one under drop_last.
+  const bool at_end =
+      consumed == batches || (p.drop_last && consumed >= p.sampler_size / p.global_batch);
+  p.samples = at_end ? p.sampler_size : consumed * p.global_batch;
+  return p;
+}
+
+StateDict DataLoader::state_dict() const { return position_state(position()); }
+
+void DataLoader::load_state_dict(const StateDict& s) {
+  resume(position_from_state(s),
+         batch_sampler_.shard().rank == 0 ? "DataLoader.load_state_dict" : nullptr);
 }
 
 }  // namespace accel::data

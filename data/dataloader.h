@@ -13,7 +13,9 @@
 // start of e unless e is already the current epoch, so a torch-style loop that calls
 // set_epoch(e) at the top of every epoch still resumes mid-epoch after load_state_dict().
 // A loader with the same dataset and options that loads state_dict() yields exactly the
-// batches the uninterrupted loader would have, in every later epoch too.
+// batches the uninterrupted loader would have, in every later epoch too. The position is global
+// (Note [global loader position] in sampler.cc): a loader with another number of ranks or
+// another batch size resumes at the same sample, exactly when the global batch divides it.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +43,29 @@ struct Batch {
   const Tensor& operator[](size_t i) const { return data[i]; }
   const Tensor& operator[](const std::string& name) const { return data[name]; }
 };
+
+// Where a loader is in its data, the same on every rank (Note [global loader position] in
+// sampler.cc): epoch `epoch` has handed out the global samples [0, samples) of its order, plus
+// what resume() needs to check that another loader would read the same order. The end of an
+// epoch is samples == sampler_size, whatever the batching dropped or padded.
+struct LoaderPosition {
+  int64_t epoch = 0;
+  int64_t samples = 0;       // global step * global_batch, or sampler_size at the epoch's end
+  int64_t global_batch = 1;  // of the loader that saved it (informational)
+  int64_t sampler_size = 0;
+  bool drop_last = false;
+  bool even_batches = true;
+  uint64_t seed = 0;  // the loader's seed (shuffle, sample_generator())
+  StateDict sampler;  // the sampler's state_dict()
+};
+
+// The position as a flat StateDict (what DataLoader::state_dict() returns; see docs/data.md),
+// and back. position_from_state also reads the per-rank state of earlier versions (version 1:
+// batches_consumed, batch_size, world_size, split_batches), converting it to the global
+// position. ValueError (prefixed with `op`) naming a missing or malformed key.
+StateDict position_state(const LoaderPosition& p);
+LoaderPosition position_from_state(const StateDict& s,
+                                   const char* op = "DataLoader.load_state_dict");
 
 // Custom collate: receives the examples of one batch, in order.
 using CollateFn = std::function<Example(std::vector<Example>)>;
@@ -95,6 +120,20 @@ class DataLoader {
   // Skip the next n batches of the current epoch without loading them.
   void skip_first_batches(int64_t n) { seek(epoch_, consumed_ + n); }
 
+  // The global position (Note [global loader position] in sampler.cc).
+  LoaderPosition position() const;
+  // Seeks to the global batch holding sample p.samples of epoch p.epoch and restores the seeds
+  // and the sampler's state. Returns how many samples the next batches repeat: 0 when this
+  // loader's global batch divides p.samples (always with the same global batch, at any number
+  // of ranks), else p.samples rounded down to a whole global batch is where it resumes.
+  // ValueError naming the field when sampler_size, drop_last, even_batches or the kind of
+  // sampler (its state's keys) differ: the order would not be the saved run's. Nothing changes
+  // when it throws. With `say` (an op name; give it on one rank only) repeated samples are said
+  // once, in a warning naming that op.
+  int64_t resume(const LoaderPosition& p, const char* say = nullptr);
+
+  // Torch-style: position_state(position()); load_state_dict is resume(position_from_state(s))
+  // and warns (on rank 0) when samples repeat. Reads states of earlier versions too.
   StateDict state_dict() const;
   void load_state_dict(const StateDict& s);
 

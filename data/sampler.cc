@@ -302,6 +302,26 @@ void check_env_shard(const ShardOptions& s, const char* op) {
 //    one more); a rank whose share is empty has one batch fewer.
 // Either way the non-padding samples of all ranks cover each position of the order exactly
 // once, and the global batches are those a single process with batch G would see.
+// Note [global loader position]
+// The order of epoch e is a pure function of the sampler's state and e (Note [Pure epoch
+// orders]): the same on every rank, whatever the world size, the rank, the batch size or the
+// number of workers (workers only fetch the batches the consuming thread plans; tested in
+// tests/data/test_loader_position.cc). With the layout above, global step s of any world size
+// covers order[s*G, (s+1)*G), so where a run is in its data is one pair for all ranks: (e,
+// samples = s*G), the samples of the order handed out so far (DataLoader::position(); at the end
+// of an epoch samples = N, the whole order, whatever drop_last dropped). A checkpoint stores it
+// once.
+// A loader with global batch G' (any W', split_batches or not) resumes it (DataLoader::resume):
+//  - samples % G' == 0 (always when G' == G, e.g. split_batches at another world size): at
+//    global step samples / G' of epoch e; every later global batch is exactly the one the
+//    uninterrupted run would have read;
+//  - otherwise at step floor(samples / G'): samples % G' samples are read twice, and the
+//    caller says so once (a warning);
+//  - samples >= this loader's epoch_samples() (the end of the epoch): at the end of e.
+// Checked, since they change the order or its batching: sampler_size, drop_last, even_batches
+// and the kind of sampler (its state's keys). Restored, like torch's stateful loaders restore
+// their generators: the loader seed and the sampler's state. Not compared: world size, rank,
+// per-rank batch size, split_batches (the point of a global position).
 BatchSampler::BatchSampler(SamplerPtr sampler, int64_t batch_size, bool drop_last,
                            ShardOptions shard)
     : sampler_(std::move(sampler)), batch_size_(batch_size), drop_last_(drop_last), shard_(shard) {

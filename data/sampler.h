@@ -151,6 +151,9 @@ class BatchSampler {
 
   // Batches of this rank per epoch (the same every epoch).
   int64_t num_batches() const { return num_batches_; }
+  // Samples an epoch hands out on all ranks together, padding not counted: the complete global
+  // batches' and the partial step's (none with drop_last).
+  int64_t epoch_samples() const { return full_steps_ * global_batch_size() + tail_; }
   // The epoch order this rank shards (identical on every rank).
   std::vector<int64_t> order(int64_t epoch) const { return sampler_->epoch_indices(epoch); }
   // Batch b (0 <= b < num_batches()) of this rank, given the epoch order.

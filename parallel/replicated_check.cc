@@ -91,8 +91,9 @@ void check_replicated_grads(const std::vector<std::string>& names, const std::ve
   for (int64_t k = 0; k < n; ++k) {
     if (flag[k] == 0) continue;
     if (count++ < 4)
-      bad << (count > 1 ? "; " : "") << "'" << names[size_t(k)]
-          << "': " << (why[size_t(k)].empty() ? "differs on the ranks holding other spans of it" : why[size_t(k)]);
+      bad << (count > 1 ? "; " : "") << "'" << names[size_t(k)] << "': "
+          << (why[size_t(k)].empty() ? "differs on the ranks holding other spans of it"
+                                     : why[size_t(k)]);
   }
   if (count == 0) return;
   ACCEL_THROW(DistError, "check_replicated_grads", count, " parameter(s) replicated over ", dim,

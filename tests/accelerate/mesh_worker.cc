@@ -6,7 +6,7 @@
 // data-parallel rank takes its share of (the ranks of a tp group take the same one), so every
 // mesh, one process included, computes the same steps.
 //   mesh_worker <out> <steps> [import <file>] [load <dir>] [save <step> <dir>] [export <file>]
-//               [sp] [f32] [dropout] [ln_f-replicate]
+//               [sp] [f32] [dropout] [ln_f-replicate] [loader]
 // import: load_model(file) after prepare; load: load_state(dir), then train until <steps>
 // optimizer steps in all; save: also save_state(dir) after optimizer step <step> (then go on);
 // export: save_model(file) at the end; sp: sequence parallel in the tp plan (models::gpt_tp_plan,
@@ -14,7 +14,10 @@
 // GPT-2's dropouts at 0.1 (GptConfig::dropout), the default generator seeded with
 // set_seed(11, device_specific) (the dp index: a tp group alike, and one process's seed at dp 1);
 // ln_f-replicate: the plan styles ln_f replicate() instead of sequence() (wrong under sp: Note
-// [replicated gradient check]).
+// [replicated gradient check]);
+// loader: the batches come from a prepared, shuffled DataLoader over kSequences fixed sequences
+// with split_batches (the global batch is kBatch at every dp size: kSequences / kBatch steps an
+// epoch), whose position save_state / load_state carry, instead of a fresh random batch per step.
 // Rank 0
 // writes <out>:
 //   "loss <step> <value>"        the global mean loss of every step trained here (%.17g)
@@ -37,7 +40,7 @@ using namespace accel;
 
 namespace {
 
-constexpr int64_t kBatch = 8, kContext = 16, kVocab = 32;
+constexpr int64_t kBatch = 8, kContext = 16, kVocab = 32, kSequences = 64;
 
 models::GptConfig config() {
   models::GptConfig c;
@@ -52,14 +55,16 @@ models::GptConfig config() {
 int run(int argc, char** argv) {
   if (argc < 3) {
     std::cerr << "usage: mesh_worker <out> <steps> [import <file>] [load <dir>] "
-                 "[save <step> <dir>] [export <file>] [sp] [f32] [dropout] [ln_f-replicate]\n";
+                 "[save <step> <dir>] [export <file>] [sp] [f32] [dropout] [ln_f-replicate] "
+                 "[loader]\n";
     return 2;
   }
   const std::string out_path = argv[1];
   const int steps = std::atoi(argv[2]);
   std::string load_dir, save_dir, export_path, import_path;
   int save_at = -1;
-  bool sequence_parallel = false, f32 = false, with_dropout = false, ln_f_replicate = false;
+  bool sequence_parallel = false, f32 = false, with_dropout = false, ln_f_replicate = false,
+       use_loader = false;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "load" && i + 1 < argc) {
@@ -79,6 +84,8 @@ int run(int argc, char** argv) {
       with_dropout = true;
     } else if (a == "ln_f-replicate") {
       ln_f_replicate = true;
+    } else if (a == "loader") {
+      use_loader = true;
     } else {
       std::cerr << "mesh_worker: unexpected argument '" << a << "'\n";
       return 2;
@@ -89,6 +96,7 @@ int run(int argc, char** argv) {
   cfg.cpu = true;
   cfg.project_dir = "/tmp";
   cfg.log_with = {};
+  cfg.split_batches = use_loader;
   // Used only when ACCEL_TP_SIZE > 1: Megatron's layout of examples/models.h's Gpt.
   cfg.tp_plan = models::gpt_tp_plan({.sequence_parallel = sequence_parallel});
   if (ln_f_replicate)
@@ -110,6 +118,19 @@ int run(int argc, char** argv) {
   ao.weight_decay(0.01);
   auto opt = std::make_shared<optim::AdamW>(model->parameters(), ao);
   auto [m, o] = acc.prepare(model, std::static_pointer_cast<optim::Optimizer>(opt));
+  std::shared_ptr<data::DataLoader> loader;
+  if (use_loader) {
+    Generator g(99);
+    const Tensor seqs = randint(0, kVocab, {kSequences, kContext + 1}, TensorOptions(kInt64), &g);
+    data::DataLoaderOptions lo;
+    lo.batch_size = kBatch;
+    lo.shuffle = true;
+    lo.seed = 3;
+    loader = acc.prepare_data_loader(std::make_shared<data::DataLoader>(
+        std::make_shared<data::TensorDataset>(std::vector<Tensor>{seqs}), lo));
+  }
+  data::DataLoader::Iterator batch;  // the loader's current batch
+  bool started = false;
 
   if (!import_path.empty()) acc.load_model(*m, import_path);
   int first = 0;
@@ -122,9 +143,20 @@ int run(int argc, char** argv) {
   char line[96];
   const int64_t per_rank = kBatch / dp;
   for (int s = first; s < steps; ++s) {
-    Generator data(uint64_t(100 + s));
-    const Tensor tokens = randint(0, kVocab, {kBatch, kContext + 1}, TensorOptions(kInt64), &data);
-    const Tensor mine = tokens.narrow(0, dp_rank * per_rank, per_rank);
+    Tensor mine;
+    if (loader) {
+      // A new epoch when the last one ended (or at the start: begin() resumes mid-epoch).
+      if (!started || batch == loader->end()) batch = loader->begin();
+      started = true;
+      mine = (*batch)[0];
+      ACCEL_CHECK(mine.size(0) == per_rank, ValueError, "mesh_worker", "loader batch of ",
+                  mine.size(0), " rows, expected ", per_rank);
+    } else {
+      Generator data(uint64_t(100 + s));
+      const Tensor tokens =
+          randint(0, kVocab, {kBatch, kContext + 1}, TensorOptions(kInt64), &data);
+      mine = tokens.narrow(0, dp_rank * per_rank, per_rank);
+    }
     // ACCEL_GRADIENT_ACCUMULATION_STEPS = k: the rank's rows in k micro-batches, one optimizer
     // step (the same data, so the same step as without accumulation).
     const int k = acc.gradient_accumulation_steps();
@@ -150,6 +182,7 @@ int run(int argc, char** argv) {
       out << line;
     }
     if (s + 1 == save_at) acc.save_state(save_dir);
+    if (loader) ++batch;  // after the save: the batch just trained counts as consumed
   }
   if (!export_path.empty()) acc.save_model(*m, export_path);
   const io::TensorDict full = acc.get_state_dict(*m);

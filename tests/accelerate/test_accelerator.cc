@@ -15,6 +15,7 @@
 #include "io/safetensors.h"
 #include "accelerate/checkpoint.h"
 #include "accelerate/tracking.h"
+#include "core/warning.h"
 #include "tests/accelerate/training.h"
 #include "tests/common/util.h"
 
@@ -341,6 +342,69 @@ TEST_CASE("checkpoint: total_limit rotation, latest pointer, incomplete dirs are
   CHECK(dist::read_latest(dir).value() == "manual");
   Accelerator other(base_config(fresh_dir(kScratch, "rotate-other")));
   CHECK_THROWS_AS(other.load_state(dir + "/manual"), ValueError);
+}
+
+// A loader prepared after it moved on (load_state_dict, or batches skipped) keeps its global
+// position, not its batch index (Note [global loader position] in data/sampler.cc): built for
+// rank 0 of 2 (global batch 8), 2 batches in = sample 16; prepared in one process (global batch
+// 4) it goes on at its batch 4, where it seeked to batch 2 (sample 8) before.
+TEST_CASE("prepare keeps the caller's loader position as a global sample") {
+  Accelerator acc(base_config(fresh_dir(kScratch, "prepare-position")));
+  data::DataLoaderOptions lo;
+  lo.batch_size = 4;
+  lo.shuffle = true;
+  lo.seed = 3;
+  lo.rank = 0;
+  lo.world_size = 2;
+  auto mine = std::make_shared<data::DataLoader>(test::make_dataset(), lo);
+  mine->seek(0, 2);
+  auto prepared = acc.prepare_data_loader(mine);
+  CHECK(prepared->batch_sampler().global_batch_size() == 4);
+  CHECK(prepared->epoch() == 0);
+  CHECK(prepared->batches_consumed() == 4);
+  const std::vector<int64_t> order = data::RandomSampler(40, 3).epoch_indices(0);
+  CHECK((*prepared->begin()).indices ==
+        std::vector<int64_t>(order.begin() + 16, order.begin() + 20));
+}
+
+// load_state resumes the loader's global position (loader.json, written once): a position that
+// is not a whole global batch of this run rounds down and says once how many samples repeat; a
+// position of a loader that would read another order is refused by name and changes nothing.
+TEST_CASE("load_state: loader position rounds down with one warning; a mismatch is refused") {
+  const std::string dir = fresh_dir(kScratch, "loader-position");
+  Accelerator acc(base_config(dir));
+  Run run(acc, 8, true, 0.0);  // 40 samples, global batch 8
+  auto it = run.loader->begin();
+  run.step(acc, *it);
+  run.step(acc, *++it);
+  const std::string ckpt = acc.save_state();
+  const std::string file = ckpt + "/loader.json";
+  const data::StateDict saved = data::state_from_json(test::read_file(file));
+  CHECK(saved.at("samples") == "16");
+  data::StateDict edited = saved;
+  edited["samples"] = "20";
+  test::write_file(file, data::state_to_json(edited));
+  std::vector<std::string> said;
+  const WarningHandler previous =
+      set_warning_handler([&](const std::string& line) { said.push_back(line); });
+  reset_warnings_shown();
+  acc.load_state(ckpt);
+  CHECK(run.loader->batches_consumed() == 2);
+  REQUIRE(said.size() == 1);
+  CHECK(said[0].find("[load_state] the data loader was saved at sample 20 of epoch 0, not a "
+                     "multiple of this loader's global batch 8: it resumes at 16, so 4 samples "
+                     "are read twice") != std::string::npos);
+  set_warning_handler(previous);
+  edited = saved;
+  edited["drop_last"] = "1";
+  test::write_file(file, data::state_to_json(edited));
+  run.loader->seek(1, 3);
+  const int64_t step = acc.step();
+  CHECK_THROWS_WITH_AS(acc.load_state(ckpt), doctest::Contains("drop_last = 1, this loader has 0"),
+                       ValueError);
+  CHECK(run.loader->epoch() == 1);
+  CHECK(run.loader->batches_consumed() == 3);
+  CHECK(acc.step() == step);
 }
 
 TEST_CASE("device placement: prepared loaders hand out batches on acc.device(); off switch") {

@@ -335,9 +335,8 @@ TEST_CASE("checkpoint faults: load_state changes nothing unless everything loads
   const std::string before = t.state();
   // Every file load_state reads, each truncated in turn (the last-read first).
   std::vector<std::string> files = {
-      "custom_counter_rank0.json", "grads_rank0.safetensors", "rng_rank0.txt",
-      "loader_rank0.json",         "scheduler.safetensors",   "optimizer.safetensors",
-      "model.safetensors"};
+      "custom_counter_rank0.json", "grads_rank0.safetensors", "rng_rank0.txt",    "loader.json",
+      "scheduler.safetensors",     "optimizer.safetensors",   "model.safetensors"};
   for (const std::string& f : files) {
     CAPTURE(f);
     const std::string path = t.ckpt + "/" + f;

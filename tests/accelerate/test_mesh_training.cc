@@ -73,13 +73,14 @@ Run read_run(const std::string& path) {
   return r;
 }
 
-// The largest |a - b| / max(1, |a|) over the losses (of the steps both ran) and every parameter.
-double max_difference(const Run& ref, const Run& got, int first_step) {
+// The largest |a - b| / max(1, |a|) over the losses (of the steps both ran) and every parameter;
+// `got` trained from first_step to `steps`.
+double max_difference(const Run& ref, const Run& got, int first_step, int steps = kSteps) {
   double worst = 0;
   auto cmp = [&](double a, double b) {
     worst = std::max(worst, std::abs(a - b) / std::max(1.0, std::abs(a)));
   };
-  REQUIRE(got.losses.size() == size_t(kSteps - first_step));
+  REQUIRE(got.losses.size() == size_t(steps - first_step));
   for (size_t i = 0; i < got.losses.size(); ++i) {
     const auto& [s, v] = got.losses[i];
     REQUIRE(s == first_step + int(i));
@@ -410,5 +411,73 @@ TEST_CASE(
     }
     fs::remove(victim);
     fs::rename(moved, victim);
+  }
+}
+
+// Issue 37, B3: a prepared loader's position is global (Note [global loader position] in
+// data/sampler.cc), so a checkpoint saved mid-epoch at tp 2 x shard 2 (dp 2) resumes at tp 4
+// (dp 1, the same world size: refused before, "state was saved with world_size = 2, this loader
+// has 1"), at dp 4 and in one process, and so do the per-rank loader files of a checkpoint of an
+// earlier version: every continued loss and the final weights equal one process trained
+// straight through, into the next epoch's reshuffle (8 steps an epoch).
+TEST_CASE("a prepared loader resumes at another dp size: tp 2 x shard 2 -> tp 4, dp 4, 1 process") {
+  constexpr int kLoaderSteps = 12, kSaveAt = 5;
+  const Run ref = train("loader-one", 1, {}, {"loader"}, kLoaderSteps);
+  REQUIRE(ref.losses.size() == size_t(kLoaderSteps));
+  const std::string dir = scratch() + "/loader-ckpt";
+  const Run saved = train("loader-save", 4, {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}},
+                          {"loader", "save", std::to_string(kSaveAt), dir}, kSaveAt);
+  REQUIRE(saved.losses.size() == size_t(kSaveAt));
+  for (int s = 0; s < kSaveAt; ++s)
+    CHECK(std::abs(saved.losses[size_t(s)].second - ref.losses[size_t(s)].second) <= kTolerance);
+  // One global position, written once.
+  REQUIRE(fs::exists(dir + "/loader.json"));
+  CHECK(!fs::exists(dir + "/loader_rank0.json"));
+  const nlohmann::json pos = nlohmann::json::parse(accel::test::read_file(dir + "/loader.json"));
+  CHECK(pos.at("epoch") == "0");
+  CHECK(pos.at("samples") == std::to_string(kSaveAt * 8));
+
+  // The same checkpoint as an earlier version wrote it: each rank's loader state (version 1:
+  // batches consumed of its dp shard), no loader.json.
+  const std::string legacy = scratch() + "/loader-ckpt-legacy";
+  fs::remove_all(legacy);
+  fs::copy(dir, legacy, fs::copy_options::recursive);
+  fs::remove(legacy + "/loader.json");
+  for (int r = 0; r < 4; ++r) {
+    nlohmann::json v1 = {{"version", "1"},
+                         {"epoch", pos.at("epoch")},
+                         {"batches_consumed", std::to_string(kSaveAt)},
+                         {"seed", pos.at("seed")},
+                         {"batch_size", "8"},
+                         {"world_size", "2"},
+                         {"rank", std::to_string(r / 2)},
+                         {"sampler_size", pos.at("sampler_size")},
+                         {"drop_last", "0"},
+                         {"even_batches", "1"},
+                         {"split_batches", "1"},
+                         {"sampler.seed", pos.at("sampler.seed")}};
+    std::ofstream(legacy + "/loader_rank" + std::to_string(r) + ".json") << v1.dump();
+  }
+
+  struct Resume {
+    const char* name;
+    int world;
+    Env env;
+    std::string from;
+  };
+  const std::vector<Resume> resumes = {
+      {"tp 4", 4, {{"ACCEL_TP_SIZE", "4"}}, dir},
+      {"dp 4 (DDP)", 4, {{"ACCEL_DP_REPLICATE_SIZE", "4"}}, dir},
+      {"1 process", 1, {}, dir},
+      {"tp 4 from per-rank loader files", 4, {{"ACCEL_TP_SIZE", "4"}}, legacy},
+  };
+  for (size_t i = 0; i < resumes.size(); ++i) {
+    const std::string name = resumes[i].name;
+    CAPTURE(name);
+    const Run got = train("loader-resume-" + std::to_string(i), resumes[i].world, resumes[i].env,
+                          {"loader", "load", resumes[i].from}, kLoaderSteps);
+    const double d = max_difference(ref, got, kSaveAt, kLoaderSteps);
+    MESSAGE(name, " from step ", kSaveAt, ": max relative difference ", d);
+    CHECK(d <= kTolerance);
   }
 }

@@ -316,24 +316,6 @@ TEST_CASE("an error while fetching surfaces on the consumer, in order, and is re
   }
 }
 
-TEST_CASE("load_state_dict rejects states of a differently configured loader") {
-  DataLoaderOptions o;
-  o.batch_size = 4;
-  DataLoader a(rows(10), o);
-  StateDict s = a.state_dict();
-  o.batch_size = 5;
-  DataLoader b(rows(10), o);
-  CHECK_THROWS_AS(b.load_state_dict(s), ValueError);
-  DataLoader c(rows(11), DataLoaderOptions{});
-  CHECK_THROWS_AS(c.load_state_dict(DataLoader(rows(10), DataLoaderOptions{}).state_dict()),
-                  ValueError);
-  StateDict bad = a.state_dict();
-  bad["batches_consumed"] = "99";
-  CHECK_THROWS_AS(a.load_state_dict(bad), ValueError);
-  bad.erase("epoch");
-  CHECK_THROWS_AS(a.load_state_dict(bad), ValueError);
-}
-
 TEST_CASE("destroying a loader mid-epoch with busy workers does not hang") {
   DataLoaderOptions o;
   o.batch_size = 2;

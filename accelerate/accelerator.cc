@@ -99,7 +99,10 @@ Accelerator::Accelerator(AcceleratorConfig config)
   ctx.ddp = config_.ddp;
   ctx.mixed_precision = config_.mixed_precision;
   const dist::StrategySpec& spec = *dist::find_strategy(config_.strategy);  // resolved above
-  ctx.options = spec.options ? spec.options(config_) : config_.strategy_options;
+  // Note [typed strategy options] in accelerate/strategies/options.h.
+  const dist::StrategyInputs inputs{config_.ddp, config_.zero, config_.fsdp,
+                                    config_.strategy_options};
+  ctx.options = spec.options ? spec.options(inputs) : config_.strategy_options;
   strategy_ = mesh_->size("tp") > 1  // Note [tp strategy] in accelerate/strategy_tp.cc
                   ? config_detail::make_tp_strategy(config_, *mesh_, group_, ctx, spec)
                   : dist::make_strategy(spec, ctx);

@@ -58,23 +58,8 @@ void apply_zero_flags(const LaunchFlags& f, LaunchConfig& c, std::vector<std::st
   if (auto b =
           bool_flag("fsdp_config.fsdp_activation_checkpointing", f.fsdp_activation_checkpointing))
     c.fsdp_activation_checkpointing = b;
-  const bool fsdp = c.fsdp_wrap || c.fsdp_wrap_classes || c.fsdp_min_params ||
-                    c.fsdp_reshard_after_forward || c.fsdp_prefetch ||
-                    c.fsdp_activation_checkpointing;
-  // Options that would have no effect are refused, not ignored (Note [accelerate keys accel
-  // does not implement] in launcher/config.cc). Without a zero_stage here the program's
-  // AcceleratorConfig decides the stage, and the library refuses them there the same way.
-  if (fsdp && c.zero_stage && *c.zero_stage != 3)
-    ACCEL_THROW(launcher::ConfigError, "launch",
-                "the fsdp_* options (fsdp_config, --fsdp_*) apply to zero_stage 3 only, and "
-                "zero_stage is ",
-                *c.zero_stage, ": set zero_stage 3 (zero_config, --zero_stage 3) or drop them");
-  if ((c.param_dtype || c.reduce_dtype) && c.zero_stage == 0 &&
-      !(c.param_dtype && *c.param_dtype == "fp32" && !c.reduce_dtype))
-    ACCEL_THROW(launcher::ConfigError, "launch",
-                "param_dtype / reduce_dtype (zero_config, --param_dtype, --reduce_dtype) apply to "
-                "ZeRO (zero_stage 1-3) only, and zero_stage is 0: use --mixed_precision for "
-                "autocast, or a ZeRO stage");
+  // Options a stage does not use are refused by check_effective_settings (Note [cross-row
+  // rules] in core/settings.h), over every value a worker will read.
   (void)notes;
 }
 

@@ -72,6 +72,12 @@ void check_config(const AcceleratorConfig& c) {
               "reads)");
 }
 
+std::shared_ptr<const dist::StrategyOptions> strategy_options(const AcceleratorConfig& c,
+                                                              const dist::StrategySpec& spec) {
+  if (!spec.options) return c.strategy_options;
+  return spec.options(dist::StrategyInputs{c.ddp, c.zero, c.fsdp, c.strategy_options});
+}
+
 }  // namespace config_detail
 
 }  // namespace accel

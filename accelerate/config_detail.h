@@ -50,6 +50,10 @@ std::unique_ptr<dist::Strategy> make_tp_strategy(const AcceleratorConfig& c,
 void resolve_strategy(AcceleratorConfig& c, bool fill_name);
 // ValueError for a field out of range or one the facade does not read.
 void check_config(const AcceleratorConfig& c);
+// The options `spec` runs with: what its registration builds from c's fields (Note [typed
+// strategy options] in accelerate/strategies/options.h), else c.strategy_options.
+std::shared_ptr<const dist::StrategyOptions> strategy_options(const AcceleratorConfig& c,
+                                                              const dist::StrategySpec& spec);
 
 // The binding of one row of core/settings.h (accelerate/config_settings.cc): `field` is the row's
 // `field` (tests/launcher/test_settings.cc checks they agree, one binding per row).

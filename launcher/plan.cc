@@ -29,7 +29,7 @@ void apply_setting_flags(const LaunchFlags& f, LaunchConfig& c) {
   bool wrap = false;
   for (const auto& [key, v] : f.training) {
     const settings::Setting& row = setting_row(key);
-    apply_setting(wrap_part(key) ? w : c, row, v);
+    set_config_setting(wrap_part(key) ? w : c, row, v);
     wrap = wrap || wrap_part(key);
   }
   if (!wrap) return;

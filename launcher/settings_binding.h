@@ -1,7 +1,8 @@
 // accel-run's side of the settings table (core/settings.h): which LaunchConfig field holds each
-// row. main.cc registers one flag per row and hands its value to set_setting_flag (the one parse
-// of a flag); resolve_plan applies LaunchFlags::training over the config file with
-// apply_setting, and worker_env exports each row that exported_setting() says the user set.
+// row (set_config_setting / config_setting in launcher/config.h). main.cc registers one flag per
+// row and hands its value to set_setting_flag (the one parse of a flag); resolve_plan applies
+// LaunchFlags::training over the config file, and worker_env exports each row that
+// exported_setting() says the user set.
 #pragma once
 
 #include <optional>
@@ -21,9 +22,6 @@ void set_setting_flag(LaunchFlags& f, const settings::Setting& s, const std::str
 // The same for the row whose flag ("--zero_stage") or config key ("zero_config.zero_stage") is
 // `key_or_flag`.
 void set_setting_flag(LaunchFlags& f, std::string_view key_or_flag, const std::string& raw);
-
-// Row `s`'s field of `c` := `canonical` (the row's spelling, as set_setting_flag stores it).
-void apply_setting(LaunchConfig& c, const settings::Setting& s, const std::string& canonical);
 
 // Row `s`'s value in the plan, in the table's canonical spelling; nullopt when neither the
 // config file nor a flag set it (Note [who wins: launcher or program] in launcher/config.h).

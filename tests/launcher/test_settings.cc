@@ -285,3 +285,22 @@ TEST_CASE("settings table: cross-row rules give the same verdict in accel-run an
     }
   }
 }
+
+TEST_CASE("settings table: every row survives config_to_yaml and the file reader") {
+  for (const st::Setting& s : st::kSettings) {
+    CAPTURE(s.yaml);
+    std::string why;
+    const std::optional<std::string> v =
+        st::parse(s, probes().at(std::string(s.yaml)).example, &why);
+    REQUIRE_MESSAGE(v.has_value(), why);
+    al::LaunchConfig c;
+    c.num_processes = 2;
+    al::set_config_setting(c, s, *v);
+    REQUIRE(!al::complete_fsdp_wrap(c));  // the wrap policy's parts name their policy
+    const std::string yaml = al::config_to_yaml(c);
+    CAPTURE(yaml);
+    const al::LaunchConfig back = al::parse_config(yaml, "rt.yaml");
+    CHECK(al::config_setting(back, s) == v);
+    CHECK(back == c);
+  }
+}

@@ -100,7 +100,7 @@ Accelerator::Accelerator(AcceleratorConfig config)
   ctx.ddp = config_.ddp;
   ctx.mixed_precision = config_.mixed_precision;
   const dist::StrategySpec& spec = *dist::find_strategy(config_.strategy);  // resolved above
-  ctx.options = spec.options ? spec.options(config_) : config_.strategy_options;
+  ctx.options = config_detail::strategy_options(config_, spec);
   strategy_ = mesh_->size("tp") > 1  // Note [tp strategy] in accelerate/strategy_tp.cc
                   ? config_detail::make_tp_strategy(config_, *mesh_, group_, ctx, spec)
                   : dist::make_strategy(spec, ctx);

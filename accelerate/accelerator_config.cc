@@ -1,18 +1,11 @@
-// AcceleratorConfig: what with_env reads (the settings table, core/settings.h), the strategy a
-// config names, and the checks the Accelerator's constructor runs on it.
+// AcceleratorConfig: the strategy a config names and the checks the Accelerator's constructor runs
+// on it (with_env, the settings table's bindings: accelerate/config_settings.cc).
 #include "accelerate/config_detail.h"
-
-#include <cctype>
-#include <cstdlib>
-#include <sstream>
 
 #include "accelerate/accelerator.h"
 #include "accelerate/strategy_registry.h"
-#include "comm/env.h"
-#include "core/env_contract.h"
 #include "core/error.h"
 #include "core/parallelism.h"
-#include "core/settings.h"
 
 namespace accel {
 
@@ -24,95 +17,6 @@ std::string_view distributed_type_name(DistributedType t) {
   }
   return "?";
 }
-
-namespace {
-
-const char* env_or_null(const char* name) {
-  const char* v = std::getenv(name);
-  return (v && *v) ? v : nullptr;
-}
-
-std::string lower(std::string s) {
-  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return s;
-}
-
-// One row of the settings table (core/settings.h), its value already parsed by the table, into
-// its AcceleratorConfig field. param and reduce dtype apply to stages 1-2 (zero) and 3 (fsdp)
-// alike.
-void apply_setting(AcceleratorConfig& c, const settings::Setting& s, const std::string& v) {
-  using W = dist::FsdpOptions::Wrap;
-  const std::string_view k = s.env;
-  if (k == env::kMixedPrecision) {
-    c.mixed_precision = dist::parse_mixed_precision(v, env::kMixedPrecision);
-  } else if (k == env::kUseCpu) {
-    c.cpu = v == "true";
-  } else if (k == env::kGradientAccumulationSteps) {
-    c.gradient_accumulation_steps = std::stoi(v);
-  } else if (k == env::kZeroStage) {
-    c.zero_stage = std::stoi(v);
-  } else if (k == env::kStrategy) {
-    c.strategy = v;
-  } else if (k == env::kParamDtype) {
-    // fp32: no conversion (compute in the parameters' own dtype).
-    std::optional<DType> d;
-    if (v != "fp32") d = v == "bf16" ? kBFloat16 : kFloat16;
-    c.zero.param_dtype = c.fsdp.param_dtype = d;
-  } else if (k == env::kReduceDtype) {
-    c.zero.reduce_in_fp32 = c.fsdp.reduce_in_fp32 = v == "fp32";
-  } else if (k == env::kFsdpWrap) {
-    c.fsdp.wrap = v == "entries"   ? W::Entries
-                  : v == "classes" ? W::Classes
-                  : v == "none"    ? W::None
-                                   : W::MinParams;
-  } else if (k == env::kFsdpWrapClasses) {
-    std::vector<std::string> names;
-    std::stringstream in(v);
-    for (std::string name; std::getline(in, name, ',');) names.push_back(name);
-    c.fsdp.classes = names;
-  } else if (k == env::kFsdpMinParams) {
-    c.fsdp.min_params = std::stoll(v);
-  } else if (k == env::kFsdpReshardAfterForward) {
-    c.fsdp.reshard_after_forward = v == "true";
-  } else if (k == env::kFsdpPrefetch) {
-    c.fsdp.prefetch = v == "true";
-  } else if (k == env::kFsdpActivationCheckpointing) {
-    c.fsdp.activation_checkpointing = v == "true";
-  } else if (k == env::kDpReplicateSize) {
-    c.parallelism.dp_replicate_size = std::stoi(v);
-  } else if (k == env::kDpShardSize) {
-    c.parallelism.dp_shard_size = std::stoi(v);
-  } else if (k == env::kTpSize) {
-    c.parallelism.tp_size = std::stoi(v);
-  } else {
-    ACCEL_THROW(ValueError, "accelerator", "setting ", s.env,
-                " has no AcceleratorConfig field (apply_setting in accelerate/accelerator.cc)");
-  }
-}
-
-// Options the environment sets that this run would not use are refused, not ignored (as
-// accel-run refuses them: Note [accelerate keys accel does not implement] in launcher/config.cc).
-void check_env_applies(const AcceleratorConfig& c) {
-  std::string fsdp;
-  for (const char* name :
-       {env::kFsdpWrap, env::kFsdpWrapClasses, env::kFsdpMinParams, env::kFsdpReshardAfterForward,
-        env::kFsdpPrefetch, env::kFsdpActivationCheckpointing})
-    if (const char* v = env_or_null(name))
-      fsdp += (fsdp.empty() ? "" : ", ") + std::string(name) + "=" + v;
-  // Note [options a stage does not use] in core/settings.h (accel-run checks the same).
-  ACCEL_CHECK(fsdp.empty() || c.zero_stage == 3, ValueError, "accelerator",
-              settings::zero3_options_refusal(fsdp, c.zero_stage));
-  const char* param = env_or_null(env::kParamDtype);
-  const char* reduce = env_or_null(env::kReduceDtype);
-  const bool converts = (param && lower(param) != "fp32") || reduce;
-  ACCEL_CHECK(!converts || c.zero_stage != 0, ValueError, "accelerator",
-              settings::zero_dtype_refusal(
-                  (param ? std::string(env::kParamDtype) + "=" + param : std::string("")) +
-                  (param && reduce ? ", " : "") +
-                  (reduce ? std::string(env::kReduceDtype) + "=" + reduce : std::string(""))));
-}
-
-}  // namespace
 
 namespace config_detail {
 
@@ -168,31 +72,12 @@ void check_config(const AcceleratorConfig& c) {
               "reads)");
 }
 
-}  // namespace config_detail
-
-using config_detail::resolve_strategy;
-
-AcceleratorConfig AcceleratorConfig::with_env() const {
-  AcceleratorConfig c = *this;
-  // Every setting of core/settings.h the environment holds, parsed by the table.
-  for (const settings::Setting& s : settings::kSettings) {
-    const std::string name(s.env);
-    const char* raw = env_or_null(name.c_str());
-    if (!raw) continue;
-    std::string why;
-    const std::optional<std::string> v = settings::parse(s, raw, &why);
-    ACCEL_CHECK(v.has_value(), ValueError, "accelerator", name, "='", raw, "': ", why);
-    apply_setting(c, s, *v);
-  }
-  // A zero_stage from the launcher names the strategy, unless ACCEL_STRATEGY does (and a
-  // strategy from it leaves zero_stage to its registration).
-  const bool stage = env_or_null(env::kZeroStage) != nullptr;
-  const bool named = env_or_null(env::kStrategy) != nullptr;
-  if (stage && !named) c.strategy.clear();
-  if (named && !stage) c.zero_stage = 0;
-  resolve_strategy(c, /*fill_name=*/false);
-  check_env_applies(c);
-  return c;
+std::shared_ptr<const dist::StrategyOptions> strategy_options(const AcceleratorConfig& c,
+                                                              const dist::StrategySpec& spec) {
+  if (!spec.options) return c.strategy_options;
+  return spec.options(dist::StrategyInputs{c.ddp, c.zero, c.fsdp, c.strategy_options});
 }
+
+}  // namespace config_detail
 
 }  // namespace accel

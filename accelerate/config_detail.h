@@ -3,11 +3,14 @@
 #pragma once
 
 #include <memory>
+#include <span>
+#include <string_view>
 
 #include "accelerate/strategy.h"
 #include "accelerate/strategy_registry.h"
 #include "comm/device_mesh.h"
 #include "comm/env.h"
+#include "core/settings.h"
 
 namespace accel {
 
@@ -47,6 +50,19 @@ std::unique_ptr<dist::Strategy> make_tp_strategy(const AcceleratorConfig& c,
 void resolve_strategy(AcceleratorConfig& c, bool fill_name);
 // ValueError for a field out of range or one the facade does not read.
 void check_config(const AcceleratorConfig& c);
+// The options `spec` runs with: what its registration builds from c's fields (Note [typed
+// strategy options] in accelerate/strategies/options.h), else c.strategy_options.
+std::shared_ptr<const dist::StrategyOptions> strategy_options(const AcceleratorConfig& c,
+                                                              const dist::StrategySpec& spec);
+
+// The binding of one row of core/settings.h (accelerate/config_settings.cc): `field` is the row's
+// `field` (tests/launcher/test_settings.cc checks they agree, one binding per row).
+struct SettingBinding {
+  std::string_view env;
+  std::string_view field;
+  void (*set)(AcceleratorConfig&, const settings::Value&);
+};
+std::span<const SettingBinding> setting_bindings();
 
 }  // namespace config_detail
 }  // namespace accel

@@ -45,18 +45,12 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "accelerate/amp.h"
+#include "accelerate/strategies/options.h"
 #include "parallel/ddp.h"
 #include "comm/process_group.h"
 #include "parallel/zero.h"
 
 namespace accel::dist {
-
-// A strategy's own options, one typed value per strategy (LocalSgdOptions, the built-ins'
-// ZeroStrategyOptions, ...): AcceleratorConfig::strategy_options, or what the strategy's
-// registration builds from the AcceleratorConfig fields.
-struct StrategyOptions {
-  virtual ~StrategyOptions() = default;
-};
 
 struct StrategyContext {
   ProcessGroupPtr group;  // the world's; null with one process
@@ -75,7 +69,9 @@ struct StrategyContext {
   // broadcast_buffers); a ZeRO checkpoint's layout is read against its bucket size.
   DDPOptions ddp;
   MixedPrecision mixed_precision = MixedPrecision::No;
-  std::shared_ptr<const StrategyOptions> options;  // null: the strategy's defaults
+  // StrategySpec::options's value (Note [typed strategy options] in
+  // accelerate/strategies/options.h); null: the strategy's defaults.
+  std::shared_ptr<const StrategyOptions> options;
 
   // The options as the strategy's type T (defaults when none were given); ValueError naming
   // `strategy` when they are of another type.

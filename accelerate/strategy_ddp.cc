@@ -18,6 +18,7 @@
 #include <exception>
 
 #include "core/error.h"
+#include "accelerate/strategies/ddp_options.h"
 #include "accelerate/strategy_base.h"
 #include "accelerate/strategy_registry.h"
 
@@ -36,7 +37,7 @@ class DdpStrategy final : public ReplicatedStrategy {
     // buffers, the frozen parameters are broadcast here.
     broadcast_frozen(*model, trainable_parameters(*model).empty());
     if (!trainable_parameters(*model).empty()) {
-      DDPOptions o = ctx_.ddp;
+      DDPOptions o = ctx_.options_as<DdpStrategyOptions>("ddp").ddp;
       o.root = 0;
       replica->ddp = std::make_unique<DistributedDataParallel>(model, ctx_.dp_group(), o);
       // The facade calls its models directly and broadcasts buffers at prepare only.
@@ -100,6 +101,7 @@ const StrategyRegistration kDdp([] {
   s.name = "ddp";
   s.make = [](const StrategyContext& ctx) { return std::make_unique<DdpStrategy>(ctx); };
   s.zero_stage = 0;
+  s.options = DdpStrategyOptions::from;
   return s;
 }());
 

@@ -13,7 +13,7 @@
 #include "parallel/fsdp.h"
 #include "parallel/fsdp_checkpoint.h"
 #include "accelerate/strategy.h"
-#include "accelerate/accelerator.h"
+#include "accelerate/strategies/fsdp_options.h"
 #include "accelerate/strategy_base.h"
 #include "accelerate/strategy_registry.h"
 #include "parallel/zero_checkpoint.h"
@@ -63,12 +63,6 @@ struct Loaded final : StrategyState {
   std::vector<io::TensorDict> optimizers;                      // per stepping optimizer
   std::vector<std::vector<std::pair<size_t, Tensor>>> grads;   // per model: window gradients
   bool has_grads = false;
-};
-
-// The options of fsdp: AcceleratorConfig::fsdp (find_unused_parameters also from
-// StrategyContext::ddp).
-struct FsdpStrategyOptions : StrategyOptions {
-  FsdpOptions fsdp;
 };
 
 class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
@@ -588,11 +582,7 @@ StrategySpec fsdp_spec() {
     const FsdpOptions& o = ctx.options_as<FsdpStrategyOptions>("fsdp").fsdp;
     return o.param_dtype.has_value() || o.activation_checkpointing;
   };
-  s.options = [](const AcceleratorConfig& c) {
-    auto o = std::make_shared<FsdpStrategyOptions>();
-    o->fsdp = c.fsdp;
-    return o;
-  };
+  s.options = FsdpStrategyOptions::from;
   return s;
 }
 

@@ -12,7 +12,8 @@
 // A program or a test registers its own the same way (tests/accelerate/test_strategy_seam.cc
 // registers local SGD) and selects it with AcceleratorConfig::strategy, `accel-run --strategy`
 // or ACCEL_STRATEGY; its options travel as one typed value (AcceleratorConfig::strategy_options,
-// read back with StrategyContext::options_as<T>()).
+// read back with StrategyContext::options_as<T>(); the built-ins' types are in
+// accelerate/strategies/).
 // With one process, a strategy whose runs_alone() is false is replaced by "none": one process
 // needs no communication (Note [one process under ZeRO] in accelerate/strategy.cc says when the
 // built-in ones still run on a group of one).
@@ -26,11 +27,8 @@
 #include <string_view>
 #include <vector>
 
+#include "accelerate/strategies/options.h"
 #include "accelerate/strategy.h"
-
-namespace accel {
-struct AcceleratorConfig;  // accelerate/accelerator.h
-}
 
 namespace accel::dist {
 
@@ -43,9 +41,10 @@ struct StrategySpec {
   // The zero_stage that selects it when AcceleratorConfig::strategy is empty (and that
   // state.json records); -1: none.
   int zero_stage = -1;
-  // Its options from the AcceleratorConfig (the built-ins read the ddp / zero / fsdp fields);
-  // null: AcceleratorConfig::strategy_options as given.
-  std::function<std::shared_ptr<const StrategyOptions>(const AcceleratorConfig&)> options;
+  // Its typed options from the AcceleratorConfig's fields (Note [typed strategy options] in
+  // accelerate/strategies/options.h: the built-ins' XStrategyOptions::from); null:
+  // AcceleratorConfig::strategy_options as given.
+  std::function<std::shared_ptr<const StrategyOptions>(const StrategyInputs&)> options;
 };
 
 // ValueError when the name is empty, already registered, or `make` is null.

@@ -39,20 +39,13 @@
 
 #include "autograd/engine.h"
 #include "core/error.h"
-#include "accelerate/accelerator.h"
+#include "accelerate/strategies/zero_options.h"
 #include "accelerate/strategy_base.h"
 #include "accelerate/strategy_registry.h"
 
 namespace accel::dist {
 
 namespace {
-
-// The options of zero1 / zero2: bf16/fp16 compute parameters over fp32 master shards
-// (param_dtype, reduce_in_fp32; AcceleratorConfig::zero). Stage, bucket size, unused
-// parameters and root come from the registration and StrategyContext::ddp.
-struct ZeroStrategyOptions : StrategyOptions {
-  ZeroOptions zero;
-};
 
 class ZeroStrategy final : public ReplicatedStrategy {
  public:
@@ -274,11 +267,7 @@ StrategySpec zero_spec(int stage) {
   s.runs_alone = [name = s.name](const StrategyContext& ctx) {
     return ctx.options_as<ZeroStrategyOptions>(name).zero.param_dtype.has_value();
   };
-  s.options = [](const AcceleratorConfig& c) {
-    auto o = std::make_shared<ZeroStrategyOptions>();
-    o->zero = c.zero;
-    return o;
-  };
+  s.options = ZeroStrategyOptions::from;
   return s;
 }
 

@@ -328,25 +328,9 @@ void validate(const LaunchConfig& c, const std::string& where) {
              c.rdzv_backend + "'");
   }
   // The training settings, by their rows (Note [settings are checked by their row]).
-  auto row = [&](std::string_view key, const std::optional<std::string>& v) {
-    if (v)
-      if (auto e = check_setting(key, *v)) fail(std::string(key), *e);
-  };
-  auto number = [](const auto& v) {
-    return v ? std::optional<std::string>(std::to_string(*v)) : std::nullopt;
-  };
-  row("mixed_precision", c.mixed_precision);
-  row("gradient_accumulation_steps", number(c.gradient_accumulation_steps));
-  row("zero_config.zero_stage", number(c.zero_stage));
-  row("strategy", c.strategy);
-  row("zero_config.param_dtype", c.param_dtype);
-  row("zero_config.reduce_dtype", c.reduce_dtype);
-  row("fsdp_config.fsdp_wrap", c.fsdp_wrap);
-  row("fsdp_config.fsdp_wrap_classes", c.fsdp_wrap_classes);
-  row("fsdp_config.fsdp_min_params", number(c.fsdp_min_params));
-  row("parallelism_config.parallelism_config_dp_replicate_size", number(c.dp_replicate_size));
-  row("parallelism_config.parallelism_config_dp_shard_size", number(c.dp_shard_size));
-  row("parallelism_config.parallelism_config_tp_size", number(c.tp_size));
+  for (const settings::Setting& s : settings::kSettings)
+    if (const std::optional<std::string> v = config_setting(c, s))
+      if (auto e = check_setting(s.yaml, *v)) fail(std::string(s.yaml), *e);
   // The parts of a wrap policy agree (complete_fsdp_wrap fills in fsdp_wrap from them).
   const std::string wrap =
       c.fsdp_wrap ? parse_setting("fsdp_config.fsdp_wrap", *c.fsdp_wrap, nullptr).value() : "";
@@ -410,12 +394,8 @@ void read_zero_config(const YAML::Node& v, const std::string& where, LaunchConfi
   for (auto z = v.begin(); z != v.end(); ++z) {
     const std::string sub = key_text(z->first, where, " in zero_config");
     const std::string full = "zero_config." + sub;
-    if (sub == "zero_stage") {
-      c.zero_stage = std::stoi(read_setting(z->second, where, full));
-    } else if (sub == "param_dtype") {
-      c.param_dtype = read_setting(z->second, where, full);
-    } else if (sub == "reduce_dtype") {
-      c.reduce_dtype = read_setting(z->second, where, full);
+    if (const settings::Setting* row = settings::find_by_yaml(full)) {  // by its row
+      set_config_setting(c, *row, read_setting(z->second, where, full));
     } else {
       bad_key(where, z->first, full,
               "unknown key (zero_config holds zero_stage, param_dtype, reduce_dtype)");
@@ -583,16 +563,10 @@ void read_parallelism_config(const YAML::Node& v, const std::string& where, Laun
     const std::string sub = key_text(z->first, where, " in parallelism_config");
     const std::string full = "parallelism_config." + sub;
     const YAML::Node zv = z->second;
-    std::optional<int>* size = sub == "parallelism_config_dp_replicate_size" ? &c.dp_replicate_size
-                               : sub == "parallelism_config_dp_shard_size"   ? &c.dp_shard_size
-                               : sub == "parallelism_config_tp_size"         ? &c.tp_size
-                                                                             : nullptr;
-    if (size) {
-      if (zv.IsNull()) {  // `null`, `~` or nothing: unset ('' is a value, refused by the row)
-        size->reset();
-      } else {
-        *size = std::stoi(read_setting(zv, where, full));
-      }
+    if (const settings::Setting* row = settings::find_by_yaml(full)) {  // a size, by its row
+      // `null`, `~` or nothing: unset ('' is a value, refused by the row); a key is never given
+      // twice (Note [duplicate keys]), so unset stays unset.
+      if (!zv.IsNull()) set_config_setting(c, *row, read_setting(zv, where, full));
     } else if (sub == "parallelism_config_cp_size") {
       if (!is_inert(zv, /*ones=*/true))
         bad_key(where, zv, full,
@@ -654,8 +628,6 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
       std::string t = scalar_text(v, where, key);
       if (to_lower(t) == "false") t = "no";  // unquoted `no` in YAML 1.1 readers
       c.mixed_precision = setting_value(v, where, key, key, t);
-    } else if (key == "use_cpu") {
-      c.use_cpu = read_setting(v, where, key) == "true";
     } else if (key == "gpu_ids") {
       const std::string t = list_text(v, where, key);
       if (auto e = check_gpu_ids(t)) bad_key(where, v, key, *e);
@@ -669,10 +641,9 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
       c.same_network = read_bool(v, where, key);
     } else if (key == "main_training_function") {
       c.main_training_function = scalar_text(v, where, key);
-    } else if (key == "gradient_accumulation_steps") {
-      c.gradient_accumulation_steps = std::stoi(read_setting(v, where, key));
-    } else if (key == "strategy") {
-      c.strategy = read_setting(v, where, key);
+    } else if (const settings::Setting* row = settings::find_by_yaml(key)) {
+      // use_cpu, gradient_accumulation_steps, strategy: by their rows.
+      set_config_setting(c, *row, read_setting(v, where, key));
     } else if (key == "zero_config") {
       if (is_null(v)) continue;
       if (!v.IsMap()) bad_key(where, v, key, "expected a mapping such as {zero_stage: 2}");
@@ -747,40 +718,37 @@ std::string config_to_yaml(const LaunchConfig& c) {
   os << "main_process_ip: " << (c.main_process_ip ? quote(*c.main_process_ip) : "null") << "\n";
   os << "main_process_port: "
      << (c.main_process_port ? std::to_string(*c.main_process_port) : "null") << "\n";
-  if (c.mixed_precision) os << "mixed_precision: " << quote(*c.mixed_precision) << "\n";
-  os << "use_cpu: " << (c.use_cpu ? "true" : "false") << "\n";
   os << "gpu_ids: " << (c.gpu_ids == "all" ? std::string("all") : quote(c.gpu_ids)) << "\n";
   os << "rdzv_backend: " << c.rdzv_backend << "\n";
   os << "same_network: " << (c.same_network ? "true" : "false") << "\n";
   os << "main_training_function: " << quote(c.main_training_function) << "\n";
-  if (c.gradient_accumulation_steps)
-    os << "gradient_accumulation_steps: " << *c.gradient_accumulation_steps << "\n";
-  if (c.strategy) os << "strategy: " << quote(*c.strategy) << "\n";
-  std::ostringstream zero;
-  if (c.zero_stage) zero << "  zero_stage: " << *c.zero_stage << "\n";
-  if (c.param_dtype) zero << "  param_dtype: " << quote(*c.param_dtype) << "\n";
-  if (c.reduce_dtype) zero << "  reduce_dtype: " << quote(*c.reduce_dtype) << "\n";
-  if (!zero.str().empty()) os << "zero_config:\n" << zero.str();
-  // Only what was chosen: an unset option leaves the program's AcceleratorConfig::fsdp alone.
-  std::ostringstream fsdp;
-  auto b = [](bool v) { return v ? "true" : "false"; };
-  if (c.fsdp_wrap) fsdp << "  fsdp_wrap: " << quote(*c.fsdp_wrap) << "\n";
-  if (c.fsdp_wrap_classes) fsdp << "  fsdp_wrap_classes: " << quote(*c.fsdp_wrap_classes) << "\n";
-  if (c.fsdp_min_params) fsdp << "  fsdp_min_params: " << *c.fsdp_min_params << "\n";
-  if (c.fsdp_reshard_after_forward)
-    fsdp << "  fsdp_reshard_after_forward: " << b(*c.fsdp_reshard_after_forward) << "\n";
-  if (c.fsdp_prefetch) fsdp << "  fsdp_prefetch: " << b(*c.fsdp_prefetch) << "\n";
-  if (c.fsdp_activation_checkpointing) {
-    fsdp << "  fsdp_activation_checkpointing: " << b(*c.fsdp_activation_checkpointing) << "\n";
+  // The training settings: one line per row that is set, by its dotted key (a section per
+  // prefix, in table order). Only what was chosen: an unset one leaves the program's
+  // AcceleratorConfig alone.
+  std::vector<std::pair<std::string_view, std::string>> sections;  // ("", top-level lines) first
+  sections.emplace_back("", "");
+  for (const settings::Setting& s : settings::kSettings) {
+    const std::optional<std::string> v = config_setting(c, s);
+    if (!v) continue;
+    const bool bare = s.kind == settings::Kind::Int || s.kind == settings::Kind::Bool;
+    const size_t dot = s.yaml.find('.');
+    const std::string_view section = dot == std::string_view::npos ? "" : s.yaml.substr(0, dot);
+    auto it = std::find_if(sections.begin(), sections.end(),
+                           [&](const auto& sec) { return sec.first == section; });
+    if (it == sections.end()) it = sections.insert(sections.end(), {section, ""});
+    it->second += (section.empty() ? "" : "  ") + std::string(s.yaml.substr(dot + 1)) + ": " +
+                  (bare ? *v : quote(*v)) + "\n";
   }
-  if (!fsdp.str().empty()) os << "fsdp_config:  # zero_stage 3\n" << fsdp.str();
-  std::ostringstream mesh;  // only the sizes chosen: the others are inferred at launch
-  if (c.dp_replicate_size)
-    mesh << "  parallelism_config_dp_replicate_size: " << *c.dp_replicate_size << "\n";
-  if (c.dp_shard_size) mesh << "  parallelism_config_dp_shard_size: " << *c.dp_shard_size << "\n";
-  if (c.tp_size) mesh << "  parallelism_config_tp_size: " << *c.tp_size << "\n";
-  if (!mesh.str().empty())
-    os << "parallelism_config:  # unset sizes are inferred (docs/parallelism.md)\n" << mesh.str();
+  for (const auto& [section, lines] : sections) {
+    if (section.empty()) {
+      os << lines;
+      continue;
+    }
+    os << section << ":";
+    if (section == "fsdp_config") os << "  # zero_stage 3";
+    if (section == "parallelism_config") os << "  # unset sizes are inferred (docs/parallelism.md)";
+    os << "\n" << lines;
+  }
   os << "max_restarts: " << c.max_restarts << "\n";
   os << "monitor_interval: " << c.monitor_interval << "\n";
   os << "num_cpu_threads_per_process: " << c.num_cpu_threads_per_process << "  # 0: automatic\n";

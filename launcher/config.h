@@ -66,10 +66,12 @@ struct LaunchConfig {
 // Note [settings are checked by their row]
 // A training setting with a row in the settings table (core/settings.h: mixed_precision, use_cpu,
 // zero_config.*, fsdp_config.*, strategy, ...) is checked and spelled by that row's parser alone,
-// found by its config key: the config file reader, the flags (set_setting_flag, resolve_plan),
+// found by its config key: the config file reader, the flags (set_setting_flag, once per flag),
 // the questionnaire (its bounds, choices and defaults) and validate() all go through
 // parse_setting, so the values a setting takes live in one place and every path refuses the same
-// values with the same explanation. The config file translates Accelerate's other spellings of a
+// values with the same explanation; the canonical value then reaches its LaunchConfig field
+// through the row's one binding (set_config_setting), and validate() and config_to_yaml loop over
+// the rows (config_setting). The config file translates Accelerate's other spellings of a
 // setting (mixed_precision: false, fsdp_auto_wrap_policy: SIZE_BASED_WRAP, fsdp_sharding_strategy:
 // SHARD_GRAD_OP, ...) into ours before the row reads them. tests/launcher/test_config.cc checks
 // that the reader accepts exactly what each row accepts.
@@ -82,6 +84,11 @@ std::optional<std::string> parse_setting(std::string_view key, std::string_view 
                                          std::string* why);
 // What row `key` refuses `raw` for, or nullopt when it accepts it.
 std::optional<std::string> check_setting(std::string_view key, std::string_view raw);
+// Row `s`'s field of `c`, in the row's canonical spelling (nullopt: not set; use_cpu is always
+// set), and the field := `canonical` (launcher/settings_binding.cc: one binding line per row).
+// validate(), config_to_yaml, the file reader and the flags go through these.
+std::optional<std::string> config_setting(const LaunchConfig& c, const settings::Setting& s);
+void set_config_setting(LaunchConfig& c, const settings::Setting& s, const std::string& canonical);
 
 // The checks of the settings without a row. Each returns an explanation of what is accepted, or
 // nullopt when the value is fine.

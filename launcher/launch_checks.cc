@@ -5,7 +5,6 @@
 #include <string_view>
 
 #include "core/env_contract.h"
-#include "core/parallelism.h"
 #include "core/settings.h"
 #include "launcher/plan.h"
 #include "launcher/settings_binding.h"
@@ -90,71 +89,14 @@ EffectiveSettings effective_settings(const LaunchConfig& merged, const LaunchCon
 }
 
 void check_effective_settings(const EffectiveSettings& s, int world, const std::string& where) {
-  // The mesh (Note [mesh sizes] in core/parallelism.h).
-  ParallelismConfig p;
-  std::vector<std::pair<std::string, const SettingOrigin*>> sizes;
-  for (const ParallelDim& d : kParallelDims) {
-    const SettingOrigin* o = find(s, d.env);
-    if (o) p.*d.given = std::stoi(o->value);
-    sizes.emplace_back(std::string(d.name) + "_size", o);
-  }
-  std::string why;
-  const std::optional<MeshSizes> mesh = infer_mesh_sizes(p, world, &why);
-  if (!mesh)
-    refuse(where,
-           "parallelism_config (--dp_replicate_size, --dp_shard_size, --tp_size) does not fit " +
-               std::to_string(world) + " processes: " + why,
-           sizes);
-
-  // The strategy, resolved as AcceleratorConfig::with_env resolves it: a zero_stage given alone
-  // names its built-in strategy; a strategy given alone runs at its own stage.
-  const SettingOrigin* stage_o = find(s, env::kZeroStage);
-  const SettingOrigin* name_o = find(s, env::kStrategy);
-  const int stage = stage_o ? std::stoi(stage_o->value) : 0;
-  if (name_o && stage_o)
-    if (auto conflict = strategy_stage_conflict(name_o->value, stage))
-      refuse(where, *conflict, {{"strategy", name_o}, {"zero_stage", stage_o}});
-  std::optional<std::string> strategy;  // unknown: the program's AcceleratorConfig decides
-  if (name_o) {
-    strategy = name_o->value;
-  } else if (stage_o) {
-    if (const BuiltinStrategy* b = builtin_strategy_for_stage(stage))
-      strategy = std::string(b->name);
-  }
-  std::optional<int> run_stage;
-  if (strategy) run_stage = strategy_zero_stage(*strategy);
-
-  // Note [strategies with tensor parallelism].
-  if (strategy)
-    if (auto conflict = tp_strategy_conflict(mesh->tp, *strategy))
-      refuse(where, *conflict,
-             {{"tp_size", find(s, env::kTpSize)},
-              {"strategy", name_o},
-              {"zero_stage", name_o ? nullptr : stage_o}});
-
-  // Note [options a stage does not use].
-  if (!run_stage) return;
-  std::string zero3, dtypes;
+  // Note [cross-row rules] in core/settings.h: the rules the Accelerator runs too.
+  settings::Values values;
+  for (const auto& [var, o] : s) values.emplace(var, o.value);
+  const std::optional<settings::Refusal> r = settings::check_rules(values, world);
+  if (!r) return;
   std::vector<std::pair<std::string, const SettingOrigin*>> used;
-  for (const settings::Setting& row : settings::kSettings) {
-    const SettingOrigin* o = find(s, row.env);
-    if (!o) continue;
-    const std::string given = std::string(row.env) + "=" + o->value;
-    if (settings::is_zero3_option(row) && *run_stage != 3) {
-      zero3 += (zero3.empty() ? "" : ", ") + given;
-      used.emplace_back(std::string(row.env), o);
-    }
-    const bool dtype =
-        row.env == env::kReduceDtype || (row.env == env::kParamDtype && o->value != "fp32");
-    if (dtype && *run_stage == 0) {
-      dtypes += (dtypes.empty() ? "" : ", ") + given;
-      used.emplace_back(std::string(row.env), o);
-    }
-  }
-  used.emplace_back("strategy", name_o);
-  used.emplace_back("zero_stage", stage_o);
-  if (!zero3.empty()) refuse(where, settings::zero3_options_refusal(zero3, *run_stage), used);
-  if (!dtypes.empty()) refuse(where, settings::zero_dtype_refusal(dtypes), used);
+  for (const auto& [what, var] : r->used) used.emplace_back(what, find(s, var));
+  refuse(where, r->why, used);
 }
 
 }  // namespace accel::launcher

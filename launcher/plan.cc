@@ -8,74 +8,36 @@
 #include <filesystem>
 #include <fstream>
 #include <string_view>
-#include <type_traits>
 
 #include "core/env_contract.h"
 
 namespace accel::launcher {
 namespace {
 
-// A flag's value in its row's spelling (Note [settings are checked by their row]): the command
-// line's flags were parsed by set_setting_flag already; LaunchFlags filled in code are read the
-// same way.
-template <typename T>
-std::optional<std::string> setting_flag(std::string_view key, const std::optional<T>& v) {
-  if (!v) return std::nullopt;
-  if constexpr (std::is_same_v<T, std::string>) {
-    return parse_setting_flag(key, *v);
-  } else {
-    return parse_setting_flag(key, std::to_string(*v));
-  }
-}
-std::optional<bool> bool_flag(std::string_view key, const std::optional<std::string>& v) {
-  if (auto b = setting_flag(key, v)) return *b == "true";
-  return std::nullopt;
-}
-
-// Flags over the config's zero_config / fsdp_config. The wrap flags replace the config's wrap
-// policy as a whole (--fsdp_wrap_classes alone means --fsdp_wrap classes), so a config that
-// chose min_params does not contradict --fsdp_wrap classes.
-void apply_zero_flags(const LaunchFlags& f, LaunchConfig& c, std::vector<std::string>& notes) {
-  auto check = [](const char* flag, const std::optional<std::string>& why) {
-    if (why) ACCEL_THROW(launcher::ConfigError, "launch", flag, ": ", *why);
+// The training settings given as flags over the config's (flags win), each already in its row's
+// spelling (set_setting_flag parsed it once). The wrap flags replace the config's wrap policy as a
+// whole (--fsdp_wrap_classes alone means --fsdp_wrap classes), so a config that chose min_params
+// does not contradict --fsdp_wrap classes. Options a stage does not use are refused by
+// check_effective_settings (Note [cross-row rules] in core/settings.h), over every value a worker
+// will read.
+void apply_setting_flags(const LaunchFlags& f, LaunchConfig& c) {
+  auto wrap_part = [](std::string_view key) {
+    return key == "fsdp_config.fsdp_wrap" || key == "fsdp_config.fsdp_wrap_classes" ||
+           key == "fsdp_config.fsdp_min_params";
   };
-  if (auto v = setting_flag("zero_config.param_dtype", f.param_dtype)) c.param_dtype = v;
-  if (auto v = setting_flag("zero_config.reduce_dtype", f.reduce_dtype)) c.reduce_dtype = v;
-  if (f.fsdp_wrap || f.fsdp_wrap_classes || f.fsdp_min_params) {
-    LaunchConfig w;
-    w.fsdp_wrap = setting_flag("fsdp_config.fsdp_wrap", f.fsdp_wrap);
-    w.fsdp_wrap_classes = setting_flag("fsdp_config.fsdp_wrap_classes", f.fsdp_wrap_classes);
-    if (auto v = setting_flag("fsdp_config.fsdp_min_params", f.fsdp_min_params))
-      w.fsdp_min_params = std::stoll(*v);
-    check("--fsdp_wrap_classes / --fsdp_min_params", complete_fsdp_wrap(w));
-    c.fsdp_wrap = w.fsdp_wrap;
-    c.fsdp_wrap_classes = w.fsdp_wrap_classes;
-    c.fsdp_min_params = w.fsdp_min_params;
+  LaunchConfig w;
+  bool wrap = false;
+  for (const auto& [key, v] : f.training) {
+    const settings::Setting& row = setting_row(key);
+    set_config_setting(wrap_part(key) ? w : c, row, v);
+    wrap = wrap || wrap_part(key);
   }
-  if (auto b = bool_flag("fsdp_config.fsdp_reshard_after_forward", f.fsdp_reshard_after_forward))
-    c.fsdp_reshard_after_forward = b;
-  if (auto b = bool_flag("fsdp_config.fsdp_prefetch", f.fsdp_prefetch)) c.fsdp_prefetch = b;
-  if (auto b =
-          bool_flag("fsdp_config.fsdp_activation_checkpointing", f.fsdp_activation_checkpointing))
-    c.fsdp_activation_checkpointing = b;
-  const bool fsdp = c.fsdp_wrap || c.fsdp_wrap_classes || c.fsdp_min_params ||
-                    c.fsdp_reshard_after_forward || c.fsdp_prefetch ||
-                    c.fsdp_activation_checkpointing;
-  // Options that would have no effect are refused, not ignored (Note [accelerate keys accel
-  // does not implement] in launcher/config.cc). Without a zero_stage here the program's
-  // AcceleratorConfig decides the stage, and the library refuses them there the same way.
-  if (fsdp && c.zero_stage && *c.zero_stage != 3)
-    ACCEL_THROW(launcher::ConfigError, "launch",
-                "the fsdp_* options (fsdp_config, --fsdp_*) apply to zero_stage 3 only, and "
-                "zero_stage is ",
-                *c.zero_stage, ": set zero_stage 3 (zero_config, --zero_stage 3) or drop them");
-  if ((c.param_dtype || c.reduce_dtype) && c.zero_stage == 0 &&
-      !(c.param_dtype && *c.param_dtype == "fp32" && !c.reduce_dtype))
-    ACCEL_THROW(launcher::ConfigError, "launch",
-                "param_dtype / reduce_dtype (zero_config, --param_dtype, --reduce_dtype) apply to "
-                "ZeRO (zero_stage 1-3) only, and zero_stage is 0: use --mixed_precision for "
-                "autocast, or a ZeRO stage");
-  (void)notes;
+  if (!wrap) return;
+  if (auto why = complete_fsdp_wrap(w))
+    ACCEL_THROW(launcher::ConfigError, "launch", "--fsdp_wrap_classes / --fsdp_min_params: ", *why);
+  c.fsdp_wrap = w.fsdp_wrap;
+  c.fsdp_wrap_classes = w.fsdp_wrap_classes;
+  c.fsdp_min_params = w.fsdp_min_params;
 }
 
 constexpr int kDefaultMultiMachinePort = 29500;
@@ -99,14 +61,12 @@ int count_gpu_device_nodes() {
 namespace {
 
 // The flags over the config file (and the outer launcher's values): flags win.
-void apply_flags(const LaunchFlags& flags, LaunchConfig& c, std::vector<std::string>& notes) {
+void apply_flags(const LaunchFlags& flags, LaunchConfig& c) {
   if (flags.num_processes) c.num_processes = *flags.num_processes;
   if (flags.num_machines) c.num_machines = *flags.num_machines;
   if (flags.machine_rank) c.machine_rank = *flags.machine_rank;
   if (flags.main_process_ip) c.main_process_ip = *flags.main_process_ip;
   if (flags.main_process_port) c.main_process_port = *flags.main_process_port;
-  if (auto v = setting_flag("mixed_precision", flags.mixed_precision)) c.mixed_precision = v;
-  if (flags.cpu) c.use_cpu = true;
   if (flags.gpu_ids) {
     if (auto e = check_gpu_ids(*flags.gpu_ids))
       ACCEL_THROW(launcher::ConfigError, "launch", "--gpu_ids: ", *e);
@@ -114,22 +74,10 @@ void apply_flags(const LaunchFlags& flags, LaunchConfig& c, std::vector<std::str
   }
   if (flags.max_restarts) c.max_restarts = *flags.max_restarts;
   if (flags.monitor_interval) c.monitor_interval = *flags.monitor_interval;
-  if (auto v = setting_flag("zero_config.zero_stage", flags.zero_stage))
-    c.zero_stage = std::stoi(*v);
-  if (auto v = setting_flag("strategy", flags.strategy)) c.strategy = v;
-  if (auto v = setting_flag("gradient_accumulation_steps", flags.gradient_accumulation_steps))
-    c.gradient_accumulation_steps = std::stoi(*v);
   if (flags.num_cpu_threads_per_process)
     c.num_cpu_threads_per_process = *flags.num_cpu_threads_per_process;
-  apply_zero_flags(flags, c, notes);
-  // The mesh sizes, each over the config's own (resolve_plan checks them against the world).
-  auto size = [](std::string_view key, const std::optional<int>& flag, std::optional<int>& field) {
-    if (auto v = setting_flag(key, flag)) field = std::stoi(*v);
-  };
-  size("parallelism_config.parallelism_config_dp_replicate_size", flags.dp_replicate_size,
-       c.dp_replicate_size);
-  size("parallelism_config.parallelism_config_dp_shard_size", flags.dp_shard_size, c.dp_shard_size);
-  size("parallelism_config.parallelism_config_tp_size", flags.tp_size, c.tp_size);
+  // The mesh sizes among them: resolve_plan checks them against the world.
+  apply_setting_flags(flags, c);
 }
 
 // OMP_NUM_THREADS and OMP_WAIT_POLICY for the workers.
@@ -180,7 +128,7 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
     if (!c.main_process_port && cl.main_process_port) c.main_process_port = cl.main_process_port;
   }
 
-  apply_flags(flags, c, p.notes);
+  apply_flags(flags, c);
 
   if (per_task) {
     // The outer launcher fixed the world; the config's process counts do not apply.
@@ -215,8 +163,7 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
   // not compose, ... stop the launch here, whether a flag, the config file or an inherited
   // ACCEL_* variable asked for them.
   LaunchConfig flags_only;
-  std::vector<std::string> ignored;
-  apply_flags(flags, flags_only, ignored);
+  apply_flags(flags, flags_only);
   check_effective_settings(effective_settings(c, flags_only, env, config_where), p.world_size,
                            "launch settings (config file + flags + environment)");
 

@@ -8,25 +8,22 @@
 
 #include "launcher/cluster.h"
 #include "launcher/config.h"
+#include "core/settings.h"
 
 namespace accel::launcher {
 
 // Command-line overrides; unset means "take it from the config / cluster".
 struct LaunchFlags {
   std::optional<int> num_processes, num_machines, machine_rank, main_process_port, max_restarts,
-      zero_stage, gradient_accumulation_steps, num_cpu_threads_per_process;
-  std::optional<std::string> main_process_ip, mixed_precision, gpu_ids, strategy;
+      num_cpu_threads_per_process;
+  std::optional<std::string> main_process_ip, gpu_ids;
   std::optional<std::string> rendezvous_token;  // --rendezvous_token
   std::optional<double> monitor_interval;
-  // ZeRO mixed precision and ZeRO-3 options (checked in resolve_plan, like the config keys).
-  std::optional<std::string> param_dtype, reduce_dtype;
-  std::optional<std::string> fsdp_wrap, fsdp_wrap_classes;
-  std::optional<long long> fsdp_min_params;
-  std::optional<std::string> fsdp_reshard_after_forward, fsdp_prefetch,
-      fsdp_activation_checkpointing;  // true / false
-  // The device mesh (checked against the world in resolve_plan).
-  std::optional<int> dp_replicate_size, dp_shard_size, tp_size;
-  bool cpu = false;
+  // The training settings given as flags (the rows of core/settings.h: --mixed_precision, --cpu,
+  // --zero_stage, --fsdp_*, --tp_size, ...) by config key, in the row's canonical spelling:
+  // set_setting_flag (launcher/settings_binding.h) parses each once; resolve_plan applies them
+  // over the config file through the row's binding.
+  settings::Values training;
   bool ignore_cluster_env = false;
 };
 

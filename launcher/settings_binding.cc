@@ -2,6 +2,7 @@
 
 #include <string_view>
 
+#include "core/env_contract.h"
 #include "core/error.h"
 
 namespace accel::launcher {
@@ -19,54 +20,53 @@ Text boolean(const std::optional<bool>& v) {
   return v ? Text(*v ? "true" : "false") : std::nullopt;
 }
 
-// Per row of core/settings.h: where the flag's parsed value goes, and what the plan exports.
+// Per row of core/settings.h: the LaunchConfig field a canonical value goes to and comes from.
 struct Binding {
   std::string_view key;
-  void (*set)(LaunchFlags&, const std::string&);
-  Text (*get)(const LaunchPlan&);
+  void (*set)(LaunchConfig&, const std::string&);
+  Text (*get)(const LaunchConfig&);
 };
 // clang-format off
 const Binding kBindings[] = {
-  {"mixed_precision", [](LaunchFlags& f, const std::string& v) { f.mixed_precision = v; },
-   [](const LaunchPlan& p) { return p.config.mixed_precision; }},
-  // Never exported as false: the program may still choose the CPU.
-  {"use_cpu", [](LaunchFlags& f, const std::string& v) { f.cpu = v == "true"; },
-   [](const LaunchPlan& p) { return p.use_cpu ? Text("true") : std::nullopt; }},
+  {"mixed_precision", [](LaunchConfig& c, const std::string& v) { c.mixed_precision = v; },
+   [](const LaunchConfig& c) { return c.mixed_precision; }},
+  {"use_cpu", [](LaunchConfig& c, const std::string& v) { c.use_cpu = v == "true"; },
+   [](const LaunchConfig& c) { return boolean(c.use_cpu); }},
   {"gradient_accumulation_steps",
-   [](LaunchFlags& f, const std::string& v) { f.gradient_accumulation_steps = std::stoi(v); },
-   [](const LaunchPlan& p) { return number(p.config.gradient_accumulation_steps); }},
-  {"zero_config.zero_stage", [](LaunchFlags& f, const std::string& v) { f.zero_stage = std::stoi(v); },
-   [](const LaunchPlan& p) { return number(p.config.zero_stage); }},
-  {"strategy", [](LaunchFlags& f, const std::string& v) { f.strategy = v; },
-   [](const LaunchPlan& p) { return p.config.strategy; }},
-  {"zero_config.param_dtype", [](LaunchFlags& f, const std::string& v) { f.param_dtype = v; },
-   [](const LaunchPlan& p) { return p.config.param_dtype; }},
-  {"zero_config.reduce_dtype", [](LaunchFlags& f, const std::string& v) { f.reduce_dtype = v; },
-   [](const LaunchPlan& p) { return p.config.reduce_dtype; }},
-  {"fsdp_config.fsdp_wrap", [](LaunchFlags& f, const std::string& v) { f.fsdp_wrap = v; },
-   [](const LaunchPlan& p) { return p.config.fsdp_wrap; }},
-  {"fsdp_config.fsdp_wrap_classes", [](LaunchFlags& f, const std::string& v) { f.fsdp_wrap_classes = v; },
-   [](const LaunchPlan& p) { return p.config.fsdp_wrap_classes; }},
+   [](LaunchConfig& c, const std::string& v) { c.gradient_accumulation_steps = std::stoi(v); },
+   [](const LaunchConfig& c) { return number(c.gradient_accumulation_steps); }},
+  {"zero_config.zero_stage", [](LaunchConfig& c, const std::string& v) { c.zero_stage = std::stoi(v); },
+   [](const LaunchConfig& c) { return number(c.zero_stage); }},
+  {"strategy", [](LaunchConfig& c, const std::string& v) { c.strategy = v; },
+   [](const LaunchConfig& c) { return c.strategy; }},
+  {"zero_config.param_dtype", [](LaunchConfig& c, const std::string& v) { c.param_dtype = v; },
+   [](const LaunchConfig& c) { return c.param_dtype; }},
+  {"zero_config.reduce_dtype", [](LaunchConfig& c, const std::string& v) { c.reduce_dtype = v; },
+   [](const LaunchConfig& c) { return c.reduce_dtype; }},
+  {"fsdp_config.fsdp_wrap", [](LaunchConfig& c, const std::string& v) { c.fsdp_wrap = v; },
+   [](const LaunchConfig& c) { return c.fsdp_wrap; }},
+  {"fsdp_config.fsdp_wrap_classes", [](LaunchConfig& c, const std::string& v) { c.fsdp_wrap_classes = v; },
+   [](const LaunchConfig& c) { return c.fsdp_wrap_classes; }},
   {"fsdp_config.fsdp_min_params",
-   [](LaunchFlags& f, const std::string& v) { f.fsdp_min_params = std::stoll(v); },
-   [](const LaunchPlan& p) { return number(p.config.fsdp_min_params); }},
+   [](LaunchConfig& c, const std::string& v) { c.fsdp_min_params = std::stoll(v); },
+   [](const LaunchConfig& c) { return number(c.fsdp_min_params); }},
   {"fsdp_config.fsdp_reshard_after_forward",
-   [](LaunchFlags& f, const std::string& v) { f.fsdp_reshard_after_forward = v; },
-   [](const LaunchPlan& p) { return boolean(p.config.fsdp_reshard_after_forward); }},
-  {"fsdp_config.fsdp_prefetch", [](LaunchFlags& f, const std::string& v) { f.fsdp_prefetch = v; },
-   [](const LaunchPlan& p) { return boolean(p.config.fsdp_prefetch); }},
+   [](LaunchConfig& c, const std::string& v) { c.fsdp_reshard_after_forward = v == "true"; },
+   [](const LaunchConfig& c) { return boolean(c.fsdp_reshard_after_forward); }},
+  {"fsdp_config.fsdp_prefetch", [](LaunchConfig& c, const std::string& v) { c.fsdp_prefetch = v == "true"; },
+   [](const LaunchConfig& c) { return boolean(c.fsdp_prefetch); }},
   {"fsdp_config.fsdp_activation_checkpointing",
-   [](LaunchFlags& f, const std::string& v) { f.fsdp_activation_checkpointing = v; },
-   [](const LaunchPlan& p) { return boolean(p.config.fsdp_activation_checkpointing); }},
+   [](LaunchConfig& c, const std::string& v) { c.fsdp_activation_checkpointing = v == "true"; },
+   [](const LaunchConfig& c) { return boolean(c.fsdp_activation_checkpointing); }},
   {"parallelism_config.parallelism_config_dp_replicate_size",
-   [](LaunchFlags& f, const std::string& v) { f.dp_replicate_size = std::stoi(v); },
-   [](const LaunchPlan& p) { return number(p.config.dp_replicate_size); }},
+   [](LaunchConfig& c, const std::string& v) { c.dp_replicate_size = std::stoi(v); },
+   [](const LaunchConfig& c) { return number(c.dp_replicate_size); }},
   {"parallelism_config.parallelism_config_dp_shard_size",
-   [](LaunchFlags& f, const std::string& v) { f.dp_shard_size = std::stoi(v); },
-   [](const LaunchPlan& p) { return number(p.config.dp_shard_size); }},
+   [](LaunchConfig& c, const std::string& v) { c.dp_shard_size = std::stoi(v); },
+   [](const LaunchConfig& c) { return number(c.dp_shard_size); }},
   {"parallelism_config.parallelism_config_tp_size",
-   [](LaunchFlags& f, const std::string& v) { f.tp_size = std::stoi(v); },
-   [](const LaunchPlan& p) { return number(p.config.tp_size); }},
+   [](LaunchConfig& c, const std::string& v) { c.tp_size = std::stoi(v); },
+   [](const LaunchConfig& c) { return number(c.tp_size); }},
 };
 // clang-format on
 
@@ -79,20 +79,31 @@ const Binding& binding(const Setting& s) {
 
 }  // namespace
 
-std::string parse_setting_flag(std::string_view key, const std::string& raw) {
-  const Setting& s = setting_row(key);
+void set_setting_flag(LaunchFlags& f, const Setting& s, const std::string& raw) {
   std::string why;
   std::optional<std::string> v = settings::parse(s, raw, &why);
   ACCEL_CHECK(v.has_value(), launcher::ConfigError, "launch", s.flag, ": ", why);
-  return *v;
+  f.training[std::string(s.yaml)] = std::move(*v);
 }
 
-void set_setting_flag(LaunchFlags& f, const Setting& s, const std::string& raw) {
-  binding(s).set(f, parse_setting_flag(s.yaml, raw));
+void set_setting_flag(LaunchFlags& f, std::string_view key_or_flag, const std::string& raw) {
+  for (const Setting& s : settings::kSettings)
+    if (s.flag == key_or_flag) return set_setting_flag(f, s, raw);
+  set_setting_flag(f, setting_row(key_or_flag), raw);
+}
+
+void set_config_setting(LaunchConfig& c, const Setting& s, const std::string& canonical) {
+  binding(s).set(c, canonical);
+}
+
+std::optional<std::string> config_setting(const LaunchConfig& c, const Setting& s) {
+  return binding(s).get(c);
 }
 
 std::optional<std::string> exported_setting(const LaunchPlan& p, const Setting& s) {
-  return binding(s).get(p);
+  // Never exported as false: the program may still choose the CPU.
+  if (s.env == env::kUseCpu) return p.use_cpu ? Text("true") : std::nullopt;
+  return config_setting(p.config, s);
 }
 
 }  // namespace accel::launcher

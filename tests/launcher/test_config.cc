@@ -271,12 +271,12 @@ TEST_CASE("parallelism_config: Accelerate's keys, and sizes that do not fit the 
   CHECK_MESSAGE(m6.find("dp_replicate_size 2, dp_shard_size unset, tp_size 2") != std::string::npos,
                 m6);
   al::LaunchFlags sizes;  // flags over the file's sizes, one by one
-  sizes.dp_shard_size = 3;
+  al::set_setting_flag(sizes, "--dp_shard_size", "3");
   const std::string m3 = refused(c, sizes);
   CHECK_MESSAGE(m3.find("dp_replicate_size 2, dp_shard_size 3, tp_size 2") != std::string::npos,
                 m3);
   CHECK_MESSAGE(m3.find("= 12 is not the world size 8") != std::string::npos, m3);
-  sizes.dp_shard_size = 2;
+  al::set_setting_flag(sizes, "--dp_shard_size", "2");
   const al::LaunchPlan ok = al::resolve_plan(c, sizes, {}, 0);
   CHECK(ok.config.dp_shard_size == std::optional<int>(2));
 }
@@ -333,11 +333,11 @@ TEST_CASE("launch refuses what the Accelerator would refuse, naming where each v
   al::LaunchConfig four;
   four.num_processes = 4;
   al::LaunchFlags tp2;
-  tp2.tp_size = 2;
+  al::set_setting_flag(tp2, "--tp_size", "2");
 
   // Note [strategies with tensor parallelism]: --tp_size 2 --zero_stage 2, in the library's words.
   al::LaunchFlags f = tp2;
-  f.zero_stage = 2;
+  al::set_setting_flag(f, "--zero_stage", "2");
   std::string m = launch_refusal(four, f);
   CHECK_MESSAGE(m.find("tp_size 2 runs with the ddp or fsdp strategy (zero_stage 0 or 3), not "
                        "'zero2'") != std::string::npos,
@@ -358,15 +358,15 @@ TEST_CASE("launch refuses what the Accelerator would refuse, naming where each v
       m.find("zero_stage 1 from key zero_config.zero_stage of cfg.yaml") != std::string::npos, m);
   // A program's own strategy does not run with tp either; ddp and fsdp do.
   f = tp2;
-  f.strategy = "mine";
+  al::set_setting_flag(f, "--strategy", "mine");
   CHECK(launch_refusal(four, f).find("not 'mine'") != std::string::npos);
   for (int stage : {0, 3}) {
     f = tp2;
-    f.zero_stage = stage;
+    al::set_setting_flag(f, "--zero_stage", std::to_string(stage));
     CHECK(launch_refusal(four, f) == "(accepted)");
   }
   f = tp2;
-  f.strategy = "fsdp";
+  al::set_setting_flag(f, "--strategy", "fsdp");
   CHECK(launch_refusal(four, f) == "(accepted)");
   CHECK(launch_refusal(four, tp2) == "(accepted)");  // the program's AcceleratorConfig decides
 
@@ -390,7 +390,7 @@ TEST_CASE("launch refuses what the Accelerator would refuse, naming where each v
 
   // Note [built-in strategies]: a strategy and a zero_stage that contradict each other.
   f = {};
-  f.strategy = "zero1";
+  al::set_setting_flag(f, "--strategy", "zero1");
   m = launch_refusal(four, f, {{"ACCEL_ZERO_STAGE", "3"}});
   CHECK_MESSAGE(
       m.find("strategy 'zero1' and zero_stage 3 contradict each other") != std::string::npos, m);
@@ -398,17 +398,17 @@ TEST_CASE("launch refuses what the Accelerator would refuse, naming where each v
 
   // Note [options a stage does not use]: ZeRO-3 options with another stage, from anywhere.
   f = {};
-  f.zero_stage = 2;
+  al::set_setting_flag(f, "--zero_stage", "2");
   m = launch_refusal(four, f, {{"ACCEL_FSDP_PREFETCH", "false"}});
   CHECK_MESSAGE(m.find("ACCEL_FSDP_PREFETCH=false: the ZeRO-3 options apply to zero_stage 3 only, "
                        "and this run has zero_stage 2") != std::string::npos,
                 m);
   f = {};
-  f.strategy = "zero2";
-  f.fsdp_prefetch = "true";
+  al::set_setting_flag(f, "--strategy", "zero2");
+  al::set_setting_flag(f, "--fsdp_prefetch", "true");
   CHECK(launch_refusal(four, f).find("apply to zero_stage 3 only") != std::string::npos);
   f = {};
-  f.strategy = "ddp";
+  al::set_setting_flag(f, "--strategy", "ddp");
   m = launch_refusal(four, f, {{"ACCEL_PARAM_DTYPE", "bf16"}});
   CHECK_MESSAGE(
       m.find("ACCEL_PARAM_DTYPE=bf16: ZeRO compute dtypes apply to zero_stage 1-3 only") !=

@@ -15,6 +15,7 @@
 #include "accelerate/accelerator.h"
 #include "comm/env.h"
 #include "launcher/plan.h"
+#include "launcher/settings_binding.h"
 #include "tests/common/scoped_env.h"
 
 namespace al = accel::launcher;
@@ -44,16 +45,16 @@ al::LaunchPlan gpu_plan() {
   f.main_process_ip = "10.0.0.1";
   f.main_process_port = 4321;
   f.gpu_ids = "0,1";
-  f.mixed_precision = "bf16";
-  f.zero_stage = 3;
-  f.strategy = "fsdp";
-  f.gradient_accumulation_steps = 4;
-  f.param_dtype = "bf16";
-  f.reduce_dtype = "fp32";
-  f.fsdp_wrap_classes = "Block,Layer";
-  f.fsdp_reshard_after_forward = "false";
-  f.fsdp_prefetch = "false";
-  f.fsdp_activation_checkpointing = "true";
+  al::set_setting_flag(f, "--mixed_precision", "bf16");
+  al::set_setting_flag(f, "--zero_stage", "3");
+  al::set_setting_flag(f, "--strategy", "fsdp");
+  al::set_setting_flag(f, "--gradient_accumulation_steps", "4");
+  al::set_setting_flag(f, "--param_dtype", "bf16");
+  al::set_setting_flag(f, "--reduce_dtype", "fp32");
+  al::set_setting_flag(f, "--fsdp_wrap_classes", "Block,Layer");
+  al::set_setting_flag(f, "--fsdp_reshard_after_forward", "false");
+  al::set_setting_flag(f, "--fsdp_prefetch", "false");
+  al::set_setting_flag(f, "--fsdp_activation_checkpointing", "true");
   f.rendezvous_token = std::string(32, 'k');
   al::LaunchPlan p = al::resolve_plan(cfg, f, {}, 2);
   al::resolve_rendezvous_token(p, f, {});
@@ -276,9 +277,9 @@ TEST_CASE("env contract: the program's AcceleratorConfig wins unless the user se
   }
   {  // flags win
     al::LaunchFlags f;
-    f.mixed_precision = "no";
-    f.zero_stage = 1;
-    f.gradient_accumulation_steps = 2;
+    al::set_setting_flag(f, "--mixed_precision", "no");
+    al::set_setting_flag(f, "--zero_stage", "1");
+    al::set_setting_flag(f, "--gradient_accumulation_steps", "2");
     ScopedEnv scoped(env_of_plan(file, f));
     const accel::AcceleratorConfig c = mine.with_env();
     CHECK(c.mixed_precision == accel::MixedPrecision::No);

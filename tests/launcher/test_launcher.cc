@@ -28,6 +28,7 @@
 #include "launcher/config.h"
 #include "launcher/output.h"
 #include "launcher/plan.h"
+#include "launcher/settings_binding.h"
 #include "launcher/supervisor.h"
 #include "launcher/util.h"
 #include "tests/common/util.h"
@@ -718,8 +719,8 @@ TEST_CASE("placement: flags, SLURM and OpenMPI") {
     f.machine_rank = 2;
     f.main_process_ip = "10.0.0.1";
     f.gpu_ids = "1, 3";
-    f.mixed_precision = "BF16";
-    f.zero_stage = 3;
+    al::set_setting_flag(f, "--mixed_precision", "BF16");
+    al::set_setting_flag(f, "--zero_stage", "3");
     al::LaunchPlan p = al::resolve_plan(cfg, f, {}, 4);
     CHECK(p.world_size == 6);
     CHECK(p.local_world_size == 2);
@@ -735,7 +736,7 @@ TEST_CASE("placement: flags, SLURM and OpenMPI") {
     CHECK(e["ACCEL_MIXED_PRECISION"] == "bf16");
     CHECK(e["ACCEL_ZERO_STAGE"] == "3");
     CHECK(e.count("ACCEL_USE_CPU") == 0);  // never exported as false: the program may choose
-    f.cpu = true;
+    al::set_setting_flag(f, "--cpu", "true");
     al::LaunchPlan cpu = al::resolve_plan(cfg, f, {}, 4);
     CHECK(cpu.distributed_type == "MULTI_CPU");
     CHECK(al::worker_env(cpu, 0, 0).count("CUDA_VISIBLE_DEVICES") == 0);
@@ -750,9 +751,8 @@ TEST_CASE("placement: flags, SLURM and OpenMPI") {
     CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, f, {}, 0),
                          doctest::Contains("multiple of num_machines"), al::ConfigError);
     al::LaunchFlags m;
-    m.mixed_precision = "fp64";
-    CHECK_THROWS_WITH_AS(al::resolve_plan(cfg, m, {}, 0), doctest::Contains("--mixed_precision"),
-                         al::ConfigError);
+    CHECK_THROWS_WITH_AS(al::set_setting_flag(m, "--mixed_precision", "fp64"),
+                         doctest::Contains("--mixed_precision"), al::ConfigError);
   }
   SUBCASE("SLURM, one task per node") {
     al::EnvMap env = env_of({{"SLURM_PROCID", "1"},
@@ -960,7 +960,7 @@ TEST_CASE("launch: ZeRO-3 and ZeRO mixed-precision flags reach the workers' envi
         launch_args({"--num_processes", "1", "--cpu", "--zero_stage", "0", "--param_dtype", "bf16"},
                     {"env", "--dir", dir.str()}));
     CHECK(d.code != 0);
-    CHECK(contains(d.err, "zero_stage is 0"));
+    CHECK(contains(d.err, "ZeRO compute dtypes apply to zero_stage 1-3 only"));
   }
   struct Bad {
     std::vector<std::string> flags;

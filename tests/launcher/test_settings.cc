@@ -1,8 +1,10 @@
 // The settings table (core/settings.h) round-tripped row by row: a flag of accel-run and a key of
 // its config file each become the exported variable, and AcceleratorConfig::with_env reads the
 // variable back into the config field. A row that lacks a column, that accel-run's binding
-// (launcher/settings_binding.cc), the config file reader or with_env does not know, or that has no
-// probe below fails here.
+// (launcher/settings_binding.cc), the config file reader or with_env does not know, whose library
+// binding (accelerate/config_settings.cc) is missing, doubled or names another field, or that has
+// no probe below fails here; and so do cross-row rules (Note [cross-row rules]) on which accel-run
+// and the Accelerator disagree.
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -11,11 +13,14 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "accelerate/accelerator.h"
+#include "accelerate/config_detail.h"
 #include "core/env_contract.h"
 #include "core/settings.h"
 #include "launcher/config.h"
+#include "launcher/launch_checks.h"
 #include "launcher/plan.h"
 #include "launcher/settings_binding.h"
 #include "tests/common/scoped_env.h"
@@ -202,5 +207,100 @@ TEST_CASE("settings table: a bad flag value names the flag and what it accepts")
     }
     CHECK(msg.find(std::string(s.flag)) != std::string::npos);
     CHECK(msg.find("expected") != std::string::npos);
+  }
+}
+
+TEST_CASE("settings table: every row has exactly one library binding, named by the row's field") {
+  const auto bindings = accel::config_detail::setting_bindings();
+  for (const st::Setting& s : st::kSettings) {
+    CAPTURE(s.env);
+    CHECK(s.field.substr(0, 19) == "AcceleratorConfig::");
+    int n = 0;
+    for (const auto& b : bindings)
+      if (b.env == s.env) {
+        ++n;
+        CHECK(b.field == s.field);
+        CHECK(static_cast<bool>(b.set));
+      }
+    CHECK_MESSAGE(n == 1, s.env, " has ", n, " bindings in accelerate/config_settings.cc");
+  }
+  CHECK(bindings.size() == std::size(st::kSettings));  // none for a row that is not there
+}
+
+// Note [cross-row rules] in core/settings.h: accel-run (before any worker starts, over the values
+// the workers inherit) and AcceleratorConfig::with_env (over the same environment, the program's
+// config being the default one) refuse the same combinations, with the same words. Every case
+// names a strategy or a zero_stage: without one accel-run leaves the stage to the program.
+TEST_CASE("settings table: cross-row rules give the same verdict in accel-run and the library") {
+  namespace env = accel::env;
+  struct Case {
+    al::EnvMap vars;
+    bool refused;
+  };
+  const std::vector<Case> cases = {
+      {{{env::kZeroStage, "2"}, {env::kFsdpPrefetch, "false"}}, true},
+      {{{env::kZeroStage, "3"}, {env::kFsdpPrefetch, "false"}}, false},
+      {{{env::kStrategy, "zero2"}, {env::kFsdpWrap, "none"}}, true},
+      {{{env::kStrategy, "fsdp"}, {env::kFsdpWrap, "none"}}, false},
+      {{{env::kZeroStage, "0"}, {env::kParamDtype, "bf16"}}, true},
+      {{{env::kZeroStage, "0"}, {env::kParamDtype, "fp32"}}, false},
+      {{{env::kZeroStage, "1"}, {env::kReduceDtype, "fp32"}}, false},
+      {{{env::kStrategy, "ddp"}, {env::kReduceDtype, "fp32"}}, true},
+      {{{env::kStrategy, "zero1"}, {env::kZeroStage, "3"}}, true},
+      {{{env::kStrategy, "zero1"}, {env::kZeroStage, "1"}}, false},
+      {{{env::kTpSize, "2"}, {env::kZeroStage, "1"}}, true},
+      {{{env::kTpSize, "2"}, {env::kStrategy, "zero2"}}, true},
+      {{{env::kTpSize, "2"}, {env::kStrategy, "fsdp"}}, false},
+      {{{env::kTpSize, "2"}, {env::kZeroStage, "0"}}, false},
+  };
+  for (const Case& k : cases) {
+    std::string what;
+    st::Values values;
+    for (const auto& [var, v] : k.vars) {
+      what += var + "=" + v + " ";
+      values.emplace(var, v);
+    }
+    CAPTURE(what);
+    const std::optional<st::Refusal> rule = st::check_rules(values, 4);
+    REQUIRE(rule.has_value() == k.refused);
+    std::string launcher = "(accepted)", library = "(accepted)";
+    try {
+      al::check_effective_settings(al::effective_settings({}, {}, k.vars, ""), 4, "launch");
+    } catch (const al::ConfigError& e) {
+      launcher = e.what();
+    }
+    {
+      SettingsEnv scoped(k.vars);
+      try {
+        (void)AcceleratorConfig().with_env();
+      } catch (const accel::ValueError& e) {
+        library = e.what();
+      }
+    }
+    CHECK_MESSAGE((launcher != "(accepted)") == k.refused, launcher);
+    CHECK_MESSAGE((library != "(accepted)") == k.refused, library);
+    if (rule) {
+      CHECK_MESSAGE(launcher.find(rule->why) != std::string::npos, launcher);
+      CHECK_MESSAGE(library.find(rule->why) != std::string::npos, library);
+    }
+  }
+}
+
+TEST_CASE("settings table: every row survives config_to_yaml and the file reader") {
+  for (const st::Setting& s : st::kSettings) {
+    CAPTURE(s.yaml);
+    std::string why;
+    const std::optional<std::string> v =
+        st::parse(s, probes().at(std::string(s.yaml)).example, &why);
+    REQUIRE_MESSAGE(v.has_value(), why);
+    al::LaunchConfig c;
+    c.num_processes = 2;
+    al::set_config_setting(c, s, *v);
+    REQUIRE(!al::complete_fsdp_wrap(c));  // the wrap policy's parts name their policy
+    const std::string yaml = al::config_to_yaml(c);
+    CAPTURE(yaml);
+    const al::LaunchConfig back = al::parse_config(yaml, "rt.yaml");
+    CHECK(al::config_setting(back, s) == v);
+    CHECK(back == c);
   }
 }

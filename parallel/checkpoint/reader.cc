@@ -88,19 +88,31 @@ class Format2Source final : public CheckpointSource {
     return *f;
   }
 
+  // The piece's entry in its data file is what the index says it is.
+  void check_entry(const std::string& name, const TensorRecord& rec, const PieceRecord& p) {
+    const io::SafetensorsFile& f = file(p.file);
+    const io::SafetensorsFile::Info& info = f.info(p.entry);
+    ACCEL_CHECK(info.dtype == rec.dtype && info.shape == p.region.local_shape(), IoError, kOp, "'",
+                f.path(), "': tensor '", name, "' piece '", p.entry, "' is ", info.dtype, " ",
+                shape_str(info.shape), ", the index says ", rec.dtype, " ",
+                shape_str(p.region.local_shape()));
+  }
+
   std::string dir_;
   Index index_;
   std::vector<std::unique_ptr<io::SafetensorsFile>> files_;
 };
 
 // Note [reading a region of a format-2 checkpoint]
-// For each piece whose per-dimension bounding intervals meet the wanted region, overlap() gives
-// (src, dst, n) runs ascending in both orders. Coverage is checked first, on the runs alone: sorted
-// by dst they must tile [0, want.numel()) (an element in no piece or in two is an IoError naming
-// the tensor). Then each piece's needed bytes are read block by block (whole CRC blocks, each at
-// most once, through one bounded buffer), checked, and copied to their place: straight into dst
-// when it is a contiguous CPU tensor of the stored dtype, else into a CPU staging tensor of the
-// stored dtype that dst then copies from (conversion and device transfer by copy_).
+// For each piece whose per-dimension bounding intervals meet the wanted region, its entry is
+// checked against the data file (dtype, shape: so the runs walked are bounded by bytes that
+// exist), then overlap() gives (src, dst, n) runs ascending in both orders. Coverage is checked
+// first, on the runs alone: sorted by dst they must tile [0, want.numel()) (an element in no piece
+// or in two is an IoError naming the tensor). Then each piece's needed bytes are read block by
+// block (whole CRC blocks, each at most once, through one bounded buffer), checked, and copied to
+// their place: straight into dst when it is a contiguous CPU tensor of the stored dtype, else into
+// a CPU staging tensor of the stored dtype that dst then copies from (conversion and device
+// transfer by copy_).
 void Format2Source::read(const std::string& name, const Region& want, const Tensor& dst) {
   const TensorRecord& rec = tensor(name);
   ACCEL_CHECK(want.global_shape() == rec.shape, ShapeError, kOp, "tensor '", name, "' is ",
@@ -123,6 +135,9 @@ void Format2Source::read(const std::string& name, const Region& want, const Tens
   for (size_t i = 0; i < rec.pieces.size(); ++i) {
     const PieceRecord& p = rec.pieces[i];
     if (p.region.numel() == 0 || want.numel() == 0 || !boxes_meet(p.region, want)) continue;
+    // The entry first: its bytes in the file bound the runs overlap() walks (an index cannot
+    // make the reader walk billions of runs of a piece that is not there).
+    check_entry(name, rec, p);
     std::vector<Overlap> runs = overlap(p.region, want);
     if (runs.empty()) continue;
     for (const Overlap& o : runs) spans.push_back({o.dst, o.n, i});
@@ -159,11 +174,6 @@ void Format2Source::read(const std::string& name, const Region& want, const Tens
   for (const Part& part : parts) {
     const PieceRecord& p = rec.pieces[part.piece];
     const io::SafetensorsFile& f = file(p.file);
-    const io::SafetensorsFile::Info& info = f.info(p.entry);
-    ACCEL_CHECK(info.dtype == rec.dtype && info.shape == p.region.local_shape(), IoError, kOp, "'",
-                f.path(), "': tensor '", name, "' piece '", p.entry, "' is ", info.dtype, " ",
-                shape_str(info.shape), ", the index says ", rec.dtype, " ",
-                shape_str(p.region.local_shape()));
     const uint64_t piece_bytes = uint64_t(p.region.numel()) * es;
     const uint32_t seed = piece_seed(name, rec.dtype, p.region);
     int64_t loaded = -1;  // the block in buf

@@ -18,6 +18,7 @@
 #include "parallel/checkpoint/writer.h"
 #include "tests/common/check.h"
 #include "tests/common/util.h"
+#include "tests/common/worker_check.h"
 
 using namespace accel;
 using dist::Region;
@@ -503,4 +504,24 @@ TEST_CASE("format 2: the writer's checks") {
   CHECK(idx.tensors.count("u") == 0);
   CHECK(dist::ckpt::open_checkpoint(one.str())->meta() == json{{"k", "v"}});
   check_read(*dist::ckpt::open_checkpoint(one.str()), "t", rows, "save_pieces");
+}
+
+TEST_CASE("format 2: save_pieces over a Gloo world of 3 ranks") {
+  using namespace std::chrono_literals;
+  const std::string worker = test::helper_path("ckpt_worker");
+  TempDir dir("ckfmt");
+  test::check_ok(test::run_world(worker, {"save", dir.str()}, 3, {}, 60s), "save");
+  auto src = dist::ckpt::open_checkpoint(dir.str());
+  CHECK(src->meta()["step"] == 3);
+  CHECK(src->tensor("qkv").pieces.size() == 2);  // 4 rows a block over 3: 2, 2, 0
+  CHECK(src->tensor("rep").pieces.size() == 1);  // replicated: rank 0 alone writes it
+  CHECK(src->tensor("flat").layout == "dp_shard: Flat");
+  const std::vector<std::pair<std::string, Shape>> all = {
+      {"qkv", {12, 4}}, {"rep", {5}}, {"flat", {7, 3}}};
+  for (const auto& [name, shape] : all) {
+    check_read(*src, name, whole(shape), name);
+    check_read(*src, name, shard(shape, 0, 1, 2), name);
+  }
+  TempDir failed("ckfmt");
+  test::check_ok(test::run_world(worker, {"save_fail", failed.str()}, 3, {}, 60s), "save_fail");
 }

@@ -48,8 +48,9 @@ Index write_index(const std::string& dir, const std::vector<std::string>& rank_r
 
 // Both, over `world` (send / recv of a length and the bytes, rank order, to rank 0), after which
 // every rank's data file is durable and, on rank 0, index.json is written. A rank that fails
-// still reports to rank 0, which raises naming it. `world` null: one process (rank 0). Returns
-// the index on rank 0, an empty Index on the others.
+// still reports to rank 0, which raises naming it. (The other ranks return before rank 0 has
+// written the index: agreeing that the save succeeded is the caller's commit protocol.) `world`
+// null: one process (rank 0). Returns the index on rank 0, an empty Index on the others.
 Index save_pieces(const std::string& dir, ProcessGroup* world, int rank,
                   const std::vector<StateEntry>& entries, const nlohmann::json& meta,
                   uint64_t crc_block_bytes = kCrcBlockBytes);

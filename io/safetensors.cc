@@ -267,11 +267,13 @@ namespace {
 constexpr const char* kRead = "safetensors";
 }  // namespace
 
-SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
+SafetensorsFile::SafetensorsFile(std::string path, file_io::Links links) : path_(std::move(path)) {
   // A regular file (a FIFO or device planted in its place is refused before a byte is read); a
-  // link is followed (Hugging Face caches link snapshots to blobs/). Note [safe file access].
-  file_io::ReadableFile file = file_io::open_read(path_, kRead);
+  // link is followed (Hugging Face caches link snapshots to blobs/) unless `links` refuses it.
+  // Note [safe file access].
+  file_io::ReadableFile file = file_io::open_read(path_, kRead, file_io::kNoSizeCap, links);
   const uint64_t file_size = file.size;
+  file_size_ = file_size;
   ACCEL_CHECK(file_size >= kLengthBytes, IoError, kRead, "'", path_, "': file is ", file_size,
               " bytes, too short for the 8-byte header length");
   unsigned char len_bytes[kLengthBytes];
@@ -363,6 +365,20 @@ void SafetensorsFile::read_range(const std::string& name, int64_t lo, int64_t hi
     Tensor part = flat.narrow(0, a - lo, n);
     part.copy_(b);
   }
+}
+
+void SafetensorsFile::read_bytes(const std::string& name, uint64_t byte_lo, uint64_t n,
+                                 void* dst) const {
+  auto it = entries_.find(name);
+  ACCEL_CHECK(it != entries_.end(), IoError, kRead, "'", path_, "' holds no tensor '", name, "'");
+  const Stored& s = it->second;
+  const uint64_t size = uint64_t(s.info.numel) * dtype_size(s.info.dtype);
+  ACCEL_CHECK(byte_lo <= size && n <= size - byte_lo, IoError, kRead, "'", path_, "': bytes [",
+              byte_lo, ", ", byte_lo + n, ") are outside tensor '", name, "' of ", size, " bytes");
+  if (n == 0) return;
+  ACCEL_CHECK(file_io::pread_all(fd_, dst, size_t(n), s.begin + byte_lo), IoError, kRead, "'",
+              path_, "': cannot read bytes [", byte_lo, ", ", byte_lo + n, ") of tensor '", name,
+              "': ", errno ? errno_str() : "unexpected end of file (file changed while reading?)");
 }
 
 Tensor SafetensorsFile::read(const std::string& name) const {

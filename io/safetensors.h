@@ -16,12 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "core/file_io.h"
 #include "core/tensor.h"
 #include "io/tensor_dict.h"
-
-namespace accel::file_io {
-class AtomicFile;  // core/file_io.h
-}
 
 namespace accel::io {
 
@@ -91,7 +88,10 @@ class SafetensorsFile {
     int64_t numel = 0;
   };
   // IoError naming `path` when it cannot be opened, is not a regular file or its header is bad.
-  explicit SafetensorsFile(std::string path);
+  // `links`: kFollow opens through a link to a regular file (a Hugging Face cache links into
+  // blobs/); kRefuse (files accel wrote itself, such as a checkpoint's data files) refuses a link
+  // at `path`, naming it.
+  explicit SafetensorsFile(std::string path, file_io::Links links = file_io::Links::kFollow);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -109,6 +109,13 @@ class SafetensorsFile {
   void read_range(const std::string& name, int64_t lo, int64_t hi, const Tensor& dst) const;
   // The whole tensor, in its stored dtype, on the CPU.
   Tensor read(const std::string& name) const;
+  // dst := bytes [byte_lo, byte_lo + n) of the stored bytes of tensor `name`, as they are in the
+  // file (no conversion, no BOOL check: the caller checks them, e.g. against a checksum). IoError
+  // naming the file, the tensor and the range when it lies outside the tensor's bytes or the
+  // read fails.
+  void read_bytes(const std::string& name, uint64_t byte_lo, uint64_t n, void* dst) const;
+  // The file's size in bytes when it was opened.
+  uint64_t file_size() const { return file_size_; }
 
  private:
   struct Stored {
@@ -117,6 +124,7 @@ class SafetensorsFile {
   };
   std::string path_;
   int fd_ = -1;
+  uint64_t file_size_ = 0;
   std::map<std::string, Stored> entries_;
   Metadata metadata_;
 };

@@ -10,6 +10,7 @@ import hmac
 import json
 import os
 import struct
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -166,6 +167,48 @@ write("fuzz_ckpt_records", "fsdp-overlap", json.dumps(bad))  # lengths still add
 bad = json.loads(json.dumps(fsdp_state))
 bad["fsdp"]["optimizers"][0]["params"][0] = "7:0.weight"
 write("fuzz_ckpt_records", "fsdp-stray-key", json.dumps(bad))
+
+# ---- format-2 checkpoint index (parallel/checkpoint/index.h; byte 0 odd: the target sets the
+# true index_crc32 before parsing, even: parsed as it is) ----
+
+
+def ckpt_index(tensors, files, meta=None, crc=None):
+    j = dict(meta or {})
+    j.update({"format": 2, "crc_block_bytes": 1048576, "files": files, "tensors": tensors})
+    # The CRC-32 of the compact text with sorted keys (nlohmann's dump) without index_crc32.
+    text = json.dumps(j, sort_keys=True, separators=(",", ":"))
+    j["index_crc32"] = zlib.crc32(text.encode()) if crc is None else crc
+    return json.dumps(j, sort_keys=True, separators=(",", ":"))
+
+
+def qkv_piece(f, rows):  # a piece of a [12, 4] qkv weight: the q, k, v rows it holds
+    segs, local = [], 0
+    for g in rows:
+        segs.append([local, g, 2])
+        local += 2
+    return {"file": f, "entry": "qkv@r%d" % f, "region": {"dims": [segs, [[0, 0, 4]]]}, "crc": [7]}
+
+
+ck_files = [{"name": "data_rank0.safetensors", "bytes": 500}, {"name": "data_rank1.safetensors", "bytes": 500}]
+ck_tensors = {
+    "qkv": {"dtype": "F64", "shape": [12, 4], "layout": "tp: Shard(0, chunks=3)",
+            "pieces": [qkv_piece(0, [0, 4, 8]), qkv_piece(1, [2, 6, 10])]},
+    "flat": {"dtype": "F32", "shape": [3, 5], "pieces": [
+        {"file": 0, "entry": "flat@r0", "region": {"dims": [[[0, 0, 3]], [[0, 0, 5]]], "flat": [0, 8]}, "crc": [1]},
+        {"file": 1, "entry": "flat@r1", "region": {"dims": [[[0, 0, 3]], [[0, 0, 5]]], "flat": [8, 15]}, "crc": [2]}]},
+    "scalar": {"dtype": "I64", "shape": [], "pieces": [{"file": 0, "entry": "scalar@r0", "region": {"dims": []}, "crc": [3]}]},
+    "empty": {"dtype": "BF16", "shape": [0, 3], "pieces": []},
+}
+ck_meta = {"step": 12, "mesh": {"world": 2}, "aliases": {}}
+write("fuzz_ckpt_index", "valid", b"\x00" + ckpt_index(ck_tensors, ck_files, ck_meta).encode())
+write("fuzz_ckpt_index", "valid-fix-crc", b"\x01" + ckpt_index(ck_tensors, ck_files, ck_meta).encode())
+write("fuzz_ckpt_index", "bad-crc", b"\x00" + ckpt_index(ck_tensors, ck_files, ck_meta, crc=5).encode())
+bad = json.loads(json.dumps(ck_tensors))
+bad["qkv"]["pieces"][1] = qkv_piece(1, [0, 6, 10])  # rows 0-1 twice, 2-3 never: counts add up
+write("fuzz_ckpt_index", "double-cover", b"\x01" + ckpt_index(bad, ck_files, ck_meta).encode())
+bad = json.loads(json.dumps(ck_tensors))
+del bad["flat"]["pieces"][1]
+write("fuzz_ckpt_index", "missing-piece", b"\x01" + ckpt_index(bad, ck_files, ck_meta).encode())
 
 # ---- rendezvous store (comm/store_protocol.h, Note [store protocol], version 2) ----
 # Byte 0: 0x80 the server holds the token "tok"; 0x40 the connection starts authenticated (as

@@ -6,13 +6,14 @@
 // data-parallel rank takes its share of (the ranks of a tp group take the same one), so every
 // mesh, one process included, computes the same steps.
 //   mesh_worker <out> <steps> [import <file>] [load <dir>] [save <step> <dir>] [export <file>]
-//               [sp] [f32] [dropout]
+//               [sp] [f32] [dropout] [tied]
 // import: load_model(file) after prepare; load: load_state(dir), then train until <steps>
 // optimizer steps in all; save: also save_state(dir) after optimizer step <step> (then go on);
 // export: save_model(file) at the end; sp: sequence parallel in the tp plan (models::gpt_tp_plan,
 // used when ACCEL_TP_SIZE > 1); f32: a float32 model (for 16-bit compute parameters); dropout:
 // GPT-2's dropouts at 0.1 (GptConfig::dropout), the default generator seeded with
-// set_seed(11, device_specific) (the dp index: a tp group alike, and one process's seed at dp 1).
+// set_seed(11, device_specific) (the dp index: a tp group alike, and one process's seed at dp 1);
+// tied: the head's weight is the token embedding's (not with tp: the plan cuts them differently).
 // Rank 0
 // writes <out>:
 //   "loss <step> <value>"        the global mean loss of every step trained here (%.17g)
@@ -50,14 +51,14 @@ models::GptConfig config() {
 int run(int argc, char** argv) {
   if (argc < 3) {
     std::cerr << "usage: mesh_worker <out> <steps> [import <file>] [load <dir>] "
-                 "[save <step> <dir>] [export <file>] [sp] [f32] [dropout]\n";
+                 "[save <step> <dir>] [export <file>] [sp] [f32] [dropout] [tied]\n";
     return 2;
   }
   const std::string out_path = argv[1];
   const int steps = std::atoi(argv[2]);
   std::string load_dir, save_dir, export_path, import_path;
   int save_at = -1;
-  bool sequence_parallel = false, f32 = false, with_dropout = false;
+  bool sequence_parallel = false, f32 = false, with_dropout = false, tied = false;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "load" && i + 1 < argc) {
@@ -75,6 +76,8 @@ int run(int argc, char** argv) {
       f32 = true;
     } else if (a == "dropout") {
       with_dropout = true;
+    } else if (a == "tied") {
+      tied = true;
     } else {
       std::cerr << "mesh_worker: unexpected argument '" << a << "'\n";
       return 2;
@@ -97,6 +100,7 @@ int run(int argc, char** argv) {
   models::GptConfig c = config();
   if (with_dropout) c.dropout = 0.1;
   auto model = std::make_shared<models::Gpt>(c, &gen);
+  if (tied) model->head->weight = model->head->set_parameter("weight", model->tok->weight);
   if (!f32) model->to(kFloat64);
   optim::AdamWOptions ao;
   ao.lr(1e-2);

@@ -195,6 +195,8 @@ Written write_output(const std::string& out, const std::vector<Item>& items,
     writer.commit();
   };
   if (!target.folder) {
+    const fs::path parent = fs::path(out).parent_path();
+    if (!parent.empty()) fs::create_directories(parent);
     write_file(out, shards[0]);
     w.files.push_back(out);
     return w;

@@ -19,7 +19,7 @@
 #include "autograd/ops.h"
 #include "core/generator.h"
 #include "io/safetensors.h"
-#include "nn/linear.h"
+#include "parallel/checkpoint/writer.h"
 #include "tests/accelerate/training.h"
 #include "tests/common/spawn.h"
 #include "tests/common/util.h"
@@ -288,6 +288,35 @@ TEST_CASE("merge-weights: refusals name the problem") {
   CHECK(accel::test::read_file(foreign + "/notes.txt") == "mine");
   CHECK_THROWS_AS(merge::merge_weights(s.ckpt, out, {.max_shard_bytes = 100}), ValueError);
   CHECK_THROWS_AS(merge::merge_weights(s.ckpt, out, {.model = 1}), ValueError);
+}
+
+// A format-2 checkpoint (parallel/checkpoint/, not yet written by save_state) merges through the
+// same interface: w (4, 6) cut in two by rows (Shard(0)), the second half in two flat ranges: three
+// ranks' pieces; b whole; v an alias of w in the index.
+TEST_CASE("merge-weights: a format-2 checkpoint") {
+  const std::string dir = scratch() + "/format2";
+  fs::create_directories(dir);
+  const Tensor w = arange(24, TensorOptions(kFloat64)).reshape({4, 6});
+  const Tensor b = arange(6, TensorOptions(kFloat32));
+  using dist::Region;
+  const Region r0 = Region::whole({4, 6}).shard(0, 1, 2, 0);
+  const Region r1 = Region::whole({4, 6}).shard(0, 1, 2, 1);
+  const Tensor rows = w.narrow(0, 2, 2).reshape({12});
+  std::vector<std::string> records;
+  records.push_back(dist::ckpt::write_rank_pieces(
+      dir, 0,
+      {{"model.0.w", r0, w.narrow(0, 0, 2).contiguous()}, {"model.0.b", Region::whole({6}), b}}));
+  records.push_back(dist::ckpt::write_rank_pieces(
+      dir, 1, {{"model.0.w", r1.flat(0, 5), rows.narrow(0, 0, 5).contiguous()}}));
+  records.push_back(dist::ckpt::write_rank_pieces(
+      dir, 2, {{"model.0.w", r1.flat(5, 12), rows.narrow(0, 5, 7).contiguous()}}));
+  dist::ckpt::write_index(dir, records,
+                          {{"counts", {{"models", 1}}}, {"aliases", {{"model.0.v", "model.0.w"}}}});
+  io::Metadata meta;
+  merge::merge_weights(dir, dir + ".safetensors", {});
+  const io::TensorDict got = io::load_safetensors(dir + ".safetensors", &meta);
+  CHECK(meta.at("v") == "w");
+  expect_same_tensors({{"w", w}, {"v", w}, {"b", b}}, got);
 }
 
 TEST_CASE("merge-weights: --max_shard_size reads sizes as transformers does") {

@@ -271,6 +271,7 @@ uint64_t parse_size(const std::string& text) {
 }
 
 Written merge_weights(const std::string& checkpoint, const std::string& out, const Options& opts) {
+  check_target(out, opts.max_shard_bytes > 0);  // before the checkpoint is opened
   auto src = open_source(checkpoint);
   const std::string prefix = "model." + std::to_string(opts.model) + ".";
   std::vector<Item> items;
@@ -316,6 +317,7 @@ Written split_weights(const std::string& file, const std::string& out_dir,
                       uint64_t max_shard_bytes) {
   ACCEL_CHECK(max_shard_bytes > 0, ValueError, kOp,
               "--split needs a size cap (--max_shard_size 5GB)");
+  check_target(out_dir, true);  // before the input is opened
   const io::SafetensorsFile in(file);
   std::vector<Item> items;
   for (const std::string& n : in.names()) {
@@ -332,7 +334,6 @@ Written split_weights(const std::string& file, const std::string& out_dir,
       common[k] = v;
   }
   const Fetch fetch = [&](const Item& item) { return in.read(item.name); };
-  ACCEL_CHECK(check_target(out_dir, true).folder, IoError, kOp, "'", out_dir, "' is not a folder");
   return write_output(out_dir, items, common, aliases, max_shard_bytes, fetch);
 }
 

@@ -303,13 +303,14 @@ TEST_CASE("merge-weights: a format-2 checkpoint") {
   const Region r1 = Region::whole({4, 6}).shard(0, 1, 2, 1);
   const Tensor rows = w.narrow(0, 2, 2).reshape({12});
   std::vector<std::string> records;
+  records.push_back(
+      dist::ckpt::write_rank_pieces(dir, 0,
+                                    {{"model.0.w", r0, w.narrow(0, 0, 2).contiguous(), true, ""},
+                                     {"model.0.b", Region::whole({6}), b, true, ""}}));
   records.push_back(dist::ckpt::write_rank_pieces(
-      dir, 0,
-      {{"model.0.w", r0, w.narrow(0, 0, 2).contiguous()}, {"model.0.b", Region::whole({6}), b}}));
+      dir, 1, {{"model.0.w", r1.flat(0, 5), rows.narrow(0, 0, 5).contiguous(), true, ""}}));
   records.push_back(dist::ckpt::write_rank_pieces(
-      dir, 1, {{"model.0.w", r1.flat(0, 5), rows.narrow(0, 0, 5).contiguous()}}));
-  records.push_back(dist::ckpt::write_rank_pieces(
-      dir, 2, {{"model.0.w", r1.flat(5, 12), rows.narrow(0, 5, 7).contiguous()}}));
+      dir, 2, {{"model.0.w", r1.flat(5, 12), rows.narrow(0, 5, 7).contiguous(), true, ""}}));
   dist::ckpt::write_index(dir, records,
                           {{"counts", {{"models", 1}}}, {"aliases", {{"model.0.v", "model.0.w"}}}});
   io::Metadata meta;

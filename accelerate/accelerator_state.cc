@@ -370,6 +370,11 @@ std::string Accelerator::save_state(const std::string& dir) {
     s["scaler"] = scaler_.state_dict();
     s["sync_gradients"] = sync_gradients_;
     s["strategy"] = std::string(strategy_->name());
+    // The tied names of each model: ZeRO-3 shard files keep none, and merge-weights restores
+    // them (Note [format-1 checkpoints as pieces] in parallel/checkpoint/legacy.h).
+    nlohmann::json aliases = nlohmann::json::array();
+    for (const auto& m : models_) aliases.push_back(m->tied_aliases());
+    s["aliases"] = aliases;
     for (auto it = record.begin(); it != record.end(); ++it) s[it.key()] = *it;
     std::vector<std::string> customs;
     for (auto& c : customs_) customs.push_back(c.name);

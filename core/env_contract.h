@@ -67,6 +67,8 @@ inline constexpr const char* kRunCgroup = "ACCEL_RUN_CGROUP";    // "0": no job 
 inline constexpr const char* kSelftest = "ACCEL_SELFTEST";       // accel-selftest binary to run
 // accel-estimate-memory binary `accel-run estimate-memory` runs.
 inline constexpr const char* kEstimateMemory = "ACCEL_ESTIMATE_MEMORY";
+// accel-merge-weights binary `accel-run merge-weights` runs.
+inline constexpr const char* kMergeWeights = "ACCEL_MERGE_WEIGHTS";
 
 // ---- read by the library only (user knobs) ----
 inline constexpr const char* kDistShm = "ACCEL_DIST_SHM";  // 0/1: shared-memory all-reduce
@@ -140,6 +142,7 @@ inline constexpr EnvVar kContract[] = {
     {kRunCgroup, SetBy::kUser, false},
     {kSelftest, SetBy::kUser, false},
     {kEstimateMemory, SetBy::kUser, false},
+    {kMergeWeights, SetBy::kUser, false},
     {kDistShm, SetBy::kUser, true},
     {kHeartbeatTimeout, SetBy::kUser, true},
     {kGlooSegmentBytes, SetBy::kUser, true},

@@ -211,8 +211,9 @@ int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest
 
 // Note [selftest lookup]: accel-selftest is built by comm/tools into build/comm/tools and installed
 // next to accel-run; look beside ourselves, then in the build tree, then in the configured bindir.
-// accel-estimate-memory (accelerate/tools) is looked up the same way. `override_env` names the
-// variable that replaces the search; `build_dir` is the program's folder in the build tree.
+// accel-estimate-memory and accel-merge-weights (accelerate/tools) are looked up the same way.
+// `override_env` names the variable that replaces the search; `build_dir` is the program's folder
+// in the build tree.
 std::vector<std::string> helper_candidates(const char* override_env, const std::string& name,
                                            const std::string& build_dir) {
   std::vector<std::string> out;
@@ -233,29 +234,30 @@ std::vector<std::string> selftest_candidates() {
   return helper_candidates(accel::env::kSelftest, "accel-selftest", "comm/tools");
 }
 
-// `accel-run estimate-memory ARGS...` is accel-estimate-memory ARGS... (accelerate/tools): it reads
-// safetensors headers through io/, which accel-run does not link (docs/layers.md). Returns only
-// when the program cannot be run.
-int run_estimate_memory(int argc, char** argv) {
-  const auto cands =
-      helper_candidates(accel::env::kEstimateMemory, "accel-estimate-memory", "accelerate/tools");
+// `accel-run WORD ARGS...` is PROGRAM ARGS... for the subcommands that are programs of
+// accelerate/tools: estimate-memory (accel-estimate-memory) and merge-weights
+// (accel-merge-weights) read and write safetensors through io/, which accel-run does not link
+// (docs/layers.md). `override_env` names the variable that replaces the search. Returns only when
+// the program cannot be run.
+int run_tool(int argc, char** argv, const std::string& word, const char* override_env,
+             const std::string& program) {
+  const auto cands = helper_candidates(override_env, program, "accelerate/tools");
+  const std::string self = "accel-run " + word;
   for (const auto& c : cands) {
     if (access(c.c_str(), X_OK) != 0) continue;
     std::vector<char*> args;
-    std::string self = "accel-run estimate-memory";
-    args.push_back(self.data());
+    std::string arg0 = self;
+    args.push_back(arg0.data());
     for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
     args.push_back(nullptr);
     execv(c.c_str(), args.data());
-    std::cerr << "accel-run estimate-memory: cannot run " << c << ": " << std::strerror(errno)
-              << "\n";
+    std::cerr << self << ": cannot run " << c << ": " << std::strerror(errno) << "\n";
     return 127;
   }
-  std::cerr << "accel-run estimate-memory: the program accel-estimate-memory was not found; "
-               "looked in:\n";
+  std::cerr << self << ": the program " << program << " was not found; looked in:\n";
   for (const auto& c : cands) std::cerr << "  " << c << "\n";
-  std::cerr << "build it (ninja -C build accelerate/tools/accel-estimate-memory) or set "
-            << accel::env::kEstimateMemory << " to its path\n";
+  std::cerr << "build it (ninja -C build accelerate/tools/" << program << ") or set "
+            << override_env << " to its path\n";
   return 2;
 }
 
@@ -378,7 +380,16 @@ int run_main(int argc, char** argv) {
                      "built-in config) for each dtype and strategy; see estimate-memory --help")
       ->allow_extras()
       ->prefix_command();
-  if (argc > 1 && std::string(argv[1]) == "estimate-memory") return run_estimate_memory(argc, argv);
+  app.add_subcommand("merge-weights",
+                     "an accel checkpoint (any mesh) as one safetensors file or a sharded set "
+                     "with an index; --split: one file as shards; see merge-weights --help")
+      ->allow_extras()
+      ->prefix_command();
+  if (argc > 1 && std::string(argv[1]) == "estimate-memory")
+    return run_tool(argc, argv, "estimate-memory", accel::env::kEstimateMemory,
+                    "accel-estimate-memory");
+  if (argc > 1 && std::string(argv[1]) == "merge-weights")
+    return run_tool(argc, argv, "merge-weights", accel::env::kMergeWeights, "accel-merge-weights");
 
   std::vector<std::string> after_separator;
   try {

@@ -6,7 +6,7 @@
 // data-parallel rank takes its share of (the ranks of a tp group take the same one), so every
 // mesh, one process included, computes the same steps.
 //   mesh_worker <out> <steps> [import <file>] [load <dir>] [save <step> <dir>] [export <file>]
-//               [sp] [f32] [dropout] [ln_f-replicate] [loader]
+//               [sp] [f32] [dropout] [ln_f-replicate] [loader] [tied]
 // import: load_model(file) after prepare; load: load_state(dir), then train until <steps>
 // optimizer steps in all; save: also save_state(dir) after optimizer step <step> (then go on);
 // export: save_model(file) at the end; sp: sequence parallel in the tp plan (models::gpt_tp_plan,
@@ -18,6 +18,7 @@
 // loader: the batches come from a prepared, shuffled DataLoader over kSequences fixed sequences
 // with split_batches (the global batch is kBatch at every dp size: kSequences / kBatch steps an
 // epoch), whose position save_state / load_state carry, instead of a fresh random batch per step.
+// tied: the head's weight is the token embedding's (not with tp: the plan cuts them differently).
 // Rank 0
 // writes <out>:
 //   "loss <step> <value>"        the global mean loss of every step trained here (%.17g)
@@ -56,7 +57,7 @@ int run(int argc, char** argv) {
   if (argc < 3) {
     std::cerr << "usage: mesh_worker <out> <steps> [import <file>] [load <dir>] "
                  "[save <step> <dir>] [export <file>] [sp] [f32] [dropout] [ln_f-replicate] "
-                 "[loader]\n";
+                 "[loader] [tied]\n";
     return 2;
   }
   const std::string out_path = argv[1];
@@ -64,7 +65,7 @@ int run(int argc, char** argv) {
   std::string load_dir, save_dir, export_path, import_path;
   int save_at = -1;
   bool sequence_parallel = false, f32 = false, with_dropout = false, ln_f_replicate = false,
-       use_loader = false;
+       use_loader = false, tied = false;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "load" && i + 1 < argc) {
@@ -86,6 +87,8 @@ int run(int argc, char** argv) {
       ln_f_replicate = true;
     } else if (a == "loader") {
       use_loader = true;
+    } else if (a == "tied") {
+      tied = true;
     } else {
       std::cerr << "mesh_worker: unexpected argument '" << a << "'\n";
       return 2;
@@ -112,6 +115,7 @@ int run(int argc, char** argv) {
   models::GptConfig c = config();
   if (with_dropout) c.dropout = 0.1;
   auto model = std::make_shared<models::Gpt>(c, &gen);
+  if (tied) model->head->weight = model->head->set_parameter("weight", model->tok->weight);
   if (!f32) model->to(kFloat64);
   optim::AdamWOptions ao;
   ao.lr(1e-2);

@@ -1,0 +1,535 @@
+#include "parallel/checkpoint/legacy.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "core/error.h"
+#include "core/file_io.h"
+#include "io/safetensors.h"
+#include "parallel/checkpoint_files.h"
+#include "parallel/checkpoint_records.h"
+
+namespace accel::dist::ckpt {
+
+namespace {
+
+using json = nlohmann::json;
+namespace records = ckpt_records;
+constexpr const char* kOp = "checkpoint";
+// At most this many data files are held open at once (a ZeRO-3 checkpoint of a large world has
+// one shard file per rank and model); past it the cache is emptied and files reopen on demand.
+constexpr size_t kMaxOpenFiles = 64;
+// A piece's bytes are read through one buffer of at most this size.
+constexpr uint64_t kReadWindowBytes = uint64_t(4) << 20;
+constexpr int64_t kMaxModels = 4096;
+
+std::string indexed(const std::string& stem, size_t i) {
+  return i == 0 ? stem : stem + "_" + std::to_string(i);
+}
+// The names Note [fsdp checkpoints] (parallel/fsdp_checkpoint.h) gives its files.
+std::string plain_file(size_t m) { return indexed("model", m) + ".safetensors"; }
+std::string shard_file(size_t m, int64_t rank) {
+  return indexed("fsdp_model", m) + "_rank" + std::to_string(rank) + ".safetensors";
+}
+std::string tp_folder(int64_t t) { return "tp" + std::to_string(t); }
+
+[[noreturn]] void bad(const std::string& file, const std::string& field, const std::string& why) {
+  ACCEL_THROW(IoError, kOp, "'", file, "': ", field, " ", why);
+}
+
+int64_t count_field(const json& s, const char* key, int64_t lo, int64_t hi,
+                    const std::string& file) {
+  if (!s.contains(key) || !s[key].is_number_integer()) bad(file, key, "must be an integer");
+  const int64_t v = s[key].get<int64_t>();
+  if (v < lo || v > hi)
+    bad(file, key,
+        std::to_string(v) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+// The "tp" record (Note [tp strategy] in accelerate/strategy_tp.cc), checked with the strategy's
+// rules (Note [checkpoint record validation]): {"size": T dividing world_size, "models": one
+// {name: {"dim", "chunks"}} per model, "inner": the record of the strategy inside tp}.
+struct TpShardRecord {
+  int64_t dim = 0, chunks = 1;
+};
+struct TpRecord {
+  int64_t size = 1;
+  std::vector<std::map<std::string, TpShardRecord>> models;
+  json inner = json::object();
+};
+
+TpRecord parse_tp(const json& state, int64_t world, size_t num_models, const std::string& file) {
+  TpRecord r;
+  if (!state.contains("tp")) return r;
+  const json& tp = state["tp"];
+  if (!tp.is_object()) bad(file, "tp", "must be an object");
+  if (!tp.contains("size") || !tp["size"].is_number_unsigned())
+    bad(file, "tp.size", "must be a count");
+  const uint64_t size = tp["size"].get<uint64_t>();
+  if (size < 1 || size > uint64_t(world) || world % int64_t(size) != 0)
+    bad(file, "tp.size",
+        std::to_string(size) + " does not divide world_size " + std::to_string(world));
+  r.size = int64_t(size);
+  if (!tp.contains("inner") || !tp["inner"].is_object()) bad(file, "tp.inner", "must be an object");
+  r.inner = tp["inner"];
+  if (!tp.contains("models") || !tp["models"].is_array() || tp["models"].size() != num_models)
+    bad(file, "tp.models", "must list " + std::to_string(num_models) + " model(s)");
+  for (size_t i = 0; i < num_models; ++i) {
+    const json& m = tp["models"][i];
+    const std::string where = "tp.models[" + std::to_string(i) + "]";
+    if (!m.is_object()) bad(file, where, "must be an object");
+    std::map<std::string, TpShardRecord> shards;
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      const json& s = *it;
+      const std::string f = where + "." + it.key();
+      if (!s.is_object() || !s.contains("dim") || !s["dim"].is_number_unsigned() ||
+          !s.contains("chunks") || !s["chunks"].is_number_unsigned())
+        bad(file, f, "must be {\"dim\": count, \"chunks\": count}");
+      const uint64_t dim = s["dim"].get<uint64_t>(), chunks = s["chunks"].get<uint64_t>();
+      if (dim >= 64 || chunks < 1 || chunks > 4096) bad(file, f, "has dim or chunks out of range");
+      shards[it.key()] = TpShardRecord{int64_t(dim), int64_t(chunks)};
+    }
+    r.models.push_back(std::move(shards));
+  }
+  return r;
+}
+
+// Per dimension, the global bounding interval of a region's box (a flat range lies inside it).
+bool boxes_meet(const Region& a, const Region& b) {
+  const auto& sa = a.segments();
+  const auto& sb = b.segments();
+  for (size_t d = 0; d < sa.size(); ++d) {
+    if (sa[d].empty() || sb[d].empty()) return false;
+    const int64_t alo = sa[d].front().global, ahi = sa[d].back().global + sa[d].back().length;
+    const int64_t blo = sb[d].front().global, bhi = sb[d].back().global + sb[d].back().length;
+    if (alo >= bhi || blo >= ahi) return false;
+  }
+  return true;
+}
+
+// One tensor as one tp index's folder holds it: its (tp-local) shape and dtype and the entries
+// holding it, each whole (hi < 0) or the span [lo, hi) of the flattened tensor.
+struct LocalPiece {
+  int64_t file = 0;
+  std::string entry;
+  int64_t lo = 0, hi = -1;
+};
+struct LocalTensor {
+  DType dtype = kFloat32;
+  bool typed = false;  // a ZeRO-3 parameter of no elements has no entry to take a dtype from
+  Shape shape;
+  bool flat = false;
+  std::vector<LocalPiece> pieces;
+};
+using LocalModel = std::map<std::string, LocalTensor>;
+
+class LegacySource final : public CheckpointSource {
+ public:
+  explicit LegacySource(std::string dir);
+
+  const json& meta() const override { return meta_; }
+  bool contains(const std::string& name) const override { return tensors_.count(name) != 0; }
+  std::vector<std::string> names() const override {
+    std::vector<std::string> out;
+    for (const auto& [n, t] : tensors_) out.push_back(n);
+    return out;
+  }
+  const TensorRecord& tensor(const std::string& name) const override {
+    auto it = tensors_.find(name);
+    ACCEL_CHECK(it != tensors_.end(), IoError, kOp, "checkpoint '", dir_, "' holds no tensor '",
+                name, "'");
+    return it->second;
+  }
+  void read(const std::string& name, const Region& want, const Tensor& dst) override;
+
+ private:
+  std::string path_of(const std::string& rel) const {
+    return (std::filesystem::path(dir_) / rel).string();
+  }
+  void check_folders(int64_t tp_size);
+  int64_t add_file(const std::string& rel);
+  const io::SafetensorsFile& file(int64_t i);
+  const io::SafetensorsFile& checked_file(const std::string& name, const TensorRecord& rec,
+                                          const PieceRecord& p);
+  LocalModel read_part(const std::string& base, size_t m, const records::FsdpRecord* fsdp,
+                       std::map<std::string, std::string>& aliases);
+  void add_model(size_t m, std::vector<LocalModel>& parts, const TpRecord& tp);
+  void add_aliases(const json& state, const std::string& file, size_t num_models);
+
+  std::string dir_;
+  json meta_;
+  std::map<std::string, TensorRecord> tensors_;
+  std::vector<std::string> files_;  // paths relative to dir_ ("tp1/model.safetensors")
+  std::map<std::string, int64_t> file_ids_;
+  std::map<int64_t, std::unique_ptr<io::SafetensorsFile>> open_;
+};
+
+LegacySource::LegacySource(std::string dir) : dir_(std::move(dir)) {
+  const std::string state_path = path_of(kCheckpointStateFile);
+  const std::string text =
+      file_io::read_file(state_path, kOp, kMaxIndexBytes, file_io::Links::kRefuse);
+  json state;
+  try {
+    state = json::parse(text);
+  } catch (const json::exception& e) {
+    ACCEL_THROW(IoError, kOp, "'", state_path, "' is not JSON: ", e.what());
+  }
+  if (!state.is_object()) bad(state_path, "the file", "must hold a JSON object");
+  if (count_field(state, "format", 1, 1000, state_path) != 1)
+    bad(state_path, "format", "is " + state["format"].dump() + "; this reader reads format 1");
+  const int64_t world = count_field(state, "world_size", 1, records::kMaxRecordWorld, state_path);
+  const size_t num_models = size_t(count_field(state, "num_models", 0, kMaxModels, state_path));
+  const TpRecord tp = parse_tp(state, world, num_models, state_path);
+  check_folders(tp.size);
+
+  // The record of the strategy that wrote the model files (inside tp: the inner one, for a world
+  // of world_size / T ranks).
+  const json& inner = state.contains("tp") ? tp.inner : state;
+  std::optional<records::FsdpRecord> fsdp;
+  if (inner.contains("fsdp")) {
+    fsdp = records::parse_fsdp_record(inner["fsdp"], world / tp.size, state_path);
+    if (fsdp->models.size() != num_models)
+      bad(state_path, "fsdp.models",
+          "lists " + std::to_string(fsdp->models.size()) + " model(s), num_models is " +
+              std::to_string(num_models));
+  }
+  meta_ = state;
+  meta_["aliases"] = json::object();
+  for (size_t m = 0; m < num_models; ++m) {
+    std::vector<LocalModel> parts;
+    std::map<std::string, std::string> aliases;  // of tp index 0's files
+    for (int64_t t = 0; t < tp.size; ++t) {
+      std::map<std::string, std::string> a;
+      parts.push_back(
+          read_part(state.contains("tp") ? tp_folder(t) + "/" : "", m, fsdp ? &*fsdp : nullptr, a));
+      if (t == 0) aliases = std::move(a);
+    }
+    add_model(m, parts, tp);
+    const std::string prefix = "model." + std::to_string(m) + ".";
+    for (const auto& [alias, kept] : aliases) meta_["aliases"][prefix + alias] = prefix + kept;
+  }
+  add_aliases(state, state_path, num_models);
+}
+
+// Note [format-1 checkpoints as pieces]: no link anywhere, no folder but tp<t>/ (t < T) of a tp
+// checkpoint, and those hold regular files only.
+void LegacySource::check_folders(int64_t tp_size) {
+  auto inspect = [&](int dirfd, const std::string& name, const std::string& shown) {
+    struct stat st {};
+    ACCEL_CHECK(::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0, IoError, kOp,
+                "cannot inspect '", shown, "': ", std::strerror(errno));
+    ACCEL_CHECK(!S_ISLNK(st.st_mode), IoError, kOp, "'", shown,
+                "' is a symbolic link; a checkpoint holds none (refusing to follow it)");
+    return st.st_mode;
+  };
+  file_io::Fd d = file_io::open_dir(dir_, /*create=*/false, kOp);
+  std::set<std::string> folders;
+  for (const std::string& name : file_io::list_dir(d.get(), dir_, kOp)) {
+    if (!S_ISDIR(inspect(d.get(), name, path_of(name)))) continue;
+    folders.insert(name);
+  }
+  for (int64_t t = 0; tp_size > 1 && t < tp_size; ++t) {
+    const std::string sub = tp_folder(t);
+    ACCEL_CHECK(folders.count(sub), IoError, kOp, "checkpoint '", dir_, "' was saved at tp size ",
+                tp_size, " but has no folder '", sub, "'");
+    folders.erase(sub);
+    const std::string shown = path_of(sub);
+    file_io::Fd s = file_io::open_dir(shown, /*create=*/false, kOp);
+    for (const std::string& name : file_io::list_dir(s.get(), shown, kOp)) {
+      const std::string f = shown + "/" + name;
+      ACCEL_CHECK(S_ISREG(inspect(s.get(), name, f)), IoError, kOp, "'", f,
+                  "' is not a regular file; a tp folder of a checkpoint holds files only");
+    }
+  }
+  ACCEL_CHECK(folders.empty(), IoError, kOp, "checkpoint '", dir_, "' holds the folder '",
+              folders.empty() ? "" : *folders.begin(), "', which no save of format 1 writes",
+              tp_size > 1 ? "" : " (tp<t>/ folders belong to checkpoints with a tp record)");
+}
+
+int64_t LegacySource::add_file(const std::string& rel) {
+  auto [it, fresh] = file_ids_.emplace(rel, int64_t(files_.size()));
+  if (fresh) files_.push_back(rel);
+  return it->second;
+}
+
+// The data file, opened never through a link (its header checked by SafetensorsFile).
+const io::SafetensorsFile& LegacySource::file(int64_t i) {
+  auto it = open_.find(i);
+  if (it != open_.end()) return *it->second;
+  if (open_.size() >= kMaxOpenFiles) open_.clear();
+  auto f =
+      std::make_unique<io::SafetensorsFile>(path_of(files_[size_t(i)]), file_io::Links::kRefuse);
+  return *open_.emplace(i, std::move(f)).first->second;
+}
+
+// The piece's file, its entry checked against the record (the file may have been replaced since it
+// was first opened): the entry's bytes bound the runs read.
+const io::SafetensorsFile& LegacySource::checked_file(const std::string& name,
+                                                      const TensorRecord& rec,
+                                                      const PieceRecord& p) {
+  const io::SafetensorsFile& f = file(p.file);
+  const io::SafetensorsFile::Info& info = f.info(p.entry);
+  ACCEL_CHECK(info.dtype == rec.dtype && info.shape == p.region.local_shape(), IoError, kOp, "'",
+              f.path(), "': tensor '", name, "' entry '", p.entry, "' is ", info.dtype, " ",
+              shape_str(info.shape), ", expected ", rec.dtype, " ",
+              shape_str(p.region.local_shape()));
+  return f;
+}
+
+// Model m's tensors as the folder `base` ("" or "tp<t>/") holds them; `aliases` receives the tied
+// names its plain file records (Note [tied tensors in files] in io/safetensors.cc).
+LocalModel LegacySource::read_part(const std::string& base, size_t m,
+                                   const records::FsdpRecord* fsdp,
+                                   std::map<std::string, std::string>& aliases) {
+  LocalModel out;
+  if (fsdp) {
+    std::optional<DType> model_dtype;
+    for (const records::FsdpParamRecord& p : fsdp->models[m]) {
+      LocalTensor lt;
+      for (int64_t s : p.shape) lt.shape.push_back(s);
+      lt.flat = true;
+      for (size_t q = 0; q < p.spans.size(); ++q) {
+        const auto [lo, hi] = p.spans[q];
+        if (hi == lo) continue;
+        const int64_t id = add_file(base + shard_file(m, int64_t(q)));
+        const io::SafetensorsFile& f = file(id);
+        ACCEL_CHECK(f.contains(p.name), IoError, kOp, "'", f.path(), "' holds no '", p.name,
+                    "', whose elements [", lo, ", ", hi, ") state.json places there");
+        const io::SafetensorsFile::Info& info = f.info(p.name);
+        ACCEL_CHECK(info.shape == Shape{hi - lo}, IoError, kOp, "'", f.path(), "': '", p.name,
+                    "' is ", shape_str(info.shape), ", its span in state.json is [", lo, ", ", hi,
+                    ") of ", shape_str(lt.shape));
+        ACCEL_CHECK(!lt.typed || info.dtype == lt.dtype, IoError, kOp, "'", f.path(), "': '",
+                    p.name, "' is ", info.dtype, ", its other spans are ", lt.dtype);
+        lt.dtype = info.dtype;
+        lt.typed = true;
+        lt.pieces.push_back({id, p.name, lo, hi});
+      }
+      if (lt.typed && !model_dtype) model_dtype = lt.dtype;
+      out.emplace(p.name, std::move(lt));
+    }
+    // A parameter of no elements is written by no rank: it takes the model's parameter dtype.
+    for (auto& [name, lt] : out)
+      if (!lt.typed && model_dtype) lt.dtype = *model_dtype;
+  }
+  // The plain model file: the whole model, or ZeRO-3's replicated part (buffers, frozen).
+  const int64_t id = add_file(base + plain_file(m));
+  const io::SafetensorsFile& f = file(id);
+  for (const std::string& name : f.names()) {
+    const io::SafetensorsFile::Info& info = f.info(name);
+    LocalTensor lt;
+    lt.dtype = info.dtype;
+    lt.typed = true;
+    lt.shape = info.shape;
+    lt.pieces.push_back({id, name, 0, -1});
+    ACCEL_CHECK(out.emplace(name, std::move(lt)).second, IoError, kOp, "'", f.path(), "' holds '",
+                name, "', which state.json's ZeRO-3 record says is sharded");
+  }
+  for (const auto& [key, value] : f.metadata())
+    if (!f.contains(key) && f.contains(value)) aliases.emplace(key, value);
+  return out;
+}
+
+// The global tensors of model m from its parts at the T tp indexes (Note [format-1 checkpoints as
+// pieces]).
+void LegacySource::add_model(size_t m, std::vector<LocalModel>& parts, const TpRecord& tp) {
+  const std::string prefix = "model." + std::to_string(m) + ".";
+  const int64_t T = tp.size;
+  const std::map<std::string, TpShardRecord> none;
+  const auto& shards = m < tp.models.size() ? tp.models[m] : none;
+  auto where = [&](int64_t t, const LocalTensor& lt) {
+    const std::string& f = files_[size_t(lt.pieces.empty() ? 0 : lt.pieces[0].file)];
+    return T > 1 && lt.pieces.empty() ? path_of(tp_folder(t)) : path_of(f);
+  };
+  for (const auto& [name, sh] : shards)
+    ACCEL_CHECK(parts[0].count(name), IoError, kOp, "checkpoint '", dir_, "': tp.models[", m,
+                "] says '", name, "' is cut over tp, but '", path_of(tp_folder(0)),
+                "' holds no such tensor");
+  for (int64_t t = 1; t < T; ++t)
+    for (const auto& [name, lt] : parts[size_t(t)])
+      ACCEL_CHECK(parts[0].count(name), IoError, kOp, "'", where(t, lt), "' holds '", name,
+                  "', which '", path_of(tp_folder(0)), "' does not");
+  for (const auto& [name, lt0] : parts[0]) {
+    const std::string global = prefix + name;
+    TensorRecord r;
+    r.dtype = lt0.dtype;
+    const auto sh = shards.find(name);
+    const bool cut = T > 1 && sh != shards.end();
+    std::vector<Region> boxes;  // per tp index whose pieces are read
+    if (!cut) {
+      r.shape = lt0.shape;
+      boxes.push_back(Region::whole(r.shape));
+    } else {
+      const TpShardRecord& s = sh->second;
+      r.shape = lt0.shape;
+      ACCEL_CHECK(s.dim < int64_t(r.shape.size()), IoError, kOp, "checkpoint '", dir_,
+                  "': tp.models[", m, "].", name, " cuts dimension ", s.dim, " of a tensor of ",
+                  shape_str(r.shape));
+      int64_t along = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        const auto it = parts[size_t(t)].find(name);
+        ACCEL_CHECK(it != parts[size_t(t)].end(), IoError, kOp, "'", path_of(tp_folder(t)),
+                    "' holds no '", name, "', which tp.models[", m, "] says is cut over tp");
+        const LocalTensor& lt = it->second;
+        Shape other = lt.shape;
+        other[size_t(s.dim)] = r.shape[size_t(s.dim)];
+        ACCEL_CHECK(lt.dtype == r.dtype && lt.shape.size() == r.shape.size() && other == r.shape,
+                    IoError, kOp, "'", where(t, lt), "': '", name, "' is ", lt.dtype, " ",
+                    shape_str(lt.shape), " but ", r.dtype, " ", shape_str(lt0.shape), " at tp 0");
+        along += lt.shape[size_t(s.dim)];
+      }
+      r.shape[size_t(s.dim)] = along;
+      r.layout =
+          "tp: Shard(" + std::to_string(s.dim) + ", chunks=" + std::to_string(s.chunks) + ")";
+      for (int64_t t = 0; t < T; ++t) {
+        const LocalTensor& lt = parts[size_t(t)].at(name);
+        Region box;
+        try {
+          box = Region::whole(r.shape).shard(s.dim, s.chunks, T, t);
+        } catch (const Error& e) {
+          ACCEL_THROW(IoError, kOp, "checkpoint '", dir_, "': '", name, "' of ", shape_str(r.shape),
+                      " does not cut as tp.models[", m, "] says: ", e.what());
+        }
+        ACCEL_CHECK(box.box_shape() == lt.shape, IoError, kOp, "'", where(t, lt), "': '", name,
+                    "' is ", shape_str(lt.shape), "; tp index ", t, " of ", T, " of ",
+                    shape_str(r.shape), " cut {dim ", s.dim, ", chunks ", s.chunks, "} is ",
+                    shape_str(box.box_shape()));
+        boxes.push_back(std::move(box));
+      }
+    }
+    if (lt0.flat) r.layout += std::string(r.layout.empty() ? "" : ", ") + "dp_shard: Flat";
+    for (size_t t = 0; t < boxes.size(); ++t) {
+      const LocalTensor& lt = t == 0 ? lt0 : parts[t].at(name);
+      for (const LocalPiece& p : lt.pieces)
+        r.pieces.push_back({p.file, p.entry, p.hi < 0 ? boxes[t] : boxes[t].flat(p.lo, p.hi), {}});
+    }
+    tensors_.emplace(global, std::move(r));
+  }
+}
+
+// state.json's "aliases": [{alias: name} per model] (Module::tied_aliases(): names of one tensor;
+// written since ZeRO-3 shard files keep no record of them). Where one of the two names is a
+// tensor here, the other becomes its alias (a plain file keeps the sorted-first name, which may be
+// the record's alias: Note [tied tensors in files]); both being tensors (written as copies) adds
+// nothing; neither is an IoError naming the field.
+void LegacySource::add_aliases(const json& state, const std::string& file, size_t num_models) {
+  if (!state.contains("aliases")) return;
+  const json& a = state["aliases"];
+  if (!a.is_array() || a.size() != num_models)
+    bad(file, "aliases", "must list " + std::to_string(num_models) + " object(s)");
+  json& known = meta_["aliases"];
+  for (size_t m = 0; m < num_models; ++m) {
+    const std::string field = "aliases[" + std::to_string(m) + "]";
+    if (!a[m].is_object()) bad(file, field, "must be an object");
+    const std::string prefix = "model." + std::to_string(m) + ".";
+    for (auto it = a[m].begin(); it != a[m].end(); ++it) {
+      if (!it->is_string()) bad(file, field + "." + it.key(), "must be a tensor name");
+      const std::string x = prefix + it.key(), y = prefix + it->get<std::string>();
+      const bool hx = tensors_.count(x) != 0, hy = tensors_.count(y) != 0;
+      if (!hx && !hy)
+        bad(file, field + "." + it.key(),
+            "names no tensor of the checkpoint (nor does '" + it->get<std::string>() + "')");
+      if (hx && !hy && !known.contains(y)) known[y] = x;
+      if (hy && !hx && !known.contains(x)) known[x] = y;
+    }
+  }
+}
+
+// As Note [reading a region of a format-2 checkpoint] in reader.cc, without checksums: the pieces
+// meeting `want` are checked against their files, their overlap runs must tile the region, and
+// each piece's needed bytes are read through one bounded buffer into dst (or a staging tensor of
+// the stored dtype that dst copies from).
+void LegacySource::read(const std::string& name, const Region& want, const Tensor& dst) {
+  const TensorRecord& rec = tensor(name);
+  ACCEL_CHECK(want.global_shape() == rec.shape, ShapeError, kOp, "tensor '", name, "' is ",
+              shape_str(rec.shape), " in checkpoint '", dir_, "', the region read lies in ",
+              shape_str(want.global_shape()));
+  ACCEL_CHECK(dst.defined() && dst.is_contiguous() && dst.sizes() == want.local_shape(), ValueError,
+              kOp, "reading '", name, "' needs a contiguous destination of ",
+              shape_str(want.local_shape()), ", got ",
+              dst.defined() ? dst.shape_str() : std::string("undefined"));
+  struct Part {
+    size_t piece;
+    std::vector<Overlap> runs;
+  };
+  std::vector<Part> parts;
+  struct Span {
+    int64_t dst, n;
+    size_t piece;
+  };
+  std::vector<Span> spans;
+  for (size_t i = 0; i < rec.pieces.size(); ++i) {
+    const PieceRecord& p = rec.pieces[i];
+    if (p.region.numel() == 0 || want.numel() == 0 || !boxes_meet(p.region, want)) continue;
+    checked_file(name, rec, p);
+    std::vector<Overlap> runs = overlap(p.region, want);
+    if (runs.empty()) continue;
+    for (const Overlap& o : runs) spans.push_back({o.dst, o.n, i});
+    parts.push_back({i, std::move(runs)});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.dst < b.dst; });
+  int64_t at = 0;
+  for (const Span& s : spans) {
+    ACCEL_CHECK(s.dst == at, IoError, kOp, "checkpoint '", dir_, "': tensor '", name,
+                "': elements [", std::min(at, s.dst), ", ", std::max(at, s.dst),
+                ") of the region read (", want.str(), ") are ",
+                s.dst < at ? "in two pieces" : "in no piece", " ('",
+                files_[size_t(rec.pieces[s.piece].file)], "')");
+    at = s.dst + s.n;
+  }
+  ACCEL_CHECK(at == want.numel(), IoError, kOp, "checkpoint '", dir_, "': tensor '", name,
+              "': elements [", at, ", ", want.numel(), ") of the region read (", want.str(),
+              ") are in no piece");
+
+  NoGradGuard ng;
+  const uint64_t es = dtype_size(rec.dtype);
+  const bool direct = dst.device().is_cpu() && dst.dtype() == rec.dtype;
+  Tensor stage = direct ? dst : empty(want.local_shape(), TensorOptions(rec.dtype, kCPU));
+  unsigned char* out = static_cast<unsigned char*>(stage.data_ptr());
+  std::vector<unsigned char> buf;
+  for (const Part& part : parts) {
+    const PieceRecord& p = rec.pieces[part.piece];
+    const io::SafetensorsFile& f = checked_file(name, rec, p);
+    const uint64_t piece_bytes = uint64_t(p.region.numel()) * es;
+    int64_t loaded = -1;  // the window in buf
+    for (const Overlap& o : part.runs) {
+      const uint64_t lo = uint64_t(o.src) * es, hi = uint64_t(o.src + o.n) * es;
+      for (uint64_t w = lo / kReadWindowBytes; w * kReadWindowBytes < hi; ++w) {
+        const uint64_t w0 = w * kReadWindowBytes;
+        const uint64_t len = std::min(kReadWindowBytes, piece_bytes - w0);
+        if (int64_t(w) != loaded) {
+          buf.resize(size_t(len));
+          f.read_bytes(p.entry, w0, len, buf.data());
+          if (rec.dtype == kBool)
+            for (uint64_t k = 0; k < len; ++k)
+              ACCEL_CHECK(buf[size_t(k)] <= 1, IoError, kOp, "'", f.path(), "': BOOL tensor '",
+                          p.entry, "' holds byte ", int(buf[size_t(k)]));
+          loaded = int64_t(w);
+        }
+        const uint64_t a = std::max(lo, w0), e = std::min(hi, w0 + len);
+        std::memcpy(out + uint64_t(o.dst) * es + (a - lo), buf.data() + (a - w0), size_t(e - a));
+      }
+    }
+  }
+  if (!direct) {
+    Tensor d = dst;  // a handle to the caller's storage
+    d.copy_(stage);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<CheckpointSource> open_legacy(const std::string& dir) {
+  return std::make_unique<LegacySource>(dir);
+}
+
+}  // namespace accel::dist::ckpt

@@ -73,6 +73,28 @@ std::string check_rank_list(const std::vector<int>& ranks, int world) {
   return {};
 }
 
+// Whether "done" is set. The store lives in rank 0's process: when it goes away meanwhile, that
+// is most often because rank 0 saw the group fail (its heartbeat lost a rank) and ended, before
+// this rank's heartbeat said so. The group's failure is the cause to report, so this waits for it
+// (up to the group's timeout, at most 30 s) before blaming the store.
+bool done(Store& st, ProcessGroup& parent, const char* op, const std::string& who) {
+  try {
+    return st.check({"done"});
+  } catch (const DistError& lost) {
+    const auto until = std::chrono::steady_clock::now() +
+                       std::min<Milliseconds>(parent.timeout(), std::chrono::seconds(30));
+    std::string failed = parent.failure_message();
+    while (failed.empty() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      failed = parent.failure_message();
+    }
+    ACCEL_CHECK(failed.empty(), DistError, op, who,
+                ": the group failed while its ranks met: ", failed,
+                " (and the store went away: ", lost.what(), ")");
+    ACCEL_THROW(DistError, op, who, ": the store was lost while the ranks met: ", lost.what());
+  }
+}
+
 // Note [subgroup rendezvous]
 // Every rank of `parent` posts its call under "subgroups/<N>/" in the parent's store and waits
 // until all have: the first call text to arrive becomes the reference ("call", compare_set), a
@@ -106,7 +128,7 @@ std::shared_ptr<Store> subgroup_rendezvous(ProcessGroup& parent, uint64_t number
   // marks it failed) ends the wait at once instead of at the timeout.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto pause = std::chrono::milliseconds(1);
-  while (!st->check({"done"})) {
+  while (!done(*st, parent, op, who)) {
     const std::string failed = parent.failure_message();
     ACCEL_CHECK(failed.empty(), DistError, op, who,
                 ": the group failed while its ranks met: ", failed);

@@ -3,10 +3,11 @@
 // transformers' model.safetensors.index.json; and the reverse split of one file into such a set.
 // What load_model, transformers' from_pretrained and safetensors.torch.load_file read.
 //
-//   merge::merge_weights("ckpt", "out/model.safetensors", {});                 // one file
-//   merge::merge_weights("ckpt/checkpoint_3", "out", {.max_shard_bytes =
-//   merge::parse_size("5GB")}); merge::split_weights("model.safetensors", "sharded",
-//   merge::parse_size("2GB"));
+//   merge::merge_weights("ckpt", "out/model.safetensors", {});  // one file
+//   merge::Options o;
+//   o.max_shard_bytes = merge::parse_size("5GB");
+//   merge::merge_weights("ckpt/checkpoint_3", "out", o);           // a sharded set
+//   merge::split_weights("model.safetensors", "sharded", merge::parse_size("2GB"));
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // The model tensors of a format-1 checkpoint (what save_state writes today) as a CheckpointSource:
 // the same piece tables a format-2 index holds, built from state.json's records and the files'
-// headers, read-only (design: /work/notes/placement-design.md 3.8).
+// headers, read-only (docs/checkpointing.md, "Format 1 as pieces").
 //
 //   auto src = ckpt::open_legacy("ckpt/checkpoint_7");   // a folder holding state.json
 //   const ckpt::TensorRecord& r = src->tensor("model.0.blocks.0.attn.qkv.weight");

@@ -16,6 +16,7 @@
 #include "io/safetensors.h"
 #include "parallel/checkpoint_files.h"
 #include "parallel/checkpoint_records.h"
+#include "parallel/checkpoint/read_pieces.h"
 
 namespace accel::dist::ckpt {
 
@@ -101,19 +102,6 @@ TpRecord parse_tp(const json& state, int64_t world, size_t num_models, const std
     r.models.push_back(std::move(shards));
   }
   return r;
-}
-
-// Per dimension, the global bounding interval of a region's box (a flat range lies inside it).
-bool boxes_meet(const Region& a, const Region& b) {
-  const auto& sa = a.segments();
-  const auto& sb = b.segments();
-  for (size_t d = 0; d < sa.size(); ++d) {
-    if (sa[d].empty() || sb[d].empty()) return false;
-    const int64_t alo = sa[d].front().global, ahi = sa[d].back().global + sa[d].back().length;
-    const int64_t blo = sb[d].front().global, bhi = sb[d].back().global + sb[d].back().length;
-    if (alo >= bhi || blo >= ahi) return false;
-  }
-  return true;
 }
 
 // One tensor as one tp index's folder holds it: its (tp-local) shape and dtype and the entries
@@ -444,86 +432,18 @@ void LegacySource::add_aliases(const json& state, const std::string& file, size_
   }
 }
 
-// As Note [reading a region of a format-2 checkpoint] in reader.cc, without checksums: the pieces
-// meeting `want` are checked against their files, their overlap runs must tile the region, and
-// each piece's needed bytes are read through one bounded buffer into dst (or a staging tensor of
-// the stored dtype that dst copies from).
+// Note [reading a region of a checkpoint] in read_pieces.h, without checksums (format 1 has none).
 void LegacySource::read(const std::string& name, const Region& want, const Tensor& dst) {
   const TensorRecord& rec = tensor(name);
-  ACCEL_CHECK(want.global_shape() == rec.shape, ShapeError, kOp, "tensor '", name, "' is ",
-              shape_str(rec.shape), " in checkpoint '", dir_, "', the region read lies in ",
-              shape_str(want.global_shape()));
-  ACCEL_CHECK(dst.defined() && dst.is_contiguous() && dst.sizes() == want.local_shape(), ValueError,
-              kOp, "reading '", name, "' needs a contiguous destination of ",
-              shape_str(want.local_shape()), ", got ",
-              dst.defined() ? dst.shape_str() : std::string("undefined"));
-  struct Part {
-    size_t piece;
-    std::vector<Overlap> runs;
+  detail::PieceAccess access;
+  access.file = [&](const PieceRecord& p) -> const io::SafetensorsFile& {
+    return checked_file(name, rec, p);
   };
-  std::vector<Part> parts;
-  struct Span {
-    int64_t dst, n;
-    size_t piece;
+  access.describe = [&](const PieceRecord& p) {
+    return "'" + p.entry + "' in '" + files_[size_t(p.file)] + "'";
   };
-  std::vector<Span> spans;
-  for (size_t i = 0; i < rec.pieces.size(); ++i) {
-    const PieceRecord& p = rec.pieces[i];
-    if (p.region.numel() == 0 || want.numel() == 0 || !boxes_meet(p.region, want)) continue;
-    checked_file(name, rec, p);
-    std::vector<Overlap> runs = overlap(p.region, want);
-    if (runs.empty()) continue;
-    for (const Overlap& o : runs) spans.push_back({o.dst, o.n, i});
-    parts.push_back({i, std::move(runs)});
-  }
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.dst < b.dst; });
-  int64_t at = 0;
-  for (const Span& s : spans) {
-    ACCEL_CHECK(s.dst == at, IoError, kOp, "checkpoint '", dir_, "': tensor '", name,
-                "': elements [", std::min(at, s.dst), ", ", std::max(at, s.dst),
-                ") of the region read (", want.str(), ") are ",
-                s.dst < at ? "in two pieces" : "in no piece", " ('",
-                files_[size_t(rec.pieces[s.piece].file)], "')");
-    at = s.dst + s.n;
-  }
-  ACCEL_CHECK(at == want.numel(), IoError, kOp, "checkpoint '", dir_, "': tensor '", name,
-              "': elements [", at, ", ", want.numel(), ") of the region read (", want.str(),
-              ") are in no piece");
-
-  NoGradGuard ng;
-  const uint64_t es = dtype_size(rec.dtype);
-  const bool direct = dst.device().is_cpu() && dst.dtype() == rec.dtype;
-  Tensor stage = direct ? dst : empty(want.local_shape(), TensorOptions(rec.dtype, kCPU));
-  unsigned char* out = static_cast<unsigned char*>(stage.data_ptr());
-  std::vector<unsigned char> buf;
-  for (const Part& part : parts) {
-    const PieceRecord& p = rec.pieces[part.piece];
-    const io::SafetensorsFile& f = checked_file(name, rec, p);
-    const uint64_t piece_bytes = uint64_t(p.region.numel()) * es;
-    int64_t loaded = -1;  // the window in buf
-    for (const Overlap& o : part.runs) {
-      const uint64_t lo = uint64_t(o.src) * es, hi = uint64_t(o.src + o.n) * es;
-      for (uint64_t w = lo / kReadWindowBytes; w * kReadWindowBytes < hi; ++w) {
-        const uint64_t w0 = w * kReadWindowBytes;
-        const uint64_t len = std::min(kReadWindowBytes, piece_bytes - w0);
-        if (int64_t(w) != loaded) {
-          buf.resize(size_t(len));
-          f.read_bytes(p.entry, w0, len, buf.data());
-          if (rec.dtype == kBool)
-            for (uint64_t k = 0; k < len; ++k)
-              ACCEL_CHECK(buf[size_t(k)] <= 1, IoError, kOp, "'", f.path(), "': BOOL tensor '",
-                          p.entry, "' holds byte ", int(buf[size_t(k)]));
-          loaded = int64_t(w);
-        }
-        const uint64_t a = std::max(lo, w0), e = std::min(hi, w0 + len);
-        std::memcpy(out + uint64_t(o.dst) * es + (a - lo), buf.data() + (a - w0), size_t(e - a));
-      }
-    }
-  }
-  if (!direct) {
-    Tensor d = dst;  // a handle to the caller's storage
-    d.copy_(stage);
-  }
+  access.window_bytes = kReadWindowBytes;
+  detail::read_pieces(dir_, name, rec, want, dst, access);
 }
 
 }  // namespace

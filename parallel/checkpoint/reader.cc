@@ -11,6 +11,7 @@
 #include "core/file_io.h"
 #include "io/safetensors.h"
 #include "parallel/checkpoint/crc.h"
+#include "parallel/checkpoint/read_pieces.h"
 
 namespace accel::dist::ckpt {
 
@@ -18,19 +19,6 @@ namespace {
 
 using json = nlohmann::json;
 constexpr const char* kOp = "checkpoint";
-
-// Per dimension, the global bounding interval of a region's box (a flat range lies inside it).
-bool boxes_meet(const Region& a, const Region& b) {
-  const auto& sa = a.segments();
-  const auto& sb = b.segments();
-  for (size_t d = 0; d < sa.size(); ++d) {
-    if (sa[d].empty() || sb[d].empty()) return false;
-    const int64_t alo = sa[d].front().global, ahi = sa[d].back().global + sa[d].back().length;
-    const int64_t blo = sb[d].front().global, bhi = sb[d].back().global + sb[d].back().length;
-    if (alo >= bhi || blo >= ahi) return false;
-  }
-  return true;
-}
 
 class Format2Source final : public CheckpointSource {
  public:
@@ -103,109 +91,36 @@ class Format2Source final : public CheckpointSource {
   std::vector<std::unique_ptr<io::SafetensorsFile>> files_;
 };
 
-// Note [reading a region of a format-2 checkpoint]
-// For each piece whose per-dimension bounding intervals meet the wanted region, its entry is
-// checked against the data file (dtype, shape: so the runs walked are bounded by bytes that
-// exist), then overlap() gives (src, dst, n) runs ascending in both orders. Coverage is checked
-// first, on the runs alone: sorted by dst they must tile [0, want.numel()) (an element in no piece
-// or in two is an IoError naming the tensor). Then each piece's needed bytes are read block by
-// block (whole CRC blocks, each at most once, through one bounded buffer), checked, and copied to
-// their place: straight into dst when it is a contiguous CPU tensor of the stored dtype, else into
-// a CPU staging tensor of the stored dtype that dst then copies from (conversion and device
-// transfer by copy_).
+// Note [reading a region of a checkpoint] in read_pieces.h; format 2 reads whole CRC blocks and
+// checks each against the index (the CRC seeded with the piece's identity: Note [format-2
+// checksums]).
 void Format2Source::read(const std::string& name, const Region& want, const Tensor& dst) {
   const TensorRecord& rec = tensor(name);
-  ACCEL_CHECK(want.global_shape() == rec.shape, ShapeError, kOp, "tensor '", name, "' is ",
-              shape_str(rec.shape), " in checkpoint '", dir_, "', the region read lies in ",
-              shape_str(want.global_shape()));
-  ACCEL_CHECK(dst.defined() && dst.is_contiguous() && dst.sizes() == want.local_shape(), ValueError,
-              kOp, "reading '", name, "' needs a contiguous destination of ",
-              shape_str(want.local_shape()), ", got ",
-              dst.defined() ? dst.shape_str() : std::string("undefined"));
-  struct Part {
-    size_t piece;
-    std::vector<Overlap> runs;
-  };
-  std::vector<Part> parts;
-  struct Span {
-    int64_t dst, n;
-    size_t piece;
-  };
-  std::vector<Span> spans;
-  for (size_t i = 0; i < rec.pieces.size(); ++i) {
-    const PieceRecord& p = rec.pieces[i];
-    if (p.region.numel() == 0 || want.numel() == 0 || !boxes_meet(p.region, want)) continue;
-    // The entry first: its bytes in the file bound the runs overlap() walks (an index cannot
-    // make the reader walk billions of runs of a piece that is not there).
+  const PieceRecord* seeded = nullptr;  // the piece `seed` belongs to
+  uint32_t seed = 0;
+  detail::PieceAccess access;
+  access.file = [&](const PieceRecord& p) -> const io::SafetensorsFile& {
     check_entry(name, rec, p);
-    std::vector<Overlap> runs = overlap(p.region, want);
-    if (runs.empty()) continue;
-    for (const Overlap& o : runs) spans.push_back({o.dst, o.n, i});
-    parts.push_back({i, std::move(runs)});
-  }
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.dst < b.dst; });
-  auto entry_of = [&](size_t i) {
-    const PieceRecord& p = rec.pieces[i];
+    return file(p.file);
+  };
+  access.describe = [&](const PieceRecord& p) {
     return "'" + p.entry + "' in '" + index_.files[size_t(p.file)].name + "'";
   };
-  int64_t at = 0;
-  for (size_t k = 0; k < spans.size(); ++k) {
-    const Span& s = spans[k];
-    ACCEL_CHECK(s.dst >= at, IoError, kOp, "checkpoint '", dir_, "': tensor '", name,
-                "': elements [", s.dst, ", ", std::min(at, s.dst + s.n), ") of the region read (",
-                want.str(), ") are in two pieces (", entry_of(s.piece), " and ",
-                entry_of(spans[k - 1].piece), ")");
-    ACCEL_CHECK(s.dst == at, IoError, kOp, "checkpoint '", dir_, "': tensor '", name,
-                "': elements [", at, ", ", s.dst, ") of the region read (", want.str(),
-                ") are in no piece");
-    at = s.dst + s.n;
-  }
-  ACCEL_CHECK(at == want.numel(), IoError, kOp, "checkpoint '", dir_, "': tensor '", name,
-              "': elements [", at, ", ", want.numel(), ") of the region read (", want.str(),
-              ") are in no piece");
-
-  NoGradGuard ng;
-  const uint64_t es = dtype_size(rec.dtype);
-  const bool direct = dst.device().is_cpu() && dst.dtype() == rec.dtype;
-  Tensor stage = direct ? dst : empty(want.local_shape(), TensorOptions(rec.dtype, kCPU));
-  unsigned char* out = static_cast<unsigned char*>(stage.data_ptr());
-  const uint64_t block = index_.crc_block_bytes;
-  std::vector<unsigned char> buf;
-  for (const Part& part : parts) {
-    const PieceRecord& p = rec.pieces[part.piece];
-    const io::SafetensorsFile& f = file(p.file);
-    const uint64_t piece_bytes = uint64_t(p.region.numel()) * es;
-    const uint32_t seed = piece_seed(name, rec.dtype, p.region);
-    int64_t loaded = -1;  // the block in buf
-    for (const Overlap& o : part.runs) {
-      const uint64_t lo = uint64_t(o.src) * es, hi = uint64_t(o.src + o.n) * es;
-      for (uint64_t b = lo / block; b * block < hi; ++b) {
-        const uint64_t b0 = b * block, len = std::min(block, piece_bytes - b0);
-        if (int64_t(b) != loaded) {
-          buf.resize(size_t(len));
-          f.read_bytes(p.entry, b0, len, buf.data());
-          const uint32_t got = block_crc(seed, buf.data(), size_t(len));
-          ACCEL_CHECK(got == p.crc[size_t(b)], IoError, kOp, "'", f.path(), "': tensor '", name,
-                      "' piece '", p.entry, "' (", p.region.str(), "): block ", b, " (bytes [", b0,
-                      ", ", b0 + len, ")) fails its CRC-32 (index ", p.crc[size_t(b)], ", data ",
-                      got,
-                      "): the piece's bytes, or its name, dtype or region in the index, changed "
-                      "after saving");
-          if (rec.dtype == kBool)
-            for (uint64_t k = 0; k < len; ++k)
-              ACCEL_CHECK(buf[size_t(k)] <= 1, IoError, kOp, "'", f.path(), "': BOOL piece '",
-                          p.entry, "' holds byte ", int(buf[size_t(k)]));
-          loaded = int64_t(b);
-        }
-        const uint64_t a = std::max(lo, b0), e = std::min(hi, b0 + len);
-        std::memcpy(out + uint64_t(o.dst) * es + (a - lo), buf.data() + (a - b0), size_t(e - a));
-      }
+  access.window_bytes = index_.crc_block_bytes;
+  access.check_window = [&](const PieceRecord& p, const io::SafetensorsFile& f, uint64_t b,
+                            uint64_t b0, const unsigned char* bytes, uint64_t len) {
+    if (seeded != &p) {
+      seed = piece_seed(name, rec.dtype, p.region);
+      seeded = &p;
     }
-  }
-  if (!direct) {
-    Tensor d = dst;  // a handle to the caller's storage
-    d.copy_(stage);
-  }
+    const uint32_t got = block_crc(seed, bytes, size_t(len));
+    ACCEL_CHECK(got == p.crc[size_t(b)], IoError, kOp, "'", f.path(), "': tensor '", name,
+                "' piece '", p.entry, "' (", p.region.str(), "): block ", b, " (bytes [", b0, ", ",
+                b0 + len, ")) fails its CRC-32 (index ", p.crc[size_t(b)], ", data ", got,
+                "): the piece's bytes, or its name, dtype or region in the index, changed after "
+                "saving");
+  };
+  detail::read_pieces(dir_, name, rec, want, dst, access);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "io/safetensors.h"
 #include "parallel/checkpoint/reader.h"
 #include "parallel/checkpoint/writer.h"
+#include "tests/parallel/region_steps.h"
 #include "tests/common/check.h"
 #include "tests/common/util.h"
 #include "tests/common/worker_check.h"
@@ -23,48 +24,12 @@
 using namespace accel;
 using dist::Region;
 using dist::ckpt::StateEntry;
+using test::Steps;
 using json = nlohmann::json;
 using test::check_error;
 using test::TempDir;
 
 namespace {
-
-// One rank's piece as the steps that cut it; offsets() is the brute-force element map (the
-// global row-major offset of each local element), computed by cutting a tensor of offsets with
-// chunk / narrow / cat, independently of Region.
-struct Steps {
-  struct Cut {
-    int64_t dim, chunks, n, i;
-  };
-  Shape global;
-  std::vector<Cut> cuts;
-  int64_t flat_lo = 0, flat_hi = -1;
-
-  Region region() const {
-    Region r = Region::whole(global);
-    for (const Cut& c : cuts) r = r.shard(c.dim, c.chunks, c.n, c.i);
-    if (flat_hi >= 0) r = r.flat(flat_lo, flat_hi);
-    return r;
-  }
-  Tensor cut() const {
-    Tensor t = arange(shape_numel(global), TensorOptions(kInt64)).reshape(global);
-    for (const Cut& c : cuts) {
-      std::vector<Tensor> kept;
-      for (const Tensor& block : t.chunk(c.chunks, c.dim)) {
-        const int64_t len = block.size(c.dim), piece = (len + c.n - 1) / c.n;
-        const int64_t b = std::min(len, c.i * piece), e = std::min(len, b + piece);
-        kept.push_back(block.narrow(c.dim, b, e - b));
-      }
-      t = cat(kept, c.dim);
-    }
-    return t.contiguous();
-  }
-  std::vector<int64_t> offsets() const {
-    std::vector<int64_t> out = cut().reshape({-1}).to_vector<int64_t>();
-    if (flat_hi >= 0) out = std::vector<int64_t>(out.begin() + flat_lo, out.begin() + flat_hi);
-    return out;
-  }
-};
 
 // A layout over a world: every rank's steps.
 struct TestLayout {

@@ -9,48 +9,14 @@
 
 #include "accel.h"
 #include "parallel/placement.h"
+#include "tests/parallel/region_steps.h"
 
 using namespace accel;
 using dist::Overlap;
 using dist::Region;
+using test::Steps;
 
 namespace {
-
-// The global row-major offsets of a region's elements, in the piece's order, computed by cutting
-// a tensor of offsets the way the region's steps say (torch.chunk per block, then a flat range).
-struct Steps {
-  struct Cut {
-    int64_t dim, chunks, n, i;
-  };
-  Shape global;
-  std::vector<Cut> cuts;
-  int64_t flat_lo = 0, flat_hi = -1;
-
-  Region region() const {
-    Region r = Region::whole(global);
-    for (const Cut& c : cuts) r = r.shard(c.dim, c.chunks, c.n, c.i);
-    if (flat_hi >= 0) r = r.flat(flat_lo, flat_hi);
-    return r;
-  }
-  std::vector<int64_t> offsets() const {
-    int64_t n = 1;
-    for (int64_t s : global) n *= s;
-    Tensor t = arange(n, TensorOptions(kInt64)).reshape(global);
-    for (const Cut& c : cuts) {
-      std::vector<Tensor> kept;
-      for (const Tensor& block : t.chunk(c.chunks, c.dim)) {
-        // torch.chunk: pieces of ceil(len / n); trailing pieces may be missing (empty).
-        const int64_t len = block.size(c.dim), piece = (len + c.n - 1) / c.n;
-        const int64_t b = std::min(len, c.i * piece), e = std::min(len, b + piece);
-        kept.push_back(block.narrow(c.dim, b, e - b));
-      }
-      t = cat(kept, c.dim);
-    }
-    std::vector<int64_t> out = t.contiguous().reshape({-1}).to_vector<int64_t>();
-    if (flat_hi >= 0) out = std::vector<int64_t>(out.begin() + flat_lo, out.begin() + flat_hi);
-    return out;
-  }
-};
 
 std::vector<int64_t> offsets_from_runs(const Region& r) {
   std::vector<int64_t> out(size_t(r.numel()), -1);

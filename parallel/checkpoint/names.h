@@ -1,0 +1,40 @@
+// The global names of a format-2 checkpoint's tensors (docs/checkpointing.md; one place, so the
+// format-2 writer, its loaders and the format-1 source name a tensor alike).
+//
+//   ckpt::names::model(0, "blocks.0.attn.qkv.weight")        "model.0.blocks.0.attn.qkv.weight"
+//   ckpt::names::optim_slot(0, 0, "lm_head.weight", "exp_avg") "optim.0.0.lm_head.weight.exp_avg"
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace accel::dist::ckpt::names {
+
+// A parameter or persistent buffer of prepared model `model` (its state-dict name).
+inline std::string model(size_t model, const std::string& name) {
+  return "model." + std::to_string(model) + "." + name;
+}
+
+// Slot `slot` ("exp_avg", "momentum_buffer", ...) of optimizer `optim` for parameter `param` of
+// prepared model `model`: placed like the region of that parameter the stepping rank holds.
+inline std::string optim_slot(size_t optim, size_t model, const std::string& param,
+                              const std::string& slot) {
+  return "optim." + std::to_string(optim) + "." + std::to_string(model) + "." + param + "." + slot;
+}
+
+// The optimizer's step count for that parameter (0-dim; ZeRO-1/2: the bucket's, one per parameter
+// of the bucket, equal by construction).
+inline std::string optim_step(size_t optim, size_t model, const std::string& param) {
+  return optim_slot(optim, model, param, "step");
+}
+
+// A gradient saved inside an accumulation window (each rank's own un-averaged sum: same mesh only).
+inline std::string grad(size_t model, const std::string& name) {
+  return "grad." + std::to_string(model) + "." + name;
+}
+
+// The default generator's state, and the tp tracker's streams.
+inline const char* const kRngDefault = "rng.default";
+inline const char* const kRngTp = "rng.tp";
+
+}  // namespace accel::dist::ckpt::names

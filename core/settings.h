@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -37,6 +38,34 @@ enum class Kind : uint8_t {
   Names,   // comma-separated identifiers ("Block, Layer" -> "Block,Layer")
 };
 
+// Note [aliases of a setting]
+// Accelerate spells some settings differently (fsdp_config.fsdp_min_num_params for our
+// fsdp_min_params) or with other values (fsdp_auto_wrap_policy: SIZE_BASED_WRAP for min_params);
+// the config file reader accepts each alias of a row as the row itself: `value` translates what
+// was written into text the row's parser reads (null: the row's values as they are), or refuses it
+// with `why` (a value accel cannot honour, such as HYBRID_SHARD). An alias may name the row's own
+// key to accept other values there (mixed_precision: false, YAML 1.1's unquoted `no`). A row given
+// under two of its spellings is refused ("given already"), unless the row says its spellings may
+// all be given when they agree (Accelerate writes both of its prefetch keys).
+struct Alias {
+  std::string_view key;  // dotted config key, as `Setting::yaml`
+  std::optional<std::string> (*value)(std::string_view raw, std::string* why) = nullptr;
+};
+
+// Note [questions from the table]
+// `accel-run config` asks the rows with a prompt, in table order, each answer checked by the row's
+// parser and by check_rules over the answers so far (a tp_size that does not fit the processes,
+// a zero_stage that does not run with it). A Choice row is offered as a menu (its default first),
+// a Bool row as yes/no, the others as text with the row's default. `when` says when it is asked:
+// "" always; "distributed" when more than one process is configured; "KEY=V", "KEY!=V" or
+// "KEY>=N" on an earlier answer (an unanswered row reads as its default); conditions joined by
+// " & " must all hold. Only answers other than the row's default are written, so that accepting a
+// default leaves the program's AcceleratorConfig in charge (Note [who wins: launcher or program]).
+struct Question {
+  std::string_view prompt;  // empty: not asked
+  std::string_view when;
+};
+
 struct Setting {
   std::string_view yaml;  // config key; "zero_config.zero_stage": key zero_stage in zero_config
   std::string_view flag;  // accel-run flag (a Bool's flag may be a switch: `switch_flag`)
@@ -50,55 +79,184 @@ struct Setting {
   int64_t lo = 0, hi = 0;          // Int bounds
   bool switch_flag = false;        // the flag takes no value and means "true"
   std::string_view negation = {};  // a switch's off form ("--fsdp_no_activation_checkpointing")
+  std::span<const Alias> aliases = {};  // Note [aliases of a setting]
+  bool aliases_agree = false;           // its spellings may all be given when they agree
+  Question question = {};               // Note [questions from the table]
 };
+
+// Accelerate's values (Note [aliases of a setting]): what was written -> what the row reads.
+namespace detail {
+inline std::string_view trim(std::string_view v) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  return v;
+}
+inline std::string upper(std::string_view v) {
+  std::string out(trim(v));
+  for (char& ch : out)
+    if (ch >= 'a' && ch <= 'z') ch = char(ch - 'a' + 'A');
+  return out;
+}
+}  // namespace detail
+// mixed_precision: false is YAML 1.1's unquoted `no`.
+inline std::optional<std::string> yaml11_no(std::string_view raw, std::string*) {
+  return detail::upper(raw) == "FALSE" ? std::string("no") : std::string(raw);
+}
+inline std::optional<std::string> accelerate_wrap_policy(std::string_view raw, std::string* why) {
+  const std::string u = detail::upper(raw);
+  if (u == "TRANSFORMER_BASED_WRAP") return "classes";
+  if (u == "SIZE_BASED_WRAP") return "min_params";
+  if (u == "NO_WRAP") return "none";
+  if (why)
+    *why = "expected TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP, got '" + std::string(raw) +
+           "'";
+  return std::nullopt;
+}
+// Accelerate's FSDP1 sharding strategies (by name or number) as reshard_after_forward; the
+// unsharded and hybrid ones are refused (hybrid sharding is the mesh's); otherwise the row's bool.
+inline std::optional<std::string> accelerate_sharding(std::string_view raw, std::string* why) {
+  const std::string u = detail::upper(raw);
+  if (u == "FULL_SHARD" || u == "1") return "true";
+  if (u == "SHARD_GRAD_OP" || u == "2") return "false";
+  if (u == "NO_SHARD" || u == "3") {
+    if (why)
+      *why =
+          "NO_SHARD is not ZeRO-3: use zero_config.zero_stage 0 (DDP) or 1-2 for unsharded "
+          "parameters; supported: FULL_SHARD, SHARD_GRAD_OP (or true / false)";
+    return std::nullopt;
+  }
+  if (u == "HYBRID_SHARD" || u == "_HYBRID_SHARD_ZERO2" || u == "4" || u == "5") {
+    if (why)
+      *why = "'" + std::string(detail::trim(raw)) +
+             "': accel sets hybrid sharding (shard within a machine, replicate across machines) "
+             "by the device mesh: give FULL_SHARD with parallelism_config_dp_replicate_size "
+             "(--dp_replicate_size N); supported: FULL_SHARD, SHARD_GRAD_OP (or true / false)";
+    return std::nullopt;
+  }
+  return std::string(raw);
+}
+inline std::optional<std::string> accelerate_backward_prefetch(std::string_view raw,
+                                                               std::string* why) {
+  const std::string u = detail::upper(raw);
+  if (u == "BACKWARD_PRE") return "true";
+  if (u == "NO_PREFETCH") return "false";
+  if (why)
+    *why = "'" + std::string(detail::trim(raw)) +
+           "': accel gathers the next unit when a unit's backward starts (BACKWARD_PRE) or not at "
+           "all (NO_PREFETCH); supported: BACKWARD_PRE, NO_PREFETCH";
+  return std::nullopt;
+}
+inline constexpr Alias kMixedPrecisionAliases[] = {{"mixed_precision", yaml11_no}};
+inline constexpr Alias kFsdpWrapAliases[] = {
+    {"fsdp_config.fsdp_auto_wrap_policy", accelerate_wrap_policy}};
+inline constexpr Alias kFsdpWrapClassesAliases[] = {
+    {"fsdp_config.fsdp_transformer_layer_cls_to_wrap"}};
+inline constexpr Alias kFsdpMinParamsAliases[] = {{"fsdp_config.fsdp_min_num_params"}};
+inline constexpr Alias kFsdpReshardAliases[] = {
+    {"fsdp_config.fsdp_reshard_after_forward", accelerate_sharding},
+    {"fsdp_config.fsdp_sharding_strategy", accelerate_sharding}};
+inline constexpr Alias kFsdpPrefetchAliases[] = {
+    {"fsdp_config.fsdp_backward_prefetch", accelerate_backward_prefetch},
+    {"fsdp_config.fsdp_forward_prefetch"}};
 
 // clang-format off
 // Note [who wins: launcher or program] (launcher/config.h): a row is exported only when the
-// config file or a flag sets it.
+// config file or a flag sets it. The rows are in the order the questionnaire asks them (the device
+// mesh first: the ZeRO stage is checked against it).
 inline constexpr Setting kSettings[] = {
-  {"mixed_precision", "--mixed_precision", env::kMixedPrecision,
-   "AcceleratorConfig::mixed_precision", Kind::Choice, "no|fp16|bf16", "no"},
-  {"use_cpu", "--cpu", env::kUseCpu, "AcceleratorConfig::cpu", Kind::Bool, "true|false", "false",
-   0, 0, true},
-  {"gradient_accumulation_steps", "--gradient_accumulation_steps",
-   env::kGradientAccumulationSteps, "AcceleratorConfig::gradient_accumulation_steps", Kind::Int,
-   ">= 1", "1", 1, int64_t(1) << 30},
-  {"zero_config.zero_stage", "--zero_stage", env::kZeroStage, "AcceleratorConfig::zero_stage",
-   Kind::Int, "0..3", "0", 0, 3},
-  {"strategy", "--strategy", env::kStrategy, "AcceleratorConfig::strategy", Kind::Name,
-   "a registered strategy: ddp, zero1, zero2, fsdp or the program's own",
-   "the one zero_stage names"},
-  {"zero_config.param_dtype", "--param_dtype", env::kParamDtype,
-   "AcceleratorConfig::{zero,fsdp}.param_dtype", Kind::Choice, "bf16|fp16|fp32", "fp32"},
-  {"zero_config.reduce_dtype", "--reduce_dtype", env::kReduceDtype,
-   "AcceleratorConfig::{zero,fsdp}.reduce_in_fp32", Kind::Choice, "param|fp32", "param"},
-  {"fsdp_config.fsdp_wrap", "--fsdp_wrap", env::kFsdpWrap, "AcceleratorConfig::fsdp.wrap",
-   Kind::Choice, "entries|classes|min_params|none", "entries"},
-  {"fsdp_config.fsdp_wrap_classes", "--fsdp_wrap_classes", env::kFsdpWrapClasses,
-   "AcceleratorConfig::fsdp.classes", Kind::Names,
-   "comma-separated module class names such as Block,Layer", "none"},
-  {"fsdp_config.fsdp_min_params", "--fsdp_min_params", env::kFsdpMinParams,
-   "AcceleratorConfig::fsdp.min_params", Kind::Int, "a parameter count >= 1", "1048576", 1,
-   int64_t(1) << 62},
-  {"fsdp_config.fsdp_reshard_after_forward", "--fsdp_reshard_after_forward",
-   env::kFsdpReshardAfterForward, "AcceleratorConfig::fsdp.reshard_after_forward", Kind::Bool,
-   "true|false", "true"},
-  {"fsdp_config.fsdp_prefetch", "--fsdp_prefetch", env::kFsdpPrefetch,
-   "AcceleratorConfig::fsdp.prefetch", Kind::Bool, "true|false", "true"},
-  {"fsdp_config.fsdp_activation_checkpointing", "--fsdp_activation_checkpointing",
-   env::kFsdpActivationCheckpointing, "AcceleratorConfig::fsdp.activation_checkpointing",
-   Kind::Bool, "true|false", "false", 0, 0, true, "--fsdp_no_activation_checkpointing"},
   // The device mesh (core/parallelism.h, Note [mesh sizes]); bounded by accel-run's process count.
-  {"parallelism_config.parallelism_config_dp_replicate_size", "--dp_replicate_size",
-   env::kDpReplicateSize, "AcceleratorConfig::parallelism.dp_replicate_size", Kind::Int,
-   "a size >= 1: replicas of the model", "1", 1, int64_t(1) << 20},
-  {"parallelism_config.parallelism_config_dp_shard_size", "--dp_shard_size", env::kDpShardSize,
-   "AcceleratorConfig::parallelism.dp_shard_size", Kind::Int,
-   "a size >= 1: ranks one shard group spans",
-   "the rest of the world: world / (dp_replicate_size x tp_size)", 1, int64_t(1) << 20},
-  {"parallelism_config.parallelism_config_tp_size", "--tp_size", env::kTpSize,
-   "AcceleratorConfig::parallelism.tp_size", Kind::Int, "a size >= 1: tensor-parallel ranks", "1",
-   1, int64_t(1) << 20},
+  {.yaml = "parallelism_config.parallelism_config_dp_replicate_size", .flag = "--dp_replicate_size",
+   .env = env::kDpReplicateSize, .field = "AcceleratorConfig::parallelism.dp_replicate_size",
+   .kind = Kind::Int, .allowed = "a size >= 1: replicas of the model", .default_value = "1",
+   .lo = 1, .hi = int64_t(1) << 20,
+   .question = {"How many replicas of the model (dp_replicate_size: with ZeRO, hybrid sharding: "
+                "ZeRO inside a replica, all-reduce across replicas)?", "distributed"}},
+  {.yaml = "parallelism_config.parallelism_config_dp_shard_size", .flag = "--dp_shard_size",
+   .env = env::kDpShardSize, .field = "AcceleratorConfig::parallelism.dp_shard_size",
+   .kind = Kind::Int, .allowed = "a size >= 1: ranks one shard group spans",
+   .default_value = "the rest of the world: world / (dp_replicate_size x tp_size)",
+   .lo = 1, .hi = int64_t(1) << 20},  // not asked: the rest of the processes
+  {.yaml = "parallelism_config.parallelism_config_tp_size", .flag = "--tp_size",
+   .env = env::kTpSize, .field = "AcceleratorConfig::parallelism.tp_size", .kind = Kind::Int,
+   .allowed = "a size >= 1: tensor-parallel ranks", .default_value = "1",
+   .lo = 1, .hi = int64_t(1) << 20,
+   .question = {"Over how many processes should each layer be split (tp_size: tensor "
+                "parallelism with ZeRO stage 0 or 3 and the program's "
+                "AcceleratorConfig::tp_plan)?", "distributed"}},
+  {.yaml = "zero_config.zero_stage", .flag = "--zero_stage", .env = env::kZeroStage,
+   .field = "AcceleratorConfig::zero_stage", .kind = Kind::Int, .allowed = "0..3",
+   .default_value = "0", .lo = 0, .hi = 3,
+   .question = {"Which ZeRO stage do you want (0: off, 1: shard optimizer state, 2: + "
+                "gradients, 3: + parameters)?", "distributed"}},
+  {.yaml = "strategy", .flag = "--strategy", .env = env::kStrategy,
+   .field = "AcceleratorConfig::strategy", .kind = Kind::Name,
+   .allowed = "a registered strategy: ddp, zero1, zero2, fsdp or the program's own",
+   .default_value = "the one zero_stage names"},
+  {.yaml = "zero_config.param_dtype", .flag = "--param_dtype", .env = env::kParamDtype,
+   .field = "AcceleratorConfig::{zero,fsdp}.param_dtype", .kind = Kind::Choice,
+   .allowed = "bf16|fp16|fp32", .default_value = "fp32",
+   .question = {"In which dtype should ZeRO compute with the parameters (fp32: no conversion; "
+                "the optimizer keeps fp32 master shards)?", "zero_config.zero_stage>=1"}},
+  {.yaml = "zero_config.reduce_dtype", .flag = "--reduce_dtype", .env = env::kReduceDtype,
+   .field = "AcceleratorConfig::{zero,fsdp}.reduce_in_fp32", .kind = Kind::Choice,
+   .allowed = "param|fp32", .default_value = "param",
+   .question = {"In which dtype should gradients be reduced (param: the parameters' dtype)?",
+                "zero_config.zero_stage>=1 & zero_config.param_dtype!=fp32"}},
+  {.yaml = "fsdp_config.fsdp_wrap", .flag = "--fsdp_wrap", .env = env::kFsdpWrap,
+   .field = "AcceleratorConfig::fsdp.wrap", .kind = Kind::Choice,
+   .allowed = "entries|classes|min_params|none", .default_value = "entries",
+   .aliases = kFsdpWrapAliases,
+   .question = {"Which modules should ZeRO-3 shard as units (entries: every ModuleList/Sequential "
+                "entry; classes: entries of the classes you name; min_params: entries with at "
+                "least N parameters; none: the whole model is one unit)?",
+                "zero_config.zero_stage=3"}},
+  {.yaml = "fsdp_config.fsdp_wrap_classes", .flag = "--fsdp_wrap_classes",
+   .env = env::kFsdpWrapClasses, .field = "AcceleratorConfig::fsdp.classes", .kind = Kind::Names,
+   .allowed = "comma-separated module class names such as Block,Layer", .default_value = "none",
+   .aliases = kFsdpWrapClassesAliases,
+   .question = {"Which module classes are units (comma-separated, e.g. Block,Layer)?",
+                "fsdp_config.fsdp_wrap=classes"}},
+  {.yaml = "fsdp_config.fsdp_min_params", .flag = "--fsdp_min_params", .env = env::kFsdpMinParams,
+   .field = "AcceleratorConfig::fsdp.min_params", .kind = Kind::Int,
+   .allowed = "a parameter count >= 1", .default_value = "1048576", .lo = 1,
+   .hi = int64_t(1) << 62, .aliases = kFsdpMinParamsAliases,
+   .question = {"At least how many parameters make an entry a unit?",
+                "fsdp_config.fsdp_wrap=min_params"}},
+  {.yaml = "fsdp_config.fsdp_reshard_after_forward", .flag = "--fsdp_reshard_after_forward",
+   .env = env::kFsdpReshardAfterForward, .field = "AcceleratorConfig::fsdp.reshard_after_forward",
+   .kind = Kind::Bool, .allowed = "true|false", .default_value = "true",
+   .aliases = kFsdpReshardAliases},
+  {.yaml = "fsdp_config.fsdp_prefetch", .flag = "--fsdp_prefetch", .env = env::kFsdpPrefetch,
+   .field = "AcceleratorConfig::fsdp.prefetch", .kind = Kind::Bool, .allowed = "true|false",
+   .default_value = "true", .aliases = kFsdpPrefetchAliases, .aliases_agree = true},
+  {.yaml = "fsdp_config.fsdp_activation_checkpointing", .flag = "--fsdp_activation_checkpointing",
+   .env = env::kFsdpActivationCheckpointing,
+   .field = "AcceleratorConfig::fsdp.activation_checkpointing", .kind = Kind::Bool,
+   .allowed = "true|false", .default_value = "false", .switch_flag = true,
+   .negation = "--fsdp_no_activation_checkpointing",
+   .question = {"Recompute each unit's forward in its backward (activation checkpointing: less "
+                "memory, more compute)?", "zero_config.zero_stage=3"}},
+  {.yaml = "gradient_accumulation_steps", .flag = "--gradient_accumulation_steps",
+   .env = env::kGradientAccumulationSteps,
+   .field = "AcceleratorConfig::gradient_accumulation_steps", .kind = Kind::Int,
+   .allowed = ">= 1", .default_value = "1", .lo = 1, .hi = int64_t(1) << 30,
+   .question = {"How many gradient accumulation steps do you want?", ""}},
+  {.yaml = "mixed_precision", .flag = "--mixed_precision", .env = env::kMixedPrecision,
+   .field = "AcceleratorConfig::mixed_precision", .kind = Kind::Choice,
+   .allowed = "no|fp16|bf16", .default_value = "no", .aliases = kMixedPrecisionAliases,
+   .question = {"Do you wish to use mixed precision?", ""}},
+  // Asked with the type of machine (launcher/questionnaire.cc), not from here.
+  {.yaml = "use_cpu", .flag = "--cpu", .env = env::kUseCpu, .field = "AcceleratorConfig::cpu",
+   .kind = Kind::Bool, .allowed = "true|false", .default_value = "false", .switch_flag = true},
+#ifdef ACCEL_SETTINGS_PROBE
+  // Note [the settings probe row]: the test build's proof that one row and one binding are all a
+  // setting needs (tests/launcher/test_settings_probe.cc).
+  {.yaml = "probe_config.probe_level", .flag = "--probe_level", .env = env::kSettingsProbe,
+   .field = "AcceleratorConfig::ddp.bucket_cap_mb", .kind = Kind::Int,
+   .allowed = "a probe level in 1..99", .default_value = "25", .lo = 1, .hi = 99,
+   .aliases = kProbeAliases,
+   .question = {"Which probe level (test build only)?", "distributed"}},
+#endif
 };
 // clang-format on
 
@@ -111,6 +269,23 @@ constexpr const Setting* find_by_yaml(std::string_view yaml) {
   for (const Setting& s : kSettings)
     if (s.yaml == yaml) return &s;
   return nullptr;
+}
+constexpr const Setting* find_by_flag(std::string_view flag) {
+  for (const Setting& s : kSettings)
+    if (s.flag == flag) return &s;
+  return nullptr;
+}
+// The row that config key `key` spells (its own key or an alias), and the alias (null: the key is
+// the row's own and has no alias entry).
+struct Spelling {
+  const Setting* row = nullptr;
+  const Alias* alias = nullptr;
+};
+constexpr Spelling find_by_key(std::string_view key) {
+  for (const Setting& s : kSettings)
+    for (const Alias& a : s.aliases)
+      if (a.key == key) return {&s, &a};
+  return {find_by_yaml(key), nullptr};
 }
 
 // The parser: a value as the user wrote it -> the canonical spelling (what is exported and what
@@ -241,7 +416,9 @@ inline Value typed(const Setting& s, std::string_view canonical) {
   return v;
 }
 
-// Canonical values by environment variable (the env column); rows nobody set are absent.
+// Canonical values of rows, keyed by a column: by environment variable (the env column) for
+// check_rules; by config key in accel-run's LaunchConfig::training and LaunchFlags::training.
+// Rows nobody set are absent.
 using Values = std::map<std::string, std::string, std::less<>>;
 
 // Why check_rules refused, and the settings the verdict depends on as (what, env variable):
@@ -340,6 +517,35 @@ inline std::optional<Refusal> check_rules(const Values& v, std::optional<int> wo
   else
     return std::nullopt;
   return r;
+}
+
+// Note [questions from the table]: whether row `s` is asked, given the answers so far (by config
+// key, canonical; a row not answered reads as its default) and whether the config is distributed.
+inline bool question_applies(const Setting& s, const Values& answers, bool distributed) {
+  if (s.question.prompt.empty()) return false;
+  std::string_view rest = s.question.when;
+  while (!rest.empty()) {
+    const size_t amp = rest.find(" & ");
+    const std::string_view one = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 3);
+    if (one == "distributed") {
+      if (!distributed) return false;
+      continue;
+    }
+    const size_t op = one.find_first_of("!>=");
+    const std::string_view key = one.substr(0, op);
+    const bool ge = one[op] == '>', ne = one[op] == '!';
+    const std::string_view want = one.substr(op + (ge || ne ? 2 : 1));
+    const Setting* row = find_by_yaml(key);
+    if (!row) return false;  // tests/launcher/test_settings.cc: every condition names a row
+    const auto it = answers.find(key);
+    const std::string have = it != answers.end() ? it->second : std::string(row->default_value);
+    const bool holds = ge ? std::strtoll(have.c_str(), nullptr, 10) >=
+                                std::strtoll(std::string(want).c_str(), nullptr, 10)
+                          : (have == want) != ne;
+    if (!holds) return false;
+  }
+  return true;
 }
 
 }  // namespace accel::settings

@@ -56,47 +56,31 @@ const std::vector<InertOnlyKey> kInertOnlyAccelerateKeys = {
     {"fp8_config", "accel has no fp8 training (mixed_precision is no, fp16 or bf16)"},
 };
 
+// The keys without a row; the rows' keys and their sections come from the settings table.
 const std::vector<std::string> kKnownKeys = {
-    "compute_environment",
-    "distributed_type",
-    "num_machines",
-    "num_processes",
-    "machine_rank",
-    "main_process_ip",
-    "main_process_port",
-    "mixed_precision",
-    "use_cpu",
-    "gpu_ids",
-    "rdzv_backend",
-    "same_network",
-    "main_training_function",
-    "gradient_accumulation_steps",
-    "strategy",
-    "zero_config",
-    "fsdp_config",
-    "parallelism_config",
-    "max_restarts",
-    "monitor_interval",
-    "num_cpu_threads_per_process",
+    "compute_environment",    "distributed_type",
+    "num_machines",           "num_processes",
+    "machine_rank",           "main_process_ip",
+    "main_process_port",      "gpu_ids",
+    "rdzv_backend",           "same_network",
+    "main_training_function", "max_restarts",
+    "monitor_interval",       "num_cpu_threads_per_process",
 };
 
-// fsdp_config keys: ours (the launch flags' names) and Accelerate's spellings of the same
-// settings (kFsdpAccelerateAliases: the value is translated, and a value accel cannot honour is
-// refused); Accelerate's FSDP settings that accel has no switch for are accepted only with the
-// value that describes what accel does anyway (kFsdpAccelerateValues), Note [accelerate keys
-// accel does not implement].
-const std::vector<std::string> kFsdpKeys = {
-    "fsdp_wrap",     "fsdp_wrap_classes",          "fsdp_min_params",
-    "fsdp_prefetch", "fsdp_reshard_after_forward", "fsdp_activation_checkpointing",
-};
-const std::map<std::string, std::string> kFsdpAccelerateAliases = {
-    {"fsdp_auto_wrap_policy", "fsdp_wrap"},
-    {"fsdp_transformer_layer_cls_to_wrap", "fsdp_wrap_classes"},
-    {"fsdp_min_num_params", "fsdp_min_params"},
-    {"fsdp_sharding_strategy", "fsdp_reshard_after_forward"},
-    {"fsdp_backward_prefetch", "fsdp_prefetch"},
-    {"fsdp_forward_prefetch", "fsdp_prefetch"},
-};
+// The section of a dotted row key ("zero_config" of "zero_config.zero_stage"), or "".
+std::string_view section_of(std::string_view key) {
+  const size_t dot = key.find('.');
+  return dot == std::string_view::npos ? std::string_view() : key.substr(0, dot);
+}
+bool is_section(std::string_view key) {
+  for (const settings::Setting& s : settings::kSettings)
+    if (section_of(s.yaml) == key) return true;
+  return false;
+}
+
+// Accelerate's FSDP settings that accel has no switch for are accepted only with the value that
+// describes what accel does anyway (Note [accelerate keys accel does not implement]); its other
+// spellings of our settings are the rows' aliases (Note [aliases of a setting]).
 struct FsdpFixedKey {
   const char* key;
   std::vector<std::string> accepted;  // lower-case values describing what accel does
@@ -171,21 +155,6 @@ bool read_bool(const YAML::Node& node, const std::string& where, const std::stri
   if (t == "true" || t == "yes" || t == "on") return true;
   if (t == "false" || t == "no" || t == "off") return false;
   bad_key(where, node, key, "expected true or false, got '" + node.Scalar() + "'");
-}
-
-// A training setting (Note [settings are checked by their row] in launcher/config.h): `text`
-// parsed by the row whose config key is `row`, or a ConfigError naming `key`, the key as written
-// (Accelerate's alias of the row's key, such as fsdp_config.fsdp_min_num_params, or the key).
-std::string setting_value(const YAML::Node& node, const std::string& where, const std::string& key,
-                          std::string_view row, const std::string& text) {
-  std::string why;
-  std::optional<std::string> v = parse_setting(row, text, &why);
-  if (!v) bad_key(where, node, key, why);
-  return *v;
-}
-// The scalar of `key`, which is the row's own key.
-std::string read_setting(const YAML::Node& node, const std::string& where, const std::string& key) {
-  return setting_value(node, where, key, key, scalar_text(node, where, key));
 }
 
 // A YAML scalar that reads back as exactly `s`. Single quotes when every byte is printable
@@ -328,21 +297,22 @@ void validate(const LaunchConfig& c, const std::string& where) {
              c.rdzv_backend + "'");
   }
   // The training settings, by their rows (Note [settings are checked by their row]).
-  for (const settings::Setting& s : settings::kSettings)
-    if (const std::optional<std::string> v = config_setting(c, s))
-      if (auto e = check_setting(s.yaml, *v)) fail(std::string(s.yaml), *e);
+  for (const auto& [key, v] : c.training) {
+    const settings::Setting* row = settings::find_by_yaml(key);
+    if (!row) fail(key, "is no setting of the settings table (core/settings.h)");
+    if (auto e = check_setting(key, v)) fail(key, *e);
+  }
   // The parts of a wrap policy agree (complete_fsdp_wrap fills in fsdp_wrap from them).
-  const std::string wrap =
-      c.fsdp_wrap ? parse_setting("fsdp_config.fsdp_wrap", *c.fsdp_wrap, nullptr).value() : "";
-  if (c.fsdp_wrap_classes && wrap != "classes") {
+  const std::string wrap = c.get("fsdp_config.fsdp_wrap").value_or("");
+  if (c.has("fsdp_config.fsdp_wrap_classes") && wrap != "classes") {
     fail("fsdp_config.fsdp_wrap_classes",
          "applies only with fsdp_wrap: classes, got fsdp_wrap: " + (wrap.empty() ? "unset" : wrap));
   }
-  if (c.fsdp_min_params && wrap != "min_params") {
+  if (c.has("fsdp_config.fsdp_min_params") && wrap != "min_params") {
     fail("fsdp_config.fsdp_min_params", "applies only with fsdp_wrap: min_params, got fsdp_wrap: " +
                                             (wrap.empty() ? "unset" : wrap));
   }
-  if (wrap == "classes" && !c.fsdp_wrap_classes) {
+  if (wrap == "classes" && !c.has("fsdp_config.fsdp_wrap_classes")) {
     fail("fsdp_config.fsdp_wrap",
          "classes needs fsdp_wrap_classes (the module class names of the units, such as "
          "Block,Layer)");
@@ -389,20 +359,6 @@ std::string key_text(const YAML::Node& key, const std::string& where, const std:
   return key.Scalar();
 }
 
-// zero_config: {zero_stage, param_dtype, reduce_dtype}.
-void read_zero_config(const YAML::Node& v, const std::string& where, LaunchConfig& c) {
-  for (auto z = v.begin(); z != v.end(); ++z) {
-    const std::string sub = key_text(z->first, where, " in zero_config");
-    const std::string full = "zero_config." + sub;
-    if (const settings::Setting* row = settings::find_by_yaml(full)) {  // by its row
-      set_config_setting(c, *row, read_setting(z->second, where, full));
-    } else {
-      bad_key(where, z->first, full,
-              "unknown key (zero_config holds zero_stage, param_dtype, reduce_dtype)");
-    }
-  }
-}
-
 LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& where);
 
 }  // namespace
@@ -426,163 +382,113 @@ LaunchConfig parse_config(const std::string& yaml_text, const std::string& where
 
 namespace {
 
-// fsdp_reshard_after_forward: a bool, or Accelerate's FSDP1 sharding strategies (by name or
-// number); the hybrid and unsharded ones are refused.
-bool read_sharding(const YAML::Node& v, const std::string& where, const std::string& key) {
-  const std::string t = trim(scalar_text(v, where, key));
-  const std::string u = [&] {
-    std::string x = t;
-    for (char& ch : x) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-    return x;
-  }();
-  if (u == "FULL_SHARD" || u == "1") return true;
-  if (u == "SHARD_GRAD_OP" || u == "2") return false;
-  if (u == "NO_SHARD" || u == "3")
-    bad_key(where, v, key,
-            "NO_SHARD is not ZeRO-3: use zero_config.zero_stage 0 (DDP) or 1-2 for unsharded "
-            "parameters; supported: FULL_SHARD, SHARD_GRAD_OP (or true / false)");
-  if (u == "HYBRID_SHARD" || u == "_HYBRID_SHARD_ZERO2" || u == "4" || u == "5")
-    bad_key(where, v, key,
-            "'" + t + "': accel sets hybrid sharding (shard within a machine, replicate " +
-                "across machines) by the device mesh: give FULL_SHARD with " +
-                "parallelism_config_dp_replicate_size (--dp_replicate_size N); supported: " +
-                "FULL_SHARD, SHARD_GRAD_OP (or true / false)");
-  // Otherwise a bool, read by the row (Note [settings are checked by their row]).
-  std::string why;
-  if (auto b = parse_setting("fsdp_config.fsdp_reshard_after_forward", t, &why))
-    return *b == "true";
-  const std::string bools = why.rfind("expected ", 0) == 0 ? why.substr(9) : why;
-  bad_key(where, v, key, "expected FULL_SHARD, SHARD_GRAD_OP or " + bools);
-}
+// The training settings of a config file (Note [settings are checked by their row]): each key a
+// row's own or one of its aliases (Note [aliases of a setting]), its value translated by the alias
+// and parsed by the row into LaunchConfig::training; a row given under two spellings is refused
+// unless the row lets them agree.
+class SettingsReader {
+ public:
+  SettingsReader(const std::string& where, LaunchConfig& c) : where_(where), c_(c) {}
 
-// fsdp_prefetch and Accelerate's two prefetch keys, which accel's one switch (prefetch in forward
-// and backward together) must satisfy all at once.
-bool read_prefetch(const YAML::Node& v, const std::string& where, const std::string& key,
-                   const std::string& sub) {
-  if (sub == "fsdp_backward_prefetch") {
-    const std::string t = trim(scalar_text(v, where, key));
-    std::string u = t;
-    for (char& ch : u) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-    if (u == "BACKWARD_PRE") return true;
-    if (u == "NO_PREFETCH" || is_null(v)) return false;
-    bad_key(where, v, key,
-            "'" + t + "': accel gathers the next unit when a unit's backward starts " +
-                "(BACKWARD_PRE) or not at all (NO_PREFETCH); supported: BACKWARD_PRE, NO_PREFETCH");
+  // `key` (dotted) is a spelling of `sp.row`; `k` its key node, `v` its value.
+  void read(const settings::Spelling& sp, const std::string& key, const YAML::Node& k,
+            const YAML::Node& v) {
+    const settings::Setting& row = *sp.row;
+    if (v.IsNull()) return;  // `null`, `~` or nothing: unset ('' is a value, refused by the row)
+    std::string text =
+        row.kind == settings::Kind::Names ? list_text(v, where_, key) : scalar_text(v, where_, key);
+    std::string why;
+    if (sp.alias && sp.alias->value) {
+      std::optional<std::string> t = sp.alias->value(text, &why);
+      if (!t) bad_key(where_, v, key, why);
+      text = *t;
+    }
+    std::optional<std::string> value = settings::parse(row, text, &why);
+    if (!value) bad_key(where_, v, key, why);
+    const auto [first, fresh] = given_.emplace(&row, std::make_pair(key, *value));
+    if (!fresh && !row.aliases_agree) {
+      bad_key(
+          where_, k, key,
+          "sets " + std::string(row.yaml) + ", which is given already" +
+              (first->second.first == key ? std::string() : " (by " + first->second.first + ")"));
+    }
+    if (!fresh && first->second.second != *value) {
+      bad_key(where_, k, key,
+              "gives " + std::string(row.yaml) + " " + *value + " but " + first->second.first +
+                  " gives it " + first->second.second + "; they are one setting in accel (" +
+                  std::string(row.flag) + "), so they must agree");
+    }
+    c_.training[std::string(row.yaml)] = *value;
   }
-  return setting_value(v, where, key, "fsdp_config.fsdp_prefetch", scalar_text(v, where, key)) ==
-         "true";
-}
 
-// fsdp_config: our keys and Accelerate's (docs/launcher.md, "ZeRO-3 and mixed precision").
-void read_fsdp_config(const YAML::Node& v, const std::string& where, LaunchConfig& c) {
-  const std::string key = "fsdp_config";
-  std::map<std::string, std::string> given;              // canonical key -> the key that set it
-  std::optional<std::pair<std::string, bool>> prefetch;  // (key, value) of the first prefetch key
-  for (auto z = v.begin(); z != v.end(); ++z) {
-    const std::string sub = key_text(z->first, where, " in fsdp_config");
-    const std::string full = key + "." + sub;
-    const YAML::Node zv = z->second;
-    const auto fixed = std::find_if(kFsdpAccelerateValues.begin(), kFsdpAccelerateValues.end(),
-                                    [&](const FsdpFixedKey& k) { return sub == k.key; });
-    if (fixed != kFsdpAccelerateValues.end()) {
-      // Note [accelerate keys accel does not implement]
+  // A section of rows (zero_config, fsdp_config, parallelism_config): its keys by the rows, and
+  // the keys Accelerate writes there that accel accepts only while they describe what it does.
+  void read_section(const std::string& section, const YAML::Node& v) {
+    if (is_null(v)) return;
+    if (!v.IsMap()) bad_key(where_, v, section, "expected a mapping of " + holds(section));
+    for (auto z = v.begin(); z != v.end(); ++z) {
+      const std::string sub = key_text(z->first, where_, " in " + section);
+      const std::string full = section + "." + sub;
+      const YAML::Node zv = z->second;  // a copy: see parse_config_node
+      if (const settings::Spelling sp = settings::find_by_key(full); sp.row) {
+        read(sp, full, z->first, zv);
+      } else if (!read_inert(section, sub, full, zv)) {
+        std::string best;
+        size_t best_d = 4;
+        for (const settings::Setting& s : settings::kSettings) {
+          if (section_of(s.yaml) != section) continue;
+          const size_t d = edit_distance(sub, s.yaml.substr(section.size() + 1));
+          if (d < best_d) best_d = d, best = s.yaml.substr(section.size() + 1);
+        }
+        bad_key(where_, z->first, full,
+                best.empty() ? "unknown key (" + holds(section) + ")"
+                             : "unknown key (did you mean '" + best + "'?)");
+      }
+    }  // The wrap policy given in parts (fsdp_wrap_classes alone means classes).
+    if (section == "fsdp_config")
+      if (auto e = complete_fsdp_wrap(c_)) bad_key(where_, v, section, *e);
+  }
+
+ private:
+  // "fsdp_config holds fsdp_wrap, fsdp_wrap_classes, ..."
+  static std::string holds(const std::string& section) {
+    std::string keys;
+    for (const settings::Setting& s : settings::kSettings)
+      if (section_of(s.yaml) == section)
+        keys += (keys.empty() ? "" : ", ") + std::string(s.yaml.substr(section.size() + 1));
+    return section + " holds " + keys;
+  }
+
+  // Note [accelerate keys accel does not implement]: Accelerate's FSDP settings without a switch
+  // in accel, and its context parallelism (inert while cp_size is 1). False: not such a key.
+  bool read_inert(const std::string& section, const std::string& sub, const std::string& full,
+                  const YAML::Node& zv) {
+    if (section == "fsdp_config") {
+      const auto fixed = std::find_if(kFsdpAccelerateValues.begin(), kFsdpAccelerateValues.end(),
+                                      [&](const FsdpFixedKey& k) { return sub == k.key; });
+      if (fixed == kFsdpAccelerateValues.end()) return false;
       const std::string t = to_lower(trim(value_text(zv)));
       if (std::find(fixed->accepted.begin(), fixed->accepted.end(), t) == fixed->accepted.end())
-        bad_key(where, zv, full, "'" + value_text(zv) + "' is not supported: " + fixed->why);
-      continue;
+        bad_key(where_, zv, full, "'" + value_text(zv) + "' is not supported: " + fixed->why);
+      return true;
     }
-    const auto alias = kFsdpAccelerateAliases.find(sub);
-    const std::string canon = alias == kFsdpAccelerateAliases.end() ? sub : alias->second;
-    if (std::find(kFsdpKeys.begin(), kFsdpKeys.end(), canon) == kFsdpKeys.end()) {
-      std::string best;
-      size_t best_d = 4;
-      for (const auto& k : kFsdpKeys) {
-        const size_t d = edit_distance(sub, k);
-        if (d < best_d) best_d = d, best = k;
-      }
-      bad_key(where, z->first, full,
-              best.empty() ? "unknown key (fsdp_config holds fsdp_wrap, fsdp_wrap_classes, "
-                             "fsdp_min_params, fsdp_prefetch, fsdp_reshard_after_forward, "
-                             "fsdp_activation_checkpointing)"
-                           : "unknown key (did you mean '" + best + "'?)");
-    }
-    if (canon == "fsdp_prefetch") {
-      // Accel prefetches in forward and backward together: every prefetch key must agree.
-      const bool b = read_prefetch(zv, where, full, sub);
-      if (prefetch && prefetch->first == full) bad_key(where, z->first, full, "is given twice");
-      if (prefetch && prefetch->second != b)
-        bad_key(where, z->first, full,
-                "asks for prefetch " + std::string(b ? "on" : "off") + " but " + prefetch->first +
-                    " asks for it " + (prefetch->second ? "on" : "off") +
-                    "; accel prefetches in forward and backward together (fsdp_prefetch), "
-                    "so they must agree");
-      if (!prefetch) prefetch = std::make_pair(full, b);
-      c.fsdp_prefetch = b;
-      continue;
-    }
-    if (auto [it, fresh] = given.emplace(canon, sub); !fresh)
-      bad_key(where, z->first, full,
-              "sets " + canon + ", which is given already" +
-                  (it->second == sub ? std::string("") : " (by fsdp_config." + it->second + ")"));
-    const std::string row = key + "." + canon;  // Note [settings are checked by their row]
-    if (canon == "fsdp_wrap") {
-      std::string t = scalar_text(zv, where, full);
-      if (sub == "fsdp_auto_wrap_policy") {  // Accelerate's names
-        const std::string u = trim(t);
-        if (u == "TRANSFORMER_BASED_WRAP") {
-          t = "classes";
-        } else if (u == "SIZE_BASED_WRAP") {
-          t = "min_params";
-        } else if (u == "NO_WRAP") {
-          t = "none";
-        } else {
-          bad_key(where, zv, full,
-                  "expected TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP, got '" + t + "'");
-        }
-      }
-      c.fsdp_wrap = setting_value(zv, where, full, row, t);
-    } else if (canon == "fsdp_wrap_classes") {
-      c.fsdp_wrap_classes = setting_value(zv, where, full, row, list_text(zv, where, full));
-    } else if (canon == "fsdp_min_params") {
-      c.fsdp_min_params =
-          std::stoll(setting_value(zv, where, full, row, scalar_text(zv, where, full)));
-    } else if (canon == "fsdp_activation_checkpointing") {
-      c.fsdp_activation_checkpointing = read_setting(zv, where, full) == "true";
-    } else {  // fsdp_reshard_after_forward / fsdp_sharding_strategy
-      c.fsdp_reshard_after_forward = read_sharding(zv, where, full);
-    }
-  }
-  if (auto e = complete_fsdp_wrap(c)) bad_key(where, v, key, *e);
-}
-
-// parallelism_config: Accelerate's keys. The sizes are read by their rows (null: unset); its
-// context parallelism is accepted only while off (Note [accelerate keys accel does not
-// implement]).
-void read_parallelism_config(const YAML::Node& v, const std::string& where, LaunchConfig& c) {
-  for (auto z = v.begin(); z != v.end(); ++z) {
-    const std::string sub = key_text(z->first, where, " in parallelism_config");
-    const std::string full = "parallelism_config." + sub;
-    const YAML::Node zv = z->second;
-    if (const settings::Setting* row = settings::find_by_yaml(full)) {  // a size, by its row
-      // `null`, `~` or nothing: unset ('' is a value, refused by the row); a key is never given
-      // twice (Note [duplicate keys]), so unset stays unset.
-      if (!zv.IsNull()) set_config_setting(c, *row, read_setting(zv, where, full));
-    } else if (sub == "parallelism_config_cp_size") {
+    if (section != "parallelism_config") return false;
+    if (sub == "parallelism_config_cp_size") {
       if (!is_inert(zv, /*ones=*/true))
-        bad_key(where, zv, full,
+        bad_key(where_, zv, full,
                 "'" + value_text(zv) +
                     "' asks for context parallelism, which accel does not have; accepted only "
                     "as 1 (or null)");
-    } else if (sub != "parallelism_config_cp_comm_strategy" &&
-               sub != "parallelism_config_cp_backend") {
-      // (The context-parallel options are inert while cp_size is 1, whatever their value.)
-      bad_key(where, z->first, full,
-              "unknown key (parallelism_config holds parallelism_config_dp_replicate_size, "
-              "parallelism_config_dp_shard_size, parallelism_config_tp_size and "
-              "parallelism_config_cp_size)");
+      return true;
     }
+    // The context-parallel options are inert while cp_size is 1, whatever their value.
+    return sub == "parallelism_config_cp_comm_strategy" || sub == "parallelism_config_cp_backend";
   }
-}
+
+  const std::string& where_;
+  LaunchConfig& c_;
+  std::map<const settings::Setting*, std::pair<std::string, std::string>> given_;
+};
 
 LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& where) {
   const YAML::Node root = YAML::Load(yaml_text);
@@ -592,6 +498,7 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
               ": expected a mapping of keys to values at the top level");
 
   check_duplicate_keys(root, where);  // Note [duplicate keys]
+  SettingsReader settings_reader(where, c);
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string key = key_text(it->first, where, "");
     // A copy (Node is a handle): yaml-cpp's iterator returns a temporary proxy from operator->,
@@ -624,10 +531,6 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
         c.main_process_port.reset();
       else
         c.main_process_port = static_cast<int>(read_int(v, where, key, 1, 65535));
-    } else if (key == "mixed_precision") {
-      std::string t = scalar_text(v, where, key);
-      if (to_lower(t) == "false") t = "no";  // unquoted `no` in YAML 1.1 readers
-      c.mixed_precision = setting_value(v, where, key, key, t);
     } else if (key == "gpu_ids") {
       const std::string t = list_text(v, where, key);
       if (auto e = check_gpu_ids(t)) bad_key(where, v, key, *e);
@@ -641,28 +544,10 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
       c.same_network = read_bool(v, where, key);
     } else if (key == "main_training_function") {
       c.main_training_function = scalar_text(v, where, key);
-    } else if (const settings::Setting* row = settings::find_by_yaml(key)) {
-      // use_cpu, gradient_accumulation_steps, strategy: by their rows.
-      set_config_setting(c, *row, read_setting(v, where, key));
-    } else if (key == "zero_config") {
-      if (is_null(v)) continue;
-      if (!v.IsMap()) bad_key(where, v, key, "expected a mapping such as {zero_stage: 2}");
-      read_zero_config(v, where, c);
-    } else if (key == "fsdp_config") {
-      if (is_null(v)) continue;
-      if (!v.IsMap()) {
-        bad_key(where, v, key,
-                "expected a mapping such as {fsdp_wrap: classes, fsdp_wrap_classes: Block}");
-      }
-      read_fsdp_config(v, where, c);
-    } else if (key == "parallelism_config") {
-      if (is_null(v)) continue;
-      if (!v.IsMap()) {
-        bad_key(where, v, key,
-                "expected a mapping such as {parallelism_config_dp_replicate_size: 2, "
-                "parallelism_config_dp_shard_size: 4}");
-      }
-      read_parallelism_config(v, where, c);
+    } else if (const settings::Spelling sp = settings::find_by_key(key); sp.row) {
+      settings_reader.read(sp, key, it->first, v);  // a top-level row: use_cpu, strategy, ...
+    } else if (is_section(key)) {
+      settings_reader.read_section(key, v);
     } else if (key == "max_restarts") {
       c.max_restarts = static_cast<int>(read_int(v, where, key, 0, 1 << 20));
     } else if (key == "monitor_interval") {
@@ -686,7 +571,10 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
     } else {
       std::string best;
       size_t best_d = 4;  // suggest only close matches
-      for (const auto& k : kKnownKeys) {
+      std::vector<std::string> known = kKnownKeys;
+      for (const settings::Setting& s : settings::kSettings)
+        known.emplace_back(section_of(s.yaml).empty() ? s.yaml : section_of(s.yaml));
+      for (const auto& k : known) {
         size_t d = edit_distance(key, k);
         if (d < best_d) best_d = d, best = k;
       }
@@ -728,7 +616,7 @@ std::string config_to_yaml(const LaunchConfig& c) {
   std::vector<std::pair<std::string_view, std::string>> sections;  // ("", top-level lines) first
   sections.emplace_back("", "");
   for (const settings::Setting& s : settings::kSettings) {
-    const std::optional<std::string> v = config_setting(c, s);
+    const std::optional<std::string> v = c.get(s.yaml);
     if (!v) continue;
     const bool bare = s.kind == settings::Kind::Int || s.kind == settings::Kind::Bool;
     const size_t dot = s.yaml.find('.');

@@ -29,54 +29,47 @@ struct LaunchConfig {
   std::optional<std::string> main_process_ip;
   std::optional<int> main_process_port;
   // Note [who wins: launcher or program]: the settings accel-run exports to the program are
-  // those the config file or a flag gives; unset (nullopt) ones are not exported, so the
-  // program's AcceleratorConfig stands (Accelerate's precedence).
-  std::optional<std::string> mixed_precision;  // no | fp16 | bf16
-  bool use_cpu = false;
+  // those the config file or a flag gives; unset ones are not exported, so the program's
+  // AcceleratorConfig stands (Accelerate's precedence). The training settings (the rows of
+  // core/settings.h: mixed_precision, use_cpu, zero_config.*, fsdp_config.*, the mesh sizes, ...)
+  // by config key, in the row's canonical spelling; read and written through the row
+  // (Note [settings are checked by their row]), never by a field of their own.
+  settings::Values training;
   std::string gpu_ids = "all";  // "all" or "0,1,3"
   std::string rdzv_backend = "static";
   bool same_network = true;
-  std::string main_training_function = "main";     // kept for Accelerate compatibility; unused
-  std::optional<int> gradient_accumulation_steps;  // >= 1
-  std::optional<int> zero_stage;                   // zero_config.zero_stage, 0..3
-  // A strategy registered in the program (accelerate/strategy_registry.h): ddp, zero1, zero2,
-  // fsdp or the program's own (accel-run cannot list those: any lower-case identifier).
-  std::optional<std::string> strategy;
-  // ZeRO mixed precision (zero_config.param_dtype / reduce_dtype): bf16 | fp16 | fp32 compute
-  // parameters over fp32 master shards; gradients reduced in the param dtype or fp32.
-  std::optional<std::string> param_dtype, reduce_dtype;
-  // ZeRO-3 (fsdp_config.fsdp_*, dist::FsdpOptions): unset ones are not exported, so the
-  // program's AcceleratorConfig::fsdp stands. fsdp_wrap: entries | classes | min_params | none.
-  std::optional<std::string> fsdp_wrap;
-  std::optional<std::string> fsdp_wrap_classes;  // "Block,Layer"
-  std::optional<long long> fsdp_min_params;
-  std::optional<bool> fsdp_reshard_after_forward, fsdp_prefetch, fsdp_activation_checkpointing;
-  // The device mesh (parallelism_config.parallelism_config_*_size, core/parallelism.h): unset
-  // ones are inferred from the world size (Note [mesh sizes]); launch refuses sizes that do not
-  // fit the world before it starts a worker.
-  std::optional<int> dp_replicate_size, dp_shard_size, tp_size;
+  std::string main_training_function = "main";  // kept for Accelerate compatibility; unused
   // accel-run extensions (flags of the same name override them).
   int max_restarts = 0;
   double monitor_interval = 0.1;
   int num_cpu_threads_per_process = 0;  // 0: OMP_NUM_THREADS = cpus / local processes
 
+  // Row `key`'s value (its config key or its flag: "zero_config.zero_stage", "--zero_stage"), or
+  // nullopt when not set; typed by the row's kind. ConfigError for a key without a row.
+  std::optional<std::string> get(std::string_view key) const;
+  std::optional<int64_t> get_int(std::string_view key) const;
+  std::optional<bool> get_bool(std::string_view key) const;
+  bool has(std::string_view key) const { return get(key).has_value(); }
+  // Row `key` := `raw`, parsed by the row once (ConfigError naming the key and what the row
+  // accepts); nullopt unsets it.
+  LaunchConfig& set(std::string_view key, const std::optional<std::string>& raw);
+  bool use_cpu() const { return get_bool("use_cpu").value_or(false); }
+
   bool operator==(const LaunchConfig&) const = default;
 };
 
 // Note [settings are checked by their row]
-// A training setting with a row in the settings table (core/settings.h: mixed_precision, use_cpu,
-// zero_config.*, fsdp_config.*, strategy, ...) is checked and spelled by that row's parser alone,
-// found by its config key: the config file reader, the flags (set_setting_flag, once per flag),
-// the questionnaire (its bounds, choices and defaults) and validate() all go through
-// parse_setting, so the values a setting takes live in one place and every path refuses the same
-// values with the same explanation; the canonical value then reaches its LaunchConfig field
-// through the row's one binding (set_config_setting), and validate() and config_to_yaml loop over
-// the rows (config_setting). The config file translates Accelerate's other spellings of a
-// setting (mixed_precision: false, fsdp_auto_wrap_policy: SIZE_BASED_WRAP, fsdp_sharding_strategy:
-// SHARD_GRAD_OP, ...) into ours before the row reads them. tests/launcher/test_config.cc checks
-// that the reader accepts exactly what each row accepts.
+// A training setting with a row in the settings table (core/settings.h) is checked and spelled by
+// that row's parser alone: the config file reader (by the row's key or one of its aliases, Note
+// [aliases of a setting]), the flags (set_setting_flag, once per flag), the questionnaire (asked
+// from the row's Question, Note [questions from the table]) and validate() all go through
+// settings::parse, so the values a setting takes live in one place and every path refuses the
+// same values with the same explanation; the canonical value is kept in LaunchConfig::training
+// under the row's config key, written by config_to_yaml and exported by worker_env in loops over
+// the rows. tests/launcher/test_config.cc checks that the reader accepts exactly what each row
+// accepts; tests/launcher/test_settings.cc round-trips every row.
 //
-// The row whose config key is `key` ("zero_config.param_dtype"); ConfigError when there is none.
+// The row whose config key (or flag) is `key`; ConfigError when there is none.
 const settings::Setting& setting_row(std::string_view key);
 // `raw` in the canonical spelling of row `key`, or nullopt with `why` (when given) saying what the
 // row accepts ("expected one of bf16, fp16, fp32, got 'fp8'").
@@ -84,11 +77,6 @@ std::optional<std::string> parse_setting(std::string_view key, std::string_view 
                                          std::string* why);
 // What row `key` refuses `raw` for, or nullopt when it accepts it.
 std::optional<std::string> check_setting(std::string_view key, std::string_view raw);
-// Row `s`'s field of `c`, in the row's canonical spelling (nullopt: not set; use_cpu is always
-// set), and the field := `canonical` (launcher/settings_binding.cc: one binding line per row).
-// validate(), config_to_yaml, the file reader and the flags go through these.
-std::optional<std::string> config_setting(const LaunchConfig& c, const settings::Setting& s);
-void set_config_setting(LaunchConfig& c, const settings::Setting& s, const std::string& canonical);
 
 // The checks of the settings without a row. Each returns an explanation of what is accepted, or
 // nullopt when the value is fine.

@@ -46,6 +46,7 @@ std::string normalize_gpu_ids(const std::string& v) {
 
 const settings::Setting& setting_row(std::string_view key) {
   const settings::Setting* s = settings::find_by_yaml(key);
+  if (!s) s = settings::find_by_flag(key);
   ACCEL_CHECK(s != nullptr, launcher::ConfigError, "config", "setting '", key,
               "' has no row in the settings table (core/settings.h)");
   return *s;
@@ -62,11 +63,45 @@ std::optional<std::string> check_setting(std::string_view key, std::string_view 
   return why;
 }
 
+std::optional<std::string> LaunchConfig::get(std::string_view key) const {
+  const auto it = training.find(setting_row(key).yaml);
+  if (it == training.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<int64_t> LaunchConfig::get_int(std::string_view key) const {
+  const settings::Setting& s = setting_row(key);
+  ACCEL_INTERNAL_ASSERT(s.kind == settings::Kind::Int);
+  const std::optional<std::string> v = get(key);
+  if (!v) return std::nullopt;
+  return settings::typed(s, *v).i;
+}
+
+std::optional<bool> LaunchConfig::get_bool(std::string_view key) const {
+  const settings::Setting& s = setting_row(key);
+  ACCEL_INTERNAL_ASSERT(s.kind == settings::Kind::Bool);
+  const std::optional<std::string> v = get(key);
+  if (!v) return std::nullopt;
+  return *v == "true";
+}
+
+LaunchConfig& LaunchConfig::set(std::string_view key, const std::optional<std::string>& raw) {
+  const settings::Setting& s = setting_row(key);
+  if (!raw) {
+    training.erase(std::string(s.yaml));
+    return *this;
+  }
+  std::string why;
+  std::optional<std::string> v = settings::parse(s, *raw, &why);
+  ACCEL_CHECK(v.has_value(), launcher::ConfigError, "config", "key '", s.yaml, "': ", why);
+  training[std::string(s.yaml)] = std::move(*v);
+  return *this;
+}
+
 ParallelismConfig parallelism_of(const LaunchConfig& c) {
   ParallelismConfig p;
-  p.dp_replicate_size = c.dp_replicate_size;
-  p.dp_shard_size = c.dp_shard_size;
-  p.tp_size = c.tp_size;
+  for (const ParallelDim& d : kParallelDims)
+    if (auto v = c.get_int(settings::find_by_env(d.env)->yaml)) p.*d.given = int(*v);
   return p;
 }
 
@@ -80,14 +115,16 @@ void check_parallelism(const LaunchConfig& c, int world, const std::string& wher
 }
 
 std::optional<std::string> complete_fsdp_wrap(LaunchConfig& c) {
-  if (c.fsdp_wrap) return std::nullopt;
-  if (c.fsdp_wrap_classes && c.fsdp_min_params) {
+  if (c.has("fsdp_config.fsdp_wrap")) return std::nullopt;
+  const bool classes = c.has("fsdp_config.fsdp_wrap_classes");
+  const bool min_params = c.has("fsdp_config.fsdp_min_params");
+  if (classes && min_params) {
     return std::string(
         "fsdp_wrap_classes and fsdp_min_params choose two different wrap policies (classes, "
         "min_params); give one of them, or fsdp_wrap");
   }
-  if (c.fsdp_wrap_classes) c.fsdp_wrap = "classes";
-  if (c.fsdp_min_params) c.fsdp_wrap = "min_params";
+  if (classes) c.set("fsdp_config.fsdp_wrap", "classes");
+  if (min_params) c.set("fsdp_config.fsdp_wrap", "min_params");
   return std::nullopt;
 }
 

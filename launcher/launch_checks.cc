@@ -7,7 +7,6 @@
 #include "core/env_contract.h"
 #include "core/settings.h"
 #include "launcher/plan.h"
-#include "launcher/settings_binding.h"
 
 namespace accel::launcher {
 
@@ -17,7 +16,7 @@ namespace {
 std::optional<std::string> exported_from(const LaunchConfig& c, const settings::Setting& s) {
   LaunchPlan p;
   p.config = c;
-  p.use_cpu = c.use_cpu;
+  p.use_cpu = c.use_cpu();
   return exported_setting(p, s);
 }
 

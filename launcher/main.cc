@@ -15,7 +15,6 @@
 #include "launcher/env_report.h"
 #include "launcher/output.h"
 #include "launcher/plan.h"
-#include "launcher/settings_binding.h"
 #include "launcher/supervisor.h"
 #include "launcher/util.h"
 

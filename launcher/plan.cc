@@ -1,7 +1,6 @@
 #include "launcher/plan.h"
 
 #include "launcher/launch_checks.h"
-#include "launcher/settings_binding.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -28,16 +27,15 @@ void apply_setting_flags(const LaunchFlags& f, LaunchConfig& c) {
   LaunchConfig w;
   bool wrap = false;
   for (const auto& [key, v] : f.training) {
-    const settings::Setting& row = setting_row(key);
-    set_config_setting(wrap_part(key) ? w : c, row, v);
+    (wrap_part(key) ? w : c).training[key] = v;
     wrap = wrap || wrap_part(key);
   }
   if (!wrap) return;
   if (auto why = complete_fsdp_wrap(w))
     ACCEL_THROW(launcher::ConfigError, "launch", "--fsdp_wrap_classes / --fsdp_min_params: ", *why);
-  c.fsdp_wrap = w.fsdp_wrap;
-  c.fsdp_wrap_classes = w.fsdp_wrap_classes;
-  c.fsdp_min_params = w.fsdp_min_params;
+  for (const char* key :
+       {"fsdp_config.fsdp_wrap", "fsdp_config.fsdp_wrap_classes", "fsdp_config.fsdp_min_params"})
+    c.set(key, w.get(key));
 }
 
 constexpr int kDefaultMultiMachinePort = 29500;
@@ -188,7 +186,7 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
   }
 
   // A config that declares MULTI_CPU means CPU workers even when launched with one process.
-  p.use_cpu = c.use_cpu || c.distributed_type == "MULTI_CPU";
+  p.use_cpu = c.use_cpu() || c.distributed_type == "MULTI_CPU";
   if (p.world_size == 1) {
     p.distributed_type = "NO";
   } else if (c.distributed_type == "NO") {
@@ -212,6 +210,23 @@ LaunchPlan resolve_plan(const LaunchConfig& file_config, const LaunchFlags& flag
 
   plan_threads(p, env);
   return p;
+}
+
+void set_setting_flag(LaunchFlags& f, const settings::Setting& s, const std::string& raw) {
+  std::string why;
+  std::optional<std::string> v = settings::parse(s, raw, &why);
+  ACCEL_CHECK(v.has_value(), launcher::ConfigError, "launch", s.flag, ": ", why);
+  f.training[std::string(s.yaml)] = std::move(*v);
+}
+
+void set_setting_flag(LaunchFlags& f, std::string_view key_or_flag, const std::string& raw) {
+  set_setting_flag(f, setting_row(key_or_flag), raw);
+}
+
+std::optional<std::string> exported_setting(const LaunchPlan& p, const settings::Setting& s) {
+  // Never exported as false: the program may still choose the CPU.
+  if (s.env == env::kUseCpu) return p.use_cpu ? std::optional<std::string>("true") : std::nullopt;
+  return p.config.get(s.yaml);
 }
 
 std::string new_rendezvous_token() { return random_hex(kTokenBytes); }

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "launcher/cluster.h"
@@ -21,8 +22,7 @@ struct LaunchFlags {
   std::optional<double> monitor_interval;
   // The training settings given as flags (the rows of core/settings.h: --mixed_precision, --cpu,
   // --zero_stage, --fsdp_*, --tp_size, ...) by config key, in the row's canonical spelling:
-  // set_setting_flag (launcher/settings_binding.h) parses each once; resolve_plan applies them
-  // over the config file through the row's binding.
+  // set_setting_flag parses each once; resolve_plan applies them over the config file's.
   settings::Values training;
   bool ignore_cluster_env = false;
 };
@@ -69,6 +69,18 @@ constexpr size_t kMinTokenLength = 16;
 constexpr size_t kTokenBytes = 16;
 // A new token as `accel-run token` prints it.
 std::string new_rendezvous_token();
+
+// The flag of row `s` given `raw`: parsed by the row once, stored in f.training under its config
+// key; ConfigError naming the flag and what it accepts (Note [settings are checked by their row]
+// in launcher/config.h).
+void set_setting_flag(LaunchFlags& f, const settings::Setting& s, const std::string& raw);
+// The same for the row whose flag ("--zero_stage") or config key ("zero_config.zero_stage") is
+// `key_or_flag`.
+void set_setting_flag(LaunchFlags& f, std::string_view key_or_flag, const std::string& raw);
+
+// Row `s`'s value in the plan, in the table's canonical spelling; nullopt when neither the
+// config file nor a flag set it (Note [who wins: launcher or program] in launcher/config.h).
+std::optional<std::string> exported_setting(const LaunchPlan& p, const settings::Setting& s);
 
 // Variables set for local worker `local_index` (0-based) on attempt `restart_count`.
 EnvMap worker_env(const LaunchPlan& plan, int local_index, int restart_count);

@@ -12,9 +12,10 @@ namespace accel::launcher {
 LaunchConfig basic_config(int gpu_count, const std::string& mixed_precision) {
   LaunchConfig c;
   std::string why;  // Note [settings are checked by their row]
-  c.mixed_precision = parse_setting("mixed_precision", mixed_precision, &why);
-  ACCEL_CHECK(c.mixed_precision.has_value(), launcher::ConfigError, "config",
-              "--mixed_precision: ", why);
+  const std::optional<std::string> precision =
+      parse_setting("mixed_precision", mixed_precision, &why);
+  ACCEL_CHECK(precision.has_value(), launcher::ConfigError, "config", "--mixed_precision: ", why);
+  c.set("mixed_precision", precision);
   if (gpu_count > 1) {
     c.distributed_type = "MULTI_GPU";
     c.num_processes = gpu_count;
@@ -22,7 +23,7 @@ LaunchConfig basic_config(int gpu_count, const std::string& mixed_precision) {
     c.distributed_type = "NO";
   } else {
     c.distributed_type = "NO";
-    c.use_cpu = true;
+    c.set("use_cpu", "true");
   }
   return c;
 }
@@ -87,36 +88,46 @@ class Asker {
     return to_lower(a)[0] == 'y';
   }
 
-  // A training setting (Note [settings are checked by their row]): the answer is checked by the
-  // row of `key`, the row's default is offered, and the canonical spelling returned.
-  // `extra` may refuse a value the row accepts (given in the row's spelling).
-  std::string ask_setting(
-      const std::string& question, std::string_view key,
-      const std::function<std::optional<std::string>(const std::string&)>& extra = {}) {
-    const std::string a = ask(question, std::string(setting_row(key).default_value),
-                              [&](const std::string& s) -> std::optional<std::string> {
-                                if (auto why = check_setting(key, s)) return why;
-                                if (!extra) return std::nullopt;
-                                return extra(*parse_setting(key, s, nullptr));
-                              });
-    return *parse_setting(key, a, nullptr);
-  }
-
-  // A setting of the Choice kind: the row's default first ([0], the default answer), then its
-  // other values in the row's order, each described by `about` (the value alone where `about`
-  // has none). Returns the value chosen.
-  std::string ask_setting_choice(const std::string& question, std::string_view key,
-                                 const std::map<std::string, std::string>& about) {
-    const settings::Setting& s = setting_row(key);
-    std::vector<std::string> values = {std::string(s.default_value)};
-    for (const std::string& v : split(std::string(s.allowed), '|'))
-      if (v != s.default_value) values.push_back(v);
-    std::vector<std::pair<std::string, std::string>> options;
-    for (const std::string& v : values) {
-      const auto d = about.find(v);
-      options.emplace_back(v, d == about.end() ? v : d->second);
+  // Row `s` asked by its Question (Note [questions from the table] in core/settings.h): a Choice
+  // as a menu with the row's default first, a Bool as yes/no, the rest as text with the row's
+  // default (none for names: the row's default describes the unset setting). The answer is
+  // checked by the row's parser, then by `extra` (given the canonical value). Returns the
+  // canonical value.
+  std::string ask_row(const settings::Setting& s,
+                      const std::function<std::optional<std::string>(const std::string&)>& extra) {
+    std::string question(s.question.prompt), default_answer(s.default_value);
+    std::vector<std::string> menu;
+    if (s.kind == settings::Kind::Choice) {
+      menu.push_back(default_answer);
+      for (const std::string& v : split(std::string(s.allowed), '|'))
+        if (v != s.default_value) menu.push_back(v);
+      question += " (";
+      for (size_t i = 0; i < menu.size(); ++i)
+        question += (i ? ", " : "") + std::string("[") + std::to_string(i) + "] " + menu[i];
+      question += ")";
+      default_answer = "0";
+    } else if (s.kind == settings::Kind::Bool) {
+      default_answer = default_answer == "true" ? "yes" : "no";
+    } else if (s.kind == settings::Kind::Names) {
+      default_answer.clear();
     }
-    return options[ask_choice(question, options, 0)].first;
+    // The answer as the row reads it: a menu entry by number or name, y / n for yes / no.
+    auto canonical = [&](const std::string& answer, std::string* why) {
+      std::string text = answer;
+      if (auto i = parse_int(answer); !menu.empty() && i && *i >= 0 && size_t(*i) < menu.size())
+        text = menu[size_t(*i)];
+      if (s.kind == settings::Kind::Bool && (to_lower(answer) == "y" || to_lower(answer) == "n"))
+        text = to_lower(answer) == "y" ? "yes" : "no";
+      return settings::parse(s, text, why);
+    };
+    const std::string a =
+        ask(question, default_answer, [&](const std::string& answer) -> std::optional<std::string> {
+          std::string why;
+          const std::optional<std::string> v = canonical(answer, &why);
+          if (!v) return why;
+          return extra ? extra(*v) : std::nullopt;
+        });
+    return *canonical(a, nullptr);
   }
 
   // Choice by index or by name; returns the index.
@@ -154,85 +165,22 @@ class Asker {
   std::ostream& out_;
 };
 
-// The device mesh (Note [mesh sizes] in core/parallelism.h), for a distributed config: replicas
-// and tensor-parallel size; dp_shard_size is the rest of the processes, not asked. Only sizes
-// above 1 are written.
-void ask_mesh(Asker& a, LaunchConfig& c) {
-  if (c.distributed_type == "NO" || c.num_processes < 2) return;
-  const int world = c.num_processes;
-  auto divides = [](int total, const char* what) {
-    return [total, what](const std::string& v) -> std::optional<std::string> {
-      if (total % std::stoi(v) == 0) return std::nullopt;
-      return "the size must divide " + std::string(what) + " (" + std::to_string(total) + ")";
-    };
-  };
-  const int replicas = std::stoi(a.ask_setting(
-      "How many replicas of the model (dp_replicate_size: with ZeRO, hybrid sharding: ZeRO inside "
-      "a replica, all-reduce across replicas)?",
-      "parallelism_config.parallelism_config_dp_replicate_size",
-      divides(world, "the number of processes")));
-  const int tp = std::stoi(a.ask_setting(
-      "Over how many processes should each layer be split (tp_size: tensor parallelism with "
-      "ZeRO stage 0 or 3 and the program's AcceleratorConfig::tp_plan)?",
-      "parallelism_config.parallelism_config_tp_size",
-      divides(world / replicas, "the processes per replica")));
-  if (replicas > 1) c.dp_replicate_size = replicas;
-  if (tp > 1) c.tp_size = tp;
-}
-
-// The ZeRO questions (stage, param dtype, ZeRO-3 wrap policy), for a distributed config.
-void ask_zero(Asker& a, LaunchConfig& c) {
-  if (c.distributed_type != "NO") {
-    // Note [strategies with tensor parallelism] in core/parallelism.h: stages 1-2 and tp are
-    // refused at launch, so they are not written either.
-    const int tp = c.tp_size.value_or(1);
-    c.zero_stage = std::stoi(a.ask_setting(
-        "Which ZeRO stage do you want (0: off, 1: shard optimizer state, 2: + gradients, 3: + "
-        "parameters)?",
-        "zero_config.zero_stage", [tp](const std::string& v) -> std::optional<std::string> {
-          const BuiltinStrategy* b = builtin_strategy_for_stage(std::stoi(v));
-          return b ? tp_strategy_conflict(tp, b->name) : std::nullopt;
-        }));
-  }
-  // Only answers that differ from the defaults are written: accepting a default leaves the
-  // program's own AcceleratorConfig::zero / ::fsdp choice in charge.
-  if (c.zero_stage >= 1) {
-    const std::string d = a.ask_setting_choice(
-        "In which dtype should ZeRO compute with the parameters (the optimizer keeps fp32 master "
-        "shards)?",
-        "zero_config.param_dtype", {{"fp32", "fp32: no conversion"}});
-    if (d != setting_row("zero_config.param_dtype").default_value) {
-      c.param_dtype = d;
-      if (a.ask_yes_no("Reduce gradients in fp32 instead of " + d + "?", false))
-        c.reduce_dtype = parse_setting("zero_config.reduce_dtype", "fp32", nullptr).value();
-    }
-  }
-  if (c.zero_stage == 3) {
-    const std::string w =
-        a.ask_setting_choice("Which modules should ZeRO-3 shard as units?", "fsdp_config.fsdp_wrap",
-                             {{"entries", "every ModuleList/Sequential entry"},
-                              {"classes", "entries of the classes you name"},
-                              {"min_params", "entries with at least N parameters"},
-                              {"none", "none: the whole model is one unit"}});
-    if (w != setting_row("fsdp_config.fsdp_wrap").default_value) c.fsdp_wrap = w;
-    if (w == "classes") {
-      // No default: the row's "none" describes the unset setting, not an answer.
-      c.fsdp_wrap_classes = *parse_setting(
-          "fsdp_config.fsdp_wrap_classes",
-          a.ask("Which module classes are units (comma-separated, e.g. Block,Layer)?", "",
-                [](const std::string& s) {
-                  return check_setting("fsdp_config.fsdp_wrap_classes", s);
-                }),
-          nullptr);
-    } else if (w == "min_params") {
-      c.fsdp_min_params = std::stoll(a.ask_setting(
-          "At least how many parameters make an entry a unit?", "fsdp_config.fsdp_min_params"));
-    }
-    if (a.ask_yes_no(
-            "Recompute each unit's forward in its backward (activation checkpointing: less "
-            "memory, more compute)?",
-            false))
-      c.fsdp_activation_checkpointing = true;
+// The rows with a question, in table order (Note [questions from the table] in core/settings.h).
+// Each answer is also checked with the answers before it by the rules accel-run applies at launch
+// (Note [cross-row rules]: mesh sizes that do not fit the processes, a ZeRO stage the tp size does
+// not run with). Only answers other than the row's default are written.
+void ask_settings(Asker& a, LaunchConfig& c) {
+  const bool distributed = c.distributed_type != "NO" && c.num_processes >= 2;
+  for (const settings::Setting& s : settings::kSettings) {
+    if (!settings::question_applies(s, c.training, distributed)) continue;
+    const std::string v = a.ask_row(s, [&](const std::string& value) -> std::optional<std::string> {
+      settings::Values by_env;
+      for (const auto& [key, given] : c.training) by_env[std::string(setting_row(key).env)] = given;
+      by_env[std::string(s.env)] = value;
+      if (auto r = settings::check_rules(by_env, c.num_processes)) return r->why;
+      return std::nullopt;
+    });
+    if (v != s.default_value) c.training[std::string(s.yaml)] = v;
   }
 }
 
@@ -279,17 +227,19 @@ LaunchConfig run_questionnaire(std::istream& in, std::ostream& out, int gpu_coun
            ")";
   };
   if (c.distributed_type == "NO") {
-    c.use_cpu =
-        a.ask_yes_no("Do you want to run your training on CPU only (even if a GPU is available)?",
-                     gpu_count == 0);
+    c.set("use_cpu", a.ask_yes_no("Do you want to run your training on CPU only (even if a GPU "
+                                  "is available)?",
+                                  gpu_count == 0)
+                         ? "true"
+                         : "false");
     c.num_processes = 1;
   } else if (c.distributed_type == "MULTI_CPU") {
-    c.use_cpu = true;
+    c.set("use_cpu", "true");
     c.num_processes = static_cast<int>(
         a.ask_int("How many CPU processes should be used in total, over all machines?",
                   2LL * machines, 1, kMaxProcesses, multiple_of_machines));
   } else {
-    c.use_cpu = false;
+    c.set("use_cpu", "false");
     c.num_processes = static_cast<int>(
         a.ask_int("How many GPU processes should be used in total, over all machines?",
                   static_cast<long long>(std::max(gpu_count, 1)) * machines, 1, kMaxProcesses,
@@ -301,12 +251,7 @@ LaunchConfig run_questionnaire(std::istream& in, std::ostream& out, int gpu_coun
     c.gpu_ids = normalize_gpu_ids(ids);
   }
 
-  ask_mesh(a, c);
-  ask_zero(a, c);
-  c.gradient_accumulation_steps = std::stoi(a.ask_setting(
-      "How many gradient accumulation steps do you want?", "gradient_accumulation_steps"));
-  c.mixed_precision =
-      a.ask_setting_choice("Do you wish to use mixed precision?", "mixed_precision", {});
+  ask_settings(a, c);
   validate(c, "questionnaire");
   check_parallelism(c, c.num_processes, "questionnaire");
   return c;

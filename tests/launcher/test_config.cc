@@ -9,7 +9,6 @@
 #include "core/settings.h"
 #include "launcher/config.h"
 #include "launcher/plan.h"
-#include "launcher/settings_binding.h"
 
 namespace al = accel::launcher;
 namespace st = accel::settings;
@@ -82,7 +81,7 @@ TEST_CASE("what config_to_yaml writes parses back to the same config") {
   c.main_process_ip = "node-0'1";
   c.main_process_port = 29501;
   c.main_training_function = "it's: #main";
-  c.zero_stage = 3;
+  c.set("zero_config.zero_stage", "3");
   c.monitor_interval = 0.25;
   CHECK(al::parse_config(al::config_to_yaml(c), "rt.yaml") == c);
   // Line breaks and other control characters: a single-quoted scalar folds line breaks into
@@ -193,7 +192,7 @@ TEST_CASE("config file: every setting of the table is checked and spelled by its
         }
         if (key == "use_cpu") {
           // Exported from the plan, which also turns it on where there is no GPU (here).
-          CHECK(c.use_cpu == (*want == "true"));
+          CHECK(c.use_cpu() == (*want == "true"));
         } else {
           const al::LaunchPlan plan = al::resolve_plan(c, {}, {}, 0);
           CHECK(al::exported_setting(plan, s) == want);
@@ -226,9 +225,9 @@ TEST_CASE("parallelism_config: Accelerate's keys, and sizes that do not fit the 
       "  parallelism_config_dp_shard_size: null\n"
       "  parallelism_config_tp_size: 2\n",
       "accelerate.yaml");
-  CHECK(c.dp_replicate_size == std::optional<int>(2));
-  CHECK(!c.dp_shard_size);
-  CHECK(c.tp_size == std::optional<int>(2));
+  CHECK(c.get_int("--dp_replicate_size") == std::optional<int>(2));
+  CHECK(!c.get_int("--dp_shard_size"));
+  CHECK(c.get_int("--tp_size") == std::optional<int>(2));
   CHECK(al::parse_config(al::config_to_yaml(c), "rt.yaml") == c);
   const al::LaunchPlan p = al::resolve_plan(c, {}, {}, 0);
   const al::EnvMap env = al::worker_env(
@@ -278,7 +277,7 @@ TEST_CASE("parallelism_config: Accelerate's keys, and sizes that do not fit the 
   CHECK_MESSAGE(m3.find("= 12 is not the world size 8") != std::string::npos, m3);
   al::set_setting_flag(sizes, "--dp_shard_size", "2");
   const al::LaunchPlan ok = al::resolve_plan(c, sizes, {}, 0);
-  CHECK(ok.config.dp_shard_size == std::optional<int>(2));
+  CHECK(ok.config.get_int("--dp_shard_size") == std::optional<int>(2));
 }
 
 TEST_CASE("a key given twice is refused in every mapping, not only at the top") {
@@ -311,7 +310,7 @@ TEST_CASE("a key given twice is refused in every mapping, not only at the top") 
       "zero_config:\n  zero_stage: 3\nfsdp_config:\n  fsdp_prefetch: true\n"
       "deepspeed_config: {a: null}\nmpirun_config: {a: null}\n",
       "ok.yaml");
-  CHECK(ok.zero_stage == std::optional<int>(3));
+  CHECK(ok.get_int("zero_config.zero_stage") == std::optional<int>(3));
 }
 
 namespace {
@@ -347,8 +346,8 @@ TEST_CASE("launch refuses what the Accelerator would refuse, naming where each v
   CHECK(m.find("inherit") == std::string::npos);
   // The same from the config file's keys, naming the file.
   al::LaunchConfig file = four;
-  file.tp_size = 2;
-  file.zero_stage = 1;
+  file.set("--tp_size", "2");
+  file.set("zero_config.zero_stage", "1");
   m = launch_refusal(file, {}, {}, "cfg.yaml");
   CHECK_MESSAGE(m.find("not 'zero1'") != std::string::npos, m);
   CHECK_MESSAGE(m.find("tp_size 2 from key parallelism_config.parallelism_config_tp_size of "

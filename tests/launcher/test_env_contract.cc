@@ -15,7 +15,6 @@
 #include "accelerate/accelerator.h"
 #include "comm/env.h"
 #include "launcher/plan.h"
-#include "launcher/settings_binding.h"
 #include "tests/common/scoped_env.h"
 
 namespace al = accel::launcher;
@@ -28,9 +27,9 @@ namespace {
 al::LaunchPlan cpu_plan() {
   al::LaunchConfig cfg;
   cfg.num_processes = 4;
-  cfg.zero_stage = 3;
-  cfg.fsdp_wrap = "min_params";
-  cfg.fsdp_min_params = 5000;
+  cfg.set("zero_config.zero_stage", "3");
+  cfg.set("fsdp_config.fsdp_wrap", "min_params");
+  cfg.set("fsdp_config.fsdp_min_params", "5000");
   al::LaunchPlan p = al::resolve_plan(cfg, {}, {}, 0);
   p.master_port = 1234;
   return p;

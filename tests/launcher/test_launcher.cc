@@ -28,7 +28,6 @@
 #include "launcher/config.h"
 #include "launcher/output.h"
 #include "launcher/plan.h"
-#include "launcher/settings_binding.h"
 #include "launcher/supervisor.h"
 #include "launcher/util.h"
 #include "tests/common/util.h"
@@ -286,25 +285,25 @@ TEST_CASE("config: save and load round trip every key") {
   c.machine_rank = 1;
   c.main_process_ip = "10.1.2.3";
   c.main_process_port = 29555;
-  c.mixed_precision = "bf16";
-  c.use_cpu = false;
+  c.set("mixed_precision", "bf16");
+  c.set("use_cpu", "false");
   c.gpu_ids = "0,2,3,5";
   c.same_network = false;
   c.main_training_function = "train";
-  c.gradient_accumulation_steps = 4;
-  c.zero_stage = 2;
+  c.set("gradient_accumulation_steps", "4");
+  c.set("zero_config.zero_stage", "2");
   c.max_restarts = 3;
   c.monitor_interval = 0.5;
   c.num_cpu_threads_per_process = 6;
-  c.param_dtype = "fp16";
-  c.reduce_dtype = "fp32";
-  c.fsdp_wrap = "classes";
-  c.fsdp_wrap_classes = "Block,Layer";
-  c.fsdp_reshard_after_forward = false;
-  c.fsdp_prefetch = false;
-  c.fsdp_activation_checkpointing = true;
-  c.dp_replicate_size = 2;
-  c.tp_size = 4;
+  c.set("zero_config.param_dtype", "fp16");
+  c.set("zero_config.reduce_dtype", "fp32");
+  c.set("fsdp_config.fsdp_wrap", "classes");
+  c.set("fsdp_config.fsdp_wrap_classes", "Block,Layer");
+  c.set("fsdp_config.fsdp_reshard_after_forward", "false");
+  c.set("fsdp_config.fsdp_prefetch", "false");
+  c.set("fsdp_config.fsdp_activation_checkpointing", "true");
+  c.set("--dp_replicate_size", "2");
+  c.set("--tp_size", "4");
   const std::string path = dir / "sub/dir/cfg.yaml";  // parents are created
   al::save_config(c, path);
   al::LaunchConfig back = al::load_config(path);
@@ -315,9 +314,9 @@ TEST_CASE("config: save and load round trip every key") {
   CHECK(contains(read_file(path), "  fsdp_wrap_classes: 'Block,Layer'\n"));
   CHECK(contains(read_file(path),
                  "  parallelism_config_dp_replicate_size: 2\n  parallelism_config_tp_size: 4\n"));
-  c.fsdp_wrap = "min_params";
-  c.fsdp_wrap_classes.reset();
-  c.fsdp_min_params = 123456789012LL;
+  c.set("fsdp_config.fsdp_wrap", "min_params");
+  c.set("fsdp_config.fsdp_wrap_classes", std::nullopt);
+  c.set("fsdp_config.fsdp_min_params", "123456789012");
   al::save_config(c, path);
   CHECK(al::load_config(path) == c);
 
@@ -353,7 +352,7 @@ TEST_CASE("config: an Accelerate default_config.yaml loads") {
   al::LaunchConfig c = al::parse_config(text, "accelerate.yaml");
   CHECK(c.distributed_type == "MULTI_GPU");
   CHECK(c.num_processes == 2);
-  CHECK(c.mixed_precision == "no");
+  CHECK(c.get("mixed_precision") == "no");
   CHECK(c.gpu_ids == "all");
   CHECK(!c.main_process_ip);
   CHECK(al::parse_config("", "empty.yaml") == al::LaunchConfig{});
@@ -372,11 +371,11 @@ TEST_CASE("config: an Accelerate default_config.yaml loads") {
       "  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
       "  fsdp_version: 2\n";
   const al::LaunchConfig f = al::parse_config(fsdp, "accelerate.yaml");
-  CHECK(f.fsdp_wrap == std::optional<std::string>("classes"));
-  CHECK(f.fsdp_wrap_classes == std::optional<std::string>("Block,Layer"));
-  CHECK(f.fsdp_activation_checkpointing == std::optional<bool>(true));
-  CHECK(f.fsdp_reshard_after_forward == std::optional<bool>(false));
-  CHECK(!f.fsdp_prefetch);
+  CHECK(f.get("fsdp_config.fsdp_wrap") == std::optional<std::string>("classes"));
+  CHECK(f.get("fsdp_config.fsdp_wrap_classes") == std::optional<std::string>("Block,Layer"));
+  CHECK(f.get_bool("fsdp_config.fsdp_activation_checkpointing") == std::optional<bool>(true));
+  CHECK(f.get_bool("fsdp_config.fsdp_reshard_after_forward") == std::optional<bool>(false));
+  CHECK(!f.get_bool("fsdp_config.fsdp_prefetch"));
   const al::LaunchConfig acc = al::parse_config(
       "fsdp_config:\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n  fsdp_backward_prefetch: "
       "NO_PREFETCH\n  fsdp_forward_prefetch: false\n  fsdp_sync_module_states: true\n"
@@ -384,15 +383,15 @@ TEST_CASE("config: an Accelerate default_config.yaml loads") {
       "dynamo_config: {dynamo_backend: 'NO'}\nipex_config: {ipex: false}\n"
       "parallelism_config: {parallelism_config_tp_size: 1}\n",
       "x");
-  CHECK(acc.fsdp_reshard_after_forward == std::optional<bool>(false));
-  CHECK(acc.fsdp_prefetch == std::optional<bool>(false));
+  CHECK(acc.get_bool("fsdp_config.fsdp_reshard_after_forward") == std::optional<bool>(false));
+  CHECK(acc.get_bool("fsdp_config.fsdp_prefetch") == std::optional<bool>(false));
   const al::LaunchConfig size = al::parse_config(
       "fsdp_config:\n  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 1000\n", "x");
-  CHECK(size.fsdp_wrap == std::optional<std::string>("min_params"));
-  CHECK(size.fsdp_min_params == std::optional<long long>(1000));
+  CHECK(size.get("fsdp_config.fsdp_wrap") == std::optional<std::string>("min_params"));
+  CHECK(size.get_int("fsdp_config.fsdp_min_params") == std::optional<long long>(1000));
   // fsdp_wrap_classes alone implies the classes policy.
-  CHECK(al::parse_config("fsdp_config:\n  fsdp_wrap_classes: Block\n", "x").fsdp_wrap ==
-        std::optional<std::string>("classes"));
+  CHECK(al::parse_config("fsdp_config:\n  fsdp_wrap_classes: Block\n", "x")
+            .get("fsdp_config.fsdp_wrap") == std::optional<std::string>("classes"));
 }
 
 TEST_CASE("config: malformed files name the key, the line and what is accepted") {
@@ -517,9 +516,11 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   // port (default), same network (maybe invalid, then no), processes (3 invalid: not a multiple
   // of 2, then 4), replicas (3 invalid: does not divide 4, then 2), tp (4 invalid: does not
   // divide the 2 processes per replica, then the default 1), ZeRO (9 invalid, then 2), param
-  // dtype bf16, reduce in fp32 yes, accumulation 4, precision (fp8 invalid, then bf16).
+  // dtype bf16, reduce dtype (yes invalid, then fp32), accumulation 4, precision (fp8 invalid,
+  // then bf16).
   std::istringstream in(
-      "\n7\n1\n2\n5\n1\n10.0.0.7\n\nmaybe\nno\n3\n4\n3\n2\n4\n\n9\n2\nbf16\nyes\n4\nfp8\nbf16\n");
+      "\n7\n1\n2\n5\n1\n10.0.0."
+      "7\n\nmaybe\nno\n3\n4\n3\n2\n4\n\n9\n2\nbf16\nyes\nfp32\n4\nfp8\nbf16\n");
   std::ostringstream out;
   al::LaunchConfig c = al::run_questionnaire(in, out, 0);
   const std::string log = out.str();
@@ -528,27 +529,33 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   CHECK(contains(log, "Invalid answer 'maybe'"));
   CHECK(contains(log,
                  "Invalid answer '3': the total must be a multiple of the number of machines (2)"));
-  CHECK(contains(log, "Invalid answer '3': the size must divide the number of processes (4)"));
-  CHECK(contains(log, "Invalid answer '4': the size must divide the processes per replica (2)"));
+  // The mesh sizes by the rule accel-run applies at launch (Note [cross-row rules]).
+  CHECK(contains(log,
+                 "Invalid answer '3': parallelism_config (--dp_replicate_size, "
+                 "--dp_shard_size, --tp_size) does not fit 4 processes: dp_replicate_size 3"));
+  CHECK(contains(log,
+                 "Invalid answer '4': parallelism_config (--dp_replicate_size, "
+                 "--dp_shard_size, --tp_size) does not fit 4 processes: dp_replicate_size 2"));
+  CHECK(contains(log, "Invalid answer 'yes'"));
   CHECK(contains(log, "Invalid answer '9'"));
   CHECK(contains(log, "Invalid answer 'fp8'"));
   CHECK(c.distributed_type == "MULTI_CPU");
-  CHECK(c.use_cpu);
+  CHECK(c.use_cpu());
   CHECK(c.num_machines == 2);
   CHECK(c.machine_rank == 1);
   CHECK(c.main_process_ip == std::optional<std::string>("10.0.0.7"));
   CHECK(c.main_process_port == std::optional<int>(29500));
   CHECK(!c.same_network);
   CHECK(c.num_processes == 4);
-  CHECK(c.zero_stage == 2);
-  CHECK(c.gradient_accumulation_steps == 4);
-  CHECK(c.mixed_precision == "bf16");
-  CHECK(c.param_dtype == std::optional<std::string>("bf16"));
-  CHECK(c.reduce_dtype == std::optional<std::string>("fp32"));
-  CHECK(!c.fsdp_wrap);  // stage 2: no ZeRO-3 questions
-  CHECK(c.dp_replicate_size == std::optional<int>(2));
-  CHECK(!c.dp_shard_size);  // the rest of the processes, inferred at launch
-  CHECK(!c.tp_size);        // the default 1 is not written
+  CHECK(c.get_int("zero_config.zero_stage") == 2);
+  CHECK(c.get_int("gradient_accumulation_steps") == 4);
+  CHECK(c.get("mixed_precision") == "bf16");
+  CHECK(c.get("zero_config.param_dtype") == std::optional<std::string>("bf16"));
+  CHECK(c.get("zero_config.reduce_dtype") == std::optional<std::string>("fp32"));
+  CHECK(!c.get("fsdp_config.fsdp_wrap"));  // stage 2: no ZeRO-3 questions
+  CHECK(c.get_int("--dp_replicate_size") == std::optional<int>(2));
+  CHECK(!c.get_int("--dp_shard_size"));  // the rest of the processes, inferred at launch
+  CHECK(!c.get_int("--tp_size"));        // the default 1 is not written
   CHECK(al::parse_config(al::config_to_yaml(c), "q1") == c);
 
   // ZeRO-3: multi-CPU, 1 machine, 2 processes, mesh defaults, stage 3, param dtype default (not
@@ -560,23 +567,23 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   al::LaunchConfig c3 = al::run_questionnaire(in3, out3, 0);
   CHECK(contains(out3.str(), "Invalid answer 'x'"));
   CHECK(contains(out3.str(), "Invalid answer '1bad'"));
-  CHECK(c3.zero_stage == 3);
-  CHECK(!c3.dp_replicate_size);
-  CHECK(!c3.tp_size);
-  CHECK(!c3.param_dtype);
-  CHECK(!c3.reduce_dtype);
-  CHECK(c3.fsdp_wrap == std::optional<std::string>("classes"));
-  CHECK(c3.fsdp_wrap_classes == std::optional<std::string>("Block,Layer"));
-  CHECK(c3.fsdp_activation_checkpointing == std::optional<bool>(true));
-  CHECK(!c3.fsdp_prefetch);
+  CHECK(c3.get_int("zero_config.zero_stage") == 3);
+  CHECK(!c3.get_int("--dp_replicate_size"));
+  CHECK(!c3.get_int("--tp_size"));
+  CHECK(!c3.get("zero_config.param_dtype"));
+  CHECK(!c3.get("zero_config.reduce_dtype"));
+  CHECK(c3.get("fsdp_config.fsdp_wrap") == std::optional<std::string>("classes"));
+  CHECK(c3.get("fsdp_config.fsdp_wrap_classes") == std::optional<std::string>("Block,Layer"));
+  CHECK(c3.get_bool("fsdp_config.fsdp_activation_checkpointing") == std::optional<bool>(true));
+  CHECK(!c3.get_bool("fsdp_config.fsdp_prefetch"));
   CHECK(al::parse_config(al::config_to_yaml(c3), "q3") == c3);
   // Defaults everywhere (a yes/no question needs an answer): nothing ZeRO-3 specific is written.
   std::istringstream in4("\n1\n\n\n\n\n3\n\n\nno\n\n\n");
   std::ostringstream out4;
   al::LaunchConfig c4 = al::run_questionnaire(in4, out4, 0);
-  CHECK(c4.zero_stage == 3);
-  CHECK(!c4.fsdp_wrap);
-  CHECK(!c4.fsdp_activation_checkpointing);
+  CHECK(c4.get_int("zero_config.zero_stage") == 3);
+  CHECK(!c4.get("fsdp_config.fsdp_wrap"));
+  CHECK(!c4.get_bool("fsdp_config.fsdp_activation_checkpointing"));
   // tp 2 of 2 processes: ZeRO stage 2 does not run with it (Note [strategies with tensor
   // parallelism]) and is asked again; 0 is taken.
   std::istringstream in5("\n1\n\n\n\n2\n2\n0\n\n\n");
@@ -584,8 +591,8 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   al::LaunchConfig c5 = al::run_questionnaire(in5, out5, 0);
   CHECK_MESSAGE(contains(out5.str(), "Invalid answer '2'"), out5.str());
   CHECK(contains(out5.str(), "tp_size 2 runs with the ddp or fsdp strategy"));
-  CHECK(c5.tp_size == std::optional<int>(2));
-  CHECK(c5.zero_stage == 0);
+  CHECK(c5.get_int("--tp_size") == std::optional<int>(2));
+  CHECK(!c5.has("zero_config.zero_stage"));  // the default is not written
 
   std::istringstream short_in("0\n2\n");
   std::ostringstream short_out;
@@ -606,8 +613,8 @@ TEST_CASE("accel-run config: questionnaire over stdin, config default, malformed
   CHECK(c.distributed_type == "MULTI_GPU");
   CHECK(c.num_processes == 2);
   CHECK(c.gpu_ids == "1,0");
-  CHECK(c.mixed_precision == "fp16");
-  CHECK(c.tp_size == std::optional<int>(2));  // replicas default 1, then tp 2 of 2
+  CHECK(c.get("mixed_precision") == "fp16");
+  CHECK(c.get_int("--tp_size") == std::optional<int>(2));  // replicas default 1, then tp 2 of 2
 
   Result eof = accel_run({"config", "--config_file", dir / "eof.yaml"}, {}, "0\n");
   CHECK(eof.code == 1);
@@ -619,13 +626,13 @@ TEST_CASE("accel-run config: questionnaire over stdin, config default, malformed
       {"config", "default", "--config_file", dir / "d.yaml", "--mixed_precision", "bf16"});
   CHECK_MESSAGE(d.code == 0, d.err);
   al::LaunchConfig dc = al::load_config(dir / "d.yaml");
-  CHECK(dc.mixed_precision == "bf16");
+  CHECK(dc.get("mixed_precision") == "bf16");
   CHECK(dc.num_machines == 1);
   Result again = accel_run({"config", "default", "--config_file", dir / "d.yaml"});
   CHECK(again.code == 1);
   CHECK(contains(again.err, "already exists"));
   CHECK(accel_run({"config", "default", "--config_file", dir / "d.yaml", "--force"}).code == 0);
-  CHECK(al::load_config(dir / "d.yaml").mixed_precision == "no");
+  CHECK(al::load_config(dir / "d.yaml").get("mixed_precision") == "no");
   Result home = accel_run({"config", "default"}, {{"HOME", dir.str()}});
   CHECK_MESSAGE(home.code == 0, home.err);
   CHECK(fs::exists(dir / ".cache/accel/default_config.yaml"));
@@ -1274,7 +1281,7 @@ TEST_CASE("accel-run env reports versions, devices, libraries and the config") {
   TempDir dir;
   al::LaunchConfig c;
   c.num_processes = 2;
-  c.mixed_precision = "fp16";
+  c.set("mixed_precision", "fp16");
   al::save_config(c, dir / "c.yaml");
   Result r = accel_run({"env", "--config_file", dir / "c.yaml"});
   CHECK_MESSAGE(r.code == 0, r.err);

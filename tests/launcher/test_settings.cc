@@ -1,7 +1,7 @@
 // The settings table (core/settings.h) round-tripped row by row: a flag of accel-run and a key of
 // its config file each become the exported variable, and AcceleratorConfig::with_env reads the
-// variable back into the config field. A row that lacks a column, that accel-run's binding
-// (launcher/settings_binding.cc), the config file reader or with_env does not know, whose library
+// variable back into the config field. A row that lacks a column, that accel-run (flags, config
+// file reader, questionnaire) or with_env does not know, whose library
 // binding (accelerate/config_settings.cc) is missing, doubled or names another field, or that has
 // no probe below fails here; and so do cross-row rules (Note [cross-row rules]) on which accel-run
 // and the Accelerator disagree.
@@ -22,7 +22,6 @@
 #include "launcher/config.h"
 #include "launcher/launch_checks.h"
 #include "launcher/plan.h"
-#include "launcher/settings_binding.h"
 #include "tests/common/scoped_env.h"
 
 namespace al = accel::launcher;
@@ -295,12 +294,12 @@ TEST_CASE("settings table: every row survives config_to_yaml and the file reader
     REQUIRE_MESSAGE(v.has_value(), why);
     al::LaunchConfig c;
     c.num_processes = 2;
-    al::set_config_setting(c, s, *v);
+    c.set(s.yaml, *v);
     REQUIRE(!al::complete_fsdp_wrap(c));  // the wrap policy's parts name their policy
     const std::string yaml = al::config_to_yaml(c);
     CAPTURE(yaml);
     const al::LaunchConfig back = al::parse_config(yaml, "rt.yaml");
-    CHECK(al::config_setting(back, s) == v);
+    CHECK(back.get(s.yaml) == v);
     CHECK(back == c);
   }
 }

@@ -57,12 +57,15 @@ std::shared_ptr<const dist::StrategyOptions> strategy_options(const AcceleratorC
 
 // The binding of one row of core/settings.h (accelerate/config_settings.cc): `field` is the row's
 // `field` (tests/launcher/test_settings.cc checks they agree, one binding per row).
+// In the table's namespace (Note [the settings probe row] in core/settings.h).
+inline namespace ACCEL_SETTINGS_ABI {
 struct SettingBinding {
   std::string_view env;
   std::string_view field;
   void (*set)(AcceleratorConfig&, const settings::Value&);
 };
 std::span<const SettingBinding> setting_bindings();
+}  // namespace ACCEL_SETTINGS_ABI
 
 }  // namespace config_detail
 }  // namespace accel

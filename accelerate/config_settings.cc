@@ -65,6 +65,10 @@ const SettingBinding kBindings[] = {
    [](AcceleratorConfig& c, const Value& v) { c.parallelism.dp_shard_size = int(v.i); }},
   {env::kTpSize, "AcceleratorConfig::parallelism.tp_size",
    [](AcceleratorConfig& c, const Value& v) { c.parallelism.tp_size = int(v.i); }},
+#ifdef ACCEL_SETTINGS_PROBE  // Note [the settings probe row] in core/settings.h
+  {"ACCEL_PROBE_BUCKET_CAP_MB", "AcceleratorConfig::ddp.bucket_cap_bytes",
+   [](AcceleratorConfig& c, const Value& v) { c.ddp.bucket_cap_bytes = size_t(v.i) << 20; }},
+#endif
 };
 // clang-format on
 
@@ -82,7 +86,9 @@ const char* env_or_null(const std::string& name) {
 
 }  // namespace
 
+inline namespace ACCEL_SETTINGS_ABI {
 std::span<const SettingBinding> setting_bindings() { return kBindings; }
+}  // namespace ACCEL_SETTINGS_ABI
 
 }  // namespace config_detail
 

@@ -1,14 +1,17 @@
 // The training settings a user may give accel-run and the Accelerator reads, in one table: for
 // each, its key in the config file (Accelerate's spelling where Accelerate has the setting), the
-// accel-run flag, the environment variable accel-run exports, the values it takes, its default
-// AcceleratorConfig field it sets, the values it takes, its default and its parser; and the rules
-// between rows (check_rules). accel-run registers its flags, checks values and exports from it
-// (launcher/settings_binding.cc); AcceleratorConfig::with_env parses what it reads with it, types
-// it once and hands it to the row's binding (accelerate/config_settings.cc). A new setting is one
-// row here plus one line in each binding (and its consumer's field);
+// accel-run flag, the environment variable accel-run exports, the AcceleratorConfig field it sets,
+// the values it takes, its default, its aliases (Accelerate's other spellings, Note [aliases of a
+// setting]) and its question for `accel-run config` (Note [questions from the table]); the one
+// parser; and the rules between rows (check_rules). accel-run registers its flags, reads the config
+// file, asks, checks and exports by the rows, keeping values by config key
+// (LaunchConfig::training); AcceleratorConfig::with_env parses what it reads with it, types it once
+// and hands it to the row's binding (accelerate/config_settings.cc). A new setting is one row here
+// (its variable in core/env_contract.h) plus one binding line and its consumer's field;
 // tests/launcher/test_settings.cc round-trips every row (flag -> env -> config, YAML -> env ->
-// config), fails on a row either side does not know or whose binding names another field, and
-// checks that check_rules gives the same verdict on both sides.
+// config, questionnaire -> YAML -> env -> config), fails on a row either side does not know or
+// whose binding names another field, checks that check_rules gives the same verdict on both sides,
+// and runs again over a test-only row (Note [the settings probe row]).
 //
 // Std-only: accel-run includes it without linking the tensor library (docs/layers.md).
 #pragma once
@@ -28,7 +31,24 @@
 #include "core/env_contract.h"
 #include "core/parallelism.h"
 
+// Note [the settings probe row]
+// Issue 37's promise, "a new setting is one row plus its binding", is tested by a row that exists
+// only in a test build: test_settings.cc is compiled a second time (test `launcher_settings_probe`,
+// tests/launcher/meson.build) with ACCEL_SETTINGS_PROBE over its own copies of accel-run's config
+// code and of accelerate/config_settings.cc, where the row below and its one binding line are the
+// only additions; every generic test (flag, config key and alias, questionnaire, exported variable,
+// AcceleratorConfig field, refusals) then covers it without a line written for it. The probe binds
+// a field no real row sets (AcceleratorConfig::ddp.bucket_cap_bytes), and its variable is not in
+// core/env_contract.h, which only the real rows must be in. The table's types live in an inline
+// namespace named by the build, so the probe build's table never meets libaccel's.
+#ifdef ACCEL_SETTINGS_PROBE
+#define ACCEL_SETTINGS_ABI settings_probe
+#else
+#define ACCEL_SETTINGS_ABI table
+#endif
+
 namespace accel::settings {
+inline namespace ACCEL_SETTINGS_ABI {
 
 enum class Kind : uint8_t {
   Choice,  // one of `allowed` ("a|b|c"), any case; '-' reads as '_'
@@ -127,7 +147,7 @@ inline std::optional<std::string> accelerate_sharding(std::string_view raw, std:
   }
   if (u == "HYBRID_SHARD" || u == "_HYBRID_SHARD_ZERO2" || u == "4" || u == "5") {
     if (why)
-      *why = "'" + std::string(detail::trim(raw)) +
+      *why = std::string(1, '\'').append(detail::trim(raw)) +
              "': accel sets hybrid sharding (shard within a machine, replicate across machines) "
              "by the device mesh: give FULL_SHARD with parallelism_config_dp_replicate_size "
              "(--dp_replicate_size N); supported: FULL_SHARD, SHARD_GRAD_OP (or true / false)";
@@ -141,7 +161,7 @@ inline std::optional<std::string> accelerate_backward_prefetch(std::string_view 
   if (u == "BACKWARD_PRE") return "true";
   if (u == "NO_PREFETCH") return "false";
   if (why)
-    *why = "'" + std::string(detail::trim(raw)) +
+    *why = std::string(1, '\'').append(detail::trim(raw)) +
            "': accel gathers the next unit when a unit's backward starts (BACKWARD_PRE) or not at "
            "all (NO_PREFETCH); supported: BACKWARD_PRE, NO_PREFETCH";
   return std::nullopt;
@@ -155,6 +175,9 @@ inline constexpr Alias kFsdpMinParamsAliases[] = {{"fsdp_config.fsdp_min_num_par
 inline constexpr Alias kFsdpReshardAliases[] = {
     {"fsdp_config.fsdp_reshard_after_forward", accelerate_sharding},
     {"fsdp_config.fsdp_sharding_strategy", accelerate_sharding}};
+#ifdef ACCEL_SETTINGS_PROBE
+inline constexpr Alias kProbeAliases[] = {{"probe_config.probe_bucket_mb"}};
+#endif
 inline constexpr Alias kFsdpPrefetchAliases[] = {
     {"fsdp_config.fsdp_backward_prefetch", accelerate_backward_prefetch},
     {"fsdp_config.fsdp_forward_prefetch"}};
@@ -249,13 +272,12 @@ inline constexpr Setting kSettings[] = {
   {.yaml = "use_cpu", .flag = "--cpu", .env = env::kUseCpu, .field = "AcceleratorConfig::cpu",
    .kind = Kind::Bool, .allowed = "true|false", .default_value = "false", .switch_flag = true},
 #ifdef ACCEL_SETTINGS_PROBE
-  // Note [the settings probe row]: the test build's proof that one row and one binding are all a
-  // setting needs (tests/launcher/test_settings_probe.cc).
-  {.yaml = "probe_config.probe_level", .flag = "--probe_level", .env = env::kSettingsProbe,
-   .field = "AcceleratorConfig::ddp.bucket_cap_mb", .kind = Kind::Int,
-   .allowed = "a probe level in 1..99", .default_value = "25", .lo = 1, .hi = 99,
-   .aliases = kProbeAliases,
-   .question = {"Which probe level (test build only)?", "distributed"}},
+  // Note [the settings probe row]: a test build's row, with its one binding.
+  {.yaml = "probe_config.probe_bucket_cap_mb", .flag = "--probe_bucket_cap_mb",
+   .env = "ACCEL_PROBE_BUCKET_CAP_MB", .field = "AcceleratorConfig::ddp.bucket_cap_bytes",
+   .kind = Kind::Int, .allowed = "MiB per DDP bucket", .default_value = "25", .lo = 1,
+   .hi = 1024, .aliases = kProbeAliases,
+   .question = {"How many MiB per DDP gradient bucket (test build only)?", "distributed"}},
 #endif
 };
 // clang-format on
@@ -357,7 +379,8 @@ inline std::optional<std::string> parse(const Setting& s, std::string_view raw, 
           ok = ok && ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
                       (ch >= '0' && ch <= '9') || ch == '_');
         if (!ok) return fail(std::string(s.allowed));
-        out += (out.empty() ? "" : ",") + std::string(one);
+        if (!out.empty()) out += ',';
+        out += one;
         if (comma == std::string_view::npos) break;
         rest = rest.substr(comma + 1);
       }
@@ -548,4 +571,5 @@ inline bool question_applies(const Setting& s, const Values& answers, bool distr
   return true;
 }
 
+}  // namespace ACCEL_SETTINGS_ABI
 }  // namespace accel::settings

@@ -9,6 +9,8 @@
 
 #include <cstdlib>
 #include <functional>
+#include <sstream>
+#include <streambuf>
 #include <map>
 #include <optional>
 #include <set>
@@ -110,6 +112,11 @@ const std::map<std::string, Probe>& probes() {
        {"2", [=](const AcceleratorConfig& c) { return size(c.parallelism.dp_shard_size); }}},
       {"parallelism_config.parallelism_config_tp_size",
        {"2 ", [=](const AcceleratorConfig& c) { return size(c.parallelism.tp_size); }}},
+#ifdef ACCEL_SETTINGS_PROBE  // Note [the settings probe row] in core/settings.h
+      {"probe_config.probe_bucket_cap_mb",
+       {"8",
+        [](const AcceleratorConfig& c) { return std::to_string(c.ddp.bucket_cap_bytes >> 20); }}},
+#endif
   };
   return p;
 }
@@ -149,10 +156,13 @@ TEST_CASE("settings table: every row has every column, once") {
     CHECK(s.flag.size() > 2);
     CHECK(!s.allowed.empty());
     CHECK(!s.default_value.empty());
-    const accel::env::EnvVar* v = accel::env::find(s.env);
-    REQUIRE_MESSAGE(v != nullptr, s.env, " is not in core/env_contract.h");
-    CHECK(v->set_by == accel::env::SetBy::kLauncherMaybe);  // only when the user sets it
-    CHECK(v->library_reads);
+    // Every real row's variable is in the contract (the probe row's exists in a test build only).
+    if (s.env != "ACCEL_PROBE_BUCKET_CAP_MB") {
+      const accel::env::EnvVar* v = accel::env::find(s.env);
+      REQUIRE_MESSAGE(v != nullptr, s.env, " is not in core/env_contract.h");
+      CHECK(v->set_by == accel::env::SetBy::kLauncherMaybe);  // only when the user sets it
+      CHECK(v->library_reads);
+    }
     CHECK(yaml.insert(s.yaml).second);
     CHECK(flags.insert(s.flag).second);
     CHECK(envs.insert(s.env).second);
@@ -302,4 +312,121 @@ TEST_CASE("settings table: every row survives config_to_yaml and the file reader
     CHECK(back.get(s.yaml) == v);
     CHECK(back == c);
   }
+}
+
+namespace {
+
+// Answers the questionnaire as it asks (Note [questions from the table] in core/settings.h): each
+// prompt written to `out` gets the answer `answer` gives for it.
+class Answers : public std::streambuf {
+ public:
+  Answers(const std::ostringstream& out, std::function<std::string(const std::string&)> answer)
+      : out_(out), answer_(std::move(answer)) {}
+
+ protected:
+  int_type underflow() override {
+    if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+    const std::string all = out_.str();
+    const std::string prompt = all.substr(seen_);
+    seen_ = all.size();
+    if (++asked_ > 200) return traits_type::eof();  // a question asked forever
+    line_ = answer_(prompt) + "\n";
+    setg(line_.data(), line_.data(), line_.data() + line_.size());
+    return traits_type::to_int_type(*gptr());
+  }
+
+ private:
+  const std::ostringstream& out_;
+  std::function<std::string(const std::string&)> answer_;
+  std::string line_;
+  size_t seen_ = 0;
+  int asked_ = 0;
+};
+
+// The answers that make row `s`'s question asked: its `when` conditions, and theirs.
+void prerequisites(const st::Setting& s, std::map<const st::Setting*, std::string>& answers) {
+  std::string_view rest = s.question.when;
+  while (!rest.empty()) {
+    const size_t amp = rest.find(" & ");
+    const std::string_view one = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 3);
+    if (one == "distributed") continue;  // multi-CPU with 2 processes: always
+    const size_t op = one.find_first_of("!>=");
+    const st::Setting* row = st::find_by_yaml(one.substr(0, op));
+    REQUIRE_MESSAGE(row != nullptr, s.yaml, "'s question depends on '", one, "', which is no row");
+    std::string value(one.substr(op + (one[op] == '=' ? 1 : 2)));
+    if (one[op] == '!') {  // another value of the row
+      const std::vector<std::string> values = al::split(std::string(row->allowed), '|');
+      value = values[0] != value ? values[0] : values.at(1);
+    }
+    answers[row] = value;
+    prerequisites(*row, answers);
+  }
+}
+
+}  // namespace
+
+// Note [questions from the table]: every row with a question, answered with its probe's example
+// (and what makes it asked), goes answers -> config file -> accel-run's plan -> exported variable
+// -> AcceleratorConfig field. The rows without a question are listed: a new row either asks or is
+// added here with its reason.
+TEST_CASE("settings table: questionnaire -> YAML -> env -> config, every row with a question") {
+  const std::set<std::string> unasked = {
+      "strategy",                                             // a name only the program knows
+      "parallelism_config.parallelism_config_dp_shard_size",  // the rest of the processes
+      "fsdp_config.fsdp_reshard_after_forward",               // tuning: flag or config key
+      "fsdp_config.fsdp_prefetch",                            // tuning: flag or config key
+      "use_cpu",  // asked with the type of machine, before the table
+  };
+  for (const st::Setting& s : st::kSettings) {
+    CAPTURE(s.yaml);
+    CHECK((s.question.prompt.empty() == (unasked.count(std::string(s.yaml)) == 1)));
+    if (s.question.prompt.empty()) continue;
+    const Probe& probe = probes().at(std::string(s.yaml));
+    std::map<const st::Setting*, std::string> answers = {{&s, probe.example}};
+    prerequisites(s, answers);
+    std::ostringstream out;
+    bool asked = false;
+    Answers in_buf(out, [&](const std::string& prompt) -> std::string {
+      if (prompt.find("Which type of machine") != std::string::npos) return "MULTI_CPU";
+      for (const auto& [row, answer] : answers)
+        if (prompt.find(std::string(row->question.prompt)) != std::string::npos) {
+          asked = asked || row == &s;
+          return answer;
+        }
+      return "";  // the default
+    });
+    std::istream in(&in_buf);
+    const al::LaunchConfig c = al::run_questionnaire(in, out, 0);
+    CHECK_MESSAGE(asked, "not asked: ", out.str());
+    const std::string yaml = al::config_to_yaml(c);
+    CAPTURE(yaml);
+    const al::LaunchConfig file = al::parse_config(yaml, "questionnaire.yaml");
+    CHECK(file == c);
+    check_round_trip(al::resolve_plan(file, {}, {}, 0), s, probe);
+  }
+}
+
+// Note [aliases of a setting]: an alias that takes the row's values reads as the row itself.
+TEST_CASE("settings table: every alias with the row's values reads as the row") {
+  int aliases = 0;
+  for (const st::Setting& s : st::kSettings)
+    for (const st::Alias& a : s.aliases) {
+      CAPTURE(a.key);
+      CHECK(st::find_by_key(a.key).row == &s);
+      CHECK(st::find_by_key(a.key).alias == &a);
+      if (a.value) continue;  // Accelerate's own values: tests/launcher/test_launcher.cc
+      ++aliases;
+      const std::string key(a.key);
+      const size_t dot = key.find('.');
+      const std::string yaml =
+          "num_processes: 2\n" + (dot == std::string::npos
+                                      ? key + ": " + probes().at(std::string(s.yaml)).example + "\n"
+                                      : key.substr(0, dot) + ":\n  " + key.substr(dot + 1) + ": " +
+                                            probes().at(std::string(s.yaml)).example + "\n");
+      CAPTURE(yaml);
+      al::LaunchConfig file = al::parse_config(yaml, "alias.yaml");
+      check_round_trip(al::resolve_plan(file, {}, {}, 0), s, probes().at(std::string(s.yaml)));
+    }
+  CHECK(aliases >= 3);
 }

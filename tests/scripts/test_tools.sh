@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Tests of the repository's shell tools that need no GPU and no build:
 #   scripts/check-sizes   on a scratch tree: long functions and files are named, tests ignored;
+#   scripts/check-layer-includes on a scratch tree: a strategy including accelerator.h or naming
+#                         AcceleratorConfig in code is refused (Note [typed strategy options]);
 #   scripts/check-format  on a scratch repository: finds the unformatted file, --fix formats it;
 #   bench/gpu_check.sh    against fake nvidia-smi / meson / ninja / test and bench programs: the
 #                         table, statuses and figures, the time budget (a hung step is stopped
@@ -43,6 +45,25 @@ check "check-sizes names the file, not the test" bash -c "grep -q '^launcher/g.h
 rm "$S/launcher/g.h"
 "$ROOT/scripts/check-sizes" "$S" >/dev/null 2>&1
 check "check-sizes passes within the limits" [ $? -eq 0 ]
+
+# ---- scripts/check-layer-includes: strategies never see the facade's config ----
+L=$TMP/layers
+mkdir -p "$L/accelerate/strategies"
+printf '#include "accelerate/strategies/options.h"\n// AcceleratorConfig::fsdp, in a comment\nconst char* m = "set AcceleratorConfig::tp_plan";\n' >"$L/accelerate/strategies/ok.cc"
+"$ROOT/scripts/check-layer-includes" "$L" >"$TMP/li0.txt" 2>&1
+check "check-layer-includes passes a strategy naming AcceleratorConfig in comments and messages" [ $? -eq 0 ]
+printf '#include "accelerate/accelerator.h"\n' >"$L/accelerate/strategies/bad.cc"
+"$ROOT/scripts/check-layer-includes" "$L" >"$TMP/li1.txt" 2>&1
+check "check-layer-includes fails on a strategy including accelerator.h" [ $? -eq 1 ]
+check "check-layer-includes names that include" has "$TMP/li1.txt" '^accelerate/strategies/bad.cc:1:.*accelerator.h is not for these files'
+printf 'int f(const accel::AcceleratorConfig& c) { return c.zero_stage; }\n' >"$L/accelerate/strategies/bad.cc"
+"$ROOT/scripts/check-layer-includes" "$L" >"$TMP/li2.txt" 2>&1
+check "check-layer-includes fails on a strategy reading AcceleratorConfig" [ $? -eq 1 ]
+check "check-layer-includes names that line" has "$TMP/li2.txt" '^accelerate/strategies/bad.cc:1:.*not AcceleratorConfig'
+printf 'int g(const AcceleratorConfig& c);\n' >"$L/accelerate/strategy_x.cc"
+rm "$L/accelerate/strategies/bad.cc"
+"$ROOT/scripts/check-layer-includes" "$L" >"$TMP/li3.txt" 2>&1
+check "check-layer-includes covers accelerate/strategy*.cc too" has "$TMP/li3.txt" '^accelerate/strategy_x.cc:1:'
 
 # ---- scripts/check-format ----
 if ! command -v clang-format >/dev/null; then

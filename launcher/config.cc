@@ -425,7 +425,7 @@ class SettingsReader {
   // the keys Accelerate writes there that accel accepts only while they describe what it does.
   void read_section(const std::string& section, const YAML::Node& v) {
     if (is_null(v)) return;
-    if (!v.IsMap()) bad_key(where_, v, section, "expected a mapping of " + holds(section));
+    if (!v.IsMap()) bad_key(where_, v, section, "expected a mapping (" + holds(section) + ")");
     for (auto z = v.begin(); z != v.end(); ++z) {
       const std::string sub = key_text(z->first, where_, " in " + section);
       const std::string full = section + "." + sub;

@@ -175,6 +175,26 @@ TEST_CASE("settings table: every row has every column, once") {
   CHECK(probes().size() == std::size(st::kSettings));
 }
 
+// Note [questions from the table]: the questions are asked in table order, so a condition can only
+// read a row asked before it (a later one would always read as its default).
+TEST_CASE("settings table: a question's condition names a row above it") {
+  for (size_t i = 0; i < std::size(st::kSettings); ++i) {
+    const st::Setting& s = st::kSettings[i];
+    CAPTURE(s.yaml);
+    std::string_view rest = s.question.when;
+    while (!rest.empty()) {
+      const size_t amp = rest.find(" & ");
+      const std::string_view one = rest.substr(0, amp);
+      rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 3);
+      if (one == "distributed") continue;
+      const st::Setting* row = st::find_by_yaml(one.substr(0, one.find_first_of("!>=")));
+      REQUIRE_MESSAGE(row != nullptr, "'", one, "' names no row");
+      CHECK(row < &s);
+      CHECK(!row->question.prompt.empty());  // it is asked
+    }
+  }
+}
+
 TEST_CASE("settings table: flag -> env -> config, every row") {
   for (const st::Setting& s : st::kSettings) {
     CAPTURE(s.flag);

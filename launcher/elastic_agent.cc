@@ -121,9 +121,11 @@ int Agent::run_round(const RoundAssignment& a) {
         plan_.use_cpu || count_gpu_device_nodes() == 0 ? "MULTI_CPU" : "MULTI_GPU";
   log("round " + std::to_string(a.round) + ": this machine is node rank " +
       std::to_string(a.node_rank) + " of " + std::to_string(a.num_machines) + ", world size " +
-      std::to_string(plan_.world_size) + " (ranks " + std::to_string(plan_.first_rank) + "-" +
-      std::to_string(plan_.first_rank + local - 1) + "), MASTER_ADDR=" + plan_.master_addr +
-      " MASTER_PORT=" + std::to_string(plan_.master_port));
+      std::to_string(plan_.world_size) +
+      (local == 1 ? " (rank " + std::to_string(plan_.first_rank)
+                  : " (ranks " + std::to_string(plan_.first_rank) + "-" +
+                        std::to_string(plan_.first_rank + local - 1)) +
+      "), MASTER_ADDR=" + plan_.master_addr + " MASTER_PORT=" + std::to_string(plan_.master_port));
 
   // Keep-alives from a thread of their own, so that a long round still answers; the reply that
   // opens a new round stops the workers through should_stop.

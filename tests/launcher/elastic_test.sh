@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# Elastic membership across three "hosts" for real: three network namespaces on one bridge
+# (10.253.X.1, .2, .3; the bridge in a fourth namespace), one accel-run per namespace with
+# --num_machines 2:3 --max_restarts 2, training elastic_train (float64 MLP, DDP, global batch 12,
+# a checkpoint every 2 steps):
+#   1. hosts 0 and 1 start: round 1 forms at world 2;
+#   2. once round 1 has trained 6 steps, host 2 starts: it waits for the next round, the agents stop
+#      their workers at their next keep-alive, round 2 forms at world 3, the workers resume from the
+#      last complete checkpoint (per-rank batch 12 / 3 = 4 instead of 6);
+#   3. once round 2 has trained 4 more steps, host 1 is killed (SIGKILL of its accel-run and
+#      workers): the others' workers fail in their collectives, round 3 forms at world 2 from the
+#      last checkpoint, and the run finishes;
+#   4. every "step K loss X" line of the elastic run (replayed steps included) equals step K of an
+#      uninterrupted 2-process run at the same global batch within TOLERANCE (relative): the sample
+#      order is exact (12 divides every checkpoint's position at worlds 2 and 3), only the order of
+#      the all-reduce's float64 sums differs with the world size.
+# Needs root and `ip netns`; otherwise exits 77 (skipped). Everything it creates (namespaces,
+# bridge, veths, processes, files) is removed on every exit path.
+#   elastic_test.sh <accel-run> <elastic_train>
+set -u
+
+ACCEL_RUN=${1:?usage: elastic_test.sh <accel-run> <elastic_train>}
+PROG=${2:?usage: elastic_test.sh <accel-run> <elastic_train>}
+STEPS=28
+STEP_MS=120
+LIMIT_S=120      # generous: the machine running the suite may be loaded
+TOLERANCE=1e-12  # relative; float64 all-reduce order at world 2 vs 3 (measured: FIGURE below)
+
+skip() { echo "SKIP: $*"; exit 77; }
+fail() { echo "FAIL: $*"; FAILED=1; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+[ -x "$ACCEL_RUN" ] || { echo "FAIL: no accel-run at $ACCEL_RUN"; exit 1; }
+[ -x "$PROG" ] || { echo "FAIL: no training program at $PROG"; exit 1; }
+[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
+command -v ip >/dev/null 2>&1 || skip "the ip command (iproute2) is missing"
+
+ID=$$
+SW=accel-elsw-$ID
+NS=(accel-el0-$ID accel-el1-$ID accel-el2-$ID)
+PIDS=()
+AGENT=()
+FAILED=0
+T_START=$(now)
+TMP=$(mktemp -d /tmp/accel-elastic-XXXXXX)
+cleanup() {
+  for ns in "${NS[@]}" "$SW"; do
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+  done
+  for p in "${PIDS[@]}"; do kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  for ns in "${NS[@]}" "$SW"; do ip netns del "$ns" 2>/dev/null; done
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'echo "interrupted"; exit 1' INT TERM HUP
+
+ip netns add "$SW" 2>"$TMP/err" || skip "ip netns is not permitted here: $(cat "$TMP/err")"
+# 10.253.X.0/24 with X not in use on this host.
+X=""
+for i in $(seq 0 253); do
+  c=$(( (ID + i) % 254 + 1 ))
+  if ! ip -4 addr show | grep -q "10\.253\.$c\." && ! ip -4 route show | grep -q "10\.253\.$c\."; then
+    X=$c
+    break
+  fi
+done
+[ -n "$X" ] || { echo "FAIL: no free 10.253.X.0/24"; exit 1; }
+set -e
+ip -n "$SW" link add br0 type bridge
+ip -n "$SW" link set br0 up
+for i in 0 1 2; do
+  ip netns add "${NS[$i]}"
+  ip link add "eh$i-$ID" netns "${NS[$i]}" type veth peer name "eb$i-$ID" netns "$SW"
+  ip -n "${NS[$i]}" addr add "10.253.$X.$((i + 1))/24" dev "eh$i-$ID"
+  ip -n "${NS[$i]}" link set lo up
+  ip -n "${NS[$i]}" link set "eh$i-$ID" up
+  ip -n "$SW" link set "eb$i-$ID" master br0
+  ip -n "$SW" link set "eb$i-$ID" up
+done
+set +e
+A0=10.253.$X.1
+echo "hosts ${NS[*]} on 10.253.$X.0/24 (bridge in $SW)"
+
+TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+PORT=$(( 20000 + (ID + 4241) % 20000 ))
+
+# wait_line <file> <awk condition on the file> <what>: waits until awk exits 0 on the file.
+wait_line() {
+  local file=$1 cond=$2 what=$3 deadline
+  deadline=$(awk -v n="$(now)" -v l="$LIMIT_S" 'BEGIN { printf "%.3f", n + l }')
+  until awk "$cond" "$file" 2>/dev/null; do
+    if awk -v d="$deadline" -v n="$(now)" 'BEGIN { exit !(n > d) }'; then
+      for i in 0 1 2; do echo "--- host $i"; cat "$TMP/agent$i.log" 2>/dev/null; done
+      echo "FAIL: timed out waiting for $what"
+      exit 1
+    fi
+    sleep 0.1
+  done
+}
+# wait_exit <pid>: RC = its exit code, or "timeout".
+wait_exit() {
+  local pid=$1 deadline
+  deadline=$(awk -v n="$(now)" -v l="$LIMIT_S" 'BEGIN { printf "%.3f", n + l }')
+  while kill -0 "$pid" 2>/dev/null; do
+    if awk -v d="$deadline" -v n="$(now)" 'BEGIN { exit !(n > d) }'; then RC=timeout; return; fi
+    sleep 0.1
+  done
+  wait "$pid"
+  RC=$?
+}
+agent() {
+  local i=$1
+  setsid ip netns exec "${NS[$i]}" env ACCEL_RENDEZVOUS_TOKEN="$TOKEN" OMP_NUM_THREADS=1 \
+    "$ACCEL_RUN" launch --num_machines 2:3 --num_processes 2 --cpu --main_process_ip "$A0" \
+    --main_process_port "$PORT" --max_restarts 2 --rdzv_last_call 1 --rdzv_keep_alive 5 \
+    --grace_period 2 "$PROG" "$TMP/elastic" --steps "$STEPS" --step_ms "$STEP_MS" \
+    >"$TMP/agent$i.log" 2>&1 &
+  PIDS+=($!)
+  AGENT[$i]=$!
+}
+
+# ---------------------------------------------------------------- the uninterrupted run
+T1=$(now)
+"$ACCEL_RUN" launch --num_processes 2 --cpu "$PROG" "$TMP/reference" --steps "$STEPS" \
+  >"$TMP/reference.log" 2>&1 &
+PIDS+=($!)
+wait_exit "$!"
+[ "$RC" = 0 ] || { cat "$TMP/reference.log"; echo "FAIL: the uninterrupted run ended with $RC"; exit 1; }
+echo "FIGURE reference_run_s $(elapsed "$T1")"
+
+# ---------------------------------------------------------------- 2 -> 3 -> 2 hosts
+T1=$(now)
+agent 0
+sleep 0.3  # host 0 serves the rendezvous: let it bind first (the others retry anyway)
+agent 1
+wait_line "$TMP/agent0.log" '/step 5 loss/ { f = 1 } END { exit !f }' "round 1 to train 6 steps"
+agent 2
+wait_line "$TMP/agent2.log" '/waits for round 2/ { f = 1 } END { exit !f }' "host 2 to wait for round 2"
+wait_line "$TMP/agent0.log" '/elastic world 3/ { w = 1 } w && /step .* loss/ { n++ } END { exit !(n >= 4) }' \
+  "round 2 (world 3) to train 4 steps"
+kill -KILL -- "-${AGENT[1]}"
+echo "killed host 1 after $(elapsed "$T1") s"
+wait_exit "${AGENT[0]}"
+RC0=$RC
+wait_exit "${AGENT[2]}"
+RC2=$RC
+echo "FIGURE elastic_run_s $(elapsed "$T1")"
+if [ "$RC0" != 0 ] || [ "$RC2" != 0 ]; then
+  for i in 0 1 2; do echo "--- host $i"; cat "$TMP/agent$i.log"; done
+  fail "the elastic run ended with $RC0 (host 0) / $RC2 (host 2)"
+fi
+
+# ---------------------------------------------------------------- checks
+lines() { sed -n 's/^\(\[rank0\]: \)\{0,1\}//p' "$1"; }
+worlds=$(lines "$TMP/agent0.log" | awk '/^elastic world/ { sub(":", "", $3); printf "%s ", $3 }')
+echo "worlds of the rounds: $worlds"
+[ "$worlds" = "2 3 2 " ] || fail "expected rounds at world 2, 3, 2; got '$worlds'"
+grep -q "round 3: this machine is node rank 1 of 2" "$TMP/agent2.log" ||
+  fail "host 2 was not node rank 1 of 2 in round 3"
+grep -q "per-rank batch 4 x accumulation 1 x world 3 = global batch 12" "$TMP/agent0.log" ||
+  fail "round 2 did not say its per-rank batch"
+resumed=$(lines "$TMP/agent0.log" | grep -c '^resumed at step')
+[ "$resumed" = 2 ] || fail "expected 2 resumes from a checkpoint, got $resumed"
+lines "$TMP/agent0.log" | grep '^resumed at step'
+# Every elastic step line against the reference's step K.
+rel=$(awk -v tol="$TOLERANCE" '
+  FNR == NR { if ($1 == "step") ref[$2] = $4; next }
+  $1 == "step" { if (!($2 in ref)) { bad = 1; next } seen[$2] = 1; n++
+    d = $4 - ref[$2]; if (d < 0) d = -d; m = ref[$2] < 0 ? -ref[$2] : ref[$2];
+    r = d / (m > 1e-300 ? m : 1e-300); if (r > worst) worst = r }
+  END { for (k in ref) if (!(k in seen)) bad = 1; if (bad || n == 0) print "misaligned"; else printf "%.3g", worst }' \
+  <(lines "$TMP/reference.log") <(lines "$TMP/agent0.log"))
+echo "FIGURE elastic_vs_uninterrupted_max_relative_loss_difference $rel"
+if [ "$rel" = misaligned ] || awk -v m="$rel" -v t="$TOLERANCE" 'BEGIN { exit !(m > t) }'; then
+  paste <(lines "$TMP/reference.log" | grep '^step') <(lines "$TMP/agent0.log" | grep '^step')
+  fail "the elastic run's losses differ from the uninterrupted run's (max relative difference $rel)"
+fi
+echo "FIGURE elastic_test_s $(elapsed "$T_START")"
+if [ "$FAILED" = 0 ]; then echo "PASS"; else
+  for i in 0 1 2; do echo "--- host $i"; cat "$TMP/agent$i.log"; done
+  exit 1
+fi

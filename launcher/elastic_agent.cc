@@ -164,10 +164,15 @@ int Agent::run_round(const RoundAssignment& a) {
   if (interrupted) return rc;
   if (rc == kSuperviseStopped) {
     const auto w = words(news);
-    log("round " + std::to_string(a.round) + " ended: " + (w.empty() ? "" : w[0] + " ") +
-        rest(news, 2));
-    if (!w.empty() && w[0] == "rejoin") return kSuperviseStopped;
-    rc_ = w.empty() || w[0] != "abort" || failed_rc_ == 0 ? 1 : failed_rc_;
+    const std::string verb = w.empty() ? "" : w[0];
+    if (verb == "rejoin") {
+      log("round " + std::to_string(a.round) + " ends: rendezvous round " + w[1] + " opens " +
+          rest(news, 2));
+      return kSuperviseStopped;
+    }
+    log((verb == "abort" ? "the job stops: " : "the rendezvous refused this machine: ") +
+        rest(news, 1) + "; its workers were stopped");
+    rc_ = verb != "abort" || failed_rc_ == 0 ? 1 : failed_rc_;
     return rc_;
   }
   if (rc == 0) {
@@ -181,8 +186,9 @@ int Agent::run_round(const RoundAssignment& a) {
         " opens");
     return kSuperviseStopped;
   }
-  log("the job stops: " + rest(reply, 1));
-  return rc;
+  log((reply.rfind("abort", 0) == 0 ? "the job stops: " : "the rendezvous refused this machine: ") +
+      rest(reply, 1));
+  return reply.rfind("abort", 0) == 0 ? rc : 1;
 }
 
 int Agent::run() {

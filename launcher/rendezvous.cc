@@ -1,6 +1,7 @@
 #include "launcher/rendezvous.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 
 #include "launcher/util.h"
@@ -187,9 +188,10 @@ void RoundTable::tick(RdzvClock::time_point now) {
     const Member& m = members_.at(ranks_[i]);
     const double silent = std::chrono::duration<double>(now - m.last_beat).count();
     if (!m.done && silent > limits_.keep_alive_s) {
+      char secs[32];
+      std::snprintf(secs, sizeof(secs), "%.1f", silent);
       open_round(true, "machine " + n(static_cast<int>(i)) + " (" + m.addr +
-                           ") was lost: no keep-alive for " +
-                           std::to_string(static_cast<int>(silent)) + " s");
+                           ") was lost: no keep-alive for " + secs + " s");
       return;
     }
   }

@@ -13,7 +13,11 @@
 #   4. every "step K loss X" line of the elastic run (replayed steps included) equals step K of an
 #      uninterrupted 2-process run at the same global batch within TOLERANCE (relative): the sample
 #      order is exact (12 divides every checkpoint's position at worlds 2 and 3), only the order of
-#      the all-reduce's float64 sums differs with the world size.
+#      the all-reduce's float64 sums differs with the world size;
+#   5. a stale agent is refused: hosts 0 and 1 under 1:2, host 1's accel-run stopped (SIGSTOP)
+#      past the keep-alive timeout; round 2 forms without it (world 1), and once continued it
+#      presents round 1, is refused with that reason and exits 1; host 0 finishes with the
+#      reference's losses.
 # Needs root and `ip netns`; otherwise exits 77 (skipped). Everything it creates (namespaces,
 # bridge, veths, processes, files) is removed on every exit path.
 #   elastic_test.sh <accel-run> <elastic_train>
@@ -91,7 +95,7 @@ wait_line() {
   deadline=$(awk -v n="$(now)" -v l="$LIMIT_S" 'BEGIN { printf "%.3f", n + l }')
   until awk "$cond" "$file" 2>/dev/null; do
     if awk -v d="$deadline" -v n="$(now)" 'BEGIN { exit !(n > d) }'; then
-      for i in 0 1 2; do echo "--- host $i"; cat "$TMP/agent$i.log" 2>/dev/null; done
+      for f in "$TMP"/*.log; do echo "--- $f"; cat "$f"; done
       echo "FAIL: timed out waiting for $what"
       exit 1
     fi
@@ -109,15 +113,41 @@ wait_exit() {
   wait "$pid"
   RC=$?
 }
+# agent <host> <log> <flags...>: one accel-run in host's namespace, training elastic_train.
 agent() {
-  local i=$1
+  local i=$1 log=$2
+  shift 2
   setsid ip netns exec "${NS[$i]}" env ACCEL_RENDEZVOUS_TOKEN="$TOKEN" OMP_NUM_THREADS=1 \
-    "$ACCEL_RUN" launch --num_machines 2:3 --num_processes 2 --cpu --main_process_ip "$A0" \
-    --main_process_port "$PORT" --max_restarts 2 --rdzv_last_call 1 --rdzv_keep_alive 5 \
-    --grace_period 2 "$PROG" "$TMP/elastic" --steps "$STEPS" --step_ms "$STEP_MS" \
-    >"$TMP/agent$i.log" 2>&1 &
+    "$ACCEL_RUN" launch --cpu --main_process_ip "$A0" --rdzv_last_call 1 \
+    --grace_period 2 "$@" --step_ms "$STEP_MS" >"$TMP/$log.log" 2>&1 &
   PIDS+=($!)
   AGENT[$i]=$!
+}
+elastic() {
+  agent "$1" "agent$1" --num_machines 2:3 --num_processes 2 --main_process_port "$PORT" --max_restarts 2 \
+    --rdzv_keep_alive 5 "$PROG" "$TMP/elastic" --steps "$STEPS"
+}
+lines() { sed -n 's/^\(\[rank0\]: \)\{0,1\}//p' "$1"; }
+# max_rel <log> <steps>: the largest relative difference between a "step K loss X" line of the
+# log (every one, replayed steps too) and step K of the reference, or "misaligned" when a step
+# below <steps> is missing or one is not in the reference.
+max_rel() {
+  awk -v steps="$2" '
+    FNR == NR { if ($1 == "step" && $2 < steps) ref[$2] = $4; next }
+    $1 == "step" { if (!($2 in ref)) { bad = 1; next } seen[$2] = 1; n++
+      d = $4 - ref[$2]; if (d < 0) d = -d; m = ref[$2] < 0 ? -ref[$2] : ref[$2];
+      r = d / (m > 1e-300 ? m : 1e-300); if (r > worst) worst = r }
+    END { for (k in ref) if (!(k in seen)) bad = 1; if (bad || n == 0) print "misaligned"; else printf "%.3g", worst }' \
+    <(lines "$TMP/reference.log") <(lines "$1")
+}
+check_losses() {
+  local rel
+  rel=$(max_rel "$1" "$2")
+  echo "FIGURE $3 $rel"
+  if [ "$rel" = misaligned ] || awk -v m="$rel" -v t="$TOLERANCE" 'BEGIN { exit !(m > t) }'; then
+    paste <(lines "$TMP/reference.log" | grep '^step') <(lines "$1" | grep '^step')
+    fail "the losses of $1 differ from the uninterrupted run's (max relative difference $rel)"
+  fi
 }
 
 # ---------------------------------------------------------------- the uninterrupted run
@@ -131,11 +161,11 @@ echo "FIGURE reference_run_s $(elapsed "$T1")"
 
 # ---------------------------------------------------------------- 2 -> 3 -> 2 hosts
 T1=$(now)
-agent 0
+elastic 0
 sleep 0.3  # host 0 serves the rendezvous: let it bind first (the others retry anyway)
-agent 1
+elastic 1
 wait_line "$TMP/agent0.log" '/step 5 loss/ { f = 1 } END { exit !f }' "round 1 to train 6 steps"
-agent 2
+elastic 2
 wait_line "$TMP/agent2.log" '/waits for round 2/ { f = 1 } END { exit !f }' "host 2 to wait for round 2"
 wait_line "$TMP/agent0.log" '/elastic world 3/ { w = 1 } w && /step .* loss/ { n++ } END { exit !(n >= 4) }' \
   "round 2 (world 3) to train 4 steps"
@@ -152,7 +182,6 @@ if [ "$RC0" != 0 ] || [ "$RC2" != 0 ]; then
 fi
 
 # ---------------------------------------------------------------- checks
-lines() { sed -n 's/^\(\[rank0\]: \)\{0,1\}//p' "$1"; }
 worlds=$(lines "$TMP/agent0.log" | awk '/^elastic world/ { sub(":", "", $3); printf "%s ", $3 }')
 echo "worlds of the rounds: $worlds"
 [ "$worlds" = "2 3 2 " ] || fail "expected rounds at world 2, 3, 2; got '$worlds'"
@@ -163,21 +192,40 @@ grep -q "per-rank batch 4 x accumulation 1 x world 3 = global batch 12" "$TMP/ag
 resumed=$(lines "$TMP/agent0.log" | grep -c '^resumed at step')
 [ "$resumed" = 2 ] || fail "expected 2 resumes from a checkpoint, got $resumed"
 lines "$TMP/agent0.log" | grep '^resumed at step'
-# Every elastic step line against the reference's step K.
-rel=$(awk -v tol="$TOLERANCE" '
-  FNR == NR { if ($1 == "step") ref[$2] = $4; next }
-  $1 == "step" { if (!($2 in ref)) { bad = 1; next } seen[$2] = 1; n++
-    d = $4 - ref[$2]; if (d < 0) d = -d; m = ref[$2] < 0 ? -ref[$2] : ref[$2];
-    r = d / (m > 1e-300 ? m : 1e-300); if (r > worst) worst = r }
-  END { for (k in ref) if (!(k in seen)) bad = 1; if (bad || n == 0) print "misaligned"; else printf "%.3g", worst }' \
-  <(lines "$TMP/reference.log") <(lines "$TMP/agent0.log"))
-echo "FIGURE elastic_vs_uninterrupted_max_relative_loss_difference $rel"
-if [ "$rel" = misaligned ] || awk -v m="$rel" -v t="$TOLERANCE" 'BEGIN { exit !(m > t) }'; then
-  paste <(lines "$TMP/reference.log" | grep '^step') <(lines "$TMP/agent0.log" | grep '^step')
-  fail "the elastic run's losses differ from the uninterrupted run's (max relative difference $rel)"
-fi
+check_losses "$TMP/agent0.log" "$STEPS" elastic_vs_uninterrupted_max_relative_loss_difference
+
+# ---------------------------------------------------------------- a stale agent is refused
+# Hosts 0 and 1 under 1:2; host 1's accel-run is stopped (SIGSTOP) past the keep-alive timeout:
+# round 2 forms without it (world 1, per-rank batch 12); continued, it presents round 1 and is
+# refused, stops its workers and exits 1, while host 0 finishes with the reference's losses.
+T1=$(now)
+stale() {
+  agent "$1" "stale$1" --num_machines 1:2 --main_process_port "$((PORT + 100))" \
+    --max_restarts 1 --rdzv_keep_alive 2 --num_processes 1 "$PROG" "$TMP/stale" --steps "$STEPS"
+}
+stale 0
+sleep 0.3
+stale 1
+wait_line "$TMP/stale0.log" '/step 1 loss/ { f = 1 } END { exit !f }' "the 1:2 job to train 2 steps"
+kill -STOP "${AGENT[1]}"
+wait_line "$TMP/stale0.log" '/round 2: this machine is node rank 0 of 1/ { f = 1 } END { exit !f }' \
+  "round 2 to form without the stopped host"
+kill -CONT "${AGENT[1]}"
+wait_exit "${AGENT[1]}"
+RC1=$RC
+wait_exit "${AGENT[0]}"
+RC0=$RC
+echo "FIGURE stale_run_s $(elapsed "$T1")"
+grep 'refused' "$TMP/stale1.log"
+[ "$RC1" = 1 ] || fail "the stale host exited with $RC1, expected 1"
+grep -q "the rendezvous refused this machine: stale round 1: the job is at round 2" \
+  "$TMP/stale1.log" || fail "the stale host was not refused with its round"
+[ "$RC0" = 0 ] || fail "host 0 of the 1:2 job ended with $RC0"
+grep -q "per-rank batch 12 x accumulation 1 x world 1 = global batch 12" "$TMP/stale0.log" ||
+  fail "round 2 of the 1:2 job did not run at world 1"
+check_losses "$TMP/stale0.log" "$STEPS" stale_job_vs_uninterrupted_max_relative_loss_difference
 echo "FIGURE elastic_test_s $(elapsed "$T_START")"
 if [ "$FAILED" = 0 ]; then echo "PASS"; else
-  for i in 0 1 2; do echo "--- host $i"; cat "$TMP/agent$i.log"; done
+  for f in "$TMP"/*.log; do echo "--- $f"; cat "$f"; done
   exit 1
 fi

@@ -137,8 +137,9 @@ TEST_CASE("an agent that presents a stale round is refused") {
   for (const char* req : {"beat b 1", "join b 1", "fail b 1", "poll b 1"}) {
     CAPTURE(req);
     const std::string reply = r.ask(req);
-    CHECK(starts(reply, "refused stale round 1: the job is at round 2 (running without this "
-                        "machine)"));
+    CHECK(starts(reply,
+                 "refused stale round 1: the job is at round 2 (running without this "
+                 "machine)"));
     CHECK(reply.find("start accel-run again to join as a new machine") != std::string::npos);
   }
   CHECK(starts(r.ask("beat a 7"), "refused round 7 was never opened"));

@@ -192,6 +192,9 @@ grep -q "per-rank batch 4 x accumulation 1 x world 3 = global batch 12" "$TMP/ag
 resumed=$(lines "$TMP/agent0.log" | grep -c '^resumed at step')
 [ "$resumed" = 2 ] || fail "expected 2 resumes from a checkpoint, got $resumed"
 lines "$TMP/agent0.log" | grep '^resumed at step'
+# A round that resumed from nothing would replay from step 0 (and still match the reference).
+starts=$(lines "$TMP/agent0.log" | grep -c '^step 0 loss')
+[ "$starts" = 1 ] || fail "step 0 was trained $starts times: a round did not resume"
 check_losses "$TMP/agent0.log" "$STEPS" elastic_vs_uninterrupted_max_relative_loss_difference
 
 # ---------------------------------------------------------------- a stale agent is refused

@@ -53,6 +53,7 @@ class Agent {
   // Joins until a round starts with this machine; nullopt when refused or aborted (rc_ set).
   std::optional<RoundAssignment> form_round();
   int run_round(const RoundAssignment& a);
+  void linger(bool success);
 
   LaunchPlan& plan_;
   const EnvMap& env_;
@@ -158,7 +159,14 @@ int Agent::run_round(const RoundAssignment& a) {
   o.restart_offset = a.round - 1;
   o.local_restarts = false;
   o.interrupted = &interrupted;
-  const int rc = supervise(plan_, env_, o);
+  int rc = 0;
+  try {
+    rc = supervise(plan_, env_, o);
+  } catch (...) {
+    done = true;  // the keep-alive thread must end before it is destroyed
+    beat.join();
+    throw;
+  }
   done = true;
   beat.join();
   if (interrupted) return rc;
@@ -191,6 +199,17 @@ int Agent::run_round(const RoundAssignment& a) {
   return reply.rfind("abort", 0) == 0 ? rc : 1;
 }
 
+// The serving agent stays a while before it exits, so that the others' last requests are answered:
+// after success until every member has said done (or was lost), after an abort long enough for
+// every agent's next keep-alive to hear it.
+void Agent::linger(bool success) {
+  const double wait_s = success ? eo_.keep_alive_s * 2 : eo_.keep_alive_s / 5 + 1.0;
+  const auto until = RdzvClock::now() + std::chrono::duration_cast<RdzvClock::duration>(
+                                            std::chrono::duration<double>(wait_s));
+  while ((!success || !server_->all_done()) && RdzvClock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
 int Agent::run() {
   RendezvousLimits limits;
   limits.min_machines = eo_.machines.min;
@@ -205,18 +224,9 @@ int Agent::run() {
       std::to_string(plan_.local_world_size) + " worker(s) per machine)");
   while (true) {
     auto a = form_round();
-    if (!a) return rc_;
-    const int rc = run_round(*a);
-    if (rc == kSuperviseStopped) continue;
-    if (rc == 0 && server_) {
-      // The serving agent stays until every member has said done (or was lost), so that the
-      // others' last requests are answered.
-      const auto until =
-          RdzvClock::now() + std::chrono::duration_cast<RdzvClock::duration>(
-                                 std::chrono::duration<double>(eo_.keep_alive_s * 2));
-      while (!server_->all_done() && RdzvClock::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    const int rc = a ? run_round(*a) : rc_;
+    if (a && rc == kSuperviseStopped) continue;
+    if (server_) linger(rc == 0);
     return rc;
   }
 }

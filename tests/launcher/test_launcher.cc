@@ -1302,6 +1302,33 @@ TEST_CASE("launch: --num_machines MIN:MAX (elastic) on loopback, and what it ref
       CHECK(e["ACCEL_DISTRIBUTED_TYPE"] == "MULTI_CPU");
     }
   }
+  SUBCASE("a failure past --max_restarts stops the job on every machine") {
+    TempDir dir;
+    const int port = free_port();
+    std::vector<std::unique_ptr<Proc>> machines;
+    for (int m = 0; m < 2; ++m) {
+      machines.push_back(std::make_unique<Proc>(
+          launch_args(
+              {"--num_machines", "2:2", "--num_processes", "2", "--main_process_ip", "127.0.0.1",
+               "--main_process_port", std::to_string(port), "--rdzv_keep_alive", "2",
+               "--grace_period", "1"},
+              {"fail", "--fail_rank", "0", "--code", "7", "--delay", "0.5", "--dir", dir.str()}),
+          std::map<std::string, std::string>{{"ACCEL_RENDEZVOUS_TOKEN", kToken}}));
+      if (m == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));  // serves
+    }
+    Result r0 = machines[0]->finish(30), r1 = machines[1]->finish(30);
+    // Machine 0 (rank 0; it serves the rendezvous) failed with 7 and stays until machine 1's
+    // next keep-alive has heard it (else machine 1 would wait for an answer for a minute).
+    CHECK_MESSAGE(r0.code == 7, r0.err);
+    CHECK_MESSAGE(r1.code == 1, r1.err);
+    CHECK(r1.seconds < 15);
+    for (const Result* r : {&r0, &r1}) {
+      CHECK_MESSAGE(contains(r->err,
+                             "the job stops: the workers of machine 0 failed in round 1, "
+                             "and --max_restarts 0 rounds after failures have been used"),
+                    r->err);
+    }
+  }
   SUBCASE("refusals name the flag and what is needed") {
     const std::map<std::string, std::string> token = {{"ACCEL_RENDEZVOUS_TOKEN", kToken}};
     Result r = accel_run(launch_args({"--num_machines", "3:2"}, {"env"}), token);

@@ -2,18 +2,19 @@
 # Elastic membership across three "hosts" for real: three network namespaces on one bridge
 # (10.253.X.1, .2, .3; the bridge in a fourth namespace), one accel-run per namespace with
 # --num_machines 2:3 --max_restarts 2, training elastic_train (float64 MLP, DDP, global batch 12,
-# a checkpoint every 2 steps):
+# a checkpoint every 2 steps, at most 4 samples per rank and micro-step):
 #   1. hosts 0 and 1 start: round 1 forms at world 2;
 #   2. once round 1 has trained 6 steps, host 2 starts: it waits for the next round, the agents stop
 #      their workers at their next keep-alive, round 2 forms at world 3, the workers resume from the
-#      last complete checkpoint (per-rank batch 12 / 3 = 4 instead of 6);
+#      last complete checkpoint (per-rank batch 4 without accumulation instead of 3 x 2);
 #   3. once round 2 has trained 4 more steps, host 1 is killed (SIGKILL of its accel-run and
 #      workers): the others' workers fail in their collectives, round 3 forms at world 2 from the
 #      last checkpoint, and the run finishes;
 #   4. every "step K loss X" line of the elastic run (replayed steps included) equals step K of an
-#      uninterrupted 2-process run at the same global batch within TOLERANCE (relative): the sample
-#      order is exact (12 divides every checkpoint's position at worlds 2 and 3), only the order of
-#      the all-reduce's float64 sums differs with the world size;
+#      uninterrupted 2-process run at the same global batch (per-rank batch 6, no accumulation)
+#      within TOLERANCE (relative): the sample order is exact (12 divides every checkpoint's
+#      position at worlds 2 and 3), only the order of the float64 sums differs (all-reduce over 2
+#      or 3 ranks, one or two micro-batches);
 #   5. a stale agent is refused: hosts 0 and 1 under 1:2, host 1's accel-run stopped (SIGSTOP)
 #      past the keep-alive timeout; round 2 forms without it (world 1), and once continued it
 #      presents round 1, is refused with that reason and exits 1; host 0 finishes with the
@@ -125,7 +126,7 @@ agent() {
 }
 elastic() {
   agent "$1" "agent$1" --num_machines 2:3 --num_processes 2 --main_process_port "$PORT" --max_restarts 2 \
-    --rdzv_keep_alive 5 "$PROG" "$TMP/elastic" --steps "$STEPS"
+    --rdzv_keep_alive 5 "$PROG" "$TMP/elastic" --steps "$STEPS" --max_per_rank 4
 }
 lines() { sed -n 's/^\(\[rank0\]: \)\{0,1\}//p' "$1"; }
 # max_rel <log> <steps>: the largest relative difference between a "step K loss X" line of the
@@ -187,8 +188,10 @@ echo "worlds of the rounds: $worlds"
 [ "$worlds" = "2 3 2 " ] || fail "expected rounds at world 2, 3, 2; got '$worlds'"
 grep -q "round 3: this machine is node rank 1 of 2" "$TMP/agent2.log" ||
   fail "host 2 was not node rank 1 of 2 in round 3"
+grep -q "per-rank batch 3 x accumulation 2 x world 2 = global batch 12" "$TMP/agent0.log" ||
+  fail "the rounds at world 2 did not say their per-rank batch and accumulation"
 grep -q "per-rank batch 4 x accumulation 1 x world 3 = global batch 12" "$TMP/agent0.log" ||
-  fail "round 2 did not say its per-rank batch"
+  fail "round 2 did not say its per-rank batch and accumulation"
 resumed=$(lines "$TMP/agent0.log" | grep -c '^resumed at step')
 [ "$resumed" = 2 ] || fail "expected 2 resumes from a checkpoint, got $resumed"
 lines "$TMP/agent0.log" | grep '^resumed at step'

@@ -15,8 +15,9 @@
 #      within TOLERANCE (relative): the sample order is exact (12 divides every checkpoint's
 #      position at worlds 2 and 3), only the order of the float64 sums differs (all-reduce over 2
 #      or 3 ranks, one or two micro-batches);
-#   5. a stale agent is refused: hosts 0 and 1 under 1:2, host 1's accel-run stopped (SIGSTOP)
-#      past the keep-alive timeout; round 2 forms without it (world 1), and once continued it
+#   5. a stale agent is refused: hosts 0 and 1 under 1:2 with ZeRO-3 (its sharded checkpoint
+#      re-sharded from world 2 to 1), host 1's accel-run stopped (SIGSTOP) past the keep-alive
+#      timeout; round 2 forms without it (world 1), and once continued it
 #      presents round 1, is refused with that reason and exits 1; host 0 finishes with the
 #      reference's losses.
 # Needs root and `ip netns`; otherwise exits 77 (skipped). Everything it creates (namespaces,
@@ -202,13 +203,13 @@ starts=$(lines "$TMP/agent0.log" | grep -c '^step 0 loss')
 check_losses "$TMP/agent0.log" "$STEPS" elastic_vs_uninterrupted_max_relative_loss_difference
 
 # ---------------------------------------------------------------- a stale agent is refused
-# Hosts 0 and 1 under 1:2; host 1's accel-run is stopped (SIGSTOP) past the keep-alive timeout:
+# Hosts 0 and 1 under 1:2 with ZeRO-3; host 1's accel-run is stopped (SIGSTOP) past the keep-alive timeout:
 # round 2 forms without it (world 1, per-rank batch 12); continued, it presents round 1 and is
 # refused, stops its workers and exits 1, while host 0 finishes with the reference's losses.
 T1=$(now)
 stale() {
   agent "$1" "stale$1" --num_machines 1:2 --main_process_port "$((PORT + 100))" \
-    --max_restarts 1 --rdzv_keep_alive 2 --num_processes 1 "$PROG" "$TMP/stale" --steps "$STALE_STEPS"
+    --max_restarts 1 --rdzv_keep_alive 2 --num_processes 1 --zero_stage 3 "$PROG" "$TMP/stale" --steps "$STALE_STEPS"
 }
 stale 0
 sleep 0.3

@@ -5,8 +5,8 @@
 // size: DDP's state is replicated, and the loader position is global (it resumes at the same
 // sample when the global batch divides it, Note [Loader position] in data/dataloader.h).
 //
-// The global batch G is kept by the per-rank batch and the accumulation (choose_split): the
-// largest per-rank batch b <= --max_per_rank with accumulation a such that world * b * a = G.
+// The global batch G is kept by the per-rank batch and the accumulation (data::split_global_batch):
+// the largest per-rank batch b <= --max_per_rank with accumulation a such that world * b * a = G.
 // Rank 0 prints, one per line:
 //   "elastic world W: per-rank batch b x accumulation a x world W = global batch G"
 //   "resumed at step K from <checkpoint>" (after a load)
@@ -28,6 +28,7 @@
 #include "autograd/ops.h"
 #include "core/generator.h"
 #include "core/tensor.h"
+#include "data/batch_split.h"
 #include "data/dataloader.h"
 #include "nn/activation.h"
 #include "nn/container.h"
@@ -44,20 +45,6 @@ int arg_int(int argc, char** argv, const char* name, int def) {
   for (int i = 2; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], name) == 0) return std::atoi(argv[i + 1]);
   return def;
-}
-
-struct Split {
-  int64_t per_rank = 0, accumulation = 0;
-};
-
-// world * per_rank * accumulation == global, per_rank <= max_per_rank, per_rank largest.
-Split choose_split(int64_t global, int64_t world, int64_t max_per_rank) {
-  ACCEL_CHECK(global % world == 0, ValueError, "elastic_train", "world size ", world,
-              " does not divide the global batch ", global, ": no split keeps it");
-  const int64_t per_world = global / world;
-  for (int64_t a = 1; a <= per_world; ++a)
-    if (per_world % a == 0 && per_world / a <= max_per_rank) return {per_world / a, a};
-  return {1, per_world};
 }
 
 }  // namespace
@@ -83,7 +70,7 @@ int main(int argc, char** argv) {
     cfg.split_batches = true;  // the loader's batch is split over the ranks
     // The world is the round's; the split is chosen before the Accelerator reads it.
     const int world = std::atoi(std::getenv("WORLD_SIZE") ? std::getenv("WORLD_SIZE") : "1");
-    const Split split = choose_split(global, world, max_per_rank);
+    const data::BatchSplit split = data::split_global_batch(global, world, max_per_rank);
     cfg.gradient_accumulation_steps = static_cast<int>(split.accumulation);
     Accelerator acc(cfg);
 
@@ -92,7 +79,7 @@ int main(int argc, char** argv) {
     Tensor y = tanh(x.narrow(1, 0, 1) * 1.5 - x.narrow(1, 1, 1) * 0.5) + x.narrow(1, 2, 1) * 0.25;
     auto dataset = std::make_shared<data::TensorDataset>(std::vector<Tensor>{x, y});
     data::DataLoaderOptions lo;
-    lo.batch_size = split.per_rank * world;  // one micro-batch over all ranks
+    lo.batch_size = split.loader_batch();  // one micro-step of all ranks
     lo.shuffle = true;
     lo.seed = 5;
     auto loader = std::make_shared<data::DataLoader>(dataset, lo);
@@ -115,9 +102,7 @@ int main(int argc, char** argv) {
         },
         [&](const std::map<std::string, std::string>& s) { done = std::stoi(s.at("step")); });
     if (acc.is_main_process()) {
-      std::cout << "elastic world " << world << ": per-rank batch " << split.per_rank
-                << " x accumulation " << split.accumulation << " x world " << world
-                << " = global batch " << global << std::endl;
+      std::cout << "elastic world " << world << ": " << split.describe() << std::endl;
     }
     if (std::filesystem::exists(acc.checkpoints_dir() + "/latest")) {
       const std::string from = acc.load_state("");

@@ -1,6 +1,7 @@
 // accel data: datasets, samplers, the DataLoader and readers for real formats.
 #pragma once
 
+#include "data/batch_split.h"
 #include "data/csv.h"
 #include "data/dataloader.h"
 #include "data/dataset.h"

@@ -12,6 +12,7 @@
 #include "accel_run_version.h"
 #include "core/env_contract.h"
 #include "launcher/config.h"
+#include "launcher/elastic_agent.h"
 #include "launcher/env_report.h"
 #include "launcher/output.h"
 #include "launcher/plan.h"
@@ -43,6 +44,8 @@ struct LaunchArgs {
   std::optional<std::string> tee;
   bool no_rank_prefix = false;
   bool quiet = false;
+  std::optional<std::string> num_machines;  // N or MIN:MAX (al::parse_num_machines)
+  al::ElasticOptions elastic;
 };
 
 template <typename T>
@@ -72,7 +75,14 @@ void add_launch_flags(CLI::App* app, LaunchArgs& a) {
       "config file (default: $ACCEL_CONFIG_FILE, else ~/.cache/accel/default_config.yaml)");
   add_optional(app, "--num_processes,--num-processes", f.num_processes,
                "total number of worker processes over all machines");
-  add_optional(app, "--num_machines,--num-machines", f.num_machines, "number of machines");
+  add_optional(app, "--num_machines,--num-machines", a.num_machines,
+               "number of machines: N, or MIN:MAX for elastic membership (rendezvous rounds)");
+  app->add_option("--rdzv_last_call,--rdzv-last-call", a.elastic.last_call_s,
+                  "elastic: seconds a round stays open for more machines once MIN have joined")
+      ->check(seconds_in(0.0, 3600.0));
+  app->add_option("--rdzv_keep_alive,--rdzv-keep-alive", a.elastic.keep_alive_s,
+                  "elastic: a machine silent this long is lost and a new round forms")
+      ->check(seconds_in(0.0, 3600.0, /*lo_open=*/true));
   add_optional(app, "--machine_rank,--machine-rank", f.machine_rank,
                "rank of this machine (0: hosts the main process)");
   add_optional(app, "--main_process_ip,--main-process-ip", f.main_process_ip,
@@ -172,15 +182,7 @@ void apply_setting_flags(LaunchArgs& a) {
   a.setting_flags.clear();
 }
 
-int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest) {
-  const al::EnvMap env = al::current_environment();
-  std::string config_path;
-  al::LaunchConfig cfg = load_effective_config(a.config_file, env, config_path);
-  al::LaunchFlags flags = a.flags;
-  if (selftest && !flags.num_processes && cfg.num_processes == 1 && cfg.num_machines == 1) {
-    // One process exercises no collective; the self test always runs a real group.
-    flags.num_processes = kSelftestDefaultProcesses;
-  }
+al::SuperviseOptions supervise_options(const LaunchArgs& a, std::vector<std::string> argv) {
   al::SuperviseOptions opts;
   opts.forward_signals = al::parse_forward_signals(a.forward_signals);
   if (a.tee) {
@@ -195,16 +197,68 @@ int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest
     while (opts.log_dir.size() > 1 && opts.log_dir.back() == '/') opts.log_dir.pop_back();
   }
   opts.stopped_timeout_s = a.stopped_timeout;
-  al::LaunchPlan plan =
-      al::resolve_plan(cfg, flags, env, al::count_gpu_device_nodes(), config_path);
-  al::resolve_rendezvous_token(plan, flags, env);
   opts.argv = std::move(argv);
   opts.grace_period_s = a.grace_period;
   opts.rank_prefix = !a.no_rank_prefix;
   opts.quiet = a.quiet;
+  return opts;
+}
+
+void print_notes(const LaunchArgs& a, const al::LaunchPlan& plan) {
   for (const auto& n : plan.notes) {
     if (!a.quiet || n.rfind("warning", 0) == 0) std::cerr << "accel-run: " << n << "\n";
   }
+}
+
+// `--num_machines MIN:MAX` (Note [elastic rendezvous] in launcher/rendezvous.cc): the plan is
+// resolved for MIN machines (num_processes is the total at MIN, so num_processes / MIN workers run
+// on every machine); machine ranks, world size and MASTER_ADDR/PORT come from each round.
+int run_elastic_launch(const LaunchArgs& a, al::LaunchFlags flags, const al::LaunchConfig& cfg,
+                       const std::string& config_path, const al::EnvMap& env,
+                       std::vector<std::string> argv) {
+  al::ElasticOptions eo = a.elastic;
+  eo.machines = al::parse_num_machines(*a.num_machines);
+  ACCEL_CHECK(!flags.machine_rank, launcher::ConfigError, "launch",
+              "--machine_rank with --num_machines ", *a.num_machines,
+              ": elastic machine ranks are assigned by each rendezvous round");
+  ACCEL_CHECK(flags.main_process_ip || cfg.main_process_ip, launcher::ConfigError, "launch",
+              "--num_machines ", *a.num_machines,
+              " needs --main_process_ip: the address of the machine that serves the rendezvous");
+  ACCEL_CHECK(flags.rendezvous_token || al::env_get(env, accel::env::kRendezvousToken),
+              launcher::ConfigError, "launch", "--num_machines ", *a.num_machines,
+              " needs a rendezvous token shared by every machine: run `accel-run token` once and "
+              "export it as ACCEL_RENDEZVOUS_TOKEN on every machine, or pass --rendezvous_token");
+  flags.machine_rank = 0;
+  al::LaunchConfig c = cfg;
+  c.machine_rank = 0;
+  if (!flags.main_process_port && !c.main_process_port)
+    flags.main_process_port = al::kDefaultMainProcessPort;
+  al::LaunchPlan plan = al::resolve_plan(c, flags, env, al::count_gpu_device_nodes(), config_path);
+  al::resolve_rendezvous_token(plan, flags, env);
+  plan.port_auto = false;
+  print_notes(a, plan);
+  return al::run_elastic(plan, env, supervise_options(a, std::move(argv)), eo);
+}
+
+int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest) {
+  const al::EnvMap env = al::current_environment();
+  std::string config_path;
+  al::LaunchConfig cfg = load_effective_config(a.config_file, env, config_path);
+  al::LaunchFlags flags = a.flags;
+  if (a.num_machines) {
+    const al::MachineCount m = al::parse_num_machines(*a.num_machines);
+    flags.num_machines = m.min;
+    if (m.elastic) return run_elastic_launch(a, flags, cfg, config_path, env, std::move(argv));
+  }
+  if (selftest && !flags.num_processes && cfg.num_processes == 1 && cfg.num_machines == 1) {
+    // One process exercises no collective; the self test always runs a real group.
+    flags.num_processes = kSelftestDefaultProcesses;
+  }
+  al::SuperviseOptions opts = supervise_options(a, std::move(argv));
+  al::LaunchPlan plan =
+      al::resolve_plan(cfg, flags, env, al::count_gpu_device_nodes(), config_path);
+  al::resolve_rendezvous_token(plan, flags, env);
+  print_notes(a, plan);
   return al::supervise(plan, env, opts);
 }
 

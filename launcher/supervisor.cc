@@ -122,8 +122,8 @@ Supervisor::~Supervisor() {
 }
 
 int Supervisor::run() {
-  const int max_restarts = plan_.config.max_restarts;
-  for (int restart = 0;; ++restart) {
+  const int max_restarts = opts_.local_restarts ? plan_.config.max_restarts : 0;
+  for (int restart = opts_.restart_offset;; ++restart) {
     Outcome o = run_attempt(restart);
     switch (o) {
       case Outcome::kSuccess:
@@ -131,12 +131,14 @@ int Supervisor::run() {
              (restart > 0 ? " after " + std::to_string(restart) + " restart(s)" : ""));
         return 0;
       case Outcome::kSpawnError: return 127;
+      case Outcome::kStopped: return kSuperviseStopped;
       case Outcome::kInterrupted:
+        if (opts_.interrupted) *opts_.interrupted = true;
         log("stopped all workers after " + signal_name(interrupt_signal_));
         return 128 + interrupt_signal_;
       case Outcome::kFailure: {
         const int code = workers_[*first_failure_].exit_code;
-        if (restart < max_restarts) {
+        if (restart - opts_.restart_offset < max_restarts) {
           log("restarting all " + std::to_string(workers_.size()) + " worker(s) (restart " +
               std::to_string(restart + 1) + " of " + std::to_string(max_restarts) + ")");
           continue;
@@ -169,6 +171,7 @@ std::string Supervisor::start_workers(int restart) {
   kill_deadline_.reset();
   sigkill_sent_ = false;
   tearing_down_ = false;
+  stop_requested_ = false;
   term_count_ = kill_count_ = 0;
   if (plan_.port_auto) plan_.master_port = pick_free_port(plan_.master_addr);
 
@@ -216,6 +219,11 @@ Supervisor::Outcome Supervisor::run_attempt(int restart) {
   while (true) {
     reap();
     check_stopped();
+    if (opts_.should_stop && !tearing_down_ && opts_.should_stop()) {
+      stop_requested_ = true;
+      info("stopping the workers for the next rendezvous round");
+      begin_teardown(SIGTERM);
+    }
     if (kill_deadline_ && !sigkill_sent_ && Clock::now() >= *kill_deadline_) escalate();
     if (std::none_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.running; })) {
       if (!cleaned_up) {
@@ -245,6 +253,7 @@ Supervisor::Outcome Supervisor::run_attempt(int restart) {
   }
   if (interrupt_signal_ != 0) return Outcome::kInterrupted;
   if (first_failure_) return Outcome::kFailure;
+  if (stop_requested_) return Outcome::kStopped;
   return Outcome::kSuccess;
 }
 

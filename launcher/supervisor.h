@@ -3,6 +3,7 @@
 #pragma once
 
 #include <csignal>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,7 +31,17 @@ struct SuperviseOptions {
   int tee = 0;
   size_t console_capacity =
       ConsoleSink::kDefaultCapacity;  // bytes queued per console stream before output is dropped
+  // The elastic agent's hooks (launcher/elastic_agent.cc). should_stop is asked once per loop
+  // (at least every monitor_interval); when it says true the workers are stopped (SIGTERM, SIGKILL
+  // after the grace period), nothing counts as failed, and supervise returns kSuperviseStopped.
+  std::function<bool()> should_stop;
+  int restart_offset = 0;       // ACCEL_RESTART_COUNT and attempt_<n> of the first attempt
+  bool local_restarts = true;   // false: no restart here (the elastic rounds restart instead)
+  bool* interrupted = nullptr;  // set when accel-run itself was signalled (SIGINT, ...)
 };
+
+// supervise's result when should_stop asked it to stop the workers.
+constexpr int kSuperviseStopped = -1;
 
 constexpr int kTeeStdout = 1;
 constexpr int kTeeStderr = 2;

@@ -75,7 +75,7 @@ class Supervisor {
   int run();
 
  private:
-  enum class Outcome { kSuccess, kFailure, kInterrupted, kSpawnError };
+  enum class Outcome { kSuccess, kFailure, kInterrupted, kSpawnError, kStopped };
 
   void log(const std::string& line) { err_.write(opts_.log_prefix + ": " + line + "\n"); }
   void info(const std::string& line) {
@@ -142,6 +142,7 @@ class Supervisor {
   int interrupt_signal_ = 0;
   bool sigkill_sent_ = false;
   bool tearing_down_ = false;
+  bool stop_requested_ = false;  // should_stop said true this attempt
   int term_count_ = 0;
   int kill_count_ = 0;
 };

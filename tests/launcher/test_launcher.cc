@@ -1277,6 +1277,88 @@ TEST_CASE("launch: two machines on loopback (flags, then SLURM per node, then SL
 
 // ---------------------------------------------------------------- env and test
 
+TEST_CASE("launch: --num_machines MIN:MAX (elastic) on loopback, and what it refuses") {
+  SUBCASE("two agents form round 1; their workers meet at the round's MASTER_ADDR:PORT") {
+    TempDir dir;
+    const int port = free_port();
+    std::vector<std::unique_ptr<Proc>> machines;
+    for (int m = 0; m < 2; ++m) {
+      machines.push_back(std::make_unique<Proc>(
+          launch_args({"--num_machines", "2:2", "--num_processes", "4", "--main_process_ip",
+                       "127.0.0.1", "--main_process_port", std::to_string(port)},
+                      {"handshake", "--dir", dir.str()}),
+          std::map<std::string, std::string>{{"ACCEL_RENDEZVOUS_TOKEN", kToken}}));
+    }
+    std::string log;
+    for (auto& m : machines) {
+      Result r = m->finish(30);
+      CHECK_MESSAGE(r.code == 0, r.err);
+      log += r.err;
+    }
+    CHECK(contains(log, "serving the rendezvous at 127.0.0.1:" + std::to_string(port)));
+    CHECK(contains(log, "round 1: this machine is node rank 0 of 2, world size 4 (ranks 0-1)"));
+    CHECK(contains(log, "round 1: this machine is node rank 1 of 2, world size 4 (ranks 2-3)"));
+    for (int rank = 0; rank < 4; ++rank) {
+      auto e = read_env_file(dir / ("env." + std::to_string(rank)));
+      CHECK(e["WORLD_SIZE"] == "4");
+      CHECK(e["LOCAL_WORLD_SIZE"] == "2");  // num_processes / MIN per machine
+      CHECK(e["NODE_RANK"] == std::to_string(rank / 2));
+      CHECK(e["GROUP_WORLD_SIZE"] == "2");
+      CHECK(e["MASTER_PORT"] == std::to_string(port + 1));  // the port + the round
+      CHECK(e["ACCEL_RESTART_COUNT"] == "0");
+      CHECK(e["ACCEL_DISTRIBUTED_TYPE"] == "MULTI_CPU");
+    }
+  }
+  SUBCASE("a failure past --max_restarts stops the job on every machine") {
+    TempDir dir;
+    const int port = free_port();
+    std::vector<std::unique_ptr<Proc>> machines;
+    for (int m = 0; m < 2; ++m) {
+      machines.push_back(std::make_unique<Proc>(
+          launch_args(
+              {"--num_machines", "2:2", "--num_processes", "2", "--main_process_ip", "127.0.0.1",
+               "--main_process_port", std::to_string(port), "--rdzv_keep_alive", "2",
+               "--grace_period", "1"},
+              {"fail", "--fail_rank", "0", "--code", "7", "--delay", "0.5", "--dir", dir.str()}),
+          std::map<std::string, std::string>{{"ACCEL_RENDEZVOUS_TOKEN", kToken}}));
+      if (m == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));  // serves
+    }
+    Result r0 = machines[0]->finish(30), r1 = machines[1]->finish(30);
+    // Machine 0 (rank 0; it serves the rendezvous) failed with 7 and stays until machine 1's
+    // next keep-alive has heard it (else machine 1 would wait for an answer for a minute).
+    CHECK_MESSAGE(r0.code == 7, r0.err);
+    CHECK_MESSAGE(r1.code == 1, r1.err);
+    CHECK(r1.seconds < 15);
+    for (const Result* r : {&r0, &r1}) {
+      CHECK_MESSAGE(contains(r->err,
+                             "the job stops: the workers of machine 0 failed in round 1, "
+                             "and --max_restarts 0 rounds after failures have been used"),
+                    r->err);
+    }
+  }
+  SUBCASE("refusals name the flag and what is needed") {
+    const std::map<std::string, std::string> token = {{"ACCEL_RENDEZVOUS_TOKEN", kToken}};
+    Result r = accel_run(launch_args({"--num_machines", "3:2"}, {"env"}), token);
+    CHECK(r.code == 1);
+    CHECK(contains(r.err, "--num_machines 3:2: MIN must not exceed MAX"));
+    r = accel_run(launch_args({"--num_machines", "x:2"}, {"env"}), token);
+    CHECK(contains(r.err, "expected N or MIN:MAX"));
+    r = accel_run(launch_args({"--num_machines", "1:2"}, {"env"}), token);
+    CHECK(r.code == 1);
+    CHECK(contains(r.err, "needs --main_process_ip"));
+    r = accel_run(
+        launch_args({"--num_machines", "1:2", "--main_process_ip", "127.0.0.1"}, {"env"}));
+    CHECK(r.code == 1);
+    CHECK(contains(r.err, "needs a rendezvous token shared by every machine"));
+    r = accel_run(launch_args({"--num_machines", "1:2", "--main_process_ip", "127.0.0.1",
+                               "--machine_rank", "1"},
+                              {"env"}),
+                  token);
+    CHECK(r.code == 1);
+    CHECK(contains(r.err, "elastic machine ranks are assigned by each rendezvous round"));
+  }
+}
+
 TEST_CASE("accel-run env reports versions, devices, libraries and the config") {
   TempDir dir;
   al::LaunchConfig c;

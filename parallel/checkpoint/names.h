@@ -28,6 +28,18 @@ inline std::string optim_step(size_t optim, size_t model, const std::string& par
   return optim_slot(optim, model, param, "step");
 }
 
+// Entry `key` of optimizer `optim`'s param groups as its state_dict names it
+// ("param_groups.<g>.lr", ".weight_decay", ".params"): "optim.<o>.param_groups.<g>.lr".
+inline std::string optim_group(size_t optim, const std::string& key) {
+  return "optim." + std::to_string(optim) + "." + key;
+}
+
+// Optimizer state that is not per parameter (LBFGS's "state.lbfgs.*"), `key` as the optimizer's
+// state_dict names it.
+inline std::string optim_opaque(size_t optim, const std::string& key) {
+  return "optim." + std::to_string(optim) + ".opaque." + key;
+}
+
 // A gradient saved inside an accumulation window (each rank's own un-averaged sum: same mesh only).
 inline std::string grad(size_t model, const std::string& name) {
   return "grad." + std::to_string(model) + "." + name;

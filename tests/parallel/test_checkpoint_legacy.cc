@@ -253,13 +253,17 @@ TEST_CASE("legacy: lies in optimizer records and entries are refused") {
     });
     refused(dir, {"fsdp.optimizers[0].params[0]"});
   }
-  {  // ZeRO-3: a rank's slice missing, a step that is no integer
+  {  // ZeRO-3: a rank's slice missing, a step that is no integer, a slice of another size
     const std::string dir = copy_of(tmp, "hsdp2x2");
     edit(dir + "/fsdp_optimizer_rank1.safetensors", "state.1.exp_avg_sq", Tensor());
     refused(dir, {"fsdp_optimizer_rank1.safetensors", "state.1.exp_avg_sq"});
     const std::string dir2 = copy_of(tmp, "zero3");
     edit(dir2 + "/fsdp_optimizer_rank0.safetensors", "state.3.step", scalar_tensor(3.0, kFloat64));
     refused(dir2, {"fsdp_optimizer_rank0.safetensors", "state.3.step must be one integer"});
+    const std::string dir3 = copy_of(tmp, "zero3");  // a slice longer than its span
+    edit(dir3 + "/fsdp_optimizer_rank0.safetensors", "state.2.exp_avg",
+         zeros({100}, TensorOptions(kFloat64)));
+    refused(dir3, {"fsdp_optimizer_rank0.safetensors", "state.2.exp_avg", "(100,)", "(192,)"});
   }
   {  // tp: a slot of a cut parameter of another shape at one tp index; state not per parameter
     const std::string dir = copy_of(tmp, "tp2dp2");

@@ -511,9 +511,8 @@ LegacyContext legacy_context(const std::vector<std::shared_ptr<nn::Module>>& mod
     for (size_t g = 0; g < optimizers[o]->num_param_groups(); ++g)
       for (const Tensor& p : optimizers[o]->params(g)) {
         const auto it = owner.find(p.impl());
-        ACCEL_CHECK(it != owner.end(), ValueError, "load_state", "optimizer ", o, "'s parameter ",
-                    ps.size(), " (", p.shape_str(), ") is no parameter of a prepared model");
-        ps.push_back({it->second.first, it->second.second, g});
+        ps.push_back(it == owner.end() ? LegacyParam{0, "", g}
+                                       : LegacyParam{it->second.first, it->second.second, g});
       }
     ctx.optimizers.push_back(std::move(ps));
   }

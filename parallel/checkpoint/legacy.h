@@ -28,7 +28,8 @@
 namespace accel::dist::ckpt {
 
 // One parameter of an optimizer of the run that loads: its prepared model, its name there (the
-// state-dict name) and its param group.
+// state-dict name; empty: a tensor of no prepared model, whose plain state is opaque) and its
+// param group.
 struct LegacyParam {
   size_t model = 0;
   std::string name;
@@ -45,8 +46,8 @@ struct LegacyContext {
 };
 
 // The context of prepared `models` and `optimizers` (the user's optimizer objects: their
-// parameters are the models' own, tp-local under tp, matched by identity). ValueError naming a
-// parameter that is no parameter of the models.
+// parameters are the models' own, tp-local under tp, matched by identity; a tensor of no model
+// gets an empty name).
 LegacyContext legacy_context(const std::vector<std::shared_ptr<nn::Module>>& models,
                              const std::vector<const optim::Optimizer*>& optimizers,
                              size_t bucket_cap_bytes);
@@ -86,8 +87,9 @@ LegacyContext legacy_context(const std::vector<std::shared_ptr<nn::Module>>& mod
 // As pieces of global tensors (names.h): model.<i>.<name>; optim.<o>.<i>.<param>.<slot> of the
 // parameter's global shape; optim.<o>.<i>.<param>.step (the entry's shape, one integer; ZeRO-1/2:
 // the bucket's, equal on every rank of the bucket: checked, IoError otherwise);
-// optim.<o>.param_groups.<g>.{lr,weight_decay,params}; optim.<o>.opaque.<key> for other optimizer
-// state (LBFGS's "state.lbfgs.*"; refused under tp). A whole entry is Region::whole(shape), a span
+// optim.<o>.param_groups.<g>.{lr,weight_decay,params}; optim.<o>.opaque.<key after "state."> for
+// state that is not per model parameter (LBFGS's "state.lbfgs.*", a tensor of no prepared model:
+// plain files only; refused under tp). A whole entry is Region::whole(shape), a span
 // Region::whole(shape).flat(lo, hi) (a bucket slice: the span of each parameter it meets, read at
 // its offset in the slice), and under tp both are prefixed with shard(dim, chunks, T, t) of the
 // global shape (the tp-local shapes summed along dim, each checked against its part).

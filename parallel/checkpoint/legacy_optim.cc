@@ -91,6 +91,14 @@ struct Adder {
                 ", which the checkpoint's model does not hold");
     return it->second;
   }
+  // State that is not per model parameter, whole (not outside tp: each tp index has its own).
+  void opaque(const io::SafetensorsFile& f, int64_t id, const std::string& key) {
+    ACCEL_CHECK(key.rfind("state.", 0) == 0, IoError, kOp, "'", f.path(), "': '", key,
+                "' is no optimizer state_dict key");
+    ACCEL_CHECK(!folder.tp, IoError, kOp, "'", f.path(), "': optimizer state '", key,
+                "' is not per model parameter and does not join across tp folders");
+    whole(names::optim_opaque(o, key.substr(6)), id, key);
+  }
   // param_groups.* (and, outside tp, state that is not per parameter) of a file.
   void groups_and_opaque(int64_t id) {
     const io::SafetensorsFile& f = files.open(id);
@@ -98,9 +106,7 @@ struct Adder {
       if (key.rfind("param_groups.", 0) == 0) {
         whole(names::optim_group(o, key), id, key);
       } else if (!state_key(key)) {
-        ACCEL_CHECK(!folder.tp, IoError, kOp, "'", f.path(), "': optimizer state '", key,
-                    "' is not per parameter and does not join across tp folders");
-        whole(names::optim_opaque(o, key), id, key);
+        opaque(f, id, key);
       }
     }
   }
@@ -118,6 +124,10 @@ struct Adder {
                   "' is the state of parameter ", k, "; optimizer ", o, " of this run has ",
                   params.size(), " parameters");
       const LegacyParam& p = params[k];
+      if (p.name.empty()) {  // a tensor of no prepared model
+        opaque(f, id, key);
+        continue;
+      }
       if (slot == "step") {
         check_step(f, key);
         whole(names::optim_step(o, p.model, p.name), id, key);
@@ -189,6 +199,9 @@ struct Adder {
     std::vector<size_t> group_of;
     size_t groups = 0;
     for (const LegacyParam& p : params) {
+      ACCEL_CHECK(!p.name.empty(), ValueError, kOp, "optimizer ", o, "'s parameter ", named.size(),
+                  " is no parameter of a prepared model: its ZeRO state in '", folder.state_path,
+                  "' has no name to load by");
       const LocalTensor& lt = param(p);
       // Only the size, dtype and device count: a broadcast element stands for the values.
       Tensor t = zeros(Shape(lt.shape.size(), 1), TensorOptions(lt.dtype)).expand(lt.shape);

@@ -34,10 +34,11 @@ inline std::string optim_group(size_t optim, const std::string& key) {
   return "optim." + std::to_string(optim) + "." + key;
 }
 
-// Optimizer state that is not per parameter (LBFGS's "state.lbfgs.*"), `key` as the optimizer's
-// state_dict names it.
-inline std::string optim_opaque(size_t optim, const std::string& key) {
-  return "optim." + std::to_string(optim) + ".opaque." + key;
+// Optimizer state that is not per model parameter (LBFGS's "state.lbfgs.*", the state of a tensor
+// of no prepared model), `rest` being its state_dict key after "state.":
+// "optim.<o>.opaque.lbfgs.d".
+inline std::string optim_opaque(size_t optim, const std::string& rest) {
+  return "optim." + std::to_string(optim) + ".opaque." + rest;
 }
 
 // A gradient saved inside an accumulation window (each rank's own un-averaged sum: same mesh only).

@@ -273,6 +273,9 @@ TEST_CASE("legacy: lies in optimizer records and entries are refused") {
     const std::string dir2 = copy_of(tmp, "tp2shard2");
     edit(dir2 + "/tp0/fsdp_optimizer_rank0.safetensors", "state.lbfgs.d", zeros({4}));
     refused(dir2, {"state.lbfgs.d", "tp"});
+    const std::string dir3 = copy_of(tmp, "one");  // outside tp: whole
+    edit(dir3 + "/optimizer.safetensors", "state.lbfgs.d", zeros({4}));
+    CHECK(ckpt::open_legacy(dir3, ctx)->contains("optim.0.opaque.lbfgs.d"));
   }
   {  // plain: a step that is a float, a slot that is an integer
     const std::string dir = copy_of(tmp, "one");
@@ -322,8 +325,17 @@ TEST_CASE("legacy: a run whose optimizers do not match the checkpoint is told so
   stranger.optimizers[0][0].name = "no.such.weight";
   e = error_of([&] { ckpt::open_legacy(kFixtures + "/zero2/ckpt", stranger); });
   CHECK_MESSAGE(contains(e, "'no.such.weight'"), e);
-  // legacy_context: an optimizer over a tensor of no prepared model.
+  // A tensor of no prepared model: its plain state is opaque; under ZeRO it has no name to load by.
   optim::AdamW stray({zeros({2})}, {});
-  e = error_of([&] { ckpt::legacy_context({}, {&stray}, 1024); });
-  CHECK_MESSAGE(contains(e, "is no parameter of a prepared model"), e);
+  const ckpt::LegacyContext strays = ckpt::legacy_context({}, {&stray}, 1024);
+  REQUIRE(strays.optimizers.size() == 1);
+  CHECK(strays.optimizers[0].at(0).name.empty());
+  ckpt::LegacyContext opaque = context();
+  opaque.optimizers[0][3].name.clear();
+  auto src = ckpt::open_legacy(kFixtures + "/one/ckpt", opaque);
+  CHECK(src->contains("optim.0.opaque.3.exp_avg"));
+  CHECK(src->contains("optim.0.opaque.3.step"));
+  CHECK_FALSE(src->contains("optim.0.0.blocks.0.attn.proj.weight.exp_avg"));
+  e = error_of([&] { ckpt::open_legacy(kFixtures + "/zero2/ckpt", opaque); });
+  CHECK_MESSAGE(contains(e, "parameter 3 is no parameter of a prepared model"), e);
 }

@@ -141,6 +141,10 @@ class LegacySource final : public CheckpointSource, public legacy::Files {
   // legacy::Files
   int64_t add(const std::string& rel) override;
   const io::SafetensorsFile& open(int64_t i) override;
+  bool exists(const std::string& rel) const override {
+    struct stat st {};
+    return ::lstat(path_of(rel).c_str(), &st) == 0;
+  }
 
  private:
   // A piece read at an offset of its entry (a ZeRO-1/2 bucket slice), by tensor and piece index.
@@ -243,6 +247,16 @@ LegacySource::LegacySource(std::string dir, const LegacyContext* ctx) : dir_(std
                   "': tp.models[", m, "] says '", name, "' is cut over tp, but '",
                   path_of(tp_folder(0)), "' holds no such tensor");
   join(parts, tp);
+  // Saved inside an accumulation window: every rank's own gradients, whole (same mesh only).
+  if (ctx && state.contains("sync_gradients") && state["sync_gradients"] == false) {
+    std::vector<LocalPart> grads(1);
+    for (int64_t t = 0; t < tp.size; ++t)
+      legacy::add_window_grads(*this, folders[size_t(t)], num_models, tp.size, t, grads[0]);
+    for (const auto& [name, lt] : grads[0])
+      ACCEL_CHECK(!tensors_.count(name), IoError, kOp, "checkpoint '", dir_, "': '", name,
+                  "' comes from two places");
+    join(grads, TpRecord{});
+  }
   add_aliases(state, state_path, num_models);
 }
 

@@ -293,6 +293,42 @@ int64_t zero_world(const Folder& folder) {
 
 }  // namespace
 
+void add_window_grads(Files& files, const Folder& folder, size_t num_models, int64_t T, int64_t t,
+                      LocalPart& part) {
+  Adder a{files, folder, 0, part};
+  auto floating = [&](int64_t id, const std::string& key) {
+    const io::SafetensorsFile& f = files.open(id);
+    ACCEL_CHECK(is_floating(f.info(key).dtype), IoError, kOp, "'", f.path(), "': gradient '", key,
+                "' is ", f.info(key).dtype, ", expected floating point");
+  };
+  for (int64_t r = 0; r < folder.world; ++r) {
+    const int64_t w = r * T + t;
+    // Per model, every parameter's gradient (ZeRO-3: the unsharded window gradients).
+    for (size_t m = 0; m < num_models; ++m) {
+      const int64_t id =
+          files.add(folder.base + rank_file(folder.fsdp ? "fsdp_grads" : "grads", m, r));
+      for (const std::string& key : files.open(id).names()) {
+        floating(id, key);
+        a.whole(names::grad_of_rank(m, key, w), id, key);
+      }
+    }
+    // ZeRO-1/2 windows kept in the gradient shards (stage 2, or 16-bit compute parameters).
+    for (size_t o = 0; o < folder.num_optimizers && !folder.fsdp; ++o) {
+      const std::string rel = folder.base + rank_file("zero_grads", o, r);
+      if (!files.exists(rel)) continue;
+      const int64_t id = files.add(rel);
+      for (const std::string& key : files.open(id).names()) {
+        const auto b = key.rfind("bucket.", 0) == 0 ? state_key("state." + key.substr(7) + ".x")
+                                                    : std::nullopt;
+        ACCEL_CHECK(b.has_value(), IoError, kOp, "'", files.open(id).path(), "': '", key,
+                    "' is no gradient shard (\"bucket.<b>\")");
+        floating(id, key);
+        a.whole(names::zero_accum_of_rank(o, b->first, w), id, key);
+      }
+    }
+  }
+}
+
 void add_optimizers(Files& files, const Folder& folder, const LegacyContext& ctx, LocalPart& part) {
   const int64_t Z = zero_world(folder);
   const auto layouts =

@@ -48,6 +48,7 @@ class Files {
   virtual int64_t add(const std::string& rel) = 0;
   // Opened never through a link, its header checked (IoError naming it otherwise).
   virtual const io::SafetensorsFile& open(int64_t id) = 0;
+  virtual bool exists(const std::string& rel) const = 0;  // never through a link
 };
 
 // One folder and the record of the strategy that wrote it.
@@ -65,6 +66,12 @@ struct Folder {
 // Adds the optimizer state of `folder` (Note [format-1 checkpoints as pieces]) to `part`, which
 // holds its model tensors already.
 void add_optimizers(Files& files, const Folder& folder, const LegacyContext& ctx, LocalPart& part);
+
+// The gradients of an accumulation window (a save with sync_gradients false) that `folder` (tp
+// index t of T) holds, per rank of its strategy: whole, named by world rank (rank r of the folder
+// is world rank r * T + t: tp is the mesh's innermost dimension).
+void add_window_grads(Files& files, const Folder& folder, size_t num_models, int64_t T, int64_t t,
+                      LocalPart& part);
 
 std::string indexed(const std::string& stem, size_t i);  // "model", "model_1", ...
 std::string rank_file(const std::string& stem, size_t i,

@@ -46,6 +46,16 @@ inline std::string grad(size_t model, const std::string& name) {
   return "grad." + std::to_string(model) + "." + name;
 }
 
+// The same saved by world rank `rank` (a per-rank tensor, whole: "grad.<i>.<name>.rank<r>"), and
+// the ZeRO-1/2 window's gradient shard of bucket `bucket` of optimizer `optim` on that rank.
+inline std::string grad_of_rank(size_t model, const std::string& name, int64_t rank) {
+  return grad(model, name) + ".rank" + std::to_string(rank);
+}
+inline std::string zero_accum_of_rank(size_t optim, size_t bucket, int64_t rank) {
+  return "grad.accum." + std::to_string(optim) + "." + std::to_string(bucket) + ".rank" +
+         std::to_string(rank);
+}
+
 // The default generator's state, and the tp tracker's streams.
 inline const char* const kRngDefault = "rng.default";
 inline const char* const kRngTp = "rng.tp";

@@ -339,3 +339,56 @@ TEST_CASE("legacy: a run whose optimizers do not match the checkpoint is told so
   e = error_of([&] { ckpt::open_legacy(kFixtures + "/zero2/ckpt", opaque); });
   CHECK_MESSAGE(contains(e, "parameter 3 is no parameter of a prepared model"), e);
 }
+
+TEST_CASE("legacy: gradients of an accumulation window, per rank, named by world rank") {
+  const ckpt::LegacyContext ctx = context();
+  struct Window {
+    std::string mesh;
+    int64_t tp, ranks;  // tp folders, ranks per folder
+    std::string grads;  // the per-rank gradient files' stem
+  };
+  for (const Window& w : std::vector<Window>{{"window-zero2", 1, 2, "grads"},
+                                             {"window-tp2dp2", 2, 2, "grads"},
+                                             {"window-zero3", 1, 2, "fsdp_grads"}}) {
+    INFO(w.mesh);
+    const std::string dir = kFixtures + "/" + w.mesh + "/ckpt";
+    auto src = ckpt::open_legacy(dir, ctx);
+    // What every rank's files hold, named as fmt 2 names a rank's window (tp innermost).
+    std::map<std::string, Tensor> want;
+    for (int64_t t = 0; t < w.tp; ++t)
+      for (int64_t r = 0; r < w.ranks; ++r) {
+        const std::string sub = w.tp > 1 ? dir + "/tp" + std::to_string(t) : dir;
+        const int64_t rank = r * w.tp + t;
+        for (auto& [n, g] : io::load_safetensors(sub + "/" + w.grads + "_rank" + std::to_string(r) +
+                                                 ".safetensors"))
+          want[ckpt::names::grad_of_rank(0, n, rank)] = g;
+        const std::string acc = sub + "/zero_grads_rank" + std::to_string(r) + ".safetensors";
+        if (fs::exists(acc))
+          for (auto& [n, g] : io::load_safetensors(acc))
+            want[ckpt::names::zero_accum_of_rank(0, std::stoul(n.substr(7)), rank)] = g;
+      }
+    CHECK(want.size() >= 14);  // a gradient per parameter, or a shard per bucket (7), per rank
+    std::vector<std::string> got, expected;
+    for (const std::string& n : src->names())
+      if (n.rfind("grad.", 0) == 0) got.push_back(n);
+    for (const auto& [n, g] : want) expected.push_back(n);
+    CHECK(got == expected);
+    for (const auto& [n, g] : want)
+      expect_bytes_equal(g, read(*src, n, Region::whole(g.sizes())), n);
+    // The model and optimizer as in a save at a sync point.
+    CHECK(src->contains(ckpt::names::optim_step(0, 0, "head.weight")));
+  }
+  // Saved at a sync point: no gradients.
+  for (const std::string& n : ckpt::open_legacy(kFixtures + "/zero2/ckpt", ctx)->names())
+    CHECK(n.rfind("grad.", 0) != 0);
+  // Hostile: a shard that is not "bucket.<b>", a gradient that is no floating-point tensor.
+  test::TempDir tmp("legacy");
+  const std::string dir = copy_of(tmp, "window-zero2");
+  edit(dir + "/zero_grads_rank1.safetensors", "bucket.x", zeros({2}));
+  std::string e = error_of([&] { ckpt::open_legacy(dir, ctx); });
+  CHECK_MESSAGE((contains(e, "zero_grads_rank1.safetensors") && contains(e, "'bucket.x'")), e);
+  const std::string dir2 = copy_of(tmp, "window-tp2dp2");
+  edit(dir2 + "/tp1/grads_rank0.safetensors", "ln_f.bias", zeros({8}, TensorOptions(kInt64)));
+  e = error_of([&] { ckpt::open_legacy(dir2, ctx); });
+  CHECK_MESSAGE((contains(e, "tp1/grads_rank0.safetensors") && contains(e, "ln_f.bias")), e);
+}

@@ -105,9 +105,13 @@ LegacyContext legacy_context(const std::vector<std::shared_ptr<nn::Module>>& mod
 // meta()["aliases"] ({"model.0.head.weight": "model.0.embed.weight"}), from the files' metadata
 // and state.json's "aliases" record (written since ZeRO-3 files keep no names of tied
 // parameters). Pieces carry no CRCs (format 1 has none); read() checks coverage and each entry as
-// the format-2 reader does. Gradients of an accumulation window and the rest of state.json
-// (scheduler files, loader positions, RNG, counters) are not pieces here (meta() holds state.json
-// as it is).
+// the format-2 reader does. Saved inside an accumulation window (sync_gradients false), each
+// rank's gradients are per-rank tensors, whole (they resume on the same mesh only), named by
+// world rank r (a tp folder's rank d is r = d T + t: tp is the mesh's innermost dimension):
+// grads[_i]_rank<d> / fsdp_grads[_i]_rank<d> entry <name> -> grad.<i>.<name>.rank<r>,
+// zero_grads[_o]_rank<d> entry bucket.<b> -> grad.accum.<o>.<b>.rank<r> (names.h). The rest of
+// state.json (scheduler files, loader positions, RNG, counters) is not pieces here (meta() holds
+// state.json as it is).
 std::unique_ptr<CheckpointSource> open_legacy(const std::string& dir);  // model tensors only
 std::unique_ptr<CheckpointSource> open_legacy(const std::string& dir, const LegacyContext& ctx);
 

@@ -251,7 +251,8 @@ LegacySource::LegacySource(std::string dir, const LegacyContext* ctx) : dir_(std
   if (ctx && state.contains("sync_gradients") && state["sync_gradients"] == false) {
     std::vector<LocalPart> grads(1);
     for (int64_t t = 0; t < tp.size; ++t)
-      legacy::add_window_grads(*this, folders[size_t(t)], num_models, tp.size, t, grads[0]);
+      legacy::add_window_grads(*this, folders[size_t(t)], num_models, tp.size, t, parts[size_t(t)],
+                               grads[0]);
     for (const auto& [name, lt] : grads[0])
       ACCEL_CHECK(!tensors_.count(name), IoError, kOp, "checkpoint '", dir_, "': '", name,
                   "' comes from two places");

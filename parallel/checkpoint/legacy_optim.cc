@@ -294,8 +294,11 @@ int64_t zero_world(const Folder& folder) {
 }  // namespace
 
 void add_window_grads(Files& files, const Folder& folder, size_t num_models, int64_t T, int64_t t,
-                      LocalPart& part) {
+                      const LocalPart& model, LocalPart& part) {
   Adder a{files, folder, 0, part};
+  const int64_t Z = zero_world(folder);
+  const auto layouts =
+      records::parse_zero_record(*folder.record, folder.num_optimizers, Z, folder.state_path);
   auto floating = [&](int64_t id, const std::string& key) {
     const io::SafetensorsFile& f = files.open(id);
     ACCEL_CHECK(is_floating(f.info(key).dtype), IoError, kOp, "'", f.path(), "': gradient '", key,
@@ -307,8 +310,14 @@ void add_window_grads(Files& files, const Folder& folder, size_t num_models, int
     for (size_t m = 0; m < num_models; ++m) {
       const int64_t id =
           files.add(folder.base + rank_file(folder.fsdp ? "fsdp_grads" : "grads", m, r));
-      for (const std::string& key : files.open(id).names()) {
+      const io::SafetensorsFile& f = files.open(id);
+      for (const std::string& key : f.names()) {
         floating(id, key);
+        const auto p = model.find(names::model(m, key));
+        ACCEL_CHECK(p != model.end() && p->second.shape == f.info(key).shape, IoError, kOp, "'",
+                    f.path(), "': gradient '", key, "' is ", shape_str(f.info(key).shape),
+                    p == model.end() ? std::string(", of no tensor of the model")
+                                     : ", the parameter " + shape_str(p->second.shape));
         a.whole(names::grad_of_rank(m, key, w), id, key);
       }
     }
@@ -320,9 +329,15 @@ void add_window_grads(Files& files, const Folder& folder, size_t num_models, int
       for (const std::string& key : files.open(id).names()) {
         const auto b = key.rfind("bucket.", 0) == 0 ? state_key("state." + key.substr(7) + ".x")
                                                     : std::nullopt;
-        ACCEL_CHECK(b.has_value(), IoError, kOp, "'", files.open(id).path(), "': '", key,
-                    "' is no gradient shard (\"bucket.<b>\")");
+        const io::SafetensorsFile& f = files.open(id);
+        ACCEL_CHECK(b.has_value() && o < layouts.size() && layouts[o] &&
+                        b->first < layouts[o]->buckets.size(),
+                    IoError, kOp, "'", f.path(), "': '", key,
+                    "' is no gradient shard of a bucket of the ZeRO record (\"bucket.<b>\")");
         floating(id, key);
+        const int64_t sn = layouts[o]->buckets[b->first].numel / Z;
+        ACCEL_CHECK(f.info(key).shape == Shape{sn}, IoError, kOp, "'", f.path(), "': '", key,
+                    "' is ", shape_str(f.info(key).shape), ", a bucket's shard (", sn, ")");
         a.whole(names::zero_accum_of_rank(o, b->first, w), id, key);
       }
     }

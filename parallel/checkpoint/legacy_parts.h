@@ -71,7 +71,7 @@ void add_optimizers(Files& files, const Folder& folder, const LegacyContext& ctx
 // index t of T) holds, per rank of its strategy: whole, named by world rank (rank r of the folder
 // is world rank r * T + t: tp is the mesh's innermost dimension).
 void add_window_grads(Files& files, const Folder& folder, size_t num_models, int64_t T, int64_t t,
-                      LocalPart& part);
+                      const LocalPart& model, LocalPart& part);
 
 std::string indexed(const std::string& stem, size_t i);  // "model", "model_1", ...
 std::string rank_file(const std::string& stem, size_t i,

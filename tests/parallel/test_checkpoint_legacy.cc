@@ -391,4 +391,14 @@ TEST_CASE("legacy: gradients of an accumulation window, per rank, named by world
   edit(dir2 + "/tp1/grads_rank0.safetensors", "ln_f.bias", zeros({8}, TensorOptions(kInt64)));
   e = error_of([&] { ckpt::open_legacy(dir2, ctx); });
   CHECK_MESSAGE((contains(e, "tp1/grads_rank0.safetensors") && contains(e, "ln_f.bias")), e);
+  // A gradient of another shape than its parameter, a shard of another size than its bucket's.
+  const std::string dir3 = copy_of(tmp, "window-tp2dp2");
+  edit(dir3 + "/tp0/grads_rank1.safetensors", "blocks.0.fc.weight", zeros({32, 8}));
+  e = error_of([&] { ckpt::open_legacy(dir3, ctx); });
+  CHECK_MESSAGE((contains(e, "tp0/grads_rank1.safetensors") && contains(e, "(16, 8)")), e);
+  const std::string dir4 = copy_of(tmp, "window-zero2");
+  edit(dir4 + "/zero_grads_rank0.safetensors", "bucket.2", zeros({5}, TensorOptions(kFloat64)));
+  e = error_of([&] { ckpt::open_legacy(dir4, ctx); });
+  CHECK_MESSAGE((contains(e, "zero_grads_rank0.safetensors") && contains(e, "'bucket.2' is (5,)")),
+                e);
 }

@@ -23,6 +23,7 @@
 #include "parallel/checkpoint/legacy.h"
 #include "parallel/checkpoint/names.h"
 #include "tests/common/util.h"
+#include "tests/parallel/region_steps.h"
 
 using namespace accel;
 using namespace accel::dist;
@@ -141,6 +142,26 @@ TEST_CASE(
       const int64_t numel = w.numel(), lo = numel / 3, hi = numel - numel / 5;
       expect_bytes_equal(w.reshape({-1}).narrow(0, lo, hi - lo),
                          read(*src, name, Region::whole(rec.shape).flat(lo, hi)), "flat");
+      // The regions ranks of other meshes read (tp 2 with qkv's 3 chunks, tp 2 x 2 over two dims,
+      // tp 2 then a ZeRO-3 span), against the brute-force element map of tests/parallel.
+      const int64_t last = int64_t(rec.shape.size()) - 1;
+      std::vector<test::Steps> regions;
+      for (int64_t t = 0; t < 2; ++t) {
+        regions.push_back({rec.shape, {{0, rec.shape[0] % 3 == 0 ? 3 : 1, 2, t}}});
+        regions.push_back({rec.shape, {{0, 1, 2, t}, {last, 1, 2, 1 - t}}});
+        test::Steps s{rec.shape, {{0, 1, 3, t}}};
+        const int64_t local = shape_numel(s.region().box_shape());
+        s.flat_lo = local / 4;
+        s.flat_hi = local - local / 3;
+        regions.push_back(s);
+      }
+      const Tensor flat = w.reshape({-1});
+      for (const test::Steps& s : regions) {
+        const std::vector<int64_t> at = s.offsets();
+        const Tensor idx = tensor(at, Shape{int64_t(at.size())});
+        expect_bytes_equal(index_select(flat, 0, idx).reshape(s.region().local_shape()),
+                           read(*src, name, s.region()), s.region().str());
+      }
     }
     // 17 parameters: exp_avg, exp_avg_sq and step each; 2 groups of lr, weight_decay, params.
     CHECK(optim == 17 * 3 + 6);

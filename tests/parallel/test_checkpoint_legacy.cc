@@ -1,10 +1,11 @@
 // Format-1 checkpoints read as pieces (parallel/checkpoint/legacy.h, Note [format-1 checkpoints
 // as pieces]): the committed fixtures (tests/parallel/fixtures/legacy/README.md; saved by main's
-// format-1 save_state on 1 process, ZeRO-2 at 2, ZeRO-3 at 2, HSDP 2x2, tp 2 x shard 2 and
-// tp 2 x DDP 2) hold, model and optimizer state alike, exactly the tensors the format-1 loader read
-// from them (expected.safetensors), whole and in other regions, bit for bit; hostile optimizer
-// files (truncated shards, lies in records and entries, links, a run that does not match) are
-// refused by name. One process, no old code run.
+// format-1 save_state on 1 process, ZeRO-2 at 2, ZeRO-2 over 2 replicas x 2, ZeRO-3 at 2, HSDP 2x2,
+// tp 2 x shard 2 and tp 2 x DDP 2; three more inside an accumulation window) hold, model and
+// optimizer state alike, exactly the tensors the format-1 loader read from them
+// (expected.safetensors), whole and in other regions, bit for bit; hostile optimizer files
+// (truncated shards, lies in records and entries, links, a run that does not match) are refused by
+// name. One process, no old code run.
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,7 +34,7 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kFixtures = std::string(ACCEL_SOURCE_ROOT) + "/tests/parallel/fixtures/legacy";
-const std::vector<std::string> kMeshes = {"one",     "zero2",     "zero3",
+const std::vector<std::string> kMeshes = {"one",     "zero2",     "hsdp-zero2", "zero3",
                                           "hsdp2x2", "tp2shard2", "tp2dp2"};
 constexpr size_t kBucketCapBytes = 1024;  // make_legacy_fixture's
 

@@ -16,13 +16,30 @@
 #include "io/safetensors.h"
 #include "parallel/checkpoint_files.h"
 #include "parallel/checkpoint_records.h"
+#include "parallel/checkpoint/legacy_parts.h"
+#include "parallel/checkpoint/names.h"
 #include "parallel/checkpoint/read_pieces.h"
 
 namespace accel::dist::ckpt {
 
+namespace legacy {
+
+std::string indexed(const std::string& stem, size_t i) {
+  return i == 0 ? stem : stem + "_" + std::to_string(i);
+}
+std::string rank_file(const std::string& stem, size_t i, int64_t rank) {
+  return indexed(stem, i) + "_rank" + std::to_string(rank) + ".safetensors";
+}
+
+}  // namespace legacy
+
 namespace {
 
 using json = nlohmann::json;
+using legacy::indexed;
+using legacy::LocalPart;
+using legacy::LocalPiece;
+using legacy::LocalTensor;
 namespace records = ckpt_records;
 constexpr const char* kOp = "checkpoint";
 // At most this many data files are held open at once (a ZeRO-3 checkpoint of a large world has
@@ -32,14 +49,9 @@ constexpr size_t kMaxOpenFiles = 64;
 constexpr uint64_t kReadWindowBytes = uint64_t(4) << 20;
 constexpr int64_t kMaxModels = 4096;
 
-std::string indexed(const std::string& stem, size_t i) {
-  return i == 0 ? stem : stem + "_" + std::to_string(i);
-}
 // The names Note [fsdp checkpoints] (parallel/fsdp_checkpoint.h) gives its files.
 std::string plain_file(size_t m) { return indexed("model", m) + ".safetensors"; }
-std::string shard_file(size_t m, int64_t rank) {
-  return indexed("fsdp_model", m) + "_rank" + std::to_string(rank) + ".safetensors";
-}
+std::string shard_file(size_t m, int64_t rank) { return legacy::rank_file("fsdp_model", m, rank); }
 std::string tp_folder(int64_t t) { return "tp" + std::to_string(t); }
 
 [[noreturn]] void bad(const std::string& file, const std::string& field, const std::string& why) {
@@ -104,25 +116,12 @@ TpRecord parse_tp(const json& state, int64_t world, size_t num_models, const std
   return r;
 }
 
-// One tensor as one tp index's folder holds it: its (tp-local) shape and dtype and the entries
-// holding it, each whole (hi < 0) or the span [lo, hi) of the flattened tensor.
-struct LocalPiece {
-  int64_t file = 0;
-  std::string entry;
-  int64_t lo = 0, hi = -1;
-};
-struct LocalTensor {
-  DType dtype = kFloat32;
-  bool typed = false;  // a ZeRO-3 parameter of no elements has no entry to take a dtype from
-  Shape shape;
-  bool flat = false;
-  std::vector<LocalPiece> pieces;
-};
+// Model m's tensors as one folder holds them, by their names in the model.
 using LocalModel = std::map<std::string, LocalTensor>;
 
-class LegacySource final : public CheckpointSource {
+class LegacySource final : public CheckpointSource, public legacy::Files {
  public:
-  explicit LegacySource(std::string dir);
+  LegacySource(std::string dir, const LegacyContext* ctx);
 
   const json& meta() const override { return meta_; }
   bool contains(const std::string& name) const override { return tensors_.count(name) != 0; }
@@ -139,29 +138,40 @@ class LegacySource final : public CheckpointSource {
   }
   void read(const std::string& name, const Region& want, const Tensor& dst) override;
 
+  // legacy::Files
+  int64_t add(const std::string& rel) override;
+  const io::SafetensorsFile& open(int64_t i) override;
+  bool exists(const std::string& rel) const override {
+    struct stat st {};
+    return ::lstat(path_of(rel).c_str(), &st) == 0;
+  }
+
  private:
+  // A piece read at an offset of its entry (a ZeRO-1/2 bucket slice), by tensor and piece index.
+  struct Slice {
+    int64_t offset = 0, numel = 0;
+  };
   std::string path_of(const std::string& rel) const {
     return (std::filesystem::path(dir_) / rel).string();
   }
   void check_folders(int64_t tp_size);
-  int64_t add_file(const std::string& rel);
-  const io::SafetensorsFile& file(int64_t i);
   const io::SafetensorsFile& checked_file(const std::string& name, const TensorRecord& rec,
                                           const PieceRecord& p);
   LocalModel read_part(const std::string& base, size_t m, const records::FsdpRecord* fsdp,
                        std::map<std::string, std::string>& aliases);
-  void add_model(size_t m, std::vector<LocalModel>& parts, const TpRecord& tp);
+  void join(std::vector<LocalPart>& parts, const TpRecord& tp);
   void add_aliases(const json& state, const std::string& file, size_t num_models);
 
   std::string dir_;
   json meta_;
   std::map<std::string, TensorRecord> tensors_;
+  std::map<std::pair<std::string, size_t>, Slice> slices_;
   std::vector<std::string> files_;  // paths relative to dir_ ("tp1/model.safetensors")
   std::map<std::string, int64_t> file_ids_;
   std::map<int64_t, std::unique_ptr<io::SafetensorsFile>> open_;
 };
 
-LegacySource::LegacySource(std::string dir) : dir_(std::move(dir)) {
+LegacySource::LegacySource(std::string dir, const LegacyContext* ctx) : dir_(std::move(dir)) {
   const std::string state_path = path_of(kCheckpointStateFile);
   const std::string text =
       file_io::read_file(state_path, kOp, kMaxIndexBytes, file_io::Links::kRefuse);
@@ -178,6 +188,13 @@ LegacySource::LegacySource(std::string dir) : dir_(std::move(dir)) {
   const size_t num_models = size_t(count_field(state, "num_models", 0, kMaxModels, state_path));
   const TpRecord tp = parse_tp(state, world, num_models, state_path);
   check_folders(tp.size);
+  size_t num_optimizers = 0;
+  if (ctx) {
+    num_optimizers = size_t(count_field(state, "num_optimizers", 0, kMaxModels, state_path));
+    ACCEL_CHECK(ctx->optimizers.size() == num_optimizers, ValueError, kOp, "checkpoint '", dir_,
+                "' holds ", num_optimizers, " optimizer(s), this run prepared ",
+                ctx->optimizers.size());
+  }
 
   // The record of the strategy that wrote the model files (inside tp: the inner one, for a world
   // of world_size / T ranks).
@@ -189,21 +206,57 @@ LegacySource::LegacySource(std::string dir) : dir_(std::move(dir)) {
       bad(state_path, "fsdp.models",
           "lists " + std::to_string(fsdp->models.size()) + " model(s), num_models is " +
               std::to_string(num_models));
+    if (ctx && fsdp->optimizers.size() != num_optimizers)
+      bad(state_path, "fsdp.optimizers",
+          "lists " + std::to_string(fsdp->optimizers.size()) + " optimizer(s), num_optimizers is " +
+              std::to_string(num_optimizers));
   }
   meta_ = state;
   meta_["aliases"] = json::object();
+  std::vector<LocalPart> parts(size_t(tp.size));
+  std::vector<legacy::Folder> folders(size_t(tp.size));
   for (size_t m = 0; m < num_models; ++m) {
-    std::vector<LocalModel> parts;
-    std::map<std::string, std::string> aliases;  // of tp index 0's files
+    const std::string prefix = names::model(m, "");
     for (int64_t t = 0; t < tp.size; ++t) {
-      std::map<std::string, std::string> a;
-      parts.push_back(
-          read_part(state.contains("tp") ? tp_folder(t) + "/" : "", m, fsdp ? &*fsdp : nullptr, a));
-      if (t == 0) aliases = std::move(a);
+      std::map<std::string, std::string> aliases;
+      const std::string base = state.contains("tp") ? tp_folder(t) + "/" : "";
+      for (auto& [name, lt] : read_part(base, m, fsdp ? &*fsdp : nullptr, aliases)) {
+        lt.model = int64_t(m);
+        lt.param = name;
+        parts[size_t(t)].emplace(prefix + name, std::move(lt));
+      }
+      for (const auto& [alias, kept] : aliases)
+        folders[size_t(t)].aliases.emplace(prefix + alias, prefix + kept);
     }
-    add_model(m, parts, tp);
-    const std::string prefix = "model." + std::to_string(m) + ".";
-    for (const auto& [alias, kept] : aliases) meta_["aliases"][prefix + alias] = prefix + kept;
+  }
+  for (const auto& [alias, kept] : folders[0].aliases) meta_["aliases"][alias] = kept;
+  for (int64_t t = 0; ctx && t < tp.size; ++t) {
+    legacy::Folder& f = folders[size_t(t)];
+    f.base = state.contains("tp") ? tp_folder(t) + "/" : "";
+    f.record = &inner;
+    f.world = world / tp.size;
+    f.fsdp = fsdp ? &*fsdp : nullptr;
+    f.num_optimizers = num_optimizers;
+    f.tp = tp.size > 1;
+    f.state_path = state_path;
+    legacy::add_optimizers(*this, f, *ctx, parts[size_t(t)]);
+  }
+  for (size_t m = 0; m < tp.models.size(); ++m)
+    for (const auto& [name, sh] : tp.models[m])
+      ACCEL_CHECK(parts[0].count(names::model(m, name)), IoError, kOp, "checkpoint '", dir_,
+                  "': tp.models[", m, "] says '", name, "' is cut over tp, but '",
+                  path_of(tp_folder(0)), "' holds no such tensor");
+  join(parts, tp);
+  // Saved inside an accumulation window: every rank's own gradients, whole (same mesh only).
+  if (ctx && state.contains("sync_gradients") && state["sync_gradients"] == false) {
+    std::vector<LocalPart> grads(1);
+    for (int64_t t = 0; t < tp.size; ++t)
+      legacy::add_window_grads(*this, folders[size_t(t)], num_models, tp.size, t, parts[size_t(t)],
+                               grads[0]);
+    for (const auto& [name, lt] : grads[0])
+      ACCEL_CHECK(!tensors_.count(name), IoError, kOp, "checkpoint '", dir_, "': '", name,
+                  "' comes from two places");
+    join(grads, TpRecord{});
   }
   add_aliases(state, state_path, num_models);
 }
@@ -243,14 +296,14 @@ void LegacySource::check_folders(int64_t tp_size) {
               tp_size > 1 ? "" : " (tp<t>/ folders belong to checkpoints with a tp record)");
 }
 
-int64_t LegacySource::add_file(const std::string& rel) {
+int64_t LegacySource::add(const std::string& rel) {
   auto [it, fresh] = file_ids_.emplace(rel, int64_t(files_.size()));
   if (fresh) files_.push_back(rel);
   return it->second;
 }
 
 // The data file, opened never through a link (its header checked by SafetensorsFile).
-const io::SafetensorsFile& LegacySource::file(int64_t i) {
+const io::SafetensorsFile& LegacySource::open(int64_t i) {
   auto it = open_.find(i);
   if (it != open_.end()) return *it->second;
   if (open_.size() >= kMaxOpenFiles) open_.clear();
@@ -264,8 +317,18 @@ const io::SafetensorsFile& LegacySource::file(int64_t i) {
 const io::SafetensorsFile& LegacySource::checked_file(const std::string& name,
                                                       const TensorRecord& rec,
                                                       const PieceRecord& p) {
-  const io::SafetensorsFile& f = file(p.file);
+  const io::SafetensorsFile& f = open(p.file);
   const io::SafetensorsFile::Info& info = f.info(p.entry);
+  const auto s = slices_.find({name, size_t(&p - rec.pieces.data())});
+  if (s != slices_.end()) {
+    const Slice& sl = s->second;
+    ACCEL_CHECK(info.dtype == rec.dtype && info.shape == Shape{sl.numel} &&
+                    sl.offset + p.region.numel() <= sl.numel,
+                IoError, kOp, "'", f.path(), "': tensor '", name, "' entry '", p.entry, "' is ",
+                info.dtype, " ", shape_str(info.shape), ", expected ", rec.dtype, " (", sl.numel,
+                ") holding elements [", sl.offset, ", ", sl.offset + p.region.numel(), ")");
+    return f;
+  }
   ACCEL_CHECK(info.dtype == rec.dtype && info.shape == p.region.local_shape(), IoError, kOp, "'",
               f.path(), "': tensor '", name, "' entry '", p.entry, "' is ", info.dtype, " ",
               shape_str(info.shape), ", expected ", rec.dtype, " ",
@@ -288,8 +351,8 @@ LocalModel LegacySource::read_part(const std::string& base, size_t m,
       for (size_t q = 0; q < p.spans.size(); ++q) {
         const auto [lo, hi] = p.spans[q];
         if (hi == lo) continue;
-        const int64_t id = add_file(base + shard_file(m, int64_t(q)));
-        const io::SafetensorsFile& f = file(id);
+        const int64_t id = add(base + shard_file(m, int64_t(q)));
+        const io::SafetensorsFile& f = open(id);
         ACCEL_CHECK(f.contains(p.name), IoError, kOp, "'", f.path(), "' holds no '", p.name,
                     "', whose elements [", lo, ", ", hi, ") state.json places there");
         const io::SafetensorsFile::Info& info = f.info(p.name);
@@ -310,15 +373,15 @@ LocalModel LegacySource::read_part(const std::string& base, size_t m,
       if (!lt.typed && model_dtype) lt.dtype = *model_dtype;
   }
   // The plain model file: the whole model, or ZeRO-3's replicated part (buffers, frozen).
-  const int64_t id = add_file(base + plain_file(m));
-  const io::SafetensorsFile& f = file(id);
+  const int64_t id = add(base + plain_file(m));
+  const io::SafetensorsFile& f = open(id);
   for (const std::string& name : f.names()) {
     const io::SafetensorsFile::Info& info = f.info(name);
     LocalTensor lt;
     lt.dtype = info.dtype;
     lt.typed = true;
     lt.shape = info.shape;
-    lt.pieces.push_back({id, name, 0, -1});
+    lt.pieces.push_back({id, name});
     ACCEL_CHECK(out.emplace(name, std::move(lt)).second, IoError, kOp, "'", f.path(), "' holds '",
                 name, "', which state.json's ZeRO-3 record says is sharded");
   }
@@ -327,78 +390,75 @@ LocalModel LegacySource::read_part(const std::string& base, size_t m,
   return out;
 }
 
-// The global tensors of model m from its parts at the T tp indexes (Note [format-1 checkpoints as
-// pieces]).
-void LegacySource::add_model(size_t m, std::vector<LocalModel>& parts, const TpRecord& tp) {
-  const std::string prefix = "model." + std::to_string(m) + ".";
+// The global tensors from their parts at the T tp indexes (Note [format-1 checkpoints as pieces]):
+// a tensor of a parameter that tp.models cuts is the parts joined along its dim, any other tp
+// index 0's.
+void LegacySource::join(std::vector<LocalPart>& parts, const TpRecord& tp) {
   const int64_t T = tp.size;
-  const std::map<std::string, TpShardRecord> none;
-  const auto& shards = m < tp.models.size() ? tp.models[m] : none;
   auto where = [&](int64_t t, const LocalTensor& lt) {
-    const std::string& f = files_[size_t(lt.pieces.empty() ? 0 : lt.pieces[0].file)];
-    return T > 1 && lt.pieces.empty() ? path_of(tp_folder(t)) : path_of(f);
+    return lt.pieces.empty() ? path_of(T > 1 ? tp_folder(t) : "")
+                             : path_of(files_[size_t(lt.pieces[0].file)]);
   };
-  for (const auto& [name, sh] : shards)
-    ACCEL_CHECK(parts[0].count(name), IoError, kOp, "checkpoint '", dir_, "': tp.models[", m,
-                "] says '", name, "' is cut over tp, but '", path_of(tp_folder(0)),
-                "' holds no such tensor");
   for (int64_t t = 1; t < T; ++t)
     for (const auto& [name, lt] : parts[size_t(t)])
       ACCEL_CHECK(parts[0].count(name), IoError, kOp, "'", where(t, lt), "' holds '", name,
                   "', which '", path_of(tp_folder(0)), "' does not");
-  for (const auto& [name, lt0] : parts[0]) {
-    const std::string global = prefix + name;
+  for (auto& [global, lt0] : parts[0]) {
     TensorRecord r;
     r.dtype = lt0.dtype;
-    const auto sh = shards.find(name);
-    const bool cut = T > 1 && sh != shards.end();
+    r.shape = lt0.shape;
+    const TpShardRecord* s = nullptr;
+    if (T > 1 && lt0.model >= 0 && size_t(lt0.model) < tp.models.size()) {
+      const auto it = tp.models[size_t(lt0.model)].find(lt0.param);
+      if (it != tp.models[size_t(lt0.model)].end()) s = &it->second;
+    }
     std::vector<Region> boxes;  // per tp index whose pieces are read
-    if (!cut) {
-      r.shape = lt0.shape;
+    if (!s) {
       boxes.push_back(Region::whole(r.shape));
     } else {
-      const TpShardRecord& s = sh->second;
-      r.shape = lt0.shape;
-      ACCEL_CHECK(s.dim < int64_t(r.shape.size()), IoError, kOp, "checkpoint '", dir_,
-                  "': tp.models[", m, "].", name, " cuts dimension ", s.dim, " of a tensor of ",
-                  shape_str(r.shape));
+      const std::string rule = "tp.models[" + std::to_string(lt0.model) + "]." + lt0.param;
+      ACCEL_CHECK(s->dim < int64_t(r.shape.size()), IoError, kOp, "checkpoint '", dir_, "': ", rule,
+                  " cuts dimension ", s->dim, " of '", global, "' of ", shape_str(r.shape));
       int64_t along = 0;
       for (int64_t t = 0; t < T; ++t) {
-        const auto it = parts[size_t(t)].find(name);
+        const auto it = parts[size_t(t)].find(global);
         ACCEL_CHECK(it != parts[size_t(t)].end(), IoError, kOp, "'", path_of(tp_folder(t)),
-                    "' holds no '", name, "', which tp.models[", m, "] says is cut over tp");
+                    "' holds no '", global, "', which ", rule, " says is cut over tp");
         const LocalTensor& lt = it->second;
         Shape other = lt.shape;
-        other[size_t(s.dim)] = r.shape[size_t(s.dim)];
-        ACCEL_CHECK(lt.dtype == r.dtype && lt.shape.size() == r.shape.size() && other == r.shape,
-                    IoError, kOp, "'", where(t, lt), "': '", name, "' is ", lt.dtype, " ",
-                    shape_str(lt.shape), " but ", r.dtype, " ", shape_str(lt0.shape), " at tp 0");
-        along += lt.shape[size_t(s.dim)];
+        if (other.size() == r.shape.size()) other[size_t(s->dim)] = r.shape[size_t(s->dim)];
+        ACCEL_CHECK(lt.dtype == r.dtype && other == r.shape, IoError, kOp, "'", where(t, lt),
+                    "': '", global, "' is ", lt.dtype, " ", shape_str(lt.shape), " but ", r.dtype,
+                    " ", shape_str(lt0.shape), " at tp 0");
+        along += lt.shape[size_t(s->dim)];
       }
-      r.shape[size_t(s.dim)] = along;
+      r.shape[size_t(s->dim)] = along;
       r.layout =
-          "tp: Shard(" + std::to_string(s.dim) + ", chunks=" + std::to_string(s.chunks) + ")";
+          "tp: Shard(" + std::to_string(s->dim) + ", chunks=" + std::to_string(s->chunks) + ")";
       for (int64_t t = 0; t < T; ++t) {
-        const LocalTensor& lt = parts[size_t(t)].at(name);
+        const LocalTensor& lt = parts[size_t(t)].at(global);
         Region box;
         try {
-          box = Region::whole(r.shape).shard(s.dim, s.chunks, T, t);
+          box = Region::whole(r.shape).shard(s->dim, s->chunks, T, t);
         } catch (const Error& e) {
-          ACCEL_THROW(IoError, kOp, "checkpoint '", dir_, "': '", name, "' of ", shape_str(r.shape),
-                      " does not cut as tp.models[", m, "] says: ", e.what());
+          ACCEL_THROW(IoError, kOp, "checkpoint '", dir_, "': '", global, "' of ",
+                      shape_str(r.shape), " does not cut as ", rule, " says: ", e.what());
         }
-        ACCEL_CHECK(box.box_shape() == lt.shape, IoError, kOp, "'", where(t, lt), "': '", name,
+        ACCEL_CHECK(box.box_shape() == lt.shape, IoError, kOp, "'", where(t, lt), "': '", global,
                     "' is ", shape_str(lt.shape), "; tp index ", t, " of ", T, " of ",
-                    shape_str(r.shape), " cut {dim ", s.dim, ", chunks ", s.chunks, "} is ",
+                    shape_str(r.shape), " cut {dim ", s->dim, ", chunks ", s->chunks, "} is ",
                     shape_str(box.box_shape()));
         boxes.push_back(std::move(box));
       }
     }
     if (lt0.flat) r.layout += std::string(r.layout.empty() ? "" : ", ") + "dp_shard: Flat";
     for (size_t t = 0; t < boxes.size(); ++t) {
-      const LocalTensor& lt = t == 0 ? lt0 : parts[t].at(name);
-      for (const LocalPiece& p : lt.pieces)
+      const LocalTensor& lt = t == 0 ? lt0 : parts[t].at(global);
+      for (const LocalPiece& p : lt.pieces) {
+        if (p.entry_numel >= 0)
+          slices_[{global, r.pieces.size()}] = Slice{p.entry_offset, p.entry_numel};
         r.pieces.push_back({p.file, p.entry, p.hi < 0 ? boxes[t] : boxes[t].flat(p.lo, p.hi), {}});
+      }
     }
     tensors_.emplace(global, std::move(r));
   }
@@ -418,10 +478,9 @@ void LegacySource::add_aliases(const json& state, const std::string& file, size_
   for (size_t m = 0; m < num_models; ++m) {
     const std::string field = "aliases[" + std::to_string(m) + "]";
     if (!a[m].is_object()) bad(file, field, "must be an object");
-    const std::string prefix = "model." + std::to_string(m) + ".";
     for (auto it = a[m].begin(); it != a[m].end(); ++it) {
       if (!it->is_string()) bad(file, field + "." + it.key(), "must be a tensor name");
-      const std::string x = prefix + it.key(), y = prefix + it->get<std::string>();
+      const std::string x = names::model(m, it.key()), y = names::model(m, it->get<std::string>());
       const bool hx = tensors_.count(x) != 0, hy = tensors_.count(y) != 0;
       if (!hx && !hy)
         bad(file, field + "." + it.key(),
@@ -442,14 +501,45 @@ void LegacySource::read(const std::string& name, const Region& want, const Tenso
   access.describe = [&](const PieceRecord& p) {
     return "'" + p.entry + "' in '" + files_[size_t(p.file)] + "'";
   };
+  if (!slices_.empty())
+    access.entry_offset = [&](const PieceRecord& p) {
+      const auto s = slices_.find({name, size_t(&p - rec.pieces.data())});
+      return s == slices_.end() ? uint64_t(0) : uint64_t(s->second.offset) * dtype_size(rec.dtype);
+    };
   access.window_bytes = kReadWindowBytes;
   detail::read_pieces(dir_, name, rec, want, dst, access);
 }
 
 }  // namespace
 
+LegacyContext legacy_context(const std::vector<std::shared_ptr<nn::Module>>& models,
+                             const std::vector<const optim::Optimizer*>& optimizers,
+                             size_t bucket_cap_bytes) {
+  std::map<const void*, std::pair<size_t, std::string>> owner;
+  for (size_t m = 0; m < models.size(); ++m)
+    for (auto& [name, p] : models[m]->named_parameters())
+      owner.emplace(p.impl(), std::make_pair(m, name));
+  LegacyContext ctx;
+  ctx.bucket_cap_bytes = bucket_cap_bytes;
+  for (size_t o = 0; o < optimizers.size(); ++o) {
+    std::vector<LegacyParam> ps;
+    for (size_t g = 0; g < optimizers[o]->num_param_groups(); ++g)
+      for (const Tensor& p : optimizers[o]->params(g)) {
+        const auto it = owner.find(p.impl());
+        ps.push_back(it == owner.end() ? LegacyParam{0, "", g}
+                                       : LegacyParam{it->second.first, it->second.second, g});
+      }
+    ctx.optimizers.push_back(std::move(ps));
+  }
+  return ctx;
+}
+
 std::unique_ptr<CheckpointSource> open_legacy(const std::string& dir) {
-  return std::make_unique<LegacySource>(dir);
+  return std::make_unique<LegacySource>(dir, nullptr);
+}
+
+std::unique_ptr<CheckpointSource> open_legacy(const std::string& dir, const LegacyContext& ctx) {
+  return std::make_unique<LegacySource>(dir, &ctx);
 }
 
 }  // namespace accel::dist::ckpt

@@ -28,9 +28,32 @@ inline std::string optim_step(size_t optim, size_t model, const std::string& par
   return optim_slot(optim, model, param, "step");
 }
 
+// Entry `key` of optimizer `optim`'s param groups as its state_dict names it
+// ("param_groups.<g>.lr", ".weight_decay", ".params"): "optim.<o>.param_groups.<g>.lr".
+inline std::string optim_group(size_t optim, const std::string& key) {
+  return "optim." + std::to_string(optim) + "." + key;
+}
+
+// Optimizer state that is not per model parameter (LBFGS's "state.lbfgs.*", the state of a tensor
+// of no prepared model), `rest` being its state_dict key after "state.":
+// "optim.<o>.opaque.lbfgs.d".
+inline std::string optim_opaque(size_t optim, const std::string& rest) {
+  return "optim." + std::to_string(optim) + ".opaque." + rest;
+}
+
 // A gradient saved inside an accumulation window (each rank's own un-averaged sum: same mesh only).
 inline std::string grad(size_t model, const std::string& name) {
   return "grad." + std::to_string(model) + "." + name;
+}
+
+// The same saved by world rank `rank` (a per-rank tensor, whole: "grad.<i>.<name>.rank<r>"), and
+// the ZeRO-1/2 window's gradient shard of bucket `bucket` of optimizer `optim` on that rank.
+inline std::string grad_of_rank(size_t model, const std::string& name, int64_t rank) {
+  return grad(model, name) + ".rank" + std::to_string(rank);
+}
+inline std::string zero_accum_of_rank(size_t optim, size_t bucket, int64_t rank) {
+  return "grad.accum." + std::to_string(optim) + "." + std::to_string(bucket) + ".rank" +
+         std::to_string(rank);
 }
 
 // The default generator's state, and the tp tracker's streams.

@@ -84,6 +84,7 @@ void read_pieces(const std::string& dir, const std::string& name, const TensorRe
     const PieceRecord& p = *part.piece;
     const io::SafetensorsFile& f = *part.file;
     const uint64_t piece_bytes = uint64_t(p.region.numel()) * es;
+    const uint64_t base = access.entry_offset ? access.entry_offset(p) : 0;
     int64_t loaded = -1;  // the window in buf
     for (const Overlap& o : part.runs) {
       const uint64_t lo = uint64_t(o.src) * es, hi = uint64_t(o.src + o.n) * es;
@@ -91,7 +92,7 @@ void read_pieces(const std::string& dir, const std::string& name, const TensorRe
         const uint64_t w0 = w * window, len = std::min(window, piece_bytes - w0);
         if (int64_t(w) != loaded) {
           buf.resize(size_t(len));
-          f.read_bytes(p.entry, w0, len, buf.data());
+          f.read_bytes(p.entry, base + w0, len, buf.data());
           if (access.check_window) access.check_window(p, f, w, w0, buf.data(), len);
           if (rec.dtype == kBool)
             for (uint64_t k = 0; k < len; ++k)

@@ -22,6 +22,9 @@ struct PieceAccess {
   std::function<std::string(const PieceRecord&)> describe;
   // Bytes read at once (format 2: the CRC block, so each block is read whole, at most once).
   uint64_t window_bytes = 0;
+  // Where the piece's bytes begin in its entry, in bytes (format 1's ZeRO-1/2 bucket slices: the
+  // parameters of a bucket share one entry per rank); empty: at 0, the entry being the piece.
+  std::function<uint64_t(const PieceRecord&)> entry_offset;
   // Checks window `w` (bytes [offset, offset + len) of the piece) just read; may be empty.
   std::function<void(const PieceRecord&, const io::SafetensorsFile&, uint64_t w, uint64_t offset,
                      const unsigned char* bytes, uint64_t len)>

@@ -45,7 +45,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -53,6 +55,7 @@
 
 #include "accelerate/strategy_base.h"
 #include "core/env_contract.h"
+#include "core/generator.h"
 #include "io/safetensors.h"
 #include "autograd/ops.h"
 #include "parallel/checkpoint_files.h"
@@ -364,14 +367,21 @@ class TpStrategy final : public Strategy, public StrategyCheckpoint {
       // would otherwise be a mix of several initialisations).
       NoGradGuard ng;
       for (auto& [name, p] : model->named_parameters()) {
+        // A deferred parameter has no value yet: every rank materialises its own piece from the
+        // same replayed generator (Note [deferred parts] in nn/module.cc).
+        if (nn::is_deferred(p)) continue;
         Tensor t = p.contiguous();
         c_.tp->broadcast(t, 0);
         if (!t.is_same(p)) p.copy_(t);
       }
     }
+    if (nn::is_deferred(*model)) check_deferred_seeds(*model);
     parallelize(model, c_.tp, c_.plan);
     shards_.push_back(tp_shards(*model));
     same_local_shapes_ = same_local_shapes_ && local_shapes_agree(*model);
+    // A deferred model: ZeRO-3 materialises it unit by unit (each module's tp piece, then its
+    // shard of that); DDP needs it whole here (each rank's tp pieces, one module at a time).
+    if (inner_->name() != "fsdp" && nn::is_deferred(*model)) nn::materialize(*model);
     inner_->prepare_model(model);
     models_.push_back(model);
   }
@@ -557,6 +567,31 @@ class TpStrategy final : public Strategy, public StrategyCheckpoint {
   // Note [replicated gradient check]: at the first step, or every step when asked.
   bool replicated_checked_ = false;
   bool same_local_shapes_ = true;  // every tp peer holds parameters of the same shapes
+
+  // A deferred model's pieces are drawn on each rank from its own generator (no broadcast): the
+  // tp peers must have built it from one state, or the pieces would be of different models. The
+  // default generator's state after construction stands for the construction's: one MIN / MAX
+  // all-reduce over tp of a hash of it; a ValueError on every rank otherwise.
+  void check_deferred_seeds(nn::Module& model) const {
+    if (T_ == 1) return;
+    Device dev = kCPU;
+    for (const Tensor& p : model.parameters()) dev = p.device();
+    std::string state;
+    {
+      Generator& gen = default_generator();
+      std::lock_guard<std::mutex> lk(gen.mutex());
+      state = gen.state();
+    }
+    const double h = double(std::hash<std::string>{}(state) >> 11);  // exact in a double
+    Tensor lo = full({1}, h, TensorOptions(kFloat64, dev)), hi = lo.clone();
+    c_.tp->all_reduce(lo, ReduceOp::Min);
+    c_.tp->all_reduce(hi, ReduceOp::Max);
+    ACCEL_CHECK(lo.item<double>() == hi.item<double>(), ValueError, "prepare",
+                "a model built under nn::DeferredInit is materialised piece by piece on each tp "
+                "rank from its own default generator, but the tp ranks' generators differ after "
+                "construction: seed every rank alike before building it (manual_seed or "
+                "Accelerator::set_seed without device_specific)");
+  }
 
   // Whether the tp peers' parameters have the same local shapes (uneven tp shards: not). One
   // MIN / MAX all-reduce over tp of a fingerprint of the shapes, at prepare.

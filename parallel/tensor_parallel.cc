@@ -250,13 +250,27 @@ void check_nesting(const std::map<std::string, TpStyle>& planned) {
 
 // ---- applying a style ----
 
-void shard_tensor(const Tensor& t, const std::string& pname, int64_t dim, int64_t chunks,
-                  int64_t unit, const ProcessGroupPtr& g, TpEntry& entry) {
+void shard_tensor(nn::Module& m, const Tensor& t, const std::string& pname, int64_t dim,
+                  int64_t chunks, int64_t unit, const ProcessGroupPtr& g, TpEntry& entry) {
   NoGradGuard no_grad;
   Tensor handle = t;
   const int64_t full = t.size(dim);
-  nn::assign_tensor_data(handle,
-                         shard_of(t.detach(), dim, chunks, unit, group_size(g), group_rank(g)));
+  const int p = group_size(g), r = group_rank(g);
+  if (nn::is_deferred(t)) {
+    // Note [deferred parts] in nn/module.cc: built under nn::DeferredInit, the parameter becomes
+    // a deferred tensor of this rank's shape; materialising it draws the full value and keeps
+    // this rank's piece (issue 37: only local shards are ever held).
+    const Shape full_shape = t.sizes();
+    Shape local = full_shape;
+    local[size_t(dim)] = chunks * piece_of(full / chunks, unit, p, r).length;
+    nn::assign_tensor_data(handle, nn::deferred_tensor(local, t.dtype(), t.device()));
+    m.set_deferred_part(pname, full_shape, [dim, chunks, unit, p, r](const Tensor& whole) {
+      return shard_of(whole, dim, chunks, unit, p, r);
+    });
+    entry.shards.push_back({pname, dim, chunks, unit, full});
+    return;
+  }
+  nn::assign_tensor_data(handle, shard_of(t.detach(), dim, chunks, unit, p, r));
   if (handle.grad().defined()) handle.set_grad(Tensor());
   entry.shards.push_back({pname, dim, chunks, unit, full});
 }
@@ -265,7 +279,7 @@ void shard_param(nn::Module& m, const std::string& pname, int64_t dim, int64_t c
                  const ProcessGroupPtr& g, TpEntry& entry) {
   for (auto& [n, t] : m.named_parameters(false)) {
     if (n != pname) continue;
-    shard_tensor(t, pname, dim, chunks, unit, g, entry);
+    shard_tensor(m, t, pname, dim, chunks, unit, g, entry);
     return;
   }
 }
@@ -275,7 +289,7 @@ void shard_own(nn::Module& m, const Tensor& p, int64_t dim, int64_t chunks, int6
                const ProcessGroupPtr& g, TpEntry& entry) {
   for (auto& [n, t] : m.named_parameters(false)) {
     if (!t.is_same(p)) continue;
-    shard_tensor(t, n, dim, chunks, unit, g, entry);
+    shard_tensor(m, t, n, dim, chunks, unit, g, entry);
     return;
   }
 }

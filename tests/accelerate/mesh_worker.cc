@@ -131,7 +131,7 @@ int run(int argc, char** argv) {
   }
   std::shared_ptr<models::Gpt> model;
   if (deferred) {
-    c.layers = 6;  // blocks many enough that one of them is small beside the model
+    c.layers = 24;  // blocks many enough that one of them is small beside the model
     manual_seed(5);
     nn::DeferredInit d;
     model = std::make_shared<models::Gpt>(c);

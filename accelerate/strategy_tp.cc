@@ -45,7 +45,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -53,6 +55,7 @@
 
 #include "accelerate/strategy_base.h"
 #include "core/env_contract.h"
+#include "core/generator.h"
 #include "io/safetensors.h"
 #include "autograd/ops.h"
 #include "parallel/checkpoint_files.h"
@@ -73,27 +76,25 @@ std::string indexed_name(const char* stem, size_t i, const char* ext) {
 // blocks, each split over the ranks (a packed [q | k | v] projection: chunks 3).
 Tensor assemble(const std::vector<Tensor>& parts, const TpShard& s) {
   if (parts.size() == 1) return parts[0];
-  const int64_t n = parts[0].size(s.dim) / s.chunks;
-  std::vector<Tensor> pieces;
+  std::vector<Tensor> pieces;  // each part's own block length: uneven tp shards differ
   for (int64_t c = 0; c < s.chunks; ++c)
-    for (const Tensor& part : parts) pieces.push_back(part.narrow(s.dim, c * n, n));
+    for (const Tensor& part : parts) {
+      const int64_t n = part.size(s.dim) / s.chunks;
+      pieces.push_back(part.narrow(s.dim, c * n, n));
+    }
   return cat(pieces, s.dim);
 }
 
 // Rank `rank` of `size`'s part of a full tensor (the converse of assemble).
 Tensor part_of(const Tensor& full, const TpShard& s, int rank, int size, const std::string& name,
                const char* op) {
-  ACCEL_CHECK(s.dim >= 0 && s.dim < full.dim() && s.chunks >= 1 &&
-                  full.size(s.dim) % (s.chunks * size) == 0,
+  ACCEL_CHECK(s.dim >= 0 && s.dim < full.dim() && s.chunks >= 1 && s.unit >= 1 &&
+                  full.size(s.dim) % (s.chunks * s.unit) == 0,
               ShapeError, op, "parameter '", name, "' of shape ", full.shape_str(),
-              " cannot be split along dim ", s.dim, " into ", s.chunks, " block(s) over ", size,
-              " tp ranks");
+              " cannot be split along dim ", s.dim, " into ", s.chunks, " block(s) of units of ",
+              s.unit, " over ", size, " tp ranks");
   if (size == 1) return full;
-  const int64_t block = full.size(s.dim) / s.chunks, n = block / size;
-  std::vector<Tensor> pieces;
-  for (int64_t c = 0; c < s.chunks; ++c)
-    pieces.push_back(full.narrow(s.dim, c * block + rank * n, n));
-  return (pieces.size() == 1 ? pieces[0] : cat(pieces, s.dim)).contiguous();
+  return tp_piece(full, s, rank, size);  // torch.chunk's piece (Note [uneven tp shards])
 }
 
 // The "tp" record of a state.json (Note [tp strategy]), checked as Note [checkpoint record
@@ -366,13 +367,21 @@ class TpStrategy final : public Strategy, public StrategyCheckpoint {
       // would otherwise be a mix of several initialisations).
       NoGradGuard ng;
       for (auto& [name, p] : model->named_parameters()) {
+        // A deferred parameter has no value yet: every rank materialises its own piece from the
+        // same replayed generator (Note [deferred parts] in nn/module.cc).
+        if (nn::is_deferred(p)) continue;
         Tensor t = p.contiguous();
         c_.tp->broadcast(t, 0);
         if (!t.is_same(p)) p.copy_(t);
       }
     }
+    if (nn::is_deferred(*model)) check_deferred_seeds(*model);
     parallelize(model, c_.tp, c_.plan);
     shards_.push_back(tp_shards(*model));
+    same_local_shapes_ = same_local_shapes_ && local_shapes_agree(*model);
+    // A deferred model: ZeRO-3 materialises it unit by unit (each module's tp piece, then its
+    // shard of that); DDP needs it whole here (each rank's tp pieces, one module at a time).
+    if (inner_->name() != "fsdp" && nn::is_deferred(*model)) nn::materialize(*model);
     inner_->prepare_model(model);
     models_.push_back(model);
   }
@@ -401,7 +410,10 @@ class TpStrategy final : public Strategy, public StrategyCheckpoint {
     const int shard = g.sharded && g.shard_group ? g.shard_group->size() : 1;
     const double holders = g.sharded ? double(c_.dp_size / shard) : double(c_.dp_size);
     g.norm_weights.assign(g.params.size(), 1.0);
-    const bool check_replicated = !replicated_checked_ || check_every_step_;
+    // Under a sharding inner strategy the tp peers' spans of a replicated gradient are equal
+    // only when their local shapes are (uneven tp shards move the flat offsets: not compared).
+    const bool comparable = !g.sharded || same_local_shapes_;
+    const bool check_replicated = comparable && (!replicated_checked_ || check_every_step_);
     std::vector<std::string> replicated_names;
     std::vector<Tensor> replicated_grads;
     for (size_t k = 0; k < g.params.size(); ++k) {
@@ -492,11 +504,7 @@ class TpStrategy final : public Strategy, public StrategyCheckpoint {
     for (auto& [name, t] : d) {
       const auto it = shards_.at(index).find(name);
       if (it == shards_[index].end()) continue;
-      const Tensor all = gather_from_tp_region(t.contiguous(), it->second.dim, c_.tp);
-      std::vector<Tensor> ps;
-      const int64_t n = t.size(it->second.dim);
-      for (int r = 0; r < T_; ++r) ps.push_back(all.narrow(it->second.dim, r * n, n));
-      t = assemble(ps, it->second).contiguous();
+      t = tp_gather(t.contiguous(), it->second, c_.tp).contiguous();  // uneven pieces padded
     }
     return d;
   }
@@ -545,7 +553,7 @@ class TpStrategy final : public Strategy, public StrategyCheckpoint {
     if (index >= shards_.size()) return out;
     const auto it = shards_[index].find(name);
     if (it != shards_[index].end() && size_t(it->second.dim) < out.size())
-      out[size_t(it->second.dim)] *= T_;
+      out[size_t(it->second.dim)] = it->second.full;  // uneven pieces: not T x the local size
     return out;
   }
 
@@ -558,6 +566,49 @@ class TpStrategy final : public Strategy, public StrategyCheckpoint {
   std::vector<std::shared_ptr<optim::Optimizer>> users_;
   // Note [replicated gradient check]: at the first step, or every step when asked.
   bool replicated_checked_ = false;
+  bool same_local_shapes_ = true;  // every tp peer holds parameters of the same shapes
+
+  // A deferred model's pieces are drawn on each rank from its own generator (no broadcast): the
+  // tp peers must have built it from one state, or the pieces would be of different models. The
+  // default generator's state after construction stands for the construction's: one MIN / MAX
+  // all-reduce over tp of a hash of it; a ValueError on every rank otherwise.
+  void check_deferred_seeds(nn::Module& model) const {
+    if (T_ == 1) return;
+    Device dev = kCPU;
+    for (const Tensor& p : model.parameters()) dev = p.device();
+    std::string state;
+    {
+      Generator& gen = default_generator();
+      std::lock_guard<std::mutex> lk(gen.mutex());
+      state = gen.state();
+    }
+    const double h = double(std::hash<std::string>{}(state) >> 11);  // exact in a double
+    Tensor lo = full({1}, h, TensorOptions(kFloat64, dev)), hi = lo.clone();
+    c_.tp->all_reduce(lo, ReduceOp::Min);
+    c_.tp->all_reduce(hi, ReduceOp::Max);
+    ACCEL_CHECK(lo.item<double>() == hi.item<double>(), ValueError, "prepare",
+                "a model built under nn::DeferredInit is materialised piece by piece on each tp "
+                "rank from its own default generator, but the tp ranks' generators differ after "
+                "construction: seed every rank alike before building it (manual_seed or "
+                "Accelerator::set_seed without device_specific)");
+  }
+
+  // Whether the tp peers' parameters have the same local shapes (uneven tp shards: not). One
+  // MIN / MAX all-reduce over tp of a fingerprint of the shapes, at prepare.
+  bool local_shapes_agree(nn::Module& model) const {
+    if (T_ == 1) return true;
+    double h = 0;
+    int64_t i = 0;
+    Device dev = kCPU;
+    for (const Tensor& p : model.parameters()) {
+      h += double(p.numel()) * double(++i % 1021 + 1);
+      dev = p.device();
+    }
+    Tensor lo = full({1}, h, TensorOptions(kFloat64, dev)), hi = lo.clone();
+    c_.tp->all_reduce(lo, ReduceOp::Min);
+    c_.tp->all_reduce(hi, ReduceOp::Max);
+    return lo.item<double>() == hi.item<double>();
+  }
   const bool check_every_step_ = env_flag(env::kVerifyPlacements);
 };
 

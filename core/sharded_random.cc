@@ -42,6 +42,10 @@ ShardLayout draw_layout(const char* op, const Shape& shape) {
   ++t_draws;
   const ShardedRegion& r = t_region;
   if (r.ways <= 1) return {};
+  ACCEL_CHECK(!r.uneven, ValueError, op, "input ", shape,
+              " lies where tensor parallelism holds uneven pieces (", describe(r),
+              "; a size tp does not divide), where random draws equal to one process's are not "
+              "supported: make the sharded size divisible by tp, or apply it outside the region");
   const int64_t nd = int64_t(shape.size());
   if (t_site == DrawSite::AttentionWeights) {
     ACCEL_CHECK(r.heads && nd == 4, ValueError, op, "attention weights ", shape,

@@ -54,6 +54,9 @@ struct ShardedRegion {
   // Attention weights (B, H, L, S) computed in the region hold this rank's heads (between a
   // colwise and a rowwise layer: the heads are split).
   bool heads = false;
+  // The ranks' pieces differ in size (torch.chunk's uneven split: parallel/tensor_parallel.cc
+  // Note [uneven tp shards]): where an element sits is not drawn here, so random ops refuse.
+  bool uneven = false;
   // The style and module whose output opened the region ("tensor-parallel rowwise
   // 'blocks.0.attn.proj' (sequence parallel)"), for errors.
   std::shared_ptr<const std::string> source;

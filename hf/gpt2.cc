@@ -187,8 +187,9 @@ Tensor GPT2LMHeadModel::run(const Tensor& input_ids, KVCache* cache) {
 
 dist::TpPlan gpt2_tp_plan() {
   return {
-      {"transformer.h.*.attn.c_attn", dist::colwise({.chunks = 3})},
-      {"transformer.h.*.attn.c_proj", dist::rowwise()},
+      // The attention reads its heads from the shard: equal pieces of whole heads only.
+      {"transformer.h.*.attn.c_attn", dist::colwise({.chunks = 3, .require_even = true})},
+      {"transformer.h.*.attn.c_proj", dist::rowwise({.require_even = true})},
       {"transformer.h.*.mlp.c_fc", dist::colwise()},
       {"transformer.h.*.mlp.c_proj", dist::rowwise()},
   };

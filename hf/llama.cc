@@ -243,10 +243,12 @@ Tensor LlamaForCausalLM::run(const Tensor& input_ids, KVCache* cache) {
 
 dist::TpPlan llama_tp_plan() {
   return {
-      {"model.layers.*.self_attn.q_proj", dist::colwise()},
-      {"model.layers.*.self_attn.k_proj", dist::colwise()},
-      {"model.layers.*.self_attn.v_proj", dist::colwise()},
-      {"model.layers.*.self_attn.o_proj", dist::rowwise()},
+      // The attention reads its heads from the shards: equal pieces only (whole heads when the
+      // head counts divide by tp; a size tp divides may still cut a head: the forward says so).
+      {"model.layers.*.self_attn.q_proj", dist::colwise({.require_even = true})},
+      {"model.layers.*.self_attn.k_proj", dist::colwise({.require_even = true})},
+      {"model.layers.*.self_attn.v_proj", dist::colwise({.require_even = true})},
+      {"model.layers.*.self_attn.o_proj", dist::rowwise({.require_even = true})},
       {"model.layers.*.mlp.gate_proj", dist::colwise()},
       {"model.layers.*.mlp.up_proj", dist::colwise()},
       {"model.layers.*.mlp.down_proj", dist::rowwise()},

@@ -44,6 +44,12 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   const Tensor qkv_out = (*qkv)(x);  // (B, T, 3C)
   const int64_t B = qkv_out.size(0), T = qkv_out.size(1), H = local_heads, D = head_dim;
   const int64_t C = H * D;
+  if (H == 0) {
+    // A tensor-parallel rank holding none of the heads (torch.chunk's last pieces may be empty:
+    // parallel/tensor_parallel.cc Note [uneven tp shards]). The output stays a view of qkv's, so
+    // the backward reaches qkv's collectives on this rank too; proj adds nothing but its share.
+    return resid_dropout->forward((*proj)(qkv_out.narrow(2, 0, 0)));
+  }
   if (attn_dropout->p == 0.0 || !attn_dropout->is_training()) {
     // One fused op reads q, k, v in place from the packed projection and writes the merged heads
     // (Note [fused attention] in kernels/cpu/nn_attention.cc); same math as the composed path

@@ -23,7 +23,10 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, Generator* gen)
 void Linear::reset_parameters(Generator* gen) {
   init::kaiming_uniform_(weight, std::sqrt(5.0), init::FanMode::FanIn, "leaky_relu", gen);
   if (bias.defined()) {
-    const double bound = 1.0 / std::sqrt(double(in_features));
+    // The fan from the weight, as torch: a tensor-parallel piece materialised from deferred init
+    // runs this over the full shape while in_features is already its piece's (Note [deferred
+    // parts] in nn/module.cc).
+    const double bound = 1.0 / std::sqrt(double(weight.size(1)));
     init::uniform_(bias, -bound, bound, gen);
   }
 }

@@ -464,11 +464,37 @@ LoadResult Module::load(const std::string& path, bool strict) {
 // loaded parameters and copies the values in, no initialiser runs). Reading it (forward,
 // state_dict, save) throws ValueError.
 
+// Note [deferred parts]
+// Tensor parallelism cuts a parameter before it has values (parallel/tensor_parallel.cc): the
+// parameter becomes a deferred tensor of its shard's shape, and its module records the full shape
+// and the cut. materialize_own_parameters then gives the parameter a full-shape buffer for the
+// replayed reset_parameters (which sees the full fans and draws the full stream, so the values
+// are eager construction's), keeps the cut and frees the rest. The peak is one module's full
+// parameters; nothing else of the model is ever whole.
+
 DeferredInit::DeferredInit() { ++g_deferred_depth; }
 DeferredInit::~DeferredInit() { --g_deferred_depth; }
 bool DeferredInit::active() { return g_deferred_depth > 0; }
 
 bool is_deferred(const Tensor& t) { return t.defined() && !t.storage()->allocated(); }
+
+Tensor deferred_tensor(const Shape& shape, DType dtype, Device device) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  auto storage =
+      make_intrusive<Storage>(size_t(n) * dtype_size(dtype), device, Storage::Unallocated{});
+  return Tensor(
+      make_intrusive<TensorImpl>(std::move(storage), shape, contiguous_strides(shape), 0, dtype));
+}
+
+void Module::set_deferred_part(const std::string& name, Shape full_shape, PartCut cut) {
+  auto it =
+      std::find_if(params_.begin(), params_.end(), [&](const auto& e) { return e.first == name; });
+  ACCEL_CHECK(it != params_.end() && (is_deferred(it->second) || it->second.numel() == 0) && cut,
+              ValueError, "Module.set_deferred_part", type_name(), ": '", name,
+              "' is not a deferred parameter of its own");
+  deferred_parts_[name] = {std::move(full_shape), std::move(cut)};
+}
 
 bool is_deferred(const Module& m, bool recurse) {
   for (const auto& [n, p] : m.named_parameters(recurse)) {
@@ -489,13 +515,21 @@ void Module::reset_parameters(Generator*) {
 
 bool Module::materialize_own_parameters(Generator* gen) {
   std::vector<Tensor> deferred, kept;
+  std::vector<const std::pair<Shape, PartCut>*> parts;  // per deferred: Note [deferred parts]
   for (const auto& [n, p] : params_) {
     if (!p.defined()) continue;  // None
     // Note [tied parameters]: a borrowed parameter is its owner's to initialise; deferred, the
     // initialisers below leave it alone; allocated, it is kept.
     const bool borrowed = std::find(borrowed_.begin(), borrowed_.end(), n) != borrowed_.end();
     if (borrowed && is_deferred(p)) continue;
-    (is_deferred(p) && !borrowed ? deferred : kept).push_back(p);
+    // A part may be empty (a tensor-parallel rank without heads): still drawn for in full.
+    auto part = deferred_parts_.find(n);
+    if ((is_deferred(p) || part != deferred_parts_.end()) && !borrowed) {
+      deferred.push_back(p);
+      parts.push_back(part == deferred_parts_.end() ? nullptr : &part->second);
+    } else {
+      kept.push_back(p);
+    }
   }
   if (deferred.empty()) return false;
   NoGradGuard no_grad;
@@ -503,7 +537,14 @@ bool Module::materialize_own_parameters(Generator* gen) {
   // them.
   std::vector<Tensor> saved;
   for (const Tensor& p : kept) saved.push_back(p.clone());
-  for (Tensor& p : deferred) {
+  std::vector<Shape> part_shapes(deferred.size());
+  for (size_t i = 0; i < deferred.size(); ++i) {
+    Tensor& p = deferred[i];
+    if (parts[i]) {  // the full tensor for the initialiser; the part is cut after
+      part_shapes[i] = p.sizes();
+      assign_tensor_data(p, zeros(parts[i]->first, TensorOptions(p.dtype(), p.device())));
+      continue;
+    }
     p.storage()->materialize();
     p.zero_();  // never garbage, even if an override forgets a parameter
   }
@@ -531,9 +572,24 @@ bool Module::materialize_own_parameters(Generator* gen) {
       reset_parameters(gen);
     }
   } catch (...) {
-    for (Tensor& p : deferred) p.storage()->release();
+    for (size_t i = 0; i < deferred.size(); ++i) {
+      if (parts[i]) {
+        assign_tensor_data(deferred[i], deferred_tensor(part_shapes[i], deferred[i].dtype(),
+                                                        deferred[i].device()));
+      } else {
+        deferred[i].storage()->release();
+      }
+    }
     throw;
   }
+  for (size_t i = 0; i < deferred.size(); ++i) {
+    if (!parts[i]) continue;
+    Tensor part = parts[i]->second(deferred[i].detach()).contiguous().clone();
+    ACCEL_CHECK(part.sizes() == part_shapes[i], ShapeError, "Module.materialize", type_name(),
+                ": a deferred part of shape ", part_shapes[i], " was cut as ", part.sizes());
+    assign_tensor_data(deferred[i], part);
+  }
+  deferred_parts_.clear();
   for (size_t i = 0; i < kept.size(); ++i) kept[i].copy_(saved[i]);
   return true;
 }

@@ -440,6 +440,12 @@ class Module : public std::enable_shared_from_this<Module> {
   // so the values equal eager construction in any materialization order. Returns false (and does
   // nothing) when no own parameter is deferred. On error the parameters stay deferred.
   bool materialize_own_parameters(Generator* gen = nullptr);
+  // Note [deferred parts] (module.cc): deferred parameter `name` (this module's own) will hold
+  // only a part of the tensor its initialiser draws (a tensor-parallel shard): reset_parameters
+  // sees it in `full_shape`, and `cut` turns that full value into the part, of the parameter's
+  // own (current) shape. ValueError when `name` is not an own deferred parameter.
+  using PartCut = std::function<Tensor(const Tensor& full)>;
+  void set_deferred_part(const std::string& name, Shape full_shape, PartCut cut);
 
   // ---- state ----
   // Parameters and persistent buffers; tensors share storage with the module. Throws ValueError
@@ -538,6 +544,8 @@ class Module : public std::enable_shared_from_this<Module> {
   // Default generator state when the first parameter was registered under DeferredInit; empty
   // when none was (Note [deferred init]).
   std::string deferred_rng_state_;
+  // Note [deferred parts]: own deferred parameters that hold a part of what their init draws.
+  std::map<std::string, std::pair<Shape, PartCut>> deferred_parts_;
   std::string sharded_how_to_load_;  // set_sharded()
   std::vector<BufferEntry> buffers_;
   Named<std::shared_ptr<Module>> children_;
@@ -701,6 +709,8 @@ class DeferredInit {
 
 // A tensor whose storage is not allocated (deferred, or released by ZeRO-3).
 bool is_deferred(const Tensor& t);
+// A deferred tensor of `shape` (contiguous, storage not allocated).
+Tensor deferred_tensor(const Shape& shape, DType dtype, Device device);
 // Whether any parameter of `m` (of its descendants too with recurse) is deferred.
 bool is_deferred(const Module& m, bool recurse = true);
 

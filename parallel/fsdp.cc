@@ -197,23 +197,37 @@ void FullyShardedModel::init_values() {
     // A tied parameter of this unit may be registered by (and owned by) a module of another
     // unit: every module holding one of its parameters is materialized now (the others only
     // keep what they borrow).
-    std::unordered_set<const TensorImpl*> mine;
-    for (size_t k : u.params) mine.insert(params_[k].second.impl());
-    for (auto& [m, owner] : module_units_) {
-      bool holds = units_[size_t(owner)].get() == &u;
-      for (auto& [pname, p] : m->named_parameters(false)) holds = holds || mine.count(p.impl());
-      if (holds) nn::reset_module_parameters(*m);
-    }
-    if (u.params.empty()) continue;
-    Tensor flat = zeros({u.numel}, TensorOptions(u.master, u.device));
-    for (size_t j = 0; j < u.params.size(); ++j) {
+    // Each materialised module's parameters of this unit go into the flat buffer at once and
+    // their own memory is freed, so the unit is held once (its flat buffer) plus one module.
+    std::unordered_map<const TensorImpl*, size_t> slot;  // parameter -> its index in u.params
+    for (size_t j = 0; j < u.params.size(); ++j) slot[params_[u.params[j]].second.impl()] = j;
+    Tensor flat;
+    if (!u.params.empty()) flat = zeros({u.numel}, TensorOptions(u.master, u.device));
+    std::vector<bool> copied(u.params.size(), false);
+    auto copy_in = [&](size_t j) {
       const Tensor& p = params_[u.params[j]].second;
       ACCEL_CHECK(p.storage()->allocated(), ValueError, "fsdp", "parameter '",
                   params_[u.params[j]].first,
                   "' has no memory: it is released (sharded already?) or deferred in a module that "
                   "nn::reset_module_parameters could not initialise");
       flat.narrow(0, u.offset[j], p.numel()).copy_(p.reshape({p.numel()}));
+      copied[j] = true;
+    };
+    for (auto& [m, owner] : module_units_) {
+      bool holds = units_[size_t(owner)].get() == &u;
+      for (auto& [pname, p] : m->named_parameters(false)) holds = holds || slot.count(p.impl());
+      if (!holds || !nn::reset_module_parameters(*m)) continue;
+      for (auto& [pname, p] : m->named_parameters(false)) {
+        auto it = slot.find(p.impl());
+        if (it == slot.end() || copied[it->second] || !p.storage()->allocated()) continue;
+        copy_in(it->second);
+        // Its value is in `flat` now (below it becomes a view of the unit's buffer): free it.
+        nn::assign_tensor_data(p, nn::deferred_tensor(p.sizes(), p.dtype(), p.device()));
+      }
     }
+    if (u.params.empty()) continue;
+    for (size_t j = 0; j < u.params.size(); ++j)
+      if (!copied[j]) copy_in(j);
     if (pg_->size() > 1) pg_->broadcast(flat, options_.root);
     hsdp::broadcast_from_first_replica(options_.replicate, flat);
     u.shard = flat.narrow(0, r * u.shard_numel, u.shard_numel).clone();

@@ -8,11 +8,12 @@
 
 namespace accel::dist {
 
-Placement Placement::shard(int64_t dim, int64_t chunks) {
-  ACCEL_CHECK(dim >= 0 && dim <= INT32_MAX && chunks >= 1 && chunks <= INT32_MAX, ValueError,
-              "Placement", "Shard(", dim, ", chunks=", chunks,
-              ") needs a dimension >= 0 and chunks >= 1");
-  return {Kind::Shard, int32_t(dim), int32_t(chunks)};
+Placement Placement::shard(int64_t dim, int64_t chunks, int64_t unit) {
+  ACCEL_CHECK(dim >= 0 && dim <= INT32_MAX && chunks >= 1 && chunks <= INT32_MAX && unit >= 1 &&
+                  unit <= INT32_MAX,
+              ValueError, "Placement", "Shard(", dim, ", chunks=", chunks, ", unit=", unit,
+              ") needs a dimension >= 0, chunks >= 1 and unit >= 1");
+  return {Kind::Shard, int32_t(dim), int32_t(chunks), int32_t(unit)};
 }
 
 std::string Placement::str() const {
@@ -22,7 +23,8 @@ std::string Placement::str() const {
     case Kind::Partial: return "Partial";
     case Kind::Shard:
       return "Shard(" + std::to_string(dim) +
-             (chunks > 1 ? ", chunks=" + std::to_string(chunks) : std::string()) + ")";
+             (chunks > 1 ? ", chunks=" + std::to_string(chunks) : std::string()) +
+             (unit > 1 ? ", unit=" + std::to_string(unit) : std::string()) + ")";
   }
   return "?";
 }
@@ -87,19 +89,21 @@ int64_t Region::numel() const {
   return n;
 }
 
-Region Region::shard(int64_t dim, int64_t chunks, int64_t n, int64_t i) const {
+Region Region::shard(int64_t dim, int64_t chunks, int64_t n, int64_t i, int64_t unit) const {
   ACCEL_CHECK(!is_flat(), ShapeError, "Region.shard", "a flat range is the last step of a layout");
   const int64_t nd = int64_t(global_.size());
   ACCEL_CHECK(dim >= 0 && dim < nd, ShapeError, "Region.shard", "dimension ", dim,
               " out of range for ", global_);
-  ACCEL_CHECK(chunks >= 1 && n >= 1 && i >= 0 && i < n, ValueError, "Region.shard", "piece ", i,
-              " of ", n, " (chunks ", chunks, ")");
+  ACCEL_CHECK(chunks >= 1 && unit >= 1 && n >= 1 && i >= 0 && i < n, ValueError, "Region.shard",
+              "piece ", i, " of ", n, " (chunks ", chunks, ", unit ", unit, ")");
   const std::vector<Segment>& old = dims_[size_t(dim)];
   const int64_t len = seg_total(old);
-  ACCEL_CHECK(len % chunks == 0, ShapeError, "Region.shard", "dimension ", dim, " of length ", len,
-              " (global ", global_, ") is not ", chunks, " equal blocks");
+  ACCEL_CHECK(len % (chunks * unit) == 0, ShapeError, "Region.shard", "dimension ", dim,
+              " of length ", len, " (global ", global_, ") is not ", chunks,
+              " equal blocks of whole units of ", unit);
   const int64_t block = len / chunks;
-  const Chunk c = shard_chunk(block, n, i);
+  const Chunk u = shard_chunk(block / unit, n, i);
+  const Chunk c{u.begin * unit, u.length * unit};
   std::vector<Segment> out;
   int64_t cursor = 0;  // the new local index
   for (int64_t b = 0; b < chunks; ++b) {
@@ -308,7 +312,7 @@ Layout& Layout::then(const std::string& dim, Placement p, int size, int coordina
   ACCEL_CHECK(size >= 1 && coordinate >= 0 && coordinate < size, ValueError, "Layout",
               "coordinate ", coordinate, " along '", dim, "' of size ", size);
   if (p.kind == Placement::Kind::Shard) {
-    region = region.shard(p.dim, p.chunks, size, coordinate);
+    region = region.shard(p.dim, p.chunks, size, coordinate, p.unit);
   } else if (p.kind == Placement::Kind::Flat) {
     region = region.flat(flat_lo, flat_hi);
   }

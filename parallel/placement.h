@@ -40,12 +40,15 @@ struct Placement {
   Kind kind = Kind::Replicate;
   int32_t dim = 0;     // Shard: the tensor dimension
   int32_t chunks = 1;  // Shard: the dimension is `chunks` equal blocks, each cut alike
+  // Shard: each block is cut in whole units of `unit` elements (an attention projection's rows
+  // by heads: unit = head_dim), torch.chunk's rule applied to the count of units.
+  int32_t unit = 1;
 
   static Placement replicate() { return {}; }
-  static Placement shard(int64_t dim, int64_t chunks = 1);
-  static Placement flat() { return {Kind::Flat, 0, 1}; }
-  static Placement partial() { return {Kind::Partial, 0, 1}; }
-  // "Replicate", "Shard(0)", "Shard(0, chunks=3)", "Flat", "Partial"
+  static Placement shard(int64_t dim, int64_t chunks = 1, int64_t unit = 1);
+  static Placement flat() { return {Kind::Flat, 0, 1, 1}; }
+  static Placement partial() { return {Kind::Partial, 0, 1, 1}; }
+  // "Replicate", "Shard(0)", "Shard(0, chunks=3)", "Shard(0, chunks=3, unit=8)", "Flat", "Partial"
   std::string str() const;
   bool operator==(const Placement&) const = default;
 };
@@ -77,9 +80,11 @@ class Region {
   Region() = default;
   static Region whole(const Shape& global);
   // Cuts the current piece along `dim` (of the box) into n torch.chunk pieces per block of
-  // `chunks` equal blocks and keeps piece i of each block. ShapeError when the dimension's
-  // current length is not a multiple of `chunks`, or after flat().
-  Region shard(int64_t dim, int64_t chunks, int64_t n, int64_t i) const;
+  // `chunks` equal blocks and keeps piece i of each block; with `unit` > 1 the pieces are whole
+  // units of that many elements (torch.chunk over the block's units: 5 heads of 8 rows over 2
+  // ranks are rows 0..23 and 24..39). ShapeError when the dimension's current length is not a
+  // multiple of `chunks` x `unit`, or after flat().
+  Region shard(int64_t dim, int64_t chunks, int64_t n, int64_t i, int64_t unit = 1) const;
   // The range [lo, hi) of the current box's row-major order; the last step (ShapeError after
   // another flat(), or when the range is outside the box).
   Region flat(int64_t lo, int64_t hi) const;

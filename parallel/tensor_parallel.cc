@@ -13,6 +13,21 @@
 // linear(x, weight) itself, so that its bias is added once after the reduction; its module's own
 // forward hooks therefore do not run.
 //
+// Note [uneven tp shards]
+// A size tp does not divide is cut as torch's DTensor cuts it (torch.chunk): c = ceil(n / p) per
+// rank, the last ranks get fewer or nothing (vocabulary 31 over tp 3: 11, 11, 9; 5 heads over tp
+// 4: 2, 2, 1, 0). Layers whose pieces must be whole groups of features are cut in units:
+// nn::CausalSelfAttention's qkv (each of q, k, v) and proj by heads (unit = head_dim), so a rank
+// runs its torch.chunk of the heads (local_heads, possibly 0: it then contributes nothing to the
+// rowwise sum, but runs every collective). Nothing else changes: a colwise output stays this
+// rank's features; a rowwise layer all-reduces full-size partial sums; a vocab embedding looks up
+// its rows [begin, begin + length); the gathers (gather_output, tp_full_parameters) pad each piece
+// to c for the all-gather and cut the padding after; vocab_parallel_cross_entropy all-gathers the
+// ranks' widths. What stays refused: sequence parallelism with a sequence length tp does not
+// divide (its reduce-scatter and all-gather need equal chunks: ShapeError naming the sequence
+// length), dropout on uneven sharded features (Note [dropout under tensor parallelism]: its mask
+// layout assumes equal pieces; ValueError naming the style), and layers planned require_even.
+//
 // Note [tp registry]
 // tp_full_parameters and the gradient norm must know which parameters are shards, of what and
 // over which group, given only the module. parallelize records that per module in a process-wide
@@ -21,6 +36,7 @@
 #include "parallel/tensor_parallel.h"
 
 #include "nn/wrapper_label.h"
+#include "parallel/placement.h"
 #include "parallel/tp_random.h"
 
 #include <cmath>
@@ -44,6 +60,8 @@ struct ShardSpec {
   std::string param;  // the module's own parameter name ("weight", "bias")
   int64_t dim = 0;
   int64_t chunks = 1;
+  int64_t unit = 1;  // Note [uneven tp shards]: pieces of whole units
+  int64_t full = 0;  // the full length along dim
 };
 
 struct TpEntry {
@@ -93,12 +111,20 @@ bool matches(const std::vector<std::string>& pattern, const std::vector<std::str
   return true;
 }
 
-// This rank's shard of `full` along dim: `chunks` equal blocks, each cut in p pieces, piece r of
-// every block concatenated.
-Tensor shard_of(const Tensor& full, int64_t dim, int64_t chunks, int p, int r) {
-  const int64_t block = full.size(dim) / chunks, n = block / p;
+// Rank r of p's torch.chunk piece of a block of `block` elements cut in whole units.
+Chunk piece_of(int64_t block, int64_t unit, int p, int r) {
+  const Chunk c = shard_chunk(block / unit, p, r);
+  return {c.begin * unit, c.length * unit};
+}
+
+// This rank's shard of `full` along dim: `chunks` equal blocks, each cut in p torch.chunk pieces
+// of whole units, piece r of every block concatenated.
+Tensor shard_of(const Tensor& full, int64_t dim, int64_t chunks, int64_t unit, int p, int r) {
+  const int64_t block = full.size(dim) / chunks;
+  const Chunk c = piece_of(block, unit, p, r);
   std::vector<Tensor> pieces;
-  for (int64_t c = 0; c < chunks; ++c) pieces.push_back(full.narrow(dim, c * block + r * n, n));
+  for (int64_t b = 0; b < chunks; ++b)
+    pieces.push_back(full.narrow(dim, b * block + c.begin, c.length));
   return (pieces.size() == 1 ? pieces[0] : cat(pieces, dim)).contiguous().clone();
 }
 
@@ -118,7 +144,7 @@ std::string describe(const std::string& name, const nn::Module& m) {
 
 // ---- checks (all before anything changes) ----
 
-void check_style(const std::string& name, nn::Module& m, const TpStyle& s, int p) {
+void check_style(const std::string& name, nn::Module& m, const TpStyle& s, int p, int64_t unit) {
   using K = TpStyle::Kind;
   const bool wraps = s.kind == K::Colwise || s.kind == K::Rowwise || s.kind == K::VocabEmbedding ||
                      (s.kind == K::Sequence && s.shard_input_dim >= 0);
@@ -151,26 +177,38 @@ void check_style(const std::string& name, nn::Module& m, const TpStyle& s, int p
                   " cannot gather its output (the gathered columns "
                   "would be in rank order, not the packed order) for ",
                   describe(name, m));
-      ACCEL_CHECK(out_features % (k * p) == 0, ShapeError, kOp, "colwise ", describe(name, m),
-                  ": out_features ", out_features, " is not divisible by chunks ", k, " x tp ", p);
+      ACCEL_CHECK(unit >= 1 && out_features % (k * unit) == 0, ShapeError, kOp, "colwise ",
+                  describe(name, m), ": out_features ", out_features, " is not ", k,
+                  " equal block(s) of whole units of ", unit);
+      ACCEL_CHECK(!s.colwise.require_even || out_features % (k * unit * p) == 0, ShapeError, kOp,
+                  "colwise ", describe(name, m), ": out_features ", out_features,
+                  " is not divisible by chunks ", k, " x tp ", p,
+                  (unit > 1 ? " x unit " + std::to_string(unit) : std::string()),
+                  " (the plan asks for equal pieces: require_even)");
     } else {
-      ACCEL_CHECK(in_features % p == 0, ShapeError, kOp, "rowwise ", describe(name, m),
-                  ": in_features ", in_features, " is not divisible by tp ", p);
+      ACCEL_CHECK(unit >= 1 && in_features % unit == 0, ShapeError, kOp, "rowwise ",
+                  describe(name, m), ": in_features ", in_features,
+                  " is not a whole number of units of ", unit);
+      ACCEL_CHECK(!s.rowwise.require_even || in_features % (unit * p) == 0, ShapeError, kOp,
+                  "rowwise ", describe(name, m), ": in_features ", in_features,
+                  " is not divisible by tp ", p,
+                  (unit > 1 ? " x unit " + std::to_string(unit) : std::string()),
+                  " (the plan asks for equal pieces: require_even)");
     }
   } else if (s.kind == K::VocabEmbedding) {
     auto* emb = dynamic_cast<nn::Embedding*>(&m);
     ACCEL_CHECK(emb, ValueError, kOp, "style ", s.name(), " needs an nn::Embedding, ",
                 describe(name, m), " is not one");
-    ACCEL_CHECK(emb->num_embeddings % p == 0, ShapeError, kOp, "vocab_embedding ",
-                describe(name, m), ": num_embeddings ", emb->num_embeddings,
-                " is not divisible by tp ", p);
+    ACCEL_CHECK(!s.rowwise.require_even || emb->num_embeddings % p == 0, ShapeError, kOp,
+                "vocab_embedding ", describe(name, m), ": num_embeddings ", emb->num_embeddings,
+                " is not divisible by tp ", p, " (the plan asks for equal pieces: require_even)");
   }
 }
 
 // A CausalSelfAttention's heads split: qkv colwise (packed, 3 chunks, not gathered) and proj
 // rowwise together, or neither.
 void check_attention(const std::string& name, nn::CausalSelfAttention& a,
-                     const std::map<std::string, TpStyle>& planned, int p) {
+                     const std::map<std::string, TpStyle>& planned) {
   const std::string pre = name.empty() ? "" : name + ".";
   auto qkv = planned.find(pre + "qkv");
   auto proj = planned.find(pre + "proj");
@@ -184,8 +222,13 @@ void check_attention(const std::string& name, nn::CausalSelfAttention& a,
   ACCEL_CHECK(qkv->second.colwise.chunks == 3, ValueError, kOp, describe(name, a),
               ": its qkv is packed [q | k | v]: colwise needs chunks = 3, got ",
               qkv->second.colwise.chunks);
-  ACCEL_CHECK(a.n_heads % p == 0, ShapeError, kOp, describe(name, a), ": n_heads ", a.n_heads,
-              " is not divisible by tp ", p);
+  // Note [uneven tp shards]: the heads are cut whole, torch.chunk over n_heads.
+  for (const TpStyle* st : {&qkv->second, &proj->second}) {
+    const int64_t u = st->kind == TpStyle::Kind::Colwise ? st->colwise.unit : st->rowwise.unit;
+    ACCEL_CHECK(u == 1 || u == a.head_dim, ValueError, kOp, describe(name, a),
+                ": its heads are cut whole (unit head_dim = ", a.head_dim, "), but the plan gives ",
+                st->name(), " unit ", u);
+  }
 }
 
 // A sequence module all-reduces the gradients of every parameter below it, so no module below
@@ -207,73 +250,101 @@ void check_nesting(const std::map<std::string, TpStyle>& planned) {
 
 // ---- applying a style ----
 
-void shard_tensor(const Tensor& t, const std::string& pname, int64_t dim, int64_t chunks,
-                  const ProcessGroupPtr& g, TpEntry& entry) {
+void shard_tensor(nn::Module& m, const Tensor& t, const std::string& pname, int64_t dim,
+                  int64_t chunks, int64_t unit, const ProcessGroupPtr& g, TpEntry& entry) {
   NoGradGuard no_grad;
   Tensor handle = t;
-  nn::assign_tensor_data(handle, shard_of(t.detach(), dim, chunks, group_size(g), group_rank(g)));
+  const int64_t full = t.size(dim);
+  const int p = group_size(g), r = group_rank(g);
+  if (nn::is_deferred(t)) {
+    // Note [deferred parts] in nn/module.cc: built under nn::DeferredInit, the parameter becomes
+    // a deferred tensor of this rank's shape; materialising it draws the full value and keeps
+    // this rank's piece (issue 37: only local shards are ever held).
+    const Shape full_shape = t.sizes();
+    Shape local = full_shape;
+    local[size_t(dim)] = chunks * piece_of(full / chunks, unit, p, r).length;
+    nn::assign_tensor_data(handle, nn::deferred_tensor(local, t.dtype(), t.device()));
+    m.set_deferred_part(pname, full_shape, [dim, chunks, unit, p, r](const Tensor& whole) {
+      return shard_of(whole, dim, chunks, unit, p, r);
+    });
+    entry.shards.push_back({pname, dim, chunks, unit, full});
+    return;
+  }
+  nn::assign_tensor_data(handle, shard_of(t.detach(), dim, chunks, unit, p, r));
   if (handle.grad().defined()) handle.set_grad(Tensor());
-  entry.shards.push_back({pname, dim, chunks});
+  entry.shards.push_back({pname, dim, chunks, unit, full});
 }
 
-void shard_param(nn::Module& m, const std::string& pname, int64_t dim, int64_t chunks,
+void shard_param(nn::Module& m, const std::string& pname, int64_t dim, int64_t chunks, int64_t unit,
                  const ProcessGroupPtr& g, TpEntry& entry) {
   for (auto& [n, t] : m.named_parameters(false)) {
     if (n != pname) continue;
-    shard_tensor(t, pname, dim, chunks, g, entry);
+    shard_tensor(m, t, pname, dim, chunks, unit, g, entry);
     return;
   }
 }
 
 // A TransposedLinear's parameter (found by identity: the layer names it as it likes).
-void shard_own(nn::Module& m, const Tensor& p, int64_t dim, int64_t chunks,
+void shard_own(nn::Module& m, const Tensor& p, int64_t dim, int64_t chunks, int64_t unit,
                const ProcessGroupPtr& g, TpEntry& entry) {
   for (auto& [n, t] : m.named_parameters(false)) {
     if (!t.is_same(p)) continue;
-    shard_tensor(t, n, dim, chunks, g, entry);
+    shard_tensor(m, t, n, dim, chunks, unit, g, entry);
     return;
   }
 }
 
-void apply_colwise(nn::Module& m, const ColwiseOptions& o, const ProcessGroupPtr& g, TpEntry& entry,
-                   const std::string& label) {
+// Whether a dimension of `full` elements in `chunks` blocks of units of `unit` splits evenly.
+bool even_split(int64_t full, int64_t chunks, int64_t unit, int p) {
+  return (full / chunks / unit) % p == 0;
+}
+
+void apply_colwise(nn::Module& m, const ColwiseOptions& o, int64_t unit, const ProcessGroupPtr& g,
+                   TpEntry& entry, const std::string& label) {
+  int64_t full_out = 0;
   if (auto* lin = dynamic_cast<nn::Linear*>(&m)) {
-    shard_param(*lin, "weight", 0, o.chunks, g, entry);
-    if (lin->bias.defined()) shard_param(*lin, "bias", 0, o.chunks, g, entry);
-    lin->out_features /= group_size(g);
+    full_out = lin->out_features;
+    shard_param(*lin, "weight", 0, o.chunks, unit, g, entry);
+    if (lin->bias.defined()) shard_param(*lin, "bias", 0, o.chunks, unit, g, entry);
+    lin->out_features = lin->weight.size(0);
   } else {  // Note [transposed linear layers]: the weight is (in, out)
     auto& tl = dynamic_cast<TransposedLinear&>(m);
-    shard_own(m, tl.transposed_weight(), 1, o.chunks, g, entry);
-    if (tl.transposed_bias().defined()) shard_own(m, tl.transposed_bias(), 0, o.chunks, g, entry);
+    full_out = tl.transposed_weight().size(1);
+    shard_own(m, tl.transposed_weight(), 1, o.chunks, unit, g, entry);
+    if (tl.transposed_bias().defined())
+      shard_own(m, tl.transposed_bias(), 0, o.chunks, unit, g, entry);
   }
+  const bool uneven = !even_split(full_out, o.chunks, unit, group_size(g));
   // Note [dropout under tensor parallelism]: what random ops after this layer see.
   auto source = std::make_shared<const std::string>(label);
-  m.set_call_wrapper([g, o, source](nn::Module&, nn::Values& in, const nn::CallFn& call) {
-    ACCEL_CHECK(!in.empty() && in[0].is_tensor() && in[0].tensor().defined(), ValueError, "colwise",
-                "expected a tensor input, got ", nn::describe_values(in));
-    Tensor& x = in[0].tensor();
-    x = o.sequence_parallel ? gather_from_sequence_region(x, o.sequence_dim, g)
-                            : copy_to_tp_region(x, g);
-    std::vector<Tensor> out = call(in);
-    if (o.gather_output) out[0] = gather_from_tp_region(out[0], -1, g);
-    set_sharded_region(o.gather_output ? ShardedRegion{}
-                                       : detail::feature_region(g, out[0], o.chunks, source));
-    return out;
-  });
+  m.set_call_wrapper(
+      [g, o, unit, full_out, uneven, source](nn::Module&, nn::Values& in, const nn::CallFn& call) {
+        ACCEL_CHECK(!in.empty() && in[0].is_tensor() && in[0].tensor().defined(), ValueError,
+                    "colwise", "expected a tensor input, got ", nn::describe_values(in));
+        Tensor& x = in[0].tensor();
+        x = o.sequence_parallel ? gather_from_sequence_region(x, o.sequence_dim, g)
+                                : copy_to_tp_region(x, g);
+        std::vector<Tensor> out = call(in);
+        if (o.gather_output) out[0] = gather_from_tp_region(out[0], -1, g, full_out, unit);
+        set_sharded_region(o.gather_output
+                               ? ShardedRegion{}
+                               : detail::feature_region(g, out[0], o.chunks, uneven, source));
+        return out;
+      });
   nn::set_call_wrapper_label(m, label);
 }
 
-void apply_rowwise(nn::Module& m, const RowwiseOptions& o, const ProcessGroupPtr& g, TpEntry& entry,
-                   const std::string& label) {
+void apply_rowwise(nn::Module& m, const RowwiseOptions& o, int64_t unit, const ProcessGroupPtr& g,
+                   TpEntry& entry, const std::string& label) {
   auto* lin = dynamic_cast<nn::Linear*>(&m);
   Tensor bias;
   if (lin) {
-    shard_param(*lin, "weight", 1, 1, g, entry);
-    lin->in_features /= group_size(g);
+    shard_param(*lin, "weight", 1, 1, unit, g, entry);
+    lin->in_features = lin->weight.size(1);
     bias = lin->bias;
   } else {  // Note [transposed linear layers]: the weight is (in, out)
     auto& tl = dynamic_cast<TransposedLinear&>(m);
-    shard_own(m, tl.transposed_weight(), 0, 1, g, entry);
+    shard_own(m, tl.transposed_weight(), 0, 1, unit, g, entry);
     bias = tl.transposed_bias();
   }
   if (o.sequence_parallel && bias.defined() && group_size(g) > 1)
@@ -304,9 +375,10 @@ void apply_rowwise(nn::Module& m, const RowwiseOptions& o, const ProcessGroupPtr
 
 void apply_vocab_embedding(nn::Embedding& emb, const RowwiseOptions& o, const ProcessGroupPtr& g,
                            TpEntry& entry, const std::string& label) {
-  const int64_t vocab = emb.num_embeddings, vl = vocab / group_size(g);
-  const int64_t start = group_rank(g) * vl;
-  shard_param(emb, "weight", 0, 1, g, entry);
+  const int64_t vocab = emb.num_embeddings;
+  const Chunk rows = shard_chunk(vocab, group_size(g), group_rank(g));  // Note [uneven tp shards]
+  const int64_t vl = rows.length, start = rows.begin;
+  shard_param(emb, "weight", 0, 1, 1, g, entry);
   emb.num_embeddings = vl;
   auto source = std::make_shared<const std::string>(label + " (sequence parallel)");
   emb.set_call_wrapper(
@@ -340,18 +412,25 @@ void apply_sequence(nn::Module& m, int64_t shard_input_dim, const ProcessGroupPt
   m.set_call_wrapper([g, shard_input_dim](nn::Module&, nn::Values& in, const nn::CallFn& call) {
     ACCEL_CHECK(!in.empty() && in[0].is_tensor() && in[0].tensor().defined(), ValueError,
                 "sequence", "expected a tensor input, got ", nn::describe_values(in));
-    in[0].tensor() = scatter_to_tp_region(in[0].tensor(), shard_input_dim, g);
+    const Tensor& x = in[0].tensor();
+    const int64_t d = shard_input_dim;
+    // Note [uneven tp shards]: sequence chunks must be equal.
+    ACCEL_CHECK(d >= x.dim() || x.size(d) % g->size() == 0, ShapeError, "sequence",
+                "sequence parallelism needs the sequence length divisible by tp: size ",
+                d < x.dim() ? x.size(d) : 0, " of dim ", d, " of input ", x.sizes(), " over tp ",
+                g->size(), " (uneven sequence chunks are not supported)");
+    in[0].tensor() = scatter_to_tp_region(x, d, g);
     return call(in);
   });
   nn::set_call_wrapper_label(m, label);
 }
 
-void apply_style(nn::Module& m, const std::string& name, const TpStyle& s, const ProcessGroupPtr& g,
-                 TpEntry& entry) {
+void apply_style(nn::Module& m, const std::string& name, const TpStyle& s, int64_t unit,
+                 const ProcessGroupPtr& g, TpEntry& entry) {
   const std::string label = "tensor-parallel " + s.name() + " '" + name + "'";
   switch (s.kind) {
-    case TpStyle::Kind::Colwise: apply_colwise(m, s.colwise, g, entry, label); break;
-    case TpStyle::Kind::Rowwise: apply_rowwise(m, s.rowwise, g, entry, label); break;
+    case TpStyle::Kind::Colwise: apply_colwise(m, s.colwise, unit, g, entry, label); break;
+    case TpStyle::Kind::Rowwise: apply_rowwise(m, s.rowwise, unit, g, entry, label); break;
     case TpStyle::Kind::VocabEmbedding:
       apply_vocab_embedding(static_cast<nn::Embedding&>(m), s.rowwise, g, entry, label);
       break;
@@ -466,28 +545,35 @@ std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> module,
   const int p = group_size(group);
   const auto matched = match_plan(*module, plan);
   std::map<std::string, TpStyle> planned;
-  for (const auto& [name, mi] : matched) {
-    planned[name] = plan[mi.second].second;
-    check_style(name, *mi.first, plan[mi.second].second, p);
-  }
-  check_nesting(planned);
-  check_sequence_coverage(*module, planned);
+  for (const auto& [name, mi] : matched) planned[name] = plan[mi.second].second;
+  // The unit each planned layer is cut in (Note [uneven tp shards]): the style's, or an attention
+  // projection's head_dim.
+  std::map<std::string, int64_t> units;
+  for (const auto& [name, style] : planned)
+    units[name] = style.kind == TpStyle::Kind::Rowwise ? style.rowwise.unit : style.colwise.unit;
   std::vector<nn::CausalSelfAttention*> split_heads;
   for (const auto& [name, m] : module->named_modules()) {
     if (auto* a = dynamic_cast<nn::CausalSelfAttention*>(m)) {
-      check_attention(name, *a, planned, p);
-      if (planned.count(name.empty() ? "qkv" : name + ".qkv")) split_heads.push_back(a);
+      check_attention(name, *a, planned);
+      const std::string pre = name.empty() ? "" : name + ".";
+      if (!planned.count(pre + "qkv")) continue;
+      split_heads.push_back(a);
+      for (const char* part : {"qkv", "proj"}) units[pre + part] = a->head_dim;
     }
   }
+  for (const auto& [name, mi] : matched)
+    check_style(name, *mi.first, plan[mi.second].second, p, units[name]);
+  check_nesting(planned);
+  check_sequence_coverage(*module, planned);
   // Checked: now change the model.
   for (const auto& [name, mi] : matched) {
     nn::Module& m = *mi.first;
     TpEntry entry{m.weak_from_this(), group, plan[mi.second].second, {}};
-    apply_style(m, name, entry.style, group, entry);
+    apply_style(m, name, entry.style, units[name], group, entry);
     std::lock_guard<std::mutex> lock(g_registry_mu);
     registry()[&m] = std::move(entry);
   }
-  for (auto* a : split_heads) a->local_heads = a->n_heads / p;
+  for (auto* a : split_heads) a->local_heads = shard_chunk(a->n_heads, p, group_rank(group)).length;
   detail::install_region_reset(*module, group);  // Note [dropout under tensor parallelism]
   return module;
 }
@@ -526,18 +612,27 @@ std::vector<ParamInfo> param_infos(nn::Module& root) {
   return out;
 }
 
-// The full tensor of a shard: all-gathered along its dim, blocks put back in packed order.
+// The full tensor of a shard: each block all-gathered along its dim (pieces padded for the
+// collective: Note [uneven tp shards]), blocks put back in packed order.
 Tensor gather_full(const Tensor& local, const ShardSpec& s, const ProcessGroupPtr& g) {
-  const Tensor all = gather_from_tp_region(local.detach(), s.dim, g);
-  if (s.chunks == 1 || group_size(g) == 1) return all;
-  const int64_t n = local.size(s.dim) / s.chunks, p = group_size(g);
-  std::vector<Tensor> pieces;  // rank r's block c sits at (r * chunks + c) * n
+  if (group_size(g) == 1) return local.detach();
+  const int64_t block = s.full / s.chunks, n = local.size(s.dim) / s.chunks;
+  std::vector<Tensor> blocks;
   for (int64_t c = 0; c < s.chunks; ++c)
-    for (int64_t r = 0; r < p; ++r) pieces.push_back(all.narrow(s.dim, (r * s.chunks + c) * n, n));
-  return cat(pieces, s.dim);
+    blocks.push_back(
+        gather_from_tp_region(local.detach().narrow(s.dim, c * n, n), s.dim, g, block, s.unit));
+  return blocks.size() == 1 ? blocks[0] : cat(blocks, s.dim);
 }
 
 }  // namespace
+
+Tensor tp_piece(const Tensor& full, const TpShard& s, int rank, int size) {
+  return shard_of(full, s.dim, s.chunks, s.unit, size, rank);
+}
+
+Tensor tp_gather(const Tensor& local, const TpShard& s, const ProcessGroupPtr& group) {
+  return gather_full(local, ShardSpec{"", s.dim, s.chunks, s.unit, s.full}, group);
+}
 
 io::TensorDict tp_full_parameters(nn::Module& module) {
   NoGradGuard no_grad;
@@ -550,7 +645,7 @@ io::TensorDict tp_full_parameters(nn::Module& module) {
 std::map<std::string, TpShard> tp_shards(nn::Module& module) {
   std::map<std::string, TpShard> out;
   for (const ParamInfo& p : param_infos(module))
-    if (p.shard) out[p.name] = TpShard{p.shard->dim, p.shard->chunks};
+    if (p.shard) out[p.name] = TpShard{p.shard->dim, p.shard->chunks, p.shard->unit, p.shard->full};
   return out;
 }
 

@@ -37,30 +37,37 @@ namespace accel::dist {
 // ---------------- differentiable collectives (Note [tp regions] in tp_collectives.cc) ----------
 // Each is collective over `group` (every rank calls it with the same shapes, in the same order)
 // and records its backward, which is itself collective. With a group of one rank (or none) each
-// returns its input. `dim` may be negative; the sizes along it must be divisible by the group
-// size where a tensor is split (ShapeError naming the op, the shape and the group size).
+// returns its input. `dim` may be negative. Slices are torch.chunk's (Note [uneven tp shards]):
+// rank r of p holds [r * c, min(n, (r + 1) * c)) of n, c = ceil(n / p), possibly nothing; with
+// `unit` > 1, of n / unit whole units. The gathers take the full size n (-1: p x this rank's,
+// the even case) and pad every piece to c for the collective. The sequence ops need the size
+// along d divisible by the group size (ShapeError naming the op, the shape and the group size:
+// sequence parallelism with a sequence length tp does not divide is refused).
 //
 //   op                                  forward                      backward
 //   copy_to_tp_region(x)                identity                     all-reduce (sum)
 //   reduce_from_tp_region(x)            all-reduce (sum)             identity
-//   gather_from_tp_region(x, dim)       all-gather along dim         this rank's slice
+//   gather_from_tp_region(x, dim, n)    all-gather along dim         this rank's slice
 //   scatter_to_tp_region(x, dim)        this rank's slice            all-gather along dim
 //   gather_from_sequence_region(x, d)   all-gather along d           reduce-scatter along d (sum)
 //   reduce_scatter_to_sequence_region   reduce-scatter along d (sum) all-gather along d
 Tensor copy_to_tp_region(const Tensor& x, const ProcessGroupPtr& group);
 Tensor reduce_from_tp_region(const Tensor& x, const ProcessGroupPtr& group);
-Tensor gather_from_tp_region(const Tensor& x, int64_t dim, const ProcessGroupPtr& group);
-Tensor scatter_to_tp_region(const Tensor& x, int64_t dim, const ProcessGroupPtr& group);
+Tensor gather_from_tp_region(const Tensor& x, int64_t dim, const ProcessGroupPtr& group,
+                             int64_t full_size = -1, int64_t unit = 1);
+Tensor scatter_to_tp_region(const Tensor& x, int64_t dim, const ProcessGroupPtr& group,
+                            int64_t unit = 1);
 Tensor gather_from_sequence_region(const Tensor& x, int64_t dim, const ProcessGroupPtr& group);
 Tensor reduce_scatter_to_sequence_region(const Tensor& x, int64_t dim,
                                          const ProcessGroupPtr& group);
 
 // The mean cross-entropy of the full logits (N, V) against targets (N) (int64 in [0, V), or
-// ignore_index: left out of the mean), from this rank's vocabulary slice local_logits (N, V/tp):
-// columns [rank * V/tp, (rank + 1) * V/tp) of the full logits. The full logits are never built:
-// the row maximum, the sum of exponentials and the target's logit are all-reduced (three
-// all-reduces of N values). Equal to cross_entropy(full_logits, targets, ignore_index) on every
-// rank; its backward gives each rank the gradient of its slice (no communication).
+// ignore_index: left out of the mean), from this rank's vocabulary slice local_logits (N, Vr):
+// the columns after those of the lower ranks (torch.chunk's slices, or any split: the ranks'
+// widths are all-gathered). The full logits are never built: the row maximum, the sum of
+// exponentials and the target's logit are all-reduced (three all-reduces of N values). Equal to
+// cross_entropy(full_logits, targets, ignore_index) on every rank; its backward gives each rank the
+// gradient of its slice (no communication).
 Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& targets,
                                     const ProcessGroupPtr& group, int64_t ignore_index = -100);
 
@@ -73,12 +80,22 @@ struct ColwiseOptions {
   int64_t chunks = 1;
   bool sequence_parallel = false;  // input sharded along sequence_dim: all-gathered first
   int64_t sequence_dim = 1;        // (B, T, C): 1
+  // Note [uneven tp shards]: pieces are torch.chunk's, so out_features need not divide by tp.
+  // unit > 1 cuts each block in whole units of that many features (an attention projection's
+  // heads: head_dim; nn::CausalSelfAttention's qkv gets its head_dim without asking);
+  // require_even refuses a size tp does not divide (ShapeError at parallelize), for layers whose
+  // forward needs equal pieces (hf's attention, which reads its heads from the shard).
+  int64_t unit = 1;
+  bool require_even = false;
 };
 struct RowwiseOptions {
   // Output reduce-scattered along sequence_dim (else all-reduced); the bias is then replicated in
   // a sequence region and its gradient is all-reduced over the group.
   bool sequence_parallel = false;
   int64_t sequence_dim = 1;
+  // As ColwiseOptions' (the input features: an attention output projection's heads).
+  int64_t unit = 1;
+  bool require_even = false;
 };
 
 struct TpStyle {
@@ -133,10 +150,12 @@ using TpPlan = std::vector<std::pair<std::string, TpStyle>>;
 // Each planned parameter is replaced (in place: same TensorImpl, so module members and existing
 // handles see it) by this rank's shard of its current full value, which every rank must hold
 // alike (same seed, or a broadcast). A CausalSelfAttention whose qkv is colwise (chunks 3) and
-// proj rowwise runs n_heads / group size heads. Everything is checked before anything changes:
-// a pattern matching no module, or a style on a module of the wrong type, is a ValueError naming
-// it; a size not divisible by the group size is a ShapeError naming the module and the sizes.
-// A module parallelized already is a ValueError.
+// proj rowwise runs this rank's torch.chunk of its heads (5 heads over tp 2: 3 and 2; over tp 4:
+// 2, 2, 1 and 0). Sizes need not divide by the group size (Note [uneven tp shards] in
+// tensor_parallel.cc). Everything is checked before anything changes: a pattern matching no
+// module, or a style on a module of the wrong type, is a ValueError naming it; a size that is not
+// whole blocks of whole units (or not divisible under require_even) is a ShapeError naming the
+// module and the sizes. A module parallelized already is a ValueError.
 std::shared_ptr<nn::Module> parallelize(std::shared_ptr<nn::Module> module,
                                         const ProcessGroupPtr& group, const TpPlan& plan);
 
@@ -152,14 +171,23 @@ double tp_clip_grad_norm_(nn::Module& module, double max_norm);
 // Whether parameter `name` of `module` (dotted, as named_parameters()) is a tp shard.
 bool is_tp_sharded(nn::Module& module, const std::string& name);
 // How a tp-sharded parameter is cut (what parallelize recorded): along `dim`, which holds `chunks`
-// equal blocks, each split evenly over the group in rank order (a packed [q | k | v]: chunks 3).
+// equal blocks, each split over the group in rank order as torch.chunk splits its units of
+// `unit` elements (a packed [q | k | v]: chunks 3, unit head_dim): Region::shard(dim, chunks,
+// tp size, tp rank, unit) of the full shape is this rank's piece.
 struct TpShard {
   int64_t dim = 0;
   int64_t chunks = 1;
+  int64_t unit = 1;
+  int64_t full = 0;  // the full length along dim (the global shape's)
 };
 // Every tp-sharded parameter of `module` by name (named_parameters() names); the rest are
 // replicated. What checkpoints across tp sizes record (Note [tp strategy] in
 // accelerate/strategy_tp.cc).
 std::map<std::string, TpShard> tp_shards(nn::Module& module);
+// Rank `rank` of `size`'s piece of the full tensor `full` cut as `s` says (a contiguous copy),
+// and the full tensor from every rank's piece `local` (collective over `group`: pieces padded to
+// the largest for one all-gather per block).
+Tensor tp_piece(const Tensor& full, const TpShard& s, int rank, int size);
+Tensor tp_gather(const Tensor& local, const TpShard& s, const ProcessGroupPtr& group);
 
 }  // namespace accel::dist

@@ -21,6 +21,7 @@
 #include "autograd/function.h"
 #include "autograd/ops.h"
 #include "core/error.h"
+#include "parallel/placement.h"
 #include "parallel/tensor_parallel.h"
 
 namespace accel::dist {
@@ -76,7 +77,43 @@ Tensor all_gather_dim(const Tensor& x, int64_t dim, ProcessGroup& g) {
 
 void check_divisible(const Tensor& x, int64_t dim, int64_t p, const char* op) {
   ACCEL_CHECK(x.size(dim) % p == 0, ShapeError, op, "size ", x.size(dim), " of dim ", dim,
-              " of shape ", x.sizes(), " is not divisible by the group size ", p);
+              " of shape ", x.sizes(), " is not divisible by the group size ", p,
+              ": sequence parallelism needs the sequence length divisible by tp (uneven "
+              "sequence chunks are not supported; parameters and features may be uneven)");
+}
+
+// Rank r's torch.chunk piece of `size` elements in whole units (Note [uneven tp shards]).
+Chunk unit_chunk(int64_t size, int64_t unit, int64_t p, int64_t r, const char* op) {
+  ACCEL_CHECK(unit >= 1 && size % unit == 0, ShapeError, op, "size ", size,
+              " is not a whole number of units of ", unit);
+  const Chunk c = shard_chunk(size / unit, p, r);
+  return {c.begin * unit, c.length * unit};
+}
+
+// All-gather along `dim` of torch.chunk pieces of a dimension of `full` elements: each piece
+// padded to the first (the largest) for the collective, the padding cut after (DTensor's way).
+Tensor all_gather_uneven(const Tensor& x, int64_t dim, ProcessGroup& g, int64_t full, int64_t unit,
+                         const char* op) {
+  const int64_t p = g.size();
+  const Chunk mine = unit_chunk(full, unit, p, g.rank(), op);
+  ACCEL_CHECK(x.size(dim) == mine.length, ShapeError, op, "rank ", g.rank(), " of ", p, " holds ",
+              x.size(dim), " of dim ", dim, " of shape ", x.sizes(), ", but its piece of ", full,
+              " (units of ", unit, ") is ", mine.length);
+  const int64_t c = unit_chunk(full, unit, p, 0, op).length;
+  if (c * p == full) return all_gather_dim(x, dim, g);  // even: no padding
+  Tensor in = x.detach();
+  if (mine.length < c) {
+    Shape pad = in.sizes();
+    pad[size_t(dim)] = c - mine.length;
+    in = cat({in, zeros(pad, TensorOptions(in.dtype(), in.device()))}, dim);
+  }
+  const Tensor all = all_gather_dim(in, dim, g);  // (..., p * c, ...)
+  std::vector<Tensor> pieces;
+  for (int64_t r = 0; r < p; ++r) {
+    const int64_t n = unit_chunk(full, unit, p, r, op).length;
+    if (n > 0) pieces.push_back(all.narrow(dim, r * c, n));
+  }
+  return cat(pieces, dim).contiguous();
 }
 
 // Reduce-scatter (sum) along `dim`: rank r gets chunk r of the sum over ranks.
@@ -105,11 +142,10 @@ Tensor reduce_scatter_dim(const Tensor& x, int64_t dim, ProcessGroup& g, const c
   return out;
 }
 
-// This rank's chunk along `dim`, a contiguous copy.
-Tensor slice_dim(const Tensor& x, int64_t dim, ProcessGroup& g, const char* op) {
-  check_divisible(x, dim, g.size(), op);
-  const int64_t n = x.size(dim) / g.size();
-  return x.detach().narrow(dim, g.rank() * n, n).contiguous().clone();
+// This rank's torch.chunk piece along `dim`, a contiguous copy.
+Tensor slice_dim(const Tensor& x, int64_t dim, ProcessGroup& g, int64_t unit, const char* op) {
+  const Chunk c = unit_chunk(x.size(dim), unit, g.size(), g.rank(), op);
+  return x.detach().narrow(dim, c.begin, c.length).contiguous().clone();
 }
 
 }  // namespace
@@ -143,34 +179,39 @@ Tensor reduce_from_tp_region(const Tensor& x, const ProcessGroupPtr& group) {
   return out;
 }
 
-Tensor gather_from_tp_region(const Tensor& x, int64_t dim, const ProcessGroupPtr& group) {
+Tensor gather_from_tp_region(const Tensor& x, int64_t dim, const ProcessGroupPtr& group,
+                             int64_t full_size, int64_t unit) {
   const char* op = "gather_from_tp_region";
   check_input(x, op);
   if (trivial(group)) return x;
   dim = wrap_dim(x, dim, op);
-  Tensor out = all_gather_dim(x, dim, *group);
+  const int64_t full = full_size < 0 ? x.size(dim) * group->size() : full_size;
+  Tensor out = all_gather_uneven(x, dim, *group, full, unit, op);
   if (autograd::needs_grad(x)) {
-    autograd::record(op, {&x}, {&out},
-                     [group, dim, s = out.sizes(), dt = x.dtype(),
-                      dev = x.device()](const autograd::Grads& g) -> autograd::Grads {
-                       return {scatter_to_tp_region(grad_or_zeros(g[0], s, dt, dev), dim, group)};
-                     });
+    autograd::record(
+        op, {&x}, {&out},
+        [group, dim, unit, s = out.sizes(), dt = x.dtype(),
+         dev = x.device()](const autograd::Grads& g) -> autograd::Grads {
+          return {scatter_to_tp_region(grad_or_zeros(g[0], s, dt, dev), dim, group, unit)};
+        });
   }
   return out;
 }
 
-Tensor scatter_to_tp_region(const Tensor& x, int64_t dim, const ProcessGroupPtr& group) {
+Tensor scatter_to_tp_region(const Tensor& x, int64_t dim, const ProcessGroupPtr& group,
+                            int64_t unit) {
   const char* op = "scatter_to_tp_region";
   check_input(x, op);
   if (trivial(group)) return x;
   dim = wrap_dim(x, dim, op);
-  Tensor out = slice_dim(x, dim, *group, op);
+  Tensor out = slice_dim(x, dim, *group, unit, op);
   if (autograd::needs_grad(x)) {
-    autograd::record(op, {&x}, {&out},
-                     [group, dim, s = out.sizes(), dt = x.dtype(),
-                      dev = x.device()](const autograd::Grads& g) -> autograd::Grads {
-                       return {gather_from_tp_region(grad_or_zeros(g[0], s, dt, dev), dim, group)};
-                     });
+    autograd::record(
+        op, {&x}, {&out},
+        [group, dim, unit, full = x.size(dim), s = out.sizes(), dt = x.dtype(),
+         dev = x.device()](const autograd::Grads& g) -> autograd::Grads {
+          return {gather_from_tp_region(grad_or_zeros(g[0], s, dt, dev), dim, group, full, unit)};
+        });
   }
   return out;
 }
@@ -227,13 +268,28 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
               targets.dtype());
   const int64_t p = trivial(group) ? 1 : group->size();
   const int64_t rank = p == 1 ? 0 : group->rank();
-  const int64_t vl = local_logits.size(1), v = vl * p, start = rank * vl;
+  const int64_t vl = local_logits.size(1);
+  int64_t v = vl, start = 0;
+  if (p > 1) {  // the ranks' widths: uneven slices (Note [uneven tp shards]) start anywhere
+    const TensorOptions o(kFloat64, local_logits.device());
+    const Tensor mine = full({1}, double(vl), o);
+    Tensor all = empty({p}, o);
+    group->all_gather(all, mine);
+    all = all.to(kCPU);
+    const double* w = all.data<double>();
+    v = 0;
+    for (int64_t r = 0; r < p; ++r) {
+      if (r == rank) start = v;
+      v += int64_t(w[r]);
+    }
+  }
   const Tensor t = targets.detach();
   {
     const Tensor ok = logical_or(logical_and(t.ge(0), t.lt(v)), t.eq(ignore_index));
     ACCEL_CHECK(ok.to(kInt64).sum().item<int64_t>() == ok.numel(), IndexError, op,
                 "a target is outside [0, ", v, ") and is not ignore_index (", ignore_index,
-                "); vocabulary ", v, " = ", p, " ranks x ", vl, " columns");
+                "); vocabulary ", v, " over ", p, " ranks, this rank's ", vl, " columns from ",
+                start);
   }
   const DType dt = local_logits.dtype();
   const Device dev = local_logits.device();

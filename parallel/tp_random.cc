@@ -69,7 +69,7 @@ int size_of(const ProcessGroupPtr& g) { return g ? g->size() : 1; }
 }  // namespace
 
 ShardedRegion feature_region(const ProcessGroupPtr& g, const Tensor& out, int64_t chunks,
-                             const std::shared_ptr<const std::string>& source) {
+                             bool uneven, const std::shared_ptr<const std::string>& source) {
   if (size_of(g) == 1 || !out.defined() || out.dim() == 0) return {};
   ShardedRegion r;
   r.ways = g->size();
@@ -78,6 +78,7 @@ ShardedRegion feature_region(const ProcessGroupPtr& g, const Tensor& out, int64_
   r.length = out.size(-1);
   r.chunks = chunks;
   r.heads = true;
+  r.uneven = uneven;
   r.source = source;
   return r;
 }

@@ -14,8 +14,9 @@ namespace accel::dist::detail {
 
 // The region after a colwise output `out` that stays sharded: its last dim (`chunks` packed
 // blocks), heads split. Whole over a group of one rank.
+// uneven: the ranks' pieces differ in size (Note [uneven tp shards]): random ops there raise.
 ShardedRegion feature_region(const ProcessGroupPtr& g, const Tensor& out, int64_t chunks,
-                             const std::shared_ptr<const std::string>& source);
+                             bool uneven, const std::shared_ptr<const std::string>& source);
 // The region after a reduce-scatter along `dim` of the sequence: `out` is this rank's chunk.
 ShardedRegion sequence_region(const ProcessGroupPtr& g, const Tensor& out, int64_t dim,
                               const std::shared_ptr<const std::string>& source);

@@ -46,6 +46,13 @@ bool rows_foldable(const Tensor& x) {
 
 // x (..., K) as a (rows, K) tensor for the kernel: a view when possible, else a copy. Carries no
 // autograd history (the op records its own node).
+// The product of all but the last dimension (1 for a vector).
+int64_t leading_rows(const Tensor& x) {
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.sizes()[size_t(d)];
+  return rows;
+}
+
 Tensor fold_rows(const Tensor& x) {
   const int64_t k = x.size(-1);
   int64_t rows = 1;
@@ -132,7 +139,8 @@ Tensor matmul_nd(const char* op, const Tensor& a, const Tensor& b, const Shape& 
                          const Tensor& x = xs.unpack();
                          if (sb.size() == 2 && sa.size() > 2) {
                            // Weight shared over the batch: one (K, B*M) @ (B*M, N) GEMM.
-                           db = mm(x.reshape({-1, x.size(-1)}).t(), go.reshape({-1, go.size(-1)}));
+                           db = mm(x.reshape({leading_rows(x), x.size(-1)}).t(),
+                                   go.reshape({leading_rows(go), go.size(-1)}));
                          } else {
                            db = sum_to(matmul(x.transpose(-1, -2), go), sb);
                          }
@@ -427,14 +435,17 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
                      [xs = gw ? autograd::save_input(x, 0) : autograd::SavedTensor(),
                       ws = gx ? autograd::save_input(w, 1) : autograd::SavedTensor(),
                       sx = x.sizes(), gx, gw, gb](const autograd::Grads& g) {
-                       const Tensor g2 = g[0].reshape({-1, g[0].size(-1)});  // (rows, out)
+                       // (rows, out); rows spelled out: -1 is ambiguous for 0 features (a
+                       // tensor-parallel rank holding none of a layer's columns).
+                       const Tensor g2 = g[0].reshape({leading_rows(g[0]), g[0].size(-1)});
                        Tensor dx, dw, db;
                        if (gx) dx = mm(g2, ws.unpack()).reshape(sx);
                        if (gw) {
                          const Tensor xv = xs.unpack();
                          // Under create_graph, folded by the differentiable reshape.
-                         dw = mm(g2.t(), autograd::creating_graph() ? xv.reshape({-1, xv.size(-1)})
-                                                                    : linear_rows(xv));
+                         dw = mm(g2.t(), autograd::creating_graph()
+                                             ? xv.reshape({leading_rows(xv), xv.size(-1)})
+                                             : linear_rows(xv));
                        }
                        if (gb) db = sum(g2, {0});
                        return autograd::Grads{dx, dw, db};

@@ -6,7 +6,7 @@
 // data-parallel rank takes its share of (the ranks of a tp group take the same one), so every
 // mesh, one process included, computes the same steps.
 //   mesh_worker <out> <steps> [import <file>] [load <dir>] [save <step> <dir>] [export <file>]
-//               [sp] [f32] [dropout] [ln_f-replicate] [loader] [tied]
+//               [sp] [f32] [dropout] [ln_f-replicate] [loader] [tied] [uneven] [deferred]
 // import: load_model(file) after prepare; load: load_state(dir), then train until <steps>
 // optimizer steps in all; save: also save_state(dir) after optimizer step <step> (then go on);
 // export: save_model(file) at the end; sp: sequence parallel in the tp plan (models::gpt_tp_plan,
@@ -19,6 +19,11 @@
 // with split_batches (the global batch is kBatch at every dp size: kSequences / kBatch steps an
 // epoch), whose position save_state / load_state carry, instead of a fresh random batch per step.
 // tied: the head's weight is the token embedding's (not with tp: the plan cuts them differently).
+// uneven: vocabulary 31, 5 heads, d_model 40 (MLP 160): sizes tp 2, 3 and 4 do not all divide
+// (Note [uneven tp shards] in parallel/tensor_parallel.cc; tp 4 leaves a rank without heads).
+// deferred: the model is built under nn::DeferredInit from the default generator (manual_seed 5)
+// and made float64 before it has values; prepare materialises it (one process: nn::materialize
+// first). Rank 0 also writes "peak <bytes during prepare> <full model bytes>".
 // Rank 0
 // writes <out>:
 //   "loss <step> <value>"        the global mean loss of every step trained here (%.17g)
@@ -35,13 +40,14 @@
 #include "accelerate/accelerator.h"
 #include "optim/adam.h"
 #include "core/generator.h"
+#include "core/storage.h"
 #include "examples/models.h"
 
 using namespace accel;
 
 namespace {
 
-constexpr int64_t kBatch = 8, kContext = 16, kVocab = 32, kSequences = 64;
+constexpr int64_t kBatch = 8, kContext = 16, kVocab = 32, kSequences = 64, kUnevenVocab = 31;
 
 models::GptConfig config() {
   models::GptConfig c;
@@ -65,7 +71,7 @@ int run(int argc, char** argv) {
   std::string load_dir, save_dir, export_path, import_path;
   int save_at = -1;
   bool sequence_parallel = false, f32 = false, with_dropout = false, ln_f_replicate = false,
-       use_loader = false, tied = false;
+       use_loader = false, tied = false, uneven = false, deferred = false;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "load" && i + 1 < argc) {
@@ -89,6 +95,10 @@ int run(int argc, char** argv) {
       use_loader = true;
     } else if (a == "tied") {
       tied = true;
+    } else if (a == "uneven") {
+      uneven = true;
+    } else if (a == "deferred") {
+      deferred = true;
     } else {
       std::cerr << "mesh_worker: unexpected argument '" << a << "'\n";
       return 2;
@@ -114,18 +124,42 @@ int run(int argc, char** argv) {
   Generator gen(5);
   models::GptConfig c = config();
   if (with_dropout) c.dropout = 0.1;
-  auto model = std::make_shared<models::Gpt>(c, &gen);
+  if (uneven) {
+    c.vocab = kUnevenVocab;
+    c.heads = 5;
+    c.d_model = 40;
+  }
+  std::shared_ptr<models::Gpt> model;
+  if (deferred) {
+    c.layers = 24;  // blocks many enough that one of them is small beside the model
+    manual_seed(5);
+    nn::DeferredInit d;
+    model = std::make_shared<models::Gpt>(c);
+  } else {
+    model = std::make_shared<models::Gpt>(c, &gen);
+  }
   if (tied) model->head->weight = model->head->set_parameter("weight", model->tok->weight);
   if (!f32) model->to(kFloat64);
+  int64_t model_bytes = 0;
+  for (const Tensor& p : model->parameters())
+    model_bytes += p.numel() * int64_t(dtype_size(p.dtype()));
+  if (deferred && acc.num_processes() == 1) nn::materialize(*model);
+  Allocator* alloc = get_allocator(kCPU);
+  alloc->reset_peak_stats();
+  const size_t before = alloc->stats().bytes_in_use;
   optim::AdamWOptions ao;
   ao.lr(1e-2);
   ao.weight_decay(0.01);
   auto opt = std::make_shared<optim::AdamW>(model->parameters(), ao);
   auto [m, o] = acc.prepare(model, std::static_pointer_cast<optim::Optimizer>(opt));
+  // The most this rank held at once while preparing, above what it held before (Part of issue
+  // 37's "only local shards are ever materialised").
+  const Tensor peak = acc.reduce(
+      full({1}, double(alloc->stats().peak_bytes_in_use - before), TensorOptions(kFloat64)), "max");
   std::shared_ptr<data::DataLoader> loader;
   if (use_loader) {
     Generator g(99);
-    const Tensor seqs = randint(0, kVocab, {kSequences, kContext + 1}, TensorOptions(kInt64), &g);
+    const Tensor seqs = randint(0, c.vocab, {kSequences, kContext + 1}, TensorOptions(kInt64), &g);
     data::DataLoaderOptions lo;
     lo.batch_size = kBatch;
     lo.shuffle = true;
@@ -145,6 +179,8 @@ int run(int argc, char** argv) {
   std::ofstream out;
   if (acc.is_main_process()) out.open(out_path);
   char line[96];
+  if (deferred && acc.is_main_process())
+    out << "peak " << int64_t(peak.item()) << " " << model_bytes << "\n";
   const int64_t per_rank = kBatch / dp;
   for (int s = first; s < steps; ++s) {
     Tensor mine;
@@ -158,7 +194,7 @@ int run(int argc, char** argv) {
     } else {
       Generator data(uint64_t(100 + s));
       const Tensor tokens =
-          randint(0, kVocab, {kBatch, kContext + 1}, TensorOptions(kInt64), &data);
+          randint(0, c.vocab, {kBatch, kContext + 1}, TensorOptions(kInt64), &data);
       mine = tokens.narrow(0, dp_rank * per_rank, per_rank);
     }
     // ACCEL_GRADIENT_ACCUMULATION_STEPS = k: the rank's rows in k micro-batches, one optimizer

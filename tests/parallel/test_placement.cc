@@ -12,8 +12,11 @@
 #include "tests/parallel/region_steps.h"
 
 using namespace accel;
+using dist::Layout;
 using dist::Overlap;
+using dist::Placement;
 using dist::Region;
+using dist::Segment;
 using test::Steps;
 
 namespace {
@@ -113,6 +116,28 @@ TEST_CASE("regions equal brute force: qkv chunks, uneven shards, flat ranges, sc
     // JSON round trip.
     CHECK(Region::from_json(r.to_json(), s.global, "test") == r);
   }
+}
+
+// Note [uneven tp shards]: an attention projection is cut by whole heads (unit = head_dim):
+// qkv of 5 heads of 8 rows (120, 40) over tp 4 keeps heads 0-1, 2-3, 4 and none of each block.
+TEST_CASE("regions cut in whole units: heads of a packed qkv over tp 4") {
+  const Shape qkv{120, 40};
+  const int64_t want_heads[4] = {2, 2, 1, 0}, first_head[4] = {0, 2, 4, 5};
+  for (int64_t r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    const Region reg = Region::whole(qkv).shard(0, 3, 4, r, 8);
+    CHECK(reg.local_shape() == Shape{3 * 8 * want_heads[r], 40});
+    std::vector<Segment> rows;
+    for (int64_t b = 0; b < 3 && want_heads[r] > 0; ++b)
+      rows.push_back({b * 8 * want_heads[r], b * 40 + first_head[r] * 8, 8 * want_heads[r]});
+    CHECK(reg.segments()[0] == rows);
+    // Through a layout: Placement::shard carries the unit.
+    Layout l = Layout::whole(qkv, kFloat64).then("tp", Placement::shard(0, 3, 8), 4, int(r));
+    CHECK(l.region == reg);
+  }
+  CHECK(Placement::shard(0, 3, 8).str() == "Shard(0, chunks=3, unit=8)");
+  // A block that is not whole units is refused.
+  CHECK_THROWS_AS(Region::whole({120, 40}).shard(0, 3, 4, 0, 16), ShapeError);
 }
 
 TEST_CASE("overlaps equal brute-force intersections, ascending in dst") {

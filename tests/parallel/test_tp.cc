@@ -16,7 +16,7 @@ namespace {
 std::string worker() { return accel::test::helper_path("tp_worker"); }
 }  // namespace
 
-TEST_CASE("tp: differentiable collectives over 4, over pairs, over one rank") {
+TEST_CASE("tp: differentiable collectives over 4, over pairs, over one rank, uneven pieces") {
   check_ok(run_world(worker(), {"collectives"}, 4, {}, 120s), "collectives");
 }
 
@@ -24,7 +24,7 @@ TEST_CASE("tp: vocab-parallel cross-entropy equals cross_entropy of the full log
   check_ok(run_world(worker(), {"loss"}, 4, {}, 120s), "loss");
 }
 
-TEST_CASE("tp: bad plans and non-divisible sizes are clear errors") {
+TEST_CASE("tp: bad plans and require_even sizes are clear errors; uneven sizes are cut") {
   check_ok(run_world(worker(), {"errors"}, 4, {}, 120s), "errors");
 }
 

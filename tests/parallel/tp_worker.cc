@@ -146,6 +146,21 @@ void collectives_over(const ProcessGroupPtr& g, const std::string& label, uint64
   }
 }
 
+bool throws_with(const std::function<void()>& f, const char* kind,
+                 const std::vector<std::string>& needles) {
+  try {
+    f();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    bool ok = std::string(kind) == "ShapeError" ? dynamic_cast<const ShapeError*>(&e) != nullptr
+                                                : dynamic_cast<const ValueError*>(&e) != nullptr;
+    for (const auto& n : needles) ok = ok && msg.find(n) != std::string::npos;
+    if (!ok) std::cout << "rank " << g_rank << " unexpected message: " << msg << std::endl;
+    return ok;
+  }
+  return false;
+}
+
 void scenario_collectives(const ProcessGroupPtr& world) {
   collectives_over(world, "world", 100);
   auto pair = world->split(world->rank() / 2, 0);  // {0,1} and {2,3}
@@ -161,14 +176,40 @@ void scenario_collectives(const ProcessGroupPtr& world) {
     WCHECK(gather_from_sequence_region(x, 1, g).is_same(x), "sequence gather over one rank");
     WCHECK(reduce_scatter_to_sequence_region(x, 1, g).is_same(x), "reduce-scatter over one rank");
   }
-  // A size not divisible by the group: ShapeError naming the op (on every rank alike).
-  bool threw = false;
-  try {
-    scatter_to_tp_region(rnd({2, 5}, 3), 1, world);
-  } catch (const ShapeError& e) {
-    threw = std::string(e.what()).find("scatter_to_tp_region") != std::string::npos;
+  // Note [uneven tp shards]: 5 columns over 4 ranks are torch.chunk's 2, 2, 1, 0; the gather
+  // (padded for the collective) puts them back, and each backward is the other's slice / gather.
+  {
+    const int r = world->rank();
+    const int64_t lens[4] = {2, 2, 1, 0}, begins[4] = {0, 2, 4, 5};
+    Tensor full5 = rnd({2, 5}, 3).requires_grad_(true);
+    Tensor mine = scatter_to_tp_region(full5, 1, world);
+    WCHECK(mine.sizes() == Shape({2, lens[r]}) &&
+               max_abs_diff(mine, full5.detach().narrow(1, begins[r], lens[r])) == 0.0,
+           "uneven scatter: torch.chunk's piece");
+    Tensor back = gather_from_tp_region(mine, 1, world, 5);
+    WCHECK(back.sizes() == Shape({2, 5}) && max_abs_diff(back, full5.detach()) == 0.0,
+           "uneven gather: the full tensor back");
+    Tensor w = rnd({2, 5}, 4);
+    sum(back * w).backward();  // d/dfull5: every rank's slice of w gathered = w
+    WCHECK(max_abs_diff(full5.grad(), w) == 0.0, "uneven scatter/gather backward");
+    // Whole units: 3 heads of 2 over 4 ranks are 1, 1, 1, 0 heads.
+    Tensor h = scatter_to_tp_region(rnd({2, 6}, 5), 1, world, 2);
+    WCHECK(h.size(1) == (r < 3 ? 2 : 0), "a scatter in units of 2 keeps whole units");
   }
-  WCHECK(threw, "scatter of 5 over 4 ranks must be a ShapeError naming the op");
+  // A size that is not whole units, or a gather told the wrong full size: ShapeError naming the
+  // op (on every rank alike).
+  WCHECK(throws_with(
+             [&] {
+               scatter_to_tp_region(rnd({2, 5}, 3), 1, world, 2);
+             },
+             "ShapeError", {"scatter_to_tp_region", "units of 2"}),
+         "scatter of 5 in units of 2 must be a ShapeError naming the op");
+  WCHECK(throws_with(
+             [&] {
+               gather_from_tp_region(rnd({2, 3}, 3), 1, world, 5);
+             },
+             "ShapeError", {"gather_from_tp_region", "holds"}),
+         "a gather of pieces that are not the full size's is a ShapeError naming the op");
 }
 
 void scenario_loss(const ProcessGroupPtr& world) {
@@ -222,21 +263,6 @@ std::shared_ptr<models::Gpt> make_gpt() {
   return m;
 }
 
-bool throws_with(const std::function<void()>& f, const char* kind,
-                 const std::vector<std::string>& needles) {
-  try {
-    f();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    bool ok = std::string(kind) == "ShapeError" ? dynamic_cast<const ShapeError*>(&e) != nullptr
-                                                : dynamic_cast<const ValueError*>(&e) != nullptr;
-    for (const auto& n : needles) ok = ok && msg.find(n) != std::string::npos;
-    if (!ok) std::cout << "rank " << g_rank << " unexpected message: " << msg << std::endl;
-    return ok;
-  }
-  return false;
-}
-
 void scenario_errors(const ProcessGroupPtr& world) {
   auto g = world;  // tp 4
   auto model = make_gpt();
@@ -271,47 +297,71 @@ void scenario_errors(const ProcessGroupPtr& world) {
              },
              "ValueError", {"blocks.0.attn", "proj"}),
          "qkv split without proj is a ValueError naming the attention");
-  {  // non-divisible sizes at tp 4: vocabulary 30, d_model 12 with 3 heads
+  {  // sizes tp 4 does not divide: vocabulary 30, d_model 12 with 3 heads of 4
     models::GptConfig c = small_gpt();
     c.vocab = 30;
     c.d_model = 12;
     c.heads = 3;
     Generator gen(1);
     auto odd = std::make_shared<models::Gpt>(c, &gen);
+    // require_even: the plan asks for equal pieces (hf's attention does).
     WCHECK(throws_with(
                [&] {
-                 parallelize(odd, g, {{"head", colwise()}});
+                 parallelize(odd, g, {{"head", colwise({.require_even = true})}});
                },
-               "ShapeError", {"head", "out_features 30", "tp 4"}),
-           "head rows 30 over tp 4 is a ShapeError naming the module and sizes");
+               "ShapeError", {"head", "out_features 30", "tp 4", "require_even"}),
+           "head rows 30 over tp 4 with require_even is a ShapeError naming the module and sizes");
     WCHECK(throws_with(
                [&] {
-                 parallelize(odd, g, {{"tok", vocab_embedding()}});
+                 parallelize(odd, g, {{"tok", vocab_embedding({.require_even = true})}});
                },
-               "ShapeError", {"tok", "num_embeddings 30", "tp 4"}),
-           "a vocabulary of 30 over tp 4 is a ShapeError naming the module and sizes");
+               "ShapeError", {"tok", "num_embeddings 30", "tp 4", "require_even"}),
+           "a vocabulary of 30 over tp 4 with require_even is a ShapeError naming the module");
     WCHECK(throws_with(
                [&] {
                  parallelize(odd, g,
-                             {{"blocks.*.attn.qkv", colwise({.chunks = 3})},
+                             {{"blocks.*.attn.qkv", colwise({.chunks = 3, .require_even = true})},
                               {"blocks.*.attn.proj", rowwise()}});
                },
-               "ShapeError", {"blocks.0.attn", "n_heads 3", "tp 4"}),
-           "3 heads over tp 4 is a ShapeError naming the attention");
+               "ShapeError", {"blocks.0.attn.qkv", "out_features 36", "tp 4", "unit 4"}),
+           "3 heads over tp 4 with require_even is a ShapeError naming the projection");
+    WCHECK(throws_with(
+               [&] {
+                 parallelize(odd, g, {{"head", colwise({.unit = 7})}});
+               },
+               "ShapeError", {"head", "out_features 30", "units of 7"}),
+           "a unit that does not divide the rows is a ShapeError naming the module");
     WCHECK(!is_tp_sharded(*odd, "head.weight") && odd->head->out_features == 30 &&
                odd->tok->num_embeddings == 30,
            "a refused plan leaves the model unchanged");
-  }
-  {  // n_heads not divisible: d_model 16 with 2 heads at tp 4 (rows divide, heads do not)
-    models::GptConfig c = small_gpt();
-    c.heads = 2;
-    Generator gen(1);
-    auto m = std::make_shared<models::Gpt>(c, &gen);
-    WCHECK(throws_with([&] { parallelize(m, g, models::gpt_tp_plan()); }, "ShapeError",
-                       {"blocks.0.attn", "n_heads 2", "tp 4"}),
-           "2 heads over tp 4 is a ShapeError naming the attention");
-    WCHECK(!is_tp_sharded(*m, "tok.weight") && m->tok->num_embeddings == 32,
-           "a refused plan leaves the model unchanged");
+    // Note [uneven tp shards]: without require_even the same sizes are torch.chunk's pieces,
+    // heads whole (3 over tp 4: 1, 1, 1, 0), and tp_full_parameters puts the model back.
+    io::TensorDict want;
+    for (const auto& [k, v] : odd->state_dict()) want[k] = v.clone();
+    parallelize(odd, g, models::gpt_tp_plan());
+    const int r = g->rank();
+    const int64_t rows[4] = {8, 8, 8, 6};
+    WCHECK(odd->tok->num_embeddings == rows[r] && odd->head->out_features == rows[r],
+           "vocabulary 30 over tp 4: 8, 8, 8, 6 rows");
+    WCHECK(odd->parameter("blocks.0.attn.qkv.weight").size(0) == (r < 3 ? 12 : 0) &&
+               odd->parameter("blocks.0.attn.proj.weight").size(1) == (r < 3 ? 4 : 0) &&
+               odd->parameter("blocks.0.fc.weight").size(0) == 12,
+           "3 heads of 4 over tp 4: one head on ranks 0-2, none on rank 3");
+    const io::TensorDict got = tp_full_parameters(*odd);
+    for (const auto& [k, v] : want)
+      WCHECK(got.count(k) && got.at(k).sizes() == v.sizes() && max_abs_diff(got.at(k), v) == 0.0,
+             "tp_full_parameters of uneven shards: " << k);
+    // A forward and backward run on every rank, the headless one included.
+    Tensor idx = randint(0, 30, {2, 5}, TensorOptions(kInt64), &gen);
+    Tensor ref_logits;
+    {
+      auto whole = std::make_shared<models::Gpt>(c);
+      whole->load_state_dict(want);
+      ref_logits = (*whole)(idx).detach();
+    }
+    Tensor logits = (*odd)(idx);
+    WCHECK(max_abs_diff(logits.detach(), ref_logits) < 1e-5, "uneven tp forward = one process");
+    sum(logits).backward();
   }
   {  // Note [sequence-parallel coverage]: a parameterised module left out of an SP plan
     dist::TpPlan plan;

@@ -3,8 +3,8 @@
 // models::gpt_tp_plan, optionally with sequence parallelism and the vocabulary-parallel loss)
 // composed with data parallelism (DDP, or ZeRO-3 over dp_shard, replicated over dp_replicate).
 //
-//   build/launcher/accel-run launch --num_processes 4 --cpu build/examples/gpt_parallel \
-//       --tp 2 --zero-stage 3 --steps 200            # tp 2 x shard 2 (2-D)
+//   build/launcher/accel-run launch --num_processes 4 --cpu build/examples/gpt_parallel
+//       --tp 2 --zero-stage 3 --steps 200            # (one line) tp 2 x shard 2 (2-D)
 //   ... --num_processes 4 ... --tp 4 --sequence-parallel --loss-parallel
 //   ... --num_processes 4 ... --dp-replicate 2 --zero-stage 3   # HSDP 2 x 2, no tp
 //

@@ -191,8 +191,8 @@ struct Accelerator::CheckpointIo {
         ACCEL_CHECK(o.is_object() && o.contains(key), IoError, "load_state", "'", file,
                     "' has no \"", key, "\"");
         const nlohmann::json& v = o[key];
-        ACCEL_CHECK((v.*is)(), IoError, "load_state", "'", file, "': \"", key, "\" must be ",
-                    want, ", got ", v.type_name());
+        ACCEL_CHECK((v.*is)(), IoError, "load_state", "'", file, "': \"", key, "\" must be ", want,
+                    ", got ", v.type_name());
         return v;
       };
       using J = nlohmann::json;
@@ -228,15 +228,14 @@ struct Accelerator::CheckpointIo {
       count(m.num_optimizers, acc.optimizers_.size(), "optimizers");
       count(m.num_schedulers, acc.schedulers_.size(), "schedulers");
       count(m.num_loaders, acc.loaders_.size(), "data loaders");
-      ACCEL_CHECK(m.sync_gradients || mesh == mesh_json(acc), ValueError, "load_state",
-                  "checkpoint '", path,
-                  "' was saved inside a gradient accumulation window on the mesh ", mesh.dump(),
-                  "; its per-rank gradients only resume on that mesh, not on ",
-                  mesh_json(acc).dump());
+      ACCEL_CHECK(
+          m.sync_gradients || mesh == mesh_json(acc), ValueError, "load_state", "checkpoint '",
+          path, "' was saved inside a gradient accumulation window on the mesh ", mesh.dump(),
+          "; its per-rank gradients only resume on that mesh, not on ", mesh_json(acc).dump());
       for (size_t i = 0; i < acc.loaders_.size(); ++i) {
         try {
-          l.loaders.push_back(data::position_from_state(
-              data::state_from_json(loaders[i].dump()), "load_state"));
+          l.loaders.push_back(
+              data::position_from_state(data::state_from_json(loaders[i].dump()), "load_state"));
         } catch (const std::exception& e) {
           ACCEL_THROW(IoError, "load_state", "'", file, "': loaders[", i,
                       "] is not a valid loader position: ", e.what());
@@ -244,8 +243,8 @@ struct Accelerator::CheckpointIo {
       }
       m.json = j;
     } catch (const nlohmann::json::exception& e) {
-      ACCEL_THROW(IoError, "load_state", "'", file, "' is not a valid checkpoint index: ",
-                  e.what());
+      ACCEL_THROW(IoError, "load_state", "'", file,
+                  "' is not a valid checkpoint index: ", e.what());
     }
     l.strategy = acc.strategy_->checkpoint().read_pieces(*src, !m.sync_gradients, acc.rank_);
     for (size_t i = 0; i < acc.schedulers_.size(); ++i) {
@@ -311,8 +310,7 @@ struct Accelerator::CheckpointIo {
       for (auto& c : acc.customs_) {
         nlohmann::json j = c.save();
         dist::write_file_durable(
-            (fs::path(tmp) / rank_file("custom_" + c.name, acc.rank_, ".json")).string(),
-            j.dump());
+            (fs::path(tmp) / rank_file("custom_" + c.name, acc.rank_, ".json")).string(), j.dump());
       }
       if (!acc.is_main_process()) return;
       meta["step"] = acc.step_;

@@ -34,6 +34,10 @@ void read_into(const io::SafetensorsCheckpoint& src, const std::string& name, in
 // the region's (another model), IoError from the reader.
 Tensor read_region(ckpt::CheckpointSource& src, const std::string& name, const Region& region,
                    DType dtype, Device device);
+// Before a model's tensors are read: ValueError listing every (name, global shape) of `want`
+// whose checkpoint tensor "model.<model>.<name>" has another shape (another model).
+void check_model_shapes(const ckpt::CheckpointSource& src, size_t model,
+                        const std::vector<std::pair<std::string, Shape>>& want);
 // A whole tensor as saved (its dtype and shape).
 Tensor read_whole(ckpt::CheckpointSource& src, const std::string& name);
 // The entries of an optimizer state dict that are not per-parameter state ("param_groups.*"):

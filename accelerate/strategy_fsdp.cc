@@ -228,8 +228,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
   // parameter's span [lo, hi) is the Flat range of its place; its slots likewise; the scalar
   // slots (step) written by the rank whose span starts the parameter; replicated state (buffers,
   // frozen parameters) by dp rank 0; window gradients (whole, per rank) by every rank. ----
-  void state_entries(std::vector<ckpt::StateEntry>& out, bool mid_window,
-                     int world_rank) override {
+  void state_entries(std::vector<ckpt::StateEntry>& out, bool mid_window, int world_rank) override {
     namespace names = ckpt::names;
     NoGradGuard ng;
     const bool dp0 = ctx_.rank == 0, writes = writes_shards();
@@ -266,7 +265,8 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
         const TensorPlace pl = place(m, sp.name, sp.shape);
         const std::string g = names::optim_slot(i, m, sp.name, slot);
         if (v.dim() == 0)
-          out.push_back({g, Region::whole({}), v, writes && pl.lead && sp.lo == 0 && sp.hi > 0, ""});
+          out.push_back(
+              {g, Region::whole({}), v, writes && pl.lead && sp.lo == 0 && sp.hi > 0, ""});
         else
           out.push_back({g, pl.region.flat(sp.lo, sp.hi), v, writes && pl.primary, ""});
       }
@@ -288,6 +288,12 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     std::vector<std::vector<FullyShardedModel::Span>> spans;
     for (size_t m = 0; m < sharded_.size(); ++m) {
       spans.push_back(sharded_[m]->spans());
+      std::vector<std::pair<std::string, Shape>> want;
+      for (const auto& sp : spans[m])
+        want.emplace_back(sp.name, place(m, sp.name, sp.shape).region.global_shape());
+      for (auto& [n, t] : replicated_state(*models_[m]))
+        want.emplace_back(n, place(m, n, t.sizes()).region.global_shape());
+      check_model_shapes(src, m, want);
       std::vector<std::pair<size_t, Tensor>> slices;
       for (size_t k = 0; k < spans[m].size(); ++k) {
         const auto& sp = spans[m][k];
@@ -296,8 +302,9 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
         ACCEL_CHECK(src.contains(g), ValueError, "load_state", "the checkpoint has no parameter '",
                     sp.name, "' of model ", m);
         const Tensor& leaf = sharded_[m]->shard_params()[k];
-        slices.emplace_back(k, read_region(src, g, place(m, sp.name, sp.shape).region.flat(sp.lo, sp.hi),
-                                           leaf.dtype(), leaf.device()));
+        slices.emplace_back(
+            k, read_region(src, g, place(m, sp.name, sp.shape).region.flat(sp.lo, sp.hi),
+                           leaf.dtype(), leaf.device()));
       }
       out->slices.push_back(std::move(slices));
       io::TensorDict rep;
@@ -321,9 +328,9 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
         for (const auto& [slot, g] : saved_slots(src, i, m, sp.name)) {
           const ckpt::TensorRecord& r = src.tensor(g);
           d["state." + std::to_string(k) + "." + slot] =
-              r.shape.empty() ? read_whole(src, g)
-                              : read_region(src, g, region.flat(sp.lo, sp.hi), leaf.dtype(),
-                                            leaf.device());
+              r.shape.empty()
+                  ? read_whole(src, g)
+                  : read_region(src, g, region.flat(sp.lo, sp.hi), leaf.dtype(), leaf.device());
         }
       }
       out->optimizers.push_back(std::move(d));

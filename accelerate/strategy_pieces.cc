@@ -30,8 +30,7 @@ void StrategyCheckpoint::state_entries(std::vector<ckpt::StateEntry>&, bool, int
               "format 2); set ACCEL_CHECKPOINT_FORMAT=1 to write format 1 meanwhile");
 }
 
-std::unique_ptr<StrategyState> StrategyCheckpoint::read_pieces(ckpt::CheckpointSource&, bool,
-                                                               int) {
+std::unique_ptr<StrategyState> StrategyCheckpoint::read_pieces(ckpt::CheckpointSource&, bool, int) {
   ACCEL_THROW(ValueError, "load_state",
               "this strategy does not implement StrategyCheckpoint::read_pieces (checkpoint "
               "format 2)");
@@ -50,6 +49,20 @@ Tensor read_region(ckpt::CheckpointSource& src, const std::string& name, const R
   return t;
 }
 
+void check_model_shapes(const ckpt::CheckpointSource& src, size_t model,
+                        const std::vector<std::pair<std::string, Shape>>& want) {
+  std::string bad;
+  size_t n = 0;
+  for (const auto& [name, shape] : want) {
+    const std::string g = names::model(model, name);
+    if (!src.contains(g) || src.tensor(g).shape == shape) continue;
+    bad += (n++ ? ", " : "") + name + ": checkpoint " + shape_str(src.tensor(g).shape) +
+           ", model " + shape_str(shape);
+  }
+  ACCEL_CHECK(n == 0, ValueError, "load_state", "error(s) loading state into model ", model,
+              "; shape mismatch (", n, "): ", bad);
+}
+
 Tensor read_whole(ckpt::CheckpointSource& src, const std::string& name) {
   const ckpt::TensorRecord& r = src.tensor(name);
   return read_region(src, name, Region::whole(r.shape), r.dtype, kCPU);
@@ -59,8 +72,8 @@ void optimizer_meta_entries(std::vector<ckpt::StateEntry>& out, size_t o,
                             const io::TensorDict& state, bool primary) {
   for (const auto& [key, v] : state)
     if (key.rfind("state.", 0) != 0 && v.defined())
-      out.push_back({"optim." + std::to_string(o) + "." + key, Region::whole(v.sizes()), v,
-                     primary, ""});
+      out.push_back(
+          {"optim." + std::to_string(o) + "." + key, Region::whole(v.sizes()), v, primary, ""});
 }
 
 io::TensorDict read_optimizer_meta(ckpt::CheckpointSource& src, size_t o) {
@@ -103,8 +116,9 @@ std::map<const void*, std::pair<size_t, std::string>> owners(
 const std::pair<size_t, std::string>& owner_of(
     const std::map<const void*, std::pair<size_t, std::string>>& own, const Tensor& p, size_t o) {
   const auto it = own.find(p.impl());
-  ACCEL_CHECK(it != own.end(), ValueError, "save_state", "optimizer ", o, " steps a tensor of shape ",
-              p.shape_str(), " that is not a parameter of a prepared model");
+  ACCEL_CHECK(it != own.end(), ValueError, "save_state", "optimizer ", o,
+              " steps a tensor of shape ", p.shape_str(),
+              " that is not a parameter of a prepared model");
   return it->second;
 }
 
@@ -119,8 +133,10 @@ std::vector<Tensor> params_of(const optim::Optimizer& opt) {
 bool split_state_key(const std::string& key, size_t& k, std::string& slot) {
   if (key.rfind("state.", 0) != 0) return false;
   const size_t dot = key.find('.', 6);
-  if (dot == std::string::npos) return false;
-  k = std::stoul(key.substr(6, dot - 6));
+  if (dot == std::string::npos || dot == 6 || dot > 15) return false;
+  const std::string digits = key.substr(6, dot - 6);
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return false;
+  k = std::stoul(digits);
   slot = key.substr(dot + 1);
   return true;
 }
@@ -156,9 +172,14 @@ void ReplicatedStrategy::state_entries(std::vector<ckpt::StateEntry>& out, bool 
       for (const auto& [key, v] : st) {
         size_t k = 0;
         std::string slot;
-        if (!split_state_key(key, k, slot) || !v.defined()) continue;
-        ACCEL_CHECK(k < params.size(), ValueError, "save_state", "optimizer ", o, ": '", key,
-                    "' names no parameter of ", params.size());
+        if (key.rfind("state.", 0) != 0 || !v.defined()) continue;
+        // State that is not per model parameter (LBFGS's history, an optimizer over tensors of
+        // no prepared model): whole, as "optim.<o>.opaque.<rest of the key>".
+        if (!split_state_key(key, k, slot) || k >= params.size() || !own.count(params[k].impl())) {
+          out.push_back({"optim." + std::to_string(o) + ".opaque." + key.substr(6),
+                         Region::whole(v.sizes()), v, dp0 && lead, ""});
+          continue;
+        }
         const auto& [m, pname] = owner_of(own, params[k], o);
         const TensorPlace pl = place(m, pname, params[k].sizes());
         const std::string g = names::optim_slot(o, m, pname, slot);
@@ -201,9 +222,9 @@ void ReplicatedStrategy::state_entries(std::vector<ckpt::StateEntry>& out, bool 
     if (mid_window)
       for (size_t b = 0; b < s.accum.size(); ++b)
         if (s.accum[b].defined())
-          out.push_back({rank_name("grad.accum." + std::to_string(o) + "." + std::to_string(b),
-                                   world_rank),
-                         Region::whole(s.accum[b].sizes()), s.accum[b], true, "Partial"});
+          out.push_back(
+              {rank_name("grad.accum." + std::to_string(o) + "." + std::to_string(b), world_rank),
+               Region::whole(s.accum[b].sizes()), s.accum[b], true, "Partial"});
   }
   if (mid_window)
     for (size_t i = 0; i < models_.size(); ++i)
@@ -221,6 +242,10 @@ std::unique_ptr<StrategyState> ReplicatedStrategy::read_pieces(ckpt::CheckpointS
     const auto aliases = models_[i]->tied_aliases();
     io::TensorDict d;
     const io::TensorDict live = models_[i]->state_handles();
+    std::vector<std::pair<std::string, Shape>> want;
+    for (const auto& [n, t] : live)
+      if (!aliases.count(n)) want.emplace_back(n, place(i, n, t.sizes()).region.global_shape());
+    check_model_shapes(src, i, want);
     for (const auto& [n, t] : live) {
       if (aliases.count(n)) continue;
       const std::string g = names::model(i, n);
@@ -243,7 +268,11 @@ std::unique_ptr<StrategyState> ReplicatedStrategy::read_pieces(ckpt::CheckpointS
     io::TensorDict meta = read_optimizer_meta(src, o);
     if (!s.zero) {
       const std::vector<Tensor> params = params_of(*s.user);
+      const std::string opaque = "optim." + std::to_string(o) + ".opaque.";
+      for (const std::string& n : src.names())
+        if (n.rfind(opaque, 0) == 0) meta["state." + n.substr(opaque.size())] = read_whole(src, n);
       for (size_t k = 0; k < params.size(); ++k) {
+        if (!own.count(params[k].impl())) continue;  // opaque (above)
         const auto& [m, pname] = owner_of(own, params[k], o);
         const TensorPlace pl = place(m, pname, params[k].sizes());
         for (const auto& [slot, g] : saved_slots(src, o, m, pname)) {
@@ -284,15 +313,16 @@ std::unique_ptr<StrategyState> ReplicatedStrategy::read_pieces(ckpt::CheckpointS
               sh[prefix + slot] = v;
               step_from = g;
             } else {
-              ACCEL_CHECK(it->second.item<double>() == v.item<double>(), IoError, "load_state",
-                          "'", g, "' is ", v.item<double>(), ", but '", step_from, "' of the same ",
+              ACCEL_CHECK(it->second.item<double>() == v.item<double>(), IoError, "load_state", "'",
+                          g, "' is ", v.item<double>(), ", but '", step_from, "' of the same ",
                           "ZeRO bucket is ", it->second.item<double>());
             }
             continue;
           }
           const int64_t a = std::max(lo, off), e = std::min(hi, off + n);
           Tensor& buf = sh[prefix + slot];
-          if (!buf.defined()) buf = zeros({bk.shard_numel}, TensorOptions(leaf.dtype(), leaf.device()));
+          if (!buf.defined())
+            buf = zeros({bk.shard_numel}, TensorOptions(leaf.dtype(), leaf.device()));
           if (a >= e) continue;
           ACCEL_CHECK(rec.shape == pl.region.global_shape(), ValueError, "load_state",
                       "checkpoint tensor '", g, "' has shape ", shape_str(rec.shape),
@@ -325,8 +355,8 @@ std::unique_ptr<StrategyState> ReplicatedStrategy::read_pieces(ckpt::CheckpointS
       const ckpt::TensorRecord& rec = src.tensor(g);
       ACCEL_CHECK(rec.shape == p.sizes() && is_floating(rec.dtype), ShapeError, "load_state", "'",
                   g, "' is ", rec.dtype, " ", shape_str(rec.shape), ", parameter ", p.shape_str());
-      st->grads[i].emplace_back(p, read_region(src, g, Region::whole(rec.shape), p.dtype(),
-                                               p.device()));
+      st->grads[i].emplace_back(
+          p, read_region(src, g, Region::whole(rec.shape), p.dtype(), p.device()));
     }
   st->has_grads = mid_window;
   return st;

@@ -501,8 +501,7 @@ class TpStrategy final : public Strategy, public StrategyCheckpoint {
     return st;
   }
 
-  void state_entries(std::vector<ckpt::StateEntry>& out, bool mid_window,
-                     int world_rank) override {
+  void state_entries(std::vector<ckpt::StateEntry>& out, bool mid_window, int world_rank) override {
     inner_->checkpoint().state_entries(out, mid_window, world_rank);
   }
   std::unique_ptr<StrategyState> read_pieces(ckpt::CheckpointSource& src, bool mid_window,

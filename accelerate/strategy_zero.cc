@@ -170,8 +170,7 @@ class ZeroStrategy final : public ReplicatedStrategy {
     with_masters(false, [&] { out = ReplicatedStrategy::save_state(dir, mid_window); });
     return out;
   }
-  void state_entries(std::vector<ckpt::StateEntry>& out, bool mid_window,
-                     int world_rank) override {
+  void state_entries(std::vector<ckpt::StateEntry>& out, bool mid_window, int world_rank) override {
     const size_t first = out.size();
     with_masters(false, [&] {
       ReplicatedStrategy::state_entries(out, mid_window, world_rank);

@@ -25,6 +25,7 @@
 #include "tests/common/child_process.h"
 #include "tests/common/spawn.h"
 #include "tests/accelerate/training.h"
+#include "tests/common/scoped_env.h"
 #include "tests/common/util.h"
 
 using namespace accel;
@@ -41,10 +42,12 @@ namespace {
 // fresh_dir's prefix: /tmp/accel-ckpt-faults-<pid>-<tag>.
 constexpr char kScratch[] = "accel-ckpt-faults";
 
+// The step of a committed checkpoint: state.json's (format 1) or index.json's (format 2).
 int64_t saved_step(const std::string& ckpt_dir) {
-  return nlohmann::json::parse(read_file(ckpt_dir + "/" + dist::kCheckpointStateFile))
-      .at("step")
-      .get<int64_t>();
+  const std::string f = fs::exists(ckpt_dir + "/" + dist::kCheckpointStateFile)
+                            ? dist::kCheckpointStateFile
+                            : "index.json";
+  return nlohmann::json::parse(read_file(ckpt_dir + "/" + f)).at("step").get<int64_t>();
 }
 
 // One step, save to root/ck (step 1); one more step, save to root/ck again (step 2), the
@@ -112,6 +115,14 @@ TEST_CASE("checkpoint faults: a re-save killed at any step leaves latest complet
 }
 
 TEST_CASE("checkpoint faults: a re-save killed at any step leaves latest complete (fallback)") {
+  resave_killed_at_every_step(false);
+}
+
+// The same protocol with format 2 (index.json is the completing file; the meson test runs this
+// file on the transitional format-1 writer otherwise).
+TEST_CASE("checkpoint faults: format 2: a re-save killed at any step leaves latest complete") {
+  const test::ScopedEnv format2("ACCEL_CHECKPOINT_FORMAT", "2");
+  resave_killed_at_every_step(true);
   resave_killed_at_every_step(false);
 }
 
@@ -362,6 +373,64 @@ TEST_CASE("checkpoint faults: load_state changes nothing unless everything loads
   CHECK(t.state() != before);
   CHECK(t.acc->step() == 3);
   CHECK(t.custom.at("counter") == "3");
+}
+
+// Format 2 (Note [format-2 facade] in accelerate/accelerator_state.cc), saved inside an
+// accumulation window: a truncated data file, index or registered object's file, a flipped byte
+// of a piece, an edited index: each an IoError naming it, and nothing changed.
+TEST_CASE("checkpoint faults: format 2: truncated, flipped or edited files change nothing") {
+  const test::ScopedEnv format2("ACCEL_CHECKPOINT_FORMAT", "2");
+  Trained t("atomic-format2");
+  REQUIRE(fs::exists(t.ckpt + "/index.json"));
+  REQUIRE_FALSE(fs::exists(t.ckpt + "/state.json"));
+  const std::string before = t.state();
+  auto refused = [&](const std::string& f, const std::function<std::string(std::string)>& edit,
+                     const std::string& says) {
+    CAPTURE(f);
+    CAPTURE(says);
+    const std::string path = t.ckpt + "/" + f;
+    REQUIRE(fs::exists(path));
+    const std::string good = read_file(path);
+    write_file(path, edit(good));
+    try {
+      t.acc->load_state();
+      FAIL("loaded an edited " << f);
+    } catch (const IoError& e) {
+      CHECK_MESSAGE(std::string(e.what()).find(says) != std::string::npos, e.what());
+    }
+    CHECK(t.state() == before);
+    write_file(path, good);
+  };
+  auto half = [](std::string s) { return s.substr(0, s.size() / 2); };
+  refused("custom_counter_rank0.json", half, "custom_counter_rank0.json");
+  refused("data_rank0.safetensors", half, "data_rank0.safetensors");
+  refused("index.json", half, "index.json");
+  refused(
+      "data_rank0.safetensors",
+      [](std::string s) {
+        s.back() = char(s.back() ^ 0x40);
+        return s;
+      },
+      "fails its CRC-32");
+  refused(
+      "index.json",
+      [](std::string s) {
+        const size_t at = s.find("\"step\":3");
+        REQUIRE(at != std::string::npos);
+        s[at + 7] = '4';
+        return s;
+      },
+      "index.json");
+  // A failure while applying: rolled back; then it loads (gradients of the window included).
+  t.custom_load_throws = true;
+  CHECK_THROWS_AS(t.acc->load_state(), ValueError);
+  CHECK(t.state() == before);
+  t.custom_load_throws = false;
+  CHECK_NOTHROW(t.acc->load_state());
+  CHECK(t.state() != before);
+  CHECK(t.acc->step() == 3);
+  CHECK(t.custom.at("counter") == "3");
+  CHECK_FALSE(t.acc->sync_gradients());
 }
 
 // Note [what save_state replaces]: save_state(dir) replaced a folder of the user's without a word.

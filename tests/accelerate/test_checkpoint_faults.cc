@@ -205,6 +205,67 @@ struct Trained {
 
 }  // namespace
 
+// Format 2 inside an accumulation window (Note [format-2 facade]): 2 ranks save and resume their
+// own window gradients; one process refuses them, naming both meshes, and changes nothing.
+// (Before the single-process cases: the parent must not have run kernels when it forks.)
+TEST_CASE("checkpoint faults: format 2: window gradients resume on their mesh only") {
+  const test::ScopedEnv format2("ACCEL_CHECKPOINT_FORMAT", "2");
+  constexpr int kWorld = 2;
+  const std::string dir = fresh_dir(kScratch, "window-mesh");
+  const int port = accel::test::free_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kWorld; ++r) {
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid > 0) {
+      pids.push_back(pid);
+      continue;
+    }
+    int rc = 1;
+    try {
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(kWorld).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      Trained t("", dir);
+      t.acc->load_state();
+      rc = t.acc->step() == 3 && !t.acc->sync_gradients() ? 0 : 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+    }
+    std::fflush(stderr);
+    _exit(rc);
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    int st = 0;
+    REQUIRE(waitpid(pids[size_t(r)], &st, 0) == pids[size_t(r)]);
+    CAPTURE(r);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+  }
+  REQUIRE(fs::exists(dir + "/checkpoints/checkpoint_0/index.json"));
+  CHECK(run_in_child([&] {
+          AcceleratorConfig c = base_config(fresh_dir(kScratch, "window-mesh-one"));
+          c.gradient_accumulation_steps = 2;
+          Accelerator acc(c);
+          Run run(acc, 4);
+          const int64_t step = acc.step();
+          try {
+            acc.load_state(dir + "/checkpoints");
+          } catch (const ValueError& e) {
+            const std::string m = e.what();
+            const bool named = m.find("inside a gradient accumulation window on the mesh") !=
+                                   std::string::npos &&
+                               m.find("\"world\":2") != std::string::npos &&
+                               m.find("\"world\":1") != std::string::npos;
+            if (!named) std::fprintf(stderr, "message: %s\n", e.what());
+            return named && acc.step() == step ? 0 : 1;
+          }
+          return 2;
+        }).ok());
+  fs::remove_all(dir);
+}
+
 // Before the single-process cases below: the parent must not have run kernels when it forks.
 TEST_CASE("checkpoint faults: one rank's unreadable file makes every rank refuse, unchanged") {
   constexpr int kWorld = 2, kBad = 1;

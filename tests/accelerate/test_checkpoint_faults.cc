@@ -254,10 +254,10 @@ TEST_CASE("checkpoint faults: format 2: window gradients resume on their mesh on
             acc.load_state(dir + "/checkpoints");
           } catch (const ValueError& e) {
             const std::string m = e.what();
-            const bool named = m.find("inside a gradient accumulation window on the mesh") !=
-                                   std::string::npos &&
-                               m.find("\"world\":2") != std::string::npos &&
-                               m.find("\"world\":1") != std::string::npos;
+            const bool named =
+                m.find("inside a gradient accumulation window on the mesh") != std::string::npos &&
+                m.find("\"world\":2") != std::string::npos &&
+                m.find("\"world\":1") != std::string::npos;
             if (!named) std::fprintf(stderr, "message: %s\n", e.what());
             return named && acc.step() == step ? 0 : 1;
           }
@@ -482,6 +482,21 @@ TEST_CASE("checkpoint faults: format 2: truncated, flipped or edited files chang
         return s;
       },
       "index.json");
+  // A link in place of the data file, and a folder inside: refused, nothing read.
+  {
+    const std::string data = t.ckpt + "/data_rank0.safetensors", copy = t.dir + "/data-copy";
+    fs::copy_file(data, copy);
+    fs::remove(data);
+    fs::create_symlink(copy, data);
+    CHECK_THROWS_WITH_AS(t.acc->load_state(), doctest::Contains("data_rank0.safetensors"), IoError);
+    CHECK(t.state() == before);
+    fs::remove(data);
+    fs::rename(copy, data);
+    fs::create_directories(t.ckpt + "/inner");
+    CHECK_THROWS_WITH_AS(t.acc->load_state(), doctest::Contains("inner"), IoError);
+    CHECK(t.state() == before);
+    fs::remove(t.ckpt + "/inner");
+  }
   // A failure while applying: rolled back; then it loads (gradients of the window included).
   t.custom_load_throws = true;
   CHECK_THROWS_AS(t.acc->load_state(), ValueError);

@@ -2,6 +2,8 @@
 // checkpoints] in accelerate/checkpoint.h, Note [checkpoint loading] below). What the models and
 // optimizers hold is the strategy's to write and read (accelerate/strategy.h); the facade writes
 // schedulers, loader positions, RNG, registered objects, the scaler and its counters.
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -14,6 +16,10 @@
 #include "accelerate/strategy_tp.h"
 #include "accelerate/checkpoint.h"
 #include "accelerate/strategy_base.h"
+#include "core/env_contract.h"
+#include "parallel/checkpoint/names.h"
+#include "parallel/checkpoint/reader.h"
+#include "parallel/checkpoint/writer.h"
 
 namespace accel {
 
@@ -25,6 +31,25 @@ std::string rank_file(const std::string& stem, int rank, const char* ext) {
 }
 std::string indexed(const char* stem, size_t i, const char* ext) {
   return i == 0 ? std::string(stem) + ext : std::string(stem) + "_" + std::to_string(i) + ext;
+}
+// Env ACCEL_CHECKPOINT_FORMAT=1: save_state writes format 1 (transitional; core/env_contract.h).
+int checkpoint_format() {
+  const char* v = std::getenv(env::kCheckpointFormat);
+  return v && std::string(v) == "1" ? 1 : dist::ckpt::kFormat;
+}
+bool is_format2(const std::string& dir) {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(fs::path(dir) / dist::ckpt::kIndexFile, ec)) &&
+         !fs::exists(fs::symlink_status(fs::path(dir) / dist::kCheckpointStateFile, ec));
+}
+Tensor text_tensor(const std::string& text) {
+  Tensor t = empty({int64_t(text.size())}, TensorOptions(kUInt8));
+  if (!text.empty()) std::memcpy(t.data_ptr(), text.data(), text.size());
+  return t;
+}
+std::string tensor_text(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  return std::string(static_cast<const char*>(c.data_ptr()), size_t(c.numel()));
 }
 }  // namespace
 
@@ -129,8 +154,207 @@ struct Accelerator::CheckpointIo {
     return m;
   }
 
+  // The mesh a checkpoint was saved on (format 2's "mesh"): window gradients resume only on an
+  // equal one (Note [format-2 facade]).
+  static nlohmann::json mesh_json(const Accelerator& acc) {
+    nlohmann::json dims = nlohmann::json::array();
+    for (const auto& d : acc.mesh_->dims()) dims.push_back({d.name, d.size});
+    return {{"world", acc.world_size_},
+            {"dims", dims},
+            {"data_parallel", std::string(acc.strategy_->name())}};
+  }
+
+  // Note [format-2 facade]
+  // save_state writes format 2 (Note [format-2 checkpoints] in parallel/checkpoint/reader.h):
+  // the strategy's pieces (Note [format-2 strategy seam] in accelerate/strategy.h), each
+  // scheduler's state dict as whole tensors "sched.<s>.<key>" (rank 0's), each rank's generator
+  // state as "rng.default.rank<r>" (a uint8 tensor of Generator::state(); a rank of a run with
+  // more ranks than the checkpoint takes rank 0's), registered objects as today's per-rank JSON
+  // files (custom_<name>_rank<r>.json, listed in "extra_files"), and the index's meta: counters,
+  // scaler, sync_gradients, counts, the mesh, each loader's global position (Note [global loader
+  // position]: it resumes at any dp size) and the tied aliases. index.json is the completing
+  // file of the commit protocol (Note [atomic checkpoints]). load_state reads a format-2 folder
+  // on any mesh through ckpt::open_checkpoint, a format-1 one (state.json) as before. Gradients of
+  // an open accumulation window are each rank's own: they load only on the mesh that saved them
+  // (ValueError naming both meshes otherwise).
+  static Loaded read2(Accelerator& acc, const std::string& path) {
+    Loaded l;
+    l.path = path;
+    auto src = dist::ckpt::open_checkpoint(path);
+    const nlohmann::json& j = src->meta();
+    const std::string file = (fs::path(path) / dist::ckpt::kIndexFile).string();
+    Meta& m = l.meta;
+    try {
+      auto field = [&](const nlohmann::json& o, const char* key,
+                       bool (nlohmann::json::*is)() const noexcept,
+                       const char* want) -> const nlohmann::json& {
+        ACCEL_CHECK(o.is_object() && o.contains(key), IoError, "load_state", "'", file,
+                    "' has no \"", key, "\"");
+        const nlohmann::json& v = o[key];
+        ACCEL_CHECK((v.*is)(), IoError, "load_state", "'", file, "': \"", key, "\" must be ", want,
+                    ", got ", v.type_name());
+        return v;
+      };
+      using J = nlohmann::json;
+      m.step = field(j, "step", &J::is_number_integer, "an integer").get<int64_t>();
+      m.optimizer_steps =
+          field(j, "optimizer_steps", &J::is_number_integer, "an integer").get<int64_t>();
+      m.save_iteration =
+          field(j, "save_iteration", &J::is_number_integer, "an integer").get<int64_t>();
+      m.sync_gradients = field(j, "sync_gradients", &J::is_boolean, "a boolean").get<bool>();
+      const J& counts = field(j, "counts", &J::is_object, "an object");
+      m.num_models = field(counts, "models", &J::is_number_unsigned, "a count").get<size_t>();
+      m.num_optimizers =
+          field(counts, "optimizers", &J::is_number_unsigned, "a count").get<size_t>();
+      m.num_schedulers =
+          field(counts, "schedulers", &J::is_number_unsigned, "a count").get<size_t>();
+      m.num_loaders = field(counts, "loaders", &J::is_number_unsigned, "a count").get<size_t>();
+      const J& mesh = field(j, "mesh", &J::is_object, "an object");
+      m.world_size = field(mesh, "world", &J::is_number_unsigned, "a count").get<int>();
+      const J& sc = field(j, "scaler", &J::is_object, "an object");
+      for (auto it = sc.begin(); it != sc.end(); ++it) {
+        ACCEL_CHECK(it->is_string(), IoError, "load_state", "'", file, "': scaler.", it.key(),
+                    " must be a string");
+        m.scaler[it.key()] = it->get<std::string>();
+      }
+      const J& loaders = field(j, "loaders", &J::is_array, "an array");
+      ACCEL_CHECK(loaders.size() == m.num_loaders, IoError, "load_state", "'", file, "' holds ",
+                  loaders.size(), " loader positions for ", m.num_loaders, " loaders");
+      auto count = [&](size_t theirs, size_t mine, const char* what) {
+        ACCEL_CHECK(theirs == mine, ValueError, "load_state", "checkpoint '", path, "' holds ",
+                    theirs, " ", what, ", this accelerator prepared ", mine);
+      };
+      count(m.num_models, acc.models_.size(), "models");
+      count(m.num_optimizers, acc.optimizers_.size(), "optimizers");
+      count(m.num_schedulers, acc.schedulers_.size(), "schedulers");
+      count(m.num_loaders, acc.loaders_.size(), "data loaders");
+      ACCEL_CHECK(
+          m.sync_gradients || mesh == mesh_json(acc), ValueError, "load_state", "checkpoint '",
+          path, "' was saved inside a gradient accumulation window on the mesh ", mesh.dump(),
+          "; its per-rank gradients only resume on that mesh, not on ", mesh_json(acc).dump());
+      for (size_t i = 0; i < acc.loaders_.size(); ++i) {
+        try {
+          l.loaders.push_back(
+              data::position_from_state(data::state_from_json(loaders[i].dump()), "load_state"));
+        } catch (const std::exception& e) {
+          ACCEL_THROW(IoError, "load_state", "'", file, "': loaders[", i,
+                      "] is not a valid loader position: ", e.what());
+        }
+      }
+      m.json = j;
+    } catch (const nlohmann::json::exception& e) {
+      ACCEL_THROW(IoError, "load_state", "'", file,
+                  "' is not a valid checkpoint index: ", e.what());
+    }
+    l.strategy = acc.strategy_->checkpoint().read_pieces(*src, !m.sync_gradients, acc.rank_);
+    for (size_t i = 0; i < acc.schedulers_.size(); ++i) {
+      const std::string prefix = "sched." + std::to_string(i) + ".";
+      io::TensorDict d;
+      for (const std::string& n : src->names())
+        if (n.rfind(prefix, 0) == 0) d[n.substr(prefix.size())] = dist::read_whole(*src, n);
+      l.schedulers.push_back(std::move(d));
+    }
+    {
+      std::string name = dist::rank_name(dist::ckpt::names::kRngDefault, acc.rank_);
+      if (!src->contains(name)) name = dist::rank_name(dist::ckpt::names::kRngDefault, 0);
+      const dist::ckpt::TensorRecord& r = src->tensor(name);
+      ACCEL_CHECK(r.dtype == kUInt8 && r.shape.size() == 1 &&
+                      uint64_t(r.shape[0]) <= dist::kMaxRngFileBytes,
+                  IoError, "load_state", "'", file, "': '", name, "' is ", r.dtype, " ",
+                  shape_str(r.shape), ", not a generator state");
+      l.rng = tensor_text(dist::read_whole(*src, name));
+      Generator probe(0);
+      try {
+        probe.set_state(l.rng);
+      } catch (const std::exception& e) {
+        ACCEL_THROW(IoError, "load_state", "'", file, "': '", name,
+                    "' is not a valid generator state: ", e.what());
+      }
+    }
+    read_customs(acc, l, path, m.world_size != acc.world_size_);
+    return l;
+  }
+
+  // Registered objects: this rank's file, or rank 0's when the checkpoint had fewer ranks.
+  static void read_customs(Accelerator& acc, Loaded& l, const std::string& path, bool reshard) {
+    auto at = [&](const std::string& f) { return (fs::path(path) / f).string(); };
+    for (auto& c : acc.customs_) {
+      std::string f = at(rank_file("custom_" + c.name, acc.rank_, ".json"));
+      if (reshard && !fs::exists(f)) f = at(rank_file("custom_" + c.name, 0, ".json"));
+      ACCEL_CHECK(fs::exists(f), IoError, "load_state", "checkpoint '", path,
+                  "' has no state for '", c.name, "' (", f, ")");
+      try {
+        l.customs.push_back(
+            nlohmann::json::parse(dist::read_file(f)).get<std::map<std::string, std::string>>());
+      } catch (const nlohmann::json::exception& e) {
+        ACCEL_THROW(IoError, "load_state", "'", f, "' is not a valid state of '", c.name,
+                    "': ", e.what());
+      }
+    }
+  }
+
+  // Format 2's files (Note [format-2 facade]), written into `tmp` by every rank; index.json last.
+  static void save2(Accelerator& acc, const std::string& tmp,
+                    const std::function<void(const std::function<void()>&)>& agree) {
+    std::vector<dist::ckpt::StateEntry> entries;
+    nlohmann::json meta;
+    agree([&] {
+      acc.strategy_->checkpoint().state_entries(entries, !acc.sync_gradients_, acc.rank_);
+      for (size_t i = 0; i < acc.schedulers_.size(); ++i)
+        for (auto& [k, v] : acc.schedulers_[i]->state_dict())
+          entries.push_back({"sched." + std::to_string(i) + "." + k, dist::Region::whole(v.sizes()),
+                             v, acc.is_main_process(), ""});
+      entries.push_back({dist::rank_name(dist::ckpt::names::kRngDefault, acc.rank_),
+                         dist::Region::whole({int64_t(default_generator().state().size())}),
+                         text_tensor(default_generator().state()), true, ""});
+      for (auto& c : acc.customs_) {
+        nlohmann::json j = c.save();
+        dist::write_file_durable(
+            (fs::path(tmp) / rank_file("custom_" + c.name, acc.rank_, ".json")).string(), j.dump());
+      }
+      if (!acc.is_main_process()) return;
+      meta["step"] = acc.step_;
+      meta["optimizer_steps"] = acc.optimizer_steps_;
+      meta["save_iteration"] = acc.save_iteration_;
+      meta["sync_gradients"] = acc.sync_gradients_;
+      meta["mixed_precision"] =
+          std::string(dist::mixed_precision_name(acc.config_.mixed_precision));
+      meta["zero_stage"] = acc.config_.zero_stage;
+      meta["scaler"] = acc.scaler_.state_dict();
+      meta["counts"] = {{"models", acc.models_.size()},
+                        {"optimizers", acc.optimizers_.size()},
+                        {"schedulers", acc.schedulers_.size()},
+                        {"loaders", acc.loaders_.size()}};
+      meta["mesh"] = mesh_json(acc);
+      nlohmann::json loaders = nlohmann::json::array();
+      for (auto& ld : acc.loaders_)
+        loaders.push_back(nlohmann::json::parse(data::state_to_json(ld->state_dict())));
+      meta["loaders"] = loaders;
+      nlohmann::json aliases = nlohmann::json::object();
+      for (size_t i = 0; i < acc.models_.size(); ++i)
+        for (const auto& [alias, first] : acc.models_[i]->tied_aliases())
+          aliases[dist::ckpt::names::model(i, alias)] = dist::ckpt::names::model(i, first);
+      meta["aliases"] = aliases;
+      std::vector<std::string> customs, extra;
+      for (auto& c : acc.customs_) {
+        customs.push_back(c.name);
+        for (int r = 0; r < acc.world_size_; ++r)
+          extra.push_back(rank_file("custom_" + c.name, r, ".json"));
+      }
+      meta["custom"] = customs;
+      meta["extra_files"] = extra;
+    });
+    // Every rank's data file is durable when rank 0 writes the index (save_pieces' messages).
+    agree([&] { dist::ckpt::save_pieces(tmp, acc.group_.get(), acc.rank_, entries, meta); });
+    dist::run_checkpoint_hook("rank_files");
+  }
+
   // Step 1 of Note [checkpoint loading]: reads, checks, changes nothing.
   static Loaded read(Accelerator& acc, const std::string& path) {
+    if (is_format2(path)) {
+      dist::refuse_checkpoint_links(path, "load_state");
+      return read2(acc, path);
+    }
     auto at = [&](const std::string& f) { return (fs::path(path) / f).string(); };
     Loaded l;
     l.path = path;
@@ -214,18 +438,7 @@ struct Accelerator::CheckpointIo {
         ACCEL_THROW(IoError, "load_state", "'", f, "' is not a valid generator state: ", e.what());
       }
     }
-    for (auto& c : acc.customs_) {
-      const std::string f = rank_or_first("custom_" + c.name, ".json");
-      ACCEL_CHECK(fs::exists(f), IoError, "load_state", "checkpoint '", path,
-                  "' has no state for '", c.name, "' (", f, ")");
-      try {
-        l.customs.push_back(
-            nlohmann::json::parse(dist::read_file(f)).get<std::map<std::string, std::string>>());
-      } catch (const nlohmann::json::exception& e) {
-        ACCEL_THROW(IoError, "load_state", "'", f, "' is not a valid state of '", c.name,
-                    "': ", e.what());
-      }
-    }
+    read_customs(acc, l, path, reshard);
     return l;
   }
 
@@ -332,61 +545,71 @@ std::string Accelerator::save_state(const std::string& dir) {
   });
   dist::run_checkpoint_hook("begin");
 
-  // Models, optimizers (and gradients of an open window): the strategy's; schedulers: replicated,
-  // written by the main process.
-  const nlohmann::json record = strategy_->checkpoint().save_state(tmp, !sync_gradients_);
-  if (is_main_process())
-    for (size_t i = 0; i < schedulers_.size(); ++i)
-      io::save_safetensors(at(indexed("scheduler", i, ".safetensors")),
-                           schedulers_[i]->state_dict());
-  // Loader positions: global, the same on every rank (Note [global loader position] in
-  // data/sampler.cc), written once.
-  if (is_main_process())
-    for (size_t i = 0; i < loaders_.size(); ++i)
-      dist::write_file_durable(at(indexed("loader", i, ".json")),
-                               data::state_to_json(loaders_[i]->state_dict()));
-  // Per-rank state: RNG, registered objects.
-  dist::write_file_durable(at(rank_file("rng", rank_, ".txt")), default_generator().state());
-  for (auto& c : customs_) {
-    nlohmann::json j = c.save();
-    dist::write_file_durable(at(rank_file("custom_" + c.name, rank_, ".json")), j.dump());
-  }
-  dist::run_checkpoint_hook("rank_files");
-  wait_for_everyone();  // every rank's files are durable before state.json marks completion
+  if (checkpoint_format() == dist::ckpt::kFormat) {
+    CheckpointIo::save2(*this, tmp, agree);
+    if (is_main_process()) {
+      dist::run_checkpoint_hook("state");
+      dist::commit_checkpoint_dir(tmp, final_dir);
+      dist::run_checkpoint_hook("commit");
+    }
+  } else {
+    // Format 1 (ACCEL_CHECKPOINT_FORMAT=1, transitional): the strategy's files, state.json last.
+    // Models, optimizers (and gradients of an open window): the strategy's; schedulers: replicated,
+    // written by the main process.
+    const nlohmann::json record = strategy_->checkpoint().save_state(tmp, !sync_gradients_);
+    if (is_main_process())
+      for (size_t i = 0; i < schedulers_.size(); ++i)
+        io::save_safetensors(at(indexed("scheduler", i, ".safetensors")),
+                             schedulers_[i]->state_dict());
+    // Loader positions: global, the same on every rank (Note [global loader position] in
+    // data/sampler.cc), written once.
+    if (is_main_process())
+      for (size_t i = 0; i < loaders_.size(); ++i)
+        dist::write_file_durable(at(indexed("loader", i, ".json")),
+                                 data::state_to_json(loaders_[i]->state_dict()));
+    // Per-rank state: RNG, registered objects.
+    dist::write_file_durable(at(rank_file("rng", rank_, ".txt")), default_generator().state());
+    for (auto& c : customs_) {
+      nlohmann::json j = c.save();
+      dist::write_file_durable(at(rank_file("custom_" + c.name, rank_, ".json")), j.dump());
+    }
+    dist::run_checkpoint_hook("rank_files");
+    wait_for_everyone();  // every rank's files are durable before state.json marks completion
 
-  if (is_main_process()) {
-    nlohmann::json s;
-    s["format"] = 1;
-    s["step"] = step_;
-    s["optimizer_steps"] = optimizer_steps_;
-    s["save_iteration"] = save_iteration_;
-    s["world_size"] = world_size_;
-    s["mixed_precision"] = std::string(dist::mixed_precision_name(config_.mixed_precision));
-    s["zero_stage"] = config_.zero_stage;
-    s["num_models"] = models_.size();
-    s["num_optimizers"] = optimizers_.size();
-    s["num_schedulers"] = schedulers_.size();
-    s["num_loaders"] = loaders_.size();
-    s["scaler"] = scaler_.state_dict();
-    s["sync_gradients"] = sync_gradients_;
-    s["strategy"] = std::string(strategy_->name());
-    // The tied names of each model: ZeRO-3 shard files keep none, and merge-weights restores
-    // them (Note [format-1 checkpoints as pieces] in parallel/checkpoint/legacy.h).
-    nlohmann::json aliases = nlohmann::json::array();
-    for (const auto& m : models_) aliases.push_back(m->tied_aliases());
-    s["aliases"] = aliases;
-    for (auto it = record.begin(); it != record.end(); ++it) s[it.key()] = *it;
-    std::vector<std::string> customs;
-    for (auto& c : customs_) customs.push_back(c.name);
-    s["custom"] = customs;
-    // The manifest: every rank's files are there (the barrier above); state.json is the last.
-    std::vector<std::string> files = dist::checkpoint_files(tmp);
-    files.push_back(dist::kCheckpointStateFile);
-    s["files"] = files;
-    dist::write_file_durable(at(dist::kCheckpointStateFile), s.dump(2));
-    dist::run_checkpoint_hook("state");
-    dist::commit_checkpoint_dir(tmp, final_dir);
-    dist::run_checkpoint_hook("commit");
+    if (is_main_process()) {
+      nlohmann::json s;
+      s["format"] = 1;
+      s["step"] = step_;
+      s["optimizer_steps"] = optimizer_steps_;
+      s["save_iteration"] = save_iteration_;
+      s["world_size"] = world_size_;
+      s["mixed_precision"] = std::string(dist::mixed_precision_name(config_.mixed_precision));
+      s["zero_stage"] = config_.zero_stage;
+      s["num_models"] = models_.size();
+      s["num_optimizers"] = optimizers_.size();
+      s["num_schedulers"] = schedulers_.size();
+      s["num_loaders"] = loaders_.size();
+      s["scaler"] = scaler_.state_dict();
+      s["sync_gradients"] = sync_gradients_;
+      s["strategy"] = std::string(strategy_->name());
+      // The tied names of each model: ZeRO-3 shard files keep none, and merge-weights restores
+      // them (Note [format-1 checkpoints as pieces] in parallel/checkpoint/legacy.h).
+      nlohmann::json aliases = nlohmann::json::array();
+      for (const auto& m : models_) aliases.push_back(m->tied_aliases());
+      s["aliases"] = aliases;
+      for (auto it = record.begin(); it != record.end(); ++it) s[it.key()] = *it;
+      std::vector<std::string> customs;
+      for (auto& c : customs_) customs.push_back(c.name);
+      s["custom"] = customs;
+      // The manifest: every rank's files are there (the barrier above); state.json is the last.
+      std::vector<std::string> files = dist::checkpoint_files(tmp);
+      files.push_back(dist::kCheckpointStateFile);
+      s["files"] = files;
+      dist::write_file_durable(at(dist::kCheckpointStateFile), s.dump(2));
+      dist::run_checkpoint_hook("state");
+      dist::commit_checkpoint_dir(tmp, final_dir);
+      dist::run_checkpoint_hook("commit");
+    }
   }
   wait_for_everyone();
   if (is_main_process()) {

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/file_io.h"
+#include "parallel/checkpoint/index.h"
 
 namespace accel::dist {
 
@@ -124,9 +125,11 @@ bool no_exchange_for_tests() {
   return v && *v && std::string(v) != "0";
 }
 
+// A complete checkpoint: state.json (format 1) or index.json (format 2) is its last file.
 bool has_state(const std::string& dir) {
   std::error_code ec;
-  return fs::exists(fs::path(dir) / kCheckpointStateFile, ec);
+  return fs::exists(fs::path(dir) / kCheckpointStateFile, ec) ||
+         fs::exists(fs::path(dir) / ckpt::kIndexFile, ec);
 }
 
 // What an earlier version without a manifest wrote into a checkpoint folder, and the
@@ -192,6 +195,25 @@ std::optional<std::string> replace_refusal(const std::string& dir) {
     } catch (const std::exception&) {  // not accel's state.json: judged by the rest below
     }
   }
+  // Format 2: index.json lists the data files ("files") and the registered objects' files
+  // ("extra_files"; Note [format-2 facade] in accelerate/accelerator_state.cc).
+  if (!accel_state && has(ckpt::kIndexFile)) {
+    try {
+      const nlohmann::json s =
+          nlohmann::json::parse(read_file((fs::path(dir) / ckpt::kIndexFile).string()));
+      accel_state = s.is_object() && s.value("format", 0) == ckpt::kFormat;
+      if (accel_state) {
+        manifest.emplace();
+        manifest->insert(ckpt::kIndexFile);
+        for (const auto& f : s.value("files", nlohmann::json::array()))
+          if (f.is_object() && f.contains("name") && f["name"].is_string())
+            manifest->insert(f["name"].get<std::string>());
+        for (const auto& f : s.value("extra_files", nlohmann::json::array()))
+          if (f.is_string()) manifest->insert(f.get<std::string>());
+      }
+    } catch (const std::exception&) {  // not accel's index.json: judged by the rest below
+    }
+  }
   std::vector<std::string> shown;
   for (const std::string& n : names) {
     struct stat e {};
@@ -230,7 +252,8 @@ std::optional<std::string> replace_refusal(const std::string& dir) {
     const std::string& n = names[i];
     if (tp_folder_ok(n)) continue;
     bool ok = regular(n);
-    if (ok && n != kCheckpointStateFile && n != kCheckpointMarker) {
+    if (ok && n != kCheckpointStateFile && n != kCheckpointMarker &&
+        !(manifest && n == ckpt::kIndexFile)) {
       if (manifest)
         ok = manifest->count(n) != 0;
       else if (!accel_state)

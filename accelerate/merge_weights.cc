@@ -229,9 +229,11 @@ Written write_output(const std::string& out, const std::vector<Item>& items,
 // resolves it (Note [atomic checkpoints] in accelerate/checkpoint.h).
 std::unique_ptr<dist::ckpt::CheckpointSource> open_source(const std::string& dir) {
   std::error_code ec;
-  if (fs::exists(fs::symlink_status(fs::path(dir) / dist::ckpt::kIndexFile, ec)))
-    return dist::ckpt::open_checkpoint(dir);
-  return dist::ckpt::open_legacy(dist::resolve_checkpoint_dir(dir));
+  const std::string path = dist::resolve_checkpoint_dir(dir);
+  if (fs::exists(fs::symlink_status(fs::path(path) / dist::ckpt::kIndexFile, ec)) &&
+      !fs::exists(fs::symlink_status(fs::path(path) / dist::kCheckpointStateFile, ec)))
+    return dist::ckpt::open_checkpoint(path);
+  return dist::ckpt::open_legacy(path);
 }
 
 uint64_t tensor_bytes(DType dtype, const Shape& shape) {

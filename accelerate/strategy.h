@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -49,6 +50,9 @@
 #include "parallel/ddp.h"
 #include "comm/process_group.h"
 #include "parallel/zero.h"
+#include "parallel/checkpoint/reader.h"
+#include "parallel/checkpoint/writer.h"
+#include "parallel/placement.h"
 
 namespace accel::dist {
 
@@ -120,9 +124,54 @@ struct StrategyState {
 // How a strategy's state is laid out in a checkpoint and read back (Note [checkpoint loading] in
 // accelerate/accelerator.cc): each strategy provides one (Strategy::checkpoint()); the facade
 // runs the commit protocol around it (Note [atomic checkpoints] in accelerate/checkpoint.h).
+// Where a tensor of a prepared model lies in its global tensor before the data-parallel strategy
+// cuts it (Note [format-2 strategy seam]): the whole tensor without tensor parallelism; under tp
+// this rank's tp part. `primary`: this rank writes pieces shaped like it (tp: a tp-replicated
+// tensor is written by tp rank 0 only); `lead`: this rank writes what every tp rank holds alike.
+struct TensorPlace {
+  Region region;
+  bool primary = true;
+  bool lead = true;
+  std::string layout;  // informational ("tp: Shard(0)")
+};
+using PlaceFn =
+    std::function<TensorPlace(size_t model, const std::string& name, const Shape& local)>;
+
+// Note [format-2 strategy seam]
+// save_state writes checkpoint format 2 (Note [format-2 checkpoints] in
+// parallel/checkpoint/reader.h): the facade asks the strategy for its pieces (state_entries: the
+// models' parameters and persistent buffers, the optimizers' slots and steps by parameter, the
+// optimizers' param groups, and inside an accumulation window each rank's own gradients), adds
+// schedulers and RNG, and ckpt::save_pieces writes them. load_state opens the checkpoint
+// (ckpt::open_checkpoint) and asks the strategy for its state read from it (read_pieces: every
+// tensor this rank keeps, read as its region of the global tensor into fresh buffers, whatever
+// mesh saved it), which apply_state swaps in as for format 1 (Note [checkpoint loading]): so the
+// seam is two calls beside the format-1 ones, and the all-or-nothing protocol is unchanged.
+// Regions compose: the strategy that cuts a tensor last (ZeRO's flat range of a bucket shard,
+// FSDP's span) narrows the region its place() gives, which is the whole tensor, or, under tensor
+// parallelism, the tp part TpStrategy gives its inner strategy through set_place().
 class StrategyCheckpoint {
  public:
   virtual ~StrategyCheckpoint() = default;
+  // Format 2: this rank's pieces (Note [format-2 strategy seam]); `world_rank` names the per-rank
+  // window gradients ("grad.<i>.<name>.rank<r>"). Default: NotImplementedError naming the seam.
+  virtual void state_entries(std::vector<ckpt::StateEntry>& out, bool mid_window, int world_rank);
+  // Format 2: what this rank keeps, read from `src` into fresh buffers (changes nothing; checks as
+  // read_state does). Window gradients only when `mid_window` (the facade checked the mesh).
+  virtual std::unique_ptr<StrategyState> read_pieces(ckpt::CheckpointSource& src, bool mid_window,
+                                                     int world_rank);
+  // Where prepared models' tensors lie before this strategy cuts them (TpStrategy sets it on the
+  // strategy it wraps); null: whole, this rank primary.
+  void set_place(PlaceFn f) { place_ = std::move(f); }
+  TensorPlace place(size_t model, const std::string& name, const Shape& local) const {
+    if (place_) return place_(model, name, local);
+    return TensorPlace{Region::whole(local), true, true, ""};
+  }
+
+ private:
+  PlaceFn place_;
+
+ public:
   // Writes this rank's share of the model and optimizer state (and, with mid_window, of the
   // not-yet-synced gradients) into `dir`; returns what state.json records for the strategy: a
   // JSON object whose keys the facade adds to state.json (rank 0's value is written; ZeRO:

@@ -27,6 +27,31 @@ void release_unused_memory();
 void read_into(const io::SafetensorsCheckpoint& src, const std::string& name, int64_t lo,
                int64_t hi, const Tensor& dst);
 
+// ---- format-2 pieces (Note [format-2 strategy seam] in accelerate/strategy.h;
+// accelerate/strategy_pieces.cc) ----
+// A fresh tensor of `region.local_shape()` in `dtype` on `device` holding `name`'s elements of
+// `region` from `src`; ValueError naming the tensor when the checkpoint's global shape is not
+// the region's (another model), IoError from the reader.
+Tensor read_region(ckpt::CheckpointSource& src, const std::string& name, const Region& region,
+                   DType dtype, Device device);
+// Before a model's tensors are read: ValueError listing every (name, global shape) of `want`
+// whose checkpoint tensor "model.<model>.<name>" has another shape (another model).
+void check_model_shapes(const ckpt::CheckpointSource& src, size_t model,
+                        const std::vector<std::pair<std::string, Shape>>& want);
+// A whole tensor as saved (its dtype and shape).
+Tensor read_whole(ckpt::CheckpointSource& src, const std::string& name);
+// The entries of an optimizer state dict that are not per-parameter state ("param_groups.*"):
+// "optim.<o>.<key>", whole, written by `primary`.
+void optimizer_meta_entries(std::vector<ckpt::StateEntry>& out, size_t o,
+                            const io::TensorDict& state, bool primary);
+// Their values back ("param_groups.*" -> tensor as saved).
+io::TensorDict read_optimizer_meta(ckpt::CheckpointSource& src, size_t o);
+// Per-rank tensors (window gradients): "<base>.rank<r>", whole (the local shape).
+std::string rank_name(const std::string& base, int world_rank);
+// The slots saved for a parameter: slot name -> global tensor name ("exp_avg", "step", ...).
+std::map<std::string, std::string> saved_slots(const ckpt::CheckpointSource& src, size_t o,
+                                               size_t model, const std::string& param);
+
 // StepGrads::names: each of `params` named by `name_of` (a tensor's impl -> "<model>:<name>"),
 // or none at all when one of them has no name (ZeRO-1/2's bucket shards).
 std::vector<std::string> name_grads(const std::vector<Tensor>& params,
@@ -59,6 +84,9 @@ class ReplicatedStrategy : public Strategy, public StrategyCheckpoint {
   std::unique_ptr<StrategyState> read_state(const std::string& dir, const nlohmann::json& saved,
                                             int saved_world, bool mid_window) override;
   void apply_state(StrategyState& state) override;
+  void state_entries(std::vector<ckpt::StateEntry>& out, bool mid_window, int world_rank) override;
+  std::unique_ptr<StrategyState> read_pieces(ckpt::CheckpointSource& src, bool mid_window,
+                                             int world_rank) override;
   void save_model(size_t index, const std::string& path) override;
   io::TensorDict full_state_dict(size_t index) override;
   void load_model(size_t index, const io::SafetensorsCheckpoint& src,

@@ -17,6 +17,7 @@
 #include "accelerate/strategy_base.h"
 #include "accelerate/strategy_registry.h"
 #include "parallel/zero_checkpoint.h"
+#include "parallel/checkpoint/names.h"
 
 namespace accel::dist {
 
@@ -221,6 +222,135 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     for (size_t i = 0; i < stepping_.size(); ++i)
       fsync_path(at(fsdp_optimizer_file(i, shard_rank)));
     return rec;
+  }
+
+  // ---- format 2 (Note [format-2 strategy seam] in accelerate/strategy.h): each trainable
+  // parameter's span [lo, hi) is the Flat range of its place; its slots likewise; the scalar
+  // slots (step) written by the rank whose span starts the parameter; replicated state (buffers,
+  // frozen parameters) by dp rank 0; window gradients (whole, per rank) by every rank. ----
+  void state_entries(std::vector<ckpt::StateEntry>& out, bool mid_window, int world_rank) override {
+    namespace names = ckpt::names;
+    NoGradGuard ng;
+    const bool dp0 = ctx_.rank == 0, writes = writes_shards();
+    const bool lead = place(size_t(-1), "", {}).lead;
+    std::unordered_map<std::string, std::pair<size_t, size_t>> at_key;  // "m:name" -> (m, k)
+    std::vector<std::vector<FullyShardedModel::Span>> spans;
+    for (size_t m = 0; m < sharded_.size(); ++m) {
+      spans.push_back(sharded_[m]->spans());
+      for (size_t k = 0; k < spans[m].size(); ++k) {
+        const auto& sp = spans[m][k];
+        at_key.emplace(std::to_string(m) + ":" + sp.name, std::make_pair(m, k));
+        const TensorPlace pl = place(m, sp.name, sp.shape);
+        out.push_back({names::model(m, sp.name), pl.region.flat(sp.lo, sp.hi),
+                       sharded_[m]->shard_params()[k].detach(), writes && pl.primary,
+                       pl.layout.empty() ? "dp_shard: Flat" : pl.layout + ", dp_shard: Flat"});
+      }
+      const auto aliases = models_[m]->tied_aliases();
+      for (auto& [n, t] : replicated_state(*models_[m])) {
+        if (aliases.count(n)) continue;
+        const TensorPlace pl = place(m, n, t.sizes());
+        out.push_back({names::model(m, n), pl.region, t.detach(), dp0 && pl.primary, pl.layout});
+      }
+    }
+    for (size_t i = 0; i < stepping_.size(); ++i) {
+      const Stepping& s = stepping_[i];
+      optimizer_meta_entries(out, i, s.user->state_dict(), dp0 && lead);
+      for (const auto& [key, v] : s.opt->state_dict()) {
+        if (key.rfind("state.", 0) != 0 || !v.defined()) continue;
+        const size_t dot = key.find('.', 6);
+        const size_t k = std::stoul(key.substr(6, dot - 6));
+        const std::string slot = key.substr(dot + 1);
+        const auto [m, kk] = at_key.at(s.keys.at(k));
+        const FullyShardedModel::Span& sp = spans[m][kk];
+        const TensorPlace pl = place(m, sp.name, sp.shape);
+        const std::string g = names::optim_slot(i, m, sp.name, slot);
+        if (v.dim() == 0)
+          out.push_back(
+              {g, Region::whole({}), v, writes && pl.lead && sp.lo == 0 && sp.hi > 0, ""});
+        else
+          out.push_back({g, pl.region.flat(sp.lo, sp.hi), v, writes && pl.primary, ""});
+      }
+    }
+    if (mid_window)
+      for (size_t m = 0; m < sharded_.size(); ++m)
+        for (auto& [name, p] : sharded_[m]->parameters())
+          if (p.grad().defined())
+            out.push_back({rank_name(names::grad(m, name), world_rank),
+                           Region::whole(p.grad().sizes()), p.grad(), true, "Partial"});
+  }
+
+  std::unique_ptr<StrategyState> read_pieces(ckpt::CheckpointSource& src, bool mid_window,
+                                             int world_rank) override {
+    namespace names = ckpt::names;
+    NoGradGuard ng;
+    auto out = std::make_unique<Loaded>();
+    std::unordered_map<std::string, std::pair<size_t, size_t>> at_key;
+    std::vector<std::vector<FullyShardedModel::Span>> spans;
+    for (size_t m = 0; m < sharded_.size(); ++m) {
+      spans.push_back(sharded_[m]->spans());
+      std::vector<std::pair<std::string, Shape>> want;
+      for (const auto& sp : spans[m])
+        want.emplace_back(sp.name, place(m, sp.name, sp.shape).region.global_shape());
+      for (auto& [n, t] : replicated_state(*models_[m]))
+        want.emplace_back(n, place(m, n, t.sizes()).region.global_shape());
+      check_model_shapes(src, m, want);
+      std::vector<std::pair<size_t, Tensor>> slices;
+      for (size_t k = 0; k < spans[m].size(); ++k) {
+        const auto& sp = spans[m][k];
+        at_key.emplace(std::to_string(m) + ":" + sp.name, std::make_pair(m, k));
+        const std::string g = names::model(m, sp.name);
+        ACCEL_CHECK(src.contains(g), ValueError, "load_state", "the checkpoint has no parameter '",
+                    sp.name, "' of model ", m);
+        const Tensor& leaf = sharded_[m]->shard_params()[k];
+        slices.emplace_back(
+            k, read_region(src, g, place(m, sp.name, sp.shape).region.flat(sp.lo, sp.hi),
+                           leaf.dtype(), leaf.device()));
+      }
+      out->slices.push_back(std::move(slices));
+      io::TensorDict rep;
+      for (auto& [n, t] : replicated_state(*models_[m])) {
+        const std::string g = names::model(m, n);
+        if (src.contains(g))
+          rep[n] = read_region(src, g, place(m, n, t.sizes()).region, t.dtype(), t.device());
+      }
+      out->replicated.push_back(std::move(rep));
+    }
+    for (size_t i = 0; i < stepping_.size(); ++i) {
+      const Stepping& s = stepping_[i];
+      io::TensorDict d = own_groups(i);
+      for (auto& [k, v] : read_optimizer_meta(src, i))
+        if (k.ends_with(".lr") || k.ends_with(".weight_decay")) d[k] = v;
+      for (size_t k = 0; k < s.keys.size(); ++k) {
+        const auto [m, kk] = at_key.at(s.keys[k]);
+        const FullyShardedModel::Span& sp = spans[m][kk];
+        const Tensor& leaf = sharded_[m]->shard_params()[kk];
+        const Region region = place(m, sp.name, sp.shape).region;
+        for (const auto& [slot, g] : saved_slots(src, i, m, sp.name)) {
+          const ckpt::TensorRecord& r = src.tensor(g);
+          d["state." + std::to_string(k) + "." + slot] =
+              r.shape.empty()
+                  ? read_whole(src, g)
+                  : read_region(src, g, region.flat(sp.lo, sp.hi), leaf.dtype(), leaf.device());
+        }
+      }
+      out->optimizers.push_back(std::move(d));
+    }
+    out->grads.resize(sharded_.size());
+    out->has_grads = mid_window;
+    for (size_t m = 0; m < sharded_.size() && mid_window; ++m) {
+      const auto& ps = sharded_[m]->parameters();
+      for (size_t k = 0; k < ps.size(); ++k) {
+        const std::string g = rank_name(names::grad(m, ps[k].first), world_rank);
+        if (!src.contains(g)) continue;
+        const ckpt::TensorRecord& r = src.tensor(g);
+        ACCEL_CHECK(r.shape == ps[k].second.sizes() && is_floating(r.dtype), IoError, "load_state",
+                    "'", g, "' is ", r.dtype, " ", shape_str(r.shape), ", the parameter ",
+                    ps[k].second.shape_str());
+        out->grads[m].emplace_back(k, read_region(src, g, Region::whole(r.shape),
+                                                  ps[k].second.dtype(), ps[k].second.device()));
+      }
+    }
+    return out;
   }
 
   // Note [fsdp loading memory]

@@ -352,7 +352,35 @@ struct TpState : StrategyState {
 class TpStrategy final : public Strategy, public StrategyCheckpoint {
  public:
   TpStrategy(std::unique_ptr<Strategy> inner, TpStrategyContext c)
-      : inner_(std::move(inner)), c_(std::move(c)), T_(c_.tp->size()), t_(c_.tp->rank()) {}
+      : inner_(std::move(inner)), c_(std::move(c)), T_(c_.tp->size()), t_(c_.tp->rank()) {
+    // Note [format-2 strategy seam]: the inner strategy's tensors are this rank's tp parts.
+    inner_->checkpoint().set_place([this](size_t m, const std::string& name, const Shape& local) {
+      TensorPlace p;
+      p.lead = t_ == 0;
+      const TpShard* s = nullptr;
+      if (m < shards_.size()) {
+        const auto it = shards_[m].find(name);
+        if (it != shards_[m].end() && size_t(it->second.dim) < local.size()) s = &it->second;
+      }
+      if (!s) {
+        p.region = Region::whole(local);
+        p.primary = t_ == 0;
+        p.layout = "tp: Replicate";
+        return p;
+      }
+      // The global length along the cut comes from the plan (uneven pieces: not T x the local
+      // size; Note [uneven tp shards] in parallel/tensor_parallel.cc), cut in whole units.
+      Shape full = local;
+      full[size_t(s->dim)] = s->full > 0 ? s->full : local[size_t(s->dim)] * T_;
+      p.region = Region::whole(full).shard(s->dim, s->chunks, T_, t_, s->unit);
+      ACCEL_CHECK(p.region.local_shape() == local, ValueError, "checkpoint", "the tp piece of '",
+                  name, "' has shape ", local, ", its cut of ", full, " over tp ", T_, " gives ",
+                  p.region.local_shape());
+      p.primary = true;
+      p.layout = "tp: " + Placement::shard(s->dim, s->chunks, s->unit).str();
+      return p;
+    });
+  }
 
   std::string_view name() const override { return inner_->name(); }
 
@@ -487,6 +515,16 @@ class TpStrategy final : public Strategy, public StrategyCheckpoint {
     }
     std::error_code ec;
     fs::remove_all(tmp, ec);
+    return st;
+  }
+
+  void state_entries(std::vector<ckpt::StateEntry>& out, bool mid_window, int world_rank) override {
+    inner_->checkpoint().state_entries(out, mid_window, world_rank);
+  }
+  std::unique_ptr<StrategyState> read_pieces(ckpt::CheckpointSource& src, bool mid_window,
+                                             int world_rank) override {
+    auto st = std::make_unique<TpState>();
+    st->inner = inner_->checkpoint().read_pieces(src, mid_window, world_rank);
     return st;
   }
 

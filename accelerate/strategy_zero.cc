@@ -170,6 +170,16 @@ class ZeroStrategy final : public ReplicatedStrategy {
     with_masters(false, [&] { out = ReplicatedStrategy::save_state(dir, mid_window); });
     return out;
   }
+  void state_entries(std::vector<ckpt::StateEntry>& out, bool mid_window, int world_rank) override {
+    const size_t first = out.size();
+    with_masters(false, [&] {
+      ReplicatedStrategy::state_entries(out, mid_window, world_rank);
+      // The gathered masters go when the parameters point back: the entries keep copies.
+      if (options_.param_dtype)
+        for (size_t e = first; e < out.size(); ++e)
+          if (out[e].name.rfind("model.", 0) == 0) out[e].local = out[e].local.clone();
+    });
+  }
   void apply_state(StrategyState& state) override {
     with_masters(true, [&] { ReplicatedStrategy::apply_state(state); });
   }

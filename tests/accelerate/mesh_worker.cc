@@ -24,6 +24,9 @@
 // deferred: the model is built under nn::DeferredInit from the default generator (manual_seed 5)
 // and made float64 before it has values; prepare materialises it (one process: nn::materialize
 // first). Rank 0 also writes "peak <bytes during prepare> <full model bytes>".
+// loadall <tag>=<dir>[,<tag>=<dir>...]: instead of one run, for each checkpoint in turn
+// load_state(dir) and train until <steps>, writing <out>.<tag> as <out> is written (the
+// checkpoint matrix: tests/accelerate/test_checkpoint_matrix.cc).
 // Rank 0
 // writes <out>:
 //   "loss <step> <value>"        the global mean loss of every step trained here (%.17g)
@@ -68,13 +71,15 @@ int run(int argc, char** argv) {
   }
   const std::string out_path = argv[1];
   const int steps = std::atoi(argv[2]);
-  std::string load_dir, save_dir, export_path, import_path;
+  std::string load_dir, save_dir, export_path, import_path, load_all;
   int save_at = -1;
   bool sequence_parallel = false, f32 = false, with_dropout = false, ln_f_replicate = false,
        use_loader = false, tied = false, uneven = false, deferred = false;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "load" && i + 1 < argc) {
+    if (a == "loadall" && i + 1 < argc) {
+      load_all = argv[++i];
+    } else if (a == "load" && i + 1 < argc) {
       load_dir = argv[++i];
     } else if (a == "save" && i + 2 < argc) {
       save_at = std::atoi(argv[++i]);
@@ -171,73 +176,92 @@ int run(int argc, char** argv) {
   bool started = false;
 
   if (!import_path.empty()) acc.load_model(*m, import_path);
-  int first = 0;
-  if (!load_dir.empty()) {
-    acc.load_state(load_dir);
-    first = int(acc.optimizer_steps());
-  }
-  std::ofstream out;
-  if (acc.is_main_process()) out.open(out_path);
   char line[96];
-  if (deferred && acc.is_main_process())
-    out << "peak " << int64_t(peak.item()) << " " << model_bytes << "\n";
   const int64_t per_rank = kBatch / dp;
-  for (int s = first; s < steps; ++s) {
-    Tensor mine;
-    if (loader) {
-      // A new epoch when the last one ended (or at the start: begin() resumes mid-epoch).
-      if (!started || batch == loader->end()) batch = loader->begin();
-      started = true;
-      mine = (*batch)[0];
-      ACCEL_CHECK(mine.size(0) == per_rank, ValueError, "mesh_worker", "loader batch of ",
-                  mine.size(0), " rows, expected ", per_rank);
-    } else {
-      Generator data(uint64_t(100 + s));
-      const Tensor tokens =
-          randint(0, c.vocab, {kBatch, kContext + 1}, TensorOptions(kInt64), &data);
-      mine = tokens.narrow(0, dp_rank * per_rank, per_rank);
-    }
-    // ACCEL_GRADIENT_ACCUMULATION_STEPS = k: the rank's rows in k micro-batches, one optimizer
-    // step (the same data, so the same step as without accumulation).
-    const int k = acc.gradient_accumulation_steps();
-    ACCEL_CHECK(per_rank % k == 0, ValueError, "mesh_worker", k, " micro-batches of ", per_rank);
-    double local = 0;
-    for (int micro = 0; micro < k; ++micro) {
-      auto scope = acc.accumulate();
-      const Tensor rows = mine.narrow(0, micro * (per_rank / k), per_rank / k);
-      const Tensor x = rows.narrow(1, 0, kContext).contiguous();
-      const Tensor y = rows.narrow(1, 1, kContext).contiguous();
-      const Tensor loss = models::lm_loss(m->forward(x), y);
-      acc.backward(loss);
-      if (acc.sync_gradients()) acc.clip_grad_norm_(0.5);
-      o->step();
-      o->zero_grad();
-      local += loss.item() / k;
-    }
-    // The mean over data-parallel ranks: every rank of the world reduces, the tp ranks of one dp
-    // index hold the same loss, so the world mean is the dp mean.
-    const Tensor mean = acc.reduce(full({1}, local, TensorOptions(kFloat64)), "mean");
-    if (acc.is_main_process()) {
-      std::snprintf(line, sizeof line, "loss %d %.17g\n", s, mean.item());
-      out << line;
-    }
-    if (s + 1 == save_at) acc.save_state(save_dir);
-    if (loader) ++batch;  // after the save: the batch just trained counts as consumed
-  }
-  if (!export_path.empty()) acc.save_model(*m, export_path);
-  const io::TensorDict full = acc.get_state_dict(*m);
-  if (acc.is_main_process()) {
-    for (const auto& [name, t] : full) {
-      const Tensor v = t.to(kFloat64).contiguous().reshape({-1});
-      out << "param " << name << " " << v.numel() << "\n";
-      const double* p = v.data<double>();
-      for (int64_t i = 0; i < v.numel(); ++i) {
-        std::snprintf(line, sizeof line, "%.17g\n", p[i]);
+  // Trains from optimizer step `first` to `steps`, writing `path` on rank 0.
+  auto train = [&](int first, const std::string& path) {
+    std::ofstream out;
+    if (acc.is_main_process()) out.open(path);
+    if (deferred && acc.is_main_process())
+      out << "peak " << int64_t(peak.item()) << " " << model_bytes << "\n";
+    started = false;
+    for (int s = first; s < steps; ++s) {
+      Tensor mine;
+      if (loader) {
+        // A new epoch when the last one ended (or at the start: begin() resumes mid-epoch).
+        if (!started || batch == loader->end()) batch = loader->begin();
+        started = true;
+        mine = (*batch)[0];
+        ACCEL_CHECK(mine.size(0) == per_rank, ValueError, "mesh_worker", "loader batch of ",
+                    mine.size(0), " rows, expected ", per_rank);
+      } else {
+        Generator data(uint64_t(100 + s));
+        const Tensor tokens =
+            randint(0, c.vocab, {kBatch, kContext + 1}, TensorOptions(kInt64), &data);
+        mine = tokens.narrow(0, dp_rank * per_rank, per_rank);
+      }
+      // ACCEL_GRADIENT_ACCUMULATION_STEPS = k: the rank's rows in k micro-batches, one optimizer
+      // step (the same data, so the same step as without accumulation).
+      const int k = acc.gradient_accumulation_steps();
+      ACCEL_CHECK(per_rank % k == 0, ValueError, "mesh_worker", k, " micro-batches of ", per_rank);
+      double local = 0;
+      for (int micro = 0; micro < k; ++micro) {
+        auto scope = acc.accumulate();
+        const Tensor rows = mine.narrow(0, micro * (per_rank / k), per_rank / k);
+        const Tensor x = rows.narrow(1, 0, kContext).contiguous();
+        const Tensor y = rows.narrow(1, 1, kContext).contiguous();
+        const Tensor loss = models::lm_loss(m->forward(x), y);
+        acc.backward(loss);
+        if (acc.sync_gradients()) acc.clip_grad_norm_(0.5);
+        o->step();
+        o->zero_grad();
+        local += loss.item() / k;
+      }
+      // The mean over data-parallel ranks: every rank of the world reduces, the tp ranks of one
+      // dp index hold the same loss, so the world mean is the dp mean.
+      const Tensor mean = acc.reduce(full({1}, local, TensorOptions(kFloat64)), "mean");
+      if (acc.is_main_process()) {
+        std::snprintf(line, sizeof line, "loss %d %.17g\n", s, mean.item());
         out << line;
       }
+      if (s + 1 == save_at) acc.save_state(save_dir);
+      if (loader) ++batch;  // after the save: the batch just trained counts as consumed
     }
-    out.close();
-    ACCEL_CHECK(out.good(), IoError, "mesh_worker", "could not write ", out_path);
+    if (!export_path.empty()) acc.save_model(*m, export_path);
+    const io::TensorDict full = acc.get_state_dict(*m);
+    if (acc.is_main_process()) {
+      for (const auto& [name, t] : full) {
+        const Tensor v = t.to(kFloat64).contiguous().reshape({-1});
+        out << "param " << name << " " << v.numel() << "\n";
+        const double* p = v.data<double>();
+        for (int64_t i = 0; i < v.numel(); ++i) {
+          std::snprintf(line, sizeof line, "%.17g\n", p[i]);
+          out << line;
+        }
+      }
+      out.close();
+      ACCEL_CHECK(out.good(), IoError, "mesh_worker", "could not write ", path);
+    }
+  };
+  if (!load_all.empty()) {
+    std::string rest = load_all;
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      const std::string item = rest.substr(0, comma);
+      rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+      const size_t eq = item.find('=');
+      ACCEL_CHECK(eq != std::string::npos, ValueError, "mesh_worker", "loadall item '", item,
+                  "' is not <tag>=<dir>");
+      acc.load_state(item.substr(eq + 1));
+      train(int(acc.optimizer_steps()), out_path + "." + item.substr(0, eq));
+    }
+  } else {
+    int first = 0;
+    if (!load_dir.empty()) {
+      acc.load_state(load_dir);
+      first = int(acc.optimizer_steps());
+    }
+    train(first, out_path);
   }
   acc.wait_for_everyone();
   std::cout << "ok mesh_train" << std::endl;

@@ -17,6 +17,7 @@
 #include "accelerate/tracking.h"
 #include "core/warning.h"
 #include "tests/accelerate/training.h"
+#include "tests/common/scoped_env.h"
 #include "tests/common/util.h"
 
 using namespace accel;
@@ -338,7 +339,7 @@ TEST_CASE("checkpoint: total_limit rotation, latest pointer, incomplete dirs are
   CHECK_THROWS_AS(acc.load_state(dir + "/partial"), IoError);
   // Explicit directories work too, and a mismatched set of objects is an error.
   acc.save_state(dir + "/manual");
-  CHECK(fs::exists(dir + "/manual/state.json"));
+  CHECK(fs::exists(dir + "/manual/index.json"));
   CHECK(dist::read_latest(dir).value() == "manual");
   Accelerator other(base_config(fresh_dir(kScratch, "rotate-other")));
   CHECK_THROWS_AS(other.load_state(dir + "/manual"), ValueError);
@@ -371,6 +372,8 @@ TEST_CASE("prepare keeps the caller's loader position as a global sample") {
 // is not a whole global batch of this run rounds down and says once how many samples repeat; a
 // position of a loader that would read another order is refused by name and changes nothing.
 TEST_CASE("load_state: loader position rounds down with one warning; a mismatch is refused") {
+  // Edits loader.json: a format-1 file (format 2 keeps the position in its checksummed index).
+  const test::ScopedEnv format1("ACCEL_CHECKPOINT_FORMAT", "1");
   const std::string dir = fresh_dir(kScratch, "loader-position");
   Accelerator acc(base_config(dir));
   Run run(acc, 8, true, 0.0);  // 40 samples, global batch 8

@@ -25,6 +25,7 @@
 #include "tests/common/child_process.h"
 #include "tests/common/spawn.h"
 #include "tests/accelerate/training.h"
+#include "tests/common/scoped_env.h"
 #include "tests/common/util.h"
 
 using namespace accel;
@@ -41,10 +42,12 @@ namespace {
 // fresh_dir's prefix: /tmp/accel-ckpt-faults-<pid>-<tag>.
 constexpr char kScratch[] = "accel-ckpt-faults";
 
+// The step of a committed checkpoint: state.json's (format 1) or index.json's (format 2).
 int64_t saved_step(const std::string& ckpt_dir) {
-  return nlohmann::json::parse(read_file(ckpt_dir + "/" + dist::kCheckpointStateFile))
-      .at("step")
-      .get<int64_t>();
+  const std::string f = fs::exists(ckpt_dir + "/" + dist::kCheckpointStateFile)
+                            ? dist::kCheckpointStateFile
+                            : "index.json";
+  return nlohmann::json::parse(read_file(ckpt_dir + "/" + f)).at("step").get<int64_t>();
 }
 
 // One step, save to root/ck (step 1); one more step, save to root/ck again (step 2), the
@@ -112,6 +115,14 @@ TEST_CASE("checkpoint faults: a re-save killed at any step leaves latest complet
 }
 
 TEST_CASE("checkpoint faults: a re-save killed at any step leaves latest complete (fallback)") {
+  resave_killed_at_every_step(false);
+}
+
+// The same protocol with format 2 (index.json is the completing file; the meson test runs this
+// file on the transitional format-1 writer otherwise).
+TEST_CASE("checkpoint faults: format 2: a re-save killed at any step leaves latest complete") {
+  const test::ScopedEnv format2("ACCEL_CHECKPOINT_FORMAT", "2");
+  resave_killed_at_every_step(true);
   resave_killed_at_every_step(false);
 }
 
@@ -193,6 +204,67 @@ struct Trained {
 };
 
 }  // namespace
+
+// Format 2 inside an accumulation window (Note [format-2 facade]): 2 ranks save and resume their
+// own window gradients; one process refuses them, naming both meshes, and changes nothing.
+// (Before the single-process cases: the parent must not have run kernels when it forks.)
+TEST_CASE("checkpoint faults: format 2: window gradients resume on their mesh only") {
+  const test::ScopedEnv format2("ACCEL_CHECKPOINT_FORMAT", "2");
+  constexpr int kWorld = 2;
+  const std::string dir = fresh_dir(kScratch, "window-mesh");
+  const int port = accel::test::free_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kWorld; ++r) {
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid > 0) {
+      pids.push_back(pid);
+      continue;
+    }
+    int rc = 1;
+    try {
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(kWorld).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      Trained t("", dir);
+      t.acc->load_state();
+      rc = t.acc->step() == 3 && !t.acc->sync_gradients() ? 0 : 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+    }
+    std::fflush(stderr);
+    _exit(rc);
+  }
+  for (int r = 0; r < kWorld; ++r) {
+    int st = 0;
+    REQUIRE(waitpid(pids[size_t(r)], &st, 0) == pids[size_t(r)]);
+    CAPTURE(r);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+  }
+  REQUIRE(fs::exists(dir + "/checkpoints/checkpoint_0/index.json"));
+  CHECK(run_in_child([&] {
+          AcceleratorConfig c = base_config(fresh_dir(kScratch, "window-mesh-one"));
+          c.gradient_accumulation_steps = 2;
+          Accelerator acc(c);
+          Run run(acc, 4);
+          const int64_t step = acc.step();
+          try {
+            acc.load_state(dir + "/checkpoints");
+          } catch (const ValueError& e) {
+            const std::string m = e.what();
+            const bool named =
+                m.find("inside a gradient accumulation window on the mesh") != std::string::npos &&
+                m.find("\"world\":2") != std::string::npos &&
+                m.find("\"world\":1") != std::string::npos;
+            if (!named) std::fprintf(stderr, "message: %s\n", e.what());
+            return named && acc.step() == step ? 0 : 1;
+          }
+          return 2;
+        }).ok());
+  fs::remove_all(dir);
+}
 
 // Before the single-process cases below: the parent must not have run kernels when it forks.
 TEST_CASE("checkpoint faults: one rank's unreadable file makes every rank refuse, unchanged") {
@@ -362,6 +434,79 @@ TEST_CASE("checkpoint faults: load_state changes nothing unless everything loads
   CHECK(t.state() != before);
   CHECK(t.acc->step() == 3);
   CHECK(t.custom.at("counter") == "3");
+}
+
+// Format 2 (Note [format-2 facade] in accelerate/accelerator_state.cc), saved inside an
+// accumulation window: a truncated data file, index or registered object's file, a flipped byte
+// of a piece, an edited index: each an IoError naming it, and nothing changed.
+TEST_CASE("checkpoint faults: format 2: truncated, flipped or edited files change nothing") {
+  const test::ScopedEnv format2("ACCEL_CHECKPOINT_FORMAT", "2");
+  Trained t("atomic-format2");
+  REQUIRE(fs::exists(t.ckpt + "/index.json"));
+  REQUIRE_FALSE(fs::exists(t.ckpt + "/state.json"));
+  const std::string before = t.state();
+  auto refused = [&](const std::string& f, const std::function<std::string(std::string)>& edit,
+                     const std::string& says) {
+    CAPTURE(f);
+    CAPTURE(says);
+    const std::string path = t.ckpt + "/" + f;
+    REQUIRE(fs::exists(path));
+    const std::string good = read_file(path);
+    write_file(path, edit(good));
+    try {
+      t.acc->load_state();
+      FAIL("loaded an edited " << f);
+    } catch (const IoError& e) {
+      CHECK_MESSAGE(std::string(e.what()).find(says) != std::string::npos, e.what());
+    }
+    CHECK(t.state() == before);
+    write_file(path, good);
+  };
+  auto half = [](std::string s) { return s.substr(0, s.size() / 2); };
+  refused("custom_counter_rank0.json", half, "custom_counter_rank0.json");
+  refused("data_rank0.safetensors", half, "data_rank0.safetensors");
+  refused("index.json", half, "index.json");
+  refused(
+      "data_rank0.safetensors",
+      [](std::string s) {
+        s.back() = char(s.back() ^ 0x40);
+        return s;
+      },
+      "fails its CRC-32");
+  refused(
+      "index.json",
+      [](std::string s) {
+        const size_t at = s.find("\"step\":3");
+        REQUIRE(at != std::string::npos);
+        s[at + 7] = '4';
+        return s;
+      },
+      "index.json");
+  // A link in place of the data file, and a folder inside: refused, nothing read.
+  {
+    const std::string data = t.ckpt + "/data_rank0.safetensors", copy = t.dir + "/data-copy";
+    fs::copy_file(data, copy);
+    fs::remove(data);
+    fs::create_symlink(copy, data);
+    CHECK_THROWS_WITH_AS(t.acc->load_state(), doctest::Contains("data_rank0.safetensors"), IoError);
+    CHECK(t.state() == before);
+    fs::remove(data);
+    fs::rename(copy, data);
+    fs::create_directories(t.ckpt + "/inner");
+    CHECK_THROWS_WITH_AS(t.acc->load_state(), doctest::Contains("inner"), IoError);
+    CHECK(t.state() == before);
+    fs::remove(t.ckpt + "/inner");
+  }
+  // A failure while applying: rolled back; then it loads (gradients of the window included).
+  t.custom_load_throws = true;
+  CHECK_THROWS_AS(t.acc->load_state(), ValueError);
+  CHECK(t.state() == before);
+  t.custom_load_throws = false;
+  CHECK_NOTHROW(t.acc->load_state());
+  CHECK(t.state() != before);
+  CHECK(t.acc->step() == 3);
+  CHECK(t.custom.at("counter") == "3");
+  CHECK_FALSE(t.acc->sync_gradients());
 }
 
 // Note [what save_state replaces]: save_state(dir) replaced a folder of the user's without a word.

@@ -12,10 +12,12 @@
 #include <filesystem>
 #include <map>
 #include <sstream>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include "nn/linear.h"
 #include "io/safetensors.h"
@@ -25,6 +27,7 @@
 #include "autograd/ops.h"
 #include "core/tensor.h"
 #include "tests/common/spawn.h"
+#include "tests/common/util.h"
 #include "parallel/fsdp.h"
 #include "parallel/zero.h"
 #include "tests/common/worker_check.h"
@@ -207,17 +210,24 @@ TEST_CASE("HSDP: dp 4, shard 4, replicate 2 x shard 2 (FSDP, ZeRO-2) equal one p
   }
 }
 
+// The data files holding pieces of the format-2 checkpoint's tensors named `prefix`...
+std::set<int> piece_files(const std::string& ckpt, const std::string& prefix) {
+  const nlohmann::json j = nlohmann::json::parse(accel::test::read_file(ckpt + "/index.json"));
+  std::set<int> out;
+  for (auto it = j.at("tensors").begin(); it != j.at("tensors").end(); ++it)
+    if (it.key().rfind(prefix, 0) == 0)
+      for (const auto& p : it->at("pieces")) out.insert(p.at("file").get<int>());
+  return out;
+}
+
 TEST_CASE("HSDP checkpoints: FSDP 2x2 -> 1 process -> shard 4 -> dp 4 (ddp); ZeRO-2 2x2 -> 1") {
   const Run& ref = reference();
   {
     const std::string ck_a = g_root + "/ck_a", ck_b = g_root + "/ck_b", ck_c = g_root + "/ck_c";
     const Run a = train("a", 4, "fsdp", kHsdp, 0, 10, "-", ck_a, 10);
     check_losses(ref, a, 0, 20);
-    // Note [hsdp checkpoints]: one file per shard (2), the record for 2 ranks x 2 replicas.
-    int shard_files = 0;
-    for (const auto& e : fs::directory_iterator(ck_a))
-      shard_files += e.path().filename().string().rfind("fsdp_model_rank", 0) == 0;
-    CHECK(shard_files == 2);
+    // Format 2: one copy of each shard, from replica 0's 2 ranks.
+    CHECK(piece_files(ck_a, "model.").size() == 2);
     const Run b = train("b", 1, "ddp", {}, 10, 13, ck_a, ck_b, 13);
     check_weights(a.dir + "/saved.safetensors", b.dir + "/loaded.safetensors", 0);
     check_losses(ref, b, 20, 26);
@@ -231,10 +241,7 @@ TEST_CASE("HSDP checkpoints: FSDP 2x2 -> 1 process -> shard 4 -> dp 4 (ddp); ZeR
 
     const std::string ck_z = g_root + "/ck_z";
     const Run z = train("z", 4, "zero2", kHsdp, 0, 10, "-", ck_z, 10);
-    int zero_files = 0;
-    for (const auto& e : fs::directory_iterator(ck_z))
-      zero_files += e.path().filename().string().rfind("zero_optimizer_rank", 0) == 0;
-    CHECK(zero_files == 2);
+    CHECK(piece_files(ck_z, "optim.0.").size() == 2);
     const Run y = train("y", 1, "ddp", {}, 10, 20, ck_z);
     check_weights(z.dir + "/saved.safetensors", y.dir + "/loaded.safetensors", 0);
     check_losses(ref, y, 20, 40);

@@ -21,6 +21,7 @@
 #include "core/tensor.h"
 #include "tests/common/spawn.h"
 #include "tests/common/worker_check.h"
+#include "tests/common/scoped_env.h"
 #include "tests/common/util.h"
 
 using namespace std::chrono_literals;
@@ -331,18 +332,20 @@ TEST_CASE("tp: save_model writes the full model, load_model reads it at another 
   Run loaded = train("import", 4, {{"ACCEL_TP_SIZE", "4"}}, {"import", file}, 0);
   loaded.losses = ref.losses;  // none trained; compare the weights only
   CHECK(max_difference(ref, loaded, 0) <= kTolerance);
-  // A second save into the same folder replaces the first (tp<t>/ folders included).
+  // A second save into the same folder replaces the first (format 2: no folder inside).
   const std::string dir = scratch() + "/again";
   for (int i = 0; i < 2; ++i)
     train("again-" + std::to_string(i), 4, {{"ACCEL_TP_SIZE", "2"}}, {"save", "2", dir});
-  CHECK(fs::is_directory(dir + "/tp0"));
-  CHECK(fs::is_directory(dir + "/tp1"));
+  CHECK(fs::exists(dir + "/index.json"));
+  CHECK_FALSE(fs::exists(dir + "/tp0"));
 }
 
 // A tp checkpoint's record comes from a file: a tp size that does not divide the world, a split
 // out of range, or a tp folder holding a file the manifest does not list is refused by name.
 TEST_CASE(
     "tp checkpoints: a hostile tp record fails the load by name; foreign files block a save") {
+  // The tp record of a format-1 state.json: the transitional writer.
+  const accel::test::ScopedEnv format1("ACCEL_CHECKPOINT_FORMAT", "1");
   const std::string dir = scratch() + "/hostile";
   const Env tp2 = {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}};
   train("hostile-save", 4, tp2, {"save", "2"s, dir}, 2);
@@ -435,6 +438,9 @@ TEST_CASE(
 // earlier version: every continued loss and the final weights equal one process trained
 // straight through, into the next epoch's reshuffle (8 steps an epoch).
 TEST_CASE("a prepared loader resumes at another dp size: tp 2 x shard 2 -> tp 4, dp 4, 1 process") {
+  // loader.json and the per-rank loader files of earlier versions: format 1 (the transitional
+  // writer); format 2 keeps the position in its index (tests/accelerate/test_checkpoint_matrix.cc).
+  const accel::test::ScopedEnv format1("ACCEL_CHECKPOINT_FORMAT", "1");
   constexpr int kLoaderSteps = 12, kSaveAt = 5;
   const Run ref = train("loader-one", 1, {}, {"loader"}, kLoaderSteps);
   REQUIRE(ref.losses.size() == size_t(kLoaderSteps));
@@ -528,6 +534,42 @@ TEST_CASE("uneven tp shards: vocabulary 31, 5 heads at tp 2, 3 and 4 equal one p
     MESSAGE(name, " (uneven): max relative difference ", d, " (losses ", dl, ")");
     CHECK(dl <= 1e-12);      // every loss of the 20 steps
     CHECK(d <= kTolerance);  // and the final weights, as every even mesh (2-4e-12 measured)
+  }
+}
+
+// Uneven pieces in a checkpoint (format 2): each tp piece is recorded as its torch.chunk region of
+// the global shape (not T x its local shape), so a run saved at tp 3, mid-epoch with a prepared
+// loader, resumes at tp 2 x shard 2, tp 4 (a rank without heads) and one process as the
+// uninterrupted run. Fails when the tp place function takes the global length as T x local.
+TEST_CASE("uneven tp checkpoint: saved at tp 3, resumed at tp 2 x shard 2, tp 4 and one process") {
+  constexpr int kLoaderSteps = 12, kSaveAt = 5;
+  const Run ref = train("uneven-ck-one", 1, {}, {"uneven", "loader"}, kLoaderSteps);
+  REQUIRE(ref.losses.size() == size_t(kLoaderSteps));
+  const std::string dir = scratch() + "/uneven-ckpt";
+  const Run saved = train("uneven-ck-save", 3, {{"ACCEL_TP_SIZE", "3"}},
+                          {"uneven", "loader", "save", std::to_string(kSaveAt), dir}, kSaveAt);
+  REQUIRE(saved.losses.size() == size_t(kSaveAt));
+  for (int s = 0; s < kSaveAt; ++s)
+    CHECK(std::abs(saved.losses[size_t(s)].second - ref.losses[size_t(s)].second) <= 1e-12);
+  REQUIRE(fs::exists(dir + "/index.json"));
+  struct Resume {
+    const char* name;
+    int world;
+    Env env;
+  };
+  const std::vector<Resume> resumes = {
+      {"tp 2 x shard 2", 4, {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}}},
+      {"tp 4", 4, {{"ACCEL_TP_SIZE", "4"}}},
+      {"1 process", 1, {}},
+  };
+  for (size_t i = 0; i < resumes.size(); ++i) {
+    const std::string name = resumes[i].name;
+    CAPTURE(name);
+    const Run got = train("uneven-ck-resume-" + std::to_string(i), resumes[i].world, resumes[i].env,
+                          {"uneven", "loader", "load", dir}, kLoaderSteps);
+    const double d = max_difference(ref, got, kSaveAt, kLoaderSteps);
+    MESSAGE(name, " from the tp 3 checkpoint at step ", kSaveAt, ": max relative difference ", d);
+    CHECK(d <= kTolerance);
   }
 }
 

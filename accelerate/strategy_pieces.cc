@@ -145,6 +145,34 @@ std::string join_layout(const std::string& a, const std::string& b) {
   return a.empty() ? b : a + ", " + b;
 }
 
+// Model `i`'s full state dict read from `src` where `cp` places each tensor (the whole tensor, or
+// under tp this rank's part); tied aliases left out; a name the checkpoint holds that the model
+// has not maps to an undefined tensor, which apply_state's check names.
+io::TensorDict read_model_state(ckpt::CheckpointSource& src, size_t i, nn::Module& model,
+                                const StrategyCheckpoint& cp) {
+  const auto aliases = model.tied_aliases();
+  io::TensorDict d;
+  const io::TensorDict live = model.state_handles();
+  std::vector<std::pair<std::string, Shape>> want;
+  for (const auto& [n, t] : live)
+    if (!aliases.count(n)) want.emplace_back(n, cp.place(i, n, t.sizes()).region.global_shape());
+  check_model_shapes(src, i, want);
+  for (const auto& [n, t] : live) {
+    if (aliases.count(n)) continue;
+    const std::string g = names::model(i, n);
+    if (!src.contains(g)) continue;  // apply_state names it missing
+    const TensorPlace pl = cp.place(i, n, t.sizes());
+    d[n] = read_region(src, g, pl.region, load_dtype(src.tensor(g).dtype, t.dtype()), t.device());
+  }
+  const std::string prefix = names::model(i, "");
+  for (const std::string& g : src.names())
+    if (g.rfind(prefix, 0) == 0) {
+      const std::string n = g.substr(prefix.size());
+      if (!live.count(n)) d.emplace(n, Tensor());
+    }
+  return d;
+}
+
 }  // namespace
 
 // ---- ReplicatedStrategy ----
@@ -238,30 +266,8 @@ std::unique_ptr<StrategyState> ReplicatedStrategy::read_pieces(ckpt::CheckpointS
                                                                bool mid_window, int world_rank) {
   NoGradGuard ng;
   auto st = std::make_unique<ReplicatedState>();
-  for (size_t i = 0; i < models_.size(); ++i) {
-    const auto aliases = models_[i]->tied_aliases();
-    io::TensorDict d;
-    const io::TensorDict live = models_[i]->state_handles();
-    std::vector<std::pair<std::string, Shape>> want;
-    for (const auto& [n, t] : live)
-      if (!aliases.count(n)) want.emplace_back(n, place(i, n, t.sizes()).region.global_shape());
-    check_model_shapes(src, i, want);
-    for (const auto& [n, t] : live) {
-      if (aliases.count(n)) continue;
-      const std::string g = names::model(i, n);
-      if (!src.contains(g)) continue;  // apply_state names it missing
-      const TensorPlace pl = place(i, n, t.sizes());
-      d[n] = read_region(src, g, pl.region, load_dtype(src.tensor(g).dtype, t.dtype()), t.device());
-    }
-    // What the checkpoint holds that this model has not: named by apply_state's check.
-    const std::string prefix = names::model(i, "");
-    for (const std::string& g : src.names())
-      if (g.rfind(prefix, 0) == 0) {
-        const std::string n = g.substr(prefix.size());
-        if (!live.count(n)) d.emplace(n, Tensor());
-      }
-    st->models.push_back(std::move(d));
-  }
+  for (size_t i = 0; i < models_.size(); ++i)
+    st->models.push_back(read_model_state(src, i, *models_[i], *this));
   const auto own = owners(models_);
   for (size_t o = 0; o < slots_.size(); ++o) {
     const Slot& s = *slots_[o];

@@ -44,8 +44,6 @@ bool rows_foldable(const Tensor& x) {
   return true;
 }
 
-// x (..., K) as a (rows, K) tensor for the kernel: a view when possible, else a copy. Carries no
-// autograd history (the op records its own node).
 // The product of all but the last dimension (1 for a vector).
 int64_t leading_rows(const Tensor& x) {
   int64_t rows = 1;
@@ -53,6 +51,8 @@ int64_t leading_rows(const Tensor& x) {
   return rows;
 }
 
+// x (..., K) as a (rows, K) tensor for the kernel: a view when possible, else a copy. Carries no
+// autograd history (the op records its own node).
 Tensor fold_rows(const Tensor& x) {
   const int64_t k = x.size(-1);
   int64_t rows = 1;

@@ -516,7 +516,21 @@ LaunchConfig parse_config_node(const std::string& yaml_text, const std::string& 
       for (char& ch : t) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
       c.distributed_type = t;
     } else if (key == "num_machines") {
-      c.num_machines = static_cast<int>(read_int(v, where, key, 1, kMaxMachines));
+      // N, or MIN:MAX for elastic membership (accel-run launch then forms rendezvous rounds).
+      const std::string text = v.IsScalar() ? v.Scalar() : std::string();
+      if (text.find(':') != std::string::npos) {
+        MachineCount m;
+        try {
+          m = parse_num_machines(text, "num_machines");
+        } catch (const ConfigError& e) {
+          bad_key(where, v, key, e.what());
+        }
+        c.num_machines = m.min;
+        c.max_machines = m.max;
+      } else {
+        c.num_machines = static_cast<int>(read_int(v, where, key, 1, kMaxMachines));
+        c.max_machines = 0;
+      }
     } else if (key == "num_processes") {
       c.num_processes = static_cast<int>(read_int(v, where, key, 1, kMaxProcesses));
     } else if (key == "machine_rank") {
@@ -595,12 +609,35 @@ LaunchConfig load_config(const std::string& path) {
   return parse_config(file_io::read_file(path, "config", kMaxConfigBytes), path);
 }
 
+MachineCount parse_num_machines(const std::string& v, const char* what) {
+  const std::string t = trim(v);
+  const auto colon = t.find(':');
+  auto number = [&](const std::string& part) {
+    auto n = parse_int(trim(part));
+    ACCEL_CHECK(n && *n >= 1 && *n <= (1 << 16), launcher::ConfigError, "launch", what,
+                ": expected N or MIN:MAX with 1 <= MIN <= MAX <= 65536, got '", v, "'");
+    return static_cast<int>(*n);
+  };
+  MachineCount c;
+  if (colon == std::string::npos) {
+    c.min = c.max = number(t);
+    return c;
+  }
+  c.min = number(t.substr(0, colon));
+  c.max = number(t.substr(colon + 1));
+  c.elastic = true;
+  ACCEL_CHECK(c.min <= c.max, launcher::ConfigError, "launch", what, " ", v,
+              ": MIN must not exceed MAX");
+  return c;
+}
+
 std::string config_to_yaml(const LaunchConfig& c) {
   std::ostringstream os;
   os << "# accel-run config (keys as in Accelerate's default_config.yaml; see docs/launcher.md)\n";
   os << "compute_environment: " << c.compute_environment << "\n";
   os << "distributed_type: " << c.distributed_type << "\n";
-  os << "num_machines: " << c.num_machines << "\n";
+  os << "num_machines: " << c.num_machines
+     << (c.max_machines > 0 ? ":" + std::to_string(c.max_machines) : std::string()) << "\n";
   os << "num_processes: " << c.num_processes << "  # total over all machines\n";
   os << "machine_rank: " << c.machine_rank << "\n";
   os << "main_process_ip: " << (c.main_process_ip ? quote(*c.main_process_ip) : "null") << "\n";

@@ -20,10 +20,21 @@ inline constexpr long long kMaxProcesses = 1 << 20;
 inline constexpr long long kMaxMachines = 1 << 16;
 inline constexpr int kDefaultMainProcessPort = 29500;
 
+// `num_machines` (flag or config key): "N" (a fixed number of machines) or "MIN:MAX" (elastic
+// membership, 1 <= MIN <= MAX: Note [elastic rendezvous] in launcher/rendezvous.cc).
+struct MachineCount {
+  int min = 1;
+  int max = 1;
+  bool elastic = false;  // given as MIN:MAX
+};
+// Throws ConfigError naming the setting (`what`: the flag or the config key) and what is accepted.
+MachineCount parse_num_machines(const std::string& v, const char* what = "--num_machines");
+
 struct LaunchConfig {
   std::string compute_environment = "LOCAL_MACHINE";
   std::string distributed_type = "NO";  // NO | MULTI_CPU | MULTI_GPU
-  int num_machines = 1;
+  int num_machines = 1;                 // MIN when elastic
+  int max_machines = 0;   // num_machines: MIN:MAX in the file: MAX (0: a fixed number)
   int num_processes = 1;  // total across all machines (Accelerate semantics)
   int machine_rank = 0;
   std::optional<std::string> main_process_ip;

@@ -213,19 +213,21 @@ void print_notes(const LaunchArgs& a, const al::LaunchPlan& plan) {
 // `--num_machines MIN:MAX` (Note [elastic rendezvous] in launcher/rendezvous.cc): the plan is
 // resolved for MIN machines (num_processes is the total at MIN, so num_processes / MIN workers run
 // on every machine); machine ranks, world size and MASTER_ADDR/PORT come from each round.
-int run_elastic_launch(const LaunchArgs& a, al::LaunchFlags flags, const al::LaunchConfig& cfg,
-                       const std::string& config_path, const al::EnvMap& env,
-                       std::vector<std::string> argv) {
+// `spec` is the flag's MIN:MAX, or the config file's `num_machines: MIN:MAX`.
+int run_elastic_launch(const LaunchArgs& a, const std::string& spec, al::LaunchFlags flags,
+                       const al::LaunchConfig& cfg, const std::string& config_path,
+                       const al::EnvMap& env, std::vector<std::string> argv) {
   al::ElasticOptions eo = a.elastic;
-  eo.machines = al::parse_num_machines(*a.num_machines);
+  eo.machines = al::parse_num_machines(spec);
+  flags.num_machines = eo.machines.min;
   ACCEL_CHECK(!flags.machine_rank, launcher::ConfigError, "launch",
-              "--machine_rank with --num_machines ", *a.num_machines,
+              "--machine_rank with --num_machines ", spec,
               ": elastic machine ranks are assigned by each rendezvous round");
   ACCEL_CHECK(flags.main_process_ip || cfg.main_process_ip, launcher::ConfigError, "launch",
-              "--num_machines ", *a.num_machines,
+              "--num_machines ", spec,
               " needs --main_process_ip: the address of the machine that serves the rendezvous");
   ACCEL_CHECK(flags.rendezvous_token || al::env_get(env, accel::env::kRendezvousToken),
-              launcher::ConfigError, "launch", "--num_machines ", *a.num_machines,
+              launcher::ConfigError, "launch", "--num_machines ", spec,
               " needs a rendezvous token shared by every machine: run `accel-run token` once and "
               "export it as ACCEL_RENDEZVOUS_TOKEN on every machine, or pass --rendezvous_token");
   flags.machine_rank = 0;
@@ -248,7 +250,13 @@ int run_launch(const LaunchArgs& a, std::vector<std::string> argv, bool selftest
   if (a.num_machines) {
     const al::MachineCount m = al::parse_num_machines(*a.num_machines);
     flags.num_machines = m.min;
-    if (m.elastic) return run_elastic_launch(a, flags, cfg, config_path, env, std::move(argv));
+    if (m.elastic)
+      return run_elastic_launch(a, *a.num_machines, flags, cfg, config_path, env, std::move(argv));
+  } else if (cfg.max_machines > 0) {
+    // The config file's `num_machines: MIN:MAX` (a flag N wins over it, as for every key).
+    const std::string spec =
+        std::to_string(cfg.num_machines) + ":" + std::to_string(cfg.max_machines);
+    return run_elastic_launch(a, spec, flags, cfg, config_path, env, std::move(argv));
   }
   if (selftest && !flags.num_processes && cfg.num_processes == 1 && cfg.num_machines == 1) {
     // One process exercises no collective; the self test always runs a real group.

@@ -41,29 +41,6 @@ namespace accel::launcher {
 // agent: if that agent's machine is lost the others cannot form a new round and stop with an
 // error after their request timeout (torchrun's c10d rendezvous backend has the same limit).
 
-MachineCount parse_num_machines(const std::string& v) {
-  const std::string t = trim(v);
-  const auto colon = t.find(':');
-  auto number = [&](const std::string& part) {
-    auto n = parse_int(trim(part));
-    ACCEL_CHECK(n && *n >= 1 && *n <= (1 << 16), launcher::ConfigError, "launch",
-                "--num_machines: expected N or MIN:MAX with 1 <= MIN <= MAX <= 65536, got '", v,
-                "'");
-    return static_cast<int>(*n);
-  };
-  MachineCount c;
-  if (colon == std::string::npos) {
-    c.min = c.max = number(t);
-    return c;
-  }
-  c.min = number(t.substr(0, colon));
-  c.max = number(t.substr(colon + 1));
-  c.elastic = true;
-  ACCEL_CHECK(c.min <= c.max, launcher::ConfigError, "launch", "--num_machines ", v,
-              ": MIN must not exceed MAX");
-  return c;
-}
-
 namespace {
 std::vector<std::string> words(const std::string& s) {
   std::istringstream in(s);

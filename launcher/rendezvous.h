@@ -14,16 +14,9 @@
 #include <thread>
 #include <vector>
 
-namespace accel::launcher {
+#include "launcher/config.h"  // MachineCount, parse_num_machines
 
-// `--num_machines`: "N" (a fixed number of machines) or "MIN:MAX" (elastic, 1 <= MIN <= MAX).
-struct MachineCount {
-  int min = 1;
-  int max = 1;
-  bool elastic = false;  // given as MIN:MAX
-};
-// Throws ConfigError naming the flag and what is accepted.
-MachineCount parse_num_machines(const std::string& v);
+namespace accel::launcher {
 
 using RdzvClock = std::chrono::steady_clock;
 

@@ -72,6 +72,23 @@ TEST_CASE("other odd YAML shapes are ConfigErrors too") {
   }
 }
 
+TEST_CASE("num_machines: MIN:MAX in the config file is elastic membership, and round-trips") {
+  const al::LaunchConfig c = al::parse_config("num_machines: 2:4\nnum_processes: 4\n", "e.yaml");
+  CHECK(c.num_machines == 2);
+  CHECK(c.max_machines == 4);
+  CHECK(al::parse_config(al::config_to_yaml(c), "rt.yaml") == c);
+  CHECK(al::config_to_yaml(c).find("num_machines: 2:4\n") != std::string::npos);
+  const al::LaunchConfig fixed = al::parse_config("num_machines: 2\nnum_processes: 4\n", "f.yaml");
+  CHECK(fixed.max_machines == 0);
+  CHECK(al::config_to_yaml(fixed).find("num_machines: 2\n") != std::string::npos);
+  for (const char* bad : {"num_machines: 3:2\n", "num_machines: 2:x\n", "num_machines: 0:2\n"}) {
+    INFO(bad);
+    const std::string msg = config_error(bad);
+    CHECK(msg.find("num_machines") != std::string::npos);
+    CHECK(msg.find("odd.yaml") != std::string::npos);
+  }
+}
+
 TEST_CASE("what config_to_yaml writes parses back to the same config") {
   al::LaunchConfig c;
   c.distributed_type = "MULTI_CPU";

@@ -1336,6 +1336,17 @@ TEST_CASE("launch: --num_machines MIN:MAX (elastic) on loopback, and what it ref
                     r->err);
     }
   }
+  SUBCASE("the config file's num_machines: MIN:MAX launches elastically too; a flag N wins") {
+    TempDir dir;
+    const std::string cfg = dir / "elastic.yaml";
+    std::ofstream(cfg) << "num_machines: 1:2\nnum_processes: 1\n";
+    const std::map<std::string, std::string> token = {{"ACCEL_RENDEZVOUS_TOKEN", kToken}};
+    Result r = accel_run(launch_args({"--config_file", cfg}, {"env"}), token);
+    CHECK(r.code == 1);
+    CHECK_MESSAGE(contains(r.err, "--num_machines 1:2 needs --main_process_ip"), r.err);
+    r = accel_run(launch_args({"--config_file", cfg, "--num_machines", "1"}, {"env"}), token);
+    CHECK_MESSAGE(r.code == 0, r.err);
+  }
   SUBCASE("refusals name the flag and what is needed") {
     const std::map<std::string, std::string> token = {{"ACCEL_RENDEZVOUS_TOKEN", kToken}};
     Result r = accel_run(launch_args({"--num_machines", "3:2"}, {"env"}), token);

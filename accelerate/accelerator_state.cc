@@ -13,10 +13,10 @@
 #include "io/safetensors.h"
 #include "core/generator.h"
 #include "accelerate/accelerator.h"
-#include "accelerate/strategy_tp.h"
 #include "accelerate/checkpoint.h"
 #include "accelerate/strategy_base.h"
 #include "core/env_contract.h"
+#include "parallel/checkpoint/legacy.h"
 #include "parallel/checkpoint/names.h"
 #include "parallel/checkpoint/reader.h"
 #include "parallel/checkpoint/writer.h"
@@ -174,9 +174,10 @@ struct Accelerator::CheckpointIo {
   // scaler, sync_gradients, counts, the mesh, each loader's global position (Note [global loader
   // position]: it resumes at any dp size) and the tied aliases. index.json is the completing
   // file of the commit protocol (Note [atomic checkpoints]). load_state reads a format-2 folder
-  // on any mesh through ckpt::open_checkpoint, a format-1 one (state.json) as before. Gradients of
-  // an open accumulation window are each rank's own: they load only on the mesh that saved them
-  // (ValueError naming both meshes otherwise).
+  // on any mesh through ckpt::open_checkpoint, a format-1 one (state.json) through
+  // ckpt::open_legacy and the same read_pieces (its other state from its files, see read()).
+  // Gradients of an open accumulation window are each rank's own: they load only on the mesh that
+  // saved them (ValueError naming both meshes otherwise).
   static Loaded read2(Accelerator& acc, const std::string& path) {
     Loaded l;
     l.path = path;
@@ -381,35 +382,25 @@ struct Accelerator::CheckpointIo {
       std::string f = at(rank_file(stem, acc.rank_, ext));
       return (!reshard || fs::exists(f)) ? f : at(rank_file(stem, 0, ext));
     };
-
-    if (dist::is_tp_checkpoint(m.json) && acc.mesh_->size("tp") == 1) {
-      // Saved with tensor parallelism, loaded without: converted to a plain 1-process
-      // checkpoint first (Note [tp checkpoint conversion] in accelerate/strategy_tp.cc).
-      ACCEL_CHECK(m.sync_gradients, ValueError, "load_state", "checkpoint '", path,
-                  "' was saved with tensor parallelism inside a gradient accumulation window; "
-                  "its gradients only resume at its own tp_size");
-      dist::TpConversion c;
-      c.dir = path;
-      c.saved = m.json;
-      c.saved_world = m.world_size;
-      c.models = acc.models_;
-      for (auto& o : acc.optimizers_) c.optimizers.push_back(&o->optimizer());
-      c.shards.resize(acc.models_.size());
-      c.world_rank = acc.rank_;
-      const std::string tmp = dist::convert_tp_checkpoint(c);
-      std::exception_ptr err;
-      try {
-        l.strategy =
-            acc.strategy_->checkpoint().read_state(tmp, nlohmann::json::object(), 1, false);
-      } catch (...) {
-        err = std::current_exception();
-      }
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-      if (err) std::rethrow_exception(err);
-    } else {
-      l.strategy =
-          acc.strategy_->checkpoint().read_state(path, m.json, m.world_size, !m.sync_gradients);
+    // Models, optimizers and window gradients: format 1's files as the pieces format 2 names
+    // (Note [format-1 checkpoints as pieces] in parallel/checkpoint/legacy.h), read by the same
+    // seam as format 2 on any mesh (tp at any size, tp x ZeRO-3 included).
+    if (!m.sync_gradients) {
+      const nlohmann::json& tp = m.json.contains("tp") ? m.json["tp"] : nlohmann::json();
+      const int saved_tp = tp.is_object() && tp.contains("size") && tp["size"].is_number_unsigned()
+                               ? tp["size"].get<int>()
+                               : 1;
+      ACCEL_CHECK(saved_tp == acc.mesh_->size("tp"), ValueError, "load_state", "checkpoint '", path,
+                  "' was saved inside a gradient accumulation window at tp_size ", saved_tp,
+                  "; its per-rank gradients only resume at that tp_size, not at ",
+                  acc.mesh_->size("tp"));
+    }
+    {
+      std::vector<const optim::Optimizer*> users;
+      for (auto& o : acc.optimizers_) users.push_back(&o->optimizer());
+      auto src = dist::ckpt::open_legacy(
+          path, dist::ckpt::legacy_context(acc.models_, users, acc.config_.ddp.bucket_cap_bytes));
+      l.strategy = acc.strategy_->checkpoint().read_pieces(*src, !m.sync_gradients, acc.rank_);
     }
     for (size_t i = 0; i < acc.schedulers_.size(); ++i)
       l.schedulers.push_back(io::load_safetensors(at(indexed("scheduler", i, ".safetensors"))));

@@ -15,7 +15,6 @@
 #include "accelerate/accelerator.h"
 #include "accelerate/checkpoint.h"
 #include "accelerate/strategy_base.h"
-#include "core/env_contract.h"
 #include "parallel/checkpoint/legacy.h"
 #include "parallel/checkpoint/names.h"
 #include "parallel/checkpoint/reader.h"
@@ -31,11 +30,6 @@ std::string rank_file(const std::string& stem, int rank, const char* ext) {
 }
 std::string indexed(const char* stem, size_t i, const char* ext) {
   return i == 0 ? std::string(stem) + ext : std::string(stem) + "_" + std::to_string(i) + ext;
-}
-// Env ACCEL_CHECKPOINT_FORMAT=1: save_state writes format 1 (transitional; core/env_contract.h).
-int checkpoint_format() {
-  const char* v = std::getenv(env::kCheckpointFormat);
-  return v && std::string(v) == "1" ? 1 : dist::ckpt::kFormat;
 }
 bool is_format2(const std::string& dir) {
   std::error_code ec;
@@ -366,9 +360,9 @@ struct Accelerator::CheckpointIo {
       ACCEL_CHECK(theirs == mine, ValueError, "load_state", "checkpoint '", path, "' holds ",
                   theirs, " ", what, ", this accelerator prepared ", mine);
     };
-    // Another world size: the strategy re-shards what it holds (Note [zero checkpoints];
-    // replicated models and optimizers need nothing), ranks without an RNG file of their own take
-    // rank 0's. Loaders resume at their global position at any world and dp size.
+    // Format 1 (state.json): another mesh reads its regions from the pieces open_legacy gives
+    // (below); ranks without an RNG file of their own take rank 0's. Loaders resume at their global
+    // position at any world and dp size.
     const bool reshard = m.world_size != acc.world_size_;
     ACCEL_CHECK(!reshard || m.sync_gradients, ValueError, "load_state", "checkpoint '", path,
                 "' was saved inside a gradient accumulation window by ", m.world_size,
@@ -514,7 +508,6 @@ std::string Accelerator::save_state(const std::string& dir) {
   std::string parent = fs::path(final_dir).parent_path().string();
   if (parent.empty()) parent = ".";
   const std::string tmp = dist::checkpoint_tmp_dir(final_dir);
-  auto at = [&](const std::string& f) { return (fs::path(tmp) / f).string(); };
 
   // Every rank checks what the save would replace (Note [what save_state replaces]), then the
   // main process creates the temporary folder (after the checks: it deletes a stale one). After
@@ -536,71 +529,11 @@ std::string Accelerator::save_state(const std::string& dir) {
   });
   dist::run_checkpoint_hook("begin");
 
-  if (checkpoint_format() == dist::ckpt::kFormat) {
-    CheckpointIo::save2(*this, tmp, agree);
-    if (is_main_process()) {
-      dist::run_checkpoint_hook("state");
-      dist::commit_checkpoint_dir(tmp, final_dir);
-      dist::run_checkpoint_hook("commit");
-    }
-  } else {
-    // Format 1 (ACCEL_CHECKPOINT_FORMAT=1, transitional): the strategy's files, state.json last.
-    // Models, optimizers (and gradients of an open window): the strategy's; schedulers: replicated,
-    // written by the main process.
-    const nlohmann::json record = strategy_->checkpoint().save_state(tmp, !sync_gradients_);
-    if (is_main_process())
-      for (size_t i = 0; i < schedulers_.size(); ++i)
-        io::save_safetensors(at(indexed("scheduler", i, ".safetensors")),
-                             schedulers_[i]->state_dict());
-    // Loader positions: global, the same on every rank (Note [global loader position] in
-    // data/sampler.cc), written once.
-    if (is_main_process())
-      for (size_t i = 0; i < loaders_.size(); ++i)
-        dist::write_file_durable(at(indexed("loader", i, ".json")),
-                                 data::state_to_json(loaders_[i]->state_dict()));
-    // Per-rank state: RNG, registered objects.
-    dist::write_file_durable(at(rank_file("rng", rank_, ".txt")), default_generator().state());
-    for (auto& c : customs_) {
-      nlohmann::json j = c.save();
-      dist::write_file_durable(at(rank_file("custom_" + c.name, rank_, ".json")), j.dump());
-    }
-    dist::run_checkpoint_hook("rank_files");
-    wait_for_everyone();  // every rank's files are durable before state.json marks completion
-
-    if (is_main_process()) {
-      nlohmann::json s;
-      s["format"] = 1;
-      s["step"] = step_;
-      s["optimizer_steps"] = optimizer_steps_;
-      s["save_iteration"] = save_iteration_;
-      s["world_size"] = world_size_;
-      s["mixed_precision"] = std::string(dist::mixed_precision_name(config_.mixed_precision));
-      s["zero_stage"] = config_.zero_stage;
-      s["num_models"] = models_.size();
-      s["num_optimizers"] = optimizers_.size();
-      s["num_schedulers"] = schedulers_.size();
-      s["num_loaders"] = loaders_.size();
-      s["scaler"] = scaler_.state_dict();
-      s["sync_gradients"] = sync_gradients_;
-      s["strategy"] = std::string(strategy_->name());
-      // The tied names of each model: ZeRO-3 shard files keep none, and merge-weights restores
-      // them (Note [format-1 checkpoints as pieces] in parallel/checkpoint/legacy.h).
-      nlohmann::json aliases = nlohmann::json::array();
-      for (const auto& m : models_) aliases.push_back(m->tied_aliases());
-      s["aliases"] = aliases;
-      for (auto it = record.begin(); it != record.end(); ++it) s[it.key()] = *it;
-      std::vector<std::string> customs;
-      for (auto& c : customs_) customs.push_back(c.name);
-      s["custom"] = customs;
-      // The manifest: every rank's files are there (the barrier above); state.json is the last.
-      std::vector<std::string> files = dist::checkpoint_files(tmp);
-      files.push_back(dist::kCheckpointStateFile);
-      s["files"] = files;
-      dist::write_file_durable(at(dist::kCheckpointStateFile), s.dump(2));
-      dist::run_checkpoint_hook("state");
-      dist::commit_checkpoint_dir(tmp, final_dir);
-      dist::run_checkpoint_hook("commit");
-    }
+  CheckpointIo::save2(*this, tmp, agree);
+  if (is_main_process()) {
+    dist::run_checkpoint_hook("state");
+    dist::commit_checkpoint_dir(tmp, final_dir);
+    dist::run_checkpoint_hook("commit");
   }
   wait_for_everyone();
   if (is_main_process()) {

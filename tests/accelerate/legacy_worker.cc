@@ -6,7 +6,8 @@
 // under global names, for the test to compare bit for bit), then <steps> more micro-batches of
 // make_legacy_fixture's data (seed 100 + k for micro-batch k, counted on from the loaded step);
 // rank 0 writes "loss <k> <value>" (the world mean, %.17g) to <out>/losses.txt.
-// Prints "ok legacy_worker"; exit code != 0 on failure.
+// Prints "ok legacy_worker"; exit code != 0 on failure (3: an error, printed, "IoError: " first for
+// one).
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -98,6 +99,9 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const IoError& e) {  // the hostile-checkpoint tests want this kind
+    std::cout << "legacy_worker: IoError: " << e.what() << std::endl;
+    return 3;
   } catch (const std::exception& e) {
     std::cout << "legacy_worker: " << e.what() << std::endl;
     return 3;

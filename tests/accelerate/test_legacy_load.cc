@@ -9,11 +9,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/generator.h"
 #include "examples/models.h"
@@ -181,4 +183,79 @@ TEST_CASE("format-1 accumulation windows resume on their mesh with their gradien
     CHECK(r.code != 0);
     CHECK(accel::test::contains(r.output, "only resume at that tp_size"));
   }
+}
+
+// A format-1 tp checkpoint's record comes from a file: a tp size that does not divide the world, a
+// split out of range, or no inner record fails the load by name on every rank (ckpt::open_legacy
+// checks it as the format-1 strategy did); a link inside tp0/ or at the top is refused before
+// anything is read; a file accel did not write inside tp0/ blocks a save that would replace the
+// folder. (Moved from test_mesh_training, which made its tp checkpoint with the format-1 writer.)
+TEST_CASE("format-1 tp checkpoints: a hostile record or a link fails the load by name") {
+  const std::string dir = scratch() + "/hostile-ckpt";
+  fs::copy(kFixtures + "/tp2shard2/ckpt", dir, fs::copy_options::recursive);
+  const std::string state = dir + "/state.json";
+  const std::string original = accel::test::read_file(state);
+  struct Edit {
+    const char* what;
+    std::function<void(nlohmann::json&)> edit;
+    const char* expect;
+  };
+  const std::vector<Edit> edits = {
+      {"size 3", [](nlohmann::json& j) { j["tp"]["size"] = 3; }, "tp.size 3 does not divide"},
+      {"size text", [](nlohmann::json& j) { j["tp"]["size"] = "2"; }, "tp.size must be a count"},
+      {"dim 99",
+       [](nlohmann::json& j) {
+         auto& m = j["tp"]["models"][0];
+         m[m.begin().key()]["dim"] = 99;
+       },
+       "out of range"},
+      {"no inner", [](nlohmann::json& j) { j["tp"].erase("inner"); }, "tp.inner must be"},
+  };
+  auto load_fails = [&](const std::string& expect) {
+    const std::string out = scratch() + "/hostile-out";
+    fs::remove_all(out);
+    fs::create_directories(out);
+    auto res = run_world(worker(), {dir, out, "1"}, 4, {{"ACCEL_TP_SIZE", "4"}}, 120s);
+    for (const auto& r : res) {
+      CHECK(r.exited);
+      CHECK(r.code == 3);
+      CHECK_MESSAGE(accel::test::contains(r.output, expect), r.output);
+    }
+  };
+  for (const Edit& e : edits) {
+    CAPTURE(std::string(e.what));
+    nlohmann::json j = nlohmann::json::parse(original);
+    e.edit(j);
+    accel::test::write_file(state, j.dump(2));
+    load_fails(e.expect);
+  }
+  accel::test::write_file(state, original);
+  // A link inside tp0/ (or at the top) is refused like a link at the top, before anything is read.
+  for (const std::string sub : {"/tp0", ""}) {
+    CAPTURE(sub);
+    std::string victim;
+    for (const auto& e : fs::directory_iterator(dir + sub)) {
+      const std::string name = e.path().filename().string();
+      if (e.is_regular_file() && name != "state.json" && name != ".accel_checkpoint")
+        victim = e.path().string();
+    }
+    REQUIRE(!victim.empty());
+    const std::string moved = scratch() + "/moved";
+    fs::rename(victim, moved);
+    fs::create_symlink(moved, victim);
+    load_fails("'" + victim + "' is a symbolic link");
+    fs::remove(victim);
+    fs::rename(moved, victim);
+  }
+  // A file accel did not write inside tp0/: a save that would replace the folder refuses.
+  const std::string target = scratch() + "/hostile-target";
+  fs::create_directories(target);
+  fs::copy(dir, target + "/resaved", fs::copy_options::recursive);
+  accel::test::write_file(target + "/resaved/tp0/notes.txt", "mine");
+  auto res = run_world(worker(), {dir, target, "1"}, 4, kTp2Shard2, 120s);
+  for (const auto& r : res) {
+    CHECK(r.code == 3);
+    CHECK_MESSAGE(accel::test::contains(r.output, "tp0/"), r.output);
+  }
+  CHECK(fs::exists(target + "/resaved/tp0/notes.txt"));
 }

@@ -17,7 +17,9 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include "accelerate/accelerator.h"
 #include "core/generator.h"
+#include "data/dataloader.h"
 #include "examples/models.h"
 #include "io/safetensors.h"
 #include "optim/adam.h"
@@ -258,4 +260,67 @@ TEST_CASE("format-1 tp checkpoints: a hostile record or a link fails the load by
     CHECK_MESSAGE(accel::test::contains(r.output, "tp0/"), r.output);
   }
   CHECK(fs::exists(target + "/resaved/tp0/notes.txt"));
+}
+
+// Checkpoints of versions before the global loader position hold each rank's loader state
+// (loader_rank<r>.json, version 1: batches consumed of its dp shard): load_state converts rank 0's
+// into the global position (Note [global loader position] in data/sampler.cc). No writer makes
+// these any more: the 'one' fixture with such a file added.
+TEST_CASE("format-1: a per-rank loader file of an earlier version resumes the loader") {
+  const std::string dir = scratch() + "/loader-v1";
+  fs::copy(kFixtures + "/one/ckpt", dir, fs::copy_options::recursive);
+  AcceleratorConfig cfg;
+  cfg.cpu = true;
+  cfg.project_dir = scratch();
+  cfg.log_with = {};
+  cfg.read_env = false;
+  cfg.ddp.bucket_cap_bytes = 1024;
+  Accelerator acc(cfg);
+  Generator gen(5);
+  models::GptConfig c;
+  c.vocab = 8;
+  c.context = 4;
+  c.layers = 1;
+  c.heads = 2;
+  c.d_model = 8;
+  auto model = std::make_shared<models::Gpt>(c, &gen);
+  model->to(kFloat64);
+  std::vector<optim::ParamGroup> groups(2);
+  for (auto& [name, p] : model->named_parameters())
+    groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
+  groups[1].weight_decay = 0.0;
+  auto opt =
+      std::make_shared<optim::AdamW>(groups, optim::AdamWFields{.lr = 1e-2, .weight_decay = 0.01});
+  auto prepared = acc.prepare(model, std::static_pointer_cast<optim::Optimizer>(opt));
+  (void)prepared;
+  data::DataLoaderOptions lo;
+  lo.batch_size = 4;
+  lo.shuffle = true;
+  lo.seed = 3;
+  Generator g(99);
+  const Tensor seqs = randint(0, 8, {40, 5}, TensorOptions(kInt64), &g);
+  auto loader = acc.prepare_data_loader(std::make_shared<data::DataLoader>(
+      std::make_shared<data::TensorDataset>(std::vector<Tensor>{seqs}), lo));
+  const data::StateDict pos = loader->state_dict();
+  const nlohmann::json v1 = {{"version", "1"},
+                             {"epoch", "0"},
+                             {"batches_consumed", "3"},
+                             {"seed", pos.at("seed")},
+                             {"batch_size", "4"},
+                             {"world_size", "1"},
+                             {"rank", "0"},
+                             {"sampler_size", pos.at("sampler_size")},
+                             {"drop_last", "0"},
+                             {"even_batches", "1"},
+                             {"split_batches", "0"},
+                             {"sampler.seed", pos.at("sampler.seed")}};
+  accel::test::write_file(dir + "/loader_rank0.json", v1.dump());
+  nlohmann::json state = nlohmann::json::parse(accel::test::read_file(dir + "/state.json"));
+  state["num_loaders"] = 1;
+  state["files"].push_back("loader_rank0.json");
+  accel::test::write_file(dir + "/state.json", state.dump(2));
+  CHECK(loader->batches_consumed() == 0);
+  acc.load_state(dir);
+  CHECK(loader->batches_consumed() == 3);
+  CHECK(acc.step() == 3);
 }

@@ -13,10 +13,9 @@
 #include "io/safetensors.h"
 #include "core/generator.h"
 #include "accelerate/accelerator.h"
-#include "accelerate/strategy_tp.h"
 #include "accelerate/checkpoint.h"
 #include "accelerate/strategy_base.h"
-#include "core/env_contract.h"
+#include "parallel/checkpoint/legacy.h"
 #include "parallel/checkpoint/names.h"
 #include "parallel/checkpoint/reader.h"
 #include "parallel/checkpoint/writer.h"
@@ -31,11 +30,6 @@ std::string rank_file(const std::string& stem, int rank, const char* ext) {
 }
 std::string indexed(const char* stem, size_t i, const char* ext) {
   return i == 0 ? std::string(stem) + ext : std::string(stem) + "_" + std::to_string(i) + ext;
-}
-// Env ACCEL_CHECKPOINT_FORMAT=1: save_state writes format 1 (transitional; core/env_contract.h).
-int checkpoint_format() {
-  const char* v = std::getenv(env::kCheckpointFormat);
-  return v && std::string(v) == "1" ? 1 : dist::ckpt::kFormat;
 }
 bool is_format2(const std::string& dir) {
   std::error_code ec;
@@ -174,9 +168,10 @@ struct Accelerator::CheckpointIo {
   // scaler, sync_gradients, counts, the mesh, each loader's global position (Note [global loader
   // position]: it resumes at any dp size) and the tied aliases. index.json is the completing
   // file of the commit protocol (Note [atomic checkpoints]). load_state reads a format-2 folder
-  // on any mesh through ckpt::open_checkpoint, a format-1 one (state.json) as before. Gradients of
-  // an open accumulation window are each rank's own: they load only on the mesh that saved them
-  // (ValueError naming both meshes otherwise).
+  // on any mesh through ckpt::open_checkpoint, a format-1 one (state.json) through
+  // ckpt::open_legacy and the same read_pieces (its other state from its files, see read()).
+  // Gradients of an open accumulation window are each rank's own: they load only on the mesh that
+  // saved them (ValueError naming both meshes otherwise).
   static Loaded read2(Accelerator& acc, const std::string& path) {
     Loaded l;
     l.path = path;
@@ -365,9 +360,9 @@ struct Accelerator::CheckpointIo {
       ACCEL_CHECK(theirs == mine, ValueError, "load_state", "checkpoint '", path, "' holds ",
                   theirs, " ", what, ", this accelerator prepared ", mine);
     };
-    // Another world size: the strategy re-shards what it holds (Note [zero checkpoints];
-    // replicated models and optimizers need nothing), ranks without an RNG file of their own take
-    // rank 0's. Loaders resume at their global position at any world and dp size.
+    // Format 1 (state.json): another mesh reads its regions from the pieces open_legacy gives
+    // (below); ranks without an RNG file of their own take rank 0's. Loaders resume at their global
+    // position at any world and dp size.
     const bool reshard = m.world_size != acc.world_size_;
     ACCEL_CHECK(!reshard || m.sync_gradients, ValueError, "load_state", "checkpoint '", path,
                 "' was saved inside a gradient accumulation window by ", m.world_size,
@@ -381,35 +376,25 @@ struct Accelerator::CheckpointIo {
       std::string f = at(rank_file(stem, acc.rank_, ext));
       return (!reshard || fs::exists(f)) ? f : at(rank_file(stem, 0, ext));
     };
-
-    if (dist::is_tp_checkpoint(m.json) && acc.mesh_->size("tp") == 1) {
-      // Saved with tensor parallelism, loaded without: converted to a plain 1-process
-      // checkpoint first (Note [tp checkpoint conversion] in accelerate/strategy_tp.cc).
-      ACCEL_CHECK(m.sync_gradients, ValueError, "load_state", "checkpoint '", path,
-                  "' was saved with tensor parallelism inside a gradient accumulation window; "
-                  "its gradients only resume at its own tp_size");
-      dist::TpConversion c;
-      c.dir = path;
-      c.saved = m.json;
-      c.saved_world = m.world_size;
-      c.models = acc.models_;
-      for (auto& o : acc.optimizers_) c.optimizers.push_back(&o->optimizer());
-      c.shards.resize(acc.models_.size());
-      c.world_rank = acc.rank_;
-      const std::string tmp = dist::convert_tp_checkpoint(c);
-      std::exception_ptr err;
-      try {
-        l.strategy =
-            acc.strategy_->checkpoint().read_state(tmp, nlohmann::json::object(), 1, false);
-      } catch (...) {
-        err = std::current_exception();
-      }
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-      if (err) std::rethrow_exception(err);
-    } else {
-      l.strategy =
-          acc.strategy_->checkpoint().read_state(path, m.json, m.world_size, !m.sync_gradients);
+    // Models, optimizers and window gradients: format 1's files as the pieces format 2 names
+    // (Note [format-1 checkpoints as pieces] in parallel/checkpoint/legacy.h), read by the same
+    // seam as format 2 on any mesh (tp at any size, tp x ZeRO-3 included).
+    if (!m.sync_gradients) {
+      const nlohmann::json& tp = m.json.contains("tp") ? m.json["tp"] : nlohmann::json();
+      const int saved_tp = tp.is_object() && tp.contains("size") && tp["size"].is_number_unsigned()
+                               ? tp["size"].get<int>()
+                               : 1;
+      ACCEL_CHECK(saved_tp == acc.mesh_->size("tp"), ValueError, "load_state", "checkpoint '", path,
+                  "' was saved inside a gradient accumulation window at tp_size ", saved_tp,
+                  "; its per-rank gradients only resume at that tp_size, not at ",
+                  acc.mesh_->size("tp"));
+    }
+    {
+      std::vector<const optim::Optimizer*> users;
+      for (auto& o : acc.optimizers_) users.push_back(&o->optimizer());
+      auto src = dist::ckpt::open_legacy(
+          path, dist::ckpt::legacy_context(acc.models_, users, acc.config_.ddp.bucket_cap_bytes));
+      l.strategy = acc.strategy_->checkpoint().read_pieces(*src, !m.sync_gradients, acc.rank_);
     }
     for (size_t i = 0; i < acc.schedulers_.size(); ++i)
       l.schedulers.push_back(io::load_safetensors(at(indexed("scheduler", i, ".safetensors"))));
@@ -523,7 +508,6 @@ std::string Accelerator::save_state(const std::string& dir) {
   std::string parent = fs::path(final_dir).parent_path().string();
   if (parent.empty()) parent = ".";
   const std::string tmp = dist::checkpoint_tmp_dir(final_dir);
-  auto at = [&](const std::string& f) { return (fs::path(tmp) / f).string(); };
 
   // Every rank checks what the save would replace (Note [what save_state replaces]), then the
   // main process creates the temporary folder (after the checks: it deletes a stale one). After
@@ -545,71 +529,11 @@ std::string Accelerator::save_state(const std::string& dir) {
   });
   dist::run_checkpoint_hook("begin");
 
-  if (checkpoint_format() == dist::ckpt::kFormat) {
-    CheckpointIo::save2(*this, tmp, agree);
-    if (is_main_process()) {
-      dist::run_checkpoint_hook("state");
-      dist::commit_checkpoint_dir(tmp, final_dir);
-      dist::run_checkpoint_hook("commit");
-    }
-  } else {
-    // Format 1 (ACCEL_CHECKPOINT_FORMAT=1, transitional): the strategy's files, state.json last.
-    // Models, optimizers (and gradients of an open window): the strategy's; schedulers: replicated,
-    // written by the main process.
-    const nlohmann::json record = strategy_->checkpoint().save_state(tmp, !sync_gradients_);
-    if (is_main_process())
-      for (size_t i = 0; i < schedulers_.size(); ++i)
-        io::save_safetensors(at(indexed("scheduler", i, ".safetensors")),
-                             schedulers_[i]->state_dict());
-    // Loader positions: global, the same on every rank (Note [global loader position] in
-    // data/sampler.cc), written once.
-    if (is_main_process())
-      for (size_t i = 0; i < loaders_.size(); ++i)
-        dist::write_file_durable(at(indexed("loader", i, ".json")),
-                                 data::state_to_json(loaders_[i]->state_dict()));
-    // Per-rank state: RNG, registered objects.
-    dist::write_file_durable(at(rank_file("rng", rank_, ".txt")), default_generator().state());
-    for (auto& c : customs_) {
-      nlohmann::json j = c.save();
-      dist::write_file_durable(at(rank_file("custom_" + c.name, rank_, ".json")), j.dump());
-    }
-    dist::run_checkpoint_hook("rank_files");
-    wait_for_everyone();  // every rank's files are durable before state.json marks completion
-
-    if (is_main_process()) {
-      nlohmann::json s;
-      s["format"] = 1;
-      s["step"] = step_;
-      s["optimizer_steps"] = optimizer_steps_;
-      s["save_iteration"] = save_iteration_;
-      s["world_size"] = world_size_;
-      s["mixed_precision"] = std::string(dist::mixed_precision_name(config_.mixed_precision));
-      s["zero_stage"] = config_.zero_stage;
-      s["num_models"] = models_.size();
-      s["num_optimizers"] = optimizers_.size();
-      s["num_schedulers"] = schedulers_.size();
-      s["num_loaders"] = loaders_.size();
-      s["scaler"] = scaler_.state_dict();
-      s["sync_gradients"] = sync_gradients_;
-      s["strategy"] = std::string(strategy_->name());
-      // The tied names of each model: ZeRO-3 shard files keep none, and merge-weights restores
-      // them (Note [format-1 checkpoints as pieces] in parallel/checkpoint/legacy.h).
-      nlohmann::json aliases = nlohmann::json::array();
-      for (const auto& m : models_) aliases.push_back(m->tied_aliases());
-      s["aliases"] = aliases;
-      for (auto it = record.begin(); it != record.end(); ++it) s[it.key()] = *it;
-      std::vector<std::string> customs;
-      for (auto& c : customs_) customs.push_back(c.name);
-      s["custom"] = customs;
-      // The manifest: every rank's files are there (the barrier above); state.json is the last.
-      std::vector<std::string> files = dist::checkpoint_files(tmp);
-      files.push_back(dist::kCheckpointStateFile);
-      s["files"] = files;
-      dist::write_file_durable(at(dist::kCheckpointStateFile), s.dump(2));
-      dist::run_checkpoint_hook("state");
-      dist::commit_checkpoint_dir(tmp, final_dir);
-      dist::run_checkpoint_hook("commit");
-    }
+  CheckpointIo::save2(*this, tmp, agree);
+  if (is_main_process()) {
+    dist::run_checkpoint_hook("state");
+    dist::commit_checkpoint_dir(tmp, final_dir);
+    dist::run_checkpoint_hook("commit");
   }
   wait_for_everyone();
   if (is_main_process()) {

@@ -67,31 +67,13 @@ void begin_checkpoint_dir(const std::string& tmp_dir) {
 }
 
 namespace {
-// tp0, tp1, ...: the folder of one tensor-parallel index (Note [tp strategy] in
-// accelerate/strategy_tp.cc).
+// tp0, tp1, ...: the folder of one tensor-parallel index of a format-1 checkpoint (Note
+// [format-1 checkpoints as pieces] in parallel/checkpoint/legacy.h).
 bool is_tp_folder_name(const std::string& name) {
   static const std::regex kTp(R"(tp\d{1,6})");
   return std::regex_match(name, kTp);
 }
 }  // namespace
-
-std::vector<std::string> checkpoint_files(const std::string& dir) {
-  const file_io::Fd d = file_io::open_dir(dir, false, "save_state");
-  std::vector<std::string> out;
-  for (const std::string& n : file_io::list_dir(d.get(), dir, "save_state")) {
-    struct stat st {};
-    if (::fstatat(d.get(), n.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    if (S_ISREG(st.st_mode)) {
-      out.push_back(n);
-    } else if (S_ISDIR(st.st_mode) && is_tp_folder_name(n)) {
-      // A tensor-parallel index's files (Note [tp strategy] in accelerate/strategy_tp.cc).
-      for (const std::string& f : checkpoint_files((fs::path(dir) / n).string()))
-        if (f.find('/') == std::string::npos) out.push_back(n + "/" + f);
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 void refuse_checkpoint_links(const std::string& dir, const char* op) {
   const file_io::Fd d = file_io::open_dir(dir, false, op);
@@ -225,7 +207,7 @@ std::optional<std::string> replace_refusal(const std::string& dir) {
   if (!marker && !accel_state)
     return "holds " + listing(shown) + ", and is not a checkpoint folder of accel's (no " +
            kCheckpointMarker + " marker, no " + kCheckpointStateFile + " of accel's)";
-  // A tensor-parallel index's folder (Note [tp strategy] in accelerate/strategy_tp.cc): a real
+  // A format-1 tensor-parallel index's folder (parallel/checkpoint/legacy.h): a real
   // folder whose every entry is a regular file the manifest lists as "tp<t>/<file>". In an
   // unfinished save of ours (the marker, no state.json yet: a rank was killed while saving) any
   // regular file its ranks wrote: before, such a folder blocked every later save to the same

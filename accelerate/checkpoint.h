@@ -33,7 +33,7 @@
 //     (a JSON object with "format" and "step"), and nothing but regular files accel writes into
 //     a checkpoint: those listed in state.json's "files" (the manifest rank 0 writes; a
 //     tensor-parallel run's tp<t>/ folders, each holding only files the manifest lists as
-//     "tp<t>/<file>", Note [tp strategy] in accelerate/strategy_tp.cc), or, for a
+//     "tp<t>/<file>" in format 1: parallel/checkpoint/legacy.h), or, for a
 //     checkpoint of an earlier version without a manifest, files named as accel names them
 //     (model*, optimizer*, scheduler* .safetensors, grads*, zero_*, fsdp_* _rank<r>.safetensors,
 //     loader*[_rank<r>].json, rng_rank<r>.txt, custom_*_rank<r>.json, and their temporaries). An
@@ -80,8 +80,6 @@ std::string checkpoint_tmp_dir(const std::string& final_dir);
 // Creates the parent when missing, removes a stale temp dir and creates it holding only the
 // marker (rank 0).
 void begin_checkpoint_dir(const std::string& tmp_dir);
-// Names of the regular files in a checkpoint folder, sorted: the manifest of state.json.
-std::vector<std::string> checkpoint_files(const std::string& dir);
 // IoError naming the first symbolic link among `dir`'s entries and its tp<t>/ folders' entries:
 // accel never writes a link into a checkpoint, and the safetensors reader follows links (for
 // Hugging Face caches), so a load refuses a checkpoint holding one before reading anything.

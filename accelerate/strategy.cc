@@ -13,24 +13,12 @@
 #include "core/error.h"
 #include "accelerate/checkpoint.h"
 #include "parallel/fsdp.h"
-#include "parallel/fsdp_checkpoint.h"
 #include "accelerate/strategy_base.h"
 #include "accelerate/strategy_registry.h"
-#include "parallel/zero_checkpoint.h"
 
 namespace accel::dist {
 
-namespace fs = std::filesystem;
-
 namespace {
-
-std::string indexed(const char* stem, size_t i, const char* ext) {
-  return i == 0 ? std::string(stem) + ext : std::string(stem) + "_" + std::to_string(i) + ext;
-}
-std::string grads_file(size_t model, int rank) {
-  return (model == 0 ? std::string("grads") : "grads_" + std::to_string(model)) + "_rank" +
-         std::to_string(rank) + ".safetensors";
-}
 
 int64_t state_bytes(const optim::Optimizer& o) {
   int64_t n = 0;
@@ -162,52 +150,7 @@ void ReplicatedStrategy::broadcast_frozen(const nn::Module& model, bool buffers)
     for (auto& [name, b] : model.named_buffers()) broadcast_in_place(b);
 }
 
-// ---- checkpoints: full models from rank 0, optimizer state plain or in ZeRO shards
-// (Note [zero checkpoints] in parallel/zero_checkpoint.h) ----
-
-nlohmann::json ReplicatedStrategy::save_state(const std::string& dir, bool mid_window) {
-  auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
-  if (ctx_.rank == 0) {
-    for (size_t i = 0; i < models_.size(); ++i)
-      io::save_safetensors(at(indexed("model", i, ".safetensors")), models_[i]->state_dict());
-    for (size_t i = 0; i < slots_.size(); ++i)
-      io::save_safetensors(at(indexed("optimizer", i, ".safetensors")),
-                           slots_[i]->user->state_dict());
-  }
-  nlohmann::json zero = nlohmann::json::array();
-  bool any_zero = false;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    Slot& s = *slots_[i];
-    if (!s.zero) {
-      zero.push_back(nullptr);
-      continue;
-    }
-    any_zero = true;
-    // Note [hsdp checkpoints] in accelerate/strategy_fsdp.cc: one copy of each shard, from the
-    // first replica, named by the shard-group rank.
-    if (!ctx_.hsdp() || ctx_.dp_replicate->rank() == 0) {
-      const std::string f = at(zero_ckpt::shard_file(i, shard_rank()));
-      io::save_safetensors(f, s.zero->shard_state_dict());
-      fsync_path(f);
-    }
-    zero_ckpt::write_accum(dir, i, ctx_.rank, s.accum);
-    zero.push_back(zero_ckpt::layout(*s.zero));
-  }
-  // Saved inside an accumulation window the local gradients are state too (they are not
-  // synced yet, so every rank keeps its own).
-  if (mid_window) {
-    for (size_t i = 0; i < models_.size(); ++i) {
-      io::TensorDict grads;
-      for (auto& [pname, p] : models_[i]->named_parameters())
-        if (p.grad().defined()) grads[pname] = p.grad();
-      io::save_safetensors(at(grads_file(i, ctx_.rank)), grads);
-    }
-  }
-  nlohmann::json record = nlohmann::json::object();
-  if (any_zero) record["zero"] = zero;
-  if (any_zero && ctx_.hsdp()) record["zero_world"] = ctx_.shard_group()->size();
-  return record;
-}
+// ---- checkpoints (format 2: accelerate/strategy_pieces.cc) ----
 
 void swap_values(const Tensor& a, const Tensor& b) {
   NoGradGuard ng;
@@ -250,52 +193,6 @@ void release_unused_memory() {
 
 namespace {
 
-// A model's state from a plain model file, each tensor in the dtype and on the device of the
-// model's own when the shapes agree and no precision is lost (as saved otherwise: apply_state
-// converts, or names the mismatch).
-io::TensorDict read_model_file(const std::string& path, const nn::Module& model) {
-  io::SafetensorsFile f(path);
-  const io::TensorDict own = model.state_handles();
-  io::TensorDict out;
-  for (const std::string& name : f.names()) {
-    const io::SafetensorsFile::Info& in = f.info(name);
-    auto it = own.find(name);
-    Tensor t = it != own.end() && it->second.sizes() == in.shape
-                   ? empty(in.shape, TensorOptions(load_dtype(in.dtype, it->second.dtype()),
-                                                   it->second.device()))
-                   : empty(in.shape, TensorOptions(in.dtype));
-    f.read_range(name, 0, in.numel, t);
-    out[name] = t;
-  }
-  return out;
-}
-
-// A plain optimizer's state dict from its file, each slot in its parameter's dtype and device
-// (so the optimizer adopts it without a copy) when the shapes agree.
-io::TensorDict read_optimizer_file(const io::SafetensorsFile& f, const optim::Optimizer& opt) {
-  std::vector<Tensor> params;
-  for (size_t g = 0; g < opt.num_param_groups(); ++g)
-    for (const Tensor& p : opt.params(g)) params.push_back(p);
-  io::TensorDict out;
-  for (const std::string& name : f.names()) {
-    const io::SafetensorsFile::Info& in = f.info(name);
-    Tensor t = empty(in.shape, TensorOptions(in.dtype));
-    if (name.rfind("state.", 0) == 0 && is_floating(in.dtype)) {
-      const size_t dot = name.find('.', 6);
-      const std::string k = name.substr(6, dot == std::string::npos ? 0 : dot - 6);
-      if (!k.empty() && k.size() < 10 && k.find_first_not_of("0123456789") == std::string::npos) {
-        const size_t i = size_t(std::stoul(k));
-        if (i < params.size() && params[i].sizes() == in.shape)
-          t = empty(in.shape,
-                    TensorOptions(load_dtype(in.dtype, params[i].dtype()), params[i].device()));
-      }
-    }
-    f.read_range(name, 0, in.numel, t);
-    out[name] = t;
-  }
-  return out;
-}
-
 // Module::load_state_dict's strict checks, without loading: ValueError listing every missing,
 // unexpected or mis-shaped entry.
 void check_model_state(const nn::Module& model, const io::TensorDict& own,
@@ -329,88 +226,11 @@ void check_model_state(const nn::Module& model, const io::TensorDict& own,
 }  // namespace
 
 // Note [replicated loading memory]
-// Every rank holds the whole model, so it reads the whole model file (in the parameters' dtypes)
-// and, under ZeRO, only its slices of the optimizer state (by range, from the shard files or the
-// plain optimizer file). apply_state swaps the values with the parameters (a bounded buffer) and
-// hands the optimizer its new state without a copy; the replaced values stay in the state for a
-// rollback. The peak is the training state plus one copy of the parameters.
-std::unique_ptr<StrategyState> ReplicatedStrategy::read_state(const std::string& dir,
-                                                              const nlohmann::json& saved,
-                                                              int saved_world, bool mid_window) {
-  auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
-  const int zero_world = zero_ckpt::shard_world(saved, saved_world, at(kCheckpointStateFile));
-  const zero_ckpt::Layouts layouts =
-      zero_ckpt::read_layouts(saved, slots_.size(), zero_world, at(kCheckpointStateFile));
-  auto st = std::make_unique<ReplicatedState>();
-  // A ZeRO-3 checkpoint (Note [fsdp checkpoints]) is read as a plain one: whole parameters and
-  // per-parameter optimizer state, assembled from the ranks' slices.
-  std::optional<PlainState> fsdp;
-  if (saved.is_object() && saved.contains("fsdp")) {
-    ACCEL_CHECK(!mid_window, ValueError, "load_state", "checkpoint '", dir,
-                "' was saved by zero_stage 3 inside an accumulation window; its unsharded window "
-                "gradients only resume under zero_stage 3 with ",
-                saved_world, " processes");
-    std::vector<const optim::Optimizer*> users;
-    for (auto& s : slots_) users.push_back(s->user.get());
-    fsdp = read_fsdp_as_plain(dir, saved.at("fsdp"), saved_world, models_, users);
-  }
-  for (size_t i = 0; i < models_.size(); ++i)
-    st->models.push_back(
-        fsdp ? std::move(fsdp->models.at(i))
-             : read_model_file(at(indexed("model", i, ".safetensors")), *models_[i]));
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& s = *slots_[i];
-    const ckpt_records::ZeroLayoutRecord* layout =
-        (fsdp || i >= layouts.size() || !layouts[i]) ? nullptr : &*layouts[i];
-    if (fsdp) {
-      io::TensorDict opt = std::move(fsdp->optimizers.at(i));
-      if (s.zero) {
-        st->shards.push_back(zero_ckpt::read_shard_state(opt, *s.zero, shard_rank()));
-        st->optimizers.push_back(zero_ckpt::param_groups_of(opt));
-      } else {
-        st->optimizers.push_back(std::move(opt));
-        st->shards.emplace_back();
-      }
-      st->accum.emplace_back();
-      continue;
-    }
-    io::SafetensorsFile opt(at(indexed("optimizer", i, ".safetensors")));
-    if (s.zero) {
-      st->shards.push_back(
-          zero_ckpt::read_shard_state(dir, i, layout, zero_world, opt, *s.zero, shard_rank()));
-      st->optimizers.push_back(zero_ckpt::param_groups_of(opt));  // the schedulers' lr
-      st->accum.push_back(mid_window ? zero_ckpt::read_accum(dir, i, ctx_.rank, *s.zero)
-                                     : std::vector<Tensor>{});
-    } else {
-      // A ZeRO checkpoint into a plain optimizer: cut the flat buffers into per-parameter state.
-      st->optimizers.push_back(layout
-                                   ? zero_ckpt::read_unsharded_state(
-                                         dir, i, *layout, zero_world, *s.user,
-                                         zero_ckpt::param_groups_of(opt), ctx_.ddp.bucket_cap_bytes)
-                                   : read_optimizer_file(opt, *s.user));
-      st->shards.emplace_back();
-      st->accum.emplace_back();
-    }
-  }
-  st->grads.resize(models_.size());
-  for (size_t i = 0; i < models_.size() && mid_window; ++i) {
-    const std::string f = at(grads_file(i, ctx_.rank));
-    io::SafetensorsFile grads(f);
-    for (auto& [pname, p] : models_[i]->named_parameters()) {
-      if (!grads.contains(pname)) continue;
-      const io::SafetensorsFile::Info& in = grads.info(pname);
-      ACCEL_CHECK(in.shape == p.sizes() && is_floating(in.dtype), ShapeError, "load_state", "'", f,
-                  "': gradient of ", pname, " is ", in.dtype, " ", shape_str(in.shape),
-                  ", parameter ", p.shape_str());
-      Tensor g = empty(p.sizes(), TensorOptions(p.dtype(), p.device()));
-      grads.read_range(pname, 0, in.numel, g);
-      st->grads[i].emplace_back(p, g);
-    }
-  }
-  st->has_grads = mid_window;
-  return st;
-}
-
+// Every rank holds the whole model, so read_pieces reads the whole model (in the parameters'
+// dtypes) and, under ZeRO, only its slices of the optimizer state. apply_state swaps the values
+// with the parameters (a bounded buffer) and hands the optimizer its new state without a copy;
+// the replaced values stay in the state for a rollback. The peak is the training state plus one
+// copy of the parameters.
 void ReplicatedStrategy::apply_state(StrategyState& state) {
   auto* st = dynamic_cast<ReplicatedState*>(&state);
   ACCEL_CHECK(st != nullptr && st->models.size() == models_.size() &&

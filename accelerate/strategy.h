@@ -116,7 +116,7 @@ struct StrategyMemory {
   int64_t full_param_bytes = 0;      // one unsharded replica
 };
 
-// What read_state() found in a checkpoint, or what snapshot() saved: applied by apply_state().
+// What read_pieces() found in a checkpoint: applied by apply_state().
 struct StrategyState {
   virtual ~StrategyState() = default;
 };
@@ -145,8 +145,9 @@ using PlaceFn =
 // schedulers and RNG, and ckpt::save_pieces writes them. load_state opens the checkpoint
 // (ckpt::open_checkpoint) and asks the strategy for its state read from it (read_pieces: every
 // tensor this rank keeps, read as its region of the global tensor into fresh buffers, whatever
-// mesh saved it), which apply_state swaps in as for format 1 (Note [checkpoint loading]): so the
-// seam is two calls beside the format-1 ones, and the all-or-nothing protocol is unchanged.
+// mesh saved it), which apply_state swaps in (Note [checkpoint loading]). A format-1 checkpoint
+// (state.json) is read through the same call: ckpt::open_legacy gives its tensors format 2's names
+// (Note [format-1 checkpoints as pieces] in parallel/checkpoint/legacy.h).
 // Regions compose: the strategy that cuts a tensor last (ZeRO's flat range of a bucket shard,
 // FSDP's span) narrows the region its place() gives, which is the whole tensor, or, under tensor
 // parallelism, the tp part TpStrategy gives its inner strategy through set_place().
@@ -156,8 +157,9 @@ class StrategyCheckpoint {
   // Format 2: this rank's pieces (Note [format-2 strategy seam]); `world_rank` names the per-rank
   // window gradients ("grad.<i>.<name>.rank<r>"). Default: NotImplementedError naming the seam.
   virtual void state_entries(std::vector<ckpt::StateEntry>& out, bool mid_window, int world_rank);
-  // Format 2: what this rank keeps, read from `src` into fresh buffers (changes nothing; checks as
-  // read_state does). Window gradients only when `mid_window` (the facade checked the mesh).
+  // Step 1 of a load: what this rank keeps, read from `src` (format 2, or format 1 through
+  // ckpt::open_legacy) into fresh buffers; changes nothing. IoError / ValueError naming the tensor
+  // or the mismatch. Window gradients only when `mid_window` (the facade checked the mesh).
   virtual std::unique_ptr<StrategyState> read_pieces(ckpt::CheckpointSource& src, bool mid_window,
                                                      int world_rank);
   // Where prepared models' tensors lie before this strategy cuts them (TpStrategy sets it on the
@@ -172,17 +174,6 @@ class StrategyCheckpoint {
   PlaceFn place_;
 
  public:
-  // Writes this rank's share of the model and optimizer state (and, with mid_window, of the
-  // not-yet-synced gradients) into `dir`; returns what state.json records for the strategy: a
-  // JSON object whose keys the facade adds to state.json (rank 0's value is written; ZeRO:
-  // "zero", the bucket layouts). The facade itself writes "strategy": name().
-  virtual nlohmann::json save_state(const std::string& dir, bool mid_window) = 0;
-  // Step 1: reads and checks what this rank needs, re-sharding from `saved_world` ranks; `saved`
-  // is the checkpoint's whole state.json object (the strategy's keys, if any, among the
-  // facade's); changes nothing. IoError / ValueError naming the file or the mismatch.
-  virtual std::unique_ptr<StrategyState> read_state(const std::string& dir,
-                                                    const nlohmann::json& saved, int saved_world,
-                                                    bool mid_window) = 0;
   // Step 3: replaces this rank's models, optimizers and window gradients by `state` and leaves in
   // `state` what it replaced, so that a second apply_state(state) undoes the first: a load needs
   // no copy of the model for its rollback (Note [checkpoint loading]). It checks everything

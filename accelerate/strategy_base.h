@@ -80,9 +80,6 @@ class ReplicatedStrategy : public Strategy, public StrategyCheckpoint {
   StrategyMemory memory() const override;
   StrategyCheckpoint& checkpoint() override { return *this; }
 
-  nlohmann::json save_state(const std::string& dir, bool mid_window) override;
-  std::unique_ptr<StrategyState> read_state(const std::string& dir, const nlohmann::json& saved,
-                                            int saved_world, bool mid_window) override;
   void apply_state(StrategyState& state) override;
   void state_entries(std::vector<ckpt::StateEntry>& out, bool mid_window, int world_rank) override;
   std::unique_ptr<StrategyState> read_pieces(ckpt::CheckpointSource& src, bool mid_window,

@@ -1,6 +1,6 @@
 // FsdpStrategy ("fsdp", zero_stage 3): the one ZeRO-3 engine of the Accelerator, one
 // dist::FullyShardedModel per prepared model (parallel/fsdp.h, Note [unit lifecycle]); checkpoints
-// per Note [fsdp checkpoints].
+// as pieces of format 2 (Note [format-2 strategy seam] in accelerate/strategy.h).
 #include <algorithm>
 #include <filesystem>
 #include <functional>
@@ -11,23 +11,15 @@
 #include "core/error.h"
 #include "accelerate/checkpoint.h"
 #include "parallel/fsdp.h"
-#include "parallel/fsdp_checkpoint.h"
 #include "accelerate/strategy.h"
 #include "accelerate/strategies/fsdp_options.h"
 #include "accelerate/strategy_base.h"
 #include "accelerate/strategy_registry.h"
-#include "parallel/zero_checkpoint.h"
 #include "parallel/checkpoint/names.h"
 
 namespace accel::dist {
 
 namespace {
-
-namespace fs = std::filesystem;
-
-std::string indexed_file(const char* stem, size_t i, const char* ext) {
-  return (i == 0 ? std::string(stem) : std::string(stem) + "_" + std::to_string(i)) + ext;
-}
 
 // Buffers and frozen parameters: replicated, written by rank 0 like a plain model file.
 io::TensorDict replicated_state(const nn::Module& m) {
@@ -56,7 +48,7 @@ io::Metadata trainable_aliases(const nn::Module& m) {
   return out;
 }
 
-// What read_state() found, applied by swapping (Note [checkpoint loading] in
+// What read_pieces() found, applied by swapping (Note [checkpoint loading] in
 // accelerate/accelerator_state.cc): after apply_state every field holds what it replaced.
 struct Loaded final : StrategyState {
   std::vector<std::vector<std::pair<size_t, Tensor>>> slices;  // per model: (param, values)
@@ -190,39 +182,10 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
 
   // Note [hsdp checkpoints]
   // Under HSDP the R replicas of a shard are equal, so only the ranks of replica 0 (dp_replicate
-  // coordinate 0) write the shard files, named by their rank in the shard group; the record says
-  // "world": S (the shard group's size, which the spans are for) and "replicate": R, S x R being
-  // state.json's world_size. Nobody gathers the model. A load on any mesh reads its own spans
-  // from those S files (Note [fsdp checkpoints]); a run of one process, DDP or ZeRO-1/2 reads them
-  // as a plain checkpoint. Window gradients (saved mid-window) are per rank: every rank writes
-  // its own, and they resume only on the same world size.
+  // coordinate 0) write their spans as pieces. Nobody gathers the model. A load on any mesh reads
+  // its own spans from those pieces (read_pieces). Window gradients (saved mid-window) are per
+  // rank: every rank writes its own, and they resume only on the same mesh.
   bool writes_shards() const { return !ctx_.hsdp() || ctx_.dp_replicate->rank() == 0; }
-
-  nlohmann::json save_state(const std::string& dir, bool mid_window) override {
-    auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
-    if (ctx_.rank == 0)
-      for (size_t i = 0; i < models_.size(); ++i)
-        io::save_safetensors(at(fsdp_replicated_file(i)), replicated_state(*models_[i]));
-    std::vector<FullyShardedModel*> ms;
-    for (auto& m : sharded_) ms.push_back(m.get());
-    std::vector<FsdpOptimizerRef> os;
-    for (auto& s : stepping_) os.push_back({s.opt.get(), s.keys});
-    nlohmann::json rec = {{"fsdp", save_fsdp_state(dir, ms, os, writes_shards())}};
-    if (mid_window)
-      for (size_t i = 0; i < sharded_.size(); ++i) {
-        // An open accumulation window keeps full gradients per rank (Note [unit lifecycle]).
-        io::TensorDict g;
-        for (auto& [name, p] : sharded_[i]->parameters())
-          if (p.grad().defined()) g[name] = p.grad();
-        io::save_safetensors(at(grads_file(i)), g);
-      }
-    if (!writes_shards()) return rec;
-    const int shard_rank = ctx_.shard_group()->rank();
-    for (size_t i = 0; i < sharded_.size(); ++i) fsync_path(at(fsdp_model_file(i, shard_rank)));
-    for (size_t i = 0; i < stepping_.size(); ++i)
-      fsync_path(at(fsdp_optimizer_file(i, shard_rank)));
-    return rec;
-  }
 
   // ---- format 2 (Note [format-2 strategy seam] in accelerate/strategy.h): each trainable
   // parameter's span [lo, hi) is the Flat range of its place; its slots likewise; the scalar
@@ -354,81 +317,14 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
   }
 
   // Note [fsdp loading memory]
-  // A rank reads, with pread, only the elements of its own spans (of the parameters and of every
-  // optimizer slot) from the files of the ranks that saved them: a new tensor per parameter
+  // read_pieces reads only the elements of this rank's spans (of the parameters and of every
+  // optimizer slot) from the pieces that hold them: a new tensor per parameter
   // slice in the leaf's dtype (one shard of parameters in all) and the optimizer state itself
   // (which the optimizer adopts without a copy). apply_state swaps the slices with the live
   // shards through a bounded buffer, so no copy of the model is ever made for the rollback, and
   // the old optimizer state is kept by handle only. The load's peak is therefore the training
   // state plus one parameter shard (plus the old optimizer state when the run had one).
-  std::unique_ptr<StrategyState> read_state(const std::string& dir, const nlohmann::json& saved,
-                                            int saved_world, bool mid_window) override {
-    auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
-    if (!(saved.is_object() && saved.contains("fsdp")))
-      return read_plain(dir, saved, saved_world, mid_window);
-    FsdpCheckpointReader reader(dir, saved.at("fsdp"), saved_world);
-    ACCEL_CHECK(reader.num_models() == sharded_.size(), ValueError, "load_state", "checkpoint '",
-                dir, "' holds ", reader.num_models(), " sharded models, this run prepared ",
-                sharded_.size());
-    ACCEL_CHECK(reader.num_optimizers() == stepping_.size(), ValueError, "load_state",
-                "checkpoint '", dir, "' holds ", reader.num_optimizers(),
-                " sharded optimizers, this run prepared ", stepping_.size());
-    auto out = std::make_unique<Loaded>();
-    for (size_t m = 0; m < sharded_.size(); ++m) {
-      std::vector<std::pair<size_t, Tensor>> slices;
-      const auto spans = sharded_[m]->spans();
-      ACCEL_CHECK(reader.param_names(m).size() == spans.size(), ValueError, "load_state",
-                  "checkpoint '", dir, "': model ", m, " has ", reader.param_names(m).size(),
-                  " trainable parameters, this one ", spans.size());
-      for (size_t k = 0; k < spans.size(); ++k) {
-        const auto& sp = spans[k];
-        ACCEL_CHECK(
-            reader.has_param(m, sp.name) && reader.shape(m, sp.name) == sp.shape, ValueError,
-            "load_state", "checkpoint '", dir, "': parameter '", sp.name, "' of model ", m,
-            reader.has_param(m, sp.name) ? " has shape " + shape_str(reader.shape(m, sp.name)) +
-                                               ", the model " + shape_str(sp.shape)
-                                         : std::string(" is missing"));
-        const Tensor& leaf = sharded_[m]->shard_params()[k];
-        Tensor v = empty({sp.hi - sp.lo}, TensorOptions(leaf.dtype(), leaf.device()));
-        reader.read_param(m, sp.name, sp.lo, sp.hi, v);
-        slices.emplace_back(k, v);
-      }
-      out->slices.push_back(std::move(slices));
-      out->replicated.push_back(read_replicated(at(fsdp_replicated_file(m)), m, {}));
-    }
-    std::vector<FullyShardedModel*> ms;
-    for (auto& m : sharded_) ms.push_back(m.get());
-    for (size_t i = 0; i < stepping_.size(); ++i)
-      out->optimizers.push_back(
-          fsdp_shard_optimizer_state(reader, i, stepping_[i].keys, ms, own_groups(i)));
-    if (mid_window) {
-      ACCEL_CHECK(saved_world == ctx_.world_size, ValueError, "load_state", "checkpoint '", dir,
-                  "' was saved inside an accumulation window by ", saved_world,
-                  " processes; its unsharded window gradients resume only with ", saved_world);
-      out->has_grads = true;
-      for (size_t m = 0; m < sharded_.size(); ++m) {
-        const std::string f = at(grads_file(m));
-        io::SafetensorsFile g(f);
-        std::vector<std::pair<size_t, Tensor>> gs;
-        const auto& ps = sharded_[m]->parameters();
-        for (size_t k = 0; k < ps.size(); ++k) {
-          if (!g.contains(ps[k].first)) continue;
-          const io::SafetensorsFile::Info& in = g.info(ps[k].first);
-          ACCEL_CHECK(in.shape == ps[k].second.sizes() && is_floating(in.dtype), IoError,
-                      "load_state", "'", f, "': gradient of ", ps[k].first, " is ", in.dtype, " ",
-                      shape_str(in.shape), ", the parameter ", ps[k].second.shape_str());
-          Tensor t = empty(in.shape, TensorOptions(ps[k].second.dtype(), ps[k].second.device()));
-          g.read_range(ps[k].first, 0, in.numel, t);
-          gs.emplace_back(k, t);
-        }
-        out->grads.push_back(std::move(gs));
-      }
-    } else {
-      out->grads.resize(sharded_.size());
-    }
-    return out;
-  }
-
+  //
   // Swaps (Loaded's comment): checks first, so that it throws with nothing changed; afterwards
   // `state` holds what was replaced. No collective (finish_load re-gathers the root units).
   void apply_state(StrategyState& state) override {
@@ -577,117 +473,6 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     for (auto& [k, v] : stepping_[i].opt->state_dict())
       if (k.rfind("param_groups.", 0) == 0) own[k] = v;
     return own;
-  }
-
-  // Buffers and frozen parameters of model m from a plain model file (`skip`: names that are
-  // not replicated), in the live tensors' dtypes; checked by apply_state.
-  io::TensorDict read_replicated(const std::string& f, size_t m,
-                                 const std::set<std::string>& skip) const {
-    io::SafetensorsFile file(f);
-    const io::TensorDict own = replicated_state(*models_[m]);
-    io::TensorDict out;
-    for (const std::string& name : file.names()) {
-      if (skip.count(name)) continue;
-      const io::SafetensorsFile::Info& in = file.info(name);
-      auto it = own.find(name);
-      Tensor t = it != own.end() && it->second.sizes() == in.shape
-                     ? empty(in.shape, TensorOptions(it->second.dtype(), it->second.device()))
-                     : empty(in.shape, TensorOptions(in.dtype));
-      file.read_range(name, 0, in.numel, t);
-      out[name] = t;
-    }
-    return out;
-  }
-
-  // A checkpoint of another strategy (one process, DDP, ZeRO-1/2): only this rank's spans of the
-  // whole parameters and of the plain per-parameter optimizer state (ZeRO-1/2 shards read by
-  // range too) are read.
-  std::unique_ptr<StrategyState> read_plain(const std::string& dir, const nlohmann::json& saved,
-                                            int saved_world, bool mid_window) {
-    auto at = [&](const std::string& f) { return (fs::path(dir) / f).string(); };
-    ACCEL_CHECK(!mid_window, ValueError, "load_state", "checkpoint '", dir,
-                "' was saved inside an accumulation window without zero_stage 3; resume it "
-                "with the strategy that saved it");
-    const int zero_world = zero_ckpt::shard_world(saved, saved_world, at(kCheckpointStateFile));
-    const zero_ckpt::Layouts layouts =
-        zero_ckpt::read_layouts(saved, stepping_.size(), zero_world, at(kCheckpointStateFile));
-    auto out = std::make_unique<Loaded>();
-    for (size_t m = 0; m < sharded_.size(); ++m) {
-      const std::string f = at(indexed_file("model", m, ".safetensors"));
-      io::SafetensorsFile file(f);
-      std::vector<std::pair<size_t, Tensor>> slices;
-      const auto spans = sharded_[m]->spans();
-      std::set<std::string> trainable;
-      for (size_t k = 0; k < spans.size(); ++k) {
-        const bool has = file.contains(spans[k].name);
-        ACCEL_CHECK(has && file.info(spans[k].name).shape == spans[k].shape, ValueError,
-                    "load_state", "'", f, "': parameter '", spans[k].name, "' ",
-                    !has ? std::string("is missing")
-                         : "has shape " + shape_str(file.info(spans[k].name).shape) +
-                               ", the model " + shape_str(spans[k].shape));
-        const Tensor& leaf = sharded_[m]->shard_params()[k];
-        Tensor v = empty({spans[k].hi - spans[k].lo}, TensorOptions(leaf.dtype(), leaf.device()));
-        file.read_range(spans[k].name, spans[k].lo, spans[k].hi, v);
-        slices.emplace_back(k, v);
-        trainable.insert(spans[k].name);
-      }
-      out->slices.push_back(std::move(slices));
-      out->replicated.push_back(read_replicated(f, m, trainable));
-    }
-    out->grads.resize(sharded_.size());
-    std::unordered_map<std::string, FullyShardedModel::Span> span_of;
-    std::unordered_map<std::string, Tensor> leaf_of;
-    for (size_t m = 0; m < sharded_.size(); ++m) {
-      const auto spans = sharded_[m]->spans();
-      for (size_t k = 0; k < spans.size(); ++k) {
-        span_of.emplace(std::to_string(m) + ":" + spans[k].name, spans[k]);
-        leaf_of.emplace(std::to_string(m) + ":" + spans[k].name, sharded_[m]->shard_params()[k]);
-      }
-    }
-    for (size_t i = 0; i < stepping_.size(); ++i) {
-      const Stepping& s = stepping_[i];
-      const std::string of = at(indexed_file("optimizer", i, ".safetensors"));
-      io::SafetensorsFile file(of);
-      // The stepping optimizer's parameter k is the user's parameter k (prepare_optimizer).
-      io::TensorDict d = own_groups(i);
-      for (auto& [k, v] : zero_ckpt::param_groups_of(file))
-        if (k.ends_with(".lr") || k.ends_with(".weight_decay")) d[k] = v;
-      if (i < layouts.size() && layouts[i]) {
-        std::vector<std::pair<int64_t, int64_t>> ranges;
-        for (const std::string& key : s.keys)
-          ranges.emplace_back(span_of.at(key).lo, span_of.at(key).hi);
-        for (auto& [k, v] : zero_ckpt::read_unsharded_state(
-                 dir, i, *layouts[i], zero_world, *s.user, {}, ctx_.ddp.bucket_cap_bytes, &ranges))
-          d[k] = v;
-      } else {
-        for (size_t k = 0; k < s.keys.size(); ++k) {
-          const FullyShardedModel::Span& sp = span_of.at(s.keys[k]);
-          const Tensor& leaf = leaf_of.at(s.keys[k]);
-          const std::string prefix = "state." + std::to_string(k) + ".";
-          for (const std::string& key : file.names(prefix)) {
-            const std::string slot = key.substr(prefix.size());
-            const io::SafetensorsFile::Info& in = file.info(key);
-            if (slot == "step") {
-              d[key] = file.read(key);
-              continue;
-            }
-            ACCEL_CHECK(in.numel == shape_numel(sp.shape) && is_floating(in.dtype), ValueError,
-                        "load_state", "'", of, "': ", key, " is ", in.dtype, " ",
-                        shape_str(in.shape), ", parameter '", sp.name, "' has ",
-                        shape_numel(sp.shape), " elements");
-            Tensor v = empty({sp.hi - sp.lo}, TensorOptions(leaf.dtype(), leaf.device()));
-            file.read_range(key, sp.lo, sp.hi, v);
-            d[key] = v;
-          }
-        }
-      }
-      out->optimizers.push_back(std::move(d));
-    }
-    return out;
-  }
-
-  std::string grads_file(size_t i) const {
-    return indexed_file("fsdp_grads", i, "") + "_rank" + std::to_string(ctx_.rank) + ".safetensors";
   }
 
   StrategyContext ctx_;

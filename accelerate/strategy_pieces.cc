@@ -27,7 +27,7 @@ namespace names = ckpt::names;
 void StrategyCheckpoint::state_entries(std::vector<ckpt::StateEntry>&, bool, int) {
   ACCEL_THROW(ValueError, "save_state",
               "this strategy does not implement StrategyCheckpoint::state_entries (checkpoint "
-              "format 2); set ACCEL_CHECKPOINT_FORMAT=1 to write format 1 meanwhile");
+              "format 2)");
 }
 
 std::unique_ptr<StrategyState> StrategyCheckpoint::read_pieces(ckpt::CheckpointSource&, bool, int) {

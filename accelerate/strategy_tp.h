@@ -26,22 +26,4 @@ struct TpStrategyContext {
 
 std::unique_ptr<Strategy> make_tp_strategy(std::unique_ptr<Strategy> inner, TpStrategyContext ctx);
 
-// Whether a state.json object is a tensor-parallel checkpoint's (it has a "tp" record).
-bool is_tp_checkpoint(const nlohmann::json& saved);
-
-// Note [tp checkpoint conversion] in accelerate/strategy_tp.cc: what one rank needs of a
-// checkpoint saved at another tp size, rewritten as a plain 1-process checkpoint in a private
-// temporary folder (returned; the caller removes it once its strategy has read it).
-struct TpConversion {
-  std::string dir;                                     // the checkpoint
-  nlohmann::json saved;                                // its state.json object
-  int saved_world = 1;                                 // its world_size
-  std::vector<std::shared_ptr<nn::Module>> models;     // this run's prepared models (local shapes)
-  std::vector<const optim::Optimizer*> optimizers;     // the user optimizers, in prepare order
-  std::vector<std::map<std::string, TpShard>> shards;  // per model: its tp-sharded parameters
-  int rank = 0, size = 1;                              // this rank's tp index and the tp size
-  int world_rank = 0;
-};
-std::string convert_tp_checkpoint(const TpConversion& c);
-
 }  // namespace accel::dist

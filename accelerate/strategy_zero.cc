@@ -15,9 +15,9 @@
 //  - grads() are the shard parameters with their gradient slices: fp16 unscaling, the inf/NaN
 //    check and clip_grad_norm_ act on them with the norm all-reduced, so they equal the
 //    unsharded ones.
-//  - save_state writes each rank's shard state (zero_optimizer_rank<r>.safetensors) and the
-//    bucket layout; load_state re-shards it when the world size differs (Note [zero
-//    checkpoints] in parallel/zero_checkpoint.h), also into a single process.
+//  - save_state writes each rank's shard state as pieces of the parameters' slots (Note [zero
+//    pieces] in accelerate/strategy_pieces.cc); load_state reads them back on any mesh, also into
+//    a single process.
 //  - mixed precision (AcceleratorConfig::zero.param_dtype, stages 1-2; Note [zero mixed
 //    precision] in parallel/zero.cc): the trainable parameters become bf16/fp16 views when the
 //    optimizer is prepared, the stepping optimizer holds fp32 master shards, and grads() are
@@ -165,11 +165,6 @@ class ZeroStrategy final : public ReplicatedStrategy {
   void zero_grad(optim::Optimizer& stepping, bool) override { slot_of(stepping).zero->zero_grad(); }
 
   // ---- the whole model reads and loads as fp32 master weights under param_dtype ----
-  nlohmann::json save_state(const std::string& dir, bool mid_window) override {
-    nlohmann::json out;
-    with_masters(false, [&] { out = ReplicatedStrategy::save_state(dir, mid_window); });
-    return out;
-  }
   void state_entries(std::vector<ckpt::StateEntry>& out, bool mid_window, int world_rank) override {
     const size_t first = out.size();
     with_masters(false, [&] {

@@ -77,9 +77,6 @@ inline constexpr const char* kGlooSegmentBytes = "ACCEL_GLOO_SEGMENT_BYTES";  //
 inline constexpr const char* kShmHostKey = "ACCEL_SHM_HOST_KEY";  // override of the host key
 inline constexpr const char* kShmNoPidfd = "ACCEL_SHM_NO_PIDFD";  // peer liveness without pidfd
 inline constexpr const char* kCheckpointNoExchange = "ACCEL_CHECKPOINT_NO_EXCHANGE";
-// "1": save_state writes checkpoint format 1 (transitional, for tests of format-1 files; format 2
-// is the default and format 1 is still read: docs/checkpointing.md).
-inline constexpr const char* kCheckpointFormat = "ACCEL_CHECKPOINT_FORMAT";
 // "1": check tp-replicated gradients at every step, not only the first (Note [replicated gradient
 // check] in parallel/replicated_check.h).
 inline constexpr const char* kVerifyPlacements = "ACCEL_VERIFY_PLACEMENTS";
@@ -152,7 +149,6 @@ inline constexpr EnvVar kContract[] = {
     {kShmHostKey, SetBy::kUser, true},
     {kShmNoPidfd, SetBy::kUser, true},
     {kCheckpointNoExchange, SetBy::kUser, true},
-    {kCheckpointFormat, SetBy::kUser, true},
     {kGlooHostname, SetBy::kUser, true},
     {kSocketIfname, SetBy::kUser, true},
     {kGlooSocketIfname, SetBy::kUser, true},

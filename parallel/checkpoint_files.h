@@ -1,5 +1,5 @@
-// What the sharded checkpoint formats (parallel/zero_checkpoint.h, parallel/fsdp_checkpoint.h)
-// share with the facade's commit protocol (Note [atomic checkpoints] in accelerate/checkpoint.h):
+// What the checkpoint readers (format 1's state file: parallel/checkpoint/legacy.h) share with
+// the facade's commit protocol (Note [atomic checkpoints] in accelerate/checkpoint.h):
 // the name of the state file and a durable fsync.
 #pragma once
 

@@ -1,7 +1,7 @@
-// The records state.json keeps about sharded checkpoint state, parsed and checked before anything
-// is computed from them: the ZeRO-1/2 bucket layouts (Note [zero checkpoints] in
-// parallel/zero_checkpoint.h) and the ZeRO-3 spans record (Note [fsdp checkpoints] in
-// parallel/fsdp_checkpoint.h). No tensors, no file I/O: tests/fuzz/fuzz_ckpt_records.cc runs the
+// The records a format-1 state.json keeps about sharded checkpoint state, parsed and checked
+// before anything is computed from them: the ZeRO-1/2 bucket layouts and the ZeRO-3 spans record
+// (Note [format-1 checkpoints as pieces] in parallel/checkpoint/legacy.h, their one reader). No
+// tensors, no file I/O: tests/fuzz/fuzz_ckpt_records.cc runs the
 // same code on arbitrary bytes.
 //
 // Note [checkpoint record validation]

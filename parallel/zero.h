@@ -155,7 +155,7 @@ class ZeroOptimizer {
   // slices into the parameters. `stepped` false skips the all-gather (nothing changed).
   void finish_step(bool stepped = true);
   // The optimizer's state_dict with its state keyed by bucket ("state.<b>.*"), and the reverse:
-  // what ZeRO checkpoints store (Note [zero checkpoints] in parallel/zero_checkpoint.h).
+  // what a ZeRO shard holds (checkpoints: Note [zero pieces] in accelerate/strategy_pieces.cc).
   io::TensorDict shard_state_dict() const;
   void load_shard_state_dict(const io::TensorDict& by_bucket);
   // The same, handing the tensors to the optimizer without a copy where it can take them as they

@@ -49,7 +49,7 @@ constexpr size_t kMaxOpenFiles = 64;
 constexpr uint64_t kReadWindowBytes = uint64_t(4) << 20;
 constexpr int64_t kMaxModels = 4096;
 
-// The names Note [fsdp checkpoints] (parallel/fsdp_checkpoint.h) gives its files.
+// The names format 1's ZeRO-3 save gave its files (Note [format-1 checkpoints as pieces]).
 std::string plain_file(size_t m) { return indexed("model", m) + ".safetensors"; }
 std::string shard_file(size_t m, int64_t rank) { return legacy::rank_file("fsdp_model", m, rank); }
 std::string tp_folder(int64_t t) { return "tp" + std::to_string(t); }

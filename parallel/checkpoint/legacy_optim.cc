@@ -190,8 +190,8 @@ struct Adder {
   }
 
   // zero_optimizer[_o]_rank<q> for the Z ranks of a shard group: bucket b's flat buffers cut in
-  // Z slices; the parameters' places from assign_buckets (Note [zero checkpoints] in
-  // parallel/zero_checkpoint.h).
+  // Z slices; the parameters' places from assign_buckets (Note [format-1 checkpoints as
+  // pieces] in parallel/checkpoint/legacy.h).
   void zero(const records::ZeroLayoutRecord& layout, int64_t Z, const LegacyContext& ctx) {
     groups_and_opaque(files.add(folder.base + indexed("optimizer", o) + ".safetensors"));
     const std::vector<LegacyParam>& params = ctx.optimizers[o];

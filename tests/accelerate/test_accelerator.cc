@@ -9,6 +9,7 @@
 #include <limits>
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include "autograd/autocast.h"
 #include "nn/linear.h"
@@ -16,6 +17,7 @@
 #include "accelerate/checkpoint.h"
 #include "accelerate/tracking.h"
 #include "core/warning.h"
+#include "parallel/checkpoint/crc.h"
 #include "tests/accelerate/training.h"
 #include "tests/common/scoped_env.h"
 #include "tests/common/util.h"
@@ -368,12 +370,11 @@ TEST_CASE("prepare keeps the caller's loader position as a global sample") {
         std::vector<int64_t>(order.begin() + 16, order.begin() + 20));
 }
 
-// load_state resumes the loader's global position (loader.json, written once): a position that
+// load_state resumes the loader's global position (the index's "loaders"): a position that
 // is not a whole global batch of this run rounds down and says once how many samples repeat; a
 // position of a loader that would read another order is refused by name and changes nothing.
 TEST_CASE("load_state: loader position rounds down with one warning; a mismatch is refused") {
-  // Edits loader.json: a format-1 file (format 2 keeps the position in its checksummed index).
-  const test::ScopedEnv format1("ACCEL_CHECKPOINT_FORMAT", "1");
+  // Edits the position in the index (a liar who knows the format: index_crc32 recomputed).
   const std::string dir = fresh_dir(kScratch, "loader-position");
   Accelerator acc(base_config(dir));
   Run run(acc, 8, true, 0.0);  // 40 samples, global batch 8
@@ -381,12 +382,20 @@ TEST_CASE("load_state: loader position rounds down with one warning; a mismatch 
   run.step(acc, *it);
   run.step(acc, *++it);
   const std::string ckpt = acc.save_state();
-  const std::string file = ckpt + "/loader.json";
-  const data::StateDict saved = data::state_from_json(test::read_file(file));
+  const std::string file = ckpt + "/index.json";
+  auto write_position = [&](const data::StateDict& pos) {
+    nlohmann::json j = nlohmann::json::parse(test::read_file(file));
+    j["loaders"][0] = nlohmann::json::parse(data::state_to_json(pos));
+    j.erase("index_crc32");
+    j["index_crc32"] = dist::ckpt::text_crc(j.dump());
+    test::write_file(file, j.dump());
+  };
+  const data::StateDict saved =
+      data::state_from_json(nlohmann::json::parse(test::read_file(file)).at("loaders")[0].dump());
   CHECK(saved.at("samples") == "16");
   data::StateDict edited = saved;
   edited["samples"] = "20";
-  test::write_file(file, data::state_to_json(edited));
+  write_position(edited);
   std::vector<std::string> said;
   const WarningHandler previous =
       set_warning_handler([&](const std::string& line) { said.push_back(line); });
@@ -400,7 +409,7 @@ TEST_CASE("load_state: loader position rounds down with one warning; a mismatch 
   set_warning_handler(previous);
   edited = saved;
   edited["drop_last"] = "1";
-  test::write_file(file, data::state_to_json(edited));
+  write_position(edited);
   run.loader->seek(1, 3);
   const int64_t step = acc.step();
   CHECK_THROWS_WITH_AS(acc.load_state(ckpt), doctest::Contains("drop_last = 1, this loader has 0"),

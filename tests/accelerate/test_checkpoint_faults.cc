@@ -121,7 +121,6 @@ TEST_CASE("checkpoint faults: a re-save killed at any step leaves latest complet
 // The same protocol with format 2 (index.json is the completing file; the meson test runs this
 // file on the transitional format-1 writer otherwise).
 TEST_CASE("checkpoint faults: format 2: a re-save killed at any step leaves latest complete") {
-  const test::ScopedEnv format2("ACCEL_CHECKPOINT_FORMAT", "2");
   resave_killed_at_every_step(true);
   resave_killed_at_every_step(false);
 }
@@ -209,7 +208,6 @@ struct Trained {
 // own window gradients; one process refuses them, naming both meshes, and changes nothing.
 // (Before the single-process cases: the parent must not have run kernels when it forks.)
 TEST_CASE("checkpoint faults: format 2: window gradients resume on their mesh only") {
-  const test::ScopedEnv format2("ACCEL_CHECKPOINT_FORMAT", "2");
   constexpr int kWorld = 2;
   const std::string dir = fresh_dir(kScratch, "window-mesh");
   const int port = accel::test::free_port();
@@ -286,7 +284,8 @@ TEST_CASE("checkpoint faults: one rank's unreadable file makes every rank refuse
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       Trained t("", dir);
-      const std::string rng = t.ckpt + "/rng_rank" + std::to_string(kBad) + ".txt";
+      // A per-rank file only rank kBad reads: its registered object's state.
+      const std::string rng = t.ckpt + "/custom_counter_rank" + std::to_string(kBad) + ".json";
       const std::string good = read_file(rng);
       if (r == kBad) write_file(rng, good.substr(0, good.size() / 2));
       t.acc->wait_for_everyone();
@@ -347,14 +346,21 @@ TEST_CASE("checkpoint faults: latest must name a directory inside its root") {
   } catch (const IoError& e) {
     CHECK(std::string(e.what()).find(root + "/latest") != std::string::npos);
   }
-  // A plain name inside the root is fine.
+  // A plain name inside the root is fine (the checkpoint without the stray folder, which a load
+  // refuses: only a save's own files belong in it).
+  fs::remove_all(root);
   write_file(t.dir + "/checkpoints/latest", "checkpoint_0\n");
   CHECK(t.acc->load_state() == t.ckpt);
 }
 
 TEST_CASE("checkpoint faults: a malformed state.json is an IoError naming the file") {
   Trained t("malformed");
-  const std::string file = t.ckpt + "/" + dist::kCheckpointStateFile;
+  // A format-1 checkpoint (tests/parallel/fixtures/legacy: state.json is read, and refused, before
+  // the models are compared).
+  const std::string legacy = t.dir + "/legacy";
+  fs::copy(std::string(ACCEL_SOURCE_ROOT) + "/tests/parallel/fixtures/legacy/one/ckpt", legacy,
+           fs::copy_options::recursive);
+  const std::string file = legacy + "/" + dist::kCheckpointStateFile;
   const std::string good = read_file(file);
   const nlohmann::json j = nlohmann::json::parse(good);
   std::vector<std::pair<std::string, std::string>> cases = {
@@ -377,17 +383,14 @@ TEST_CASE("checkpoint faults: a malformed state.json is an IoError naming the fi
   edited("step missing", [](nlohmann::json& k) { k.erase("step"); });
   edited("save_iteration missing", [](nlohmann::json& k) { k.erase("save_iteration"); });
   edited("scaler missing", [](nlohmann::json& k) { k.erase("scaler"); });
-  edited("zero is an object", [](nlohmann::json& k) { k["zero"] = {{"a", 1}}; });
-  edited("zero buckets malformed", [](nlohmann::json& k) {
-    k["zero"] = nlohmann::json::array({{{"stage", 1}, {"buckets", {{1}}}}});
-  });
+  // (ZeRO records: tests/accelerate/test_hostile_checkpoints.cc.)
   for (auto& [name, text] : cases) {
     CAPTURE(name);
     write_file(file, text);
     const std::string before = t.state();
     bool named = false;
     try {
-      t.acc->load_state();
+      t.acc->load_state(legacy);
     } catch (const IoError& e) {
       named = std::string(e.what()).find(file) != std::string::npos;
       INFO(std::string(e.what()));
@@ -399,16 +402,15 @@ TEST_CASE("checkpoint faults: a malformed state.json is an IoError naming the fi
     CHECK(t.state() == before);
   }
   write_file(file, good);
-  CHECK_NOTHROW(t.acc->load_state());
+  CHECK_NOTHROW(t.acc->load_state());  // the run's own checkpoint
 }
 
 TEST_CASE("checkpoint faults: load_state changes nothing unless everything loads") {
   Trained t("atomic");
   const std::string before = t.state();
   // Every file load_state reads, each truncated in turn (the last-read first).
-  std::vector<std::string> files = {
-      "custom_counter_rank0.json", "grads_rank0.safetensors", "rng_rank0.txt",    "loader.json",
-      "scheduler.safetensors",     "optimizer.safetensors",   "model.safetensors"};
+  std::vector<std::string> files = {"custom_counter_rank0.json", "data_rank0.safetensors",
+                                    "index.json"};
   for (const std::string& f : files) {
     CAPTURE(f);
     const std::string path = t.ckpt + "/" + f;
@@ -440,7 +442,6 @@ TEST_CASE("checkpoint faults: load_state changes nothing unless everything loads
 // accumulation window: a truncated data file, index or registered object's file, a flipped byte
 // of a piece, an edited index: each an IoError naming it, and nothing changed.
 TEST_CASE("checkpoint faults: format 2: truncated, flipped or edited files change nothing") {
-  const test::ScopedEnv format2("ACCEL_CHECKPOINT_FORMAT", "2");
   Trained t("atomic-format2");
   REQUIRE(fs::exists(t.ckpt + "/index.json"));
   REQUIRE_FALSE(fs::exists(t.ckpt + "/state.json"));
@@ -540,7 +541,7 @@ TEST_CASE("checkpoint faults: save_state refuses a folder that is not a checkpoi
   msg = refusal(t.dir + "/checkpoints");
   CHECK(has(msg, "checkpoint_0/"));
   CHECK(has(msg, "latest"));
-  CHECK(fs::exists(t.ckpt + "/" + dist::kCheckpointStateFile));
+  CHECK(fs::exists(t.ckpt + "/index.json"));
   // Automatic saves too: the next one (no save succeeded yet) goes to checkpoint_1.
   fs::create_directories(t.dir + "/checkpoints/checkpoint_1");
   write_file(t.dir + "/checkpoints/checkpoint_1/notes.txt", "notes");
@@ -558,16 +559,23 @@ TEST_CASE("checkpoint faults: save_state refuses a folder that is not a checkpoi
   CHECK(read_file(t.dir + "/empty/notes.txt") == "mine");
   fs::remove(t.dir + "/empty/notes.txt");
   // A checkpoint of the previous version (no marker, no manifest) is recognised by its files.
-  fs::remove(t.dir + "/empty/" + dist::kCheckpointMarker);
-  nlohmann::json s =
-      nlohmann::json::parse(read_file(t.dir + "/empty/" + dist::kCheckpointStateFile));
-  s.erase("files");
-  write_file(t.dir + "/empty/" + dist::kCheckpointStateFile, s.dump());
-  CHECK(refusal(t.dir + "/empty").empty());
-  fs::remove(t.dir + "/empty/" + dist::kCheckpointMarker);
-  write_file(t.dir + "/empty/" + dist::kCheckpointStateFile, s.dump());
-  write_file(t.dir + "/empty/final_model.bin", "model");
-  CHECK(has(refusal(t.dir + "/empty"),
+  // (format 1: a fixture of tests/parallel/fixtures/legacy without marker and manifest.)
+  const std::string old = t.dir + "/old";
+  auto old_version = [&] {
+    fs::remove_all(old);
+    fs::copy(std::string(ACCEL_SOURCE_ROOT) + "/tests/parallel/fixtures/legacy/zero2/ckpt", old,
+             fs::copy_options::recursive);
+    fs::remove(old + "/" + dist::kCheckpointMarker);
+    nlohmann::json s = nlohmann::json::parse(read_file(old + "/" + dist::kCheckpointStateFile));
+    s.erase("files");
+    write_file(old + "/" + dist::kCheckpointStateFile, s.dump());
+  };
+  old_version();
+  CHECK(refusal(old).empty());
+  CHECK(fs::exists(old + "/index.json"));
+  old_version();
+  write_file(old + "/final_model.bin", "model");
+  CHECK(has(refusal(old),
             "also holds what accel did not write there: "
             "final_model.bin"));
   // A link at the folder's name, and a stale temporary folder holding the user's files.
@@ -591,7 +599,7 @@ TEST_CASE("checkpoint faults: save_state refuses a folder that is not a checkpoi
   write_file(crashed + "/optimizer_0.bin", "partial");
   CHECK(refusal(t.dir + "/crashed").empty());
   CHECK(!fs::exists(crashed));
-  CHECK(fs::exists(t.dir + "/crashed/" + dist::kCheckpointStateFile));
+  CHECK(fs::exists(t.dir + "/crashed/index.json"));
   // ... but not when a tp folder in it holds a link (not something a rank writes).
   fs::create_directories(crashed + "/tp0");
   write_file(crashed + "/" + dist::kCheckpointMarker, "");
@@ -657,8 +665,8 @@ TEST_CASE("checkpoint faults: planted links redirect no write; open folders are 
 TEST_CASE(
     "checkpoint faults: FIFOs and devices in a checkpoint are IoErrors, not hangs or bad_alloc") {
   Trained t("fifo");
-  const std::string state = t.ckpt + "/" + dist::kCheckpointStateFile;
-  const std::string rng = t.ckpt + "/rng_rank0.txt";
+  const std::string state = t.ckpt + "/index.json";
+  const std::string rng = t.ckpt + "/custom_counter_rank0.json";
   const std::string good_state = read_file(state);
   // state.json as a FIFO: the read blocked in open() until a writer came. In a child with a
   // deadline, so that a regression fails here instead of hanging the suite.

@@ -225,9 +225,13 @@ TEST_CASE("merge-weights: tied names kept from plain and ZeRO-3 checkpoints, and
 }
 
 TEST_CASE("merge-weights: refusals name the problem") {
-  // Format-1 files (fsdp shard files, state.json's spans, tp<t>/ folders): the transitional writer.
-  const accel::test::ScopedEnv format1("ACCEL_CHECKPOINT_FORMAT", "1");
-  const Saved& s = saved("shard4-format1", 4, meshes()[1].env);
+  // Format-1 files (fsdp shard files, state.json's spans, tp<t>/ folders): the committed fixtures
+  // of tests/parallel/fixtures/legacy (ZeRO-3 at 2, tp 2 x DDP 2).
+  const std::string fixtures = std::string(ACCEL_SOURCE_ROOT) + "/tests/parallel/fixtures/legacy";
+  struct Fixture {
+    std::string ckpt;
+  };
+  const Fixture s{fixtures + "/zero3/ckpt"};
   auto copy = [&](const std::string& from, const std::string& tag) {
     const std::string to = scratch() + "/" + tag;
     fs::remove_all(to);
@@ -256,16 +260,16 @@ TEST_CASE("merge-weights: refusals name the problem") {
   fs::create_symlink(s.ckpt + "/fsdp_model_rank1.safetensors",
                      bad + "/fsdp_model_rank1.safetensors");
   refused(bad, out, "fsdp_model_rank1.safetensors' is a symbolic link");
-  const Saved& tp = saved("tp2dp2-format1", 4, meshes()[3].env);
+  const Fixture tp{fixtures + "/tp2dp2/ckpt"};
   bad = copy(tp.ckpt, "tplink");
   fs::create_symlink(tp.ckpt + "/tp0/model.safetensors", bad + "/tp1/notes.safetensors");
   refused(bad, out, "tp1/notes.safetensors' is a symbolic link");
 
   // A truncated shard: its header promises bytes the file lacks.
   bad = copy(s.ckpt, "truncated");
-  const std::string victim = bad + "/fsdp_model_rank2.safetensors";
+  const std::string victim = bad + "/fsdp_model_rank1.safetensors";
   fs::resize_file(victim, fs::file_size(victim) - 100);
-  refused(bad, out, "fsdp_model_rank2.safetensors");
+  refused(bad, out, "fsdp_model_rank1.safetensors");
 
   // A span record that does not match its file: the boundary of ranks 0 and 1 moved by one.
   bad = copy(s.ckpt, "spans");

@@ -340,107 +340,12 @@ TEST_CASE("tp: save_model writes the full model, load_model reads it at another 
   CHECK_FALSE(fs::exists(dir + "/tp0"));
 }
 
-// A tp checkpoint's record comes from a file: a tp size that does not divide the world, a split
-// out of range, or a tp folder holding a file the manifest does not list is refused by name.
-TEST_CASE(
-    "tp checkpoints: a hostile tp record fails the load by name; foreign files block a save") {
-  // The tp record of a format-1 state.json: the transitional writer.
-  const accel::test::ScopedEnv format1("ACCEL_CHECKPOINT_FORMAT", "1");
-  const std::string dir = scratch() + "/hostile";
-  const Env tp2 = {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}};
-  train("hostile-save", 4, tp2, {"save", "2"s, dir}, 2);
-  const std::string state = dir + "/state.json";
-  std::string original;
-  {
-    std::ifstream in(state);
-    original.assign(std::istreambuf_iterator<char>(in), {});
-  }
-  struct Edit {
-    const char* what;
-    std::function<void(nlohmann::json&)> edit;
-    const char* expect;
-  };
-  const std::vector<Edit> edits = {
-      {"size 3", [](nlohmann::json& j) { j["tp"]["size"] = 3; }, "tp.size 3 does not divide"},
-      {"size text", [](nlohmann::json& j) { j["tp"]["size"] = "2"; }, "tp.size must be a count"},
-      {"dim 99",
-       [](nlohmann::json& j) {
-         auto& m = j["tp"]["models"][0];
-         m[m.begin().key()]["dim"] = 99;
-       },
-       "out of range"},
-      {"no inner", [](nlohmann::json& j) { j["tp"].erase("inner"); }, "tp.inner must be"},
-  };
-  for (const Edit& e : edits) {
-    CAPTURE(std::string(e.what));
-    nlohmann::json j = nlohmann::json::parse(original);
-    e.edit(j);
-    {
-      std::ofstream out(state);
-      out << j.dump(2);
-    }
-    // Loaded at tp 4 (a conversion) and, for the size edits, at tp 2.
-    auto res = run_world(worker(), {scratch() + "/hostile-load.txt", "4", "load", dir}, 4,
-                         {{"ACCEL_TP_SIZE", "4"}}, 120s);
-    for (const RankResult& r : res) {
-      CHECK(r.exited);
-      CHECK(r.code == 3);
-      CHECK_MESSAGE(r.output.find(e.expect) != std::string::npos, r.output);
-    }
-  }
-  {
-    std::ofstream out(state);
-    out << original;
-  }
-  // A file accel did not write inside tp0/: save_state refuses to replace the folder.
-  {
-    std::ofstream out(dir + "/tp0/notes.txt");
-    out << "mine";
-  }
-  auto res =
-      run_world(worker(), {scratch() + "/hostile-resave.txt", "2", "save", "1", dir}, 4, tp2, 120s);
-  for (const RankResult& r : res) {
-    CHECK(r.code == 3);
-    CHECK_MESSAGE(r.output.find("tp0/") != std::string::npos, r.output);
-  }
-  CHECK(fs::exists(dir + "/tp0/notes.txt"));
-  fs::remove(dir + "/tp0/notes.txt");
-  // A link inside tp0/ (or at the top) is refused like a link at the top, before anything is
-  // read (before: followed, wherever it pointed).
-  for (const std::string sub : {"/tp0", ""}) {
-    CAPTURE(sub);
-    std::string victim;
-    for (const auto& e : fs::directory_iterator(dir + sub)) {
-      const std::string name = e.path().filename().string();
-      if (e.is_regular_file() && name != "state.json" && name != ".accel_checkpoint")
-        victim = e.path().string();
-    }
-    REQUIRE(!victim.empty());
-    const std::string moved = scratch() + "/moved";
-    fs::rename(victim, moved);
-    fs::create_symlink(moved, victim);
-    auto linked = run_world(worker(), {scratch() + "/hostile-link.txt", "4", "load", dir}, 4,
-                            {{"ACCEL_TP_SIZE", "4"}}, 120s);
-    for (const RankResult& r : linked) {
-      CHECK(r.code == 3);
-      CHECK_MESSAGE(r.output.find("'" + victim + "' is a symbolic link") != std::string::npos,
-                    r.output);
-    }
-    fs::remove(victim);
-    fs::rename(moved, victim);
-  }
-}
-
 // Issue 37, B3: a prepared loader's position is global (Note [global loader position] in
 // data/sampler.cc), so a checkpoint saved mid-epoch at tp 2 x shard 2 (dp 2) resumes at tp 4
 // (dp 1, the same world size: refused before, "state was saved with world_size = 2, this loader
-// has 1"), at dp 4 and in one process, and so do the per-rank loader files of a checkpoint of an
-// earlier version: every continued loss and the final weights equal one process trained
-// straight through, into the next epoch's reshuffle (8 steps an epoch).
+// has 1"), at dp 4 and in one process: every continued loss and the final weights equal one
+// process trained straight through, into the next epoch's reshuffle (8 steps an epoch).
 TEST_CASE("a prepared loader resumes at another dp size: tp 2 x shard 2 -> tp 4, dp 4, 1 process") {
-  // loader.json and the per-rank loader files of earlier versions: format 1 (the transitional
-  // writer); format 2 keeps the position in its index (tests/accelerate/test_checkpoint_matrix.cc).
-  const accel::test::ScopedEnv format1("ACCEL_CHECKPOINT_FORMAT", "1");
   constexpr int kLoaderSteps = 12, kSaveAt = 5;
   const Run ref = train("loader-one", 1, {}, {"loader"}, kLoaderSteps);
   REQUIRE(ref.losses.size() == size_t(kLoaderSteps));
@@ -450,34 +355,11 @@ TEST_CASE("a prepared loader resumes at another dp size: tp 2 x shard 2 -> tp 4,
   REQUIRE(saved.losses.size() == size_t(kSaveAt));
   for (int s = 0; s < kSaveAt; ++s)
     CHECK(std::abs(saved.losses[size_t(s)].second - ref.losses[size_t(s)].second) <= kTolerance);
-  // One global position, written once.
-  REQUIRE(fs::exists(dir + "/loader.json"));
-  CHECK(!fs::exists(dir + "/loader_rank0.json"));
-  const nlohmann::json pos = nlohmann::json::parse(accel::test::read_file(dir + "/loader.json"));
+  // One global position, written once (the index's "loaders").
+  const nlohmann::json pos =
+      nlohmann::json::parse(accel::test::read_file(dir + "/index.json")).at("loaders")[0];
   CHECK(pos.at("epoch") == "0");
   CHECK(pos.at("samples") == std::to_string(kSaveAt * 8));
-
-  // The same checkpoint as an earlier version wrote it: each rank's loader state (version 1:
-  // batches consumed of its dp shard), no loader.json.
-  const std::string legacy = scratch() + "/loader-ckpt-legacy";
-  fs::remove_all(legacy);
-  fs::copy(dir, legacy, fs::copy_options::recursive);
-  fs::remove(legacy + "/loader.json");
-  for (int r = 0; r < 4; ++r) {
-    nlohmann::json v1 = {{"version", "1"},
-                         {"epoch", pos.at("epoch")},
-                         {"batches_consumed", std::to_string(kSaveAt)},
-                         {"seed", pos.at("seed")},
-                         {"batch_size", "8"},
-                         {"world_size", "2"},
-                         {"rank", std::to_string(r / 2)},
-                         {"sampler_size", pos.at("sampler_size")},
-                         {"drop_last", "0"},
-                         {"even_batches", "1"},
-                         {"split_batches", "1"},
-                         {"sampler.seed", pos.at("sampler.seed")}};
-    std::ofstream(legacy + "/loader_rank" + std::to_string(r) + ".json") << v1.dump();
-  }
 
   struct Resume {
     const char* name;
@@ -489,7 +371,6 @@ TEST_CASE("a prepared loader resumes at another dp size: tp 2 x shard 2 -> tp 4,
       {"tp 4", 4, {{"ACCEL_TP_SIZE", "4"}}, dir},
       {"dp 4 (DDP)", 4, {{"ACCEL_DP_REPLICATE_SIZE", "4"}}, dir},
       {"1 process", 1, {}, dir},
-      {"tp 4 from per-rank loader files", 4, {{"ACCEL_TP_SIZE", "4"}}, legacy},
   };
   for (size_t i = 0; i < resumes.size(); ++i) {
     const std::string name = resumes[i].name;

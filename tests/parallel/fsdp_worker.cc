@@ -15,9 +15,6 @@
 //                      initialises it, the values equal eager construction
 //   unused             a unit that gets no gradient: DistError; find_unused_parameters: zeros
 //   bf16               param_dtype bf16 with fp32 master shards: close to fp32
-//   ckpt save <dir>    2 steps, sharded save (Note [fsdp checkpoints]), 2 more steps (recorded)
-//   ckpt load <dir>    loads at this world size (1: a plain model and optimizer), checks the
-//                      state bit for bit, continues 2 steps and compares the saved run's losses
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -43,7 +40,6 @@
 #include "core/tensor.h"
 #include "io/safetensors.h"
 #include "parallel/fsdp.h"
-#include "parallel/fsdp_checkpoint.h"
 #include "comm/process_group.h"
 #include "tests/common/typed_model.h"
 #include "tests/common/worker_check.h"
@@ -434,137 +430,6 @@ bool bit_equal(const Tensor& a, const Tensor& b) {
   return std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
 }
 
-// Steps [from, from + n) of the global batch schedule; returns the global losses.
-std::vector<double> fsdp_steps(ProcessGroup& pg, Net& net, FullyShardedModel& fsdp,
-                               optim::Optimizer& opt, int from, int n) {
-  const int64_t per = kBatch / pg.size();
-  std::vector<double> out;
-  for (int s = from; s < from + n; ++s) {
-    Batch b = local(batch(s), pg.rank() * per, per);
-    Tensor loss = cross_entropy(net.forward(b.x), b.y);
-    fsdp.backward(loss);
-    Tensor l = loss.detach().clone();
-    pg.all_reduce(l, ReduceOp::Avg);
-    out.push_back(l.item<double>());
-    fsdp.prepare_step();
-    opt.step();
-    fsdp.after_step();
-    fsdp.zero_grad();
-  }
-  return out;
-}
-
-int ckpt(ProcessGroupPtr pg, const std::string& mode, const std::string& dir) {
-  namespace fs = std::filesystem;
-  const std::string record = (fs::path(dir) / "record.json").string();
-  const std::string reference = (fs::path(dir) / "reference.safetensors").string();
-  const std::string losses_file = (fs::path(dir) / "losses.txt").string();
-  auto net = std::make_shared<Net>();
-  if (mode == "save") {
-    FullyShardedModel fsdp(net, pg);
-    auto opt = make_opt("adamw", fsdp.shard_param_groups(groups_of(*net)));
-    fsdp_steps(*pg, *net, fsdp, *opt, 0, 2);
-    std::vector<std::string> keys;
-    for (auto& g : groups_of(*net))
-      for (const Tensor& p : g.params)
-        for (auto& [name, q] : net->named_parameters())
-          if (q.is_same(p)) keys.push_back("0:" + name);
-    nlohmann::json rec = save_fsdp_state(dir, {&fsdp}, {{opt.get(), keys}});
-    io::TensorDict full = fsdp.full_state_dict();
-    const std::vector<double> after = fsdp_steps(*pg, *net, fsdp, *opt, 2, 2);
-    if (pg->rank() == 0) {
-      std::ofstream(record) << rec.dump();
-      io::save_safetensors(reference, full);
-      std::ofstream f(losses_file);
-      f.precision(17);
-      for (double l : after) f << l << "\n";
-    }
-    return 0;
-  }
-  std::ifstream rf(record);
-  const nlohmann::json rec = nlohmann::json::parse(rf);
-  FsdpCheckpointReader reader(dir, rec);
-  const io::TensorDict ref = io::load_safetensors(reference);
-  std::vector<double> saved_losses;
-  {
-    std::ifstream f(losses_file);
-    for (double v; f >> v;) saved_losses.push_back(v);
-  }
-  std::vector<std::string> keys;
-  std::vector<Tensor> key_params;
-  for (auto& g : groups_of(*net))
-    for (const Tensor& p : g.params)
-      for (auto& [name, q] : net->named_parameters())
-        if (q.is_same(p)) {
-          keys.push_back("0:" + name);
-          key_params.push_back(q);
-        }
-  std::vector<double> got;
-  if (pg->size() == 1 && mode == "load_plain") {
-    // One process without sharding: whole parameters and a per-parameter optimizer state.
-    auto opt = make_opt("adamw", groups_of(*net));
-    {
-      NoGradGuard ng;
-      for (auto& [name, p] : net->named_parameters()) Tensor(p).copy_(reader.full_param(0, name));
-    }
-    io::TensorDict own;
-    for (auto& [k, v] : opt->state_dict())
-      if (k.rfind("param_groups.", 0) == 0) own[k] = v;
-    opt->load_state_dict(fsdp_full_optimizer_state(reader, 0, keys, key_params, own));
-    for (auto& [name, p] : net->named_parameters())
-      WCHECK(bit_equal(p, ref.at(name)), "loaded " << name << " differs from the saved state");
-    for (int s = 2; s < 4; ++s) {
-      Batch b = batch(s);
-      Tensor loss = cross_entropy(net->forward(b.x), b.y);
-      loss.backward();
-      got.push_back(loss.item<double>());
-      opt->step();
-      opt->zero_grad();
-    }
-  } else {
-    FullyShardedModel fsdp(net, pg);
-    auto opt = make_opt("adamw", fsdp.shard_param_groups(groups_of(*net)));
-    const auto spans = fsdp.spans();
-    {
-      NoGradGuard ng;
-      for (size_t k = 0; k < spans.size(); ++k)
-        if (spans[k].hi > spans[k].lo)
-          fsdp.shard_params()[k].detach().copy_(
-              reader.param_range(0, spans[k].name, spans[k].lo, spans[k].hi));
-    }
-    fsdp.refresh_root();
-    io::TensorDict own;
-    for (auto& [k, v] : opt->state_dict())
-      if (k.rfind("param_groups.", 0) == 0) own[k] = v;
-    opt->load_state_dict(fsdp_shard_optimizer_state(reader, 0, keys, {&fsdp}, own));
-    io::TensorDict full = fsdp.full_state_dict();
-    for (auto& [name, v] : ref)
-      WCHECK(full.count(name) && bit_equal(full.at(name), v), "re-sharded " << name << " differs");
-    got = fsdp_steps(*pg, *net, fsdp, *opt, 2, 2);
-  }
-  WCHECK(got.size() == saved_losses.size(), "losses " << got.size());
-  for (size_t i = 0; i < got.size() && i < saved_losses.size(); ++i)
-    WCHECK(std::abs(got[i] - saved_losses[i]) <= 1e-5 * (1 + std::abs(saved_losses[i])),
-           "continued step " << i << ": " << got[i] << " vs the saved run's " << saved_losses[i]);
-  // A missing shard file is a clear IoError naming it.
-  fs::path victim = fs::path(dir) / fsdp_model_file(0, reader.world() - 1);
-  if (pg->rank() == 0 && reader.world() > 1) {
-    fs::path moved = victim;
-    moved += ".away";
-    fs::rename(victim, moved);
-    FsdpCheckpointReader r2(dir, rec);
-    bool threw = false;
-    try {
-      (void)r2.full_param(0, "head.weight");
-    } catch (const IoError& e) {
-      threw = std::string(e.what()).find(victim.filename().string()) != std::string::npos;
-    }
-    WCHECK(threw, "a missing shard file did not raise an IoError naming it");
-    fs::rename(moved, victim);
-  }
-  return 0;
-}
-
 // A model built under nn::DeferredInit is materialized unit by unit while it is sharded: the
 // same values as eager construction, and never more than the root plus one unit in memory.
 int deferred(ProcessGroupPtr pg) {
@@ -737,8 +602,6 @@ int main(int argc, char** argv) {
       typed(pg, args.at(1) == "1", args.size() > 2 && args[2] == "reuse");
     } else if (s == "typed_deferred") {
       typed_deferred(pg);
-    } else if (s == "ckpt") {
-      ckpt(pg, args.at(1), args.at(2));
     } else if (s == "bf16") {
       match(pg, "adamw", 1, true, true, kBFloat16);
     } else {

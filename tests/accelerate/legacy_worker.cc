@@ -18,12 +18,14 @@
 #include "core/generator.h"
 #include "examples/models.h"
 #include "optim/adam.h"
+#include "tests/parallel/legacy_model.h"
 
 using namespace accel;
 
 namespace {
 
-constexpr int64_t kBatch = 4, kContext = 4, kVocab = 8;
+constexpr int64_t kBatch = 4, kContext = accel::test::kLegacyContext,
+                  kVocab = accel::test::kLegacyVocab;
 constexpr size_t kBucketCapBytes = 1024;  // make_legacy_fixture's
 
 int run(int argc, char** argv) {
@@ -42,21 +44,8 @@ int run(int argc, char** argv) {
   Accelerator acc(cfg);
   const int dp = acc.mesh().size("dp"), dp_rank = acc.mesh().coordinate("dp");
 
-  Generator gen(5);
-  models::GptConfig c;
-  c.vocab = kVocab;
-  c.context = kContext;
-  c.layers = 1;
-  c.heads = 2;
-  c.d_model = 8;
-  auto model = std::make_shared<models::Gpt>(c, &gen);
-  model->to(kFloat64);
-  std::vector<optim::ParamGroup> groups(2);
-  for (auto& [name, p] : model->named_parameters())
-    groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
-  groups[1].weight_decay = 0.0;
-  auto opt =
-      std::make_shared<optim::AdamW>(groups, optim::AdamWFields{.lr = 1e-2, .weight_decay = 0.01});
+  auto model = accel::test::legacy_model();
+  auto opt = accel::test::legacy_optimizer(*model);
   auto [m, o] = acc.prepare(model, std::static_pointer_cast<optim::Optimizer>(opt));
 
   acc.load_state(ckpt);

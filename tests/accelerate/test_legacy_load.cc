@@ -28,6 +28,7 @@
 #include "parallel/checkpoint/reader.h"
 #include "tests/common/spawn.h"
 #include "tests/common/util.h"
+#include "tests/parallel/legacy_model.h"
 #include "tests/common/worker_check.h"
 
 using namespace std::chrono_literals;
@@ -103,21 +104,9 @@ void check_resaved(const std::string& mesh, const std::string& out) {
 
 // make_legacy_fixture's model and optimizer (names and groups: the legacy context).
 dist::ckpt::LegacyContext context() {
-  Generator gen(5);
-  models::GptConfig c;
-  c.vocab = 8;
-  c.context = 4;
-  c.layers = 1;
-  c.heads = 2;
-  c.d_model = 8;
-  auto model = std::make_shared<models::Gpt>(c, &gen);
-  model->to(kFloat64);
-  std::vector<optim::ParamGroup> groups(2);
-  for (auto& [name, p] : model->named_parameters())
-    groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
-  groups[1].weight_decay = 0.0;
-  optim::AdamW opt(groups, optim::AdamWFields{.lr = 1e-2, .weight_decay = 0.01});
-  return dist::ckpt::legacy_context({model}, {&opt}, 1024);
+  auto model = accel::test::legacy_model();
+  auto opt = accel::test::legacy_optimizer(*model);
+  return dist::ckpt::legacy_context({model}, {opt.get()}, 1024);
 }
 
 const Env kTp2Shard2 = {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}};
@@ -276,21 +265,8 @@ TEST_CASE("format-1: a per-rank loader file of an earlier version resumes the lo
   cfg.read_env = false;
   cfg.ddp.bucket_cap_bytes = 1024;
   Accelerator acc(cfg);
-  Generator gen(5);
-  models::GptConfig c;
-  c.vocab = 8;
-  c.context = 4;
-  c.layers = 1;
-  c.heads = 2;
-  c.d_model = 8;
-  auto model = std::make_shared<models::Gpt>(c, &gen);
-  model->to(kFloat64);
-  std::vector<optim::ParamGroup> groups(2);
-  for (auto& [name, p] : model->named_parameters())
-    groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
-  groups[1].weight_decay = 0.0;
-  auto opt =
-      std::make_shared<optim::AdamW>(groups, optim::AdamWFields{.lr = 1e-2, .weight_decay = 0.01});
+  auto model = accel::test::legacy_model();
+  auto opt = accel::test::legacy_optimizer(*model);
   auto prepared = acc.prepare(model, std::static_pointer_cast<optim::Optimizer>(opt));
   (void)prepared;
   data::DataLoaderOptions lo;

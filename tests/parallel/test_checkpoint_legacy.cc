@@ -24,6 +24,7 @@
 #include "parallel/checkpoint/legacy.h"
 #include "parallel/checkpoint/names.h"
 #include "tests/common/util.h"
+#include "tests/parallel/legacy_model.h"
 #include "tests/parallel/region_steps.h"
 
 using namespace accel;
@@ -40,21 +41,9 @@ constexpr size_t kBucketCapBytes = 1024;  // make_legacy_fixture's
 
 // make_legacy_fixture's model and optimizer (not trained: the context needs names and groups).
 ckpt::LegacyContext context(size_t cap = kBucketCapBytes) {
-  Generator gen(5);
-  models::GptConfig c;
-  c.vocab = 8;
-  c.context = 4;
-  c.layers = 1;
-  c.heads = 2;
-  c.d_model = 8;
-  auto model = std::make_shared<models::Gpt>(c, &gen);
-  model->to(kFloat64);
-  std::vector<optim::ParamGroup> groups(2);
-  for (auto& [name, p] : model->named_parameters())
-    groups[p.dim() >= 2 ? 0 : 1].params.push_back(p);
-  groups[1].weight_decay = 0.0;
-  optim::AdamW opt(groups, optim::AdamWFields{.lr = 1e-2, .weight_decay = 0.01});
-  return ckpt::legacy_context({model}, {&opt}, cap);
+  auto model = accel::test::legacy_model();
+  auto opt = accel::test::legacy_optimizer(*model);
+  return ckpt::legacy_context({model}, {opt.get()}, cap);
 }
 
 void expect_bytes_equal(const Tensor& want, const Tensor& got, const std::string& what) {

@@ -12,6 +12,7 @@
 
 #include "io/safetensors.h"
 #include "core/generator.h"
+#include "core/warning.h"
 #include "accelerate/accelerator.h"
 #include "accelerate/checkpoint.h"
 #include "accelerate/strategy_base.h"
@@ -85,6 +86,8 @@ struct Accelerator::CheckpointIo {
     std::vector<io::TensorDict> schedulers;
     std::vector<data::LoaderPosition> loaders;  // Note [global loader position]
     std::string rng;
+    // Said once by rank 0 when applied (Note [generator state in checkpoints]).
+    std::string rng_note;
     std::vector<std::map<std::string, std::string>> customs;  // parallel to customs_
   };
 
@@ -161,9 +164,9 @@ struct Accelerator::CheckpointIo {
   // Note [format-2 facade]
   // save_state writes format 2 (Note [format-2 checkpoints] in parallel/checkpoint/reader.h):
   // the strategy's pieces (Note [format-2 strategy seam] in accelerate/strategy.h), each
-  // scheduler's state dict as whole tensors "sched.<s>.<key>" (rank 0's), each rank's generator
-  // state as "rng.default.rank<r>" (a uint8 tensor of Generator::state(); a rank of a run with
-  // more ranks than the checkpoint takes rank 0's), registered objects as today's per-rank JSON
+  // scheduler's state dict as whole tensors "sched.<s>.<key>" (rank 0's), the generator state as
+  // "rng.default" (Note [generator state in checkpoints]: Replicate, or sharded over the world
+  // when the ranks' states differ), registered objects as today's per-rank JSON
   // files (custom_<name>_rank<r>.json, listed in "extra_files"), and the index's meta: counters,
   // scaler, sync_gradients, counts, the mesh, each loader's global position (Note [global loader
   // position]: it resumes at any dp size) and the tied aliases. index.json is the completing
@@ -249,25 +252,114 @@ struct Accelerator::CheckpointIo {
         if (n.rfind(prefix, 0) == 0) d[n.substr(prefix.size())] = dist::read_whole(*src, n);
       l.schedulers.push_back(std::move(d));
     }
-    {
-      std::string name = dist::rank_name(dist::ckpt::names::kRngDefault, acc.rank_);
-      if (!src->contains(name)) name = dist::rank_name(dist::ckpt::names::kRngDefault, 0);
-      const dist::ckpt::TensorRecord& r = src->tensor(name);
-      ACCEL_CHECK(r.dtype == kUInt8 && r.shape.size() == 1 &&
-                      uint64_t(r.shape[0]) <= dist::kMaxRngFileBytes,
-                  IoError, "load_state", "'", file, "': '", name, "' is ", r.dtype, " ",
-                  shape_str(r.shape), ", not a generator state");
-      l.rng = tensor_text(dist::read_whole(*src, name));
-      Generator probe(0);
-      try {
-        probe.set_state(l.rng);
-      } catch (const std::exception& e) {
-        ACCEL_THROW(IoError, "load_state", "'", file, "': '", name,
-                    "' is not a valid generator state: ", e.what());
-      }
-    }
+    read_rng(acc, *src, l, file);
     read_customs(acc, l, path, m.world_size != acc.world_size_);
     return l;
+  }
+
+  // Note [generator state in checkpoints]
+  // The default generator is the whole random state of a run: dropout under tensor and sequence
+  // parallelism draws every rank's mask from it too (Note [dropout under tensor parallelism] in
+  // parallel/tp_random.cc: no per-rank tp stream exists, so there is no "rng.tp" to save, and a
+  // tp run resumes its dropout exactly at any tp size). save_state compares the ranks' states
+  // with one all-reduce (max, exact int64) of the two 32-bit halves of a 64-bit FNV-1a hash of
+  // Generator::state(), their negations (the min) and the state's length:
+  //  - equal on every rank (every rank seeded alike, the usual case): "rng.default" is a 1-D uint8
+  //    tensor of the state's text, Replicate (rank 0 writes it); every rank of any mesh resumes
+  //    it exactly.
+  //  - not equal (Accelerator::set_seed(seed, device_specific) at dp > 1, a per-rank
+  //    manual_seed): "rng.default" has shape [W, S], row r rank r's text padded with spaces to
+  //    the longest, Shard(0) over the world (each rank writes its row). On the mesh that saved it
+  //    each rank takes its own row (exact). On another, rank r takes row r if r < W, else row 0,
+  //    except that the ranks of one tp group (tp > 1) all take their tp rank 0's row: they must
+  //    draw alike, or the replicas drift apart (parallel/tp_random.cc's generator check raises
+  //    where it sees that: a root called through operator()). Rank 0 says so once: "per-rank
+  //    generator states were saved on W ranks; ranks >= W continue from rank 0's" (and names the
+  //    tp rule when it applied). Per-rank streams cannot be re-divided exactly: such runs resume
+  //    exactly only on the mesh that saved them.
+  // Equal hashes of different states (a 2^-64 chance for two ranks) would save rank 0's state
+  // for every rank. Format-2 checkpoints of earlier versions hold "rng.default.rank<r>", each
+  // rank's own whether alike or not: read as the rows above (entry r is row r), note included.
+  struct RngAgreement {
+    bool alike = true;
+    int64_t width = 0;  // the longest state's length in bytes
+  };
+
+  // Collective on every rank of the world.
+  static RngAgreement agree_rng(Accelerator& acc, const std::string& state) {
+    RngAgreement a;
+    a.width = int64_t(state.size());
+    if (acc.world_size_ == 1) return a;
+    uint64_t h = 14695981039346656037ull;  // FNV-1a 64
+    for (unsigned char c : state) h = (h ^ c) * 1099511628211ull;
+    const int64_t hi = int64_t(h >> 32), lo = int64_t(h & 0xffffffffu);
+    Tensor t = tensor(std::vector<int64_t>{hi, lo, -hi, -lo, a.width}, {5}, TensorOptions(kInt64))
+                   .to(acc.device_);
+    acc.group_->all_reduce(t, dist::ReduceOp::Max);
+    const Tensor c = t.to(kCPU);
+    const int64_t* v = c.data<int64_t>();
+    a.alike = v[0] == -v[2] && v[1] == -v[3];  // max == min for both halves
+    a.width = v[4];
+    return a;
+  }
+
+  static dist::ckpt::StateEntry rng_entry(const Accelerator& acc, const RngAgreement& a,
+                                          const std::string& state) {
+    if (a.alike)
+      return {dist::ckpt::names::kRngDefault, dist::Region::whole({int64_t(state.size())}),
+              text_tensor(state), acc.is_main_process(), "Replicate"};
+    std::string row = state;
+    row.resize(size_t(a.width), ' ');
+    return {dist::ckpt::names::kRngDefault,
+            dist::Region::whole({acc.world_size_, a.width}).shard(0, 1, acc.world_size_, acc.rank_),
+            text_tensor(row).reshape({1, a.width}), true, "world: Shard(0)"};
+  }
+
+  // This rank's generator state from a format-2 checkpoint into l.rng (and l.rng_note).
+  static void read_rng(Accelerator& acc, dist::ckpt::CheckpointSource& src, Loaded& l,
+                       const std::string& file) {
+    const int saved = l.meta.world_size;
+    // Per-rank states: "rng.default" [W, S], or earlier versions' "rng.default.rank<r>".
+    const bool replicated_or_rows = src.contains(dist::ckpt::names::kRngDefault);
+    const bool same_mesh = l.meta.json.at("mesh") == mesh_json(acc);
+    const bool tp = !same_mesh && acc.mesh_->has_dim("tp") && acc.mesh_->size("tp") > 1;
+    const int mine = tp ? acc.mesh_->group_ranks("tp").front() : acc.rank_;
+    const int row = mine < saved ? mine : 0;
+    const std::string name = replicated_or_rows
+                                 ? std::string(dist::ckpt::names::kRngDefault)
+                                 : dist::rank_name(dist::ckpt::names::kRngDefault, row);
+    const dist::ckpt::TensorRecord& r = src.tensor(name);
+    const bool rows = replicated_or_rows && r.shape.size() == 2;
+    ACCEL_CHECK(r.dtype == kUInt8 && (r.shape.size() == 1 || rows) &&
+                    uint64_t(r.shape.back()) <= dist::kMaxRngFileBytes &&
+                    (!rows || r.shape[0] == saved),
+                IoError, "load_state", "'", file, "': '", name, "' is ", r.dtype, " ",
+                shape_str(r.shape), ", not a generator state (of a world of ", saved, ")");
+    if (rows) {
+      const dist::Region want = dist::Region::whole(r.shape).shard(0, 1, saved, row);
+      l.rng = tensor_text(dist::read_region(src, name, want, kUInt8, kCPU));
+      l.rng.erase(l.rng.find_last_not_of(' ') + 1);  // the padding
+    } else {
+      l.rng = tensor_text(dist::read_whole(src, name));
+    }
+    Generator probe(0);
+    try {
+      probe.set_state(l.rng);
+    } catch (const std::exception& e) {
+      ACCEL_THROW(IoError, "load_state", "'", file, "': '", name,
+                  "' is not a valid generator state: ", e.what());
+    }
+    if (replicated_or_rows && !rows) return;  // one state for every rank
+    std::string note;
+    if (acc.world_size_ > saved)
+      note = "ranks >= " + std::to_string(saved) + " continue from rank 0's";
+    if (tp)
+      note += std::string(note.empty() ? "" : "; ") +
+              "the ranks of each tp group continue from their tp rank 0's row (a tp group draws "
+              "alike: Note [dropout under tensor parallelism])";
+    if (!note.empty())
+      l.rng_note =
+          "per-rank generator states were saved on " + std::to_string(saved) + " ranks; " + note;
   }
 
   // Registered objects: this rank's file, or rank 0's when the checkpoint had fewer ranks.
@@ -293,15 +385,16 @@ struct Accelerator::CheckpointIo {
                     const std::function<void(const std::function<void()>&)>& agree) {
     std::vector<dist::ckpt::StateEntry> entries;
     nlohmann::json meta;
+    // Collective: before the first step that can fail on one rank alone.
+    const std::string rng_state = default_generator().state();
+    const RngAgreement rng = agree_rng(acc, rng_state);
     agree([&] {
       acc.strategy_->checkpoint().state_entries(entries, !acc.sync_gradients_, acc.rank_);
       for (size_t i = 0; i < acc.schedulers_.size(); ++i)
         for (auto& [k, v] : acc.schedulers_[i]->state_dict())
           entries.push_back({"sched." + std::to_string(i) + "." + k, dist::Region::whole(v.sizes()),
                              v, acc.is_main_process(), ""});
-      entries.push_back({dist::rank_name(dist::ckpt::names::kRngDefault, acc.rank_),
-                         dist::Region::whole({int64_t(default_generator().state().size())}),
-                         text_tensor(default_generator().state()), true, ""});
+      entries.push_back(rng_entry(acc, rng, rng_state));
       for (auto& c : acc.customs_) {
         nlohmann::json j = c.save();
         dist::write_file_durable(
@@ -436,6 +529,7 @@ struct Accelerator::CheckpointIo {
     for (size_t i = 0; i < acc.loaders_.size(); ++i)
       acc.loaders_[i]->resume(l.loaders[i], acc.is_main_process() ? "load_state" : nullptr);
     default_generator().set_state(l.rng);
+    if (!l.rng_note.empty() && acc.is_main_process()) ACCEL_WARN_ONCE("load_state", l.rng_note);
     acc.sync_gradients_ = l.meta.sync_gradients;
     for (size_t i = 0; i < acc.customs_.size(); ++i) acc.customs_[i].load(l.customs[i]);
     acc.scaler_.load_state_dict(l.meta.scaler);

@@ -21,9 +21,11 @@
 //    tp, sequence parallel or not, therefore equals one process (at dp 1 without gradient
 //    accumulation: a dp rank draws for its own rows, a micro-batch for itself).
 //  - Nothing per rank to seed, fork or save: the default generator's state is the whole random
-//    state, the per-rank RNG files of a checkpoint resume it bit for bit, and activation
-//    checkpointing's restored generator redraws the same masks. Megatron's tracker needs all
-//    three done for its second stream, and its masks match one process in distribution only.
+//    state, a checkpoint's "rng.default" resumes it bit for bit (at any tp size: there is no
+//    "rng.tp"; Note [generator state in checkpoints] in accelerate/accelerator_state.cc), and
+//    activation checkpointing's restored generator redraws the same masks. Megatron's tracker
+//    needs all three done for its second stream, and its masks match one process in distribution
+//    only.
 //  - The cost per rank is a hash of each local element, less than the mt19937_64 draw per element
 //    it replaces; accel's generator (mt19937_64) cannot skip ahead cheaply, hence one key per call
 //    and a counter-based stream (SplitMix64's, core/sharded_random.h) behind it.

@@ -56,8 +56,9 @@ inline std::string zero_accum_of_rank(size_t optim, size_t bucket, int64_t rank)
          std::to_string(rank);
 }
 
-// The default generator's state, and the tp tracker's streams.
+// The default generator's state (Note [generator state in checkpoints] in
+// accelerate/accelerator_state.cc). Dropout under tp has no stream of its own to save (Note
+// [dropout under tensor parallelism] in parallel/tp_random.cc): there is no "rng.tp".
 inline const char* const kRngDefault = "rng.default";
-inline const char* const kRngTp = "rng.tp";
 
 }  // namespace accel::dist::ckpt::names

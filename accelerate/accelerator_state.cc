@@ -382,13 +382,12 @@ struct Accelerator::CheckpointIo {
     // seam as format 2 on any mesh (tp at any size, tp x ZeRO-3 included).
     // The saved mesh against this one along every dimension a model step cuts (format 1 records
     // {"<dim>": {"size": n}}; absent: 1).
-    for (const std::string& d : m.sync_gradients ? std::vector<std::string>{}
-                                                 : dist::registered_model_dims()) {
+    for (const std::string& d :
+         m.sync_gradients ? std::vector<std::string>{} : dist::registered_model_dims()) {
       const nlohmann::json& rec = m.json.contains(d) ? m.json[d] : nlohmann::json();
-      const int saved =
-          rec.is_object() && rec.contains("size") && rec["size"].is_number_unsigned()
-              ? rec["size"].get<int>()
-              : 1;
+      const int saved = rec.is_object() && rec.contains("size") && rec["size"].is_number_unsigned()
+                            ? rec["size"].get<int>()
+                            : 1;
       const int now = acc.mesh_->has_dim(d) ? acc.mesh_->size(d) : 1;
       ACCEL_CHECK(saved == now, ValueError, "load_state", "checkpoint '", path,
                   "' was saved inside a gradient accumulation window at ", d, "_size ", saved,

@@ -10,9 +10,9 @@
 //  - backward, step, zero_grad, memory: the engine's;
 //  - gradient norms (grads()): Note [composed gradient norms];
 //  - the replicated-gradient check (Note [replicated gradient check] in
-//    parallel/replicated_check.h): at the first step, or every step under ACCEL_VERIFY_PLACEMENTS=1,
-//    each gradient (or, in a ZeRO bucket shard, each parameter's part) that a cut dimension
-//    replicates is compared over that dimension's group;
+//    parallel/replicated_check.h): at the first step, or every step under
+//    ACCEL_VERIFY_PLACEMENTS=1, each gradient (or, in a ZeRO bucket shard, each parameter's part)
+//    that a cut dimension replicates is compared over that dimension's group;
 //  - checkpoints (format 2, Note [format-2 strategy seam] in accelerate/strategy.h): the engine's
 //    pieces, each placed in its global tensor by this rank's recorded piece (set_place from
 //    ParallelPlan::place), so a checkpoint loads at any tp size and any engine;
@@ -84,9 +84,7 @@ class EngineStep final : public ApplyStep {
   explicit EngineStep(Strategy& engine) : engine_(engine) {}
   std::string_view name() const override { return "data_parallel"; }
   bool active(const DeviceMesh&) const override { return true; }
-  void apply(ParallelModel& pm, const StepContext&) override {
-    engine_.prepare_model(pm.module());
-  }
+  void apply(ParallelModel& pm, const StepContext&) override { engine_.prepare_model(pm.module()); }
   bool takes_deferred() const override { return engine_.takes_deferred_models(); }
 
  private:
@@ -95,8 +93,9 @@ class EngineStep final : public ApplyStep {
 
 class ComposedStrategy final : public Strategy, public StrategyCheckpoint {
  public:
-  ComposedStrategy(const DeviceMesh& mesh, ParallelOptions options, std::unique_ptr<Strategy> engine,
-                   ProcessGroupPtr world, int engine_rank, int engine_size)
+  ComposedStrategy(const DeviceMesh& mesh, ParallelOptions options,
+                   std::unique_ptr<Strategy> engine, ProcessGroupPtr world, int engine_rank,
+                   int engine_size)
       : engine_(std::move(engine)),
         plan_(mesh, std::move(options), std::make_unique<EngineStep>(*engine_)),
         world_(std::move(world)),
@@ -138,8 +137,10 @@ class ComposedStrategy final : public Strategy, public StrategyCheckpoint {
     }
     const bool by_parts = g.parts.size() == g.params.size();
     ACCEL_CHECK(by_parts || g.names.size() == g.params.size(), ValueError, "clip_grad_norm_",
-                "strategy '", name(), "' does not name its gradients (StepGrads::names), which a "
-                "model cut along ", cut_dims(), " needs");
+                "strategy '", name(),
+                "' does not name its gradients (StepGrads::names), which a "
+                "model cut along ",
+                cut_dims(), " needs");
     const int shard = g.sharded && g.shard_group ? g.shard_group->size() : 1;
     const int64_t engine_holders = g.sharded ? engine_size_ / shard : engine_size_;
     const bool engine_primary = g.sharded ? engine_rank_ < shard : engine_rank_ == 0;
@@ -159,9 +160,9 @@ class ComposedStrategy final : public Strategy, public StrategyCheckpoint {
         const size_t m = std::stoul(part.name.substr(0, colon));
         const std::string pname = part.name.substr(colon + 1);
         const int64_t holders = engine_holders * plan_.holders(m, pname);
-        part.weight = power_of_two(holders)                           ? 1.0 / double(holders)
+        part.weight = power_of_two(holders)                       ? 1.0 / double(holders)
                       : engine_primary && plan_.primary(m, pname) ? 1.0
-                                                                      : 0.0;
+                                                                  : 0.0;
         same = same && part.weight == parts[k].front().weight;
         if (!check) continue;
         const Tensor& grad = g.params[k].grad();

@@ -159,9 +159,9 @@ class ZeroStrategy final : public ReplicatedStrategy {
     out.sharded = true;
     out.shard_group = ctx_.shard_group();
     // Leaf b is this rank's slice [r * shard_numel, (r + 1) * shard_numel) of bucket b's flat
-    // buffer: one part per parameter of the bucket (its overlap with the slice), named after the prepared models (what the
-    // composition weighs by layout: Note [composed gradient norms] in accelerate/composition.cc).
-    // Computed once per optimizer (the buckets are fixed at prepare).
+    // buffer: one part per parameter of the bucket (its overlap with the slice), named after the
+    // prepared models (what the composition weighs by layout: Note [composed gradient norms] in
+    // accelerate/composition.cc). Computed once per optimizer (the buckets are fixed at prepare).
     if (grad_names_models_ != models_.size()) {
       grad_names_.clear();
       parts_.clear();

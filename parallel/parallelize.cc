@@ -186,8 +186,8 @@ Tensor ParallelPlan::part(size_t m, const std::string& name, const Tensor& full)
     const Placement& p = s.placement;
     ACCEL_CHECK(p.dim >= 0 && p.dim < t.dim() && t.size(p.dim) % (int64_t(p.chunks) * p.unit) == 0,
                 ShapeError, "load_model", "parameter '", name, "' of shape ", t.shape_str(),
-                " cannot be split along dim ", p.dim, " into ", p.chunks,
-                " block(s) of units of ", p.unit, " over ", s.size, " ", s.dim, " ranks");
+                " cannot be split along dim ", p.dim, " into ", p.chunks, " block(s) of units of ",
+                p.unit, " over ", s.size, " ", s.dim, " ranks");
     if (s.size > 1) t = tp_piece(t, tp_shard_of(p, t.size(p.dim)), s.coordinate, s.size);
   }
   return t;

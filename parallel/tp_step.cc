@@ -45,8 +45,7 @@ class TpStep final : public ApplyStep {
   }
 
   void check(const ParallelModel&, const StepContext& ctx) const override {
-    ACCEL_CHECK(!ctx.options.tp_plan.empty(), ValueError, "prepare", "tp_size ",
-                ctx.mesh.size(kTp),
+    ACCEL_CHECK(!ctx.options.tp_plan.empty(), ValueError, "prepare", "tp_size ", ctx.mesh.size(kTp),
                 " splits every prepared model over its tp group, but AcceleratorConfig::tp_plan "
                 "is empty: give the module-name patterns and their styles "
                 "(parallel/tensor_parallel.h; models::gpt_tp_plan() for examples/models.h's Gpt)");

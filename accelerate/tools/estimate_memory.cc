@@ -147,7 +147,8 @@ Plan make_plan(const Args& a) {
     };
     return at(x.precision) < at(y.precision);
   });
-  ACCEL_CHECK(!rows.empty(), ValueError, "estimate_memory", "no strategy and precision to estimate");
+  ACCEL_CHECK(!rows.empty(), ValueError, "estimate_memory",
+              "no strategy and precision to estimate");
   return plan;
 }
 

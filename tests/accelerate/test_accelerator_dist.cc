@@ -742,8 +742,8 @@ TEST_CASE("device mesh: acc.mesh() from the environment, with groups; tp needs a
   // tp with ZeRO-1/2 (before: a ValueError naming the strategy): every strategy composes with tp
   // (Note [apply order] in parallel/parallelize.h); the model still needs its plan.
   for (const char* stage : {"1", "2"}) {
-    auto zero_tp =
-        run_world(worker(), {"mesh"}, 2, {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", stage}}, 60s);
+    auto zero_tp = run_world(worker(), {"mesh"}, 2,
+                             {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", stage}}, 60s);
     check_ok(zero_tp, "mesh");
     for (const RankResult& r : zero_tp) {
       CHECK_MESSAGE(r.output.find("prepared optimizer") != std::string::npos, r.output);

@@ -54,13 +54,11 @@ TEST_CASE("parallelize: a dimension without a step is refused by its setting; st
   const dist::DeviceMesh cp({{"dp", 1}, {"cp", 2}}, 0, 1);
   CHECK_THROWS_WITH_AS(
       dist::ParallelPlan(cp, {}, std::make_unique<LoggingStep>("data_parallel")),
-      doctest::Contains("cp_size 2: context parallelism is not built yet (issue 38)"),
-      ValueError);
+      doctest::Contains("cp_size 2: context parallelism is not built yet (issue 38)"), ValueError);
   const dist::DeviceMesh pp({{"pp", 2}}, 0, 1);
   CHECK_THROWS_WITH_AS(
       dist::ParallelPlan(pp, {}, std::make_unique<LoggingStep>("data_parallel")),
-      doctest::Contains("pp_size 2: pipeline parallelism is not built yet (issue 38)"),
-      ValueError);
+      doctest::Contains("pp_size 2: pipeline parallelism is not built yet (issue 38)"), ValueError);
   // Only the model slots take registrations, once each (tp is built in).
   CHECK_THROWS_WITH_AS(
       dist::register_apply_step("data_parallel", [] { return std::make_unique<LoggingStep>("x"); }),
@@ -94,9 +92,11 @@ TEST_CASE("parallelize: a dimension without a step is refused by its setting; st
 // tp ranks (the tp strategy's rule before the composition) does not.
 // (With these a weight 1 / 3 on the tp-replicated fc2.bias and scale gives a norm 1 ulp off.)
 double grad_of(const std::string& name) {
-  static const std::map<std::string, double> c = {
-      {"fc1.weight", 0.5}, {"fc1.bias", -2.0}, {"fc2.weight", 0.25}, {"fc2.bias", 1.0},
-      {"scale", 4.0}};
+  static const std::map<std::string, double> c = {{"fc1.weight", 0.5},
+                                                  {"fc1.bias", -2.0},
+                                                  {"fc2.weight", 0.25},
+                                                  {"fc2.bias", 1.0},
+                                                  {"scale", 4.0}};
   return c.at(name);
 }
 
@@ -171,8 +171,8 @@ TEST_CASE("clip_grad_norm_ at tp 3 (uneven) and dp 3 equals one process bit for 
   for (size_t i = 0; i < meshes.size(); ++i) {
     const std::string name = meshes[i].first;
     CAPTURE(name);
-    const auto got = run("mesh" + std::to_string(i), meshes[i].second.first,
-                         meshes[i].second.second);
+    const auto got =
+        run("mesh" + std::to_string(i), meshes[i].second.first, meshes[i].second.second);
     for (const auto& lines : got) CHECK(lines == one[0]);  // every rank, every step, bit for bit
   }
   std::filesystem::remove_all(dir);

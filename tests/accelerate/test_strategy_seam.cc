@@ -304,8 +304,8 @@ TEST_CASE("local SGD trains through accel-run --strategy local_sgd (ACCEL_STRATE
 // trains as dp 2 does (the same local SGD, every layer split over 2 ranks).
 TEST_CASE("local SGD composes with tp: tp 2 x dp 2 equals dp 2") {
   const std::string dir = fresh_dir(kScratch, "tp");
-  auto tp = accel::test::run_world(self_exe(), {"tp", dir + "/tp"}, 4, {{"ACCEL_TP_SIZE", "2"}},
-                                   120s);
+  auto tp =
+      accel::test::run_world(self_exe(), {"tp", dir + "/tp"}, 4, {{"ACCEL_TP_SIZE", "2"}}, 120s);
   for (auto& r : tp) REQUIRE_MESSAGE(r.code == 0, r.output);
   auto dp = accel::test::run_world(self_exe(), {"tp", dir + "/dp"}, 2, {}, 120s);
   for (auto& r : dp) REQUIRE_MESSAGE(r.code == 0, r.output);

@@ -382,8 +382,9 @@ struct Accelerator::CheckpointIo {
     // seam as format 2 on any mesh (tp at any size, tp x ZeRO-3 included).
     // The saved mesh against this one along every dimension a model step cuts (format 1 records
     // {"<dim>": {"size": n}}; absent: 1).
-    for (const std::string& d :
-         m.sync_gradients ? std::vector<std::string>{} : dist::registered_model_dims()) {
+    const std::vector<std::string> cut = dist::registered_model_dims();
+    for (size_t i = 0; !m.sync_gradients && i < cut.size(); ++i) {
+      const std::string& d = cut[i];
       const nlohmann::json& rec = m.json.contains(d) ? m.json[d] : nlohmann::json();
       const int saved = rec.is_object() && rec.contains("size") && rec["size"].is_number_unsigned()
                             ? rec["size"].get<int>()

@@ -3,7 +3,8 @@
 // that depends on that choice; the facade itself only counts steps, scales losses, wraps loaders
 // and schedulers, and runs the checkpoint protocol (atomic directory, agree, roll back). It picks
 // the strategy by name from a registry (Note [strategy registry] in
-// accelerate/strategy_registry.h) and never switches on one.
+// accelerate/strategy_registry.h) and never switches on one; the strategy it holds is that engine
+// composed with the mesh's model steps (Note [composed strategy] in accelerate/composition.cc).
 //
 //   name     file               world  what a rank holds between steps
 //   none     strategy.cc        1      everything

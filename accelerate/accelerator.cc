@@ -23,6 +23,7 @@
 #include "core/settings.h"
 #include "core/storage.h"
 #include "accelerate/checkpoint.h"
+#include "accelerate/composition.h"
 #include "accelerate/config_detail.h"
 #include "comm/env.h"
 #include "accelerate/strategy_base.h"
@@ -101,9 +102,7 @@ Accelerator::Accelerator(AcceleratorConfig config)
   ctx.mixed_precision = config_.mixed_precision;
   const dist::StrategySpec& spec = *dist::find_strategy(config_.strategy);  // resolved above
   ctx.options = config_detail::strategy_options(config_, spec);
-  strategy_ = mesh_->size("tp") > 1  // Note [tp strategy] in accelerate/strategy_tp.cc
-                  ? config_detail::make_tp_strategy(config_, *mesh_, group_, ctx, spec)
-                  : dist::make_strategy(spec, ctx);
+  strategy_ = config_detail::compose_strategy(config_, *mesh_, group_, ctx, spec);
   logging_dir_ = config_.project_dir;
   if (config_.seed) set_seed(*config_.seed);
   config_detail::publish_data_shard(*mesh_, world_size_, this);
@@ -556,8 +555,9 @@ double Accelerator::clip_grad_norm_(double max_norm, double p) {
 
 // The gradients every prepared optimizer steps with (Strategy::grads), unscaled under fp16 (once
 // per step); `sharded` when each rank holds a disjoint part of them.
-std::vector<Tensor> Accelerator::step_grads(bool& sharded, dist::ProcessGroupPtr* shard_group,
-                                            std::vector<double>* weights) {
+std::vector<Tensor> Accelerator::step_grads(
+    bool& sharded, dist::ProcessGroupPtr* shard_group,
+    std::vector<std::vector<dist::StepGrads::Part>>* parts) {
   std::vector<Tensor> all;
   sharded = false;
   for (auto& o : optimizers_) {
@@ -566,7 +566,9 @@ std::vector<Tensor> Accelerator::step_grads(bool& sharded, dist::ProcessGroupPtr
     if (shard_group && g.shard_group) *shard_group = g.shard_group;
     for (size_t k = 0; k < g.params.size(); ++k) {
       all.push_back(g.params[k]);
-      if (weights) weights->push_back(k < g.norm_weights.size() ? g.norm_weights[k] : 1.0);
+      if (!parts) continue;
+      parts->emplace_back();
+      if (k < g.parts.size()) parts->back() = std::move(g.parts[k]);
     }
   }
   return all;
@@ -578,9 +580,11 @@ std::vector<Tensor> Accelerator::step_grads(bool& sharded, dist::ProcessGroupPtr
 double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double p) {
   check_plain_backward("clip_grad_norm_");
   bool sharded = false;
-  dist::ProcessGroupPtr parts = group_;  // HSDP: the shard group (replicas hold equal parts)
-  std::vector<double> weights;           // tp: 1 / (ranks holding the same gradient)
-  std::vector<Tensor> all = step_grads(sharded, &parts, &weights);
+  dist::ProcessGroupPtr over = group_;  // HSDP: the shard group (replicas hold equal parts)
+  // Models cut along the mesh: each part's weight (Note [composed gradient norms] in
+  // accelerate/composition.cc).
+  std::vector<std::vector<dist::StepGrads::Part>> parts;
+  std::vector<Tensor> all = step_grads(sharded, &over, &parts);
   if (scaler_.enabled()) scaler_.unscale_(all.empty() ? params : all, group_.get());
   if (!sharded) return nn::clip_grad_norm_(params, max_norm, p);
   ACCEL_CHECK(max_norm >= 0, ValueError, "clip_grad_norm_", "max_norm must be >= 0, got ",
@@ -592,13 +596,10 @@ double Accelerator::clip_grad_norm_(const std::vector<Tensor>& params, double ma
   for (size_t k = 0; k < all.size(); ++k) {
     const Tensor g = all[k].grad();
     if (!g.defined()) continue;
-    Tensor n = inf        ? amax(abs(g)).to(kFloat64)
-               : p == 2.0 ? sum(mul(g, g)).to(kFloat64)
-                          : pow(norm(g, p).to(kFloat64), p);
-    if (!inf && weights[k] != 1.0) n = mul(n, weights[k]);
-    total = inf ? maximum(total, n) : add(total, n);
+    const Tensor n = dist::grad_norm_term(g, parts[k], p);
+    if (n.defined()) total = inf ? maximum(total, n) : add(total, n);
   }
-  parts->all_reduce(total, inf ? dist::ReduceOp::Max : dist::ReduceOp::Sum);
+  over->all_reduce(total, inf ? dist::ReduceOp::Max : dist::ReduceOp::Sum);
   const double total_norm = inf ? total.item<double>() : std::pow(total.item<double>(), 1.0 / p);
   const double coef = max_norm / (total_norm + 1e-6);
   if (!(coef >= 1.0))

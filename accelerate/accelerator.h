@@ -411,9 +411,9 @@ class Accelerator {
 
   void prepare_module(const std::shared_ptr<nn::Module>& model);
   // Every prepared optimizer's Strategy::grads; `sharded` when any is.
-  // `weights`: each gradient's StepGrads::norm_weights entry (1 where the strategy gives none).
+  // `parts`: each gradient's StepGrads::parts entry (empty: all of it, weight 1).
   std::vector<Tensor> step_grads(bool& sharded, dist::ProcessGroupPtr* shard_group = nullptr,
-                                 std::vector<double>* weights = nullptr);
+                                 std::vector<std::vector<dist::StepGrads::Part>>* parts = nullptr);
   template <typename T>
   static constexpr bool is_model_ptr = requires(const T& t) {
     requires std::is_base_of_v<nn::Module, typename T::element_type>;

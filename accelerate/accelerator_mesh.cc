@@ -5,7 +5,7 @@
 #include "accelerate/accelerator.h"
 #include "accelerate/config_detail.h"
 #include "accelerate/strategy_registry.h"
-#include "accelerate/strategy_tp.h"
+#include "accelerate/composition.h"
 #include "comm/env.h"
 #include "parallel/parallel_dims.h"
 #include "core/generator.h"
@@ -87,34 +87,29 @@ dist::DeviceMesh mesh_with_groups(const dist::DeviceMesh& layout,
     }
     return dist::new_group(ranks);
   };
-  MeshSizes sizes;
-  sizes.dp_replicate = layout.size("dp_replicate");
-  sizes.dp_shard = layout.size("dp_shard");
-  sizes.tp = layout.size("tp");
+  MeshSizes sizes;  // the layout's, dimension by dimension of the table
+  for (const ParallelDim& d : kParallelDims) sizes.*d.size = layout.size(d.name);
   return dist::parallelism_mesh(sizes, me, layout.local_world_size(), factory);
 }
 
-std::unique_ptr<dist::Strategy> make_tp_strategy(const AcceleratorConfig& c,
+std::unique_ptr<dist::Strategy> compose_strategy(const AcceleratorConfig& c,
                                                  const dist::DeviceMesh& mesh,
                                                  const dist::ProcessGroupPtr& world,
                                                  dist::StrategyContext ctx,
                                                  const dist::StrategySpec& spec) {
-  const int tp = mesh.size("tp");
-  // Note [strategies with tensor parallelism] in core/parallelism.h (accel-run checks the same).
-  const std::optional<std::string> conflict = tp_strategy_conflict(tp, spec.name);
-  ACCEL_CHECK(!conflict, ValueError, "accelerator", *conflict);
-  // The inner strategy's world is this rank's dp group: the ranks holding the same tp shards.
-  const dist::ProcessGroupPtr& dp = mesh.group("dp");
-  ctx.group = dp;
-  ctx.rank = dp->rank();
-  ctx.world_size = dp->size();
-  dist::TpStrategyContext t;
-  t.tp = mesh.group("tp");
-  t.world = world;
-  t.world_rank = world ? world->rank() : 0;
-  t.dp_size = mesh.size("dp");
-  t.plan = c.tp_plan;
-  return dist::make_tp_strategy(dist::make_strategy(spec, std::move(ctx)), std::move(t));
+  // The engine's world: the ranks holding the same pieces of every model (the world itself when
+  // that is every rank: no model step cuts).
+  const std::string_view dp = dist::ParallelPlan::data_parallel_dim();
+  if (mesh.size(dp) != mesh.world_size()) {
+    ctx.group = mesh.group(dp);
+    ctx.rank = ctx.group->rank();
+    ctx.world_size = ctx.group->size();
+  }
+  dist::ParallelOptions options;
+  options.tp_plan = c.tp_plan;
+  const int rank = ctx.rank, size = ctx.world_size;
+  return dist::compose(mesh, std::move(options), dist::make_strategy(spec, std::move(ctx)), world,
+                       rank, size);
 }
 
 }  // namespace config_detail
@@ -133,10 +128,10 @@ std::unique_ptr<dist::Strategy> make_tp_strategy(const AcceleratorConfig& c,
 // gather() / reduce() / loss averaging and every facade collective stay over the world, as in
 // Accelerate. Checkpoints of an HSDP run are written once per shard (Note [hsdp checkpoints] in
 // accelerate/strategy_fsdp.cc).
-// With tp_size > 1 the strategy is a TpStrategy around ddp or fsdp (Note [tp strategy] in
-// accelerate/strategy_tp.cc): prepare() splits each model over its tp group with
-// AcceleratorConfig::tp_plan, then the inner strategy runs over the dp groups as above, its world
-// being this rank's dp group (the ranks of one tp index).
+// The strategy is always the composition (Note [composed strategy] in accelerate/composition.cc):
+// the model steps of the mesh (tp splits each model over its tp group with
+// AcceleratorConfig::tp_plan), then the engine over the dp groups as above, its world being this
+// rank's dp group (the ranks of one tp index).
 // ---------------------------------------------------------------------------------------------
 // process control
 

@@ -20,6 +20,7 @@
 #include "parallel/checkpoint/names.h"
 #include "parallel/checkpoint/reader.h"
 #include "parallel/checkpoint/writer.h"
+#include "parallel/parallelize.h"
 
 namespace accel {
 
@@ -472,15 +473,19 @@ struct Accelerator::CheckpointIo {
     // Models, optimizers and window gradients: format 1's files as the pieces format 2 names
     // (Note [format-1 checkpoints as pieces] in parallel/checkpoint/legacy.h), read by the same
     // seam as format 2 on any mesh (tp at any size, tp x ZeRO-3 included).
-    if (!m.sync_gradients) {
-      const nlohmann::json& tp = m.json.contains("tp") ? m.json["tp"] : nlohmann::json();
-      const int saved_tp = tp.is_object() && tp.contains("size") && tp["size"].is_number_unsigned()
-                               ? tp["size"].get<int>()
-                               : 1;
-      ACCEL_CHECK(saved_tp == acc.mesh_->size("tp"), ValueError, "load_state", "checkpoint '", path,
-                  "' was saved inside a gradient accumulation window at tp_size ", saved_tp,
-                  "; its per-rank gradients only resume at that tp_size, not at ",
-                  acc.mesh_->size("tp"));
+    // The saved mesh against this one along every dimension a model step cuts (format 1 records
+    // {"<dim>": {"size": n}}; absent: 1).
+    const std::vector<std::string> cut = dist::registered_model_dims();
+    for (size_t i = 0; !m.sync_gradients && i < cut.size(); ++i) {
+      const std::string& d = cut[i];
+      const nlohmann::json& rec = m.json.contains(d) ? m.json[d] : nlohmann::json();
+      const int saved = rec.is_object() && rec.contains("size") && rec["size"].is_number_unsigned()
+                            ? rec["size"].get<int>()
+                            : 1;
+      const int now = acc.mesh_->has_dim(d) ? acc.mesh_->size(d) : 1;
+      ACCEL_CHECK(saved == now, ValueError, "load_state", "checkpoint '", path,
+                  "' was saved inside a gradient accumulation window at ", d, "_size ", saved,
+                  "; its per-rank gradients only resume at that ", d, "_size, not at ", now);
     }
     {
       std::vector<const optim::Optimizer*> users;

@@ -35,10 +35,10 @@ void withdraw_data_shard(const void* owner);
 dist::DeviceMesh mesh_with_groups(const dist::DeviceMesh& layout,
                                   const dist::ProcessGroupPtr& world);
 
-// The strategy of a run with tp_size > 1: a TpStrategy (Note [tp strategy] in
-// accelerate/strategy_tp.cc) around `spec` (ddp or fsdp; ValueError otherwise) built over the
-// mesh's dp group from `ctx`.
-std::unique_ptr<dist::Strategy> make_tp_strategy(const AcceleratorConfig& c,
+// The Accelerator's strategy (Note [composed strategy] in accelerate/composition.cc): the engine
+// `spec` names, built from `ctx` over the mesh's data-parallel group, as the last slot of the
+// ParallelPlan of `mesh` with c's step options (the tp plan).
+std::unique_ptr<dist::Strategy> compose_strategy(const AcceleratorConfig& c,
                                                  const dist::DeviceMesh& mesh,
                                                  const dist::ProcessGroupPtr& world,
                                                  dist::StrategyContext ctx,

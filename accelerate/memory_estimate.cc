@@ -223,11 +223,6 @@ Estimate estimate(const ModelSpec& model, const Setup& s) {
               "the parallelism sizes (--dp_replicate_size, --dp_shard_size, --tp_size) do not fit ",
               s.world, " processes: ", why);
   e.mesh = *mesh;
-  // Note [strategies with tensor parallelism]: the run would refuse it.
-  const std::string_view run_name =
-      s.strategy == Strategy::Zero3 ? "fsdp" : strategy_name(s.strategy);
-  const std::optional<std::string> conflict = tp_strategy_conflict(mesh->tp, run_name);
-  ACCEL_CHECK(!conflict, ValueError, "estimate_memory", *conflict);
   ACCEL_CHECK(s.batch >= 1 && s.sequence >= 0, ValueError, "estimate_memory",
               "batch must be >= 1 and sequence >= 0, got ", s.batch, " and ", s.sequence);
 

@@ -121,8 +121,8 @@ struct Estimate {
   int64_t peak_checkpointed() const { return state() + transient + activations_checkpointed; }
 };
 
-// ValueError for a mesh that does not fit `world`, or a strategy the mesh does not run with
-// (tp with zero1 / zero2: Note [strategies with tensor parallelism]), in the library's words.
+// ValueError for a mesh that does not fit `world`, in the library's words (every strategy
+// composes with tp: Note [apply order] in parallel/parallelize.h).
 Estimate estimate(const ModelSpec& model, const Setup& setup);
 
 // "124.4M" (decimal), "1.49 GiB" (binary units).

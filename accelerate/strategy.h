@@ -3,7 +3,8 @@
 // that depends on that choice; the facade itself only counts steps, scales losses, wraps loaders
 // and schedulers, and runs the checkpoint protocol (atomic directory, agree, roll back). It picks
 // the strategy by name from a registry (Note [strategy registry] in
-// accelerate/strategy_registry.h) and never switches on one.
+// accelerate/strategy_registry.h) and never switches on one; the strategy it holds is that engine
+// composed with the mesh's model steps (Note [composed strategy] in accelerate/composition.cc).
 //
 //   name     file               world  what a rank holds between steps
 //   none     strategy.cc        1      everything
@@ -98,13 +99,23 @@ struct StepGrads {
   // replicas hold equal parts); null: the world.
   ProcessGroupPtr shard_group;
   // Per entry of `params`, when the strategy knows it: "<model index>:<parameter name>" of the
-  // model parameter the gradient belongs to (what tensor parallelism needs to tell shards from
-  // replicated parameters).
+  // model parameter the gradient belongs to (what the composition needs to tell parameters cut
+  // along a mesh dimension from replicated ones: Note [composed gradient norms] in
+  // accelerate/composition.cc).
   std::vector<std::string> names;
-  // Per entry of `params`, or empty (all 1): the factor of its p-th power in the reduced norm;
-  // 1 / (ranks of shard_group holding the same gradient), so every element of the model counts
-  // once (Note [tp strategy] in accelerate/strategy_tp.cc).
-  std::vector<double> norm_weights;
+  // One parameter's range [begin, begin + length) of an entry's flattened gradient (length -1:
+  // all of it), named as `names` names them; `weight`: the factor of its p-th power in the
+  // reduced norm, set by the composition.
+  struct Part {
+    std::string name;
+    int64_t begin = 0, length = -1;
+    double weight = 1;
+  };
+  // Per entry of `params`, or empty: the parameters an entry holds when it holds several (a
+  // ZeRO-1/2 bucket shard: one part per parameter it overlaps); an entry without parts is the one
+  // parameter `names` gives, whole. After the composition: every entry's parts with weights,
+  // or empty when every weight is 1.
+  std::vector<std::vector<Part>> parts;
 };
 
 // Bytes this rank holds for the prepared models and optimizers (see ZeroMemory).
@@ -124,16 +135,6 @@ struct StrategyState {
 // How a strategy's state is laid out in a checkpoint and read back (Note [checkpoint loading] in
 // accelerate/accelerator.cc): each strategy provides one (Strategy::checkpoint()); the facade
 // runs the commit protocol around it (Note [atomic checkpoints] in accelerate/checkpoint.h).
-// Where a tensor of a prepared model lies in its global tensor before the data-parallel strategy
-// cuts it (Note [format-2 strategy seam]): the whole tensor without tensor parallelism; under tp
-// this rank's tp part. `primary`: this rank writes pieces shaped like it (tp: a tp-replicated
-// tensor is written by tp rank 0 only); `lead`: this rank writes what every tp rank holds alike.
-struct TensorPlace {
-  Region region;
-  bool primary = true;
-  bool lead = true;
-  std::string layout;  // informational ("tp: Shard(0)")
-};
 using PlaceFn =
     std::function<TensorPlace(size_t model, const std::string& name, const Shape& local)>;
 
@@ -150,7 +151,8 @@ using PlaceFn =
 // (Note [format-1 checkpoints as pieces] in parallel/checkpoint/legacy.h).
 // Regions compose: the strategy that cuts a tensor last (ZeRO's flat range of a bucket shard,
 // FSDP's span) narrows the region its place() gives, which is the whole tensor, or, under tensor
-// parallelism, the tp part TpStrategy gives its inner strategy through set_place().
+// parallelism, the tp part the composition gives it through set_place() (Note [composed strategy]
+// in accelerate/composition.cc).
 class StrategyCheckpoint {
  public:
   virtual ~StrategyCheckpoint() = default;
@@ -162,8 +164,8 @@ class StrategyCheckpoint {
   // or the mismatch. Window gradients only when `mid_window` (the facade checked the mesh).
   virtual std::unique_ptr<StrategyState> read_pieces(ckpt::CheckpointSource& src, bool mid_window,
                                                      int world_rank);
-  // Where prepared models' tensors lie before this strategy cuts them (TpStrategy sets it on the
-  // strategy it wraps); null: whole, this rank primary.
+  // Where prepared models' tensors lie before this strategy cuts them (the composition sets it
+  // from the model steps' layouts: ParallelPlan::place); null: whole, this rank primary.
   void set_place(PlaceFn f) { place_ = std::move(f); }
   TensorPlace place(size_t model, const std::string& name, const Shape& local) const {
     if (place_) return place_(model, name, local);
@@ -217,6 +219,10 @@ class Strategy {
       const std::shared_ptr<optim::Optimizer>& user) = 0;
   // The DistributedDataParallel of a prepared model; null unless this is DDP.
   virtual DistributedDataParallel* ddp(const nn::Module&) const { return nullptr; }
+  // Whether prepare_model takes a model built under nn::DeferredInit as it is and materialises it
+  // itself (ZeRO-3: unit by unit); otherwise the model steps before it materialise their pieces
+  // (Note [tp step] in parallel/tp_step.cc).
+  virtual bool takes_deferred_models() const { return false; }
 
   // ---- step ----
   // Note [plain backward]: a backward syncs the gradients when `sync` (the facade's sync step

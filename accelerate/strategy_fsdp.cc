@@ -69,6 +69,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
   }
 
   std::string_view name() const override { return "fsdp"; }
+  bool takes_deferred_models() const override { return true; }  // unit by unit
   StrategyCheckpoint& checkpoint() override { return *this; }
 
   void prepare_model(const std::shared_ptr<nn::Module>& model) override {

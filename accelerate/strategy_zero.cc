@@ -32,8 +32,10 @@
 // autograd/engine.h) that waits for the collectives and adds the window up, so a plain
 // loss.backward() works as acc.backward() does (Note [plain backward] in
 // accelerate/accelerator.cc).
+#include <algorithm>
 #include <exception>
 #include <functional>
+#include <map>
 #include <string>
 #include <unordered_map>
 
@@ -152,9 +154,47 @@ class ZeroStrategy final : public ReplicatedStrategy {
 
   StepGrads grads(const optim::Optimizer& stepping) override {
     StepGrads out;
+    const ZeroOptimizer& zero = *slot_of(stepping).zero;
     out.params = slot_of(stepping).zero->attach_gradients();
     out.sharded = true;
     out.shard_group = ctx_.shard_group();
+    // Leaf b is this rank's slice [r * shard_numel, (r + 1) * shard_numel) of bucket b's flat
+    // buffer: one part per parameter of the bucket (its overlap with the slice), named after the
+    // prepared models (what the composition weighs by layout: Note [composed gradient norms] in
+    // accelerate/composition.cc). Computed once per optimizer (the buckets are fixed at prepare).
+    if (grad_names_models_ != models_.size()) {
+      grad_names_.clear();
+      parts_.clear();
+      for (size_t m = 0; m < models_.size(); ++m)
+        for (auto& [name, p] : models_[m]->named_parameters())
+          grad_names_.emplace(p.impl(), std::to_string(m) + ":" + name);
+      grad_names_models_ = models_.size();
+    }
+    if (const auto c = parts_.find(&zero); c != parts_.end()) {
+      out.parts = c->second;
+      return out;
+    }
+    const int64_t r = shard_rank();
+    const auto& buckets = zero.buckets();
+    out.parts.resize(out.params.size());
+    for (size_t b = 0; b < buckets.size() && b < out.params.size(); ++b) {
+      const Bucket& bk = buckets[b];
+      const int64_t lo = r * bk.shard_numel, hi = lo + bk.shard_numel;
+      for (size_t j = 0; j < bk.params.size(); ++j) {
+        const Tensor& p = zero.params()[bk.params[j]].second;
+        // Every parameter of the bucket, overlapping or not (length 0): each rank then lists the
+        // same parts, as the replicated-gradient check's collectives need.
+        const int64_t begin = std::min(hi, std::max(lo, bk.offset[j]));
+        const int64_t end = std::max(begin, std::min(hi, bk.offset[j] + p.numel()));
+        const auto it = grad_names_.find(p.impl());
+        if (it == grad_names_.end()) {  // not a prepared model's: nothing names the parts
+          out.parts.clear();
+          return out;
+        }
+        out.parts[b].push_back({it->second, begin - lo, end - begin, 1.0});
+      }
+    }
+    parts_[&zero] = out.parts;
     return out;
   }
 
@@ -194,6 +234,7 @@ class ZeroStrategy final : public ReplicatedStrategy {
   }
 
  private:
+  std::map<const ZeroOptimizer*, std::vector<std::vector<StepGrads::Part>>> parts_;
   // End of a backward that gave some slot gradients: wait for their collectives, then (unless
   // the backward failed) add the window up.
   void finish_backward(bool succeeded) {

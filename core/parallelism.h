@@ -190,18 +190,4 @@ inline std::optional<std::string> strategy_stage_conflict(std::string_view name,
          " contradict each other: set one of them";
 }
 
-// Note [strategies with tensor parallelism]
-// With tp_size > 1 the strategy is a TpStrategy around ddp or fsdp (Note [tp strategy] in
-// accelerate/strategy_tp.cc): tensor parallelism composes with data parallelism over the mesh's
-// dp groups; ZeRO-1/2 and a program's own strategies are refused with it. Why `strategy` cannot run
-// with `tp` ranks per layer, or nullopt when it can.
-inline std::optional<std::string> tp_strategy_conflict(int tp, std::string_view strategy) {
-  if (tp <= 1 || strategy == "ddp" || strategy == "fsdp") return std::nullopt;
-  return "tp_size " + std::to_string(tp) +
-         " runs with the ddp or fsdp strategy (zero_stage 0 or 3), not '" + std::string(strategy) +
-         "': tensor parallelism composes with data parallelism over the mesh's dp groups (ZeRO-3 "
-         "over dp_shard for 2-D parallelism); ZeRO-1/2 and a program's own strategies do not run "
-         "with it";
-}
-
 }  // namespace accel

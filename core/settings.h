@@ -459,10 +459,10 @@ struct Refusal {
 // tests/launcher/test_settings.cc checks that both give the same verdict.
 //   1. with `world`: the mesh sizes fit it (Note [mesh sizes] in core/parallelism.h);
 //   2. a strategy and a zero_stage do not contradict each other (Note [built-in strategies]);
-//   3. tp_size > 1 runs with ddp or fsdp only (Note [strategies with tensor parallelism]);
-//   4. ZeRO-3 options need zero_stage 3, ZeRO compute dtypes a ZeRO stage (Note [options a stage
+//   3. ZeRO-3 options need zero_stage 3, ZeRO compute dtypes a ZeRO stage (Note [options a stage
 //      does not use]).
-// Without a strategy or zero_stage in `v` the program decides the stage: rules 3-4 are skipped.
+// Every strategy composes with tp_size > 1 (Note [apply order] in parallel/parallelize.h).
+// Without a strategy or zero_stage in `v` the program decides the stage: rule 3 is skipped.
 inline std::optional<Refusal> check_rules(const Values& v, std::optional<int> world) {
   auto get = [&](std::string_view env) -> const std::string* {
     auto it = v.find(env);
@@ -472,7 +472,6 @@ inline std::optional<Refusal> check_rules(const Values& v, std::optional<int> wo
     const std::string* s = get(env);
     return s ? int(std::strtol(s->c_str(), nullptr, 10)) : fallback;
   };
-  int tp = number(env::kTpSize, 1);
   if (world) {
     ParallelismConfig p;
     Refusal r;
@@ -491,7 +490,6 @@ inline std::optional<Refusal> check_rules(const Values& v, std::optional<int> wo
               " processes: " + why;
       return r;
     }
-    tp = mesh->tp;
   }
   // The strategy, resolved as AcceleratorConfig::with_env resolves it: a zero_stage given alone
   // names its built-in strategy; a strategy given alone runs at its own stage.
@@ -508,11 +506,6 @@ inline std::optional<Refusal> check_rules(const Values& v, std::optional<int> wo
     if (const BuiltinStrategy* b = builtin_strategy_for_stage(stage)) strategy = b->name;
   }
   if (!strategy) return std::nullopt;
-  if (auto conflict = tp_strategy_conflict(tp, *strategy)) {
-    Refusal r{*conflict, {{"tp_size", env::kTpSize}, {"strategy", env::kStrategy}}};
-    if (!name) r.used.emplace_back("zero_stage", env::kZeroStage);
-    return r;
-  }
   const int run_stage = strategy_zero_stage(*strategy);
   std::string zero3, dtypes;
   Refusal r;

@@ -178,4 +178,17 @@ class LayoutTable {
   std::map<const TensorImpl*, size_t> by_tensor_;
 };
 
+// Where a tensor of a prepared model lies in its global tensor before the data-parallel engine
+// cuts it (Note [format-2 strategy seam] in accelerate/strategy.h): the whole tensor when no
+// model step cuts it; otherwise this rank's piece as the steps recorded it (ParallelPlan::place,
+// parallel/parallelize.h). `primary`: this rank writes pieces shaped like it (a tensor replicated
+// along tp is written by tp rank 0 only); `lead`: this rank is at coordinate 0 along every cut
+// dimension, and writes what those ranks hold alike.
+struct TensorPlace {
+  Region region;
+  bool primary = true;
+  bool lead = true;
+  std::string layout;  // informational ("tp: Shard(0)")
+};
+
 }  // namespace accel::dist

@@ -181,8 +181,8 @@ struct TpShard {
   int64_t full = 0;  // the full length along dim (the global shape's)
 };
 // Every tp-sharded parameter of `module` by name (named_parameters() names); the rest are
-// replicated. What checkpoints across tp sizes record (Note [tp strategy] in
-// accelerate/strategy_tp.cc).
+// replicated. What the tp step records as each parameter's layout (Note [tp step] in
+// parallel/tp_step.cc).
 std::map<std::string, TpShard> tp_shards(nn::Module& module);
 // Rank `rank` of `size`'s piece of the full tensor `full` cut as `s` says (a contiguous copy),
 // and the full tensor from every rank's piece `local` (collective over `group`: pieces padded to

@@ -80,7 +80,6 @@ struct Plan {
   est::Setup base;
   std::vector<est::Precision> precisions;
   std::vector<Row> rows;
-  std::vector<std::pair<std::string, std::string>> skipped;  // strategy, why
 };
 
 Plan make_plan(const Args& a) {
@@ -126,9 +125,8 @@ Plan make_plan(const Args& a) {
                 "--strategies: expected ddp, zero1, zero2, zero3 (fsdp), got '", s, "'");
     strategies.push_back(*p);
   }
-  // The mesh fits the world or nothing is estimated (Note [mesh sizes]); a strategy the mesh does
-  // not run with (zero1 / zero2 with tp: Note [strategies with tensor parallelism]) is left out,
-  // with the library's reason.
+  // The mesh fits the world or nothing is estimated (Note [mesh sizes]); every strategy composes
+  // with tp (Note [apply order] in parallel/parallelize.h).
   std::string why;
   const std::optional<accel::MeshSizes> mesh = accel::infer_mesh_sizes(base.mesh, base.world, &why);
   ACCEL_CHECK(mesh.has_value(), ValueError, "estimate_memory",
@@ -136,11 +134,6 @@ Plan make_plan(const Args& a) {
               base.world, " processes: ", why);
   std::vector<Row>& rows = plan.rows;
   for (est::Strategy s : strategies) {
-    const std::string_view name = s == est::Strategy::Zero3 ? "fsdp" : est::strategy_name(s);
-    if (auto conflict = accel::tp_strategy_conflict(mesh->tp, name)) {
-      plan.skipped.emplace_back(std::string(est::strategy_name(s)), *conflict);
-      continue;
-    }
     for (est::Precision p : precisions) {
       est::Setup setup = base;
       setup.precision = p;
@@ -155,7 +148,7 @@ Plan make_plan(const Args& a) {
     return at(x.precision) < at(y.precision);
   });
   ACCEL_CHECK(!rows.empty(), ValueError, "estimate_memory",
-              "no strategy of --strategies runs on this mesh: ", plan.skipped.front().second);
+              "no strategy and precision to estimate");
   return plan;
 }
 
@@ -204,9 +197,6 @@ void print_json(const Args& a, const Plan& plan) {
                            {"peak_bytes", e.peak()},
                            {"peak_bytes_checkpointed", e.peak_checkpointed()}});
     }
-    j["skipped"] = nlohmann::ordered_json::array();
-    for (const auto& [s, why] : plan.skipped)
-      j["skipped"].push_back({{"strategy", s}, {"why", why}});
     std::cout << j.dump(2) << "\n";
   }
 }
@@ -260,16 +250,6 @@ void print_tables(const Args& a, const Plan& plan) {
                   est::human_bytes(model.arch ? e.peak() : e.state() + e.transient)});
   }
   print_table(os, t2);
-  // One line per reason: "zero1, zero2 are left out: ...".
-  const auto& skipped = plan.skipped;
-  for (size_t i = 0; i < skipped.size(); ++i) {
-    if (i > 0 && skipped[i].second == skipped[i - 1].second) continue;
-    std::string names = skipped[i].first;
-    size_t n = 1;
-    for (size_t k = i + 1; k < skipped.size() && skipped[k].second == skipped[i].second; ++k, ++n)
-      names += ", " + skipped[k].first;
-    os << "\n" << names << (n > 1 ? " are" : " is") << " left out: " << skipped[i].second << "\n";
-  }
   os << "\nstate = parameters + gradients + optimizer, held between steps; peak adds the "
         "activations and what a step holds for a moment (unreduced gradients, gathered ZeRO-3 "
         "layers). bf16 / f16: autocast under ddp, param_dtype with fp32 masters under ZeRO "

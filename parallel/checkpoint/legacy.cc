@@ -68,9 +68,10 @@ int64_t count_field(const json& s, const char* key, int64_t lo, int64_t hi,
   return v;
 }
 
-// The "tp" record (Note [tp strategy] in accelerate/strategy_tp.cc), checked with the strategy's
-// rules (Note [checkpoint record validation]): {"size": T dividing world_size, "models": one
-// {name: {"dim", "chunks"}} per model, "inner": the record of the strategy inside tp}.
+// The "tp" record of format 1 (written by the tp strategy the composition replaced), checked with
+// the strategy's rules (Note [checkpoint record validation]): {"size": T dividing world_size,
+// "models": one {name: {"dim", "chunks"}} per model, "inner": the record of the strategy inside
+// tp}.
 struct TpShardRecord {
   int64_t dim = 0, chunks = 1;
 };

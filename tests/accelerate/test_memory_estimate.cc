@@ -141,10 +141,15 @@ TEST_CASE("estimate: what each strategy keeps per rank") {
   const int64_t L = 12, replicated = 1024 * C + L * (6 * C) + 2 * C;
   CHECK(t.params == 4 * (replicated + (P - replicated) / 2 + C / 2));
   CHECK(t.activations < ddp.activations);
+  // ZeRO-2 with tp (every strategy composes with tp): the tp-local parameters whole, their
+  // gradients and optimizer state sharded over the 4 dp_shard ranks.
+  const est::Estimate tz2 = run(m, est::Strategy::Zero2, 8, est::Precision::F32, tp);
+  CHECK(tz2.mesh == accel::MeshSizes{1, 4, 2});
+  CHECK(tz2.params == t.params);
+  const int64_t local = t.params / 4;  // tp-local elements (float32)
+  CHECK(tz2.grads == (local + 3) / 4 * 4);
+  CHECK(tz2.optimizer == 2 * tz2.grads);  // AdamW: two slots per element
   // The library's refusals, in its words.
-  CHECK_THROWS_WITH_AS(run(m, est::Strategy::Zero2, 8, est::Precision::F32, tp),
-                       doctest::Contains("tp_size 2 runs with the ddp or fsdp strategy"),
-                       accel::ValueError);
   tp.tp_size = 3;
   CHECK_THROWS_WITH_AS(run(m, est::Strategy::Ddp, 8, est::Precision::F32, tp),
                        doctest::Contains("does not divide it"), accel::ValueError);
@@ -287,8 +292,8 @@ TEST_CASE("accel-run estimate-memory: tables, JSON and errors") {
   const nlohmann::json j = nlohmann::json::parse(js.output);
   CHECK(j["parameters"] == 6738415616LL);
   CHECK(j["tokens_per_rank"] == 1024);
-  CHECK(j["rows"].size() == 2);  // ddp and zero3; zero1 / zero2 do not run with tp
-  CHECK(j["skipped"].size() == 2);
+  CHECK(j["rows"].size() == 4);  // ddp, zero1, zero2, zero3: every strategy runs with tp
+  CHECK(!j.contains("skipped"));
   for (const auto& r : j["rows"]) {
     CHECK(r["tp"] == 2);
     CHECK(r["dp_shard"] == 4);

@@ -144,6 +144,10 @@ const std::vector<Mesh>& meshes() {
       {"tp 2 x dp 2 (DDP)", {{"ACCEL_TP_SIZE", "2"}}},
       {"tp 2 x shard 2 (ZeRO-3)", {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}}},
       {"tp 4", {{"ACCEL_TP_SIZE", "4"}}},
+      // Every engine composes with tp (Note [apply order] in parallel/parallelize.h): ZeRO's bucket
+      // shards mix tp-cut and tp-replicated parameters (Note [composed gradient norms]).
+      {"tp 2 x shard 2 (ZeRO-1)", {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "1"}}},
+      {"tp 2 x shard 2 (ZeRO-2)", {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "2"}}},
   };
   return m;
 }

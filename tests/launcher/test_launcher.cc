@@ -584,15 +584,14 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   CHECK(c4.get_int("zero_config.zero_stage") == 3);
   CHECK(!c4.get("fsdp_config.fsdp_wrap"));
   CHECK(!c4.get_bool("fsdp_config.fsdp_activation_checkpointing"));
-  // tp 2 of 2 processes: ZeRO stage 2 does not run with it (Note [strategies with tensor
-  // parallelism]) and is asked again; 0 is taken.
-  std::istringstream in5("\n1\n\n\n\n2\n2\n0\n\n\n");
+  // tp 2 of 2 processes with ZeRO stage 2: every strategy composes with tp (Note [apply order] in
+  // parallel/parallelize.h), so it is taken as it is.
+  std::istringstream in5("\n1\n\n\n\n2\n2\n\n\n\n\n\n");
   std::ostringstream out5;
   al::LaunchConfig c5 = al::run_questionnaire(in5, out5, 0);
-  CHECK_MESSAGE(contains(out5.str(), "Invalid answer '2'"), out5.str());
-  CHECK(contains(out5.str(), "tp_size 2 runs with the ddp or fsdp strategy"));
+  CHECK_MESSAGE(!contains(out5.str(), "Invalid answer"), out5.str());
   CHECK(c5.get_int("--tp_size") == std::optional<int>(2));
-  CHECK(!c5.has("zero_config.zero_stage"));  // the default is not written
+  CHECK(c5.get_int("zero_config.zero_stage") == std::optional<int>(2));
 
   std::istringstream short_in("0\n2\n");
   std::ostringstream short_out;
@@ -1907,19 +1906,22 @@ TEST_CASE("launch: mesh sizes reach the workers; sizes that do not fit the world
 }
 
 TEST_CASE("launch: what the workers would refuse starts nothing, naming flag, key or variable") {
-  // --tp_size 2 --zero_stage 2: the Accelerator's refusal, before any worker.
+  // --strategy zero1 --zero_stage 3: the Accelerator's refusal, before any worker.
   TempDir dir;
   Result r = accel_run(
-      launch_args({"--num_processes", "2", "--cpu", "--tp_size", "2", "--zero_stage", "2"},
+      launch_args({"--num_processes", "2", "--cpu", "--strategy", "zero1", "--zero_stage", "3"},
                   {"env", "--dir", dir.str()}));
   CHECK(r.code == 1);
-  CHECK_MESSAGE(contains(r.err,
-                         "tp_size 2 runs with the ddp or fsdp strategy (zero_stage 0 or 3), "
-                         "not 'zero2'"),
-                r.err);
-  CHECK_MESSAGE(contains(r.err, "(tp_size 2 from --tp_size; zero_stage 2 from --zero_stage)"),
-                r.err);
+  CHECK_MESSAGE(contains(r.err, "strategy 'zero1' and zero_stage 3 contradict each other"), r.err);
+  CHECK_MESSAGE(contains(r.err, "zero_stage 3 from --zero_stage"), r.err);
   CHECK(count_files(dir, "env.") == 0);
+  // --tp_size 2 --zero_stage 2 starts (every strategy composes with tp).
+  TempDir ok;
+  Result tp_zero = accel_run(
+      launch_args({"--num_processes", "2", "--cpu", "--tp_size", "2", "--zero_stage", "2"},
+                  {"env", "--dir", ok.str()}));
+  CHECK_MESSAGE(tp_zero.code == 0, tp_zero.err);
+  CHECK(count_files(ok, "env.") == 2);
   // An ACCEL_TP_SIZE exported in the shell that does not fit the world about to start.
   Result inherited =
       accel_run(launch_args({"--num_processes", "2", "--cpu"}, {"env", "--dir", dir.str()}),

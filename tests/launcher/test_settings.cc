@@ -277,8 +277,9 @@ TEST_CASE("settings table: cross-row rules give the same verdict in accel-run an
       {{{env::kStrategy, "ddp"}, {env::kReduceDtype, "fp32"}}, true},
       {{{env::kStrategy, "zero1"}, {env::kZeroStage, "3"}}, true},
       {{{env::kStrategy, "zero1"}, {env::kZeroStage, "1"}}, false},
-      {{{env::kTpSize, "2"}, {env::kZeroStage, "1"}}, true},
-      {{{env::kTpSize, "2"}, {env::kStrategy, "zero2"}}, true},
+      // Every strategy composes with tp (Note [apply order] in parallel/parallelize.h).
+      {{{env::kTpSize, "2"}, {env::kZeroStage, "1"}}, false},
+      {{{env::kTpSize, "2"}, {env::kStrategy, "zero2"}}, false},
       {{{env::kTpSize, "2"}, {env::kStrategy, "fsdp"}}, false},
       {{{env::kTpSize, "2"}, {env::kZeroStage, "0"}}, false},
   };

@@ -323,8 +323,15 @@ struct Accelerator::CheckpointIo {
     // Per-rank states: "rng.default" [W, S], or earlier versions' "rng.default.rank<r>".
     const bool replicated_or_rows = src.contains(dist::ckpt::names::kRngDefault);
     const bool same_mesh = l.meta.json.at("mesh") == mesh_json(acc);
-    const bool tp = !same_mesh && acc.mesh_->has_dim("tp") && acc.mesh_->size("tp") > 1;
-    const int mine = tp ? acc.mesh_->group_ranks("tp").front() : acc.rank_;
+    // The ranks a model step cuts one model over (tp) draw alike: on another mesh they all take
+    // the row of their group's first rank (coordinate 0 along every such dimension).
+    std::string cut;  // the dimensions, joined by " x "
+    int mine = acc.rank_;
+    for (const std::string& d : dist::registered_model_dims())
+      if (!same_mesh && acc.mesh_->has_dim(d) && acc.mesh_->size(d) > 1) {
+        mine = acc.mesh_->group_ranks(d, mine).front();
+        cut += (cut.empty() ? "" : " x ") + d;
+      }
     const int row = mine < saved ? mine : 0;
     const std::string name = replicated_or_rows
                                  ? std::string(dist::ckpt::names::kRngDefault)
@@ -354,10 +361,10 @@ struct Accelerator::CheckpointIo {
     std::string note;
     if (acc.world_size_ > saved)
       note = "ranks >= " + std::to_string(saved) + " continue from rank 0's";
-    if (tp)
-      note += std::string(note.empty() ? "" : "; ") +
-              "the ranks of each tp group continue from their tp rank 0's row (a tp group draws "
-              "alike: Note [dropout under tensor parallelism])";
+    if (!cut.empty())
+      note += std::string(note.empty() ? "" : "; ") + "the ranks of each " + cut +
+              " group continue from their " + cut + " rank 0's row (a " + cut +
+              " group draws alike: Note [dropout under tensor parallelism])";
     if (!note.empty())
       l.rng_note =
           "per-rank generator states were saved on " + std::to_string(saved) + " ranks; " + note;

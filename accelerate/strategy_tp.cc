@@ -41,6 +41,7 @@
 #include "core/generator.h"
 #include "io/safetensors.h"
 #include "autograd/ops.h"
+#include "parallel/materialize.h"
 #include "parallel/replicated_check.h"
 
 namespace accel::dist {
@@ -142,7 +143,7 @@ class TpStrategy final : public Strategy, public StrategyCheckpoint {
     same_local_shapes_ = same_local_shapes_ && local_shapes_agree(*model);
     // A deferred model: ZeRO-3 materialises it unit by unit (each module's tp piece, then its
     // shard of that); DDP needs it whole here (each rank's tp pieces, one module at a time).
-    if (inner_->name() != "fsdp" && nn::is_deferred(*model)) nn::materialize(*model);
+    if (inner_->name() != "fsdp" && nn::is_deferred(*model)) dist::materialize_local(*model);
     inner_->prepare_model(model);
     models_.push_back(model);
   }

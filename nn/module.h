@@ -457,9 +457,10 @@ class Module : public std::enable_shared_from_this<Module> {
   // part) for which `sink_for(name, parameter, full shape)` returns a sink has its whole
   // initial value (the full shape's, element order) handed to that sink, in chunks when every
   // initialiser streams, else at once after a replay into full-shape buffers (one module's
-  // parameters whole). Every own deferred parameter stays deferred, in its current shape; those
-  // streamed lose their part record (the caller gives them memory and the values it kept).
-  // Returns the names streamed. On error nothing changes.
+  // parameters whole). The module does not change: every own deferred parameter stays deferred,
+  // in its current shape, with its part record (so a later replay still sees the full shapes);
+  // the caller gives the streamed ones memory and the values it kept. Returns the names
+  // streamed. On error nothing changes.
   using SinkFor = std::function<init::ValueSink(const std::string& name, const Tensor& parameter,
                                                 const Shape& full_shape)>;
   std::vector<std::string> stream_own_parameters(const SinkFor& sink_for, Generator* gen = nullptr);

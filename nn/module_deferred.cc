@@ -140,8 +140,10 @@ bool Module::materialize_own_parameters(Generator* gen) {
     const bool borrowed = std::find(borrowed_.begin(), borrowed_.end(), n) != borrowed_.end();
     if (borrowed && is_deferred(p)) continue;
     // A part may be empty (a tensor-parallel rank without heads): still drawn for in full.
+    // A part record outlives streaming (Note [streamed materialization]): an allocated
+    // parameter is deferred no more, unless it is an empty part.
     auto part = deferred_parts_.find(n);
-    if ((is_deferred(p) || part != deferred_parts_.end()) && !borrowed) {
+    if ((is_deferred(p) || (part != deferred_parts_.end() && p.numel() == 0)) && !borrowed) {
       deferred.push_back(p);
       parts.push_back(part == deferred_parts_.end() ? nullptr : &part->second);
     } else {
@@ -209,6 +211,7 @@ std::vector<std::string> Module::stream_own_parameters(const SinkFor& sink_for, 
     Tensor p;
     Shape local, full;
     init::ValueSink sink;
+    Tensor values;  // an allocated part's own data, put back afterwards
   };
   std::vector<Own> own;
   std::vector<Tensor> kept;
@@ -217,15 +220,24 @@ std::vector<std::string> Module::stream_own_parameters(const SinkFor& sink_for, 
     const bool borrowed = std::find(borrowed_.begin(), borrowed_.end(), n) != borrowed_.end();
     if (borrowed && is_deferred(p)) continue;  // Note [tied parameters]: the owner's
     auto part = deferred_parts_.find(n);
-    if ((is_deferred(p) || part != deferred_parts_.end()) && !borrowed) {
-      own.push_back(
-          {n, p, p.sizes(), part == deferred_parts_.end() ? p.sizes() : part->second.first, {}});
+    if ((is_deferred(p) || (part != deferred_parts_.end() && p.numel() == 0)) && !borrowed) {
+      own.push_back({n,
+                     p,
+                     p.sizes(),
+                     part == deferred_parts_.end() ? p.sizes() : part->second.first,
+                     {},
+                     {}});
+    } else if (part != deferred_parts_.end() && !borrowed) {
+      // A part given its values already (streamed before): its initialiser still sees the full
+      // shape (a sibling's fan may read it), and it keeps its values.
+      own.push_back({n, p, p.sizes(), part->second.first, {}, p.detach()});
     } else {
       kept.push_back(p);
     }
   }
   std::vector<std::string> streamed;
   for (Own& o : own) {
+    if (o.values.defined()) continue;
     o.sink = sink_for(o.name, o.p, o.full);
     if (o.sink) streamed.push_back(o.name);
   }
@@ -234,7 +246,9 @@ std::vector<std::string> Module::stream_own_parameters(const SinkFor& sink_for, 
   std::vector<Tensor> saved;
   for (const Tensor& p : kept) saved.push_back(p.clone());
   auto restore = [&] {
-    for (Own& o : own) assign_tensor_data(o.p, deferred_tensor(o.local, o.p.dtype(), o.p.device()));
+    for (Own& o : own)
+      assign_tensor_data(
+          o.p, o.values.defined() ? o.values : deferred_tensor(o.local, o.p.dtype(), o.p.device()));
     for (size_t i = 0; i < kept.size(); ++i) kept[i].copy_(saved[i]);
   };
   // The streamed replay: every own deferred parameter in its full shape (the fans), without
@@ -279,7 +293,6 @@ std::vector<std::string> Module::stream_own_parameters(const SinkFor& sink_for, 
     }
   }
   restore();
-  for (const std::string& n : streamed) deferred_parts_.erase(n);
   return streamed;
 }
 

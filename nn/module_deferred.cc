@@ -50,7 +50,10 @@ thread_local int g_deferred_depth = 0;  // live DeferredInit guards on this thre
 // and the cut. materialize_own_parameters then gives the parameter a full-shape buffer for the
 // replayed reset_parameters (which sees the full fans and draws the full stream, so the values
 // are eager construction's), keeps the cut and frees the rest. The peak is one module's full
-// parameters; nothing else of the model is ever whole.
+// parameters. stream_own_parameters (Note [streamed materialization]) keeps only the part
+// without ever holding the module whole; the engines use it (parallel/materialize.h). An
+// allocated parameter keeps its part record (its initialiser's full shape) but is not
+// re-initialised.
 
 DeferredInit::DeferredInit() { ++g_deferred_depth; }
 DeferredInit::~DeferredInit() { --g_deferred_depth; }

@@ -4,9 +4,9 @@
 // parameter bytes (a model twice a rank's cap would fit); the values are eager construction's bit
 // for bit (save_model right after prepare equals the 1-process model's file), and 3 AdamW steps
 // equal one process (losses within 1e-12, weights within 1e-10). Also tp 2 x dp 2 (DDP:
-// materialize_local), tp 3 (uneven pieces, eager and deferred alike) and ranks seeded differently
-// (refused, naming the module). The ranks are tests/accelerate/deferred_worker, spawned under the
-// env contract.
+// materialize_local), replicate 2 x shard 2 (HSDP), tp 3 (uneven pieces, eager and deferred alike)
+// and ranks seeded differently (refused, naming the module). The ranks are
+// tests/accelerate/deferred_worker, spawned under the env contract.
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -152,10 +152,16 @@ TEST_CASE("deferred init at tp 2 x shard 2: the shards and a chunk at most; eage
   check_same_file(eager.exported, f32.exported);
 }
 
-TEST_CASE("deferred init at tp 2 x dp 2 and tp 3 (uneven): the values of eager construction") {
+TEST_CASE(
+    "deferred init at tp 2 x dp 2, HSDP 2 x 2 and tp 3 (uneven): eager construction's values") {
   const Run eager = launch("one-eager-f32", 1, {}, {"f32"}, 0);
   const Run ddp = launch("tp2-dp2-f32", 4, {{"ACCEL_TP_SIZE", "2"}}, {"deferred", "f32"}, 0);
   check_same_file(eager.exported, ddp.exported);
+  // HSDP 2 x 2: each replica streams its shard (no broadcast across replicas either).
+  const Run hsdp =
+      launch("hsdp-f32", 4, {{"ACCEL_DP_REPLICATE_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}},
+             {"deferred", "f32"}, 0);
+  check_same_file(eager.exported, hsdp.exported);
   const Run tp3_eager = launch("tp3-eager-f32", 3, {{"ACCEL_TP_SIZE", "3"}}, {"f32"}, 0);
   const Run tp3 = launch("tp3-f32", 3, {{"ACCEL_TP_SIZE", "3"}}, {"deferred", "f32"}, 0);
   check_same_file(tp3_eager.exported, tp3.exported);

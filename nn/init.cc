@@ -26,20 +26,86 @@ Tensor assign(Tensor t, const Tensor& values) {
 // A parameter built under nn::DeferredInit (or released by ZeRO-3) has no memory to fill.
 bool unallocated(const Tensor& t) { return !t.storage()->allocated(); }
 
+}  // namespace
+
+// Note [value sinks]
+// Deferred init keeps only a rank's region of each parameter (issue 37: a model larger than one
+// process holds, tensor-parallel and sharded): the caller (parallel/materialize.h) replays a
+// module's reset_parameters with each deferred parameter a full-shape tensor without memory and
+// binds a sink to it; each elementwise initialiser then draws the whole tensor's values in
+// chunks, exactly as eager construction draws them (one generator value per element, in element
+// order, the same arithmetic per element), and hands every chunk to the sink, which keeps the
+// elements of its region. So the kept values are eager construction's bit for bit while no
+// buffer larger than a chunk exists. An initialiser that needs the whole tensor at once
+// (orthogonal_'s QR, eye_'s diagonal), one applied to part of the tensor, or code that asks
+// whether the tensor has values (and would then write some) cannot stream: it marks the scope
+// needs_whole and the caller materialises that module whole instead (still exact: the replay is
+// deterministic). Eager tensors never reach any of this: it sits on the unallocated branch.
+
+namespace {
+thread_local SinkScope* g_scope = nullptr;  // innermost live scope on this thread
+}  // namespace
+
+SinkScope::SinkScope(std::vector<std::pair<Tensor, ValueSink>> sinks) {
+  for (auto& [t, sink] : sinks) {
+    ACCEL_CHECK(t.defined() && !t.storage()->allocated() && t.is_contiguous() && t.offset() == 0 &&
+                    t.nbytes() == t.storage()->nbytes() && sink,
+                ValueError, "init.SinkScope",
+                "a value sink needs a whole unallocated tensor (nn::deferred_tensor) and a "
+                "function, got a tensor of shape ",
+                t.defined() ? t.sizes() : Shape{});
+    sinks_.push_back({t.storage().get(), std::move(sink)});
+  }
+  outer_ = g_scope;
+  g_scope = this;
+}
+
+SinkScope::~SinkScope() { g_scope = outer_; }
+
+SinkScope::Binding* SinkScope::lookup(const Tensor& t) {
+  for (Binding& b : sinks_)
+    if (b.storage == t.storage().get()) return &b;
+  return nullptr;
+}
+
+const ValueSink* SinkScope::find(const Tensor& t) {
+  for (SinkScope* s = g_scope; s != nullptr; s = s->outer_) {
+    Binding* b = s->lookup(t);
+    if (b == nullptr) continue;
+    if (t.offset() == 0 && t.is_contiguous() && t.nbytes() == t.storage()->nbytes())
+      return &b->sink;
+    s->needs_whole_ = true;  // a part of the tensor: its element order is not the tensor's
+    return nullptr;
+  }
+  return nullptr;
+}
+
+void SinkScope::note_value_needed(const Tensor& t) {
+  for (SinkScope* s = g_scope; s != nullptr; s = s->outer_) {
+    if (s->lookup(t) == nullptr) continue;
+    s->needs_whole_ = true;
+    return;
+  }
+}
+
+namespace {
+
 // Pulls from the generator exactly what filling `t` would (uniform and randn draw one value per
-// element, in element order) and throws it away, in chunks so that no parameter-sized buffer
-// is allocated. Keeps the generator stream of deferred construction equal to eager
-// construction's (Note [deferred init] in nn/module.cc).
-void discard_draws(const Tensor& t, bool normal, double lo, double hi, Generator* gen,
-                   std::optional<DType> uniform_dtype = std::nullopt) {
-  constexpr int64_t kChunk = 8192;
-  for (int64_t done = 0; done < t.numel(); done += kChunk) {
-    const int64_t n = std::min(kChunk, t.numel() - done);
-    if (normal) {
-      randn({n}, TensorOptions(kFloat64), gen);
-    } else {
-      uniform({n}, lo, hi, TensorOptions(uniform_dtype.value_or(t.dtype())), gen);
-    }
+// element, in element order), in chunks so that no parameter-sized buffer is allocated, and
+// hands each chunk (after `finish`, the initialiser's arithmetic per element) to the sink bound
+// to t (Note [value sinks]) or throws it away. Keeps the generator stream of deferred
+// construction equal to eager construction's (Note [deferred init] in nn/module.cc).
+void draw_unallocated(const Tensor& t, bool normal, double lo, double hi, Generator* gen,
+                      std::optional<DType> uniform_dtype = std::nullopt,
+                      const std::function<void(Tensor&)>& finish = {}) {
+  const ValueSink* sink = SinkScope::find(t);
+  for (int64_t done = 0; done < t.numel(); done += kSinkChunk) {
+    const int64_t n = std::min(kSinkChunk, t.numel() - done);
+    Tensor v = normal ? randn({n}, TensorOptions(kFloat64), gen)
+                      : uniform({n}, lo, hi, TensorOptions(uniform_dtype.value_or(t.dtype())), gen);
+    if (sink == nullptr) continue;
+    if (finish) finish(v);
+    (*sink)(done, v);
   }
 }
 
@@ -82,7 +148,7 @@ Tensor uniform_(Tensor t, double lo, double hi, Generator* gen) {
   check_float(t, "init.uniform_");
   ACCEL_CHECK(lo <= hi, ValueError, "init.uniform_", "lo ", lo, " > hi ", hi);
   if (unallocated(t)) {
-    discard_draws(t, /*normal=*/false, lo, hi, gen);
+    draw_unallocated(t, /*normal=*/false, lo, hi, gen);
     return t;
   }
   return assign(t, uniform(t.sizes(), lo, hi, TensorOptions(t.dtype()), gen));
@@ -91,22 +157,34 @@ Tensor uniform_(Tensor t, double lo, double hi, Generator* gen) {
 Tensor normal_(Tensor t, double mean, double std, Generator* gen) {
   check_float(t, "init.normal_");
   ACCEL_CHECK(std >= 0, ValueError, "init.normal_", "std must be >= 0, got ", std);
-  if (unallocated(t)) {
-    discard_draws(t, /*normal=*/true, 0.0, 1.0, gen);
-    return t;
-  }
   // Draw in float64 so the values do not depend on t's precision before the final rounding.
-  Tensor v = randn(t.sizes(), TensorOptions(kFloat64), gen);
-  if (std != 1.0 || mean != 0.0) {
+  auto scale = [&](Tensor& v) {
+    if (std == 1.0 && mean == 0.0) return;
     double* p = v.data<double>();
     for (int64_t i = 0; i < v.numel(); ++i) p[i] = mean + std * p[i];
+  };
+  if (unallocated(t)) {
+    draw_unallocated(t, /*normal=*/true, 0.0, 1.0, gen, std::nullopt, scale);
+    return t;
   }
+  Tensor v = randn(t.sizes(), TensorOptions(kFloat64), gen);
+  scale(v);
   return assign(t, v);
 }
 
 Tensor constant_(Tensor t, Scalar value) {
   ACCEL_CHECK(t.defined(), ValueError, "init.constant_", "tensor is undefined");
-  if (unallocated(t)) return t;
+  if (unallocated(t)) {
+    if (const ValueSink* sink = SinkScope::find(t)) {
+      NoGradGuard no_grad;
+      for (int64_t done = 0; done < t.numel(); done += kSinkChunk) {
+        Tensor v = empty({std::min(kSinkChunk, t.numel() - done)}, TensorOptions(t.dtype()));
+        v.fill_(value);
+        (*sink)(done, v);
+      }
+    }
+    return t;
+  }
   NoGradGuard no_grad;
   t.fill_(value);
   return t;
@@ -149,7 +227,10 @@ Tensor eye_(Tensor t) {
   check_float(t, "init.eye_");
   ACCEL_CHECK(t.dim() == 2, ShapeError, "init.eye_",
               "only tensors with 2 dims are supported, got shape ", t.sizes());
-  if (unallocated(t)) return t;
+  if (unallocated(t)) {
+    SinkScope::note_value_needed(t);  // the diagonal is not a stream: Note [value sinks]
+    return t;
+  }
   Tensor v = zeros(t.sizes(), TensorOptions(kFloat64));
   double* p = v.data<double>();
   for (int64_t i = 0; i < std::min(t.size(0), t.size(1)); ++i) p[i * t.size(1) + i] = 1.0;
@@ -201,14 +282,17 @@ Tensor trunc_normal_(Tensor t, double mean, double std, double a, double b, Gene
   // mean + std sqrt(2) erfinv(u), clamped to [a, b] against rounding at the ends.
   const double lo = 2.0 * norm_cdf((a - mean) / std) - 1.0;
   const double hi = 2.0 * norm_cdf((b - mean) / std) - 1.0;
+  auto transform = [&](Tensor& v) {
+    double* p = v.data<double>();
+    for (int64_t i = 0; i < v.numel(); ++i)
+      p[i] = std::clamp(mean + std * std::sqrt(2.0) * erfinv(p[i]), a, b);
+  };
   if (unallocated(t)) {
-    discard_draws(t, /*normal=*/false, lo, hi, gen, kFloat64);
+    draw_unallocated(t, /*normal=*/false, lo, hi, gen, kFloat64, transform);
     return t;
   }
   Tensor v = uniform(t.sizes(), lo, hi, TensorOptions(kFloat64), gen);
-  double* p = v.data<double>();
-  for (int64_t i = 0; i < v.numel(); ++i)
-    p[i] = std::clamp(mean + std * std::sqrt(2.0) * erfinv(p[i]), a, b);
+  transform(v);
   return assign(t, v);
 }
 
@@ -219,7 +303,8 @@ Tensor orthogonal_(Tensor t, double gain, Generator* gen) {
               "only tensors with 2 or more dims are supported, got shape ", t.sizes());
   if (t.numel() == 0) return t;  // torch: a no-op
   if (unallocated(t)) {
-    discard_draws(t, /*normal=*/true, 0.0, 1.0, gen);
+    SinkScope::note_value_needed(t);  // a QR of the whole matrix: Note [value sinks]
+    draw_unallocated(t, /*normal=*/true, 0.0, 1.0, gen);
     return t;
   }
   const int64_t rows = t.size(0), cols = t.numel() / rows;

@@ -6,11 +6,14 @@
 // A tensor whose storage is not allocated (built under nn::DeferredInit, Note [deferred init] in
 // nn/module.cc) is left alone, but a random initialiser still advances the generator
 // by the values it would have drawn, so constructors run unchanged under the guard and the
-// generator stream stays that of eager construction.
+// generator stream stays that of eager construction. While a value sink is bound to such a
+// tensor (SinkScope below), the values are handed to the sink instead of being thrown away.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "core/generator.h"
 #include "core/tensor.h"
@@ -58,5 +61,49 @@ Tensor kaiming_normal_(Tensor t, double a = 0.0, FanMode mode = FanMode::FanIn,
 // fan_out))).
 Tensor xavier_uniform_(Tensor t, double gain = 1.0, Generator* gen = nullptr);
 Tensor xavier_normal_(Tensor t, double gain = 1.0, Generator* gen = nullptr);
+
+// ---- value sinks (Note [value sinks] in nn/init.cc) ----
+// Receives `values` (1-D, on the CPU, in the dtype the initialiser drew: the tensor's for
+// uniform_ and constant_, float64 for normal_ and trunc_normal_, rounded by the receiver as
+// copy_ rounds) = elements [offset, offset + values.numel()) of the whole tensor in row-major
+// order. An initialiser calls it in ascending offsets covering the tensor once.
+using ValueSink = std::function<void(int64_t offset, const Tensor& values)>;
+
+// Binds sinks to unallocated tensors on this thread for its lifetime (scopes nest; the innermost
+// that binds a storage wins). Each tensor must be contiguous, at offset 0 and cover its whole
+// storage (a deferred tensor as nn::deferred_tensor makes it). uniform_, normal_, trunc_normal_,
+// constant_ / zeros_ / ones_, and kaiming_* / xavier_* through them, stream the whole tensor's
+// values to its sink in chunks of kSinkChunk elements; the fans come from the tensor's (full)
+// shape. What cannot stream marks the scope needs_whole(): orthogonal_ and eye_ on a bound
+// tensor, an initialiser on a part of one (a view that is not the whole storage), and asking
+// nn::is_deferred about one (a reset_parameters that acts on values, e.g. Embedding's padding
+// row). The values then streamed are not the tensor's: the caller materialises it whole.
+class SinkScope {
+ public:
+  explicit SinkScope(std::vector<std::pair<Tensor, ValueSink>> sinks);
+  ~SinkScope();
+  SinkScope(const SinkScope&) = delete;
+  SinkScope& operator=(const SinkScope&) = delete;
+  bool needs_whole() const { return needs_whole_; }
+
+  // The sink bound to t's storage by the innermost scope binding it, or nullptr. A bound tensor
+  // that is not its whole storage marks that scope needs_whole and gives nullptr.
+  static const ValueSink* find(const Tensor& t);
+  // t's storage is bound: the caller needs its values (marks needs_whole). Cheap when no scope is
+  // active.
+  static void note_value_needed(const Tensor& t);
+
+ private:
+  struct Binding {
+    const void* storage;
+    ValueSink sink;
+  };
+  Binding* lookup(const Tensor& t);
+  std::vector<Binding> sinks_;
+  SinkScope* outer_ = nullptr;
+  bool needs_whole_ = false;
+};
+// Elements per call of a sink.
+inline constexpr int64_t kSinkChunk = 8192;
 
 }  // namespace accel::nn::init

@@ -36,6 +36,7 @@
 #include "core/tensor.h"
 #include "io/tensor_dict.h"
 #include "nn/call.h"
+#include "nn/init.h"
 
 namespace accel::nn {
 
@@ -446,6 +447,23 @@ class Module : public std::enable_shared_from_this<Module> {
   // own (current) shape. ValueError when `name` is not an own deferred parameter.
   using PartCut = std::function<Tensor(const Tensor& full)>;
   void set_deferred_part(const std::string& name, Shape full_shape, PartCut cut);
+  // The part recorded for own parameter `name` ({full shape, cut}), or nullptr.
+  const std::pair<Shape, PartCut>* deferred_part(const std::string& name) const;
+  // The default generator's state when this module registered its first parameter under
+  // DeferredInit (what its replay starts from); empty when it did not.
+  const std::string& deferred_rng_state() const { return deferred_rng_state_; }
+  // Note [streamed materialization] (module_deferred.cc): replays reset_parameters(gen) as
+  // materialize_own_parameters does, but keeps no parameter: each own deferred parameter (or
+  // part) for which `sink_for(name, parameter, full shape)` returns a sink has its whole
+  // initial value (the full shape's, element order) handed to that sink, in chunks when every
+  // initialiser streams, else at once after a replay into full-shape buffers (one module's
+  // parameters whole). The module does not change: every own deferred parameter stays deferred,
+  // in its current shape, with its part record (so a later replay still sees the full shapes);
+  // the caller gives the streamed ones memory and the values it kept. Returns the names
+  // streamed. On error nothing changes.
+  using SinkFor = std::function<init::ValueSink(const std::string& name, const Tensor& parameter,
+                                                const Shape& full_shape)>;
+  std::vector<std::string> stream_own_parameters(const SinkFor& sink_for, Generator* gen = nullptr);
 
   // ---- state ----
   // Parameters and persistent buffers; tensors share storage with the module. Throws ValueError
@@ -544,6 +562,7 @@ class Module : public std::enable_shared_from_this<Module> {
   // Default generator state when the first parameter was registered under DeferredInit; empty
   // when none was (Note [deferred init]).
   std::string deferred_rng_state_;
+  void replay_reset_parameters(Generator* gen);  // from deferred_rng_state_ (gen == nullptr)
   // Note [deferred parts]: own deferred parameters that hold a part of what their init draws.
   std::map<std::string, std::pair<Shape, PartCut>> deferred_parts_;
   std::string sharded_how_to_load_;  // set_sharded()

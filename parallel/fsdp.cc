@@ -4,6 +4,7 @@
 #include "nn/wrapper_label.h"
 
 #include <algorithm>
+#include <array>
 #include <exception>
 #include <unordered_map>
 #include <unordered_set>
@@ -20,6 +21,7 @@
 #include "parallel/ddp.h"
 #include "parallel/fsdp_impl.h"
 #include "parallel/hsdp.h"
+#include "parallel/materialize.h"
 
 namespace accel::dist {
 
@@ -189,67 +191,64 @@ void FullyShardedModel::init_values() {
   NoGradGuard ng;
   const int r = pg_->rank();
   std::vector<Tensor> leaves(params_.size()), grad_views(params_.size());
+  // Which unit holds each trainable parameter, at which index of its u.params.
+  UnitIndex where;
+  bool any_deferred = false;
+  for (auto& up : units_)
+    for (size_t j = 0; j < up->params.size(); ++j) {
+      const Tensor& p = params_[up->params[j]].second;
+      where[p.impl()] = {up.get(), j};
+      any_deferred = any_deferred || nn::is_deferred(p);
+    }
+  // Note [deferred regions] in parallel/materialize.cc: deferred values are not broadcast, so the
+  // ranks must have built the model from one generator state.
+  if (any_deferred) {
+    check_deferred_agreement(*model_, *pg_, "fsdp");
+    if (hsdp::active(options_.replicate))
+      check_deferred_agreement(*model_, *options_.replicate, "fsdp");
+  }
   for (auto& up : units_) {
     Unit& u = *up;
-    // Deferred init (nn::DeferredInit): this unit's modules get their memory and values now, one
-    // unit at a time, so no rank ever holds the whole model; the values equal eager construction
-    // (Note [deferred init] in nn/module.cc).
-    // A tied parameter of this unit may be registered by (and owned by) a module of another
-    // unit: every module holding one of its parameters is materialized now (the others only
-    // keep what they borrow).
-    // Each materialised module's parameters of this unit go into the flat buffer at once and
-    // their own memory is freed, so the unit is held once (its flat buffer) plus one module.
-    std::unordered_map<const TensorImpl*, size_t> slot;  // parameter -> its index in u.params
-    for (size_t j = 0; j < u.params.size(); ++j) slot[params_[u.params[j]].second.impl()] = j;
-    Tensor flat;
-    if (!u.params.empty()) flat = zeros({u.numel}, TensorOptions(u.master, u.device));
-    std::vector<bool> copied(u.params.size(), false);
-    auto copy_in = [&](size_t j) {
-      const Tensor& p = params_[u.params[j]].second;
-      ACCEL_CHECK(p.storage()->allocated(), ValueError, "fsdp", "parameter '",
-                  params_[u.params[j]].first,
-                  "' has no memory: it is released (sharded already?) or deferred in a module that "
-                  "nn::reset_module_parameters could not initialise");
-      flat.narrow(0, u.offset[j], p.numel()).copy_(p.reshape({p.numel()}));
-      copied[j] = true;
-    };
-    for (auto& [m, owner] : module_units_) {
-      bool holds = units_[size_t(owner)].get() == &u;
-      for (auto& [pname, p] : m->named_parameters(false)) holds = holds || slot.count(p.impl());
-      if (!holds || !nn::reset_module_parameters(*m)) continue;
-      for (auto& [pname, p] : m->named_parameters(false)) {
-        auto it = slot.find(p.impl());
-        if (it == slot.end() || copied[it->second] || !p.storage()->allocated()) continue;
-        copy_in(it->second);
-        // Its value is in `flat` now (below it becomes a view of the unit's buffer): free it.
-        nn::assign_tensor_data(p, nn::deferred_tensor(p.sizes(), p.dtype(), p.device()));
-      }
+    if (u.params.empty()) {  // frozen parameters only (replicated, whole)
+      materialize_unit_modules(u, {});
+      continue;
     }
-    if (u.params.empty()) continue;
-    for (size_t j = 0; j < u.params.size(); ++j)
-      if (!copied[j]) copy_in(j);
-    if (pg_->size() > 1) pg_->broadcast(flat, options_.root);
-    hsdp::broadcast_from_first_replica(options_.replicate, flat);
-    u.shard = flat.narrow(0, r * u.shard_numel, u.shard_numel).clone();
-    u.grad_shard = zeros({u.shard_numel}, TensorOptions(u.master, u.device));
-    u.full = u.compute == u.master ? flat : flat.to(u.compute);
-    flat = Tensor();
+    // This rank's range [lo, hi) of parameter j's (tp-local) row-major order, and where it lies
+    // in the shard.
+    auto span = [&](size_t j) {
+      const int64_t n = params_[u.params[j]].second.numel(), o = u.offset[j];
+      const int64_t lo = std::clamp<int64_t>(r * u.shard_numel - o, 0, n);
+      const int64_t hi = std::max(lo, std::clamp<int64_t>((r + 1) * u.shard_numel - o, 0, n));
+      return std::array<int64_t, 3>{lo, hi, lo < hi ? o + lo - r * u.shard_numel : 0};
+    };
+    bool deferred = false;
+    for (size_t k : u.params) deferred = deferred || nn::is_deferred(params_[k].second);
+    if (deferred) {
+      init_deferred_unit(u, where);
+    } else {
+      init_eager_unit(u);
+    }
+    // A deferred unit's gradient shard gets its memory at its first reduction (issue_reduce):
+    // preparing a model too large for one rank holds its parameter shards only.
+    u.grad_shard = deferred ? nn::deferred_tensor({u.shard_numel}, u.master, u.device)
+                            : zeros({u.shard_numel}, TensorOptions(u.master, u.device));
     for (size_t j = 0; j < u.params.size(); ++j) {
       const size_t k = u.params[j];
       Tensor p = params_[k].second;
       const Shape shape = p.sizes();
-      const int64_t n = p.numel(), o = u.offset[j];
-      nn::assign_tensor_data(p, u.full.narrow(0, o, n).view(shape));
-      const int64_t lo = std::clamp<int64_t>(r * u.shard_numel - o, 0, n);
-      const int64_t hi = std::max(lo, std::clamp<int64_t>((r + 1) * u.shard_numel - o, 0, n));
-      const int64_t at = lo < hi ? o + lo - r * u.shard_numel : 0;
+      nn::assign_tensor_data(p, u.full.narrow(0, u.offset[j], p.numel()).view(shape));
+      const auto [lo, hi, at] = span(j);
       Tensor leaf = u.shard.narrow(0, at, hi - lo).detach();
       leaf.requires_grad_(true);
       leaves[k] = leaf;
       grad_views[k] = u.grad_shard.narrow(0, at, hi - lo);
     }
-    u.gathered = true;
-    if (!u.root) release(u);
+    if (!deferred) {
+      u.gathered = true;
+      if (!u.root) release(u);
+    } else if (u.root) {
+      gather(u, /*wait=*/true);  // the root stays gathered
+    }
   }
   shard_leaves_ = std::move(leaves);
   // Buffers are replicated: everyone starts from root's.
@@ -286,6 +285,103 @@ void FullyShardedModel::init_values() {
 #if defined(__GLIBC__)
   malloc_trim(0);
 #endif
+}
+
+// An eager unit (or one whose modules hold deferred parameters of other units only): its modules'
+// deferred parameters of other units stay deferred for theirs; the unit's flat buffer is filled
+// with the parameters' values, broadcast from root (replicas: from replica 0), and this rank's
+// shard cut from it.
+void FullyShardedModel::init_eager_unit(Unit& u) {
+  materialize_unit_modules(u, {});
+  Tensor flat = zeros({u.numel}, TensorOptions(u.master, u.device));
+  for (size_t j = 0; j < u.params.size(); ++j) {
+    const Tensor& p = params_[u.params[j]].second;
+    flat.narrow(0, u.offset[j], p.numel()).copy_(p.reshape({p.numel()}));
+  }
+  if (pg_->size() > 1) pg_->broadcast(flat, options_.root);
+  hsdp::broadcast_from_first_replica(options_.replicate, flat);
+  u.shard = flat.narrow(0, pg_->rank() * u.shard_numel, u.shard_numel).clone();
+  u.full = u.compute == u.master ? flat : flat.to(u.compute);
+}
+
+// Note [deferred regions] in parallel/materialize.cc: a unit with deferred parameters never
+// exists whole. Each module holding one of them streams this rank's flat range of it straight
+// into the shard (tp-sharded ones: the range of the tp piece); the unit's full buffer is created
+// without memory (gathered on first use; the root's at once). Allocated parameters of the unit
+// (loaded, or tied and materialised earlier) are broadcast from root one by one and their ranges
+// copied in. No full unit, and no broadcast of deferred values: they are deterministic.
+void FullyShardedModel::init_deferred_unit(Unit& u, const UnitIndex& where) {
+  const int r = pg_->rank();
+  u.shard = zeros({u.shard_numel}, TensorOptions(u.master, u.device));
+  materialize_unit_modules(u, where);
+  for (size_t j = 0; j < u.params.size(); ++j) {
+    const auto& [name, p] = params_[u.params[j]];
+    if (nn::is_deferred(p)) continue;  // streamed into the shard
+    Tensor value = p.contiguous();
+    if (pg_->size() > 1) pg_->broadcast(value, options_.root);
+    hsdp::broadcast_from_first_replica(options_.replicate, value);
+    const int64_t n = p.numel(), o = u.offset[j];
+    const int64_t lo = std::clamp<int64_t>(r * u.shard_numel - o, 0, n);
+    const int64_t hi = std::max(lo, std::clamp<int64_t>((r + 1) * u.shard_numel - o, 0, n));
+    if (lo < hi)
+      u.shard.narrow(0, o + lo - r * u.shard_numel, hi - lo)
+          .copy_(value.reshape({n}).narrow(0, lo, hi - lo));
+  }
+  u.full = nn::deferred_tensor({u.numel}, u.compute, u.device);
+  u.gathered = false;
+}
+
+// Materialises the deferred parameters of every module that belongs to unit u or holds one of
+// its parameters (a tied parameter's owner may sit in another unit). With `where` (a deferred
+// unit): u's trainable parameters stream this rank's flat range into u.shard, frozen ones of u's
+// own modules get their whole (tp-local) value, other units' stay deferred. Without: each such
+// module is materialised whole (the parameters keep their values for the eager path to copy).
+void FullyShardedModel::materialize_unit_modules(Unit& u, const UnitIndex& where) {
+  const int r = pg_->rank();
+  std::unordered_set<const TensorImpl*> mine;
+  for (size_t k : u.params) mine.insert(params_[k].second.impl());
+  std::vector<uint8_t> streamed(u.params.size(), 0);
+  for (auto& [m, owner] : module_units_) {
+    const bool own_unit = units_[size_t(owner)].get() == &u;
+    bool holds = own_unit;
+    for (auto& [pname, p] : m->named_parameters(false)) holds = holds || mine.count(p.impl());
+    if (!holds) continue;
+    if (where.empty()) {
+      nn::reset_module_parameters(*m);
+      continue;
+    }
+    std::vector<std::pair<std::string, Tensor>> frozen;  // name -> its local value
+    const std::vector<std::string> names = materialize_regions(
+        *m,
+        [&](const std::string& name, const Tensor& p,
+            const Region& local) -> std::optional<RegionTarget> {
+          auto it = where.find(p.impl());
+          if (it == where.end()) {  // not trainable: replicated, whole, by its own module's unit
+            if (!own_unit || p.requires_grad()) return std::nullopt;
+            Tensor dst = zeros(local.local_shape(), TensorOptions(p.dtype(), p.device()));
+            frozen.emplace_back(name, dst);
+            return RegionTarget{local, dst};
+          }
+          if (it->second.first != &u) return std::nullopt;  // another unit's
+          const size_t j = it->second.second;
+          const int64_t n = p.numel(), o = u.offset[j];
+          const int64_t lo = std::clamp<int64_t>(r * u.shard_numel - o, 0, n);
+          const int64_t hi = std::max(lo, std::clamp<int64_t>((r + 1) * u.shard_numel - o, 0, n));
+          streamed[j] = 1;
+          return RegionTarget{local.flat(lo, hi),
+                              u.shard.narrow(0, lo < hi ? o + lo - r * u.shard_numel : 0, hi - lo)};
+        });
+    for (auto& [pname, p] : m->named_parameters(false))
+      for (auto& [fname, value] : frozen)
+        if (fname == pname && std::find(names.begin(), names.end(), fname) != names.end())
+          nn::assign_tensor_data(p, value);
+  }
+  for (size_t j = 0; j < u.params.size(); ++j) {
+    const auto& [name, p] = params_[u.params[j]];
+    ACCEL_CHECK(streamed[j] || !nn::is_deferred(p), ValueError, "fsdp", "parameter '", name,
+                "' has no memory: it is released (sharded already?) or deferred in a module that "
+                "nn::reset_module_parameters could not initialise");
+  }
 }
 
 std::vector<FullyShardedModel::UnitInfo> FullyShardedModel::units() const {
@@ -522,6 +618,10 @@ void FullyShardedModel::issue_reduce(Unit& u) {
   // the bytes (by a power of two both give the same bits).
   const bool pre_divide = red == kFloat16;
   if (w > 1 && pre_divide) u.staging.div_(double(w));
+  if (!u.grad_shard.storage()->allocated()) {  // a deferred unit's first backward (init_values)
+    u.grad_shard.storage()->materialize();
+    u.grad_shard.zero_();
+  }
   // With no gradient to accumulate into, the reduce-scatter writes the shard directly.
   u.reduce_into_shard = !u.grad_valid && red == u.master && w > 1;
   if (w == 1) {

@@ -70,6 +70,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "nn/module.h"
@@ -210,6 +211,12 @@ class FullyShardedModel {
  private:
   void build_units();
   void init_values();
+  // Note [deferred regions] in parallel/materialize.cc. UnitIndex: each trainable parameter's unit
+  // and its index there.
+  using UnitIndex = std::unordered_map<const TensorImpl*, std::pair<const Unit*, size_t>>;
+  void init_eager_unit(Unit& u);
+  void init_deferred_unit(Unit& u, const UnitIndex& where);
+  void materialize_unit_modules(Unit& u, const UnitIndex& where);
   void gather(Unit& u, bool wait);
   void wait_gather(Unit& u);
   void release(Unit& u);

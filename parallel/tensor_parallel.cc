@@ -36,6 +36,7 @@
 #include "parallel/tensor_parallel.h"
 
 #include "nn/wrapper_label.h"
+#include "parallel/materialize.h"
 #include "parallel/placement.h"
 #include "parallel/tp_random.h"
 
@@ -263,10 +264,12 @@ void shard_tensor(nn::Module& m, const Tensor& t, const std::string& pname, int6
     const Shape full_shape = t.sizes();
     Shape local = full_shape;
     local[size_t(dim)] = chunks * piece_of(full / chunks, unit, p, r).length;
+    // The cut as a Region (parallel/materialize.h): materialising streams only this piece.
+    RegionCut cut{Region::whole(full_shape).shard(dim, chunks, p, r, unit)};
+    ACCEL_CHECK(cut.region.local_shape() == local, ShapeError, kOp, "the tp piece of '", pname,
+                "' has shape ", local, ", its region ", cut.region.local_shape());
     nn::assign_tensor_data(handle, nn::deferred_tensor(local, t.dtype(), t.device()));
-    m.set_deferred_part(pname, full_shape, [dim, chunks, unit, p, r](const Tensor& whole) {
-      return shard_of(whole, dim, chunks, unit, p, r);
-    });
+    m.set_deferred_part(pname, full_shape, std::move(cut));
     entry.shards.push_back({pname, dim, chunks, unit, full});
     return;
   }

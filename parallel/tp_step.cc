@@ -29,6 +29,7 @@
 #include "core/env_contract.h"
 #include "core/error.h"
 #include "core/generator.h"
+#include "parallel/materialize.h"
 
 namespace accel::dist {
 
@@ -67,7 +68,9 @@ class TpStep final : public ApplyStep {
     parallelize(pm.module(), tp, ctx.options.tp_plan);
     record_layouts(pm, tp->size(), tp->rank());
     if (!local_shapes_agree(model, *tp)) pm.even_shapes = false;
-    if (!ctx.engine_takes_deferred && nn::is_deferred(model)) nn::materialize(model);
+    // A deferred model the engine does not take: each parameter streams its tp piece
+    // (parallel/materialize.h: the peak is the pieces plus a chunk).
+    if (!ctx.engine_takes_deferred && nn::is_deferred(model)) materialize_local(model);
   }
 
  private:

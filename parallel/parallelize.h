@@ -29,8 +29,8 @@ namespace accel::dist {
 // Note [apply order]
 // The only order in which parallel dimensions are applied to a model (torchtitan's parallelize):
 //   pp             split the model into stages (issue 38; no step yet)
-//   tp             cut planned Linear / Embedding parameters over the tp group
-//   (parallel/tp_step.cc) cp             context parallel attention (issue 38; no step yet)
+//   tp             cut planned Linear / Embedding parameters over the tp group (tp_step.cc)
+//   cp             context parallel attention (issue 38; no step yet)
 //   data_parallel  the data-parallel engine over the ranks holding the same pieces (DDP, ZeRO 1-3,
 //                  or a program's own): accelerate/ adapts its dist::Strategy to this slot
 // A step sees ordinary local tensors from the steps before it, so every engine composes with every

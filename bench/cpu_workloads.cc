@@ -5,6 +5,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -60,7 +61,9 @@ struct TimeSeq {
   }
 
   double evaluate() {
-    const int64_t n = input.size(0), steps = input.size(1);
+    // ACCEL_BENCH_TIME_SEQ_LEN shortens the sequence (paired runs of a slow configuration).
+    const int64_t n = input.size(0), steps = std::min<int64_t>(
+                                         input.size(1), env_int("ACCEL_BENCH_TIME_SEQ_LEN", 999));
     const TensorOptions o(dt);
     Tensor h1 = zeros({n, 51}, o), c1 = zeros({n, 51}, o), h2 = zeros({n, 51}, o),
            c2 = zeros({n, 51}, o);
@@ -72,7 +75,7 @@ struct TimeSeq {
       std::tie(h2, c2) = lstm2.forward(h1, h2, c2);
       outs.push_back(linear.forward(h2));
     }
-    const Tensor loss = mse_loss(cat(outs, 1), target);
+    const Tensor loss = mse_loss(cat(outs, 1), target.index({Slice(), Slice(0, steps)}));
     loss.backward();
     for (nn::Module* m : {static_cast<nn::Module*>(&lstm1), static_cast<nn::Module*>(&lstm2),
                           static_cast<nn::Module*>(&linear)})
@@ -112,6 +115,7 @@ void run_time_seq() {
         .kv("dtype", std::string(dt == kFloat64 ? "f64" : "f32"))
         .kv("threads", int64_t(threads))
         .kv("rounds", int64_t(rounds))
+        .kv("seq_len", int64_t(std::min(999, env_int("ACCEL_BENCH_TIME_SEQ_LEN", 999))))
         .kv("ms_per_eval", mn, 3)
         .kv("ms_1_thread", m1, 3)
         .kv("ratio_n_over_1", mn / m1, 3)
@@ -128,18 +132,18 @@ void run_gemm_grain() {
   struct Shape {
     int64_t m, k, n;
   };
-  const std::vector<Shape> shapes = {{97, 1, 204},   {97, 51, 204},  {204, 97, 51}, {32, 32, 32},
-                                     {64, 64, 64},   {97, 128, 128}, {96, 96, 96},  {128, 128, 128},
-                                     {160, 160, 160}, {192, 192, 192}, {256, 256, 256},
-                                     {384, 384, 384}};
+  const std::vector<Shape> shapes = {{97, 1, 204},    {97, 51, 204},   {204, 97, 51},
+                                     {32, 32, 32},    {64, 64, 64},    {97, 128, 128},
+                                     {96, 96, 96},    {128, 128, 128}, {160, 160, 160},
+                                     {192, 192, 192}, {256, 256, 256}, {384, 384, 384}};
   for (const DType dt : {kFloat32, kFloat64}) {
     for (const Shape& s : shapes) {
       Generator gen(3);
       const Tensor a = randn({s.m, s.k}, TensorOptions(dt), &gen);
       const Tensor b = randn({s.k, s.n}, TensorOptions(dt), &gen);
       const int64_t macs = s.m * s.k * s.n;
-      const int reps = int(std::clamp<int64_t>((int64_t(1) << 25) / std::max<int64_t>(macs, 1),
-                                               4, 20000));
+      const int reps =
+          int(std::clamp<int64_t>((int64_t(1) << 25) / std::max<int64_t>(macs, 1), 4, 20000));
       auto run = [&](int nt) {
         Threads t(nt);
         const auto t0 = Clock::now();

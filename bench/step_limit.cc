@@ -20,8 +20,10 @@
 // captured once and replayed k times (ACCEL_BENCH_LIMIT_ROUNDS, default 5), each replay right
 // after a chunk of the timed steps (bench/interleave.h): limit_ms is the median of the k
 // replays, efficiency = that median / ms_per_step (the median of every timed step), and the line
-// carries the spread: the replays' min / max and the per-round efficiencies' min / max. The
-// copy bandwidth is measured again in each replay too.
+// carries the spread: the replays' min / max and the per-round efficiencies' min / max, and
+// efficiency_paired, the median of the per-round efficiencies (each round's limit over the
+// median step of the chunk just before it: load that shifts between rounds cancels in each
+// pair). The copy bandwidth is measured again in each replay too.
 #include "bench/step_limit.h"
 
 #include <omp.h>
@@ -145,11 +147,11 @@ std::string limit_fields(const StepLimit& l, double ms_per_step, const std::stri
   if (rounds != nullptr && n > 0 && size_t(n) < sizeof buf) {
     std::snprintf(buf + n, sizeof buf - size_t(n),
                   " %slimit_rounds=%d %slimit_min_ms=%.3f %slimit_max_ms=%.3f "
-                  "%sefficiency_min=%.3f %sefficiency_max=%.3f %sstep_min_ms=%.3f "
-                  "%sstep_max_ms=%.3f",
+                  "%sefficiency_min=%.3f %sefficiency_max=%.3f %sefficiency_paired=%.3f "
+                  "%sstep_min_ms=%.3f %sstep_max_ms=%.3f",
                   p, rounds->limit.n, p, rounds->limit.min, p, rounds->limit.max, p,
-                  rounds->efficiency.min, p, rounds->efficiency.max, p, rounds->step.min, p,
-                  rounds->step.max);
+                  rounds->efficiency.min, p, rounds->efficiency.max, p, rounds->efficiency.median,
+                  p, rounds->step.min, p, rounds->step.max);
   }
   return buf;
 }

@@ -42,8 +42,8 @@ StepLimit measure_step_limit(const std::function<void()>& step);
 // replay); with `rounds` (the interleaved measurement) limit_ms is the median of its replays,
 // efficiency = that median / ms_per_step, and the spread follows:
 //   limit_rounds=5 limit_min_ms=.. limit_max_ms=.. efficiency_min=.. efficiency_max=..
-//   step_min_ms=.. step_max_ms=..   (the rounds' limits, per-round limit / step, the rounds'
-//   step medians)
+//   efficiency_paired=.. step_min_ms=.. step_max_ms=..   (the rounds' limits, per-round
+//   limit / step: spread and median, the rounds' step medians)
 struct Interleaved;
 std::string limit_fields(const StepLimit& l, double ms_per_step, const std::string& prefix = "",
                          const Interleaved* rounds = nullptr);

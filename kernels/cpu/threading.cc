@@ -91,8 +91,7 @@ int64_t gemm_grain() { return g_gemm_grain.load(std::memory_order_relaxed); }
 void set_gemm_grain(int64_t macs) { g_gemm_grain.store(macs < 0 ? grain_from_env() : macs); }
 
 WaitDefault decide_wait_default(const char* omp_wait_policy, const char* gomp_spincount,
-                                const char* accel_cpu_wait, int max_threads, int cpus,
-                                int* extra) {
+                                const char* accel_cpu_wait, int max_threads, int cpus, int* extra) {
   *extra = 0;
   const auto set = [](const char* v) { return v != nullptr && *v != '\0'; };
   if (set(omp_wait_policy) || set(gomp_spincount)) return WaitDefault::UserChoice;
@@ -119,9 +118,9 @@ bool wait_default_active() {
 
 std::string wait_default_name() {
   switch (wait_default()) {
-    case WaitDefault::UserChoice:
-      return std::string("user:") + g_user_policy + "=" + g_user_value;
-    case WaitDefault::BoundedSpin: return wait_default_active() ? "bounded_spin" : "bounded_spin_failed";
+    case WaitDefault::UserChoice: return std::string("user:") + g_user_policy + "=" + g_user_value;
+    case WaitDefault::BoundedSpin:
+      return wait_default_active() ? "bounded_spin" : "bounded_spin_failed";
     case WaitDefault::SingleThread: return "single_thread";
     case WaitDefault::Disabled: return "libgomp_default";
   }

@@ -75,17 +75,16 @@ class OneThreadScope {
 // the process is the bounded spin. Cost: two sleeping threads. Measured against the default and
 // passive waiting in docs/performance.md ("OpenMP wait default").
 enum class WaitDefault : int {
-  UserChoice = 0,     // OMP_WAIT_POLICY or GOMP_SPINCOUNT set: libgomp does what they say
-  BoundedSpin = 1,    // the dormant team makes every wait spin 100 times, then sleep
-  SingleThread = 2,   // one thread (or one CPU): no team waits, nothing to do
-  Disabled = 3,       // ACCEL_CPU_WAIT=default: libgomp's own default kept
+  UserChoice = 0,    // OMP_WAIT_POLICY or GOMP_SPINCOUNT set: libgomp does what they say
+  BoundedSpin = 1,   // the dormant team makes every wait spin 100 times, then sleep
+  SingleThread = 2,  // one thread (or one CPU): no team waits, nothing to do
+  Disabled = 3,      // ACCEL_CPU_WAIT=default: libgomp's own default kept
 };
 // The decision, from the environment's values (null when unset), the OpenMP team size and the
 // CPUs the process may run on. `extra` receives the dormant team's size (members that make the
 // managed count exceed `cpus`).
 WaitDefault decide_wait_default(const char* omp_wait_policy, const char* gomp_spincount,
-                                const char* accel_cpu_wait, int max_threads, int cpus,
-                                int* extra);
+                                const char* accel_cpu_wait, int max_threads, int cpus, int* extra);
 // What was decided at load, and whether the dormant team is up.
 WaitDefault wait_default();
 bool wait_default_active();

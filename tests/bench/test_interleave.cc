@@ -75,6 +75,7 @@ TEST_CASE("interleave: the line keeps today's fields and adds the spread") {
   CHECK(s.find(" bf16_limit_ms=10.000 bf16_efficiency=0.800 bf16_compute_ms=8.000") == 0);
   CHECK(s.find(" bf16_limit_rounds=3 bf16_limit_min_ms=9.000 bf16_limit_max_ms=11.000") !=
         std::string::npos);
-  CHECK(s.find(" bf16_efficiency_min=0.833 bf16_efficiency_max=1.000") != std::string::npos);
+  CHECK(s.find(" bf16_efficiency_min=0.833 bf16_efficiency_max=1.000 "
+               "bf16_efficiency_paired=0.900") != std::string::npos);
   CHECK(s.find(" bf16_step_min_ms=10.000 bf16_step_max_ms=12.000") != std::string::npos);
 }

@@ -395,6 +395,7 @@ void matmul_lowp_blocked(const Geometry& g, const LowpOperand& a, const LowpOper
   Tensor scratch = empty({nt * per_thread}, f32);
   float* ps = scratch.data<float>();
   std::exception_ptr failure;
+  if (nt > 1) before_team();  // Note [OpenMP wait default]
 #pragma omp parallel for schedule(static) num_threads(int(nt)) if (nt > 1)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     try {
@@ -450,6 +451,7 @@ void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in
   const Geometry g = make_geometry(a, b, out);
   const DType dt = out.dtype();
   const OneThreadScope small(one_thread(g, dt));  // Note [GEMM grain]
+  before_team();  // Note [OpenMP wait default] (sgemm and Eigen open teams too)
   if (a.dtype() != dt) {
     // Note [16-bit GEMM into float32]: 16-bit a and b, float32 out, no bias: oneDNN's kernel
     // writes its float32 accumulator; where it has none (or float32 is faster), the float32
@@ -500,6 +502,7 @@ void matmul_lowp_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bi
   const Tensor bc = !bias.defined() || bias.is_contiguous() ? bias : copy_as(bias, bias.dtype());
   const Geometry g = make_geometry(a, b, out);
   const OneThreadScope small(one_thread(g, kFloat32));  // Note [GEMM grain]
+  before_team();                                        // Note [OpenMP wait default]
   matmul_lowp_blocked(g, lowp_operand(a), lowp_operand(b, b_exact), lowp_operand(bc),
                       out.data_ptr(), out.dtype() == kFloat32, low, out.device());
 }

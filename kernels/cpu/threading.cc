@@ -32,6 +32,7 @@ std::atomic<int64_t> g_gemm_grain{grain_from_env()};
 
 std::atomic<int> g_wait{int(WaitDefault::SingleThread)};
 std::atomic<bool> g_wait_active{false};
+int g_wait_extra = 0;                 // the dormant team's size
 const char* g_user_policy = nullptr;  // the variable the user set (for the name)
 const char* g_user_value = nullptr;
 
@@ -73,18 +74,30 @@ __attribute__((constructor)) void start_wait_default() {
     g_user_policy = p ? env::kOmpWaitPolicy : "GOMP_SPINCOUNT";
     g_user_value = p ? policy : spin;
   }
-  if (d != WaitDefault::BoundedSpin) return;
+  g_wait_extra = extra;
+  // Started by before_team(), before the first team (threading.h).
+  detail::g_wait_pending.store(d == WaitDefault::BoundedSpin);
+}
+
+}  // namespace
+
+namespace detail {
+
+std::atomic<bool> g_wait_pending{false};
+
+void start_wait_team() {
+  if (!g_wait_pending.exchange(false)) return;  // another thread started it
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   pthread_attr_setstacksize(&attr, 64 * 1024);
   pthread_t t;
-  if (pthread_create(&t, &attr, hold_team, reinterpret_cast<void*>(intptr_t(extra))) != 0)
+  if (pthread_create(&t, &attr, hold_team, reinterpret_cast<void*>(intptr_t(g_wait_extra))) != 0)
     g_wait.store(int(WaitDefault::Disabled));  // no thread: libgomp's default stays
   pthread_attr_destroy(&attr);
 }
 
-}  // namespace
+}  // namespace detail
 
 int64_t gemm_grain() { return g_gemm_grain.load(std::memory_order_relaxed); }
 
@@ -110,6 +123,7 @@ WaitDefault wait_default() { return WaitDefault(g_wait.load()); }
 
 bool wait_default_active() {
   if (wait_default() != WaitDefault::BoundedSpin) return false;
+  before_team();
   // The team forms a moment after load; wait for it up to 2 s (a test or a bench asks early).
   for (int i = 0; i < 2000 && !g_wait_active.load(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -119,8 +133,7 @@ bool wait_default_active() {
 std::string wait_default_name() {
   switch (wait_default()) {
     case WaitDefault::UserChoice: return std::string("user:") + g_user_policy + "=" + g_user_value;
-    case WaitDefault::BoundedSpin:
-      return wait_default_active() ? "bounded_spin" : "bounded_spin_failed";
+    case WaitDefault::BoundedSpin: return "bounded_spin";
     case WaitDefault::SingleThread: return "single_thread";
     case WaitDefault::Disabled: return "libgomp_default";
   }

@@ -4,6 +4,7 @@
 
 #include <omp.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -69,8 +70,9 @@ class OneThreadScope {
 // thread need (issue 40: mlp 54-89 ms against 28 ms with passive waiting, 2 busy processes). The
 // one other knob libgomp has is its "throttled" spin: when it manages more threads than the CPUs
 // it found at start-up, every wait spins only 100 times (then sleeps on a futex), which is
-// GOMP_SPINCOUNT=100. So at load, unless the user chose a policy, libaccel starts one dormant
-// thread that opens an OpenMP team of its own and then blocks forever with its signals blocked:
+// GOMP_SPINCOUNT=100. So unless the user chose a policy (decided at load), libaccel starts, just
+// before the process's first OpenMP team (before_team() below), one dormant thread that opens an
+// OpenMP team of its own and then blocks forever with its signals blocked:
 // its idle team members count as managed threads, the count exceeds the CPUs, and every wait in
 // the process is the bounded spin. Cost: two sleeping threads. Measured against the default and
 // passive waiting in docs/performance.md ("OpenMP wait default").
@@ -85,10 +87,24 @@ enum class WaitDefault : int {
 // managed count exceed `cpus`).
 WaitDefault decide_wait_default(const char* omp_wait_policy, const char* gomp_spincount,
                                 const char* accel_cpu_wait, int max_threads, int cpus, int* extra);
-// What was decided at load, and whether the dormant team is up.
+// The dormant team starts before the process's first OpenMP team, not at load: a second
+// thread makes glibc and libstdc++ leave their single-threaded fast paths (malloc without
+// locks, shared_ptr counts without atomics), which a program that never forks a team (the
+// per-op overhead bench: 0.105 -> 0.15 us per op with grad) would pay for nothing. Every place
+// that opens a team calls before_team() first: a relaxed load once started.
+namespace detail {
+extern std::atomic<bool> g_wait_pending;
+void start_wait_team();
+}  // namespace detail
+inline void before_team() {
+  if (detail::g_wait_pending.load(std::memory_order_relaxed)) detail::start_wait_team();
+}
+// What was decided at load; whether the dormant team is up (starts it, as before_team(), and
+// waits up to 2 s for it to form).
 WaitDefault wait_default();
 bool wait_default_active();
-// "bounded_spin", "user:OMP_WAIT_POLICY=passive", "single_thread", "libgomp_default" (one token).
+// "bounded_spin", "user:OMP_WAIT_POLICY=passive", "single_thread", "libgomp_default" (one token;
+// starts nothing).
 std::string wait_default_name();
 
 }  // namespace accel::cpu

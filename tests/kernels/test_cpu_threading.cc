@@ -4,6 +4,7 @@
 // (tests/kernels/meson.build): the user's choice always wins.
 #include <doctest/doctest.h>
 #include <omp.h>
+#include <dirent.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -38,6 +39,20 @@ struct Grain {
 };
 
 }  // namespace
+
+// First in the file (doctest runs a file's cases in order): nothing has opened a team yet.
+TEST_CASE("wait default: no thread before the first team") {
+  if (cpu::wait_default() != WaitDefault::BoundedSpin) return;
+  // A second thread at load would cost single-threaded programs glibc's and libstdc++'s fast
+  // paths (Note [OpenMP wait default]): the dormant team waits for before_team().
+  CHECK(cpu::detail::g_wait_pending.load());
+  int tasks = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(d)) tasks += e->d_name[0] != '.';
+    closedir(d);
+  }
+  CHECK(tasks == 1);
+}
 
 TEST_CASE("wait default: the decision") {
   int extra = -1;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace accel::bench {
@@ -22,6 +23,9 @@ class Line {
     return kv(key, std::string(buf));
   }
   ~Line() {
+    // --busy N (workloads.cc): every line says how many busy processes ran beside it.
+    if (const char* b = std::getenv("ACCEL_BENCH_BUSY"); b != nullptr && std::atoi(b) > 0)
+      text_.append(" busy=").append(b);
     std::printf("%s\n", text_.c_str());
     std::fflush(stdout);
   }

@@ -4,6 +4,7 @@
 #include "bench/model_workloads.h"
 #include "bench/ranks.h"
 
+#include "bench/interleave.h"
 #include "bench/step_limit.h"
 
 #include <netinet/in.h>
@@ -109,44 +110,76 @@ Timing time_steps(const std::function<Tensor()>& step) {
   return t;
 }
 
-// Two training runs alternating step by step (float32 first, then the autocast one), so that load
-// from other processes hits both alike; each gets its own median.
-//
 // Two models in one process need the CPU cache's size classes of both, and under the default
 // bound (Note [CPU caching allocator]: reserved <= H + max(64 MiB, H / 8)) the alternation made
 // the allocator release and re-fault blocks every step: 737 releases over gpt's 46 timed steps,
 // about 10 ms a step in both runs (2026-12-04: f32 154.9 -> 144.4 ms, bf16 98.3 -> 88.8 with the
 // bound below), which one training program alone never pays (0 releases). So the pair runs with
 // room for both (reserved <= 2 H), and the default bound is restored after.
-std::pair<Timing, Timing> time_steps_pair(const std::function<Tensor()>& step32,
-                                          const std::function<Tensor()>& step16) {
-  const CpuCacheLimits saved = cpu_cache_limits();
-  CpuCacheLimits two_models = saved;
-  two_models.slack_fraction = std::max(saved.slack_fraction, 1.0);
-  set_cpu_cache_limits(two_models);
-  struct Restore {
-    CpuCacheLimits limits;
-    ~Restore() { set_cpu_cache_limits(limits); }
-  } restore{saved};
+struct TwoModelCache {
+  CpuCacheLimits saved = cpu_cache_limits();
+  TwoModelCache() {
+    CpuCacheLimits two_models = saved;
+    two_models.slack_fraction = std::max(saved.slack_fraction, 1.0);
+    set_cpu_cache_limits(two_models);
+  }
+  ~TwoModelCache() { set_cpu_cache_limits(saved); }
+};
+
+// The timed steps of one or two training runs (float32, then the autocast one, alternating step
+// by step so that load from other processes hits both alike), in limit_rounds() chunks, each
+// followed by a replay of every run's step limit (Note [interleaved limit], bench/step_limit.cc).
+// Each run gets the median of all its timed steps and its Interleaved spreads.
+struct Measured {
+  Timing t;
+  StepLimit last;  // the last replay (compute / memory split, copy bandwidth)
+  Interleaved rounds;
+};
+
+std::vector<Measured> time_steps_with_limits(const std::vector<std::function<Tensor()>>& steps) {
+  const size_t runs = steps.size();
   const int warmup = env_count("ACCEL_BENCH_WARMUP", kWarmupSteps);
-  const int steps = std::max(1, env_count("ACCEL_BENCH_STEPS", kTimedSteps));
-  std::vector<double> ms[2];
-  Timing t[2];
-  const std::function<Tensor()>* fns[2] = {&step32, &step16};
-  for (int i = 0; i < warmup + steps; ++i) {
-    for (int k = 0; k < 2; ++k) {
-      const auto t0 = Clock::now();
-      const Tensor loss = (*fns[k])();
-      const double dt = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-      t[k].loss = loss.item();
-      if (i >= warmup) ms[k].push_back(dt);
+  const int timed = std::max(1, env_count("ACCEL_BENCH_STEPS", kTimedSteps));
+  std::vector<Measured> m(runs);
+  for (int i = 0; i < warmup; ++i)
+    for (size_t k = 0; k < runs; ++k) m[k].t.loss = steps[k]().item();
+  // Captured after the warm-up (primitives made, caches warm): one more step per run.
+  std::vector<std::unique_ptr<StepLimitProbe>> probes;
+  for (size_t k = 0; k < runs; ++k)
+    probes.push_back(std::make_unique<StepLimitProbe>([&, k] { steps[k](); }));
+  std::vector<std::vector<double>> all(runs), chunk_med(runs), limits(runs);
+  for (const int n : round_sizes(timed, limit_rounds())) {
+    std::vector<std::vector<double>> chunk(runs);
+    for (int i = 0; i < n; ++i) {
+      for (size_t k = 0; k < runs; ++k) {
+        const auto t0 = Clock::now();
+        const Tensor loss = steps[k]();
+        const double dt = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        m[k].t.loss = loss.item();  // outside the timing; CPU work is synchronous
+        chunk[k].push_back(dt);
+        all[k].push_back(dt);
+      }
+    }
+    for (size_t k = 0; k < runs; ++k) {
+      chunk_med[k].push_back(median(chunk[k]));
+      m[k].last = probes[k]->replay();
+      limits[k].push_back(m[k].last.limit_ms);
     }
   }
-  for (int k = 0; k < 2; ++k) {
-    t[k].ms_per_step = median(ms[k]);
-    t[k].steps = steps;
+  for (size_t k = 0; k < runs; ++k) {
+    m[k].t.ms_per_step = median(all[k]);
+    m[k].t.steps = timed;
+    m[k].rounds = summarize(chunk_med[k], limits[k]);
   }
-  return {t[0], t[1]};
+  return m;
+}
+
+// Ends a result line: " busy=N" under --busy N (as bench/line.h does), then the newline.
+void print_busy() {
+  if (const char* b = std::getenv("ACCEL_BENCH_BUSY"); b != nullptr && std::atoi(b) > 0)
+    std::printf(" busy=%s", b);
+  std::printf("\n");
+  std::fflush(stdout);
 }
 
 void print_pair(const char* name, DType low, const Timing& t32, const Timing& t16, double gflop,
@@ -155,21 +188,21 @@ void print_pair(const char* name, DType low, const Timing& t32, const Timing& t1
   std::printf(
       "workload=%s precision=%s threads=%d steps=%d ms_per_step=%.3f %s_ms=%.3f "
       "fp32_ms=%.3f speedup=%.3f gflop_per_step=%.3f %s_gflops=%.1f fp32_gflops=%.1f "
-      "%s_loss=%.4f fp32_loss=%.4f%s\n",
+      "%s_loss=%.4f fp32_loss=%.4f%s",
       name, p.c_str(), omp_get_max_threads(), t16.steps, t16.ms_per_step, p.c_str(),
       t16.ms_per_step, t32.ms_per_step, t32.ms_per_step / t16.ms_per_step, gflop, p.c_str(),
       gflop / (t16.ms_per_step * 1e-3), gflop / (t32.ms_per_step * 1e-3), p.c_str(), t16.loss,
       t32.loss, extra);
-  std::fflush(stdout);
+  print_busy();
 }
 
 void print_line(const char* name, const Timing& t, double gflop, const char* extra = "") {
   std::printf(
       "workload=%s threads=%d steps=%d ms_per_step=%.3f gflop_per_step=%.3f gflops=%.1f "
-      "loss=%.4f%s\n",
+      "loss=%.4f%s",
       name, omp_get_max_threads(), t.steps, t.ms_per_step, gflop, gflop / (t.ms_per_step * 1e-3),
       t.loss, extra);
-  std::fflush(stdout);
+  print_busy();
 }
 
 // ---- FLOP counts (multiply-add = 2 FLOP; backward = 2x forward, minus the input gradient of
@@ -247,20 +280,21 @@ void run_training(const char* name, const std::function<std::shared_ptr<nn::Modu
   auto t32 = make(kFloat32);
   auto step32 = [&] { t32->step(); };
   if (low == kFloat32) {
-    const Timing t = time_steps([&] { return t32->step(); });
-    const StepLimit l = measure_step_limit(step32);  // Note [workload limits] (bench/step_limit.cc)
-    print_line(name, t, gflop, (extra + limit_fields(l, t.ms_per_step)).c_str());
+    const std::vector<Measured> m = time_steps_with_limits({[&] { return t32->step(); }});
+    print_line(name, m[0].t, gflop,
+               (extra + limit_fields(m[0].last, m[0].t.ms_per_step, "", &m[0].rounds)).c_str());
     if (profile_requested()) print_profile(name, "fp32", step32);
     return;
   }
   auto t16 = make(low);
   auto step16 = [&] { t16->step(); };
-  const auto [r32, r16] = time_steps_pair([&] { return t32->step(); }, [&] { return t16->step(); });
-  const StepLimit l32 = measure_step_limit(step32), l16 = measure_step_limit(step16);
+  const TwoModelCache room;
+  const std::vector<Measured> m =
+      time_steps_with_limits({[&] { return t32->step(); }, [&] { return t16->step(); }});
   const std::string p = precision_name(low);
-  print_pair(name, low, r32, r16, gflop,
-             (extra + limit_fields(l16, r16.ms_per_step, p + "_") +
-              limit_fields(l32, r32.ms_per_step, "fp32_"))
+  print_pair(name, low, m[0].t, m[1].t, gflop,
+             (extra + limit_fields(m[1].last, m[1].t.ms_per_step, p + "_", &m[1].rounds) +
+              limit_fields(m[0].last, m[0].t.ms_per_step, "fp32_", &m[0].rounds))
                  .c_str());
   if (profile_requested()) {
     print_profile(name, "fp32", step32);

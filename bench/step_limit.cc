@@ -13,6 +13,17 @@
 // efficiency = limit_ms / ms_per_step. What the limit leaves out: fusing elementwise work into
 // the GEMMs (lowers the true floor below ours), the time outside kernels (graph recording,
 // allocation, dispatch: `--profile` shows it), load imbalance across threads.
+//
+// Note [interleaved limit]: one replay after the timed steps is as exposed to the machine's
+// load as the step it judges, and on a shared machine the two met different moments: the
+// efficiency of one workload swung 0.41-1.12 within minutes (issue 40). So the calls are
+// captured once and replayed k times (ACCEL_BENCH_LIMIT_ROUNDS, default 5), each replay right
+// after a chunk of the timed steps (bench/interleave.h): limit_ms is the median of the k
+// replays, efficiency = that median / ms_per_step (the median of every timed step), and the line
+// carries the spread: the replays' min / max and the per-round efficiencies' min / max, and
+// efficiency_paired, the median of the per-round efficiencies (each round's limit over the
+// median step of the chunk just before it: load that shifts between rounds cancels in each
+// pair). The copy bandwidth is measured again in each replay too.
 #include "bench/step_limit.h"
 
 #include <omp.h>
@@ -26,6 +37,7 @@
 #include <vector>
 
 #include "core/profiler.h"
+#include "bench/interleave.h"
 #include "bench/median.h"
 
 namespace accel::bench {
@@ -55,10 +67,8 @@ double time_alone(const std::function<void()>& f) {
 }
 
 // Copy bandwidth in bytes (read + written) per second: 2 x 64 MiB, the OpenMP team splitting the
-// copy, best of 5 after one warm-up (which also faults the pages in).
+// copy, best of 5 after one warm-up (which also faults the pages in). Measured at each replay.
 double copy_bandwidth() {
-  static double cached = 0;
-  if (cached > 0) return cached;
   const size_t n = size_t(64) << 20;
   std::unique_ptr<char[]> a(new char[n]), b(new char[n]);
   std::memset(a.get(), 1, n);
@@ -77,45 +87,72 @@ double copy_bandwidth() {
   }
   volatile char sink = b[n / 2];
   (void)sink;
-  cached = 2.0 * double(n) / best;
-  return cached;
+  return 2.0 * double(n) / best;
 }
 
 }  // namespace
 
-StepLimit measure_step_limit(const std::function<void()>& step) {
+struct StepLimitProbe::Impl {
   std::vector<ReplayCall> calls;
   int64_t floor = 0;
-  {
-    Profiler p({{"matmul_stub", "matmul_lowp_stub", "conv2d_stub", "conv2d_backward_stub",
-                 "sdpa_stub", "sdpa_backward_stub"},
-                true});
-    step();
-    calls = p.replays();
-    floor = p.floor_bytes();
-  }
+};
+
+StepLimitProbe::StepLimitProbe(const std::function<void()>& step) : impl_(new Impl) {
+  Profiler p({{"matmul_stub", "matmul_lowp_stub", "conv2d_stub", "conv2d_backward_stub",
+               "sdpa_stub", "sdpa_backward_stub"},
+              true});
+  step();
+  impl_->calls = p.replays();
+  impl_->floor = p.floor_bytes();
+}
+
+StepLimitProbe::~StepLimitProbe() { delete impl_; }
+
+StepLimit StepLimitProbe::replay() const {
   StepLimit l;
-  for (const ReplayCall& c : calls) {
+  for (const ReplayCall& c : impl_->calls) {
     l.compute_ms += time_alone(c.run) * double(c.count);
     l.calls += c.count;
   }
-  l.shapes = int64_t(calls.size());
+  l.shapes = int64_t(impl_->calls.size());
   l.copy_gbs = copy_bandwidth() / 1e9;
-  l.floor_mb = double(floor) / 1e6;
-  l.memory_ms = double(floor) / (l.copy_gbs * 1e9) * 1e3;
+  l.floor_mb = double(impl_->floor) / 1e6;
+  l.memory_ms = double(impl_->floor) / (l.copy_gbs * 1e9) * 1e3;
   l.limit_ms = l.compute_ms + l.memory_ms;
   return l;
 }
 
-std::string limit_fields(const StepLimit& l, double ms_per_step, const std::string& prefix) {
-  char buf[320];
+StepLimit measure_step_limit(const std::function<void()>& step) {
+  return StepLimitProbe(step).replay();
+}
+
+int limit_rounds() {
+  const char* v = std::getenv("ACCEL_BENCH_LIMIT_ROUNDS");
+  if (v == nullptr || *v == '\0') return 5;
+  const int n = std::atoi(v);
+  return n >= 1 ? n : 5;
+}
+
+std::string limit_fields(const StepLimit& l, double ms_per_step, const std::string& prefix,
+                         const Interleaved* rounds) {
+  char buf[640];
   const char* p = prefix.c_str();
-  std::snprintf(buf, sizeof buf,
-                " %slimit_ms=%.3f %sefficiency=%.3f %scompute_ms=%.3f %smemory_ms=%.3f "
-                "%sfloor_mb=%.1f %sreplayed_calls=%lld %sreplayed_shapes=%lld %scopy_gbs=%.1f",
-                p, l.limit_ms, p, l.limit_ms / ms_per_step, p, l.compute_ms, p, l.memory_ms, p,
-                l.floor_mb, p, static_cast<long long>(l.calls), p, static_cast<long long>(l.shapes),
-                p, l.copy_gbs);
+  const double limit = rounds != nullptr ? rounds->limit.median : l.limit_ms;
+  int n = std::snprintf(
+      buf, sizeof buf,
+      " %slimit_ms=%.3f %sefficiency=%.3f %scompute_ms=%.3f %smemory_ms=%.3f "
+      "%sfloor_mb=%.1f %sreplayed_calls=%lld %sreplayed_shapes=%lld %scopy_gbs=%.1f",
+      p, limit, p, limit / ms_per_step, p, l.compute_ms, p, l.memory_ms, p, l.floor_mb, p,
+      static_cast<long long>(l.calls), p, static_cast<long long>(l.shapes), p, l.copy_gbs);
+  if (rounds != nullptr && n > 0 && size_t(n) < sizeof buf) {
+    std::snprintf(buf + n, sizeof buf - size_t(n),
+                  " %slimit_rounds=%d %slimit_min_ms=%.3f %slimit_max_ms=%.3f "
+                  "%sefficiency_min=%.3f %sefficiency_max=%.3f %sefficiency_paired=%.3f "
+                  "%sstep_min_ms=%.3f %sstep_max_ms=%.3f",
+                  p, rounds->limit.n, p, rounds->limit.min, p, rounds->limit.max, p,
+                  rounds->efficiency.min, p, rounds->efficiency.max, p, rounds->efficiency.median,
+                  p, rounds->step.min, p, rounds->step.max);
+  }
   return buf;
 }
 

@@ -19,11 +19,37 @@ struct StepLimit {
   int64_t shapes = 0;     // distinct ones
 };
 
+// The step's replayable calls, captured once by running `step` under a Profiler (one more
+// training step); replay() times them (and the copy bandwidth) again each time it is called, so
+// that the limit can be measured in rounds between the timed steps (Note [interleaved limit]).
+class StepLimitProbe {
+ public:
+  explicit StepLimitProbe(const std::function<void()>& step);
+  ~StepLimitProbe();
+  StepLimitProbe(const StepLimitProbe&) = delete;
+  StepLimitProbe& operator=(const StepLimitProbe&) = delete;
+  StepLimit replay() const;
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
 // Runs `step` once under a Profiler (one more training step), then times what it captured.
 StepLimit measure_step_limit(const std::function<void()>& step);
 // " limit_ms=.. efficiency=.. compute_ms=.. memory_ms=.. floor_mb=.. copy_gbs=.." with every key
-// prefixed by `prefix` (e.g. "bf16_").
-std::string limit_fields(const StepLimit& l, double ms_per_step, const std::string& prefix = "");
+// prefixed by `prefix` (e.g. "bf16_"). compute / memory / copy figures are `l`'s (the last
+// replay); with `rounds` (the interleaved measurement) limit_ms is the median of its replays,
+// efficiency = that median / ms_per_step, and the spread follows:
+//   limit_rounds=5 limit_min_ms=.. limit_max_ms=.. efficiency_min=.. efficiency_max=..
+//   efficiency_paired=.. step_min_ms=.. step_max_ms=..   (the rounds' limits, per-round
+//   limit / step: spread and median, the rounds' step medians)
+struct Interleaved;
+std::string limit_fields(const StepLimit& l, double ms_per_step, const std::string& prefix = "",
+                         const Interleaved* rounds = nullptr);
+// Rounds of the interleaved measurement: ACCEL_BENCH_LIMIT_ROUNDS (workloads --limit-rounds),
+// default 5.
+int limit_rounds();
 
 // ACCEL_BENCH_PROFILE=1 (workloads --profile).
 bool profile_requested();

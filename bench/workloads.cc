@@ -21,6 +21,8 @@
 // (zero-memory: minutes of multi-process runs, reported in a section of its own).
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,8 +40,10 @@
 #include <vector>
 
 #include "accel.h"
+#include "bench/cpu_workloads.h"
 #include "bench/model_workloads.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/threading.h"
 #include "bench/line.h"
 #include "bench/median.h"
 #include "bench/op_workloads.h"
@@ -238,6 +242,14 @@ const std::vector<Workload>& registry() {
        "word_language_model medium LSTM (2 x 650, batch 20, 35 steps): forward + backward ms "
        "per step",
        bench::run_lstm},
+      {"time-seq",
+       "time_sequence_prediction (2 LSTMCells of 51 units, 97 x 999 steps: tiny GEMMs): ms per "
+       "forward + backward, 1 thread vs the team, f64 and f32",
+       bench::run_time_seq},
+      {"gemm-grain",
+       "GEMMs 97x1x204 .. 384^3, 1 thread vs the team with the GEMM grain off: us per product "
+       "(Note [GEMM grain]; not in `all`)",
+       bench::run_gemm_grain, false},
       {"allreduce",
        "64 MiB f32 sum-allreduce, 2 processes, vs raw Gloo ring: GB/s (bench/allreduce)",
        run_allreduce},
@@ -498,8 +510,47 @@ void print_cpu_features() {
   } else if (accel::cpu::bf16_gemm() == accel::cpu::Bf16Gemm::F32) {
     l.kv("bf16_targets", std::string("unmeasurable_bf16_gemm_slower_than_f32_here"));
   }
+  // How the OpenMP team waits (Note [OpenMP wait default]) and the GEMM grain: both change the
+  // figures on a shared machine.
+  l.kv("omp_wait", accel::cpu::wait_default_name()).kv("gemm_grain", accel::cpu::gemm_grain());
   std::fprintf(stderr, "# cpu: accel_isa=%s (ACCEL_CPU_ISA forces a lower one)\n",
                accel::cpu::cpu_isa_name());
+}
+
+// --busy N: N processes beside the workload, each one thread spinning at our nice level, for as
+// long as this program runs (issue 40: "no collapse on a shared machine"). Started once, by the
+// first program (ACCEL_BENCH_BUSY_RUNNING keeps the children of --vs mode from starting more);
+// every result line says busy=N (bench/line.h, ACCEL_BENCH_BUSY).
+std::vector<pid_t> g_busy;
+
+void stop_busy() {
+  for (const pid_t p : g_busy) kill(p, SIGKILL);
+  for (const pid_t p : g_busy) waitpid(p, nullptr, 0);
+  g_busy.clear();
+}
+
+void start_busy(int n) {
+  if (n <= 0 || std::getenv("ACCEL_BENCH_BUSY_RUNNING") != nullptr) return;
+  setenv("ACCEL_BENCH_BUSY_RUNNING", "1", 1);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t parent = getpid();
+  for (int i = 0; i < n; ++i) {
+    const pid_t pid = fork();
+    ACCEL_CHECK(pid >= 0, Error, "workloads",
+                "fork() failed for a busy process: ", std::strerror(errno));
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the bench
+      if (getppid() != parent) _exit(0);
+      volatile uint64_t x = 0;
+      for (;;) x = x + 1;
+    }
+    g_busy.push_back(pid);
+  }
+  std::atexit(stop_busy);
+  std::fprintf(stderr, "# busy: %d spinning processes beside the workloads (pids", n);
+  for (const pid_t p : g_busy) std::fprintf(stderr, " %d", int(p));
+  std::fprintf(stderr, ")\n");
 }
 
 void usage(const char* argv0) {
@@ -522,6 +573,10 @@ void usage(const char* argv0) {
       "OMP_NUM_THREADS)\n"
       "  --steps N           timed training steps (default 50, WORKLOADS.md's minimum)\n"
       "  --warmup N          warm-up steps before them (default 5)\n"
+      "  --busy N            N busy processes (one spinning thread each, same nice) beside\n"
+      "                      the workloads; every line says busy=N\n"
+      "  --limit-rounds K    mlp, cnn, gpt: the limit replayed K times between chunks of the\n"
+      "                      timed steps (default 5; median and spread printed)\n"
       "  --profile           mlp, cnn, gpt: after the timing, the top ops by self time over\n"
       "                      10 steps and the time outside kernels (bench/step_limit.h)\n"
       "  --precision P       fp32 (default), bf16 or fp16: mlp, cnn, gpt also train under\n"
@@ -628,6 +683,14 @@ int main(int argc, char** argv) {
       }
       setenv(arg == "--d-model" ? "ACCEL_BENCH_D_MODEL" : "ACCEL_BENCH_LAYERS",
              std::to_string(n).c_str(), 1);
+    } else if ((arg == "--busy" || arg == "--limit-rounds") && has_value) {
+      const int n = parse_count(argv[++i], arg == "--busy" ? 0 : 1);
+      if (n < 0 || (arg == "--busy" && n > 64)) {
+        std::fprintf(stderr, "%s takes a count, got '%s'\n", arg.c_str(), argv[i]);
+        return 2;
+      }
+      setenv(arg == "--busy" ? "ACCEL_BENCH_BUSY" : "ACCEL_BENCH_LIMIT_ROUNDS",
+             std::to_string(n).c_str(), 1);
     } else if (arg == "--profile") {
       setenv("ACCEL_BENCH_PROFILE", "1",
              1);  // mlp, cnn, gpt: the per-op table (bench/step_limit.h)
@@ -659,6 +722,7 @@ int main(int argc, char** argv) {
     usage(argv[0]);
     return 2;
   }
+  if (const char* b = std::getenv("ACCEL_BENCH_BUSY"); b != nullptr) start_busy(std::atoi(b));
   print_cpu_features();
   if (peer.required && name != "all" && !has_libtorch_peer(name))
     std::fprintf(stderr, "workloads: %s has no libtorch peer; running ours alone\n", name.c_str());

@@ -86,6 +86,10 @@ inline constexpr const char* kGlooSocketIfname = "GLOO_SOCKET_IFNAME";  // same,
 inline constexpr const char* kAllowTf32 = "ACCEL_ALLOW_TF32";           // CUDA matmul in TF32
 inline constexpr const char* kCpuIsa = "ACCEL_CPU_ISA";  // force the CPU kernels' ISA level
 inline constexpr const char* kCpuBf16Gemm = "ACCEL_CPU_BF16_GEMM";  // native | f32 bf16 GEMM route
+// Multiply-adds below which a GEMM runs on one thread (Note [GEMM grain], kernels/cpu/threading.h).
+inline constexpr const char* kCpuGemmGrain = "ACCEL_CPU_GEMM_GRAIN";
+// "default": keep libgomp's spin-wait default (Note [OpenMP wait default]).
+inline constexpr const char* kCpuWait = "ACCEL_CPU_WAIT";
 
 // Who sets a variable in a worker's environment.
 enum class SetBy : unsigned char {
@@ -155,6 +159,8 @@ inline constexpr EnvVar kContract[] = {
     {kAllowTf32, SetBy::kUser, true},
     {kCpuIsa, SetBy::kUser, true},
     {kCpuBf16Gemm, SetBy::kUser, true},
+    {kCpuGemmGrain, SetBy::kUser, true},
+    {kCpuWait, SetBy::kUser, true},
 };
 
 // The contract's entry for `name`; nullptr when the name is not part of it.

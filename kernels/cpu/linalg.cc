@@ -23,6 +23,7 @@
 #include "kernels/cpu/cpu_isa.h"
 #include "kernels/cpu/onednn.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/threading.h"
 
 #include <algorithm>
 #include <cstring>
@@ -51,6 +52,17 @@ Geometry make_geometry(const Tensor& a, const Tensor& b, const Tensor& out) {
     be = g.b_stride[d] * g.b_size[d];
   }
   return g;
+}
+
+// Multiply-adds of the whole product, batch entries included (Note [GEMM grain]).
+int64_t gemm_macs(const Geometry& g) {
+  int64_t macs = g.m * g.n * g.k;
+  for (int d = 0; d < g.nb; ++d) macs *= g.out_size[d];
+  return macs;
+}
+
+bool one_thread(const Geometry& g, DType dt) {
+  return gemm_single_thread(gemm_macs(g), gemm_grain_for(dt), omp_get_max_threads());
 }
 
 // ---------------- oneDNN path ----------------
@@ -127,6 +139,9 @@ onednn::PrimKey make_key(const Geometry& g, int first, DType dt, DType out_dt, b
   key.push(int64_t(dt));
   key.push(int64_t(out_dt));
   key.push(has_bias);
+  // oneDNN fixes a primitive's thread decomposition when it is created: a product run under
+  // OneThreadScope (Note [GEMM grain]) needs its own.
+  key.push(omp_get_max_threads());
   key.push(g.m), key.push(g.n), key.push(g.k);
   key.push(g.a.row_stride), key.push(g.a.col_stride);
   key.push(g.b.row_stride), key.push(g.b.col_stride);
@@ -380,6 +395,7 @@ void matmul_lowp_blocked(const Geometry& g, const LowpOperand& a, const LowpOper
   Tensor scratch = empty({nt * per_thread}, f32);
   float* ps = scratch.data<float>();
   std::exception_ptr failure;
+  if (nt > 1) before_team();  // Note [OpenMP wait default]
 #pragma omp parallel for schedule(static) num_threads(int(nt)) if (nt > 1)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     try {
@@ -434,6 +450,8 @@ void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in
       !bias_in.defined() || bias_in.is_contiguous() ? bias_in : copy_as(bias_in, bias_in.dtype());
   const Geometry g = make_geometry(a, b, out);
   const DType dt = out.dtype();
+  const OneThreadScope small(one_thread(g, dt));  // Note [GEMM grain]
+  before_team();  // Note [OpenMP wait default] (sgemm and Eigen open teams too)
   if (a.dtype() != dt) {
     // Note [16-bit GEMM into float32]: 16-bit a and b, float32 out, no bias: oneDNN's kernel
     // writes its float32 accumulator; where it has none (or float32 is faster), the float32
@@ -482,8 +500,11 @@ void matmul_lowp_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bi
   const Tensor a = is_canonical(a_in) ? a_in : copy_as(a_in, a_in.dtype());
   const Tensor b = is_canonical(b_in) ? b_in : copy_as(b_in, b_in.dtype());
   const Tensor bc = !bias.defined() || bias.is_contiguous() ? bias : copy_as(bias, bias.dtype());
-  matmul_lowp_blocked(make_geometry(a, b, out), lowp_operand(a), lowp_operand(b, b_exact),
-                      lowp_operand(bc), out.data_ptr(), out.dtype() == kFloat32, low, out.device());
+  const Geometry g = make_geometry(a, b, out);
+  const OneThreadScope small(one_thread(g, kFloat32));  // Note [GEMM grain]
+  before_team();                                        // Note [OpenMP wait default]
+  matmul_lowp_blocked(g, lowp_operand(a), lowp_operand(b, b_exact), lowp_operand(bc),
+                      out.data_ptr(), out.dtype() == kFloat32, low, out.device());
 }
 
 void round_to_lowp_kernel(const Tensor& src, Tensor& dst, DType low) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "kernels/cpu/threading.h"
 
 // The pass that compiles the vdpbf16ps route (nn_attention_bf16.cc): the AVX-512 one, unless a
 // native build's CPU lacks AVX512-BF16.
@@ -95,6 +96,7 @@ struct Geometry {
 template <typename F>
 void parallel_for(int64_t n, F&& fn) {
   const bool par = n > 1 && !omp_in_parallel() && omp_get_max_threads() > 1;
+  if (par) ::accel::cpu::before_team();  // Note [OpenMP wait default]
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t u = 0; u < n; ++u) fn(u);
 }

@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "core/dtype.h"
+#include "kernels/cpu/threading.h"
 #include "core/error.h"
 #include "core/shape.h"
 
@@ -81,6 +82,7 @@ struct ExecArgs {
 
 template <int N>
 inline void execute(const dnnl::primitive& p, const ExecArgs<N>& a, const char* op) {
+  before_team();  // Note [OpenMP wait default]: oneDNN may open the process's first team
   check_status(dnnl_primitive_execute(p.get(), stream().get(), a.count, a.args.data()), op,
                "execute");
   // CPU streams are in-order and synchronous for the OpenMP runtime; wait() is a no-op there but

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/threading.h"
+
 namespace accel::cpu {
 
 // Elementwise work below this many elements stays on the calling thread: forking the team costs
@@ -20,6 +22,7 @@ void parallel_for(int64_t n, int64_t grain, F&& f) {
     return;
   }
   const int64_t max_threads = std::min<int64_t>(omp_get_max_threads(), (n + grain - 1) / grain);
+  before_team();  // Note [OpenMP wait default]
 #pragma omp parallel num_threads(int(max_threads))
   {
     const int64_t nt = omp_get_num_threads();

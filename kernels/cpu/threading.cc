@@ -90,7 +90,9 @@ void start_wait_team() {
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  pthread_attr_setstacksize(&attr, 64 * 1024);
+  // The default stack size: glibc takes the static TLS of every loaded library (CUDA's runtime
+  // and cuDNN hold a lot) out of the thread's stack, so a small fixed one fails to create the
+  // thread in a CUDA build. The stack is only reserved; this thread touches a few pages.
   pthread_t t;
   if (pthread_create(&t, &attr, hold_team, reinterpret_cast<void*>(intptr_t(g_wait_extra))) != 0)
     g_wait.store(int(WaitDefault::Disabled));  // no thread: libgomp's default stays
@@ -125,7 +127,8 @@ bool wait_default_active() {
   if (wait_default() != WaitDefault::BoundedSpin) return false;
   before_team();
   // The team forms a moment after load; wait for it up to 2 s (a test or a bench asks early).
-  for (int i = 0; i < 2000 && !g_wait_active.load(); ++i)
+  for (int i = 0; i < 2000 && !g_wait_active.load() && wait_default() == WaitDefault::BoundedSpin;
+       ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return g_wait_active.load();
 }

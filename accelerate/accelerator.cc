@@ -93,8 +93,10 @@ Accelerator::Accelerator(AcceleratorConfig config)
   ctx.group = group_;
   ctx.rank = rank_;
   ctx.world_size = world_size_;
-  ctx.dp = mesh_->group("dp");  // Note [mesh support] in accelerate/accelerator_mesh.cc
-  ctx.dp_shard = mesh_->group("dp_shard");
+  // Note [mesh support] in accelerate/accelerator_mesh.cc; with cp the engine's groups take the
+  // cp ranks in (Note [context-parallel groups] in comm/device_mesh.cc).
+  ctx.dp = mesh_->group("dp_cp");
+  ctx.dp_shard = mesh_->group("dp_shard_cp");
   ctx.dp_replicate = mesh_->group("dp_replicate");
   ctx.device = device_;
   ctx.scaler = &scaler_;
@@ -302,6 +304,9 @@ std::shared_ptr<data::DataLoader> Accelerator::prepare_data_loader(
   data::DataLoaderOptions o = loader->options();
   o.rank = mesh_->coordinate("dp");  // tp ranks of one dp index read the same batches
   o.world_size = mesh_->size("dp");
+  // Context parallelism: each rank of a cp group reads the same batches and keeps its tokens.
+  const dist::SequenceSplit seq = dist::sequence_split(*mesh_);
+  o.sequence_shard = {.dim = 1, .rank = seq.rank, .size = seq.size};
   o.even_batches = config_.even_batches;
   o.split_batches = config_.split_batches;
   if (device_.is_cuda()) o.pin_memory = true;

@@ -63,6 +63,7 @@
 #include "comm/device_mesh.h"
 #include "comm/process_group.h"
 #include "core/parallelism.h"
+#include "parallel/context_parallel.h"
 #include "parallel/fsdp.h"
 #include "parallel/tensor_parallel.h"
 #include "accelerate/strategy.h"
@@ -112,7 +113,8 @@ struct AcceleratorConfig {
   // reduce_in_fp32 of dist::ZeroOptions; its other fields come from zero_stage and `ddp`).
   dist::ZeroOptions zero;
   std::chrono::milliseconds timeout = dist::kDefaultCollectiveTimeout;
-  // The device mesh (Accelerate's ParallelismConfig: dp_replicate_size, dp_shard_size, tp_size;
+  // The device mesh (Accelerate's ParallelismConfig: dp_replicate_size, dp_shard_size, cp_size,
+  // tp_size;
   // docs/parallelism.md): sizes left unset are inferred from the world size (Note [mesh sizes]
   // in core/parallelism.h), and sizes that do not fit it are a ValueError in the constructor.
   // What prepare() runs on today: Note [mesh support] in accelerate/accelerator_mesh.cc.
@@ -121,10 +123,16 @@ struct AcceleratorConfig {
   // plan: module-name patterns and their styles, parallel/tensor_parallel.h;
   // models::gpt_tp_plan() for examples/models.h's Gpt). Required then; ignored otherwise.
   dist::TpPlan tp_plan;
+  // With cp_size > 1: which modules' attention runs as ring attention over the cp group and which
+  // take token positions (parallel/context_parallel.h; models::gpt_cp_plan() for Gpt). Required
+  // then; ignored otherwise. Prepared data loaders then hand each rank its tokens (dim 1 of every
+  // batch field with more than one dimension: Note [zig-zag sequence sharding]).
+  dist::CpPlan cp_plan;
   // Override the fields above from ACCEL_STRATEGY, ACCEL_MIXED_PRECISION, ACCEL_USE_CPU,
   // ACCEL_ZERO_STAGE,
   // ACCEL_GRADIENT_ACCUMULATION_STEPS, ACCEL_PARAM_DTYPE / ACCEL_REDUCE_DTYPE (zero and fsdp),
-  // ACCEL_FSDP_* (fsdp) and ACCEL_DP_REPLICATE_SIZE / ACCEL_DP_SHARD_SIZE / ACCEL_TP_SIZE
+  // ACCEL_FSDP_* (fsdp) and ACCEL_DP_REPLICATE_SIZE / ACCEL_DP_SHARD_SIZE / ACCEL_CP_SIZE /
+  // ACCEL_TP_SIZE
   // (parallelism) when they are set (what accel-run exports; docs/launcher.md).
   bool read_env = true;
 

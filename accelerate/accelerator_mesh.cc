@@ -20,7 +20,7 @@ dist::DeviceMesh build_mesh(const AcceleratorConfig& c, const dist::DistEnv& env
   const std::optional<MeshSizes> sizes = infer_mesh_sizes(c.parallelism, env.world_size, &why);
   ACCEL_CHECK(sizes.has_value(), ValueError, "accelerator",
               "the parallelism sizes (AcceleratorConfig::parallelism, ACCEL_DP_REPLICATE_SIZE, "
-              "ACCEL_DP_SHARD_SIZE, ACCEL_TP_SIZE) do not fit ",
+              "ACCEL_DP_SHARD_SIZE, ACCEL_CP_SIZE, ACCEL_TP_SIZE) do not fit ",
               env.world_size, " processes (WORLD_SIZE): ", why);
   dist::DeviceMesh mesh = dist::parallelism_mesh(*sizes, env.rank, env.local_world_size);
   // Note [mesh placement] in comm/device_mesh.h: allowed, said once.
@@ -39,6 +39,8 @@ void check_mesh_agreement(const AcceleratorConfig& c, const dist::ProcessGroupPt
                int64_t(c.mixed_precision), false});
   v.push_back({"the tp plan (AcceleratorConfig::tp_plan)",
                int64_t(dist::plan_fingerprint(c.tp_plan)), false});
+  v.push_back({"the cp plan (AcceleratorConfig::cp_plan)",
+               int64_t(dist::plan_fingerprint(c.cp_plan)), false});
   dist::check_agreement(world, "accelerator", v);
 }
 
@@ -107,6 +109,7 @@ std::unique_ptr<dist::Strategy> compose_strategy(const AcceleratorConfig& c,
   }
   dist::ParallelOptions options;
   options.tp_plan = c.tp_plan;
+  options.cp_plan = c.cp_plan;
   const int rank = ctx.rank, size = ctx.world_size;
   return dist::compose(mesh, std::move(options), dist::make_strategy(spec, std::move(ctx)), world,
                        rank, size);

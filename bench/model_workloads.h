@@ -42,6 +42,8 @@ void run_zero_memory();
 void run_zero_checkpoint();
 // tp-memory (bench/tp_memory.cc): per-rank state and activation bytes at tp 1, 2, 4.
 void run_tp_memory();
+// cp-memory (bench/cp_memory.cc): per-rank activation peak at cp 1, 2, 4 on T = 4096 and 8192.
+void run_cp_memory();
 
 // A loopback port that was free a moment ago (bind to port 0 and read it back). Another process
 // could take it before rank 0 binds; that surfaces as a store error, never a hang.

@@ -268,6 +268,10 @@ const std::vector<Workload>& registry() {
        "parallelism): per-rank parameter + gradient + optimizer bytes, activation peak, ms per "
        "step, tp bytes per step (not in `all`; a few minutes)",
        bench::run_tp_memory, false},
+      {"cp-memory",
+       "GPT (d_model 128, 2 layers) via the Accelerator on one sequence of 4096 and 8192 tokens "
+       "at cp 1, 2, 4: per-rank activation peak, ms per step (not in `all`; a few minutes)",
+       bench::run_cp_memory, false},
   };
   return r;
 }

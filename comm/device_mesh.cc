@@ -61,6 +61,20 @@ DeviceMesh::DeviceMesh(std::vector<MeshDim> dims, int rank, int local_world_size
 }
 
 void DeviceMesh::make_groups(Named& d) {
+  // A flattened dimension over the same ranks as one made before (they differ only by dimensions
+  // of size 1: "dp_cp" and "dp" at cp 1) shares its groups, decided alike on every rank (no rank
+  // skips a collective another makes).
+  auto spanned = [&](const Named& n) {
+    std::vector<int> v;
+    for (int i : n.over)
+      if (dims_[size_t(i)].size > 1) v.push_back(i);
+    return v;
+  };
+  for (const Named& e : named_) {
+    if (d.over.size() < 2 || &e == &d || e.group == nullptr || spanned(e) != spanned(d)) continue;
+    d.group = e.group;
+    return;
+  }
   // Note [mesh groups]: every group, in order, on every rank; this rank keeps its own.
   for (const std::vector<int>& ranks : groups_of(d)) {
     ProcessGroupPtr g = factory_(ranks);
@@ -242,7 +256,12 @@ DeviceMesh parallelism_mesh(const MeshSizes& sizes, int rank, int local_world_si
   DeviceMesh mesh = factory
                         ? DeviceMesh(mesh_dims(sizes), rank, local_world_size, std::move(factory))
                         : DeviceMesh(mesh_dims(sizes), rank, local_world_size);
+  // Note [context-parallel groups]: the ranks of one cp group hold the same pieces of every model
+  // and each computes a partial gradient over its part of the sequence, so the data-parallel
+  // engine runs over dp x cp (shards over dp_shard x cp), while the loader and the seeds read "dp".
   mesh.flatten({"dp_replicate", "dp_shard"}, "dp");
+  mesh.flatten({"dp_shard", "cp"}, "dp_shard_cp");
+  mesh.flatten({"dp_replicate", "dp_shard", "cp"}, "dp_cp");
   return mesh;
 }
 

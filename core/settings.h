@@ -197,15 +197,21 @@ inline constexpr Setting kSettings[] = {
   {.yaml = "parallelism_config.parallelism_config_dp_shard_size", .flag = "--dp_shard_size",
    .env = env::kDpShardSize, .field = "AcceleratorConfig::parallelism.dp_shard_size",
    .kind = Kind::Int, .allowed = "a size >= 1: ranks one shard group spans",
-   .default_value = "the rest of the world: world / (dp_replicate_size x tp_size)",
+   .default_value = "the rest of the world: world / (dp_replicate_size x cp_size x tp_size)",
    .lo = 1, .hi = int64_t(1) << 20},  // not asked: the rest of the processes
+  {.yaml = "parallelism_config.parallelism_config_cp_size", .flag = "--cp_size",
+   .env = env::kCpSize, .field = "AcceleratorConfig::parallelism.cp_size", .kind = Kind::Int,
+   .allowed = "a size >= 1: context-parallel ranks", .default_value = "1",
+   .lo = 1, .hi = int64_t(1) << 20,
+   .question = {"Over how many processes should each sequence be split (cp_size: context "
+                "parallelism, ring attention over the program's AcceleratorConfig::cp_plan)?",
+                "distributed"}},
   {.yaml = "parallelism_config.parallelism_config_tp_size", .flag = "--tp_size",
    .env = env::kTpSize, .field = "AcceleratorConfig::parallelism.tp_size", .kind = Kind::Int,
    .allowed = "a size >= 1: tensor-parallel ranks", .default_value = "1",
    .lo = 1, .hi = int64_t(1) << 20,
    .question = {"Over how many processes should each layer be split (tp_size: tensor "
-                "parallelism with ZeRO stage 0 or 3 and the program's "
-                "AcceleratorConfig::tp_plan)?", "distributed"}},
+                "parallelism over the program's AcceleratorConfig::tp_plan)?", "distributed"}},
   {.yaml = "zero_config.zero_stage", .flag = "--zero_stage", .env = env::kZeroStage,
    .field = "AcceleratorConfig::zero_stage", .kind = Kind::Int, .allowed = "0..3",
    .default_value = "0", .lo = 0, .hi = 3,

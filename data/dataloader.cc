@@ -7,6 +7,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "autograd/ops.h"
 #include "core/error.h"
 #include "core/warning.h"
 #include "data/process_shard.h"
@@ -259,6 +260,7 @@ bool DataLoader::next(Batch& out) {
   }
   try {
     run_->take(out);
+    shard_sequence(out);
     place(out);
   } catch (...) {
     // The failed batch (fetch or device copy) is not consumed; the next begin() retries it.
@@ -287,6 +289,28 @@ void DataLoader::place(Batch& b) const {
   const Device d = *options_.device;
   for (Tensor& t : b.data.fields) {
     if (t.defined() && t.device() != d) t = t.to(d, /*non_blocking=*/true);
+  }
+}
+
+void DataLoader::shard_sequence(Batch& b) const {
+  const DataLoaderOptions::SequenceShard& sh = options_.sequence_shard;
+  if (sh.size <= 1) return;
+  const int64_t c = sh.size, d = sh.dim;
+  for (size_t i = 0; i < b.data.fields.size(); ++i) {
+    Tensor& t = b.data.fields[i];
+    if (!t.defined() || t.dim() <= d) continue;
+    const int64_t T = t.size(d);
+    ACCEL_CHECK(T % (2 * c) == 0, ShapeError, "DataLoader", "context parallelism (cp_size ", c,
+                ") splits dim ", d,
+                " of every batch field, "
+                "but field ",
+                b.data.names.size() > i ? "'" + b.data.names[i] + "'" : std::to_string(i),
+                " of shape ", t.sizes(), " has ", T,
+                " there, not divisible by 2 x cp_size = ", 2 * c,
+                " (each rank holds two chunks of the sequence)");
+    const int64_t L = T / (2 * c);
+    NoGradGuard ng;
+    t = cat({t.narrow(d, sh.rank * L, L), t.narrow(d, (2 * c - 1 - sh.rank) * L, L)}, d);
   }
 }
 

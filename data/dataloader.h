@@ -94,6 +94,16 @@ struct DataLoaderOptions {
   // Accelerator::prepare sets: Accelerate's device_placement); empty keeps batches where the
   // dataset and collate made them. See Note [Batch device placement] in dataloader.cc.
   std::optional<Device> device{};
+  // Context parallelism (parallel/context_parallel.h; Accelerator::prepare sets it at cp_size >
+  // 1): every batch tensor with a dimension `dim` keeps this rank's tokens of it, chunks `rank`
+  // and 2 size - 1 - rank of 2 size (Note [zig-zag sequence sharding]); tensors of fewer
+  // dimensions (per-sample labels) stay whole. A length not divisible by 2 size is a ShapeError
+  // naming the field. size 1: off.
+  struct SequenceShard {
+    int64_t dim = 1;
+    int rank = 0;
+    int size = 1;
+  } sequence_shard{};
 };
 
 class DataLoader {
@@ -147,8 +157,9 @@ class DataLoader {
  private:
   struct Run;
   friend class Iterator;
-  bool next(Batch& out);       // false at the end of the epoch
-  void place(Batch& b) const;  // options_.device
+  bool next(Batch& out);                // false at the end of the epoch
+  void place(Batch& b) const;           // options_.device
+  void shard_sequence(Batch& b) const;  // options_.sequence_shard
   void stop_run();
 
   DatasetPtr dataset_;

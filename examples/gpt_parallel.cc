@@ -1,14 +1,17 @@
 // gpt_parallel: the byte-level GPT of char_gpt (875,264 parameters) trained on the fortunes text
 // on a device mesh given on the command line: tensor parallelism (Megatron's layout:
 // models::gpt_tp_plan, optionally with sequence parallelism and the vocabulary-parallel loss)
-// composed with data parallelism (DDP, or ZeRO-3 over dp_shard, replicated over dp_replicate).
+// composed with context parallelism (each sequence split over the cp ranks, ring attention:
+// models::gpt_cp_plan) and data parallelism (DDP, or ZeRO-3 over dp_shard, replicated over
+// dp_replicate).
 //
 //   build/launcher/accel-run launch --num_processes 4 --cpu build/examples/gpt_parallel
 //       --tp 2 --zero-stage 3 --steps 200            # (one line) tp 2 x shard 2 (2-D)
 //   ... --num_processes 4 ... --tp 4 --sequence-parallel --loss-parallel
 //   ... --num_processes 4 ... --dp-replicate 2 --zero-stage 3   # HSDP 2 x 2, no tp
+//   ... --num_processes 4 ... --cp 2 --tp 2                     # cp 2 x tp 2
 //
-// The mesh's sizes may come from accel-run instead (--tp_size, --dp_replicate_size,
+// The mesh's sizes may come from accel-run instead (--tp_size, --cp_size, --dp_replicate_size,
 // --dp_shard_size, --zero_stage): those override these flags. docs/parallelism.md says how to
 // choose a mesh. Prints the mesh, what one rank holds, the loss every 20 steps, ms per step.
 #include <cstdio>
@@ -28,6 +31,7 @@ using namespace accel;
 
 struct MeshArgs {
   int tp = 0;            // 0: unset (accel-run's --tp_size, else 1)
+  int cp = 0;            // 0: unset (accel-run's --cp_size, else 1)
   int dp_replicate = 0;  // 0: unset
   int zero_stage = -1;   // -1: accel-run's --zero_stage, else 0 (DDP)
   bool sequence_parallel = false;
@@ -39,10 +43,12 @@ int run(const examples::Args& args, const MeshArgs& ma) {
   examples::finish_args(args);
   AcceleratorConfig cfg = examples::accelerator_config(args);
   if (ma.tp > 0) cfg.parallelism.tp_size = ma.tp;
+  if (ma.cp > 0) cfg.parallelism.cp_size = ma.cp;
   if (ma.dp_replicate > 0) cfg.parallelism.dp_replicate_size = ma.dp_replicate;
   if (ma.zero_stage >= 0) cfg.zero_stage = ma.zero_stage;
   cfg.tp_plan = models::gpt_tp_plan(
       {.sequence_parallel = ma.sequence_parallel, .loss_parallel = ma.loss_parallel});
+  cfg.cp_plan = models::gpt_cp_plan();  // used when cp_size > 1
   Accelerator acc(cfg);
   const dist::DeviceMesh& mesh = acc.mesh();
   const int tp = mesh.size("tp");
@@ -131,6 +137,11 @@ int main(int argc, char** argv) {
                "gpt_parallel");
   examples::add_common_options(app, args, /*epochs=*/false);
   app.add_option("--tp", ma.tp, "tensor-parallel size (0: accel-run's --tp_size, else 1)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--cp", ma.cp,
+                 "context-parallel size: each sequence split over cp ranks (0: accel-run's "
+                 "--cp_size, else 1)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   app.add_option("--dp-replicate", ma.dp_replicate,

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "accel.h"
+#include "parallel/context_parallel.h"
 #include "parallel/tensor_parallel.h"
 
 namespace accel::models {
@@ -172,6 +173,13 @@ inline dist::TpPlan gpt_tp_plan(GptTpOptions o = {}) {
       {"ln_f", region},
       {"head", dist::colwise({.gather_output = !o.loss_parallel, .sequence_parallel = sp})},
   };
+}
+
+// The context-parallel plan of Gpt (AcceleratorConfig::cp_plan, parallel/context_parallel.h):
+// each block's causal self-attention runs as ring attention over the cp group, and the position
+// embedding takes the global positions of this rank's tokens.
+inline dist::CpPlan gpt_cp_plan() {
+  return {{"blocks.*.attn", dist::cp_ring_attention()}, {"pos", dist::cp_position_ids()}};
 }
 
 // lm_loss of local logits (B, T, vocab / tp) from gpt_tp_plan({.loss_parallel = true}).

@@ -460,7 +460,7 @@ class SettingsReader {
   }
 
   // Note [accelerate keys accel does not implement]: Accelerate's FSDP settings without a switch
-  // in accel, and its context parallelism (inert while cp_size is 1). False: not such a key.
+  // in accel, and its context-parallel transport options. False: not such a key.
   bool read_inert(const std::string& section, const std::string& sub, const std::string& full,
                   const YAML::Node& zv) {
     if (section == "fsdp_config") {
@@ -473,15 +473,9 @@ class SettingsReader {
       return true;
     }
     if (section != "parallelism_config") return false;
-    if (sub == "parallelism_config_cp_size") {
-      if (!is_inert(zv, /*ones=*/true))
-        bad_key(where_, zv, full,
-                "'" + value_text(zv) +
-                    "' asks for context parallelism, which accel does not have; accepted only "
-                    "as 1 (or null)");
-      return true;
-    }
-    // The context-parallel options are inert while cp_size is 1, whatever their value.
+    // Accelerate's context-parallel transport options: accel's context parallelism is one
+    // algorithm (ring attention over point-to-point sends, parallel/context_parallel.h), the same
+    // attention whatever these say.
     return sub == "parallelism_config_cp_comm_strategy" || sub == "parallelism_config_cp_backend";
   }
 

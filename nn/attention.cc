@@ -1,5 +1,7 @@
 #include "nn/attention.h"
 
+#include "autograd/context_attention.h"
+
 #include <cmath>
 #include <sstream>
 
@@ -57,7 +59,14 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
     const Tensor y = scaled_dot_product_attention_packed(qkv_out, H, /*causal=*/true);
     return resid_dropout->forward((*proj)(y));
   }
-  // Dropout on the attention weights needs them materialised: the composed path.
+  // Dropout on the attention weights needs them materialised: the composed path, which cannot
+  // see the other ranks' keys under context parallelism (Note [context attention]).
+  if (const ContextAttention* ca = context_attention(); ca != nullptr) {
+    ACCEL_THROW(ValueError, "CausalSelfAttention", "attention dropout (p ", attn_dropout->p,
+                ") under ", ca->what,
+                ": the attention weights of a split sequence are never whole on one rank; "
+                "set the attention dropout to 0 or use cp_size 1");
+  }
   // (B, T, C) slice -> (B, T, H, D) -> (B, H, T, D)
   auto heads = [&](int64_t which) {
     return qkv_out.narrow(2, which * C, C).reshape({B, T, H, D}).transpose(1, 2);
@@ -249,6 +258,11 @@ std::tuple<Tensor, Tensor> MultiheadAttention::forward(const Tensor& query, cons
   const double p = is_training() ? dropout : 0.0;
   const Tensor qh = heads(q, L), kh = heads(k, S), vh = heads(v, S);
   Tensor attn, weights;  // (N, H, L, hd), (N, H, L, S)
+  if (const ContextAttention* ca = context_attention(); ca != nullptr) {
+    ACCEL_CHECK(!need_weights, ValueError, "MultiheadAttention", "need_weights under ", ca->what,
+                ": the attention weights of a split sequence are never whole on one rank; call "
+                "it with need_weights = false");
+  }
   if (!need_weights) {
     attn = scaled_dot_product_attention(qh, kh, vh, mask, p, causal, std::nullopt, gen_);
   } else {

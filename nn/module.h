@@ -349,6 +349,10 @@ class Module : public std::enable_shared_from_this<Module> {
   // At most one; an empty `wrapper` removes it. ValueError when one is set already.
   void set_call_wrapper(CallWrapper wrapper);
   bool has_call_wrapper() const { return calls_ && bool(calls_->wrapper); }
+  // Puts `outer` around the wrapper this module has (or sets it when there is none): a later
+  // parallel dimension's wrapper around an earlier one's (context parallelism's position map
+  // around tensor parallelism's sequence split). `outer`'s call runs the earlier wrapper.
+  void wrap_call(CallWrapper outer);
 
   // ---- registration (names: non-empty, no '.') ----
   // Each returns the registered object together with its entry, so that a member declared as

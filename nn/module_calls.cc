@@ -211,6 +211,22 @@ void Module::set_call_wrapper(CallWrapper wrapper) {
   labels().erase(this);
 }
 
+void Module::wrap_call(CallWrapper outer) {
+  ACCEL_CHECK(static_cast<bool>(outer), ValueError, "Module.wrap_call", type_name(),
+              ": the wrapper is empty");
+  if (!has_call_wrapper()) {
+    set_call_wrapper(std::move(outer));
+    return;
+  }
+  CallWrapper inner = calls_->wrapper;
+  calls_->wrapper = [outer = std::move(outer), inner = std::move(inner)](Module& m, Values& inputs,
+                                                                         const CallFn& call) {
+    // By value: a wrapper may keep its CallFn past the call (activation checkpointing).
+    const CallFn through_inner = [&m, inner, call](Values& in) { return inner(m, in, call); };
+    return outer(m, inputs, through_inner);
+  };
+}
+
 void Module::throw_bypassed() const {
   const std::string label = call_wrapper_label(*this);
   ACCEL_THROW(ValueError, "Module.forward", type_name(),

@@ -41,6 +41,12 @@ uint64_t plan_fingerprint(const TpPlan& plan) {
   return fingerprint(s);
 }
 
+uint64_t plan_fingerprint(const CpPlan& plan) {
+  std::string s;
+  for (const auto& [pattern, style] : plan) s += pattern + "=" + style.name() + ";";
+  return fingerprint(s);
+}
+
 namespace {
 // "ranks 0-2, 5" from ascending ranks.
 std::string rank_list(const std::vector<int>& ranks) {

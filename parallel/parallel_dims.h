@@ -10,6 +10,7 @@
 
 #include "comm/process_group.h"
 #include "core/parallelism.h"
+#include "parallel/context_parallel.h"
 #include "parallel/tensor_parallel.h"
 
 namespace accel::dist {
@@ -36,6 +37,7 @@ std::vector<AgreedValue> mesh_size_values(const ParallelismConfig& given);
 uint64_t fingerprint(std::string_view s);
 // A fingerprint of a tp plan: patterns, styles and their options in order.
 uint64_t plan_fingerprint(const TpPlan& plan);
+uint64_t plan_fingerprint(const CpPlan& plan);
 // Collective over `world` (a no-op for a world of one or a null group). DistError on every rank
 // when some value differs between ranks, naming it and the ranks holding each value.
 void check_agreement(const ProcessGroupPtr& world, const char* op,

@@ -7,6 +7,7 @@
 
 #include "autograd/ops.h"
 #include "core/error.h"
+#include "parallel/cp_step.h"
 #include "parallel/tp_step.h"
 
 namespace accel::dist {
@@ -21,7 +22,7 @@ struct SlotInfo {
 constexpr SlotInfo kSlots[] = {
     {"pp", "pp_size", "pipeline parallelism is not built yet (issue 38)"},
     {"tp", "tp_size", "tensor parallelism has no registered step"},
-    {"cp", "cp_size", "context parallelism is not built yet (issue 38)"},
+    {"cp", "cp_size", "context parallelism has no registered step"},
 };
 
 struct Registry {
@@ -35,6 +36,7 @@ Registry& registry() {
   static Registry* r = [] {
     auto* x = new Registry;  // never destroyed: steps may be registered from static objects
     x->steps.emplace("tp", [] { return make_tp_step(); });
+    x->steps.emplace("cp", [] { return make_cp_step(); });
     return x;
   }();
   return *r;
@@ -68,7 +70,9 @@ void register_apply_step(std::string_view slot, ApplyStepFactory make) {
               "register_apply_step", "slot '", slot, "' has a step already");
 }
 
-std::string_view ParallelPlan::data_parallel_dim() { return "dp"; }
+// dp x cp: the cp ranks hold whole replicas of what the model steps cut and partial gradients
+// (Note [context-parallel groups] in comm/device_mesh.cc).
+std::string_view ParallelPlan::data_parallel_dim() { return "dp_cp"; }
 
 ParallelPlan::ParallelPlan(const DeviceMesh& mesh, ParallelOptions options,
                            std::unique_ptr<ApplyStep> data_parallel)

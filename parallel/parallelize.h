@@ -21,6 +21,7 @@
 #include "comm/process_group.h"
 #include "core/tensor.h"
 #include "nn/module.h"
+#include "parallel/context_parallel.h"
 #include "parallel/placement.h"
 #include "parallel/tensor_parallel.h"
 
@@ -30,7 +31,9 @@ namespace accel::dist {
 // The only order in which parallel dimensions are applied to a model (torchtitan's parallelize):
 //   pp             split the model into stages (issue 38; no step yet)
 //   tp             cut planned Linear / Embedding parameters over the tp group (tp_step.cc)
-//   cp             context parallel attention (issue 38; no step yet)
+//   cp             ring attention over the cp group around the planned attention modules, token
+//                  positions mapped to the global ones (cp_step.cc); cuts no parameter: the cp
+//                  ranks join the data-parallel engine's group (dp x cp)
 //   data_parallel  the data-parallel engine over the ranks holding the same pieces (DDP, ZeRO 1-3,
 //                  or a program's own): accelerate/ adapts its dist::Strategy to this slot
 // A step sees ordinary local tensors from the steps before it, so every engine composes with every
@@ -43,6 +46,7 @@ inline constexpr std::string_view kApplyOrder[] = {"pp", "tp", "cp", "data_paral
 // What the steps read besides the mesh (typed: each step its own fields).
 struct ParallelOptions {
   TpPlan tp_plan;  // the tp step's plan (AcceleratorConfig::tp_plan)
+  CpPlan cp_plan;  // the cp step's plan (AcceleratorConfig::cp_plan)
 };
 
 // One prepared model and the layout of each parameter along the mesh dimensions the model steps

@@ -505,6 +505,10 @@ std::map<std::string, std::pair<nn::Module*, size_t>> match_plan(nn::Module& roo
 
 }  // namespace
 
+bool module_name_matches(const std::string& pattern, const std::string& name) {
+  return matches(split_name(pattern), split_name(name));
+}
+
 std::string TpStyle::name() const {
   switch (kind) {
     case Kind::Colwise: return "colwise";

@@ -145,6 +145,8 @@ TpStyle replicate();
 // "blocks.*.attn.qkv") and their styles, applied in order. A module matched by two patterns is a
 // ValueError.
 using TpPlan = std::vector<std::pair<std::string, TpStyle>>;
+// Whether the named_modules() name `name` matches a plan's pattern ('*': one path component).
+bool module_name_matches(const std::string& pattern, const std::string& name);
 
 // torch's parallelize_module: applies `plan` over `group` to `module` in place and returns it.
 // Each planned parameter is replaced (in place: same TensorImpl, so module members and existing

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "autograd/autocast.h"
+#include "autograd/context_attention.h"
 #include "autograd/ops/common.h"
 #include "core/sharded_random.h"
 #include "kernels/stubs/nn.h"
@@ -229,6 +230,18 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
         .reshape(out_shape);
   }
   const double sc = scale.value_or(1.0 / std::sqrt(double(D)));
+  if (const ContextAttention* ca = context_attention(); ACCEL_UNLIKELY(ca != nullptr)) {
+    // Note [context attention] in autograd/context_attention.h
+    ACCEL_CHECK(!attn_mask.defined() && dropout_p == 0.0, ValueError, op, "under ", ca->what,
+                ": ring attention takes no attn_mask and no dropout_p (got ",
+                attn_mask.defined() ? "a mask" : "no mask", ", dropout_p ", dropout_p,
+                "): each rank holds part of the sequence, and a mask or dropout over the whole "
+                "(T, S) scores cannot be applied to it");
+    ACCEL_CHECK(T == S, ValueError, op, "under ", ca->what,
+                ": ring attention is self-attention over the split sequence (T == S), got q ",
+                q.sizes(), " and k ", k.sizes());
+    return ca->attend(q, k, v, is_causal, sc);
+  }
   const bool mask_grad = attn_mask.defined() && autograd::needs_grad(attn_mask);
   if (!sdpa_fused(q) || S == 0 || dropout_p > 0 || mask_grad) {
     return sdpa_composed(q, k, v, attn_mask, is_causal, sc, dropout_p, gen);
@@ -294,7 +307,10 @@ Tensor scaled_dot_product_attention_packed(const Tensor& qkv, int64_t n_heads, b
     AutocastSuspend off;
     return scaled_dot_product_attention_packed(qkv32, n_heads, causal);
   }
-  if (!sdpa_fused(qkv) || T == 0 || ACCEL_UNLIKELY(autocast_enabled())) {
+  if (!sdpa_fused(qkv) || T == 0 || ACCEL_UNLIKELY(autocast_enabled()) ||
+      ACCEL_UNLIKELY(context_attention() != nullptr)) {
+    // The composed path, and context parallelism's ring (Note [context attention]) through the
+    // unpacked op.
     auto heads = [&](int64_t which) {
       return qkv.narrow(2, which * C, C).reshape({B, T, H, D}).transpose(1, 2);
     };
@@ -349,5 +365,20 @@ Tensor scaled_dot_product_attention_packed(const Tensor& qkv, int64_t n_heads, b
   }
   return y;
 }
+
+// ---------------- context attention (autograd/context_attention.h) ----------------
+
+namespace {
+thread_local const ContextAttention* tls_context_attention = nullptr;
+}  // namespace
+
+const ContextAttention* context_attention() { return tls_context_attention; }
+
+ContextAttentionGuard::ContextAttentionGuard(const ContextAttention* ca)
+    : saved_(tls_context_attention) {
+  tls_context_attention = ca;
+}
+
+ContextAttentionGuard::~ContextAttentionGuard() { tls_context_attention = saved_; }
 
 }  // namespace accel

@@ -1,6 +1,6 @@
 // One rank of the mesh-training tests (tests/accelerate/test_mesh_training.cc): a small GPT
 // (examples/models.h) trained in float64 through the Accelerator on the mesh and strategy of the
-// ACCEL_* variables (ACCEL_DP_REPLICATE_SIZE, ACCEL_DP_SHARD_SIZE, ACCEL_TP_SIZE,
+// ACCEL_* variables (ACCEL_DP_REPLICATE_SIZE, ACCEL_DP_SHARD_SIZE, ACCEL_TP_SIZE, ACCEL_CP_SIZE,
 // ACCEL_ZERO_STAGE, ACCEL_GRADIENT_ACCUMULATION_STEPS, ACCEL_FSDP_ACTIVATION_CHECKPOINTING), AdamW
 // with weight decay and gradient clipping, a fixed global batch that each
 // data-parallel rank takes its share of (the ranks of a tp group take the same one), so every
@@ -24,6 +24,7 @@
 // deferred: the model is built under nn::DeferredInit from the default generator (manual_seed 5)
 // and made float64 before it has values; prepare materialises it (one process: nn::materialize
 // first). Rank 0 also writes "peak <bytes during prepare> <full model bytes>".
+// no-cp-plan: AcceleratorConfig::cp_plan left empty (refused at ACCEL_CP_SIZE > 1).
 // loadall <tag>=<dir>[,<tag>=<dir>...]: instead of one run, for each checkpoint in turn
 // load_state(dir) and train until <steps>, writing <out>.<tag> as <out> is written (the
 // checkpoint matrix: tests/accelerate/test_checkpoint_matrix.cc).
@@ -74,7 +75,7 @@ int run(int argc, char** argv) {
   std::string load_dir, save_dir, export_path, import_path, load_all;
   int save_at = -1;
   bool sequence_parallel = false, f32 = false, with_dropout = false, ln_f_replicate = false,
-       use_loader = false, tied = false, uneven = false, deferred = false;
+       use_loader = false, tied = false, uneven = false, deferred = false, no_cp_plan = false;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "loadall" && i + 1 < argc) {
@@ -104,6 +105,8 @@ int run(int argc, char** argv) {
       uneven = true;
     } else if (a == "deferred") {
       deferred = true;
+    } else if (a == "no-cp-plan") {
+      no_cp_plan = true;
     } else {
       std::cerr << "mesh_worker: unexpected argument '" << a << "'\n";
       return 2;
@@ -117,12 +120,17 @@ int run(int argc, char** argv) {
   cfg.split_batches = use_loader;
   // Used only when ACCEL_TP_SIZE > 1: Megatron's layout of examples/models.h's Gpt.
   cfg.tp_plan = models::gpt_tp_plan({.sequence_parallel = sequence_parallel});
+  // Used only when ACCEL_CP_SIZE > 1: ring attention in every block, global positions.
+  if (!no_cp_plan) cfg.cp_plan = models::gpt_cp_plan();
   if (ln_f_replicate)
     for (auto& [pattern, style] : cfg.tp_plan)
       if (pattern == "ln_f") style = dist::replicate();
   Accelerator acc(cfg);
   const dist::DeviceMesh& mesh = acc.mesh();
   const int dp = mesh.size("dp"), dp_rank = mesh.coordinate("dp");
+  // The ranks of a cp group read the same rows and keep their tokens of each (a prepared loader
+  // does it itself).
+  const dist::SequenceSplit seq = dist::sequence_split(mesh);
   ACCEL_CHECK(kBatch % dp == 0, ValueError, "mesh_worker", "dp ", dp, " does not divide ", kBatch);
 
   if (with_dropout) acc.set_seed(11, /*device_specific=*/true);
@@ -165,12 +173,15 @@ int run(int argc, char** argv) {
   if (use_loader) {
     Generator g(99);
     const Tensor seqs = randint(0, c.vocab, {kSequences, kContext + 1}, TensorOptions(kInt64), &g);
+    // Inputs and targets as two fields: under cp the loader cuts both along the sequence.
+    const Tensor xs = seqs.narrow(1, 0, kContext).contiguous();
+    const Tensor ys = seqs.narrow(1, 1, kContext).contiguous();
     data::DataLoaderOptions lo;
     lo.batch_size = kBatch;
     lo.shuffle = true;
     lo.seed = 3;
     loader = acc.prepare_data_loader(std::make_shared<data::DataLoader>(
-        std::make_shared<data::TensorDataset>(std::vector<Tensor>{seqs}), lo));
+        std::make_shared<data::TensorDataset>(std::vector<Tensor>{xs, ys}), lo));
   }
   data::DataLoader::Iterator batch;  // the loader's current batch
   bool started = false;
@@ -186,12 +197,13 @@ int run(int argc, char** argv) {
       out << "peak " << int64_t(peak.item()) << " " << model_bytes << "\n";
     started = false;
     for (int s = first; s < steps; ++s) {
-      Tensor mine;
+      Tensor mine, mine_y;  // (rows, T + 1) tokens; with the loader (rows, T) inputs and targets
       if (loader) {
         // A new epoch when the last one ended (or at the start: begin() resumes mid-epoch).
         if (!started || batch == loader->end()) batch = loader->begin();
         started = true;
         mine = (*batch)[0];
+        mine_y = (*batch)[1];
         ACCEL_CHECK(mine.size(0) == per_rank, ValueError, "mesh_worker", "loader batch of ",
                     mine.size(0), " rows, expected ", per_rank);
       } else {
@@ -207,9 +219,18 @@ int run(int argc, char** argv) {
       double local = 0;
       for (int micro = 0; micro < k; ++micro) {
         auto scope = acc.accumulate();
-        const Tensor rows = mine.narrow(0, micro * (per_rank / k), per_rank / k);
-        const Tensor x = rows.narrow(1, 0, kContext).contiguous();
-        const Tensor y = rows.narrow(1, 1, kContext).contiguous();
+        const int64_t r0 = micro * (per_rank / k), nr = per_rank / k;
+        Tensor x, y;
+        if (loader) {
+          x = mine.narrow(0, r0, nr);
+          y = mine_y.narrow(0, r0, nr);
+        } else {
+          const Tensor rows = mine.narrow(0, r0, nr);
+          x = dist::cp_shard_sequence(rows.narrow(1, 0, kContext), 1, seq.rank, seq.size);
+          y = dist::cp_shard_sequence(rows.narrow(1, 1, kContext), 1, seq.rank, seq.size);
+        }
+        x = x.contiguous();
+        y = y.contiguous();
         const Tensor loss = models::lm_loss(m->forward(x), y);
         acc.backward(loss);
         if (acc.sync_gradients()) acc.clip_grad_norm_(0.5);
@@ -218,7 +239,8 @@ int run(int argc, char** argv) {
         local += loss.item() / k;
       }
       // The mean over data-parallel ranks: every rank of the world reduces, the tp ranks of one
-      // dp index hold the same loss, so the world mean is the dp mean.
+      // dp index hold the same loss, so the world mean is the dp mean; the cp ranks hold the
+      // losses of equally many tokens, so their mean is the whole sequences'.
       const Tensor mean = acc.reduce(full({1}, local, TensorOptions(kFloat64)), "mean");
       if (acc.is_main_process()) {
         std::snprintf(line, sizeof line, "loss %d %.17g\n", s, mean.item());

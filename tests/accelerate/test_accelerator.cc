@@ -610,7 +610,7 @@ TEST_CASE("parallelism: acc.mesh() of one process; sizes that do not fit are Val
   const std::string dir = fresh_dir(kScratch, "mesh");
   {
     Accelerator acc(base_config(dir));
-    CHECK(acc.mesh().describe() == "dp_replicate 1 x dp_shard 1 x tp 1");
+    CHECK(acc.mesh().describe() == "dp_replicate 1 x dp_shard 1 x cp 1 x tp 1");
     CHECK(acc.mesh().group_ranks("dp") == std::vector<int>{0});
     AcceleratorConfig ones = base_config(dir);
     ones.parallelism = {1, 1, 1};
@@ -628,8 +628,9 @@ TEST_CASE("parallelism: acc.mesh() of one process; sizes that do not fit are Val
   AcceleratorConfig tp = base_config(dir);
   tp.parallelism.tp_size = 2;
   const std::string m = refusal(tp);
-  CHECK_MESSAGE(
-      m.find("dp_replicate_size unset, dp_shard_size unset, tp_size 2") != std::string::npos, m);
+  CHECK_MESSAGE(m.find("dp_replicate_size unset, dp_shard_size unset, cp_size unset, tp_size 2") !=
+                    std::string::npos,
+                m);
   CHECK_MESSAGE(m.find("do not fit 1 processes (WORLD_SIZE)") != std::string::npos, m);
   // The same sizes from the environment (what accel-run exports).
   setenv("ACCEL_DP_REPLICATE_SIZE", "2", 1);
@@ -641,7 +642,8 @@ TEST_CASE("parallelism: acc.mesh() of one process; sizes that do not fit are Val
   CHECK(read.parallelism.dp_shard_size == std::optional<int>(3));
   CHECK(!read.parallelism.tp_size);
   const std::string e = refusal(from_env);
-  CHECK_MESSAGE(e.find("dp_replicate_size 2, dp_shard_size 3, tp_size unset") != std::string::npos,
+  CHECK_MESSAGE(e.find("dp_replicate_size 2, dp_shard_size 3, cp_size unset, tp_size unset") !=
+                    std::string::npos,
                 e);
   CHECK_MESSAGE(e.find("exceeds the world size 1") != std::string::npos, e);
   setenv("ACCEL_TP_SIZE", "0", 1);

@@ -666,7 +666,7 @@ TEST_CASE("device mesh: acc.mesh() from the environment, with groups; tp needs a
   const std::vector<Case> cases = {
       {2,
        {},
-       {"mesh dp_replicate 1 x dp_shard 2 x tp 1", "group dp_shard 0 1", "group dp 0 1",
+       {"mesh dp_replicate 1 x dp_shard 2 x cp 1 x tp 1", "group dp_shard 0 1", "group dp 0 1",
         "pg dp_shard rank 1 of 0 1", "pg dp_replicate rank 0 of 1", "pg tp rank 0 of 1",
         "sum dp_shard 2", "sum dp 2", "sum tp 1", "sum dp_replicate 1"},
        nullptr},
@@ -677,7 +677,7 @@ TEST_CASE("device mesh: acc.mesh() from the environment, with groups; tp needs a
        nullptr},
       {2,
        {{"ACCEL_TP_SIZE", "2"}},
-       {"mesh dp_replicate 1 x dp_shard 1 x tp 2", "group tp 0 1", "group dp 1", "sum tp 2",
+       {"mesh dp_replicate 1 x dp_shard 1 x cp 1 x tp 2", "group tp 0 1", "group dp 1", "sum tp 2",
         "sum dp 1"},
        "tp_size 2 splits every prepared model over its tp group, but "
        "AcceleratorConfig::tp_plan is empty",
@@ -688,9 +688,10 @@ TEST_CASE("device mesh: acc.mesh() from the environment, with groups; tp needs a
        nullptr},
       {4,
        {{"ACCEL_DP_REPLICATE_SIZE", "2"}},
-       {"mesh dp_replicate 2 x dp_shard 2 x tp 1", "group dp_replicate 1 3", "group dp_shard 0 1",
-        "group dp 0 1 2 3", "pg dp_replicate rank 0 of 1 3", "pg dp_shard rank 1 of 0 1",
-        "pg dp rank 1 of 0 1 2 3", "sum dp_replicate 2", "sum dp_shard 2", "sum dp 4"},
+       {"mesh dp_replicate 2 x dp_shard 2 x cp 1 x tp 1", "group dp_replicate 1 3",
+        "group dp_shard 0 1", "group dp 0 1 2 3", "pg dp_replicate rank 0 of 1 3",
+        "pg dp_shard rank 1 of 0 1", "pg dp rank 1 of 0 1 2 3", "sum dp_replicate 2",
+        "sum dp_shard 2", "sum dp 4"},
        nullptr},
   };
   for (const Case& c : cases) {
@@ -776,9 +777,10 @@ TEST_CASE("device mesh: acc.mesh() from the environment, with groups; tp needs a
   for (const RankResult& r : bad) {
     CHECK(r.exited);
     CHECK(r.code == 3);
-    CHECK_MESSAGE(r.output.find("dp_replicate_size unset, dp_shard_size unset, tp_size 3") !=
-                      std::string::npos,
-                  r.output);
+    CHECK_MESSAGE(
+        r.output.find("dp_replicate_size unset, dp_shard_size unset, cp_size unset, tp_size 3") !=
+            std::string::npos,
+        r.output);
     CHECK_MESSAGE(r.output.find("do not fit 2 processes (WORLD_SIZE)") != std::string::npos,
                   r.output);
   }

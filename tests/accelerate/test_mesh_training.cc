@@ -225,6 +225,59 @@ TEST_CASE("tp meshes with gradient accumulation and activation checkpointing equ
   expect_equal_to_one_process(cases, "accum");
 }
 
+// Context parallelism (parallel/context_parallel.h): each rank of a cp group holds two zig-zag
+// chunks of every sequence, attention runs as ring attention over the group, the position
+// embedding takes global positions, and the engine reduces over dp x cp. With accumulation and
+// clipping, under DDP, ZeRO-2, ZeRO-3 and tp (+ sequence parallel): the same steps as one process.
+TEST_CASE("context parallel: cp 2, cp 4, cp 2 x tp 2, cp 2 x shard 2 equal one process") {
+  const std::vector<Mesh> cases = {
+      {"cp 2 x dp 2 (DDP)", {{"ACCEL_CP_SIZE", "2"}}},
+      {"cp 4", {{"ACCEL_CP_SIZE", "4"}}},
+      {"cp 2 x tp 2 (DDP inside: dp 1)", {{"ACCEL_CP_SIZE", "2"}, {"ACCEL_TP_SIZE", "2"}}},
+      {"cp 2 x shard 2 (ZeRO-3), accumulation 2, activation checkpointing",
+       {{"ACCEL_CP_SIZE", "2"},
+        {"ACCEL_ZERO_STAGE", "3"},
+        {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "2"},
+        {"ACCEL_FSDP_ACTIVATION_CHECKPOINTING", "true"}}},
+      {"cp 2 x shard 2 (ZeRO-2)", {{"ACCEL_CP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "2"}}},
+  };
+  expect_equal_to_one_process(cases, "cp");
+  const std::vector<Mesh> sp = {
+      {"cp 2 x tp 2 + sequence parallel",
+       {{"ACCEL_CP_SIZE", "2"}, {"ACCEL_TP_SIZE", "2"}, {"ACCEL_VERIFY_PLACEMENTS", "1"}}},
+  };
+  expect_equal_to_one_process(sp, "cp-sp", {"sp"});
+}
+
+// A prepared loader hands each cp rank its tokens of the inputs and of the targets.
+TEST_CASE("context parallel: a prepared loader cuts inputs and targets along the sequence") {
+  const Run one = train("cp-loader-one", 1, {}, {"loader"});
+  const Run got = train("cp-loader", 4, {{"ACCEL_CP_SIZE", "2"}}, {"loader"});
+  const double d = max_difference(one, got, 0);
+  MESSAGE("cp 2 x dp 2 through the loader: max relative difference ", d);
+  CHECK(d <= kTolerance);
+}
+
+// Misuse is a clear error on every rank: no plan, a sequence that does not split into 2 x cp
+// chunks.
+TEST_CASE("context parallel: an empty cp_plan and an indivisible sequence are refused") {
+  auto expect = [](const std::vector<accel::test::RankResult>& res,
+                   std::vector<std::string> wants) {
+    for (const RankResult& r : res) {
+      CHECK(r.exited);
+      CHECK(r.code == 3);
+      for (const std::string& want : wants)
+        CHECK_MESSAGE(r.output.find(want) != std::string::npos, want, " in: ", r.output);
+    }
+  };
+  expect(run_world(worker(), {scratch() + "/cp-noplan.txt", "2", "no-cp-plan"}, 2,
+                   {{"ACCEL_CP_SIZE", "2"}}, 120s),
+         {"cp_size 2", "AcceleratorConfig::cp_plan is empty", "gpt_cp_plan"});
+  expect(run_world(worker(), {scratch() + "/cp-3.txt", "2", "loader"}, 3, {{"ACCEL_CP_SIZE", "3"}},
+                   120s),
+         {"[DataLoader]", "cp_size 3", "not divisible by 2 x cp_size = 6"});
+}
+
 // Mixed precision on the 2-D mesh: bf16 compute parameters with float32 master shards and
 // float32 gradient reduction (ZeRO-3's param_dtype / reduce_dtype), a float32 model: every loss
 // within 0.05 of the float64 run's, and as close as one process under the same settings.

@@ -33,9 +33,9 @@ void check_consistent(const MeshSizes& sizes, int local) {
     CAPTURE(r);
     const DeviceMesh m = mesh_of(sizes, r, local);
     const std::vector<int> c = m.coordinates(r);
-    REQUIRE(c.size() == 3);
+    REQUIRE(c.size() == 4);
     CHECK(m.rank_at(c) == r);
-    for (const char* dim : {"dp_replicate", "dp_shard", "tp", "dp"}) {
+    for (const char* dim : {"dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp"}) {
       CAPTURE(dim);
       const std::vector<int> g = m.group_ranks(dim);
       CHECK(int(g.size()) == m.size(dim));
@@ -107,11 +107,11 @@ TEST_CASE("mesh layout: world 8 on 2 machines of 4, groups of every dimension") 
 
 TEST_CASE("mesh layout: rank <-> coordinates, this rank's groups") {
   const DeviceMesh m = mesh_of({2, 2, 2}, 5);
-  CHECK(m.describe() == "dp_replicate 2 x dp_shard 2 x tp 2");
+  CHECK(m.describe() == "dp_replicate 2 x dp_shard 2 x cp 1 x tp 2");
   CHECK(m.rank() == 5);
-  CHECK(m.coordinates(5) == std::vector<int>{1, 0, 1});
-  CHECK(m.rank_at({1, 0, 1}) == 5);
-  CHECK(m.rank_at({0, 1, 1}) == 3);
+  CHECK(m.coordinates(5) == std::vector<int>{1, 0, 0, 1});
+  CHECK(m.rank_at({1, 0, 0, 1}) == 5);
+  CHECK(m.rank_at({0, 1, 0, 1}) == 3);
   CHECK(m.coordinate("dp_replicate") == 1);
   CHECK(m.coordinate("dp_shard") == 0);
   CHECK(m.coordinate("tp") == 1);
@@ -123,10 +123,26 @@ TEST_CASE("mesh layout: rank <-> coordinates, this rank's groups") {
   CHECK(m.group_ranks("tp", 2) == std::vector<int>{2, 3});
   // Odd sizes: world 12 = 3 x 2 x 2, tp innermost.
   const DeviceMesh odd = mesh_of({3, 2, 2}, 11, 12);
-  CHECK(odd.coordinates(11) == std::vector<int>{2, 1, 1});
+  CHECK(odd.coordinates(11) == std::vector<int>{2, 1, 0, 1});
   CHECK(odd.group_ranks("dp_replicate") == std::vector<int>{3, 7, 11});
   check_consistent({3, 2, 2}, 12);
   check_consistent({1, 3, 4}, 4);
+}
+
+// Note [context-parallel groups] in comm/device_mesh.cc: the engine's groups take the cp ranks in.
+TEST_CASE("mesh with cp: dp_cp and dp_shard_cp span the cp ranks, dp does not") {
+  MeshSizes sizes;
+  sizes.dp_replicate = 2;
+  sizes.dp_shard = 2;
+  sizes.cp = 2;
+  const DeviceMesh m = mesh_of(sizes, 5, 8);
+  CHECK(m.describe() == "dp_replicate 2 x dp_shard 2 x cp 2 x tp 1");
+  CHECK(m.coordinates(5) == std::vector<int>{1, 0, 1, 0});
+  CHECK(m.group_ranks("cp") == std::vector<int>{4, 5});
+  CHECK(m.group_ranks("dp") == std::vector<int>{1, 3, 5, 7});
+  CHECK(m.group_ranks("dp_shard_cp") == std::vector<int>{4, 5, 6, 7});
+  CHECK(m.group_ranks("dp_cp") == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});
+  check_consistent(sizes, 8);
 }
 
 TEST_CASE("mesh flatten: torch's mesh[dims]._flatten(), named or joined") {
@@ -138,7 +154,7 @@ TEST_CASE("mesh flatten: torch's mesh[dims]._flatten(), named or joined") {
   CHECK(m.coordinate("dp_shard_tp") == 2);      // rank 6: shard 1, tp 0
   m.flatten({"dp_replicate", "tp"}, "rep_tp");  // need not be adjacent
   CHECK(m.groups("rep_tp") == Groups{{0, 1, 4, 5}, {2, 3, 6, 7}});
-  CHECK(m.dims().size() == 3);  // flattened dimensions are not among dims()
+  CHECK(m.dims().size() == 4);  // flattened dimensions are not among dims()
   auto fails = [&](const std::vector<std::string>& dims, const std::string& name,
                    const char* want) {
     CAPTURE(want);
@@ -193,7 +209,7 @@ TEST_CASE("mesh placement: groups that need not span machines are warned about, 
   const std::string wb = b.placement_warnings()[0];
   CHECK_MESSAGE(wb.find("the tp groups") != std::string::npos, wb);
   CHECK_MESSAGE(wb.find("ranks {3,4,5} on machines 0 to 1") != std::string::npos, wb);
-  // Both at once: dp_shard 2 x tp 4 on machines of 2 with 2 replicas.
+  // Both at once: dp_shard 2 x cp 1 x tp 4 on machines of 2 with 2 replicas.
   CHECK(mesh_of({2, 2, 4}, 0, 2).placement_warnings().size() == 2);
   // Nothing outside to swap with: tp 8 over two machines, or ZeRO over all of them.
   CHECK(mesh_of({1, 1, 8}, 0, 4).placement_warnings().empty());
@@ -237,13 +253,16 @@ TEST_CASE("mesh groups: the factory sees every group of every dimension in order
   };
   DeviceMesh m = accel::dist::parallelism_mesh({2, 2, 2}, me, 4, factory);
   CHECK(m.has_groups());
-  // dp_replicate, dp_shard, tp, then the flattened dp, each group in order, on every rank alike.
+  // dp_replicate, dp_shard, cp, tp, then the flattened dp, each group in order, on every rank
+  // alike; dp_shard_cp and dp_cp span the ranks of dp_shard and dp at cp 1 and share their groups.
   Groups want;
-  for (const char* dim : {"dp_replicate", "dp_shard", "tp", "dp"})
+  for (const char* dim : {"dp_replicate", "dp_shard", "cp", "tp", "dp"})
     for (const auto& g : m.groups(dim)) want.push_back(g);
   CHECK(calls == want);
-  CHECK(calls.size() == 4 + 4 + 4 + 2);
-  for (const char* dim : {"dp_replicate", "dp_shard", "tp", "dp"}) {
+  CHECK(calls.size() == 4 + 4 + 8 + 4 + 2);
+  CHECK(m.group("dp_shard_cp") == m.group("dp_shard"));
+  CHECK(m.group("dp_cp") == m.group("dp"));
+  for (const char* dim : {"dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp"}) {
     CAPTURE(dim);
     const auto* g = dynamic_cast<const FakeGroup*>(m.group(dim).get());
     REQUIRE(g != nullptr);
@@ -305,14 +324,16 @@ TEST_CASE("mesh sizes: unset sizes are inferred, wrong products name every size 
   const std::vector<Bad> bad = {
       {{2, 2, 2},
        4,
-       {"dp_replicate_size 2, dp_shard_size 2, tp_size 2", "= 8 is not the world size 4"}},
+       {"dp_replicate_size 2, dp_shard_size 2, cp_size unset, tp_size 2",
+        "= 8 is not the world size 4"}},
       {{std::nullopt, 4, std::nullopt},
        8,
-       {"dp_replicate_size unset, dp_shard_size 4, tp_size unset", "= 4 is not the world size 8"}},
+       {"dp_replicate_size unset, dp_shard_size 4, cp_size unset, tp_size unset",
+        "= 4 is not the world size 8"}},
       {{3, std::nullopt, std::nullopt},
        8,
-       {"dp_replicate_size 3, dp_shard_size unset, tp_size unset", "world size 8",
-        "dp_replicate_size x tp_size = 3 does not divide it"}},
+       {"dp_replicate_size 3, dp_shard_size unset, cp_size unset, tp_size unset", "world size 8",
+        "dp_replicate_size x cp_size x tp_size = 3 does not divide it"}},
       {{2, std::nullopt, 3}, 8, {"tp_size 3", "= 6 does not divide it"}},
       {{0, std::nullopt, std::nullopt}, 8, {"must be >= 1", "dp_replicate_size 0"}},
       {{std::nullopt, std::nullopt, -2}, 8, {"must be >= 1", "tp_size -2"}},

@@ -258,9 +258,20 @@ TEST_CASE("parallelism_config: Accelerate's keys, and sizes that do not fit the 
   CHECK(env.at("ACCEL_TP_SIZE") == "2");
   CHECK(env.count("ACCEL_DP_SHARD_SIZE") == 0);  // inferred by the Accelerator itself
 
-  CHECK(config_error("parallelism_config:\n  parallelism_config_cp_size: 2\n")
-            .find("'parallelism_config.parallelism_config_cp_size': '2' asks for context "
-                  "parallelism") != std::string::npos);
+  // Context parallelism is a size like the others (parallel/context_parallel.h).
+  {
+    const al::LaunchConfig cp = al::parse_config(
+        "num_processes: 4\nparallelism_config:\n  parallelism_config_cp_size: 2\n", "cp.yaml");
+    CHECK(cp.get_int("--cp_size") == std::optional<int>(2));
+    const al::EnvMap cp_env = al::worker_env(
+        [&] {
+          al::LaunchPlan q = al::resolve_plan(cp, {}, {}, 0);
+          q.master_port = 1234;
+          return q;
+        }(),
+        0, 0);
+    CHECK(cp_env.at("ACCEL_CP_SIZE") == "2");
+  }
   CHECK(config_error("parallelism_config:\n  tp_size: 2\n")
             .find("'parallelism_config.tp_size': unknown key") != std::string::npos);
   CHECK(config_error("parallelism_config: 2\n").find("expected a mapping") != std::string::npos);
@@ -284,13 +295,15 @@ TEST_CASE("parallelism_config: Accelerate's keys, and sizes that do not fit the 
   const std::string m6 = refused(c, six);
   CHECK_MESSAGE(m6.find("[launch]") == 0, m6);
   CHECK_MESSAGE(m6.find("does not fit 6 processes") != std::string::npos, m6);
-  CHECK_MESSAGE(m6.find("dp_replicate_size 2, dp_shard_size unset, tp_size 2") != std::string::npos,
+  CHECK_MESSAGE(m6.find("dp_replicate_size 2, dp_shard_size unset, cp_size 1, tp_size 2") !=
+                    std::string::npos,
                 m6);
   al::LaunchFlags sizes;  // flags over the file's sizes, one by one
   al::set_setting_flag(sizes, "--dp_shard_size", "3");
   const std::string m3 = refused(c, sizes);
-  CHECK_MESSAGE(m3.find("dp_replicate_size 2, dp_shard_size 3, tp_size 2") != std::string::npos,
-                m3);
+  CHECK_MESSAGE(
+      m3.find("dp_replicate_size 2, dp_shard_size 3, cp_size 1, tp_size 2") != std::string::npos,
+      m3);
   CHECK_MESSAGE(m3.find("= 12 is not the world size 8") != std::string::npos, m3);
   al::set_setting_flag(sizes, "--dp_shard_size", "2");
   const al::LaunchPlan ok = al::resolve_plan(c, sizes, {}, 0);

@@ -109,14 +109,15 @@ void run_rank() {
 }
 
 void run_parent() {
-  std::printf("# cp-memory: GPT d_model 128, 2 layers, 4 heads, one sequence of T tokens per "
-              "step; each cp rank holds T / cp of them\n");
+  std::printf(
+      "# cp-memory: GPT d_model 128, 2 layers, 4 heads, one sequence of T tokens per "
+      "step; each cp rank holds T / cp of them\n");
   std::map<std::pair<int, int>, double> act;  // (T, cp) -> activation peak
   for (int T : {4096, 8192}) {
     for (int cp : {1, 2, 4}) {
-      const std::vector<Fields> ranks = run_ranks(
-          kOp, cp, {{kCpEnv, std::to_string(cp)}, {kTEnv, std::to_string(T)}}, kOutEnv,
-          kRankTimeoutS, "cp " + std::to_string(cp) + " T " + std::to_string(T));
+      const std::vector<Fields> ranks =
+          run_ranks(kOp, cp, {{kCpEnv, std::to_string(cp)}, {kTEnv, std::to_string(T)}}, kOutEnv,
+                    kRankTimeoutS, "cp " + std::to_string(cp) + " T " + std::to_string(T));
       double peak = 0, msv = 0;
       for (size_t r = 0; r < ranks.size(); ++r) {
         const std::string who = "rank " + std::to_string(r);
@@ -124,17 +125,19 @@ void run_parent() {
         msv = std::max(msv, number(ranks[r], "ms_step", who, kOp));
       }
       act[{T, cp}] = peak;
-      std::printf("workload=cp-memory T=%d cp=%d act_peak_mb=%.1f act_over_cp1=%.3f ms_step=%.1f "
-                  "loss=%.4f\n",
-                  T, cp, peak, peak / act[{T, 1}], msv, number(ranks[0], "loss", "rank 0", kOp));
+      std::printf(
+          "workload=cp-memory T=%d cp=%d act_peak_mb=%.1f act_over_cp1=%.3f ms_step=%.1f "
+          "loss=%.4f\n",
+          T, cp, peak, peak / act[{T, 1}], msv, number(ranks[0], "loss", "rank 0", kOp));
       std::fflush(stdout);
     }
   }
   for (int T : {4096, 8192}) {
     const double r = act[{T, 4}] / act[{T, 1}];
-    std::printf("workload=cp-memory check=activations T=%d cp=4 act_over_cp1=%.3f "
-                "target_max=0.35 result=%s\n",
-                T, r, r <= 0.35 ? "PASS" : "FAIL");
+    std::printf(
+        "workload=cp-memory check=activations T=%d cp=4 act_over_cp1=%.3f "
+        "target_max=0.35 result=%s\n",
+        T, r, r <= 0.35 ? "PASS" : "FAIL");
   }
 }
 

@@ -95,8 +95,7 @@ void merge(Tensor& acc, Tensor& acc_lse, int64_t r0, const Tensor& out_b, const 
   Tensor o = acc.narrow(2, r0, n), l = acc_lse.narrow(2, r0, n);
   const Tensor m = maximum(l, lse_b);
   const Tensor lse = m + log(exp(l - m) + exp(lse_b - m));
-  const Tensor merged =
-      o * exp(l - lse).unsqueeze(-1) + out_b * exp(lse_b - lse).unsqueeze(-1);
+  const Tensor merged = o * exp(l - lse).unsqueeze(-1) + out_b * exp(lse_b - lse).unsqueeze(-1);
   o.copy_(merged);
   l.copy_(lse);
 }
@@ -110,11 +109,9 @@ void block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const 
   if (fused_backward(q)) {
     const TensorOptions o(q.dtype(), q.device());
     Tensor gq = empty(q.sizes(), o), gk = empty(k.sizes(), o), gv = empty(v.sizes(), o);
-    const Tensor l = lse.dtype() == acc_dtype(q.dtype()) && q.dtype() != kBFloat16
-                         ? lse.contiguous()
-                         : lse.to(q.dtype() == kBFloat16 ? kFloat32 : q.dtype()).contiguous();
-    sdpa_backward_stub(q.device(), dout, q, k, v, Tensor(), out, l, Tensor(), scale, causal, gq, gk,
-                       gv);
+    // lse in the accumulation dtype is what the CPU kernel reads (float32 for bf16 q).
+    sdpa_backward_stub(q.device(), dout, q, k, v, Tensor(), out, lse.contiguous(), Tensor(), scale,
+                       causal, gq, gk, gv);
     dq = gq.to(at);
     dk = gk.to(at);
     dv = gv.to(at);
@@ -124,9 +121,9 @@ void block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const 
   Tensor s = matmul(qa, ka.transpose(-2, -1)).mul(scale);
   const int64_t n = q.size(2), S = k.size(2);
   if (causal) s = masked_fill(s, future(n, S, q.device()), -INFINITY);
-  const Tensor p = exp(s - lse.to(at).unsqueeze(-1));                // (B, H, n, S)
-  const Tensor dp = matmul(doa, va.transpose(-2, -1));               // (B, H, n, S)
-  const Tensor delta = sum(doa * oa, {-1}, /*keepdim=*/true);        // (B, H, n, 1)
+  const Tensor p = exp(s - lse.to(at).unsqueeze(-1));          // (B, H, n, S)
+  const Tensor dp = matmul(doa, va.transpose(-2, -1));         // (B, H, n, S)
+  const Tensor delta = sum(doa * oa, {-1}, /*keepdim=*/true);  // (B, H, n, 1)
   const Tensor ds = p * (dp - delta);
   dq = matmul(ds, ka).mul(scale);
   dk = matmul(ds.transpose(-2, -1), qa).mul(scale);
@@ -148,12 +145,39 @@ Block block_of(int rank, int src, int64_t L, bool causal) {
 }
 
 // Posts the exchange of `tensors` around the ring: each to rank + 1, the same from rank - 1 into
-// fresh buffers. Returns the buffers and the works to wait on.
+// fresh buffers. Returns the buffers and the works to wait on. One left unwaited (the block
+// between threw) is waited for on destruction, errors dropped, so that no transfer outlives the
+// buffers it writes into (each work has the group's timeout).
 struct Exchange {
   std::vector<Tensor> in;
   std::vector<WorkPtr> works;
+  Exchange() = default;
+  Exchange(Exchange&& o) noexcept : in(std::move(o.in)), works(std::move(o.works)) {
+    o.works.clear();
+  }
+  Exchange& operator=(Exchange&& o) noexcept {
+    drain();
+    in = std::move(o.in);
+    works = std::move(o.works);
+    o.works.clear();
+    return *this;
+  }
+  Exchange(const Exchange&) = delete;
+  Exchange& operator=(const Exchange&) = delete;
+  ~Exchange() { drain(); }
   void wait() {
     for (const WorkPtr& w : works) w->wait();
+    works.clear();
+  }
+
+ private:
+  void drain() noexcept {
+    for (const WorkPtr& w : works) {
+      try {
+        w->wait();
+      } catch (...) {  // the error that unwinds is the caller's
+      }
+    }
     works.clear();
   }
 };
@@ -163,8 +187,8 @@ Exchange post_shift(const std::vector<Tensor>& tensors, ProcessGroup& g, int tag
   const int next = (r + 1) % c, prev = (r - 1 + c) % c;
   Exchange e;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    e.in.push_back(empty(tensors[i].sizes(), TensorOptions(tensors[i].dtype(),
-                                                           tensors[i].device())));
+    e.in.push_back(
+        empty(tensors[i].sizes(), TensorOptions(tensors[i].dtype(), tensors[i].device())));
     e.works.push_back(g.recv_async(e.in.back(), prev, tag0 + int(i)));
   }
   for (size_t i = 0; i < tensors.size(); ++i)
@@ -224,10 +248,9 @@ std::vector<Tensor> ring_backward(const Tensor& dout, const Saved& sv, bool caus
     if (s + 1 < c) next = post_shift({kc, vc}, g, kTagBackward);
     const Block b = block_of(r, src, L, causal);
     Tensor gq, gk, gv;
-    block_backward(dout.narrow(2, b.r0, b.nq), sv.q.narrow(2, b.r0, b.nq),
-                   kc.narrow(2, b.k0, b.nk), vc.narrow(2, b.k0, b.nk),
-                   sv.out.narrow(2, b.r0, b.nq), sv.lse.narrow(2, b.r0, b.nq), b.causal, scale, gq,
-                   gk, gv);
+    block_backward(dout.narrow(2, b.r0, b.nq), sv.q.narrow(2, b.r0, b.nq), kc.narrow(2, b.k0, b.nk),
+                   vc.narrow(2, b.k0, b.nk), sv.out.narrow(2, b.r0, b.nq),
+                   sv.lse.narrow(2, b.r0, b.nq), b.causal, scale, gq, gk, gv);
     dq.narrow(2, b.r0, b.nq).add_(gq);
     dk.narrow(2, b.k0, b.nk).add_(gk);
     dv.narrow(2, b.k0, b.nk).add_(gv);
@@ -281,9 +304,8 @@ Tensor cp_shard_sequence(const Tensor& x, int64_t dim, int rank, int size) {
   check_group_size(rank, size, op);
   dim = wrap_dim(x, dim, op);
   const int64_t T = x.size(dim);
-  ACCEL_CHECK(T % (2 * int64_t(size)) == 0, ShapeError, op, "the sequence (dim ", dim,
-              " of shape ", x.sizes(), ") has ", T,
-              " tokens, not divisible by 2 x cp_size = ", 2 * size,
+  ACCEL_CHECK(T % (2 * int64_t(size)) == 0, ShapeError, op, "the sequence (dim ", dim, " of shape ",
+              x.sizes(), ") has ", T, " tokens, not divisible by 2 x cp_size = ", 2 * size,
               " (Note [zig-zag sequence sharding]: each rank holds two chunks of T / (2 cp))");
   if (size == 1) return x;
   const int64_t L = T / (2 * size);
@@ -320,11 +342,12 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool ca
   ACCEL_CHECK(q.defined() && k.defined() && v.defined(), ValueError, op, "q, k or v is undefined");
   ACCEL_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == q.sizes() &&
                   v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
-              ShapeError, op, "expected q, k (B, H, T, D) and v (B, H, T, Dv) of one sequence, got ",
-              q.sizes(), ", ", k.sizes(), ", ", v.sizes());
-  ACCEL_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && is_floating(q.dtype()), DTypeError,
-              op, "q, k, v must share one floating dtype, got ", q.dtype(), ", ", k.dtype(), ", ",
-              v.dtype());
+              ShapeError, op,
+              "expected q, k (B, H, T, D) and v (B, H, T, Dv) of one sequence, got ", q.sizes(),
+              ", ", k.sizes(), ", ", v.sizes());
+  ACCEL_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && is_floating(q.dtype()),
+              DTypeError, op, "q, k, v must share one floating dtype, got ", q.dtype(), ", ",
+              k.dtype(), ", ", v.dtype());
   ACCEL_CHECK(q.device() == k.device() && q.device() == v.device(), DeviceError, op,
               "q, k, v are on ", q.device(), ", ", k.device(), ", ", v.device());
   if (!group || group->size() == 1) {

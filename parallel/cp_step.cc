@@ -90,7 +90,9 @@ class CpStep final : public ApplyStep {
         auto ca = std::make_shared<ContextAttention>();
         ca->what = "context parallelism (cp " + std::to_string(cp) + ") in '" + name + "'";
         ca->attend = [group](const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                             double scale) { return ring_attention(q, k, v, causal, scale, group); };
+                             double scale) {
+          return ring_attention(q, k, v, causal, scale, group);
+        };
         m.wrap_call([ca](nn::Module&, nn::Values& in, const nn::CallFn& call) {
           ContextAttentionGuard scope(ca.get());
           return call(in);

@@ -64,7 +64,17 @@ void cross_entropy_kernel(const Tensor& logits, const Tensor& target, int64_t ig
       const I* tp = static_cast<const I*>(target.data_ptr());
       const int64_t n_valid = check_targets(tp, rows, classes, ignore_index, op);
       const T* xp = static_cast<const T*>(logits.data_ptr());
-      T* lp = static_cast<T*>(loss.data_ptr());
+      // Losses in T, or in A for 16-bit logits under autocast (Note [autocast cross-entropy]).
+      const bool acc_out = loss.dtype() != logits.dtype();
+      T* lp = acc_out ? nullptr : static_cast<T*>(loss.data_ptr());
+      A* la = acc_out ? loss.data<A>() : nullptr;
+      auto put = [&](int64_t r, A v) {
+        if (acc_out) {
+          la[r] = v;
+        } else {
+          lp[r] = cast<T>(v);
+        }
+      };
       A* sp = lse.data<A>();
       const A ls = A(label_smoothing), inv_c = A(1) / A(classes);
       parallel_for(rows, row_grain(classes), [&](int64_t b, int64_t e) {
@@ -75,15 +85,19 @@ void cross_entropy_kernel(const Tensor& logits, const Tensor& target, int64_t ig
           sp[r] = l;
           const int64_t t = int64_t(tp[r]);
           if (t == ignore_index) {
-            lp[r] = cast<T>(A(0));
+            put(r, A(0));
             continue;
           }
           A v = l - cast<A>(xr[t]);
           if (ls != A(0)) v = (A(1) - ls) * v + ls * (l - row_sum(xr, classes) * inv_c);
-          lp[r] = cast<T>(v);
+          put(r, v);
         }
       });
-      *static_cast<T*>(valid.data_ptr()) = cast<T>(A(n_valid));
+      if (acc_out) {
+        *valid.data<A>() = A(n_valid);
+      } else {
+        *static_cast<T*>(valid.data_ptr()) = cast<T>(A(n_valid));
+      }
     });
   });
 }
@@ -97,7 +111,10 @@ void cross_entropy_backward_kernel(const Tensor& grad, const Tensor& logits, con
     ACCEL_DISPATCH_INDEX(target.dtype(), "cross_entropy_backward", [&]<typename I>() {
       const I* tp = static_cast<const I*>(target.data_ptr());
       const T* xp = static_cast<const T*>(logits.data_ptr());
-      const T* gp = static_cast<const T*>(grad.data_ptr());
+      // The row gradients in T, or in A (Note [autocast cross-entropy]).
+      const bool acc_grad = grad.dtype() != logits.dtype();
+      const T* gp = acc_grad ? nullptr : static_cast<const T*>(grad.data_ptr());
+      const A* ga = acc_grad ? grad.data<A>() : nullptr;
       const bool per_row = grad.numel() != 1;
       const A* sp = lse.data<A>();
       T* dp = static_cast<T*>(dlogits.data_ptr());
@@ -111,7 +128,7 @@ void cross_entropy_backward_kernel(const Tensor& grad, const Tensor& logits, con
             continue;
           }
           const T* xr = xp + r * classes;
-          const A g = cast<A>(gp[per_row ? r : 0]);
+          const A g = acc_grad ? ga[per_row ? r : 0] : cast<A>(gp[per_row ? r : 0]);
           const A l = sp[r];
           cross_entropy_grad_row(xr, classes, t, g, l, ls, smooth, dr);
         }

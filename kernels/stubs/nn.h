@@ -45,13 +45,15 @@ ACCEL_DECLARE_STUB(rms_norm_backward_stub,
 // logits: (R, C); target: (R) int32/int64. Per row r with t = target[r] != ignore_index:
 //   loss[r] = (1 - ls) * (lse[r] - logits[r, t]) + ls * (lse[r] - mean_c logits[r, c])
 // and loss[r] = 0 for ignored rows. lse: (R) log-sum-exp in the accumulation dtype; valid: one
-// element (logits' dtype) = number of rows not ignored. A target outside [0, C) that is not
-// ignore_index throws IndexError naming `op`.
+// element = number of rows not ignored. loss and valid are in the logits' dtype or (the CPU's
+// autocast route for 16-bit logits, Note [autocast cross-entropy]) in the accumulation dtype. A
+// target outside [0, C) that is not ignore_index throws IndexError naming `op`.
 ACCEL_DECLARE_STUB(cross_entropy_stub,
                    void (*)(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                             double label_smoothing, const char* op, Tensor& loss, Tensor& lse,
                             Tensor& valid));
-// grad: one element (broadcast to every row) or (R). dlogits: (R, C), overwritten with
+// grad: one element (broadcast to every row) or (R), in the logits' dtype or the accumulation
+// dtype (the CPU's autocast route). dlogits: (R, C), the logits' dtype, overwritten with
 //   grad[r] * (softmax(logits[r]) - (1 - ls) * onehot(t) - ls / C), zero for ignored rows.
 ACCEL_DECLARE_STUB(cross_entropy_backward_stub,
                    void (*)(const Tensor& grad, const Tensor& logits, const Tensor& target,

@@ -25,6 +25,7 @@
 #include "tests/common/tensors.h"
 
 using namespace accel;
+using accel::test::max_abs_diff;
 using accel::test::rel_max_diff;
 
 namespace {
@@ -151,6 +152,41 @@ TEST_CASE("autocast: softmax and losses run in float32 on bf16/fp16 inputs, norm
   // fp16 inputs likewise.
   Tensor h = x32.to(kFloat16);
   CHECK(softmax(h, 1).dtype() == kFloat32);
+}
+
+// Note [autocast cross-entropy]: on the CPU the kernel reads the bf16 logits as they are (no
+// float32 copy); the losses are float32 and equal the float32 op's on the same values, the
+// gradient is the upcast route's (float32, then rounded to bf16 once).
+TEST_CASE("autocast: cross_entropy reads bf16 logits in float32, float32 losses, same gradient") {
+  Generator g(5);
+  const Tensor x32 = randn({70, 300}, {}, &g).mul(3.0);
+  Tensor target = randint(0, 300, {70}, TensorOptions(kInt64), &g);
+  target.data<int64_t>()[3] = -100;  // an ignored row
+  for (Reduction r : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
+    for (double ls : {0.0, 0.1}) {
+      CAPTURE(int(r));
+      CAPTURE(ls);
+      const Tensor x = x32.to(kBFloat16).requires_grad_(true);
+      const Tensor xf = x.detach().to(kFloat32).requires_grad_(true);
+      const Tensor w = randn(r == Reduction::None ? Shape{70} : Shape{}, {}, &g);
+      Tensor got;
+      {
+        AutocastGuard ac(true, kBFloat16);
+        got = cross_entropy(x, target, -100, r, ls);
+      }
+      const Tensor want = cross_entropy(xf, target, -100, r, ls);
+      CHECK(got.dtype() == kFloat32);
+      CHECK(max_abs_diff(got, want) <= 1e-6 * (1 + max_abs_diff(want, zeros_like(want))));
+      sum(got * w).backward();
+      sum(want * w).backward();
+      REQUIRE(x.grad().defined());
+      CHECK(x.grad().dtype() == kBFloat16);
+      // The same float32 gradient rounded to bf16: at most one bf16 step apart where a float32
+      // rounding of the two formulas differs.
+      const Tensor a = x.grad().to(kFloat32), b = xf.grad().to(kBFloat16).to(kFloat32);
+      CHECK(max_abs_diff(a, b) <= 1.0 / 128 * (1e-3 + max_abs_diff(b, zeros_like(b))));
+    }
+  }
 }
 
 TEST_CASE("autocast: attention is matmul-class on CPU under bf16 (fused bf16 kernel, bf16 out)") {

@@ -50,11 +50,7 @@ struct LoggingStep : dist::ApplyStep {
 };
 
 TEST_CASE("parallelize: a dimension without a step is refused by its setting; steps run in order") {
-  // cp has no step (issue 38): a mesh with cp 2 is a ValueError naming the setting.
-  const dist::DeviceMesh cp({{"dp", 1}, {"cp", 2}}, 0, 1);
-  CHECK_THROWS_WITH_AS(
-      dist::ParallelPlan(cp, {}, std::make_unique<LoggingStep>("data_parallel")),
-      doctest::Contains("cp_size 2: context parallelism is not built yet (issue 38)"), ValueError);
+  // pp has no step (issue 38): a mesh with pp 2 is a ValueError naming the setting.
   const dist::DeviceMesh pp({{"pp", 2}}, 0, 1);
   CHECK_THROWS_WITH_AS(
       dist::ParallelPlan(pp, {}, std::make_unique<LoggingStep>("data_parallel")),
@@ -66,7 +62,17 @@ TEST_CASE("parallelize: a dimension without a step is refused by its setting; st
   CHECK_THROWS_WITH_AS(
       dist::register_apply_step("tp", [] { return std::make_unique<LoggingStep>("tp"); }),
       doctest::Contains("has a step already"), ValueError);
+  // cp is built in too (parallel/cp_step.cc); it cuts no parameter, so only tp is a model dim.
+  CHECK_THROWS_WITH_AS(
+      dist::register_apply_step("cp", [] { return std::make_unique<LoggingStep>("cp"); }),
+      doctest::Contains("has a step already"), ValueError);
   CHECK(dist::registered_model_dims() == std::vector<std::string>{"tp"});
+  {
+    // A cp 2 mesh takes the cp step (active), which records no cut dimension.
+    const dist::DeviceMesh cp({{"dp", 1}, {"cp", 2}}, 0, 1);
+    dist::ParallelPlan with_cp(cp, {}, std::make_unique<LoggingStep>("data_parallel"));
+    CHECK(with_cp.cut_dims().empty());
+  }
   // A registered pp step runs first: every check, then every apply, in kApplyOrder (the tp step
   // is inactive on a mesh without tp > 1; the data-parallel step is last).
   dist::register_apply_step("pp", [] { return std::make_unique<LoggingStep>("pp"); });

@@ -29,10 +29,10 @@ using accel::test::max_abs_diff;
 
 namespace {
 
-#define EXPECT_CLOSE(a, b, tol, what)                                                              \
-  do {                                                                                             \
-    const double d_ = max_abs_diff((a).to(kFloat64), (b).to(kFloat64));                           \
-    WCHECK(d_ <= (tol), what << ": max difference " << d_);                                        \
+#define EXPECT_CLOSE(a, b, tol, what)                                   \
+  do {                                                                  \
+    const double d_ = max_abs_diff((a).to(kFloat64), (b).to(kFloat64)); \
+    WCHECK(d_ <= (tol), what << ": max difference " << d_);             \
   } while (0)
 
 template <typename Fn>
@@ -45,10 +45,10 @@ std::string error_of(Fn&& fn) {
   return "(no error)";
 }
 
-#define EXPECT_ERROR(expr, want)                                                                   \
-  do {                                                                                             \
-    const std::string e_ = error_of([&] { (void)(expr); });                                        \
-    WCHECK(e_.find(want) != std::string::npos, "expected '" << want << "' in: " << e_);            \
+#define EXPECT_ERROR(expr, want)                                                        \
+  do {                                                                                  \
+    const std::string e_ = error_of([&] { (void)(expr); });                             \
+    WCHECK(e_.find(want) != std::string::npos, "expected '" << want << "' in: " << e_); \
   } while (0)
 
 Tensor rnd(const Shape& s, DType dt, uint64_t seed) {
@@ -64,9 +64,9 @@ void scenario_ring(const ProcessGroupPtr& world) {
     bool causal, composed;
     double tol;
   };
-  const Case cases[] = {{kFloat64, true, false, 1e-12},  {kFloat64, false, false, 1e-12},
-                        {kFloat64, true, true, 1e-12},   {kFloat64, false, true, 1e-12},
-                        {kFloat32, true, false, 2e-5},   {kBFloat16, true, false, 3e-2}};
+  const Case cases[] = {{kFloat64, true, false, 1e-12}, {kFloat64, false, false, 1e-12},
+                        {kFloat64, true, true, 1e-12},  {kFloat64, false, true, 1e-12},
+                        {kFloat32, true, false, 2e-5},  {kBFloat16, true, false, 3e-2}};
   for (const Case& cs : cases) {
     const std::string what = std::string(dtype_name(cs.dt)) + (cs.causal ? " causal" : " full") +
                              (cs.composed ? " composed" : " fused");
@@ -141,9 +141,9 @@ void scenario_scope(const ProcessGroupPtr& world) {
     EXPECT_CLOSE(got, cp_shard_sequence(want, 1, r, c), 1e-12, "CausalSelfAttention in the scope");
     const Tensor q = rnd({1, 1, 2, 2}, kFloat64, 11);
     EXPECT_ERROR(scaled_dot_product_attention(q, q, q, Tensor(), 0.1, true), "no dropout_p");
-    EXPECT_ERROR(scaled_dot_product_attention(q, q, q, ones({2, 2}, TensorOptions(kBool)), 0.0,
-                                              false),
-                 "context parallelism (test)");
+    EXPECT_ERROR(
+        scaled_dot_product_attention(q, q, q, ones({2, 2}, TensorOptions(kBool)), 0.0, false),
+        "context parallelism (test)");
     nn::CausalSelfAttention dropping(8, 2, true, 0.1, &gen);
     dropping.train();
     EXPECT_ERROR(dropping(cp_shard_sequence(rnd({1, T, 8}, kFloat32, 12), 1, r, c)),

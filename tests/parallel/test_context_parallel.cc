@@ -1,6 +1,7 @@
 // Context parallelism (parallel/context_parallel.h): the test spawns `cp_worker` as worlds of 1 to
 // 4 on loopback, one scenario per case, and checks what each rank reports. Training through the
-// Accelerator at cp 2, cp 4, cp 2 x tp 2 and cp 2 x shard 2: tests/accelerate/test_mesh_training.cc.
+// Accelerator at cp 2, cp 4, cp 2 x tp 2 and cp 2 x shard 2:
+// tests/accelerate/test_mesh_training.cc.
 #include <chrono>
 #include <string>
 

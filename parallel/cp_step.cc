@@ -76,7 +76,14 @@ class CpStep final : public ApplyStep {
                 ": name the modules whose attention must see the whole sequence "
                 "(dist::cp_ring_attention()) and those taking token positions "
                 "(dist::cp_position_ids()); models::gpt_cp_plan() for examples/models.h's Gpt");
-    plan_matches(*pm.module(), plan, cp);
+    // A module wrapped once already would map its positions twice: the model was prepared.
+    for (const auto& [name, entry] : plan_matches(*pm.module(), plan, cp)) {
+      const std::string label = nn::call_wrapper_label(*entry.first);
+      ACCEL_CHECK(label.find("context-parallel") == std::string::npos, ValueError, "prepare",
+                  "module '", name, "' of ", pm.module()->type_name(),
+                  " is prepared for context parallelism already (", label,
+                  "): prepare each model once");
+    }
   }
 
   void apply(ParallelModel& pm, const StepContext& ctx) override {
@@ -106,7 +113,8 @@ class CpStep final : public ApplyStep {
           return call(in);
         });
       }
-      if (!had) nn::set_call_wrapper_label(m, label);
+      const std::string inner = had ? nn::call_wrapper_label(m) : std::string();
+      nn::set_call_wrapper_label(m, inner.empty() ? label : label + " around " + inner);
     }
   }
 

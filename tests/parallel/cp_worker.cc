@@ -9,6 +9,9 @@
 //             are ShapeErrors naming the sizes
 //   scope     a CausalSelfAttention called inside the ContextAttentionGuard the cp step installs
 //             equals the one-process module; attention dropout and a mask are refused by name
+//   plan      the cp step through dist::ParallelPlan (no Accelerator, no engine): a GPT on this
+//             rank's tokens equals its rows of the one-process forward; a second prepare and bad
+//             plans are refused
 #include <cmath>
 #include <functional>
 #include <iostream>
@@ -17,7 +20,9 @@
 #include "autograd/context_attention.h"
 #include "comm/process_group.h"
 #include "nn/attention.h"
+#include "examples/models.h"
 #include "parallel/context_parallel.h"
+#include "parallel/parallelize.h"
 #include "tests/common/tensors.h"
 #include "tests/common/worker_check.h"
 
@@ -152,6 +157,51 @@ void scenario_scope(const ProcessGroupPtr& world) {
   WCHECK(context_attention() == nullptr, "the scope is left");
 }
 
+// The data-parallel slot of a plan that runs no engine.
+struct NoEngine final : ApplyStep {
+  std::string_view name() const override { return "data_parallel"; }
+  bool active(const DeviceMesh&) const override { return true; }
+  void apply(ParallelModel&, const StepContext&) override {}
+};
+
+// The cp step without the Accelerator: a GPT's forward on this rank's tokens equals its rows of
+// the one-process forward; preparing it again is refused (its positions would be mapped twice).
+void scenario_plan(const ProcessGroupPtr& world) {
+  const int c = world->size(), r = world->rank();
+  const DeviceMesh mesh({{"cp", c}}, r, c, [&](const std::vector<int>& ranks) {
+    return int(ranks.size()) == c ? world : ProcessGroupPtr();
+  });
+  models::GptConfig gc;
+  gc.vocab = 16;
+  gc.context = 8 * c;
+  gc.layers = 2;
+  gc.heads = 2;
+  gc.d_model = 16;
+  Generator gen(4);
+  auto model = std::make_shared<models::Gpt>(gc, &gen);
+  model->to(kFloat64);
+  Generator data(9);
+  const Tensor idx = randint(0, gc.vocab, {2, gc.context}, TensorOptions(kInt64), &data);
+  const Tensor want = model->forward(idx);
+  ParallelOptions o;
+  o.cp_plan = models::gpt_cp_plan();
+  ParallelPlan plan(mesh, o, std::make_unique<NoEngine>());
+  plan.prepare_model(model);
+  const Tensor got = model->forward(cp_shard_sequence(idx, 1, r, c));
+  EXPECT_CLOSE(got, cp_shard_sequence(want, 1, r, c), 1e-12, "Gpt forward under the cp step");
+  EXPECT_ERROR(plan.prepare_model(model), "prepared for context parallelism already");
+  // A plan whose pattern matches nothing, or without attention, is refused before any change.
+  ParallelOptions bad;
+  bad.cp_plan = {{"blocks.*.nothing", cp_ring_attention()}};
+  ParallelPlan bad_plan(mesh, bad, std::make_unique<NoEngine>());
+  auto other = std::make_shared<models::Gpt>(gc, &gen);
+  EXPECT_ERROR(bad_plan.prepare_model(other), "matches no module");
+  ParallelOptions positions_only;
+  positions_only.cp_plan = {{"pos", cp_position_ids()}};
+  ParallelPlan pos_plan(mesh, positions_only, std::make_unique<NoEngine>());
+  EXPECT_ERROR(pos_plan.prepare_model(other), "has no ring-attention entry");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -171,6 +221,8 @@ int main(int argc, char** argv) {
       scenario_sharding(world);
     } else if (scenario == "scope") {
       scenario_scope(world);
+    } else if (scenario == "plan") {
+      scenario_plan(world);
     } else {
       std::cerr << "unknown scenario " << scenario << "\n";
       return 2;

@@ -35,3 +35,10 @@ TEST_CASE("cp: zig-zag positions, shard and unshard round trips; bad lengths are
 TEST_CASE("cp: attention modules in the ring scope; dropout and masks are refused by name") {
   check_ok(run_world(worker(), {"scope"}, 2, {}, 60s), "scope");
 }
+
+TEST_CASE("cp: the cp step through ParallelPlan: GPT rows equal one process; misuse refused") {
+  for (int world : {2, 4}) {
+    CAPTURE(world);
+    check_ok(run_world(worker(), {"plan"}, world, {}, 60s), "plan");
+  }
+}

@@ -14,9 +14,10 @@ namespace accel::estimate {
 // Note [memory estimate]
 // Per rank, in bytes, between two optimizer steps (what stays allocated), for E trainable
 // elements on this rank (after the tp split: a tensor with a tp_dim holds 1/tp of that
-// dimension, rounded up), S = dp_shard (the group ZeRO shards over; dp_replicate replicas of a
-// shard hold the same bytes: HSDP), w = the element size of the precision, k = optimizer states
-// per element (AdamW / Adam 2, SGD with momentum 1, SGD 0). The rules are those of the code:
+// dimension, rounded up), S = dp_shard x cp (the group ZeRO shards over; dp_replicate replicas of
+// a shard hold the same bytes: HSDP; the cp ranks hold 1 / cp of each sequence's tokens), w = the
+// element size of the precision, k = optimizer states per element (AdamW / Adam 2, SGD with
+// momentum 1, SGD 0). The rules are those of the code:
 //   ddp     parameters E w, gradients E w (with dp > 1 the .grad are views of DDP's bucket
 //           buffers), optimizer k E w. 16-bit precisions are autocast here (mixed_precision): the
 //           parameters, gradients and optimizer stay fp32, the activations are 16-bit.
@@ -219,9 +220,11 @@ Estimate estimate(const ModelSpec& model, const Setup& s) {
   Estimate e;
   std::string why;  // Note [mesh sizes] in core/parallelism.h
   const std::optional<MeshSizes> mesh = infer_mesh_sizes(s.mesh, s.world, &why);
-  ACCEL_CHECK(mesh.has_value(), ValueError, "estimate_memory",
-              "the parallelism sizes (--dp_replicate_size, --dp_shard_size, --tp_size) do not fit ",
-              s.world, " processes: ", why);
+  ACCEL_CHECK(
+      mesh.has_value(), ValueError, "estimate_memory",
+      "the parallelism sizes (--dp_replicate_size, --dp_shard_size, --cp_size, --tp_size) do "
+      "not fit ",
+      s.world, " processes: ", why);
   e.mesh = *mesh;
   ACCEL_CHECK(s.batch >= 1 && s.sequence >= 0, ValueError, "estimate_memory",
               "batch must be >= 1 and sequence >= 0, got ", s.batch, " and ", s.sequence);
@@ -236,7 +239,11 @@ Estimate estimate(const ModelSpec& model, const Setup& s) {
                                       // for integer buffers of 1 byte)
     }
   }
-  const int64_t S = mesh->dp_shard, dp = int64_t(mesh->dp_shard) * mesh->dp_replicate;
+  // Context parallelism: the cp ranks join the engine's groups (ZeRO shards over dp_shard x cp,
+  // Note [context-parallel groups] in comm/device_mesh.cc) and each holds 1 / cp of every
+  // sequence's tokens (ring attention keeps O(T / cp) per rank).
+  const int64_t cp = mesh->cp;
+  const int64_t S = int64_t(mesh->dp_shard) * cp, dp = S * mesh->dp_replicate;
   const int64_t w = element_size(s.precision), k = optimizer_states(s.optimizer);
   const bool half = s.precision == Precision::BF16 || s.precision == Precision::F16;
   Strategy strategy = s.strategy;
@@ -300,7 +307,7 @@ Estimate estimate(const ModelSpec& model, const Setup& s) {
   // Activations (Note [activation estimate]).
   int64_t seq = s.sequence;
   if (seq == 0) seq = model.arch && model.arch->positions > 0 ? model.arch->positions : 1024;
-  e.tokens = s.batch * seq;
+  e.tokens = s.batch * ceil_div(seq, cp);
   if (model.arch) {
     const ActivationCounts c = activation_counts(*model.arch, tp);
     const int64_t aw = w;

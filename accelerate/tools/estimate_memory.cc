@@ -25,7 +25,7 @@ struct Args {
   std::vector<std::string> strategies{"ddp", "zero1", "zero2", "zero3"};
   std::string optimizer = "adamw";
   int num_processes = 8;
-  std::optional<int> dp_replicate_size, dp_shard_size, tp_size;
+  std::optional<int> dp_replicate_size, dp_shard_size, tp_size, cp_size;
   int64_t batch_size = 1;
   int64_t sequence_length = 0;
   bool json = false;
@@ -39,7 +39,7 @@ struct Row {
 
 std::string mesh_text(const accel::MeshSizes& m) {
   return std::to_string(m.dp_replicate) + " x " + std::to_string(m.dp_shard) + " x " +
-         std::to_string(m.tp);
+         std::to_string(m.cp) + " x " + std::to_string(m.tp);
 }
 
 // A Markdown table with columns padded to their widest cell.
@@ -108,6 +108,7 @@ Plan make_plan(const Args& a) {
   base.mesh.dp_replicate_size = a.dp_replicate_size;
   base.mesh.dp_shard_size = a.dp_shard_size;
   base.mesh.tp_size = a.tp_size;
+  base.mesh.cp_size = a.cp_size;
   base.batch = a.batch_size;
   base.sequence = a.sequence_length;
 
@@ -130,7 +131,8 @@ Plan make_plan(const Args& a) {
   std::string why;
   const std::optional<accel::MeshSizes> mesh = accel::infer_mesh_sizes(base.mesh, base.world, &why);
   ACCEL_CHECK(mesh.has_value(), ValueError, "estimate_memory",
-              "the parallelism sizes (--dp_replicate_size, --dp_shard_size, --tp_size) do not fit ",
+              "the parallelism sizes (--dp_replicate_size, --dp_shard_size, --cp_size, --tp_size) "
+              "do not fit ",
               base.world, " processes: ", why);
   std::vector<Row>& rows = plan.rows;
   for (est::Strategy s : strategies) {
@@ -184,6 +186,7 @@ void print_json(const Args& a, const Plan& plan) {
                            {"strategy", std::string(est::strategy_name(r.strategy))},
                            {"dp_replicate", e.mesh.dp_replicate},
                            {"dp_shard", e.mesh.dp_shard},
+                           {"cp", e.mesh.cp},
                            {"tp", e.mesh.tp},
                            {"param_bytes", e.params},
                            {"master_bytes", e.master},
@@ -235,9 +238,9 @@ void print_tables(const Args& a, const Plan& plan) {
     os << " (layout not recognised: no activation estimate)";
   }
   os << ":\n\n";
-  std::vector<std::vector<std::string>> t2 = {{"dtype", "strategy", "mesh (replicate x shard x tp)",
-                                               "parameters", "gradients", "optimizer", "state",
-                                               "activations", "with checkpointing", "peak"}};
+  std::vector<std::vector<std::string>> t2 = {
+      {"dtype", "strategy", "mesh (replicate x shard x cp x tp)", "parameters", "gradients",
+       "optimizer", "state", "activations", "with checkpointing", "peak"}};
   for (const Row& r : plan.rows) {
     const est::Estimate& e = r.e;
     std::string params = est::human_bytes(e.params);
@@ -292,6 +295,7 @@ int main(int argc, char** argv) {
   size("--dp_replicate_size,--dp-replicate-size", a.dp_replicate_size, "model replicas (HSDP)");
   size("--dp_shard_size,--dp-shard-size", a.dp_shard_size, "ranks one ZeRO shard group spans");
   size("--tp_size,--tp-size", a.tp_size, "tensor-parallel ranks per layer");
+  size("--cp_size,--cp-size", a.cp_size, "context-parallel ranks per sequence");
   app.add_option("--batch_size,--batch-size", a.batch_size, "sequences per rank (default 1)");
   app.add_option("--sequence_length,--sequence-length", a.sequence_length,
                  "tokens per sequence (default: the model's context, else 1024)");

@@ -149,6 +149,17 @@ TEST_CASE("estimate: what each strategy keeps per rank") {
   const int64_t local = t.params / 4;  // tp-local elements (float32)
   CHECK(tz2.grads == (local + 3) / 4 * 4);
   CHECK(tz2.optimizer == 2 * tz2.grads);  // AdamW: two slots per element
+  // Context parallelism: ZeRO-3 shards over dp_shard x cp (4 ranks at dp_shard 2 x cp 2: the
+  // state of plain ZeRO-3 over 4), each rank holds half of every sequence's tokens.
+  accel::ParallelismConfig cp;
+  cp.cp_size = 2;
+  const est::Estimate c3 = run(m, est::Strategy::Zero3, 4, est::Precision::F32, cp);
+  CHECK(c3.mesh.cp == 2);
+  CHECK(c3.mesh.dp_shard == 2);
+  const est::Estimate z4 = run(m, est::Strategy::Zero3, 4);
+  CHECK(c3.state() == z4.state());
+  CHECK(c3.tokens * 2 == z4.tokens);
+  CHECK(c3.activations * 2 == z4.activations);
   // The library's refusals, in its words.
   tp.tp_size = 3;
   CHECK_THROWS_WITH_AS(run(m, est::Strategy::Ddp, 8, est::Precision::F32, tp),

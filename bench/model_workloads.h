@@ -44,6 +44,8 @@ void run_zero_checkpoint();
 void run_tp_memory();
 // cp-memory (bench/cp_memory.cc): per-rank activation peak at cp 1, 2, 4 on T = 4096 and 8192.
 void run_cp_memory();
+// pp-bubble (bench/pp_bubble.cc): the idle fraction of each pipeline schedule against its theory.
+void run_pp_bubble();
 
 // A loopback port that was free a moment ago (bind to port 0 and read it back). Another process
 // could take it before rank 0 binds; that surfaces as a store error, never a hang.

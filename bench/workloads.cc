@@ -272,6 +272,10 @@ const std::vector<Workload>& registry() {
        "GPT (d_model 128, 2 layers) via the Accelerator on one sequence of 4096 and 8192 tokens "
        "at cp 1, 2, 4: per-rank activation peak, ms per step (not in `all`; a few minutes)",
        bench::run_cp_memory, false},
+      {"pp-bubble",
+       "pipeline schedules (GPipe, 1F1B, interleaved 1F1B) over 2 and 4 processes, 8 "
+       "microbatches: measured idle fraction against (p-1)/(m+p-1) (not in `all`; a minute)",
+       bench::run_pp_bubble, false},
   };
   return r;
 }

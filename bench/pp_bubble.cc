@@ -1,9 +1,10 @@
-// build/bench/workloads pp-bubble: the idle fraction of each pipeline schedule (parallel/pipeline.h,
-// Note [pipeline schedules]) against its theory. A stack of 8 float32 Linear(512, 512) + tanh
-// layers cut into p x v chunks, one step of m = 8 microbatches of 256 rows, 1 OpenMP thread per
-// rank; each rank reports the time it waited for an activation or a gradient (plus the final
-// wait for its sends) over its step time, the median of 5 steps after 2 warm-up steps. One line
-// per (schedule, p), the maximum over ranks, then the checks at p = 2 (a core per rank):
+// build/bench/workloads pp-bubble: the idle fraction of each pipeline schedule
+// (parallel/pipeline.h, Note [pipeline schedules]) against its theory. A stack of 8 float32
+// Linear(512, 512) + tanh layers cut into p x v chunks, one step of m = 8 microbatches of 256 rows,
+// 1 OpenMP thread per rank; each rank reports the time it waited for an activation or a gradient
+// (plus the final wait for its sends) over its step time, the median of 5 steps after 2 warm-up
+// steps. One line per (schedule, p), the maximum over ranks, then the checks at p = 2 (a
+// core per rank):
 //   workload=pp-bubble check=1f1b p=2 m=8 bubble=0.118 theory=0.111 target=+-10% result=PASS
 //   workload=pp-bubble check=interleaved p=2 m=8 bubble=0.07 onef1b=0.118 target=below result=PASS
 // Theory: (p - 1) / (m + p - 1) for GPipe and 1F1B, (p - 1) / (v m + p - 1) interleaved. With
@@ -69,8 +70,7 @@ void run_rank() {
     frac.push_back(res.idle_s / res.step_s);
     ms.push_back(res.step_s * 1e3);
   }
-  const std::string path =
-      std::string(std::getenv(kOutEnv)) + "/rank" + std::to_string(r) + ".txt";
+  const std::string path = std::string(std::getenv(kOutEnv)) + "/rank" + std::to_string(r) + ".txt";
   std::FILE* f = std::fopen(path.c_str(), "w");
   ACCEL_CHECK(f != nullptr, IoError, kOp, "cannot write ", path);
   std::fprintf(f, "bubble=%.4f ms_step=%.2f threads=%d\n", median(frac), median(ms),
@@ -83,10 +83,11 @@ void run_rank() {
 
 void run_parent() {
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  std::printf("# pp-bubble: %d x Linear(%lld, %lld) + tanh, %d microbatches of %lld rows, 1 thread "
-              "per rank, %d cores\n",
-              kLayers, static_cast<long long>(kWidth), static_cast<long long>(kWidth), kMicro,
-              static_cast<long long>(kRows), cores);
+  std::printf(
+      "# pp-bubble: %d x Linear(%lld, %lld) + tanh, %d microbatches of %lld rows, 1 thread "
+      "per rank, %d cores\n",
+      kLayers, static_cast<long long>(kWidth), static_cast<long long>(kWidth), kMicro,
+      static_cast<long long>(kRows), cores);
   double one_f1b = -1, inter = -1;
   for (int p : {2, 4}) {
     for (auto kind : {dist::PipelineScheduleKind::GPipe, dist::PipelineScheduleKind::OneFOneB,
@@ -102,22 +103,25 @@ void run_parent() {
         msv = std::max(msv, number(ranks[r], "ms_step", who, kOp));
       }
       const double theory = double(p - 1) / double(v * kMicro + p - 1);
-      std::printf("workload=pp-bubble schedule=%s p=%d v=%d m=%d bubble=%.3f theory=%.3f "
-                  "ms_step=%.1f%s\n",
-                  dist::schedule_name(kind).c_str(), p, v, kMicro, bubble, theory, msv,
-                  p > cores ? " measurable=no_more_ranks_than_cores" : "");
+      std::printf(
+          "workload=pp-bubble schedule=%s p=%d v=%d m=%d bubble=%.3f theory=%.3f "
+          "ms_step=%.1f%s\n",
+          dist::schedule_name(kind).c_str(), p, v, kMicro, bubble, theory, msv,
+          p > cores ? " measurable=no_more_ranks_than_cores" : "");
       std::fflush(stdout);
       if (p == 2 && kind == dist::PipelineScheduleKind::OneFOneB) one_f1b = bubble;
       if (p == 2 && kind == dist::PipelineScheduleKind::Interleaved1F1B) inter = bubble;
     }
   }
   const double theory = 1.0 / double(kMicro + 1);
-  std::printf("workload=pp-bubble check=1f1b p=2 m=%d bubble=%.3f theory=%.3f target=+-10%% "
-              "result=%s\n",
-              kMicro, one_f1b, theory, std::abs(one_f1b - theory) <= 0.1 * theory ? "PASS" : "FAIL");
-  std::printf("workload=pp-bubble check=interleaved p=2 m=%d bubble=%.3f onef1b=%.3f "
-              "target=below result=%s\n",
-              kMicro, inter, one_f1b, inter < one_f1b ? "PASS" : "FAIL");
+  std::printf(
+      "workload=pp-bubble check=1f1b p=2 m=%d bubble=%.3f theory=%.3f target=+-10%% "
+      "result=%s\n",
+      kMicro, one_f1b, theory, std::abs(one_f1b - theory) <= 0.1 * theory ? "PASS" : "FAIL");
+  std::printf(
+      "workload=pp-bubble check=interleaved p=2 m=%d bubble=%.3f onef1b=%.3f "
+      "target=below result=%s\n",
+      kMicro, inter, one_f1b, inter < one_f1b ? "PASS" : "FAIL");
 }
 
 }  // namespace

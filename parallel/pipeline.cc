@@ -74,8 +74,8 @@ struct Outbox {
 };
 
 Tensor header_of(const Tensor& t) {
-  ACCEL_CHECK(t.dim() <= kMaxDims, ShapeError, "pipeline_step", "activations of at most ",
-              kMaxDims, " dimensions cross stages, got ", t.sizes());
+  ACCEL_CHECK(t.dim() <= kMaxDims, ShapeError, "pipeline_step", "activations of at most ", kMaxDims,
+              " dimensions cross stages, got ", t.sizes());
   Tensor h = zeros({kMaxDims + 2}, TensorOptions(kInt64));
   int64_t* p = h.data<int64_t>();
   p[0] = t.dim();
@@ -299,8 +299,9 @@ PipelineResult pipeline_step(const std::vector<PipelineChunk>& chunks, const Pro
       stash[{a.microbatch, a.chunk}] = std::move(s);
     } else {
       const auto it = stash.find({a.microbatch, a.chunk});
-      ACCEL_CHECK(it != stash.end(), ValueError, op, "the schedule runs the backward of microbatch ",
-                  a.microbatch, " chunk ", a.chunk, " before its forward");
+      ACCEL_CHECK(it != stash.end(), ValueError, op,
+                  "the schedule runs the backward of microbatch ", a.microbatch, " chunk ", a.chunk,
+                  " before its forward");
       Slot s = std::move(it->second);
       stash.erase(it);
       if (vs == last) {
@@ -322,8 +323,8 @@ PipelineResult pipeline_step(const std::vector<PipelineChunk>& chunks, const Pro
   outbox.finish();
   res.idle_s += seconds(t_wait, Clock::now());
   // The mean loss lives on the last rank: every rank gets it.
-  Tensor l = tensor(std::vector<double>{rank == p - 1 ? loss_sum : 0.0}, {1},
-                    TensorOptions(kFloat64));
+  Tensor l =
+      tensor(std::vector<double>{rank == p - 1 ? loss_sum : 0.0}, {1}, TensorOptions(kFloat64));
   if (p > 1) pp->broadcast(l, p - 1);
   res.loss = l.data<double>()[0];
   res.step_s = seconds(start, Clock::now());

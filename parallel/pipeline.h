@@ -1,6 +1,6 @@
-// Pipeline parallelism, the runtime (Note [pipeline schedules] in parallel/pipeline.cc): a model cut
-// into consecutive chunks over the ranks of a pp group, microbatches flowing through them under a
-// schedule (GPipe, 1F1B, interleaved 1F1B), activations and their gradients sent between
+// Pipeline parallelism, the runtime (Note [pipeline schedules] in parallel/pipeline.cc): a model
+// cut into consecutive chunks over the ranks of a pp group, microbatches flowing through them under
+// a schedule (GPipe, 1F1B, interleaved 1F1B), activations and their gradients sent between
 // neighbours, the loss on the last stage.
 //
 //   // rank r of pp holds model chunks r, r + pp, ... (virtual stages chunk * pp + r)
@@ -56,10 +56,10 @@ struct PipelineOptions {
 };
 
 struct PipelineResult {
-  double loss = 0;        // the batch's mean loss (the mean of the microbatches'), on every rank
-  double step_s = 0;      // this rank's wall time for the step
-  double idle_s = 0;      // of which waiting for an activation or a gradient to arrive
-  int64_t messages = 0;   // activations and gradients this rank sent
+  double loss = 0;       // the batch's mean loss (the mean of the microbatches'), on every rank
+  double step_s = 0;     // this rank's wall time for the step
+  double idle_s = 0;     // of which waiting for an activation or a gradient to arrive
+  int64_t messages = 0;  // activations and gradients this rank sent
 };
 
 // One training step's forward and backward over `inputs` (read on the rank of virtual stage 0,

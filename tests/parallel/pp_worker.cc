@@ -80,9 +80,8 @@ void scenario_train(const ProcessGroupPtr& world) {
     std::vector<PipelineChunk> chunks;
     for (int j = 0; j < c.chunks; ++j) {
       const int s = j * p + r;
-      chunks.push_back([&mine, s, per](const Tensor& h) {
-        return run_layers(mine, s * per, (s + 1) * per, h);
-      });
+      chunks.push_back(
+          [&mine, s, per](const Tensor& h) { return run_layers(mine, s * per, (s + 1) * per, h); });
     }
     const PipelineResult res = pipeline_step(chunks, world, x, y, mse,
                                              {.schedule = c.kind, .microbatches = c.microbatches});
@@ -125,12 +124,12 @@ void scenario_errors(const ProcessGroupPtr& world) {
       [&](const Tensor& h) { return run_layers(layers, r, r + 1, h); }};
   const Tensor x = zeros({kBatch, kWidth}, TensorOptions(kFloat64)), y = x.clone();
   // Ranks that disagree on the microbatches: refused on every rank.
-  const std::string e1 = error_of([&] {
-    pipeline_step(one, world, x, y, mse, {.microbatches = r == 0 ? 4 : 2});
-  });
+  const std::string e1 =
+      error_of([&] { pipeline_step(one, world, x, y, mse, {.microbatches = r == 0 ? 4 : 2}); });
   WCHECK(e1.find("disagree on the chunks per rank, the microbatches") != std::string::npos, e1);
   // 16 rows do not split into 3 microbatches (on the ranks that read them).
-  const std::string e2 = error_of([&] { pipeline_step(one, world, x, y, mse, {.microbatches = 3}); });
+  const std::string e2 =
+      error_of([&] { pipeline_step(one, world, x, y, mse, {.microbatches = 3}); });
   if (r == 0 || r == p - 1)
     WCHECK(e2.find("does not split into 3 microbatches") != std::string::npos, e2);
   WCHECK(error_of([&] {

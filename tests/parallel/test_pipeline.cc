@@ -111,18 +111,17 @@ TEST_CASE("pipeline schedules: each action once, backward after forward, no dead
   CHECK_THROWS_WITH_AS(
       accel::dist::pipeline_schedule(PipelineScheduleKind::Interleaved1F1B, 4, 0, 6, 2),
       doctest::Contains("multiple of the pipeline stages (4)"), ValueError);
-  CHECK_THROWS_WITH_AS(accel::dist::pipeline_schedule(PipelineScheduleKind::Interleaved1F1B, 2, 0,
-                                                      4, 1),
-                       doctest::Contains("at least 2 chunks"), ValueError);
+  CHECK_THROWS_WITH_AS(
+      accel::dist::pipeline_schedule(PipelineScheduleKind::Interleaved1F1B, 2, 0, 4, 1),
+      doctest::Contains("at least 2 chunks"), ValueError);
   CHECK_THROWS_WITH_AS(accel::dist::pipeline_schedule(PipelineScheduleKind::OneFOneB, 2, 2, 4),
                        doctest::Contains("rank 2 of 2 stages"), ValueError);
   // 1F1B's documented order at p 4, rank 1, m 5: 2 warm-up forwards, then F/B in turn.
   using K = PipelineAction::Kind;
-  const std::vector<PipelineAction> want = {{K::Forward, 0, 0},  {K::Forward, 1, 0},
-                                            {K::Forward, 2, 0},  {K::Backward, 0, 0},
-                                            {K::Forward, 3, 0},  {K::Backward, 1, 0},
-                                            {K::Forward, 4, 0},  {K::Backward, 2, 0},
-                                            {K::Backward, 3, 0}, {K::Backward, 4, 0}};
+  const std::vector<PipelineAction> want = {
+      {K::Forward, 0, 0},  {K::Forward, 1, 0},  {K::Forward, 2, 0}, {K::Backward, 0, 0},
+      {K::Forward, 3, 0},  {K::Backward, 1, 0}, {K::Forward, 4, 0}, {K::Backward, 2, 0},
+      {K::Backward, 3, 0}, {K::Backward, 4, 0}};
   CHECK(accel::dist::pipeline_schedule(PipelineScheduleKind::OneFOneB, 4, 1, 5) == want);
 }
 

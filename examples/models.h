@@ -15,6 +15,7 @@
 
 #include "accel.h"
 #include "parallel/context_parallel.h"
+#include "parallel/pipeline.h"
 #include "parallel/tensor_parallel.h"
 
 namespace accel::models {
@@ -100,7 +101,7 @@ class GptBlock : public nn::Module {
   double p_drop;
 };
 
-class Gpt : public nn::Module {
+class Gpt : public nn::Module, public dist::PipelineModel {
  public:
   // The parameter count WORKLOADS.md fixes for the default config (checked at construction so
   // that a layer whose parameters change can never silently change the workload).
@@ -125,16 +126,33 @@ class Gpt : public nn::Module {
 
   // idx: (B, T) int64 bytes, T <= context -> logits (B, T, vocab)
   Tensor forward(const Tensor& idx) override {
+    Tensor x = embed(idx);
+    for (const auto& b : *blocks) x = b->forward(x);
+    return logits(x);
+  }
+
+  // The forward's pieces, its pipeline form's layers (parallel/pipeline.h): "embed" (token and
+  // position embeddings, (B, T) -> (B, T, C)), "blocks.i", "head" (ln_f and the head, -> logits).
+  Tensor embed(const Tensor& idx) {
     ACCEL_CHECK(idx.dim() == 2 && idx.size(1) >= 1 && idx.size(1) <= config.context, ShapeError,
                 "Gpt", "expected indices (B, T) with 1 <= T <= ", config.context, ", got ",
                 idx.sizes());
     const int64_t T = idx.size(1);
     if (positions_.device() != idx.device()) positions_ = positions_.to(idx.device());
     // (B, T, C) + (T, C): the position embedding broadcasts over the batch.
-    Tensor x = (*tok)(idx) + (*pos)(positions_.narrow(0, 0, T));
-    x = dropout(x, config.dropout, is_training());
-    for (const auto& b : *blocks) x = b->forward(x);
-    return (*head)((*ln_f)(x));
+    const Tensor x = (*tok)(idx) + (*pos)(positions_.narrow(0, 0, T));
+    return dropout(x, config.dropout, is_training());
+  }
+  Tensor logits(const Tensor& x) { return (*head)((*ln_f)(x)); }
+  std::vector<dist::PipelineLayer> pipeline_layers() override {
+    std::vector<dist::PipelineLayer> out = {
+        {"embed", [this](const Tensor& idx) { return embed(idx); }}};
+    for (size_t i = 0; i < blocks->size(); ++i) {
+      out.push_back({"blocks." + std::to_string(i),
+                     [this, i](const Tensor& x) { return (*blocks)[i]->forward(x); }});
+    }
+    out.push_back({"head", [this](const Tensor& x) { return logits(x); }});
+    return out;
   }
 
   GptConfig config;

@@ -147,6 +147,55 @@ std::vector<Tensor> microbatches_of(const Tensor& t, int m, const char* what) {
 
 }  // namespace
 
+std::vector<PipelineChunk> pipeline_chunks(const std::vector<PipelineLayer>& layers, int stages,
+                                           int rank, int chunks,
+                                           const std::vector<std::string>& split) {
+  const char* op = "pipeline_chunks";
+  check_sizes(stages, rank, 1, chunks, op);
+  const int n = int(layers.size()), vstages = stages * chunks;
+  ACCEL_CHECK(n >= vstages, ValueError, op, "a model of ", n, " layers cannot fill ", vstages,
+              " virtual stages (", stages, " stages x ", chunks, " chunks)");
+  // begin[s]: the first layer of virtual stage s; begin[vstages] = n.
+  std::vector<int> begin(size_t(vstages + 1), 0);
+  begin[size_t(vstages)] = n;
+  if (split.empty()) {
+    for (int s = 1; s < vstages; ++s) {
+      const int base = n / vstages, extra = n % vstages;
+      begin[size_t(s)] = s * base + std::min(s, extra);
+    }
+  } else {
+    ACCEL_CHECK(int(split.size()) == vstages - 1, ValueError, op, "a split of ", split.size(),
+                " points makes ", split.size() + 1, " virtual stages, not ", vstages, " (", stages,
+                " stages x ", chunks, " chunks)");
+    for (int s = 1; s < vstages; ++s) {
+      const std::string& name = split[size_t(s - 1)];
+      int at = -1;
+      for (int i = 0; i < n; ++i)
+        if (layers[size_t(i)].name == name) at = i;
+      ACCEL_CHECK(at >= 0, ValueError, op, "split point '", name, "' names no layer");
+      ACCEL_CHECK(at > begin[size_t(s - 1)], ValueError, op, "split point '", name,
+                  "' does not come after the previous one: every virtual stage needs a layer");
+      begin[size_t(s)] = at;
+    }
+  }
+  std::vector<PipelineChunk> out;
+  for (int j = 0; j < chunks; ++j) {
+    const int s = j * stages + rank;
+    std::vector<PipelineChunk> run;
+    for (int i = begin[size_t(s)]; i < begin[size_t(s + 1)]; ++i) {
+      ACCEL_CHECK(static_cast<bool>(layers[size_t(i)].forward), ValueError, op, "layer '",
+                  layers[size_t(i)].name, "' has no forward");
+      run.push_back(layers[size_t(i)].forward);
+    }
+    out.push_back([run](const Tensor& x) {
+      Tensor h = x;
+      for (const PipelineChunk& f : run) h = f(h);
+      return h;
+    });
+  }
+  return out;
+}
+
 std::string schedule_name(PipelineScheduleKind kind) {
   switch (kind) {
     case PipelineScheduleKind::GPipe: return "gpipe";

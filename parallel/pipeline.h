@@ -24,6 +24,33 @@
 
 namespace accel::dist {
 
+// One model chunk: its input activation (the microbatch itself on the first virtual stage) to its
+// output activation (the last virtual stage's goes to the loss).
+using PipelineChunk = std::function<Tensor(const Tensor&)>;
+
+// A model's forward as a chain of named layers (its pipeline form): layer i's output is layer
+// i + 1's input, the first takes the model's input, the last gives its output; running them in
+// turn is the forward. What a stage runs is a run of consecutive layers (examples/models.h's Gpt:
+// "embed", "blocks.0" ... "blocks.N-1", "head").
+struct PipelineLayer {
+  std::string name;  // what a split names: "blocks.3"
+  PipelineChunk forward;
+};
+class PipelineModel {
+ public:
+  virtual ~PipelineModel() = default;
+  virtual std::vector<PipelineLayer> pipeline_layers() = 0;
+};
+
+// This rank's chunks of `layers` cut into stages x chunks virtual stages (rank r holds virtual
+// stages r, r + stages, ...): at `split`, the names of the layers that begin virtual stages 1, 2,
+// ... in order (stages x chunks - 1 of them), or, when empty, into runs as even as the layer count
+// allows (the first ones one layer longer). ValueError naming the layer or the counts when the
+// split is not of consecutive, existing layers or leaves a stage empty.
+std::vector<PipelineChunk> pipeline_chunks(const std::vector<PipelineLayer>& layers, int stages,
+                                           int rank, int chunks = 1,
+                                           const std::vector<std::string>& split = {});
+
 enum class PipelineScheduleKind : uint8_t {
   GPipe,            // every forward, then every backward
   OneFOneB,         // 1F1B: warm-up forwards, then one forward and one backward in turn
@@ -45,9 +72,6 @@ struct PipelineAction {
 std::vector<PipelineAction> pipeline_schedule(PipelineScheduleKind kind, int stages, int rank,
                                               int microbatches, int chunks = 1);
 
-// One model chunk: its input activation (the microbatch itself on the first virtual stage) to its
-// output activation (the last virtual stage's goes to the loss).
-using PipelineChunk = std::function<Tensor(const Tensor&)>;
 using PipelineLoss = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
 struct PipelineOptions {

@@ -4,6 +4,9 @@
 //   train   a float64 MLP of 8 Linear + tanh layers cut into world x v chunks (v = 1 for GPipe and
 //           1F1B, 2 for interleaved 1F1B; 4 and 8 microbatches): every gradient of this rank's
 //           chunks and the loss equal one process's backward of the batch's mean loss (1e-12)
+//   gpt     examples/models.h's Gpt cut by dist::pipeline_chunks (even and at a split point; 1F1B,
+//           GPipe, interleaved at pp 2): loss and every gradient equal one process's (1e-12), each
+//           parameter's gradient on exactly one rank; bad splits refused
 //   errors  ranks that disagree on the microbatches, and a batch that does not split, are clear
 //           errors on every rank
 #include <cmath>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "examples/models.h"
 #include "nn/activation.h"
 #include "nn/container.h"
 #include "nn/linear.h"
@@ -117,6 +121,80 @@ std::string error_of(Fn&& fn) {
   return "(no error)";
 }
 
+// examples/models.h's Gpt through its pipeline form (dist::pipeline_chunks of pipeline_layers():
+// embed, 4 blocks, head), float64: the loss and every gradient equal one process's; each
+// parameter gets its gradient on exactly one rank.
+void scenario_gpt(const ProcessGroupPtr& world) {
+  const int p = world->size(), r = world->rank();
+  models::GptConfig gc;
+  gc.vocab = 32;
+  gc.context = 16;
+  gc.layers = 4;
+  gc.heads = 2;
+  gc.d_model = 16;
+  Generator data(11);
+  const Tensor tokens = randint(0, gc.vocab, {8, gc.context + 1}, TensorOptions(kInt64), &data);
+  const Tensor x = tokens.narrow(1, 0, gc.context).contiguous();
+  const Tensor y = tokens.narrow(1, 1, gc.context).contiguous();
+  auto make = [&] {
+    Generator gen(21);
+    auto m = std::make_shared<models::Gpt>(gc, &gen);
+    m->to(kFloat64);
+    return m;
+  };
+  struct Case {
+    PipelineScheduleKind kind;
+    int chunks;
+    std::vector<std::string> split;
+  };
+  std::vector<Case> cases = {{PipelineScheduleKind::OneFOneB, 1, {}},
+                             {PipelineScheduleKind::GPipe, 1, {}}};
+  if (p == 2) {
+    cases.push_back({PipelineScheduleKind::Interleaved1F1B, 2, {}});
+    cases.push_back({PipelineScheduleKind::OneFOneB, 1, {"blocks.1"}});  // embed + 1 block | rest
+  }
+  for (const Case& c : cases) {
+    const std::string what = schedule_name(c.kind) + " v " + std::to_string(c.chunks) +
+                             (c.split.empty() ? "" : " split at " + c.split[0]);
+    auto ref = make();
+    const Tensor ref_loss = models::lm_loss(ref->forward(x), y);
+    ref_loss.backward();
+    auto model = make();
+    const std::vector<PipelineChunk> chunks =
+        pipeline_chunks(model->pipeline_layers(), p, r, c.chunks, c.split);
+    const PipelineResult res = pipeline_step(chunks, world, x, y, models::lm_loss,
+                                             {.schedule = c.kind, .microbatches = 4});
+    WCHECK(std::abs(res.loss - ref_loss.item<double>()) <= 1e-12,
+           what << ": loss " << res.loss << " against " << ref_loss.item<double>());
+    double held = 0;
+    const auto want = ref->named_parameters();
+    const auto got = model->named_parameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      const Tensor g = got[i].second.grad();
+      if (!g.defined()) continue;
+      held += 1;
+      const double d = max_abs_diff(g, want[i].second.grad());
+      WCHECK(d <= 1e-12, what << ": " << got[i].first << " gradient differs by " << d);
+    }
+    Tensor count = full({1}, held, TensorOptions(kFloat64));
+    world->all_reduce(count);
+    WCHECK(count.item<double>() == double(got.size()), what << ": " << count.item<double>()
+                                                            << " gradients over the ranks for "
+                                                            << got.size() << " parameters");
+  }
+  // A split that names no layer, or goes backwards, is refused.
+  auto model = make();
+  const std::string e1 =
+      error_of([&] { pipeline_chunks(model->pipeline_layers(), 2, 0, 1, {"blocks.9"}); });
+  WCHECK(e1.find("'blocks.9' names no layer") != std::string::npos, e1);
+  const std::string e2 = error_of([&] {
+    pipeline_chunks(model->pipeline_layers(), 3, 0, 1, {"blocks.2", "blocks.1"});
+  });
+  WCHECK(e2.find("does not come after the previous one") != std::string::npos, e2);
+  const std::string e3 = error_of([&] { pipeline_chunks(model->pipeline_layers(), 4, 0, 2); });
+  WCHECK(e3.find("cannot fill 8 virtual stages") != std::string::npos, e3);
+}
+
 void scenario_errors(const ProcessGroupPtr& world) {
   const int p = world->size(), r = world->rank();
   auto layers = make_layers();
@@ -153,6 +231,8 @@ int main(int argc, char** argv) {
     g_rank = world->rank();
     if (scenario == "train") {
       scenario_train(world);
+    } else if (scenario == "gpt") {
+      scenario_gpt(world);
     } else if (scenario == "errors") {
       scenario_errors(world);
     } else {

@@ -132,6 +132,13 @@ TEST_CASE("pipeline: GPipe, 1F1B and interleaved 1F1B steps equal one process (f
   }
 }
 
+TEST_CASE("pipeline: a GPT cut into stages by its pipeline layers equals one process") {
+  for (int world : {2, 4}) {
+    CAPTURE(world);
+    check_ok(run_world(worker(), {"gpt"}, world, {}, 120s), "gpt");
+  }
+}
+
 TEST_CASE("pipeline: disagreeing ranks and batches that do not split are errors on every rank") {
   for (int world : {2, 4}) {
     CAPTURE(world);

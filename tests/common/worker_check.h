@@ -7,6 +7,7 @@
 // <doctest/doctest.h>): check_ok(results, scenario).
 #pragma once
 
+#include <exception>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -17,7 +18,26 @@ namespace accel::test {
 inline int g_failures = 0;  // failed WCHECKs (and other reported failures) of this worker
 inline int g_rank = 0;      // this worker's rank, for the reports
 
+// The message of the exception fn() throws, or "(no error)" (the workers' counterpart of
+// check.h's error_of, which needs doctest).
+template <typename Fn>
+std::string thrown_message(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 }  // namespace accel::test
+
+// Reports a failure (as WCHECK) unless `expr` throws an exception whose message holds `want`.
+#define WCHECK_THROWS_WITH(expr, want)                                                    \
+  do {                                                                                    \
+    const std::string e_ = ::accel::test::thrown_message([&] { (void)(expr); });          \
+    WCHECK(e_.find(want) != std::string::npos, "expected '" << (want) << "' in: " << e_); \
+  } while (0)
 
 // Reports a failed condition with the rank, the condition, the line and a streamed message
 // (`WCHECK(a == b, "a " << a)`), and counts it; the worker goes on.

@@ -29,6 +29,7 @@ using namespace accel::dist;
 using accel::test::g_failures;
 using accel::test::g_rank;
 using accel::test::max_abs_diff;
+using accel::test::thrown_message;
 
 namespace {
 
@@ -111,16 +112,6 @@ void scenario_train(const ProcessGroupPtr& world) {
   }
 }
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 // examples/models.h's Gpt through its pipeline form (dist::pipeline_chunks of pipeline_layers():
 // embed, 4 blocks, head), float64: the loss and every gradient equal one process's; each
 // parameter gets its gradient on exactly one rank.
@@ -185,13 +176,14 @@ void scenario_gpt(const ProcessGroupPtr& world) {
   // A split that names no layer, or goes backwards, is refused.
   auto model = make();
   const std::string e1 =
-      error_of([&] { pipeline_chunks(model->pipeline_layers(), 2, 0, 1, {"blocks.9"}); });
+      thrown_message([&] { pipeline_chunks(model->pipeline_layers(), 2, 0, 1, {"blocks.9"}); });
   WCHECK(e1.find("'blocks.9' names no layer") != std::string::npos, e1);
-  const std::string e2 = error_of([&] {
+  const std::string e2 = thrown_message([&] {
     pipeline_chunks(model->pipeline_layers(), 3, 0, 1, {"blocks.2", "blocks.1"});
   });
   WCHECK(e2.find("does not come after the previous one") != std::string::npos, e2);
-  const std::string e3 = error_of([&] { pipeline_chunks(model->pipeline_layers(), 4, 0, 2); });
+  const std::string e3 =
+      thrown_message([&] { pipeline_chunks(model->pipeline_layers(), 4, 0, 2); });
   WCHECK(e3.find("cannot fill 8 virtual stages") != std::string::npos, e3);
 }
 
@@ -202,15 +194,15 @@ void scenario_errors(const ProcessGroupPtr& world) {
       [&](const Tensor& h) { return run_layers(layers, r, r + 1, h); }};
   const Tensor x = zeros({kBatch, kWidth}, TensorOptions(kFloat64)), y = x.clone();
   // Ranks that disagree on the microbatches: refused on every rank.
-  const std::string e1 =
-      error_of([&] { pipeline_step(one, world, x, y, mse, {.microbatches = r == 0 ? 4 : 2}); });
+  const std::string e1 = thrown_message(
+      [&] { pipeline_step(one, world, x, y, mse, {.microbatches = r == 0 ? 4 : 2}); });
   WCHECK(e1.find("disagree on the chunks per rank, the microbatches") != std::string::npos, e1);
   // 16 rows do not split into 3 microbatches (on the ranks that read them).
   const std::string e2 =
-      error_of([&] { pipeline_step(one, world, x, y, mse, {.microbatches = 3}); });
+      thrown_message([&] { pipeline_step(one, world, x, y, mse, {.microbatches = 3}); });
   if (r == 0 || r == p - 1)
     WCHECK(e2.find("does not split into 3 microbatches") != std::string::npos, e2);
-  WCHECK(error_of([&] {
+  WCHECK(thrown_message([&] {
            pipeline_schedule(PipelineScheduleKind::Interleaved1F1B, p, r, p + 1, 2);
          }).find("multiple of the pipeline stages") != std::string::npos,
          "interleaved m % p");

@@ -39,15 +39,7 @@ constexpr const char* kCpEnv = "ACCEL_CP_MEMORY_CP";
 constexpr const char* kTEnv = "ACCEL_CP_MEMORY_T";
 constexpr int kRankTimeoutS = 3600;
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  ACCEL_CHECK(end != v && *end == '\0' && n >= 0 && n <= 1000000, ValueError, kOp, name,
-              " must be a count, got '", v, "'");
-  return int(n);
-}
+int env_int(const char* name, int fallback) { return env_count(name, fallback, kOp); }
 
 int64_t bytes_of(const Tensor& t) {
   return t.defined() ? t.numel() * int64_t(dtype_size(t.dtype())) : 0;

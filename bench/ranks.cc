@@ -63,6 +63,16 @@ double number(const Fields& f, const std::string& key, const std::string& who, c
   return d;
 }
 
+int env_count(const char* name, int fallback, const char* op) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  ACCEL_CHECK(end != v && *end == '\0' && n >= 0 && n <= 1000000, ValueError, op, name,
+              " must be a count, got '", v, "'");
+  return int(n);
+}
+
 void set_rank_env(int rank, int world, int port) {
   setenv("RANK", std::to_string(rank).c_str(), 1);
   setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);

@@ -16,6 +16,9 @@ using Fields = std::map<std::string, std::string>;
 Fields parse_fields(const std::string& line);
 // The number under `key`; ValueError naming `op`, `who` and the key when missing or malformed.
 double number(const Fields& f, const std::string& key, const std::string& who, const char* op);
+// The count in environment variable `name` (0 to 1,000,000), `fallback` when unset or empty;
+// ValueError naming `op` and the variable otherwise (what the ranks read their settings from).
+int env_count(const char* name, int fallback, const char* op);
 
 // Starts `world` ranks running `workloads <workload>` with `env` set (and out_env = the folder
 // their result files go to), waits for them (the first failing rank, or timeout_s, takes the

@@ -54,15 +54,7 @@ constexpr const char* kSpEnv = "ACCEL_TP_MEMORY_SP";
 constexpr int64_t kBatch = 2, kContext = 64;
 constexpr int kRankTimeoutS = 3600;
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  ACCEL_CHECK(end != v && *end == '\0' && n >= 0 && n <= 1000000, ValueError, kOp, name,
-              " must be a count, got '", v, "'");
-  return int(n);
-}
+int env_int(const char* name, int fallback) { return env_count(name, fallback, kOp); }
 
 models::GptConfig gpt_config() {
   models::GptConfig c;

@@ -25,6 +25,12 @@ struct ContextAttention {
   std::string what;  // "context parallelism (cp 2) in 'blocks.0.attn'"
 };
 
+// Rank `rank` of `size`'s tokens of `x` along `dim`, whose length the caller has checked is a
+// multiple of 2 x size: chunks rank and 2 size - 1 - rank of 2 size, concatenated (Note [zig-zag
+// sequence sharding] in parallel/context_parallel.h; differentiable). Here, below both of its
+// users: parallel's cp_shard_sequence and data's prepared loaders.
+Tensor zigzag_part(const Tensor& x, int64_t dim, int rank, int size);
+
 // The scope on this thread (null outside one).
 const ContextAttention* context_attention();
 

@@ -7,6 +7,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "autograd/context_attention.h"
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "core/warning.h"
@@ -308,9 +309,8 @@ void DataLoader::shard_sequence(Batch& b) const {
                 " of shape ", t.sizes(), " has ", T,
                 " there, not divisible by 2 x cp_size = ", 2 * c,
                 " (each rank holds two chunks of the sequence)");
-    const int64_t L = T / (2 * c);
     NoGradGuard ng;
-    t = cat({t.narrow(d, sh.rank * L, L), t.narrow(d, (2 * c - 1 - sh.rank) * L, L)}, d);
+    t = zigzag_part(t, d, sh.rank, sh.size);
   }
 }
 

@@ -31,6 +31,7 @@
 #include <cmath>
 #include <limits>
 
+#include "autograd/context_attention.h"
 #include "autograd/function.h"
 #include "autograd/ops.h"
 #include "core/error.h"
@@ -308,8 +309,7 @@ Tensor cp_shard_sequence(const Tensor& x, int64_t dim, int rank, int size) {
               x.sizes(), ") has ", T, " tokens, not divisible by 2 x cp_size = ", 2 * size,
               " (Note [zig-zag sequence sharding]: each rank holds two chunks of T / (2 cp))");
   if (size == 1) return x;
-  const int64_t L = T / (2 * size);
-  return cat({x.narrow(dim, rank * L, L), x.narrow(dim, (2 * size - 1 - rank) * L, L)}, dim);
+  return zigzag_part(x, dim, rank, size);
 }
 
 Tensor cp_unshard_sequence(const Tensor& x, int64_t dim, const ProcessGroupPtr& group) {

@@ -374,6 +374,12 @@ thread_local const ContextAttention* tls_context_attention = nullptr;
 
 const ContextAttention* context_attention() { return tls_context_attention; }
 
+Tensor zigzag_part(const Tensor& x, int64_t dim, int rank, int size) {
+  const int64_t L = x.size(dim) / (2 * int64_t(size));
+  return cat({x.narrow(dim, rank * L, L), x.narrow(dim, (2 * int64_t(size) - 1 - rank) * L, L)},
+             dim);
+}
+
 ContextAttentionGuard::ContextAttentionGuard(const ContextAttention* ca)
     : saved_(tls_context_attention) {
   tls_context_attention = ca;

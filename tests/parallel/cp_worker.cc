@@ -8,7 +8,8 @@
 //   sharding  cp_positions, cp_shard_sequence and cp_unshard_sequence round trips; bad lengths
 //             are ShapeErrors naming the sizes
 //   scope     a CausalSelfAttention called inside the ContextAttentionGuard the cp step installs
-//             equals the one-process module; attention dropout and a mask are refused by name
+//             equals the one-process module; attention dropout, a mask and MultiheadAttention's
+//             need_weights are refused by name
 //   plan      the cp step through dist::ParallelPlan (no Accelerator, no engine): a GPT on this
 //             rank's tokens equals its rows of the one-process forward; a second prepare and bad
 //             plans are refused
@@ -137,6 +138,10 @@ void scenario_scope(const ProcessGroupPtr& world) {
     dropping.train();
     WCHECK_THROWS_WITH(dropping(cp_shard_sequence(rnd({1, T, 8}, kFloat32, 12), 1, r, c)),
                        "attention dropout");
+    // MultiheadAttention materialises its weights with need_weights (its default): refused.
+    nn::MultiheadAttention mha(8, 2);
+    const Tensor xm = rnd({T / c, 1, 8}, kFloat32, 13);
+    WCHECK_THROWS_WITH(mha.forward(xm, xm, xm), "need_weights under context parallelism (test)");
   }
   WCHECK(context_attention() == nullptr, "the scope is left");
 }

@@ -190,9 +190,10 @@ std::vector<int> Accelerator::agree_failed(bool failed) {
 namespace {
 
 // The names and shapes of `src` against the model's state (Module::load_state_dict's rules).
-nn::LoadResult check_model_source(
-    const nn::Module& model, io::SafetensorsCheckpoint& src, bool strict,
-    const std::function<Shape(const std::string&, const Shape&)>& full_shape = {}) {
+// `cp`: the strategy of prepared model `index` (tensor parallelism: the file holds full tensors,
+// the model its shards; pipeline parallelism: other stages hold some entries), or null.
+nn::LoadResult check_model_source(const nn::Module& model, io::SafetensorsCheckpoint& src,
+                                  bool strict, const dist::StrategyCheckpoint* cp, size_t index) {
   const io::TensorDict own = model.state_handles();
   // A tied name the file lacks gets its values through another name of the same tensor (files
   // written by transformers drop tied names without recording them): the file learns it as an
@@ -216,14 +217,15 @@ nn::LoadResult check_model_source(
         continue;
       }
       r.missing_keys.push_back(name);
-    } else if (const Shape want = full_shape ? full_shape(name, t.sizes()) : t.sizes();
+    } else if (const Shape want = cp ? cp->full_shape(index, name, t.sizes()) : t.sizes();
                src.info(name).shape != want) {
       mismatched.push_back(name + ": file " + shape_str(src.info(name).shape) + ", model " +
                            shape_str(want));
     }
   }
   for (const std::string& name : src.names())
-    if (!own.count(name)) r.unexpected_keys.push_back(name);
+    if (!own.count(name) && !(cp && cp->held_elsewhere(index, name)))
+      r.unexpected_keys.push_back(name);
   if (mismatched.empty() && (!strict || (r.missing_keys.empty() && r.unexpected_keys.empty())))
     return r;
   ACCEL_THROW(ValueError, "load_model", "'", src.path(), "' does not fit the ", model.type_name(),
@@ -256,12 +258,8 @@ nn::LoadResult Accelerator::load_model(nn::Module& model, const std::string& pat
       ACCEL_CHECK(model.sharded().empty(), ValueError, "load_model", "the ", model.type_name(),
                   " is sharded by an engine this accelerator did not prepare: ", model.sharded());
     src = std::make_unique<io::SafetensorsCheckpoint>(path);
-    std::function<Shape(const std::string&, const Shape&)> full_shape;
-    if (index)  // tensor parallelism: the file holds full tensors, the model its shards
-      full_shape = [&](const std::string& name, const Shape& local) {
-        return strategy_->checkpoint().full_shape(*index, name, local);
-      };
-    result = check_model_source(model, *src, strict, full_shape);
+    result = check_model_source(model, *src, strict, index ? &strategy_->checkpoint() : nullptr,
+                                index.value_or(0));
   } catch (...) {
     err = std::current_exception();
   }

@@ -64,6 +64,7 @@
 #include "comm/process_group.h"
 #include "core/parallelism.h"
 #include "parallel/context_parallel.h"
+#include "parallel/pipeline.h"
 #include "parallel/fsdp.h"
 #include "parallel/tensor_parallel.h"
 #include "accelerate/strategy.h"
@@ -114,10 +115,10 @@ struct AcceleratorConfig {
   dist::ZeroOptions zero;
   std::chrono::milliseconds timeout = dist::kDefaultCollectiveTimeout;
   // The device mesh (Accelerate's ParallelismConfig: dp_replicate_size, dp_shard_size, cp_size,
-  // tp_size;
-  // docs/parallelism.md): sizes left unset are inferred from the world size (Note [mesh sizes]
-  // in core/parallelism.h), and sizes that do not fit it are a ValueError in the constructor.
-  // What prepare() runs on today: Note [mesh support] in accelerate/accelerator_mesh.cc.
+  // tp_size; and pp_size; docs/parallelism.md): sizes left unset are inferred from the world size
+  // (Note [mesh sizes] in core/parallelism.h), and sizes that do not fit it are a ValueError in the
+  // constructor. What prepare() runs on today: Note [mesh support] in
+  // accelerate/accelerator_mesh.cc.
   ParallelismConfig parallelism;
   // With tp_size > 1: how prepare() splits each model over its tp group (dist::parallelize's
   // plan: module-name patterns and their styles, parallel/tensor_parallel.h;
@@ -128,12 +129,16 @@ struct AcceleratorConfig {
   // then; ignored otherwise. Prepared data loaders then hand each rank its tokens (dim 1 of every
   // batch field with more than one dimension: Note [zig-zag sequence sharding]).
   dist::CpPlan cp_plan;
+  // With pp_size > 1: how prepare() cuts each model (which must have a pipeline form,
+  // dist::PipelineModel) into stages, and the schedule and microbatches of forward_backward
+  // (parallel/pipeline.h; Note [pp step] in parallel/pp_step.cc). Ignored otherwise.
+  dist::PipelinePlan pipeline;
   // Override the fields above from ACCEL_STRATEGY, ACCEL_MIXED_PRECISION, ACCEL_USE_CPU,
   // ACCEL_ZERO_STAGE,
   // ACCEL_GRADIENT_ACCUMULATION_STEPS, ACCEL_PARAM_DTYPE / ACCEL_REDUCE_DTYPE (zero and fsdp),
   // ACCEL_FSDP_* (fsdp) and ACCEL_DP_REPLICATE_SIZE / ACCEL_DP_SHARD_SIZE / ACCEL_CP_SIZE /
-  // ACCEL_TP_SIZE
-  // (parallelism) when they are set (what accel-run exports; docs/launcher.md).
+  // ACCEL_TP_SIZE / ACCEL_PP_SIZE (parallelism) when they are set (what accel-run exports;
+  // docs/launcher.md).
   bool read_env = true;
 
   // This config with the ACCEL_* overrides applied; ValueError naming the variable when one is
@@ -286,6 +291,16 @@ class Accelerator {
   // gradient_accumulation_steps > 1 or fp16 the next step, clip or zero_grad raises ValueError
   // naming acc.backward(loss) (Note [plain backward] in accelerate/accelerator.cc).
   void backward(const Tensor& loss);
+  // One micro-step's forward and backward on every mesh: loss(model(inputs), targets), then
+  // backward() of it; returns the loss (detached). Under pp_size > 1 the prepared model runs as a
+  // pipeline (dist::pipeline_step over the pp group with AcceleratorConfig::pipeline's schedule
+  // and microbatches: inputs read on the first stage, targets on the last, each cut into the
+  // microbatches along dim 0) and the returned loss is the batch's mean loss on every rank, a
+  // 0-dim float64 tensor. The gradients then are those of backward(loss) on one process: divided
+  // by the accumulation steps, synced once on sync steps (after the stage's last microbatch).
+  using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+  Tensor forward_backward(nn::Module& model, const Tensor& inputs, const Tensor& targets,
+                          const LossFn& loss);
   bool sync_gradients() const { return sync_gradients_; }
   // Micro-batches seen by accumulate() scopes (Accelerate's `step`).
   int64_t step() const { return step_; }

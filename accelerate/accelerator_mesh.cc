@@ -110,6 +110,7 @@ std::unique_ptr<dist::Strategy> compose_strategy(const AcceleratorConfig& c,
   dist::ParallelOptions options;
   options.tp_plan = c.tp_plan;
   options.cp_plan = c.cp_plan;
+  options.pipeline = c.pipeline;
   const int rank = ctx.rank, size = ctx.world_size;
   return dist::compose(mesh, std::move(options), dist::make_strategy(spec, std::move(ctx)), world,
                        rank, size);

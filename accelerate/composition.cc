@@ -46,6 +46,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -105,6 +106,13 @@ class ComposedStrategy final : public Strategy, public StrategyCheckpoint {
     engine_->checkpoint().set_place([this](size_t m, const std::string& name, const Shape& local) {
       return plan_.place(m, name, local);
     });
+    if (pp_active()) {
+      auto elsewhere = [this](size_t m, const std::string& name) {
+        return plan_.held_elsewhere(m, name);
+      };
+      engine_->checkpoint().set_elsewhere(elsewhere);
+      set_elsewhere(elsewhere);
+    }
   }
 
   std::string_view name() const override { return engine_->name(); }
@@ -113,12 +121,42 @@ class ComposedStrategy final : public Strategy, public StrategyCheckpoint {
   }
   std::shared_ptr<optim::Optimizer> prepare_optimizer(
       const std::shared_ptr<optim::Optimizer>& user) override {
-    return engine_->prepare_optimizer(user);
+    if (!pp_active()) return engine_->prepare_optimizer(user);
+    // Note [pp step]: the user's optimizer was built over the whole model; this stage steps the
+    // parameters it kept (the others were dropped), through a rebuild of it over them, group by
+    // group, which the engine then takes as the user's.
+    std::set<const TensorImpl*> kept;
+    for (const auto& pm : plan_.models())
+      for (const Tensor& p : pm->module()->parameters()) kept.insert(p.impl());
+    std::vector<optim::ParamGroup> groups(user->num_param_groups());
+    bool all = true;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (const Tensor& p : user->params(g)) {
+        if (kept.count(p.impl()))
+          groups[g].params.push_back(p);
+        else
+          all = false;
+      }
+      ACCEL_CHECK(!groups[g].params.empty(), ValueError, "prepare", "pp_size ",
+                  plan_.mesh().size("pp"), ": pipeline stage ", plan_.mesh().coordinate("pp"),
+                  " holds none of the parameters of the optimizer's group ", g, " (of ",
+                  user->num_param_groups(),
+                  "): give each stage's parameters groups of their own, or keep every group "
+                  "spread over the layers");
+    }
+    if (all) return engine_->prepare_optimizer(user);
+    return engine_->prepare_optimizer(std::shared_ptr<optim::Optimizer>(user->rebuild(groups)));
+  }
+  const std::vector<PipelineChunk>* pipeline(const nn::Module& m) const override {
+    for (const auto& pm : plan_.models())
+      if (pm->module().get() == &m) return pm->pipeline.empty() ? nullptr : &pm->pipeline;
+    return nullptr;
   }
   DistributedDataParallel* ddp(const nn::Module& m) const override { return engine_->ddp(m); }
   bool takes_deferred_models() const override { return engine_->takes_deferred_models(); }
   void backward(const Tensor& loss, bool sync) override { engine_->backward(loss, sync); }
   void set_sync(bool sync) override { engine_->set_sync(sync); }
+  bool reduces_every_backward() const override { return engine_->reduces_every_backward(); }
   void after_step(optim::Optimizer& stepping, bool stepped) override {
     engine_->after_step(stepping, stepped);
   }
@@ -178,9 +216,11 @@ class ComposedStrategy final : public Strategy, public StrategyCheckpoint {
       if (same && parts[k].size() > 1) parts[k] = {{"", 0, -1, parts[k].front().weight}};
     }
     if (check) {
+      // The verdict is the stage's (its ranks list the same parameters; the world at pp 1).
+      ProcessGroup* verdict = pp_active() ? plan_.mesh().group("dp_cp_tp").get() : world_.get();
       for (size_t i = 0; i < dims.size(); ++i)
         check_replicated_grads(rep_names[i], rep_grads[i], *plan_.mesh().group(dims[i]), dims[i],
-                               world_.get());
+                               verdict);
       replicated_checked_ = true;
     }
     g.parts = std::move(parts);
@@ -203,6 +243,7 @@ class ComposedStrategy final : public Strategy, public StrategyCheckpoint {
   io::TensorDict full_state_dict(size_t index) override {
     io::TensorDict d = engine_->checkpoint().full_state_dict(index);
     for (auto& [name, t] : d) t = plan_.unshard(index, name, t);
+    if (pp_active()) gather_stages(index, d);
     return d;
   }
 
@@ -251,6 +292,36 @@ class ComposedStrategy final : public Strategy, public StrategyCheckpoint {
   }
 
  private:
+  bool pp_active() const {
+    const std::vector<std::string>& dims = plan_.cut_dims();
+    return std::find(dims.begin(), dims.end(), "pp") != dims.end();
+  }
+
+  // Every stage's entries of model `index` into `d` (this stage's, whole): each entry, in name
+  // order, broadcast over pp from the stage holding it.
+  void gather_stages(size_t index, io::TensorDict& d) const {
+    const ParallelModel& pm = *plan_.models().at(index);
+    const ProcessGroupPtr& pp = plan_.mesh().group("pp");
+    Device dev = kCPU;
+    for (const Tensor& p : pm.module()->parameters()) dev = p.device();
+    std::map<std::string, int> owner;
+    for (const auto& [name, t] : d) owner[name] = pp->rank();
+    for (const auto& [name, e] : pm.elsewhere) owner[name] = e.pp_rank;
+    NoGradGuard ng;
+    for (const auto& [name, r] : owner) {
+      Tensor t;
+      if (r == pp->rank()) {
+        t = d.at(name).contiguous();
+        if (t.device() != dev) t = t.to(dev);
+      } else {
+        const HeldElsewhere& e = pm.elsewhere.at(name);
+        t = empty(e.shape, TensorOptions(e.dtype, dev));
+      }
+      pp->broadcast(t, r);
+      d[name] = t;
+    }
+  }
+
   std::string cut_dims() const {
     std::string s;
     for (const std::string& d : plan_.cut_dims()) s += (s.empty() ? "" : ", ") + d;

@@ -67,6 +67,8 @@ const SettingBinding kBindings[] = {
    [](AcceleratorConfig& c, const Value& v) { c.parallelism.tp_size = int(v.i); }},
   {env::kCpSize, "AcceleratorConfig::parallelism.cp_size",
    [](AcceleratorConfig& c, const Value& v) { c.parallelism.cp_size = int(v.i); }},
+  {env::kPpSize, "AcceleratorConfig::parallelism.pp_size",
+   [](AcceleratorConfig& c, const Value& v) { c.parallelism.pp_size = int(v.i); }},
 #ifdef ACCEL_SETTINGS_PROBE  // Note [the settings probe row] in core/settings.h
   {"ACCEL_PROBE_BUCKET_CAP_MB", "AcceleratorConfig::ddp.bucket_cap_bytes",
    [](AcceleratorConfig& c, const Value& v) { c.ddp.bucket_cap_bytes = size_t(v.i) << 20; }},

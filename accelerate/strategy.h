@@ -171,9 +171,21 @@ class StrategyCheckpoint {
     if (place_) return place_(model, name, local);
     return TensorPlace{Region::whole(local), true, true, ""};
   }
+  // Pipeline parallelism (the composition sets it at pp_size > 1): whether state entry `name` of
+  // prepared model `model` is held by another pipeline stage, so a checkpoint or file holding it
+  // is not "unexpected" here. Pipelined optimizers hold one stage's parameters: their group
+  // membership is read by parameter names, not from the file's index lists.
+  void set_elsewhere(std::function<bool(size_t model, const std::string& name)> f) {
+    elsewhere_ = std::move(f);
+  }
+  bool held_elsewhere(size_t model, const std::string& name) const {
+    return elsewhere_ && elsewhere_(model, name);
+  }
+  bool pipelined() const { return static_cast<bool>(elsewhere_); }
 
  private:
   PlaceFn place_;
+  std::function<bool(size_t, const std::string&)> elsewhere_;
 
  public:
   // Step 3: replaces this rank's models, optimizers and window gradients by `state` and leaves in
@@ -223,6 +235,13 @@ class Strategy {
   // itself (ZeRO-3: unit by unit); otherwise the model steps before it materialise their pieces
   // (Note [tp step] in parallel/tp_step.cc).
   virtual bool takes_deferred_models() const { return false; }
+  // The model chunks this rank runs when prepared model `m` is pipelined (pp_size > 1: Note [pp
+  // step] in parallel/pp_step.cc), in the order of its virtual stages; null otherwise.
+  virtual const std::vector<std::function<Tensor(const Tensor&)>>* pipeline(
+      const nn::Module& m) const {
+    (void)m;
+    return nullptr;
+  }
 
   // ---- step ----
   // Note [plain backward]: a backward syncs the gradients when `sync` (the facade's sync step
@@ -230,6 +249,10 @@ class Strategy {
   // that setting, and set_sync(s) is what a plain loss.backward() of the user's gets from then on.
   virtual void backward(const Tensor& loss, bool sync) = 0;
   virtual void set_sync(bool sync) { (void)sync; }
+  // Whether every backward reduces the gradients it gives whatever the sync setting (ZeRO-1/2:
+  // a window's micro-batches add up in reduced shards), so each backward must reach every
+  // trainable parameter: a pipeline stage of several chunks cannot run under it.
+  virtual bool reduces_every_backward() const { return false; }
   virtual StepGrads grads(const optim::Optimizer& stepping) = 0;
   virtual void after_step(optim::Optimizer& stepping, bool stepped) = 0;
   virtual void zero_grad(optim::Optimizer& stepping, bool set_to_none) = 0;

@@ -41,9 +41,16 @@ void check_model_shapes(const ckpt::CheckpointSource& src, size_t model,
 // A whole tensor as saved (its dtype and shape).
 Tensor read_whole(ckpt::CheckpointSource& src, const std::string& name);
 // The entries of an optimizer state dict that are not per-parameter state ("param_groups.*"):
-// "optim.<o>.<key>", whole, written by `primary`.
+// "optim.<o>.<key>", whole, written by `primary`; without the group lists
+// ("param_groups.<g>.params") unless `group_lists` (a pipeline stage's optimizer indexes only
+// its own parameters: StrategyCheckpoint::pipelined).
 void optimizer_meta_entries(std::vector<ckpt::StateEntry>& out, size_t o,
-                            const io::TensorDict& state, bool primary);
+                            const io::TensorDict& state, bool primary, bool group_lists = true);
+// "param_groups.<g>.params"
+bool is_group_list(const std::string& key);
+// Puts `opt`'s own group lists into `meta` (read_optimizer_meta's) when the checkpoint has none
+// (a pipelined run saved it) or this run is `pipelined`; the state is matched by names.
+void own_group_lists(io::TensorDict& meta, const optim::Optimizer& opt, bool pipelined);
 // Their values back ("param_groups.*" -> tensor as saved).
 io::TensorDict read_optimizer_meta(ckpt::CheckpointSource& src, size_t o);
 // Per-rank tensors (window gradients): "<base>.rank<r>", whole (the local shape).

@@ -218,7 +218,7 @@ class FsdpStrategy final : public Strategy, public StrategyCheckpoint {
     }
     for (size_t i = 0; i < stepping_.size(); ++i) {
       const Stepping& s = stepping_[i];
-      optimizer_meta_entries(out, i, s.user->state_dict(), dp0 && lead);
+      optimizer_meta_entries(out, i, s.user->state_dict(), dp0 && lead, !pipelined());
       for (const auto& [key, v] : s.opt->state_dict()) {
         if (key.rfind("state.", 0) != 0 || !v.defined()) continue;
         const size_t dot = key.find('.', 6);

@@ -68,10 +68,24 @@ Tensor read_whole(ckpt::CheckpointSource& src, const std::string& name) {
   return read_region(src, name, Region::whole(r.shape), r.dtype, kCPU);
 }
 
+bool is_group_list(const std::string& key) {
+  const std::string pre = "param_groups.", post = ".params";
+  return key.rfind(pre, 0) == 0 && key.size() > pre.size() + post.size() &&
+         key.compare(key.size() - post.size(), post.size(), post) == 0;
+}
+
+void own_group_lists(io::TensorDict& meta, const optim::Optimizer& opt, bool pipelined) {
+  bool saved = false;
+  for (const auto& [k, v] : meta) saved = saved || is_group_list(k);
+  if (saved && !pipelined) return;
+  for (const auto& [k, v] : opt.state_dict())
+    if (is_group_list(k)) meta[k] = v;
+}
+
 void optimizer_meta_entries(std::vector<ckpt::StateEntry>& out, size_t o,
-                            const io::TensorDict& state, bool primary) {
+                            const io::TensorDict& state, bool primary, bool group_lists) {
   for (const auto& [key, v] : state)
-    if (key.rfind("state.", 0) != 0 && v.defined())
+    if (key.rfind("state.", 0) != 0 && v.defined() && (group_lists || !is_group_list(key)))
       out.push_back(
           {"optim." + std::to_string(o) + "." + key, Region::whole(v.sizes()), v, primary, ""});
 }
@@ -168,7 +182,7 @@ io::TensorDict read_model_state(ckpt::CheckpointSource& src, size_t i, nn::Modul
   for (const std::string& g : src.names())
     if (g.rfind(prefix, 0) == 0) {
       const std::string n = g.substr(prefix.size());
-      if (!live.count(n)) d.emplace(n, Tensor());
+      if (!live.count(n) && !cp.held_elsewhere(i, n)) d.emplace(n, Tensor());
     }
   return d;
 }
@@ -194,7 +208,7 @@ void ReplicatedStrategy::state_entries(std::vector<ckpt::StateEntry>& out, bool 
   for (size_t o = 0; o < slots_.size(); ++o) {
     Slot& s = *slots_[o];
     const io::TensorDict st = s.user->state_dict();
-    optimizer_meta_entries(out, o, st, dp0 && lead);
+    optimizer_meta_entries(out, o, st, dp0 && lead, !pipelined());
     if (!s.zero) {
       const std::vector<Tensor> params = params_of(*s.user);
       for (const auto& [key, v] : st) {
@@ -272,6 +286,7 @@ std::unique_ptr<StrategyState> ReplicatedStrategy::read_pieces(ckpt::CheckpointS
   for (size_t o = 0; o < slots_.size(); ++o) {
     const Slot& s = *slots_[o];
     io::TensorDict meta = read_optimizer_meta(src, o);
+    own_group_lists(meta, *s.user, pipelined());
     if (!s.zero) {
       const std::vector<Tensor> params = params_of(*s.user);
       const std::string opaque = "optim." + std::to_string(o) + ".opaque.";

@@ -262,6 +262,9 @@ DeviceMesh parallelism_mesh(const MeshSizes& sizes, int rank, int local_world_si
   mesh.flatten({"dp_replicate", "dp_shard"}, "dp");
   mesh.flatten({"dp_shard", "cp"}, "dp_shard_cp");
   mesh.flatten({"dp_replicate", "dp_shard", "cp"}, "dp_cp");
+  // The ranks of one pipeline stage (every rank at pp 1: the world's group): what they check
+  // together concerns the same parameters (Note [pp step] in parallel/pp_step.cc).
+  mesh.flatten({"dp_replicate", "dp_shard", "cp", "tp"}, "dp_cp_tp");
   return mesh;
 }
 

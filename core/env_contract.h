@@ -50,6 +50,7 @@ inline constexpr const char* kDpReplicateSize = "ACCEL_DP_REPLICATE_SIZE";  // >
 inline constexpr const char* kDpShardSize = "ACCEL_DP_SHARD_SIZE";          // >= 1
 inline constexpr const char* kTpSize = "ACCEL_TP_SIZE";                     // >= 1
 inline constexpr const char* kCpSize = "ACCEL_CP_SIZE";                     // >= 1
+inline constexpr const char* kPpSize = "ACCEL_PP_SIZE";                     // >= 1
 inline constexpr const char* kRestartCount = "ACCEL_RESTART_COUNT";  // restarts of the group so far
 inline constexpr const char* kMaxRestarts = "ACCEL_MAX_RESTARTS";    // restarts allowed
 // Where a failing worker writes its error record (both names, for torchelastic's tools).
@@ -136,6 +137,7 @@ inline constexpr EnvVar kContract[] = {
     {kDpShardSize, SetBy::kLauncherMaybe, true},
     {kTpSize, SetBy::kLauncherMaybe, true},
     {kCpSize, SetBy::kLauncherMaybe, true},
+    {kPpSize, SetBy::kLauncherMaybe, true},
     {kRestartCount, SetBy::kLauncherAlways, false},
     {kMaxRestarts, SetBy::kLauncherAlways, false},
     {kErrorFile, SetBy::kLauncherMaybe, false},

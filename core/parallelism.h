@@ -1,5 +1,6 @@
 // The parallelism a run asks for, in Accelerate's terms (its ParallelismConfig: dp_replicate_size,
-// dp_shard_size, cp_size, tp_size), and how the sizes left unset are inferred from the world size.
+// dp_shard_size, cp_size, tp_size; and pp_size), and how the sizes left unset are inferred from
+// the world size.
 // accel-run checks a launch with it before it starts a worker (launcher/plan.cc), the Accelerator
 // builds its device mesh from it (AcceleratorConfig::parallelism, comm/device_mesh.h).
 //
@@ -25,16 +26,21 @@ struct ParallelismConfig {
   // Ranks that split each sequence (context parallelism: ring attention over zig-zag chunks;
   // parallel/context_parallel.h). Last, so that {2, 2, 2} still reads dp_replicate, dp_shard, tp.
   std::optional<int> cp_size;
+  // Pipeline stages: ranks that each hold a run of the model's layers (parallel/pipeline.h). The
+  // outermost mesh dimension; last here for the same reason as cp_size.
+  std::optional<int> pp_size;
 
-  bool any_set() const { return dp_replicate_size || dp_shard_size || cp_size || tp_size; }
+  bool any_set() const {
+    return dp_replicate_size || dp_shard_size || cp_size || tp_size || pp_size;
+  }
   bool operator==(const ParallelismConfig&) const = default;
 };
 
 // Every size known: the shape of the device mesh, outermost dimension first.
 struct MeshSizes {
   // In the order the fields were added ({2, 2, 2} is dp_replicate, dp_shard, tp); the mesh's
-  // order is kParallelDims': dp_replicate, dp_shard, cp, tp.
-  int dp_replicate = 1, dp_shard = 1, tp = 1, cp = 1;
+  // order is kParallelDims': pp, dp_replicate, dp_shard, cp, tp.
+  int dp_replicate = 1, dp_shard = 1, tp = 1, cp = 1, pp = 1;
 
   int64_t product() const;  // of the kParallelDims sizes
   bool operator==(const MeshSizes&) const = default;
@@ -48,8 +54,8 @@ struct MeshSizes {
 //     dp_replicate, since its default strategy, DDP, replicates; accel calls it dp_shard because
 //     its ZeRO strategies shard over it, and DDP over a world of one dimension is the same
 //     whatever the dimension's name.
-//   - otherwise dp_replicate, cp and tp default to 1 (as in Accelerate), and dp_shard, when unset,
-//     fills the rest of the world: world / (dp_replicate * cp * tp), which must be a whole number
+//   - otherwise pp, dp_replicate, cp and tp default to 1 (as in Accelerate), and dp_shard, when
+//     unset, fills the rest of the world: world / (pp * dp_replicate * cp * tp), a whole number
 //     (torchtitan's dp_shard = -1).
 // A size below 1, an unfillable rest, or given sizes whose product is not the world size are
 // refused with every size and the world size named. accel-run refuses them before it starts a
@@ -70,6 +76,7 @@ struct ParallelDim {
   bool fills_rest;
 };
 inline constexpr ParallelDim kParallelDims[] = {
+    {"pp", &ParallelismConfig::pp_size, &MeshSizes::pp, env::kPpSize, false},
     {"dp_replicate", &ParallelismConfig::dp_replicate_size, &MeshSizes::dp_replicate,
      env::kDpReplicateSize, false},
     {"dp_shard", &ParallelismConfig::dp_shard_size, &MeshSizes::dp_shard, env::kDpShardSize, true},

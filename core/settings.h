@@ -197,7 +197,7 @@ inline constexpr Setting kSettings[] = {
   {.yaml = "parallelism_config.parallelism_config_dp_shard_size", .flag = "--dp_shard_size",
    .env = env::kDpShardSize, .field = "AcceleratorConfig::parallelism.dp_shard_size",
    .kind = Kind::Int, .allowed = "a size >= 1: ranks one shard group spans",
-   .default_value = "the rest of the world: world / (dp_replicate_size x cp_size x tp_size)",
+   .default_value = "the rest of the world: world / (pp_size x dp_replicate_size x cp_size x tp_size)",
    .lo = 1, .hi = int64_t(1) << 20},  // not asked: the rest of the processes
   {.yaml = "parallelism_config.parallelism_config_cp_size", .flag = "--cp_size",
    .env = env::kCpSize, .field = "AcceleratorConfig::parallelism.cp_size", .kind = Kind::Int,
@@ -212,6 +212,13 @@ inline constexpr Setting kSettings[] = {
    .lo = 1, .hi = int64_t(1) << 20,
    .question = {"Over how many processes should each layer be split (tp_size: tensor "
                 "parallelism over the program's AcceleratorConfig::tp_plan)?", "distributed"}},
+  {.yaml = "parallelism_config.parallelism_config_pp_size", .flag = "--pp_size",
+   .env = env::kPpSize, .field = "AcceleratorConfig::parallelism.pp_size", .kind = Kind::Int,
+   .allowed = "a size >= 1: pipeline stages", .default_value = "1",
+   .lo = 1, .hi = int64_t(1) << 20,
+   .question = {"Over how many processes should the model's layers be split into pipeline "
+                "stages (pp_size: pipeline parallelism over the program's "
+                "AcceleratorConfig::pipeline)?", "distributed"}},
   {.yaml = "zero_config.zero_stage", .flag = "--zero_stage", .env = env::kZeroStage,
    .field = "AcceleratorConfig::zero_stage", .kind = Kind::Int, .allowed = "0..3",
    .default_value = "0", .lo = 0, .hi = 3,

@@ -2,18 +2,21 @@
 // on a device mesh given on the command line: tensor parallelism (Megatron's layout:
 // models::gpt_tp_plan, optionally with sequence parallelism and the vocabulary-parallel loss)
 // composed with context parallelism (each sequence split over the cp ranks, ring attention:
-// models::gpt_cp_plan) and data parallelism (DDP, or ZeRO-3 over dp_shard, replicated over
-// dp_replicate).
+// models::gpt_cp_plan), pipeline parallelism (the layers cut into stages, microbatches under
+// GPipe / 1F1B / interleaved 1F1B: Accelerator::forward_backward) and data parallelism (DDP, or
+// ZeRO-3 over dp_shard, replicated over dp_replicate).
 //
 //   build/launcher/accel-run launch --num_processes 4 --cpu build/examples/gpt_parallel
 //       --tp 2 --zero-stage 3 --steps 200            # (one line) tp 2 x shard 2 (2-D)
 //   ... --num_processes 4 ... --tp 4 --sequence-parallel --loss-parallel
 //   ... --num_processes 4 ... --dp-replicate 2 --zero-stage 3   # HSDP 2 x 2, no tp
 //   ... --num_processes 4 ... --cp 2 --tp 2                     # cp 2 x tp 2
+//   ... --num_processes 4 ... --pp 2 --microbatches 4 --zero-stage 3   # pp 2 x shard 2
 //
-// The mesh's sizes may come from accel-run instead (--tp_size, --cp_size, --dp_replicate_size,
-// --dp_shard_size, --zero_stage): those override these flags. docs/parallelism.md says how to
-// choose a mesh. Prints the mesh, what one rank holds, the loss every 20 steps, ms per step.
+// The mesh's sizes may come from accel-run instead (--tp_size, --cp_size, --pp_size,
+// --dp_replicate_size, --dp_shard_size, --zero_stage): those override these flags.
+// docs/parallelism.md says how to choose a mesh. Prints the mesh, what one rank holds, the loss
+// every 20 steps, ms per step.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -32,6 +35,9 @@ using namespace accel;
 struct MeshArgs {
   int tp = 0;            // 0: unset (accel-run's --tp_size, else 1)
   int cp = 0;            // 0: unset (accel-run's --cp_size, else 1)
+  int pp = 0;            // 0: unset (accel-run's --pp_size, else 1)
+  int microbatches = 1;  // per step, under pp
+  std::string schedule = "1f1b";
   int dp_replicate = 0;  // 0: unset
   int zero_stage = -1;   // -1: accel-run's --zero_stage, else 0 (DDP)
   bool sequence_parallel = false;
@@ -44,11 +50,18 @@ int run(const examples::Args& args, const MeshArgs& ma) {
   AcceleratorConfig cfg = examples::accelerator_config(args);
   if (ma.tp > 0) cfg.parallelism.tp_size = ma.tp;
   if (ma.cp > 0) cfg.parallelism.cp_size = ma.cp;
+  if (ma.pp > 0) cfg.parallelism.pp_size = ma.pp;
   if (ma.dp_replicate > 0) cfg.parallelism.dp_replicate_size = ma.dp_replicate;
   if (ma.zero_stage >= 0) cfg.zero_stage = ma.zero_stage;
   cfg.tp_plan = models::gpt_tp_plan(
       {.sequence_parallel = ma.sequence_parallel, .loss_parallel = ma.loss_parallel});
   cfg.cp_plan = models::gpt_cp_plan();  // used when cp_size > 1
+  // Used when pp_size > 1: the layers (embed, blocks.i, head) cut evenly into stages.
+  cfg.pipeline.microbatches = ma.microbatches;
+  cfg.pipeline.schedule = ma.schedule == "gpipe"  ? dist::PipelineScheduleKind::GPipe
+                          : ma.schedule == "1f1b" ? dist::PipelineScheduleKind::OneFOneB
+                                                  : dist::PipelineScheduleKind::Interleaved1F1B;
+  cfg.pipeline.chunks = ma.schedule == "interleaved" ? 2 : 1;
   Accelerator acc(cfg);
   const dist::DeviceMesh& mesh = acc.mesh();
   const int tp = mesh.size("tp");
@@ -89,12 +102,14 @@ int run(const examples::Args& args, const MeshArgs& ma) {
   while (step < args.steps) {
     for (auto& b : *l) {
       const Tensor x = b[0].to(acc.device()), y = b[1].to(acc.device());
-      const Tensor logits = m->forward(x);
       // With the vocabulary-parallel loss the logits stay split over tp: (B, T, vocab / tp).
-      const Tensor loss = ma.loss_parallel && tp > 1
-                              ? models::lm_loss_parallel(logits, y, mesh.group("tp"))
-                              : models::lm_loss(logits, y);
-      acc.backward(loss);
+      // Under pp the stages run as a pipeline; the loss is the batch's on every rank.
+      const Tensor loss =
+          acc.forward_backward(*m, x, y, [&](const Tensor& logits, const Tensor& target) {
+            return ma.loss_parallel && tp > 1
+                       ? models::lm_loss_parallel(logits, target, mesh.group("tp"))
+                       : models::lm_loss(logits, target);
+          });
       if (ma.grad_clip > 0) acc.clip_grad_norm_(ma.grad_clip);
       const double used_lr = o->lr();
       o->step();
@@ -114,7 +129,8 @@ int run(const examples::Args& args, const MeshArgs& ma) {
   for (const Tensor& p : m->parameters()) local += p.numel();
   const dist::StrategyMemory mem = acc.memory();
   std::snprintf(line, sizeof line,
-                "rank 0: its tp shards hold %lld of the %lld parameters; it keeps %.2f MB of "
+                "rank 0: its pieces (tp shards, pp stage) hold %lld of the %lld parameters; it "
+                "keeps %.2f MB of "
                 "parameters, %.2f MB of gradients, %.2f MB of optimizer state",
                 static_cast<long long>(local), static_cast<long long>(params),
                 double(mem.param_bytes) / 1e6, double(mem.grad_bytes) / 1e6,
@@ -144,6 +160,17 @@ int main(int argc, char** argv) {
                  "--cp_size, else 1)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--pp", ma.pp,
+                 "pipeline stages: the layers cut over pp ranks (0: accel-run's --pp_size, else 1)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--microbatches", ma.microbatches, "microbatches per step under --pp")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--schedule", ma.schedule,
+                 "pipeline schedule: gpipe, 1f1b or interleaved (2 chunks per rank)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
   app.add_option("--dp-replicate", ma.dp_replicate,
                  "replicas (HSDP with --zero-stage 3; 0: accel-run's, else 1)")
       ->capture_default_str()

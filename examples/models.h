@@ -146,12 +146,12 @@ class Gpt : public nn::Module, public dist::PipelineModel {
   Tensor logits(const Tensor& x) { return (*head)((*ln_f)(x)); }
   std::vector<dist::PipelineLayer> pipeline_layers() override {
     std::vector<dist::PipelineLayer> out = {
-        {"embed", [this](const Tensor& idx) { return embed(idx); }}};
+        {"embed", [this](const Tensor& idx) { return embed(idx); }, {"tok", "pos"}}};
     for (size_t i = 0; i < blocks->size(); ++i) {
       out.push_back({"blocks." + std::to_string(i),
                      [this, i](const Tensor& x) { return (*blocks)[i]->forward(x); }});
     }
-    out.push_back({"head", [this](const Tensor& x) { return logits(x); }});
+    out.push_back({"head", [this](const Tensor& x) { return logits(x); }, {"ln_f", "head"}});
     return out;
   }
 

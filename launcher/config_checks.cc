@@ -109,8 +109,8 @@ void check_parallelism(const LaunchConfig& c, int world, const std::string& wher
   std::string why;  // Note [mesh sizes]
   ACCEL_CHECK(infer_mesh_sizes(parallelism_of(c), world, &why).has_value(), launcher::ConfigError,
               "launch", where,
-              ": parallelism_config (--dp_replicate_size, --dp_shard_size, --cp_size, "
-              "--tp_size) does not fit ",
+              ": parallelism_config (--pp_size, --dp_replicate_size, --dp_shard_size, "
+              "--cp_size, --tp_size) does not fit ",
               world, " processes: ", why);
 }
 

@@ -197,6 +197,9 @@ void set_call_wrapper_label(const Module& module, std::string label) {
 }
 
 std::string call_wrapper_label(const Module& module) {
+  // The table is keyed by address: a module without a wrapper has no label, whatever a module
+  // that lived at its address before left there.
+  if (!module.has_call_wrapper()) return {};
   std::lock_guard<std::mutex> lock(label_mutex());
   const auto it = labels().find(&module);
   return it == labels().end() ? std::string() : it->second;

@@ -8,6 +8,7 @@
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "parallel/cp_step.h"
+#include "parallel/pp_step.h"
 #include "parallel/tp_step.h"
 
 namespace accel::dist {
@@ -20,7 +21,7 @@ struct SlotInfo {
   std::string_view slot, setting, what;
 };
 constexpr SlotInfo kSlots[] = {
-    {"pp", "pp_size", "pipeline parallelism is not built yet (issue 38)"},
+    {"pp", "pp_size", "pipeline parallelism has no registered step"},
     {"tp", "tp_size", "tensor parallelism has no registered step"},
     {"cp", "cp_size", "context parallelism has no registered step"},
 };
@@ -35,6 +36,7 @@ Registry& registry() {
   // object files nothing references).
   static Registry* r = [] {
     auto* x = new Registry;  // never destroyed: steps may be registered from static objects
+    x->steps.emplace("pp", [] { return make_pp_step(); });
     x->steps.emplace("tp", [] { return make_tp_step(); });
     x->steps.emplace("cp", [] { return make_cp_step(); });
     return x;
@@ -136,9 +138,17 @@ const Layout* ParallelPlan::layout(size_t m, const std::string& name) const {
 
 TensorPlace ParallelPlan::place(size_t m, const std::string& name, const Shape& local) const {
   TensorPlace p;
-  p.lead = true;
-  for (const std::string& d : cut_dims_) p.lead = p.lead && mesh_.coordinate(d) == 0;
   const Layout* l = layout(m, name);
+  // Coordinate 0 along every cut dimension but those of a pipeline Stage: the stage holding the
+  // tensor is its only holder along pp.
+  p.lead = true;
+  for (const std::string& d : cut_dims_) {
+    bool staged = false;
+    if (l)
+      for (const MeshStep& s : l->steps)
+        staged = staged || (s.dim == d && s.placement.kind == Placement::Kind::Stage);
+    p.lead = p.lead && (staged || mesh_.coordinate(d) == 0);
+  }
   if (!l || l->global_shape.size() != local.size()) {
     p.region = Region::whole(local);
     p.primary = p.lead;
@@ -195,6 +205,10 @@ Tensor ParallelPlan::part(size_t m, const std::string& name, const Tensor& full)
     if (s.size > 1) t = tp_piece(t, tp_shard_of(p, t.size(p.dim)), s.coordinate, s.size);
   }
   return t;
+}
+
+bool ParallelPlan::held_elsewhere(size_t m, const std::string& name) const {
+  return m < models_.size() && models_[m]->elsewhere.count(name) != 0;
 }
 
 int64_t ParallelPlan::holders(size_t m, const std::string& name) const {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -22,6 +23,7 @@
 #include "core/tensor.h"
 #include "nn/module.h"
 #include "parallel/context_parallel.h"
+#include "parallel/pipeline.h"
 #include "parallel/placement.h"
 #include "parallel/tensor_parallel.h"
 
@@ -29,7 +31,8 @@ namespace accel::dist {
 
 // Note [apply order]
 // The only order in which parallel dimensions are applied to a model (torchtitan's parallelize):
-//   pp             split the model into stages (issue 38; no step yet)
+//   pp             keep this rank's pipeline stage of the model: the layers of its virtual
+//                  stages (PipelineModel), every other parameter and buffer dropped (pp_step.cc)
 //   tp             cut planned Linear / Embedding parameters over the tp group (tp_step.cc)
 //   cp             ring attention over the cp group around the planned attention modules, token
 //                  positions mapped to the global ones (cp_step.cc); cuts no parameter: the cp
@@ -45,8 +48,17 @@ inline constexpr std::string_view kApplyOrder[] = {"pp", "tp", "cp", "data_paral
 
 // What the steps read besides the mesh (typed: each step its own fields).
 struct ParallelOptions {
-  TpPlan tp_plan;  // the tp step's plan (AcceleratorConfig::tp_plan)
-  CpPlan cp_plan;  // the cp step's plan (AcceleratorConfig::cp_plan)
+  TpPlan tp_plan;         // the tp step's plan (AcceleratorConfig::tp_plan)
+  CpPlan cp_plan;         // the cp step's plan (AcceleratorConfig::cp_plan)
+  PipelinePlan pipeline;  // the pp step's cut and schedule (AcceleratorConfig::pipeline)
+};
+
+// A state entry another pipeline stage holds (the pp step dropped it here): its global shape,
+// dtype and the pp coordinate holding it.
+struct HeldElsewhere {
+  Shape shape;
+  DType dtype = kFloat32;
+  int pp_rank = 0;
 };
 
 // One prepared model and the layout of each parameter along the mesh dimensions the model steps
@@ -61,6 +73,10 @@ class ParallelModel {
   // Whether the ranks of every cut dimension hold parameters of equal local shapes (uneven shards:
   // not; the replicated-gradient check then cannot compare flat spans). Steps clear it.
   bool even_shapes = true;
+  // Pipeline parallelism (the pp step): this rank's model chunks in the order of its virtual
+  // stages (empty: the model is not pipelined), and the state_dict entries other stages hold.
+  std::vector<PipelineChunk> pipeline;
+  std::map<std::string, HeldElsewhere> elsewhere;
 
  private:
   std::shared_ptr<nn::Module> module_;
@@ -142,6 +158,8 @@ class ParallelPlan {
   // This rank's piece of the global tensor `full` (ShapeError naming the tensor when its shape
   // cannot be cut as recorded).
   Tensor part(size_t m, const std::string& name, const Tensor& full) const;
+  // Whether state entry `name` of model m is held by another pipeline stage (dropped here).
+  bool held_elsewhere(size_t m, const std::string& name) const;
   // The ranks of the cut dimensions holding the same piece, and whether this rank is the one at
   // coordinate 0 along each dimension that replicates it.
   int64_t holders(size_t m, const std::string& name) const;

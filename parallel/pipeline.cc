@@ -145,13 +145,9 @@ std::vector<Tensor> microbatches_of(const Tensor& t, int m, const char* what) {
   return out;
 }
 
-}  // namespace
-
-std::vector<PipelineChunk> pipeline_chunks(const std::vector<PipelineLayer>& layers, int stages,
-                                           int rank, int chunks,
-                                           const std::vector<std::string>& split) {
-  const char* op = "pipeline_chunks";
-  check_sizes(stages, rank, 1, chunks, op);
+// begin[s]: the first layer of virtual stage s; begin[stages x chunks] = the layer count.
+std::vector<int> stage_begins(const std::vector<PipelineLayer>& layers, int stages, int chunks,
+                              const std::vector<std::string>& split, const char* op) {
   const int n = int(layers.size()), vstages = stages * chunks;
   ACCEL_CHECK(n >= vstages, ValueError, op, "a model of ", n, " layers cannot fill ", vstages,
               " virtual stages (", stages, " stages x ", chunks, " chunks)");
@@ -178,6 +174,27 @@ std::vector<PipelineChunk> pipeline_chunks(const std::vector<PipelineLayer>& lay
       begin[size_t(s)] = at;
     }
   }
+  return begin;
+}
+
+}  // namespace
+
+std::vector<int> pipeline_stage_of(const std::vector<PipelineLayer>& layers, int stages, int chunks,
+                                   const std::vector<std::string>& split) {
+  check_sizes(stages, 0, 1, chunks, "pipeline_stage_of");
+  const std::vector<int> begin = stage_begins(layers, stages, chunks, split, "pipeline_stage_of");
+  std::vector<int> out(layers.size(), 0);
+  for (size_t s = 0; s + 1 < begin.size(); ++s)
+    for (int i = begin[s]; i < begin[s + 1]; ++i) out[size_t(i)] = int(s);
+  return out;
+}
+
+std::vector<PipelineChunk> pipeline_chunks(const std::vector<PipelineLayer>& layers, int stages,
+                                           int rank, int chunks,
+                                           const std::vector<std::string>& split) {
+  const char* op = "pipeline_chunks";
+  check_sizes(stages, rank, 1, chunks, op);
+  const std::vector<int> begin = stage_begins(layers, stages, chunks, split, op);
   std::vector<PipelineChunk> out;
   for (int j = 0; j < chunks; ++j) {
     const int s = j * stages + rank;
@@ -260,6 +277,34 @@ std::vector<PipelineAction> pipeline_schedule(PipelineScheduleKind kind, int sta
   return out;
 }
 
+namespace {
+
+// Every rank must run the same schedule over as many chunks; a rank's own refusal is raised
+// after the agreement, so that every rank raises.
+void agree(ProcessGroup& pp, int v, int m, PipelineScheduleKind schedule,
+           const std::exception_ptr& refusal) {
+  const char* op = "pipeline_step";
+  Tensor mine =
+      tensor(std::vector<double>{double(v), double(m), double(int(schedule)), refusal ? 1.0 : 0.0},
+             {4}, TensorOptions(kFloat64));
+  Tensor lo = mine.clone(), hi = mine.clone();
+  pp.all_reduce(lo, ReduceOp::Min);
+  pp.all_reduce(hi, ReduceOp::Max);
+  ACCEL_CHECK(lo.data<double>()[0] == hi.data<double>()[0] &&
+                  lo.data<double>()[1] == hi.data<double>()[1] &&
+                  lo.data<double>()[2] == hi.data<double>()[2],
+              ValueError, op,
+              "the pp ranks disagree on the chunks per rank, the microbatches or the schedule "
+              "(this rank: ",
+              v, " chunks, ", m, " microbatches, ", schedule_name(schedule), ")");
+  if (refusal) std::rethrow_exception(refusal);
+  ACCEL_CHECK(hi.data<double>()[3] == 0.0, ValueError, op,
+              "another pp rank refused the step (the first rank checks the inputs, the last the "
+              "targets; its error says why)");
+}
+
+}  // namespace
+
 PipelineResult pipeline_step(const std::vector<PipelineChunk>& chunks, const ProcessGroupPtr& pp,
                              const Tensor& inputs, const Tensor& targets, const PipelineLoss& loss,
                              const PipelineOptions& options) {
@@ -285,26 +330,7 @@ PipelineResult pipeline_step(const std::vector<PipelineChunk>& chunks, const Pro
     if (p == 1) throw;
     refusal = std::current_exception();
   }
-  if (p > 1) {
-    // Every rank must run the same schedule over as many chunks.
-    Tensor mine = tensor(std::vector<double>{double(v), double(m), double(int(options.schedule)),
-                                             refusal ? 1.0 : 0.0},
-                         {4}, TensorOptions(kFloat64));
-    Tensor lo = mine.clone(), hi = mine.clone();
-    pp->all_reduce(lo, ReduceOp::Min);
-    pp->all_reduce(hi, ReduceOp::Max);
-    ACCEL_CHECK(lo.data<double>()[0] == hi.data<double>()[0] &&
-                    lo.data<double>()[1] == hi.data<double>()[1] &&
-                    lo.data<double>()[2] == hi.data<double>()[2],
-                ValueError, op,
-                "the pp ranks disagree on the chunks per rank, the microbatches or the schedule "
-                "(this rank: ",
-                v, " chunks, ", m, " microbatches, ", schedule_name(options.schedule), ")");
-    if (refusal) std::rethrow_exception(refusal);
-    ACCEL_CHECK(hi.data<double>()[3] == 0.0, ValueError, op,
-                "another pp rank refused the step (the first rank checks the inputs, the last the "
-                "targets; its error says why)");
-  }
+  if (p > 1) agree(*pp, v, m, options.schedule, refusal);
   Device device = kCPU;  // where received activations go
   if (rank == 0) {
     device = inputs.device();
@@ -320,7 +346,10 @@ PipelineResult pipeline_step(const std::vector<PipelineChunk>& chunks, const Pro
   Outbox outbox;
   PipelineResult res;
   double loss_sum = 0;
-  for (const PipelineAction& a : pipeline_schedule(options.schedule, p, rank, m, v)) {
+  const std::vector<PipelineAction> actions = pipeline_schedule(options.schedule, p, rank, m, v);
+  const int64_t total_backwards = int64_t(m) * v;
+  int64_t backwards = 0;
+  for (const PipelineAction& a : actions) {
     const int vs = a.chunk * p + rank;
     if (a.kind == PipelineAction::Kind::Forward) {
       Slot s;
@@ -353,8 +382,9 @@ PipelineResult pipeline_step(const std::vector<PipelineChunk>& chunks, const Pro
                   " before its forward");
       Slot s = std::move(it->second);
       stash.erase(it);
+      if (options.before_backward) options.before_backward(++backwards == total_backwards);
       if (vs == last) {
-        s.out.backward();
+        (options.backward_loss ? options.backward_loss(s.out) : s.out).backward();
       } else {
         const Tensor g =
             wire.recv((rank + 1) % p, 1, vs + 1, a.microbatch, s.out.device(), res.idle_s);

@@ -10,8 +10,9 @@
 //       {.schedule = dist::PipelineScheduleKind::OneFOneB, .microbatches = 8});
 //   // every parameter of this rank's chunks now holds the gradient of the batch's mean loss
 //
-// The Accelerator does not drive it yet (issue 38: the pp apply step, its checkpoints): a program
-// cuts its model itself and runs its data-parallel engine over the ranks holding the same chunk.
+// The Accelerator drives it at pp_size > 1 (Note [pp step] in parallel/pp_step.cc): prepare keeps
+// this rank's layers of a model that has a pipeline form (PipelineModel), and
+// Accelerator::forward_backward runs this step over the prepared stages.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,10 @@ using PipelineChunk = std::function<Tensor(const Tensor&)>;
 struct PipelineLayer {
   std::string name;  // what a split names: "blocks.3"
   PipelineChunk forward;
+  // The modules (names as named_modules() gives them) whose parameters and buffers the layer
+  // uses; empty: the module called `name`. A pipelined model keeps on each rank only the
+  // parameters of its layers (Note [pp step] in parallel/pp_step.cc).
+  std::vector<std::string> modules = {};
 };
 class PipelineModel {
  public:
@@ -50,6 +55,10 @@ class PipelineModel {
 std::vector<PipelineChunk> pipeline_chunks(const std::vector<PipelineLayer>& layers, int stages,
                                            int rank, int chunks = 1,
                                            const std::vector<std::string>& split = {});
+// The virtual stage of every layer under the same cut (what pipeline_chunks runs); the same
+// ValueErrors.
+std::vector<int> pipeline_stage_of(const std::vector<PipelineLayer>& layers, int stages,
+                                   int chunks = 1, const std::vector<std::string>& split = {});
 
 enum class PipelineScheduleKind : uint8_t {
   GPipe,            // every forward, then every backward
@@ -77,6 +86,23 @@ using PipelineLoss = std::function<Tensor(const Tensor& output, const Tensor& ta
 struct PipelineOptions {
   PipelineScheduleKind schedule = PipelineScheduleKind::OneFOneB;
   int microbatches = 1;
+  // Called before each backward this rank runs, `last` for its final one (the Accelerator turns
+  // the engine's gradient sync on there).
+  std::function<void(bool last)> before_backward = {};
+  // What each microbatch's loss (already divided by the microbatches) becomes before its backward
+  // (the Accelerator: divided by the accumulation steps, scaled under fp16); the reported loss is
+  // the unscaled one. Empty: as it is.
+  std::function<Tensor(const Tensor&)> backward_loss = {};
+};
+
+// How the Accelerator pipelines a model at pp_size > 1 (AcceleratorConfig::pipeline): its layers
+// cut into pp_size x chunks virtual stages (at `split`, or evenly), and the schedule and the
+// microbatches of every Accelerator::forward_backward.
+struct PipelinePlan {
+  PipelineScheduleKind schedule = PipelineScheduleKind::OneFOneB;
+  int microbatches = 1;
+  int chunks = 1;                  // virtual stages per rank (interleaved 1F1B: >= 2)
+  std::vector<std::string> split;  // the layers beginning virtual stages 1, 2, ...; empty: even
 };
 
 struct PipelineResult {

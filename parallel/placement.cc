@@ -21,6 +21,7 @@ std::string Placement::str() const {
     case Kind::Replicate: return "Replicate";
     case Kind::Flat: return "Flat";
     case Kind::Partial: return "Partial";
+    case Kind::Stage: return "Stage";
     case Kind::Shard:
       return "Shard(" + std::to_string(dim) +
              (chunks > 1 ? ", chunks=" + std::to_string(chunks) : std::string()) +
@@ -344,6 +345,21 @@ void LayoutTable::set(const std::string& name, const Tensor& t, Layout layout) {
   index_.emplace(name, entries_.size());
   if (t.defined()) by_tensor_.emplace(t.impl(), entries_.size());
   entries_.emplace_back(name, std::move(layout));
+}
+
+void LayoutTable::extend(const std::string& name, const Tensor& t, Layout layout) {
+  const auto it = index_.find(name);
+  if (it == index_.end()) return set(name, t, std::move(layout));
+  Layout& old = entries_[it->second].second;
+  for (const MeshStep& s : old.steps)
+    ACCEL_CHECK(s.placement.kind == Placement::Kind::Stage, ValueError, "LayoutTable", "'", name,
+                "' was cut along '", s.dim, "' (", s.placement.str(),
+                ") before a later step recorded it");
+  std::vector<MeshStep> steps = old.steps;
+  steps.insert(steps.end(), layout.steps.begin(), layout.steps.end());
+  layout.steps = std::move(steps);
+  old = std::move(layout);
+  if (t.defined()) by_tensor_[t.impl()] = it->second;
 }
 
 const Layout* LayoutTable::find(const Tensor& t) const {

@@ -35,8 +35,10 @@ namespace accel::dist {
 // flat range. Partial is a pending sum over a mesh dimension (gradients inside an accumulation
 // window). Uneven sizes follow torch.chunk: chunk = ceil(size / n), piece i is
 // [i * chunk, min(size, (i + 1) * chunk)), possibly empty, so ranks may hold different sizes.
+// Stage is pipeline parallelism's: the tensor is held whole by the ranks at this coordinate of the
+// dimension only (its layer's pipeline stage), by no other: it neither cuts nor replicates.
 struct Placement {
-  enum class Kind : uint8_t { Replicate, Shard, Flat, Partial };
+  enum class Kind : uint8_t { Replicate, Shard, Flat, Partial, Stage };
   Kind kind = Kind::Replicate;
   int32_t dim = 0;     // Shard: the tensor dimension
   int32_t chunks = 1;  // Shard: the dimension is `chunks` equal blocks, each cut alike
@@ -48,7 +50,9 @@ struct Placement {
   static Placement shard(int64_t dim, int64_t chunks = 1, int64_t unit = 1);
   static Placement flat() { return {Kind::Flat, 0, 1, 1}; }
   static Placement partial() { return {Kind::Partial, 0, 1, 1}; }
-  // "Replicate", "Shard(0)", "Shard(0, chunks=3)", "Shard(0, chunks=3, unit=8)", "Flat", "Partial"
+  static Placement stage() { return {Kind::Stage, 0, 1, 1}; }
+  // "Replicate", "Shard(0)", "Shard(0, chunks=3)", "Shard(0, chunks=3, unit=8)", "Flat",
+  // "Partial", "Stage"
   std::string str() const;
   bool operator==(const Placement&) const = default;
 };
@@ -164,6 +168,9 @@ class LayoutTable {
  public:
   // ValueError when `name` is set already.
   void set(const std::string& name, const Tensor& t, Layout layout);
+  // A later step's record of `name`: `layout` with the steps recorded for it so far put first
+  // (they must not cut it: a pipeline Stage); set() when it has none.
+  void extend(const std::string& name, const Tensor& t, Layout layout);
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   // nullptr when `t` has no layout here.
   const Layout* find(const Tensor& t) const;

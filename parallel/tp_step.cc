@@ -65,7 +65,8 @@ class TpStep final : public ApplyStep {
       }
     }
     if (nn::is_deferred(model)) check_deferred_seeds(model, *tp);
-    parallelize(pm.module(), tp, ctx.options.tp_plan);
+    parallelize(pm.module(), tp,
+                pm.elsewhere.empty() ? ctx.options.tp_plan : stage_plan(pm, ctx.options.tp_plan));
     record_layouts(pm, tp->size(), tp->rank());
     if (!local_shapes_agree(model, *tp)) pm.even_shapes = false;
     // A deferred model the engine does not take: each parameter streams its tp piece
@@ -74,6 +75,25 @@ class TpStep final : public ApplyStep {
   }
 
  private:
+  // Under pipeline parallelism (Note [pp step]): the plan for this stage, the modules it matches
+  // by their exact names, but those whose parameters and buffers another stage holds (this rank
+  // never runs them).
+  static TpPlan stage_plan(const ParallelModel& pm, const TpPlan& plan) {
+    TpPlan out;
+    for (auto& [name, m] : pm.module()->named_modules()) {
+      const std::string pre = name + ".";
+      bool dropped = false;
+      for (const auto& [entry, where] : pm.elsewhere) dropped = dropped || entry.rfind(pre, 0) == 0;
+      if (dropped && m->named_parameters().empty() && m->named_buffers().empty()) continue;
+      for (const auto& [pattern, style] : plan)
+        if (module_name_matches(pattern, name)) {
+          out.emplace_back(name, style);
+          break;
+        }
+    }
+    return out;
+  }
+
   static void record_layouts(ParallelModel& pm, int size, int rank) {
     const std::map<std::string, TpShard> shards = tp_shards(*pm.module());
     for (auto& [name, p] : pm.module()->named_parameters()) {
@@ -88,7 +108,7 @@ class TpStep final : public ApplyStep {
       }
       Layout l = Layout::whole(global, p.dtype());
       l.then(std::string(kTp), placement, size, rank);
-      pm.layouts().set(name, p, std::move(l));
+      pm.layouts().extend(name, p, std::move(l));  // after the pp step's Stage
     }
     pm.layouts().aliases = pm.module()->tied_aliases();
   }

@@ -1,10 +1,10 @@
 // One rank of the mesh-training tests (tests/accelerate/test_mesh_training.cc): a small GPT
 // (examples/models.h) trained in float64 through the Accelerator on the mesh and strategy of the
 // ACCEL_* variables (ACCEL_DP_REPLICATE_SIZE, ACCEL_DP_SHARD_SIZE, ACCEL_TP_SIZE, ACCEL_CP_SIZE,
-// ACCEL_ZERO_STAGE, ACCEL_GRADIENT_ACCUMULATION_STEPS, ACCEL_FSDP_ACTIVATION_CHECKPOINTING), AdamW
-// with weight decay and gradient clipping, a fixed global batch that each
-// data-parallel rank takes its share of (the ranks of a tp group take the same one), so every
-// mesh, one process included, computes the same steps.
+// ACCEL_PP_SIZE, ACCEL_ZERO_STAGE, ACCEL_GRADIENT_ACCUMULATION_STEPS,
+// ACCEL_FSDP_ACTIVATION_CHECKPOINTING), AdamW with weight decay and gradient clipping, a fixed
+// global batch that each data-parallel rank takes its share of (the ranks of a tp group take the
+// same one), so every mesh, one process included, computes the same steps.
 //   mesh_worker <out> <steps> [import <file>] [load <dir>] [save <step> <dir>] [export <file>]
 //               [sp] [f32] [dropout] [ln_f-replicate] [loader] [tied] [uneven] [deferred]
 // import: load_model(file) after prepare; load: load_state(dir), then train until <steps>
@@ -25,6 +25,9 @@
 // and made float64 before it has values; prepare materialises it (one process: nn::materialize
 // first). Rank 0 also writes "peak <bytes during prepare> <full model bytes>".
 // no-cp-plan: AcceleratorConfig::cp_plan left empty (refused at ACCEL_CP_SIZE > 1).
+// pipeline <gpipe|1f1b|interleaved> <microbatches> <chunks per rank>: AcceleratorConfig::pipeline
+// (used at ACCEL_PP_SIZE > 1); split <layer>[,<layer>...]: its split points.
+// Every micro-step is Accelerator::forward_backward (a pipeline step under pp).
 // loadall <tag>=<dir>[,<tag>=<dir>...]: instead of one run, for each checkpoint in turn
 // load_state(dir) and train until <steps>, writing <out>.<tag> as <out> is written (the
 // checkpoint matrix: tests/accelerate/test_checkpoint_matrix.cc).
@@ -76,6 +79,7 @@ int run(int argc, char** argv) {
   int save_at = -1;
   bool sequence_parallel = false, f32 = false, with_dropout = false, ln_f_replicate = false,
        use_loader = false, tied = false, uneven = false, deferred = false, no_cp_plan = false;
+  dist::PipelinePlan pipeline;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "loadall" && i + 1 < argc) {
@@ -107,6 +111,20 @@ int run(int argc, char** argv) {
       deferred = true;
     } else if (a == "no-cp-plan") {
       no_cp_plan = true;
+    } else if (a == "pipeline" && i + 3 < argc) {
+      const std::string kind = argv[++i];
+      pipeline.schedule = kind == "gpipe"  ? dist::PipelineScheduleKind::GPipe
+                          : kind == "1f1b" ? dist::PipelineScheduleKind::OneFOneB
+                                           : dist::PipelineScheduleKind::Interleaved1F1B;
+      pipeline.microbatches = std::atoi(argv[++i]);
+      pipeline.chunks = std::atoi(argv[++i]);
+    } else if (a == "split" && i + 1 < argc) {
+      std::string rest = argv[++i];
+      while (!rest.empty()) {
+        const size_t comma = rest.find(',');
+        pipeline.split.push_back(rest.substr(0, comma));
+        rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+      }
     } else {
       std::cerr << "mesh_worker: unexpected argument '" << a << "'\n";
       return 2;
@@ -122,6 +140,8 @@ int run(int argc, char** argv) {
   cfg.tp_plan = models::gpt_tp_plan({.sequence_parallel = sequence_parallel});
   // Used only when ACCEL_CP_SIZE > 1: ring attention in every block, global positions.
   if (!no_cp_plan) cfg.cp_plan = models::gpt_cp_plan();
+  // Used only when ACCEL_PP_SIZE > 1: the layers cut evenly (or at `split`), this schedule.
+  cfg.pipeline = pipeline;
   if (ln_f_replicate)
     for (auto& [pattern, style] : cfg.tp_plan)
       if (pattern == "ln_f") style = dist::replicate();
@@ -231,8 +251,8 @@ int run(int argc, char** argv) {
         }
         x = x.contiguous();
         y = y.contiguous();
-        const Tensor loss = models::lm_loss(m->forward(x), y);
-        acc.backward(loss);
+        // On every mesh; under pp the stages run as a pipeline and the loss is the batch's.
+        const Tensor loss = acc.forward_backward(*m, x, y, models::lm_loss);
         if (acc.sync_gradients()) acc.clip_grad_norm_(0.5);
         o->step();
         o->zero_grad();

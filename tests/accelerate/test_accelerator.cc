@@ -610,7 +610,7 @@ TEST_CASE("parallelism: acc.mesh() of one process; sizes that do not fit are Val
   const std::string dir = fresh_dir(kScratch, "mesh");
   {
     Accelerator acc(base_config(dir));
-    CHECK(acc.mesh().describe() == "dp_replicate 1 x dp_shard 1 x cp 1 x tp 1");
+    CHECK(acc.mesh().describe() == "pp 1 x dp_replicate 1 x dp_shard 1 x cp 1 x tp 1");
     CHECK(acc.mesh().group_ranks("dp") == std::vector<int>{0});
     AcceleratorConfig ones = base_config(dir);
     ones.parallelism = {1, 1, 1};

@@ -1,12 +1,12 @@
 // The cross-mesh checkpoint matrix (issue 37's check; docs/checkpointing.md): a checkpoint saved
-// mid-epoch with a prepared, shuffled DataLoader on any of 11 meshes (1 process, dp 4, shard 4,
+// mid-epoch with a prepared, shuffled DataLoader on any of 13 meshes (1 process, dp 4, shard 4,
 // HSDP 2 x 2, tp 2 x dp 2, tp 2 x shard 2, tp 4 + sequence parallel, tp 2 x ZeRO-1, tp 2 x
-// ZeRO-2, cp 2 x shard 2, cp 2 x tp 2) continues on every one of
+// ZeRO-2, cp 2 x shard 2, cp 2 x tp 2, pp 2 x shard 2, pp 2 x tp 2) continues on every one of
 // them exactly as the uninterrupted 1-process run does: losses within 1e-12, final weights within
 // 1e-10, in float64 (small GPT, AdamW with weight decay, clipping 0.5, global batch 8 over 64
 // sequences at every dp size, 12 steps crossing into epoch 1).
-// 22 launches of tests/accelerate/mesh_worker: 11 save runs (steps 0-4, save after step 4), then
-// 11 "loadall" runs, each loading the 11 checkpoints in turn and training steps 5-11 after each.
+// 26 launches of tests/accelerate/mesh_worker: 13 save runs (steps 0-4, save after step 4), then
+// 13 "loadall" runs, each loading the 13 checkpoints in turn and training steps 5-11 after each.
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -89,6 +89,13 @@ const std::vector<Mesh>& meshes() {
       // Context parallelism: ZeRO-3 over dp_shard x cp, and cp x tp (parallel/context_parallel.h).
       {"cp2shard2", 4, {{"ACCEL_CP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}}, {}},
       {"cp2tp2", 4, {{"ACCEL_CP_SIZE", "2"}, {"ACCEL_TP_SIZE", "2"}}, {}},
+      // Pipeline parallelism: each stage writes its layers (Note [pp step]), ZeRO-3 over each
+      // stage's dp_shard; and pp x tp with two microbatches per step.
+      {"pp2shard2", 4, {{"ACCEL_PP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}}, {}},
+      {"pp2tp2",
+       4,
+       {{"ACCEL_PP_SIZE", "2"}, {"ACCEL_TP_SIZE", "2"}},
+       {"pipeline", "1f1b", "2", "1"}},
   };
   return m;
 }

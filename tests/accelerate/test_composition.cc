@@ -1,6 +1,6 @@
 // The composition of parallel dimensions (Note [apply order] in parallel/parallelize.h, Note
-// [composed strategy] in accelerate/composition.cc): the fixed order and the refusal of a
-// dimension whose step is not built; gradient clipping on meshes whose replication counts are not
+// [composed strategy] in accelerate/composition.cc): the built-in steps, the pp step's cut of a
+// model into stages (Note [pp step]); gradient clipping on meshes whose replication counts are not
 // powers of two (tp 3, dp 3) equal to one process bit for bit (Note [composed gradient norms]).
 //
 // The binary is its own worker: `test_composition clip <out>` runs one rank.
@@ -49,46 +49,128 @@ struct LoggingStep : dist::ApplyStep {
   std::string slot_;
 };
 
-TEST_CASE("parallelize: a dimension without a step is refused by its setting; steps run in order") {
-  // pp has no step (issue 38): a mesh with pp 2 is a ValueError naming the setting.
-  const dist::DeviceMesh pp({{"pp", 2}}, 0, 1);
-  CHECK_THROWS_WITH_AS(
-      dist::ParallelPlan(pp, {}, std::make_unique<LoggingStep>("data_parallel")),
-      doctest::Contains("pp_size 2: pipeline parallelism is not built yet (issue 38)"), ValueError);
-  // Only the model slots take registrations, once each (tp is built in).
+TEST_CASE("parallelize: the model slots are built in; the pp step runs first") {
+  // Only the model slots take registrations, once each (pp, tp and cp are built in).
   CHECK_THROWS_WITH_AS(
       dist::register_apply_step("data_parallel", [] { return std::make_unique<LoggingStep>("x"); }),
       doctest::Contains("not a slot"), ValueError);
-  CHECK_THROWS_WITH_AS(
-      dist::register_apply_step("tp", [] { return std::make_unique<LoggingStep>("tp"); }),
-      doctest::Contains("has a step already"), ValueError);
-  // cp is built in too (parallel/cp_step.cc); it cuts no parameter, so only tp is a model dim.
-  CHECK_THROWS_WITH_AS(
-      dist::register_apply_step("cp", [] { return std::make_unique<LoggingStep>("cp"); }),
-      doctest::Contains("has a step already"), ValueError);
-  CHECK(dist::registered_model_dims() == std::vector<std::string>{"tp"});
+  for (const char* slot : {"pp", "tp", "cp"}) {
+    CAPTURE(slot);
+    CHECK_THROWS_WITH_AS(
+        dist::register_apply_step(slot, [slot] { return std::make_unique<LoggingStep>(slot); }),
+        doctest::Contains("has a step already"), ValueError);
+  }
+  // cp cuts no parameter; pp records Stage layouts, tp Shard / Replicate ones.
+  CHECK(dist::registered_model_dims() == std::vector<std::string>{"pp", "tp"});
   {
     // A cp 2 mesh takes the cp step (active), which records no cut dimension.
     const dist::DeviceMesh cp({{"dp", 1}, {"cp", 2}}, 0, 1);
     dist::ParallelPlan with_cp(cp, {}, std::make_unique<LoggingStep>("data_parallel"));
     CHECK(with_cp.cut_dims().empty());
   }
-  // A registered pp step runs first: every check, then every apply, in kApplyOrder (the tp step
-  // is inactive on a mesh without tp > 1; the data-parallel step is last).
-  dist::register_apply_step("pp", [] { return std::make_unique<LoggingStep>("pp"); });
-  const dist::DeviceMesh one({{"pp", 2}, {"tp", 1}}, 0, 1);
-  dist::ParallelPlan plan(one, {}, std::make_unique<LoggingStep>("data_parallel"));
+  // A model without a pipeline form is refused at pp 2 before anything changes (the pp step's
+  // check runs before the data-parallel step's).
+  order_log().clear();
+  const dist::DeviceMesh pp({{"pp", 2}, {"tp", 1}}, 0, 1);
+  dist::ParallelPlan plan(pp, {}, std::make_unique<LoggingStep>("data_parallel"));
+  CHECK(plan.cut_dims() == std::vector<std::string>{"pp"});
   auto m = std::make_shared<nn::Linear>(2, 2);
-  plan.prepare_model(m);
-  CHECK(order_log() == std::vector<std::string>{"check pp", "check data_parallel", "apply pp",
-                                                "apply data_parallel"});
-  CHECK(plan.models().size() == 1);
-  CHECK(!plan.cuts_models());
-  // Nothing cut: every tensor is whole and this rank its primary holder.
-  const dist::TensorPlace p = plan.place(0, "weight", {2, 2});
-  CHECK(p.region == dist::Region::whole({2, 2}));
-  CHECK(p.primary);
-  CHECK(plan.full_shape(0, "weight", {2, 2}) == Shape{2, 2});
+  CHECK_THROWS_WITH_AS(plan.prepare_model(m), doctest::Contains("has no pipeline form"),
+                       ValueError);
+  CHECK(order_log().empty());
+  CHECK(plan.models().empty());
+  CHECK(m->weight.numel() == 4);
+}
+
+// ---- the pp step (Note [pp step] in parallel/pp_step.cc) ----
+// Three Linear layers in a chain; the split cuts it into stages.
+struct Chain : nn::Module, dist::PipelineModel {
+  std::shared_ptr<nn::Linear> l0, l1, l2;
+  bool cover_l2 = true;
+  Chain() {
+    l0 = register_module("l0", std::make_shared<nn::Linear>(4, 4));
+    l1 = register_module("l1", std::make_shared<nn::Linear>(4, 4));
+    l2 = register_module("l2", std::make_shared<nn::Linear>(4, 2));
+  }
+  Tensor forward(const Tensor& x) override { return (*l2)((*l1)((*l0)(x))); }
+  std::vector<dist::PipelineLayer> pipeline_layers() override {
+    std::vector<dist::PipelineLayer> out = {{"l0", [this](const Tensor& x) { return (*l0)(x); }},
+                                            {"l1", [this](const Tensor& x) { return (*l1)(x); }}};
+    if (cover_l2) out.push_back({"l2", [this](const Tensor& x) { return (*l2)(x); }});
+    return out;
+  }
+};
+
+TEST_CASE("pp step: a stage keeps its layers, records the others, refuses direct calls") {
+  order_log().clear();
+  for (int rank : {0, 1}) {
+    CAPTURE(rank);
+    const dist::DeviceMesh pp({{"pp", 2}}, rank, 1);
+    dist::ParallelPlan plan(pp, {}, std::make_unique<LoggingStep>("data_parallel"));
+    auto m = std::make_shared<Chain>();
+    auto opt_handle = m->l2->weight;  // an optimizer built before prepare holds handles like it
+    dist::ParallelModel& pm = plan.prepare_model(m);
+    // Three layers over two stages: l0, l1 on rank 0, l2 on rank 1.
+    const std::vector<std::string> kept =
+        rank == 0 ? std::vector<std::string>{"l0.bias", "l0.weight", "l1.bias", "l1.weight"}
+                  : std::vector<std::string>{"l2.bias", "l2.weight"};
+    std::vector<std::string> names;
+    for (const auto& [n, t] : m->state_dict()) names.push_back(n);
+    CHECK(names == kept);
+    CHECK(pm.pipeline.size() == 1);
+    CHECK(pm.elsewhere.size() == 6 - kept.size());
+    if (rank == 0) {
+      CHECK(pm.elsewhere.at("l2.weight").shape == Shape{2, 4});
+      CHECK(pm.elsewhere.at("l2.weight").pp_rank == 1);
+      CHECK(opt_handle.numel() == 0);  // the storage is freed for every handle
+      CHECK(plan.held_elsewhere(0, "l2.bias"));
+      // The chunk runs l0 and l1.
+      CHECK(pm.pipeline[0](ones({3, 4})).sizes() == Shape{3, 4});
+    } else {
+      CHECK(pm.pipeline[0](ones({3, 4})).sizes() == Shape{3, 2});
+    }
+    // Each kept tensor is a Stage of pp: its only holder, primary and lead at any pp rank.
+    const dist::TensorPlace p = plan.place(0, kept[0], m->state_dict().at(kept[0]).sizes());
+    CHECK(p.primary);
+    CHECK(p.lead);
+    CHECK(p.layout == "pp: Stage");
+    CHECK(plan.holders(0, kept[0]) == 1);
+    CHECK_THROWS_WITH_AS((*m)(ones({3, 4})), doctest::Contains("split into pipeline stages"),
+                         ValueError);
+  }
+  // A split that does not cover the model: l2's parameters belong to no layer.
+  {
+    const dist::DeviceMesh pp({{"pp", 2}}, 0, 1);
+    dist::ParallelPlan plan(pp, {}, std::make_unique<LoggingStep>("data_parallel"));
+    auto m = std::make_shared<Chain>();
+    m->cover_l2 = false;
+    CHECK_THROWS_WITH_AS(plan.prepare_model(m), doctest::Contains("'l2.weight' of"), ValueError);
+    CHECK(m->l2->weight.numel() == 8);  // nothing changed
+  }
+  // More stages than layers; a split point that names no layer.
+  {
+    const dist::DeviceMesh pp({{"pp", 4}}, 0, 1);
+    dist::ParallelPlan plan(pp, {}, std::make_unique<LoggingStep>("data_parallel"));
+    CHECK_THROWS_WITH_AS(plan.prepare_model(std::make_shared<Chain>()),
+                         doctest::Contains("3 layers cannot fill 4 virtual stages"), ValueError);
+    dist::ParallelOptions o;
+    o.pipeline.split = {"l9"};
+    const dist::DeviceMesh pp2({{"pp", 2}}, 0, 1);
+    dist::ParallelPlan bad(pp2, o, std::make_unique<LoggingStep>("data_parallel"));
+    CHECK_THROWS_WITH_AS(bad.prepare_model(std::make_shared<Chain>()),
+                         doctest::Contains("split point 'l9' names no layer"), ValueError);
+  }
+  // Weights tied across stages are refused.
+  {
+    const dist::DeviceMesh pp({{"pp", 2}}, 0, 1);
+    dist::ParallelPlan plan(pp, {}, std::make_unique<LoggingStep>("data_parallel"));
+    auto m = std::make_shared<Chain>();
+    m->l1->set_parameter("bias", m->l0->bias);
+    dist::ParallelOptions o;
+    o.pipeline.split = {"l1"};  // l0 | l1, l2
+    dist::ParallelPlan split(pp, o, std::make_unique<LoggingStep>("data_parallel"));
+    CHECK_THROWS_WITH_AS(split.prepare_model(m), doctest::Contains("tied"), ValueError);
+  }
 }
 
 // ---- gradient clipping: every element counted once, exactly ----

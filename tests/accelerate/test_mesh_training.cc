@@ -249,6 +249,42 @@ TEST_CASE("context parallel: cp 2, cp 4, cp 2 x tp 2, cp 2 x shard 2 equal one p
   expect_equal_to_one_process(sp, "cp-sp", {"sp"});
 }
 
+// Pipeline parallelism (Note [pp step] in parallel/pp_step.cc): each pp rank keeps its stage of
+// the GPT's layers (embed, blocks.0, blocks.1, head), Accelerator::forward_backward runs the
+// microbatches through the stages under each schedule, the engine syncs once per optimizer step,
+// clipping sums the stages' norms. With accumulation: the same steps as one process.
+TEST_CASE(
+    "pipeline parallel: pp 2, pp 4, pp 2 x shard 2, pp 2 x tp 2, pp 2 x cp 2 equal one process") {
+  const std::vector<std::pair<Mesh, std::vector<std::string>>> cases = {
+      {{"pp 2 x dp 2 (DDP), 1F1B, 2 microbatches", {{"ACCEL_PP_SIZE", "2"}}},
+       {"pipeline", "1f1b", "2", "1"}},
+      {{"pp 4, GPipe, 4 microbatches, accumulation 2",
+        {{"ACCEL_PP_SIZE", "4"}, {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "2"}}},
+       {"pipeline", "gpipe", "4", "1"}},
+      {{"pp 2 x shard 2 (ZeRO-2), 1F1B, accumulation 2",
+        {{"ACCEL_PP_SIZE", "2"},
+         {"ACCEL_ZERO_STAGE", "2"},
+         {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "2"}}},
+       {"pipeline", "1f1b", "2", "1"}},
+      {{"pp 2 x dp 2 (DDP), interleaved 1F1B (2 chunks per rank), accumulation 2",
+        {{"ACCEL_PP_SIZE", "2"}, {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "2"}}},
+       {"pipeline", "interleaved", "2", "2"}},
+      {{"pp 2 x shard 2 (ZeRO-3), 1F1B", {{"ACCEL_PP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}}},
+       {"pipeline", "1f1b", "4", "1"}},
+      {{"pp 2 x shard 2 (ZeRO-1), GPipe", {{"ACCEL_PP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "1"}}},
+       {"pipeline", "gpipe", "2", "1"}},
+      {{"pp 2 x tp 2, 1F1B, split at blocks.1", {{"ACCEL_PP_SIZE", "2"}, {"ACCEL_TP_SIZE", "2"}}},
+       {"pipeline", "1f1b", "4", "1", "split", "blocks.1"}},
+      {{"pp 2 x cp 2, 1F1B, accumulation 2",
+        {{"ACCEL_PP_SIZE", "2"},
+         {"ACCEL_CP_SIZE", "2"},
+         {"ACCEL_GRADIENT_ACCUMULATION_STEPS", "2"}}},
+       {"pipeline", "1f1b", "2", "1"}},
+  };
+  for (size_t i = 0; i < cases.size(); ++i)
+    expect_equal_to_one_process({cases[i].first}, "pp" + std::to_string(i), cases[i].second);
+}
+
 // A prepared loader hands each cp rank its tokens of the inputs and of the targets.
 TEST_CASE("context parallel: a prepared loader cuts inputs and targets along the sequence") {
   const Run one = train("cp-loader-one", 1, {}, {"loader"});
@@ -276,6 +312,42 @@ TEST_CASE("context parallel: an empty cp_plan and an indivisible sequence are re
   expect(run_world(worker(), {scratch() + "/cp-3.txt", "2", "loader"}, 3, {{"ACCEL_CP_SIZE", "3"}},
                    120s),
          {"[DataLoader]", "cp_size 3", "not divisible by 2 x cp_size = 6"});
+}
+
+// Pipeline misuse is a clear error on every rank: a split naming no layer (at prepare), a batch
+// that does not split into the microbatches (the first stage reads it; the others are told), an
+// engine that reduces every backward under interleaved 1F1B, pp sizes that do not fit the world.
+TEST_CASE(
+    "pipeline parallel: a bad split, microbatches, engine or size are refused on every rank") {
+  auto expect = [](const std::vector<accel::test::RankResult>& res,
+                   const std::vector<std::vector<std::string>>& per_rank) {
+    REQUIRE(res.size() == per_rank.size());
+    for (size_t r = 0; r < res.size(); ++r) {
+      CAPTURE(r);
+      CHECK(res[r].exited);
+      CHECK(res[r].code == 3);
+      for (const std::string& want : per_rank[r])
+        CHECK_MESSAGE(res[r].output.find(want) != std::string::npos, want, " in: ", res[r].output);
+    }
+  };
+  const Env pp2 = {{"ACCEL_PP_SIZE", "2"}};
+  const std::vector<std::string> no_layer = {"[prepare] pp_size 2, AcceleratorConfig::pipeline",
+                                             "split point 'blocks.7' names no layer"};
+  expect(run_world(worker(), {scratch() + "/pp-split.txt", "2", "split", "blocks.7"}, 2, pp2, 120s),
+         {no_layer, no_layer});
+  // 8 rows per step at dp 1 do not split into 3 microbatches.
+  expect(run_world(worker(), {scratch() + "/pp-mb.txt", "2", "pipeline", "1f1b", "3", "1"}, 2, pp2,
+                   120s),
+         {{"[pipeline_step]", "inputs of shape (8, 16) does not split into 3 microbatches"},
+          {"[pipeline_step]", "targets of shape (8, 16) does not split into 3 microbatches"}});
+  const std::vector<std::string> engine = {"[forward_backward]", "strategy 'zero2'",
+                                           "reduces the gradients of every backward"};
+  expect(run_world(worker(), {scratch() + "/pp-zero.txt", "2", "pipeline", "interleaved", "2", "2"},
+                   4, {{"ACCEL_PP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "2"}}, 120s),
+         {engine, engine, engine, engine});
+  const std::vector<std::string> size = {"pp_size 3", "world size 4"};
+  expect(run_world(worker(), {scratch() + "/pp-3.txt", "2"}, 4, {{"ACCEL_PP_SIZE", "3"}}, 120s),
+         {size, size, size, size});
 }
 
 // Mixed precision on the 2-D mesh: bf16 compute parameters with float32 master shards and

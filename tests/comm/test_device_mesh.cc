@@ -33,9 +33,10 @@ void check_consistent(const MeshSizes& sizes, int local) {
     CAPTURE(r);
     const DeviceMesh m = mesh_of(sizes, r, local);
     const std::vector<int> c = m.coordinates(r);
-    REQUIRE(c.size() == 4);
+    REQUIRE(c.size() == 5);
     CHECK(m.rank_at(c) == r);
-    for (const char* dim : {"dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp"}) {
+    for (const char* dim :
+         {"pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp", "dp_cp_tp"}) {
       CAPTURE(dim);
       const std::vector<int> g = m.group_ranks(dim);
       CHECK(int(g.size()) == m.size(dim));
@@ -107,11 +108,11 @@ TEST_CASE("mesh layout: world 8 on 2 machines of 4, groups of every dimension") 
 
 TEST_CASE("mesh layout: rank <-> coordinates, this rank's groups") {
   const DeviceMesh m = mesh_of({2, 2, 2}, 5);
-  CHECK(m.describe() == "dp_replicate 2 x dp_shard 2 x cp 1 x tp 2");
+  CHECK(m.describe() == "pp 1 x dp_replicate 2 x dp_shard 2 x cp 1 x tp 2");
   CHECK(m.rank() == 5);
-  CHECK(m.coordinates(5) == std::vector<int>{1, 0, 0, 1});
-  CHECK(m.rank_at({1, 0, 0, 1}) == 5);
-  CHECK(m.rank_at({0, 1, 0, 1}) == 3);
+  CHECK(m.coordinates(5) == std::vector<int>{0, 1, 0, 0, 1});
+  CHECK(m.rank_at({0, 1, 0, 0, 1}) == 5);
+  CHECK(m.rank_at({0, 0, 1, 0, 1}) == 3);
   CHECK(m.coordinate("dp_replicate") == 1);
   CHECK(m.coordinate("dp_shard") == 0);
   CHECK(m.coordinate("tp") == 1);
@@ -123,7 +124,7 @@ TEST_CASE("mesh layout: rank <-> coordinates, this rank's groups") {
   CHECK(m.group_ranks("tp", 2) == std::vector<int>{2, 3});
   // Odd sizes: world 12 = 3 x 2 x 2, tp innermost.
   const DeviceMesh odd = mesh_of({3, 2, 2}, 11, 12);
-  CHECK(odd.coordinates(11) == std::vector<int>{2, 1, 0, 1});
+  CHECK(odd.coordinates(11) == std::vector<int>{0, 2, 1, 0, 1});
   CHECK(odd.group_ranks("dp_replicate") == std::vector<int>{3, 7, 11});
   check_consistent({3, 2, 2}, 12);
   check_consistent({1, 3, 4}, 4);
@@ -136,12 +137,27 @@ TEST_CASE("mesh with cp: dp_cp and dp_shard_cp span the cp ranks, dp does not") 
   sizes.dp_shard = 2;
   sizes.cp = 2;
   const DeviceMesh m = mesh_of(sizes, 5, 8);
-  CHECK(m.describe() == "dp_replicate 2 x dp_shard 2 x cp 2 x tp 1");
-  CHECK(m.coordinates(5) == std::vector<int>{1, 0, 1, 0});
+  CHECK(m.describe() == "pp 1 x dp_replicate 2 x dp_shard 2 x cp 2 x tp 1");
+  CHECK(m.coordinates(5) == std::vector<int>{0, 1, 0, 1, 0});
   CHECK(m.group_ranks("cp") == std::vector<int>{4, 5});
   CHECK(m.group_ranks("dp") == std::vector<int>{1, 3, 5, 7});
   CHECK(m.group_ranks("dp_shard_cp") == std::vector<int>{4, 5, 6, 7});
   CHECK(m.group_ranks("dp_cp") == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});
+  check_consistent(sizes, 8);
+}
+
+// pp is the outermost dimension: the ranks of one stage are a contiguous block, dp_cp_tp.
+TEST_CASE("mesh with pp: stages are the outermost blocks, dp_cp_tp is one stage's ranks") {
+  MeshSizes sizes;
+  sizes.pp = 2;
+  sizes.dp_shard = 2;
+  sizes.tp = 2;
+  const DeviceMesh m = mesh_of(sizes, 5, 8);
+  CHECK(m.describe() == "pp 2 x dp_replicate 1 x dp_shard 2 x cp 1 x tp 2");
+  CHECK(m.coordinates(5) == std::vector<int>{1, 0, 0, 0, 1});
+  CHECK(m.group_ranks("pp") == std::vector<int>{1, 5});
+  CHECK(m.group_ranks("dp") == std::vector<int>{5, 7});
+  CHECK(m.group_ranks("dp_cp_tp") == std::vector<int>{4, 5, 6, 7});
   check_consistent(sizes, 8);
 }
 
@@ -154,7 +170,7 @@ TEST_CASE("mesh flatten: torch's mesh[dims]._flatten(), named or joined") {
   CHECK(m.coordinate("dp_shard_tp") == 2);      // rank 6: shard 1, tp 0
   m.flatten({"dp_replicate", "tp"}, "rep_tp");  // need not be adjacent
   CHECK(m.groups("rep_tp") == Groups{{0, 1, 4, 5}, {2, 3, 6, 7}});
-  CHECK(m.dims().size() == 4);  // flattened dimensions are not among dims()
+  CHECK(m.dims().size() == 5);  // flattened dimensions are not among dims()
   auto fails = [&](const std::vector<std::string>& dims, const std::string& name,
                    const char* want) {
     CAPTURE(want);
@@ -162,7 +178,7 @@ TEST_CASE("mesh flatten: torch's mesh[dims]._flatten(), named or joined") {
   };
   fails({"tp", "dp_shard"}, "x", "out of mesh order");
   fails({"tp", "tp"}, "x", "given twice");
-  fails({"pp"}, "x", "has no dimension 'pp'");
+  fails({"ep"}, "x", "has no dimension 'ep'");
   fails({"dp"}, "x", "flattened dimensions cannot be flattened again");
   fails({"dp_shard", "tp"}, "", "has a dimension 'dp_shard_tp' already");
   fails({"tp"}, "Bad Name", "lower-case letters");
@@ -253,13 +269,14 @@ TEST_CASE("mesh groups: the factory sees every group of every dimension in order
   };
   DeviceMesh m = accel::dist::parallelism_mesh({2, 2, 2}, me, 4, factory);
   CHECK(m.has_groups());
-  // dp_replicate, dp_shard, cp, tp, then the flattened dp, each group in order, on every rank
-  // alike; dp_shard_cp and dp_cp span the ranks of dp_shard and dp at cp 1 and share their groups.
+  // pp, dp_replicate, dp_shard, cp, tp, then the flattened dp and dp_cp_tp (the world at pp 1),
+  // each group in order, on every rank alike; dp_shard_cp and dp_cp span the ranks of dp_shard
+  // and dp at cp 1 and share their groups.
   Groups want;
-  for (const char* dim : {"dp_replicate", "dp_shard", "cp", "tp", "dp"})
+  for (const char* dim : {"pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_cp_tp"})
     for (const auto& g : m.groups(dim)) want.push_back(g);
   CHECK(calls == want);
-  CHECK(calls.size() == 4 + 4 + 8 + 4 + 2);
+  CHECK(calls.size() == 8 + 4 + 4 + 8 + 4 + 2 + 1);
   CHECK(m.group("dp_shard_cp") == m.group("dp_shard"));
   CHECK(m.group("dp_cp") == m.group("dp"));
   for (const char* dim : {"dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp"}) {
@@ -279,8 +296,7 @@ TEST_CASE("mesh groups: the factory sees every group of every dimension in order
   using accel::DistError;
   auto none = [](const std::vector<int>&) -> accel::dist::ProcessGroupPtr { return nullptr; };
   CHECK_THROWS_WITH_AS(accel::dist::parallelism_mesh({1, 2, 1}, 1, 2, none),
-                       doctest::Contains("returned no group for dp_replicate ranks {1}"),
-                       DistError);
+                       doctest::Contains("returned no group for pp ranks {1}"), DistError);
   auto wrong_size = [](const std::vector<int>& ranks) -> accel::dist::ProcessGroupPtr {
     return std::make_shared<FakeGroup>(0, std::vector<int>(ranks.size() + 1, 0));
   };

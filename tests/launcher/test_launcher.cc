@@ -515,13 +515,13 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   // compute env, type (7 invalid, then multi-CPU), machines 2, rank (5 invalid, then 1), address,
   // port (default), same network (maybe invalid, then no), processes (3 invalid: not a multiple
   // of 2, then 4), replicas (3 invalid: does not divide 4, then 2), cp (the default 1), tp (4
-  // invalid: does not
-  // divide the 2 processes per replica, then the default 1), ZeRO (9 invalid, then 2), param
+  // invalid: does not divide the 2 processes per replica, then the default 1), pp (the default
+  // 1), ZeRO (9 invalid, then 2), param
   // dtype bf16, reduce dtype (yes invalid, then fp32), accumulation 4, precision (fp8 invalid,
   // then bf16).
   std::istringstream in(
       "\n7\n1\n2\n5\n1\n10.0.0."
-      "7\n\nmaybe\nno\n3\n4\n3\n2\n\n4\n\n9\n2\nbf16\nyes\nfp32\n4\nfp8\nbf16\n");
+      "7\n\nmaybe\nno\n3\n4\n3\n2\n\n4\n\n\n9\n2\nbf16\nyes\nfp32\n4\nfp8\nbf16\n");
   std::ostringstream out;
   al::LaunchConfig c = al::run_questionnaire(in, out, 0);
   const std::string log = out.str();
@@ -531,14 +531,14 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   CHECK(contains(log,
                  "Invalid answer '3': the total must be a multiple of the number of machines (2)"));
   // The mesh sizes by the rule accel-run applies at launch (Note [cross-row rules]).
-  CHECK(contains(
-      log,
-      "Invalid answer '3': parallelism_config (--dp_replicate_size, "
-      "--dp_shard_size, --cp_size, --tp_size) does not fit 4 processes: dp_replicate_size 3"));
-  CHECK(contains(
-      log,
-      "Invalid answer '4': parallelism_config (--dp_replicate_size, "
-      "--dp_shard_size, --cp_size, --tp_size) does not fit 4 processes: dp_replicate_size 2"));
+  CHECK(contains(log,
+                 "Invalid answer '3': parallelism_config (--pp_size, --dp_replicate_size, "
+                 "--dp_shard_size, --cp_size, --tp_size) does not fit 4 processes: pp_size unset, "
+                 "dp_replicate_size 3"));
+  CHECK(contains(log,
+                 "Invalid answer '4': parallelism_config (--pp_size, --dp_replicate_size, "
+                 "--dp_shard_size, --cp_size, --tp_size) does not fit 4 processes: pp_size unset, "
+                 "dp_replicate_size 2"));
   CHECK(contains(log, "Invalid answer 'yes'"));
   CHECK(contains(log, "Invalid answer '9'"));
   CHECK(contains(log, "Invalid answer 'fp8'"));
@@ -561,10 +561,10 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   CHECK(!c.get_int("--tp_size"));        // the default 1 is not written
   CHECK(al::parse_config(al::config_to_yaml(c), "q1") == c);
 
-  // ZeRO-3: multi-CPU, 1 machine, 2 processes, mesh defaults (replicas, cp, tp), stage 3, param
+  // ZeRO-3: multi-CPU, 1 machine, 2 processes, mesh defaults (replicas, cp, tp, pp), stage 3, param
   // dtype default (not written), wrap (x invalid, then classes), classes (1bad invalid, then
   // "Block, Layer"), checkpointing yes, accumulation and precision default.
-  std::istringstream in3("\n1\n\n\n\n\n\n3\n\nx\nclasses\n1bad\nBlock, Layer\ny\n\n\n");
+  std::istringstream in3("\n1\n\n\n\n\n\n\n3\n\nx\nclasses\n1bad\nBlock, Layer\ny\n\n\n");
   std::ostringstream out3;
   al::LaunchConfig c3 = al::run_questionnaire(in3, out3, 0);
   CHECK(contains(out3.str(), "Invalid answer 'x'"));
@@ -580,7 +580,7 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   CHECK(!c3.get_bool("fsdp_config.fsdp_prefetch"));
   CHECK(al::parse_config(al::config_to_yaml(c3), "q3") == c3);
   // Defaults everywhere (a yes/no question needs an answer): nothing ZeRO-3 specific is written.
-  std::istringstream in4("\n1\n\n\n\n\n\n3\n\n\nno\n\n\n");
+  std::istringstream in4("\n1\n\n\n\n\n\n\n3\n\n\nno\n\n\n");
   std::ostringstream out4;
   al::LaunchConfig c4 = al::run_questionnaire(in4, out4, 0);
   CHECK(c4.get_int("zero_config.zero_stage") == 3);
@@ -588,7 +588,7 @@ TEST_CASE("config: questionnaire re-asks invalid answers and writes what was ans
   CHECK(!c4.get_bool("fsdp_config.fsdp_activation_checkpointing"));
   // tp 2 of 2 processes with ZeRO stage 2: every strategy composes with tp (Note [apply order] in
   // parallel/parallelize.h), so it is taken as it is.
-  std::istringstream in5("\n1\n\n\n\n\n2\n2\n\n\n\n\n\n");
+  std::istringstream in5("\n1\n\n\n\n\n2\n\n2\n\n\n\n\n\n");
   std::ostringstream out5;
   al::LaunchConfig c5 = al::run_questionnaire(in5, out5, 0);
   CHECK_MESSAGE(!contains(out5.str(), "Invalid answer"), out5.str());
@@ -607,7 +607,7 @@ TEST_CASE("accel-run config: questionnaire over stdin, config default, malformed
   const std::string cfg = dir / "q.yaml";
   // Single machine multi-GPU by name; GPU ids "0,z" invalid then "1,0".
   Result r = accel_run({"config", "--config_file", cfg}, {},
-                       "LOCAL_MACHINE\nmulti_gpu\n\n2\n0,z\n1,0\n\n\n2\n\n\nfp16\n");
+                       "LOCAL_MACHINE\nmulti_gpu\n\n2\n0,z\n1,0\n\n\n2\n\n\n\nfp16\n");
   CHECK_MESSAGE(r.code == 0, r.err);
   CHECK(contains(r.out, "Invalid answer '0,z'"));
   al::LaunchConfig c = al::load_config(cfg);
@@ -615,7 +615,7 @@ TEST_CASE("accel-run config: questionnaire over stdin, config default, malformed
   CHECK(c.num_processes == 2);
   CHECK(c.gpu_ids == "1,0");
   CHECK(c.get("mixed_precision") == "fp16");
-  // replicas and cp default 1, then tp 2 of 2
+  // replicas and cp default 1, then tp 2 of 2 (pp default 1)
   CHECK(c.get_int("--tp_size") == std::optional<int>(2));
 
   Result eof = accel_run({"config", "--config_file", dir / "eof.yaml"}, {}, "0\n");

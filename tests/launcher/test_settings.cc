@@ -114,6 +114,8 @@ const std::map<std::string, Probe>& probes() {
        {"2 ", [=](const AcceleratorConfig& c) { return size(c.parallelism.tp_size); }}},
       {"parallelism_config.parallelism_config_cp_size",
        {"2", [=](const AcceleratorConfig& c) { return size(c.parallelism.cp_size); }}},
+      {"parallelism_config.parallelism_config_pp_size",
+       {"2", [=](const AcceleratorConfig& c) { return size(c.parallelism.pp_size); }}},
 #ifdef ACCEL_SETTINGS_PROBE  // Note [the settings probe row] in core/settings.h
       {"probe_config.probe_bucket_cap_mb",
        {"8",

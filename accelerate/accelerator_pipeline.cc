@@ -1,0 +1,71 @@
+// Accelerator::forward_backward (accelerate/accelerator.h): one micro-step's forward and backward
+// on every mesh, a pipeline step under pp (Note [pp step] in parallel/pp_step.cc).
+#include "accelerate/accelerator.h"
+
+#include "autograd/autocast.h"
+#include "autograd/ops.h"
+#include "parallel/pipeline.h"
+
+namespace accel {
+
+Tensor Accelerator::forward_backward(nn::Module& model, const Tensor& inputs, const Tensor& targets,
+                                     const LossFn& loss) {
+  ACCEL_CHECK(static_cast<bool>(loss), ValueError, "forward_backward", "no loss function");
+  const std::vector<dist::PipelineChunk>* chunks = strategy_->pipeline(model);
+  if (!chunks) {
+    Tensor l = loss(model(inputs), targets);
+    backward(l);
+    return l.detach();
+  }
+  // Note [pp step]: every microbatch's backward accumulates locally; the stage's last one syncs
+  // on a sync step (one backward over every parameter of a one-chunk stage, as the last
+  // micro-batch of an accumulation window); a stage of several chunks syncs with a backward of
+  // zero over its parameters after the last one.
+  const bool sync = sync_gradients_ && !no_sync_;
+  const bool one_chunk = chunks->size() == 1;
+  ACCEL_CHECK(one_chunk || !strategy_->reduces_every_backward(), ValueError, "forward_backward",
+              "strategy '", strategy_->name(), "' reduces the gradients of every backward, and a ",
+              "pipeline stage of ", chunks->size(),
+              " chunks runs one backward per chunk and microbatch, each reaching part of its "
+              "parameters: run AcceleratorConfig::pipeline with chunks = 1 (GPipe or 1F1B), or "
+              "the ddp or fsdp engine");
+  dist::PipelineOptions o;
+  o.schedule = config_.pipeline.schedule;
+  o.microbatches = config_.pipeline.microbatches;
+  o.before_backward = [this, sync, one_chunk](bool last) {
+    strategy_->set_sync(sync && one_chunk && last);
+  };
+  o.backward_loss = [this](const Tensor& l) {
+    Tensor b = l;
+    if (config_.gradient_accumulation_steps > 1)
+      b = div(b, double(config_.gradient_accumulation_steps));
+    return scaler_.scale_loss(b);
+  };
+  AutocastSuspend no_autocast;  // the stages run their own autocast scopes, if any
+  BackwardFlags& flags = *backward_flags_;
+  const bool was_inside = flags.in_accelerator_backward;
+  flags.in_accelerator_backward = true;
+  dist::PipelineResult res;
+  try {
+    res = dist::pipeline_step(*chunks, mesh_->group("pp"), inputs, targets, loss, o);
+    if (sync && !one_chunk) {
+      strategy_->set_sync(true);
+      Tensor zero;
+      for (const Tensor& p : model.parameters())
+        if (p.requires_grad() && p.numel() > 0) {
+          Tensor z = mul(p.reshape({-1}).narrow(0, 0, 1), 0.0).sum();
+          zero = zero.defined() ? add(zero, z) : z;
+        }
+      if (zero.defined()) zero.backward();
+    }
+  } catch (...) {
+    flags.in_accelerator_backward = was_inside;
+    strategy_->set_sync(sync_gradients_ && !no_sync_);
+    throw;
+  }
+  flags.in_accelerator_backward = was_inside;
+  strategy_->set_sync(sync_gradients_ && !no_sync_);
+  return scalar_tensor(res.loss, TensorOptions(kFloat64));
+}
+
+}  // namespace accel

@@ -23,12 +23,13 @@ Tensor Accelerator::forward_backward(nn::Module& model, const Tensor& inputs, co
   // zero over its parameters after the last one.
   const bool sync = sync_gradients_ && !no_sync_;
   const bool one_chunk = chunks->size() == 1;
-  ACCEL_CHECK(one_chunk || !strategy_->reduces_every_backward(), ValueError, "forward_backward",
-              "strategy '", strategy_->name(), "' reduces the gradients of every backward, and a ",
-              "pipeline stage of ", chunks->size(),
+  ACCEL_CHECK(one_chunk || strategy_->takes_partial_backwards(), ValueError, "forward_backward",
+              "strategy '", strategy_->name(), "' syncs what each backward gives (ZeRO-1/2) or ",
+              "releases parameters between backwards (ZeRO-3), and a pipeline stage of ",
+              chunks->size(),
               " chunks runs one backward per chunk and microbatch, each reaching part of its "
               "parameters: run AcceleratorConfig::pipeline with chunks = 1 (GPipe or 1F1B), or "
-              "the ddp or fsdp engine");
+              "the ddp strategy");
   dist::PipelineOptions o;
   o.schedule = config_.pipeline.schedule;
   o.microbatches = config_.pipeline.microbatches;

@@ -132,7 +132,9 @@ class ComposedStrategy final : public Strategy, public StrategyCheckpoint {
     bool all = true;
     for (size_t g = 0; g < groups.size(); ++g) {
       for (const Tensor& p : user->params(g)) {
-        if (kept.count(p.impl()))
+        // The pp step freed the storage of what it dropped: a tensor of no prepared model that
+        // still holds elements is the user's, and the engine says what it makes of it.
+        if (kept.count(p.impl()) || p.numel() > 0)
           groups[g].params.push_back(p);
         else
           all = false;
@@ -156,7 +158,7 @@ class ComposedStrategy final : public Strategy, public StrategyCheckpoint {
   bool takes_deferred_models() const override { return engine_->takes_deferred_models(); }
   void backward(const Tensor& loss, bool sync) override { engine_->backward(loss, sync); }
   void set_sync(bool sync) override { engine_->set_sync(sync); }
-  bool reduces_every_backward() const override { return engine_->reduces_every_backward(); }
+  bool takes_partial_backwards() const override { return engine_->takes_partial_backwards(); }
   void after_step(optim::Optimizer& stepping, bool stepped) override {
     engine_->after_step(stepping, stepped);
   }

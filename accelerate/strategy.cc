@@ -30,6 +30,7 @@ int64_t state_bytes(const optim::Optimizer& o) {
 // One process: everything local, the user's optimizer steps itself.
 class NoStrategy final : public ReplicatedStrategy {
  public:
+  bool takes_partial_backwards() const override { return true; }  // nothing to sync
   using ReplicatedStrategy::ReplicatedStrategy;
   std::string_view name() const override { return "none"; }
   void prepare_model(const std::shared_ptr<nn::Module>& model) override {

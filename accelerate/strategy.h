@@ -249,10 +249,12 @@ class Strategy {
   // that setting, and set_sync(s) is what a plain loss.backward() of the user's gets from then on.
   virtual void backward(const Tensor& loss, bool sync) = 0;
   virtual void set_sync(bool sync) { (void)sync; }
-  // Whether every backward reduces the gradients it gives whatever the sync setting (ZeRO-1/2:
-  // a window's micro-batches add up in reduced shards), so each backward must reach every
-  // trainable parameter: a pipeline stage of several chunks cannot run under it.
-  virtual bool reduces_every_backward() const { return false; }
+  // Whether a window may run backward passes that each reach only part of the trainable
+  // parameters (a pipeline stage of several chunks: one backward per chunk and microbatch), synced
+  // at its end by one more backward of zero over every parameter. One process and DDP can; ZeRO-1/2
+  // cannot (each backward reduces what it gives), nor ZeRO-3 (a parameter is released outside its
+  // unit's forward and backward). Default: no.
+  virtual bool takes_partial_backwards() const { return false; }
   virtual StepGrads grads(const optim::Optimizer& stepping) = 0;
   virtual void after_step(optim::Optimizer& stepping, bool stepped) = 0;
   virtual void zero_grad(optim::Optimizer& stepping, bool set_to_none) = 0;

@@ -28,6 +28,8 @@ namespace {
 
 class DdpStrategy final : public ReplicatedStrategy {
  public:
+  // Sync off: the hooks stay idle; a synced backward all-reduces what .grad then holds.
+  bool takes_partial_backwards() const override { return true; }
   using ReplicatedStrategy::ReplicatedStrategy;
   std::string_view name() const override { return "ddp"; }
 

@@ -151,7 +151,6 @@ class ZeroStrategy final : public ReplicatedStrategy {
   }
 
   void set_sync(bool sync) override { sync_ = sync; }
-  bool reduces_every_backward() const override { return true; }
 
   StepGrads grads(const optim::Optimizer& stepping) override {
     StepGrads out;

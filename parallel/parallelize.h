@@ -41,9 +41,9 @@ namespace accel::dist {
 //                  or a program's own): accelerate/ adapts its dist::Strategy to this slot
 // A step sees ordinary local tensors from the steps before it, so every engine composes with every
 // model step. A slot without a registered step is inactive, and its mesh dimension must then be 1
-// (a ValueError naming the setting otherwise: "cp_size 2: context parallelism is not built yet
-// (issue 38)"). Adding a dimension is one step registered for its slot (docs/parallelism.md,
-// "Adding a parallel dimension").
+// (a ValueError naming the setting otherwise: "pp_size 2: pipeline parallelism has no registered
+// step"; every slot has its built-in step today). Adding a dimension is one step registered for its
+// slot (docs/parallelism.md, "Adding a parallel dimension").
 inline constexpr std::string_view kApplyOrder[] = {"pp", "tp", "cp", "data_parallel"};
 
 // What the steps read besides the mesh (typed: each step its own fields).
@@ -62,8 +62,8 @@ struct HeldElsewhere {
 };
 
 // One prepared model and the layout of each parameter along the mesh dimensions the model steps
-// cut (tp): one MeshStep per such dimension, Shard(dim, chunks, unit) or Replicate. Parameters
-// without an entry, and buffers, are whole and replicated along every one of them.
+// cut (pp, tp): one MeshStep per such dimension, Stage (pp), Shard(dim, chunks, unit) or
+// Replicate (tp). Tensors without an entry are whole and replicated along every one of them.
 class ParallelModel {
  public:
   explicit ParallelModel(std::shared_ptr<nn::Module> module) : module_(std::move(module)) {}
@@ -116,8 +116,8 @@ using ApplyStepFactory = std::function<std::unique_ptr<ApplyStep>()>;
 // another slot or one registered already.
 void register_apply_step(std::string_view slot, ApplyStepFactory make);
 
-// The mesh dimension of every registered model step, active or not ({"tp"}): what a checkpoint
-// saved inside an accumulation window must agree on with the mesh that resumes it.
+// The mesh dimension of every registered model step, active or not ({"pp", "tp"}): what a
+// checkpoint saved inside an accumulation window must agree on with the mesh that resumes it.
 std::vector<std::string> registered_model_dims();
 
 class ParallelPlan {
@@ -134,8 +134,9 @@ class ParallelPlan {
   const std::vector<std::unique_ptr<ParallelModel>>& models() const { return models_; }
   const DeviceMesh& mesh() const { return mesh_; }
 
-  // The mesh dimensions the active model steps cut along ({"tp"} at tp_size > 1); empty: every
-  // rank holds whole models and the data-parallel engine alone decides everything.
+  // The mesh dimensions the active model steps record layouts along ({"pp", "tp"} at pp_size and
+  // tp_size > 1; pp's are Stage placements: Note [pp step]); empty: every rank holds whole
+  // models and the data-parallel engine alone decides everything.
   const std::vector<std::string>& cut_dims() const { return cut_dims_; }
   bool cuts_models() const { return !cut_dims_.empty(); }
   // The data-parallel dimension: the ranks holding the same pieces of every model ("dp").

@@ -137,6 +137,8 @@ TEST_CASE("pp step: a stage keeps its layers, records the others, refuses direct
     CHECK(plan.holders(0, kept[0]) == 1);
     CHECK_THROWS_WITH_AS((*m)(ones({3, 4})), doctest::Contains("split into pipeline stages"),
                          ValueError);
+    // Its forward called past the wrapper reaches a layer without parameters: an error, no crash.
+    CHECK_THROWS_AS(m->forward(ones({3, 4})), Error);
   }
   // A split that does not cover the model: l2's parameters belong to no layer.
   {

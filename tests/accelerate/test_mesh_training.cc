@@ -273,6 +273,9 @@ TEST_CASE(
        {"pipeline", "1f1b", "4", "1"}},
       {{"pp 2 x shard 2 (ZeRO-1), GPipe", {{"ACCEL_PP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "1"}}},
        {"pipeline", "gpipe", "2", "1"}},
+      {{"pp 2 x replicate 2 (ZeRO-3, HSDP), 1F1B",
+        {{"ACCEL_PP_SIZE", "2"}, {"ACCEL_DP_REPLICATE_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}}},
+       {"pipeline", "1f1b", "2", "1"}},
       {{"pp 2 x tp 2, 1F1B, split at blocks.1", {{"ACCEL_PP_SIZE", "2"}, {"ACCEL_TP_SIZE", "2"}}},
        {"pipeline", "1f1b", "4", "1", "split", "blocks.1"}},
       {{"pp 2 x cp 2, 1F1B, accumulation 2",
@@ -341,7 +344,7 @@ TEST_CASE(
          {{"[pipeline_step]", "inputs of shape (8, 16) does not split into 3 microbatches"},
           {"[pipeline_step]", "targets of shape (8, 16) does not split into 3 microbatches"}});
   const std::vector<std::string> engine = {"[forward_backward]", "strategy 'zero2'",
-                                           "reduces the gradients of every backward"};
+                                           "chunks = 1 (GPipe or 1F1B)"};
   expect(run_world(worker(), {scratch() + "/pp-zero.txt", "2", "pipeline", "interleaved", "2", "2"},
                    4, {{"ACCEL_PP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "2"}}, 120s),
          {engine, engine, engine, engine});

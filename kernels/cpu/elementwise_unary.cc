@@ -31,25 +31,26 @@ void unary_float(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& p
   switch (op) {
     case UnaryOp::Neg: return unary_loop<T, T>(in, out, [](A x) { return -x; });
     case UnaryOp::Exp:
-      return unary_loop<T, T>(in, out, [](A x) ACCEL_INLINE { return fast_exp(x); });
+      return unary_loop_poly<T, T>(in, out, [](A x) ACCEL_INLINE { return fast_exp(x); });
     case UnaryOp::Log: return unary_loop<T, T>(in, out, [](A x) { return std::log(x); });
     case UnaryOp::Sqrt: return unary_loop<T, T>(in, out, [](A x) { return std::sqrt(x); });
     case UnaryOp::Rsqrt: return unary_loop<T, T>(in, out, [](A x) { return A(1) / std::sqrt(x); });
     case UnaryOp::Abs: return unary_loop<T, T>(in, out, [](A x) { return std::abs(x); });
     case UnaryOp::Tanh:
-      return unary_loop<T, T>(in, out, [](A x) ACCEL_INLINE { return fast_tanh(x); });
+      return unary_loop_poly<T, T>(in, out, [](A x) ACCEL_INLINE { return fast_tanh(x); });
     case UnaryOp::Sigmoid:
-      return unary_loop<T, T>(in, out,
-                              [](A x) ACCEL_INLINE { return common::sigmoid<CpuMath>(x); });
+      return unary_loop_poly<T, T>(in, out,
+                                   [](A x) ACCEL_INLINE { return common::sigmoid<CpuMath>(x); });
     case UnaryOp::Relu: return unary_loop<T, T>(in, out, [](A x) { return common::relu(x); });
     case UnaryOp::GeluErf:
-      return unary_loop<T, T>(in, out,
-                              [](A x) ACCEL_INLINE { return common::gelu_erf<CpuMath>(x); });
+      return unary_loop_poly<T, T>(in, out,
+                                   [](A x) ACCEL_INLINE { return common::gelu_erf<CpuMath>(x); });
     case UnaryOp::GeluTanh:
-      return unary_loop<T, T>(in, out,
-                              [](A x) ACCEL_INLINE { return common::gelu_tanh<CpuMath>(x); });
+      return unary_loop_poly<T, T>(in, out,
+                                   [](A x) ACCEL_INLINE { return common::gelu_tanh<CpuMath>(x); });
     case UnaryOp::Silu:
-      return unary_loop<T, T>(in, out, [](A x) ACCEL_INLINE { return common::silu<CpuMath>(x); });
+      return unary_loop_poly<T, T>(in, out,
+                                   [](A x) ACCEL_INLINE { return common::silu<CpuMath>(x); });
     case UnaryOp::Sin: return unary_loop<T, T>(in, out, [](A x) { return std::sin(x); });
     case UnaryOp::Cos: return unary_loop<T, T>(in, out, [](A x) { return std::cos(x); });
     case UnaryOp::Sign: return unary_loop<T, T>(in, out, [](A x) { return common::sign(x); });
@@ -58,7 +59,7 @@ void unary_float(UnaryOp op, const Tensor& in, Tensor& out, const UnaryParams& p
     case UnaryOp::Log1p: return unary_loop<T, T>(in, out, [](A x) { return std::log1p(x); });
     case UnaryOp::Expm1: return unary_loop<T, T>(in, out, [](A x) { return std::expm1(x); });
     case UnaryOp::Erf:
-      return unary_loop<T, T>(in, out, [](A x) ACCEL_INLINE { return fast_erf(x); });
+      return unary_loop_poly<T, T>(in, out, [](A x) ACCEL_INLINE { return fast_erf(x); });
     case UnaryOp::PowScalar:
       if (p0 == A(2)) return unary_loop<T, T>(in, out, [](A x) { return x * x; });
       return unary_loop<T, T>(in, out, [p0](A x) { return std::pow(x, p0); });

@@ -19,7 +19,9 @@
 //    chunks; a direct call of the model is refused (its forward would need the dropped layers):
 //    Accelerator::forward_backward runs the stages.
 // The parameters of one stage stay as the user built them on that rank: every rank builds the
-// whole model from the same seed, so the stage equals the one-process model's layers.
+// whole model from the same seed, so the stage equals the one-process model's layers. A model
+// built under nn::DeferredInit materialises only the stage's tensors (with tp: tp's pieces of
+// them; under ZeRO-3: the engine's shards).
 #include "parallel/pp_step.h"
 
 #include <map>
@@ -31,6 +33,7 @@
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "nn/wrapper_label.h"
+#include "parallel/materialize.h"
 
 namespace accel::dist {
 
@@ -170,6 +173,11 @@ class PpStep final : public ApplyStep {
           m.register_buffer(e.local, Tensor());
       }
     }
+    // A deferred model: the stage's tensors get their values here (each its piece of the
+    // one-process init, Note [deferred parts] in nn/module.cc), unless a later step does it for
+    // its own pieces (tp) or the engine takes deferred models (ZeRO-3).
+    const bool tp = ctx.mesh.has_dim("tp") && ctx.mesh.size("tp") > 1;
+    if (!ctx.engine_takes_deferred && !tp && nn::is_deferred(model)) materialize_local(model);
     for (const auto& [name, t] : model.state_handles()) {
       if (aliases.count(name)) continue;
       Layout l = Layout::whole(t.sizes(), t.dtype());

@@ -615,7 +615,8 @@ TEST_CASE("uneven tp: sequence parallel over an uneven sequence and uneven dropo
 // 0.6 of the full model's bytes; each piece is the full model's init cut (the replayed generator),
 // so training equals one process (the same model materialised whole): losses within 1e-12, weights
 // within kTolerance. tp 2 x dp 2
-// (DDP: the tp pieces materialised at prepare) and tp 3 (uneven pieces) too.
+// (DDP: the tp pieces materialised at prepare) and tp 3 (uneven pieces) too; and pipeline stages
+// (pp 2 x dp 2, pp 2 x shard 2: 0.30 of the model), which materialise their own layers only.
 TEST_CASE(
     "deferred init under tp: only local pieces are materialised; training equals one process") {
   constexpr int kDeferredSteps = 5;  // 24 layers: fewer steps
@@ -631,6 +632,10 @@ TEST_CASE(
       {"tp 2 x shard 2 (ZeRO-3)", 4, {{"ACCEL_TP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}}, true},
       {"tp 2 x dp 2 (DDP)", 4, {{"ACCEL_TP_SIZE", "2"}}, false},
       {"tp 3", 3, {{"ACCEL_TP_SIZE", "3"}}, false},
+      // A pipeline stage materialises its own layers only (Note [pp step]); DDP's buckets then
+      // double them (as at tp 2 x dp 2).
+      {"pp 2 x dp 2 (DDP)", 4, {{"ACCEL_PP_SIZE", "2"}}, false},
+      {"pp 2 x shard 2 (ZeRO-3)", 4, {{"ACCEL_PP_SIZE", "2"}, {"ACCEL_ZERO_STAGE", "3"}}, true},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string name = cases[i].name;

@@ -298,6 +298,8 @@ class Accelerator {
   // microbatches along dim 0) and the returned loss is the batch's mean loss on every rank, a
   // 0-dim float64 tensor. The gradients then are those of backward(loss) on one process: divided
   // by the accumulation steps, synced once on sync steps (after the stage's last microbatch).
+  // Mixed precision as for backward(): the forward runs in the autocast scope of the caller
+  // ({ auto ac = acc.autocast(); loss = acc.forward_backward(...); }), the backward outside it.
   using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
   Tensor forward_backward(nn::Module& model, const Tensor& inputs, const Tensor& targets,
                           const LossFn& loss);

@@ -42,7 +42,8 @@ Tensor Accelerator::forward_backward(nn::Module& model, const Tensor& inputs, co
       b = div(b, double(config_.gradient_accumulation_steps));
     return scaler_.scale_loss(b);
   };
-  AutocastSuspend no_autocast;  // the stages run their own autocast scopes, if any
+  // The stages' forwards run in the caller's autocast scope (acc.autocast() around this call),
+  // their backwards outside it (pipeline_step suspends it).
   BackwardFlags& flags = *backward_flags_;
   const bool was_inside = flags.in_accelerator_backward;
   flags.in_accelerator_backward = true;
@@ -50,6 +51,7 @@ Tensor Accelerator::forward_backward(nn::Module& model, const Tensor& inputs, co
   try {
     res = dist::pipeline_step(*chunks, mesh_->group("pp"), inputs, targets, loss, o);
     if (sync && !one_chunk) {
+      AutocastSuspend no_autocast;
       strategy_->set_sync(true);
       Tensor zero;
       for (const Tensor& p : model.parameters())

@@ -28,6 +28,7 @@
 #include <map>
 #include <utility>
 
+#include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "core/error.h"
 
@@ -382,6 +383,9 @@ PipelineResult pipeline_step(const std::vector<PipelineChunk>& chunks, const Pro
                   " before its forward");
       Slot s = std::move(it->second);
       stash.erase(it);
+      // The forwards run in the caller's autocast scope, if any; a backward never casts again
+      // (Note [autocast on CPU]).
+      AutocastSuspend no_autocast;
       if (options.before_backward) options.before_backward(++backwards == total_backwards);
       if (vs == last) {
         (options.backward_loss ? options.backward_loss(s.out) : s.out).backward();

@@ -27,7 +27,8 @@
 // no-cp-plan: AcceleratorConfig::cp_plan left empty (refused at ACCEL_CP_SIZE > 1).
 // pipeline <gpipe|1f1b|interleaved> <microbatches> <chunks per rank>: AcceleratorConfig::pipeline
 // (used at ACCEL_PP_SIZE > 1); split <layer>[,<layer>...]: its split points.
-// Every micro-step is Accelerator::forward_backward (a pipeline step under pp).
+// Every micro-step is Accelerator::forward_backward (a pipeline step under pp); autocast: inside
+// acc.autocast() (ACCEL_MIXED_PRECISION's dtype; with f32, a float32 model).
 // loadall <tag>=<dir>[,<tag>=<dir>...]: instead of one run, for each checkpoint in turn
 // load_state(dir) and train until <steps>, writing <out>.<tag> as <out> is written (the
 // checkpoint matrix: tests/accelerate/test_checkpoint_matrix.cc).
@@ -80,6 +81,7 @@ int run(int argc, char** argv) {
   bool sequence_parallel = false, f32 = false, with_dropout = false, ln_f_replicate = false,
        use_loader = false, tied = false, uneven = false, deferred = false, no_cp_plan = false;
   dist::PipelinePlan pipeline;
+  bool autocast = false;
   for (int i = 3; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "loadall" && i + 1 < argc) {
@@ -109,6 +111,8 @@ int run(int argc, char** argv) {
       uneven = true;
     } else if (a == "deferred") {
       deferred = true;
+    } else if (a == "autocast") {
+      autocast = true;
     } else if (a == "no-cp-plan") {
       no_cp_plan = true;
     } else if (a == "pipeline" && i + 3 < argc) {
@@ -252,7 +256,13 @@ int run(int argc, char** argv) {
         x = x.contiguous();
         y = y.contiguous();
         // On every mesh; under pp the stages run as a pipeline and the loss is the batch's.
-        const Tensor loss = acc.forward_backward(*m, x, y, models::lm_loss);
+        Tensor loss;
+        if (autocast) {
+          auto ac = acc.autocast();  // ACCEL_MIXED_PRECISION's
+          loss = acc.forward_backward(*m, x, y, models::lm_loss);
+        } else {
+          loss = acc.forward_backward(*m, x, y, models::lm_loss);
+        }
         if (acc.sync_gradients()) acc.clip_grad_norm_(0.5);
         o->step();
         o->zero_grad();

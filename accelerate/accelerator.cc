@@ -533,10 +533,7 @@ void Accelerator::backward(const Tensor& loss) {
   ACCEL_CHECK(loss.defined(), ValueError, "backward", "loss is undefined");
   ACCEL_CHECK(loss.numel() == 1, ShapeError, "backward", "loss must have one element, got ",
               loss.shape_str());
-  Tensor l = loss;
-  if (config_.gradient_accumulation_steps > 1)
-    l = div(l, double(config_.gradient_accumulation_steps));
-  l = scaler_.scale_loss(l);
+  const Tensor l = loss_for_backward(loss);
   // Autocast is a forward-pass scope: the backward of every op already runs in the dtypes its
   // forward chose, so a backward() called inside the scope must not cast again.
   AutocastSuspend no_autocast;
@@ -550,6 +547,13 @@ void Accelerator::backward(const Tensor& loss) {
     throw;
   }
   flags.in_accelerator_backward = was_inside;
+}
+
+Tensor Accelerator::loss_for_backward(const Tensor& loss) {
+  Tensor l = loss;
+  if (config_.gradient_accumulation_steps > 1)
+    l = div(l, double(config_.gradient_accumulation_steps));
+  return scaler_.scale_loss(l);
 }
 
 double Accelerator::clip_grad_norm_(double max_norm, double p) {

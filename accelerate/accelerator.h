@@ -432,6 +432,9 @@ class Accelerator {
   void zero_grad_prepared_optimizer(AcceleratedOptimizer& opt, bool set_to_none);
 
  private:
+  // What a backward runs on: `loss` / gradient_accumulation_steps, times the loss scale under
+  // fp16 (backward(), forward_backward()'s microbatches).
+  Tensor loss_for_backward(const Tensor& loss);
   struct CheckpointIo;  // accelerate/accelerator_state.cc: Note [checkpoint loading]
 
   void prepare_module(const std::shared_ptr<nn::Module>& model);

@@ -36,38 +36,33 @@ Tensor Accelerator::forward_backward(nn::Module& model, const Tensor& inputs, co
   o.before_backward = [this, sync, one_chunk](bool last) {
     strategy_->set_sync(sync && one_chunk && last);
   };
-  o.backward_loss = [this](const Tensor& l) {
-    Tensor b = l;
-    if (config_.gradient_accumulation_steps > 1)
-      b = div(b, double(config_.gradient_accumulation_steps));
-    return scaler_.scale_loss(b);
-  };
+  o.backward_loss = [this](const Tensor& l) { return loss_for_backward(l); };
   // The stages' forwards run in the caller's autocast scope (acc.autocast() around this call),
   // their backwards outside it (pipeline_step suspends it).
-  BackwardFlags& flags = *backward_flags_;
-  const bool was_inside = flags.in_accelerator_backward;
-  flags.in_accelerator_backward = true;
-  dist::PipelineResult res;
-  try {
-    res = dist::pipeline_step(*chunks, mesh_->group("pp"), inputs, targets, loss, o);
-    if (sync && !one_chunk) {
-      AutocastSuspend no_autocast;
-      strategy_->set_sync(true);
-      Tensor zero;
-      for (const Tensor& p : model.parameters())
-        if (p.requires_grad() && p.numel() > 0) {
-          Tensor z = mul(p.reshape({-1}).narrow(0, 0, 1), 0.0).sum();
-          zero = zero.defined() ? add(zero, z) : z;
-        }
-      if (zero.defined()) zero.backward();
+  // Inside the Accelerator's backward until this returns or throws; the engine's sync setting
+  // back to the step's.
+  struct Restore {
+    Accelerator& acc;
+    bool sync, was_inside;
+    ~Restore() {
+      acc.backward_flags_->in_accelerator_backward = was_inside;
+      acc.strategy_->set_sync(sync);
     }
-  } catch (...) {
-    flags.in_accelerator_backward = was_inside;
-    strategy_->set_sync(sync_gradients_ && !no_sync_);
-    throw;
+  } restore{*this, sync, backward_flags_->in_accelerator_backward};
+  backward_flags_->in_accelerator_backward = true;
+  const dist::PipelineResult res =
+      dist::pipeline_step(*chunks, mesh_->group("pp"), inputs, targets, loss, o);
+  if (sync && !one_chunk) {
+    AutocastSuspend no_autocast;
+    strategy_->set_sync(true);
+    Tensor zero;
+    for (const Tensor& p : model.parameters())
+      if (p.requires_grad() && p.numel() > 0) {
+        Tensor z = mul(p.reshape({-1}).narrow(0, 0, 1), 0.0).sum();
+        zero = zero.defined() ? add(zero, z) : z;
+      }
+    if (zero.defined()) zero.backward();
   }
-  flags.in_accelerator_backward = was_inside;
-  strategy_->set_sync(sync_gradients_ && !no_sync_);
   return scalar_tensor(res.loss, TensorOptions(kFloat64));
 }
 

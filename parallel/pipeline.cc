@@ -322,11 +322,12 @@ PipelineResult pipeline_step(const std::vector<PipelineChunk>& chunks, const Pro
   // below with the schedule, so that a refusal is an error on every rank, never a wait.
   const int last = v * p - 1;  // the last virtual stage (chunk v - 1 of rank p - 1)
   std::vector<Tensor> in_mb, tgt_mb;
+  std::vector<PipelineAction> actions;
   std::exception_ptr refusal;
   try {
     if (rank == 0) in_mb = microbatches_of(inputs, m, "inputs");
     if (rank == p - 1) tgt_mb = microbatches_of(targets, m, "targets");
-    (void)pipeline_schedule(options.schedule, p, rank, m, v);
+    actions = pipeline_schedule(options.schedule, p, rank, m, v);
   } catch (const Error&) {
     if (p == 1) throw;
     refusal = std::current_exception();
@@ -347,7 +348,6 @@ PipelineResult pipeline_step(const std::vector<PipelineChunk>& chunks, const Pro
   Outbox outbox;
   PipelineResult res;
   double loss_sum = 0;
-  const std::vector<PipelineAction> actions = pipeline_schedule(options.schedule, p, rank, m, v);
   const int64_t total_backwards = int64_t(m) * v;
   int64_t backwards = 0;
   for (const PipelineAction& a : actions) {

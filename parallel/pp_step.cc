@@ -88,9 +88,11 @@ Cut cut_of(nn::Module& model, const PipelinePlan& plan, int pp) {
   }
   std::set<std::string> modules;
   for (auto& [n, m] : model.named_modules()) modules.insert(n);
+  // Each layer's modules: PipelineLayer::modules, or the module named as the layer.
+  std::vector<std::vector<std::string>> layer_modules;
   for (const PipelineLayer& l : c.layers) {
-    const std::vector<std::string> mods = l.modules.empty() ? std::vector{l.name} : l.modules;
-    for (const std::string& mod : mods)
+    layer_modules.push_back(l.modules.empty() ? std::vector{l.name} : l.modules);
+    for (const std::string& mod : layer_modules.back())
       ACCEL_CHECK(modules.count(mod) != 0, ValueError, op, "pipeline layer '", l.name, "' of ",
                   model.type_name(), " names module '", mod, "', which the model does not have");
   }
@@ -100,8 +102,7 @@ Cut cut_of(nn::Module& model, const PipelinePlan& plan, int pp) {
     std::string layer;
     for (size_t i = 0; i < c.layers.size(); ++i) {
       const PipelineLayer& l = c.layers[i];
-      const std::vector<std::string> mods = l.modules.empty() ? std::vector{l.name} : l.modules;
-      for (const std::string& mod : mods) {
+      for (const std::string& mod : layer_modules[i]) {
         if (!owns(mod, e.module)) continue;
         const int r = c.stage_of[i] % pp;
         ACCEL_CHECK(rank < 0 || rank == r, ValueError, op, "'", e.full, "' of ", model.type_name(),

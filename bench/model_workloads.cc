@@ -29,6 +29,7 @@
 #include "comm/process_group.h"
 #include "examples/models.h"
 #include "bench/median.h"
+#include "kernels/cpu/threading.h"
 
 namespace accel::bench {
 namespace {
@@ -174,8 +175,14 @@ std::vector<Measured> time_steps_with_limits(const std::vector<std::function<Ten
   return m;
 }
 
-// Ends a result line: " busy=N" under --busy N (as bench/line.h does), then the newline.
+// Ends a result line: the team this thread ran (Note [team under load]: how often a busy machine
+// shrank it, and its size at the end), " busy=N" under --busy N (as bench/line.h does), then the
+// newline.
 void print_busy() {
+  const cpu::TeamStats ts = cpu::team_stats();
+  std::printf(" team=%s team_shrinks=%lld team_probes=%lld team_end=%d", cpu::team_mode_name(),
+              static_cast<long long>(ts.shrinks), static_cast<long long>(ts.probes),
+              ts.team > 0 ? ts.team : omp_get_max_threads());
   if (const char* b = std::getenv("ACCEL_BENCH_BUSY"); b != nullptr && std::atoi(b) > 0)
     std::printf(" busy=%s", b);
   std::printf("\n");

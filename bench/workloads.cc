@@ -521,6 +521,7 @@ void print_cpu_features() {
   // How the OpenMP team waits (Note [OpenMP wait default]) and the GEMM grain: both change the
   // figures on a shared machine.
   l.kv("omp_wait", accel::cpu::wait_default_name()).kv("gemm_grain", accel::cpu::gemm_grain());
+  l.kv("cpu_team", std::string(accel::cpu::team_mode_name()));
   std::fprintf(stderr, "# cpu: accel_isa=%s (ACCEL_CPU_ISA forces a lower one)\n",
                accel::cpu::cpu_isa_name());
 }

@@ -92,6 +92,8 @@ inline constexpr const char* kCpuBf16Gemm = "ACCEL_CPU_BF16_GEMM";  // native | 
 inline constexpr const char* kCpuGemmGrain = "ACCEL_CPU_GEMM_GRAIN";
 // "default": keep libgomp's spin-wait default (Note [OpenMP wait default]).
 inline constexpr const char* kCpuWait = "ACCEL_CPU_WAIT";
+// "fixed": the OpenMP team stays the program's size on a busy machine (Note [team under load]).
+inline constexpr const char* kCpuTeam = "ACCEL_CPU_TEAM";
 
 // Who sets a variable in a worker's environment.
 enum class SetBy : unsigned char {
@@ -165,6 +167,7 @@ inline constexpr EnvVar kContract[] = {
     {kCpuBf16Gemm, SetBy::kUser, true},
     {kCpuGemmGrain, SetBy::kUser, true},
     {kCpuWait, SetBy::kUser, true},
+    {kCpuTeam, SetBy::kUser, true},
 };
 
 // The contract's entry for `name`; nullptr when the name is not part of it.

@@ -275,6 +275,7 @@ onednn::PrimKey conv_key(int kind, const ConvGeom& g, DType dt, bool has_bias) {
   for (int64_t v : {int64_t(kind), int64_t(dt), int64_t(has_bias), g.n, g.c, g.h, g.w, g.o, g.kh,
                     g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, g.groups})
     k.push(v);
+  k.push(omp_get_max_threads());  // a primitive's decomposition is fixed at creation
   return k;
 }
 
@@ -305,6 +306,7 @@ enum CacheKind { kConvFwd = 0, kConvBwdData = 1, kConvBwdWeights = 2 };
 
 bool conv_fwd_onednn(const ConvGeom& g, const Tensor& x, const Tensor& w, const Tensor& bias,
                      Tensor& out) {
+  const TeamScope team;  // Note [team under load]: before the primitive lookup
   const bool has_bias = bias.defined();
   thread_local onednn::PrimCache<ConvFwdEntry> cache;
   ConvFwdEntry& e = cache.get(conv_key(kConvFwd, g, out.dtype(), has_bias), [&] {
@@ -341,6 +343,7 @@ bool conv_fwd_onednn(const ConvGeom& g, const Tensor& x, const Tensor& w, const 
 
 bool conv_bwd_data_onednn(const ConvGeom& g, const Tensor& w, const Tensor& gout, Tensor& gx,
                           Staged* staged_gout) {
+  const TeamScope team;  // Note [team under load]: before the primitive lookup
   thread_local onednn::PrimCache<ConvBwdDataEntry> cache;
   ConvBwdDataEntry& e = cache.get(conv_key(kConvBwdData, g, gx.dtype(), false), [&] {
     ConvBwdDataEntry n;
@@ -375,6 +378,7 @@ bool conv_bwd_data_onednn(const ConvGeom& g, const Tensor& w, const Tensor& gout
 
 bool conv_bwd_weights_onednn(const ConvGeom& g, const Tensor& x, const Tensor& gout, Tensor& gw,
                              Tensor* gb, Staged* staged_gout) {
+  const TeamScope team;  // Note [team under load]: before the primitive lookup
   const bool has_bias = gb != nullptr;
   thread_local onednn::PrimCache<ConvBwdWeightsEntry> cache;
   ConvBwdWeightsEntry& e = cache.get(conv_key(kConvBwdWeights, g, gw.dtype(), has_bias), [&] {

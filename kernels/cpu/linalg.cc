@@ -450,8 +450,9 @@ void matmul_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in
       !bias_in.defined() || bias_in.is_contiguous() ? bias_in : copy_as(bias_in, bias_in.dtype());
   const Geometry g = make_geometry(a, b, out);
   const DType dt = out.dtype();
+  // Notes [OpenMP wait default] and [team under load] (sgemm and Eigen open teams too).
+  const TeamScope team;
   const OneThreadScope small(one_thread(g, dt));  // Note [GEMM grain]
-  before_team();  // Note [OpenMP wait default] (sgemm and Eigen open teams too)
   if (a.dtype() != dt) {
     // Note [16-bit GEMM into float32]: 16-bit a and b, float32 out, no bias: oneDNN's kernel
     // writes its float32 accumulator; where it has none (or float32 is faster), the float32
@@ -501,8 +502,8 @@ void matmul_lowp_kernel(const Tensor& a_in, const Tensor& b_in, const Tensor& bi
   const Tensor b = is_canonical(b_in) ? b_in : copy_as(b_in, b_in.dtype());
   const Tensor bc = !bias.defined() || bias.is_contiguous() ? bias : copy_as(bias, bias.dtype());
   const Geometry g = make_geometry(a, b, out);
+  const TeamScope team;                                 // Note [team under load]
   const OneThreadScope small(one_thread(g, kFloat32));  // Note [GEMM grain]
-  before_team();                                        // Note [OpenMP wait default]
   matmul_lowp_blocked(g, lowp_operand(a), lowp_operand(b, b_exact), lowp_operand(bc),
                       out.data_ptr(), out.dtype() == kFloat32, low, out.device());
 }

@@ -96,7 +96,7 @@ struct Geometry {
 template <typename F>
 void parallel_for(int64_t n, F&& fn) {
   const bool par = n > 1 && !omp_in_parallel() && omp_get_max_threads() > 1;
-  if (par) ::accel::cpu::before_team();  // Note [OpenMP wait default]
+  const ::accel::cpu::TeamScope team(par);  // Notes [OpenMP wait default], [team under load]
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t u = 0; u < n; ++u) fn(u);
 }

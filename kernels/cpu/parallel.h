@@ -21,8 +21,12 @@ void parallel_for(int64_t n, int64_t grain, F&& f) {
     f(int64_t(0), n);
     return;
   }
+  const TeamScope team;  // Notes [OpenMP wait default] and [team under load]
   const int64_t max_threads = std::min<int64_t>(omp_get_max_threads(), (n + grain - 1) / grain);
-  before_team();  // Note [OpenMP wait default]
+  if (max_threads <= 1) {
+    f(int64_t(0), n);
+    return;
+  }
 #pragma omp parallel num_threads(int(max_threads))
   {
     const int64_t nt = omp_get_num_threads();

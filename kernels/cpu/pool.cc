@@ -343,11 +343,13 @@ onednn::PrimKey pool_key(int dir, PoolKind kind, const Shape& in, DType dt, cons
                     in[2], in[3], p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.padding[0],
                     p.padding[1], int64_t(p.count_include_pad)})
     k.push(v);
+  k.push(omp_get_max_threads());  // a primitive's decomposition is fixed at creation
   return k;
 }
 
 bool pool_fwd_onednn(PoolKind kind, const Tensor& x, Tensor& out, Tensor* workspace,
                      const Pool2dParams& p) {
+  const TeamScope team;  // Note [team under load]: before the primitive lookup
   const bool training = kind == PoolKind::Max && workspace != nullptr;
   thread_local onednn::PrimCache<PoolFwdEntry> cache;
   PoolFwdEntry& e = cache.get(pool_key(0, kind, x.sizes(), x.dtype(), p, training), [&] {
@@ -384,6 +386,7 @@ bool pool_fwd_onednn(PoolKind kind, const Tensor& x, Tensor& out, Tensor* worksp
 
 bool pool_bwd_onednn(PoolKind kind, const Tensor& gout, const Tensor& workspace, Tensor& gx,
                      const Pool2dParams& p) {
+  const TeamScope team;  // Note [team under load]: before the primitive lookup
   const bool is_max = kind == PoolKind::Max;
   thread_local onednn::PrimCache<PoolBwdEntry> cache;
   PoolBwdEntry& e = cache.get(pool_key(1, kind, gx.sizes(), gx.dtype(), p, true), [&] {

@@ -99,6 +99,120 @@ void start_wait_team();
 inline void before_team() {
   if (detail::g_wait_pending.load(std::memory_order_relaxed)) detail::start_wait_team();
 }
+// Note [team under load]: a team of one thread per CPU is right on a machine of its own, and
+// can be wrong beside busy processes: every region splits its work statically over the team, so
+// it ends when its slowest member does, and a member the kernel has descheduled (here for about
+// 18 ms a time: `workloads --busy 2` saw 19 preemptions a second and 35 % of the time waiting
+// per thread) holds the region up while its partner sleeps. Which team is faster then depends
+// on the regions' length and on where the scheduler puts the threads: with 2 busy processes on
+// 2 CPUs the cnn step took 44-64 ms on 2 threads and 40-48 on 1; gpt 213-318 ms on 2 (two
+// modes that last a whole run) and 268-290 on 1 (docs/performance.md, "team under load"). So
+// the team is chosen by measuring. Every op that opens a team does it inside a TeamScope; the
+// thread that opens them takes, once per window of 200 ms, the fraction of its runnable time it
+// spent waiting for a CPU (/proc/thread-self/schedstat) and the process's CPU time per second of
+// the window (its rate; CLOCK_PROCESS_CPUTIME_ID). While the full team waits less than 10 %
+// nothing changes. Beyond that the adapter tries a smaller team for one window: with N team
+// threads and K other runnable threads on C CPUs the waiting is 1 - C / (N + K), so
+// K = C / (1 - waiting) - N and the team tried is C - K (at least 1). A window's work per second
+// is its rate, divided by 1.15 for a team of more than one thread (what the team costs in CPU
+// time for the same work: the mlp step takes 16.0 ms on 1 thread, 2 x 9.9 on 2); the team that
+// did more is kept. The other one is tried again after 0.5 s, then after twice as long each
+// time the kept one stays better (at most 4 s), so the choice follows the neighbours: when
+// they leave, the full team's rate doubles and it comes back. The full team is what
+// omp_get_max_threads() says outside the scope (the program's choice, never changed: a scope
+// sets the smaller team for its op and restores it), so a program that changes its thread
+// count starts the measure again. oneDNN fixes a primitive's decomposition when it is created,
+// so the primitive caches key on the thread count. ACCEL_CPU_TEAM=fixed (or
+// set_team_adaptive) keeps the full team whatever the load.
+struct TeamAdapter {
+  static constexpr double kBusyWait = 0.10;  // waiting fraction of a contended full team
+  static constexpr double kTeamCost = 1.15;  // CPU time per work of a team over 1 thread
+  static constexpr int64_t kWindowNs = 200'000'000;
+  static constexpr int64_t kProbeBaseNs = 500'000'000;
+  static constexpr int64_t kProbeMaxNs = 4'000'000'000;
+  int full = 0;          // the program's team
+  int team = 0;          // the team ops run with now
+  int kept = 0;          // the team chosen (team differs while probing)
+  bool probing = false;  // this window runs another team to compare
+  double kept_work = 0;  // the kept team's work per second (smoothed)
+  int64_t probe_at_ns = 0;
+  int64_t backoff_ns = kProbeBaseNs;
+  int64_t shrinks = 0, probes = 0;
+  void reset(int threads) {
+    full = team = kept = threads;
+    probing = false;
+    kept_work = 0;
+    probe_at_ns = 0;
+    backoff_ns = kProbeBaseNs;
+  }
+  // Work per second of a window run by `threads` at CPU `rate` (CPU seconds per second).
+  static double work(int threads, double rate) { return threads > 1 ? rate / kTeamCost : rate; }
+  // One window's verdict: `waited` = the fraction of this thread's runnable time spent waiting
+  // for a CPU, `rate` = the process's CPU seconds per second, `cpus` the CPUs the process may
+  // use, `now_ns` a monotonic time. Returns the team to run next.
+  int decide(double waited, double rate, int cpus, int64_t now_ns);
+};
+
+struct TeamStats {
+  bool adaptive = false;
+  int full = 0, team = 0;  // this thread's, at its last window
+  int64_t windows = 0, shrinks = 0, probes = 0;
+};
+// The calling thread's figures (benches and tests).
+TeamStats team_stats();
+// ACCEL_CPU_TEAM=fixed at load turns the adaptation off; tests and benches switch it here.
+void set_team_adaptive(bool on);
+bool team_adaptive();
+// "adaptive" or "fixed".
+const char* team_mode_name();
+
+namespace detail {
+extern std::atomic<bool> g_team_adaptive;
+extern std::atomic<int> g_team_overrides;  // TeamOverrides alive in the process
+// The team for this op: 0 when the program's stands, else the program's team (to restore).
+int enter_team();
+void leave_team(int restore);
+// Tests: ops on this thread run a team of `n` (what a busy machine may choose) while it lives,
+// adaptive or not.
+class TeamOverride {
+ public:
+  explicit TeamOverride(int n);
+  ~TeamOverride();
+  TeamOverride(const TeamOverride&) = delete;
+  TeamOverride& operator=(const TeamOverride&) = delete;
+  static int64_t ops();  // TeamScopes on this thread that ran an override's team
+
+ private:
+  int saved_;
+};
+}  // namespace detail
+
+// Every op that opens a team (or calls oneDNN, Eigen or sgemm, which do) holds one for the
+// op, before it reads omp_get_max_threads() or looks up a primitive: it starts the dormant team
+// (before_team()) and sets the team this load allows (Note [team under load]). Nested scopes
+// and scopes inside a parallel region leave the team alone. `open` false: a no-op.
+class TeamScope {
+ public:
+  explicit TeamScope(bool open = true) {
+    if (!open) return;
+    before_team();
+    if (detail::g_team_adaptive.load(std::memory_order_relaxed) ||
+        detail::g_team_overrides.load(std::memory_order_relaxed) > 0) {
+      entered_ = true;
+      restore_ = detail::enter_team();
+    }
+  }
+  ~TeamScope() {
+    if (entered_) detail::leave_team(restore_);
+  }
+  TeamScope(const TeamScope&) = delete;
+  TeamScope& operator=(const TeamScope&) = delete;
+
+ private:
+  int restore_ = 0;
+  bool entered_ = false;
+};
+
 // What was decided at load; whether the dormant team is up (starts it, as before_team(), and
 // waits up to 2 s for it to form).
 WaitDefault wait_default();

@@ -5,13 +5,23 @@
 #include <doctest/doctest.h>
 #include <omp.h>
 #include <dirent.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "accel.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/threading.h"
 #include "tests/common/tensors.h"
 
@@ -31,6 +41,14 @@ struct Threads {
   int saved = omp_get_max_threads();
   explicit Threads(int n) { omp_set_num_threads(n); }
   ~Threads() { omp_set_num_threads(saved); }
+};
+
+// The GEMM grain cases count capped products: a busy machine must not shrink the team under them
+// (Note [team under load]).
+struct FixedTeam {
+  bool saved = cpu::team_adaptive();
+  FixedTeam() { cpu::set_team_adaptive(false); }
+  ~FixedTeam() { cpu::set_team_adaptive(saved); }
 };
 
 struct Grain {
@@ -134,6 +152,7 @@ TEST_CASE("wait default: what this process got, and its effect") {
 }
 
 TEST_CASE("GEMM grain: the decision and the scope") {
+  FixedTeam fixed;
   CHECK(cpu::gemm_single_thread(1000, 1 << 20, 2));
   CHECK_FALSE(cpu::gemm_single_thread(int64_t(1) << 20, 1 << 20, 2));  // at the grain: shared
   CHECK_FALSE(cpu::gemm_single_thread(1000, 1 << 20, 1));              // nothing to cap
@@ -154,6 +173,7 @@ TEST_CASE("GEMM grain: the decision and the scope") {
 }
 
 TEST_CASE("GEMM grain: small products run on one thread, large ones on the team") {
+  FixedTeam fixed;
   Threads two(2);
   Grain g(cpu::kGemmGrainDefault);
   Generator gen(5);
@@ -188,5 +208,172 @@ TEST_CASE("GEMM grain: small products run on one thread, large ones on the team"
     AutocastGuard ac(true, kBFloat16);
     (void)linear(x, w);
     CHECK(cpu::OneThreadScope::one_thread_scopes() >= n0 + 1);
+  }
+}
+
+// ---- Note [team under load] ----
+
+TEST_CASE("team under load: the decision") {
+  constexpr int64_t ms = 1'000'000;
+  using A = cpu::TeamAdapter;
+  A a;
+  a.reset(2);
+  // A quiet machine: the full team, nothing tried.
+  CHECK(a.decide(0.02, 1.9, 2, 0) == 2);
+  CHECK(a.probes == 0);
+  // Half the runnable time waiting (2 others beside a team of 2 on 2 CPUs): 1 thread is tried.
+  CHECK(a.decide(0.5, 1.0, 2, 100 * ms) == 1);
+  CHECK(a.probes == 1);
+  CHECK(a.probing);
+  // It did less (0.8 CPU s/s against 1.0 / 1.15): the team of 2 stays, the next try waits 1 s.
+  CHECK(a.decide(0.3, 0.8, 2, 300 * ms) == 2);
+  CHECK(a.shrinks == 0);
+  CHECK(a.backoff_ns == 2 * A::kProbeBaseNs);
+  CHECK(a.probe_at_ns == 300 * ms + 2 * A::kProbeBaseNs);
+  CHECK(a.decide(0.5, 0.7, 2, 500 * ms) == 2);  // before probe_at: no try
+  CHECK(a.probes == 1);
+  // The team's rate falls (the scheduler moved the threads): the next try of 1 thread wins.
+  CHECK(a.decide(0.5, 0.6, 2, 1300 * ms) == 1);
+  CHECK(a.decide(0.2, 0.8, 2, 1500 * ms) == 1);
+  CHECK(a.shrinks == 1);
+  CHECK(a.kept == 1);
+  CHECK(a.backoff_ns == A::kProbeBaseNs);
+  // At 1 thread the full team is tried again after the wait, whatever the waiting says.
+  CHECK(a.decide(0.0, 0.8, 2, 1700 * ms) == 1);
+  CHECK(a.decide(0.0, 0.8, 2, 2000 * ms) == 2);
+  CHECK(a.probes == 3);
+  // Tries that lose double the wait, up to the cap.
+  int64_t now = 2200 * ms;
+  CHECK(a.decide(0.4, 0.85, 2, now) == 1);
+  for (int i = 0; i < 6; ++i) {
+    now = a.probe_at_ns;
+    CHECK(a.decide(0.0, 0.8, 2, now) == 2);
+    now += 200 * ms;
+    CHECK(a.decide(0.4, 0.85, 2, now) == 1);
+  }
+  CHECK(a.backoff_ns == A::kProbeMaxNs);
+  // The others leave: the full team's try does twice the work, it stays, nothing more is tried.
+  now = a.probe_at_ns;
+  CHECK(a.decide(0.0, 0.8, 2, now) == 2);
+  CHECK(a.decide(0.0, 1.9, 2, now + 200 * ms) == 2);
+  CHECK(a.kept == 2);
+  CHECK(a.backoff_ns == A::kProbeBaseNs);
+  const int64_t probes = a.probes;
+  CHECK(a.decide(0.01, 1.9, 2, now + 10'000 * ms) == 2);
+  CHECK(a.probes == probes);
+
+  // A bigger machine tries what fits: 16 threads waiting 20 % of the time have 4 others beside
+  // them (1 - 16 / 20), so 12.
+  A b;
+  b.reset(16);
+  CHECK(b.decide(0.2, 12.0, 16, 0) == 12);
+  // A little waiting (one other beside 16: 6 %) is tolerated.
+  A c;
+  c.reset(16);
+  CHECK(c.decide(1.0 - 16.0 / 17.0, 15.0, 16, 0) == 16);
+  CHECK(c.probes == 0);
+  // A one-thread program has nothing to size.
+  A d;
+  d.reset(1);
+  CHECK(d.decide(0.9, 0.3, 2, 0) == 1);
+}
+
+namespace {
+
+int cpus_here() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
+// One spinning process per CPU beside the test (another program's busy threads: processes, so
+// that their CPU time is not this process's).
+struct Spinners {
+  std::vector<pid_t> pids;
+  explicit Spinners(int n) {
+    for (int i = 0; i < n; ++i) {
+      const pid_t p = fork();
+      if (p == 0) {
+        volatile uint64_t x = 0;
+        for (;;) x = x + 1;
+      }
+      if (p > 0) pids.push_back(p);
+    }
+  }
+  ~Spinners() {
+    for (const pid_t p : pids) kill(p, SIGKILL);
+    for (const pid_t p : pids) waitpid(p, nullptr, 0);
+  }
+};
+
+// Parallel regions through the kernels' parallel_for (about a millisecond of work each) until
+// `done` or `seconds` pass; whether `done` came.
+bool regions_until(const std::function<bool()>& done, double seconds) {
+  std::vector<double> out(size_t(1) << 18);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
+    cpu::parallel_for(int64_t(out.size()), cpu::kParallelGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) out[size_t(i)] = std::sin(double(i) * 1e-3) + out[size_t(i)];
+    });
+    if (done()) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// Not run beside other tests (tests/kernels/meson.build): it needs a quiet machine to see the
+// team stay whole.
+TEST_CASE("team under load: busy neighbours make the team try a smaller one") {
+  const int cpus = cpus_here();
+  if (cpus < 2) {
+    MESSAGE("one CPU here: no team to size");
+    return;
+  }
+  Threads full(cpus);
+  const cpu::TeamStats s0 = cpu::team_stats();
+  const auto tried = [&] { return cpu::team_stats().probes > s0.probes; };
+  {
+    Spinners busy(cpus);
+    REQUIRE(busy.pids.size() == size_t(cpus));
+    const bool probed = regions_until(tried, 10.0);
+    if (cpu::team_stats().windows == s0.windows) {
+      MESSAGE("no schedstat here (/proc/thread-self/schedstat): the team is never sized");
+      return;
+    }
+    if (!cpu::team_adaptive()) {
+      // ACCEL_CPU_TEAM=fixed: the program's team whatever the load.
+      CHECK_FALSE(probed);
+      return;
+    }
+    // The contended team tried a smaller one (and kept whichever did more).
+    CHECK(probed);
+    // The program's thread count is untouched outside an op.
+    CHECK(omp_get_max_threads() == cpus);
+  }
+  // The spinners are gone: the full team comes back (or never left) and stays.
+  CHECK(regions_until([&] { return cpu::team_stats().team == cpus; }, 20.0));
+  (void)regions_until([] { return false; }, 1.0);
+  CHECK(cpu::team_stats().team == cpus);
+  CHECK(cpu::team_stats().full == cpus);
+}
+
+// A team smaller than the program's (as a busy machine makes it) gives the same values: the
+// oneDNN primitives are made again for it.
+TEST_CASE("team under load: ops under a smaller team") {
+  if (cpus_here() < 2) return;
+  Threads two(2);
+  Generator gen(3);
+  const Tensor x = randn({8, 3, 32, 32}, {}, &gen), w = randn({16, 3, 3, 3}, {}, &gen);
+  const Tensor a = randn({256, 256}, {}, &gen), b = randn({256, 256}, {}, &gen);
+  const Tensor conv_full = conv2d(x, w), mm_full = matmul(a, b);
+  const Tensor pool_full = max_pool2d(conv_full, {2, 2});
+  {
+    cpu::detail::TeamOverride one(1);
+    CHECK(test::max_abs_diff(conv2d(x, w), conv_full) <= 1e-5);
+    CHECK(test::max_abs_diff(matmul(a, b), mm_full) <= 1e-3);
+    CHECK(test::max_abs_diff(max_pool2d(conv_full, {2, 2}), pool_full) == 0);
+    CHECK(cpu::detail::TeamOverride::ops() > 0);
+    CHECK(omp_get_max_threads() == 2);
   }
 }

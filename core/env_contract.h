@@ -92,7 +92,8 @@ inline constexpr const char* kCpuBf16Gemm = "ACCEL_CPU_BF16_GEMM";  // native | 
 inline constexpr const char* kCpuGemmGrain = "ACCEL_CPU_GEMM_GRAIN";
 // "default": keep libgomp's spin-wait default (Note [OpenMP wait default]).
 inline constexpr const char* kCpuWait = "ACCEL_CPU_WAIT";
-// "fixed": the OpenMP team stays the program's size on a busy machine (Note [team under load]).
+// "adaptive": on a busy machine the OpenMP team an op runs is chosen by measuring (Note [team
+// under load]); otherwise ("fixed", the default) it is the program's.
 inline constexpr const char* kCpuTeam = "ACCEL_CPU_TEAM";
 
 // Who sets a variable in a worker's environment.

@@ -87,7 +87,7 @@ __attribute__((constructor)) void start_wait_default() {
 
 bool team_adaptive_from_env() {
   const char* v = std::getenv(env::kCpuTeam);
-  return !(v != nullptr && std::strcmp(v, "fixed") == 0);
+  return v != nullptr && std::strcmp(v, "adaptive") == 0;
 }
 
 // One thread's measure of its waiting (Note [team under load]).

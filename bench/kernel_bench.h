@@ -20,6 +20,7 @@
 
 #include "accel.h"
 #include "kernels/cpu/cpu_isa.h"
+#include "kernels/cpu/cpu_pool.h"
 #include "optim/adam.h"
 #include "bench/timing.h"
 #include "op_table.h"
@@ -204,6 +205,7 @@ void register_peaks();
 void register_gemm();
 void register_gemm_bf16();
 void register_conv();
+void register_maxpool_train();
 void register_conv_transpose();
 void register_elementwise();
 void register_group_norm();

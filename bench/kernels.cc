@@ -241,6 +241,7 @@ int main(int argc, char** argv) {
   register_gemm();
   register_gemm_bf16();
   register_conv();
+  register_maxpool_train();
   register_conv_transpose();
   register_group_norm();
   register_elementwise();

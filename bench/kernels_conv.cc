@@ -76,6 +76,59 @@ std::vector<float> conv_reference(const ConvShape& c, const Tensor& x, const Ten
   return ref;
 }
 
+// =====================================================================================
+// maxpool_train: the cnn workload's two training max pools (2 x 2, stride 2, after each conv),
+// forward with its argmax workspace + backward through autograd, in float32 and bf16. `ours` is
+// pool2d's Auto choice (Note [own 2 x 2 max pool]: accel's kernel for this shape), `dnnl` the
+// same API with oneDNN's primitive forced (cpu::set_cpu_pool). GB/s counts x and grad x (read,
+// written) and y and grad y (written, read): 2 (n + n / 4) elements.
+// =====================================================================================
+void register_maxpool_train() {
+  const ConvShape shapes[] = {{"pool1", 128, 32, 28, 28, 32}, {"pool2", 128, 64, 14, 14, 64}};
+  for (const ConvShape c : shapes) {
+    for (const accel::DType d : {accel::kFloat32, accel::kBFloat16}) {
+      for (const bool dnnl : {false, true}) {
+        const std::string sh = std::string(c.name) + "_" + dims_str({c.n, c.cin, c.h, c.w}) +
+                               (d == accel::kBFloat16 ? "_bf16" : "_f32");
+        register_bench(std::string("maxpool_train/") + (dnnl ? "dnnl/" : "ours/") + sh,
+                       [c, d, dnnl](State& s) {
+                         struct Restore {
+                           ~Restore() { accel::cpu::set_cpu_pool(accel::cpu::CpuPool::Auto); }
+                         } restore;
+                         accel::cpu::set_cpu_pool(dnnl ? accel::cpu::CpuPool::OneDnn
+                                                       : accel::cpu::CpuPool::Auto);
+                         Tensor x = rand_tensor({c.n, c.cin, c.h, c.w}).to(d).requires_grad_();
+                         const int64_t n = x.numel();
+                         // Checked: the forward against the float64 pool of the same (rounded)
+                         // values.
+                         const std::vector<float> ref =
+                             accel::max_pool2d(x.detach().to(accel::kFloat64), {2, 2})
+                                 .to(accel::kFloat32)
+                                 .contiguous()
+                                 .to_vector<float>();
+                         if (!check_close(
+                                 s,
+                                 [&] {
+                                   accel::NoGradGuard ng;
+                                   return accel::max_pool2d(x, {2, 2}).to(accel::kFloat32);
+                                 },
+                                 ref.data(), int64_t(ref.size()), 0, 0))
+                           return;
+                         const Tensor gy = accel::ones({c.n, c.cin, c.h / 2, c.w / 2}, d);
+                         const double bytes =
+                             2.0 * double(n + n / 4) * double(accel::dtype_size(d));
+                         timed_loop(s, Unit::kByte, bytes, [&] {
+                           Tensor y = accel::max_pool2d(x, {2, 2});
+                           y.backward(gy);
+                           benchmark::DoNotOptimize(x.grad().data_ptr());
+                           x.zero_grad();
+                         });
+                       });
+      }
+    }
+  }
+}
+
 void register_conv() {
   const ConvShape shapes[] = {{"conv1", 128, 1, 28, 28, 32}, {"conv2", 128, 32, 14, 14, 64}};
   register_ours("conv2d");  // the same shapes, from the conv2d case's bench entries

@@ -320,10 +320,10 @@ struct PoolFwdEntry {
 // kernel than on oneDNN's AVX-512 JIT one on the Intel AMX kind (2026-12-06, one cnn step's two
 // pools, forward + backward, 128 x 32 x 28 x 28 and 128 x 64 x 14 x 14: float32 1.7 and 1.3 ms
 // against oneDNN's 3.7 and 2.2, bf16 1.9 and 1.5 against 3.5 and 2.2: `build/bench/kernels
-// --benchmark_filter=^maxpool_train/`): its windows do not
-// overlap, so the backward writes each input's gradient in place from the int32 argmax, where
-// oneDNN's backward took twice the forward. So Auto takes it for a training max pool of that
-// shape in float32 and bf16 (its forward has a row loop for them), oneDNN for the rest.
+// --benchmark_filter=^maxpool_train/`): its windows do not overlap, so the backward writes each
+// input's gradient in place from the int32 argmax, where oneDNN's backward took twice the
+// forward. So Auto takes it for a training max pool of that shape in float32 and bf16 (its
+// forward has a row loop for them), oneDNN for the rest.
 
 // oneDNN's simple / reference implementations (Note [own NCHW pooling]).
 bool slow_impl(const std::string& impl) {

@@ -359,10 +359,11 @@ TEST_CASE("team under load: busy neighbours make the team try a smaller one") {
     // The program's thread count is untouched outside an op.
     CHECK(omp_get_max_threads() == cpus);
   }
-  // The spinners are gone: the full team comes back (or never left) and stays.
+  // The spinners are gone: the full team runs again (it never left, or a probe brings it back
+  // within the 4 s cap whatever the load). Whether it then stays depends on the machine being
+  // quiet, which a shared CI machine does not promise: the decision table above checks that a
+  // probe with room keeps it.
   CHECK(regions_until([&] { return cpu::team_stats().team == cpus; }, 20.0));
-  (void)regions_until([] { return false; }, 1.0);
-  CHECK(cpu::team_stats().team == cpus);
   CHECK(cpu::team_stats().full == cpus);
 }
 

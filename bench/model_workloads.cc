@@ -176,13 +176,16 @@ std::vector<Measured> time_steps_with_limits(const std::vector<std::function<Ten
 }
 
 // Ends a result line: the team this thread ran (Note [team under load]: how often a busy machine
-// shrank it, and its size at the end), " busy=N" under --busy N (as bench/line.h does), then the
-// newline.
+// shrank it, and its size at the end), the wait state, " busy=N" under --busy N (as bench/line.h
+// does), then the newline.
 void print_busy() {
   const cpu::TeamStats ts = cpu::team_stats();
   std::printf(" team=%s team_shrinks=%lld team_probes=%lld team_end=%d", cpu::team_mode_name(),
               static_cast<long long>(ts.shrinks), static_cast<long long>(ts.probes),
               ts.team > 0 ? ts.team : omp_get_max_threads());
+  // The adaptive wait (Note [OpenMP wait default]): its state at the end and its changes.
+  const cpu::WaitStats ws = cpu::wait_stats();
+  std::printf(" wait_now=%s wait_switches=%lld", ws.now, static_cast<long long>(ws.switches));
   if (const char* b = std::getenv("ACCEL_BENCH_BUSY"); b != nullptr && std::atoi(b) > 0)
     std::printf(" busy=%s", b);
   std::printf("\n");

@@ -90,7 +90,9 @@ inline constexpr const char* kCpuIsa = "ACCEL_CPU_ISA";  // force the CPU kernel
 inline constexpr const char* kCpuBf16Gemm = "ACCEL_CPU_BF16_GEMM";  // native | f32 bf16 GEMM route
 // Multiply-adds below which a GEMM runs on one thread (Note [GEMM grain], kernels/cpu/threading.h).
 inline constexpr const char* kCpuGemmGrain = "ACCEL_CPU_GEMM_GRAIN";
-// "default": keep libgomp's spin-wait default (Note [OpenMP wait default]).
+// "default": keep libgomp's spin-wait default; "bounded": the bounded spin always; unset or
+// "adaptive": libgomp's spin while quiet, the bounded one while contended (Note [OpenMP wait
+// default]).
 inline constexpr const char* kCpuWait = "ACCEL_CPU_WAIT";
 // "adaptive": on a busy machine the OpenMP team an op runs is chosen by measuring (Note [team
 // under load]); otherwise ("fixed", the default) it is the program's.

@@ -13,11 +13,13 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <mutex>
 #include <thread>
 
 #include "core/env_contract.h"
@@ -37,15 +39,33 @@ int64_t grain_from_env() {
 std::atomic<int64_t> g_gemm_grain{grain_from_env()};
 
 std::atomic<int> g_wait{int(WaitDefault::SingleThread)};
-std::atomic<bool> g_wait_active{false};
-int g_wait_extra = 0;                 // the dormant team's size
-const char* g_user_policy = nullptr;  // the variable the user set (for the name)
+std::atomic<bool> g_wait_active{false};  // a dormant team has formed and holds
+int g_wait_extra = 0;                    // the dormant team's size
+const char* g_user_policy = nullptr;     // the variable the user set (for the name)
 const char* g_user_value = nullptr;
 
-// The dormant team (Note [OpenMP wait default]): forms a team of `team` threads once, then
-// sleeps forever. Its idle members stay in libgomp's pool, counted as managed threads.
+// The dormant team's holders (Note [OpenMP wait default]): each a detached thread with a
+// generation, which returns (ending its team) once g_released_gen reaches it. All under
+// hold_sync().m, as is the adaptive wait's state. Never destroyed: at exit a holder still waits on
+// the condition variable, and glibc's pthread_cond_destroy would wait for it forever.
+struct HoldSync {
+  std::mutex m;
+  std::condition_variable cv;
+};
+HoldSync& hold_sync() {
+  static HoldSync* const h = new HoldSync;
+  return *h;
+}
+uint64_t g_hold_gen = 0;      // the newest holder started
+uint64_t g_released_gen = 0;  // holders up to this generation return
+bool g_hold_up = false;       // a holder started and not released
+pid_t g_hold_pid = 0;         // the process that started them (a fork child has none)
+WaitAdapter g_wait_adapter;
+int64_t g_wait_windows = 0;
+
 void* hold_team(void* arg) {
-  const int team = int(reinterpret_cast<intptr_t>(arg));
+  const auto gen = uint64_t(reinterpret_cast<uintptr_t>(arg));
+  const int team = g_wait_extra;
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, nullptr);  // process signals go to the program's threads
@@ -55,9 +75,60 @@ void* hold_team(void* arg) {
     // A body the compiler cannot drop (an empty region is elided, and no team forms).
     if (omp_get_thread_num() == 0) formed.store(omp_get_num_threads());
   }
-  g_wait_active.store(formed.load() == team);
-  for (;;) pause();  // all signals blocked: never returns
+  std::unique_lock<std::mutex> l(hold_sync().m);
+  if (g_released_gen < gen) g_wait_active.store(formed.load() == team);
+  hold_sync().cv.wait(l, [gen] { return g_released_gen >= gen; });
+  // Returning ends the thread: libgomp's thread destructor ends its team, whose idle member
+  // stops counting as a managed thread.
   return nullptr;
+}
+
+// A new holder (hold_sync().m held). False when no thread could be made.
+bool start_holder_locked() {
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  // The default stack size: glibc takes the static TLS of every loaded library (CUDA's runtime
+  // and cuDNN hold a lot) out of the thread's stack, so a small fixed one fails to create the
+  // thread in a CUDA build. The stack is only reserved; this thread touches a few pages.
+  pthread_t t;
+  const uint64_t gen = g_hold_gen + 1;
+  const bool ok =
+      pthread_create(&t, &attr, hold_team, reinterpret_cast<void*>(uintptr_t(gen))) == 0;
+  pthread_attr_destroy(&attr);
+  if (!ok) return false;
+  g_hold_gen = gen;
+  g_hold_up = true;
+  g_hold_pid = getpid();
+  return true;
+}
+
+void release_holder_locked() {
+  g_released_gen = g_hold_gen;
+  g_hold_up = false;
+  g_wait_active.store(false);
+  hold_sync().cv.notify_all();
+}
+
+// Applies the adaptive wait's state (hold_sync().m held). A fork child has no holder thread (only
+// the parent's managed count, copied): it stays as it is.
+void apply_wait_locked(bool spin) {
+  if (g_hold_pid != 0 && g_hold_pid != getpid()) return;
+  if (spin && g_hold_up) {
+    release_holder_locked();
+  } else if (!spin && !g_hold_up && !start_holder_locked()) {
+    // No thread: libgomp's default stays, and nothing is measured.
+    g_wait.store(int(WaitDefault::Disabled));
+    detail::g_wait_adaptive.store(false);
+  }
+}
+
+// One window of the thread that opens teams (Note [OpenMP wait default]).
+void wait_window(double waited, int64_t now) {
+  const std::lock_guard<std::mutex> l(hold_sync().m);
+  if (g_hold_pid != 0 && g_hold_pid != getpid()) return;
+  ++g_wait_windows;
+  apply_wait_locked(g_wait_adapter.decide(waited, now));
 }
 
 int usable_cpus() {
@@ -81,8 +152,13 @@ __attribute__((constructor)) void start_wait_default() {
     g_user_value = p ? policy : spin;
   }
   g_wait_extra = extra;
+  // A fork made while another thread holds hold_sync().m (a holder forming its team) must not leave
+  // the child a lock nobody releases.
+  pthread_atfork([] { hold_sync().m.lock(); }, [] { hold_sync().m.unlock(); },
+                 [] { hold_sync().m.unlock(); });
   // Started by before_team(), before the first team (threading.h).
-  detail::g_wait_pending.store(d == WaitDefault::BoundedSpin);
+  detail::g_wait_pending.store(d == WaitDefault::BoundedSpin || d == WaitDefault::Adaptive);
+  detail::g_wait_adaptive.store(d == WaitDefault::Adaptive);
 }
 
 bool team_adaptive_from_env() {
@@ -137,7 +213,7 @@ bool read_schedstat(TeamState& s, int64_t* ran, int64_t* waited) {
   return true;
 }
 
-void team_window(TeamState& s, int threads, int64_t now) {
+void team_window(TeamState& s, int threads, int64_t now, bool team, bool wait) {
   s.next_ns = now + TeamAdapter::kWindowNs;
   int64_t ran = 0, waited = 0;
   if (!read_schedstat(s, &ran, &waited)) {
@@ -157,8 +233,9 @@ void team_window(TeamState& s, int threads, int64_t now) {
   ++s.windows;
   // A thread mostly asleep (I/O, a collective, the program idle) says nothing of the CPUs.
   if (d_ran + d_waited < d_wall / 4 || d_ran + d_waited <= 0) return;
-  s.a.decide(double(d_waited) / double(d_ran + d_waited), double(d_cpu) / double(d_wall), s.cpus,
-             now);
+  const double w = double(d_waited) / double(d_ran + d_waited);
+  if (wait) wait_window(w, now);
+  if (team) s.a.decide(w, double(d_cpu) / double(d_wall), s.cpus, now);
 }
 
 }  // namespace
@@ -228,10 +305,12 @@ int enter_team() {
     omp_set_num_threads(t_override);
     return threads;
   }
-  if (!g_team_adaptive.load(std::memory_order_relaxed)) return 0;
+  const bool team = g_team_adaptive.load(std::memory_order_relaxed);
+  const bool wait = g_wait_adaptive.load(std::memory_order_relaxed);
+  if (!team && !wait) return 0;
   const int64_t now = clock_ns(CLOCK_MONOTONIC_COARSE);
-  if (now >= s.next_ns) team_window(s, threads, now);
-  if (s.a.full != threads || s.a.team >= threads) return 0;
+  if (now >= s.next_ns) team_window(s, threads, now, team, wait);
+  if (!team || s.a.full != threads || s.a.team >= threads) return 0;
   omp_set_num_threads(s.a.team);
   return threads;
 }
@@ -245,16 +324,25 @@ std::atomic<bool> g_wait_pending{false};
 
 void start_wait_team() {
   if (!g_wait_pending.exchange(false)) return;  // another thread started it
-  pthread_attr_t attr;
-  pthread_attr_init(&attr);
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  // The default stack size: glibc takes the static TLS of every loaded library (CUDA's runtime
-  // and cuDNN hold a lot) out of the thread's stack, so a small fixed one fails to create the
-  // thread in a CUDA build. The stack is only reserved; this thread touches a few pages.
-  pthread_t t;
-  if (pthread_create(&t, &attr, hold_team, reinterpret_cast<void*>(intptr_t(g_wait_extra))) != 0)
+  const std::lock_guard<std::mutex> l(hold_sync().m);
+  if (!g_hold_up && !start_holder_locked()) {
     g_wait.store(int(WaitDefault::Disabled));  // no thread: libgomp's default stays
-  pthread_attr_destroy(&attr);
+    g_wait_adaptive.store(false);
+  }
+}
+
+std::atomic<bool> g_wait_adaptive{false};
+
+void set_wait_measuring(bool on) {
+  g_wait_adaptive.store(on && wait_default() == WaitDefault::Adaptive);
+}
+
+void apply_wait_state(bool spin) {
+  if (wait_default() != WaitDefault::Adaptive) return;
+  before_team();
+  const std::lock_guard<std::mutex> l(hold_sync().m);
+  g_wait_adapter.spin = spin;
+  apply_wait_locked(spin);
 }
 
 }  // namespace detail
@@ -268,6 +356,7 @@ WaitDefault decide_wait_default(const char* omp_wait_policy, const char* gomp_sp
   *extra = 0;
   const auto set = [](const char* v) { return v != nullptr && *v != '\0'; };
   if (set(omp_wait_policy) || set(gomp_spincount)) return WaitDefault::UserChoice;
+  const bool always_bounded = set(accel_cpu_wait) && std::strcmp(accel_cpu_wait, "bounded") == 0;
   if (set(accel_cpu_wait) && std::strcmp(accel_cpu_wait, "default") == 0)
     return WaitDefault::Disabled;
   // No team, or a team much smaller than the machine (the user chose few threads: a dormant
@@ -276,7 +365,29 @@ WaitDefault decide_wait_default(const char* omp_wait_policy, const char* gomp_sp
   // libgomp counts 1 (the first thread) + (team - 1) per pool: throttled when the sum exceeds
   // the CPUs, i.e. 1 + (extra - 1) + (max_threads - 1) > cpus.
   *extra = std::max(2, cpus - max_threads + 2);
-  return WaitDefault::BoundedSpin;
+  return always_bounded ? WaitDefault::BoundedSpin : WaitDefault::Adaptive;
+}
+
+bool WaitAdapter::decide(double waited, int64_t now_ns) {
+  if (spin) {
+    if (waited <= kBusyWait) {
+      if (++spin_windows >= kSettledWindows) backoff_ns = kRetryBaseNs;  // the spin held
+      return true;
+    }
+    // Contended while spinning: bounded, and spinning is tried again after the backoff, which
+    // doubles while each try is refuted before it settles.
+    spin = false;
+    ++switches;
+    retry_at_ns = now_ns + backoff_ns;
+    if (spin_windows < kSettledWindows) backoff_ns = std::min(backoff_ns * 2, kRetryMaxNs);
+    return false;
+  }
+  if (waited <= kQuietWait && now_ns >= retry_at_ns) {
+    spin = true;
+    spin_windows = 0;
+    ++switches;
+  }
+  return spin;
 }
 
 TeamStats team_stats() {
@@ -300,19 +411,37 @@ const char* team_mode_name() { return team_adaptive() ? "adaptive" : "fixed"; }
 WaitDefault wait_default() { return WaitDefault(g_wait.load()); }
 
 bool wait_default_active() {
-  if (wait_default() != WaitDefault::BoundedSpin) return false;
+  const auto held = [] {
+    const WaitDefault d = wait_default();
+    if (d == WaitDefault::BoundedSpin) return true;
+    if (d != WaitDefault::Adaptive) return false;
+    const std::lock_guard<std::mutex> l(hold_sync().m);
+    return g_hold_up;
+  };
+  if (!held()) return false;
   before_team();
-  // The team forms a moment after load; wait for it up to 2 s (a test or a bench asks early).
-  for (int i = 0; i < 2000 && !g_wait_active.load() && wait_default() == WaitDefault::BoundedSpin;
-       ++i)
+  // The team forms a moment after it starts; wait for it up to 2 s (a test or a bench asks
+  // early).
+  for (int i = 0; i < 2000 && !g_wait_active.load() && held(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return g_wait_active.load();
+}
+
+WaitStats wait_stats() {
+  WaitStats r;
+  if (wait_default() != WaitDefault::Adaptive) return r;
+  const std::lock_guard<std::mutex> l(hold_sync().m);
+  r.now = g_hold_up ? "bounded" : "spin";
+  r.switches = g_wait_adapter.switches;
+  r.windows = g_wait_windows;
+  return r;
 }
 
 std::string wait_default_name() {
   switch (wait_default()) {
     case WaitDefault::UserChoice: return std::string("user:") + g_user_policy + "=" + g_user_value;
     case WaitDefault::BoundedSpin: return "bounded_spin";
+    case WaitDefault::Adaptive: return "adaptive";
     case WaitDefault::SingleThread: return "single_thread";
     case WaitDefault::Disabled: return "libgomp_default";
   }

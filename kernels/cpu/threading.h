@@ -70,17 +70,47 @@ class OneThreadScope {
 // thread need (issue 40: mlp 54-89 ms against 28 ms with passive waiting, 2 busy processes). The
 // one other knob libgomp has is its "throttled" spin: when it manages more threads than the CPUs
 // it found at start-up, every wait spins only 100 times (then sleeps on a futex), which is
-// GOMP_SPINCOUNT=100. So unless the user chose a policy (decided at load), libaccel starts, just
-// before the process's first OpenMP team (before_team() below), one dormant thread that opens an
-// OpenMP team of its own and then blocks forever with its signals blocked:
-// its idle team members count as managed threads, the count exceeds the CPUs, and every wait in
-// the process is the bounded spin. Cost: two sleeping threads. Measured against the default and
-// passive waiting in docs/performance.md ("OpenMP wait default").
+// GOMP_SPINCOUNT=100. libgomp compares the two counts at every wait, so the choice can change
+// while the program runs. libaccel makes it with a dormant thread: one that opens an OpenMP team
+// of its own and then blocks with its signals blocked; its idle team members count as managed
+// threads, the count exceeds the CPUs, and every wait in the process is the bounded spin. When
+// the thread returns, libgomp ends its team and the count drops back: libgomp's own spin again.
+//
+// The bounded spin is right beside busy neighbours and wrong on a quiet machine: every op's team
+// then starts with a futex wake of a sleeping member, 50-60 us on these VMs, so a (256, 1024)
+// ReLU took 70-97 us against 15-21 us spinning, and the mlp bf16 step 5.97 ms against 4.53
+// (docs/performance.md, "The wait default follows the load"). So the default is adaptive: the
+// dormant team starts just before the process's first OpenMP team (before_team() below: bounded
+// until measured), and the thread that opens teams measures, in the windows of Note [team under
+// load] (200 ms, /proc/thread-self/schedstat), the fraction of its runnable time it waited for a
+// CPU. A window that waited at most kQuietWait (5 %) releases the dormant team (libgomp's spin);
+// a window that waited more than kBusyWait (10 %) while spinning starts it again, and spinning
+// is retried after 0.5 s, doubling up to 4 s while each try is refuted within a second (a try
+// that lasts resets it). ACCEL_CPU_WAIT=bounded keeps the dormant team up always (the previous
+// default), ACCEL_CPU_WAIT=default never starts it; OMP_WAIT_POLICY or GOMP_SPINCOUNT set by
+// the user win over all of it. Cost: one sleeping thread and its team member while bounded.
 enum class WaitDefault : int {
   UserChoice = 0,    // OMP_WAIT_POLICY or GOMP_SPINCOUNT set: libgomp does what they say
-  BoundedSpin = 1,   // the dormant team makes every wait spin 100 times, then sleep
+  BoundedSpin = 1,   // ACCEL_CPU_WAIT=bounded: the dormant team always (spin 100, then sleep)
   SingleThread = 2,  // one thread (or one CPU): no team waits, nothing to do
   Disabled = 3,      // ACCEL_CPU_WAIT=default: libgomp's own default kept
+  Adaptive = 4,      // the default: libgomp's spin while quiet, the bounded spin while contended
+};
+// The adaptive wait's decision, fed one window at a time (tests drive it directly).
+struct WaitAdapter {
+  static constexpr double kQuietWait = 0.05;  // at most this waiting: spin
+  static constexpr double kBusyWait = 0.10;   // more than this while spinning: bounded
+  static constexpr int64_t kRetryBaseNs = 500'000'000;
+  static constexpr int64_t kRetryMaxNs = 4'000'000'000;
+  static constexpr int kSettledWindows = 5;  // a spin that lasted this long resets the backoff
+  bool spin = false;                         // bounded first: the dormant team starts it
+  int spin_windows = 0;                      // windows of the current spin
+  int64_t retry_at_ns = 0;
+  int64_t backoff_ns = kRetryBaseNs;
+  int64_t switches = 0;
+  // One window: `waited` = the fraction of the measuring thread's runnable time it spent waiting
+  // for a CPU; `now_ns` a monotonic time. Returns whether to spin next.
+  bool decide(double waited, int64_t now_ns);
 };
 // The decision, from the environment's values (null when unset), the OpenMP team size and the
 // CPUs the process may run on. `extra` receives the dormant team's size (members that make the
@@ -172,6 +202,8 @@ const char* team_mode_name();
 
 namespace detail {
 extern std::atomic<bool> g_team_adaptive;
+extern std::atomic<bool>
+    g_wait_adaptive;  // the adaptive wait measures (Note [OpenMP wait default])
 extern std::atomic<int> g_team_overrides;  // TeamOverrides alive in the process
 // The team for this op: 0 when the program's stands, else the program's team (to restore).
 int enter_team();
@@ -201,6 +233,7 @@ class TeamScope {
     if (!open) return;
     before_team();
     if (detail::g_team_adaptive.load(std::memory_order_relaxed) ||
+        detail::g_wait_adaptive.load(std::memory_order_relaxed) ||
         detail::g_team_overrides.load(std::memory_order_relaxed) > 0) {
       entered_ = true;
       restore_ = detail::enter_team();
@@ -217,12 +250,25 @@ class TeamScope {
   bool entered_ = false;
 };
 
-// What was decided at load; whether the dormant team is up (starts it, as before_team(), and
-// waits up to 2 s for it to form).
+// What was decided at load; whether the dormant team is up (starts it, as before_team(), when
+// the mode wants it, and waits up to 2 s for it to form).
 WaitDefault wait_default();
 bool wait_default_active();
-// "bounded_spin", "user:OMP_WAIT_POLICY=passive", "single_thread", "libgomp_default" (one token;
-// starts nothing).
+// "adaptive", "bounded_spin", "user:OMP_WAIT_POLICY=passive", "single_thread",
+// "libgomp_default" (one token; starts nothing).
 std::string wait_default_name();
+// The adaptive wait now (Note [OpenMP wait default]): "spin" or "bounded" (what the dormant team
+// makes it), and how often it changed; "-" and 0 in the other modes.
+struct WaitStats {
+  const char* now = "-";
+  int64_t switches = 0, windows = 0;
+};
+WaitStats wait_stats();
+namespace detail {
+// Tests: the adaptive mode's measuring off (false) or on again; `spin` applies a state at once
+// (true: the dormant team released, false: started). No effect outside the adaptive mode.
+void set_wait_measuring(bool on);
+void apply_wait_state(bool spin);
+}  // namespace detail
 
 }  // namespace accel::cpu

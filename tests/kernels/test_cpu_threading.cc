@@ -61,7 +61,9 @@ struct Grain {
 
 // First in the file (doctest runs a file's cases in order): nothing has opened a team yet.
 TEST_CASE("wait default: no thread before the first team") {
-  if (cpu::wait_default() != WaitDefault::BoundedSpin) return;
+  if (cpu::wait_default() != WaitDefault::BoundedSpin &&
+      cpu::wait_default() != WaitDefault::Adaptive)
+    return;
   // A second thread at load would cost single-threaded programs glibc's and libstdc++'s fast
   // paths (Note [OpenMP wait default]): the dormant team waits for before_team().
   CHECK(cpu::detail::g_wait_pending.load());
@@ -85,9 +87,17 @@ TEST_CASE("wait default: the decision") {
         WaitDefault::UserChoice);
   CHECK(cpu::decide_wait_default(nullptr, nullptr, "default", 2, 2, &extra) ==
         WaitDefault::Disabled);
-  // Empty values count as unset.
-  CHECK(cpu::decide_wait_default("", "", "", 2, 2, &extra) == WaitDefault::BoundedSpin);
+  // Empty values count as unset: the adaptive default. ACCEL_CPU_WAIT=bounded keeps the
+  // dormant team always; any other value is the default.
+  CHECK(cpu::decide_wait_default("", "", "", 2, 2, &extra) == WaitDefault::Adaptive);
   CHECK(extra == 2);
+  CHECK(cpu::decide_wait_default(nullptr, nullptr, "bounded", 2, 2, &extra) ==
+        WaitDefault::BoundedSpin);
+  CHECK(extra == 2);
+  CHECK(cpu::decide_wait_default(nullptr, nullptr, "adaptive", 2, 2, &extra) ==
+        WaitDefault::Adaptive);
+  CHECK(cpu::decide_wait_default("passive", nullptr, "bounded", 2, 2, &extra) ==
+        WaitDefault::UserChoice);
   // One thread or one CPU: no team waits.
   CHECK(cpu::decide_wait_default(nullptr, nullptr, nullptr, 1, 2, &extra) ==
         WaitDefault::SingleThread);
@@ -95,14 +105,13 @@ TEST_CASE("wait default: the decision") {
         WaitDefault::SingleThread);
   // The dormant team makes 1 + (extra - 1) + (threads - 1) exceed the CPUs.
   CHECK(cpu::decide_wait_default(nullptr, nullptr, nullptr, 16, 16, &extra) ==
-        WaitDefault::BoundedSpin);
+        WaitDefault::Adaptive);
   CHECK(extra == 2);
-  CHECK(cpu::decide_wait_default(nullptr, nullptr, nullptr, 7, 8, &extra) ==
-        WaitDefault::BoundedSpin);
+  CHECK(cpu::decide_wait_default(nullptr, nullptr, nullptr, 7, 8, &extra) == WaitDefault::Adaptive);
   CHECK(extra == 3);
   CHECK(1 + (extra - 1) + (7 - 1) > 8);
   CHECK(cpu::decide_wait_default(nullptr, nullptr, nullptr, 32, 8, &extra) ==
-        WaitDefault::BoundedSpin);
+        WaitDefault::Adaptive);
   CHECK(extra == 2);
   // A team much smaller than the machine: left alone.
   CHECK(cpu::decide_wait_default(nullptr, nullptr, nullptr, 4, 16, &extra) ==
@@ -126,30 +135,112 @@ TEST_CASE("wait default: what this process got, and its effect") {
     CHECK(name == "libgomp_default");
     return;
   }
-  if (cpu::wait_default() != WaitDefault::BoundedSpin) {
+  const bool adaptive = cpu::wait_default() == WaitDefault::Adaptive;
+  if (cpu::wait_default() != WaitDefault::BoundedSpin && !adaptive) {
     MESSAGE("one thread or one CPU here: no dormant team (", name, ")");
     CHECK(name == "single_thread");
     return;
   }
+  CHECK(name == (adaptive ? "adaptive" : "bounded_spin"));
+  // The adaptive mode's state is set here, not measured (a busy or quiet CI machine would move
+  // it): bounded first.
+  if (adaptive) {
+    cpu::detail::set_wait_measuring(false);
+    cpu::detail::apply_wait_state(false);
+    CHECK(std::string(cpu::wait_stats().now) == "bounded");
+  }
   REQUIRE(cpu::wait_default_active());
-  CHECK(name == "bounded_spin");
   // libgomp's default spin keeps a team member busy for several ms after each region (~98 ms of
   // CPU over these 20 regions of 5 ms sleeps on the 2-core EPYC); the bounded spin sleeps at
   // once. A CPU-time bound with a wide margin, not a speed figure: load on the machine only
   // lowers what we measure.
   Threads two(2);
   volatile int sink = 0;
-#pragma omp parallel
-  { sink = sink + omp_get_thread_num(); }
-  const double c0 = process_cpu_ms();
-  for (int i = 0; i < 20; ++i) {
+  const auto regions_cpu_ms = [&] {
 #pragma omp parallel
     { sink = sink + omp_get_thread_num(); }
-    usleep(5000);
+    const double c0 = process_cpu_ms();
+    for (int i = 0; i < 20; ++i) {
+#pragma omp parallel
+      { sink = sink + omp_get_thread_num(); }
+      usleep(5000);
+    }
+    return process_cpu_ms() - c0;
+  };
+  const double bounded_ms = regions_cpu_ms();
+  CAPTURE(bounded_ms);
+  CHECK(bounded_ms < 30.0);
+  if (!adaptive) return;
+  // Released, the dormant thread and its team member end (the process has two threads fewer)
+  // and libgomp's spin is back: its member spins after every region.
+  const auto tasks = [] {
+    int n = 0;
+    if (DIR* d = opendir("/proc/self/task")) {
+      while (const dirent* e = readdir(d)) n += e->d_name[0] != '.';
+      closedir(d);
+    }
+    return n;
+  };
+  const auto settles = [](const std::function<bool()>& f) {
+    for (int i = 0; i < 2000; ++i) {
+      if (f()) return true;
+      usleep(1000);
+    }
+    return f();
+  };
+  const int held = tasks();
+  cpu::detail::apply_wait_state(true);
+  CHECK(std::string(cpu::wait_stats().now) == "spin");
+  CHECK_FALSE(cpu::wait_default_active());
+  CHECK(settles([&] { return tasks() <= held - 2; }));  // the holder and one member at least
+  const double spin_ms = regions_cpu_ms();
+  CAPTURE(spin_ms);
+  CHECK(spin_ms > bounded_ms + 5.0);
+  // Started again: the bounded spin as before.
+  cpu::detail::apply_wait_state(false);
+  REQUIRE(cpu::wait_default_active());
+  CHECK(settles([&] { return tasks() == held; }));
+  CHECK(regions_cpu_ms() < 30.0);
+  cpu::detail::set_wait_measuring(true);
+}
+
+TEST_CASE("wait default: the adaptive decision") {
+  using W = cpu::WaitAdapter;
+  constexpr int64_t ms = 1'000'000;
+  W w;
+  CHECK_FALSE(w.spin);  // bounded until a window is measured
+  int64_t t = 0;
+  // A quiet window: spin.
+  CHECK(w.decide(0.02, t += 200 * ms));
+  CHECK(w.switches == 1);
+  // Between the two thresholds: whatever it is stays.
+  CHECK(w.decide(0.08, t += 200 * ms));
+  // Contended while spinning, one window into it: bounded; retried after 0.5 s, and the next
+  // refutation waits twice as long.
+  CHECK_FALSE(w.decide(0.30, t += 200 * ms));
+  CHECK(w.switches == 2);
+  CHECK(w.retry_at_ns == t + W::kRetryBaseNs);
+  CHECK(w.backoff_ns == 2 * W::kRetryBaseNs);
+  CHECK_FALSE(w.decide(0.02, t += 200 * ms));  // quiet, but before the retry
+  CHECK_FALSE(w.decide(0.07, t += 400 * ms));  // past it, not quiet enough
+  CHECK(w.decide(0.03, t += 200 * ms));        // quiet past it: spin again
+  CHECK_FALSE(w.decide(0.5, t += 200 * ms));   // refuted again
+  CHECK(w.retry_at_ns == t + 2 * W::kRetryBaseNs);
+  // Refuted again and again: the wait doubles up to the cap.
+  for (int i = 0; i < 6; ++i) {
+    t = w.retry_at_ns;
+    REQUIRE(w.decide(0.0, t));
+    REQUIRE_FALSE(w.decide(0.5, t += 200 * ms));
   }
-  const double cpu_ms = process_cpu_ms() - c0;
-  CAPTURE(cpu_ms);
-  CHECK(cpu_ms < 30.0);
+  CHECK(w.backoff_ns == W::kRetryMaxNs);
+  CHECK(w.retry_at_ns - t <= W::kRetryMaxNs);
+  // A spin that holds for kSettledWindows resets the backoff.
+  t = w.retry_at_ns;
+  REQUIRE(w.decide(0.0, t));
+  for (int i = 0; i < W::kSettledWindows; ++i) REQUIRE(w.decide(0.05, t += 200 * ms));
+  CHECK(w.backoff_ns == W::kRetryBaseNs);
+  CHECK_FALSE(w.decide(0.2, t += 200 * ms));
+  CHECK(w.retry_at_ns == t + W::kRetryBaseNs);
 }
 
 TEST_CASE("GEMM grain: the decision and the scope") {
@@ -344,9 +435,11 @@ TEST_CASE("team under load: busy neighbours make the team try a smaller one") {
     const char* mode = std::getenv("ACCEL_CPU_TEAM");
     CHECK(cpu::team_adaptive() == (mode != nullptr && std::string(mode) == "adaptive"));
     if (!cpu::team_adaptive()) {
-      // The default (fixed): the program's team whatever the load, nothing measured.
+      // The default (fixed): the program's team whatever the load (the windows still run when
+      // the adaptive wait measures them).
       CHECK_FALSE(regions_until(tried, 1.0));
-      CHECK(cpu::team_stats().windows == s0.windows);
+      if (!cpu::detail::g_wait_adaptive.load()) CHECK(cpu::team_stats().windows == s0.windows);
+      CHECK(cpu::team_stats().shrinks == s0.shrinks);
       return;
     }
     const bool probed = regions_until(tried, 10.0);
@@ -365,6 +458,34 @@ TEST_CASE("team under load: busy neighbours make the team try a smaller one") {
   // probe with room keeps it.
   CHECK(regions_until([&] { return cpu::team_stats().team == cpus; }, 20.0));
   CHECK(cpu::team_stats().full == cpus);
+}
+
+// The adaptive wait beside busy neighbours (one spinning process per CPU, twice over): from
+// libgomp's spin back to the bounded one within a few windows. The way back to spinning needs a
+// quiet machine, which CI does not promise: the decision table checks it.
+TEST_CASE("wait default: busy neighbours bring the bounded spin back") {
+  const int cpus = cpus_here();
+  if (cpu::wait_default() != WaitDefault::Adaptive) {
+    MESSAGE("not the adaptive wait here (", cpu::wait_default_name(), ")");
+    return;
+  }
+  Threads full(cpus);
+  cpu::detail::set_wait_measuring(true);
+  cpu::detail::apply_wait_state(true);
+  REQUIRE(std::string(cpu::wait_stats().now) == "spin");
+  const int64_t w0 = cpu::wait_stats().windows;
+  {
+    Spinners busy(2 * cpus);
+    REQUIRE(busy.pids.size() == size_t(2 * cpus));
+    const bool bounded =
+        regions_until([] { return std::string(cpu::wait_stats().now) == "bounded"; }, 10.0);
+    if (cpu::wait_stats().windows == w0) {
+      MESSAGE("no schedstat here (/proc/thread-self/schedstat): the wait is never measured");
+      return;
+    }
+    CHECK(bounded);
+    CHECK(cpu::wait_default_active());
+  }
 }
 
 // A team smaller than the program's (as a busy machine makes it) gives the same values: the

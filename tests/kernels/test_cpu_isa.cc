@@ -307,3 +307,58 @@ TEST_CASE("pool2d: accel's NCHW kernel equals oneDNN's and the float64 reference
     }
   }
 }
+
+// Note [own 2 x 2 max pool]: the rows run on AVX-512 where the CPU has it; with NaNs and ties in
+// every window they give the bits and argmax of the portable loop (ACCEL_CPU_ISA=avx2's route)
+// and of the float64 reference: the first maximal element in row-major order, a NaN over any
+// number, the first NaN.
+TEST_CASE("pool2d: the 2 x 2 rows on AVX-512 equal the portable loop, NaNs and ties included") {
+  IsaGuard guard;
+  struct Restore {
+    ~Restore() { cpu::set_cpu_pool(cpu::CpuPool::Auto); }
+  } restore;
+  cpu::set_cpu_pool(cpu::CpuPool::Own);
+  if (cpu::cpu_isa_best() != CpuIsa::Avx512) {
+    MESSAGE("no AVX-512 here: only the portable loop runs");
+  }
+  Generator gen(23);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // Widths of 17 outputs (a vector of 16 and a tail), 7 (the cnn's second pool), an odd width.
+  for (const Shape& in : {Shape{2, 3, 6, 34}, Shape{3, 2, 4, 14}, Shape{1, 2, 6, 11}}) {
+    const int64_t n = in[0] * in[1] * in[2] * in[3];
+    // Values from {-1, 0, 1, NaN}: ties and NaNs in most windows, -0 beside +0 too.
+    std::vector<double> v(static_cast<size_t>(n));
+    const Tensor pick = randint(0, 5, {n}, TensorOptions(kInt64), &gen);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t k = pick.data<int64_t>()[i];
+      v[size_t(i)] = k == 0 ? -1.0 : k == 1 ? 0.0 : k == 2 ? -0.0 : k == 3 ? 1.0 : nan;
+    }
+    const Tensor base = tensor(v, in);
+    for (DType dt : {kFloat32, kBFloat16}) {
+      CAPTURE(in);
+      CAPTURE(dt);
+      auto run = [&](CpuIsa isa, DType d) {
+        cpu::set_cpu_isa(isa);
+        Tensor x = base.to(d).detach().requires_grad_();
+        Tensor y = max_pool2d(x, {2, 2}, {2, 2}, {0, 0});
+        const Tensor w = linspace(1.0, 2.0, y.numel(), TensorOptions(d)).reshape(y.sizes());
+        // The loss is NaN; the gradient of each output is still its weight.
+        sum(mul(y, w)).backward();
+        return std::pair<Tensor, Tensor>{y.detach().to(kFloat64), x.grad().to(kFloat64)};
+      };
+      const auto [y_best, g_best] = run(cpu::cpu_isa_best(), dt);
+      const auto [y_port, g_port] = run(CpuIsa::Avx2, dt);
+      const auto [y_ref, g_ref] = run(CpuIsa::Avx2, kFloat64);
+      // NaN where the reference has NaN, the same values elsewhere; each output's gradient (its
+      // weight, >= 1) goes to the same cell, the same bits as the portable loop.
+      const auto is_nan = [](const Tensor& t) { return ne(t, t); };
+      const auto zero_nan = [&](const Tensor& t) { return where(is_nan(t), Scalar(0.0), t); };
+      CHECK(equal(is_nan(y_best), is_nan(y_ref)));
+      CHECK(equal(is_nan(y_port), is_nan(y_ref)));
+      CHECK(equal(zero_nan(y_best), zero_nan(y_ref)));
+      CHECK(equal(zero_nan(y_port), zero_nan(y_ref)));
+      CHECK(equal(g_best, g_port));
+      CHECK(equal(ne(g_best, 0.0), ne(g_ref, 0.0)));  // the same argmax cells
+    }
+  }
+}

@@ -168,13 +168,23 @@ void max_row_2x2(const float* __restrict r0, const float* __restrict r1, float* 
 // GCC 12 reports its own intrinsics' undefined-vector placeholders as maybe-uninitialized here.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// The first k of 16 lanes (none for k <= 0, all for k >= 16).
+inline __mmask16 first_lanes(int64_t k) {
+  return k >= 16 ? __mmask16(0xFFFF) : k <= 0 ? __mmask16(0) : __mmask16((1u << k) - 1);
+}
+// Stores the lanes of `m` of 16 floats as T: a bf16 value is the top 16 bits of a float that
+// holds one exactly (a maximum of bf16 inputs, a bf16 gradient, zero).
+ACCEL_POOL_AVX512 inline void store16(float* r, __mmask16 m, __m512 v) {
+  _mm512_mask_storeu_ps(r, m, v);
+}
+ACCEL_POOL_AVX512 inline void store16(BFloat16* r, __mmask16 m, __m512 v) {
+  _mm256_mask_storeu_epi16(r, m,
+                           _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
+}
 // Two 16-float halves of 2 m inputs (m <= 16 outputs) from one row.
 ACCEL_POOL_AVX512 inline void load_pairs(const float* r, int64_t m, __m512& lo, __m512& hi) {
-  const int64_t k = 2 * m;
-  const __mmask16 mlo = k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << k) - 1);
-  const __mmask16 mhi = k > 16 ? __mmask16((1u << (k - 16)) - 1) : __mmask16(0);
-  lo = _mm512_maskz_loadu_ps(mlo, r);
-  hi = _mm512_maskz_loadu_ps(mhi, r + 16);
+  lo = _mm512_maskz_loadu_ps(first_lanes(2 * m), r);
+  hi = _mm512_maskz_loadu_ps(first_lanes(2 * m - 16), r + 16);
 }
 ACCEL_POOL_AVX512 inline void load_pairs(const BFloat16* r, int64_t m, __m512& lo, __m512& hi) {
   const int64_t k = 2 * m;
@@ -214,14 +224,8 @@ ACCEL_POOL_AVX512 void max_row_2x2_avx512(const T* r0, const T* r1, T* y, int32_
     const __mmask16 pick_r =
         _mm512_cmp_ps_mask(r, l, _CMP_GT_OQ) | (nr & ~nl) | (tie & sel_l & __mmask16(~sel_r));
     const __m512 best = _mm512_mask_blend_ps(pick_r, l, r);
-    const __mmask16 om = m >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << m) - 1);
-    if constexpr (std::is_same_v<T, float>) {
-      _mm512_mask_storeu_ps(y + o0, om, best);
-    } else {
-      // The maximum is one of the inputs: its top 16 bits are the bf16 value.
-      const __m256i b16 = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(best), 16));
-      _mm256_mask_storeu_epi16(y + o0, om, b16);
-    }
+    const __mmask16 om = first_lanes(m);
+    store16(y + o0, om, best);
     if (ip != nullptr) {
       __m512i at = _mm512_add_epi32(_mm512_set1_epi32(row0 + int32_t(2 * o0)), even);
       at = _mm512_mask_add_epi32(at, pick_r, at, one);
@@ -244,29 +248,13 @@ ACCEL_POOL_AVX512 inline __m512 load_grads(const BFloat16* g, __mmask16 m) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
 }
 // 2 m cells (m <= 16 windows) of one input row from its even (a) and odd (b) columns.
-ACCEL_POOL_AVX512 inline void store_pairs(float* r, int64_t m, __m512 a, __m512 b) {
+template <typename T>
+ACCEL_POOL_AVX512 void store_pairs(T* r, int64_t m, __m512 a, __m512 b) {
   const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
   const __m512i hi =
       _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-  const int64_t k = 2 * m;
-  const __mmask16 mlo = k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << k) - 1);
-  const __mmask16 mhi = k > 16 ? __mmask16((1u << (k - 16)) - 1) : __mmask16(0);
-  _mm512_mask_storeu_ps(r, mlo, _mm512_permutex2var_ps(a, lo, b));
-  _mm512_mask_storeu_ps(r + 16, mhi, _mm512_permutex2var_ps(a, hi, b));
-}
-// Every value is a bf16 gradient (or zero) widened exactly: its top 16 bits.
-ACCEL_POOL_AVX512 inline __m256i narrow(__m512 v) {
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
-}
-ACCEL_POOL_AVX512 inline void store_pairs(BFloat16* r, int64_t m, __m512 a, __m512 b) {
-  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i hi =
-      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-  const int64_t k = 2 * m;
-  const __mmask16 mlo = k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << k) - 1);
-  const __mmask16 mhi = k > 16 ? __mmask16((1u << (k - 16)) - 1) : __mmask16(0);
-  _mm256_mask_storeu_epi16(r, mlo, narrow(_mm512_permutex2var_ps(a, lo, b)));
-  _mm256_mask_storeu_epi16(r + 16, mhi, narrow(_mm512_permutex2var_ps(a, hi, b)));
+  store16(r, first_lanes(2 * m), _mm512_permutex2var_ps(a, lo, b));
+  store16(r + 16, first_lanes(2 * m - 16), _mm512_permutex2var_ps(a, hi, b));
 }
 
 template <typename T>
@@ -278,7 +266,7 @@ ACCEL_POOL_AVX512 void max_row_2x2_bwd_avx512(const T* gy, const int32_t* ip, T*
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t o0 = 0; o0 < n; o0 += 16) {
     const int64_t m = std::min<int64_t>(16, n - o0);
-    const __mmask16 om = m >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << m) - 1);
+    const __mmask16 om = first_lanes(m);
     const __m512 g = _mm512_add_ps(load_grads(gy + o0, om), zero);
     const __m512i at = _mm512_maskz_loadu_epi32(om, ip + o0);
     const __m512i d =

@@ -325,10 +325,7 @@ std::atomic<bool> g_wait_pending{false};
 void start_wait_team() {
   if (!g_wait_pending.exchange(false)) return;  // another thread started it
   const std::lock_guard<std::mutex> l(hold_sync().m);
-  if (!g_hold_up && !start_holder_locked()) {
-    g_wait.store(int(WaitDefault::Disabled));  // no thread: libgomp's default stays
-    g_wait_adaptive.store(false);
-  }
+  apply_wait_locked(false);  // bounded until measured (no thread: libgomp's default stays)
 }
 
 std::atomic<bool> g_wait_adaptive{false};

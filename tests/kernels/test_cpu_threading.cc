@@ -38,6 +38,16 @@ double process_cpu_ms() {
          double(r.ru_utime.tv_usec + r.ru_stime.tv_usec) * 1e-3;
 }
 
+// The threads of this process (/proc/self/task).
+int task_count() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
 struct Threads {
   int saved = omp_get_max_threads();
   explicit Threads(int n) { omp_set_num_threads(n); }
@@ -67,12 +77,7 @@ TEST_CASE("wait default: no thread before the first team") {
   // A second thread at load would cost single-threaded programs glibc's and libstdc++'s fast
   // paths (Note [OpenMP wait default]): the dormant team waits for before_team().
   CHECK(cpu::detail::g_wait_pending.load());
-  int tasks = 0;
-  if (DIR* d = opendir("/proc/self/task")) {
-    while (const dirent* e = readdir(d)) tasks += e->d_name[0] != '.';
-    closedir(d);
-  }
-  CHECK(tasks == 1);
+  CHECK(task_count() == 1);
 }
 
 TEST_CASE("wait default: the decision") {
@@ -173,14 +178,6 @@ TEST_CASE("wait default: what this process got, and its effect") {
   if (!adaptive) return;
   // Released, the dormant thread and its team member end (the process has two threads fewer)
   // and libgomp's spin is back: its member spins after every region.
-  const auto tasks = [] {
-    int n = 0;
-    if (DIR* d = opendir("/proc/self/task")) {
-      while (const dirent* e = readdir(d)) n += e->d_name[0] != '.';
-      closedir(d);
-    }
-    return n;
-  };
   const auto settles = [](const std::function<bool()>& f) {
     for (int i = 0; i < 2000; ++i) {
       if (f()) return true;
@@ -188,18 +185,18 @@ TEST_CASE("wait default: what this process got, and its effect") {
     }
     return f();
   };
-  const int held = tasks();
+  const int held = task_count();
   cpu::detail::apply_wait_state(true);
   CHECK(std::string(cpu::wait_stats().now) == "spin");
   CHECK_FALSE(cpu::wait_default_active());
-  CHECK(settles([&] { return tasks() <= held - 2; }));  // the holder and one member at least
+  CHECK(settles([&] { return task_count() <= held - 2; }));  // the holder and one member at least
   const double spin_ms = regions_cpu_ms();
   CAPTURE(spin_ms);
   CHECK(spin_ms > bounded_ms + 5.0);
   // Started again: the bounded spin as before.
   cpu::detail::apply_wait_state(false);
   REQUIRE(cpu::wait_default_active());
-  CHECK(settles([&] { return tasks() == held; }));
+  CHECK(settles([&] { return task_count() == held; }));
   CHECK(regions_cpu_ms() < 30.0);
   cpu::detail::set_wait_measuring(true);
 }

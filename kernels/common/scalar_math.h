@@ -50,7 +50,8 @@ ACCEL_HD A gelu_tanh(A x) {
   return A(0.5) * x * (A(1) + M::tanh(A(kSqrt2OverPi) * (x + A(kGeluTanhCoef) * x * x * x)));
 }
 
-// ---- gradients: g * f'(.) ----
+// ---- gradients: g * f'(.), the product with g last (the CPU's 16-bit tables keep f' alone:
+// Note [16-bit tables for polynomial ops] in kernels/cpu/elementwise.h) ----
 template <typename A>
 ACCEL_HD A relu_grad(A g, A x) {
   return x > A(0) ? g : A(0);
@@ -68,7 +69,7 @@ ACCEL_HD A tanh_grad(A g, A y) {
 template <typename M, typename A>
 ACCEL_HD A silu_grad(A g, A x) {
   const A s = sigmoid<M>(x);
-  return g * s * (A(1) + x * (A(1) - s));
+  return g * (s * (A(1) + x * (A(1) - s)));
 }
 // d/dx x Phi(x) = Phi(x) + x phi(x).
 template <typename M, typename A>

@@ -81,7 +81,7 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, do
       case BinaryOp::ReluGrad:
         return binary_loop<T, T>(a, b, out, [](A g, A x) { return common::relu_grad(g, x); });
       case BinaryOp::GeluErfGrad:
-        return binary_loop_poly<T, T>(a, b, out, [](A g, A x) ACCEL_VEC_LAMBDA {
+        return binary_loop_grad_poly<T, T>(a, b, out, [](A g, A x) ACCEL_VEC_LAMBDA {
           if constexpr (std::is_same_v<A, float>) {
             return gelu_erf_grad_f32(g, x);  // one exp, not two (vec_math.h)
           } else {
@@ -89,11 +89,11 @@ void binary_typed(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out, do
           }
         });
       case BinaryOp::GeluTanhGrad:
-        return binary_loop_poly<T, T>(a, b, out, [](A g, A x) ACCEL_VEC_LAMBDA {
+        return binary_loop_grad_poly<T, T>(a, b, out, [](A g, A x) ACCEL_VEC_LAMBDA {
           return common::gelu_tanh_grad<CpuMath>(g, x);
         });
       case BinaryOp::SiluGrad:
-        return binary_loop_poly<T, T>(
+        return binary_loop_grad_poly<T, T>(
             a, b, out, [](A g, A x) ACCEL_VEC_LAMBDA { return common::silu_grad<CpuMath>(g, x); });
       case BinaryOp::SigmoidGrad:
         return binary_loop<T, T>(a, b, out, [](A g, A y) { return common::sigmoid_grad(g, y); });

@@ -242,8 +242,9 @@ TEST_CASE("checkpoint faults: format 2: window gradients resume on their mesh on
     CHECK(WEXITSTATUS(st) == 0);
   }
   REQUIRE(fs::exists(dir + "/checkpoints/checkpoint_0/index.json"));
+  const std::string one_dir = fresh_dir(kScratch, "window-mesh-one");  // made here: removed here
   CHECK(run_in_child([&] {
-          AcceleratorConfig c = base_config(fresh_dir(kScratch, "window-mesh-one"));
+          AcceleratorConfig c = base_config(one_dir);
           c.gradient_accumulation_steps = 2;
           Accelerator acc(c);
           Run run(acc, 4);

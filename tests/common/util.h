@@ -40,12 +40,21 @@ class TempDir {
   std::filesystem::path path;
 };
 
-// An empty folder /tmp/<prefix>-<pid>-<tag>, removed first if a crashed run left it behind; it
-// stays after the test (for a look at what a failed case wrote).
+// The folders fresh_dir made in this process (tests/doctest_main.cc removes them when the run
+// passes).
+inline std::vector<std::string>& fresh_dirs() {
+  static std::vector<std::string> dirs;
+  return dirs;
+}
+
+// An empty folder /tmp/<prefix>-<pid>-<tag>, removed first if a crashed run left it behind. A
+// doctest program removes it at the end of a run that passed, and keeps it after a failure (for
+// a look at what the failed case wrote) or with ACCEL_TEST_KEEP_DIRS=1.
 inline std::string fresh_dir(const std::string& prefix, const std::string& tag) {
   std::string d = "/tmp/" + prefix + "-" + std::to_string(getpid()) + "-" + tag;
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
+  fresh_dirs().push_back(d);
   return d;
 }
 

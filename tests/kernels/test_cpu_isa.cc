@@ -6,11 +6,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "accel.h"
 #include "autograd/ops.h"
+#include "kernels/stubs/elementwise.h"
 #include "kernels/stubs/optim.h"
 #include "core/generator.h"
 #include "kernels/cpu/cpu_isa.h"
@@ -359,6 +362,92 @@ TEST_CASE("pool2d: the 2 x 2 rows on AVX-512 equal the portable loop, NaNs and t
       CHECK(equal(zero_nan(y_port), zero_nan(y_ref)));
       CHECK(equal(g_best, g_port));
       CHECK(equal(ne(g_best, 0.0), ne(g_ref, 0.0)));  // the same argmax cells
+    }
+  }
+}
+
+// Note [16-bit tables for polynomial ops] (kernels/cpu/elementwise.h): from kTableMin (65,536)
+// contiguous bf16 / f16 elements the polynomial ops and the gradients g * d(x) read tables built
+// by the chunk loop; below it they run that loop. Every 16-bit input, both ways, every level:
+// the same bits (NaN stays NaN).
+TEST_CASE("16-bit tables of the polynomial ops give the chunk loop's bits at every level") {
+  IsaGuard guard;
+  constexpr int64_t kAll = 65536, kHalf = kAll / 2;  // kHalf: below the tables' threshold
+  const auto bits = [](const Tensor& t) {
+    return static_cast<const uint16_t*>(t.contiguous().data_ptr());
+  };
+  // a and b agree bit for bit, or are both NaN; returns the mismatches.
+  const auto mismatches = [&](const Tensor& a, const Tensor& b) {
+    REQUIRE(a.numel() == b.numel());
+    const Tensor af = a.to(kFloat32).contiguous();
+    const float* fa = static_cast<const float*>(af.data_ptr());
+    const Tensor bf = b.to(kFloat32).contiguous();
+    const float* fb = static_cast<const float*>(bf.data_ptr());
+    const uint16_t* pa = bits(a);
+    const uint16_t* pb = bits(b);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < a.numel(); ++i)
+      bad += pa[i] != pb[i] && !(std::isnan(fa[i]) && std::isnan(fb[i]));
+    return bad;
+  };
+  // The table path on all of `x` against the chunk loop on its two halves.
+  const auto halves = [&](const std::function<Tensor(const Tensor&)>& f, const Tensor& x) {
+    return cat({f(x.slice(0, 0, kHalf)), f(x.slice(0, kHalf, kAll))}, 0);
+  };
+  for (DType dt : {kBFloat16, kFloat16}) {
+    Tensor x = empty({kAll}, TensorOptions(dt));
+    uint16_t* px = static_cast<uint16_t*>(x.data_ptr());
+    for (int64_t i = 0; i < kAll; ++i) px[i] = uint16_t(i);
+    // Gradients: normal values at three scales, then zeros, infinities, NaN, denormals.
+    Generator gen(7);
+    Tensor g = mul(randn({kAll}, {}, &gen), 3.0).to(dt);
+    uint16_t* pg = static_cast<uint16_t*>(g.data_ptr());
+    const uint16_t specials[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x7f80, 0xff80, 0x7fc0, 0x3f80};
+    for (int64_t i = 0; i < kAll; i += 97) pg[i] = specials[(i / 97) % 8];
+    if (dt == kFloat16) {  // the same specials in float16's layout
+      const uint16_t h[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x7c00, 0xfc00, 0x7e00, 0x3c00};
+      for (int64_t i = 0; i < kAll; i += 97) pg[i] = h[(i / 97) % 8];
+    }
+    const std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>> unary = {
+        {"exp", [](const Tensor& t) { return exp(t); }},
+        {"tanh", [](const Tensor& t) { return tanh(t); }},
+        {"sigmoid", [](const Tensor& t) { return sigmoid(t); }},
+        {"erf", [](const Tensor& t) { return erf(t); }},
+        {"gelu", [](const Tensor& t) { return gelu(t); }},
+        {"gelu_tanh", [](const Tensor& t) { return gelu(t, "tanh"); }},
+        {"silu", [](const Tensor& t) { return silu(t); }}};
+    const BinaryOp grads[] = {BinaryOp::GeluErfGrad, BinaryOp::GeluTanhGrad, BinaryOp::SiluGrad};
+    for (CpuIsa isa : runnable_levels()) {
+      const std::string isa_name = cpu::cpu_isa_name(isa);
+      cpu::set_cpu_isa(isa);
+      for (const auto& [name, f] : unary) {
+        const std::string dtype(dtype_name(dt)), op = name;
+        CAPTURE(isa_name);
+        CAPTURE(dtype);
+        CAPTURE(op);
+        const Tensor whole = f(x);
+        CHECK(whole.dtype() == dt);
+        CHECK(mismatches(whole, halves(f, x)) == 0);
+      }
+      for (BinaryOp op : grads) {
+        const std::string dtype(dtype_name(dt)), name = profile_label(op);
+        CAPTURE(isa_name);
+        CAPTURE(dtype);
+        CAPTURE(name);
+        const auto run = [&](const Tensor& gg, const Tensor& xx) {
+          Tensor out = empty(xx.sizes(), TensorOptions(xx.dtype()));
+          binary_stub(kCPU, op, gg, xx, out, 1.0);
+          return out;
+        };
+        const Tensor whole = run(g, x);
+        const Tensor parts = cat({run(g.slice(0, 0, kHalf), x.slice(0, 0, kHalf)),
+                                  run(g.slice(0, kHalf, kAll), x.slice(0, kHalf, kAll))},
+                                 0);
+        CHECK(mismatches(whole, parts) == 0);
+        // And against float32 arithmetic rounded once (the table holds d(x) in float32).
+        const Tensor ref = run(g.to(kFloat32), x.to(kFloat32)).to(dt);
+        CHECK(mismatches(whole, ref) <= kAll / 1000);
+      }
     }
   }
 }

@@ -613,7 +613,9 @@ TEST_CASE("parallelism: acc.mesh() of one process; sizes that do not fit are Val
     CHECK(acc.mesh().describe() == "pp 1 x dp_replicate 1 x dp_shard 1 x cp 1 x tp 1");
     CHECK(acc.mesh().group_ranks("dp") == std::vector<int>{0});
     AcceleratorConfig ones = base_config(dir);
-    ones.parallelism = {1, 1, 1};
+    ones.parallelism.dp_replicate_size = 1;
+    ones.parallelism.dp_shard_size = 1;
+    ones.parallelism.tp_size = 1;
     CHECK(Accelerator(ones).mesh().size("dp_shard") == 1);
   }
   // The message of the ValueError the constructor raises for `c`.

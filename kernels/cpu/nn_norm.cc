@@ -53,12 +53,21 @@ void norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, int
                    T* yr = yp + r * n;
                    A mu = A(0);
                    if constexpr (!kRms) mu = row_sum(xr, n) * inv_n;
-                   A ss = A(0);
-#pragma omp simd reduction(+ : ss)
-                   for (int64_t i = 0; i < n; ++i) {
-                     const A d = cast<A>(xr[i]) - mu;
-                     ss += d * d;
+                   A acc[kLanes<A>] = {};  // Note [lane sums] in softmax_rows.h
+                   int64_t i = 0;
+                   for (; i + kLanes<A> <= n; i += kLanes<A>) {
+#pragma omp simd
+                     for (int j = 0; j < kLanes<A>; ++j) {
+                       const A d = cast<A>(xr[i + j]) - mu;
+                       acc[j] += d * d;
+                     }
                    }
+                   A tail = A(0);
+                   for (; i < n; ++i) {
+                     const A d = cast<A>(xr[i]) - mu;
+                     tail += d * d;
+                   }
+                   const A ss = lane_tree(acc) + tail;
                    const A rs = A(1) / std::sqrt(ss * inv_n + A(eps));
                    if (mp) mp[r] = mu;
                    rp[r] = rs;
@@ -88,19 +97,33 @@ template <typename T, typename P, bool kRms, bool kW>
 inline void norm_dx_row(const T* gr, const T* xr, const P* wp, acc_t<T> mu, acc_t<T> rs,
                         acc_t<T> inv_n, int64_t n, T* dr) {
   using A = acc_t<T>;
-  A s1 = A(0), s2 = A(0);
-#pragma omp simd reduction(+ : s1, s2)
-  for (int64_t i = 0; i < n; ++i) {
-    const A dxh = kW ? cast<A>(gr[i]) * cast<A>(wp[i]) : cast<A>(gr[i]);
-    s1 += dxh;
-    s2 += dxh * ((cast<A>(xr[i]) - mu) * rs);
+  // Both sums in one pass, lane by lane (Note [lane sums] in softmax_rows.h).
+  A a1[kLanes<A>] = {}, a2[kLanes<A>] = {};
+  const auto dxhat = [&](int64_t i) __attribute__((always_inline)) {
+    return kW ? cast<A>(gr[i]) * cast<A>(wp[i]) : cast<A>(gr[i]);
+  };
+  int64_t i = 0;
+  for (; i + kLanes<A> <= n; i += kLanes<A>) {
+#pragma omp simd
+    for (int j = 0; j < kLanes<A>; ++j) {
+      const A dxh = dxhat(i + j);
+      a1[j] += dxh;
+      a2[j] += dxh * ((cast<A>(xr[i + j]) - mu) * rs);
+    }
   }
+  A t1 = A(0), t2 = A(0);
+  for (; i < n; ++i) {
+    const A dxh = dxhat(i);
+    t1 += dxh;
+    t2 += dxh * ((cast<A>(xr[i]) - mu) * rs);
+  }
+  const A s1 = lane_tree(a1) + t1, s2 = lane_tree(a2) + t2;
   const A c1 = kRms ? A(0) : s1 * inv_n, c2 = s2 * inv_n;
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const A dxh = kW ? cast<A>(gr[i]) * cast<A>(wp[i]) : cast<A>(gr[i]);
-    const A xh = (cast<A>(xr[i]) - mu) * rs;
-    dr[i] = cast<T>(rs * (dxh - c1 - xh * c2));
+  for (int64_t k = 0; k < n; ++k) {
+    const A dxh = kW ? cast<A>(gr[k]) * cast<A>(wp[k]) : cast<A>(gr[k]);
+    const A xh = (cast<A>(xr[k]) - mu) * rs;
+    dr[k] = cast<T>(rs * (dxh - c1 - xh * c2));
   }
 }
 

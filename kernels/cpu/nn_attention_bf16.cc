@@ -428,10 +428,16 @@ ACCEL_BF16_FN void backward_slice_bf16(const Slice<uint16_t>& x, const MaskOpera
     for (int64_t r = 0; r < rows; ++r) {
       const uint16_t* a = dos + r * lddo;
       const uint16_t* orow = os + r * ldo;
-      float s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t j = 0; j < Dv; ++j) s += bf16_value(a[j]) * bf16_value(orow[j]);
-      delta[r] = s;
+      float acc[kLanes<float>] = {};  // Note [lane sums] in softmax_rows.h
+      int64_t j = 0;
+      for (; j + kLanes<float> <= Dv; j += kLanes<float>) {
+#pragma omp simd
+        for (int k = 0; k < kLanes<float>; ++k)
+          acc[k] += bf16_value(a[j + k]) * bf16_value(orow[j + k]);
+      }
+      float tail = 0;
+      for (; j < Dv; ++j) tail += bf16_value(a[j]) * bf16_value(orow[j]);
+      delta[r] = lane_tree(acc) + tail;
     }
     const int64_t bc = P ? nc : std::min(kColBlock, nc);
     const int64_t bcp = round16(bc), bc2 = pairs(bc), ldsa = bcp / 2;

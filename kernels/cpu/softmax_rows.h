@@ -54,15 +54,29 @@ inline __attribute__((always_inline)) A lane_tree(A* acc) {
 template <typename T>
 inline __attribute__((always_inline)) acc_t<T> row_max(const T* x, int64_t n) {
   using A = acc_t<T>;
-  A m = -std::numeric_limits<A>::infinity();
-#pragma omp simd reduction(max : m)
-  for (int64_t i = 0; i < n; ++i) {
+  constexpr A kNegInf = -std::numeric_limits<A>::infinity();
+  A acc[kLanes<A>];  // Note [lane sums]: the maxima lane by lane, then a tree
+  for (A& a : acc) a = kNegInf;
+  int64_t i = 0;
+  for (; i + kLanes<A> <= n; i += kLanes<A>) {
+#pragma omp simd
+    for (int j = 0; j < kLanes<A>; ++j) {
+      const A v = cast<A>(x[i + j]);
+      acc[j] = v > acc[j] ? v : acc[j];
+    }
+  }
+  A m = kNegInf;
+  for (; i < n; ++i) {
     const A v = cast<A>(x[i]);
     m = v > m ? v : m;
   }
+  for (int w = kLanes<A> / 2; w > 0; w /= 2) {
+#pragma omp simd
+    for (int j = 0; j < w; ++j) acc[j] = acc[j + w] > acc[j] ? acc[j + w] : acc[j];
+  }
   // The max may skip a NaN, but x - m stays NaN at that element and poisons the row's sum, so
   // softmax of a row with a NaN is all NaN, as in PyTorch.
-  return m;
+  return acc[0] > m ? acc[0] : m;
 }
 
 template <typename T>
@@ -83,10 +97,15 @@ inline __attribute__((always_inline)) acc_t<T> row_sum(const T* x, int64_t n) {
 template <typename T>
 inline __attribute__((always_inline)) acc_t<T> row_sum_exp(const T* x, int64_t n, acc_t<T> m) {
   using A = acc_t<T>;
-  A s = A(0);
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += exp_acc<A>(cast<A>(x[i]) - m);
-  return s;
+  A acc[kLanes<A>] = {};  // Note [lane sums]
+  int64_t i = 0;
+  for (; i + kLanes<A> <= n; i += kLanes<A>) {
+#pragma omp simd
+    for (int j = 0; j < kLanes<A>; ++j) acc[j] += exp_acc<A>(cast<A>(x[i + j]) - m);
+  }
+  A tail = A(0);
+  for (; i < n; ++i) tail += exp_acc<A>(cast<A>(x[i]) - m);
+  return lane_tree(acc) + tail;
 }
 
 // y[i] = exp(x[i] - m) (in A, into a scratch row), returns the sum.
@@ -94,14 +113,23 @@ template <typename T>
 inline __attribute__((always_inline)) acc_t<T> row_exp_store(const T* x, int64_t n, acc_t<T> m,
                                                              acc_t<T>* y) {
   using A = acc_t<T>;
-  A s = A(0);
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) {
+  A acc[kLanes<A>] = {};  // Note [lane sums]
+  int64_t i = 0;
+  for (; i + kLanes<A> <= n; i += kLanes<A>) {
+#pragma omp simd
+    for (int j = 0; j < kLanes<A>; ++j) {
+      const A e = exp_acc<A>(cast<A>(x[i + j]) - m);
+      y[i + j] = e;
+      acc[j] += e;
+    }
+  }
+  A tail = A(0);
+  for (; i < n; ++i) {
     const A e = exp_acc<A>(cast<A>(x[i]) - m);
     y[i] = e;
-    s += e;
+    tail += e;
   }
-  return s;
+  return lane_tree(acc) + tail;
 }
 
 }  // namespace accel::cpu

@@ -319,7 +319,7 @@ void binary_loop_grad_poly(const Tensor& a, const Tensor& b, Tensor& out, F f) {
       return;
     }
   }
-  binary_loop_impl<true, Out, In>(a, b, out, f);
+  binary_loop_poly<Out, In>(a, b, out, f);
 }
 
 }  // namespace accel::cpu::ACCEL_ISA_NS

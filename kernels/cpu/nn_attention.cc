@@ -210,19 +210,7 @@ void backward_slice(const Slice<T>& x, const MaskOperand<T>& M, int64_t b, int64
     }
     // delta_i = rowsum(dO_i * O_i): (rows)
     T delta[kRowBlock];
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* a = dos + r * lddo;
-      const T* orow = os + r * ldo;
-      T acc[kLanes<T>] = {};  // Note [lane sums] in softmax_rows.h
-      int64_t j = 0;
-      for (; j + kLanes<T> <= Dv; j += kLanes<T>) {
-#pragma omp simd
-        for (int k = 0; k < kLanes<T>; ++k) acc[k] += a[j + k] * orow[j + k];
-      }
-      T tail = 0;
-      for (; j < Dv; ++j) tail += a[j] * orow[j];
-      delta[r] = lane_tree(acc) + tail;
-    }
+    for (int64_t r = 0; r < rows; ++r) delta[r] = row_dot(dos + r * lddo, os + r * ldo, Dv);
     const int64_t bc = P ? nc : std::min(kColBlock, nc);
     if (dsbuf.size() < size_t(rows * bc)) dsbuf.resize(size_t(rows * bc));
     if (!P && pbuf.size() < size_t(rows * bc)) pbuf.resize(size_t(rows * bc));

@@ -53,21 +53,7 @@ void norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, int
                    T* yr = yp + r * n;
                    A mu = A(0);
                    if constexpr (!kRms) mu = row_sum(xr, n) * inv_n;
-                   A acc[kLanes<A>] = {};  // Note [lane sums] in softmax_rows.h
-                   int64_t i = 0;
-                   for (; i + kLanes<A> <= n; i += kLanes<A>) {
-#pragma omp simd
-                     for (int j = 0; j < kLanes<A>; ++j) {
-                       const A d = cast<A>(xr[i + j]) - mu;
-                       acc[j] += d * d;
-                     }
-                   }
-                   A tail = A(0);
-                   for (; i < n; ++i) {
-                     const A d = cast<A>(xr[i]) - mu;
-                     tail += d * d;
-                   }
-                   const A ss = lane_tree(acc) + tail;
+                   const A ss = row_sum_sq_dev(xr, n, mu);
                    const A rs = A(1) / std::sqrt(ss * inv_n + A(eps));
                    if (mp) mp[r] = mu;
                    rp[r] = rs;

@@ -83,15 +83,7 @@ void softmax_backward_row(const T* g, const T* y, T* dx, int64_t n, bool log) {
     for (int64_t i = 0; i < n; ++i) dx[i] = cast<T>(cast<A>(g[i]) - exp_acc<A>(cast<A>(y[i])) * gs);
     return;
   }
-  A acc[kLanes<A>] = {};  // Note [lane sums] in softmax_rows.h
-  int64_t k = 0;
-  for (; k + kLanes<A> <= n; k += kLanes<A>) {
-#pragma omp simd
-    for (int j = 0; j < kLanes<A>; ++j) acc[j] += cast<A>(g[k + j]) * cast<A>(y[k + j]);
-  }
-  A tail = A(0);
-  for (; k < n; ++k) tail += cast<A>(g[k]) * cast<A>(y[k]);
-  const A dot = lane_tree(acc) + tail;
+  const A dot = row_dot(g, y, n);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) dx[i] = cast<T>(cast<A>(y[i]) * (cast<A>(g[i]) - dot));
 }

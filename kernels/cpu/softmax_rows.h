@@ -93,6 +93,42 @@ inline __attribute__((always_inline)) acc_t<T> row_sum(const T* x, int64_t n) {
   return lane_tree(acc) + tail;
 }
 
+// sum_i a[i] b[i].
+template <typename T>
+inline __attribute__((always_inline)) acc_t<T> row_dot(const T* a, const T* b, int64_t n) {
+  using A = acc_t<T>;
+  A acc[kLanes<A>] = {};  // Note [lane sums]
+  int64_t i = 0;
+  for (; i + kLanes<A> <= n; i += kLanes<A>) {
+#pragma omp simd
+    for (int j = 0; j < kLanes<A>; ++j) acc[j] += cast<A>(a[i + j]) * cast<A>(b[i + j]);
+  }
+  A tail = A(0);
+  for (; i < n; ++i) tail += cast<A>(a[i]) * cast<A>(b[i]);
+  return lane_tree(acc) + tail;
+}
+
+// sum_i (x[i] - mu)^2.
+template <typename T>
+inline __attribute__((always_inline)) acc_t<T> row_sum_sq_dev(const T* x, int64_t n, acc_t<T> mu) {
+  using A = acc_t<T>;
+  A acc[kLanes<A>] = {};  // Note [lane sums]
+  int64_t i = 0;
+  for (; i + kLanes<A> <= n; i += kLanes<A>) {
+#pragma omp simd
+    for (int j = 0; j < kLanes<A>; ++j) {
+      const A d = cast<A>(x[i + j]) - mu;
+      acc[j] += d * d;
+    }
+  }
+  A tail = A(0);
+  for (; i < n; ++i) {
+    const A d = cast<A>(x[i]) - mu;
+    tail += d * d;
+  }
+  return lane_tree(acc) + tail;
+}
+
 // sum_i exp(x[i] - m), without storing.
 template <typename T>
 inline __attribute__((always_inline)) acc_t<T> row_sum_exp(const T* x, int64_t n, acc_t<T> m) {
